@@ -1,0 +1,1 @@
+"""The Envoy side of Portico: the Lua error shaper, the descriptor-set build and the Envoy launcher."""
