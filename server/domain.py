@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 class Role(str, enum.Enum):
@@ -88,6 +88,9 @@ class KeyLimits:
     concurrent_requests: int | None = None
     daily_tokens: int | None = None
     daily_requests: int | None = None
+
+
+KEY_LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,96 @@
+"""Wiring: build every part from the configuration and start the grpc.aio server. No globals."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
+from portico.v1 import model_service_pb2, model_service_pb2_grpc
+from server.catalog import Catalog
+from server.config import Config
+from server.keys import Authenticator, KeyStore
+from server.pipeline import Pipeline
+from server.providers import Provider
+from server.providers.llamacpp import LlamaCppProvider
+from server.services.chat import ChatServicer
+from server.services.interceptor import ErrorInterceptor
+from server.services.keys import KeyServicer
+from server.services.models import ModelServicer
+
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # above Envoy's 8 MiB request limit, so Envoy answers oversize bodies first
+MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int  # 0 when bound to a unix socket
+    store: KeyStore
+    providers: tuple[Provider, ...]
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.server.stop(grace)
+        for provider in self.providers:
+            await provider.close()
+        self.store.close()
+
+
+def build_providers(config: Config) -> dict[str, Provider]:
+    """One provider object per distinct backend; models that share a backend share the object."""
+    providers: dict[str, Provider] = {}
+    embedded: LlamaCppProvider | None = None
+    for entry in config.models:
+        if entry.provider.kind == "llamacpp":
+            if embedded is None:
+                settings = config.embedded
+                embedded = LlamaCppProvider(
+                    settings.model_path or LlamaCppProvider.default_model_path(),
+                    n_ctx=settings.context_size,
+                    n_threads=settings.threads,
+                    n_instances=settings.instances,
+                )
+            providers[entry.id] = embedded
+    return providers
+
+
+async def start_server(config: Config, address: str) -> RunningServer:
+    """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
+    store = KeyStore(config.data_dir / "keys.db")
+    authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds)
+    providers = build_providers(config)
+    pipeline = Pipeline(authenticator=authenticator, catalog=Catalog(config.models), providers=providers)
+
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ("grpc.max_send_message_length", MAX_SEND_BYTES),
+        ],
+    )
+    chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
+        ChatServicer(pipeline, default_max_tokens=config.default_max_tokens), server
+    )
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
+    key_service_pb2_grpc.add_KeyServiceServicer_to_server(KeyServicer(store, authenticator), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    service_names = [
+        chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name,
+        model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+        key_service_pb2.DESCRIPTOR.services_by_name["KeyService"].full_name,
+    ]
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(address)
+    await server.start()
+    # Providers are loaded above, before start(): being up means being ready.
+    for name in ("", *service_names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    _logger.info("gRPC server listening on %s", address if port == 0 else f"port {port}")
+    return RunningServer(server=server, port=port, store=store, providers=tuple(dict.fromkeys(providers.values())))

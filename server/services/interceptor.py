@@ -1,0 +1,95 @@
+"""One interceptor turns every failure of a portico.v1 RPC into the error table's status.
+
+A PorticoError becomes its row; anything else is logged and becomes one INTERNAL error, so no handler needs its
+own try/except. The error travels three ways at once: the gRPC status code, the google.rpc.Status details for gRPC
+callers, and `portico-*` trailing metadata from which Envoy's Lua filter builds the REST response.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
+
+from portico.v1 import error_pb2
+from server.errors import InternalError, PorticoError, error_body
+
+_PORTICO_PREFIX = "/portico.v1."
+_ANTHROPIC_PREFIX = "/portico.v1.MessageService/"
+
+
+_logger = logging.getLogger(__name__)
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(_PORTICO_PREFIX):
+            return handler
+        anthropic = details.method.startswith(_ANTHROPIC_PREFIX)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, details.method, anthropic),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream, details.method, anthropic),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _wrap_unary(self, behavior, method: str, anthropic: bool):
+        async def unary(request, context: grpc.aio.ServicerContext):
+            try:
+                return await behavior(request, context)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the table
+                await abort(context, self._as_portico_error(exc, method), anthropic=anthropic)
+
+        return unary
+
+    def _wrap_stream(self, behavior, method: str, anthropic: bool):
+        async def stream(request, context: grpc.aio.ServicerContext):
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except Exception as exc:  # noqa: BLE001
+                await abort(context, self._as_portico_error(exc, method), anthropic=anthropic)
+
+        return stream
+
+    def _as_portico_error(self, exc: Exception, method: str) -> PorticoError:
+        if isinstance(exc, PorticoError):
+            return exc
+        if isinstance(exc, grpc.aio.AbortError):
+            raise exc
+        _logger.exception("unexpected error in %s", method)
+        return InternalError("The server had an error while processing your request.")
+
+
+async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool) -> None:
+    kind = error.kind
+    api_error = error_pb2.ApiError(message=error.message, type=kind.type, param=error.param, code=kind.code)
+    detail = any_pb2.Any()
+    detail.Pack(
+        error_pb2.ErrorResponse(error=api_error, http_status=kind.http_status, retry_after_seconds=error.retry_after)
+    )
+    status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message, details=[detail])
+    trailing = [
+        ("grpc-status-details-bin", status.SerializeToString()),
+        ("portico-http-status", str(kind.http_status)),
+        ("portico-error", error_body(error, anthropic=anthropic).decode()),
+    ]
+    if error.retry_after > 0:
+        trailing.append(("retry-after", str(math.ceil(error.retry_after))))
+    await context.abort(kind.grpc_code, error.message, tuple(trailing))

@@ -1,0 +1,1 @@
+"""Pure translators between wire dialects and the internal types, named by direction."""

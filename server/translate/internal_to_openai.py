@@ -1,0 +1,71 @@
+"""Internal completions and events -> OpenAI chat-completions JSON objects (dicts ready for orjson)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from server.domain import Completion, FinishReason, Finished, GenerationEvent, TextDelta, Usage
+
+_FINISH_REASONS = {
+    FinishReason.END_TURN: "stop",
+    FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.MAX_TOKENS: "length",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeader:
+    """What every object of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+
+
+def usage_object(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
+    return {
+        "id": header.id,
+        "object": "chat.completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": completion.text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": _FINISH_REASONS[completion.finish.reason],
+            }
+        ],
+        "usage": usage_object(completion.finish.usage),
+    }
+
+
+async def chat_chunks(
+    header: ResponseHeader, events: AsyncIterator[GenerationEvent], *, include_usage: bool
+) -> AsyncIterator[dict]:
+    """The chat.completion.chunk objects of a stream: role, content deltas, finish, then usage if asked for."""
+    base = {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model}
+    if include_usage:
+        base["usage"] = None  # as OpenAI does: every chunk but the last carries usage: null
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {**base, "choices": [choice]}
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for event in events:
+        if isinstance(event, TextDelta):
+            yield chunk({"content": event.text})
+        elif isinstance(event, Finished):
+            yield chunk({}, _FINISH_REASONS[event.reason])
+            if include_usage:
+                yield {**base, "choices": [], "usage": usage_object(event.usage)}
