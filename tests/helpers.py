@@ -1,0 +1,30 @@
+"""Small helpers shared by the test suites."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import json_format
+from google.rpc import status_pb2
+
+from portico.v1 import chat_pb2, error_pb2
+
+
+def chat_request(**fields) -> chat_pb2.CreateChatCompletionRequest:
+    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    body.update(fields)
+    return json_format.ParseDict(body, chat_pb2.CreateChatCompletionRequest())
+
+
+def error_details(error: grpc.aio.AioRpcError) -> error_pb2.ErrorResponse:
+    """The ErrorResponse a gRPC caller finds in the status details."""
+    for name, value in error.trailing_metadata() or ():
+        if name == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            detail = error_pb2.ErrorResponse()
+            assert status.details[0].Unpack(detail)
+            return detail
+    raise AssertionError(f"no status details in {error!r}")
+
+
+def bearer(secret: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {secret}"),)

@@ -1,0 +1,35 @@
+"""In-process grpc.aio server on 127.0.0.1:0 with the real embedded model and a real SQLite key store."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import pytest
+
+from server.app import RunningServer, start_server
+from server.config import load_config
+
+
+@pytest.fixture(scope="session")
+async def running(tmp_path_factory) -> RunningServer:
+    config = dataclasses.replace(load_config(), data_dir=tmp_path_factory.mktemp("data"))
+    server = await start_server(config, "127.0.0.1:0")
+    yield server
+    await server.stop(0)
+
+
+@pytest.fixture(scope="session")
+def secret(running: RunningServer) -> str:
+    return running.store.create("service-tests", all_models=True)[1]
+
+
+@pytest.fixture(scope="session")
+def admin_secret(running: RunningServer) -> str:
+    return running.store.create("service-admin", all_models=True, admin=True)[1]
+
+
+@pytest.fixture(scope="session")
+async def channel(running: RunningServer) -> grpc.aio.Channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield channel

@@ -1,0 +1,92 @@
+"""ModelService, KeyService, health and reflection over real gRPC stubs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from portico.v1 import key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc
+from tests.helpers import bearer, chat_request, error_details
+from portico.v1 import chat_service_pb2_grpc
+
+ALL_MODELS = {
+    "family-a-5.4": "/v1/chat/completions",
+    "family-a-5.5": "/v1/chat/completions",
+    "family-a-image-2": "/v1/images/generations",
+    "family-b-opus-4-6": "/v1/messages",
+    "family-b-opus-4-7": "/v1/messages",
+    "family-b-opus-4-8": "/v1/messages",
+    "family-b-sonnet-4-6": "/v1/messages",
+    "family-b-haiku-4-5-20251001": "/v1/messages",
+}
+
+
+async def test_list_models_shows_every_model_with_its_endpoint(channel, secret):
+    models = await model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
+        model_pb2.ListModelsRequest(), metadata=bearer(secret)
+    )
+    assert models.object == "list"
+    assert {m.id: m.endpoint for m in models.data} == ALL_MODELS
+    assert all(m.object == "model" and m.created > 0 and m.owned_by for m in models.data)
+
+
+async def test_list_models_shows_only_granted_models(channel, running):
+    secret = running.store.create("b-only", all_models=False, models=["family-b-sonnet-4-6"])[1]
+    stub = model_service_pb2_grpc.ModelServiceStub(channel)
+    models = await stub.ListModels(model_pb2.ListModelsRequest(), metadata=bearer(secret))
+    assert [m.id for m in models.data] == ["family-b-sonnet-4-6"]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetModel(model_pb2.GetModelRequest(model="family-a-5.5"), metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_key_service_needs_an_admin_key(channel, secret):
+    stub = key_service_pb2_grpc.KeyServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ListKeys(key_pb2.ListKeysRequest(), metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error_details(caught.value).error.code == "permission_denied"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ListKeys(key_pb2.ListKeysRequest())
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_admin_creates_and_revokes_keys_and_revocation_takes_effect_within_2s(channel, admin_secret):
+    keys = key_service_pb2_grpc.KeyServiceStub(channel)
+    chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+    created = await keys.CreateKey(
+        key_pb2.CreateKeyRequest(name="temp", models=["family-a-5.5"], limits={"requests_per_minute": 5}),
+        metadata=bearer(admin_secret),
+    )
+    assert created.secret.startswith("pk-") and created.key.limits.requests_per_minute == 5
+    listed = await keys.ListKeys(key_pb2.ListKeysRequest(), metadata=bearer(admin_secret))
+    assert created.key.id in {k.id for k in listed.keys}
+    assert created.secret not in str(listed)
+    await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(created.secret))
+
+    revoked = await keys.RevokeKey(key_pb2.RevokeKeyRequest(id=created.key.id), metadata=bearer(admin_secret))
+    assert revoked.key.revoked_at > 0
+    await asyncio.sleep(2.0)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(created.secret))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_health_is_serving(channel):
+    stub = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "portico.v1.ChatService"):
+        response = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_reflection_lists_the_services(channel):
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    async for response in responses:
+        names = {s.name for s in response.list_services_response.service}
+        break
+    assert {"portico.v1.ChatService", "portico.v1.ModelService", "grpc.health.v1.Health"} <= names
