@@ -10,7 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
-from portico.v1 import model_service_pb2, model_service_pb2_grpc
+from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
 from server.catalog import Catalog
 from server.config import Config
 from server.keys import Authenticator, KeyStore
@@ -20,6 +20,7 @@ from server.providers.llamacpp import LlamaCppProvider
 from server.services.chat import ChatServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.keys import KeyServicer
+from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
 
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # above Envoy's 8 MiB request limit, so Envoy answers oversize bodies first
@@ -77,12 +78,14 @@ async def start_server(config: Config, address: str) -> RunningServer:
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
         ChatServicer(pipeline, default_max_tokens=config.default_max_tokens), server
     )
+    message_service_pb2_grpc.add_MessageServiceServicer_to_server(MessageServicer(pipeline), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(KeyServicer(store, authenticator), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [
         chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name,
+        message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
         model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
         key_service_pb2.DESCRIPTOR.services_by_name["KeyService"].full_name,
     ]

@@ -59,6 +59,13 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Started:
+    """Optional first event: the provider accepted the prompt, which is this many tokens."""
+
+    input_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
 
@@ -70,7 +77,7 @@ class Finished:
     stop_sequence: str | None = None
 
 
-GenerationEvent = TextDelta | Finished
+GenerationEvent = Started | TextDelta | Finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,15 @@ class Completion:
 
     text: str
     finish: Finished
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeader:
+    """What every object of one response repeats: its id, creation time and the model name the caller used."""
+
+    id: str
+    created: int
+    model: str
 
 
 @dataclass(frozen=True, slots=True)

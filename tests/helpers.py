@@ -28,3 +28,11 @@ def error_details(error: grpc.aio.AioRpcError) -> error_pb2.ErrorResponse:
 
 def bearer(secret: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {secret}"),)
+
+
+def message_request(**fields):
+    from portico.v1 import message_pb2
+
+    body = {"model": "family-b-sonnet-4-6", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
+    body.update(fields)
+    return json_format.ParseDict(body, message_pb2.CreateMessageRequest())

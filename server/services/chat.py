@@ -12,6 +12,7 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 
 from portico.v1 import chat_pb2, chat_service_pb2_grpc
+from server.domain import ResponseHeader
 from server.pipeline import Call, Pipeline
 from server.render import DONE, sse_event
 from server.services.streaming import guard_stream
@@ -26,10 +27,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         self._pipeline = pipeline
         self._default_max_tokens = default_max_tokens
 
-    def _prepare(self, request, context) -> tuple[Call, ChatPlan, to_openai.ResponseHeader]:
+    def _prepare(self, request, context) -> tuple[Call, ChatPlan, ResponseHeader]:
         call = self._pipeline.begin(context.invocation_metadata(), request.model, ENDPOINT)
         plan = chat_request(request, upstream_model=call.model.id, default_max_tokens=self._default_max_tokens)
-        header = to_openai.ResponseHeader(
+        header = ResponseHeader(
             id=f"chatcmpl-{secrets.token_urlsafe(18)}", created=int(time.time()), model=request.model
         )
         return call, plan, header

@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-from server.domain import Completion, FinishReason, Finished, GenerationEvent, TextDelta, Usage
+from server.domain import Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, TextDelta, Usage
 
 _FINISH_REASONS = {
     FinishReason.END_TURN: "stop",
     FinishReason.STOP_SEQUENCE: "stop",
     FinishReason.MAX_TOKENS: "length",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseHeader:
-    """What every object of one response repeats."""
-
-    id: str
-    created: int
-    model: str
 
 
 def usage_object(usage: Usage) -> dict:

@@ -1,0 +1,96 @@
+"""Key store (hashes only on disk), authenticator caching, catalog rules and configuration errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from server.catalog import Catalog
+from server.config import ConfigError, load_config
+from server.domain import ApiKey, KeyLimits
+from server.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, PermissionDenied
+from server.keys import Authenticator, KeyStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = KeyStore(tmp_path / "keys.db")
+    yield store
+    store.close()
+
+
+def test_secret_never_reaches_disk(store, tmp_path):
+    key, secret = store.create("app", all_models=False, models=["family-a-5.5"], limits=KeyLimits(10, 1000))
+    store.close()
+    for path in tmp_path.iterdir():
+        assert secret.encode() not in path.read_bytes()
+    reopened = KeyStore(tmp_path / "keys.db")
+    assert reopened.list() == [key]
+    reopened.close()
+
+
+def test_create_validates(store):
+    with pytest.raises(InvalidRequest):
+        store.create("x", all_models=False)
+    with pytest.raises(InvalidRequest):
+        store.create("x", all_models=True, limits=KeyLimits(requests_per_minute=0))
+
+
+def test_revoke_by_id_or_secret(store):
+    _, first = store.create("a", all_models=True)
+    second_key, _ = store.create("b", all_models=True)
+    assert store.revoke(first).revoked_at > 0
+    assert store.revoke(second_key.id).revoked_at > 0
+    assert all(k.revoked_at for k in store.list())
+
+
+def test_authenticator_caches_for_a_bounded_time(store):
+    key, secret = store.create("a", all_models=True)
+    auth = Authenticator(store, cache_seconds=0.2)
+    metadata = (("authorization", f"Bearer {secret}"),)
+    assert auth.authenticate(metadata) == key
+    store.revoke(key.id)
+    time.sleep(0.3)
+    with pytest.raises(AuthenticationFailed):
+        auth.authenticate(metadata)
+
+
+def test_x_api_key_only_where_allowed(store):
+    key, secret = store.create("a", all_models=True)
+    auth = Authenticator(store, cache_seconds=1)
+    assert auth.authenticate((("x-api-key", secret),), allow_x_api_key=True) == key
+    with pytest.raises(AuthenticationFailed):
+        auth.authenticate((("x-api-key", secret),))
+    with pytest.raises(PermissionDenied):
+        auth.authenticate_admin((("authorization", f"Bearer {secret}"),))
+
+
+def test_catalog_rules():
+    catalog = Catalog(load_config().models)
+    key = ApiKey(id="k", name="n", all_models=False, models=frozenset({"family-b-opus-4-8"}))
+    assert catalog.resolve(key, "family-b-opus-4-8", "/v1/messages").id == "family-b-opus-4-8"
+    with pytest.raises(ModelNotFound, match="/v1/messages"):
+        catalog.resolve(key, "family-b-opus-4-8", "/v1/chat/completions")
+    with pytest.raises(ModelNotFound, match="does not exist"):
+        catalog.resolve(key, "family-a-5.5", "/v1/chat/completions")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("models: []", "non-empty list"),
+        ("models: [{id: a, endpoint: /v1/nope, provider: {kind: llamacpp}}]", "endpoint must be one of"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: magic}}]", "kind must be one of"),
+        ("models: [{id: a, endpoint: /v1/messages}]", "`provider` is required"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}},"
+         " {id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]", "listed twice"),
+        ("listen: {port: http}\nmodels: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]", "http"),
+        ("models: [", "not valid YAML"),
+    ],
+)
+def test_config_mistakes_are_clear(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)

@@ -1,0 +1,68 @@
+"""Anthropic translators: request validation and the literal SSE transcript of a streamed message."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.domain import Completion, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, Usage
+from server.errors import InvalidRequest
+from server.render import sse_event
+from server.translate import internal_to_anthropic as to_anthropic
+from server.translate.anthropic_to_internal import message_request
+from tests.helpers import message_request as request_pb
+
+HEADER = ResponseHeader(id="msg_1", created=1700000000, model="family-b-opus-4-8")
+
+
+def test_system_blocks_and_tool_traffic_become_turns():
+    plan = message_request(request_pb(system="Be brief.", top_k=5, stop_sequences=["##"], messages=[
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calc", "input": {"x": 2}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]},
+    ]), upstream_model="m")
+    turns = plan.generation.turns
+    assert [t.role for t in turns] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.USER]
+    assert turns[0].text == "Be brief." and '"calc"' in turns[2].text and "4" in turns[3].text
+    assert (plan.generation.params.top_k, plan.generation.params.stop) == (5, ("##",))
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"top_k": -1}, "top_k"), ({"stop_sequences": ["a", ""]}, "stop_sequences[1]"),
+     ({"messages": [{"role": "user"}]}, "messages[0].content")],
+)
+def test_rejections_name_the_param(fields, param):
+    with pytest.raises(InvalidRequest) as caught:
+        message_request(request_pb(**fields), upstream_model="m")
+    assert caught.value.param == param
+
+
+def test_message_object():
+    completion = Completion("Hi", Finished(FinishReason.END_TURN, Usage(4, 2)))
+    assert to_anthropic.message(HEADER, completion) == {
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "Hi"}],
+        "model": "family-b-opus-4-8", "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": 4, "output_tokens": 2},
+    }
+
+
+async def test_sse_transcript():
+    async def events():
+        for event in (Started(4), TextDelta("Hi"), Finished(FinishReason.STOP_SEQUENCE, Usage(4, 2), "##")):
+            yield event
+
+    frames = [sse_event(e, e["type"]) async for e in to_anthropic.message_events(HEADER, events())]
+    assert b"".join(frames).decode() == (
+        'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+        '"role":"assistant","content":[],"model":"family-b-opus-4-8","stop_reason":null,"stop_sequence":null,'
+        '"usage":{"input_tokens":4,"output_tokens":0}}}\n\n'
+        'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+        '"content_block":{"type":"text","text":""}}\n\n'
+        'event: ping\ndata: {"type":"ping"}\n\n'
+        'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        '"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+        'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+        'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"stop_sequence",'
+        '"stop_sequence":"##"},"usage":{"input_tokens":4,"output_tokens":2}}\n\n'
+        'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )

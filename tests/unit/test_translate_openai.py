@@ -1,0 +1,97 @@
+"""OpenAI translators: request validation into internal values, and literal response/SSE transcripts."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.domain import (
+    Completion, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, Usage,
+)
+from server.errors import InvalidRequest
+from server.render import DONE, sse_event
+from server.translate import internal_to_openai as to_openai
+from server.translate.openai_to_internal import chat_request
+from tests.helpers import chat_request as request_pb
+
+HEADER = ResponseHeader(id="chatcmpl-1", created=1700000000, model="family-a-5.5")
+
+
+def plan(**fields):
+    return chat_request(request_pb(**fields), upstream_model="m", default_max_tokens=99)
+
+
+def test_defaults_and_roles():
+    result = plan(max_tokens=None, messages=[
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ])
+    turns = result.generation.turns
+    assert [t.role for t in turns] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.USER]
+    assert turns[1].text == "a\nb"
+    assert '"name":"f"' in turns[2].text and "c1" in turns[3].text and "42" in turns[3].text
+    params = result.generation.params
+    assert (params.max_tokens, params.temperature, params.top_p, params.stop) == (99, 1.0, 1.0, ())
+    assert (result.stream, result.include_usage) == (False, False)
+
+
+def test_sampling_values_pass_through():
+    result = plan(temperature=0, top_p=0.5, stop="END", seed=7, stream=True, stream_options={"include_usage": True})
+    params = result.generation.params
+    assert (params.temperature, params.top_p, params.stop, params.seed) == (0.0, 0.5, ("END",), 7)
+    assert (result.stream, result.include_usage) == (True, True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stop": [""]}, "stop"),
+        ({"stop": 5}, "stop"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"top_logprobs": 30}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ],
+)
+def test_rejections_name_the_param(fields, param):
+    with pytest.raises(InvalidRequest) as caught:
+        plan(**fields)
+    assert caught.value.param == param
+
+
+def test_completion_object():
+    completion = Completion("Hi.", Finished(FinishReason.STOP_SEQUENCE, Usage(3, 2), stop_sequence="\n"))
+    assert to_openai.chat_completion(HEADER, completion) == {
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "family-a-5.5",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi.", "refusal": None},
+                     "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+async def _events(*events):
+    for event in events:
+        yield event
+
+
+async def test_sse_transcript_with_usage():
+    events = _events(Started(3), TextDelta("Hi"), TextDelta("!"), Finished(FinishReason.MAX_TOKENS, Usage(3, 2)))
+    frames = [sse_event(c) async for c in to_openai.chat_chunks(HEADER, events, include_usage=True)] + [DONE]
+    head = b'"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"family-a-5.5"'
+    assert frames == [
+        b'data: {' + head + b',"usage":null,"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+        b'"logprobs":null,"finish_reason":null}]}\n\n',
+        b'data: {' + head + b',"usage":null,"choices":[{"index":0,"delta":{"content":"Hi"},'
+        b'"logprobs":null,"finish_reason":null}]}\n\n',
+        b'data: {' + head + b',"usage":null,"choices":[{"index":0,"delta":{"content":"!"},'
+        b'"logprobs":null,"finish_reason":null}]}\n\n',
+        b'data: {' + head + b',"usage":null,"choices":[{"index":0,"delta":{},'
+        b'"logprobs":null,"finish_reason":"length"}]}\n\n',
+        b'data: {' + head + b',"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5},'
+        b'"choices":[]}\n\n',
+        b"data: [DONE]\n\n",
+    ]
