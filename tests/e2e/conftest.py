@@ -1,0 +1,73 @@
+"""The whole product as a user runs it: `portico serve` (gRPC server + real Envoy) on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway.envoy import free_ports
+
+
+@dataclass(frozen=True)
+class Gateway:
+    port: int
+    admin_port: int
+    secret: str  # the development key printed on first start
+    data_dir: Path
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "server.cli", "--data-dir", str(self.data_dir), *args],
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory) -> Gateway:
+    data_dir = tmp_path_factory.mktemp("gateway-data")
+    log_path = data_dir.parent / "gateway.log"
+    port, admin_port = free_ports(2)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), "serve",
+             "--port", str(port), "--admin-port", str(admin_port)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    secret = ""
+    deadline = time.monotonic() + 90
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"portico serve did not start:\n{log_path.read_text()}") from None
+            if match := re.search(r"\b(pk-\S+)", line):
+                secret = match.group(1)
+            if "Portico is listening" in line:
+                break
+        assert secret, "the first start must print a development key"
+        yield Gateway(port, admin_port, secret, data_dir, log_path)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,58 @@
+"""Replies Envoy makes itself (bad JSON, wrong types, unknown paths, oversize bodies) carry the error object too."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+
+@pytest.fixture(scope="module")
+def http(gateway) -> httpx.Client:
+    with httpx.Client(base_url=gateway.base_url, headers={"Authorization": f"Bearer {gateway.secret}"},
+                      timeout=30) as client:
+        yield client
+
+
+def _assert_error(response: httpx.Response, status: int, code: str, *, anthropic: bool = False) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert not any(h.startswith(("grpc-", "portico-")) for h in response.headers)
+    body = response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code and body["error"]["message"]
+    assert (body.get("type") == "error") == anthropic
+    return body["error"]
+
+
+def test_bad_json_is_400(http):
+    response = http.post("/v1/chat/completions", content=b'{"model": "family-a-5.5", "messages": [',
+                         headers={"content-type": "application/json"})
+    _assert_error(response, 400, "invalid_request")
+
+
+def test_wrong_type_is_400_naming_the_field(http):
+    response = http.post("/v1/chat/completions",
+                         json={"model": "family-a-5.5", "messages": [{"role": "user", "content": "x"}],
+                               "temperature": "hot"})
+    error = _assert_error(response, 400, "invalid_request")
+    assert error["param"] == "temperature"
+
+
+def test_unknown_path_is_404(http):
+    _assert_error(http.post("/v1/nothing-here", json={}), 404, "not_found")
+    _assert_error(http.get("/elsewhere"), 404, "not_found")
+
+
+def test_oversize_body_is_413(http):
+    big = "x" * (9 * 1024 * 1024)
+    response = http.post("/v1/chat/completions",
+                         json={"model": "family-a-5.5", "messages": [{"role": "user", "content": big}]})
+    _assert_error(response, 413, "request_too_large")
+
+
+def test_messages_path_errors_carry_top_level_type(http):
+    response = http.post("/v1/messages?beta=true", content=b"{not json", headers={"content-type": "application/json"})
+    _assert_error(response, 400, "invalid_request", anthropic=True)
+    response = http.post("/v1/messages", json={"model": "family-b-opus-4-6", "messages": []},
+                         headers={"x-api-key": "pk-nope", "Authorization": ""})
+    _assert_error(response, 401, "invalid_api_key", anthropic=True)

@@ -1,0 +1,92 @@
+"""The official openai SDK against the running gateway: models, completions (JSON and streamed) and every error row."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def client(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+
+
+def test_models_list_every_model_with_its_endpoint(client):
+    models = {m.id: m for m in client.models.list()}
+    assert len(models) == 8
+    assert models["family-a-5.5"].model_extra["endpoint"] == "/v1/chat/completions"
+    assert models["family-b-opus-4-8"].model_extra["endpoint"] == "/v1/messages"
+    assert models["family-a-image-2"].model_extra["endpoint"] == "/v1/images/generations"
+    assert isinstance(models["family-a-5.5"].created, int)
+    assert client.models.retrieve("family-a-5.4").owned_by == "family-a"
+
+
+def test_chat_completion(client):
+    completion = client.chat.completions.create(
+        model="family-a-5.5", messages=[{"role": "user", "content": "Say hello."}], max_tokens=6, temperature=0
+    )
+    assert completion.object == "chat.completion"
+    assert completion.choices[0].message.content
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 6 and completion.usage.prompt_tokens > 0
+
+
+def test_streamed_chat_completion_with_usage(client):
+    stream = client.chat.completions.create(
+        model="family-a-5.4", messages=[{"role": "user", "content": "Count to three."}], max_completion_tokens=5,
+        stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_stream_arrives_token_by_token(gateway):
+    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Tell a story."}],
+            "max_tokens": 30, "stream": True}
+    headers = {"Authorization": f"Bearer {gateway.secret}"}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert not any(h.startswith("grpc-") for h in response.headers)
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(events) >= 30 and events[-1] == "data: [DONE]"
+
+
+def _error(exc: openai.APIStatusError) -> dict:
+    return exc.response.json()["error"]
+
+
+def test_wrong_key_is_401(gateway):
+    bad = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="pk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        bad.models.list()
+    assert _error(caught.value) == {"message": "Incorrect API key provided.", "type": "authentication_error",
+                                    "param": None, "code": "invalid_api_key"}
+    assert caught.value.code == "invalid_api_key"
+
+
+def test_unknown_and_family_b_models_are_404(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert (caught.value.code, caught.value.param) == ("model_not_found", "model")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="family-b-haiku-4-5-20251001",
+                                       messages=[{"role": "user", "content": "x"}])
+    assert "/v1/messages" in _error(caught.value)["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"messages": []}, "messages"), ({"temperature": 2.5}, "temperature"), ({"max_tokens": 0}, "max_tokens"),
+     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role")],
+)
+def test_invalid_values_are_400(client, fields, param):
+    kwargs = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "x"}], **fields}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(**kwargs)
+    assert (caught.value.code, caught.value.param, caught.value.type) == (
+        "invalid_request", param, "invalid_request_error")
+    assert not any(h.startswith(("grpc-", "portico-")) for h in caught.value.response.headers)
