@@ -49,6 +49,15 @@ class Config:
     embedded: EmbeddedSettings = field(default_factory=EmbeddedSettings)
     default_max_tokens: int = 1024
     key_cache_seconds: float = 1.0
+    public_base_url: str | None = None  # how callers reach the gateway, for links in answers (image `url`s)
+
+    @property
+    def base_url(self) -> str:
+        """public_base_url, else the listen address (right when callers reach Envoy directly)."""
+        if self.public_base_url:
+            return self.public_base_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def with_overrides(self, **changes: Any) -> Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -91,6 +100,7 @@ def _parse(raw: dict, source: str) -> Config:
             models=entries,
             host=str(listen.get("host", "127.0.0.1")),
             port=int(listen.get("port", 8080)),
+            public_base_url=listen.get("public_base_url"),
             envoy_admin_port=int(raw.get("envoy_admin_port", 9901)),
             data_dir=Path(raw.get("data_dir", "data")),
             embedded=EmbeddedSettings(

@@ -1,0 +1,136 @@
+"""Generated images kept on disk and handed out as signed, expiring links (the `url` response format).
+
+Files live in `<data_dir>/images`, and the signing secret in `<data_dir>/image-link.key`, so every server process
+sharing a data dir can serve every link. A link is
+`<public base URL>/v1/images/content/<name>?expires=<unix time>&signature=<hex HMAC-SHA256(name, expires)>`:
+like OpenAI's image URLs it needs no API key, and it stops working after an hour. Expired files are swept from
+disk by whichever process stores images next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from server.errors import NotFound
+from server.providers.images import GeneratedImage, ImageFormat
+
+CONTENT_PATH = "/v1/images/content/"
+LINK_TTL_SECONDS = 3600  # OpenAI's image URLs also last an hour
+_SWEEP_EVERY_SECONDS = 60.0
+_NAME = re.compile(r"[A-Za-z0-9_-]{24}\.(png|jpeg|webp)")  # also keeps names inside the directory
+
+
+@dataclass(frozen=True, slots=True)
+class StoredImage:
+    data: bytes
+    content_type: str
+
+
+class ImageStore:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        base_url: str,
+        ttl_seconds: float = LINK_TTL_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._dir = data_dir / "images"
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._secret = _load_or_create_secret(data_dir / "image-link.key")
+        self._base_url = base_url.rstrip("/")
+        self._ttl = ttl_seconds
+        self._clock = clock
+        self._last_sweep = 0.0
+
+    async def put(self, images: Sequence[GeneratedImage]) -> list[str]:
+        """Store the images; return one signed link per image, in order."""
+        return await asyncio.to_thread(self._put, images)
+
+    async def get(self, name: str, expires: int, signature: str) -> StoredImage:
+        """The image behind a link, or NotFound when the link is malformed, forged, expired or swept."""
+        return await asyncio.to_thread(self._get, name, expires, signature)
+
+    def link(self, name: str, expires: int) -> str:
+        return f"{self._base_url}{CONTENT_PATH}{name}?expires={expires}&signature={self._sign(name, expires)}"
+
+    def sweep(self) -> int:
+        """Delete images whose links have expired; return how many. Safe to run from several processes."""
+        cutoff = self._clock() - self._ttl - _SWEEP_EVERY_SECONDS  # a margin for clock skew between processes
+        removed = 0
+        for path in self._dir.iterdir():
+            try:
+                if _NAME.fullmatch(path.name) and path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                pass  # another process swept it first
+        return removed
+
+    def _put(self, images: Sequence[GeneratedImage]) -> list[str]:
+        now = self._clock()
+        if now - self._last_sweep >= _SWEEP_EVERY_SECONDS:
+            self._last_sweep = now
+            self.sweep()
+        expires = int(now + self._ttl)
+        links = []
+        for image in images:
+            name = f"{secrets.token_urlsafe(18)}.{image.output_format.value}"
+            (self._dir / name).write_bytes(image.data)
+            links.append(self.link(name, expires))
+        return links
+
+    def _get(self, name: str, expires: int, signature: str) -> StoredImage:
+        match = _NAME.fullmatch(name)
+        if match is None or not hmac.compare_digest(self._sign(name, expires), signature):
+            raise NotFound("This image link is not valid.")
+        if expires < self._clock():
+            raise NotFound("This image link has expired.")
+        try:
+            data = (self._dir / name).read_bytes()
+        except FileNotFoundError:
+            raise NotFound("This image link has expired.") from None
+        return StoredImage(data=data, content_type=ImageFormat(match.group(1)).content_type)
+
+    def _sign(self, name: str, expires: int) -> str:
+        return hmac.new(self._secret, f"{name}\n{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+def _load_or_create_secret(path: Path) -> bytes:
+    """Read the shared signing secret, creating it on first use.
+
+    Several processes may start at once: the secret is written to a private temporary file and linked into place,
+    which either succeeds whole or finds another process's complete file, so nobody reads a half-written key.
+    """
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process won the race; use its secret
+    finally:
+        temporary.unlink(missing_ok=True)
+    return _read_secret(path)
+
+
+def _read_secret(path: Path) -> bytes:
+    secret = path.read_bytes()
+    if len(secret) < 32:
+        raise RuntimeError(f"{path} is damaged (shorter than 32 bytes); delete it to make a new one")
+    return secret

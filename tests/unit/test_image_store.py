@@ -1,0 +1,84 @@
+"""Signed, expiring image links: round trip, forgery, expiry, sweeping, and a secret shared through the data dir."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from server.errors import NotFound
+from server.image_store import ImageStore
+from server.providers.images import GeneratedImage, ImageFormat
+
+
+@dataclass
+class Clock:
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def parts(link: str) -> tuple[str, int, str]:
+    url = urlsplit(link)
+    query = parse_qs(url.query)
+    return url.path.rsplit("/", 1)[1], int(query["expires"][0]), query["signature"][0]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> ImageStore:
+    return ImageStore(tmp_path, base_url="https://img.example/", ttl_seconds=600, clock=clock)
+
+
+async def test_link_round_trip(store):
+    links = await store.put([GeneratedImage(b"png-bytes", ImageFormat.PNG), GeneratedImage(b"jpg", ImageFormat.JPEG)])
+    assert links[0].startswith("https://img.example/v1/images/content/") and ".png?expires=" in links[0]
+    first, second = [await store.get(*parts(link)) for link in links]
+    assert (first.data, first.content_type) == (b"png-bytes", "image/png")
+    assert (second.data, second.content_type) == (b"jpg", "image/jpeg")
+
+
+async def test_forged_or_malformed_links_are_not_found(store):
+    (link,) = await store.put([GeneratedImage(b"x", ImageFormat.WEBP)])
+    name, expires, signature = parts(link)
+    for forged in [
+        (name, expires + 3600, signature),  # a longer life
+        (name, expires, "0" * 64),
+        (name.replace(".webp", ".png"), expires, signature),
+        ("../image-link.key", expires, signature),
+        ("", 0, ""),
+    ]:
+        with pytest.raises(NotFound, match="not valid"):
+            await store.get(*forged)
+
+
+async def test_expired_links_and_sweeping(store, clock, tmp_path):
+    (link,) = await store.put([GeneratedImage(b"x", ImageFormat.PNG)])
+    clock.now += 601
+    with pytest.raises(NotFound, match="expired"):
+        await store.get(*parts(link))
+    (tmp_path / "images" / "keep-me.txt").write_text("not an image")
+    clock.now += 1e9  # far past every file's mtime (real time) plus the ttl
+    assert store.sweep() == 1
+    assert [p.name for p in (tmp_path / "images").iterdir()] == ["keep-me.txt"]
+
+
+async def test_processes_sharing_a_data_dir_share_links(store, tmp_path, clock):
+    (link,) = await store.put([GeneratedImage(b"shared", ImageFormat.PNG)])
+    other = ImageStore(tmp_path, base_url="http://elsewhere:1", clock=clock)
+    assert (await other.get(*parts(link))).data == b"shared"
+    assert (tmp_path / "image-link.key").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_new_data_dir_means_new_secret(store, tmp_path, clock):
+    (link,) = await store.put([GeneratedImage(b"x", ImageFormat.PNG)])
+    stranger = ImageStore(tmp_path / "other", base_url="http://h", clock=clock)
+    with pytest.raises(NotFound):
+        await stranger.get(*parts(link))
