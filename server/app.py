@@ -11,13 +11,18 @@ from grpc_reflection.v1alpha import reflection
 
 from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
 from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
+from portico.v1 import image_service_pb2, image_service_pb2_grpc
 from server.catalog import Catalog
 from server.config import Config
+from server.image_store import ImageStore
 from server.keys import Authenticator, KeyStore
 from server.pipeline import Pipeline
 from server.providers import Provider
+from server.providers.dev_image import DevImageProvider
+from server.providers.images import ImageProvider
 from server.providers.llamacpp import LlamaCppProvider
 from server.services.chat import ChatServicer
+from server.services.images import ImageServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.keys import KeyServicer
 from server.services.messages import MessageServicer
@@ -43,11 +48,14 @@ class RunningServer:
         self.store.close()
 
 
-def build_providers(config: Config) -> dict[str, Provider]:
+def build_providers(config: Config) -> dict[str, Provider | ImageProvider]:
     """One provider object per distinct backend; models that share a backend share the object."""
-    providers: dict[str, Provider] = {}
+    providers: dict[str, Provider | ImageProvider] = {}
     embedded: LlamaCppProvider | None = None
+    dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
     for entry in config.models:
+        if entry.provider.kind == "dev-image":
+            providers[entry.id] = dev_image
         if entry.provider.kind == "llamacpp":
             if embedded is None:
                 settings = config.embedded
@@ -80,6 +88,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
     )
     message_service_pb2_grpc.add_MessageServiceServicer_to_server(MessageServicer(pipeline), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
+    image_store = ImageStore(config.data_dir, base_url=config.base_url)
+    image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), server)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(KeyServicer(store, authenticator), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -87,6 +97,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
         chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name,
         message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
         model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+        image_service_pb2.DESCRIPTOR.services_by_name["ImageService"].full_name,
         key_service_pb2.DESCRIPTOR.services_by_name["KeyService"].full_name,
     ]
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)

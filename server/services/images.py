@@ -1,0 +1,48 @@
+"""ImageService: OpenAI-dialect image generation, and the signed links its `url` answers point at."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import orjson
+from google.api import httpbody_pb2
+from google.protobuf import json_format
+
+from portico.v1 import image_pb2, image_service_pb2_grpc
+from server.errors import InternalError
+from server.image_store import ImageStore
+from server.pipeline import Pipeline
+from server.providers.images import ImageProvider
+from server.translate.openai_images import image_request, images_response
+
+ENDPOINT = "/v1/images/generations"
+
+
+class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
+    def __init__(self, pipeline: Pipeline, store: ImageStore) -> None:
+        self._pipeline = pipeline
+        self._store = store
+
+    async def _generate(self, request: image_pb2.CreateImageRequest, context: grpc.aio.ServicerContext) -> dict:
+        call = self._pipeline.begin(context.invocation_metadata(), request.model, ENDPOINT)
+        plan = image_request(request, upstream_model=call.model.id)
+        provider = call.provider
+        if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
+            raise InternalError(f"The model `{call.model.id}` has no image provider.")
+        images = await provider.generate(plan.generation)
+        urls = await self._store.put(images) if plan.response_format == "url" else None
+        return images_response(int(time.time()), plan, images, urls)
+
+    async def CreateImage(self, request, context) -> image_pb2.ImagesResponse:
+        return json_format.ParseDict(await self._generate(request, context), image_pb2.ImagesResponse())
+
+    async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        body = await self._generate(request, context)
+        yield httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(body))
+
+    async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        # No API key on purpose: the link's signature and expiry are the credential (see server/image_store.py).
+        image = await self._store.get(request.name, request.expires, request.signature)
+        yield httpbody_pb2.HttpBody(content_type=image.content_type, data=image.data)
