@@ -1,0 +1,136 @@
+-- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC).
+--
+-- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
+-- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape).
+-- Sources of errors, in the order handled below:
+--   1. Envoy's own local replies (bad JSON, unknown URL, oversize body, upstream down or silent), marked by the
+--      local_reply_config in envoy.yaml with a `portico-local-reply` header;
+--   2. the server's contract: trailing metadata `portico-http-status` + `portico-error` (the exact body). When
+--      the RPC fails before any message, gRPC sends "trailers-only" and they arrive as response headers; if the
+--      server sent initial metadata first, they arrive as trailers (the transcoder holds the headers until then);
+--   3. anything else from upstream (e.g. UNIMPLEMENTED): the transcoder's google.rpc.Status JSON, by HTTP status.
+-- gRPC headers (grpc-*) and Portico's internal metadata (portico-*) never reach HTTP callers.
+
+-- HTTP status -> code, type, message used when nobody supplied a better one. Mirrors server/errors.py.
+local KINDS = {
+  [400] = {"invalid_request", "invalid_request_error", "The request is invalid."},
+  [401] = {"invalid_api_key", "authentication_error", "Invalid API key."},
+  [403] = {"permission_denied", "permission_error", "Permission denied."},
+  [404] = {"not_found", "invalid_request_error", "Not found."},
+  [408] = {"request_timeout", "invalid_request_error", "The request timed out."},
+  [413] = {"request_too_large", "invalid_request_error", "The request body is too large (limit 8 MiB)."},
+  [429] = {"rate_limit_exceeded", "rate_limit_error", "Rate limit exceeded."},
+  [500] = {"internal_error", "server_error", "The server had an error while processing your request."},
+  [503] = {"service_unavailable", "service_unavailable_error", "The service is temporarily unavailable."},
+  [504] = {"upstream_timeout", "timeout_error", "The upstream did not respond in time."},
+}
+
+local ESCAPES = {['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
+
+local function json_string(s)
+  if s == nil then return "null" end
+  local escaped = s:gsub('[%c"\\]', function(c) return ESCAPES[c] or string.format("\\u%04x", c:byte()) end)
+  return '"' .. escaped .. '"'
+end
+
+local function strip_internal(map)
+  local doomed = {}  -- collect first: removing while iterating is not allowed
+  for key, _ in pairs(map) do
+    if key:sub(1, 5) == "grpc-" or key:sub(1, 8) == "portico-" then doomed[#doomed + 1] = key end
+  end
+  for _, key in ipairs(doomed) do map:remove(key) end
+end
+
+-- `message` is a JSON string literal (already quoted and escaped), or nil for the table's default.
+local function error_body(status, message, param, anthropic)
+  local kind = KINDS[status] or KINDS[500]
+  local object = '{"message":' .. (message or json_string(kind[3])) .. ',"type":"' .. kind[2] ..
+      '","param":' .. json_string(param) .. ',"code":"' .. kind[1] .. '"}'
+  if anthropic then return '{"type":"error","error":' .. object .. "}" end
+  return '{"error":' .. object .. "}"
+end
+
+-- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
+-- "messages[0].role: invalid value 1 for type TYPE_STRING"; JSON syntax errors carry a caret drawing.
+local function describe_local_reply(status, text, request)
+  if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
+  if status == 400 then
+    local field = text:match("^([%w_%.%[%]]+): ")
+    if field then return json_string((text:gsub("%s+$", ""))), field end
+    return json_string("Invalid JSON body: " .. text:match("^[^\n]*"):gsub("^:%s*", "")), nil
+  end
+  return nil, nil  -- the table's message: Envoy's wording ("upstream connect error ...") says too much
+end
+
+-- The "message" of a google.rpc.Status JSON body as a JSON string literal (the transcoder escaped it already).
+local function status_message(json)
+  local start = json:find('"message":"', 1, true)
+  if not start then return nil end
+  local i = start + 11
+  local from = i
+  while i <= #json do
+    local c = json:sub(i, i)
+    if c == "\\" then i = i + 2
+    elseif c == '"' then return json:sub(from - 1, i)
+    else i = i + 1 end
+  end
+  return nil
+end
+
+function envoy_on_request(handle)
+  -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
+  -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
+  local headers = handle:headers()
+  local path = (headers:get(":path") or ""):match("^[^?]*")
+  handle:streamInfo():dynamicMetadata():set("portico", "request", (headers:get(":method") or "") .. " " .. path)
+end
+
+local function replace_body(buffer, headers, body)
+  buffer:setBytes(body)
+  headers:replace("content-type", "application/json")
+  headers:replace("content-length", tostring(#body))
+end
+
+local function shape_error(handle, status)
+  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request or ""
+  local path = request:match(" (.*)") or ""
+  local anthropic = path == "/v1/messages" or path:sub(1, 13) == "/v1/messages/"
+  local buffer = handle:body(true)  -- true: an empty buffer (not nil) when the reply has no body
+  local body = buffer:getBytes(0, buffer:length())
+  local trailers = handle:trailers()
+  local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
+  if headers:get("portico-local-reply") then
+    local message, param = describe_local_reply(status, body, request)
+    return replace_body(buffer, headers, error_body(status, message, param, anthropic))
+  end
+  local shaped, http_status = headers:get("portico-error"), headers:get("portico-http-status")
+  if not shaped then
+    -- Failed after initial metadata: the transcoder held the headers, the contract is in the trailers.
+    if trailers then
+      shaped, http_status = trailers:get("portico-error"), trailers:get("portico-http-status")
+      for key, value in pairs(trailers) do  -- e.g. retry-after, x-ratelimit-*
+        if key:sub(1, 5) ~= "grpc-" and key:sub(1, 8) ~= "portico-" then headers:replace(key, value) end
+      end
+      strip_internal(trailers)
+    end
+  end
+  if shaped then
+    if http_status then headers:replace(":status", http_status) end
+    return replace_body(buffer, headers, shaped)
+  end
+  -- Not Portico's contract (e.g. UNIMPLEMENTED, or grpc's own limits): shape the Status JSON by HTTP status.
+  replace_body(buffer, headers, error_body(status, status_message(body), nil, anthropic))
+end
+
+function envoy_on_response(handle)
+  local status = tonumber(handle:headers():get(":status")) or 500
+  if status >= 400 then shape_error(handle, status) end
+  strip_internal(handle:headers())
+  -- HTTP/2 callers would also receive the gRPC trailers (grpc-status, grpc-message). Iterating the chunks does
+  -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway.
+  if status < 400 and handle:streamInfo():protocol() == "HTTP/2" then
+    for _ in handle:bodyChunks() do end
+    local trailers = handle:trailers()
+    if trailers then strip_internal(trailers) end
+  end
+end
