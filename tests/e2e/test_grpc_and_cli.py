@@ -1,0 +1,73 @@
+"""Native gRPC through Envoy's port, images through the openai SDK, and key revocation on a running server."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+
+import grpc
+import httpx
+import openai
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from PIL import Image
+
+from portico.v1 import chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
+from tests.helpers import bearer, chat_request, error_details
+
+
+@pytest.fixture(scope="module")
+def channel(gateway):
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        yield channel
+
+
+def test_grpc_stubs_through_envoy(channel, gateway):
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    models = model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
+        model_pb2.ListModelsRequest(), metadata=bearer(gateway.secret))
+    assert len(models.data) == 8
+    chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+    completion = chat.CreateChatCompletion(chat_request(max_tokens=3), metadata=bearer(gateway.secret))
+    assert completion.usage.completion_tokens == 3
+    chunks = list(chat.StreamChatCompletion(chat_request(max_tokens=3), metadata=bearer(gateway.secret)))
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_grpc_errors_through_envoy_keep_status_and_details(channel, gateway):
+    chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        chat.CreateChatCompletion(chat_request(temperature=9), metadata=bearer(gateway.secret))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(caught.value).error.param == "temperature"
+
+
+def test_images_b64_and_url(gateway):
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+    result = client.images.generate(model="family-a-image-2", prompt="a lighthouse", size="256x256")
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+    assert image.size == (256, 256) and image.format == "PNG"
+    linked = client.images.generate(model="family-a-image-2", prompt="a harbour", size="512x512",
+                                    response_format="url", output_format="jpeg")
+    fetched = httpx.get(linked.data[0].url)
+    assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/jpeg"
+    assert Image.open(io.BytesIO(fetched.content)).size == (512, 512)
+
+
+def test_cli_keys_and_revocation_on_a_running_server(gateway):
+    created = gateway.cli("keys", "create", "--name", "e2e", "--models", "family-a-5.5", "--rpm", "10")
+    secret = created.stdout.strip().splitlines()[-1]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    assert [m.id for m in client.models.list()] == ["family-a-5.5"]
+    listed = gateway.cli("keys", "list").stdout
+    assert "e2e" in listed and secret not in listed
+    gateway.cli("keys", "revoke", secret)
+    time.sleep(2.0)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+
+
+def test_no_secret_in_the_gateway_log(gateway):
+    assert gateway.secret not in gateway.log_path.read_text()
