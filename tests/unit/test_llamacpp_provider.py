@@ -1,0 +1,229 @@
+"""LlamaCppProvider against the real embedded SmolLM2 model (it loads in ~0.1 s; answers are kept short)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import llama_cpp
+import pytest
+
+from server.domain import Finished, FinishReason, GenerationRequest, Role, SamplingParams, TextDelta, Turn
+from server.errors import InvalidRequest, ServiceUnavailable
+from server.providers.llamacpp import LlamaCppProvider, _first_stop, _stop_prefix_len
+
+MODEL = LlamaCppProvider.default_model_path()
+POEM = "Write a short poem about the sea."
+EMOJI = "Reply with three fire emojis and nothing else."  # SmolLM2 answers with 🌈, each split over three tokens
+
+
+@pytest.fixture
+async def provider():
+    provider = LlamaCppProvider(MODEL)
+    yield provider
+    await provider.close()
+
+
+@pytest.fixture(scope="module")
+def reference() -> llama_cpp.Llama:
+    """A second instance, driven by hand, to check the provider's text and token counts."""
+    llm = llama_cpp.Llama(str(MODEL), n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False)
+    yield llm
+    llm.close()
+
+
+def greedy_reference(llm: llama_cpp.Llama, question: str, max_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt tokens, generated tokens) with SmolLM2's ChatML template written out by hand."""
+    prompt_text = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompt = llm.tokenize(prompt_text.encode(), add_bos=False, special=True)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    llm.reset()
+    out: list[int] = []
+    for token in llm.generate(prompt, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        out.append(token)
+        if llama_cpp.llama_vocab_is_eog(vocab, token) or len(out) == max_tokens:
+            break
+    return prompt, out
+
+
+def request(question: str = POEM, **params) -> GenerationRequest:
+    params.setdefault("max_tokens", 8)
+    return GenerationRequest("smollm2", (Turn(Role.USER, question),), SamplingParams(**params))
+
+
+async def collect(provider: LlamaCppProvider, req: GenerationRequest) -> tuple[list[str], Finished]:
+    events = [event async for event in provider.stream(req)]
+    *deltas, finished = events
+    assert all(isinstance(d, TextDelta) and d.text for d in deltas)
+    assert isinstance(finished, Finished)
+    return [d.text for d in deltas], finished
+
+
+@pytest.mark.parametrize("question,max_tokens", [(POEM, 16), ("Say only the word 'yes'.", 16), (EMOJI, 8)])
+async def test_text_and_usage_match_llama_cpp_driven_by_hand(provider, reference, question, max_tokens):
+    prompt, tokens = greedy_reference(reference, question, max_tokens)
+    deltas, finished = await collect(provider, request(question, max_tokens=max_tokens, temperature=0.0))
+
+    ended = llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(reference.model), tokens[-1])
+    # An incomplete UTF-8 character cut off by max_tokens is dropped, never sent as U+FFFD.
+    assert "".join(deltas) == reference.detokenize(tokens).decode("utf-8", errors="ignore")
+    assert "\ufffd" not in "".join(deltas)
+    assert finished.reason is (FinishReason.END_TURN if ended else FinishReason.MAX_TOKENS)
+    assert finished.usage.input_tokens == len(prompt) == provider.count_tokens(request(question).turns)
+    assert finished.usage.output_tokens == len(tokens)  # an end-of-turn token counts too
+    assert len(deltas) > 1  # token by token, not in one piece
+
+
+async def test_max_tokens_gives_exactly_that_many_tokens(provider):
+    _, finished = await collect(provider, request(max_tokens=5))
+    assert finished.reason is FinishReason.MAX_TOKENS
+    assert finished.usage.output_tokens == 5
+
+
+async def test_a_full_context_window_ends_with_max_tokens():
+    small = LlamaCppProvider(MODEL, n_ctx=48)
+    try:
+        prompt_tokens = small.count_tokens(request().turns)
+        _, finished = await collect(small, request(max_tokens=500, temperature=0.0))
+    finally:
+        await small.close()
+    assert finished.reason is FinishReason.MAX_TOKENS
+    assert finished.usage.output_tokens == 48 - prompt_tokens
+
+
+async def test_a_stop_string_ends_the_answer_and_is_not_sent(provider):
+    deltas, _ = await collect(provider, request(max_tokens=16, temperature=0.0))
+    full = "".join(deltas)
+    stop = full[8:12]  # from the middle of the greedy answer, so it is sure to come up again
+    deltas, finished = await collect(provider, request(max_tokens=16, temperature=0.0, stop=("never seen", stop)))
+    assert finished.reason is FinishReason.STOP_SEQUENCE and finished.stop_sequence == stop
+    assert "".join(deltas) == full[: full.index(stop)]
+    assert finished.usage.output_tokens < 16
+
+
+async def test_temperature_zero_is_deterministic(provider):
+    first, _ = await collect(provider, request(max_tokens=12, temperature=0.0))
+    second, _ = await collect(provider, request(max_tokens=12, temperature=0.0))
+    assert "".join(first) == "".join(second)
+
+
+async def test_a_seed_makes_sampling_repeatable(provider):
+    runs = [await collect(provider, request(max_tokens=12, temperature=1.0, top_p=0.95, top_k=50, seed=7)) for _ in "ab"]
+    assert "".join(runs[0][0]) == "".join(runs[1][0])
+
+
+async def test_concurrent_requests_are_served_one_after_the_other_in_order(provider):
+    log: list[tuple[str, object]] = []
+
+    async def run(name: str) -> None:
+        async for event in provider.stream(request(max_tokens=6)):
+            log.append((name, event))
+
+    first = asyncio.create_task(run("a"))
+    while not log:  # "a" holds the only instance
+        await asyncio.sleep(0.005)
+    others = [asyncio.create_task(run("b"))]
+    await asyncio.sleep(0.05)  # "b" is queued before "c" arrives
+    others.append(asyncio.create_task(run("c")))
+    await asyncio.gather(first, *others)
+
+    names = [name for name, _ in log]
+    assert names == sorted(names)  # no interleaving, and FIFO
+    assert [name for name, event in log if isinstance(event, Finished)] == ["a", "b", "c"]
+
+
+async def test_closing_a_stream_frees_the_instance_within_a_token(provider):
+    stream = provider.stream(request(max_tokens=1000, temperature=0.0))
+    for _ in range(3):
+        assert isinstance(await anext(stream), TextDelta)
+    await stream.aclose()  # the caller went away
+    started = time.perf_counter()
+    _, finished = await collect(provider, request(max_tokens=3))
+    assert finished.usage.output_tokens == 3
+    assert time.perf_counter() - started < 1.0  # not the ~8 s the abandoned 1000 tokens would take
+
+
+async def test_cancelling_the_consumer_task_frees_the_instance(provider):
+    got_one = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in provider.stream(request(max_tokens=1000)):
+            got_one.set()
+
+    task = asyncio.create_task(consume())
+    await got_one.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    _, finished = await asyncio.wait_for(collect(provider, request(max_tokens=3)), timeout=1.0)
+    assert finished.usage.output_tokens == 3
+
+
+async def test_a_cancelled_waiter_does_not_hold_up_the_queue(provider):
+    running = provider.stream(request(max_tokens=1000))
+    await anext(running)
+    waiter = asyncio.create_task(collect(provider, request(max_tokens=2)))
+    await asyncio.sleep(0.05)
+    waiter.cancel()  # gives up while queued
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    third = asyncio.create_task(collect(provider, request(max_tokens=2)))
+    await asyncio.sleep(0.05)
+    await running.aclose()
+    _, finished = await asyncio.wait_for(third, timeout=1.0)
+    assert finished.usage.output_tokens == 2
+
+
+async def test_the_event_loop_keeps_running_during_generation(provider):
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    await collect(provider, request(max_tokens=20))
+    elapsed = time.perf_counter() - started
+    ticking.cancel()
+    assert len(gaps) > elapsed / 0.005 / 3  # most ticks happened
+    assert max(gaps) < 0.2  # and none waited for the whole generation
+
+
+async def test_a_prompt_that_fills_the_context_window_is_refused(provider):
+    with pytest.raises(InvalidRequest) as raised:
+        await collect(provider, request("word " * 3000))
+    assert raised.value.param == "messages"
+    assert "2048" in raised.value.message and str(provider.count_tokens(request("word " * 3000).turns)) in raised.value.message
+
+
+async def test_close_refuses_queued_and_stops_running_requests():
+    provider = LlamaCppProvider(MODEL)
+    running = provider.stream(request(max_tokens=1000))
+    await anext(running)
+    queued = asyncio.create_task(collect(provider, request()))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(provider.close(), timeout=1.0)
+    with pytest.raises(ServiceUnavailable):
+        await queued
+    with pytest.raises(ServiceUnavailable):
+        async for _ in running:
+            pass
+    with pytest.raises(ServiceUnavailable):
+        await collect(provider, request())
+
+
+def test_stop_string_helpers():
+    assert _first_stop("a STOP b END", ("END", "STOP")) == (2, "STOP")
+    assert _first_stop("nothing", ("END",)) is None
+    assert _stop_prefix_len("text ST", ("STOP",)) == 2  # "ST" may become "STOP": hold it back
+    assert _stop_prefix_len("text S", ("END", "STOP")) == 1
+    assert _stop_prefix_len("text", ("STOP",)) == 0
+    assert _stop_prefix_len("text", ()) == 0
