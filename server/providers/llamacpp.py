@@ -25,7 +25,9 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from server.domain import FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, TextDelta, Turn, Usage
+from server.domain import (
+    FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
+)
 from server.errors import InternalError, InvalidRequest, PorticoError, ServiceUnavailable
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -118,6 +120,7 @@ class LlamaCppProvider:
         job.add_done_callback(job_done)
         finished = False
         try:
+            yield Started(input_tokens=len(prompt))
             while (event := await events.get()) is not None:
                 finished = isinstance(event, Finished)
                 yield event

@@ -8,7 +8,7 @@ import time
 import llama_cpp
 import pytest
 
-from server.domain import Finished, FinishReason, GenerationRequest, Role, SamplingParams, TextDelta, Turn
+from server.domain import Finished, FinishReason, GenerationRequest, Role, SamplingParams, Started, TextDelta, Turn
 from server.errors import InvalidRequest, ServiceUnavailable
 from server.providers.llamacpp import LlamaCppProvider, _first_stop, _stop_prefix_len
 
@@ -56,7 +56,8 @@ def request(question: str = POEM, **params) -> GenerationRequest:
 
 async def collect(provider: LlamaCppProvider, req: GenerationRequest) -> tuple[list[str], Finished]:
     events = [event async for event in provider.stream(req)]
-    *deltas, finished = events
+    started, *deltas, finished = events
+    assert isinstance(started, Started) and started.input_tokens == finished.usage.input_tokens
     assert all(isinstance(d, TextDelta) and d.text for d in deltas)
     assert isinstance(finished, Finished)
     return [d.text for d in deltas], finished
@@ -137,6 +138,7 @@ async def test_concurrent_requests_are_served_one_after_the_other_in_order(provi
 
 async def test_closing_a_stream_frees_the_instance_within_a_token(provider):
     stream = provider.stream(request(max_tokens=1000, temperature=0.0))
+    assert isinstance(await anext(stream), Started)
     for _ in range(3):
         assert isinstance(await anext(stream), TextDelta)
     await stream.aclose()  # the caller went away
