@@ -17,6 +17,7 @@ from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.providers import Provider
+from server.providers.images import ImageProvider
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,12 +26,12 @@ class Call:
 
     key: ApiKey
     model: ModelEntry
-    provider: Provider
+    provider: Provider | ImageProvider
 
 
 class Pipeline:
     def __init__(
-        self, *, authenticator: Authenticator, catalog: Catalog, providers: Mapping[str, Provider]
+        self, *, authenticator: Authenticator, catalog: Catalog, providers: Mapping[str, Provider | ImageProvider]
     ) -> None:
         self._authenticator = authenticator
         self._catalog = catalog
