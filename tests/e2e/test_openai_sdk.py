@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -90,3 +92,20 @@ def test_invalid_values_are_400(client, fields, param):
     assert (caught.value.code, caught.value.param, caught.value.type) == (
         "invalid_request", param, "invalid_request_error")
     assert not any(h.startswith(("grpc-", "portico-")) for h in caught.value.response.headers)
+
+
+def test_client_that_goes_away_cancels_its_generation(gateway, client):
+    """A stream abandoned after a few tokens must not keep the model busy for the rest of its 2000 tokens."""
+    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 2000, "stream": True, "temperature": 1.0}
+    headers = {"Authorization": f"Bearer {gateway.secret}"}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers) as response:
+        for number, _ in enumerate(response.iter_lines()):
+            if number > 6:
+                break
+    started = time.monotonic()
+    completion = client.chat.completions.create(
+        model="family-a-5.5", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert completion.usage.completion_tokens == 3
+    # The abandoned generation alone would hold the single model instance for ~15 s.
+    assert time.monotonic() - started < 6
