@@ -10,7 +10,7 @@ from google.protobuf import json_format, struct_pb2
 from portico.v1 import message_pb2
 from server.domain import GenerationRequest, Role, SamplingParams, Turn
 from server.errors import InvalidRequest
-from server.translate.values import is_set, text_or_parts
+from server.translate.values import check_range, is_set, text_or_parts
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 
@@ -32,8 +32,8 @@ def message_request(request: message_pb2.CreateMessageRequest, *, upstream_model
     if is_set(request, "system"):
         turns.append(Turn(Role.SYSTEM, text_or_parts(request.system, "system")))
     turns += [_turn(message, f"messages[{i}]") for i, message in enumerate(request.messages)]
-    _check_range(request, "temperature", 0.0, 1.0)
-    _check_range(request, "top_p", 0.0, 1.0)
+    check_range(request, "temperature", 0.0, 1.0)
+    check_range(request, "top_p", 0.0, 1.0)
     if request.HasField("top_k") and request.top_k < 0:
         raise InvalidRequest(f"top_k: must be at least 0, got {request.top_k}.", param="top_k")
     for i, stop in enumerate(request.stop_sequences):
@@ -93,12 +93,6 @@ def _block_text(block: struct_pb2.Value, where: str) -> str:
         param=f"{where}.type",
     )
 
-
-def _check_range(request, name: str, low: float, high: float) -> None:
-    if request.HasField(name):
-        value = getattr(request, name)
-        if not low <= value <= high:
-            raise InvalidRequest(f"{name}: must be between {low:g} and {high:g}, got {value:g}.", param=name)
 
 
 def _check_tool_choice(request: message_pb2.CreateMessageRequest) -> None:

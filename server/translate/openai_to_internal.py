@@ -9,7 +9,7 @@ import orjson
 from portico.v1 import chat_pb2
 from server.domain import GenerationRequest, Role, SamplingParams, Turn
 from server.errors import InvalidRequest
-from server.translate.values import is_set, string_list, text_or_parts
+from server.translate.values import check_range, is_set, string_list, text_or_parts
 
 _ROLES = {
     "system": Role.SYSTEM,
@@ -45,11 +45,11 @@ def chat_request(
 
 
 def _sampling(request: chat_pb2.CreateChatCompletionRequest, default_max_tokens: int) -> SamplingParams:
-    _check_range(request, "temperature", 0.0, 2.0)
-    _check_range(request, "top_p", 0.0, 1.0)
-    _check_range(request, "frequency_penalty", -2.0, 2.0)
-    _check_range(request, "presence_penalty", -2.0, 2.0)
-    _check_range(request, "top_logprobs", 0, 20)
+    check_range(request, "temperature", 0.0, 2.0)
+    check_range(request, "top_p", 0.0, 1.0)
+    check_range(request, "frequency_penalty", -2.0, 2.0)
+    check_range(request, "presence_penalty", -2.0, 2.0)
+    check_range(request, "top_logprobs", 0, 20)
     for name in ("max_completion_tokens", "max_tokens"):
         if request.HasField(name) and getattr(request, name) < 1:
             raise InvalidRequest(f"`{name}` must be at least 1, got {getattr(request, name)}.", param=name)
@@ -95,12 +95,6 @@ def _turn(message: chat_pb2.ChatMessage, where: str) -> Turn:
         text = f"Result of tool call {message.tool_call_id or message.name}: {text}"
     return Turn(role=role, text=text)
 
-
-def _check_range(request, name: str, low: float, high: float) -> None:
-    if request.HasField(name):
-        value = getattr(request, name)
-        if not low <= value <= high:
-            raise InvalidRequest(f"`{name}` must be between {low:g} and {high:g}, got {value:g}.", param=name)
 
 
 def _check_response_format(request: chat_pb2.CreateChatCompletionRequest) -> None:

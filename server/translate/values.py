@@ -60,3 +60,11 @@ def string_list(value: struct_pb2.Value, param: str, *, max_items: int) -> tuple
             raise InvalidRequest(f"`{param}` must contain only non-empty strings.", param=param)
         out.append(item.string_value)
     return tuple(out)
+
+
+def check_range(message, name: str, low: float, high: float) -> None:
+    """An optional numeric field, when set, must lie in [low, high]."""
+    if message.HasField(name):
+        value = getattr(message, name)
+        if not low <= value <= high:
+            raise InvalidRequest(f"`{name}` must be between {low:g} and {high:g}, got {value:g}.", param=name)
