@@ -94,7 +94,6 @@ def _block_text(block: struct_pb2.Value, where: str) -> str:
     )
 
 
-
 def _check_tool_choice(request: message_pb2.CreateMessageRequest) -> None:
     """The embedded model never calls tools: only choices it can honour are accepted."""
     if not is_set(request, "tool_choice"):
