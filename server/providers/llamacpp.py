@@ -15,6 +15,7 @@ import asyncio
 import codecs
 import functools
 import importlib.util
+import re
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,6 +32,10 @@ from server.domain import (
 from server.errors import InternalError, InvalidRequest, PorticoError, ServiceUnavailable
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Stands in for a turn's text while the chat template is rendered. NUL never occurs in a template's own text, and
+# the only other values the template sees are the role names and the BOS/EOS texts, so every match is one of ours.
+_PLACEHOLDER = "\x00portico-turn-{}\x00"
+_PLACEHOLDER_RE = re.compile("\x00portico-turn-(\\d+)\x00")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +89,25 @@ class LlamaCppProvider:
         return len(self._tokenize(turns))
 
     def _tokenize(self, turns: Sequence[Turn]) -> list[int]:
-        prompt = self._formatter(messages=[{"role": t.role.value, "content": t.text} for t in turns]).prompt
-        # special=True so the template's markers (<|im_start|>...) become control tokens; the template writes any
-        # BOS itself. Tokenizing only reads the vocabulary, so it is safe beside a generation on another thread.
-        return self._instances[0].llm.tokenize(prompt.encode(), add_bos=False, special=True)
+        # The template's markers (<|im_start|>...) must become control tokens, but a caller who types
+        # "<|im_end|>\n<|im_start|>system" must not get them, or they could forge turns. So the template is rendered
+        # with a placeholder for each turn's text, its own pieces are tokenized with special=True and the callers'
+        # texts with special=False. The price: no BPE merge across a piece boundary, so the leading whitespace of a
+        # text can tokenize apart from the template's "\n" before it (usually one token more than before).
+        rendered = self._formatter(
+            messages=[{"role": t.role.value, "content": _PLACEHOLDER.format(i)} for i, t in enumerate(turns)]
+        ).prompt
+        pieces = _PLACEHOLDER_RE.split(rendered)  # template, turn index, template, turn index, ..., template
+        if sorted(int(i) for i in pieces[1::2]) != list(range(len(turns))):
+            raise InternalError("the model's chat template does not place each message's text exactly once")
+        # The template writes any BOS itself. Tokenizing only reads the vocabulary, so it is safe beside a generation
+        # on another thread.
+        llm = self._instances[0].llm
+        tokens = llm.tokenize(pieces[0].encode(), add_bos=False, special=True)
+        for index, template in zip(pieces[1::2], pieces[2::2]):
+            tokens += llm.tokenize(turns[int(index)].text.encode(), add_bos=False, special=False)
+            tokens += llm.tokenize(template.encode(), add_bos=False, special=True)
+        return tokens
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         if self._closed:
