@@ -56,3 +56,18 @@ def test_messages_path_errors_carry_top_level_type(http):
     response = http.post("/v1/messages", json={"model": "family-b-opus-4-6", "messages": []},
                          headers={"x-api-key": "pk-nope", "Authorization": ""})
     _assert_error(response, 401, "invalid_api_key", anthropic=True)
+
+
+def test_admin_keys_over_rest_need_an_admin_key(http, gateway):
+    _assert_error(http.get("/v1/admin/keys"), 403, "permission_denied")
+    created = gateway.cli("keys", "create", "--name", "ops", "--all-models", "--admin")
+    admin = {"Authorization": f"Bearer {created.stdout.strip().splitlines()[-1]}"}
+    listed = http.get("/v1/admin/keys", headers=admin)
+    assert listed.status_code == 200
+    assert "ops" in {key["name"] for key in listed.json()["keys"]}
+    made = http.post("/v1/admin/keys", headers=admin, json={"name": "via-rest", "models": ["family-a-5.5"]})
+    assert made.status_code == 200 and made.json()["secret"].startswith("pk-")
+    key_id = made.json()["key"]["id"]
+    revoked = http.post(f"/v1/admin/keys/{key_id}/revoke", headers=admin)
+    assert revoked.json()["key"]["revoked_at"] > 0
+    _assert_error(http.get("/v1/admin/keys/key_missing", headers=admin), 404, "not_found")
