@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from server.domain import KeyLimits
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/messages", "/v1/images/generations")
 PROVIDER_KINDS = ("llamacpp", "dev-image")
@@ -40,6 +43,15 @@ class EmbeddedSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """The `limits:` section."""
+
+    defaults: KeyLimits = field(default_factory=KeyLimits)  # for each value a key leaves unset; None = unlimited
+    models: Mapping[str, KeyLimits] = field(default_factory=dict)  # model id -> limits for each key on that model
+    store: str = "memory"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     models: tuple[ModelEntry, ...]
     host: str = "127.0.0.1"
@@ -50,6 +62,7 @@ class Config:
     default_max_tokens: int = 1024
     key_cache_seconds: float = 1.0
     public_base_url: str | None = None  # how callers reach the gateway, for links in answers (image `url`s)
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
     @property
     def base_url(self) -> str:
@@ -111,9 +124,40 @@ def _parse(raw: dict, source: str) -> Config:
             ),
             default_max_tokens=int(raw.get("default_max_tokens", 1024)),
             key_cache_seconds=float(keys.get("cache_seconds", 1.0)),
+            limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
+    raw = _mapping(raw, where)
+    unknown = set(raw) - {"defaults", "models", "store"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    models = _mapping(raw.get("models") or {}, f"{where}.models")
+    for model_id in models:
+        if model_id not in model_ids:
+            raise ConfigError(f"{where}.models: {model_id!r} is not a model in `models`")
+    store = str(raw.get("store", "memory"))
+    if store != "memory":
+        raise ConfigError(f"{where}.store: must be `memory`, not {store!r}")
+    return LimitSettings(
+        defaults=_key_limits(raw.get("defaults") or {}, f"{where}.defaults"),
+        models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
+        store=store,
+    )
+
+
+def _key_limits(raw: Any, where: str) -> KeyLimits:
+    raw = _mapping(raw, where)
+    names = {f.name for f in fields(KeyLimits)}
+    if unknown := set(raw) - names:
+        raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+    for name, value in raw.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{where}.{name}: must be a whole number of at least 1, or null for no limit")
+    return KeyLimits(**raw)
 
 
 def _mapping(value: Any, where: str) -> dict:

@@ -73,6 +73,10 @@ class NotFound(PorticoError):
 class RateLimited(PorticoError):
     kind = ErrorKind(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_exceeded", "rate_limit_error")
 
+    def __init__(self, message: str, *, retry_after: float = 0.0, subject: str = "") -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.subject = subject  # which limit of what, for gRPC callers' google.rpc.QuotaFailure
+
 
 class InternalError(PorticoError):
     pass

@@ -76,6 +76,15 @@ def test_catalog_rules():
         catalog.resolve(key, "family-a-5.5", "/v1/chat/completions")
 
 
+ONE_MODEL = "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]"
+
+
+def test_limits_config():
+    limits = load_config().limits
+    assert limits.defaults == KeyLimits(requests_per_minute=600, tokens_per_minute=1_000_000, concurrent_requests=32)
+    assert limits.store == "memory" and limits.models == {}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -87,6 +96,10 @@ def test_catalog_rules():
          " {id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]", "listed twice"),
         ("listen: {port: http}\nmodels: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]", "http"),
         ("models: [", "not valid YAML"),
+        (f"{ONE_MODEL}\nlimits: {{defaults: {{rpm: 5}}}}", "unknown limit"),
+        (f"{ONE_MODEL}\nlimits: {{defaults: {{requests_per_minute: 0}}}}", "at least 1"),
+        (f"{ONE_MODEL}\nlimits: {{models: {{b: {{requests_per_minute: 5}}}}}}", "'b' is not a model"),
+        (f"{ONE_MODEL}\nlimits: {{store: sqlite}}", "limits.store"),
     ],
 )
 def test_config_mistakes_are_clear(tmp_path, text, message):

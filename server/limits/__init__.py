@@ -1,0 +1,16 @@
+"""Rate limits and quotas: requests and tokens per minute (rolling), concurrent requests, tokens and requests per
+UTC day, per key and optionally per key on one model.
+
+    admission.Limiter      which limits apply, x-ratelimit-* headers      (used by the pipeline)
+    core.LimitStore        reserve -> settle | release, all or nothing    (the narrow store interface)
+    memory.MemoryLimitStore   exact counters in one process              (the default)
+"""
+
+from server.limits.admission import Limiter, rate_limit_headers
+from server.limits.core import Demand, LimitStore, Reservation, Scope
+from server.limits.memory import MemoryLimitStore
+
+__all__ = [
+    "Demand", "LimitStore", "Limiter", "MemoryLimitStore", "Reservation", "Scope",
+    "rate_limit_headers",
+]

@@ -1,0 +1,167 @@
+"""What every limit store shares: the demand a request makes, the reservation it holds, the store interface, and
+the one verdict that turns a store's readings into a reservation or a RateLimited error.
+
+A store only counts; it reports each limited dimension of each scope as a Reading, so the memory and Redis stores
+cannot disagree about what a refusal says or which limit the x-ratelimit-* headers describe.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from server.domain import KeyLimits
+from server.errors import RateLimited
+
+WINDOW_SECONDS = 60.0  # requests and tokens per minute are counted over a rolling window of this length
+DAY_SECONDS = 86_400  # daily quotas reset at UTC midnight (unix time has no leap seconds)
+CONCURRENCY_RETRY_SECONDS = 1.0  # a slot frees when some request ends, which nobody can predict: a nominal hint
+
+Clock = Callable[[], float]  # unix seconds; injected so that tests can move time
+
+
+class Dimension(str, enum.Enum):
+    """What is limited; the value is the KeyLimits field that sets it."""
+
+    REQUESTS_PER_MINUTE = "requests_per_minute"
+    TOKENS_PER_MINUTE = "tokens_per_minute"
+    CONCURRENT_REQUESTS = "concurrent_requests"
+    DAILY_TOKENS = "daily_tokens"
+    DAILY_REQUESTS = "daily_requests"
+
+    @property
+    def label(self) -> str:
+        return self.value.replace("_", " ")
+
+    @property
+    def counts_tokens(self) -> bool:
+        return self in (Dimension.TOKENS_PER_MINUTE, Dimension.DAILY_TOKENS)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One set of counters: a key, or a key on one model."""
+
+    id: str  # the counters' name in the store, e.g. "key_ab12" or "key_ab12|family-a-5.5"
+    label: str  # how messages name it, e.g. "key key_ab12 on model family-a-5.5"
+    limits: KeyLimits
+
+    def limit(self, dimension: Dimension) -> int | None:
+        return getattr(self.limits, dimension.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    scopes: tuple[Scope, ...]
+    tokens: int  # estimated: prompt tokens + the most the request may generate
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One limited dimension of one scope, as the store saw it while deciding.
+
+    `used` includes this request's demand (what the counter holds after admission, or would hold). `wait` is, when
+    used > limit, how long until enough frees up for the demand to fit (math.inf: it never fits); otherwise how long
+    until the counter next goes down (the x-ratelimit-reset-* value).
+    """
+
+    scope: Scope
+    dimension: Dimension
+    limit: int
+    used: int
+    wait: float
+
+    @property
+    def over(self) -> bool:
+        return self.used > self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """The tightest limit of one kind (requests or tokens) after admission: the x-ratelimit-* header values."""
+
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: str
+    demand: Demand
+    at: float  # clock time of admission: the rolling windows and the UTC day it was counted in
+    requests: Standing | None  # None when no request limit applies
+    tokens: Standing | None
+
+
+class LimitStore(Protocol):
+    async def reserve(self, demand: Demand) -> Reservation:
+        """Count one request and `demand.tokens` in every scope, and take a concurrency slot, all or nothing.
+        Raise RateLimited (naming the limit) if any limit would be exceeded; then nothing is counted."""
+        ...
+
+    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        """Replace the estimate with the tokens really used and free the slot. A second call does nothing."""
+        ...
+
+    async def release(self, reservation: Reservation) -> None:
+        """Undo the reservation entirely (the request never reached a model) and free the slot. Idempotent."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def new_reservation_id() -> str:
+    return secrets.token_hex(12)
+
+
+def day_of(at: float) -> int:
+    return int(at // DAY_SECONDS)
+
+
+def until_midnight(at: float) -> float:
+    return (day_of(at) + 1) * DAY_SECONDS - at
+
+
+def verdict(demand: Demand, readings: Iterable[Reading], *, at: float, reservation_id: str) -> Reservation:
+    """The reservation the readings allow, or RateLimited naming the limit that keeps the caller waiting longest."""
+    readings = list(readings)
+    refusals = [r for r in readings if r.over]
+    if refusals:
+        raise _refusal(max(refusals, key=lambda r: r.wait), demand)
+    requests = [r for r in readings if r.dimension in (Dimension.REQUESTS_PER_MINUTE, Dimension.DAILY_REQUESTS)]
+    tokens = [r for r in readings if r.dimension.counts_tokens]
+    return Reservation(reservation_id, demand, at, _tightest(requests), _tightest(tokens))
+
+
+def _tightest(readings: list[Reading]) -> Standing | None:
+    if not readings:
+        return None
+    tightest = min(readings, key=lambda r: (r.limit - r.used, -r.wait))
+    return Standing(tightest.limit, max(0, tightest.limit - tightest.used), max(0.0, tightest.wait))
+
+
+def _refusal(reading: Reading, demand: Demand) -> RateLimited:
+    where = f"{reading.dimension.label} on {reading.scope.label}"
+    subject = f"{reading.scope.label}: {reading.dimension.label}"
+    if math.isinf(reading.wait):
+        # Retrying cannot help, so there is no retry hint.
+        return RateLimited(
+            f"Request too large for {where}: it may use up to {demand.tokens} tokens (prompt + max tokens) but "
+            f"the limit is {reading.limit}. Lower max_tokens or shorten the prompt.",
+            subject=subject,
+        )
+    wait = max(reading.wait, 0.001)
+    if reading.dimension.counts_tokens:
+        counts = f"used {reading.used - demand.tokens}, requested {demand.tokens} tokens"
+    else:
+        counts = f"used {reading.used - 1} requests"
+    return RateLimited(
+        f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {wait:.3g} seconds.",
+        retry_after=wait,
+        subject=subject,
+    )

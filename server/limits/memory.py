@@ -1,0 +1,149 @@
+"""The in-process limit store: exact counters for one server process (the default).
+
+Rolling windows are logs of (time, tokens) entries, oldest first, with running totals, so a decision costs
+O(expired entries) and only a refusal walks the log to work out its retry time. Every method runs without awaiting,
+so each decision is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from server.limits.core import (
+    CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Reading, Reservation, Scope, day_of,
+    new_reservation_id, until_midnight, verdict,
+)
+
+
+@dataclass(eq=False, slots=True)  # eq=False: entries are found by identity, never by value
+class _Entry:
+    at: float
+    tokens: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    """One scope's counters."""
+
+    window: deque[_Entry] = field(default_factory=deque)
+    window_tokens: int = 0
+    in_flight: int = 0
+    day: int = 0
+    day_requests: int = 0
+    day_tokens: int = 0
+
+    def catch_up(self, now: float) -> None:
+        """Drop entries that left the window and start a new day's quota at UTC midnight."""
+        while self.window and self.window[0].at <= now - WINDOW_SECONDS:
+            self.window_tokens -= self.window.popleft().tokens
+        if (today := day_of(now)) != self.day:
+            self.day, self.day_requests, self.day_tokens = today, 0, 0
+
+    def in_window(self, entry: _Entry, now: float) -> bool:
+        return entry.at > now - WINDOW_SECONDS  # catch_up has dropped every entry older than that
+
+    def read(self, scope: Scope, tokens: int, now: float) -> list[Reading]:
+        readings = []
+        for dimension in Dimension:
+            if (limit := scope.limit(dimension)) is not None:
+                used, wait = self._would_be(dimension, limit, tokens, now)
+                readings.append(Reading(scope, dimension, limit, used, wait))
+        return readings
+
+    def _would_be(self, dimension: Dimension, limit: int, tokens: int, now: float) -> tuple[int, float]:
+        if dimension is Dimension.REQUESTS_PER_MINUTE:
+            used = len(self.window) + 1
+            return used, self._window_wait(used - limit, lambda e: 1, now)
+        if dimension is Dimension.TOKENS_PER_MINUTE:
+            used = self.window_tokens + tokens
+            wait = math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, now)
+            return used, wait
+        if dimension is Dimension.CONCURRENT_REQUESTS:
+            return self.in_flight + 1, CONCURRENCY_RETRY_SECONDS
+        if dimension is Dimension.DAILY_REQUESTS:
+            return self.day_requests + 1, until_midnight(now)
+        used = self.day_tokens + tokens
+        return used, math.inf if tokens > limit else until_midnight(now)
+
+    def _window_wait(self, excess: int, weight, now: float) -> float:
+        """Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves
+        (the reset time of an admitted request, whose own entry is not in the window yet)."""
+        if excess <= 0:
+            return self.window[0].at + WINDOW_SECONDS - now if self.window else WINDOW_SECONDS
+        freed = 0
+        for entry in self.window:
+            freed += weight(entry)
+            if freed >= excess:
+                return entry.at + WINDOW_SECONDS - now
+        return WINDOW_SECONDS  # not reached: the excess is never more than the window holds
+
+
+@dataclass(slots=True)
+class _Held:
+    reservation: Reservation
+    entries: dict[str, _Entry]  # scope id -> this reservation's entry in that scope's window
+
+
+class MemoryLimitStore:
+    def __init__(self, clock: Clock = time.time) -> None:
+        self._clock = clock
+        self._scopes: dict[str, _Counters] = {}
+        self._held: dict[str, _Held] = {}
+
+    def _counters(self, scope_id: str, now: float) -> _Counters:
+        counters = self._scopes.setdefault(scope_id, _Counters(day=day_of(now)))
+        counters.catch_up(now)
+        return counters
+
+    async def reserve(self, demand: Demand) -> Reservation:
+        now = self._clock()
+        readings = [r for s in demand.scopes for r in self._counters(s.id, now).read(s, demand.tokens, now)]
+        reservation = verdict(demand, readings, at=now, reservation_id=new_reservation_id())
+        entries = {}
+        for scope in demand.scopes:
+            counters = self._scopes[scope.id]
+            entry = entries[scope.id] = _Entry(now, demand.tokens)
+            counters.window.append(entry)
+            counters.window_tokens += demand.tokens
+            counters.in_flight += 1
+            counters.day_requests += 1
+            counters.day_tokens += demand.tokens
+        self._held[reservation.id] = _Held(reservation, entries)
+        return reservation
+
+    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        self._finish(reservation, used_tokens, refund=False)
+
+    async def release(self, reservation: Reservation) -> None:
+        self._finish(reservation, 0, refund=True)
+
+    def _finish(self, reservation: Reservation, used_tokens: int, *, refund: bool) -> None:
+        held = self._held.pop(reservation.id, None)
+        if held is None:
+            return
+        now = self._clock()
+        change = used_tokens - reservation.demand.tokens
+        for scope_id, entry in held.entries.items():
+            counters = self._counters(scope_id, now)
+            counters.in_flight -= 1
+            if counters.in_window(entry, now):
+                if refund:
+                    counters.window.remove(entry)
+                else:
+                    entry.tokens = used_tokens
+                counters.window_tokens += change
+            # Corrections go to the day the request was counted in; after UTC midnight that day is gone.
+            if counters.day == day_of(reservation.at):
+                counters.day_tokens += change
+                counters.day_requests -= 1 if refund else 0
+
+    def in_flight(self, scope_id: str) -> int:
+        """Open reservations in a scope (for tests and diagnostics)."""
+        counters = self._scopes.get(scope_id)
+        return counters.in_flight if counters else 0
+
+    async def close(self) -> None:
+        pass

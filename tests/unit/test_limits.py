@@ -1,0 +1,170 @@
+"""Limit stores with an injected clock: rolling windows, token reconciliation, UTC days, concurrency, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from server.config import LimitSettings
+from server.domain import ApiKey, KeyLimits
+from server.errors import RateLimited
+from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers
+from server.limits.admission import duration_text
+from tests.limits_support import FakeClock, NOON
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def store(clock):
+    store = MemoryLimitStore(clock)
+    yield store
+    await store.close()
+
+
+def demand(tokens: int = 0, **limits) -> Demand:
+    return Demand((Scope("k1", "key k1", KeyLimits(**limits)),), tokens)
+
+
+async def refused(store, wanted: Demand) -> RateLimited:
+    with pytest.raises(RateLimited) as caught:
+        await store.reserve(wanted)
+    return caught.value
+
+
+async def test_requests_per_minute_is_a_rolling_window(store, clock):
+    wanted = demand(requests_per_minute=3)
+    for _ in range(3):
+        await store.reserve(wanted)
+        clock.advance(10)
+    error = await refused(store, wanted)  # t=30: the first request leaves the window at t=60
+    assert error.retry_after == pytest.approx(30)
+    assert "requests per minute on key k1" in error.message and "limit 3" in error.message
+    clock.advance(30)  # t=60: exactly 60 s after the first, which is no longer in the window
+    await store.reserve(wanted)
+    assert (await refused(store, wanted)).retry_after == pytest.approx(10)
+
+
+async def test_tokens_per_minute_are_reconciled_with_real_usage(store, clock):
+    wanted = demand(tokens=600, tokens_per_minute=1000)
+    first = await store.reserve(wanted)
+    error = await refused(store, wanted)  # 600 reserved + 600 > 1000
+    assert "tokens per minute" in error.message and "requested 600" in error.message
+    await store.settle(first, 100)  # the request really used 100
+    clock.advance(5)
+    second = await store.reserve(demand(tokens=800, tokens_per_minute=1000))
+    assert second.tokens.remaining == 100
+    error = await refused(store, demand(tokens=200, tokens_per_minute=1000))
+    assert error.retry_after == pytest.approx(55)  # the first entry (100 tokens) frees enough at t=60
+
+
+async def test_a_request_that_can_never_fit_has_no_retry_hint(store):
+    error = await refused(store, demand(tokens=2000, tokens_per_minute=1000))
+    assert error.retry_after == 0
+    assert error.message.startswith("Request too large for tokens per minute")
+
+
+async def test_daily_quota_resets_at_utc_midnight(store, clock):
+    clock.now = NOON + 12 * 3600 - 30  # 23:59:30 UTC
+    wanted = demand(tokens=10, daily_requests=2, daily_tokens=1000)
+    held = await store.reserve(wanted)
+    await store.reserve(wanted)
+    error = await refused(store, wanted)
+    assert "daily requests" in error.message and error.retry_after == pytest.approx(30)
+    await store.settle(held, 5)
+    clock.advance(30)  # 00:00:00 UTC
+    await store.reserve(wanted)
+    await store.reserve(wanted)
+    await refused(store, wanted)
+
+
+async def test_daily_tokens_count_real_usage(store, clock):
+    wanted = demand(tokens=400, daily_tokens=1000)
+    for _ in range(5):
+        await store.settle(await store.reserve(wanted), 150)
+        clock.advance(3600)
+    # 750 used; 400 more does not fit until midnight (12 h after noon, minus the 5 h that passed).
+    assert (await refused(store, wanted)).retry_after == pytest.approx(7 * 3600)
+
+
+async def test_concurrency_slot_is_freed_by_settle_and_release_once(store):
+    wanted = demand(concurrent_requests=1)
+    held = await store.reserve(wanted)
+    error = await refused(store, wanted)
+    assert "concurrent requests" in error.message and error.retry_after > 0
+    await store.settle(held, 0)
+    await store.settle(held, 0)  # a second settle must not free a second slot
+    again = await store.reserve(wanted)
+    await refused(store, wanted)
+    await store.release(again)
+    await store.release(again)
+    await store.reserve(wanted)
+    await refused(store, wanted)
+
+
+async def test_release_refunds_the_request_and_its_tokens(store):
+    wanted = demand(tokens=500, requests_per_minute=1, tokens_per_minute=500, daily_requests=1)
+    await store.release(await store.reserve(wanted))
+    await store.reserve(wanted)
+
+
+async def test_all_or_nothing_across_scopes(store):
+    key = Scope("k1", "key k1", KeyLimits(requests_per_minute=2))
+    on_model = Scope("k1|m", "key k1 on model m", KeyLimits(requests_per_minute=1))
+    await store.reserve(Demand((key, on_model), 0))
+    error = await refused(store, Demand((key, on_model), 0))
+    assert "on model m" in error.message and error.subject.startswith("key k1 on model m")
+    await store.reserve(Demand((key,), 0))  # the refusal above counted nothing in the key's own window
+    await refused(store, Demand((key,), 0))
+
+
+async def test_the_longest_wait_is_reported(store, clock):
+    wanted = demand(requests_per_minute=1, daily_requests=1)
+    await store.reserve(wanted)
+    error = await refused(store, wanted)
+    assert "daily requests" in error.message and error.retry_after == pytest.approx(12 * 3600)
+
+
+async def test_standings_describe_the_tightest_limit(store, clock):
+    first = await store.reserve(demand(tokens=100, requests_per_minute=10, daily_requests=5, tokens_per_minute=1000))
+    assert (first.requests.limit, first.requests.remaining) == (5, 4)
+    assert first.requests.reset_seconds == pytest.approx(12 * 3600)
+    assert (first.tokens.limit, first.tokens.remaining) == (1000, 900)
+    clock.advance(20)
+    second = await store.reserve(demand(tokens=100, requests_per_minute=10, tokens_per_minute=1000))
+    assert (second.requests.remaining, second.requests.reset_seconds) == (8, pytest.approx(40))
+    headers = dict(rate_limit_headers(second))
+    assert headers == {
+        "x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "8",
+        "x-ratelimit-reset-requests": "40s", "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "800", "x-ratelimit-reset-tokens": "40s",
+    }
+    assert rate_limit_headers(await store.reserve(demand(tokens=5))) == ()
+
+
+async def test_concurrent_attempts_admit_exactly_the_limit(store):
+    wanted = demand(requests_per_minute=50)
+    results = await asyncio.gather(*(store.reserve(wanted) for _ in range(200)), return_exceptions=True)
+    assert sum(not isinstance(r, Exception) for r in results) == 50
+    assert all(isinstance(r, RateLimited) for r in results if isinstance(r, Exception))
+
+
+def test_duration_text_matches_openai():
+    assert [duration_text(s) for s in (0.02, 1, 12.5, 360, 7200.25, math.pi)] == [
+        "20ms", "1s", "12.5s", "6m0s", "2h0m0.25s", "3.142s"]
+
+
+def test_limiter_scopes_take_key_values_over_defaults_and_add_per_model_limits():
+    settings = LimitSettings(defaults=KeyLimits(requests_per_minute=60, tokens_per_minute=1000),
+                             models={"m": KeyLimits(concurrent_requests=2)})
+    limiter = Limiter(MemoryLimitStore(), settings)
+    key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(requests_per_minute=5))
+    assert limiter.scopes(key, "other") == (Scope("k", "key k", KeyLimits(5, 1000)),)
+    assert limiter.scopes(key, "m")[1] == Scope("k|m", "key k on model m", KeyLimits(concurrent_requests=2))
+    unlimited = Limiter(MemoryLimitStore(), LimitSettings())
+    assert unlimited.scopes(ApiKey(id="k", name="n", all_models=True, models=frozenset()), "m") == ()
