@@ -16,6 +16,7 @@ from server.catalog import Catalog
 from server.config import Config
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyStore
+from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.dev_image import DevImageProvider
@@ -39,12 +40,14 @@ class RunningServer:
     server: grpc.aio.Server
     port: int  # 0 when bound to a unix socket
     store: KeyStore
+    limiter: Limiter
     providers: tuple[Provider, ...]
 
     async def stop(self, grace: float | None = None) -> None:
         await self.server.stop(grace)
         for provider in self.providers:
             await provider.close()
+        await self.limiter.close()
         self.store.close()
 
 
@@ -69,12 +72,19 @@ def build_providers(config: Config) -> dict[str, Provider | ImageProvider]:
     return providers
 
 
+def build_limit_store(config: Config) -> LimitStore:
+    return MemoryLimitStore()
+
+
 async def start_server(config: Config, address: str) -> RunningServer:
     """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
     store = KeyStore(config.data_dir / "keys.db")
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds)
     providers = build_providers(config)
-    pipeline = Pipeline(authenticator=authenticator, catalog=Catalog(config.models), providers=providers)
+    limiter = Limiter(build_limit_store(config), config.limits)
+    pipeline = Pipeline(
+        authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter
+    )
 
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor()],
@@ -107,4 +117,6 @@ async def start_server(config: Config, address: str) -> RunningServer:
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     _logger.info("gRPC server listening on %s", address if port == 0 else f"port {port}")
-    return RunningServer(server=server, port=port, store=store, providers=tuple(dict.fromkeys(providers.values())))
+    return RunningServer(
+        server=server, port=port, store=store, limiter=limiter, providers=tuple(dict.fromkeys(providers.values()))
+    )

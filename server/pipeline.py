@@ -1,23 +1,37 @@
 """The one request pipeline every servicer goes through:
 
-authenticate key -> resolve model (catalog, grants, path rule) -> provider -> usage, as typed values.
-Servicers translate the wire request before calling in and render what comes out.
+authenticate key -> resolve model (catalog, grants, path rule) -> admit (reserve against the limits) -> provider
+-> settle the reservation with the real usage, as typed values. Servicers translate the wire request before calling
+in and render what comes out; the x-ratelimit-* headers go out from here as initial metadata before the first
+message, so Envoy turns them into HTTP headers.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import aclosing
+import asyncio
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from server.catalog import Catalog
 from server.config import ModelEntry
-from server.domain import ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, TextDelta
+from server.domain import ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, Usage
 from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata
-from server.providers import Provider
-from server.providers.images import ImageProvider
+from server.limits import Limiter, Reservation, rate_limit_headers
+from server.providers import Provider, TokenCounter
+from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
+
+
+class CallContext(Protocol):
+    """The part of grpc.aio.ServicerContext the pipeline uses."""
+
+    def invocation_metadata(self) -> Metadata | None: ...
+
+    async def send_initial_metadata(self, initial_metadata: Sequence[tuple[str, str]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,15 +41,22 @@ class Call:
     key: ApiKey
     model: ModelEntry
     provider: Provider | ImageProvider
+    context: CallContext
 
 
 class Pipeline:
     def __init__(
-        self, *, authenticator: Authenticator, catalog: Catalog, providers: Mapping[str, Provider | ImageProvider]
+        self,
+        *,
+        authenticator: Authenticator,
+        catalog: Catalog,
+        providers: Mapping[str, Provider | ImageProvider],
+        limiter: Limiter,
     ) -> None:
         self._authenticator = authenticator
         self._catalog = catalog
         self._providers = providers
+        self._limiter = limiter
 
     @property
     def authenticator(self) -> Authenticator:
@@ -45,29 +66,43 @@ class Pipeline:
     def catalog(self) -> Catalog:
         return self._catalog
 
-    def begin(self, metadata: Metadata, model_id: str, endpoint: str, *, allow_x_api_key: bool = False) -> Call:
-        key = self._authenticator.authenticate(metadata, allow_x_api_key=allow_x_api_key)
+    def begin(self, context: CallContext, model_id: str, endpoint: str, *, allow_x_api_key: bool = False) -> Call:
+        key = self._authenticator.authenticate(context.invocation_metadata() or (), allow_x_api_key=allow_x_api_key)
         if not model_id:
             raise InvalidRequest("You must provide a model parameter.", param="model")
         model = self._catalog.resolve(key, model_id, endpoint)
-        return Call(key=key, model=model, provider=self._providers[model.id])
+        return Call(key=key, model=model, provider=self._providers[model.id], context=context)
 
-    async def open_stream(self, call: Call, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Start generating and wait for the first event, so that a failure to start is raised here,
-        while the caller can still answer with an error status instead of a half-sent stream."""
-        events = call.provider.stream(request)
+    @asynccontextmanager
+    async def stream(self, call: Call, request: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+        """Admit the request, start generating and wait for the first event, so that a refusal or a failure to
+        start is raised here, while the caller can still answer with an error status instead of a half-sent stream.
+
+        A context manager rather than a generator, so that the reservation is settled however the block is left
+        (end, error, a caller that went away): a generator that was never iterated would never run its cleanup.
+        """
+        provider = call.provider
+        meter = _Meter(prompt_estimate=await _prompt_tokens(provider, request))
+        tokens = meter.prompt_estimate + request.params.max_tokens
+        reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
         try:
-            first = await anext(events)
-        except StopAsyncIteration:
-            raise InternalError("The provider ended without a result.") from None
-        except BaseException:
-            await events.aclose()
-            raise
-        return _prepend(first, events)
+            async with aclosing(_metered(provider.stream(request), meter)) as events:
+                try:
+                    first = await anext(events)
+                except StopAsyncIteration:
+                    raise InternalError("The provider ended without a result.") from None
+                await _send_headers(call, reservation)
+                yield _prepend(first, events)
+        finally:
+            # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
+            if meter.started:
+                await self._limiter.settle(reservation, meter.used_tokens)
+            else:
+                await self._limiter.release(reservation)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
         parts: list[str] = []
-        async with aclosing(call.provider.stream(request)) as events:
+        async with self.stream(call, request) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     parts.append(event.text)
@@ -75,9 +110,73 @@ class Pipeline:
                     return Completion(text="".join(parts), finish=event)
         raise InternalError("The provider ended without a result.")
 
+    async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
+        """Images are admitted as requests; they use no tokens."""
+        provider = call.provider
+        if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
+            raise InternalError(f"The model `{call.model.id}` has no image provider.")
+        reservation = await self._limiter.reserve(call.key, call.model.id, 0)
+        images: list[GeneratedImage] | None = None
+        try:
+            images = await provider.generate(request)
+        finally:
+            if images is None:
+                await self._limiter.release(reservation)
+            else:
+                await self._limiter.settle(reservation, 0)
+        await _send_headers(call, reservation)
+        return images
+
+
+async def _send_headers(call: Call, reservation: Reservation) -> None:
+    if headers := rate_limit_headers(reservation):
+        await call.context.send_initial_metadata(headers)
+
+
+async def _prompt_tokens(provider: Provider | ImageProvider, request: GenerationRequest) -> int:
+    if isinstance(provider, TokenCounter):
+        return await asyncio.to_thread(provider.count_tokens, request.turns)
+    return math.ceil(sum(len(turn.text) for turn in request.turns) / 4)  # a common rough estimate
+
+
+@dataclass(slots=True)
+class _Meter:
+    """What a generation has used so far, to settle its reservation however it ends."""
+
+    prompt_estimate: int
+    started: bool = False
+    input_tokens: int | None = None
+    deltas: int = 0
+    chars: int = 0
+    usage: Usage | None = None
+
+    def record(self, event: GenerationEvent) -> None:
+        self.started = True
+        if isinstance(event, Started):
+            self.input_tokens = event.input_tokens
+        elif isinstance(event, TextDelta):
+            self.deltas += 1
+            self.chars += len(event.text)
+        elif isinstance(event, Finished):
+            self.usage = event.usage
+
+    @property
+    def used_tokens(self) -> int:
+        if self.usage is not None:
+            return self.usage.total_tokens
+        # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token).
+        prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
+        return prompt + max(self.deltas, math.ceil(self.chars / 4))
+
+
+async def _metered(events: AsyncIterator[GenerationEvent], meter: _Meter) -> AsyncIterator[GenerationEvent]:
+    async with aclosing(events):
+        async for event in events:
+            meter.record(event)
+            yield event
+
 
 async def _prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
-    async with aclosing(rest):
-        yield first
-        async for event in rest:
-            yield event
+    yield first
+    async for event in rest:
+        yield event

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
 
-from server.domain import GenerationEvent, GenerationRequest
+from server.domain import GenerationEvent, GenerationRequest, Turn
 
 
 class Provider(Protocol):
@@ -17,3 +17,12 @@ class Provider(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Providers that can count a prompt's tokens exactly (for rate-limit reservations) offer this too."""
+
+    def count_tokens(self, turns: Sequence[Turn]) -> int:
+        """May block for a moment (it runs in a worker thread); must be safe beside a running generation."""
+        ...

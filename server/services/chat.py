@@ -28,7 +28,7 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         self._default_max_tokens = default_max_tokens
 
     def _prepare(self, request, context) -> tuple[Call, ChatPlan, ResponseHeader]:
-        call = self._pipeline.begin(context.invocation_metadata(), request.model, ENDPOINT)
+        call = self._pipeline.begin(context, request.model, ENDPOINT)
         plan = chat_request(request, upstream_model=call.model.id, default_max_tokens=self._default_max_tokens)
         header = ResponseHeader(
             id=f"chatcmpl-{secrets.token_urlsafe(18)}", created=int(time.time()), model=request.model
@@ -43,9 +43,9 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
 
     async def StreamChatCompletion(self, request, context) -> AsyncIterator[chat_pb2.ChatCompletionChunk]:
         call, plan, header = self._prepare(request, context)
-        events = await self._pipeline.open_stream(call, plan.generation)
-        async for chunk in to_openai.chat_chunks(header, events, include_usage=plan.include_usage):
-            yield json_format.ParseDict(chunk, chat_pb2.ChatCompletionChunk(), ignore_unknown_fields=True)
+        async with self._pipeline.stream(call, plan.generation) as events:
+            async for chunk in to_openai.chat_chunks(header, events, include_usage=plan.include_usage):
+                yield json_format.ParseDict(chunk, chat_pb2.ChatCompletionChunk(), ignore_unknown_fields=True)
 
     async def CreateChatCompletionHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         call, plan, header = self._prepare(request, context)
@@ -54,10 +54,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
             body = orjson.dumps(to_openai.chat_completion(header, completion))
             yield httpbody_pb2.HttpBody(content_type="application/json", data=body)
             return
-        events = await self._pipeline.open_stream(call, plan.generation)
-        chunks = to_openai.chat_chunks(header, events, include_usage=plan.include_usage)
-        async for frame in guard_stream(_sse_frames(chunks), anthropic=False):
-            yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=frame)
+        async with self._pipeline.stream(call, plan.generation) as events:
+            chunks = to_openai.chat_chunks(header, events, include_usage=plan.include_usage)
+            async for frame in guard_stream(_sse_frames(chunks), anthropic=False):
+                yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=frame)
 
 
 async def _sse_frames(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:

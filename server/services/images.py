@@ -11,10 +11,8 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
-from server.errors import InternalError
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
-from server.providers.images import ImageProvider
 from server.translate.openai_images import image_request, images_response
 
 ENDPOINT = "/v1/images/generations"
@@ -26,12 +24,9 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         self._store = store
 
     async def _generate(self, request: image_pb2.CreateImageRequest, context: grpc.aio.ServicerContext) -> dict:
-        call = self._pipeline.begin(context.invocation_metadata(), request.model, ENDPOINT)
+        call = self._pipeline.begin(context, request.model, ENDPOINT)
         plan = image_request(request, upstream_model=call.model.id)
-        provider = call.provider
-        if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
-            raise InternalError(f"The model `{call.model.id}` has no image provider.")
-        images = await provider.generate(plan.generation)
+        images = await self._pipeline.generate_images(call, plan.generation)
         urls = await self._store.put(images) if plan.response_format == "url" else None
         return images_response(int(time.time()), plan, images, urls)
 

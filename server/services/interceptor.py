@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import status_pb2
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import error_pb2
-from server.errors import InternalError, PorticoError, error_body
+from server.errors import InternalError, PorticoError, RateLimited, error_body
 
 _PORTICO_PREFIX = "/portico.v1."
 _ANTHROPIC_PREFIX = "/portico.v1.MessageService/"
@@ -61,8 +62,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, behavior, method: str, anthropic: bool):
         async def stream(request, context: grpc.aio.ServicerContext):
             try:
-                async for response in behavior(request, context):
-                    yield response
+                # aclosing: when grpc drops this generator (the caller went away), the servicer's generator is
+                # closed right away too, so its cleanup (settling rate limits) does not wait for garbage collection.
+                async with aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
             except Exception as exc:  # noqa: BLE001
                 await abort(context, self._as_portico_error(exc, method), anthropic=anthropic)
 
@@ -79,17 +83,36 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
 async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool) -> None:
     kind = error.kind
-    api_error = error_pb2.ApiError(message=error.message, type=kind.type, param=error.param, code=kind.code)
-    detail = any_pb2.Any()
-    detail.Pack(
-        error_pb2.ErrorResponse(error=api_error, http_status=kind.http_status, retry_after_seconds=error.retry_after)
-    )
-    status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message, details=[detail])
+    status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message, details=_details(error))
     trailing = [
         ("grpc-status-details-bin", status.SerializeToString()),
         ("portico-http-status", str(kind.http_status)),
         ("portico-error", error_body(error, anthropic=anthropic).decode()),
     ]
     if error.retry_after > 0:
+        # Both SDKs prefer retry-after-ms; the Lua filter keeps these as HTTP headers.
         trailing.append(("retry-after", str(math.ceil(error.retry_after))))
+        trailing.append(("retry-after-ms", str(math.ceil(error.retry_after * 1000))))
     await context.abort(kind.grpc_code, error.message, tuple(trailing))
+
+
+def _details(error: PorticoError) -> list[any_pb2.Any]:
+    """ErrorResponse first (Portico's own callers look there), then the standard google.rpc details."""
+    kind = error.kind
+    api_error = error_pb2.ApiError(message=error.message, type=kind.type, param=error.param, code=kind.code)
+    messages = [
+        error_pb2.ErrorResponse(error=api_error, http_status=kind.http_status, retry_after_seconds=error.retry_after)
+    ]
+    if isinstance(error, RateLimited):
+        if error.retry_after > 0:
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(math.ceil(error.retry_after * 1e9))
+            messages.append(error_details_pb2.RetryInfo(retry_delay=delay))
+        violation = error_details_pb2.QuotaFailure.Violation(subject=error.subject, description=error.message)
+        messages.append(error_details_pb2.QuotaFailure(violations=[violation]))
+    details = []
+    for message in messages:
+        detail = any_pb2.Any()
+        detail.Pack(message)
+        details.append(detail)
+    return details

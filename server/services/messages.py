@@ -26,7 +26,7 @@ class MessageServicer(message_service_pb2_grpc.MessageServiceServicer):
         self._pipeline = pipeline
 
     def _prepare(self, request, context) -> tuple[Call, MessagePlan, ResponseHeader]:
-        call = self._pipeline.begin(context.invocation_metadata(), request.model, ENDPOINT, allow_x_api_key=True)
+        call = self._pipeline.begin(context, request.model, ENDPOINT, allow_x_api_key=True)
         plan = message_request(request, upstream_model=call.model.id)
         header = ResponseHeader(id=f"msg_{secrets.token_urlsafe(18)}", created=int(time.time()), model=request.model)
         return call, plan, header
@@ -39,9 +39,9 @@ class MessageServicer(message_service_pb2_grpc.MessageServiceServicer):
 
     async def StreamMessage(self, request, context) -> AsyncIterator[message_pb2.MessageStreamEvent]:
         call, plan, header = self._prepare(request, context)
-        events = await self._pipeline.open_stream(call, plan.generation)
-        async for event in to_anthropic.message_events(header, events):
-            yield json_format.ParseDict(event, message_pb2.MessageStreamEvent(), ignore_unknown_fields=True)
+        async with self._pipeline.stream(call, plan.generation) as events:
+            async for event in to_anthropic.message_events(header, events):
+                yield json_format.ParseDict(event, message_pb2.MessageStreamEvent(), ignore_unknown_fields=True)
 
     async def CreateMessageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         call, plan, header = self._prepare(request, context)
@@ -50,7 +50,7 @@ class MessageServicer(message_service_pb2_grpc.MessageServiceServicer):
             body = orjson.dumps(to_anthropic.message(header, completion))
             yield httpbody_pb2.HttpBody(content_type="application/json", data=body)
             return
-        events = await self._pipeline.open_stream(call, plan.generation)
-        frames = (sse_event(event, event["type"]) async for event in to_anthropic.message_events(header, events))
-        async for frame in guard_stream(frames, anthropic=True):
-            yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=frame)
+        async with self._pipeline.stream(call, plan.generation) as events:
+            frames = (sse_event(event, event["type"]) async for event in to_anthropic.message_events(header, events))
+            async for frame in guard_stream(frames, anthropic=True):
+                yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=frame)

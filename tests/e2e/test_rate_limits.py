@@ -1,0 +1,108 @@
+"""Rate limits through Envoy with the official SDKs: 429 RateLimitError with retry-after, x-ratelimit-* headers on
+JSON and streamed answers of both dialects, RESOURCE_EXHAUSTED with RetryInfo for gRPC callers."""
+
+from __future__ import annotations
+
+import time
+
+import anthropic
+import grpc
+import httpx
+import openai
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from portico.v1 import chat_service_pb2_grpc
+from tests.helpers import bearer, chat_request
+
+HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def create_key(gateway, *limits: str) -> str:
+    return gateway.cli("keys", "create", "--name", "limited", "--all-models", *limits).stdout.strip().splitlines()[-1]
+
+
+def test_openai_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway):
+    secret = create_key(gateway, "--rpm", "2", "--tpm", "50000")
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="family-a-5.5", messages=HI, max_tokens=2)
+    assert HEADERS <= set(raw.headers)
+    assert (raw.headers["x-ratelimit-limit-requests"], raw.headers["x-ratelimit-remaining-requests"]) == ("2", "1")
+    assert raw.headers["x-ratelimit-limit-tokens"] == "50000"
+    assert raw.parse().choices[0].message.content is not None
+    with client.chat.completions.with_streaming_response.create(
+        model="family-a-5.5", messages=HI, max_tokens=2, stream=True
+    ) as streamed:
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        assert streamed.headers["x-ratelimit-remaining-requests"] == "0"
+        assert HEADERS <= set(streamed.headers)
+        assert [line for line in streamed.iter_lines() if line][-1] == "data: [DONE]"
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=2)
+    error = caught.value
+    assert (error.code, error.type, error.param) == ("rate_limit_exceeded", "rate_limit_error", None)
+    assert "requests per minute" in error.message
+    assert 50 < int(error.response.headers["retry-after"]) <= 60
+    assert 50_000 < int(error.response.headers["retry-after-ms"]) <= 60_000
+    assert not any(h.startswith(("grpc-", "portico-")) for h in error.response.headers)
+
+
+def test_anthropic_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway):
+    secret = create_key(gateway, "--rpm", "2")
+    client = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    model = "family-b-haiku-4-5-20251001"
+    raw = client.messages.with_raw_response.create(model=model, max_tokens=2, messages=HI)
+    assert HEADERS <= set(raw.headers) and raw.headers["x-ratelimit-remaining-requests"] == "1"
+    assert raw.parse().type == "message"
+    with client.messages.with_streaming_response.create(model=model, max_tokens=2, messages=HI, stream=True) as s:
+        assert HEADERS <= set(s.headers) and s.headers["x-ratelimit-remaining-requests"] == "0"
+        assert "event: message_stop" in list(s.iter_lines())
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        client.messages.create(model=model, max_tokens=2, messages=HI)
+    body = caught.value.body
+    assert body["type"] == "error"
+    assert (body["error"]["type"], body["error"]["code"], body["error"]["param"]) == (
+        "rate_limit_error", "rate_limit_exceeded", None)
+    assert int(caught.value.response.headers["retry-after"]) > 50
+
+
+def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):
+    secret = create_key(gateway, "--concurrency", "1")
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {secret}"}) as response:
+        for number, _ in enumerate(response.iter_lines()):
+            if number == 4:  # mid-stream (breaking out of iter_lines ends the stream, so ask from inside)
+                with pytest.raises(openai.RateLimitError) as caught:
+                    client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+                break
+    assert "concurrent requests" in caught.value.message
+    # The stream is gone: its slot must be free within moments, not when some lease or window runs out.
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            assert client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1).choices
+            break
+        except openai.RateLimitError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_grpc_through_envoy_gets_resource_exhausted_with_retry_info(gateway):
+    secret = create_key(gateway, "--daily-requests", "1")
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+        _, call = chat.CreateChatCompletion.with_call(chat_request(max_tokens=1), metadata=bearer(secret))
+        headers = dict(call.initial_metadata())
+        assert headers["x-ratelimit-limit-requests"] == "1" and headers["x-ratelimit-remaining-requests"] == "0"
+        with pytest.raises(grpc.RpcError) as caught:
+            chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    raw = dict(caught.value.trailing_metadata())["grpc-status-details-bin"]
+    retry = error_details_pb2.RetryInfo()
+    assert status_pb2.Status.FromString(raw).details[1].Unpack(retry)
+    assert 0 < retry.retry_delay.seconds <= 86_400

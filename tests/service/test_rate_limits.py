@@ -1,0 +1,154 @@
+"""Rate limits over real stubs: 429 with details, headers on every success, no slot left behind by a caller who
+goes away, token reservations settled with real usage."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import orjson
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc, message_service_pb2_grpc
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request, error_details, message_request
+
+HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
+
+
+@pytest.fixture(scope="module")
+def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+def new_key(running, **limits) -> tuple[str, str]:
+    key, secret = running.store.create("limited", all_models=True, limits=KeyLimits(**limits))
+    return key.id, secret
+
+
+def status_details(error: grpc.aio.AioRpcError) -> list:
+    raw = dict(error.trailing_metadata())["grpc-status-details-bin"]
+    return list(status_pb2.Status.FromString(raw).details)
+
+
+async def test_over_the_limit_is_resource_exhausted_with_retry_info_and_quota_failure(chat, running):
+    key_id, secret = new_key(running, requests_per_minute=2)
+    for _ in range(2):
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+    error = caught.value
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    detail = error_details(error)
+    assert (detail.http_status, detail.error.code, detail.error.type) == (429, "rate_limit_exceeded", "rate_limit_error")
+    assert not detail.error.HasField("param")
+    assert f"requests per minute on key {key_id}" in detail.error.message
+    assert 55 < detail.retry_after_seconds <= 60
+    retry, quota = error_details_pb2.RetryInfo(), error_details_pb2.QuotaFailure()
+    details = status_details(error)
+    assert details[1].Unpack(retry) and 55 < retry.retry_delay.seconds <= 60
+    assert details[2].Unpack(quota) and quota.violations[0].subject == f"key {key_id}: requests per minute"
+    trailing = dict(error.trailing_metadata())
+    assert 55 < int(trailing["retry-after"]) <= 60
+    assert 55_000 < int(trailing["retry-after-ms"]) <= 60_000
+
+
+async def test_headers_on_every_kind_of_success(chat, channel, running):
+    _, secret = new_key(running, requests_per_minute=100, tokens_per_minute=100_000)
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    calls = [
+        chat.CreateChatCompletion(chat_request(max_tokens=2), metadata=bearer(secret)),
+        chat.StreamChatCompletion(chat_request(max_tokens=2), metadata=bearer(secret)),
+        chat.CreateChatCompletionHttp(chat_request(max_tokens=2), metadata=bearer(secret)),
+        chat.CreateChatCompletionHttp(chat_request(max_tokens=2, stream=True), metadata=bearer(secret)),
+        messages.CreateMessage(message_request(max_tokens=2), metadata=bearer(secret)),
+        messages.CreateMessageHttp(message_request(max_tokens=2, stream=True), metadata=bearer(secret)),
+    ]
+    seen = []
+    for call in calls:
+        headers = dict(await call.initial_metadata())
+        assert HEADERS <= set(headers)
+        seen.append(int(headers["x-ratelimit-remaining-requests"]))
+        if hasattr(call, "__aiter__"):
+            [_ async for _ in call]
+        else:
+            await call
+    assert sorted(seen) == [94, 95, 96, 97, 98, 99]  # the calls above run at once
+    assert headers["x-ratelimit-limit-tokens"] == "100000"
+
+
+async def test_images_are_admitted_as_requests(channel, running):
+    _, secret = new_key(running, requests_per_minute=1, tokens_per_minute=10)
+    images = image_service_pb2_grpc.ImageServiceStub(channel)
+    request = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a boat", size="256x256")
+    call = images.CreateImage(request, metadata=bearer(secret))
+    assert dict(await call.initial_metadata())["x-ratelimit-remaining-tokens"] == "10"
+    await call
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(request, metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def eventually_admitted(chat, secret: str, timeout: float = 3.0) -> float:
+    """Seconds until a request with this key is admitted again."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        try:
+            await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+            return loop.time() - started
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or loop.time() - started > timeout:
+                raise
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("rpc", ["StreamChatCompletion", "CreateChatCompletionHttp"])
+async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, running, rpc):
+    # 300 max tokens reserve ~330 of 400 tokens per minute: a second request fits only if the first is settled
+    # with what it really generated before its caller went away.
+    key_id, secret = new_key(running, concurrent_requests=1, tokens_per_minute=400)
+    request = chat_request(max_tokens=300, stream=True, temperature=1.0)
+    call = getattr(chat, rpc)(request, metadata=bearer(secret))
+    for _ in range(4):
+        await call.read()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+    assert "concurrent requests" in error_details(caught.value).error.message
+    call.cancel()
+    assert await eventually_admitted(chat, secret) < 1.0
+    assert running.limiter.store.in_flight(key_id) == 0
+
+
+async def test_failed_requests_free_their_slot(chat, running):
+    key_id, secret = new_key(running, concurrent_requests=1)
+    too_long = chat_request(messages=[{"role": "user", "content": "word " * 3000}])  # over the context window
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(too_long, metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert running.limiter.store.in_flight(key_id) == 0
+    await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+
+
+async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):
+    key_id, secret = new_key(running, concurrent_requests=1)
+    long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": "Write a very long story."}])
+    call = chat.CreateChatCompletion(long, metadata=bearer(secret))
+    await asyncio.sleep(0.3)
+    assert running.limiter.store.in_flight(key_id) == 1
+    call.cancel()
+    assert await eventually_admitted(chat, secret) < 1.0
+    assert running.limiter.store.in_flight(key_id) == 0
+
+
+async def test_request_too_large_for_the_token_limit(chat, running):
+    _, secret = new_key(running, tokens_per_minute=100)
+    bodies = chat.CreateChatCompletionHttp(chat_request(max_tokens=500), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        [_ async for _ in bodies]
+    detail = error_details(caught.value)
+    assert detail.http_status == 429 and detail.error.message.startswith("Request too large")
+    assert detail.retry_after_seconds == 0
+    body = orjson.loads(dict(caught.value.trailing_metadata())["portico-error"])
+    assert body["error"]["code"] == "rate_limit_exceeded" and body["error"]["param"] is None
