@@ -26,7 +26,9 @@ $(DESCRIPTORS): $(STAMP) $(wildcard protos/portico/v1/*.proto) gateway/descripto
 serve: install
 	$(BIN)/portico serve
 
+# The tests start a real redis-server (Debian package) on a free loopback port; install it when missing.
 test: install
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	$(BIN)/python -m pytest
 
 clean:

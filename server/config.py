@@ -14,6 +14,7 @@ from server.domain import KeyLimits
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/messages", "/v1/images/generations")
 PROVIDER_KINDS = ("llamacpp", "dev-image")
+STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class ConfigError(Exception):
@@ -48,7 +49,10 @@ class LimitSettings:
 
     defaults: KeyLimits = field(default_factory=KeyLimits)  # for each value a key leaves unset; None = unlimited
     models: Mapping[str, KeyLimits] = field(default_factory=dict)  # model id -> limits for each key on that model
-    store: str = "memory"
+    store: str = "memory"  # or a redis:// (rediss://, unix://) URL: counters shared by every process using it
+    on_store_error: str = "closed"  # the store cannot answer: "closed" refuses with 503, "open" admits uncounted
+    lease_seconds: float = 30.0  # Redis: a crashed process's concurrency slots are freed within this time
+    store_timeout_seconds: float = 0.5  # Redis: connect and command timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,21 +136,30 @@ def _parse(raw: dict, source: str) -> Config:
 
 def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
     raw = _mapping(raw, where)
-    unknown = set(raw) - {"defaults", "models", "store"}
-    if unknown:
+    known = {"defaults", "models", "store", "on_store_error", "lease_seconds", "store_timeout_seconds"}
+    if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
     models = _mapping(raw.get("models") or {}, f"{where}.models")
     for model_id in models:
         if model_id not in model_ids:
             raise ConfigError(f"{where}.models: {model_id!r} is not a model in `models`")
     store = str(raw.get("store", "memory"))
-    if store != "memory":
-        raise ConfigError(f"{where}.store: must be `memory`, not {store!r}")
-    return LimitSettings(
+    if store != "memory" and not store.startswith(STORE_SCHEMES):
+        raise ConfigError(f"{where}.store: `memory` or a Redis URL ({', '.join(STORE_SCHEMES)}...), not {store!r}")
+    policy = raw.get("on_store_error", "closed")
+    if policy not in ("closed", "open"):
+        raise ConfigError(f"{where}.on_store_error: `closed` (refuse with 503) or `open` (admit), not {policy!r}")
+    settings = LimitSettings(
         defaults=_key_limits(raw.get("defaults") or {}, f"{where}.defaults"),
         models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
         store=store,
+        on_store_error=policy,
+        lease_seconds=float(raw.get("lease_seconds", 30.0)),
+        store_timeout_seconds=float(raw.get("store_timeout_seconds", 0.5)),
     )
+    if settings.lease_seconds <= 0 or settings.store_timeout_seconds <= 0:
+        raise ConfigError(f"{where}: lease_seconds and store_timeout_seconds must be positive")
+    return settings
 
 
 def _key_limits(raw: Any, where: str) -> KeyLimits:

@@ -4,6 +4,7 @@ UTC day, per key and optionally per key on one model.
     admission.Limiter      which limits apply, x-ratelimit-* headers      (used by the pipeline)
     core.LimitStore        reserve -> settle | release, all or nothing    (the narrow store interface)
     memory.MemoryLimitStore   exact counters in one process              (the default)
+    redis.RedisLimitStore     shared by every process using one Redis    (limits.store: redis://...)
 """
 
 from server.limits.admission import Limiter, rate_limit_headers

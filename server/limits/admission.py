@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import fields
 
 from server.config import LimitSettings
 from server.domain import ApiKey, KeyLimits
-from server.limits.core import Demand, LimitStore, Reservation, Scope, Standing
+from server.errors import ServiceUnavailable
+from server.limits.core import (
+    Demand, LimitStore, LimitStoreUnavailable, Reservation, Scope, Standing, new_reservation_id,
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -26,6 +30,7 @@ class Limiter:
     def __init__(self, store: LimitStore, settings: LimitSettings) -> None:
         self._store = store
         self._settings = settings
+        self._store_down = False  # to log outages once, not once per request
 
     @property
     def store(self) -> LimitStore:
@@ -38,14 +43,48 @@ class Limiter:
         return tuple(s for s in scopes if s.limits != KeyLimits())
 
     async def reserve(self, key: ApiKey, model_id: str, tokens: int) -> Reservation:
-        """Raises RateLimited when a limit would be exceeded."""
-        return await self._store.reserve(Demand(self.scopes(key, model_id), tokens))
+        """Raises RateLimited when a limit would be exceeded, ServiceUnavailable when the store cannot answer and
+        the policy is fail-closed."""
+        demand = Demand(self.scopes(key, model_id), tokens)
+        try:
+            reservation = await self._reserve_uncancelled(demand)
+        except LimitStoreUnavailable as exc:
+            if not self._store_down:
+                _logger.error("rate limits unavailable (%s); failing %s", exc, self._settings.on_store_error)
+                self._store_down = True
+            if self._settings.on_store_error == "open":
+                return Reservation(new_reservation_id(), demand, time.time(), None, None, held=False)
+            raise ServiceUnavailable(
+                "Rate limits cannot be checked right now (the limit store is unreachable), so the request was not "
+                "admitted. Please retry shortly.",
+                retry_after=1.0,
+            ) from exc
+        if self._store_down:
+            _logger.warning("rate limits available again")
+            self._store_down = False
+        return reservation
+
+    async def _reserve_uncancelled(self, demand: Demand) -> Reservation:
+        """A caller that goes away while the store is deciding must not leave a reservation behind: the decision
+        runs to its end, and whatever it booked is released."""
+        decision = asyncio.ensure_future(self._store.reserve(demand))
+        try:
+            return await asyncio.shield(decision)
+        except asyncio.CancelledError:
+            decision.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, decision: asyncio.Future[Reservation]) -> None:
+        if not decision.cancelled() and decision.exception() is None:
+            asyncio.ensure_future(self.release(decision.result()))
 
     async def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        await self._finish(self._store.settle(reservation, used_tokens))
+        if reservation.held:
+            await self._finish(self._store.settle(reservation, used_tokens))
 
     async def release(self, reservation: Reservation) -> None:
-        await self._finish(self._store.release(reservation))
+        if reservation.held:
+            await self._finish(self._store.release(reservation))
 
     async def _finish(self, work) -> None:
         # Shielded: these run on exit paths, often in a task that is being cancelled because its caller went away,
@@ -54,6 +93,8 @@ class Limiter:
             await asyncio.shield(work)
         except asyncio.CancelledError:
             raise
+        except LimitStoreUnavailable as exc:  # a Redis slot's lease runs out by itself; tokens stay estimated
+            _logger.warning("could not settle a rate-limit reservation: %s", exc)
         except Exception:  # noqa: BLE001
             _logger.exception("could not settle a rate-limit reservation")
 

@@ -96,6 +96,11 @@ class Reservation:
     at: float  # clock time of admission: the rolling windows and the UTC day it was counted in
     requests: Standing | None  # None when no request limit applies
     tokens: Standing | None
+    held: bool = True  # False: admitted without counting (the store was unreachable and the policy is fail-open)
+
+
+class LimitStoreUnavailable(Exception):
+    """The store could not decide in time (e.g. Redis unreachable); the Limiter applies the configured policy."""
 
 
 class LimitStore(Protocol):
@@ -110,6 +115,10 @@ class LimitStore(Protocol):
 
     async def release(self, reservation: Reservation) -> None:
         """Undo the reservation entirely (the request never reached a model) and free the slot. Idempotent."""
+        ...
+
+    async def in_flight(self, scope_id: str) -> int:
+        """Open reservations in a scope (for tests and diagnostics)."""
         ...
 
     async def close(self) -> None: ...

@@ -140,7 +140,7 @@ class MemoryLimitStore:
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
 
-    def in_flight(self, scope_id: str) -> int:
+    async def in_flight(self, scope_id: str) -> int:
         """Open reservations in a scope (for tests and diagnostics)."""
         counters = self._scopes.get(scope_id)
         return counters.in_flight if counters else 0

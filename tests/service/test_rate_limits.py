@@ -14,6 +14,7 @@ from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc,
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request
 
+LONG = "Write a very long story."  # an answer that does not end by itself within the test's few tokens
 HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
 
 
@@ -109,7 +110,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, ru
     # 300 max tokens reserve ~330 of 400 tokens per minute: a second request fits only if the first is settled
     # with what it really generated before its caller went away.
     key_id, secret = new_key(running, concurrent_requests=1, tokens_per_minute=400)
-    request = chat_request(max_tokens=300, stream=True, temperature=1.0)
+    request = chat_request(max_tokens=300, stream=True, messages=[{"role": "user", "content": LONG}])
     call = getattr(chat, rpc)(request, metadata=bearer(secret))
     for _ in range(4):
         await call.read()
@@ -118,7 +119,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, ru
     assert "concurrent requests" in error_details(caught.value).error.message
     call.cancel()
     assert await eventually_admitted(chat, secret) < 1.0
-    assert running.limiter.store.in_flight(key_id) == 0
+    assert await running.limiter.store.in_flight(key_id) == 0
 
 
 async def test_failed_requests_free_their_slot(chat, running):
@@ -127,19 +128,19 @@ async def test_failed_requests_free_their_slot(chat, running):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await chat.CreateChatCompletion(too_long, metadata=bearer(secret))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert running.limiter.store.in_flight(key_id) == 0
+    assert await running.limiter.store.in_flight(key_id) == 0
     await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
 
 
 async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):
     key_id, secret = new_key(running, concurrent_requests=1)
-    long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": "Write a very long story."}])
+    long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": LONG}])
     call = chat.CreateChatCompletion(long, metadata=bearer(secret))
     await asyncio.sleep(0.3)
-    assert running.limiter.store.in_flight(key_id) == 1
+    assert await running.limiter.store.in_flight(key_id) == 1
     call.cancel()
     assert await eventually_admitted(chat, secret) < 1.0
-    assert running.limiter.store.in_flight(key_id) == 0
+    assert await running.limiter.store.in_flight(key_id) == 0
 
 
 async def test_request_too_large_for_the_token_limit(chat, running):

@@ -100,6 +100,8 @@ def test_limits_config():
         (f"{ONE_MODEL}\nlimits: {{defaults: {{requests_per_minute: 0}}}}", "at least 1"),
         (f"{ONE_MODEL}\nlimits: {{models: {{b: {{requests_per_minute: 5}}}}}}", "'b' is not a model"),
         (f"{ONE_MODEL}\nlimits: {{store: sqlite}}", "limits.store"),
+        (f"{ONE_MODEL}\nlimits: {{store: 'redis://h/0', on_store_error: maybe}}", "on_store_error"),
+        (f"{ONE_MODEL}\nlimits: {{lease_seconds: 0}}", "must be positive"),
     ],
 )
 def test_config_mistakes_are_clear(tmp_path, text, message):

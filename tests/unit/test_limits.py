@@ -1,9 +1,11 @@
-"""Limit stores with an injected clock: rolling windows, token reconciliation, UTC days, concurrency, refusals."""
+"""Both limit stores (in-process and Redis) with an injected clock: rolling windows, token reconciliation, UTC
+days, concurrency, refusals. Redis-only behaviour (leases, outages, several processes) is in test_limits_redis.py."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 
 import pytest
 
@@ -12,6 +14,7 @@ from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers
 from server.limits.admission import duration_text
+from server.limits.redis import RedisLimitStore
 from tests.limits_support import FakeClock, NOON
 
 
@@ -20,9 +23,13 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-async def store(clock):
-    store = MemoryLimitStore(clock)
+@pytest.fixture(params=["memory", "redis"])
+async def store(request, clock):
+    if request.param == "memory":
+        store = MemoryLimitStore(clock)
+    else:  # a fresh key prefix per test instead of flushing a shared database
+        url = request.getfixturevalue("redis_server").url
+        store = RedisLimitStore(url, clock=clock, prefix=f"test-{secrets.token_hex(4)}:")
     yield store
     await store.close()
 

@@ -1,0 +1,169 @@
+"""The Redis limit store: counters shared by every server process (and host) that uses the same Redis.
+
+Decisions run as Lua scripts (server/limits/redis_scripts.py), atomic in Redis. Concurrency slots are leases: each
+process renews the slots it holds every lease/3 seconds, so the slots of a process that crashed (and can never
+settle) run out within `lease_seconds`. Every Redis call has a short deadline; when Redis cannot answer in time the
+store raises LimitStoreUnavailable and the Limiter applies the configured fail-open or fail-closed policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from server.limits.core import (
+    CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
+    Reading, Reservation, day_of, new_reservation_id, verdict,
+)
+from server.limits.redis_scripts import RESERVE, SETTLE
+
+_logger = logging.getLogger(__name__)
+
+_DIMENSIONS = tuple(Dimension)  # the scripts' dimension indexes
+_DAY_TTL = 2 * DAY_SECONDS  # a day's counters outlive it a little, for late settlements
+_RECORD_TTL = 2 * DAY_SECONDS  # how long an unsettled reservation can still be settled
+# Redis could not answer (not: answered with an error, which is a bug and is raised as such).
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisLimitStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock = time.time,
+        lease_seconds: float = 30.0,
+        timeout_seconds: float = 0.5,
+        max_connections: int = 32,
+        prefix: str = "portico:limits:",
+    ) -> None:
+        self._url = redacted(url)
+        self._clock = clock
+        self._lease = lease_seconds
+        self._prefix = prefix
+        self._deadline = timeout_seconds * 3  # connect + a retried command, with room to spare
+        # A blocking pool: under a burst, requests wait (up to the deadline) for one of a bounded number of
+        # connections instead of failing. One retry, on connection errors only: a pooled connection may be stale
+        # after Redis restarted. Timeouts are not retried, so a Redis that does not answer costs one timeout.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=self._deadline,
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+        self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
+        self._reserve_script = self._redis.register_script(RESERVE)
+        self._settle_script = self._redis.register_script(SETTLE)
+        self._held: dict[str, Reservation] = {}  # this process's open reservations, whose leases it renews
+        self._renewer: asyncio.Task | None = None
+
+    def _scope_keys(self, scope_id: str, day: int) -> list[str]:
+        base = f"{self._prefix}{scope_id}:"
+        return [base + "win", base + "wtok", base + "wsum", self._slots_key(scope_id), f"{base}day:{day}"]
+
+    def _slots_key(self, scope_id: str) -> str:
+        return f"{self._prefix}{scope_id}:slots"
+
+    def _record_key(self, reservation_id: str) -> str:
+        return f"{self._prefix}reservation:{reservation_id}"
+
+    async def _run(self, script, keys: list[str], args: list) -> list:
+        try:
+            async with asyncio.timeout(self._deadline):
+                return await script(keys=keys, args=args)
+        except _UNREACHABLE as exc:
+            raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
+
+    async def reserve(self, demand: Demand) -> Reservation:
+        now = self._clock()
+        reservation_id = new_reservation_id()
+        if not demand.scopes:
+            return verdict(demand, (), at=now, reservation_id=reservation_id)
+        keys = [self._record_key(reservation_id)]
+        args: list = [now, demand.tokens, reservation_id, self._lease, WINDOW_SECONDS, _DAY_TTL, _RECORD_TTL,
+                      CONCURRENCY_RETRY_SECONDS]
+        for scope in demand.scopes:
+            keys += self._scope_keys(scope.id, day_of(now))
+            args += [scope.limit(d) or 0 for d in _DIMENSIONS]
+        reply = await self._run(self._reserve_script, keys, args)
+        readings = [
+            Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used), float(wait))
+            for s, d, limit, used, wait in zip(*[iter(reply[1:])] * 5)
+        ]
+        reservation = verdict(demand, readings, at=now, reservation_id=reservation_id)  # raises when refused
+        self._held[reservation.id] = reservation
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew_leases())
+        return reservation
+
+    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        await self._finish(reservation, used_tokens, refund=False)
+
+    async def release(self, reservation: Reservation) -> None:
+        await self._finish(reservation, 0, refund=True)
+
+    async def _finish(self, reservation: Reservation, used_tokens: int, *, refund: bool) -> None:
+        if self._held.pop(reservation.id, None) is None:
+            return  # settled already, or never held (no scopes)
+        keys = [self._record_key(reservation.id)]
+        for scope in reservation.demand.scopes:
+            keys += self._scope_keys(scope.id, day_of(reservation.at))
+        window_ttl = int(WINDOW_SECONDS + self._lease) + 1
+        args = [reservation.id, used_tokens, reservation.demand.tokens, int(refund), window_ttl]
+        await self._run(self._settle_script, keys, args)
+
+    async def _renew_leases(self) -> None:
+        """Every lease/3 seconds, push the lease of every slot this process holds (XX: never re-add a slot that
+        was settled meanwhile)."""
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            if not self._held:
+                continue
+            expiry = self._clock() + self._lease
+            try:
+                async with asyncio.timeout(self._deadline):
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for reservation in list(self._held.values()):
+                            for scope in reservation.demand.scopes:
+                                pipe.zadd(self._slots_key(scope.id), {reservation.id: expiry}, xx=True)
+                        await pipe.execute()
+            except _UNREACHABLE as exc:
+                _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
+
+    async def ping(self) -> bool:
+        try:
+            async with asyncio.timeout(self._deadline):
+                return bool(await self._redis.ping())
+        except _UNREACHABLE:
+            return False
+
+    async def in_flight(self, scope_id: str) -> int:
+        """Unexpired slots in a scope (for tests and diagnostics)."""
+        return await self._redis.zcount(self._slots_key(scope_id), f"({self._clock()}", "+inf")
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await self._redis.aclose()

@@ -1,0 +1,161 @@
+"""The Redis store's Lua scripts. Each runs atomically in Redis, so a decision and its bookkeeping cannot interleave
+with another process's: that is what makes limits shared by several processes exact.
+
+Per scope, five keys (in this order, see RedisLimitStore._scope_keys):
+    win    sorted set  reservation id -> admission time        (the rolling window's log)
+    wtok   hash        reservation id -> tokens                 (estimate, then real usage once settled)
+    wsum   string      the sum of wtok over the window
+    slots  sorted set  reservation id -> lease expiry time      (concurrency slots as leases)
+    day    hash        {requests, tokens} of one UTC day
+Times come from the caller (ARGV), so every process must have a synchronised clock (NTP), and tests can inject one.
+"""
+
+# Shared by both scripts: Lua's unpack() has a stack limit, so long lists go in batches.
+_COMMON = """
+local function in_batches(list, fn)
+  for i = 1, #list, 500 do fn({unpack(list, i, math.min(i + 499, #list))}) end
+end
+"""
+
+# KEYS: the reservation record, then five keys per scope.
+# ARGV: now, tokens, id, lease, window, day_ttl, record_ttl, concurrency_retry, then per scope the five limits in
+# Dimension order (requests/min, tokens/min, concurrent, daily tokens, daily requests), 0 meaning none.
+# Returns {admitted, then per limited dimension: scope index, dimension index, limit, used, wait (a string)}.
+RESERVE = _COMMON + """
+local now, tokens, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local lease, window = tonumber(ARGV[4]), tonumber(ARGV[5])
+local day_ttl, record_ttl, concurrency_retry = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local scopes = (#KEYS - 1) / 5
+local to_midnight = (math.floor(now / 86400) + 1) * 86400 - now
+
+local function prune(win, wtok, wsum, slots)
+  local gone = redis.call('ZRANGEBYSCORE', win, '-inf', now - window)
+  if #gone > 0 then
+    local freed = 0
+    in_batches(gone, function(part)
+      for _, t in ipairs(redis.call('HMGET', wtok, unpack(part))) do freed = freed + (tonumber(t) or 0) end
+      redis.call('HDEL', wtok, unpack(part))
+    end)
+    redis.call('ZREMRANGEBYSCORE', win, '-inf', now - window)
+    redis.call('DECRBY', wsum, freed)
+  end
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)  -- leases that ran out: their holder is gone
+end
+
+-- Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves.
+local function window_wait(win, wtok, excess, by_tokens)
+  if excess <= 0 then
+    local first = redis.call('ZRANGE', win, 0, 0, 'WITHSCORES')
+    if #first == 0 then return window end
+    return tonumber(first[2]) + window - now
+  end
+  if not by_tokens then
+    local entry = redis.call('ZRANGE', win, excess - 1, excess - 1, 'WITHSCORES')
+    return tonumber(entry[2]) + window - now
+  end
+  local freed, start = 0, 0
+  while true do
+    local part = redis.call('ZRANGE', win, start, start + 499, 'WITHSCORES')
+    if #part == 0 then return window end
+    local ids = {}
+    for i = 1, #part, 2 do ids[#ids + 1] = part[i] end
+    local counts = redis.call('HMGET', wtok, unpack(ids))
+    for i = 1, #ids do
+      freed = freed + (tonumber(counts[i]) or 0)
+      if freed >= excess then return tonumber(part[2 * i]) + window - now end
+    end
+    start = start + 500
+  end
+end
+
+local out, over = {0}, false
+local function reading(scope, dimension, limit, used, wait)
+  for _, v in ipairs({scope, dimension, limit, used, wait}) do out[#out + 1] = v end
+  if used > limit then over = true end
+end
+
+for i = 0, scopes - 1 do
+  local k = 1 + i * 5
+  local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  prune(win, wtok, wsum, slots)
+  local a = 9 + i * 5
+  local rpm, tpm, concurrent = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local daily_tokens, daily_requests = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  if rpm > 0 then
+    local used = redis.call('ZCARD', win) + 1
+    reading(i, 0, rpm, used, tostring(window_wait(win, wtok, used - rpm, false)))
+  end
+  if tpm > 0 then
+    local used = (tonumber(redis.call('GET', wsum)) or 0) + tokens
+    local wait = 'inf'
+    if tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
+    reading(i, 1, tpm, used, wait)
+  end
+  if concurrent > 0 then
+    reading(i, 2, concurrent, redis.call('ZCARD', slots) + 1, tostring(concurrency_retry))
+  end
+  if daily_tokens > 0 then
+    local used = (tonumber(redis.call('HGET', day, 'tokens')) or 0) + tokens
+    local wait = 'inf'
+    if tokens <= daily_tokens then wait = tostring(to_midnight) end
+    reading(i, 3, daily_tokens, used, wait)
+  end
+  if daily_requests > 0 then
+    reading(i, 4, daily_requests, (tonumber(redis.call('HGET', day, 'requests')) or 0) + 1, tostring(to_midnight))
+  end
+end
+
+if over then return out end
+local window_ttl = math.ceil(window + lease)
+for i = 0, scopes - 1 do
+  local k = 1 + i * 5
+  local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  redis.call('ZADD', win, now, id)
+  redis.call('HSET', wtok, id, tokens)
+  redis.call('INCRBY', wsum, tokens)
+  redis.call('ZADD', slots, now + lease, id)
+  redis.call('HINCRBY', day, 'requests', 1)
+  redis.call('HINCRBY', day, 'tokens', tokens)
+  -- Idle scopes disappear; the three window keys always expire together, so they stay consistent.
+  for _, key in ipairs({win, wtok, wsum}) do redis.call('EXPIRE', key, window_ttl) end
+  redis.call('EXPIRE', slots, math.ceil(lease * 2))
+  redis.call('EXPIRE', day, day_ttl)
+end
+redis.call('SET', KEYS[1], '1', 'EX', record_ttl)
+out[1] = 1
+return out
+"""
+
+# KEYS: the reservation record, then five keys per scope (the day key of the reservation's day).
+# ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl. Returns 1, or 0 if already settled.
+SETTLE = """
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+local id, used, estimate, refund = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local window_ttl = tonumber(ARGV[5])
+for i = 0, (#KEYS - 1) / 5 - 1 do
+  local k = 1 + i * 5
+  local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  redis.call('ZREM', slots, id)
+  local held = tonumber(redis.call('HGET', wtok, id))  -- nil once the entry left the window
+  if held then
+    if refund then
+      redis.call('ZREM', win, id)
+      redis.call('HDEL', wtok, id)
+      redis.call('DECRBY', wsum, held)
+    else
+      redis.call('HSET', wtok, id, used)
+      redis.call('INCRBY', wsum, used - held)
+    end
+    for _, key in ipairs({win, wtok, wsum}) do redis.call('EXPIRE', key, window_ttl) end
+  end
+  if redis.call('EXISTS', day) == 1 then  -- corrections go to the day the request was counted in
+    if refund then
+      redis.call('HINCRBY', day, 'tokens', 0 - estimate)  -- not -estimate: Lua's -0 reaches Redis as "-0"
+      redis.call('HINCRBY', day, 'requests', -1)
+    else
+      redis.call('HINCRBY', day, 'tokens', used - estimate)
+    end
+  end
+end
+return 1
+"""

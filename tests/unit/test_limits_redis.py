@@ -1,0 +1,155 @@
+"""What only the Redis store does: exact limits shared by several processes, leases that outlive no crash, restarts,
+and an unreachable Redis that is answered by policy, quickly, never by a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from server.config import LimitSettings
+from server.domain import ApiKey, KeyLimits
+from server.errors import RateLimited, ServiceUnavailable
+from server.limits import Limiter, rate_limit_headers
+from server.limits.core import LimitStoreUnavailable
+from server.limits.redis import RedisLimitStore, redacted
+from tests.limits_worker import BURST, HOLD
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{secrets.token_hex(4)}:"
+
+
+def worker(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.limits_worker", *args], stdout=subprocess.PIPE, text=True)
+
+
+def test_two_processes_200_attempts_admit_exactly_50(redis_server, prefix):
+    start_at = str(time.time() + 1.5)  # both processes fire at once
+    workers = [worker("burst", redis_server.url, prefix, start_at, "100") for _ in range(2)]
+    admitted = [int(w.communicate(timeout=30)[0]) for w in workers]
+    assert all(w.returncode == 0 for w in workers)
+    assert sum(admitted) == 50
+
+
+async def test_a_crashed_process_frees_its_slot_within_the_lease(redis_server, prefix):
+    crashed = worker("crash", redis_server.url, prefix)
+    assert crashed.communicate(timeout=30)[0].strip() == "held"
+    store = RedisLimitStore(redis_server.url, prefix=prefix)
+    try:
+        with pytest.raises(RateLimited, match="concurrent requests"):
+            await store.reserve(HOLD)
+        started = time.monotonic()
+        while True:
+            try:
+                await store.reserve(HOLD)
+                break
+            except RateLimited:
+                assert time.monotonic() - started < 1.5
+                await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+
+
+async def test_a_live_process_keeps_renewing_its_leases(redis_server, prefix):
+    holder = RedisLimitStore(redis_server.url, prefix=prefix, lease_seconds=0.6)
+    other = RedisLimitStore(redis_server.url, prefix=prefix, lease_seconds=0.6)
+    try:
+        held = await holder.reserve(HOLD)
+        await asyncio.sleep(1.5)  # more than two leases
+        with pytest.raises(RateLimited):
+            await other.reserve(HOLD)
+        assert await other.in_flight("held") == 1
+        await holder.settle(held, 0)
+        await other.reserve(HOLD)
+    finally:
+        await holder.close()
+        await other.close()
+
+
+async def test_counts_survive_a_restart_of_the_process(redis_server, prefix):
+    before = RedisLimitStore(redis_server.url, prefix=prefix)
+    for _ in range(50):
+        await before.reserve(BURST)
+    await before.close()
+    after = RedisLimitStore(redis_server.url, prefix=prefix)
+    try:
+        with pytest.raises(RateLimited, match="limit 50, used 50"):
+            await after.reserve(BURST)
+    finally:
+        await after.close()
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["closed", "silent"])
+async def test_unreachable_redis_fails_fast(where, silent_port):
+    port = silent_port if where == "silent" else _closed_port()
+    store = RedisLimitStore(f"redis://127.0.0.1:{port}/0", timeout_seconds=0.2)
+    started = time.monotonic()
+    with pytest.raises(LimitStoreUnavailable):
+        await store.reserve(HOLD)
+    assert time.monotonic() - started < 1.0
+    await store.close()
+
+
+async def test_policy_when_redis_is_unreachable():
+    key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(requests_per_minute=1))
+    url = f"redis://:hunter2@127.0.0.1:{_closed_port()}/0"
+    closed = Limiter(RedisLimitStore(url, timeout_seconds=0.2), LimitSettings(on_store_error="closed"))
+    with pytest.raises(ServiceUnavailable) as caught:
+        await closed.reserve(key, "m", 10)
+    assert caught.value.retry_after > 0 and "limit store is unreachable" in caught.value.message
+    assert "hunter2" not in str(caught.value.__cause__) and ":***@" in str(caught.value.__cause__)
+    opened = Limiter(RedisLimitStore(url, timeout_seconds=0.2), LimitSettings(on_store_error="open"))
+    admitted = await opened.reserve(key, "m", 10)
+    assert not admitted.held and rate_limit_headers(admitted) == ()
+    await opened.settle(admitted, 5)  # nothing to settle, and no error
+    await closed.close()
+    await opened.close()
+
+
+def test_passwords_never_reach_messages():
+    assert redacted("redis://:hunter2@db:6379/0") == "redis://:***@db:6379/0"
+    assert redacted("redis://user:hunter2@db/0") == "redis://user:***@db/0"
+    assert redacted("redis://db:6379/0") == "redis://db:6379/0"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_a_caller_cancelled_while_the_store_decides_leaves_nothing_behind(redis_server, prefix):
+    store = RedisLimitStore(redis_server.url, prefix=prefix)
+    limiter = Limiter(store, LimitSettings())
+    key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(concurrent_requests=1))
+    attempt = asyncio.ensure_future(limiter.reserve(key, "m", 0))
+    await asyncio.sleep(0)  # the script is on its way to Redis
+    attempt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    # Whatever the cancelled attempt booked is released at once, not when its 30-second lease runs out.
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            await limiter.reserve(key, "m", 0)
+            break
+        except RateLimited:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+    await limiter.close()
