@@ -17,6 +17,7 @@ from server.config import Config
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyStore
 from server.limits import Limiter, LimitStore, MemoryLimitStore
+from server.limits.redis import RedisLimitStore, redacted
 from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.dev_image import DevImageProvider
@@ -73,7 +74,12 @@ def build_providers(config: Config) -> dict[str, Provider | ImageProvider]:
 
 
 def build_limit_store(config: Config) -> LimitStore:
-    return MemoryLimitStore()
+    settings = config.limits
+    if settings.store == "memory":
+        return MemoryLimitStore()
+    return RedisLimitStore(
+        settings.store, lease_seconds=settings.lease_seconds, timeout_seconds=settings.store_timeout_seconds
+    )
 
 
 async def start_server(config: Config, address: str) -> RunningServer:
@@ -82,6 +88,11 @@ async def start_server(config: Config, address: str) -> RunningServer:
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds)
     providers = build_providers(config)
     limiter = Limiter(build_limit_store(config), config.limits)
+    if isinstance(limiter.store, RedisLimitStore) and not await limiter.store.ping():
+        # Not fatal: Redis may come up later. Until then the on_store_error policy decides.
+        _logger.error("the limit store %s is unreachable; until it answers, requests are %s",
+                      redacted(config.limits.store),
+                      "admitted without limits" if config.limits.on_store_error == "open" else "refused with 503")
     pipeline = Pipeline(
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter
     )

@@ -1,0 +1,107 @@
+"""The server with the Redis limit store, over real stubs: exact under a burst, no slot left by an abandoned stream,
+quotas and keys that survive a restart, and a clear 503 (fail-closed) when Redis is unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import time
+
+import grpc
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
+from server.app import RunningServer, start_server
+from server.config import Config, load_config
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request, error_details
+
+IMAGE = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a buoy", size="256x256")
+
+
+def redis_config(data_dir, store: str, *, images_only: bool = False) -> Config:
+    config = load_config()
+    models = tuple(m for m in config.models if m.provider.kind == "dev-image") if images_only else config.models
+    limits = dataclasses.replace(config.limits, store=store, store_timeout_seconds=0.2)
+    return dataclasses.replace(config, data_dir=data_dir, models=models, limits=limits)
+
+
+@pytest.fixture(scope="module")
+async def server(tmp_path_factory, redis_server) -> RunningServer:
+    running = await start_server(redis_config(tmp_path_factory.mktemp("data"), redis_server.url), "127.0.0.1:0")
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture(scope="module")
+async def channel(server):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        yield channel
+
+
+async def test_200_concurrent_requests_admit_exactly_50(server, channel):
+    secret = server.store.create("burst", all_models=True, limits=KeyLimits(requests_per_minute=50))[1]
+    images = image_service_pb2_grpc.ImageServiceStub(channel)
+    calls = [images.CreateImage(IMAGE, metadata=bearer(secret)) for _ in range(200)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(results) - len(refused) == 50
+    assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+async def test_abandoned_stream_frees_its_slot_and_settles(server, channel):
+    key, secret = server.store.create("stream", all_models=True,
+                                      limits=KeyLimits(concurrent_requests=1, tokens_per_minute=400))
+    chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+    story = [{"role": "user", "content": "Write a very long story."}]  # does not end within a few tokens
+    call = chat.StreamChatCompletion(chat_request(max_tokens=300, messages=story), metadata=bearer(secret))
+    for _ in range(4):
+        await call.read()
+    assert await server.limiter.store.in_flight(key.id) == 1
+    call.cancel()
+    deadline = time.monotonic() + 1.0
+    while await server.limiter.store.in_flight(key.id):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    # Settled with what it used: another 300-token reservation fits in the 400 tokens per minute.
+    await chat.CreateChatCompletion(chat_request(max_tokens=300, stop=["."]), metadata=bearer(secret))
+
+
+async def test_quotas_and_keys_survive_a_restart(tmp_path, redis_server):
+    config = redis_config(tmp_path, redis_server.url, images_only=True)
+    first = await start_server(config, "127.0.0.1:0")
+    secret = first.store.create("daily", all_models=True, limits=KeyLimits(daily_requests=2))[1]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{first.port}") as channel:
+        for _ in range(2):
+            await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+    await first.stop(0)
+    second = await start_server(config, "127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "daily requests" in error_details(caught.value).error.message
+    finally:
+        await second.stop(0)
+
+
+async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    running = await start_server(redis_config(tmp_path, f"redis://127.0.0.1:{port}/0", images_only=True), "127.0.0.1:0")
+    try:
+        secret = running.store.create("any", all_models=True)[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+            assert time.monotonic() - started < 1.0
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        detail = error_details(caught.value)
+        assert detail.http_status == 503 and "limit store is unreachable" in detail.error.message
+        assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
+    finally:
+        await running.stop(0)
