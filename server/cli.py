@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import functools
 import logging
-import shutil
-import signal
 import sys
-import tempfile
 from pathlib import Path
 
-from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyError, EnvoyProcess, load_template, render_config, repo_root
-from server.app import start_server
 from server.config import Config, ConfigError, load_config
 from server.domain import KeyLimits
 from server.errors import PorticoError
 from server.keys import KeyStore
+from server.serving import run_worker, serve
 
 _logger = logging.getLogger("portico")
 
@@ -30,7 +25,18 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config).with_overrides(data_dir=args.data_dir)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port)
-            return asyncio.run(serve(config))
+            if args.workers < 1:
+                print("portico: --workers must be at least 1", file=sys.stderr)
+                return 2
+            if args.workers > 1 and config.limits.store == "memory":
+                print(f"portico: --workers {args.workers} needs a shared rate-limit store: set limits.store to a "
+                      "redis:// URL in the configuration (with the in-process store every worker would admit the "
+                      "whole limit on its own).", file=sys.stderr)
+                return 2
+            command = functools.partial(_worker_command, args, config)
+            return asyncio.run(serve(config, workers=args.workers, worker_command=command))
+        if args.command == "worker":
+            return asyncio.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         return keys_command(args, config)
     except ConfigError as exc:
         print(f"portico: configuration error: {exc}", file=sys.stderr)
@@ -50,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP and gRPC port (default 8080)")
     serve.add_argument("--admin-port", type=int, help="Envoy admin port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
+    worker = commands.add_parser("worker", help="(internal) one of `serve --workers N`'s server processes")
+    worker.add_argument("--socket", type=Path, required=True)
+    worker.add_argument("--host")
+    worker.add_argument("--port", type=int)
 
     keys = commands.add_parser("keys", help="create, list and revoke API keys").add_subparsers(
         dest="keys_command", required=True
@@ -102,56 +114,14 @@ def keys_command(args: argparse.Namespace, config: Config) -> int:
         store.close()
 
 
-async def serve(config: Config) -> int:
-    # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
-    run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
-    socket_path = run_dir / "grpc.sock"
-    running = await start_server(config, f"unix:{socket_path}")
-    _print_development_key(running.store)
-    envoy_config = render_config(
-        load_template(),
-        listen_host=config.host,
-        listen_port=config.port,
-        admin_port=config.envoy_admin_port,
-        upstreams=[f"unix:{socket_path}"],
-        descriptor_set=DESCRIPTOR_SET,
-        lua_source=repo_root() / "gateway" / "error_shaper.lua",
-    )
-    envoy = EnvoyProcess(envoy_config, run_dir)
-    try:
-        await envoy.start()
-    except EnvoyError as exc:
-        _logger.error("Envoy did not start: %s", exc)
-        await running.stop(0)
-        return 1
-    print(f"Portico is listening on http://{config.host}:{config.port} (REST /v1 and gRPC)", flush=True)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    envoy_exit = asyncio.create_task(envoy.wait())
-    stop_requested = asyncio.create_task(stop.wait())
-    await asyncio.wait({envoy_exit, stop_requested}, return_when=asyncio.FIRST_COMPLETED)
-    exit_code = 0
-    if envoy_exit.done():
-        # Never half-up: without Envoy nobody can reach the server, so the whole gateway goes down loudly.
-        _logger.error("Envoy exited with %s; stopping Portico.\n%s", envoy_exit.result(), envoy.log_tail())
-        exit_code = 1
-    stop_requested.cancel()
-    await envoy.stop()
-    await running.stop(grace=5.0)
-    with contextlib.suppress(OSError):
-        shutil.rmtree(run_dir)
-    return exit_code
-
-
-def _print_development_key(store: KeyStore) -> None:
-    """On the first start with an empty store, create one development key and show its secret this once."""
-    if store.count() > 0:
-        return
-    key, secret = store.create("development", all_models=True, env="dev")
-    print(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n", flush=True)
+def _worker_command(args: argparse.Namespace, config: Config, socket: Path) -> list[str]:
+    """How `serve` starts a worker: the same configuration file, data dir and public address as itself."""
+    command = [sys.executable, "-m", "server.cli"]
+    if args.config:
+        command += ["--config", str(Path(args.config).resolve())]
+    command += ["--data-dir", str(config.data_dir.resolve()), "worker", "--socket", str(socket),
+                "--host", config.host, "--port", str(config.port)]
+    return command
 
 
 if __name__ == "__main__":

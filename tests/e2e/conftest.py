@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,15 +39,16 @@ class Gateway:
         )
 
 
-@pytest.fixture(scope="session")
-def gateway(tmp_path_factory) -> Gateway:
-    data_dir = tmp_path_factory.mktemp("gateway-data")
-    log_path = data_dir.parent / "gateway.log"
+@contextlib.contextmanager
+def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None) -> Iterator[Gateway]:
+    """`portico serve` on free ports until the block ends; its stderr goes to data_dir/../gateway*.log."""
+    log_path = data_dir.parent / f"{data_dir.name}.log"
     port, admin_port = free_ports(2)
+    global_args = ["--config", str(config)] if config else []
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), "serve",
-             "--port", str(port), "--admin-port", str(admin_port)],
+            [sys.executable, "-m", "server.cli", *global_args, "--data-dir", str(data_dir), "serve",
+             "--port", str(port), "--admin-port", str(admin_port), *serve_args],
             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     lines: queue.Queue[str] = queue.Queue()
@@ -71,3 +74,9 @@ def gateway(tmp_path_factory) -> Gateway:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory) -> Gateway:
+    with running_gateway(tmp_path_factory.mktemp("gateway-data")) as gateway:
+        yield gateway

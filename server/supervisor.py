@@ -1,0 +1,131 @@
+"""`portico serve --workers N`: N gRPC server processes, each on its own unix socket, so that Envoy (one endpoint per
+process) spreads load over them; one HTTP/2 connection to a single process would keep only that process busy.
+
+The parent starts every worker as `python -m server.cli ... worker --socket PATH`, waits until its gRPC health
+check answers SERVING, and watches it: a worker that dies is logged and restarted on the same socket, so Envoy's
+endpoint stays valid (Envoy retries connect failures on another endpoint meanwhile). Workers get PR_SET_PDEATHSIG,
+like Envoy, so none outlives the parent. Limits are only exact across workers with a shared store (Redis): the
+CLI refuses N > 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.envoy import die_with_parent
+
+_logger = logging.getLogger(__name__)
+
+RESTART_DELAY_SECONDS = 1.0
+
+
+class WorkerError(RuntimeError):
+    """A worker did not become ready."""
+
+
+class WorkerProcess:
+    def __init__(self, index: int, socket_path: Path, command: Sequence[str], *, ready_timeout_s: float = 120.0):
+        self.index = index
+        self.socket_path = socket_path
+        self._command = list(command)
+        self._ready_timeout_s = ready_timeout_s
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def start(self) -> None:
+        """Start the process and return once it serves; WorkerError if it exits or stays silent."""
+        self.socket_path.unlink(missing_ok=True)  # a dead predecessor's socket
+        libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            preexec_fn=lambda: die_with_parent(libc, parent),
+        )  # stderr is inherited: worker logs go where the parent's go
+        deadline = asyncio.get_running_loop().time() + self._ready_timeout_s
+        while not await self._serving():
+            if self._proc.returncode is not None:
+                raise WorkerError(f"worker {self.index} exited with {self._proc.returncode} before it was ready")
+            if asyncio.get_running_loop().time() > deadline:
+                await self.stop()
+                raise WorkerError(f"worker {self.index} not ready after {self._ready_timeout_s:g}s")
+            await asyncio.sleep(0.1)
+        _logger.info("worker %d (pid %d) serving on unix:%s", self.index, self.pid, self.socket_path)
+
+    async def _serving(self) -> bool:
+        if not self.socket_path.exists():
+            return False
+        async with grpc.aio.insecure_channel(f"unix:{self.socket_path}") as channel:
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            except grpc.aio.AioRpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def wait(self) -> int:
+        assert self._proc is not None
+        return await self._proc.wait()
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (the worker drains its RPCs for up to 5 s), then SIGKILL."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=grace_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+class Workers:
+    def __init__(self, count: int, run_dir: Path, command_for: Callable[[Path], Sequence[str]]) -> None:
+        self._workers = [
+            WorkerProcess(i, path, command_for(path))
+            for i in range(count)
+            for path in [run_dir / f"grpc-{i}.sock"]
+        ]
+
+    @property
+    def upstreams(self) -> list[str]:
+        return [f"unix:{w.socket_path}" for w in self._workers]
+
+    async def start(self) -> None:
+        results = await asyncio.gather(*(w.start() for w in self._workers), return_exceptions=True)
+        if errors := [r for r in results if isinstance(r, BaseException)]:
+            await self.stop()
+            raise errors[0]
+
+    async def supervise(self) -> None:
+        """Restart workers that die, for as long as Portico runs; raises WorkerError if a restart fails."""
+        watchers = {asyncio.create_task(w.wait()): w for w in self._workers}
+        try:
+            while True:
+                done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    worker = watchers.pop(task)
+                    _logger.error("worker %d (pid %s) exited with %s; restarting it", worker.index, worker.pid,
+                                  task.result())
+                    await asyncio.sleep(RESTART_DELAY_SECONDS)
+                    await worker.start()
+                    watchers[asyncio.create_task(worker.wait())] = worker
+        finally:
+            for task in watchers:
+                task.cancel()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(w.stop() for w in self._workers))
+        for worker in self._workers:
+            with contextlib.suppress(OSError):
+                worker.socket_path.unlink(missing_ok=True)

@@ -1,0 +1,83 @@
+"""`portico serve --workers 2` with the Redis limit store: one limit held exactly across two server processes, load
+on both, a killed worker restarted while the other keeps serving, and N > 1 refused without a shared store."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from gateway.envoy import free_ports, repo_root
+from tests.e2e.conftest import Gateway, running_gateway
+
+HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory, redis_server) -> Gateway:
+    raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
+    raw["limits"]["store"] = redis_server.url
+    config = tmp_path_factory.mktemp("workers-config") / "portico.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with running_gateway(tmp_path_factory.mktemp("workers-data"), "--workers", "2", config=config) as gateway:
+        yield gateway
+
+
+def requests_per_worker(gateway: Gateway) -> list[int]:
+    clusters = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/clusters").text
+    return [int(n) for n in re.findall(r"^portico_grpc::.*grpc-\d\.sock::rq_total::(\d+)$", clusters, re.M)]
+
+
+def worker_pids(gateway: Gateway, index: int) -> list[int]:
+    return [int(p) for p in re.findall(rf"worker {index} \(pid (\d+)\) serving", gateway.log_path.read_text())]
+
+
+def test_one_limit_holds_exactly_across_two_workers(workers):
+    secret = workers.cli("keys", "create", "--name", "burst", "--all-models", "--rpm", "50",
+                         "--concurrency", "1000").stdout.split()[-1]
+
+    async def burst() -> list[int]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=workers.base_url, limits=limits, timeout=60) as client:
+            headers = {"Authorization": f"Bearer {secret}"}
+            calls = [client.post("/v1/chat/completions", json=HI, headers=headers) for _ in range(200)]
+            return [r.status_code for r in await asyncio.gather(*calls)]
+
+    before = requests_per_worker(workers)
+    statuses = asyncio.run(burst())
+    assert (statuses.count(200), statuses.count(429)) == (50, 150)
+    served = [after - b for after, b in zip(requests_per_worker(workers), before)]
+    assert len(served) == 2 and all(n > 20 for n in served), served  # Envoy spread them over both
+
+
+def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
+    (first,) = worker_pids(workers, 0)
+    os.kill(first, signal.SIGKILL)
+    headers = {"Authorization": f"Bearer {workers.secret}"}
+    for _ in range(10):  # Envoy retries the refused connection on the other worker
+        assert httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers).status_code == 200
+    deadline = time.monotonic() + 60
+    while len(worker_pids(workers, 0)) < 2:
+        assert time.monotonic() < deadline, workers.log_path.read_text()[-2000:]
+        time.sleep(0.2)
+    assert worker_pids(workers, 0)[-1] != first
+    assert "worker 0 (pid %d) exited" % first in workers.log_path.read_text()
+
+
+def test_several_workers_need_a_shared_store(tmp_path):
+    port, admin_port = free_ports(2)
+    result = subprocess.run(
+        [sys.executable, "-m", "server.cli", "--data-dir", str(tmp_path), "serve", "--workers", "2",
+         "--port", str(port), "--admin-port", str(admin_port)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert "--workers 2 needs a shared rate-limit store" in result.stderr and "redis://" in result.stderr
