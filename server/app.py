@@ -111,7 +111,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
     image_store = ImageStore(config.data_dir, base_url=config.base_url)
     image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), server)
-    key_service_pb2_grpc.add_KeyServiceServicer_to_server(KeyServicer(store, authenticator), server)
+    keys = KeyServicer(store, authenticator, rotation_grace_seconds=config.key_rotation_grace_seconds)
+    key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [

@@ -1,4 +1,4 @@
-"""`portico serve` runs the gateway (gRPC server + supervised Envoy); `portico keys ...` administers keys."""
+"""`portico serve` runs the gateway (server/serving.py); `portico keys ...` administers keys in the SQLite store."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import asyncio
 import functools
 import logging
 import sys
+import time
 from pathlib import Path
 
 from server.config import Config, ConfigError, load_config
-from server.domain import KeyLimits
+from server.domain import ApiKey, KeyLimits
 from server.errors import PorticoError
 from server.keys import KeyStore
 from server.serving import run_worker, serve
@@ -63,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--host")
     worker.add_argument("--port", type=int)
 
-    keys = commands.add_parser("keys", help="create, list and revoke API keys").add_subparsers(
+    keys = commands.add_parser("keys", help="create, update, rotate, list and revoke API keys").add_subparsers(
         dest="keys_command", required=True
     )
     create = keys.add_parser("create", help="create a key; its secret is printed on the last line, once")
@@ -71,30 +72,61 @@ def _parser() -> argparse.ArgumentParser:
     grant = create.add_mutually_exclusive_group(required=True)
     grant.add_argument("--all-models", action="store_true", help="grant every model, including ones added later")
     grant.add_argument("--models", help="comma-separated model ids")
-    create.add_argument("--rpm", type=int, help="requests per minute")
-    create.add_argument("--tpm", type=int, help="tokens per minute")
-    create.add_argument("--concurrency", type=int, help="concurrent requests")
-    create.add_argument("--daily-tokens", type=int, help="tokens per UTC day")
-    create.add_argument("--daily-requests", type=int, help="requests per UTC day")
+    _limit_options(create, "")
     create.add_argument("--env", default="", help="environment or business line label, e.g. prod")
     create.add_argument("--admin", action="store_true", help="may call the admin KeyService")
+    update = keys.add_parser("update", help="change a key's limits, grants, name or label (0 removes a limit)")
+    update.add_argument("key", metavar="ID")
+    update.add_argument("--name")
+    grant = update.add_mutually_exclusive_group()
+    grant.add_argument("--all-models", action="store_true", help="grant every model")
+    grant.add_argument("--models", help="grant exactly these comma-separated model ids")
+    _limit_options(update, " (0: back to the configured default)")
+    update.add_argument("--env", help="environment or business line label")
+    rotate = keys.add_parser("rotate", help="give a key a new secret, printed on the last line, once")
+    rotate.add_argument("key", metavar="ID")
+    rotate.add_argument("--grace", type=int, metavar="SECONDS",
+                        help="how long the current secret keeps working (default keys.rotation_grace_seconds)")
     keys.add_parser("list", help="list keys (ids, names, grants; never secrets)")
     revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
 
 
+# option -> KeyLimits field
+_LIMIT_OPTIONS = {
+    "rpm": ("requests_per_minute", "requests per minute"),
+    "tpm": ("tokens_per_minute", "tokens per minute"),
+    "concurrency": ("concurrent_requests", "concurrent requests"),
+    "daily_tokens": ("daily_tokens", "tokens per UTC day"),
+    "daily_requests": ("daily_requests", "requests per UTC day"),
+}
+
+
+def _limit_options(parser: argparse.ArgumentParser, note: str) -> None:
+    for option, (_, meaning) in _LIMIT_OPTIONS.items():
+        parser.add_argument(f"--{option.replace('_', '-')}", type=int, help=meaning + note)
+
+
+def _limits_given(args: argparse.Namespace) -> dict[str, int]:
+    return {field: value for option, (field, _) in _LIMIT_OPTIONS.items()
+            if (value := getattr(args, option)) is not None}
+
+
+def _unknown_models(models: list[str], config: Config) -> list[str]:
+    known = {entry.id for entry in config.models}
+    return [m for m in models if m not in known]
+
+
 def keys_command(args: argparse.Namespace, config: Config) -> int:
     store = KeyStore(config.data_dir / "keys.db")
     try:
+        models = [m.strip() for m in (getattr(args, "models", None) or "").split(",") if m.strip()]
+        if unknown := _unknown_models(models, config):
+            print(f"portico: unknown model(s): {', '.join(unknown)}", file=sys.stderr)
+            return 2
         if args.keys_command == "create":
-            models = [m.strip() for m in (args.models or "").split(",") if m.strip()]
-            known = {entry.id for entry in config.models}
-            unknown = [m for m in models if m not in known]
-            if unknown:
-                print(f"portico: unknown model(s): {', '.join(unknown)}", file=sys.stderr)
-                return 2
-            limits = KeyLimits(args.rpm, args.tpm, args.concurrency, args.daily_tokens, args.daily_requests)
+            limits = KeyLimits(**_limits_given(args))
             key, secret = store.create(
                 args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
             )
@@ -106,12 +138,31 @@ def keys_command(args: argparse.Namespace, config: Config) -> int:
                 state = "revoked" if key.revoked_at else "active"
                 admin = " admin" if key.admin else ""
                 print(f"{key.id}\t{key.name}\t{state}{admin}\t{key.env or '-'}\t{grants}")
+        elif args.keys_command == "update":
+            grants = (args.all_models, models) if args.all_models or models else None
+            limits = {field: value or None for field, value in _limits_given(args).items()}  # 0 removes
+            key = store.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
+            print(f"Updated key {key.id} ({key.name}): {_describe(key)}")
+        elif args.keys_command == "rotate":
+            grace = config.key_rotation_grace_seconds if args.grace is None else args.grace
+            key, secret, expires = store.rotate(args.key, grace_seconds=grace)
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
+            print(f"Rotated key {key.id} ({key.name}); the previous secret works until {when}. "
+                  "The new secret is shown once:")
+            print(secret)
         elif args.keys_command == "revoke":
             key = store.revoke(args.key)
             print(f"Revoked key {key.id} ({key.name}).")
         return 0
     finally:
         store.close()
+
+
+def _describe(key: ApiKey) -> str:
+    grants = "all models" if key.all_models else ",".join(sorted(key.models))
+    limits = ", ".join(f"{f}={getattr(key.limits, f)}" for f, _ in _LIMIT_OPTIONS.values()
+                       if getattr(key.limits, f) is not None)
+    return f"{grants}; limits: {limits or 'configured defaults'}"
 
 
 def _worker_command(args: argparse.Namespace, config: Config, socket: Path) -> list[str]:

@@ -65,6 +65,7 @@ class Config:
     embedded: EmbeddedSettings = field(default_factory=EmbeddedSettings)
     default_max_tokens: int = 1024
     key_cache_seconds: float = 1.0
+    key_rotation_grace_seconds: int = 86_400  # how long a rotated-out secret keeps working, unless asked otherwise
     public_base_url: str | None = None  # how callers reach the gateway, for links in answers (image `url`s)
     limits: LimitSettings = field(default_factory=LimitSettings)
 
@@ -128,6 +129,7 @@ def _parse(raw: dict, source: str) -> Config:
             ),
             default_max_tokens=int(raw.get("default_max_tokens", 1024)),
             key_cache_seconds=float(keys.get("cache_seconds", 1.0)),
+            key_rotation_grace_seconds=int(keys.get("rotation_grace_seconds", 86_400)),
             limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
         )
     except (TypeError, ValueError) as exc:

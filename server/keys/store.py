@@ -6,7 +6,7 @@ import hashlib
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
@@ -26,6 +26,12 @@ CREATE TABLE IF NOT EXISTS api_keys (
     created INTEGER NOT NULL,
     revoked_at INTEGER NOT NULL DEFAULT 0,
     {", ".join(f"{c} INTEGER" for c in KEY_LIMIT_NAMES)}
+);
+-- Secrets replaced by a rotation, valid until expires_at (the grace period) unless the key is revoked.
+CREATE TABLE IF NOT EXISTS retired_secrets (
+    secret_hash TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
 );
 """
 
@@ -72,8 +78,7 @@ class KeyStore:
             value = getattr(limits, column)
             if value is not None and value < 1:
                 raise InvalidRequest(f"{column} must be at least 1.", param=column)
-        env_part = f"{env}-" if env else ""
-        secret = f"{SECRET_PREFIX}{env_part}{secrets.token_urlsafe(32)}"
+        secret = _new_secret(env)
         key = ApiKey(
             id=f"key_{secrets.token_hex(8)}",
             name=name,
@@ -105,17 +110,79 @@ class KeyStore:
         return _row_to_key(row)
 
     def find_active(self, secret_hash: str) -> ApiKey | None:
-        """The unrevoked key whose secret hashes to `secret_hash`."""
+        """The unrevoked key whose secret, or whose rotated-out secret still in its grace period, hashes to
+        `secret_hash`."""
         row = self._db.execute(
             "SELECT * FROM api_keys WHERE secret_hash = ? AND revoked_at = 0", (secret_hash,)
         ).fetchone()
+        if row is None:
+            row = self._db.execute(
+                "SELECT api_keys.* FROM retired_secrets JOIN api_keys ON api_keys.id = retired_secrets.key_id "
+                "WHERE retired_secrets.secret_hash = ? AND retired_secrets.expires_at > ? AND revoked_at = 0",
+                (secret_hash, int(time.time())),
+            ).fetchone()
         return None if row is None else _row_to_key(row)
+
+    def update(
+        self,
+        key_id: str,
+        *,
+        name: str | None = None,
+        grants: tuple[bool, Iterable[str]] | None = None,
+        limits: Mapping[str, int | None] | None = None,
+        env: str | None = None,
+    ) -> ApiKey:
+        """Change what is given: `grants` is (all_models, models); `limits` maps limit names to a new value, or to
+        None to remove the key's own value (the configured default applies again)."""
+        key = self.get(key_id)
+        changes: dict[str, object] = {}
+        if name is not None:
+            if not name:
+                raise InvalidRequest("A key needs a name.", param="name")
+            changes["name"] = name
+        if grants is not None:
+            all_models, models = grants[0], sorted(set(grants[1]))
+            if not all_models and not models:
+                raise InvalidRequest("Grant the key some models, or all of them.", param="models")
+            changes["all_models"], changes["models"] = int(all_models), ",".join([] if all_models else models)
+        for column, value in (limits or {}).items():
+            if column not in KEY_LIMIT_NAMES:
+                raise InvalidRequest(f"Unknown limit {column!r}.", param="limits")
+            if value is not None and value < 1:
+                raise InvalidRequest(f"{column} must be at least 1 (0 removes the key's own limit).", param=column)
+            changes[column] = value
+        if env is not None:
+            changes["env"] = env
+        if changes:
+            assignments = ", ".join(f"{column} = ?" for column in changes)
+            self._db.execute(f"UPDATE api_keys SET {assignments} WHERE id = ?", (*changes.values(), key.id))
+        return self.get(key.id)
+
+    def rotate(self, key_id: str, *, grace_seconds: int) -> tuple[ApiKey, str, int]:
+        """Give the key a new secret; the current one stays valid for `grace_seconds`. Returns the key, the new
+        secret (not kept anywhere) and when the previous secret stops working."""
+        key = self.get(key_id)
+        if key.revoked_at:
+            raise InvalidRequest(f"Key {key.id} is revoked; a revoked key cannot be rotated.", param="id")
+        now = int(time.time())
+        secret, expires = _new_secret(key.env), now + max(0, grace_seconds)
+        with self._db:  # one transaction: the old secret is retired exactly when the new one takes over
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM retired_secrets WHERE expires_at <= ?", (now,))
+            self._db.execute(
+                "INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
+                "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id),
+            )
+            self._db.execute("UPDATE api_keys SET secret_hash = ? WHERE id = ?", (hash_secret(secret), key.id))
+        return self.get(key.id), secret, expires
 
     def revoke(self, id_or_secret: str) -> ApiKey:
         """Revoke by key id or by the secret itself; revoking twice keeps the first time."""
         if looks_like_secret(id_or_secret):
             row = self._db.execute(
-                "SELECT id FROM api_keys WHERE secret_hash = ?", (hash_secret(id_or_secret),)
+                "SELECT id FROM api_keys WHERE secret_hash = ? "
+                "UNION SELECT key_id FROM retired_secrets WHERE secret_hash = ?",
+                (hash_secret(id_or_secret),) * 2,
             ).fetchone()
             if row is None:
                 raise NotFound("No key has that secret.", param="id")
@@ -126,6 +193,11 @@ class KeyStore:
             "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0", (int(time.time()), key_id)
         )
         return self.get(key_id)
+
+
+def _new_secret(env: str) -> str:
+    env_part = f"{env}-" if env else ""
+    return f"{SECRET_PREFIX}{env_part}{secrets.token_urlsafe(32)}"
 
 
 def _row_to_key(row: sqlite3.Row) -> ApiKey:

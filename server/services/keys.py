@@ -8,9 +8,10 @@ from server.keys import Authenticator, KeyStore
 
 
 class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
-    def __init__(self, store: KeyStore, authenticator: Authenticator) -> None:
+    def __init__(self, store: KeyStore, authenticator: Authenticator, *, rotation_grace_seconds: int) -> None:
         self._store = store
         self._authenticator = authenticator
+        self._rotation_grace_seconds = rotation_grace_seconds
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
@@ -33,6 +34,29 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
     async def RevokeKey(self, request, context) -> key_pb2.RevokeKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
         return key_pb2.RevokeKeyResponse(key=key_to_pb(self._store.revoke(request.id)))
+
+
+    async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
+        self._authenticator.authenticate_admin(context.invocation_metadata())
+        grants = None
+        if request.HasField("all_models") or request.models:
+            grants = (request.all_models, request.models)
+        # A limit that is set replaces the key's own; 0 removes it.
+        limits = {f: getattr(request.limits, f) or None for f in KEY_LIMIT_NAMES if request.limits.HasField(f)}
+        key = self._store.update(
+            request.id,
+            name=request.name if request.HasField("name") else None,
+            grants=grants,
+            limits=limits,
+            env=request.env if request.HasField("env") else None,
+        )
+        return key_pb2.UpdateKeyResponse(key=key_to_pb(key))
+
+    async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
+        self._authenticator.authenticate_admin(context.invocation_metadata())
+        grace = request.grace_seconds if request.HasField("grace_seconds") else self._rotation_grace_seconds
+        key, secret, expires = self._store.rotate(request.id, grace_seconds=grace)
+        return key_pb2.RotateKeyResponse(key=key_to_pb(key), secret=secret, previous_secret_expires=expires)
 
 
 def key_to_pb(key: ApiKey) -> key_pb2.ApiKey:

@@ -1,0 +1,89 @@
+"""KeyService UpdateKey and RotateKey over real stubs: new limits and grants take effect, a rotated key has a new
+secret while the old one works for the grace period, and only admin keys may do either."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc
+from tests.helpers import bearer, chat_request, error_details
+
+
+@pytest.fixture(scope="module")
+def keys(channel) -> key_service_pb2_grpc.KeyServiceStub:
+    return key_service_pb2_grpc.KeyServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+async def create(keys, admin_secret, **fields) -> key_pb2.CreateKeyResponse:
+    request = key_pb2.CreateKeyRequest(name="managed", all_models=True, **fields)
+    return await keys.CreateKey(request, metadata=bearer(admin_secret))
+
+
+async def test_update_limits_and_grants_take_effect(keys, chat, admin_secret):
+    created = await create(keys, admin_secret, limits={"requests_per_minute": 5, "tokens_per_minute": 50_000})
+    update = key_pb2.UpdateKeyRequest(id=created.key.id, limits={"requests_per_minute": 1, "tokens_per_minute": 0},
+                                      models=["family-a-5.4"], name="narrowed")
+    updated = (await keys.UpdateKey(update, metadata=bearer(admin_secret))).key
+    assert (updated.name, updated.all_models, list(updated.models)) == ("narrowed", False, ["family-a-5.4"])
+    assert updated.limits.requests_per_minute == 1 and not updated.limits.HasField("tokens_per_minute")
+    await asyncio.sleep(1.1)  # keys.cache_seconds: lookups cached before the update are gone
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(created.secret))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # family-a-5.5 is no longer granted
+    call = chat.CreateChatCompletion(chat_request(model="family-a-5.4", max_tokens=1), metadata=bearer(created.secret))
+    headers = dict(await call.initial_metadata())
+    await call
+    assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-limit-tokens"]) == ("1", "1000000")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(chat_request(model="family-a-5.4", max_tokens=1),
+                                        metadata=bearer(created.secret))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_update_rejects_bad_values(keys, admin_secret):
+    created = await create(keys, admin_secret)
+    for request, param in [
+        (key_pb2.UpdateKeyRequest(id=created.key.id, limits={"daily_tokens": -5}), "daily_tokens"),
+        (key_pb2.UpdateKeyRequest(id=created.key.id, all_models=False), "models"),
+        (key_pb2.UpdateKeyRequest(id="key_nope", name="x"), "id"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await keys.UpdateKey(request, metadata=bearer(admin_secret))
+        assert error_details(caught.value).error.param == param
+
+
+async def test_rotation_with_grace_keeps_the_old_secret_working(keys, chat, admin_secret):
+    created = await create(keys, admin_secret)
+    rotated = await keys.RotateKey(key_pb2.RotateKeyRequest(id=created.key.id), metadata=bearer(admin_secret))
+    assert rotated.secret.startswith("pk-") and rotated.secret != created.secret
+    assert rotated.previous_secret_expires >= created.key.created + 86_000  # keys.rotation_grace_seconds
+    for secret in (created.secret, rotated.secret):
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+
+
+async def test_rotation_without_grace_ends_the_old_secret(keys, chat, admin_secret):
+    created = await create(keys, admin_secret)
+    request = key_pb2.RotateKeyRequest(id=created.key.id, grace_seconds=0)
+    rotated = await keys.RotateKey(request, metadata=bearer(admin_secret))
+    await asyncio.sleep(1.1)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(created.secret))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(rotated.secret))
+
+
+async def test_update_and_rotate_need_an_admin_key(keys, admin_secret, secret):
+    created = await create(keys, admin_secret)
+    for call in (keys.UpdateKey(key_pb2.UpdateKeyRequest(id=created.key.id, name="x"), metadata=bearer(secret)),
+                 keys.RotateKey(key_pb2.RotateKeyRequest(id=created.key.id), metadata=bearer(secret))):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
