@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import fields
+from typing import TypeVar
 
 from server.config import LimitSettings
 from server.domain import ApiKey, KeyLimits
@@ -16,6 +18,7 @@ from server.limits.core import (
 )
 
 _logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def effective_limits(key: KeyLimits, defaults: KeyLimits) -> KeyLimits:
@@ -31,6 +34,7 @@ class Limiter:
         self._store = store
         self._settings = settings
         self._store_down = False  # to log outages once, not once per request
+        self._tasks: set[asyncio.Task] = set()
 
     @property
     def store(self) -> LimitStore:
@@ -67,16 +71,16 @@ class Limiter:
     async def _reserve_uncancelled(self, demand: Demand) -> Reservation:
         """A caller that goes away while the store is deciding must not leave a reservation behind: the decision
         runs to its end, and whatever it booked is released."""
-        decision = asyncio.ensure_future(self._store.reserve(demand))
+        decision = self._spawn(self._store.reserve(demand))
         try:
             return await asyncio.shield(decision)
         except asyncio.CancelledError:
             decision.add_done_callback(self._release_orphan)
             raise
 
-    def _release_orphan(self, decision: asyncio.Future[Reservation]) -> None:
+    def _release_orphan(self, decision: asyncio.Task[Reservation]) -> None:
         if not decision.cancelled() and decision.exception() is None:
-            asyncio.ensure_future(self.release(decision.result()))
+            self._spawn(self.release(decision.result()))
 
     async def settle(self, reservation: Reservation, used_tokens: int) -> None:
         if reservation.held:
@@ -86,20 +90,32 @@ class Limiter:
         if reservation.held:
             await self._finish(self._store.release(reservation))
 
-    async def _finish(self, work) -> None:
+    async def _finish(self, work: Awaitable[None]) -> None:
         # Shielded: these run on exit paths, often in a task that is being cancelled because its caller went away,
-        # and must complete anyway. A failure is logged, not raised: the caller's answer is already decided.
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            raise
-        except LimitStoreUnavailable as exc:  # a Redis slot's lease runs out by itself; tokens stay estimated
-            _logger.warning("could not settle a rate-limit reservation: %s", exc)
-        except Exception:  # noqa: BLE001
-            _logger.exception("could not settle a rate-limit reservation")
+        # and must complete anyway.
+        await asyncio.shield(self._spawn(_logged(work)))
+
+    def _spawn(self, work: Awaitable[T]) -> asyncio.Task[T]:
+        """A task held here until it ends: the event loop keeps only weak references to tasks, and these must finish
+        even when whoever started them has been cancelled."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def close(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # settlements still on their way
         await self._store.close()
+
+
+async def _logged(work: Awaitable[None]) -> None:
+    """Settling fails quietly: the caller's answer is already decided."""
+    try:
+        await work
+    except LimitStoreUnavailable as exc:  # a Redis slot's lease runs out by itself; tokens stay estimated
+        _logger.warning("could not settle a rate-limit reservation: %s", exc)
+    except Exception:  # noqa: BLE001
+        _logger.exception("could not settle a rate-limit reservation")
 
 
 def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:
