@@ -63,7 +63,8 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
     os.kill(first, signal.SIGKILL)
     headers = {"Authorization": f"Bearer {workers.secret}"}
     for _ in range(10):  # Envoy retries the refused connection on the other worker
-        assert httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers).status_code == 200
+        response = httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers)
+        assert response.status_code == 200, response.text
     deadline = time.monotonic() + 60
     while len(worker_pids(workers, 0)) < 2:
         assert time.monotonic() < deadline, workers.log_path.read_text()[-2000:]
