@@ -43,8 +43,9 @@ def test_openai_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway):
     error = caught.value
     assert (error.code, error.type, error.param) == ("rate_limit_exceeded", "rate_limit_error", None)
     assert "requests per minute" in error.message
-    assert 50 < int(error.response.headers["retry-after"]) <= 60
-    assert 50_000 < int(error.response.headers["retry-after-ms"]) <= 60_000
+    retry_after = int(error.response.headers["retry-after"])
+    retry_after_ms = int(error.response.headers["retry-after-ms"])
+    assert 0 < retry_after <= 60 and retry_after - 1 < retry_after_ms / 1000 <= retry_after
     assert not any(h.startswith(("grpc-", "portico-")) for h in error.response.headers)
 
 
@@ -64,7 +65,7 @@ def test_anthropic_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway)
     assert body["type"] == "error"
     assert (body["error"]["type"], body["error"]["code"], body["error"]["param"]) == (
         "rate_limit_error", "rate_limit_exceeded", None)
-    assert int(caught.value.response.headers["retry-after"]) > 50
+    assert 0 < int(caught.value.response.headers["retry-after"]) <= 60
 
 
 def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):
@@ -81,7 +82,7 @@ def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(g
                 break
     assert "concurrent requests" in caught.value.message
     # The stream is gone: its slot must be free within moments, not when some lease or window runs out.
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 5.0
     while True:
         try:
             assert client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1).choices

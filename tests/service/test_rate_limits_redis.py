@@ -60,7 +60,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles(server, channel):
         await call.read()
     assert await server.limiter.store.in_flight(key.id) == 1
     call.cancel()
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 5.0
     while await server.limiter.store.in_flight(key.id):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
@@ -98,7 +98,7 @@ async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
             started = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < 2.0  # a 0.2 s store timeout: never a hang
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         detail = error_details(caught.value)
         assert detail.http_status == 503 and "limit store is unreachable" in detail.error.message

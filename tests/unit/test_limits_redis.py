@@ -51,7 +51,7 @@ async def test_a_crashed_process_frees_its_slot_within_the_lease(redis_server, p
                 await store.reserve(HOLD)
                 break
             except RateLimited:
-                assert time.monotonic() - started < 1.5
+                assert time.monotonic() - started < 2.5  # its lease was 1 s (slack for a loaded machine)
                 await asyncio.sleep(0.05)
     finally:
         await store.close()
@@ -102,7 +102,7 @@ async def test_unreachable_redis_fails_fast(where, silent_port):
     started = time.monotonic()
     with pytest.raises(LimitStoreUnavailable):
         await store.reserve(HOLD)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # a 0.2 s timeout: never a hang
     await store.close()
 
 
