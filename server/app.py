@@ -20,9 +20,7 @@ from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.limits.redis import RedisLimitStore, redacted
 from server.pipeline import Pipeline
 from server.providers import Provider
-from server.providers.dev_image import DevImageProvider
-from server.providers.images import ImageProvider
-from server.providers.llamacpp import LlamaCppProvider
+from server.providers.build import build_providers
 from server.services.chat import ChatServicer
 from server.services.images import ImageServicer
 from server.services.interceptor import ErrorInterceptor
@@ -50,27 +48,6 @@ class RunningServer:
             await provider.close()
         await self.limiter.close()
         self.store.close()
-
-
-def build_providers(config: Config) -> dict[str, Provider | ImageProvider]:
-    """One provider object per distinct backend; models that share a backend share the object."""
-    providers: dict[str, Provider | ImageProvider] = {}
-    embedded: LlamaCppProvider | None = None
-    dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
-    for entry in config.models:
-        if entry.provider.kind == "dev-image":
-            providers[entry.id] = dev_image
-        if entry.provider.kind == "llamacpp":
-            if embedded is None:
-                settings = config.embedded
-                embedded = LlamaCppProvider(
-                    settings.model_path or LlamaCppProvider.default_model_path(),
-                    n_ctx=settings.context_size,
-                    n_threads=settings.threads,
-                    n_instances=settings.instances,
-                )
-            providers[entry.id] = embedded
-    return providers
 
 
 def build_limit_store(config: Config) -> LimitStore:

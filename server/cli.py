@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from server.config import Config, ConfigError, load_config
+from server.config_providers import upstream_keys
 from server.domain import ApiKey, KeyLimits
 from server.errors import PorticoError
 from server.keys import KeyStore
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config).with_overrides(data_dir=args.data_dir)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port)
+            upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
                 return 2

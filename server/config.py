@@ -10,20 +10,13 @@ from typing import Any
 
 import yaml
 
+from server.config_providers import ConfigError, ProviderSpec, mapping, parse_provider
 from server.domain import KeyLimits
 
+__all__ = ["Config", "ConfigError", "EmbeddedSettings", "LimitSettings", "ModelEntry", "ProviderSpec", "load_config"]
+
 ENDPOINTS = ("/v1/chat/completions", "/v1/messages", "/v1/images/generations")
-PROVIDER_KINDS = ("llamacpp", "dev-image")
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-class ConfigError(Exception):
-    """A configuration mistake; start-up stops with its message."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderSpec:
-    kind: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +26,7 @@ class ModelEntry:
     owned_by: str
     created: int
     provider: ProviderSpec
+    fallbacks: tuple[str, ...] = ()  # model ids tried in order when this model's provider fails in a retryable way
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +107,7 @@ def _parse(raw: dict, source: str) -> Config:
         if entry.id in seen:
             raise ConfigError(f"{source}: model id {entry.id!r} is listed twice")
         seen.add(entry.id)
+    _check_fallbacks(entries, source)
     try:
         return Config(
             models=entries,
@@ -175,10 +170,7 @@ def _key_limits(raw: Any, where: str) -> KeyLimits:
     return KeyLimits(**raw)
 
 
-def _mapping(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping")
-    return value
+_mapping = mapping
 
 
 def _model(raw: Any, where: str) -> ModelEntry:
@@ -186,15 +178,36 @@ def _model(raw: Any, where: str) -> ModelEntry:
     for required in ("id", "endpoint", "provider"):
         if required not in raw:
             raise ConfigError(f"{where}: `{required}` is required")
+    if unknown := set(raw) - {"id", "endpoint", "owned_by", "created", "provider", "fallbacks"}:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
     if raw["endpoint"] not in ENDPOINTS:
         raise ConfigError(f"{where}: endpoint must be one of {', '.join(ENDPOINTS)}, not {raw['endpoint']!r}")
-    provider = _mapping(raw["provider"], f"{where}.provider")
-    if provider.get("kind") not in PROVIDER_KINDS:
-        raise ConfigError(f"{where}.provider: kind must be one of {', '.join(PROVIDER_KINDS)}")
+    fallbacks = raw.get("fallbacks") or []
+    if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
+        raise ConfigError(f"{where}.fallbacks: a list of model ids")
     return ModelEntry(
         id=str(raw["id"]),
         endpoint=raw["endpoint"],
         owned_by=str(raw.get("owned_by", "portico")),
         created=int(raw.get("created", 0)),
-        provider=ProviderSpec(kind=provider["kind"]),
+        provider=parse_provider(raw["provider"], f"{where}.provider", raw["endpoint"]),
+        fallbacks=tuple(fallbacks),
     )
+
+
+def _check_fallbacks(entries: tuple[ModelEntry, ...], source: str) -> None:
+    """A fallback must be another model of the same endpoint, listed once. Only the model's own list is tried
+    (a fallback's fallbacks are not), so chains cannot loop."""
+    by_id = {entry.id: entry for entry in entries}
+    for entry in entries:
+        where = f"{source}: model {entry.id!r} fallbacks"
+        if len(set(entry.fallbacks)) != len(entry.fallbacks):
+            raise ConfigError(f"{where}: a model is listed twice")
+        for fallback in entry.fallbacks:
+            target = by_id.get(fallback)
+            if target is None:
+                raise ConfigError(f"{where}: {fallback!r} is not a model in `models`")
+            if target is entry:
+                raise ConfigError(f"{where}: a model cannot be its own fallback")
+            if target.endpoint != entry.endpoint:
+                raise ConfigError(f"{where}: {fallback!r} is served at {target.endpoint}, not {entry.endpoint}")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
+
+Json = Any  # a JSON value as orjson reads and writes it: dict, list, str, int, float, bool or None
 
 
 class Role(str, enum.Enum):
@@ -12,37 +16,117 @@ class Role(str, enum.Enum):
     ASSISTANT = "assistant"
 
 
+class Dialect(str, enum.Enum):
+    """The wire API a request arrived in, or an upstream speaks."""
+
+    OPENAI = "openai"  # chat completions
+    ANTHROPIC = "anthropic"  # messages
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model made. `arguments` is JSON text as the model wrote it (OpenAI's form; Anthropic's
+    `input` object is serialised), so a call passes through unchanged even when the model wrote invalid JSON."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The caller's answer to one tool call."""
+
+    call_id: str
+    text: str
+    is_error: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One conversation turn, reduced to text (tool turns are folded to text by the translators)."""
+    """One conversation turn: text, and the tool traffic it carries (assistant turns make calls, user turns answer
+    them; OpenAI's `tool` messages become user turns with results)."""
 
     role: Role
-    text: str
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call; `parameters` is its JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Json] = field(default_factory=dict)
+
+
+class ToolChoiceMode(str, enum.Enum):
+    AUTO = "auto"  # the model decides
+    NONE = "none"  # no calls
+    REQUIRED = "required"  # at least one call (Anthropic: "any")
+    TOOL = "tool"  # a call of the named tool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: ToolChoiceMode = ToolChoiceMode.AUTO
+    name: str | None = None  # for ToolChoiceMode.TOOL
+    parallel: bool = True  # False: at most one call per answer
+
+    @property
+    def needs_tool_calls(self) -> bool:
+        """Honouring this choice requires a model that can call tools."""
+        return self.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.TOOL)
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float | None = None  # None: the caller did not say (upstreams use their own default)
+    top_p: float | None = None
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
+class SourceRequest:
+    """The caller's request as it arrived, so that an upstream of the same dialect receives every field, not only
+    those the internal values express. Kept as the protobuf message: only such an upstream pays for turning it back
+    into JSON (server/translate/values.py `wire_body`)."""
+
+    dialect: Dialect
+    message: object  # portico.v1 CreateChatCompletionRequest (OPENAI) or CreateMessageRequest (ANTHROPIC)
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """What a provider is asked to do. `model` is the provider's own model name."""
+    """What a provider is asked to do. `model` is the model id the caller asked for; an upstream provider sends its
+    own configured model name instead."""
 
     model: str
     turns: tuple[Turn, ...]
     params: SamplingParams
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None  # None: the caller did not say
+    json_output: bool = False  # the caller asked for JSON output (OpenAI response_format json_object/json_schema)
+    source: SourceRequest | None = None
+
+    def approximate_chars(self) -> int:
+        """The size of everything the model reads, for a rough token estimate when nobody counts exactly."""
+        size = sum(len(t.text) + sum(len(c.name) + len(c.arguments) for c in t.tool_calls)
+                   + sum(len(r.text) for r in t.tool_results) for t in self.turns)
+        return size + sum(len(t.name) + len(t.description) + len(str(t.parameters)) for t in self.tools)
 
 
 class FinishReason(str, enum.Enum):
     END_TURN = "end_turn"  # the model ended its answer
     MAX_TOKENS = "max_tokens"  # max_tokens or the context window was reached
     STOP_SEQUENCE = "stop_sequence"  # one of the stop strings was produced (it is not included in the text)
+    TOOL_USE = "tool_use"  # the model called tools and waits for their results
+    REFUSAL = "refusal"  # the upstream withheld the answer (OpenAI: content_filter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +155,30 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """The model began a tool call; `index` numbers the calls of one answer from 0."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """The next piece of call `index`'s JSON arguments."""
+
+    index: int
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
 
 
-GenerationEvent = Started | TextDelta | Finished
+GenerationEvent = Started | TextDelta | ToolCallStart | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +187,7 @@ class Completion:
 
     text: str
     finish: Finished
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,15 @@
      ├── NotFound              404  not_found              invalid_request_error
      ├── RateLimited           429  rate_limit_exceeded    rate_limit_error        (retry-after)
      ├── InternalError         500  internal_error         server_error
+     ├── UpstreamError         502  upstream_error         api_error
      ├── ServiceUnavailable    503  service_unavailable    service_unavailable_error
      └── UpstreamTimeout       504  upstream_timeout       timeout_error
 
 gRPC callers get the status code of the row with the error object in the status details; REST callers get the
 HTTP status and the JSON body, shaped by Envoy's Lua filter from the trailing metadata set here.
+
+`retryable` marks a failure of an upstream model server that another attempt (or a fallback model) may not meet:
+set by the upstream providers, read by server/providers/retry.py and fallback.py, never shown to callers.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ class ErrorKind:
 class PorticoError(Exception):
     kind = ErrorKind(grpc.StatusCode.INTERNAL, 500, "internal_error", "server_error")
 
-    def __init__(self, message: str, *, param: str | None = None, retry_after: float = 0.0) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after: float = 0.0, retryable: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.retryable = retryable
 
 
 class InvalidRequest(PorticoError):
@@ -73,13 +80,19 @@ class NotFound(PorticoError):
 class RateLimited(PorticoError):
     kind = ErrorKind(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_exceeded", "rate_limit_error")
 
-    def __init__(self, message: str, *, retry_after: float = 0.0, subject: str = "") -> None:
-        super().__init__(message, retry_after=retry_after)
+    def __init__(self, message: str, *, retry_after: float = 0.0, subject: str = "", retryable: bool = False) -> None:
+        super().__init__(message, retry_after=retry_after, retryable=retryable)
         self.subject = subject  # which limit of what, for gRPC callers' google.rpc.QuotaFailure
 
 
 class InternalError(PorticoError):
     pass
+
+
+class UpstreamError(PorticoError):
+    """An upstream model server failed (5xx, a broken stream, an answer that is not its API): not our bug."""
+
+    kind = ErrorKind(grpc.StatusCode.UNAVAILABLE, 502, "upstream_error", "api_error")
 
 
 class ServiceUnavailable(PorticoError):

@@ -17,12 +17,15 @@ from typing import Protocol
 
 from server.catalog import Catalog
 from server.config import ModelEntry
-from server.domain import ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, Usage
+from server.domain import (
+    ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, ToolCall, ToolCallDelta,
+    ToolCallStart, Usage,
+)
 from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
-from server.providers import Provider, TokenCounter
+from server.providers import Capabilities, Provider, TokenCounter, unsupported
 from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
 
 
@@ -82,6 +85,9 @@ class Pipeline:
         (end, error, a caller that went away): a generator that was never iterated would never run its cleanup.
         """
         provider = call.provider
+        # Before admission: a request the model cannot honour costs nothing.
+        if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
+            raise refusal
         meter = _Meter(prompt_estimate=await _prompt_tokens(provider, request))
         tokens = meter.prompt_estimate + request.params.max_tokens
         reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
@@ -102,12 +108,19 @@ class Pipeline:
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
         parts: list[str] = []
+        calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
         async with self.stream(call, request) as events:
             async for event in events:
                 if isinstance(event, TextDelta):
                     parts.append(event.text)
+                elif isinstance(event, ToolCallStart):
+                    calls[event.index] = (event, [])
+                elif isinstance(event, ToolCallDelta) and event.index in calls:
+                    calls[event.index][1].append(event.arguments)
                 elif isinstance(event, Finished):
-                    return Completion(text="".join(parts), finish=event)
+                    tool_calls = tuple(ToolCall(start.id, start.name, "".join(arguments))
+                                       for start, arguments in (calls[i] for i in sorted(calls)))
+                    return Completion(text="".join(parts), finish=event, tool_calls=tool_calls)
         raise InternalError("The provider ended without a result.")
 
     async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
@@ -136,7 +149,7 @@ async def _send_headers(call: Call, reservation: Reservation) -> None:
 async def _prompt_tokens(provider: Provider | ImageProvider, request: GenerationRequest) -> int:
     if isinstance(provider, TokenCounter):
         return await asyncio.to_thread(provider.count_tokens, request.turns)
-    return math.ceil(sum(len(turn.text) for turn in request.turns) / 4)  # a common rough estimate
+    return math.ceil(request.approximate_chars() / 4)  # a common rough estimate
 
 
 @dataclass(slots=True)
@@ -157,6 +170,8 @@ class _Meter:
         elif isinstance(event, TextDelta):
             self.deltas += 1
             self.chars += len(event.text)
+        elif isinstance(event, ToolCallDelta):
+            self.chars += len(event.arguments)
         elif isinstance(event, Finished):
             self.usage = event.usage
 

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from tests.llama_server import LlamaServer, start_llama_server
 from tests.redis_support import RedisServer, start_redis
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory) -> RedisServer:
     server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory) -> LlamaServer:
+    """`python -m llama_cpp.server` serving the embedded model file: a real OpenAI-compatible upstream."""
+    server = start_llama_server(tmp_path_factory.mktemp("llama-server"))
     yield server
     server.stop()

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from server.domain import GenerationEvent, GenerationRequest, Turn
+from server.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a provider can honour beyond plain text. A request that needs more is refused with 400 before any
+    model sees it, rather than silently answered without it."""
+
+    tool_calls: bool = False  # can call tools, so tool_choice "required" / a named tool can be honoured
+    json_output: bool = False  # can be held to JSON output (OpenAI response_format json_object / json_schema)
 
 
 class Provider(Protocol):
+    capabilities: Capabilities
+
     def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Yield TextDelta events, then exactly one Finished. Raise a PorticoError on failure.
+        """Yield TextDelta and tool-call events, then exactly one Finished. Raise a PorticoError on failure
+        (upstream failures that another attempt may avoid are marked `retryable`).
 
         Closing the iterator early (the caller went away) must stop the work promptly.
         """
@@ -26,3 +40,17 @@ class TokenCounter(Protocol):
     def count_tokens(self, turns: Sequence[Turn]) -> int:
         """May block for a moment (it runs in a worker thread); must be safe beside a running generation."""
         ...
+
+
+def unsupported(request: GenerationRequest, capabilities: Capabilities) -> InvalidRequest | None:
+    """Why `capabilities` cannot honour `request`, or None when they can."""
+    if request.tool_choice is not None and request.tool_choice.needs_tool_calls and not capabilities.tool_calls:
+        return InvalidRequest(
+            "This model cannot call tools: `tool_choice` may only be 'none' or 'auto'.", param="tool_choice"
+        )
+    if request.json_output and not capabilities.json_output:
+        return InvalidRequest(
+            "This model cannot be held to JSON output: `response_format` may only be 'text'.",
+            param="response_format.type",
+        )
+    return None

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import orjson
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from server.domain import (
     FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError, ServiceUnavailable
+from server.providers import Capabilities
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Stands in for a turn's text while the chat template is rendered. NUL never occurs in a template's own text, and
@@ -45,6 +47,10 @@ class _Instance:
 
 
 class LlamaCppProvider:
+    # The model has no tool protocol: tool traffic is kept as text in the prompt (see _turn_text), `tools` are not
+    # shown to it, and a request that needs a call (tool_choice "required" / a named tool) is refused.
+    capabilities = Capabilities()
+
     def __init__(self, model_path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_instances: int = 1) -> None:
         if n_instances < 1:
             raise ValueError("n_instances must be at least 1")
@@ -105,7 +111,7 @@ class LlamaCppProvider:
         llm = self._instances[0].llm
         tokens = llm.tokenize(pieces[0].encode(), add_bos=False, special=True)
         for index, template in zip(pieces[1::2], pieces[2::2]):
-            tokens += llm.tokenize(turns[int(index)].text.encode(), add_bos=False, special=False)
+            tokens += llm.tokenize(_turn_text(turns[int(index)]).encode(), add_bos=False, special=False)
             tokens += llm.tokenize(template.encode(), add_bos=False, special=True)
         return tokens
 
@@ -170,7 +176,8 @@ class LlamaCppProvider:
         # Neutral min_p/typical_p/repeat_penalty (llama-cpp-python's defaults are not) and top_k=0 (= off), so only
         # the request's own parameters shape sampling; temp=0 makes generate() use the greedy sampler.
         tokens = llm.generate(
-            prompt, temp=params.temperature, top_k=params.top_k or 0, top_p=params.top_p,
+            prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=params.top_k or 0,
+            top_p=1.0 if params.top_p is None else params.top_p,
             min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
         )  # fmt: skip
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two tokens
@@ -242,6 +249,17 @@ class LlamaCppProvider:
         for instance in self._instances:
             instance.thread.shutdown()
             instance.llm.close()
+
+
+def _turn_text(turn: Turn) -> str:
+    """A turn as the text the model reads; tool calls and results are written out so no context is lost."""
+    lines = [f"Result of tool call {r.call_id}: {r.text}" for r in turn.tool_results]
+    if turn.text:
+        lines.append(turn.text)
+    if turn.tool_calls:
+        calls = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
+        lines.append("Tool calls: " + orjson.dumps(calls).decode())
+    return "\n".join(lines)
 
 
 def _token_text(llm: llama_cpp.Llama, token: int) -> str:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, Started, TextDelta, Usage
+import orjson
 
-_STOP_REASONS = {
+from server.domain import (
+    Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, Started, TextDelta, ToolCall, ToolCallDelta,
+    ToolCallStart, Usage,
+)
+
+STOP_REASONS = {
     FinishReason.END_TURN: "end_turn",
     FinishReason.STOP_SEQUENCE: "stop_sequence",
     FinishReason.MAX_TOKENS: "max_tokens",
+    FinishReason.TOOL_USE: "tool_use",
+    FinishReason.REFUSAL: "refusal",
 }
 
 
@@ -17,15 +24,29 @@ def usage_object(usage: Usage) -> dict:
     return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
 
 
+def tool_input(call: ToolCall) -> dict:
+    """A call's arguments as the `input` object. Models behind OpenAI-compatible servers sometimes write invalid
+    JSON; it is kept (under "arguments") rather than dropped, so the caller can see what the model wrote."""
+    try:
+        value = orjson.loads(call.arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {"arguments": call.arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
 def message(header: ResponseHeader, completion: Completion) -> dict:
     finish = completion.finish
+    content: list[dict] = []
+    if completion.text or not completion.tool_calls:  # Anthropic never answers with an empty text block beside calls
+        content.append({"type": "text", "text": completion.text})
+    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c)} for c in completion.tool_calls]
     return {
         "id": header.id,
         "type": "message",
         "role": "assistant",
-        "content": [{"type": "text", "text": completion.text}],
+        "content": content,
         "model": header.model,
-        "stop_reason": _STOP_REASONS[finish.reason],
+        "stop_reason": STOP_REASONS[finish.reason],
         "stop_sequence": finish.stop_sequence,
         "usage": usage_object(finish.usage),
     }
@@ -44,25 +65,63 @@ async def message_events(header: ResponseHeader, events: AsyncIterator[Generatio
             "usage": {"input_tokens": input_tokens, "output_tokens": 0},
         },
     }
-    yield {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-    yield {"type": "ping"}
-    pending = () if isinstance(first, Started) else (first,)
-    async for event in _chain(pending, events):
+    blocks = _Blocks()
+    if not isinstance(first, Started):
+        for out in blocks.feed(first):
+            yield out
+    async for event in events:
+        for out in blocks.feed(event):
+            yield out
+
+
+class _Blocks:
+    """Content blocks are opened as their first event arrives (text, or one block per tool call) and closed when
+    the next one opens, since the SDK expects one open block at a time."""
+
+    def __init__(self) -> None:
+        self._next = 0  # index of the next block
+        self._open: int | None = None  # index of the open block
+        self._text_open = False
+        self._tool_blocks: dict[int, int] = {}  # tool call index -> block index
+
+    def feed(self, event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
-            yield {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}}
-        elif isinstance(event, Finished):
-            yield {"type": "content_block_stop", "index": 0}
-            yield {
-                "type": "message_delta",
-                "delta": {"stop_reason": _STOP_REASONS[event.reason], "stop_sequence": event.stop_sequence},
-                # Cumulative totals: the SDK overwrites message_start's counts with these.
-                "usage": usage_object(event.usage),
-            }
-            yield {"type": "message_stop"}
+            out = [] if self._text_open else self._start({"type": "text", "text": ""}, text=True)
+            delta = {"type": "text_delta", "text": event.text}
+            return [*out, {"type": "content_block_delta", "index": self._open, "delta": delta}]
+        if isinstance(event, ToolCallStart):
+            out = self._start({"type": "tool_use", "id": event.id, "name": event.name, "input": {}}, text=False)
+            self._tool_blocks[event.index] = self._open
+            return out
+        if isinstance(event, ToolCallDelta) and event.index in self._tool_blocks:
+            delta = {"type": "input_json_delta", "partial_json": event.arguments}
+            return [{"type": "content_block_delta", "index": self._tool_blocks[event.index], "delta": delta}]
+        if isinstance(event, Finished):
+            out = self._start({"type": "text", "text": ""}, text=True) if self._next == 0 else []
+            return [
+                *out,
+                *self._stop(),
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": STOP_REASONS[event.reason], "stop_sequence": event.stop_sequence},
+                    # Cumulative totals: the SDK overwrites message_start's counts with these.
+                    "usage": usage_object(event.usage),
+                },
+                {"type": "message_stop"},
+            ]
+        return []
 
+    def _start(self, block: dict, *, text: bool) -> list[dict]:
+        out = self._stop()
+        self._open, self._text_open = self._next, text
+        out.append({"type": "content_block_start", "index": self._next, "content_block": block})
+        if self._next == 0:
+            out.append({"type": "ping"})  # where Anthropic sends it: after the first block starts
+        self._next += 1
+        return out
 
-async def _chain(pending: tuple[GenerationEvent, ...], rest: AsyncIterator[GenerationEvent]):
-    for event in pending:
-        yield event
-    async for event in rest:
-        yield event
+    def _stop(self) -> list[dict]:
+        if self._open is None:
+            return []
+        index, self._open, self._text_open = self._open, None, False
+        return [{"type": "content_block_stop", "index": index}]

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from server.domain import Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, TextDelta, Usage
 
-_FINISH_REASONS = {
+from server.domain import (
+    Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, TextDelta, ToolCallDelta, ToolCallStart,
+    Usage,
+)
+
+FINISH_REASONS = {
     FinishReason.END_TURN: "stop",
     FinishReason.STOP_SEQUENCE: "stop",
     FinishReason.MAX_TOKENS: "length",
+    FinishReason.TOOL_USE: "tool_calls",
+    FinishReason.REFUSAL: "content_filter",
 }
 
 
@@ -21,6 +27,13 @@ def usage_object(usage: Usage) -> dict:
 
 
 def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
+    message = {"role": "assistant", "content": completion.text, "refusal": None}
+    if completion.tool_calls:
+        message["content"] = completion.text or None  # as OpenAI answers a call without text
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in completion.tool_calls
+        ]
     return {
         "id": header.id,
         "object": "chat.completion",
@@ -29,9 +42,9 @@ def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": completion.text, "refusal": None},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": _FINISH_REASONS[completion.finish.reason],
+                "finish_reason": FINISH_REASONS[completion.finish.reason],
             }
         ],
         "usage": usage_object(completion.finish.usage),
@@ -41,7 +54,8 @@ def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
 async def chat_chunks(
     header: ResponseHeader, events: AsyncIterator[GenerationEvent], *, include_usage: bool
 ) -> AsyncIterator[dict]:
-    """The chat.completion.chunk objects of a stream: role, content deltas, finish, then usage if asked for."""
+    """The chat.completion.chunk objects of a stream: role, content and tool-call deltas, finish, then usage if
+    asked for."""
     base = {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model}
     if include_usage:
         base["usage"] = None  # as OpenAI does: every chunk but the last carries usage: null
@@ -54,7 +68,13 @@ async def chat_chunks(
     async for event in events:
         if isinstance(event, TextDelta):
             yield chunk({"content": event.text})
+        elif isinstance(event, ToolCallStart):
+            call = {"index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+            yield chunk({"tool_calls": [call]})
+        elif isinstance(event, ToolCallDelta):
+            yield chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
         elif isinstance(event, Finished):
-            yield chunk({}, _FINISH_REASONS[event.reason])
+            yield chunk({}, FINISH_REASONS[event.reason])
             if include_usage:
                 yield {**base, "choices": [], "usage": usage_object(event.usage)}

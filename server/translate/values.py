@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from server.errors import InvalidRequest
 
@@ -68,3 +70,36 @@ def check_range(message, name: str, low: float, high: float) -> None:
         value = getattr(message, name)
         if not low <= value <= high:
             raise InvalidRequest(f"`{name}` must be between {low:g} and {high:g}, got {value:g}.", param=name)
+
+
+def wire_body(message: Message) -> dict:
+    """The request as its JSON body again (field names as on the wire, unset fields absent).
+
+    json_format prints 64-bit integers as strings (the proto3 JSON rule) and numbers inside Structs as floats; both
+    are put back, so an upstream sees `"seed": 7` and a schema's `"minimum": 1`, as the caller wrote them.
+    """
+    body = _integral(json_format.MessageToDict(message, preserving_proto_field_name=True))
+    for field in message.DESCRIPTOR.fields:
+        if field.name in body and field.type in _INT64_TYPES and not field.is_repeated:
+            body[field.name] = int(body[field.name])
+    return body
+
+
+_INT64_TYPES = (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64)
+
+
+def _integral(value):
+    """Whole floats back to ints, all the way down (google.protobuf.Value keeps every number as a double)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
+def plain(value: struct_pb2.Value | struct_pb2.Struct):
+    """A google.protobuf.Value or Struct as plain JSON (dicts, lists, ...), whole numbers as ints."""
+    return _integral(json_format.MessageToDict(value))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import Completion, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, Usage
+from server.domain import (
+    Completion, Dialect, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, ToolCall, ToolChoice,
+    ToolChoiceMode, ToolResult, ToolSpec, Turn, Usage,
+)
 from server.errors import InvalidRequest
 from server.render import sse_event
 from server.translate import internal_to_anthropic as to_anthropic
@@ -20,16 +23,42 @@ def test_system_blocks_and_tool_traffic_become_turns():
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calc", "input": {"x": 2}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]},
     ]), upstream_model="m")
-    turns = plan.generation.turns
-    assert [t.role for t in turns] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.USER]
-    assert turns[0].text == "Be brief." and '"calc"' in turns[2].text and "4" in turns[3].text
+    assert plan.generation.turns == (
+        Turn(Role.SYSTEM, "Be brief."),
+        Turn(Role.USER, "2+2?"),
+        Turn(Role.ASSISTANT, tool_calls=(ToolCall("t1", "calc", '{"x":2}'),)),
+        Turn(Role.USER, tool_results=(ToolResult("t1", "4"),)),
+    )
     assert (plan.generation.params.top_k, plan.generation.params.stop) == (5, ("##",))
+    assert plan.generation.params.temperature is None and plan.generation.source.dialect is Dialect.ANTHROPIC
+
+
+def test_tools_and_tool_choice():
+    generation = message_request(request_pb(
+        tools=[{"name": "calc", "description": "Adds.", "input_schema": {"type": "object", "required": ["x"]}}],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    ), upstream_model="m").generation
+    assert generation.tools == (ToolSpec("calc", "Adds.", {"type": "object", "required": ["x"]}),)
+    assert generation.tool_choice == ToolChoice(ToolChoiceMode.REQUIRED, parallel=False)
+    thinking = message_request(request_pb(messages=[
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                          {"type": "text", "text": "Hello"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": True,
+                                      "content": [{"type": "text", "text": "boom"}]}]},
+    ]), upstream_model="m").generation
+    assert thinking.turns[1] == Turn(Role.ASSISTANT, "Hello")
+    assert thinking.turns[2].tool_results == (ToolResult("t", "boom", is_error=True),)
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [({"top_k": -1}, "top_k"), ({"stop_sequences": ["a", ""]}, "stop_sequences[1]"),
-     ({"messages": [{"role": "user"}]}, "messages[0].content")],
+     ({"messages": [{"role": "user"}]}, "messages[0].content"),
+     ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
+     ({"tools": [{"name": "s", "type": "web_search_20250305"}]}, "tools[0].type"),
+     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "n"}]}]},
+      "messages[0].content[0].type")],
 )
 def test_rejections_name_the_param(fields, param):
     with pytest.raises(InvalidRequest) as caught:

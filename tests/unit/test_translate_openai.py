@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from server.domain import (
-    Completion, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, Usage,
+    Completion, Dialect, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, ToolCall, ToolChoice,
+    ToolChoiceMode, ToolResult, ToolSpec, Turn, Usage,
 )
 from server.errors import InvalidRequest
 from server.render import DONE, sse_event
@@ -29,11 +30,15 @@ def test_defaults_and_roles():
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ])
     turns = result.generation.turns
-    assert [t.role for t in turns] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.USER]
-    assert turns[1].text == "a\nb"
-    assert '"name":"f"' in turns[2].text and "c1" in turns[3].text and "42" in turns[3].text
+    assert turns == (
+        Turn(Role.SYSTEM, "rules"),
+        Turn(Role.USER, "a\nb"),
+        Turn(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "f", "{}"),)),
+        Turn(Role.USER, tool_results=(ToolResult("c1", "42"),)),
+    )
     params = result.generation.params
-    assert (params.max_tokens, params.temperature, params.top_p, params.stop) == (99, 1.0, 1.0, ())
+    assert (params.max_tokens, params.temperature, params.top_p, params.stop) == (99, None, None, ())
+    assert result.generation.source.dialect is Dialect.OPENAI
     assert (result.stream, result.include_usage) == (False, False)
 
 
@@ -44,14 +49,33 @@ def test_sampling_values_pass_through():
     assert (result.stream, result.include_usage) == (True, True)
 
 
+def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
+    weather = {"type": "function", "function": {"name": "weather", "description": "Weather in a city.",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string", "maxLength": 40}}}}}
+    generation = plan(tools=[weather], tool_choice={"type": "function", "function": {"name": "weather"}},
+                      parallel_tool_calls=False, response_format={"type": "json_object"}).generation
+    assert generation.tools == (ToolSpec("weather", "Weather in a city.", {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}}),)
+    assert type(generation.tools[0].parameters["properties"]["city"]["maxLength"]) is int
+    assert generation.tool_choice == ToolChoice(ToolChoiceMode.TOOL, name="weather", parallel=False)
+    assert generation.json_output
+    assert plan(tool_choice="required").generation.tool_choice.needs_tool_calls
+    assert plan(parallel_tool_calls=False).generation.tool_choice == ToolChoice(parallel=False)
+    assert plan().generation.tool_choice is None and not plan().generation.json_output
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         ({"stop": [""]}, "stop"),
         ({"stop": 5}, "stop"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),  # not in tools
+        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+        ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id"),
         ({"top_logprobs": 30}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),

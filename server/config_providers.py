@@ -1,0 +1,165 @@
+"""The `provider:` of a model entry: which backend serves it, and for upstream model servers how to reach them
+(base URL, the environment variable holding the key, timeouts, retries). Read by server/config.py.
+
+The key itself is never part of the configuration: only the name of the variable that holds it, read once at
+start-up by `UpstreamSpec.api_key`. Nothing here prints a key, so a mistake can be reported in full.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+CHAT, MESSAGES, IMAGES = "/v1/chat/completions", "/v1/messages", "/v1/images/generations"
+# Which endpoints each kind of provider can serve; a chat model may be served by an Anthropic upstream and a
+# messages model by an OpenAI-compatible one (the translators convert between the dialects).
+KIND_ENDPOINTS = {
+    "llamacpp": (CHAT, MESSAGES),
+    "dev-image": (IMAGES,),
+    "openai": (CHAT, MESSAGES, IMAGES),
+}
+UPSTREAM_KINDS = ("openai", "anthropic")
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ConfigError(Exception):
+    """A configuration mistake; start-up stops with its message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 5.0  # to open a connection
+    read: float = 60.0  # for the first byte of an answer, and then between any two bytes of a stream
+    write: float = 30.0  # to send the request
+    pool: float = 10.0  # for a free pooled connection when all `max_connections` are busy
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    attempts: int = 3  # tries in all, the first included; 1 = no retries
+    initial_backoff: float = 0.5  # seconds before the second try; doubled for each further one, with full jitter
+    max_backoff: float = 8.0
+    total_seconds: float = 30.0  # no try starts, and no wait runs, past this long after the first try began
+    on_status: tuple[int, ...] = (429, 500, 502, 503, 529)  # besides connection errors before the answer
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    base_url: str  # e.g. http://127.0.0.1:8000/v1 (OpenAI-compatible) or https://api.anthropic.com (Anthropic)
+    model: str  # the upstream's own model name
+    api_key_env: str | None = None  # None: the upstream needs no key (a local llama.cpp or vLLM server)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    max_connections: int = 100  # pooled keep-alive connections to this upstream
+    max_tokens_field: str = "max_tokens"  # OpenAI-compatible: where the token limit goes
+
+    def api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
+        if self.api_key_env is None:
+            return None
+        key = environ.get(self.api_key_env, "")
+        if not key:
+            raise ConfigError(f"the environment variable {self.api_key_env} (api_key_env of the upstream at "
+                              f"{self.base_url}) is not set or empty")
+        return key
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    kind: str
+    upstream: UpstreamSpec | None = None  # for the upstream kinds (openai, anthropic)
+
+
+def parse_provider(raw: Any, where: str, endpoint: str) -> ProviderSpec:
+    raw = mapping(raw, where)
+    kind = raw.get("kind")
+    if kind not in KIND_ENDPOINTS:
+        raise ConfigError(f"{where}: kind must be one of {', '.join(KIND_ENDPOINTS)}")
+    if endpoint not in KIND_ENDPOINTS[kind]:
+        raise ConfigError(f"{where}: a {kind} provider cannot serve {endpoint}; it serves "
+                          f"{', '.join(KIND_ENDPOINTS[kind])}")
+    if kind not in UPSTREAM_KINDS:
+        if unknown := set(raw) - {"kind"}:
+            raise ConfigError(f"{where}: a {kind} provider takes no settings, got {', '.join(sorted(unknown))}")
+        return ProviderSpec(kind=kind)
+    return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind))
+
+
+def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
+    known = {"kind", "base_url", "model", "api_key_env", "timeouts", "retry", "max_connections", "max_tokens_field"}
+    if kind == "anthropic":
+        known.discard("max_tokens_field")
+    if unknown := set(raw) - known:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    for required in ("base_url", "model"):
+        if not isinstance(raw.get(required), str) or not raw[required]:
+            raise ConfigError(f"{where}: `{required}` is required (a string) for a {kind} provider")
+    base_url = raw["base_url"].rstrip("/")
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(f"{where}.base_url: an http:// or https:// URL without query, not {base_url!r}")
+    key_env = raw.get("api_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
+        raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
+                          "in the configuration)")
+    max_tokens_field = raw.get("max_tokens_field", "max_tokens")
+    if max_tokens_field not in MAX_TOKENS_FIELDS:
+        raise ConfigError(f"{where}.max_tokens_field: one of {', '.join(MAX_TOKENS_FIELDS)}")
+    return UpstreamSpec(
+        base_url=base_url,
+        model=raw["model"],
+        api_key_env=key_env,
+        timeouts=_timeouts(raw.get("timeouts") or {}, f"{where}.timeouts"),
+        retry=_retry(raw.get("retry") or {}, f"{where}.retry"),
+        max_connections=_number(raw, "max_connections", 100, where, integer=True),
+        max_tokens_field=max_tokens_field,
+    )
+
+
+def _timeouts(raw: Any, where: str) -> Timeouts:
+    raw = mapping(raw, where)
+    defaults = Timeouts()
+    if unknown := set(raw) - {"connect", "read", "write", "pool"}:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: connect, read, write, pool")
+    return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
+
+
+def _retry(raw: Any, where: str) -> RetrySettings:
+    raw = mapping(raw, where)
+    defaults = RetrySettings()
+    known = ("attempts", "initial_backoff", "max_backoff", "total_seconds", "on_status")
+    if unknown := set(raw) - set(known):
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    on_status = raw.get("on_status", list(defaults.on_status))
+    if not isinstance(on_status, list) or not all(isinstance(s, int) and 400 <= s <= 599 for s in on_status):
+        raise ConfigError(f"{where}.on_status: a list of HTTP statuses (400-599), e.g. [429, 500, 503]")
+    return RetrySettings(
+        attempts=_number(raw, "attempts", defaults.attempts, where, integer=True),
+        initial_backoff=_number(raw, "initial_backoff", defaults.initial_backoff, where),
+        max_backoff=_number(raw, "max_backoff", defaults.max_backoff, where),
+        total_seconds=_number(raw, "total_seconds", defaults.total_seconds, where),
+        on_status=tuple(on_status),
+    )
+
+
+def _number(raw: dict, name: str, default: float, where: str, *, integer: bool = False) -> Any:
+    value = raw.get(name, default)
+    valid = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not valid or value <= 0:
+        raise ConfigError(f"{where}.{name}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    return value
+
+
+def mapping(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    return value
+
+
+def upstream_keys(models, environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
+    """model id -> its upstream's key, for every model served by an upstream; ConfigError if one is missing."""
+    return {m.id: m.provider.upstream.api_key(environ) for m in models if m.provider.upstream is not None}

@@ -1,0 +1,75 @@
+"""Every model's provider, built once at start-up from the configuration.
+
+One object per backend: models served by the embedded model share it, and models on one upstream server (same
+base URL, key and connection settings) share one pooled HTTP client, each with its own upstream model name.
+Upstream providers are wrapped in retries, and a model with `fallbacks` in its chain.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from server.config import Config, ModelEntry
+from server.config_providers import UpstreamSpec, upstream_keys
+from server.providers import Provider
+from server.providers.dev_image import DevImageProvider
+from server.providers.fallback import FallbackProvider
+from server.providers.http_upstream import HttpUpstream
+from server.providers.images import ImageProvider
+from server.providers.llamacpp import LlamaCppProvider
+from server.providers.openai_http import OpenAIProvider, openai_auth_headers
+from server.providers.retry import RetryingProvider
+
+AnyProvider = Provider | ImageProvider
+
+
+def build_providers(config: Config, environ: Mapping[str, str] = os.environ) -> dict[str, AnyProvider]:
+    """model id -> provider. Upstream keys are read first, so a missing one stops start-up before anything
+    (the embedded model, connection pools) has been built."""
+    keys = upstream_keys(config.models, environ)
+    builder = _Builder(config)
+    own = {entry.id: builder.provider(entry, keys.get(entry.id)) for entry in config.models}
+    providers: dict[str, AnyProvider] = {}
+    for entry in config.models:
+        if entry.fallbacks and entry.endpoint != "/v1/images/generations":
+            providers[entry.id] = FallbackProvider([(m, own[m]) for m in (entry.id, *entry.fallbacks)])
+        else:
+            providers[entry.id] = own[entry.id]
+    return providers
+
+
+class _Builder:
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._embedded: LlamaCppProvider | None = None
+        self._dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
+        self._upstreams: dict[tuple, HttpUpstream] = {}
+
+    def provider(self, entry: ModelEntry, key: str | None) -> AnyProvider:
+        kind = entry.provider.kind
+        if kind == "dev-image":
+            return self._dev_image
+        if kind == "llamacpp":
+            return self._llamacpp()
+        spec = entry.provider.upstream
+        assert spec is not None
+        upstream = self._upstream(kind, spec, key)
+        return RetryingProvider(OpenAIProvider(upstream, spec, model_id=entry.id), spec.retry, model_id=entry.id)
+
+    def _llamacpp(self) -> LlamaCppProvider:
+        if self._embedded is None:
+            settings = self._config.embedded
+            self._embedded = LlamaCppProvider(
+                settings.model_path or LlamaCppProvider.default_model_path(),
+                n_ctx=settings.context_size,
+                n_threads=settings.threads,
+                n_instances=settings.instances,
+            )
+        return self._embedded
+
+    def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:
+        shared_by = (kind, spec.base_url, spec.api_key_env, spec.timeouts, spec.max_connections, spec.retry.on_status)
+        if shared_by not in self._upstreams:
+            self._upstreams[shared_by] = HttpUpstream(spec, auth_headers=openai_auth_headers(key), secret=key)
+        return self._upstreams[shared_by]

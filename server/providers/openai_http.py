@@ -1,0 +1,63 @@
+"""A model served by an OpenAI-compatible HTTP server (OpenAI, vLLM, TGI, llama.cpp's server, Ollama, ...).
+
+The upstream is always asked to stream, with usage: answers reach the caller event by event, and a non-streamed
+request is collected by the pipeline, so there is one code path and every answer settles the limits with the
+upstream's own counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import orjson
+
+from server.config_providers import UpstreamSpec
+from server.domain import GenerationEvent, GenerationRequest
+from server.errors import UpstreamError
+from server.providers import Capabilities
+from server.providers.http_upstream import HttpUpstream
+from server.translate.internal_to_openai_request import openai_body
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader
+
+
+def openai_auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class OpenAIProvider:
+    capabilities = Capabilities(tool_calls=True, json_output=True)
+
+    def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
+        self._upstream = upstream
+        self._model = spec.model
+        self._max_tokens_field = spec.max_tokens_field
+        self._model_id = model_id  # ours, for messages; the upstream's name and URL stay out of them
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        body = openai_body(request, model=self._model, max_tokens_field=self._max_tokens_field)
+        reader = OpenAIChunkReader(prompt_estimate=math.ceil(request.approximate_chars() / 4),
+                                   stop=request.params.stop)
+        async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
+            async for event in events:
+                if event.data == "[DONE]":
+                    break
+                chunk = self._decode(event.data)
+                if "error" in chunk:
+                    raise self._upstream.stream_error(chunk, self._model_id)
+                for generated in reader.feed(chunk):
+                    yield generated
+        yield reader.end()
+
+    def _decode(self, data: str) -> dict:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            raise UpstreamError(f"The upstream serving `{self._model_id}` sent an event that is not a JSON object.")
+        return chunk
+
+    async def close(self) -> None:
+        """Closes the pooled client, which other models may share: closing it twice is harmless."""
+        await self._upstream.close()

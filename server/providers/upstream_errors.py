@@ -1,0 +1,111 @@
+"""An upstream model server's failures -> rows of Portico's one error table (server/errors.py).
+
+A 4xx is the caller's problem (or ours, for 401/403) and keeps its meaning: never a 500. Statuses the provider's
+retry settings name, connection failures before an answer, and streams cut before any content are `retryable`.
+An upstream's own message is passed on, but never text that could hold the upstream key: 401/403 messages (which
+sometimes quote part of the key) are replaced, and the key itself is scrubbed from every other message.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Collection, Mapping
+
+import orjson
+
+from server.errors import (
+    AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, PorticoError, RateLimited, RequestTooLarge,
+    ServiceUnavailable, UpstreamError, UpstreamTimeout,
+)
+
+MAX_MESSAGE_CHARS = 500  # an upstream's message is shown to callers, but not an HTML error page in full
+
+
+def from_status(
+    status: int, body: bytes, headers: Mapping[str, str], *, retry_on: Collection[int], upstream: str,
+    secret: str | None,
+) -> PorticoError:
+    """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
+    credentials); `secret` is scrubbed from anything passed on."""
+    message, param = _message_and_param(body)
+    message = _scrub(message, secret) or f"HTTP {status}"
+    retryable = status in retry_on
+    wait = retry_after(headers)
+    if status in (401, 403):
+        error_type = AuthenticationFailed if status == 401 else PermissionDenied
+        return error_type(f"The upstream serving `{upstream}` refused Portico's credentials (HTTP {status}); "
+                          "this is the gateway's configuration, not your key.", retryable=retryable)
+    if status == 429:
+        return RateLimited(f"The upstream serving `{upstream}` is rate limiting: {message}", retry_after=wait,
+                           subject=f"upstream of {upstream}", retryable=retryable)
+    if status in (408, 504):
+        return UpstreamTimeout(f"The upstream serving `{upstream}` timed out: {message}", retryable=retryable)
+    if status in (503, 529):
+        return ServiceUnavailable(f"The upstream serving `{upstream}` is unavailable: {message}",
+                                  retry_after=wait, retryable=retryable)
+    if status >= 500:
+        return UpstreamError(f"The upstream serving `{upstream}` failed (HTTP {status}): {message}",
+                             retry_after=wait, retryable=retryable)
+    if status == 404:
+        return NotFound(f"The upstream serving `{upstream}` answered 404: {message}", retryable=retryable)
+    if status == 413:
+        return RequestTooLarge(message, param=param, retryable=retryable)
+    return InvalidRequest(message, param=param, retryable=retryable)
+
+
+# Anthropic's error `type`s (in bodies and mid-stream `error` events) -> the status Anthropic gives them.
+ANTHROPIC_ERROR_STATUS = {
+    "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403, "not_found_error": 404,
+    "request_too_large": 413, "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+
+def from_stream_error(
+    payload: Mapping, *, retry_on: Collection[int], upstream: str, secret: str | None
+) -> PorticoError:
+    """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`)."""
+    error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
+    status = ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
+    return from_status(status, orjson.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret)
+
+
+def retry_after(headers: Mapping[str, str]) -> float:
+    """Seconds the upstream asks us to wait: retry-after-ms, else retry-after (seconds or an HTTP date); 0 if none."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return 0.0
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _message_and_param(body: bytes) -> tuple[str, str | None]:
+    """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a FastAPI-style
+    {"detail": ...}, or the text itself."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", errors="replace").strip()[:MAX_MESSAGE_CHARS], None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        param = error.get("param")
+        return str(error.get("message", ""))[:MAX_MESSAGE_CHARS], param if isinstance(param, str) else None
+    if isinstance(data, dict) and "detail" in data:
+        return str(data["detail"])[:MAX_MESSAGE_CHARS], None
+    return str(error or data)[:MAX_MESSAGE_CHARS], None
+
+
+def _scrub(message: str, secret: str | None) -> str:
+    return message.replace(secret, "[redacted]") if secret else message

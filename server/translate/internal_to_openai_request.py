@@ -1,0 +1,80 @@
+"""Internal GenerationRequest -> the chat-completions body sent to an OpenAI-compatible upstream.
+
+A request that arrived as a chat completion passes through: its own body, every field kept, with only what the
+gateway decides put in: the upstream's model name, streaming with usage (so the limits are settled with real
+counts), and the token limit the gateway resolved (in the field this upstream understands). Any other request
+(an Anthropic Messages one) is built from the internal values.
+"""
+
+from __future__ import annotations
+
+from server.domain import Dialect, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
+from server.translate.values import wire_body
+
+_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def openai_body(request: GenerationRequest, *, model: str, max_tokens_field: str = "max_tokens") -> dict:
+    source = request.source
+    if source is not None and source.dialect is Dialect.OPENAI:
+        body = wire_body(source.message)
+    else:
+        body = _built(request)
+    for field in _TOKEN_FIELDS:
+        body.pop(field, None)
+    body[max_tokens_field] = request.params.max_tokens
+    body["model"] = model
+    body["stream"] = True
+    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return body
+
+
+def _built(request: GenerationRequest) -> dict:
+    params = request.params
+    body: dict[str, Json] = {"messages": [m for turn in request.turns for m in _messages(turn)]}
+    if params.temperature is not None:
+        body["temperature"] = params.temperature
+    if params.top_p is not None:
+        body["top_p"] = params.top_p
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.seed is not None:
+        body["seed"] = params.seed
+    # top_k has no OpenAI field: OpenAI itself refuses unknown fields, so it is left out.
+    if request.tools:
+        body["tools"] = [
+            {"type": "function",
+             "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}}
+            for t in request.tools
+        ]
+    if request.tool_choice is not None:
+        _put_tool_choice(body, request.tool_choice, has_tools=bool(request.tools))
+    return body
+
+
+def _messages(turn: Turn) -> list[dict]:
+    """One turn -> OpenAI messages: tool results become `tool` messages (first, since they answer the calls of
+    the turn before), then the text."""
+    out: list[dict] = [{"role": "tool", "tool_call_id": r.call_id, "content": r.text} for r in turn.tool_results]
+    if turn.role is Role.ASSISTANT:
+        message: dict = {"role": "assistant", "content": turn.text or None}
+        if turn.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in turn.tool_calls
+            ]
+        out.append(message)
+    elif turn.text or not turn.tool_results:
+        out.append({"role": turn.role.value, "content": turn.text})
+    return out
+
+
+def _put_tool_choice(body: dict, choice: ToolChoice, *, has_tools: bool) -> None:
+    if not has_tools:
+        return  # OpenAI refuses tool_choice without tools; with none, nothing can be called anyway
+    if choice.mode is ToolChoiceMode.TOOL:
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        body["tool_choice"] = choice.mode.value  # auto, none, required
+    if not choice.parallel:
+        body["parallel_tool_calls"] = False

@@ -1,0 +1,75 @@
+"""The chat.completion.chunk objects an OpenAI-compatible upstream streams -> internal events, chunk by chunk.
+
+Pure: fed one decoded chunk at a time, it returns the events that chunk completes, so nothing is buffered. The
+finish reason arrives one chunk before the usage (stream_options.include_usage), so Finished is made by `end()`.
+Servers that ignore include_usage (llama-cpp-python's) send no usage: it is then estimated, one token per
+streamed delta, which is what those servers send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from server.domain import (
+    FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+)
+from server.errors import UpstreamError
+
+FINISH_REASONS = {
+    "stop": FinishReason.END_TURN,
+    "length": FinishReason.MAX_TOKENS,
+    "tool_calls": FinishReason.TOOL_USE,
+    "function_call": FinishReason.TOOL_USE,
+    "content_filter": FinishReason.REFUSAL,
+}
+
+
+class OpenAIChunkReader:
+    def __init__(self, *, prompt_estimate: int, stop: tuple[str, ...] = ()) -> None:
+        self._prompt_estimate = prompt_estimate
+        self._stop = stop
+        self._calls: dict[int, int] = {}  # the upstream's tool-call index -> ours (0, 1, ... in order of arrival)
+        self._deltas = 0
+        self._finish: FinishReason | None = None
+        self._stop_sequence: str | None = None
+        self._usage: Usage | None = None
+
+    def feed(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
+        if isinstance(usage := chunk.get("usage"), Mapping):
+            self._usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        events: list[GenerationEvent] = []
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue  # one choice per request (n = 1)
+            delta = choice.get("delta") or {}
+            if text := delta.get("content"):
+                events.append(TextDelta(text))
+                self._deltas += 1
+            for call in delta.get("tool_calls") or ():
+                events += self._tool_call(call)
+            if reason := choice.get("finish_reason"):
+                self._finish = FINISH_REASONS.get(reason, FinishReason.END_TURN)
+                # vLLM names the stop string that ended the answer; OpenAI does not say, so it stays end_turn.
+                if reason == "stop" and choice.get("stop_reason") in self._stop:
+                    self._finish, self._stop_sequence = FinishReason.STOP_SEQUENCE, choice["stop_reason"]
+        return events
+
+    def _tool_call(self, call: Mapping[str, Json]) -> list[GenerationEvent]:
+        upstream_index = call.get("index", len(self._calls))
+        function = call.get("function") or {}
+        events: list[GenerationEvent] = []
+        if upstream_index not in self._calls:
+            index = self._calls[upstream_index] = len(self._calls)
+            events.append(ToolCallStart(index, call.get("id") or f"call_{index}", function.get("name") or ""))
+        if arguments := function.get("arguments"):
+            events.append(ToolCallDelta(self._calls[upstream_index], arguments))
+            self._deltas += 1
+        return events
+
+    def end(self) -> Finished:
+        """The stream ended ([DONE] or the connection closed cleanly): the final event, or an error if the
+        upstream never said it finished."""
+        if self._finish is None:
+            raise UpstreamError("The upstream's stream ended before the answer was complete.", retryable=True)
+        usage = self._usage or Usage(self._prompt_estimate, self._deltas)
+        return Finished(self._finish, usage, self._stop_sequence)

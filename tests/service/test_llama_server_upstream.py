@@ -1,0 +1,89 @@
+"""The openai provider against a real OpenAI-compatible server: `python -m llama_cpp.server` serving the embedded
+model file, behind the real gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import orjson
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc
+from server.app import start_server
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request
+from tests.llama_server import MODEL_ALIAS
+from tests.upstream_support import load_upstream_config, window_tokens
+
+MODELS = """\
+  - id: family-a-5.5
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{url}', model: {alias}}}
+"""
+LONG = [{"role": "user", "content": "Write a very long story about the sea."}]
+
+
+@pytest.fixture(scope="module")
+async def running(llama_server, tmp_path_factory):
+    models = MODELS.format(url=llama_server.url, alias=MODEL_ALIAS)
+    server = await start_server(load_upstream_config(tmp_path_factory.mktemp("llama-up"), models), "127.0.0.1:0")
+    yield server
+    await server.stop(0)
+
+
+@pytest.fixture(scope="module")
+async def chat(running):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+@pytest.fixture
+def key(running):
+    key, secret = running.store.create("llama-upstream", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+    return key.id, secret
+
+
+async def test_completion_with_its_token_limit_and_settled_usage(chat, running, key):
+    key_id, secret = key
+    response = await chat.CreateChatCompletion(chat_request(max_tokens=6, temperature=0), metadata=bearer(secret))
+    choice = response.choices[0]
+    assert choice.message.content and choice.finish_reason == "length"
+    # llama-cpp-python's server ignores stream_options, so usage is counted: one token per streamed delta.
+    assert response.usage.completion_tokens == 6
+    assert window_tokens(running, key_id) == response.usage.total_tokens
+
+
+async def test_streamed_over_the_http_rpc(chat, key):
+    request = chat_request(max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True})
+    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]
+    assert frames[-1] == b"data: [DONE]\n\n"
+    chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text and chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+async def test_stop_strings_reach_the_upstream(chat, key):
+    free = await chat.CreateChatCompletion(chat_request(max_tokens=12, temperature=0), metadata=bearer(key[1]))
+    word = free.choices[0].message.content.split()[1]
+    stopped = await chat.CreateChatCompletion(chat_request(max_tokens=12, temperature=0, stop=[word]),
+                                              metadata=bearer(key[1]))
+    assert word not in stopped.choices[0].message.content
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+async def test_a_caller_that_goes_away_frees_the_upstream(chat, running, key):
+    """llama.cpp's server stops generating when its client disconnects: the next request is not kept waiting
+    behind the 1500 tokens the abandoned one asked for (one sequence at a time, ~100 tokens/s)."""
+    key_id, secret = key
+    call = chat.StreamChatCompletion(chat_request(max_tokens=1500, messages=LONG), metadata=bearer(secret))
+    for _ in range(4):
+        await call.read()
+    call.cancel()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await chat.CreateChatCompletion(chat_request(max_tokens=2), metadata=bearer(secret))
+    assert response.usage.completion_tokens == 2
+    assert loop.time() - started < 8
+    assert await running.limiter.store.in_flight(key_id) == 0

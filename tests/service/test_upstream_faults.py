@@ -1,0 +1,197 @@
+"""OpenAI-compatible upstreams through the real gRPC server, against a real local HTTP upstream that fails on cue:
+retries, retry-after, fallbacks, error rows, timeouts, dropped streams, cancellation, and the limits settled."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import grpc
+import orjson
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc
+from server.app import start_server
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request, error_details
+from tests.upstream_double import Cue, UpstreamDouble, sse
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, upstream_models, window_tokens
+
+HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello." (3 tokens; prompt 2)
+
+
+@pytest.fixture(scope="module")
+def double():
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+async def running(double, tmp_path_factory):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    config = load_upstream_config(tmp_path_factory.mktemp("upstream"), upstream_models(double.url))
+    server = await start_server(config, "127.0.0.1:0")
+    yield server
+    await server.stop(0)
+    os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+@pytest.fixture(scope="module")
+async def chat(running):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+@pytest.fixture
+def key(running, double):
+    double.reset()
+    key, secret = running.store.create("upstream-tests", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+    return key.id, secret
+
+
+async def ask(chat, secret, model="up-main", **fields):
+    return await chat.CreateChatCompletion(chat_request(model=model, messages=HELLO, **fields), metadata=bearer(secret))
+
+
+async def failure(chat, secret, model="up-main", **fields) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, secret, model, **fields)
+    return caught.value
+
+
+async def test_completion_passes_the_request_through_and_settles_real_usage(chat, running, double, key):
+    key_id, secret = key
+    response = await ask(chat, secret, seed=7, user="u-1", logprobs=True, max_completion_tokens=20,
+                         response_format={"type": "json_object"}, metadata={"team": "a"})
+    assert response.choices[0].message.content == "echo Say hello."
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (2, 3)
+    seen = double.seen[-1]
+    assert seen.path == "/v1/chat/completions" and seen.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert seen.body == {"model": "main-model", "messages": HELLO, "seed": 7, "user": "u-1", "logprobs": True,
+                         "response_format": {"type": "json_object"}, "metadata": {"team": "a"}, "max_tokens": 20,
+                         "stream": True, "stream_options": {"include_usage": True}}
+    assert window_tokens(running, key_id) == 5
+
+
+async def test_retries_on_503_and_429_then_succeeds(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(503, {"error": {"message": "busy"}}), Cue(429, {"error": {"message": "slow down"}}))
+    response = await ask(chat, secret)
+    assert response.choices[0].message.content == "echo Say hello."
+    assert [s.body["model"] for s in double.seen] == ["main-model"] * 3
+    assert window_tokens(running, key_id) == 5
+
+
+async def test_retry_after_is_honoured(chat, double, key):
+    double.cue(Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after-ms": "400"}))
+    started = time.monotonic()
+    await ask(chat, key[1], "up-solo")
+    assert time.monotonic() - started >= 0.4 and len(double.seen) == 2
+
+
+async def test_a_retry_after_past_the_budget_is_our_429_with_the_hint(chat, double, key):
+    double.cue(Cue(429, {"error": {"message": "quota"}}, headers={"retry-after": "30"}))
+    error = await failure(chat, key[1], "up-solo")
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    detail = error_details(error)
+    assert (detail.http_status, detail.error.code, detail.retry_after_seconds) == (429, "rate_limit_exceeded", 30)
+    assert "quota" in detail.error.message and len(double.seen) == 1
+
+
+async def test_upstream_4xx_is_the_matching_error_and_is_not_retried(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "x"}}))
+    error = await failure(chat, secret)
+    detail = error_details(error)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (detail.http_status, detail.error.message, detail.error.param) == (400, "messages: bad role", "messages")
+    assert len(double.seen) == 1  # neither retried nor sent to the fallback
+    assert window_tokens(running, key_id) == 0  # nothing was generated: released
+
+
+async def test_upstream_401_never_shows_the_upstream_key(chat, double, key):
+    double.cue(Cue(401, {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}"}}))
+    error = await failure(chat, key[1], "up-solo")
+    detail = error_details(error)
+    assert (error.code(), detail.http_status) == (grpc.StatusCode.UNAUTHENTICATED, 401)
+    assert "not your key" in detail.error.message
+    assert UPSTREAM_KEY not in str(error.trailing_metadata()) and UPSTREAM_KEY[-8:] not in detail.error.message
+
+
+async def test_exhausted_retries_fall_back_to_the_next_model(chat, running, double, key):
+    key_id, secret = key
+    double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)
+    response = await ask(chat, secret)
+    assert response.model == "up-main" and response.choices[0].message.content == "echo Say hello."
+    assert [s.body["model"] for s in double.seen] == ["main-model"] * 3 + ["backup-model"]
+    assert window_tokens(running, key_id) == 5  # the caller's model is charged what the fallback used
+
+
+async def test_an_unreachable_upstream_falls_back(chat, double, key):
+    response = await ask(chat, key[1], "up-down")
+    assert response.choices[0].message.content == "echo Say hello."
+    assert [s.body["model"] for s in double.seen] == ["backup-model"]
+
+
+async def test_every_fallback_failing_ends_with_the_last_error(chat, double, key):
+    double.cue(*[Cue(503, {"error": {"message": "down"}})] * 4)
+    error = await failure(chat, key[1])
+    assert (error.code(), error_details(error).http_status) == (grpc.StatusCode.UNAVAILABLE, 503)
+    assert len(double.seen) == 4
+
+
+async def test_a_silent_upstream_is_a_504(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(delay=1.5))
+    error = await failure(chat, secret, "up-slow")
+    detail = error_details(error)
+    assert (error.code(), detail.http_status, detail.error.code) == (
+        grpc.StatusCode.DEADLINE_EXCEEDED, 504, "upstream_timeout")
+    assert window_tokens(running, key_id) == 0
+
+
+async def test_a_stream_dropped_before_any_content_is_retried(chat, double, key):
+    double.cue(Cue(drop_after=1))  # the role chunk, then the connection is gone
+    response = await ask(chat, key[1], "up-solo")
+    assert response.choices[0].message.content == "echo Say hello." and len(double.seen) == 2
+
+
+async def test_a_stream_dropped_mid_answer_ends_with_an_sse_error_and_settles_what_was_sent(chat, running, double,
+                                                                                              key):
+    key_id, secret = key
+    double.cue(Cue(drop_after=3))  # role, "echo", " Say", then gone
+    request = chat_request(model="up-main", messages=HELLO, stream=True)
+    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))]
+    events = [orjson.loads(f.removeprefix(b"data: ")) for f in frames]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "echo Say"
+    assert events[-1]["error"]["code"] == "upstream_error" and len(double.seen) == 1  # never retried
+    assert window_tokens(running, key_id) == 3 + 2  # estimated: the prompt (10 characters / 4) and two deltas
+
+
+async def test_an_error_chunk_mid_stream_is_passed_on(chat, double, key):
+    frames = [sse({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}),
+              sse({"error": {"message": "overloaded", "type": "overloaded_error"}})]
+    double.cue(Cue(frames=frames))
+    request = chat_request(model="up-solo", messages=HELLO, stream=True)
+    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]
+    error = orjson.loads(frames[-1].removeprefix(b"data: "))["error"]
+    assert (error["code"], error["message"]) == ("service_unavailable",
+                                                 "The upstream serving `up-solo` is unavailable: overloaded")
+
+
+async def test_a_caller_that_goes_away_cancels_the_upstream_request(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(frame_delay=0.2))
+    request = chat_request(model="up-solo", messages=HELLO, stream=True)
+    call = chat.StreamChatCompletion(request, metadata=bearer(secret))
+    await call.read()  # the role chunk
+    await call.read()  # "echo": the upstream is mid-answer
+    call.cancel()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 3
+    while double.gone == 0 or await running.limiter.store.in_flight(key_id):
+        assert loop.time() < deadline, "the upstream request was not cancelled"
+        await asyncio.sleep(0.05)
+    assert 0 < window_tokens(running, key_id) < 10

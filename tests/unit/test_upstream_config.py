@@ -1,0 +1,111 @@
+"""Upstream provider configuration: the issue's minimal form, every setting, and clear messages for mistakes."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.cli import main
+from server.config import ConfigError, load_config
+from server.config_providers import RetrySettings, Timeouts, UpstreamSpec
+
+MINIMAL = """\
+models:
+  - id: family-a-5.5
+    endpoint: /v1/chat/completions
+    provider: {kind: openai, base_url: "http://127.0.0.1:18001/v1", api_key_env: UPSTREAM_KEY, model: mock-gpt}
+"""
+FULL = """\
+models:
+  - id: a
+    endpoint: /v1/messages
+    provider:
+      kind: openai
+      base_url: https://api.example.com/v1/
+      api_key_env: EXAMPLE_KEY
+      model: gpt-x
+      max_tokens_field: max_completion_tokens
+      max_connections: 8
+      timeouts: {connect: 2, read: 90.5}
+      retry: {attempts: 5, initial_backoff: 0.1, max_backoff: 2, total_seconds: 12, on_status: [429, 503]}
+    fallbacks: [b]
+  - id: b
+    endpoint: /v1/messages
+    provider: {kind: llamacpp}
+"""
+
+
+def load(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def test_the_minimal_form(tmp_path):
+    (entry,) = load(tmp_path, MINIMAL).models
+    assert entry.provider.kind == "openai" and entry.fallbacks == ()
+    assert entry.provider.upstream == UpstreamSpec(base_url="http://127.0.0.1:18001/v1", model="mock-gpt",
+                                                   api_key_env="UPSTREAM_KEY")
+    assert entry.provider.upstream.retry == RetrySettings()
+
+
+def test_every_setting(tmp_path):
+    first, second = load(tmp_path, FULL).models
+    upstream = first.provider.upstream
+    assert upstream.base_url == "https://api.example.com/v1"  # the trailing slash is dropped
+    assert (upstream.max_tokens_field, upstream.max_connections) == ("max_completion_tokens", 8)
+    assert upstream.timeouts == Timeouts(connect=2, read=90.5)
+    assert upstream.retry == RetrySettings(attempts=5, initial_backoff=0.1, max_backoff=2, total_seconds=12,
+                                           on_status=(429, 503))
+    assert first.fallbacks == ("b",) and second.provider.upstream is None
+
+
+def test_the_key_comes_from_the_environment_only():
+    spec = UpstreamSpec(base_url="http://h/v1", model="m", api_key_env="K")
+    assert spec.api_key({"K": "sk-1"}) == "sk-1"
+    with pytest.raises(ConfigError, match="environment variable K ") as caught:
+        spec.api_key({"K": ""})
+    assert "sk-" not in str(caught.value)
+    assert UpstreamSpec(base_url="http://h/v1", model="m").api_key({}) is None
+
+
+def test_serve_stops_at_once_when_a_key_is_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("UPSTREAM_KEY", raising=False)
+    (tmp_path / "c.yaml").write_text(MINIMAL)
+    assert main(["--config", str(tmp_path / "c.yaml"), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
+    assert "UPSTREAM_KEY" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # nothing was started or created
+
+
+PROVIDER = "{kind: openai, base_url: 'http://h/v1', model: m}"
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, model: m}}]", "`base_url` is required"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h'}}]", "`model` is required"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'ftp://h', model: m}}]", "http://"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
+         "api_key_env: 'sk-live-123'}}]", "name of an environment variable"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, key: x}}]",
+         "unknown setting"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
+         "retry: {attempts: 0}}}]", "retry.attempts"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
+         "retry: {on_status: [200]}}}]", "on_status"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
+         "timeouts: {read: -1}}}]", "timeouts.read"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
+         "timeouts: {idle: 1}}}]", "unknown setting"),
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp, model: m}}]", "takes no settings"),
+        ("[{id: a, endpoint: /v1/chat/completions, provider: {kind: dev-image}}]", "cannot serve"),
+        (f"[{{id: a, endpoint: /v1/messages, provider: {PROVIDER}, fallbacks: [b]}}]", "'b' is not a model"),
+        (f"[{{id: a, endpoint: /v1/messages, provider: {PROVIDER}, fallbacks: [a]}}]", "its own fallback"),
+        (f"[{{id: a, endpoint: /v1/messages, provider: {PROVIDER}, fallbacks: [b]}},"
+         f" {{id: b, endpoint: /v1/chat/completions, provider: {PROVIDER}}}]", "served at /v1/chat/completions"),
+        (f"[{{id: a, endpoint: /v1/messages, provider: {PROVIDER}, fallback: [b]}}]", "unknown setting"),
+    ],
+)
+def test_mistakes_are_clear(tmp_path, models, message):
+    with pytest.raises(ConfigError, match=message):
+        load(tmp_path, f"models: {models}")

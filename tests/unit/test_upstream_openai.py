@@ -1,0 +1,176 @@
+"""OpenAI-compatible upstreams, pure parts: the body sent, literal SSE transcripts read back into events, the error
+table, and the retry policy."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from server.config_providers import RetrySettings
+from server.domain import FinishReason, Finished, TextDelta, ToolCallDelta, ToolCallStart, Usage
+from server.errors import (
+    AuthenticationFailed, InvalidRequest, NotFound, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout,
+)
+from server.providers.retry import backoff_delay
+from server.providers.upstream_errors import from_status, retry_after
+from server.translate.internal_to_openai_request import openai_body
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader
+from server.translate.openai_to_internal import chat_request
+from tests.helpers import chat_request as chat_pb
+
+TOOL = {"type": "function", "function": {"name": "weather", "description": "Forecast.", "parameters": {
+    "type": "object", "properties": {"days": {"type": "integer", "minimum": 1}}}}}
+
+
+def test_a_chat_request_passes_through_whole():
+    request = chat_pb(seed=7, logprobs=True, top_logprobs=2, max_completion_tokens=30, tools=[TOOL],
+                      tool_choice="auto", parallel_tool_calls=False, response_format={"type": "json_object"},
+                      stream_options={"include_obfuscation": False}, stream=True, user="u", temperature=0.5)
+    generation = chat_request(request, upstream_model="family-a-5.5", default_max_tokens=99).generation
+    assert openai_body(generation, model="gpt-up") == {
+        "model": "gpt-up", "messages": [{"role": "user", "content": "Say hello."}], "seed": 7, "logprobs": True,
+        "top_logprobs": 2, "max_tokens": 30, "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": False,
+        "response_format": {"type": "json_object"}, "temperature": 0.5, "user": "u", "stream": True,
+        "stream_options": {"include_obfuscation": False, "include_usage": True},
+    }
+    body = openai_body(generation, model="gpt-up", max_tokens_field="max_completion_tokens")
+    assert body["max_completion_tokens"] == 30 and "max_tokens" not in body
+
+
+def test_the_resolved_token_limit_is_always_sent():
+    generation = chat_request(chat_pb(max_tokens=None), upstream_model="m", default_max_tokens=99).generation
+    assert openai_body(generation, model="x")["max_tokens"] == 99
+
+
+def frames(transcript: str) -> list[dict]:
+    """A literal SSE transcript -> its JSON chunks (up to [DONE])."""
+    events = [block.removeprefix("data: ") for block in transcript.strip().split("\n\n")]
+    return [orjson.loads(data) for data in events if data != "[DONE]"]
+
+
+def read(transcript: str, **options) -> list:
+    reader = OpenAIChunkReader(prompt_estimate=options.pop("prompt_estimate", 7), **options)
+    return [event for chunk in frames(transcript) for event in reader.feed(chunk)] + [reader.end()]
+
+
+TEXT = """\
+data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}
+
+data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hel"}}]}
+
+data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"lo"}}]}
+
+data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}
+
+data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}
+
+data: [DONE]
+"""
+TOOL_CALLS = """\
+data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"weather","arguments":""}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\"days\\":"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"2}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"time","arguments":"{}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":20,"completion_tokens":11}}
+
+data: [DONE]
+"""
+NO_USAGE = """\
+data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}
+
+data: {"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}]}
+"""
+VLLM_STOP = """\
+data: {"choices":[{"index":0,"delta":{"content":"1 2"},"finish_reason":"stop","stop_reason":"3"}]}
+"""
+FILTERED = """\
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("transcript", "options", "events"),
+    [
+        (TEXT, {}, [TextDelta("Hel"), TextDelta("lo"), Finished(FinishReason.MAX_TOKENS, Usage(9, 2))]),
+        (TOOL_CALLS, {}, [ToolCallStart(0, "call_a", "weather"), ToolCallDelta(0, '{"days":'), ToolCallDelta(0, "2}"),
+                          ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"),
+                          Finished(FinishReason.TOOL_USE, Usage(20, 11))]),
+        (NO_USAGE, {}, [TextDelta("Hi"), TextDelta("!"), Finished(FinishReason.END_TURN, Usage(7, 2))]),
+        (VLLM_STOP, {"stop": ("3",)}, [TextDelta("1 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(7, 1), "3")]),
+        (FILTERED, {}, [Finished(FinishReason.REFUSAL, Usage(7, 0))]),
+    ],
+)
+def test_transcripts(transcript, options, events):
+    assert read(transcript, **options) == events
+
+
+def test_a_stream_without_a_finish_reason_is_an_upstream_error():
+    with pytest.raises(UpstreamError) as caught:
+        read('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}')
+    assert caught.value.retryable
+
+
+SECRET = "sk-abcdef123456"
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "kind", "retryable"),
+    [
+        (400, b'{"error":{"message":"bad","param":"messages"}}', {}, InvalidRequest, False),
+        (422, b'{"detail":"nope"}', {}, InvalidRequest, False),
+        (401, b'{"error":{"message":"Incorrect API key provided: sk-abc***456"}}', {}, AuthenticationFailed, False),
+        (404, b'{"error":{"message":"no such model"}}', {}, NotFound, False),
+        (429, b'{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}', {"retry-after": "7"},
+         RateLimited, True),
+        (500, b"<html>oops</html>", {}, UpstreamError, True),
+        (502, b"", {}, UpstreamError, True),
+        (503, b'{"error":{"message":"busy ' + SECRET.encode() + b'"}}', {}, ServiceUnavailable, True),
+        (504, b"", {}, UpstreamTimeout, False),
+        (529, b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}', {},
+         ServiceUnavailable, True),
+    ],
+)
+def test_upstream_statuses_become_rows_of_the_table(status, body, headers, kind, retryable):
+    error = from_status(status, body, headers, retry_on=(429, 500, 502, 503, 529), upstream="m", secret=SECRET)
+    assert type(error) is kind and error.retryable is retryable
+    assert SECRET not in error.message and "sk-abc" not in error.message
+    if status == 400:
+        assert (error.message, error.param) == ("bad", "messages")
+    if status == 429:
+        assert error.retry_after == 7 and "slow" in error.message
+
+
+def test_retry_after_forms():
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    assert retry_after({"retry-after": "2"}) == 2
+    assert 50 < retry_after({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"})
+    assert retry_after({"retry-after": "soon"}) == retry_after({}) == 0
+
+
+SETTINGS = RetrySettings(attempts=3, initial_backoff=1.0, max_backoff=3.0, total_seconds=10.0)
+
+
+def test_backoff_grows_exponentially_with_full_jitter_and_a_cap():
+    retryable = UpstreamError("x", retryable=True)
+    top = lambda: 0.999999  # noqa: E731
+    assert [round(backoff_delay(SETTINGS, n, retryable, 0, top), 3) for n in (1, 2)] == [1.0, 2.0]
+    capped = RetrySettings(attempts=9, initial_backoff=1.0, max_backoff=3.0, total_seconds=99)
+    assert round(backoff_delay(capped, 5, retryable, 0, top), 3) == 3.0
+    rng = random.Random(1)
+    assert all(0 <= backoff_delay(SETTINGS, 2, retryable, 0, rng.random) < 2 for _ in range(100))
+
+
+def test_when_retries_stop():
+    retryable = UpstreamError("x", retryable=True)
+    assert backoff_delay(SETTINGS, 3, retryable, 0, random.random) is None  # attempts used up
+    assert backoff_delay(SETTINGS, 1, UpstreamError("x"), 0, random.random) is None  # not retryable
+    assert backoff_delay(SETTINGS, 1, retryable, 9.5, lambda: 0.9) is None  # would end past total_seconds
+    hinted = RateLimited("x", retry_after=4.0, retryable=True)
+    assert backoff_delay(SETTINGS, 1, hinted, 0, lambda: 0.1) == 4.0  # retry-after wins over a shorter backoff
+    assert backoff_delay(SETTINGS, 1, RateLimited("x", retry_after=60, retryable=True), 0, random.random) is None

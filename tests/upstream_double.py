@@ -1,0 +1,175 @@
+"""A real HTTP upstream for tests: an ASGI app under uvicorn on 127.0.0.1 (port 0), in its own thread and loop.
+
+By default it is a tiny echo model speaking OpenAI chat completions (see `echo_chat`); tests script faults by
+queueing Cues, each consumed by the next request: a status and body, a delay before answering, literal SSE frames,
+a pause between frames, a connection dropped after some frames. It records every request and every client that
+went away mid-answer, so tests can count retries and see cancellations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+import uvicorn
+
+
+@dataclass(frozen=True)
+class Cue:
+    status: int = 200
+    body: dict | bytes | None = None  # a whole answer (JSON), instead of the default stream
+    headers: dict[str, str] = field(default_factory=dict)
+    frames: list[bytes] | None = None  # literal SSE frames, instead of the default stream
+    delay: float = 0.0  # before the status line
+    frame_delay: float = 0.0  # before each frame after the first
+    drop_after: int | None = None  # close the connection after this many frames, mid-answer
+
+
+@dataclass(frozen=True)
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: dict
+
+
+class _Dropped(Exception):
+    """Raised inside the app: uvicorn then closes the connection without finishing the chunked body."""
+
+
+def sse(payload: dict | str, event: str | None = None) -> bytes:
+    data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
+    return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
+
+
+def _words(content) -> list[str]:
+    if isinstance(content, list):
+        content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content or "").split()
+
+
+def echo_chat(body: dict) -> list[bytes]:
+    """OpenAI chunks: "echo" and the last message's words, one per chunk, limited by max_tokens (a word is a
+    token); a tool call instead when tool_choice requires one. prompt_tokens = the words of every message."""
+    messages = body.get("messages") or []
+    prompt = sum(len(_words(m.get("content"))) for m in messages)
+    words = ["echo", *_words(messages[-1].get("content") if messages else "")]
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
+    base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": body.get("model")}
+    frames = [sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})]
+    choice = body.get("tool_choice")
+    tools = body.get("tools") or []
+    if tools and (choice == "required" or isinstance(choice, dict)):
+        name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+        arguments = orjson.dumps({"echo": " ".join(words[1:])}).decode()
+        start = {"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
+        for delta in ({"tool_calls": [start]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": arguments[:5]}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": arguments[5:]}}]}):
+            frames.append(sse({**base, "choices": [{"index": 0, "delta": delta}]}))
+        sent, reason = 3, "tool_calls"
+    else:
+        sent, reason = min(len(words), limit), "stop" if len(words) <= limit else "length"
+        for i, word in enumerate(words[:sent]):
+            frames.append(sse({**base, "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word}}]}))
+    frames.append(sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent}
+        frames.append(sse({**base, "choices": [], "usage": usage}))
+    return [*frames, b"data: [DONE]\n\n"]
+
+
+class UpstreamDouble:
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self.gone = 0  # answers whose client went away before the end
+        self.defaults: dict[str, Callable[[dict], list[bytes]]] = {"/v1/chat/completions": echo_chat}
+        self._cues: collections.deque[Cue] = collections.deque()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def cue(self, *cues: Cue) -> None:
+        self._cues.extend(cues)
+
+    def reset(self) -> None:
+        self._cues.clear()
+        self.seen.clear()
+        self.gone = 0
+
+    def start(self) -> UpstreamDouble:
+        config = uvicorn.Config(self._app, host="127.0.0.1", port=0, log_level="critical", lifespan="off",
+                                interface="asgi3")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the upstream double did not start")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+    async def _app(self, scope, receive, send) -> None:
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        body = orjson.loads(raw) if raw else {}
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.seen.append(Seen(scope["path"], headers, body))
+        cue = self._cues.popleft() if self._cues else Cue()
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(self._watch(receive, gone))
+        try:
+            await self._answer(scope["path"], body, cue, send, gone)
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, receive, gone: asyncio.Event) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    async def _answer(self, path: str, body: dict, cue: Cue, send, gone: asyncio.Event) -> None:
+        await asyncio.sleep(cue.delay)
+        if cue.body is not None or (cue.frames is None and path not in self.defaults):
+            data = cue.body if isinstance(cue.body, bytes) else orjson.dumps(cue.body or {"error": "no route"})
+            status = cue.status if cue.body is not None else 404
+            headers = [(b"content-type", b"application/json"), *_encoded(cue.headers)]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
+            return
+        frames = cue.frames if cue.frames is not None else self.defaults[path](body)
+        headers = [(b"content-type", b"text/event-stream"), *_encoded(cue.headers)]
+        await send({"type": "http.response.start", "status": cue.status, "headers": headers})
+        for i, frame in enumerate(frames):
+            if cue.drop_after is not None and i == cue.drop_after:
+                raise _Dropped()
+            if i and cue.frame_delay:
+                await asyncio.sleep(cue.frame_delay)
+            if gone.is_set():
+                self.gone += 1
+                return
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), v.encode()) for k, v in headers.items()]

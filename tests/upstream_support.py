@@ -1,0 +1,53 @@
+"""Configurations that point models at test upstreams, and reading what the limits settled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from server.config import Config, load_config
+
+UPSTREAM_KEY_ENV = "PORTICO_TEST_UPSTREAM_KEY"
+UPSTREAM_KEY = "sk-test-upstream-0123456789"  # must never show up in an answer or a log
+FAST_RETRY = "{attempts: 3, initial_backoff: 0.02, max_backoff: 0.1, total_seconds: 5}"
+
+
+def write_config(directory: Path, models_yaml: str, *, data_dir: Path | None = None) -> Path:
+    """A config file with these `models:` (YAML list items, indented by two spaces)."""
+    path = directory / "portico.yaml"
+    data = data_dir or directory / "data"
+    path.write_text(f"data_dir: {data}\nmodels:\n{models_yaml}")
+    return path
+
+
+def upstream_models(url: str, *, kind: str = "openai", endpoint: str = "/v1/chat/completions") -> str:
+    """The models the fault tests use, all on one upstream double at `url`."""
+    common = f"kind: {kind}, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    return f"""\
+  - id: up-main
+    endpoint: {endpoint}
+    provider: {{{common}, model: main-model, retry: {FAST_RETRY}}}
+    fallbacks: [up-backup]
+  - id: up-backup
+    endpoint: {endpoint}
+    provider: {{{common}, model: backup-model, retry: {{attempts: 1}}}}
+  - id: up-solo
+    endpoint: {endpoint}
+    provider: {{{common}, model: solo-model, retry: {FAST_RETRY}}}
+  - id: up-slow
+    endpoint: {endpoint}
+    provider: {{{common}, model: slow-model, timeouts: {{read: 0.5}}, retry: {{attempts: 1}}}}
+  - id: up-down
+    endpoint: {endpoint}
+    provider: {{{common.replace(url, 'http://127.0.0.1:9/v1')}, model: nowhere, retry: {FAST_RETRY}}}
+    fallbacks: [up-backup]
+"""
+
+
+def load_upstream_config(directory: Path, models_yaml: str) -> Config:
+    return load_config(write_config(directory, models_yaml))
+
+
+def window_tokens(running, key_id: str) -> int:
+    """Tokens the key's per-minute window holds: what its requests were settled with (the in-process store)."""
+    counters = running.limiter.store._scopes.get(key_id)
+    return counters.window_tokens if counters else 0
