@@ -21,6 +21,7 @@ KIND_ENDPOINTS = {
     "llamacpp": (CHAT, MESSAGES),
     "dev-image": (IMAGES,),
     "openai": (CHAT, MESSAGES, IMAGES),
+    "anthropic": (CHAT, MESSAGES),
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -50,7 +51,9 @@ class RetrySettings:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamSpec:
-    base_url: str  # e.g. http://127.0.0.1:8000/v1 (OpenAI-compatible) or https://api.anthropic.com (Anthropic)
+    # As each dialect's SDK takes it: with /v1 for OpenAI-compatible servers (http://127.0.0.1:8000/v1), without
+    # for Anthropic (https://api.anthropic.com; requests go to {base_url}/v1/messages).
+    base_url: str
     model: str  # the upstream's own model name
     api_key_env: str | None = None  # None: the upstream needs no key (a local llama.cpp or vLLM server)
     timeouts: Timeouts = field(default_factory=Timeouts)

@@ -1,9 +1,9 @@
 """A real HTTP upstream for tests: an ASGI app under uvicorn on 127.0.0.1 (port 0), in its own thread and loop.
 
-By default it is a tiny echo model speaking OpenAI chat completions (see `echo_chat`); tests script faults by
-queueing Cues, each consumed by the next request: a status and body, a delay before answering, literal SSE frames,
-a pause between frames, a connection dropped after some frames. It records every request and every client that
-went away mid-answer, so tests can count retries and see cancellations.
+By default it answers as the echo models of tests/upstream_echo.py (OpenAI chat completions, Anthropic Messages).
+Tests script faults by queueing Cues, each consumed by the next request: a status and body, a delay before
+answering, literal SSE frames, a pause between frames, a connection dropped after some frames. It records every
+request and every client that went away mid-answer, so tests can count retries and see cancellations.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import orjson
 import uvicorn
+
+from tests.upstream_echo import echo_chat, echo_messages
 
 
 @dataclass(frozen=True)
@@ -41,53 +43,13 @@ class _Dropped(Exception):
     """Raised inside the app: uvicorn then closes the connection without finishing the chunked body."""
 
 
-def sse(payload: dict | str, event: str | None = None) -> bytes:
-    data = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
-    return (f"event: {event}\n" if event else "").encode() + f"data: {data}\n\n".encode()
-
-
-def _words(content) -> list[str]:
-    if isinstance(content, list):
-        content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return str(content or "").split()
-
-
-def echo_chat(body: dict) -> list[bytes]:
-    """OpenAI chunks: "echo" and the last message's words, one per chunk, limited by max_tokens (a word is a
-    token); a tool call instead when tool_choice requires one. prompt_tokens = the words of every message."""
-    messages = body.get("messages") or []
-    prompt = sum(len(_words(m.get("content"))) for m in messages)
-    words = ["echo", *_words(messages[-1].get("content") if messages else "")]
-    limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1000
-    base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": body.get("model")}
-    frames = [sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})]
-    choice = body.get("tool_choice")
-    tools = body.get("tools") or []
-    if tools and (choice == "required" or isinstance(choice, dict)):
-        name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
-        arguments = orjson.dumps({"echo": " ".join(words[1:])}).decode()
-        start = {"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
-        for delta in ({"tool_calls": [start]},
-                      {"tool_calls": [{"index": 0, "function": {"arguments": arguments[:5]}}]},
-                      {"tool_calls": [{"index": 0, "function": {"arguments": arguments[5:]}}]}):
-            frames.append(sse({**base, "choices": [{"index": 0, "delta": delta}]}))
-        sent, reason = 3, "tool_calls"
-    else:
-        sent, reason = min(len(words), limit), "stop" if len(words) <= limit else "length"
-        for i, word in enumerate(words[:sent]):
-            frames.append(sse({**base, "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word}}]}))
-    frames.append(sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
-    if (body.get("stream_options") or {}).get("include_usage"):
-        usage = {"prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent}
-        frames.append(sse({**base, "choices": [], "usage": usage}))
-    return [*frames, b"data: [DONE]\n\n"]
-
-
 class UpstreamDouble:
     def __init__(self) -> None:
         self.seen: list[Seen] = []
         self.gone = 0  # answers whose client went away before the end
-        self.defaults: dict[str, Callable[[dict], list[bytes]]] = {"/v1/chat/completions": echo_chat}
+        self.defaults: dict[str, Callable[[dict], list[bytes]]] = {
+            "/v1/chat/completions": echo_chat, "/v1/messages": echo_messages,
+        }
         self._cues: collections.deque[Cue] = collections.deque()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

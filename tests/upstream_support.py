@@ -40,6 +40,13 @@ def upstream_models(url: str, *, kind: str = "openai", endpoint: str = "/v1/chat
     endpoint: {endpoint}
     provider: {{{common.replace(url, 'http://127.0.0.1:9/v1')}, model: nowhere, retry: {FAST_RETRY}}}
     fallbacks: [up-backup]
+  - id: up-chain
+    endpoint: {endpoint}
+    provider: {{{common}, model: chain-model, retry: {{attempts: 1}}}}
+    fallbacks: [embedded, up-backup]
+  - id: embedded
+    endpoint: {endpoint}
+    provider: {{kind: llamacpp}}
 """
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from server.config import Config, ModelEntry
 from server.config_providers import UpstreamSpec, upstream_keys
 from server.providers import Provider
+from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers
 from server.providers.dev_image import DevImageProvider
 from server.providers.fallback import FallbackProvider
 from server.providers.http_upstream import HttpUpstream
@@ -55,7 +56,11 @@ class _Builder:
         spec = entry.provider.upstream
         assert spec is not None
         upstream = self._upstream(kind, spec, key)
-        return RetryingProvider(OpenAIProvider(upstream, spec, model_id=entry.id), spec.retry, model_id=entry.id)
+        if kind == "anthropic":
+            provider = AnthropicProvider(upstream, spec, model_id=entry.id)
+        else:
+            provider = OpenAIProvider(upstream, spec, model_id=entry.id)
+        return RetryingProvider(provider, spec.retry, model_id=entry.id)
 
     def _llamacpp(self) -> LlamaCppProvider:
         if self._embedded is None:
@@ -71,5 +76,6 @@ class _Builder:
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:
         shared_by = (kind, spec.base_url, spec.api_key_env, spec.timeouts, spec.max_connections, spec.retry.on_status)
         if shared_by not in self._upstreams:
-            self._upstreams[shared_by] = HttpUpstream(spec, auth_headers=openai_auth_headers(key), secret=key)
+            headers = anthropic_auth_headers(key) if kind == "anthropic" else openai_auth_headers(key)
+            self._upstreams[shared_by] = HttpUpstream(spec, auth_headers=headers, secret=key)
         return self._upstreams[shared_by]

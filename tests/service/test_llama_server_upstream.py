@@ -9,16 +9,19 @@ import grpc
 import orjson
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.app import start_server
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request
+from tests.helpers import bearer, chat_request, message_request
 from tests.llama_server import MODEL_ALIAS
 from tests.upstream_support import load_upstream_config, window_tokens
 
 MODELS = """\
   - id: family-a-5.5
     endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{url}', model: {alias}}}
+  - id: family-b-sonnet-4-6
+    endpoint: /v1/messages
     provider: {{kind: openai, base_url: '{url}', model: {alias}}}
 """
 LONG = [{"role": "user", "content": "Write a very long story about the sea."}]
@@ -33,9 +36,14 @@ async def running(llama_server, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-async def chat(running):
+async def channel(running):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield chat_service_pb2_grpc.ChatServiceStub(channel)
+        yield channel
+
+
+@pytest.fixture(scope="module")
+def chat(channel):
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 @pytest.fixture
@@ -87,3 +95,15 @@ async def test_a_caller_that_goes_away_frees_the_upstream(chat, running, key):
     assert response.usage.completion_tokens == 2
     assert loop.time() - started < 8
     assert await running.limiter.store.in_flight(key_id) == 0
+
+
+async def test_messages_translated_for_the_openai_upstream(channel, key):
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    request = message_request(max_tokens=5, temperature=0, system="Answer in English.")
+    response = await messages.CreateMessage(request, metadata=bearer(key[1]))
+    assert response.content[0].type == "text" and response.content[0].text
+    assert (response.stop_reason, response.usage.output_tokens) == ("max_tokens", 5)
+    stream = messages.StreamMessage(message_request(max_tokens=4, temperature=0, stream=True), metadata=bearer(key[1]))
+    events = [event async for event in stream]
+    assert [e.type for e in events][:3] == ["message_start", "content_block_start", "ping"]
+    assert events[-2].delta.stop_reason == "max_tokens" and events[-2].usage.output_tokens == 4

@@ -15,7 +15,8 @@ from portico.v1 import chat_service_pb2_grpc
 from server.app import start_server
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
-from tests.upstream_double import Cue, UpstreamDouble, sse
+from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, upstream_models, window_tokens
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello." (3 tokens; prompt 2)
@@ -127,6 +128,19 @@ async def test_exhausted_retries_fall_back_to_the_next_model(chat, running, doub
     assert response.model == "up-main" and response.choices[0].message.content == "echo Say hello."
     assert [s.body["model"] for s in double.seen] == ["main-model"] * 3 + ["backup-model"]
     assert window_tokens(running, key_id) == 5  # the caller's model is charged what the fallback used
+
+
+async def test_fallbacks_that_cannot_honour_the_request_are_skipped(chat, double, key):
+    double.cue(Cue(503, {"error": {"message": "down"}}))
+    response = await ask(chat, key[1], "up-chain", max_tokens=3)
+    assert response.usage.completion_tokens == 3 and not response.choices[0].message.content.startswith("echo")
+    assert len(double.seen) == 1  # the embedded model answered
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    double.reset()
+    double.cue(Cue(503, {"error": {"message": "down"}}))
+    response = await ask(chat, key[1], "up-chain", tools=[tool], tool_choice="required")
+    assert response.choices[0].message.tool_calls[0].function.name == "f"  # the embedded model cannot call tools
+    assert [s.body["model"] for s in double.seen] == ["chain-model", "backup-model"]
 
 
 async def test_an_unreachable_upstream_falls_back(chat, double, key):

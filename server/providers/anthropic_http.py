@@ -1,0 +1,61 @@
+"""A model served by an Anthropic Messages upstream (api.anthropic.com, or a server speaking its API).
+
+As with OpenAI-compatible upstreams, the upstream is always asked to stream: answers reach the caller event by
+event, and the usage in message_start / message_delta settles the limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+
+from server.config_providers import UpstreamSpec
+from server.domain import GenerationEvent, GenerationRequest
+from server.errors import UpstreamError
+from server.providers import Capabilities
+from server.providers.http_upstream import HttpUpstream
+from server.translate.anthropic_events_to_internal import AnthropicEventReader
+from server.translate.internal_to_anthropic_request import anthropic_body
+
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every current Anthropic model speaks
+
+
+def anthropic_auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": api_key} if api_key else {})}
+
+
+class AnthropicProvider:
+    capabilities = Capabilities(tool_calls=True, json_output=False)
+
+    def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
+        self._upstream = upstream
+        self._model = spec.model
+        self._model_id = model_id  # ours, for messages
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        body = anthropic_body(request, model=self._model)
+        reader = AnthropicEventReader()
+        async with self._upstream.stream("v1/messages", body, model_id=self._model_id) as events:
+            async for event in events:
+                payload = self._decode(event.data)
+                if event.event == "error" or payload.get("type") == "error":
+                    raise self._upstream.stream_error(payload, self._model_id)
+                for generated in reader.feed(payload):
+                    yield generated
+                if reader.finished:
+                    return
+        reader.end()
+
+    def _decode(self, data: str) -> dict:
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise UpstreamError(f"The upstream serving `{self._model_id}` sent an event that is not a JSON object.")
+        return payload
+
+    async def close(self) -> None:
+        """Closes the pooled client, which other models may share: closing it twice is harmless."""
+        await self._upstream.close()

@@ -1,0 +1,91 @@
+"""The server-sent events of an Anthropic Messages stream -> internal events, event by event.
+
+Pure: fed one decoded event at a time, it returns the internal events it completes, so nothing is buffered.
+Extended-thinking blocks are skipped (the internal events carry the answer, not the reasoning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+
+from server.domain import (
+    FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+)
+from server.errors import UpstreamError
+
+STOP_REASONS = {
+    "end_turn": FinishReason.END_TURN,
+    "max_tokens": FinishReason.MAX_TOKENS,
+    "stop_sequence": FinishReason.STOP_SEQUENCE,
+    "tool_use": FinishReason.TOOL_USE,
+    "refusal": FinishReason.REFUSAL,
+    "pause_turn": FinishReason.END_TURN,
+    "model_context_window_exceeded": FinishReason.MAX_TOKENS,
+}
+
+
+class AnthropicEventReader:
+    def __init__(self) -> None:
+        self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
+        self._input_tokens = 0
+        self._output_tokens = 0
+        self._reason = FinishReason.END_TURN
+        self._stop_sequence: str | None = None
+        self.finished = False
+
+    def feed(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
+        kind = event.get("type")
+        if kind == "message_start":
+            usage = (event.get("message") or {}).get("usage") or {}
+            self._input_tokens = _input_tokens(usage)
+            self._output_tokens = int(usage.get("output_tokens") or 0)
+            return [Started(self._input_tokens)]
+        if kind == "content_block_start":
+            return self._block_start(int(event.get("index", 0)), event.get("content_block") or {})
+        if kind == "content_block_delta":
+            return self._block_delta(int(event.get("index", 0)), event.get("delta") or {})
+        if kind == "message_delta":
+            delta = event.get("delta") or {}
+            if reason := delta.get("stop_reason"):
+                self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
+            self._stop_sequence = delta.get("stop_sequence")
+            usage = event.get("usage") or {}
+            self._output_tokens = int(usage.get("output_tokens") or self._output_tokens)
+            if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
+                self._input_tokens = _input_tokens(usage)
+            return []
+        if kind == "message_stop":
+            self.finished = True
+            return [Finished(self._reason, Usage(self._input_tokens, self._output_tokens), self._stop_sequence)]
+        return []  # ping, content_block_stop, and event types added later
+
+    def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
+        if block.get("type") == "text":
+            return [TextDelta(block["text"])] if block.get("text") else []
+        if block.get("type") == "tool_use":
+            call = self._tool_blocks[index] = len(self._tool_blocks)
+            events: list[GenerationEvent] = [ToolCallStart(call, str(block.get("id", "")), str(block.get("name", "")))]
+            if block.get("input"):  # Anthropic streams the input as deltas; some compatible servers send it here
+                events.append(ToolCallDelta(call, orjson.dumps(block["input"]).decode()))
+            return events
+        return []
+
+    def _block_delta(self, index: int, delta: Mapping[str, Json]) -> list[GenerationEvent]:
+        if delta.get("type") == "text_delta" and delta.get("text"):
+            return [TextDelta(delta["text"])]
+        if delta.get("type") == "input_json_delta" and index in self._tool_blocks and delta.get("partial_json"):
+            return [ToolCallDelta(self._tool_blocks[index], delta["partial_json"])]
+        return []
+
+    def end(self) -> None:
+        """The stream ended: fine after message_stop, an upstream error before it."""
+        if not self.finished:
+            raise UpstreamError("The upstream's stream ended before the answer was complete.", retryable=True)
+
+
+def _input_tokens(usage: Mapping[str, Json]) -> int:
+    """Prompt caching splits the prompt three ways; all of it was read, so all of it counts against the limits."""
+    return sum(int(usage.get(name) or 0)
+               for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))

@@ -1,0 +1,91 @@
+"""Internal GenerationRequest -> the Messages body sent to an Anthropic upstream.
+
+A request that arrived as an Anthropic message passes through: its own body, every field kept, with the upstream's
+model name and streaming put in. Any other request (a chat completion) is built from the internal values.
+"""
+
+from __future__ import annotations
+
+from server.domain import Dialect, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
+from server.translate.internal_to_anthropic import tool_input
+from server.translate.values import wire_body
+
+ANTHROPIC_MAX_TEMPERATURE = 1.0  # OpenAI allows up to 2; Anthropic refuses more than 1
+
+_CHOICE_TYPES = {ToolChoiceMode.AUTO: "auto", ToolChoiceMode.NONE: "none", ToolChoiceMode.REQUIRED: "any",
+                 ToolChoiceMode.TOOL: "tool"}
+
+
+def anthropic_body(request: GenerationRequest, *, model: str) -> dict:
+    source = request.source
+    if source is not None and source.dialect is Dialect.ANTHROPIC:
+        body = wire_body(source.message)
+    else:
+        body = _built(request)
+    body["model"] = model
+    body["stream"] = True
+    return body
+
+
+def _built(request: GenerationRequest) -> dict:
+    params = request.params
+    body: dict[str, Json] = {"max_tokens": params.max_tokens, "messages": _messages(request.turns)}
+    if system := "\n\n".join(t.text for t in request.turns if t.role is Role.SYSTEM and t.text):
+        body["system"] = system
+    if params.temperature is not None:
+        body["temperature"] = min(params.temperature, ANTHROPIC_MAX_TEMPERATURE)
+    if params.top_p is not None:
+        body["top_p"] = params.top_p
+    if params.top_k is not None:
+        body["top_k"] = params.top_k
+    if params.stop:
+        body["stop_sequences"] = list(params.stop)
+    # seed has no Anthropic field: it is left out.
+    if request.tools:
+        body["tools"] = [
+            {"name": t.name, **({"description": t.description} if t.description else {}),
+             "input_schema": dict(t.parameters) or {"type": "object"}}
+            for t in request.tools
+        ]
+        if request.tool_choice is not None:
+            body["tool_choice"] = _tool_choice(request.tool_choice)
+    return body
+
+
+def _messages(turns: tuple[Turn, ...]) -> list[dict]:
+    """Turns -> messages. Anthropic wants user and assistant to alternate and all results of a turn's calls in the
+    next user message, so consecutive turns of one role (OpenAI's separate `tool` messages) are merged."""
+    messages: list[dict] = []
+    for turn in turns:
+        if turn.role is Role.SYSTEM:
+            continue
+        blocks = _blocks(turn)
+        if messages and messages[-1]["role"] == turn.role.value:
+            messages[-1]["content"] += blocks
+        else:
+            messages.append({"role": turn.role.value, "content": blocks})
+    for message in messages:  # the plain form for a single text block, as most callers write it
+        if len(message["content"]) == 1 and message["content"][0]["type"] == "text":
+            message["content"] = message["content"][0]["text"]
+    return messages
+
+
+def _blocks(turn: Turn) -> list[dict]:
+    # tool_result blocks come first in a user message: Anthropic requires it.
+    blocks: list[dict] = [
+        {"type": "tool_result", "tool_use_id": r.call_id, "content": r.text, **({"is_error": True} if r.is_error else {})}
+        for r in turn.tool_results
+    ]
+    if turn.text or not (turn.tool_results or turn.tool_calls):
+        blocks.append({"type": "text", "text": turn.text})
+    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c)} for c in turn.tool_calls]
+    return blocks
+
+
+def _tool_choice(choice: ToolChoice) -> dict:
+    out: dict[str, Json] = {"type": _CHOICE_TYPES[choice.mode]}
+    if choice.mode is ToolChoiceMode.TOOL:
+        out["name"] = choice.name
+    if not choice.parallel and choice.mode is not ToolChoiceMode.NONE:
+        out["disable_parallel_tool_use"] = True
+    return out

@@ -1,0 +1,186 @@
+"""Each dialect served by each upstream kind, through the real gRPC server, against the upstream double's echo
+models: what the upstream receives, what the caller gets back (text, tool calls, stop reasons, usage), and
+Anthropic-specific faults."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import orjson
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
+from server.app import start_server
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request, error_details, message_request
+from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_echo import sse
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, window_tokens
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
+CHAT_TOOL = {"type": "function", "function": {"name": "weather", "description": "Weather.", "parameters": WEATHER}}
+MESSAGE_TOOL = {"name": "weather", "description": "Weather.", "input_schema": WEATHER}
+
+
+@pytest.fixture(scope="module")
+def double():
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+async def running(double, tmp_path_factory):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    anthropic = f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
+    openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    models = f"""\
+  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions, provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-anthropic, endpoint: /v1/messages, provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-openai, endpoint: /v1/messages, provider: {{{openai}, model: gpt-up}}}}
+"""
+    server = await start_server(load_upstream_config(tmp_path_factory.mktemp("dialects"), models), "127.0.0.1:0")
+    yield server
+    await server.stop(0)
+    os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+@pytest.fixture(scope="module")
+async def channel(running):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield channel
+
+
+@pytest.fixture
+def chat(channel):
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+@pytest.fixture
+def messages(channel):
+    return message_service_pb2_grpc.MessageServiceStub(channel)
+
+
+@pytest.fixture
+def key(running, double):
+    double.reset()
+    key, secret = running.store.create("dialects", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+    return key.id, secret
+
+
+async def test_chat_on_an_anthropic_upstream(chat, running, double, key):
+    key_id, secret = key
+    request = chat_request(model="chat-on-anthropic", max_tokens=50, stop=["nothing"],
+                           messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])
+    response = await chat.CreateChatCompletion(request, metadata=bearer(secret))
+    assert response.choices[0].message.content == "echo Hi there"
+    assert response.choices[0].finish_reason == "stop"
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (4, 3)
+    seen = double.seen[-1]
+    assert seen.path == "/v1/messages"
+    assert (seen.headers["x-api-key"], seen.headers["anthropic-version"]) == (UPSTREAM_KEY, "2023-06-01")
+    assert "authorization" not in seen.headers
+    assert seen.body == {"model": "claude-up", "max_tokens": 50, "system": "Be brief.", "stream": True,
+                         "messages": [{"role": "user", "content": "Hi there"}], "stop_sequences": ["nothing"]}
+    assert window_tokens(running, key_id) == 7
+
+
+async def test_chat_tool_calls_from_an_anthropic_upstream(chat, key):
+    request = chat_request(model="chat-on-anthropic", tools=[CHAT_TOOL], tool_choice="required",
+                           messages=[{"role": "user", "content": "Oslo"}])
+    response = await chat.CreateChatCompletion(request, metadata=bearer(key[1]))
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.HasField("content")
+    (call,) = choice.message.tool_calls
+    assert (call.id, call.type, call.function.name) == ("toolu_1", "function", "weather")
+    assert orjson.loads(call.function.arguments) == {"echo": "Oslo"}
+
+
+async def test_chat_streamed_from_an_anthropic_upstream(chat, key):
+    request = chat_request(model="chat-on-anthropic", max_tokens=2, stream=True,
+                           stream_options={"include_usage": True})
+    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]
+    chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "echo Say"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+
+
+async def test_messages_on_an_openai_upstream(messages, double, key):
+    request = message_request(model="messages-on-openai", system="Be brief.", top_k=3,
+                              messages=[{"role": "user", "content": "Oslo"}], tools=[MESSAGE_TOOL],
+                              tool_choice={"type": "any"})
+    response = await messages.CreateMessage(request, metadata=bearer(key[1]))
+    assert response.stop_reason == "tool_use"
+    (block,) = response.content
+    assert (block.type, block.id, block.name) == ("tool_use", "call_1", "weather")
+    assert dict(block.input) == {"echo": "Oslo"}
+    assert double.seen[-1].body == {
+        "model": "gpt-up", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo"}],
+        "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather.",
+                                                    "parameters": WEATHER}}],
+        "tool_choice": "required", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def test_messages_streamed_from_an_openai_upstream(messages, key):
+    request = message_request(model="messages-on-openai", max_tokens=2, stream=True)
+    frames = [b.data async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))]
+    events = [orjson.loads(f.split(b"data: ", 1)[1]) for f in frames]
+    assert [e["type"] for e in events] == ["message_start", "content_block_start", "ping", "content_block_delta",
+                                           "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert events[-2]["delta"]["stop_reason"] == "max_tokens"
+    assert events[-2]["usage"] == {"input_tokens": 2, "output_tokens": 2}
+
+
+async def test_messages_pass_through_to_an_anthropic_upstream(messages, double, key):
+    request = message_request(model="messages-on-anthropic", max_tokens=40, stop_sequences=["world"],
+                              metadata={"user_id": "u-7"}, messages=[{"role": "user", "content": "hello world"}])
+    response = await messages.CreateMessage(request, metadata=bearer(key[1]))
+    assert (response.content[0].text, response.stop_reason, response.stop_sequence) == (
+        "echo hello", "stop_sequence", "world")
+    assert double.seen[-1].body == {"model": "claude-up", "max_tokens": 40, "stop_sequences": ["world"],
+                                    "metadata": {"user_id": "u-7"}, "stream": True,
+                                    "messages": [{"role": "user", "content": "hello world"}]}
+
+
+async def test_anthropic_overloaded_is_retried(messages, double, key):
+    double.cue(Cue(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
+    response = await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
+    assert response.content[0].text == "echo Say hello." and len(double.seen) == 2
+
+
+async def test_an_anthropic_error_event_mid_stream_becomes_our_error_event(messages, running, double, key):
+    key_id, secret = key
+    frames = [sse({"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}},
+                  "message_start"),
+              sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                  "content_block_start"),
+              sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+                  "content_block_delta"),
+              sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error")]
+    double.cue(Cue(frames=frames))
+    request = message_request(model="messages-on-anthropic", stream=True)
+    bodies = [b.data async for b in messages.CreateMessageHttp(request, metadata=bearer(secret))]
+    assert bodies[-1].startswith(b"event: error\n")
+    error = orjson.loads(bodies[-1].split(b"data: ", 1)[1])
+    assert error["type"] == "error" and error["error"]["code"] == "service_unavailable"
+    assert window_tokens(running, key_id) == 3 + 1  # the upstream's prompt count and one delta
+
+
+async def test_an_anthropic_4xx_is_the_matching_error(messages, double, key):
+    double.cue(Cue(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                    "message": "messages.0.content: empty"}}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
+    detail = error_details(caught.value)
+    assert (caught.value.code(), detail.http_status, detail.error.message) == (
+        grpc.StatusCode.INVALID_ARGUMENT, 400, "messages.0.content: empty")
+    assert orjson.loads(dict(caught.value.trailing_metadata())["portico-error"])["type"] == "error"
+
+
+async def test_json_output_is_refused_for_an_anthropic_upstream(chat, double, key):
+    request = chat_request(model="chat-on-anthropic", response_format={"type": "json_object"})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(request, metadata=bearer(key[1]))
+    assert error_details(caught.value).error.param == "response_format.type" and not double.seen
