@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 import uvicorn
 
-from tests.upstream_echo import echo_chat, echo_messages
+from tests.upstream_echo import echo_chat, echo_images, echo_messages
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class UpstreamDouble:
         self.defaults: dict[str, Callable[[dict], list[bytes]]] = {
             "/v1/chat/completions": echo_chat, "/v1/messages": echo_messages,
         }
+        self.files: dict[str, bytes] = {}  # served at /files/<name>, for image links
         self._cues: collections.deque[Cue] = collections.deque()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -64,6 +65,7 @@ class UpstreamDouble:
 
     def reset(self) -> None:
         self._cues.clear()
+        self.files.clear()
         self.seen.clear()
         self.gone = 0
 
@@ -111,6 +113,14 @@ class UpstreamDouble:
 
     async def _answer(self, path: str, body: dict, cue: Cue, send, gone: asyncio.Event) -> None:
         await asyncio.sleep(cue.delay)
+        if cue.body is None and cue.frames is None and path == "/v1/images/generations":
+            cue = Cue(body=echo_images(body, self.files, f"http://127.0.0.1:{self.port}"))
+        elif cue.body is None and cue.frames is None and path.startswith("/files/"):
+            data = self.files.get(path.removeprefix("/files/"))
+            headers = [(b"content-type", b"image/png")]
+            await send({"type": "http.response.start", "status": 200 if data else 404, "headers": headers})
+            await send({"type": "http.response.body", "body": data or b""})
+            return
         if cue.body is not None or (cue.frames is None and path not in self.defaults):
             data = cue.body if isinstance(cue.body, bytes) else orjson.dumps(cue.body or {"error": "no route"})
             status = cue.status if cue.body is not None else 404

@@ -6,7 +6,11 @@ stop word; a tool call instead when the request's tool choice requires one.
 
 from __future__ import annotations
 
+import base64
+import io
+
 import orjson
+from PIL import Image
 
 
 def sse(payload: dict | str, event: str | None = None) -> bytes:
@@ -94,3 +98,24 @@ def echo_messages(body: dict) -> list[bytes]:
     frames.append(sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence},
                        "usage": {"output_tokens": sent}}, "message_delta"))
     return [*frames, sse({"type": "message_stop"}, "message_stop")]
+
+
+def tiny_png(seed: int) -> bytes:
+    """A small real PNG (the double does not scale to the requested size: the gateway passes on what it gets)."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (seed % 256, 80, 160)).save(out, "PNG")
+    return out.getvalue()
+
+
+def echo_images(body: dict, files: dict[str, bytes], base_url: str) -> dict:
+    """An images answer: `n` PNGs as base64, or (response_format "url") as links to the double itself."""
+    data = []
+    for i in range(body.get("n") or 1):
+        png = tiny_png(len(body.get("prompt", "")) + i)
+        if body.get("response_format") == "url":
+            name = f"img-{len(files)}.png"
+            files[name] = png
+            data.append({"url": f"{base_url}/files/{name}", "revised_prompt": f"echo {body.get('prompt')}"})
+        else:
+            data.append({"b64_json": base64.b64encode(png).decode(), "revised_prompt": f"echo {body.get('prompt')}"})
+    return {"created": 1, "data": data}

@@ -11,16 +11,17 @@ import os
 from collections.abc import Mapping
 
 from server.config import Config, ModelEntry
-from server.config_providers import UpstreamSpec, upstream_keys
+from server.config_providers import IMAGES, UpstreamSpec, upstream_keys
 from server.providers import Provider
 from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers
 from server.providers.dev_image import DevImageProvider
-from server.providers.fallback import FallbackProvider
+from server.providers.fallback import FallbackImageProvider, FallbackProvider
 from server.providers.http_upstream import HttpUpstream
 from server.providers.images import ImageProvider
 from server.providers.llamacpp import LlamaCppProvider
 from server.providers.openai_http import OpenAIProvider, openai_auth_headers
-from server.providers.retry import RetryingProvider
+from server.providers.openai_images_http import OpenAIImageProvider
+from server.providers.retry import RetryingImageProvider, RetryingProvider
 
 AnyProvider = Provider | ImageProvider
 
@@ -33,10 +34,13 @@ def build_providers(config: Config, environ: Mapping[str, str] = os.environ) -> 
     own = {entry.id: builder.provider(entry, keys.get(entry.id)) for entry in config.models}
     providers: dict[str, AnyProvider] = {}
     for entry in config.models:
-        if entry.fallbacks and entry.endpoint != "/v1/images/generations":
-            providers[entry.id] = FallbackProvider([(m, own[m]) for m in (entry.id, *entry.fallbacks)])
-        else:
+        chain = [(model_id, own[model_id]) for model_id in (entry.id, *entry.fallbacks)]
+        if not entry.fallbacks:
             providers[entry.id] = own[entry.id]
+        elif entry.endpoint == IMAGES:
+            providers[entry.id] = FallbackImageProvider(chain)
+        else:
+            providers[entry.id] = FallbackProvider(chain)
     return providers
 
 
@@ -56,6 +60,9 @@ class _Builder:
         spec = entry.provider.upstream
         assert spec is not None
         upstream = self._upstream(kind, spec, key)
+        if entry.endpoint == IMAGES:
+            images = OpenAIImageProvider(upstream, spec, model_id=entry.id)
+            return RetryingImageProvider(images, spec.retry, model_id=entry.id)
         if kind == "anthropic":
             provider = AnthropicProvider(upstream, spec, model_id=entry.id)
         else:

@@ -39,6 +39,7 @@ class ImageRequest:
     style: str  # "vivid" or "natural"
     quality: str  # as requested ("auto", "low", ...); a provider may ignore it
     compression: int | None  # 0-100 for lossy formats; None: the provider's best quality
+    source: object | None = None  # the caller's CreateImageRequest, passed on whole to an OpenAI images upstream
 
 
 @dataclass(frozen=True, slots=True)

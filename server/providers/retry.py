@@ -19,6 +19,7 @@ from server.config_providers import RetrySettings
 from server.domain import GenerationEvent, GenerationRequest, Started
 from server.errors import PorticoError
 from server.providers import Provider
+from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
 
 _logger = logging.getLogger(__name__)
 
@@ -82,6 +83,36 @@ class RetryingProvider:
             except PorticoError as error:
                 if delivery.delivered:
                     raise
+                delay = backoff_delay(self._settings, attempt, error, loop.time() - began, self._draw)
+                if delay is None:
+                    raise
+                _logger.warning("%s: attempt %d failed (%s: %s); retrying in %.2f s", self._model_id, attempt,
+                                error.kind.code, error.message, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class RetryingImageProvider:
+    """The same policy for image upstreams, whose answer is one JSON body: any retryable failure is retried."""
+
+    def __init__(self, inner: ImageProvider, settings: RetrySettings, *, model_id: str,
+                 rng: random.Random | None = None) -> None:
+        self._inner = inner
+        self._settings = settings
+        self._model_id = model_id
+        self._draw = (rng or random.Random()).random
+
+    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        attempt = 1
+        while True:
+            try:
+                return await self._inner.generate(request)
+            except PorticoError as error:
                 delay = backoff_delay(self._settings, attempt, error, loop.time() - began, self._draw)
                 if delay is None:
                     raise

@@ -82,6 +82,7 @@ def image_request(request: image_pb2.CreateImageRequest, *, upstream_model: str)
             style=style,
             quality=quality,
             compression=compression,
+            source=request,
         ),
         response_format=response_format,
     )

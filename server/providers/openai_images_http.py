@@ -1,0 +1,72 @@
+"""An image model served by an OpenAI-compatible images API (POST {base_url}/images/generations).
+
+The caller's request passes through whole, with the upstream's model name, except `response_format`: models
+differ in what they accept there (gpt-image-1 refuses it), so the upstream answers in its own way and both ways
+are read: `b64_json` items are decoded, `url` items fetched (without the upstream key, since such links often
+point at another host). The gateway then answers in the format the caller asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+
+from server.config_providers import UpstreamSpec
+from server.errors import UpstreamError
+from server.providers.http_upstream import HttpUpstream
+from server.providers.images import GeneratedImage, ImageFormat, ImageRequest
+from server.translate.values import wire_body
+
+_SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))
+
+
+class OpenAIImageProvider:
+    def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
+        self._upstream = upstream
+        self._model = spec.model
+        self._model_id = model_id
+
+    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+        body = wire_body(request.source) if request.source is not None else _built(request)
+        body.pop("response_format", None)
+        body["model"] = self._model
+        answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id)
+        items = answer.get("data")
+        if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+            raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
+        return list(await asyncio.gather(*(self._image(item, request) for item in items)))
+
+    async def _image(self, item: dict, request: ImageRequest) -> GeneratedImage:
+        if isinstance(item.get("b64_json"), str):
+            try:
+                data = base64.b64decode(item["b64_json"], validate=True)
+            except binascii.Error:
+                raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image that is not base64.") \
+                    from None
+        elif isinstance(item.get("url"), str):
+            data = await self._upstream.fetch(item["url"], model_id=self._model_id)
+        else:
+            raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image with neither data nor link.")
+        revised = item.get("revised_prompt")
+        return GeneratedImage(data=data, output_format=_format(data, request.output_format),
+                              revised_prompt=revised if isinstance(revised, str) else None)
+
+    async def close(self) -> None:
+        await self._upstream.close()
+
+
+def _built(request: ImageRequest) -> dict:
+    """For an ImageRequest made without a wire request (not from the REST or gRPC API)."""
+    return {"prompt": request.prompt, "n": request.n, "size": f"{request.width}x{request.height}",
+            "output_format": request.output_format.value, "quality": request.quality}
+
+
+def _format(data: bytes, asked: ImageFormat) -> ImageFormat:
+    """What the bytes are (a model may ignore output_format), so the image is served with the right type."""
+    for signature, found in _SIGNATURES:
+        if data.startswith(signature):
+            return found
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ImageFormat.WEBP
+    return asked

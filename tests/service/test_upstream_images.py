@@ -1,0 +1,114 @@
+"""Images through an OpenAI-compatible images upstream (the upstream double), beside the development provider:
+the request passed on, both answer forms read, the caller's format honoured, retries, fallbacks and errors."""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from portico.v1 import image_pb2, image_service_pb2_grpc
+from server.app import start_server
+from server.providers.dev_image import REVISED_PROMPT
+from tests.helpers import bearer, error_details
+from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_echo import tiny_png
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
+
+IMAGES = "/v1/images/generations"
+
+
+@pytest.fixture(scope="module")
+def double():
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+async def running(double, tmp_path_factory):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    provider = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: image-up"
+    down = f"kind: openai, base_url: 'http://127.0.0.1:9/v1', model: x, retry: {FAST_RETRY}"
+    models = f"""\
+  - {{id: image-up, endpoint: {IMAGES}, provider: {{{provider}, retry: {FAST_RETRY}}}}}
+  - {{id: image-down, endpoint: {IMAGES}, provider: {{{down}}}, fallbacks: [image-dev]}}
+  - {{id: image-dev, endpoint: {IMAGES}, provider: {{kind: dev-image}}}}
+"""
+    server = await start_server(load_upstream_config(tmp_path_factory.mktemp("images"), models), "127.0.0.1:0")
+    yield server
+    await server.stop(0)
+    os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+@pytest.fixture(scope="module")
+async def images(running):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield image_service_pb2_grpc.ImageServiceStub(channel)
+
+
+@pytest.fixture
+def secret(running, double):
+    double.reset()
+    return running.store.create("images", all_models=True)[1]
+
+
+def image_request(**fields) -> image_pb2.CreateImageRequest:
+    body = {"model": "image-up", "prompt": "a lighthouse", **fields}
+    return json_format.ParseDict(body, image_pb2.CreateImageRequest())
+
+
+async def test_b64_images_from_the_upstream(images, double, secret):
+    response = await images.CreateImage(image_request(n=2, size="512x512", quality="high", user="u-1"),
+                                        metadata=bearer(secret))
+    assert [base64.b64decode(item.b64_json) for item in response.data] == [tiny_png(12), tiny_png(13)]
+    assert response.data[0].revised_prompt == "echo a lighthouse"
+    seen = double.seen[-1]
+    assert seen.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert seen.body == {"model": "image-up", "prompt": "a lighthouse", "n": 2, "size": "512x512", "quality": "high",
+                         "user": "u-1"}  # response_format is never passed on: the upstream answers in its own way
+
+
+async def test_linked_images_are_fetched_without_the_key_and_served_as_ours(images, double, secret):
+    double.files["a.png"] = tiny_png(1)
+    double.cue(Cue(body={"created": 1, "data": [{"url": f"http://127.0.0.1:{double.port}/files/a.png"}]}))
+    response = await images.CreateImage(image_request(response_format="url"), metadata=bearer(secret))
+    (item,) = response.data
+    assert item.url.startswith("http://127.0.0.1:8080/v1/images/content/")  # the gateway's own signed link
+    fetch = double.seen[-1]
+    assert fetch.path == "/files/a.png" and "authorization" not in fetch.headers
+    b64 = await images.CreateImage(image_request(), metadata=bearer(secret))  # and as b64_json, by default
+    assert base64.b64decode(b64.data[0].b64_json) == tiny_png(12)
+
+
+async def test_an_upstream_failure_is_retried(images, double, secret):
+    double.cue(Cue(503, {"error": {"message": "busy"}}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert len(response.data) == 1 and len(double.seen) == 2
+
+
+async def test_an_unreachable_upstream_falls_back_to_the_development_provider(images, secret):
+    response = await images.CreateImage(image_request(model="image-down", size="256x256"), metadata=bearer(secret))
+    assert response.data[0].revised_prompt == REVISED_PROMPT
+
+
+async def test_upstream_refusals_keep_their_meaning(images, double, secret):
+    double.cue(Cue(400, {"error": {"message": "Your prompt was rejected.", "param": "prompt"}}),
+               Cue(429, {"error": {"message": "slow"}}, headers={"retry-after": "60"}))
+    for code, status, param in ((grpc.StatusCode.INVALID_ARGUMENT, 400, "prompt"),
+                                (grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "")):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await images.CreateImage(image_request(), metadata=bearer(secret))
+        detail = error_details(caught.value)
+        assert (caught.value.code(), detail.http_status, detail.error.param) == (code, status, param)
+    assert len(double.seen) == 2
+
+
+async def test_an_answer_without_images_is_an_upstream_error(images, double, secret):
+    double.cue(Cue(body={"created": 1, "data": []}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert (caught.value.code(), error_details(caught.value).http_status) == (grpc.StatusCode.UNAVAILABLE, 502)
