@@ -6,18 +6,20 @@ import logging
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
 from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
-from portico.v1 import image_service_pb2, image_service_pb2_grpc
+from portico.v1 import image_service_pb2, image_service_pb2_grpc, probe_service_pb2, probe_service_pb2_grpc
 from server.catalog import Catalog
 from server.config import Config
+from server.health import Readiness
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyStore
 from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.limits.redis import RedisLimitStore, redacted
+from server.observability import Telemetry
 from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.build import build_providers
@@ -27,6 +29,7 @@ from server.services.interceptor import ErrorInterceptor
 from server.services.keys import KeyServicer
 from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
+from server.services.probes import ProbeServicer
 
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # above Envoy's 8 MiB request limit, so Envoy answers oversize bodies first
 MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
@@ -41,9 +44,14 @@ class RunningServer:
     store: KeyStore
     limiter: Limiter
     providers: tuple[Provider, ...]
+    telemetry: Telemetry
+    readiness: Readiness
 
     async def stop(self, grace: float | None = None) -> None:
+        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds."""
+        await self.readiness.drain()
         await self.server.stop(grace)
+        await self.readiness.close()
         for provider in self.providers:
             await provider.close()
         await self.limiter.close()
@@ -62,7 +70,8 @@ def build_limit_store(config: Config) -> LimitStore:
 async def start_server(config: Config, address: str) -> RunningServer:
     """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
     store = KeyStore(config.data_dir / "keys.db")
-    authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds)
+    telemetry = Telemetry()
+    authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
     providers = build_providers(config)
     limiter = Limiter(build_limit_store(config), config.limits)
     if isinstance(limiter.store, RedisLimitStore) and not await limiter.store.ping():
@@ -71,11 +80,12 @@ async def start_server(config: Config, address: str) -> RunningServer:
                       redacted(config.limits.store),
                       "admitted without limits" if config.limits.on_store_error == "open" else "refused with 503")
     pipeline = Pipeline(
-        authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter
+        authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
+        telemetry=telemetry,
     )
 
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=[ErrorInterceptor(telemetry)],
         options=[
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -98,14 +108,16 @@ async def start_server(config: Config, address: str) -> RunningServer:
         model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
         image_service_pb2.DESCRIPTOR.services_by_name["ImageService"].full_name,
         key_service_pb2.DESCRIPTOR.services_by_name["KeyService"].full_name,
+        probe_service_pb2.DESCRIPTOR.services_by_name["ProbeService"].full_name,
     ]
+    readiness = Readiness(health_servicer, service_names, store, limiter, config.limits)
+    probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)
     await server.start()
-    # Providers are loaded above, before start(): being up means being ready.
-    for name in ("", *service_names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await readiness.start()  # providers are loaded above; the stores are checked now and every second
     _logger.info("gRPC server listening on %s", address if port == 0 else f"port {port}")
     return RunningServer(
-        server=server, port=port, store=store, limiter=limiter, providers=tuple(dict.fromkeys(providers.values()))
+        server=server, port=port, store=store, limiter=limiter, providers=tuple(dict.fromkeys(providers.values())),
+        telemetry=telemetry, readiness=readiness,
     )

@@ -3,7 +3,8 @@
 authenticate key -> resolve model (catalog, grants, path rule) -> admit (reserve against the limits) -> provider
 -> settle the reservation with the real usage, as typed values. Servicers translate the wire request before calling
 in and render what comes out; the x-ratelimit-* headers go out from here as initial metadata before the first
-message, so Envoy turns them into HTTP headers.
+message, so Envoy turns them into HTTP headers. What the pipeline learns about a request (model, tokens, upstream
+and first-token times) goes on the RPC's telemetry record, which the interceptor reports when the RPC ends.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from server.domain import (
     ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, ToolCall, ToolCallDelta,
     ToolCallStart, Usage,
 )
-from server.errors import InternalError, InvalidRequest
+from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
+from server.observability import RequestRecord, Telemetry
 from server.providers import Capabilities, Provider, TokenCounter, unsupported
 from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
 
@@ -45,6 +47,7 @@ class Call:
     model: ModelEntry
     provider: Provider | ImageProvider
     context: CallContext
+    record: RequestRecord
 
 
 class Pipeline:
@@ -55,11 +58,13 @@ class Pipeline:
         catalog: Catalog,
         providers: Mapping[str, Provider | ImageProvider],
         limiter: Limiter,
+        telemetry: Telemetry,
     ) -> None:
         self._authenticator = authenticator
         self._catalog = catalog
         self._providers = providers
         self._limiter = limiter
+        self._telemetry = telemetry
 
     @property
     def authenticator(self) -> Authenticator:
@@ -74,7 +79,9 @@ class Pipeline:
         if not model_id:
             raise InvalidRequest("You must provide a model parameter.", param="model")
         model = self._catalog.resolve(key, model_id, endpoint)
-        return Call(key=key, model=model, provider=self._providers[model.id], context=context)
+        record = self._telemetry.current()
+        record.model = model.id
+        return Call(key=key, model=model, provider=self._providers[model.id], context=context, record=record)
 
     @asynccontextmanager
     async def stream(self, call: Call, request: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
@@ -91,8 +98,9 @@ class Pipeline:
         meter = _Meter(prompt_estimate=await _prompt_tokens(provider, request))
         tokens = meter.prompt_estimate + request.params.max_tokens
         reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
+        call.record.upstream_call()
         try:
-            async with aclosing(_metered(provider.stream(request), meter)) as events:
+            async with aclosing(_metered(provider.stream(request), meter, call.record)) as events:
                 try:
                     first = await anext(events)
                 except StopAsyncIteration:
@@ -100,9 +108,12 @@ class Pipeline:
                 await _send_headers(call, reservation)
                 yield _prepend(first, events)
         finally:
+            call.record.upstream_done()
             # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
             if meter.started:
-                await self._limiter.settle(reservation, meter.used_tokens)
+                usage = meter.usage_so_far()
+                call.record.input_tokens, call.record.output_tokens = usage.input_tokens, usage.output_tokens
+                await self._limiter.settle(reservation, usage.total_tokens)
             else:
                 await self._limiter.release(reservation)
 
@@ -130,9 +141,11 @@ class Pipeline:
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
         reservation = await self._limiter.reserve(call.key, call.model.id, 0)
         images: list[GeneratedImage] | None = None
+        call.record.upstream_call()
         try:
             images = await provider.generate(request)
         finally:
+            call.record.upstream_done()
             if images is None:
                 await self._limiter.release(reservation)
             else:
@@ -175,20 +188,28 @@ class _Meter:
         elif isinstance(event, Finished):
             self.usage = event.usage
 
-    @property
-    def used_tokens(self) -> int:
+    def usage_so_far(self) -> Usage:
         if self.usage is not None:
-            return self.usage.total_tokens
+            return self.usage
         # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token).
         prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
-        return prompt + max(self.deltas, math.ceil(self.chars / 4))
+        return Usage(prompt, max(self.deltas, math.ceil(self.chars / 4)))
 
 
-async def _metered(events: AsyncIterator[GenerationEvent], meter: _Meter) -> AsyncIterator[GenerationEvent]:
-    async with aclosing(events):
-        async for event in events:
-            meter.record(event)
-            yield event
+async def _metered(
+    events: AsyncIterator[GenerationEvent], meter: _Meter, record: RequestRecord
+) -> AsyncIterator[GenerationEvent]:
+    try:
+        async with aclosing(events):
+            async for event in events:
+                meter.record(event)
+                if isinstance(event, TextDelta):
+                    record.first_token()
+                yield event
+    except Exception as exc:
+        # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
+        record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
+        raise
 
 
 async def _prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:

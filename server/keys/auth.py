@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cachetools import TTLCache
 
@@ -16,8 +16,16 @@ MISSING_KEY_MESSAGE = "You didn't provide an API key. Send it as `Authorization:
 
 
 class Authenticator:
-    def __init__(self, store: KeyStore, *, cache_seconds: float, cache_size: int = 10_000) -> None:
+    def __init__(
+        self,
+        store: KeyStore,
+        *,
+        cache_seconds: float,
+        cache_size: int = 10_000,
+        on_authenticated: Callable[[ApiKey], None] = lambda key: None,
+    ) -> None:
         self._store = store
+        self._on_authenticated = on_authenticated  # telemetry notes the key id (never the secret) on the request
         # Keyed by a hash so secrets are not held in plain text longer than the request itself.
         self._cache: TTLCache[str, ApiKey | None] = TTLCache(maxsize=cache_size, ttl=cache_seconds)
 
@@ -33,6 +41,7 @@ class Authenticator:
             self._cache[digest] = key
         if key is None:
             raise AuthenticationFailed("Incorrect API key provided.")
+        self._on_authenticated(key)
         return key
 
     def authenticate_admin(self, metadata: Metadata) -> ApiKey:

@@ -43,7 +43,7 @@ class Limiter:
     def scopes(self, key: ApiKey, model_id: str) -> tuple[Scope, ...]:
         scopes = [Scope(key.id, f"key {key.id}", effective_limits(key.limits, self._settings.defaults))]
         if (per_model := self._settings.models.get(model_id)) is not None:
-            scopes.append(Scope(f"{key.id}|{model_id}", f"key {key.id} on model {model_id}", per_model))
+            scopes.append(Scope(f"{key.id}|{model_id}", f"key {key.id} on model {model_id}", per_model, "key_model"))
         return tuple(s for s in scopes if s.limits != KeyLimits())
 
     async def reserve(self, key: ApiKey, model_id: str, tokens: int) -> Reservation:

@@ -49,6 +49,7 @@ class Scope:
     id: str  # the counters' name in the store, e.g. "key_ab12" or "key_ab12|family-a-5.5"
     label: str  # how messages name it, e.g. "key key_ab12 on model family-a-5.5"
     limits: KeyLimits
+    kind: str = "key"  # "key" or "key_model": a bounded metric label
 
     def limit(self, dimension: Dimension) -> int | None:
         return getattr(self.limits, dimension.value)
@@ -97,6 +98,15 @@ class Reservation:
     requests: Standing | None  # None when no request limit applies
     tokens: Standing | None
     held: bool = True  # False: admitted without counting (the store was unreachable and the policy is fail-open)
+
+
+class LimitExceeded(RateLimited):
+    """A refusal by one of Portico's own limits (an upstream's 429 is a plain RateLimited)."""
+
+    def __init__(self, message: str, *, dimension: Dimension, scope: Scope, retry_after: float = 0.0) -> None:
+        super().__init__(message, retry_after=retry_after, subject=f"{scope.label}: {dimension.label}")
+        self.dimension = dimension
+        self.scope = scope
 
 
 class LimitStoreUnavailable(Exception):
@@ -154,23 +164,21 @@ def _tightest(readings: list[Reading]) -> Standing | None:
     return Standing(tightest.limit, max(0, tightest.limit - tightest.used), max(0.0, tightest.wait))
 
 
-def _refusal(reading: Reading, demand: Demand) -> RateLimited:
+def _refusal(reading: Reading, demand: Demand) -> LimitExceeded:
     where = f"{reading.dimension.label} on {reading.scope.label}"
-    subject = f"{reading.scope.label}: {reading.dimension.label}"
     if math.isinf(reading.wait):
         # Retrying cannot help, so there is no retry hint.
-        return RateLimited(
+        return LimitExceeded(
             f"Request too large for {where}: it may use up to {demand.tokens} tokens (prompt + max tokens) but "
             f"the limit is {reading.limit}. Lower max_tokens or shorten the prompt.",
-            subject=subject,
+            dimension=reading.dimension, scope=reading.scope,
         )
     wait = max(reading.wait, 0.001)
     if reading.dimension.counts_tokens:
         counts = f"used {reading.used - demand.tokens}, requested {demand.tokens} tokens"
     else:
         counts = f"used {reading.used - 1} requests"
-    return RateLimited(
+    return LimitExceeded(
         f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {wait:.3g} seconds.",
-        retry_after=wait,
-        subject=subject,
+        retry_after=wait, dimension=reading.dimension, scope=reading.scope,
     )

@@ -1,12 +1,16 @@
-"""One interceptor turns every failure of a portico.v1 RPC into the error table's status.
+"""One interceptor turns every failure of a portico.v1 RPC into the error table's status, and observes every RPC.
 
 A PorticoError becomes its row; anything else is logged and becomes one INTERNAL error, so no handler needs its
 own try/except. The error travels three ways at once: the gRPC status code, the google.rpc.Status details for gRPC
 callers, and `portico-*` trailing metadata from which Envoy's Lua filter builds the REST response.
+
+Because this is where every RPC starts and ends, and where its outcome is known, it is also the one place that
+opens and closes the RPC's telemetry record (metrics and the access-log line; server/observability).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -18,6 +22,8 @@ from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import error_pb2
 from server.errors import InternalError, PorticoError, RateLimited, error_body
+from server.observability import Outcome, RequestRecord, Telemetry
+from server.observability.record import endpoint_of
 
 _PORTICO_PREFIX = "/portico.v1."
 _ANTHROPIC_PREFIX = "/portico.v1.MessageService/"
@@ -27,6 +33,9 @@ _logger = logging.getLogger(__name__)
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -52,33 +61,66 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_unary(self, behavior, method: str, anthropic: bool):
         async def unary(request, context: grpc.aio.ServicerContext):
+            observed = _Observation(self._telemetry, method, context)
             try:
                 return await behavior(request, context)
+            except (asyncio.CancelledError, GeneratorExit):
+                observed.outcome = Outcome.cancelled()
+                raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the table
-                await abort(context, self._as_portico_error(exc, method), anthropic=anthropic)
+                error = self._as_portico_error(exc, method)
+                observed.outcome = Outcome.of_error(error)
+                await abort(context, error, anthropic=anthropic)
+            finally:
+                observed.close()
 
         return unary
 
     def _wrap_stream(self, behavior, method: str, anthropic: bool):
         async def stream(request, context: grpc.aio.ServicerContext):
+            observed = _Observation(self._telemetry, method, context)
             try:
                 # aclosing: when grpc drops this generator (the caller went away), the servicer's generator is
                 # closed right away too, so its cleanup (settling rate limits) does not wait for garbage collection.
                 async with aclosing(behavior(request, context)) as responses:
                     async for response in responses:
                         yield response
+            except (asyncio.CancelledError, GeneratorExit):
+                observed.outcome = Outcome.cancelled()
+                raise
             except Exception as exc:  # noqa: BLE001
-                await abort(context, self._as_portico_error(exc, method), anthropic=anthropic)
+                error = self._as_portico_error(exc, method)
+                observed.outcome = Outcome.of_error(error)
+                await abort(context, error, anthropic=anthropic)
+            finally:
+                observed.close()
 
         return stream
 
     def _as_portico_error(self, exc: Exception, method: str) -> PorticoError:
         if isinstance(exc, PorticoError):
             return exc
-        if isinstance(exc, grpc.aio.AbortError):
+        if isinstance(exc, grpc.aio.AbortError):  # never raised by Portico's servicers: they raise PorticoErrors
             raise exc
         _logger.exception("unexpected error in %s", method)
         return InternalError("The server had an error while processing your request.")
+
+
+class _Observation:
+    """One RPC's telemetry record (None for RPCs that are not observed, e.g. probes); success unless told."""
+
+    def __init__(self, telemetry: Telemetry, method: str, context: grpc.aio.ServicerContext) -> None:
+        self._telemetry = telemetry
+        self.outcome = Outcome(200)
+        endpoint = endpoint_of(method)
+        self._record: RequestRecord | None = None
+        if endpoint is not None:
+            metadata = context.invocation_metadata() or ()
+            self._record = telemetry.begin(method, endpoint, metadata)
+
+    def close(self) -> None:
+        if self._record is not None:
+            self._telemetry.finish(self._record, self.outcome)
 
 
 async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool) -> None:

@@ -172,6 +172,7 @@ def test_limiter_scopes_take_key_values_over_defaults_and_add_per_model_limits()
     limiter = Limiter(MemoryLimitStore(), settings)
     key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(requests_per_minute=5))
     assert limiter.scopes(key, "other") == (Scope("k", "key k", KeyLimits(5, 1000)),)
-    assert limiter.scopes(key, "m")[1] == Scope("k|m", "key k on model m", KeyLimits(concurrent_requests=2))
+    per_model = Scope("k|m", "key k on model m", KeyLimits(concurrent_requests=2), "key_model")
+    assert limiter.scopes(key, "m")[1] == per_model
     unlimited = Limiter(MemoryLimitStore(), LimitSettings())
     assert unlimited.scopes(ApiKey(id="k", name="n", all_models=True, models=frozenset()), "m") == ()

@@ -1,0 +1,117 @@
+"""Readiness: one verdict, reported by grpc.health.v1 (for every service name) and by GET /readyz (ProbeService).
+
+Ready means: the providers are loaded (start_server builds them before it serves, so this always holds once
+serving), the key store answers, and the limit store answers, unless the policy is fail-open, under which an
+unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
+A background task re-checks every second, so readiness follows Redis going away and coming back without traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from grpc_health.v1 import health, health_pb2
+
+from server.config import LimitSettings
+from server.keys import KeyStore
+from server.limits import Limiter
+from server.limits.redis import RedisLimitStore
+
+CHECK_INTERVAL_SECONDS = 1.0
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessReport:
+    status: str  # "ready", "not_ready" or "draining"
+    checks: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    def reasons(self) -> str:
+        failing = [f"{name} {state}" for name, state in self.checks.items() if state not in ("ok", "loaded")]
+        return ", ".join(failing) or self.status
+
+
+class Readiness:
+    def __init__(
+        self,
+        health_servicer: health.aio.HealthServicer,
+        service_names: Sequence[str],
+        keys: KeyStore,
+        limiter: Limiter,
+        settings: LimitSettings,
+    ) -> None:
+        self._health = health_servicer
+        self._names = ("", *service_names)  # "": the whole server
+        self._keys = keys
+        self._limiter = limiter
+        self._settings = settings
+        self._draining = False
+        self.report = ReadinessReport("not_ready")
+        self._published: bool | None = None  # the readiness last given to the health servicer
+        self._watch: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._watch = asyncio.create_task(self._watch_forever())
+
+    async def refresh(self) -> ReadinessReport:
+        checks = {"model": "loaded", "keys": self._keys_state(), "limits": await self._limits_state()}
+        limits_ok = checks["limits"] == "ok" or self._settings.on_store_error == "open"
+        ready = checks["keys"] == "ok" and limits_ok
+        if self._draining:  # drain() has said NOT_SERVING for good
+            return self.report
+        report = ReadinessReport("ready" if ready else "not_ready", checks)
+        if report.ready != self._published:
+            if self._published is not None or not report.ready:
+                level = logging.INFO if report.ready else logging.ERROR
+                _logger.log(level, "readiness: %s", "ready" if report.ready else f"not ready ({report.reasons()})")
+            status = health_pb2.HealthCheckResponse.SERVING if report.ready else (
+                health_pb2.HealthCheckResponse.NOT_SERVING)
+            for name in self._names:
+                await self._health.set(name, status)
+            self._published = report.ready
+        self.report = report
+        return report
+
+    async def drain(self) -> None:
+        """From now on never ready: grpc.health.v1 says NOT_SERVING for good, /readyz answers 503."""
+        self._draining = True
+        self.report = ReadinessReport("draining", self.report.checks)
+        await self._health.enter_graceful_shutdown()
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    async def _watch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_SECONDS)
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - a failed check must not end the watching
+                _logger.exception("readiness check failed")
+
+    def _keys_state(self) -> str:
+        try:
+            self._keys.count()
+        except sqlite3.Error:
+            return "unreachable"
+        return "ok"
+
+    async def _limits_state(self) -> str:
+        store = self._limiter.store
+        if isinstance(store, RedisLimitStore) and not await store.ping():
+            return "unreachable"
+        return "ok"

@@ -1,0 +1,13 @@
+"""Observability: Prometheus metrics, the JSON access log, and the per-request record both are built from.
+
+    telemetry.Telemetry     opens and closes a request's record (the error interceptor), the current record
+    record.RequestRecord    what one request did; Outcome: how it ended; UpstreamRecorder: for providers
+    metrics.Metrics         the metric families; MetricsServer: GET /metrics on 127.0.0.1
+    access_log              one JSON line per request on the `portico.access` logger
+"""
+
+from server.observability.metrics import Metrics, MetricsServer
+from server.observability.record import Outcome, RequestRecord, UpstreamRecorder
+from server.observability.telemetry import Telemetry
+
+__all__ = ["Metrics", "MetricsServer", "Outcome", "RequestRecord", "Telemetry", "UpstreamRecorder"]

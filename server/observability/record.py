@@ -1,0 +1,101 @@
+"""What one request did, gathered while it runs and reported once when it ends (metrics and one access-log line).
+
+Label values come only from bounded sets: the endpoint from a fixed table of RPCs, the model from the catalog
+(never the caller's raw `model` text), key ids from the key store, status codes and error codes from the error table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from server.errors import PorticoError
+from server.limits.core import LimitExceeded
+
+CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended
+
+# Service -> the REST path it serves, the `endpoint` label. ProbeService is absent on purpose: probes arrive every
+# few seconds and would drown the access log and request counts.
+_ENDPOINTS = {
+    "ChatService": "/v1/chat/completions",
+    "MessageService": "/v1/messages",
+    "ImageService": "/v1/images/generations",
+    "ModelService": "/v1/models",
+    "KeyService": "/v1/admin/keys",
+}
+
+
+def endpoint_of(method: str) -> str | None:
+    """"/portico.v1.ChatService/CreateChatCompletion" -> "/v1/chat/completions"; None for RPCs not observed."""
+    service, _, rpc = method.removeprefix("/portico.v1.").partition("/")
+    if rpc == "GetImageContent":
+        return "/v1/images/content"
+    return _ENDPOINTS.get(service)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    rpc: str  # "ChatService/CreateChatCompletionHttp"
+    endpoint: str
+    started: float = field(default_factory=time.monotonic)
+    key_id: str = ""
+    key_env: str = ""
+    model: str = ""  # set once the catalog resolved it, so unknown model names never become label values
+    input_tokens: int = 0
+    output_tokens: int = 0
+    upstream_attempts: int = 0
+    upstream_started: float | None = None
+    upstream_seconds: float | None = None
+    first_token_seconds: float | None = None  # from the start of the request
+    in_band_error: str = ""  # the code of a failure reported inside an already started stream
+
+    def upstream_call(self) -> None:
+        self.upstream_attempts = max(self.upstream_attempts, 1)
+        self.upstream_started = time.monotonic()
+
+    def first_token(self) -> None:
+        if self.first_token_seconds is None:
+            self.first_token_seconds = time.monotonic() - self.started
+
+    def upstream_done(self) -> None:
+        if self.upstream_started is not None and self.upstream_seconds is None:
+            self.upstream_seconds = time.monotonic() - self.upstream_started
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, as the caller saw it."""
+
+    status: int  # HTTP status (gRPC callers got the matching status code)
+    code: str = ""  # the error table's code; "" for success
+    limit: str = ""  # for a rate-limit refusal: which limit, e.g. "requests_per_minute"
+    scope: str = ""  # ... and on what: "key" or "key_model"
+
+    @classmethod
+    def of_error(cls, error: PorticoError) -> Outcome:
+        if isinstance(error, LimitExceeded):
+            return cls(error.kind.http_status, error.kind.code, error.dimension.value, error.scope.kind)
+        return cls(error.kind.http_status, error.kind.code)
+
+    @classmethod
+    def cancelled(cls) -> Outcome:
+        return cls(CANCELLED_STATUS, "cancelled")
+
+
+class UpstreamRecorder(Protocol):
+    """What provider code reports about upstream calls (server/providers: retries and fallbacks).
+
+    Call these from inside the request (the RPC's task or a task it started): each call also counts one more
+    upstream attempt in that request's access-log line. Pass model ids or upstream model names from the
+    configuration and a reason from RETRY_REASONS, never text from a caller or an upstream's answer.
+    """
+
+    def retry(self, model: str, reason: str) -> None: ...
+
+    def fallback(self, model: str, fallback: str) -> None: ...
+
+
+# Anything else is counted as "other", so the label set stays bounded whatever a provider passes.
+RETRY_REASONS = frozenset({"429", "500", "502", "503", "504", "connect", "timeout", "other"})

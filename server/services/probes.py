@@ -1,0 +1,21 @@
+"""ProbeService: liveness and readiness over REST (GET /healthz, GET /readyz), no API key needed."""
+
+from __future__ import annotations
+
+from portico.v1 import probe_pb2, probe_service_pb2_grpc
+from server.errors import ServiceUnavailable
+from server.health import Readiness
+
+
+class ProbeServicer(probe_service_pb2_grpc.ProbeServiceServicer):
+    def __init__(self, readiness: Readiness) -> None:
+        self._readiness = readiness
+
+    async def GetLiveness(self, request, context) -> probe_pb2.GetLivenessResponse:
+        return probe_pb2.GetLivenessResponse(status="alive")
+
+    async def GetReadiness(self, request, context) -> probe_pb2.GetReadinessResponse:
+        report = self._readiness.report
+        if not report.ready:
+            raise ServiceUnavailable(f"Not ready: {report.reasons()}.", retry_after=1.0)
+        return probe_pb2.GetReadinessResponse(status=report.status, checks=dict(report.checks))

@@ -1,0 +1,172 @@
+"""Observability and readiness over real stubs: what one request leaves in the metrics and the access log, bounded
+labels, cancelled streams, and grpc.health.v1 / ProbeService following the stores and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import logging
+import socket
+
+import grpc
+import orjson
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from portico.v1 import chat_service_pb2_grpc, probe_pb2, probe_service_pb2_grpc
+from server.app import start_server
+from server.config import load_config
+from server.domain import KeyLimits
+from server.observability.access_log import ACCESS_LOGGER
+from tests.helpers import bearer, chat_request
+
+CHAT = "/v1/chat/completions"
+
+
+def sample(running, name: str, **labels: str) -> float:
+    return running.telemetry.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def access_lines(caplog) -> list[dict]:
+    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+
+
+@pytest.fixture
+def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(chat, running, caplog):
+    key, secret = running.store.create("observed", all_models=True, env="billing")
+    requests = dict(endpoint=CHAT, model="family-a-5.5", status="200", code="")
+    before = sample(running, "portico_requests_total", **requests)
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    metadata = (*bearer(secret), ("x-request-id", "req-123"))
+    await chat.CreateChatCompletion(chat_request(max_tokens=3), metadata=metadata)
+
+    assert sample(running, "portico_requests_total", **requests) == before + 1
+    tokens = dict(model="family-a-5.5", key_id=key.id)
+    assert sample(running, "portico_output_tokens_total", **tokens) == 3
+    assert sample(running, "portico_input_tokens_total", **tokens) > 5
+    assert sample(running, "portico_time_to_first_token_seconds_count", endpoint=CHAT, model="family-a-5.5") >= 1
+    assert sample(running, "portico_upstream_duration_seconds_count", model="family-a-5.5") >= 1
+    assert sample(running, "portico_requests_in_flight", endpoint=CHAT) == 0
+    (line,) = [line for line in access_lines(caplog) if line["request_id"] == "req-123"]
+    assert line["key_id"] == key.id and line["key_env"] == "billing" and line["model"] == "family-a-5.5"
+    assert (line["status"], line["code"], line["endpoint"]) == (200, None, CHAT)
+    assert line["rpc"] == "ChatService/CreateChatCompletion"
+    assert (line["output_tokens"], line["upstream_attempts"]) == (3, 1)
+    assert line["input_tokens"] > 5 and 0 < line["upstream_ms"] <= line["duration_ms"]
+    assert 0 < line["first_token_ms"] <= line["duration_ms"]
+    assert secret not in caplog.text and "Say hello" not in caplog.text
+
+
+async def test_label_values_never_come_from_the_caller(chat, running, caplog):
+    _, secret = running.store.create("labels", all_models=True)
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    before = sample(running, "portico_requests_total", endpoint=CHAT, model="", status="404", code="model_not_found")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await chat.CreateChatCompletion(chat_request(model="made-up-model-7"), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await chat.CreateChatCompletion(chat_request(), metadata=bearer("pk-not-a-key"))
+    after = sample(running, "portico_requests_total", endpoint=CHAT, model="", status="404", code="model_not_found")
+    assert after == before + 1
+    assert sample(running, "portico_requests_total", endpoint=CHAT, model="", status="401", code="invalid_api_key")
+    exposition = running.telemetry.metrics.registry.collect()
+    assert "made-up-model-7" not in str(list(exposition)) and "pk-not-a-key" not in caplog.text
+    assert [line["code"] for line in access_lines(caplog)] == ["model_not_found", "invalid_api_key"]
+
+
+async def test_rate_limit_refusals_are_counted_by_limit(chat, running):
+    _, secret = running.store.create("limited", all_models=True, limits=KeyLimits(daily_requests=1))
+    before = sample(running, "portico_rate_limit_rejections_total", limit="daily_requests", scope="key")
+    await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+    assert sample(running, "portico_rate_limit_rejections_total", limit="daily_requests", scope="key") == before + 1
+
+
+async def test_a_stream_the_caller_abandons_is_a_499_with_what_it_used(chat, running, caplog):
+    key, secret = running.store.create("abandons", all_models=True)
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    request = chat_request(max_tokens=500, messages=[{"role": "user", "content": "Write a very long story."}])
+    call = chat.StreamChatCompletion(request, metadata=bearer(secret))
+    for _ in range(4):
+        await call.read()
+    call.cancel()
+    for _ in range(100):
+        if lines := [line for line in access_lines(caplog) if line["key_id"] == key.id]:
+            break
+        await asyncio.sleep(0.02)
+    assert (lines[0]["status"], lines[0]["code"]) == (499, "cancelled")
+    assert 3 <= lines[0]["output_tokens"] < 500
+    assert sample(running, "portico_requests_in_flight", endpoint=CHAT) == 0
+
+
+async def test_upstream_retries_and_fallbacks_count_on_the_current_request(running):
+    telemetry = running.telemetry
+
+    def one_request() -> int:
+        record = telemetry.begin("/portico.v1.ChatService/CreateChatCompletion", CHAT, ())
+        record.upstream_call()
+        telemetry.retry("family-a-5.5", "503")
+        telemetry.retry("family-a-5.5", "a reason nobody listed")
+        telemetry.fallback("family-a-5.5", "family-a-5.4")
+        return record.upstream_attempts
+
+    assert contextvars.copy_context().run(one_request) == 4
+    assert sample(running, "portico_upstream_retries_total", model="family-a-5.5", reason="503") >= 1
+    assert sample(running, "portico_upstream_retries_total", model="family-a-5.5", reason="other") >= 1
+    assert sample(running, "portico_upstream_fallbacks_total", model="family-a-5.5", fallback="family-a-5.4") >= 1
+    assert telemetry.current().upstream_attempts == 0  # outside that request: a throwaway record
+
+
+async def health_of(address: str) -> tuple[int, grpc.StatusCode | None]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        status = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        try:
+            await probe_service_pb2_grpc.ProbeServiceStub(channel).GetReadiness(probe_pb2.GetReadinessRequest())
+            return status.status, None
+        except grpc.aio.AioRpcError as error:
+            return status.status, error.code()
+
+
+async def test_ready_and_alive(channel, running):
+    assert await health_of(f"127.0.0.1:{running.port}") == (health_pb2.HealthCheckResponse.SERVING, None)
+    probes = probe_service_pb2_grpc.ProbeServiceStub(channel)
+    ready = await probes.GetReadiness(probe_pb2.GetReadinessRequest())
+    assert ready.status == "ready" and dict(ready.checks) == {"model": "loaded", "keys": "ok", "limits": "ok"}
+    assert (await probes.GetLiveness(probe_pb2.GetLivenessRequest())).status == "alive"
+
+
+@pytest.mark.parametrize("policy", ["closed", "open"])
+async def test_unreachable_redis_is_not_ready_only_when_failing_closed(tmp_path, policy):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    config = load_config()
+    limits = dataclasses.replace(config.limits, store=f"redis://127.0.0.1:{port}/0", store_timeout_seconds=0.1,
+                                 on_store_error=policy)
+    running = await start_server(dataclasses.replace(config, data_dir=tmp_path, limits=limits), "127.0.0.1:0")
+    try:
+        status, readiness = await health_of(f"127.0.0.1:{running.port}")
+        if policy == "closed":
+            assert (status, readiness) == (health_pb2.HealthCheckResponse.NOT_SERVING, grpc.StatusCode.UNAVAILABLE)
+            assert running.readiness.report.reasons() == "limits unreachable"
+        else:
+            assert (status, readiness) == (health_pb2.HealthCheckResponse.SERVING, None)
+    finally:
+        await running.stop(0)
+
+
+async def test_draining_is_not_serving(tmp_path):
+    config = dataclasses.replace(load_config(), data_dir=tmp_path)
+    running = await start_server(config, "127.0.0.1:0")
+    try:
+        await running.readiness.drain()
+        await running.readiness.refresh()  # the periodic check must not undo it
+        status, readiness = await health_of(f"127.0.0.1:{running.port}")
+        assert (status, readiness) == (health_pb2.HealthCheckResponse.NOT_SERVING, grpc.StatusCode.UNAVAILABLE)
+    finally:
+        await running.stop(0)
