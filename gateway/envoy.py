@@ -5,6 +5,7 @@
                            descriptor_set=Path("build/gen/portico.pb"), lua_source=Path("gateway/error_shaper.lua"))
     async with EnvoyProcess(config, run_dir) as envoy:   # started and ready (admin /ready answers 200)
         await envoy.wait()                               # returns Envoy's exit code if it dies
+        await envoy.drain_listeners()                    # (on shutdown) no new connections; open ones go on
 
 Admin and (by default) the listener bind 127.0.0.1 only. Envoy is our child: PR_SET_PDEATHSIG makes the kernel
 send it SIGTERM when the thread that started it dies (start it from the event loop's thread, which lives as long as
@@ -127,11 +128,12 @@ class EnvoyProcess:
         binary: Path | None = None,
         concurrency: int | None = None,
         ready_timeout_s: float = 15.0,
+        log_path: Path | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
         self.config_path = self.run_dir / "envoy.yaml"
-        self.log_path = self.run_dir / "envoy.log"
+        self.log_path = log_path or self.run_dir / "envoy.log"
         self.admin_port: int = config["admin"]["address"]["socket_address"]["port_value"]
         self._binary = binary
         self._concurrency = concurrency
@@ -180,12 +182,21 @@ class EnvoyProcess:
         raise EnvoyError(f"envoy not ready after {self._ready_timeout_s:g}s:\n{self.log_tail()}")
 
     async def _admin_ready(self) -> bool:
+        return await self._admin("GET", "/ready")
+
+    async def drain_listeners(self) -> bool:
+        """Stop accepting connections now; requests on open connections (streams included) go on to their end."""
+        return await self._admin("POST", "/drain_listeners")
+
+    async def _admin(self, method: str, path: str) -> bool:
+        """True when Envoy's admin interface answers 200."""
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", self.admin_port)
         except OSError:
             return False
         try:
-            writer.write(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")  # Envoy refuses 1.0
+            head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            writer.write(head.encode())  # HTTP/1.1: Envoy refuses 1.0
             await writer.drain()
             status_line = await asyncio.wait_for(reader.readline(), timeout=1.0)
             return status_line.split(b" ")[1:2] == [b"200"]

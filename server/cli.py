@@ -15,6 +15,7 @@ from server.config_providers import upstream_keys
 from server.domain import ApiKey, KeyLimits
 from server.errors import PorticoError
 from server.keys import KeyStore
+from server.observability import access_log
 from server.serving import run_worker, serve
 
 _logger = logging.getLogger("portico")
@@ -22,11 +23,14 @@ _logger = logging.getLogger("portico")
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config).with_overrides(data_dir=args.data_dir)
+        if args.command in ("serve", "worker"):
+            access_log.configure(config.access_log)
         if args.command == "serve":
-            config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port)
+            config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
+                                           metrics_port=args.metrics_port)
             upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
@@ -53,12 +57,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
     parser.add_argument("--config", type=Path, help="YAML configuration (default: the built-in server/default.yaml)")
     parser.add_argument("--data-dir", type=Path, help="where the key store lives (default from the configuration)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="diagnostic logs on stderr (default info); the access log is separate (access_log)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway: Envoy on --port, the gRPC server behind it")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP and gRPC port (default 8080)")
     serve.add_argument("--admin-port", type=int, help="Envoy admin port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
     serve.add_argument("--workers", type=int, default=1,
                        help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
     worker = commands.add_parser("worker", help="(internal) one of `serve --workers N`'s server processes")
@@ -169,7 +176,7 @@ def _describe(key: ApiKey) -> str:
 
 def _worker_command(args: argparse.Namespace, config: Config, socket: Path) -> list[str]:
     """How `serve` starts a worker: the same configuration file, data dir and public address as itself."""
-    command = [sys.executable, "-m", "server.cli"]
+    command = [sys.executable, "-m", "server.cli", "--log-level", args.log_level]
     if args.config:
         command += ["--config", str(Path(args.config).resolve())]
     command += ["--data-dir", str(config.data_dir.resolve()), "worker", "--socket", str(socket),

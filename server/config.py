@@ -62,6 +62,9 @@ class Config:
     key_rotation_grace_seconds: int = 86_400  # how long a rotated-out secret keeps working, unless asked otherwise
     public_base_url: str | None = None  # how callers reach the gateway, for links in answers (image `url`s)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    metrics_port: int = 9464  # Prometheus GET /metrics on 127.0.0.1; 0: none
+    access_log: str = "stderr"  # one JSON line per request: stderr, stdout, a file path, or off
+    drain_seconds: float = 30.0  # after SIGTERM, how long requests in flight may take to finish
 
     @property
     def base_url(self) -> str:
@@ -126,6 +129,9 @@ def _parse(raw: dict, source: str) -> Config:
             key_cache_seconds=float(keys.get("cache_seconds", 1.0)),
             key_rotation_grace_seconds=int(keys.get("rotation_grace_seconds", 86_400)),
             limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
+            metrics_port=int(raw.get("metrics_port", 9464)),
+            access_log=str(raw.get("access_log", "stderr")),
+            drain_seconds=float(raw.get("drain_seconds", 30.0)),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc

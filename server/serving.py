@@ -1,7 +1,13 @@
 """Running the gateway: `portico serve` (gRPC server(s) + supervised Envoy) and the hidden `portico worker`.
 
 With one process (the default) the gRPC server runs inside the `portico serve` process. With `--workers N` it runs
-in N worker processes (server/supervisor.py) and this process only supervises them and Envoy.
+in N worker processes (server/supervisor.py) and this process only supervises them and Envoy, and serves their
+summed metrics.
+
+Start: the server(s), the metrics listener, then Envoy, so nothing is reachable before it can answer. Stop
+(SIGTERM or SIGINT): Envoy stops accepting connections, the server(s) report NOT_SERVING, refuse new requests and
+let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops. If Envoy dies, or the
+workers cannot be kept running, everything stops with exit code 1: never half-up.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client import CollectorRegistry
 
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import EnvoyError, EnvoyProcess, load_template, render_config, repo_root
@@ -21,9 +30,23 @@ from server.app import start_server
 from server.config import Config
 from server.keys import KeyStore
 from server.limits.redis import redacted
+from server.observability import MetricsServer
+from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
 from server.supervisor import WorkerError, Workers
 
+KILL_MARGIN_SECONDS = 5.0  # a worker still running this long after its drain period is killed
+
 _logger = logging.getLogger("portico")
+
+
+@dataclass(frozen=True, slots=True)
+class _Backend:
+    """The gRPC server side, whichever the process layout."""
+
+    upstreams: list[str]  # Envoy's endpoints
+    registry: CollectorRegistry  # what GET /metrics serves
+    stop: Callable[[], Awaitable[None]]  # drains
+    failed: asyncio.Task | None = None  # ends (with an error) if the workers could not be kept running
 
 
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]]) -> int:
@@ -38,57 +61,84 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
 
 async def _serve(config: Config, run_dir: Path, workers: int, worker_command) -> int:
     _print_development_key(config)
-    supervision: asyncio.Task | None = None
-    if workers == 1:
-        socket_path = run_dir / "grpc.sock"
-        running = await start_server(config, f"unix:{socket_path}")
-        upstreams: list[str] = [f"unix:{socket_path}"]
-        stop_backend: Callable[[], Awaitable[None]] = lambda: running.stop(grace=5.0)
-    else:
-        print(f"Starting {workers} server processes; they share rate limits in {redacted(config.limits.store)}",
-              flush=True)
-        pool = Workers(workers, run_dir, worker_command)
-        try:
-            await pool.start()
-        except WorkerError as exc:
-            _logger.error("%s; stopping Portico.", exc)
-            return 1
-        upstreams, stop_backend = pool.upstreams, pool.stop
-        supervision = asyncio.create_task(pool.supervise())
-
-    envoy = EnvoyProcess(_envoy_config(config, upstreams), run_dir)
+    try:
+        backend = await _start_backend(config, run_dir, workers, worker_command)
+    except WorkerError as exc:
+        _logger.error("%s; stopping Portico.", exc)
+        return 1
+    try:
+        metrics = MetricsServer.start(config.metrics_port, backend.registry) if config.metrics_port else None
+    except OSError as exc:
+        _logger.error("cannot serve metrics on 127.0.0.1:%d (%s); stopping Portico.", config.metrics_port, exc)
+        await _stop_backend(backend)
+        return 1
+    envoy = EnvoyProcess(_envoy_config(config, backend.upstreams), run_dir, log_path=config.data_dir / "envoy.log")
     try:
         await envoy.start()
     except EnvoyError as exc:
         _logger.error("Envoy did not start: %s", exc)
-        if supervision:
-            supervision.cancel()
-        await stop_backend()
+        await _stop_backend(backend)
+        if metrics:
+            metrics.close()
         return 1
     print(f"Portico is listening on http://{config.host}:{config.port} (REST /v1 and gRPC)", flush=True)
 
+    exit_code = await _run_until_stopped(envoy, backend, config)
+    await _stop_backend(backend)  # drains: Envoy must still be up to carry the answers in flight
+    await envoy.stop()
+    if metrics:
+        metrics.close()
+    print("Portico stopped.", flush=True)
+    return exit_code
+
+
+async def _start_backend(config: Config, run_dir: Path, workers: int, worker_command) -> _Backend:
+    if workers == 1:
+        socket_path = run_dir / "grpc.sock"
+        running = await start_server(config, f"unix:{socket_path}")
+        return _Backend([f"unix:{socket_path}"], running.telemetry.metrics.registry,
+                        lambda: running.stop(grace=config.drain_seconds))
+    print(f"Starting {workers} server processes; they share rate limits in {redacted(config.limits.store)}",
+          flush=True)
+    metrics_dir = run_dir / "metrics"
+    metrics_dir.mkdir()
+    pool = Workers(
+        workers, run_dir, worker_command, env={MULTIPROCESS_ENV: str(metrics_dir)},
+        stop_grace_s=config.drain_seconds + KILL_MARGIN_SECONDS, on_exit=lambda pid: mark_dead(metrics_dir, pid),
+    )
+    await pool.start()
+    return _Backend(pool.upstreams, aggregated_registry(metrics_dir), pool.stop, asyncio.create_task(pool.supervise()))
+
+
+async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Config) -> int:
+    """Wait for a stop signal (then start draining: exit code 0) or a failure (exit code 1)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     envoy_exit = asyncio.create_task(envoy.wait())
     stop_requested = asyncio.create_task(stop.wait())
-    watched = {envoy_exit, stop_requested} | ({supervision} if supervision else set())
+    watched = {envoy_exit, stop_requested} | ({backend.failed} if backend.failed else set())
     await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-    exit_code = 0
+    stop_requested.cancel()
     if envoy_exit.done():
         # Never half-up: without Envoy nobody can reach the server, so the whole gateway goes down loudly.
         _logger.error("Envoy exited with %s; stopping Portico.\n%s", envoy_exit.result(), envoy.log_tail())
-        exit_code = 1
-    if supervision and supervision.done() and not supervision.cancelled():
-        _logger.error("%s; stopping Portico.", supervision.exception())
-        exit_code = 1
-    stop_requested.cancel()
-    if supervision:
-        supervision.cancel()
-    await envoy.stop()
-    await stop_backend()
-    return exit_code
+        return 1
+    envoy_exit.cancel()
+    if backend.failed and backend.failed.done():
+        _logger.error("%s; stopping Portico.", backend.failed.exception())
+        return 1
+    _logger.warning("stopping: no new connections; requests in flight have %gs to finish", config.drain_seconds)
+    if not await envoy.drain_listeners():
+        _logger.warning("Envoy did not confirm that its listeners are closed")
+    return 0
+
+
+async def _stop_backend(backend: _Backend) -> None:
+    if backend.failed:
+        backend.failed.cancel()
+    await backend.stop()
 
 
 def _envoy_config(config: Config, upstreams: list[str]) -> dict:
@@ -104,14 +154,14 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
 
 
 async def run_worker(config: Config, socket_path: Path) -> int:
-    """One of `--workers N` server processes: serve on `socket_path` until SIGTERM, then drain for up to 5 s."""
+    """One of `--workers N` server processes: serve on `socket_path` until SIGTERM, then drain."""
     running = await start_server(config, f"unix:{socket_path}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await running.stop(grace=5.0)
+    await running.stop(grace=config.drain_seconds)
     return 0
 
 

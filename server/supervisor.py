@@ -2,10 +2,12 @@
 process) spreads load over them; one HTTP/2 connection to a single process would keep only that process busy.
 
 The parent starts every worker as `python -m server.cli ... worker --socket PATH`, waits until its gRPC health
-check answers SERVING, and watches it: a worker that dies is logged and restarted on the same socket, so Envoy's
-endpoint stays valid (Envoy retries connect failures on another endpoint meanwhile). Workers get PR_SET_PDEATHSIG,
-like Envoy, so none outlives the parent. Limits are only exact across workers with a shared store (Redis): the
-CLI refuses N > 1 otherwise.
+service answers (SERVING, or NOT_SERVING while a store is down: up but not ready), and watches it: a worker that
+dies is logged and restarted on the same socket, so Envoy's endpoint stays valid (Envoy retries connect failures on
+another endpoint meanwhile). A worker that cannot start again, or that dies MAX_RESTARTS times within
+RESTART_WINDOW_SECONDS, takes the whole gateway down, loudly: never half-up. Workers get PR_SET_PDEATHSIG, like
+Envoy, so none outlives the parent. Limits are only exact across workers with a shared store (Redis): the CLI
+refuses N > 1 otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import contextlib
 import ctypes
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -26,6 +29,8 @@ from gateway.envoy import die_with_parent
 _logger = logging.getLogger(__name__)
 
 RESTART_DELAY_SECONDS = 1.0
+MAX_RESTARTS = 5  # within RESTART_WINDOW_SECONDS, for one worker: more is a crash loop, not bad luck
+RESTART_WINDOW_SECONDS = 60.0
 
 
 class WorkerError(RuntimeError):
@@ -33,10 +38,19 @@ class WorkerError(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, index: int, socket_path: Path, command: Sequence[str], *, ready_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        index: int,
+        socket_path: Path,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = 120.0,
+    ):
         self.index = index
         self.socket_path = socket_path
         self._command = list(command)
+        self._env = {**os.environ, **(env or {})}
         self._ready_timeout_s = ready_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -49,11 +63,11 @@ class WorkerProcess:
         self.socket_path.unlink(missing_ok=True)  # a dead predecessor's socket
         libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
         self._proc = await asyncio.create_subprocess_exec(
-            *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, env=self._env,
             preexec_fn=lambda: die_with_parent(libc, parent),
         )  # stderr is inherited: worker logs go where the parent's go
         deadline = asyncio.get_running_loop().time() + self._ready_timeout_s
-        while not await self._serving():
+        while not await self._answers():
             if self._proc.returncode is not None:
                 raise WorkerError(f"worker {self.index} exited with {self._proc.returncode} before it was ready")
             if asyncio.get_running_loop().time() > deadline:
@@ -62,22 +76,22 @@ class WorkerProcess:
             await asyncio.sleep(0.1)
         _logger.info("worker %d (pid %d) serving on unix:%s", self.index, self.pid, self.socket_path)
 
-    async def _serving(self) -> bool:
+    async def _answers(self) -> bool:
         if not self.socket_path.exists():
             return False
         async with grpc.aio.insecure_channel(f"unix:{self.socket_path}") as channel:
             try:
-                reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
             except grpc.aio.AioRpcError:
                 return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        return True
 
     async def wait(self) -> int:
         assert self._proc is not None
         return await self._proc.wait()
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM (the worker drains its RPCs for up to 5 s), then SIGKILL."""
+        """SIGTERM (the worker drains its RPCs for up to drain_seconds), then SIGKILL after `grace_s`."""
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
@@ -90,12 +104,23 @@ class WorkerProcess:
 
 
 class Workers:
-    def __init__(self, count: int, run_dir: Path, command_for: Callable[[Path], Sequence[str]]) -> None:
+    def __init__(
+        self,
+        count: int,
+        run_dir: Path,
+        command_for: Callable[[Path], Sequence[str]],
+        *,
+        env: Mapping[str, str] | None = None,
+        stop_grace_s: float = 10.0,
+        on_exit: Callable[[int], None] = lambda pid: None,
+    ) -> None:
         self._workers = [
-            WorkerProcess(i, path, command_for(path))
+            WorkerProcess(i, path, command_for(path), env=env)
             for i in range(count)
             for path in [run_dir / f"grpc-{i}.sock"]
         ]
+        self._stop_grace_s = stop_grace_s
+        self._on_exit = on_exit  # e.g. forget a dead worker's in-flight gauge
 
     @property
     def upstreams(self) -> list[str]:
@@ -110,11 +135,20 @@ class Workers:
     async def supervise(self) -> None:
         """Restart workers that die, for as long as Portico runs; raises WorkerError if a restart fails."""
         watchers = {asyncio.create_task(w.wait()): w for w in self._workers}
+        exits: dict[int, deque[float]] = {w.index: deque(maxlen=MAX_RESTARTS) for w in self._workers}
         try:
             while True:
                 done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     worker = watchers.pop(task)
+                    if worker.pid is not None:
+                        self._on_exit(worker.pid)
+                    now = asyncio.get_running_loop().time()
+                    recent = exits[worker.index]
+                    if len(recent) == MAX_RESTARTS and now - recent[0] < RESTART_WINDOW_SECONDS:
+                        raise WorkerError(f"worker {worker.index} exited with {task.result()}, its "
+                                          f"{MAX_RESTARTS + 1}th exit within {RESTART_WINDOW_SECONDS:g}s")
+                    recent.append(now)
                     _logger.error("worker %d (pid %s) exited with %s; restarting it", worker.index, worker.pid,
                                   task.result())
                     await asyncio.sleep(RESTART_DELAY_SECONDS)
@@ -125,7 +159,7 @@ class Workers:
                 task.cancel()
 
     async def stop(self) -> None:
-        await asyncio.gather(*(w.stop() for w in self._workers))
+        await asyncio.gather(*(w.stop(self._stop_grace_s) for w in self._workers))
         for worker in self._workers:
             with contextlib.suppress(OSError):
                 worker.socket_path.unlink(missing_ok=True)

@@ -1,4 +1,9 @@
-"""The whole product as a user runs it: `portico serve` (gRPC server + real Envoy) on free loopback ports."""
+"""The whole product as a user runs it: `portico serve` (gRPC server + real Envoy) on free loopback ports.
+
+Every gateway logs at debug level into the session's temporary directory; once the last gateway has stopped,
+every log line there (the gateways' stderr, access log included, and Envoy's logs) is scanned for API keys
+(tests/e2e/log_scan.py): a key in any log fails the run.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gateway.envoy import free_ports
+from tests.e2e.log_scan import scan_logs
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,12 @@ class Gateway:
     secret: str  # the development key printed on first start
     data_dir: Path
     log_path: Path
+    metrics_port: int = 0
+    process: subprocess.Popen | None = None
+
+    @property
+    def envoy_log_path(self) -> Path:
+        return self.data_dir / "envoy.log"
 
     @property
     def base_url(self) -> str:
@@ -43,12 +55,13 @@ class Gateway:
 def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None) -> Iterator[Gateway]:
     """`portico serve` on free ports until the block ends; its stderr goes to data_dir/../gateway*.log."""
     log_path = data_dir.parent / f"{data_dir.name}.log"
-    port, admin_port = free_ports(2)
+    port, admin_port, metrics_port = free_ports(3)
     global_args = ["--config", str(config)] if config else []
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", *global_args, "--data-dir", str(data_dir), "serve",
-             "--port", str(port), "--admin-port", str(admin_port), *serve_args],
+            [sys.executable, "-m", "server.cli", "--log-level", "debug", *global_args, "--data-dir", str(data_dir),
+             "serve", "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port),
+             *serve_args],
             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     lines: queue.Queue[str] = queue.Queue()
@@ -66,7 +79,7 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
             if "Portico is listening" in line:
                 break
         assert secret, "the first start must print a development key"
-        yield Gateway(port, admin_port, secret, data_dir, log_path)
+        yield Gateway(port, admin_port, secret, data_dir, log_path, metrics_port, process)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -80,3 +93,13 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
 def gateway(tmp_path_factory) -> Gateway:
     with running_gateway(tmp_path_factory.mktemp("gateway-data")) as gateway:
         yield gateway
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_key_in_any_log(tmp_path_factory) -> None:
+    """Set up before, so torn down after, every gateway of the session: then no key may be in any log line."""
+    yield
+    report = scan_logs(tmp_path_factory.getbasetemp())
+    assert not report.leaks, "API keys found in logs:\n" + "\n".join(report.leaks)
+    assert report.access_lines > 0 and report.envoy_logs > 0, f"the scan found nothing to scan: {report}"

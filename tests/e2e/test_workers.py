@@ -1,5 +1,6 @@
 """`portico serve --workers 2` with the Redis limit store: one limit held exactly across two server processes, load
-on both, a killed worker restarted while the other keeps serving, and N > 1 refused without a shared store."""
+on both, metrics summed over both (and kept across a restart), a killed worker restarted while the other keeps
+serving, and N > 1 refused without a shared store."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import yaml
 
 from gateway.envoy import free_ports, repo_root
 from tests.e2e.conftest import Gateway, running_gateway
+from tests.e2e.test_operations import scrape, value
 
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
@@ -56,6 +58,28 @@ def test_one_limit_holds_exactly_across_two_workers(workers):
     assert (statuses.count(200), statuses.count(429)) == (50, 150)
     served = [after - b for after, b in zip(requests_per_worker(workers), before)]
     assert len(served) == 2 and all(n > 20 for n in served), served  # Envoy spread them over both
+
+
+def test_metrics_are_summed_over_the_workers_and_survive_a_restart(workers):
+    out = workers.cli("keys", "create", "--name", "counted", "--all-models").stdout
+    key_id, secret = out.split()[2], out.split()[-1]
+    before = requests_per_worker(workers)
+    with httpx.Client(base_url=workers.base_url, headers={"Authorization": f"Bearer {secret}"}) as client:
+        for _ in range(12):
+            assert client.post("/v1/chat/completions", json=HI).status_code == 200
+    assert all(after > b for after, b in zip(requests_per_worker(workers), before))  # both served some
+    tokens = dict(model="family-a-5.5", key_id=key_id)
+    assert value(scrape(workers), "portico_output_tokens_total", **tokens) == 12
+
+    (pid,) = worker_pids(workers, 1)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while len(worker_pids(workers, 1)) < 2:
+        assert time.monotonic() < deadline, workers.log_path.read_text()[-2000:]
+        time.sleep(0.2)
+    samples = scrape(workers)
+    assert value(samples, "portico_output_tokens_total", **tokens) == 12  # the dead worker's share is kept
+    assert value(samples, "portico_requests_in_flight", endpoint="/v1/chat/completions") == 0
 
 
 def test_a_killed_worker_is_restarted_while_the_other_serves(workers):

@@ -1,0 +1,63 @@
+"""SIGTERM while 50 streams are open: no new connections are accepted, every open stream runs to its end, then
+the gateway exits 0. The embedded model serves one sequence at a time, so the streams are short (4 tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import pytest
+import yaml
+
+from gateway.envoy import repo_root
+from tests.e2e.conftest import running_gateway
+from tests.e2e.test_operations import scrape, value
+
+STREAMS = 50
+CHAT = "/v1/chat/completions"
+
+
+async def one_stream(client: httpx.AsyncClient, secret: str) -> tuple[int, list[str]]:
+    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "stream": True}
+    async with client.stream("POST", CHAT, json=body, headers={"Authorization": f"Bearer {secret}"}) as response:
+        return response.status_code, [line async for line in response.aiter_lines() if line]
+
+
+def test_sigterm_lets_50_open_streams_finish(tmp_path):
+    raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
+    raw["drain_seconds"] = 120  # room for a busy machine; on an idle one the streams need about 3 s
+    config = tmp_path / "portico.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with running_gateway(tmp_path / "drain-data", config=config) as gateway:
+        secret = gateway.cli("keys", "create", "--name", "drain", "--all-models", "--concurrency", "100",
+                             "--rpm", "1000").stdout.split()[-1]
+
+        async def scenario() -> list[tuple[int, list[str]]]:
+            limits = httpx.Limits(max_connections=STREAMS + 10)
+            async with httpx.AsyncClient(base_url=gateway.base_url, limits=limits, timeout=60) as client:
+                streams = [asyncio.create_task(one_stream(client, secret)) for _ in range(STREAMS)]
+                deadline = time.monotonic() + 30
+                while value(await asyncio.to_thread(scrape, gateway), "portico_requests_in_flight",
+                            endpoint=CHAT) < STREAMS:  # every stream has reached the server
+                    assert time.monotonic() < deadline and not any(s.done() for s in streams)
+                    await asyncio.sleep(0.02)
+                gateway.process.send_signal(signal.SIGTERM)
+                with pytest.raises(httpx.ConnectError):  # no new connections, while the streams go on
+                    for _ in range(100):
+                        async with httpx.AsyncClient(base_url=gateway.base_url) as late:
+                            await late.get("/healthz")
+                        await asyncio.sleep(0.02)
+                return await asyncio.gather(*streams)
+
+        results = asyncio.run(scenario())
+        assert gateway.process.wait(timeout=60) == 0
+    assert [status for status, _ in results] == [200] * STREAMS
+    for _, lines in results:
+        assert lines[-1] == "data: [DONE]" and any('"content"' in line for line in lines)
+    log = gateway.log_path.read_text()
+    assert "stopping: no new connections" in log
+    assert sum('"status":200' in line and '"rpc":"ChatService/CreateChatCompletionHttp"' in line
+               for line in log.splitlines()) == STREAMS

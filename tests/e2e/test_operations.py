@@ -1,0 +1,133 @@
+"""Operations through the whole stack: probes without a key, the request id on every answer and in the access log,
+a Prometheus scrape that labels traffic correctly, and Envoy's own stats on its admin port."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import httpx
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from portico.v1 import model_pb2, model_service_pb2_grpc
+from tests.e2e.conftest import Gateway
+from tests.helpers import bearer
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def scrape(gateway: Gateway) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of GET /metrics, keyed by (name, sorted labels)."""
+    text = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def access_lines(gateway: Gateway) -> list[dict]:
+    return [orjson.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith('{"ts":')]
+
+
+def wait_for_line(gateway: Gateway, request_id: str) -> dict:
+    deadline = time.monotonic() + 5
+    while not (found := [line for line in access_lines(gateway) if line["request_id"] == request_id]):
+        assert time.monotonic() < deadline, f"no access-log line for {request_id}"
+        time.sleep(0.05)
+    (line,) = found
+    return line
+
+
+def new_key(gateway: Gateway, *options: str) -> tuple[str, str]:
+    out = gateway.cli("keys", "create", "--name", "ops", "--all-models", "--env", "ops-tests", *options).stdout
+    key_id = out.split()[2]
+    return key_id, out.strip().splitlines()[-1]
+
+
+def test_probes_answer_json_without_a_key(gateway):
+    alive = httpx.get(f"{gateway.base_url}/healthz")
+    assert (alive.status_code, alive.json()) == (200, {"status": "alive"})
+    ready = httpx.get(f"{gateway.base_url}/readyz")
+    assert ready.status_code == 200 and ready.headers["content-type"] == "application/json"
+    assert ready.json() == {"status": "ready", "checks": {"model": "loaded", "keys": "ok", "limits": "ok"}}
+
+
+def test_request_id_goes_back_to_the_caller_and_into_the_access_log(gateway):
+    key_id, secret = new_key(gateway)
+    response = httpx.post(f"{gateway.base_url}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"},
+                          json={"model": "family-a-5.5", "messages": HI, "max_tokens": 2}, timeout=60)
+    assert response.status_code == 200
+    line = wait_for_line(gateway, response.headers["x-request-id"])
+    assert (line["key_id"], line["key_env"], line["status"]) == (key_id, "ops-tests", 200)
+    assert line["model"] == "family-a-5.5"
+    assert line["endpoint"] == "/v1/chat/completions" and line["rpc"] == "ChatService/CreateChatCompletionHttp"
+    assert line["output_tokens"] == 2 == response.json()["usage"]["completion_tokens"]
+    assert line["input_tokens"] == response.json()["usage"]["prompt_tokens"]
+    assert line["upstream_attempts"] == 1 and line["duration_ms"] >= line["upstream_ms"] > 0
+
+    refused = httpx.get(f"{gateway.base_url}/v1/models", headers={"Authorization": "Bearer pk-wrong"}, timeout=60)
+    assert refused.status_code == 401
+    line = wait_for_line(gateway, refused.headers["x-request-id"])
+    assert (line["key_id"], line["status"], line["code"]) == (None, 401, "invalid_api_key")
+
+
+def test_grpc_callers_get_the_request_id_as_metadata(gateway):
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        models = model_service_pb2_grpc.ModelServiceStub(channel)
+        _, call = models.ListModels.with_call(model_pb2.ListModelsRequest(), metadata=bearer(gateway.secret))
+        request_id = dict(call.initial_metadata())["x-request-id"]
+        with pytest.raises(grpc.RpcError) as caught:
+            models.ListModels(model_pb2.ListModelsRequest(), metadata=bearer("pk-wrong"))
+    assert wait_for_line(gateway, request_id)["rpc"] == "ModelService/ListModels"
+    failed = {**dict(caught.value.initial_metadata() or ()), **dict(caught.value.trailing_metadata())}
+    assert wait_for_line(gateway, failed["x-request-id"])["status"] == 401
+
+
+def test_a_scrape_shows_each_request_with_its_labels(gateway):
+    key_id, secret = new_key(gateway, "--rpm", "3")
+    headers = {"Authorization": f"Bearer {secret}", "x-api-key": secret}
+    chat = {"model": "family-a-5.4", "messages": HI, "max_tokens": 3}
+    message = {"model": "family-b-opus-4-7", "messages": HI, "max_tokens": 3}
+    before = scrape(gateway)
+    with httpx.Client(base_url=gateway.base_url, headers=headers, timeout=30) as client:
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        streamed = client.post("/v1/chat/completions", json={**chat, "stream": True})
+        assert streamed.text.rstrip().endswith("data: [DONE]")
+        assert client.post("/v1/messages", json=message).status_code == 200
+        assert client.post("/v1/messages", json=message).status_code == 429  # the fourth request in a minute
+        assert client.post("/v1/chat/completions", json={**chat, "model": "no-such-model"}).status_code == 404
+    after = scrape(gateway)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    chat_ok = dict(endpoint="/v1/chat/completions", model="family-a-5.4", status="200", code="")
+    assert delta("portico_requests_total", **chat_ok) == 2
+    messages_ok = dict(endpoint="/v1/messages", model="family-b-opus-4-7", status="200", code="")
+    assert delta("portico_requests_total", **messages_ok) == 1
+    assert delta("portico_requests_total", endpoint="/v1/messages", model="family-b-opus-4-7", status="429",
+                 code="rate_limit_exceeded") == 1
+    # The unknown model is refused before any limit is consulted; its name never becomes a label.
+    assert delta("portico_requests_total", endpoint="/v1/chat/completions", model="", status="404",
+                 code="model_not_found") == 1
+    assert not any("no-such-model" in str(labels) for _, labels in after)
+    assert delta("portico_rate_limit_rejections_total", limit="requests_per_minute", scope="key") == 1
+    assert value(after, "portico_output_tokens_total", model="family-a-5.4", key_id=key_id) == 6
+    assert value(after, "portico_output_tokens_total", model="family-b-opus-4-7", key_id=key_id) == 3
+    assert value(after, "portico_input_tokens_total", model="family-a-5.4", key_id=key_id) > 10
+    assert delta("portico_time_to_first_token_seconds_count", endpoint="/v1/chat/completions",
+                 model="family-a-5.4") == 2
+    assert delta("portico_request_duration_seconds_count", endpoint="/v1/messages", model="family-b-opus-4-7") == 2
+    assert delta("portico_upstream_duration_seconds_count", model="family-b-opus-4-7") == 1
+    assert value(after, "portico_requests_in_flight", endpoint="/v1/chat/completions") == 0
+
+
+def test_envoy_stats_on_its_admin_port(gateway):
+    stats = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/stats/prometheus").text
+    assert 'envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix="portico"}' in stats
+    listeners = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/listeners").text
+    assert f"127.0.0.1:{gateway.port}" in listeners
