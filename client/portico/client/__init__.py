@@ -1,0 +1,38 @@
+"""portico.client: Portico's client rules for internal Python callers, over the gRPC stubs or the REST API.
+
+    from portico.client import ModelAliases, PorticoClient, RetryPolicy, UserRateLimiter
+
+    client = PorticoClient.over_grpc("127.0.0.1:8080", api_key,
+                                     aliases=ModelAliases.load("models.yaml"),
+                                     retry=RetryPolicy(attempts=3, base=0.5, cap=30),
+                                     limiter=UserRateLimiter.per_minute(20, burst=5))
+    completion = client.chat_completion("chat", [{"role": "user", "content": "Hi"}], max_tokens=32, user="u-42")
+
+Typed errors (_errors), the retry policy and fallback walk (_policy), aliases from configuration (_aliases), a
+per-user token bucket (_limiter), bounded queues for non-urgent work (_queue), transports (_transports) and the
+sync and asyncio clients (_client). See docs/client.md.
+"""
+
+from portico.client._aliases import ModelAliases, Route
+from portico.client._client import AsyncPorticoClient, PorticoClient
+from portico.client._errors import (
+    APIConnectionError, APIError, AuthenticationError, BadRequestError, ClientRateLimitError, GatewayTimeoutError,
+    InternalServerError, NotFoundError, PermissionDeniedError, PorticoClientError, QueueFull, RateLimitError,
+    RetriesExhausted, ServiceUnavailableError, error_from_grpc, error_from_http,
+)
+from portico.client._limiter import UserRateLimiter
+from portico.client._policy import Plan, RetryPolicy
+from portico.client._queue import AsyncRequestQueue, RequestQueue
+from portico.client._transports import (
+    CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
+    Operation,
+)
+
+__all__ = [
+    "APIConnectionError", "APIError", "AsyncGrpcTransport", "AsyncHttpTransport", "AsyncPorticoClient",
+    "AsyncRequestQueue", "AuthenticationError", "BadRequestError", "CHAT_COMPLETION", "ClientRateLimitError",
+    "GatewayTimeoutError", "GrpcTransport", "HttpTransport", "InternalServerError", "LIST_MODELS", "MESSAGE",
+    "ModelAliases", "NotFoundError", "Operation", "PermissionDeniedError", "Plan", "PorticoClient",
+    "PorticoClientError", "QueueFull", "RateLimitError", "RequestQueue", "RetriesExhausted", "RetryPolicy", "Route",
+    "ServiceUnavailableError", "UserRateLimiter", "error_from_grpc", "error_from_http",
+]

@@ -1,0 +1,93 @@
+"""When to try again, how long to wait, and which model to try next: pure decisions, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from portico.client._errors import APIConnectionError, APIError, ClientRateLimitError, RetriesExhausted
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, honouring the server's retry hint.
+
+    A model is tried up to `attempts` times. Before retry n (1, 2, ...) the client waits a uniformly random time in
+    [0, min(cap, base * 2**(n-1))), but never less than the server's hint (`retry-after`, RetryInfo). A hint longer
+    than `cap` is not waited for: the model is given up at once (next fallback, or RetriesExhausted).
+    Only `retry_statuses` (HTTP statuses; gRPC codes map onto them) and connection errors are retried; 400, 401,
+    403 and 404 never are.
+    """
+
+    attempts: int = 3
+    base: float = 0.5
+    cap: float = 30.0
+    retry_statuses: frozenset[int] = frozenset({429, 500, 503})
+    retry_connection_errors: bool = True
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1 (the first try counts)")
+        if self.base <= 0 or self.cap < self.base:
+            raise ValueError("need 0 < base <= cap")
+        if {400, 401, 403, 404} & self.retry_statuses:
+            raise ValueError("400, 401, 403 and 404 are never retried: the same request would fail the same way")
+
+    def retryable(self, error: APIError) -> bool:
+        if isinstance(error, ClientRateLimitError):
+            return False  # this client's own limiter: nothing was sent
+        if isinstance(error, APIConnectionError):
+            return self.retry_connection_errors
+        return error.status in self.retry_statuses
+
+    def ceiling(self, retry: int) -> float:
+        """The upper bound of the jittered wait before retry number `retry` (1-based)."""
+        return min(self.cap, self.base * 2.0 ** min(retry - 1, 64))
+
+    def delay(self, retry: int, error: APIError, draw: float) -> float | None:
+        """The wait before retry `retry` given a uniform `draw` in [0, 1); None when the server's hint exceeds cap."""
+        hint = error.retry_after or 0.0
+        if hint > self.cap:
+            return None
+        return max(hint, draw * self.ceiling(retry))
+
+
+@dataclass
+class Plan:
+    """One call's walk over its models (primary, then fallbacks), fed each failure in turn.
+
+    `model` is the model to try now. `failed(error)` records a failure of it and returns how long to wait before
+    the next try (and `model` may have moved on to the next fallback), or raises: a non-retryable error of the
+    primary as it is, else RetriesExhausted carrying every failure once no model is left. A fallback that fails
+    with a non-retryable error (say, a model not granted to the key) is skipped rather than fatal.
+    """
+
+    models: tuple[str, ...]
+    policy: RetryPolicy
+    random: Callable[[], float]
+    failures: list[tuple[str, APIError]] = field(default_factory=list)
+    index: int = 0
+    tries: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("a plan needs at least one model")
+
+    @property
+    def model(self) -> str:
+        return self.models[self.index]
+
+    def failed(self, error: APIError) -> float:
+        self.failures.append((self.model, error))
+        self.tries += 1
+        if self.policy.retryable(error):
+            if self.tries < self.policy.attempts:
+                wait = self.policy.delay(self.tries, error, self.random())
+                if wait is not None:
+                    return wait
+        elif self.index == 0:
+            raise error  # the request itself is wrong (or the key): another try would fail the same way
+        if self.index + 1 < len(self.models):
+            self.index, self.tries = self.index + 1, 0
+            return 0.0
+        raise RetriesExhausted(self.failures) from error

@@ -1,0 +1,130 @@
+"""Bounded queues for non-urgent work: at most `max_size` requests waiting, at most `concurrency` running.
+
+Submitting never blocks: a full queue raises QueueFull at once, so the caller decides (drop, defer, alert) instead
+of piling up work or hammering the gateway. Urgent requests call the client directly and skip the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from portico.client._errors import QueueFull
+
+T = TypeVar("T")
+
+
+@dataclass
+class RequestQueue:
+    """For the sync client: `submit(fn)` returns a concurrent.futures.Future run by one of `concurrency` threads."""
+
+    max_size: int = 100
+    concurrency: int = 2
+    _waiting: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _executor: concurrent.futures.ThreadPoolExecutor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1 or self.concurrency < 1:
+            raise ValueError("need max_size >= 1 and concurrency >= 1")
+        self._executor = concurrent.futures.ThreadPoolExecutor(self.concurrency, "portico-queue")
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        with self._lock:
+            if self._waiting >= self.max_size:
+                raise QueueFull(f"{self._waiting} requests already waiting (max_size {self.max_size})")
+            self._waiting += 1
+        try:
+            return self._executor.submit(self._run, fn)
+        except BaseException:
+            self._started()
+            raise
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop accepting work; with wait, run what is queued first (else waiting requests are cancelled)."""
+        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+
+    def __enter__(self) -> RequestQueue:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run(self, fn: Callable[[], T]) -> T:
+        self._started()
+        return fn()
+
+    def _started(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+
+@dataclass
+class AsyncRequestQueue:
+    """For the asyncio client: `submit(factory)` returns a Future; `concurrency` tasks await `factory()` in order.
+
+    Create and use it inside one running event loop; `await close()` runs what is queued, then stops its tasks.
+    """
+
+    max_size: int = 100
+    concurrency: int = 2
+    _queue: asyncio.Queue | None = field(default=None, init=False, repr=False)
+    _workers: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1 or self.concurrency < 1:
+            raise ValueError("need max_size >= 1 and concurrency >= 1")
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize() if self._queue else 0
+
+    def submit(self, factory: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        if self._queue is None:
+            self._queue = asyncio.Queue(self.max_size)
+            self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        try:
+            self._queue.put_nowait((factory, future))
+        except asyncio.QueueFull:
+            raise QueueFull(f"{self._queue.qsize()} requests already waiting (max_size {self.max_size})") from None
+        return future
+
+    async def close(self) -> None:
+        if self._queue is not None:
+            await self._queue.join()
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers, self._queue = [], None
+
+    async def __aenter__(self) -> AsyncRequestQueue:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _work(self) -> None:
+        while True:
+            factory, future = await self._queue.get()
+            try:
+                if not future.cancelled():
+                    result = await factory()
+                    if not future.cancelled():
+                        future.set_result(result)
+            except asyncio.CancelledError:
+                future.cancel()
+                raise
+            except Exception as error:  # noqa: BLE001 - handed to whoever awaits the future
+                if not future.cancelled():
+                    future.set_exception(error)
+            finally:
+                self._queue.task_done()

@@ -1,0 +1,208 @@
+"""portico.client's parts that need no gateway: aliases from configuration, the per-user token bucket, the
+bounded queues, and reading REST error bodies and headers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from portico.client import (
+    APIError, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError, ModelAliases,
+    NotFoundError, QueueFull, RateLimitError, RequestQueue, Route, ServiceUnavailableError, UserRateLimiter,
+    error_from_http,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+ALIASES_YAML = """
+aliases:
+  chat:
+    primary: family-a-5.5
+    fallbacks: [family-a-5.4]
+  cheap: family-a-5.4
+  writer: {primary: family-b-opus-4-8, fallbacks: [family-b-sonnet-4-6, family-b-haiku-4-5-20251001]}
+"""
+
+
+def test_aliases_from_yaml_and_names_that_are_not_aliases(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text(ALIASES_YAML)
+    aliases = ModelAliases.load(path)
+    assert aliases.routes["chat"] == Route("family-a-5.5", ("family-a-5.4",))
+    assert aliases.models("cheap") == ("family-a-5.4",)
+    assert aliases.models("writer") == ("family-b-opus-4-8", "family-b-sonnet-4-6", "family-b-haiku-4-5-20251001")
+    assert aliases.models("family-a-5.5") == ("family-a-5.5",)  # a plain model id, no fallback
+    assert ModelAliases.from_config({"x": {"primary": "m"}}).models("x") == ("m",)
+    assert ModelAliases().models("anything") == ("anything",)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"fallbacks": ["m"]}, "`primary` must be a model id"),
+    ({"primary": "m", "fallbacks": "n"}, "`fallbacks` must be a list"),
+    ({"primary": "m", "fallbacks": ["n", "m"]}, "appears twice"),
+    ({"primary": "m", "fallback": ["n"]}, "expected a model id or"),
+    (42, "expected a model id or"),
+])
+def test_alias_mistakes_are_named(entry, message):
+    with pytest.raises(ValueError, match=message) as caught:
+        ModelAliases.from_config({"chat": entry})
+    assert "'chat'" in str(caught.value)
+
+
+def test_an_alias_file_without_its_section_is_refused():
+    with pytest.raises(ValueError, match="no `aliases:` section"):
+        ModelAliases.from_yaml("models: {}")
+    assert ModelAliases.from_yaml("chat: m", section=None).models("chat") == ("m",)
+
+
+def test_token_bucket_bursts_then_refills_at_its_rate_per_user():
+    clock = Clock()
+    limiter = UserRateLimiter(rate=2.0, burst=3, clock=clock)
+    assert [limiter.take("alice") for _ in range(3)] == [0.0, 0.0, 0.0]
+    with pytest.raises(ClientRateLimitError) as caught:
+        limiter.take("alice")
+    assert caught.value.status == 429 and caught.value.code == "client_rate_limited"
+    assert caught.value.retry_after == pytest.approx(0.5)
+    assert limiter.take("bob") == 0.0  # another user has their own bucket
+    clock.now += 0.5
+    assert limiter.take("alice") == 0.0
+    with pytest.raises(ClientRateLimitError):
+        limiter.take("alice")
+    clock.now += 60
+    assert [limiter.take("alice") for _ in range(3)] == [0.0] * 3  # refilled, but never above the burst
+    with pytest.raises(ClientRateLimitError):
+        limiter.take("alice")
+
+
+def test_token_bucket_with_max_wait_books_tokens_in_turn():
+    clock = Clock()
+    limiter = UserRateLimiter.per_minute(60, burst=1, max_wait=2.5, clock=clock)
+    assert [limiter.take("alice") for _ in range(3)] == [0.0, pytest.approx(1.0), pytest.approx(2.0)]
+    with pytest.raises(ClientRateLimitError) as caught:
+        limiter.take("alice")
+    assert caught.value.retry_after == pytest.approx(3.0)
+    clock.now += 3.0
+    assert limiter.take("alice") == 0.0
+
+
+def test_token_bucket_over_many_users_forgets_the_idle_ones():
+    clock = Clock()
+    limiter = UserRateLimiter(rate=1.0, burst=2, clock=clock, max_users=100)
+    for n in range(100):
+        limiter.take(f"user-{n}")
+    clock.now += 10
+    limiter.take("busy")
+    limiter.take("busy")
+    assert len(limiter._buckets) <= 2
+    with pytest.raises(ClientRateLimitError):
+        limiter.take("busy")
+
+
+def test_token_bucket_holds_across_threads():
+    limiter = UserRateLimiter(rate=0.001, burst=5)
+    admitted = []
+
+    def hammer() -> None:
+        for _ in range(50):
+            try:
+                limiter.take("alice")
+                admitted.append(1)
+            except ClientRateLimitError:
+                pass
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(admitted) == 5
+
+
+def test_sync_queue_bounds_waiting_requests_and_concurrency():
+    release, running, peak, lock = threading.Event(), [0], [0], threading.Lock()
+
+    def job(n: int):
+        def run() -> int:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            release.wait(10)
+            with lock:
+                running[0] -= 1
+            return n
+        return run
+
+    with RequestQueue(max_size=3, concurrency=2) as queue:
+        futures = [queue.submit(job(n)) for n in range(2)]
+        deadline = time.monotonic() + 5
+        while running[0] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        futures += [queue.submit(job(n)) for n in range(2, 5)]
+        assert queue.waiting == 3
+        with pytest.raises(QueueFull, match="3 requests already waiting"):
+            queue.submit(job(99))
+        release.set()
+        assert [f.result(10) for f in futures] == [0, 1, 2, 3, 4]
+    assert peak[0] == 2 and queue.waiting == 0
+
+
+async def test_async_queue_bounds_waiting_requests_and_concurrency():
+    release, running, peak = asyncio.Event(), [0], [0]
+
+    def job(n: int):
+        async def run() -> int:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            await release.wait()
+            running[0] -= 1
+            if n == 3:
+                raise ValueError("job 3 fails")
+            return n
+        return run
+
+    async with AsyncRequestQueue(max_size=2, concurrency=2) as queue:
+        futures = [queue.submit(job(n)) for n in range(2)]
+        await asyncio.sleep(0)  # the workers pick up the first two
+        futures += [queue.submit(job(n)) for n in range(2, 4)]
+        assert queue.waiting == 2
+        with pytest.raises(QueueFull):
+            queue.submit(job(99))
+        release.set()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+    assert results[:3] == [0, 1, 2] and isinstance(results[3], ValueError)
+    assert peak[0] == 2
+
+
+def test_rest_error_bodies_of_both_dialects_and_retry_headers():
+    body = b'{"error": {"message": "Rate limit reached", "type": "rate_limit_error", "param": null, ' \
+           b'"code": "rate_limit_exceeded"}}'
+    error = error_from_http(429, body, {"retry-after": "13", "retry-after-ms": "12345"})
+    assert isinstance(error, RateLimitError)
+    assert (error.status, error.code, error.type, error.param) == (429, "rate_limit_exceeded", "rate_limit_error", None)
+    assert error.retry_after == pytest.approx(12.345)
+    anthropic = b'{"type": "error", "error": {"message": "bad", "type": "invalid_request_error", ' \
+                b'"param": "max_tokens", "code": "invalid_request"}}'
+    error = error_from_http(400, anthropic, {})
+    assert isinstance(error, BadRequestError) and error.param == "max_tokens" and error.retry_after is None
+    assert isinstance(error_from_http(404, b"", {}), NotFoundError)
+
+
+def test_rest_errors_without_a_portico_body_still_get_their_row():
+    error = error_from_http(503, b"<html>upstream gone</html>", {"retry-after": "2"})
+    assert isinstance(error, ServiceUnavailableError)
+    assert (error.code, error.type, error.retry_after) == ("service_unavailable", "service_unavailable_error", 2.0)
+    assert "upstream gone" in error.message
+    dated = error_from_http(500, b"{}", {"retry-after": "Wed, 21 Oct 2015 07:28:10 GMT"}, now=lambda: 1445412480.0)
+    assert isinstance(dated, InternalServerError) and dated.retry_after == pytest.approx(10.0)
+    odd = error_from_http(418, b"teapot", {"retry-after": "soon"})
+    assert type(odd) is APIError and odd.status == 418 and odd.retry_after is None

@@ -1,0 +1,110 @@
+"""portico.client's retry math and fallback walk: pure decisions, checked with chosen random draws."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from portico.client import (
+    APIConnectionError, AuthenticationError, BadRequestError, ClientRateLimitError, GatewayTimeoutError,
+    InternalServerError, NotFoundError, PermissionDeniedError, Plan, RateLimitError, RetriesExhausted, RetryPolicy,
+    ServiceUnavailableError,
+)
+
+
+def test_full_jitter_under_a_doubling_ceiling_that_stops_at_the_cap():
+    policy = RetryPolicy(attempts=10, base=0.5, cap=4.0)
+    assert [policy.ceiling(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    error = InternalServerError("boom")
+    assert policy.delay(3, error, 0.0) == 0.0
+    assert policy.delay(3, error, 0.5) == 1.0
+    assert policy.delay(3, error, 0.999) == pytest.approx(1.998)
+    assert policy.ceiling(10_000) == 4.0  # no overflow however many retries
+
+
+def test_jitter_spreads_uniformly_over_the_whole_range():
+    policy, draw = RetryPolicy(base=1.0, cap=8.0), random.Random(7).random
+    delays = [policy.delay(3, InternalServerError("x"), draw()) for _ in range(2000)]
+    assert 0 <= min(delays) < 0.1 and 3.9 < max(delays) < 4.0
+    assert 1.8 < sum(delays) / len(delays) < 2.2
+
+
+def test_the_servers_hint_is_a_floor_and_a_hint_over_the_cap_means_do_not_wait():
+    policy = RetryPolicy(base=0.5, cap=10.0)
+    assert policy.delay(1, RateLimitError("slow down", retry_after=3.2), 0.9) == 3.2
+    assert policy.delay(5, RateLimitError("slow down", retry_after=3.2), 0.9) == pytest.approx(7.2)
+    assert policy.delay(1, RateLimitError("slow down", retry_after=10.0), 0.9) == 10.0
+    assert policy.delay(1, RateLimitError("tomorrow", retry_after=3600.0), 0.0) is None
+
+
+@pytest.mark.parametrize("error, retryable", [
+    (BadRequestError("x"), False), (BadRequestError("too big", status=413), False), (AuthenticationError("x"), False),
+    (PermissionDeniedError("x"), False), (NotFoundError("x"), False), (GatewayTimeoutError("x"), False),
+    (RateLimitError("x"), True), (InternalServerError("x"), True), (ServiceUnavailableError("x"), True),
+    (APIConnectionError("refused"), True), (ClientRateLimitError("mine"), False),
+])
+def test_only_429_500_503_and_connection_errors_are_retried(error, retryable):
+    assert RetryPolicy().retryable(error) is retryable
+
+
+def test_a_policy_that_would_retry_a_client_error_is_refused():
+    with pytest.raises(ValueError, match="never retried"):
+        RetryPolicy(retry_statuses=frozenset({404, 503}))
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ValueError):
+        RetryPolicy(base=2, cap=1)
+
+
+def plan(*models: str, draws=(0.5,), **policy) -> Plan:
+    return Plan(models, RetryPolicy(**policy), itertools.cycle(draws).__next__)
+
+
+def test_a_model_is_retried_up_to_its_attempts_then_the_fallbacks_then_everything_is_given_up():
+    walk = plan("primary", "fallback", attempts=3, base=1.0, cap=10.0)
+    waits, models = [], [walk.model]
+    for _ in range(5):
+        waits.append(walk.failed(ServiceUnavailableError("down")))
+        models.append(walk.model)
+    assert models == ["primary", "primary", "primary", "fallback", "fallback", "fallback"]
+    assert waits == [0.5, 1.0, 0.0, 0.5, 1.0]  # draw 0.5 of ceilings 1, 2; no wait before switching models
+    last = InternalServerError("still down")
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(last)
+    assert caught.value.last is last and caught.value.__cause__ is last
+    assert [model for model, _ in caught.value.failures] == ["primary"] * 3 + ["fallback"] * 3
+    assert "gave up after 6 attempt(s) on primary -> fallback" in str(caught.value)
+    assert "500 internal_error: still down" in str(caught.value)
+
+
+def test_a_client_error_of_the_primary_is_raised_as_is_at_once():
+    for error in (BadRequestError("temperature", param="temperature"), NotFoundError("no such model")):
+        walk = plan("primary", "fallback")
+        with pytest.raises(type(error)) as caught:
+            walk.failed(error)
+        assert caught.value is error and walk.model == "primary"
+
+
+def test_a_fallback_that_cannot_serve_the_request_is_skipped():
+    walk = plan("primary", "ungranted", "last", attempts=1)
+    assert walk.failed(RateLimitError("busy", retry_after=1.0)) == 0.0 and walk.model == "ungranted"
+    assert walk.failed(NotFoundError("not granted")) == 0.0 and walk.model == "last"
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(NotFoundError("not granted either"))
+    assert [type(e) for _, e in caught.value.failures] == [RateLimitError, NotFoundError, NotFoundError]
+
+
+def test_a_hint_longer_than_the_cap_moves_on_without_waiting():
+    walk = plan("primary", "fallback", attempts=5, cap=30.0)
+    assert walk.failed(RateLimitError("per minute", retry_after=58.0)) == 0.0
+    assert walk.model == "fallback"
+    assert walk.failed(RateLimitError("per minute", retry_after=2.5)) == 2.5 and walk.model == "fallback"
+
+
+def test_one_attempt_means_no_retry():
+    walk = plan("only", attempts=1)
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(APIConnectionError("refused"))
+    assert len(caught.value.failures) == 1 and isinstance(caught.value.last, APIConnectionError)
