@@ -184,3 +184,17 @@ async def test_json_output_is_refused_for_an_anthropic_upstream(chat, double, ke
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await chat.CreateChatCompletion(request, metadata=bearer(key[1]))
     assert error_details(caught.value).error.param == "response_format.type" and not double.seen
+
+
+async def test_typed_streams_carry_tool_calls(chat, messages, key):
+    request = chat_request(model="chat-on-anthropic", tools=[CHAT_TOOL], tool_choice="required", stream=True)
+    chunks = [c async for c in chat.StreamChatCompletion(request, metadata=bearer(key[1]))]
+    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls]
+    assert (calls[0].id, calls[0].function.name) == ("toolu_1", "weather")
+    assert orjson.loads("".join(call.function.arguments for call in calls)) == {"echo": "Say hello."}
+    request = message_request(model="messages-on-openai", tools=[MESSAGE_TOOL], tool_choice={"type": "any"})
+    events = [e async for e in messages.StreamMessage(request, metadata=bearer(key[1]))]
+    start = next(e for e in events if e.type == "content_block_start")
+    assert (start.content_block.type, start.content_block.name) == ("tool_use", "weather")
+    partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
+    assert orjson.loads(partial) == {"echo": "Say hello."} and events[-2].delta.stop_reason == "tool_use"

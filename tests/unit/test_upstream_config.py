@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from server.cli import main
 from server.config import ConfigError, load_config
-from server.config_providers import RetrySettings, Timeouts, UpstreamSpec
+from server.config_providers import RetrySettings, Timeouts, UpstreamSpec, upstream_keys
 
 MINIMAL = """\
 models:
@@ -109,3 +111,13 @@ PROVIDER = "{kind: openai, base_url: 'http://h/v1', model: m}"
 def test_mistakes_are_clear(tmp_path, models, message):
     with pytest.raises(ConfigError, match=message):
         load(tmp_path, f"models: {models}")
+
+
+def test_the_sample_configuration_loads(monkeypatch):
+    sample = load_config(Path(__file__).parents[2] / "docs" / "upstreams.sample.yaml")
+    kinds = {entry.id: entry.provider.kind for entry in sample.models}
+    assert set(kinds.values()) == {"openai", "anthropic", "llamacpp", "dev-image"}
+    assert sample.models[0].fallbacks == ("family-a-5.4", "family-a-local")
+    for name in ("UPSTREAM_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(name, "k")
+    assert len(upstream_keys(sample.models)) == 5

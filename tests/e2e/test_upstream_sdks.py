@@ -1,0 +1,191 @@
+"""The official SDKs through the whole stack (real Envoy, `portico serve --config FILE`) for each dialect on each
+provider kind: the embedded model, an OpenAI-compatible upstream (python -m llama_cpp.server, and the upstream
+double for scripted answers and faults) and an Anthropic upstream (the double)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import running_gateway
+from tests.llama_server import MODEL_ALIAS
+from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
+
+CHATS = ["chat-embedded", "chat-openai", "chat-anthropic"]
+MESSAGES = ["messages-embedded", "messages-openai", "messages-anthropic"]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def models_yaml(llama_url: str, double_url: str) -> str:
+    llama = f"kind: openai, base_url: '{llama_url}', model: {MODEL_ALIAS}"
+    echo = f"kind: openai, base_url: '{double_url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up"
+    claude = (f"kind: anthropic, base_url: '{double_url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
+              "model: claude-up")
+    rows = [
+        ("chat-embedded", "/v1/chat/completions", "{kind: llamacpp}", ""),
+        ("chat-openai", "/v1/chat/completions", f"{{{llama}}}", ""),
+        ("chat-anthropic", "/v1/chat/completions", f"{{{claude}}}", ""),
+        ("chat-echo", "/v1/chat/completions", f"{{{echo}, retry: {{attempts: 1}}, timeouts: {{read: 1}}}}", ""),
+        ("chat-fallback", "/v1/chat/completions",
+         f"{{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: x, retry: {FAST_RETRY}}}", "[chat-echo]"),
+        ("messages-embedded", "/v1/messages", "{kind: llamacpp}", ""),
+        ("messages-openai", "/v1/messages", f"{{{llama}}}", ""),
+        ("messages-anthropic", "/v1/messages", f"{{{claude}, retry: {{attempts: 1}}}}", ""),
+        ("messages-echo", "/v1/messages", f"{{{echo}}}", ""),
+        ("image-dev", "/v1/images/generations", "{kind: dev-image}", ""),
+        ("image-openai", "/v1/images/generations", f"{{{echo}}}", ""),
+    ]
+    return "".join(f"  - {{id: {i}, endpoint: {e}, provider: {p}{', fallbacks: ' + f if f else ''}}}\n"
+                   for i, e, p, f in rows)
+
+
+@pytest.fixture(scope="module")
+def double():
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(llama_server, double, tmp_path_factory):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY  # `portico serve` inherits it
+    directory = tmp_path_factory.mktemp("upstream-gateway")
+    config = write_config(directory, models_yaml(llama_server.url, double.url))
+    try:
+        with running_gateway(directory / "data", config=config) as gateway:
+            yield gateway
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+    assert UPSTREAM_KEY not in gateway.log_path.read_text()  # never logged, whatever happened
+
+
+@pytest.fixture(scope="module")
+def oai(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(gateway) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+@pytest.mark.parametrize("model", CHATS)
+def test_openai_sdk_create_and_stream(oai, model):
+    completion = oai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=4, temperature=0)
+    assert completion.model == model and completion.choices[0].message.content
+    assert completion.usage.completion_tokens >= 1 and completion.usage.prompt_tokens >= 1
+    stream = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count to ten."}],
+                                         max_tokens=3, temperature=0, stream=True,
+                                         stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("model", MESSAGES)
+def test_anthropic_sdk_create_and_stream(claude, model):
+    message = claude.messages.create(model=model, max_tokens=4, system="Be brief.", extra_body={"temperature": 0},
+                                     messages=[{"role": "user", "content": "Say hello."}])
+    assert message.model == model and message.content[0].type == "text" and message.content[0].text
+    assert message.usage.output_tokens >= 1
+    with claude.messages.stream(model=model, max_tokens=3, extra_body={"temperature": 0},
+                                messages=[{"role": "user", "content": "Count to ten."}]) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(texts) == final.content[0].text and final.usage.output_tokens >= 1
+
+
+def test_openai_sdk_tool_calls_from_an_anthropic_upstream(oai):
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}]
+    completion = oai.chat.completions.create(model="chat-anthropic", tools=tools, tool_choice="required",
+                                             messages=[{"role": "user", "content": "Oslo"}])
+    (call,) = completion.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments), completion.choices[0].finish_reason) == (
+        "weather", {"echo": "Oslo"}, "tool_calls")
+    follow_up = oai.chat.completions.create(model="chat-anthropic", tools=tools, messages=[
+        {"role": "user", "content": "Oslo"}, completion.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "4 C"}])
+    assert follow_up.choices[0].finish_reason == "stop"
+
+
+def test_anthropic_sdk_tool_use_from_an_openai_upstream(claude):
+    tools = [{"name": "weather", "input_schema": WEATHER}]
+    with claude.messages.stream(model="messages-echo", max_tokens=50, tools=tools, tool_choice={"type": "any"},
+                                messages=[{"role": "user", "content": "Oslo"}]) as stream:
+        final = stream.get_final_message()
+    (block,) = final.content
+    assert (block.type, block.name, block.input, final.stop_reason) == ("tool_use", "weather", {"echo": "Oslo"},
+                                                                        "tool_use")
+
+
+def test_upstream_errors_reach_the_sdks_as_their_own_types(oai, claude, double):
+    double.cue(Cue(429, {"error": {"message": "quota"}}, headers={"retry-after": "30"}),
+               Cue(400, {"error": {"message": "bad messages", "param": "messages"}}),
+               Cue(delay=3))
+    hello = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.RateLimitError) as limited:
+        oai.chat.completions.create(model="chat-echo", messages=hello)
+    assert limited.value.response.headers["retry-after"] == "30"
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai.chat.completions.create(model="chat-echo", messages=hello)
+    assert (bad.value.param, bad.value.code) == ("messages", "invalid_request")
+    with pytest.raises(openai.InternalServerError) as slow:
+        oai.chat.completions.create(model="chat-echo", messages=hello)
+    assert (slow.value.status_code, slow.value.code) == (504, "upstream_timeout")
+    double.cue(Cue(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
+    with pytest.raises(anthropic.APIStatusError) as overloaded:
+        claude.messages.create(model="messages-anthropic", max_tokens=5, messages=hello)
+    assert overloaded.value.status_code == 503 and overloaded.value.body["type"] == "error"
+
+
+def test_a_stream_that_breaks_ends_with_the_dialects_error_event(oai, claude, double):
+    double.cue(Cue(drop_after=3), Cue(drop_after=5))
+    stream = oai.chat.completions.create(model="chat-echo", messages=[{"role": "user", "content": "a b c"}],
+                                         stream=True)
+    with pytest.raises(openai.APIError, match="broke off"):
+        list(stream)
+    with pytest.raises(anthropic.APIStatusError, match="broke off"):
+        with claude.messages.stream(model="messages-anthropic", max_tokens=20,
+                                    messages=[{"role": "user", "content": "a b c"}]) as events:
+            list(events.text_stream)
+
+
+def test_fallback_through_the_gateway(oai):
+    completion = oai.chat.completions.create(model="chat-fallback", messages=[{"role": "user", "content": "Hi"}])
+    assert completion.choices[0].message.content == "echo Hi" and completion.model == "chat-fallback"
+
+
+def test_a_client_that_disconnects_cancels_the_upstream_request(gateway, double):
+    double.cue(Cue(frame_delay=0.3))
+    body = {"model": "chat-echo", "messages": [{"role": "user", "content": "one two three four five six"}],
+            "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {gateway.secret}"}) as response:
+        for number, _ in enumerate(response.iter_lines()):
+            if number > 2:
+                break
+    deadline = time.monotonic() + 5
+    while double.gone == 0:
+        assert time.monotonic() < deadline, "the upstream request went on after the client left"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("model", ["image-dev", "image-openai"])
+def test_images_on_each_provider(oai, model):
+    b64 = oai.images.generate(model=model, prompt="a lighthouse", size="256x256")
+    assert b64.data[0].b64_json
+    linked = oai.images.generate(model=model, prompt="a lighthouse", size="256x256", response_format="url")
+    assert httpx.get(linked.data[0].url).content.startswith(b"\x89PNG")
