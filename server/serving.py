@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -161,7 +162,13 @@ async def run_worker(config: Config, socket_path: Path) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await running.stop(grace=config.drain_seconds)
+    try:
+        await asyncio.wait_for(running.stop(grace=config.drain_seconds), config.drain_seconds + KILL_MARGIN_SECONDS)
+    except asyncio.TimeoutError:
+        # A worker must never outlive its gateway, e.g. after the parent was killed mid-drain (its death signal
+        # arrives as SIGTERM): a stop that hangs past the drain period ends the process without further cleanup.
+        _logger.error("worker did not stop within %gs of SIGTERM; exiting now", config.drain_seconds)
+        os._exit(1)
     return 0
 
 
