@@ -61,7 +61,7 @@ def client_for(gateway, transport: str, secret: str, **options) -> PorticoClient
 
 def remaining_requests(gateway, secret: str) -> int:
     response = httpx.post(f"{gateway.base_url}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"},
-                          json={"model": "family-a-5.5", "messages": HI, "max_tokens": 1})
+                          json={"model": "family-a-5.5", "messages": HI, "max_tokens": 1}, timeout=60)
     assert response.status_code == 200, response.text
     return int(response.headers["x-ratelimit-remaining-requests"])
 

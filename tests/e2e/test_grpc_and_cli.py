@@ -51,7 +51,7 @@ def test_images_b64_and_url(gateway):
     assert image.size == (256, 256) and image.format == "PNG"
     linked = client.images.generate(model="family-a-image-2", prompt="a harbour", size="512x512",
                                     response_format="url", output_format="jpeg")
-    fetched = httpx.get(linked.data[0].url)
+    fetched = httpx.get(linked.data[0].url, timeout=60)
     assert fetched.status_code == 200 and fetched.headers["content-type"] == "image/jpeg"
     assert Image.open(io.BytesIO(fetched.content)).size == (512, 512)
 

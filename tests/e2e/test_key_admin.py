@@ -10,7 +10,7 @@ HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], 
 
 
 def chat(gateway, secret: str) -> httpx.Response:
-    return httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers={"Authorization": f"Bearer {secret}"})
+    return httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
 
 
 def test_cli_update_and_rotate_on_a_running_server(gateway):
@@ -40,10 +40,10 @@ def test_rest_update_and_rotate_with_an_admin_key(gateway):
     assert key["limits"]["concurrent_requests"] == 3 and key["models"] == ["family-a-5.4"]
     assert key["all_models"] is False
     rotated = httpx.post(f"{gateway.base_url}/v1/admin/keys/{key_id}/rotate", headers=headers,
-                         json={"grace_seconds": 600})
+                         json={"grace_seconds": 600}, timeout=60)
     assert rotated.status_code == 200, rotated.text
     body = rotated.json()
     assert body["secret"].startswith("pk-") and body["previous_secret_expires"] > time.time() + 590
     refused = httpx.post(f"{gateway.base_url}/v1/admin/keys/{key_id}/rotate",
-                         headers={"Authorization": f"Bearer {old}"}, json={})
+                         headers={"Authorization": f"Bearer {old}"}, json={}, timeout=60)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"

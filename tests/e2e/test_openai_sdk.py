@@ -51,7 +51,7 @@ def test_stream_arrives_token_by_token(gateway):
     body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Tell a story."}],
             "max_tokens": 30, "stream": True}
     headers = {"Authorization": f"Bearer {gateway.secret}"}
-    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers) as response:
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert not any(h.startswith("grpc-") for h in response.headers)
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
@@ -100,7 +100,7 @@ def test_client_that_goes_away_cancels_its_generation(gateway, client):
     body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 2000, "stream": True, "temperature": 1.0}
     headers = {"Authorization": f"Bearer {gateway.secret}"}
-    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers) as response:
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60) as response:
         for number, _ in enumerate(response.iter_lines()):
             if number > 6:
                 break

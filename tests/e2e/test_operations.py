@@ -49,9 +49,9 @@ def new_key(gateway: Gateway, *options: str) -> tuple[str, str]:
 
 
 def test_probes_answer_json_without_a_key(gateway):
-    alive = httpx.get(f"{gateway.base_url}/healthz")
+    alive = httpx.get(f"{gateway.base_url}/healthz", timeout=60)
     assert (alive.status_code, alive.json()) == (200, {"status": "alive"})
-    ready = httpx.get(f"{gateway.base_url}/readyz")
+    ready = httpx.get(f"{gateway.base_url}/readyz", timeout=60)
     assert ready.status_code == 200 and ready.headers["content-type"] == "application/json"
     assert ready.json() == {"status": "ready", "checks": {"model": "loaded", "keys": "ok", "limits": "ok"}}
 
@@ -127,7 +127,7 @@ def test_a_scrape_shows_each_request_with_its_labels(gateway):
 
 
 def test_envoy_stats_on_its_admin_port(gateway):
-    stats = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/stats/prometheus").text
+    stats = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/stats/prometheus", timeout=60).text
     assert 'envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix="portico"}' in stats
-    listeners = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/listeners").text
+    listeners = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/listeners", timeout=60).text
     assert f"127.0.0.1:{gateway.port}" in listeners

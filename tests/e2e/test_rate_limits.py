@@ -74,7 +74,7 @@ def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(g
     body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 2000, "stream": True}
     with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {secret}"}) as response:
+                      headers={"Authorization": f"Bearer {secret}"}, timeout=60) as response:
         for number, _ in enumerate(response.iter_lines()):
             if number == 4:  # mid-stream (breaking out of iter_lines ends the stream, so ask from inside)
                 with pytest.raises(openai.RateLimitError) as caught:

@@ -173,7 +173,7 @@ def test_a_client_that_disconnects_cancels_the_upstream_request(gateway, double)
     body = {"model": "chat-echo", "messages": [{"role": "user", "content": "one two three four five six"}],
             "stream": True}
     with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {gateway.secret}"}) as response:
+                      headers={"Authorization": f"Bearer {gateway.secret}"}, timeout=60) as response:
         for number, _ in enumerate(response.iter_lines()):
             if number > 2:
                 break
@@ -188,4 +188,4 @@ def test_images_on_each_provider(oai, model):
     b64 = oai.images.generate(model=model, prompt="a lighthouse", size="256x256")
     assert b64.data[0].b64_json
     linked = oai.images.generate(model=model, prompt="a lighthouse", size="256x256", response_format="url")
-    assert httpx.get(linked.data[0].url).content.startswith(b"\x89PNG")
+    assert httpx.get(linked.data[0].url, timeout=60).content.startswith(b"\x89PNG")

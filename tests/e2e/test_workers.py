@@ -34,7 +34,7 @@ def workers(tmp_path_factory, redis_server) -> Gateway:
 
 
 def requests_per_worker(gateway: Gateway) -> list[int]:
-    clusters = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/clusters").text
+    clusters = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/clusters", timeout=60).text
     return [int(n) for n in re.findall(r"^portico_grpc::.*grpc-\d\.sock::rq_total::(\d+)$", clusters, re.M)]
 
 
@@ -64,7 +64,8 @@ def test_metrics_are_summed_over_the_workers_and_survive_a_restart(workers):
     out = workers.cli("keys", "create", "--name", "counted", "--all-models").stdout
     key_id, secret = out.split()[2], out.split()[-1]
     before = requests_per_worker(workers)
-    with httpx.Client(base_url=workers.base_url, headers={"Authorization": f"Bearer {secret}"}) as client:
+    with httpx.Client(base_url=workers.base_url, headers={"Authorization": f"Bearer {secret}"},
+                      timeout=60) as client:
         for _ in range(12):
             assert client.post("/v1/chat/completions", json=HI).status_code == 200
     assert all(after > b for after, b in zip(requests_per_worker(workers), before))  # both served some
@@ -87,7 +88,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
     os.kill(first, signal.SIGKILL)
     headers = {"Authorization": f"Bearer {workers.secret}"}
     for _ in range(10):  # Envoy retries the refused connection on the other worker
-        response = httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers)
+        response = httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
         assert response.status_code == 200, response.text
     deadline = time.monotonic() + 60
     while len(worker_pids(workers, 0)) < 2:
