@@ -72,7 +72,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     store = KeyStore(config.data_dir / "keys.db")
     telemetry = Telemetry()
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
-    providers = build_providers(config)
+    providers = build_providers(config, telemetry)
     limiter = Limiter(build_limit_store(config), config.limits)
     if isinstance(limiter.store, RedisLimitStore) and not await limiter.store.ping():
         # Not fatal: Redis may come up later. Until then the on_store_error policy decides.

@@ -16,8 +16,9 @@
 gRPC callers get the status code of the row with the error object in the status details; REST callers get the
 HTTP status and the JSON body, shaped by Envoy's Lua filter from the trailing metadata set here.
 
-`retryable` marks a failure of an upstream model server that another attempt (or a fallback model) may not meet:
-set by the upstream providers, read by server/providers/retry.py and fallback.py, never shown to callers.
+`retry_reason` marks a failure of an upstream model server that another attempt (or a fallback model) may not meet,
+and says why ("429", "503", "connect", "timeout", ... for metrics): set by the upstream providers, read by
+server/providers/retry.py and fallback.py, never shown to callers.
 """
 
 from __future__ import annotations
@@ -41,13 +42,17 @@ class PorticoError(Exception):
     kind = ErrorKind(grpc.StatusCode.INTERNAL, 500, "internal_error", "server_error")
 
     def __init__(
-        self, message: str, *, param: str | None = None, retry_after: float = 0.0, retryable: bool = False
+        self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
-        self.retryable = retryable
+        self.retry_reason = retry_reason
+
+    @property
+    def retryable(self) -> bool:
+        return self.retry_reason is not None
 
 
 class InvalidRequest(PorticoError):
@@ -80,8 +85,10 @@ class NotFound(PorticoError):
 class RateLimited(PorticoError):
     kind = ErrorKind(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_exceeded", "rate_limit_error")
 
-    def __init__(self, message: str, *, retry_after: float = 0.0, subject: str = "", retryable: bool = False) -> None:
-        super().__init__(message, retry_after=retry_after, retryable=retryable)
+    def __init__(
+        self, message: str, *, retry_after: float = 0.0, subject: str = "", retry_reason: str | None = None
+    ) -> None:
+        super().__init__(message, retry_after=retry_after, retry_reason=retry_reason)
         self.subject = subject  # which limit of what, for gRPC callers' google.rpc.QuotaFailure
 
 

@@ -24,7 +24,7 @@ class Provider(Protocol):
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Yield TextDelta and tool-call events, then exactly one Finished. Raise a PorticoError on failure
-        (upstream failures that another attempt may avoid are marked `retryable`).
+        (upstream failures that another attempt may avoid carry a `retry_reason`).
 
         Closing the iterator early (the caller went away) must stop the work promptly.
         """

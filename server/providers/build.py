@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from server.config import Config, ModelEntry
 from server.config_providers import IMAGES, UpstreamSpec, upstream_keys
+from server.observability import UpstreamRecorder
 from server.providers import Provider
 from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers
 from server.providers.dev_image import DevImageProvider
@@ -26,11 +27,13 @@ from server.providers.retry import RetryingImageProvider, RetryingProvider
 AnyProvider = Provider | ImageProvider
 
 
-def build_providers(config: Config, environ: Mapping[str, str] = os.environ) -> dict[str, AnyProvider]:
+def build_providers(
+    config: Config, recorder: UpstreamRecorder | None = None, environ: Mapping[str, str] = os.environ
+) -> dict[str, AnyProvider]:
     """model id -> provider. Upstream keys are read first, so a missing one stops start-up before anything
-    (the embedded model, connection pools) has been built."""
+    (the embedded model, connection pools) has been built. Retries and fallbacks are reported to `recorder`."""
     keys = upstream_keys(config.models, environ)
-    builder = _Builder(config)
+    builder = _Builder(config, recorder)
     own = {entry.id: builder.provider(entry, keys.get(entry.id)) for entry in config.models}
     providers: dict[str, AnyProvider] = {}
     for entry in config.models:
@@ -38,15 +41,16 @@ def build_providers(config: Config, environ: Mapping[str, str] = os.environ) -> 
         if not entry.fallbacks:
             providers[entry.id] = own[entry.id]
         elif entry.endpoint == IMAGES:
-            providers[entry.id] = FallbackImageProvider(chain)
+            providers[entry.id] = FallbackImageProvider(chain, recorder=recorder)
         else:
-            providers[entry.id] = FallbackProvider(chain)
+            providers[entry.id] = FallbackProvider(chain, recorder=recorder)
     return providers
 
 
 class _Builder:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, recorder: UpstreamRecorder | None) -> None:
         self._config = config
+        self._recorder = recorder
         self._embedded: LlamaCppProvider | None = None
         self._dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
         self._upstreams: dict[tuple, HttpUpstream] = {}
@@ -62,12 +66,12 @@ class _Builder:
         upstream = self._upstream(kind, spec, key)
         if entry.endpoint == IMAGES:
             images = OpenAIImageProvider(upstream, spec, model_id=entry.id)
-            return RetryingImageProvider(images, spec.retry, model_id=entry.id)
+            return RetryingImageProvider(images, spec.retry, model_id=entry.id, recorder=self._recorder)
         if kind == "anthropic":
             provider = AnthropicProvider(upstream, spec, model_id=entry.id)
         else:
             provider = OpenAIProvider(upstream, spec, model_id=entry.id)
-        return RetryingProvider(provider, spec.retry, model_id=entry.id)
+        return RetryingProvider(provider, spec.retry, model_id=entry.id, recorder=self._recorder)
 
     def _llamacpp(self) -> LlamaCppProvider:
         if self._embedded is None:

@@ -14,6 +14,7 @@ from contextlib import aclosing
 
 from server.domain import GenerationEvent, GenerationRequest
 from server.errors import PorticoError
+from server.observability import UpstreamRecorder
 from server.providers import Provider, unsupported
 from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
 from server.providers.retry import Delivery
@@ -22,9 +23,10 @@ _logger = logging.getLogger(__name__)
 
 
 class FallbackProvider:
-    def __init__(self, chain: Sequence[tuple[str, Provider]]) -> None:
+    def __init__(self, chain: Sequence[tuple[str, Provider]], *, recorder: UpstreamRecorder | None = None) -> None:
         """`chain`: (model id, provider) pairs, the model itself first."""
         self._chain = tuple(chain)
+        self._recorder = recorder
         self.capabilities = chain[0][1].capabilities
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -33,8 +35,7 @@ class FallbackProvider:
             if failure is not None and unsupported(request, provider.capabilities) is not None:
                 continue
             if failure is not None:
-                _logger.warning("%s failed (%s: %s); falling back to %s", self._chain[0][0], failure.kind.code,
-                                failure.message, model_id)
+                _falling_back(self._chain[0][0], failure, model_id, self._recorder)
             delivery = Delivery()
             try:
                 async with aclosing(delivery.relay(provider.stream(request))) as events:
@@ -54,15 +55,15 @@ class FallbackProvider:
 
 
 class FallbackImageProvider:
-    def __init__(self, chain: Sequence[tuple[str, ImageProvider]]) -> None:
+    def __init__(self, chain: Sequence[tuple[str, ImageProvider]], *, recorder: UpstreamRecorder | None = None) -> None:
         self._chain = tuple(chain)
+        self._recorder = recorder
 
     async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
         failure: PorticoError | None = None
         for model_id, provider in self._chain:
             if failure is not None:
-                _logger.warning("%s failed (%s: %s); falling back to %s", self._chain[0][0], failure.kind.code,
-                                failure.message, model_id)
+                _falling_back(self._chain[0][0], failure, model_id, self._recorder)
             try:
                 return await provider.generate(request)
             except PorticoError as error:
@@ -74,3 +75,9 @@ class FallbackImageProvider:
 
     async def close(self) -> None:
         await self._chain[0][1].close()
+
+
+def _falling_back(model_id: str, failure: PorticoError, fallback: str, recorder: UpstreamRecorder | None) -> None:
+    _logger.warning("%s failed (%s: %s); falling back to %s", model_id, failure.kind.code, failure.message, fallback)
+    if recorder is not None:
+        recorder.fallback(model_id, fallback)

@@ -128,14 +128,15 @@ class HttpUpstream:
         working on the request, and retrying would pay for it twice)."""
         name = f"`{model_id}`"
         if isinstance(exc, httpx.ConnectTimeout):
-            return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retryable=True)
+            return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retry_reason="timeout")
         if isinstance(exc, httpx.PoolTimeout):
-            return ServiceUnavailable(f"Every connection to the upstream serving {name} is busy.", retryable=True)
+            return ServiceUnavailable(f"Every connection to the upstream serving {name} is busy.",
+                                      retry_reason="other")
         if isinstance(exc, httpx.TimeoutException):
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
         if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
             if before_answer and isinstance(exc, httpx.ConnectError):
-                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}.", retryable=True)
+                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}.", retry_reason="connect")
             # A broken connection: retried only if nothing reached the caller yet (server/providers/retry.py).
-            return UpstreamError(f"The connection to the upstream serving {name} broke off.", retryable=True)
+            return UpstreamError(f"The connection to the upstream serving {name} broke off.", retry_reason="connect")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from server.config_providers import RetrySettings
 from server.domain import GenerationEvent, GenerationRequest, Started
 from server.errors import PorticoError
+from server.observability import UpstreamRecorder
 from server.providers import Provider
 from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
 
@@ -62,10 +63,11 @@ class Delivery:
 
 class RetryingProvider:
     def __init__(self, inner: Provider, settings: RetrySettings, *, model_id: str,
-                 rng: random.Random | None = None) -> None:
+                 recorder: UpstreamRecorder | None = None, rng: random.Random | None = None) -> None:
         self._inner = inner
         self._settings = settings
         self._model_id = model_id
+        self._recorder = recorder
         self._draw = (rng or random.Random()).random
         self.capabilities = inner.capabilities
 
@@ -86,8 +88,7 @@ class RetryingProvider:
                 delay = backoff_delay(self._settings, attempt, error, loop.time() - began, self._draw)
                 if delay is None:
                     raise
-                _logger.warning("%s: attempt %d failed (%s: %s); retrying in %.2f s", self._model_id, attempt,
-                                error.kind.code, error.message, delay)
+                _retrying(self._model_id, attempt, error, delay, self._recorder)
             await asyncio.sleep(delay)
             attempt += 1
 
@@ -95,14 +96,22 @@ class RetryingProvider:
         await self._inner.close()
 
 
+def _retrying(model_id: str, attempt: int, error: PorticoError, delay: float, recorder: UpstreamRecorder | None):
+    _logger.warning("%s: attempt %d failed (%s: %s); retrying in %.2f s", model_id, attempt, error.kind.code,
+                    error.message, delay)
+    if recorder is not None:
+        recorder.retry(model_id, error.retry_reason or "other")
+
+
 class RetryingImageProvider:
     """The same policy for image upstreams, whose answer is one JSON body: any retryable failure is retried."""
 
     def __init__(self, inner: ImageProvider, settings: RetrySettings, *, model_id: str,
-                 rng: random.Random | None = None) -> None:
+                 recorder: UpstreamRecorder | None = None, rng: random.Random | None = None) -> None:
         self._inner = inner
         self._settings = settings
         self._model_id = model_id
+        self._recorder = recorder
         self._draw = (rng or random.Random()).random
 
     async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
@@ -116,8 +125,7 @@ class RetryingImageProvider:
                 delay = backoff_delay(self._settings, attempt, error, loop.time() - began, self._draw)
                 if delay is None:
                     raise
-                _logger.warning("%s: attempt %d failed (%s: %s); retrying in %.2f s", self._model_id, attempt,
-                                error.kind.code, error.message, delay)
+                _retrying(self._model_id, attempt, error, delay, self._recorder)
             await asyncio.sleep(delay)
             attempt += 1
 

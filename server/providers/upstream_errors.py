@@ -1,7 +1,7 @@
 """An upstream model server's failures -> rows of Portico's one error table (server/errors.py).
 
 A 4xx is the caller's problem (or ours, for 401/403) and keeps its meaning: never a 500. Statuses the provider's
-retry settings name, connection failures before an answer, and streams cut before any content are `retryable`.
+retry settings name, connection failures before an answer, and streams cut before any content are retryable.
 An upstream's own message is passed on, but never text that could hold the upstream key: 401/403 messages (which
 sometimes quote part of the key) are replaced, and the key itself is scrubbed from every other message.
 """
@@ -30,28 +30,28 @@ def from_status(
     credentials); `secret` is scrubbed from anything passed on."""
     message, param = _message_and_param(body)
     message = _scrub(message, secret) or f"HTTP {status}"
-    retryable = status in retry_on
+    reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
     if status in (401, 403):
         error_type = AuthenticationFailed if status == 401 else PermissionDenied
         return error_type(f"The upstream serving `{upstream}` refused Portico's credentials (HTTP {status}); "
-                          "this is the gateway's configuration, not your key.", retryable=retryable)
+                          "this is the gateway's configuration, not your key.", retry_reason=reason)
     if status == 429:
         return RateLimited(f"The upstream serving `{upstream}` is rate limiting: {message}", retry_after=wait,
-                           subject=f"upstream of {upstream}", retryable=retryable)
+                           subject=f"upstream of {upstream}", retry_reason=reason)
     if status in (408, 504):
-        return UpstreamTimeout(f"The upstream serving `{upstream}` timed out: {message}", retryable=retryable)
+        return UpstreamTimeout(f"The upstream serving `{upstream}` timed out: {message}", retry_reason=reason)
     if status in (503, 529):
         return ServiceUnavailable(f"The upstream serving `{upstream}` is unavailable: {message}",
-                                  retry_after=wait, retryable=retryable)
+                                  retry_after=wait, retry_reason=reason)
     if status >= 500:
         return UpstreamError(f"The upstream serving `{upstream}` failed (HTTP {status}): {message}",
-                             retry_after=wait, retryable=retryable)
+                             retry_after=wait, retry_reason=reason)
     if status == 404:
-        return NotFound(f"The upstream serving `{upstream}` answered 404: {message}", retryable=retryable)
+        return NotFound(f"The upstream serving `{upstream}` answered 404: {message}", retry_reason=reason)
     if status == 413:
-        return RequestTooLarge(message, param=param, retryable=retryable)
-    return InvalidRequest(message, param=param, retryable=retryable)
+        return RequestTooLarge(message, param=param, retry_reason=reason)
+    return InvalidRequest(message, param=param, retry_reason=reason)
 
 
 # Anthropic's error `type`s (in bodies and mid-stream `error` events) -> the status Anthropic gives them.

@@ -82,7 +82,7 @@ class AnthropicEventReader:
     def end(self) -> None:
         """The stream ended: fine after message_stop, an upstream error before it."""
         if not self.finished:
-            raise UpstreamError("The upstream's stream ended before the answer was complete.", retryable=True)
+            raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
 
 
 def _input_tokens(usage: Mapping[str, Json]) -> int:

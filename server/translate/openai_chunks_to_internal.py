@@ -70,6 +70,6 @@ class OpenAIChunkReader:
         """The stream ended ([DONE] or the connection closed cleanly): the final event, or an error if the
         upstream never said it finished."""
         if self._finish is None:
-            raise UpstreamError("The upstream's stream ended before the answer was complete.", retryable=True)
+            raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
         return Finished(self._finish, usage, self._stop_sequence)

@@ -121,13 +121,22 @@ async def test_upstream_401_never_shows_the_upstream_key(chat, double, key):
     assert UPSTREAM_KEY not in str(error.trailing_metadata()) and UPSTREAM_KEY[-8:] not in detail.error.message
 
 
+def metric(running, name: str, **labels) -> float:
+    return running.telemetry.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 async def test_exhausted_retries_fall_back_to_the_next_model(chat, running, double, key):
     key_id, secret = key
+    retries = metric(running, "portico_upstream_retries_total", model="up-main", reason="500")
+    fallbacks = metric(running, "portico_upstream_fallbacks_total", model="up-main", fallback="up-backup")
     double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)
     response = await ask(chat, secret)
     assert response.model == "up-main" and response.choices[0].message.content == "echo Say hello."
     assert [s.body["model"] for s in double.seen] == ["main-model"] * 3 + ["backup-model"]
     assert window_tokens(running, key_id) == 5  # the caller's model is charged what the fallback used
+    # Reported for the metrics: two retries, then one fallback.
+    assert metric(running, "portico_upstream_retries_total", model="up-main", reason="500") == retries + 2
+    assert metric(running, "portico_upstream_fallbacks_total", model="up-main", fallback="up-backup") == fallbacks + 1
 
 
 async def test_fallbacks_that_cannot_honour_the_request_are_skipped(chat, double, key):

@@ -157,7 +157,7 @@ SETTINGS = RetrySettings(attempts=3, initial_backoff=1.0, max_backoff=3.0, total
 
 
 def test_backoff_grows_exponentially_with_full_jitter_and_a_cap():
-    retryable = UpstreamError("x", retryable=True)
+    retryable = UpstreamError("x", retry_reason="500")
     top = lambda: 0.999999  # noqa: E731
     assert [round(backoff_delay(SETTINGS, n, retryable, 0, top), 3) for n in (1, 2)] == [1.0, 2.0]
     capped = RetrySettings(attempts=9, initial_backoff=1.0, max_backoff=3.0, total_seconds=99)
@@ -167,10 +167,10 @@ def test_backoff_grows_exponentially_with_full_jitter_and_a_cap():
 
 
 def test_when_retries_stop():
-    retryable = UpstreamError("x", retryable=True)
+    retryable = UpstreamError("x", retry_reason="500")
     assert backoff_delay(SETTINGS, 3, retryable, 0, random.random) is None  # attempts used up
     assert backoff_delay(SETTINGS, 1, UpstreamError("x"), 0, random.random) is None  # not retryable
     assert backoff_delay(SETTINGS, 1, retryable, 9.5, lambda: 0.9) is None  # would end past total_seconds
-    hinted = RateLimited("x", retry_after=4.0, retryable=True)
+    hinted = RateLimited("x", retry_after=4.0, retry_reason="429")
     assert backoff_delay(SETTINGS, 1, hinted, 0, lambda: 0.1) == 4.0  # retry-after wins over a shorter backoff
-    assert backoff_delay(SETTINGS, 1, RateLimited("x", retry_after=60, retryable=True), 0, random.random) is None
+    assert backoff_delay(SETTINGS, 1, RateLimited("x", retry_after=60, retry_reason="429"), 0, random.random) is None
