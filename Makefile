@@ -7,7 +7,7 @@ DESCRIPTORS := build/gen/portico.pb
 # llama-cpp-python builds from source: portable x86-64 flags, no CPU-specific code (pip caches the wheel).
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF
 
-.PHONY: install serve test clean
+.PHONY: install serve test bench clean
 
 install: $(STAMP) $(DESCRIPTORS)
 
@@ -30,6 +30,10 @@ serve: install
 test: install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	$(BIN)/python -m pytest
+
+# Not part of `make test`: a mock upstream, Portico and wrk on loopback; ARGS passes options, e.g. ARGS="--workers 2".
+bench: install
+	$(BIN)/python -m bench $(ARGS)
 
 clean:
 	rm -rf build $(VENV)

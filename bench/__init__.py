@@ -1,0 +1,1 @@
+"""Portico benchmark: `make bench` or `.venv/bin/python -m bench --help` (see bench/run.py)."""
