@@ -86,8 +86,12 @@ def test_metrics_are_summed_over_the_workers_and_survive_a_restart(workers):
 def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
     (first,) = worker_pids(workers, 0)
     os.kill(first, signal.SIGKILL)
+    # Once the death is noticed (a request sent on the dead worker's connection in the instant before that can
+    # fail, which is why Envoy does not retry requests that were already sent), Envoy retries the refused
+    # connections on the other worker: no request fails while the worker restarts.
+    wait_for_log(workers, "worker 0 (pid %d) exited" % first)
     headers = {"Authorization": f"Bearer {workers.secret}"}
-    for _ in range(10):  # Envoy retries the refused connection on the other worker
+    for _ in range(10):
         response = httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
         assert response.status_code == 200, response.text
     deadline = time.monotonic() + 60
@@ -95,7 +99,13 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
         assert time.monotonic() < deadline, workers.log_path.read_text()[-2000:]
         time.sleep(0.2)
     assert worker_pids(workers, 0)[-1] != first
-    assert "worker 0 (pid %d) exited" % first in workers.log_path.read_text()
+
+
+def wait_for_log(gateway: Gateway, text: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while text not in gateway.log_path.read_text():
+        assert time.monotonic() < deadline, gateway.log_path.read_text()[-2000:]
+        time.sleep(0.05)
 
 
 def test_several_workers_need_a_shared_store(tmp_path):
