@@ -97,7 +97,8 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
     if kind == "anthropic":
         known.discard("max_tokens_field")
     if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+                          f"known: {', '.join(sorted(known))}")
     for required in ("base_url", "model"):
         if not isinstance(raw.get(required), str) or not raw[required]:
             raise ConfigError(f"{where}: `{required}` is required (a string) for a {kind} provider")
@@ -127,7 +128,8 @@ def _timeouts(raw: Any, where: str) -> Timeouts:
     raw = mapping(raw, where)
     defaults = Timeouts()
     if unknown := set(raw) - {"connect", "read", "write", "pool"}:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: connect, read, write, pool")
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+                          "known: connect, read, write, pool")
     return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
 
 

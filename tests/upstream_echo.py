@@ -59,7 +59,8 @@ def echo_chat(body: dict) -> list[bytes]:
     else:
         sent, reason = len(words), "length" if why == "length" else "stop"
         for i, word in enumerate(words):
-            frames.append(sse({**base, "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word}}]}))
+            delta = {"content": word if i == 0 else " " + word}
+            frames.append(sse({**base, "choices": [{"index": 0, "delta": delta}]}))
     frames.append(sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
     if (body.get("stream_options") or {}).get("include_usage"):
         usage = {"prompt_tokens": prompt, "completion_tokens": sent, "total_tokens": prompt + sent}

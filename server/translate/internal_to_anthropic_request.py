@@ -73,7 +73,8 @@ def _messages(turns: tuple[Turn, ...]) -> list[dict]:
 def _blocks(turn: Turn) -> list[dict]:
     # tool_result blocks come first in a user message: Anthropic requires it.
     blocks: list[dict] = [
-        {"type": "tool_result", "tool_use_id": r.call_id, "content": r.text, **({"is_error": True} if r.is_error else {})}
+        {"type": "tool_result", "tool_use_id": r.call_id, "content": r.text,
+         **({"is_error": True} if r.is_error else {})}
         for r in turn.tool_results
     ]
     if turn.text or not (turn.tool_results or turn.tool_calls):

@@ -151,6 +151,13 @@ def test_upstream_errors_reach_the_sdks_as_their_own_types(oai, claude, double):
     assert overloaded.value.status_code == 503 and overloaded.value.body["type"] == "error"
 
 
+def test_an_answer_that_breaks_off_is_a_502(oai, double):
+    double.cue(Cue(drop_after=3))  # text has arrived, but the JSON answer has not been sent yet
+    with pytest.raises(openai.APIStatusError) as caught:
+        oai.chat.completions.create(model="chat-echo", messages=[{"role": "user", "content": "a b c"}])
+    assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")
+
+
 def test_a_stream_that_breaks_ends_with_the_dialects_error_event(oai, claude, double):
     double.cue(Cue(drop_after=3), Cue(drop_after=5))
     stream = oai.chat.completions.create(model="chat-echo", messages=[{"role": "user", "content": "a b c"}],

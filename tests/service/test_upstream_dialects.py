@@ -36,8 +36,10 @@ async def running(double, tmp_path_factory):
     anthropic = f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
     openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
     models = f"""\
-  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions, provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
-  - {{id: messages-on-anthropic, endpoint: /v1/messages, provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
+  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions,
+      provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-anthropic, endpoint: /v1/messages,
+      provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
   - {{id: messages-on-openai, endpoint: /v1/messages, provider: {{{openai}, model: gpt-up}}}}
 """
     server = await start_server(load_upstream_config(tmp_path_factory.mktemp("dialects"), models), "127.0.0.1:0")
@@ -72,7 +74,8 @@ def key(running, double):
 async def test_chat_on_an_anthropic_upstream(chat, running, double, key):
     key_id, secret = key
     request = chat_request(model="chat-on-anthropic", max_tokens=50, stop=["nothing"],
-                           messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])
+                           messages=[{"role": "system", "content": "Be brief."},
+                                     {"role": "user", "content": "Hi there"}])
     response = await chat.CreateChatCompletion(request, metadata=bearer(secret))
     assert response.choices[0].message.content == "echo Hi there"
     assert response.choices[0].finish_reason == "stop"
@@ -117,7 +120,8 @@ async def test_messages_on_an_openai_upstream(messages, double, key):
     assert (block.type, block.id, block.name) == ("tool_use", "call_1", "weather")
     assert dict(block.input) == {"echo": "Oslo"}
     assert double.seen[-1].body == {
-        "model": "gpt-up", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo"}],
+        "model": "gpt-up",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo"}],
         "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather.",
                                                     "parameters": WEATHER}}],
         "tool_choice": "required", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}

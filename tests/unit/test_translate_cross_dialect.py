@@ -6,7 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from server.domain import FinishReason, Finished, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage
+from server.domain import (
+    FinishReason, Finished, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+)
 from server.errors import UpstreamError
 from server.render import DONE, sse_event
 from server.translate import internal_to_anthropic as to_anthropic
@@ -90,7 +92,8 @@ def test_a_messages_request_for_an_openai_upstream():
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Weather in Oslo?"},
             {"role": "assistant", "content": "Checking.", "tool_calls": [
-                {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
+                {"id": "toolu_1", "type": "function",
+                 "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
             {"role": "tool", "tool_call_id": "toolu_1", "content": "no data"},
             {"role": "user", "content": "Try Paris."},
         ],
@@ -181,7 +184,8 @@ data: {"type":"message_stop"}
         (ANTHROPIC_TOOL_USE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                               ToolCallDelta(0, '{"city": '), ToolCallDelta(0, '"Oslo"}'),
                               Finished(FinishReason.TOOL_USE, Usage(112, 30))]),
-        (ANTHROPIC_STOP_SEQUENCE, [Started(5), TextDelta("1, 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
+        (ANTHROPIC_STOP_SEQUENCE, [Started(5), TextDelta("1, 2"),
+                                   Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
     ],
 )
 def test_anthropic_transcripts(transcript, events):
