@@ -30,9 +30,9 @@ def test_grpc_stubs_through_envoy(channel, gateway):
         model_pb2.ListModelsRequest(), metadata=bearer(gateway.secret))
     assert len(models.data) == 8
     chat = chat_service_pb2_grpc.ChatServiceStub(channel)
-    completion = chat.CreateChatCompletion(chat_request(max_tokens=3), metadata=bearer(gateway.secret))
+    completion = chat.CreateChatCompletion(chat_request(max_tokens=3, temperature=0), metadata=bearer(gateway.secret))
     assert completion.usage.completion_tokens == 3
-    chunks = list(chat.StreamChatCompletion(chat_request(max_tokens=3), metadata=bearer(gateway.secret)))
+    chunks = list(chat.StreamChatCompletion(chat_request(max_tokens=3, temperature=0), metadata=bearer(gateway.secret)))
     assert chunks[-1].choices[0].finish_reason == "length"
 
 

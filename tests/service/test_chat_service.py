@@ -47,7 +47,7 @@ async def test_stop_string_is_honoured_and_not_returned(chat, secret):
 
 
 async def test_typed_stream_carries_role_deltas_finish_and_usage(chat, secret):
-    request = chat_request(max_tokens=5, stream=True, stream_options={"include_usage": True})
+    request = chat_request(max_tokens=5, stream=True, stream_options={"include_usage": True}, temperature=0)
     chunks = [c async for c in chat.StreamChatCompletion(request, metadata=bearer(secret))]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "length"

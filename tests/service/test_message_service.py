@@ -16,7 +16,7 @@ def messages(channel) -> message_service_pb2_grpc.MessageServiceStub:
 
 
 async def test_unary_message_has_text_block_and_usage(messages, secret):
-    response = await messages.CreateMessage(message_request(max_tokens=5), metadata=bearer(secret))
+    response = await messages.CreateMessage(message_request(max_tokens=5, temperature=0), metadata=bearer(secret))
     assert response.id.startswith("msg_") and response.type == "message" and response.role == "assistant"
     assert response.content[0].type == "text" and response.content[0].text
     assert response.stop_reason == "max_tokens"
@@ -40,7 +40,7 @@ async def test_stop_sequence_is_reported(messages, secret):
 
 
 async def test_typed_stream_events_come_in_order(messages, secret):
-    events = [e async for e in messages.StreamMessage(message_request(max_tokens=4), metadata=bearer(secret))]
+    events = [e async for e in messages.StreamMessage(message_request(max_tokens=4, temperature=0), metadata=bearer(secret))]
     types = [e.type for e in events]
     assert types[:3] == ["message_start", "content_block_start", "ping"]
     assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
