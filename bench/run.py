@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import client
+from gateway.envoy import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -53,17 +54,6 @@ MESSAGES_BODY = {"model": "family-b-sonnet-4-6", "max_tokens": 32,
                  "messages": [{"role": "user", "content": "Say hello."}]}
 SLOW_BODY = {"model": "family-a-5.4", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64,
              "stream": True}
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 # --- /proc accounting -------------------------------------------------------------------------------------------
