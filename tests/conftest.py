@@ -6,6 +6,7 @@ import pytest
 
 from tests.llama_server import LlamaServer, start_llama_server
 from tests.redis_support import RedisServer, start_redis
+from tests.upstream_double import UpstreamDouble
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +22,11 @@ def llama_server(tmp_path_factory) -> LlamaServer:
     server = start_llama_server(tmp_path_factory.mktemp("llama-server"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def double() -> UpstreamDouble:
+    """A real local HTTP upstream that speaks both dialects and fails on cue; one per test module."""
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+from server.app import RunningServer, start_server
 from server.config import Config, load_config
 
 UPSTREAM_KEY_ENV = "PORTICO_TEST_UPSTREAM_KEY"
@@ -52,6 +56,18 @@ def upstream_models(url: str, *, kind: str = "openai", endpoint: str = "/v1/chat
 
 def load_upstream_config(directory: Path, models_yaml: str) -> Config:
     return load_config(write_config(directory, models_yaml))
+
+
+@asynccontextmanager
+async def upstream_server(directory: Path, models_yaml: str) -> AsyncIterator[RunningServer]:
+    """An in-process server on 127.0.0.1:0 whose models point at test upstreams, with the upstream key set."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    server = await start_server(load_upstream_config(directory, models_yaml), "127.0.0.1:0")
+    try:
+        yield server
+    finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
 def window_tokens(running, key_id: str) -> int:

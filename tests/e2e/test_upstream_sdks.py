@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.conftest import running_gateway
 from tests.llama_server import MODEL_ALIAS
-from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_double import Cue
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
 
 CHATS = ["chat-embedded", "chat-openai", "chat-anthropic"]
@@ -44,13 +44,6 @@ def models_yaml(llama_url: str, double_url: str) -> str:
     ]
     return "".join(f"  - {{id: {i}, endpoint: {e}, provider: {p}{', fallbacks: ' + f if f else ''}}}\n"
                    for i, e, p, f in rows)
-
-
-@pytest.fixture(scope="module")
-def double():
-    double = UpstreamDouble().start()
-    yield double
-    double.stop()
 
 
 @pytest.fixture(scope="module")

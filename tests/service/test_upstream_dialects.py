@@ -4,19 +4,17 @@ Anthropic-specific faults."""
 
 from __future__ import annotations
 
-import os
 
 import grpc
 import orjson
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
-from server.app import start_server
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request
-from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, window_tokens
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "weather", "description": "Weather.", "parameters": WEATHER}}
@@ -24,15 +22,7 @@ MESSAGE_TOOL = {"name": "weather", "description": "Weather.", "input_schema": WE
 
 
 @pytest.fixture(scope="module")
-def double():
-    double = UpstreamDouble().start()
-    yield double
-    double.stop()
-
-
-@pytest.fixture(scope="module")
 async def running(double, tmp_path_factory):
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     anthropic = f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
     openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
     models = f"""\
@@ -42,10 +32,8 @@ async def running(double, tmp_path_factory):
       provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
   - {{id: messages-on-openai, endpoint: /v1/messages, provider: {{{openai}, model: gpt-up}}}}
 """
-    server = await start_server(load_upstream_config(tmp_path_factory.mktemp("dialects"), models), "127.0.0.1:0")
-    yield server
-    await server.stop(0)
-    os.environ.pop(UPSTREAM_KEY_ENV, None)
+    async with upstream_server(tmp_path_factory.mktemp("dialects"), models) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ retries, retry-after, fallbacks, error rows, timeouts, dropped streams, cancella
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import grpc
@@ -12,31 +11,19 @@ import orjson
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc
-from server.app import start_server
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
-from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, upstream_models, window_tokens
+from tests.upstream_support import UPSTREAM_KEY, upstream_models, upstream_server, window_tokens
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello." (3 tokens; prompt 2)
 
 
 @pytest.fixture(scope="module")
-def double():
-    double = UpstreamDouble().start()
-    yield double
-    double.stop()
-
-
-@pytest.fixture(scope="module")
 async def running(double, tmp_path_factory):
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    config = load_upstream_config(tmp_path_factory.mktemp("upstream"), upstream_models(double.url))
-    server = await start_server(config, "127.0.0.1:0")
-    yield server
-    await server.stop(0)
-    os.environ.pop(UPSTREAM_KEY_ENV, None)
+    async with upstream_server(tmp_path_factory.mktemp("upstream"), upstream_models(double.url)) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

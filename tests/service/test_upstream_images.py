@@ -4,33 +4,23 @@ the request passed on, both answer forms read, the caller's format honoured, ret
 from __future__ import annotations
 
 import base64
-import os
 
 import grpc
 import pytest
 from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
-from server.app import start_server
 from server.providers.dev_image import REVISED_PROMPT
 from tests.helpers import bearer, error_details
-from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_double import Cue
 from tests.upstream_echo import tiny_png
-from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server
 
 IMAGES = "/v1/images/generations"
 
 
 @pytest.fixture(scope="module")
-def double():
-    double = UpstreamDouble().start()
-    yield double
-    double.stop()
-
-
-@pytest.fixture(scope="module")
 async def running(double, tmp_path_factory):
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     provider = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: image-up"
     down = f"kind: openai, base_url: 'http://127.0.0.1:9/v1', model: x, retry: {FAST_RETRY}"
     models = f"""\
@@ -38,10 +28,8 @@ async def running(double, tmp_path_factory):
   - {{id: image-down, endpoint: {IMAGES}, provider: {{{down}}}, fallbacks: [image-dev]}}
   - {{id: image-dev, endpoint: {IMAGES}, provider: {{kind: dev-image}}}}
 """
-    server = await start_server(load_upstream_config(tmp_path_factory.mktemp("images"), models), "127.0.0.1:0")
-    yield server
-    await server.stop(0)
-    os.environ.pop(UPSTREAM_KEY_ENV, None)
+    async with upstream_server(tmp_path_factory.mktemp("images"), models) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
