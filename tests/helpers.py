@@ -36,3 +36,10 @@ def message_request(**fields):
     body = {"model": "family-b-sonnet-4-6", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
     body.update(fields)
     return json_format.ParseDict(body, message_pb2.CreateMessageRequest())
+
+
+def sse_frames(bodies: list) -> list[bytes]:
+    """The SSE events of a streamed HttpBody answer, one per item, each ending with its blank line. Events that
+    were ready together may share an HttpBody message, so they are split here rather than counted by message."""
+    data = b"".join(body.data for body in bodies)
+    return [frame + b"\n\n" for frame in data.split(b"\n\n") if frame]

@@ -15,7 +15,7 @@ from portico.v1 import chat_pb2, chat_service_pb2_grpc
 from server.domain import ResponseHeader
 from server.pipeline import Call, Pipeline
 from server.render import DONE, sse_event
-from server.services.streaming import guard_stream
+from server.services.streaming import coalesced, guard_stream
 from server.translate import internal_to_openai as to_openai
 from server.translate.openai_to_internal import ChatPlan, chat_request
 
@@ -56,7 +56,7 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
             return
         async with self._pipeline.stream(call, plan.generation) as events:
             chunks = to_openai.chat_chunks(header, events, include_usage=plan.include_usage)
-            async for frame in guard_stream(_sse_frames(chunks), anthropic=False):
+            async for frame in coalesced(guard_stream(_sse_frames(chunks), anthropic=False)):
                 yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=frame)
 
 

@@ -14,7 +14,7 @@ from portico.v1 import message_pb2, message_service_pb2_grpc
 from server.domain import ResponseHeader
 from server.pipeline import Call, Pipeline
 from server.render import sse_event
-from server.services.streaming import guard_stream
+from server.services.streaming import coalesced, guard_stream
 from server.translate import internal_to_anthropic as to_anthropic
 from server.translate.anthropic_to_internal import MessagePlan, message_request
 
@@ -52,5 +52,5 @@ class MessageServicer(message_service_pb2_grpc.MessageServiceServicer):
             return
         async with self._pipeline.stream(call, plan.generation) as events:
             frames = (sse_event(event, event["type"]) async for event in to_anthropic.message_events(header, events))
-            async for frame in guard_stream(frames, anthropic=True):
+            async for frame in coalesced(guard_stream(frames, anthropic=True)):
                 yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=frame)

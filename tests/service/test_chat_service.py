@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc
-from tests.helpers import bearer, chat_request, error_details
+from tests.helpers import bearer, chat_request, error_details, sse_frames
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ async def test_http_rpc_answers_sse_when_streaming(chat, secret):
     request = chat_request(stream=True, stream_options={"include_usage": True}, max_tokens=4)
     bodies = [b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))]
     assert {b.content_type for b in bodies} == {"text/event-stream"}
-    frames = [b.data for b in bodies]
+    frames = sse_frames(bodies)
     assert frames[-1] == b"data: [DONE]\n\n"
     events = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     assert all(e["object"] == "chat.completion.chunk" for e in events)

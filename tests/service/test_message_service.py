@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from portico.v1 import message_service_pb2_grpc
-from tests.helpers import bearer, error_details, message_request
+from tests.helpers import bearer, error_details, message_request, sse_frames
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +52,9 @@ async def test_typed_stream_events_come_in_order(messages, secret):
 async def test_http_rpc_streams_sse_with_event_lines(messages, secret):
     bodies = [b async for b in messages.CreateMessageHttp(message_request(stream=True), metadata=bearer(secret))]
     assert {b.content_type for b in bodies} == {"text/event-stream"}
-    first = bodies[0].data.decode()
-    assert first.startswith("event: message_start\ndata: {")
-    assert bodies[-1].data == b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    frames = sse_frames(bodies)
+    assert frames[0].decode().startswith("event: message_start\ndata: {")
+    assert frames[-1] == b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 
 
 async def test_http_rpc_answers_json_when_not_streaming(messages, secret):

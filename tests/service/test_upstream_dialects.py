@@ -11,7 +11,7 @@ import pytest
 
 from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request, error_details, message_request
+from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
@@ -91,7 +91,7 @@ async def test_chat_tool_calls_from_an_anthropic_upstream(chat, key):
 async def test_chat_streamed_from_an_anthropic_upstream(chat, key):
     request = chat_request(model="chat-on-anthropic", max_tokens=2, stream=True,
                            stream_options={"include_usage": True})
-    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
     chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "echo Say"
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
@@ -117,7 +117,7 @@ async def test_messages_on_an_openai_upstream(messages, double, key):
 
 async def test_messages_streamed_from_an_openai_upstream(messages, key):
     request = message_request(model="messages-on-openai", max_tokens=2, stream=True)
-    frames = [b.data async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))]
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
     events = [orjson.loads(f.split(b"data: ", 1)[1]) for f in frames]
     assert [e["type"] for e in events] == ["message_start", "content_block_start", "ping", "content_block_delta",
                                            "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
@@ -153,7 +153,7 @@ async def test_an_anthropic_error_event_mid_stream_becomes_our_error_event(messa
               sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error")]
     double.cue(Cue(frames=frames))
     request = message_request(model="messages-on-anthropic", stream=True)
-    bodies = [b.data async for b in messages.CreateMessageHttp(request, metadata=bearer(secret))]
+    bodies = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(secret))])
     assert bodies[-1].startswith(b"event: error\n")
     error = orjson.loads(bodies[-1].split(b"data: ", 1)[1])
     assert error["type"] == "error" and error["error"]["code"] == "service_unavailable"

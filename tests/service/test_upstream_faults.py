@@ -12,7 +12,7 @@ import pytest
 
 from portico.v1 import chat_service_pb2_grpc
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request, error_details
+from tests.helpers import bearer, chat_request, error_details, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY, upstream_models, upstream_server, window_tokens
@@ -173,7 +173,7 @@ async def test_a_stream_dropped_mid_answer_ends_with_an_sse_error_and_settles_wh
     key_id, secret = key
     double.cue(Cue(drop_after=3))  # role, "echo", " Say", then gone
     request = chat_request(model="up-main", messages=HELLO, stream=True)
-    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))]
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))])
     events = [orjson.loads(f.removeprefix(b"data: ")) for f in frames]
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "echo Say"
     assert events[-1]["error"]["code"] == "upstream_error" and len(double.seen) == 1  # never retried
@@ -185,7 +185,7 @@ async def test_an_error_chunk_mid_stream_is_passed_on(chat, double, key):
               sse({"error": {"message": "overloaded", "type": "overloaded_error"}})]
     double.cue(Cue(frames=frames))
     request = chat_request(model="up-solo", messages=HELLO, stream=True)
-    frames = [b.data async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
     error = orjson.loads(frames[-1].removeprefix(b"data: "))["error"]
     assert (error["code"], error["message"]) == ("service_unavailable",
                                                  "The upstream serving `up-solo` is unavailable: overloaded")
