@@ -25,8 +25,6 @@ _logger = logging.getLogger("portico")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "debug":  # httpx logs each upstream request at INFO: the access log already has a line each
-        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = load_config(args.config).with_overrides(data_dir=args.data_dir)
         if args.command in ("serve", "worker"):

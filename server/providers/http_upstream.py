@@ -1,25 +1,47 @@
 """One pooled HTTP client per upstream model server, shared by every model it serves.
 
-Built once at start-up: the httpx.AsyncClient (keep-alive pool, timeouts), the base URL and the authentication
-headers. A request then costs one POST on a pooled connection. Every way the exchange can fail ends as a
-PorticoError (server/providers/upstream_errors.py): transport errors and timeouts here, non-2xx answers and
-mid-stream error events there.
+Built once at start-up: the base URL, the authentication headers and the timeouts; the aiohttp session with its
+keep-alive connection pool is made on first use, inside the running loop. A request then costs one POST on a pooled
+connection, and the connection goes back to the pool once its answer has been read to the end. Every way the
+exchange can fail ends as a PorticoError (server/providers/upstream_errors.py): transport errors and timeouts here,
+non-2xx answers and mid-stream error events there.
+
+The upstream's `timeouts` in aiohttp's terms: `connect` is ClientTimeout.connect and .sock_connect (opening a
+connection); `read` is .sock_read (to the answer's first byte, then between any two reads of it); `pool` is our own
+wait for one of the `max_connections` slots (aiohttp's `connect` would count that wait as connecting, and a full pool
+is not an upstream that does not answer); `write` has no counterpart: the request is one small buffer, and an
+upstream that does not take it does not answer within `read` either.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from server.config_providers import UpstreamSpec
 from server.errors import PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.providers.upstream_errors import from_status, from_stream_error
 
 MAX_ERROR_BODY = 64 * 1024  # an error body is read only this far
+# Idle pooled connections are dropped after this long: below the 5 s after which uvicorn-based servers (vLLM,
+# llama.cpp's Python server) close them, so a connection is not reused just as the server closes it.
+KEEPALIVE_SECONDS = 4.0
+# A caller that has read the last event it wanted may leave before the end of the body (the chunked encoding's last
+# chunk) has arrived. The connection is kept that long for it, in the background, and then goes back to the pool;
+# an upstream still sending after it is cut off.
+SETTLE_SECONDS = 1.0
+SETTLE_BYTES = 64 * 1024
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)  # TimeoutError: asyncio's too, and aiohttp's timeouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,51 +51,72 @@ class SseEvent:
 
 
 class HttpUpstream:
-    def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None) -> None:
         timeouts = spec.timeouts
-        self._client = httpx.AsyncClient(
-            base_url=spec.base_url + "/",
-            timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.read, write=timeouts.write,
-                                  pool=timeouts.pool),
-            limits=httpx.Limits(max_connections=spec.max_connections,
-                                max_keepalive_connections=spec.max_connections),
-            transport=transport,
-        )
-        # Sent per request, not as client defaults, so that fetching an image from a link the upstream gave (often
+        self._base = spec.base_url + "/"
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect, sock_connect=timeouts.connect,
+                                              sock_read=timeouts.read)
+        self._pool_timeout = timeouts.pool
+        self._max_connections = spec.max_connections
+        # Held from the request until its connection is back in the pool or closed: at most as many as aiohttp's
+        # connector allows, so the connector itself never has to wait.
+        self._slots = asyncio.Semaphore(spec.max_connections)
+        # Sent per request, not as session defaults, so that fetching an image from a link the upstream gave (often
         # another host) never carries the key.
-        self._headers = {"content-type": "application/json", **auth_headers}
+        self._headers = CIMultiDictProxy(CIMultiDict({"content-type": "application/json", **auth_headers}))
         self._secret = secret
         self._retry_on = frozenset(spec.retry.on_status)
+        self._urls: dict[str, URL] = {}
+        self._proxy = _env_proxy(URL(self._base))
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._settling: set[asyncio.Task] = set()
 
     async def close(self) -> None:
-        await self._client.aclose()
+        self._closed = True
+        for task in self._settling:
+            task.cancel()
+        await asyncio.gather(*self._settling, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
 
     @asynccontextmanager
     async def stream(self, path: str, body: Mapping, *, model_id: str) -> AsyncIterator[AsyncIterator[SseEvent]]:
-        """POST `body` and yield the answer's server-sent events. Leaving the block early closes the connection,
-        which is how a caller who went away cancels the upstream's work."""
-        request = self._client.build_request("POST", path, content=orjson.dumps(body), headers=self._headers)
+        """POST `body` and yield the answer's server-sent events. Leaving the block before the end of the answer
+        with an exception (an error, a caller who went away) closes the connection, which is how the upstream's
+        work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
+        to the pool once the answer is complete."""
+        response = await self._send("POST", self._url(path), model_id, before_answer=True, data=orjson.dumps(body),
+                                    headers=self._headers, proxy=self._proxy)
+        events = None
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc, model_id, before_answer=True) from None
-        try:
-            if response.status_code >= 300:
+            if response.status >= 300:
                 raise await self._status_error(response, model_id)
-            yield self._events(response, model_id)
+            events = self._events(response.content, model_id)
+            yield events
+        except BaseException:
+            self._give_back(response, caller_done=False)
+            raise
+        else:
+            self._give_back(response, caller_done=True)
         finally:
-            await response.aclose()
+            if events is not None:
+                await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str) -> dict:
+        response = await self._send("POST", self._url(path), model_id, before_answer=True, data=orjson.dumps(body),
+                                    headers=self._headers, proxy=self._proxy)
         try:
-            response = await self._client.post(path, content=orjson.dumps(body), headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc, model_id, before_answer=True) from None
-        if response.status_code >= 300:
-            raise await self._status_error(response, model_id)
+            if response.status >= 300:
+                raise await self._status_error(response, model_id)
+            try:
+                content = await response.read()
+            except _TRANSPORT_ERRORS as exc:
+                raise self._transport_error(exc, model_id, before_answer=True) from None
+        finally:
+            self._give_back(response, caller_done=False)
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise UpstreamError(f"The upstream serving `{model_id}` answered with invalid JSON.") from None
         if not isinstance(data, dict):
@@ -83,60 +126,175 @@ class HttpUpstream:
     async def fetch(self, url: str, *, model_id: str) -> bytes:
         """GET a link from an upstream's answer (an image URL), without credentials."""
         try:
-            response = await self._client.get(url)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc, model_id, before_answer=False) from None
-        if response.status_code >= 300:
-            raise UpstreamError(f"Fetching a result of `{model_id}` failed with HTTP {response.status_code}.")
-        return response.content
+            link = URL(url)
+            if not link.absolute:  # relative to the base URL, as httpx resolved it
+                link = URL(self._base + url.lstrip("/"))
+        except ValueError:
+            raise UpstreamError(f"The upstream serving `{model_id}` sent a link that is not a URL.") from None
+        response = await self._send("GET", link, model_id, before_answer=False, proxy=_env_proxy(link))
+        try:
+            if response.status >= 300:
+                raise UpstreamError(f"Fetching a result of `{model_id}` failed with HTTP {response.status}.")
+            try:
+                return await response.read()
+            except _TRANSPORT_ERRORS as exc:
+                raise self._transport_error(exc, model_id, before_answer=False) from None
+        finally:
+            self._give_back(response, caller_done=False)
 
     def stream_error(self, payload: Mapping, model_id: str) -> PorticoError:
         return from_stream_error(payload, retry_on=self._retry_on, upstream=model_id, secret=self._secret)
 
-    async def _events(self, response: httpx.Response, model_id: str) -> AsyncIterator[SseEvent]:
-        """Parse text/event-stream lines into events (https://html.spec.whatwg.org/#event-stream-interpretation)."""
-        event, data = "", []
+    def _session_now(self) -> aiohttp.ClientSession:
+        session = self._session
+        if session is None:
+            if self._closed:
+                raise RuntimeError("the upstream's HTTP client has been closed")
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                             keepalive_timeout=KEEPALIVE_SECONDS, ssl=_ssl_context())
+            session = self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar())
+        return session
+
+    def _url(self, path: str) -> URL:
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(self._base + path)
+        return url
+
+    async def _send(self, method: str, url: URL, model_id: str, *, before_answer: bool,
+                    **options) -> aiohttp.ClientResponse:
+        """The response (status and headers read) on a pooled connection. It holds one of the pool's slots until
+        `_give_back`, which every caller must reach."""
+        slots = self._slots
+        if slots.locked():
+            try:
+                async with asyncio.timeout(self._pool_timeout):
+                    await slots.acquire()
+            except TimeoutError:
+                raise ServiceUnavailable(f"Every connection to the upstream serving `{model_id}` is busy.",
+                                         retry_reason="other") from None
+        else:
+            await slots.acquire()  # immediate
         try:
-            async for line in response.aiter_lines():
-                if not line:
-                    if data:
-                        yield SseEvent(event or "message", "\n".join(data))
-                    event, data = "", []
-                elif line.startswith("data:"):
-                    data.append(line[6:] if line.startswith("data: ") else line[5:])
-                elif line.startswith("event:"):
-                    event = line[6:].strip()
-        except httpx.HTTPError as exc:
+            return await self._session_now().request(method, url, allow_redirects=False, **options)
+        except BaseException as exc:
+            slots.release()
+            if isinstance(exc, _TRANSPORT_ERRORS):
+                raise self._transport_error(exc, model_id, before_answer=before_answer) from None
+            raise
+
+    def _give_back(self, response: aiohttp.ClientResponse, *, caller_done: bool) -> None:
+        """A complete answer's connection goes back to the pool. An unfinished one is closed (the upstream stops
+        generating), unless the caller left normally: then its end may still be on the way (`_settle`)."""
+        if response.content.is_eof():
+            response.release()
+        elif caller_done:
+            task = asyncio.get_running_loop().create_task(self._settle(response))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+            return
+        else:
+            response.close()
+        self._slots.release()
+
+    async def _settle(self, response: aiohttp.ClientResponse) -> None:
+        try:
+            async with asyncio.timeout(SETTLE_SECONDS):
+                left = SETTLE_BYTES
+                while left > 0 and (chunk := await response.content.readany()):
+                    left -= len(chunk)
+        except _TRANSPORT_ERRORS:
+            pass
+        finally:
+            self._give_back(response, caller_done=False)
+
+    async def _events(self, content: aiohttp.StreamReader, model_id: str) -> AsyncIterator[SseEvent]:
+        """Parse text/event-stream lines into events (https://html.spec.whatwg.org/#event-stream-interpretation).
+        Lines end with "\\r\\n", "\\n" or "\\r"; the answer's bytes are split as they arrive."""
+        event, data = b"", []
+        rest, after_cr = b"", False  # the start of a line not ended yet; the last read ended with "\r"
+        try:
+            while True:
+                chunk = await content.readany()
+                if chunk:
+                    if after_cr:  # a "\r\n" split between two reads ends one line, not two
+                        after_cr = False
+                        if chunk[0] == 0x0A:
+                            chunk = chunk[1:]
+                            if not chunk:
+                                continue
+                    if rest:
+                        chunk, rest = rest + chunk, b""
+                    lines = chunk.splitlines()  # bytes: at "\r\n", "\n" and "\r" only
+                    end = chunk[-1]
+                    if end == 0x0D:
+                        after_cr = True
+                    elif end != 0x0A:
+                        rest = lines.pop()
+                elif rest:
+                    lines, rest = [rest], b""  # a last line without its line break
+                else:
+                    break
+                for line in lines:
+                    if not line:
+                        if data:
+                            yield SseEvent(event.decode("utf-8", "replace") if event else "message",
+                                           b"\n".join(data).decode("utf-8", "replace"))
+                        event, data = b"", []
+                    elif line.startswith(b"data:"):
+                        data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+                    elif line.startswith(b"event:"):
+                        event = line[6:].strip()
+        except _TRANSPORT_ERRORS as exc:
             raise self._transport_error(exc, model_id, before_answer=False) from None
         if data:  # a last event without its blank line
-            yield SseEvent(event or "message", "\n".join(data))
+            yield SseEvent(event.decode("utf-8", "replace") if event else "message",
+                           b"\n".join(data).decode("utf-8", "replace"))
 
-    async def _status_error(self, response: httpx.Response, model_id: str) -> PorticoError:
+    async def _status_error(self, response: aiohttp.ClientResponse, model_id: str) -> PorticoError:
         body = b""
         try:
-            async for chunk in response.aiter_bytes():
+            while len(body) < MAX_ERROR_BODY and (chunk := await response.content.read(MAX_ERROR_BODY - len(body))):
                 body += chunk
-                if len(body) >= MAX_ERROR_BODY:
-                    break
-        except httpx.HTTPError:
+        except _TRANSPORT_ERRORS:
             pass  # the status says enough
-        return from_status(response.status_code, body, response.headers, retry_on=self._retry_on,
+        return from_status(response.status, body, response.headers, retry_on=self._retry_on,
                            upstream=model_id, secret=self._secret)
 
-    def _transport_error(self, exc: httpx.HTTPError, model_id: str, *, before_answer: bool) -> PorticoError:
+    def _transport_error(self, exc: BaseException, model_id: str, *, before_answer: bool) -> PorticoError:
         """Connection failures before an answer may be retried; a read timeout is not (the upstream may still be
         working on the request, and retrying would pay for it twice)."""
         name = f"`{model_id}`"
-        if isinstance(exc, httpx.ConnectTimeout):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retry_reason="timeout")
-        if isinstance(exc, httpx.PoolTimeout):
-            return ServiceUnavailable(f"Every connection to the upstream serving {name} is busy.",
-                                      retry_reason="other")
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, TimeoutError):  # aiohttp.SocketTimeoutError, ServerTimeoutError: reading the answer
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
-        if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
-            if before_answer and isinstance(exc, httpx.ConnectError):
+        if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+            if before_answer and isinstance(exc, aiohttp.ClientConnectorError):
                 return ServiceUnavailable(f"Cannot connect to the upstream serving {name}.", retry_reason="connect")
-            # A broken connection: retried only if nothing reached the caller yet (server/providers/retry.py).
+            # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
+            # caller yet (server/providers/retry.py).
             return UpstreamError(f"The connection to the upstream serving {name} broke off.", retry_reason="connect")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """The system's CAs and certifi's, which httpx used: a slim image without a CA store still reaches HTTPS
+    upstreams."""
+    context = ssl.create_default_context()
+    with suppress(ImportError):
+        import certifi
+
+        context.load_verify_locations(certifi.where())
+    return context
+
+
+def _env_proxy(url: URL) -> URL | None:
+    """The proxy the environment names for `url` (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), as httpx honoured
+    it; looked up once per upstream, not per request as aiohttp's trust_env would (with ~/.netrc)."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies or urllib.request.proxy_bypass_environment(url.host or "", proxies):
+        return None
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    return URL(proxy) if proxy and proxy.startswith(("http://", "https://")) else None
