@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from server.config import Config, ModelEntry
 from server.config_providers import IMAGES, UpstreamSpec, upstream_keys
@@ -19,10 +20,12 @@ from server.providers.dev_image import DevImageProvider
 from server.providers.fallback import FallbackImageProvider, FallbackProvider
 from server.providers.http_upstream import HttpUpstream
 from server.providers.images import ImageProvider
-from server.providers.llamacpp import LlamaCppProvider
 from server.providers.openai_http import OpenAIProvider, openai_auth_headers
 from server.providers.openai_images_http import OpenAIImageProvider
 from server.providers.retry import RetryingImageProvider, RetryingProvider
+
+if TYPE_CHECKING:
+    from server.providers.llamacpp import LlamaCppProvider
 
 AnyProvider = Provider | ImageProvider
 
@@ -75,6 +78,10 @@ class _Builder:
 
     def _llamacpp(self) -> LlamaCppProvider:
         if self._embedded is None:
+            # Imported only when a model needs it: llama_cpp (with numpy and jinja2) adds ~30 MB to every server
+            # process, which a gateway in front of upstreams only would carry for nothing.
+            from server.providers.llamacpp import LlamaCppProvider
+
             settings = self._config.embedded
             self._embedded = LlamaCppProvider(
                 settings.model_path or LlamaCppProvider.default_model_path(),
