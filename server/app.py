@@ -20,6 +20,7 @@ from server.keys import Authenticator, KeyStore
 from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.limits.redis import RedisLimitStore, redacted
 from server.observability import Telemetry
+from server.observability.access_log import AccessLog
 from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.build import build_providers
@@ -56,6 +57,7 @@ class RunningServer:
             await provider.close()
         await self.limiter.close()
         self.store.close()
+        self.telemetry.access_log.close()
 
 
 def build_limit_store(config: Config) -> LimitStore:
@@ -70,7 +72,7 @@ def build_limit_store(config: Config) -> LimitStore:
 async def start_server(config: Config, address: str) -> RunningServer:
     """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
     store = KeyStore(config.data_dir / "keys.db")
-    telemetry = Telemetry()
+    telemetry = Telemetry(access_log=AccessLog(config.access_log))
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
     providers = build_providers(config, telemetry)
     limiter = Limiter(build_limit_store(config), config.limits)

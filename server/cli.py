@@ -16,7 +16,6 @@ from server.config_providers import upstream_keys
 from server.domain import ApiKey, KeyLimits
 from server.errors import PorticoError
 from server.keys import KeyStore
-from server.observability import access_log
 from server.serving import run_worker, serve
 
 _logger = logging.getLogger("portico")
@@ -27,8 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config).with_overrides(data_dir=args.data_dir)
-        if args.command in ("serve", "worker"):
-            access_log.configure(config.access_log)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)

@@ -3,7 +3,7 @@
     telemetry.Telemetry     opens and closes a request's record (the error interceptor), the current record
     record.RequestRecord    what one request did; Outcome: how it ended; UpstreamRecorder: for providers
     metrics.Metrics         the metric families; MetricsServer: GET /metrics on 127.0.0.1
-    access_log              one JSON line per request on the `portico.access` logger
+    access_log.AccessLog    one JSON line per request, to stderr, stdout or a file
 """
 
 from server.observability.metrics import Metrics, MetricsServer

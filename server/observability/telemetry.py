@@ -11,13 +11,13 @@ and by nothing else. The variable belongs to this object, not to the module, to 
 from __future__ import annotations
 
 import contextvars
-import logging
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from server.domain import ApiKey
-from server.observability import access_log
+from server.observability.access_log import AccessLog
 from server.observability.metrics import Metrics
 from server.observability.record import RETRY_REASONS, Outcome, RequestRecord
 
@@ -25,18 +25,28 @@ _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
 
 
 class Telemetry:
-    def __init__(self, metrics: Metrics | None = None, logger: logging.Logger | None = None) -> None:
+    def __init__(self, metrics: Metrics | None = None, access_log: AccessLog | None = None) -> None:
         self.metrics = metrics or Metrics.create()
-        self._log = logger or logging.getLogger(access_log.ACCESS_LOGGER)
+        self.access_log = access_log or AccessLog("off")
         self._current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
             "portico_request", default=None
         )
+        # Labelled children, looked up once per label set (prometheus_client's .labels() validates and locks on
+        # every call). The label sets are bounded (server/observability/record.py), so these dicts are too.
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, family: Any, *labels: str) -> Any:
+        key = (id(family), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
 
     def begin(self, method: str, endpoint: str, metadata: Sequence[tuple[str, str | bytes]]) -> RequestRecord:
         record = RequestRecord(request_id=_request_id(metadata), rpc=method.removeprefix("/portico.v1."),
                                endpoint=endpoint)
         self._current.set(record)  # no reset needed: the RPC's task, and so this context, ends with the RPC
-        self.metrics.in_flight.labels(endpoint).inc()
+        self._child(self.metrics.in_flight, endpoint).inc()
         return record
 
     def current(self) -> RequestRecord:
@@ -54,19 +64,20 @@ class Telemetry:
         record.upstream_done()
         if record.in_band_error and not outcome.code:  # a stream that failed after its 200 went out
             outcome = Outcome(outcome.status, record.in_band_error)
-        m.in_flight.labels(endpoint).dec()
-        m.requests.labels(endpoint, model, str(outcome.status), outcome.code).inc()
-        m.request_seconds.labels(endpoint, model).observe(now - record.started)
+        child = self._child
+        child(m.in_flight, endpoint).dec()
+        child(m.requests, endpoint, model, str(outcome.status), outcome.code).inc()
+        child(m.request_seconds, endpoint, model).observe(now - record.started)
         if record.upstream_seconds is not None:
-            m.upstream_seconds.labels(model).observe(record.upstream_seconds)
+            child(m.upstream_seconds, model).observe(record.upstream_seconds)
         if record.first_token_seconds is not None:
-            m.first_token_seconds.labels(endpoint, model).observe(record.first_token_seconds)
+            child(m.first_token_seconds, endpoint, model).observe(record.first_token_seconds)
         if record.input_tokens or record.output_tokens:
-            m.input_tokens.labels(model, record.key_id).inc(record.input_tokens)
-            m.output_tokens.labels(model, record.key_id).inc(record.output_tokens)
+            child(m.input_tokens, model, record.key_id).inc(record.input_tokens)
+            child(m.output_tokens, model, record.key_id).inc(record.output_tokens)
         if outcome.limit:
-            m.rate_limit_rejections.labels(outcome.limit, outcome.scope).inc()
-        self._log.info(access_log.line(record, outcome, now))
+            child(m.rate_limit_rejections, outcome.limit, outcome.scope).inc()
+        self.access_log.write(record, outcome, now)
 
     # UpstreamRecorder (server/observability/record.py)
     def retry(self, model: str, reason: str) -> None:

@@ -35,33 +35,46 @@ _logger = logging.getLogger(__name__)
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
+        # method -> its wrapped handler, built on the method's first call rather than on every call. Only methods
+        # the server registered get here, so the dict stays as small as the API.
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        if (wrapped := self._wrapped.get(details.method)) is not None:
+            return wrapped
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(_PORTICO_PREFIX):
+        if handler is None:
             return handler
-        anthropic = details.method.startswith(_ANTHROPIC_PREFIX)
+        wrapped = self._wrapped[details.method] = self._wrap(handler, details.method)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        if not method.startswith(_PORTICO_PREFIX):
+            return handler
+        anthropic = method.startswith(_ANTHROPIC_PREFIX)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, details.method, anthropic),
+                self._wrap_unary(handler.unary_unary, method, anthropic),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, details.method, anthropic),
+                self._wrap_stream(handler.unary_stream, method, anthropic),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
     def _wrap_unary(self, behavior, method: str, anthropic: bool):
+        endpoint = endpoint_of(method)
+
         async def unary(request, context: grpc.aio.ServicerContext):
-            observed = _Observation(self._telemetry, method, context)
+            observed = _Observation(self._telemetry, method, endpoint, context)
             try:
                 return await behavior(request, context)
             except (asyncio.CancelledError, GeneratorExit):
@@ -77,8 +90,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return unary
 
     def _wrap_stream(self, behavior, method: str, anthropic: bool):
+        endpoint = endpoint_of(method)
+
         async def stream(request, context: grpc.aio.ServicerContext):
-            observed = _Observation(self._telemetry, method, context)
+            observed = _Observation(self._telemetry, method, endpoint, context)
             try:
                 # aclosing: when grpc drops this generator (the caller went away), the servicer's generator is
                 # closed right away too, so its cleanup (settling rate limits) does not wait for garbage collection.
@@ -109,10 +124,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 class _Observation:
     """One RPC's telemetry record (None for RPCs that are not observed, e.g. probes); success unless told."""
 
-    def __init__(self, telemetry: Telemetry, method: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, telemetry: Telemetry, method: str, endpoint: str | None,
+                 context: grpc.aio.ServicerContext) -> None:
         self._telemetry = telemetry
         self.outcome = Outcome(200)
-        endpoint = endpoint_of(method)
         self._record: RequestRecord | None = None
         if endpoint is not None:
             metadata = context.invocation_metadata() or ()

@@ -13,7 +13,8 @@ from server.config import load_config
 
 @pytest.fixture(scope="session")
 async def running(tmp_path_factory) -> RunningServer:
-    config = dataclasses.replace(load_config(), data_dir=tmp_path_factory.mktemp("data"))
+    data_dir = tmp_path_factory.mktemp("data")
+    config = dataclasses.replace(load_config(), data_dir=data_dir, access_log=str(data_dir / "access.log"))
     server = await start_server(config, "127.0.0.1:0")
     yield server
     await server.stop(0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
-import logging
 import socket
 
 import grpc
@@ -18,7 +17,6 @@ from portico.v1 import chat_service_pb2_grpc, probe_pb2, probe_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 from server.domain import KeyLimits
-from server.observability.access_log import ACCESS_LOGGER
 from tests.helpers import bearer, chat_request
 
 CHAT = "/v1/chat/completions"
@@ -28,8 +26,14 @@ def sample(running, name: str, **labels: str) -> float:
     return running.telemetry.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def access_lines(caplog) -> list[dict]:
-    return [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+def access_log_text(running) -> str:
+    """The access log the server wrote (the service tests' server writes it to a file)."""
+    with open(running.telemetry.access_log.target, encoding="utf-8") as log:
+        return log.read()
+
+
+def access_lines(running, *, skip: int = 0) -> list[dict]:
+    return [orjson.loads(line) for line in access_log_text(running).splitlines()[skip:]]
 
 
 @pytest.fixture
@@ -41,7 +45,6 @@ async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(cha
     key, secret = running.store.create("observed", all_models=True, env="billing")
     requests = dict(endpoint=CHAT, model="family-a-5.5", status="200", code="")
     before = sample(running, "portico_requests_total", **requests)
-    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     metadata = (*bearer(secret), ("x-request-id", "req-123"))
     await chat.CreateChatCompletion(chat_request(max_tokens=3), metadata=metadata)
 
@@ -52,7 +55,7 @@ async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(cha
     assert sample(running, "portico_time_to_first_token_seconds_count", endpoint=CHAT, model="family-a-5.5") >= 1
     assert sample(running, "portico_upstream_duration_seconds_count", model="family-a-5.5") >= 1
     assert sample(running, "portico_requests_in_flight", endpoint=CHAT) == 0
-    (line,) = [line for line in access_lines(caplog) if line["request_id"] == "req-123"]
+    (line,) = [line for line in access_lines(running) if line["request_id"] == "req-123"]
     assert line["key_id"] == key.id and line["key_env"] == "billing" and line["model"] == "family-a-5.5"
     assert (line["status"], line["code"], line["endpoint"]) == (200, None, CHAT)
     assert line["rpc"] == "ChatService/CreateChatCompletion"
@@ -60,11 +63,12 @@ async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(cha
     assert line["input_tokens"] > 5 and 0 < line["upstream_ms"] <= line["duration_ms"]
     assert 0 < line["first_token_ms"] <= line["duration_ms"]
     assert secret not in caplog.text and "Say hello" not in caplog.text
+    assert secret not in access_log_text(running) and "Say hello" not in access_log_text(running)
 
 
 async def test_label_values_never_come_from_the_caller(chat, running, caplog):
     _, secret = running.store.create("labels", all_models=True)
-    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    lines_before = len(access_lines(running))
     before = sample(running, "portico_requests_total", endpoint=CHAT, model="", status="404", code="model_not_found")
     with pytest.raises(grpc.aio.AioRpcError):
         await chat.CreateChatCompletion(chat_request(model="made-up-model-7"), metadata=bearer(secret))
@@ -75,7 +79,9 @@ async def test_label_values_never_come_from_the_caller(chat, running, caplog):
     assert sample(running, "portico_requests_total", endpoint=CHAT, model="", status="401", code="invalid_api_key")
     exposition = running.telemetry.metrics.registry.collect()
     assert "made-up-model-7" not in str(list(exposition)) and "pk-not-a-key" not in caplog.text
-    assert [line["code"] for line in access_lines(caplog)] == ["model_not_found", "invalid_api_key"]
+    assert "pk-not-a-key" not in access_log_text(running)
+    assert [line["code"] for line in access_lines(running, skip=lines_before)] == ["model_not_found",
+                                                                                "invalid_api_key"]
 
 
 async def test_rate_limit_refusals_are_counted_by_limit(chat, running):
@@ -87,16 +93,15 @@ async def test_rate_limit_refusals_are_counted_by_limit(chat, running):
     assert sample(running, "portico_rate_limit_rejections_total", limit="daily_requests", scope="key") == before + 1
 
 
-async def test_a_stream_the_caller_abandons_is_a_499_with_what_it_used(chat, running, caplog):
+async def test_a_stream_the_caller_abandons_is_a_499_with_what_it_used(chat, running):
     key, secret = running.store.create("abandons", all_models=True)
-    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     request = chat_request(max_tokens=500, messages=[{"role": "user", "content": "Write a very long story."}])
     call = chat.StreamChatCompletion(request, metadata=bearer(secret))
     for _ in range(4):
         await call.read()
     call.cancel()
     for _ in range(100):
-        if lines := [line for line in access_lines(caplog) if line["key_id"] == key.id]:
+        if lines := [line for line in access_lines(running) if line["key_id"] == key.id]:
             break
         await asyncio.sleep(0.02)
     assert (lines[0]["status"], lines[0]["code"]) == (499, "cancelled")
