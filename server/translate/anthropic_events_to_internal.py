@@ -1,4 +1,5 @@
-"""The server-sent events of an Anthropic Messages stream -> internal events, event by event.
+"""The server-sent events of an Anthropic Messages stream -> internal events, event by event; and a non-streamed
+answer (one `message` object) -> the same events.
 
 Pure: fed one decoded event at a time, it returns the internal events it completes, so nothing is buffered.
 Extended-thinking blocks are skipped (the internal events carry the answer, not the reasoning).
@@ -83,6 +84,32 @@ class AnthropicEventReader:
         """The stream ended: fine after message_stop, an upstream error before it."""
         if not self.finished:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
+
+
+def message_events(message: Mapping[str, Json]) -> list[GenerationEvent]:
+    """A whole `message` -> the events AnthropicEventReader makes of the same answer streamed: it is read as the
+    stream Anthropic would have sent (message_start with the usage, each content block started, a tool_use block's
+    input as one input_json_delta, message_delta with the stop reason and usage, message_stop)."""
+    content = message.get("content")
+    if (message.get("type", "message") != "message" or not isinstance(content, list)
+            or not all(isinstance(block, Mapping) for block in content)):
+        raise UpstreamError("The upstream's answer is not a message.")
+    usage = message.get("usage")
+    usage = usage if isinstance(usage, Mapping) else {}
+    reader = AnthropicEventReader()
+    events = reader.feed({"type": "message_start", "message": {"usage": usage}})
+    for index, block in enumerate(content):
+        if block.get("type") == "tool_use":
+            events += reader.feed({"type": "content_block_start", "index": index,
+                                   "content_block": {**block, "input": {}}})
+            events += reader.feed({"type": "content_block_delta", "index": index, "delta": {
+                "type": "input_json_delta", "partial_json": orjson.dumps(block.get("input", {})).decode()}})
+        else:
+            events += reader.feed({"type": "content_block_start", "index": index, "content_block": block})
+    events += reader.feed({"type": "message_delta", "usage": usage, "delta": {
+        "stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}})
+    events += reader.feed({"type": "message_stop"})
+    return events
 
 
 def _input_tokens(usage: Mapping[str, Json]) -> int:

@@ -1,4 +1,5 @@
-"""The chat.completion.chunk objects an OpenAI-compatible upstream streams -> internal events, chunk by chunk.
+"""The chat.completion.chunk objects an OpenAI-compatible upstream streams -> internal events, chunk by chunk; and
+its non-streamed answer (one chat.completion) -> the same events.
 
 Pure: fed one decoded chunk at a time, it returns the events that chunk completes, so nothing is buffered. The
 finish reason arrives one chunk before the usage (stream_options.include_usage), so Finished is made by `end()`.
@@ -8,7 +9,9 @@ streamed delta, which is what those servers send.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage,
@@ -73,3 +76,38 @@ class OpenAIChunkReader:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
         return Finished(self._finish, usage, self._stop_sequence)
+
+
+def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
+                      stop: tuple[str, ...] = ()) -> list[GenerationEvent]:
+    """A whole chat.completion -> the events OpenAIChunkReader makes of the same answer streamed.
+
+    The completion is read as the one chunk that would carry all of it: each choice's message as its delta (the
+    tool calls of a message have no `index`: the reader numbers them in order), its finish reason (and vLLM's
+    stop_reason), and its usage. A completion without usage is estimated from its length (a token is about four
+    characters), not from its one delta.
+    """
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not all(_is_choice(c) for c in choices):
+        raise UpstreamError("The upstream's answer is not a chat completion.")
+    if not any(c.get("index", 0) == 0 and c.get("finish_reason") for c in choices):
+        # Whole, so not cut short (as a stream without one would be): asking again would get the same.
+        raise UpstreamError("The upstream's answer has no finish reason.")
+    chunk_choices = [{**choice, "delta": choice["message"]} for choice in choices]
+    reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=stop)
+    events = reader.feed({"choices": chunk_choices, "usage": completion.get("usage")})
+    finished = reader.end()
+    if not isinstance(completion.get("usage"), Mapping):
+        chars = sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
+                    for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
+        finished = replace(finished, usage=Usage(prompt_estimate, math.ceil(chars / 4)))
+    events.append(finished)
+    return events
+
+
+def _is_choice(choice: Json) -> bool:
+    if not isinstance(choice, Mapping) or not isinstance(message := choice.get("message"), Mapping):
+        return False
+    calls = message.get("tool_calls") or []
+    return (isinstance(message.get("content") or "", str) and isinstance(calls, list)
+            and all(isinstance(call, Mapping) for call in calls))

@@ -1,5 +1,6 @@
 """Chat completions served by an Anthropic upstream and messages served by an OpenAI-compatible one: the body each
-upstream receives, and literal SSE transcripts re-framed from one dialect into the other, event by event."""
+upstream receives, literal SSE transcripts re-framed from one dialect into the other, event by event, and whole
+Anthropic answers read as the events of their streams."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from server.errors import UpstreamError
 from server.render import DONE, sse_event
 from server.translate import internal_to_anthropic as to_anthropic
 from server.translate import internal_to_openai as to_openai
-from server.translate.anthropic_events_to_internal import AnthropicEventReader
+from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
 from server.translate.anthropic_to_internal import message_request
 from server.translate.internal_to_anthropic_request import anthropic_body
 from server.translate.internal_to_openai_request import openai_body
@@ -200,6 +201,47 @@ def test_an_anthropic_stream_cut_before_message_stop_is_an_upstream_error():
         reader.feed(event)
     with pytest.raises(UpstreamError):
         reader.end()
+
+
+ANTHROPIC_TOOL_USE_MESSAGE = {
+    "id": "msg_1", "type": "message", "role": "assistant", "model": "claude",
+    "content": [{"type": "thinking", "thinking": "Oslo...", "signature": "x"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}],
+    "stop_reason": "tool_use", "stop_sequence": None,
+    "usage": {"input_tokens": 12, "cache_read_input_tokens": 100, "output_tokens": 30}}
+ANTHROPIC_STOP_SEQUENCE_MESSAGE = {
+    "type": "message", "role": "assistant", "content": [{"type": "text", "text": "1, 2"}],
+    "stop_reason": "stop_sequence", "stop_sequence": "3", "usage": {"input_tokens": 5, "output_tokens": 4}}
+
+
+@pytest.mark.parametrize(
+    ("message", "events"),
+    [
+        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
+                                      ToolCallDelta(0, '{"city":"Oslo"}'),
+                                      Finished(FinishReason.TOOL_USE, Usage(112, 30))]),
+        (ANTHROPIC_STOP_SEQUENCE_MESSAGE, [Started(5), TextDelta("1, 2"),
+                                           Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
+    ],
+)
+def test_a_whole_anthropic_message_gives_the_events_of_its_stream(message, events):
+    assert message_events(message) == events
+
+
+def test_a_tool_use_without_input_and_a_message_without_content():
+    message = {"type": "message", "content": [{"type": "tool_use", "id": "t", "name": "now", "input": {}}],
+               "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 2}}
+    assert message_events(message)[1:3] == [ToolCallStart(0, "t", "now"), ToolCallDelta(0, "{}")]
+    empty = {"type": "message", "content": [], "stop_reason": "max_tokens", "usage": {"input_tokens": 3}}
+    assert message_events(empty) == [Started(3), Finished(FinishReason.MAX_TOKENS, Usage(3, 0))]
+
+
+@pytest.mark.parametrize("answer", [{"type": "completion", "completion": "Hi"}, {"type": "message"},
+                                    {"type": "message", "content": ["Hi"]}])
+def test_json_that_is_not_a_message_is_an_upstream_error(answer):
+    with pytest.raises(UpstreamError):
+        message_events(answer)
 
 
 async def _replay(events):

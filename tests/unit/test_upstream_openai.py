@@ -1,5 +1,5 @@
-"""OpenAI-compatible upstreams, pure parts: the body sent, literal SSE transcripts read back into events, the error
-table, and the retry policy."""
+"""OpenAI-compatible upstreams, pure parts: the body sent, literal SSE transcripts and whole (non-streamed) answers
+read back into events, the error table, and the retry policy."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from server.errors import (
 from server.providers.retry import backoff_delay
 from server.providers.upstream_errors import from_status, retry_after
 from server.translate.internal_to_openai_request import openai_body
-from server.translate.openai_chunks_to_internal import OpenAIChunkReader
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
 from server.translate.openai_to_internal import chat_request
 from tests.helpers import chat_request as chat_pb
 
@@ -108,6 +108,72 @@ data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
 )
 def test_transcripts(transcript, options, events):
     assert read(transcript, **options) == events
+
+
+def completion(message: dict, finish_reason: str | None, usage: dict | None = None, **choice) -> dict:
+    """A non-streamed answer as OpenAI-compatible servers send it."""
+    answer = {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", **message}, "logprobs": None, "finish_reason": finish_reason,
+         **choice}]}
+    return {**answer, "usage": usage} if usage is not None else answer
+
+
+def collected(events: list) -> tuple:
+    """What the pipeline collects for a non-streamed caller: the text, each call whole, and how it finished."""
+    calls: dict[int, list] = {}
+    for event in events:
+        if isinstance(event, ToolCallStart):
+            calls[event.index] = [event.id, event.name, ""]
+        elif isinstance(event, ToolCallDelta):
+            calls[event.index][2] += event.arguments
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    return text, [tuple(calls[i]) for i in sorted(calls)], events[-1]
+
+
+WEATHER_CALLS = [{"id": "call_a", "type": "function", "function": {"name": "weather", "arguments": '{"days":2}'}},
+                 {"id": "call_b", "type": "function", "function": {"name": "time", "arguments": "{}"}}]
+
+
+@pytest.mark.parametrize(
+    ("transcript", "answer", "options"),
+    [
+        (TEXT, completion({"content": "Hello"}, "length", {"prompt_tokens": 9, "completion_tokens": 2}), {}),
+        (TOOL_CALLS, completion({"content": None, "tool_calls": WEATHER_CALLS}, "tool_calls",
+                                {"prompt_tokens": 20, "completion_tokens": 11, "total_tokens": 31}), {}),
+        (VLLM_STOP, completion({"content": "1 2"}, "stop", stop_reason="3"), {"stop": ("3",)}),
+        (FILTERED, completion({"content": None}, "content_filter"), {}),
+    ],
+)
+def test_a_whole_completion_gives_what_its_stream_gives(transcript, answer, options):
+    events = completion_events(answer, prompt_estimate=7, **options)
+    assert collected(events) == collected(read(transcript, **options))
+    assert all(isinstance(e, (TextDelta, ToolCallStart, ToolCallDelta)) for e in events[:-1])
+
+
+def test_a_whole_completion_as_events():
+    answer = completion({"content": "On it.", "tool_calls": WEATHER_CALLS}, "tool_calls",
+                        {"prompt_tokens": 20, "completion_tokens": 11})
+    assert completion_events(answer, prompt_estimate=7) == [
+        TextDelta("On it."), ToolCallStart(0, "call_a", "weather"), ToolCallDelta(0, '{"days":2}'),
+        ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"), Finished(FinishReason.TOOL_USE, Usage(20, 11))]
+    # No usage (no known server omits it, but then): the prompt estimated, the answer counted by its length.
+    assert completion_events(completion({"content": "Hello there, world"}, "stop"), prompt_estimate=7)[-1] == (
+        Finished(FinishReason.END_TURN, Usage(7, 5)))
+    # A stop string OpenAI does not name stays end_turn, as in a stream.
+    assert completion_events(completion({"content": "1 2"}, "stop"), prompt_estimate=7, stop=("3",))[-1].reason is (
+        FinishReason.END_TURN)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"object": "list", "data": []}, {"choices": "nope"}, {"choices": [{"index": 0, "text": "Hi"}]},
+     {"choices": [{"index": 0, "message": {"content": ["a"]}, "finish_reason": "stop"}]},
+     completion({"content": "Hi"}, None)],
+)
+def test_json_that_is_not_a_whole_completion_is_an_upstream_error(answer):
+    with pytest.raises(UpstreamError) as caught:
+        completion_events(answer, prompt_estimate=7)
+    assert not caught.value.retryable  # a whole answer: asking again would get the same
 
 
 def test_a_stream_without_a_finish_reason_is_an_upstream_error():
