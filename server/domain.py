@@ -113,6 +113,9 @@ class GenerationRequest:
     tool_choice: ToolChoice | None = None  # None: the caller did not say
     json_output: bool = False  # the caller asked for JSON output (OpenAI response_format json_object/json_schema)
     source: SourceRequest | None = None
+    # The caller reads the answer as it is generated. False: it waits for the whole answer, so an upstream is asked
+    # for one JSON answer instead of a stream; the provider's events are the same either way.
+    stream: bool = True
 
     def approximate_chars(self) -> int:
         """The size of everything the model reads, for a rough token estimate when nobody counts exactly."""

@@ -1,8 +1,9 @@
 """A real HTTP upstream for tests: an ASGI app under uvicorn on 127.0.0.1 (port 0), in its own thread and loop.
 
-By default it answers as the echo models of tests/upstream_echo.py (OpenAI chat completions, Anthropic Messages).
-Tests script faults by queueing Cues, each consumed by the next request: a status and body, a delay before
-answering, literal SSE frames, a pause between frames, a connection dropped after some frames. It records every
+By default it answers as the echo models of tests/upstream_echo.py (OpenAI chat completions, Anthropic Messages):
+a stream when the request asks for one, else one JSON answer. Tests script faults by queueing Cues, each consumed by
+the next request: a status and body, a delay before answering, literal SSE frames, a pause between frames, a
+connection dropped after some frames (a JSON answer is sent as two frames, its halves, so it can be cut). It records every
 request and every client that went away mid-answer, so tests can count retries and see cancellations.
 """
 
@@ -24,12 +25,12 @@ from tests.upstream_echo import echo_chat, echo_images, echo_messages
 @dataclass(frozen=True)
 class Cue:
     status: int = 200
-    body: dict | bytes | None = None  # a whole answer (JSON), instead of the default stream
+    body: dict | bytes | None = None  # a whole answer (JSON), instead of the default one
     headers: dict[str, str] = field(default_factory=dict)
-    frames: list[bytes] | None = None  # literal SSE frames, instead of the default stream
+    frames: list[bytes] | None = None  # literal SSE frames, instead of the default answer
     delay: float = 0.0  # before the status line
-    frame_delay: float = 0.0  # before each frame after the first
-    drop_after: int | None = None  # close the connection after this many frames, mid-answer
+    frame_delay: float = 0.0  # before each frame after the first (a JSON answer's second half)
+    drop_after: int | None = None  # close the connection after this many frames, mid-answer (JSON: 1 of 2 halves)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class UpstreamDouble:
     def __init__(self) -> None:
         self.seen: list[Seen] = []
         self.gone = 0  # answers whose client went away before the end
-        self.defaults: dict[str, Callable[[dict], list[bytes]]] = {
+        self.defaults: dict[str, Callable[[dict], list[bytes] | dict]] = {  # SSE frames, or a JSON answer
             "/v1/chat/completions": echo_chat, "/v1/messages": echo_messages,
         }
         self.files: dict[str, bytes] = {}  # served at /files/<name>, for image links
@@ -121,16 +122,22 @@ class UpstreamDouble:
             await send({"type": "http.response.start", "status": 200 if data else 404, "headers": headers})
             await send({"type": "http.response.body", "body": data or b""})
             return
-        if cue.body is not None or (cue.frames is None and path not in self.defaults):
-            data = cue.body if isinstance(cue.body, bytes) else orjson.dumps(cue.body or {"error": "no route"})
-            status = cue.status if cue.body is not None else 404
-            headers = [(b"content-type", b"application/json"), *_encoded(cue.headers)]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": data})
-            return
-        frames = cue.frames if cue.frames is not None else self.defaults[path](body)
-        headers = [(b"content-type", b"text/event-stream"), *_encoded(cue.headers)]
-        await send({"type": "http.response.start", "status": cue.status, "headers": headers})
+        status = cue.status
+        if cue.body is not None:
+            answer = cue.body
+        elif cue.frames is not None:
+            answer = cue.frames
+        elif path in self.defaults:
+            answer = self.defaults[path](body)
+        else:
+            answer, status = {"error": "no route"}, 404
+        if isinstance(answer, list):
+            content_type, frames = b"text/event-stream", answer
+        else:
+            data = answer if isinstance(answer, bytes) else orjson.dumps(answer)
+            content_type, frames = b"application/json", [data[:len(data) // 2], data[len(data) // 2:]]
+        headers = [(b"content-type", content_type), *_encoded(cue.headers)]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         for i, frame in enumerate(frames):
             if cue.drop_after is not None and i == cue.drop_after:
                 raise _Dropped()

@@ -1,7 +1,9 @@
 """A model served by an Anthropic Messages upstream (api.anthropic.com, or a server speaking its API).
 
-As with OpenAI-compatible upstreams, the upstream is always asked to stream: answers reach the caller event by
-event, and the usage in message_start / message_delta settles the limits.
+As with OpenAI-compatible upstreams, the upstream is asked the way the caller asked: a stream reaches the caller
+event by event, and the usage in message_start / message_delta settles the limits; a caller that does not stream
+gets the upstream's one `message`, turned into the same events (server/translate/anthropic_events_to_internal.py
+`message_events`), whose usage settles them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from server.domain import GenerationEvent, GenerationRequest
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
-from server.translate.anthropic_events_to_internal import AnthropicEventReader
+from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
 from server.translate.internal_to_anthropic_request import anthropic_body
 
 ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every current Anthropic model speaks
@@ -35,6 +37,13 @@ class AnthropicProvider:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = anthropic_body(request, model=self._model)
+        if not request.stream:
+            answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id)
+            if answer.get("type") == "error" or "error" in answer:
+                raise self._upstream.stream_error(answer, self._model_id)
+            for generated in message_events(answer):
+                yield generated
+            return
         reader = AnthropicEventReader()
         async with self._upstream.stream("v1/messages", body, model_id=self._model_id) as events:
             async for event in events:

@@ -1,8 +1,10 @@
 """A model served by an OpenAI-compatible HTTP server (OpenAI, vLLM, TGI, llama.cpp's server, Ollama, ...).
 
-The upstream is always asked to stream, with usage: answers reach the caller event by event, and a non-streamed
-request is collected by the pipeline, so there is one code path and every answer settles the limits with the
-upstream's own counts.
+The upstream is asked the way the caller asked. A caller that streams gets the upstream's stream, with usage,
+event by event. One that does not gets the upstream's one JSON answer (a chat.completion, which carries usage),
+turned into the same events (server/translate/openai_chunks_to_internal.py `completion_events`) and collected by
+the pipeline: retries, fallbacks and the limits see no difference, and the upstream sends one body instead of a
+chunk per token. Either way, every answer settles the limits with the upstream's own counts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.internal_to_openai_request import openai_body
-from server.translate.openai_chunks_to_internal import OpenAIChunkReader
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
 
 
 def openai_auth_headers(api_key: str | None) -> dict[str, str]:
@@ -36,8 +38,15 @@ class OpenAIProvider:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = openai_body(request, model=self._model, max_tokens_field=self._max_tokens_field)
-        reader = OpenAIChunkReader(prompt_estimate=math.ceil(request.approximate_chars() / 4),
-                                   stop=request.params.stop)
+        prompt_estimate = math.ceil(request.approximate_chars() / 4)
+        if not request.stream:
+            answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
+            if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
+                raise self._upstream.stream_error(answer, self._model_id)
+            for generated in completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop):
+                yield generated
+            return
+        reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
         async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
             async for event in events:
                 if event.data == "[DONE]":

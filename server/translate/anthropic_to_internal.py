@@ -59,11 +59,12 @@ def message_request(request: message_pb2.CreateMessageRequest, *, upstream_model
         stop=tuple(request.stop_sequences),
     )
     tools = tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools))
+    stream = request.stream if request.HasField("stream") else False
     generation = GenerationRequest(
         model=upstream_model, turns=tuple(turns), params=params, tools=tools,
-        tool_choice=_tool_choice(request, tools), source=SourceRequest(Dialect.ANTHROPIC, request),
+        tool_choice=_tool_choice(request, tools), source=SourceRequest(Dialect.ANTHROPIC, request), stream=stream,
     )
-    return MessagePlan(generation=generation, stream=request.stream if request.HasField("stream") else False)
+    return MessagePlan(generation=generation, stream=stream)
 
 
 def _turn(message: message_pb2.InputMessage, where: str) -> Turn:

@@ -1,9 +1,11 @@
 """Internal GenerationRequest -> the chat-completions body sent to an OpenAI-compatible upstream.
 
 A request that arrived as a chat completion passes through: its own body, every field kept, with only what the
-gateway decides put in: the upstream's model name, streaming with usage (so the limits are settled with real
-counts), and the token limit the gateway resolved (in the field this upstream understands). Any other request
-(an Anthropic Messages one) is built from the internal values.
+gateway decides put in: the upstream's model name, the token limit the gateway resolved (in the field this upstream
+understands), and whether to stream. A caller that streams gets a stream with usage (so the limits are settled with
+real counts); one that does not gets the upstream's one JSON answer, which always carries usage (and must not carry
+stream_options: OpenAI refuses them without `stream`). Any other request (an Anthropic Messages one) is built from
+the internal values.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ def openai_body(request: GenerationRequest, *, model: str, max_tokens_field: str
         body.pop(field, None)
     body[max_tokens_field] = request.params.max_tokens
     body["model"] = model
-    body["stream"] = True
-    body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    if request.stream:
+        body["stream"] = True
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    else:
+        body["stream"] = False
+        body.pop("stream_options", None)
     return body
 
 

@@ -53,6 +53,7 @@ def chat_request(
         tool_choice=_tool_choice(request, tools),
         json_output=_response_format(request) != "text",
         source=SourceRequest(Dialect.OPENAI, request),
+        stream=stream,
     )
     return ChatPlan(generation=generation, stream=stream, include_usage=stream and request.stream_options.include_usage)
 

@@ -145,7 +145,7 @@ def test_upstream_errors_reach_the_sdks_as_their_own_types(oai, claude, double):
 
 
 def test_an_answer_that_breaks_off_is_a_502(oai, double):
-    double.cue(Cue(drop_after=3))  # text has arrived, but the JSON answer has not been sent yet
+    double.cue(Cue(drop_after=1))  # the upstream's JSON answer cut in the middle
     with pytest.raises(openai.APIStatusError) as caught:
         oai.chat.completions.create(model="chat-echo", messages=[{"role": "user", "content": "a b c"}])
     assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")

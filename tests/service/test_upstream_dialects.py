@@ -72,7 +72,7 @@ async def test_chat_on_an_anthropic_upstream(chat, running, double, key):
     assert seen.path == "/v1/messages"
     assert (seen.headers["x-api-key"], seen.headers["anthropic-version"]) == (UPSTREAM_KEY, "2023-06-01")
     assert "authorization" not in seen.headers
-    assert seen.body == {"model": "claude-up", "max_tokens": 50, "system": "Be brief.", "stream": True,
+    assert seen.body == {"model": "claude-up", "max_tokens": 50, "system": "Be brief.", "stream": False,
                          "messages": [{"role": "user", "content": "Hi there"}], "stop_sequences": ["nothing"]}
     assert window_tokens(running, key_id) == 7
 
@@ -112,7 +112,7 @@ async def test_messages_on_an_openai_upstream(messages, double, key):
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo"}],
         "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather.",
                                                     "parameters": WEATHER}}],
-        "tool_choice": "required", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
+        "tool_choice": "required", "max_tokens": 8, "stream": False}
 
 
 async def test_messages_streamed_from_an_openai_upstream(messages, key):
@@ -132,7 +132,7 @@ async def test_messages_pass_through_to_an_anthropic_upstream(messages, double, 
     assert (response.content[0].text, response.stop_reason, response.stop_sequence) == (
         "echo hello", "stop_sequence", "world")
     assert double.seen[-1].body == {"model": "claude-up", "max_tokens": 40, "stop_sequences": ["world"],
-                                    "metadata": {"user_id": "u-7"}, "stream": True,
+                                    "metadata": {"user_id": "u-7"}, "stream": False,
                                     "messages": [{"role": "user", "content": "hello world"}]}
 
 

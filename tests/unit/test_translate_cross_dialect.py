@@ -68,7 +68,7 @@ def test_a_chat_request_for_an_anthropic_upstream():
         "top_p": 0.9, "stop_sequences": ["END", "##"],
         "tools": [{"name": "weather", "description": "Current weather.", "input_schema": SCHEMA}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
-        "stream": True,
+        "stream": False,  # the caller waits for the whole answer: so does the gateway
     }
 
 
@@ -79,7 +79,10 @@ def test_a_named_tool_choice_and_a_plain_chat():
     assert anthropic_body(named, model="c")["tool_choice"] == {"type": "tool", "name": "weather"}
     plain = chat_request(chat_pb(max_tokens=None), upstream_model="m", default_max_tokens=99).generation
     assert anthropic_body(plain, model="c") == {
-        "model": "c", "max_tokens": 99, "messages": [{"role": "user", "content": "Say hello."}], "stream": True}
+        "model": "c", "max_tokens": 99, "messages": [{"role": "user", "content": "Say hello."}], "stream": False}
+    streamed = chat_request(chat_pb(stream=True, stream_options={"include_usage": True}), upstream_model="m",
+                            default_max_tokens=99).generation
+    assert anthropic_body(streamed, model="c")["stream"] is True
 
 
 def test_a_messages_request_for_an_openai_upstream():
@@ -101,8 +104,11 @@ def test_a_messages_request_for_an_openai_upstream():
         "temperature": 0.2, "stop": ["END"],  # top_k has no OpenAI field
         "tools": [{"type": "function", "function": {"name": "weather", "description": "", "parameters": SCHEMA}}],
         "tool_choice": {"type": "function", "function": {"name": "weather"}},
-        "max_tokens": 200, "model": "gpt-up", "stream": True, "stream_options": {"include_usage": True},
+        "max_tokens": 200, "model": "gpt-up", "stream": False,  # and no stream_options, which need `stream`
     }
+    streamed = message_request(message_pb(stream=True), upstream_model="m").generation
+    body = openai_body(streamed, model="gpt-up")
+    assert (body["stream"], body["stream_options"]) == (True, {"include_usage": True})
 
 
 def test_a_messages_request_for_an_anthropic_upstream_passes_through_whole():
@@ -111,7 +117,12 @@ def test_a_messages_request_for_an_anthropic_upstream_passes_through_whole():
             "system": "Be brief.", "metadata": {"user_id": "u-1"}, "thinking": {"type": "enabled", "budget_tokens": 32},
             "top_k": 5, "service_tier": "auto", "stream": False}
     generation = message_request(message_pb(**body), upstream_model="m").generation
+    assert anthropic_body(generation, model="claude-up") == {**body, "model": "claude-up", "stream": False}
+    generation = message_request(message_pb(**{**body, "stream": True}), upstream_model="m").generation
     assert anthropic_body(generation, model="claude-up") == {**body, "model": "claude-up", "stream": True}
+    generation = message_request(message_pb(**{k: v for k, v in body.items() if k != "stream"}),
+                                 upstream_model="m").generation
+    assert anthropic_body(generation, model="claude-up")["stream"] is False  # absent: not streamed
 
 
 def anthropic_events(transcript: str) -> list[dict]:

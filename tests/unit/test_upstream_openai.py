@@ -39,6 +39,18 @@ def test_a_chat_request_passes_through_whole():
     assert body["max_completion_tokens"] == 30 and "max_tokens" not in body
 
 
+def test_a_chat_request_that_does_not_stream_asks_for_one_answer():
+    request = chat_pb(seed=7, max_completion_tokens=30, user="u", stream=False)
+    generation = chat_request(request, upstream_model="family-a-5.5", default_max_tokens=99).generation
+    assert not generation.stream
+    assert openai_body(generation, model="gpt-up") == {
+        "model": "gpt-up", "messages": [{"role": "user", "content": "Say hello."}], "seed": 7, "max_tokens": 30,
+        "user": "u", "stream": False,  # no stream_options: OpenAI refuses them without `stream`
+    }
+    absent = chat_request(chat_pb(), upstream_model="m", default_max_tokens=99).generation
+    assert openai_body(absent, model="x")["stream"] is False and "stream_options" not in openai_body(absent, model="x")
+
+
 def test_the_resolved_token_limit_is_always_sent():
     generation = chat_request(chat_pb(max_tokens=None), upstream_model="m", default_max_tokens=99).generation
     assert openai_body(generation, model="x")["max_tokens"] == 99
