@@ -88,10 +88,11 @@ async def test_chat_tool_calls_from_an_anthropic_upstream(chat, key):
     assert orjson.loads(call.function.arguments) == {"echo": "Oslo"}
 
 
-async def test_chat_streamed_from_an_anthropic_upstream(chat, key):
+async def test_chat_streamed_from_an_anthropic_upstream(chat, double, key):
     request = chat_request(model="chat-on-anthropic", max_tokens=2, stream=True,
                            stream_options={"include_usage": True})
     frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
+    assert double.seen[-1].body["stream"] is True
     chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "echo Say"
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
@@ -115,9 +116,10 @@ async def test_messages_on_an_openai_upstream(messages, double, key):
         "tool_choice": "required", "max_tokens": 8, "stream": False}
 
 
-async def test_messages_streamed_from_an_openai_upstream(messages, key):
+async def test_messages_streamed_from_an_openai_upstream(messages, double, key):
     request = message_request(model="messages-on-openai", max_tokens=2, stream=True)
     frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    assert (double.seen[-1].body["stream"], double.seen[-1].body["stream_options"]) == (True, {"include_usage": True})
     events = [orjson.loads(f.split(b"data: ", 1)[1]) for f in frames]
     assert [e["type"] for e in events] == ["message_start", "content_block_start", "ping", "content_block_delta",
                                            "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
@@ -140,6 +142,29 @@ async def test_anthropic_overloaded_is_retried(messages, double, key):
     double.cue(Cue(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}))
     response = await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
     assert response.content[0].text == "echo Say hello." and len(double.seen) == 2
+
+
+async def test_an_anthropic_error_in_a_200_answer_is_retried_or_passed_on(messages, double, key):
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    double.cue(Cue(body=overloaded))
+    response = await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
+    assert response.content[0].text == "echo Say hello." and len(double.seen) == 2
+    double.reset()
+    double.cue(Cue(body={"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
+    assert (error_details(caught.value).http_status, len(double.seen)) == (400, 1)
+
+
+async def test_an_anthropic_json_answer_cut_off_is_retried_and_one_not_a_message_is_a_502(messages, double, key):
+    double.cue(Cue(drop_after=1))
+    response = await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
+    assert response.content[0].text == "echo Say hello." and len(double.seen) == 2
+    double.reset()
+    double.cue(Cue(body={"type": "completion", "completion": "Hi"}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(key[1]))
+    assert (error_details(caught.value).http_status, len(double.seen)) == (502, 1)
 
 
 async def test_an_anthropic_error_event_mid_stream_becomes_our_error_event(messages, running, double, key):

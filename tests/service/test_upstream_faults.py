@@ -1,5 +1,6 @@
 """OpenAI-compatible upstreams through the real gRPC server, against a real local HTTP upstream that fails on cue:
-retries, retry-after, fallbacks, error rows, timeouts, dropped streams, cancellation, and the limits settled."""
+retries, retry-after, fallbacks, error rows, timeouts, dropped streams and cut JSON answers, cancellation, and the
+limits settled."""
 
 from __future__ import annotations
 
@@ -173,6 +174,13 @@ async def test_a_silent_upstream_is_a_504(chat, running, double, key):
     assert window_tokens(running, key_id) == 0
 
 
+async def streamed_text(chat, secret, model="up-solo") -> str:
+    request = chat_request(model=model, messages=HELLO, stream=True)
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))])
+    chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+
+
 @pytest.mark.xfail(strict=True, reason="server/services: StreamChatCompletion ignores `stream` but does not mark "
                    "the generation as streamed, so the upstream is asked for one JSON answer")
 async def test_the_typed_stream_rpc_asks_the_upstream_to_stream(chat, double, key):
@@ -183,8 +191,52 @@ async def test_the_typed_stream_rpc_asks_the_upstream_to_stream(chat, double, ke
 
 async def test_a_stream_dropped_before_any_content_is_retried(chat, double, key):
     double.cue(Cue(drop_after=1))  # the role chunk, then the connection is gone
-    response = await ask(chat, key[1], "up-solo")
+    assert await streamed_text(chat, key[1]) == "echo Say hello." and len(double.seen) == 2
+
+
+async def test_a_stream_refused_with_a_503_is_retried(chat, double, key):
+    double.cue(Cue(503, {"error": {"message": "busy"}}))
+    assert await streamed_text(chat, key[1]) == "echo Say hello." and len(double.seen) == 2
+
+
+async def test_a_json_answer_cut_off_is_retried(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(drop_after=1))  # the first half of the JSON answer, then the connection is gone
+    response = await ask(chat, secret, "up-solo")
     assert response.choices[0].message.content == "echo Say hello." and len(double.seen) == 2
+    assert window_tokens(running, key_id) == 5
+
+
+async def test_a_json_answer_cut_off_without_retries_is_a_502(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(drop_after=1))
+    error = await failure(chat, secret, "up-backup")  # one attempt, no fallbacks
+    detail = error_details(error)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error") and "broke off" in detail.error.message
+    assert len(double.seen) == 1 and window_tokens(running, key_id) == 0
+
+
+async def test_an_error_in_a_200_json_answer_is_the_matching_error(chat, double, key):
+    overloaded = {"error": {"message": "overloaded", "type": "overloaded_error"}}
+    double.cue(Cue(body=overloaded))
+    response = await ask(chat, key[1], "up-solo")  # a 529 by its type: retried
+    assert response.choices[0].message.content == "echo Say hello." and len(double.seen) == 2
+    double.reset()
+    double.cue(Cue(body=overloaded))
+    error = await failure(chat, key[1], "up-backup")
+    assert (error.code(), error_details(error).error.message) == (
+        grpc.StatusCode.UNAVAILABLE, "The upstream serving `up-backup` is unavailable: overloaded")
+
+
+async def test_json_that_is_not_a_completion_is_a_502_and_not_retried(chat, double, key):
+    double.cue(Cue(body={"object": "list", "data": []}))
+    error = await failure(chat, key[1], "up-solo")
+    detail = error_details(error)
+    assert (detail.http_status, detail.error.code, len(double.seen)) == (502, "upstream_error", 1)
+    double.reset()
+    double.cue(Cue(body=b"<html>proxy</html>"))
+    error = await failure(chat, key[1], "up-solo")
+    assert (error_details(error).http_status, len(double.seen)) == (502, 1)
 
 
 async def test_a_stream_dropped_mid_answer_ends_with_an_sse_error_and_settles_what_was_sent(chat, running, double,
