@@ -35,7 +35,10 @@ class ConfigError(Exception):
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     connect: float = 5.0  # to open a connection
-    read: float = 60.0  # for the first byte of an answer, and then between any two bytes of a stream
+    read: float = 60.0  # for the first byte of a streamed answer, and then between any two bytes of it
+    # For a whole non-streamed answer: it arrives in one piece when the model has finished, so it needs as long as
+    # the longest generation takes, not just the first token.
+    answer: float = 600.0
     write: float = 30.0  # to send the request
     pool: float = 10.0  # for a free pooled connection when all `max_connections` are busy
 
@@ -127,9 +130,9 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
 def _timeouts(raw: Any, where: str) -> Timeouts:
     raw = mapping(raw, where)
     defaults = Timeouts()
-    if unknown := set(raw) - {"connect", "read", "write", "pool"}:
+    if unknown := set(raw) - {"connect", "read", "answer", "write", "pool"}:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
-                          "known: connect, read, write, pool")
+                          "known: connect, read, answer, write, pool")
     return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
 
 

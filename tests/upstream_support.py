@@ -39,7 +39,7 @@ def upstream_models(url: str, *, kind: str = "openai", endpoint: str = "/v1/chat
     provider: {{{common}, model: solo-model, retry: {FAST_RETRY}}}
   - id: up-slow
     endpoint: {endpoint}
-    provider: {{{common}, model: slow-model, timeouts: {{read: 0.5}}, retry: {{attempts: 1}}}}
+    provider: {{{common}, model: slow-model, timeouts: {{read: 0.5, answer: 1.0}}, retry: {{attempts: 1}}}}
   - id: up-down
     endpoint: {endpoint}
     provider: {{{common.replace(url, 'http://127.0.0.1:9/v1')}, model: nowhere, retry: {FAST_RETRY}}}

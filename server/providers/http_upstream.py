@@ -56,6 +56,9 @@ class HttpUpstream:
         self._base = spec.base_url + "/"
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect, sock_connect=timeouts.connect,
                                               sock_read=timeouts.read)
+        # A non-streamed answer's first byte comes when the whole answer is ready.
+        self._answer_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
+                                                     sock_connect=timeouts.connect, sock_read=timeouts.answer)
         self._pool_timeout = timeouts.pool
         self._max_connections = spec.max_connections
         # Held from the request until its connection is back in the pool or closed: at most as many as aiohttp's
@@ -105,7 +108,7 @@ class HttpUpstream:
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str) -> dict:
         response = await self._send("POST", self._url(path), model_id, before_answer=True, data=orjson.dumps(body),
-                                    headers=self._headers, proxy=self._proxy)
+                                    headers=self._headers, proxy=self._proxy, timeout=self._answer_timeout)
         try:
             if response.status >= 300:
                 raise await self._status_error(response, model_id)

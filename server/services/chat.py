@@ -27,9 +27,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         self._pipeline = pipeline
         self._default_max_tokens = default_max_tokens
 
-    def _prepare(self, request, context) -> tuple[Call, ChatPlan, ResponseHeader]:
+    def _prepare(self, request, context, *, always_stream: bool = False) -> tuple[Call, ChatPlan, ResponseHeader]:
         call = self._pipeline.begin(context, request.model, ENDPOINT)
-        plan = chat_request(request, upstream_model=call.model.id, default_max_tokens=self._default_max_tokens)
+        plan = chat_request(request, upstream_model=call.model.id, default_max_tokens=self._default_max_tokens,
+                            always_stream=always_stream)
         header = ResponseHeader(
             id=f"chatcmpl-{secrets.token_urlsafe(18)}", created=int(time.time()), model=request.model
         )
@@ -42,7 +43,7 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
                                      ignore_unknown_fields=True)
 
     async def StreamChatCompletion(self, request, context) -> AsyncIterator[chat_pb2.ChatCompletionChunk]:
-        call, plan, header = self._prepare(request, context)
+        call, plan, header = self._prepare(request, context, always_stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for chunk in to_openai.chat_chunks(header, events, include_usage=plan.include_usage):
                 yield json_format.ParseDict(chunk, chat_pb2.ChatCompletionChunk(), ignore_unknown_fields=True)

@@ -25,9 +25,9 @@ class MessageServicer(message_service_pb2_grpc.MessageServiceServicer):
     def __init__(self, pipeline: Pipeline) -> None:
         self._pipeline = pipeline
 
-    def _prepare(self, request, context) -> tuple[Call, MessagePlan, ResponseHeader]:
+    def _prepare(self, request, context, *, always_stream: bool = False) -> tuple[Call, MessagePlan, ResponseHeader]:
         call = self._pipeline.begin(context, request.model, ENDPOINT, allow_x_api_key=True)
-        plan = message_request(request, upstream_model=call.model.id)
+        plan = message_request(request, upstream_model=call.model.id, always_stream=always_stream)
         header = ResponseHeader(id=f"msg_{secrets.token_urlsafe(18)}", created=int(time.time()), model=request.model)
         return call, plan, header
 
@@ -38,7 +38,7 @@ class MessageServicer(message_service_pb2_grpc.MessageServiceServicer):
                                      ignore_unknown_fields=True)
 
     async def StreamMessage(self, request, context) -> AsyncIterator[message_pb2.MessageStreamEvent]:
-        call, plan, header = self._prepare(request, context)
+        call, plan, header = self._prepare(request, context, always_stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for event in to_anthropic.message_events(header, events):
                 yield json_format.ParseDict(event, message_pb2.MessageStreamEvent(), ignore_unknown_fields=True)

@@ -33,7 +33,9 @@ class MessagePlan:
     stream: bool
 
 
-def message_request(request: message_pb2.CreateMessageRequest, *, upstream_model: str) -> MessagePlan:
+def message_request(request: message_pb2.CreateMessageRequest, *, upstream_model: str,
+                    always_stream: bool = False) -> MessagePlan:
+    """`always_stream`: the RPC streams whatever `stream` says (the typed StreamMessage)."""
     if not request.HasField("max_tokens"):
         raise InvalidRequest("max_tokens: Field required", param="max_tokens")
     if request.max_tokens < 1:
@@ -59,7 +61,7 @@ def message_request(request: message_pb2.CreateMessageRequest, *, upstream_model
         stop=tuple(request.stop_sequences),
     )
     tools = tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools))
-    stream = request.stream if request.HasField("stream") else False
+    stream = always_stream or (request.stream if request.HasField("stream") else False)
     generation = GenerationRequest(
         model=upstream_model, turns=tuple(turns), params=params, tools=tools,
         tool_choice=_tool_choice(request, tools), source=SourceRequest(Dialect.ANTHROPIC, request), stream=stream,

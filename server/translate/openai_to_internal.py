@@ -36,12 +36,14 @@ class ChatPlan:
 
 
 def chat_request(
-    request: chat_pb2.CreateChatCompletionRequest, *, upstream_model: str, default_max_tokens: int
+    request: chat_pb2.CreateChatCompletionRequest, *, upstream_model: str, default_max_tokens: int,
+    always_stream: bool = False,
 ) -> ChatPlan:
+    """`always_stream`: the RPC streams whatever `stream` says (the typed StreamChatCompletion)."""
     if not request.messages:
         raise InvalidRequest("`messages` must contain at least one message.", param="messages")
     turns = tuple(_turn(message, f"messages[{i}]") for i, message in enumerate(request.messages))
-    stream = request.stream if request.HasField("stream") else False
+    stream = always_stream or (request.stream if request.HasField("stream") else False)
     if request.HasField("stream_options") and not stream:
         raise InvalidRequest("`stream_options` is only allowed when `stream` is true.", param="stream_options")
     tools = tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools))

@@ -164,6 +164,15 @@ async def test_every_fallback_failing_ends_with_the_last_error(chat, double, key
     assert len(double.seen) == 4
 
 
+async def test_a_json_answer_may_take_longer_than_the_first_byte_of_a_stream(chat, double, key):
+    double.cue(Cue(delay=0.8))  # past `read` (0.5 s), within `answer` (1 s): a long non-streamed generation
+    assert (await ask(chat, key[1], "up-slow")).choices[0].message.content
+    double.cue(Cue(delay=0.8))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await streamed_text(chat, key[1], "up-slow")
+    assert error_details(caught.value).error.code == "upstream_timeout"
+
+
 async def test_a_silent_upstream_is_a_504(chat, running, double, key):
     key_id, secret = key
     double.cue(Cue(delay=1.5))
@@ -181,8 +190,6 @@ async def streamed_text(chat, secret, model="up-solo") -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
 
 
-@pytest.mark.xfail(strict=True, reason="server/services: StreamChatCompletion ignores `stream` but does not mark "
-                   "the generation as streamed, so the upstream is asked for one JSON answer")
 async def test_the_typed_stream_rpc_asks_the_upstream_to_stream(chat, double, key):
     request = chat_request(model="up-solo", messages=HELLO)  # no `stream`: StreamChatCompletion streams anyway
     chunks = [c async for c in chat.StreamChatCompletion(request, metadata=bearer(key[1]))]
