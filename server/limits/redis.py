@@ -1,9 +1,10 @@
 """The Redis limit store: counters shared by every server process (and host) that uses the same Redis.
 
-Decisions run as Lua scripts (server/limits/redis_scripts.py), atomic in Redis. Concurrency slots are leases: each
-process renews the slots it holds every lease/3 seconds, so the slots of a process that crashed (and can never
-settle) run out within `lease_seconds`. Every Redis call has a short deadline; when Redis cannot answer in time the
-store raises LimitStoreUnavailable and the Limiter applies the configured fail-open or fail-closed policy.
+Decisions run as Lua scripts (server/limits/redis_scripts.py), atomic in Redis, sent over one pipelined connection
+per process (server/limits/redis_pipe.py). Concurrency slots are leases: each process renews the slots it holds every
+lease/3 seconds, so the slots of a process that crashed (and can never settle) run out within `lease_seconds`. Every
+Redis call has a short deadline; when Redis cannot answer in time the store raises LimitStoreUnavailable and the
+Limiter applies the configured fail-open or fail-closed policy.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import logging
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -24,6 +22,7 @@ from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
     Reading, Reservation, day_of, new_reservation_id, verdict,
 )
+from server.limits.redis_pipe import RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
 
 _logger = logging.getLogger(__name__)
@@ -52,7 +51,6 @@ class RedisLimitStore:
         clock: Clock = time.time,
         lease_seconds: float = 30.0,
         timeout_seconds: float = 0.5,
-        max_connections: int = 32,
         prefix: str = "portico:limits:",
     ) -> None:
         self._url = redacted(url)
@@ -60,20 +58,12 @@ class RedisLimitStore:
         self._lease = lease_seconds
         self._prefix = prefix
         self._deadline = timeout_seconds * 3  # connect + a retried command, with room to spare
-        # A blocking pool: under a burst, requests wait (up to the deadline) for one of a bounded number of
-        # connections instead of failing. One retry, on connection errors only: a pooled connection may be stale
-        # after Redis restarted. Timeouts are not retried, so a Redis that does not answer costs one timeout.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=self._deadline,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
-        self._redis = aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
-        self._reserve_script = self._redis.register_script(RESERVE)
-        self._settle_script = self._redis.register_script(SETTLE)
+        # Every call of this process shares one connection (commands pipelined, replies in order). One retry, on
+        # connection errors only: the connection may be stale after Redis restarted. Timeouts are not retried, so a
+        # Redis that does not answer costs one timeout.
+        self._redis = RedisPipe(url, timeout=timeout_seconds)
+        self._reserve_script = Script(RESERVE)
+        self._settle_script = Script(SETTLE)
         self._held: dict[str, Reservation] = {}  # this process's open reservations, whose leases it renews
         self._renewer: asyncio.Task | None = None
 
@@ -87,10 +77,10 @@ class RedisLimitStore:
     def _record_key(self, reservation_id: str) -> str:
         return f"{self._prefix}reservation:{reservation_id}"
 
-    async def _run(self, script, keys: list[str], args: list) -> list:
+    async def _run(self, script: Script, keys: list[str], args: list) -> list:
         try:
             async with asyncio.timeout(self._deadline):
-                return await script(keys=keys, args=args)
+                return await self._redis.run(script, keys, args)
         except _UNREACHABLE as exc:
             raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
 
@@ -142,28 +132,27 @@ class RedisLimitStore:
             expiry = self._clock() + self._lease
             try:
                 async with asyncio.timeout(self._deadline):
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        for reservation in list(self._held.values()):
-                            for scope in reservation.demand.scopes:
-                                pipe.zadd(self._slots_key(scope.id), {reservation.id: expiry}, xx=True)
-                        await pipe.execute()
+                    await self._redis.execute_many([
+                        ("ZADD", self._slots_key(scope.id), "XX", expiry, reservation.id)
+                        for reservation in list(self._held.values()) for scope in reservation.demand.scopes
+                    ])
             except _UNREACHABLE as exc:
                 _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
 
     async def ping(self) -> bool:
         try:
             async with asyncio.timeout(self._deadline):
-                return bool(await self._redis.ping())
+                return await self._redis.execute("PING") == b"PONG"
         except _UNREACHABLE:
             return False
 
     async def in_flight(self, scope_id: str) -> int:
         """Unexpired slots in a scope (for tests and diagnostics)."""
-        return await self._redis.zcount(self._slots_key(scope_id), f"({self._clock()}", "+inf")
+        return await self._redis.execute("ZCOUNT", self._slots_key(scope_id), f"({self._clock()}", "+inf")
 
     async def close(self) -> None:
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        await self._redis.aclose()
+        await self._redis.close()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import redis
 
 from server.config import LimitSettings
 from server.domain import ApiKey, KeyLimits
@@ -18,7 +21,9 @@ from server.errors import RateLimited, ServiceUnavailable
 from server.limits import Limiter, rate_limit_headers
 from server.limits.core import LimitStoreUnavailable
 from server.limits.redis import RedisLimitStore, redacted
+from server.limits.redis_pipe import RedisPipe
 from tests.limits_worker import BURST, HOLD
+from tests.redis_support import RedisServer, _answers_ping, start_redis
 
 
 @pytest.fixture
@@ -153,3 +158,97 @@ async def test_a_caller_cancelled_while_the_store_decides_leaves_nothing_behind(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
     await limiter.close()
+
+
+# The store's connection (server/limits/redis_pipe.py): one pipelined connection per process.
+
+def _outside(redis_server) -> redis.Redis:
+    """A client of our own, to act on Redis from outside the store."""
+    return redis.Redis.from_url(redis_server.url)
+
+
+async def test_one_connection_carries_every_call_and_callers_that_give_up_shift_no_reply(redis_server):
+    pipe = RedisPipe(redis_server.url, timeout=1.0)
+    outside = _outside(redis_server)
+    try:
+        assert await pipe.execute("PING") == b"PONG"
+        clients = outside.info("clients")["connected_clients"]
+        calls = [asyncio.ensure_future(pipe.execute("ECHO", f"call {i}")) for i in range(300)]
+        await asyncio.sleep(0)  # every command is on its way
+        for call in calls[::3]:
+            call.cancel()
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for i, reply in enumerate(replies):
+            assert isinstance(reply, asyncio.CancelledError) if i % 3 == 0 else reply == f"call {i}".encode()
+        assert await pipe.execute("ECHO", "after") == b"after"
+        assert outside.info("clients")["connected_clients"] == clients
+    finally:
+        await pipe.close()
+        outside.close()
+
+
+async def test_a_restarted_redis_is_used_again_at_once(tmp_path, prefix):
+    """The store's connection is stale after a restart, and Redis has forgotten the scripts."""
+    (tmp_path / "first").mkdir()
+    server = start_redis(tmp_path / "first")
+    store = RedisLimitStore(server.url, prefix=prefix, timeout_seconds=0.2)
+    try:
+        await store.reserve(BURST)
+        server.stop()
+        with pytest.raises(LimitStoreUnavailable):
+            await store.reserve(BURST)
+        server = _restart(server, tmp_path / "second")
+        admitted = await store.reserve(BURST)
+        assert admitted.requests.remaining == 49  # a new Redis without persistence: counts start again
+        await store.settle(admitted, 0)
+        assert await store.in_flight("burst") == 0
+    finally:
+        await store.close()
+        server.stop()
+
+
+def _restart(server: RedisServer, directory: Path) -> RedisServer:
+    """A new redis-server on the stopped one's port."""
+    directory.mkdir()
+    process = subprocess.Popen(
+        [shutil.which("redis-server"), "--bind", "127.0.0.1", "--port", str(server.port), "--save", "",
+         "--appendonly", "no", "--dir", str(directory), "--logfile", str(directory / "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    restarted = RedisServer(server.port, process, directory / "redis.log")
+    deadline = time.monotonic() + 10
+    while not _answers_ping(server.port):
+        assert process.poll() is None and time.monotonic() < deadline, "redis-server did not restart"
+        time.sleep(0.02)
+    return restarted
+
+
+async def test_a_stalled_redis_fails_calls_in_time_and_then_serves_again(redis_server, prefix):
+    store = RedisLimitStore(redis_server.url, prefix=prefix, timeout_seconds=0.2)
+    outside = _outside(redis_server)
+    try:
+        await store.reserve(BURST)
+        outside.execute_command("CLIENT", "PAUSE", 800, "ALL")
+        started = time.monotonic()
+        with pytest.raises(LimitStoreUnavailable, match="TimeoutError"):
+            await store.reserve(BURST)
+        assert time.monotonic() - started < 0.6  # 0.2 s, not the pause
+        await asyncio.sleep(0.8)
+        await store.reserve(BURST)
+    finally:
+        await store.close()
+        outside.close()
+
+
+async def test_a_busy_event_loop_is_not_mistaken_for_a_stalled_redis(redis_server):
+    pipe = RedisPipe(redis_server.url, timeout=0.2)
+    try:
+        await pipe.execute("PING")
+        for turns in (1, 2):  # held up before the command is written, and after
+            call = asyncio.ensure_future(pipe.execute("ECHO", "late"))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            time.sleep(0.35)  # the process is busy past the timeout; Redis answered meanwhile
+            assert await call == b"late"
+    finally:
+        await pipe.close()

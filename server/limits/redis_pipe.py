@@ -1,0 +1,243 @@
+"""One pipelined connection to Redis, shared by every rate-limit call of a process.
+
+redis-py's pooled client spends more CPU on a command than Redis spends running our scripts: a connection borrowed
+from the pool and given back, a write (and a task for its timeout) and a read per command, retry and instrumentation
+wrappers. Here every command goes out on one connection: those issued in one turn of the event loop leave in one
+write, replies come back in the order the commands were sent (Redis answers each connection in order) and hiredis
+parses them in C. redis-py still opens the connection (URL options, TLS, AUTH, SELECT); only its streams are used
+after that.
+
+Failures mean what they meant with redis-py's client, which the store relies on:
+    ConnectionError  the connection broke (refused, reset, closed by Redis). A command is retried once on a new
+                     connection: after a Redis restart the old connection fails at its first use.
+    TimeoutError     no reply within the timeout: the connection is closed, and every command waiting on it fails
+                     the same way. Never retried: the command may have run.
+    ResponseError    Redis refused the command (NoScriptError: a script it does not have cached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+from redis.asyncio.connection import AbstractConnection, Connection, parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+Arg = str | bytes | int | float
+_STALL = 0.05  # seconds: a timer that fires later than this was held up by the event loop, not by Redis
+
+
+class Script:
+    """A Lua script, run by its SHA1 (EVALSHA) once Redis has it cached."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+
+def pack(args: Sequence[Arg]) -> bytes:
+    """A command in RESP, arguments encoded as redis-py encodes them (numbers by their repr)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            data = arg.encode()
+        elif kind is bytes:
+            data = arg
+        elif kind is int or kind is float:
+            data = repr(arg).encode()
+        else:
+            raise TypeError(f"cannot send a {kind.__name__} to Redis")
+        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return b"".join(parts)
+
+
+class _Link:
+    """One open connection: commands out in order, replies matched to them in order."""
+
+    def __init__(self, connection: AbstractConnection, timeout: float) -> None:
+        self._connection = connection  # redis-py's, which opened it; only its streams are used from here on
+        self._reader: asyncio.StreamReader = connection._reader
+        self._writer: asyncio.StreamWriter = connection._writer
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._parser = hiredis.Reader(replyError=ResponseError)
+        self._waiting: deque[tuple[asyncio.Future, float]] = deque()  # (reply, when it was asked for), oldest first
+        self._outbox: list[bytes] = []  # commands of this turn of the event loop, written together at its end
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_due = 0.0
+        self.error: Exception | None = None  # set once the link is unusable
+        self._receiver = self._loop.create_task(self._receive())
+
+    def send(self, command: bytes) -> asyncio.Future:
+        """The future reply to a packed command. Cancelling the future does not unsend the command: its reply is
+        read and dropped."""
+        if self.error is not None:
+            raise type(self.error)(str(self.error))
+        reply = self._loop.create_future()
+        self._waiting.append((reply, self._loop.time()))
+        if self._watchdog is None:
+            self._watch(self._timeout)
+        if not self._outbox:
+            self._loop.call_soon(self._flush)
+        self._outbox.append(command)
+        return reply
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if self.error is None and outbox:
+            try:
+                self._writer.write(b"".join(outbox))
+            except Exception as exc:  # noqa: BLE001 (a transport that is closing: RuntimeError, OSError)
+                self.fail(RedisConnectionError(f"Error while writing to {self._connection._host_error()}: {exc!r}"))
+
+    def _watch(self, delay: float) -> None:
+        self._watchdog_due = self._loop.time() + delay
+        self._watchdog = self._loop.call_later(delay, self._check)
+
+    def _check(self) -> None:
+        """The oldest command must be answered within the timeout (Redis answers a connection in order, so the
+        others wait on it); if not, the connection is closed and every command waiting on it fails."""
+        self._watchdog = None
+        if self.error is not None or not self._waiting:
+            return
+        now = self._loop.time()
+        if now - self._watchdog_due > _STALL:
+            # This check comes late: the event loop itself was held up (a busy or starved process), and replies
+            # may be sitting unread. Judge after it has had a chance to read them.
+            self._watch(_STALL)
+            return
+        left = self._waiting[0][1] + self._timeout - now
+        if left > 0:
+            self._watch(left)
+        else:
+            self.fail(RedisTimeoutError(f"Timeout reading from {self._connection._host_error()}"))
+
+    async def _receive(self) -> None:
+        try:
+            while data := await self._reader.read(65536):
+                self._parser.feed(data)
+                while (reply := self._parser.gets()) is not False:
+                    if not self._waiting:
+                        raise RedisConnectionError("a reply to no command")
+                    future = self._waiting.popleft()[0]
+                    if future.done():  # its caller gave up waiting
+                        continue
+                    if isinstance(reply, ResponseError):
+                        message = str(reply)
+                        future.set_exception(NoScriptError(message) if message.startswith("NOSCRIPT") else reply)
+                    else:
+                        future.set_result(reply)
+            raise RedisConnectionError("Connection closed by server.")
+        except Exception as exc:  # noqa: BLE001 (OSError, hiredis.ProtocolError, ...: the connection is unusable)
+            where = self._connection._host_error()
+            self.fail(exc if isinstance(exc, RedisConnectionError) else
+                      RedisConnectionError(f"Error while reading from {where}: {exc!r}"))
+
+    def fail(self, error: Exception) -> None:
+        """Close the connection; every command still waiting fails with (a copy of) the error."""
+        if self.error is not None:
+            return
+        self.error = error
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._outbox = []
+        self._writer.close()
+        if self._receiver is not asyncio.current_task():
+            self._receiver.cancel()
+        while self._waiting:
+            future = self._waiting.popleft()[0]
+            if not future.done():
+                future.set_exception(type(error)(str(error)))
+
+    async def close(self) -> None:
+        self.fail(RedisConnectionError("Connection closed."))
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._receiver
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+class RedisPipe:
+    """Commands to one Redis over one pipelined connection, opened at first use and again after it broke."""
+
+    def __init__(self, url: str, *, timeout: float) -> None:
+        """`timeout`: to connect, and for each reply. Options in the URL's query string take precedence, as with
+        redis-py's from_url."""
+        options: dict[str, Any] = {
+            "socket_timeout": timeout, "socket_connect_timeout": timeout, **parse_url(url),
+            "retry": Retry(NoBackoff(), 0),  # retried here, per command, instead
+            "protocol": 2,  # RESP2: no push messages in between replies
+        }
+        self._connection_class: type[AbstractConnection] = options.pop("connection_class", Connection)
+        self._options = options
+        self._timeout = options["socket_timeout"] or timeout
+        self._link: _Link | None = None
+        self._connecting = asyncio.Lock()
+
+    async def execute(self, *args: Arg) -> Any:
+        command = pack(args)
+        try:
+            return await self._send(command)
+        except RedisConnectionError:
+            return await self._send(command)  # on a new connection: the old one may have gone stale
+
+    async def execute_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Several commands, sent together (not a transaction); raises the first one's error, if any."""
+        packed = [pack(command) for command in commands]
+        try:
+            return await self._send_many(packed)
+        except RedisConnectionError:
+            return await self._send_many(packed)
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        try:
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:  # a Redis restarted or flushed its script cache: EVAL caches it again
+            return await self.execute("EVAL", script.text, len(keys), *keys, *args)
+
+    async def _send(self, command: bytes) -> Any:
+        link = self._link
+        if link is None or link.error is not None:
+            link = await self._connect()
+        return await link.send(command)
+
+    async def _send_many(self, commands: list[bytes]) -> list[Any]:
+        link = self._link
+        if link is None or link.error is not None:
+            link = await self._connect()
+        replies = await asyncio.gather(*[link.send(command) for command in commands], return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies
+
+    async def _connect(self) -> _Link:
+        async with self._connecting:  # callers that find no connection wait for one attempt to make it
+            if self._link is not None and self._link.error is None:
+                return self._link
+            connection = self._connection_class(**self._options)
+            try:
+                await connection.connect()
+            except BaseException:
+                if connection._writer is not None:  # cancelled during the handshake: do not leak the socket
+                    connection._writer.close()
+                raise
+            self._link = _Link(connection, self._timeout)
+            return self._link
+
+    async def close(self) -> None:
+        """Close the connection (a later command opens a new one)."""
+        async with self._connecting:
+            if self._link is not None:
+                await self._link.close()
+                self._link = None
