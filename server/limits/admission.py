@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from server.config import LimitSettings
 from server.domain import ApiKey, KeyLimits
@@ -32,6 +32,9 @@ def effective_limits(key: KeyLimits, defaults: KeyLimits) -> KeyLimits:
 class Limiter:
     def __init__(self, store: LimitStore, settings: LimitSettings) -> None:
         self._store = store
+        # A store whose operations never wait (the in-process one) decides within the caller's own step, where no
+        # cancellation can reach it: it is called directly, without a task and a shield per call.
+        self._immediate = store.immediate
         self._settings = settings
         self._store_down = False  # to log outages once, not once per request
         self._tasks: set[asyncio.Task] = set()
@@ -71,6 +74,8 @@ class Limiter:
     async def _reserve_uncancelled(self, demand: Demand) -> Reservation:
         """A caller that goes away while the store is deciding must not leave a reservation behind: the decision
         runs to its end, and whatever it booked is released."""
+        if self._immediate:
+            return _run_now(self._store.reserve(demand))
         decision = self._spawn(self._store.reserve(demand))
         try:
             return await asyncio.shield(decision)
@@ -90,10 +95,13 @@ class Limiter:
         if reservation.held:
             await self._finish(self._store.release(reservation))
 
-    async def _finish(self, work: Awaitable[None]) -> None:
-        # Shielded: these run on exit paths, often in a task that is being cancelled because its caller went away,
-        # and must complete anyway.
-        await asyncio.shield(self._spawn(_logged(work)))
+    async def _finish(self, work: Coroutine[Any, Any, None]) -> None:
+        # These run on exit paths, often in a task that is being cancelled because its caller went away, and must
+        # complete anyway: at once, or else shielded in a task of their own.
+        if self._immediate:
+            _run_now(_logged(work))
+        else:
+            await asyncio.shield(self._spawn(_logged(work)))
 
     def _spawn(self, work: Awaitable[T]) -> asyncio.Task[T]:
         """A task held here until it ends: the event loop keeps only weak references to tasks, and these must finish
@@ -106,6 +114,17 @@ class Limiter:
     async def close(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)  # settlements still on their way
         await self._store.close()
+
+
+def _run_now(work: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that completes without waiting, run here and now: a cancellation cannot interrupt
+    it, for it never gives the event loop a turn."""
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return done.value
+    work.close()
+    raise RuntimeError("a limit store that declares itself immediate waited")
 
 
 async def _logged(work: Awaitable[None]) -> None:

@@ -114,6 +114,10 @@ class LimitStoreUnavailable(Exception):
 
 
 class LimitStore(Protocol):
+    # True if reserve, settle and release complete without ever waiting (no await that suspends): then no
+    # cancellation can interrupt them, and the Limiter runs them at once instead of in a shielded task.
+    immediate: bool
+
     async def reserve(self, demand: Demand) -> Reservation:
         """Count one request and `demand.tokens` in every scope, and take a concurrency slot, all or nothing.
         Raise RateLimited (naming the limit) if any limit would be exceeded; then nothing is counted."""

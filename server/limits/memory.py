@@ -88,6 +88,8 @@ class _Held:
 
 
 class MemoryLimitStore:
+    immediate = True  # no method awaits anything
+
     def __init__(self, clock: Clock = time.time) -> None:
         self._clock = clock
         self._scopes: dict[str, _Counters] = {}

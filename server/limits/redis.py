@@ -44,6 +44,8 @@ def redacted(url: str) -> str:
 
 
 class RedisLimitStore:
+    immediate = False  # every decision is a round trip to Redis
+
     def __init__(
         self,
         url: str,

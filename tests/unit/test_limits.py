@@ -176,3 +176,45 @@ def test_limiter_scopes_take_key_values_over_defaults_and_add_per_model_limits()
     assert limiter.scopes(key, "m")[1] == per_model
     unlimited = Limiter(MemoryLimitStore(), LimitSettings())
     assert unlimited.scopes(ApiKey(id="k", name="n", all_models=True, models=frozenset()), "m") == ()
+
+
+async def test_settle_completes_in_a_task_cancelled_again_while_settling(store):
+    """The exit path of a request whose caller went away: settling must finish even if the task is cancelled once
+    more meanwhile (the Redis store settles in a shielded task, the in-process one at once)."""
+    limiter = Limiter(store, LimitSettings())
+    key = ApiKey(id="k1", name="n", all_models=True, models=frozenset(), limits=KeyLimits(concurrent_requests=1))
+    admitted = asyncio.Event()
+
+    async def request() -> None:
+        reservation = await limiter.reserve(key, "m", 10)
+        try:
+            admitted.set()
+            await asyncio.sleep(3600)
+        finally:
+            await limiter.settle(reservation, 5)
+
+    task = asyncio.ensure_future(request())
+    await admitted.wait()
+    task.cancel()
+    await asyncio.sleep(0)  # now in `finally`, settling
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if await store.in_flight("k1") == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert await store.in_flight("k1") == 0
+    await limiter.reserve(key, "m", 10)  # the slot is free again
+
+
+async def test_a_store_that_claims_to_decide_at_once_but_waits_is_a_bug_that_shows():
+    class Waits(MemoryLimitStore):
+        async def reserve(self, demand: Demand):
+            await asyncio.sleep(0)
+            return await super().reserve(demand)
+
+    limiter = Limiter(Waits(), LimitSettings())
+    key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(requests_per_minute=1))
+    with pytest.raises(RuntimeError, match="immediate"):
+        await limiter.reserve(key, "m", 0)
