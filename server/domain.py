@@ -181,16 +181,32 @@ class Finished:
     stop_sequence: str | None = None
 
 
-GenerationEvent = Started | TextDelta | ToolCallStart | ToolCallDelta | Finished
+@dataclass(frozen=True, slots=True)
+class UpstreamObject:
+    """An upstream's own answer object, before the internal events derived from it: one per streamed chunk or event,
+    or one for a whole JSON answer. A caller of the same dialect gets it instead of an answer re-rendered from the
+    internal events, which carry only text, tool calls, stop reason and usage (so `logprobs`, `system_fingerprint`,
+    thinking blocks, citations and fields added later reach it too). Metering, limits, retries and fallbacks use the
+    derived events. `content`: the object carries part of the answer that no derived event does (a thinking delta,
+    say), so it counts as delivered content for the retry wrappers; otherwise it is held back like Started."""
+
+    dialect: Dialect
+    payload: Mapping[str, Json]
+    content: bool = False
+
+
+GenerationEvent = Started | UpstreamObject | TextDelta | ToolCallStart | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A whole generation, collected from its events."""
+    """A whole generation, collected from its events; `upstream` is the upstream's own whole answer, when one
+    answered with JSON."""
 
     text: str
     finish: Finished
     tool_calls: tuple[ToolCall, ...] = ()
+    upstream: UpstreamObject | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from server.catalog import Catalog
 from server.config import ModelEntry
 from server.domain import (
     ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, ToolCall, ToolCallDelta,
-    ToolCallStart, Usage,
+    ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
@@ -120,9 +120,12 @@ class Pipeline:
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
         parts: list[str] = []
         calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
+        upstream: list[UpstreamObject] = []
         async with self.stream(call, request) as events:
             async for event in events:
-                if isinstance(event, TextDelta):
+                if isinstance(event, UpstreamObject):
+                    upstream.append(event)
+                elif isinstance(event, TextDelta):
                     parts.append(event.text)
                 elif isinstance(event, ToolCallStart):
                     calls[event.index] = (event, [])
@@ -131,7 +134,9 @@ class Pipeline:
                 elif isinstance(event, Finished):
                     tool_calls = tuple(ToolCall(start.id, start.name, "".join(arguments))
                                        for start, arguments in (calls[i] for i in sorted(calls)))
-                    return Completion(text="".join(parts), finish=event, tool_calls=tool_calls)
+                    # A request that does not stream is answered with the upstream's one JSON object, if any.
+                    whole = upstream[0] if len(upstream) == 1 and not request.stream else None
+                    return Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
         raise InternalError("The provider ended without a result.")
 
     async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
@@ -177,7 +182,7 @@ class _Meter:
     usage: Usage | None = None
 
     def record(self, event: GenerationEvent) -> None:
-        self.started = True
+        self.started = True  # an upstream object counts nothing, but says a model was reached
         if isinstance(event, Started):
             self.input_tokens = event.input_tokens
         elif isinstance(event, TextDelta):

@@ -3,7 +3,8 @@
 As with OpenAI-compatible upstreams, the upstream is asked the way the caller asked: a stream reaches the caller
 event by event, and the usage in message_start / message_delta settles the limits; a caller that does not stream
 gets the upstream's one `message`, turned into the same events (server/translate/anthropic_events_to_internal.py
-`message_events`), whose usage settles them.
+`message_events`), whose usage settles them. Each upstream object (the message, or each event) is yielded as it came,
+before its events, for callers of the same dialect.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections.abc import AsyncIterator
 import orjson
 
 from server.config_providers import UpstreamSpec
-from server.domain import GenerationEvent, GenerationRequest
+from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
-from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
+from server.translate.anthropic_events_to_internal import AnthropicEventReader, carries_content, message_events
 from server.translate.internal_to_anthropic_request import anthropic_body
 
 ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every current Anthropic model speaks
@@ -41,8 +42,10 @@ class AnthropicProvider:
             answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id)
             if answer.get("type") == "error" or "error" in answer:
                 raise self._upstream.stream_error(answer, self._model_id)
-            for generated in message_events(answer):
-                yield generated
+            generated = message_events(answer)
+            yield UpstreamObject(Dialect.ANTHROPIC, answer)
+            for event in generated:
+                yield event
             return
         reader = AnthropicEventReader()
         async with self._upstream.stream("v1/messages", body, model_id=self._model_id) as events:
@@ -50,6 +53,7 @@ class AnthropicProvider:
                 payload = self._decode(event.data)
                 if event.event == "error" or payload.get("type") == "error":
                     raise self._upstream.stream_error(payload, self._model_id)
+                yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
                 for generated in reader.feed(payload):
                     yield generated
                 if reader.finished:

@@ -4,7 +4,8 @@ The upstream is asked the way the caller asked. A caller that streams gets the u
 event by event. One that does not gets the upstream's one JSON answer (a chat.completion, which carries usage),
 turned into the same events (server/translate/openai_chunks_to_internal.py `completion_events`) and collected by
 the pipeline: retries, fallbacks and the limits see no difference, and the upstream sends one body instead of a
-chunk per token. Either way, every answer settles the limits with the upstream's own counts.
+chunk per token. Either way, every answer settles the limits with the upstream's own counts, and each upstream
+object (the answer, or each chunk) is yielded as it came, before its events, for callers of the same dialect.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from collections.abc import AsyncIterator
 import orjson
 
 from server.config_providers import UpstreamSpec
-from server.domain import GenerationEvent, GenerationRequest
+from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.internal_to_openai_request import openai_body
-from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader, carries_content, completion_events
 
 
 def openai_auth_headers(api_key: str | None) -> dict[str, str]:
@@ -43,8 +44,10 @@ class OpenAIProvider:
             answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
             if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
                 raise self._upstream.stream_error(answer, self._model_id)
-            for generated in completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop):
-                yield generated
+            generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
+            yield UpstreamObject(Dialect.OPENAI, answer)
+            for event in generated:
+                yield event
             return
         reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
         async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
@@ -54,6 +57,7 @@ class OpenAIProvider:
                 chunk = self._decode(event.data)
                 if "error" in chunk:
                     raise self._upstream.stream_error(chunk, self._model_id)
+                yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
                 for generated in reader.feed(chunk):
                     yield generated
         yield reader.end()

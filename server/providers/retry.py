@@ -2,8 +2,9 @@
 honouring the upstream's retry-after.
 
 Only failures marked `retryable` (server/providers/upstream_errors.py) are retried, and only while nothing has
-reached the caller: a Started event (a prompt count, no content) is held back until the first content event, so
-an upstream that accepts a request and then drops the stream is retried as if it had refused it.
+reached the caller: a Started event (a prompt count, no content) and the upstream's own objects that carry no content
+(a role chunk, message_start, ping) are held back until the first content event, so an upstream that accepts a
+request and then drops the stream is retried as if it had refused it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from server.config_providers import RetrySettings
-from server.domain import GenerationEvent, GenerationRequest, Started
+from server.domain import GenerationEvent, GenerationRequest, Started, UpstreamObject
 from server.errors import PorticoError
 from server.observability import UpstreamRecorder
 from server.providers import Provider
@@ -51,7 +52,7 @@ class Delivery:
         held: list[GenerationEvent] = []
         async with aclosing(events):
             async for event in events:
-                if not self.delivered and isinstance(event, Started):
+                if not self.delivered and _no_content(event):
                     held.append(event)
                     continue
                 self.delivered = True
@@ -59,6 +60,10 @@ class Delivery:
                     yield early
                 held.clear()
                 yield event
+
+
+def _no_content(event: GenerationEvent) -> bool:
+    return isinstance(event, Started) or isinstance(event, UpstreamObject) and not event.content
 
 
 class RetryingProvider:

@@ -2,7 +2,8 @@
 answer (one `message` object) -> the same events.
 
 Pure: fed one decoded event at a time, it returns the internal events it completes, so nothing is buffered.
-Extended-thinking blocks are skipped (the internal events carry the answer, not the reasoning).
+Extended-thinking blocks make no internal events (they carry the answer, not the reasoning); a caller of the same
+dialect gets them with the upstream's own events (server/domain.py UpstreamObject).
 """
 
 from __future__ import annotations
@@ -110,6 +111,19 @@ def message_events(message: Mapping[str, Json]) -> list[GenerationEvent]:
         "stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}})
     events += reader.feed({"type": "message_stop"})
     return events
+
+
+def carries_content(event: Mapping[str, Json]) -> bool:
+    """Whether an event carries part of the answer (any block delta, a block that starts with content, such as
+    redacted thinking or a server tool's result), rather than only framing, a ping or usage."""
+    kind = event.get("type")
+    if kind == "content_block_delta":
+        return True
+    if kind == "content_block_start":
+        block = event.get("content_block")
+        block = block if isinstance(block, Mapping) else {}
+        return block.get("type") not in ("text", "thinking") or bool(block.get("text") or block.get("thinking"))
+    return False
 
 
 def _input_tokens(usage: Mapping[str, Json]) -> int:

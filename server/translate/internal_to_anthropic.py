@@ -1,14 +1,21 @@
-"""Internal completions and events -> Anthropic Messages JSON objects (dicts ready for orjson)."""
+"""Internal completions and events -> Anthropic Messages JSON objects (dicts ready for orjson).
+
+An answer from an Anthropic upstream is the upstream's own message or events (server/domain.py UpstreamObject),
+passed on with only what the gateway owns put in: Portico's `id` and the model id the caller asked for (the
+upstream's model name never reaches the caller). Thinking and redacted-thinking blocks with their signatures,
+citations, `container`, server tools' blocks, pings and fields added later arrive as the upstream sent them. Other
+answers are rendered from the internal events.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import orjson
 
 from server.domain import (
-    Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, Started, TextDelta, ToolCall, ToolCallDelta,
-    ToolCallStart, Usage,
+    Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ResponseHeader, Started, TextDelta,
+    ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 
 STOP_REASONS = {
@@ -35,6 +42,9 @@ def tool_input(call: ToolCall) -> dict:
 
 
 def message(header: ResponseHeader, completion: Completion) -> dict:
+    upstream = completion.upstream
+    if upstream is not None and upstream.dialect is Dialect.ANTHROPIC:
+        return {**upstream.payload, "id": header.id, "model": header.model}
     finish = completion.finish
     content: list[dict] = []
     if completion.text or not completion.tool_calls:  # Anthropic never answers with an empty text block beside calls
@@ -56,6 +66,12 @@ async def message_events(header: ResponseHeader, events: AsyncIterator[Generatio
     """The event objects of a streamed message, in the order the Anthropic SDK expects; each has its `type`,
     which is also the SSE event name."""
     first = await anext(events)
+    if isinstance(first, UpstreamObject) and first.dialect is Dialect.ANTHROPIC:
+        async for event in _relayed_events(header, first, events):
+            yield event
+        return
+    while isinstance(first, UpstreamObject):  # another dialect's: rendered from the internal events instead
+        first = await anext(events)
     input_tokens = first.input_tokens if isinstance(first, Started) else 0
     yield {
         "type": "message_start",
@@ -72,6 +88,22 @@ async def message_events(header: ResponseHeader, events: AsyncIterator[Generatio
     async for event in events:
         for out in blocks.feed(event):
             yield out
+
+
+async def _relayed_events(
+    header: ResponseHeader, first: UpstreamObject, events: AsyncIterator[GenerationEvent]
+) -> AsyncIterator[dict]:
+    """Every event the upstream sent, in its order; message_start with the header's id and model."""
+    yield _owned_event(header, first.payload)
+    async for event in events:
+        if isinstance(event, UpstreamObject):
+            yield _owned_event(header, event.payload)
+
+
+def _owned_event(header: ResponseHeader, event: Mapping[str, Json]) -> dict:
+    if event.get("type") == "message_start" and isinstance(started := event.get("message"), Mapping):
+        return {**event, "message": {**started, "id": header.id, "model": header.model}}
+    return dict(event)
 
 
 class _Blocks:

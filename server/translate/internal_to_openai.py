@@ -1,12 +1,19 @@
-"""Internal completions and events -> OpenAI chat-completions JSON objects (dicts ready for orjson)."""
+"""Internal completions and events -> OpenAI chat-completions JSON objects (dicts ready for orjson).
+
+An answer from an OpenAI-compatible upstream is the upstream's own objects (server/domain.py UpstreamObject), passed
+on with only what the gateway owns put in: Portico's `id` and `created`, and the model id the caller asked for (the
+upstream's model name never reaches the caller). Everything else, `logprobs`, `system_fingerprint`, `service_tier`,
+refusals, annotations and fields added later, arrives as the upstream sent it. Other answers are rendered from the
+internal events.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 from server.domain import (
-    Completion, FinishReason, Finished, GenerationEvent, ResponseHeader, TextDelta, ToolCallDelta, ToolCallStart,
-    Usage,
+    Completion, Dialect, FinishReason, Finished, GenerationEvent, ResponseHeader, TextDelta, ToolCallDelta,
+    ToolCallStart, UpstreamObject, Usage,
 )
 
 FINISH_REASONS = {
@@ -26,7 +33,17 @@ def usage_object(usage: Usage) -> dict:
     }
 
 
+def _owned(header: ResponseHeader) -> dict:
+    return {"id": header.id, "created": header.created, "model": header.model}
+
+
 def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
+    upstream = completion.upstream
+    if upstream is not None and upstream.dialect is Dialect.OPENAI:
+        answer = {**upstream.payload, **_owned(header)}
+        if not isinstance(answer.get("usage"), dict):  # a server that sent none: the counts the limits settled
+            answer["usage"] = usage_object(completion.finish.usage)
+        return answer
     message = {"role": "assistant", "content": completion.text, "refusal": None}
     if completion.tool_calls:
         message["content"] = completion.text or None  # as OpenAI answers a call without text
@@ -56,6 +73,12 @@ async def chat_chunks(
 ) -> AsyncIterator[dict]:
     """The chat.completion.chunk objects of a stream: role, content and tool-call deltas, finish, then usage if
     asked for."""
+    first = await anext(events)
+    if isinstance(first, UpstreamObject) and first.dialect is Dialect.OPENAI:
+        async for chunk in _relayed_chunks(header, _prepend(first, events), include_usage=include_usage):
+            yield chunk
+        return
+    events = _prepend(first, events)
     base = {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model}
     if include_usage:
         base["usage"] = None  # as OpenAI does: every chunk but the last carries usage: null
@@ -78,3 +101,32 @@ async def chat_chunks(
             yield chunk({}, FINISH_REASONS[event.reason])
             if include_usage:
                 yield {**base, "choices": [], "usage": usage_object(event.usage)}
+
+
+async def _relayed_chunks(
+    header: ResponseHeader, events: AsyncIterator[GenerationEvent], *, include_usage: bool
+) -> AsyncIterator[dict]:
+    """The upstream's own chunks (its role chunk included), with the header's id, created and model. Portico always
+    asks an upstream for usage: a caller who did not gets neither the usage-only chunk nor `usage` members; one who
+    did, from a server that sends no usage, gets a usage chunk made from the counts the limits settled."""
+    owned = _owned(header)
+    usage_sent = False
+    async for event in events:
+        if isinstance(event, UpstreamObject):
+            chunk = {**event.payload, **owned}
+            has_usage = isinstance(chunk.get("usage"), dict)
+            if not include_usage:
+                if has_usage and not chunk.get("choices"):
+                    continue
+                chunk.pop("usage", None)
+            usage_sent = usage_sent or has_usage
+            yield chunk
+        elif isinstance(event, Finished) and include_usage and not usage_sent:
+            yield {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model,
+                   "choices": [], "usage": usage_object(event.usage)}
+
+
+async def _prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    yield first
+    async for event in rest:
+        yield event

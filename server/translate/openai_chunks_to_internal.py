@@ -105,6 +105,16 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
     return events
 
 
+def carries_content(chunk: Mapping[str, Json]) -> bool:
+    """Whether a chunk carries part of the answer (text, tool calls, or what no internal event holds, such as a
+    reasoning or refusal delta), rather than only a role, a finish reason or usage."""
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") if isinstance(choice, Mapping) else None
+        if isinstance(delta, Mapping) and any(value for name, value in delta.items() if name != "role"):
+            return True
+    return False
+
+
 def _is_choice(choice: Json) -> bool:
     if not isinstance(choice, Mapping) or not isinstance(message := choice.get("message"), Mapping):
         return False
