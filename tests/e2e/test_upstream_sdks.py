@@ -16,6 +16,7 @@ import pytest
 from tests.e2e.conftest import running_gateway
 from tests.llama_server import MODEL_ALIAS
 from tests.upstream_double import Cue
+from tests.upstream_echo import sse
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
 
 CHATS = ["chat-embedded", "chat-openai", "chat-anthropic"]
@@ -32,7 +33,8 @@ def models_yaml(llama_url: str, double_url: str) -> str:
         ("chat-embedded", "/v1/chat/completions", "{kind: llamacpp}", ""),
         ("chat-openai", "/v1/chat/completions", f"{{{llama}}}", ""),
         ("chat-anthropic", "/v1/chat/completions", f"{{{claude}}}", ""),
-        ("chat-echo", "/v1/chat/completions", f"{{{echo}, retry: {{attempts: 1}}, timeouts: {{read: 1}}}}", ""),
+        ("chat-echo", "/v1/chat/completions",
+         f"{{{echo}, retry: {{attempts: 1}}, timeouts: {{read: 1, answer: 1}}}}", ""),
         ("chat-fallback", "/v1/chat/completions",
          f"{{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: x, retry: {FAST_RETRY}}}", "[chat-echo]"),
         ("messages-embedded", "/v1/messages", "{kind: llamacpp}", ""),
@@ -161,6 +163,64 @@ def test_a_stream_that_breaks_ends_with_the_dialects_error_event(oai, claude, do
         with claude.messages.stream(model="messages-anthropic", max_tokens=20,
                                     messages=[{"role": "user", "content": "a b c"}]) as events:
             list(events.text_stream)
+
+
+LOGPROBS = {"content": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": []}], "refusal": None}
+
+
+def test_the_openai_sdk_gets_what_an_openai_upstream_sent(oai, double):
+    def chunk(delta: dict | None, **extra) -> dict:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": LOGPROBS, "finish_reason": None}]
+        return {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                "system_fingerprint": "fp_0123", "choices": choices, **extra}
+
+    answer = {**chunk({}), "object": "chat.completion", "choices": [{"index": 0, "logprobs": LOGPROBS,
+              "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi", "refusal": None}}],
+              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    finish = {**chunk(None), "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    frames = [sse(chunk({"role": "assistant", "content": ""})), sse(chunk({"content": "Hi"})), sse(finish),
+              sse(chunk(None, usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})),
+              b"data: [DONE]\n\n"]
+    double.cue(Cue(body=answer), Cue(frames=frames))
+    hello = [{"role": "user", "content": "Hi"}]
+    completion = oai.chat.completions.create(model="chat-echo", messages=hello, logprobs=True)
+    assert (completion.model, completion.system_fingerprint) == ("chat-echo", "fp_0123")
+    assert completion.choices[0].logprobs.content[0].model_dump() == LOGPROBS["content"][0]
+    chunks = list(oai.chat.completions.create(model="chat-echo", messages=hello, logprobs=True, stream=True))
+    assert [c.choices[0].logprobs.content[0].token for c in chunks[:2]] == ["Hi", "Hi"]
+    assert all(c.model == "chat-echo" and c.system_fingerprint == "fp_0123" and c.usage is None for c in chunks)
+    assert len(chunks) == 3  # the caller did not ask for usage: no usage chunk
+
+
+def test_the_anthropic_sdk_gets_thinking_from_an_anthropic_upstream(claude, double):
+    thinking = {"type": "thinking", "thinking": "Greet back.", "signature": "EqQBCkYIARgCKkA="}
+    answer = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+              "content": [thinking, {"type": "text", "text": "Hi"}], "stop_reason": "end_turn",
+              "usage": {"input_tokens": 3, "output_tokens": 5}}
+    events = [{"type": "message_start", "message": {**answer, "content": [], "stop_reason": None}},
+              {"type": "content_block_start", "index": 0,
+               "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+              {"type": "content_block_delta", "index": 0,
+               "delta": {"type": "thinking_delta", "thinking": "Greet back."}},
+              {"type": "content_block_delta", "index": 0,
+               "delta": {"type": "signature_delta", "signature": "EqQBCkYIARgCKkA="}},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Hi"}},
+              {"type": "content_block_stop", "index": 1},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+               "usage": {"output_tokens": 5}},
+              {"type": "message_stop"}]
+    double.cue(Cue(body=answer), Cue(frames=[sse(e, e["type"]) for e in events]))
+    hello = [{"role": "user", "content": "Hi"}]
+    thinks = {"type": "enabled", "budget_tokens": 1024}
+    message = claude.messages.create(model="messages-anthropic", max_tokens=2048, thinking=thinks, messages=hello)
+    assert message.model == "messages-anthropic" and message.content[0].model_dump() == thinking
+    with claude.messages.stream(model="messages-anthropic", max_tokens=2048, thinking=thinks,
+                                messages=hello) as stream:
+        final = stream.get_final_message()
+    assert final.model == "messages-anthropic" and [b.model_dump() for b in final.content] == [
+        thinking, {"type": "text", "text": "Hi", "citations": None}]
 
 
 def test_fallback_through_the_gateway(oai):

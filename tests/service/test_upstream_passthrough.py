@@ -1,0 +1,248 @@
+"""Same dialect in and out, through the real gRPC server against the upstream double: a chat completion served by
+an OpenAI-compatible upstream and a message served by an Anthropic one reach the caller as the upstream sent them
+(logprobs, system_fingerprint, thinking blocks with signatures, ...), JSON and streamed, with only Portico's id and
+created and the caller's model id put in; usage only for a caller who asked; a stream dropped before content still
+retried; answers across dialects still rendered from the internal events."""
+
+from __future__ import annotations
+
+import grpc
+import orjson
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request, message_request, sse_frames
+from tests.upstream_double import Cue
+from tests.upstream_echo import sse
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
+
+SECRET_NAME = "upstream-secret-model-name"  # what the upstream calls itself: must never reach a caller
+LOGPROBS = {"content": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": []}], "refusal": None}
+CALL = {"id": "call_abc", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}
+COMPLETION = {
+    "id": "chatcmpl-upstream", "object": "chat.completion", "created": 1, "model": SECRET_NAME,
+    "system_fingerprint": "fp_0123", "service_tier": "default",
+    "choices": [{"index": 0, "logprobs": LOGPROBS, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "Hi", "refusal": None, "annotations": [], "tool_calls": [CALL]}}],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
+              "completion_tokens_details": {"reasoning_tokens": 0}},
+}
+THINKING = {"type": "thinking", "thinking": "The user wants the weather.", "signature": "EqQBCkYIARgCKkA="}
+MESSAGE = {
+    "id": "msg_upstream", "type": "message", "role": "assistant", "model": SECRET_NAME,
+    "content": [THINKING, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+                {"type": "text", "text": "Checking.", "citations": None},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}],
+    "stop_reason": "tool_use", "stop_sequence": None, "container": None,
+    "usage": {"input_tokens": 20, "output_tokens": 12, "cache_creation_input_tokens": 0,
+              "cache_read_input_tokens": 0, "service_tier": "standard"},
+}
+
+
+def chunk(delta: dict | None, finish: str | None = None, **extra) -> dict:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    return {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 1, "model": SECRET_NAME,
+            "system_fingerprint": "fp_0123", "choices": choices, **extra}
+
+
+CHUNKS = [
+    chunk({"role": "assistant", "content": "", "refusal": None}, usage=None),
+    {**chunk(None, usage=None), "choices": [
+        {"index": 0, "delta": {"content": "Hi"}, "logprobs": LOGPROBS, "finish_reason": None}]},
+    chunk({"tool_calls": [{"index": 0, **CALL, "function": {"name": "weather", "arguments": ""}}]}, usage=None),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":\"Oslo\"}"}}]}, usage=None),
+    chunk({}, "tool_calls", usage=None),
+    chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
+]
+CHUNK_FRAMES = [*(sse(c) for c in CHUNKS), b"data: [DONE]\n\n"]
+
+EVENTS = [
+    {"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None,
+                                          "usage": {"input_tokens": 20, "output_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+    {"type": "ping"},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "The user wants"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "EqQBCkYIAR"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Checking."}},
+    {"type": "content_block_stop", "index": 1},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None, "container": None},
+     "usage": {"output_tokens": 12}},
+    {"type": "message_stop"},
+]
+EVENT_FRAMES = [sse(e, e["type"]) for e in EVENTS]
+
+
+@pytest.fixture(scope="module")
+async def running(double, tmp_path_factory):
+    anthropic = f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
+    openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    models = f"""\
+  - {{id: chat-on-openai, endpoint: /v1/chat/completions,
+      provider: {{{openai}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions,
+      provider: {{{anthropic}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-anthropic, endpoint: /v1/messages,
+      provider: {{{anthropic}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-openai, endpoint: /v1/messages,
+      provider: {{{openai}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+"""
+    async with upstream_server(tmp_path_factory.mktemp("passthrough"), models) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def channel(running):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield channel
+
+
+@pytest.fixture
+def chat(channel):
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+@pytest.fixture
+def messages(channel):
+    return message_service_pb2_grpc.MessageServiceStub(channel)
+
+
+@pytest.fixture
+def key(running, double):
+    double.reset()
+    key, secret = running.store.create("passthrough", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+    return key.id, secret
+
+
+async def http_body(rpc, request, secret) -> bytes:
+    return b"".join([b.data async for b in rpc(request, metadata=bearer(secret))])
+
+
+def data_of(frames: list[bytes]) -> list:
+    return [orjson.loads(f.split(b"data: ", 1)[1]) for f in frames if not f.endswith(b"data: [DONE]\n\n")]
+
+
+def owned_chat(obj: dict, answer: dict) -> dict:
+    """`obj` with the id and created Portico gave `answer`, and the model id the caller asked for."""
+    assert answer["id"].startswith("chatcmpl-") and answer["id"] != "chatcmpl-upstream"
+    assert answer["created"] > 1
+    return {**obj, "id": answer["id"], "created": answer["created"], "model": "chat-on-openai"}
+
+
+async def test_a_chat_completion_is_the_upstreams_answer_but_for_what_the_gateway_owns(chat, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(body=COMPLETION))
+    body = await http_body(chat.CreateChatCompletionHttp, chat_request(model="chat-on-openai", logprobs=True), secret)
+    answer = orjson.loads(body)
+    assert answer == owned_chat(COMPLETION, answer)
+    assert SECRET_NAME.encode() not in body
+    assert window_tokens(running, key_id) == 13  # settled with the upstream's usage
+    double.cue(Cue(body=COMPLETION))  # the typed RPC parses the same object
+    typed = await chat.CreateChatCompletion(chat_request(model="chat-on-openai"), metadata=bearer(secret))
+    assert (typed.model, typed.system_fingerprint, typed.choices[0].message.tool_calls[0].id) == (
+        "chat-on-openai", "fp_0123", "call_abc")
+
+
+async def test_a_streamed_chat_completion_is_the_upstreams_stream(chat, double, key):
+    double.cue(Cue(frames=CHUNK_FRAMES))
+    request = chat_request(model="chat-on-openai", stream=True, stream_options={"include_usage": True})
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
+    chunks = data_of(frames)
+    assert chunks == [owned_chat(c, chunks[0]) for c in CHUNKS]  # one role chunk: the upstream's
+    assert frames[-1] == b"data: [DONE]\n\n" and SECRET_NAME.encode() not in b"".join(frames)
+    assert len({(c["id"], c["created"]) for c in chunks}) == 1
+
+
+async def test_a_caller_who_did_not_ask_for_usage_gets_none(chat, double, key):
+    request = chat_request(model="chat-on-openai", stream=True)
+    double.cue(Cue(frames=CHUNK_FRAMES))
+    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]))
+    assert double.seen[-1].body["stream_options"] == {"include_usage": True}  # Portico still asks for it
+    expected = [owned_chat(c, chunks[0]) for c in CHUNKS[:-1]]
+    assert chunks == [{k: v for k, v in c.items() if k != "usage"} for c in expected]
+    typed = [c async for c in chat.StreamChatCompletion(request, metadata=bearer(key[1]))]  # the echo model
+    assert all(not c.HasField("usage") for c in typed) and typed[-1].choices[0].finish_reason == "stop"
+    assert [c.choices[0].delta.role for c in typed].count("assistant") == 1
+
+
+async def test_a_message_is_the_upstreams_answer_but_for_what_the_gateway_owns(messages, running, double, key):
+    key_id, secret = key
+    double.cue(Cue(body=MESSAGE))
+    body = await http_body(messages.CreateMessageHttp, message_request(model="messages-on-anthropic"), secret)
+    answer = orjson.loads(body)
+    assert answer["id"].startswith("msg_") and answer["id"] != "msg_upstream"
+    assert answer == {**MESSAGE, "id": answer["id"], "model": "messages-on-anthropic"}
+    assert answer["content"][0] == THINKING and SECRET_NAME.encode() not in body
+    assert window_tokens(running, key_id) == 32
+    double.cue(Cue(body=MESSAGE))
+    typed = await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(secret))
+    assert [b.type for b in typed.content] == ["thinking", "redacted_thinking", "text", "tool_use"]
+    assert typed.model == "messages-on-anthropic"
+
+
+async def test_a_streamed_message_is_every_event_the_upstream_sent(messages, double, key):
+    double.cue(Cue(frames=EVENT_FRAMES))
+    request = message_request(model="messages-on-anthropic", stream=True)
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    events = data_of(frames)
+    started = events[0]["message"]
+    assert started["id"].startswith("msg_") and started["id"] != "msg_upstream"
+    assert events == [{**EVENTS[0], "message": {**EVENTS[0]["message"], "id": started["id"],
+                                                "model": "messages-on-anthropic"}}, *EVENTS[1:]]
+    assert [f.split(b"\n", 1)[0] for f in frames] == [f"event: {e['type']}".encode() for e in EVENTS]
+    assert SECRET_NAME.encode() not in b"".join(frames)
+
+
+async def test_a_stream_dropped_before_content_is_retried(chat, messages, double, key):
+    double.cue(Cue(frames=CHUNK_FRAMES, drop_after=1))  # the role chunk, then gone
+    request = chat_request(model="chat-on-openai", stream=True)
+    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]))
+    assert len(double.seen) == 2 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "echo Say hello."
+    assert [c["choices"][0]["delta"].get("role") for c in chunks].count("assistant") == 1
+    double.reset()
+    double.cue(Cue(frames=EVENT_FRAMES, drop_after=3))  # message_start, an empty thinking block, ping, then gone
+    request = message_request(model="messages-on-anthropic", stream=True)
+    events = data_of(sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))]))
+    assert len(double.seen) == 2 and [e["type"] for e in events].count("message_start") == 1
+    assert [e["type"] for e in events][-1] == "message_stop"
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert text == "echo Say hello."
+
+
+async def test_a_stream_dropped_after_thinking_ends_with_an_error_event(messages, double, key):
+    double.cue(Cue(frames=EVENT_FRAMES, drop_after=4))  # a thinking delta reached the caller: not retried
+    request = message_request(model="messages-on-anthropic", stream=True)
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    assert len(double.seen) == 1 and frames[-1].startswith(b"event: error\n")
+    assert [e["type"] for e in data_of(frames[:-1])] == [e["type"] for e in EVENTS[:4]]
+
+
+async def test_answers_across_dialects_are_rendered_from_the_events(chat, messages, double, key):
+    double.cue(Cue(body=MESSAGE))
+    answer = orjson.loads(await http_body(chat.CreateChatCompletionHttp, chat_request(model="chat-on-anthropic"),
+                                          key[1]))
+    assert answer["choices"][0]["message"] == {
+        "role": "assistant", "content": "Checking.", "refusal": None, "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]}
+    assert (answer["model"], answer["usage"]["total_tokens"]) == ("chat-on-anthropic", 32)
+    double.cue(Cue(frames=EVENT_FRAMES))
+    request = chat_request(model="chat-on-anthropic", stream=True)
+    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]))
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""}, {"content": "Checking."}, {}]
+    assert all(c["model"] == "chat-on-anthropic" and "system_fingerprint" not in c for c in chunks)
+    double.cue(Cue(body=COMPLETION))
+    message = orjson.loads(await http_body(messages.CreateMessageHttp, message_request(model="messages-on-openai"),
+                                           key[1]))
+    assert [b["type"] for b in message["content"]] == ["text", "tool_use"]
+    assert (message["model"], message["stop_reason"]) == ("messages-on-openai", "tool_use")
+    double.cue(Cue(frames=CHUNK_FRAMES))
+    request = message_request(model="messages-on-openai", stream=True)
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    assert [e["type"] for e in data_of(frames)] == [
+        "message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert SECRET_NAME.encode() not in b"".join(frames) and b"fp_0123" not in b"".join(frames)
