@@ -7,11 +7,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Coroutine
-from dataclasses import fields
 from typing import Any, TypeVar
 
 from server.config import LimitSettings
-from server.domain import ApiKey, KeyLimits
+from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
     Demand, LimitStore, LimitStoreUnavailable, Reservation, Scope, Standing, new_reservation_id,
@@ -21,11 +20,16 @@ _logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+_NO_LIMITS = KeyLimits()
+
+
 def effective_limits(key: KeyLimits, defaults: KeyLimits) -> KeyLimits:
     """The key's own value for each dimension, else the configured default."""
+    if defaults == _NO_LIMITS:
+        return key
     return KeyLimits(**{
-        f.name: value if (value := getattr(key, f.name)) is not None else getattr(defaults, f.name)
-        for f in fields(KeyLimits)
+        name: value if (value := getattr(key, name)) is not None else getattr(defaults, name)
+        for name in KEY_LIMIT_NAMES
     })
 
 
@@ -47,7 +51,7 @@ class Limiter:
         scopes = [Scope(key.id, f"key {key.id}", effective_limits(key.limits, self._settings.defaults))]
         if (per_model := self._settings.models.get(model_id)) is not None:
             scopes.append(Scope(f"{key.id}|{model_id}", f"key {key.id} on model {model_id}", per_model, "key_model"))
-        return tuple(s for s in scopes if s.limits != KeyLimits())
+        return tuple(s for s in scopes if s.limits != _NO_LIMITS)
 
     async def reserve(self, key: ApiKey, model_id: str, tokens: int) -> Reservation:
         """Raises RateLimited when a limit would be exceeded, ServiceUnavailable when the store cannot answer and

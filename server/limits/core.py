@@ -8,7 +8,9 @@ cannot disagree about what a refusal says or which limit the x-ratelimit-* heade
 from __future__ import annotations
 
 import enum
+import itertools
 import math
+import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -139,7 +141,18 @@ class LimitStore(Protocol):
 
 
 def new_reservation_id() -> str:
-    return secrets.token_hex(12)
+    """Unique among every process that shares a store: a random prefix per process, then a count (cheaper than
+    asking the OS for random bytes per request)."""
+    return f"{_id_prefix}{next(_id_count):x}"
+
+
+def _new_id_prefix() -> None:
+    global _id_prefix, _id_count
+    _id_prefix, _id_count = secrets.token_hex(8), itertools.count()
+
+
+_new_id_prefix()
+os.register_at_fork(after_in_child=_new_id_prefix)  # a forked child must not repeat its parent's ids
 
 
 def day_of(at: float) -> int:

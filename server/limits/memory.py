@@ -18,6 +18,9 @@ from server.limits.core import (
 )
 
 
+_DIMENSIONS = tuple(Dimension)  # iterating over a tuple is much cheaper than over the Enum class
+
+
 @dataclass(eq=False, slots=True)  # eq=False: entries are found by identity, never by value
 class _Entry:
     at: float
@@ -47,7 +50,7 @@ class _Counters:
 
     def read(self, scope: Scope, tokens: int, now: float) -> list[Reading]:
         readings = []
-        for dimension in Dimension:
+        for dimension in _DIMENSIONS:
             if (limit := scope.limit(dimension)) is not None:
                 used, wait = self._would_be(dimension, limit, tokens, now)
                 readings.append(Reading(scope, dimension, limit, used, wait))
