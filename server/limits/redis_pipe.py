@@ -4,8 +4,8 @@ redis-py's pooled client spends more CPU on a command than Redis spends running 
 from the pool and given back, a write (and a task for its timeout) and a read per command, retry and instrumentation
 wrappers. Here every command goes out on one connection: those issued in one turn of the event loop leave in one
 write, replies come back in the order the commands were sent (Redis answers each connection in order) and hiredis
-parses them in C. redis-py still opens the connection (URL options, TLS, AUTH, SELECT); only its streams are used
-after that.
+parses them in C as soon as the event loop reads them. redis-py still opens the connection (URL options, TLS, AUTH,
+SELECT), then hands its transport over.
 
 Failures mean what they meant with redis-py's client, which the store relies on:
     ConnectionError  the connection broke (refused, reset, closed by Redis). A command is retried once on a new
@@ -61,13 +61,15 @@ def pack(args: Sequence[Arg]) -> bytes:
     return b"".join(parts)
 
 
-class _Link:
-    """One open connection: commands out in order, replies matched to them in order."""
+class _Link(asyncio.Protocol):
+    """One open connection: commands out in order, replies matched to them in order as they arrive."""
 
     def __init__(self, connection: AbstractConnection, timeout: float) -> None:
-        self._connection = connection  # redis-py's, which opened it; only its streams are used from here on
-        self._reader: asyncio.StreamReader = connection._reader
-        self._writer: asyncio.StreamWriter = connection._writer
+        # redis-py opened the connection and read the replies to its handshake; its transport is ours from here on
+        # (the connection object is kept only to close it: dropped, it would close the transport itself).
+        self._connection = connection
+        self._where = connection._host_error()
+        self._transport: asyncio.Transport = connection._writer.transport
         self._timeout = timeout
         self._loop = asyncio.get_running_loop()
         self._parser = hiredis.Reader(replyError=ResponseError)
@@ -75,8 +77,9 @@ class _Link:
         self._outbox: list[bytes] = []  # commands of this turn of the event loop, written together at its end
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_due = 0.0
+        self._lost = self._loop.create_future()
         self.error: Exception | None = None  # set once the link is unusable
-        self._receiver = self._loop.create_task(self._receive())
+        self._transport.set_protocol(self)
 
     def send(self, command: bytes) -> asyncio.Future:
         """The future reply to a packed command. Cancelling the future does not unsend the command: its reply is
@@ -96,9 +99,38 @@ class _Link:
         outbox, self._outbox = self._outbox, []
         if self.error is None and outbox:
             try:
-                self._writer.write(b"".join(outbox))
+                self._transport.write(b"".join(outbox))
             except Exception as exc:  # noqa: BLE001 (a transport that is closing: RuntimeError, OSError)
-                self.fail(RedisConnectionError(f"Error while writing to {self._connection._host_error()}: {exc!r}"))
+                self.fail(RedisConnectionError(f"Error while writing to {self._where}: {exc!r}"))
+
+    def data_received(self, data: bytes) -> None:
+        """Replies are handed over here, as soon as the event loop reads them."""
+        try:
+            self._parser.feed(data)
+            while (reply := self._parser.gets()) is not False:
+                if not self._waiting:
+                    raise RedisConnectionError(f"{self._where} answered a command that was not sent")
+                future = self._waiting.popleft()[0]
+                if future.done():  # its caller gave up waiting
+                    continue
+                if isinstance(reply, ResponseError):
+                    message = str(reply)
+                    future.set_exception(NoScriptError(message) if message.startswith("NOSCRIPT") else reply)
+                else:
+                    future.set_result(reply)
+        except Exception as exc:  # noqa: BLE001 (hiredis.ProtocolError, ...: the connection is unusable)
+            self.fail(exc if isinstance(exc, RedisConnectionError) else
+                      RedisConnectionError(f"Error while reading from {self._where}: {exc!r}"))
+
+    def eof_received(self) -> bool:
+        self.fail(RedisConnectionError(f"Connection closed by {self._where}."))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(RedisConnectionError(f"Connection to {self._where} lost: {exc!r}" if exc else
+                                       f"Connection to {self._where} closed."))
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def _watch(self, delay: float) -> None:
         self._watchdog_due = self._loop.time() + delay
@@ -113,35 +145,14 @@ class _Link:
         now = self._loop.time()
         if now - self._watchdog_due > _STALL:
             # This check comes late: the event loop itself was held up (a busy or starved process), and replies
-            # may be sitting unread. Judge after it has had a chance to read them.
+            # may be waiting in the socket. Judge after the loop has had a chance to read them.
             self._watch(_STALL)
             return
         left = self._waiting[0][1] + self._timeout - now
         if left > 0:
             self._watch(left)
         else:
-            self.fail(RedisTimeoutError(f"Timeout reading from {self._connection._host_error()}"))
-
-    async def _receive(self) -> None:
-        try:
-            while data := await self._reader.read(65536):
-                self._parser.feed(data)
-                while (reply := self._parser.gets()) is not False:
-                    if not self._waiting:
-                        raise RedisConnectionError("a reply to no command")
-                    future = self._waiting.popleft()[0]
-                    if future.done():  # its caller gave up waiting
-                        continue
-                    if isinstance(reply, ResponseError):
-                        message = str(reply)
-                        future.set_exception(NoScriptError(message) if message.startswith("NOSCRIPT") else reply)
-                    else:
-                        future.set_result(reply)
-            raise RedisConnectionError("Connection closed by server.")
-        except Exception as exc:  # noqa: BLE001 (OSError, hiredis.ProtocolError, ...: the connection is unusable)
-            where = self._connection._host_error()
-            self.fail(exc if isinstance(exc, RedisConnectionError) else
-                      RedisConnectionError(f"Error while reading from {where}: {exc!r}"))
+            self.fail(RedisTimeoutError(f"Timeout reading from {self._where}"))
 
     def fail(self, error: Exception) -> None:
         """Close the connection; every command still waiting fails with (a copy of) the error."""
@@ -151,9 +162,7 @@ class _Link:
         if self._watchdog is not None:
             self._watchdog.cancel()
         self._outbox = []
-        self._writer.close()
-        if self._receiver is not asyncio.current_task():
-            self._receiver.cancel()
+        self._connection._close()  # closes the transport
         while self._waiting:
             future = self._waiting.popleft()[0]
             if not future.done():
@@ -161,10 +170,9 @@ class _Link:
 
     async def close(self) -> None:
         self.fail(RedisConnectionError("Connection closed."))
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._receiver
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._timeout):
+                await asyncio.shield(self._lost)
 
 
 class RedisPipe:
@@ -229,8 +237,7 @@ class RedisPipe:
             try:
                 await connection.connect()
             except BaseException:
-                if connection._writer is not None:  # cancelled during the handshake: do not leak the socket
-                    connection._writer.close()
+                connection._close()  # cancelled during the handshake, say: do not leak the socket
                 raise
             self._link = _Link(connection, self._timeout)
             return self._link

@@ -244,11 +244,14 @@ async def test_a_busy_event_loop_is_not_mistaken_for_a_stalled_redis(redis_serve
     pipe = RedisPipe(redis_server.url, timeout=0.2)
     try:
         await pipe.execute("PING")
-        for turns in (1, 2):  # held up before the command is written, and after
+        # Held up before the command is written or after, a little or well past the timeout; Redis answers
+        # meanwhile, and its reply is read as soon as the event loop gets to it.
+        for turns, busy in ((1, 0.35), (2, 0.35), (2, 0.22)):
+            await asyncio.sleep(0.25)  # the timeout is timed from this command on
             call = asyncio.ensure_future(pipe.execute("ECHO", "late"))
             for _ in range(turns):
                 await asyncio.sleep(0)
-            time.sleep(0.35)  # the process is busy past the timeout; Redis answered meanwhile
+            time.sleep(busy)
             assert await call == b"late"
     finally:
         await pipe.close()
