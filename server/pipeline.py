@@ -63,6 +63,9 @@ class Pipeline:
         self._authenticator = authenticator
         self._catalog = catalog
         self._providers = providers
+        # Decided once: an isinstance check against a runtime Protocol inspects every member on every call.
+        self._token_counters = {model_id: provider for model_id, provider in providers.items()
+                                if isinstance(provider, TokenCounter)}
         self._limiter = limiter
         self._telemetry = telemetry
 
@@ -95,7 +98,7 @@ class Pipeline:
         # Before admission: a request the model cannot honour costs nothing.
         if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
             raise refusal
-        meter = _Meter(prompt_estimate=await _prompt_tokens(provider, request))
+        meter = _Meter(prompt_estimate=await _prompt_tokens(self._token_counters.get(call.model.id), request))
         tokens = meter.prompt_estimate + request.params.max_tokens
         reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
         call.record.upstream_call()
@@ -164,9 +167,9 @@ async def _send_headers(call: Call, reservation: Reservation) -> None:
         await call.context.send_initial_metadata(headers)
 
 
-async def _prompt_tokens(provider: Provider | ImageProvider, request: GenerationRequest) -> int:
-    if isinstance(provider, TokenCounter):
-        return await asyncio.to_thread(provider.count_tokens, request.turns)
+async def _prompt_tokens(counter: TokenCounter | None, request: GenerationRequest) -> int:
+    if counter is not None:
+        return await asyncio.to_thread(counter.count_tokens, request.turns)
     return math.ceil(request.approximate_chars() / 4)  # a common rough estimate
 
 
