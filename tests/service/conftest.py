@@ -7,6 +7,7 @@ import dataclasses
 import grpc
 import pytest
 
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.app import RunningServer, start_server
 from server.config import load_config
 
@@ -30,7 +31,18 @@ def admin_secret(running: RunningServer) -> str:
     return running.store.create("service-admin", all_models=True, admin=True)[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def channel(running: RunningServer) -> grpc.aio.Channel:
+    """To the module's server: the session's, or the one a module makes with its own `running` (upstream tests)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
         yield channel
+
+
+@pytest.fixture(scope="module")
+def chat(channel: grpc.aio.Channel) -> chat_service_pb2_grpc.ChatServiceStub:
+    return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def messages(channel: grpc.aio.Channel) -> message_service_pb2_grpc.MessageServiceStub:
+    return message_service_pb2_grpc.MessageServiceStub(channel)

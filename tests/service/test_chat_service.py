@@ -6,13 +6,7 @@ import grpc
 import orjson
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc
 from tests.helpers import bearer, chat_request, error_details, sse_frames
-
-
-@pytest.fixture(scope="module")
-def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 async def test_unary_completion_has_text_and_real_usage(chat, secret):

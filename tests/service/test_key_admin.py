@@ -8,18 +8,13 @@ import asyncio
 import grpc
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc
+from portico.v1 import key_pb2, key_service_pb2_grpc
 from tests.helpers import bearer, chat_request, error_details
 
 
 @pytest.fixture(scope="module")
 def keys(channel) -> key_service_pb2_grpc.KeyServiceStub:
     return key_service_pb2_grpc.KeyServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 async def create(keys, admin_secret, **fields) -> key_pb2.CreateKeyResponse:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import orjson
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.app import start_server
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, message_request, sse_frames
@@ -33,17 +31,6 @@ async def running(llama_server, tmp_path_factory):
     server = await start_server(load_upstream_config(tmp_path_factory.mktemp("llama-up"), models), "127.0.0.1:0")
     yield server
     await server.stop(0)
-
-
-@pytest.fixture(scope="module")
-async def channel(running):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield channel
-
-
-@pytest.fixture(scope="module")
-def chat(channel):
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 @pytest.fixture
@@ -100,8 +87,7 @@ async def test_a_caller_that_goes_away_frees_the_upstream(chat, running, key):
     assert await running.limiter.store.in_flight(key_id) == 0
 
 
-async def test_messages_translated_for_the_openai_upstream(channel, key):
-    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+async def test_messages_translated_for_the_openai_upstream(messages, key):
     request = message_request(max_tokens=5, temperature=0, system="Answer in English.")
     response = await messages.CreateMessage(request, metadata=bearer(key[1]))
     assert response.content[0].type == "text" and response.content[0].text

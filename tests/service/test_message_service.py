@@ -6,13 +6,7 @@ import grpc
 import orjson
 import pytest
 
-from portico.v1 import message_service_pb2_grpc
 from tests.helpers import bearer, error_details, message_request, sse_frames
-
-
-@pytest.fixture(scope="module")
-def messages(channel) -> message_service_pb2_grpc.MessageServiceStub:
-    return message_service_pb2_grpc.MessageServiceStub(channel)
 
 
 async def test_unary_message_has_text_block_and_usage(messages, secret):

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from portico.v1 import chat_service_pb2_grpc, probe_pb2, probe_service_pb2_grpc
+from portico.v1 import probe_pb2, probe_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 from server.domain import KeyLimits
@@ -34,11 +34,6 @@ def access_log_text(running) -> str:
 
 def access_lines(running, *, skip: int = 0) -> list[dict]:
     return [orjson.loads(line) for line in access_log_text(running).splitlines()[skip:]]
-
-
-@pytest.fixture
-def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(chat, running, caplog):

@@ -11,17 +11,12 @@ import orjson
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc, message_service_pb2_grpc
+from portico.v1 import image_pb2, image_service_pb2_grpc, message_service_pb2_grpc
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request
 
 LONG = "Write a very long story."  # an answer that does not end by itself within the test's few tokens
 HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
-
-
-@pytest.fixture(scope="module")
-def chat(channel) -> chat_service_pb2_grpc.ChatServiceStub:
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 def new_key(running, **limits) -> tuple[str, str]:

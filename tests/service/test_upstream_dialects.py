@@ -9,7 +9,6 @@ import grpc
 import orjson
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames
 from tests.upstream_double import Cue
@@ -34,22 +33,6 @@ async def running(double, tmp_path_factory):
 """
     async with upstream_server(tmp_path_factory.mktemp("dialects"), models) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-async def channel(running):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield channel
-
-
-@pytest.fixture
-def chat(channel):
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
-
-
-@pytest.fixture
-def messages(channel):
-    return message_service_pb2_grpc.MessageServiceStub(channel)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import grpc
 import orjson
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, sse_frames
 from tests.upstream_double import Cue
@@ -25,12 +24,6 @@ HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo 
 async def running(double, tmp_path_factory):
     async with upstream_server(tmp_path_factory.mktemp("upstream"), upstream_models(double.url)) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-async def chat(running):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield chat_service_pb2_grpc.ChatServiceStub(channel)
 
 
 @pytest.fixture

@@ -6,55 +6,16 @@ retried; answers across dialects still rendered from the internal events."""
 
 from __future__ import annotations
 
-import grpc
 import orjson
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, message_request, sse_frames
+from tests.passthrough_objects import CHUNKS, COMPLETION, MESSAGE, THINKING, UPSTREAM_MODEL
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
 
-SECRET_NAME = "upstream-secret-model-name"  # what the upstream calls itself: must never reach a caller
-LOGPROBS = {"content": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": []}], "refusal": None}
-CALL = {"id": "call_abc", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}
-COMPLETION = {
-    "id": "chatcmpl-upstream", "object": "chat.completion", "created": 1, "model": SECRET_NAME,
-    "system_fingerprint": "fp_0123", "service_tier": "default",
-    "choices": [{"index": 0, "logprobs": LOGPROBS, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": "Hi", "refusal": None, "annotations": [], "tool_calls": [CALL]}}],
-    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
-              "completion_tokens_details": {"reasoning_tokens": 0}},
-}
-THINKING = {"type": "thinking", "thinking": "The user wants the weather.", "signature": "EqQBCkYIARgCKkA="}
-MESSAGE = {
-    "id": "msg_upstream", "type": "message", "role": "assistant", "model": SECRET_NAME,
-    "content": [THINKING, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
-                {"type": "text", "text": "Checking.", "citations": None},
-                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}],
-    "stop_reason": "tool_use", "stop_sequence": None, "container": None,
-    "usage": {"input_tokens": 20, "output_tokens": 12, "cache_creation_input_tokens": 0,
-              "cache_read_input_tokens": 0, "service_tier": "standard"},
-}
-
-
-def chunk(delta: dict | None, finish: str | None = None, **extra) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    return {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 1, "model": SECRET_NAME,
-            "system_fingerprint": "fp_0123", "choices": choices, **extra}
-
-
-CHUNKS = [
-    chunk({"role": "assistant", "content": "", "refusal": None}, usage=None),
-    {**chunk(None, usage=None), "choices": [
-        {"index": 0, "delta": {"content": "Hi"}, "logprobs": LOGPROBS, "finish_reason": None}]},
-    chunk({"tool_calls": [{"index": 0, **CALL, "function": {"name": "weather", "arguments": ""}}]}, usage=None),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":\"Oslo\"}"}}]}, usage=None),
-    chunk({}, "tool_calls", usage=None),
-    chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
-]
 CHUNK_FRAMES = [*(sse(c) for c in CHUNKS), b"data: [DONE]\n\n"]
 
 EVENTS = [
@@ -81,32 +42,16 @@ async def running(double, tmp_path_factory):
     openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
     models = f"""\
   - {{id: chat-on-openai, endpoint: /v1/chat/completions,
-      provider: {{{openai}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+      provider: {{{openai}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
   - {{id: chat-on-anthropic, endpoint: /v1/chat/completions,
-      provider: {{{anthropic}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+      provider: {{{anthropic}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
   - {{id: messages-on-anthropic, endpoint: /v1/messages,
-      provider: {{{anthropic}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+      provider: {{{anthropic}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
   - {{id: messages-on-openai, endpoint: /v1/messages,
-      provider: {{{openai}, model: {SECRET_NAME}, retry: {FAST_RETRY}}}}}
+      provider: {{{openai}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
 """
     async with upstream_server(tmp_path_factory.mktemp("passthrough"), models) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-async def channel(running):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield channel
-
-
-@pytest.fixture
-def chat(channel):
-    return chat_service_pb2_grpc.ChatServiceStub(channel)
-
-
-@pytest.fixture
-def messages(channel):
-    return message_service_pb2_grpc.MessageServiceStub(channel)
 
 
 @pytest.fixture
@@ -137,7 +82,7 @@ async def test_a_chat_completion_is_the_upstreams_answer_but_for_what_the_gatewa
     body = await http_body(chat.CreateChatCompletionHttp, chat_request(model="chat-on-openai", logprobs=True), secret)
     answer = orjson.loads(body)
     assert answer == owned_chat(COMPLETION, answer)
-    assert SECRET_NAME.encode() not in body
+    assert UPSTREAM_MODEL.encode() not in body
     assert window_tokens(running, key_id) == 13  # settled with the upstream's usage
     double.cue(Cue(body=COMPLETION))  # the typed RPC parses the same object
     typed = await chat.CreateChatCompletion(chat_request(model="chat-on-openai"), metadata=bearer(secret))
@@ -151,7 +96,7 @@ async def test_a_streamed_chat_completion_is_the_upstreams_stream(chat, double, 
     frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
     chunks = data_of(frames)
     assert chunks == [owned_chat(c, chunks[0]) for c in CHUNKS]  # one role chunk: the upstream's
-    assert frames[-1] == b"data: [DONE]\n\n" and SECRET_NAME.encode() not in b"".join(frames)
+    assert frames[-1] == b"data: [DONE]\n\n" and UPSTREAM_MODEL.encode() not in b"".join(frames)
     assert len({(c["id"], c["created"]) for c in chunks}) == 1
 
 
@@ -174,7 +119,7 @@ async def test_a_message_is_the_upstreams_answer_but_for_what_the_gateway_owns(m
     answer = orjson.loads(body)
     assert answer["id"].startswith("msg_") and answer["id"] != "msg_upstream"
     assert answer == {**MESSAGE, "id": answer["id"], "model": "messages-on-anthropic"}
-    assert answer["content"][0] == THINKING and SECRET_NAME.encode() not in body
+    assert answer["content"][0] == THINKING and UPSTREAM_MODEL.encode() not in body
     assert window_tokens(running, key_id) == 32
     double.cue(Cue(body=MESSAGE))
     typed = await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(secret))
@@ -192,7 +137,7 @@ async def test_a_streamed_message_is_every_event_the_upstream_sent(messages, dou
     assert events == [{**EVENTS[0], "message": {**EVENTS[0]["message"], "id": started["id"],
                                                 "model": "messages-on-anthropic"}}, *EVENTS[1:]]
     assert [f.split(b"\n", 1)[0] for f in frames] == [f"event: {e['type']}".encode() for e in EVENTS]
-    assert SECRET_NAME.encode() not in b"".join(frames)
+    assert UPSTREAM_MODEL.encode() not in b"".join(frames)
 
 
 async def test_a_stream_dropped_before_content_is_retried(chat, messages, double, key):
@@ -245,4 +190,4 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     assert [e["type"] for e in data_of(frames)] == [
         "message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
         "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
-    assert SECRET_NAME.encode() not in b"".join(frames) and b"fp_0123" not in b"".join(frames)
+    assert UPSTREAM_MODEL.encode() not in b"".join(frames) and b"fp_0123" not in b"".join(frames)

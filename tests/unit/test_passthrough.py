@@ -18,33 +18,10 @@ from server.translate.anthropic_events_to_internal import AnthropicEventReader, 
 from server.translate.anthropic_events_to_internal import carries_content as anthropic_content
 from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
 from server.translate.openai_chunks_to_internal import carries_content as openai_content
+from tests.passthrough_objects import CHUNKS, COMPLETION, LOGPROBS, MESSAGE, THINKING, UPSTREAM_MODEL, chunk
 
 CHAT_HEADER = ResponseHeader(id="chatcmpl-portico", created=1700000000, model="family-a-5.5")
 MESSAGE_HEADER = ResponseHeader(id="msg_portico", created=1700000000, model="family-b-opus-4-8")
-
-LOGPROBS = {"content": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": [
-    {"token": "Hi", "logprob": -0.25, "bytes": [72, 105]}, {"token": "Hello", "logprob": -1.5, "bytes": None}]}],
-    "refusal": None}
-CALL = {"id": "call_abc", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}
-COMPLETION = {
-    "id": "chatcmpl-upstream", "object": "chat.completion", "created": 1, "model": "gpt-upstream-2025",
-    "system_fingerprint": "fp_0123", "service_tier": "default",
-    "choices": [{"index": 0, "logprobs": LOGPROBS, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": "Hi", "refusal": None, "annotations": [], "tool_calls": [CALL]}}],
-    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
-              "completion_tokens_details": {"reasoning_tokens": 0}},
-}
-THINKING = {"type": "thinking", "thinking": "The user wants the weather.", "signature": "EqQBCkYIARgCKkA="}
-MESSAGE = {
-    "id": "msg_upstream", "type": "message", "role": "assistant", "model": "claude-upstream-2025",
-    "content": [THINKING, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"},
-                {"type": "text", "text": "Checking.", "citations": None},
-                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}],
-    "stop_reason": "tool_use", "stop_sequence": None, "container": None,
-    "usage": {"input_tokens": 20, "output_tokens": 12, "cache_creation_input_tokens": 0,
-              "cache_read_input_tokens": 0, "service_tier": "standard"},
-}
-
 
 def without(obj: dict, *names: str) -> dict:
     return {k: v for k, v in obj.items() if k not in names}
@@ -75,7 +52,7 @@ def test_an_openai_answer_arrives_unchanged_but_for_what_the_gateway_owns():
     answer = to_openai.chat_completion(CHAT_HEADER, completion)
     assert answer == {**COMPLETION, "id": "chatcmpl-portico", "created": 1700000000, "model": "family-a-5.5"}
     assert list(answer) == list(COMPLETION)  # in the upstream's order
-    assert COMPLETION["model"] == "gpt-upstream-2025"  # the upstream's object itself is not edited
+    assert COMPLETION["model"] == UPSTREAM_MODEL  # the upstream's object itself is not edited
 
 
 def test_an_openai_answer_without_usage_gets_the_settled_counts():
@@ -103,24 +80,7 @@ def test_across_dialects_answers_are_rendered_from_the_events():
     completion = whole(Dialect.OPENAI, COMPLETION, completion_events(COMPLETION, prompt_estimate=1))
     message = to_anthropic.message(MESSAGE_HEADER, completion)
     assert [block["type"] for block in message["content"]] == ["text", "tool_use"]
-    assert message["model"] == "family-b-opus-4-8" and "claude" not in str(message) and "gpt" not in str(message)
-
-
-def chunk(delta: dict | None, finish: str | None = None, **extra) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    return {"id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 1, "model": "gpt-upstream-2025",
-            "system_fingerprint": "fp_0123", "service_tier": "default", "choices": choices, **extra}
-
-
-CHUNKS = [
-    chunk({"role": "assistant", "content": "", "refusal": None}, usage=None),
-    {**chunk({"content": "Hi"}, usage=None), "choices": [
-        {"index": 0, "delta": {"content": "Hi"}, "logprobs": LOGPROBS, "finish_reason": None}]},
-    chunk({"tool_calls": [{"index": 0, **CALL, "function": {"name": "weather", "arguments": ""}}]}, usage=None),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":\"Oslo\"}"}}]}, usage=None),
-    chunk({}, "tool_calls", usage=None),
-    chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
-]
+    assert message["model"] == "family-b-opus-4-8" and UPSTREAM_MODEL not in str(message)
 
 
 def openai_stream(chunks: list[dict]) -> list:
