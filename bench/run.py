@@ -244,8 +244,10 @@ def table(rows: list[Row], results: dict) -> str:
     f = (lambda v, spec: format("-", ">" + spec.split(".")[0]) if v is None else format(v, spec))
     head = (f"{'run':<26} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>7} "
             f"{'gw CPU%':>8} {'gw RSS MB':>9} {'gw PSS MB':>9} {'other CPU%':>10}  note")
-    lines = [f"Portico benchmark, {results['date']}: workers={results['workers']}, wrk -c{results['connections']} "
-             f"{results['duration_s']} s", f"machine: {results['machine']}"]
+    gateways = " and ".join(name for name, key in (("Portico", "gateway_processes"), ("LiteLLM", "litellm"))
+                            if key in results)
+    lines = [f"{gateways or 'Gateway'} benchmark, {results['date']}: workers={results['workers']}, "
+             f"wrk -c{results['connections']} {results['duration_s']} s", f"machine: {results['machine']}"]
     if "gateway_processes" in results:
         lines.append(f"portico: limits={results['limits_store']}, access log={results['access_log']}; processes: "
                      f"{', '.join(results['gateway_processes'])}; idle RSS {results['gateway_idle_rss_mb']} MB")
