@@ -13,7 +13,7 @@ from server.config import LimitSettings
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
-    Demand, LimitStore, LimitStoreUnavailable, Reservation, Scope, Standing, new_reservation_id,
+    Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reservation, Scope, Standing, new_reservation_id,
 )
 
 _logger = logging.getLogger(__name__)
@@ -148,6 +148,15 @@ def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:
         if standing is not None:
             headers += _trio(kind, standing)
     return tuple(headers)
+
+
+def refusal_headers(refusal: LimitExceeded) -> tuple[tuple[str, str], ...]:
+    """The same headers on a 429, for the limit that refused (OpenAI sends them there too, so clients can wait for
+    the reset): its limit, what is left of it, and when it frees up."""
+    kind = refusal.header_kind
+    if kind is None or refusal.standing is None:
+        return ()
+    return tuple(_trio(kind, refusal.standing))
 
 
 def _trio(kind: str, standing: Standing) -> list[tuple[str, str]]:

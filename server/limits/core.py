@@ -105,10 +105,21 @@ class Reservation:
 class LimitExceeded(RateLimited):
     """A refusal by one of Portico's own limits (an upstream's 429 is a plain RateLimited)."""
 
-    def __init__(self, message: str, *, dimension: Dimension, scope: Scope, retry_after: float = 0.0) -> None:
+    def __init__(self, message: str, *, dimension: Dimension, scope: Scope, retry_after: float = 0.0,
+                 standing: Standing | None = None) -> None:
         super().__init__(message, retry_after=retry_after, subject=f"{scope.label}: {dimension.label}")
         self.dimension = dimension
         self.scope = scope
+        self.standing = standing  # the refusing limit as x-ratelimit-* values; None when they cannot say it
+
+    @property
+    def header_kind(self) -> str | None:
+        """Which x-ratelimit-*-{requests,tokens} headers describe the refusing limit (none for concurrency)."""
+        if self.dimension.counts_tokens:
+            return "tokens"
+        if self.dimension in (Dimension.REQUESTS_PER_MINUTE, Dimension.DAILY_REQUESTS):
+            return "requests"
+        return None
 
 
 class LimitStoreUnavailable(Exception):
@@ -195,7 +206,9 @@ def _refusal(reading: Reading, demand: Demand) -> LimitExceeded:
         counts = f"used {reading.used - demand.tokens}, requested {demand.tokens} tokens"
     else:
         counts = f"used {reading.used - 1} requests"
+    used_before = reading.used - (demand.tokens if reading.dimension.counts_tokens else 1)
     return LimitExceeded(
         f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {wait:.3g} seconds.",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
+        standing=Standing(reading.limit, max(0, reading.limit - used_before), wait),
     )

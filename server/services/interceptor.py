@@ -22,6 +22,8 @@ from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import error_pb2
 from server.errors import InternalError, PorticoError, RateLimited, error_body
+from server.limits import refusal_headers
+from server.limits.core import LimitExceeded
 from server.observability import Outcome, RequestRecord, Telemetry
 from server.observability.record import endpoint_of
 
@@ -150,6 +152,8 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
         # Both SDKs prefer retry-after-ms; the Lua filter keeps these as HTTP headers.
         trailing.append(("retry-after", str(math.ceil(error.retry_after))))
         trailing.append(("retry-after-ms", str(math.ceil(error.retry_after * 1000))))
+    if isinstance(error, LimitExceeded):
+        trailing.extend(refusal_headers(error))
     await context.abort(kind.grpc_code, error.message, tuple(trailing))
 
 

@@ -46,6 +46,10 @@ def test_openai_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway):
     retry_after = int(error.response.headers["retry-after"])
     retry_after_ms = int(error.response.headers["retry-after-ms"])
     assert 0 < retry_after <= 60 and retry_after - 1 < retry_after_ms / 1000 <= retry_after
+    # The refusing limit, as OpenAI describes it on a 429: clients can wait for its reset.
+    refused = error.response.headers
+    assert (refused["x-ratelimit-limit-requests"], refused["x-ratelimit-remaining-requests"]) == ("2", "0")
+    assert refused["x-ratelimit-reset-requests"].endswith("s")
     assert not any(h.startswith(("grpc-", "portico-")) for h in error.response.headers)
 
 
@@ -66,6 +70,7 @@ def test_anthropic_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway)
     assert (body["error"]["type"], body["error"]["code"], body["error"]["param"]) == (
         "rate_limit_error", "rate_limit_exceeded", None)
     assert 0 < int(caught.value.response.headers["retry-after"]) <= 60
+    assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
 
 
 def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):
