@@ -153,7 +153,7 @@ def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:
 def refusal_headers(refusal: LimitExceeded) -> tuple[tuple[str, str], ...]:
     """The same headers on a 429, for the limit that refused (OpenAI sends them there too, so clients can wait for
     the reset): its limit, what is left of it, and when it frees up."""
-    kind = refusal.header_kind
+    kind = refusal.dimension.header_kind
     if kind is None or refusal.standing is None:
         return ()
     return tuple(_trio(kind, refusal.standing))

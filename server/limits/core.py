@@ -43,6 +43,13 @@ class Dimension(str, enum.Enum):
     def counts_tokens(self) -> bool:
         return self in (Dimension.TOKENS_PER_MINUTE, Dimension.DAILY_TOKENS)
 
+    @property
+    def header_kind(self) -> str | None:
+        """Which x-ratelimit-*-{requests,tokens} headers describe this limit (none for concurrency)."""
+        if self.counts_tokens:
+            return "tokens"
+        return None if self is Dimension.CONCURRENT_REQUESTS else "requests"
+
 
 @dataclass(frozen=True, slots=True)
 class Scope:
@@ -112,15 +119,6 @@ class LimitExceeded(RateLimited):
         self.scope = scope
         self.standing = standing  # the refusing limit as x-ratelimit-* values; None when they cannot say it
 
-    @property
-    def header_kind(self) -> str | None:
-        """Which x-ratelimit-*-{requests,tokens} headers describe the refusing limit (none for concurrency)."""
-        if self.dimension.counts_tokens:
-            return "tokens"
-        if self.dimension in (Dimension.REQUESTS_PER_MINUTE, Dimension.DAILY_REQUESTS):
-            return "requests"
-        return None
-
 
 class LimitStoreUnavailable(Exception):
     """The store could not decide in time (e.g. Redis unreachable); the Limiter applies the configured policy."""
@@ -180,8 +178,8 @@ def verdict(demand: Demand, readings: Iterable[Reading], *, at: float, reservati
     refusals = [r for r in readings if r.over]
     if refusals:
         raise _refusal(max(refusals, key=lambda r: r.wait), demand)
-    requests = [r for r in readings if r.dimension in (Dimension.REQUESTS_PER_MINUTE, Dimension.DAILY_REQUESTS)]
-    tokens = [r for r in readings if r.dimension.counts_tokens]
+    requests = [r for r in readings if r.dimension.header_kind == "requests"]
+    tokens = [r for r in readings if r.dimension.header_kind == "tokens"]
     return Reservation(reservation_id, demand, at, _tightest(requests), _tightest(tokens))
 
 
