@@ -75,10 +75,9 @@ async def chat_chunks(
     asked for."""
     first = await anext(events)
     if isinstance(first, UpstreamObject) and first.dialect is Dialect.OPENAI:
-        async for chunk in _relayed_chunks(header, _prepend(first, events), include_usage=include_usage):
+        async for chunk in _relayed_chunks(header, first, events, include_usage=include_usage):
             yield chunk
         return
-    events = _prepend(first, events)
     base = {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model}
     if include_usage:
         base["usage"] = None  # as OpenAI does: every chunk but the last carries usage: null
@@ -87,46 +86,54 @@ async def chat_chunks(
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return {**base, "choices": [choice]}
 
-    yield chunk({"role": "assistant", "content": ""})
-    async for event in events:
+    def rendered(event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
-            yield chunk({"content": event.text})
-        elif isinstance(event, ToolCallStart):
+            return [chunk({"content": event.text})]
+        if isinstance(event, ToolCallStart):
             call = {"index": event.index, "id": event.id, "type": "function",
                     "function": {"name": event.name, "arguments": ""}}
-            yield chunk({"tool_calls": [call]})
-        elif isinstance(event, ToolCallDelta):
-            yield chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
-        elif isinstance(event, Finished):
-            yield chunk({}, FINISH_REASONS[event.reason])
-            if include_usage:
-                yield {**base, "choices": [], "usage": usage_object(event.usage)}
+            return [chunk({"tool_calls": [call]})]
+        if isinstance(event, ToolCallDelta):
+            return [chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})]
+        if isinstance(event, Finished):
+            finish = chunk({}, FINISH_REASONS[event.reason])
+            return [finish, {**base, "choices": [], "usage": usage_object(event.usage)}] if include_usage else [finish]
+        return []
+
+    yield chunk({"role": "assistant", "content": ""})
+    for out in rendered(first):
+        yield out
+    async for event in events:
+        for out in rendered(event):
+            yield out
 
 
 async def _relayed_chunks(
-    header: ResponseHeader, events: AsyncIterator[GenerationEvent], *, include_usage: bool
+    header: ResponseHeader, first: UpstreamObject, events: AsyncIterator[GenerationEvent], *, include_usage: bool
 ) -> AsyncIterator[dict]:
     """The upstream's own chunks (its role chunk included), with the header's id, created and model. Portico always
     asks an upstream for usage: a caller who did not gets neither the usage-only chunk nor `usage` members; one who
     did, from a server that sends no usage, gets a usage chunk made from the counts the limits settled."""
     owned = _owned(header)
     usage_sent = False
+
+    def relayed(event: UpstreamObject) -> dict | None:
+        nonlocal usage_sent
+        chunk = {**event.payload, **owned}
+        has_usage = isinstance(chunk.get("usage"), dict)
+        if not include_usage:
+            if has_usage and not chunk.get("choices"):
+                return None
+            chunk.pop("usage", None)
+        usage_sent = usage_sent or has_usage
+        return chunk
+
+    if (chunk := relayed(first)) is not None:
+        yield chunk
     async for event in events:
         if isinstance(event, UpstreamObject):
-            chunk = {**event.payload, **owned}
-            has_usage = isinstance(chunk.get("usage"), dict)
-            if not include_usage:
-                if has_usage and not chunk.get("choices"):
-                    continue
-                chunk.pop("usage", None)
-            usage_sent = usage_sent or has_usage
-            yield chunk
+            if (chunk := relayed(event)) is not None:
+                yield chunk
         elif isinstance(event, Finished) and include_usage and not usage_sent:
             yield {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model,
                    "choices": [], "usage": usage_object(event.usage)}
-
-
-async def _prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
-    yield first
-    async for event in rest:
-        yield event
