@@ -23,6 +23,23 @@ def write_config(directory: Path, models_yaml: str, *, data_dir: Path | None = N
     return path
 
 
+def cross_dialect_models(url: str, *, openai_model: str, anthropic_model: str) -> str:
+    """Each dialect served by each upstream kind, all on one upstream double at `url` (its `/v1` URL): chat-on-openai,
+    chat-on-anthropic, messages-on-anthropic, messages-on-openai."""
+    anthropic = f"kind: anthropic, base_url: '{url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
+    openai = f"kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    return f"""\
+  - {{id: chat-on-openai, endpoint: /v1/chat/completions,
+      provider: {{{openai}, model: {openai_model}, retry: {FAST_RETRY}}}}}
+  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions,
+      provider: {{{anthropic}, model: {anthropic_model}, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-anthropic, endpoint: /v1/messages,
+      provider: {{{anthropic}, model: {anthropic_model}, retry: {FAST_RETRY}}}}}
+  - {{id: messages-on-openai, endpoint: /v1/messages,
+      provider: {{{openai}, model: {openai_model}, retry: {FAST_RETRY}}}}}
+"""
+
+
 def upstream_models(url: str, *, kind: str = "openai", endpoint: str = "/v1/chat/completions") -> str:
     """The models the fault tests use, all on one upstream double at `url`."""
     common = f"kind: {kind}, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}"

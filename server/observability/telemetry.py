@@ -81,11 +81,11 @@ class Telemetry:
 
     # UpstreamRecorder (server/observability/record.py)
     def retry(self, model: str, reason: str) -> None:
-        self.metrics.upstream_retries.labels(model, reason if reason in RETRY_REASONS else "other").inc()
+        self._child(self.metrics.upstream_retries, model, reason if reason in RETRY_REASONS else "other").inc()
         self.current().upstream_attempts += 1
 
     def fallback(self, model: str, fallback: str) -> None:
-        self.metrics.upstream_fallbacks.labels(model, fallback).inc()
+        self._child(self.metrics.upstream_fallbacks, model, fallback).inc()
         self.current().upstream_attempts += 1
 
 

@@ -10,6 +10,7 @@ import pytest
 from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.app import RunningServer, start_server
 from server.config import load_config
+from server.domain import KeyLimits
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +20,14 @@ async def running(tmp_path_factory) -> RunningServer:
     server = await start_server(config, "127.0.0.1:0")
     yield server
     await server.stop(0)
+
+
+@pytest.fixture
+def key(running: RunningServer, double) -> tuple[str, str]:
+    """(key id, secret) of a fresh key for the module's upstream double, whose requests and cues start empty."""
+    double.reset()
+    key, secret = running.store.create("upstream-tests", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+    return key.id, secret
 
 
 @pytest.fixture(scope="session")

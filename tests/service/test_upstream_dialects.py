@@ -9,11 +9,10 @@ import grpc
 import orjson
 import pytest
 
-from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
+from tests.upstream_support import UPSTREAM_KEY, cross_dialect_models, upstream_server, window_tokens
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "weather", "description": "Weather.", "parameters": WEATHER}}
@@ -22,24 +21,9 @@ MESSAGE_TOOL = {"name": "weather", "description": "Weather.", "input_schema": WE
 
 @pytest.fixture(scope="module")
 async def running(double, tmp_path_factory):
-    anthropic = f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
-    openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
-    models = f"""\
-  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions,
-      provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
-  - {{id: messages-on-anthropic, endpoint: /v1/messages,
-      provider: {{{anthropic}, model: claude-up, retry: {FAST_RETRY}}}}}
-  - {{id: messages-on-openai, endpoint: /v1/messages, provider: {{{openai}, model: gpt-up}}}}
-"""
+    models = cross_dialect_models(double.url, openai_model="gpt-up", anthropic_model="claude-up")
     async with upstream_server(tmp_path_factory.mktemp("dialects"), models) as server:
         yield server
-
-
-@pytest.fixture
-def key(running, double):
-    double.reset()
-    key, secret = running.store.create("dialects", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
-    return key.id, secret
 
 
 async def test_chat_on_an_anthropic_upstream(chat, running, double, key):

@@ -11,7 +11,6 @@ import grpc
 import orjson
 import pytest
 
-from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
@@ -24,13 +23,6 @@ HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo 
 async def running(double, tmp_path_factory):
     async with upstream_server(tmp_path_factory.mktemp("upstream"), upstream_models(double.url)) as server:
         yield server
-
-
-@pytest.fixture
-def key(running, double):
-    double.reset()
-    key, secret = running.store.create("upstream-tests", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
-    return key.id, secret
 
 
 async def ask(chat, secret, model="up-main", **fields):

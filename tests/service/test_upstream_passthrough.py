@@ -9,12 +9,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, message_request, sse_frames
 from tests.passthrough_objects import CHUNKS, COMPLETION, MESSAGE, THINKING, UPSTREAM_MODEL
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
+from tests.upstream_support import cross_dialect_models, upstream_server, window_tokens
 
 CHUNK_FRAMES = [*(sse(c) for c in CHUNKS), b"data: [DONE]\n\n"]
 
@@ -38,27 +37,9 @@ EVENT_FRAMES = [sse(e, e["type"]) for e in EVENTS]
 
 @pytest.fixture(scope="module")
 async def running(double, tmp_path_factory):
-    anthropic = f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
-    openai = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}"
-    models = f"""\
-  - {{id: chat-on-openai, endpoint: /v1/chat/completions,
-      provider: {{{openai}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
-  - {{id: chat-on-anthropic, endpoint: /v1/chat/completions,
-      provider: {{{anthropic}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
-  - {{id: messages-on-anthropic, endpoint: /v1/messages,
-      provider: {{{anthropic}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
-  - {{id: messages-on-openai, endpoint: /v1/messages,
-      provider: {{{openai}, model: {UPSTREAM_MODEL}, retry: {FAST_RETRY}}}}}
-"""
+    models = cross_dialect_models(double.url, openai_model=UPSTREAM_MODEL, anthropic_model=UPSTREAM_MODEL)
     async with upstream_server(tmp_path_factory.mktemp("passthrough"), models) as server:
         yield server
-
-
-@pytest.fixture
-def key(running, double):
-    double.reset()
-    key, secret = running.store.create("passthrough", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
-    return key.id, secret
 
 
 async def http_body(rpc, request, secret) -> bytes:
