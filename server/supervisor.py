@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.envoy import die_with_parent
+from gateway.envoy import supervised_child
 
 _logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class WorkerProcess:
         libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
         self._proc = await asyncio.create_subprocess_exec(
             *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, env=self._env,
-            preexec_fn=lambda: die_with_parent(libc, parent),
+            preexec_fn=lambda: supervised_child(libc, parent),
         )  # stderr is inherited: worker logs go where the parent's go
         deadline = asyncio.get_running_loop().time() + self._ready_timeout_s
         while not await self._answers():

@@ -63,6 +63,7 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
              "serve", "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port),
              *serve_args],
             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            process_group=0,  # as a shell job: a test can send the group a terminal's Ctrl-C
         )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()

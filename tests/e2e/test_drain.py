@@ -1,9 +1,11 @@
-"""SIGTERM while 50 streams are open: no new connections are accepted, every open stream runs to its end, then
-the gateway exits 0. The embedded model serves one sequence at a time, so the streams are short (4 tokens)."""
+"""Stopped while 50 streams are open, by SIGTERM or by a terminal's Ctrl-C (SIGINT to the whole process group,
+Envoy included): no new connections are accepted, every open stream runs to its end, then the gateway exits 0.
+The embedded model serves one sequence at a time, so the streams are short (4 tokens)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 
@@ -26,7 +28,16 @@ async def one_stream(client: httpx.AsyncClient, secret: str) -> tuple[int, list[
         return response.status_code, [line async for line in response.aiter_lines() if line]
 
 
-def test_sigterm_lets_50_open_streams_finish(tmp_path):
+def sigterm(process) -> None:
+    process.send_signal(signal.SIGTERM)
+
+
+def ctrl_c(process) -> None:
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal does: the foreground group, children included
+
+
+@pytest.mark.parametrize("stop", [sigterm, ctrl_c])
+def test_stopping_lets_50_open_streams_finish(tmp_path, stop):
     raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
     raw["drain_seconds"] = 120  # room for a busy machine; on an idle one the streams need about 3 s
     config = tmp_path / "portico.yaml"
@@ -44,7 +55,7 @@ def test_sigterm_lets_50_open_streams_finish(tmp_path):
                             endpoint=CHAT) < STREAMS:  # every stream has reached the server
                     assert time.monotonic() < deadline and not any(s.done() for s in streams)
                     await asyncio.sleep(0.02)
-                gateway.process.send_signal(signal.SIGTERM)
+                stop(gateway.process)
                 with pytest.raises(httpx.ConnectError):  # no new connections, while the streams go on
                     for _ in range(100):
                         async with httpx.AsyncClient(base_url=gateway.base_url) as late:
