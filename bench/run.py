@@ -12,7 +12,9 @@ stream, for the open-streams run) at the mock, limits enabled (in-process, or a 
 1. wrk -t1 -c32 for --duration s each against the mock directly (the limit), Portico JSON chat completions, Portico
    streamed chat completions and Portico /v1/messages;
 2. a paced run at --rate req/s to the mock and to Portico in turn (bench/client.py), for the added latency;
-3. --streams streams held open at once (20 chunks 0.25 s apart), for the gateway's memory under many streams.
+3. --streams streams held open at once (20 chunks 0.25 s apart), for the gateway's memory under many streams;
+4. with --floor N,M,...: the JSON load against the same front door (Envoy, grpc.aio, the interceptor) with a
+   handler that only uses N µs of CPU (bench/floor.py): the req/s left for a handler of that cost.
 
 With --litellm, Portico is then stopped and the LiteLLM proxy (`litellm[proxy]`, pinned in bench/litellm.py, in
 its own venv under .cache/, created on first use) is started with --workers workers, the same models pointed at
@@ -79,10 +81,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated subset of: direct,json,stream,messages,latency,streams")
     p.add_argument("--json", type=Path, help="also write the results as JSON to this file")
     p.add_argument("--keep", action="store_true", help="keep the run directory (logs, config) afterwards")
+    p.add_argument("--floor", type=_micros, default=[],
+                   help="comma-separated handler costs in µs, e.g. 0,100,200: the JSON load against the bare front "
+                        "door with a handler that only uses that much CPU (bench/floor.py)")
     p.add_argument("--litellm", nargs="?", const="with", choices=["with", "only"],
                    help="then the same runs against the LiteLLM proxy (litellm[proxy]==" + litellm.VERSION + ", its "
                         "own venv in .cache/, --workers workers); '--litellm only': LiteLLM without Portico")
     return p.parse_args(argv)
+
+
+def _micros(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected microseconds like 0,100,200, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("handler costs cannot be negative")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +156,8 @@ def _bench(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, lite
                          (port, admin_port, metrics_port, redis_port), results)
         for _, proc in reversed(procs.started[started:]):  # Portico (and its redis) off before LiteLLM starts
             procs.stop(proc)
+    for handler_us in args.floor:
+        rows += _floor(args, only, wrk, run_dir, procs, helpers, handler_us, (mock_port, port, admin_port))
     if litellm_bin and gateway_runs:
         rows += litellm.bench(litellm_bin, args, only, wrk, run_dir, procs, helpers, mock_port, litellm_port,
                               results)
@@ -230,6 +247,30 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
     if "streams" in only and args.streams > 0:
         rows.append(open_streams(args, port, key, gw, ""))
     return rows
+
+
+def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int], handler_us: float,
+           ports: tuple[int, int, int]) -> list[Row]:
+    """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py."""
+    mock_port, port, admin_port = ports
+    name = f"floor, handler {handler_us:g} us"
+    log = run_dir / f"floor-{handler_us:g}.log"
+    floor = procs.start(name, [PYTHON, "-m", "bench.floor", "--port", str(port), "--admin-port", str(admin_port),
+                               "--handler-us", str(handler_us)], cwd=ROOT, stdout=open(log, "w"),
+                        stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, floor, 30, "bench.floor")
+        status, answer = post(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, None)
+        if status != 200 or b"fixed answer" not in answer:
+            raise RuntimeError(f"the floor server answered {status}: {answer[:300]!r}")
+        rows = [run_wrk(wrk, name, f"http://127.0.0.1:{port}/v1/chat/completions",
+                        lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args, (floor.pid, helpers),
+                        run_dir)]
+        if "latency" in only and args.latency_seconds > 0:
+            rows.append(paced(args, mock_port, port, "none", (floor.pid, helpers), f"floor {handler_us:g} us")[0][1])
+        return rows
+    finally:
+        procs.stop(floor)
 
 
 def machine() -> str:

@@ -1,0 +1,85 @@
+"""The architecture's floor: what Portico's front door costs before any of Portico's own work.
+
+`python -m bench.floor --port P --admin-port A --handler-us N` serves POST /v1/chat/completions through the same
+stack as `portico serve` (envoy.yaml with its Lua filter and transcoder, a grpc.aio server on uvloop behind a unix
+socket, the error interceptor with its telemetry) in front of a ChatService whose REST handler does nothing but
+use N microseconds of CPU, send x-ratelimit-* initial metadata as the real pipeline does, and answer with a fixed
+completion: no key check, no limits, no translation, no upstream call. `python -m bench --floor 0,100,...` runs the
+JSON load against it for each N, so the table shows how many req/s are left for a handler of a given cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import orjson
+import uvloop
+from google.api import httpbody_pb2
+
+from gateway.descriptors import DESCRIPTOR_SET
+from gateway.envoy import EnvoyProcess, load_template, render_config, repo_root
+from portico.v1 import chat_service_pb2_grpc
+from server.observability import Telemetry
+from server.services.interceptor import ErrorInterceptor
+
+ANSWER = orjson.dumps({
+    "id": "chatcmpl-floor", "object": "chat.completion", "created": 1767225600, "model": "family-a-5.5",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! This is a fixed answer."},
+                 "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20},
+})
+# As many headers as an admitted request gets (server/limits: both kinds limited).
+RATE_LIMIT_HEADERS = tuple((f"x-ratelimit-{what}-{kind}", value) for kind in ("requests", "tokens")
+                           for what, value in (("limit", "1000"), ("remaining", "999"), ("reset", "60ms")))
+
+
+class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
+    def __init__(self, handler_seconds: float) -> None:
+        self._handler_seconds = handler_seconds
+
+    async def CreateChatCompletionHttp(self, request, context):
+        # A busy loop, not a sleep: the cost stands for Python work done on the event loop's thread.
+        end = time.perf_counter() + self._handler_seconds
+        while time.perf_counter() < end:
+            pass
+        await context.send_initial_metadata(RATE_LIMIT_HEADERS)
+        yield httpbody_pb2.HttpBody(content_type="application/json", data=ANSWER)
+
+
+async def serve(port: int, admin_port: int, handler_us: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="portico-floor-") as run_dir:
+        socket_path = Path(run_dir) / "grpc.sock"
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(Telemetry())])
+        chat_service_pb2_grpc.add_ChatServiceServicer_to_server(FloorChat(handler_us / 1e6), server)
+        server.add_insecure_port(f"unix:{socket_path}")
+        await server.start()
+        config = render_config(load_template(), listen_port=port, admin_port=admin_port,
+                               upstreams=[f"unix:{socket_path}"], descriptor_set=DESCRIPTOR_SET,
+                               lua_source=repo_root() / "gateway" / "error_shaper.lua")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        async with EnvoyProcess(config, Path(run_dir)):
+            print(f"floor listening on 127.0.0.1:{port} (handler {handler_us:g} us)", flush=True)
+            await stop.wait()
+        await server.stop(None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--admin-port", type=int, required=True)
+    parser.add_argument("--handler-us", type=float, default=0.0, help="CPU microseconds the handler uses")
+    args = parser.parse_args()
+    uvloop.run(serve(args.port, args.admin_port, args.handler_us))
+
+
+if __name__ == "__main__":
+    main()
