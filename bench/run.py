@@ -267,7 +267,7 @@ def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, help
                         lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args, (floor.pid, helpers),
                         run_dir)]
         if "latency" in only and args.latency_seconds > 0:
-            rows.append(paced(args, mock_port, port, "none", (floor.pid, helpers), f"floor {handler_us:g} us")[0][1])
+            rows += paced(args, mock_port, port, "none", (floor.pid, helpers), f"floor {handler_us:g} us")[0]
         return rows
     finally:
         procs.stop(floor)
