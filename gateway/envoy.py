@@ -146,6 +146,7 @@ class EnvoyProcess:
         self._concurrency = concurrency
         self._ready_timeout_s = ready_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
+        self._log_start = 0  # where this run's lines begin: the log file is appended to across runs
 
     @property
     def pid(self) -> int | None:
@@ -168,6 +169,7 @@ class EnvoyProcess:
             args += ["--concurrency", str(self._concurrency)]
         libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
         with open(self.log_path, "ab") as log:
+            self._log_start = log.tell()
             self._proc = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=lambda: supervised_child(libc, parent),
@@ -233,10 +235,14 @@ class EnvoyProcess:
         return proc.returncode
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last `lines` lines this Envoy wrote (not those of earlier runs in the same file)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_start)
+                text = log.read().decode(errors="replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])
 
     async def __aenter__(self) -> EnvoyProcess:
         await self.start()

@@ -1,8 +1,11 @@
 """Operations through the whole stack: probes without a key, the request id on every answer and in the access log,
-a Prometheus scrape that labels traffic correctly, and Envoy's own stats on its admin port."""
+a Prometheus scrape that labels traffic correctly, Envoy's own stats on its admin port, and a start that fails."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 
 import grpc
@@ -12,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from portico.v1 import model_pb2, model_service_pb2_grpc
+from gateway.envoy import free_ports
 from tests.e2e.conftest import Gateway
 from tests.helpers import bearer
 
@@ -131,3 +135,26 @@ def test_envoy_stats_on_its_admin_port(gateway):
     assert 'envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix="portico"}' in stats
     listeners = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/listeners", timeout=60).text
     assert f"127.0.0.1:{gateway.port}" in listeners
+
+
+def test_serve_on_a_port_in_use_exits_1_and_says_so(tmp_path):
+    data_dir = tmp_path / "busy-port-data"
+    data_dir.mkdir()
+    (data_dir / "envoy.log").write_text("a line from an earlier run\n")  # Envoy's log is appended to across runs
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        admin_port, metrics_port = free_ports(2)
+        log_path = tmp_path / "busy-port-data.log"  # beside the data dir, where the session's log scan looks
+        with open(log_path, "w") as log:
+            done = subprocess.run(
+                [sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), "serve", "--port", str(port),
+                 "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
+                stdout=subprocess.PIPE, stderr=log, text=True, timeout=90,
+            )
+    errors = log_path.read_text()
+    assert done.returncode == 1
+    assert f"cannot bind '127.0.0.1:{port}': Address already in use" in errors
+    assert "earlier run" not in errors  # only what this start went through
+    assert "Portico is listening" not in done.stdout
