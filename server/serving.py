@@ -6,7 +6,8 @@ summed metrics.
 
 Start: the server(s), the metrics listener, then Envoy, so nothing is reachable before it can answer. Stop
 (SIGTERM or SIGINT): Envoy stops accepting connections, the server(s) report NOT_SERVING, refuse new requests and
-let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops. If Envoy dies, or the
+let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops; a second signal during
+the drain (Ctrl-C pressed again) cuts the requests still in flight and stops at once. If Envoy dies, or the
 workers cannot be kept running, everything stops with exit code 1: never half-up.
 """
 
@@ -47,6 +48,7 @@ class _Backend:
     upstreams: list[str]  # Envoy's endpoints
     registry: CollectorRegistry  # what GET /metrics serves
     stop: Callable[[], Awaitable[None]]  # drains
+    stop_now: Callable[[], Awaitable[None]]  # during `stop`: cuts the requests still in flight
     failed: asyncio.Task | None = None  # ends (with an error) if the workers could not be kept running
 
 
@@ -85,7 +87,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command) ->
     print(f"Portico is listening on http://{config.host}:{config.port} (REST /v1 and gRPC)", flush=True)
 
     exit_code = await _run_until_stopped(envoy, backend, config)
-    await _stop_backend(backend)  # drains: Envoy must still be up to carry the answers in flight
+    await _drain(_stop_backend(backend), backend.stop_now)  # Envoy must still be up to carry the answers in flight
     await envoy.stop()
     if metrics:
         metrics.close()
@@ -98,7 +100,7 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
         socket_path = run_dir / "grpc.sock"
         running = await start_server(config, f"unix:{socket_path}")
         return _Backend([f"unix:{socket_path}"], running.telemetry.metrics.registry,
-                        lambda: running.stop(grace=config.drain_seconds))
+                        lambda: running.stop(grace=config.drain_seconds), running.stop_now)
     print(f"Starting {workers} server processes; they share rate limits in {redacted(config.limits.store)}",
           flush=True)
     metrics_dir = run_dir / "metrics"
@@ -108,7 +110,8 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
         stop_grace_s=config.drain_seconds + KILL_MARGIN_SECONDS, on_exit=lambda pid: mark_dead(metrics_dir, pid),
     )
     await pool.start()
-    return _Backend(pool.upstreams, aggregated_registry(metrics_dir), pool.stop, asyncio.create_task(pool.supervise()))
+    return _Backend(pool.upstreams, aggregated_registry(metrics_dir), pool.stop, pool.stop_now,
+                    asyncio.create_task(pool.supervise()))
 
 
 async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Config) -> int:
@@ -136,6 +139,24 @@ async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Con
     return 0
 
 
+async def _drain(drain: Awaitable[None], stop_now: Callable[[], Awaitable[None]]) -> None:
+    """Await `drain`. A second SIGINT or SIGTERM meanwhile (Ctrl-C pressed again, an impatient process manager)
+    runs `stop_now`, which cuts the requests still in flight, and the drain ends at once."""
+    loop = asyncio.get_running_loop()
+    cutting: list[asyncio.Task] = []
+
+    def on_second_signal() -> None:
+        if not cutting:
+            _logger.warning("second stop signal: ending the requests in flight now")
+            cutting.append(loop.create_task(stop_now()))
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_second_signal)
+    await drain
+    if cutting:
+        await cutting[0]
+
+
 async def _stop_backend(backend: _Backend) -> None:
     if backend.failed:
         backend.failed.cancel()
@@ -155,7 +176,8 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
 
 
 async def run_worker(config: Config, socket_path: Path) -> int:
-    """One of `--workers N` server processes: serve on `socket_path` until SIGTERM, then drain."""
+    """One of `--workers N` server processes: serve on `socket_path` until SIGTERM, then drain (a second SIGTERM
+    ends the drain at once)."""
     running = await start_server(config, f"unix:{socket_path}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -163,7 +185,8 @@ async def run_worker(config: Config, socket_path: Path) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     try:
-        await asyncio.wait_for(running.stop(grace=config.drain_seconds), config.drain_seconds + KILL_MARGIN_SECONDS)
+        await asyncio.wait_for(_drain(running.stop(grace=config.drain_seconds), running.stop_now),
+                               config.drain_seconds + KILL_MARGIN_SECONDS)
     except asyncio.TimeoutError:
         # A worker must never outlive its gateway, e.g. after the parent was killed mid-drain (its death signal
         # arrives as SIGTERM): a stop that hangs past the drain period ends the process without further cleanup.

@@ -90,6 +90,11 @@ class WorkerProcess:
         assert self._proc is not None
         return await self._proc.wait()
 
+    def signal_stop(self) -> None:
+        """SIGTERM, if it runs: the first starts its drain, a second one ends the drain at once."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+
     async def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM (the worker drains its RPCs for up to drain_seconds), then SIGKILL after `grace_s`."""
         proc = self._proc
@@ -163,3 +168,8 @@ class Workers:
         for worker in self._workers:
             with contextlib.suppress(OSError):
                 worker.socket_path.unlink(missing_ok=True)
+
+    async def stop_now(self) -> None:
+        """During `stop`: each worker ends its drain at once (a second SIGTERM)."""
+        for worker in self._workers:
+            worker.signal_stop()

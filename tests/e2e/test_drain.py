@@ -15,6 +15,8 @@ import yaml
 
 from gateway.envoy import repo_root
 from tests.e2e.conftest import running_gateway
+from tests.upstream_double import Cue
+from tests.upstream_support import write_config
 from tests.e2e.test_operations import scrape, value
 
 STREAMS = 50
@@ -72,3 +74,31 @@ def test_stopping_lets_50_open_streams_finish(tmp_path, stop):
     assert "stopping: no new connections" in log
     assert sum('"status":200' in line and '"rpc":"ChatService/CreateChatCompletionHttp"' in line
                for line in log.splitlines()) == STREAMS
+
+
+def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, double):
+    """Ctrl-C pressed again during the drain: the requests still in flight are cut and the gateway stops at once,
+    instead of waiting up to drain_seconds for them."""
+    double.cue(Cue(frame_delay=0.25))  # one word every 0.25 s: 60 words take 15 s
+    models = f"  - {{id: slow-echo, endpoint: {CHAT}, provider: {{kind: openai, base_url: '{double.url}', model: m}}}}\n"
+    config = write_config(tmp_path, models)
+    config.write_text(config.read_text() + "drain_seconds: 120\n")
+    body = {"model": "slow-echo", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(60))}],
+            "max_tokens": 100, "stream": True}
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        lines: list[str] = []
+        with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
+            with client.stream("POST", CHAT, json=body, headers={"Authorization": f"Bearer {gateway.secret}"}) as answer:
+                try:
+                    for line in answer.iter_lines():
+                        lines.append(line)
+                        if len(lines) == 1:  # the stream is under way
+                            ctrl_c(gateway.process)
+                            time.sleep(0.3)
+                            ctrl_c(gateway.process)
+                except httpx.HTTPError:
+                    pass  # a cut stream may also end as a broken response
+        assert gateway.process.wait(timeout=10) == 0  # the stream alone would have needed 15 s
+    assert lines and "data: [DONE]" not in lines  # cut, not finished
+    log = gateway.log_path.read_text()
+    assert "second stop signal: ending the requests in flight now" in log
