@@ -124,6 +124,18 @@ def supervised_child(libc: ctypes.CDLL, parent_pid: int) -> None:
         os._exit(127)
 
 
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int:
+    """SIGTERM a supervised child (if it still runs), then SIGKILL if it is alive after `grace_s`; its exit code."""
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=grace_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode
+
+
 class EnvoyProcess:
     """One Envoy child process: config and log live in `run_dir`."""
 
@@ -222,17 +234,7 @@ class EnvoyProcess:
 
     async def stop(self, grace_s: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL if Envoy is still alive after `grace_s` seconds."""
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=grace_s)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
-        return proc.returncode
+        return await terminate(self._proc, grace_s) if self._proc is not None else None
 
     def log_tail(self, lines: int = 30) -> str:
         """The last `lines` lines this Envoy wrote (not those of earlier runs in the same file)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.envoy import supervised_child
+from gateway.envoy import supervised_child, terminate
 
 _logger = logging.getLogger(__name__)
 
@@ -97,15 +97,8 @@ class WorkerProcess:
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM (the worker drains its RPCs for up to drain_seconds), then SIGKILL after `grace_s`."""
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=grace_s)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if self._proc is not None:
+            await terminate(self._proc, grace_s)
 
 
 class Workers:
