@@ -1,6 +1,10 @@
-"""Replies Envoy makes itself (bad JSON, wrong types, unknown paths, oversize bodies) carry the error object too."""
+"""Replies Envoy makes itself (bad JSON, wrong types, unknown paths, oversize bodies) carry the error object too;
+requests whose headers never complete are cut off."""
 
 from __future__ import annotations
+
+import socket
+import time
 
 import httpx
 import pytest
@@ -71,3 +75,24 @@ def test_admin_keys_over_rest_need_an_admin_key(http, gateway):
     revoked = http.post(f"/v1/admin/keys/{key_id}/revoke", headers=admin)
     assert revoked.json()["key"]["revoked_at"] > 0
     _assert_error(http.get("/v1/admin/keys/key_missing", headers=admin), 404, "not_found")
+
+
+def test_a_request_whose_headers_trickle_in_is_cut_off(gateway):
+    """Slowloris: a byte of header every second would keep a connection open for ever; Envoy allows 10 s."""
+    started = time.monotonic()
+    answer = b""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=1.0) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: portico\r\nX-Slow: ")
+        while time.monotonic() - started < 20:
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                conn.sendall(b"x")  # never a complete header line
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+    assert 9 <= time.monotonic() - started < 15
+    assert answer.startswith(b"HTTP/1.1 408")
