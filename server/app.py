@@ -38,26 +38,53 @@ MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
 _logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Core:
+    """What serves a request below the RPC layer: the pipeline and the parts it is built from."""
+
+    store: KeyStore
+    telemetry: Telemetry
+    limiter: Limiter
+    providers: tuple[Provider, ...]  # each once, though several models may share one
+    pipeline: Pipeline
+
+    async def close(self) -> None:
+        for provider in self.providers:
+            await provider.close()
+        await self.limiter.close()
+        self.store.close()
+        self.telemetry.access_log.close()
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
     port: int  # 0 when bound to a unix socket
-    store: KeyStore
-    limiter: Limiter
-    providers: tuple[Provider, ...]
-    telemetry: Telemetry
+    core: Core
     readiness: Readiness
+
+    @property
+    def store(self) -> KeyStore:
+        return self.core.store
+
+    @property
+    def limiter(self) -> Limiter:
+        return self.core.limiter
+
+    @property
+    def providers(self) -> tuple[Provider, ...]:
+        return self.core.providers
+
+    @property
+    def telemetry(self) -> Telemetry:
+        return self.core.telemetry
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds."""
         await self.readiness.drain()
         await self.server.stop(grace)
         await self.readiness.close()
-        for provider in self.providers:
-            await provider.close()
-        await self.limiter.close()
-        self.store.close()
-        self.telemetry.access_log.close()
+        await self.core.close()
 
     async def stop_now(self) -> None:
         """Cut short a `stop` in progress: the RPCs still running are cancelled (their reservations settle as for a
@@ -74,8 +101,7 @@ def build_limit_store(config: Config) -> LimitStore:
     )
 
 
-async def start_server(config: Config, address: str) -> RunningServer:
-    """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
+async def build_core(config: Config) -> Core:
     store = KeyStore(config.data_dir / "keys.db")
     telemetry = Telemetry(access_log=AccessLog(config.access_log))
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
@@ -90,7 +116,13 @@ async def start_server(config: Config, address: str) -> RunningServer:
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
         telemetry=telemetry,
     )
+    return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline)
 
+
+async def start_server(config: Config, address: str) -> RunningServer:
+    """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
+    core = await build_core(config)
+    store, telemetry, limiter, pipeline = core.store, core.telemetry, core.limiter, core.pipeline
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(telemetry)],
         options=[
@@ -105,7 +137,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
     image_store = ImageStore(config.data_dir, base_url=config.base_url)
     image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), server)
-    keys = KeyServicer(store, authenticator, rotation_grace_seconds=config.key_rotation_grace_seconds)
+    keys = KeyServicer(store, pipeline.authenticator, rotation_grace_seconds=config.key_rotation_grace_seconds)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -124,7 +156,4 @@ async def start_server(config: Config, address: str) -> RunningServer:
     await server.start()
     await readiness.start()  # providers are loaded above; the stores are checked now and every second
     _logger.info("gRPC server listening on %s", address if port == 0 else f"port {port}")
-    return RunningServer(
-        server=server, port=port, store=store, limiter=limiter, providers=tuple(dict.fromkeys(providers.values())),
-        telemetry=telemetry, readiness=readiness,
-    )
+    return RunningServer(server=server, port=port, core=core, readiness=readiness)
