@@ -32,6 +32,47 @@ MESSAGES_BODY = {"model": "family-b-sonnet-4-6", "max_tokens": 32,
                  "messages": [{"role": "user", "content": "Say hello."}]}
 SLOW_BODY = {"model": "family-a-5.4", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64,
              "stream": True}
+BENCH_ENV = {"BENCH_UPSTREAM_KEY": "sk-bench-mock"}  # the upstream key Portico sends the mock
+
+
+def write_portico_config(run_dir: Path, upstream: str, *, store: str = "memory", access_log: bool = True,
+                         streams: int = 0, ports: tuple[int, int, int] = (8080, 9901, 9464)) -> Path:
+    """The benchmarked configuration: family-a-5.5 (chat) and family-b-sonnet-4-6 (messages, translated to chat
+    completions) on the mock at `upstream`, family-a-5.4 on its slow stream; limits in `store`."""
+    port, admin_port, metrics_port = ports
+    provider = {"kind": "openai", "base_url": upstream, "api_key_env": "BENCH_UPSTREAM_KEY", "model": "mock-gpt",
+                "max_connections": 100}
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "envoy_admin_port": admin_port, "metrics_port": metrics_port,
+        "access_log": str(run_dir / "access.log") if access_log else "off",
+        "drain_seconds": 2, "data_dir": str(run_dir / "data"),
+        "limits": {"store": store},
+        "models": [
+            {"id": "family-a-5.5", "endpoint": "/v1/chat/completions", "owned_by": "family-a", "created": 1767225600,
+             "provider": provider},
+            {"id": "family-b-sonnet-4-6", "endpoint": "/v1/messages", "owned_by": "family-b", "created": 1762041600,
+             "provider": provider},
+            # the open-streams run: one upstream connection per open stream, so the pool must hold them all
+            {"id": "family-a-5.4", "endpoint": "/v1/chat/completions", "owned_by": "family-a", "created": 1759276800,
+             "provider": {**provider, "model": "mock-slow", "max_connections": max(100, streams + 100)}},
+        ],
+    }
+    path = run_dir / "portico.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+def create_key(config_path: Path) -> str:
+    """A key for every model, with limits no run reaches (they are still checked on every request)."""
+    created = subprocess.run([PYTHON, "-m", "server.cli", "--config", str(config_path), "--log-level", "warning",
+                              "keys", "create", "--name", "bench", "--all-models", "--rpm", "1000000000",
+                              "--tpm", "1000000000000", "--concurrency", "100000"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if created.returncode != 0:
+        raise RuntimeError(f"keys create failed: {created.stderr}")
+    return created.stdout.strip().splitlines()[-1]
+
 
 
 # --- /proc accounting -------------------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ import time
 from pathlib import Path
 
 from bench import litellm
-from bench.common import (CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, ensure_wrk, lua_script,
-                          open_streams, paced, post, process_names, rss_bytes, run_wrk, tree, wait_port)
+from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, create_key,
+                          ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes, run_wrk, tree,
+                          wait_port, write_portico_config)
 from gateway.envoy import free_ports
 
 
@@ -186,34 +187,11 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
         helpers.append(redis.pid)  # the shared limit store: counted with the bench's helpers, not as "other"
         store = f"redis://127.0.0.1:{redis_port}/0"
 
-    provider = {"kind": "openai", "base_url": upstream, "api_key_env": "BENCH_UPSTREAM_KEY", "model": "mock-gpt",
-                "max_connections": 100}
-    config = {
-        "listen": {"host": "127.0.0.1", "port": port},
-        "envoy_admin_port": admin_port, "metrics_port": metrics_port,
-        "access_log": str(run_dir / "access.log") if args.access_log == "file" else "off",
-        "drain_seconds": 2, "data_dir": str(run_dir / "data"),
-        "limits": {"store": store},
-        "models": [
-            {"id": "family-a-5.5", "endpoint": "/v1/chat/completions", "owned_by": "family-a", "created": 1767225600,
-             "provider": provider},
-            {"id": "family-b-sonnet-4-6", "endpoint": "/v1/messages", "owned_by": "family-b", "created": 1762041600,
-             "provider": provider},
-            # the open-streams run: one upstream connection per open stream, so the pool must hold them all
-            {"id": "family-a-5.4", "endpoint": "/v1/chat/completions", "owned_by": "family-a", "created": 1759276800,
-             "provider": {**provider, "model": "mock-slow", "max_connections": max(100, args.streams + 100)}},
-        ],
-    }
-    config_path = run_dir / "portico.yaml"
-    config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-    env = {**os.environ, "BENCH_UPSTREAM_KEY": "sk-bench-mock", "PYTHONUNBUFFERED": "1"}
+    config_path = write_portico_config(run_dir, upstream, store=store, access_log=args.access_log == "file",
+                                       streams=args.streams, ports=(port, admin_port, metrics_port))
+    env = {**os.environ, **BENCH_ENV, "PYTHONUNBUFFERED": "1"}
     portico = [PYTHON, "-m", "server.cli", "--config", str(config_path), "--log-level", "warning"]
-    created = subprocess.run([*portico, "keys", "create", "--name", "bench", "--all-models", "--rpm", "1000000000",
-                              "--tpm", "1000000000000", "--concurrency", "100000"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    if created.returncode != 0:
-        raise RuntimeError(f"keys create failed: {created.stderr}")
-    key = created.stdout.strip().splitlines()[-1]
+    key = create_key(config_path)
 
     gateway = procs.start("portico serve", [*portico, "serve", "--port", str(port), "--admin-port", str(admin_port),
                                             "--metrics-port", str(metrics_port), "--workers", str(args.workers)],

@@ -1,0 +1,136 @@
+"""Portico's own CPU per request, without gRPC, Envoy or a load generator: `python -m bench.handler`.
+
+The servicers' REST methods are called in-process through the error interceptor, as the gRPC server calls them,
+`--concurrency` at a time, against the mock upstream (bench/mock_upstream.py, in its own process), with the
+configuration `python -m bench` uses (limits in-process, a key checked on every request, the access log to a file).
+It prints the CPU this process spent per request: the handler cost that `python -m bench --floor` turns into req/s.
+Run to run it moves about 5 % (streams up to 10 %: how the mock's chunks coalesce varies) where a wrk run moves
+10-25 %, so it is the way to compare changes to the request path: run it before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import uvloop
+from google.protobuf import json_format
+
+from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, create_key,
+                          wait_port, write_portico_config)
+from gateway.envoy import free_ports
+from portico.v1 import chat_pb2, message_pb2
+from server.app import build_core
+from server.config import load_config
+from server.services.chat import ChatServicer
+from server.services.interceptor import ErrorInterceptor
+from server.services.messages import MessageServicer
+
+
+@dataclass(frozen=True)
+class _Details:  # grpc.HandlerCallDetails
+    method: str
+    invocation_metadata: tuple = ()
+
+
+class _Context:
+    """The part of grpc.aio.ServicerContext the interceptor and the pipeline use."""
+
+    def __init__(self, key: str) -> None:
+        self._metadata = (("authorization", f"Bearer {key}"), ("x-request-id", "bench-handler"))
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    async def send_initial_metadata(self, metadata) -> None:
+        pass
+
+    def trailing_metadata(self):
+        return ()
+
+    async def abort(self, code, details, trailing_metadata=()):
+        raise RuntimeError(f"the request failed: {code.name} {details}")
+
+
+async def _run(config_path: Path, key: str, requests: int, concurrency: int) -> list[tuple[str, float, float]]:
+    config = load_config(config_path)
+    core = await build_core(config)
+    interceptor = ErrorInterceptor(core.telemetry)
+    chat = ChatServicer(core.pipeline, default_max_tokens=config.default_max_tokens)
+    messages = MessageServicer(core.pipeline)
+    cases = [
+        ("chat JSON", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
+         json_format.ParseDict(CHAT_BODY, chat_pb2.CreateChatCompletionRequest()), b"fixed answer"),
+        ("chat stream", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
+         json_format.ParseDict(STREAM_BODY, chat_pb2.CreateChatCompletionRequest()), b"[DONE]"),
+        ("/v1/messages", "/portico.v1.MessageService/CreateMessageHttp", messages.CreateMessageHttp,
+         json_format.ParseDict(MESSAGES_BODY, message_pb2.CreateMessageRequest()), b"fixed answer"),
+    ]
+    results = []
+    try:
+        for name, method, behavior, request, marker in cases:
+            async def continuation(details, behavior=behavior):
+                return grpc.unary_stream_rpc_method_handler(behavior)
+
+            handler = await interceptor.intercept_service(continuation, _Details(method))
+
+            async def one() -> bytes:
+                return b"".join([body.data async for body in handler.unary_stream(request, _Context(key))])
+
+            if marker not in await one():
+                raise RuntimeError(f"{name}: the answer lacks {marker!r}")
+
+            async def worker(count: int) -> None:
+                for _ in range(count):
+                    await one()
+
+            await asyncio.gather(*(worker(500 // concurrency) for _ in range(concurrency)))  # warm up
+            cpu, wall = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+            done = requests // concurrency * concurrency
+            results.append((name, 1e6 * (time.process_time() - cpu) / done, done / (time.perf_counter() - wall)))
+    finally:
+        await core.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.handler", description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000, help="requests per kind (default 20000)")
+    parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
+    args = parser.parse_args(argv)
+    run_dir = Path(tempfile.mkdtemp(prefix="portico-bench-handler-"))
+    procs = Processes()
+    try:
+        (mock_port,) = free_ports(1)
+        mock = procs.start("mock upstream", [PYTHON, "-m", "bench.mock_upstream", "--port", str(mock_port)],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_port(mock_port, mock, 10, "the mock upstream")
+        config_path = write_portico_config(run_dir, f"http://127.0.0.1:{mock_port}/v1")
+        key = create_key(config_path)
+        os.environ.update(BENCH_ENV)
+        results = uvloop.run(_run(config_path, key, args.requests, args.concurrency))
+    except RuntimeError as exc:
+        print(f"bench.handler: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        procs.stop_all()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"Portico's request path in-process (no gRPC, no Envoy), {args.concurrency} at a time against the mock:")
+    print(f"{'run':16} {'CPU us/request':>15} {'req/s':>8}")
+    for name, micros, rate in results:
+        print(f"{name:16} {micros:15.0f} {rate:8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
