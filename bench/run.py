@@ -164,8 +164,11 @@ def _bench(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, lite
                               results)
 
     results["rows"] = [r.__dict__ for r in rows]
+    results["targets"] = targets(rows, results, args)
     print()
     print(table(rows, results))
+    if results["targets"]:
+        print("\nTargets (issue 6), as this run measured them:\n" + "\n".join(results["targets"]))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     failed = [r.name for r in rows if r.errors or r.note.startswith("wrk exit")]
@@ -249,6 +252,30 @@ def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, help
         return rows
     finally:
         procs.stop(floor)
+
+
+def targets(rows: list[Row], results: dict, args) -> list[str]:
+    """Each target this run measured under the conditions it names (wrk -c32, 100 req/s paced, 1,000 streams)."""
+    by_name = {r.name: r for r in rows}
+    lines = []
+
+    def verdict(ok: bool, target: str, measured: str) -> None:
+        lines.append(f"  {'met   ' if ok else 'MISSED'}  {target}: {measured}")
+
+    for kind, floor in (("chat JSON", 2200), ("chat stream", 800)):
+        if (row := by_name.get(f"portico {kind}")) and args.connections == 32:
+            verdict(row.rps >= floor and not row.errors, f">= {floor:,} {kind} req/s at c=32, zero errors",
+                    f"{row.rps:,.0f} req/s, {row.errors} errors")
+    if (added := results.get("added_latency_p50_ms")) is not None and args.rate == 100:
+        verdict(added <= 1.0, "added p50 <= 1 ms at 100 req/s", f"{added:+.2f} ms")
+    if (row := by_name.get("1000 open streams")) and row.gateway_rss_mb is not None:
+        verdict(not row.errors and row.gateway_rss_mb <= 300, "1,000 open streams served, gateway RSS <= 300 MB",
+                f"{row.requests - row.errors} served, {row.gateway_rss_mb:.0f} MB")
+    for kind in ("chat JSON", "chat stream", "/v1/messages"):
+        ours, theirs = by_name.get(f"portico {kind}"), by_name.get(f"litellm {kind}")
+        if ours and theirs and theirs.rps > 0:
+            verdict(ours.rps >= 20 * theirs.rps, f">= 20x LiteLLM, {kind}", f"{ours.rps / theirs.rps:.1f}x")
+    return lines
 
 
 def machine() -> str:
