@@ -1,0 +1,79 @@
+"""REST over HTTP/2 (h2c, prior knowledge), as a Go or Rust client may speak it: the same answers as over HTTP/1.1,
+and gRPC's headers and trailers (grpc-status, grpc-message) never reach the caller, who would see HTTP/2 trailers
+(HTTP/1.1 has none to leak). A raw h2 connection, since HTTP clients do not show trailers."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.events
+
+CHAT = "/v1/chat/completions"
+
+
+@dataclass
+class Answer:
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    trailers: dict[str, str] = field(default_factory=dict)
+
+    def internal(self) -> list[str]:
+        return [name for name in (*self.headers, *self.trailers) if name.startswith(("grpc-", "portico-"))]
+
+
+def h2_post(port: int, path: str, body: dict, secret: str) -> Answer:
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    answer = Answer()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        connection.initiate_connection()
+        stream = connection.get_next_available_stream_id()
+        payload = json.dumps(body).encode()
+        connection.send_headers(stream, [(":method", "POST"), (":path", path), (":scheme", "http"),
+                                         (":authority", f"127.0.0.1:{port}"), ("content-type", "application/json"),
+                                         ("authorization", f"Bearer {secret}"),
+                                         ("content-length", str(len(payload)))])
+        connection.send_data(stream, payload, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        while True:
+            data = sock.recv(65536)
+            assert data, "the connection closed before the answer ended"
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    answer.headers = dict(event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    answer.body += event.data
+                    connection.acknowledge_received_data(event.flow_controlled_length, stream)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    answer.trailers = dict(event.headers)
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    return answer
+            sock.sendall(connection.data_to_send())
+
+
+def test_a_json_answer_over_http2(gateway):
+    answer = h2_post(gateway.port, CHAT, {"model": "family-a-5.5", "max_tokens": 4,
+                                           "messages": [{"role": "user", "content": "Hi"}]}, gateway.secret)
+    assert answer.headers[":status"] == "200"
+    assert json.loads(answer.body)["object"] == "chat.completion"
+    assert "x-ratelimit-remaining-requests" in answer.headers
+    assert answer.internal() == []
+
+
+def test_a_stream_over_http2(gateway):
+    answer = h2_post(gateway.port, CHAT, {"model": "family-a-5.5", "max_tokens": 4, "stream": True,
+                                           "messages": [{"role": "user", "content": "Hi"}]}, gateway.secret)
+    assert answer.headers[":status"] == "200" and answer.headers["content-type"] == "text/event-stream"
+    assert answer.body.rstrip().endswith(b"data: [DONE]")
+    assert answer.internal() == []
+
+
+def test_an_error_over_http2(gateway):
+    answer = h2_post(gateway.port, CHAT, {"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]},
+                     gateway.secret)
+    assert answer.headers[":status"] == "404"
+    assert json.loads(answer.body)["error"]["code"] == "model_not_found"
+    assert answer.internal() == []
