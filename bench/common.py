@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,39 +100,44 @@ def tree(root: int) -> list[int]:
     return out
 
 
-def cpu_ticks(pids: list[int]) -> int:
+def _summed(pids: list[int], read: Callable[[int], int]) -> int:
+    """`read(pid)` summed over the processes; one that has gone (or whose /proc entry reads oddly) counts 0."""
     total = 0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError):
+            total += read(pid)
+        except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def _rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+def _pss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_ticks(pids: list[int]) -> int:
+    return _summed(pids, _cpu_ticks)
 
 
 def rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        except (OSError, IndexError):
-            pass
-    return total
+    return _summed(pids, _rss_bytes)
 
 
 def pss_bytes(pids: list[int]) -> int:
     """Proportional set size: shared pages divided among the processes sharing them (no double counting)."""
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    return _summed(pids, _pss_bytes)
 
 
 def machine_busy_ticks() -> int:
