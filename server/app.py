@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class Core:
             await provider.close()
         await self.limiter.close()
         self.store.close()
-        self.telemetry.access_log.close()
+        await asyncio.to_thread(self.telemetry.close)  # sends the spans still queued, waiting at most ~2 s
 
 
 @dataclass
@@ -103,7 +104,7 @@ def build_limit_store(config: Config) -> LimitStore:
 
 async def build_core(config: Config) -> Core:
     store = KeyStore(config.data_dir / "keys.db")
-    telemetry = Telemetry(access_log=AccessLog(config.access_log))
+    telemetry = Telemetry(access_log=AccessLog(config.access_log), tracing=config.tracing)
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
     providers = build_providers(config, telemetry)
     limiter = Limiter(build_limit_store(config), config.limits)

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from server.config_providers import ConfigError, ProviderSpec, mapping, parse_provider
+from server.config_tracing import TracingSettings, parse_tracing
 from server.domain import KeyLimits
 
 __all__ = ["Config", "ConfigError", "EmbeddedSettings", "LimitSettings", "ModelEntry", "ProviderSpec", "load_config"]
@@ -65,6 +66,7 @@ class Config:
     metrics_port: int = 9464  # Prometheus GET /metrics on 127.0.0.1; 0: none
     access_log: str = "stderr"  # one JSON line per request: stderr, stdout, a file path, or off
     drain_seconds: float = 30.0  # after SIGTERM, how long requests in flight may take to finish
+    tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry traces; off by default
 
     @property
     def base_url(self) -> str:
@@ -132,6 +134,7 @@ def _parse(raw: dict, source: str) -> Config:
             metrics_port=int(raw.get("metrics_port", 9464)),
             access_log=str(raw.get("access_log", "stderr")),
             drain_seconds=float(raw.get("drain_seconds", 30.0)),
+            tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc

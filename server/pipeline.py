@@ -19,8 +19,8 @@ from typing import Protocol
 from server.catalog import Catalog
 from server.config import ModelEntry
 from server.domain import (
-    ApiKey, Completion, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, ToolCall, ToolCallDelta,
-    ToolCallStart, UpstreamObject, Usage,
+    ApiKey, Completion, FinishReason, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, ToolCall,
+    ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
@@ -100,7 +100,9 @@ class Pipeline:
             raise refusal
         meter = _Meter(prompt_estimate=await _prompt_tokens(self._token_counters.get(call.model.id), request))
         tokens = meter.prompt_estimate + request.params.max_tokens
-        reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
+        call.record.max_tokens = request.params.max_tokens
+        with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
+            reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
         call.record.upstream_call()
         try:
             async with aclosing(_metered(provider.stream(request), meter, call.record)) as events:
@@ -113,6 +115,8 @@ class Pipeline:
         finally:
             call.record.upstream_done()
             # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
+            if meter.finish is not None:
+                call.record.finish_reason = meter.finish.value
             if meter.started:
                 usage = meter.usage_so_far()
                 call.record.input_tokens, call.record.output_tokens = usage.input_tokens, usage.output_tokens
@@ -147,7 +151,8 @@ class Pipeline:
         provider = call.provider
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
-        reservation = await self._limiter.reserve(call.key, call.model.id, 0)
+        with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0)
         images: list[GeneratedImage] | None = None
         call.record.upstream_call()
         try:
@@ -183,6 +188,7 @@ class _Meter:
     deltas: int = 0
     chars: int = 0
     usage: Usage | None = None
+    finish: FinishReason | None = None
 
     def record(self, event: GenerationEvent) -> None:
         self.started = True  # an upstream object counts nothing, but says a model was reached
@@ -195,6 +201,7 @@ class _Meter:
             self.chars += len(event.arguments)
         elif isinstance(event, Finished):
             self.usage = event.usage
+            self.finish = event.reason
 
     def usage_so_far(self) -> Usage:
         if self.usage is not None:

@@ -50,6 +50,7 @@ def line(record: RequestRecord, outcome: Outcome, finished: float) -> bytes:
     return orjson.dumps({
         "ts": datetime.fromtimestamp(time.time(), timezone.utc).isoformat(timespec="milliseconds"),
         "request_id": record.request_id,
+        "trace_id": record.trace_id,
         "rpc": record.rpc,
         "endpoint": record.endpoint,
         "key_id": record.key_id or None,

@@ -36,6 +36,7 @@ class Metrics:
     rate_limit_rejections: Counter
     upstream_retries: Counter
     upstream_fallbacks: Counter
+    trace_spans_dropped: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -65,6 +66,9 @@ class Metrics:
                                      ["model", "reason"], registry=r),
             upstream_fallbacks=Counter("portico_upstream_fallbacks_total", "Requests passed to a fallback model",
                                        ["model", "fallback"], registry=r),
+            trace_spans_dropped=Counter("portico_trace_spans_dropped_total", "Finished spans never exported: the "
+                                        "export queue was full, or the collector did not take them",
+                                        ["reason"], registry=r),
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from server.errors import PorticoError
 from server.limits.core import LimitExceeded
@@ -50,6 +50,13 @@ class RequestRecord:
     upstream_seconds: float | None = None
     first_token_seconds: float | None = None  # from the start of the request
     in_band_error: str = ""  # the code of a failure reported inside an already started stream
+    trace_id: str | None = None  # the W3C trace id: of the request's span, else of the caller's traceparent
+    span: Any = None  # the request's OpenTelemetry span, when traces are on (server/observability/tracing.py)
+    # For the span only (the metrics and the access log do not use them):
+    max_tokens: int | None = None
+    finish_reason: str = ""
+    answered_by: str = ""  # the model of the last upstream attempt or generation: a fallback's, when one answered
+    spans_started: int = 0  # upstream attempts and generations traced so far, to number them
 
     def upstream_call(self) -> None:
         self.upstream_attempts = max(self.upstream_attempts, 1)
@@ -95,6 +102,28 @@ class UpstreamRecorder(Protocol):
     def retry(self, model: str, reason: str) -> None: ...
 
     def fallback(self, model: str, fallback: str) -> None: ...
+
+    def attempt(self, model: str, upstream_model: str, provider: str, operation: str, address: str,
+                port: int | None) -> Scope:
+        """A client span for one HTTP request to an upstream (`with` around the whole exchange, the answer read to
+        its end); its headers() carry the span's traceparent to the upstream. A no-op unless the request is traced."""
+        ...
+
+    def generation(self, engine_model: str) -> Scope:
+        """A span for one generation by the embedded model, its queueing included. A no-op unless traced."""
+        ...
+
+
+class Scope(Protocol):
+    """A span open for a `with` block (server/observability/tracing.py Scope or NoScope)."""
+
+    def set(self, key: str, value: str | int | float | bool) -> None: ...
+
+    def headers(self) -> dict[str, str]: ...
+
+    def __enter__(self) -> Scope: ...
+
+    def __exit__(self, exc_type, exc, tb) -> None: ...
 
 
 # Anything else is counted as "other", so the label set stays bounded whatever a provider passes.

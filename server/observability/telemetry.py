@@ -6,6 +6,10 @@ Closing a record updates the metrics and writes the access-log line.
 The current record lives in a ContextVar: grpc.aio runs every RPC in its own asyncio task, whose context is its
 own copy, so a record set at the start of an RPC is seen by everything that RPC runs (tasks it starts included)
 and by nothing else. The variable belongs to this object, not to the module, to keep module state out.
+
+With `tracing.otlp_endpoint` set, the record also carries the request's OpenTelemetry span, opened and ended with
+it; the pipeline and providers open child spans under it through `span`, `attempt` and `generation`, which cost
+one attribute check when the request is not traced.
 """
 
 from __future__ import annotations
@@ -16,18 +20,25 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from server.config_tracing import TracingSettings
 from server.domain import ApiKey
 from server.observability.access_log import AccessLog
 from server.observability.metrics import Metrics
 from server.observability.record import RETRY_REASONS, Outcome, RequestRecord
+from server.observability.tracing import NO_SCOPE, OPERATIONS, NoScope, Scope, Tracing, caller_trace_id, trace_id_of
 
 _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
+_TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
 
 
 class Telemetry:
-    def __init__(self, metrics: Metrics | None = None, access_log: AccessLog | None = None) -> None:
+    def __init__(self, metrics: Metrics | None = None, access_log: AccessLog | None = None,
+                 tracing: TracingSettings | None = None) -> None:
         self.metrics = metrics or Metrics.create()
         self.access_log = access_log or AccessLog("off")
+        self.tracing = Tracing(tracing, self._spans_dropped) if tracing is not None and tracing.enabled else None
         self._current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
             "portico_request", default=None
         )
@@ -43,8 +54,12 @@ class Telemetry:
         return child
 
     def begin(self, method: str, endpoint: str, metadata: Sequence[tuple[str, str | bytes]]) -> RequestRecord:
-        record = RequestRecord(request_id=_request_id(metadata), rpc=method.removeprefix("/portico.v1."),
-                               endpoint=endpoint)
+        request_id, trace_id = _ids(metadata)
+        record = RequestRecord(request_id=request_id, rpc=method.removeprefix("/portico.v1."), endpoint=endpoint,
+                               trace_id=trace_id)
+        if self.tracing is not None:
+            record.span = self.tracing.server_span(method.removeprefix("/"), metadata)
+            record.trace_id = trace_id_of(record.span)
         self._current.set(record)  # no reset needed: the RPC's task, and so this context, ends with the RPC
         self._child(self.metrics.in_flight, endpoint).inc()
         return record
@@ -78,6 +93,49 @@ class Telemetry:
         if outcome.limit:
             child(m.rate_limit_rejections, outcome.limit, outcome.scope).inc()
         self.access_log.write(record, outcome, now)
+        if record.span is not None:
+            _end_span(record, outcome)
+
+    def span(self, record: RequestRecord, name: str, **attributes: str | int | bool) -> Scope | NoScope:
+        """A child span of the request's (internal kind), e.g. admission; a no-op when it is not traced."""
+        if record.span is None or self.tracing is None:
+            return NO_SCOPE
+        return self.tracing.child(record.span, name, SpanKind.INTERNAL, attributes)
+
+    def attempt(self, model: str, upstream_model: str, provider: str, operation: str, address: str,
+                port: int | None) -> Scope | NoScope:
+        record = self._current.get()
+        if record is None or record.span is None or self.tracing is None:
+            return NO_SCOPE
+        record.spans_started += 1
+        record.answered_by = model
+        attributes = {
+            "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
+            "gen_ai.request.model": upstream_model, "server.address": address, "portico.model": model,
+            "portico.attempt": record.spans_started, "portico.fallback": bool(record.model) and model != record.model,
+        }
+        if port is not None:
+            attributes["server.port"] = port
+        return self.tracing.child(record.span, f"{operation} {upstream_model}", SpanKind.CLIENT, attributes)
+
+    def generation(self, engine_model: str) -> Scope | NoScope:
+        record = self._current.get()
+        if record is None or record.span is None or self.tracing is None:
+            return NO_SCOPE
+        record.spans_started += 1
+        # The embedded model serves many model ids: this is the one asked for, or the fallback being tried.
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "portico.embedded",
+                      "gen_ai.request.model": engine_model, "portico.model": record.answered_by or record.model,
+                      "portico.attempt": record.spans_started}
+        return self.tracing.child(record.span, f"generate {engine_model}", SpanKind.INTERNAL, attributes)
+
+    def close(self) -> None:
+        if self.tracing is not None:
+            self.tracing.close()
+        self.access_log.close()
+
+    def _spans_dropped(self, reason: str, count: int) -> None:
+        self._child(self.metrics.trace_spans_dropped, reason).inc(count)
 
     # UpstreamRecorder (server/observability/record.py)
     def retry(self, model: str, reason: str) -> None:
@@ -86,11 +144,55 @@ class Telemetry:
 
     def fallback(self, model: str, fallback: str) -> None:
         self._child(self.metrics.upstream_fallbacks, model, fallback).inc()
-        self.current().upstream_attempts += 1
+        record = self.current()
+        record.upstream_attempts += 1
+        record.answered_by = fallback
 
 
-def _request_id(metadata: Sequence[tuple[str, str | bytes]]) -> str:
+def _ids(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, str | None]:
+    """The request id (Envoy's x-request-id, else a new one) and the trace id of the caller's traceparent."""
+    request_id, trace_id = "", None
     for name, value in metadata:
         if name == _REQUEST_ID and isinstance(value, str) and value:
-            return value[:128]  # the caller may have chosen it: keep the log line bounded
-    return uuid.uuid4().hex  # a direct gRPC caller, not through Envoy
+            request_id = value[:128]  # the caller may have chosen it: keep the log line bounded
+        elif name == _TRACEPARENT:
+            trace_id = caller_trace_id(value)
+    return request_id or uuid.uuid4().hex, trace_id  # no x-request-id: a direct gRPC caller, not through Envoy
+
+
+def _end_span(record: RequestRecord, outcome: Outcome) -> None:
+    """The request's span gets what the request turned out to be, in the gen_ai conventions' names where they
+    have one, and ends. Only ids, labels, counts and codes: nothing a caller or a model wrote."""
+    span = record.span
+    operation = OPERATIONS.get(record.endpoint)
+    attributes: dict[str, str | int | Sequence[str]] = {
+        "portico.endpoint": record.endpoint, "portico.request_id": record.request_id, "rpc.system": "grpc",
+        "rpc.method": record.rpc, "http.response.status_code": outcome.status,
+    }
+    if operation is not None:
+        attributes["gen_ai.operation.name"] = operation
+    if record.key_id:
+        attributes["portico.key_id"] = record.key_id
+    if record.model:
+        attributes["gen_ai.request.model"] = record.model
+        attributes["gen_ai.response.model"] = record.answered_by or record.model
+        if operation is not None:
+            span.update_name(f"{operation} {record.model}")
+    if record.max_tokens is not None:
+        attributes["gen_ai.request.max_tokens"] = record.max_tokens
+    if record.input_tokens or record.output_tokens:
+        attributes["gen_ai.usage.input_tokens"] = record.input_tokens
+        attributes["gen_ai.usage.output_tokens"] = record.output_tokens
+    if record.finish_reason:
+        attributes["gen_ai.response.finish_reasons"] = (record.finish_reason,)
+    if record.upstream_attempts:
+        attributes["portico.upstream_attempts"] = record.upstream_attempts
+    if outcome.code:
+        attributes["error.type"] = outcome.code
+        attributes["portico.error.code"] = outcome.code
+    if outcome.limit:
+        attributes["portico.limit"] = outcome.limit
+    span.set_attributes(attributes)
+    if outcome.status >= 500 or (outcome.code and outcome.status < 400):  # and a stream that failed after its 200
+        span.set_status(Status(StatusCode.ERROR, outcome.code))
+    span.end()

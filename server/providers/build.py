@@ -88,6 +88,7 @@ class _Builder:
                 n_ctx=settings.context_size,
                 n_threads=settings.threads,
                 n_instances=settings.instances,
+                recorder=self._recorder,
             )
         return self._embedded
 
@@ -95,5 +96,6 @@ class _Builder:
         shared_by = (kind, spec.base_url, spec.api_key_env, spec.timeouts, spec.max_connections, spec.retry.on_status)
         if shared_by not in self._upstreams:
             headers = anthropic_auth_headers(key) if kind == "anthropic" else openai_auth_headers(key)
-            self._upstreams[shared_by] = HttpUpstream(spec, auth_headers=headers, secret=key)
+            self._upstreams[shared_by] = HttpUpstream(spec, auth_headers=headers, secret=key, provider=kind,
+                                                      recorder=self._recorder)
         return self._upstreams[shared_by]

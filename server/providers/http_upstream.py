@@ -29,6 +29,9 @@ from yarl import URL
 
 from server.config_providers import UpstreamSpec
 from server.errors import PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from server.observability import UpstreamRecorder
+from server.observability.record import Scope
+from server.observability.tracing import NO_SCOPE, NoScope
 from server.providers.upstream_errors import from_status, from_stream_error
 
 MAX_ERROR_BODY = 64 * 1024  # an error body is read only this far
@@ -41,7 +44,8 @@ KEEPALIVE_SECONDS = 4.0
 SETTLE_SECONDS = 1.0
 SETTLE_BYTES = 64 * 1024
 
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)  # TimeoutError: asyncio's too, and aiohttp's timeouts
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+_OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"  # TimeoutError: asyncio's too, and aiohttp's timeouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +55,16 @@ class SseEvent:
 
 
 class HttpUpstream:
-    def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None) -> None:
+    def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None,
+                 provider: str = "openai", recorder: UpstreamRecorder | None = None) -> None:
+        """`provider`: the dialect the server speaks ("openai" or "anthropic"); `recorder` opens a traced request's
+        span for each POST (server/observability)."""
         timeouts = spec.timeouts
         self._base = spec.base_url + "/"
+        self._provider = provider
+        self._recorder = recorder
+        base = URL(self._base)
+        self._address, self._port = base.host or "", base.explicit_port or base.port
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect, sock_connect=timeouts.connect,
                                               sock_read=timeouts.read)
         # A non-streamed answer's first byte comes when the whole answer is ready.
@@ -89,35 +100,40 @@ class HttpUpstream:
         with an exception (an error, a caller who went away) closes the connection, which is how the upstream's
         work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
         to the pool once the answer is complete."""
-        response = await self._send("POST", self._url(path), model_id, before_answer=True, data=orjson.dumps(body),
-                                    headers=self._headers, proxy=self._proxy)
-        events = None
-        try:
-            if response.status >= 300:
-                raise await self._status_error(response, model_id)
-            events = self._events(response.content, model_id)
-            yield events
-        except BaseException:
-            self._give_back(response, caller_done=False)
-            raise
-        else:
-            self._give_back(response, caller_done=True)
-        finally:
-            if events is not None:
-                await events.aclose()
+        with self._attempt(path, body, model_id) as attempt:
+            response = await self._send("POST", self._url(path), model_id, before_answer=True,
+                                        data=orjson.dumps(body), headers=self._headers_for(attempt), proxy=self._proxy)
+            attempt.set("http.response.status_code", response.status)
+            events = None
+            try:
+                if response.status >= 300:
+                    raise await self._status_error(response, model_id)
+                events = self._events(response.content, model_id)
+                yield events
+            except BaseException:
+                self._give_back(response, caller_done=False)
+                raise
+            else:
+                self._give_back(response, caller_done=True)
+            finally:
+                if events is not None:
+                    await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str) -> dict:
-        response = await self._send("POST", self._url(path), model_id, before_answer=True, data=orjson.dumps(body),
-                                    headers=self._headers, proxy=self._proxy, timeout=self._answer_timeout)
-        try:
-            if response.status >= 300:
-                raise await self._status_error(response, model_id)
+        with self._attempt(path, body, model_id) as attempt:
+            response = await self._send("POST", self._url(path), model_id, before_answer=True,
+                                        data=orjson.dumps(body), headers=self._headers_for(attempt), proxy=self._proxy,
+                                        timeout=self._answer_timeout)
+            attempt.set("http.response.status_code", response.status)
             try:
-                content = await response.read()
-            except _TRANSPORT_ERRORS as exc:
-                raise self._transport_error(exc, model_id, before_answer=True) from None
-        finally:
-            self._give_back(response, caller_done=False)
+                if response.status >= 300:
+                    raise await self._status_error(response, model_id)
+                try:
+                    content = await response.read()
+                except _TRANSPORT_ERRORS as exc:
+                    raise self._transport_error(exc, model_id, before_answer=True) from None
+            finally:
+                self._give_back(response, caller_done=False)
         try:
             data = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -147,6 +163,22 @@ class HttpUpstream:
 
     def stream_error(self, payload: Mapping, model_id: str) -> PorticoError:
         return from_stream_error(payload, retry_on=self._retry_on, upstream=model_id, secret=self._secret)
+
+    def _attempt(self, path: str, body: Mapping, model_id: str) -> Scope | NoScope:
+        if self._recorder is None:
+            return NO_SCOPE
+        upstream_model = body.get("model")
+        return self._recorder.attempt(model_id, upstream_model if isinstance(upstream_model, str) else "",
+                                      self._provider, _OPERATIONS.get(path, "chat"), self._address, self._port)
+
+    def _headers_for(self, attempt: Scope | NoScope) -> CIMultiDictProxy | CIMultiDict:
+        """The request's headers; for a traced request with its `traceparent` (and `tracestate`), so the upstream's
+        own spans join the trace."""
+        if attempt is NO_SCOPE:
+            return self._headers
+        headers = CIMultiDict(self._headers)
+        headers.update(attempt.headers())
+        return headers
 
     def _session_now(self) -> aiohttp.ClientSession:
         session = self._session

@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError, ServiceUnavailable
+from server.observability import UpstreamRecorder
+from server.observability.record import Scope
+from server.observability.tracing import NO_SCOPE
 from server.providers import Capabilities
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,9 +55,13 @@ class LlamaCppProvider:
     # shown to it, and a request that needs a call (tool_choice "required" / a named tool) is refused.
     capabilities = Capabilities()
 
-    def __init__(self, model_path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_instances: int = 1) -> None:
+    def __init__(self, model_path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_instances: int = 1,
+                 recorder: UpstreamRecorder | None = None) -> None:
+        """`recorder` opens a traced request's span for each generation (server/observability)."""
         if n_instances < 1:
             raise ValueError("n_instances must be at least 1")
+        self._recorder = recorder
+        self._engine_model = Path(model_path).stem  # "SmolLM2-135M-Instruct.Q4_1", the span's gen_ai.request.model
         # Not llm.n_ctx(): llama.cpp pads the context up to a multiple of 256, but llama-cpp-python sizes its token
         # buffer with the value asked for, so only that many tokens fit.
         self._n_ctx = n_ctx
@@ -116,9 +124,16 @@ class LlamaCppProvider:
         return tokens
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        with NO_SCOPE if self._recorder is None else self._recorder.generation(self._engine_model) as span:
+            async with aclosing(self._generation(request, span)) as events:
+                async for event in events:
+                    yield event
+
+    async def _generation(self, request: GenerationRequest, span: Scope) -> AsyncIterator[GenerationEvent]:
         if self._closed:
             raise ServiceUnavailable("the embedded model is shutting down")
         # Off the loop: tokenizing takes ~1 ms per 1k tokens, and any thread may do it (see _tokenize).
+        queued = asyncio.get_running_loop().time()
         prompt = await asyncio.to_thread(self._tokenize, request.turns)
         if len(prompt) >= self._n_ctx:
             raise InvalidRequest(
@@ -127,6 +142,7 @@ class LlamaCppProvider:
                 param="messages",
             )
         instance = await self._acquire()
+        span.set("portico.queued_ms", round((asyncio.get_running_loop().time() - queued) * 1000, 1))
         if self._closed:  # close() began while we waited; its own acquire is next in line
             self._release(instance)
             raise ServiceUnavailable("the embedded model is shutting down")

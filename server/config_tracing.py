@@ -1,0 +1,71 @@
+"""The `tracing:` section: OpenTelemetry traces exported over OTLP/HTTP (protobuf). Off unless `otlp_endpoint` is set.
+Read by server/config.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from server.config_providers import ConfigError, mapping
+
+TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
+
+
+@dataclass(frozen=True, slots=True)
+class TracingSettings:
+    otlp_endpoint: str | None = None  # None: no traces (the default)
+    sample_ratio: float = 1.0  # of the traces Portico starts; a caller's sampled flag is honoured either way
+    service_name: str = "portico"
+    max_queue_size: int = 2048  # finished spans waiting for export; spans beyond it are dropped and counted
+    export_delay_seconds: float = 2.0  # a batch leaves at least this often (sooner when it is full)
+    max_export_batch_size: int = 512
+    export_timeout_seconds: float = 10.0  # one export, its retries included
+
+    @property
+    def enabled(self) -> bool:
+        return self.otlp_endpoint is not None
+
+
+def parse_tracing(raw: Any, where: str) -> TracingSettings:
+    raw = mapping(raw or {}, where)
+    known = {"otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
+             "max_export_batch_size", "export_timeout_seconds"}
+    if unknown := set(raw) - known:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    endpoint = raw.get("otlp_endpoint")
+    if endpoint is not None:
+        endpoint = _endpoint(endpoint, f"{where}.otlp_endpoint")
+    try:
+        settings = TracingSettings(
+            otlp_endpoint=endpoint,
+            sample_ratio=float(raw.get("sample_ratio", 1.0)),
+            service_name=str(raw.get("service_name", "portico")),
+            max_queue_size=int(raw.get("max_queue_size", 2048)),
+            export_delay_seconds=float(raw.get("export_delay_seconds", 2.0)),
+            max_export_batch_size=int(raw.get("max_export_batch_size", 512)),
+            export_timeout_seconds=float(raw.get("export_timeout_seconds", 10.0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if not 0.0 <= settings.sample_ratio <= 1.0:
+        raise ConfigError(f"{where}.sample_ratio: a fraction from 0 to 1, not {settings.sample_ratio}")
+    if settings.max_queue_size < 1 or not 1 <= settings.max_export_batch_size <= settings.max_queue_size:
+        raise ConfigError(f"{where}: max_queue_size must be at least 1, max_export_batch_size from 1 to it")
+    if settings.export_delay_seconds <= 0 or settings.export_timeout_seconds <= 0:
+        raise ConfigError(f"{where}: export_delay_seconds and export_timeout_seconds must be positive")
+    if not settings.service_name:
+        raise ConfigError(f"{where}.service_name: must not be empty")
+    return settings
+
+
+def _endpoint(value: Any, where: str) -> str:
+    """An http(s) URL; `/v1/traces` is added when it has no path, as OTLP exporters do with a base URL."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318, not {value!r}")
+    if parts.path in ("", "/"):
+        return value.rstrip("/") + TRACES_PATH
+    return value

@@ -1,0 +1,102 @@
+"""Traces through the whole stack: an official SDK caller's `traceparent` crosses Envoy, Portico's spans join it and
+reach a real OTLP/HTTP receiver, the upstream receives the trace, and the access log names it; with the collector
+down, callers see nothing different."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+
+import openai
+import orjson
+import pytest
+
+from tests.e2e.conftest import running_gateway
+from tests.otlp_receiver import OtlpReceiver
+from tests.upstream_double import UpstreamDouble
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def traced_config(directory, collector: str, upstream: str):
+    path = directory / "traced.yaml"
+    path.write_text(f"""\
+tracing: {{otlp_endpoint: '{collector}', export_delay_seconds: 0.05, export_timeout_seconds: 1}}
+models:
+  - {{id: family-a-5.5, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}}}
+  - id: up-chat
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{upstream}', api_key_env: {UPSTREAM_KEY_ENV}, model: main-model}}
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def upstream_key():
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    yield
+    os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def caller(trace_id: str, span_id: str, gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0,
+                         default_headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
+
+
+def access_lines(gateway, trace_id: str, count: int) -> list[dict]:
+    """The access-log lines carrying `trace_id`, once there are `count` of them."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [orjson.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith('{"ts":')]
+        found = [line for line in lines if line["trace_id"] == trace_id]
+        if len(found) >= count or time.monotonic() > deadline:
+            assert len(found) == count, (trace_id, found)
+            return found
+        time.sleep(0.05)
+
+
+def test_a_rest_callers_trace_runs_through_envoy_portico_and_the_upstream(tmp_path, upstream_key):
+    receiver, double = OtlpReceiver().start(), UpstreamDouble().start()
+    try:
+        with running_gateway(tmp_path / "data", config=traced_config(tmp_path, receiver.url, double.url)) as gateway:
+            trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+            client = caller(trace_id, span_id, gateway)
+            answer = client.chat.completions.create(model="up-chat", messages=HI, max_tokens=5)
+            assert answer.choices[0].message.content == "echo Hi"
+            stream = client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=2, stream=True)
+            assert len([chunk for chunk in stream]) >= 2
+
+            spans = receiver.wait_for_trace(trace_id, server_spans=2)
+            requests = [s for s in spans if s.kind == "server"]
+            assert all(s.parent_id == span_id for s in requests)  # both joined to the caller's span
+            assert {s.name for s in requests} == {"chat up-chat", "chat family-a-5.5"}
+            (attempt,) = [s for s in spans if s.kind == "client"]
+            assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+            assert any(s.name.startswith("generate SmolLM2") for s in spans)
+            lines = access_lines(gateway, trace_id, 2)
+            assert {line["model"] for line in lines} == {"up-chat", "family-a-5.5"}
+            exported = b"".join(receiver.bodies)
+            assert gateway.secret.encode() not in exported and UPSTREAM_KEY.encode() not in exported
+    finally:
+        receiver.stop()
+        double.stop()
+
+
+def test_a_collector_that_is_down_changes_nothing_for_rest_callers(tmp_path, upstream_key):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    double = UpstreamDouble().start()
+    try:
+        with running_gateway(tmp_path / "data", config=traced_config(tmp_path, nowhere, double.url)) as gateway:
+            trace_id = secrets.token_hex(16)
+            client = caller(trace_id, secrets.token_hex(8), gateway)
+            for _ in range(5):
+                answer = client.chat.completions.create(model="up-chat", messages=HI, max_tokens=5)
+                assert answer.choices[0].message.content == "echo Hi"
+            assert [line["status"] for line in access_lines(gateway, trace_id, 5)] == [200] * 5
+    finally:
+        double.stop()

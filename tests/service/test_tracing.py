@@ -1,0 +1,291 @@
+"""OpenTelemetry traces over real stubs, exported to a real OTLP/HTTP receiver: one server span per request joined to
+the caller's traceparent, admission, each upstream attempt (retries, fallbacks) and embedded generation as children,
+the gen_ai attributes, traceparent sent on to the upstream, the trace id in the access log, nothing secret or
+user-written in any span, and a collector that is down or stuck changing nothing for callers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+
+import grpc
+import orjson
+import pytest
+
+from server.app import start_server
+from server.config import load_config
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request
+from tests.otlp_receiver import OtlpReceiver
+from tests.upstream_double import Cue
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_models, write_config
+
+HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello."
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def traced_config(directory, models_yaml: str, tracing: str):
+    path = write_config(directory, models_yaml)
+    path.write_text(f"tracing: {tracing}\naccess_log: {directory / 'access.log'}\n" + path.read_text())
+    return load_config(path)
+
+
+@pytest.fixture(scope="module")
+async def running(double, receiver, tmp_path_factory):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    tracing = f"{{otlp_endpoint: '{receiver.url}', export_delay_seconds: 0.05}}"
+    config = traced_config(tmp_path_factory.mktemp("traced"), upstream_models(double.url), tracing)
+    server = await start_server(config, "127.0.0.1:0")
+    yield server
+    await server.stop(0)
+    os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def caller_context(sampled: bool = True) -> tuple[str, str, tuple[str, str]]:
+    """(trace id, span id, the traceparent metadata pair) of a caller's own span."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, ("traceparent", f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}")
+
+
+async def ask(chat, secret: str, traceparent, model: str = "up-main", **fields):
+    metadata = (*bearer(secret), traceparent)
+    return await chat.CreateChatCompletion(chat_request(model=model, messages=HELLO, **fields), metadata=metadata)
+
+
+def one(spans, **match):
+    found = [s for s in spans if all(getattr(s, k) == v for k, v in match.items())]
+    assert len(found) == 1, (match, spans)
+    return found[0]
+
+
+def access_line(running, trace_id: str) -> dict:
+    with open(running.telemetry.access_log.target, encoding="utf-8") as log:
+        lines = [orjson.loads(line) for line in log]
+    (line,) = [line for line in lines if line["trace_id"] == trace_id]
+    return line
+
+
+async def test_a_request_joins_the_callers_trace_through_admission_and_its_upstream(chat, running, double,
+                                                                                    receiver, key):
+    key_id, secret = key
+    trace_id, caller_span, traceparent = caller_context()
+    await ask(chat, secret, traceparent, max_tokens=20)
+
+    spans = receiver.wait_for_trace(trace_id)
+    server = one(spans, kind="server")
+    assert server.parent_id == caller_span and server.service == "portico"
+    assert server.name == "chat up-main" and not server.error
+    attributes = server.attributes
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.model"] == attributes["gen_ai.response.model"] == "up-main"
+    assert attributes["gen_ai.request.max_tokens"] == 20
+    assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (2, 3)
+    assert attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert attributes["portico.key_id"] == key_id and attributes["portico.endpoint"] == CHAT
+    assert attributes["http.response.status_code"] == 200 and "error.type" not in attributes
+
+    admission = one(spans, name="admission")
+    attempt = one(spans, kind="client")
+    assert admission.parent_id == attempt.parent_id == server.span_id
+    assert admission.end <= attempt.start and attempt.end <= server.end
+    assert attempt.name == "chat main-model"
+    assert attempt.attributes["gen_ai.request.model"] == "main-model"
+    assert attempt.attributes["gen_ai.provider.name"] == "openai"
+    assert attempt.attributes["server.address"] == "127.0.0.1"
+    assert attempt.attributes["server.port"] == double.port
+    assert attempt.attributes["http.response.status_code"] == 200
+    assert (attempt.attributes["portico.attempt"], attempt.attributes["portico.fallback"]) == (1, False)
+
+    # The upstream was told its parent is the attempt span, in the caller's trace.
+    assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+    assert access_line(running, trace_id)["request_id"]
+
+
+async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    request = chat_request(model="up-main", messages=HELLO, stream=True)
+    answer = [body async for body in chat.CreateChatCompletionHttp(request, metadata=(*bearer(secret), traceparent))]
+    assert b"[DONE]" in answer[-1].data
+
+    spans = receiver.wait_for_trace(trace_id)
+    server = one(spans, kind="server")
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert server.attributes["gen_ai.usage.output_tokens"] == 3
+    attempt = one(spans, kind="client")
+    assert attempt.parent_id == server.span_id and attempt.end <= server.end
+
+
+async def test_each_retry_is_its_own_attempt_span(chat, running, double, receiver, key):
+    _, secret = key
+    double.cue(Cue(status=503, body={"error": {"message": "overloaded"}}))
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent)
+
+    spans = receiver.wait_for_trace(trace_id)
+    first, second = sorted((s for s in spans if s.kind == "client"), key=lambda s: s.start)
+    assert first.error and first.attributes["http.response.status_code"] == 503
+    assert first.attributes["error.type"] == "service_unavailable"
+    assert first.attributes["portico.retry_reason"] == "503"
+    assert not second.error and second.attributes["portico.attempt"] == 2
+    assert one(spans, kind="server").attributes["portico.upstream_attempts"] == 2
+    # Each attempt told the upstream its own span.
+    assert [s.headers["traceparent"].split("-")[2] for s in double.seen] == [first.span_id, second.span_id]
+
+
+async def test_a_fallback_is_traced_with_the_model_that_answered(chat, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, model="up-down")  # nothing listens there; falls back to up-backup
+
+    spans = receiver.wait_for_trace(trace_id)
+    attempts = sorted((s for s in spans if s.kind == "client"), key=lambda s: s.start)
+    assert [s.attributes["portico.model"] for s in attempts] == ["up-down"] * 3 + ["up-backup"]
+    assert all(s.error and s.attributes["portico.retry_reason"] == "connect" for s in attempts[:3])
+    assert attempts[-1].attributes["portico.fallback"] and not attempts[-1].error
+    assert attempts[-1].attributes["gen_ai.request.model"] == "backup-model"
+    server = one(spans, kind="server")
+    assert server.attributes["gen_ai.request.model"] == "up-down"
+    assert server.attributes["gen_ai.response.model"] == "up-backup"
+
+
+async def test_the_embedded_model_has_a_generation_span(chat, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, model="embedded", max_tokens=3)
+
+    spans = receiver.wait_for_trace(trace_id)
+    server = one(spans, kind="server")
+    generation = one(spans, name="generate SmolLM2-135M-Instruct.Q4_1")
+    assert generation.parent_id == server.span_id and not generation.error
+    assert generation.attributes["gen_ai.request.model"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert generation.attributes["portico.queued_ms"] >= 0
+    assert server.attributes["gen_ai.usage.output_tokens"] == 3
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
+
+
+async def test_a_refusal_is_traced_with_its_code_and_limit(chat, running, receiver):
+    _, secret = running.store.create("traced-limited", all_models=True, limits=KeyLimits(requests_per_minute=1))
+    await ask(chat, secret, caller_context()[2])
+    trace_id, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await ask(chat, secret, traceparent)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    spans = receiver.wait_for_trace(trace_id)
+    admission = one(spans, name="admission")
+    assert admission.error and admission.attributes["error.type"] == "rate_limit_exceeded"
+    assert admission.attributes["portico.limit"] == "requests_per_minute"
+    server = one(spans, kind="server")
+    assert server.attributes["http.response.status_code"] == 429
+    assert server.attributes["error.type"] == "rate_limit_exceeded"
+    assert not [s for s in spans if s.kind == "client"]  # no upstream was asked
+
+
+async def test_without_a_traceparent_portico_starts_the_trace(chat, running, receiver, key):
+    _, secret = key
+    before = len(receiver.spans)
+    await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO), metadata=bearer(secret))
+    receiver.wait_for(lambda r: any(s.kind == "server" and s.name == "chat up-solo" for s in r.spans[before:]))
+    server = next(s for s in receiver.spans[before:] if s.name == "chat up-solo")
+    assert server.parent_id == ""
+    assert one(receiver.trace(server.trace_id), kind="client").parent_id == server.span_id
+
+
+async def test_a_caller_that_samples_nothing_gets_no_spans_but_its_trace_id_is_logged(chat, running, double,
+                                                                                     receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context(sampled=False)
+    await ask(chat, secret, traceparent)
+    assert double.seen[-1].headers["traceparent"].startswith(f"00-{trace_id}-")  # passed on, not sampled
+    assert double.seen[-1].headers["traceparent"].endswith("-00")
+    # A later, sampled request's spans arrive; the unsampled one's never do.
+    later, _, sampled = caller_context()
+    await ask(chat, secret, sampled)
+    receiver.wait_for_trace(later)
+    assert receiver.trace(trace_id) == []
+    assert access_line(running, trace_id)["status"] == 200
+
+
+async def test_no_span_holds_a_secret_a_prompt_or_an_answer(chat, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    prompt = "My card number is 4111-1111-1111-1111, say it back."
+    request = chat_request(model="up-main", messages=[{"role": "user", "content": prompt}])
+    await chat.CreateChatCompletion(request, metadata=(*bearer(secret), traceparent))
+    receiver.wait_for_trace(trace_id)
+    exported = b"".join(receiver.bodies)
+    for needle in (secret, UPSTREAM_KEY, "4111-1111", "Say hello", "echo ", "Bearer"):
+        assert needle.encode() not in exported, needle
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, double):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    tracing = f"{{otlp_endpoint: 'http://127.0.0.1:{_free_port()}', export_delay_seconds: 0.05, " \
+              "export_timeout_seconds: 1}"
+    server = await start_server(traced_config(tmp_path, upstream_models(double.url), tracing), "127.0.0.1:0")
+    try:
+        _, secret = server.store.create("down-collector", all_models=True)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            from portico.v1 import chat_service_pb2_grpc
+
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            began = time.monotonic()
+            answers = await asyncio.gather(*(ask(chat, secret, caller_context()[2]) for _ in range(10)))
+            assert all(a.choices[0].message.content == "echo Say hello." for a in answers)
+            assert time.monotonic() - began < 3
+        dropped = server.telemetry.metrics.registry.get_sample_value
+        deadline = time.monotonic() + 10
+        while not dropped("portico_trace_spans_dropped_total", {"reason": "export_failed"}):
+            assert time.monotonic() < deadline, "failed exports were not counted"
+            await asyncio.sleep(0.05)
+    finally:
+        began = time.monotonic()
+        await server.stop(0)
+        assert time.monotonic() - began < 5  # shutting down does not wait on the collector
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+async def test_a_stuck_collector_fills_the_bounded_queue_and_drops_are_counted(tmp_path, double):
+    """A collector that accepts connections and never answers holds the export thread; the queue stays bounded."""
+    stuck = socket.socket()
+    stuck.bind(("127.0.0.1", 0))
+    stuck.listen(64)
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    tracing = f"{{otlp_endpoint: 'http://127.0.0.1:{stuck.getsockname()[1]}', export_delay_seconds: 0.05, " \
+              "export_timeout_seconds: 30, max_queue_size: 4, max_export_batch_size: 1}"
+    server = await start_server(traced_config(tmp_path, upstream_models(double.url), tracing), "127.0.0.1:0")
+    try:
+        _, secret = server.store.create("stuck-collector", all_models=True)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            from portico.v1 import chat_service_pb2_grpc
+
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            for _ in range(5):  # 3 spans each (request, admission, attempt): far more than the queue holds
+                answer = await ask(chat, secret, caller_context()[2])
+                assert answer.choices[0].message.content == "echo Say hello."
+        dropped = server.telemetry.metrics.registry.get_sample_value("portico_trace_spans_dropped_total",
+                                                                     {"reason": "queue_full"})
+        assert dropped is not None and dropped >= 15 - 4 - 1  # at most the queue and the batch being sent survive
+    finally:
+        began = time.monotonic()
+        await server.stop(0)
+        assert time.monotonic() - began < 5
+        stuck.close()
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
