@@ -16,6 +16,14 @@ class Role(str, enum.Enum):
     ASSISTANT = "assistant"
 
 
+class Endpoint(enum.StrEnum):
+    """A public model path. Every model is served at exactly one; `/v1/models` tells callers which."""
+
+    CHAT = "/v1/chat/completions"
+    MESSAGES = "/v1/messages"
+    IMAGES = "/v1/images/generations"
+
+
 class Dialect(str, enum.Enum):
     """The wire API a request arrived in, or an upstream speaks."""
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 
+from server.domain import Json
 from server.errors import InternalError, PorticoError, error_object
-from server.render import sse_event
 
 _logger = logging.getLogger(__name__)
 
 
-async def guard_stream(frames: AsyncIterator[bytes], *, anthropic: bool) -> AsyncIterator[bytes]:
-    """Pass frames through; on failure end with the dialect's error event (OpenAI: a data-only event with an
-    `error` member, which the openai SDK raises; Anthropic: `event: error`)."""
+async def guard_stream(
+    frames: AsyncIterator[bytes], error_frame: Callable[[Mapping[str, Json]], bytes]
+) -> AsyncIterator[bytes]:
+    """Pass frames through; on failure end with the dialect's error event, `error_frame(error object)`."""
     try:
         async with aclosing(frames):
             async for frame in frames:
@@ -25,10 +26,7 @@ async def guard_stream(frames: AsyncIterator[bytes], *, anthropic: bool) -> Asyn
         if not isinstance(exc, PorticoError):
             _logger.exception("stream failed")
             exc = InternalError("The server had an error while streaming the response.")
-        if anthropic:
-            yield sse_event({"type": "error", "error": error_object(exc)}, event="error")
-        else:
-            yield sse_event({"error": error_object(exc)})
+        yield error_frame(error_object(exc))
 
 
 async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64) -> AsyncIterator[bytes]:

@@ -1,0 +1,95 @@
+"""The shared base of the text-generation servicers: each dialect endpoint has a typed unary RPC, a typed stream
+RPC and an HTTP-body RPC (REST through Envoy: one JSON body, or SSE bytes), all three over the same pipeline.
+
+An endpoint is an adapter of four small pieces: how a request becomes a plan (`plan`), how a whole answer becomes a
+JSON object (`answer`), how events become the dialect's stream objects (`stream_objects`) and how those are framed
+as SSE (`frames`, `error_frame`, from server/render). Everything else is here, once.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import ClassVar, Protocol
+
+from google.api import httpbody_pb2
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, Json, ResponseHeader
+from server.pipeline import Call, Pipeline
+from server.render import json_body
+from server.services.streaming import coalesced, guard_stream
+
+
+class Plan(Protocol):
+    """What a translator makes of a request: the generation, and whether the caller reads it as a stream."""
+
+    @property
+    def generation(self) -> GenerationRequest: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+
+class DialectServicer:
+    endpoint: ClassVar[Endpoint]
+    id_prefix: ClassVar[str]  # of the response ids: "chatcmpl-", "msg_"
+    allow_x_api_key: ClassVar[bool] = False  # the Anthropic SDK sends its key as x-api-key
+    response_type: ClassVar[type[Message]]  # of the typed unary RPC
+    event_type: ClassVar[type[Message]]  # of the typed stream RPC
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    # The adapter's pieces.
+
+    def plan(self, request: Message, call: Call, *, always_stream: bool) -> Plan:
+        raise NotImplementedError
+
+    def answer(self, header: ResponseHeader, completion: Completion) -> dict:
+        raise NotImplementedError
+
+    def stream_objects(
+        self, header: ResponseHeader, events: AsyncIterator[GenerationEvent], plan: Plan
+    ) -> AsyncIterator[dict]:
+        raise NotImplementedError
+
+    def frames(self, objects: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+    def error_frame(self, error: Mapping[str, Json]) -> bytes:
+        raise NotImplementedError
+
+    # The three kinds of RPC, for every dialect: an adapter binds its RPC names to these.
+
+    async def unary(self, request: Message, context) -> Message:
+        call, plan, header = self._prepare(request, context)
+        completion = await self._pipeline.complete(call, plan.generation)
+        return json_format.ParseDict(self.answer(header, completion), self.response_type(), ignore_unknown_fields=True)
+
+    async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
+        call, plan, header = self._prepare(request, context, always_stream=True)
+        async with self._pipeline.stream(call, plan.generation) as events:
+            async for payload in self.stream_objects(header, events, plan):
+                yield json_format.ParseDict(payload, self.event_type(), ignore_unknown_fields=True)
+
+    async def http_body(self, request: Message, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        call, plan, header = self._prepare(request, context)
+        if not plan.stream:
+            completion = await self._pipeline.complete(call, plan.generation)
+            yield httpbody_pb2.HttpBody(content_type="application/json", data=json_body(self.answer(header, completion)))
+            return
+        async with self._pipeline.stream(call, plan.generation) as events:
+            frames = self.frames(self.stream_objects(header, events, plan))
+            async for data in coalesced(guard_stream(frames, self.error_frame)):
+                yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
+
+    def _prepare(self, request: Message, context, *, always_stream: bool = False) -> tuple[Call, Plan, ResponseHeader]:
+        call = self._pipeline.begin(context, request.model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
+        plan = self.plan(request, call, always_stream=always_stream)
+        header = ResponseHeader(
+            id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=request.model
+        )
+        return call, plan, header
