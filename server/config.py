@@ -12,18 +12,17 @@ import yaml
 
 from server.config_providers import ConfigError, ProviderSpec, mapping, parse_provider
 from server.config_tracing import TracingSettings, parse_tracing
-from server.domain import KeyLimits
+from server.domain import Endpoint, KeyLimits
 
 __all__ = ["Config", "ConfigError", "EmbeddedSettings", "LimitSettings", "ModelEntry", "ProviderSpec", "load_config"]
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/messages", "/v1/images/generations")
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelEntry:
     id: str
-    endpoint: str
+    endpoint: Endpoint
     owned_by: str
     created: int
     provider: ProviderSpec
@@ -189,17 +188,19 @@ def _model(raw: Any, where: str) -> ModelEntry:
             raise ConfigError(f"{where}: `{required}` is required")
     if unknown := set(raw) - {"id", "endpoint", "owned_by", "created", "provider", "fallbacks"}:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
-    if raw["endpoint"] not in ENDPOINTS:
-        raise ConfigError(f"{where}: endpoint must be one of {', '.join(ENDPOINTS)}, not {raw['endpoint']!r}")
+    try:
+        endpoint = Endpoint(raw["endpoint"])
+    except (ValueError, TypeError):
+        raise ConfigError(f"{where}: endpoint must be one of {', '.join(Endpoint)}, not {raw['endpoint']!r}") from None
     fallbacks = raw.get("fallbacks") or []
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
         raise ConfigError(f"{where}.fallbacks: a list of model ids")
     return ModelEntry(
         id=str(raw["id"]),
-        endpoint=raw["endpoint"],
+        endpoint=endpoint,
         owned_by=str(raw.get("owned_by", "portico")),
         created=int(raw.get("created", 0)),
-        provider=parse_provider(raw["provider"], f"{where}.provider", raw["endpoint"]),
+        provider=parse_provider(raw["provider"], f"{where}.provider", endpoint),
         fallbacks=tuple(fallbacks),
     )
 

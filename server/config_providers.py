@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-CHAT, MESSAGES, IMAGES = "/v1/chat/completions", "/v1/messages", "/v1/images/generations"
+from server.domain import Endpoint
+
 # Which endpoints each kind of provider can serve; a chat model may be served by an Anthropic upstream and a
 # messages model by an OpenAI-compatible one (the translators convert between the dialects).
 KIND_ENDPOINTS = {
-    "llamacpp": (CHAT, MESSAGES),
-    "dev-image": (IMAGES,),
-    "openai": (CHAT, MESSAGES, IMAGES),
-    "anthropic": (CHAT, MESSAGES),
+    "llamacpp": (Endpoint.CHAT, Endpoint.MESSAGES),
+    "dev-image": (Endpoint.IMAGES,),
+    "openai": (Endpoint.CHAT, Endpoint.MESSAGES, Endpoint.IMAGES),
+    "anthropic": (Endpoint.CHAT, Endpoint.MESSAGES),
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -80,7 +81,7 @@ class ProviderSpec:
     upstream: UpstreamSpec | None = None  # for the upstream kinds (openai, anthropic)
 
 
-def parse_provider(raw: Any, where: str, endpoint: str) -> ProviderSpec:
+def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
     raw = mapping(raw, where)
     kind = raw.get("kind")
     if kind not in KIND_ENDPOINTS:

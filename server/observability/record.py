@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from server.domain import Endpoint
 from server.errors import PorticoError
 from server.limits.core import LimitExceeded
 
@@ -18,9 +19,9 @@ CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) bef
 # Service -> the REST path it serves, the `endpoint` label. ProbeService is absent on purpose: probes arrive every
 # few seconds and would drown the access log and request counts.
 _ENDPOINTS = {
-    "ChatService": "/v1/chat/completions",
-    "MessageService": "/v1/messages",
-    "ImageService": "/v1/images/generations",
+    "ChatService": Endpoint.CHAT.value,
+    "MessageService": Endpoint.MESSAGES.value,
+    "ImageService": Endpoint.IMAGES.value,
     "ModelService": "/v1/models",
     "KeyService": "/v1/admin/keys",
 }

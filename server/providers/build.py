@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from server.config import Config, ModelEntry
-from server.config_providers import IMAGES, UpstreamSpec, upstream_keys
+from server.config_providers import UpstreamSpec, upstream_keys
+from server.domain import Endpoint
 from server.observability import UpstreamRecorder
 from server.providers import Provider
 from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers
@@ -43,7 +44,7 @@ def build_providers(
         chain = [(model_id, own[model_id]) for model_id in (entry.id, *entry.fallbacks)]
         if not entry.fallbacks:
             providers[entry.id] = own[entry.id]
-        elif entry.endpoint == IMAGES:
+        elif entry.endpoint is Endpoint.IMAGES:
             providers[entry.id] = FallbackImageProvider(chain, recorder=recorder)
         else:
             providers[entry.id] = FallbackProvider(chain, recorder=recorder)
@@ -67,7 +68,7 @@ class _Builder:
         spec = entry.provider.upstream
         assert spec is not None
         upstream = self._upstream(kind, spec, key)
-        if entry.endpoint == IMAGES:
+        if entry.endpoint is Endpoint.IMAGES:
             images = OpenAIImageProvider(upstream, spec, model_id=entry.id)
             return RetryingImageProvider(images, spec.retry, model_id=entry.id, recorder=self._recorder)
         if kind == "anthropic":

@@ -11,11 +11,10 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
+from server.domain import Endpoint
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
 from server.translate.openai_images import image_request, images_response
-
-ENDPOINT = "/v1/images/generations"
 
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
@@ -24,7 +23,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         self._store = store
 
     async def _generate(self, request: image_pb2.CreateImageRequest, context: grpc.aio.ServicerContext) -> dict:
-        call = self._pipeline.begin(context, request.model, ENDPOINT)
+        call = self._pipeline.begin(context, request.model, Endpoint.IMAGES)
         plan = image_request(request, upstream_model=call.model.id)
         images = await self._pipeline.generate_images(call, plan.generation)
         urls = await self._store.put(images) if plan.response_format == "url" else None
