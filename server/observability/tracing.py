@@ -18,6 +18,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -121,7 +122,8 @@ class Tracing:
         sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
         self._provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
         exporter = _CountingExporter(
-            OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=settings.export_timeout_seconds), on_dropped
+            OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=settings.export_timeout_seconds), on_dropped,
+            collector=_address(settings.otlp_endpoint),
         )
         self._processor = _BoundedProcessor(
             BatchSpanProcessor(
@@ -150,6 +152,12 @@ class Tracing:
     def close(self) -> None:
         """Sends what is queued, waiting at most SHUTDOWN_SECONDS."""
         self._processor.shutdown_within(SHUTDOWN_SECONDS)
+
+
+def _address(url: str) -> str:
+    """host:port of the collector, for log lines (never a password a URL might carry)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
 def trace_id_of(span: Span) -> str:
@@ -185,29 +193,50 @@ _PROPAGATOR = TraceContextTextMapPropagator()  # stateless: W3C traceparent + tr
 
 class _CountingExporter(SpanExporter):
     """The OTLP exporter, counting the spans of batches the collector did not take, and (for _BoundedProcessor)
-    how many spans have left the queue."""
+    how many spans have left the queue.
 
-    def __init__(self, inner: OTLPSpanExporter, on_dropped: Callable[[str, int], None]) -> None:
+    The exporter logs every failed batch (an error a few seconds apart for as long as a collector is down); those
+    lines are held back and an outage is logged once when it begins and once when it ends."""
+
+    def __init__(self, inner: OTLPSpanExporter, on_dropped: Callable[[str, int], None], collector: str) -> None:
         self._inner = inner
         self._on_dropped = on_dropped
+        self._collector = collector
+        self._failing = False
         self.taken: Callable[[int], None] = lambda count: None
+        self._quiet = _Quiet()
+        logging.getLogger(_EXPORTER_LOGGER).addFilter(self._quiet)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.taken(len(spans))
         try:
             result = self._inner.export(spans)
         except Exception:  # noqa: BLE001 - the export thread must go on whatever the exporter does
-            _logger.exception("exporting %d spans failed", len(spans))
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             self._on_dropped("export_failed", len(spans))
+            if not self._failing:
+                _logger.warning("exporting traces to %s fails; spans are dropped (portico_trace_spans_dropped_total) "
+                                "until it takes them again", self._collector)
+        elif self._failing:
+            _logger.warning("exporting traces to %s works again", self._collector)
+        self._failing = result is not SpanExportResult.SUCCESS
         return result
 
     def shutdown(self) -> None:
         self._inner.shutdown()
+        logging.getLogger(_EXPORTER_LOGGER).removeFilter(self._quiet)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._inner.force_flush(timeout_millis)
+
+
+_EXPORTER_LOGGER = OTLPSpanExporter.__module__  # the logger the exporter and its HTTP client write to
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
 
 
 class _BoundedProcessor(SpanProcessor):

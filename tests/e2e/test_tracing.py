@@ -9,10 +9,12 @@ import secrets
 import socket
 import time
 
+import grpc
 import openai
 import orjson
 import pytest
 
+from portico.v1 import model_pb2, model_service_pb2_grpc
 from tests.e2e.conftest import running_gateway
 from tests.otlp_receiver import OtlpReceiver
 from tests.upstream_double import UpstreamDouble
@@ -69,15 +71,21 @@ def test_a_rest_callers_trace_runs_through_envoy_portico_and_the_upstream(tmp_pa
             stream = client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=2, stream=True)
             assert len([chunk for chunk in stream]) >= 2
 
-            spans = receiver.wait_for_trace(trace_id, server_spans=2)
+            with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:  # gRPC through the same port
+                models = model_service_pb2_grpc.ModelServiceStub(channel)
+                models.ListModels(model_pb2.ListModelsRequest(), timeout=30, metadata=(
+                    ("authorization", f"Bearer {gateway.secret}"), ("traceparent", f"00-{trace_id}-{span_id}-01")))
+
+            spans = receiver.wait_for_trace(trace_id, server_spans=3)
             requests = [s for s in spans if s.kind == "server"]
-            assert all(s.parent_id == span_id for s in requests)  # both joined to the caller's span
-            assert {s.name for s in requests} == {"chat up-chat", "chat family-a-5.5"}
+            assert all(s.parent_id == span_id for s in requests)  # all joined to the caller's span
+            assert {s.name for s in requests} == {"chat up-chat", "chat family-a-5.5",
+                                                  "portico.v1.ModelService/ListModels"}
             (attempt,) = [s for s in spans if s.kind == "client"]
             assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
             assert any(s.name.startswith("generate SmolLM2") for s in spans)
-            lines = access_lines(gateway, trace_id, 2)
-            assert {line["model"] for line in lines} == {"up-chat", "family-a-5.5"}
+            lines = access_lines(gateway, trace_id, 3)
+            assert {line["model"] for line in lines} == {"up-chat", "family-a-5.5", None}
             exported = b"".join(receiver.bodies)
             assert gateway.secret.encode() not in exported and UPSTREAM_KEY.encode() not in exported
     finally:

@@ -21,7 +21,9 @@ from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request
 from tests.otlp_receiver import OtlpReceiver
 from tests.upstream_double import Cue
-from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_models, write_config
+from tests.upstream_support import (
+    UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, upstream_models, write_config,
+)
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello."
 CHAT = "/v1/chat/completions"
@@ -44,7 +46,9 @@ def traced_config(directory, models_yaml: str, tracing: str):
 async def running(double, receiver, tmp_path_factory):
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     tracing = f"{{otlp_endpoint: '{receiver.url}', export_delay_seconds: 0.05}}"
-    config = traced_config(tmp_path_factory.mktemp("traced"), upstream_models(double.url), tracing)
+    models = upstream_models(double.url) + cross_dialect_models(double.url, openai_model="gpt-up",
+                                                                 anthropic_model="claude-up")
+    config = traced_config(tmp_path_factory.mktemp("traced"), models, tracing)
     server = await start_server(config, "127.0.0.1:0")
     yield server
     await server.stop(0)
@@ -60,6 +64,11 @@ def caller_context(sampled: bool = True) -> tuple[str, str, tuple[str, str]]:
 async def ask(chat, secret: str, traceparent, model: str = "up-main", **fields):
     metadata = (*bearer(secret), traceparent)
     return await chat.CreateChatCompletion(chat_request(model=model, messages=HELLO, **fields), metadata=metadata)
+
+
+async def spans_of(receiver: OtlpReceiver, trace_id: str) -> list:
+    """The trace's spans once its request span arrived; waiting in a thread, so the server (on this loop) runs."""
+    return await asyncio.to_thread(receiver.wait_for_trace, trace_id)
 
 
 def one(spans, **match):
@@ -81,7 +90,7 @@ async def test_a_request_joins_the_callers_trace_through_admission_and_its_upstr
     trace_id, caller_span, traceparent = caller_context()
     await ask(chat, secret, traceparent, max_tokens=20)
 
-    spans = receiver.wait_for_trace(trace_id)
+    spans = await spans_of(receiver, trace_id)
     server = one(spans, kind="server")
     assert server.parent_id == caller_span and server.service == "portico"
     assert server.name == "chat up-main" and not server.error
@@ -118,7 +127,7 @@ async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, recei
     answer = [body async for body in chat.CreateChatCompletionHttp(request, metadata=(*bearer(secret), traceparent))]
     assert b"[DONE]" in answer[-1].data
 
-    spans = receiver.wait_for_trace(trace_id)
+    spans = await spans_of(receiver, trace_id)
     server = one(spans, kind="server")
     assert server.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
@@ -132,7 +141,7 @@ async def test_each_retry_is_its_own_attempt_span(chat, running, double, receive
     trace_id, _, traceparent = caller_context()
     await ask(chat, secret, traceparent)
 
-    spans = receiver.wait_for_trace(trace_id)
+    spans = await spans_of(receiver, trace_id)
     first, second = sorted((s for s in spans if s.kind == "client"), key=lambda s: s.start)
     assert first.error and first.attributes["http.response.status_code"] == 503
     assert first.attributes["error.type"] == "service_unavailable"
@@ -148,7 +157,7 @@ async def test_a_fallback_is_traced_with_the_model_that_answered(chat, running, 
     trace_id, _, traceparent = caller_context()
     await ask(chat, secret, traceparent, model="up-down")  # nothing listens there; falls back to up-backup
 
-    spans = receiver.wait_for_trace(trace_id)
+    spans = await spans_of(receiver, trace_id)
     attempts = sorted((s for s in spans if s.kind == "client"), key=lambda s: s.start)
     assert [s.attributes["portico.model"] for s in attempts] == ["up-down"] * 3 + ["up-backup"]
     assert all(s.error and s.attributes["portico.retry_reason"] == "connect" for s in attempts[:3])
@@ -159,12 +168,41 @@ async def test_a_fallback_is_traced_with_the_model_that_answered(chat, running, 
     assert server.attributes["gen_ai.response.model"] == "up-backup"
 
 
+async def test_an_anthropic_upstream_is_traced_in_its_own_dialect(chat, running, double, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, model="chat-on-anthropic")
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    assert attempt.name == "chat claude-up"
+    assert attempt.attributes["gen_ai.provider.name"] == "anthropic"
+    assert double.seen[-1].path == "/v1/messages"
+    assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+
+
+async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, double, receiver, key):
+    _, secret = key
+    double.cue(Cue(frame_delay=0.5))  # the answer's chunks come slowly
+    trace_id, _, traceparent = caller_context()
+    call = chat.CreateChatCompletionHttp(chat_request(model="up-main", messages=HELLO, stream=True),
+                                         metadata=(*bearer(secret), traceparent))
+    await call.read()  # the first chunk: the stream is under way
+    call.cancel()
+
+    spans = await spans_of(receiver, trace_id)
+    server = one(spans, kind="server")
+    assert server.attributes["http.response.status_code"] == 499
+    assert server.attributes["error.type"] == "cancelled" and not server.error  # the caller's choice, not a fault
+    attempt = one(spans, kind="client")
+    assert attempt.attributes["error.type"] == "cancelled" and attempt.end <= server.end
+
+
 async def test_the_embedded_model_has_a_generation_span(chat, running, receiver, key):
     _, secret = key
     trace_id, _, traceparent = caller_context()
     await ask(chat, secret, traceparent, model="embedded", max_tokens=3)
 
-    spans = receiver.wait_for_trace(trace_id)
+    spans = await spans_of(receiver, trace_id)
     server = one(spans, kind="server")
     generation = one(spans, name="generate SmolLM2-135M-Instruct.Q4_1")
     assert generation.parent_id == server.span_id and not generation.error
@@ -182,7 +220,7 @@ async def test_a_refusal_is_traced_with_its_code_and_limit(chat, running, receiv
         await ask(chat, secret, traceparent)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    spans = receiver.wait_for_trace(trace_id)
+    spans = await spans_of(receiver, trace_id)
     admission = one(spans, name="admission")
     assert admission.error and admission.attributes["error.type"] == "rate_limit_exceeded"
     assert admission.attributes["portico.limit"] == "requests_per_minute"
@@ -196,7 +234,7 @@ async def test_without_a_traceparent_portico_starts_the_trace(chat, running, rec
     _, secret = key
     before = len(receiver.spans)
     await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO), metadata=bearer(secret))
-    receiver.wait_for(lambda r: any(s.kind == "server" and s.name == "chat up-solo" for s in r.spans[before:]))
+    await asyncio.to_thread(receiver.wait_for, lambda r: any(s.name == "chat up-solo" for s in r.spans[before:]))
     server = next(s for s in receiver.spans[before:] if s.name == "chat up-solo")
     assert server.parent_id == ""
     assert one(receiver.trace(server.trace_id), kind="client").parent_id == server.span_id
@@ -212,7 +250,7 @@ async def test_a_caller_that_samples_nothing_gets_no_spans_but_its_trace_id_is_l
     # A later, sampled request's spans arrive; the unsampled one's never do.
     later, _, sampled = caller_context()
     await ask(chat, secret, sampled)
-    receiver.wait_for_trace(later)
+    await spans_of(receiver, later)
     assert receiver.trace(trace_id) == []
     assert access_line(running, trace_id)["status"] == 200
 
@@ -223,7 +261,7 @@ async def test_no_span_holds_a_secret_a_prompt_or_an_answer(chat, running, recei
     prompt = "My card number is 4111-1111-1111-1111, say it back."
     request = chat_request(model="up-main", messages=[{"role": "user", "content": prompt}])
     await chat.CreateChatCompletion(request, metadata=(*bearer(secret), traceparent))
-    receiver.wait_for_trace(trace_id)
+    await spans_of(receiver, trace_id)
     exported = b"".join(receiver.bodies)
     for needle in (secret, UPSTREAM_KEY, "4111-1111", "Say hello", "echo ", "Bearer"):
         assert needle.encode() not in exported, needle
@@ -235,7 +273,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, double):
+async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, double, caplog):
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     tracing = f"{{otlp_endpoint: 'http://127.0.0.1:{_free_port()}', export_delay_seconds: 0.05, " \
               "export_timeout_seconds: 1}"
@@ -255,6 +293,8 @@ async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, do
         while not dropped("portico_trace_spans_dropped_total", {"reason": "export_failed"}):
             assert time.monotonic() < deadline, "failed exports were not counted"
             await asyncio.sleep(0.05)
+        # One warning for the outage, not a line for every batch that failed.
+        assert sum("exporting traces to" in r.getMessage() for r in caplog.records) == 1
     finally:
         began = time.monotonic()
         await server.stop(0)

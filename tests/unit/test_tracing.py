@@ -1,0 +1,78 @@
+"""The `tracing:` settings, reading a caller's traceparent, sampling, and what an untraced request costs (nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.config import ConfigError, load_config
+from server.config_tracing import TracingSettings, parse_tracing
+from server.observability import Outcome, Telemetry
+from server.observability.tracing import NO_SCOPE, Tracing, caller_trace_id
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+NOWHERE = "http://127.0.0.1:9"  # nothing is exported in these tests: nothing is sampled, or nothing is ended
+
+
+def test_tracing_is_off_by_default():
+    assert load_config().tracing == TracingSettings() and not TracingSettings().enabled
+
+
+@pytest.mark.parametrize(("given", "used"), [
+    ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+    ("https://otel.example.com/", "https://otel.example.com/v1/traces"),
+    ("http://collector:4318/custom/traces", "http://collector:4318/custom/traces"),
+])
+def test_an_endpoint_without_a_path_gets_the_otlp_traces_path(given, used):
+    assert parse_tracing({"otlp_endpoint": given}, "tracing").otlp_endpoint == used
+
+
+@pytest.mark.parametrize(("raw", "named"), [
+    ({"otlp_endpoint": "grpc://127.0.0.1:4317"}, "otlp_endpoint"),
+    ({"otlp_endpoint": 4318}, "otlp_endpoint"),
+    ({"sample_ratio": 1.5}, "sample_ratio"),
+    ({"sample_ratio": "half"}, "tracing"),
+    ({"max_queue_size": 0}, "max_queue_size"),
+    ({"max_queue_size": 10, "max_export_batch_size": 20}, "max_export_batch_size"),
+    ({"export_timeout_seconds": 0}, "export_timeout_seconds"),
+    ({"endpoint": "http://127.0.0.1:4318"}, r"unknown setting\(s\) endpoint"),
+])
+def test_mistakes_stop_start_up_naming_the_setting(raw, named):
+    with pytest.raises(ConfigError, match=named):
+        parse_tracing(raw, "tracing")
+
+
+@pytest.mark.parametrize(("header", "trace_id"), [
+    (f"00-{TRACE}-00f067aa0ba902b7-01", TRACE),
+    (f"00-{TRACE}-00f067aa0ba902b7-00", TRACE),  # not sampled: still the caller's trace
+    (f"00-{'0' * 32}-00f067aa0ba902b7-01", None),  # the invalid all-zero id
+    (f"00-{TRACE.upper()}-00f067aa0ba902b7-01", None),  # W3C ids are lowercase
+    (f"00-{TRACE[:-1]}x-00f067aa0ba902b7-01", None),
+    ("garbage", None),
+    (b"\x00binary", None),
+])
+def test_the_callers_trace_id_is_read_from_a_valid_traceparent_only(header, trace_id):
+    assert caller_trace_id(header) == trace_id
+
+
+def test_the_ratio_samples_traces_started_here_and_a_callers_decision_wins():
+    tracing = Tracing(TracingSettings(otlp_endpoint=NOWHERE + "/v1/traces", sample_ratio=0.0), lambda *_: None)
+    try:
+        assert not tracing.server_span("rpc", ()).is_recording()
+        joined = tracing.server_span("rpc", [("traceparent", f"00-{TRACE}-00f067aa0ba902b7-01")])
+        assert joined.is_recording() and f"{joined.get_span_context().trace_id:032x}" == TRACE
+        declined = tracing.server_span("rpc", [("traceparent", f"00-{TRACE}-00f067aa0ba902b7-00")])
+        assert not declined.is_recording() and f"{declined.get_span_context().trace_id:032x}" == TRACE
+    finally:
+        tracing.close()
+
+
+def test_without_tracing_a_request_has_no_span_but_logs_the_callers_trace_id():
+    telemetry = Telemetry()
+    record = telemetry.begin("/portico.v1.ChatService/CreateChatCompletion", "/v1/chat/completions",
+                             [("traceparent", f"00-{TRACE}-00f067aa0ba902b7-01"), ("x-request-id", "r-1")])
+    assert (record.span, record.trace_id, record.request_id) == (None, TRACE, "r-1")
+    assert telemetry.span(record, "admission") is NO_SCOPE
+    assert telemetry.attempt("m", "upstream-m", "openai", "chat", "127.0.0.1", 80) is NO_SCOPE
+    assert telemetry.generation("SmolLM2") is NO_SCOPE
+    telemetry.finish(record, Outcome(200))
+    assert telemetry.begin("/portico.v1.ModelService/ListModels", "/v1/models", ()).trace_id is None
