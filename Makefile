@@ -9,7 +9,10 @@ export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=O
 
 .PHONY: install serve test bench clean
 
-install: $(STAMP) $(DESCRIPTORS)
+CONSOLE_WEB := server/console/web
+CONSOLE := build/console/index.html
+
+install: $(STAMP) $(DESCRIPTORS) $(CONSOLE)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +26,21 @@ $(DESCRIPTORS): $(STAMP) $(wildcard protos/portico/v1/*.proto) gateway/descripto
 	$(BIN)/python -m gateway.descriptors
 	$(BIN)/pip install --quiet --no-deps -e .
 
+# The admin console's files (server/console): its pinned libraries from the npm registry (package-lock.json), copied
+# with the app's own modules into build/console. Nothing is fetched when it runs.
+$(CONSOLE): $(STAMP) $(CONSOLE_WEB)/package-lock.json $(wildcard $(CONSOLE_WEB)/src/*) server/console/build.py
+	command -v npm >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	cd $(CONSOLE_WEB) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	$(BIN)/python -m server.console.build
+
 serve: install
 	$(BIN)/portico serve
 
 # The tests start a real redis-server (Debian package) on a free loopback port; install it when missing.
 test: install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+	# The console's browser tests drive Debian's Chromium with Playwright (pinned in the dev extras).
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 	$(BIN)/python -m pytest
 
 # Not part of `make test`: a mock upstream, Portico and wrk on loopback; ARGS passes options, e.g. ARGS="--workers 2".

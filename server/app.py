@@ -13,8 +13,10 @@ from grpc_reflection.v1alpha import reflection
 from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
 from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
 from portico.v1 import image_service_pb2, image_service_pb2_grpc, probe_service_pb2, probe_service_pb2_grpc
+from portico.v1 import console_service_pb2_grpc
 from server.catalog import Catalog
 from server.config import Config
+from server.console import ConsoleFiles
 from server.health import Readiness
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyStore
@@ -26,6 +28,7 @@ from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.build import build_providers
 from server.services.chat import ChatServicer
+from server.services.console import ConsoleServicer
 from server.services.images import ImageServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.keys import KeyServicer
@@ -140,6 +143,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), server)
     keys = KeyServicer(store, pipeline.authenticator, rotation_grace_seconds=config.key_rotation_grace_seconds)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, server)
+    console_service_pb2_grpc.add_ConsoleServiceServicer_to_server(ConsoleServicer(ConsoleFiles()), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [

@@ -1,0 +1,55 @@
+// The admin API as the console calls it. The admin key lives only in this object, in the tab's memory: never in
+// localStorage, sessionStorage, a cookie or a URL, so closing or reloading the tab signs out.
+
+export class ApiError extends Error {
+  constructor(status, error) {
+    super(error?.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = error?.code ?? null;
+    this.param = error?.param ?? null;
+  }
+}
+
+export class Api {
+  #key = null;
+
+  get signedIn() { return this.#key !== null; }
+
+  // Checks the key against the admin API before keeping it: only an admin key gets in.
+  async signIn(key) {
+    this.#key = key;
+    try {
+      await this.request("GET", "/v1/admin/keys");
+    } catch (error) {
+      this.#key = null;
+      throw error;
+    }
+  }
+
+  signOut() { this.#key = null; }
+
+  async request(method, path, body) {
+    if (this.#key === null) throw new ApiError(401, {message: "Not signed in."});
+    const headers = {authorization: `Bearer ${this.#key}`};
+    if (body !== undefined) headers["content-type"] = "application/json";
+    const response = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
+    });
+    const text = await response.text();
+    let json = null;
+    try { json = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }
+    if (!response.ok) throw new ApiError(response.status, json?.error ?? {message: text.slice(0, 200)});
+    return json;
+  }
+
+  get(path) { return this.request("GET", path); }
+  post(path, body = {}) { return this.request("POST", path, body); }
+  patch(path, body) { return this.request("PATCH", path, body); }
+}
+
+export function signInMessage(error) {
+  if (error.status === 401) return "That key is not valid: it is unknown, mistyped or revoked.";
+  if (error.status === 403) return "That key is not an admin key: only admin keys may use the console.";
+  return `Could not sign in: ${error.message}`;
+}

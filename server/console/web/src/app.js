@@ -1,0 +1,104 @@
+// The console's shell: sign-in, the navigation and a hash router (#/keys, #/keys/ID, #/usage, #/models). Routes
+// live in the URL's fragment, which never leaves the browser, and hold no secret.
+import {Api, ApiError, signInMessage} from "./api.js";
+import {field, h} from "./dom.js";
+import {keyPage} from "./key.js";
+import {keysPage} from "./keys.js";
+import {modelsPage} from "./models.js";
+import {usagePage} from "./usage.js";
+
+const ROUTES = [
+  [/^\/keys$/, keysPage],
+  [/^\/keys\/([^/]+)$/, keyPage],
+  [/^\/usage$/, usagePage],
+  [/^\/models$/, modelsPage],
+];
+
+class Console {
+  constructor() {
+    this.api = new Api();
+    this.main = document.getElementById("main");
+    this.nav = document.getElementById("nav");
+    this.status = document.getElementById("status");
+    this.signOutButton = document.getElementById("sign-out");
+    this.signOutButton.addEventListener("click", () => this.signOut("Signed out."));
+    window.addEventListener("hashchange", () => this.render());
+  }
+
+  notify(text) { this.status.textContent = text; }
+
+  signOut(message) {
+    this.api.signOut();
+    this.notify(message);
+    this.render();
+  }
+
+  async render() {
+    const signedIn = this.api.signedIn;
+    this.nav.hidden = this.signOutButton.hidden = !signedIn;
+    if (!signedIn) return this.show(this.signInForm());
+    const [path, search] = (location.hash.slice(1) || "/keys").split("?");
+    for (const link of this.nav.querySelectorAll("a")) {
+      const current = path.startsWith(link.getAttribute("href").slice(1));
+      if (current) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
+    }
+    const route = ROUTES.find(([pattern]) => pattern.test(path));
+    if (!route) return this.go("#/keys");
+    const args = path.match(route[0]).slice(1).map(decodeURIComponent);
+    const ctx = {
+      api: this.api, query: new URLSearchParams(search ?? ""),
+      go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
+    };
+    this.main.setAttribute("aria-busy", "true");
+    const rendered = this.rendered = Symbol("render");
+    let page;
+    try {
+      page = await route[1](ctx, ...args);
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) {
+        return this.signOut("Signed out: the admin key is no longer valid.");
+      }
+      page = h("section", {}, h("h1", {tabindex: "-1"}, "Something went wrong"),
+        h("p", {class: "error", role: "alert"}, error.message));
+    }
+    if (rendered === this.rendered) this.show(page);  // a later navigation wins over a slow earlier one
+  }
+
+  show(page) {
+    this.main.replaceChildren(page);
+    this.main.removeAttribute("aria-busy");
+    (page.querySelector("h1") ?? this.main).focus();
+  }
+
+  go(hash) {
+    if (location.hash === hash) this.render(); else location.hash = hash;
+  }
+
+  signInForm() {
+    const key = h("input", {type: "password", name: "admin-key", autocomplete: "off", required: true,
+      spellcheck: false});
+    const error = h("p", {class: "error", role: "alert"});
+    const submit = async (event) => {
+      event.preventDefault();
+      error.textContent = "";
+      try {
+        await this.api.signIn(key.value.trim());
+      } catch (problem) {
+        error.textContent = problem instanceof ApiError ? signInMessage(problem) : problem.message;
+        key.select();
+        return;
+      }
+      key.value = "";
+      this.notify("Signed in.");
+      this.render();
+    };
+    return h("section", {class: "sign-in"},
+      h("h1", {tabindex: "-1"}, "Sign in"),
+      h("p", {}, "Sign in with an admin key (", h("code", {}, "portico keys create --admin"), "). The key stays in ",
+        "this tab's memory only: closing or reloading the tab signs you out."),
+      h("form", {onsubmit: submit}, field("Admin key", key), error,
+        h("button", {type: "submit", class: "primary"}, "Sign in")));
+  }
+}
+
+new Console().render();

@@ -1,0 +1,129 @@
+// Small DOM helpers: the console builds its pages from plain elements (no framework; see docs/console.md).
+
+// h("a", {href: "#/keys", class: "x", onclick: fn}, "text", child, [more]) -> an element. Text is always set as text,
+// never parsed as HTML, so nothing a key name holds can become markup.
+export function h(tag, attrs = {}, ...children) {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs ?? {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
+    else if (name === "dataset") Object.assign(element.dataset, value);
+    else if (name in element && typeof value !== "string") element[name] = value;
+    else element.setAttribute(name, value === true ? "" : value);
+  }
+  append(element, children);
+  return element;
+}
+
+function append(element, children) {
+  for (const child of children) {
+    if (child === undefined || child === null || child === false) continue;
+    if (Array.isArray(child)) append(element, child);
+    else element.append(child instanceof Node ? child : String(child));
+  }
+}
+
+let fieldCount = 0;
+
+// A labelled form field: <label for=id>text</label> + the control (+ a hint tied to it by aria-describedby).
+export function field(text, control, hint) {
+  control.id ||= `field-${++fieldCount}`;
+  const parts = [h("label", {for: control.id}, text), control];
+  if (hint) {
+    const hintId = `${control.id}-hint`;
+    control.setAttribute("aria-describedby", hintId);
+    parts.push(h("small", {id: hintId, class: "hint"}, hint));
+  }
+  return h("div", {class: "field"}, parts);
+}
+
+export function table(caption, headers, rows, {empty = "Nothing to show."} = {}) {
+  if (!rows.length) return h("p", {class: "empty"}, empty);
+  return h("div", {class: "table-wrap", tabindex: "0", role: "region", "aria-label": caption},
+    h("table", {},
+      h("caption", {}, caption),
+      h("thead", {}, h("tr", {}, headers.map((text) => h("th", {scope: "col"}, text)))),
+      h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((cell, i) =>
+        i === 0 ? h("th", {scope: "row"}, cell) : h("td", {}, cell)))))));
+}
+
+// A modal <dialog>: the browser traps focus in it and Escape closes it. Resolves with the button's value.
+export function modal(title, body, buttons) {
+  return new Promise((resolve) => {
+    const dialog = h("dialog", {"aria-labelledby": "dialog-title"},
+      h("h2", {id: "dialog-title"}, title), body,
+      h("div", {class: "actions"}, buttons.map(({text, value, kind, autofocus}) =>
+        h("button", {type: "button", class: kind, autofocus, onclick: () => dialog.close(value)}, text))));
+    dialog.addEventListener("close", () => { dialog.remove(); resolve(dialog.returnValue); });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}
+
+// A modal form: `submit()` returns the dialog's result (it then closes) or throws an Error whose message is shown
+// in the dialog, which stays open. Resolves with that result, or null when cancelled (button or Escape).
+export function formDialog(title, content, submitText, submit) {
+  return new Promise((resolve) => {
+    let result = null;
+    const error = h("p", {class: "error", role: "alert"});
+    const submitButton = h("button", {type: "submit", class: "primary"}, submitText);
+    const form = h("form", {novalidate: true}, content, error, h("div", {class: "actions"},
+      h("button", {type: "button", onclick: () => dialog.close()}, "Cancel"), submitButton));
+    const dialog = h("dialog", {"aria-labelledby": "dialog-title"}, h("h2", {id: "dialog-title"}, title), form);
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      error.textContent = "";
+      submitButton.disabled = true;
+      try {
+        result = await submit();
+        dialog.close();
+      } catch (problem) {
+        error.textContent = problem.message;
+      } finally {
+        submitButton.disabled = false;
+      }
+    });
+    dialog.addEventListener("close", () => { dialog.remove(); resolve(result); });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}
+
+export function confirmDialog(title, message, action) {
+  return modal(title, h("p", {}, message), [
+    {text: "Cancel", value: "cancel", autofocus: true},
+    {text: action, value: "confirm", kind: "danger"},
+  ]).then((value) => value === "confirm");
+}
+
+// Shows a secret once, with a copy button; closing the dialog drops it from the page.
+export function showSecret(title, secret, note) {
+  const input = h("input", {type: "text", readOnly: true, value: secret, class: "secret", spellcheck: false,
+    "aria-label": "Secret"});
+  const copied = h("span", {role: "status", class: "hint"});
+  const copy = async () => {
+    try {
+      await navigator.clipboard.writeText(secret);
+    } catch {
+      input.select();  // no clipboard API (a page not served over https or from localhost): the old way
+      document.execCommand("copy");
+    }
+    copied.textContent = "Copied.";
+  };
+  return modal(title, h("div", {},
+    h("p", {}, h("strong", {}, "Copy this secret now: it is shown only once and cannot be shown again."), " ", note),
+    h("div", {class: "secret-row"}, input, h("button", {type: "button", onclick: copy}, "Copy"), copied)),
+  [{text: "Done", value: "done", autofocus: true}]);
+}
+
+export function when(unixSeconds) {
+  if (!unixSeconds) return "—";
+  return new Date(unixSeconds * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC";
+}
+
+export const number = (value) => value === null || value === undefined ? "—" : Number(value).toLocaleString("en-US");
+
+export function money(value, currency = "usd") {
+  if (value === null || value === undefined) return "—";
+  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(value).toFixed(Math.abs(value) < 1 ? 4 : 2)}`;
+}

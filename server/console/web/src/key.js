@@ -1,0 +1,67 @@
+// A key's page: what it is, its grants and limits, and the actions on it (edit, rotate, revoke).
+import {confirmDialog, field, formDialog, h, showSecret, when} from "./dom.js";
+import {keyForm, LIMITS} from "./keyform.js";
+import {catalogModels, grantsText, keyState} from "./keys.js";
+
+export async function keyPage(ctx, id) {
+  const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
+  const [{key}, {keys}, models] = await Promise.all([
+    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api)]);
+  const envs = [...new Set(keys.map((other) => other.env).filter(Boolean))].sort();
+  const revoked = keyState(key) === "revoked";
+
+  const edit = async () => {
+    const form = keyForm({models, envs, key});
+    if (await formDialog(`Edit “${key.name}”`, form.element, "Save", () => ctx.api.patch(path, form.read()))) {
+      ctx.notify(`Saved key ${key.name}.`);
+      ctx.refresh();
+    }
+  };
+  const rotate = async () => {
+    const grace = h("input", {type: "number", min: "0", step: "1", inputMode: "numeric", placeholder: "the gateway's default"});
+    const rotated = await formDialog(`Rotate “${key.name}”`, h("div", {},
+      h("p", {}, "The key gets a new secret. The current secret keeps working for the grace period, so its holder ",
+        "can switch without an outage."),
+      field("Grace period in seconds", grace, "0 ends the current secret at once; empty: the gateway's default.")),
+    "Rotate", () => {
+      const text = grace.value.trim();
+      if (text !== "" && !(Number.isInteger(Number(text)) && Number(text) >= 0)) {
+        throw new Error("The grace period is a whole number of seconds, 0 or more.");
+      }
+      return ctx.api.post(`${path}/rotate`, text === "" ? {} : {grace_seconds: Number(text)});
+    });
+    if (!rotated) return;
+    await showSecret(`New secret for “${key.name}”`, rotated.secret,
+      `The previous secret works until ${when(rotated.previous_secret_expires)}.`);
+    ctx.refresh();
+  };
+  const revoke = async () => {
+    const sure = await confirmDialog(`Revoke “${key.name}”?`,
+      `Every secret of key ${key.id} stops working within seconds and cannot be restored; its holder gets 401 ` +
+      "errors until given a new key.", "Revoke key");
+    if (!sure) return;
+    await ctx.api.post(`${path}/revoke`);
+    ctx.notify(`Revoked key ${key.name}.`);
+    ctx.refresh();
+  };
+
+  const limitRows = LIMITS.map(([name, label]) =>
+    [label, key.limits?.[name] ? Number(key.limits[name]).toLocaleString("en-US") : "gateway default"]);
+  return h("section", {},
+    h("p", {class: "crumbs"}, h("a", {href: "#/keys"}, "Keys"), " / ", key.id),
+    h("div", {class: "page-head"},
+      h("h1", {tabindex: "-1"}, key.name || key.id),
+      revoked ? null : h("div", {class: "actions"},
+        h("button", {type: "button", onclick: edit}, "Edit"),
+        h("button", {type: "button", onclick: rotate}, "Rotate secret"),
+        h("button", {type: "button", class: "danger", onclick: revoke}, "Revoke"))),
+    h("dl", {class: "facts"},
+      h("dt", {}, "Id"), h("dd", {}, h("code", {}, key.id)),
+      h("dt", {}, "State"), h("dd", {}, revoked ? `✕ revoked ${when(key.revoked_at)}` : "● active"),
+      h("dt", {}, "Environment"), h("dd", {}, key.env || "—"),
+      h("dt", {}, "Role"), h("dd", {}, key.admin ? "admin" : "caller"),
+      h("dt", {}, "Models"), h("dd", {}, grantsText(key)),
+      h("dt", {}, "Created"), h("dd", {}, when(key.created))),
+    h("h2", {}, "Limits"),
+    h("dl", {class: "facts limits"}, limitRows.map(([label, value]) => [h("dt", {}, label), h("dd", {}, value)])));
+}

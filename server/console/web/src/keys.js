@@ -1,0 +1,83 @@
+// The keys page: every key, filtered by environment and state, and the form that creates one.
+import {field, formDialog, h, showSecret, table, when} from "./dom.js";
+import {keyForm, LIMITS} from "./keyform.js";
+
+export const keyState = (key) => key.revoked_at ? "revoked" : "active";
+
+export function grantsText(key) {
+  return key.all_models ? "all models" : (key.models.length ? key.models.join(", ") : "none");
+}
+
+export function ownLimitsText(key) {
+  const own = LIMITS.filter(([name]) => key.limits?.[name]).map(([name, label]) => `${label}: ${key.limits[name]}`);
+  return own.length ? own.join("; ") : "defaults";
+}
+
+export async function catalogModels(api) {
+  // The models the signed-in admin key may use; an admin key with all models sees the whole catalog.
+  const listed = await api.get("/v1/models");
+  return listed.data.map((model) => model.id);
+}
+
+export async function keysPage(ctx) {
+  const [{keys}, models] = await Promise.all([ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api)]);
+  const envs = [...new Set(keys.map((key) => key.env).filter(Boolean))].sort();
+  const envFilter = ctx.query.get("env") ?? "";
+  const stateFilter = ctx.query.get("state") ?? "active";
+  const search = (ctx.query.get("q") ?? "").toLowerCase();
+  const shown = keys
+    .filter((key) => !envFilter || key.env === envFilter)
+    .filter((key) => stateFilter === "all" || keyState(key) === stateFilter)
+    .filter((key) => !search || key.name.toLowerCase().includes(search) || key.id.includes(search))
+    .sort((a, b) => b.created - a.created);
+
+  const envSelect = h("select", {name: "env"},
+    h("option", {value: ""}, "All environments"),
+    envs.map((env) => h("option", {value: env, selected: env === envFilter}, env)));
+  const stateSelect = h("select", {name: "state"},
+    ["active", "revoked", "all"].map((state) => h("option", {value: state, selected: state === stateFilter},
+      state === "all" ? "Active and revoked" : state[0].toUpperCase() + state.slice(1))));
+  const searchInput = h("input", {type: "search", name: "q", value: ctx.query.get("q") ?? "", autocomplete: "off"});
+  const applyFilters = (event) => {
+    event?.preventDefault();
+    const query = new URLSearchParams();
+    if (envSelect.value) query.set("env", envSelect.value);
+    if (stateSelect.value !== "active") query.set("state", stateSelect.value);
+    if (searchInput.value.trim()) query.set("q", searchInput.value.trim());
+    ctx.go(`#/keys${query.size ? "?" + query : ""}`);
+  };
+  envSelect.addEventListener("change", applyFilters);
+  stateSelect.addEventListener("change", applyFilters);
+
+  const rows = shown.map((key) => [
+    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`}, key.name || "(unnamed)"),
+    h("code", {}, key.id),
+    key.env || "—",
+    keyState(key) === "revoked" ? h("span", {class: "badge revoked"}, "✕ revoked") : h("span", {class: "badge"}, "● active"),
+    key.admin ? "admin" : "",
+    grantsText(key),
+    ownLimitsText(key),
+    when(key.created),
+  ]);
+
+  return h("section", {},
+    h("div", {class: "page-head"},
+      h("h1", {tabindex: "-1"}, "Keys"),
+      h("button", {type: "button", class: "primary", onclick: () => createKey(ctx, models, envs)}, "Create key")),
+    h("form", {class: "filters", role: "search", "aria-label": "Filter keys", onsubmit: applyFilters},
+      field("Environment", envSelect), field("State", stateSelect), field("Name or id", searchInput),
+      h("button", {type: "submit"}, "Filter")),
+    h("p", {class: "count"}, `${shown.length} of ${keys.length} keys`),
+    table("API keys", ["Name", "Id", "Environment", "State", "Role", "Models", "Own limits", "Created"], rows,
+      {empty: "No key matches these filters."}));
+}
+
+async function createKey(ctx, models, envs) {
+  const form = keyForm({models, envs, key: null});
+  const created = await formDialog("Create a key", form.element, "Create key",
+    () => ctx.api.post("/v1/admin/keys", form.read()));
+  if (!created) return;
+  await showSecret(`Key “${created.key.name}” created`, created.secret,
+    `Its id is ${created.key.id}: logs and this console show the id, never the secret.`);
+  ctx.go(`#/keys/${encodeURIComponent(created.key.id)}`);
+}

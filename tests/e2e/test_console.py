@@ -1,0 +1,234 @@
+"""The admin console in a real browser (Debian chromium + Playwright) against a real `portico serve`.
+
+Every page is saved as a screenshot under the test's temporary directory (tmp_path), desktop and phone width.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.browser import DESKTOP, PHONE, PageProblems, chromium
+from tests.e2e.conftest import running_gateway
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with running_gateway(tmp_path_factory.mktemp("console-data")) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def admin_secret(gateway) -> str:
+    return gateway.cli("keys", "create", "--name", "ops-admin", "--env", "prod", "--all-models", "--admin") \
+        .stdout.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as browser:
+        yield browser
+
+
+class Tab:
+    """One browser tab on the console, and what its pages complained about."""
+
+    def __init__(self, browser, gateway, shots, viewport=DESKTOP) -> None:
+        self.context = browser.new_context(viewport=viewport, base_url=gateway.base_url)
+        self.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.base_url)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(20_000)
+        self.problems = PageProblems()
+        self.problems.watch(self.page)
+        self.shots = shots
+
+    def open(self, hash_: str = "") -> None:
+        self.page.goto(f"/console/{hash_}")
+        expect(self.page.get_by_role("heading", level=1)).to_be_visible()
+
+    def sign_in(self, secret: str) -> None:
+        self.open()
+        self.page.get_by_label("Admin key").fill(secret)
+        self.page.get_by_role("button", name="Sign in").click()
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=self.shots / f"{name}.png", full_page=True)
+
+    def no_horizontal_scroll(self) -> None:
+        assert self.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+@pytest.fixture
+def tab(browser, gateway, tmp_path):
+    tab = Tab(browser, gateway, tmp_path)
+    yield tab
+    tab.context.close()
+
+
+def api(gateway, secret: str, method: str, path: str, **kwargs) -> httpx.Response:
+    return httpx.request(method, f"{gateway.base_url}{path}", headers={"Authorization": f"Bearer {secret}"},
+                         timeout=30, **kwargs)
+
+
+def eventually_status(gateway, secret: str, status: int) -> int:
+    """The key cache (keys.cache_seconds, 1 s) bounds how long a change takes to reach requests."""
+    deadline = time.monotonic() + 5
+    while (got := api(gateway, secret, "GET", "/v1/models").status_code) != status and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return got
+
+
+def test_files_come_from_the_gateway_with_a_strict_policy(gateway):
+    page = httpx.get(f"{gateway.base_url}/console/", timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    for path in re.findall(r'(?:src|href)="(/console/[^"]+)"', page.text):
+        assert httpx.get(f"{gateway.base_url}{path}", timeout=10).status_code == 200, path
+    assert "http" not in re.sub(r"https?://(127\.0\.0\.1|localhost)", "", page.text)  # nothing from elsewhere
+    missing = httpx.get(f"{gateway.base_url}/console/nope.js", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_only_an_admin_key_gets_in_and_it_stays_in_the_tab(tab, gateway, admin_secret):
+    tab.open()
+    alert = tab.page.get_by_role("alert")
+    tab.page.get_by_label("Admin key").fill("pk-not-a-real-key")
+    tab.page.get_by_role("button", name="Sign in").click()
+    expect(alert).to_contain_text("not valid")
+    tab.page.get_by_label("Admin key").fill(gateway.secret)  # the development key: valid, but not an admin key
+    tab.page.get_by_role("button", name="Sign in").click()
+    expect(alert).to_contain_text("not an admin key")
+    expect(tab.page.get_by_role("navigation")).to_be_hidden()
+    tab.shot("sign-in-refused")
+
+    tab.page.get_by_label("Admin key").fill(admin_secret)
+    tab.page.get_by_role("button", name="Sign in").click()
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    expect(tab.page.get_by_role("navigation")).to_be_visible()
+    # Kept in the tab's memory only: no storage, no cookie, not in the URL; a reload signs out.
+    assert tab.page.evaluate("localStorage.length + sessionStorage.length") == 0
+    assert tab.context.cookies() == [] and admin_secret not in tab.page.url
+    tab.page.reload()
+    expect(tab.page.get_by_label("Admin key")).to_be_visible()
+    # The refusals above are the browser's expected "failed to load" lines; nothing else may complain.
+    assert [line for line in tab.problems.lines if "status of 40" not in line] == []
+
+
+def test_create_a_key_read_its_secret_once_and_revoke_it(tab, gateway, admin_secret):
+    tab.sign_in(admin_secret)
+    page = tab.page
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("console-made")
+    dialog.get_by_label("Environment").fill("staging")
+    dialog.get_by_label("Only these models").check()
+    dialog.get_by_label("family-a-5.5").check()
+    dialog.get_by_label("Requests per minute").fill("30")
+    tab.shot("key-create-form")
+    dialog.get_by_role("button", name="Create key").click()
+
+    secret_box = page.get_by_role("dialog").get_by_label("Secret")
+    expect(secret_box).to_have_value(re.compile(r"^pk-"))
+    secret = secret_box.input_value()
+    page.get_by_role("button", name="Copy").click()
+    expect(page.get_by_role("dialog")).to_contain_text("Copied.")
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    tab.shot("key-secret-once")
+    page.get_by_role("button", name="Done").click()
+
+    expect(page.get_by_role("heading", name="console-made", level=1)).to_be_visible()
+    assert secret not in page.content()  # shown once: gone with the dialog
+    models = api(gateway, secret, "GET", "/v1/models")
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["family-a-5.5"]
+    key_id = page.locator("dd code").first.inner_text()
+    key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
+    assert key["env"] == "staging" and key["limits"]["requests_per_minute"] == 30 and not key["admin"]
+    tab.shot("key-page")
+
+    page.get_by_role("button", name="Revoke").click()
+    confirm = page.get_by_role("dialog")
+    expect(confirm).to_contain_text(key_id)
+    tab.shot("key-revoke-confirm")
+    confirm.get_by_role("button", name="Revoke key").click()
+    expect(page.get_by_text("✕ revoked")).to_be_visible()
+    assert eventually_status(gateway, secret, 401) == 401  # the gateway refuses it now
+    tab.shot("key-revoked")
+    assert tab.problems.lines == []
+
+
+def test_filter_edit_and_rotate(tab, gateway, admin_secret):
+    made = gateway.cli("keys", "create", "--name", "search-indexer", "--env", "search", "--all-models").stdout
+    key_id, old_secret = made.split()[2], made.split()[-1]
+    gone = gateway.cli("keys", "create", "--name", "old-batch", "--env", "search", "--all-models").stdout.split()[2]
+    gateway.cli("keys", "revoke", gone)
+    tab.sign_in(admin_secret)
+    page = tab.page
+    page.get_by_label("Environment").select_option("search")
+    rows = page.locator("tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("search-indexer")
+    page.get_by_label("State").select_option("revoked")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("old-batch")
+    assert "env=search" in page.url and "state=revoked" in page.url
+    tab.shot("keys-filtered")
+
+    tab.open(f"#/keys/{key_id}")
+    page.get_by_role("button", name="Edit").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Requests per minute").fill("45")
+    dialog.get_by_label("Only these models").check()
+    dialog.get_by_label("family-a-5.4").check()
+    dialog.get_by_role("button", name="Save").click()
+    expect(page.get_by_role("status")).to_have_text("Saved key search-indexer.")
+    expect(page.locator("dl.limits")).to_contain_text("Requests per minute45")
+    key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
+    assert key["limits"]["requests_per_minute"] == 45 and key["models"] == ["family-a-5.4"] and not key["all_models"]
+
+    page.get_by_role("button", name="Rotate secret").click()
+    page.get_by_role("dialog").get_by_label("Grace period in seconds").fill("0")
+    page.get_by_role("dialog").get_by_role("button", name="Rotate").click()
+    new_secret = page.get_by_role("dialog").get_by_label("Secret").input_value()
+    assert new_secret.startswith("pk-") and new_secret != old_secret
+    tab.shot("key-rotated")
+    page.get_by_role("button", name="Done").click()
+    assert eventually_status(gateway, old_secret, 401) == 401
+    assert api(gateway, new_secret, "GET", "/v1/models").status_code == 200
+    assert tab.problems.lines == []
+
+
+def test_phone_width_and_keyboard_only(browser, gateway, admin_secret, tmp_path):
+    tab = Tab(browser, gateway, tmp_path, viewport=PHONE)
+    try:
+        tab.open()
+        page = tab.page
+        tab.shot("phone-sign-in")
+        page.keyboard.press("Tab")  # from the page's heading to the key field
+        page.keyboard.type(admin_secret)
+        page.keyboard.press("Enter")
+        expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        tab.no_horizontal_scroll()  # a wide table scrolls inside its own box, not the page
+        tab.shot("phone-keys")
+        # Keyboard only: Tab reaches "Create key", Enter opens the form, Escape closes it.
+        for _ in range(12):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.textContent") == "Create key":
+                break
+        page.keyboard.press("Enter")
+        expect(page.get_by_role("dialog")).to_be_visible()
+        expect(page.get_by_role("dialog").get_by_label("Name")).to_be_focused()
+        tab.no_horizontal_scroll()
+        tab.shot("phone-create-key")
+        page.keyboard.press("Escape")
+        expect(page.get_by_role("dialog")).to_have_count(0)
+        assert tab.problems.lines == []
+    finally:
+        tab.context.close()

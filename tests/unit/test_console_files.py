@@ -1,0 +1,41 @@
+"""The console's files: served from what the build put in the directory, and nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.console import ConsoleFiles
+from server.console.build import build
+from server.errors import NotFound
+
+
+def test_serves_the_built_files_by_path_with_their_content_type(tmp_path):
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "index.html").write_text("<!doctype html>")
+    (tmp_path / "app.js").write_text("export {}")
+    (tmp_path / "vendor" / "lib.css").write_text("a {}")
+    (tmp_path / "notes.md").write_text("not a web file")
+    files = ConsoleFiles(tmp_path)
+    assert files.get("").data == b"<!doctype html>" and files.get("/").content_type.startswith("text/html")
+    assert files.get("app.js").content_type == "text/javascript; charset=utf-8"
+    assert files.get("vendor/lib.css").data == b"a {}"
+    for path in ("notes.md", "../index.html", "vendor/../app.js", "missing.js", "/etc/passwd"):
+        with pytest.raises(NotFound):
+            files.get(path)
+
+
+def test_a_server_without_a_build_answers_not_found_naming_the_fix(tmp_path):
+    with pytest.raises(NotFound, match="make install"):
+        ConsoleFiles(tmp_path / "absent").get("")
+
+
+def test_the_build_holds_the_app_and_its_pinned_chart_library(tmp_path):
+    from server.console.build import SOURCES
+
+    if not all(source.exists() for source, _ in SOURCES):
+        pytest.skip("npm ci has not run in server/console/web (make install does it)")
+    build(tmp_path / "console")
+    files = ConsoleFiles(tmp_path / "console")
+    page = files.get("").data.decode()
+    assert '<script type="module" src="/console/app.js">' in page
+    assert b"uPlot" in files.get("vendor/uPlot.esm.js").data
