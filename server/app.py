@@ -35,6 +35,8 @@ from server.services.keys import KeyServicer
 from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
 from server.services.probes import ProbeServicer
+from server.usage.sqlite_ledger import SqliteLedger
+from server.usage.writer import LedgerWriter
 
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # above Envoy's 8 MiB request limit, so Envoy answers oversize bodies first
 MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
@@ -51,11 +53,15 @@ class Core:
     limiter: Limiter
     providers: tuple[Provider, ...]  # each once, though several models may share one
     pipeline: Pipeline
+    ledger: LedgerWriter
+    usage: SqliteLedger
 
     async def close(self) -> None:
         for provider in self.providers:
             await provider.close()
         await self.limiter.close()
+        await self.ledger.close()  # after the drain: every request has ended, so every row is queued
+        self.usage.close()
         self.store.close()
         await asyncio.to_thread(self.telemetry.close)  # sends the spans still queued, waiting at most ~2 s
 
@@ -107,7 +113,12 @@ def build_limit_store(config: Config) -> LimitStore:
 
 async def build_core(config: Config) -> Core:
     store = KeyStore(config.data_dir / "keys.db")
+    usage = SqliteLedger(config.data_dir / "keys.db")
     telemetry = Telemetry(access_log=AccessLog(config.access_log), tracing=config.tracing)
+    ledger = LedgerWriter(usage, config.usage, on_dropped=telemetry.metrics.ledger_dropped.inc,
+                          on_written=telemetry.metrics.ledger_written.inc)
+    telemetry.ledger = ledger
+    ledger.start()
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
     providers = build_providers(config, telemetry)
     limiter = Limiter(build_limit_store(config), config.limits)
@@ -120,7 +131,7 @@ async def build_core(config: Config) -> Core:
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
         telemetry=telemetry,
     )
-    return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline)
+    return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline, ledger, usage)
 
 
 async def start_server(config: Config, address: str) -> RunningServer:

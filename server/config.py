@@ -13,6 +13,8 @@ import yaml
 from server.config_providers import ConfigError, ProviderSpec, mapping, parse_provider
 from server.config_tracing import TracingSettings, parse_tracing
 from server.domain import Endpoint, KeyLimits
+from server.usage.money import Price, parse_price
+from server.usage.settings import UsageSettings, parse_usage
 
 __all__ = ["Config", "ConfigError", "EmbeddedSettings", "LimitSettings", "ModelEntry", "ProviderSpec", "load_config"]
 
@@ -27,6 +29,7 @@ class ModelEntry:
     created: int
     provider: ProviderSpec
     fallbacks: tuple[str, ...] = ()  # model ids tried in order when this model's provider fails in a retryable way
+    price: Price = field(default_factory=Price)  # what a request costs (server/usage/money.py); free when unset
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ class Config:
     access_log: str = "stderr"  # one JSON line per request: stderr, stdout, a file path, or off
     drain_seconds: float = 30.0  # after SIGTERM, how long requests in flight may take to finish
     tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry traces; off by default
+    usage: UsageSettings = field(default_factory=UsageSettings)  # the usage ledger
 
     @property
     def base_url(self) -> str:
@@ -134,6 +138,7 @@ def _parse(raw: dict, source: str) -> Config:
             access_log=str(raw.get("access_log", "stderr")),
             drain_seconds=float(raw.get("drain_seconds", 30.0)),
             tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
+            usage=parse_usage(raw.get("usage"), f"{source}: usage"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc
@@ -186,7 +191,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
     for required in ("id", "endpoint", "provider"):
         if required not in raw:
             raise ConfigError(f"{where}: `{required}` is required")
-    if unknown := set(raw) - {"id", "endpoint", "owned_by", "created", "provider", "fallbacks"}:
+    if unknown := set(raw) - {"id", "endpoint", "owned_by", "created", "provider", "fallbacks", "price"}:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
     try:
         endpoint = Endpoint(raw["endpoint"])
@@ -202,6 +207,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
         created=int(raw.get("created", 0)),
         provider=parse_provider(raw["provider"], f"{where}.provider", endpoint),
         fallbacks=tuple(fallbacks),
+        price=parse_price(raw.get("price") or {}, f"{where}.price"),
     )
 
 

@@ -142,15 +142,17 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    input_tokens: int = 0
+    input_tokens: int = 0  # every prompt token, those read from a prompt cache included
     output_tokens: int = 0
+    cached_input_tokens: int = 0  # the part of input_tokens read from the provider's prompt cache (priced lower)
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
+                     self.cached_input_tokens + other.cached_input_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,7 @@ class Pipeline:
         meter = _Meter(prompt_estimate=await _prompt_tokens(self._token_counters.get(call.model.id), request))
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.max_tokens = request.params.max_tokens
+        call.record.admitted = True
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
         call.record.upstream_call()
@@ -119,7 +120,7 @@ class Pipeline:
                 call.record.finish_reason = meter.finish.value
             if meter.started:
                 usage = meter.usage_so_far()
-                call.record.input_tokens, call.record.output_tokens = usage.input_tokens, usage.output_tokens
+                _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
                 await self._limiter.settle(reservation, usage.total_tokens)
             else:
                 await self._limiter.release(reservation)
@@ -151,6 +152,7 @@ class Pipeline:
         provider = call.provider
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
+        call.record.admitted = True
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0)
         images: list[GeneratedImage] | None = None
@@ -162,9 +164,20 @@ class Pipeline:
             if images is None:
                 await self._limiter.release(reservation)
             else:
+                _account(call, images=len(images))
                 await self._limiter.settle(reservation, 0)
         await _send_headers(call, reservation)
         return images
+
+
+def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
+             images: int = 0) -> None:
+    """What the request used and cost, on its record (metrics, access log, usage ledger); set before settling,
+    which may be interrupted by the caller's cancellation."""
+    record = call.record
+    record.input_tokens, record.output_tokens = input_tokens, output_tokens
+    record.cached_input_tokens, record.images = cached_input_tokens, images
+    record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images)
 
 
 async def _send_headers(call: Call, reservation: Reservation) -> None:

@@ -37,6 +37,9 @@ class Metrics:
     upstream_retries: Counter
     upstream_fallbacks: Counter
     trace_spans_dropped: Counter
+    spend: Counter
+    ledger_written: Counter
+    ledger_dropped: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -69,6 +72,11 @@ class Metrics:
             trace_spans_dropped=Counter("portico_trace_spans_dropped_total", "Finished spans never exported: the "
                                         "export queue was full, or the collector did not take them",
                                         ["reason"], registry=r),
+            spend=Counter("portico_spend_microdollars_total", "Settled cost of requests in micro-dollars (model "
+                          "prices in the configuration)", ["model", "key_id"], registry=r),
+            ledger_written=Counter("portico_ledger_rows_written_total", "Usage ledger rows stored", registry=r),
+            ledger_dropped=Counter("portico_ledger_rows_dropped_total", "Usage ledger rows lost: the buffer was "
+                                   "full, or the store could not be written before shutdown", registry=r),
         )
 
 

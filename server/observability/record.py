@@ -41,6 +41,7 @@ class RequestRecord:
     rpc: str  # "ChatService/CreateChatCompletionHttp"
     endpoint: str
     started: float = field(default_factory=time.monotonic)
+    arrived: float = field(default_factory=time.time)  # wall clock, for the usage ledger
     key_id: str = ""
     key_env: str = ""
     model: str = ""  # set once the catalog resolved it, so unknown model names never become label values
@@ -58,6 +59,11 @@ class RequestRecord:
     finish_reason: str = ""
     answered_by: str = ""  # the model of the last upstream attempt or generation: a fallback's, when one answered
     spans_started: int = 0  # upstream attempts and generations traced so far, to number them
+    # For the usage ledger (server/usage): a request that reached admission gets one row, whatever its end.
+    admitted: bool = False
+    cached_input_tokens: int = 0
+    images: int = 0
+    cost_micros: int = 0  # settled cost in micro-dollars
 
     def upstream_call(self) -> None:
         self.upstream_attempts = max(self.upstream_attempts, 1)

@@ -18,7 +18,7 @@ import contextvars
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -33,12 +33,19 @@ _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
 _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
 
 
+class RequestSink(Protocol):
+    """Where the record of a request that reached admission goes when it ends (the usage ledger)."""
+
+    def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None: ...
+
+
 class Telemetry:
     def __init__(self, metrics: Metrics | None = None, access_log: AccessLog | None = None,
-                 tracing: TracingSettings | None = None) -> None:
+                 tracing: TracingSettings | None = None, ledger: RequestSink | None = None) -> None:
         self.metrics = metrics or Metrics.create()
         self.access_log = access_log or AccessLog("off")
         self.tracing = Tracing(tracing, self._spans_dropped) if tracing is not None and tracing.enabled else None
+        self.ledger = ledger
         self._current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
             "portico_request", default=None
         )
@@ -90,9 +97,13 @@ class Telemetry:
         if record.input_tokens or record.output_tokens:
             child(m.input_tokens, model, record.key_id).inc(record.input_tokens)
             child(m.output_tokens, model, record.key_id).inc(record.output_tokens)
+        if record.cost_micros:
+            child(m.spend, model, record.key_id).inc(record.cost_micros)
         if outcome.limit:
             child(m.rate_limit_rejections, outcome.limit, outcome.scope).inc()
         self.access_log.write(record, outcome, now)
+        if record.admitted and self.ledger is not None:
+            self.ledger.add(record, outcome, now)
         if record.span is not None:
             _end_span(record, outcome)
 

@@ -1,0 +1,59 @@
+"""The usage ledger's row: one per request that reached admission, whatever its end (answered, refused by a limit
+or a budget, failed upstream, a stream cut or abandoned by its caller), built from the request's telemetry record
+when it ends, so the ledger, the metrics and the access log describe each request with the same numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from server.limits.core import new_reservation_id
+from server.observability.record import Outcome, RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    id: str  # unique across processes and hosts, so a batch written twice (a retry after a lost reply) is kept once
+    at_ms: int  # unix milliseconds of the request's arrival
+    request_id: str  # Envoy's x-request-id, which the caller got back
+    key_id: str
+    env: str  # the key's env: OpenAI's project_id
+    endpoint: str
+    model: str  # the model the caller asked for (catalog id)
+    upstream: str  # the model that answered it (a fallback's id when one took over)
+    status: int  # the HTTP status the caller got (gRPC callers: the matching code); 499: the caller went away
+    code: str  # the error table's code, "" on success (a stream that failed after its 200 keeps its error's code)
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    images: int
+    cost_micros: int
+    upstream_attempts: int  # 0: no model was asked (refused at admission)
+    latency_ms: float
+    first_token_ms: float | None
+
+
+COLUMNS = tuple(f.name for f in fields(LedgerRow))
+
+
+def row_of(record: RequestRecord, outcome: Outcome, finished: float) -> LedgerRow:
+    """`finished`: time.monotonic() when the request ended."""
+    return LedgerRow(
+        id=new_reservation_id(),
+        at_ms=int(record.arrived * 1000),
+        request_id=record.request_id,
+        key_id=record.key_id,
+        env=record.key_env,
+        endpoint=record.endpoint,
+        model=record.model,
+        upstream=(record.answered_by or record.model) if record.upstream_attempts else "",
+        status=outcome.status,
+        code=outcome.code,
+        input_tokens=record.input_tokens,
+        output_tokens=record.output_tokens,
+        cached_input_tokens=record.cached_input_tokens,
+        images=record.images,
+        cost_micros=record.cost_micros,
+        upstream_attempts=record.upstream_attempts,
+        latency_ms=round((finished - record.started) * 1000, 3),
+        first_token_ms=None if record.first_token_seconds is None else round(record.first_token_seconds * 1000, 3),
+    )

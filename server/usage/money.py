@@ -1,0 +1,84 @@
+"""Money as exact integers: micro-dollars (1 USD = 1,000,000), never floats, and the prices of a model.
+
+Prices are configured in the units providers publish (USD per million tokens, USD per image) and held as integers:
+micro-dollars per million tokens and micro-dollars per image. A request's cost is the sum over its token kinds,
+rounded up once to a whole micro-dollar, so every request costs an exact integer and totals are plain sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from server.config_providers import ConfigError, mapping
+
+MICROS_PER_USD = 1_000_000
+_PER_MILLION = 1_000_000
+
+
+def usd_to_micros(value: Any, where: str = "amount") -> int:
+    """A dollar amount given as text or a number (5, "0.15", 2.5) in whole micro-dollars; refuses anything finer
+    than a micro-dollar, negative, or not a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: a number of US dollars, not {value!r}")
+    try:
+        micros = Decimal(str(value)) * MICROS_PER_USD
+    except InvalidOperation:
+        raise ValueError(f"{where}: a number of US dollars, not {value!r}") from None
+    if not micros.is_finite() or micros < 0:
+        raise ValueError(f"{where}: must be a non-negative number of US dollars, not {value!r}")
+    if micros != micros.to_integral_value():
+        raise ValueError(f"{where}: {value!r} is finer than a micro-dollar (0.000001 USD)")
+    return int(micros)
+
+
+def micros_to_usd(micros: int) -> float:
+    """For JSON answers and metrics, which carry dollars as numbers (OpenAI's `amount.value`)."""
+    return micros / MICROS_PER_USD
+
+
+def usd_text(micros: int) -> str:
+    """"$0.0125" in messages: at least cents, more digits only when they matter."""
+    text = f"{Decimal(micros) / MICROS_PER_USD:.6f}".rstrip("0")
+    whole, _, fraction = text.partition(".")
+    return f"${whole}.{fraction.ljust(2, '0')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What a model costs. Token prices are micro-dollars per million tokens (= USD per token x 10^12)."""
+
+    input: int = 0
+    output: int = 0
+    cached_input: int = 0  # input tokens read from the provider's prompt cache
+    image: int = 0  # micro-dollars per generated image
+
+    @property
+    def free(self) -> bool:
+        return self == _FREE
+
+    def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
+             images: int = 0) -> int:
+        """Micro-dollars, rounded up once. `input_tokens` counts every prompt token, the cached ones included."""
+        cached = min(max(cached_input_tokens, 0), input_tokens)
+        per_million = (input_tokens - cached) * self.input + cached * self.cached_input + output_tokens * self.output
+        return -(-per_million // _PER_MILLION) + images * self.image
+
+
+_FREE = Price()
+
+
+def parse_price(raw: Any, where: str) -> Price:
+    """A model entry's `price:` mapping: `input`, `output`, `cached_input` (USD per million tokens; cached_input
+    defaults to input) and `image` (USD per image)."""
+    raw = mapping(raw, where)
+    if unknown := set(raw) - {"input", "output", "cached_input", "image"}:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: input, output, "
+                          "cached_input (USD per million tokens), image (USD per image)")
+    try:
+        values = {name: usd_to_micros(value, f"{where}.{name}") for name, value in raw.items() if value is not None}
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    values.setdefault("cached_input", values.get("input", 0))
+    return Price(**values)

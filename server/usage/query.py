@@ -1,0 +1,99 @@
+"""Reading the ledger: totals per time bucket and group, computed by the database (both sinks share this SQL)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.usage.ledger import COLUMNS
+
+# OpenAI's group_by names -> ledger columns (an Portico env is OpenAI's project).
+GROUP_COLUMNS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}
+TEXT_ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
+
+CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS usage_ledger (
+    id TEXT PRIMARY KEY,
+    at_ms BIGINT NOT NULL,
+    request_id TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    env TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    model TEXT NOT NULL,
+    upstream TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    code TEXT NOT NULL,
+    input_tokens BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    cached_input_tokens BIGINT NOT NULL,
+    images INTEGER NOT NULL,
+    cost_micros BIGINT NOT NULL,
+    upstream_attempts INTEGER NOT NULL,
+    latency_ms DOUBLE PRECISION NOT NULL,
+    first_token_ms DOUBLE PRECISION
+);
+CREATE INDEX IF NOT EXISTS usage_ledger_at ON usage_ledger (at_ms);
+CREATE INDEX IF NOT EXISTS usage_ledger_key_at ON usage_ledger (key_id, at_ms);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    start_ms: int  # inclusive; the first bucket starts here
+    end_ms: int  # exclusive
+    width_ms: int  # bucket width
+    group_by: tuple[str, ...] = ()  # of GROUP_COLUMNS' keys
+    key_ids: tuple[str, ...] = ()  # filters; empty: all
+    models: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
+    endpoints: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """One group's sums in one bucket. A group field is None when the query did not group by it."""
+
+    bucket: int  # index from the query's start
+    model: str | None
+    key_id: str | None
+    env: str | None
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    images: int
+    cost_micros: int
+    model_requests: int  # rows whose request reached a model
+    rows: int
+
+
+def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "") -> str:
+    """`verb`/`suffix`: the dialect's way to skip a row whose id is stored already."""
+    values = ", ".join([placeholder] * len(COLUMNS))
+    return f"{verb} INTO usage_ledger ({', '.join(COLUMNS)}) VALUES ({values}){suffix}"
+
+
+def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
+    groups = [GROUP_COLUMNS[g] for g in query.group_by]
+    where, params = ["at_ms >= {p}", "at_ms < {p}"], [query.start_ms, query.end_ms]
+    for column, values in (("key_id", query.key_ids), ("model", query.models), ("env", query.envs),
+                           ("endpoint", query.endpoints)):
+        if values:
+            where.append(f"{column} IN ({', '.join(['{p}'] * len(values))})")
+            params += values
+    grouped = "".join(f", {g}" for g in groups)
+    sql = (
+        "SELECT (at_ms - {p}) / {p} AS bucket" + grouped + ", SUM(input_tokens), SUM(output_tokens), "
+        "SUM(cached_input_tokens), SUM(images), SUM(cost_micros), "
+        "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*) FROM usage_ledger WHERE "
+        + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket" + grouped
+    )
+    return sql.replace("{p}", placeholder), [query.start_ms, query.width_ms, *params]
+
+
+def totals_of(query: UsageQuery, rows) -> list[Totals]:
+    result = []
+    for row in rows:
+        row = list(row)
+        bucket, named, sums = row[0], dict(zip([GROUP_COLUMNS[g] for g in query.group_by], row[1:])), row[1:]
+        sums = [int(v or 0) for v in sums[len(query.group_by):]]
+        result.append(Totals(int(bucket), named.get("model"), named.get("key_id"), named.get("env"), *sums))
+    return result

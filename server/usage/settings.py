@@ -1,0 +1,38 @@
+"""The `usage:` section of the configuration: how the ledger is written and kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from server.config_providers import ConfigError, mapping
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSettings:
+    flush_seconds: float = 1.0  # rows are written at least this often ...
+    batch_rows: int = 500  # ... or as soon as this many are waiting
+    buffer_rows: int = 100_000  # rows held while the store cannot be written; beyond this they are dropped (counted)
+    retention_days: int = 400  # rows older than this are deleted; 0 keeps them forever
+
+
+def parse_usage(raw: Any, where: str) -> UsageSettings:
+    raw = mapping(raw or {}, where)
+    known = {"flush_seconds", "batch_rows", "buffer_rows", "retention_days"}
+    if unknown := set(raw) - known:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    try:
+        settings = UsageSettings(
+            flush_seconds=float(raw.get("flush_seconds", 1.0)),
+            batch_rows=int(raw.get("batch_rows", 500)),
+            buffer_rows=int(raw.get("buffer_rows", 100_000)),
+            retention_days=int(raw.get("retention_days", 400)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if settings.flush_seconds <= 0 or settings.batch_rows < 1 or settings.buffer_rows < settings.batch_rows:
+        raise ConfigError(f"{where}: flush_seconds must be positive, batch_rows at least 1 and buffer_rows at least "
+                          "batch_rows")
+    if settings.retention_days < 0:
+        raise ConfigError(f"{where}.retention_days: 0 (keep forever) or a number of days")
+    return settings

@@ -1,0 +1,161 @@
+"""The ledger's writer: rows are queued by the request that ends (a deque append, nothing more) and written in
+batches by one background task, every `flush_seconds` or as soon as `batch_rows` are waiting, in a thread so the
+event loop never waits for the database.
+
+When the store cannot be written, rows stay queued (up to `buffer_rows`) and the batch is retried with a growing
+pause; rows that arrive while the buffer is full are dropped, counted in `portico_ledger_rows_dropped_total` and
+logged (never silently). A row may be written twice (a write that succeeded but whose reply was lost is retried):
+rows carry unique ids and sinks insert them once. `close` (at the end of a drain) writes what is queued, retrying
+until its deadline; what still cannot be written is counted and logged as dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import islice
+from typing import Protocol
+
+from server.observability.record import Outcome, RequestRecord
+from server.usage.ledger import LedgerRow, row_of
+from server.usage.settings import UsageSettings
+
+_logger = logging.getLogger(__name__)
+
+_MAX_BACKOFF = 30.0  # seconds between retries while the store stays unreachable
+_PRUNE_EVERY = 3600.0  # seconds between retention passes
+_DROP_LOG_EVERY = 10.0  # seconds between warnings while rows are being dropped
+
+
+class LedgerSink(Protocol):
+    """Where rows go. Called from a worker thread, one call at a time."""
+
+    def write(self, rows: Sequence[LedgerRow]) -> None:
+        """Store the rows in one transaction, each id once (rows already stored are skipped). Raise on failure."""
+        ...
+
+    def prune(self, before_ms: int) -> int:
+        """Delete rows that arrived before `before_ms`; returns how many."""
+        ...
+
+
+class LedgerWriter:
+    def __init__(self, sink: LedgerSink, settings: UsageSettings, *,
+                 on_dropped: Callable[[int], None] = lambda n: None,
+                 on_written: Callable[[int], None] = lambda n: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._sink = sink
+        self._settings = settings
+        self._on_dropped = on_dropped
+        self._on_written = on_written
+        self._clock = clock
+        self._queue: deque[LedgerRow] = deque()
+        self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()  # the background task and an explicit flush never take the same rows
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._failing = False  # the store is failing: logged once when it starts and once when it ends
+        self._dropped_unlogged = 0
+        self._drop_logged_at = -_DROP_LOG_EVERY
+        self._pruned_at = -_PRUNE_EVERY
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ledger-writer")
+
+    # RequestSink (server/observability/telemetry.py)
+    def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:
+        self.append(row_of(record, outcome, finished))
+
+    def append(self, row: LedgerRow) -> None:
+        if len(self._queue) >= self._settings.buffer_rows:
+            self._drop(1, "the ledger's buffer is full (the store has not accepted rows for a while)")
+            return
+        self._queue.append(row)
+        if len(self._queue) >= self._settings.batch_rows:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        pause = self._settings.flush_seconds
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), pause)
+            self._wake.clear()
+            if self._stopping:
+                break
+            pause = self._settings.flush_seconds if await self._write_all() else min(pause * 2, _MAX_BACKOFF)
+            if not self._failing:
+                await self._prune()
+
+    async def _write_all(self) -> bool:
+        """Write batches until the queue is empty; False if the store failed."""
+        async with self._writing:
+            while self._queue:
+                if not await self._write_batch():
+                    return False
+            return True
+
+    async def _write_batch(self) -> bool:
+        batch = list(islice(self._queue, self._settings.batch_rows))
+        try:
+            await asyncio.to_thread(self._sink.write, batch)
+        except Exception as exc:  # noqa: BLE001 - whatever the driver raises, the rows wait and are retried
+            if not self._failing:
+                _logger.error("usage ledger: cannot write rows (%s: %s); %d rows wait and are retried",
+                              type(exc).__name__, exc, len(self._queue))
+                self._failing = True
+            return False
+        for _ in batch:  # only this task takes rows off the left; new ones are appended on the right meanwhile
+            self._queue.popleft()
+        self._on_written(len(batch))
+        if self._failing:
+            _logger.warning("usage ledger: writing again")
+            self._failing = False
+        return True
+
+    async def _prune(self) -> None:
+        days = self._settings.retention_days
+        now = self._clock()
+        if not days or now - self._pruned_at < _PRUNE_EVERY:
+            return
+        self._pruned_at = now
+        try:
+            deleted = await asyncio.to_thread(self._sink.prune, int((now - days * 86_400) * 1000))
+        except Exception as exc:  # noqa: BLE001 - tried again at the next pass
+            _logger.warning("usage ledger: retention pass failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if deleted:
+            _logger.info("usage ledger: deleted %d rows older than %d days", deleted, days)
+
+    def _drop(self, count: int, why: str) -> None:
+        self._on_dropped(count)
+        self._dropped_unlogged += count
+        now = time.monotonic()
+        if now - self._drop_logged_at >= _DROP_LOG_EVERY:
+            _logger.error("usage ledger: dropped %d row(s): %s", self._dropped_unlogged, why)
+            self._dropped_unlogged, self._drop_logged_at = 0, now
+
+    async def flush(self) -> bool:
+        """Write everything queued now (tests, and close); False if the store failed."""
+        return await self._write_all()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop the background task, then write what is queued, retrying until `timeout`."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        deadline = time.monotonic() + timeout
+        while not await self._write_all() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if self._queue:
+            lost, self._queue = len(self._queue), deque()
+            self._drop_logged_at = -_DROP_LOG_EVERY
+            self._drop(lost, "the store could not be written before shutdown")

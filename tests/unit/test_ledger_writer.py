@@ -1,0 +1,140 @@
+"""The ledger's batching writer against a real SQLite sink, and a sink that fails on cue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+
+from server.usage.ledger import LedgerRow
+from server.usage.query import UsageQuery
+from server.usage.settings import UsageSettings
+from server.usage.sqlite_ledger import SqliteLedger
+from server.usage.writer import LedgerWriter
+
+
+NOW_MS = int(time.time()) * 1000  # rows of today: a default retention pass must keep them
+
+
+def row(n: int, **changes) -> LedgerRow:
+    base = LedgerRow(id=f"r{n}", at_ms=NOW_MS + n, request_id=f"req-{n}", key_id="key_a", env="prod",
+                     endpoint="/v1/chat/completions", model="m", upstream="m", status=200, code="",
+                     input_tokens=10, output_tokens=5, cached_input_tokens=0, images=0, cost_micros=7,
+                     upstream_attempts=1, latency_ms=12.5, first_token_ms=3.0)
+    return replace(base, **changes)
+
+
+class FlakySink:
+    """SQLite underneath; fails while `down` is set."""
+
+    def __init__(self, path) -> None:
+        self.db = SqliteLedger(path)
+        self.down = False
+        self.calls = 0
+
+    def write(self, rows) -> None:
+        self.calls += 1
+        if self.down:
+            raise ConnectionError("store unreachable")
+        self.db.write(rows)
+
+    def prune(self, before_ms: int) -> int:
+        return self.db.prune(before_ms)
+
+
+async def test_rows_are_written_in_batches_off_the_request_path(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=30, batch_rows=3, buffer_rows=10))
+    writer.start()
+    for n in range(2):
+        writer.append(row(n))
+    await asyncio.sleep(0.05)
+    assert sink.rows() == []  # fewer than a batch and the flush interval not reached
+    writer.append(row(2))  # a full batch wakes the writer
+    for _ in range(100):
+        if len(sink.rows()) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert [r.id for r in sink.rows()] == ["r0", "r1", "r2"]
+    writer.append(row(3))
+    await writer.close()  # flushed on close
+    assert len(sink.rows()) == 4
+
+
+async def test_an_unreachable_store_keeps_rows_then_drops_past_the_buffer_counted_and_logged(tmp_path, caplog):
+    sink = FlakySink(tmp_path / "l.db")
+    dropped = []
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=0.02, batch_rows=2, buffer_rows=4),
+                          on_dropped=dropped.append)
+    sink.down = True
+    writer.start()
+    with caplog.at_level(logging.WARNING, logger="server.usage.writer"):
+        for n in range(6):
+            writer.append(row(n))
+        await asyncio.sleep(0.1)
+        assert sink.calls >= 2 and writer.pending == 4  # retried; four rows wait
+        assert sum(dropped) == 2  # both counted; the first logged at once, the next within 10 s
+        assert "dropped 1 row(s)" in caplog.text and "cannot write rows" in caplog.text
+        sink.down = False
+        for _ in range(200):
+            if writer.pending == 0:
+                break
+            await asyncio.sleep(0.02)
+    assert [r.id for r in sink.db.rows()] == ["r0", "r1", "r2", "r3"]
+    assert "writing again" in caplog.text
+    await writer.close()
+
+
+async def test_rows_that_cannot_be_written_before_shutdown_are_counted(tmp_path, caplog):
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    dropped = []
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=10), on_dropped=dropped.append)
+    writer.start()
+    writer.append(row(1))
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        await writer.close(timeout=0.3)
+    assert dropped == [1] and "before shutdown" in caplog.text
+
+
+def test_a_batch_written_twice_is_stored_once(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    sink.write([row(1), row(2)])
+    sink.write([row(2), row(3)])  # a retry after a lost reply
+    assert [r.id for r in sink.rows()] == ["r1", "r2", "r3"]
+
+
+def test_retention_deletes_old_rows(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    sink.write([row(1), row(5)])
+    assert sink.prune(NOW_MS + 3) == 1
+    assert [r.id for r in sink.rows()] == ["r5"]
+
+
+async def test_the_writer_applies_retention(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    now = NOW_MS / 1000 + 10 * 86_400
+    sink.write([row(1), row(2, at_ms=int(now * 1000) - 1000)])
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=0.01, retention_days=5), clock=lambda: now)
+    writer.start()
+    await asyncio.sleep(0.1)
+    await writer.close()
+    assert [r.id for r in sink.rows()] == ["r2"]
+
+
+def test_totals_per_bucket_and_group(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    t0 = 1_700_000_000_000
+    sink.write([
+        row(1, at_ms=t0), row(2, at_ms=t0 + 500, model="n", cost_micros=3),
+        row(3, at_ms=t0 + 1500, key_id="key_b"), row(4, at_ms=t0 + 1600, upstream_attempts=0, input_tokens=0,
+                                                      output_tokens=0, cost_micros=0, status=429),
+    ])
+    totals = sink.aggregate(UsageQuery(t0, t0 + 2000, 1000, group_by=("model",)))
+    assert [(t.bucket, t.model, t.input_tokens, t.cost_micros, t.model_requests, t.rows) for t in totals] == [
+        (0, "m", 10, 7, 1, 1), (0, "n", 10, 3, 1, 1), (1, "m", 10, 7, 1, 2),
+    ]
+    assert totals[0].key_id is None
+    only_b = sink.aggregate(UsageQuery(t0, t0 + 2000, 1000, key_ids=("key_b",)))
+    assert [(t.bucket, t.rows) for t in only_b] == [(1, 1)]

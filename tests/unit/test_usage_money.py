@@ -1,0 +1,57 @@
+"""Prices and costs in exact integer micro-dollars."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.config import ConfigError, load_config
+from server.usage.money import Price, parse_price, usd_text, usd_to_micros
+
+
+def test_dollars_become_exact_micro_dollars():
+    assert usd_to_micros(5) == 5_000_000
+    assert usd_to_micros(0.15) == 150_000  # not 149_999: parsed from its decimal text, never as binary float
+    assert usd_to_micros("0.000001") == 1
+    for bad in (-1, "abc", True, "0.0000001", float("nan")):
+        with pytest.raises(ValueError):
+            usd_to_micros(bad)
+
+
+def test_a_request_costs_its_tokens_rounded_up_once():
+    price = parse_price({"input": 2.5, "output": 10, "cached_input": 1.25, "image": 0.04}, "price")
+    assert price == Price(input=2_500_000, output=10_000_000, cached_input=1_250_000, image=40_000)
+    # 1000 input (400 of them cached) + 100 output: 600*2.5 + 400*1.25 + 100*10 = 3000 micro-dollars exactly
+    assert price.cost(1000, 100, 400) == 3000
+    assert price.cost(1, 0) == 3  # 2.5 micro-dollars, rounded up
+    assert price.cost(images=3) == 120_000
+    assert Price().cost(10**9, 10**9) == 0
+
+
+def test_cached_input_defaults_to_the_input_price():
+    assert parse_price({"input": 3, "output": 15}, "p").cached_input == 3_000_000
+
+
+def test_price_mistakes_name_the_field():
+    with pytest.raises(ConfigError, match="price.output"):
+        parse_price({"output": -2}, "price")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        parse_price({"inputs": 2}, "price")
+
+
+def test_usd_text():
+    assert usd_text(10_000) == "$0.01"
+    assert usd_text(5_000_000) == "$5.00"
+    assert usd_text(12_345) == "$0.012345"
+
+
+def test_prices_in_the_configuration(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
+                      " price: {input: 1, output: 2}}\nusage: {retention_days: 30}\n")
+    loaded = load_config(config)
+    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0)
+    assert loaded.usage.retention_days == 30
+    config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n"
+                      "usage: {flush_every: 1}\n")
+    with pytest.raises(ConfigError, match="usage"):
+        load_config(config)
