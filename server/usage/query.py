@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from server.domain import Endpoint
 from server.usage.ledger import COLUMNS
 
 # OpenAI's group_by names -> ledger columns (an Portico env is OpenAI's project).
 GROUP_COLUMNS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}
-TEXT_ENDPOINTS = ("/v1/chat/completions", "/v1/messages")
+TEXT_ENDPOINTS = (Endpoint.CHAT.value, Endpoint.MESSAGES.value)
 
 CREATE_TABLE = """
 CREATE TABLE IF NOT EXISTS usage_ledger (
