@@ -4,6 +4,8 @@
     record.RequestRecord    what one request did; Outcome: how it ended; UpstreamRecorder: for providers
     metrics.Metrics         the metric families; MetricsServer: GET /metrics on 127.0.0.1
     access_log.AccessLog    one JSON line per request, to stderr, stdout or a file
+    tracing                 OpenTelemetry spans of a request (API side); tracing_export.Tracing: the SDK and OTLP
+                            exporter, loaded only when `tracing.otlp_endpoint` is set
 """
 
 from server.observability.metrics import Metrics, MetricsServer

@@ -18,7 +18,7 @@ import contextvars
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -27,7 +27,10 @@ from server.domain import ApiKey
 from server.observability.access_log import AccessLog
 from server.observability.metrics import Metrics
 from server.observability.record import RETRY_REASONS, Outcome, RequestRecord
-from server.observability.tracing import NO_SCOPE, OPERATIONS, NoScope, Scope, Tracing, caller_trace_id, trace_id_of
+from server.observability.tracing import NO_SCOPE, OPERATIONS, NoScope, Scope, caller_trace_id, trace_id_of
+
+if TYPE_CHECKING:
+    from server.observability.tracing_export import Tracing
 
 _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
 _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
@@ -44,8 +47,13 @@ class Telemetry:
                  tracing: TracingSettings | None = None, ledger: RequestSink | None = None) -> None:
         self.metrics = metrics or Metrics.create()
         self.access_log = access_log or AccessLog("off")
-        self.tracing = Tracing(tracing, self._spans_dropped) if tracing is not None and tracing.enabled else None
         self.ledger = ledger
+        self.tracing: Tracing | None = None
+        if tracing is not None and tracing.enabled:
+            # Imported here: the SDK and exporter cost every server process ~4 MB when tracing is off.
+            from server.observability.tracing_export import Tracing
+
+            self.tracing = Tracing(tracing, self._spans_dropped)
         self._current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
             "portico_request", default=None
         )

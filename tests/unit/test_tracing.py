@@ -7,7 +7,8 @@ import pytest
 from server.config import ConfigError, load_config
 from server.config_tracing import TracingSettings, parse_tracing
 from server.observability import Outcome, Telemetry
-from server.observability.tracing import NO_SCOPE, Tracing, caller_trace_id
+from server.observability.tracing import NO_SCOPE, caller_trace_id
+from server.observability.tracing_export import Tracing
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 NOWHERE = "http://127.0.0.1:9"  # nothing is exported in these tests: nothing is sampled, or nothing is ended
