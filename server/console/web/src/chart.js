@@ -1,0 +1,47 @@
+// Time-series charts with uPlot. Each series differs by dash pattern as well as colour, and every chart comes with
+// its numbers as a table, so a chart reads without colour and without sight.
+import uPlot from "./vendor/uPlot.esm.js";
+import {h, table} from "./dom.js";
+
+const COLOURS = ["#0a5bd3", "#b3261e", "#1a7f37", "#8250df", "#9a6700", "#0f766e", "#c2410c", "#57606a"];
+const DASHES = [[], [10, 5], [2, 4], [12, 4, 2, 4], [6, 3], [1, 3], [16, 6], [4, 8]];
+
+// times: bucket starts (unix seconds); series: [{label, values}] with one value per time; format: value -> text.
+export function timeChart({id, title, times, series, format, bucketLabel}) {
+  const total = series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
+  const plotBox = h("div", {class: "plot", role: "img", "aria-label": `${title}: chart; total ${format(total)}. ` +
+    "The numbers are in the table below it."});
+  const numbers = table(`${title} per ${bucketLabel}`, [bucketLabel === "hour" ? "Hour (UTC)" : "Day (UTC)",
+    ...series.map((s) => s.label)],
+  times.map((t, i) => [stamp(t, bucketLabel), ...series.map((s) => format(s.values[i]))]), {empty: "No data."});
+  const figure = h("figure", {class: "chart", id},
+    h("figcaption", {}, h("h2", {}, title)),
+    series.length ? plotBox : h("p", {class: "empty"}, "No requests in this period."),
+    h("details", {}, h("summary", {}, "Show the numbers"), numbers));
+  if (!series.length) return figure;
+
+  let plot = null;
+  const options = (width) => ({
+    width, height: Math.max(180, Math.min(280, Math.round(width * 0.35))),
+    scales: {x: {time: true}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
+    tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
+    axes: [{}, {values: (u, values) => values.map(format), size: 70}],
+    series: [{}, ...series.map((s, i) => ({
+      label: s.label, stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
+      points: {show: true, size: 5}, value: (u, v) => v === null || v === undefined ? "—" : format(v),
+    }))],
+    legend: {live: false},
+  });
+  new ResizeObserver(([entry]) => {
+    const width = Math.floor(entry.contentRect.width);
+    if (width <= 0) return;
+    if (plot === null) plot = new uPlot(options(width), [times, ...series.map((s) => s.values)], plotBox);
+    else plot.setSize({width, height: options(width).height});
+  }).observe(plotBox);
+  return figure;
+}
+
+function stamp(unixSeconds, bucketLabel) {
+  const text = new Date(unixSeconds * 1000).toISOString().replace("T", " ");
+  return bucketLabel === "hour" ? text.slice(0, 16) : text.slice(0, 10);
+}
