@@ -57,7 +57,8 @@ class RequestRecord:
     # For the span only (the metrics and the access log do not use them):
     max_tokens: int | None = None
     finish_reason: str = ""
-    answered_by: str = ""  # the model of the last upstream attempt or generation: a fallback's, when one answered
+    answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
+    deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several
     spans_started: int = 0  # upstream attempts and generations traced so far, to number them
     # For the usage ledger (server/usage): a request that reached admission gets one row, whatever its end.
     admitted: bool = False
@@ -109,6 +110,10 @@ class UpstreamRecorder(Protocol):
     def retry(self, model: str, reason: str) -> None: ...
 
     def fallback(self, model: str, fallback: str) -> None: ...
+
+    def deployment(self, model: str, name: str) -> None:
+        """The next upstream attempt goes to deployment `name` of `model` (the request's span names it)."""
+        ...
 
     def attempt(self, model: str, upstream_model: str, provider: str, operation: str, address: str,
                 port: int | None) -> Scope:

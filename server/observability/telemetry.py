@@ -124,10 +124,12 @@ class Telemetry:
     def attempt(self, model: str, upstream_model: str, provider: str, operation: str, address: str,
                 port: int | None) -> Scope | NoScope:
         record = self._current.get()
-        if record is None or record.span is None or self.tracing is None:
+        if record is None:
+            return NO_SCOPE
+        record.answered_by = model  # traced or not: the usage ledger reads it too
+        if record.span is None or self.tracing is None:
             return NO_SCOPE
         record.spans_started += 1
-        record.answered_by = model
         attributes = {
             "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
             "gen_ai.request.model": upstream_model, "server.address": address, "portico.model": model,
@@ -135,6 +137,8 @@ class Telemetry:
         }
         if port is not None:
             attributes["server.port"] = port
+        if record.deployment:
+            attributes["portico.deployment"] = record.deployment
         return self.tracing.child(record.span, f"{operation} {upstream_model}", SpanKind.CLIENT, attributes)
 
     def generation(self, engine_model: str) -> Scope | NoScope:
@@ -161,6 +165,10 @@ class Telemetry:
         self._child(self.metrics.upstream_retries, model, reason if reason in RETRY_REASONS else "other").inc()
         self.current().upstream_attempts += 1
 
+    def deployment(self, model: str, name: str) -> None:
+        record = self.current()
+        record.answered_by, record.deployment = model, name
+
     def fallback(self, model: str, fallback: str) -> None:
         self._child(self.metrics.upstream_fallbacks, model, fallback).inc()
         record = self.current()
@@ -184,9 +192,10 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
     have one, and ends. Only ids, labels, counts and codes: nothing a caller or a model wrote."""
     span = record.span
     operation = OPERATIONS.get(record.endpoint)
+    service, _, method = record.rpc.partition("/")
     attributes: dict[str, str | int | Sequence[str]] = {
         "portico.endpoint": record.endpoint, "portico.request_id": record.request_id, "rpc.system": "grpc",
-        "rpc.method": record.rpc, "http.response.status_code": outcome.status,
+        "rpc.service": "portico.v1." + service, "rpc.method": method, "http.response.status_code": outcome.status,
     }
     if operation is not None:
         attributes["gen_ai.operation.name"] = operation

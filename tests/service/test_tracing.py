@@ -101,6 +101,7 @@ async def test_a_request_joins_the_callers_trace_through_admission_and_its_upstr
     assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (2, 3)
     assert attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
     assert attributes["portico.key_id"] == key_id and attributes["portico.endpoint"] == CHAT
+    assert (attributes["rpc.service"], attributes["rpc.method"]) == ("portico.v1.ChatService", "CreateChatCompletion")
     assert attributes["http.response.status_code"] == 200 and "error.type" not in attributes
 
     admission = one(spans, name="admission")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+
 import pytest
 
 from server.config import ConfigError, load_config
@@ -77,3 +79,32 @@ def test_without_tracing_a_request_has_no_span_but_logs_the_callers_trace_id():
     assert telemetry.generation("SmolLM2") is NO_SCOPE
     telemetry.finish(record, Outcome(200))
     assert telemetry.begin("/portico.v1.ModelService/ListModels", "/v1/models", ()).trace_id is None
+
+
+def test_the_model_that_answered_is_noted_traced_or_not():
+    """The usage ledger reads it too: the last attempt's model, or the deployment runner's choice."""
+    telemetry = Telemetry()
+    record = telemetry.begin("/portico.v1.ChatService/CreateChatCompletion", "/v1/chat/completions", ())
+    record.model = "asked"
+    telemetry.attempt("fallback-model", "upstream-m", "openai", "chat", "127.0.0.1", 80)
+    assert record.answered_by == "fallback-model"
+    telemetry.deployment("asked", "eu-west")
+    assert (record.answered_by, record.deployment) == ("asked", "eu-west")
+
+
+def test_an_attempt_span_names_the_deployment_the_runner_chose():
+    telemetry = Telemetry(tracing=TracingSettings(otlp_endpoint=NOWHERE + "/v1/traces"))
+
+    def one_request():
+        record = telemetry.begin("/portico.v1.ChatService/CreateChatCompletion", "/v1/chat/completions",
+                                 [("traceparent", f"00-{TRACE}-00f067aa0ba902b7-01")])
+        record.model = "asked"
+        telemetry.deployment("asked", "eu-west")
+        return telemetry.attempt("asked", "upstream-m", "openai", "chat", "10.0.0.7", 443).span.attributes
+
+    try:
+        attributes = contextvars.copy_context().run(one_request)  # never ended, so never exported
+        assert attributes["portico.deployment"] == "eu-west" and attributes["server.address"] == "10.0.0.7"
+        assert attributes["portico.attempt"] == 1 and attributes["portico.fallback"] is False
+    finally:
+        telemetry.close()
