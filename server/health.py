@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 from grpc_health.v1 import health, health_pb2
 
-from server.config import LimitSettings
 from server.keys import KeyStore
-from server.limits import Limiter
+from server.limits import Limiter, LimitSettings
 from server.limits.redis import RedisLimitStore
 
 CHECK_INTERVAL_SECONDS = 1.0

@@ -10,8 +10,9 @@ UTC day, per key and optionally per key on one model.
 from server.limits.admission import Limiter, rate_limit_headers, refusal_headers
 from server.limits.core import Demand, LimitStore, Reservation, Scope
 from server.limits.memory import MemoryLimitStore
+from server.limits.settings import LimitSettings
 
 __all__ = [
-    "Demand", "LimitStore", "Limiter", "MemoryLimitStore", "Reservation", "Scope",
+    "Demand", "LimitSettings", "LimitStore", "Limiter", "MemoryLimitStore", "Reservation", "Scope",
     "rate_limit_headers", "refusal_headers",
 ]

@@ -9,12 +9,12 @@ import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
-from server.config import LimitSettings
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
     Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reservation, Scope, Standing, new_reservation_id,
 )
+from server.limits.settings import LimitSettings
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")

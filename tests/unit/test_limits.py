@@ -9,7 +9,7 @@ import secrets
 
 import pytest
 
-from server.config import LimitSettings
+from server.limits import LimitSettings
 from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers, refusal_headers

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from server.config import LimitSettings
+from server.limits import LimitSettings
 from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited, ServiceUnavailable
 from server.limits import Limiter, rate_limit_headers

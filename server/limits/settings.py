@@ -1,0 +1,20 @@
+"""The `limits:` section of the configuration, as the limiter reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from server.domain import KeyLimits
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """The `limits:` section."""
+
+    defaults: KeyLimits = field(default_factory=KeyLimits)  # for each value a key leaves unset; None = unlimited
+    models: Mapping[str, KeyLimits] = field(default_factory=dict)  # model id -> limits for each key on that model
+    store: str = "memory"  # or a redis:// (rediss://, unix://) URL: counters shared by every process using it
+    on_store_error: str = "closed"  # the store cannot answer: "closed" refuses with 503, "open" admits uncounted
+    lease_seconds: float = 30.0  # Redis: a crashed process's concurrency slots are freed within this time
+    store_timeout_seconds: float = 0.5  # Redis: connect and command timeout
