@@ -19,8 +19,8 @@ from typing import Protocol
 from server.catalog import Catalog
 from server.config import ModelEntry
 from server.domain import (
-    ApiKey, Completion, FinishReason, Finished, GenerationEvent, GenerationRequest, Started, TextDelta, ToolCall,
-    ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
+    Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
@@ -28,7 +28,7 @@ from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
 from server.observability import RequestRecord, Telemetry
 from server.providers import Capabilities, Provider, TokenCounter, unsupported
-from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
+from server.providers.images import ImageProvider
 
 
 class CallContext(Protocol):

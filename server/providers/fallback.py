@@ -12,11 +12,11 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
-from server.domain import GenerationEvent, GenerationRequest
+from server.domain import GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest
 from server.errors import PorticoError
 from server.observability import UpstreamRecorder
 from server.providers import Provider, unsupported
-from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
+from server.providers.images import ImageProvider
 from server.providers.retry import Delivery
 
 _logger = logging.getLogger(__name__)

@@ -6,47 +6,9 @@ of events, so the two interfaces share nothing but `close()`.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-
-class ImageFormat(str, enum.Enum):
-    PNG = "png"
-    JPEG = "jpeg"
-    WEBP = "webp"
-
-    @property
-    def content_type(self) -> str:
-        return f"image/{self.value}"
-
-    @property
-    def supports_alpha(self) -> bool:
-        return self is not ImageFormat.JPEG
-
-
-@dataclass(frozen=True, slots=True)
-class ImageRequest:
-    """What an image provider is asked to draw. `model` is the provider's own model name."""
-
-    model: str
-    prompt: str
-    n: int
-    width: int
-    height: int
-    output_format: ImageFormat
-    transparent: bool  # the background is left transparent (never with JPEG)
-    style: str  # "vivid" or "natural"
-    quality: str  # as requested ("auto", "low", ...); a provider may ignore it
-    compression: int | None  # 0-100 for lossy formats; None: the provider's best quality
-    source: object | None = None  # the caller's CreateImageRequest, passed on whole to an OpenAI images upstream
-
-
-@dataclass(frozen=True, slots=True)
-class GeneratedImage:
-    data: bytes  # the encoded file, in the requested format
-    output_format: ImageFormat
-    revised_prompt: str | None = None  # what the provider actually drew from, when it says
+from server.domain import GeneratedImage, ImageRequest
 
 
 @runtime_checkable

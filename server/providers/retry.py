@@ -17,11 +17,13 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from server.config_providers import RetrySettings
-from server.domain import GenerationEvent, GenerationRequest, Started, UpstreamObject
+from server.domain import (
+    GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, Started, UpstreamObject,
+)
 from server.errors import PorticoError
 from server.observability import UpstreamRecorder
 from server.providers import Provider
-from server.providers.images import GeneratedImage, ImageProvider, ImageRequest
+from server.providers.images import ImageProvider
 
 _logger = logging.getLogger(__name__)
 

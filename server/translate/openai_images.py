@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from portico.v1 import image_pb2
 from server.errors import InvalidRequest, RequestTooLarge
-from server.providers.images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain import GeneratedImage, ImageFormat, ImageRequest
 
 # Prompts of a few MiB must pass (Envoy admits 8 MiB bodies); the cap only turns absurd ones into a clear 413.
 MAX_PROMPT_CHARS = 4 * 1024 * 1024

@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from server.providers.dev_image import REVISED_PROMPT, DevImageProvider
-from server.providers.images import ImageFormat, ImageProvider, ImageRequest
+from server.domain import ImageFormat, ImageRequest
+from server.providers.images import ImageProvider
 
 
 def request(**changes) -> ImageRequest:

@@ -10,7 +10,7 @@ import pytest
 
 from server.errors import NotFound
 from server.image_store import ImageStore
-from server.providers.images import GeneratedImage, ImageFormat
+from server.domain import GeneratedImage, ImageFormat
 
 
 @dataclass

@@ -9,7 +9,7 @@ from google.protobuf import json_format
 
 from portico.v1 import image_pb2
 from server.errors import InvalidRequest, RequestTooLarge
-from server.providers.images import GeneratedImage, ImageFormat
+from server.domain import GeneratedImage, ImageFormat
 from server.translate.openai_images import image_request, images_response
 
 
