@@ -9,27 +9,16 @@ from typing import Any
 
 import yaml
 
-from server.config_providers import ConfigError, ProviderSpec, mapping, parse_provider
+from server.config_providers import ConfigError, mapping, parse_provider
 from server.config_tracing import TracingSettings, parse_tracing
-from server.domain import Endpoint, KeyLimits
+from server.domain import Endpoint, KeyLimits, ModelEntry
 from server.limits.settings import LimitSettings
-from server.usage.money import Price, parse_price
+from server.usage.money import parse_price
 from server.usage.settings import UsageSettings, parse_usage
 
-__all__ = ["Config", "ConfigError", "EmbeddedSettings", "ModelEntry", "ProviderSpec", "load_config"]
+__all__ = ["Config", "ConfigError", "EmbeddedSettings", "load_config"]
 
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelEntry:
-    id: str
-    endpoint: Endpoint
-    owned_by: str
-    created: int
-    provider: ProviderSpec
-    fallbacks: tuple[str, ...] = ()  # model ids tried in order when this model's provider fails in a retryable way
-    price: Price = field(default_factory=Price)  # what a request costs (server/usage/money.py); free when unset
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The `provider:` of a model entry: which backend serves it, and for upstream model servers how to reach them
-(base URL, the environment variable holding the key, timeouts, retries). Read by server/config.py.
+(base URL, the environment variable holding the key, timeouts, retries), parsed into the domain's ProviderSpec.
+Read by server/config.py.
 
 The key itself is never part of the configuration: only the name of the variable that holds it, read once at
-start-up by `UpstreamSpec.api_key`. Nothing here prints a key, so a mistake can be reported in full.
+start-up by `upstream_key`. Nothing here prints a key, so a mistake can be reported in full.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from server.domain import Endpoint
+from server.domain import Endpoint, ProviderSpec, RetrySettings, Timeouts, UpstreamSpec
 
 # Which endpoints each kind of provider can serve; a chat model may be served by an Anthropic upstream and a
 # messages model by an OpenAI-compatible one (the translators convert between the dialects).
@@ -31,54 +31,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class ConfigError(Exception):
     """A configuration mistake; start-up stops with its message."""
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect: float = 5.0  # to open a connection
-    read: float = 60.0  # for the first byte of a streamed answer, and then between any two bytes of it
-    # For a whole non-streamed answer: it arrives in one piece when the model has finished, so it needs as long as
-    # the longest generation takes, not just the first token.
-    answer: float = 600.0
-    write: float = 30.0  # to send the request
-    pool: float = 10.0  # for a free pooled connection when all `max_connections` are busy
-
-
-@dataclass(frozen=True, slots=True)
-class RetrySettings:
-    attempts: int = 3  # tries in all, the first included; 1 = no retries
-    initial_backoff: float = 0.5  # seconds before the second try; doubled for each further one, with full jitter
-    max_backoff: float = 8.0
-    total_seconds: float = 30.0  # no try starts, and no wait runs, past this long after the first try began
-    on_status: tuple[int, ...] = (429, 500, 502, 503, 529)  # besides connection errors before the answer
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamSpec:
-    # As each dialect's SDK takes it: with /v1 for OpenAI-compatible servers (http://127.0.0.1:8000/v1), without
-    # for Anthropic (https://api.anthropic.com; requests go to {base_url}/v1/messages).
-    base_url: str
-    model: str  # the upstream's own model name
-    api_key_env: str | None = None  # None: the upstream needs no key (a local llama.cpp or vLLM server)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    retry: RetrySettings = field(default_factory=RetrySettings)
-    max_connections: int = 100  # pooled keep-alive connections to this upstream
-    max_tokens_field: str = "max_tokens"  # OpenAI-compatible: where the token limit goes
-
-    def api_key(self, environ: Mapping[str, str] = os.environ) -> str | None:
-        if self.api_key_env is None:
-            return None
-        key = environ.get(self.api_key_env, "")
-        if not key:
-            raise ConfigError(f"the environment variable {self.api_key_env} (api_key_env of the upstream at "
-                              f"{self.base_url}) is not set or empty")
-        return key
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderSpec:
-    kind: str
-    upstream: UpstreamSpec | None = None  # for the upstream kinds (openai, anthropic)
 
 
 def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
@@ -171,4 +123,15 @@ def mapping(value: Any, where: str) -> dict:
 
 def upstream_keys(models, environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
     """model id -> its upstream's key, for every model served by an upstream; ConfigError if one is missing."""
-    return {m.id: m.provider.upstream.api_key(environ) for m in models if m.provider.upstream is not None}
+    return {m.id: upstream_key(m.provider.upstream, environ) for m in models if m.provider.upstream is not None}
+
+
+def upstream_key(spec: UpstreamSpec, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The upstream's key from the variable `api_key_env` names (None when the upstream needs none)."""
+    if spec.api_key_env is None:
+        return None
+    key = environ.get(spec.api_key_env, "")
+    if not key:
+        raise ConfigError(f"the environment variable {spec.api_key_env} (api_key_env of the upstream at "
+                          f"{spec.base_url}) is not set or empty")
+    return key

@@ -32,6 +32,84 @@ class Dialect(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Timeouts:
+    """An upstream's timeouts, in seconds. The catalog's values (Timeouts .. ModelEntry) are read from the
+    configuration by server/config.py and server/config_providers.py."""
+
+    connect: float = 5.0  # to open a connection
+    read: float = 60.0  # for the first byte of a streamed answer, and then between any two bytes of it
+    # For a whole non-streamed answer: it arrives in one piece when the model has finished, so it needs as long as
+    # the longest generation takes, not just the first token.
+    answer: float = 600.0
+    write: float = 30.0  # to send the request
+    pool: float = 10.0  # for a free pooled connection when all `max_connections` are busy
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    attempts: int = 3  # tries in all, the first included; 1 = no retries
+    initial_backoff: float = 0.5  # seconds before the second try; doubled for each further one, with full jitter
+    max_backoff: float = 8.0
+    total_seconds: float = 30.0  # no try starts, and no wait runs, past this long after the first try began
+    on_status: tuple[int, ...] = (429, 500, 502, 503, 529)  # besides connection errors before the answer
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    # As each dialect's SDK takes it: with /v1 for OpenAI-compatible servers (http://127.0.0.1:8000/v1), without
+    # for Anthropic (https://api.anthropic.com; requests go to {base_url}/v1/messages).
+    base_url: str
+    model: str  # the upstream's own model name
+    api_key_env: str | None = None  # None: the upstream needs no key (a local llama.cpp or vLLM server)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    max_connections: int = 100  # pooled keep-alive connections to this upstream
+    max_tokens_field: str = "max_tokens"  # OpenAI-compatible: where the token limit goes
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    kind: str
+    upstream: UpstreamSpec | None = None  # for the upstream kinds (openai, anthropic)
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What a model costs. Token prices are micro-dollars per million tokens (= USD per token x 10^12); read from
+    a model entry's `price:` by server/usage/money.py."""
+
+    input: int = 0
+    output: int = 0
+    cached_input: int = 0  # input tokens read from the provider's prompt cache
+    image: int = 0  # micro-dollars per generated image
+
+    @property
+    def free(self) -> bool:
+        return self == _FREE
+
+    def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
+             images: int = 0) -> int:
+        """Micro-dollars, rounded up once. `input_tokens` counts every prompt token, the cached ones included."""
+        cached = min(max(cached_input_tokens, 0), input_tokens)
+        per_million = (input_tokens - cached) * self.input + cached * self.cached_input + output_tokens * self.output
+        return -(-per_million // 1_000_000) + images * self.image
+
+
+_FREE = Price()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    id: str
+    endpoint: Endpoint
+    owned_by: str
+    created: int
+    provider: ProviderSpec
+    fallbacks: tuple[str, ...] = ()  # model ids tried in order when this model's provider fails in a retryable way
+    price: Price = field(default_factory=Price)  # what a request costs (server/usage/money.py); free when unset
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     """A function call the model made. `arguments` is JSON text as the model wrote it (OpenAI's form; Anthropic's
     `input` object is serialised), so a call passes through unchanged even when the model wrote invalid JSON."""

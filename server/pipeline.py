@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from server.catalog import Catalog
-from server.config import ModelEntry
+
 from server.domain import (
     ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
-    Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator

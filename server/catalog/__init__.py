@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from server.config import ModelEntry
-from server.domain import ApiKey
+from server.domain import ApiKey, ModelEntry
 from server.errors import ModelNotFound
 
 

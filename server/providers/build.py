@@ -11,9 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from server.config import Config, ModelEntry
-from server.config_providers import UpstreamSpec, upstream_keys
-from server.domain import Endpoint
+from server.config import Config
+from server.config_providers import upstream_keys
+from server.domain import Endpoint, ModelEntry, UpstreamSpec
 from server.observability import UpstreamRecorder
 from server.providers import Provider
 from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers

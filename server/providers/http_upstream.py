@@ -27,7 +27,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from server.config_providers import UpstreamSpec
+from server.domain import UpstreamSpec
 from server.errors import PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope

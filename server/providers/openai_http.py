@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from server.config_providers import UpstreamSpec
-from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject
+from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream

@@ -12,10 +12,10 @@ import asyncio
 import base64
 import binascii
 
-from server.config_providers import UpstreamSpec
+
+from server.domain import GeneratedImage, ImageFormat, ImageRequest, UpstreamSpec
 from server.errors import UpstreamError
 from server.providers.http_upstream import HttpUpstream
-from server.domain import GeneratedImage, ImageFormat, ImageRequest
 from server.translate.values import wire_body
 
 _SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))

@@ -16,9 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.config_providers import RetrySettings
 from server.domain import (
-    GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, Started, UpstreamObject,
+    GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, RetrySettings, Started, UpstreamObject,
 )
 from server.errors import PorticoError
 from server.observability import UpstreamRecorder

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from portico.v1 import model_pb2, model_service_pb2_grpc
-from server.config import ModelEntry
+
+from server.domain import ModelEntry
 from server.pipeline import Pipeline
 
 

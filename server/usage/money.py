@@ -7,14 +7,13 @@ rounded up once to a whole micro-dollar, so every request costs an exact integer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from server.config_providers import ConfigError, mapping
+from server.domain import Price
 
 MICROS_PER_USD = 1_000_000
-_PER_MILLION = 1_000_000
 
 
 def usd_to_micros(value: Any, where: str = "amount") -> int:
@@ -43,30 +42,6 @@ def usd_text(micros: int) -> str:
     text = f"{Decimal(micros) / MICROS_PER_USD:.6f}".rstrip("0")
     whole, _, fraction = text.partition(".")
     return f"${whole}.{fraction.ljust(2, '0')}"
-
-
-@dataclass(frozen=True, slots=True)
-class Price:
-    """What a model costs. Token prices are micro-dollars per million tokens (= USD per token x 10^12)."""
-
-    input: int = 0
-    output: int = 0
-    cached_input: int = 0  # input tokens read from the provider's prompt cache
-    image: int = 0  # micro-dollars per generated image
-
-    @property
-    def free(self) -> bool:
-        return self == _FREE
-
-    def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-             images: int = 0) -> int:
-        """Micro-dollars, rounded up once. `input_tokens` counts every prompt token, the cached ones included."""
-        cached = min(max(cached_input_tokens, 0), input_tokens)
-        per_million = (input_tokens - cached) * self.input + cached * self.cached_input + output_tokens * self.output
-        return -(-per_million // _PER_MILLION) + images * self.image
-
-
-_FREE = Price()
 
 
 def parse_price(raw: Any, where: str) -> Price:

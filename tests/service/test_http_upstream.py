@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from server.config_providers import Timeouts, UpstreamSpec
+from server.domain import Timeouts, UpstreamSpec
 from server.errors import RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.providers.http_upstream import HttpUpstream, SseEvent
 

@@ -8,7 +8,8 @@ import pytest
 
 from server.cli import main
 from server.config import ConfigError, load_config
-from server.config_providers import RetrySettings, Timeouts, UpstreamSpec, upstream_keys
+from server.config_providers import upstream_key, upstream_keys
+from server.domain import RetrySettings, Timeouts, UpstreamSpec
 
 MINIMAL = """\
 models:
@@ -63,11 +64,11 @@ def test_every_setting(tmp_path):
 
 def test_the_key_comes_from_the_environment_only():
     spec = UpstreamSpec(base_url="http://h/v1", model="m", api_key_env="K")
-    assert spec.api_key({"K": "sk-1"}) == "sk-1"
+    assert upstream_key(spec, {"K": "sk-1"}) == "sk-1"
     with pytest.raises(ConfigError, match="environment variable K ") as caught:
-        spec.api_key({"K": ""})
+        upstream_key(spec, {"K": ""})
     assert "sk-" not in str(caught.value)
-    assert UpstreamSpec(base_url="http://h/v1", model="m").api_key({}) is None
+    assert upstream_key(UpstreamSpec(base_url="http://h/v1", model="m"), {}) is None
 
 
 def test_serve_stops_at_once_when_a_key_is_missing(tmp_path, monkeypatch, capsys):

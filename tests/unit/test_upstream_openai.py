@@ -8,8 +8,7 @@ import random
 import orjson
 import pytest
 
-from server.config_providers import RetrySettings
-from server.domain import FinishReason, Finished, TextDelta, ToolCallDelta, ToolCallStart, Usage
+from server.domain import FinishReason, Finished, RetrySettings, TextDelta, ToolCallDelta, ToolCallStart, Usage
 from server.errors import (
     AuthenticationFailed, InvalidRequest, NotFound, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout,
 )
