@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.handler", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000, help="requests per kind (default 20000)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
+    parser.add_argument("--tracing", action="store_true",
+                        help="traces on, every request sampled, exported to the mock (its POST /v1/traces)")
     args = parser.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="portico-bench-handler-"))
     procs = Processes()
@@ -116,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_port(mock_port, mock, 10, "the mock upstream")
         config_path = write_portico_config(run_dir, f"http://127.0.0.1:{mock_port}/v1")
+        if args.tracing:  # the export thread runs in this process, so its CPU is counted too
+            config = json.loads(config_path.read_text())
+            config["tracing"] = {"otlp_endpoint": f"http://127.0.0.1:{mock_port}", "sample_ratio": 1.0}
+            config_path.write_text(json.dumps(config))
         key = create_key(config_path)
         os.environ.update(BENCH_ENV)
         results = uvloop.run(_run(config_path, key, args.requests, args.concurrency))

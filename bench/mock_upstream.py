@@ -61,6 +61,8 @@ _STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Co
                 b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
 _STREAM_RESPONSE = _STREAM_HEAD + _STREAM_BODY
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+# An OTLP/HTTP collector's answer to `POST /v1/traces` (an empty ExportTraceServiceResponse), for bench.handler --tracing
+_TRACES_TAKEN = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
 
 
 class _Http(asyncio.Protocol):
@@ -95,7 +97,9 @@ class _Http(asyncio.Protocol):
                 return
             body = self.buffer[end + 4:end + 4 + length]
             self.buffer = self.buffer[end + 4 + length:]
-            if not head.startswith(b"POST ") or b"/chat/completions " not in head[:64]:
+            if head.startswith(b"POST /v1/traces "):
+                self.transport.write(_TRACES_TAKEN)
+            elif not head.startswith(b"POST ") or b"/chat/completions " not in head[:64]:
                 self.transport.write(_NOT_FOUND)
             elif b'"stream":true' in body or b'"stream": true' in body:
                 if b'"mock-slow"' in body:
