@@ -14,7 +14,9 @@ import time
 import grpc
 import orjson
 import pytest
+from google.protobuf import json_format
 
+from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 from server.domain import KeyLimits
@@ -46,8 +48,10 @@ def traced_config(directory, models_yaml: str, tracing: str):
 async def running(double, receiver, tmp_path_factory):
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     tracing = f"{{otlp_endpoint: '{receiver.url}', export_delay_seconds: 0.05}}"
-    models = upstream_models(double.url) + cross_dialect_models(double.url, openai_model="gpt-up",
-                                                                 anthropic_model="claude-up")
+    images = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: image-up"
+    models = (upstream_models(double.url)
+              + cross_dialect_models(double.url, openai_model="gpt-up", anthropic_model="claude-up")
+              + f"  - {{id: images-up, endpoint: /v1/images/generations, provider: {{{images}}}}}\n")
     config = traced_config(tmp_path_factory.mktemp("traced"), models, tracing)
     server = await start_server(config, "127.0.0.1:0")
     yield server
@@ -179,6 +183,23 @@ async def test_an_anthropic_upstream_is_traced_in_its_own_dialect(chat, running,
     assert attempt.attributes["gen_ai.provider.name"] == "anthropic"
     assert double.seen[-1].path == "/v1/messages"
     assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+
+
+async def test_an_image_request_is_traced_as_content_generation(channel, running, double, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request, metadata=(*bearer(secret), traceparent))
+
+    spans = await spans_of(receiver, trace_id)
+    server = one(spans, kind="server")
+    assert server.name == "generate_content images-up"
+    assert server.attributes["gen_ai.operation.name"] == "generate_content"
+    attempt = one(spans, kind="client")
+    assert attempt.name == "generate_content image-up" and attempt.parent_id == server.span_id
+    assert one(spans, name="admission").attributes["portico.tokens_reserved"] == 0
+    assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
+    assert b"lighthouse" not in b"".join(receiver.bodies)
 
 
 async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, double, receiver, key):
