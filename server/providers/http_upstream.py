@@ -44,8 +44,8 @@ KEEPALIVE_SECONDS = 4.0
 SETTLE_SECONDS = 1.0
 SETTLE_BYTES = 64 * 1024
 
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
-_OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"  # TimeoutError: asyncio's too, and aiohttp's timeouts
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)  # TimeoutError: asyncio's too, and aiohttp's timeouts
+_OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"
 
 
 @dataclass(frozen=True, slots=True)
