@@ -19,7 +19,7 @@ from server.config import Config
 from server.console import ConsoleFiles
 from server.health import Readiness
 from server.image_store import ImageStore
-from server.keys import Authenticator, KeyStore
+from server.keys import Authenticator, KeyAdmin, KeyStore
 from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.limits.redis import RedisLimitStore, redacted
 from server.observability import Telemetry
@@ -152,7 +152,9 @@ async def start_server(config: Config, address: str) -> RunningServer:
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
     image_store = ImageStore(config.data_dir, base_url=config.base_url)
     image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), server)
-    keys = KeyServicer(store, pipeline.authenticator, rotation_grace_seconds=config.key_rotation_grace_seconds)
+    admin = KeyAdmin(store, [entry.id for entry in config.models],
+                     rotation_grace_seconds=config.key_rotation_grace_seconds)
+    keys = KeyServicer(admin, pipeline.authenticator)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, server)
     console_service_pb2_grpc.add_ConsoleServiceServicer_to_server(ConsoleServicer(ConsoleFiles()), server)
     health_servicer = health.aio.HealthServicer()

@@ -14,8 +14,8 @@ import uvloop
 from server.config import Config, ConfigError, load_config
 from server.config_providers import upstream_keys
 from server.domain import ApiKey, KeyLimits
-from server.errors import PorticoError
-from server.keys import KeyStore
+from server.errors import InvalidRequest, PorticoError
+from server.keys import KeyAdmin, KeyStore
 from server.serving import run_worker, serve
 
 _logger = logging.getLogger("portico")
@@ -121,49 +121,49 @@ def _limits_given(args: argparse.Namespace) -> dict[str, int]:
             if (value := getattr(args, option)) is not None}
 
 
-def _unknown_models(models: list[str], config: Config) -> list[str]:
-    known = {entry.id for entry in config.models}
-    return [m for m in models if m not in known]
-
-
 def keys_command(args: argparse.Namespace, config: Config) -> int:
     store = KeyStore(config.data_dir / "keys.db")
+    admin = KeyAdmin(store, [entry.id for entry in config.models],
+                     rotation_grace_seconds=config.key_rotation_grace_seconds)
     try:
-        models = [m.strip() for m in (getattr(args, "models", None) or "").split(",") if m.strip()]
-        if unknown := _unknown_models(models, config):
-            print(f"portico: unknown model(s): {', '.join(unknown)}", file=sys.stderr)
-            return 2
-        if args.keys_command == "create":
-            limits = KeyLimits(**_limits_given(args))
-            key, secret = store.create(
-                args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
-            )
-            print(f"Created key {key.id} ({key.name}). Its secret is shown once:")
-            print(secret)
-        elif args.keys_command == "list":
-            for key in store.list():
-                grants = "all models" if key.all_models else ",".join(sorted(key.models))
-                state = "revoked" if key.revoked_at else "active"
-                admin = " admin" if key.admin else ""
-                print(f"{key.id}\t{key.name}\t{state}{admin}\t{key.env or '-'}\t{grants}")
-        elif args.keys_command == "update":
-            grants = (args.all_models, models) if args.all_models or models else None
-            limits = {field: value or None for field, value in _limits_given(args).items()}  # 0 removes
-            key = store.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
-            print(f"Updated key {key.id} ({key.name}): {_describe(key)}")
-        elif args.keys_command == "rotate":
-            grace = config.key_rotation_grace_seconds if args.grace is None else args.grace
-            key, secret, expires = store.rotate(args.key, grace_seconds=grace)
-            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
-            print(f"Rotated key {key.id} ({key.name}); the previous secret works until {when}. "
-                  "The new secret is shown once:")
-            print(secret)
-        elif args.keys_command == "revoke":
-            key = store.revoke(args.key)
-            print(f"Revoked key {key.id} ({key.name}).")
-        return 0
+        return _keys_command(args, admin)
+    except InvalidRequest as exc:  # a mistake in the command's options, like argparse's own
+        print(f"portico: {exc.message}", file=sys.stderr)
+        return 2
     finally:
         store.close()
+
+
+def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
+    models = [m.strip() for m in (getattr(args, "models", None) or "").split(",") if m.strip()]
+    if args.keys_command == "create":
+        limits = KeyLimits(**_limits_given(args))
+        key, secret = admin.create(
+            args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
+        )
+        print(f"Created key {key.id} ({key.name}). Its secret is shown once:")
+        print(secret)
+    elif args.keys_command == "list":
+        for key in admin.list():
+            grants = "all models" if key.all_models else ",".join(sorted(key.models))
+            state = "revoked" if key.revoked_at else "active"
+            role = " admin" if key.admin else ""
+            print(f"{key.id}\t{key.name}\t{state}{role}\t{key.env or '-'}\t{grants}")
+    elif args.keys_command == "update":
+        grants = (args.all_models, models) if args.all_models or models else None
+        limits = {field: value or None for field, value in _limits_given(args).items()}  # 0 removes
+        key = admin.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
+        print(f"Updated key {key.id} ({key.name}): {_describe(key)}")
+    elif args.keys_command == "rotate":
+        key, secret, expires = admin.rotate(args.key, grace_seconds=args.grace)
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
+        print(f"Rotated key {key.id} ({key.name}); the previous secret works until {when}. "
+              "The new secret is shown once:")
+        print(secret)
+    elif args.keys_command == "revoke":
+        key = admin.revoke(args.key)
+        print(f"Revoked key {key.id} ({key.name}).")
+    return 0
 
 
 def _describe(key: ApiKey) -> str:

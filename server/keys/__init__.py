@@ -1,6 +1,8 @@
-"""API keys: the SQLite store and the authenticator that caches lookups for a bounded time."""
+"""API keys: the SQLite store, the authenticator that caches lookups for a bounded time, and the one key-admin
+service behind KeyService and `portico keys`."""
 
+from server.keys.admin import KeyAdmin
 from server.keys.auth import Authenticator
 from server.keys.store import KeyStore, hash_secret, looks_like_secret
 
-__all__ = ["Authenticator", "KeyStore", "hash_secret", "looks_like_secret"]
+__all__ = ["Authenticator", "KeyAdmin", "KeyStore", "hash_secret", "looks_like_secret"]

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from portico.v1 import key_pb2, key_service_pb2_grpc
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
-from server.keys import Authenticator, KeyStore
+from server.keys import Authenticator, KeyAdmin
 
 
 class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
-    def __init__(self, store: KeyStore, authenticator: Authenticator, *, rotation_grace_seconds: int) -> None:
-        self._store = store
+    def __init__(self, admin: KeyAdmin, authenticator: Authenticator) -> None:
+        self._admin = admin
         self._authenticator = authenticator
-        self._rotation_grace_seconds = rotation_grace_seconds
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
         limits = KeyLimits(**{f: getattr(request.limits, f) if request.limits.HasField(f) else None
                               for f in KEY_LIMIT_NAMES})
-        key, secret = self._store.create(
+        key, secret = self._admin.create(
             request.name, all_models=request.all_models, models=request.models, limits=limits,
             env=request.env, admin=request.admin,
         )
@@ -25,16 +24,15 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in self._store.list()])
+        return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in self._admin.list()])
 
     async def GetKey(self, request, context) -> key_pb2.GetKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.GetKeyResponse(key=key_to_pb(self._store.get(request.id)))
+        return key_pb2.GetKeyResponse(key=key_to_pb(self._admin.get(request.id)))
 
     async def RevokeKey(self, request, context) -> key_pb2.RevokeKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.RevokeKeyResponse(key=key_to_pb(self._store.revoke(request.id)))
-
+        return key_pb2.RevokeKeyResponse(key=key_to_pb(self._admin.revoke(request.id)))
 
     async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
@@ -43,7 +41,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
             grants = (request.all_models, request.models)
         # A limit that is set replaces the key's own; 0 removes it.
         limits = {f: getattr(request.limits, f) or None for f in KEY_LIMIT_NAMES if request.limits.HasField(f)}
-        key = self._store.update(
+        key = self._admin.update(
             request.id,
             name=request.name if request.HasField("name") else None,
             grants=grants,
@@ -54,8 +52,8 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
-        grace = request.grace_seconds if request.HasField("grace_seconds") else self._rotation_grace_seconds
-        key, secret, expires = self._store.rotate(request.id, grace_seconds=grace)
+        grace = request.grace_seconds if request.HasField("grace_seconds") else None
+        key, secret, expires = self._admin.rotate(request.id, grace_seconds=grace)
         return key_pb2.RotateKeyResponse(key=key_to_pb(key), secret=secret, previous_secret_expires=expires)
 
 

@@ -82,3 +82,17 @@ async def test_update_and_rotate_need_an_admin_key(keys, admin_secret, secret):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_create_and_update_refuse_models_outside_the_catalog(keys, admin_secret):
+    """KeyService and `portico keys` share one key-admin service: an unknown model id is refused, never stored."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await keys.CreateKey(key_pb2.CreateKeyRequest(name="typo", models=["family-a-5.9"]),
+                             metadata=bearer(admin_secret))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(caught.value).error.param == "models" and "family-a-5.9" in caught.value.details()
+    created = await create(keys, admin_secret)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await keys.UpdateKey(key_pb2.UpdateKeyRequest(id=created.key.id, models=["nope"]),
+                             metadata=bearer(admin_secret))
+    assert error_details(caught.value).error.param == "models"
