@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
 from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
 from portico.v1 import image_service_pb2, image_service_pb2_grpc, probe_service_pb2, probe_service_pb2_grpc
+from portico.v1 import usage_service_pb2, usage_service_pb2_grpc
 from portico.v1 import console_service_pb2_grpc
 from server.catalog import Catalog
 from server.config import Config
@@ -35,6 +36,7 @@ from server.services.keys import KeyServicer
 from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
 from server.services.probes import ProbeServicer
+from server.services.usage import UsageServicer
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.writer import LedgerWriter
 
@@ -157,6 +159,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     keys = KeyServicer(admin, pipeline.authenticator)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, server)
     console_service_pb2_grpc.add_ConsoleServiceServicer_to_server(ConsoleServicer(ConsoleFiles()), server)
+    usage_service_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(core.usage, pipeline.authenticator), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [
@@ -165,6 +168,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
         model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
         image_service_pb2.DESCRIPTOR.services_by_name["ImageService"].full_name,
         key_service_pb2.DESCRIPTOR.services_by_name["KeyService"].full_name,
+        usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name,
         probe_service_pb2.DESCRIPTOR.services_by_name["ProbeService"].full_name,
     ]
     readiness = Readiness(health_servicer, service_names, store, limiter, config.limits)

@@ -24,6 +24,7 @@ _ENDPOINTS = {
     "ImageService": Endpoint.IMAGES.value,
     "ModelService": "/v1/models",
     "KeyService": "/v1/admin/keys",
+    "UsageService": "/v1/organization/usage/completions",
 }
 
 
@@ -32,6 +33,8 @@ def endpoint_of(method: str) -> str | None:
     service, _, rpc = method.removeprefix("/portico.v1.").partition("/")
     if rpc == "GetImageContent":
         return "/v1/images/content"
+    if rpc.startswith("GetCosts"):
+        return "/v1/organization/costs"
     return _ENDPOINTS.get(service)
 
 

@@ -64,6 +64,7 @@ class Totals:
     cost_micros: int
     model_requests: int  # rows whose request reached a model
     rows: int
+    errors: int  # rows whose request ended with an error status (400 and above, 499 included)
 
 
 def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "") -> str:
@@ -84,7 +85,8 @@ def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
     sql = (
         "SELECT (at_ms - {p}) / {p} AS bucket" + grouped + ", SUM(input_tokens), SUM(output_tokens), "
         "SUM(cached_input_tokens), SUM(images), SUM(cost_micros), "
-        "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*) FROM usage_ledger WHERE "
+        "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*), "
+        "SUM(CASE WHEN status >= 400 OR code <> '' THEN 1 ELSE 0 END) FROM usage_ledger WHERE "
         + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket" + grouped
     )
     return sql.replace("{p}", placeholder), [query.start_ms, query.width_ms, *params]

@@ -4,12 +4,17 @@ request whatever its end, with its cost, equal to the metrics and to what the li
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
+import orjson
 import pytest
 
+from portico.v1 import organization_usage_pb2 as pb
+from portico.v1 import usage_service_pb2_grpc
+
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request
+from tests.helpers import bearer, chat_request, error_details
 from tests.upstream_double import Cue
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
 
@@ -99,3 +104,81 @@ async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(ch
         assert metric(running, "portico_output_tokens_total", model=model, key_id=key.id) == sum(
             r.output_tokens for r in mine)
     assert window_tokens(running, key.id) == sum(r.input_tokens + r.output_tokens for r in rows)
+
+
+async def usage_json(channel, secret: str, rpc: str = "GetCompletionsUsageHttp", **fields) -> dict:
+    stub = usage_service_pb2_grpc.UsageServiceStub(channel)
+    request_type = pb.GetCostsRequest if "Costs" in rpc else pb.GetCompletionsUsageRequest
+    body = await getattr(stub, rpc)(request_type(**fields), metadata=bearer(secret))
+    assert body.content_type == "application/json"
+    return orjson.loads(body.data)
+
+
+async def test_the_usage_api_sums_to_the_ledger_in_openais_shape(chat, channel, running, double):
+    double.reset()
+    admin, admin_secret = running.store.create("usage-admin", all_models=True, admin=True)
+    keys = [running.store.create(f"u{i}", all_models=True, env=f"env-{i}") for i in range(2)]
+    for (key, secret), asks in zip(keys, (2, 1)):
+        for _ in range(asks):
+            await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
+    await running.core.ledger.flush()
+    ours = {key.id for key, _ in keys}
+    rows = [r for r in running.core.usage.rows() if r.key_id in ours]
+    start = min(r.at_ms for r in rows) // 1000
+
+    page = await usage_json(channel, admin_secret, start_time=start, bucket_width="1h",
+                            group_by=["api_key_id", "model"], api_key_ids=sorted(ours))
+    assert page["object"] == "page" and page["has_more"] is False and page["next_page"] is None
+    bucket = page["data"][0]
+    assert bucket["object"] == "bucket" and bucket["start_time"] == start - start % 3600
+    assert bucket["end_time"] == bucket["start_time"] + 3600
+    results = {r["api_key_id"]: r for r in bucket["results"]}
+    assert set(results) == ours
+    first = results[keys[0][0].id]
+    assert first == {
+        "object": "organization.usage.completions.result", "input_tokens": 4, "output_tokens": 6,
+        "input_cached_tokens": 0, "input_audio_tokens": 0, "output_audio_tokens": 0, "num_model_requests": 2,
+        "project_id": None, "user_id": None, "api_key_id": keys[0][0].id, "model": "up-main", "batch": None,
+        "num_requests": 2, "num_errors": 0,
+    }
+    costs = await usage_json(channel, admin_secret, "GetCostsHttp", start_time=start, group_by=["project_id"],
+                             api_key_ids=sorted(ours))
+    results = costs["data"][0]["results"]
+    assert {r["project_id"]: r["amount"] for r in results} == {
+        "env-0": {"value": 54e-6, "currency": "usd"}, "env-1": {"value": 27e-6, "currency": "usd"}}
+    assert sum(r["amount_microdollars"] for r in results) == sum(r.cost_micros for r in rows)
+    assert results[0]["object"] == "organization.costs.result" and results[0]["line_item"] is None
+
+    # A key that is not an admin sees only its own usage, and may not ask for another's.
+    mine = await usage_json(channel, keys[1][1], start_time=start)
+    assert [(r["input_tokens"], r["num_model_requests"]) for r in mine["data"][0]["results"]] == [(2, 1)]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await usage_json(channel, keys[1][1], start_time=start, api_key_ids=[keys[0][0].id])
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    # The typed RPC answers the same data; ungrouped fields are unset.
+    stub = usage_service_pb2_grpc.UsageServiceStub(channel)
+    typed = await stub.GetCompletionsUsage(pb.GetCompletionsUsageRequest(start_time=start), metadata=bearer(keys[0][1]))
+    result = typed.data[0].results[0]
+    assert (result.input_tokens, result.output_tokens, result.num_model_requests) == (4, 6, 2)
+    assert not result.HasField("model") and not result.HasField("api_key_id")
+
+
+async def test_usage_pages_and_bad_parameters(channel, running):
+    key, secret = running.store.create("pages", all_models=True)
+    now = int(time.time())
+    first = await usage_json(channel, secret, start_time=now - 3 * 60, bucket_width="1m", limit=2)
+    assert len(first["data"]) == 2 and first["has_more"] is True
+    assert [b["results"] for b in first["data"]] == [[], []]  # empty buckets are listed too
+    second = await usage_json(channel, secret, start_time=now - 3 * 60, bucket_width="1m", limit=2,
+                              page=first["next_page"])
+    assert second["data"][0]["start_time"] == first["data"][1]["end_time"]
+    assert second["has_more"] is False and second["next_page"] is None
+    for fields, param in (({}, "start_time"), ({"start_time": now, "bucket_width": "2d"}, "bucket_width"),
+                          ({"start_time": now, "group_by": ["colour"]}, "group_by"),
+                          ({"start_time": now, "limit": 32}, "limit"), ({"start_time": now, "page": "x"}, "page"),
+                          ({"start_time": now, "end_time": now - 5}, "end_time")):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await usage_json(channel, secret, **fields)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_details(caught.value).error.param == param

@@ -1,0 +1,144 @@
+"""OpenAI's usage and costs pages, from the ledger's totals: pure functions, no I/O.
+
+A query's range is cut into buckets aligned to whole minutes, hours or UTC days; a page holds `limit` consecutive
+buckets (empty ones included, with no results) and a `next_page` cursor naming the first bucket of the next page.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from server.errors import InvalidRequest
+from server.usage.money import micros_to_usd
+from server.usage.query import Totals
+
+WIDTHS = {"1m": 60, "1h": 3_600, "1d": 86_400}
+COMPLETIONS_LIMITS = {"1m": (60, 1_440), "1h": (24, 168), "1d": (7, 31)}  # width -> (default, maximum) buckets
+COSTS_LIMITS = {width: (7, 180) for width in WIDTHS}
+# group_by values each endpoint accepts -> the ledger grouping they mean (None: accepted, groups nothing here)
+COMPLETIONS_GROUPS = {"model": "model", "api_key_id": "api_key_id", "project_id": "project_id", "user_id": None,
+                      "batch": None}
+COSTS_GROUPS = {"project_id": "project_id", "line_item": "model", "api_key_id": "api_key_id", "model": "model"}
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    start: int  # unix seconds: the first bucket of the whole range
+    end: int  # exclusive end of the range
+    width: int  # seconds per bucket
+    first: int  # the first bucket of this page
+    buckets: int  # buckets on this page
+
+    @property
+    def stop(self) -> int:
+        """Where this page's rows end."""
+        return min(self.first + self.buckets * self.width, self.end)
+
+    @property
+    def next_page(self) -> str | None:
+        following = self.first + self.buckets * self.width
+        return cursor(following) if following < self.end else None
+
+
+def cursor(bucket_start: int) -> str:
+    return "page_" + base64.urlsafe_b64encode(str(bucket_start).encode()).decode().rstrip("=")
+
+
+def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, limit: int | None, page: str,
+              *, limits: dict[str, tuple[int, int]], now: float) -> Page:
+    """The page a request asks for; InvalidRequest naming the parameter otherwise."""
+    if start_time is None:
+        raise InvalidRequest("Missing required parameter: 'start_time' (unix seconds).", param="start_time")
+    width_name = bucket_width or "1d"
+    if width_name not in limits:
+        raise InvalidRequest(f"Invalid bucket_width {bucket_width!r}: use one of {', '.join(limits)}.",
+                             param="bucket_width")
+    width = WIDTHS[width_name]
+    end = int(now) + 1 if end_time is None else end_time
+    if start_time < 0 or end <= start_time:
+        raise InvalidRequest("start_time must be a unix time before end_time.",
+                             param="end_time" if end_time is not None else "start_time")
+    default, maximum = limits[width_name]
+    if limit is None:
+        limit = default
+    elif not 1 <= limit <= maximum:
+        raise InvalidRequest(f"limit must be between 1 and {maximum} for bucket_width {width_name}.", param="limit")
+    start = start_time - start_time % width
+    first = start if not page else _page_start(page, start, end, width)
+    buckets = min(limit, -(-(end - first) // width))
+    return Page(start, end, width, first, buckets)
+
+
+def _page_start(page: str, start: int, end: int, width: int) -> int:
+    try:
+        encoded = page.removeprefix("page_")
+        first = int(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode())
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        first = -1
+    if not page.startswith("page_") or first < start or first >= end or (first - start) % width:
+        raise InvalidRequest("Invalid page cursor: pass a next_page value from an answer to the same query.",
+                             param="page")
+    return first
+
+
+def groups_of(group_by: Iterable[str], accepted: dict[str, str | None]) -> tuple[tuple[str, ...], set[str]]:
+    """(the ledger groupings, the names the caller asked for); values may also be comma-separated."""
+    names = [name.strip() for value in group_by for name in value.split(",") if name.strip()]
+    for name in names:
+        if name not in accepted:
+            raise InvalidRequest(f"Invalid group_by {name!r}: use any of {', '.join(accepted)}.", param="group_by")
+    columns = tuple(dict.fromkeys(column for name in names if (column := accepted[name]) is not None))
+    return columns, set(names)
+
+
+def _buckets(page: Page, totals: Sequence[Totals], result) -> list[dict]:
+    """`totals`' bucket indexes count from page.first."""
+    by_bucket: dict[int, list[dict]] = {}
+    for total in totals:
+        by_bucket.setdefault(total.bucket, []).append(result(total))
+    return [
+        {"object": "bucket", "start_time": page.first + i * page.width,
+         "end_time": page.first + (i + 1) * page.width, "results": by_bucket.get(i, [])}
+        for i in range(page.buckets)
+    ]
+
+
+def _envelope(page: Page, data: list[dict]) -> dict:
+    next_page = page.next_page
+    return {"object": "page", "data": data, "has_more": next_page is not None, "next_page": next_page}
+
+
+def completions_page(page: Page, totals: Sequence[Totals], names: set[str]) -> dict:
+    def result(t: Totals) -> dict:
+        return {
+            "object": "organization.usage.completions.result",
+            "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+            "input_cached_tokens": t.cached_input_tokens, "input_audio_tokens": 0, "output_audio_tokens": 0,
+            "num_model_requests": t.model_requests,
+            "project_id": t.env if "project_id" in names else None,
+            "user_id": None,
+            "api_key_id": t.key_id if "api_key_id" in names else None,
+            "model": t.model if "model" in names else None,
+            "batch": False if "batch" in names else None,
+            "num_requests": t.rows, "num_errors": t.errors,
+        }
+
+    return _envelope(page, _buckets(page, totals, result))
+
+
+def costs_page(page: Page, totals: Sequence[Totals], names: set[str]) -> dict:
+    def result(t: Totals) -> dict:
+        return {
+            "object": "organization.costs.result",
+            "amount": {"value": micros_to_usd(t.cost_micros), "currency": "usd"},
+            "line_item": t.model if "line_item" in names else None,
+            "project_id": t.env if "project_id" in names else None,
+            "api_key_id": t.key_id if "api_key_id" in names else None,
+            "model": t.model if "model" in names else None,
+            "amount_microdollars": t.cost_micros,
+        }
+
+    return _envelope(page, _buckets(page, totals, result))
