@@ -10,13 +10,14 @@ import os
 import secrets
 import socket
 import time
+from contextlib import asynccontextmanager
 
 import grpc
 import orjson
 import pytest
 from google.protobuf import json_format
 
-from portico.v1 import image_pb2, image_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 from server.domain import KeyLimits
@@ -295,28 +296,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, double, caplog):
+@asynccontextmanager
+async def collector_test_server(directory, double, collector: str, **settings):
+    """A traced server exporting to `collector`, and a chat stub with a key; stopping it must not wait on the
+    collector."""
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    tracing = f"{{otlp_endpoint: 'http://127.0.0.1:{_free_port()}', export_delay_seconds: 0.05, " \
-              "export_timeout_seconds: 1}"
-    server = await start_server(traced_config(tmp_path, upstream_models(double.url), tracing), "127.0.0.1:0")
+    tracing = orjson.dumps({"otlp_endpoint": collector, "export_delay_seconds": 0.05, **settings}).decode()
+    server = await start_server(traced_config(directory, upstream_models(double.url), tracing), "127.0.0.1:0")
     try:
-        _, secret = server.store.create("down-collector", all_models=True)
+        _, secret = server.store.create("collector-tests", all_models=True)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            from portico.v1 import chat_service_pb2_grpc
-
-            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
-            began = time.monotonic()
-            answers = await asyncio.gather(*(ask(chat, secret, caller_context()[2]) for _ in range(10)))
-            assert all(a.choices[0].message.content == "echo Say hello." for a in answers)
-            assert time.monotonic() - began < 3
-        dropped = server.telemetry.metrics.registry.get_sample_value
-        deadline = time.monotonic() + 10
-        while not dropped("portico_trace_spans_dropped_total", {"reason": "export_failed"}):
-            assert time.monotonic() < deadline, "failed exports were not counted"
-            await asyncio.sleep(0.05)
-        # One warning for the outage, not a line for every batch that failed.
-        assert sum("exporting traces to" in r.getMessage() for r in caplog.records) == 1
+            yield server, chat_service_pb2_grpc.ChatServiceStub(channel), secret
     finally:
         began = time.monotonic()
         await server.stop(0)
@@ -324,30 +314,33 @@ async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, do
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
+async def test_an_unreachable_collector_changes_nothing_for_callers(tmp_path, double, caplog):
+    nowhere = f"http://127.0.0.1:{_free_port()}"
+    async with collector_test_server(tmp_path, double, nowhere, export_timeout_seconds=1) as (server, chat, secret):
+        began = time.monotonic()
+        answers = await asyncio.gather(*(ask(chat, secret, caller_context()[2]) for _ in range(10)))
+        assert all(a.choices[0].message.content == "echo Say hello." for a in answers)
+        assert time.monotonic() - began < 3
+        dropped = server.telemetry.metrics.registry.get_sample_value
+        deadline = time.monotonic() + 10
+        while not dropped("portico_trace_spans_dropped_total", {"reason": "export_failed"}):
+            assert time.monotonic() < deadline, "failed exports were not counted"
+            await asyncio.sleep(0.05)
+    # One warning for the outage, not a line for every batch that failed.
+    assert sum("exporting traces to" in r.getMessage() for r in caplog.records) == 1
+
+
 async def test_a_stuck_collector_fills_the_bounded_queue_and_drops_are_counted(tmp_path, double):
     """A collector that accepts connections and never answers holds the export thread; the queue stays bounded."""
-    stuck = socket.socket()
-    stuck.bind(("127.0.0.1", 0))
-    stuck.listen(64)
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    tracing = f"{{otlp_endpoint: 'http://127.0.0.1:{stuck.getsockname()[1]}', export_delay_seconds: 0.05, " \
-              "export_timeout_seconds: 30, max_queue_size: 4, max_export_batch_size: 1}"
-    server = await start_server(traced_config(tmp_path, upstream_models(double.url), tracing), "127.0.0.1:0")
-    try:
-        _, secret = server.store.create("stuck-collector", all_models=True)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            from portico.v1 import chat_service_pb2_grpc
-
-            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+    with socket.socket() as stuck:
+        stuck.bind(("127.0.0.1", 0))
+        stuck.listen(64)
+        collector = f"http://127.0.0.1:{stuck.getsockname()[1]}"
+        async with collector_test_server(tmp_path, double, collector, export_timeout_seconds=30, max_queue_size=4,
+                                         max_export_batch_size=1) as (server, chat, secret):
             for _ in range(5):  # 3 spans each (request, admission, attempt): far more than the queue holds
                 answer = await ask(chat, secret, caller_context()[2])
                 assert answer.choices[0].message.content == "echo Say hello."
-        dropped = server.telemetry.metrics.registry.get_sample_value("portico_trace_spans_dropped_total",
-                                                                     {"reason": "queue_full"})
-        assert dropped is not None and dropped >= 15 - 4 - 1  # at most the queue and the batch being sent survive
-    finally:
-        began = time.monotonic()
-        await server.stop(0)
-        assert time.monotonic() - began < 5
-        stuck.close()
-        os.environ.pop(UPSTREAM_KEY_ENV, None)
+            dropped = server.telemetry.metrics.registry.get_sample_value("portico_trace_spans_dropped_total",
+                                                                         {"reason": "queue_full"})
+            assert dropped is not None and dropped >= 15 - 4 - 1  # the queue and the batch being sent survive
