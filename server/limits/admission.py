@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
-    Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reservation, Scope, Standing, new_reservation_id,
+    Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reading, Reservation, Scope, Standing,
+    new_reservation_id,
 )
 from server.limits.settings import LimitSettings
+from server.limits.standing import standing
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +54,12 @@ class Limiter:
         if (per_model := self._settings.models.get(model_id)) is not None:
             scopes.append(Scope(f"{key.id}|{model_id}", f"key {key.id} on model {model_id}", per_model, "key_model"))
         return tuple(s for s in scopes if s.limits != _NO_LIMITS)
+
+    async def standing(self, key: ApiKey) -> list[Reading]:
+        """Where each of the key's limits stands now: its own scope, then its scope on each model with per-model
+        limits (limits.models). Raises LimitStoreUnavailable when the store cannot answer."""
+        scopes = {scope.id: scope for model_id in ("", *self._settings.models) for scope in self.scopes(key, model_id)}
+        return [reading for scope in scopes.values() for reading in standing(scope, await self._store.counts(scope.id))]
 
     async def reserve(self, key: ApiKey, model_id: str, tokens: int) -> Reservation:
         """Raises RateLimited when a limit would be exceeded, ServiceUnavailable when the store cannot answer and

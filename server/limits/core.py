@@ -14,10 +14,13 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from server.domain import KeyLimits
 from server.errors import RateLimited
+
+if TYPE_CHECKING:
+    from server.limits.standing import Counts
 
 WINDOW_SECONDS = 60.0  # requests and tokens per minute are counted over a rolling window of this length
 DAY_SECONDS = 86_400  # daily quotas reset at UTC midnight (unix time has no leap seconds)
@@ -144,6 +147,10 @@ class LimitStore(Protocol):
 
     async def in_flight(self, scope_id: str) -> int:
         """Open reservations in a scope (for tests and diagnostics)."""
+        ...
+
+    async def counts(self, scope_id: str) -> Counts:
+        """A scope's counters as they are now, read without booking anything (server/limits/standing.py)."""
         ...
 
     async def close(self) -> None: ...

@@ -16,6 +16,7 @@ from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Reading, Reservation, Scope, day_of,
     new_reservation_id, until_midnight, verdict,
 )
+from server.limits.standing import Counts
 
 
 _DIMENSIONS = tuple(Dimension)  # iterating over a tuple is much cheaper than over the Enum class
@@ -144,6 +145,12 @@ class MemoryLimitStore:
             if counters.day == day_of(reservation.at):
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
+
+    async def counts(self, scope_id: str) -> Counts:
+        now = self._clock()
+        counters = self._counters(scope_id, now)
+        window = tuple((entry.at, entry.tokens) for entry in counters.window)
+        return Counts(now, window, counters.in_flight, counters.day_requests, counters.day_tokens)
 
     async def in_flight(self, scope_id: str) -> int:
         """Open reservations in a scope (for tests and diagnostics)."""

@@ -24,6 +24,7 @@ from server.limits.core import (
 )
 from server.limits.redis_pipe import RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
+from server.limits.standing import Counts
 
 _logger = logging.getLogger(__name__)
 
@@ -147,6 +148,25 @@ class RedisLimitStore:
                 return await self._redis.execute("PING") == b"PONG"
         except _UNREACHABLE:
             return False
+
+    async def counts(self, scope_id: str) -> Counts:
+        """Read-only (nothing pruned or booked), so it needs no script: the window's entries and their tokens, the
+        unexpired slots and today's totals."""
+        now = self._clock()
+        win, wtok, _, slots, day = self._scope_keys(scope_id, day_of(now))
+        try:
+            async with asyncio.timeout(self._deadline):
+                entries, in_flight, today = await self._redis.execute_many([
+                    ("ZRANGEBYSCORE", win, f"({now - WINDOW_SECONDS}", "+inf", "WITHSCORES"),
+                    ("ZCOUNT", slots, f"({now}", "+inf"),
+                    ("HMGET", day, "requests", "tokens"),
+                ])
+                ids = entries[0::2]
+                tokens = await self._redis.execute("HMGET", wtok, *ids) if ids else []
+        except _UNREACHABLE as exc:
+            raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
+        window = tuple((float(at), int(t or 0)) for at, t in zip(entries[1::2], tokens))
+        return Counts(now, window, int(in_flight), int(today[0] or 0), int(today[1] or 0))
 
     async def in_flight(self, scope_id: str) -> int:
         """Unexpired slots in a scope (for tests and diagnostics)."""

@@ -25,6 +25,7 @@ _ENDPOINTS = {
     "ModelService": "/v1/models",
     "KeyService": "/v1/admin/keys",
     "UsageService": "/v1/organization/usage/completions",
+    "LimitService": "/v1/admin/keys",  # GET /v1/admin/keys/{id}/limits
 }
 
 

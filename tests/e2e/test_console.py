@@ -232,3 +232,24 @@ def test_phone_width_and_keyboard_only(browser, gateway, admin_secret, tmp_path)
         assert tab.problems.lines == []
     finally:
         tab.context.close()
+
+
+def test_a_keys_page_shows_what_is_left_of_its_limits_now(tab, gateway, admin_secret):
+    made = gateway.cli("keys", "create", "--name", "metered", "--all-models", "--rpm", "20", "--daily-requests",
+                       "500").stdout
+    key_id, secret = made.split()[2], made.split()[-1]
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    for _ in range(2):
+        assert api(gateway, secret, "POST", "/v1/chat/completions", json=chat).status_code == 200
+    refused = api(gateway, gateway.secret, "GET", f"/v1/admin/keys/{key_id}/limits")  # not an admin key
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
+
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    left = tab.page.get_by_role("region", name="What the key has used")
+    rpm = left.get_by_role("row", name=re.compile("^Requests per minute all its models"))
+    expect(rpm).to_contain_text("2 of 20")
+    expect(rpm.get_by_role("cell").nth(2)).to_have_text("18")  # the row header is not a cell
+    expect(left.get_by_role("row", name=re.compile("^Requests per day"))).to_contain_text("2 of 500")
+    tab.shot("key-limits-left")
+    assert tab.problems.lines == []

@@ -1,12 +1,12 @@
 // A key's page: what it is, its grants and limits, and the actions on it (edit, rotate, revoke).
-import {confirmDialog, field, formDialog, h, showSecret, when} from "./dom.js";
+import {confirmDialog, field, formDialog, h, number, showSecret, table, when} from "./dom.js";
 import {keyForm, LIMITS} from "./keyform.js";
 import {catalogModels, grantsText, keyState} from "./keys.js";
 
 export async function keyPage(ctx, id) {
   const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
-  const [{key}, {keys}, models] = await Promise.all([
-    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api)]);
+  const [{key}, {keys}, models, status] = await Promise.all([
+    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), ctx.api.get(`${path}/limits`)]);
   const envs = [...new Set(keys.map((other) => other.env).filter(Boolean))].sort();
   const revoked = keyState(key) === "revoked";
 
@@ -47,6 +47,7 @@ export async function keyPage(ctx, id) {
 
   const limitRows = LIMITS.map(([name, label]) =>
     [label, key.limits?.[name] ? Number(key.limits[name]).toLocaleString("en-US") : "gateway default"]);
+  const labels = Object.fromEntries(LIMITS);
   return h("section", {},
     h("p", {class: "crumbs"}, h("a", {href: "#/keys"}, "Keys"), " / ", key.id),
     h("div", {class: "page-head"},
@@ -63,5 +64,21 @@ export async function keyPage(ctx, id) {
       h("dt", {}, "Models"), h("dd", {}, grantsText(key)),
       h("dt", {}, "Created"), h("dd", {}, when(key.created))),
     h("h2", {}, "Limits"),
-    h("dl", {class: "facts limits"}, limitRows.map(([label, value]) => [h("dt", {}, label), h("dd", {}, value)])));
+    h("dl", {class: "facts limits"}, limitRows.map(([label, value]) => [h("dt", {}, label), h("dd", {}, value)])),
+    h("h2", {}, "Left now"),
+    table("What the key has used and has left of each limit in force", ["Limit", "Models", "Used", "Left", "Resets in"],
+      status.limits.map((s) => [
+        labels[s.limit] ?? s.limit,
+        s.model ? `on ${s.model}` : "all its models",
+        h("span", {class: "use"}, h("meter", {min: 0, max: s.value, value: s.used, high: s.value * 0.8,
+          "aria-hidden": "true"}), ` ${number(s.used)} of ${number(s.value)}`),
+        number(s.remaining),
+        s.reset_seconds > 0 ? duration(s.reset_seconds) : "—",
+      ]), {empty: "No limit applies to this key."}));
+}
+
+function duration(seconds) {
+  if (seconds < 60) return `${Math.ceil(seconds)} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.ceil(seconds % 60)} s`;
+  return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
 }

@@ -1,0 +1,45 @@
+"""What a key's limits stand at now, for operators (LimitService, the console's key page): read, never booked.
+
+Stores report a scope's raw Counts; one pure function turns them into Readings, so the memory and Redis stores
+cannot disagree about what is left. A Reading here holds what is counted now (no request's demand added), and
+`wait` is how long until the count next goes down: the oldest request leaving the window, UTC midnight for daily
+limits, 0 when nothing is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.limits.core import WINDOW_SECONDS, Dimension, Reading, Scope, until_midnight
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """One scope's counters as they were at `at` (the store's clock)."""
+
+    at: float
+    window: tuple[tuple[float, int], ...]  # (admitted at, tokens) of each request in the rolling window, oldest first
+    in_flight: int
+    day_requests: int
+    day_tokens: int
+
+
+def standing(scope: Scope, counts: Counts) -> list[Reading]:
+    readings, now = [], counts.at
+    to_window_end = counts.window[0][0] + WINDOW_SECONDS - now if counts.window else 0.0
+    for dimension in Dimension:
+        limit = scope.limit(dimension)
+        if limit is None:
+            continue
+        if dimension is Dimension.REQUESTS_PER_MINUTE:
+            used, wait = len(counts.window), to_window_end
+        elif dimension is Dimension.TOKENS_PER_MINUTE:
+            used, wait = sum(tokens for _, tokens in counts.window), to_window_end
+        elif dimension is Dimension.CONCURRENT_REQUESTS:
+            used, wait = counts.in_flight, 0.0  # a slot frees when some request ends: nobody can say when
+        elif dimension is Dimension.DAILY_REQUESTS:
+            used, wait = counts.day_requests, until_midnight(now) if counts.day_requests else 0.0
+        else:
+            used, wait = counts.day_tokens, until_midnight(now) if counts.day_tokens else 0.0
+        readings.append(Reading(scope, dimension, limit, used, max(0.0, wait)))
+    return readings

@@ -1,0 +1,32 @@
+"""LimitService: where a key's rate limits stand now, for admin keys."""
+
+from __future__ import annotations
+
+from portico.v1 import limit_pb2, limit_service_pb2_grpc
+from server.errors import ServiceUnavailable
+from server.keys import Authenticator, KeyStore
+from server.limits import Limiter
+from server.limits.core import LimitStoreUnavailable
+
+
+class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
+    def __init__(self, store: KeyStore, authenticator: Authenticator, limiter: Limiter) -> None:
+        self._store = store
+        self._authenticator = authenticator
+        self._limiter = limiter
+
+    async def GetKeyLimitStatus(self, request, context) -> limit_pb2.GetKeyLimitStatusResponse:
+        self._authenticator.authenticate_admin(context.invocation_metadata())
+        key = self._store.get(request.id)
+        try:
+            readings = await self._limiter.standing(key)
+        except LimitStoreUnavailable as exc:
+            raise ServiceUnavailable("The limit store is unreachable, so limits cannot be read now.",
+                                     retry_after=1.0) from exc
+        return limit_pb2.GetKeyLimitStatusResponse(key_id=key.id, limits=[
+            limit_pb2.LimitStatus(
+                limit=r.dimension.value, model=r.scope.id.partition("|")[2], value=r.limit, used=r.used,
+                remaining=max(0, r.limit - r.used), reset_seconds=round(r.wait, 3),
+            )
+            for r in readings
+        ])

@@ -1,0 +1,44 @@
+"""Where a key's limits stand now (LimitService, the console's key page), read from both stores without booking."""
+
+from __future__ import annotations
+
+from server.config import LimitSettings
+from server.domain import ApiKey, KeyLimits
+from server.limits import Limiter
+from tests.unit.test_limits import clock, store  # noqa: F401 - the same two stores and clock as the limits tests
+
+KEY = ApiKey("key_s", "standing", all_models=True, models=frozenset(),
+             limits=KeyLimits(requests_per_minute=10, tokens_per_minute=1000, daily_requests=50))
+SETTINGS = LimitSettings(defaults=KeyLimits(concurrent_requests=4),
+                         models={"family-a-5.4": KeyLimits(requests_per_minute=3)})
+
+
+def by_name(readings) -> dict[tuple[str, str], tuple[int, int, float]]:
+    return {(r.dimension.value, r.scope.id.partition("|")[2]): (r.limit, r.used, round(r.wait, 3)) for r in readings}
+
+
+async def test_reports_use_and_resets_without_counting_anything(store, clock):  # noqa: F811
+    limiter = Limiter(store, SETTINGS)
+    idle = by_name(await limiter.standing(KEY))
+    assert idle == {
+        ("requests_per_minute", ""): (10, 0, 0.0), ("tokens_per_minute", ""): (1000, 0, 0.0),
+        ("concurrent_requests", ""): (4, 0, 0.0), ("daily_requests", ""): (50, 0, 0.0),
+        ("requests_per_minute", "family-a-5.4"): (3, 0, 0.0),
+    }
+    first = await limiter.reserve(KEY, "family-a-5.4", 100)
+    await limiter.settle(first, 40)
+    clock.now += 20
+    held = await limiter.reserve(KEY, "family-a-5.5", 200)  # still in flight
+    clock.now += 10
+    now = by_name(await limiter.standing(KEY))
+    assert now[("requests_per_minute", "")] == (10, 2, 30.0)  # the first request leaves the window in 30 s
+    assert now[("tokens_per_minute", "")] == (1000, 240, 30.0)  # settled tokens + the open reservation
+    assert now[("concurrent_requests", "")] == (4, 1, 0.0)
+    assert now[("daily_requests", "")][:2] == (50, 2) and 0 < now[("daily_requests", "")][2] <= 86_400
+    assert now[("requests_per_minute", "family-a-5.4")] == (3, 1, 30.0)
+    assert by_name(await limiter.standing(KEY)) == now  # reading twice counts nothing
+    await limiter.settle(held, 10)
+    clock.now += 61
+    later = by_name(await limiter.standing(KEY))
+    assert later[("requests_per_minute", "")] == (10, 0, 0.0) and later[("concurrent_requests", "")] == (4, 0, 0.0)
+    assert later[("daily_requests", "")][:2] == (50, 2)
