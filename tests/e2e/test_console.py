@@ -253,3 +253,40 @@ def test_a_keys_page_shows_what_is_left_of_its_limits_now(tab, gateway, admin_se
     expect(left.get_by_role("row", name=re.compile("^Requests per day"))).to_contain_text("2 of 500")
     tab.shot("key-limits-left")
     assert tab.problems.lines == []
+
+
+def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    made = {}
+    for name, count in (("usage-alpha", 3), ("usage-beta", 1)):
+        out = gateway.cli("keys", "create", "--name", name, "--env", "analytics", "--all-models").stdout
+        made[name] = (out.split()[2], out.split()[-1])
+        for _ in range(count):
+            assert api(gateway, made[name][1], "POST", "/v1/chat/completions", json=chat).status_code == 200
+    time.sleep(1.5)  # usage.flush_seconds: rows reach the ledger within a second
+
+    tab.sign_in(admin_secret)
+    tab.page.get_by_role("link", name="Usage").click()
+    expect(tab.page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+    page = tab.page
+    page.get_by_label("Period", exact=True).select_option("24h")
+    page.get_by_label("By", exact=True).select_option("api_key_id")
+    page.get_by_label("Per", exact=True).select_option("hour")
+    page.get_by_role("button", name="Show").click()
+    chart = page.locator("#chart-requests")
+    expect(chart.get_by_role("img")).to_be_visible()
+    expect(chart.locator("canvas")).to_have_count(1)  # drawn by uPlot
+    alpha, beta = (f"{name} ({made[name][0]})" for name in ("usage-alpha", "usage-beta"))
+    expect(chart.locator(".u-legend")).to_contain_text(alpha)
+    chart.get_by_text("Show the numbers").click()
+    numbers = chart.get_by_role("table")
+    headers = numbers.locator("thead th").all_inner_texts()
+    now_row = numbers.locator("tbody tr").last.locator("th, td").all_inner_texts()  # the current hour
+    assert now_row[headers.index(alpha)] == "3" and now_row[headers.index(beta)] == "1"
+    spend = page.get_by_role("region", name=re.compile("^Spend by key and model"))
+    expect(spend.get_by_role("row", name=re.compile(f"^{re.escape(alpha)} family-a-5.5"))).to_contain_text(" 3 ")
+    tab.shot("usage")
+    tab.page.set_viewport_size(PHONE)
+    tab.no_horizontal_scroll()
+    tab.shot("usage-phone")
+    assert tab.problems.lines == []

@@ -4,10 +4,13 @@ import uPlot from "./vendor/uPlot.esm.js";
 import {h, table} from "./dom.js";
 
 const COLOURS = ["#0a5bd3", "#b3261e", "#1a7f37", "#8250df", "#9a6700", "#0f766e", "#c2410c", "#57606a"];
+const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6,
+  2e6, 5e6, 1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9];
 const DASHES = [[], [10, 5], [2, 4], [12, 4, 2, 4], [6, 3], [1, 3], [16, 6], [4, 8]];
 
 // times: bucket starts (unix seconds); series: [{label, values}] with one value per time; format: value -> text.
-export function timeChart({id, title, times, series, format, bucketLabel}) {
+// integer: counts (requests, tokens), whose axis never shows fractions.
+export function timeChart({id, title, times, series, format, bucketLabel, integer = false}) {
   const total = series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
   const plotBox = h("div", {class: "plot", role: "img", "aria-label": `${title}: chart; total ${format(total)}. ` +
     "The numbers are in the table below it."});
@@ -25,7 +28,7 @@ export function timeChart({id, title, times, series, format, bucketLabel}) {
     width, height: Math.max(180, Math.min(280, Math.round(width * 0.35))),
     scales: {x: {time: true}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
-    axes: [{}, {values: (u, values) => values.map(format), size: 70}],
+    axes: [{}, {values: (u, values) => values.map(format), size: 70, incrs: integer ? INTEGER_STEPS : undefined}],
     series: [{}, ...series.map((s, i) => ({
       label: s.label, stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
       points: {show: true, size: 5}, value: (u, v) => v === null || v === undefined ? "—" : format(v),

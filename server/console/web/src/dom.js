@@ -125,5 +125,6 @@ export const number = (value) => value === null || value === undefined ? "—" :
 
 export function money(value, currency = "usd") {
   if (value === null || value === undefined) return "—";
-  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(value).toFixed(Math.abs(value) < 1 ? 4 : 2)}`;
+  const digits = value === 0 || Math.abs(value) >= 1 ? 2 : 4;  // cents, or a fraction of one for small sums
+  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(value).toFixed(digits)}`;
 }

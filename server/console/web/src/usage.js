@@ -91,13 +91,11 @@ async function usageView(ctx) {
       card("Output tokens", number(summary.output)),
       card("Cost", money(total(cost))),
       card("Error rate", summary.errors === null ? "—" :
-        `${(100 * summary.errors / Math.max(1, summary.requests)).toFixed(1)} %`),
-      card("Latency p50", summary.p50 === null ? "—" : `${number(Math.round(summary.p50))} ms`),
-      card("Latency p95", summary.p95 === null ? "—" : `${number(Math.round(summary.p95))} ms`)),
+        `${(100 * summary.errors / Math.max(1, summary.admitted)).toFixed(1)} % (${number(summary.errors)})`)),
     timeChart({id: "chart-requests", title: `Requests by ${GROUPS[group].toLowerCase()}`, times, series: requests,
-      format: number, bucketLabel: width === HOUR ? "hour" : "day"}),
+      format: number, integer: true, bucketLabel: width === HOUR ? "hour" : "day"}),
     timeChart({id: "chart-tokens", title: `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, times,
-      series: tokens, format: number, bucketLabel: width === HOUR ? "hour" : "day"}),
+      series: tokens, format: number, integer: true, bucketLabel: width === HOUR ? "hour" : "day"}),
     timeChart({id: "chart-cost", title: `Cost (USD) by ${GROUPS[group].toLowerCase()}`, times: costTimes,
       series: cost, format: (v) => money(v), bucketLabel: costs.width === HOUR ? "hour" : "day"}),
     spendTable(byKeyAndModel, costsByKeyAndModel.buckets, names, period.label));
@@ -142,26 +140,19 @@ function seriesOf(bucketList, labelOf, valueOf, order = []) {
 
 const total = (series) => series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
 
-// Totals over the period. Error counts and latency percentiles are Portico's additions to OpenAI's result
-// objects (num_errors, latency_ms_p50, latency_ms_p95); the percentiles of the period are the request-weighted
-// mean of the buckets' (close enough to tell a slow day, and cheap).
+// Totals over the period. The error rate is Portico's addition to OpenAI's results: num_errors of num_requests
+// (every admitted request, those that never reached a model included).
 function summaryOf(usage) {
-  const summary = {requests: 0, input: 0, output: 0, errors: null, p50: null, p95: null};
-  let weighted50 = 0, weighted95 = 0, timed = 0;
+  const summary = {requests: 0, admitted: 0, input: 0, output: 0, errors: null};
   for (const bucket of usage) {
     for (const r of bucket.results) {
       summary.requests += r.num_model_requests;
+      summary.admitted += r.num_requests ?? r.num_model_requests;
       summary.input += r.input_tokens;
       summary.output += r.output_tokens;
       if (typeof r.num_errors === "number") summary.errors = (summary.errors ?? 0) + r.num_errors;
-      if (typeof r.latency_ms_p50 === "number" && r.num_model_requests) {
-        weighted50 += r.latency_ms_p50 * r.num_model_requests;
-        weighted95 += (r.latency_ms_p95 ?? r.latency_ms_p50) * r.num_model_requests;
-        timed += r.num_model_requests;
-      }
     }
   }
-  if (timed) [summary.p50, summary.p95] = [weighted50 / timed, weighted95 / timed];
   return summary;
 }
 
