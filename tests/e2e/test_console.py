@@ -251,6 +251,14 @@ def test_a_keys_page_shows_what_is_left_of_its_limits_now(tab, gateway, admin_se
     expect(rpm).to_contain_text("2 of 20")
     expect(rpm.get_by_role("cell").nth(2)).to_have_text("18")  # the row header is not a cell
     expect(left.get_by_role("row", name=re.compile("^Requests per day"))).to_contain_text("2 of 500")
+    # Its use of each model this week, from the usage ledger (rows reach it within usage.flush_seconds).
+    tab.page.wait_for_timeout(1200)
+    tab.page.reload()
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
+    expect(week.get_by_role("row", name=re.compile("^family-a-5.5"))).to_contain_text("2")
+    expect(tab.page.locator("#chart-key-requests canvas")).to_have_count(1)
     tab.shot("key-limits-left")
     assert tab.problems.lines == []
 

@@ -2,11 +2,13 @@
 import {confirmDialog, field, formDialog, h, number, showSecret, table, when} from "./dom.js";
 import {keyForm, LIMITS} from "./keyform.js";
 import {catalogModels, grantsText, keyState} from "./keys.js";
+import {keyUsage} from "./usage.js";
 
 export async function keyPage(ctx, id) {
   const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
-  const [{key}, {keys}, models, status] = await Promise.all([
-    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), ctx.api.get(`${path}/limits`)]);
+  const [{key}, {keys}, models, status, usage] = await Promise.all([
+    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), ctx.api.get(`${path}/limits`),
+    keyUsage(ctx.api, id)]);
   const envs = [...new Set(keys.map((other) => other.env).filter(Boolean))].sort();
   const revoked = keyState(key) === "revoked";
 
@@ -74,7 +76,8 @@ export async function keyPage(ctx, id) {
           "aria-hidden": "true"}), ` ${number(s.used)} of ${number(s.value)}`),
         number(s.remaining),
         s.reset_seconds > 0 ? duration(s.reset_seconds) : "—",
-      ]), {empty: "No limit applies to this key."}));
+      ]), {empty: "No limit applies to this key."}),
+    usage);
 }
 
 function duration(seconds) {

@@ -216,3 +216,39 @@ function filters(ctx, period, group, width) {
     field("Period", periodSelect), dates, field("By", groupSelect), field("Per", bucketSelect),
     h("button", {type: "submit"}, "Show"));
 }
+
+// A key's last 7 days by model (its page): requests per day as a chart, and totals with their cost.
+export async function keyUsage(api, keyId) {
+  const end = Math.floor(Date.now() / 1000);
+  const start = Math.floor((end - 6 * DAY) / DAY) * DAY;  // today and the 6 UTC days before it
+  const params = usageParams({start, end, width: DAY, groups: ["model"], keyIds: [keyId]});
+  let usage, costs;
+  try {
+    [usage, costs] = await Promise.all([buckets(api, "/v1/organization/usage/completions", params),
+      buckets(api, "/v1/organization/costs", params)]);
+  } catch (error) {
+    if (error.status !== 404) throw error;
+    return h("p", {class: "empty"}, "This gateway has no usage API.");
+  }
+  const labelOf = (r) => r.model ?? "(none)";
+  const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
+  const rows = new Map();
+  const row = (model) => rows.get(model) ?? rows.set(model, {requests: 0, errors: 0, input: 0, output: 0, cost: 0}).get(model);
+  usage.forEach((b) => b.results.forEach((r) => {
+    const entry = row(labelOf(r));
+    entry.requests += r.num_model_requests;
+    entry.errors += r.num_errors ?? 0;
+    entry.input += r.input_tokens;
+    entry.output += r.output_tokens;
+  }));
+  costs.forEach((b) => b.results.forEach((r) => { row(labelOf(r)).cost += r.amount?.value ?? 0; }));
+  const sorted = [...rows].sort(([, a], [, b]) => b.cost - a.cost || b.requests - a.requests);
+  const spent = sorted.reduce((sum, [, r]) => sum + r.cost, 0);
+  return h("div", {},
+    h("h2", {}, `Last 7 days: ${money(spent)}`),
+    timeChart({id: "chart-key-requests", title: "Requests per day by model", times: usage.map((b) => b.start_time),
+      series: requests, format: number, integer: true, bucketLabel: "day"}),
+    table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
+      "Cost"], sorted.map(([model, r]) => [model, number(r.requests), number(r.errors), number(r.input),
+      number(r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
+}
