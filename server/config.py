@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from server.config_providers import ConfigError, mapping, parse_provider
+from server.config_providers import ConfigError, known_settings, mapping, parse_provider
 from server.config_tracing import TracingSettings, parse_tracing
 from server.domain import Endpoint, KeyLimits, ModelEntry
 from server.limits.settings import LimitSettings
@@ -79,10 +79,19 @@ def load_config(path: Path | None = None) -> Config:
     return _parse(raw, source)
 
 
+# Every setting the file may hold, section by section; anything else is refused by its path.
+_TOP_LEVEL = ("listen", "envoy_admin_port", "metrics_port", "access_log", "drain_seconds", "data_dir", "embedded",
+              "default_max_tokens", "keys", "limits", "models", "tracing", "usage")
+_LISTEN = ("host", "port", "public_base_url")
+_EMBEDDED = ("context_size", "threads", "instances", "model_path")
+_KEYS = ("cache_seconds", "rotation_grace_seconds")
+
+
 def _parse(raw: dict, source: str) -> Config:
-    listen = _mapping(raw.get("listen", {}), f"{source}: listen")
-    embedded = _mapping(raw.get("embedded", {}), f"{source}: embedded")
-    keys = _mapping(raw.get("keys", {}), f"{source}: keys")
+    known_settings(raw, _TOP_LEVEL, source)
+    listen = _section(raw, "listen", _LISTEN, source)
+    embedded = _section(raw, "embedded", _EMBEDDED, source)
+    keys = _section(raw, "keys", _KEYS, source)
     models = raw.get("models")
     if not isinstance(models, list) or not models:
         raise ConfigError(f"{source}: `models` must be a non-empty list")
@@ -121,11 +130,16 @@ def _parse(raw: dict, source: str) -> Config:
         raise ConfigError(f"{source}: {exc}") from exc
 
 
+def _section(raw: dict, name: str, known: tuple[str, ...], source: str) -> dict:
+    section = _mapping(raw.get(name, {}), f"{source}: {name}")
+    known_settings(section, known, f"{source}: {name}")
+    return section
+
+
 def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
     raw = _mapping(raw, where)
     known = {"defaults", "models", "store", "on_store_error", "lease_seconds", "store_timeout_seconds"}
-    if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    known_settings(raw, sorted(known), where)
     models = _mapping(raw.get("models") or {}, f"{where}.models")
     for model_id in models:
         if model_id not in model_ids:
@@ -168,8 +182,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
     for required in ("id", "endpoint", "provider"):
         if required not in raw:
             raise ConfigError(f"{where}: `{required}` is required")
-    if unknown := set(raw) - {"id", "endpoint", "owned_by", "created", "provider", "fallbacks", "price"}:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    known_settings(raw, ("id", "endpoint", "owned_by", "created", "provider", "fallbacks", "price"), where)
     try:
         endpoint = Endpoint(raw["endpoint"])
     except (ValueError, TypeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,9 +52,7 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
     known = {"kind", "base_url", "model", "api_key_env", "timeouts", "retry", "max_connections", "max_tokens_field"}
     if kind == "anthropic":
         known.discard("max_tokens_field")
-    if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
-                          f"known: {', '.join(sorted(known))}")
+    known_settings(raw, sorted(known), where)
     for required in ("base_url", "model"):
         if not isinstance(raw.get(required), str) or not raw[required]:
             raise ConfigError(f"{where}: `{required}` is required (a string) for a {kind} provider")
@@ -83,9 +81,7 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
 def _timeouts(raw: Any, where: str) -> Timeouts:
     raw = mapping(raw, where)
     defaults = Timeouts()
-    if unknown := set(raw) - {"connect", "read", "answer", "write", "pool"}:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
-                          "known: connect, read, answer, write, pool")
+    known_settings(raw, ("connect", "read", "answer", "write", "pool"), where)
     return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
 
 
@@ -93,8 +89,7 @@ def _retry(raw: Any, where: str) -> RetrySettings:
     raw = mapping(raw, where)
     defaults = RetrySettings()
     known = ("attempts", "initial_backoff", "max_backoff", "total_seconds", "on_status")
-    if unknown := set(raw) - set(known):
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    known_settings(raw, known, where)
     on_status = raw.get("on_status", list(defaults.on_status))
     if not isinstance(on_status, list) or not all(isinstance(s, int) and 400 <= s <= 599 for s in on_status):
         raise ConfigError(f"{where}.on_status: a list of HTTP statuses (400-599), e.g. [429, 500, 503]")
@@ -119,6 +114,14 @@ def mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping")
     return value
+
+
+def known_settings(raw: Mapping[str, Any], known: Iterable[str], where: str) -> None:
+    """A setting nobody reads is a typo (`default_max_token: 64` would silently do nothing): refuse it by path."""
+    known = tuple(known)
+    if unknown := set(raw) - set(known):
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"known: {', '.join(known)}")
 
 
 def upstream_keys(models, environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:

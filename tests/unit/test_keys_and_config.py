@@ -137,6 +137,14 @@ def test_limits_config():
         (f"{ONE_MODEL}\nlimits: {{store: sqlite}}", "limits.store"),
         (f"{ONE_MODEL}\nlimits: {{store: 'redis://h/0', on_store_error: maybe}}", "on_store_error"),
         (f"{ONE_MODEL}\nlimits: {{lease_seconds: 0}}", "must be positive"),
+        # A typo anywhere is an error naming where it is, never a setting silently ignored.
+        (f"{ONE_MODEL}\ndefault_max_token: 64", r"c\.yaml: unknown setting\(s\) default_max_token; known: listen"),
+        (f"{ONE_MODEL}\nlisten: {{prot: 9000}}", r"listen: unknown setting\(s\) prot; known: host, port"),
+        (f"{ONE_MODEL}\nembedded: {{thread: 4}}", r"embedded: unknown setting\(s\) thread; known: context_size"),
+        (f"{ONE_MODEL}\nkeys: {{cache_second: 5}}", r"keys: unknown setting\(s\) cache_second; known: cache_seconds"),
+        (f"{ONE_MODEL}\nlimits: {{stor: memory}}", r"limits: unknown setting\(s\) stor"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, fallback: [b]}]",
+         r"models\[0\]: unknown setting\(s\) fallback"),
     ],
 )
 def test_config_mistakes_are_clear(tmp_path, text, message):
