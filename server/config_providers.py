@@ -81,7 +81,10 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
 def _timeouts(raw: Any, where: str) -> Timeouts:
     raw = mapping(raw, where)
     defaults = Timeouts()
-    known_settings(raw, ("connect", "read", "answer", "write", "pool"), where)
+    if "write" in raw:  # parsed and documented once, but no client has a separate send timeout
+        raise ConfigError(f"{where}.write: there is no write timeout (a request is one small buffer, and an upstream "
+                          "that does not take it does not answer within `read` either); remove it")
+    known_settings(raw, ("connect", "read", "answer", "pool"), where)
     return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
 
 

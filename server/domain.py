@@ -41,7 +41,6 @@ class Timeouts:
     # For a whole non-streamed answer: it arrives in one piece when the model has finished, so it needs as long as
     # the longest generation takes, not just the first token.
     answer: float = 600.0
-    write: float = 30.0  # to send the request
     pool: float = 10.0  # for a free pooled connection when all `max_connections` are busy
 
 

@@ -9,7 +9,7 @@ non-2xx answers and mid-stream error events there.
 The upstream's `timeouts` in aiohttp's terms: `connect` is ClientTimeout.connect and .sock_connect (opening a
 connection); `read` is .sock_read (to the answer's first byte, then between any two reads of it); `pool` is our own
 wait for one of the `max_connections` slots (aiohttp's `connect` would count that wait as connecting, and a full pool
-is not an upstream that does not answer); `write` has no counterpart: the request is one small buffer, and an
+is not an upstream that does not answer). There is no write timeout: the request is one small buffer, and an
 upstream that does not take it does not answer within `read` either.
 """
 

@@ -100,6 +100,9 @@ PROVIDER = "{kind: openai, base_url: 'http://h/v1', model: m}"
          "timeouts: {read: -1}}}]", "timeouts.read"),
         ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
          "timeouts: {idle: 1}}}]", "unknown setting"),
+        # timeouts.write was accepted and documented, and used by nothing: it is refused rather than ignored.
+        ("[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h', model: m, "
+         "timeouts: {write: 30}}}]", "timeouts.write: there is no write timeout"),
         ("[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp, model: m}}]", "takes no settings"),
         ("[{id: a, endpoint: /v1/chat/completions, provider: {kind: dev-image}}]", "cannot serve"),
         (f"[{{id: a, endpoint: /v1/messages, provider: {PROVIDER}, fallbacks: [b]}}]", "'b' is not a model"),
