@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 Json = Any  # a JSON value as orjson reads and writes it: dict, list, str, int, float, bool or None
+
+CHARS_PER_TOKEN = 4  # a common rough estimate for English text and code
+
+
+def estimate_tokens(chars: int) -> int:
+    """How many tokens `chars` characters are, when nobody counts them exactly (prompts for upstreams, for rate
+    limits; answers of upstreams that report no usage)."""
+    return math.ceil(chars / CHARS_PER_TOKEN)
 
 
 class Role(str, enum.Enum):
@@ -202,11 +211,12 @@ class GenerationRequest:
     # for one JSON answer instead of a stream; the provider's events are the same either way.
     stream: bool = True
 
-    def approximate_chars(self) -> int:
-        """The size of everything the model reads, for a rough token estimate when nobody counts exactly."""
+    def estimated_prompt_tokens(self) -> int:
+        """The size of everything the model reads, estimated when nobody counts it exactly."""
         size = sum(len(t.text) + sum(len(c.name) + len(c.arguments) for c in t.tool_calls)
                    + sum(len(r.text) for r in t.tool_results) for t in self.turns)
-        return size + sum(len(t.name) + len(t.description) + len(str(t.parameters)) for t in self.tools)
+        return estimate_tokens(size + sum(len(t.name) + len(t.description) + len(str(t.parameters))
+                                          for t in self.tools))
 
 
 class FinishReason(str, enum.Enum):

@@ -10,17 +10,16 @@ and first-token times) goes on the RPC's telemetry record, which the interceptor
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 from server.catalog import Catalog
-
 from server.domain import (
     ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
     ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    estimate_tokens,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
@@ -188,7 +187,7 @@ async def _send_headers(call: Call, reservation: Reservation) -> None:
 async def _prompt_tokens(counter: TokenCounter | None, request: GenerationRequest) -> int:
     if counter is not None:
         return await asyncio.to_thread(counter.count_tokens, request.turns)
-    return math.ceil(request.approximate_chars() / 4)  # a common rough estimate
+    return request.estimated_prompt_tokens()
 
 
 @dataclass(slots=True)
@@ -221,7 +220,7 @@ class _Meter:
             return self.usage
         # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token).
         prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
-        return Usage(prompt, max(self.deltas, math.ceil(self.chars / 4)))
+        return Usage(prompt, max(self.deltas, estimate_tokens(self.chars)))
 
 
 async def _metered(

@@ -10,7 +10,6 @@ object (the answer, or each chunk) is yielded as it came, before its events, for
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 
 import orjson
@@ -38,7 +37,7 @@ class OpenAIProvider:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = openai_body(request, model=self._model, max_tokens_field=self._max_tokens_field)
-        prompt_estimate = math.ceil(request.approximate_chars() / 4)
+        prompt_estimate = request.estimated_prompt_tokens()
         if not request.stream:
             answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
             if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer

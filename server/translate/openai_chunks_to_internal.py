@@ -9,12 +9,11 @@ streamed delta, which is what those servers send.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
 from server.domain import (
-    FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+    FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage, estimate_tokens,
 )
 from server.errors import UpstreamError
 
@@ -100,7 +99,7 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
     if not isinstance(completion.get("usage"), Mapping):
         chars = sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
                     for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
-        finished = replace(finished, usage=Usage(prompt_estimate, math.ceil(chars / 4)))
+        finished = replace(finished, usage=Usage(prompt_estimate, estimate_tokens(chars)))
     events.append(finished)
     return events
 

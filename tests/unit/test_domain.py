@@ -1,0 +1,16 @@
+"""Domain values: the one token estimate every rough count uses."""
+
+from __future__ import annotations
+
+from server.domain import GenerationRequest, Role, SamplingParams, ToolCall, ToolSpec, Turn, estimate_tokens
+
+
+def test_estimate_is_characters_over_four_rounded_up():
+    assert [estimate_tokens(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_prompt_estimate_counts_everything_the_model_reads():
+    turns = (Turn(Role.USER, "x" * 10), Turn(Role.ASSISTANT, tool_calls=(ToolCall("c1", "f", "{}"),)))
+    tools = (ToolSpec("f", "d", {}),)
+    request = GenerationRequest(model="m", turns=turns, params=SamplingParams(max_tokens=1), tools=tools)
+    assert request.estimated_prompt_tokens() == estimate_tokens(10 + 1 + 2 + 1 + 1 + len("{}"))
