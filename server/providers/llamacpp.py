@@ -17,7 +17,7 @@ import functools
 import importlib.util
 import re
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
@@ -42,6 +42,9 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the only other values the template sees are the role names and the BOS/EOS texts, so every match is one of ours.
 _PLACEHOLDER = "\x00portico-turn-{}\x00"
 _PLACEHOLDER_RE = re.compile("\x00portico-turn-(\\d+)\x00")
+# Prompts counted for a reservation, kept until their generation starts so that it does not tokenize them again.
+# A refused request leaves its prompt behind, so only the latest few are kept.
+_COUNTED_KEPT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,8 @@ class LlamaCppProvider:
         self._waiters: deque[asyncio.Future[_Instance]] = deque()
         self._running: set[threading.Event] = set()  # the cancel flags of generations in flight, for close()
         self._closed = False
+        self._counted: OrderedDict[tuple[Turn, ...], list[int]] = OrderedDict()
+        self._counted_lock = threading.Lock()  # count_tokens runs in worker threads
 
     @staticmethod
     def default_model_path() -> Path:
@@ -99,8 +104,20 @@ class LlamaCppProvider:
         return self._n_ctx
 
     def count_tokens(self, turns: Sequence[Turn]) -> int:
-        """The prompt's exact token count (chat template included), e.g. for rate-limit estimates."""
-        return len(self._tokenize(turns))
+        """The prompt's exact token count (chat template included), e.g. for rate-limit estimates. The tokens are
+        kept for the generation of the same turns, so a request's prompt is tokenized once."""
+        tokens = self._tokenize(turns)
+        with self._counted_lock:
+            self._counted[tuple(turns)] = tokens
+            while len(self._counted) > _COUNTED_KEPT:
+                self._counted.popitem(last=False)
+        return len(tokens)
+
+    async def _prompt_tokens(self, turns: Sequence[Turn]) -> list[int]:
+        with self._counted_lock:
+            tokens = self._counted.pop(tuple(turns), None)
+        # Off the loop: tokenizing takes ~1 ms per 1k tokens, and any thread may do it (see _tokenize).
+        return tokens if tokens is not None else await asyncio.to_thread(self._tokenize, turns)
 
     def _tokenize(self, turns: Sequence[Turn]) -> list[int]:
         # The template's markers (<|im_start|>...) must become control tokens, but a caller who types
@@ -132,9 +149,8 @@ class LlamaCppProvider:
     async def _generation(self, request: GenerationRequest, span: Scope) -> AsyncIterator[GenerationEvent]:
         if self._closed:
             raise ServiceUnavailable("the embedded model is shutting down")
-        # Off the loop: tokenizing takes ~1 ms per 1k tokens, and any thread may do it (see _tokenize).
         queued = asyncio.get_running_loop().time()
-        prompt = await asyncio.to_thread(self._tokenize, request.turns)
+        prompt = await self._prompt_tokens(request.turns)
         if len(prompt) >= self._n_ctx:
             raise InvalidRequest(
                 f"The prompt is {len(prompt)} tokens but the model's context window is {self._n_ctx} tokens, "

@@ -284,3 +284,19 @@ def test_stop_string_helpers():
     assert _stop_prefix_len("text S", ("END", "STOP")) == 1
     assert _stop_prefix_len("text", ("STOP",)) == 0
     assert _stop_prefix_len("text", ()) == 0
+
+
+async def test_a_counted_prompt_is_tokenized_once(provider):
+    """The pipeline counts the prompt for the reservation, then generates: the tokens are made once, not twice."""
+    calls = []
+    tokenize = provider._tokenize
+    provider._tokenize = lambda turns: calls.append(len(turns)) or tokenize(turns)
+    turns = (Turn(Role.USER, "Say hi."),)
+    counted = await asyncio.to_thread(provider.count_tokens, turns)
+    request = GenerationRequest(model="m", turns=turns, params=SamplingParams(max_tokens=2, temperature=0.0))
+    events = [event async for event in provider.stream(request)]
+    assert calls == [1]
+    assert events[0] == Started(counted)
+    # Without a count first (or a second time), the generation tokenizes for itself.
+    [event async for event in provider.stream(request)]
+    assert calls == [1, 1]
