@@ -26,7 +26,7 @@ from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
 from server.observability import RequestRecord, Telemetry
-from server.providers import Capabilities, Provider, TokenCounter, unsupported
+from server.providers import Capabilities, Provider, TokenCounter, token_counter_of, unsupported
 from server.providers.images import ImageProvider
 
 
@@ -63,8 +63,8 @@ class Pipeline:
         self._catalog = catalog
         self._providers = providers
         # Decided once: an isinstance check against a runtime Protocol inspects every member on every call.
-        self._token_counters = {model_id: provider for model_id, provider in providers.items()
-                                if isinstance(provider, TokenCounter)}
+        self._token_counters = {model_id: counter for model_id, provider in providers.items()
+                                if (counter := token_counter_of(provider)) is not None}
         self._limiter = limiter
         self._telemetry = telemetry
 

@@ -42,6 +42,14 @@ class TokenCounter(Protocol):
         ...
 
 
+def token_counter_of(provider: object) -> TokenCounter | None:
+    """The exact prompt counter for a model: its provider itself, or for a wrapper that tries other providers
+    (fallbacks) the counter of the one it tries first, which it exposes as `token_counter`."""
+    if isinstance(provider, TokenCounter):
+        return provider
+    return getattr(provider, "token_counter", None)
+
+
 def unsupported(request: GenerationRequest, capabilities: Capabilities) -> InvalidRequest | None:
     """Why `capabilities` cannot honour `request`, or None when they can."""
     if request.tool_choice is not None and request.tool_choice.needs_tool_calls and not capabilities.tool_calls:

@@ -15,7 +15,7 @@ from contextlib import aclosing
 from server.domain import GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest
 from server.errors import PorticoError
 from server.observability import UpstreamRecorder
-from server.providers import Provider, unsupported
+from server.providers import Provider, token_counter_of, unsupported
 from server.providers.images import ImageProvider
 from server.providers.retry import Delivery
 
@@ -28,6 +28,8 @@ class FallbackProvider:
         self._chain = tuple(chain)
         self._recorder = recorder
         self.capabilities = chain[0][1].capabilities
+        # The reservation counts the prompt as the model itself would (the embedded model counts exactly).
+        self.token_counter = token_counter_of(chain[0][1])
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         failure: PorticoError | None = None
