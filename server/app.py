@@ -14,7 +14,7 @@ from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2,
 from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
 from portico.v1 import image_service_pb2, image_service_pb2_grpc, probe_service_pb2, probe_service_pb2_grpc
 from portico.v1 import usage_service_pb2, usage_service_pb2_grpc
-from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc
+from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_admin_service_pb2_grpc
 from server.catalog import Catalog
 from server.config import Config
 from server.console import ConsoleFiles
@@ -34,6 +34,7 @@ from server.services.images import ImageServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.keys import KeyServicer
 from server.services.limits import LimitServicer
+from server.services.model_admin import ModelAdminServicer
 from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
 from server.services.probes import ProbeServicer
@@ -163,6 +164,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
     usage_service_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(core.usage, pipeline.authenticator), server)
     limits = LimitServicer(store, pipeline.authenticator, limiter)
     limit_service_pb2_grpc.add_LimitServiceServicer_to_server(limits, server)
+    catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator)
+    model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [

@@ -26,6 +26,7 @@ _ENDPOINTS = {
     "KeyService": "/v1/admin/keys",
     "UsageService": "/v1/organization/usage/completions",
     "LimitService": "/v1/admin/keys",  # GET /v1/admin/keys/{id}/limits
+    "ModelAdminService": "/v1/admin/models",
 }
 
 

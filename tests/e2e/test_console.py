@@ -274,7 +274,7 @@ def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
     time.sleep(1.5)  # usage.flush_seconds: rows reach the ledger within a second
 
     tab.sign_in(admin_secret)
-    tab.page.get_by_role("link", name="Usage").click()
+    tab.page.get_by_role("navigation").get_by_role("link", name="Usage").click()
     expect(tab.page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
     page = tab.page
     page.get_by_label("Period", exact=True).select_option("24h")
@@ -297,4 +297,17 @@ def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
     tab.page.set_viewport_size(PHONE)
     tab.no_horizontal_scroll()
     tab.shot("usage-phone")
+
+    # The models page: the whole catalog (admin only), with each model's requests this week.
+    assert api(gateway, gateway.secret, "GET", "/v1/admin/models").status_code == 403
+    tab.page.set_viewport_size(DESKTOP)
+    page.get_by_role("navigation").get_by_role("link", name="Models").click()
+    catalog = page.get_by_role("region", name="The model catalog")
+    expect(catalog.locator("tbody tr")).to_have_count(8)
+    row = catalog.get_by_role("row", name=re.compile("^family-a-5.5 "))
+    expect(row).to_contain_text("/v1/chat/completions")
+    expect(row).to_contain_text("embedded model")
+    headers = catalog.locator("thead th").all_inner_texts()
+    assert int(row.locator("th, td").nth(headers.index("Requests")).inner_text().replace(",", "")) >= 4
+    tab.shot("models")
     assert tab.problems.lines == []

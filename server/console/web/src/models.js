@@ -1,10 +1,46 @@
-// The models page: the catalog, each model with the path it is called through.
-import {h, table, when} from "./dom.js";
+// The models page: the whole configured catalog (GET /v1/admin/models) — what serves each model, its fallbacks,
+// price and per-model limits — with each model's requests, errors and cost over the last 7 days.
+import {h, money, number, table} from "./dom.js";
+import {LIMITS} from "./keyform.js";
+import {weekByModel} from "./usage.js";
+
+const PROVIDERS = {llamacpp: "embedded model (llama.cpp)", "dev-image": "development image provider",
+  openai: "OpenAI-compatible upstream", anthropic: "Anthropic upstream"};
 
 export async function modelsPage(ctx) {
-  const listed = await ctx.api.get("/v1/models");
-  const rows = listed.data.map((model) => [h("code", {}, model.id), model.endpoint, model.owned_by, when(model.created)]);
+  const [{models}, week] = await Promise.all([ctx.api.get("/v1/admin/models"), weekByModel(ctx.api)]);
+  const rows = models.map((model) => {
+    const used = week.get(model.id);
+    return [
+      h("code", {}, model.id),
+      model.endpoint,
+      [PROVIDERS[model.provider] ?? model.provider, model.upstream_model ? h("div", {class: "hint"},
+        "as ", h("code", {}, model.upstream_model)) : null],
+      model.fallbacks.length ? model.fallbacks.join(" → ") : "—",
+      priceText(model.price),
+      limitsText(model.limits),
+      used ? number(used.requests) : "0",
+      used && used.admitted ? `${(100 * used.errors / used.admitted).toFixed(1)} % (${number(used.errors)})` : "—",
+      used ? money(used.cost) : money(0),
+    ];
+  });
   return h("section", {},
     h("h1", {tabindex: "-1"}, "Models"),
-    table("Models", ["Model", "Endpoint", "Owned by", "Created"], rows, {empty: "No models."}));
+    h("p", {class: "hint"}, `${models.length} models in the catalog. Requests, errors and cost are the last 7 days.`),
+    table("The model catalog", ["Model", "Endpoint", "Served by", "Fallbacks", "Price (USD)", "Per-key limits on it",
+      "Requests", "Errors", "Cost"], rows, {empty: "The catalog is empty."}));
+}
+
+function priceText(price) {
+  if (!price || !(price.input || price.output || price.cached_input || price.image)) return "free";
+  const parts = [];
+  if (price.input || price.output) parts.push(`${money(price.input)} in / ${money(price.output)} out per 1M tokens`);
+  if (price.cached_input) parts.push(`${money(price.cached_input)} cached in per 1M`);
+  if (price.image) parts.push(`${money(price.image)} per image`);
+  return parts.join("; ");
+}
+
+function limitsText(limits) {
+  const set = LIMITS.filter(([name]) => limits?.[name]).map(([name, label]) => `${label}: ${number(limits[name])}`);
+  return set.length ? set.join("; ") : "—";
 }

@@ -252,3 +252,27 @@ export async function keyUsage(api, keyId) {
       "Cost"], sorted.map(([model, r]) => [model, number(r.requests), number(r.errors), number(r.input),
       number(r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
 }
+
+// Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.
+export async function weekByModel(api) {
+  const end = Math.floor(Date.now() / 1000);
+  const start = Math.floor((end - 6 * DAY) / DAY) * DAY;
+  const params = usageParams({start, end, width: DAY, groups: ["model"]});
+  const byModel = new Map();
+  const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, admitted: 0, errors: 0, cost: 0})
+    .get(model);
+  try {
+    const [usage, costs] = await Promise.all([buckets(api, "/v1/organization/usage/completions", params),
+      buckets(api, "/v1/organization/costs", params)]);
+    usage.forEach((b) => b.results.forEach((r) => {
+      const e = entry(r.model);
+      e.requests += r.num_model_requests;
+      e.admitted += r.num_requests ?? r.num_model_requests;
+      e.errors += r.num_errors ?? 0;
+    }));
+    costs.forEach((b) => b.results.forEach((r) => { entry(r.model).cost += r.amount?.value ?? 0; }));
+  } catch (error) {
+    if (error.status !== 404) throw error;
+  }
+  return byModel;
+}
