@@ -13,9 +13,10 @@ import uvloop
 
 from server.config import Config, ConfigError, load_config
 from server.config_providers import upstream_keys
-from server.domain import ApiKey, KeyLimits
+from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
 from server.keys import KeyAdmin, KeyStore
+from server.usage.money import usd_text, usd_to_micros
 from server.serving import run_worker, serve
 
 _logger = logging.getLogger("portico")
@@ -108,12 +109,23 @@ _LIMIT_OPTIONS = {
     "concurrency": ("concurrent_requests", "concurrent requests"),
     "daily_tokens": ("daily_tokens", "tokens per UTC day"),
     "daily_requests": ("daily_requests", "requests per UTC day"),
+    "max_spend_day": ("max_spend_day", "budget in US dollars per UTC day, e.g. 5 or 0.25"),
+    "max_spend_month": ("max_spend_month", "budget in US dollars per UTC calendar month, e.g. 100"),
 }
 
 
 def _limit_options(parser: argparse.ArgumentParser, note: str) -> None:
-    for option, (_, meaning) in _LIMIT_OPTIONS.items():
-        parser.add_argument(f"--{option.replace('_', '-')}", type=int, help=meaning + note)
+    for option, (field, meaning) in _LIMIT_OPTIONS.items():
+        kind = _dollars if field in SPEND_LIMIT_NAMES else int
+        parser.add_argument(f"--{option.replace('_', '-')}", type=kind, help=meaning + note)
+
+
+def _dollars(text: str) -> int:
+    """A budget given in US dollars, as micro-dollars."""
+    try:
+        return usd_to_micros(text, "budget")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _limits_given(args: argparse.Namespace) -> dict[str, int]:
@@ -166,10 +178,14 @@ def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
     return 0
 
 
+def _limit_text(field: str, value: int) -> str:
+    return usd_text(value) if field in SPEND_LIMIT_NAMES else str(value)
+
+
 def _describe(key: ApiKey) -> str:
     grants = "all models" if key.all_models else ",".join(sorted(key.models))
-    limits = ", ".join(f"{f}={getattr(key.limits, f)}" for f, _ in _LIMIT_OPTIONS.values()
-                       if getattr(key.limits, f) is not None)
+    limits = ", ".join(f"{f}={_limit_text(f, value)}" for f, _ in _LIMIT_OPTIONS.values()
+                       if (value := getattr(key.limits, f)) is not None)
     return f"{grants}; limits: {limits or 'configured defaults'}"
 
 

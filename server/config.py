@@ -11,9 +11,9 @@ import yaml
 
 from server.config_providers import ConfigError, known_settings, mapping, parse_provider
 from server.config_tracing import TracingSettings, parse_tracing
-from server.domain import Endpoint, KeyLimits, ModelEntry
+from server.domain import SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
 from server.limits.settings import LimitSettings
-from server.usage.money import parse_price
+from server.usage.money import parse_price, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
 
 __all__ = ["Config", "ConfigError", "EmbeddedSettings", "load_config"]
@@ -168,10 +168,18 @@ def _key_limits(raw: Any, where: str) -> KeyLimits:
     names = {f.name for f in fields(KeyLimits)}
     if unknown := set(raw) - names:
         raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+    values = {}
     for name, value in raw.items():
+        if name in SPEND_LIMIT_NAMES and value is not None:  # budgets are given in US dollars
+            try:
+                values[name] = usd_to_micros(value, f"{where}.{name}") or None
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{where}.{name}: must be a whole number of at least 1, or null for no limit")
-    return KeyLimits(**raw)
+        values[name] = value
+    return KeyLimits(**values)
 
 
 _mapping = mapping

@@ -360,8 +360,12 @@ class KeyLimits:
     concurrent_requests: int | None = None
     daily_tokens: int | None = None
     daily_requests: int | None = None
+    # Budgets in micro-dollars (1 USD = 1,000,000): spend per UTC day and per UTC calendar month.
+    max_spend_day: int | None = None
+    max_spend_month: int | None = None
 
 
+SPEND_LIMIT_NAMES = ("max_spend_day", "max_spend_month")  # in micro-dollars here, in US dollars on every API
 KEY_LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
 
 

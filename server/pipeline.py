@@ -25,6 +25,7 @@ from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
+from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
 from server.providers import Capabilities, Provider, TokenCounter, token_counter_of, unsupported
 from server.providers.images import ImageProvider
@@ -101,8 +102,10 @@ class Pipeline:
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.max_tokens = request.params.max_tokens
         call.record.admitted = True
+        # The most it may cost: every prompt token uncached, and every token it may generate.
+        cost = call.model.price.cost(meter.prompt_estimate, request.params.max_tokens)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, tokens)
+            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         call.record.upstream_call()
         try:
             async with aclosing(_metered(provider.stream(request), meter, call.record)) as events:
@@ -120,7 +123,8 @@ class Pipeline:
             if meter.started:
                 usage = meter.usage_so_far()
                 _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
-                await self._limiter.settle(reservation, usage.total_tokens)
+                await self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
+                self._budgets_left(reservation, call.record.cost_micros)
             else:
                 await self._limiter.release(reservation)
 
@@ -146,14 +150,23 @@ class Pipeline:
                     return Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
         raise InternalError("The provider ended without a result.")
 
+    def _budgets_left(self, reservation: Reservation, cost: int) -> None:
+        """The key's budgets as Prometheus gauges: what admission read, with this request's real cost."""
+        for reading in reservation.budgets:
+            if reading.scope.kind == "key":
+                left = reading.limit - reading.used + reservation.demand.cost - cost
+                budget = "day" if reading.dimension is Dimension.DAILY_SPEND else "month"
+                self._telemetry.budget_left(reading.scope.id, budget, left)
+
     async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
         """Images are admitted as requests; they use no tokens."""
         provider = call.provider
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
         call.record.admitted = True
+        cost = call.model.price.cost(images=request.n)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, 0)
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
         images: list[GeneratedImage] | None = None
         call.record.upstream_call()
         try:
@@ -164,7 +177,8 @@ class Pipeline:
                 await self._limiter.release(reservation)
             else:
                 _account(call, images=len(images))
-                await self._limiter.settle(reservation, 0)
+                await self._limiter.settle(reservation, 0, call.record.cost_micros)
+                self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)
         return images
 

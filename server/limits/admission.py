@@ -61,10 +61,11 @@ class Limiter:
         scopes = {scope.id: scope for model_id in ("", *self._settings.models) for scope in self.scopes(key, model_id)}
         return [reading for scope in scopes.values() for reading in standing(scope, await self._store.counts(scope.id))]
 
-    async def reserve(self, key: ApiKey, model_id: str, tokens: int) -> Reservation:
-        """Raises RateLimited when a limit would be exceeded, ServiceUnavailable when the store cannot answer and
-        the policy is fail-closed."""
-        demand = Demand(self.scopes(key, model_id), tokens)
+    async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0) -> Reservation:
+        """Reserve `tokens` and `cost` (micro-dollars, the most the request may cost). Raises RateLimited when a
+        limit or budget would be exceeded, ServiceUnavailable when the store cannot answer and the policy is
+        fail-closed."""
+        demand = Demand(self.scopes(key, model_id), tokens, cost)
         try:
             reservation = await self._reserve_uncancelled(demand)
         except LimitStoreUnavailable as exc:
@@ -99,9 +100,9 @@ class Limiter:
         if not decision.cancelled() and decision.exception() is None:
             self._spawn(self.release(decision.result()))
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
         if reservation.held:
-            await self._finish(self._store.settle(reservation, used_tokens))
+            await self._finish(self._store.settle(reservation, used_tokens, used_cost))
 
     async def release(self, reservation: Reservation) -> None:
         if reservation.held:

@@ -14,10 +14,12 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
 from server.domain import KeyLimits
 from server.errors import RateLimited
+from server.usage.money import usd_text
 
 if TYPE_CHECKING:
     from server.limits.standing import Counts
@@ -37,10 +39,16 @@ class Dimension(str, enum.Enum):
     CONCURRENT_REQUESTS = "concurrent_requests"
     DAILY_TOKENS = "daily_tokens"
     DAILY_REQUESTS = "daily_requests"
+    DAILY_SPEND = "max_spend_day"  # budgets, in micro-dollars
+    MONTHLY_SPEND = "max_spend_month"
 
     @property
     def label(self) -> str:
-        return self.value.replace("_", " ")
+        return _LABELS.get(self.value) or self.value.replace("_", " ")
+
+    @property
+    def counts_spend(self) -> bool:
+        return self in (Dimension.DAILY_SPEND, Dimension.MONTHLY_SPEND)
 
     @property
     def counts_tokens(self) -> bool:
@@ -51,7 +59,10 @@ class Dimension(str, enum.Enum):
         """Which x-ratelimit-*-{requests,tokens} headers describe this limit (none for concurrency)."""
         if self.counts_tokens:
             return "tokens"
-        return None if self is Dimension.CONCURRENT_REQUESTS else "requests"
+        return None if self is Dimension.CONCURRENT_REQUESTS or self.counts_spend else "requests"
+
+
+_LABELS = {"max_spend_day": "spend per UTC day", "max_spend_month": "spend per UTC calendar month"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,7 @@ class Scope:
 class Demand:
     scopes: tuple[Scope, ...]
     tokens: int  # estimated: prompt tokens + the most the request may generate
+    cost: int = 0  # the most the request may cost, in micro-dollars (for budgets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +122,7 @@ class Reservation:
     requests: Standing | None  # None when no request limit applies
     tokens: Standing | None
     held: bool = True  # False: admitted without counting (the store was unreachable and the policy is fail-open)
+    budgets: tuple[Reading, ...] = ()  # the budgets that apply, as read at admission (for the budget gauges)
 
 
 class LimitExceeded(RateLimited):
@@ -137,8 +150,9 @@ class LimitStore(Protocol):
         Raise RateLimited (naming the limit) if any limit would be exceeded; then nothing is counted."""
         ...
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        """Replace the estimate with the tokens really used and free the slot. A second call does nothing."""
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
+        """Replace the estimates with the tokens and cost really used and free the slot. A second call does
+        nothing."""
         ...
 
     async def release(self, reservation: Reservation) -> None:
@@ -179,15 +193,27 @@ def until_midnight(at: float) -> float:
     return (day_of(at) + 1) * DAY_SECONDS - at
 
 
+def month_of(at: float) -> int:
+    """Months since January 1970, UTC: budgets per month reset on the first of each month at 00:00 UTC."""
+    when = datetime.fromtimestamp(at, timezone.utc)
+    return (when.year - 1970) * 12 + when.month - 1
+
+
+def until_month_end(at: float) -> float:
+    year, month = divmod(month_of(at) + 1, 12)
+    return datetime(1970 + year, month + 1, 1, tzinfo=timezone.utc).timestamp() - at
+
+
 def verdict(demand: Demand, readings: Iterable[Reading], *, at: float, reservation_id: str) -> Reservation:
     """The reservation the readings allow, or RateLimited naming the limit that keeps the caller waiting longest."""
     readings = list(readings)
     refusals = [r for r in readings if r.over]
     if refusals:
-        raise _refusal(max(refusals, key=lambda r: r.wait), demand)
+        raise _refusal(max(refusals, key=lambda r: r.wait), demand, at)
     requests = [r for r in readings if r.dimension.header_kind == "requests"]
     tokens = [r for r in readings if r.dimension.header_kind == "tokens"]
-    return Reservation(reservation_id, demand, at, _tightest(requests), _tightest(tokens))
+    budgets = tuple(r for r in readings if r.dimension.counts_spend)
+    return Reservation(reservation_id, demand, at, _tightest(requests), _tightest(tokens), budgets=budgets)
 
 
 def _tightest(readings: list[Reading]) -> Standing | None:
@@ -197,7 +223,9 @@ def _tightest(readings: list[Reading]) -> Standing | None:
     return Standing(tightest.limit, max(0, tightest.limit - tightest.used), max(0.0, tightest.wait))
 
 
-def _refusal(reading: Reading, demand: Demand) -> LimitExceeded:
+def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
+    if reading.dimension.counts_spend:
+        return _budget_refusal(reading, demand, at)
     where = f"{reading.dimension.label} on {reading.scope.label}"
     if math.isinf(reading.wait):
         # Retrying cannot help, so there is no retry hint.
@@ -216,4 +244,23 @@ def _refusal(reading: Reading, demand: Demand) -> LimitExceeded:
         f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {wait:.3g} seconds.",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
         standing=Standing(reading.limit, max(0, reading.limit - used_before), wait),
+    )
+
+
+def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
+    """Budgets are named in dollars, with the moment they reset."""
+    where = f"the {reading.dimension.label} budget of {reading.scope.label}"
+    if math.isinf(reading.wait):
+        return LimitExceeded(
+            f"Request too large for {where}: it may cost up to {usd_text(demand.cost)} (prompt + max tokens at the "
+            f"model's prices) but the budget is {usd_text(reading.limit)}. Lower max_tokens or shorten the prompt.",
+            dimension=reading.dimension, scope=reading.scope,
+        )
+    wait = max(reading.wait, 0.001)
+    resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return LimitExceeded(
+        f"Budget reached for {where}: limit {usd_text(reading.limit)}, spent {usd_text(reading.used - demand.cost)}, "
+        f"this request may cost up to {usd_text(demand.cost)}. The budget resets at {resets}; please retry after "
+        f"{math.ceil(wait)} seconds.",
+        retry_after=wait, dimension=reading.dimension, scope=reading.scope,
     )

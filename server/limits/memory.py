@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Reading, Reservation, Scope, day_of,
-    new_reservation_id, until_midnight, verdict,
+    month_of, new_reservation_id, until_midnight, until_month_end, verdict,
 )
 from server.limits.standing import Counts
 
@@ -38,26 +38,37 @@ class _Counters:
     day: int = 0
     day_requests: int = 0
     day_tokens: int = 0
+    day_spend: int = 0  # micro-dollars
+    month: int = 0
+    month_spend: int = 0
 
     def catch_up(self, now: float) -> None:
-        """Drop entries that left the window and start a new day's quota at UTC midnight."""
+        """Drop entries that left the window and start a new day's quota at UTC midnight (a new month's budget on
+        the first of the month)."""
         while self.window and self.window[0].at <= now - WINDOW_SECONDS:
             self.window_tokens -= self.window.popleft().tokens
         if (today := day_of(now)) != self.day:
-            self.day, self.day_requests, self.day_tokens = today, 0, 0
+            self.day, self.day_requests, self.day_tokens, self.day_spend = today, 0, 0, 0
+            if (month := month_of(now)) != self.month:
+                self.month, self.month_spend = month, 0
 
     def in_window(self, entry: _Entry, now: float) -> bool:
         return entry.at > now - WINDOW_SECONDS  # catch_up has dropped every entry older than that
 
-    def read(self, scope: Scope, tokens: int, now: float) -> list[Reading]:
+    def read(self, scope: Scope, demand: Demand, now: float) -> list[Reading]:
         readings = []
         for dimension in _DIMENSIONS:
             if (limit := scope.limit(dimension)) is not None:
-                used, wait = self._would_be(dimension, limit, tokens, now)
+                used, wait = self._would_be(dimension, limit, demand, now)
                 readings.append(Reading(scope, dimension, limit, used, wait))
         return readings
 
-    def _would_be(self, dimension: Dimension, limit: int, tokens: int, now: float) -> tuple[int, float]:
+    def _would_be(self, dimension: Dimension, limit: int, demand: Demand, now: float) -> tuple[int, float]:
+        tokens, cost = demand.tokens, demand.cost
+        if dimension is Dimension.DAILY_SPEND:
+            return self.day_spend + cost, math.inf if cost > limit else until_midnight(now)
+        if dimension is Dimension.MONTHLY_SPEND:
+            return self.month_spend + cost, math.inf if cost > limit else until_month_end(now)
         if dimension is Dimension.REQUESTS_PER_MINUTE:
             used = len(self.window) + 1
             return used, self._window_wait(used - limit, lambda e: 1, now)
@@ -100,13 +111,13 @@ class MemoryLimitStore:
         self._held: dict[str, _Held] = {}
 
     def _counters(self, scope_id: str, now: float) -> _Counters:
-        counters = self._scopes.setdefault(scope_id, _Counters(day=day_of(now)))
+        counters = self._scopes.setdefault(scope_id, _Counters(day=day_of(now), month=month_of(now)))
         counters.catch_up(now)
         return counters
 
     async def reserve(self, demand: Demand) -> Reservation:
         now = self._clock()
-        readings = [r for s in demand.scopes for r in self._counters(s.id, now).read(s, demand.tokens, now)]
+        readings = [r for s in demand.scopes for r in self._counters(s.id, now).read(s, demand, now)]
         reservation = verdict(demand, readings, at=now, reservation_id=new_reservation_id())
         entries = {}
         for scope in demand.scopes:
@@ -117,21 +128,24 @@ class MemoryLimitStore:
             counters.in_flight += 1
             counters.day_requests += 1
             counters.day_tokens += demand.tokens
+            counters.day_spend += demand.cost
+            counters.month_spend += demand.cost
         self._held[reservation.id] = _Held(reservation, entries)
         return reservation
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        self._finish(reservation, used_tokens, refund=False)
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
+        self._finish(reservation, used_tokens, used_cost, refund=False)
 
     async def release(self, reservation: Reservation) -> None:
-        self._finish(reservation, 0, refund=True)
+        self._finish(reservation, 0, 0, refund=True)
 
-    def _finish(self, reservation: Reservation, used_tokens: int, *, refund: bool) -> None:
+    def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> None:
         held = self._held.pop(reservation.id, None)
         if held is None:
             return
         now = self._clock()
         change = used_tokens - reservation.demand.tokens
+        cost_change = used_cost - reservation.demand.cost
         for scope_id, entry in held.entries.items():
             counters = self._counters(scope_id, now)
             counters.in_flight -= 1
@@ -145,12 +159,16 @@ class MemoryLimitStore:
             if counters.day == day_of(reservation.at):
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
+                counters.day_spend += cost_change
+            if counters.month == month_of(reservation.at):
+                counters.month_spend += cost_change
 
     async def counts(self, scope_id: str) -> Counts:
         now = self._clock()
         counters = self._counters(scope_id, now)
         window = tuple((entry.at, entry.tokens) for entry in counters.window)
-        return Counts(now, window, counters.in_flight, counters.day_requests, counters.day_tokens)
+        return Counts(now, window, counters.in_flight, counters.day_requests, counters.day_tokens,
+                      counters.day_spend, counters.month_spend)
 
     async def in_flight(self, scope_id: str) -> int:
         """Open reservations in a scope (for tests and diagnostics)."""

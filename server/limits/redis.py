@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
-    Reading, Reservation, day_of, new_reservation_id, verdict,
+    Reading, Reservation, day_of, month_of, new_reservation_id, until_month_end, verdict,
 )
 from server.limits.redis_pipe import RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
@@ -31,6 +31,7 @@ _logger = logging.getLogger(__name__)
 _DIMENSIONS = tuple(Dimension)  # the scripts' dimension indexes
 _DAY_TTL = 2 * DAY_SECONDS  # a day's counters outlive it a little, for late settlements
 _RECORD_TTL = 2 * DAY_SECONDS  # how long an unsettled reservation can still be settled
+_MONTH_TTL = 33 * DAY_SECONDS  # a month's spend outlives it a little, for late settlements
 # Redis could not answer (not: answered with an error, which is a bug and is raised as such).
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
 
@@ -70,9 +71,10 @@ class RedisLimitStore:
         self._held: dict[str, Reservation] = {}  # this process's open reservations, whose leases it renews
         self._renewer: asyncio.Task | None = None
 
-    def _scope_keys(self, scope_id: str, day: int) -> list[str]:
+    def _scope_keys(self, scope_id: str, at: float) -> list[str]:
         base = f"{self._prefix}{scope_id}:"
-        return [base + "win", base + "wtok", base + "wsum", self._slots_key(scope_id), f"{base}day:{day}"]
+        return [base + "win", base + "wtok", base + "wsum", self._slots_key(scope_id), f"{base}day:{day_of(at)}",
+                f"{base}month:{month_of(at)}"]
 
     def _slots_key(self, scope_id: str) -> str:
         return f"{self._prefix}{scope_id}:slots"
@@ -94,9 +96,9 @@ class RedisLimitStore:
             return verdict(demand, (), at=now, reservation_id=reservation_id)
         keys = [self._record_key(reservation_id)]
         args: list = [now, demand.tokens, reservation_id, self._lease, WINDOW_SECONDS, _DAY_TTL, _RECORD_TTL,
-                      CONCURRENCY_RETRY_SECONDS]
+                      CONCURRENCY_RETRY_SECONDS, demand.cost, until_month_end(now), _MONTH_TTL]
         for scope in demand.scopes:
-            keys += self._scope_keys(scope.id, day_of(now))
+            keys += self._scope_keys(scope.id, now)
             args += [scope.limit(d) or 0 for d in _DIMENSIONS]
         reply = await self._run(self._reserve_script, keys, args)
         readings = [
@@ -109,20 +111,21 @@ class RedisLimitStore:
             self._renewer = asyncio.create_task(self._renew_leases())
         return reservation
 
-    async def settle(self, reservation: Reservation, used_tokens: int) -> None:
-        await self._finish(reservation, used_tokens, refund=False)
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
+        await self._finish(reservation, used_tokens, used_cost, refund=False)
 
     async def release(self, reservation: Reservation) -> None:
-        await self._finish(reservation, 0, refund=True)
+        await self._finish(reservation, 0, 0, refund=True)
 
-    async def _finish(self, reservation: Reservation, used_tokens: int, *, refund: bool) -> None:
+    async def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> None:
         if self._held.pop(reservation.id, None) is None:
             return  # settled already, or never held (no scopes)
         keys = [self._record_key(reservation.id)]
         for scope in reservation.demand.scopes:
-            keys += self._scope_keys(scope.id, day_of(reservation.at))
+            keys += self._scope_keys(scope.id, reservation.at)
         window_ttl = int(WINDOW_SECONDS + self._lease) + 1
-        args = [reservation.id, used_tokens, reservation.demand.tokens, int(refund), window_ttl]
+        args = [reservation.id, used_tokens, reservation.demand.tokens, int(refund), window_ttl, used_cost,
+                reservation.demand.cost]
         await self._run(self._settle_script, keys, args)
 
     async def _renew_leases(self) -> None:
@@ -153,20 +156,22 @@ class RedisLimitStore:
         """Read-only (nothing pruned or booked), so it needs no script: the window's entries and their tokens, the
         unexpired slots and today's totals."""
         now = self._clock()
-        win, wtok, _, slots, day = self._scope_keys(scope_id, day_of(now))
+        win, wtok, _, slots, day, month = self._scope_keys(scope_id, now)
         try:
             async with asyncio.timeout(self._deadline):
-                entries, in_flight, today = await self._redis.execute_many([
+                entries, in_flight, today, this_month = await self._redis.execute_many([
                     ("ZRANGEBYSCORE", win, f"({now - WINDOW_SECONDS}", "+inf", "WITHSCORES"),
                     ("ZCOUNT", slots, f"({now}", "+inf"),
-                    ("HMGET", day, "requests", "tokens"),
+                    ("HMGET", day, "requests", "tokens", "spend"),
+                    ("HGET", month, "spend"),
                 ])
                 ids = entries[0::2]
                 tokens = await self._redis.execute("HMGET", wtok, *ids) if ids else []
         except _UNREACHABLE as exc:
             raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
         window = tuple((float(at), int(t or 0)) for at, t in zip(entries[1::2], tokens))
-        return Counts(now, window, int(in_flight), int(today[0] or 0), int(today[1] or 0))
+        return Counts(now, window, int(in_flight), int(today[0] or 0), int(today[1] or 0), int(today[2] or 0),
+                      int(this_month or 0))
 
     async def in_flight(self, scope_id: str) -> int:
         """Unexpired slots in a scope (for tests and diagnostics)."""

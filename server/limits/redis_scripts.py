@@ -1,12 +1,13 @@
 """The Redis store's Lua scripts. Each runs atomically in Redis, so a decision and its bookkeeping cannot interleave
 with another process's: that is what makes limits shared by several processes exact.
 
-Per scope, five keys (in this order, see RedisLimitStore._scope_keys):
+Per scope, six keys (in this order, see RedisLimitStore._scope_keys):
     win    sorted set  reservation id -> admission time        (the rolling window's log)
     wtok   hash        reservation id -> tokens                 (estimate, then real usage once settled)
     wsum   string      the sum of wtok over the window
     slots  sorted set  reservation id -> lease expiry time      (concurrency slots as leases)
-    day    hash        {requests, tokens} of one UTC day
+    day    hash        {requests, tokens, spend} of one UTC day (spend in micro-dollars)
+    month  hash        {spend} of one UTC calendar month
 Times come from the caller (ARGV), so every process must have a synchronised clock (NTP), and tests can inject one.
 """
 
@@ -17,15 +18,17 @@ local function in_batches(list, fn)
 end
 """
 
-# KEYS: the reservation record, then five keys per scope.
-# ARGV: now, tokens, id, lease, window, day_ttl, record_ttl, concurrency_retry, then per scope the five limits in
-# Dimension order (requests/min, tokens/min, concurrent, daily tokens, daily requests), 0 meaning none.
+# KEYS: the reservation record, then six keys per scope.
+# ARGV: now, tokens, id, lease, window, day_ttl, record_ttl, concurrency_retry, cost, to_month_end, month_ttl, then
+# per scope the seven limits in Dimension order (requests/min, tokens/min, concurrent, daily tokens, daily requests,
+# daily spend, monthly spend), 0 meaning none.
 # Returns {admitted, then per limited dimension: scope index, dimension index, limit, used, wait (a string)}.
 RESERVE = _COMMON + """
 local now, tokens, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local lease, window = tonumber(ARGV[4]), tonumber(ARGV[5])
 local day_ttl, record_ttl, concurrency_retry = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local scopes = (#KEYS - 1) / 5
+local cost, to_month_end, month_ttl = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local scopes = (#KEYS - 1) / 6
 local to_midnight = (math.floor(now / 86400) + 1) * 86400 - now
 
 local function prune(win, wtok, wsum, slots)
@@ -75,12 +78,14 @@ local function reading(scope, dimension, limit, used, wait)
 end
 
 for i = 0, scopes - 1 do
-  local k = 1 + i * 5
+  local k = 1 + i * 6
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  local month = KEYS[k + 6]
   prune(win, wtok, wsum, slots)
-  local a = 9 + i * 5
+  local a = 12 + i * 7
   local rpm, tpm, concurrent = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local daily_tokens, daily_requests = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local daily_spend, monthly_spend = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
   if rpm > 0 then
     local used = redis.call('ZCARD', win) + 1
     reading(i, 0, rpm, used, tostring(window_wait(win, wtok, used - rpm, false)))
@@ -103,19 +108,33 @@ for i = 0, scopes - 1 do
   if daily_requests > 0 then
     reading(i, 4, daily_requests, (tonumber(redis.call('HGET', day, 'requests')) or 0) + 1, tostring(to_midnight))
   end
+  if daily_spend > 0 then
+    local wait = 'inf'
+    if cost <= daily_spend then wait = tostring(to_midnight) end
+    reading(i, 5, daily_spend, (tonumber(redis.call('HGET', day, 'spend')) or 0) + cost, wait)
+  end
+  if monthly_spend > 0 then
+    local wait = 'inf'
+    if cost <= monthly_spend then wait = tostring(to_month_end) end
+    reading(i, 6, monthly_spend, (tonumber(redis.call('HGET', month, 'spend')) or 0) + cost, wait)
+  end
 end
 
 if over then return out end
 local window_ttl = math.ceil(window + lease)
 for i = 0, scopes - 1 do
-  local k = 1 + i * 5
+  local k = 1 + i * 6
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  local month = KEYS[k + 6]
   redis.call('ZADD', win, now, id)
   redis.call('HSET', wtok, id, tokens)
   redis.call('INCRBY', wsum, tokens)
   redis.call('ZADD', slots, now + lease, id)
   redis.call('HINCRBY', day, 'requests', 1)
   redis.call('HINCRBY', day, 'tokens', tokens)
+  redis.call('HINCRBY', day, 'spend', cost)
+  redis.call('HINCRBY', month, 'spend', cost)
+  redis.call('EXPIRE', month, month_ttl)
   -- Idle scopes disappear; the three window keys always expire together, so they stay consistent.
   for _, key in ipairs({win, wtok, wsum}) do redis.call('EXPIRE', key, window_ttl) end
   redis.call('EXPIRE', slots, math.ceil(lease * 2))
@@ -126,15 +145,19 @@ out[1] = 1
 return out
 """
 
-# KEYS: the reservation record, then five keys per scope (the day key of the reservation's day).
-# ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl. Returns 1, or 0 if already settled.
+# KEYS: the reservation record, then six keys per scope (the day and month keys of the reservation's day).
+# ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl, used cost, estimated cost.
+# Returns 1, or 0 if already settled.
 SETTLE = """
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 local id, used, estimate, refund = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local window_ttl = tonumber(ARGV[5])
-for i = 0, (#KEYS - 1) / 5 - 1 do
-  local k = 1 + i * 5
+local cost_change = tonumber(ARGV[6]) - tonumber(ARGV[7])
+if refund then cost_change = 0 - tonumber(ARGV[7]) end
+for i = 0, (#KEYS - 1) / 6 - 1 do
+  local k = 1 + i * 6
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  local month = KEYS[k + 6]
   redis.call('ZREM', slots, id)
   local held = tonumber(redis.call('HGET', wtok, id))  -- nil once the entry left the window
   if held then
@@ -155,6 +178,10 @@ for i = 0, (#KEYS - 1) / 5 - 1 do
     else
       redis.call('HINCRBY', day, 'tokens', used - estimate)
     end
+    redis.call('HINCRBY', day, 'spend', cost_change)
+  end
+  if redis.call('EXISTS', month) == 1 then
+    redis.call('HINCRBY', month, 'spend', cost_change)
   end
 end
 return 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.limits.core import WINDOW_SECONDS, Dimension, Reading, Scope, until_midnight
+from server.limits.core import WINDOW_SECONDS, Dimension, Reading, Scope, until_midnight, until_month_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +22,8 @@ class Counts:
     in_flight: int
     day_requests: int
     day_tokens: int
+    day_spend: int = 0  # micro-dollars
+    month_spend: int = 0
 
 
 def standing(scope: Scope, counts: Counts) -> list[Reading]:
@@ -39,6 +41,10 @@ def standing(scope: Scope, counts: Counts) -> list[Reading]:
             used, wait = counts.in_flight, 0.0  # a slot frees when some request ends: nobody can say when
         elif dimension is Dimension.DAILY_REQUESTS:
             used, wait = counts.day_requests, until_midnight(now) if counts.day_requests else 0.0
+        elif dimension is Dimension.DAILY_SPEND:
+            used, wait = counts.day_spend, until_midnight(now) if counts.day_spend else 0.0
+        elif dimension is Dimension.MONTHLY_SPEND:
+            used, wait = counts.month_spend, until_month_end(now) if counts.month_spend else 0.0
         else:
             used, wait = counts.day_tokens, until_midnight(now) if counts.day_tokens else 0.0
         readings.append(Reading(scope, dimension, limit, used, max(0.0, wait)))

@@ -160,6 +160,10 @@ class Telemetry:
     def _spans_dropped(self, reason: str, count: int) -> None:
         self._child(self.metrics.trace_spans_dropped, reason).inc(count)
 
+    def budget_left(self, key_id: str, budget: str, microdollars: int) -> None:
+        """What is left of a key's budget ("day" or "month") after its latest request."""
+        self._child(self.metrics.budget_left, key_id, budget).set(microdollars)
+
     # UpstreamRecorder (server/observability/record.py)
     def retry(self, model: str, reason: str) -> None:
         self._child(self.metrics.upstream_retries, model, reason if reason in RETRY_REASONS else "other").inc()

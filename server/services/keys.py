@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from portico.v1 import key_pb2, key_service_pb2_grpc
-from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
+from server.usage.money import micros_to_usd, usd_to_micros
 
 
 class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
@@ -14,7 +16,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
-        limits = KeyLimits(**{f: getattr(request.limits, f) if request.limits.HasField(f) else None
+        limits = KeyLimits(**{f: _limit(request.limits, f) if request.limits.HasField(f) else None
                               for f in KEY_LIMIT_NAMES})
         key, secret = self._admin.create(
             request.name, all_models=request.all_models, models=request.models, limits=limits,
@@ -40,7 +42,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         if request.HasField("all_models") or request.models:
             grants = (request.all_models, request.models)
         # A limit that is set replaces the key's own; 0 removes it.
-        limits = {f: getattr(request.limits, f) or None for f in KEY_LIMIT_NAMES if request.limits.HasField(f)}
+        limits = {f: _limit(request.limits, f) or None for f in KEY_LIMIT_NAMES if request.limits.HasField(f)}
         key = self._admin.update(
             request.id,
             name=request.name if request.HasField("name") else None,
@@ -57,8 +59,21 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         return key_pb2.RotateKeyResponse(key=key_to_pb(key), secret=secret, previous_secret_expires=expires)
 
 
+def _limit(limits: key_pb2.KeyLimits, name: str) -> int:
+    """A limit as the key store holds it: budgets arrive in US dollars and are kept in micro-dollars."""
+    value = getattr(limits, name)
+    if name not in SPEND_LIMIT_NAMES:
+        return value
+    try:
+        return usd_to_micros(value, f"limits.{name}")
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param=f"limits.{name}") from None
+
+
 def key_to_pb(key: ApiKey) -> key_pb2.ApiKey:
-    limits = key_pb2.KeyLimits(**{f: getattr(key.limits, f) for f in KEY_LIMIT_NAMES})
+    values = {f: getattr(key.limits, f) for f in KEY_LIMIT_NAMES}
+    limits = key_pb2.KeyLimits(**{f: micros_to_usd(v) if f in SPEND_LIMIT_NAMES and v is not None else v
+                                  for f, v in values.items()})
     return key_pb2.ApiKey(
         id=key.id, name=key.name, all_models=key.all_models, models=sorted(key.models), limits=limits,
         env=key.env, admin=key.admin, created=key.created, revoked_at=key.revoked_at,

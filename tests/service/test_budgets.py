@@ -1,0 +1,101 @@
+"""Budgets through two servers ("hosts") sharing one Redis limit store and one key store: a budget of $0.01 admits
+exactly as many requests as the model's prices allow, whichever server they reach and however they interleave; the
+refusal is a 429 naming the budget and its reset, with retry-after."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+
+import grpc
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc
+from server.app import start_server
+from server.domain import KeyLimits
+from tests.helpers import bearer, chat_request, error_details
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
+
+HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello.": 3 output tokens
+
+
+@pytest.fixture(scope="module")
+async def hosts(double, redis_server, tmp_path_factory):
+    """Two servers, one Redis, one key store; model `priced` costs $1,000 per million output tokens (1,000
+    micro-dollars a token) and nothing per input token."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    models = f"""\
+  - id: priced
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
+    price: {{input: 0, output: 1000}}
+"""
+    config = load_upstream_config(tmp_path_factory.mktemp("budgets"), models)
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis_server.url))
+    servers = [await start_server(config, "127.0.0.1:0") for _ in range(2)]
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{s.port}") for s in servers]
+    yield servers, [chat_service_pb2_grpc.ChatServiceStub(c) for c in channels]
+    for channel in channels:
+        await channel.close()
+    for server in servers:
+        await server.stop(0)
+    os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+async def test_a_budget_of_a_cent_admits_exactly_what_its_prices_allow_across_two_hosts(hosts, double):
+    double.reset()
+    servers, stubs = hosts
+    key, secret = servers[0].store.create("budgeted", all_models=True, limits=KeyLimits(max_spend_day=10_000))
+    # max_tokens 3: each request may cost 3,000 micro-dollars and really does, so $0.01 pays for exactly 3.
+    calls = [stubs[i % 2].CreateChatCompletion(chat_request(model="priced", messages=HELLO, max_tokens=3),
+                                                metadata=bearer(secret)) for i in range(8)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    answered = [r for r in results if not isinstance(r, Exception)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(answered) == 3 and len(refused) == 5
+    assert all(r.usage.completion_tokens == 3 for r in answered)
+    error = refused[0]
+    detail = error_details(error)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (detail.http_status, detail.error.code, detail.error.type) == (429, "rate_limit_exceeded",
+                                                                          "rate_limit_error")
+    assert not detail.error.HasField("param")
+    assert detail.error.message.startswith(f"Budget reached for the spend per UTC day budget of key {key.id}: "
+                                           "limit $0.01, spent $0.009")
+    assert "resets at" in detail.error.message and " 00:00 UTC" in detail.error.message
+    trailing = dict(error.trailing_metadata())
+    assert 0 < int(trailing["retry-after"]) <= 86_400
+
+    # What is left of the budget, as a gauge: the host that admitted the last of the three saw $0.001 left.
+    left = [s.telemetry.metrics.registry.get_sample_value("portico_budget_remaining_microdollars",
+                                                           {"key_id": key.id, "budget": "day"}) for s in servers]
+    assert min(v for v in left if v is not None) == 1_000
+
+    # Each host's ledger holds its own requests; together they are the three costs the budget paid.
+    for server in servers:
+        await server.core.ledger.flush()
+    rows = [r for r in servers[0].core.usage.rows() if r.key_id == key.id]
+    assert sorted(r.cost_micros for r in rows) == [0] * 5 + [3_000] * 3
+    assert sorted(r.code for r in rows if r.cost_micros == 0) == ["rate_limit_exceeded"] * 5
+
+
+async def test_budgets_through_the_admin_api_are_in_dollars(hosts):
+    servers, _ = hosts
+    _, admin = servers[0].store.create("budget-admin", all_models=True, admin=True)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{servers[0].port}") as channel:
+        keys = key_service_pb2_grpc.KeyServiceStub(channel)
+        created = await keys.CreateKey(key_pb2.CreateKeyRequest(
+            name="b", all_models=True, limits=key_pb2.KeyLimits(max_spend_day=5, max_spend_month=100.25)),
+            metadata=bearer(admin))
+        assert (created.key.limits.max_spend_day, created.key.limits.max_spend_month) == (5.0, 100.25)
+        stored = servers[0].store.get(created.key.id).limits
+        assert (stored.max_spend_day, stored.max_spend_month) == (5_000_000, 100_250_000)
+        updated = await keys.UpdateKey(key_pb2.UpdateKeyRequest(
+            id=created.key.id, limits=key_pb2.KeyLimits(max_spend_day=0)), metadata=bearer(admin))
+        assert not updated.key.limits.HasField("max_spend_day")  # 0 removes it
+        assert updated.key.limits.max_spend_month == 100.25
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await keys.UpdateKey(key_pb2.UpdateKeyRequest(
+                id=created.key.id, limits=key_pb2.KeyLimits(max_spend_day=0.0000001)), metadata=bearer(admin))
+        assert error_details(caught.value).error.param == "limits.max_spend_day"

@@ -1,0 +1,94 @@
+"""Budgets (spend per UTC day and per UTC calendar month, in micro-dollars) in both limit stores, with an injected
+clock: the worst case reserved, the real cost settled, refusals naming the budget and its reset."""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import pytest
+
+from server.domain import KeyLimits
+from server.errors import RateLimited
+from server.limits import Demand, MemoryLimitStore, Scope
+from server.limits.core import Dimension, month_of, until_month_end
+from server.limits.redis import RedisLimitStore
+from tests.limits_support import NOON, FakeClock
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request, clock):
+    if request.param == "memory":
+        store = MemoryLimitStore(clock)
+    else:
+        url = request.getfixturevalue("redis_server").url
+        store = RedisLimitStore(url, clock=clock, prefix=f"test-{secrets.token_hex(4)}:")
+    yield store
+    await store.close()
+
+
+def demand(cost: int, **limits) -> Demand:
+    return Demand((Scope("k1", "key k1", KeyLimits(**limits)),), tokens=10, cost=cost)
+
+
+async def refused(store, wanted: Demand) -> RateLimited:
+    with pytest.raises(RateLimited) as caught:
+        await store.reserve(wanted)
+    return caught.value
+
+
+async def test_a_daily_budget_reserves_the_worst_case_and_settles_the_real_cost(store, clock):
+    wanted = demand(4_000, max_spend_day=10_000)  # $0.01 a day; a request may cost up to $0.004
+    first = await store.reserve(wanted)
+    second = await store.reserve(wanted)
+    error = await refused(store, wanted)  # 8,000 held + 4,000 > 10,000
+    assert error.dimension is Dimension.DAILY_SPEND
+    assert error.message.startswith("Budget reached for the spend per UTC day budget of key k1: limit $0.01, "
+                                    "spent $0.008, this request may cost up to $0.004.")
+    assert "resets at 2026-01-02 00:00 UTC" in error.message
+    assert error.retry_after == pytest.approx(12 * 3600)
+    await store.settle(first, 10, 1_000)  # each really cost $0.001
+    await store.settle(second, 10, 1_000)
+    for _ in range(2):  # 2,000 spent: two more worst cases fit (2,000 + 8,000), the third does not
+        await store.settle(await store.reserve(wanted), 10, 1_000)
+    await store.settle(await store.reserve(wanted), 10, 4_000)  # 4,000 spent + 4,000 held fits; now 8,000 spent
+    await refused(store, wanted)
+    clock.advance(12 * 3600)  # UTC midnight: a new day's budget
+    await store.reserve(wanted)
+
+
+async def test_a_released_request_costs_nothing(store):
+    wanted = demand(6_000, max_spend_day=10_000)
+    await store.release(await store.reserve(wanted))
+    await store.reserve(wanted)
+
+
+async def test_a_monthly_budget_resets_on_the_first_of_the_month(store, clock):
+    wanted = demand(5_000, max_spend_month=10_000)
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 10, 5_000)
+    clock.advance(86_400)  # another day, the same month
+    error = await refused(store, wanted)
+    assert error.dimension is Dimension.MONTHLY_SPEND and "spend per UTC calendar month" in error.message
+    assert "resets at 2026-02-01 00:00 UTC" in error.message
+    assert error.retry_after == pytest.approx(until_month_end(clock.now))
+    clock.advance(until_month_end(clock.now))
+    await store.reserve(wanted)
+
+
+async def test_a_request_that_could_never_fit_its_budget_has_no_retry_hint(store):
+    error = await refused(store, demand(20_000, max_spend_day=10_000))
+    assert error.message.startswith("Request too large for the spend per UTC day budget of key k1: it may cost up "
+                                    "to $0.02")
+    assert error.retry_after == 0
+
+
+def test_months_are_utc_calendar_months():
+    assert month_of(NOON) == (2026 - 1970) * 12
+    assert math.isclose(until_month_end(NOON), (31 - 1) * 86_400 + 12 * 3600)
+    assert month_of(1_772_323_200.0) == month_of(NOON) + 2  # 2026-03-01 00:00 UTC
