@@ -177,7 +177,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
         usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name,
         probe_service_pb2.DESCRIPTOR.services_by_name["ProbeService"].full_name,
     ]
-    readiness = Readiness(health_servicer, service_names, store, limiter, config.limits)
+    readiness = Readiness(health_servicer, service_names, store, limiter, config.limits, core.providers)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)

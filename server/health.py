@@ -1,7 +1,7 @@
 """Readiness: one verdict, reported by grpc.health.v1 (for every service name) and by GET /readyz (ProbeService).
 
-Ready means: the providers are loaded (start_server builds them before it serves, so this always holds once
-serving), the key store answers, and the limit store answers, unless the policy is fail-open, under which an
+Ready means: the embedded model, if any model uses it, is loaded (`model`: "loaded"; "none" when upstreams serve
+every model; "not_loaded" once it is closed), the key store answers, and the limit store answers, unless the policy is fail-open, under which an
 unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
 A background task re-checks every second, so readiness follows Redis going away and coming back without traffic.
 """
@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpc_health.v1 import health, health_pb2
@@ -20,8 +20,10 @@ from grpc_health.v1 import health, health_pb2
 from server.keys import KeyStore
 from server.limits import Limiter, LimitSettings
 from server.limits.redis import RedisLimitStore
+from server.providers import LocalModel
 
 CHECK_INTERVAL_SECONDS = 1.0
+_GOOD_STATES = ("ok", "loaded", "none")
 
 _logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class ReadinessReport:
         return self.status == "ready"
 
     def reasons(self) -> str:
-        failing = [f"{name} {state}" for name, state in self.checks.items() if state not in ("ok", "loaded")]
+        failing = [f"{name} {state}" for name, state in self.checks.items() if state not in _GOOD_STATES]
         return ", ".join(failing) or self.status
 
 
@@ -48,12 +50,14 @@ class Readiness:
         keys: KeyStore,
         limiter: Limiter,
         settings: LimitSettings,
+        providers: Iterable[object] = (),
     ) -> None:
         self._health = health_servicer
         self._names = ("", *service_names)  # "": the whole server
         self._keys = keys
         self._limiter = limiter
         self._settings = settings
+        self._local_models = [p for p in providers if isinstance(p, LocalModel)]
         self._draining = False
         self.report = ReadinessReport("not_ready")
         self._published: bool | None = None  # the readiness last given to the health servicer
@@ -64,9 +68,9 @@ class Readiness:
         self._watch = asyncio.create_task(self._watch_forever())
 
     async def refresh(self) -> ReadinessReport:
-        checks = {"model": "loaded", "keys": self._keys_state(), "limits": await self._limits_state()}
+        checks = {"model": self._model_state(), "keys": self._keys_state(), "limits": await self._limits_state()}
         limits_ok = checks["limits"] == "ok" or self._settings.on_store_error == "open"
-        ready = checks["keys"] == "ok" and limits_ok
+        ready = checks["model"] != "not_loaded" and checks["keys"] == "ok" and limits_ok
         if self._draining:  # drain() has said NOT_SERVING for good
             return self.report
         report = ReadinessReport("ready" if ready else "not_ready", checks)
@@ -101,6 +105,11 @@ class Readiness:
                 await self.refresh()
             except Exception:  # noqa: BLE001 - a failed check must not end the watching
                 _logger.exception("readiness check failed")
+
+    def _model_state(self) -> str:
+        if not self._local_models:
+            return "none"  # upstreams serve every model; their health shows in their answers, not here
+        return "loaded" if all(model.loaded for model in self._local_models) else "not_loaded"
 
     def _keys_state(self) -> str:
         try:

@@ -42,6 +42,14 @@ class TokenCounter(Protocol):
         ...
 
 
+@runtime_checkable
+class LocalModel(Protocol):
+    """Providers that run a model in this process (the embedded model) say whether it is loaded, for readiness."""
+
+    @property
+    def loaded(self) -> bool: ...
+
+
 def token_counter_of(provider: object) -> TokenCounter | None:
     """The exact prompt counter for a model: its provider itself, or for a wrapper that tries other providers
     (fallbacks) the counter of the one it tries first, which it exposes as `token_counter`."""

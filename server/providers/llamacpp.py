@@ -100,6 +100,11 @@ class LlamaCppProvider:
         return Path(spec.origin).with_name(SMOLLM2_FILE)
 
     @property
+    def loaded(self) -> bool:
+        """Every instance is loaded and serving: false once close() began."""
+        return not self._closed
+
+    @property
     def context_size(self) -> int:
         return self._n_ctx
 
