@@ -16,8 +16,8 @@ from server.config_providers import upstream_keys
 from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
 from server.keys import KeyAdmin, KeyStore
+from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
-from server.serving import run_worker, serve
 
 _logger = logging.getLogger("portico")
 
@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             command = functools.partial(_worker_command, args, config)
             # uvloop: the event loop's own work (callbacks, sockets) is a large share of every request's CPU.
-            return uvloop.run(serve(config, workers=args.workers, worker_command=command))
+            development_key = wants_development_key(config, asked=args.dev_key)
+            return uvloop.run(serve(config, workers=args.workers, worker_command=command,
+                                    development_key=development_key))
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         return keys_command(args, config)
@@ -66,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="HTTP and gRPC port (default 8080)")
     serve.add_argument("--admin-port", type=int, help="Envoy admin port on 127.0.0.1 (default 9901)")
     serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
+    serve.add_argument("--dev-key", action="store_true",
+                       help="with an empty key store, create and print an all-models development key even when "
+                            "upstreams serve models (by default only when every model runs in the gateway)")
     serve.add_argument("--workers", type=int, default=1,
                        help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
     worker = commands.add_parser("worker", help="(internal) one of `serve --workers N`'s server processes")

@@ -52,10 +52,14 @@ class _Backend:
     failed: asyncio.Task | None = None  # ends (with an error) if the workers could not be kept running
 
 
-async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]]) -> int:
+async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
+                development_key: bool = False) -> int:
+    """`development_key`: on a first start with an empty key store, create and print an all-models key."""
     # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
     try:
+        if development_key:
+            _print_development_key(config)
         return await _serve(config, run_dir, workers, worker_command)
     finally:
         with contextlib.suppress(OSError):
@@ -63,7 +67,6 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
 
 
 async def _serve(config: Config, run_dir: Path, workers: int, worker_command) -> int:
-    _print_development_key(config)
     try:
         backend = await _start_backend(config, run_dir, workers, worker_command)
     except WorkerError as exc:
@@ -193,6 +196,13 @@ async def run_worker(config: Config, socket_path: Path) -> int:
         _logger.error("worker did not stop within %gs of SIGTERM; exiting now", config.drain_seconds)
         os._exit(1)
     return 0
+
+
+def wants_development_key(config: Config, *, asked: bool) -> bool:
+    """A development key is for trying Portico out on its own models: when every model runs in the gateway (the
+    embedded default configuration), or when asked for (`serve --dev-key`). Never by itself in front of upstreams,
+    where an all-models key would spend real money."""
+    return asked or all(entry.provider.upstream is None for entry in config.models)
 
 
 def _print_development_key(config: Config) -> None:

@@ -57,6 +57,8 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
     log_path = data_dir.parent / f"{data_dir.name}.log"
     port, admin_port, metrics_port = free_ports(3)
     global_args = ["--config", str(config)] if config else []
+    if config:  # may configure upstreams, where a development key is only made when asked for
+        serve_args = ("--dev-key", *serve_args)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "--log-level", "debug", *global_args, "--data-dir", str(data_dir),
