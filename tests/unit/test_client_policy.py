@@ -5,13 +5,15 @@ from __future__ import annotations
 import itertools
 import random
 
+import httpx
 import pytest
 
 from portico.client import (
-    APIConnectionError, AuthenticationError, BadRequestError, ClientRateLimitError, GatewayTimeoutError,
-    InternalServerError, NotFoundError, PermissionDeniedError, Plan, RateLimitError, RetriesExhausted, RetryPolicy,
-    ServiceUnavailableError,
+    APIConnectionError, APIError, APITimeoutError, AuthenticationError, BadRequestError, ClientRateLimitError,
+    GatewayTimeoutError, HttpTransport, InternalServerError, NotFoundError, PermissionDeniedError, Plan,
+    PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
+from server.domain import RetrySettings
 
 
 def test_full_jitter_under_a_doubling_ceiling_that_stops_at_the_cap():
@@ -44,8 +46,9 @@ def test_the_servers_hint_is_a_floor_and_a_hint_over_the_cap_means_do_not_wait()
     (PermissionDeniedError("x"), False), (NotFoundError("x"), False), (GatewayTimeoutError("x"), False),
     (RateLimitError("x"), True), (InternalServerError("x"), True), (ServiceUnavailableError("x"), True),
     (APIConnectionError("refused"), True), (ClientRateLimitError("mine"), False),
+    (APIError("bad gateway", status=502), True), (APITimeoutError("ReadTimeout"), False),
 ])
-def test_only_429_500_503_and_connection_errors_are_retried(error, retryable):
+def test_only_429_500_502_503_and_connection_errors_are_retried(error, retryable):
     assert RetryPolicy().retryable(error) is retryable
 
 
@@ -108,3 +111,28 @@ def test_one_attempt_means_no_retry():
     with pytest.raises(RetriesExhausted) as caught:
         walk.failed(APIConnectionError("refused"))
     assert len(caught.value.failures) == 1 and isinstance(caught.value.last, APIConnectionError)
+
+
+def test_the_default_retry_statuses_are_the_gateways():
+    """The gateway retries its upstreams on these statuses; 529 (Anthropic overloaded) reaches callers as 503."""
+    gateway = set(RetrySettings().on_status) - {529}
+    assert RetryPolicy().retry_statuses == gateway
+
+
+def test_a_post_that_timed_out_is_not_sent_again():
+    """A read timeout on a POST: the request went out and may still be running (and billed), so no retry."""
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    client = PorticoClient(HttpTransport("http://127.0.0.1:9", "pk-test", http=http), random=lambda: 0.0, sleep=lambda seconds: None)
+    with pytest.raises(APITimeoutError):
+        client.chat_completion("family-a-5.5", [{"role": "user", "content": "Hi"}], max_tokens=1)
+    assert calls == ["POST"]
+    with pytest.raises(RetriesExhausted):  # a GET that timed out is safe to send again
+        client.list_models()
+    assert calls == ["POST", "GET", "GET", "GET"]
+

@@ -16,9 +16,9 @@ sync and asyncio clients (_client). See docs/client.md.
 from portico.client._aliases import ModelAliases, Route
 from portico.client._client import AsyncPorticoClient, PorticoClient
 from portico.client._errors import (
-    APIConnectionError, APIError, AuthenticationError, BadRequestError, ClientRateLimitError, GatewayTimeoutError,
-    InternalServerError, NotFoundError, PermissionDeniedError, PorticoClientError, QueueFull, RateLimitError,
-    RetriesExhausted, ServiceUnavailableError, error_from_grpc, error_from_http,
+    APIConnectionError, APIError, APITimeoutError, AuthenticationError, BadRequestError, ClientRateLimitError,
+    GatewayTimeoutError, InternalServerError, NotFoundError, PermissionDeniedError, PorticoClientError, QueueFull,
+    RateLimitError, RetriesExhausted, ServiceUnavailableError, error_from_grpc, error_from_http,
 )
 from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
@@ -29,7 +29,7 @@ from portico.client._transports import (
 )
 
 __all__ = [
-    "APIConnectionError", "APIError", "AsyncGrpcTransport", "AsyncHttpTransport", "AsyncPorticoClient",
+    "APIConnectionError", "APIError", "APITimeoutError", "AsyncGrpcTransport", "AsyncHttpTransport", "AsyncPorticoClient",
     "AsyncRequestQueue", "AuthenticationError", "BadRequestError", "CHAT_COMPLETION", "ClientRateLimitError",
     "GatewayTimeoutError", "GrpcTransport", "HttpTransport", "InternalServerError", "LIST_MODELS", "MESSAGE",
     "ModelAliases", "NotFoundError", "Operation", "PermissionDeniedError", "Plan", "PorticoClient",

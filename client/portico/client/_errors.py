@@ -12,6 +12,7 @@
      │    ├── ServiceUnavailableError 503        UNAVAILABLE
      │    ├── GatewayTimeoutError     504        DEADLINE_EXCEEDED
      │    └── APIConnectionError      -          no answer at all (refused, reset, timed out)
+     │         └── APITimeoutError                a POST was sent but its answer did not come in time: never retried
      ├── RetriesExhausted            every allowed attempt on every model failed; `.last` is the last APIError
      └── QueueFull                   the bounded queue of non-urgent work is full
 
@@ -99,6 +100,13 @@ class GatewayTimeoutError(APIError):
 
 class APIConnectionError(APIError):
     default_status, default_code, default_type = None, "connection_error", "connection_error"
+
+
+class APITimeoutError(APIConnectionError):
+    """The request was sent and no answer came within the client's timeout. The gateway may still be working on it,
+    and its upstream billing for it, so a POST that timed out is not sent again (the gateway does the same)."""
+
+    default_code = "timeout"
 
 
 class RetriesExhausted(PorticoClientError):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from portico.client._errors import APIConnectionError, APIError, ClientRateLimitError, RetriesExhausted
+from portico.client._errors import (
+    APIConnectionError, APIError, APITimeoutError, ClientRateLimitError, RetriesExhausted,
+)
 
 
 @dataclass(frozen=True)
@@ -16,13 +18,14 @@ class RetryPolicy:
     [0, min(cap, base * 2**(n-1))), but never less than the server's hint (`retry-after`, RetryInfo). A hint longer
     than `cap` is not waited for: the model is given up at once (next fallback, or RetriesExhausted).
     Only `retry_statuses` (HTTP statuses; gRPC codes map onto them) and connection errors are retried; 400, 401,
-    403 and 404 never are.
+    403 and 404 never are, and neither is a POST whose answer timed out (APITimeoutError): it may still be running,
+    and a second one could be billed twice. The default statuses are the gateway's own upstream retry statuses.
     """
 
     attempts: int = 3
     base: float = 0.5
     cap: float = 30.0
-    retry_statuses: frozenset[int] = frozenset({429, 500, 503})
+    retry_statuses: frozenset[int] = frozenset({429, 500, 502, 503})
     retry_connection_errors: bool = True
 
     def __post_init__(self) -> None:
@@ -36,6 +39,8 @@ class RetryPolicy:
     def retryable(self, error: APIError) -> bool:
         if isinstance(error, ClientRateLimitError):
             return False  # this client's own limiter: nothing was sent
+        if isinstance(error, APITimeoutError):
+            return False  # sent, and perhaps still running
         if isinstance(error, APIConnectionError):
             return self.retry_connection_errors
         return error.status in self.retry_statuses

@@ -15,7 +15,9 @@ import httpx
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from portico.client._errors import APIConnectionError, APIError, BadRequestError, error_from_grpc, error_from_http
+from portico.client._errors import (
+    APIConnectionError, APIError, APITimeoutError, BadRequestError, error_from_grpc, error_from_http,
+)
 from portico.v1 import (
     chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc, model_pb2, model_service_pb2_grpc,
 )
@@ -59,8 +61,10 @@ def _auth(api_key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),)
 
 
-def _http_error(error: httpx.TransportError) -> APIConnectionError:
-    return APIConnectionError(f"{type(error).__name__}: {error or 'no answer'}")
+def _http_error(error: httpx.TransportError, method: str) -> APIConnectionError:
+    """A read timeout on a POST means the request went out and may be running: APITimeoutError, never retried."""
+    kind = APITimeoutError if isinstance(error, httpx.ReadTimeout) and method == "POST" else APIConnectionError
+    return kind(f"{type(error).__name__}: {error or 'no answer'}")
 
 
 @dataclass
@@ -130,7 +134,7 @@ class HttpTransport:
                 operation.http_method, self.base_url.rstrip("/") + operation.path,
                 json=body if operation.http_method == "POST" else None, headers=dict(_auth(self.api_key)))
         except httpx.TransportError as error:
-            raise _http_error(error) from error
+            raise _http_error(error, operation.http_method) from error
         return _response(operation, response)
 
     def close(self) -> None:
@@ -155,7 +159,7 @@ class AsyncHttpTransport:
                 operation.http_method, self.base_url.rstrip("/") + operation.path,
                 json=body if operation.http_method == "POST" else None, headers=dict(_auth(self.api_key)))
         except httpx.TransportError as error:
-            raise _http_error(error) from error
+            raise _http_error(error, operation.http_method) from error
         return _response(operation, response)
 
     async def close(self) -> None:
