@@ -29,9 +29,12 @@ from typing import Any
 
 import yaml
 
+from server.errors import kind_by_status
+
 _LUA_FILTER = "envoy.filters.http.lua"
 _TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 
 
 class EnvoyError(RuntimeError):
@@ -83,13 +86,29 @@ def render_config(
     if stream_idle_timeout_s is not None:
         hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s:g}s"
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
-    filters[_LUA_FILTER]["default_source_code"] = {"filename": str(Path(lua_source).resolve())}
+    filters[_LUA_FILTER]["default_source_code"] = {"inline_string": render_lua(Path(lua_source).read_text("utf-8"))}
     filters[_TRANSCODER_FILTER]["proto_descriptor"] = str(Path(descriptor_set).resolve())
     cluster = config["static_resources"]["clusters"][0]
     cluster["load_assignment"]["endpoints"] = [
         {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}
     ]
     return config
+
+
+def render_lua(source: str) -> str:
+    """The Lua shaper with its KINDS table filled from server/errors.py, so the two cannot drift apart (pure)."""
+    if _KINDS_LINE not in source:
+        raise ValueError(f"the Lua source has no `{_KINDS_LINE}` line to fill")
+    rows = "".join(
+        f"  [{status}] = {{{_lua_string(kind.code)}, {_lua_string(kind.type)}, {_lua_string(kind.message)}}},\n"
+        for status, kind in sorted(kind_by_status().items())
+    )
+    return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
+
+
+def _lua_string(text: str) -> str:
+    return '"' + "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else f"\\{ord(c):03d}"
+                         for c in text) + '"'
 
 
 def free_ports(count: int = 1) -> list[int]:

@@ -11,19 +11,15 @@
 --   3. anything else from upstream (e.g. UNIMPLEMENTED): the transcoder's google.rpc.Status JSON, by HTTP status.
 -- gRPC headers (grpc-*) and Portico's internal metadata (portico-*) never reach HTTP callers.
 
--- HTTP status -> code, type, message used when nobody supplied a better one. Mirrors server/errors.py.
-local KINDS = {
-  [400] = {"invalid_request", "invalid_request_error", "The request is invalid."},
-  [401] = {"invalid_api_key", "authentication_error", "Invalid API key."},
-  [403] = {"permission_denied", "permission_error", "Permission denied."},
-  [404] = {"not_found", "invalid_request_error", "Not found."},
-  [408] = {"request_timeout", "invalid_request_error", "The request timed out."},
-  [413] = {"request_too_large", "invalid_request_error", "The request body is too large (limit 8 MiB)."},
-  [429] = {"rate_limit_exceeded", "rate_limit_error", "Rate limit exceeded."},
-  [500] = {"internal_error", "server_error", "The server had an error while processing your request."},
-  [503] = {"service_unavailable", "service_unavailable_error", "The service is temporarily unavailable."},
-  [504] = {"upstream_timeout", "timeout_error", "The upstream did not respond in time."},
-}
+-- HTTP status -> code, type, message used when nobody supplied a better one. gateway/envoy.py replaces the next
+-- line with the rows of server/errors.py (the one error table) when it renders Envoy's config.
+local KINDS = {}  -- @KINDS@
+
+-- A status without a row (none is expected: every status Envoy or Portico answers has one) keeps its class.
+local function kind_of(status)
+  return KINDS[status] or (status < 500 and KINDS[400]) or KINDS[500]
+    or {"internal_error", "server_error", "The server had an error while processing your request."}
+end
 
 local ESCAPES = {['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
 
@@ -43,7 +39,7 @@ end
 
 -- `message` is a JSON string literal (already quoted and escaped), or nil for the table's default.
 local function error_body(status, message, param, anthropic)
-  local kind = KINDS[status] or KINDS[500]
+  local kind = kind_of(status)
   local object = '{"message":' .. (message or json_string(kind[3])) .. ',"type":"' .. kind[2] ..
       '","param":' .. json_string(param) .. ',"code":"' .. kind[1] .. '"}'
   if anthropic then return '{"type":"error","error":' .. object .. "}" end

@@ -42,6 +42,7 @@ from server.services.usage import UsageServicer
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.writer import LedgerWriter
 
+MAX_METADATA_BYTES = 128 * 1024  # Envoy accepts 60 KiB of request headers (envoy.yaml max_request_headers_kb)
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # above Envoy's 8 MiB request limit, so Envoy answers oversize bodies first
 MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
 
@@ -147,6 +148,9 @@ async def start_server(config: Config, address: str) -> RunningServer:
         options=[
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             ("grpc.max_send_message_length", MAX_SEND_BYTES),
+            # Above Envoy's header limit (plus what Envoy adds), so Envoy alone refuses big headers, with a 431.
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ],
     )
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(

@@ -13,6 +13,11 @@
      ├── ServiceUnavailable    503  service_unavailable    service_unavailable_error
      └── UpstreamTimeout       504  upstream_timeout       timeout_error
 
+`TABLE` below is every row a caller can receive: these, plus the replies only Envoy makes (408 slow request
+headers, 426 HTTP/1.0, 431 oversized headers or URL) and 499 for a caller who went away (logs and metrics only).
+It is the one source: gateway/envoy.py renders the Lua shaper's table from it, docs/api.md lists it, and the
+Python client's error classes are tested against it.
+
 gRPC callers get the status code of the row with the error object in the status details; REST callers get the
 HTTP status and the JSON body, shaped by Envoy's Lua filter from the trailing metadata set here.
 
@@ -36,10 +41,13 @@ class ErrorKind:
     http_status: int
     code: str
     type: str
+    message: str  # what the caller reads when nobody knows more (e.g. Envoy's own replies)
 
 
 class PorticoError(Exception):
-    kind = ErrorKind(grpc.StatusCode.INTERNAL, 500, "internal_error", "server_error")
+    kind = ErrorKind(
+        grpc.StatusCode.INTERNAL, 500, "internal_error", "server_error", "The server had an error while processing your request."
+    )
 
     def __init__(
         self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None
@@ -56,34 +64,48 @@ class PorticoError(Exception):
 
 
 class InvalidRequest(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", "invalid_request_error")
+    kind = ErrorKind(
+        grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", "invalid_request_error", "The request is invalid."
+    )
 
 
 class RequestTooLarge(InvalidRequest):
-    kind = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 413, "request_too_large", "invalid_request_error")
+    kind = ErrorKind(
+        grpc.StatusCode.INVALID_ARGUMENT, 413, "request_too_large", "invalid_request_error", "The request body is too large (limit 8 MiB)."
+    )
 
 
 class AuthenticationFailed(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.UNAUTHENTICATED, 401, "invalid_api_key", "authentication_error")
+    kind = ErrorKind(
+        grpc.StatusCode.UNAUTHENTICATED, 401, "invalid_api_key", "authentication_error", "Invalid API key."
+    )
 
 
 class PermissionDenied(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.PERMISSION_DENIED, 403, "permission_denied", "permission_error")
+    kind = ErrorKind(
+        grpc.StatusCode.PERMISSION_DENIED, 403, "permission_denied", "permission_error", "Permission denied."
+    )
 
 
 class ModelNotFound(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.NOT_FOUND, 404, "model_not_found", "invalid_request_error")
+    kind = ErrorKind(
+        grpc.StatusCode.NOT_FOUND, 404, "model_not_found", "invalid_request_error", "The model does not exist or you do not have access to it."
+    )
 
     def __init__(self, message: str) -> None:
         super().__init__(message, param="model")
 
 
 class NotFound(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.NOT_FOUND, 404, "not_found", "invalid_request_error")
+    kind = ErrorKind(
+        grpc.StatusCode.NOT_FOUND, 404, "not_found", "invalid_request_error", "Not found."
+    )
 
 
 class RateLimited(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_exceeded", "rate_limit_error")
+    kind = ErrorKind(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, 429, "rate_limit_exceeded", "rate_limit_error", "Rate limit exceeded."
+    )
 
     def __init__(
         self, message: str, *, retry_after: float = 0.0, subject: str = "", retry_reason: str | None = None
@@ -99,15 +121,48 @@ class InternalError(PorticoError):
 class UpstreamError(PorticoError):
     """An upstream model server failed (5xx, a broken stream, an answer that is not its API): not our bug."""
 
-    kind = ErrorKind(grpc.StatusCode.UNAVAILABLE, 502, "upstream_error", "api_error")
+    kind = ErrorKind(
+        grpc.StatusCode.UNAVAILABLE, 502, "upstream_error", "api_error", "The upstream model server failed."
+    )
 
 
 class ServiceUnavailable(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable", "service_unavailable_error")
+    kind = ErrorKind(
+        grpc.StatusCode.UNAVAILABLE, 503, "service_unavailable", "service_unavailable_error", "The service is temporarily unavailable."
+    )
 
 
 class UpstreamTimeout(PorticoError):
-    kind = ErrorKind(grpc.StatusCode.DEADLINE_EXCEEDED, 504, "upstream_timeout", "timeout_error")
+    kind = ErrorKind(
+        grpc.StatusCode.DEADLINE_EXCEEDED, 504, "upstream_timeout", "timeout_error", "The upstream did not respond in time."
+    )
+
+
+# Replies only Envoy makes (no exception is ever raised for them), and the outcome of a caller who went away.
+REQUEST_TIMEOUT = ErrorKind(grpc.StatusCode.DEADLINE_EXCEEDED, 408, "request_timeout", "invalid_request_error",
+                            "The request's headers did not arrive in time.")
+HTTP_VERSION_NOT_SUPPORTED = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 426, "http_version_not_supported",
+                                       "invalid_request_error", "HTTP/1.0 is not supported: use HTTP/1.1 or HTTP/2.")
+HEADERS_TOO_LARGE = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 431, "request_header_fields_too_large",
+                              "invalid_request_error",
+                              "The request's headers or URL are too large (limit 60 KiB of headers).")
+CANCELLED = ErrorKind(grpc.StatusCode.CANCELLED, 499, "cancelled", "invalid_request_error",
+                      "The caller went away before the answer was complete.")
+
+# Every row, ordered by status; where a status has two rows the first is the one Envoy uses when it alone answers.
+TABLE: tuple[ErrorKind, ...] = (
+    InvalidRequest.kind, AuthenticationFailed.kind, PermissionDenied.kind, NotFound.kind, ModelNotFound.kind,
+    REQUEST_TIMEOUT, RequestTooLarge.kind, HTTP_VERSION_NOT_SUPPORTED, RateLimited.kind, HEADERS_TOO_LARGE,
+    CANCELLED, InternalError.kind, UpstreamError.kind, ServiceUnavailable.kind, UpstreamTimeout.kind,
+)
+
+
+def kind_by_status() -> dict[int, ErrorKind]:
+    """One row per HTTP status (the first listed): what a reply with that status and no error object becomes."""
+    kinds: dict[int, ErrorKind] = {}
+    for kind in TABLE:
+        kinds.setdefault(kind.http_status, kind)
+    return kinds
 
 
 def error_object(error: PorticoError) -> dict:

@@ -96,3 +96,4 @@ def test_a_request_whose_headers_trickle_in_is_cut_off(gateway):
             answer += chunk
     assert 9 <= time.monotonic() - started < 15
     assert answer.startswith(b"HTTP/1.1 408")
+    assert b"\"code\":\"request_timeout\"" in answer

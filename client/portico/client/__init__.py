@@ -18,7 +18,7 @@ from portico.client._client import AsyncPorticoClient, PorticoClient
 from portico.client._errors import (
     APIConnectionError, APIError, APITimeoutError, AuthenticationError, BadRequestError, ClientRateLimitError,
     GatewayTimeoutError, InternalServerError, NotFoundError, PermissionDeniedError, PorticoClientError, QueueFull,
-    RateLimitError, RetriesExhausted, ServiceUnavailableError, error_from_grpc, error_from_http,
+    RateLimitError, RetriesExhausted, ServiceUnavailableError, UpstreamError, error_from_grpc, error_from_http,
 )
 from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
@@ -34,5 +34,5 @@ __all__ = [
     "GatewayTimeoutError", "GrpcTransport", "HttpTransport", "InternalServerError", "LIST_MODELS", "MESSAGE",
     "ModelAliases", "NotFoundError", "Operation", "PermissionDeniedError", "Plan", "PorticoClient",
     "PorticoClientError", "QueueFull", "RateLimitError", "RequestQueue", "RetriesExhausted", "RetryPolicy", "Route",
-    "ServiceUnavailableError", "UserRateLimiter", "error_from_grpc", "error_from_http",
+    "ServiceUnavailableError", "UpstreamError", "UserRateLimiter", "error_from_grpc", "error_from_http",
 ]

@@ -2,13 +2,14 @@
 
     PorticoClientError
      ├── APIError                    status, code, type, param, message, retry_after, grpc_code
-     │    ├── BadRequestError         400, 413   INVALID_ARGUMENT
+     │    ├── BadRequestError         400, 408, 413, 426, 431   INVALID_ARGUMENT
      │    ├── AuthenticationError     401        UNAUTHENTICATED
      │    ├── PermissionDeniedError   403        PERMISSION_DENIED
      │    ├── NotFoundError           404        NOT_FOUND
      │    ├── RateLimitError          429        RESOURCE_EXHAUSTED
      │    │    └── ClientRateLimitError          refused by this client's own per-user limiter, never sent
      │    ├── InternalServerError     500        INTERNAL (and any code without a row)
+     │    ├── UpstreamError           502        UNAVAILABLE (an upstream model server failed, or refused the gateway)
      │    ├── ServiceUnavailableError 503        UNAVAILABLE
      │    ├── GatewayTimeoutError     504        DEADLINE_EXCEEDED
      │    └── APIConnectionError      -          no answer at all (refused, reset, timed out)
@@ -90,6 +91,10 @@ class InternalServerError(APIError):
     pass
 
 
+class UpstreamError(APIError):
+    default_status, default_code, default_type = 502, "upstream_error", "api_error"
+
+
 class ServiceUnavailableError(APIError):
     default_status, default_code, default_type = 503, "service_unavailable", "service_unavailable_error"
 
@@ -124,9 +129,9 @@ class QueueFull(PorticoClientError):
 
 
 _BY_STATUS: dict[int, type[APIError]] = {
-    400: BadRequestError, 413: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError,
-    404: NotFoundError, 429: RateLimitError, 500: InternalServerError, 503: ServiceUnavailableError,
-    504: GatewayTimeoutError,
+    400: BadRequestError, 408: BadRequestError, 413: BadRequestError, 426: BadRequestError, 431: BadRequestError,
+    401: AuthenticationError, 403: PermissionDeniedError, 404: NotFoundError, 429: RateLimitError,
+    500: InternalServerError, 502: UpstreamError, 503: ServiceUnavailableError, 504: GatewayTimeoutError,
 }
 _GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,

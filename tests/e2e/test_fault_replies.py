@@ -1,0 +1,69 @@
+"""Replies a caller gets from faults outside the request body: big headers, old HTTP versions, slow headers.
+
+Each is a row of the one error table (server/errors.py), with its own truthful code, never a 429 or a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from server.errors import kind_by_status
+
+
+@pytest.fixture(scope="module")
+def http(gateway) -> httpx.Client:
+    with httpx.Client(base_url=gateway.base_url, headers={"Authorization": f"Bearer {gateway.secret}"},
+                      timeout=30) as client:
+        yield client
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert not any(h.startswith(("grpc-", "portico-")) for h in response.headers)
+    error = response.json()["error"]
+    kind = kind_by_status()[status]
+    assert (error["code"], error["type"]) == (kind.code, kind.type)
+    return error
+
+
+@pytest.mark.parametrize("size_kb", [9, 14, 30, 55])
+def test_headers_envoy_accepts_reach_the_server(http, size_kb):
+    """A long cookie or JWT is no reason to refuse a request (gRPC's 8 KiB metadata limit used to make it a 429)."""
+    response = http.get("/v1/models", headers={"cookie": "c=" + "x" * (size_kb * 1024)})
+    assert response.status_code == 200, response.text
+    assert response.json()["data"]
+
+
+def test_headers_over_the_limit_are_431_naming_no_internals(http):
+    response = http.get("/v1/models", headers={"cookie": "c=" + "x" * (70 * 1024)})
+    error = _error(response, 431)
+    assert error["code"] == "request_header_fields_too_large"
+    assert "grpc" not in error["message"].lower() and "metadata" not in error["message"].lower()
+
+
+def _raw(gateway, request: bytes) -> tuple[int, dict]:
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_an_oversized_url_is_431(gateway):
+    status, body = _raw(gateway, b"GET /v1/models?q=" + b"x" * (70 * 1024) + b" HTTP/1.1\r\nHost: portico\r\n"
+                        b"Connection: close\r\n\r\n")
+    assert status == 431 and body["error"]["code"] == "request_header_fields_too_large"
+
+
+def test_http_1_0_is_426_http_version_not_supported(gateway):
+    status, body = _raw(gateway, b"GET /v1/models HTTP/1.0\r\nHost: portico\r\n\r\n")
+    assert status == 426
+    assert body["error"]["code"] == "http_version_not_supported"
+    assert body["error"]["type"] == "invalid_request_error"
