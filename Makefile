@@ -39,6 +39,8 @@ serve: install
 # The tests start a real redis-server (Debian package) on a free loopback port; install it when missing.
 test: install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+	# ... and a private PostgreSQL cluster (Debian's server binaries live under /usr/lib/postgresql/<major>/bin).
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update && apt-get install -y postgresql)
 	# The console's browser tests drive Debian's Chromium with Playwright (pinned in the dev extras).
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 	$(BIN)/python -m pytest

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.llama_server import LlamaServer, start_llama_server
+from tests.postgres_support import PASSWORD_ENV, PostgresServer, start_postgres
 from tests.redis_support import RedisServer, start_redis
 from tests.upstream_double import UpstreamDouble
 
@@ -14,6 +17,22 @@ def redis_server(tmp_path_factory) -> RedisServer:
     server = start_redis(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> PostgresServer:
+    """A private PostgreSQL cluster; its password is in the environment variable PASSWORD_ENV (as a deployment's
+    would be), which `portico serve` processes started by the tests inherit."""
+    server = start_postgres()
+    os.environ[PASSWORD_ENV] = server.password
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database for one test: its URL (without the password)."""
+    return postgres_server.new_database()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,99 @@
+"""Schema versions: each component (keys, usage, ...) owns a numbered list of migrations, applied in order at
+start-up (and by the CLI) to bring the database to the versions this Portico knows.
+
+What is applied is recorded in `schema_migrations` (component, version). Applying is one transaction that first takes
+a lock, so two hosts (or processes) starting at once do not race: the first applies, the second waits and then finds
+nothing left to do. PostgreSQL: a transaction-scoped advisory lock (DDL is transactional, so a failed migration leaves
+nothing behind). SQLite: BEGIN IMMEDIATE (the database's write lock). A database newer than the code (a host not yet
+upgraded) is refused with a clear message rather than used with a schema it does not know.
+
+A migration's SQL is frozen once released: change a schema by appending a migration, never by editing one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+# Any fixed 64-bit number, the same in every Portico: the advisory lock the migrations of every component take.
+ADVISORY_LOCK_ID = 0x706F727469636F  # "portico"
+
+_TABLE = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL, "
+    "description TEXT NOT NULL, applied_at BIGINT NOT NULL, PRIMARY KEY (component, version))"
+)
+
+
+class SchemaError(Exception):
+    """The database cannot be brought to this code's schema (it is newer, or a migration failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    component: str  # "keys", "usage", ...: versions count per component
+    version: int  # 1, 2, 3, ... without gaps
+    description: str
+    sqlite: tuple[str, ...]  # statements, run in order (one statement each: no scripts)
+    postgresql: tuple[str, ...]
+
+
+def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> list[int]:
+    """Apply what is missing; returns the versions applied. `db` must be in autocommit mode (isolation_level=None)."""
+    component = _check(migrations)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(_TABLE)
+        applied = {row[0] for row in db.execute(
+            "SELECT version FROM schema_migrations WHERE component = ?", (component,))}
+        pending = _pending(component, applied, migrations)
+        for migration in pending:
+            for statement in migration.sqlite:
+                db.execute(statement)
+            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)",
+                       (component, migration.version, migration.description, int(time.time())))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return [m.version for m in pending]
+
+
+def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) -> list[int]:
+    """Apply what is missing; returns the versions applied."""
+    component = _check(migrations)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
+        conn.execute(_TABLE)
+        applied = {row[0] for row in conn.execute(
+            "SELECT version FROM schema_migrations WHERE component = %s", (component,))}
+        pending = _pending(component, applied, migrations)
+        for migration in pending:
+            for statement in migration.postgresql:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s, %s)",
+                         (component, migration.version, migration.description, int(time.time())))
+    return [m.version for m in pending]
+
+
+def _check(migrations: Sequence[Migration]) -> str:
+    """One component's list, numbered 1..n in order (a mistake here is the code's, caught by the first test)."""
+    components = {m.component for m in migrations}
+    if len(components) != 1:
+        raise ValueError(f"one component's migrations at a time, not {sorted(components)}")
+    if [m.version for m in migrations] != list(range(1, len(migrations) + 1)):
+        raise ValueError(f"{components.pop()} migrations must be numbered 1, 2, 3, ... in order")
+    return components.pop()
+
+
+def _pending(component: str, applied: set[int], migrations: Sequence[Migration]) -> list[Migration]:
+    newest = max(applied, default=0)
+    if newest > len(migrations):
+        raise SchemaError(
+            f"the database's {component} schema is at version {newest}, newer than this Portico knows "
+            f"({len(migrations)}): upgrade Portico on this host"
+        )
+    return [m for m in migrations if m.version not in applied]

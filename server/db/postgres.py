@@ -1,0 +1,55 @@
+"""PostgreSQL connections (psycopg 3): sync ones for the CLI, migrations and worker threads, an async pool for the
+server's event loop. Both take the password from the environment variable the settings name, never from the URL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from server.db.settings import StoreSettings
+
+APPLICATION_NAME = "portico"
+
+
+def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:
+    """libpq parameters besides the URL. `statement_timeout`: a query that takes longer than the store timeout is
+    cancelled by the server (migrations go without it: an ALTER on a big table may rightly take longer)."""
+    kwargs: dict[str, Any] = {
+        "connect_timeout": max(1, round(settings.timeout_seconds)),  # libpq counts whole seconds
+        "application_name": APPLICATION_NAME,
+    }
+    password = settings.password()
+    if password is not None:
+        kwargs["password"] = password
+    if statement_timeout:
+        kwargs["options"] = f"-c statement_timeout={int(settings.timeout_seconds * 1000)}"
+    return kwargs
+
+
+def connect(settings: StoreSettings, *, statement_timeout: bool = True, autocommit: bool = True) -> psycopg.Connection:
+    return psycopg.connect(
+        settings.url, autocommit=autocommit, **connection_kwargs(settings, statement_timeout=statement_timeout)
+    )
+
+
+async def connect_async(settings: StoreSettings, *, autocommit: bool = True) -> psycopg.AsyncConnection:
+    return await psycopg.AsyncConnection.connect(settings.url, autocommit=autocommit, **connection_kwargs(settings))
+
+
+def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
+    """Not opened yet: `await pool.open(wait=False)` starts it without waiting for the database, so a server can start
+    while PostgreSQL is down (readiness reports it) and recover when it comes back. Each connection is checked as it
+    is taken (one round trip), so connections cut by a restart are replaced instead of failing a lookup."""
+    return AsyncConnectionPool(
+        settings.url,
+        kwargs={"autocommit": True, **connection_kwargs(settings)},
+        min_size=1,
+        max_size=settings.pool_size,
+        timeout=settings.timeout_seconds,  # waiting for a connection: an outage answers within this
+        reconnect_timeout=24 * 3600.0,  # keep trying while the database is away; never give up the pool
+        check=AsyncConnectionPool.check_connection,
+        name="portico-keys",
+        open=False,
+    )

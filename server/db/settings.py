@@ -1,0 +1,94 @@
+"""Where the control-plane database is: `keys.store` (with the settings that go with it).
+
+    keys:
+      store: sqlite                                   # default: <data_dir>/keys.db
+      store: postgresql://portico@db.internal:5432/portico
+      password_env: PORTICO_DB_PASSWORD               # the variable holding the PostgreSQL password
+      store_timeout_seconds: 2.0                      # connect and query timeout
+      pool_size: 4                                    # PostgreSQL connections per server process
+
+The password is never part of the configuration (a URL carrying one is refused): only the name of the variable that
+holds it, read when a connection is opened. A URL is shown in messages only without its password.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from server.config_providers import ConfigError
+
+SQLITE = "sqlite"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+STORE_SETTING_NAMES = ("store", "password_env", "store_timeout_seconds", "pool_size")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    sqlite_path: Path | None = None  # set for SQLite
+    url: str = ""  # set for PostgreSQL: postgresql://user@host:port/db, no password
+    password_env: str = ""  # PostgreSQL: the environment variable holding the password ("" = none needed)
+    timeout_seconds: float = 2.0  # PostgreSQL: connect timeout, and the longest a query may take
+    pool_size: int = 4  # PostgreSQL: connections per process
+
+    @property
+    def is_postgres(self) -> bool:
+        return bool(self.url)
+
+    @property
+    def described(self) -> str:
+        """For logs and messages: the URL or the file (neither holds a secret)."""
+        return self.url if self.url else str(self.sqlite_path)
+
+    def password(self) -> str | None:
+        """The PostgreSQL password from its environment variable; refused when the variable is named but unset."""
+        if not self.password_env:
+            return None
+        value = os.environ.get(self.password_env)
+        if value is None:
+            raise ConfigError(f"keys.password_env: the environment variable {self.password_env} is not set "
+                              f"(it holds the password for {self.url})")
+        return value
+
+
+def parse_store(keys: dict[str, Any], data_dir: Path, where: str) -> StoreSettings:
+    """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller)."""
+    store = str(keys.get("store", SQLITE))
+    password_env = keys.get("password_env") or ""
+    if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
+        raise ConfigError(f"{where}.password_env: the name of an environment variable, not {password_env!r}")
+    try:
+        timeout = float(keys.get("store_timeout_seconds", 2.0))
+        pool_size = int(keys.get("pool_size", 4))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if timeout <= 0 or pool_size < 1:
+        raise ConfigError(f"{where}: store_timeout_seconds must be positive and pool_size at least 1")
+    if store == SQLITE:
+        if password_env:
+            raise ConfigError(f"{where}.password_env: only for a postgresql:// store")
+        return StoreSettings(sqlite_path=data_dir / "keys.db", timeout_seconds=timeout, pool_size=pool_size)
+    if not store.startswith(POSTGRES_SCHEMES):
+        raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
+                          f"{_without_password(store)!r}")
+    parts = urlsplit(store)
+    if parts.password is not None:
+        raise ConfigError(f"{where}.store: no password in the URL ({_without_password(store)}); name the "
+                          "environment variable that holds it in keys.password_env")
+    if not parts.hostname or not parts.path.strip("/"):
+        raise ConfigError(f"{where}.store: {store!r} needs a host and a database name "
+                          "(postgresql://user@host:port/database)")
+    return StoreSettings(url=store, password_env=password_env, timeout_seconds=timeout, pool_size=pool_size)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
