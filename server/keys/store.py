@@ -9,31 +9,13 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from server.db.migrations import migrate_sqlite
+from server.db.sqlite import connect_sqlite
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
+from server.keys.schema import MIGRATIONS
 
 SECRET_PREFIX = "pk-"
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS api_keys (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    secret_hash TEXT NOT NULL UNIQUE,
-    all_models INTEGER NOT NULL,
-    models TEXT NOT NULL,          -- comma-separated model ids
-    env TEXT NOT NULL DEFAULT '',
-    admin INTEGER NOT NULL DEFAULT 0,
-    created INTEGER NOT NULL,
-    revoked_at INTEGER NOT NULL DEFAULT 0,
-    {", ".join(f"{c} INTEGER" for c in KEY_LIMIT_NAMES)}
-);
--- Secrets replaced by a rotation, valid until expires_at (the grace period) unless the key is revoked.
-CREATE TABLE IF NOT EXISTS retired_secrets (
-    secret_hash TEXT PRIMARY KEY,
-    key_id TEXT NOT NULL,
-    expires_at INTEGER NOT NULL
-);
-"""
 
 
 def hash_secret(secret: str) -> str:
@@ -48,12 +30,9 @@ class KeyStore:
     """Keys in `<data_dir>/keys.db`. Safe to open from the server and the CLI at once (WAL mode)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db = connect_sqlite(path)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+        migrate_sqlite(self._db, MIGRATIONS)
 
     def close(self) -> None:
         self._db.close()

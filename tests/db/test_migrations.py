@@ -1,0 +1,169 @@
+"""Schema migrations on both stores: applied once, in order, atomically, refused on a newer database, and safe when
+several hosts start at once."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import psycopg
+import pytest
+
+from server.db import Migration, SchemaError, StoreSettings, migrate_postgres, migrate_sqlite
+from server.db.postgres import connect
+from server.db.sqlite import connect_sqlite
+from server.keys.schema import MIGRATIONS as KEY_MIGRATIONS
+from tests.postgres_support import PASSWORD_ENV
+
+
+def _migrations(*extra_postgres: str, failing: bool = False) -> tuple[Migration, ...]:
+    bad = ("INSERT INTO nowhere VALUES (1)",) if failing else ()
+    return (
+        Migration("widgets", 1, "widgets", sqlite=("CREATE TABLE widgets (id INTEGER PRIMARY KEY)",),
+                  postgresql=("CREATE TABLE widgets (id INTEGER PRIMARY KEY)", *extra_postgres)),
+        Migration("widgets", 2, "widget names", sqlite=("ALTER TABLE widgets ADD COLUMN name TEXT", *bad),
+                  postgresql=("ALTER TABLE widgets ADD COLUMN name TEXT", *bad)),
+    )
+
+
+class SqliteBackend:
+    def __init__(self, tmp_path):
+        self.path = tmp_path / "keys.db"
+
+    def connect(self):
+        return connect_sqlite(self.path)
+
+    def migrate(self, migrations):
+        with _closing(self.connect()) as db:
+            return migrate_sqlite(db, migrations)
+
+    def tables(self):
+        with _closing(self.connect()) as db:
+            return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def columns(self, table):
+        with _closing(self.connect()) as db:
+            return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+class PostgresBackend:
+    def __init__(self, url):
+        self.settings = StoreSettings(url=url, password_env=PASSWORD_ENV)
+
+    def connect(self):
+        return connect(self.settings, statement_timeout=False)
+
+    def migrate(self, migrations):
+        with self.connect() as conn:
+            return migrate_postgres(conn, migrations)
+
+    def tables(self):
+        with self.connect() as conn:
+            return {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+
+    def columns(self, table):
+        with self.connect() as conn:
+            return {r[0] for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,))}
+
+
+class _closing:
+    def __init__(self, db):
+        self.db = db
+
+    def __enter__(self):
+        return self.db
+
+    def __exit__(self, *exc):
+        self.db.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request, tmp_path):
+    if request.param == "sqlite":
+        return SqliteBackend(tmp_path)
+    return PostgresBackend(request.getfixturevalue("postgres_url"))
+
+
+def test_migrations_apply_in_order_once(backend):
+    assert backend.migrate(_migrations()) == [1, 2]
+    assert {"widgets", "schema_migrations"} <= backend.tables()
+    assert backend.columns("widgets") == {"id", "name"}
+    assert backend.migrate(_migrations()) == []  # a restart, or a second host: nothing left to do
+
+
+def test_an_upgrade_applies_only_the_new_migrations(backend):
+    assert backend.migrate(_migrations()[:1]) == [1]
+    assert backend.columns("widgets") == {"id"}
+    assert backend.migrate(_migrations()) == [2]
+    assert backend.columns("widgets") == {"id", "name"}
+
+
+def test_a_failed_migration_leaves_nothing_behind(backend):
+    with pytest.raises((sqlite3.Error, psycopg.Error)):
+        backend.migrate(_migrations(failing=True))
+    assert "widgets" not in backend.tables()
+    assert backend.migrate(_migrations()) == [1, 2]  # fixed code migrates cleanly afterwards
+
+
+def test_a_database_newer_than_the_code_is_refused(backend):
+    backend.migrate(_migrations())
+    with pytest.raises(SchemaError, match="widgets schema is at version 2, newer than this Portico knows"):
+        backend.migrate(_migrations()[:1])
+
+
+def test_components_keep_their_own_versions(backend):
+    backend.migrate(_migrations())
+    assert backend.migrate(KEY_MIGRATIONS) == [1]
+    assert {"api_keys", "retired_secrets", "widgets"} <= backend.tables()
+
+
+def test_misnumbered_migrations_are_a_programming_error(backend):
+    first, second = _migrations()
+    with pytest.raises(ValueError, match="numbered 1, 2, 3"):
+        backend.migrate((second, first))
+
+
+def test_hosts_starting_at_once_migrate_once(postgres_url):
+    """Four "hosts" migrate the same database at the same moment; the slow first migration makes them overlap.
+    Without the lock, the losers would fail on CREATE TABLE or record versions twice."""
+    backend = PostgresBackend(postgres_url)
+    migrations = _migrations("SELECT pg_sleep(0.3)")
+    results, errors, barrier = [], [], threading.Barrier(4)
+
+    def host():
+        barrier.wait()
+        try:
+            results.append(backend.migrate(migrations))
+        except Exception as exc:  # noqa: BLE001 - the test reports any failure
+            errors.append(exc)
+
+    threads = [threading.Thread(target=host) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(results) == [[], [], [], [1, 2]]
+    with backend.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM schema_migrations WHERE component = 'widgets'").fetchone()[0] == 2
+
+
+def test_sqlite_keys_db_made_before_schema_versions_is_adopted(tmp_path):
+    """A keys.db written by Portico before migrations existed keeps its keys."""
+    db = sqlite3.connect(tmp_path / "keys.db")
+    db.executescript(
+        "CREATE TABLE api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL, secret_hash TEXT NOT NULL UNIQUE, "
+        "all_models INTEGER NOT NULL, models TEXT NOT NULL, env TEXT NOT NULL DEFAULT '', admin INTEGER NOT NULL "
+        "DEFAULT 0, created INTEGER NOT NULL, revoked_at INTEGER NOT NULL DEFAULT 0, requests_per_minute INTEGER, "
+        "tokens_per_minute INTEGER, concurrent_requests INTEGER, daily_tokens INTEGER, daily_requests INTEGER);"
+        "CREATE TABLE retired_secrets (secret_hash TEXT PRIMARY KEY, key_id TEXT NOT NULL, expires_at INTEGER NOT "
+        "NULL);"
+        "INSERT INTO api_keys (id, name, secret_hash, all_models, models, created) VALUES ('key_1', 'old', 'h', 1, "
+        "'', 1);"
+    )
+    db.close()
+    backend = SqliteBackend(tmp_path)
+    assert backend.migrate(KEY_MIGRATIONS) == [1]
+    with _closing(backend.connect()) as db:
+        assert db.execute("SELECT name FROM api_keys").fetchall() == [("old",)]
