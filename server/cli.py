@@ -18,6 +18,10 @@ from server.errors import InvalidRequest, PorticoError
 from server.keys import KeyAdmin, KeyStore
 from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
+from server.usage.report import add_arguments as add_usage_arguments
+from server.usage.report import query_of as usage_query
+from server.usage.report import table as usage_table
+from server.usage.sqlite_ledger import SqliteLedger
 
 _logger = logging.getLogger("portico")
 
@@ -46,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                                     development_key=development_key))
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
+        if args.command == "usage":
+            return usage_command(args, config)
         return keys_command(args, config)
     except ConfigError as exc:
         print(f"portico: configuration error: {exc}", file=sys.stderr)
@@ -78,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--host")
     worker.add_argument("--port", type=int)
 
+    usage = commands.add_parser("usage", help="usage and spend per bucket (and model, key or env) from the ledger")
+    add_usage_arguments(usage)
     keys = commands.add_parser("keys", help="create, update, rotate, list and revoke API keys").add_subparsers(
         dest="keys_command", required=True
     )
@@ -136,6 +144,20 @@ def _dollars(text: str) -> int:
 def _limits_given(args: argparse.Namespace) -> dict[str, int]:
     return {field: value for option, (field, _) in _LIMIT_OPTIONS.items()
             if (value := getattr(args, option)) is not None}
+
+
+def usage_command(args: argparse.Namespace, config: Config) -> int:
+    try:
+        query = usage_query(args)
+    except argparse.ArgumentTypeError as exc:
+        print(f"portico: {exc}", file=sys.stderr)
+        return 2
+    ledger = SqliteLedger(config.data_dir / "keys.db")
+    try:
+        print("\n".join(usage_table(query, ledger.aggregate(query))))
+    finally:
+        ledger.close()
+    return 0
 
 
 def keys_command(args: argparse.Namespace, config: Config) -> int:

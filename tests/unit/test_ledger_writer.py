@@ -72,7 +72,10 @@ async def test_an_unreachable_store_keeps_rows_then_drops_past_the_buffer_counte
     with caplog.at_level(logging.WARNING, logger="server.usage.writer"):
         for n in range(6):
             writer.append(row(n))
-        await asyncio.sleep(0.1)
+        for _ in range(200):
+            if sink.calls >= 2:
+                break
+            await asyncio.sleep(0.01)
         assert sink.calls >= 2 and writer.pending == 4  # retried; four rows wait
         assert sum(dropped) == 2  # both counted; the first logged at once, the next within 10 s
         assert "dropped 1 row(s)" in caplog.text and "cannot write rows" in caplog.text

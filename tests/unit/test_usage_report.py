@@ -1,0 +1,32 @@
+"""`portico usage`: the ledger's totals as a table, from a real SQLite ledger through the CLI."""
+
+from __future__ import annotations
+
+import time
+
+from server.cli import main
+from server.usage.sqlite_ledger import SqliteLedger
+from tests.unit.test_ledger_writer import row
+
+
+def test_usage_prints_buckets_groups_and_the_total(tmp_path, capsys):
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    day = int(time.time()) // 86_400 * 86_400
+    ledger.write([
+        row(1, at_ms=day * 1000 + 10, model="m", cost_micros=1_500_000),
+        row(2, at_ms=day * 1000 + 20, model="n", key_id="key_b", cost_micros=250_000),
+        row(3, at_ms=day * 1000 + 30, model="n", key_id="key_b", status=429, code="rate_limit_exceeded",
+            upstream_attempts=0, input_tokens=0, output_tokens=0, cost_micros=0),
+    ])
+    ledger.close()
+    assert main(["--data-dir", str(tmp_path), "usage", "--start", str(day), "--group-by", "model"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split("  ")[0:2] == ["bucket (UTC)", "model"]
+    today = time.strftime("%Y-%m-%d", time.gmtime(day))
+    assert lines[1].split() == [today, "m", "1", "1", "0", "10", "0", "5", "0", "$1.50"]
+    assert lines[2].split() == [today, "n", "2", "1", "1", "10", "0", "5", "0", "$0.25"]
+    assert lines[3].split() == ["total", "3", "2", "1", "20", "0", "10", "0", "$1.75"]
+
+    assert main(["--data-dir", str(tmp_path), "usage", "--start", str(day), "--key", "key_b"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[-1] == "$0.25"
+    assert main(["--data-dir", str(tmp_path), "usage", "--group-by", "colour"]) == 2
