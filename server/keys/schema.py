@@ -33,3 +33,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
 )
+
+# Budgets (issue 17): spend per UTC day and per UTC calendar month, in micro-dollars; NULL: the configured default.
+MIGRATIONS += (
+    Migration(
+        COMPONENT, 2, "api_keys budgets: max_spend_day, max_spend_month",
+        sqlite=("ALTER TABLE api_keys ADD COLUMN max_spend_day INTEGER",
+                "ALTER TABLE api_keys ADD COLUMN max_spend_month INTEGER"),
+        postgresql=("ALTER TABLE api_keys ADD COLUMN max_spend_day BIGINT",
+                    "ALTER TABLE api_keys ADD COLUMN max_spend_month BIGINT"),
+    ),
+)

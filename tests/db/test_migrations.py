@@ -114,7 +114,7 @@ def test_a_database_newer_than_the_code_is_refused(backend):
 
 def test_components_keep_their_own_versions(backend):
     backend.migrate(_migrations())
-    assert backend.migrate(KEY_MIGRATIONS) == [1]
+    assert backend.migrate(KEY_MIGRATIONS) == [m.version for m in KEY_MIGRATIONS]
     assert {"api_keys", "retired_secrets", "widgets"} <= backend.tables()
 
 
@@ -164,6 +164,6 @@ def test_sqlite_keys_db_made_before_schema_versions_is_adopted(tmp_path):
     )
     db.close()
     backend = SqliteBackend(tmp_path)
-    assert backend.migrate(KEY_MIGRATIONS) == [1]
+    assert backend.migrate(KEY_MIGRATIONS) == [m.version for m in KEY_MIGRATIONS]
     with _closing(backend.connect()) as db:
         assert db.execute("SELECT name FROM api_keys").fetchall() == [("old",)]
