@@ -39,7 +39,10 @@ from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
 from server.services.probes import ProbeServicer
 from server.services.usage import UsageServicer
+from server.db.settings import StoreSettings
+from server.usage.postgres_ledger import PostgresLedger
 from server.usage.sqlite_ledger import SqliteLedger
+from server.usage.stores import open_ledger
 from server.usage.writer import LedgerWriter
 
 MAX_METADATA_BYTES = 128 * 1024  # Envoy accepts 60 KiB of request headers (envoy.yaml max_request_headers_kb)
@@ -59,7 +62,7 @@ class Core:
     providers: tuple[Provider, ...]  # each once, though several models may share one
     pipeline: Pipeline
     ledger: LedgerWriter
-    usage: SqliteLedger
+    usage: SqliteLedger | PostgresLedger
 
     async def close(self) -> None:
         for provider in self.providers:
@@ -118,7 +121,8 @@ def build_limit_store(config: Config) -> LimitStore:
 
 async def build_core(config: Config) -> Core:
     store = KeyStore(config.data_dir / "keys.db")
-    usage = SqliteLedger(config.data_dir / "keys.db")
+    # With the keys: keys.db, or PostgreSQL once the key store can be (issue 16); the ledger has both sinks.
+    usage = open_ledger(StoreSettings(sqlite_path=config.data_dir / "keys.db"))
     telemetry = Telemetry(access_log=AccessLog(config.access_log), tracing=config.tracing)
     ledger = LedgerWriter(usage, config.usage, on_dropped=telemetry.metrics.ledger_dropped.inc,
                           on_written=telemetry.metrics.ledger_written.inc)

@@ -21,7 +21,8 @@ from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
 from server.usage.report import query_of as usage_query
 from server.usage.report import table as usage_table
-from server.usage.sqlite_ledger import SqliteLedger
+from server.db.settings import StoreSettings
+from server.usage.stores import open_ledger
 
 _logger = logging.getLogger("portico")
 
@@ -152,7 +153,7 @@ def usage_command(args: argparse.Namespace, config: Config) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"portico: {exc}", file=sys.stderr)
         return 2
-    ledger = SqliteLedger(config.data_dir / "keys.db")
+    ledger = open_ledger(StoreSettings(sqlite_path=config.data_dir / "keys.db"))
     try:
         print("\n".join(usage_table(query, ledger.aggregate(query))))
     finally:

@@ -11,30 +11,6 @@ from server.usage.ledger import COLUMNS
 GROUP_COLUMNS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}
 TEXT_ENDPOINTS = (Endpoint.CHAT.value, Endpoint.MESSAGES.value)
 
-CREATE_TABLE = """
-CREATE TABLE IF NOT EXISTS usage_ledger (
-    id TEXT PRIMARY KEY,
-    at_ms BIGINT NOT NULL,
-    request_id TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    env TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    model TEXT NOT NULL,
-    upstream TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    code TEXT NOT NULL,
-    input_tokens BIGINT NOT NULL,
-    output_tokens BIGINT NOT NULL,
-    cached_input_tokens BIGINT NOT NULL,
-    images INTEGER NOT NULL,
-    cost_micros BIGINT NOT NULL,
-    upstream_attempts INTEGER NOT NULL,
-    latency_ms DOUBLE PRECISION NOT NULL,
-    first_token_ms DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS usage_ledger_at ON usage_ledger (at_ms);
-CREATE INDEX IF NOT EXISTS usage_ledger_key_at ON usage_ledger (key_id, at_ms);
-"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,25 +3,24 @@ and `portico usage` can use it at once)."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Sequence
 from dataclasses import astuple
 from pathlib import Path
 
+from server.db.migrations import migrate_sqlite
+from server.db.sqlite import connect_sqlite
 from server.usage.ledger import COLUMNS, LedgerRow
-from server.usage.query import CREATE_TABLE, Totals, UsageQuery, aggregate_sql, insert_sql, totals_of
+from server.usage.query import Totals, UsageQuery, aggregate_sql, insert_sql, totals_of
+from server.usage.schema import MIGRATIONS
 
 _INSERT = insert_sql("?", verb="INSERT OR IGNORE")
 
 
 class SqliteLedger:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(CREATE_TABLE)
+        self._db = connect_sqlite(path)
+        migrate_sqlite(self._db, MIGRATIONS)
         self._lock = threading.Lock()  # the writer's thread and readers' threads share the connection
 
     def write(self, rows: Sequence[LedgerRow]) -> None:

@@ -1,0 +1,74 @@
+"""The ledger in PostgreSQL, beside the keys (keys.store: postgresql://...). One connection, used from worker threads
+one call at a time; when it breaks (the database restarted or was unreachable) the next call opens a new one, so the
+writer's retries recover by themselves."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import astuple
+
+import psycopg
+
+from server.db.migrations import migrate_postgres
+from server.db.postgres import connect
+from server.db.settings import StoreSettings
+from server.usage.ledger import COLUMNS, LedgerRow
+from server.usage.query import Totals, UsageQuery, aggregate_sql, insert_sql, totals_of
+from server.usage.schema import MIGRATIONS
+
+_INSERT = insert_sql("%s", suffix=" ON CONFLICT (id) DO NOTHING")
+
+
+class PostgresLedger:
+    def __init__(self, settings: StoreSettings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+        self._migrated = False
+        try:
+            self._connection()  # migrate now when the database is up; later (first write) when it is not
+        except psycopg.OperationalError:
+            pass
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if not self._migrated:
+                with connect(self._settings, statement_timeout=False) as conn:
+                    migrate_postgres(conn, MIGRATIONS)
+                self._migrated = True
+            self._conn = connect(self._settings)
+        return self._conn
+
+    def _run(self, work):
+        with self._lock:
+            try:
+                return work(self._connection())
+            except psycopg.OperationalError:
+                if self._conn is not None:
+                    self._conn.close()
+                raise
+
+    def write(self, rows: Sequence[LedgerRow]) -> None:
+        def insert(conn: psycopg.Connection) -> None:
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(_INSERT, [astuple(row) for row in rows])
+
+        self._run(insert)
+
+    def prune(self, before_ms: int) -> int:
+        return self._run(lambda conn: conn.execute("DELETE FROM usage_ledger WHERE at_ms < %s", (before_ms,)).rowcount)
+
+    def aggregate(self, query: UsageQuery) -> list[Totals]:
+        sql, params = aggregate_sql(query, "%s")
+        return totals_of(query, self._run(lambda conn: conn.execute(sql, params).fetchall()))
+
+    def rows(self) -> list[LedgerRow]:
+        """Every row, oldest first (tests and exports)."""
+        return [LedgerRow(*row) for row in self._run(lambda conn: conn.execute(
+            f"SELECT {', '.join(COLUMNS)} FROM usage_ledger ORDER BY at_ms, id").fetchall())]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()

@@ -1,0 +1,89 @@
+"""The usage ledger's two sinks, real SQLite and real PostgreSQL: rows stored once, the same totals from the same
+SQL, retention, a PostgreSQL outage survived by the writer, and a schema upgrade that keeps existing rows."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from server.db import StoreSettings
+from server.usage.postgres_ledger import PostgresLedger
+from server.usage.query import UsageQuery
+from server.usage.settings import UsageSettings
+from server.usage.sqlite_ledger import SqliteLedger
+from server.usage.stores import open_ledger
+from server.usage.writer import LedgerWriter
+from tests.postgres_support import PASSWORD_ENV
+from tests.unit.test_ledger_writer import NOW_MS, row
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request, tmp_path):
+    if request.param == "sqlite":
+        settings = StoreSettings(sqlite_path=tmp_path / "keys.db")
+    else:
+        settings = StoreSettings(url=request.getfixturevalue("postgres_url"), password_env=PASSWORD_ENV)
+    ledger = open_ledger(settings)
+    yield ledger
+    ledger.close()
+
+
+def test_rows_are_stored_once_and_summed_by_bucket_and_group(ledger):
+    t0 = NOW_MS - NOW_MS % 1000
+    ledger.write([row(1, at_ms=t0), row(2, at_ms=t0 + 10, model="n", cost_micros=3, key_id="key_b")])
+    ledger.write([row(2, at_ms=t0 + 10, model="n", cost_micros=3, key_id="key_b"), row(3, at_ms=t0 + 1500,
+                                                                                       status=502, code="x")])
+    assert [r.id for r in ledger.rows()] == ["r1", "r2", "r3"]
+    totals = ledger.aggregate(UsageQuery(t0, t0 + 2000, 1000, group_by=("model", "api_key_id")))
+    assert [(t.bucket, t.model, t.key_id, t.input_tokens, t.cost_micros, t.rows, t.errors) for t in totals] == [
+        (0, "m", "key_a", 10, 7, 1, 0), (0, "n", "key_b", 10, 3, 1, 0), (1, "m", "key_a", 10, 7, 1, 1)]
+    assert all(type(v) is int for t in totals for v in (t.bucket, t.cost_micros, t.rows))
+    assert ledger.prune(t0 + 1000) == 2
+    assert [r.id for r in ledger.rows()] == ["r3"]
+
+
+async def test_the_writer_waits_out_a_postgresql_outage(postgres_server, postgres_url):
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    dropped = []
+    writer = LedgerWriter(ledger, UsageSettings(flush_seconds=0.05, batch_rows=2, buffer_rows=10),
+                          on_dropped=dropped.append)
+    writer.start()
+    writer.append(row(1))
+    await asyncio.sleep(0.3)
+    assert [r.id for r in ledger.rows()] == ["r1"]
+    postgres_server.stop()
+    try:
+        for n in range(2, 5):
+            writer.append(row(n))
+        await asyncio.sleep(0.5)
+        assert writer.pending == 3  # waiting, not lost
+    finally:
+        postgres_server.start()
+    for _ in range(300):
+        if writer.pending == 0:
+            break
+        await asyncio.sleep(0.05)
+    await writer.close()
+    assert [r.id for r in ledger.rows()] == ["r1", "r2", "r3", "r4"] and dropped == []
+    ledger.close()
+
+
+def test_a_ledger_from_before_schema_versions_keeps_its_rows(tmp_path):
+    """The first ledger (before migrations) created its table itself; version 1 adopts it as it is."""
+    db = sqlite3.connect(tmp_path / "keys.db")
+    db.executescript(
+        "CREATE TABLE usage_ledger (id TEXT PRIMARY KEY, at_ms BIGINT NOT NULL, request_id TEXT NOT NULL, "
+        "key_id TEXT NOT NULL, env TEXT NOT NULL, endpoint TEXT NOT NULL, model TEXT NOT NULL, upstream TEXT NOT "
+        "NULL, status INTEGER NOT NULL, code TEXT NOT NULL, input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT "
+        "NULL, cached_input_tokens BIGINT NOT NULL, images INTEGER NOT NULL, cost_micros BIGINT NOT NULL, "
+        "upstream_attempts INTEGER NOT NULL, latency_ms DOUBLE PRECISION NOT NULL, first_token_ms DOUBLE PRECISION);"
+        f"INSERT INTO usage_ledger VALUES ('old', {NOW_MS}, 'req', 'key_a', '', '/v1/messages', 'm', 'm', 200, '', "
+        "1, 2, 0, 0, 9, 1, 5.0, NULL);"
+    )
+    db.close()
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    ledger.write([row(1)])
+    assert [(r.id, r.cost_micros) for r in ledger.rows()] == [("old", 9), ("r1", 7)]
+    ledger.close()
