@@ -131,7 +131,7 @@ async def build_core(config: Config) -> Core:
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
     providers = build_providers(config, telemetry)
     limiter = Limiter(build_limit_store(config), config.limits)
-    if isinstance(limiter.store, RedisLimitStore) and not await limiter.store.ping():
+    if not await limiter.store.ping():
         # Not fatal: Redis may come up later. Until then the on_store_error policy decides.
         _logger.error("the limit store %s is unreachable; until it answers, requests are %s",
                       redacted(config.limits.store),

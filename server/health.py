@@ -19,7 +19,6 @@ from grpc_health.v1 import health, health_pb2
 
 from server.keys import KeyStore
 from server.limits import Limiter, LimitSettings
-from server.limits.redis import RedisLimitStore
 from server.providers import LocalModel
 
 CHECK_INTERVAL_SECONDS = 1.0
@@ -120,6 +119,6 @@ class Readiness:
 
     async def _limits_state(self) -> str:
         store = self._limiter.store
-        if isinstance(store, RedisLimitStore) and not await store.ping():
+        if not await store.ping():
             return "unreachable"
         return "ok"

@@ -12,8 +12,7 @@ from typing import Any, TypeVar
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
-    Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reading, Reservation, Scope, Standing,
-    new_reservation_id,
+    Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reading, Reservation, ReservationIds, Scope, Standing,
 )
 from server.limits.settings import LimitSettings
 from server.limits.standing import standing
@@ -44,6 +43,7 @@ class Limiter:
         self._settings = settings
         self._store_down = False  # to log outages once, not once per request
         self._tasks: set[asyncio.Task] = set()
+        self._ids = ReservationIds()  # for the uncounted reservations of the open policy
 
     @property
     def store(self) -> LimitStore:
@@ -73,7 +73,7 @@ class Limiter:
                 _logger.error("rate limits unavailable (%s); failing %s", exc, self._settings.on_store_error)
                 self._store_down = True
             if self._settings.on_store_error == "open":
-                return Reservation(new_reservation_id(), demand, time.time(), None, None, held=False)
+                return Reservation(self._ids.new(), demand, time.time(), None, None, held=False)
             raise ServiceUnavailable(
                 "Rate limits cannot be checked right now (the limit store is unreachable), so the request was not "
                 "admitted. Please retry shortly.",

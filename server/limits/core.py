@@ -167,22 +167,25 @@ class LimitStore(Protocol):
         """A scope's counters as they are now, read without booking anything (server/limits/standing.py)."""
         ...
 
+    async def ping(self) -> bool:
+        """Whether the store answers now (readiness, start-up); never raises."""
+        ...
+
     async def close(self) -> None: ...
 
 
-def new_reservation_id() -> str:
-    """Unique among every process that shares a store: a random prefix per process, then a count (cheaper than
-    asking the OS for random bytes per request)."""
-    return f"{_id_prefix}{next(_id_count):x}"
+class ReservationIds:
+    """Reservation ids unique among every process that shares a store: a random prefix, then a count (cheaper than
+    asking the OS for random bytes per request). Each store owns one; a forked child draws a prefix of its own, so it
+    never repeats its parent's ids."""
 
+    def __init__(self) -> None:
+        self._pid = -1
 
-def _new_id_prefix() -> None:
-    global _id_prefix, _id_count
-    _id_prefix, _id_count = secrets.token_hex(8), itertools.count()
-
-
-_new_id_prefix()
-os.register_at_fork(after_in_child=_new_id_prefix)  # a forked child must not repeat its parent's ids
+    def new(self) -> str:
+        if (pid := os.getpid()) != self._pid:
+            self._pid, self._prefix, self._count = pid, secrets.token_hex(8), itertools.count()
+        return f"{self._prefix}{next(self._count):x}"
 
 
 def day_of(at: float) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Reading, Reservation, Scope, day_of,
-    month_of, new_reservation_id, until_midnight, until_month_end, verdict,
+    ReservationIds, month_of, until_midnight, until_month_end, verdict,
 )
 from server.limits.standing import Counts
 
@@ -109,6 +109,7 @@ class MemoryLimitStore:
         self._clock = clock
         self._scopes: dict[str, _Counters] = {}
         self._held: dict[str, _Held] = {}
+        self._ids = ReservationIds()
 
     def _counters(self, scope_id: str, now: float) -> _Counters:
         counters = self._scopes.setdefault(scope_id, _Counters(day=day_of(now), month=month_of(now)))
@@ -118,7 +119,7 @@ class MemoryLimitStore:
     async def reserve(self, demand: Demand) -> Reservation:
         now = self._clock()
         readings = [r for s in demand.scopes for r in self._counters(s.id, now).read(s, demand, now)]
-        reservation = verdict(demand, readings, at=now, reservation_id=new_reservation_id())
+        reservation = verdict(demand, readings, at=now, reservation_id=self._ids.new())
         entries = {}
         for scope in demand.scopes:
             counters = self._scopes[scope.id]
@@ -174,6 +175,9 @@ class MemoryLimitStore:
         """Open reservations in a scope (for tests and diagnostics)."""
         counters = self._scopes.get(scope_id)
         return counters.in_flight if counters else 0
+
+    async def ping(self) -> bool:
+        return True  # in this process: it always answers
 
     async def close(self) -> None:
         pass

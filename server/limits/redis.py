@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
-    Reading, Reservation, day_of, month_of, new_reservation_id, until_month_end, verdict,
+    Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
 )
 from server.limits.redis_pipe import RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
@@ -69,6 +69,7 @@ class RedisLimitStore:
         self._reserve_script = Script(RESERVE)
         self._settle_script = Script(SETTLE)
         self._held: dict[str, Reservation] = {}  # this process's open reservations, whose leases it renews
+        self._ids = ReservationIds()
         self._renewer: asyncio.Task | None = None
 
     def _scope_keys(self, scope_id: str, at: float) -> list[str]:
@@ -91,7 +92,7 @@ class RedisLimitStore:
 
     async def reserve(self, demand: Demand) -> Reservation:
         now = self._clock()
-        reservation_id = new_reservation_id()
+        reservation_id = self._ids.new()
         if not demand.scopes:
             return verdict(demand, (), at=now, reservation_id=reservation_id)
         keys = [self._record_key(reservation_id)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from server.limits.core import new_reservation_id
+from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
 
 
@@ -35,10 +35,10 @@ class LedgerRow:
 COLUMNS = tuple(f.name for f in fields(LedgerRow))
 
 
-def row_of(record: RequestRecord, outcome: Outcome, finished: float) -> LedgerRow:
-    """`finished`: time.monotonic() when the request ended."""
+def row_of(record: RequestRecord, outcome: Outcome, finished: float, ids: ReservationIds) -> LedgerRow:
+    """`finished`: time.monotonic() when the request ended; `ids` makes the row's id."""
     return LedgerRow(
-        id=new_reservation_id(),
+        id=ids.new(),
         at_ms=int(record.arrived * 1000),
         request_id=record.request_id,
         key_id=record.key_id,

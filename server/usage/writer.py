@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Protocol
 
+from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
 from server.usage.ledger import LedgerRow, row_of
 from server.usage.settings import UsageSettings
@@ -62,6 +63,7 @@ class LedgerWriter:
         self._dropped_unlogged = 0
         self._drop_logged_at = -_DROP_LOG_EVERY
         self._pruned_at = -_PRUNE_EVERY
+        self._ids = ReservationIds()  # row ids: unique across processes, like reservation ids
 
     @property
     def pending(self) -> int:
@@ -72,7 +74,7 @@ class LedgerWriter:
 
     # RequestSink (server/observability/telemetry.py)
     def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:
-        self.append(row_of(record, outcome, finished))
+        self.append(row_of(record, outcome, finished, self._ids))
 
     def append(self, row: LedgerRow) -> None:
         if len(self._queue) >= self._settings.buffer_rows:

@@ -13,6 +13,7 @@ from server.limits import LimitSettings
 from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers, refusal_headers
+from server.limits.core import ReservationIds
 from server.limits.admission import duration_text
 from server.limits.redis import RedisLimitStore
 from tests.limits_support import FakeClock, NOON
@@ -236,3 +237,16 @@ async def test_a_store_that_claims_to_decide_at_once_but_waits_is_a_bug_that_sho
     key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(requests_per_minute=1))
     with pytest.raises(RuntimeError, match="immediate"):
         await limiter.reserve(key, "m", 0)
+
+
+def test_reservation_ids_are_unique_per_store_and_per_process(monkeypatch):
+    """No module state: each store draws its own prefix, and a forked child (another pid) draws a new one."""
+    first, second = ReservationIds(), ReservationIds()
+    ids = [first.new(), first.new(), second.new()]
+    assert len(set(ids)) == 3 and ids[0][:16] == ids[1][:16] != ids[2][:16]
+    monkeypatch.setattr("os.getpid", lambda: -42)
+    assert first.new()[:16] != ids[0][:16]
+
+
+async def test_every_store_answers_ping():
+    assert await MemoryLimitStore().ping()
