@@ -28,9 +28,9 @@ server/providers/retry.py and fallback.py, never shown to callers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import json
+import math
+from dataclasses import dataclass
 
 import grpc
 
@@ -61,6 +61,18 @@ class PorticoError(Exception):
     @property
     def retryable(self) -> bool:
         return self.retry_reason is not None
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Headers the answer carries besides the error body (Envoy's Lua filter keeps them as HTTP headers): the
+        retry hint, in both forms the SDKs read (they prefer retry-after-ms)."""
+        if self.retry_after <= 0:
+            return ()
+        return (("retry-after", str(math.ceil(self.retry_after))),
+                ("retry-after-ms", str(math.ceil(self.retry_after * 1000))))
+
+    def metric_labels(self) -> dict[str, str]:
+        """Bounded label values saying more about this failure than its code (a rate limit: which limit, where)."""
+        return {}
 
 
 class InvalidRequest(PorticoError):

@@ -7,12 +7,12 @@ UTC day, per key and optionally per key on one model.
     redis.RedisLimitStore     shared by every process using one Redis    (limits.store: redis://...)
 """
 
-from server.limits.admission import Limiter, rate_limit_headers, refusal_headers
+from server.limits.admission import Limiter, rate_limit_headers
 from server.limits.core import Demand, LimitStore, Reservation, Scope
 from server.limits.memory import MemoryLimitStore
 from server.limits.settings import LimitSettings
 
 __all__ = [
     "Demand", "LimitSettings", "LimitStore", "Limiter", "MemoryLimitStore", "Reservation", "Scope",
-    "rate_limit_headers", "refusal_headers",
+    "rate_limit_headers",
 ]

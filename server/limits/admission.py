@@ -13,6 +13,7 @@ from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
     Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reading, Reservation, ReservationIds, Scope, Standing,
+    ratelimit_headers,
 )
 from server.limits.settings import LimitSettings
 from server.limits.standing import standing
@@ -155,35 +156,7 @@ def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:
     headers: list[tuple[str, str]] = []
     for kind, standing in (("requests", reservation.requests), ("tokens", reservation.tokens)):
         if standing is not None:
-            headers += _trio(kind, standing)
+            headers += ratelimit_headers(kind, standing)
     return tuple(headers)
 
 
-def refusal_headers(refusal: LimitExceeded) -> tuple[tuple[str, str], ...]:
-    """The same headers on a 429, for the limit that refused (OpenAI sends them there too, so clients can wait for
-    the reset): its limit, what is left of it, and when it frees up."""
-    kind = refusal.dimension.header_kind
-    if kind is None or refusal.standing is None:
-        return ()
-    return tuple(_trio(kind, refusal.standing))
-
-
-def _trio(kind: str, standing: Standing) -> list[tuple[str, str]]:
-    return [
-        (f"x-ratelimit-limit-{kind}", str(standing.limit)),
-        (f"x-ratelimit-remaining-{kind}", str(standing.remaining)),
-        (f"x-ratelimit-reset-{kind}", duration_text(standing.reset_seconds)),
-    ]
-
-
-def duration_text(seconds: float) -> str:
-    """OpenAI's reset format (Go durations): "250ms", "12.5s", "6m0s", "2h0m0s"."""
-    ms = max(0, round(seconds * 1000))
-    if ms < 1000:
-        return f"{ms}ms"
-    hours, rest = divmod(ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    text = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
-    if hours:
-        return f"{hours}h{minutes}m{text}"
-    return f"{minutes}m{text}" if minutes else text

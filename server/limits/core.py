@@ -135,6 +135,17 @@ class LimitExceeded(RateLimited):
         self.scope = scope
         self.standing = standing  # the refusing limit as x-ratelimit-* values; None when they cannot say it
 
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Also the refusing limit's x-ratelimit-* headers, as OpenAI sends them on a 429, so clients can wait for
+        its reset (none for the concurrency limit, or a request that could never fit)."""
+        kind = self.dimension.header_kind
+        if kind is None or self.standing is None:
+            return super().trailing_metadata()
+        return (*super().trailing_metadata(), *ratelimit_headers(kind, self.standing))
+
+    def metric_labels(self) -> dict[str, str]:
+        return {"limit": self.dimension.value, "scope": self.scope.kind}
+
 
 class LimitStoreUnavailable(Exception):
     """The store could not decide in time (e.g. Redis unreachable); the Limiter applies the configured policy."""
@@ -267,3 +278,25 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
         f"{math.ceil(wait)} seconds.",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
     )
+
+
+def ratelimit_headers(kind: str, standing: Standing) -> list[tuple[str, str]]:
+    """The x-ratelimit-{limit,remaining,reset}-{kind} headers of one limit."""
+    return [
+        (f"x-ratelimit-limit-{kind}", str(standing.limit)),
+        (f"x-ratelimit-remaining-{kind}", str(standing.remaining)),
+        (f"x-ratelimit-reset-{kind}", duration_text(standing.reset_seconds)),
+    ]
+
+
+def duration_text(seconds: float) -> str:
+    """OpenAI's reset format (Go durations): "250ms", "12.5s", "6m0s", "2h0m0s"."""
+    ms = max(0, round(seconds * 1000))
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    text = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text

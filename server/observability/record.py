@@ -12,7 +12,6 @@ from typing import Any, Protocol
 
 from server.domain import Endpoint
 from server.errors import PorticoError
-from server.limits.core import LimitExceeded
 
 CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended
 
@@ -95,9 +94,8 @@ class Outcome:
 
     @classmethod
     def of_error(cls, error: PorticoError) -> Outcome:
-        if isinstance(error, LimitExceeded):
-            return cls(error.kind.http_status, error.kind.code, error.dimension.value, error.scope.kind)
-        return cls(error.kind.http_status, error.kind.code)
+        labels = error.metric_labels()
+        return cls(error.kind.http_status, error.kind.code, labels.get("limit", ""), labels.get("scope", ""))
 
     @classmethod
     def cancelled(cls) -> Outcome:

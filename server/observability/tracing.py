@@ -17,7 +17,6 @@ from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, set_s
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.errors import PorticoError
-from server.limits.core import LimitExceeded
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -84,8 +83,8 @@ def failed(span: Span, exc: BaseException) -> None:
         code = exc.kind.code
         if exc.retry_reason:
             span.set_attribute("portico.retry_reason", exc.retry_reason)
-        if isinstance(exc, LimitExceeded):
-            span.set_attribute("portico.limit", exc.dimension.value)
+        if limit := exc.metric_labels().get("limit"):
+            span.set_attribute("portico.limit", limit)
     elif isinstance(exc, asyncio.CancelledError):
         code = "cancelled"
     else:

@@ -22,8 +22,6 @@ from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import error_pb2
 from server.errors import InternalError, PorticoError, RateLimited, error_body
-from server.limits import refusal_headers
-from server.limits.core import LimitExceeded
 from server.observability import Outcome, RequestRecord, Telemetry
 from server.observability.record import endpoint_of
 
@@ -148,12 +146,7 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
         ("portico-http-status", str(kind.http_status)),
         ("portico-error", error_body(error, anthropic=anthropic).decode()),
     ]
-    if error.retry_after > 0:
-        # Both SDKs prefer retry-after-ms; the Lua filter keeps these as HTTP headers.
-        trailing.append(("retry-after", str(math.ceil(error.retry_after))))
-        trailing.append(("retry-after-ms", str(math.ceil(error.retry_after * 1000))))
-    if isinstance(error, LimitExceeded):
-        trailing.extend(refusal_headers(error))
+    trailing.extend(error.trailing_metadata())
     await context.abort(kind.grpc_code, error.message, tuple(trailing))
 
 

@@ -12,9 +12,9 @@ import pytest
 from server.limits import LimitSettings
 from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited
-from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers, refusal_headers
+from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers
 from server.limits.core import ReservationIds
-from server.limits.admission import duration_text
+from server.limits.core import duration_text
 from server.limits.redis import RedisLimitStore
 from tests.limits_support import FakeClock, NOON
 
@@ -74,19 +74,19 @@ async def test_tokens_per_minute_are_reconciled_with_real_usage(store, clock):
 async def test_a_refusal_describes_its_limit_as_x_ratelimit_headers(store, clock):
     await store.reserve(demand(tokens=600, tokens_per_minute=1000))
     clock.advance(15)
-    tokens = dict(refusal_headers(await refused(store, demand(tokens=600, tokens_per_minute=1000))))
+    tokens = dict(ratelimit_trailer(await refused(store, demand(tokens=600, tokens_per_minute=1000))))
     assert tokens == {"x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "400",
                       "x-ratelimit-reset-tokens": "45s"}  # the 600 reserved at t=0 leave the window at t=60
     per_minute = Demand((Scope("k2", "key k2", KeyLimits(requests_per_minute=2)),), 0)
     for _ in range(2):
         await store.reserve(per_minute)
-    requests = dict(refusal_headers(await refused(store, per_minute)))
+    requests = dict(ratelimit_trailer(await refused(store, per_minute)))
     assert (requests["x-ratelimit-limit-requests"], requests["x-ratelimit-remaining-requests"]) == ("2", "0")
     # Concurrency has no x-ratelimit header; a request that can never fit has no reset to wait for.
     one_at_a_time = Demand((Scope("k3", "key k3", KeyLimits(concurrent_requests=1)),), 0)
     await store.reserve(one_at_a_time)
-    assert refusal_headers(await refused(store, one_at_a_time)) == ()
-    assert refusal_headers(await refused(store, demand(tokens=2000, tokens_per_minute=1000))) == ()
+    assert ratelimit_trailer(await refused(store, one_at_a_time)) == ()
+    assert ratelimit_trailer(await refused(store, demand(tokens=2000, tokens_per_minute=1000))) == ()
 
 
 async def test_a_request_that_can_never_fit_has_no_retry_hint(store):
@@ -237,6 +237,11 @@ async def test_a_store_that_claims_to_decide_at_once_but_waits_is_a_bug_that_sho
     key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(requests_per_minute=1))
     with pytest.raises(RuntimeError, match="immediate"):
         await limiter.reserve(key, "m", 0)
+
+
+def ratelimit_trailer(refusal) -> tuple[tuple[str, str], ...]:
+    """The refusal's x-ratelimit-* trailing metadata (beside its retry hint)."""
+    return tuple((name, value) for name, value in refusal.trailing_metadata() if name.startswith("x-ratelimit-"))
 
 
 def test_reservation_ids_are_unique_per_store_and_per_process(monkeypatch):

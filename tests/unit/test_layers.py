@@ -1,0 +1,53 @@
+"""Imports run one way: domain <- translate <- providers <- pipeline <- services. A module may import from its own
+layer and those below it, never from one above; observability learns about errors from the errors themselves."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SERVER = Path(__file__).resolve().parents[2] / "server"
+
+# module prefix -> server modules it must never import (prefix match)
+FORBIDDEN = {
+    "server.domain": ("server.",),
+    "server.errors": ("server.",),
+    "server.translate": ("server.providers", "server.pipeline", "server.services", "server.config", "server.keys",
+                         "server.limits", "server.observability", "server.catalog", "server.app"),
+    "server.render": ("server.providers", "server.pipeline", "server.services", "server.translate"),
+    "server.providers": ("server.pipeline", "server.services", "server.app", "server.catalog", "server.keys"),
+    "server.limits": ("server.pipeline", "server.services", "server.config", "server.providers", "server.app",
+                      "server.observability"),
+    "server.observability": ("server.limits", "server.pipeline", "server.services", "server.providers"),
+    "server.catalog": ("server.config", "server.pipeline", "server.services"),
+    "server.keys": ("server.pipeline", "server.services", "server.config"),
+    "server.pipeline": ("server.services", "server.app", "server.config"),
+    "server.health": ("server.config", "server.limits.redis"),
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def modules():
+    for path in sorted(SERVER.rglob("*.py")):
+        parts = path.relative_to(SERVER.parent).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
+
+
+@pytest.mark.parametrize("module, path", list(modules()), ids=lambda value: str(value).rsplit("/", 1)[-1])
+def test_no_import_runs_upward(module, path):
+    for layer, forbidden in FORBIDDEN.items():
+        if module == layer or module.startswith(layer + "."):
+            wrong = sorted(name for name in imports_of(path) if name != module and name.startswith(forbidden)
+                           and not name.startswith(layer + ".") and name != layer)
+            assert not wrong, f"{module} imports {wrong}, above its layer {layer}"
