@@ -6,7 +6,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 Json = Any  # a JSON value as orjson reads and writes it: dict, list, str, int, float, bool or None
 
@@ -183,16 +183,47 @@ class SamplingParams:
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # Extensions the embedded model (llama.cpp) honours; None: neutral.
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class SourceRequest:
-    """The caller's request as it arrived, so that an upstream of the same dialect receives every field, not only
-    those the internal values express. Kept as the protobuf message: only such an upstream pays for turning it back
-    into JSON (server/translate/values.py `wire_body`)."""
+class Unread:
+    """Part of a caller's request the internal values do not hold (an image part, a server tool, a field only the
+    caller's own API knows): an upstream of the caller's dialect receives it with the body; any other model must
+    refuse the request, with this 400, rather than answer without it."""
 
-    dialect: Dialect
-    message: object  # portico.v1 CreateChatCompletionRequest (OPENAI) or CreateMessageRequest (ANTHROPIC)
+    param: str
+    message: str
+    embedded: bool = True  # the embedded model refuses it
+    other_dialect: bool = True  # an upstream of the other dialect refuses it
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIChatSource:
+    """A chat-completions request as the caller sent it (the parsed JSON body, never edited), so that an
+    OpenAI-compatible upstream receives every field at every level, not only those the internal values express."""
+
+    body: Mapping[str, Json]
+    unread: tuple[Unread, ...] = ()
+    dialect: ClassVar[Dialect] = Dialect.OPENAI
+
+
+@dataclass(frozen=True, slots=True)
+class AnthropicMessagesSource:
+    """A Messages request as the caller sent it, and its `anthropic-beta` header values, which an Anthropic upstream
+    needs for the beta fields of the body."""
+
+    body: Mapping[str, Json]
+    unread: tuple[Unread, ...] = ()
+    beta: tuple[str, ...] = ()
+    dialect: ClassVar[Dialect] = Dialect.ANTHROPIC
+
+
+RequestSource = OpenAIChatSource | AnthropicMessagesSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +237,7 @@ class GenerationRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice | None = None  # None: the caller did not say
     json_output: bool = False  # the caller asked for JSON output (OpenAI response_format json_object/json_schema)
-    source: SourceRequest | None = None
+    source: RequestSource | None = None
     # The caller reads the answer as it is generated. False: it waits for the whole answer, so an upstream is asked
     # for one JSON answer instead of a stream; the provider's events are the same either way.
     stream: bool = True
@@ -343,7 +374,8 @@ class ImageRequest:
     style: str  # "vivid" or "natural"
     quality: str  # as requested ("auto", "low", ...); a provider may ignore it
     compression: int | None  # 0-100 for lossy formats; None: the provider's best quality
-    source: object | None = None  # the caller's CreateImageRequest, passed on whole to an OpenAI images upstream
+    # The caller's request body (parsed JSON, never edited), passed on whole to an OpenAI images upstream.
+    source: Mapping[str, Json] | None = None
 
 
 @dataclass(frozen=True, slots=True)

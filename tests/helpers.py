@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import grpc
+import orjson
+from google.api import httpbody_pb2
 from google.protobuf import json_format
 from google.rpc import status_pb2
 
 from portico.v1 import chat_pb2, error_pb2
+from server.translate.values import proto_to_json
+
+
+def chat_body(**fields) -> dict:
+    """A chat-completions body as a REST caller sends it (the translators read parsed JSON)."""
+    return {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+            **fields}
 
 
 def chat_request(**fields) -> chat_pb2.CreateChatCompletionRequest:
-    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
-    body.update(fields)
-    return json_format.ParseDict(body, chat_pb2.CreateChatCompletionRequest())
+    return json_format.ParseDict(chat_body(**fields), chat_pb2.CreateChatCompletionRequest())
+
+
+def http_body(request) -> httpbody_pb2.HttpBody:
+    """A typed request (or a dict) as the raw JSON body the REST RPCs take, as Envoy passes it on."""
+    body = request if isinstance(request, dict) else proto_to_json(request)
+    return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(body))
 
 
 def error_details(error: grpc.aio.AioRpcError) -> error_pb2.ErrorResponse:
@@ -30,12 +43,15 @@ def bearer(secret: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {secret}"),)
 
 
+def message_body(**fields) -> dict:
+    return {"model": "family-b-sonnet-4-6", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}],
+            **fields}
+
+
 def message_request(**fields):
     from portico.v1 import message_pb2
 
-    body = {"model": "family-b-sonnet-4-6", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]}
-    body.update(fields)
-    return json_format.ParseDict(body, message_pb2.CreateMessageRequest())
+    return json_format.ParseDict(message_body(**fields), message_pb2.CreateMessageRequest())
 
 
 def sse_frames(bodies: list) -> list[bytes]:

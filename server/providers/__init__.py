@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from server.domain import GenerationEvent, GenerationRequest, Turn
+from server.domain import Dialect, GenerationEvent, GenerationRequest, Turn
 from server.errors import InvalidRequest
 
 
@@ -17,6 +17,9 @@ class Capabilities:
 
     tool_calls: bool = False  # can call tools, so tool_choice "required" / a named tool can be honoured
     json_output: bool = False  # can be held to JSON output (OpenAI response_format json_object / json_schema)
+    # The API the provider speaks: a request in it reaches the provider whole, so it can honour everything the
+    # caller sent. None (the embedded model): only what the internal values hold.
+    dialect: Dialect | None = None
 
 
 class Provider(Protocol):
@@ -60,6 +63,12 @@ def token_counter_of(provider: object) -> TokenCounter | None:
 
 def unsupported(request: GenerationRequest, capabilities: Capabilities) -> InvalidRequest | None:
     """Why `capabilities` cannot honour `request`, or None when they can."""
+    source = request.source
+    if source is not None and source.dialect is not capabilities.dialect:
+        embedded = capabilities.dialect is None
+        for item in source.unread:
+            if item.embedded if embedded else item.other_dialect:
+                return InvalidRequest(item.message, param=item.param)
     if request.tool_choice is not None and request.tool_choice.needs_tool_calls and not capabilities.tool_calls:
         return InvalidRequest(
             "This model cannot call tools: `tool_choice` may only be 'none' or 'auto'.", param="tool_choice"

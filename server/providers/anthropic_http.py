@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
+from server.domain import AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
@@ -27,8 +27,16 @@ def anthropic_auth_headers(api_key: str | None) -> dict[str, str]:
     return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": api_key} if api_key else {})}
 
 
+def _beta_headers(request: GenerationRequest) -> dict[str, str] | None:
+    """The caller's `anthropic-beta` values, which the beta fields of its body need (a Messages caller only)."""
+    source = request.source
+    if isinstance(source, AnthropicMessagesSource) and source.beta:
+        return {"anthropic-beta": ",".join(source.beta)}
+    return None
+
+
 class AnthropicProvider:
-    capabilities = Capabilities(tool_calls=True, json_output=False)
+    capabilities = Capabilities(tool_calls=True, json_output=False, dialect=Dialect.ANTHROPIC)
 
     def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
         self._upstream = upstream
@@ -37,8 +45,9 @@ class AnthropicProvider:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = anthropic_body(request, model=self._model)
+        headers = _beta_headers(request)
         if not request.stream:
-            answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id)
+            answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers)
             if answer.get("type") == "error" or "error" in answer:
                 raise self._upstream.stream_error(answer, self._model_id)
             generated = message_events(answer)
@@ -47,7 +56,7 @@ class AnthropicProvider:
                 yield event
             return
         reader = AnthropicEventReader()
-        async with self._upstream.stream("v1/messages", body, model_id=self._model_id) as events:
+        async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers) as events:
             async for event in events:
                 payload = self._decode(event.data)
                 if event.event == "error" or payload.get("type") == "error":

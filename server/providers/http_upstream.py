@@ -95,14 +95,15 @@ class HttpUpstream:
             await self._session.close()
 
     @asynccontextmanager
-    async def stream(self, path: str, body: Mapping, *, model_id: str) -> AsyncIterator[AsyncIterator[SseEvent]]:
+    async def stream(self, path: str, body: Mapping, *, model_id: str,
+                     headers: Mapping[str, str] | None = None) -> AsyncIterator[AsyncIterator[SseEvent]]:
         """POST `body` and yield the answer's server-sent events. Leaving the block before the end of the answer
         with an exception (an error, a caller who went away) closes the connection, which is how the upstream's
         work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
         to the pool once the answer is complete."""
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=orjson.dumps(body), headers=self._headers_for(attempt), proxy=self._proxy)
+                                        data=orjson.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy)
             attempt.set("http.response.status_code", response.status)
             events = None
             try:
@@ -119,10 +120,11 @@ class HttpUpstream:
                 if events is not None:
                     await events.aclose()
 
-    async def post_json(self, path: str, body: Mapping, *, model_id: str) -> dict:
+    async def post_json(self, path: str, body: Mapping, *, model_id: str,
+                        headers: Mapping[str, str] | None = None) -> dict:
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=orjson.dumps(body), headers=self._headers_for(attempt), proxy=self._proxy,
+                                        data=orjson.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy,
                                         timeout=self._answer_timeout)
             attempt.set("http.response.status_code", response.status)
             try:
@@ -171,13 +173,17 @@ class HttpUpstream:
         return self._recorder.attempt(model_id, upstream_model if isinstance(upstream_model, str) else "",
                                       self._provider, _OPERATIONS.get(path, "chat"), self._address, self._port)
 
-    def _headers_for(self, attempt: Scope | NoScope) -> CIMultiDictProxy | CIMultiDict:
-        """The request's headers; for a traced request with its `traceparent` (and `tracestate`), so the upstream's
-        own spans join the trace."""
-        if attempt is NO_SCOPE:
+    def _headers_for(self, attempt: Scope | NoScope,
+                     extra: Mapping[str, str] | None = None) -> CIMultiDictProxy | CIMultiDict:
+        """The request's headers: the upstream's own, plus a request's `extra` (e.g. `anthropic-beta`, which cannot
+        replace them); for a traced request with its `traceparent` (and `tracestate`), so the upstream's own spans
+        join the trace."""
+        if attempt is NO_SCOPE and not extra:
             return self._headers
-        headers = CIMultiDict(self._headers)
-        headers.update(attempt.headers())
+        headers = CIMultiDict(extra or ())
+        headers.update(self._headers)
+        if attempt is not NO_SCOPE:
+            headers.update(attempt.headers())
         return headers
 
     def _session_now(self) -> aiohttp.ClientSession:

@@ -215,7 +215,9 @@ class LlamaCppProvider:
         tokens = llm.generate(
             prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=params.top_k or 0,
             top_p=1.0 if params.top_p is None else params.top_p,
-            min_p=0.0, typical_p=1.0, repeat_penalty=1.0,
+            min_p=params.min_p or 0.0, typical_p=1.0,
+            repeat_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,
+            frequency_penalty=params.frequency_penalty or 0.0, presence_penalty=params.presence_penalty or 0.0,
         )  # fmt: skip
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two tokens
         pending = ""  # decoded text not yet emitted: it may be the start of a stop string

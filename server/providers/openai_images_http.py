@@ -16,7 +16,6 @@ import binascii
 from server.domain import GeneratedImage, ImageFormat, ImageRequest, UpstreamSpec
 from server.errors import UpstreamError
 from server.providers.http_upstream import HttpUpstream
-from server.translate.values import wire_body
 
 _SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))
 
@@ -28,7 +27,7 @@ class OpenAIImageProvider:
         self._model_id = model_id
 
     async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
-        body = wire_body(request.source) if request.source is not None else _built(request)
+        body = dict(request.source) if request.source is not None else _built(request)
         body.pop("response_format", None)
         body["model"] = self._model
         answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id)

@@ -21,8 +21,8 @@ class ChatServicer(DialectServicer, chat_service_pb2_grpc.ChatServiceServicer):
         super().__init__(pipeline)
         self._default_max_tokens = default_max_tokens
 
-    def plan(self, request, call, *, always_stream):
-        return chat_request(request, upstream_model=call.model.id, default_max_tokens=self._default_max_tokens,
+    def plan(self, body, call, *, always_stream):
+        return chat_request(body, upstream_model=call.model.id, default_max_tokens=self._default_max_tokens,
                             always_stream=always_stream)
 
     def answer(self, header, completion):

@@ -15,6 +15,7 @@ from server.domain import Endpoint
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
 from server.translate.openai_images import image_request, images_response
+from server.translate.values import model_of, parse_body, proto_to_json
 
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
@@ -22,18 +23,18 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         self._pipeline = pipeline
         self._store = store
 
-    async def _generate(self, request: image_pb2.CreateImageRequest, context: grpc.aio.ServicerContext) -> dict:
-        call = self._pipeline.begin(context, request.model, Endpoint.IMAGES)
-        plan = image_request(request, upstream_model=call.model.id)
+    async def _generate(self, body: dict, context: grpc.aio.ServicerContext) -> dict:
+        call = self._pipeline.begin(context, model_of(body), Endpoint.IMAGES)
+        plan = image_request(body, upstream_model=call.model.id)
         images = await self._pipeline.generate_images(call, plan.generation)
         urls = await self._store.put(images) if plan.response_format == "url" else None
         return images_response(int(time.time()), plan, images, urls)
 
     async def CreateImage(self, request, context) -> image_pb2.ImagesResponse:
-        return json_format.ParseDict(await self._generate(request, context), image_pb2.ImagesResponse())
+        return json_format.ParseDict(await self._generate(proto_to_json(request), context), image_pb2.ImagesResponse())
 
     async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        body = await self._generate(request, context)
+        body = await self._generate(parse_body(request.data), context)
         yield httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(body))
 
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:

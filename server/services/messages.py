@@ -17,8 +17,9 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     id_prefix = "msg_"
     allow_x_api_key = True
 
-    def plan(self, request, call, *, always_stream):
-        return message_request(request, upstream_model=call.model.id, always_stream=always_stream)
+    def plan(self, body, call, *, always_stream):
+        return message_request(body, upstream_model=call.model.id, always_stream=always_stream,
+                               beta=beta_values(call.context.invocation_metadata()))
 
     def answer(self, header, completion):
         return to_anthropic.message(header, completion)
@@ -32,3 +33,9 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     CreateMessage = DialectServicer.unary
     StreamMessage = DialectServicer.typed_stream
     CreateMessageHttp = DialectServicer.http_body
+
+
+def beta_values(metadata) -> tuple[str, ...]:
+    """The `anthropic-beta` header's values (comma-separated, possibly repeated), for an Anthropic upstream."""
+    return tuple(value.strip() for name, values in metadata or () if name == "anthropic-beta"
+                 for value in values.split(",") if value.strip())

@@ -1,23 +1,26 @@
-"""Anthropic Messages request -> internal GenerationRequest, validating every value it reads.
+"""Anthropic Messages request (the JSON body) -> internal GenerationRequest, validating every value it reads.
 
-Like the OpenAI translator, it leaves what a request needs from a model (tool calls) to the pipeline's check of the
-provider's capabilities.
+Like the OpenAI translator, it reads the body without editing it (an Anthropic upstream receives it whole, with the
+caller's `anthropic-beta` values) and leaves what a request needs from a model (tool calls, server tools, blocks
+only Anthropic's API knows) to the pipeline's check of the provider's capabilities.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
-from google.protobuf import struct_pb2
 
-from portico.v1 import message_pb2
 from server.domain import (
-    Dialect, GenerationRequest, Role, SamplingParams, SourceRequest, ToolCall, ToolChoice, ToolChoiceMode,
-    ToolResult, ToolSpec, Turn,
+    AnthropicMessagesSource, GenerationRequest, Json, Role, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode,
+    ToolResult, ToolSpec, Turn, Unread,
 )
 from server.errors import InvalidRequest
-from server.translate.values import check_range, is_set, plain, text_or_parts
+from server.translate.field_rules import MESSAGE_FIELDS, check_fields
+from server.translate.values import (
+    opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
+)
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any": ToolChoiceMode.REQUIRED,
@@ -33,114 +36,130 @@ class MessagePlan:
     stream: bool
 
 
-def message_request(request: message_pb2.CreateMessageRequest, *, upstream_model: str,
-                    always_stream: bool = False) -> MessagePlan:
-    """`always_stream`: the RPC streams whatever `stream` says (the typed StreamMessage)."""
-    if not request.HasField("max_tokens"):
+def message_request(body: Mapping[str, Json], *, upstream_model: str, always_stream: bool = False,
+                    beta: Sequence[str] = ()) -> MessagePlan:
+    """`always_stream`: the RPC streams whatever `stream` says (the typed StreamMessage). `beta`: the caller's
+    `anthropic-beta` header values."""
+    unread = list(check_fields(body, MESSAGE_FIELDS))
+    max_tokens = opt_int(body, "max_tokens", 1)
+    if max_tokens is None:
         raise InvalidRequest("max_tokens: Field required", param="max_tokens")
-    if request.max_tokens < 1:
-        raise InvalidRequest(f"max_tokens: must be at least 1, got {request.max_tokens}.", param="max_tokens")
-    if not request.messages:
+    messages = opt_array(body, "messages")
+    if not messages:
         raise InvalidRequest("messages: at least one message is required.", param="messages")
     turns = []
-    if is_set(request, "system"):
-        turns.append(Turn(Role.SYSTEM, text_or_parts(request.system, "system")))
-    turns += [_turn(message, f"messages[{i}]") for i, message in enumerate(request.messages)]
-    check_range(request, "temperature", 0.0, 1.0)
-    check_range(request, "top_p", 0.0, 1.0)
-    if request.HasField("top_k") and request.top_k < 0:
-        raise InvalidRequest(f"top_k: must be at least 0, got {request.top_k}.", param="top_k")
-    for i, stop in enumerate(request.stop_sequences):
-        if not stop:
+    if body.get("system") is not None:
+        turns.append(Turn(Role.SYSTEM, text_parts(body["system"], "system")[0]))
+    turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
+    stops = opt_array(body, "stop_sequences") or []
+    for i, stop in enumerate(stops):
+        if not isinstance(stop, str) or not stop:
             raise InvalidRequest("stop_sequences: entries must be non-empty strings.", param=f"stop_sequences[{i}]")
     params = SamplingParams(
-        max_tokens=request.max_tokens,
-        temperature=request.temperature if request.HasField("temperature") else None,
-        top_p=request.top_p if request.HasField("top_p") else None,
-        top_k=request.top_k if request.HasField("top_k") and request.top_k > 0 else None,
-        stop=tuple(request.stop_sequences),
+        max_tokens=max_tokens,
+        temperature=opt_number(body, "temperature", 0.0, 1.0),
+        top_p=opt_number(body, "top_p", 0.0, 1.0),
+        top_k=opt_int(body, "top_k", 0) or None,
+        stop=tuple(stops),
     )
-    tools = tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools))
-    stream = always_stream or (request.stream if request.HasField("stream") else False)
+    tools = _tools(body, unread)
+    stream = always_stream or bool(opt_bool(body, "stream"))
     generation = GenerationRequest(
-        model=upstream_model, turns=tuple(turns), params=params, tools=tools,
-        tool_choice=_tool_choice(request, tools), source=SourceRequest(Dialect.ANTHROPIC, request), stream=stream,
+        model=upstream_model, turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body),
+        source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
     return MessagePlan(generation=generation, stream=stream)
 
 
-def _turn(message: message_pb2.InputMessage, where: str) -> Turn:
-    role = _ROLES.get(message.role)
+def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
+    if not isinstance(message, dict):
+        raise wrong_type(where, "an object", message)
+    role = _ROLES.get(message.get("role")) if isinstance(message.get("role"), str) else None
     if role is None:
         raise InvalidRequest(
-            f"{where}.role: must be 'user' or 'assistant', got {message.role[:40]!r}.", param=f"{where}.role"
+            f"{where}.role: must be 'user' or 'assistant', got {shown(message.get('role'))}.", param=f"{where}.role"
         )
-    content = message.content
-    if not is_set(message, "content"):
+    content = message.get("content")
+    if content is None:
         raise InvalidRequest(f"{where}.content: Field required", param=f"{where}.content")
-    if content.WhichOneof("kind") != "list_value":
-        return Turn(role, text_or_parts(content, f"{where}.content"))
+    if not isinstance(content, list):
+        return Turn(role, text_parts(content, f"{where}.content")[0])
     texts: list[str] = []
     calls: list[ToolCall] = []
     results: list[ToolResult] = []
-    for i, block in enumerate(content.list_value.values):
-        _read_block(block, f"{where}.content[{i}]", role, texts, calls, results)
+    for i, block in enumerate(content):
+        _read_block(block, f"{where}.content[{i}]", role, texts, calls, results, unread)
     return Turn(role, "\n".join(texts), tool_calls=tuple(calls), tool_results=tuple(results))
 
 
-def _read_block(block: struct_pb2.Value, where: str, role: Role, texts: list, calls: list, results: list) -> None:
-    if block.WhichOneof("kind") != "struct_value":
-        raise InvalidRequest(f"{where}: must be a content block object.", param=where)
-    fields = block.struct_value.fields
-    kind = _string(fields, "type")
+def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, results: list,
+                unread: list[Unread]) -> None:
+    if not isinstance(block, dict):
+        raise wrong_type(where, "a content block object", block)
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise wrong_type(f"{where}.type", "a string", kind)
     if kind == "text":
-        text = fields.get("text")
-        if text is None or text.WhichOneof("kind") != "string_value":
-            raise InvalidRequest(f"{where}.text: must be a string.", param=f"{where}.text")
-        texts.append(text.string_value)
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise wrong_type(f"{where}.text", "a string", text)
+        texts.append(text)
     elif kind == "tool_use" and role is Role.ASSISTANT:
-        if not _string(fields, "id") or not _string(fields, "name"):
+        call_id, name = opt_string(block, "id", where), opt_string(block, "name", where)
+        if not call_id or not name:
             raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=where)
-        arguments = orjson.dumps(plain(fields["input"]) if "input" in fields else {}).decode()
-        calls.append(ToolCall(id=_string(fields, "id"), name=_string(fields, "name"), arguments=arguments))
+        tool_input = opt_object(block, "input", where)
+        calls.append(ToolCall(id=call_id, name=name, arguments=orjson.dumps(tool_input or {}).decode()))
     elif kind == "tool_result" and role is Role.USER:
-        if not _string(fields, "tool_use_id"):
+        call_id = opt_string(block, "tool_use_id", where)
+        if not call_id:
             raise InvalidRequest(f"{where}.tool_use_id: Field required", param=f"{where}.tool_use_id")
-        text = text_or_parts(fields["content"], f"{where}.content") if "content" in fields else ""
-        is_error = "is_error" in fields and fields["is_error"].bool_value
-        results.append(ToolResult(call_id=_string(fields, "tool_use_id"), text=text, is_error=is_error))
-    elif kind not in _SKIPPED_BLOCKS or role is not Role.ASSISTANT:
-        raise InvalidRequest(
-            f"{where}.type: content blocks of type {kind[:40]!r} are not supported here; supported: text, "
-            "tool_use (assistant), tool_result (user), thinking (assistant).",
-            param=f"{where}.type",
-        )
+        text, others = text_parts(block.get("content"), f"{where}.content",
+                                  part_types=("text", "image", "document", "search_result"))
+        if others:
+            unread.append(Unread(f"{where}.content[{others[0]}].type",
+                                 "Tool results with other than text blocks are not supported by this model."))
+        is_error = bool(opt_bool(block, "is_error", where))
+        results.append(ToolResult(call_id=call_id, text=text, is_error=is_error))
+    elif kind in _SKIPPED_BLOCKS and role is Role.ASSISTANT:
+        return
+    else:  # image, document, server tool blocks, ...: Anthropic's API judges them; no other model can take them
+        unread.append(Unread(f"{where}.type", f"Content blocks of type {kind[:40]!r} are not supported by this "
+                                              "model; supported: text, tool_use (assistant), tool_result (user), "
+                                              "thinking (assistant)."))
 
 
-def _tool(tool: message_pb2.MessageTool, where: str) -> ToolSpec:
-    if tool.type not in ("", "custom"):
-        raise InvalidRequest(f"{where}.type: only custom tools are supported, not {tool.type[:40]!r}.",
-                             param=f"{where}.type")
-    if not tool.name:
-        raise InvalidRequest(f"{where}.name: Field required", param=f"{where}.name")
-    schema = plain(tool.input_schema) if tool.HasField("input_schema") else {"type": "object"}
-    return ToolSpec(name=tool.name, description=tool.description, parameters=schema)
+def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
+    specs = []
+    for i, tool in enumerate(opt_array(body, "tools") or []):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise wrong_type(where, "an object", tool)
+        kind = opt_string(tool, "type", where)
+        if kind not in (None, "custom"):  # a server tool (web_search_20250305, ...): Anthropic runs it
+            unread.append(Unread(f"{where}.type", f"Server tools ({kind[:40]!r}) run only on Anthropic's API: this "
+                                                  "model cannot use them."))
+            continue
+        name = opt_string(tool, "name", where)
+        if not name:
+            raise InvalidRequest(f"{where}.name: Field required", param=f"{where}.name")
+        schema = opt_object(tool, "input_schema", where) or {"type": "object"}
+        description = opt_string(tool, "description", where) or ""
+        specs.append(ToolSpec(name=name, description=description, parameters=schema))
+    return tuple(specs)
 
 
-def _tool_choice(request: message_pb2.CreateMessageRequest, tools: tuple[ToolSpec, ...]) -> ToolChoice | None:
-    if not is_set(request, "tool_choice"):
+def _tool_choice(body: Mapping[str, Json]) -> ToolChoice | None:
+    choice = opt_object(body, "tool_choice")
+    if choice is None:
         return None
-    choice = request.tool_choice
-    fields = choice.struct_value.fields if choice.WhichOneof("kind") == "struct_value" else {}
-    mode = _TOOL_CHOICES.get(_string(fields, "type"))
+    kind = choice.get("type")
+    mode = _TOOL_CHOICES.get(kind) if isinstance(kind, str) else None
     if mode is None:
-        raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none.", param="tool_choice")
-    name = _string(fields, "name") or None
-    if mode is ToolChoiceMode.TOOL and name not in {tool.name for tool in tools}:
-        raise InvalidRequest("tool_choice.name: must name one of `tools`.", param="tool_choice")
-    parallel = not ("disable_parallel_tool_use" in fields and fields["disable_parallel_tool_use"].bool_value)
+        raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none.", param="tool_choice.type")
+    name = opt_string(choice, "name", "tool_choice") or None
+    names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)}
+    if mode is ToolChoiceMode.TOOL and name not in names:  # a custom tool or a server tool
+        raise InvalidRequest("tool_choice.name: must name one of `tools`.", param="tool_choice.name")
+    parallel = not opt_bool(choice, "disable_parallel_tool_use", "tool_choice")
     return ToolChoice(mode, name=name if mode is ToolChoiceMode.TOOL else None, parallel=parallel)
-
-
-def _string(fields, name: str) -> str:
-    return fields[name].string_value if name in fields else ""

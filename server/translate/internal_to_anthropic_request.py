@@ -7,9 +7,8 @@ put in. Any other request (a chat completion) is built from the internal values.
 
 from __future__ import annotations
 
-from server.domain import Dialect, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
+from server.domain import AnthropicMessagesSource, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
 from server.translate.internal_to_anthropic import tool_input
-from server.translate.values import wire_body
 
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # OpenAI allows up to 2; Anthropic refuses more than 1
 
@@ -19,8 +18,8 @@ _CHOICE_TYPES = {ToolChoiceMode.AUTO: "auto", ToolChoiceMode.NONE: "none", ToolC
 
 def anthropic_body(request: GenerationRequest, *, model: str) -> dict:
     source = request.source
-    if source is not None and source.dialect is Dialect.ANTHROPIC:
-        body = wire_body(source.message)
+    if isinstance(source, AnthropicMessagesSource):
+        body = dict(source.body)  # a copy: the caller's body is never edited
     else:
         body = _built(request)
     body["model"] = model

@@ -10,16 +10,15 @@ the internal values.
 
 from __future__ import annotations
 
-from server.domain import Dialect, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
-from server.translate.values import wire_body
+from server.domain import GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn
 
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 def openai_body(request: GenerationRequest, *, model: str, max_tokens_field: str = "max_tokens") -> dict:
     source = request.source
-    if source is not None and source.dialect is Dialect.OPENAI:
-        body = wire_body(source.message)
+    if isinstance(source, OpenAIChatSource):
+        body = dict(source.body)  # a copy: the caller's body is never edited
     else:
         body = _built(request)
     for field in _TOKEN_FIELDS:

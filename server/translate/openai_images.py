@@ -4,12 +4,12 @@ generated images -> the response body the openai SDK's `images.generate` parses.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from portico.v1 import image_pb2
+from server.domain import GeneratedImage, ImageFormat, ImageRequest, Json
 from server.errors import InvalidRequest, RequestTooLarge
-from server.domain import GeneratedImage, ImageFormat, ImageRequest
+from server.translate.values import opt_bool, opt_int, opt_string, shown
 
 # Prompts of a few MiB must pass (Envoy admits 8 MiB bodies); the cap only turns absurd ones into a clear 413.
 MAX_PROMPT_CHARS = 4 * 1024 * 1024
@@ -35,46 +35,42 @@ class ImagePlan:
     response_format: str  # "b64_json" or "url"
 
 
-def image_request(request: image_pb2.CreateImageRequest, *, upstream_model: str) -> ImagePlan:
-    prompt = request.prompt
+def image_request(body: Mapping[str, Json], *, upstream_model: str) -> ImagePlan:
+    """The request body (parsed JSON, read without editing: an OpenAI images upstream receives it whole)."""
+    prompt = opt_string(body, "prompt") or ""
     if not prompt.strip():
         raise InvalidRequest("`prompt` is required and must not be empty.", param="prompt")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise RequestTooLarge(f"`prompt` is longer than {MAX_PROMPT_CHARS} characters.", param="prompt")
-    n = request.n if request.HasField("n") else 1
-    if not 1 <= n <= MAX_IMAGES:
-        raise InvalidRequest(f"`n` must be between 1 and {MAX_IMAGES}, got {n}.", param="n")
-    width, height = SIZES[_choice(request.size, "size", tuple(SIZES), default="auto")]
-    response_format = _choice(request.response_format, "response_format", RESPONSE_FORMATS, default="b64_json")
+    n = opt_int(body, "n", 1, MAX_IMAGES)
+    width, height = SIZES[_choice(body, "size", tuple(SIZES), default="auto")]
+    response_format = _choice(body, "response_format", RESPONSE_FORMATS, default="b64_json")
     output_format = ImageFormat(
-        _choice(request.output_format, "output_format", tuple(f.value for f in ImageFormat), default="png")
+        _choice(body, "output_format", tuple(f.value for f in ImageFormat), default="png")
     )
-    quality = _choice(request.quality, "quality", QUALITIES, default="auto")
-    style = _choice(request.style, "style", STYLES, default="vivid")
-    background = _choice(request.background, "background", BACKGROUNDS, default="auto")
+    quality = _choice(body, "quality", QUALITIES, default="auto")
+    style = _choice(body, "style", STYLES, default="vivid")
+    background = _choice(body, "background", BACKGROUNDS, default="auto")
     if background == "transparent" and not output_format.supports_alpha:
         raise InvalidRequest(
             f"A transparent background needs output_format png or webp, not {output_format.value}.",
             param="background",
         )
-    _choice(request.moderation, "moderation", MODERATIONS, default="auto")  # checked; there is nothing to moderate
-    compression = request.output_compression if request.HasField("output_compression") else None
-    if compression is not None and not 0 <= compression <= 100:
-        raise InvalidRequest(f"`output_compression` must be between 0 and 100, got {compression}.",
-                             param="output_compression")
-    # Unknown JSON fields are dropped by the transcoder, so these two are declared only to refuse them: answering
-    # a streaming request with one JSON body would break the caller's SSE parser.
-    if request.HasField("stream") and request.stream:
+    _choice(body, "moderation", MODERATIONS, default="auto")  # checked; there is nothing to moderate
+    opt_string(body, "user")
+    compression = opt_int(body, "output_compression", 0, 100)
+    # Answering a streaming request with one JSON body would break the caller's SSE parser.
+    if opt_bool(body, "stream"):
         raise InvalidRequest("Streaming image generation is not supported: leave `stream` unset or false.",
                              param="stream")
-    if request.HasField("partial_images") and request.partial_images != 0:
+    if opt_int(body, "partial_images", 0):
         raise InvalidRequest("`partial_images` needs streaming, which image generation here does not support.",
                              param="partial_images")
     return ImagePlan(
         generation=ImageRequest(
             model=upstream_model,
             prompt=prompt,
-            n=n,
+            n=n or 1,
             width=width,
             height=height,
             output_format=output_format,
@@ -82,7 +78,7 @@ def image_request(request: image_pb2.CreateImageRequest, *, upstream_model: str)
             style=style,
             quality=quality,
             compression=compression,
-            source=request,
+            source=body,
         ),
         response_format=response_format,
     )
@@ -108,11 +104,11 @@ def images_response(
     }
 
 
-def _choice(value: str, param: str, allowed: tuple[str, ...], *, default: str) -> str:
-    """One of `allowed`; an empty string is an unset field (proto3 strings cannot tell the two apart)."""
+def _choice(body: Mapping[str, Json], param: str, allowed: tuple[str, ...], *, default: str) -> str:
+    """One of `allowed`; absent, null or an empty string (a typed caller's unset field) is the default."""
+    value = opt_string(body, param)
     if not value:
         return default
     if value not in allowed:
-        shown = value if len(value) <= 40 else value[:40] + "..."
-        raise InvalidRequest(f"`{param}` must be one of {', '.join(allowed)}; got {shown!r}.", param=param)
+        raise InvalidRequest(f"`{param}` must be one of {', '.join(allowed)}; got {shown(value)}.", param=param)
     return value

@@ -1,20 +1,25 @@
-"""OpenAI chat-completions request -> internal GenerationRequest, validating every value it reads.
+"""OpenAI chat-completions request (the JSON body) -> internal GenerationRequest, validating every value it reads.
 
-What a request needs from a model (tool calls, JSON output) is not judged here: the pipeline checks it against
-the provider's capabilities, since an upstream can honour what the embedded model cannot.
+The body is read, never edited: it travels on as the request's source, so an OpenAI-compatible upstream receives it
+whole. What a request needs from a model (tool calls, JSON output, parts and fields only its own API knows) is not
+judged here: the pipeline checks it against the provider's capabilities, since an upstream can honour what the
+embedded model cannot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from portico.v1 import chat_pb2
 from server.domain import (
-    Dialect, GenerationRequest, Role, SamplingParams, SourceRequest, ToolCall, ToolChoice, ToolChoiceMode,
-    ToolResult, ToolSpec, Turn,
+    GenerationRequest, Json, OpenAIChatSource, Role, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode,
+    ToolResult, ToolSpec, Turn, Unread,
 )
 from server.errors import InvalidRequest
-from server.translate.values import check_range, is_set, plain, string_list, text_or_parts
+from server.translate.field_rules import CHAT_FIELDS, check_fields
+from server.translate.values import (
+    opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list, text_parts, wrong_type,
+)
 
 _ROLES = {
     "system": Role.SYSTEM,
@@ -24,6 +29,8 @@ _ROLES = {
     "tool": Role.USER,  # a tool's answer is the caller's turn (Anthropic's tool_result blocks)
     "function": Role.USER,
 }
+# Content parts each role may send; all but text are kept only for an upstream of this dialect.
+_PART_TYPES = {"user": ("text", "image_url", "input_audio", "file"), "assistant": ("text", "refusal")}
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
 
@@ -36,128 +43,152 @@ class ChatPlan:
 
 
 def chat_request(
-    request: chat_pb2.CreateChatCompletionRequest, *, upstream_model: str, default_max_tokens: int,
-    always_stream: bool = False,
+    body: Mapping[str, Json], *, upstream_model: str, default_max_tokens: int, always_stream: bool = False,
 ) -> ChatPlan:
     """`always_stream`: the RPC streams whatever `stream` says (the typed StreamChatCompletion)."""
-    if not request.messages:
+    unread = list(check_fields(body, CHAT_FIELDS))
+    messages = opt_array(body, "messages")
+    if not messages:
         raise InvalidRequest("`messages` must contain at least one message.", param="messages")
-    turns = tuple(_turn(message, f"messages[{i}]") for i, message in enumerate(request.messages))
-    stream = always_stream or (request.stream if request.HasField("stream") else False)
-    if request.HasField("stream_options") and not stream:
+    turns = tuple(_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages))
+    stream = always_stream or bool(opt_bool(body, "stream"))
+    stream_options = opt_object(body, "stream_options")
+    if stream_options is not None and not stream:
         raise InvalidRequest("`stream_options` is only allowed when `stream` is true.", param="stream_options")
-    tools = tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(request.tools))
+    include_usage = bool(opt_bool(stream_options or {}, "include_usage", "stream_options"))
+    tools = _tools(body, unread)
     generation = GenerationRequest(
         model=upstream_model,
         turns=turns,
-        params=_sampling(request, default_max_tokens),
+        params=_sampling(body, default_max_tokens),
         tools=tools,
-        tool_choice=_tool_choice(request, tools),
-        json_output=_response_format(request) != "text",
-        source=SourceRequest(Dialect.OPENAI, request),
+        tool_choice=_tool_choice(body, tools, unread),
+        json_output=_response_format(body) != "text",
+        source=OpenAIChatSource(body, tuple(unread)),
         stream=stream,
     )
-    return ChatPlan(generation=generation, stream=stream, include_usage=stream and request.stream_options.include_usage)
+    return ChatPlan(generation=generation, stream=stream, include_usage=stream and include_usage)
 
 
-def _sampling(request: chat_pb2.CreateChatCompletionRequest, default_max_tokens: int) -> SamplingParams:
-    check_range(request, "temperature", 0.0, 2.0)
-    check_range(request, "top_p", 0.0, 1.0)
-    check_range(request, "frequency_penalty", -2.0, 2.0)
-    check_range(request, "presence_penalty", -2.0, 2.0)
-    check_range(request, "top_logprobs", 0, 20)
-    for name in ("max_completion_tokens", "max_tokens"):
-        if request.HasField(name) and getattr(request, name) < 1:
-            raise InvalidRequest(f"`{name}` must be at least 1, got {getattr(request, name)}.", param=name)
-    if request.HasField("n") and request.n != 1:
-        if request.n < 1 or request.n > 128:
-            raise InvalidRequest(f"`n` must be between 1 and 128, got {request.n}.", param="n")
+def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingParams:
+    opt_int(body, "top_logprobs", 0, 20)
+    n = opt_int(body, "n", 1, 128)
+    if n is not None and n != 1:
         raise InvalidRequest("This gateway generates one choice per request: `n` must be 1.", param="n")
-    for token, bias in request.logit_bias.items():
-        if not token.isdigit() or not -100 <= bias <= 100:
+    for token, bias in (opt_object(body, "logit_bias") or {}).items():
+        if not token.isdigit() or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
             raise InvalidRequest("`logit_bias` maps token ids to values between -100 and 100.", param="logit_bias")
-    if request.HasField("max_completion_tokens"):
-        max_tokens = request.max_completion_tokens
-    elif request.HasField("max_tokens"):
-        max_tokens = request.max_tokens
-    else:
-        max_tokens = default_max_tokens
+    max_completion = opt_int(body, "max_completion_tokens", 1)
+    max_tokens = opt_int(body, "max_tokens", 1)
     return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=request.temperature if request.HasField("temperature") else None,
-        top_p=request.top_p if request.HasField("top_p") else None,
-        stop=string_list(request.stop, "stop", max_items=4),
-        seed=request.seed if request.HasField("seed") else None,
+        max_tokens=max_completion or max_tokens or default_max_tokens,
+        temperature=opt_number(body, "temperature", 0.0, 2.0),
+        top_p=opt_number(body, "top_p", 0.0, 1.0),
+        top_k=opt_int(body, "top_k", 0) or None,
+        min_p=opt_number(body, "min_p", 0.0, 1.0),
+        repetition_penalty=opt_number(body, "repetition_penalty", 0.0, 10.0),
+        frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0),
+        presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0),
+        stop=string_list(body.get("stop"), "stop", max_items=4),
+        seed=opt_int(body, "seed", -(2**63)),
     )
 
 
-def _turn(message: chat_pb2.ChatMessage, where: str) -> Turn:
-    role = _ROLES.get(message.role)
+def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
+    if not isinstance(message, dict):
+        raise wrong_type(where, "an object", message)
+    role_name = message.get("role")
+    role = _ROLES.get(role_name) if isinstance(role_name, str) else None
     if role is None:
         raise InvalidRequest(
-            f"`{where}.role` must be one of system, developer, user, assistant, tool; got {message.role[:40]!r}.",
+            f"`{where}.role` must be one of system, developer, user, assistant, tool; got {shown(role_name)}.",
             param=f"{where}.role",
         )
-    if not is_set(message, "content") and not (message.role == "assistant" and message.tool_calls):
+    tool_calls = opt_array(message, "tool_calls", where) or []
+    content = message.get("content")
+    if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call"))):
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
-    text = text_or_parts(message.content, f"{where}.content")
-    if message.role in ("tool", "function"):
-        call_id = message.tool_call_id if message.role == "tool" else message.name
+    text, others = text_parts(content, f"{where}.content", part_types=_PART_TYPES.get(role_name, ("text",)))
+    for i in others:
+        kind = content[i]["type"]
+        unread.append(Unread(f"{where}.content[{i}].type",
+                             f"Content parts of type `{kind}` are not supported by this model."))
+    if role_name in ("tool", "function"):
+        field = "tool_call_id" if role_name == "tool" else "name"
+        call_id = opt_string(message, field, where)
         if not call_id:
-            field = "tool_call_id" if message.role == "tool" else "name"
             raise InvalidRequest(f"`{where}.{field}` is required.", param=f"{where}.{field}")
         return Turn(role, tool_results=(ToolResult(call_id=call_id, text=text),))
-    calls = ()
-    if message.role == "assistant":
-        calls = tuple(_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(message.tool_calls))
-    return Turn(role, text, tool_calls=calls)
+    calls = tuple(_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(tool_calls))
+    return Turn(role, text, tool_calls=calls if role is Role.ASSISTANT else ())
 
 
-def _call(call: chat_pb2.ToolCall, where: str) -> ToolCall:
-    if not call.id or not call.function.name:
+def _call(call: Json, where: str) -> ToolCall:
+    if not isinstance(call, dict):
+        raise wrong_type(where, "an object", call)
+    function = opt_object(call, "function", where) or {}
+    call_id, name = opt_string(call, "id", where), opt_string(function, "name", f"{where}.function")
+    if not call_id or not name:
         raise InvalidRequest(f"`{where}` needs an `id` and a `function.name`.", param=where)
-    return ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments or "{}")
+    arguments = opt_string(function, "arguments", f"{where}.function")
+    return ToolCall(id=call_id, name=name, arguments=arguments or "{}")
 
 
-def _tool(tool: chat_pb2.ChatTool, where: str) -> ToolSpec:
-    if tool.type != "function":
-        raise InvalidRequest(f"`{where}.type`: only 'function' tools are supported, got {tool.type[:40]!r}.",
-                             param=f"{where}.type")
-    if not tool.function.name:
-        raise InvalidRequest(f"`{where}.function.name` is required.", param=f"{where}.function.name")
-    parameters = plain(tool.function.parameters) if tool.function.HasField("parameters") else {}
-    return ToolSpec(name=tool.function.name, description=tool.function.description, parameters=parameters)
+def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
+    specs = []
+    for i, tool in enumerate(opt_array(body, "tools") or []):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise wrong_type(where, "an object", tool)
+        kind = tool.get("type")
+        if kind == "custom":  # free-form input tools: OpenAI's own
+            unread.append(Unread(f"{where}.type", "Custom (free-form) tools are not supported by this model."))
+            continue
+        if kind != "function":
+            raise InvalidRequest(f"`{where}.type` must be 'function' or 'custom', got {shown(kind)}.",
+                                 param=f"{where}.type")
+        function = opt_object(tool, "function", where) or {}
+        name = opt_string(function, "name", f"{where}.function")
+        if not name:
+            raise InvalidRequest(f"`{where}.function.name` is required.", param=f"{where}.function.name")
+        parameters = opt_object(function, "parameters", f"{where}.function") or {}
+        description = opt_string(function, "description", f"{where}.function") or ""
+        specs.append(ToolSpec(name=name, description=description, parameters=parameters))
+    return tuple(specs)
 
 
-def _tool_choice(request: chat_pb2.CreateChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> ToolChoice | None:
-    parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-    if not is_set(request, "tool_choice"):
+def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: list[Unread]) -> ToolChoice | None:
+    parallel = opt_bool(body, "parallel_tool_calls")
+    parallel = True if parallel is None else parallel
+    choice = body.get("tool_choice")
+    if choice is None:
         return None if parallel else ToolChoice(parallel=False)
-    choice = request.tool_choice
-    kind = choice.WhichOneof("kind")
-    if kind == "string_value" and choice.string_value in _TOOL_CHOICES:
-        return ToolChoice(_TOOL_CHOICES[choice.string_value], parallel=parallel)
-    if kind == "struct_value":
-        fields = choice.struct_value.fields
-        function = fields["function"].struct_value.fields if "function" in fields else {}
-        name = function["name"].string_value if "name" in function else ""
-        if "type" in fields and fields["type"].string_value == "function" and name:
+    if isinstance(choice, str) and choice in _TOOL_CHOICES:
+        return ToolChoice(_TOOL_CHOICES[choice], parallel=parallel)
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if kind == "function" and isinstance(name, str) and name:
             if name not in {tool.name for tool in tools}:
                 raise InvalidRequest(f"`tool_choice` names the function {name[:40]!r}, which is not in `tools`.",
                                      param="tool_choice")
             return ToolChoice(ToolChoiceMode.TOOL, name=name, parallel=parallel)
+        if kind in ("allowed_tools", "custom"):  # OpenAI's newer forms: for an OpenAI-compatible upstream only
+            unread.append(Unread("tool_choice", f"`tool_choice` of type `{kind}` is not supported by this model."))
+            return None
     raise InvalidRequest(
         "`tool_choice` must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
         param="tool_choice",
     )
 
 
-def _response_format(request: chat_pb2.CreateChatCompletionRequest) -> str:
-    if not is_set(request, "response_format"):
+def _response_format(body: Mapping[str, Json]) -> str:
+    response_format = opt_object(body, "response_format")
+    if response_format is None:
         return "text"
-    fields = request.response_format.struct_value.fields
-    kind = fields["type"].string_value if "type" in fields else ""
+    kind = response_format.get("type")
     if kind not in _RESPONSE_FORMATS:
         raise InvalidRequest(f"`response_format.type` must be one of {', '.join(_RESPONSE_FORMATS)}; "
-                             f"got {kind[:40]!r}.", param="response_format.type")
+                             f"got {shown(kind)}.", param="response_format.type")
     return kind

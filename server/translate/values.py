@@ -1,79 +1,176 @@
-"""Reading google.protobuf.Value fields (the polymorphic parts of the dialects) into plain Python."""
+"""Reading a request body (plain JSON, as orjson parses it) with precise 400s: each reader names the offending value
+by its path in the body (`messages[2].content`), the `param` of the error object.
+
+REST bodies reach the server raw and are parsed here once; typed gRPC requests are turned into the same JSON first
+(`proto_to_json`), so both kinds of caller meet the same rules.
+"""
 
 from __future__ import annotations
 
-from google.protobuf import json_format, struct_pb2
+from collections.abc import Mapping
+
+import orjson
+from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from server.domain import Json
 from server.errors import InvalidRequest
 
-
-def is_set(message, field: str) -> bool:
-    """A Value field counts as unset when absent or JSON null."""
-    return message.HasField(field) and getattr(message, field).WhichOneof("kind") not in (None, "null_value")
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+               dict: "an object", type(None): "null"}
 
 
-def text_or_parts(value: struct_pb2.Value, param: str, *, part_types: tuple[str, ...] = ("text",)) -> str:
-    """A string, or a list of text parts [{"type": "text", "text": ...}], as one string."""
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return value.string_value
-    if kind in (None, "null_value"):
-        return ""
-    if kind != "list_value":
-        raise InvalidRequest(f"`{param}` must be a string or a list of content parts.", param=param)
-    texts = []
-    for i, part in enumerate(value.list_value.values):
+def parse_body(data: bytes) -> dict[str, Json]:
+    """A request body as a JSON object, or a 400 saying why it is not one."""
+    if not data.strip():
+        raise InvalidRequest("The request body is empty: send a JSON object.")
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"Invalid JSON body: {exc}.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"The request body must be a JSON object, got {type_name(body)}.")
+    return body
+
+
+def model_of(body: Mapping[str, Json]) -> str:
+    """The body's `model` ("" when absent: the pipeline answers that one)."""
+    return opt_string(body, "model") or ""
+
+
+def type_name(value: Json) -> str:
+    return _TYPE_NAMES.get(type(value), "a value")
+
+
+def wrong_type(param: str, expected: str, value: Json) -> InvalidRequest:
+    return InvalidRequest(f"`{param}` must be {expected}, got {type_name(value)}.", param=param)
+
+
+def join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def is_number(value: Json) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_integer(value: Json) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+
+
+def opt_string(obj: Mapping, name: str, path: str = "") -> str | None:
+    """A string member; absent or null is None."""
+    value = obj.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise wrong_type(join(path, name), "a string", value)
+
+
+def opt_bool(obj: Mapping, name: str, path: str = "") -> bool | None:
+    value = obj.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise wrong_type(join(path, name), "a boolean", value)
+
+
+def opt_number(obj: Mapping, name: str, low: float, high: float, path: str = "") -> float | None:
+    """A number in [low, high]; absent or null is None."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    param = join(path, name)
+    if not is_number(value):
+        raise wrong_type(param, "a number", value)
+    if not low <= value <= high:
+        raise InvalidRequest(f"`{param}` must be between {low:g} and {high:g}, got {value:g}.", param=param)
+    return value
+
+
+def opt_int(obj: Mapping, name: str, low: int, high: int = 2**63 - 1, path: str = "") -> int | None:
+    """An integer in [low, high] (a whole float such as 5.0 counts); absent or null is None."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    param = join(path, name)
+    if not is_integer(value):
+        raise wrong_type(param, "an integer", value)
+    value = int(value)
+    if value < low:
+        raise InvalidRequest(f"`{param}` must be at least {low}, got {value}.", param=param)
+    if value > high:
+        raise InvalidRequest(f"`{param}` must be at most {high}, got {value}.", param=param)
+    return value
+
+
+def opt_object(obj: Mapping, name: str, path: str = "") -> dict | None:
+    value = obj.get(name)
+    if value is None or isinstance(value, dict):
+        return value
+    raise wrong_type(join(path, name), "an object", value)
+
+
+def opt_array(obj: Mapping, name: str, path: str = "") -> list | None:
+    value = obj.get(name)
+    if value is None or isinstance(value, list):
+        return value
+    raise wrong_type(join(path, name), "an array", value)
+
+
+def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] = ("text",)) -> tuple[str, list[int]]:
+    """A string, or a list of content parts [{"type": "text", "text": ...}], as one string; null is "".
+
+    Returns the text and the indexes of the parts of other known kinds (`part_types` beyond "text", e.g. images),
+    which the internal values do not hold: only an upstream of the caller's dialect can be given those."""
+    if isinstance(value, str):
+        return value, []
+    if value is None:
+        return "", []
+    if not isinstance(value, list):
+        raise wrong_type(param, "a string or an array of content parts", value)
+    texts, other = [], []
+    for i, part in enumerate(value):
         where = f"{param}[{i}]"
-        if part.WhichOneof("kind") != "struct_value":
-            raise InvalidRequest(f"`{where}` must be an object with a `type`.", param=where)
-        fields = part.struct_value.fields
-        part_type = fields["type"].string_value if "type" in fields else ""
-        if part_type not in part_types:
-            raise InvalidRequest(
-                f"Content part type `{part_type[:40]}` is not supported by this model; "
-                f"supported: {', '.join(part_types)}.",
-                param=f"{where}.type",
-            )
-        text = fields.get("text")
-        if text is None or text.WhichOneof("kind") != "string_value":
-            raise InvalidRequest(f"`{where}.text` must be a string.", param=f"{where}.text")
-        texts.append(text.string_value)
-    return "\n".join(texts)
+        if not isinstance(part, dict):
+            raise wrong_type(where, "an object with a `type`", part)
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise wrong_type(f"{where}.text", "a string", text)
+            texts.append(text)
+        elif isinstance(kind, str) and kind in part_types:
+            other.append(i)
+        else:
+            raise InvalidRequest(f"`{where}.type` must be one of {', '.join(part_types)}; got {shown(kind)}.",
+                                 param=f"{where}.type")
+    return "\n".join(texts), other
 
 
-def string_list(value: struct_pb2.Value, param: str, *, max_items: int) -> tuple[str, ...]:
-    """A string or a list of strings (e.g. `stop`), as a tuple."""
-    kind = value.WhichOneof("kind")
-    if kind in (None, "null_value"):
+def string_list(value: Json, param: str, *, max_items: int) -> tuple[str, ...]:
+    """A string or a list of non-empty strings (e.g. `stop`), as a tuple; null is ()."""
+    if value is None:
         return ()
-    if kind == "string_value":
-        items = [value]
-    elif kind == "list_value":
-        items = list(value.list_value.values)
-    else:
-        raise InvalidRequest(f"`{param}` must be a string or a list of strings.", param=param)
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise wrong_type(param, "a string or an array of strings", value)
     if len(items) > max_items:
-        raise InvalidRequest(f"`{param}` takes at most {max_items} strings.", param=param)
-    out = []
-    for item in items:
-        if item.WhichOneof("kind") != "string_value" or not item.string_value:
-            raise InvalidRequest(f"`{param}` must contain only non-empty strings.", param=param)
-        out.append(item.string_value)
-    return tuple(out)
+        raise InvalidRequest(f"`{param}` takes at most {max_items} strings, got {len(items)}.", param=param)
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            where = param if isinstance(value, str) else f"{param}[{i}]"
+            raise InvalidRequest(f"`{where}` must be a non-empty string.", param=where)
+    return tuple(items)
 
 
-def check_range(message, name: str, low: float, high: float) -> None:
-    """An optional numeric field, when set, must lie in [low, high]."""
-    if message.HasField(name):
-        value = getattr(message, name)
-        if not low <= value <= high:
-            raise InvalidRequest(f"`{name}` must be between {low:g} and {high:g}, got {value:g}.", param=name)
+def shown(value: Json) -> str:
+    """A caller's value for an error message: a string quoted and cut short, anything else by its JSON type."""
+    return repr(value[:40]) if isinstance(value, str) else type_name(value)
 
 
-def wire_body(message: Message) -> dict:
-    """The request as its JSON body again (field names as on the wire, unset fields absent).
+def proto_to_json(message: Message) -> dict[str, Json]:
+    """A typed request as the JSON body a REST caller would have sent (wire names, unset fields absent), for the
+    same validation and passthrough as a raw body.
 
     json_format prints 64-bit integers as strings (the proto3 JSON rule) and numbers inside Structs as floats; both
     are put back, so an upstream sees `"seed": 7` and a schema's `"minimum": 1`, as the caller wrote them.
@@ -98,8 +195,3 @@ def _integral(value):
     if isinstance(value, list):
         return [_integral(v) for v in value]
     return value
-
-
-def plain(value: struct_pb2.Value | struct_pb2.Struct):
-    """A google.protobuf.Value or Struct as plain JSON (dicts, lists, ...), whole numbers as ints."""
-    return _integral(json_format.MessageToDict(value))

@@ -6,7 +6,7 @@ import grpc
 import orjson
 import pytest
 
-from tests.helpers import bearer, chat_request, error_details, sse_frames
+from tests.helpers import bearer, chat_request, error_details, sse_frames, http_body
 
 
 async def test_unary_completion_has_text_and_real_usage(chat, secret):
@@ -52,7 +52,7 @@ async def test_typed_stream_carries_role_deltas_finish_and_usage(chat, secret):
 
 
 async def test_http_rpc_answers_json_when_not_streaming(chat, secret):
-    bodies = [b async for b in chat.CreateChatCompletionHttp(chat_request(), metadata=bearer(secret))]
+    bodies = [b async for b in chat.CreateChatCompletionHttp(http_body(chat_request()), metadata=bearer(secret))]
     assert len(bodies) == 1 and bodies[0].content_type == "application/json"
     body = orjson.loads(bodies[0].data)
     assert isinstance(body["created"], int)
@@ -62,7 +62,7 @@ async def test_http_rpc_answers_json_when_not_streaming(chat, secret):
 
 async def test_http_rpc_answers_sse_when_streaming(chat, secret):
     request = chat_request(stream=True, stream_options={"include_usage": True}, max_tokens=4)
-    bodies = [b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))]
+    bodies = [b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret))]
     assert {b.content_type for b in bodies} == {"text/event-stream"}
     frames = sse_frames(bodies)
     assert frames[-1] == b"data: [DONE]\n\n"

@@ -15,7 +15,7 @@ from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.providers.dev_image import REVISED_PROMPT
-from tests.helpers import bearer, error_details
+from tests.helpers import bearer, error_details, http_body
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ async def test_typed_rpc_returns_b64_images(images, secret):
 
 async def test_http_rpc_answers_the_json_the_openai_sdk_parses(images, secret):
     request = image_request(output_format="jpeg", size="1024x1536", quality="high", style="natural", user="u1")
-    bodies = [b async for b in images.CreateImageHttp(request, metadata=bearer(secret))]
+    bodies = [b async for b in images.CreateImageHttp(http_body(request), metadata=bearer(secret))]
     assert len(bodies) == 1 and bodies[0].content_type == "application/json"
     body = orjson.loads(bodies[0].data)
     assert set(body) == {"created", "data", "background", "output_format", "size"}
@@ -69,7 +69,7 @@ async def test_http_rpc_answers_the_json_the_openai_sdk_parses(images, secret):
 
 async def test_url_answers_are_fetchable_without_a_key(images, secret):
     request = image_request(response_format="url", output_format="webp", background="transparent", n=2)
-    bodies = [b async for b in images.CreateImageHttp(request, metadata=bearer(secret))]
+    bodies = [b async for b in images.CreateImageHttp(http_body(request), metadata=bearer(secret))]
     data = orjson.loads(bodies[0].data)["data"]
     assert len(data) == 2 and all(set(item) == {"url", "revised_prompt"} for item in data)
     url = data[0]["url"]
@@ -119,7 +119,7 @@ async def test_megabyte_prompt(images, secret):
     ],
 )
 async def test_invalid_requests_name_the_field(images, secret, fields, param):
-    for call in (images.CreateImage, lambda *a, **k: _drain(images.CreateImageHttp(*a, **k))):
+    for call in (images.CreateImage, lambda r, **k: _drain(images.CreateImageHttp(http_body(r), **k))):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call(image_request(**fields), metadata=bearer(secret))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -138,7 +138,7 @@ async def test_text_model_is_404_naming_the_right_path(images, secret):
 
 async def test_generation_needs_a_key(images):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await _drain(images.CreateImageHttp(image_request()))
+        await _drain(images.CreateImageHttp(http_body(image_request())))
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 

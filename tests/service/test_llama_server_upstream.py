@@ -10,7 +10,7 @@ import pytest
 
 from server.app import start_server
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request, message_request, sse_frames
+from tests.helpers import bearer, chat_request, message_request, sse_frames, http_body
 from tests.llama_server import MODEL_ALIAS
 from tests.upstream_support import load_upstream_config, window_tokens
 
@@ -52,7 +52,7 @@ async def test_completion_with_its_token_limit_and_settled_usage(chat, running, 
 
 async def test_streamed_over_the_http_rpc(chat, key):
     request = chat_request(max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True})
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(key[1]))])
     assert frames[-1] == b"data: [DONE]\n\n"
     chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

@@ -6,7 +6,7 @@ import grpc
 import orjson
 import pytest
 
-from tests.helpers import bearer, error_details, message_request, sse_frames
+from tests.helpers import bearer, error_details, message_request, sse_frames, http_body
 
 
 async def test_unary_message_has_text_block_and_usage(messages, secret):
@@ -44,7 +44,7 @@ async def test_typed_stream_events_come_in_order(messages, secret):
 
 
 async def test_http_rpc_streams_sse_with_event_lines(messages, secret):
-    bodies = [b async for b in messages.CreateMessageHttp(message_request(stream=True), metadata=bearer(secret))]
+    bodies = [b async for b in messages.CreateMessageHttp(http_body(message_request(stream=True)), metadata=bearer(secret))]
     assert {b.content_type for b in bodies} == {"text/event-stream"}
     frames = sse_frames(bodies)
     assert frames[0].decode().startswith("event: message_start\ndata: {")
@@ -52,7 +52,7 @@ async def test_http_rpc_streams_sse_with_event_lines(messages, secret):
 
 
 async def test_http_rpc_answers_json_when_not_streaming(messages, secret):
-    bodies = [b async for b in messages.CreateMessageHttp(message_request(), metadata=bearer(secret))]
+    bodies = [b async for b in messages.CreateMessageHttp(http_body(message_request()), metadata=bearer(secret))]
     body = orjson.loads(bodies[0].data)
     assert body["type"] == "message" and body["stop_sequence"] is None
     assert set(body["usage"]) == {"input_tokens", "output_tokens"}

@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import image_pb2, image_service_pb2_grpc, message_service_pb2_grpc
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request, error_details, message_request
+from tests.helpers import bearer, chat_request, error_details, message_request, http_body
 
 LONG = "Write a very long story."  # an answer that does not end by itself within the test's few tokens
 HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
@@ -58,10 +58,10 @@ async def test_headers_on_every_kind_of_success(chat, channel, running):
     calls = [
         chat.CreateChatCompletion(chat_request(max_tokens=2), metadata=bearer(secret)),
         chat.StreamChatCompletion(chat_request(max_tokens=2), metadata=bearer(secret)),
-        chat.CreateChatCompletionHttp(chat_request(max_tokens=2), metadata=bearer(secret)),
-        chat.CreateChatCompletionHttp(chat_request(max_tokens=2, stream=True), metadata=bearer(secret)),
+        chat.CreateChatCompletionHttp(http_body(chat_request(max_tokens=2)), metadata=bearer(secret)),
+        chat.CreateChatCompletionHttp(http_body(chat_request(max_tokens=2, stream=True)), metadata=bearer(secret)),
         messages.CreateMessage(message_request(max_tokens=2), metadata=bearer(secret)),
-        messages.CreateMessageHttp(message_request(max_tokens=2, stream=True), metadata=bearer(secret)),
+        messages.CreateMessageHttp(http_body(message_request(max_tokens=2, stream=True)), metadata=bearer(secret)),
     ]
     seen = []
     for call in calls:
@@ -103,7 +103,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, ru
     # with what it really generated before its caller went away.
     key_id, secret = new_key(running, concurrent_requests=1, tokens_per_minute=400)
     request = chat_request(max_tokens=300, stream=True, messages=[{"role": "user", "content": LONG}])
-    call = getattr(chat, rpc)(request, metadata=bearer(secret))
+    call = getattr(chat, rpc)(request if rpc == "StreamChatCompletion" else http_body(request), metadata=bearer(secret))
     for _ in range(4):
         await call.read()
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -150,7 +150,7 @@ async def test_a_request_past_its_deadline_frees_its_slot(chat, running):
 
 async def test_request_too_large_for_the_token_limit(chat, running):
     _, secret = new_key(running, tokens_per_minute=100)
-    bodies = chat.CreateChatCompletionHttp(chat_request(max_tokens=500), metadata=bearer(secret))
+    bodies = chat.CreateChatCompletionHttp(http_body(chat_request(max_tokens=500)), metadata=bearer(secret))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         [_ async for _ in bodies]
     detail = error_details(caught.value)

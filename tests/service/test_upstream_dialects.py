@@ -9,7 +9,7 @@ import grpc
 import orjson
 import pytest
 
-from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames
+from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY, cross_dialect_models, upstream_server, window_tokens
@@ -58,7 +58,7 @@ async def test_chat_tool_calls_from_an_anthropic_upstream(chat, key):
 async def test_chat_streamed_from_an_anthropic_upstream(chat, double, key):
     request = chat_request(model="chat-on-anthropic", max_tokens=2, stream=True,
                            stream_options={"include_usage": True})
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(key[1]))])
     assert double.seen[-1].body["stream"] is True
     chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "echo Say"
@@ -85,7 +85,7 @@ async def test_messages_on_an_openai_upstream(messages, double, key):
 
 async def test_messages_streamed_from_an_openai_upstream(messages, double, key):
     request = message_request(model="messages-on-openai", max_tokens=2, stream=True)
-    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(http_body(request), metadata=bearer(key[1]))])
     assert (double.seen[-1].body["stream"], double.seen[-1].body["stream_options"]) == (True, {"include_usage": True})
     events = [orjson.loads(f.split(b"data: ", 1)[1]) for f in frames]
     assert [e["type"] for e in events] == ["message_start", "content_block_start", "ping", "content_block_delta",
@@ -145,7 +145,7 @@ async def test_an_anthropic_error_event_mid_stream_becomes_our_error_event(messa
               sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error")]
     double.cue(Cue(frames=frames))
     request = message_request(model="messages-on-anthropic", stream=True)
-    bodies = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(secret))])
+    bodies = sse_frames([b async for b in messages.CreateMessageHttp(http_body(request), metadata=bearer(secret))])
     assert bodies[-1].startswith(b"event: error\n")
     error = orjson.loads(bodies[-1].split(b"data: ", 1)[1])
     assert error["type"] == "error" and error["error"]["code"] == "service_unavailable"

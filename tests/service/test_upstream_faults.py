@@ -11,7 +11,7 @@ import grpc
 import orjson
 import pytest
 
-from tests.helpers import bearer, chat_request, error_details, sse_frames
+from tests.helpers import bearer, chat_request, error_details, sse_frames, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY, upstream_models, upstream_server, window_tokens
@@ -52,7 +52,7 @@ async def test_completion_passes_the_request_through_and_settles_real_usage(chat
 async def test_a_streamed_completion_asks_the_upstream_to_stream_with_usage(chat, running, double, key):
     key_id, secret = key
     request = chat_request(model="up-main", messages=HELLO, stream=True)
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret))])
     chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "echo Say hello."
     assert double.seen[-1].body == {"model": "main-model", "messages": HELLO, "max_tokens": 8, "stream": True,
@@ -170,7 +170,7 @@ async def test_a_silent_upstream_is_a_504(chat, running, double, key):
 
 async def streamed_text(chat, secret, model="up-solo") -> str:
     request = chat_request(model=model, messages=HELLO, stream=True)
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret))])
     chunks = [orjson.loads(f.removeprefix(b"data: ")) for f in frames[:-1]]
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
 
@@ -236,7 +236,7 @@ async def test_a_stream_dropped_mid_answer_ends_with_an_sse_error_and_settles_wh
     key_id, secret = key
     double.cue(Cue(drop_after=3))  # role, "echo", " Say", then gone
     request = chat_request(model="up-main", messages=HELLO, stream=True)
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(secret))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret))])
     events = [orjson.loads(f.removeprefix(b"data: ")) for f in frames]
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "echo Say"
     assert events[-1]["error"]["code"] == "upstream_error" and len(double.seen) == 1  # never retried
@@ -248,7 +248,7 @@ async def test_an_error_chunk_mid_stream_is_passed_on(chat, double, key):
               sse({"error": {"message": "overloaded", "type": "overloaded_error"}})]
     double.cue(Cue(frames=frames))
     request = chat_request(model="up-solo", messages=HELLO, stream=True)
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(key[1]))])
     error = orjson.loads(frames[-1].removeprefix(b"data: "))["error"]
     assert (error["code"], error["message"]) == ("service_unavailable",
                                                  "The upstream serving `up-solo` is unavailable: overloaded")

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from tests.helpers import bearer, chat_request, message_request, sse_frames
+from tests.helpers import http_body as raw
 from tests.passthrough_objects import CHUNKS, COMPLETION, MESSAGE, THINKING, UPSTREAM_MODEL
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
@@ -43,7 +44,7 @@ async def running(double, tmp_path_factory):
 
 
 async def http_body(rpc, request, secret) -> bytes:
-    return b"".join([b.data async for b in rpc(request, metadata=bearer(secret))])
+    return b"".join([b.data async for b in rpc(raw(request), metadata=bearer(secret))])
 
 
 def data_of(frames: list[bytes]) -> list:
@@ -74,7 +75,7 @@ async def test_a_chat_completion_is_the_upstreams_answer_but_for_what_the_gatewa
 async def test_a_streamed_chat_completion_is_the_upstreams_stream(chat, double, key):
     double.cue(Cue(frames=CHUNK_FRAMES))
     request = chat_request(model="chat-on-openai", stream=True, stream_options={"include_usage": True})
-    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))])
     chunks = data_of(frames)
     assert chunks == [owned_chat(c, chunks[0]) for c in CHUNKS]  # one role chunk: the upstream's
     assert frames[-1] == b"data: [DONE]\n\n" and UPSTREAM_MODEL.encode() not in b"".join(frames)
@@ -84,7 +85,7 @@ async def test_a_streamed_chat_completion_is_the_upstreams_stream(chat, double, 
 async def test_a_caller_who_did_not_ask_for_usage_gets_none(chat, double, key):
     request = chat_request(model="chat-on-openai", stream=True)
     double.cue(Cue(frames=CHUNK_FRAMES))
-    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]))
+    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert double.seen[-1].body["stream_options"] == {"include_usage": True}  # Portico still asks for it
     expected = [owned_chat(c, chunks[0]) for c in CHUNKS[:-1]]
     assert chunks == [{k: v for k, v in c.items() if k != "usage"} for c in expected]
@@ -111,7 +112,7 @@ async def test_a_message_is_the_upstreams_answer_but_for_what_the_gateway_owns(m
 async def test_a_streamed_message_is_every_event_the_upstream_sent(messages, double, key):
     double.cue(Cue(frames=EVENT_FRAMES))
     request = message_request(model="messages-on-anthropic", stream=True)
-    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(raw(request), metadata=bearer(key[1]))])
     events = data_of(frames)
     started = events[0]["message"]
     assert started["id"].startswith("msg_") and started["id"] != "msg_upstream"
@@ -124,14 +125,14 @@ async def test_a_streamed_message_is_every_event_the_upstream_sent(messages, dou
 async def test_a_stream_dropped_before_content_is_retried(chat, messages, double, key):
     double.cue(Cue(frames=CHUNK_FRAMES, drop_after=1))  # the role chunk, then gone
     request = chat_request(model="chat-on-openai", stream=True)
-    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]))
+    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert len(double.seen) == 2 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "echo Say hello."
     assert [c["choices"][0]["delta"].get("role") for c in chunks].count("assistant") == 1
     double.reset()
     double.cue(Cue(frames=EVENT_FRAMES, drop_after=3))  # message_start, an empty thinking block, ping, then gone
     request = message_request(model="messages-on-anthropic", stream=True)
-    events = data_of(sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))]))
+    events = data_of(sse_frames([b async for b in messages.CreateMessageHttp(raw(request), metadata=bearer(key[1]))]))
     assert len(double.seen) == 2 and [e["type"] for e in events].count("message_start") == 1
     assert [e["type"] for e in events][-1] == "message_stop"
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
@@ -141,7 +142,7 @@ async def test_a_stream_dropped_before_content_is_retried(chat, messages, double
 async def test_a_stream_dropped_after_thinking_ends_with_an_error_event(messages, double, key):
     double.cue(Cue(frames=EVENT_FRAMES, drop_after=4))  # a thinking delta reached the caller: not retried
     request = message_request(model="messages-on-anthropic", stream=True)
-    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(raw(request), metadata=bearer(key[1]))])
     assert len(double.seen) == 1 and frames[-1].startswith(b"event: error\n")
     assert [e["type"] for e in data_of(frames[:-1])] == [e["type"] for e in EVENTS[:4]]
 
@@ -156,7 +157,7 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     assert (answer["model"], answer["usage"]["total_tokens"]) == ("chat-on-anthropic", 32)
     double.cue(Cue(frames=EVENT_FRAMES))
     request = chat_request(model="chat-on-anthropic", stream=True)
-    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(request, metadata=bearer(key[1]))]))
+    chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert [c["choices"][0]["delta"] for c in chunks] == [
         {"role": "assistant", "content": ""}, {"content": "Checking."}, {}]
     assert all(c["model"] == "chat-on-anthropic" and "system_fingerprint" not in c for c in chunks)
@@ -167,7 +168,7 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     assert (message["model"], message["stop_reason"]) == ("messages-on-openai", "tool_use")
     double.cue(Cue(frames=CHUNK_FRAMES))
     request = message_request(model="messages-on-openai", stream=True)
-    frames = sse_frames([b async for b in messages.CreateMessageHttp(request, metadata=bearer(key[1]))])
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(raw(request), metadata=bearer(key[1]))])
     assert [e["type"] for e in data_of(frames)] == [
         "message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
         "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]

@@ -15,7 +15,7 @@ from server.translate.openai_images import image_request, images_response
 
 def plan_for(**fields):
     body = {"model": "family-a-image-2", "prompt": "a lighthouse at dusk", **fields}
-    return image_request(json_format.ParseDict(body, image_pb2.CreateImageRequest()), upstream_model="up-model")
+    return image_request(body, upstream_model="up-model")
 
 
 def test_defaults():

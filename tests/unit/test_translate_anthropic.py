@@ -12,7 +12,7 @@ from server.errors import InvalidRequest
 from server.render import sse_event
 from server.translate import internal_to_anthropic as to_anthropic
 from server.translate.anthropic_to_internal import message_request
-from tests.helpers import message_request as request_pb
+from tests.helpers import message_body as request_pb
 
 HEADER = ResponseHeader(id="msg_1", created=1700000000, model="family-b-opus-4-8")
 
@@ -55,10 +55,10 @@ def test_tools_and_tool_choice():
     ("fields", "param"),
     [({"top_k": -1}, "top_k"), ({"stop_sequences": ["a", ""]}, "stop_sequences[1]"),
      ({"messages": [{"role": "user"}]}, "messages[0].content"),
-     ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
-     ({"tools": [{"name": "s", "type": "web_search_20250305"}]}, "tools[0].type"),
-     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "n"}]}]},
-      "messages[0].content[0].type")],
+     ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+     ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+     ({"temperature": "hot"}, "temperature"),
+     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "messages[0].content[0].text")],
 )
 def test_rejections_name_the_param(fields, param):
     with pytest.raises(InvalidRequest) as caught:

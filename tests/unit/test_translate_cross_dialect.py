@@ -20,8 +20,8 @@ from server.translate.internal_to_anthropic_request import anthropic_body
 from server.translate.internal_to_openai_request import openai_body
 from server.translate.openai_chunks_to_internal import OpenAIChunkReader
 from server.translate.openai_to_internal import chat_request
-from tests.helpers import chat_request as chat_pb
-from tests.helpers import message_request as message_pb
+from tests.helpers import chat_body as chat_pb
+from tests.helpers import message_body as message_pb
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_HISTORY = [

@@ -12,7 +12,7 @@ from server.errors import InvalidRequest
 from server.render import DONE, sse_event
 from server.translate import internal_to_openai as to_openai
 from server.translate.openai_to_internal import chat_request
-from tests.helpers import chat_request as request_pb
+from tests.helpers import chat_body as request_pb
 
 HEADER = ResponseHeader(id="chatcmpl-1", created=1700000000, model="family-a-5.5")
 
@@ -68,13 +68,16 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"stop": [""]}, "stop"),
+        ({"stop": [""]}, "stop[0]"),
         ({"stop": 5}, "stop"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),  # not in tools
-        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"temperature": "1"}, "temperature"),
+        ({"user": 5}, "user"),
+        ({"messages": [{"role": "user", "content": "hi"}, 7]}, "messages[1]"),
         ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id"),
         ({"top_logprobs": 30}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),

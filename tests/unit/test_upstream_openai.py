@@ -17,7 +17,7 @@ from server.providers.upstream_errors import from_status, retry_after
 from server.translate.internal_to_openai_request import openai_body
 from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
 from server.translate.openai_to_internal import chat_request
-from tests.helpers import chat_request as chat_pb
+from tests.helpers import chat_body as chat_pb
 
 TOOL = {"type": "function", "function": {"name": "weather", "description": "Forecast.", "parameters": {
     "type": "object", "properties": {"days": {"type": "integer", "minimum": 1}}}}}

@@ -1,0 +1,162 @@
+"""What happens to each top-level request field when the model behind the path does not speak the caller's dialect.
+
+An upstream of the caller's own dialect receives the body whole (every field, every level), with only what the
+gateway owns put in. For the embedded model and for an upstream of the other dialect, each field the gateway knows
+has a rule, in the tables below (docs/api.md shows them, rendered by `markdown_table`):
+
+- ACT: read into the internal values and honoured (or translated into the other dialect's field);
+- IGNORE: type-checked, then without effect (metadata, caching and routing hints, ...);
+- REFUSE: the model cannot do what it asks, so the request is refused with a 400 naming it, unless its value is
+  neutral (asks for nothing, e.g. a penalty of 0).
+
+A field in neither table is refused by the embedded model and the other dialect (never silently dropped), and passed
+through to an upstream of the caller's dialect, which judges it. Inside messages, content parts and tools, members
+the gateway does not read (`reasoning_content`, `cache_control`, `strict`, `input_examples`, ...) pass through to a
+same-dialect upstream and are ignored elsewhere; content parts and tools of kinds the internal values cannot hold
+(images, server tools) are refused elsewhere, by the translators.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from server.domain import Json, Unread
+from server.translate.values import is_integer, is_number, wrong_type
+
+
+class Rule(str, enum.Enum):
+    ACT = "acted on"
+    IGNORE = "ignored"
+    REFUSE = "refused"
+
+
+_CHECKS = {
+    "string": (lambda v: isinstance(v, str), "a string"),
+    "boolean": (lambda v: isinstance(v, bool), "a boolean"),
+    "number": (is_number, "a number"),
+    "integer": (is_integer, "an integer"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "array": (lambda v: isinstance(v, list), "an array"),
+    "any": (lambda v: True, "any value"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRule:
+    """`json`: the field's JSON type, checked here for fields the translators do not read (null always passes).
+    `neutral`: values that ask for nothing and so are never refused."""
+
+    json: str
+    embedded: Rule
+    other: Rule
+    neutral: tuple[Json, ...] = ()
+    note: str = ""
+
+    def refused_by(self, value: Json, *, embedded: bool) -> bool:
+        rule = self.embedded if embedded else self.other
+        return rule is Rule.REFUSE and value is not None and value not in self.neutral
+
+
+A, I, R = Rule.ACT, Rule.IGNORE, Rule.REFUSE
+
+# POST /v1/chat/completions; "other": an Anthropic upstream.
+CHAT_FIELDS: dict[str, FieldRule] = {
+    "model": FieldRule("string", A, A),
+    "messages": FieldRule("array", A, A, note="roles, text parts and tool traffic translated"),
+    "max_completion_tokens": FieldRule("integer", A, A, note="wins over `max_tokens`"),
+    "max_tokens": FieldRule("integer", A, A),
+    "temperature": FieldRule("number", A, A, note="0–2; capped at 1 for Anthropic"),
+    "top_p": FieldRule("number", A, A),
+    "stop": FieldRule("any", A, A, note="→ `stop_sequences`"),
+    "stream": FieldRule("boolean", A, A),
+    "stream_options": FieldRule("object", A, A),
+    "n": FieldRule("integer", A, A, note="1 only"),
+    "tools": FieldRule("array", A, A, note="function tools; the embedded model never calls them"),
+    "tool_choice": FieldRule("any", A, A, note="embedded: `none`/`auto` only; `required` → `any`"),
+    "parallel_tool_calls": FieldRule("boolean", I, A, note="`false` → `disable_parallel_tool_use`"),
+    "response_format": FieldRule("object", A, A, note="`text` only: JSON modes are refused"),
+    "seed": FieldRule("integer", A, I, note="Anthropic has no seed"),
+    "top_k": FieldRule("integer", A, A, note="an extension (vLLM, llama.cpp, TGI)"),
+    "min_p": FieldRule("number", A, R, neutral=(0, 0.0), note="an extension"),
+    "repetition_penalty": FieldRule("number", A, R, neutral=(1, 1.0), note="an extension"),
+    "frequency_penalty": FieldRule("number", A, R, neutral=(0, 0.0), note="−2–2"),
+    "presence_penalty": FieldRule("number", A, R, neutral=(0, 0.0), note="−2–2"),
+    "logit_bias": FieldRule("object", I, R, neutral=({},), note="token ids to −100–100"),
+    "logprobs": FieldRule("boolean", I, I, note="the answer's `logprobs` is null"),
+    "top_logprobs": FieldRule("integer", I, I),
+    "user": FieldRule("string", I, I),
+    "safety_identifier": FieldRule("string", I, I),
+    "prompt_cache_key": FieldRule("string", I, I),
+    "prompt_cache_retention": FieldRule("string", I, I),
+    "service_tier": FieldRule("string", I, I),
+    "store": FieldRule("boolean", I, I),
+    "metadata": FieldRule("object", I, I),
+    "modalities": FieldRule("array", I, I, note="text is the only output"),
+    "reasoning_effort": FieldRule("string", I, I),
+    "verbosity": FieldRule("string", I, I),
+    "prediction": FieldRule("object", I, I, note="a latency hint"),
+    "audio": FieldRule("object", R, R),
+    "web_search_options": FieldRule("object", R, R),
+    "functions": FieldRule("array", I, R, note="deprecated form of `tools`"),
+    "function_call": FieldRule("any", I, R, neutral=("none", "auto")),
+    "chat_template_kwargs": FieldRule("object", R, R, note="an extension of vLLM and llama.cpp's server"),
+}
+
+# POST /v1/messages; "other": an OpenAI-compatible upstream.
+MESSAGE_FIELDS: dict[str, FieldRule] = {
+    "model": FieldRule("string", A, A),
+    "max_tokens": FieldRule("integer", A, A),
+    "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out"),
+    "system": FieldRule("any", A, A, note="→ a system message"),
+    "stop_sequences": FieldRule("array", A, A, note="→ `stop`"),
+    "temperature": FieldRule("number", A, A, note="0–1"),
+    "top_p": FieldRule("number", A, A),
+    "top_k": FieldRule("integer", A, I, note="OpenAI refuses `top_k`"),
+    "stream": FieldRule("boolean", A, A),
+    "tools": FieldRule("array", A, A, note="custom tools (→ functions); server tools are refused"),
+    "tool_choice": FieldRule("object", A, A, note="embedded: `auto`/`none` only; `any` → `required`"),
+    "metadata": FieldRule("object", I, I),
+    "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer"),
+    "service_tier": FieldRule("string", I, I),
+    "inference_geo": FieldRule("string", I, I),
+    "speed": FieldRule("string", I, I),
+    "user_profile_id": FieldRule("string", I, I),
+    "workspace_id": FieldRule("string", I, I),
+    "cache_control": FieldRule("object", I, I),
+    "diagnostics": FieldRule("object", I, I),
+    "output_config": FieldRule("object", R, R, neutral=({},), note="structured output and effort"),
+    "container": FieldRule("any", R, R, note="Anthropic's code-execution container"),
+    "mcp_servers": FieldRule("array", R, R, neutral=([],), note="beta; needs `anthropic-beta`"),
+    "context_management": FieldRule("object", R, R, note="beta; needs `anthropic-beta`"),
+}
+
+
+def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tuple[Unread, ...]:
+    """Type-check the fields the translators do not read; return the fields the embedded model or an upstream of
+    the other dialect must refuse (unknown fields included), for the pipeline's check of the provider."""
+    unread = []
+    for name, value in body.items():
+        rule = table.get(name)
+        if rule is None:
+            unread.append(Unread(name, f"`{name}` is not supported by this model (the gateway passes it only to an "
+                                       "upstream of the request's own API).", embedded=True, other_dialect=True))
+            continue
+        if rule.embedded is not Rule.ACT and value is not None:
+            check, expected = _CHECKS[rule.json]
+            if not check(value):
+                raise wrong_type(name, expected, value)
+        embedded, other = rule.refused_by(value, embedded=True), rule.refused_by(value, embedded=False)
+        if embedded or other:
+            unread.append(Unread(name, f"`{name}` is not supported by this model.", embedded=embedded,
+                                 other_dialect=other))
+    return tuple(unread)
+
+
+def markdown_table(table: Mapping[str, FieldRule], other: str) -> str:
+    """The table as docs/api.md shows it; a unit test keeps the two equal."""
+    lines = [f"| field | JSON | embedded model | {other} upstream | note |", "| --- | --- | --- | --- | --- |"]
+    for name, rule in table.items():
+        lines.append(f"| `{name}` | {rule.json} | {rule.embedded.value} | {rule.other.value} | {rule.note} |")
+    return "\n".join(lines)
