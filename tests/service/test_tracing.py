@@ -21,7 +21,7 @@ from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request
+from tests.helpers import bearer, chat_request, http_body
 from tests.otlp_receiver import OtlpReceiver
 from tests.upstream_double import Cue
 from tests.upstream_support import (
@@ -130,7 +130,7 @@ async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, recei
     _, secret = key
     trace_id, _, traceparent = caller_context()
     request = chat_request(model="up-main", messages=HELLO, stream=True)
-    answer = [body async for body in chat.CreateChatCompletionHttp(request, metadata=(*bearer(secret), traceparent))]
+    answer = [body async for body in chat.CreateChatCompletionHttp(http_body(request), metadata=(*bearer(secret), traceparent))]
     assert b"[DONE]" in answer[-1].data
 
     spans = await spans_of(receiver, trace_id)
@@ -207,7 +207,7 @@ async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, dou
     _, secret = key
     double.cue(Cue(frame_delay=0.5))  # the answer's chunks come slowly
     trace_id, _, traceparent = caller_context()
-    call = chat.CreateChatCompletionHttp(chat_request(model="up-main", messages=HELLO, stream=True),
+    call = chat.CreateChatCompletionHttp(http_body(chat_request(model="up-main", messages=HELLO, stream=True)),
                                          metadata=(*bearer(secret), traceparent))
     await call.read()  # the first chunk: the stream is under way
     call.cancel()

@@ -1,0 +1,155 @@
+"""Raw request bodies: parsed once, validated with precise params, passed whole to a same-dialect upstream, and each
+field translated, ignored or refused elsewhere by the documented rule (server/translate/field_rules.py)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from server.domain import Dialect
+from server.errors import InvalidRequest
+from server.providers import Capabilities, unsupported
+from server.services.messages import beta_values
+from server.translate.anthropic_to_internal import message_request
+from server.translate.field_rules import CHAT_FIELDS, MESSAGE_FIELDS, markdown_table
+from server.translate.internal_to_anthropic_request import anthropic_body
+from server.translate.internal_to_openai_request import openai_body
+from server.translate.openai_to_internal import chat_request
+from server.translate.values import parse_body, proto_to_json
+from tests.helpers import chat_body, chat_request as chat_pb
+
+EMBEDDED = Capabilities()
+OPENAI = Capabilities(tool_calls=True, json_output=True, dialect=Dialect.OPENAI)
+ANTHROPIC = Capabilities(tool_calls=True, dialect=Dialect.ANTHROPIC)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chat(**fields):
+    return chat_request(chat_body(**fields), upstream_model="up", default_max_tokens=16).generation
+
+
+def message(**fields):
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return message_request(body, upstream_model="up", beta=("context-management-2025-06-27",)).generation
+
+
+def refusal(request, capabilities) -> str | None:
+    error = unsupported(request, capabilities)
+    return None if error is None else error.param
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [(b"", "empty"), (b"  \n", "empty"), (b'{"model": ', "Invalid JSON body"), (b"[1, 2]", "got an array"),
+     (b'"text"', "got a string"), (b"\xff\xfe", "Invalid JSON body")],
+)
+def test_a_body_that_is_not_a_json_object_is_a_400(data, message):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(data)
+    assert message in caught.value.message and caught.value.param is None
+
+
+def test_fields_at_every_level_reach_a_same_dialect_upstream_unchanged():
+    body = chat_body(
+        top_k=20, min_p=0.05, repetition_penalty=1.1, chat_template_kwargs={"enable_thinking": False},
+        prompt_cache_retention="24h", stream=True, stream_options={"include_usage": False, "x_extra": 1},
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "ok", "reasoning_content": "because"},
+                  {"role": "user", "content": [{"type": "text", "text": "and", "cache_control": {"type": "x"}}]}],
+        tools=[{"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": "object"}},
+                "x_tool_extra": [1]}],
+    )
+    original = copy.deepcopy(body)
+    request = chat_request(body, upstream_model="up", default_max_tokens=16).generation
+    assert refusal(request, OPENAI) is None
+    sent = openai_body(request, model="upstream-name")
+    owned = {"model": "upstream-name", "max_tokens": 8, "stream": True,
+             "stream_options": {"include_usage": True, "x_extra": 1}}
+    assert sent == {**original, **owned}
+    assert body == original  # the caller's body is never edited
+
+
+def test_unknown_and_refused_fields_are_refused_by_the_embedded_model_and_the_other_dialect():
+    request = chat(chat_template_kwargs={"enable_thinking": False})
+    assert refusal(request, EMBEDDED) == refusal(request, ANTHROPIC) == "chat_template_kwargs"
+    assert refusal(chat(x_vendor_knob=1), EMBEDDED) == "x_vendor_knob"
+    assert refusal(chat(x_vendor_knob=1), ANTHROPIC) == "x_vendor_knob"
+    # Extensions llama.cpp honours are acted on by the embedded model; Anthropic has no min_p.
+    request = chat(top_k=5, min_p=0.1, repetition_penalty=1.2, frequency_penalty=0.5)
+    assert refusal(request, EMBEDDED) is None
+    assert request.params.top_k == 5 and request.params.min_p == 0.1 and request.params.repetition_penalty == 1.2
+    assert refusal(request, ANTHROPIC) == "min_p"
+    # A neutral value asks for nothing and is never refused; an ignored field is never refused.
+    assert refusal(chat(frequency_penalty=0, presence_penalty=0.0, logit_bias={}, user="u", store=True), ANTHROPIC) is None
+    assert refusal(chat(seed=3, top_k=4), ANTHROPIC) is None
+
+
+def test_parts_the_internal_values_cannot_hold_pass_only_to_their_own_dialect():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    request = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}])
+    assert refusal(request, EMBEDDED) == refusal(request, ANTHROPIC) == "messages[0].content[1].type"
+    assert refusal(request, OPENAI) is None
+    assert request.turns[0].text == "what is it?"
+
+
+def test_server_tools_and_beta_fields_reach_an_anthropic_upstream():
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+    custom = {"name": "f", "input_schema": {"type": "object"}, "strict": True, "input_examples": [{"a": 1}]}
+    edits = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+    request = message(tools=[custom, search], tool_choice={"type": "tool", "name": "web_search"})
+    assert refusal(request, ANTHROPIC) is None
+    assert refusal(request, EMBEDDED) == refusal(request, OPENAI) == "tools[1].type"
+    request = message(tools=[custom, search], context_management=edits)
+    assert refusal(request, ANTHROPIC) is None and refusal(request, OPENAI) == "context_management"
+    sent = anthropic_body(request, model="claude-x")
+    assert sent["tools"] == [custom, search] and sent["context_management"] == edits
+    assert request.source.beta == ("context-management-2025-06-27",)
+    assert [t.name for t in request.tools] == ["f"]
+
+
+def test_blocks_only_anthropic_knows_are_refused_elsewhere():
+    doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+    request = message(messages=[{"role": "user", "content": [doc, {"type": "text", "text": "summarise"}]}])
+    assert refusal(request, OPENAI) == refusal(request, EMBEDDED) == "messages[0].content[0].type"
+    assert refusal(request, ANTHROPIC) is None
+    assert refusal(message(mcp_servers=[]), OPENAI) is None  # neutral
+    assert refusal(message(mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), OPENAI) == "mcp_servers"
+
+
+def test_typed_requests_meet_the_same_rules():
+    body = proto_to_json(chat_pb(seed=7, temperature=0.5, stop=["a"]))
+    assert body["seed"] == 7 and isinstance(body["seed"], int)
+    assert chat_request(body, upstream_model="up", default_max_tokens=16).generation.params.seed == 7
+    with pytest.raises(InvalidRequest) as caught:
+        chat_request(proto_to_json(chat_pb(temperature=3)), upstream_model="up", default_max_tokens=16)
+    assert caught.value.param == "temperature"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"messages": "hi"}, "messages"), ({"messages": [{"role": "user", "content": {"a": 1}}]}, "messages[0].content"),
+     ({"max_tokens": "8"}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"), ({"stream": "yes"}, "stream"),
+     ({"tools": [{"type": "function", "function": {"name": 3}}]}, "tools[0].function.name"),
+     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {}}}]}]},
+      "messages[0].tool_calls[0].function.arguments"),
+     ({"metadata": ["x"]}, "metadata"), ({"stream_options": {"include_usage": 1}, "stream": True},
+                                         "stream_options.include_usage")],
+)
+def test_wrong_types_name_the_path(fields, param):
+    with pytest.raises(InvalidRequest) as caught:
+        chat(**fields)
+    assert caught.value.param == param
+
+
+def test_anthropic_beta_values_are_read_from_every_header():
+    metadata = (("anthropic-beta", "a-1, b-2"), ("x-api-key", "k"), ("anthropic-beta", "c-3"))
+    assert beta_values(metadata) == ("a-1", "b-2", "c-3")
+    assert beta_values(None) == ()
+
+
+def test_docs_show_the_field_tables():
+    api = (ROOT / "docs" / "api.md").read_text()
+    assert markdown_table(CHAT_FIELDS, "Anthropic") in api
+    assert markdown_table(MESSAGE_FIELDS, "OpenAI-compatible") in api
