@@ -1,0 +1,175 @@
+"""The passthrough table of docs/api.md through the whole stack: the official SDKs send fields at every level (their
+own parameters, `extra_body`, server tools, beta fields with `anthropic-beta`) through real Envoy and `portico serve`
+to a recording upstream of their own dialect, which must receive them unchanged but for what the gateway owns; the
+embedded model and the other dialect act on, ignore or refuse each field as the table says."""
+
+from __future__ import annotations
+
+import os
+
+import anthropic
+import openai
+import pytest
+
+from tests.e2e.conftest import running_gateway
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
+
+THINKING_KWARGS = {"enable_thinking": False}
+STRICT_TOOL = {"type": "function", "function": {"name": "weather", "strict": True, "description": "Weather.",
+                                                "parameters": {"type": "object", "additionalProperties": False,
+                                                               "properties": {"city": {"type": "string"}},
+                                                               "required": ["city"]}}}
+CUSTOM_TOOL = {"name": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+               "strict": True, "input_examples": [{"city": "Oslo"}]}
+SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+CONTEXT_MANAGEMENT = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+
+
+def models_yaml(double_url: str) -> str:
+    gpt = (f"{{kind: openai, base_url: '{double_url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up, "
+           "retry: {attempts: 1}}")
+    claude = (f"{{kind: anthropic, base_url: '{double_url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
+              "model: claude-up, retry: {attempts: 1}}")
+    rows = [("chat-gpt", "/v1/chat/completions", gpt), ("chat-claude", "/v1/chat/completions", claude),
+            ("chat-embedded", "/v1/chat/completions", "{kind: llamacpp}"),
+            ("messages-claude", "/v1/messages", claude), ("messages-gpt", "/v1/messages", gpt),
+            ("messages-embedded", "/v1/messages", "{kind: llamacpp}")]
+    return "".join(f"  - {{id: {i}, endpoint: {e}, provider: {p}}}\n" for i, e, p in rows)
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    directory = tmp_path_factory.mktemp("passthrough-gateway")
+    try:
+        with running_gateway(directory / "data", config=write_config(directory, models_yaml(double.url))) as gateway:
+            yield gateway
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+@pytest.fixture(scope="module")
+def oai(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(gateway) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+def chat_fields(**more) -> dict:
+    """A chat request with fields at every level the protos never declared."""
+    return dict(
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"},
+                                               {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+                  {"role": "assistant", "content": "Checking.", "reasoning_content": "The user wants weather."},
+                  {"role": "user", "content": "Go on."}],
+        tools=[STRICT_TOOL], prompt_cache_retention="24h", max_tokens=7, temperature=0.3, seed=11,
+        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "chat_template_kwargs": THINKING_KWARGS,
+                    "vendor": {"nested": [1, {"deep": True}]}},
+        **more,
+    )
+
+
+def sent_chat(fields: dict) -> dict:
+    """What the SDK puts on the wire for `fields` (the body the upstream must see, but for what Portico owns)."""
+    body = {k: v for k, v in fields.items() if k != "extra_body"}
+    return {**body, **fields.get("extra_body", {})}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_openai_compatible_upstream_receives_the_chat_body_whole(oai, double, stream):
+    fields = chat_fields()
+    if stream:
+        with oai.chat.completions.create(model="chat-gpt", stream=True, **fields) as chunks:
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        assert oai.chat.completions.create(model="chat-gpt", **fields).choices[0].message.content
+    (seen,) = double.seen
+    owned = {"model": "gpt-up", "max_tokens": 7, "stream": stream}
+    if stream:
+        owned["stream_options"] = {"include_usage": True}
+    assert seen.path == "/v1/chat/completions" and seen.body == {**sent_chat(fields), **owned}
+
+
+def test_an_anthropic_upstream_receives_server_tools_beta_fields_and_the_beta_header(claude, double):
+    fields = dict(max_tokens=9, tools=[CUSTOM_TOOL, SEARCH_TOOL], context_management=CONTEXT_MANAGEMENT,
+                  messages=[{"role": "user", "content": [{"type": "text", "text": "Oslo", "cache_control":
+                                                          {"type": "ephemeral", "ttl": "1h"}}]}],
+                  thinking={"type": "enabled", "budget_tokens": 1024}, extra_body={"future_field": {"a": [1]}})
+    message = claude.beta.messages.create(model="messages-claude", betas=["context-management-2025-06-27"], **fields)
+    assert message.model == "messages-claude"
+    (seen,) = double.seen
+    assert seen.path == "/v1/messages" and seen.headers["anthropic-beta"] == "context-management-2025-06-27"
+    expected = {**{k: v for k, v in fields.items() if k != "extra_body"}, "future_field": {"a": [1]}}
+    assert seen.body == {**expected, "model": "claude-up", "stream": False}
+
+
+def test_an_anthropic_stream_passes_the_body_and_several_betas(claude, double):
+    with claude.beta.messages.stream(model="messages-claude", max_tokens=5, tools=[SEARCH_TOOL],
+                                     betas=["a-2025-01-01", "b-2025-02-02"],
+                                     messages=[{"role": "user", "content": "Oslo"}]) as stream:
+        assert stream.get_final_message().content
+    (seen,) = double.seen
+    assert seen.headers["anthropic-beta"] == "a-2025-01-01,b-2025-02-02"
+    assert seen.body["tools"] == [SEARCH_TOOL] and seen.body["stream"] is True
+
+
+@pytest.mark.parametrize("model", ["chat-claude", "chat-embedded"])
+def test_fields_the_other_models_cannot_honour_are_refused_naming_them(oai, double, model):
+    for extra, param in (({"chat_template_kwargs": THINKING_KWARGS}, "chat_template_kwargs"),
+                         ({"vendor": 1}, "vendor")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                        extra_body=extra)
+        assert caught.value.body["param"] == param and caught.value.body["code"] == "invalid_request"
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}])
+    assert caught.value.body["param"] == "messages[0].content[0].type"
+    assert not double.seen  # refused before any upstream was asked
+
+
+def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, claude, double):
+    oai.chat.completions.create(model="chat-claude", messages=[{"role": "user", "content": "Oslo"}], max_tokens=4,
+                                seed=3, user="u-1", frequency_penalty=0, extra_body={"top_k": 7})
+    (seen,) = double.seen
+    assert seen.path == "/v1/messages" and seen.body["top_k"] == 7
+    assert not {"seed", "user", "frequency_penalty"} & set(seen.body)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=[{"role": "user", "content": "Oslo"}],
+                                    max_tokens=4, frequency_penalty=0.5)
+    assert caught.value.body["param"] == "frequency_penalty"
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model="messages-gpt", max_tokens=4, tools=[SEARCH_TOOL],
+                               messages=[{"role": "user", "content": "Oslo"}])
+    assert refused.value.body["error"]["param"] == "tools[0].type"
+
+
+def test_the_embedded_model_acts_on_sampling_extensions(oai):
+    completion = oai.chat.completions.create(model="chat-embedded", messages=[{"role": "user", "content": "Hi"}],
+                                             max_tokens=3, extra_body={"top_k": 1, "min_p": 0.1,
+                                                                       "repetition_penalty": 1.3})
+    assert completion.usage.completion_tokens >= 1
+
+
+def test_wrong_types_are_400s_naming_the_path(gateway):
+    import httpx
+
+    with httpx.Client(base_url=gateway.base_url, headers={"authorization": f"Bearer {gateway.secret}"}) as http:
+        answer = http.post("/v1/chat/completions", json={"model": "chat-embedded", "max_tokens": 2, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"id": "c", "function": {
+                "name": "f", "arguments": {"not": "a string"}}}]}]})
+        assert answer.status_code == 400
+        assert answer.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+        answer = http.post("/v1/messages", content=b'{"model": "messages-embedded", "max_tokens": ',
+                           headers={"content-type": "application/json"})
+        assert answer.status_code == 400 and answer.json()["type"] == "error"
+        assert answer.json()["error"]["message"].startswith("Invalid JSON body")
