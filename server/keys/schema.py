@@ -8,8 +8,7 @@ from server.db.migrations import Migration
 
 COMPONENT = "keys"
 
-_LIMIT_COLUMNS = ("requests_per_minute {t}, tokens_per_minute {t}, concurrent_requests {t}, daily_tokens {t}, "
-                  "daily_requests {t}, max_spend_day {t}, max_spend_month {t}")
+_LIMIT_COLUMNS = "requests_per_minute {t}, tokens_per_minute {t}, concurrent_requests {t}, daily_tokens {t}, daily_requests {t}"
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
