@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -28,6 +30,7 @@ from server.observability.access_log import AccessLog
 from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.build import build_providers
+from server.providers.health import HEALTH_FILE_ENV, Board
 from server.services.chat import ChatServicer
 from server.services.console import ConsoleServicer
 from server.services.images import ImageServicer
@@ -63,6 +66,7 @@ class Core:
     pipeline: Pipeline
     ledger: LedgerWriter
     usage: SqliteLedger | PostgresLedger
+    health: Board  # passive health of the deployments (server/providers/health.py)
 
     async def close(self) -> None:
         for provider in self.providers:
@@ -70,6 +74,7 @@ class Core:
         await self.limiter.close()
         await self.ledger.close()  # after the drain: every request has ended, so every row is queued
         self.usage.close()
+        self.health.close()
         self.store.close()
         await asyncio.to_thread(self.telemetry.close)  # sends the spans still queued, waiting at most ~2 s
 
@@ -129,7 +134,8 @@ async def build_core(config: Config) -> Core:
     telemetry.ledger = ledger
     ledger.start()
     authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
-    providers = build_providers(config, telemetry)
+    health_file = os.environ.get(HEALTH_FILE_ENV)  # set by `serve --workers N` for its workers
+    providers, board = build_providers(config, telemetry, health_file=Path(health_file) if health_file else None)
     limiter = Limiter(build_limit_store(config), config.limits)
     if not await limiter.store.ping():
         # Not fatal: Redis may come up later. Until then the on_store_error policy decides.
@@ -140,7 +146,15 @@ async def build_core(config: Config) -> Core:
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
         telemetry=telemetry,
     )
-    return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline, ledger, usage)
+    return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline, ledger, usage,
+                board)
+
+
+def _deployment_states(core: Core) -> list[tuple[str, str, str]]:
+    """Read every second by the readiness check, which shows them in /readyz and keeps their gauges current."""
+    states = core.health.states()
+    core.telemetry.deployment_states(states)
+    return states
 
 
 async def start_server(config: Config, address: str) -> RunningServer:
@@ -185,7 +199,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
         usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name,
         probe_service_pb2.DESCRIPTOR.services_by_name["ProbeService"].full_name,
     ]
-    readiness = Readiness(health_servicer, service_names, store, limiter, config.limits, core.providers)
+    readiness = Readiness(health_servicer, service_names, store, limiter, config.limits, core.providers,
+                          deployments=lambda: _deployment_states(core))
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from server.config_providers import ConfigError, known_settings, mapping, parse_provider
+from server.config_deployments import parse_cache, parse_deployments, parse_health
+from server.config_providers import ConfigError, known_settings, mapping
 from server.config_tracing import TracingSettings, parse_tracing
 from server.domain import SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
 from server.limits.settings import LimitSettings
@@ -187,10 +188,11 @@ _mapping = mapping
 
 def _model(raw: Any, where: str) -> ModelEntry:
     raw = _mapping(raw, where)
-    for required in ("id", "endpoint", "provider"):
+    for required in ("id", "endpoint"):
         if required not in raw:
             raise ConfigError(f"{where}: `{required}` is required")
-    known_settings(raw, ("id", "endpoint", "owned_by", "created", "provider", "fallbacks", "price"), where)
+    known_settings(raw, ("id", "endpoint", "owned_by", "created", "provider", "deployments", "fallbacks", "price",
+                         "health", "cache"), where)
     try:
         endpoint = Endpoint(raw["endpoint"])
     except (ValueError, TypeError):
@@ -203,9 +205,11 @@ def _model(raw: Any, where: str) -> ModelEntry:
         endpoint=endpoint,
         owned_by=str(raw.get("owned_by", "portico")),
         created=int(raw.get("created", 0)),
-        provider=parse_provider(raw["provider"], f"{where}.provider", endpoint),
+        deployments=parse_deployments(raw, where, endpoint),
         fallbacks=tuple(fallbacks),
         price=parse_price(raw.get("price") or {}, f"{where}.price"),
+        health=parse_health(raw.get("health"), f"{where}.health"),
+        cache=parse_cache(raw.get("cache"), f"{where}.cache", endpoint),
     )
 
 

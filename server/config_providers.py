@@ -128,8 +128,10 @@ def known_settings(raw: Mapping[str, Any], known: Iterable[str], where: str) -> 
 
 
 def upstream_keys(models, environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
-    """model id -> its upstream's key, for every model served by an upstream; ConfigError if one is missing."""
-    return {m.id: upstream_key(m.provider.upstream, environ) for m in models if m.provider.upstream is not None}
+    """(model id, deployment name) -> its upstream's key, for every deployment served by an upstream; ConfigError
+    if one is missing."""
+    return {(m.id, d.name): upstream_key(d.provider.upstream, environ) for m in models for d in m.deployments
+            if d.provider.upstream is not None}
 
 
 def upstream_key(spec: UpstreamSpec, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -107,14 +107,51 @@ _FREE = Price()
 
 
 @dataclass(frozen=True, slots=True)
+class Deployment:
+    """One of the providers serving a model (server/config_deployments.py reads them)."""
+
+    name: str  # unique within its model: a metrics label and the /readyz detail
+    provider: ProviderSpec
+    weight: float = 1.0  # share of the model's requests, relative to its other deployments
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSettings:
+    """When a deployment is taken out of service (models with two or more deployments; server/providers/health.py)."""
+
+    consecutive_failures: int = 3  # this many failures in a row eject it
+    failure_rate: float = 0.5  # ... or this share of failures over the window
+    window_seconds: float = 30.0
+    min_requests: int = 10  # the rate is only judged over at least this many requests in the window
+    cooldown_seconds: float = 5.0  # the first ejection; doubled for each one that follows a failed trial
+    max_cooldown_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    """A model's response cache (server/cache/)."""
+
+    ttl_seconds: float = 300.0
+    max_entry_bytes: int = 1024 * 1024  # larger answers are not cached
+    shared: bool = False  # True: keys that send the same request share answers; False: each key id has its own
+
+
+@dataclass(frozen=True, slots=True)
 class ModelEntry:
     id: str
     endpoint: Endpoint
     owned_by: str
     created: int
-    provider: ProviderSpec
+    deployments: tuple[Deployment, ...]  # one or more
     fallbacks: tuple[str, ...] = ()  # model ids tried in order when this model's provider fails in a retryable way
     price: Price = field(default_factory=Price)  # what a request costs (server/usage/money.py); free when unset
+    health: HealthSettings = field(default_factory=HealthSettings)
+    cache: CacheSettings | None = None  # None: answers are never cached
+
+    @property
+    def provider(self) -> ProviderSpec:
+        """The first deployment's provider (what a model with one deployment is served by)."""
+        return self.deployments[0].provider
 
 
 @dataclass(frozen=True, slots=True)

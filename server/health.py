@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpc_health.v1 import health, health_pb2
@@ -31,6 +31,7 @@ _logger = logging.getLogger(__name__)
 class ReadinessReport:
     status: str  # "ready", "not_ready" or "draining"
     checks: Mapping[str, str] = field(default_factory=dict)
+    deployments: Mapping[str, str] = field(default_factory=dict)  # "model/deployment" -> its passive health state
 
     @property
     def ready(self) -> bool:
@@ -50,13 +51,16 @@ class Readiness:
         limiter: Limiter,
         settings: LimitSettings,
         providers: Iterable[object] = (),
+        deployments: Callable[[], Sequence[tuple[str, str, str]]] = tuple,
     ) -> None:
+        """`deployments`: (model, deployment, state) of the watched deployments now (server/providers/health.py)."""
         self._health = health_servicer
         self._names = ("", *service_names)  # "": the whole server
         self._keys = keys
         self._limiter = limiter
         self._settings = settings
         self._local_models = [p for p in providers if isinstance(p, LocalModel)]
+        self._deployments = deployments
         self._draining = False
         self.report = ReadinessReport("not_ready")
         self._published: bool | None = None  # the readiness last given to the health servicer
@@ -72,7 +76,8 @@ class Readiness:
         ready = checks["model"] != "not_loaded" and checks["keys"] == "ok" and limits_ok
         if self._draining:  # drain() has said NOT_SERVING for good
             return self.report
-        report = ReadinessReport("ready" if ready else "not_ready", checks)
+        deployments = {f"{model}/{name}": state for model, name, state in self._deployments()}
+        report = ReadinessReport("ready" if ready else "not_ready", checks, deployments)
         if report.ready != self._published:
             if self._published is not None or not report.ready:
                 level = logging.INFO if report.ready else logging.ERROR

@@ -34,6 +34,7 @@ from server.keys import KeyStore
 from server.limits.redis import redacted
 from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
+from server.providers.health import HEALTH_FILE_ENV
 from server.supervisor import WorkerError, Workers
 
 KILL_MARGIN_SECONDS = 5.0  # a worker still running this long after its drain period is killed
@@ -108,8 +109,10 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
           flush=True)
     metrics_dir = run_dir / "metrics"
     metrics_dir.mkdir()
+    # The workers share one deployment health board (server/providers/health.py), a file in the run directory.
+    env = {MULTIPROCESS_ENV: str(metrics_dir), HEALTH_FILE_ENV: str(run_dir / "health")}
     pool = Workers(
-        workers, run_dir, worker_command, env={MULTIPROCESS_ENV: str(metrics_dir)},
+        workers, run_dir, worker_command, env=env,
         stop_grace_s=config.drain_seconds + KILL_MARGIN_SECONDS, on_exit=lambda pid: mark_dead(metrics_dir, pid),
     )
     await pool.start()

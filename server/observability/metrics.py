@@ -41,6 +41,9 @@ class Metrics:
     ledger_written: Counter
     ledger_dropped: Counter
     budget_left: Gauge
+    deployment_requests: Counter
+    deployment_failures: Counter
+    deployment_state: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -81,6 +84,16 @@ class Metrics:
             budget_left=Gauge("portico_budget_remaining_microdollars", "What is left of a key's budget (`budget`: "
                               "day or month) after its latest request, in micro-dollars", ["key_id", "budget"],
                               multiprocess_mode="mostrecent", registry=r),
+            deployment_requests=Counter("portico_deployment_requests_total", "Upstream attempts per deployment of "
+                                        "a model", ["model", "deployment"], registry=r),
+            deployment_failures=Counter("portico_deployment_failures_total", "Attempts that failed in a way that "
+                                        "speaks of the deployment (passive health counts them)",
+                                        ["model", "deployment", "reason"], registry=r),
+            # One-hot: 1 for the deployment's state now, 0 for the others; the board is shared by a host's workers,
+            # so the most recent reading of any live one is right.
+            deployment_state=Gauge("portico_deployment_state", "Passive health of each watched deployment",
+                                   ["model", "deployment", "state"], multiprocess_mode="livemostrecent",
+                                   registry=r),
         )
 
 

@@ -118,6 +118,11 @@ class UpstreamRecorder(Protocol):
         """The next upstream attempt goes to deployment `name` of `model` (the request's span names it)."""
         ...
 
+    def deployment_attempt(self, model: str, deployment: str, failure: str | None) -> None:
+        """An attempt on one deployment of `model` ended; `failure`: a reason from RETRY_REASONS when it failed in a
+        way that speaks of the deployment (server/providers/router.py), else None."""
+        ...
+
     def attempt(self, model: str, upstream_model: str, provider: str, operation: str, address: str,
                 port: int | None) -> Scope:
         """A client span for one HTTP request to an upstream (`with` around the whole exchange, the answer read to

@@ -32,6 +32,7 @@ from server.observability.tracing import NO_SCOPE, OPERATIONS, NoScope, Scope, c
 if TYPE_CHECKING:
     from server.observability.tracing_export import Tracing
 
+DEPLOYMENT_STATES = ("healthy", "ejected", "trial")  # server/providers/health.py STATES
 _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
 _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
 
@@ -178,6 +179,18 @@ class Telemetry:
         record = self.current()
         record.upstream_attempts += 1
         record.answered_by = fallback
+
+    def deployment_attempt(self, model: str, deployment: str, failure: str | None) -> None:
+        self._child(self.metrics.deployment_requests, model, deployment).inc()
+        if failure is not None:
+            reason = failure if failure in RETRY_REASONS else "other"
+            self._child(self.metrics.deployment_failures, model, deployment, reason).inc()
+
+    def deployment_states(self, states: Sequence[tuple[str, str, str]]) -> None:
+        """(model, deployment, state) of every watched deployment, as the health board says now."""
+        for model, deployment, state in states:
+            for each in DEPLOYMENT_STATES:
+                self._child(self.metrics.deployment_state, model, deployment, each).set(int(each == state))
 
 
 def _ids(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, str | None]:

@@ -2,28 +2,31 @@
 
 One object per backend: models served by the embedded model share it, and models on one upstream server (same
 base URL, key and connection settings) share one pooled HTTP client, each with its own upstream model name.
-Upstream providers are wrapped in retries, and a model with `fallbacks` in its chain.
+A model served by an upstream, by several deployments or with `fallbacks` is served through a Router
+(server/providers/router.py), which tries its deployments, retries and fallbacks.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from server.config import Config
 from server.config_providers import upstream_keys
-from server.domain import Endpoint, ModelEntry, UpstreamSpec
+from server.domain import Deployment, Endpoint, ModelEntry, UpstreamSpec
 from server.observability import UpstreamRecorder
 from server.providers import Provider
 from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers
 from server.providers.dev_image import DevImageProvider
-from server.providers.fallback import FallbackImageProvider, FallbackProvider
+from server.providers.health import Board, FileBoard, MemoryBoard
 from server.providers.http_upstream import HttpUpstream
 from server.providers.images import ImageProvider
 from server.providers.openai_http import OpenAIProvider, openai_auth_headers
 from server.providers.openai_images_http import OpenAIImageProvider
-from server.providers.retry import RetryingImageProvider, RetryingProvider
+from server.providers.retry import ONE_TRY
+from server.providers.router import DeploymentRoute, Route, Router
 
 if TYPE_CHECKING:
     from server.providers.llamacpp import LlamaCppProvider
@@ -32,23 +35,33 @@ AnyProvider = Provider | ImageProvider
 
 
 def build_providers(
-    config: Config, recorder: UpstreamRecorder | None = None, environ: Mapping[str, str] = os.environ
-) -> dict[str, AnyProvider]:
-    """model id -> provider. Upstream keys are read first, so a missing one stops start-up before anything
-    (the embedded model, connection pools) has been built. Retries and fallbacks are reported to `recorder`."""
+    config: Config, recorder: UpstreamRecorder | None = None, environ: Mapping[str, str] = os.environ,
+    health_file: Path | None = None,
+) -> tuple[dict[str, AnyProvider], Board]:
+    """model id -> provider, and the health board of the deployments it watches. Upstream keys are read first, so a
+    missing one stops start-up before anything (the embedded model, connection pools) has been built. Retries,
+    fallbacks and attempts are reported to `recorder`. `health_file`: the board shared by the worker processes of
+    this host (server/providers/health.py); None: this process's own."""
     keys = upstream_keys(config.models, environ)
     builder = _Builder(config, recorder)
-    own = {entry.id: builder.provider(entry, keys.get(entry.id)) for entry in config.models}
+    watched = [(entry, d) for entry in config.models if len(entry.deployments) > 1 for d in entry.deployments]
+    names = [(entry.id, d.name, entry.health) for entry, d in watched]
+    board = FileBoard(health_file, names) if health_file is not None else MemoryBoard(names)
+    slots = {(entry.id, d.name): slot for slot, (entry, d) in enumerate(watched)}
+    routes = {entry.id: Route(entry.id, tuple(
+        DeploymentRoute(d.name, d.weight, builder.provider(entry, d, keys.get((entry.id, d.name))),
+                        d.provider.upstream.retry if d.provider.upstream is not None else ONE_TRY,
+                        slots.get((entry.id, d.name)))
+        for d in entry.deployments)) for entry in config.models}
     providers: dict[str, AnyProvider] = {}
     for entry in config.models:
-        chain = [(model_id, own[model_id]) for model_id in (entry.id, *entry.fallbacks)]
-        if not entry.fallbacks:
-            providers[entry.id] = own[entry.id]
-        elif entry.endpoint is Endpoint.IMAGES:
-            providers[entry.id] = FallbackImageProvider(chain, recorder=recorder)
+        own = routes[entry.id].deployments
+        if not entry.fallbacks and len(own) == 1 and entry.provider.upstream is None:
+            providers[entry.id] = own[0].provider  # nothing to retry or fall back to: the provider itself
         else:
-            providers[entry.id] = FallbackProvider(chain, recorder=recorder)
-    return providers
+            chain = [routes[model_id] for model_id in (entry.id, *entry.fallbacks)]
+            providers[entry.id] = Router(chain, board=board, recorder=recorder)
+    return providers, board
 
 
 class _Builder:
@@ -59,23 +72,20 @@ class _Builder:
         self._dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
         self._upstreams: dict[tuple, HttpUpstream] = {}
 
-    def provider(self, entry: ModelEntry, key: str | None) -> AnyProvider:
-        kind = entry.provider.kind
+    def provider(self, entry: ModelEntry, deployment: Deployment, key: str | None) -> AnyProvider:
+        kind = deployment.provider.kind
         if kind == "dev-image":
             return self._dev_image
         if kind == "llamacpp":
             return self._llamacpp()
-        spec = entry.provider.upstream
+        spec = deployment.provider.upstream
         assert spec is not None
         upstream = self._upstream(kind, spec, key)
         if entry.endpoint is Endpoint.IMAGES:
-            images = OpenAIImageProvider(upstream, spec, model_id=entry.id)
-            return RetryingImageProvider(images, spec.retry, model_id=entry.id, recorder=self._recorder)
+            return OpenAIImageProvider(upstream, spec, model_id=entry.id)
         if kind == "anthropic":
-            provider = AnthropicProvider(upstream, spec, model_id=entry.id)
-        else:
-            provider = OpenAIProvider(upstream, spec, model_id=entry.id)
-        return RetryingProvider(provider, spec.retry, model_id=entry.id, recorder=self._recorder)
+            return AnthropicProvider(upstream, spec, model_id=entry.id)
+        return OpenAIProvider(upstream, spec, model_id=entry.id)
 
     def _llamacpp(self) -> LlamaCppProvider:
         if self._embedded is None:

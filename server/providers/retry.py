@@ -1,30 +1,32 @@
-"""Retries of an upstream provider: exponential backoff with full jitter, capped in attempts and in total time,
-honouring the upstream's retry-after.
+"""Where a request goes next when an upstream fails: pure decisions over a model's deployments and its fallbacks,
+no I/O. server/providers/router.py runs them.
 
-Only failures marked `retryable` (server/providers/upstream_errors.py) are retried, and only while nothing has
-reached the caller: a Started event (a prompt count, no content) and the upstream's own objects that carry no content
-(a role chunk, message_start, ping) are held back until the first content event, so an upstream that accepts a
+A request walks a chain of models (the one asked for, then its `fallbacks`), each served by one or more
+deployments. Within a model, a retryable failure before anything reached the caller moves at once to a deployment
+not tried yet (weighted, preferring the fewest requests in flight); when every deployment has been tried, the ones
+whose retries are left are tried again after their backoff (exponential with full jitter, the upstream's retry-after
+winning when longer), within `retry.attempts` per deployment and `retry.total_seconds` since the model's first try.
+Then the next model of the chain. A deployment out of service (passive health, server/providers/health.py) is not
+tried, and a model none of whose deployments is in service is passed over at once.
+
+Only failures marked `retryable` (server/providers/upstream_errors.py) move on, and only while nothing has reached
+the caller: `Delivery` holds back a Started event (a prompt count, no content) and the upstream's own objects that
+carry no content (a role chunk, message_start, ping) until the first content event, so an upstream that accepts a
 request and then drops the stream is retried as if it had refused it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import random
-from collections.abc import AsyncIterator, Callable
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from server.domain import (
-    GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, RetrySettings, Started, UpstreamObject,
-)
-from server.errors import PorticoError
-from server.observability import UpstreamRecorder
-from server.providers import Provider
-from server.providers.images import ImageProvider
+from server.domain import RetrySettings
+from server.domain import GenerationEvent, Started, UpstreamObject
+from server.errors import PorticoError, ServiceUnavailable
 
-_logger = logging.getLogger(__name__)
+ONE_TRY = RetrySettings(attempts=1)  # providers that are not upstream servers (the embedded model): no retries
 
 
 def backoff_delay(settings: RetrySettings, attempt: int, error: PorticoError, elapsed: float,
@@ -43,13 +45,122 @@ def backoff_delay(settings: RetrySettings, attempt: int, error: PorticoError, el
     return delay
 
 
+def pick(weights: Sequence[float], in_flight: Sequence[int], draw: Callable[[], float]) -> int:
+    """Weighted random choice, each weight divided by (requests in flight + 1): sequential requests follow the
+    weights, and under load a busier deployment gets fewer new ones (Envoy's least-request balancing, bias 1)."""
+    effective = [w / (n + 1) for w, n in zip(weights, in_flight, strict=True)]
+    point = draw() * sum(effective)
+    for index, value in enumerate(effective):
+        point -= value
+        if point < 0:
+            return index
+    return len(effective) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A deployment as the planner sees it."""
+
+    weight: float
+    retry: RetrySettings
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    model: int  # index in the chain
+    deployment: int  # index in that model's deployments
+    wait: float  # seconds to wait before trying it
+
+
+@dataclass
+class Plan:
+    """One request's walk over `chain` (per model, its deployments). `ready_in(model, deployment)` is how many
+    seconds until passive health lets the deployment be tried (0: now); `in_flight(model, deployment)` how busy it is.
+
+    `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
+    raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left.
+    """
+
+    chain: Sequence[Sequence[Target]]
+    ready_in: Callable[[int, int], float]
+    in_flight: Callable[[int, int], int]
+    draw: Callable[[], float]
+    model: int = 0
+    last_error: PorticoError | None = None
+    _tries: list[int] = field(default_factory=list)
+    _not_before: list[float] = field(default_factory=list)  # -inf: done with it; else when its retry may start
+    _began: float | None = None
+    _soonest: float = math.inf  # the earliest time a passed-over deployment comes back into service
+
+    def __post_init__(self) -> None:
+        self._enter(0)
+
+    def next(self, now: float) -> Step | None:
+        while self.model < len(self.chain):
+            targets = self.chain[self.model]
+            ready = [now + self.ready_in(self.model, d) for d in range(len(targets))]
+            fresh = [d for d in range(len(targets)) if self._tries[d] == 0 and ready[d] == now]
+            if fresh:
+                return self._step(self._choose(fresh), 0.0, now)
+            again = [(max(self._not_before[d], ready[d]), d) for d in range(len(targets))
+                     if self._tries[d] and self._not_before[d] > -math.inf]
+            if again:
+                start, chosen = min(again)
+                if self._began is not None and start - self._began < targets[chosen].retry.total_seconds:
+                    return self._step(chosen, max(0.0, start - now), now)
+            self._soonest = min([self._soonest, *(r for d, r in enumerate(ready) if self._tries[d] == 0)])
+            self._enter(self.model + 1)
+        return None
+
+    def failed(self, step: Step, error: PorticoError, now: float) -> None:
+        self.last_error = error
+        if not error.retryable:
+            raise error
+        d = step.deployment
+        target = self.chain[step.model][d]
+        elapsed = now - (self._began if self._began is not None else now)
+        delay = backoff_delay(target.retry, self._tries[d], error, elapsed, self.draw)
+        self._not_before[d] = -math.inf if delay is None else now + delay
+
+    def refused(self, step: Step) -> None:
+        """The deployment could not be had after all (another request took its one trial): not in this request."""
+        self._tries[step.deployment] = max(1, self._tries[step.deployment])
+        self._not_before[step.deployment] = -math.inf
+
+    def give_up(self, now: float) -> PorticoError:
+        if self.last_error is not None:
+            return self.last_error
+        wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
+        return ServiceUnavailable("Every deployment of the model (and of its fallbacks) is out of service after "
+                                  "failing; try again later.", retry_after=wait)
+
+    def _enter(self, model: int) -> None:
+        self.model = model
+        size = len(self.chain[model]) if model < len(self.chain) else 0
+        self._tries, self._not_before, self._began = [0] * size, [0.0] * size, None
+
+    def _choose(self, candidates: list[int]) -> int:
+        if len(candidates) == 1:
+            return candidates[0]
+        targets = self.chain[self.model]
+        chosen = pick([targets[d].weight for d in candidates], [self.in_flight(self.model, d) for d in candidates],
+                      self.draw)
+        return candidates[chosen]
+
+    def _step(self, deployment: int, wait: float, now: float) -> Step:
+        if self._began is None:
+            self._began = now
+        self._tries[deployment] += 1
+        return Step(self.model, deployment, wait)
+
+
 @dataclass(slots=True)
 class Delivery:
     """Whether any event of an attempt reached the consumer; once one has, the attempt can no longer be replaced."""
 
     delivered: bool = False
 
-    async def relay(self, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    async def relay(self, events: AsyncIterator) -> AsyncIterator:
         held: list[GenerationEvent] = []
         async with aclosing(events):
             async for event in events:
@@ -63,77 +174,5 @@ class Delivery:
                 yield event
 
 
-def _no_content(event: GenerationEvent) -> bool:
+def _no_content(event: object) -> bool:
     return isinstance(event, Started) or isinstance(event, UpstreamObject) and not event.content
-
-
-class RetryingProvider:
-    def __init__(self, inner: Provider, settings: RetrySettings, *, model_id: str,
-                 recorder: UpstreamRecorder | None = None, rng: random.Random | None = None) -> None:
-        self._inner = inner
-        self._settings = settings
-        self._model_id = model_id
-        self._recorder = recorder
-        self._draw = (rng or random.Random()).random
-        self.capabilities = inner.capabilities
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        attempt = 1
-        while True:
-            delivery = Delivery()
-            try:
-                async with aclosing(delivery.relay(self._inner.stream(request))) as events:
-                    async for event in events:
-                        yield event
-                return
-            except PorticoError as error:
-                if delivery.delivered:
-                    raise
-                delay = backoff_delay(self._settings, attempt, error, loop.time() - began, self._draw)
-                if delay is None:
-                    raise
-                _retrying(self._model_id, attempt, error, delay, self._recorder)
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
-def _retrying(model_id: str, attempt: int, error: PorticoError, delay: float, recorder: UpstreamRecorder | None):
-    _logger.warning("%s: attempt %d failed (%s: %s); retrying in %.2f s", model_id, attempt, error.kind.code,
-                    error.message, delay)
-    if recorder is not None:
-        recorder.retry(model_id, error.retry_reason or "other")
-
-
-class RetryingImageProvider:
-    """The same policy for image upstreams, whose answer is one JSON body: any retryable failure is retried."""
-
-    def __init__(self, inner: ImageProvider, settings: RetrySettings, *, model_id: str,
-                 recorder: UpstreamRecorder | None = None, rng: random.Random | None = None) -> None:
-        self._inner = inner
-        self._settings = settings
-        self._model_id = model_id
-        self._recorder = recorder
-        self._draw = (rng or random.Random()).random
-
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        attempt = 1
-        while True:
-            try:
-                return await self._inner.generate(request)
-            except PorticoError as error:
-                delay = backoff_delay(self._settings, attempt, error, loop.time() - began, self._draw)
-                if delay is None:
-                    raise
-                _retrying(self._model_id, attempt, error, delay, self._recorder)
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    async def close(self) -> None:
-        await self._inner.close()

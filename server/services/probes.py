@@ -18,4 +18,5 @@ class ProbeServicer(probe_service_pb2_grpc.ProbeServiceServicer):
         report = self._readiness.report
         if not report.ready:
             raise ServiceUnavailable(f"Not ready: {report.reasons()}.", retry_after=1.0)
-        return probe_pb2.GetReadinessResponse(status=report.status, checks=dict(report.checks))
+        return probe_pb2.GetReadinessResponse(status=report.status, checks=dict(report.checks),
+                                              deployments=dict(report.deployments))

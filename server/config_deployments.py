@@ -1,0 +1,91 @@
+"""A model entry's `deployments:` (several providers serving one model, with weights), its passive `health:`
+settings and its opt-in response `cache:`. Read by server/config.py; the `provider:` shape is server/config_providers.py.
+
+A plain `provider:` is one deployment, named after its kind; `deployments:` lists several, each with a `name` (for
+metrics, logs and /readyz), a `weight` and a `provider:` of the same shape.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from typing import Any
+
+from server.config_providers import ConfigError, mapping, parse_provider
+from server.domain import CacheSettings, Deployment, Endpoint, HealthSettings
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def parse_deployments(raw: dict, where: str, endpoint: Endpoint) -> tuple[Deployment, ...]:
+    """From a model entry: its `provider:` (one deployment) or its `deployments:` list."""
+    if "provider" not in raw and "deployments" not in raw:
+        raise ConfigError(f"{where}: `provider` is required (or `deployments`, a list of {{name, weight, provider}})")
+    if "provider" in raw and "deployments" in raw:
+        raise ConfigError(f"{where}: give either `provider` (one deployment) or `deployments` (a list), not both")
+    if "provider" in raw:
+        provider = parse_provider(raw["provider"], f"{where}.provider", endpoint)
+        return (Deployment(name=provider.kind, provider=provider),)
+    items = raw["deployments"]
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{where}.deployments: a non-empty list of {{name, weight, provider}}")
+    deployments = tuple(_deployment(item, f"{where}.deployments[{i}]", endpoint) for i, item in enumerate(items))
+    names = [d.name for d in deployments]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}.deployments: each `name` must be unique within the model")
+    return deployments
+
+
+def _deployment(raw: Any, where: str, endpoint: Endpoint) -> Deployment:
+    raw = mapping(raw, where)
+    if unknown := set(raw) - {"name", "weight", "provider"}:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: name, weight, provider")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"{where}.name: required, letters, digits, `_`, `.` or `-` (up to 64), not {name!r}")
+    weight = raw.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+        raise ConfigError(f"{where}.weight: a positive number, not {weight!r}")
+    if "provider" not in raw:
+        raise ConfigError(f"{where}: `provider` is required")
+    return Deployment(name=name, weight=float(weight), provider=parse_provider(raw["provider"], f"{where}.provider",
+                                                                               endpoint))
+
+
+def parse_health(raw: Any, where: str) -> HealthSettings:
+    values = _numbers(raw, where, HealthSettings)
+    settings = HealthSettings(**values)
+    if not 0 < settings.failure_rate <= 1:
+        raise ConfigError(f"{where}.failure_rate: a share of requests, above 0 and at most 1")
+    if settings.max_cooldown_seconds < settings.cooldown_seconds:
+        raise ConfigError(f"{where}: max_cooldown_seconds must be at least cooldown_seconds")
+    return settings
+
+
+def parse_cache(raw: Any, where: str, endpoint: Endpoint) -> CacheSettings | None:
+    """None (no cache) unless the entry has `cache:`; `cache: {}` turns it on with the defaults."""
+    if raw is None or raw is False:
+        return None
+    if endpoint is Endpoint.IMAGES:
+        raise ConfigError(f"{where}: only chat and messages models can be cached")
+    raw = {} if raw is True else mapping(raw, where)
+    shared = raw.get("shared", False)
+    if not isinstance(shared, bool):
+        raise ConfigError(f"{where}.shared: true or false")
+    return CacheSettings(shared=shared, **_numbers({k: v for k, v in raw.items() if k != "shared"}, where,
+                                                   CacheSettings, skip={"shared"}))
+
+
+def _numbers(raw: Any, where: str, kind: type, skip: frozenset | set = frozenset()) -> dict[str, Any]:
+    """The positive numbers of a settings mapping, each checked against the dataclass's default's type."""
+    raw = mapping(raw if raw is not None else {}, where)
+    known = {f.name: f.default for f in fields(kind) if f.name not in skip}
+    if unknown := set(raw) - set(known):
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: "
+                          f"{', '.join(sorted([*known, *skip]))}")
+    for name, value in raw.items():
+        whole = isinstance(known[name], int)
+        valid = isinstance(value, int) if whole else isinstance(value, (int, float))
+        if isinstance(value, bool) or not valid or value <= 0:
+            raise ConfigError(f"{where}.{name}: a positive {'whole ' if whole else ''}number, not {value!r}")
+    return dict(raw)

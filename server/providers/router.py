@@ -1,0 +1,192 @@
+"""The one runner of retries, deployments and fallbacks, for text streams and image calls alike.
+
+A model's provider, as the pipeline sees it, is a `Router` over a chain of `Route`s: the model itself, then each of
+its `fallbacks`, each with its deployments' own providers (the upstream clients, not wrapped in anything). The
+pure `Plan` (server/providers/retry.py) decides what to try next; the router tries it in `_attempt`, the one place
+an upstream attempt starts and ends (health, requests in flight, per-deployment metrics), and relays its events
+while nothing has reached the caller, so that a retryable failure can still be replaced by the next try.
+
+The caller's limits stay with the model it asked for: the pipeline reserves and settles for that one, with what was
+used, whichever model or deployment answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from server.domain import Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, RetrySettings
+from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
+from server.observability import UpstreamRecorder
+from server.providers import Capabilities, Provider, token_counter_of, unsupported
+from server.providers.health import Board
+from server.providers.images import ImageProvider
+from server.providers.retry import Delivery, Plan, Step, Target
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRoute:
+    name: str
+    weight: float
+    provider: Provider | ImageProvider
+    retry: RetrySettings
+    health_slot: int | None = None  # its slot on the health board; None: not watched (a model's only deployment)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    model_id: str
+    deployments: tuple[DeploymentRoute, ...]
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What at least one deployment can honour (a request is sent only to those that can)."""
+        caps = [getattr(d.provider, "capabilities", Capabilities()) for d in self.deployments]
+        return Capabilities(tool_calls=any(c.tool_calls for c in caps), json_output=any(c.json_output for c in caps))
+
+
+class Router:
+    def __init__(self, chain: Sequence[Route], *, board: Board, recorder: UpstreamRecorder | None = None,
+                 rng: random.Random | None = None) -> None:
+        """`chain`: the model itself first, then its fallbacks."""
+        self._chain = tuple(chain)
+        self._board = board
+        self._recorder = recorder
+        self._draw = (rng or random.Random()).random
+        self._in_flight: dict[tuple[str, str], int] = {}  # (model id, deployment): attempts running in this process
+        self.capabilities = self._chain[0].capabilities
+        # The reservation counts the prompt as the model's first deployment would (the embedded model counts exactly).
+        self.token_counter = token_counter_of(self._chain[0].deployments[0].provider)
+
+    @property
+    def chain(self) -> tuple[Route, ...]:
+        return self._chain
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        chain = [self._able(route, request) for i, route in enumerate(self._chain)]
+        return self._run([route for route in chain if route.deployments], lambda provider: provider.stream(request))
+
+    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+        async with aclosing(self._run(self._chain, lambda provider: _once(provider.generate(request)))) as results:
+            async for images in results:
+                return images
+        raise AssertionError("an image attempt ends with images or an error")
+
+    async def close(self) -> None:
+        """Only the model's own deployments: every fallback is some other model's own, closed with it."""
+        for deployment in self._chain[0].deployments:
+            await deployment.provider.close()
+
+    @staticmethod
+    def _able(route: Route, request: GenerationRequest) -> Route:
+        """The route with only the deployments that can honour the request (the pipeline has already refused a
+        request the model's own cannot; a fallback none of whose deployments can is skipped)."""
+        able = tuple(d for d in route.deployments
+                     if unsupported(request, getattr(d.provider, "capabilities", Capabilities())) is None)
+        return route if len(able) == len(route.deployments) else Route(route.model_id, able)
+
+    async def _run(self, chain: Sequence[Route], start: Callable) -> AsyncIterator:
+        loop = asyncio.get_running_loop()
+        plan = Plan([[Target(d.weight, d.retry) for d in route.deployments] for route in chain],
+                    ready_in=lambda m, d: self._ready_in(chain[m].deployments[d]),
+                    in_flight=lambda m, d: self._in_flight.get((chain[m].model_id, chain[m].deployments[d].name), 0),
+                    draw=self._draw)
+        failed: tuple[Step, PorticoError] | None = None
+        while (step := plan.next(loop.time())) is not None:
+            route, deployment = chain[step.model], chain[step.model].deployments[step.deployment]
+            if failed is not None:
+                self._moving_on(chain, failed, step)
+            if step.wait:
+                await asyncio.sleep(step.wait)
+            if deployment.health_slot is not None and not self._board.acquire(deployment.health_slot):
+                plan.refused(step)  # another request holds its one trial
+                continue
+            delivery = Delivery()
+            try:
+                async with aclosing(delivery.relay(self._attempt(route, deployment, start))) as events:
+                    async for event in events:
+                        yield event
+                return
+            except PorticoError as error:
+                if delivery.delivered:
+                    raise
+                plan.failed(step, error, loop.time())  # raises a failure that another try would meet too
+                failed = (step, error)
+        raise plan.give_up(loop.time())
+
+    async def _attempt(self, route: Route, deployment: DeploymentRoute, start: Callable) -> AsyncIterator:
+        """One upstream attempt on one deployment of one model: where it starts and ends."""
+        key = (route.model_id, deployment.name)
+        if self._recorder is not None:
+            self._recorder.deployment(route.model_id, deployment.name)  # names the attempt's span (traces)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        outcome: PorticoError | None = None
+        finished = False  # a Finished event (or an image call's images) came
+        try:
+            async with aclosing(start(deployment.provider)) as events:
+                async for event in events:
+                    # The answer is whole (a caller reading a JSON answer stops here, closing the stream).
+                    finished = finished or isinstance(event, (Finished, list))
+                    yield event
+        except PorticoError as error:
+            outcome = error
+            raise
+        finally:
+            self._in_flight[key] -= 1
+            unhealthy = outcome is not None and _says_unhealthy(outcome)
+            if self._recorder is not None:
+                self._recorder.deployment_attempt(route.model_id, deployment.name,
+                                                  _failure_reason(outcome) if unhealthy else None)
+            if deployment.health_slot is not None:
+                self._report(deployment.health_slot, outcome if unhealthy else None, finished)
+
+    def _report(self, slot: int, outcome: PorticoError | None, finished: bool) -> None:
+        """`outcome`: a failure that speaks of the deployment, else None."""
+        if finished:
+            self._board.succeeded(slot)
+        elif outcome is not None:
+            retry_after = outcome.retry_after if isinstance(outcome, (RateLimited, ServiceUnavailable)) else 0.0
+            self._board.failed(slot, retry_after)
+        else:
+            self._board.released(slot)
+
+    def _ready_in(self, deployment: DeploymentRoute) -> float:
+        if deployment.health_slot is None:
+            return 0.0
+        return self._board.ready_in(deployment.health_slot)
+
+    def _moving_on(self, chain: Sequence[Route], failed: tuple[Step, PorticoError], step: Step) -> None:
+        before, error = failed
+        model_id = chain[before.model].model_id
+        if step.model == before.model:
+            _logger.warning("%s/%s failed (%s: %s); trying %s/%s", model_id, chain[before.model].deployments[
+                before.deployment].name, error.kind.code, error.message, model_id,
+                chain[step.model].deployments[step.deployment].name)
+            if self._recorder is not None:
+                self._recorder.retry(model_id, error.retry_reason or "other")
+        else:
+            fallback = chain[step.model].model_id
+            _logger.warning("%s failed (%s: %s); falling back to %s", model_id, error.kind.code, error.message,
+                            fallback)
+            if self._recorder is not None:
+                self._recorder.fallback(self._chain[0].model_id, fallback)
+
+
+def _says_unhealthy(error: PorticoError) -> bool:
+    """Failures that speak of the deployment, not of the caller's request: those another try may not meet, an
+    upstream that timed out, and 5xx answers."""
+    return error.retryable or isinstance(error, UpstreamTimeout) or error.kind.http_status >= 500
+
+
+def _failure_reason(error: PorticoError) -> str:
+    return error.retry_reason or ("timeout" if isinstance(error, UpstreamTimeout) else "other")
+
+
+async def _once(result) -> AsyncIterator:
+    yield await result

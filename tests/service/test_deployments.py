@@ -1,0 +1,157 @@
+"""Several deployments behind one model, through the real gRPC server, against two real HTTP upstreams that fail on
+cue: weights, moving to the other deployment before the first byte, ejection after the threshold, the trial that
+brings a deployment back, retry-after cooling exactly that long, and the state in /readyz and the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from tests.helpers import bearer, chat_request
+from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+FAST = "{attempts: 2, initial_backoff: 0.01, max_backoff: 0.02, total_seconds: 5}"
+BUSY = Cue(503, {"error": {"message": "busy"}})
+
+
+def models(east: str, west: str) -> str:
+    def provider(url: str) -> str:
+        return f"{{kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {FAST}}}"
+
+    return f"""\
+  - id: pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(east)}}}
+      - {{name: west, provider: {provider(west)}}}
+    health: {{consecutive_failures: 3, cooldown_seconds: 0.6}}
+  - id: weighted
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, weight: 3, provider: {provider(east)}}}
+      - {{name: west, weight: 1, provider: {provider(west)}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def west():
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+async def running(double, west, tmp_path_factory):
+    async with upstream_server(tmp_path_factory.mktemp("deployments"), models(double.url, west.url)) as server:
+        yield server
+
+
+@pytest.fixture
+def east(double, west, running):
+    """Both upstreams start each test answering, with nothing seen; the health board starts healthy."""
+    west.reset()
+    board = running.core.health
+    for slot in range(len(board)):
+        with board._change(slot) as h:
+            h.__init__()
+    return double
+
+
+async def ask(chat, secret, model="pair"):
+    return await chat.CreateChatCompletion(chat_request(model=model, messages=HELLO), metadata=bearer(secret))
+
+
+async def test_weights_are_honoured_over_a_thousand_requests(chat, east, west, key):
+    for _ in range(1000):
+        await ask(chat, key[1], "weighted")
+    assert len(east.seen) + len(west.seen) == 1000
+    assert 690 <= len(east.seen) <= 810  # 750 expected; the binomial's standard deviation is ~14
+
+
+async def test_concurrent_requests_prefer_the_deployment_with_fewer_in_flight(chat, east, west, key):
+    east.cue(*[Cue(delay=0.5)] * 6)  # east answers slowly: its requests stay in flight
+    await asyncio.gather(*(ask(chat, key[1]) for _ in range(12)))
+    assert len(west.seen) >= 7  # equal weights; a busy east gets fewer of them
+
+
+async def test_a_failing_deployment_is_ejected_after_the_threshold_and_callers_see_none_of_it(chat, running, east,
+                                                                                              west, key):
+    east.cue(*[BUSY] * 100)
+    for _ in range(30):
+        response = await ask(chat, key[1])  # every caller is answered: east's failures move to west
+        assert response.choices[0].message.content == "echo Say hello."
+    assert len(east.seen) == 3  # the ejection threshold, then no more requests to it
+    states = {f"{m}/{d}": s for m, d, s in running.core.health.states()}
+    assert (states["pair/east"], states["pair/west"], states["weighted/east"]) == ("ejected", "healthy", "healthy")
+    await running.readiness.refresh()
+    assert running.readiness.report.deployments["pair/east"] == "ejected"
+
+    east.reset()  # it recovers
+    await asyncio.sleep(0.7)  # the cooldown ends: the next request to pick it is its trial
+    assert running.core.health.states()[0][2] == "trial"
+    for _ in range(40):
+        await ask(chat, key[1])
+    assert len(east.seen) >= 10  # traffic came back after the trial
+    assert running.core.health.states()[0][2] == "healthy"
+
+
+async def test_a_failed_trial_ejects_it_again_for_longer(chat, running, east, west, key):
+    east.cue(*[BUSY] * 100)
+    for _ in range(10):
+        await ask(chat, key[1])
+    await asyncio.sleep(0.7)
+    for _ in range(10):
+        await ask(chat, key[1])
+    assert len(east.seen) == 4  # the threshold, then one trial
+    await asyncio.sleep(0.7)  # the first cooldown's length: not enough now (1.2 s)
+    for _ in range(10):
+        await ask(chat, key[1])
+    assert len(east.seen) == 4
+    with running.core.health._change(0) as h:
+        assert h.ejections == 2
+
+
+async def test_retry_after_cools_that_deployment_for_exactly_that_long(chat, east, west, key):
+    east.cue(Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after": "2"}))
+    while not east.seen:  # until a request meets the 429 (and is answered by west)
+        await ask(chat, key[1])
+    cooled = time.monotonic()
+    while time.monotonic() - cooled < 1.8:
+        await ask(chat, key[1])
+        await asyncio.sleep(0.01)
+    assert len(east.seen) == 1  # nothing for 2 s
+    await asyncio.sleep(max(0.0, 2.05 - (time.monotonic() - cooled)))
+    for _ in range(30):
+        await ask(chat, key[1])
+    assert len(east.seen) > 1  # and then traffic again, with no trial needed
+
+
+async def test_both_deployments_failing_is_the_upstreams_error(chat, east, west, key):
+    east.cue(*[BUSY] * 2)
+    west.cue(*[BUSY] * 2)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, key[1])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(east.seen) == len(west.seen) == 2  # each deployment's own retries
+
+
+async def test_metrics_count_attempts_and_failures_per_deployment(chat, running, east, west, key):
+    registry = running.telemetry.metrics.registry
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, {"model": "pair", **labels}) or 0
+
+    before = value("portico_deployment_failures_total", deployment="east", reason="503")
+    east.cue(BUSY)
+    while not east.seen:
+        await ask(chat, key[1])
+    assert value("portico_deployment_failures_total", deployment="east", reason="503") == before + 1
+    assert value("portico_deployment_requests_total", deployment="west") >= 1
+    await running.readiness.refresh()
+    assert value("portico_deployment_state", deployment="east", state="healthy") == 1
+    assert value("portico_deployment_state", deployment="east", state="ejected") == 0

@@ -1,0 +1,190 @@
+"""The pure parts of deployments: the planner's walk over deployments and fallbacks, the balancing choice, and the
+passive health state machine (on both boards, the shared file one from two processes' worth of handles)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from server.domain import HealthSettings
+from server.domain import RetrySettings
+from server.errors import InvalidRequest, RateLimited, ServiceUnavailable
+from server.providers import health
+from server.providers.health import FileBoard, MemoryBoard
+from server.providers.retry import Plan, Step, Target, pick
+
+RETRY = RetrySettings(attempts=2, initial_backoff=1.0, max_backoff=1.0, total_seconds=10)
+BUSY = ServiceUnavailable("busy", retry_reason="503")
+
+
+def plan(*models: int, ready=lambda m, d: 0.0, draw=lambda: 0.0) -> Plan:
+    return Plan([[Target(1.0, RETRY)] * n for n in models], ready_in=ready, in_flight=lambda m, d: 0, draw=draw)
+
+
+def test_a_failure_moves_to_an_untried_deployment_at_once_then_retries_after_backoff_then_falls_back():
+    p = plan(2, 1)
+    first = p.next(0.0)
+    assert first == Step(0, 0, 0.0)
+    p.failed(first, BUSY, 0.0)
+    assert p.next(0.0) == Step(0, 1, 0.0)  # the other deployment, no wait
+    p.failed(Step(0, 1, 0.0), BUSY, 0.0)
+    again = p.next(0.0)
+    assert again.model == 0 and again.wait == 0.0  # draw 0: full jitter's shortest backoff
+    p.failed(again, BUSY, 0.1)
+    p.failed(p.next(0.1), BUSY, 0.2)  # both have used their two attempts
+    assert p.next(0.2) == Step(1, 0, 0.0)  # the fallback
+    p.failed(Step(1, 0, 0.0), BUSY, 0.3)
+    assert p.next(1.3) == Step(1, 0, 0.0)
+    p.failed(Step(1, 0, 0.0), BUSY, 1.3)
+    assert p.next(1.3) is None and p.give_up(1.3) is BUSY
+
+
+def test_a_failure_another_try_would_meet_too_is_raised():
+    p = plan(2)
+    with pytest.raises(InvalidRequest):
+        p.failed(p.next(0.0), InvalidRequest("bad"), 0.0)
+
+
+def test_deployments_out_of_service_are_passed_over_and_a_model_with_none_left_goes_to_its_fallback():
+    out = {(0, 0): 5.0}
+    p = plan(2, 1, ready=lambda m, d: out.get((m, d), 0.0))
+    assert p.next(0.0) == Step(0, 1, 0.0)
+    out[(0, 1)] = 30.0
+    p = plan(2, 1, ready=lambda m, d: out.get((m, d), 0.0))
+    assert p.next(0.0) == Step(1, 0, 0.0)
+
+
+def test_nothing_in_service_answers_503_with_the_soonest_return():
+    p = plan(2, ready=lambda m, d: 4.2)
+    assert p.next(0.0) is None
+    error = p.give_up(0.0)
+    assert isinstance(error, ServiceUnavailable) and error.retry_after == 5
+
+
+def test_a_retry_after_longer_than_the_budget_moves_on_instead_of_waiting():
+    p = plan(2)
+    first = p.next(0.0)
+    p.failed(first, RateLimited("quota", retry_after=60, retry_reason="429"), 0.0)
+    second = p.next(0.0)
+    p.failed(second, RateLimited("quota", retry_after=60, retry_reason="429"), 0.0)
+    assert p.next(0.0) is None
+
+
+def test_pick_follows_weights_and_prefers_idle_deployments():
+    rng = random.Random(7)
+    counts = [0, 0]
+    for _ in range(4000):
+        counts[pick([3.0, 1.0], [0, 0], rng.random)] += 1
+    assert 2850 <= counts[0] <= 3150
+    busy = sum(pick([1.0, 1.0], [9, 0], rng.random) for _ in range(1000))
+    assert busy > 850  # weight / (in flight + 1): the idle one gets ~10 in 11
+
+
+SETTINGS = HealthSettings(consecutive_failures=3, failure_rate=0.5, window_seconds=10, min_requests=6,
+                          cooldown_seconds=2, max_cooldown_seconds=5)
+
+
+def test_consecutive_failures_eject_then_one_trial_decides_with_a_growing_cooldown():
+    h = health.DeploymentHealth()
+    for t in (0.0, 0.1):
+        health.failed(h, t, SETTINGS)
+    assert health.state_of(h, 0.2) == "healthy"
+    health.failed(h, 0.2, SETTINGS)
+    assert health.state_of(h, 0.3) == "ejected" and health.ready_at(h, 0.3) == pytest.approx(2.2)
+    assert health.state_of(h, 2.3) == "trial"
+    assert health.acquire(h, 2.3) and not health.acquire(h, 2.4)  # one trial at a time
+    health.failed(h, 2.5, SETTINGS)  # the trial failed: twice as long
+    assert health.ready_at(h, 2.6) == pytest.approx(6.5)
+    assert health.acquire(h, 6.5)
+    health.failed(h, 6.6, SETTINGS)
+    assert health.ready_at(h, 6.7) == pytest.approx(11.6)  # capped at max_cooldown_seconds
+    assert health.acquire(h, 11.6)
+    health.succeeded(h, 11.7, SETTINGS)
+    assert health.state_of(h, 11.8) == "healthy" and h.ejections == 0
+
+
+def test_a_failure_rate_over_the_window_ejects():
+    h = health.DeploymentHealth()
+    for i in range(6):  # alternate: never 3 in a row, but half of 6 requests failed
+        (health.failed if i % 2 else health.succeeded)(h, i * 0.1, SETTINGS)
+    assert health.state_of(h, 0.6) == "ejected"
+    h = health.DeploymentHealth()
+    for i in range(6):
+        (health.failed if i % 2 else health.succeeded)(h, i * 3.0, SETTINGS)  # spread past the window
+    assert health.state_of(h, 18.0) == "healthy"
+
+
+def test_retry_after_cools_exactly_that_long_with_no_trial():
+    h = health.DeploymentHealth()
+    health.failed(h, 1.0, SETTINGS, retry_after=2.0)
+    assert health.ready_at(h, 1.5) == 3.0 and health.state_of(h, 3.0) == "healthy"
+
+
+def test_a_trial_abandoned_by_its_caller_is_free_for_the_next_request():
+    h = health.DeploymentHealth(ejected_until=1.0, needs_trial=True)
+    assert health.acquire(h, 1.0)
+    health.released(h)
+    assert health.acquire(h, 1.1)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_boards_keep_state_per_deployment(tmp_path, shared):
+    now = [0.0]
+    watched = [("m", "a", SETTINGS), ("m", "b", SETTINGS)]
+    make = (lambda: FileBoard(tmp_path / "health", watched, clock=lambda: now[0])) if shared else (
+        lambda: MemoryBoard(watched, clock=lambda: now[0]))
+    board = make()
+    other = make() if shared else board  # a second worker process's view of the same file
+    for _ in range(3):
+        board.failed(0)
+    assert other.states() == [("m", "a", "ejected"), ("m", "b", "healthy")]
+    assert other.ready_in(0) == 2.0 and other.ready_in(1) == 0.0
+    now[0] = 2.0
+    assert other.acquire(0) and not board.acquire(0)  # the one trial, whichever process asks first
+    other.succeeded(0)
+    assert board.states()[0][2] == "healthy"
+    if shared:
+        assert (tmp_path / "health").stat().st_mode & 0o777 == 0o600
+        other.close()
+    board.close()
+
+
+def _config(tmp_path, entry: str):
+    from server.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"models:\n  - {{id: m, endpoint: /v1/chat/completions, {entry}}}\n")
+    return load_config(path)
+
+
+def test_deployments_health_and_cache_are_read_from_a_model_entry(tmp_path):
+    up = "{kind: openai, base_url: 'http://127.0.0.1:1/v1', model: x}"
+    entry = _config(tmp_path, f"deployments: [{{name: a, weight: 3, provider: {up}}}, {{name: b, provider: "
+                              f"{{kind: llamacpp}}}}], health: {{consecutive_failures: 5}}, "
+                              "cache: {ttl_seconds: 60, shared: true}").models[0]
+    assert [(d.name, d.weight, d.provider.kind) for d in entry.deployments] == [("a", 3.0, "openai"),
+                                                                              ("b", 1.0, "llamacpp")]
+    assert entry.provider.kind == "openai" and entry.health.consecutive_failures == 5
+    assert entry.cache.ttl_seconds == 60 and entry.cache.shared and entry.cache.max_entry_bytes == 1024 * 1024
+    plain = _config(tmp_path, "provider: {kind: llamacpp}").models[0]
+    assert [d.name for d in plain.deployments] == ["llamacpp"] and plain.cache is None
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("provider: {kind: llamacpp}, deployments: []", "not both"),
+    ("deployments: []", "non-empty list"),
+    ("deployments: [{name: a, provider: {kind: llamacpp}}, {name: a, provider: {kind: llamacpp}}]", "unique"),
+    ("deployments: [{name: 'a b', provider: {kind: llamacpp}}]", r"deployments\[0\].name"),
+    ("deployments: [{name: a, weight: 0, provider: {kind: llamacpp}}]", "weight: a positive number"),
+    ("deployments: [{name: a}]", "`provider` is required"),
+    ("provider: {kind: llamacpp}, health: {failure_rate: 2}", "failure_rate"),
+    ("provider: {kind: llamacpp}, health: {cooldown: 2}", "unknown setting"),
+    ("provider: {kind: llamacpp}, cache: {ttl_seconds: -1}", "ttl_seconds: a positive number"),
+    ("provider: {kind: llamacpp}, cache: {shared: 1}", "shared: true or false"),
+])
+def test_deployment_mistakes_are_named(tmp_path, entry, message):
+    from server.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, entry)
