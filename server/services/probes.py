@@ -18,5 +18,7 @@ class ProbeServicer(probe_service_pb2_grpc.ProbeServiceServicer):
         report = self._readiness.report
         if not report.ready:
             raise ServiceUnavailable(f"Not ready: {report.reasons()}.", retry_after=1.0)
-        return probe_pb2.GetReadinessResponse(status=report.status, checks=dict(report.checks),
-                                              deployments=dict(report.deployments))
+        # Deployments are informational (an ejected one does not make the gateway unready), listed among the checks
+        # as "deployment:<model>/<name>" so that a gateway without any keeps its answer as it was.
+        checks = {**report.checks, **{f"deployment:{name}": state for name, state in report.deployments.items()}}
+        return probe_pb2.GetReadinessResponse(status=report.status, checks=checks)

@@ -10,6 +10,8 @@ import time
 import grpc
 import pytest
 
+from portico.v1.probe_pb2 import GetReadinessRequest
+from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
 from tests.helpers import bearer, chat_request
 from tests.upstream_double import Cue, UpstreamDouble
 from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
@@ -79,8 +81,8 @@ async def test_concurrent_requests_prefer_the_deployment_with_fewer_in_flight(ch
     assert len(west.seen) >= 7  # equal weights; a busy east gets fewer of them
 
 
-async def test_a_failing_deployment_is_ejected_after_the_threshold_and_callers_see_none_of_it(chat, running, east,
-                                                                                              west, key):
+async def test_a_failing_deployment_is_ejected_after_the_threshold_and_callers_see_none_of_it(chat, channel, running,
+                                                                                              east, west, key):
     east.cue(*[BUSY] * 100)
     for _ in range(30):
         response = await ask(chat, key[1])  # every caller is answered: east's failures move to west
@@ -89,7 +91,9 @@ async def test_a_failing_deployment_is_ejected_after_the_threshold_and_callers_s
     states = {f"{m}/{d}": s for m, d, s in running.core.health.states()}
     assert (states["pair/east"], states["pair/west"], states["weighted/east"]) == ("ejected", "healthy", "healthy")
     await running.readiness.refresh()
-    assert running.readiness.report.deployments["pair/east"] == "ejected"
+    ready = await ProbeServiceStub(channel).GetReadiness(GetReadinessRequest())
+    assert ready.status == "ready"  # an ejected deployment is shown, and the gateway stays ready
+    assert (ready.checks["deployment:pair/east"], ready.checks["deployment:pair/west"]) == ("ejected", "healthy")
 
     east.reset()  # it recovers
     await asyncio.sleep(0.7)  # the cooldown ends: the next request to pick it is its trial
