@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from server.providers import Capabilities, token_counter_of
-from server.providers.fallback import FallbackProvider
+from server.providers.health import MemoryBoard
+from server.providers.retry import ONE_TRY
+from server.providers.router import DeploymentRoute, Route, Router
 
 
 class Counting:
@@ -32,5 +34,10 @@ class Plain:
 def test_a_model_with_fallbacks_keeps_its_token_counter():
     counting, plain = Counting(), Plain()
     assert token_counter_of(counting) is counting and token_counter_of(plain) is None
-    assert token_counter_of(FallbackProvider([("a", counting), ("b", plain)])) is counting
-    assert token_counter_of(FallbackProvider([("b", plain), ("a", counting)])) is None
+    assert token_counter_of(_chain(("a", counting), ("b", plain))) is counting
+    assert token_counter_of(_chain(("b", plain), ("a", counting))) is None
+
+
+def _chain(*models) -> Router:
+    routes = [Route(model_id, (DeploymentRoute("d", 1.0, provider, ONE_TRY),)) for model_id, provider in models]
+    return Router(routes, board=MemoryBoard([]))
