@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from server.domain import Endpoint, KeyLimits, ModelEntry, Price, ProviderSpec, UpstreamSpec
+from server.domain import Deployment, Endpoint, KeyLimits, ModelEntry, Price, ProviderSpec, UpstreamSpec
 from server.services.model_admin import _model_to_pb
 
 
 def test_an_upstream_model_shows_its_upstream_name_fallbacks_price_in_usd_and_limits():
     entry = ModelEntry(
         "family-a-5.5", Endpoint.CHAT, "portico", 1_700_000_000,
-        ProviderSpec("openai", UpstreamSpec("http://127.0.0.1:9/v1", "gpt-x", api_key_env="UPSTREAM_KEY")),
+        (Deployment("openai", ProviderSpec("openai", UpstreamSpec("http://127.0.0.1:9/v1", "gpt-x",
+                                                                  api_key_env="UPSTREAM_KEY"))),),
         fallbacks=("family-a-5.4",), price=Price(input=2_500_000, output=10_000_000),
     )
     model = _model_to_pb(entry, KeyLimits(requests_per_minute=60))
@@ -22,6 +23,7 @@ def test_an_upstream_model_shows_its_upstream_name_fallbacks_price_in_usd_and_li
 
 
 def test_an_embedded_model_has_no_upstream_and_no_limits_of_its_own():
-    entry = ModelEntry("family-b-opus-4-8", Endpoint.MESSAGES, "portico", 0, ProviderSpec("llamacpp"))
+    entry = ModelEntry("family-b-opus-4-8", Endpoint.MESSAGES, "portico", 0,
+                       (Deployment("llamacpp", ProviderSpec("llamacpp")),))
     model = _model_to_pb(entry, None)
     assert model.provider == "llamacpp" and model.upstream_model == "" and not model.HasField("limits")
