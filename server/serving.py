@@ -205,7 +205,7 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     """A development key is for trying Portico out on its own models: when every model runs in the gateway (the
     embedded default configuration), or when asked for (`serve --dev-key`). Never by itself in front of upstreams,
     where an all-models key would spend real money."""
-    return asked or all(entry.provider.upstream is None for entry in config.models)
+    return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
 def _print_development_key(config: Config) -> None:
