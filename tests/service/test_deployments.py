@@ -76,9 +76,14 @@ async def test_weights_are_honoured_over_a_thousand_requests(chat, east, west, k
 
 
 async def test_concurrent_requests_prefer_the_deployment_with_fewer_in_flight(chat, east, west, key):
-    east.cue(*[Cue(delay=0.5)] * 6)  # east answers slowly: its requests stay in flight
-    await asyncio.gather(*(ask(chat, key[1]) for _ in range(12)))
-    assert len(west.seen) >= 7  # equal weights; a busy east gets fewer of them
+    east.cue(*[Cue(delay=2.0)] * 40)  # east answers slowly: its requests pile up in flight, west's end at once
+    calls = []
+    for _ in range(40):
+        calls.append(asyncio.ensure_future(ask(chat, key[1])))
+        await asyncio.sleep(0.02)
+    await asyncio.gather(*calls)
+    # Equal weights alone would give east ~20 of 40; weight / (in flight + 1) gives it ~8 (over 14: p < 1e-4).
+    assert len(east.seen) <= 14 and len(east.seen) + len(west.seen) == 40
 
 
 async def test_a_failing_deployment_is_ejected_after_the_threshold_and_callers_see_none_of_it(chat, channel, running,
