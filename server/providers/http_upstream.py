@@ -20,7 +20,6 @@ import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 
 import aiohttp
 import orjson
@@ -33,6 +32,7 @@ from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE, NoScope
 from server.providers.upstream_errors import from_status, from_stream_error
+from server.render.sse_decoder import SseDecoder, SseEvent
 
 MAX_ERROR_BODY = 64 * 1024  # an error body is read only this far
 # Idle pooled connections are dropped after this long: below the 5 s after which uvicorn-based servers (vLLM,
@@ -46,12 +46,6 @@ SETTLE_BYTES = 64 * 1024
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)  # TimeoutError: asyncio's too, and aiohttp's timeouts
 _OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    event: str  # "message" when the upstream sent no `event:` line
-    data: str
 
 
 class HttpUpstream:
@@ -251,47 +245,16 @@ class HttpUpstream:
             self._give_back(response, caller_done=False)
 
     async def _events(self, content: aiohttp.StreamReader, model_id: str) -> AsyncIterator[SseEvent]:
-        """Parse text/event-stream lines into events (https://html.spec.whatwg.org/#event-stream-interpretation).
-        Lines end with "\\r\\n", "\\n" or "\\r"; the answer's bytes are split as they arrive."""
-        event, data = b"", []
-        rest, after_cr = b"", False  # the start of a line not ended yet; the last read ended with "\r"
+        """The answer's events, decoded as its bytes arrive."""
+        decoder = SseDecoder()
         try:
-            while True:
-                chunk = await content.readany()
-                if chunk:
-                    if after_cr:  # a "\r\n" split between two reads ends one line, not two
-                        after_cr = False
-                        if chunk[0] == 0x0A:
-                            chunk = chunk[1:]
-                            if not chunk:
-                                continue
-                    if rest:
-                        chunk, rest = rest + chunk, b""
-                    lines = chunk.splitlines()  # bytes: at "\r\n", "\n" and "\r" only
-                    end = chunk[-1]
-                    if end == 0x0D:
-                        after_cr = True
-                    elif end != 0x0A:
-                        rest = lines.pop()
-                elif rest:
-                    lines, rest = [rest], b""  # a last line without its line break
-                else:
-                    break
-                for line in lines:
-                    if not line:
-                        if data:
-                            yield SseEvent(event.decode("utf-8", "replace") if event else "message",
-                                           b"\n".join(data).decode("utf-8", "replace"))
-                        event, data = b"", []
-                    elif line.startswith(b"data:"):
-                        data.append(line[6:] if line.startswith(b"data: ") else line[5:])
-                    elif line.startswith(b"event:"):
-                        event = line[6:].strip()
+            while chunk := await content.readany():
+                for event in decoder.feed(chunk):
+                    yield event
         except _TRANSPORT_ERRORS as exc:
             raise self._transport_error(exc, model_id, before_answer=False) from None
-        if data:  # a last event without its blank line
-            yield SseEvent(event.decode("utf-8", "replace") if event else "message",
-                           b"\n".join(data).decode("utf-8", "replace"))
+        for event in decoder.end():
+            yield event
 
     async def _status_error(self, response: aiohttp.ClientResponse, model_id: str) -> PorticoError:
         body = b""

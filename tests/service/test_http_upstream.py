@@ -15,7 +15,8 @@ import pytest
 
 from server.domain import Timeouts, UpstreamSpec
 from server.errors import RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
-from server.providers.http_upstream import HttpUpstream, SseEvent
+from server.providers.http_upstream import HttpUpstream
+from server.render.sse_decoder import SseEvent
 
 KEY = "sk-http-upstream-test-0123456789"
 Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]

@@ -1,0 +1,71 @@
+"""Server-sent events in: the bytes of a text/event-stream answer, as they arrive, into events
+(https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation). Pure: no I/O, so
+it is tested on byte transcripts split anywhere (server/providers/http_upstream.py feeds it an upstream's answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    event: str  # "message" when the stream sent no `event:` line
+    data: str  # the `data:` lines joined with "\n"
+
+
+class SseDecoder:
+    """Lines end with "\\r\\n", "\\n" or "\\r", and a read may end anywhere, even between the two bytes of "\\r\\n".
+    Only `event:` and `data:` fields matter here; comments (":") and other fields are skipped."""
+
+    def __init__(self) -> None:
+        self._event = b""
+        self._data: list[bytes] = []
+        self._rest = b""  # the start of a line not ended yet
+        self._after_cr = False  # the last chunk ended with "\r", whose "\n" may be the next chunk's first byte
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        """The events that `chunk` completes."""
+        if not chunk:
+            return []
+        if self._after_cr:
+            self._after_cr = False
+            if chunk[:1] == b"\n":  # a "\r\n" split between two reads ends one line, not two
+                chunk = chunk[1:]
+        if not chunk:
+            return []
+        if self._rest:
+            chunk, self._rest = self._rest + chunk, b""
+        lines = chunk.splitlines()  # bytes: at "\r\n", "\n" and "\r" only
+        if chunk[-1] == 0x0D:
+            self._after_cr = True
+        elif chunk[-1] != 0x0A:
+            self._rest = lines.pop()
+        return self._read(lines)
+
+    def end(self) -> list[SseEvent]:
+        """The stream ended: a last line without its line break, and a last event without its blank line."""
+        lines, self._rest = ([self._rest] if self._rest else []), b""
+        events = self._read(lines)
+        if self._data:
+            events.append(self._dispatch())
+        return events
+
+    def _read(self, lines: list[bytes]) -> list[SseEvent]:
+        events = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    events.append(self._dispatch())
+                self._event = b""
+            elif line.startswith(b"data:"):
+                self._data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+            elif line.startswith(b"event:"):
+                self._event = line[6:].strip()
+        return events
+
+    def _dispatch(self) -> SseEvent:
+        event = SseEvent(self._event.decode("utf-8", "replace") if self._event else "message",
+                         b"\n".join(self._data).decode("utf-8", "replace"))
+        self._event, self._data = b"", []
+        return event

@@ -1,0 +1,65 @@
+"""SseDecoder on byte transcripts: the same events however the bytes are split, whatever the line endings."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.render import SseDecoder, SseEvent
+
+TRANSCRIPT = (
+    b": a comment\r\n"
+    b"event: message_start\r\n"
+    b"data: {\"type\":\"message_start\"}\r\n"
+    b"\r\n"
+    b"data: first\n"
+    b"data:second\n"
+    b"\n"
+    b"id: 7\r"
+    b"retry: 10\r"
+    b"data: caf\xc3\xa9\r"
+    b"\r"
+    b"\n\n\n"
+    b"event: ping\n"
+    b"\n"
+    b"event:  last  \n"
+    b"data: {\"done\": true}"
+)
+EVENTS = [
+    SseEvent("message_start", '{"type":"message_start"}'),
+    SseEvent("message", "first\nsecond"),
+    SseEvent("message", "café"),
+    SseEvent("last", '{"done": true}'),
+]
+
+
+def decode(chunks: list[bytes]) -> list[SseEvent]:
+    decoder = SseDecoder()
+    events = [event for chunk in chunks for event in decoder.feed(chunk)]
+    return events + decoder.end()
+
+
+def test_whole():
+    assert decode([TRANSCRIPT]) == EVENTS
+
+
+def test_byte_by_byte():
+    assert decode([TRANSCRIPT[i:i + 1] for i in range(len(TRANSCRIPT))]) == EVENTS
+
+
+@pytest.mark.parametrize("cut", range(1, len(TRANSCRIPT)))
+def test_split_anywhere(cut):
+    assert decode([TRANSCRIPT[:cut], b"", TRANSCRIPT[cut:]]) == EVENTS
+
+
+def test_a_crlf_split_between_reads_ends_one_line():
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: a\r") == []
+    assert decoder.feed(b"\n") == []  # the "\n" of the "\r\n", not an empty line
+    assert decoder.feed(b"\r\n") == [SseEvent("message", "a")]
+
+
+def test_events_come_out_as_soon_as_their_blank_line_arrives():
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: [DONE]\n") == []
+    assert decoder.feed(b"\n") == [SseEvent("message", "[DONE]")]
+    assert decoder.end() == []
