@@ -181,7 +181,7 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self.seconds = time.monotonic() - self.t0
-        gw = cpu_ticks(self._gateway()) - self.gw0
+        gw = self.gateway_ticks = cpu_ticks(self._gateway()) - self.gw0
         helpers = cpu_ticks(self.helper_pids) + self._own_ticks() - self.helpers0
         machine = machine_busy_ticks() - self.machine0
         self.gateway_cpu = 100.0 * gw / TICK / self.seconds
@@ -271,6 +271,7 @@ class Row:
     gateway_pss_mb: float | None = None
     other_cpu: float | None = None
     bench_cpu: float | None = None
+    cpu_ms: float | None = None  # the gateway's CPU (its whole process tree) per completed request
     note: str = ""
 
 
@@ -295,11 +296,12 @@ def parse_wrk(text: str, row: Row) -> Row:
     return row
 
 
-def lua_script(path: Path, body: dict, key: str | None) -> Path:
+def lua_script(path: Path, body: dict, key: str | None, headers: dict[str, str] | None = None) -> Path:
     lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(json.dumps(body, separators=(',', ':')))}",
              'wrk.headers["Content-Type"] = "application/json"']
     if key:
         lines.append(f'wrk.headers["Authorization"] = "Bearer {key}"')
+    lines += [f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}" for name, value in (headers or {}).items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -318,13 +320,16 @@ def run_wrk(wrk: str, name: str, url: str, script: Path, args, sampler_args, log
     row.gateway_rss_mb = sample.peak_rss / 2**20 if sampler_args[0] else None
     row.gateway_pss_mb = sample.peak_pss / 2**20 if sampler_args[0] else None
     row.other_cpu, row.bench_cpu = sample.other_cpu, sample.bench_cpu
+    if sampler_args[0] and row.requests:
+        row.cpu_ms = sample.gateway_ticks / TICK * 1000 / row.requests
     return row
 
 
 # --- checks -----------------------------------------------------------------------------------------------------
 
-def post(url: str, body: dict, key: str | None) -> tuple[int, bytes]:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+def post(url: str, body: dict, key: str | None, extra: dict[str, str] | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
+               **(extra or {})}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:

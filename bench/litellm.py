@@ -128,8 +128,10 @@ def smoke(base: str) -> str:
     return ""
 
 
-def bench(command: Path, args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
-          mock_port: int, port: int, results: dict) -> list[Row]:
+def start(command: Path, args, run_dir: Path, procs: Processes, mock_port: int, port: int,
+          results: dict) -> tuple[subprocess.Popen, str, str]:
+    """The proxy, started, checked and described in `results`: (its process, base URL, why /v1/messages is
+    skipped or '')."""
     config_path = run_dir / "litellm.yaml"
     config_path.write_text(json.dumps(config(mock_port), indent=2))  # JSON is YAML
     log = run_dir / "litellm.log"
@@ -151,7 +153,13 @@ def bench(command: Path, args, only: set[str], wrk: str, run_dir: Path, procs: P
             "messages": messages_skipped or "served (translated to chat completions)"}
     results["litellm"] = info
     print(f"bench: {describe(info)}", flush=True)
+    return proc, base, messages_skipped
 
+
+def bench(command: Path, args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
+          mock_port: int, port: int, results: dict) -> list[Row]:
+    proc, base, messages_skipped = start(command, args, run_dir, procs, mock_port, port, results)
+    info = results["litellm"]
     rows: list[Row] = []
     lit = (proc.pid, helpers)
     for run, name, path, body in (("json", "litellm chat JSON", "/v1/chat/completions", CHAT_BODY),

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import litellm
+from bench import litellm, peers
 from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, create_key,
                           ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes, run_wrk, tree,
                           wait_port, write_portico_config)
@@ -88,6 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--litellm", nargs="?", const="with", choices=["with", "only"],
                    help="then the same runs against the LiteLLM proxy (litellm[proxy]==" + litellm.VERSION + ", its "
                         "own venv in .cache/, --workers workers); '--litellm only': LiteLLM without Portico")
+    p.add_argument("--peers", action="store_true",
+                   help="Portico, LiteLLM, Portkey and TensorZero side by side (bench/peers.py): interleaved JSON and "
+                        "stream runs, the gateways not under test paused; installs the peers under .cache/ once")
+    p.add_argument("--rounds", type=int, default=2, help="--peers: interleaved rounds (default 2)")
     return p.parse_args(argv)
 
 
@@ -113,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        litellm_bin = litellm.ensure_venv() if args.litellm else None  # before any run: it may take minutes once
+        # Before any run: installing a peer may take minutes, once.
+        litellm_bin = litellm.ensure_venv() if args.litellm or args.peers else None
+        if args.peers:
+            peers.ensure_portkey()
+            peers.ensure_tensorzero()
+            return _bench_peers(args, wrk, run_dir, procs, litellm_bin)
         return _bench(args, only, wrk, run_dir, procs, litellm_bin)
     except KeyboardInterrupt:
         print("bench: interrupted; stopping what it started", file=sys.stderr)
@@ -175,8 +184,9 @@ def _bench(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, lite
     return 0 if not failed else 3
 
 
-def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int], upstream: str,
-             mock_port: int, ports: tuple[int, int, int, int], results: dict) -> list[Row]:
+def start_portico(args, run_dir: Path, procs: Processes, helpers: list[int], upstream: str,
+                  ports: tuple[int, int, int, int], results: dict) -> tuple[subprocess.Popen, str, str]:
+    """`portico serve` on the mock, checked and described in `results`: (its process, base URL, the key)."""
     port, admin_port, metrics_port, redis_port = ports
     store = "memory"
     if args.workers > 1:
@@ -214,6 +224,55 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
 
     results.update({"limits_store": store.split("://")[0], "access_log": args.access_log,
                     "gateway_processes": names, "gateway_idle_rss_mb": round(idle_rss, 1)})
+    return gateway, base, key
+
+
+def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: Path) -> int:
+    results = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(), "command": " ".join([Path(PYTHON).name, "-m", "bench", *sys.argv[1:]]),
+        "workers": args.workers, "duration_s": args.duration, "connections": args.connections,
+    }
+    mock_port, port, admin_port, metrics_port, redis_port, litellm_port, portkey_port = free_ports(7)
+    mock = procs.start("mock upstream", [PYTHON, "-m", "bench.mock_upstream", "--port", str(mock_port)], cwd=ROOT,
+                       stdout=open(run_dir / "mock.log", "w"), stderr=subprocess.STDOUT)
+    wait_port(mock_port, mock, 10, "the mock upstream")
+    helpers = [mock.pid]
+    (run_dir / "lua").mkdir()
+    upstream = f"http://127.0.0.1:{mock_port}/v1"
+    gateway, base, key = start_portico(args, run_dir, procs, helpers, upstream,
+                                       (port, admin_port, metrics_port, redis_port), results)
+    gateways = [peers.Peer("portico (limits on, key checked)", gateway, base + "/v1/chat/completions",
+                           "family-a-5.5", key=key)]
+    gateways[0].pause()  # quiet while the others start
+    proc, litellm_base, _ = litellm.start(litellm_bin, args, run_dir, procs, mock_port, litellm_port, results)
+    gateways.append(peers.Peer(f"litellm {litellm.VERSION} ({args.workers} worker)", proc,
+                               litellm_base + "/v1/chat/completions", "family-a-5.5", key=litellm.MASTER_KEY))
+    gateways[1].pause()
+    gateways.append(peers.start_portkey(procs, run_dir, portkey_port, mock_port))
+    gateways[2].pause()
+    gateways.append(peers.start_tensorzero(procs, run_dir, mock_port))
+    for peer in gateways:
+        peer.resume()
+        peers.check(peer)
+        peer.pause()
+    rows, lines = peers.bench(gateways, args, wrk, run_dir, helpers)
+    results["rows"] = [r.__dict__ for r in rows]
+    results["peers"] = lines
+    print()
+    print(table(rows, results))
+    print(f"\nSide by side: wrk -t{args.threads} -c{args.connections} {args.duration} s per run, {args.rounds} "
+          "interleaved rounds, the same mock; the gateways not under test paused (SIGSTOP)")
+    print("\n".join(lines))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0 if not any(r.errors or r.note.startswith("wrk exit") for r in rows) else 3
+
+
+def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int], upstream: str,
+             mock_port: int, ports: tuple[int, int, int, int], results: dict) -> list[Row]:
+    gateway, base, key = start_portico(args, run_dir, procs, helpers, upstream, ports, results)
+    port = ports[0]
     rows: list[Row] = []
     gw = (gateway.pid, helpers)
     for run, name, path, body in (("json", "portico chat JSON", "/v1/chat/completions", CHAT_BODY),
@@ -292,6 +351,8 @@ def table(rows: list[Row], results: dict) -> str:
             f"{'gw CPU%':>8} {'gw RSS MB':>9} {'gw PSS MB':>9} {'other CPU%':>10}  note")
     gateways = " and ".join(name for name, key in (("Portico", "gateway_processes"), ("LiteLLM", "litellm"))
                             if key in results)
+    if "peers" in results:
+        gateways = "Portico, LiteLLM, Portkey and TensorZero"
     lines = [f"{gateways or 'Gateway'} benchmark, {results['date']}: workers={results['workers']}, "
              f"wrk -c{results['connections']} {results['duration_s']} s", f"machine: {results['machine']}"]
     if "gateway_processes" in results:
