@@ -33,6 +33,7 @@ class AnthropicEventReader:
         self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
         self._input_tokens = 0
         self._output_tokens = 0
+        self._cached_tokens = 0  # read from the prompt cache (priced as cached input)
         self._reason = FinishReason.END_TURN
         self._stop_sequence: str | None = None
         self.finished = False
@@ -42,6 +43,7 @@ class AnthropicEventReader:
         if kind == "message_start":
             usage = (event.get("message") or {}).get("usage") or {}
             self._input_tokens = _input_tokens(usage)
+            self._cached_tokens = int(usage.get("cache_read_input_tokens") or 0)
             self._output_tokens = int(usage.get("output_tokens") or 0)
             return [Started(self._input_tokens)]
         if kind == "content_block_start":
@@ -57,10 +59,12 @@ class AnthropicEventReader:
             self._output_tokens = int(usage.get("output_tokens") or self._output_tokens)
             if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                 self._input_tokens = _input_tokens(usage)
+                self._cached_tokens = int(usage.get("cache_read_input_tokens") or self._cached_tokens)
             return []
         if kind == "message_stop":
             self.finished = True
-            return [Finished(self._reason, Usage(self._input_tokens, self._output_tokens), self._stop_sequence)]
+            usage = Usage(self._input_tokens, self._output_tokens, self._cached_tokens)
+            return [Finished(self._reason, usage, self._stop_sequence)]
         return []  # ping, content_block_stop, and event types added later
 
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:

@@ -38,7 +38,9 @@ class OpenAIChunkReader:
 
     def feed(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
         if isinstance(usage := chunk.get("usage"), Mapping):
-            self._usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+            details = usage.get("prompt_tokens_details")
+            cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+            self._usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), cached)
         events: list[GenerationEvent] = []
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:

@@ -167,3 +167,11 @@ def test_sqlite_keys_db_made_before_schema_versions_is_adopted(tmp_path):
     assert backend.migrate(KEY_MIGRATIONS) == [m.version for m in KEY_MIGRATIONS]
     with _closing(backend.connect()) as db:
         assert db.execute("SELECT name FROM api_keys").fetchall() == [("old",)]
+
+
+def test_a_keys_db_from_before_budgets_gets_the_budget_columns(tmp_path):
+    """Upgraded in place: the old keys stay, and budgets can be set on them."""
+    test_sqlite_keys_db_made_before_schema_versions_is_adopted(tmp_path)
+    with _closing(connect_sqlite(tmp_path / "keys.db")) as db:
+        db.execute("UPDATE api_keys SET max_spend_day = 5000000 WHERE id = 'key_1'")
+        assert db.execute("SELECT name, max_spend_day FROM api_keys").fetchall() == [("old", 5000000)]

@@ -195,7 +195,7 @@ data: {"type":"message_stop"}
     [
         (ANTHROPIC_TOOL_USE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                               ToolCallDelta(0, '{"city": '), ToolCallDelta(0, '"Oslo"}'),
-                              Finished(FinishReason.TOOL_USE, Usage(112, 30))]),
+                              Finished(FinishReason.TOOL_USE, Usage(112, 30, 100))]),
         (ANTHROPIC_STOP_SEQUENCE, [Started(5), TextDelta("1, 2"),
                                    Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
     ],
@@ -231,7 +231,7 @@ ANTHROPIC_STOP_SEQUENCE_MESSAGE = {
     [
         (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                                       ToolCallDelta(0, '{"city":"Oslo"}'),
-                                      Finished(FinishReason.TOOL_USE, Usage(112, 30))]),
+                                      Finished(FinishReason.TOOL_USE, Usage(112, 30, 100))]),
         (ANTHROPIC_STOP_SEQUENCE_MESSAGE, [Started(5), TextDelta("1, 2"),
                                            Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
     ],
