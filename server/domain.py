@@ -265,10 +265,9 @@ RequestSource = OpenAIChatSource | AnthropicMessagesSource
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """What a provider is asked to do. `model` is the model id the caller asked for; an upstream provider sends its
-    own configured model name instead."""
+    """What a provider is asked to do. Which model is the provider's own business: an upstream provider sends its
+    configured model name, and the caller's model id is on the call."""
 
-    model: str
     turns: tuple[Turn, ...]
     params: SamplingParams
     tools: tuple[ToolSpec, ...] = ()
@@ -399,9 +398,8 @@ class ImageFormat(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ImageRequest:
-    """What an image provider is asked to draw. `model` is the provider's own model name."""
+    """What an image provider is asked to draw (with its own model)."""
 
-    model: str
     prompt: str
     n: int
     width: int

@@ -18,7 +18,7 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     allow_x_api_key = True
 
     def plan(self, body, call, *, always_stream):
-        return message_request(body, upstream_model=call.model.id, always_stream=always_stream,
+        return message_request(body, always_stream=always_stream,
                                beta=beta_values(call.context.invocation_metadata()))
 
     def answer(self, header, completion):

@@ -36,7 +36,7 @@ class MessagePlan:
     stream: bool
 
 
-def message_request(body: Mapping[str, Json], *, upstream_model: str, always_stream: bool = False,
+def message_request(body: Mapping[str, Json], *, always_stream: bool = False,
                     beta: Sequence[str] = ()) -> MessagePlan:
     """`always_stream`: the RPC streams whatever `stream` says (the typed StreamMessage). `beta`: the caller's
     `anthropic-beta` header values."""
@@ -65,7 +65,7 @@ def message_request(body: Mapping[str, Json], *, upstream_model: str, always_str
     tools = _tools(body, unread)
     stream = always_stream or bool(opt_bool(body, "stream"))
     generation = GenerationRequest(
-        model=upstream_model, turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body),
+        turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body),
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
     return MessagePlan(generation=generation, stream=stream)

@@ -35,7 +35,7 @@ class ImagePlan:
     response_format: str  # "b64_json" or "url"
 
 
-def image_request(body: Mapping[str, Json], *, upstream_model: str) -> ImagePlan:
+def image_request(body: Mapping[str, Json]) -> ImagePlan:
     """The request body (parsed JSON, read without editing: an OpenAI images upstream receives it whole)."""
     prompt = opt_string(body, "prompt") or ""
     if not prompt.strip():
@@ -68,8 +68,7 @@ def image_request(body: Mapping[str, Json], *, upstream_model: str) -> ImagePlan
                              param="partial_images")
     return ImagePlan(
         generation=ImageRequest(
-            model=upstream_model,
-            prompt=prompt,
+                prompt=prompt,
             n=n or 1,
             width=width,
             height=height,

@@ -43,7 +43,7 @@ class ChatPlan:
 
 
 def chat_request(
-    body: Mapping[str, Json], *, upstream_model: str, default_max_tokens: int, always_stream: bool = False,
+    body: Mapping[str, Json], *, default_max_tokens: int, always_stream: bool = False,
 ) -> ChatPlan:
     """`always_stream`: the RPC streams whatever `stream` says (the typed StreamChatCompletion)."""
     unread = list(check_fields(body, CHAT_FIELDS))
@@ -58,7 +58,6 @@ def chat_request(
     include_usage = bool(opt_bool(stream_options or {}, "include_usage", "stream_options"))
     tools = _tools(body, unread)
     generation = GenerationRequest(
-        model=upstream_model,
         turns=turns,
         params=_sampling(body, default_max_tokens),
         tools=tools,

@@ -13,7 +13,7 @@ from server.providers.images import ImageProvider
 
 
 def request(**changes) -> ImageRequest:
-    fields = dict(model="family-a-image-2", prompt="a lighthouse at dusk", n=1, width=256, height=256,
+    fields = dict(prompt="a lighthouse at dusk", n=1, width=256, height=256,
                   output_format=ImageFormat.PNG, transparent=False, style="vivid", quality="auto", compression=None)
     return ImageRequest(**{**fields, **changes})
 

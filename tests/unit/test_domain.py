@@ -12,5 +12,5 @@ def test_estimate_is_characters_over_four_rounded_up():
 def test_prompt_estimate_counts_everything_the_model_reads():
     turns = (Turn(Role.USER, "x" * 10), Turn(Role.ASSISTANT, tool_calls=(ToolCall("c1", "f", "{}"),)))
     tools = (ToolSpec("f", "d", {}),)
-    request = GenerationRequest(model="m", turns=turns, params=SamplingParams(max_tokens=1), tools=tools)
+    request = GenerationRequest(turns=turns, params=SamplingParams(max_tokens=1), tools=tools)
     assert request.estimated_prompt_tokens() == estimate_tokens(10 + 1 + 2 + 1 + 1 + len("{}"))

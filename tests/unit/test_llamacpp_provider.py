@@ -51,7 +51,7 @@ def greedy_reference(llm: llama_cpp.Llama, question: str, max_tokens: int) -> tu
 
 def request(question: str = POEM, **params) -> GenerationRequest:
     params.setdefault("max_tokens", 8)
-    return GenerationRequest("smollm2", (Turn(Role.USER, question),), SamplingParams(**params))
+    return GenerationRequest((Turn(Role.USER, question),), SamplingParams(**params))
 
 
 async def collect(provider: LlamaCppProvider, req: GenerationRequest) -> tuple[list[str], Finished]:
@@ -293,7 +293,7 @@ async def test_a_counted_prompt_is_tokenized_once(provider):
     provider._tokenize = lambda turns: calls.append(len(turns)) or tokenize(turns)
     turns = (Turn(Role.USER, "Say hi."),)
     counted = await asyncio.to_thread(provider.count_tokens, turns)
-    request = GenerationRequest(model="m", turns=turns, params=SamplingParams(max_tokens=2, temperature=0.0))
+    request = GenerationRequest(turns=turns, params=SamplingParams(max_tokens=2, temperature=0.0))
     events = [event async for event in provider.stream(request)]
     assert calls == [1]
     assert events[0] == Started(counted)

@@ -15,14 +15,14 @@ from server.translate.openai_images import image_request, images_response
 
 def plan_for(**fields):
     body = {"model": "family-a-image-2", "prompt": "a lighthouse at dusk", **fields}
-    return image_request(body, upstream_model="up-model")
+    return image_request(body)
 
 
 def test_defaults():
     plan = plan_for()
     request = plan.generation
     assert plan.response_format == "b64_json"
-    assert (request.model, request.n, request.width, request.height) == ("up-model", 1, 1024, 1024)
+    assert (request.n, request.width, request.height) == (1, 1024, 1024)
     assert request.output_format is ImageFormat.PNG
     assert (request.transparent, request.style, request.quality, request.compression) == (False, "vivid", "auto", None)
 

@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def chat(**fields):
-    return chat_request(chat_body(**fields), upstream_model="up", default_max_tokens=16).generation
+    return chat_request(chat_body(**fields), default_max_tokens=16).generation
 
 
 def message(**fields):
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **fields}
-    return message_request(body, upstream_model="up", beta=("context-management-2025-06-27",)).generation
+    return message_request(body, beta=("context-management-2025-06-27",)).generation
 
 
 def refusal(request, capabilities) -> str | None:
@@ -62,7 +62,7 @@ def test_fields_at_every_level_reach_a_same_dialect_upstream_unchanged():
                 "x_tool_extra": [1]}],
     )
     original = copy.deepcopy(body)
-    request = chat_request(body, upstream_model="up", default_max_tokens=16).generation
+    request = chat_request(body, default_max_tokens=16).generation
     assert refusal(request, OPENAI) is None
     sent = openai_body(request, model="upstream-name")
     owned = {"model": "upstream-name", "max_tokens": 8, "stream": True,
@@ -121,9 +121,9 @@ def test_blocks_only_anthropic_knows_are_refused_elsewhere():
 def test_typed_requests_meet_the_same_rules():
     body = proto_to_json(chat_pb(seed=7, temperature=0.5, stop=["a"]))
     assert body["seed"] == 7 and isinstance(body["seed"], int)
-    assert chat_request(body, upstream_model="up", default_max_tokens=16).generation.params.seed == 7
+    assert chat_request(body, default_max_tokens=16).generation.params.seed == 7
     with pytest.raises(InvalidRequest) as caught:
-        chat_request(proto_to_json(chat_pb(temperature=3)), upstream_model="up", default_max_tokens=16)
+        chat_request(proto_to_json(chat_pb(temperature=3)), default_max_tokens=16)
     assert caught.value.param == "temperature"
 
 

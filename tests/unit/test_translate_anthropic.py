@@ -22,7 +22,7 @@ def test_system_blocks_and_tool_traffic_become_turns():
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calc", "input": {"x": 2}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]},
-    ]), upstream_model="m")
+    ]))
     assert plan.generation.turns == (
         Turn(Role.SYSTEM, "Be brief."),
         Turn(Role.USER, "2+2?"),
@@ -37,7 +37,7 @@ def test_tools_and_tool_choice():
     generation = message_request(request_pb(
         tools=[{"name": "calc", "description": "Adds.", "input_schema": {"type": "object", "required": ["x"]}}],
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
-    ), upstream_model="m").generation
+    )).generation
     assert generation.tools == (ToolSpec("calc", "Adds.", {"type": "object", "required": ["x"]}),)
     assert generation.tool_choice == ToolChoice(ToolChoiceMode.REQUIRED, parallel=False)
     thinking = message_request(request_pb(messages=[
@@ -46,7 +46,7 @@ def test_tools_and_tool_choice():
                                           {"type": "text", "text": "Hello"}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": True,
                                       "content": [{"type": "text", "text": "boom"}]}]},
-    ]), upstream_model="m").generation
+    ])).generation
     assert thinking.turns[1] == Turn(Role.ASSISTANT, "Hello")
     assert thinking.turns[2].tool_results == (ToolResult("t", "boom", is_error=True),)
 
@@ -62,7 +62,7 @@ def test_tools_and_tool_choice():
 )
 def test_rejections_name_the_param(fields, param):
     with pytest.raises(InvalidRequest) as caught:
-        message_request(request_pb(**fields), upstream_model="m")
+        message_request(request_pb(**fields))
     assert caught.value.param == param
 
 

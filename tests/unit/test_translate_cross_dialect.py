@@ -51,7 +51,7 @@ def test_a_chat_request_for_an_anthropic_upstream():
                       stop=["END", "##"], tools=[{"type": "function", "function": {
                           "name": "weather", "description": "Current weather.", "parameters": SCHEMA}}],
                       tool_choice="required", parallel_tool_calls=False)
-    generation = chat_request(request, upstream_model="family-a-5.5", default_max_tokens=99).generation
+    generation = chat_request(request, default_max_tokens=99).generation
     assert anthropic_body(generation, model="claude-up") == {
         "model": "claude-up", "max_tokens": 300, "system": "Be brief.\n\nUse metric units.",
         "messages": [
@@ -74,13 +74,12 @@ def test_a_chat_request_for_an_anthropic_upstream():
 
 def test_a_named_tool_choice_and_a_plain_chat():
     tool = {"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}
-    named = chat_request(chat_pb(tools=[tool], tool_choice={"type": "function", "function": {"name": "weather"}}),
-                         upstream_model="m", default_max_tokens=99).generation
+    named = chat_request(chat_pb(tools=[tool], tool_choice={"type": "function", "function": {"name": "weather"}}), default_max_tokens=99).generation
     assert anthropic_body(named, model="c")["tool_choice"] == {"type": "tool", "name": "weather"}
-    plain = chat_request(chat_pb(max_tokens=None), upstream_model="m", default_max_tokens=99).generation
+    plain = chat_request(chat_pb(max_tokens=None), default_max_tokens=99).generation
     assert anthropic_body(plain, model="c") == {
         "model": "c", "max_tokens": 99, "messages": [{"role": "user", "content": "Say hello."}], "stream": False}
-    streamed = chat_request(chat_pb(stream=True, stream_options={"include_usage": True}), upstream_model="m",
+    streamed = chat_request(chat_pb(stream=True, stream_options={"include_usage": True}),
                             default_max_tokens=99).generation
     assert anthropic_body(streamed, model="c")["stream"] is True
 
@@ -90,7 +89,7 @@ def test_a_messages_request_for_an_openai_upstream():
                          temperature=0.2, top_k=40, stop_sequences=["END"],
                          tools=[{"name": "weather", "input_schema": SCHEMA}],
                          tool_choice={"type": "tool", "name": "weather"})
-    generation = message_request(request, upstream_model="family-b-opus-4-8").generation
+    generation = message_request(request).generation
     assert openai_body(generation, model="gpt-up") == {
         "messages": [
             {"role": "system", "content": "Be brief."},
@@ -106,7 +105,7 @@ def test_a_messages_request_for_an_openai_upstream():
         "tool_choice": {"type": "function", "function": {"name": "weather"}},
         "max_tokens": 200, "model": "gpt-up", "stream": False,  # and no stream_options, which need `stream`
     }
-    streamed = message_request(message_pb(stream=True), upstream_model="m").generation
+    streamed = message_request(message_pb(stream=True)).generation
     body = openai_body(streamed, model="gpt-up")
     assert (body["stream"], body["stream_options"]) == (True, {"include_usage": True})
 
@@ -116,12 +115,11 @@ def test_a_messages_request_for_an_anthropic_upstream_passes_through_whole():
                 {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}],
             "system": "Be brief.", "metadata": {"user_id": "u-1"}, "thinking": {"type": "enabled", "budget_tokens": 32},
             "top_k": 5, "service_tier": "auto", "stream": False}
-    generation = message_request(message_pb(**body), upstream_model="m").generation
+    generation = message_request(message_pb(**body)).generation
     assert anthropic_body(generation, model="claude-up") == {**body, "model": "claude-up", "stream": False}
-    generation = message_request(message_pb(**{**body, "stream": True}), upstream_model="m").generation
+    generation = message_request(message_pb(**{**body, "stream": True})).generation
     assert anthropic_body(generation, model="claude-up") == {**body, "model": "claude-up", "stream": True}
-    generation = message_request(message_pb(**{k: v for k, v in body.items() if k != "stream"}),
-                                 upstream_model="m").generation
+    generation = message_request(message_pb(**{k: v for k, v in body.items() if k != "stream"})).generation
     assert anthropic_body(generation, model="claude-up")["stream"] is False  # absent: not streamed
 
 

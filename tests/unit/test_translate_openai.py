@@ -18,7 +18,7 @@ HEADER = ResponseHeader(id="chatcmpl-1", created=1700000000, model="family-a-5.5
 
 
 def plan(**fields):
-    return chat_request(request_pb(**fields), upstream_model="m", default_max_tokens=99)
+    return chat_request(request_pb(**fields), default_max_tokens=99)
 
 
 def test_defaults_and_roles():

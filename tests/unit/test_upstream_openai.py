@@ -27,7 +27,7 @@ def test_a_chat_request_passes_through_whole():
     request = chat_pb(seed=7, logprobs=True, top_logprobs=2, max_completion_tokens=30, tools=[TOOL],
                       tool_choice="auto", parallel_tool_calls=False, response_format={"type": "json_object"},
                       stream_options={"include_obfuscation": False}, stream=True, user="u", temperature=0.5)
-    generation = chat_request(request, upstream_model="family-a-5.5", default_max_tokens=99).generation
+    generation = chat_request(request, default_max_tokens=99).generation
     assert openai_body(generation, model="gpt-up") == {
         "model": "gpt-up", "messages": [{"role": "user", "content": "Say hello."}], "seed": 7, "logprobs": True,
         "top_logprobs": 2, "max_tokens": 30, "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": False,
@@ -40,18 +40,18 @@ def test_a_chat_request_passes_through_whole():
 
 def test_a_chat_request_that_does_not_stream_asks_for_one_answer():
     request = chat_pb(seed=7, max_completion_tokens=30, user="u", stream=False)
-    generation = chat_request(request, upstream_model="family-a-5.5", default_max_tokens=99).generation
+    generation = chat_request(request, default_max_tokens=99).generation
     assert not generation.stream
     assert openai_body(generation, model="gpt-up") == {
         "model": "gpt-up", "messages": [{"role": "user", "content": "Say hello."}], "seed": 7, "max_tokens": 30,
         "user": "u", "stream": False,  # no stream_options: OpenAI refuses them without `stream`
     }
-    absent = chat_request(chat_pb(), upstream_model="m", default_max_tokens=99).generation
+    absent = chat_request(chat_pb(), default_max_tokens=99).generation
     assert openai_body(absent, model="x")["stream"] is False and "stream_options" not in openai_body(absent, model="x")
 
 
 def test_the_resolved_token_limit_is_always_sent():
-    generation = chat_request(chat_pb(max_tokens=None), upstream_model="m", default_max_tokens=99).generation
+    generation = chat_request(chat_pb(max_tokens=None), default_max_tokens=99).generation
     assert openai_body(generation, model="x")["max_tokens"] == 99
 
 
