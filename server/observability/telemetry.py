@@ -232,6 +232,8 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
         attributes["gen_ai.response.finish_reasons"] = (record.finish_reason,)
     if record.upstream_attempts:
         attributes["portico.upstream_attempts"] = record.upstream_attempts
+    if record.first_token_seconds is not None:
+        attributes["portico.time_to_first_token_ms"] = round(record.first_token_seconds * 1000, 1)
     if outcome.code:
         attributes["error.type"] = outcome.code
         attributes["portico.error.code"] = outcome.code

@@ -137,6 +137,7 @@ async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, recei
     server = one(spans, kind="server")
     assert server.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
+    assert 0 < server.attributes["portico.time_to_first_token_ms"] <= (server.end - server.start) / 1e6
     attempt = one(spans, kind="client")
     assert attempt.parent_id == server.span_id and attempt.end <= server.end
 
