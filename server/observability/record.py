@@ -36,6 +36,8 @@ def endpoint_of(method: str) -> str | None:
         return "/v1/images/content"
     if rpc.startswith("GetCosts"):
         return "/v1/organization/costs"
+    if rpc.startswith("ListRequests"):
+        return "/v1/organization/requests"
     return _ENDPOINTS.get(service)
 
 

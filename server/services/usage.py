@@ -19,13 +19,16 @@ from server.errors import PermissionDenied
 from server.keys import Authenticator
 from server.usage.openai_pages import (
     COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, completions_page, costs_page, groups_of,
-    plan_page,
+    parse_row_cursor, plan_page, requests_page, rows_limit,
 )
-from server.usage.query import TEXT_ENDPOINTS, Totals, UsageQuery
+from server.usage.ledger import LedgerRow
+from server.usage.query import TEXT_ENDPOINTS, RowQuery, Totals, UsageQuery
 
 
 class UsageReader(Protocol):
     def aggregate(self, query: UsageQuery) -> list[Totals]: ...
+
+    def recent(self, query: RowQuery) -> list[LedgerRow]: ...
 
 
 class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
@@ -46,6 +49,22 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
 
     async def GetCostsHttp(self, request, context) -> httpbody_pb2.HttpBody:
         return _json(await self._costs(request, context))
+
+    async def ListRequests(self, request, context) -> pb.ListRequestsResponse:
+        return json_format.ParseDict(await self._requests(request, context), pb.ListRequestsResponse())
+
+    async def ListRequestsHttp(self, request, context) -> httpbody_pb2.HttpBody:
+        return _json(await self._requests(request, context))
+
+    async def _requests(self, request: pb.ListRequestsRequest, context) -> dict:
+        key = self._authenticator.authenticate(context.invocation_metadata() or ())
+        limit = rows_limit(_optional(request, "limit"))
+        start, end = _optional(request, "start_time") or 0, _optional(request, "end_time")
+        end = int(self._clock()) + 1 if end is None else end
+        query = RowQuery(start * 1000, end * 1000, limit + 1, key_ids=_visible(key, request.api_key_ids),
+                         models=tuple(request.models), envs=tuple(request.project_ids),
+                         errors_only=request.errors_only, before=parse_row_cursor(request.page))
+        return requests_page(await asyncio.to_thread(self._ledger.recent, query), limit)
 
     async def _completions(self, request: pb.GetCompletionsUsageRequest, context) -> dict:
         key = self._authenticator.authenticate(context.invocation_metadata() or ())

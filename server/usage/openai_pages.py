@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from server.errors import InvalidRequest
+from server.usage.ledger import LedgerRow
 from server.usage.money import micros_to_usd
 from server.usage.query import Totals
 
@@ -142,3 +143,52 @@ def costs_page(page: Page, totals: Sequence[Totals], names: set[str]) -> dict:
         }
 
     return _envelope(page, _buckets(page, totals, result))
+
+
+REQUESTS_LIMITS = (100, 1_000)  # rows per page of GET /v1/organization/requests: default, maximum
+
+
+def row_cursor(row: LedgerRow) -> str:
+    return "page_" + base64.urlsafe_b64encode(f"{row.at_ms}:{row.id}".encode()).decode().rstrip("=")
+
+
+def parse_row_cursor(page: str) -> tuple[int, str] | None:
+    if not page:
+        return None
+    try:
+        encoded = page.removeprefix("page_")
+        at, _, row_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode().partition(":")
+        if page.startswith("page_") and row_id:
+            return int(at), row_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        pass
+    raise InvalidRequest("Invalid page cursor: pass a next_page value from an answer to the same query.",
+                         param="page")
+
+
+def rows_limit(limit: int | None) -> int:
+    default, maximum = REQUESTS_LIMITS
+    if limit is None:
+        return default
+    if not 1 <= limit <= maximum:
+        raise InvalidRequest(f"limit must be between 1 and {maximum}.", param="limit")
+    return limit
+
+
+def requests_page(rows: Sequence[LedgerRow], limit: int) -> dict:
+    """`rows`: up to limit + 1, newest first (one more than shown says whether there are more)."""
+    shown = list(rows[:limit])
+    more = len(rows) > limit
+    return {
+        "object": "list",
+        "data": [{
+            "object": "organization.request", "id": r.id, "request_id": r.request_id, "created": r.at_ms // 1000,
+            "api_key_id": r.key_id, "project_id": r.env, "endpoint": r.endpoint, "model": r.model,
+            "upstream": r.upstream, "status": r.status, "code": r.code or None, "input_tokens": r.input_tokens,
+            "output_tokens": r.output_tokens, "input_cached_tokens": r.cached_input_tokens, "images": r.images,
+            "cost": {"value": micros_to_usd(r.cost_micros), "currency": "usd"}, "cost_microdollars": r.cost_micros,
+            "latency_ms": r.latency_ms, "first_token_ms": r.first_token_ms,
+        } for r in shown],
+        "has_more": more,
+        "next_page": row_cursor(shown[-1]) if more else None,
+    }

@@ -14,7 +14,7 @@ from server.db.migrations import migrate_postgres
 from server.db.postgres import connect
 from server.db.settings import StoreSettings
 from server.usage.ledger import COLUMNS, LedgerRow
-from server.usage.query import Totals, UsageQuery, aggregate_sql, insert_sql, totals_of
+from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
 _INSERT = insert_sql("%s", suffix=" ON CONFLICT (id) DO NOTHING")
@@ -62,6 +62,10 @@ class PostgresLedger:
     def aggregate(self, query: UsageQuery) -> list[Totals]:
         sql, params = aggregate_sql(query, "%s")
         return totals_of(query, self._run(lambda conn: conn.execute(sql, params).fetchall()))
+
+    def recent(self, query: RowQuery) -> list[LedgerRow]:
+        sql, params = rows_sql(query, "%s")
+        return [LedgerRow(*row) for row in self._run(lambda conn: conn.execute(sql, params).fetchall())]
 
     def rows(self) -> list[LedgerRow]:
         """Every row, oldest first (tests and exports)."""

@@ -9,6 +9,7 @@ from server.usage.ledger import COLUMNS
 
 # OpenAI's group_by names -> ledger columns (an Portico env is OpenAI's project).
 GROUP_COLUMNS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}
+ERROR_CONDITION = "(status >= 400 OR code <> '')"  # the caller got an error (in-band after a 200 included)
 TEXT_ENDPOINTS = (Endpoint.CHAT.value, Endpoint.MESSAGES.value)
 
 
@@ -62,10 +63,40 @@ def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
         "SELECT (at_ms - {p}) / {p} AS bucket" + grouped + ", SUM(input_tokens), SUM(output_tokens), "
         "SUM(cached_input_tokens), SUM(images), SUM(cost_micros), "
         "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*), "
-        "SUM(CASE WHEN status >= 400 OR code <> '' THEN 1 ELSE 0 END) FROM usage_ledger WHERE "
+        f"SUM(CASE WHEN {ERROR_CONDITION} THEN 1 ELSE 0 END) FROM usage_ledger WHERE "
         + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket" + grouped
     )
     return sql.replace("{p}", placeholder), [query.start_ms, query.width_ms, *params]
+
+
+@dataclass(frozen=True, slots=True)
+class RowQuery:
+    """Rows newest first: those before `before` ((at_ms, id) of the last row of the previous page), if given."""
+
+    start_ms: int
+    end_ms: int
+    limit: int
+    key_ids: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
+    errors_only: bool = False
+    before: tuple[int, str] | None = None
+
+
+def rows_sql(query: RowQuery, placeholder: str) -> tuple[str, list]:
+    where, params = ["at_ms >= {p}", "at_ms < {p}"], [query.start_ms, query.end_ms]
+    for column, values in (("key_id", query.key_ids), ("model", query.models), ("env", query.envs)):
+        if values:
+            where.append(f"{column} IN ({', '.join(['{p}'] * len(values))})")
+            params += values
+    if query.errors_only:
+        where.append(ERROR_CONDITION)
+    if query.before is not None:
+        where.append("(at_ms < {p} OR (at_ms = {p} AND id < {p}))")
+        params += [query.before[0], query.before[0], query.before[1]]
+    sql = (f"SELECT {', '.join(COLUMNS)} FROM usage_ledger WHERE " + " AND ".join(where)
+           + " ORDER BY at_ms DESC, id DESC LIMIT {p}")
+    return sql.replace("{p}", placeholder), [*params, query.limit]
 
 
 def totals_of(query: UsageQuery, rows) -> list[Totals]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from server.db.migrations import migrate_sqlite
 from server.db.sqlite import connect_sqlite
 from server.usage.ledger import COLUMNS, LedgerRow
-from server.usage.query import Totals, UsageQuery, aggregate_sql, insert_sql, totals_of
+from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
 _INSERT = insert_sql("?", verb="INSERT OR IGNORE")
@@ -36,6 +36,11 @@ class SqliteLedger:
         sql, params = aggregate_sql(query, "?")
         with self._lock:
             return totals_of(query, self._db.execute(sql, params).fetchall())
+
+    def recent(self, query: RowQuery) -> list[LedgerRow]:
+        sql, params = rows_sql(query, "?")
+        with self._lock:
+            return [LedgerRow(*row) for row in self._db.execute(sql, params)]
 
     def rows(self) -> list[LedgerRow]:
         """Every row, oldest first (tests and exports)."""

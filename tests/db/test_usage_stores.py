@@ -10,7 +10,7 @@ import pytest
 
 from server.db import StoreSettings
 from server.usage.postgres_ledger import PostgresLedger
-from server.usage.query import UsageQuery
+from server.usage.query import RowQuery, UsageQuery
 from server.usage.settings import UsageSettings
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.stores import open_ledger
@@ -87,3 +87,12 @@ def test_a_ledger_from_before_schema_versions_keeps_its_rows(tmp_path):
     ledger.write([row(1)])
     assert [(r.id, r.cost_micros) for r in ledger.rows()] == [("old", 9), ("r1", 7)]
     ledger.close()
+
+
+def test_recent_rows_newest_first_after_a_cursor(ledger):
+    ledger.write([row(1, at_ms=NOW_MS), row(2, at_ms=NOW_MS + 5), row(3, at_ms=NOW_MS + 5, status=429, code="x"),
+                  row(4, at_ms=NOW_MS + 9, key_id="key_b")])
+    window = dict(start_ms=NOW_MS, end_ms=NOW_MS + 10)
+    assert [r.id for r in ledger.recent(RowQuery(**window, limit=10, key_ids=("key_a",)))] == ["r3", "r2", "r1"]
+    assert [r.id for r in ledger.recent(RowQuery(**window, limit=10, before=(NOW_MS + 5, "r3")))] == ["r2", "r1"]
+    assert [r.id for r in ledger.recent(RowQuery(**window, limit=1, errors_only=True))] == ["r3"]

@@ -108,7 +108,8 @@ async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(ch
 
 async def usage_json(channel, secret: str, rpc: str = "GetCompletionsUsageHttp", **fields) -> dict:
     stub = usage_service_pb2_grpc.UsageServiceStub(channel)
-    request_type = pb.GetCostsRequest if "Costs" in rpc else pb.GetCompletionsUsageRequest
+    request_type = {"GetCostsHttp": pb.GetCostsRequest, "ListRequestsHttp": pb.ListRequestsRequest}.get(
+        rpc, pb.GetCompletionsUsageRequest)
     body = await getattr(stub, rpc)(request_type(**fields), metadata=bearer(secret))
     assert body.content_type == "application/json"
     return orjson.loads(body.data)
@@ -182,3 +183,35 @@ async def test_usage_pages_and_bad_parameters(channel, running):
             await usage_json(channel, secret, **fields)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_details(caught.value).error.param == param
+
+
+async def test_recent_requests_newest_first_in_pages(chat, channel, running, double):
+    double.reset()
+    key, secret = running.store.create("recent", all_models=True, env="e")
+    other, other_secret = running.store.create("recent-other", all_models=True)
+    for _ in range(3):
+        await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
+    double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO), metadata=bearer(secret))
+    await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(other_secret))
+    await running.core.ledger.flush()
+    stored = [r for r in running.core.usage.rows() if r.key_id == key.id]
+
+    first = await usage_json(channel, secret, "ListRequestsHttp", limit=3)
+    assert first["object"] == "list" and first["has_more"] is True
+    assert [r["id"] for r in first["data"]] == [r.id for r in reversed(stored)][:3]
+    newest = first["data"][0]
+    assert newest | {"latency_ms": 0, "created": 0, "id": "", "request_id": ""} == {
+        "object": "organization.request", "id": "", "request_id": "", "created": 0, "api_key_id": key.id,
+        "project_id": "e", "endpoint": "/v1/chat/completions", "model": "up-solo", "upstream": "up-solo",
+        "status": 502, "code": "upstream_error", "input_tokens": 0, "output_tokens": 0, "input_cached_tokens": 0,
+        "images": 0, "cost": {"value": 0.0, "currency": "usd"}, "cost_microdollars": 0, "latency_ms": 0,
+        "first_token_ms": None}
+    rest = await usage_json(channel, secret, "ListRequestsHttp", limit=3, page=first["next_page"])
+    assert [r["id"] for r in rest["data"]] == [stored[0].id] and rest["has_more"] is False
+    errors = await usage_json(channel, secret, "ListRequestsHttp", errors_only=True)
+    assert [r["status"] for r in errors["data"]] == [502]
+    stub = usage_service_pb2_grpc.UsageServiceStub(channel)
+    typed = await stub.ListRequests(pb.ListRequestsRequest(limit=1), metadata=bearer(other_secret))
+    assert [(r.api_key_id, r.cost_microdollars) for r in typed.data] == [(other.id, 27)]
