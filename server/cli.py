@@ -16,6 +16,7 @@ from server.config_providers import upstream_keys
 from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
 from server.keys import KeyAdmin, KeyStore
+from server.private_files import make_private
 from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config).with_overrides(data_dir=args.data_dir)
+        make_private(config.data_dir)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)

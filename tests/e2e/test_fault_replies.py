@@ -67,3 +67,25 @@ def test_http_1_0_is_426_http_version_not_supported(gateway):
     assert status == 426
     assert body["error"]["code"] == "http_version_not_supported"
     assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_every_file_in_the_data_dir_is_private(http, gateway, tmp_path):
+    """Keys (hashes), the ledger, images and logs are for the service's user alone."""
+    made = http.post("/v1/images/generations", json={"model": "family-a-image-2", "prompt": "a lighthouse",
+                                                      "size": "256x256", "response_format": "url"})
+    assert made.status_code == 200, made.text
+    assert http.get("/v1/models").status_code == 200
+    paths = [gateway.data_dir, *gateway.data_dir.rglob("*")]
+    assert any(p.name == "keys.db" for p in paths) and any(p.parent.name == "images" for p in paths)
+    loose = [f"{p} {p.stat().st_mode & 0o777:o}" for p in paths if p.exists() and p.stat().st_mode & 0o077]
+    assert not loose
+
+    # What an older version left readable is tightened on the next start (here: any CLI command).
+    data_dir = tmp_path / "old"
+    data_dir.mkdir(mode=0o755)
+    (data_dir / "keys.db").touch(mode=0o644)
+    (data_dir / "keys.db").chmod(0o644)
+    data_dir.chmod(0o755)
+    gateway.__class__(0, 0, "", data_dir, tmp_path / "unused.log").cli("keys", "list")
+    assert data_dir.stat().st_mode & 0o777 == 0o700
+    assert {p.name: p.stat().st_mode & 0o777 for p in data_dir.iterdir()}["keys.db"] == 0o600

@@ -1,0 +1,29 @@
+"""Files that hold anything about keys, users or their requests are private to the service's user.
+
+Portico's processes run with umask 077, so everything they create (the data dir, keys.db and its WAL/SHM, the
+usage ledger, generated images, image-link.key, envoy.log, the run dir's sockets, a file access log) is readable
+by its owner alone, whoever creates it first. `make_private` also tightens what an older version left readable.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+PRIVATE_UMASK = 0o077
+_OTHERS = stat.S_IRWXG | stat.S_IRWXO
+
+
+def make_private(data_dir: Path) -> None:
+    """Set umask 077 for this process (and its children), create `data_dir` 0700, and take group/other access
+    away from what is already in it."""
+    os.umask(PRIVATE_UMASK)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for path in (data_dir, *data_dir.rglob("*")):
+        try:
+            mode = path.lstat().st_mode
+            if not stat.S_ISLNK(mode) and mode & _OTHERS:
+                path.chmod(stat.S_IMODE(mode) & ~_OTHERS)
+        except FileNotFoundError:
+            pass  # removed meanwhile (an image swept by another process)
