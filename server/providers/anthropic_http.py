@@ -49,7 +49,7 @@ class AnthropicProvider:
         if not request.stream:
             answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers)
             if answer.get("type") == "error" or "error" in answer:
-                raise self._upstream.stream_error(answer, self._model_id)
+                raise self._upstream.stream_error(answer, self._model_id, self._model)
             generated = message_events(answer)
             yield UpstreamObject(Dialect.ANTHROPIC, answer)
             for event in generated:
@@ -60,7 +60,7 @@ class AnthropicProvider:
             async for event in events:
                 payload = self._decode(event.data)
                 if event.event == "error" or payload.get("type") == "error":
-                    raise self._upstream.stream_error(payload, self._model_id)
+                    raise self._upstream.stream_error(payload, self._model_id, self._model)
                 yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
                 for generated in reader.feed(payload):
                     yield generated

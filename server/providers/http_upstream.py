@@ -102,7 +102,7 @@ class HttpUpstream:
             events = None
             try:
                 if response.status >= 300:
-                    raise await self._status_error(response, model_id)
+                    raise await self._status_error(response, model_id, body.get("model"))
                 events = self._events(response.content, model_id)
                 yield events
             except BaseException:
@@ -123,7 +123,7 @@ class HttpUpstream:
             attempt.set("http.response.status_code", response.status)
             try:
                 if response.status >= 300:
-                    raise await self._status_error(response, model_id)
+                    raise await self._status_error(response, model_id, body.get("model"))
                 try:
                     content = await response.read()
                 except _TRANSPORT_ERRORS as exc:
@@ -157,8 +157,9 @@ class HttpUpstream:
         finally:
             self._give_back(response, caller_done=False)
 
-    def stream_error(self, payload: Mapping, model_id: str) -> PorticoError:
-        return from_stream_error(payload, retry_on=self._retry_on, upstream=model_id, secret=self._secret)
+    def stream_error(self, payload: Mapping, model_id: str, upstream_model: str | None = None) -> PorticoError:
+        return from_stream_error(payload, retry_on=self._retry_on, upstream=model_id, secret=self._secret,
+                                 upstream_model=upstream_model)
 
     def _attempt(self, path: str, body: Mapping, model_id: str) -> Scope | NoScope:
         if self._recorder is None:
@@ -256,7 +257,8 @@ class HttpUpstream:
         for event in decoder.end():
             yield event
 
-    async def _status_error(self, response: aiohttp.ClientResponse, model_id: str) -> PorticoError:
+    async def _status_error(self, response: aiohttp.ClientResponse, model_id: str,
+                            upstream_model: str | None) -> PorticoError:
         body = b""
         try:
             while len(body) < MAX_ERROR_BODY and (chunk := await response.content.read(MAX_ERROR_BODY - len(body))):
@@ -264,7 +266,7 @@ class HttpUpstream:
         except _TRANSPORT_ERRORS:
             pass  # the status says enough
         return from_status(response.status, body, response.headers, retry_on=self._retry_on,
-                           upstream=model_id, secret=self._secret)
+                           upstream=model_id, secret=self._secret, upstream_model=upstream_model)
 
     def _transport_error(self, exc: BaseException, model_id: str, *, before_answer: bool) -> PorticoError:
         """Connection failures before an answer may be retried; a read timeout is not (the upstream may still be

@@ -41,7 +41,7 @@ class OpenAIProvider:
         if not request.stream:
             answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
             if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
-                raise self._upstream.stream_error(answer, self._model_id)
+                raise self._upstream.stream_error(answer, self._model_id, self._model)
             generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
             yield UpstreamObject(Dialect.OPENAI, answer)
             for event in generated:
@@ -54,7 +54,7 @@ class OpenAIProvider:
                     break
                 chunk = self._decode(event.data)
                 if "error" in chunk:
-                    raise self._upstream.stream_error(chunk, self._model_id)
+                    raise self._upstream.stream_error(chunk, self._model_id, self._model)
                 yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
                 for generated in reader.feed(chunk):
                     yield generated

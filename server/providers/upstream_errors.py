@@ -1,41 +1,48 @@
 """An upstream model server's failures -> rows of Portico's one error table (server/errors.py).
 
-A 4xx is the caller's problem (or ours, for 401/403) and keeps its meaning: never a 500. Statuses the provider's
-retry settings name, connection failures before an answer, and streams cut before any content are retryable.
-An upstream's own message is passed on, but never text that could hold the upstream key: 401/403 messages (which
-sometimes quote part of the key) are replaced, and the key itself is scrubbed from every other message.
+A 4xx about the request is the caller's problem and keeps its meaning: never a 500. But an upstream that refuses
+Portico's own credentials (401/403) or does not know the configured upstream model (404) is the gateway's
+configuration: a 502 `upstream_error` that says so (and an error in the log), never a 401/404 that would make an SDK
+tell the user their key or model is wrong. Statuses the provider's retry settings name, connection failures before
+an answer, and streams cut before any content are retryable. An upstream's own message is passed on, but never
+text that could hold the upstream key (401/403 messages, which sometimes quote part of it, are replaced, and the key
+is scrubbed from every other message) nor the upstream's name for the model (replaced by Portico's model id).
 """
 
 from __future__ import annotations
 
 import email.utils
+import logging
 import time
 from collections.abc import Collection, Mapping
 
 import orjson
 
 from server.errors import (
-    AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, PorticoError, RateLimited, RequestTooLarge,
-    ServiceUnavailable, UpstreamError, UpstreamTimeout,
+    InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError, UpstreamTimeout,
 )
+
+_logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 500  # an upstream's message is shown to callers, but not an HTML error page in full
 
 
 def from_status(
     status: int, body: bytes, headers: Mapping[str, str], *, retry_on: Collection[int], upstream: str,
-    secret: str | None,
+    secret: str | None, upstream_model: str | None = None,
 ) -> PorticoError:
     """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
-    credentials); `secret` is scrubbed from anything passed on."""
+    credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`."""
     message, param = _message_and_param(body)
-    message = _scrub(message, secret) or f"HTTP {status}"
+    message = _scrub(message, secret, upstream_model, upstream) or f"HTTP {status}"
     reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
-    if status in (401, 403):
-        error_type = AuthenticationFailed if status == 401 else PermissionDenied
-        return error_type(f"The upstream serving `{upstream}` refused Portico's credentials (HTTP {status}); "
-                          "this is the gateway's configuration, not your key.", retry_reason=reason)
+    if status in (401, 403, 404):
+        what = "does not know the configured model" if status == 404 else "refused Portico's credentials"
+        _logger.error("The upstream serving %s %s (HTTP %d): check the gateway's configuration.", upstream, what,
+                      status)
+        return UpstreamError(f"The upstream serving `{upstream}` {what} (HTTP {status}): this is the gateway's "
+                             "configuration, not your key or request.", retry_reason=reason)
     if status == 429:
         return RateLimited(f"The upstream serving `{upstream}` is rate limiting: {message}", retry_after=wait,
                            subject=f"upstream of {upstream}", retry_reason=reason)
@@ -47,8 +54,6 @@ def from_status(
     if status >= 500:
         return UpstreamError(f"The upstream serving `{upstream}` failed (HTTP {status}): {message}",
                              retry_after=wait, retry_reason=reason)
-    if status == 404:
-        return NotFound(f"The upstream serving `{upstream}` answered 404: {message}", retry_reason=reason)
     if status == 413:
         return RequestTooLarge(message, param=param, retry_reason=reason)
     return InvalidRequest(message, param=param, retry_reason=reason)
@@ -63,12 +68,14 @@ ANTHROPIC_ERROR_STATUS = {
 
 
 def from_stream_error(
-    payload: Mapping, *, retry_on: Collection[int], upstream: str, secret: str | None
+    payload: Mapping, *, retry_on: Collection[int], upstream: str, secret: str | None,
+    upstream_model: str | None = None,
 ) -> PorticoError:
     """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`)."""
     error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
     status = ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
-    return from_status(status, orjson.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret)
+    return from_status(status, orjson.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
+                       upstream_model=upstream_model)
 
 
 def retry_after(headers: Mapping[str, str]) -> float:
@@ -107,5 +114,9 @@ def _message_and_param(body: bytes) -> tuple[str, str | None]:
     return str(error or data)[:MAX_MESSAGE_CHARS], None
 
 
-def _scrub(message: str, secret: str | None) -> str:
-    return message.replace(secret, "[redacted]") if secret else message
+def _scrub(message: str, secret: str | None, upstream_model: str | None, model_id: str) -> str:
+    if secret:
+        message = message.replace(secret, "[redacted]")
+    if upstream_model and upstream_model != model_id:
+        message = message.replace(upstream_model, model_id)
+    return message

@@ -96,12 +96,15 @@ async def test_upstream_4xx_is_the_matching_error_and_is_not_retried(chat, runni
     assert window_tokens(running, key_id) == 0  # nothing was generated: released
 
 
-async def test_upstream_401_never_shows_the_upstream_key(chat, double, key):
-    double.cue(Cue(401, {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}"}}))
+@pytest.mark.parametrize("status", [401, 403, 404])
+async def test_an_upstream_refusing_the_gateway_is_a_502_never_the_callers_fault(chat, double, key, status):
+    """SDKs would tell the user their key (401/403) or model (404) is bad, and never retry: it is our config."""
+    double.cue(Cue(status, {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}"}}))
     error = await failure(chat, key[1], "up-solo")
     detail = error_details(error)
-    assert (error.code(), detail.http_status) == (grpc.StatusCode.UNAUTHENTICATED, 401)
-    assert "not your key" in detail.error.message
+    assert (error.code(), detail.http_status, detail.error.code) == (grpc.StatusCode.UNAVAILABLE, 502,
+                                                                     "upstream_error")
+    assert "not your key" in detail.error.message and "configuration" in detail.error.message
     assert UPSTREAM_KEY not in str(error.trailing_metadata()) and UPSTREAM_KEY[-8:] not in detail.error.message
 
 

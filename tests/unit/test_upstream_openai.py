@@ -10,10 +10,10 @@ import pytest
 
 from server.domain import FinishReason, Finished, RetrySettings, TextDelta, ToolCallDelta, ToolCallStart, Usage
 from server.errors import (
-    AuthenticationFailed, InvalidRequest, NotFound, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout,
+    InvalidRequest, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout,
 )
 from server.providers.retry import backoff_delay
-from server.providers.upstream_errors import from_status, retry_after
+from server.providers.upstream_errors import from_status, from_stream_error, retry_after
 from server.translate.internal_to_openai_request import openai_body
 from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
 from server.translate.openai_to_internal import chat_request
@@ -201,8 +201,9 @@ SECRET = "sk-abcdef123456"
     [
         (400, b'{"error":{"message":"bad","param":"messages"}}', {}, InvalidRequest, False),
         (422, b'{"detail":"nope"}', {}, InvalidRequest, False),
-        (401, b'{"error":{"message":"Incorrect API key provided: sk-abc***456"}}', {}, AuthenticationFailed, False),
-        (404, b'{"error":{"message":"no such model"}}', {}, NotFound, False),
+        (401, b'{"error":{"message":"Incorrect API key provided: sk-abc***456"}}', {}, UpstreamError, False),
+        (403, b'{"error":{"message":"Project does not have access"}}', {}, UpstreamError, False),
+        (404, b'{"error":{"message":"The model up-m-2025 does not exist"}}', {}, UpstreamError, False),
         (429, b'{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}', {"retry-after": "7"},
          RateLimited, True),
         (500, b"<html>oops</html>", {}, UpstreamError, True),
@@ -221,6 +222,18 @@ def test_upstream_statuses_become_rows_of_the_table(status, body, headers, kind,
         assert (error.message, error.param) == ("bad", "messages")
     if status == 429:
         assert error.retry_after == 7 and "slow" in error.message
+    if status in (401, 403, 404):  # the gateway's configuration, not the caller's key or model: a 502 saying so
+        assert error.kind.http_status == 502 and "configuration" in error.message and "up-m" not in error.message
+
+
+def test_the_upstream_name_of_the_model_never_reaches_the_caller():
+    body = b'{"error":{"message":"Rate limit reached for up-gpt-55-20250414 in organization org-x"}}'
+    error = from_status(429, body, {}, retry_on=(), upstream="family-a-5.5", secret=None,
+                        upstream_model="up-gpt-55-20250414")
+    assert "up-gpt-55" not in error.message and "Rate limit reached for family-a-5.5" in error.message
+    streamed = from_stream_error({"error": {"type": "api_error", "message": "up-gpt-55-20250414 broke"}},
+                                 retry_on=(), upstream="family-a-5.5", secret=None, upstream_model="up-gpt-55-20250414")
+    assert "up-gpt-55" not in streamed.message
 
 
 def test_retry_after_forms():
