@@ -16,10 +16,11 @@ _OTHERS = stat.S_IRWXG | stat.S_IRWXO
 
 
 def make_private(data_dir: Path) -> None:
-    """Set umask 077 for this process (and its children), create `data_dir` 0700, and take group/other access
-    away from what is already in it."""
+    """Set umask 077 for this process (and its children), so `data_dir` is made 0700 when first needed, and take
+    group/other access away from what is already there."""
     os.umask(PRIVATE_UMASK)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    if not data_dir.is_dir():
+        return
     for path in (data_dir, *data_dir.rglob("*")):
         try:
             mode = path.lstat().st_mode
