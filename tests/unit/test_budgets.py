@@ -4,32 +4,15 @@ clock: the worst case reserved, the real cost settled, refusals naming the budge
 from __future__ import annotations
 
 import math
-import secrets
 
 import pytest
 
 from server.domain import KeyLimits
 from server.errors import RateLimited
-from server.limits import Demand, MemoryLimitStore, Scope
+from server.limits import Demand, Scope
 from server.limits.core import Dimension, month_of, until_month_end
-from server.limits.redis import RedisLimitStore
-from tests.limits_support import NOON, FakeClock
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store(request, clock):
-    if request.param == "memory":
-        store = MemoryLimitStore(clock)
-    else:
-        url = request.getfixturevalue("redis_server").url
-        store = RedisLimitStore(url, clock=clock, prefix=f"test-{secrets.token_hex(4)}:")
-    yield store
-    await store.close()
+from tests.limits_support import NOON
+from tests.unit.test_limits import clock, store  # noqa: F401 - the same stores (memory, Redis) and clock
 
 
 def demand(cost: int, **limits) -> Demand:
