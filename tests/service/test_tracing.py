@@ -45,6 +45,18 @@ def traced_config(directory, models_yaml: str, tracing: str):
     return load_config(path)
 
 
+def pair(url: str) -> str:
+    """A model on two deployments, the one nearly always picked first being down."""
+    provider = f"kind: openai, api_key_env: {UPSTREAM_KEY_ENV}, model: pair-model, retry: {{attempts: 1}}"
+    return f"""\
+  - id: up-pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: dead, weight: 1000, provider: {{{provider}, base_url: 'http://127.0.0.1:9/v1'}}}}
+      - {{name: live, weight: 1, provider: {{{provider}, base_url: '{url}'}}}}
+"""
+
+
 @pytest.fixture(scope="module")
 async def running(double, receiver, tmp_path_factory):
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
@@ -52,7 +64,8 @@ async def running(double, receiver, tmp_path_factory):
     images = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: image-up"
     models = (upstream_models(double.url)
               + cross_dialect_models(double.url, openai_model="gpt-up", anthropic_model="claude-up")
-              + f"  - {{id: images-up, endpoint: /v1/images/generations, provider: {{{images}}}}}\n")
+              + f"  - {{id: images-up, endpoint: /v1/images/generations, provider: {{{images}}}}}\n"
+              + pair(double.url))
     config = traced_config(tmp_path_factory.mktemp("traced"), models, tracing)
     server = await start_server(config, "127.0.0.1:0")
     yield server
@@ -219,6 +232,20 @@ async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, dou
     assert server.attributes["error.type"] == "cancelled" and not server.error  # the caller's choice, not a fault
     attempt = one(spans, kind="client")
     assert attempt.attributes["error.type"] == "cancelled" and attempt.end <= server.end
+
+
+async def test_each_attempt_names_its_deployment(chat, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, model="up-pair")
+
+    attempts = sorted((s for s in await spans_of(receiver, trace_id) if s.kind == "client"), key=lambda s: s.start)
+    *failed, answered = attempts
+    assert answered.attributes["portico.deployment"] == "live" and not answered.error
+    assert answered.attributes["server.port"] != 9 and not answered.attributes["portico.fallback"]
+    for attempt in failed:  # the down deployment, tried first (but for 1 time in 1001)
+        assert attempt.attributes["portico.deployment"] == "dead" and attempt.attributes["server.port"] == 9
+        assert attempt.error and attempt.attributes["portico.retry_reason"] == "connect"
 
 
 async def test_the_embedded_model_has_a_generation_span(chat, running, receiver, key):
