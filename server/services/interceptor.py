@@ -24,6 +24,7 @@ from portico.v1 import error_pb2
 from server.errors import InternalError, PorticoError, RateLimited, error_body
 from server.observability import Outcome, RequestRecord, Telemetry
 from server.observability.record import endpoint_of
+from server.services.undecodable import Undecodable, tolerant
 
 _PORTICO_PREFIX = "/portico.v1."
 _ANTHROPIC_PREFIX = "/portico.v1.MessageService/"
@@ -59,13 +60,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(handler.unary_unary, method, anthropic),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(handler.unary_stream, method, anthropic),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -76,6 +77,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         async def unary(request, context: grpc.aio.ServicerContext):
             observed = _Observation(self._telemetry, method, endpoint, context)
             try:
+                if isinstance(request, Undecodable):
+                    raise request.error
                 return await behavior(request, context)
             except (asyncio.CancelledError, GeneratorExit):
                 observed.outcome = Outcome.cancelled()
@@ -95,6 +98,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         async def stream(request, context: grpc.aio.ServicerContext):
             observed = _Observation(self._telemetry, method, endpoint, context)
             try:
+                if isinstance(request, Undecodable):
+                    raise request.error
                 # aclosing: when grpc drops this generator (the caller went away), the servicer's generator is
                 # closed right away too, so its cleanup (settling rate limits) does not wait for garbage collection.
                 async with aclosing(behavior(request, context)) as responses:

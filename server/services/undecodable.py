@@ -1,0 +1,98 @@
+"""Request bytes that do not decode as the RPC's message: a 400 naming the field, not grpc's 500.
+
+grpc calls the deserializer before any handler runs, and a DecodeError there (corrupt wire format, or a
+google.protobuf.Value/Struct nested deeper than the decoder's recursion limit of 100) became an UNKNOWN status
+with "Unexpected DecodeError" and no access-log line. The interceptor installs `tolerant(...)` as the
+deserializer: it hands the handler an `Undecodable` instead, which the interceptor turns into InvalidRequest
+inside the observed call, so the request is answered, logged and counted like any other bad request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError, Message
+
+from server.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    error: InvalidRequest
+
+
+def tolerant(deserializer: Callable[[bytes], Message] | None) -> Callable[[bytes], Message | Undecodable] | None:
+    if deserializer is None:
+        return None
+    message_class = getattr(deserializer, "__self__", None)  # a generated class's FromString
+
+    def deserialize(raw: bytes) -> Message | Undecodable:
+        try:
+            return deserializer(raw)
+        except (DecodeError, RecursionError) as exc:
+            param = _offending_field(message_class, raw) if isinstance(message_class, type) else None
+            nested = "nested too deeply" if "depth" in str(exc).lower() or isinstance(exc, RecursionError) else None
+            what = nested or "not a valid protobuf encoding"
+            return Undecodable(InvalidRequest(f"The request could not be decoded: {param or 'a field'} is {what}.",
+                                              param=param))
+
+    return deserialize
+
+
+def _offending_field(message_class: type[Message], raw: bytes) -> str | None:
+    """The first top-level field (with its index if repeated) that does not decode on its own."""
+    fields = message_class.DESCRIPTOR.fields_by_number
+    seen: dict[int, int] = {}
+    try:
+        for number, chunk in _top_level_fields(raw):
+            index = seen[number] = seen.get(number, -1) + 1
+            try:
+                message_class.FromString(chunk)
+            except (DecodeError, RecursionError):
+                field = fields.get(number)
+                if field is None:
+                    return None
+                is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+                if field.is_repeated and not is_map:
+                    return f"{field.name}[{index}]"
+                return field.name
+    except (IndexError, ValueError):
+        return None  # the framing itself is broken: no field to name
+    return None
+
+
+def _top_level_fields(raw: bytes) -> Iterator[tuple[int, bytes]]:
+    """(field number, the field's bytes with its tag) for each top-level field of a wire-format message."""
+    pos = 0
+    while pos < len(raw):
+        start = pos
+        tag, pos = _varint(raw, pos)
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, pos = _varint(raw, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 2:
+            length, pos = _varint(raw, pos)
+            pos += length
+        elif wire_type == 5:
+            pos += 4
+        else:
+            raise ValueError("groups are not used by Portico's messages")
+        if pos > len(raw):
+            raise ValueError("truncated")
+        yield number, raw[start:pos]
+
+
+def _varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
