@@ -17,6 +17,7 @@ from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_serv
 from portico.v1 import image_service_pb2, image_service_pb2_grpc, probe_service_pb2, probe_service_pb2_grpc
 from portico.v1 import usage_service_pb2, usage_service_pb2_grpc
 from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_admin_service_pb2_grpc
+from server.cache import MemoryStore, RedisStore, ResponseCache
 from server.catalog import Catalog
 from server.config import Config
 from server.console import ConsoleFiles
@@ -67,6 +68,7 @@ class Core:
     ledger: LedgerWriter
     usage: SqliteLedger | PostgresLedger
     health: Board  # passive health of the deployments (server/providers/health.py)
+    cache: ResponseCache | None = None  # answers of the models with `cache:` (server/cache)
 
     async def close(self) -> None:
         for provider in self.providers:
@@ -75,6 +77,8 @@ class Core:
         await self.ledger.close()  # after the drain: every request has ended, so every row is queued
         self.usage.close()
         self.health.close()
+        if self.cache is not None:
+            await self.cache.close()
         self.store.close()
         await asyncio.to_thread(self.telemetry.close)  # sends the spans still queued, waiting at most ~2 s
 
@@ -144,10 +148,20 @@ async def build_core(config: Config) -> Core:
                       "admitted without limits" if config.limits.on_store_error == "open" else "refused with 503")
     pipeline = Pipeline(
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
-        telemetry=telemetry,
+        telemetry=telemetry, cache=(cache := build_response_cache(config)),
     )
     return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline, ledger, usage,
-                board)
+                board, cache)
+
+
+def build_response_cache(config: Config) -> ResponseCache | None:
+    """For models with `cache:`: in this process, or in Redis (shared by hosts) when the limits are there."""
+    if not any(entry.cache is not None for entry in config.models):
+        return None
+    settings = config.limits
+    if settings.store == "memory":
+        return ResponseCache(MemoryStore())
+    return ResponseCache(RedisStore(settings.store, timeout_seconds=settings.store_timeout_seconds))
 
 
 def _deployment_states(core: Core) -> list[tuple[str, str, str]]:

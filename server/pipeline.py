@@ -15,6 +15,7 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.domain import (
     ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
@@ -59,8 +60,10 @@ class Pipeline:
         providers: Mapping[str, Provider | ImageProvider],
         limiter: Limiter,
         telemetry: Telemetry,
+        cache: ResponseCache | None = None,
     ) -> None:
         self._authenticator = authenticator
+        self._cache = cache
         self._catalog = catalog
         self._providers = providers
         # Decided once: an isinstance check against a runtime Protocol inspects every member on every call.
@@ -98,6 +101,11 @@ class Pipeline:
         # Before admission: a request the model cannot honour costs nothing.
         if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
             raise refusal
+        lookup = await self._lookup(call, request)
+        if lookup is not None and lookup.events is not None:
+            async with self._replay(call, lookup) as events:
+                yield events
+            return
         meter = _Meter(prompt_estimate=await _prompt_tokens(self._token_counters.get(call.model.id), request))
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.max_tokens = request.params.max_tokens
@@ -108,12 +116,15 @@ class Pipeline:
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         call.record.upstream_call()
         try:
-            async with aclosing(_metered(provider.stream(request), meter, call.record)) as events:
+            answer = provider.stream(request)
+            if lookup is not None:
+                answer = self._cache.recorded(lookup, answer)
+            async with aclosing(_metered(answer, meter, call.record)) as events:
                 try:
                     first = await anext(events)
                 except StopAsyncIteration:
                     raise InternalError("The provider ended without a result.") from None
-                await _send_headers(call, reservation)
+                await _send_headers(call, reservation, lookup.header if lookup is not None else None)
                 yield _prepend(first, events)
         finally:
             call.record.upstream_done()
@@ -127,6 +138,27 @@ class Pipeline:
                 self._budgets_left(reservation, call.record.cost_micros)
             else:
                 await self._limiter.release(reservation)
+
+    async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
+        if self._cache is None or call.model.cache is None:
+            return None
+        lookup = await self._cache.lookup(call.model.id, call.model.endpoint, call.model.cache, call.key.id, request,
+                                          call.context.invocation_metadata() or ())
+        if lookup is not None:
+            call.record.cache = "hit" if lookup.events is not None else "miss"
+        return lookup
+
+    @asynccontextmanager
+    async def _replay(self, call: Call, lookup: Lookup) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+        """A cached answer counts as a request, and uses no tokens and costs nothing."""
+        call.record.admitted = True
+        reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
+        try:
+            await _send_headers(call, reservation, lookup.header)
+            yield _replayed(lookup.events)
+        finally:
+            _account(call)
+            await self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
         parts: list[str] = []
@@ -193,9 +225,17 @@ def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_i
     record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images)
 
 
-async def _send_headers(call: Call, reservation: Reservation) -> None:
-    if headers := rate_limit_headers(reservation):
+async def _send_headers(call: Call, reservation: Reservation, extra: tuple[str, str] | None = None) -> None:
+    headers = rate_limit_headers(reservation)
+    if extra is not None:
+        headers = [*headers, extra]
+    if headers:
         await call.context.send_initial_metadata(headers)
+
+
+async def _replayed(events: Sequence[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    for event in events:
+        yield event
 
 
 async def _prompt_tokens(counter: TokenCounter | None, request: GenerationRequest) -> int:

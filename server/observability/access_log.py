@@ -65,6 +65,7 @@ def line(record: RequestRecord, outcome: Outcome, finished: float) -> bytes:
         "upstream_ms": _ms(record.upstream_seconds),
         "first_token_ms": _ms(record.first_token_seconds),
         "upstream_attempts": record.upstream_attempts,
+        "cache": record.cache or None,
     })
 
 

@@ -42,6 +42,7 @@ class Metrics:
     ledger_dropped: Counter
     budget_left: Gauge
     deployment_requests: Counter
+    cache_lookups: Counter
     deployment_failures: Counter
     deployment_state: Gauge
 
@@ -84,6 +85,8 @@ class Metrics:
             budget_left=Gauge("portico_budget_remaining_microdollars", "What is left of a key's budget (`budget`: "
                               "day or month) after its latest request, in micro-dollars", ["key_id", "budget"],
                               multiprocess_mode="mostrecent", registry=r),
+            cache_lookups=Counter("portico_cache_lookups_total", "Requests for models with a response cache, by "
+                                  "result (hit, miss)", ["model", "result"], registry=r),
             deployment_requests=Counter("portico_deployment_requests_total", "Upstream attempts per deployment of "
                                         "a model", ["model", "deployment"], registry=r),
             deployment_failures=Counter("portico_deployment_failures_total", "Attempts that failed in a way that "

@@ -58,6 +58,7 @@ class RequestRecord:
     upstream_seconds: float | None = None
     first_token_seconds: float | None = None  # from the start of the request
     in_band_error: str = ""  # the code of a failure reported inside an already started stream
+    cache: str = ""  # "hit" or "miss" for a model with a response cache (server/cache), else ""
     trace_id: str | None = None  # the W3C trace id: of the request's span, else of the caller's traceparent
     span: Any = None  # the request's OpenTelemetry span, when traces are on (server/observability/tracing.py)
     # For the span only (the metrics and the access log do not use them):

@@ -108,6 +108,8 @@ class Telemetry:
             child(m.output_tokens, model, record.key_id).inc(record.output_tokens)
         if record.cost_micros:
             child(m.spend, model, record.key_id).inc(record.cost_micros)
+        if record.cache:
+            child(m.cache_lookups, model, record.cache).inc()
         if outcome.limit:
             child(m.rate_limit_rejections, outcome.limit, outcome.scope).inc()
         self.access_log.write(record, outcome, now)

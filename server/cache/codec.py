@@ -1,0 +1,56 @@
+"""A cached answer is the provider's events, as one compact JSON document: replaying them through the same renderers
+gives the caller the same framing (a JSON body, or the dialect's SSE stream), the upstream's own objects included."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from server.domain import (
+    Dialect, FinishReason, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamObject, Usage,
+)
+
+
+def encode(events: Sequence[GenerationEvent]) -> bytes:
+    return orjson.dumps([_encoded(event) for event in events])
+
+
+def decode(data: bytes) -> tuple[GenerationEvent, ...]:
+    return tuple(_decoded(item) for item in orjson.loads(data))
+
+
+def _encoded(event: GenerationEvent) -> list:
+    if isinstance(event, TextDelta):
+        return ["t", event.text]
+    if isinstance(event, UpstreamObject):
+        return ["u", event.dialect.value, event.payload, event.content]
+    if isinstance(event, Started):
+        return ["s", event.input_tokens]
+    if isinstance(event, ToolCallStart):
+        return ["c", event.index, event.id, event.name]
+    if isinstance(event, ToolCallDelta):
+        return ["a", event.index, event.arguments]
+    if isinstance(event, Finished):
+        usage = event.usage
+        return ["f", event.reason.value, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens,
+                event.stop_sequence]
+    raise TypeError(f"cannot cache a {type(event).__name__}")
+
+
+def _decoded(item: list) -> GenerationEvent:
+    tag = item[0]
+    if tag == "t":
+        return TextDelta(item[1])
+    if tag == "u":
+        return UpstreamObject(Dialect(item[1]), item[2], item[3])
+    if tag == "s":
+        return Started(item[1])
+    if tag == "c":
+        return ToolCallStart(item[1], item[2], item[3])
+    if tag == "a":
+        return ToolCallDelta(item[1], item[2])
+    if tag == "f":
+        return Finished(FinishReason(item[1]), Usage(item[2], item[3], item[4]), item[5])
+    raise ValueError(f"unknown cached event {tag!r}")

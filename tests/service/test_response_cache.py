@@ -1,0 +1,188 @@
+"""The response cache through the real gRPC server, against a real HTTP upstream: hits and misses for JSON and
+streams on both dialects (the same framing replayed), per key unless shared, no-cache / no-store, errors never
+cached, a hit counted as a request with no tokens, entries that expire or are too large."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+
+import grpc
+import pytest
+
+from portico.v1 import chat_service_pb2_grpc
+from server.app import start_server
+from server.config import load_config
+from server.domain import KeyLimits
+from server.limits.redis_pipe import RedisPipe
+from tests.helpers import bearer, chat_body, http_body, message_body, sse_frames
+from tests.upstream_double import Cue
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server, window_tokens, write_config
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def models(url: str) -> str:
+    openai = f"kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {{attempts: 1}}"
+    anthropic = openai.replace("kind: openai", "kind: anthropic").replace(url, url.removesuffix("/v1"))
+    return f"""\
+  - {{id: cached-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{ttl_seconds: 60}}}}
+  - {{id: cached-messages, endpoint: /v1/messages, provider: {{{anthropic}}}, cache: {{}}}}
+  - {{id: shared-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{shared: true}}}}
+  - {{id: brief-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{ttl_seconds: 0.3}}}}
+  - {{id: small-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{max_entry_bytes: 100}}}}
+  - {{id: plain-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+async def running(double, tmp_path_factory):
+    async with upstream_server(tmp_path_factory.mktemp("cache"), models(double.url)) as server:
+        yield server
+
+
+@pytest.fixture
+def other_key(running):
+    return running.store.create("other", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))[1]
+
+
+async def chat_http(chat, secret, *, headers=(), **fields):
+    """(x-portico-cache, the body bytes) of a chat completion through the REST RPC."""
+    call = chat.CreateChatCompletionHttp(http_body(chat_body(messages=HELLO, **fields)),
+                                         metadata=(*bearer(secret), *headers))
+    metadata = dict(await call.initial_metadata())
+    bodies = [body async for body in call]
+    return metadata.get("x-portico-cache"), b"".join(b.data for b in bodies), bodies
+
+
+async def message_http(messages, secret, **fields):
+    call = messages.CreateMessageHttp(http_body(message_body(messages=HELLO, **fields)), metadata=bearer(secret))
+    metadata = dict(await call.initial_metadata())
+    bodies = [body async for body in call]
+    return metadata.get("x-portico-cache"), b"".join(b.data for b in bodies), bodies
+
+
+def without_ids(data: bytes) -> bytes:
+    """An answer with Portico's fresh id and created time blanked: a replay has new ones, like any answer."""
+    text = re.sub(r'"id":"[^"]+"', '"id":"-"', data.decode())
+    return re.sub(r'"created":\d+', '"created":0', text).encode()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_chat_json_and_streams_are_replayed_with_the_same_framing(chat, running, double, key, stream):
+    key_id, secret = key
+    first = await chat_http(chat, secret, model="cached-chat", stream=stream)
+    tokens = window_tokens(running, key_id)
+    second = await chat_http(chat, secret, model="cached-chat", stream=stream)
+    assert (first[0], second[0]) == ("miss", "hit")
+    assert len(double.seen) == 1  # the second never reached the upstream
+    assert without_ids(second[1]) == without_ids(first[1])
+    if stream:
+        assert sse_frames(second[2])[-1] == b"data: [DONE]\n\n"
+    assert window_tokens(running, key_id) == tokens  # a hit uses no tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_messages_json_and_streams_are_replayed(messages, double, key, stream):
+    first = await message_http(messages, key[1], model="cached-messages", stream=stream)
+    second = await message_http(messages, key[1], model="cached-messages", stream=stream)
+    assert (first[0], second[0]) == ("miss", "hit") and len(double.seen) == 1
+    assert without_ids(second[1]) == without_ids(first[1])
+    if stream:
+        assert b"event: message_stop" in second[1]
+
+
+async def test_a_json_answer_does_not_answer_a_stream(chat, double, key):
+    await chat_http(chat, key[1], model="cached-chat")
+    assert (await chat_http(chat, key[1], model="cached-chat", stream=True))[0] == "miss"
+
+
+async def test_labels_do_not_shape_the_key_but_sampling_does(chat, double, key):
+    await chat_http(chat, key[1], model="cached-chat", user="a", metadata={"k": "1"})
+    assert (await chat_http(chat, key[1], model="cached-chat", user="b"))[0] == "hit"
+    assert (await chat_http(chat, key[1], model="cached-chat", temperature=0.5))[0] == "miss"
+    assert (await chat_http(chat, key[1], model="cached-chat", tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}]))[0] == "miss"
+
+
+async def test_answers_are_per_key_unless_the_model_shares_them(chat, double, key, other_key):
+    await chat_http(chat, key[1], model="cached-chat")
+    assert (await chat_http(chat, other_key, model="cached-chat"))[0] == "miss"
+    await chat_http(chat, key[1], model="shared-chat")
+    assert (await chat_http(chat, other_key, model="shared-chat"))[0] == "hit"
+
+
+async def test_no_cache_skips_the_lookup_and_no_store_the_storing(chat, double, key):
+    await chat_http(chat, key[1], model="cached-chat", seed=1)
+    assert (await chat_http(chat, key[1], model="cached-chat", seed=1, headers=[("cache-control", "no-cache")]))[
+        0] == "miss"
+    assert len(double.seen) == 2
+    await chat_http(chat, key[1], model="cached-chat", seed=2, headers=[("cache-control", "no-store")])
+    assert (await chat_http(chat, key[1], model="cached-chat", seed=2))[0] == "miss"
+
+
+async def test_errors_are_never_cached(chat, double, key):
+    double.cue(Cue(500, {"error": {"message": "boom"}}))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await chat_http(chat, key[1], model="cached-chat", seed=3)
+    status, body, _ = await chat_http(chat, key[1], model="cached-chat", seed=3)
+    assert status == "miss" and b"echo Say hello." in body
+    double.cue(Cue(frames=[b'data: {"choices":[{"index":0,"delta":{"content":"half"}}]}\n\n'], drop_after=1))
+    call = chat.CreateChatCompletionHttp(http_body(chat_body(model="cached-chat", messages=HELLO, seed=4,
+                                                             stream=True)), metadata=bearer(key[1]))
+    assert b"error" in b"".join([b.data async for b in call])  # cut mid-stream: the error event
+    assert (await chat_http(chat, key[1], model="cached-chat", seed=4, stream=True))[0] == "miss"
+
+
+async def test_entries_expire_and_large_answers_are_not_kept(chat, double, key):
+    await chat_http(chat, key[1], model="brief-chat")
+    assert (await chat_http(chat, key[1], model="brief-chat"))[0] == "hit"
+    await asyncio.sleep(0.35)
+    assert (await chat_http(chat, key[1], model="brief-chat"))[0] == "miss"
+    await chat_http(chat, key[1], model="small-chat")
+    assert (await chat_http(chat, key[1], model="small-chat"))[0] == "miss"
+
+
+async def test_models_without_a_cache_say_nothing(chat, double, key):
+    assert (await chat_http(chat, key[1], model="plain-chat"))[0] is None
+    await chat_http(chat, key[1], model="plain-chat")
+    assert len(double.seen) == 2
+
+
+async def test_a_hit_counts_as_a_request_and_is_fast(chat, running, key):
+    await chat_http(chat, key[1], model="cached-chat", seed=9)
+    registry = running.telemetry.metrics.registry
+    hits = registry.get_sample_value("portico_cache_lookups_total", {"model": "cached-chat", "result": "hit"}) or 0
+    started = time.perf_counter()
+    for _ in range(20):
+        await chat_http(chat, key[1], model="cached-chat", seed=9)
+    assert (time.perf_counter() - started) / 20 < 0.05  # gRPC round trips included; bench measures the gateway
+    assert registry.get_sample_value("portico_cache_lookups_total",
+                                     {"model": "cached-chat", "result": "hit"}) == hits + 20
+
+
+async def test_with_redis_two_servers_share_answers_and_an_outage_is_a_miss(double, tmp_path, redis_server):
+    double.reset()
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url), data_dir=tmp_path / "shared-data")
+    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    first, second = [await start_server(load_config(path), "127.0.0.1:0") for _ in range(2)]
+    try:
+        secret = first.store.create("redis-cache", all_models=True)[1]  # one key store (the same data dir)
+        results = []
+        for server in (first, second, first):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+                results.append((await chat_http(stub, secret, model="shared-chat", seed=77, stream=True))[0])
+        assert results == ["miss", "hit", "hit"] and len(double.seen) == 1
+        await first.core.cache._store._pipe.close()
+        first.core.cache._store._pipe = RedisPipe("redis://127.0.0.1:9/0", timeout=0.2)  # no Redis there
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{first.port}") as channel:
+            status, body, _ = await chat_http(chat_service_pb2_grpc.ChatServiceStub(channel), secret,
+                                              model="cached-chat", seed=78)
+        assert status == "miss" and b"echo" in body
+    finally:
+        await first.stop(0)
+        await second.stop(0)

@@ -1,0 +1,51 @@
+"""The response cache's pure parts: the key, the event codec, the in-process store's expiry and size bound."""
+
+from __future__ import annotations
+
+from server.cache import cache_key
+from server.cache.codec import decode, encode
+from server.cache.stores import MemoryStore
+from server.domain import (
+    AnthropicMessagesSource, Dialect, FinishReason, Finished, GenerationRequest, OpenAIChatSource, SamplingParams,
+    Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+)
+
+
+def request(body: dict, *, stream: bool = False, source=OpenAIChatSource) -> GenerationRequest:
+    return GenerationRequest(model="m", turns=(), params=SamplingParams(max_tokens=8), source=source(body),
+                             stream=stream)
+
+
+def test_the_key_ignores_labels_and_key_order_but_not_what_shapes_the_answer():
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}
+    key = cache_key("m", "/v1/chat/completions", "key_1", request(base))
+    assert cache_key("m", "/v1/chat/completions", "key_1", request(
+        {"user": "u", "metadata": {"a": 1}, **dict(reversed(list(base.items())))})) == key
+    assert cache_key("m", "/v1/chat/completions", "key_2", request(base)) != key  # another key
+    assert cache_key("m", "/v1/chat/completions", "key_1", request(base, stream=True)) != key
+    assert cache_key("m", "/v1/chat/completions", "key_1", request({**base, "temperature": 0.3})) != key
+    assert cache_key("m", "/v1/chat/completions", "key_1", request({**base, "new_field": 1})) != key
+    beta = AnthropicMessagesSource(base, beta=("tools-2024",))
+    assert cache_key("m", "/v1/messages", "k", GenerationRequest("m", (), SamplingParams(8), source=beta)) != \
+        cache_key("m", "/v1/messages", "k", request(base, source=AnthropicMessagesSource))
+
+
+def test_every_event_survives_the_codec():
+    events = (Started(3), UpstreamObject(Dialect.OPENAI, {"id": "x", "choices": []}, True), TextDelta("hé"),
+              ToolCallStart(0, "call_1", "f"), ToolCallDelta(0, '{"a":'),
+              Finished(FinishReason.TOOL_USE, Usage(3, 4, 1), None))
+    assert decode(encode(events)) == events
+
+
+async def test_memory_store_expires_and_keeps_within_its_size():
+    now = [0.0]
+    store = MemoryStore(max_bytes=10, clock=lambda: now[0])
+    await store.put("a", b"12345", 1.0)
+    await store.put("b", b"12345", 1.0)
+    assert await store.get("a") == b"12345"  # now the most recently used
+    await store.put("c", b"123", 1.0)  # over 10 bytes: the least recently used ("b") goes
+    assert await store.get("b") is None and await store.get("a") == b"12345"
+    now[0] = 1.0
+    assert await store.get("a") is None
+    await store.put("big", b"x" * 11, 1.0)
+    assert await store.get("big") is None
