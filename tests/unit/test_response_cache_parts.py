@@ -12,7 +12,7 @@ from server.domain import (
 
 
 def request(body: dict, *, stream: bool = False, source=OpenAIChatSource) -> GenerationRequest:
-    return GenerationRequest(model="m", turns=(), params=SamplingParams(max_tokens=8), source=source(body),
+    return GenerationRequest(turns=(), params=SamplingParams(max_tokens=8), source=source(body),
                              stream=stream)
 
 
@@ -26,7 +26,7 @@ def test_the_key_ignores_labels_and_key_order_but_not_what_shapes_the_answer():
     assert cache_key("m", "/v1/chat/completions", "key_1", request({**base, "temperature": 0.3})) != key
     assert cache_key("m", "/v1/chat/completions", "key_1", request({**base, "new_field": 1})) != key
     beta = AnthropicMessagesSource(base, beta=("tools-2024",))
-    assert cache_key("m", "/v1/messages", "k", GenerationRequest("m", (), SamplingParams(8), source=beta)) != \
+    assert cache_key("m", "/v1/messages", "k", GenerationRequest((), SamplingParams(8), source=beta)) != \
         cache_key("m", "/v1/messages", "k", request(base, source=AnthropicMessagesSource))
 
 
