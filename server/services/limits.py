@@ -6,7 +6,8 @@ from portico.v1 import limit_pb2, limit_service_pb2_grpc
 from server.errors import ServiceUnavailable
 from server.keys import Authenticator, KeyStore
 from server.limits import Limiter
-from server.limits.core import LimitStoreUnavailable
+from server.limits.core import LimitStoreUnavailable, Reading
+from server.usage.money import micros_to_usd
 
 
 class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
@@ -23,10 +24,14 @@ class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
         except LimitStoreUnavailable as exc:
             raise ServiceUnavailable("The limit store is unreachable, so limits cannot be read now.",
                                      retry_after=1.0) from exc
-        return limit_pb2.GetKeyLimitStatusResponse(key_id=key.id, limits=[
-            limit_pb2.LimitStatus(
-                limit=r.dimension.value, model=r.scope.id.partition("|")[2], value=r.limit, used=r.used,
-                remaining=max(0, r.limit - r.used), reset_seconds=round(r.wait, 3),
-            )
-            for r in readings
-        ])
+        return limit_pb2.GetKeyLimitStatusResponse(key_id=key.id, limits=[_status(r) for r in readings])
+
+
+def _status(reading: Reading) -> limit_pb2.LimitStatus:
+    """Budgets are held in micro-dollars and shown in US dollars, as everywhere else."""
+    unit = micros_to_usd if reading.dimension.counts_spend else int
+    return limit_pb2.LimitStatus(
+        limit=reading.dimension.value, model=reading.scope.id.partition("|")[2], value=unit(reading.limit),
+        used=unit(reading.used), remaining=unit(max(0, reading.limit - reading.used)),
+        reset_seconds=round(reading.wait, 3),
+    )

@@ -11,7 +11,7 @@ import os
 import grpc
 import pytest
 
-from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc, limit_pb2, limit_service_pb2_grpc
 from server.app import start_server
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
@@ -99,3 +99,19 @@ async def test_budgets_through_the_admin_api_are_in_dollars(hosts):
             await keys.UpdateKey(key_pb2.UpdateKeyRequest(
                 id=created.key.id, limits=key_pb2.KeyLimits(max_spend_day=0.0000001)), metadata=bearer(admin))
         assert error_details(caught.value).error.param == "limits.max_spend_day"
+
+
+async def test_where_a_budget_stands_is_in_dollars(hosts, double):
+    double.reset()
+    servers, stubs = hosts
+    key, secret = servers[0].store.create("standing", all_models=True,
+                                          limits=KeyLimits(max_spend_month=5_000_000_000))  # $5,000
+    _, admin = servers[0].store.create("standing-admin", all_models=True, admin=True)
+    await stubs[1].CreateChatCompletion(chat_request(model="priced", messages=HELLO, max_tokens=3),
+                                        metadata=bearer(secret))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{servers[0].port}") as channel:
+        status = await limit_service_pb2_grpc.LimitServiceStub(channel).GetKeyLimitStatus(
+            limit_pb2.GetKeyLimitStatusRequest(id=key.id), metadata=bearer(admin))
+    [month] = [s for s in status.limits if s.limit == "max_spend_month"]
+    assert (month.value, month.used, month.remaining) == (5000.0, 0.003, 4999.997)
+    assert month.reset_seconds > 0

@@ -11,6 +11,7 @@ from server.domain import KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Scope
 from server.limits.core import Dimension, month_of, until_month_end
+from server.limits.standing import standing
 from tests.limits_support import NOON
 from tests.unit.test_limits import clock, store  # noqa: F401 - the same stores (memory, Redis) and clock
 
@@ -75,3 +76,11 @@ def test_months_are_utc_calendar_months():
     assert month_of(NOON) == (2026 - 1970) * 12
     assert math.isclose(until_month_end(NOON), (31 - 1) * 86_400 + 12 * 3600)
     assert month_of(1_772_323_200.0) == month_of(NOON) + 2  # 2026-03-01 00:00 UTC
+
+
+async def test_standing_reads_the_spend_of_the_day_and_month(store):
+    wanted = demand(4_000, max_spend_day=10_000, max_spend_month=50_000)
+    await store.settle(await store.reserve(wanted), 10, 1_500)
+    readings = {r.dimension: r for r in standing(wanted.scopes[0], await store.counts("k1"))}
+    assert (readings[Dimension.DAILY_SPEND].used, readings[Dimension.MONTHLY_SPEND].used) == (1_500, 1_500)
+    assert readings[Dimension.MONTHLY_SPEND].wait == pytest.approx(until_month_end(NOON))
