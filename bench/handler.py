@@ -24,17 +24,21 @@ from pathlib import Path
 
 import grpc
 import uvloop
-from google.protobuf import json_format
+from google.api import httpbody_pb2
 
 from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, create_key,
                           wait_port, write_portico_config)
 from gateway.envoy import free_ports
-from portico.v1 import chat_pb2, message_pb2
 from server.app import build_core
 from server.config import load_config
 from server.services.chat import ChatServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.messages import MessageServicer
+
+
+def _raw(body: dict) -> httpbody_pb2.HttpBody:
+    """The request as Envoy hands it to the REST RPCs: the caller's JSON bytes."""
+    return httpbody_pb2.HttpBody(content_type="application/json", data=json.dumps(body).encode())
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,11 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int) -> 
     messages = MessageServicer(core.pipeline)
     cases = [
         ("chat JSON", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
-         json_format.ParseDict(CHAT_BODY, chat_pb2.CreateChatCompletionRequest()), b"fixed answer"),
+         _raw(CHAT_BODY), b"fixed answer"),
         ("chat stream", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
-         json_format.ParseDict(STREAM_BODY, chat_pb2.CreateChatCompletionRequest()), b"[DONE]"),
+         _raw(STREAM_BODY), b"[DONE]"),
         ("/v1/messages", "/portico.v1.MessageService/CreateMessageHttp", messages.CreateMessageHttp,
-         json_format.ParseDict(MESSAGES_BODY, message_pb2.CreateMessageRequest()), b"fixed answer"),
+         _raw(MESSAGES_BODY), b"fixed answer"),
     ]
     results = []
     try:
