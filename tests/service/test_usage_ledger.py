@@ -4,6 +4,8 @@ request whatever its end, with its cost, equal to the metrics and to what the li
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import time
 
 import grpc
@@ -11,12 +13,17 @@ import orjson
 import pytest
 
 from portico.v1 import organization_usage_pb2 as pb
-from portico.v1 import usage_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, usage_service_pb2_grpc
+from server.app import start_server
 
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
 from tests.upstream_double import Cue
-from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV, upstream_server, window_tokens
+from server.usage.settings import UsageSettings
+from server.usage.sqlite_ledger import SqliteLedger
+from tests.upstream_support import (
+    FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, upstream_server, window_tokens,
+)
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello." (3 tokens; prompt 2)
 
@@ -215,3 +222,23 @@ async def test_recent_requests_newest_first_in_pages(chat, channel, running, dou
     stub = usage_service_pb2_grpc.UsageServiceStub(channel)
     typed = await stub.ListRequests(pb.ListRequestsRequest(limit=1), metadata=bearer(other_secret))
     assert [(r.api_key_id, r.cost_microdollars) for r in typed.data] == [(other.id, 27)]
+
+
+async def test_rows_still_queued_are_written_when_the_server_stops(tmp_path, double):
+    """The writer would wait an hour; stopping the server (the end of a drain) writes the row."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    config = load_upstream_config(tmp_path, priced_models(double.url))
+    config = dataclasses.replace(config, usage=UsageSettings(flush_seconds=3600))
+    server = await start_server(config, "127.0.0.1:0")
+    try:
+        key, secret = server.store.create("drained", all_models=True)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            await chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
+                chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
+        assert server.core.ledger.pending == 1
+    finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+    ledger = SqliteLedger(config.data_dir / "keys.db")
+    assert [(r.key_id, r.cost_micros) for r in ledger.rows()] == [(key.id, 27)]
+    ledger.close()
