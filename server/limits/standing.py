@@ -45,7 +45,9 @@ def standing(scope: Scope, counts: Counts) -> list[Reading]:
             used, wait = counts.day_spend, until_midnight(now) if counts.day_spend else 0.0
         elif dimension is Dimension.MONTHLY_SPEND:
             used, wait = counts.month_spend, until_month_end(now) if counts.month_spend else 0.0
-        else:
+        elif dimension is Dimension.DAILY_TOKENS:
             used, wait = counts.day_tokens, until_midnight(now) if counts.day_tokens else 0.0
+        else:
+            continue  # a dimension these counts do not hold
         readings.append(Reading(scope, dimension, limit, used, max(0.0, wait)))
     return readings

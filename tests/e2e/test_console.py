@@ -259,6 +259,9 @@ def test_a_keys_page_shows_what_is_left_of_its_limits_now(tab, gateway, admin_se
     week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
     expect(week.get_by_role("row", name=re.compile("^family-a-5.5"))).to_contain_text("2")
     expect(tab.page.locator("#chart-key-requests canvas")).to_have_count(1)
+    recent = tab.page.get_by_role("region", name=re.compile("^The key's last .* requests"))
+    expect(recent.locator("tbody tr")).to_have_count(2)
+    expect(recent.locator("tbody tr").first).to_contain_text("200 ok")
     tab.shot("key-limits-left")
     assert tab.problems.lines == []
 
@@ -294,6 +297,18 @@ def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
     spend = page.get_by_role("region", name=re.compile("^Spend by key and model"))
     expect(spend.get_by_role("row", name=re.compile(f"^{re.escape(alpha)} family-a-5.5"))).to_contain_text(" 3 ")
     tab.shot("usage")
+    # Chosen UTC days (today only) and the default "this week" both count them too.
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    page.get_by_label("Period", exact=True).select_option("custom")
+    page.get_by_label("From (UTC)").fill(today)
+    page.get_by_label("To (UTC)").fill(today)
+    page.get_by_role("button", name="Show").click()
+    expect(page.get_by_role("region", name=f"Spend by key and model, {today} to {today}")
+           .get_by_role("row", name=re.compile(f"^{re.escape(alpha)} family-a-5.5"))).to_contain_text(" 3 ")
+    page.get_by_label("Period", exact=True).select_option("week")
+    page.get_by_role("button", name="Show").click()
+    expect(page.get_by_role("region", name=re.compile("^Spend by key and model, This week"))
+           .get_by_role("row", name=re.compile(f"^{re.escape(beta)} family-a-5.5"))).to_contain_text(" 1 ")
     tab.page.set_viewport_size(PHONE)
     tab.no_horizontal_scroll()
     tab.shot("usage-phone")

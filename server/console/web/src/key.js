@@ -1,14 +1,17 @@
 // A key's page: what it is, its grants and limits, and the actions on it (edit, rotate, revoke).
-import {confirmDialog, field, formDialog, h, number, showSecret, table, when} from "./dom.js";
+import {confirmDialog, field, formDialog, h, money, number, showSecret, table, when} from "./dom.js";
 import {keyForm, LIMITS} from "./keyform.js";
 import {catalogModels, grantsText, keyState} from "./keys.js";
 import {keyUsage} from "./usage.js";
 
+const RECENT = 25;
+
 export async function keyPage(ctx, id) {
   const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
-  const [{key}, {keys}, models, status, usage] = await Promise.all([
+  const [{key}, {keys}, models, status, usage, recent] = await Promise.all([
     ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), ctx.api.get(`${path}/limits`),
-    keyUsage(ctx.api, id)]);
+    keyUsage(ctx.api, id),
+    ctx.api.get(`/v1/organization/requests?api_key_ids=${encodeURIComponent(id)}&limit=${RECENT}`)]);
   const envs = [...new Set(keys.map((other) => other.env).filter(Boolean))].sort();
   const revoked = keyState(key) === "revoked";
 
@@ -20,7 +23,8 @@ export async function keyPage(ctx, id) {
     }
   };
   const rotate = async () => {
-    const grace = h("input", {type: "number", min: "0", step: "1", inputMode: "numeric", placeholder: "the gateway's default"});
+    const grace = h("input", {type: "number", min: "0", step: "1", inputMode: "numeric",
+      placeholder: "the gateway's default"});
     const rotated = await formDialog(`Rotate “${key.name}”`, h("div", {},
       h("p", {}, "The key gets a new secret. The current secret keeps working for the grace period, so its holder ",
         "can switch without an outage."),
@@ -77,11 +81,30 @@ export async function keyPage(ctx, id) {
         number(s.remaining),
         s.reset_seconds > 0 ? duration(s.reset_seconds) : "—",
       ]), {empty: "No limit applies to this key."}),
-    usage);
+    usage,
+    h("h2", {}, "Recent requests"),
+    recentTable(recent));
 }
 
 function duration(seconds) {
   if (seconds < 60) return `${Math.ceil(seconds)} s`;
   if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.ceil(seconds % 60)} s`;
   return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
+}
+
+// The newest requests from the usage ledger (GET /v1/organization/requests): what each cost and how it ended (no
+// prompt or answer is kept).
+function recentTable(recent) {
+  const rows = recent.data.map((r) => [
+    new Date(r.created * 1000).toISOString().replace("T", " ").slice(0, 19),
+    r.model || "—",
+    r.status < 400 && !r.code ? `${r.status} ok` : `${r.status} ${r.code}`,
+    `${number(r.input_tokens)} / ${number(r.output_tokens)}`,
+    money(r.cost?.value ?? 0),
+    `${number(Math.round(r.latency_ms))} ms`,
+    h("code", {}, r.request_id),
+  ]);
+  return table(`The key's last ${RECENT} requests, newest first`,
+    ["Time (UTC)", "Model", "Status", "Tokens in / out", "Cost", "Latency", "Request id"], rows,
+    {empty: "No requests yet."});
 }

@@ -53,7 +53,8 @@ export async function keysPage(ctx) {
     h("a", {href: `#/keys/${encodeURIComponent(key.id)}`}, key.name || "(unnamed)"),
     h("code", {}, key.id),
     key.env || "—",
-    keyState(key) === "revoked" ? h("span", {class: "badge revoked"}, "✕ revoked") : h("span", {class: "badge"}, "● active"),
+    keyState(key) === "revoked"
+      ? h("span", {class: "badge revoked"}, "✕ revoked") : h("span", {class: "badge"}, "● active"),
     key.admin ? "admin" : "",
     grantsText(key),
     ownLimitsText(key),

@@ -5,7 +5,16 @@ import {field, h, money, number, table} from "./dom.js";
 
 const HOUR = 3600;
 const DAY = 86400;
-const PERIODS = {"24h": ["Last 24 hours", DAY], "7d": ["Last 7 days", 7 * DAY], "30d": ["Last 30 days", 30 * DAY]};
+// A preset's length in seconds, or a function giving its start from now.
+const PERIODS = {
+  "24h": ["Last 24 hours", DAY],
+  week: ["This week (since Monday, UTC)", (now) => startOfDay(now) - ((utc(now).getUTCDay() + 6) % 7) * DAY],
+  "7d": ["Last 7 days", 7 * DAY],
+  month: ["This month (UTC)", (now) => Date.UTC(utc(now).getUTCFullYear(), utc(now).getUTCMonth(), 1) / 1000],
+  "30d": ["Last 30 days", 30 * DAY],
+};
+const utc = (seconds) => new Date(seconds * 1000);
+const startOfDay = (seconds) => Math.floor(seconds / DAY) * DAY;
 const GROUPS = {model: "Model", api_key_id: "Key"};
 const MAX_SERIES = 7;  // more lines than this are unreadable: the rest are summed as "other"
 
@@ -39,9 +48,9 @@ function periodOf(query) {
     const start = Date.parse(`${from}T00:00:00Z`) / 1000, end = Date.parse(`${to}T00:00:00Z`) / 1000 + DAY;
     if (start < end) return {start, end: Math.min(end, now + HOUR), label: `${from} to ${to}`, key: "custom"};
   }
-  const key = PERIODS[query.get("period")] ? query.get("period") : "7d";
+  const key = PERIODS[query.get("period")] ? query.get("period") : "week";
   const [label, length] = PERIODS[key];
-  return {start: now - length, end: now, label, key};
+  return {start: typeof length === "function" ? length(now) : now - length, end: now, label, key};
 }
 
 export async function usagePage(ctx) {
@@ -58,7 +67,8 @@ export async function usagePage(ctx) {
 async function usageView(ctx) {
   const period = periodOf(ctx.query);
   const group = GROUPS[ctx.query.get("group")] ? ctx.query.get("group") : "model";
-  const width = (ctx.query.get("bucket") ?? (period.end - period.start <= DAY ? "hour" : "day")) === "hour" ? HOUR : DAY;
+  const bucket = ctx.query.get("bucket") ?? (period.end - period.start <= DAY ? "hour" : "day");
+  const width = bucket === "hour" ? HOUR : DAY;
   // Buckets start on whole hours or UTC days, so a chart's points line up with the table's.
   const start = Math.floor(period.start / width) * width;
   const params = usageParams({start, end: period.end, width, groups: [group]});
@@ -182,7 +192,8 @@ function spendTable(usage, costs, names, periodLabel) {
 }
 
 function card(label, value) {
-  return h("div", {class: "card", role: "listitem"}, h("div", {class: "label"}, label), h("div", {class: "value"}, value));
+  return h("div", {class: "card", role: "listitem"},
+    h("div", {class: "label"}, label), h("div", {class: "value"}, value));
 }
 
 function filters(ctx, period, group, width) {
@@ -197,7 +208,8 @@ function filters(ctx, period, group, width) {
   const bucketSelect = h("select", {name: "bucket"},
     h("option", {value: "hour", selected: width === HOUR}, "Hour"),
     h("option", {value: "day", selected: width === DAY}, "Day"));
-  const dates = h("div", {class: "dates", hidden: period.key !== "custom"}, field("From (UTC)", from), field("To (UTC)", to));
+  const dates = h("div", {class: "dates", hidden: period.key !== "custom"},
+    field("From (UTC)", from), field("To (UTC)", to));
   periodSelect.addEventListener("change", () => { dates.hidden = periodSelect.value !== "custom"; });
   const apply = (event) => {
     event.preventDefault();
@@ -233,7 +245,8 @@ export async function keyUsage(api, keyId) {
   const labelOf = (r) => r.model ?? "(none)";
   const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
   const rows = new Map();
-  const row = (model) => rows.get(model) ?? rows.set(model, {requests: 0, errors: 0, input: 0, output: 0, cost: 0}).get(model);
+  const row = (model) => rows.get(model)
+    ?? rows.set(model, {requests: 0, errors: 0, input: 0, output: 0, cost: 0}).get(model);
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(labelOf(r));
     entry.requests += r.num_model_requests;
