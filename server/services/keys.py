@@ -70,11 +70,16 @@ def _limit(limits: key_pb2.KeyLimits, name: str) -> int:
         raise InvalidRequest(str(exc), param=f"limits.{name}") from None
 
 
+def limits_to_pb(limits: KeyLimits) -> key_pb2.KeyLimits:
+    """Limits as every API shows them: budgets in US dollars."""
+    values = {f: getattr(limits, f) for f in KEY_LIMIT_NAMES}
+    return key_pb2.KeyLimits(**{f: micros_to_usd(v) if f in SPEND_LIMIT_NAMES and v is not None else v
+                                for f, v in values.items()})
+
+
 def key_to_pb(key: ApiKey) -> key_pb2.ApiKey:
-    values = {f: getattr(key.limits, f) for f in KEY_LIMIT_NAMES}
-    limits = key_pb2.KeyLimits(**{f: micros_to_usd(v) if f in SPEND_LIMIT_NAMES and v is not None else v
-                                  for f, v in values.items()})
     return key_pb2.ApiKey(
-        id=key.id, name=key.name, all_models=key.all_models, models=sorted(key.models), limits=limits,
+        id=key.id, name=key.name, all_models=key.all_models, models=sorted(key.models),
+        limits=limits_to_pb(key.limits),
         env=key.env, admin=key.admin, created=key.created, revoked_at=key.revoked_at,
     )

@@ -28,10 +28,11 @@ class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
 
 
 def _status(reading: Reading) -> limit_pb2.LimitStatus:
-    """Budgets are held in micro-dollars and shown in US dollars, as everywhere else."""
-    unit = micros_to_usd if reading.dimension.counts_spend else int
+    dimension = reading.dimension
+    # Budgets are counted in micro-dollars and shown in US dollars, like every API shows them.
+    scale, unit = (micros_to_usd, "usd") if dimension.counts_spend else (float, dimension.header_kind or "requests")
     return limit_pb2.LimitStatus(
-        limit=reading.dimension.value, model=reading.scope.id.partition("|")[2], value=unit(reading.limit),
-        used=unit(reading.used), remaining=unit(max(0, reading.limit - reading.used)),
+        limit=dimension.value, model=reading.scope.id.partition("|")[2], unit=unit, value=scale(reading.limit),
+        used=scale(reading.used), remaining=scale(max(0, reading.limit - reading.used)),
         reset_seconds=round(reading.wait, 3),
     )

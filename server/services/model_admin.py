@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from portico.v1 import catalog_pb2, key_pb2, model_admin_service_pb2_grpc
-from server.domain import KEY_LIMIT_NAMES, KeyLimits, ModelEntry
+from portico.v1 import catalog_pb2, model_admin_service_pb2_grpc
+from server.domain import KeyLimits, ModelEntry
 from server.keys import Authenticator
+from server.services.keys import limits_to_pb
 
 _MICRO = 1_000_000  # prices are kept in micro-dollars (server/domain.py Price)
 
@@ -33,5 +34,5 @@ def _model_to_pb(entry: ModelEntry, limits: KeyLimits | None) -> catalog_pb2.Cat
         fallbacks=entry.fallbacks,
         price=catalog_pb2.ModelPrice(input=price.input / _MICRO, output=price.output / _MICRO,
                                      cached_input=price.cached_input / _MICRO, image=price.image / _MICRO),
-        limits=key_pb2.KeyLimits(**{f: getattr(limits, f) for f in KEY_LIMIT_NAMES}) if limits else None,
+        limits=limits_to_pb(limits) if limits else None,
     )

@@ -132,6 +132,7 @@ def test_create_a_key_read_its_secret_once_and_revoke_it(tab, gateway, admin_sec
     dialog.get_by_label("Only these models").check()
     dialog.get_by_label("family-a-5.5").check()
     dialog.get_by_label("Requests per minute").fill("30")
+    dialog.get_by_label("Budget per day (USD, UTC)").fill("5.25")
     tab.shot("key-create-form")
     dialog.get_by_role("button", name="Create key").click()
 
@@ -151,6 +152,10 @@ def test_create_a_key_read_its_secret_once_and_revoke_it(tab, gateway, admin_sec
     key_id = page.locator("dd code").first.inner_text()
     key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
     assert key["env"] == "staging" and key["limits"]["requests_per_minute"] == 30 and not key["admin"]
+    assert key["limits"]["max_spend_day"] == 5.25
+    budget = page.get_by_role("region", name="What the key has used").get_by_role(
+        "row", name=re.compile("^Budget per day"))
+    expect(budget).to_contain_text("$0.00 of $5.25")
     tab.shot("key-page")
 
     page.get_by_role("button", name="Revoke").click()

@@ -1,6 +1,6 @@
 // A key's page: what it is, its grants and limits, and the actions on it (edit, rotate, revoke).
 import {confirmDialog, field, formDialog, h, money, number, showSecret, table, when} from "./dom.js";
-import {keyForm, LIMITS} from "./keyform.js";
+import {keyForm, limitText, LIMITS} from "./keyform.js";
 import {catalogModels, grantsText, keyState} from "./keys.js";
 import {keyUsage} from "./usage.js";
 
@@ -51,9 +51,10 @@ export async function keyPage(ctx, id) {
     ctx.refresh();
   };
 
-  const limitRows = LIMITS.map(([name, label]) =>
-    [label, key.limits?.[name] ? Number(key.limits[name]).toLocaleString("en-US") : "gateway default"]);
+  const limitRows = LIMITS.map(([name, label, unit]) =>
+    [label, key.limits?.[name] ? limitText(unit, key.limits[name]) : "gateway default"]);
   const labels = Object.fromEntries(LIMITS);
+  const amount = (s, value) => limitText(s.unit === "usd" ? "usd" : "count", value);
   return h("section", {},
     h("p", {class: "crumbs"}, h("a", {href: "#/keys"}, "Keys"), " / ", key.id),
     h("div", {class: "page-head"},
@@ -77,8 +78,8 @@ export async function keyPage(ctx, id) {
         labels[s.limit] ?? s.limit,
         s.model ? `on ${s.model}` : "all its models",
         h("span", {class: "use"}, h("meter", {min: 0, max: s.value, value: s.used, high: s.value * 0.8,
-          "aria-hidden": "true"}), ` ${number(s.used)} of ${number(s.value)}`),
-        number(s.remaining),
+          "aria-hidden": "true"}), ` ${amount(s, s.used)} of ${amount(s, s.value)}`),
+        amount(s, s.remaining),
         s.reset_seconds > 0 ? duration(s.reset_seconds) : "—",
       ]), {empty: "No limit applies to this key."}),
     usage,

@@ -1,13 +1,18 @@
 // The form that creates a key and edits one: name, environment, grants and limits.
-import {field, h} from "./dom.js";
+import {field, h, money} from "./dom.js";
 
+// [field, label, unit]: counts are whole numbers; budgets ("usd") are US dollars, exact to the micro-dollar.
 export const LIMITS = [
-  ["requests_per_minute", "Requests per minute"],
-  ["tokens_per_minute", "Tokens per minute"],
-  ["concurrent_requests", "Concurrent requests"],
-  ["daily_tokens", "Tokens per day (UTC)"],
-  ["daily_requests", "Requests per day (UTC)"],
+  ["requests_per_minute", "Requests per minute", "count"],
+  ["tokens_per_minute", "Tokens per minute", "count"],
+  ["concurrent_requests", "Concurrent requests", "count"],
+  ["daily_tokens", "Tokens per day (UTC)", "count"],
+  ["daily_requests", "Requests per day (UTC)", "count"],
+  ["max_spend_day", "Budget per day (USD, UTC)", "usd"],
+  ["max_spend_month", "Budget per month (USD, UTC)", "usd"],
 ];
+
+export const limitText = (unit, value) => unit === "usd" ? money(value) : Number(value).toLocaleString("en-US");
 
 // models: the catalog ids to offer; envs: environment names already in use (suggested); key: the key to edit, or
 // null to create one. Returns {element, read()}: read() gives the request body, or throws Error naming the problem.
@@ -21,9 +26,9 @@ export function keyForm({models, envs, key}) {
   const modelBoxes = [...new Set([...models, ...granted])].sort().map((id) =>
     h("input", {type: "checkbox", name: "model", value: id, checked: granted.has(id)}));
   const admin = h("input", {type: "checkbox", name: "admin"});
-  const limitInputs = LIMITS.map(([limitName]) => h("input", {
-    type: "number", name: limitName, min: "1", step: "1", inputMode: "numeric",
-    value: key?.limits?.[limitName] ?? "", placeholder: "default",
+  const limitInputs = LIMITS.map(([limitName, , unit]) => h("input", {
+    type: "number", name: limitName, min: unit === "usd" ? "0.000001" : "1", step: unit === "usd" ? "any" : "1",
+    inputMode: unit === "usd" ? "decimal" : "numeric", value: key?.limits?.[limitName] ?? "", placeholder: "default",
   }));
   const syncModels = () => modelBoxes.forEach((box) => { box.disabled = allModels.checked; });
   allModels.addEventListener("change", syncModels);
@@ -55,14 +60,18 @@ export function keyForm({models, envs, key}) {
       if (!body.models.length) throw new Error("Choose at least one model, or all models.");
     }
     body.limits = {};
-    LIMITS.forEach(([limitName, label], i) => {
+    LIMITS.forEach(([limitName, label, unit], i) => {
       const text = limitInputs[i].value.trim();
       if (text === "") {
         if (key) body.limits[limitName] = 0;  // an update: 0 removes the key's own value, so the default applies
         return;
       }
       const value = Number(text);
-      if (!Number.isInteger(value) || value < 1 || value > 2147483647) {
+      if (unit === "usd") {
+        if (!(value > 0) || !/^\d+(\.\d{1,6})?$/.test(text)) {
+          throw new Error(`${label} must be an amount of US dollars above 0 (at most 6 decimals), or empty.`);
+        }
+      } else if (!Number.isInteger(value) || value < 1 || value > 2147483647) {
         throw new Error(`${label} must be a whole number from 1 to 2147483647, or empty.`);
       }
       body.limits[limitName] = value;

@@ -1,6 +1,6 @@
 // The keys page: every key, filtered by environment and state, and the form that creates one.
 import {field, formDialog, h, showSecret, table, when} from "./dom.js";
-import {keyForm, LIMITS} from "./keyform.js";
+import {keyForm, limitText, LIMITS} from "./keyform.js";
 
 export const keyState = (key) => key.revoked_at ? "revoked" : "active";
 
@@ -9,7 +9,8 @@ export function grantsText(key) {
 }
 
 export function ownLimitsText(key) {
-  const own = LIMITS.filter(([name]) => key.limits?.[name]).map(([name, label]) => `${label}: ${key.limits[name]}`);
+  const own = LIMITS.filter(([name]) => key.limits?.[name])
+    .map(([name, label, unit]) => `${label}: ${limitText(unit, key.limits[name])}`);
   return own.length ? own.join("; ") : "defaults";
 }
 

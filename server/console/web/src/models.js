@@ -1,7 +1,7 @@
 // The models page: the whole configured catalog (GET /v1/admin/models) — what serves each model, its fallbacks,
 // price and per-model limits — with each model's requests, errors and cost over the last 7 days.
 import {h, money, number, table} from "./dom.js";
-import {LIMITS} from "./keyform.js";
+import {limitText, LIMITS} from "./keyform.js";
 import {weekByModel} from "./usage.js";
 
 const PROVIDERS = {llamacpp: "embedded model (llama.cpp)", "dev-image": "development image provider",
@@ -41,6 +41,7 @@ function priceText(price) {
 }
 
 function limitsText(limits) {
-  const set = LIMITS.filter(([name]) => limits?.[name]).map(([name, label]) => `${label}: ${number(limits[name])}`);
+  const set = LIMITS.filter(([name]) => limits?.[name])
+    .map(([name, label, unit]) => `${label}: ${limitText(unit, limits[name])}`);
   return set.length ? set.join("; ") : "—";
 }
