@@ -200,7 +200,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
     usage_service_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(core.usage, pipeline.authenticator), server)
     limits = LimitServicer(store, pipeline.authenticator, limiter)
     limit_service_pb2_grpc.add_LimitServiceServicer_to_server(limits, server)
-    catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator)
+    catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator,
+                                 states=core.health.states)
     model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -1,38 +1,55 @@
-"""ModelAdminService: the whole configured catalog for operators (admin keys only)."""
+"""ModelAdminService: the whole configured catalog for operators (admin keys only), with each deployment's passive
+health as it is now."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from portico.v1 import catalog_pb2, model_admin_service_pb2_grpc
-from server.domain import KeyLimits, ModelEntry
+from server.domain import Deployment, KeyLimits, ModelEntry
 from server.keys import Authenticator
 from server.services.keys import limits_to_pb
 
 _MICRO = 1_000_000  # prices are kept in micro-dollars (server/domain.py Price)
+UNWATCHED = "unwatched"  # a model's only deployment: never taken out of service (server/providers/health.py)
+
+States = Callable[[], Sequence[tuple[str, str, str]]]  # (model id, deployment name, state) of watched deployments
 
 
 class ModelAdminServicer(model_admin_service_pb2_grpc.ModelAdminServiceServicer):
     def __init__(self, entries: Sequence[ModelEntry], model_limits: Mapping[str, KeyLimits],
-                 authenticator: Authenticator) -> None:
-        # Built once: the catalog is fixed while the server runs.
-        self._response = catalog_pb2.ListCatalogModelsResponse(
-            models=[_model_to_pb(entry, model_limits.get(entry.id)) for entry in entries])
+                 authenticator: Authenticator, states: States = tuple) -> None:
+        self._entries = tuple(entries)
+        self._limits = model_limits
         self._authenticator = authenticator
+        self._states = states
 
     async def ListCatalogModels(self, request, context) -> catalog_pb2.ListCatalogModelsResponse:
         self._authenticator.authenticate_admin(context.invocation_metadata())
-        return self._response
+        states = {(model, name): state for model, name, state in self._states()}
+        return catalog_pb2.ListCatalogModelsResponse(
+            models=[_model_to_pb(entry, self._limits.get(entry.id), states) for entry in self._entries])
 
 
-def _model_to_pb(entry: ModelEntry, limits: KeyLimits | None) -> catalog_pb2.CatalogModel:
-    upstream = entry.provider.upstream
+def _model_to_pb(entry: ModelEntry, limits: KeyLimits | None,
+                 states: Mapping[tuple[str, str], str]) -> catalog_pb2.CatalogModel:
     price = entry.price
+    first = _deployment_to_pb(entry.deployments[0], "")
     return catalog_pb2.CatalogModel(
         id=entry.id, endpoint=str(entry.endpoint), owned_by=entry.owned_by, created=entry.created,
-        provider=entry.provider.kind, upstream_model=upstream.model if upstream else "",
+        provider=first.provider, upstream_model=first.upstream_model,
+        deployments=[_deployment_to_pb(d, states.get((entry.id, d.name), UNWATCHED)) for d in entry.deployments],
         fallbacks=entry.fallbacks,
         price=catalog_pb2.ModelPrice(input=price.input / _MICRO, output=price.output / _MICRO,
                                      cached_input=price.cached_input / _MICRO, image=price.image / _MICRO),
         limits=limits_to_pb(limits) if limits else None,
+    )
+
+
+def _deployment_to_pb(deployment: Deployment, state: str) -> catalog_pb2.CatalogDeployment:
+    # Never the upstream's address or the name of its key variable: only what identifies the model served.
+    upstream = deployment.provider.upstream
+    return catalog_pb2.CatalogDeployment(
+        name=deployment.name, provider=deployment.provider.kind, upstream_model=upstream.model if upstream else "",
+        weight=deployment.weight, state=state,
     )

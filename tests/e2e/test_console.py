@@ -8,9 +8,15 @@ from __future__ import annotations
 import re
 import time
 
+from pathlib import Path
+
 import httpx
 import pytest
+import yaml
 from playwright.sync_api import expect
+
+import server
+from gateway.envoy import free_ports
 
 from tests.e2e.browser import DESKTOP, PHONE, PageProblems, chromium
 from tests.e2e.conftest import running_gateway
@@ -20,7 +26,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    with running_gateway(tmp_path_factory.mktemp("console-data")) as gateway:
+    """The default catalog, but family-a-5.4 has two deployments (the embedded model, and an upstream that nothing
+    listens for), so the models page has deployments and their health to show. No request goes to that model."""
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    entry = next(m for m in config["models"] if m["id"] == "family-a-5.4")
+    entry["deployments"] = [
+        {"name": "local", "weight": 3, "provider": entry.pop("provider")},
+        {"name": "mirror", "provider": {"kind": "openai", "base_url": f"http://127.0.0.1:{free_ports(1)[0]}/v1",
+                                        "model": "mirror-model"}},
+    ]
+    path = tmp_path_factory.mktemp("console-config") / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running_gateway(tmp_path_factory.mktemp("console-data"), "--dev-key", config=path) as gateway:
         yield gateway
 
 
@@ -327,6 +344,10 @@ def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
     row = catalog.get_by_role("row", name=re.compile("^family-a-5.5 "))
     expect(row).to_contain_text("/v1/chat/completions")
     expect(row).to_contain_text("embedded model")
+    mirrored = catalog.get_by_role("row", name=re.compile("^family-a-5.4 "))
+    expect(mirrored.get_by_role("listitem")).to_have_text([
+        re.compile(r"^local \(75 %\): embedded model .* — ● healthy$"),
+        re.compile(r"^mirror \(25 %\): OpenAI-compatible upstream as mirror-model — ● healthy$")])
     headers = catalog.locator("thead th").all_inner_texts()
     assert int(row.locator("th, td").nth(headers.index("Requests")).inner_text().replace(",", "")) >= 4
     tab.shot("models")

@@ -12,10 +12,8 @@ export async function modelsPage(ctx) {
   const rows = models.map((model) => {
     const used = week.get(model.id);
     return [
-      h("code", {}, model.id),
-      model.endpoint,
-      [PROVIDERS[model.provider] ?? model.provider, model.upstream_model ? h("div", {class: "hint"},
-        "as ", h("code", {}, model.upstream_model)) : null],
+      [h("code", {class: "id"}, model.id), h("div", {class: "hint"}, model.endpoint)],
+      servedBy(model),
       model.fallbacks.length ? model.fallbacks.join(" → ") : "—",
       priceText(model.price),
       limitsText(model.limits),
@@ -27,8 +25,8 @@ export async function modelsPage(ctx) {
   return h("section", {},
     h("h1", {tabindex: "-1"}, "Models"),
     h("p", {class: "hint"}, `${models.length} models in the catalog. Requests, errors and cost are the last 7 days.`),
-    table("The model catalog", ["Model", "Endpoint", "Served by", "Fallbacks", "Price (USD)", "Per-key limits on it",
-      "Requests", "Errors", "Cost"], rows, {empty: "The catalog is empty."}));
+    table("The model catalog", ["Model and endpoint", "Served by (deployments and their health)", "Fallbacks",
+      "Price (USD)", "Limits per key", "Requests", "Errors", "Cost"], rows, {empty: "The catalog is empty."}));
 }
 
 function priceText(price) {
@@ -44,4 +42,19 @@ function limitsText(limits) {
   const set = LIMITS.filter(([name]) => limits?.[name])
     .map(([name, label, unit]) => `${label}: ${limitText(unit, limits[name])}`);
   return set.length ? set.join("; ") : "—";
+}
+
+// Health in words and symbols, never colour alone: ● healthy, ✕ ejected (cooling down), ◐ on trial (one request
+// decides).
+const STATES = {healthy: "● healthy", ejected: "✕ ejected", trial: "◐ on trial"};
+
+function servedBy(model) {
+  const deployments = model.deployments ?? [];
+  const what = (d) => [PROVIDERS[d.provider] ?? d.provider,
+    d.upstream_model ? [" as ", h("code", {}, d.upstream_model)] : null];
+  if (deployments.length <= 1) return what(deployments[0] ?? model);
+  const total = deployments.reduce((sum, d) => sum + d.weight, 0) || 1;
+  return h("ul", {class: "deployments"}, deployments.map((d) => h("li", {},
+    h("strong", {}, d.name), ` (${Math.round(100 * d.weight / total)} %): `, what(d), " — ",
+    h("span", {class: `state ${d.state}`}, STATES[d.state] ?? d.state))));
 }
