@@ -158,7 +158,8 @@ def _tool_choice(body: Mapping[str, Json]) -> ToolChoice | None:
     if mode is None:
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none.", param="tool_choice.type")
     name = opt_string(choice, "name", "tool_choice") or None
-    names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)}
+    names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)
+             and isinstance(tool.get("name"), str)}
     if mode is ToolChoiceMode.TOOL and name not in names:  # a custom tool or a server tool
         raise InvalidRequest("tool_choice.name: must name one of `tools`.", param="tool_choice.name")
     parallel = not opt_bool(choice, "disable_parallel_tool_use", "tool_choice")
