@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from server.errors import InvalidRequest
+from server.usage.latency import quantile
 from server.usage.ledger import LedgerRow
 from server.usage.money import micros_to_usd
 from server.usage.query import Totals
@@ -125,6 +126,8 @@ def completions_page(page: Page, totals: Sequence[Totals], names: set[str]) -> d
             "model": t.model if "model" in names else None,
             "batch": False if "batch" in names else None,
             "num_requests": t.rows, "num_errors": t.errors,
+            "latency_ms_p50": quantile(0.5, t.latency) if t.latency else None,
+            "latency_ms_p95": quantile(0.95, t.latency) if t.latency else None,
         }
 
     return _envelope(page, _buckets(page, totals, result))

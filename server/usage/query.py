@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from server.domain import Endpoint
+from server.usage.latency import histogram_sql
 from server.usage.ledger import COLUMNS
 
 # OpenAI's group_by names -> ledger columns (an Portico env is OpenAI's project).
@@ -42,6 +43,7 @@ class Totals:
     model_requests: int  # rows whose request reached a model
     rows: int
     errors: int  # rows whose request ended with an error status (400 and above, 499 included)
+    latency: tuple[int, ...] = ()  # latency histogram: cumulative counts per bound, then the count timed (latency.py)
 
 
 def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "") -> str:
@@ -63,7 +65,7 @@ def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
         "SELECT (at_ms - {p}) / {p} AS bucket" + grouped + ", SUM(input_tokens), SUM(output_tokens), "
         "SUM(cached_input_tokens), SUM(images), SUM(cost_micros), "
         "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*), "
-        f"SUM(CASE WHEN {ERROR_CONDITION} THEN 1 ELSE 0 END) FROM usage_ledger WHERE "
+        f"SUM(CASE WHEN {ERROR_CONDITION} THEN 1 ELSE 0 END), {histogram_sql()} FROM usage_ledger WHERE "
         + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket" + grouped
     )
     return sql.replace("{p}", placeholder), [query.start_ms, query.width_ms, *params]
@@ -99,11 +101,16 @@ def rows_sql(query: RowQuery, placeholder: str) -> tuple[str, list]:
     return sql.replace("{p}", placeholder), [*params, query.limit]
 
 
+_SUMS = 8  # the sums aggregate_sql selects before the latency histogram
+
+
 def totals_of(query: UsageQuery, rows) -> list[Totals]:
     result = []
     for row in rows:
         row = list(row)
         bucket, named, sums = row[0], dict(zip([GROUP_COLUMNS[g] for g in query.group_by], row[1:])), row[1:]
         sums = [int(v or 0) for v in sums[len(query.group_by):]]
-        result.append(Totals(int(bucket), named.get("model"), named.get("key_id"), named.get("env"), *sums))
+        counted, latency = sums[:_SUMS], tuple(sums[_SUMS:])
+        result.append(Totals(int(bucket), named.get("model"), named.get("key_id"), named.get("env"), *counted,
+                             latency=latency))
     return result

@@ -316,6 +316,8 @@ def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
     headers = numbers.locator("thead th").all_inner_texts()
     now_row = numbers.locator("tbody tr").last.locator("th, td").all_inner_texts()  # the current hour
     assert now_row[headers.index(alpha)] == "3" and now_row[headers.index(beta)] == "1"
+    totals = page.get_by_role("list", name=re.compile("^Totals"))
+    expect(totals.get_by_role("listitem").filter(has_text="Latency p95")).to_contain_text(re.compile(r"≈ [\d,]+ ms"))
     spend = page.get_by_role("region", name=re.compile("^Spend by key and model"))
     expect(spend.get_by_role("row", name=re.compile(f"^{re.escape(alpha)} family-a-5.5"))).to_contain_text(" 3 ")
     tab.shot("usage")

@@ -143,6 +143,8 @@ async def test_the_usage_api_sums_to_the_ledger_in_openais_shape(chat, channel, 
     results = {r["api_key_id"]: r for r in bucket["results"]}
     assert set(results) == ours
     first = results[keys[0][0].id]
+    latency = first.pop("latency_ms_p50"), first.pop("latency_ms_p95")  # Portico's own, estimated (latency.py)
+    assert 0 < latency[0] <= latency[1]
     assert first == {
         "object": "organization.usage.completions.result", "input_tokens": 4, "output_tokens": 6,
         "input_cached_tokens": 0, "input_audio_tokens": 0, "output_audio_tokens": 0, "num_model_requests": 2,

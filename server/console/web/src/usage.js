@@ -101,7 +101,9 @@ async function usageView(ctx) {
       card("Output tokens", number(summary.output)),
       card("Cost", money(total(cost))),
       card("Error rate", summary.errors === null ? "—" :
-        `${(100 * summary.errors / Math.max(1, summary.admitted)).toFixed(1)} % (${number(summary.errors)})`)),
+        `${(100 * summary.errors / Math.max(1, summary.admitted)).toFixed(1)} % (${number(summary.errors)})`),
+      card("Latency p50", summary.p50 === null ? "—" : `≈ ${number(Math.round(summary.p50))} ms`),
+      card("Latency p95", summary.p95 === null ? "—" : `≈ ${number(Math.round(summary.p95))} ms`)),
     timeChart({id: "chart-requests", title: `Requests by ${GROUPS[group].toLowerCase()}`, times, series: requests,
       format: number, integer: true, bucketLabel: width === HOUR ? "hour" : "day"}),
     timeChart({id: "chart-tokens", title: `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, times,
@@ -150,10 +152,12 @@ function seriesOf(bucketList, labelOf, valueOf, order = []) {
 
 const total = (series) => series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
 
-// Totals over the period. The error rate is Portico's addition to OpenAI's results: num_errors of num_requests
-// (every admitted request, those that never reached a model included).
+// Totals over the period. Error rate and latency are Portico's additions to OpenAI's results: num_errors of
+// num_requests (every admitted request), and each bucket's latency_ms_p50/p95, whose mean weighted by requests
+// stands for the period's (an estimate, as the buckets' own are).
 function summaryOf(usage) {
-  const summary = {requests: 0, admitted: 0, input: 0, output: 0, errors: null};
+  const summary = {requests: 0, admitted: 0, input: 0, output: 0, errors: null, p50: null, p95: null};
+  let timed = 0, p50 = 0, p95 = 0;
   for (const bucket of usage) {
     for (const r of bucket.results) {
       summary.requests += r.num_model_requests;
@@ -161,8 +165,14 @@ function summaryOf(usage) {
       summary.input += r.input_tokens;
       summary.output += r.output_tokens;
       if (typeof r.num_errors === "number") summary.errors = (summary.errors ?? 0) + r.num_errors;
+      if (typeof r.latency_ms_p50 === "number" && r.num_model_requests) {
+        timed += r.num_model_requests;
+        p50 += r.latency_ms_p50 * r.num_model_requests;
+        p95 += (r.latency_ms_p95 ?? r.latency_ms_p50) * r.num_model_requests;
+      }
     }
   }
+  if (timed) [summary.p50, summary.p95] = [p50 / timed, p95 / timed];
   return summary;
 }
 

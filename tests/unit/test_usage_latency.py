@@ -1,0 +1,31 @@
+"""Latency percentiles on usage results: estimated from per-bound counts the database sums (server/usage/latency.py)."""
+
+from __future__ import annotations
+
+from server.usage.latency import BOUNDS_MS, quantile
+from server.usage.query import UsageQuery
+from tests.db.test_usage_stores import ledger  # noqa: F401 - real SQLite and real PostgreSQL
+from tests.unit.test_ledger_writer import NOW_MS, row
+
+
+def cumulative(latencies: list[float]) -> list[int]:
+    return [sum(1 for ms in latencies if ms <= bound) for bound in BOUNDS_MS] + [len(latencies)]
+
+
+def test_percentiles_fall_in_the_right_bucket_and_interpolate_within_it():
+    latencies = [40.0] * 50 + [400.0] * 45 + [3_000.0] * 5
+    assert 25 < quantile(0.5, cumulative(latencies)) <= 50  # the median is one of the 40 ms requests
+    assert 250 < quantile(0.95, cumulative(latencies)) <= 500
+    assert quantile(0.99, cumulative(latencies)) > 2_500
+    assert quantile(0.5, cumulative([])) is None
+    assert quantile(0.5, cumulative([10 * BOUNDS_MS[-1]])) == BOUNDS_MS[-1]  # beyond the last bound: the bound
+
+
+def test_the_database_sums_the_histogram_of_requests_that_reached_a_model(ledger):  # noqa: F811
+    t0 = NOW_MS - NOW_MS % 1000
+    rows = [row(i, at_ms=t0 + i, latency_ms=30.0 if i < 8 else 900.0) for i in range(10)]
+    refused = row(99, at_ms=t0 + 50, upstream_attempts=0, status=429, code="rate_limit_exceeded", latency_ms=1.0)
+    ledger.write([*rows, refused])
+    [totals] = ledger.aggregate(UsageQuery(t0, t0 + 1000, 1000))
+    assert totals.latency[-1] == 10  # the refused request is not timed
+    assert 25 < quantile(0.5, totals.latency) <= 50 and 500 < quantile(0.95, totals.latency) <= 1_000
