@@ -31,7 +31,31 @@ def parse_body(data: bytes) -> dict[str, Json]:
         raise InvalidRequest(f"Invalid JSON body: {exc}.") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {type_name(body)}.")
+    # Counting brackets is C-fast: only a body with enough of them to be too deep is walked.
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and (where := _nested_too_deeply(body)) is not None:
+        raise InvalidRequest(f"`{where}` is nested more than {MAX_DEPTH} levels deep.", param=where)
     return body
+
+
+MAX_DEPTH = 100  # JSON nesting; deeper bodies could not be passed on (orjson writes at most 254 levels)
+_NAMED_DEPTH = 3  # the param names the field this deep (`messages[0].content`), not the whole way down
+
+
+def _nested_too_deeply(body: dict[str, Json]) -> str | None:
+    """The path of a field holding values nested more than MAX_DEPTH deep, else None (iterative: no recursion)."""
+    stack: list[tuple[Json, str, int]] = [(body, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return path
+        named = depth < _NAMED_DEPTH
+        if isinstance(node, dict):
+            stack.extend((v, join(path, k) if named else path, depth + 1)
+                         for k, v in node.items() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]" if named else path, depth + 1)
+                         for i, v in enumerate(node) if isinstance(v, (dict, list)))
+    return None
 
 
 def model_of(body: Mapping[str, Json]) -> str:

@@ -153,3 +153,16 @@ def test_docs_show_the_field_tables():
     api = (ROOT / "docs" / "api.md").read_text()
     assert markdown_table(CHAT_FIELDS, "Anthropic") in api
     assert markdown_table(MESSAGE_FIELDS, "OpenAI-compatible") in api
+
+
+@pytest.mark.parametrize("where", ["tools", "messages", "metadata"])
+def test_bodies_nested_too_deeply_are_400_naming_the_field(where):
+    """Deeper than the upstream body can be written (orjson stops at 254 levels): a 400, not a 500 on the way out."""
+    deep = b"[" * 300 + b"]" * 300
+    fields = {"tools": b'[{"function": {"parameters": %s}}]', "messages": b'[{"role": "user", "name": {"x": %s}}]',
+              "metadata": b'{"x": %s}'}
+    data = b'{"model": "m", "%s": %s}' % (where.encode(), fields[where] % deep)
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(data)
+    assert caught.value.param.startswith(where) and "nested" in caught.value.message
+    assert parse_body(b'{"model": "m", "metadata": {"x": %s}}' % (b"[" * 90 + b"]" * 90))["model"] == "m"
