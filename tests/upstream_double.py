@@ -53,6 +53,7 @@ class UpstreamDouble:
         }
         self.files: dict[str, bytes] = {}  # served at /files/<name>, for image links
         self._cues: collections.deque[Cue] = collections.deque()
+        self.default_cue = Cue()  # for requests when no cue is queued
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -99,7 +100,7 @@ class UpstreamDouble:
         body = orjson.loads(raw) if raw else {}
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append(Seen(scope["path"], headers, body))
-        cue = self._cues.popleft() if self._cues else Cue()
+        cue = self._cues.popleft() if self._cues else self.default_cue
         gone = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch(receive, gone))
         try:

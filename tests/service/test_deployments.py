@@ -5,14 +5,18 @@ brings a deployment back, retry-after cooling exactly that long, and the state i
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
 from portico.v1.probe_pb2 import GetReadinessRequest
 from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
-from tests.helpers import bearer, chat_request
+from portico.v1 import chat_service_pb2_grpc
+from tests.helpers import bearer, chat_body, chat_request, http_body
 from tests.upstream_double import Cue, UpstreamDouble
 from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
 
@@ -164,3 +168,46 @@ async def test_metrics_count_attempts_and_failures_per_deployment(chat, running,
     await running.readiness.refresh()
     assert value("portico_deployment_state", deployment="east", state="healthy") == 1
     assert value("portico_deployment_state", deployment="east", state="ejected") == 0
+
+
+@pytest.fixture
+def doomed():
+    """An upstream in its own process, answering slowly (0.1 s between frames), to be killed mid-load."""
+    process = subprocess.Popen([sys.executable, "-m", "tests.upstream_process", "0.1"], stdout=subprocess.PIPE,
+                               cwd=Path(__file__).resolve().parents[2])
+    port = int(process.stdout.readline())
+    yield process, f"http://127.0.0.1:{port}/v1"
+    process.kill()
+    process.wait()
+
+
+async def test_killing_one_of_two_deployments_mid_load_costs_at_most_its_requests_in_flight(doomed, west,
+                                                                                              tmp_path):
+    process, url = doomed
+    async with upstream_server(tmp_path, models(url, west.url)) as server:
+        secret = server.store.create("load", all_models=True)[1]
+        router = server.core.pipeline._providers["pair"]
+        outcomes: list[bool] = []  # per request: did the caller get a whole answer?
+        stop = time.monotonic() + 3.0
+
+        async def caller(stub):
+            while time.monotonic() < stop:
+                request = http_body(chat_body(model="pair", messages=HELLO, stream=True))
+                try:
+                    data = b"".join([b.data async for b in stub.CreateChatCompletionHttp(request,
+                                                                                         metadata=bearer(secret))])
+                    outcomes.append(b"[DONE]" in data and b'"error"' not in data)
+                except grpc.aio.AioRpcError:
+                    outcomes.append(False)
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            callers = [asyncio.ensure_future(caller(stub)) for _ in range(10)]
+            await asyncio.sleep(1.2)
+            in_flight = router._in_flight.get(("pair", "east"), 0)
+            process.kill()
+            await asyncio.gather(*callers)
+        failed = outcomes.count(False)
+        assert in_flight > 0 and failed <= in_flight, (failed, in_flight)
+        assert len(outcomes) > 40 and all(outcomes[-10:])  # and the load goes on, on west
+        assert server.core.health.states()[0][2] == "ejected"
