@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.handler", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000, help="requests per kind (default 20000)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
+    parser.add_argument("--cache", action="store_true",
+                        help="every model with a response cache: after the first request of a kind, all are hits")
+    parser.add_argument("--store", default="memory",
+                        help="limits.store (and so the response cache's store): memory, or a Redis URL")
     parser.add_argument("--tracing", action="store_true",
                         help="traces on, every request sampled, exported to the mock (its POST /v1/traces)")
     args = parser.parse_args(argv)
@@ -122,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         mock = procs.start("mock upstream", [PYTHON, "-m", "bench.mock_upstream", "--port", str(mock_port)],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_port(mock_port, mock, 10, "the mock upstream")
-        config_path = write_portico_config(run_dir, f"http://127.0.0.1:{mock_port}/v1")
+        config_path = write_portico_config(run_dir, f"http://127.0.0.1:{mock_port}/v1", store=args.store)
+        if args.cache:
+            config = json.loads(config_path.read_text())
+            for model in config["models"]:
+                model["cache"] = {}
+            config_path.write_text(json.dumps(config))
         if args.tracing:  # the export thread runs in this process, so its CPU is counted too
             config = json.loads(config_path.read_text())
             config["tracing"] = {"otlp_endpoint": f"http://127.0.0.1:{mock_port}", "sample_ratio": 1.0}
