@@ -23,7 +23,7 @@ from server.config import Config
 from server.console import ConsoleFiles
 from server.health import Readiness
 from server.image_store import ImageStore
-from server.keys import Authenticator, KeyAdmin, KeyStore
+from server.keys import Authenticator, KeyAdmin, KeyStore, open_key_store
 from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.limits.redis import RedisLimitStore, redacted
 from server.observability import Telemetry
@@ -43,7 +43,6 @@ from server.services.messages import MessageServicer
 from server.services.models import ModelServicer
 from server.services.probes import ProbeServicer
 from server.services.usage import UsageServicer
-from server.db.settings import StoreSettings
 from server.usage.postgres_ledger import PostgresLedger
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.stores import open_ledger
@@ -79,7 +78,7 @@ class Core:
         self.health.close()
         if self.cache is not None:
             await self.cache.close()
-        self.store.close()
+        await self.store.close()
         await asyncio.to_thread(self.telemetry.close)  # sends the spans still queued, waiting at most ~2 s
 
 
@@ -129,15 +128,18 @@ def build_limit_store(config: Config) -> LimitStore:
 
 
 async def build_core(config: Config) -> Core:
-    store = KeyStore(config.data_dir / "keys.db")
-    # With the keys: keys.db, or PostgreSQL once the key store can be (issue 16); the ledger has both sinks.
-    usage = open_ledger(StoreSettings(sqlite_path=config.data_dir / "keys.db"))
+    store = await open_key_store(config.key_database)
+    usage = open_ledger(config.key_database)  # beside the keys: keys.db, or the same PostgreSQL database
     telemetry = Telemetry(access_log=AccessLog(config.access_log), tracing=config.tracing)
     ledger = LedgerWriter(usage, config.usage, on_dropped=telemetry.metrics.ledger_dropped.inc,
                           on_written=telemetry.metrics.ledger_written.inc)
     telemetry.ledger = ledger
     ledger.start()
-    authenticator = Authenticator(store, cache_seconds=config.key_cache_seconds, on_authenticated=telemetry.identified)
+    authenticator = Authenticator(
+        store, cache_seconds=config.key_cache_seconds, stale_seconds=config.key_stale_seconds,
+        cache_size=config.key_cache_size, negative_cache_size=config.key_negative_cache_size,
+        on_authenticated=telemetry.identified,
+    )
     health_file = os.environ.get(HEALTH_FILE_ENV)  # set by `serve --workers N` for its workers
     providers, board = build_providers(config, telemetry, health_file=Path(health_file) if health_file else None)
     limiter = Limiter(build_limit_store(config), config.limits)
@@ -215,7 +217,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
         probe_service_pb2.DESCRIPTOR.services_by_name["ProbeService"].full_name,
     ]
     readiness = Readiness(health_servicer, service_names, store, limiter, config.limits, core.providers,
-                          deployments=lambda: _deployment_states(core))
+                          deployments=lambda: _deployment_states(core),
+                          key_stale_seconds=config.key_stale_seconds)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)

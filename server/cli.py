@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import logging
 import sys
@@ -15,14 +16,14 @@ from server.config import Config, ConfigError, load_config
 from server.config_providers import upstream_keys
 from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
-from server.keys import KeyAdmin, KeyStore
+from server.db.database import StoreUnavailable
+from server.keys import KeyAdmin, open_key_store
 from server.private_files import make_private
 from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
 from server.usage.report import query_of as usage_query
 from server.usage.report import table as usage_table
-from server.db.settings import StoreSettings
 from server.usage.stores import open_ledger
 
 _logger = logging.getLogger("portico")
@@ -155,7 +156,7 @@ def usage_command(args: argparse.Namespace, config: Config) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"portico: {exc}", file=sys.stderr)
         return 2
-    ledger = open_ledger(StoreSettings(sqlite_path=config.data_dir / "keys.db"))
+    ledger = open_ledger(config.key_database)
     try:
         print("\n".join(usage_table(query, ledger.aggregate(query))))
     finally:
@@ -164,29 +165,41 @@ def usage_command(args: argparse.Namespace, config: Config) -> int:
 
 
 def keys_command(args: argparse.Namespace, config: Config) -> int:
-    store = KeyStore(config.data_dir / "keys.db")
+    """Against the configured store (keys.store): the same keys as every host using that configuration."""
+    return asyncio.run(_keys_in_store(args, config))
+
+
+async def _keys_in_store(args: argparse.Namespace, config: Config) -> int:
+    try:
+        store = await open_key_store(config.key_database)
+    except StoreUnavailable as exc:
+        print(f"portico: the key store {config.key_database.described} cannot be reached: {exc}", file=sys.stderr)
+        return 1
     admin = KeyAdmin(store, [entry.id for entry in config.models],
                      rotation_grace_seconds=config.key_rotation_grace_seconds)
     try:
-        return _keys_command(args, admin)
+        return await _keys_command(args, admin)
     except InvalidRequest as exc:  # a mistake in the command's options, like argparse's own
         print(f"portico: {exc.message}", file=sys.stderr)
         return 2
+    except StoreUnavailable as exc:
+        print(f"portico: the key store {config.key_database.described} cannot be reached: {exc}", file=sys.stderr)
+        return 1
     finally:
-        store.close()
+        await store.close()
 
 
-def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
+async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
     models = [m.strip() for m in (getattr(args, "models", None) or "").split(",") if m.strip()]
     if args.keys_command == "create":
         limits = KeyLimits(**_limits_given(args))
-        key, secret = admin.create(
+        key, secret = await admin.create(
             args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
         )
         print(f"Created key {key.id} ({key.name}). Its secret is shown once:")
         print(secret)
     elif args.keys_command == "list":
-        for key in admin.list():
+        for key in await admin.list():
             grants = "all models" if key.all_models else ",".join(sorted(key.models))
             state = "revoked" if key.revoked_at else "active"
             role = " admin" if key.admin else ""
@@ -194,16 +207,16 @@ def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
     elif args.keys_command == "update":
         grants = (args.all_models, models) if args.all_models or models else None
         limits = {field: value or None for field, value in _limits_given(args).items()}  # 0 removes
-        key = admin.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
+        key = await admin.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
         print(f"Updated key {key.id} ({key.name}): {_describe(key)}")
     elif args.keys_command == "rotate":
-        key, secret, expires = admin.rotate(args.key, grace_seconds=args.grace)
+        key, secret, expires = await admin.rotate(args.key, grace_seconds=args.grace)
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
         print(f"Rotated key {key.id} ({key.name}); the previous secret works until {when}. "
               "The new secret is shown once:")
         print(secret)
     elif args.keys_command == "revoke":
-        key = admin.revoke(args.key)
+        key = await admin.revoke(args.key)
         print(f"Revoked key {key.id} ({key.name}).")
     return 0
 

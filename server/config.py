@@ -12,6 +12,7 @@ import yaml
 from server.config_deployments import parse_cache, parse_deployments, parse_health
 from server.config_providers import ConfigError, known_settings, mapping
 from server.config_tracing import TracingSettings, parse_tracing
+from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
 from server.limits.settings import LimitSettings
 from server.usage.money import parse_price, usd_to_micros
@@ -41,6 +42,10 @@ class Config:
     default_max_tokens: int = 1024
     key_cache_seconds: float = 1.0
     key_rotation_grace_seconds: int = 86_400  # how long a rotated-out secret keeps working, unless asked otherwise
+    key_store: StoreSettings = field(default_factory=StoreSettings)  # keys.store: SQLite (default) or PostgreSQL
+    key_stale_seconds: float = 300.0  # store unreachable: a cached key keeps working this long after its last check
+    key_cache_size: int = 10_000  # keys held by the positive cache
+    key_negative_cache_size: int = 10_000  # unknown secrets remembered, apart, so a flood cannot evict valid keys
     public_base_url: str | None = None  # how callers reach the gateway, for links in answers (image `url`s)
     limits: LimitSettings = field(default_factory=LimitSettings)
     metrics_port: int = 9464  # Prometheus GET /metrics on 127.0.0.1; 0: none
@@ -56,6 +61,13 @@ class Config:
             return self.public_base_url.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def key_database(self) -> StoreSettings:
+        """keys.store with SQLite's file resolved: `<data_dir>/keys.db` (data_dir may come from the command line)."""
+        if self.key_store.is_postgres:
+            return self.key_store
+        return replace(self.key_store, sqlite_path=self.data_dir / "keys.db")
 
     def with_overrides(self, **changes: Any) -> Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -85,7 +97,8 @@ _TOP_LEVEL = ("listen", "envoy_admin_port", "metrics_port", "access_log", "drain
               "default_max_tokens", "keys", "limits", "models", "tracing", "usage")
 _LISTEN = ("host", "port", "public_base_url")
 _EMBEDDED = ("context_size", "threads", "instances", "model_path")
-_KEYS = ("cache_seconds", "rotation_grace_seconds")
+_KEYS = ("cache_seconds", "rotation_grace_seconds", "stale_seconds", "cache_size", "negative_cache_size",
+         *STORE_SETTING_NAMES)
 
 
 def _parse(raw: dict, source: str) -> Config:
@@ -120,6 +133,10 @@ def _parse(raw: dict, source: str) -> Config:
             default_max_tokens=int(raw.get("default_max_tokens", 1024)),
             key_cache_seconds=float(keys.get("cache_seconds", 1.0)),
             key_rotation_grace_seconds=int(keys.get("rotation_grace_seconds", 86_400)),
+            key_store=parse_store(keys, f"{source}: keys"),
+            key_stale_seconds=float(keys.get("stale_seconds", 300.0)),
+            key_cache_size=int(keys.get("cache_size", 10_000)),
+            key_negative_cache_size=int(keys.get("negative_cache_size", 10_000)),
             limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
             metrics_port=int(raw.get("metrics_port", 9464)),
             access_log=str(raw.get("access_log", "stderr")),

@@ -1,8 +1,9 @@
 """Readiness: one verdict, reported by grpc.health.v1 (for every service name) and by GET /readyz (ProbeService).
 
 Ready means: the embedded model, if any model uses it, is loaded (`model`: "loaded"; "none" when upstreams serve
-every model; "not_loaded" once it is closed), the key store answers, and the limit store answers, unless the policy is fail-open, under which an
-unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
+every model; "not_loaded" once it is closed), the key store answers (or has been unreachable for less than
+keys.stale_seconds, while cached keys are still served), and the limit store answers, unless the policy is
+fail-open, under which an unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
 A background task re-checks every second, so readiness follows Redis going away and coming back without traffic.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpc_health.v1 import health, health_pb2
 
+from server.db.database import StoreUnavailable
 from server.keys import KeyStore
 from server.limits import Limiter, LimitSettings
 from server.providers import LocalModel
@@ -52,11 +54,15 @@ class Readiness:
         settings: LimitSettings,
         providers: Iterable[object] = (),
         deployments: Callable[[], Sequence[tuple[str, str, str]]] = tuple,
+        *,
+        key_stale_seconds: float = 0.0,
     ) -> None:
         """`deployments`: (model, deployment, state) of the watched deployments now (server/providers/health.py)."""
         self._health = health_servicer
         self._names = ("", *service_names)  # "": the whole server
         self._keys = keys
+        self._key_stale_seconds = key_stale_seconds
+        self._keys_down_since: float | None = None
         self._limiter = limiter
         self._settings = settings
         self._local_models = [p for p in providers if isinstance(p, LocalModel)]
@@ -71,9 +77,9 @@ class Readiness:
         self._watch = asyncio.create_task(self._watch_forever())
 
     async def refresh(self) -> ReadinessReport:
-        checks = {"model": self._model_state(), "keys": self._keys_state(), "limits": await self._limits_state()}
+        checks = {"model": self._model_state(), "keys": await self._keys_state(), "limits": await self._limits_state()}
         limits_ok = checks["limits"] == "ok" or self._settings.on_store_error == "open"
-        ready = checks["model"] != "not_loaded" and checks["keys"] == "ok" and limits_ok
+        ready = checks["model"] != "not_loaded" and self._keys_ok(checks["keys"]) and limits_ok
         if self._draining:  # drain() has said NOT_SERVING for good
             return self.report
         deployments = {f"{model}/{name}": state for model, name, state in self._deployments()}
@@ -115,12 +121,24 @@ class Readiness:
             return "none"  # upstreams serve every model; their health shows in their answers, not here
         return "loaded" if all(model.loaded for model in self._local_models) else "not_loaded"
 
-    def _keys_state(self) -> str:
+    async def _keys_state(self) -> str:
         try:
-            self._keys.count()
-        except sqlite3.Error:
+            await self._keys.ping()
+        except StoreUnavailable:
+            if self._keys_down_since is None:
+                self._keys_down_since = time.monotonic()
             return "unreachable"
+        self._keys_down_since = None
         return "ok"
+
+    def _keys_ok(self, state: str) -> bool:
+        """An unreachable key store leaves the host ready while its cached keys may still be served (for
+        keys.stale_seconds): every host shares that store, so taking them all out of the load balancer would refuse
+        even the keys they can still answer. Beyond that, not ready."""
+        if state == "ok":
+            return True
+        assert self._keys_down_since is not None
+        return time.monotonic() - self._keys_down_since < self._key_stale_seconds
 
     async def _limits_state(self) -> str:
         store = self._limiter.store

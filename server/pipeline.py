@@ -80,8 +80,11 @@ class Pipeline:
     def catalog(self) -> Catalog:
         return self._catalog
 
-    def begin(self, context: CallContext, model_id: str, endpoint: str, *, allow_x_api_key: bool = False) -> Call:
-        key = self._authenticator.authenticate(context.invocation_metadata() or (), allow_x_api_key=allow_x_api_key)
+    async def begin(
+        self, context: CallContext, model_id: str, endpoint: str, *, allow_x_api_key: bool = False
+    ) -> Call:
+        metadata = context.invocation_metadata() or ()
+        key = await self._authenticator.authenticate(metadata, allow_x_api_key=allow_x_api_key)
         if not model_id:
             raise InvalidRequest("You must provide a model parameter.", param="model")
         model = self._catalog.resolve(key, model_id, endpoint)

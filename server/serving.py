@@ -30,7 +30,8 @@ from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import EnvoyError, EnvoyProcess, load_template, render_config, repo_root
 from server.app import start_server
 from server.config import Config
-from server.keys import KeyStore
+from server.db.database import StoreUnavailable
+from server.keys import open_key_store
 from server.limits.redis import redacted
 from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
@@ -60,7 +61,7 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
     try:
         if development_key:
-            _print_development_key(config)
+            await _print_development_key(config)
         return await _serve(config, run_dir, workers, worker_command)
     finally:
         with contextlib.suppress(OSError):
@@ -208,13 +209,15 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
-def _print_development_key(config: Config) -> None:
+async def _print_development_key(config: Config) -> None:
     """On the first start with an empty store, create one development key and show its secret this once."""
-    store = KeyStore(config.data_dir / "keys.db")
+    store = await open_key_store(config.key_database)
     try:
-        if store.count() > 0:
+        if await store.count() > 0:
             return
-        key, secret = store.create("development", all_models=True, env="dev")
+        key, secret = await store.create("development", all_models=True, env="dev")
         print(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n", flush=True)
+    except StoreUnavailable as exc:
+        _logger.error("no development key: the key store cannot be reached (%s)", exc)
     finally:
-        store.close()
+        await store.close()

@@ -30,7 +30,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
-    sqlite_path: Path | None = None  # set for SQLite
+    sqlite_path: Path | None = None  # SQLite: the file
     url: str = ""  # set for PostgreSQL: postgresql://user@host:port/db, no password
     password_env: str = ""  # PostgreSQL: the environment variable holding the password ("" = none needed)
     timeout_seconds: float = 2.0  # PostgreSQL: connect timeout, and the longest a query may take
@@ -56,8 +56,9 @@ class StoreSettings:
         return value
 
 
-def parse_store(keys: dict[str, Any], data_dir: Path, where: str) -> StoreSettings:
-    """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller)."""
+def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
+    """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller). SQLite's
+    file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
     store = str(keys.get("store", SQLITE))
     password_env = keys.get("password_env") or ""
     if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
@@ -72,7 +73,7 @@ def parse_store(keys: dict[str, Any], data_dir: Path, where: str) -> StoreSettin
     if store == SQLITE:
         if password_env:
             raise ConfigError(f"{where}.password_env: only for a postgresql:// store")
-        return StoreSettings(sqlite_path=data_dir / "keys.db", timeout_seconds=timeout, pool_size=pool_size)
+        return StoreSettings(timeout_seconds=timeout, pool_size=pool_size)
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
                           f"{_without_password(store)!r}")

@@ -20,36 +20,36 @@ class KeyAdmin:
         self._model_ids = frozenset(model_ids)
         self._rotation_grace_seconds = rotation_grace_seconds
 
-    def create(
+    async def create(
         self, name: str, *, all_models: bool, models: Iterable[str] = (), limits: KeyLimits = KeyLimits(),
         env: str = "", admin: bool = False,
     ) -> tuple[ApiKey, str]:
         """A new key and its secret, which is not kept anywhere."""
         models = self._known(models)
-        return self._store.create(name, all_models=all_models, models=models, limits=limits, env=env, admin=admin)
+        return await self._store.create(name, all_models=all_models, models=models, limits=limits, env=env, admin=admin)
 
-    def update(
+    async def update(
         self, key_id: str, *, name: str | None = None, grants: tuple[bool, Iterable[str]] | None = None,
         limits: Mapping[str, int | None] | None = None, env: str | None = None,
     ) -> ApiKey:
         """Change only what is given; `grants` is (all_models, models), a limit of None removes the key's own."""
         if grants is not None:
             grants = (grants[0], self._known(grants[1]))
-        return self._store.update(key_id, name=name, grants=grants, limits=limits, env=env)
+        return await self._store.update(key_id, name=name, grants=grants, limits=limits, env=env)
 
-    def rotate(self, key_id: str, *, grace_seconds: int | None = None) -> tuple[ApiKey, str, int]:
+    async def rotate(self, key_id: str, *, grace_seconds: int | None = None) -> tuple[ApiKey, str, int]:
         """The key, its new secret and when the previous secret stops working."""
         grace = self._rotation_grace_seconds if grace_seconds is None else grace_seconds
-        return self._store.rotate(key_id, grace_seconds=grace)
+        return await self._store.rotate(key_id, grace_seconds=grace)
 
-    def revoke(self, id_or_secret: str) -> ApiKey:
-        return self._store.revoke(id_or_secret)
+    async def revoke(self, id_or_secret: str) -> ApiKey:
+        return await self._store.revoke(id_or_secret)
 
-    def get(self, key_id: str) -> ApiKey:
-        return self._store.get(key_id)
+    async def get(self, key_id: str) -> ApiKey:
+        return await self._store.get(key_id)
 
-    def list(self) -> list[ApiKey]:
-        return self._store.list()
+    async def list(self) -> list[ApiKey]:
+        return await self._store.list()
 
     def _known(self, models: Iterable[str]) -> list[str]:
         models = list(models)

@@ -1,18 +1,34 @@
-"""Turns request metadata into an ApiKey, caching lookups (hits and misses) for a bounded time."""
+"""Turns request metadata into an ApiKey, caching lookups so that most requests never reach the key store.
+
+Two caches, apart, keyed by the secret's hash (secrets are not held longer than the request itself):
+- positive (LRU, `cache_size`): a key found is used without asking the store for `cache_seconds`. That is also the
+  longest a revocation, rotation or grant change made on another host takes to reach this one.
+- negative (`negative_cache_size`, `cache_seconds`): a secret no key has. A flood of random secrets fills only this
+  one, so it cannot push valid keys out.
+When the store does not answer, a cached key keeps working until `stale_seconds` after it was last confirmed;
+any other secret is answered 503 service_unavailable with retry-after, never a hang or a 500. Concurrent lookups of
+one secret share one query.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Callable, Sequence
 
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 
+from server.db.database import RETRY_AFTER_SECONDS, StoreUnavailable
 from server.domain import ApiKey
-from server.errors import AuthenticationFailed, PermissionDenied
+from server.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
 from server.keys.store import KeyStore, hash_secret
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
 MISSING_KEY_MESSAGE = "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`."
+
+_logger = logging.getLogger(__name__)
 
 
 class Authenticator:
@@ -21,34 +37,79 @@ class Authenticator:
         store: KeyStore,
         *,
         cache_seconds: float,
+        stale_seconds: float = 300.0,
         cache_size: int = 10_000,
+        negative_cache_size: int = 10_000,
         on_authenticated: Callable[[ApiKey], None] = lambda key: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._on_authenticated = on_authenticated  # telemetry notes the key id (never the secret) on the request
-        # Keyed by a hash so secrets are not held in plain text longer than the request itself.
-        self._cache: TTLCache[str, ApiKey | None] = TTLCache(maxsize=cache_size, ttl=cache_seconds)
+        self._cache_seconds = cache_seconds
+        self._stale_seconds = max(stale_seconds, cache_seconds)
+        self._clock = clock
+        self._keys: LRUCache[str, tuple[ApiKey, float]] = LRUCache(maxsize=cache_size)  # -> (key, confirmed at)
+        self._unknown: TTLCache[str, bool] = TTLCache(maxsize=negative_cache_size, ttl=cache_seconds, timer=clock)
+        self._lookups: dict[str, asyncio.Future[ApiKey | None]] = {}
+        self._store_down_logged = False
 
-    def authenticate(self, metadata: Metadata, *, allow_x_api_key: bool = False) -> ApiKey:
+    async def authenticate(self, metadata: Metadata, *, allow_x_api_key: bool = False) -> ApiKey:
         secret = _secret_from(metadata, allow_x_api_key)
         if not secret:
             raise AuthenticationFailed(MISSING_KEY_MESSAGE)
-        digest = hash_secret(secret)
-        try:
-            key = self._cache[digest]
-        except KeyError:
-            key = self._store.find_active(digest)
-            self._cache[digest] = key
+        key = await self._key_for(hash_secret(secret))
         if key is None:
             raise AuthenticationFailed("Incorrect API key provided.")
         self._on_authenticated(key)
         return key
 
-    def authenticate_admin(self, metadata: Metadata) -> ApiKey:
-        key = self.authenticate(metadata)
+    async def authenticate_admin(self, metadata: Metadata) -> ApiKey:
+        key = await self.authenticate(metadata)
         if not key.admin:
             raise PermissionDenied(f"Key {key.id} is not an admin key; KeyService needs one.")
         return key
+
+    async def _key_for(self, digest: str) -> ApiKey | None:
+        if digest in self._unknown:
+            return None
+        cached = self._keys.get(digest)
+        now = self._clock()
+        if cached is not None and now - cached[1] < self._cache_seconds:
+            return cached[0]
+        try:
+            key = await self._shared_lookup(digest)
+        except StoreUnavailable as exc:
+            self._log_store_down(exc)
+            if cached is not None and now - cached[1] < self._stale_seconds:
+                return cached[0]  # stale, within the configured bound: availability over freshness
+            raise ServiceUnavailable(
+                "The key store is unreachable, so this API key cannot be checked now. Retry shortly.",
+                retry_after=RETRY_AFTER_SECONDS,
+            ) from None
+        if self._store_down_logged:
+            self._store_down_logged = False
+            _logger.info("the key store answers again")
+        if key is None:
+            self._keys.pop(digest, None)
+            self._unknown[digest] = True
+        else:
+            self._keys[digest] = (key, self._clock())
+        return key
+
+    async def _shared_lookup(self, digest: str) -> ApiKey | None:
+        """One store query per secret at a time: the requests that arrive meanwhile wait for its answer."""
+        lookup = self._lookups.get(digest)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._store.find_active(digest))
+            self._lookups[digest] = lookup
+            lookup.add_done_callback(lambda _: self._lookups.pop(digest, None))
+        return await asyncio.shield(lookup)  # a caller that goes away does not cancel the others' lookup
+
+    def _log_store_down(self, exc: Exception) -> None:
+        if not self._store_down_logged:
+            self._store_down_logged = True
+            _logger.error("the key store is unreachable (%s): cached keys are served for up to %gs after their "
+                          "last check, other keys get 503", exc, self._stale_seconds)
 
 
 def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:

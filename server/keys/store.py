@@ -1,16 +1,19 @@
-"""SQLite key store. Secrets are stored only as SHA-256 hashes: they are 256-bit random, so a fast hash is safe."""
+"""The key store: keys in SQLite (`<data_dir>/keys.db`, the default) or PostgreSQL (`keys.store: postgresql://...`,
+shared by several hosts), through one async Database (server/db/database.py), so no call blocks the event loop.
+
+Secrets are stored only as SHA-256 hashes: they are 256-bit random, so a fast hash is safe."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from server.db.migrations import migrate_sqlite
-from server.db.sqlite import connect_sqlite
+from server.db.database import Database, open_database
+from server.db.settings import StoreSettings
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
 from server.keys.schema import MIGRATIONS
@@ -26,18 +29,28 @@ def looks_like_secret(text: str) -> bool:
     return text.startswith(SECRET_PREFIX)
 
 
+async def open_key_store(settings: StoreSettings) -> KeyStore:
+    """The configured store, its schema brought up to date (server/keys/schema.py)."""
+    return KeyStore(await open_database(settings, MIGRATIONS))
+
+
+async def open_sqlite_key_store(path: Path) -> KeyStore:
+    return await open_key_store(StoreSettings(sqlite_path=path))
+
+
 class KeyStore:
-    """Keys in `<data_dir>/keys.db`. Safe to open from the server and the CLI at once (WAL mode)."""
+    """Every method may raise StoreUnavailable when the database does not answer."""
 
-    def __init__(self, path: Path) -> None:
-        self._db = connect_sqlite(path)
-        self._db.row_factory = sqlite3.Row
-        migrate_sqlite(self._db, MIGRATIONS)
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
-    def close(self) -> None:
-        self._db.close()
+    async def close(self) -> None:
+        await self._db.close()
 
-    def create(
+    async def ping(self) -> None:
+        await self._db.ping()
+
+    async def create(
         self,
         name: str,
         *,
@@ -68,41 +81,42 @@ class KeyStore:
             admin=admin,
             created=int(time.time()),
         )
-        self._db.execute(
+        await self._db.execute(
             f"INSERT INTO api_keys (id, name, secret_hash, all_models, models, env, admin, created, "
             f"{', '.join(KEY_LIMIT_NAMES)}) VALUES ({', '.join('?' * (8 + len(KEY_LIMIT_NAMES)))})",
-            (key.id, name, hash_secret(secret), int(all_models), ",".join(models), env, int(admin), key.created,
+            (key.id, name, hash_secret(secret), all_models, ",".join(models), env, admin, key.created,
              *(getattr(limits, c) for c in KEY_LIMIT_NAMES)),
         )
         return key, secret
 
-    def list(self) -> list[ApiKey]:
-        return [_row_to_key(row) for row in self._db.execute("SELECT * FROM api_keys ORDER BY created, id")]
+    async def list(self) -> list[ApiKey]:
+        return [_row_to_key(row) for row in await self._db.fetch_all("SELECT * FROM api_keys ORDER BY created, id")]
 
-    def count(self) -> int:
-        return self._db.execute("SELECT count(*) FROM api_keys").fetchone()[0]
+    async def count(self) -> int:
+        row = await self._db.fetch_one("SELECT count(*) AS n FROM api_keys")
+        return int(row["n"])
 
-    def get(self, key_id: str) -> ApiKey:
-        row = self._db.execute("SELECT * FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    async def get(self, key_id: str) -> ApiKey:
+        row = await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,))
         if row is None:
             raise NotFound(f"No key with id {key_id[:40]!r}.", param="id")
         return _row_to_key(row)
 
-    def find_active(self, secret_hash: str) -> ApiKey | None:
+    async def find_active(self, secret_hash: str) -> ApiKey | None:
         """The unrevoked key whose secret, or whose rotated-out secret still in its grace period, hashes to
         `secret_hash`."""
-        row = self._db.execute(
+        row = await self._db.fetch_one(
             "SELECT * FROM api_keys WHERE secret_hash = ? AND revoked_at = 0", (secret_hash,)
-        ).fetchone()
+        )
         if row is None:
-            row = self._db.execute(
+            row = await self._db.fetch_one(
                 "SELECT api_keys.* FROM retired_secrets JOIN api_keys ON api_keys.id = retired_secrets.key_id "
                 "WHERE retired_secrets.secret_hash = ? AND retired_secrets.expires_at > ? AND revoked_at = 0",
                 (secret_hash, int(time.time())),
-            ).fetchone()
+            )
         return None if row is None else _row_to_key(row)
 
-    def update(
+    async def update(
         self,
         key_id: str,
         *,
@@ -113,7 +127,7 @@ class KeyStore:
     ) -> ApiKey:
         """Change what is given: `grants` is (all_models, models); `limits` maps limit names to a new value, or to
         None to remove the key's own value (the configured default applies again)."""
-        key = self.get(key_id)
+        key = await self.get(key_id)
         changes: dict[str, object] = {}
         if name is not None:
             if not name:
@@ -123,7 +137,7 @@ class KeyStore:
             all_models, models = grants[0], sorted(set(grants[1]))
             if not all_models and not models:
                 raise InvalidRequest("Grant the key some models, or all of them.", param="models")
-            changes["all_models"], changes["models"] = int(all_models), ",".join([] if all_models else models)
+            changes["all_models"], changes["models"] = all_models, ",".join([] if all_models else models)
         for column, value in (limits or {}).items():
             if column not in KEY_LIMIT_NAMES:
                 raise InvalidRequest(f"Unknown limit {column!r}.", param="limits")
@@ -134,44 +148,42 @@ class KeyStore:
             changes["env"] = env
         if changes:
             assignments = ", ".join(f"{column} = ?" for column in changes)
-            self._db.execute(f"UPDATE api_keys SET {assignments} WHERE id = ?", (*changes.values(), key.id))
-        return self.get(key.id)
+            await self._db.execute(f"UPDATE api_keys SET {assignments} WHERE id = ?", (*changes.values(), key.id))
+        return await self.get(key.id)
 
-    def rotate(self, key_id: str, *, grace_seconds: int) -> tuple[ApiKey, str, int]:
+    async def rotate(self, key_id: str, *, grace_seconds: int) -> tuple[ApiKey, str, int]:
         """Give the key a new secret; the current one stays valid for `grace_seconds`. Returns the key, the new
         secret (not kept anywhere) and when the previous secret stops working."""
-        key = self.get(key_id)
+        key = await self.get(key_id)
         if key.revoked_at:
             raise InvalidRequest(f"Key {key.id} is revoked; a revoked key cannot be rotated.", param="id")
         now = int(time.time())
         secret, expires = _new_secret(key.env), now + max(0, grace_seconds)
-        with self._db:  # one transaction: the old secret is retired exactly when the new one takes over
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM retired_secrets WHERE expires_at <= ?", (now,))
-            self._db.execute(
-                "INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
-                "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id),
-            )
-            self._db.execute("UPDATE api_keys SET secret_hash = ? WHERE id = ?", (hash_secret(secret), key.id))
-        return self.get(key.id), secret, expires
+        await self._db.transaction([  # the old secret is retired exactly when the new one takes over
+            ("DELETE FROM retired_secrets WHERE expires_at <= ?", (now,)),
+            ("INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
+             "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id)),
+            ("UPDATE api_keys SET secret_hash = ? WHERE id = ?", (hash_secret(secret), key.id)),
+        ])
+        return await self.get(key.id), secret, expires
 
-    def revoke(self, id_or_secret: str) -> ApiKey:
+    async def revoke(self, id_or_secret: str) -> ApiKey:
         """Revoke by key id or by the secret itself; revoking twice keeps the first time."""
         if looks_like_secret(id_or_secret):
-            row = self._db.execute(
+            row = await self._db.fetch_one(
                 "SELECT id FROM api_keys WHERE secret_hash = ? "
                 "UNION SELECT key_id FROM retired_secrets WHERE secret_hash = ?",
                 (hash_secret(id_or_secret),) * 2,
-            ).fetchone()
+            )
             if row is None:
                 raise NotFound("No key has that secret.", param="id")
             key_id = row["id"]
         else:
             key_id = id_or_secret
-        self._db.execute(
+        await self._db.execute(
             "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0", (int(time.time()), key_id)
         )
-        return self.get(key_id)
+        return await self.get(key_id)
 
 
 def _new_secret(env: str) -> str:
@@ -179,7 +191,7 @@ def _new_secret(env: str) -> str:
     return f"{SECRET_PREFIX}{env_part}{secrets.token_urlsafe(32)}"
 
 
-def _row_to_key(row: sqlite3.Row) -> ApiKey:
+def _row_to_key(row: Mapping[str, Any]) -> ApiKey:
     return ApiKey(
         id=row["id"],
         name=row["name"],

@@ -67,18 +67,18 @@ class DialectServicer:
     # The three kinds of RPC, for every dialect: an adapter binds its RPC names to these.
 
     async def unary(self, request: Message, context) -> Message:
-        call, plan, header = self._prepare(proto_to_json(request), context)
+        call, plan, header = await self._prepare(proto_to_json(request), context)
         completion = await self._pipeline.complete(call, plan.generation)
         return json_format.ParseDict(self.answer(header, completion), self.response_type(), ignore_unknown_fields=True)
 
     async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
-        call, plan, header = self._prepare(proto_to_json(request), context, always_stream=True)
+        call, plan, header = await self._prepare(proto_to_json(request), context, always_stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for payload in self.stream_objects(header, events, plan):
                 yield json_format.ParseDict(payload, self.event_type(), ignore_unknown_fields=True)
 
     async def http_body(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        call, plan, header = self._prepare(parse_body(request.data), context)
+        call, plan, header = await self._prepare(parse_body(request.data), context)
         if not plan.stream:
             completion = await self._pipeline.complete(call, plan.generation)
             yield httpbody_pb2.HttpBody(content_type="application/json", data=json_body(self.answer(header, completion)))
@@ -88,9 +88,11 @@ class DialectServicer:
             async for data in coalesced(guard_stream(frames, self.error_frame)):
                 yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
 
-    def _prepare(self, body: dict, context, *, always_stream: bool = False) -> tuple[Call, Plan, ResponseHeader]:
+    async def _prepare(
+        self, body: dict, context, *, always_stream: bool = False
+    ) -> tuple[Call, Plan, ResponseHeader]:
         model = model_of(body)
-        call = self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
+        call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
         plan = self.plan(body, call, always_stream=always_stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)
         return call, plan, header

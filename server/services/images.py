@@ -24,7 +24,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         self._store = store
 
     async def _generate(self, body: dict, context: grpc.aio.ServicerContext) -> dict:
-        call = self._pipeline.begin(context, model_of(body), Endpoint.IMAGES)
+        call = await self._pipeline.begin(context, model_of(body), Endpoint.IMAGES)
         plan = image_request(body)
         images = await self._pipeline.generate_images(call, plan.generation)
         urls = await self._store.put(images) if plan.response_format == "url" else None

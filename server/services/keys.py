@@ -15,35 +15,35 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         self._authenticator = authenticator
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
         limits = KeyLimits(**{f: _limit(request.limits, f) if request.limits.HasField(f) else None
                               for f in KEY_LIMIT_NAMES})
-        key, secret = self._admin.create(
+        key, secret = await self._admin.create(
             request.name, all_models=request.all_models, models=request.models, limits=limits,
             env=request.env, admin=request.admin,
         )
         return key_pb2.CreateKeyResponse(key=key_to_pb(key), secret=secret)
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in self._admin.list()])
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in await self._admin.list()])
 
     async def GetKey(self, request, context) -> key_pb2.GetKeyResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.GetKeyResponse(key=key_to_pb(self._admin.get(request.id)))
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return key_pb2.GetKeyResponse(key=key_to_pb(await self._admin.get(request.id)))
 
     async def RevokeKey(self, request, context) -> key_pb2.RevokeKeyResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.RevokeKeyResponse(key=key_to_pb(self._admin.revoke(request.id)))
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return key_pb2.RevokeKeyResponse(key=key_to_pb(await self._admin.revoke(request.id)))
 
     async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
         grants = None
         if request.HasField("all_models") or request.models:
             grants = (request.all_models, request.models)
         # A limit that is set replaces the key's own; 0 removes it.
         limits = {f: _limit(request.limits, f) or None for f in KEY_LIMIT_NAMES if request.limits.HasField(f)}
-        key = self._admin.update(
+        key = await self._admin.update(
             request.id,
             name=request.name if request.HasField("name") else None,
             grants=grants,
@@ -53,9 +53,9 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         return key_pb2.UpdateKeyResponse(key=key_to_pb(key))
 
     async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
         grace = request.grace_seconds if request.HasField("grace_seconds") else None
-        key, secret, expires = self._admin.rotate(request.id, grace_seconds=grace)
+        key, secret, expires = await self._admin.rotate(request.id, grace_seconds=grace)
         return key_pb2.RotateKeyResponse(key=key_to_pb(key), secret=secret, previous_secret_expires=expires)
 
 

@@ -17,8 +17,8 @@ class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
         self._limiter = limiter
 
     async def GetKeyLimitStatus(self, request, context) -> limit_pb2.GetKeyLimitStatusResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
-        key = self._store.get(request.id)
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        key = await self._store.get(request.id)
         try:
             readings = await self._limiter.standing(key)
         except LimitStoreUnavailable as exc:

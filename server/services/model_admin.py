@@ -25,7 +25,7 @@ class ModelAdminServicer(model_admin_service_pb2_grpc.ModelAdminServiceServicer)
         self._states = states
 
     async def ListCatalogModels(self, request, context) -> catalog_pb2.ListCatalogModelsResponse:
-        self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
         states = {(model, name): state for model, name, state in self._states()}
         return catalog_pb2.ListCatalogModelsResponse(
             models=[_model_to_pb(entry, self._limits.get(entry.id), states) for entry in self._entries])

@@ -13,12 +13,12 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         self._pipeline = pipeline
 
     async def ListModels(self, request, context) -> model_pb2.ListModelsResponse:
-        key = self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
+        key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
         models = [_model_pb(entry) for entry in self._pipeline.catalog.visible_to(key)]
         return model_pb2.ListModelsResponse(object="list", data=models)
 
     async def GetModel(self, request, context) -> model_pb2.Model:
-        key = self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
+        key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
         return _model_pb(self._pipeline.catalog.find(key, request.model))
 
 

@@ -67,7 +67,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         return requests_page(await asyncio.to_thread(self._ledger.recent, query), limit)
 
     async def _completions(self, request: pb.GetCompletionsUsageRequest, context) -> dict:
-        key = self._authenticator.authenticate(context.invocation_metadata() or ())
+        key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         page = plan_page(_optional(request, "start_time"), _optional(request, "end_time"), request.bucket_width,
                          _optional(request, "limit"), request.page, limits=COMPLETIONS_LIMITS, now=self._clock())
         columns, names = groups_of(request.group_by, COMPLETIONS_GROUPS)
@@ -80,7 +80,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         return completions_page(page, totals, names)
 
     async def _costs(self, request: pb.GetCostsRequest, context) -> dict:
-        key = self._authenticator.authenticate(context.invocation_metadata() or ())
+        key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         page = plan_page(_optional(request, "start_time"), _optional(request, "end_time"), request.bucket_width,
                          _optional(request, "limit"), request.page, limits=COSTS_LIMITS, now=self._clock())
         columns, names = groups_of(request.group_by, COSTS_GROUPS)

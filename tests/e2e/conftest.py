@@ -52,12 +52,14 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None) -> Iterator[Gateway]:
-    """`portico serve` on free ports until the block ends; its stderr goes to data_dir/../gateway*.log."""
+def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None,
+                    dev_key: bool = True) -> Iterator[Gateway]:
+    """`portico serve` on free ports until the block ends; its stderr goes to data_dir/../gateway*.log.
+    `dev_key`: it must print a development key (False: a shared key store that has keys already)."""
     log_path = data_dir.parent / f"{data_dir.name}.log"
     port, admin_port, metrics_port = free_ports(3)
     global_args = ["--config", str(config)] if config else []
-    if config:  # may configure upstreams, where a development key is only made when asked for
+    if config and dev_key:  # may configure upstreams, where a development key is only made when asked for
         serve_args = ("--dev-key", *serve_args)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -81,7 +83,7 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
                 secret = match.group(1)
             if "Portico is listening" in line:
                 break
-        assert secret, "the first start must print a development key"
+        assert secret or not dev_key, "the first start must print a development key"
         yield Gateway(port, admin_port, secret, data_dir, log_path, metrics_port, process)
     finally:
         process.send_signal(signal.SIGTERM)

@@ -23,21 +23,21 @@ async def running(tmp_path_factory) -> RunningServer:
 
 
 @pytest.fixture
-def key(running: RunningServer, double) -> tuple[str, str]:
+async def key(running: RunningServer, double) -> tuple[str, str]:
     """(key id, secret) of a fresh key for the module's upstream double, whose requests and cues start empty."""
     double.reset()
-    key, secret = running.store.create("upstream-tests", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+    key, secret = await running.store.create("upstream-tests", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
     return key.id, secret
 
 
 @pytest.fixture(scope="session")
-def secret(running: RunningServer) -> str:
-    return running.store.create("service-tests", all_models=True)[1]
+async def secret(running: RunningServer) -> str:
+    return (await running.store.create("service-tests", all_models=True))[1]
 
 
 @pytest.fixture(scope="session")
-def admin_secret(running: RunningServer) -> str:
-    return running.store.create("service-admin", all_models=True, admin=True)[1]
+async def admin_secret(running: RunningServer) -> str:
+    return (await running.store.create("service-admin", all_models=True, admin=True))[1]
 
 
 @pytest.fixture(scope="module")

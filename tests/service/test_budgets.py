@@ -46,7 +46,7 @@ async def hosts(double, redis_server, tmp_path_factory):
 async def test_a_budget_of_a_cent_admits_exactly_what_its_prices_allow_across_two_hosts(hosts, double):
     double.reset()
     servers, stubs = hosts
-    key, secret = servers[0].store.create("budgeted", all_models=True, limits=KeyLimits(max_spend_day=10_000))
+    key, secret = await servers[0].store.create("budgeted", all_models=True, limits=KeyLimits(max_spend_day=10_000))
     # max_tokens 3: each request may cost 3,000 micro-dollars and really does, so $0.01 pays for exactly 3.
     calls = [stubs[i % 2].CreateChatCompletion(chat_request(model="priced", messages=HELLO, max_tokens=3),
                                                 metadata=bearer(secret)) for i in range(8)]
@@ -82,14 +82,14 @@ async def test_a_budget_of_a_cent_admits_exactly_what_its_prices_allow_across_tw
 
 async def test_budgets_through_the_admin_api_are_in_dollars(hosts):
     servers, _ = hosts
-    _, admin = servers[0].store.create("budget-admin", all_models=True, admin=True)
+    _, admin = await servers[0].store.create("budget-admin", all_models=True, admin=True)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{servers[0].port}") as channel:
         keys = key_service_pb2_grpc.KeyServiceStub(channel)
         created = await keys.CreateKey(key_pb2.CreateKeyRequest(
             name="b", all_models=True, limits=key_pb2.KeyLimits(max_spend_day=5, max_spend_month=100.25)),
             metadata=bearer(admin))
         assert (created.key.limits.max_spend_day, created.key.limits.max_spend_month) == (5.0, 100.25)
-        stored = servers[0].store.get(created.key.id).limits
+        stored = (await servers[0].store.get(created.key.id)).limits
         assert (stored.max_spend_day, stored.max_spend_month) == (5_000_000, 100_250_000)
         updated = await keys.UpdateKey(key_pb2.UpdateKeyRequest(
             id=created.key.id, limits=key_pb2.KeyLimits(max_spend_day=0)), metadata=bearer(admin))

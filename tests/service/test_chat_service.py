@@ -126,7 +126,7 @@ async def test_family_b_model_on_chat_names_the_messages_path(chat, secret):
 
 
 async def test_ungranted_model_looks_exactly_like_a_missing_one(chat, running):
-    secret = running.store.create("only-5.4", all_models=False, models=["family-a-5.4"])[1]
+    secret = (await running.store.create("only-5.4", all_models=False, models=["family-a-5.4"]))[1]
     errors = []
     for model in ("family-a-5.5", "no-such-model"):
         with pytest.raises(grpc.aio.AioRpcError) as caught:

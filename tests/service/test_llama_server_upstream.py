@@ -34,8 +34,8 @@ async def running(llama_server, tmp_path_factory):
 
 
 @pytest.fixture
-def key(running):
-    key, secret = running.store.create("llama-upstream", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
+async def key(running):
+    key, secret = await running.store.create("llama-upstream", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))
     return key.id, secret
 
 

@@ -35,7 +35,7 @@ async def test_list_models_shows_every_model_with_its_endpoint(channel, secret):
 
 
 async def test_list_models_shows_only_granted_models(channel, running):
-    secret = running.store.create("b-only", all_models=False, models=["family-b-sonnet-4-6"])[1]
+    secret = (await running.store.create("b-only", all_models=False, models=["family-b-sonnet-4-6"]))[1]
     stub = model_service_pb2_grpc.ModelServiceStub(channel)
     models = await stub.ListModels(model_pb2.ListModelsRequest(), metadata=bearer(secret))
     assert [m.id for m in models.data] == ["family-b-sonnet-4-6"]

@@ -37,7 +37,7 @@ def access_lines(running, *, skip: int = 0) -> list[dict]:
 
 
 async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(chat, running, caplog):
-    key, secret = running.store.create("observed", all_models=True, env="billing")
+    key, secret = await running.store.create("observed", all_models=True, env="billing")
     requests = dict(endpoint=CHAT, model="family-a-5.5", status="200", code="")
     before = sample(running, "portico_requests_total", **requests)
     metadata = (*bearer(secret), ("x-request-id", "req-123"))
@@ -62,7 +62,7 @@ async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(cha
 
 
 async def test_label_values_never_come_from_the_caller(chat, running, caplog):
-    _, secret = running.store.create("labels", all_models=True)
+    _, secret = await running.store.create("labels", all_models=True)
     lines_before = len(access_lines(running))
     before = sample(running, "portico_requests_total", endpoint=CHAT, model="", status="404", code="model_not_found")
     with pytest.raises(grpc.aio.AioRpcError):
@@ -80,7 +80,7 @@ async def test_label_values_never_come_from_the_caller(chat, running, caplog):
 
 
 async def test_rate_limit_refusals_are_counted_by_limit(chat, running):
-    _, secret = running.store.create("limited", all_models=True, limits=KeyLimits(daily_requests=1))
+    _, secret = await running.store.create("limited", all_models=True, limits=KeyLimits(daily_requests=1))
     before = sample(running, "portico_rate_limit_rejections_total", limit="daily_requests", scope="key")
     await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
     with pytest.raises(grpc.aio.AioRpcError):
@@ -89,7 +89,7 @@ async def test_rate_limit_refusals_are_counted_by_limit(chat, running):
 
 
 async def test_a_stream_the_caller_abandons_is_a_499_with_what_it_used(chat, running):
-    key, secret = running.store.create("abandons", all_models=True)
+    key, secret = await running.store.create("abandons", all_models=True)
     request = chat_request(max_tokens=500, messages=[{"role": "user", "content": "Write a very long story."}])
     call = chat.StreamChatCompletion(request, metadata=bearer(secret))
     for _ in range(4):

@@ -19,8 +19,8 @@ LONG = "Write a very long story."  # an answer that does not end by itself withi
 HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
 
 
-def new_key(running, **limits) -> tuple[str, str]:
-    key, secret = running.store.create("limited", all_models=True, limits=KeyLimits(**limits))
+async def new_key(running, **limits) -> tuple[str, str]:
+    key, secret = await running.store.create("limited", all_models=True, limits=KeyLimits(**limits))
     return key.id, secret
 
 
@@ -30,7 +30,7 @@ def status_details(error: grpc.aio.AioRpcError) -> list:
 
 
 async def test_over_the_limit_is_resource_exhausted_with_retry_info_and_quota_failure(chat, running):
-    key_id, secret = new_key(running, requests_per_minute=2)
+    key_id, secret = await new_key(running, requests_per_minute=2)
     for _ in range(2):
         await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -53,7 +53,7 @@ async def test_over_the_limit_is_resource_exhausted_with_retry_info_and_quota_fa
 
 
 async def test_headers_on_every_kind_of_success(chat, channel, running):
-    _, secret = new_key(running, requests_per_minute=100, tokens_per_minute=100_000)
+    _, secret = await new_key(running, requests_per_minute=100, tokens_per_minute=100_000)
     messages = message_service_pb2_grpc.MessageServiceStub(channel)
     calls = [
         chat.CreateChatCompletion(chat_request(max_tokens=2), metadata=bearer(secret)),
@@ -77,7 +77,7 @@ async def test_headers_on_every_kind_of_success(chat, channel, running):
 
 
 async def test_images_are_admitted_as_requests(channel, running):
-    _, secret = new_key(running, requests_per_minute=1, tokens_per_minute=10)
+    _, secret = await new_key(running, requests_per_minute=1, tokens_per_minute=10)
     images = image_service_pb2_grpc.ImageServiceStub(channel)
     request = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a boat", size="256x256")
     call = images.CreateImage(request, metadata=bearer(secret))
@@ -101,7 +101,7 @@ async def wait_until_freed(running, key_id: str, within: float = 5.0) -> None:
 async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, running, rpc):
     # 300 max tokens reserve ~330 of 400 tokens per minute: a second request fits only if the first is settled
     # with what it really generated before its caller went away.
-    key_id, secret = new_key(running, concurrent_requests=1, tokens_per_minute=400)
+    key_id, secret = await new_key(running, concurrent_requests=1, tokens_per_minute=400)
     request = chat_request(max_tokens=300, stream=True, messages=[{"role": "user", "content": LONG}])
     call = getattr(chat, rpc)(request if rpc == "StreamChatCompletion" else http_body(request), metadata=bearer(secret))
     for _ in range(4):
@@ -116,7 +116,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, ru
 
 
 async def test_failed_requests_free_their_slot(chat, running):
-    key_id, secret = new_key(running, concurrent_requests=1)
+    key_id, secret = await new_key(running, concurrent_requests=1)
     too_long = chat_request(messages=[{"role": "user", "content": "word " * 3000}])  # over the context window
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await chat.CreateChatCompletion(too_long, metadata=bearer(secret))
@@ -126,7 +126,7 @@ async def test_failed_requests_free_their_slot(chat, running):
 
 
 async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):
-    key_id, secret = new_key(running, concurrent_requests=1)
+    key_id, secret = await new_key(running, concurrent_requests=1)
     long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": LONG}])
     call = chat.CreateChatCompletion(long, metadata=bearer(secret))
     deadline = asyncio.get_running_loop().time() + 10
@@ -139,7 +139,7 @@ async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):
 
 
 async def test_a_request_past_its_deadline_frees_its_slot(chat, running):
-    key_id, secret = new_key(running, concurrent_requests=1)
+    key_id, secret = await new_key(running, concurrent_requests=1)
     long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": LONG}])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await chat.CreateChatCompletion(long, metadata=bearer(secret), timeout=0.5)
@@ -149,7 +149,7 @@ async def test_a_request_past_its_deadline_frees_its_slot(chat, running):
 
 
 async def test_request_too_large_for_the_token_limit(chat, running):
-    _, secret = new_key(running, tokens_per_minute=100)
+    _, secret = await new_key(running, tokens_per_minute=100)
     bodies = chat.CreateChatCompletionHttp(http_body(chat_request(max_tokens=500)), metadata=bearer(secret))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         [_ async for _ in bodies]

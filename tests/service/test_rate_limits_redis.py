@@ -41,7 +41,7 @@ async def channel(server):
 
 
 async def test_200_concurrent_requests_admit_exactly_50(server, channel):
-    secret = server.store.create("burst", all_models=True, limits=KeyLimits(requests_per_minute=50))[1]
+    secret = (await server.store.create("burst", all_models=True, limits=KeyLimits(requests_per_minute=50)))[1]
     images = image_service_pb2_grpc.ImageServiceStub(channel)
     calls = [images.CreateImage(IMAGE, metadata=bearer(secret)) for _ in range(200)]
     results = await asyncio.gather(*calls, return_exceptions=True)
@@ -51,7 +51,7 @@ async def test_200_concurrent_requests_admit_exactly_50(server, channel):
 
 
 async def test_abandoned_stream_frees_its_slot_and_settles(server, channel):
-    key, secret = server.store.create("stream", all_models=True,
+    key, secret = await server.store.create("stream", all_models=True,
                                       limits=KeyLimits(concurrent_requests=1, tokens_per_minute=400))
     chat = chat_service_pb2_grpc.ChatServiceStub(channel)
     story = [{"role": "user", "content": "Write a very long story."}]  # does not end within a few tokens
@@ -71,7 +71,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles(server, channel):
 async def test_quotas_and_keys_survive_a_restart(tmp_path, redis_server):
     config = redis_config(tmp_path, redis_server.url, images_only=True)
     first = await start_server(config, "127.0.0.1:0")
-    secret = first.store.create("daily", all_models=True, limits=KeyLimits(daily_requests=2))[1]
+    secret = (await first.store.create("daily", all_models=True, limits=KeyLimits(daily_requests=2)))[1]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{first.port}") as channel:
         for _ in range(2):
             await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
@@ -93,7 +93,7 @@ async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
         port = probe.getsockname()[1]
     running = await start_server(redis_config(tmp_path, f"redis://127.0.0.1:{port}/0", images_only=True), "127.0.0.1:0")
     try:
-        secret = running.store.create("any", all_models=True)[1]
+        secret = (await running.store.create("any", all_models=True))[1]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             started = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -264,7 +264,7 @@ async def test_the_embedded_model_has_a_generation_span(chat, running, receiver,
 
 
 async def test_a_refusal_is_traced_with_its_code_and_limit(chat, running, receiver):
-    _, secret = running.store.create("traced-limited", all_models=True, limits=KeyLimits(requests_per_minute=1))
+    _, secret = await running.store.create("traced-limited", all_models=True, limits=KeyLimits(requests_per_minute=1))
     await ask(chat, secret, caller_context()[2])
     trace_id, _, traceparent = caller_context()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -332,7 +332,7 @@ async def collector_test_server(directory, double, collector: str, **settings):
     tracing = orjson.dumps({"otlp_endpoint": collector, "export_delay_seconds": 0.05, **settings}).decode()
     server = await start_server(traced_config(directory, upstream_models(double.url), tracing), "127.0.0.1:0")
     try:
-        _, secret = server.store.create("collector-tests", all_models=True)
+        _, secret = await server.store.create("collector-tests", all_models=True)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             yield server, chat_service_pb2_grpc.ChatServiceStub(channel), secret
     finally:

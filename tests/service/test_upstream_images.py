@@ -39,9 +39,9 @@ async def images(running):
 
 
 @pytest.fixture
-def secret(running, double):
+async def secret(running, double):
     double.reset()
-    return running.store.create("images", all_models=True)[1]
+    return (await running.store.create("images", all_models=True))[1]
 
 
 def image_request(**fields) -> image_pb2.CreateImageRequest:

@@ -59,7 +59,7 @@ def metric(running, name: str, **labels) -> float:
 
 async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(chat, running, double):
     double.reset()
-    key, secret = running.store.create("ledger", all_models=True, env="team-a",
+    key, secret = await running.store.create("ledger", all_models=True, env="team-a",
                                        limits=KeyLimits(requests_per_minute=4))
     ask = lambda model="up-main", **f: chat.CreateChatCompletion(  # noqa: E731
         chat_request(model=model, messages=HELLO, **f), metadata=bearer(secret))
@@ -124,8 +124,8 @@ async def usage_json(channel, secret: str, rpc: str = "GetCompletionsUsageHttp",
 
 async def test_the_usage_api_sums_to_the_ledger_in_openais_shape(chat, channel, running, double):
     double.reset()
-    admin, admin_secret = running.store.create("usage-admin", all_models=True, admin=True)
-    keys = [running.store.create(f"u{i}", all_models=True, env=f"env-{i}") for i in range(2)]
+    admin, admin_secret = await running.store.create("usage-admin", all_models=True, admin=True)
+    keys = [await running.store.create(f"u{i}", all_models=True, env=f"env-{i}") for i in range(2)]
     for (key, secret), asks in zip(keys, (2, 1)):
         for _ in range(asks):
             await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
@@ -175,7 +175,7 @@ async def test_the_usage_api_sums_to_the_ledger_in_openais_shape(chat, channel, 
 
 
 async def test_usage_pages_and_bad_parameters(channel, running):
-    key, secret = running.store.create("pages", all_models=True)
+    key, secret = await running.store.create("pages", all_models=True)
     now = int(time.time())
     first = await usage_json(channel, secret, start_time=now - 3 * 60, bucket_width="1m", limit=2)
     assert len(first["data"]) == 2 and first["has_more"] is True
@@ -196,8 +196,8 @@ async def test_usage_pages_and_bad_parameters(channel, running):
 
 async def test_recent_requests_newest_first_in_pages(chat, channel, running, double):
     double.reset()
-    key, secret = running.store.create("recent", all_models=True, env="e")
-    other, other_secret = running.store.create("recent-other", all_models=True)
+    key, secret = await running.store.create("recent", all_models=True, env="e")
+    other, other_secret = await running.store.create("recent-other", all_models=True)
     for _ in range(3):
         await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
     double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)

@@ -6,35 +6,35 @@ import pytest
 
 from server.cli import main
 from server.errors import InvalidRequest
-from server.keys import KeyAdmin, KeyStore
+from server.keys import KeyAdmin, open_sqlite_key_store
 
 
 @pytest.fixture
-def admin(tmp_path):
-    store = KeyStore(tmp_path / "keys.db")
+async def admin(tmp_path):
+    store = await open_sqlite_key_store(tmp_path / "keys.db")
     yield KeyAdmin(store, ["family-a-5.5", "family-a-5.4"], rotation_grace_seconds=60)
-    store.close()
+    await store.close()
 
 
-def test_unknown_models_are_refused_on_create_and_update(admin):
+async def test_unknown_models_are_refused_on_create_and_update(admin):
     with pytest.raises(InvalidRequest, match="family-a-5.9") as caught:
-        admin.create("typo", all_models=False, models=["family-a-5.5", "family-a-5.9"])
+        await admin.create("typo", all_models=False, models=["family-a-5.5", "family-a-5.9"])
     assert caught.value.param == "models"
-    assert admin.list() == []
-    key, _ = admin.create("ok", all_models=False, models=["family-a-5.5"])
+    assert await admin.list() == []
+    key, _ = await admin.create("ok", all_models=False, models=["family-a-5.5"])
     with pytest.raises(InvalidRequest, match="nope") as caught:
-        admin.update(key.id, grants=(False, ["nope"]))
+        await admin.update(key.id, grants=(False, ["nope"]))
     assert caught.value.param == "models"
-    assert admin.get(key.id).models == {"family-a-5.5"}
-    assert admin.update(key.id, grants=(False, ["family-a-5.4"])).models == {"family-a-5.4"}
+    assert (await admin.get(key.id)).models == {"family-a-5.5"}
+    assert (await admin.update(key.id, grants=(False, ["family-a-5.4"]))).models == {"family-a-5.4"}
 
 
-def test_rotation_uses_the_configured_grace_unless_given(admin):
-    key, _ = admin.create("r", all_models=True)
-    _, _, expires = admin.rotate(key.id)
-    assert expires - admin.get(key.id).created in range(59, 62)
-    _, _, expires = admin.rotate(key.id, grace_seconds=0)
-    assert expires <= admin.get(key.id).created + 1
+async def test_rotation_uses_the_configured_grace_unless_given(admin):
+    key, _ = await admin.create("r", all_models=True)
+    _, _, expires = await admin.rotate(key.id)
+    assert expires - (await admin.get(key.id)).created in range(59, 62)
+    _, _, expires = await admin.rotate(key.id, grace_seconds=0)
+    assert expires <= (await admin.get(key.id)).created + 1
 
 
 def test_cli_refuses_unknown_models_through_the_same_service(tmp_path, capsys):

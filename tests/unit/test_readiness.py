@@ -5,13 +5,13 @@ from __future__ import annotations
 from grpc_health.v1 import health
 
 from server.health import Readiness
-from server.keys import KeyStore
+from server.keys import KeyStore, open_sqlite_key_store
 from server.limits import Limiter, LimitSettings, MemoryLimitStore
 from server.providers.llamacpp import LlamaCppProvider
 
 
 async def readiness(tmp_path, providers) -> tuple[Readiness, KeyStore]:
-    store = KeyStore(tmp_path / "keys.db")
+    store = await open_sqlite_key_store(tmp_path / "keys.db")
     limiter = Limiter(MemoryLimitStore(), LimitSettings())
     return Readiness(health.aio.HealthServicer(), [], store, limiter, LimitSettings(), providers), store
 
@@ -28,7 +28,7 @@ async def test_the_embedded_model_is_loaded_until_it_is_closed(tmp_path):
         assert report.reasons() == "model not_loaded"
     finally:
         await model.close()
-        store.close()
+        await store.close()
 
 
 async def test_without_an_embedded_model_nothing_claims_it_is_loaded(tmp_path):
@@ -37,4 +37,4 @@ async def test_without_an_embedded_model_nothing_claims_it_is_loaded(tmp_path):
         report = await probe.refresh()
         assert report.ready and report.checks["model"] == "none"
     finally:
-        store.close()
+        await store.close()

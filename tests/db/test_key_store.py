@@ -1,0 +1,187 @@
+"""The key store against both of its databases (SQLite and a real PostgreSQL), and the authenticator's caches:
+hashes only on disk, validation, revocation, rotation, bounded caching, a separate negative cache and the outage
+policy (cached keys for a bounded staleness, others 503)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from server.db import StoreSettings
+from server.domain import KeyLimits
+from server.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
+from server.keys import Authenticator, KeyStore, hash_secret, open_key_store
+from tests.postgres_support import PASSWORD_ENV
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request, tmp_path) -> StoreSettings:
+    if request.param == "sqlite":
+        return StoreSettings(sqlite_path=tmp_path / "keys.db")
+    return StoreSettings(url=request.getfixturevalue("postgres_url"), password_env=PASSWORD_ENV, timeout_seconds=1)
+
+
+@pytest.fixture
+async def store(settings) -> KeyStore:
+    store = await open_key_store(settings)
+    yield store
+    await store.close()
+
+
+def bearer(secret: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {secret}"),)
+
+
+async def test_keys_persist_and_only_hashes_are_stored(store, settings, tmp_path, postgres_server):
+    key, secret = await store.create("app", all_models=False, models=["family-a-5.5"], limits=KeyLimits(10, 1000))
+    await store.close()
+    if settings.is_postgres:
+        with postgres_server.connect(settings.url.rsplit("/", 1)[1]) as conn:
+            dump = repr(conn.execute("SELECT * FROM api_keys").fetchall())
+        assert secret not in dump and hash_secret(secret) in dump
+    else:
+        for path in tmp_path.iterdir():
+            assert secret.encode() not in path.read_bytes()
+    reopened = await open_key_store(settings)  # migrations find nothing to do; the key is still there
+    assert await reopened.list() == [key]
+    assert await reopened.count() == 1
+    await reopened.close()
+
+
+async def test_create_validates(store):
+    with pytest.raises(InvalidRequest):
+        await store.create("x", all_models=False)
+    with pytest.raises(InvalidRequest):
+        await store.create("x", all_models=True, limits=KeyLimits(requests_per_minute=0))
+
+
+async def test_revoke_by_id_or_secret(store):
+    _, first = await store.create("a", all_models=True)
+    second_key, _ = await store.create("b", all_models=True, admin=True)
+    assert (await store.revoke(first)).revoked_at > 0
+    assert (await store.revoke(second_key.id)).revoked_at > 0
+    assert all(k.revoked_at for k in await store.list())
+    with pytest.raises(NotFound):
+        await store.revoke("key_missing")
+
+
+async def test_update_changes_only_what_is_given(store):
+    key, secret = await store.create("a", all_models=True,
+                                      limits=KeyLimits(requests_per_minute=10, tokens_per_minute=99))
+    updated = await store.update(key.id, limits={"requests_per_minute": 20, "tokens_per_minute": None,
+                                                 "daily_requests": 5, "max_spend_day": 10**12})
+    assert updated.limits == KeyLimits(requests_per_minute=20, daily_requests=5, max_spend_day=10**12)
+    assert (updated.name, updated.all_models) == ("a", True)
+    narrowed = await store.update(key.id, name="b", grants=(False, ["family-a-5.5"]), env="prod")
+    assert (narrowed.name, narrowed.all_models, narrowed.models, narrowed.env) == (
+        "b", False, frozenset({"family-a-5.5"}), "prod")
+    assert narrowed.limits == updated.limits
+    assert await store.find_active(hash_secret(secret)) == narrowed
+    for bad in ({"limits": {"requests_per_minute": -1}}, {"grants": (False, [])}, {"name": ""},
+                {"limits": {"rpm": 5}}):
+        with pytest.raises(InvalidRequest):
+            await store.update(key.id, **bad)
+    with pytest.raises(NotFound):
+        await store.update("key_missing", name="x")
+
+
+async def test_rotation_keeps_the_old_secret_for_the_grace_period_only(store):
+    key, old = await store.create("a", all_models=True, env="prod")
+    rotated, new, expires = await store.rotate(key.id, grace_seconds=3600)
+    assert new.startswith("pk-prod-") and new != old
+    assert expires == pytest.approx(time.time() + 3600, abs=2)
+    assert await store.find_active(hash_secret(new)) == rotated == await store.find_active(hash_secret(old))
+    _, newest, _ = await store.rotate(key.id, grace_seconds=0)  # 0: the secret being replaced stops now
+    assert await store.find_active(hash_secret(new)) is None
+    assert await store.find_active(hash_secret(old)) == rotated  # still in its own grace period
+    assert await store.find_active(hash_secret(newest)) == rotated
+    await store.revoke(old)  # revoking by a rotated-out secret revokes the key, every secret of it
+    assert [await store.find_active(hash_secret(s)) for s in (old, newest)] == [None, None]
+    with pytest.raises(InvalidRequest, match="revoked"):
+        await store.rotate(key.id, grace_seconds=60)
+
+
+async def test_authenticator_caches_for_a_bounded_time(store):
+    key, secret = await store.create("a", all_models=True)
+    auth = Authenticator(store, cache_seconds=0.2)
+    assert await auth.authenticate(bearer(secret)) == key
+    await store.revoke(key.id)
+    assert await auth.authenticate(bearer(secret)) == key  # cached: the revocation is not seen yet
+    await asyncio.sleep(0.3)
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(bearer(secret))
+
+
+async def test_x_api_key_only_where_allowed(store):
+    key, secret = await store.create("a", all_models=True)
+    auth = Authenticator(store, cache_seconds=1)
+    assert await auth.authenticate((("x-api-key", secret),), allow_x_api_key=True) == key
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate((("x-api-key", secret),))
+    with pytest.raises(PermissionDenied):
+        await auth.authenticate_admin(bearer(secret))
+
+
+async def test_a_flood_of_unknown_secrets_does_not_evict_valid_keys(store):
+    keys = [await store.create(f"k{i}", all_models=True) for i in range(3)]
+    auth = Authenticator(store, cache_seconds=60, cache_size=3, negative_cache_size=50)
+    for _, secret in keys:
+        await auth.authenticate(bearer(secret))
+    for i in range(500):
+        with pytest.raises(AuthenticationFailed):
+            await auth.authenticate(bearer(f"pk-random-{i}"))
+    await store.close()  # every valid key must now come from the cache, without the store
+    for key, secret in keys:
+        assert await auth.authenticate(bearer(secret)) == key
+
+
+async def test_concurrent_lookups_of_one_secret_share_one_query(store):
+    key, secret = await store.create("a", all_models=True)
+    queries = []
+    find_active = store.find_active
+
+    async def counted(digest):
+        queries.append(digest)
+        return await find_active(digest)
+
+    store.find_active = counted
+    auth = Authenticator(store, cache_seconds=60)
+    assert await asyncio.gather(*(auth.authenticate(bearer(secret)) for _ in range(20))) == [key] * 20
+    assert len(queries) == 1
+
+
+async def test_outage_serves_cached_keys_for_a_bounded_staleness_and_503_otherwise(postgres_server):
+    """PostgreSQL stops: a key checked before keeps working until stale_seconds, an unchecked one gets 503 with
+    retry-after (quickly, not after a hang); once PostgreSQL is back, everything works again without a restart."""
+    settings = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    store = await open_key_store(settings)
+    now = [1000.0]
+    auth = Authenticator(store, cache_seconds=1, stale_seconds=30, clock=lambda: now[0])
+    cached, cached_secret = await store.create("cached", all_models=True)
+    _, other_secret = await store.create("other", all_models=True)
+    assert await auth.authenticate(bearer(cached_secret)) == cached
+    postgres_server.stop()
+    try:
+        now[0] += 10  # past cache_seconds, within stale_seconds
+        assert await auth.authenticate(bearer(cached_secret)) == cached
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailable) as refused:
+            await auth.authenticate(bearer(other_secret))
+        assert refused.value.retry_after > 0 and time.monotonic() - started < 5
+        now[0] += 30  # past stale_seconds: the cached key is no longer trusted
+        with pytest.raises(ServiceUnavailable):
+            await auth.authenticate(bearer(cached_secret))
+    finally:
+        postgres_server.start()
+    deadline = time.monotonic() + 10
+    while True:  # the pool reconnects by itself
+        try:
+            assert await auth.authenticate(bearer(other_secret))
+            break
+        except ServiceUnavailable:
+            assert time.monotonic() < deadline, "the key store did not recover"
+            await asyncio.sleep(0.2)
+    assert await auth.authenticate(bearer(cached_secret)) == cached
+    await store.close()

@@ -1,0 +1,139 @@
+"""Two gateway hosts behind one control plane: two `portico serve` (own data dirs, ports and processes, on loopback)
+sharing one PostgreSQL (keys) and one Redis (limits), as docs/operations.md "Several hosts" describes.
+
+- a key created through host A's admin API answers on host B;
+- revoked on B, refused on A within keys.cache_seconds;
+- a key with rpm=50, 200 requests over both hosts from 32 clients: exactly 50 admitted;
+- PostgreSQL stopped mid-load: cached keys keep working, uncached ones get 503, never a 500; restarted: full service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+
+import httpx
+import pytest
+import yaml
+
+from tests.e2e.conftest import running_gateway
+from tests.postgres_support import PASSWORD_ENV
+
+CACHE_SECONDS = 1.0
+HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, postgres_server, redis_server):
+    """The configuration both hosts use, an admin key made with the CLI against PostgreSQL, and the two hosts."""
+    directory = tmp_path_factory.mktemp("several-hosts")
+    raw = yaml.safe_load((resources.files("server") / "default.yaml").read_text())
+    raw["keys"] = {**(raw.get("keys") or {}), "store": postgres_server.new_database(), "password_env": PASSWORD_ENV,
+                   "cache_seconds": CACHE_SECONDS, "store_timeout_seconds": 1}
+    raw["limits"] = {**(raw.get("limits") or {}), "store": redis_server.url}
+    config = directory / "portico.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    created = subprocess.run(
+        [sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir", str(directory / "cli"),
+         "keys", "create", "--name", "ops", "--all-models", "--admin"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    admin = created.stdout.strip().splitlines()[-1]
+    with contextlib.ExitStack() as stack:
+        hosts = [stack.enter_context(running_gateway(directory / name, config=config, dev_key=False))
+                 for name in ("host-a", "host-b")]
+        yield hosts, admin, config
+
+
+def chat(host, secret: str, client: httpx.Client | None = None) -> httpx.Response:
+    return (client or httpx).post(f"{host.base_url}/v1/chat/completions", json=HI, timeout=30,
+                                  headers={"authorization": f"Bearer {secret}"})
+
+
+def create_key(host, admin: str, **fields) -> dict:
+    answer = httpx.post(f"{host.base_url}/v1/admin/keys", json={"name": "shared", "all_models": True, **fields},
+                        headers={"authorization": f"Bearer {admin}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_key_created_on_one_host_answers_on_the_other(shared):
+    (a, b), admin, _ = shared
+    created = create_key(a, admin)
+    answer = chat(b, created["secret"])
+    assert answer.status_code == 200, answer.text
+    listed = httpx.get(f"{b.base_url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"}).json()
+    assert created["key"]["id"] in [key["id"] for key in listed["keys"]]
+
+
+def test_revoked_on_one_host_is_refused_on_the_other_within_cache_seconds(shared):
+    (a, b), admin, _ = shared
+    created = create_key(a, admin)
+    assert chat(a, created["secret"]).status_code == 200  # now cached on A
+    revoked = httpx.post(f"{b.base_url}/v1/admin/keys/{created['key']['id']}/revoke", json={},
+                         headers={"authorization": f"Bearer {admin}"})
+    assert revoked.status_code == 200 and revoked.json()["key"]["revoked_at"] > 0
+    started = time.monotonic()
+    while (status := chat(a, created["secret"]).status_code) == 200:
+        assert time.monotonic() - started < CACHE_SECONDS + 1.0, "A still accepts the key revoked on B"
+        time.sleep(0.05)
+    assert status == 401
+
+
+def test_rpm_50_over_both_hosts_admits_exactly_50(shared):
+    (a, b), admin, _ = shared
+    secret = create_key(a, admin, limits={"requests_per_minute": 50})["secret"]
+    with httpx.Client() as client, ThreadPoolExecutor(32) as pool:
+        statuses = Counter(pool.map(lambda i: chat((a, b)[i % 2], secret, client).status_code, range(200)))
+    assert statuses == {200: 50, 429: 150}
+
+
+def test_postgres_outage_cached_keys_work_uncached_get_503_then_recovery(shared, postgres_server):
+    (a, b), admin, _ = shared
+    cached = create_key(a, admin)["secret"]
+    uncached = create_key(a, admin)["secret"]  # never used: no host has it in its cache
+    for host in (a, b):
+        assert chat(host, cached).status_code == 200
+        assert httpx.get(f"{host.base_url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"}).is_success
+    statuses: Counter[int] = Counter()
+    stop = threading.Event()
+
+    def load() -> None:  # the cached key keeps calling both hosts through the outage
+        with httpx.Client() as client:
+            while not stop.is_set():
+                for host in (a, b):
+                    statuses[chat(host, cached, client).status_code] += 1
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        time.sleep(0.5)
+        postgres_server.stop()
+        time.sleep(CACHE_SECONDS + 0.5)  # every cache entry is past cache_seconds: the hosts try the store
+        for host in (a, b):
+            refused = chat(host, uncached)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "service_unavailable"
+            assert int(refused.headers["retry-after"]) > 0
+            listed = httpx.get(f"{host.base_url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"})
+            assert listed.status_code == 503 and listed.json()["error"]["code"] == "service_unavailable"
+            readyz = httpx.get(f"{host.base_url}/readyz").json()
+            assert readyz["checks"]["keys"] == "unreachable"
+        time.sleep(1.0)
+    finally:
+        postgres_server.start()
+        stop.set()
+        loader.join()
+    assert statuses[200] > 0 and set(statuses) == {200}, statuses  # cached: served throughout, no 500, no 503
+    deadline = time.monotonic() + 15
+    for host in (a, b):
+        while (status := chat(host, uncached).status_code) != 200:
+            assert status == 503 and time.monotonic() < deadline, f"no recovery on {host.base_url}: {status}"
+            time.sleep(0.2)
+        assert httpx.get(f"{host.base_url}/readyz").json()["checks"]["keys"] == "ok"
