@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -43,39 +44,38 @@ class Migration:
 
 def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> list[int]:
     """Apply what is missing; returns the versions applied. `db` must be in autocommit mode (isolation_level=None)."""
-    component = _check(migrations)
+    _check(migrations)
     db.execute("BEGIN IMMEDIATE")
     try:
-        db.execute(_TABLE)
-        applied = {row[0] for row in db.execute(
-            "SELECT version FROM schema_migrations WHERE component = ?", (component,))}
-        pending = _pending(component, applied, migrations)
-        for migration in pending:
-            for statement in migration.sqlite:
-                db.execute(statement)
-            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)",
-                       (component, migration.version, migration.description, int(time.time())))
+        applied = _apply(db.execute, "?", [m.sqlite for m in migrations], migrations)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
-    return [m.version for m in pending]
+    return applied
 
 
 def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) -> list[int]:
     """Apply what is missing; returns the versions applied."""
-    component = _check(migrations)
+    _check(migrations)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
-        conn.execute(_TABLE)
-        applied = {row[0] for row in conn.execute(
-            "SELECT version FROM schema_migrations WHERE component = %s", (component,))}
-        pending = _pending(component, applied, migrations)
-        for migration in pending:
-            for statement in migration.postgresql:
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s, %s)",
-                         (component, migration.version, migration.description, int(time.time())))
+        return _apply(conn.execute, "%s", [m.postgresql for m in migrations], migrations)
+
+
+def _apply(execute: Callable[..., Any], placeholder: str, statements: Sequence[tuple[str, ...]],
+           migrations: Sequence[Migration]) -> list[int]:
+    """Inside the caller's locked transaction: run each pending migration's statements and record it."""
+    component = migrations[0].component
+    execute(_TABLE)
+    applied = {row[0] for row in execute(
+        f"SELECT version FROM schema_migrations WHERE component = {placeholder}", (component,))}
+    pending = _pending(component, applied, migrations)
+    for migration in pending:
+        for statement in statements[migration.version - 1]:
+            execute(statement)
+        execute(f"INSERT INTO schema_migrations VALUES ({', '.join([placeholder] * 4)})",
+                (component, migration.version, migration.description, int(time.time())))
     return [m.version for m in pending]
 
 
