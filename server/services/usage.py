@@ -57,7 +57,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         return _json(await self._requests(request, context))
 
     async def _requests(self, request: pb.ListRequestsRequest, context) -> dict:
-        key = self._authenticator.authenticate(context.invocation_metadata() or ())
+        key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         limit = rows_limit(_optional(request, "limit"))
         start, end = _optional(request, "start_time") or 0, _optional(request, "end_time")
         end = int(self._clock()) + 1 if end is None else end

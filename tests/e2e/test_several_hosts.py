@@ -52,7 +52,7 @@ def shared(tmp_path_factory, postgres_server, redis_server):
 
 
 def chat(host, secret: str, client: httpx.Client | None = None) -> httpx.Response:
-    return (client or httpx).post(f"{host.base_url}/v1/chat/completions", json=HI, timeout=30,
+    return (client or httpx).post(f"{host.base_url}/v1/chat/completions", json=HI, timeout=60,
                                   headers={"authorization": f"Bearer {secret}"})
 
 
