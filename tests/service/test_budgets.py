@@ -104,9 +104,9 @@ async def test_budgets_through_the_admin_api_are_in_dollars(hosts):
 async def test_where_a_budget_stands_is_in_dollars(hosts, double):
     double.reset()
     servers, stubs = hosts
-    key, secret = servers[0].store.create("standing", all_models=True,
+    key, secret = await servers[0].store.create("standing", all_models=True,
                                           limits=KeyLimits(max_spend_month=5_000_000_000))  # $5,000
-    _, admin = servers[0].store.create("standing-admin", all_models=True, admin=True)
+    _, admin = await servers[0].store.create("standing-admin", all_models=True, admin=True)
     await stubs[1].CreateChatCompletion(chat_request(model="priced", messages=HELLO, max_tokens=3),
                                         metadata=bearer(secret))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{servers[0].port}") as channel:

@@ -185,7 +185,7 @@ async def test_killing_one_of_two_deployments_mid_load_costs_at_most_its_request
                                                                                               tmp_path):
     process, url = doomed
     async with upstream_server(tmp_path, models(url, west.url)) as server:
-        secret = server.store.create("load", all_models=True)[1]
+        secret = (await server.store.create("load", all_models=True))[1]
         router = server.core.pipeline._providers["pair"]
         outcomes: list[bool] = []  # per request: did the caller get a whole answer?
         stop = time.monotonic() + 3.0

@@ -44,8 +44,8 @@ async def running(double, tmp_path_factory):
 
 
 @pytest.fixture
-def other_key(running):
-    return running.store.create("other", all_models=True, limits=KeyLimits(tokens_per_minute=10**6))[1]
+async def other_key(running):
+    return (await running.store.create("other", all_models=True, limits=KeyLimits(tokens_per_minute=10**6)))[1]
 
 
 async def chat_http(chat, secret, *, headers=(), **fields):
@@ -170,7 +170,7 @@ async def test_with_redis_two_servers_share_answers_and_an_outage_is_a_miss(doub
     path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
     first, second = [await start_server(load_config(path), "127.0.0.1:0") for _ in range(2)]
     try:
-        secret = first.store.create("redis-cache", all_models=True)[1]  # one key store (the same data dir)
+        secret = (await first.store.create("redis-cache", all_models=True))[1]  # one key store (the same data dir)
         results = []
         for server in (first, second, first):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

@@ -233,7 +233,7 @@ async def test_rows_still_queued_are_written_when_the_server_stops(tmp_path, dou
     config = dataclasses.replace(config, usage=UsageSettings(flush_seconds=3600))
     server = await start_server(config, "127.0.0.1:0")
     try:
-        key, secret = server.store.create("drained", all_models=True)
+        key, secret = await server.store.create("drained", all_models=True)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             await chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
                 chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
