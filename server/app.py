@@ -78,6 +78,7 @@ class Core:
         self.health.close()
         if self.cache is not None:
             await self.cache.close()
+        await self.pipeline.authenticator.close()
         await self.store.close()
         await asyncio.to_thread(self.telemetry.close)  # sends the spans still queued, waiting at most ~2 s
 
@@ -140,6 +141,7 @@ async def build_core(config: Config) -> Core:
         cache_size=config.key_cache_size, negative_cache_size=config.key_negative_cache_size,
         on_authenticated=telemetry.identified,
     )
+    authenticator.start()
     health_file = os.environ.get(HEALTH_FILE_ENV)  # set by `serve --workers N` for its workers
     providers, board = build_providers(config, telemetry, health_file=Path(health_file) if health_file else None)
     limiter = Limiter(build_limit_store(config), config.limits)

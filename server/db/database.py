@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from server.db.migrations import Migration, migrate_postgres, migrate_sqlite
-from server.db.postgres import async_pool, connect
+from server.db.postgres import async_pool, connect, connect_async
 from server.db.settings import StoreSettings
 from server.db.sqlite import connect_sqlite
 from server.errors import ServiceUnavailable
@@ -61,6 +61,13 @@ class Database(Protocol):
         ...
     async def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers now."""
+        ...
+    async def notify(self, channel: str, payload: str) -> None:
+        """Tell every process listening on `channel` (other hosts); nothing to tell for a one-host database."""
+        ...
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        """Call `on_message` with each payload sent to `channel` until cancelled; None: messages may have been
+        missed (a connection was lost). Returns at once where there is nobody else to hear from."""
         ...
     async def close(self) -> None: ...
 
@@ -125,6 +132,12 @@ class SqliteDatabase:
 
     async def ping(self) -> None:
         await self.fetch_one("SELECT 1")
+
+    async def notify(self, channel: str, payload: str) -> None:
+        return None  # one host: its own cache is the only one, and the caller updates it
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        return None
 
     async def close(self) -> None:
         if not self._closed:
@@ -222,6 +235,22 @@ class PostgresDatabase:
 
         await self._run(work, fail_fast=False)
         self._failing_until = 0.0
+
+    async def notify(self, channel: str, payload: str) -> None:
+        await self.execute("SELECT pg_notify(?, ?)", (channel, payload))
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        """LISTEN on a connection of its own (outside the pool), reconnecting after a failure."""
+        while True:
+            try:
+                async with await connect_async(self._settings) as conn:
+                    await conn.execute(f"LISTEN {channel}")
+                    on_message(None)  # whatever was sent while not listening is unknown
+                    async for message in conn.notifies():
+                        on_message(message.payload)
+            except psycopg.Error as exc:
+                _logger.debug("listening on %s failed (%s); retrying", channel, exc)
+            await asyncio.sleep(_FAIL_FAST_SECONDS)
 
     async def close(self) -> None:
         await self._pool.close()

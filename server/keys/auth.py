@@ -2,7 +2,8 @@
 
 Two caches, apart, keyed by the secret's hash (secrets are not held longer than the request itself):
 - positive (LRU, `cache_size`): a key found is used without asking the store for `cache_seconds`. That is also the
-  longest a revocation, rotation or grant change made on another host takes to reach this one.
+  longest a revocation, rotation or grant change made on another host takes to reach this one; with PostgreSQL it
+  usually arrives at once (LISTEN/NOTIFY: `start` watches the store's changes and drops the changed key).
 - negative (`negative_cache_size`, `cache_seconds`): a secret no key has. A flood of random secrets fills only this
   one, so it cannot push valid keys out.
 When the store does not answer, a cached key keeps working until `stale_seconds` after it was last confirmed;
@@ -13,6 +14,7 @@ one secret share one query.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +54,25 @@ class Authenticator:
         self._unknown: TTLCache[str, bool] = TTLCache(maxsize=negative_cache_size, ttl=cache_seconds, timer=clock)
         self._lookups: dict[str, asyncio.Future[ApiKey | None]] = {}
         self._store_down_logged = False
+        self._watch: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Drop a key from the cache as soon as any host changes it (where the store can tell)."""
+        self._watch = asyncio.create_task(self._store.watch_changes(self.forget))
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    def forget(self, key_id: str | None) -> None:
+        """Ask the store again next time for this key (None: for every key)."""
+        if key_id is None:
+            self._keys.clear()
+            return
+        for digest in [digest for digest, (key, _) in self._keys.items() if key.id == key_id]:
+            del self._keys[digest]
 
     async def authenticate(self, metadata: Metadata, *, allow_x_api_key: bool = False) -> ApiKey:
         secret = _secret_from(metadata, allow_x_api_key)

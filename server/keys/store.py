@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from server.errors import InvalidRequest, NotFound
 from server.keys.schema import MIGRATIONS
 
 SECRET_PREFIX = "pk-"
+CHANGES_CHANNEL = "portico_key_changes"  # PostgreSQL NOTIFY channel: the id of each key changed
 
 
 def hash_secret(secret: str) -> str:
@@ -49,6 +50,11 @@ class KeyStore:
 
     async def ping(self) -> None:
         await self._db.ping()
+
+    async def watch_changes(self, on_change: Callable[[str | None], None]) -> None:
+        """Until cancelled: `on_change(key_id)` for each key revoked, rotated or updated by any host (None: changes
+        may have been missed). PostgreSQL LISTEN/NOTIFY; SQLite returns at once."""
+        await self._db.listen(CHANGES_CHANNEL, on_change)
 
     async def create(
         self,
@@ -149,6 +155,7 @@ class KeyStore:
         if changes:
             assignments = ", ".join(f"{column} = ?" for column in changes)
             await self._db.execute(f"UPDATE api_keys SET {assignments} WHERE id = ?", (*changes.values(), key.id))
+            await self._db.notify(CHANGES_CHANNEL, key.id)
         return await self.get(key.id)
 
     async def rotate(self, key_id: str, *, grace_seconds: int) -> tuple[ApiKey, str, int]:
@@ -165,6 +172,7 @@ class KeyStore:
              "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id)),
             ("UPDATE api_keys SET secret_hash = ? WHERE id = ?", (hash_secret(secret), key.id)),
         ])
+        await self._db.notify(CHANGES_CHANNEL, key.id)
         return await self.get(key.id), secret, expires
 
     async def revoke(self, id_or_secret: str) -> ApiKey:
@@ -183,6 +191,7 @@ class KeyStore:
         await self._db.execute(
             "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0", (int(time.time()), key_id)
         )
+        await self._db.notify(CHANGES_CHANNEL, key_id)
         return await self.get(key_id)
 
 

@@ -185,3 +185,32 @@ async def test_outage_serves_cached_keys_for_a_bounded_staleness_and_503_otherwi
             await asyncio.sleep(0.2)
     assert await auth.authenticate(bearer(cached_secret)) == cached
     await store.close()
+
+
+async def test_postgres_changes_reach_the_other_hosts_caches_at_once(postgres_url):
+    """LISTEN/NOTIFY: a key revoked on host B is refused on host A long before A's cache_seconds."""
+    settings = StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1)
+    host_a, host_b = await open_key_store(settings), await open_key_store(settings)
+    auth_a = Authenticator(host_a, cache_seconds=60)
+    auth_a.start()
+    try:
+        key, secret = await host_b.create("watched", all_models=True)
+        await asyncio.sleep(0.5)  # A is listening
+        assert await auth_a.authenticate(bearer(secret)) == key
+        updated = await host_b.update(key.id, name="renamed")
+        await asyncio.sleep(0.5)
+        assert await auth_a.authenticate(bearer(secret)) == updated
+        await host_b.revoke(key.id)
+        started = time.monotonic()
+        while time.monotonic() - started < 5:
+            try:
+                await auth_a.authenticate(bearer(secret))
+            except AuthenticationFailed:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("host A still accepts a key revoked on host B")
+    finally:
+        await auth_a.close()
+        await host_a.close()
+        await host_b.close()
