@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import ClassVar, Protocol
 
 from google.api import httpbody_pb2
@@ -85,8 +86,11 @@ class DialectServicer:
             return
         async with self._pipeline.stream(call, plan.generation) as events:
             frames = self.frames(self.stream_objects(header, events, plan))
-            async for data in coalesced(guard_stream(frames, self.error_frame)):
-                yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
+            # aclosing: a caller who leaves while a message is being sent closes this generator at its `yield`; the
+            # read-ahead task must stop before `events` is closed, or closing it races the task (a 500, not a 499).
+            async with aclosing(coalesced(guard_stream(frames, self.error_frame))) as messages:
+                async for data in messages:
+                    yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
 
     async def _prepare(
         self, body: dict, context, *, always_stream: bool = False

@@ -67,4 +67,19 @@ async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64) -> As
                 return
     finally:
         reader.cancel()  # the caller went away: stop reading, and close the frames' source
-        await asyncio.gather(reader, return_exceptions=True)
+        await _outlive_cancellation(reader)
+
+
+async def _outlive_cancellation(task: asyncio.Task) -> None:
+    """Wait until `task` has ended even if this one is cancelled again meanwhile (then re-raised): whoever closes
+    the source next must not find the task still inside it."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    if not task.cancelled():
+        task.exception()  # retrieved: never "Task exception was never retrieved"
+    if cancelled:
+        raise asyncio.CancelledError

@@ -69,3 +69,30 @@ async def test_the_source_is_read_only_so_far_ahead():
     await asyncio.sleep(0.01)
     assert len(first) <= 5 and len(produced) <= len(first) + 6
     await messages.aclose()
+
+
+async def test_a_second_cancel_still_waits_until_the_source_is_closed():
+    """grpc may cancel a leaving caller's task more than once: the source must be closed before the consumer ends,
+    or whoever closes what the source reads from next finds it still running (a 500 for a caller who left)."""
+    closed = []
+
+    async def slow_to_close():
+        try:
+            yield b"a"
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.sleep(0.05)  # e.g. settling the rate limits
+            closed.append(True)
+
+    async def consume():
+        async for _ in coalesced(slow_to_close()):
+            pass
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.01)
+    consumer.cancel()
+    await asyncio.sleep(0.01)  # the consumer now waits for the reader to stop
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert closed == [True]
