@@ -6,7 +6,6 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
-import orjson
 from google.api import httpbody_pb2
 from google.protobuf import json_format
 
@@ -14,6 +13,7 @@ from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.domain import Endpoint
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
+from server.render import json_body
 from server.translate.openai_images import image_request, images_response
 from server.translate.values import model_of, parse_body, proto_to_json
 
@@ -35,7 +35,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
 
     async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         body = await self._generate(parse_body(request.data), context)
-        yield httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(body))
+        yield httpbody_pb2.HttpBody(content_type="application/json", data=json_body(body))
 
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         # No API key on purpose: the link's signature and expiry are the credential (see server/image_store.py).

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import orjson
 from google.api import httpbody_pb2
 from google.protobuf import json_format
 
@@ -17,6 +16,7 @@ from portico.v1 import usage_service_pb2_grpc
 from server.domain import ApiKey
 from server.errors import PermissionDenied
 from server.keys import Authenticator
+from server.render import json_body
 from server.usage.openai_pages import (
     COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, completions_page, costs_page, groups_of,
     parse_row_cursor, plan_page, requests_page, rows_limit,
@@ -105,4 +105,4 @@ def _visible(key: ApiKey, asked: Sequence[str]) -> tuple[str, ...]:
 
 
 def _json(body: dict) -> httpbody_pb2.HttpBody:
-    return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(body))
+    return httpbody_pb2.HttpBody(content_type="application/json", data=json_body(body))
