@@ -5,9 +5,9 @@ Every page is saved as a screenshot under the test's temporary directory (tmp_pa
 
 from __future__ import annotations
 
+import json
 import re
 import time
-
 from pathlib import Path
 
 import httpx
@@ -174,6 +174,13 @@ def test_create_a_key_read_its_secret_once_and_revoke_it(tab, gateway, admin_sec
         "row", name=re.compile("^Budget per day"))
     expect(budget).to_contain_text("$0.00 of $5.25")
     tab.shot("key-page")
+
+    # The same audit trail as any admin call: the access log names the signed-in admin key, never a secret.
+    admin_id = next(k["id"] for k in api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]
+                    if k["name"] == "ops-admin")
+    logged = [json.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(line["rpc"] == "KeyService/CreateKey" and line["key_id"] == admin_id and line["status"] == 200
+               for line in logged)
 
     page.get_by_role("button", name="Revoke").click()
     confirm = page.get_by_role("dialog")
