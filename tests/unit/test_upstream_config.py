@@ -124,4 +124,6 @@ def test_the_sample_configuration_loads(monkeypatch):
     assert sample.models[0].fallbacks == ("family-a-5.4", "family-a-local")
     for name in ("UPSTREAM_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         monkeypatch.setenv(name, "k")
-    assert len(upstream_keys(sample.models)) == 5
+    assert len(upstream_keys(sample.models)) == 7  # per deployment
+    opus = next(entry for entry in sample.models if entry.id == "family-b-opus-4-8")
+    assert [d.weight for d in opus.deployments] == [3.0, 1.0] and opus.cache.ttl_seconds == 300
