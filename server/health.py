@@ -82,7 +82,7 @@ class Readiness:
         ready = checks["model"] != "not_loaded" and self._keys_ok(checks["keys"]) and limits_ok
         if self._draining:  # drain() has said NOT_SERVING for good
             return self.report
-        deployments = {f"{model}/{name}": state for model, name, state in self._deployments()}
+        deployments = self.deployment_states()
         report = ReadinessReport("ready" if ready else "not_ready", checks, deployments)
         if report.ready != self._published:
             if self._published is not None or not report.ready:
@@ -95,6 +95,10 @@ class Readiness:
             self._published = report.ready
         self.report = report
         return report
+
+    def deployment_states(self) -> dict[str, str]:
+        """"model/deployment" -> its passive health state, read now (the shared board costs microseconds)."""
+        return {f"{model}/{name}": state for model, name, state in self._deployments()}
 
     async def drain(self) -> None:
         """From now on never ready: grpc.health.v1 says NOT_SERVING for good, /readyz answers 503."""

@@ -49,3 +49,11 @@ def double() -> UpstreamDouble:
     double = UpstreamDouble().start()
     yield double
     double.stop()
+
+
+@pytest.fixture(scope="module")
+def other_double() -> UpstreamDouble:
+    """A second one, for a model served by two upstreams (deployments)."""
+    double = UpstreamDouble().start()
+    yield double
+    double.stop()

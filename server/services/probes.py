@@ -20,5 +20,6 @@ class ProbeServicer(probe_service_pb2_grpc.ProbeServiceServicer):
             raise ServiceUnavailable(f"Not ready: {report.reasons()}.", retry_after=1.0)
         # Deployments are informational (an ejected one does not make the gateway unready), listed among the checks
         # as "deployment:<model>/<name>" so that a gateway without any keeps its answer as it was.
-        checks = {**report.checks, **{f"deployment:{name}": state for name, state in report.deployments.items()}}
+        deployments = self._readiness.deployment_states()  # now, not as of the last check
+        checks = {**report.checks, **{f"deployment:{name}": state for name, state in deployments.items()}}
         return probe_pb2.GetReadinessResponse(status=report.status, checks=checks)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Gateway, running_gateway
-from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
 
 BUSY = Cue(503, {"error": {"message": "busy"}})
@@ -21,10 +21,8 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def west():
-    double = UpstreamDouble().start()
-    yield double
-    double.stop()
+def west(other_double):
+    return other_double
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from portico.v1.probe_pb2 import GetReadinessRequest
 from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
 from portico.v1 import chat_service_pb2_grpc
 from tests.helpers import bearer, chat_body, chat_request, http_body
-from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
 
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -45,10 +45,8 @@ def models(east: str, west: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def west():
-    double = UpstreamDouble().start()
-    yield double
-    double.stop()
+def west(other_double):
+    return other_double
 
 
 @pytest.fixture(scope="module")
