@@ -122,7 +122,7 @@ class RunningServer:
 def build_limit_store(config: Config) -> LimitStore:
     settings = config.limits
     if settings.store == "memory":
-        return MemoryLimitStore()
+        return MemoryLimitStore(state_path=config.data_dir / "limits-daily.json")
     return RedisLimitStore(
         settings.store, lease_seconds=settings.lease_seconds, timeout_seconds=settings.store_timeout_seconds
     )

@@ -3,12 +3,19 @@
 Rolling windows are logs of (time, tokens) entries, oldest first, with running totals, so a decision costs
 O(expired entries) and only a refusal walks the log to work out its retry time. Every method runs without awaiting,
 so each decision is atomic on the event loop.
+
+With a `state_path` (the data dir's `limits-daily.json`, set by server/app.py) the day's and month's counters
+(daily quotas, spend budgets) outlive a restart: they are written there every couple of seconds while they change,
+and on close, and read back at start. The rolling one-minute windows and concurrency slots are not: they end with the
+process anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from pathlib import Path
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -16,6 +23,7 @@ from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Reading, Reservation, Scope, day_of,
     ReservationIds, month_of, until_midnight, until_month_end, verdict,
 )
+from server.limits.daily_file import load_daily, save_daily
 from server.limits.standing import Counts
 
 
@@ -105,11 +113,19 @@ class _Held:
 class MemoryLimitStore:
     immediate = True  # no method awaits anything
 
-    def __init__(self, clock: Clock = time.time) -> None:
+    def __init__(self, clock: Clock = time.time, *, state_path: Path | None = None,
+                 save_every_s: float = 2.0) -> None:
         self._clock = clock
         self._scopes: dict[str, _Counters] = {}
         self._held: dict[str, _Held] = {}
         self._ids = ReservationIds()
+        self._state_path = state_path
+        self._save_every_s = save_every_s
+        self._saver: asyncio.Task | None = None
+        if state_path is not None:
+            for scope_id, (day, requests, tokens, spend, month, month_spend) in load_daily(state_path).items():
+                self._scopes[scope_id] = _Counters(day=day, day_requests=requests, day_tokens=tokens,
+                                                   day_spend=spend, month=month, month_spend=month_spend)
 
     def _counters(self, scope_id: str, now: float) -> _Counters:
         counters = self._scopes.setdefault(scope_id, _Counters(day=day_of(now), month=month_of(now)))
@@ -132,7 +148,21 @@ class MemoryLimitStore:
             counters.day_spend += demand.cost
             counters.month_spend += demand.cost
         self._held[reservation.id] = _Held(reservation, entries)
+        if self._state_path is not None and self._saver is None:
+            self._saver = asyncio.get_running_loop().create_task(self._save_while_running())
         return reservation
+
+    async def _save_while_running(self) -> None:
+        saved: dict | None = None
+        while True:
+            await asyncio.sleep(self._save_every_s)
+            if (rows := self._daily_rows()) != saved:
+                save_daily(self._state_path, rows)
+                saved = rows
+
+    def _daily_rows(self) -> dict[str, tuple[int, int, int, int, int, int]]:
+        return {scope_id: (c.day, c.day_requests, c.day_tokens, c.day_spend, c.month, c.month_spend)
+                for scope_id, c in self._scopes.items()}
 
     async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
         self._finish(reservation, used_tokens, used_cost, refund=False)
@@ -180,4 +210,8 @@ class MemoryLimitStore:
         return True  # in this process: it always answers
 
     async def close(self) -> None:
-        pass
+        if self._saver is not None:
+            self._saver.cancel()
+            await asyncio.gather(self._saver, return_exceptions=True)
+        if self._state_path is not None:
+            save_daily(self._state_path, self._daily_rows())

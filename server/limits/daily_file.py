@@ -1,0 +1,40 @@
+"""The in-process store's day and month counters on disk, so a restart does not refund daily quotas and budgets.
+
+One JSON object, scope id -> [day, day_requests, day_tokens, day_spend, month, month_spend], replaced atomically
+(written beside, then renamed) so a crash mid-write leaves the previous file. Counters of a past day or month are
+reset on first use as always (see memory._Counters.catch_up).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import orjson
+
+_logger = logging.getLogger(__name__)
+
+Row = tuple[int, int, int, int, int, int]
+
+
+def load_daily(path: Path) -> dict[str, Row]:
+    """The saved counters; none if there is no file yet, or it cannot be read (logged: quotas start afresh)."""
+    try:
+        raw = orjson.loads(path.read_bytes())
+        return {str(scope): tuple(int(n) for n in row) for scope, row in raw.items() if len(row) == 6}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        _logger.error("daily limit counters in %s could not be read (%s): today's quotas start from zero", path, exc)
+        return {}
+
+
+def save_daily(path: Path, rows: dict[str, Row]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_bytes(orjson.dumps(rows))
+        os.replace(partial, path)
+    except OSError as exc:
+        _logger.error("daily limit counters could not be saved to %s: %s", path, exc)

@@ -1,0 +1,52 @@
+"""With the in-process limit store, a restart does not refund the day's quota (nor the month's budget)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server.domain import KeyLimits
+from server.errors import RateLimited
+from server.limits import Demand, MemoryLimitStore, Scope
+from tests.limits_support import NOON, FakeClock
+
+
+def daily(requests: int) -> Demand:
+    return Demand((Scope("k1", "key k1", KeyLimits(daily_requests=requests, daily_tokens=1000)),), 10)
+
+
+async def test_the_days_counters_survive_a_restart(tmp_path):
+    state, clock = tmp_path / "limits-daily.json", FakeClock(NOON)
+    first = MemoryLimitStore(clock, state_path=state)
+    for _ in range(2):
+        await first.settle(await first.reserve(daily(3)), 25)
+    await first.close()  # as at shutdown
+
+    again = MemoryLimitStore(clock, state_path=state)
+    counts = await again.counts("k1")
+    assert (counts.day_requests, counts.day_tokens) == (2, 50)
+    await again.reserve(daily(3))
+    with pytest.raises(RateLimited):  # the quota of 3 a day was not refunded by the restart
+        await again.reserve(daily(3))
+    await again.close()
+
+    clock.advance(24 * 3600)  # a new UTC day starts afresh, as always
+    tomorrow = MemoryLimitStore(clock, state_path=state)
+    assert (await tomorrow.counts("k1")).day_requests == 0
+    await tomorrow.close()
+
+
+async def test_counters_are_saved_while_running_not_only_at_shutdown(tmp_path):
+    state = tmp_path / "limits-daily.json"
+    store = MemoryLimitStore(FakeClock(NOON), state_path=state, save_every_s=0.02)
+    await store.settle(await store.reserve(daily(5)), 10)
+    await asyncio.sleep(0.2)
+    assert (await MemoryLimitStore(FakeClock(NOON), state_path=state).counts("k1")).day_requests == 1  # a crash now
+    await store.close()
+
+
+def test_an_unreadable_file_starts_the_day_afresh(tmp_path):
+    state = tmp_path / "limits-daily.json"
+    state.write_text("{not json")
+    assert MemoryLimitStore(state_path=state)._scopes == {}
