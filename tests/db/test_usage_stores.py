@@ -96,3 +96,27 @@ def test_recent_rows_newest_first_after_a_cursor(ledger):
     assert [r.id for r in ledger.recent(RowQuery(**window, limit=10, key_ids=("key_a",)))] == ["r3", "r2", "r1"]
     assert [r.id for r in ledger.recent(RowQuery(**window, limit=10, before=(NOW_MS + 5, "r3")))] == ["r2", "r1"]
     assert [r.id for r in ledger.recent(RowQuery(**window, limit=1, errors_only=True))] == ["r3"]
+
+
+def test_postgresql_keys_and_ledger_upgrade_in_place_keeping_rows(postgres_url):
+    """A database at keys version 1 (before budgets) with a key in it: opening the ledger and upgrading the keys
+    schema keeps the key, adds the budget columns, and the ledger's rows are kept across a reopen."""
+    from server.db import migrate_postgres
+    from server.db.postgres import connect
+    from server.keys.schema import MIGRATIONS as KEY_MIGRATIONS
+
+    settings = StoreSettings(url=postgres_url, password_env=PASSWORD_ENV)
+    with connect(settings) as conn:
+        migrate_postgres(conn, KEY_MIGRATIONS[:1])
+        conn.execute("INSERT INTO api_keys (id, name, secret_hash, all_models, models, created) "
+                     "VALUES ('key_1', 'old', 'h', TRUE, '', 1)")
+    ledger = PostgresLedger(settings)
+    ledger.write([row(1)])
+    ledger.close()
+    with connect(settings) as conn:
+        assert migrate_postgres(conn, KEY_MIGRATIONS) == [2]
+        conn.execute("UPDATE api_keys SET max_spend_day = 5000000")
+        assert conn.execute("SELECT name, max_spend_day FROM api_keys").fetchall() == [("old", 5_000_000)]
+    reopened = PostgresLedger(settings)
+    assert [r.id for r in reopened.rows()] == ["r1"]
+    reopened.close()
