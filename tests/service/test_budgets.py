@@ -13,17 +13,19 @@ import pytest
 
 from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc, limit_pb2, limit_service_pb2_grpc
 from server.app import start_server
+from server.db import StoreSettings
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
+from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello.": 3 output tokens
 
 
-@pytest.fixture(scope="module")
-async def hosts(double, redis_server, tmp_path_factory):
-    """Two servers, one Redis, one key store; model `priced` costs $1,000 per million output tokens (1,000
-    micro-dollars a token) and nothing per input token."""
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+async def hosts(request, double, redis_server, tmp_path_factory):
+    """Two servers, one Redis, one key store and ledger (a shared keys.db, or one PostgreSQL database); model
+    `priced` costs $1,000 per million output tokens (1,000 micro-dollars a token) and nothing per input token."""
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     models = f"""\
   - id: priced
@@ -33,6 +35,9 @@ async def hosts(double, redis_server, tmp_path_factory):
 """
     config = load_upstream_config(tmp_path_factory.mktemp("budgets"), models)
     config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis_server.url))
+    if request.param == "postgresql":
+        database = request.getfixturevalue("postgres_server").new_database()
+        config = dataclasses.replace(config, key_store=StoreSettings(url=database, password_env=PASSWORD_ENV))
     servers = [await start_server(config, "127.0.0.1:0") for _ in range(2)]
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{s.port}") for s in servers]
     yield servers, [chat_service_pb2_grpc.ChatServiceStub(c) for c in channels]
