@@ -35,6 +35,7 @@ class Gateway:
     log_path: Path
     metrics_port: int = 0
     process: subprocess.Popen | None = None
+    config: Path | None = None  # the --config the CLI needs too (a key store in PostgreSQL, say)
 
     @property
     def envoy_log_path(self) -> Path:
@@ -46,7 +47,8 @@ class Gateway:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "server.cli", "--data-dir", str(self.data_dir), *args],
+            [sys.executable, "-m", "server.cli", *(["--config", str(self.config)] if self.config else []),
+             "--data-dir", str(self.data_dir), *args],
             capture_output=True, text=True, timeout=30, check=True,
         )
 

@@ -5,6 +5,7 @@ what the metrics count, and what the usage API answers. A budget set with the CL
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -14,17 +15,20 @@ import redis
 import yaml
 
 from server.limits.core import day_of
-from server.usage.sqlite_ledger import SqliteLedger
+from server.db import StoreSettings
+from server.usage.stores import open_ledger
 from tests.e2e.conftest import Gateway, running_gateway
 from tests.e2e.test_operations import scrape, value
+from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_double import Cue
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello.": 2 prompt, 3 output
 
 
-@pytest.fixture(scope="module")
-def priced(tmp_path_factory, redis_server, double) -> Gateway:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def priced(request, tmp_path_factory, redis_server, double) -> Gateway:
+    """Keys and ledger in keys.db, or in a PostgreSQL database (the test reads the ledger through `gateway.ledger`)."""
     common = {"kind": "openai", "base_url": double.url, "api_key_env": UPSTREAM_KEY_ENV}
     retry = yaml.safe_load(FAST_RETRY)
     raw = {
@@ -40,12 +44,18 @@ def priced(tmp_path_factory, redis_server, double) -> Gateway:
              "provider": {**common, "model": "solo-model", "retry": retry}, "price": {"input": 1000, "output": 1000}},
         ],
     }
+    store = StoreSettings()
+    if request.param == "postgresql":
+        store = StoreSettings(url=request.getfixturevalue("postgres_server").new_database(), password_env=PASSWORD_ENV)
+        raw["keys"] = {"store": store.url, "password_env": PASSWORD_ENV}
     config = tmp_path_factory.mktemp("ledger-config") / "portico.yaml"
     config.write_text(yaml.safe_dump(raw))
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     try:
         with running_gateway(tmp_path_factory.mktemp("ledger-data"), "--workers", "2", config=config) as gateway:
-            yield gateway
+            ledger = open_ledger(store if store.is_postgres else StoreSettings(sqlite_path=gateway.data_dir / "keys.db"))
+            yield dataclasses.replace(gateway, config=config), ledger
+            ledger.close()
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 
@@ -56,6 +66,7 @@ def post(gateway: Gateway, secret: str, **body) -> httpx.Response:
 
 
 def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(priced, double, redis_server):
+    priced, ledger = priced
     double.reset()
     created = priced.cli("keys", "create", "--name", "mixed", "--all-models", "--env", "team-x").stdout
     key_id, secret = created.split()[2], created.split()[-1]
@@ -80,9 +91,7 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
     assert statuses == [200] * 7 + [502]
 
     time.sleep(2)  # the abandoned streams settle, and every worker writes its rows (flush_seconds 0.2)
-    ledger = SqliteLedger(priced.data_dir / "keys.db")
     rows = [r for r in ledger.rows() if r.key_id == key_id]
-    ledger.close()
     assert len(rows) == 10
     assert sorted(r.status for r in rows) == [200] * 7 + [499] * 2 + [502]
     assert {r.upstream for r in rows if r.model == "up-main"} == {"up-main", "up-backup"}
@@ -114,6 +123,7 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
 
 
 def test_a_budget_set_with_the_cli_is_a_429_with_retry_after_through_envoy(priced, double):
+    priced, _ = priced
     double.reset()
     created = priced.cli("keys", "create", "--name", "budget", "--all-models").stdout
     key_id, secret = created.split()[2], created.split()[-1]
