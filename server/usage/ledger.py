@@ -30,6 +30,7 @@ class LedgerRow:
     upstream_attempts: int  # 0: no model was asked (refused at admission)
     latency_ms: float
     first_token_ms: float | None
+    deployment: str = ""  # which deployment of `upstream` answered, by name (schema v2)
 
 
 COLUMNS = tuple(f.name for f in fields(LedgerRow))
@@ -56,4 +57,5 @@ def row_of(record: RequestRecord, outcome: Outcome, finished: float, ids: Reserv
         upstream_attempts=record.upstream_attempts,
         latency_ms=round((finished - record.started) * 1000, 3),
         first_token_ms=None if record.first_token_seconds is None else round(record.first_token_seconds * 1000, 3),
+        deployment=record.deployment if record.upstream_attempts else "",
     )

@@ -187,7 +187,8 @@ def requests_page(rows: Sequence[LedgerRow], limit: int) -> dict:
         "data": [{
             "object": "organization.request", "id": r.id, "request_id": r.request_id, "created": r.at_ms // 1000,
             "api_key_id": r.key_id, "project_id": r.env, "endpoint": r.endpoint, "model": r.model,
-            "upstream": r.upstream, "status": r.status, "code": r.code or None, "input_tokens": r.input_tokens,
+            "upstream": r.upstream, "deployment": r.deployment or None, "status": r.status, "code": r.code or None,
+            "input_tokens": r.input_tokens,
             "output_tokens": r.output_tokens, "input_cached_tokens": r.cached_input_tokens, "images": r.images,
             "cost": {"value": micros_to_usd(r.cost_micros), "currency": "usd"}, "cost_microdollars": r.cost_micros,
             "latency_ms": r.latency_ms, "first_token_ms": r.first_token_ms,

@@ -29,4 +29,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         sqlite=(_table("REAL"), *_INDEXES),
         postgresql=(_table("DOUBLE PRECISION"), *_INDEXES),
     ),
+    Migration(
+        COMPONENT, 2, "usage_ledger.deployment: which deployment of the model answered",
+        sqlite=("ALTER TABLE usage_ledger ADD COLUMN deployment TEXT NOT NULL DEFAULT ''",),
+        postgresql=("ALTER TABLE usage_ledger ADD COLUMN deployment TEXT NOT NULL DEFAULT ''",),
+    ),
 )

@@ -216,7 +216,7 @@ async def test_recent_requests_newest_first_in_pages(chat, channel, running, dou
         "project_id": "e", "endpoint": "/v1/chat/completions", "model": "up-solo", "upstream": "up-solo",
         "status": 502, "code": "upstream_error", "input_tokens": 0, "output_tokens": 0, "input_cached_tokens": 0,
         "images": 0, "cost": {"value": 0.0, "currency": "usd"}, "cost_microdollars": 0, "latency_ms": 0,
-        "first_token_ms": None}
+        "first_token_ms": None, "deployment": "openai"}  # a plain provider: one deployment named by its kind
     rest = await usage_json(channel, secret, "ListRequestsHttp", limit=3, page=first["next_page"])
     assert [r["id"] for r in rest["data"]] == [stored[0].id] and rest["has_more"] is False
     errors = await usage_json(channel, secret, "ListRequestsHttp", errors_only=True)
