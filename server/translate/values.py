@@ -83,19 +83,28 @@ def is_integer(value: Json) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
 
 
-def opt_string(obj: Mapping, name: str, path: str = "") -> str | None:
-    """A string member; absent or null is None."""
+def _typed(obj: Mapping, name: str, path: str, check, expected: str):
+    """A member of the JSON type `check` accepts; absent or null is None."""
     value = obj.get(name)
-    if value is None or isinstance(value, str):
+    if value is None or check(value):
         return value
-    raise wrong_type(join(path, name), "a string", value)
+    raise wrong_type(join(path, name), expected, value)
+
+
+def opt_string(obj: Mapping, name: str, path: str = "") -> str | None:
+    return _typed(obj, name, path, lambda v: isinstance(v, str), "a string")
 
 
 def opt_bool(obj: Mapping, name: str, path: str = "") -> bool | None:
-    value = obj.get(name)
-    if value is None or isinstance(value, bool):
-        return value
-    raise wrong_type(join(path, name), "a boolean", value)
+    return _typed(obj, name, path, lambda v: isinstance(v, bool), "a boolean")
+
+
+def opt_object(obj: Mapping, name: str, path: str = "") -> dict | None:
+    return _typed(obj, name, path, lambda v: isinstance(v, dict), "an object")
+
+
+def opt_array(obj: Mapping, name: str, path: str = "") -> list | None:
+    return _typed(obj, name, path, lambda v: isinstance(v, list), "an array")
 
 
 def opt_number(obj: Mapping, name: str, low: float, high: float, path: str = "") -> float | None:
@@ -125,20 +134,6 @@ def opt_int(obj: Mapping, name: str, low: int, high: int = 2**63 - 1, path: str 
     if value > high:
         raise InvalidRequest(f"`{param}` must be at most {high}, got {value}.", param=param)
     return value
-
-
-def opt_object(obj: Mapping, name: str, path: str = "") -> dict | None:
-    value = obj.get(name)
-    if value is None or isinstance(value, dict):
-        return value
-    raise wrong_type(join(path, name), "an object", value)
-
-
-def opt_array(obj: Mapping, name: str, path: str = "") -> list | None:
-    value = obj.get(name)
-    if value is None or isinstance(value, list):
-        return value
-    raise wrong_type(join(path, name), "an array", value)
 
 
 def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] = ("text",)) -> tuple[str, list[int]]:
