@@ -17,9 +17,9 @@ class Capabilities:
 
     tool_calls: bool = False  # can call tools, so tool_choice "required" / a named tool can be honoured
     json_output: bool = False  # can be held to JSON output (OpenAI response_format json_object / json_schema)
-    # The API the provider speaks: a request in it reaches the provider whole, so it can honour everything the
+    # The APIs the provider speaks: a request in one of them reaches it whole, so it can honour everything the
     # caller sent. None (the embedded model): only what the internal values hold.
-    dialect: Dialect | None = None
+    dialects: frozenset[Dialect] = frozenset()
 
 
 class Provider(Protocol):
@@ -64,8 +64,8 @@ def token_counter_of(provider: object) -> TokenCounter | None:
 def unsupported(request: GenerationRequest, capabilities: Capabilities) -> InvalidRequest | None:
     """Why `capabilities` cannot honour `request`, or None when they can."""
     source = request.source
-    if source is not None and source.dialect is not capabilities.dialect:
-        embedded = capabilities.dialect is None
+    if source is not None and source.dialect not in capabilities.dialects:
+        embedded = not capabilities.dialects
         for item in source.unread:
             if item.embedded if embedded else item.other_dialect:
                 return InvalidRequest(item.message, param=item.param)

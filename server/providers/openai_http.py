@@ -27,7 +27,7 @@ def openai_auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 class OpenAIProvider:
-    capabilities = Capabilities(tool_calls=True, json_output=True, dialect=Dialect.OPENAI)
+    capabilities = Capabilities(tool_calls=True, json_output=True, dialects=frozenset({Dialect.OPENAI}))
 
     def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
         self._upstream = upstream

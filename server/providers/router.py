@@ -48,7 +48,8 @@ class Route:
     def capabilities(self) -> Capabilities:
         """What at least one deployment can honour (a request is sent only to those that can)."""
         caps = [getattr(d.provider, "capabilities", Capabilities()) for d in self.deployments]
-        return Capabilities(tool_calls=any(c.tool_calls for c in caps), json_output=any(c.json_output for c in caps))
+        return Capabilities(tool_calls=any(c.tool_calls for c in caps), json_output=any(c.json_output for c in caps),
+                            dialects=frozenset().union(*(c.dialects for c in caps)))
 
 
 class Router:

@@ -21,8 +21,8 @@ from server.translate.values import parse_body, proto_to_json
 from tests.helpers import chat_body, chat_request as chat_pb
 
 EMBEDDED = Capabilities()
-OPENAI = Capabilities(tool_calls=True, json_output=True, dialect=Dialect.OPENAI)
-ANTHROPIC = Capabilities(tool_calls=True, dialect=Dialect.ANTHROPIC)
+OPENAI = Capabilities(tool_calls=True, json_output=True, dialects=frozenset({Dialect.OPENAI}))
+ANTHROPIC = Capabilities(tool_calls=True, dialects=frozenset({Dialect.ANTHROPIC}))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -84,6 +84,12 @@ def test_unknown_and_refused_fields_are_refused_by_the_embedded_model_and_the_ot
     # A neutral value asks for nothing and is never refused; an ignored field is never refused.
     assert refusal(chat(frequency_penalty=0, presence_penalty=0.0, logit_bias={}, user="u", store=True), ANTHROPIC) is None
     assert refusal(chat(seed=3, top_k=4), ANTHROPIC) is None
+
+
+def test_a_model_with_deployments_of_both_dialects_takes_either_whole():
+    both = Capabilities(tool_calls=True, dialects=frozenset({Dialect.OPENAI, Dialect.ANTHROPIC}))
+    assert refusal(chat(x_vendor_knob=1), both) is None
+    assert refusal(message(tools=[{"type": "web_search_20250305", "name": "w"}]), both) is None
 
 
 def test_parts_the_internal_values_cannot_hold_pass_only_to_their_own_dialect():

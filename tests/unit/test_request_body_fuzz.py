@@ -38,8 +38,8 @@ MESSAGES = {"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "
     "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "w"}],
     "tool_choice": {"type": "tool", "name": "f"}, "stop_sequences": ["x"], "top_k": 3}
 IMAGES = {"model": "m", "prompt": "a cat", "n": 2, "size": "256x256", "response_format": "url", "quality": "low"}
-TARGETS = [Capabilities(), Capabilities(tool_calls=True, json_output=True, dialect=Dialect.OPENAI),
-           Capabilities(tool_calls=True, dialect=Dialect.ANTHROPIC)]
+TARGETS = [Capabilities(), Capabilities(tool_calls=True, json_output=True, dialects=frozenset({Dialect.OPENAI})),
+           Capabilities(tool_calls=True, dialects=frozenset({Dialect.ANTHROPIC}))]
 
 
 def paths(value, prefix=()):
