@@ -8,11 +8,10 @@ from server.domain import Endpoint
 from server.usage.latency import histogram_sql
 from server.usage.ledger import COLUMNS
 
-# OpenAI's group_by names -> ledger columns (an Portico env is OpenAI's project).
+# OpenAI's group_by names -> ledger columns (a Portico key's env is OpenAI's project).
 GROUP_COLUMNS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}
 ERROR_CONDITION = "(status >= 400 OR code <> '')"  # the caller got an error (in-band after a 200 included)
 TEXT_ENDPOINTS = (Endpoint.CHAT.value, Endpoint.MESSAGES.value)
-
 
 
 @dataclass(frozen=True, slots=True)
