@@ -15,9 +15,9 @@ export function ownLimitsText(key) {
 }
 
 export async function catalogModels(api) {
-  // The models the signed-in admin key may use; an admin key with all models sees the whole catalog.
-  const listed = await api.get("/v1/models");
-  return listed.data.map((model) => model.id);
+  // The whole catalog, whatever the signed-in admin key's own grants (GET /v1/admin/models).
+  const {models} = await api.get("/v1/admin/models");
+  return models.map((model) => model.id);
 }
 
 export async function keysPage(ctx) {
