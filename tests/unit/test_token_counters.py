@@ -41,3 +41,13 @@ def test_a_model_with_fallbacks_keeps_its_token_counter():
 def _chain(*models) -> Router:
     routes = [Route(model_id, (DeploymentRoute("d", 1.0, provider, ONE_TRY),)) for model_id, provider in models]
     return Router(routes, board=MemoryBoard([]))
+
+
+def test_a_router_keeps_its_deployments_dialects_so_passthrough_fields_are_not_refused():
+    from server.domain import Dialect
+
+    class Upstream(Plain):
+        capabilities = Capabilities(tool_calls=True, json_output=True, dialects=frozenset({Dialect.OPENAI}))
+
+    router = _chain(("a", Upstream()))
+    assert router.capabilities.dialects == {Dialect.OPENAI} and router.capabilities.tool_calls
