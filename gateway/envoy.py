@@ -70,8 +70,11 @@ def render_config(
     lua_source: Path,
     listen_host: str = "127.0.0.1",
     stream_idle_timeout_s: float | None = None,
+    access_log_path: str | None = "/dev/stderr",
 ) -> dict[str, Any]:
-    """A copy of `template` with Portico's addresses, upstream endpoints and file paths filled in (pure)."""
+    """A copy of `template` with Portico's addresses, upstream endpoints and file paths filled in (pure).
+
+    `access_log_path`: where Envoy writes the lines of replies the server never saw (None: nowhere)."""
     if not upstreams:
         raise ValueError("at least one upstream endpoint is required")
     config = copy.deepcopy(dict(template))
@@ -81,6 +84,11 @@ def render_config(
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     if stream_idle_timeout_s is not None:
         hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s:g}s"
+    if access_log_path is None:
+        hcm.pop("access_log", None)
+    else:
+        for log in hcm.get("access_log", ()):
+            log["typed_config"]["path"] = access_log_path
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": render_lua(Path(lua_source).read_text("utf-8"))}
     filters[_TRANSCODER_FILTER]["proto_descriptor"] = str(Path(descriptor_set).resolve())

@@ -87,6 +87,12 @@ local function replace_body(buffer, headers, body)
   headers:replace("content-length", tostring(#body))
 end
 
+-- Marks a reply the server never saw (Envoy's own, or a worker that died), for Envoy's access log (envoy.yaml):
+-- Portico's access log records every other request itself.
+local function mark_envoy_reply(handle, status)
+  handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
+end
+
 local function shape_error(handle, status)
   local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request or ""
   local path = request:match(" (.*)") or ""
@@ -96,6 +102,7 @@ local function shape_error(handle, status)
   local trailers = handle:trailers()
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
   if headers:get("portico-local-reply") then
+    mark_envoy_reply(handle, status)
     local message, param = describe_local_reply(status, body, request)
     return replace_body(buffer, headers, error_body(status, message, param, anthropic))
   end
@@ -115,6 +122,7 @@ local function shape_error(handle, status)
     return replace_body(buffer, headers, shaped)
   end
   -- Not Portico's contract (e.g. UNIMPLEMENTED, or grpc's own limits): shape the Status JSON by HTTP status.
+  mark_envoy_reply(handle, status)
   replace_body(buffer, headers, error_body(status, status_message(body), nil, anthropic))
 end
 

@@ -179,7 +179,18 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
         upstreams=upstreams,
         descriptor_set=DESCRIPTOR_SET,
         lua_source=repo_root() / "gateway" / "error_shaper.lua",
+        access_log_path=_envoy_access_log(config),
     )
+
+
+def _envoy_access_log(config: Config) -> str | None:
+    """Where Envoy writes the lines of replies the server never saw: into Portico's access-log file (both append
+    whole lines), else `<data_dir>/envoy-access.log` (Envoy's own stdout and stderr are envoy.log)."""
+    if config.access_log == "off":
+        return None
+    if config.access_log in ("stderr", "stdout"):
+        return str((config.data_dir / "envoy-access.log").resolve())
+    return str(Path(config.access_log).resolve())
 
 
 async def run_worker(config: Config, socket_path: Path) -> int:

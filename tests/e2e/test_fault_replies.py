@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -89,3 +90,24 @@ def test_every_file_in_the_data_dir_is_private(http, gateway, tmp_path):
     gateway.__class__(0, 0, "", data_dir, tmp_path / "unused.log").cli("keys", "list")
     assert data_dir.stat().st_mode & 0o777 == 0o700
     assert {p.name: p.stat().st_mode & 0o777 for p in data_dir.iterdir()}["keys.db"] == 0o600
+
+
+def test_replies_envoy_makes_itself_are_in_the_access_log(http, gateway):
+    """Unknown URLs, oversize headers, bad HTTP: the server never sees them, Envoy's access log has them."""
+    marker = "envoy-reply-" + str(time.time_ns())
+    log = gateway.data_dir / "envoy-access.log"
+    big_headers_before = log.read_text().count('"code":"request_header_fields_too_large"') if log.exists() else 0
+    assert http.get("/v1/nothing-here", headers={"x-request-id": marker + "-404"}).status_code == 404
+    assert http.get("/v1/models", headers={"x-request-id": marker + "-431",
+                                           "cookie": "c=" + "x" * (70 * 1024)}).status_code == 431
+    assert http.get("/v1/models", headers={"x-request-id": marker + "-200"}).status_code == 200
+    deadline = time.monotonic() + 15  # Envoy flushes its access log every second or so
+    while time.monotonic() < deadline and marker + "-404" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    lines = {line["request_id"]: line for line in map(json.loads, log.read_text().splitlines())
+             if (line["request_id"] or "").startswith(marker)}
+    assert lines[marker + "-404"]["status"] == 404 and lines[marker + "-404"]["code"] == "not_found"
+    assert lines[marker + "-404"]["source"] == "envoy" and lines[marker + "-404"]["request"] == "GET /v1/nothing-here"
+    # Headers too large to read have no request id: counted all the same.
+    assert log.read_text().count('"code":"request_header_fields_too_large"') > big_headers_before
+    assert marker + "-200" not in lines  # the server's own access log has that one
