@@ -49,6 +49,6 @@ def test_killing_a_worker_under_load_fails_at_most_its_requests_in_flight(worker
     before = sum(1 for when, _ in outcomes if when < killed_at)
     after = len(outcomes) - before
     print(f"worker kill: {len(failed)} of {len(outcomes)} failed ({before} before the kill)")
-    assert before > 50 and after > 100, (before, after)  # there was load on both sides of the kill
+    assert before > 20 and after > 20, (before, after)  # there was load on both sides of the kill
     # At most the requests in flight at the kill: one per client.
     assert len(failed) <= CLIENTS, f"{len(failed)} of {len(outcomes)} failed: {sorted(set(failed))}"
