@@ -158,3 +158,26 @@ def test_serve_on_a_port_in_use_exits_1_and_says_so(tmp_path):
     assert f"cannot bind '127.0.0.1:{port}': Address already in use" in errors
     assert "earlier run" not in errors  # only what this start went through
     assert "Portico is listening" not in done.stdout
+
+
+def test_a_second_gateway_on_the_same_port_refuses_to_start(gateway, tmp_path):
+    """Envoy binds with SO_REUSEPORT by default: a second gateway on the same port came up and took half the
+    traffic, answering it with keys of its own (401s for the first gateway's callers)."""
+    data_dir = tmp_path / "second-gateway-data"
+    admin_port, metrics_port = free_ports(2)
+    log_path = tmp_path / "second-gateway-data.log"
+    with open(log_path, "w") as log:
+        second = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), "serve", "--port", str(gateway.port),
+             "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )
+        try:
+            returncode = second.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # it came up beside the first one
+            second.terminate()
+            second.wait(timeout=60)
+            raise
+    assert returncode == 1
+    assert f"cannot bind '127.0.0.1:{gateway.port}': Address already in use" in log_path.read_text()
+    assert httpx.get(f"{gateway.base_url}/healthz", timeout=60).status_code == 200
