@@ -15,7 +15,10 @@ from portico.v1 import image_pb2, image_service_pb2_grpc, message_service_pb2_gr
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request, http_body
 
-LONG = "Write a very long story."  # an answer that does not end by itself within the test's few tokens
+# Greedy sampling writes 1,000 tokens (~9 s) for this prompt; a sampled answer once ended in well under a second,
+# before the test could see it hold its slot or pass its deadline.
+LONG = "Write a very long story."
+LONG_ANSWER = {"temperature": 0, "messages": [{"role": "user", "content": LONG}]}
 HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
 
 
@@ -102,7 +105,7 @@ async def test_abandoned_stream_frees_its_slot_and_settles_what_it_used(chat, ru
     # 300 max tokens reserve ~330 of 400 tokens per minute: a second request fits only if the first is settled
     # with what it really generated before its caller went away.
     key_id, secret = await new_key(running, concurrent_requests=1, tokens_per_minute=400)
-    request = chat_request(max_tokens=300, stream=True, messages=[{"role": "user", "content": LONG}])
+    request = chat_request(max_tokens=300, stream=True, **LONG_ANSWER)
     call = getattr(chat, rpc)(request if rpc == "StreamChatCompletion" else http_body(request), metadata=bearer(secret))
     for _ in range(4):
         await call.read()
@@ -127,7 +130,7 @@ async def test_failed_requests_free_their_slot(chat, running):
 
 async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):
     key_id, secret = await new_key(running, concurrent_requests=1)
-    long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": LONG}])
+    long = chat_request(max_tokens=1000, **LONG_ANSWER)
     call = chat.CreateChatCompletion(long, metadata=bearer(secret))
     deadline = asyncio.get_running_loop().time() + 10
     while not await running.limiter.store.in_flight(key_id):  # admitted: a busy machine may take a while
@@ -140,7 +143,7 @@ async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):
 
 async def test_a_request_past_its_deadline_frees_its_slot(chat, running):
     key_id, secret = await new_key(running, concurrent_requests=1)
-    long = chat_request(max_tokens=1000, messages=[{"role": "user", "content": LONG}])
+    long = chat_request(max_tokens=1000, **LONG_ANSWER)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await chat.CreateChatCompletion(long, metadata=bearer(secret), timeout=0.5)
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
