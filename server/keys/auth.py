@@ -67,9 +67,16 @@ class Authenticator:
                 await self._watch
 
     def forget(self, key_id: str | None) -> None:
-        """Ask the store again next time for this key (None: for every key)."""
+        """Ask the store again next time for this key (None: for every key).
+
+        A key's own notice drops it: it changed. None only says notices may have been lost (the listener's
+        connection broke, typically because the store went down), so every key is checked again at its next use
+        but keeps its outage grace: clearing the cache would refuse cached keys exactly when the store is down.
+        """
         if key_id is None:
-            self._keys.clear()
+            due = self._clock() - self._cache_seconds
+            for digest, (key, confirmed) in list(self._keys.items()):
+                self._keys[digest] = (key, min(confirmed, due))
             return
         for digest in [digest for digest, (key, _) in self._keys.items() if key.id == key_id]:
             del self._keys[digest]

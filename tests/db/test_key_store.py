@@ -10,6 +10,7 @@ import time
 import pytest
 
 from server.db import StoreSettings
+from server.db.database import StoreUnavailable
 from server.domain import KeyLimits
 from server.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from server.keys import Authenticator, KeyStore, hash_secret, open_key_store
@@ -185,6 +186,30 @@ async def test_outage_serves_cached_keys_for_a_bounded_staleness_and_503_otherwi
             await asyncio.sleep(0.2)
     assert await auth.authenticate(bearer(cached_secret)) == cached
     await store.close()
+
+
+async def test_lost_change_notices_do_not_cost_cached_keys_their_outage_grace(store):
+    """PostgreSQL going down also drops the LISTEN connection, which says "changes may have been missed" (None):
+    cached keys must then be checked again at their next use, yet still be served within stale_seconds while the
+    store is down. Clearing the cache there turned a cached key's requests into 503s mid-outage."""
+    now = [1000.0]
+    auth = Authenticator(store, cache_seconds=60, stale_seconds=300, clock=lambda: now[0])
+    key, secret = await store.create("cached", all_models=True)
+    assert await auth.authenticate(bearer(secret)) == key
+    lookups = []
+    find_active = store.find_active
+
+    async def down(digest):
+        lookups.append(digest)
+        raise StoreUnavailable("the store is down")
+
+    store.find_active = down
+    auth.forget(None)  # the listener lost its connection
+    assert await auth.authenticate(bearer(secret)) == key  # stale, within the bound
+    assert lookups, "after a lost notice the key must be checked again"
+    store.find_active = find_active
+    now[0] += 1
+    assert await auth.authenticate(bearer(secret)) == key
 
 
 async def test_postgres_changes_reach_the_other_hosts_caches_at_once(postgres_url):
