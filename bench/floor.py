@@ -25,6 +25,7 @@ from google.api import httpbody_pb2
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import EnvoyProcess, load_template, render_config, repo_root
 from portico.v1 import chat_service_pb2_grpc
+from server.app import SERVER_OPTIONS
 from server.observability import Telemetry
 from server.services.interceptor import ErrorInterceptor
 
@@ -55,7 +56,7 @@ class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
 async def serve(port: int, admin_port: int, handler_us: float) -> None:
     with tempfile.TemporaryDirectory(prefix="portico-floor-") as run_dir:
         socket_path = Path(run_dir) / "grpc.sock"
-        server = grpc.aio.server(interceptors=[ErrorInterceptor(Telemetry())])
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(Telemetry())], options=SERVER_OPTIONS)
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(FloorChat(handler_us / 1e6), server)
         server.add_insecure_port(f"unix:{socket_path}")
         await server.start()

@@ -122,6 +122,14 @@ local function shape_error(handle, status)
     return replace_body(buffer, headers, shaped)
   end
   -- Not Portico's contract (e.g. UNIMPLEMENTED, or grpc's own limits): shape the Status JSON by HTTP status.
+  if status == 499 then
+    -- CANCELLED that the server did not send as Portico's contract: grpc-core dropped the call unanswered (too
+    -- many queued). The caller is still here to read this, so it is an overload worth retrying, not a 499.
+    status = 503
+    headers:replace(":status", "503")
+    headers:replace("retry-after", "1")
+    body = ""
+  end
   mark_envoy_reply(handle, status)
   replace_body(buffer, headers, error_body(status, status_message(body), nil, anthropic))
 end

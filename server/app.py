@@ -51,6 +51,19 @@ from server.usage.writer import LedgerWriter
 MAX_METADATA_BYTES = 128 * 1024  # Envoy accepts 60 KiB of request headers (envoy.yaml max_request_headers_kb)
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # above Envoy's 8 MiB request limit, so Envoy answers oversize bodies first
 MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
+# Calls that arrived but that the event loop has not yet picked up. grpc-core cancels them at random above 1,000
+# and all of them above 3,000 (its defaults): a burst of new streams while the loop is busy (5,000 streams opened
+# in 2 s) lost ~1,600 calls that way. Envoy caps the connections (overload_manager in envoy.yaml).
+MAX_PENDING_CALLS = 50_000
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    # Above Envoy's header limit (plus what Envoy adds), so Envoy alone refuses big headers, with a 431.
+    ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+    ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -181,13 +194,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     store, telemetry, limiter, pipeline = core.store, core.telemetry, core.limiter, core.pipeline
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(telemetry)],
-        options=[
-            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-            ("grpc.max_send_message_length", MAX_SEND_BYTES),
-            # Above Envoy's header limit (plus what Envoy adds), so Envoy alone refuses big headers, with a 431.
-            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
-            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
-        ],
+        options=SERVER_OPTIONS,
     )
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
         ChatServicer(pipeline, default_max_tokens=config.default_max_tokens), server
