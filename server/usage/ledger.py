@@ -5,6 +5,7 @@ when it ends, so the ledger, the metrics and the access log describe each reques
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
@@ -34,6 +35,9 @@ class LedgerRow:
 
 
 COLUMNS = tuple(f.name for f in fields(LedgerRow))
+# A row's values in COLUMNS order, for the inserts: dataclasses.astuple deep-copies every field and was half of a
+# row's cost in the writer thread (12 of 25 us).
+values_of = attrgetter(*COLUMNS)
 
 
 def row_of(record: RequestRecord, outcome: Outcome, finished: float, ids: ReservationIds) -> LedgerRow:

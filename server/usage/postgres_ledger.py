@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import astuple
 
 import psycopg
 
 from server.db.migrations import migrate_postgres
 from server.db.postgres import connect
 from server.db.settings import StoreSettings
-from server.usage.ledger import COLUMNS, LedgerRow
+from server.usage.ledger import COLUMNS, LedgerRow, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
@@ -52,7 +51,7 @@ class PostgresLedger:
     def write(self, rows: Sequence[LedgerRow]) -> None:
         def insert(conn: psycopg.Connection) -> None:
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(_INSERT, [astuple(row) for row in rows])
+                cursor.executemany(_INSERT, [values_of(row) for row in rows])
 
         self._run(insert)
 

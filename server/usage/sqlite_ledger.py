@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import astuple
 from pathlib import Path
 
 from server.db.migrations import migrate_sqlite
 from server.db.sqlite import connect_sqlite
-from server.usage.ledger import COLUMNS, LedgerRow
+from server.usage.ledger import COLUMNS, LedgerRow, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
@@ -26,7 +25,7 @@ class SqliteLedger:
     def write(self, rows: Sequence[LedgerRow]) -> None:
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.executemany(_INSERT, [astuple(row) for row in rows])
+            self._db.executemany(_INSERT, [values_of(row) for row in rows])
 
     def prune(self, before_ms: int) -> int:
         with self._lock:
