@@ -32,6 +32,7 @@ from bench.common import (CHAT_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, 
                           tree, wait_port)
 
 PORTKEY_VERSION = "1.15.2"
+OPEN_STREAMS = 5000  # issue 15: held open at once, each to its end
 NODE_MAJOR = "22"  # on Node 20 Portkey's streams fail too
 PORTKEY_DIR = ROOT / ".cache" / "bench-portkey"
 TENSORZERO_VERSION = "2026.6.0"
@@ -195,9 +196,7 @@ def bench(peers: list[Peer], args, wrk: str, run_dir: Path, helpers: list[int]) 
                     peer.pause()
                 rows.append(row)
                 by_run.setdefault((peer.name, kind), []).append(row)
-    for peer in peers:
-        peer.resume()  # so that they can be stopped
-    return rows, summary(peers, by_run)
+    return rows, by_run
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -226,4 +225,45 @@ def summary(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]]) -> list
     for peer in peers:
         if peer.stream_failure:
             lines.append(f"{peer.name}: streams {peer.stream_failure}: {peer.stream_answer!r}")
+    return lines
+
+
+def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams: Row | None,
+            floor: list[Row]) -> list[str]:
+    """Issue 15's targets, each `met` or `MISSED` with its figure, from this run alone. peers[0] is Portico, then
+    LiteLLM, Portkey and TensorZero (as run.py starts them)."""
+    def mean(peer: Peer, kind: str, what: str) -> float | None:
+        return _mean([getattr(row, what) for row in by_run.get((peer.name, kind), [])])
+
+    portico, litellm, portkey, tensorzero = peers
+    lines = ["", "Issue 15's targets, this run:"]
+
+    def verdict(ok: bool | None, target: str, measured: str) -> None:
+        lines.append(f"  {'-' if ok is None else 'met' if ok else 'MISSED':>6}  {target:<52} {measured}")
+
+    def ratio(kind: str, other: Peer, factor: float, target: str) -> None:
+        ours, theirs = mean(portico, kind, "rps"), mean(other, kind, "rps")
+        if ours is None or not theirs:
+            verdict(None, target, f"not measured ({other.stream_failure or 'no runs'})")
+        else:
+            verdict(ours >= factor * theirs, target, f"{ours:,.0f} vs {theirs:,.0f} req/s ({ours / theirs:.2f}x)")
+
+    def cpu(kind: str, limit: float, target: str) -> None:
+        ms = mean(portico, kind, "cpu_ms")
+        verdict(None if ms is None else ms <= limit, target, "-" if ms is None else f"{ms:.2f} ms")
+
+    ratio("JSON", portkey, 1.2, "JSON req/s >= 1.2x Portkey's")
+    ratio("JSON", litellm, 20, "JSON req/s >= 20x LiteLLM's")
+    cpu("JSON", 0.9, "CPU <= 0.9 ms per JSON request")
+    cpu("stream", 1.0, "CPU <= 1.0 ms per streamed request")
+    ratio("stream", litellm, 20, "streamed req/s >= 20x LiteLLM's")
+    ratio("stream", tensorzero, 1.0, "streamed req/s >= TensorZero's")
+    if streams is not None:
+        ok = streams.requests >= OPEN_STREAMS and not streams.errors and (streams.gateway_rss_mb or 0) <= 600
+        verdict(ok, f"{OPEN_STREAMS:,} open streams, zero errors, RSS <= 600 MB",
+                f"{streams.requests - streams.errors:,} of {streams.requests:,} completed, {streams.errors} errors, "
+                f"{streams.gateway_rss_mb:.0f} MB")
+    for row in floor:
+        lines.append(f"  {'':>6}  {row.name + ' (the front door alone)':<52} {row.rps:,.0f} req/s, "
+                     f"{row.cpu_ms:.2f} ms CPU per request")
     return lines

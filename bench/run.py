@@ -44,8 +44,8 @@ from pathlib import Path
 
 from bench import litellm, peers
 from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, create_key,
-                          ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes, run_wrk, tree,
-                          wait_port, write_portico_config)
+                          ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes, run_wrk, settle,
+                          tree, wait_port, write_portico_config)
 from gateway.envoy import free_ports
 
 
@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="wrk -t (default 1)")
     p.add_argument("--rate", type=float, default=100.0, help="paced latency run: requests/s per target (default 100)")
     p.add_argument("--latency-seconds", type=float, default=10.0, help="paced latency run length (default 10; 0: skip)")
-    p.add_argument("--streams", type=int, default=1000, help="streams held open at once (default 1000; 0: skip)")
+    p.add_argument("--streams", type=int, default=None,
+                   help="streams held open at once (default 1000, with --peers 5000; 0: skip)")
     p.add_argument("--access-log", choices=["file", "off"], default="file",
                    help="the gateway's access log: to a file in the run directory (default) or off")
     p.add_argument("--only", default="", help="comma-separated subset of: direct,json,stream,messages,latency,streams")
@@ -107,6 +108,8 @@ def _micros(text: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.streams is None:
+        args.streams = peers.OPEN_STREAMS if args.peers else 1000
     only = set(filter(None, args.only.split(","))) or {"direct", "json", "stream", "messages", "latency", "streams"}
     wrk = ensure_wrk()
     run_dir = Path(tempfile.mkdtemp(prefix="portico-bench-"))
@@ -256,7 +259,23 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
         peer.resume()
         peers.check(peer)
         peer.pause()
-    rows, lines = peers.bench(gateways, args, wrk, run_dir, helpers)
+    rows, by_run = peers.bench(gateways, args, wrk, run_dir, helpers)
+    lines = peers.summary(gateways, by_run)
+    # Portico alone (the peers paused): the open streams, then the front door's floor, for issue 15's verdicts.
+    streams_row = None
+    if args.streams > 0:
+        gateways[0].resume()  # peers.bench leaves every gateway paused
+        settle(gateway.pid, 5)
+        streams_row = open_streams(args, port, key, (gateway.pid, helpers), "portico")
+        rows.append(streams_row)
+    gateways[0].pause()
+    floor_rows = [row for handler_us in args.floor
+                  for row in _floor(args, {"json"}, wrk, run_dir, procs, helpers, handler_us,
+                                    (mock_port, *free_ports(2)))]
+    rows += floor_rows
+    for peer in gateways:
+        peer.resume()  # so that they can be stopped
+    lines += peers.targets(gateways, by_run, streams_row, floor_rows)
     results["rows"] = [r.__dict__ for r in rows]
     results["peers"] = lines
     print()
