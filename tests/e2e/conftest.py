@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
+import openai
 import pytest
 
 from gateway.envoy import free_ports
@@ -101,6 +103,18 @@ def gateway(tmp_path_factory) -> Gateway:
     with running_gateway(tmp_path_factory.mktemp("gateway-data")) as gateway:
         yield gateway
 
+
+
+@pytest.fixture(scope="module")
+def oai(gateway: Gateway) -> openai.OpenAI:
+    """The official openai SDK on the module's gateway (the session's, or one the module starts itself)."""
+    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(gateway: Gateway) -> anthropic.Anthropic:
+    """The official anthropic SDK on the module's gateway."""
+    return anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
 
 
 @pytest.fixture(scope="session", autouse=True)

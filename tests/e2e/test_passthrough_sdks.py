@@ -48,16 +48,6 @@ def gateway(double, tmp_path_factory):
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
-@pytest.fixture(scope="module")
-def oai(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def claude(gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
-
-
 @pytest.fixture(autouse=True)
 def fresh(double):
     double.reset()

@@ -123,8 +123,11 @@ def test_postgres_outage_cached_keys_work_uncached_get_503_then_recovery(shared,
             assert int(refused.headers["retry-after"]) > 0
             listed = httpx.get(f"{host.base_url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"})
             assert listed.status_code == 503 and listed.json()["error"]["code"] == "service_unavailable"
-            readyz = httpx.get(f"{host.base_url}/readyz").json()
-            assert readyz["checks"]["keys"] == "unreachable"
+            # Readiness is checked every second, and a check waits up to twice the store timeout for PostgreSQL.
+            deadline = time.monotonic() + 3 * 1.0 + 5.0
+            while (keys := httpx.get(f"{host.base_url}/readyz").json()["checks"]["keys"]) != "unreachable":
+                assert time.monotonic() < deadline, keys
+                time.sleep(0.2)
         time.sleep(1.0)
     finally:
         postgres_server.start()

@@ -61,16 +61,6 @@ def gateway(llama_server, double, tmp_path_factory):
     assert UPSTREAM_KEY not in gateway.log_path.read_text()  # never logged, whatever happened
 
 
-@pytest.fixture(scope="module")
-def oai(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def claude(gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
-
-
 @pytest.fixture(autouse=True)
 def fresh(double):
     double.reset()
