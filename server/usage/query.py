@@ -45,10 +45,11 @@ class Totals:
     latency: tuple[int, ...] = ()  # latency histogram: cumulative counts per bound, then the count timed (latency.py)
 
 
-def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "") -> str:
-    """`verb`/`suffix`: the dialect's way to skip a row whose id is stored already."""
-    values = ", ".join([placeholder] * len(COLUMNS))
-    return f"{verb} INTO usage_ledger ({', '.join(COLUMNS)}) VALUES ({values}){suffix}"
+def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "", rows: int = 1) -> str:
+    """`verb`/`suffix`: the dialect's way to skip a row whose id is stored already; `rows`: how many rows the one
+    statement inserts (their values follow one another, in COLUMNS order)."""
+    values = ", ".join([f"({', '.join([placeholder] * len(COLUMNS))})"] * rows)
+    return f"{verb} INTO usage_ledger ({', '.join(COLUMNS)}) VALUES {values}{suffix}"
 
 
 def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:

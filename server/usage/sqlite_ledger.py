@@ -3,8 +3,10 @@ and `portico usage` can use it at once)."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
 from server.db.migrations import migrate_sqlite
@@ -13,7 +15,12 @@ from server.usage.ledger import COLUMNS, LedgerRow, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
-_INSERT = insert_sql("?", verb="INSERT OR IGNORE")
+MAX_ROWS_PER_INSERT = 500
+
+
+@cache
+def _insert(rows: int) -> str:
+    return insert_sql("?", verb="INSERT OR IGNORE", rows=rows)
 
 
 class SqliteLedger:
@@ -21,11 +28,19 @@ class SqliteLedger:
         self._db = connect_sqlite(path)
         migrate_sqlite(self._db, MIGRATIONS)
         self._lock = threading.Lock()  # the writer's thread and readers' threads share the connection
+        variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        self._rows_per_insert = max(1, min(MAX_ROWS_PER_INSERT, variables // len(COLUMNS)))
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
+        # Many rows per statement, not one: sqlite3 lets go of the GIL around each statement it runs and must take
+        # it back after, which waits for the busy event loop's thread each time (executemany, one statement per
+        # row, cost ~40 us of CPU per row in the writer's thread under load, against ~6 us when alone).
+        step = self._rows_per_insert
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.executemany(_INSERT, [values_of(row) for row in rows])
+            for start in range(0, len(rows), step):
+                chunk = rows[start:start + step]
+                self._db.execute(_insert(len(chunk)), [value for row in chunk for value in values_of(row)])
 
     def prune(self, before_ms: int) -> int:
         with self._lock:

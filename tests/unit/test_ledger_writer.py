@@ -101,6 +101,36 @@ async def test_rows_that_cannot_be_written_before_shutdown_are_counted(tmp_path,
     assert dropped == [1] and "before shutdown" in caplog.text
 
 
+class SlowSink(FlakySink):
+    """Each write takes 0.1 s, as a store under load may."""
+
+    def write(self, rows) -> None:
+        time.sleep(0.1)
+        super().write(rows)
+
+
+async def test_rows_that_arrive_during_a_write_wait_for_the_next_batch(tmp_path):
+    # Chasing them wrote a few rows per transaction, back to back, for as long as requests kept coming.
+    sink = SlowSink(tmp_path / "l.db")
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=30, batch_rows=3, buffer_rows=10))
+    writer.start()
+    for n in range(3):
+        writer.append(row(n))  # a full batch: written at once
+    await asyncio.sleep(0.03)
+    writer.append(row(3))  # arrives while that batch is being written
+    await asyncio.sleep(0.3)
+    assert sink.calls == 1 and [r.id for r in sink.db.rows()] == ["r0", "r1", "r2"] and writer.pending == 1
+    await writer.close()
+    assert sink.calls == 2 and len(sink.db.rows()) == 4
+
+
+def test_a_batch_larger_than_one_insert_is_stored_whole(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    sink.write([row(n) for n in range(1201)])  # several multi-row statements, the last one partly filled
+    sink.write([row(n) for n in range(1195, 1210)])  # overlaps: the stored ones are skipped
+    assert [r.id for r in sink.rows()] == [f"r{n}" for n in range(1210)]
+
+
 def test_a_batch_written_twice_is_stored_once(tmp_path):
     sink = SqliteLedger(tmp_path / "l.db")
     sink.write([row(1), row(2)])
