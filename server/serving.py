@@ -32,7 +32,7 @@ from server.app import start_server
 from server.config import Config
 from server.db.database import StoreUnavailable
 from server.keys import open_key_store
-from server.limits.redis import redacted
+from server.limits.settings import redacted
 from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
 from server.providers.health import HEALTH_FILE_ENV

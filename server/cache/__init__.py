@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import orjson
 
 from server.cache.codec import decode, encode
-from server.cache.stores import CacheStore, MemoryStore, RedisStore
+from server.cache.stores import CacheStore, MemoryStore
 from server.domain import AnthropicMessagesSource, CacheSettings, Finished, GenerationEvent, GenerationRequest
 
-__all__ = ["CacheStore", "Lookup", "MemoryStore", "RedisStore", "ResponseCache"]
+__all__ = ["CacheStore", "Lookup", "MemoryStore", "ResponseCache"]
 
 HEADER = "x-portico-cache"
 # Fields that label a request for its caller's own records, and do not change the answer.

@@ -16,9 +16,10 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
+if TYPE_CHECKING:  # psycopg itself is imported where PostgreSQL is configured (server/db/postgres.py)
+    import psycopg
 
 # Any fixed 64-bit number, the same in every Portico: the advisory lock the migrations of every component take.
 ADVISORY_LOCK_ID = 0x706F727469636F  # "portico"

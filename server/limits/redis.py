@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -24,6 +23,7 @@ from server.limits.core import (
 )
 from server.limits.redis_pipe import RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
+from server.limits.settings import redacted
 from server.limits.standing import Counts
 
 _logger = logging.getLogger(__name__)
@@ -34,15 +34,6 @@ _RECORD_TTL = 2 * DAY_SECONDS  # how long an unsettled reservation can still be 
 _MONTH_TTL = 33 * DAY_SECONDS  # a month's spend outlives it a little, for late settlements
 # Redis could not answer (not: answered with an error, which is a bug and is raised as such).
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class RedisLimitStore:

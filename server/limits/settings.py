@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from server.domain import KeyLimits
 
@@ -18,3 +19,12 @@ class LimitSettings:
     on_store_error: str = "closed"  # the store cannot answer: "closed" refuses with 503, "open" admits uncounted
     lease_seconds: float = 30.0  # Redis: a crashed process's concurrency slots are freed within this time
     store_timeout_seconds: float = 0.5  # Redis: connect and command timeout
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

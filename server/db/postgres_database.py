@@ -1,0 +1,135 @@
+"""The control-plane database on PostgreSQL (server/db/database.py has the interface and the SQLite side): psycopg's
+async connections from a pool, a sync connection in a thread for migrations, LISTEN/NOTIFY between hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import PoolClosed, PoolTimeout
+
+from server.db.database import Params, Step, StoreUnavailable
+from server.db.migrations import Migration, migrate_postgres
+from server.db.postgres import async_pool, connect, connect_async
+from server.db.settings import StoreSettings
+
+# After a failure, calls fail at once for this long instead of each waiting for the timeout again; the readiness
+# check's ping still tries, so recovery is seen within a second.
+_FAIL_FAST_SECONDS = 1.0
+
+_logger = logging.getLogger(__name__)
+
+
+class PostgresDatabase:
+    def __init__(self, settings: StoreSettings, migrations: Sequence[Migration]) -> None:
+        self._settings = settings
+        self._migrations = migrations
+        self._pool = async_pool(settings)
+        self._migrated = not migrations
+        self._migrating = asyncio.Lock()
+        self._failing_until = 0.0
+        self._sql: dict[str, str] = {}
+
+    @classmethod
+    async def open(cls, settings: StoreSettings, migrations: Sequence[Migration]) -> PostgresDatabase:
+        database = cls(settings, migrations)
+        await database._pool.open(wait=False)  # not waiting: a host may start while PostgreSQL is down
+        try:
+            await database._migrate()
+        except StoreUnavailable as exc:
+            _logger.error("the key store %s is unreachable at start-up (%s); its schema will be checked when it "
+                          "answers", settings.url, exc)
+        return database
+
+    async def _migrate(self) -> None:
+        async with self._migrating:
+            if self._migrated:
+                return
+            try:
+                # A sync connection in a thread: migrations also run from the CLI, and take the lock themselves.
+                await asyncio.to_thread(self._migrate_now)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+            self._migrated = True
+
+    def _migrate_now(self) -> None:
+        with connect(self._settings, statement_timeout=False) as conn:
+            migrate_postgres(conn, self._migrations)
+
+    def _postgres_sql(self, sql: str) -> str:
+        translated = self._sql.get(sql)
+        if translated is None:
+            translated = self._sql[sql] = sql.replace("?", "%s")
+        return translated
+
+    async def _run(self, work: Callable[[psycopg.AsyncConnection], Any], *, fail_fast: bool = True) -> Any:
+        if fail_fast and time.monotonic() < self._failing_until:
+            raise StoreUnavailable("PostgreSQL did not answer a moment ago")
+        try:
+            # A hard bound besides the pool's and libpq's timeouts: a server that stops answering mid-query.
+            async with asyncio.timeout(self._settings.timeout_seconds * 2):
+                if not self._migrated:
+                    await self._migrate()
+                async with self._pool.connection() as conn:
+                    conn.row_factory = dict_row
+                    return await work(conn)
+        except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
+            self._failing_until = time.monotonic() + _FAIL_FAST_SECONDS
+            raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc
+
+    async def fetch_one(self, sql: str, params: Params = ()) -> Mapping[str, Any] | None:
+        async def work(conn: psycopg.AsyncConnection) -> Any:
+            return await (await conn.execute(self._postgres_sql(sql), params)).fetchone()
+
+        return await self._run(work)
+
+    async def fetch_all(self, sql: str, params: Params = ()) -> list[Mapping[str, Any]]:
+        async def work(conn: psycopg.AsyncConnection) -> Any:
+            return await (await conn.execute(self._postgres_sql(sql), params)).fetchall()
+
+        return await self._run(work)
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        async def work(conn: psycopg.AsyncConnection) -> int:
+            return (await conn.execute(self._postgres_sql(sql), params)).rowcount
+
+        return await self._run(work)
+
+    async def transaction(self, steps: Sequence[Step]) -> None:
+        async def work(conn: psycopg.AsyncConnection) -> None:
+            async with conn.transaction():
+                for sql, params in steps:
+                    await conn.execute(self._postgres_sql(sql), params)
+
+        await self._run(work)
+
+    async def ping(self) -> None:
+        async def work(conn: psycopg.AsyncConnection) -> None:
+            await conn.execute("SELECT 1")
+
+        await self._run(work, fail_fast=False)
+        self._failing_until = 0.0
+
+    async def notify(self, channel: str, payload: str) -> None:
+        await self.execute("SELECT pg_notify(?, ?)", (channel, payload))
+
+    async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
+        """LISTEN on a connection of its own (outside the pool), reconnecting after a failure."""
+        while True:
+            try:
+                async with await connect_async(self._settings) as conn:
+                    await conn.execute(f"LISTEN {channel}")
+                    on_message(None)  # whatever was sent while not listening is unknown
+                    async for message in conn.notifies():
+                        on_message(message.payload)
+            except psycopg.Error as exc:
+                _logger.debug("listening on %s failed (%s); retrying", channel, exc)
+            await asyncio.sleep(_FAIL_FAST_SECONDS)
+
+    async def close(self) -> None:
+        await self._pool.close()
