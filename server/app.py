@@ -139,8 +139,7 @@ def build_limit_store(config: Config) -> LimitStore:
     settings = config.limits
     if settings.store == "memory":
         return MemoryLimitStore(state_path=config.data_dir / "limits-daily.json")
-    # Redis, PostgreSQL and their drivers are imported only where configured: redis-py costs every server process
-    # ~7 MB of memory, psycopg ~11 MB.
+    # Imported only when configured: redis-py costs every server process ~7 MB of memory.
     from server.limits.redis import RedisLimitStore
 
     return RedisLimitStore(

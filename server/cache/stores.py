@@ -12,7 +12,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-
 MEMORY_BYTES = 256 * 1024 * 1024  # the in-process store's whole size; least recently used answers go first
 KEY_PREFIX = "portico:cache:"
 

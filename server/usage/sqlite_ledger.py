@@ -33,8 +33,8 @@ class SqliteLedger:
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
         # Many rows per statement, not one: sqlite3 lets go of the GIL around each statement it runs and must take
-        # it back after, which waits for the busy event loop's thread each time (executemany, one statement per
-        # row, cost ~40 us of CPU per row in the writer's thread under load, against ~6 us when alone).
+        # it back after, from the busy event loop's thread (against executemany's statement per row: 3.6 -> 2.8 us
+        # of CPU per row alone, JSON 1,923 -> 1,992 req/s in interleaved bench runs on top of full batches).
         step = self._rows_per_insert
         with self._lock, self._db:
             self._db.execute("BEGIN")
