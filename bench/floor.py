@@ -6,6 +6,12 @@ socket, the error interceptor with its telemetry) in front of a ChatService whos
 use N microseconds of CPU, send x-ratelimit-* initial metadata as the real pipeline does, and answer with a fixed
 completion: no key check, no limits, no translation, no upstream call. `python -m bench --floor 0,100,...` runs the
 JSON load against it for each N, so the table shows how many req/s are left for a handler of a given cost.
+
+With `--upstream URL` the handler instead does the one thing no gateway can skip: it parses the caller's body, sets
+the upstream's model name, POSTs it to `URL/chat/completions` on a pooled aiohttp connection (the client and pool
+settings of server/providers/http_upstream.py), parses the answer and sends it back re-encoded. Still no key, no
+limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy, grpc.aio, aiohttp) costs
+for a gateway that forwards a request and its answer. `python -m bench --floor upstream` runs it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import grpc
 import orjson
 import uvloop
@@ -53,11 +60,36 @@ class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
         yield httpbody_pb2.HttpBody(content_type="application/json", data=ANSWER)
 
 
-async def serve(port: int, admin_port: int, handler_us: float) -> None:
+class ForwardingChat(chat_service_pb2_grpc.ChatServiceServicer):
+    """Forwards each body to the upstream and its answer back, as Portico's provider does, and nothing else."""
+
+    def __init__(self, upstream: str) -> None:
+        self._url = upstream.rstrip("/") + "/chat/completions"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def CreateChatCompletionHttp(self, request, context):
+        if self._session is None:  # made inside the running loop, as server/providers/http_upstream.py does
+            connector = aiohttp.TCPConnector(limit=100, limit_per_host=0, keepalive_timeout=4.0)
+            self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+        body = orjson.loads(request.data)
+        body["model"] = "mock-gpt"
+        async with self._session.post(self._url, data=orjson.dumps(body),
+                                      headers={"content-type": "application/json"}) as response:
+            answer = orjson.loads(await response.read())
+        await context.send_initial_metadata(RATE_LIMIT_HEADERS)
+        yield httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(answer))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+async def serve(port: int, admin_port: int, handler_us: float, upstream: str | None) -> None:
     with tempfile.TemporaryDirectory(prefix="portico-floor-") as run_dir:
         socket_path = Path(run_dir) / "grpc.sock"
         server = grpc.aio.server(interceptors=[ErrorInterceptor(Telemetry())], options=SERVER_OPTIONS)
-        chat_service_pb2_grpc.add_ChatServiceServicer_to_server(FloorChat(handler_us / 1e6), server)
+        servicer = ForwardingChat(upstream) if upstream else FloorChat(handler_us / 1e6)
+        chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         server.add_insecure_port(f"unix:{socket_path}")
         await server.start()
         config = render_config(load_template(), listen_port=port, admin_port=admin_port,
@@ -68,9 +100,12 @@ async def serve(port: int, admin_port: int, handler_us: float) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         async with EnvoyProcess(config, Path(run_dir)):
-            print(f"floor listening on 127.0.0.1:{port} (handler {handler_us:g} us)", flush=True)
+            what = f"forwarding to {upstream}" if upstream else f"handler {handler_us:g} us"
+            print(f"floor listening on 127.0.0.1:{port} ({what})", flush=True)
             await stop.wait()
         await server.stop(None)
+        if isinstance(servicer, ForwardingChat):
+            await servicer.close()
 
 
 def main() -> None:
@@ -78,8 +113,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--admin-port", type=int, required=True)
     parser.add_argument("--handler-us", type=float, default=0.0, help="CPU microseconds the handler uses")
+    parser.add_argument("--upstream", help="forward each request to this OpenAI-compatible base URL instead")
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.admin_port, args.handler_us))
+    uvloop.run(serve(args.port, args.admin_port, args.handler_us, args.upstream))
 
 
 if __name__ == "__main__":

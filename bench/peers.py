@@ -264,6 +264,9 @@ def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams
                 f"{streams.requests - streams.errors:,} of {streams.requests:,} completed, {streams.errors} errors, "
                 f"{streams.gateway_rss_mb:.0f} MB")
     for row in floor:
-        lines.append(f"  {'':>6}  {row.name + ' (the front door alone)':<52} {row.rps:,.0f} req/s, "
-                     f"{row.cpu_ms:.2f} ms CPU per request")
+        what = "front door + upstream exchange" if row.name.endswith("upstream call") else "the front door alone"
+        versus = mean(portkey, "JSON", "rps")
+        lines.append(f"  {'':>6}  {f'{row.name} ({what})':<52} {row.rps:,.0f} req/s"
+                     + (f" ({row.rps / versus:.2f}x Portkey's)" if versus else "")
+                     + f", {row.cpu_ms:.2f} ms CPU per request")
     return lines

@@ -14,7 +14,8 @@ stream, for the open-streams run) at the mock, limits enabled (in-process, or a 
 2. a paced run at --rate req/s to the mock and to Portico in turn (bench/client.py), for the added latency;
 3. --streams streams held open at once (20 chunks 0.25 s apart), for the gateway's memory under many streams;
 4. with --floor N,M,...: the JSON load against the same front door (Envoy, grpc.aio, the interceptor) with a
-   handler that only uses N µs of CPU (bench/floor.py): the req/s left for a handler of that cost.
+   handler that only uses N µs of CPU (bench/floor.py): the req/s left for a handler of that cost; `upstream` in
+   the list: a handler that only forwards each request to the mock and its answer back (the design's own floor).
 
 With --litellm, Portico is then stopped and the LiteLLM proxy (`litellm[proxy]`, pinned in bench/litellm.py, in
 its own venv under .cache/, created on first use) is started with --workers workers, the same models pointed at
@@ -48,6 +49,7 @@ from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STR
                           tree, wait_port, write_portico_config)
 from gateway.envoy import free_ports
 
+UPSTREAM_FLOOR = "upstream"  # in --floor: the handler that forwards to the mock instead of burning CPU
 
 
 def smoke(base: str, key: str) -> None:
@@ -83,9 +85,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated subset of: direct,json,stream,messages,latency,streams")
     p.add_argument("--json", type=Path, help="also write the results as JSON to this file")
     p.add_argument("--keep", action="store_true", help="keep the run directory (logs, config) afterwards")
-    p.add_argument("--floor", type=_micros, default=[],
+    p.add_argument("--floor", type=_floors, default=[],
                    help="comma-separated handler costs in µs, e.g. 0,100,200: the JSON load against the bare front "
-                        "door with a handler that only uses that much CPU (bench/floor.py)")
+                        "door with a handler that only uses that much CPU (bench/floor.py); 'upstream': a handler "
+                        "that only forwards each request to the mock and its answer back")
     p.add_argument("--litellm", nargs="?", const="with", choices=["with", "only"],
                    help="then the same runs against the LiteLLM proxy (litellm[proxy]==" + litellm.VERSION + ", its "
                         "own venv in .cache/, --workers workers); '--litellm only': LiteLLM without Portico")
@@ -96,13 +99,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _micros(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected microseconds like 0,100,200, got {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError("handler costs cannot be negative")
+def _floors(text: str) -> list[float | str]:
+    """Handler costs in µs, and `upstream` for the handler that forwards to the mock (bench/floor.py)."""
+    values: list[float | str] = []
+    for part in filter(None, text.split(",")):
+        if part == UPSTREAM_FLOOR:
+            values.append(part)
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected microseconds like 0,100,200 or 'upstream', got {part!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError("handler costs cannot be negative")
+        values.append(value)
     return values
 
 
@@ -169,8 +179,8 @@ def _bench(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, lite
                          (port, admin_port, metrics_port, redis_port), results)
         for _, proc in reversed(procs.started[started:]):  # Portico (and its redis) off before LiteLLM starts
             procs.stop(proc)
-    for handler_us in args.floor:
-        rows += _floor(args, only, wrk, run_dir, procs, helpers, handler_us, (mock_port, port, admin_port))
+    for handler in args.floor:
+        rows += _floor(args, only, wrk, run_dir, procs, helpers, handler, (mock_port, port, admin_port))
     if litellm_bin and gateway_runs:
         rows += litellm.bench(litellm_bin, args, only, wrk, run_dir, procs, helpers, mock_port, litellm_port,
                               results)
@@ -269,8 +279,8 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
         streams_row = open_streams(args, port, key, (gateway.pid, helpers), "portico")
         rows.append(streams_row)
     gateways[0].pause()
-    floor_rows = [row for handler_us in args.floor
-                  for row in _floor(args, {"json"}, wrk, run_dir, procs, helpers, handler_us,
+    floor_rows = [row for handler in args.floor
+                  for row in _floor(args, {"json"}, wrk, run_dir, procs, helpers, handler,
                                     (mock_port, *free_ports(2)))]
     rows += floor_rows
     for peer in gateways:
@@ -308,15 +318,19 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
     return rows
 
 
-def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int], handler_us: float,
-           ports: tuple[int, int, int]) -> list[Row]:
-    """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py."""
+def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
+           handler: float | str, ports: tuple[int, int, int]) -> list[Row]:
+    """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py: its handler uses
+    `handler` µs of CPU, or forwards to the mock (UPSTREAM_FLOOR)."""
     mock_port, port, admin_port = ports
-    name = f"floor, handler {handler_us:g} us"
-    log = run_dir / f"floor-{handler_us:g}.log"
+    if handler == UPSTREAM_FLOOR:
+        label, options = "upstream call", ["--upstream", f"http://127.0.0.1:{mock_port}/v1"]
+    else:
+        label, options = f"handler {handler:g} us", ["--handler-us", str(handler)]
+    name = f"floor, {label}"
+    log = run_dir / f"floor-{label.replace(' ', '-')}.log"
     floor = procs.start(name, [PYTHON, "-m", "bench.floor", "--port", str(port), "--admin-port", str(admin_port),
-                               "--handler-us", str(handler_us)], cwd=ROOT, stdout=open(log, "w"),
-                        stderr=subprocess.STDOUT)
+                               *options], cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_port(port, floor, 30, "bench.floor")
         status, answer = post(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, None)
@@ -326,7 +340,7 @@ def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, help
                         lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args, (floor.pid, helpers),
                         run_dir)]
         if "latency" in only and args.latency_seconds > 0:
-            rows += paced(args, mock_port, port, "none", (floor.pid, helpers), f"floor {handler_us:g} us")[0]
+            rows += paced(args, mock_port, port, "none", (floor.pid, helpers), f"floor {label}")[0]
         return rows
     finally:
         procs.stop(floor)
