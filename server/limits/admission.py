@@ -12,8 +12,7 @@ from typing import Any, TypeVar
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
-    Demand, LimitExceeded, LimitStore, LimitStoreUnavailable, Reading, Reservation, ReservationIds, Scope, Standing,
-    ratelimit_headers,
+    Demand, LimitStore, LimitStoreUnavailable, Reading, Reservation, ReservationIds, Scope, ratelimit_headers,
 )
 from server.limits.settings import LimitSettings
 from server.limits.standing import standing
@@ -154,9 +153,9 @@ async def _logged(work: Awaitable[None]) -> None:
 def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:
     """x-ratelimit-{limit,remaining,reset}-{requests,tokens} for the tightest limit of each kind that applies."""
     headers: list[tuple[str, str]] = []
-    for kind, standing in (("requests", reservation.requests), ("tokens", reservation.tokens)):
-        if standing is not None:
-            headers += ratelimit_headers(kind, standing)
+    for kind, tightest in (("requests", reservation.requests), ("tokens", reservation.tokens)):
+        if tightest is not None:
+            headers += ratelimit_headers(kind, tightest)
     return tuple(headers)
 
 
