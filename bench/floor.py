@@ -51,13 +51,16 @@ class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
     def __init__(self, handler_seconds: float) -> None:
         self._handler_seconds = handler_seconds
 
-    async def CreateChatCompletionHttp(self, request, context):
+    async def CreateChatCompletionHttp(self, request, context):  # what a body with "stream": true reaches
+        yield await self.CreateChatCompletionHttpUnary(request, context)
+
+    async def CreateChatCompletionHttpUnary(self, request, context):
         # A busy loop, not a sleep: the cost stands for Python work done on the event loop's thread.
         end = time.perf_counter() + self._handler_seconds
         while time.perf_counter() < end:
             pass
         await context.send_initial_metadata(RATE_LIMIT_HEADERS)
-        yield httpbody_pb2.HttpBody(content_type="application/json", data=ANSWER)
+        return httpbody_pb2.HttpBody(content_type="application/json", data=ANSWER)
 
 
 class ForwardingChat(chat_service_pb2_grpc.ChatServiceServicer):
@@ -68,6 +71,9 @@ class ForwardingChat(chat_service_pb2_grpc.ChatServiceServicer):
         self._session: aiohttp.ClientSession | None = None
 
     async def CreateChatCompletionHttp(self, request, context):
+        yield await self.CreateChatCompletionHttpUnary(request, context)
+
+    async def CreateChatCompletionHttpUnary(self, request, context):
         if self._session is None:  # made inside the running loop, as server/providers/http_upstream.py does
             connector = aiohttp.TCPConnector(limit=100, limit_per_host=0, keepalive_timeout=4.0)
             self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
@@ -77,7 +83,7 @@ class ForwardingChat(chat_service_pb2_grpc.ChatServiceServicer):
                                       headers={"content-type": "application/json"}) as response:
             answer = orjson.loads(await response.read())
         await context.send_initial_metadata(RATE_LIMIT_HEADERS)
-        yield httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(answer))
+        return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(answer))
 
     async def close(self) -> None:
         if self._session is not None:

@@ -72,23 +72,30 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int) -> 
     interceptor = ErrorInterceptor(core.telemetry)
     chat = ChatServicer(core.pipeline, default_max_tokens=config.default_max_tokens)
     messages = MessageServicer(core.pipeline)
+    # The RPCs Envoy sends each body to: a body without "stream": true goes to the unary twin.
     cases = [
-        ("chat JSON", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
+        ("chat JSON", "/portico.v1.ChatService/CreateChatCompletionHttpUnary", chat.CreateChatCompletionHttpUnary,
          _raw(CHAT_BODY), b"fixed answer"),
         ("chat stream", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
          _raw(STREAM_BODY), b"[DONE]"),
-        ("/v1/messages", "/portico.v1.MessageService/CreateMessageHttp", messages.CreateMessageHttp,
+        ("/v1/messages", "/portico.v1.MessageService/CreateMessageHttpUnary", messages.CreateMessageHttpUnary,
          _raw(MESSAGES_BODY), b"fixed answer"),
     ]
     results = []
     try:
         for name, method, behavior, request, marker in cases:
-            async def continuation(details, behavior=behavior):
+            unary = method.endswith("Unary")
+
+            async def continuation(details, behavior=behavior, unary=unary):
+                if unary:
+                    return grpc.unary_unary_rpc_method_handler(behavior)
                 return grpc.unary_stream_rpc_method_handler(behavior)
 
             handler = await interceptor.intercept_service(continuation, _Details(method))
 
             async def one() -> bytes:
+                if handler.unary_unary:
+                    return (await handler.unary_unary(request, _Context(key))).data
                 return b"".join([body.data async for body in handler.unary_stream(request, _Context(key))])
 
             if marker not in await one():

@@ -73,12 +73,34 @@ local function status_message(json)
   return nil
 end
 
+-- REST paths with a unary twin (the protos' *HttpUnary RPCs): a body that does not ask for a stream is answered
+-- in one gRPC message, which costs grpc and Envoy less than a stream of one (docs/performance.md).
+local UNARY_TWINS = {["/v1/chat/completions"] = "/v1/chat/completions:unary", ["/v1/messages"] = "/v1/messages:unary"}
+-- Only bodies of a known length up to this are read for `stream`: reading one holds it in Lua, and a bigger or
+-- chunked body keeps the streaming RPC, which answers either way.
+local UNARY_SCAN_BYTES = 65536
+
+local function asks_for_stream(text)
+  -- Any `"stream": true` member, at any depth: a nested one only costs the unary saving. A top-level key spelt
+  -- with escapes is missed; the unary RPC then answers its events in one body.
+  return text:find('"stream"%s*:%s*true') ~= nil
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
   local headers = handle:headers()
-  local path = (headers:get(":path") or ""):match("^[^?]*")
-  handle:streamInfo():dynamicMetadata():set("portico", "request", (headers:get(":method") or "") .. " " .. path)
+  local full_path = headers:get(":path") or ""
+  local path = full_path:match("^[^?]*")
+  local method = headers:get(":method") or ""
+  handle:streamInfo():dynamicMetadata():set("portico", "request", method .. " " .. path)
+  local twin = UNARY_TWINS[path]
+  local length = tonumber(headers:get("content-length") or "")
+  if twin == nil or method ~= "POST" or length == nil or length == 0 or length > UNARY_SCAN_BYTES then return end
+  local body = handle:body()
+  if body == nil or asks_for_stream(body:getBytes(0, body:length())) then return end
+  -- Headers re-fetched: body() yielded. The route stays the same (/v1/); the transcoder maps the new path.
+  handle:headers():replace(":path", twin .. (full_path:match("%?.*") or ""))
 end
 
 local function replace_body(buffer, headers, body)

@@ -36,3 +36,4 @@ class ChatServicer(DialectServicer, chat_service_pb2_grpc.ChatServiceServicer):
     CreateChatCompletion = DialectServicer.unary
     StreamChatCompletion = DialectServicer.typed_stream
     CreateChatCompletionHttp = DialectServicer.http_body
+    CreateChatCompletionHttpUnary = DialectServicer.http_unary

@@ -33,6 +33,7 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     CreateMessage = DialectServicer.unary
     StreamMessage = DialectServicer.typed_stream
     CreateMessageHttp = DialectServicer.http_body
+    CreateMessageHttpUnary = DialectServicer.http_unary
 
 
 def beta_values(metadata) -> tuple[str, ...]:

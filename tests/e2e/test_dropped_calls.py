@@ -16,16 +16,23 @@ from gateway.envoy import EnvoyProcess, free_ports, load_template, render_config
 from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 
 
+async def drop(request, context):
+    await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")  # as grpc-core does, with no Portico metadata
+
+
+async def drop_stream(request, context):
+    await drop(request, context)
+    yield  # a server-streaming method
+
+
 class DroppingChat(chat_service_pb2_grpc.ChatServiceServicer):
-    async def CreateChatCompletionHttp(self, request, context):
-        await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")  # as grpc-core does, with no Portico metadata
-        yield  # a server-streaming method
+    CreateChatCompletionHttp = staticmethod(drop_stream)
+    CreateChatCompletionHttpUnary = staticmethod(drop)  # what Envoy sends a body that does not stream to
 
 
 class DroppingMessages(message_service_pb2_grpc.MessageServiceServicer):
-    async def CreateMessageHttp(self, request, context):
-        await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
-        yield
+    CreateMessageHttp = staticmethod(drop_stream)
+    CreateMessageHttpUnary = staticmethod(drop)
 
 
 @pytest.fixture
@@ -55,10 +62,12 @@ async def _front_door(run_dir: Path):
         await server.stop(None)
 
 
+@pytest.mark.parametrize("stream", [False, True])  # the unary twin, the streaming RPC
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
-async def test_a_call_the_server_dropped_is_503_with_retry_after(front_door, path):
+async def test_a_call_the_server_dropped_is_503_with_retry_after(front_door, path, stream):
     async with httpx.AsyncClient(base_url=front_door) as http:
-        reply = await http.post(path, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        reply = await http.post(path, json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                            "stream": stream})
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "1"
     assert reply.json()["error"]["code"] == "service_unavailable"

@@ -68,7 +68,7 @@ def test_request_id_goes_back_to_the_caller_and_into_the_access_log(gateway):
     line = wait_for_line(gateway, response.headers["x-request-id"])
     assert (line["key_id"], line["key_env"], line["status"]) == (key_id, "ops-tests", 200)
     assert line["model"] == "family-a-5.5"
-    assert line["endpoint"] == "/v1/chat/completions" and line["rpc"] == "ChatService/CreateChatCompletionHttp"
+    assert line["endpoint"] == "/v1/chat/completions" and line["rpc"] == "ChatService/CreateChatCompletionHttpUnary"
     assert line["output_tokens"] == 2 == response.json()["usage"]["completion_tokens"]
     assert line["input_tokens"] == response.json()["usage"]["prompt_tokens"]
     assert line["upstream_attempts"] == 1 and line["duration_ms"] >= line["upstream_ms"] > 0
