@@ -60,9 +60,9 @@ def priced(request, tmp_path_factory, redis_server, double) -> Gateway:
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
-def post(gateway: Gateway, secret: str, **body) -> httpx.Response:
+def post(gateway: Gateway, secret: str, timeout: float = 30, **body) -> httpx.Response:
     return httpx.post(f"{gateway.base_url}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"},
-                      json={"model": "up-main", "messages": HELLO, **body}, timeout=30)
+                      json={"model": "up-main", "messages": HELLO, **body}, timeout=timeout)
 
 
 def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(priced, double, redis_server):
@@ -84,6 +84,9 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
                 "model": "up-solo", "messages": HELLO, "stream": True},
                 headers={"Authorization": f"Bearer {secret}"}, timeout=30) as abandoned:
             next(abandoned.iter_bytes())
+    double.cue(Cue(delay=1.5))  # abandoned before any byte: a JSON request (Envoy's unary twin) that costs nothing
+    with pytest.raises(httpx.ReadTimeout):
+        post(priced, secret, timeout=0.3)
     double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)  # up-main fails, up-backup answers
     statuses.append(post(priced, secret).status_code)
     double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)  # up-solo fails: 502
@@ -92,8 +95,8 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
 
     time.sleep(2)  # the abandoned streams settle, and every worker writes its rows (flush_seconds 0.2)
     rows = [r for r in ledger.rows() if r.key_id == key_id]
-    assert len(rows) == 10
-    assert sorted(r.status for r in rows) == [200] * 7 + [499] * 2 + [502]
+    assert len(rows) == 11
+    assert sorted(r.status for r in rows) == [200] * 7 + [499] * 3 + [502]
     assert {r.upstream for r in rows if r.model == "up-main"} == {"up-main", "up-backup"}
     cost = sum(r.cost_micros for r in rows)
     tokens = sum(r.input_tokens + r.output_tokens for r in rows)
@@ -115,7 +118,7 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
     usage = httpx.get(f"{priced.base_url}/v1/organization/usage/completions", headers={
         "Authorization": f"Bearer {secret}"}, params={"start_time": start, "bucket_width": "1m"}, timeout=30).json()
     results = [r for bucket in usage["data"] for r in bucket["results"]]
-    assert sum(r["num_requests"] for r in results) == 10
+    assert sum(r["num_requests"] for r in results) == 11
     assert sum(r["input_tokens"] + r["output_tokens"] for r in results) == tokens
     costs = httpx.get(f"{priced.base_url}/v1/organization/costs", headers={"Authorization": f"Bearer {secret}"},
                       params={"start_time": start, "bucket_width": "1m"}, timeout=30).json()
