@@ -118,7 +118,7 @@ end
 local function shape_error(handle, status)
   local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request or ""
   local path = request:match(" (.*)") or ""
-  local anthropic = path == "/v1/messages" or path:sub(1, 13) == "/v1/messages/"
+  local anthropic = path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"] or path:sub(1, 13) == "/v1/messages/"
   local buffer = handle:body(true)  -- true: an empty buffer (not nil) when the reply has no body
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()

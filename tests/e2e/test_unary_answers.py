@@ -82,3 +82,14 @@ def test_errors_from_the_unary_twin_keep_the_dialect_shape(gateway):
     for response in (chat_error, message_error):
         assert not any(name.startswith(("grpc-", "portico-")) for name in response.headers)
         assert served_by(gateway, response).endswith("HttpUnary")
+
+
+def test_the_twins_paths_called_directly_answer_as_their_endpoints_do(gateway):
+    """The unary paths are public (the transcoder binds them); called directly they behave as the endpoint does,
+    Envoy's own errors included."""
+    answer = post(gateway, "/v1/messages:unary", orjson.dumps({"model": "family-b-sonnet-4-6", "messages": HI,
+                                                                "max_tokens": 2}))
+    assert answer.status_code == 200 and answer.json()["type"] == "message"
+    unknown = httpx.get(f"{gateway.base_url}/v1/messages:unary", timeout=60)  # no such method: Envoy's own 404
+    assert unknown.status_code == 404 and unknown.json()["type"] == "error"  # the Anthropic shape
+    assert unknown.json()["error"]["code"] == "not_found"
