@@ -13,7 +13,8 @@ All four are started once, each answers one JSON and one streamed request (a pee
 failing and gets no stream runs), then all are paused (SIGSTOP of the whole process tree: LiteLLM alone burns ~20 %
 of a core idle). The runs are interleaved: for each round, for JSON then the 10-chunk stream, each gateway in turn is
 resumed, loaded with wrk for --duration s, and paused again. The summary prints, per gateway, req/s, p50/p99, errors
-and the CPU of its whole process tree per request (utime + stime from /proc), averaged over the rounds.
+and the CPU of its whole process tree per request (utime + stime from /proc), averaged over the rounds. The floors
+of `--floor` (bench/floor.py) take part in the JSON rounds the same way.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Peer:
     key: str | None = None  # sent as Authorization: Bearer
     stream_failure: str = ""  # why streams are not run, when they fail
     stream_answer: bytes = b""  # the failed stream's answer, for the footnote
+    json_only: bool = False  # a floor (bench/floor.py): JSON rounds only
 
     def body(self, stream: bool) -> dict:
         return {**(STREAM_BODY if stream else CHAT_BODY), "model": self.model}
@@ -183,14 +185,15 @@ def bench(peers: list[Peer], args, wrk: str, run_dir: Path, helpers: list[int]) 
     for round_no in range(1, args.rounds + 1):
         for kind in ("JSON", "stream"):
             for peer in peers:
-                if kind == "stream" and peer.stream_failure:
+                if kind == "stream" and (peer.stream_failure or peer.json_only):
                     continue
                 peer.resume()
                 try:
                     settle(peer.proc.pid, 5)
                     script = lua_script(run_dir / "lua" / f"peer-{len(rows)}.lua", peer.body(kind == "stream"),
                                         peer.key, peer.headers)
-                    row = run_wrk(wrk, f"{peer.name.split()[0]} {kind} r{round_no}", peer.url, script, args,
+                    label = peer.name if peer.json_only else f"{peer.name.split()[0]} {kind}"
+                    row = run_wrk(wrk, f"{label} r{round_no}", peer.url, script, args,
                                   (peer.proc.pid, helpers), run_dir)
                 finally:
                     peer.pause()
@@ -214,7 +217,7 @@ def summary(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]]) -> list
         for kind in ("JSON", "stream"):
             runs = by_run.get((peer.name, kind), [])
             if not runs:
-                line += f" {peer.stream_failure or 'not run':>47}"
+                line += f" {peer.stream_failure or ('JSON only' if peer.json_only else 'not run'):>47}"
                 continue
             line += (f" {f(_mean([r.rps for r in runs]), '12.0f')} {f(_mean([r.p50 for r in runs]), '7.2f')} "
                      f"{f(_mean([r.p99 for r in runs]), '8.2f')} {sum(r.errors for r in runs):>6} "
@@ -228,14 +231,13 @@ def summary(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]]) -> list
     return lines
 
 
-def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams: Row | None,
-            floor: list[Row]) -> list[str]:
+def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams: Row | None) -> list[str]:
     """Issue 15's targets, each `met` or `MISSED` with its figure, from this run alone. peers[0] is Portico, then
-    LiteLLM, Portkey and TensorZero (as run.py starts them)."""
+    LiteLLM, Portkey and TensorZero (as run.py starts them), then the floors."""
     def mean(peer: Peer, kind: str, what: str) -> float | None:
         return _mean([getattr(row, what) for row in by_run.get((peer.name, kind), [])])
 
-    portico, litellm, portkey, tensorzero = peers
+    portico, litellm, portkey, tensorzero, *floors = peers
     lines = ["", "Issue 15's targets, this run:"]
 
     def verdict(ok: bool | None, target: str, measured: str) -> None:
@@ -263,10 +265,11 @@ def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams
         verdict(ok, f"{OPEN_STREAMS:,} open streams, zero errors, RSS <= 600 MB",
                 f"{streams.requests - streams.errors:,} of {streams.requests:,} completed, {streams.errors} errors, "
                 f"{streams.gateway_rss_mb:.0f} MB")
-    for row in floor:
-        what = "front door + upstream exchange" if row.name.endswith("upstream call") else "the front door alone"
-        versus = mean(portkey, "JSON", "rps")
-        lines.append(f"  {'':>6}  {f'{row.name} ({what})':<52} {row.rps:,.0f} req/s"
-                     + (f" ({row.rps / versus:.2f}x Portkey's)" if versus else "")
-                     + f", {row.cpu_ms:.2f} ms CPU per request")
+    versus = mean(portkey, "JSON", "rps")
+    for floor in floors:
+        what = "front door + upstream exchange" if floor.name.endswith("upstream call") else "the front door alone"
+        rps, cpu_ms = mean(floor, "JSON", "rps") or 0.0, mean(floor, "JSON", "cpu_ms") or 0.0
+        lines.append(f"  {'':>6}  {f'{floor.name} ({what})':<52} {rps:,.0f} req/s"
+                     + (f" ({rps / versus:.2f}x Portkey's)" if versus else "")
+                     + f", {cpu_ms:.2f} ms CPU per request")
     return lines

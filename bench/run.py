@@ -269,9 +269,15 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
         peer.resume()
         peers.check(peer)
         peer.pause()
+    # The floors take part in the JSON rounds like a gateway, so that their ratio to the peers is of the same
+    # moments of this machine, whose speed drifts.
+    for handler in args.floor:
+        floor, name, url = _start_floor(procs, run_dir, handler, (mock_port, *free_ports(2)))
+        gateways.append(peers.Peer(name, floor, url, "family-a-5.5", json_only=True))
+        gateways[-1].pause()
     rows, by_run = peers.bench(gateways, args, wrk, run_dir, helpers)
     lines = peers.summary(gateways, by_run)
-    # Portico alone (the peers paused): the open streams, then the front door's floor, for issue 15's verdicts.
+    # Portico alone (the peers paused): the open streams, for issue 15's verdicts.
     streams_row = None
     if args.streams > 0:
         gateways[0].resume()  # peers.bench leaves every gateway paused
@@ -279,13 +285,9 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
         streams_row = open_streams(args, port, key, (gateway.pid, helpers), "portico")
         rows.append(streams_row)
     gateways[0].pause()
-    floor_rows = [row for handler in args.floor
-                  for row in _floor(args, {"json"}, wrk, run_dir, procs, helpers, handler,
-                                    (mock_port, *free_ports(2)))]
-    rows += floor_rows
     for peer in gateways:
         peer.resume()  # so that they can be stopped
-    lines += peers.targets(gateways, by_run, streams_row, floor_rows)
+    lines += peers.targets(gateways, by_run, streams_row)
     results["rows"] = [r.__dict__ for r in rows]
     results["peers"] = lines
     print()
@@ -318,10 +320,10 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
     return rows
 
 
-def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
-           handler: float | str, ports: tuple[int, int, int]) -> list[Row]:
-    """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py: its handler uses
-    `handler` µs of CPU, or forwards to the mock (UPSTREAM_FLOOR)."""
+def _start_floor(procs: Processes, run_dir: Path, handler: float | str,
+                 ports: tuple[int, int, int]) -> tuple[subprocess.Popen, str, str]:
+    """bench/floor.py, answering: its handler uses `handler` µs of CPU, or forwards to the mock (UPSTREAM_FLOOR).
+    (process, row name, chat completions URL)."""
     mock_port, port, admin_port = ports
     if handler == UPSTREAM_FLOOR:
         label, options = "upstream call", ["--upstream", f"http://127.0.0.1:{mock_port}/v1"]
@@ -331,16 +333,31 @@ def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, help
     log = run_dir / f"floor-{label.replace(' ', '-')}.log"
     floor = procs.start(name, [PYTHON, "-m", "bench.floor", "--port", str(port), "--admin-port", str(admin_port),
                                *options], cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    # Its line, not its port: Envoy listens before bench.floor has seen it ready, and a floor paused in between
+    # would find its readiness deadline passed when resumed, and exit.
+    deadline = time.monotonic() + 30
+    while "floor listening" not in log.read_text():
+        if floor.poll() is not None or time.monotonic() > deadline:
+            procs.stop(floor)
+            raise RuntimeError(f"bench.floor did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    status, answer = post(url, CHAT_BODY, None)
+    if status != 200 or b"fixed answer" not in answer:
+        procs.stop(floor)
+        raise RuntimeError(f"the floor server answered {status}: {answer[:300]!r}")
+    return floor, name, url
+
+
+def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
+           handler: float | str, ports: tuple[int, int, int]) -> list[Row]:
+    """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py."""
+    floor, name, url = _start_floor(procs, run_dir, handler, ports)
     try:
-        wait_port(port, floor, 30, "bench.floor")
-        status, answer = post(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, None)
-        if status != 200 or b"fixed answer" not in answer:
-            raise RuntimeError(f"the floor server answered {status}: {answer[:300]!r}")
-        rows = [run_wrk(wrk, name, f"http://127.0.0.1:{port}/v1/chat/completions",
-                        lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args, (floor.pid, helpers),
-                        run_dir)]
+        rows = [run_wrk(wrk, name, url, lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args,
+                        (floor.pid, helpers), run_dir)]
         if "latency" in only and args.latency_seconds > 0:
-            rows += paced(args, mock_port, port, "none", (floor.pid, helpers), f"floor {label}")[0]
+            rows += paced(args, ports[0], ports[1], "none", (floor.pid, helpers), name.replace(",", ""))[0]
         return rows
     finally:
         procs.stop(floor)
