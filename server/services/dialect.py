@@ -84,8 +84,11 @@ class DialectServicer:
         if not plan.stream:
             yield await self._json_answer(call, plan, header)
             return
-        async for data in self._sse(call, plan, header):
-            yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
+        # aclosing: closed with this generator (the caller went away), so the stream settles at once, not in a
+        # task the event loop's finalizer hook schedules later.
+        async with aclosing(self._sse(call, plan, header)) as messages:
+            async for data in messages:
+                yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
 
     async def http_unary(self, request: httpbody_pb2.HttpBody, context) -> httpbody_pb2.HttpBody:
         """`http_body` in one message, for bodies Envoy found not to stream; one that does all the same (a
@@ -93,7 +96,8 @@ class DialectServicer:
         call, plan, header = await self._prepare(parse_body(request.data), context)
         if not plan.stream:
             return await self._json_answer(call, plan, header)
-        data = b"".join([frames async for frames in self._sse(call, plan, header)])
+        async with aclosing(self._sse(call, plan, header)) as messages:
+            data = b"".join([frames async for frames in messages])
         return httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
 
     async def _json_answer(self, call: Call, plan: Plan, header: ResponseHeader) -> httpbody_pb2.HttpBody:
