@@ -33,7 +33,9 @@ from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import EnvoyProcess, load_template, render_config, repo_root
 from portico.v1 import chat_service_pb2_grpc
 from server.app import SERVER_OPTIONS
+from server.domain import UpstreamSpec
 from server.observability import Telemetry
+from server.providers.http_upstream import KEEPALIVE_SECONDS
 from server.services.interceptor import ErrorInterceptor
 
 ANSWER = orjson.dumps({
@@ -47,12 +49,23 @@ RATE_LIMIT_HEADERS = tuple((f"x-ratelimit-{what}-{kind}", value) for kind in ("r
                            for what, value in (("limit", "1000"), ("remaining", "999"), ("reset", "60ms")))
 
 
-class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
+class _Floor(chat_service_pb2_grpc.ChatServiceServicer):
+    """Both REST bindings, as Envoy routes them: JSON bodies reach the unary twin, the streaming RPC (what a body
+    with "stream": true reaches) answers the same in one message."""
+
+    async def CreateChatCompletionHttp(self, request, context):
+        yield await self.CreateChatCompletionHttpUnary(request, context)
+
+    async def CreateChatCompletionHttpUnary(self, request, context):
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+class FloorChat(_Floor):
     def __init__(self, handler_seconds: float) -> None:
         self._handler_seconds = handler_seconds
-
-    async def CreateChatCompletionHttp(self, request, context):  # what a body with "stream": true reaches
-        yield await self.CreateChatCompletionHttpUnary(request, context)
 
     async def CreateChatCompletionHttpUnary(self, request, context):
         # A busy loop, not a sleep: the cost stands for Python work done on the event loop's thread.
@@ -63,19 +76,18 @@ class FloorChat(chat_service_pb2_grpc.ChatServiceServicer):
         return httpbody_pb2.HttpBody(content_type="application/json", data=ANSWER)
 
 
-class ForwardingChat(chat_service_pb2_grpc.ChatServiceServicer):
+class ForwardingChat(_Floor):
     """Forwards each body to the upstream and its answer back, as Portico's provider does, and nothing else."""
 
     def __init__(self, upstream: str) -> None:
         self._url = upstream.rstrip("/") + "/chat/completions"
+        self._pool_size = UpstreamSpec(base_url=upstream, model="mock-gpt").max_connections  # Portico's default
         self._session: aiohttp.ClientSession | None = None
-
-    async def CreateChatCompletionHttp(self, request, context):
-        yield await self.CreateChatCompletionHttpUnary(request, context)
 
     async def CreateChatCompletionHttpUnary(self, request, context):
         if self._session is None:  # made inside the running loop, as server/providers/http_upstream.py does
-            connector = aiohttp.TCPConnector(limit=100, limit_per_host=0, keepalive_timeout=4.0)
+            connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0,
+                                             keepalive_timeout=KEEPALIVE_SECONDS)
             self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         body = orjson.loads(request.data)
         body["model"] = "mock-gpt"
@@ -94,7 +106,7 @@ async def serve(port: int, admin_port: int, handler_us: float, upstream: str | N
     with tempfile.TemporaryDirectory(prefix="portico-floor-") as run_dir:
         socket_path = Path(run_dir) / "grpc.sock"
         server = grpc.aio.server(interceptors=[ErrorInterceptor(Telemetry())], options=SERVER_OPTIONS)
-        servicer = ForwardingChat(upstream) if upstream else FloorChat(handler_us / 1e6)
+        servicer: _Floor = ForwardingChat(upstream) if upstream else FloorChat(handler_us / 1e6)
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         server.add_insecure_port(f"unix:{socket_path}")
         await server.start()
@@ -110,8 +122,7 @@ async def serve(port: int, admin_port: int, handler_us: float, upstream: str | N
             print(f"floor listening on 127.0.0.1:{port} ({what})", flush=True)
             await stop.wait()
         await server.stop(None)
-        if isinstance(servicer, ForwardingChat):
-            await servicer.close()
+        await servicer.close()
 
 
 def main() -> None:
