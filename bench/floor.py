@@ -51,12 +51,20 @@ RATE_LIMIT_HEADERS = tuple((f"x-ratelimit-{what}-{kind}", value) for kind in ("r
 
 class _Floor(chat_service_pb2_grpc.ChatServiceServicer):
     """Both REST bindings, as Envoy routes them: JSON bodies reach the unary twin, the streaming RPC (what a body
-    with "stream": true reaches) answers the same in one message."""
+    with "stream": true reaches) answers the same in one message. The x-ratelimit-* headers travel as Portico's
+    do (server/services/dialect.py): trailing metadata on the twin, initial metadata on the stream."""
 
     async def CreateChatCompletionHttp(self, request, context):
-        yield await self.CreateChatCompletionHttpUnary(request, context)
+        answer = await self.answer(request)
+        await context.send_initial_metadata(RATE_LIMIT_HEADERS)
+        yield answer
 
     async def CreateChatCompletionHttpUnary(self, request, context):
+        answer = await self.answer(request)
+        context.set_trailing_metadata(RATE_LIMIT_HEADERS)
+        return answer
+
+    async def answer(self, request) -> httpbody_pb2.HttpBody:
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -67,12 +75,11 @@ class FloorChat(_Floor):
     def __init__(self, handler_seconds: float) -> None:
         self._handler_seconds = handler_seconds
 
-    async def CreateChatCompletionHttpUnary(self, request, context):
+    async def answer(self, request) -> httpbody_pb2.HttpBody:
         # A busy loop, not a sleep: the cost stands for Python work done on the event loop's thread.
         end = time.perf_counter() + self._handler_seconds
         while time.perf_counter() < end:
             pass
-        await context.send_initial_metadata(RATE_LIMIT_HEADERS)
         return httpbody_pb2.HttpBody(content_type="application/json", data=ANSWER)
 
 
@@ -84,7 +91,7 @@ class ForwardingChat(_Floor):
         self._pool_size = UpstreamSpec(base_url=upstream, model="mock-gpt").max_connections  # Portico's default
         self._session: aiohttp.ClientSession | None = None
 
-    async def CreateChatCompletionHttpUnary(self, request, context):
+    async def answer(self, request) -> httpbody_pb2.HttpBody:
         if self._session is None:  # made inside the running loop, as server/providers/http_upstream.py does
             connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0,
                                              keepalive_timeout=KEEPALIVE_SECONDS)
@@ -94,7 +101,6 @@ class ForwardingChat(_Floor):
         async with self._session.post(self._url, data=orjson.dumps(body),
                                       headers={"content-type": "application/json"}) as response:
             answer = orjson.loads(await response.read())
-        await context.send_initial_metadata(RATE_LIMIT_HEADERS)
         return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(answer))
 
     async def close(self) -> None:

@@ -59,6 +59,9 @@ class _Context:
     async def send_initial_metadata(self, metadata) -> None:
         pass
 
+    def set_trailing_metadata(self, metadata) -> None:
+        pass
+
     def trailing_metadata(self):
         return ()
 

@@ -76,6 +76,8 @@ end
 -- REST paths with a unary twin (the protos' *HttpUnary RPCs): a body that does not ask for a stream is answered
 -- in one gRPC message, which costs grpc and Envoy less than a stream of one (docs/performance.md).
 local UNARY_TWINS = {["/v1/chat/completions"] = "/v1/chat/completions:unary", ["/v1/messages"] = "/v1/messages:unary"}
+local UNARY_PATHS = {}
+for _, twin in pairs(UNARY_TWINS) do UNARY_PATHS[twin] = true end
 -- Only bodies of a known length up to this are read for `stream`: reading one holds it in Lua, and a bigger or
 -- chunked body keeps the streaming RPC, which answers either way.
 local UNARY_SCAN_BYTES = 65536
@@ -93,7 +95,9 @@ function envoy_on_request(handle)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
-  handle:streamInfo():dynamicMetadata():set("portico", "request", method .. " " .. path)
+  local metadata = handle:streamInfo():dynamicMetadata()
+  metadata:set("portico", "request", method .. " " .. path)
+  if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
   if twin == nil or method ~= "POST" or length == nil or length == 0 or length > UNARY_SCAN_BYTES then return end
@@ -101,6 +105,7 @@ function envoy_on_request(handle)
   if body == nil or asks_for_stream(body:getBytes(0, body:length())) then return end
   -- Headers re-fetched: body() yielded. The route stays the same (/v1/); the transcoder maps the new path.
   handle:headers():replace(":path", twin .. (full_path:match("%?.*") or ""))
+  handle:streamInfo():dynamicMetadata():set("portico", "unary", true)
 end
 
 local function replace_body(buffer, headers, body)
@@ -156,9 +161,29 @@ local function shape_error(handle, status)
   replace_body(buffer, headers, error_body(status, status_message(body), nil, anthropic))
 end
 
+-- A unary twin's answer sends its headers (x-ratelimit-*) as trailing metadata, in the gRPC batch that ends the
+-- call, rather than in an initial-metadata batch of their own (a round trip through grpc-core: ~0.05 ms of the
+-- server's CPU per request). The transcoder holds a unary answer's headers until its trailers anyway, so they are
+-- moved up here before anything reaches the caller.
+local function hoist_trailers(handle)
+  handle:body()  -- the whole answer, already held by the transcoder: waiting for it keeps the headers here
+  local trailers = handle:trailers()
+  if trailers == nil then return end
+  local headers = handle:headers()
+  for key, value in pairs(trailers) do
+    if key:sub(1, 5) ~= "grpc-" and key:sub(1, 8) ~= "portico-" then headers:replace(key, value) end
+  end
+  strip_internal(trailers)
+end
+
 function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
-  if status >= 400 then shape_error(handle, status) end
+  if status >= 400 then
+    shape_error(handle, status)
+  elseif (handle:streamInfo():dynamicMetadata():get("portico") or {}).unary then
+    hoist_trailers(handle)  -- and strips them: no trailers are left for HTTP/2 callers
+    return strip_internal(handle:headers())
+  end
   strip_internal(handle:headers())
   -- HTTP/2 callers would also receive the gRPC trailers (grpc-status, grpc-message). Iterating the chunks does
   -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway.

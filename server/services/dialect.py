@@ -36,6 +36,24 @@ class Plan(Protocol):
     def stream(self) -> bool: ...
 
 
+class HeadersAtEnd:
+    """A unary twin's call context: the pipeline's response headers (x-ratelimit-*) go out as trailing metadata,
+    with the batch that ends the RPC, not in an initial-metadata batch of their own, which costs a round trip
+    through grpc-core (~0.05 ms of CPU per request). Envoy's Lua filter moves them up into the HTTP headers: the
+    transcoder holds a unary answer's headers until its trailers anyway. An error keeps them (interceptor.abort)."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    def invocation_metadata(self):
+        return self._context.invocation_metadata()
+
+    async def send_initial_metadata(self, initial_metadata) -> None:
+        self._context.set_trailing_metadata(initial_metadata)
+
+
 class DialectServicer:
     endpoint: ClassVar[Endpoint]
     id_prefix: ClassVar[str]  # of the response ids: "chatcmpl-", "msg_"
@@ -93,7 +111,7 @@ class DialectServicer:
     async def http_unary(self, request: httpbody_pb2.HttpBody, context) -> httpbody_pb2.HttpBody:
         """`http_body` in one message, for bodies Envoy found not to stream; one that does all the same (a
         `"stream"` key spelt with escapes, which Envoy's scan does not read) gets its events in one SSE body."""
-        call, plan, header = await self._prepare(parse_body(request.data), context)
+        call, plan, header = await self._prepare(parse_body(request.data), HeadersAtEnd(context))
         if not plan.stream:
             return await self._json_answer(call, plan, header)
         async with aclosing(self._sse(call, plan, header)) as messages:

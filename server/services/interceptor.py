@@ -151,7 +151,12 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
         ("portico-http-status", str(kind.http_status)),
         ("portico-error", error_body(error, anthropic=anthropic).decode()),
     ]
-    trailing.extend(error.trailing_metadata())
+    own = error.trailing_metadata()
+    # Headers a unary twin already set as trailing metadata (server/services/dialect.py) stay, unless the error
+    # says otherwise.
+    said = {key for key, _ in own}
+    trailing.extend(item for item in context.trailing_metadata() if item[0] not in said)
+    trailing.extend(own)
     await context.abort(kind.grpc_code, error.message, tuple(trailing))
 
 

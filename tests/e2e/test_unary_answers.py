@@ -12,6 +12,8 @@ from tests.e2e.conftest import Gateway
 from tests.e2e.test_operations import wait_for_line
 
 HI = [{"role": "user", "content": "Hi"}]
+RATE_LIMIT_HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset")
+                      for kind in ("requests", "tokens")}
 
 
 def post(gateway: Gateway, path: str, body: bytes, **headers: str) -> httpx.Response:
@@ -38,7 +40,10 @@ def test_a_json_answer_is_served_by_the_unary_twin(gateway, path, body, rpc):
     response = post(gateway, path, orjson.dumps(body))
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     assert response.json()["usage"]["output_tokens" if "messages" in path else "completion_tokens"] == 2
-    assert response.headers["x-ratelimit-limit-requests"]  # initial metadata reaches the caller as before
+    # Sent as trailing metadata by the twin; Envoy's Lua filter makes them headers, and no gRPC metadata leaks.
+    assert RATE_LIMIT_HEADERS <= set(response.headers)
+    assert int(response.headers["x-ratelimit-remaining-requests"]) < int(response.headers["x-ratelimit-limit-requests"])
+    assert not any(name.startswith(("grpc-", "portico-")) for name in response.headers)
     assert served_by(gateway, response) == rpc
 
 
@@ -56,6 +61,7 @@ def test_a_stream_key_spelt_with_escapes_still_streams(gateway):
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     frames = [line for line in response.text.splitlines() if line.startswith("data: ")]
     assert frames[-1] == "data: [DONE]" and orjson.loads(frames[0][6:])["object"] == "chat.completion.chunk"
+    assert RATE_LIMIT_HEADERS <= set(response.headers)
     assert served_by(gateway, response) == "ChatService/CreateChatCompletionHttpUnary"
 
 
@@ -90,6 +96,7 @@ def test_the_twins_paths_called_directly_answer_as_their_endpoints_do(gateway):
     answer = post(gateway, "/v1/messages:unary", orjson.dumps({"model": "family-b-sonnet-4-6", "messages": HI,
                                                                 "max_tokens": 2}))
     assert answer.status_code == 200 and answer.json()["type"] == "message"
+    assert RATE_LIMIT_HEADERS <= set(answer.headers)
     unknown = httpx.get(f"{gateway.base_url}/v1/messages:unary", timeout=60)  # no such method: Envoy's own 404
     assert unknown.status_code == 404 and unknown.json()["type"] == "error"  # the Anthropic shape
     assert unknown.json()["error"]["code"] == "not_found"
