@@ -8,6 +8,7 @@ cannot disagree about what a refusal says or which limit the x-ratelimit-* heade
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
 import os
@@ -32,7 +33,11 @@ Clock = Callable[[], float]  # unix seconds; injected so that tests can move tim
 
 
 class Dimension(str, enum.Enum):
-    """What is limited; the value is the KeyLimits field that sets it."""
+    """What is limited; the value is the KeyLimits field that sets it.
+
+    The properties below are read several times per request for each limit: cached on the member after the first
+    read (a plain attribute then), not recomputed through enum's descriptors every time.
+    """
 
     REQUESTS_PER_MINUTE = "requests_per_minute"
     TOKENS_PER_MINUTE = "tokens_per_minute"
@@ -42,19 +47,19 @@ class Dimension(str, enum.Enum):
     DAILY_SPEND = "max_spend_day"  # budgets, in micro-dollars
     MONTHLY_SPEND = "max_spend_month"
 
-    @property
+    @functools.cached_property
     def label(self) -> str:
         return _LABELS.get(self.value) or self.value.replace("_", " ")
 
-    @property
+    @functools.cached_property
     def counts_spend(self) -> bool:
         return self in (Dimension.DAILY_SPEND, Dimension.MONTHLY_SPEND)
 
-    @property
+    @functools.cached_property
     def counts_tokens(self) -> bool:
         return self in (Dimension.TOKENS_PER_MINUTE, Dimension.DAILY_TOKENS)
 
-    @property
+    @functools.cached_property
     def header_kind(self) -> str | None:
         """Which x-ratelimit-*-{requests,tokens} headers describe this limit (none for concurrency)."""
         if self.counts_tokens:
@@ -75,7 +80,7 @@ class Scope:
     kind: str = "key"  # "key" or "key_model": a bounded metric label
 
     def limit(self, dimension: Dimension) -> int | None:
-        return getattr(self.limits, dimension.value)
+        return getattr(self.limits, dimension._value_)  # `_value_`: a plain attribute; `.value` is a descriptor
 
 
 @dataclass(frozen=True, slots=True)

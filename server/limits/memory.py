@@ -128,7 +128,9 @@ class MemoryLimitStore:
                                                    day_spend=spend, month=month, month_spend=month_spend)
 
     def _counters(self, scope_id: str, now: float) -> _Counters:
-        counters = self._scopes.setdefault(scope_id, _Counters(day=day_of(now), month=month_of(now)))
+        counters = self._scopes.get(scope_id)
+        if counters is None:  # not setdefault: that would build new counters (and a datetime) on every call
+            counters = self._scopes[scope_id] = _Counters(day=day_of(now), month=month_of(now))
         counters.catch_up(now)
         return counters
 
@@ -187,11 +189,12 @@ class MemoryLimitStore:
                     entry.tokens = used_tokens
                 counters.window_tokens += change
             # Corrections go to the day the request was counted in; after UTC midnight that day is gone.
-            if counters.day == day_of(reservation.at):
+            same_day = counters.day == day_of(reservation.at)
+            if same_day:
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
                 counters.day_spend += cost_change
-            if counters.month == month_of(reservation.at):
+            if same_day or counters.month == month_of(reservation.at):  # the same day is the same month
                 counters.month_spend += cost_change
 
     async def counts(self, scope_id: str) -> Counts:
