@@ -111,9 +111,17 @@ def _summed(pids: list[int], read: Callable[[int], int]) -> int:
     return total
 
 
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_ticks(pid: int, stat: str = "") -> int:
+    """utime + stime of a process (all its threads), or of one thread given its `stat` file."""
+    fields = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _rss_bytes(pid: int) -> int:
@@ -157,6 +165,16 @@ class Sampler:
     def _gateway(self) -> list[int]:
         return tree(self.gateway_root) if self.gateway_root else []
 
+    def _envoy(self) -> list[int]:
+        """The gateway's Envoy processes (Portico's and the floors'), so that their share can be told apart."""
+        return [pid for pid in self._gateway() if _comm(pid) == "envoy"]
+
+    def _loop_ticks(self) -> int:
+        """CPU of the main threads of the gateway's processes but Envoy: a Python server's event loop runs there
+        (grpc-core's and the ledger's threads are the process's others)."""
+        return _summed([pid for pid in self._gateway() if _comm(pid) != "envoy"],
+                       lambda pid: _cpu_ticks(pid, f"/proc/{pid}/task/{pid}/stat"))
+
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             pids = self._gateway()
@@ -166,6 +184,8 @@ class Sampler:
     def __enter__(self) -> "Sampler":
         self.t0 = time.monotonic()
         self.gw0, self.machine0 = cpu_ticks(self._gateway()), machine_busy_ticks()
+        envoy = self._envoy()
+        self.has_envoy, self.envoy0, self.loop0 = bool(envoy), cpu_ticks(envoy), self._loop_ticks()
         self.helpers0 = cpu_ticks(self.helper_pids) + self._own_ticks()
         self.peak_rss = rss_bytes(self._gateway())
         self.peak_pss = pss_bytes(self._gateway())
@@ -182,6 +202,8 @@ class Sampler:
         self._thread.join()
         self.seconds = time.monotonic() - self.t0
         gw = self.gateway_ticks = cpu_ticks(self._gateway()) - self.gw0
+        self.envoy_ticks = cpu_ticks(self._envoy()) - self.envoy0
+        self.loop_ticks = self._loop_ticks() - self.loop0
         helpers = cpu_ticks(self.helper_pids) + self._own_ticks() - self.helpers0
         machine = machine_busy_ticks() - self.machine0
         self.gateway_cpu = 100.0 * gw / TICK / self.seconds
@@ -272,6 +294,8 @@ class Row:
     other_cpu: float | None = None
     bench_cpu: float | None = None
     cpu_ms: float | None = None  # the gateway's CPU (its whole process tree) per completed request
+    envoy_cpu_ms: float | None = None  # the part of cpu_ms spent in the gateway's Envoy (None: it has none)
+    loop_cpu_ms: float | None = None  # with an Envoy: the part spent in the main threads of the other processes
     note: str = ""
 
 
@@ -322,6 +346,9 @@ def run_wrk(wrk: str, name: str, url: str, script: Path, args, sampler_args, log
     row.other_cpu, row.bench_cpu = sample.other_cpu, sample.bench_cpu
     if sampler_args[0] and row.requests:
         row.cpu_ms = sample.gateway_ticks / TICK * 1000 / row.requests
+        if sample.has_envoy:
+            row.envoy_cpu_ms = sample.envoy_ticks / TICK * 1000 / row.requests
+            row.loop_cpu_ms = sample.loop_ticks / TICK * 1000 / row.requests
     return row
 
 
@@ -392,10 +419,4 @@ def open_streams(args, port: int, key: str, sampler_args, name: str) -> Row:
 
 
 def process_names(root: int) -> list[str]:
-    names = []
-    for pid in tree(root):
-        try:
-            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-        except OSError:
-            pass
-    return sorted(names)
+    return sorted(name for pid in tree(root) if (name := _comm(pid)))

@@ -231,9 +231,10 @@ def summary(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]]) -> list
     return lines
 
 
-def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams: Row | None) -> list[str]:
-    """Issue 15's targets, each `met` or `MISSED` with its figure, from this run alone. peers[0] is Portico, then
-    LiteLLM, Portkey and TensorZero (as run.py starts them), then the floors."""
+def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams: Row | None,
+            workers: int = 1) -> list[str]:
+    """Issue 15's targets, each `met` or `MISSED` with its figure, from this run alone. peers[0] is Portico (with
+    `workers` server processes), then LiteLLM, Portkey and TensorZero (as run.py starts them), then the floors."""
     def mean(peer: Peer, kind: str, what: str) -> float | None:
         return _mean([getattr(row, what) for row in by_run.get((peer.name, kind), [])])
 
@@ -272,4 +273,20 @@ def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams
         lines.append(f"  {'':>6}  {f'{floor.name} ({what})':<52} {rps:,.0f} req/s"
                      + (f" ({rps / versus:.2f}x Portkey's)" if versus else "")
                      + f", {cpu_ms:.2f} ms CPU per request")
+    lines += _split(portico, floors, mean, workers)
+    return lines
+
+
+def _split(portico: Peer, floors: list[Peer], mean, workers: int) -> list[str]:
+    """Where the CPU of the servers behind Envoy goes. A Python server process runs its event loop on one thread,
+    so that thread's CPU per request bounds the process's req/s at 1000 / ms, whatever the other core does."""
+    lines = ["", "CPU ms per request of Envoy and of the server behind it, and of the server's event-loop thread "
+                 "(1000 / its ms: the most one process can serve):"]
+    for peer, kind in ((portico, "JSON"), (portico, "stream"), *((floor, "JSON") for floor in floors)):
+        total, envoy, loop = (mean(peer, kind, what) for what in ("cpu_ms", "envoy_cpu_ms", "loop_cpu_ms"))
+        if total is None or envoy is None or loop is None:
+            continue
+        one_loop = peer is not portico or workers == 1
+        lines.append(f"  {f'{peer.name}, {kind}':<60} Envoy {envoy:.2f}, server {total - envoy:.2f}, its loop "
+                     f"{loop:.2f}" + (f" (at most {1000 / loop:,.0f} req/s)" if one_loop and loop > 0 else ""))
     return lines

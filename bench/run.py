@@ -287,7 +287,7 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
     gateways[0].pause()
     for peer in gateways:
         peer.resume()  # so that they can be stopped
-    lines += peers.targets(gateways, by_run, streams_row)
+    lines += peers.targets(gateways, by_run, streams_row, workers=args.workers)
     results["rows"] = [r.__dict__ for r in rows]
     results["peers"] = lines
     print()
