@@ -69,7 +69,8 @@ class _Context:
         raise RuntimeError(f"the request failed: {code.name} {details}")
 
 
-async def _run(config_path: Path, key: str, requests: int, concurrency: int) -> list[tuple[str, float, float]]:
+async def _run(config_path: Path, key: str, requests: int, concurrency: int,
+               only: set[str] | None = None) -> list[tuple[str, float, float]]:
     config = load_config(config_path)
     core = await build_core(config)
     interceptor = ErrorInterceptor(core.telemetry)
@@ -87,6 +88,8 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int) -> 
     results = []
     try:
         for name, method, behavior, request, marker in cases:
+            if only and name.rsplit(" ", 1)[-1].rsplit("/", 1)[-1] not in only:  # JSON, stream, messages
+                continue
             unary = method.endswith("Unary")
 
             async def continuation(details, behavior=behavior, unary=unary):
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="every model with a response cache: after the first request of a kind, all are hits")
     parser.add_argument("--store", default="memory",
                         help="limits.store (and so the response cache's store): memory, or a Redis URL")
+    parser.add_argument("--only", default="", help="comma-separated subset of: JSON,stream,messages (default all)")
     parser.add_argument("--tracing", action="store_true",
                         help="traces on, every request sampled, exported to the mock (its POST /v1/traces)")
     args = parser.parse_args(argv)
@@ -148,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             config_path.write_text(json.dumps(config))
         key = create_key(config_path)
         os.environ.update(BENCH_ENV)
-        results = uvloop.run(_run(config_path, key, args.requests, args.concurrency))
+        only = {kind for kind in args.only.split(",") if kind}
+        results = uvloop.run(_run(config_path, key, args.requests, args.concurrency, only))
     except RuntimeError as exc:
         print(f"bench.handler: {exc}", file=sys.stderr)
         return 1
