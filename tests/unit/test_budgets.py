@@ -65,6 +65,19 @@ async def test_a_monthly_budget_resets_on_the_first_of_the_month(store, clock):
     await store.reserve(wanted)
 
 
+async def test_a_request_settled_after_midnight_corrects_its_month_but_not_the_new_day(store, clock):
+    """Counted on one UTC day, settled on the next of the same month: the month's spend gets the real cost, and the
+    new day's budget starts empty."""
+    wanted = demand(6_000, max_spend_day=10_000, max_spend_month=10_000)
+    held = await store.reserve(wanted)
+    clock.advance(12 * 3600)  # UTC midnight passes while it runs (NOON + 12 h: January 2nd)
+    await store.settle(held, 10, 1_000)  # it really cost $0.001: 5,000 of the month's worst case come back
+    later = await store.reserve(demand(6_000, max_spend_day=10_000, max_spend_month=10_000))  # 1,000 + 6,000 fit
+    await store.settle(later, 10, 6_000)
+    error = await refused(store, demand(4_000, max_spend_day=10_000, max_spend_month=10_000))  # 7,000 + 4,000
+    assert error.dimension is Dimension.MONTHLY_SPEND
+
+
 async def test_a_request_that_could_never_fit_its_budget_has_no_retry_hint(store):
     error = await refused(store, demand(20_000, max_spend_day=10_000))
     assert error.message.startswith("Request too large for the spend per UTC day budget of key k1: it may cost up "
