@@ -29,12 +29,25 @@ local function json_string(s)
   return '"' .. escaped .. '"'
 end
 
+local function internal(key)
+  return key:sub(1, 5) == "grpc-" or key:sub(1, 8) == "portico-"
+end
+
 local function strip_internal(map)
   local doomed = {}  -- collect first: removing while iterating is not allowed
   for key, _ in pairs(map) do
-    if key:sub(1, 5) == "grpc-" or key:sub(1, 8) == "portico-" then doomed[#doomed + 1] = key end
+    if internal(key) then doomed[#doomed + 1] = key end
   end
   for _, key in ipairs(doomed) do map:remove(key) end
+end
+
+-- The trailers' own headers (e.g. retry-after, x-ratelimit-*) become response headers; the gRPC and portico-* ones
+-- are dropped, so HTTP/2 callers get no trailers of the server's.
+local function hoist(trailers, headers)
+  for key, value in pairs(trailers) do
+    if not internal(key) then headers:replace(key, value) end
+  end
+  strip_internal(trailers)
 end
 
 -- `message` is a JSON string literal (already quoted and escaped), or nil for the table's default.
@@ -138,10 +151,7 @@ local function shape_error(handle, status)
     -- Failed after initial metadata: the transcoder held the headers, the contract is in the trailers.
     if trailers then
       shaped, http_status = trailers:get("portico-error"), trailers:get("portico-http-status")
-      for key, value in pairs(trailers) do  -- e.g. retry-after, x-ratelimit-*
-        if key:sub(1, 5) ~= "grpc-" and key:sub(1, 8) ~= "portico-" then headers:replace(key, value) end
-      end
-      strip_internal(trailers)
+      hoist(trailers, headers)
     end
   end
   if shaped then
@@ -168,26 +178,22 @@ end
 local function hoist_trailers(handle)
   handle:body()  -- the whole answer, already held by the transcoder: waiting for it keeps the headers here
   local trailers = handle:trailers()
-  if trailers == nil then return end
-  local headers = handle:headers()
-  for key, value in pairs(trailers) do
-    if key:sub(1, 5) ~= "grpc-" and key:sub(1, 8) ~= "portico-" then headers:replace(key, value) end
-  end
-  strip_internal(trailers)
+  if trailers then hoist(trailers, handle:headers()) end
 end
 
 function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
+  local unary = status < 400 and (handle:streamInfo():dynamicMetadata():get("portico") or {}).unary
   if status >= 400 then
     shape_error(handle, status)
-  elseif (handle:streamInfo():dynamicMetadata():get("portico") or {}).unary then
-    hoist_trailers(handle)  -- and strips them: no trailers are left for HTTP/2 callers
-    return strip_internal(handle:headers())
+  elseif unary then
+    hoist_trailers(handle)
   end
   strip_internal(handle:headers())
   -- HTTP/2 callers would also receive the gRPC trailers (grpc-status, grpc-message). Iterating the chunks does
-  -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway.
-  if status < 400 and handle:streamInfo():protocol() == "HTTP/2" then
+  -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway. (Errors and
+  -- unary answers were read whole above: bodyChunks() is not for them.)
+  if status < 400 and not unary and handle:streamInfo():protocol() == "HTTP/2" then
     for _ in handle:bodyChunks() do end
     local trailers = handle:trailers()
     if trailers then strip_internal(trailers) end
