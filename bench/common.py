@@ -165,15 +165,15 @@ class Sampler:
     def _gateway(self) -> list[int]:
         return tree(self.gateway_root) if self.gateway_root else []
 
-    def _envoy(self) -> list[int]:
-        """The gateway's Envoy processes (Portico's and the floors'), so that their share can be told apart."""
-        return [pid for pid in self._gateway() if _comm(pid) == "envoy"]
-
-    def _loop_ticks(self) -> int:
-        """CPU of the main threads of the gateway's processes but Envoy: a Python server's event loop runs there
-        (grpc-core's and the ledger's threads are the process's others)."""
-        return _summed([pid for pid in self._gateway() if _comm(pid) != "envoy"],
-                       lambda pid: _cpu_ticks(pid, f"/proc/{pid}/task/{pid}/stat"))
+    def _ticks(self) -> tuple[int, int, int, bool]:
+        """CPU ticks of the gateway's whole tree, of its Envoy processes (Portico's and the floors'), and of the
+        main threads of its other processes, where a Python server's event loop runs (grpc-core's and the
+        ledger's threads are the process's others); and whether it has an Envoy. From one walk of the tree."""
+        pids = self._gateway()
+        envoy = [pid for pid in pids if _comm(pid) == "envoy"]
+        others = [pid for pid in pids if pid not in envoy]
+        return (cpu_ticks(pids), cpu_ticks(envoy),
+                _summed(others, lambda pid: _cpu_ticks(pid, f"/proc/{pid}/task/{pid}/stat")), bool(envoy))
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
@@ -183,9 +183,8 @@ class Sampler:
 
     def __enter__(self) -> "Sampler":
         self.t0 = time.monotonic()
-        self.gw0, self.machine0 = cpu_ticks(self._gateway()), machine_busy_ticks()
-        envoy = self._envoy()
-        self.has_envoy, self.envoy0, self.loop0 = bool(envoy), cpu_ticks(envoy), self._loop_ticks()
+        self.gw0, self.envoy0, self.loop0, self.has_envoy = self._ticks()
+        self.machine0 = machine_busy_ticks()
         self.helpers0 = cpu_ticks(self.helper_pids) + self._own_ticks()
         self.peak_rss = rss_bytes(self._gateway())
         self.peak_pss = pss_bytes(self._gateway())
@@ -201,9 +200,9 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self.seconds = time.monotonic() - self.t0
-        gw = self.gateway_ticks = cpu_ticks(self._gateway()) - self.gw0
-        self.envoy_ticks = cpu_ticks(self._envoy()) - self.envoy0
-        self.loop_ticks = self._loop_ticks() - self.loop0
+        gw, envoy, loop, _ = self._ticks()
+        gw = self.gateway_ticks = gw - self.gw0
+        self.envoy_ticks, self.loop_ticks = envoy - self.envoy0, loop - self.loop0
         helpers = cpu_ticks(self.helper_pids) + self._own_ticks() - self.helpers0
         machine = machine_busy_ticks() - self.machine0
         self.gateway_cpu = 100.0 * gw / TICK / self.seconds

@@ -77,18 +77,18 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int,
     chat = ChatServicer(core.pipeline, default_max_tokens=config.default_max_tokens)
     messages = MessageServicer(core.pipeline)
     # The RPCs Envoy sends each body to: a body without "stream": true goes to the unary twin.
-    cases = [
-        ("chat JSON", "/portico.v1.ChatService/CreateChatCompletionHttpUnary", chat.CreateChatCompletionHttpUnary,
-         _raw(CHAT_BODY), b"fixed answer"),
-        ("chat stream", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
+    cases = [  # (--only kind, row name, RPC, its method, request, a marker of its answer)
+        ("JSON", "chat JSON", "/portico.v1.ChatService/CreateChatCompletionHttpUnary",
+         chat.CreateChatCompletionHttpUnary, _raw(CHAT_BODY), b"fixed answer"),
+        ("stream", "chat stream", "/portico.v1.ChatService/CreateChatCompletionHttp", chat.CreateChatCompletionHttp,
          _raw(STREAM_BODY), b"[DONE]"),
-        ("/v1/messages", "/portico.v1.MessageService/CreateMessageHttpUnary", messages.CreateMessageHttpUnary,
-         _raw(MESSAGES_BODY), b"fixed answer"),
+        ("messages", "/v1/messages", "/portico.v1.MessageService/CreateMessageHttpUnary",
+         messages.CreateMessageHttpUnary, _raw(MESSAGES_BODY), b"fixed answer"),
     ]
     results = []
     try:
-        for name, method, behavior, request, marker in cases:
-            if only and name.rsplit(" ", 1)[-1].rsplit("/", 1)[-1] not in only:  # JSON, stream, messages
+        for kind, name, method, behavior, request, marker in cases:
+            if only and kind not in only:
                 continue
             unary = method.endswith("Unary")
 
