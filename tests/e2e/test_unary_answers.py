@@ -10,10 +10,9 @@ import pytest
 
 from tests.e2e.conftest import Gateway
 from tests.e2e.test_operations import wait_for_line
+from tests.e2e.test_rate_limits import HEADERS as RATE_LIMIT_HEADERS
 
 HI = [{"role": "user", "content": "Hi"}]
-RATE_LIMIT_HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset")
-                      for kind in ("requests", "tokens")}
 
 
 def post(gateway: Gateway, path: str, body: bytes, **headers: str) -> httpx.Response:
