@@ -34,6 +34,7 @@ from gateway.envoy import EnvoyProcess, load_template, render_config, repo_root
 from portico.v1 import chat_service_pb2_grpc
 from server.app import SERVER_OPTIONS
 from server.domain import UpstreamSpec
+from server.heap import settle_heap
 from server.observability import Telemetry
 from server.providers.http_upstream import KEEPALIVE_SECONDS
 from server.services.interceptor import ErrorInterceptor
@@ -116,6 +117,7 @@ async def serve(port: int, admin_port: int, handler_us: float, upstream: str | N
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         server.add_insecure_port(f"unix:{socket_path}")
         await server.start()
+        settle_heap()  # as portico serve does
         config = render_config(load_template(), listen_port=port, admin_port=admin_port,
                                upstreams=[f"unix:{socket_path}"], descriptor_set=DESCRIPTOR_SET,
                                lua_source=repo_root() / "gateway" / "error_shaper.lua")

@@ -31,6 +31,7 @@ from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STR
 from gateway.envoy import free_ports
 from server.app import build_core
 from server.config import load_config
+from server.heap import settle_heap
 from server.services.chat import ChatServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.messages import MessageServicer
@@ -73,6 +74,7 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int,
                only: set[str] | None = None) -> list[tuple[str, float, float]]:
     config = load_config(config_path)
     core = await build_core(config)
+    settle_heap()  # as portico serve does once its server is built
     interceptor = ErrorInterceptor(core.telemetry)
     chat = ChatServicer(core.pipeline, default_max_tokens=config.default_max_tokens)
     messages = MessageServicer(core.pipeline)

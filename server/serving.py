@@ -31,6 +31,7 @@ from gateway.envoy import EnvoyError, EnvoyProcess, load_template, render_config
 from server.app import start_server
 from server.config import Config
 from server.db.database import StoreUnavailable
+from server.heap import settle_heap
 from server.keys import open_key_store
 from server.limits.settings import redacted
 from server.observability import MetricsServer
@@ -104,6 +105,7 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
     if workers == 1:
         socket_path = run_dir / "grpc.sock"
         running = await start_server(config, f"unix:{socket_path}")
+        settle_heap()
         return _Backend([f"unix:{socket_path}"], running.telemetry.metrics.registry,
                         lambda: running.stop(grace=config.drain_seconds), running.stop_now)
     print(f"Starting {workers} server processes; they share rate limits in {redacted(config.limits.store)}",
@@ -197,6 +199,7 @@ async def run_worker(config: Config, socket_path: Path) -> int:
     """One of `--workers N` server processes: serve on `socket_path` until SIGTERM, then drain (a second SIGTERM
     ends the drain at once)."""
     running = await start_server(config, f"unix:{socket_path}")
+    settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
