@@ -28,6 +28,15 @@ def http_body(request) -> httpbody_pb2.HttpBody:
     return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(body))
 
 
+# What a REST caller must never see: gRPC's own headers and the server's internal ones (Envoy's Lua filter strips them).
+INTERNAL_HEADER_PREFIXES = ("grpc-", "portico-")
+
+
+def internal_headers(names) -> list[str]:
+    """The names among `names` (response headers, trailers) that leaked from inside the gateway."""
+    return [name for name in names if name.lower().startswith(INTERNAL_HEADER_PREFIXES)]
+
+
 def error_details(error: grpc.aio.AioRpcError) -> error_pb2.ErrorResponse:
     """The ErrorResponse a gRPC caller finds in the status details."""
     for name, value in error.trailing_metadata() or ():

@@ -9,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from tests.helpers import internal_headers
+
 
 @pytest.fixture(scope="module")
 def http(gateway) -> httpx.Client:
@@ -20,7 +22,7 @@ def http(gateway) -> httpx.Client:
 def _assert_error(response: httpx.Response, status: int, code: str, *, anthropic: bool = False) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
-    assert not any(h.startswith(("grpc-", "portico-")) for h in response.headers)
+    assert not internal_headers(response.headers)
     body = response.json()
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["code"] == code and body["error"]["message"]

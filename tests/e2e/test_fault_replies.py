@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from server.errors import kind_by_status
+from tests.helpers import internal_headers
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def http(gateway) -> httpx.Client:
 def _error(response: httpx.Response, status: int) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
-    assert not any(h.startswith(("grpc-", "portico-")) for h in response.headers)
+    assert not internal_headers(response.headers)
     error = response.json()["error"]
     kind = kind_by_status()[status]
     assert (error["code"], error["type"]) == (kind.code, kind.type)

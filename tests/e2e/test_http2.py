@@ -12,6 +12,8 @@ import h2.config
 import h2.connection
 import h2.events
 
+from tests.helpers import internal_headers
+
 CHAT = "/v1/chat/completions"
 
 
@@ -22,7 +24,7 @@ class Answer:
     trailers: dict[str, str] = field(default_factory=dict)
 
     def internal(self) -> list[str]:
-        return [name for name in (*self.headers, *self.trailers) if name.startswith(("grpc-", "portico-"))]
+        return internal_headers((*self.headers, *self.trailers))
 
 
 def h2_post(port: int, path: str, body: dict, secret: str) -> Answer:
