@@ -53,6 +53,7 @@ class Peer:
     stream_failure: str = ""  # why streams are not run, when they fail
     stream_answer: bytes = b""  # the failed stream's answer, for the footnote
     json_only: bool = False  # a floor (bench/floor.py): JSON rounds only
+    measures: str = ""  # a floor: what its row measures, e.g. "the front door alone"
 
     def body(self, stream: bool) -> dict:
         return {**(STREAM_BODY if stream else CHAT_BODY), "model": self.model}
@@ -268,9 +269,8 @@ def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams
                 f"{streams.gateway_rss_mb:.0f} MB")
     versus = mean(portkey, "JSON", "rps")
     for floor in floors:
-        what = "front door + upstream exchange" if floor.name.endswith("upstream call") else "the front door alone"
         rps, cpu_ms = mean(floor, "JSON", "rps") or 0.0, mean(floor, "JSON", "cpu_ms") or 0.0
-        lines.append(f"  {'':>6}  {f'{floor.name} ({what})':<52} {rps:,.0f} req/s"
+        lines.append(f"  {'':>6}  {f'{floor.name} ({floor.measures})':<52} {rps:,.0f} req/s"
                      + (f" ({rps / versus:.2f}x Portkey's)" if versus else "")
                      + f", {cpu_ms:.2f} ms CPU per request")
     lines += _split(portico, floors, mean, workers)

@@ -273,7 +273,7 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
     # moments of this machine, whose speed drifts.
     for handler in args.floor:
         floor, name, url = _start_floor(procs, run_dir, handler, (mock_port, *free_ports(2)))
-        gateways.append(peers.Peer(name, floor, url, "family-a-5.5", json_only=True))
+        gateways.append(peers.Peer(name, floor, url, "family-a-5.5", json_only=True, measures=_floor_measures(handler)))
         gateways[-1].pause()
     rows, by_run = peers.bench(gateways, args, wrk, run_dir, helpers)
     lines = peers.summary(gateways, by_run)
@@ -318,6 +318,12 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
     if "streams" in only and args.streams > 0:
         rows.append(open_streams(args, port, key, gw, ""))
     return rows
+
+
+def _floor_measures(handler: float | str) -> str:
+    if handler == UPSTREAM_FLOOR:
+        return "front door + upstream exchange"
+    return "the front door alone" if not handler else f"the front door + {handler:g} us of handler CPU"
 
 
 def _start_floor(procs: Processes, run_dir: Path, handler: float | str,
