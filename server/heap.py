@@ -16,8 +16,9 @@ YOUNG_THRESHOLD = 7_000
 
 
 def settle_heap() -> None:
-    """Collect what start-up left, move the survivors out of the collector's reach for good (`gc.freeze`: they
-    live as long as the process), and collect the young generation less often."""
+    """Collect what start-up left, move the survivors out of the collector's reach for good (`gc.freeze`: nearly
+    all live as long as the process; reference counting still frees the others, and only a cycle among them would
+    stay), and collect the young generation less often."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
