@@ -241,5 +241,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     port = server.add_insecure_port(address)
     await server.start()
     await readiness.start()  # providers are loaded above; the stores are checked now and every second
-    _logger.info("gRPC server listening on %s", address if port == 0 else f"port {port}")
+    # add_insecure_port returns the bound TCP port; for a unix socket it returns 1, which says nothing.
+    where = address if address.startswith("unix:") else f"{address.rpartition(':')[0]}:{port}"
+    _logger.info("gRPC server listening on %s", where)
     return RunningServer(server=server, port=port, core=core, readiness=readiness)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import logging
 import socket
 
 import grpc
@@ -170,3 +171,15 @@ async def test_draining_is_not_serving(tmp_path):
         assert (status, readiness) == (health_pb2.HealthCheckResponse.NOT_SERVING, grpc.StatusCode.UNAVAILABLE)
     finally:
         await running.stop(0)
+
+
+async def test_the_start_up_line_names_where_the_server_listens(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="server.app")
+    config = dataclasses.replace(load_config(), data_dir=tmp_path)
+    for address in (f"unix:{tmp_path / 'grpc.sock'}", "127.0.0.1:0"):
+        running = await start_server(config, address)
+        try:
+            where = address if address.startswith("unix:") else f"127.0.0.1:{running.port}"
+            assert f"gRPC server listening on {where}" in caplog.text
+        finally:
+            await running.stop(0)
