@@ -272,8 +272,7 @@ def _bench_peers(args, wrk: str, run_dir: Path, procs: Processes, litellm_bin: P
     # The floors take part in the JSON rounds like a gateway, so that their ratio to the peers is of the same
     # moments of this machine, whose speed drifts.
     for handler in args.floor:
-        floor, name, url = _start_floor(procs, run_dir, handler, (mock_port, *free_ports(2)))
-        gateways.append(peers.Peer(name, floor, url, "family-a-5.5", json_only=True, measures=_floor_measures(handler)))
+        gateways.append(_start_floor(procs, run_dir, handler, (mock_port, *free_ports(2))))
         gateways[-1].pause()
     rows, by_run = peers.bench(gateways, args, wrk, run_dir, helpers)
     lines = peers.summary(gateways, by_run)
@@ -320,21 +319,16 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
     return rows
 
 
-def _floor_measures(handler: float | str) -> str:
-    if handler == UPSTREAM_FLOOR:
-        return "front door + upstream exchange"
-    return "the front door alone" if not handler else f"the front door + {handler:g} us of handler CPU"
-
-
-def _start_floor(procs: Processes, run_dir: Path, handler: float | str,
-                 ports: tuple[int, int, int]) -> tuple[subprocess.Popen, str, str]:
-    """bench/floor.py, answering: its handler uses `handler` µs of CPU, or forwards to the mock (UPSTREAM_FLOOR).
-    (process, row name, chat completions URL)."""
+def _start_floor(procs: Processes, run_dir: Path, handler: float | str, ports: tuple[int, int, int]) -> peers.Peer:
+    """bench/floor.py, started and answering: its handler uses `handler` µs of CPU, or forwards to the mock
+    (UPSTREAM_FLOOR). A Peer of JSON rounds only, which says what its row measures."""
     mock_port, port, admin_port = ports
     if handler == UPSTREAM_FLOOR:
         label, options = "upstream call", ["--upstream", f"http://127.0.0.1:{mock_port}/v1"]
+        measures = "front door + upstream exchange"
     else:
         label, options = f"handler {handler:g} us", ["--handler-us", str(handler)]
+        measures = f"the front door + {handler:g} us of handler CPU" if handler else "the front door alone"
     name = f"floor, {label}"
     log = run_dir / f"floor-{label.replace(' ', '-')}.log"
     floor = procs.start(name, [PYTHON, "-m", "bench.floor", "--port", str(port), "--admin-port", str(admin_port),
@@ -352,21 +346,21 @@ def _start_floor(procs: Processes, run_dir: Path, handler: float | str,
     if status != 200 or b"fixed answer" not in answer:
         procs.stop(floor)
         raise RuntimeError(f"the floor server answered {status}: {answer[:300]!r}")
-    return floor, name, url
+    return peers.Peer(name, floor, url, "family-a-5.5", json_only=True, measures=measures)
 
 
 def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
            handler: float | str, ports: tuple[int, int, int]) -> list[Row]:
     """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py."""
-    floor, name, url = _start_floor(procs, run_dir, handler, ports)
+    floor = _start_floor(procs, run_dir, handler, ports)
     try:
-        rows = [run_wrk(wrk, name, url, lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args,
-                        (floor.pid, helpers), run_dir)]
+        rows = [run_wrk(wrk, floor.name, floor.url, lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args,
+                        (floor.proc.pid, helpers), run_dir)]
         if "latency" in only and args.latency_seconds > 0:
-            rows += paced(args, ports[0], ports[1], "none", (floor.pid, helpers), name.replace(",", ""))[0]
+            rows += paced(args, ports[0], ports[1], "none", (floor.proc.pid, helpers), floor.name.replace(",", ""))[0]
         return rows
     finally:
-        procs.stop(floor)
+        procs.stop(floor.proc)
 
 
 def targets(rows: list[Row], results: dict, args) -> list[str]:
