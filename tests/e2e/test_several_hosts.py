@@ -26,6 +26,10 @@ from tests.e2e.conftest import running_gateway
 from tests.postgres_support import PASSWORD_ENV
 
 CACHE_SECONDS = 1.0
+STORE_TIMEOUT_SECONDS = 1
+# Readiness is checked every second, and a check waits up to twice the store timeout for PostgreSQL: the change shows
+# within two checks.
+READINESS_WAIT_SECONDS = 2 * (1.0 + 2 * STORE_TIMEOUT_SECONDS) + 2.0
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
 
@@ -35,7 +39,7 @@ def shared(tmp_path_factory, postgres_server, redis_server):
     directory = tmp_path_factory.mktemp("several-hosts")
     raw = yaml.safe_load((resources.files("server") / "default.yaml").read_text())
     raw["keys"] = {**(raw.get("keys") or {}), "store": postgres_server.new_database(), "password_env": PASSWORD_ENV,
-                   "cache_seconds": CACHE_SECONDS, "store_timeout_seconds": 1}
+                   "cache_seconds": CACHE_SECONDS, "store_timeout_seconds": STORE_TIMEOUT_SECONDS}
     raw["limits"] = {**(raw.get("limits") or {}), "store": redis_server.url}
     config = directory / "portico.yaml"
     config.write_text(yaml.safe_dump(raw))
@@ -125,8 +129,7 @@ def test_postgres_outage_cached_keys_work_uncached_get_503_then_recovery(shared,
             assert int(refused.headers["retry-after"]) > 0
             listed = httpx.get(f"{host.base_url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"})
             assert listed.status_code == 503 and listed.json()["error"]["code"] == "service_unavailable"
-            # Readiness is checked every second, and a check waits up to twice the store timeout for PostgreSQL.
-            deadline = time.monotonic() + 3 * 1.0 + 5.0
+            deadline = time.monotonic() + READINESS_WAIT_SECONDS
             while (keys := httpx.get(f"{host.base_url}/readyz").json()["checks"]["keys"]) != "unreachable":
                 assert time.monotonic() < deadline, keys
                 time.sleep(0.2)
@@ -142,7 +145,7 @@ def test_postgres_outage_cached_keys_work_uncached_get_503_then_recovery(shared,
             assert status == 503 and time.monotonic() < deadline, f"no recovery on {host.base_url}: {status}"
             time.sleep(0.2)
         # Readiness is re-checked every second: it may still report the outage just after the first answer.
-        ready_by = time.monotonic() + 3 * 1.0 + 5.0
+        ready_by = time.monotonic() + READINESS_WAIT_SECONDS
         while (keys := httpx.get(f"{host.base_url}/readyz").json()["checks"]["keys"]) != "ok":
             assert time.monotonic() < ready_by, keys
             time.sleep(0.2)
