@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import orjson
 import uvicorn
 
 from tests.upstream_echo import echo_chat, echo_images, echo_messages
@@ -97,7 +97,7 @@ class UpstreamDouble:
             raw += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        body = orjson.loads(raw) if raw else {}
+        body = json.loads(raw) if raw else {}  # the json module: integers of any size exactly as sent
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append(Seen(scope["path"], headers, body))
         cue = self._cues.popleft() if self._cues else self.default_cue
@@ -135,7 +135,7 @@ class UpstreamDouble:
         if isinstance(answer, list):
             content_type, frames = b"text/event-stream", answer
         else:
-            data = answer if isinstance(answer, bytes) else orjson.dumps(answer)
+            data = answer if isinstance(answer, bytes) else json.dumps(answer, separators=(",", ":")).encode()
             content_type, frames = b"application/json", [data[:len(data) // 2], data[len(data) // 2:]]
         headers = [(b"content-type", content_type), *_encoded(cue.headers)]
         await send({"type": "http.response.start", "status": status, "headers": headers})

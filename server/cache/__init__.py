@@ -17,8 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-import orjson
-
+from server import wire_json
 from server.cache.codec import decode, encode
 from server.cache.stores import CacheStore, MemoryStore
 from server.domain import AnthropicMessagesSource, CacheSettings, Finished, GenerationEvent, GenerationRequest
@@ -83,7 +82,7 @@ def cache_key(model_id: str, endpoint: str, scope: str, request: GenerationReque
     body = {name: value for name, value in source.body.items() if name not in NOT_SHAPING}
     beta = source.beta if isinstance(source, AnthropicMessagesSource) else ()
     shape = [model_id, str(endpoint), request.stream, scope, list(beta), body]
-    return hashlib.sha256(orjson.dumps(shape, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return hashlib.sha256(wire_json.dumps(shape, sort_keys=True)).hexdigest()
 
 
 def _cache_control(metadata: Sequence[tuple[str, str | bytes]]) -> set[str]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import orjson
-
+from server import wire_json
 from server.domain import (
     Dialect, FinishReason, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, ToolCallStart,
     UpstreamObject, Usage,
@@ -14,11 +13,11 @@ from server.domain import (
 
 
 def encode(events: Sequence[GenerationEvent]) -> bytes:
-    return orjson.dumps([_encoded(event) for event in events])
+    return wire_json.dumps([_encoded(event) for event in events])
 
 
 def decode(data: bytes) -> tuple[GenerationEvent, ...]:
-    return tuple(_decoded(item) for item in orjson.loads(data))
+    return tuple(_decoded(item) for item in wire_json.loads(data))
 
 
 def _encoded(event: GenerationEvent) -> list:

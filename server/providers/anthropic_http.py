@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orjson
-
+from server import wire_json
 from server.domain import AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
 from server.errors import UpstreamError
 from server.providers import Capabilities
@@ -70,8 +69,8 @@ class AnthropicProvider:
 
     def _decode(self, data: str) -> dict:
         try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            payload = wire_json.loads(data)
+        except wire_json.JSONDecodeError:
             payload = None
         if not isinstance(payload, dict):
             raise UpstreamError(f"The upstream serving `{self._model_id}` sent an event that is not a JSON object.")

@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 
 import aiohttp
-import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from server import wire_json
 from server.domain import UpstreamSpec
 from server.errors import PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.observability import UpstreamRecorder
@@ -97,7 +97,7 @@ class HttpUpstream:
         to the pool once the answer is complete."""
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=orjson.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy)
+                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy)
             attempt.set("http.response.status_code", response.status)
             events = None
             try:
@@ -118,7 +118,7 @@ class HttpUpstream:
                         headers: Mapping[str, str] | None = None) -> dict:
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=orjson.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy,
+                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy,
                                         timeout=self._answer_timeout)
             attempt.set("http.response.status_code", response.status)
             try:
@@ -131,8 +131,8 @@ class HttpUpstream:
             finally:
                 self._give_back(response, caller_done=False)
         try:
-            data = orjson.loads(content)
-        except orjson.JSONDecodeError:
+            data = wire_json.loads(content)
+        except wire_json.JSONDecodeError:
             raise UpstreamError(f"The upstream serving `{model_id}` answered with invalid JSON.") from None
         if not isinstance(data, dict):
             raise UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")

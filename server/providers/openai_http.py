@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import orjson
-
+from server import wire_json
 from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
 from server.errors import UpstreamError
 from server.providers import Capabilities
@@ -62,8 +61,8 @@ class OpenAIProvider:
 
     def _decode(self, data: str) -> dict:
         try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            chunk = wire_json.loads(data)
+        except wire_json.JSONDecodeError:
             chunk = None
         if not isinstance(chunk, dict):
             raise UpstreamError(f"The upstream serving `{self._model_id}` sent an event that is not a JSON object.")

@@ -16,8 +16,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 
-import orjson
-
+from server import wire_json
 from server.errors import (
     InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError, UpstreamTimeout,
 )
@@ -74,7 +73,7 @@ def from_stream_error(
     """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`)."""
     error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
     status = ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
-    return from_status(status, orjson.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
+    return from_status(status, wire_json.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
                        upstream_model=upstream_model)
 
 
@@ -102,8 +101,8 @@ def _message_and_param(body: bytes) -> tuple[str, str | None]:
     """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a FastAPI-style
     {"detail": ...}, or the text itself."""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        data = wire_json.loads(body)
+    except wire_json.JSONDecodeError:
         return body.decode("utf-8", errors="replace").strip()[:MAX_MESSAGE_CHARS], None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-import orjson
-
+from server import wire_json
 from server.domain import Json
 
 DONE = b"data: [DONE]\n\n"
 
 
 def sse_event(payload: Mapping[str, Json], event: str | None = None) -> bytes:
-    """One event. orjson never emits raw newlines, so a single `data:` line is always enough."""
-    data = b"data: " + orjson.dumps(payload) + b"\n\n"
+    """One event. Compact JSON never holds a raw newline, so a single `data:` line is always enough."""
+    data = b"data: " + wire_json.dumps(payload) + b"\n\n"
     return data if event is None else b"event: " + event.encode() + b"\n" + data
 
 

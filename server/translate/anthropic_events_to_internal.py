@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import orjson
-
+from server import wire_json
 from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
@@ -74,7 +73,7 @@ class AnthropicEventReader:
             call = self._tool_blocks[index] = len(self._tool_blocks)
             events: list[GenerationEvent] = [ToolCallStart(call, str(block.get("id", "")), str(block.get("name", "")))]
             if block.get("input"):  # Anthropic streams the input as deltas; some compatible servers send it here
-                events.append(ToolCallDelta(call, orjson.dumps(block["input"]).decode()))
+                events.append(ToolCallDelta(call, wire_json.dumps(block["input"]).decode()))
             return events
         return []
 
@@ -108,7 +107,7 @@ def message_events(message: Mapping[str, Json]) -> list[GenerationEvent]:
             events += reader.feed({"type": "content_block_start", "index": index,
                                    "content_block": {**block, "input": {}}})
             events += reader.feed({"type": "content_block_delta", "index": index, "delta": {
-                "type": "input_json_delta", "partial_json": orjson.dumps(block.get("input", {})).decode()}})
+                "type": "input_json_delta", "partial_json": wire_json.dumps(block.get("input", {})).decode()}})
         else:
             events += reader.feed({"type": "content_block_start", "index": index, "content_block": block})
     events += reader.feed({"type": "message_delta", "usage": usage, "delta": {

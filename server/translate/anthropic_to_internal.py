@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import orjson
-
+from server import wire_json
 from server.domain import (
     AnthropicMessagesSource, GenerationRequest, Json, Role, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode,
     ToolResult, ToolSpec, Turn, Unread,
@@ -109,7 +108,7 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
         if not call_id or not name:
             raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=where)
         tool_input = opt_object(block, "input", where)
-        calls.append(ToolCall(id=call_id, name=name, arguments=orjson.dumps(tool_input or {}).decode()))
+        calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input or {}).decode()))
     elif kind == "tool_result" and role is Role.USER:
         call_id = opt_string(block, "tool_use_id", where)
         if not call_id:

@@ -1,4 +1,4 @@
-"""Internal completions and events -> Anthropic Messages JSON objects (dicts ready for orjson).
+"""Internal completions and events -> Anthropic Messages JSON objects (dicts ready for server/wire_json.py).
 
 An answer from an Anthropic upstream is the upstream's own message or events (server/domain.py UpstreamObject),
 passed on with only what the gateway owns put in: Portico's `id` and the model id the caller asked for (the
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-import orjson
-
+from server import wire_json
 from server.domain import (
     Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ResponseHeader, Started, TextDelta,
     ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
@@ -35,8 +34,8 @@ def tool_input(call: ToolCall) -> dict:
     """A call's arguments as the `input` object. Models behind OpenAI-compatible servers sometimes write invalid
     JSON; it is kept (under "arguments") rather than dropped, so the caller can see what the model wrote."""
     try:
-        value = orjson.loads(call.arguments or "{}")
-    except orjson.JSONDecodeError:
+        value = wire_json.loads(call.arguments or "{}")
+    except wire_json.JSONDecodeError:
         return {"arguments": call.arguments}
     return value if isinstance(value, dict) else {"arguments": value}
 

@@ -1,4 +1,4 @@
-"""Internal completions and events -> OpenAI chat-completions JSON objects (dicts ready for orjson).
+"""Internal completions and events -> OpenAI chat-completions JSON objects (dicts ready for server/wire_json.py).
 
 An answer from an OpenAI-compatible upstream is the upstream's own objects (server/domain.py UpstreamObject), passed
 on with only what the gateway owns put in: Portico's `id` and `created`, and the model id the caller asked for (the

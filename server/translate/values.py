@@ -1,4 +1,4 @@
-"""Reading a request body (plain JSON, as orjson parses it) with precise 400s: each reader names the offending value
+"""Reading a request body (plain JSON, as server/wire_json.py parses it) with precise 400s: each reader names the offending value
 by its path in the body (`messages[2].content`), the `param` of the error object.
 
 REST bodies reach the server raw and are parsed here once; typed gRPC requests are turned into the same JSON first
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import orjson
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from server import wire_json
 from server.domain import Json
 from server.errors import InvalidRequest
 
@@ -26,8 +26,8 @@ def parse_body(data: bytes) -> dict[str, Json]:
     if not data.strip():
         raise InvalidRequest("The request body is empty: send a JSON object.")
     try:
-        body = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        body = wire_json.loads(data)
+    except wire_json.JSONDecodeError as exc:
         raise InvalidRequest(f"Invalid JSON body: {exc}.") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {type_name(body)}.")

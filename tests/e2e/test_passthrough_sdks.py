@@ -12,6 +12,8 @@ import openai
 import pytest
 
 from tests.e2e.conftest import running_gateway
+from tests.passthrough_objects import COMPLETION
+from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
 
 THINKING_KWARGS = {"enable_thinking": False}
@@ -63,7 +65,7 @@ def chat_fields(**more) -> dict:
                   {"role": "user", "content": "Go on."}],
         tools=[STRICT_TOOL], prompt_cache_retention="24h", max_tokens=7, temperature=0.3, seed=11,
         extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "chat_template_kwargs": THINKING_KWARGS,
-                    "vendor": {"nested": [1, {"deep": True}]}},
+                    "vendor": {"nested": [1, {"deep": True}], "big": 2**70, "low": -(2**63) - 1, "tiny": 1e-7}},
         **more,
     )
 
@@ -87,6 +89,13 @@ def test_an_openai_compatible_upstream_receives_the_chat_body_whole(oai, double,
     if stream:
         owned["stream_options"] = {"include_usage": True}
     assert seen.path == "/v1/chat/completions" and seen.body == {**sent_chat(fields), **owned}
+
+
+def test_an_upstream_answers_fields_are_passed_on_exactly(oai, double):
+    """Integers beyond 64 bits too, which a double would round."""
+    double.cue(Cue(body={**COMPLETION, "x_big": 2**70, "x_low": -(2**63) - 1}))
+    completion = oai.chat.completions.create(model="chat-gpt", messages=[{"role": "user", "content": "Hi"}])
+    assert completion.model_extra["x_big"] == 2**70 and completion.model_extra["x_low"] == -(2**63) - 1
 
 
 def test_an_anthropic_upstream_receives_server_tools_beta_fields_and_the_beta_header(claude, double):

@@ -14,6 +14,7 @@ SERVER = Path(__file__).resolve().parents[2] / "server"
 FORBIDDEN = {
     "server.domain": ("server.",),
     "server.errors": ("server.",),
+    "server.wire_json": ("server.",),
     "server.translate": ("server.providers", "server.pipeline", "server.services", "server.config", "server.keys",
                          "server.limits", "server.observability", "server.catalog", "server.app"),
     "server.render": ("server.providers", "server.pipeline", "server.services", "server.translate"),
