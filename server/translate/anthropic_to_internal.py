@@ -61,6 +61,9 @@ def message_request(body: Mapping[str, Json], *, always_stream: bool = False,
         top_k=opt_int(body, "top_k", 0) or None,
         stop=tuple(stops),
     )
+    if (thinking := opt_object(body, "thinking")) is not None:  # ignored here, but a wrong type is still a 400
+        opt_string(thinking, "type", "thinking")
+        opt_int(thinking, "budget_tokens", 1, path="thinking")
     tools = _tools(body, unread)
     stream = always_stream or bool(opt_bool(body, "stream"))
     generation = GenerationRequest(

@@ -1,8 +1,8 @@
 """Internal GenerationRequest -> the Messages body sent to an Anthropic upstream.
 
 A request that arrived as an Anthropic message passes through: its own body, every field kept, with the upstream's
-model name and `stream` (as the caller asked: a caller that does not stream gets the upstream's one JSON answer)
-put in. Any other request (a chat completion) is built from the internal values.
+model name, `max_tokens` as the integer it was read as (a caller may write 8.0) and `stream` (as the caller asked:
+a caller that does not stream gets the upstream's one JSON answer) put in. Any other request (a chat completion) is built from the internal values.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def anthropic_body(request: GenerationRequest, *, model: str) -> dict:
     else:
         body = _built(request)
     body["model"] = model
+    body["max_tokens"] = request.params.max_tokens
     body["stream"] = request.stream
     return body
 

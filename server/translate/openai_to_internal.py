@@ -29,8 +29,9 @@ _ROLES = {
     "tool": Role.USER,  # a tool's answer is the caller's turn (Anthropic's tool_result blocks)
     "function": Role.USER,
 }
-# Content parts each role may send; all but text are kept only for an upstream of this dialect.
-_PART_TYPES = {"user": ("text", "image_url", "input_audio", "file"), "assistant": ("text", "refusal")}
+# Content parts read as text, by role (an assistant's refusal is what it said); parts of any other type (images,
+# audio, files, and kinds the API adds later) are kept only for an upstream of this dialect.
+_TEXT_PARTS = {"assistant": {"text": "text", "refusal": "refusal"}}
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
 
@@ -75,8 +76,10 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
     if n is not None and n != 1:
         raise InvalidRequest("This gateway generates one choice per request: `n` must be 1.", param="n")
     for token, bias in (opt_object(body, "logit_bias") or {}).items():
-        if not token.isdigit() or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise InvalidRequest("`logit_bias` maps token ids to values between -100 and 100.", param="logit_bias")
+        if not token.isdigit():
+            raise InvalidRequest(f"`logit_bias` maps token ids to biases: {shown(token)} is not a token id.",
+                                 param="logit_bias")
+        opt_number(body["logit_bias"], token, -100.0, 100.0, "logit_bias")
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)
     return SamplingParams(
@@ -107,24 +110,36 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     content = message.get("content")
     if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call"))):
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
-    text, others = text_parts(content, f"{where}.content", part_types=_PART_TYPES.get(role_name, ("text",)))
+    opt_string(message, "name", where)
+    text, others = text_parts(content, f"{where}.content", part_types=None,
+                              text_members=_TEXT_PARTS.get(role_name, {"text": "text"}))
     for i in others:
         kind = content[i]["type"]
         unread.append(Unread(f"{where}.content[{i}].type",
-                             f"Content parts of type `{kind}` are not supported by this model."))
+                             f"Content parts of type {kind[:40]!r} are not supported by this model."))
+    if role_name == "function":  # the deprecated function calling: its result answers no tool call id
+        unread.append(Unread(f"{where}.role", "Messages of role 'function' (the deprecated function calling) are "
+                             "not supported by this model: use `tools` and role 'tool'.", embedded=False))
     if role_name in ("tool", "function"):
         field = "tool_call_id" if role_name == "tool" else "name"
         call_id = opt_string(message, field, where)
         if not call_id:
             raise InvalidRequest(f"`{where}.{field}` is required.", param=f"{where}.{field}")
         return Turn(role, tool_results=(ToolResult(call_id=call_id, text=text),))
-    calls = tuple(_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(tool_calls))
+    calls = tuple(read for i, call in enumerate(tool_calls)
+                  if (read := _call(call, f"{where}.tool_calls[{i}]", unread)) is not None)
     return Turn(role, text, tool_calls=calls if role is Role.ASSISTANT else ())
 
 
-def _call(call: Json, where: str) -> ToolCall:
+def _call(call: Json, where: str, unread: list[Unread]) -> ToolCall | None:
+    """A function call an assistant made; a call of another type (a custom tool's) is kept for an upstream of this
+    dialect only."""
     if not isinstance(call, dict):
         raise wrong_type(where, "an object", call)
+    kind = opt_string(call, "type", where)
+    if kind not in (None, "function"):
+        unread.append(Unread(f"{where}.type", f"Tool calls of type {kind[:40]!r} are not supported by this model."))
+        return None
     function = opt_object(call, "function", where) or {}
     call_id, name = opt_string(call, "id", where), opt_string(function, "name", f"{where}.function")
     if not call_id or not name:
@@ -140,13 +155,13 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         if not isinstance(tool, dict):
             raise wrong_type(where, "an object", tool)
         kind = tool.get("type")
-        if kind == "custom":  # free-form input tools: OpenAI's own
-            unread.append(Unread(f"{where}.type", "Custom (free-form) tools are not supported by this model."))
+        if not isinstance(kind, str):
+            raise wrong_type(f"{where}.type", "a string ('function', 'custom', ...)", kind)
+        if kind != "function":  # custom (free-form input) tools and kinds the API adds: an upstream of this dialect's
+            unread.append(Unread(f"{where}.type", f"Tools of type {kind[:40]!r} are not supported by this model."))
             continue
-        if kind != "function":
-            raise InvalidRequest(f"`{where}.type` must be 'function' or 'custom', got {shown(kind)}.",
-                                 param=f"{where}.type")
         function = opt_object(tool, "function", where) or {}
+        opt_bool(function, "strict", f"{where}.function")
         name = opt_string(function, "name", f"{where}.function")
         if not name:
             raise InvalidRequest(f"`{where}.function.name` is required.", param=f"{where}.function.name")
@@ -166,9 +181,9 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
         return ToolChoice(_TOOL_CHOICES[choice], parallel=parallel)
     if isinstance(choice, dict):
         kind = choice.get("type")
-        function = choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        if kind == "function" and isinstance(name, str) and name:
+        function = opt_object(choice, "function", "tool_choice") if kind == "function" else None
+        name = opt_string(function, "name", "tool_choice.function") if function is not None else None
+        if kind == "function" and name:
             if name not in {tool.name for tool in tools}:
                 raise InvalidRequest(f"`tool_choice` names the function {name[:40]!r}, which is not in `tools`.",
                                      param="tool_choice")

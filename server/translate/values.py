@@ -17,6 +17,7 @@ from server import wire_json
 from server.domain import Json
 from server.errors import InvalidRequest
 
+_TEXT_MEMBERS = {"text": "text"}  # a text part's type -> the member holding its text
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
 
@@ -136,11 +137,13 @@ def opt_int(obj: Mapping, name: str, low: int, high: int = 2**63 - 1, path: str 
     return value
 
 
-def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] = ("text",)) -> tuple[str, list[int]]:
+def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] | None = ("text",),
+               text_members: Mapping[str, str] = _TEXT_MEMBERS) -> tuple[str, list[int]]:
     """A string, or a list of content parts [{"type": "text", "text": ...}], as one string; null is "".
 
-    Returns the text and the indexes of the parts of other known kinds (`part_types` beyond "text", e.g. images),
-    which the internal values do not hold: only an upstream of the caller's dialect can be given those."""
+    `text_members` names the parts read as text and the member holding it. Returns the text and the indexes of the
+    other parts: of the kinds `part_types` lists (e.g. images), or of any kind when it is None (an API that adds
+    kinds). The internal values do not hold those: only an upstream of the caller's dialect can be given them."""
     if isinstance(value, str):
         return value, []
     if value is None:
@@ -153,13 +156,16 @@ def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] = ("text"
         if not isinstance(part, dict):
             raise wrong_type(where, "an object with a `type`", part)
         kind = part.get("type")
-        if kind == "text":
-            text = part.get("text")
+        if isinstance(kind, str) and kind in text_members:
+            member = text_members[kind]
+            text = part.get(member)
             if not isinstance(text, str):
-                raise wrong_type(f"{where}.text", "a string", text)
+                raise wrong_type(f"{where}.{member}", "a string", text)
             texts.append(text)
-        elif isinstance(kind, str) and kind in part_types:
+        elif isinstance(kind, str) and (part_types is None or kind in part_types):
             other.append(i)
+        elif part_types is None:
+            raise wrong_type(f"{where}.type", "a string", kind)
         else:
             raise InvalidRequest(f"`{where}.type` must be one of {', '.join(part_types)}; got {shown(kind)}.",
                                  param=f"{where}.type")

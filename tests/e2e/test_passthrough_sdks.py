@@ -136,6 +136,26 @@ def test_fields_the_other_models_cannot_honour_are_refused_naming_them(oai, doub
     assert not double.seen  # refused before any upstream was asked
 
 
+def test_kinds_the_gateway_does_not_know_pass_whole_to_their_own_dialect_only(oai, double):
+    """A custom tool's call sent back, a content part and a tool of kinds added to the API later."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Query?"},
+                                             {"type": "video_url", "video_url": {"url": "http://v"}}]},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "1"}]
+    tools = [{"type": "custom", "custom": {"name": "sql"}}, {"type": "future_tool", "future_tool": {}}]
+    oai.chat.completions.create(model="chat-gpt", messages=messages, tools=tools, max_tokens=3)
+    (seen,) = double.seen
+    assert seen.body["messages"] == messages and seen.body["tools"] == tools
+    hi = {"role": "user", "content": "Hi"}
+    for param, fields in (("messages[0].content[1].type", {"messages": messages}),
+                          ("messages[1].tool_calls[0].type", {"messages": [hi, *messages[1:]]}),
+                          ("tools[0].type", {"messages": [hi], "tools": tools[1:]})):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model="chat-claude", max_tokens=3, **fields)
+        assert caught.value.body["param"] == param
+
+
 def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, claude, double):
     oai.chat.completions.create(model="chat-claude", messages=[{"role": "user", "content": "Oslo"}], max_tokens=4,
                                 seed=3, user="u-1", frequency_penalty=0, extra_body={"top_k": 7})

@@ -100,6 +100,32 @@ def test_parts_the_internal_values_cannot_hold_pass_only_to_their_own_dialect():
     assert request.turns[0].text == "what is it?"
 
 
+def test_kinds_of_parts_tools_and_calls_the_gateway_does_not_know_pass_only_to_their_own_dialect():
+    custom_call = {"id": "call_1", "type": "custom", "custom": {"name": "grammar", "input": "SELECT 1"}}
+    cases = {
+        "messages[0].content[1].type": [{"role": "user", "content": [
+            {"type": "text", "text": "look"}, {"type": "video_url", "video_url": {"url": "http://v"}}]}],
+        "messages[1].tool_calls[0].type": [{"role": "user", "content": "q"},
+                                           {"role": "assistant", "content": None, "tool_calls": [custom_call]},
+                                           {"role": "tool", "tool_call_id": "call_1", "content": "1"}],
+    }
+    for param, messages in cases.items():
+        request = chat(messages=messages)
+        assert refusal(request, OPENAI) is None
+        assert refusal(request, EMBEDDED) == refusal(request, ANTHROPIC) == param
+    request = chat(tools=[{"type": "mcp", "server_label": "x"}])
+    assert refusal(request, OPENAI) is None and refusal(request, ANTHROPIC) == "tools[0].type"
+
+
+def test_an_assistant_refusal_part_is_what_it_said_and_function_messages_stay_with_openai():
+    request = chat(messages=[{"role": "user", "content": "q"},
+                             {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]}])
+    assert request.turns[1].text == "I can't." and refusal(request, ANTHROPIC) is None
+    request = chat(messages=[{"role": "user", "content": "q"}, {"role": "function", "name": "f", "content": "r"}])
+    assert refusal(request, OPENAI) is None and refusal(request, EMBEDDED) is None
+    assert refusal(request, ANTHROPIC) == "messages[1].role"
+
+
 def test_server_tools_and_beta_fields_reach_an_anthropic_upstream():
     search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
     custom = {"name": "f", "input_schema": {"type": "object"}, "strict": True, "input_examples": [{"a": 1}]}
@@ -111,6 +137,7 @@ def test_server_tools_and_beta_fields_reach_an_anthropic_upstream():
     assert refusal(request, ANTHROPIC) is None and refusal(request, OPENAI) == "context_management"
     sent = anthropic_body(request, model="claude-x")
     assert sent["tools"] == [custom, search] and sent["context_management"] == edits
+    assert anthropic_body(message(max_tokens=8.0), model="claude-x")["max_tokens"] == 8
     assert request.source.beta == ("context-management-2025-06-27",)
     assert [t.name for t in request.tools] == ["f"]
 
@@ -147,6 +174,12 @@ def test_wrong_types_name_the_path(fields, param):
     with pytest.raises(InvalidRequest) as caught:
         chat(**fields)
     assert caught.value.param == param
+
+
+def test_an_ignored_messages_field_is_still_type_checked():
+    with pytest.raises(InvalidRequest) as caught:
+        message(thinking={"type": "enabled", "budget_tokens": "x"})
+    assert caught.value.param == "thinking.budget_tokens"
 
 
 def test_anthropic_beta_values_are_read_from_every_header():
