@@ -98,19 +98,39 @@ def retry_after(headers: Mapping[str, str]) -> float:
 
 
 def _message_and_param(body: bytes) -> tuple[str, str | None]:
-    """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a FastAPI-style
-    {"detail": ...}, or the text itself."""
+    """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a top-level
+    {"message", "param"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation errors
+    {"detail": [{"loc", "msg"}]}, or the text itself."""
     try:
         data = wire_json.loads(body)
     except wire_json.JSONDecodeError:
         return body.decode("utf-8", errors="replace").strip()[:MAX_MESSAGE_CHARS], None
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        param = error.get("param")
-        return str(error.get("message", ""))[:MAX_MESSAGE_CHARS], param if isinstance(param, str) else None
-    if isinstance(data, dict) and "detail" in data:
-        return str(data["detail"])[:MAX_MESSAGE_CHARS], None
+    if not isinstance(data, dict):
+        return str(data)[:MAX_MESSAGE_CHARS], None
+    error = data.get("error")
+    if isinstance(error, dict) or isinstance(data.get("message"), str):
+        found = error if isinstance(error, dict) else data
+        param = found.get("param")
+        return str(found.get("message", ""))[:MAX_MESSAGE_CHARS], param if isinstance(param, str) else None
+    detail = data.get("detail")
+    if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
+        places = [_location(item.get("loc")) for item in detail]
+        message = "; ".join(f"{place}: {item.get('msg', '')}" if place else str(item.get("msg", ""))
+                            for place, item in zip(places, detail))
+        return message[:MAX_MESSAGE_CHARS], places[0] or None
+    if detail is not None:
+        return str(detail)[:MAX_MESSAGE_CHARS], None
     return str(error or data)[:MAX_MESSAGE_CHARS], None
+
+
+def _location(loc: object) -> str:
+    """A FastAPI error's `loc` (["body", "messages", 0, "content"]) as a param path ("messages[0].content")."""
+    if not isinstance(loc, list):
+        return ""
+    path = ""
+    for part in loc[1:] if loc[:1] == ["body"] else loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
 
 
 def _scrub(message: str, secret: str | None, upstream_model: str | None, model_id: str) -> str:

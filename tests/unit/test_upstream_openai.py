@@ -226,6 +226,23 @@ def test_upstream_statuses_become_rows_of_the_table(status, body, headers, kind,
         assert error.kind.http_status == 502 and "configuration" in error.message and "up-m" not in error.message
 
 
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        (b'{"object":"error","message":"vLLM says no","type":"BadRequestError","param":"top_k","code":400}',
+         "vLLM says no", "top_k"),
+        (b'{"message":"plain message"}', "plain message", None),
+        (b'{"detail":[{"type":"int_parsing","loc":["body","messages",0,"content"],"msg":"Input should be a valid '
+         b'string"},{"loc":["body","n"],"msg":"too big"}]}',
+         "messages[0].content: Input should be a valid string; n: too big", "messages[0].content"),
+        (b'{"error":"TGI says no","error_type":"validation"}', "TGI says no", None),
+    ],
+)
+def test_the_shapes_of_upstream_errors_keep_their_message_and_param(body, message, param):
+    error = from_status(400, body, {}, retry_on=(), upstream="m", secret=None)
+    assert (error.message, error.param) == (message, param)
+
+
 def test_the_upstream_name_of_the_model_never_reaches_the_caller():
     body = b'{"error":{"message":"Rate limit reached for up-gpt-55-20250414 in organization org-x"}}'
     error = from_status(429, body, {}, retry_on=(), upstream="family-a-5.5", secret=None,
