@@ -20,6 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, Json, ResponseHeader
+from server.errors import InvalidRequest
 from server.pipeline import Call, Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
@@ -98,7 +99,7 @@ class DialectServicer:
                 yield json_format.ParseDict(payload, self.event_type(), ignore_unknown_fields=True)
 
     async def http_body(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        call, plan, header = await self._prepare(parse_body(request.data), context)
+        call, plan, header = await self._prepare(await self._parsed(request, context), context)
         if not plan.stream:
             yield await self._json_answer(call, plan, header)
             return
@@ -111,7 +112,7 @@ class DialectServicer:
     async def http_unary(self, request: httpbody_pb2.HttpBody, context) -> httpbody_pb2.HttpBody:
         """`http_body` in one message, for bodies Envoy found not to stream; one that does all the same (a
         `"stream"` key spelt with escapes, which Envoy's scan does not read) gets its events in one SSE body."""
-        call, plan, header = await self._prepare(parse_body(request.data), HeadersAtEnd(context))
+        call, plan, header = await self._prepare(await self._parsed(request, context), HeadersAtEnd(context))
         if not plan.stream:
             return await self._json_answer(call, plan, header)
         async with aclosing(self._sse(call, plan, header)) as messages:
@@ -130,6 +131,15 @@ class DialectServicer:
             async with aclosing(coalesced(guard_stream(frames, self.error_frame))) as messages:
                 async for data in messages:
                     yield data
+
+    async def _parsed(self, request: httpbody_pb2.HttpBody, context) -> dict:
+        """The caller's body as JSON; a caller without a valid key hears that first, whatever the body."""
+        try:
+            return parse_body(request.data)
+        except InvalidRequest:
+            await self._pipeline.authenticator.authenticate(context.invocation_metadata() or (),
+                                                            allow_x_api_key=self.allow_x_api_key)
+            raise
 
     async def _prepare(
         self, body: dict, context, *, always_stream: bool = False

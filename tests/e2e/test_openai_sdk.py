@@ -71,6 +71,11 @@ def test_wrong_key_is_401(gateway):
     assert _error(caught.value) == {"message": "Incorrect API key provided.", "type": "authentication_error",
                                     "param": None, "code": "invalid_api_key"}
     assert caught.value.code == "invalid_api_key"
+    # The key is judged first, whatever the body: a caller with a bad key learns nothing about its request.
+    for body in (b"{not json", b"[]"):
+        answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", content=body,
+                            headers={"authorization": "Bearer pk-wrong", "content-type": "application/json"})
+        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_unknown_and_family_b_models_are_404(client):
