@@ -75,7 +75,7 @@ class KeyStore:
         for column in KEY_LIMIT_NAMES:
             value = getattr(limits, column)
             if value is not None and value < 1:
-                raise InvalidRequest(f"{column} must be at least 1.", param=column)
+                raise InvalidRequest(f"{column} must be at least 1.", param=f"limits.{column}")
         secret = _new_secret(env)
         key = ApiKey(
             id=f"key_{secrets.token_hex(8)}",
@@ -148,7 +148,8 @@ class KeyStore:
             if column not in KEY_LIMIT_NAMES:
                 raise InvalidRequest(f"Unknown limit {column!r}.", param="limits")
             if value is not None and value < 1:
-                raise InvalidRequest(f"{column} must be at least 1 (0 removes the key's own limit).", param=column)
+                raise InvalidRequest(f"{column} must be at least 1 (0 removes the key's own limit).",
+                                     param=f"limits.{column}")
             changes[column] = value
         if env is not None:
             changes["env"] = env

@@ -39,6 +39,10 @@ def test_rest_update_and_rotate_with_an_admin_key(gateway):
     key = patched.json()["key"]
     assert key["limits"]["concurrent_requests"] == 3 and key["models"] == ["family-a-5.4"]
     assert key["all_models"] is False
+    for limit, value in (("requests_per_minute", -1), ("max_spend_day", -1.5)):
+        refused = httpx.patch(f"{gateway.base_url}/v1/admin/keys/{key_id}", headers=headers,
+                              json={"limits": {limit: value}})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == f"limits.{limit}", refused.text
     rotated = httpx.post(f"{gateway.base_url}/v1/admin/keys/{key_id}/rotate", headers=headers,
                          json={"grace_seconds": 600}, timeout=60)
     assert rotated.status_code == 200, rotated.text
