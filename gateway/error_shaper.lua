@@ -1,7 +1,8 @@
 -- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
--- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape).
+-- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape), and
+-- so do the replies Envoy makes before it has read a path (see shape_error).
 -- Sources of errors, in the order handled below:
 --   1. Envoy's own local replies (bad JSON, unknown URL, oversize body, upstream down or silent), marked by the
 --      local_reply_config in envoy.yaml with a `portico-local-reply` header;
@@ -134,9 +135,13 @@ local function mark_envoy_reply(handle, status)
 end
 
 local function shape_error(handle, status)
-  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request or ""
-  local path = request:match(" (.*)") or ""
-  local anthropic = path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"] or path:sub(1, 13) == "/v1/messages/"
+  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request
+  local path = request and request:match(" (.*)") or ""
+  -- No request: Envoy's HTTP codec answered before any filter saw one (HTTP/1.0, headers over the limit or too slow,
+  -- a malformed request), so the path is unknown. Such a reply takes the Anthropic shape wherever it was sent: it is
+  -- then right on /v1/messages, and OpenAI clients read it as well (they look at "error" only).
+  local anthropic = request == nil or path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"]
+    or path:sub(1, 13) == "/v1/messages/"
   local buffer = handle:body(true)  -- true: an empty buffer (not nil) when the reply has no body
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()

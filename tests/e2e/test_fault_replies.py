@@ -91,6 +91,16 @@ def test_replies_the_codec_makes_carry_a_request_id(gateway, status):
     assert headers.get("x-request-id")
 
 
+@pytest.mark.parametrize("status", sorted(_REFUSED_BY_THE_CODEC))
+def test_replies_the_codec_makes_on_v1_messages_carry_the_top_level_type(gateway, status):
+    """The Anthropic shape on /v1/messages, like every other error there: Envoy cannot know the path, so these
+    replies take it on every path (OpenAI clients read only "error")."""
+    _, headers, body = _raw(gateway, _REFUSED_BY_THE_CODEC[status])
+    assert headers["content-type"].startswith("application/json")
+    assert body["type"] == "error"
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
 def test_every_file_in_the_data_dir_is_private(http, gateway, tmp_path):
     """Keys (hashes), the ledger, images and logs are for the service's user alone."""
     made = http.post("/v1/images/generations", json={"model": "family-a-image-2", "prompt": "a lighthouse",
