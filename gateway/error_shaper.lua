@@ -1,7 +1,9 @@
--- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC).
+-- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC), and refuses a gRPC call
+-- on a REST path (refuse_grpc_call).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
--- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape).
+-- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape), and
+-- so do the replies Envoy makes before it has read a path (see shape_error).
 -- Sources of errors, in the order handled below:
 --   1. Envoy's own local replies (bad JSON, unknown URL, oversize body, upstream down or silent), marked by the
 --      local_reply_config in envoy.yaml with a `portico-local-reply` header;
@@ -101,6 +103,27 @@ local function asks_for_stream(text)
   return text:find('"stream"%s*:%s*true') ~= nil
 end
 
+-- Marks a reply the server never saw (Envoy's own, or a worker that died), for Envoy's access log (envoy.yaml):
+-- Portico's access log records every other request itself.
+local function mark_envoy_reply(handle, status)
+  handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
+end
+
+-- Envoy's test, which its `grpc: {}` route match applies: application/grpc or application/grpc+... (not grpc-web).
+local function is_grpc(content_type)
+  return content_type == "application/grpc" or (content_type or ""):sub(1, 17) == "application/grpc+"
+end
+
+-- A gRPC call on a REST path (only envoy.yaml's route for them lets one reach this filter): refused as gRPC's
+-- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
+-- the HTTP status (404: UNIMPLEMENTED) and grpc-message from the body; envoy_on_response restores the 404.
+local function refuse_grpc_call(handle, metadata, path)
+  metadata:set("portico", "grpc_call", true)
+  mark_envoy_reply(handle, 404)
+  handle:respond({[":status"] = "404"}, path .. " is a REST path, not a gRPC method: call it as plain HTTP with " ..
+    "JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
@@ -110,6 +133,7 @@ function envoy_on_request(handle)
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
   metadata:set("portico", "request", method .. " " .. path)
+  if is_grpc(headers:get("content-type")) then return refuse_grpc_call(handle, metadata, path) end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
@@ -127,16 +151,14 @@ local function replace_body(buffer, headers, body)
   headers:replace("content-length", tostring(#body))
 end
 
--- Marks a reply the server never saw (Envoy's own, or a worker that died), for Envoy's access log (envoy.yaml):
--- Portico's access log records every other request itself.
-local function mark_envoy_reply(handle, status)
-  handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
-end
-
 local function shape_error(handle, status)
-  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request or ""
-  local path = request:match(" (.*)") or ""
-  local anthropic = path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"] or path:sub(1, 13) == "/v1/messages/"
+  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request
+  local path = request and request:match(" (.*)") or ""
+  -- No request: Envoy's HTTP codec answered before any filter saw one (HTTP/1.0, headers over the limit or too slow,
+  -- a malformed request), so the path is unknown. Such a reply takes the Anthropic shape wherever it was sent: it is
+  -- then right on /v1/messages, and OpenAI clients read it as well (they look at "error" only).
+  local anthropic = request == nil or path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"]
+    or path:sub(1, 13) == "/v1/messages/"
   local buffer = handle:body(true)  -- true: an empty buffer (not nil) when the reply has no body
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()
@@ -181,9 +203,21 @@ local function hoist_trailers(handle)
   if trailers then hoist(trailers, handle:headers()) end
 end
 
+-- The gRPC answer Envoy made of refuse_grpc_call's 404: its grpc-* headers are the answer, so only portico-* goes.
+-- The HTTP status goes back to 404, so that the failure is no 200 to a caller that reads only that (curl). gRPC
+-- clients get UNIMPLEMENTED either way: from grpc-status (grpc-core's, Python's among them, with grpc-message), or
+-- from the 404 itself for those that go by a non-200 status before grpc-status (grpc-go, with its own message).
+local function answer_grpc_call(handle)
+  local headers = handle:headers()
+  headers:replace(":status", "404")
+  headers:remove("portico-local-reply")
+end
+
 function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
-  local unary = status < 400 and (handle:streamInfo():dynamicMetadata():get("portico") or {}).unary
+  local portico = status < 400 and handle:streamInfo():dynamicMetadata():get("portico") or {}
+  if portico.grpc_call then return answer_grpc_call(handle) end
+  local unary = portico.unary
   if status >= 400 then
     shape_error(handle, status)
   elseif unary then

@@ -1,11 +1,13 @@
 """Replies Envoy makes itself (bad JSON, wrong types, unknown paths, oversize bodies) carry the error object too;
-requests whose headers never complete are cut off."""
+requests whose headers never complete are cut off; a gRPC call on a REST path is refused in gRPC's own terms."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
+import grpc
 import httpx
 import pytest
 
@@ -99,3 +101,56 @@ def test_a_request_whose_headers_trickle_in_is_cut_off(gateway):
     assert 9 <= time.monotonic() - started < 15
     assert answer.startswith(b"HTTP/1.1 408")
     assert b"\"code\":\"request_timeout\"" in answer
+
+
+# (method, path) of REST paths, known and unknown, that a gRPC caller might call by mistake.
+_REST_PATHS = [("POST", "/v1/chat/completions"), ("POST", "/v1/messages"), ("GET", "/v1/models"),
+               ("POST", "/v1/nothing-here"), ("GET", "/healthz")]
+
+
+@pytest.mark.parametrize(("method", "path"), _REST_PATHS)
+@pytest.mark.parametrize("content_type", ["application/grpc", "application/grpc+proto"])
+def test_grpc_content_on_a_rest_path_is_a_clean_unimplemented(http, method, path, content_type):
+    """curl -H 'content-type: application/grpc' on a REST path: not a 200 with Envoy's reset text, but a 404 that
+    gRPC clients read as UNIMPLEMENTED, naming the path and what to do instead."""
+    for auth in ({}, {"Authorization": ""}):  # with the key, and without
+        response = http.request(method, path, content=b"{}", headers={"content-type": content_type, **auth})
+        assert response.status_code == 404
+        assert response.headers["content-type"] == "application/grpc"
+        assert response.headers["grpc-status"] == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
+        message = response.headers["grpc-message"]
+        assert path in message and "JSON" in message and "portico.v1" in message
+        assert "reset" not in message and "upstream" not in message
+        assert response.headers["x-request-id"]
+        assert not [name for name in response.headers if name.startswith("portico-")]
+        assert response.content == b""
+
+
+@pytest.mark.parametrize("content_type", ["application/grpc-web", "application/grpc; charset=utf-8"])
+def test_content_types_that_are_not_grpc_keep_the_json_error_object(http, content_type):
+    """Only what Envoy takes for gRPC (application/grpc, application/grpc+...) is answered in gRPC's terms."""
+    response = http.get("/v1/models", headers={"content-type": content_type, "Authorization": ""})
+    _assert_error(response, 401, "invalid_api_key")
+
+
+def test_a_grpc_client_on_a_rest_path_gets_unimplemented_naming_it(gateway):
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        call = channel.unary_unary("/v1/chat/completions", request_serializer=bytes, response_deserializer=bytes)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"", metadata=(("authorization", f"Bearer {gateway.secret}"),), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "/v1/chat/completions is a REST path" in caught.value.details()
+
+
+def test_a_grpc_call_on_a_rest_path_is_in_the_access_log(http, gateway):
+    """The server never sees it: Envoy logs it, like its other replies."""
+    request_id = "grpc-on-rest-" + str(time.time_ns())
+    response = http.post("/v1/models", content=b"", headers={"content-type": "application/grpc",
+                                                             "x-request-id": request_id})
+    assert response.headers["grpc-status"] == "12"
+    log = gateway.data_dir / "envoy-access.log"
+    deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
+    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    line = next(json.loads(line) for line in log.read_text().splitlines() if request_id in line)
+    assert (line["request"], line["status"], line["code"]) == ("POST /v1/models", 404, "not_found")

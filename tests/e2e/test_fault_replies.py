@@ -48,27 +48,57 @@ def test_headers_over_the_limit_are_431_naming_no_internals(http):
     assert "grpc" not in error["message"].lower() and "metadata" not in error["message"].lower()
 
 
-def _raw(gateway, request: bytes) -> tuple[int, dict]:
+def _raw(gateway, request: bytes) -> tuple[int, dict[str, str], dict]:
+    """Status, headers (lowercase names) and JSON body of the answer to bytes sent as they are."""
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
         conn.sendall(request)
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), json.loads(body)
+    status_line, *lines = head.decode().split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split(" ")[1]), headers, json.loads(body)
 
 
 def test_an_oversized_url_is_431(gateway):
-    status, body = _raw(gateway, b"GET /v1/models?q=" + b"x" * (70 * 1024) + b" HTTP/1.1\r\nHost: portico\r\n"
-                        b"Connection: close\r\n\r\n")
+    status, _, body = _raw(gateway, b"GET /v1/models?q=" + b"x" * (70 * 1024) + b" HTTP/1.1\r\nHost: portico\r\n"
+                           b"Connection: close\r\n\r\n")
     assert status == 431 and body["error"]["code"] == "request_header_fields_too_large"
 
 
 def test_http_1_0_is_426_http_version_not_supported(gateway):
-    status, body = _raw(gateway, b"GET /v1/models HTTP/1.0\r\nHost: portico\r\n\r\n")
+    status, _, body = _raw(gateway, b"GET /v1/models HTTP/1.0\r\nHost: portico\r\n\r\n")
     assert status == 426
     assert body["error"]["code"] == "http_version_not_supported"
     assert body["error"]["type"] == "invalid_request_error"
+
+
+# Requests Envoy's HTTP codec refuses before its filters (and so the path and a request id) ever see them.
+_REFUSED_BY_THE_CODEC = {
+    426: b"POST /v1/messages HTTP/1.0\r\nHost: portico\r\nContent-Length: 2\r\n\r\n{}",
+    431: b"POST /v1/messages HTTP/1.1\r\nHost: portico\r\nCookie: c=" + b"x" * (62 * 1024) +
+         b"\r\nContent-Length: 2\r\n\r\n{}",
+    400: b"POST /v1/messages HTTP/1.1\r\nHost: portico\r\nnot a header line\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("status", sorted(_REFUSED_BY_THE_CODEC))
+def test_replies_the_codec_makes_carry_a_request_id(gateway, status):
+    """api.md: every answer carries x-request-id, also one Envoy made before it had read the request."""
+    got, headers, body = _raw(gateway, _REFUSED_BY_THE_CODEC[status])
+    assert got == status and body["error"]["code"] == kind_by_status()[status].code
+    assert headers.get("x-request-id")
+
+
+@pytest.mark.parametrize("status", sorted(_REFUSED_BY_THE_CODEC))
+def test_replies_the_codec_makes_on_v1_messages_carry_the_top_level_type(gateway, status):
+    """The Anthropic shape on /v1/messages, like every other error there: Envoy cannot know the path, so these
+    replies take it on every path (OpenAI clients read only "error")."""
+    _, headers, body = _raw(gateway, _REFUSED_BY_THE_CODEC[status])
+    assert headers["content-type"].startswith("application/json")
+    assert body["type"] == "error"
+    assert set(body["error"]) == {"message", "type", "param", "code"}
 
 
 def test_every_file_in_the_data_dir_is_private(http, gateway, tmp_path):
@@ -94,26 +124,27 @@ def test_every_file_in_the_data_dir_is_private(http, gateway, tmp_path):
 
 
 def test_replies_envoy_makes_itself_are_in_the_access_log(http, gateway):
-    """Unknown URLs, oversize headers, bad HTTP: the server never sees them, Envoy's access log has them."""
+    """Unknown URLs, oversize headers, bad HTTP: the server never sees them, Envoy's access log has them, under the
+    request id their caller got."""
     marker = "envoy-reply-" + str(time.time_ns())
     log = gateway.data_dir / "envoy-access.log"
-    big_headers_before = log.read_text().count('"code":"request_header_fields_too_large"') if log.exists() else 0
     assert http.get("/v1/nothing-here", headers={"x-request-id": marker + "-404"}).status_code == 404
-    assert http.get("/v1/models", headers={"x-request-id": marker + "-431",
-                                           "cookie": "c=" + "x" * (70 * 1024)}).status_code == 431
+    too_big = http.get("/v1/models", headers={"x-request-id": marker + "-431", "cookie": "c=" + "x" * (70 * 1024)})
+    assert too_big.status_code == 431
+    too_big_id = too_big.headers["x-request-id"]  # Envoy's own: it never read the caller's
     assert http.get("/v1/models", headers={"x-request-id": marker + "-200"}).status_code == 200
     deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
 
     def both_logged() -> bool:
         text = log.read_text() if log.exists() else ""
-        return marker + "-404" in text and text.count('"code":"request_header_fields_too_large"') > big_headers_before
+        return marker + "-404" in text and too_big_id in text
 
     while time.monotonic() < deadline and not both_logged():
         time.sleep(0.2)
     lines = {line["request_id"]: line for line in map(json.loads, log.read_text().splitlines())
-             if (line["request_id"] or "").startswith(marker)}
+             if (line["request_id"] or "").startswith(marker) or line["request_id"] == too_big_id}
     assert lines[marker + "-404"]["status"] == 404 and lines[marker + "-404"]["code"] == "not_found"
     assert lines[marker + "-404"]["source"] == "envoy" and lines[marker + "-404"]["request"] == "GET /v1/nothing-here"
-    # Headers too large to read have no request id: counted all the same.
-    assert log.read_text().count('"code":"request_header_fields_too_large"') > big_headers_before
+    assert lines[too_big_id]["status"] == 431 and lines[too_big_id]["code"] == "request_header_fields_too_large"
+    assert lines[too_big_id]["request"] is None  # Envoy could not read it
     assert marker + "-200" not in lines  # the server's own access log has that one

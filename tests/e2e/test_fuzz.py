@@ -185,8 +185,7 @@ def _problem(request: Request, status: int, content_type: str, body: bytes) -> s
         return f"{status} malformed error object {error}"
     if (status, error["code"]) not in DOCUMENTED:
         return f"{status} {error['code']} is not a row of the error table"
-    # (Envoy refuses oversized headers before it has read the path: that error cannot take the Anthropic shape.)
-    if request.path.startswith("/v1/messages") and document.get("type") != "error" and status != 431:
+    if request.path.startswith("/v1/messages") and document.get("type") != "error":
         return f"{status} on /v1/messages without the top-level type"
     if re.search(r"grpc|upb|DecodeError|Traceback", error["message"]):
         return f"{status} message leaks internals: {error['message']}"
