@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
 # and all of them above 3,000 (its defaults): a burst of new streams while the loop is busy (5,000 streams opened
 # in 2 s) lost ~1,600 calls that way. Envoy caps the connections (overload_manager in envoy.yaml).
 MAX_PENDING_CALLS = 50_000
+# After a drain's cut (server/cutoff.py), how long the cut calls have to send their error before grpc cancels what is
+# still running: writing one last event takes milliseconds, unless the caller has stopped reading.
+CUT_SECONDS = 1.0
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
     ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -105,6 +109,7 @@ class RunningServer:
     port: int  # 0 when bound to a unix socket
     core: Core
     readiness: Readiness
+    _stopping: asyncio.Future | None = None  # grpc's stop, once `stop` began
 
     @property
     def store(self) -> KeyStore:
@@ -123,15 +128,27 @@ class RunningServer:
         return self.core.telemetry
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds."""
+        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds. Then the
+        model calls still running fail with a 503 that their callers see (server/cutoff.py), and grpc cancels what
+        is left CUT_SECONDS later."""
         await self.readiness.drain()
-        await self.server.stop(grace)
+        grace = grace or 0.0
+        stopping = self._stopping = asyncio.ensure_future(self.server.stop(grace + CUT_SECONDS))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(stopping), grace)
+        self.core.pipeline.cutoff.cut()  # nothing left to cut when every RPC has ended
+        await stopping
         await self.readiness.close()
         await self.core.close()
 
     async def stop_now(self) -> None:
-        """Cut short a `stop` in progress: the RPCs still running are cancelled (their reservations settle as for a
-        caller that went away) and `stop` goes on with the clean-up at once."""
+        """Cut short a `stop` in progress: the model calls still running fail with a 503 that their callers see,
+        grpc cancels what is left within CUT_SECONDS (its reservations settle as for a caller that went away), and
+        `stop` goes on with the clean-up."""
+        self.core.pipeline.cutoff.cut()
+        if self._stopping is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._stopping), CUT_SECONDS)
         await self.server.stop(0)
 
 

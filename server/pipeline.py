@@ -17,6 +17,7 @@ from typing import Protocol
 
 from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
+from server.cutoff import Cutoff, Watch
 from server.domain import (
     ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
     ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
@@ -61,8 +62,10 @@ class Pipeline:
         limiter: Limiter,
         telemetry: Telemetry,
         cache: ResponseCache | None = None,
+        cutoff: Cutoff | None = None,
     ) -> None:
         self._authenticator = authenticator
+        self.cutoff = cutoff or Cutoff()  # cuts the model calls a stopping server cannot wait for
         self._cache = cache
         self._catalog = catalog
         self._providers = providers
@@ -122,13 +125,14 @@ class Pipeline:
             answer = provider.stream(request)
             if lookup is not None:
                 answer = self._cache.recorded(lookup, answer)
-            async with aclosing(_metered(answer, meter, call.record)) as events:
-                try:
-                    first = await anext(events)
-                except StopAsyncIteration:
-                    raise InternalError("The provider ended without a result.") from None
-                await _send_headers(call, reservation, lookup.header if lookup is not None else None)
-                yield _prepend(first, events)
+            with self.cutoff.watch() as watch:
+                async with aclosing(_metered(answer, meter, call.record, watch)) as events:
+                    try:
+                        first = await anext(events)
+                    except StopAsyncIteration:
+                        raise InternalError("The provider ended without a result.") from None
+                    await _send_headers(call, reservation, lookup.header if lookup is not None else None)
+                    yield _prepend(first, events)
         finally:
             call.record.upstream_done()
             # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
@@ -205,7 +209,8 @@ class Pipeline:
         images: list[GeneratedImage] | None = None
         call.record.upstream_call()
         try:
-            images = await provider.generate(request)
+            with self.cutoff.watch() as watch:
+                images = await watch.wait(provider.generate(request))
         finally:
             call.record.upstream_done()
             if images is None:
@@ -281,11 +286,15 @@ class _Meter:
 
 
 async def _metered(
-    events: AsyncIterator[GenerationEvent], meter: _Meter, record: RequestRecord
+    events: AsyncIterator[GenerationEvent], meter: _Meter, record: RequestRecord, watch: Watch
 ) -> AsyncIterator[GenerationEvent]:
     try:
         async with aclosing(events):
-            async for event in events:
+            while True:
+                try:
+                    event = await watch.wait(anext(events))  # a stopping server may cut it here (server/cutoff.py)
+                except StopAsyncIteration:
+                    break
                 meter.record(event)
                 if isinstance(event, TextDelta):
                     record.first_token()
