@@ -72,6 +72,9 @@ class Pipeline:
         # Decided once: an isinstance check against a runtime Protocol inspects every member on every call.
         self._token_counters = {model_id: counter for model_id, provider in providers.items()
                                 if (counter := token_counter_of(provider)) is not None}
+        # The embedded model's counter also knows its context window, in the same tokens it counts.
+        self._context_windows: dict[str, int] = {model_id: window for model_id, counter in self._token_counters.items()
+                                                 if (window := getattr(counter, "context_size", None))}
         self._limiter = limiter
         self._telemetry = telemetry
 
@@ -116,6 +119,10 @@ class Pipeline:
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.max_tokens = request.params.max_tokens
         call.record.admitted = True
+        # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
+        # than by the provider, after the request was recorded as having reached a model.
+        if (overflow := _context_overflow(meter.prompt_estimate, self._context_windows.get(call.model.id))) is not None:
+            raise overflow
         # The most it may cost: every prompt token uncached, and every token it may generate.
         cost = call.model.price.cost(meter.prompt_estimate, request.params.max_tokens)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
@@ -250,6 +257,16 @@ async def _prompt_tokens(counter: TokenCounter | None, request: GenerationReques
     if counter is not None:
         return await asyncio.to_thread(counter.count_tokens, request.turns)
     return request.estimated_prompt_tokens()
+
+
+def _context_overflow(prompt_tokens: int, window: int | None) -> InvalidRequest | None:
+    if window is None or prompt_tokens < window:
+        return None
+    return InvalidRequest(
+        f"The prompt is {prompt_tokens} tokens but the model's context window is {window} tokens, which leaves no "
+        "room for an answer.",
+        param="messages",
+    )
 
 
 @dataclass(slots=True)
