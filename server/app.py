@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,7 +109,7 @@ class RunningServer:
     port: int  # 0 when bound to a unix socket
     core: Core
     readiness: Readiness
-    _stopping: asyncio.Future | None = None  # grpc's stop, once `stop` began
+    _stopping: asyncio.Future | None = field(default=None, init=False, repr=False)  # grpc's stop, once `stop` began
 
     @property
     def store(self) -> KeyStore:
