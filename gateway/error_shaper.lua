@@ -61,11 +61,22 @@ local function error_body(status, message, param, anthropic)
   return '{"error":' .. object .. "}"
 end
 
+-- What a caller should have sent, for the protobuf type names in the transcoder's "invalid value" texts.
+local EXPECTED = {TYPE_INT64 = "an integer", TYPE_INT32 = "an integer", TYPE_UINT64 = "a non-negative integer",
+                  TYPE_UINT32 = "a non-negative integer", TYPE_DOUBLE = "a number", TYPE_FLOAT = "a number",
+                  TYPE_BOOL = "true or false", TYPE_STRING = "a string"}
+
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
--- "messages[0].role: invalid value 1 for type TYPE_STRING"; JSON syntax errors carry a caret drawing.
+-- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
+-- said in the caller's terms; JSON syntax errors carry a caret drawing.
 local function describe_local_reply(status, text, request)
   if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
   if status == 400 then
+    local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
+    if name and EXPECTED[type_name] then
+      return json_string("Invalid value " .. value .. " for " .. name .. ": expected " .. EXPECTED[type_name] .. "."),
+          name
+    end
     local field = text:match("^([%w_%.%[%]]+): ")
     if field then return json_string((text:gsub("%s+$", ""))), field end
     return json_string("Invalid JSON body: " .. text:match("^[^\n]*"):gsub("^:%s*", "")), nil

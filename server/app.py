@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,10 +15,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from portico.v1 import chat_service_pb2, chat_service_pb2_grpc, key_service_pb2, key_service_pb2_grpc
-from portico.v1 import message_service_pb2, message_service_pb2_grpc, model_service_pb2, model_service_pb2_grpc
-from portico.v1 import image_service_pb2, image_service_pb2_grpc, probe_service_pb2, probe_service_pb2_grpc
-from portico.v1 import usage_service_pb2, usage_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, image_service_pb2_grpc, key_service_pb2_grpc
+from portico.v1 import message_service_pb2_grpc, model_service_pb2_grpc, probe_service_pb2_grpc
+from portico.v1 import usage_service_pb2_grpc
 from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_admin_service_pb2_grpc
 from server.cache import MemoryStore, ResponseCache
 from server.catalog import Catalog
@@ -58,6 +59,9 @@ MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
 # and all of them above 3,000 (its defaults): a burst of new streams while the loop is busy (5,000 streams opened
 # in 2 s) lost ~1,600 calls that way. Envoy caps the connections (overload_manager in envoy.yaml).
 MAX_PENDING_CALLS = 50_000
+# After a drain's cut (server/cutoff.py), how long the cut calls have to send their error before grpc cancels what is
+# still running: writing one last event takes milliseconds, unless the caller has stopped reading.
+CUT_SECONDS = 1.0
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
     ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -105,6 +109,7 @@ class RunningServer:
     port: int  # 0 when bound to a unix socket
     core: Core
     readiness: Readiness
+    _stopping: asyncio.Future | None = field(default=None, init=False, repr=False)  # grpc's stop, once `stop` began
 
     @property
     def store(self) -> KeyStore:
@@ -123,15 +128,27 @@ class RunningServer:
         return self.core.telemetry
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds."""
+        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds. Then the
+        model calls still running fail with a 503 that their callers see (server/cutoff.py), and grpc cancels what
+        is left CUT_SECONDS later."""
         await self.readiness.drain()
-        await self.server.stop(grace)
+        grace = grace or 0.0
+        stopping = self._stopping = asyncio.ensure_future(self.server.stop(grace + CUT_SECONDS))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(stopping), grace)
+        self.core.pipeline.cutoff.cut()  # nothing left to cut when every RPC has ended
+        await stopping
         await self.readiness.close()
         await self.core.close()
 
     async def stop_now(self) -> None:
-        """Cut short a `stop` in progress: the RPCs still running are cancelled (their reservations settle as for a
-        caller that went away) and `stop` goes on with the clean-up at once."""
+        """Cut short a `stop` in progress: the model calls still running fail with a 503 that their callers see,
+        grpc cancels what is left within CUT_SECONDS (its reservations settle as for a caller that went away), and
+        `stop` goes on with the clean-up."""
+        self.core.pipeline.cutoff.cut()
+        if self._stopping is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._stopping), CUT_SECONDS)
         await self.server.stop(0)
 
 
@@ -189,6 +206,22 @@ def build_response_cache(config: Config) -> ResponseCache | None:
     return ResponseCache(RedisStore(settings.store, timeout_seconds=settings.store_timeout_seconds))
 
 
+class _Services:
+    """The server as the generated `add_*Servicer_to_server` functions see it: it registers their handlers and keeps
+    the names of the services, so that health and reflection cover what is served, not a list kept beside it."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+        self.names: list[str] = []
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.names.extend(handler.service_name() for handler in handlers)
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: dict) -> None:
+        self._server.add_registered_method_handlers(service_name, method_handlers)
+
+
 def _deployment_states(core: Core) -> list[tuple[str, str, str]]:
     """Read every second by the readiness check, which shows them in /readyz and keeps their gauges current."""
     states = core.health.states()
@@ -204,43 +237,35 @@ async def start_server(config: Config, address: str) -> RunningServer:
         interceptors=[ErrorInterceptor(telemetry)],
         options=SERVER_OPTIONS,
     )
+    served = _Services(server)  # every portico.v1 service is registered through it, so health covers them all
     chat_service_pb2_grpc.add_ChatServiceServicer_to_server(
-        ChatServicer(pipeline, default_max_tokens=config.default_max_tokens), server
+        ChatServicer(pipeline, default_max_tokens=config.default_max_tokens), served
     )
-    message_service_pb2_grpc.add_MessageServiceServicer_to_server(MessageServicer(pipeline), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), server)
+    message_service_pb2_grpc.add_MessageServiceServicer_to_server(MessageServicer(pipeline), served)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), served)
     image_store = ImageStore(config.data_dir, base_url=config.base_url)
-    image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), server)
+    image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), served)
     admin = KeyAdmin(store, [entry.id for entry in config.models],
                      rotation_grace_seconds=config.key_rotation_grace_seconds)
     keys = KeyServicer(admin, pipeline.authenticator)
-    key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, server)
-    console_service_pb2_grpc.add_ConsoleServiceServicer_to_server(ConsoleServicer(ConsoleFiles()), server)
-    usage_service_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(core.usage, pipeline.authenticator), server)
+    key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, served)
+    console_service_pb2_grpc.add_ConsoleServiceServicer_to_server(ConsoleServicer(ConsoleFiles()), served)
+    usage_service_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(core.usage, pipeline.authenticator), served)
     limits = LimitServicer(store, pipeline.authenticator, limiter)
-    limit_service_pb2_grpc.add_LimitServiceServicer_to_server(limits, server)
+    limit_service_pb2_grpc.add_LimitServiceServicer_to_server(limits, served)
     catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator,
                                  states=core.health.states)
-    model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, server)
+    model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, served)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    service_names = [
-        chat_service_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name,
-        message_service_pb2.DESCRIPTOR.services_by_name["MessageService"].full_name,
-        model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
-        image_service_pb2.DESCRIPTOR.services_by_name["ImageService"].full_name,
-        key_service_pb2.DESCRIPTOR.services_by_name["KeyService"].full_name,
-        usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"].full_name,
-        probe_service_pb2.DESCRIPTOR.services_by_name["ProbeService"].full_name,
-    ]
-    readiness = Readiness(health_servicer, service_names, store, limiter, config.limits, core.providers,
+    readiness = Readiness(health_servicer, store, limiter, config.limits, core.providers,
                           deployments=lambda: _deployment_states(core),
                           key_stale_seconds=config.key_stale_seconds)
-    probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), server)
-    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)
+    reflection.enable_server_reflection([*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)
     await server.start()
-    await readiness.start()  # providers are loaded above; the stores are checked now and every second
+    await readiness.start(served.names)  # providers are loaded above; the stores are checked now and every second
     # add_insecure_port returns the bound TCP port; for a unix socket it returns 1, which says nothing.
     where = address if address.startswith("unix:") else f"{address.rpartition(':')[0]}:{port}"
     _logger.info("gRPC server listening on %s", where)

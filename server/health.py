@@ -48,7 +48,6 @@ class Readiness:
     def __init__(
         self,
         health_servicer: health.aio.HealthServicer,
-        service_names: Sequence[str],
         keys: KeyStore,
         limiter: Limiter,
         settings: LimitSettings,
@@ -59,7 +58,7 @@ class Readiness:
     ) -> None:
         """`deployments`: (model, deployment, state) of the watched deployments now (server/providers/health.py)."""
         self._health = health_servicer
-        self._names = ("", *service_names)  # "": the whole server
+        self._names: tuple[str, ...] = ("",)  # "": the whole server; the services are named by start()
         self._keys = keys
         self._key_stale_seconds = key_stale_seconds
         self._keys_down_since: float | None = None
@@ -72,7 +71,9 @@ class Readiness:
         self._published: bool | None = None  # the readiness last given to the health servicer
         self._watch: asyncio.Task | None = None
 
-    async def start(self) -> None:
+    async def start(self, service_names: Sequence[str] = ()) -> None:
+        """Publish the verdict, now and every second, for the whole server and each of `service_names`."""
+        self._names = ("", *service_names)
         await self.refresh()
         self._watch = asyncio.create_task(self._watch_forever())
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
+from server.cutoff import Cutoff, Watch
 from server.domain import (
     ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
     ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
@@ -61,14 +62,19 @@ class Pipeline:
         limiter: Limiter,
         telemetry: Telemetry,
         cache: ResponseCache | None = None,
+        cutoff: Cutoff | None = None,
     ) -> None:
         self._authenticator = authenticator
+        self.cutoff = cutoff or Cutoff()  # cuts the model calls a stopping server cannot wait for
         self._cache = cache
         self._catalog = catalog
         self._providers = providers
         # Decided once: an isinstance check against a runtime Protocol inspects every member on every call.
         self._token_counters = {model_id: counter for model_id, provider in providers.items()
                                 if (counter := token_counter_of(provider)) is not None}
+        # The embedded model's counter also knows its context window, in the same tokens it counts.
+        self._context_windows: dict[str, int] = {model_id: window for model_id, counter in self._token_counters.items()
+                                                 if (window := getattr(counter, "context_size", None))}
         self._limiter = limiter
         self._telemetry = telemetry
 
@@ -113,6 +119,10 @@ class Pipeline:
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.max_tokens = request.params.max_tokens
         call.record.admitted = True
+        # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
+        # than by the provider, after the request was recorded as having reached a model.
+        if (overflow := _context_overflow(meter.prompt_estimate, self._context_windows.get(call.model.id))) is not None:
+            raise overflow
         # The most it may cost: every prompt token uncached, and every token it may generate.
         cost = call.model.price.cost(meter.prompt_estimate, request.params.max_tokens)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
@@ -122,13 +132,14 @@ class Pipeline:
             answer = provider.stream(request)
             if lookup is not None:
                 answer = self._cache.recorded(lookup, answer)
-            async with aclosing(_metered(answer, meter, call.record)) as events:
-                try:
-                    first = await anext(events)
-                except StopAsyncIteration:
-                    raise InternalError("The provider ended without a result.") from None
-                await _send_headers(call, reservation, lookup.header if lookup is not None else None)
-                yield _prepend(first, events)
+            with self.cutoff.watch() as watch:
+                async with aclosing(_metered(answer, meter, call.record, watch)) as events:
+                    try:
+                        first = await anext(events)
+                    except StopAsyncIteration:
+                        raise InternalError("The provider ended without a result.") from None
+                    await _send_headers(call, reservation, lookup.header if lookup is not None else None)
+                    yield _prepend(first, events)
         finally:
             call.record.upstream_done()
             # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
@@ -205,7 +216,8 @@ class Pipeline:
         images: list[GeneratedImage] | None = None
         call.record.upstream_call()
         try:
-            images = await provider.generate(request)
+            with self.cutoff.watch() as watch:
+                images = await watch.wait(provider.generate(request))
         finally:
             call.record.upstream_done()
             if images is None:
@@ -247,6 +259,16 @@ async def _prompt_tokens(counter: TokenCounter | None, request: GenerationReques
     return request.estimated_prompt_tokens()
 
 
+def _context_overflow(prompt_tokens: int, window: int | None) -> InvalidRequest | None:
+    if window is None or prompt_tokens < window:
+        return None
+    return InvalidRequest(
+        f"The prompt is {prompt_tokens} tokens but the model's context window is {window} tokens, which leaves no "
+        "room for an answer.",
+        param="messages",
+    )
+
+
 @dataclass(slots=True)
 class _Meter:
     """What a generation has used so far, to settle its reservation however it ends."""
@@ -281,11 +303,15 @@ class _Meter:
 
 
 async def _metered(
-    events: AsyncIterator[GenerationEvent], meter: _Meter, record: RequestRecord
+    events: AsyncIterator[GenerationEvent], meter: _Meter, record: RequestRecord, watch: Watch
 ) -> AsyncIterator[GenerationEvent]:
     try:
         async with aclosing(events):
-            async for event in events:
+            while True:
+                try:
+                    event = await watch.wait(anext(events))  # a stopping server may cut it here (server/cutoff.py)
+                except StopAsyncIteration:
+                    break
                 meter.record(event)
                 if isinstance(event, TextDelta):
                     record.first_token()

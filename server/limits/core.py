@@ -260,10 +260,15 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
         counts = f"used {reading.used - 1} requests"
     used_before = reading.used - (demand.tokens if reading.dimension.counts_tokens else 1)
     return LimitExceeded(
-        f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {wait:.3g} seconds.",
+        f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {_tenths(wait)} seconds.",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
         standing=Standing(reading.limit, max(0, reading.limit - used_before), wait),
     )
+
+
+def _tenths(seconds: float) -> str:
+    """Seconds as plain decimals with one decimal, rounded up so a hint never says 0.0 (and never 6.72e+04)."""
+    return f"{math.ceil(seconds * 10 - 1e-9) / 10:.1f}"  # - 1e-9: a float a hair over 30.0 still says 30.0
 
 
 def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:

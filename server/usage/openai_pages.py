@@ -115,7 +115,7 @@ def _envelope(page: Page, data: list[dict]) -> dict:
 
 def completions_page(page: Page, totals: Sequence[Totals], names: set[str]) -> dict:
     def result(t: Totals) -> dict:
-        return {
+        fields = {
             "object": "organization.usage.completions.result",
             "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
             "input_cached_tokens": t.cached_input_tokens, "input_audio_tokens": 0, "output_audio_tokens": 0,
@@ -126,9 +126,12 @@ def completions_page(page: Page, totals: Sequence[Totals], names: set[str]) -> d
             "model": t.model if "model" in names else None,
             "batch": False if "batch" in names else None,
             "num_requests": t.rows, "num_errors": t.errors,
-            "latency_ms_p50": quantile(0.5, t.latency) if t.latency else None,
-            "latency_ms_p95": quantile(0.95, t.latency) if t.latency else None,
         }
+        # Portico's own fields, absent (not null) when no request of the group reached a model: OpenAI's results
+        # have no such fields, so a reader that knows them checks for them.
+        if t.latency and (p50 := quantile(0.5, t.latency)) is not None:
+            fields["latency_ms_p50"], fields["latency_ms_p95"] = p50, quantile(0.95, t.latency)
+        return fields
 
     return _envelope(page, _buckets(page, totals, result))
 

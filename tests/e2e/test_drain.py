@@ -7,9 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import httpx
+import openai
+import orjson
 import pytest
 import yaml
 
@@ -102,3 +107,68 @@ def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, double):
     assert lines and "data: [DONE]" not in lines  # cut, not finished
     log = gateway.log_path.read_text()
     assert "second stop signal: ending the requests in flight now" in log
+
+
+def _read_stream(chunks, text_of, under_way: threading.Event) -> tuple[list[str], Exception | None]:
+    """Iterate an SDK stream to its end: (the texts it gave, the exception it raised or None)."""
+    texts: list[str] = []
+    try:
+        for chunk in chunks:
+            if text := text_of(chunk):
+                texts.append(text)
+                under_way.set()
+    except Exception as exc:  # noqa: BLE001 - what the SDK raised is what the test looks at
+        return texts, exc
+    return texts, None
+
+
+def _chat_text(chunk) -> str:
+    return chunk.choices[0].delta.content or "" if chunk.choices else ""
+
+
+def _message_text(event) -> str:
+    return event.delta.text if event.type == "content_block_delta" else ""
+
+
+@pytest.mark.parametrize("signals, drain_seconds", [(1, 1), (2, 120)], ids=["drain-ran-out", "second-sigterm"])
+def test_streams_cut_by_the_stop_end_with_the_dialects_error_event(tmp_path, double, signals, drain_seconds):
+    """A stream still running when the drain ends (its time is up, or a second SIGTERM) was not finished: each SDK
+    raises a 503 saying the server is shutting down, instead of taking the cut answer as complete, and the access
+    log does not blame the caller (499)."""
+    slow = Cue(frame_delay=0.25)  # one word every 0.25 s: 60 words take 15 s
+    double.cue(slow, slow)
+    provider = f"{{kind: openai, base_url: '{double.url}', model: m}}"
+    models = (f"  - {{id: slow-chat, endpoint: {CHAT}, provider: {provider}}}\n"
+              f"  - {{id: slow-messages, endpoint: /v1/messages, provider: {provider}}}\n")
+    config = write_config(tmp_path, models)
+    config.write_text(config.read_text() + f"drain_seconds: {drain_seconds}\n")
+    words = [{"role": "user", "content": " ".join(f"w{i}" for i in range(60))}]
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        oai = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+        claude = anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
+        chat_going, messages_going = threading.Event(), threading.Event()
+        with ThreadPoolExecutor(2) as pool:
+            chat = pool.submit(_read_stream, oai.chat.completions.create(
+                model="slow-chat", messages=words, max_tokens=100, stream=True), _chat_text, chat_going)
+            messages = pool.submit(_read_stream, claude.messages.create(
+                model="slow-messages", messages=words, max_tokens=100, stream=True), _message_text, messages_going)
+            assert chat_going.wait(30) and messages_going.wait(30)
+            started = time.monotonic()
+            for _ in range(signals):
+                sigterm(gateway.process)
+                time.sleep(0.3)
+            (chat_texts, chat_error), (message_texts, message_error) = chat.result(30), messages.result(30)
+        assert gateway.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10  # the streams alone would have needed 15 s
+    assert chat_texts and len(chat_texts) < 60 and message_texts and len(message_texts) < 60
+    assert isinstance(chat_error, openai.APIError), chat_error
+    assert chat_error.body["type"] == "service_unavailable_error" and chat_error.body["code"] == "service_unavailable"
+    assert "shutting down" in chat_error.message
+    assert isinstance(message_error, anthropic.APIStatusError), message_error
+    assert message_error.body["error"]["type"] == "service_unavailable_error"
+    assert "shutting down" in message_error.body["error"]["message"]
+    lines = [orjson.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith('{"ts":')]
+    cut = {line["rpc"]: (line["status"], line["code"]) for line in lines if line["model"] in ("slow-chat", "slow-messages")}
+    # A stream cut after its 200 is logged like any stream that failed in-band: its 200, with the error's code.
+    assert cut == {"ChatService/CreateChatCompletionHttp": (200, "service_unavailable"),
+                   "MessageService/CreateMessageHttp": (200, "service_unavailable")}

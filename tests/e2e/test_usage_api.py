@@ -54,3 +54,18 @@ def test_usage_and_costs_over_rest(gateway):
     assert bad.json()["error"] | {"message": ""} == {"message": "", "type": "invalid_request_error",
                                                        "param": "bucket_width", "code": "invalid_request"}
     assert httpx.get(url, params={"start_time": start}, timeout=30).status_code == 401
+
+
+def test_a_parameter_of_the_wrong_type_is_named_in_the_callers_terms(gateway):
+    """Envoy's transcoder refuses these before the server sees them; its wording (TYPE_INT64) is not the caller's."""
+    headers = {"Authorization": f"Bearer {gateway.secret}"}
+    for path, params, param, expected in (
+        ("/v1/organization/usage/completions", {"start_time": "abc"}, "start_time", '"abc"'),
+        ("/v1/organization/costs", {"start_time": "1", "limit": "many"}, "limit", '"many"'),
+        ("/v1/organization/requests", {"end_time": "1.5"}, "end_time", '"1.5"'),
+    ):
+        answer = httpx.get(f"{gateway.base_url}{path}", params=params, headers=headers, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"] == {
+            "message": f"Invalid value {expected} for {param}: expected an integer.", "type": "invalid_request_error",
+            "param": param, "code": "invalid_request"}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import pkgutil
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import portico.v1
 from portico.v1 import key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 from tests.helpers import bearer, chat_request, error_details
 from portico.v1 import chat_service_pb2_grpc
@@ -76,17 +79,25 @@ async def test_admin_creates_and_revokes_keys_and_revocation_takes_effect_within
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-async def test_health_is_serving(channel):
+def portico_services() -> set[str]:
+    """Every service the protos of portico.v1 declare."""
+    modules = (importlib.import_module(f"portico.v1.{m.name}") for m in pkgutil.iter_modules(portico.v1.__path__)
+               if m.name.endswith("_pb2"))
+    return {service.full_name for module in modules for service in module.DESCRIPTOR.services_by_name.values()}
+
+
+async def test_health_covers_the_server_and_every_portico_service(channel):
     stub = health_pb2_grpc.HealthStub(channel)
-    for service in ("", "portico.v1.ChatService"):
+    assert len(portico_services()) >= 10
+    for service in ("", *sorted(portico_services())):
         response = await stub.Check(health_pb2.HealthCheckRequest(service=service))
-        assert response.status == health_pb2.HealthCheckResponse.SERVING
+        assert response.status == health_pb2.HealthCheckResponse.SERVING, service
 
 
-async def test_reflection_lists_the_services(channel):
+async def test_reflection_lists_every_service(channel):
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     async for response in responses:
         names = {s.name for s in response.list_services_response.service}
         break
-    assert {"portico.v1.ChatService", "portico.v1.ModelService", "grpc.health.v1.Health"} <= names
+    assert portico_services() | {"grpc.health.v1.Health"} <= names

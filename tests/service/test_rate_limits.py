@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import grpc
 import orjson
@@ -14,6 +15,8 @@ from google.rpc import error_details_pb2, status_pb2
 from portico.v1 import image_pb2, image_service_pb2_grpc, message_service_pb2_grpc
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request, http_body
+from tests.service.test_usage_ledger import usage_json
+from tests.upstream_support import window_tokens
 
 # Greedy sampling writes 1,000 tokens (~9 s) for this prompt; a sampled answer once ended in well under a second,
 # before the test could see it hold its slot or pass its deadline.
@@ -126,6 +129,29 @@ async def test_failed_requests_free_their_slot(chat, running):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await running.limiter.store.in_flight(key_id) == 0
     await chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret))
+
+
+async def test_a_prompt_over_the_context_window_never_reaches_a_model(chat, messages, channel, running):
+    """Refused with 400 on either path, it costs nothing, and the usage API counts it as a request and an error,
+    not as a model request, and gives it no latency."""
+    key_id, secret = await new_key(running, requests_per_minute=100)
+    too_long = [{"role": "user", "content": "word " * 6000}]  # ~6,000 tokens: the window is 2,048
+    start = int(time.time())
+    for call in (chat.CreateChatCompletion(chat_request(messages=too_long), metadata=bearer(secret)),
+                 messages.CreateMessage(message_request(model="family-b-opus-4-7", messages=too_long),
+                                        metadata=bearer(secret))):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "context window" in error_details(caught.value).error.message
+    assert window_tokens(running, key_id) == 0
+    await running.core.ledger.flush()
+    page = await usage_json(channel, secret, start_time=start)
+    [result] = page["data"][0]["results"]
+    assert (result["num_requests"], result["num_errors"], result["num_model_requests"]) == (2, 2, 0)
+    assert "latency_ms_p50" not in result and "latency_ms_p95" not in result
+    rows = await usage_json(channel, secret, "ListRequestsHttp", start_time=start)
+    assert [(r["status"], r["upstream"]) for r in rows["data"]] == [(400, "")] * 2
 
 
 async def test_unary_caller_that_gives_up_frees_its_slot(chat, running):

@@ -109,6 +109,18 @@ async def test_daily_quota_resets_at_utc_midnight(store, clock):
     await refused(store, wanted)
 
 
+async def test_retry_hints_are_plain_seconds_with_one_decimal(store, clock):
+    clock.now = NOON - 6 * 3600 + 123.45  # 06:02:03.45 UTC: midnight is 64,676.55 s away
+    wanted = demand(daily_requests=2)
+    for _ in range(2):
+        await store.reserve(wanted)
+    assert "Please retry after 64676.6 seconds." in (await refused(store, wanted)).message
+    wanted = Demand((Scope("k2", "key k2", KeyLimits(requests_per_minute=1)),), 0)
+    await store.reserve(wanted)
+    clock.advance(59.96)
+    assert "Please retry after 0.1 seconds." in (await refused(store, wanted)).message  # rounded up, never 0.0
+
+
 async def test_daily_tokens_count_real_usage(store, clock):
     wanted = demand(tokens=400, daily_tokens=1000)
     for _ in range(5):

@@ -13,7 +13,7 @@ from server.providers.llamacpp import LlamaCppProvider
 async def readiness(tmp_path, providers) -> tuple[Readiness, KeyStore]:
     store = await open_sqlite_key_store(tmp_path / "keys.db")
     limiter = Limiter(MemoryLimitStore(), LimitSettings())
-    return Readiness(health.aio.HealthServicer(), [], store, limiter, LimitSettings(), providers), store
+    return Readiness(health.aio.HealthServicer(), store, limiter, LimitSettings(), providers), store
 
 
 async def test_the_embedded_model_is_loaded_until_it_is_closed(tmp_path):

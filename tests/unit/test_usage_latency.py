@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from server.usage.latency import BOUNDS_MS, quantile
-from server.usage.query import UsageQuery
+from server.usage.openai_pages import Page, completions_page
+from server.usage.query import Totals, UsageQuery
 from tests.db.test_usage_stores import ledger  # noqa: F401 - real SQLite and real PostgreSQL
 from tests.unit.test_ledger_writer import NOW_MS, row
 
@@ -29,3 +30,15 @@ def test_the_database_sums_the_histogram_of_requests_that_reached_a_model(ledger
     [totals] = ledger.aggregate(UsageQuery(t0, t0 + 1000, 1000))
     assert totals.latency[-1] == 10  # the refused request is not timed
     assert 25 < quantile(0.5, totals.latency) <= 50 and 500 < quantile(0.95, totals.latency) <= 1_000
+
+
+def test_latency_fields_are_absent_where_no_request_reached_a_model():
+    timed = Totals(0, "m", None, None, 10, 5, 0, 0, 0, model_requests=2, rows=2, errors=0,
+                   latency=tuple(cumulative([40.0, 400.0])))
+    refused = Totals(0, "n", None, None, 0, 0, 0, 0, 0, model_requests=0, rows=3, errors=3,
+                     latency=tuple(cumulative([])))
+    page = completions_page(Page(0, 60, 60, 0, 1), [timed, refused], {"model"})
+    first, second = page["data"][0]["results"]
+    assert 25 < first["latency_ms_p50"] <= first["latency_ms_p95"] <= 500
+    assert (second["model"], second["num_requests"], second["num_model_requests"]) == ("n", 3, 0)
+    assert "latency_ms_p50" not in second and "latency_ms_p95" not in second

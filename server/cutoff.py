@@ -1,0 +1,83 @@
+"""Ending the model calls a drain cannot wait for.
+
+When a drain's `drain_seconds` run out, or a second stop signal ends it, grpc cancels the RPCs still running. A
+cancelled RPC can send nothing more, so a caller whose stream had started would see it end as if it were complete:
+no error event, no SDK exception, and an access-log line blaming the caller (499). So before grpc cancels anything,
+the server cuts the model calls still running (`Cutoff.cut`): each call waiting on its provider is interrupted from
+inside and fails with ServiceUnavailable, as if its provider had failed. From there the usual paths take over: the
+dialect's error event after the first byte (server/services/streaming.py guard_stream), an error status before it,
+the reservation settled with what was used, and the error's code in the access log and the usage ledger.
+
+A call is interrupted by cancelling the task that waits on its provider, and only while it waits there, so the
+cancellation lands inside the provider (which stops its work as for a caller who went away) and is turned into the
+error right there. A call that is busy elsewhere when the cut comes (sending to a slow caller) fails at its next
+wait instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from server.errors import ServiceUnavailable
+
+SHUTTING_DOWN = "The server is shutting down and could not finish this request in time. Please retry."
+
+T = TypeVar("T")
+
+
+class Watch:
+    """One model call's side of the cutoff."""
+
+    __slots__ = ("cut", "_task")
+
+    def __init__(self, cut: bool) -> None:
+        self.cut = cut
+        self._task: asyncio.Task | None = None  # the task waiting on the provider now, if any
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await the provider's `awaitable`; ServiceUnavailable if the call is cut before or meanwhile."""
+        if self.cut:
+            getattr(awaitable, "close", lambda: None)()  # never awaited: no "was never awaited" warning
+            raise ServiceUnavailable(SHUTTING_DOWN)
+        self._task = task = asyncio.current_task()
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if not self.cut:
+                raise  # the caller went away (or grpc cancelled the RPC): not ours to answer
+            task.uncancel()  # our own cancellation, answered with the error: the task goes on
+            raise ServiceUnavailable(SHUTTING_DOWN) from None
+        finally:
+            self._task = None
+
+    def interrupt(self) -> None:
+        self.cut = True
+        if self._task is not None:
+            self._task.cancel()
+
+
+class Cutoff:
+    """The model calls in flight, to be cut when the server stops."""
+
+    def __init__(self) -> None:
+        self._watches: set[Watch] = set()
+        self._cut = False
+
+    @contextmanager
+    def watch(self) -> Iterator[Watch]:
+        """For the length of one model call; a call that starts after the cut fails at its first wait."""
+        watch = Watch(self._cut)
+        self._watches.add(watch)
+        try:
+            yield watch
+        finally:
+            self._watches.discard(watch)
+
+    def cut(self) -> None:
+        """Every call in flight, and any that starts later, fails with ServiceUnavailable."""
+        self._cut = True
+        for watch in list(self._watches):
+            watch.interrupt()
