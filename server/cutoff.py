@@ -17,8 +17,7 @@ wait instead.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable
 from typing import TypeVar
 
 from server.errors import ServiceUnavailable
@@ -31,27 +30,55 @@ T = TypeVar("T")
 class Watch:
     """One model call's side of the cutoff."""
 
-    __slots__ = ("cut", "_task")
+    __slots__ = ("cut", "_loop", "_task", "_watches")
 
-    def __init__(self, cut: bool) -> None:
+    def __init__(self, cut: bool, watches: set[Watch]) -> None:
         self.cut = cut
+        self._watches = watches  # the cutoff's, which holds this watch while it is entered
+        # Looked up once: current_task() without its loop looks the loop up each time (~0.2 µs on CPython 3.11).
+        self._loop = asyncio.get_running_loop()
         self._task: asyncio.Task | None = None  # the task waiting on the provider now, if any
 
     async def wait(self, awaitable: Awaitable[T]) -> T:
         """Await the provider's `awaitable`; ServiceUnavailable if the call is cut before or meanwhile."""
-        if self.cut:
+        try:
+            self.begin()
+        except ServiceUnavailable:
             getattr(awaitable, "close", lambda: None)()  # never awaited: no "was never awaited" warning
-            raise ServiceUnavailable(SHUTTING_DOWN)
-        self._task = task = asyncio.current_task()
+            raise
         try:
             return await awaitable
         except asyncio.CancelledError:
-            if not self.cut:
-                raise  # the caller went away (or grpc cancelled the RPC): not ours to answer
-            task.uncancel()  # our own cancellation, answered with the error: the task goes on
-            raise ServiceUnavailable(SHUTTING_DOWN) from None
+            self.cancelled()
+            raise
         finally:
-            self._task = None
+            self.end()
+
+    # The same in three steps, for a loop over a provider's events (pipeline._metered), where a coroutine around
+    # each event would cost ~0.6 µs a event.
+
+    def begin(self) -> None:
+        """Before waiting on the provider: ServiceUnavailable if the call was cut already."""
+        if self.cut:
+            raise ServiceUnavailable(SHUTTING_DOWN)
+        self._task = asyncio.current_task(self._loop)
+
+    def cancelled(self) -> None:
+        """The wait was cancelled: ServiceUnavailable if by the cut (the task goes on), else the caller's to raise
+        (the caller went away, or grpc cancelled the RPC)."""
+        if self.cut and self._task is not None:
+            self._task.uncancel()
+            raise ServiceUnavailable(SHUTTING_DOWN) from None
+
+    def end(self) -> None:
+        self._task = None
+
+    def __enter__(self) -> Watch:
+        self._watches.add(self)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._watches.discard(self)
 
     def interrupt(self) -> None:
         self.cut = True
@@ -66,15 +93,10 @@ class Cutoff:
         self._watches: set[Watch] = set()
         self._cut = False
 
-    @contextmanager
-    def watch(self) -> Iterator[Watch]:
-        """For the length of one model call; a call that starts after the cut fails at its first wait."""
-        watch = Watch(self._cut)
-        self._watches.add(watch)
-        try:
-            yield watch
-        finally:
-            self._watches.discard(watch)
+    def watch(self) -> Watch:
+        """For the length of one model call (`with cutoff.watch() as watch`; a class, not a @contextmanager, which
+        costs ~1 µs a request); a call that starts after the cut fails at its first wait."""
+        return Watch(self._cut, self._watches)
 
     def cut(self) -> None:
         """Every call in flight, and any that starts later, fails with ServiceUnavailable."""

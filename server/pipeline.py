@@ -308,10 +308,16 @@ async def _metered(
     try:
         async with aclosing(events):
             while True:
+                watch.begin()  # a stopping server may cut the call while it waits here (server/cutoff.py)
                 try:
-                    event = await watch.wait(anext(events))  # a stopping server may cut it here (server/cutoff.py)
+                    event = await events.__anext__()
                 except StopAsyncIteration:
                     break
+                except asyncio.CancelledError:
+                    watch.cancelled()
+                    raise
+                finally:
+                    watch.end()
                 meter.record(event)
                 if isinstance(event, TextDelta):
                     record.first_token()
