@@ -46,7 +46,7 @@ async def test_update_limits_and_grants_take_effect(keys, chat, admin_secret):
 async def test_update_rejects_bad_values(keys, admin_secret):
     created = await create(keys, admin_secret)
     for request, param in [
-        (key_pb2.UpdateKeyRequest(id=created.key.id, limits={"daily_tokens": -5}), "daily_tokens"),
+        (key_pb2.UpdateKeyRequest(id=created.key.id, limits={"daily_tokens": -5}), "limits.daily_tokens"),
         (key_pb2.UpdateKeyRequest(id=created.key.id, all_models=False), "models"),
         (key_pb2.UpdateKeyRequest(id="key_nope", name="x"), "id"),
     ]:
