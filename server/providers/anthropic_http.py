@@ -67,7 +67,7 @@ class AnthropicProvider:
                     return
         reader.end()
 
-    def _decode(self, data: str) -> dict:
+    def _decode(self, data: bytes) -> dict:
         try:
             payload = wire_json.loads(data)
         except wire_json.JSONDecodeError:

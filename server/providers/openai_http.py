@@ -49,7 +49,7 @@ class OpenAIProvider:
         reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
         async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
             async for event in events:
-                if event.data == "[DONE]":
+                if event.data == b"[DONE]":
                     break
                 chunk = self._decode(event.data)
                 if "error" in chunk:
@@ -59,7 +59,7 @@ class OpenAIProvider:
                     yield generated
         yield reader.end()
 
-    def _decode(self, data: str) -> dict:
+    def _decode(self, data: bytes) -> dict:
         try:
             chunk = wire_json.loads(data)
         except wire_json.JSONDecodeError:

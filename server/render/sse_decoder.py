@@ -11,7 +11,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class SseEvent:
     event: str  # "message" when the stream sent no `event:` line
-    data: str  # the `data:` lines joined with "\n"
+    data: bytes  # the `data:` lines joined with "\n": bytes, which the JSON parser reads without a decoding first
 
 
 class SseDecoder:
@@ -65,7 +65,6 @@ class SseDecoder:
         return events
 
     def _dispatch(self) -> SseEvent:
-        event = SseEvent(self._event.decode("utf-8", "replace") if self._event else "message",
-                         b"\n".join(self._data).decode("utf-8", "replace"))
+        event = SseEvent(self._event.decode("utf-8", "replace") if self._event else "message", b"\n".join(self._data))
         self._event, self._data = b"", []
         return event

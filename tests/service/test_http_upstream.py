@@ -122,7 +122,7 @@ async def read_until_done(http: HttpUpstream) -> list[SseEvent]:
     seen = []
     async with http.stream("chat/completions", {"q": 1}, model_id="up") as events:
         async for event in events:
-            if event.data == "[DONE]":
+            if event.data == b"[DONE]":
                 break
             seen.append(event)
     return seen
@@ -137,7 +137,7 @@ async def eventually(condition: Callable[[], bool], seconds: float = 3.0) -> Non
 
 async def test_streams_read_to_their_last_event_reuse_one_connection(server, upstream):
     for _ in range(3):
-        assert await read_until_done(upstream) == [SseEvent("message", '{"n":1}'), SseEvent("message", '{"n":2}')]
+        assert await read_until_done(upstream) == [SseEvent("message", b'{"n":1}'), SseEvent("message", b'{"n":2}')]
     assert (server.accepted, server.ended) == (1, 0)
     method, path, headers, body = server.seen[0]
     assert (method, path, orjson.loads(body)) == ("POST", "/v1/chat/completions", {"q": 1})
@@ -157,7 +157,7 @@ async def test_a_stream_abandoned_mid_answer_closes_its_connection(server, upstr
     with pytest.raises(asyncio.CancelledError):
         async with upstream.stream("chat/completions", {}, model_id="up") as events:
             async for event in events:
-                if event.data == '{"n":2}':
+                if event.data == b'{"n":2}':
                     raise asyncio.CancelledError()  # the caller went away
     await eventually(lambda: server.ended == 1, 2.0)  # the upstream noticed: it can stop generating
     await read_until_done(upstream)
@@ -184,8 +184,8 @@ async def test_sse_lines_split_anywhere():
     finally:
         await http.close()
         await upstream.stop()
-    assert seen == [SseEvent("a", "1"), SseEvent("message", "2\n3"), SseEvent("message", "x"),
-                    SseEvent("message", "4"), SseEvent("message", "café"), SseEvent("b", '{"last": true}')]
+    assert seen == [SseEvent("a", b"1"), SseEvent("message", b"2\n3"), SseEvent("message", b"x"),
+                    SseEvent("message", b"4"), SseEvent("message", "café".encode()), SseEvent("b", b'{"last": true}')]
 
 
 async def test_an_error_status_reads_a_bounded_body_and_keeps_a_complete_answer_s_connection(server, upstream):
@@ -253,7 +253,7 @@ async def test_transport_failures():
             with pytest.raises(ServiceUnavailable) as caught:  # the one connection is busy
                 await read_until_done(http)
             assert caught.value.retry_reason == "other"
-            assert [event.data async for event in events] == ['{"n":1}', '{"n":2}', "[DONE]"]
+            assert [event.data async for event in events] == [b'{"n":1}', b'{"n":2}', b"[DONE]"]
         await read_until_done(http)  # and free again
     finally:
         await http.close()

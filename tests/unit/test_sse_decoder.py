@@ -25,10 +25,10 @@ TRANSCRIPT = (
     b"data: {\"done\": true}"
 )
 EVENTS = [
-    SseEvent("message_start", '{"type":"message_start"}'),
-    SseEvent("message", "first\nsecond"),
-    SseEvent("message", "café"),
-    SseEvent("last", '{"done": true}'),
+    SseEvent("message_start", b'{"type":"message_start"}'),
+    SseEvent("message", b"first\nsecond"),
+    SseEvent("message", "café".encode()),
+    SseEvent("last", b'{"done": true}'),
 ]
 
 
@@ -55,11 +55,11 @@ def test_a_crlf_split_between_reads_ends_one_line():
     decoder = SseDecoder()
     assert decoder.feed(b"data: a\r") == []
     assert decoder.feed(b"\n") == []  # the "\n" of the "\r\n", not an empty line
-    assert decoder.feed(b"\r\n") == [SseEvent("message", "a")]
+    assert decoder.feed(b"\r\n") == [SseEvent("message", b"a")]
 
 
 def test_events_come_out_as_soon_as_their_blank_line_arrives():
     decoder = SseDecoder()
     assert decoder.feed(b"data: [DONE]\n") == []
-    assert decoder.feed(b"\n") == [SseEvent("message", "[DONE]")]
+    assert decoder.feed(b"\n") == [SseEvent("message", b"[DONE]")]
     assert decoder.end() == []
