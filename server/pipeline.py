@@ -86,6 +86,13 @@ class Pipeline:
     def catalog(self) -> Catalog:
         return self._catalog
 
+    async def after_key(self, context: CallContext, error: PorticoError, *,
+                        allow_x_api_key: bool = False) -> PorticoError:
+        """`error`, found before the request's key was checked (a body that is not JSON): returned for the caller to
+        raise once the key is found valid; a caller without a valid key hears that instead (401, whatever the body)."""
+        await self._authenticator.authenticate(context.invocation_metadata() or (), allow_x_api_key=allow_x_api_key)
+        return error
+
     async def begin(
         self, context: CallContext, model_id: str, endpoint: str, *, allow_x_api_key: bool = False
     ) -> Call:

@@ -24,7 +24,7 @@ from server.errors import InvalidRequest
 from server.pipeline import Call, Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
-from server.translate.values import model_of, parse_body, proto_to_json
+from server.translate.values import body_and_model, proto_to_json
 
 
 class Plan(Protocol):
@@ -99,7 +99,7 @@ class DialectServicer:
                 yield json_format.ParseDict(payload, self.event_type(), ignore_unknown_fields=True)
 
     async def http_body(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        call, plan, header = await self._prepare(await self._parsed(request, context), context)
+        call, plan, header = await self._prepare(request.data, context)
         if not plan.stream:
             yield await self._json_answer(call, plan, header)
             return
@@ -112,7 +112,7 @@ class DialectServicer:
     async def http_unary(self, request: httpbody_pb2.HttpBody, context) -> httpbody_pb2.HttpBody:
         """`http_body` in one message, for bodies Envoy found not to stream; one that does all the same (a
         `"stream"` key spelt with escapes, which Envoy's scan does not read) gets its events in one SSE body."""
-        call, plan, header = await self._prepare(await self._parsed(request, context), HeadersAtEnd(context))
+        call, plan, header = await self._prepare(request.data, HeadersAtEnd(context))
         if not plan.stream:
             return await self._json_answer(call, plan, header)
         async with aclosing(self._sse(call, plan, header)) as messages:
@@ -132,19 +132,14 @@ class DialectServicer:
                 async for data in messages:
                     yield data
 
-    async def _parsed(self, request: httpbody_pb2.HttpBody, context) -> dict:
-        """The caller's body as JSON; a caller without a valid key hears that first, whatever the body."""
-        try:
-            return parse_body(request.data)
-        except InvalidRequest:
-            await self._pipeline.authenticator.authenticate(context.invocation_metadata() or (),
-                                                            allow_x_api_key=self.allow_x_api_key)
-            raise
-
     async def _prepare(
-        self, body: dict, context, *, always_stream: bool = False
+        self, data: bytes | dict, context, *, always_stream: bool = False
     ) -> tuple[Call, Plan, ResponseHeader]:
-        model = model_of(body)
+        """`data`: a REST caller's raw body, or a typed request turned into JSON."""
+        try:
+            body, model = body_and_model(data)
+        except InvalidRequest as error:
+            raise await self._pipeline.after_key(context, error, allow_x_api_key=self.allow_x_api_key) from None
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
         plan = self.plan(body, call, always_stream=always_stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)

@@ -11,11 +11,12 @@ from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.domain import Endpoint
+from server.errors import InvalidRequest
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
 from server.render import json_body
 from server.translate.openai_images import image_request, images_response
-from server.translate.values import model_of, parse_body, proto_to_json
+from server.translate.values import body_and_model, proto_to_json
 
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
@@ -23,8 +24,13 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         self._pipeline = pipeline
         self._store = store
 
-    async def _generate(self, body: dict, context: grpc.aio.ServicerContext) -> dict:
-        call = await self._pipeline.begin(context, model_of(body), Endpoint.IMAGES)
+    async def _generate(self, data: bytes | dict, context: grpc.aio.ServicerContext) -> dict:
+        """`data`: a REST caller's raw body, or a typed request turned into JSON."""
+        try:
+            body, model = body_and_model(data)
+        except InvalidRequest as error:
+            raise await self._pipeline.after_key(context, error) from None
+        call = await self._pipeline.begin(context, model, Endpoint.IMAGES)
         plan = image_request(body)
         images = await self._pipeline.generate_images(call, plan.generation)
         urls = await self._store.put(images) if plan.response_format == "url" else None
@@ -34,7 +40,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         return json_format.ParseDict(await self._generate(proto_to_json(request), context), image_pb2.ImagesResponse())
 
     async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        body = await self._generate(parse_body(request.data), context)
+        body = await self._generate(request.data, context)
         yield httpbody_pb2.HttpBody(content_type="application/json", data=json_body(body))
 
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:

@@ -64,6 +64,12 @@ def model_of(body: Mapping[str, Json]) -> str:
     return opt_string(body, "model") or ""
 
 
+def body_and_model(data: bytes | dict[str, Json]) -> tuple[dict[str, Json], str]:
+    """A REST caller's raw body (parsed) or a typed request already turned into JSON, and its `model`."""
+    body = parse_body(data) if isinstance(data, bytes) else data
+    return body, model_of(body)
+
+
 def type_name(value: Json) -> str:
     return _TYPE_NAMES.get(type(value), "a value")
 

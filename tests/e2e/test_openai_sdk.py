@@ -72,10 +72,11 @@ def test_wrong_key_is_401(gateway):
                                     "param": None, "code": "invalid_api_key"}
     assert caught.value.code == "invalid_api_key"
     # The key is judged first, whatever the body: a caller with a bad key learns nothing about its request.
-    for body in (b"{not json", b"[]"):
-        answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", content=body,
-                            headers={"authorization": "Bearer pk-wrong", "content-type": "application/json"})
-        assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+    for path in ("/v1/chat/completions", "/v1/messages", "/v1/images/generations"):
+        for body in (b"{not json", b"[]", b'{"model": 5}', b""):
+            answer = httpx.post(f"{gateway.base_url}{path}", content=body,
+                                headers={"authorization": "Bearer pk-wrong", "content-type": "application/json"})
+            assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", (path, body)
 
 
 def test_unknown_and_family_b_models_are_404(client):
