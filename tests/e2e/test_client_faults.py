@@ -1,5 +1,6 @@
 """portico.client against failures on cue: real local servers (HTTP and gRPC, on 127.0.0.1) that answer the first
-requests from a script of errors in the gateway's format and forward the rest to the real gateway. They count what
+requests from a script of errors in the gateway's format (or, for status 0, a pause of `retry_after` seconds before
+forwarding) and forward the rest to the real gateway. They count what
 reaches them, so the number of attempts is observed, not inferred."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from grpc_status import rpc_status
 
 from gateway.envoy import free_ports
 from portico.client import (
-    APIConnectionError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError, NotFoundError,
+    APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError, NotFoundError,
     PermissionDeniedError, PorticoClient, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
 from portico.v1 import chat_service_pb2_grpc, error_pb2
@@ -41,6 +42,7 @@ class HttpFaults:
 
     def __init__(self, upstream: str, script: list[tuple[int, float]]) -> None:
         self.script, self.requests, self.upstream = list(script), 0, upstream
+        self.closing = threading.Event()
         faults = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,6 +68,8 @@ class HttpFaults:
 
     def answer(self, path: str, body: bytes, authorization: str) -> tuple[int, dict, bytes]:
         self.requests += 1
+        if self.script and self.script[0][0] == 0 and self.closing.wait(self.script.pop(0)[1]):
+            return 503, {}, b""  # a slow answer, cut short by the end of the test
         if self.script:
             status, retry_after = self.script.pop(0)
             _, code, type_ = ROWS[status]
@@ -83,6 +87,7 @@ class HttpFaults:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
@@ -93,6 +98,7 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
 
     def __init__(self, upstream: str, script: list[tuple[int, float]]) -> None:
         self.script, self.requests = list(script), 0
+        self.closing = threading.Event()
         self.channel = grpc.insecure_channel(upstream)
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(self, self.server)
@@ -104,6 +110,8 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
 
     def CreateChatCompletion(self, request, context):
         self.requests += 1
+        if self.script and self.script[0][0] == 0 and self.closing.wait(self.script.pop(0)[1]):
+            context.abort(grpc.StatusCode.CANCELLED, "closing")  # a slow answer, cut short by the end of the test
         if self.script:
             status, retry_after = self.script.pop(0)
             grpc_code, code, type_ = ROWS[status]
@@ -123,7 +131,8 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self.server.stop(0).wait()
+        self.closing.set()
+        self.server.stop(1).wait()  # its handlers end before the channel they forward on is closed
         self.channel.close()
 
 
@@ -206,6 +215,17 @@ def test_a_bare_grpc_status_maps_through_the_table(gateway):
     assert isinstance(error, ServiceUnavailableError) and error.grpc_code == grpc.StatusCode.UNAVAILABLE
     assert (error.status, error.code, error.message, error.retry_after) == (
         503, "service_unavailable", "bare UNAVAILABLE", None)
+
+
+def test_an_answer_past_the_clients_timeout_is_an_api_timeout_and_not_sent_again(gateway, transport):
+    """The request went out and may still be running: neither retried nor blamed on an upstream (over gRPC, the
+    client's own deadline is not the gateway's 504)."""
+    record = Recorder([0.5] * 3)
+    with faults(gateway, transport, [(0, 2.0)]) as proxy, client_for(
+            transport, proxy.target, gateway.secret, timeout=0.5, sleep=record.sleep, random=record.random) as client:
+        with pytest.raises(APITimeoutError) as caught:
+            client.chat_completion("family-a-5.5", HI, max_tokens=1)
+    assert proxy.requests == 1 and record.sleeps == [] and caught.value.code == "timeout"
 
 
 def test_connection_errors_are_retried_then_surfaced(transport):

@@ -164,6 +164,10 @@ def error_from_grpc(error: grpc.RpcError) -> APIError:
                 retry_after = retry.retry_delay.ToNanoseconds() / 1e9
     if retry_after is None and (ms := trailing.get("retry-after-ms")):
         retry_after = float(ms) / 1000
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and not fields:
+        # The client's own deadline passed (the gateway's 504s carry their ErrorResponse): the request may still be
+        # running, as for a REST read timeout.
+        return APITimeoutError(f"No answer within the client's timeout ({message}).", grpc_code=code)
     return _make(status, message, retry_after=retry_after, grpc_code=code, **fields)
 
 
