@@ -97,7 +97,8 @@ class HttpUpstream:
         to the pool once the answer is complete."""
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy)
+                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers),
+                                        proxy=self._proxy)
             attempt.set("http.response.status_code", response.status)
             events = None
             try:
@@ -118,7 +119,8 @@ class HttpUpstream:
                         headers: Mapping[str, str] | None = None) -> dict:
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers), proxy=self._proxy,
+                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers),
+                                        proxy=self._proxy,
                                         timeout=self._answer_timeout)
             attempt.set("http.response.status_code", response.status)
             try:

@@ -2,7 +2,8 @@
 
 A request that arrived as an Anthropic message passes through: its own body, every field kept, with the upstream's
 model name, `max_tokens` as the integer it was read as (a caller may write 8.0) and `stream` (as the caller asked:
-a caller that does not stream gets the upstream's one JSON answer) put in. Any other request (a chat completion) is built from the internal values.
+a caller that does not stream gets the upstream's one JSON answer) put in. Any other request (a chat completion) is
+built from the internal values.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Reading a request body (plain JSON, as server/wire_json.py parses it) with precise 400s: each reader names the offending value
-by its path in the body (`messages[2].content`), the `param` of the error object.
+"""Reading a request body (plain JSON, as server/wire_json.py parses it) with precise 400s: each reader names the
+offending value by its path in the body (`messages[2].content`), the `param` of the error object.
 
 REST bodies reach the server raw and are parsed here once; typed gRPC requests are turned into the same JSON first
 (`proto_to_json`), so both kinds of caller meet the same rules.

@@ -19,8 +19,8 @@ from grpc_status import rpc_status
 
 from gateway.envoy import free_ports
 from portico.client import (
-    APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError, NotFoundError,
-    PermissionDeniedError, PorticoClient, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
+    APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError,
+    NotFoundError, PermissionDeniedError, PorticoClient, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
 from portico.v1 import chat_service_pb2_grpc, error_pb2
 

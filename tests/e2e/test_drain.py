@@ -168,7 +168,8 @@ def test_streams_cut_by_the_stop_end_with_the_dialects_error_event(tmp_path, dou
     assert message_error.body["error"]["type"] == "service_unavailable_error"
     assert "shutting down" in message_error.body["error"]["message"]
     lines = [orjson.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith('{"ts":')]
-    cut = {line["rpc"]: (line["status"], line["code"]) for line in lines if line["model"] in ("slow-chat", "slow-messages")}
+    cut = {line["rpc"]: (line["status"], line["code"])
+           for line in lines if line["model"] in ("slow-chat", "slow-messages")}
     # A stream cut after its 200 is logged like any stream that failed in-band: its 200, with the error's code.
     assert cut == {"ChatService/CreateChatCompletionHttp": (200, "service_unavailable"),
                    "MessageService/CreateMessageHttp": (200, "service_unavailable")}
