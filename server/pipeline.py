@@ -146,6 +146,7 @@ class Pipeline:
                     except StopAsyncIteration:
                         raise InternalError("The provider ended without a result.") from None
                     await _send_headers(call, reservation, lookup.header if lookup is not None else None)
+                    watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
                     yield _prepend(first, events)
         finally:
             call.record.upstream_done()
@@ -314,21 +315,21 @@ async def _metered(
 ) -> AsyncIterator[GenerationEvent]:
     try:
         async with aclosing(events):
-            while True:
-                watch.begin()  # a stopping server may cut the call while it waits here (server/cutoff.py)
-                try:
-                    event = await events.__anext__()
-                except StopAsyncIteration:
-                    break
-                except asyncio.CancelledError:
-                    watch.cancelled()
-                    raise
-                finally:
-                    watch.end()
-                meter.record(event)
-                if isinstance(event, TextDelta):
-                    record.first_token()
-                yield event
+            # A stopping server may cut the call while it waits on the provider (server/cutoff.py): between
+            # `begin` and the next event; the cut's cancellation can only land there.
+            watch.begin()
+            try:
+                async for event in events:
+                    watch.waiting = False
+                    meter.record(event)
+                    if isinstance(event, TextDelta):
+                        record.first_token()
+                    yield event
+                    watch.begin()
+            except asyncio.CancelledError:
+                watch.cancelled()
+                raise
+            watch.waiting = False
     except Exception as exc:
         # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
         record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
