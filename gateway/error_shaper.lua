@@ -120,12 +120,8 @@ local function mark_envoy_reply(handle, status)
   handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
 end
 
--- Envoy's test, which its `grpc: {}` route match applies: application/grpc or application/grpc+... (not grpc-web).
-local function is_grpc(content_type)
-  return content_type == "application/grpc" or (content_type or ""):sub(1, 17) == "application/grpc+"
-end
-
--- A gRPC call on a REST path (only envoy.yaml's route for them lets one reach this filter): refused as gRPC's
+-- A gRPC call on a REST path (envoy.yaml's route for them, whose `grpc: {}` match is Envoy's own test of the
+-- content type, marks it in the route's metadata; native gRPC routes skip this filter): refused as gRPC's
 -- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
 -- the HTTP status (404: UNIMPLEMENTED) and grpc-message from the body; envoy_on_response restores the 404.
 local function refuse_grpc_call(handle, metadata, path)
@@ -144,7 +140,7 @@ function envoy_on_request(handle)
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
   metadata:set("portico", "request", method .. " " .. path)
-  if is_grpc(headers:get("content-type")) then return refuse_grpc_call(handle, metadata, path) end
+  if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
