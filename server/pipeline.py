@@ -29,7 +29,7 @@ from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
 from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
-from server.providers import Capabilities, Provider, TokenCounter, token_counter_of, unsupported
+from server.providers import Capabilities, Provider, TokenCounter, context_overflow, token_counter_of, unsupported
 from server.providers.images import ImageProvider
 
 
@@ -128,7 +128,8 @@ class Pipeline:
         call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
         # than by the provider, after the request was recorded as having reached a model.
-        if (overflow := _context_overflow(meter.prompt_estimate, self._context_windows.get(call.model.id))) is not None:
+        window = self._context_windows.get(call.model.id)
+        if window is not None and (overflow := context_overflow(meter.prompt_estimate, window)) is not None:
             raise overflow
         # The most it may cost: every prompt token uncached, and every token it may generate.
         cost = call.model.price.cost(meter.prompt_estimate, request.params.max_tokens)
@@ -265,16 +266,6 @@ async def _prompt_tokens(counter: TokenCounter | None, request: GenerationReques
     if counter is not None:
         return await asyncio.to_thread(counter.count_tokens, request.turns)
     return request.estimated_prompt_tokens()
-
-
-def _context_overflow(prompt_tokens: int, window: int | None) -> InvalidRequest | None:
-    if window is None or prompt_tokens < window:
-        return None
-    return InvalidRequest(
-        f"The prompt is {prompt_tokens} tokens but the model's context window is {window} tokens, which leaves no "
-        "room for an answer.",
-        param="messages",
-    )
 
 
 @dataclass(slots=True)

@@ -53,6 +53,14 @@ class LocalModel(Protocol):
     def loaded(self) -> bool: ...
 
 
+def context_overflow(prompt_tokens: int, window: int) -> InvalidRequest | None:
+    """The 400 for a prompt that leaves no room for an answer in a model's context window, or None."""
+    if prompt_tokens < window:
+        return None
+    return InvalidRequest(f"The prompt is {prompt_tokens} tokens but the model's context window is {window} tokens, "
+                          "which leaves no room for an answer.", param="messages")
+
+
 def token_counter_of(provider: object) -> TokenCounter | None:
     """The exact prompt counter for a model: its provider itself, or for a wrapper that tries other providers
     (fallbacks) the counter of the one it tries first, which it exposes as `token_counter`."""

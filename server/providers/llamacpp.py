@@ -31,11 +31,11 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from server.domain import (
     FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
 )
-from server.errors import InternalError, InvalidRequest, PorticoError, ServiceUnavailable
+from server.errors import InternalError, PorticoError, ServiceUnavailable
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE
-from server.providers import Capabilities
+from server.providers import Capabilities, context_overflow
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Stands in for a turn's text while the chat template is rendered. NUL never occurs in a template's own text, and
@@ -156,12 +156,8 @@ class LlamaCppProvider:
             raise ServiceUnavailable("the embedded model is shutting down")
         queued = asyncio.get_running_loop().time()
         prompt = await self._prompt_tokens(request.turns)
-        if len(prompt) >= self._n_ctx:
-            raise InvalidRequest(
-                f"The prompt is {len(prompt)} tokens but the model's context window is {self._n_ctx} tokens, "
-                "which leaves no room for an answer.",
-                param="messages",
-            )
+        if (overflow := context_overflow(len(prompt), self._n_ctx)) is not None:
+            raise overflow
         instance = await self._acquire()
         span.set("portico.queued_ms", round((asyncio.get_running_loop().time() - queued) * 1000, 1))
         if self._closed:  # close() began while we waited; its own acquire is next in line
