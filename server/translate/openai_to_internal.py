@@ -18,7 +18,8 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
 from server.translate.values import (
-    opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list, text_parts, wrong_type,
+    TEXT_PARTS, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list, text_parts,
+    wrong_type,
 )
 
 _ROLES = {
@@ -29,9 +30,9 @@ _ROLES = {
     "tool": Role.USER,  # a tool's answer is the caller's turn (Anthropic's tool_result blocks)
     "function": Role.USER,
 }
-# Content parts read as text, by role (an assistant's refusal is what it said); parts of any other type (images,
-# audio, files, and kinds the API adds later) are kept only for an upstream of this dialect.
-_TEXT_PARTS = {"assistant": {"text": "text", "refusal": "refusal"}}
+# Content parts read as text, by role (an assistant's refusal is what it said; other roles: TEXT_PARTS); parts of any
+# other type (images, audio, files, and kinds the API adds later) are kept only for an upstream of this dialect.
+_TEXT_PARTS = {"assistant": {**TEXT_PARTS, "refusal": "refusal"}}
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
 
@@ -75,11 +76,12 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
     n = opt_int(body, "n", 1, 128)
     if n is not None and n != 1:
         raise InvalidRequest("This gateway generates one choice per request: `n` must be 1.", param="n")
-    for token, bias in (opt_object(body, "logit_bias") or {}).items():
+    biases = opt_object(body, "logit_bias") or {}
+    for token in biases:
         if not token.isdigit():
             raise InvalidRequest(f"`logit_bias` maps token ids to biases: {shown(token)} is not a token id.",
                                  param="logit_bias")
-        opt_number(body["logit_bias"], token, -100.0, 100.0, "logit_bias")
+        opt_number(biases, token, -100.0, 100.0, "logit_bias")
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)
     return SamplingParams(
@@ -112,7 +114,7 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
     opt_string(message, "name", where)
     text, others = text_parts(content, f"{where}.content", part_types=None,
-                              text_members=_TEXT_PARTS.get(role_name, {"text": "text"}))
+                              text_members=_TEXT_PARTS.get(role_name, TEXT_PARTS))
     for i in others:
         kind = content[i]["type"]
         unread.append(Unread(f"{where}.content[{i}].type",

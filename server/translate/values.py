@@ -17,7 +17,7 @@ from server import wire_json
 from server.domain import Json
 from server.errors import InvalidRequest
 
-_TEXT_MEMBERS = {"text": "text"}  # a text part's type -> the member holding its text
+TEXT_PARTS = {"text": "text"}  # a text part's type -> the member holding its text
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
                dict: "an object", type(None): "null"}
 
@@ -144,7 +144,7 @@ def opt_int(obj: Mapping, name: str, low: int, high: int = 2**63 - 1, path: str 
 
 
 def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] | None = ("text",),
-               text_members: Mapping[str, str] = _TEXT_MEMBERS) -> tuple[str, list[int]]:
+               text_members: Mapping[str, str] = TEXT_PARTS) -> tuple[str, list[int]]:
     """A string, or a list of content parts [{"type": "text", "text": ...}], as one string; null is "".
 
     `text_members` names the parts read as text and the member holding it. Returns the text and the indexes of the
