@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server import wire_json
 from server.domain import AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
-from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, carries_content, message_events
@@ -57,7 +55,7 @@ class AnthropicProvider:
         reader = AnthropicEventReader()
         async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers) as events:
             async for event in events:
-                payload = self._decode(event.data)
+                payload = self._upstream.event_object(event.data, self._model_id)
                 if event.event == "error" or payload.get("type") == "error":
                     raise self._upstream.stream_error(payload, self._model_id, self._model)
                 yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
@@ -66,15 +64,6 @@ class AnthropicProvider:
                 if reader.finished:
                     return
         reader.end()
-
-    def _decode(self, data: bytes) -> dict:
-        try:
-            payload = wire_json.loads(data)
-        except wire_json.JSONDecodeError:
-            payload = None
-        if not isinstance(payload, dict):
-            raise UpstreamError(f"The upstream serving `{self._model_id}` sent an event that is not a JSON object.")
-        return payload
 
     async def close(self) -> None:
         """Closes the pooled client, which other models may share: closing it twice is harmless."""

@@ -159,6 +159,16 @@ class HttpUpstream:
         finally:
             self._give_back(response, caller_done=False)
 
+    def event_object(self, data: bytes, model_id: str) -> dict:
+        """A streamed event's data as the JSON object both dialects send, or an UpstreamError."""
+        try:
+            payload = wire_json.loads(data)
+        except wire_json.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise UpstreamError(f"The upstream serving `{model_id}` sent an event that is not a JSON object.")
+        return payload
+
     def stream_error(self, payload: Mapping, model_id: str, upstream_model: str | None = None) -> PorticoError:
         return from_stream_error(payload, retry_on=self._retry_on, upstream=model_id, secret=self._secret,
                                  upstream_model=upstream_model)

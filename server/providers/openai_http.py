@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server import wire_json
 from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
-from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.internal_to_openai_request import openai_body
@@ -51,22 +49,13 @@ class OpenAIProvider:
             async for event in events:
                 if event.data == b"[DONE]":
                     break
-                chunk = self._decode(event.data)
+                chunk = self._upstream.event_object(event.data, self._model_id)
                 if "error" in chunk:
                     raise self._upstream.stream_error(chunk, self._model_id, self._model)
                 yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
                 for generated in reader.feed(chunk):
                     yield generated
         yield reader.end()
-
-    def _decode(self, data: bytes) -> dict:
-        try:
-            chunk = wire_json.loads(data)
-        except wire_json.JSONDecodeError:
-            chunk = None
-        if not isinstance(chunk, dict):
-            raise UpstreamError(f"The upstream serving `{self._model_id}` sent an event that is not a JSON object.")
-        return chunk
 
     async def close(self) -> None:
         """Closes the pooled client, which other models may share: closing it twice is harmless."""
