@@ -86,6 +86,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the table
                 error = self._as_portico_error(exc, method)
                 observed.outcome = Outcome.of_error(error)
+                observed.close()  # before the status goes out: a caller that has its answer sees it counted
                 await abort(context, error, anthropic=anthropic)
             finally:
                 observed.close()
@@ -111,6 +112,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:  # noqa: BLE001
                 error = self._as_portico_error(exc, method)
                 observed.outcome = Outcome.of_error(error)
+                observed.close()  # before the status goes out: a caller that has its answer sees it counted
                 await abort(context, error, anthropic=anthropic)
             finally:
                 observed.close()
@@ -139,8 +141,10 @@ class _Observation:
             self._record = telemetry.begin(method, endpoint, metadata)
 
     def close(self) -> None:
+        """Records the outcome once; later calls do nothing."""
         if self._record is not None:
             self._telemetry.finish(self._record, self.outcome)
+            self._record = None
 
 
 async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool) -> None:

@@ -1,0 +1,70 @@
+"""A failed call's outcome is recorded before its error status goes out: a caller that reads /metrics, the access
+log or its usage right after its call failed finds the call there (the status used to be sent first, so under load
+such a read could miss it)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from server.errors import UpstreamError
+from server.services.interceptor import ErrorInterceptor
+
+METHOD = "/portico.v1.ChatService/CreateChatCompletionHttp"
+
+
+class _Telemetry:
+    def __init__(self) -> None:
+        self.finished: list[int] = []
+
+    def begin(self, method, endpoint, metadata):
+        return object()
+
+    def finish(self, record, outcome) -> None:
+        self.finished.append(outcome.status)
+
+
+class _Context:
+    def __init__(self, telemetry: _Telemetry) -> None:
+        self._telemetry = telemetry
+        self.recorded_when_sent: list[int] | None = None
+
+    def invocation_metadata(self):
+        return ()
+
+    def trailing_metadata(self):
+        return ()
+
+    async def abort(self, code, details, trailing_metadata):
+        self.recorded_when_sent = list(self._telemetry.finished)
+        raise grpc.aio.AbortError()
+
+
+async def _fails(request, context):
+    raise UpstreamError("The upstream failed.")
+
+
+async def _fails_midway(request, context):
+    yield "first event"
+    raise UpstreamError("The upstream failed.")
+
+
+async def test_a_failed_unary_call_is_recorded_once_before_its_status_is_sent():
+    telemetry = _Telemetry()
+    context = _Context(telemetry)
+    unary = ErrorInterceptor(telemetry)._wrap_unary(_fails, METHOD, False)
+    with pytest.raises(grpc.aio.AbortError):
+        await unary(object(), context)
+    assert context.recorded_when_sent == [502]
+    assert telemetry.finished == [502]
+
+
+async def test_a_stream_that_fails_midway_is_recorded_once_before_its_status_is_sent():
+    telemetry = _Telemetry()
+    context = _Context(telemetry)
+    stream = ErrorInterceptor(telemetry)._wrap_stream(_fails_midway, METHOD, False)
+    with pytest.raises(grpc.aio.AbortError):
+        async for _ in stream(object(), context):
+            pass
+    assert context.recorded_when_sent == [502]
+    assert telemetry.finished == [502]
