@@ -134,15 +134,19 @@ class LimitExceeded(RateLimited):
     """A refusal by one of Portico's own limits (an upstream's 429 is a plain RateLimited)."""
 
     def __init__(self, message: str, *, dimension: Dimension, scope: Scope, retry_after: float = 0.0,
-                 standing: Standing | None = None) -> None:
+                 standing: Standing | None = None, never_fits: bool = False) -> None:
         super().__init__(message, retry_after=retry_after, subject=f"{scope.label}: {dimension.label}")
         self.dimension = dimension
         self.scope = scope
+        self.never_fits = never_fits  # its reservation alone is over the limit: no wait lets it through
         self.standing = standing  # the refusing limit as x-ratelimit-* values; None when they cannot say it
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         """Also the refusing limit's x-ratelimit-* headers, as OpenAI sends them on a 429, so clients can wait for
-        its reset (none for the concurrency limit, or a request that could never fit)."""
+        its reset (none for the concurrency limit). A request that could never fit says `x-should-retry: false`
+        instead, which both official SDKs and Portico's client obey: retrying it only spends their retries."""
+        if self.never_fits:
+            return (("x-should-retry", "false"),)
         kind = self.dimension.header_kind
         if kind is None or self.standing is None:
             return super().trailing_metadata()
@@ -251,7 +255,7 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
         return LimitExceeded(
             f"Request too large for {where}: it may use up to {demand.tokens} tokens (prompt + max tokens) but "
             f"the limit is {reading.limit}. Lower max_tokens or shorten the prompt.",
-            dimension=reading.dimension, scope=reading.scope,
+            dimension=reading.dimension, scope=reading.scope, never_fits=True,
         )
     wait = max(reading.wait, 0.001)
     if reading.dimension.counts_tokens:
@@ -278,7 +282,7 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
         return LimitExceeded(
             f"Request too large for {where}: it may cost up to {usd_text(demand.cost)} (prompt + max tokens at the "
             f"model's prices) but the budget is {usd_text(reading.limit)}. Lower max_tokens or shorten the prompt.",
-            dimension=reading.dimension, scope=reading.scope,
+            dimension=reading.dimension, scope=reading.scope, never_fits=True,
         )
     wait = max(reading.wait, 0.001)
     resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

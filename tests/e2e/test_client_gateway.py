@@ -149,6 +149,16 @@ def test_rate_limited_calls_back_off_with_jitter_within_the_cap_then_surface_the
     assert len(caught.value.failures) == 1 and sleeps == []  # a hint over the cap is not waited for
 
 
+def test_a_request_too_large_for_the_keys_limits_is_raised_at_once_not_retried(gateway, transport):
+    secret = create_key(gateway, "--all-models", "--tpm", "100", "--rpm", "100")
+    sleeps = Sleeps()
+    with client_for(gateway, transport, secret, retry=RetryPolicy(attempts=4), sleep=sleeps) as client:
+        with pytest.raises(RateLimitError) as caught:  # not RetriesExhausted after four tries
+            client.chat_completion("chat", HI, max_tokens=500)  # nor moved on to the alias's fallback
+    assert caught.value.message.startswith("Request too large") and caught.value.should_retry is False
+    assert sleeps == [] and remaining_requests(gateway, secret) == 99
+
+
 def test_the_client_side_limiter_holds_per_user_before_anything_is_sent(gateway, transport):
     secret = create_key(gateway, "--all-models", "--rpm", "20")
     now = [0.0]

@@ -8,6 +8,7 @@ import time
 import anthropic
 import grpc
 import httpx
+import httpx2  # the anthropic SDK's own fork of httpx
 import openai
 import pytest
 from google.rpc import error_details_pb2, status_pb2
@@ -71,6 +72,24 @@ def test_anthropic_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway)
         "rate_limit_error", "rate_limit_exceeded", None)
     assert 0 < int(caught.value.response.headers["retry-after"]) <= 60
     assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_both_sdks_do_not_retry_a_request_too_large_for_the_keys_limits(gateway):
+    secret = create_key(gateway, "--tpm", "100")
+    sent = []
+    hooks = {"request": [sent.append]}
+    openai_client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=3,
+                                  http_client=httpx.Client(event_hooks=hooks))
+    with pytest.raises(openai.RateLimitError) as refused:
+        openai_client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=500)
+    assert "Request too large" in refused.value.message and len(sent) == 1
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.value.response.headers
+    anthropic_client = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=3,
+                                           http_client=httpx2.Client(event_hooks=hooks))
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        anthropic_client.messages.create(model="family-b-haiku-4-5-20251001", max_tokens=500, messages=HI)
+    assert refused.value.body["error"]["message"].startswith("Request too large") and len(sent) == 2
 
 
 def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):

@@ -189,7 +189,8 @@ def test_rest_error_bodies_of_both_dialects_and_retry_headers():
     error = error_from_http(429, body, {"retry-after": "13", "retry-after-ms": "12345"})
     assert isinstance(error, RateLimitError)
     assert (error.status, error.code, error.type, error.param) == (429, "rate_limit_exceeded", "rate_limit_error", None)
-    assert error.retry_after == pytest.approx(12.345)
+    assert error.retry_after == pytest.approx(12.345) and error.should_retry is None
+    assert error_from_http(429, body, {"x-should-retry": "false"}).should_retry is False
     anthropic = b'{"type": "error", "error": {"message": "bad", "type": "invalid_request_error", ' \
                 b'"param": "max_tokens", "code": "invalid_request"}}'
     error = error_from_http(400, anthropic, {})

@@ -47,6 +47,8 @@ def test_the_servers_hint_is_a_floor_and_a_hint_over_the_cap_means_do_not_wait()
     (RateLimitError("x"), True), (InternalServerError("x"), True), (ServiceUnavailableError("x"), True),
     (APIConnectionError("refused"), True), (ClientRateLimitError("mine"), False),
     (APIError("bad gateway", status=502), True), (APITimeoutError("ReadTimeout"), False),
+    (RateLimitError("Request too large", should_retry=False), False),
+    (ServiceUnavailableError("x", should_retry=False), False), (RateLimitError("x", should_retry=True), True),
 ])
 def test_only_429_500_502_503_and_connection_errors_are_retried(error, retryable):
     assert RetryPolicy().retryable(error) is retryable

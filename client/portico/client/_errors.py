@@ -1,7 +1,7 @@
 """What a failed call raises: one typed error per row of the gateway's error table, read from the wire.
 
     PorticoClientError
-     ├── APIError                    status, code, type, param, message, retry_after, grpc_code
+     ├── APIError                    status, code, type, param, message, retry_after, grpc_code, should_retry
      │    ├── BadRequestError         400, 408, 413, 426, 431   INVALID_ARGUMENT
      │    ├── AuthenticationError     401        UNAUTHENTICATED
      │    ├── PermissionDeniedError   403        PERMISSION_DENIED
@@ -47,7 +47,7 @@ class APIError(PorticoClientError):
 
     def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
                  type: str | None = None, param: str | None = None, retry_after: float | None = None,
-                 grpc_code: grpc.StatusCode | None = None) -> None:
+                 grpc_code: grpc.StatusCode | None = None, should_retry: bool | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = self.default_status if status is None else status
@@ -56,6 +56,7 @@ class APIError(PorticoClientError):
         self.param = param
         self.retry_after = retry_after  # seconds the server asked us to wait, None without a hint
         self.grpc_code = grpc_code
+        self.should_retry = should_retry  # the server's x-should-retry; None when it did not say
 
     def __str__(self) -> str:
         hint = f", retry after {self.retry_after:g}s" if self.retry_after is not None else ""
@@ -168,7 +169,8 @@ def error_from_grpc(error: grpc.RpcError) -> APIError:
         # The client's own deadline passed (the gateway's 504s carry their ErrorResponse): the request may still be
         # running, as for a REST read timeout.
         return APITimeoutError(f"No answer within the client's timeout ({message}).", grpc_code=code)
-    return _make(status, message, retry_after=retry_after, grpc_code=code, **fields)
+    return _make(status, message, retry_after=retry_after, grpc_code=code, should_retry=should_retry(trailing),
+                 **fields)
 
 
 def error_from_http(status: int, body: bytes, headers: Mapping[str, str],
@@ -180,7 +182,13 @@ def error_from_http(status: int, body: bytes, headers: Mapping[str, str],
         message = str(error.get("message") or f"HTTP {status}")
     except (ValueError, KeyError, TypeError, AttributeError):
         fields, message = {}, body.decode(errors="replace")[:500] or f"HTTP {status}"
-    return _make(status, message, retry_after=retry_after_from_headers(headers, now), **fields)
+    return _make(status, message, retry_after=retry_after_from_headers(headers, now),
+                 should_retry=should_retry(headers), **fields)
+
+
+def should_retry(headers: Mapping[str, str]) -> bool | None:
+    """The server's x-should-retry, which the official SDKs obey too: "false" on a request that can never pass."""
+    return {"true": True, "false": False}.get(headers.get("x-should-retry", ""))
 
 
 def retry_after_from_headers(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:

@@ -19,7 +19,8 @@ class RetryPolicy:
     than `cap` is not waited for: the model is given up at once (next fallback, or RetriesExhausted).
     Only `retry_statuses` (HTTP statuses; gRPC codes map onto them) and connection errors are retried; 400, 401,
     403 and 404 never are, and neither is a POST whose answer timed out (APITimeoutError): it may still be running,
-    and a second one could be billed twice. The default statuses are the gateway's own upstream retry statuses.
+    and a second one could be billed twice. Nor is an answer with `x-should-retry: false` (a 429 for a request
+    too large for the key's limits). The default statuses are the gateway's own upstream retry statuses.
     """
 
     attempts: int = 3
@@ -43,6 +44,8 @@ class RetryPolicy:
             return False  # sent, and perhaps still running
         if isinstance(error, APIConnectionError):
             return self.retry_connection_errors
+        if error.should_retry is False:
+            return False  # the server says this request can never pass (x-should-retry: false)
         return error.status in self.retry_statuses
 
     def ceiling(self, retry: int) -> float:
