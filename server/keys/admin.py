@@ -25,7 +25,7 @@ class KeyAdmin:
         env: str = "", admin: bool = False,
     ) -> tuple[ApiKey, str]:
         """A new key and its secret, which is not kept anywhere."""
-        models = self._known(models)
+        models = self._granted(all_models, models)
         return await self._store.create(name, all_models=all_models, models=models, limits=limits, env=env, admin=admin)
 
     async def update(
@@ -34,7 +34,7 @@ class KeyAdmin:
     ) -> ApiKey:
         """Change only what is given; `grants` is (all_models, models), a limit of None removes the key's own."""
         if grants is not None:
-            grants = (grants[0], self._known(grants[1]))
+            grants = (grants[0], self._granted(*grants))
         return await self._store.update(key_id, name=name, grants=grants, limits=limits, env=env)
 
     async def rotate(self, key_id: str, *, grace_seconds: int | None = None) -> tuple[ApiKey, str, int]:
@@ -51,8 +51,11 @@ class KeyAdmin:
     async def list(self) -> list[ApiKey]:
         return await self._store.list()
 
-    def _known(self, models: Iterable[str]) -> list[str]:
+    def _granted(self, all_models: bool, models: Iterable[str]) -> list[str]:
         models = list(models)
+        if all_models and models:
+            raise InvalidRequest("Grant either all_models or a list of models, not both: all_models grants every "
+                                 "model, models exactly those.", param="models")
         if unknown := sorted(set(models) - self._model_ids):
             raise InvalidRequest(f"Unknown model(s): {', '.join(unknown)}. Grant models of the catalog "
                                  "(GET /v1/models with an all-models key lists them).", param="models")

@@ -96,3 +96,23 @@ async def test_create_and_update_refuse_models_outside_the_catalog(keys, admin_s
         await keys.UpdateKey(key_pb2.UpdateKeyRequest(id=created.key.id, models=["nope"]),
                              metadata=bearer(admin_secret))
     assert error_details(caught.value).error.param == "models"
+
+
+async def test_create_and_update_refuse_all_models_together_with_a_list(keys, admin_secret):
+    """all_models grants every model and models exactly those: both at once would store a grant the caller did not
+    mean (every model), so it is a 400 naming `models`, and nothing is stored or changed."""
+    before = len((await keys.ListKeys(key_pb2.ListKeysRequest(), metadata=bearer(admin_secret))).keys)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await keys.CreateKey(key_pb2.CreateKeyRequest(name="both", all_models=True, models=["family-a-5.5"]),
+                             metadata=bearer(admin_secret))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(caught.value).error.param == "models"
+    assert len((await keys.ListKeys(key_pb2.ListKeysRequest(), metadata=bearer(admin_secret))).keys) == before
+    created = await keys.CreateKey(key_pb2.CreateKeyRequest(name="narrow", models=["family-a-5.5"]),
+                                   metadata=bearer(admin_secret))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await keys.UpdateKey(key_pb2.UpdateKeyRequest(id=created.key.id, all_models=True, models=["family-a-5.4"]),
+                             metadata=bearer(admin_secret))
+    assert error_details(caught.value).error.param == "models"
+    kept = (await keys.GetKey(key_pb2.GetKeyRequest(id=created.key.id), metadata=bearer(admin_secret))).key
+    assert (kept.all_models, list(kept.models)) == (False, ["family-a-5.5"])
