@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -13,10 +13,19 @@ Json = Any  # a JSON value as orjson reads and writes it: dict, list, str, int, 
 CHARS_PER_TOKEN = 4  # a common rough estimate for English text and code
 
 
+# What a chat template adds around each message (role markers, separators) and the request (the reply's opening),
+# at most, in the templates of GPT, Claude, Llama, Qwen and SmolLM: OpenAI counts 3 a message and 3 a reply.
+TEMPLATE_TOKENS = 8
+
+
 def estimate_tokens(chars: int) -> int:
     """How many tokens `chars` characters are, when nobody counts them exactly (prompts for upstreams, for rate
     limits; answers of upstreams that report no usage)."""
     return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+def utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 class Role(str, enum.Enum):
@@ -280,10 +289,28 @@ class GenerationRequest:
 
     def estimated_prompt_tokens(self) -> int:
         """The size of everything the model reads, estimated when nobody counts it exactly."""
-        size = sum(len(t.text) + sum(len(c.name) + len(c.arguments) for c in t.tool_calls)
-                   + sum(len(r.text) for r in t.tool_results) for t in self.turns)
-        return estimate_tokens(size + sum(len(t.name) + len(t.description) + len(str(t.parameters))
-                                          for t in self.tools))
+        return estimate_tokens(sum(map(len, self._prompt_texts())))
+
+    def most_prompt_tokens(self) -> int:
+        """At most how many tokens the model reads, when nobody counts them exactly (a budget's worst case): no
+        byte-level BPE tokenizer (GPT's, Claude's, Llama's) makes more tokens of a text than it has UTF-8 bytes, and
+        a chat template adds at most TEMPLATE_TOKENS around each turn and tool. Parts the internal values do not
+        read (Unread: images, files) are not in it."""
+        return (sum(map(utf8_size, self._prompt_texts()))
+                + TEMPLATE_TOKENS * (len(self.turns) + len(self.tools) + 1))
+
+    def _prompt_texts(self) -> Iterator[str]:
+        for turn in self.turns:
+            yield turn.text
+            for call in turn.tool_calls:
+                yield call.name
+                yield call.arguments
+            for result in turn.tool_results:
+                yield result.text
+        for tool in self.tools:
+            yield tool.name
+            yield tool.description
+            yield str(tool.parameters)
 
 
 class FinishReason(str, enum.Enum):

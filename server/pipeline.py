@@ -122,7 +122,8 @@ class Pipeline:
             async with self._replay(call, lookup) as events:
                 yield events
             return
-        meter = _Meter(prompt_estimate=await _prompt_tokens(self._token_counters.get(call.model.id), request))
+        counter = self._token_counters.get(call.model.id)
+        meter = _Meter(prompt_estimate=await _prompt_tokens(counter, request))
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.max_tokens = request.params.max_tokens
         call.record.admitted = True
@@ -131,8 +132,10 @@ class Pipeline:
         window = self._context_windows.get(call.model.id)
         if window is not None and (overflow := context_overflow(meter.prompt_estimate, window)) is not None:
             raise overflow
-        # The most it may cost: every prompt token uncached, and every token it may generate.
-        cost = call.model.price.cost(meter.prompt_estimate, request.params.max_tokens)
+        # The most it may cost: every prompt token uncached (at most as many as its bytes, where not counted), and
+        # every token it may generate. Token limits reserve the estimate instead, as OpenAI's do.
+        cost = 0 if call.model.price.free else call.model.price.cost(
+            meter.prompt_estimate if counter is not None else request.most_prompt_tokens(), request.params.max_tokens)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         call.record.upstream_call()

@@ -17,6 +17,7 @@ from server.db import StoreSettings
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
 from tests.postgres_support import PASSWORD_ENV
+from tests.upstream_echo import echo_chat
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello.": 3 output tokens
@@ -25,13 +26,18 @@ HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 async def hosts(request, double, redis_server, tmp_path_factory):
     """Two servers, one Redis, one key store and ledger (a shared keys.db, or one PostgreSQL database); model
-    `priced` costs $1,000 per million output tokens (1,000 micro-dollars a token) and nothing per input token."""
+    `priced` costs $1,000 per million output tokens (1,000 micro-dollars a token) and nothing per input token;
+    `priced-prompt` $100 per million prompt tokens and nothing per output token."""
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     models = f"""\
   - id: priced
     endpoint: /v1/chat/completions
     provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
     price: {{input: 0, output: 1000}}
+  - id: priced-prompt
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
+    price: {{input: 100, output: 0}}
 """
     config = load_upstream_config(tmp_path_factory.mktemp("budgets"), models)
     config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis_server.url))
@@ -120,3 +126,35 @@ async def test_where_a_budget_stands_is_in_dollars(hosts, double):
     [month] = [s for s in status.limits if s.limit == "max_spend_month"]
     assert (month.value, month.used, month.remaining) == (5000.0, 0.003, 4999.997)
     assert month.reset_seconds > 0
+
+
+async def test_a_budget_holds_when_the_upstream_counts_more_prompt_tokens_than_four_characters_make(hosts, double):
+    """CJK text is about a token a character, not four characters a token: a budget reserves a prompt's worst case
+    (its UTF-8 bytes and the chat template's markers), so the upstream's real count never takes it over."""
+    double.reset()
+    servers, stubs = hosts
+    key, secret = await servers[0].store.create("cjk", all_models=True, limits=KeyLimits(max_spend_day=10_000))
+    prompt = [{"role": "user", "content": "東京大阪京都"}]  # 6 characters, 18 bytes
+
+    def a_token_a_character(body: dict) -> dict:
+        answer = echo_chat({**body, "stream": False})
+        answer["usage"]["prompt_tokens"] = sum(len(m["content"]) for m in body["messages"])
+        return answer
+
+    double.defaults["/v1/chat/completions"] = a_token_a_character
+    try:
+        answered = 0
+        for i in range(25):  # each really costs 600 micro-dollars; four characters a token would reserve 200
+            try:
+                await stubs[i % 2].CreateChatCompletion(chat_request(model="priced-prompt", messages=prompt,
+                                                                     max_tokens=1), metadata=bearer(secret))
+                answered += 1
+            except grpc.aio.AioRpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        double.defaults["/v1/chat/completions"] = echo_chat
+    for server in servers:
+        await server.core.ledger.flush()
+    spent = sum(r.cost_micros for r in servers[0].core.usage.rows() if r.key_id == key.id)
+    assert spent == 600 * answered and spent <= 10_000
+    assert answered >= 11  # refused only once the worst case (34 tokens: 3,400 micro-dollars) no longer fits
