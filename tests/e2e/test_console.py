@@ -234,6 +234,57 @@ def test_filter_edit_and_rotate(tab, gateway, admin_secret):
     assert tab.problems.lines == []
 
 
+def test_a_typo_in_a_number_field_is_an_error_and_nothing_is_sent(tab, gateway, admin_secret):
+    """A type=number field reads "" for text it cannot parse (100e), which used to save as "no limit"."""
+    made = gateway.cli("keys", "create", "--name", "badinput", "--all-models", "--rpm", "100").stdout
+    key_id = made.split()[2]
+    tab.sign_in(admin_secret)
+    page = tab.page
+    changes = []  # every request the page sends that is not a read
+    page.on("request", lambda request: request.method != "GET" and changes.append(request.url))
+
+    tab.open(f"#/keys/{key_id}")
+    page.get_by_role("button", name="Edit").click()
+    dialog = page.get_by_role("dialog")
+    for label, typed, error in (("Requests per minute", "e", "whole number"),
+                                ("Budget per day (USD, UTC)", "1,5", "no commas")):
+        box = dialog.get_by_label(label)
+        box.press("End")
+        box.press_sequentially(typed)
+        dialog.get_by_role("button", name="Save").click()
+        field = dialog.locator(".field").filter(has=page.get_by_label(label))
+        expect(field.get_by_role("alert")).to_contain_text(f"{label} must be")
+        expect(field.get_by_role("alert")).to_contain_text(error)
+        expect(box).to_be_focused()
+        expect(box).to_have_attribute("aria-invalid", "true")
+        box.fill("")
+    expect(dialog.get_by_label("Requests per minute")).to_have_value("")
+    tab.shot("key-edit-typo")
+    dialog.get_by_role("button", name="Cancel").click()
+    key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
+    assert key["limits"]["requests_per_minute"] == 100 and "max_spend_day" not in key["limits"]
+
+    page.get_by_role("button", name="Rotate secret").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Grace period in seconds").press_sequentially("0e")
+    dialog.get_by_role("button", name="Rotate").click()
+    expect(dialog.get_by_role("alert")).to_contain_text("The grace period (seconds) must be a whole number")
+    dialog.get_by_role("button", name="Cancel").click()
+
+    page.get_by_role("navigation").get_by_role("link", name="Keys").click()
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("typo-made")
+    dialog.get_by_label("Requests per minute").press_sequentially("5e")
+    dialog.get_by_role("button", name="Create key").click()
+    expect(dialog.get_by_role("alert")).to_contain_text("Requests per minute must be a whole number")
+    dialog.get_by_role("button", name="Cancel").click()
+    keys = api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]
+    assert "typo-made" not in [k["name"] for k in keys]
+    assert changes == []  # no update, rotation or creation was sent
+    assert tab.problems.lines == []
+
+
 def test_phone_width_and_keyboard_only(browser, gateway, admin_secret, tmp_path):
     tab = Tab(browser, gateway, tmp_path, viewport=PHONE)
     try:
