@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
+from playwright.sync_api import expect
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -54,3 +56,36 @@ def chromium() -> Iterator:
             yield browser
         finally:
             browser.close()
+
+
+class Tab:
+    """One browser tab on the console, and what its pages complained about."""
+
+    def __init__(self, browser, gateway, shots, viewport=DESKTOP) -> None:
+        self.context = browser.new_context(viewport=viewport, base_url=gateway.base_url)
+        self.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.base_url)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(20_000)
+        self.problems = PageProblems()
+        self.problems.watch(self.page)
+        self.shots = shots
+
+    def open(self, hash_: str = "") -> None:
+        self.page.goto(f"/console/{hash_}")
+        expect(self.page.get_by_role("heading", level=1)).to_be_visible()
+
+    def sign_in(self, secret: str) -> None:
+        self.open()
+        self.page.get_by_label("Admin key").fill(secret)
+        self.page.get_by_role("button", name="Sign in").click()
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=self.shots / f"{name}.png", full_page=True)
+
+    def no_horizontal_scroll(self) -> None:
+        assert self.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def api(gateway, secret: str, method: str, path: str, **kwargs) -> httpx.Response:
+    return httpx.request(method, f"{gateway.base_url}{path}", headers={"Authorization": f"Bearer {secret}"},
+                         timeout=30, **kwargs)

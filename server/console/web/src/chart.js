@@ -9,11 +9,12 @@ const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 5e
 const DASHES = [[], [10, 5], [2, 4], [12, 4, 2, 4], [6, 3], [1, 3], [16, 6], [4, 8]];
 
 // times: bucket starts (unix seconds); series: [{label, values}] with one value per time; format: value -> text.
-// integer: counts (requests, tokens), whose axis never shows fractions.
-export function timeChart({id, title, times, series, format, bucketLabel, integer = false}) {
+// integer: counts (requests, tokens), whose axis never shows fractions; summed: false for values that do not add up
+// (latency), whose total is not told; a null value is a gap.
+export function timeChart({id, title, times, series, format, bucketLabel, integer = false, summed = true}) {
   const total = series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
-  const plotBox = h("div", {class: "plot", role: "img", "aria-label": `${title}: chart; total ${format(total)}. ` +
-    "The numbers are in the table below it."});
+  const plotBox = h("div", {class: "plot", role: "img", "aria-label": `${title}: chart` +
+    (summed ? `; total ${format(total)}. ` : ". ") + "The numbers are in the table below it."});
   const numbers = table(`${title} per ${bucketLabel}`, [bucketLabel === "hour" ? "Hour (UTC)" : "Day (UTC)",
     ...series.map((s) => s.label)],
   times.map((t, i) => [stamp(t, bucketLabel), ...series.map((s) => format(s.values[i]))]), {empty: "No data."});

@@ -60,25 +60,41 @@ export function modal(title, body, buttons) {
   });
 }
 
+// A value the user must correct in `control`: formDialog shows the message, marks the control invalid and focuses it.
+export class FieldError extends Error {
+  constructor(control, message) {
+    super(message);
+    this.control = control;
+  }
+}
+
 // A modal form: `submit()` returns the dialog's result (it then closes) or throws an Error whose message is shown
-// in the dialog, which stays open. Resolves with that result, or null when cancelled (button or Escape).
+// in the dialog (under its field, for a FieldError), which stays open. Resolves with that result, or null when
+// cancelled (button or Escape).
 export function formDialog(title, content, submitText, submit) {
   return new Promise((resolve) => {
     let result = null;
     const error = h("p", {class: "error", role: "alert"});
     const submitButton = h("button", {type: "submit", class: "primary"}, submitText);
-    const form = h("form", {novalidate: true}, content, error, h("div", {class: "actions"},
-      h("button", {type: "button", onclick: () => dialog.close()}, "Cancel"), submitButton));
+    const actions = h("div", {class: "actions"},
+      h("button", {type: "button", onclick: () => dialog.close()}, "Cancel"), submitButton);
+    const form = h("form", {novalidate: true}, content, error, actions);
     const dialog = h("dialog", {"aria-labelledby": "dialog-title"}, h("h2", {id: "dialog-title"}, title), form);
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
       error.textContent = "";
+      form.querySelectorAll("[aria-invalid]").forEach((control) => control.removeAttribute("aria-invalid"));
       submitButton.disabled = true;
       try {
         result = await submit();
         dialog.close();
       } catch (problem) {
         error.textContent = problem.message;
+        const place = problem.control?.closest(".field");  // a FieldError's message goes under its field
+        if (place) place.append(error);
+        else actions.before(error);
+        problem.control?.setAttribute("aria-invalid", "true");
+        problem.control?.focus();
       } finally {
         submitButton.disabled = false;
       }

@@ -1,6 +1,6 @@
 // A key's page: what it is, its grants and limits, and the actions on it (edit, rotate, revoke).
 import {confirmDialog, field, formDialog, h, money, number, showSecret, table, when} from "./dom.js";
-import {keyForm, limitText, LIMITS} from "./keyform.js";
+import {keyForm, limitText, LIMITS, wholeNumber} from "./keyform.js";
 import {catalogModels, grantsText, keyState} from "./keys.js";
 import {keyUsage} from "./usage.js";
 
@@ -23,18 +23,15 @@ export async function keyPage(ctx, id) {
     }
   };
   const rotate = async () => {
-    const grace = h("input", {type: "number", min: "0", step: "1", inputMode: "numeric",
+    const grace = h("input", {type: "text", inputMode: "numeric", autocomplete: "off",
       placeholder: "the gateway's default"});
     const rotated = await formDialog(`Rotate “${key.name}”`, h("div", {},
       h("p", {}, "The key gets a new secret. The current secret keeps working for the grace period, so its holder ",
         "can switch without an outage."),
       field("Grace period in seconds", grace, "0 ends the current secret at once; empty: the gateway's default.")),
     "Rotate", () => {
-      const text = grace.value.trim();
-      if (text !== "" && !(Number.isInteger(Number(text)) && Number(text) >= 0)) {
-        throw new Error("The grace period is a whole number of seconds, 0 or more.");
-      }
-      return ctx.api.post(`${path}/rotate`, text === "" ? {} : {grace_seconds: Number(text)});
+      const seconds = wholeNumber(grace, "The grace period (seconds)", 0);
+      return ctx.api.post(`${path}/rotate`, seconds === null ? {} : {grace_seconds: seconds});
     });
     if (!rotated) return;
     await showSecret(`New secret for “${key.name}”`, rotated.secret,

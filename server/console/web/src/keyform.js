@@ -1,5 +1,5 @@
 // The form that creates a key and edits one: name, environment, grants and limits.
-import {field, h, money} from "./dom.js";
+import {field, FieldError, h, money} from "./dom.js";
 
 // [field, label, unit]: counts are whole numbers; budgets ("usd") are US dollars, exact to the micro-dollar.
 export const LIMITS = [
@@ -14,6 +14,31 @@ export const LIMITS = [
 
 export const limitText = (unit, value) => unit === "usd" ? money(value) : Number(value).toLocaleString("en-US");
 
+const MAX_COUNT = 2147483647;
+
+// A field's text as a whole number from `min` to MAX_COUNT, or null when empty. Anything else (100e, 1,5, 0x10) is a
+// FieldError: a typo must never quietly read as "empty", i.e. "no limit" or "the default".
+export function wholeNumber(input, label, min) {
+  const text = input.value.trim();
+  if (text === "") return null;
+  const value = /^\d+$/.test(text) ? Number(text) : NaN;
+  if (!(value >= min && value <= MAX_COUNT)) {
+    throw new FieldError(input, `${label} must be a whole number from ${min} to ${MAX_COUNT}, or empty.`);
+  }
+  return value;
+}
+
+// US dollars with a point for decimals: a comma is refused, not guessed (1,5 could mean 1.5 or 15).
+function dollars(input, label) {
+  const text = input.value.trim();
+  if (text === "") return null;
+  if (!/^\d+(\.\d{1,6})?$/.test(text) || !(Number(text) > 0)) {
+    throw new FieldError(input, `${label} must be an amount of US dollars above 0, written like 12.50 (a point for ` +
+      "decimals, at most 6 of them, no commas), or empty.");
+  }
+  return Number(text);
+}
+
 // models: the catalog ids to offer; envs: environment names already in use (suggested); key: the key to edit, or
 // null to create one. Returns {element, read()}: read() gives the request body, or throws Error naming the problem.
 export function keyForm({models, envs, key}) {
@@ -26,9 +51,10 @@ export function keyForm({models, envs, key}) {
   const modelBoxes = [...new Set([...models, ...granted])].sort().map((id) =>
     h("input", {type: "checkbox", name: "model", value: id, checked: granted.has(id)}));
   const admin = h("input", {type: "checkbox", name: "admin"});
+  // Text fields read by wholeNumber() and dollars(): a type=number field's value is "" for text it cannot parse.
   const limitInputs = LIMITS.map(([limitName, , unit]) => h("input", {
-    type: "number", name: limitName, min: unit === "usd" ? "0.000001" : "1", step: unit === "usd" ? "any" : "1",
-    inputMode: unit === "usd" ? "decimal" : "numeric", value: key?.limits?.[limitName] ?? "", placeholder: "default",
+    type: "text", name: limitName, inputMode: unit === "usd" ? "decimal" : "numeric", autocomplete: "off",
+    value: key?.limits?.[limitName] || "", placeholder: "default",
   }));
   const syncModels = () => modelBoxes.forEach((box) => { box.disabled = allModels.checked; });
   allModels.addEventListener("change", syncModels);
@@ -51,7 +77,7 @@ export function keyForm({models, envs, key}) {
 
   function read() {
     const body = {name: name.value.trim(), env: env.value.trim()};
-    if (!body.name) throw new Error("Give the key a name.");
+    if (!body.name) throw new FieldError(name, "Give the key a name.");
     if (allModels.checked) {
       body.all_models = true;
     } else {
@@ -61,20 +87,10 @@ export function keyForm({models, envs, key}) {
     }
     body.limits = {};
     LIMITS.forEach(([limitName, label, unit], i) => {
-      const text = limitInputs[i].value.trim();
-      if (text === "") {
-        if (key) body.limits[limitName] = 0;  // an update: 0 removes the key's own value, so the default applies
-        return;
-      }
-      const value = Number(text);
-      if (unit === "usd") {
-        if (!(value > 0) || !/^\d+(\.\d{1,6})?$/.test(text)) {
-          throw new Error(`${label} must be an amount of US dollars above 0 (at most 6 decimals), or empty.`);
-        }
-      } else if (!Number.isInteger(value) || value < 1 || value > 2147483647) {
-        throw new Error(`${label} must be a whole number from 1 to 2147483647, or empty.`);
-      }
-      body.limits[limitName] = value;
+      const value = unit === "usd" ? dollars(limitInputs[i], label) : wholeNumber(limitInputs[i], label, 1);
+      // Only an empty field means the default: on an update, 0 removes the key's own value.
+      if (value !== null) body.limits[limitName] = value;
+      else if (key) body.limits[limitName] = 0;
     });
     if (!key) body.admin = admin.checked;
     return body;

@@ -1,17 +1,18 @@
 // The usage page: requests, tokens and cost per hour or day, by model or by key, for a chosen period, read from
 // the OpenAI-shaped usage API (/v1/organization/usage/completions and /v1/organization/costs).
 import {timeChart} from "./chart.js";
-import {field, h, money, number, table} from "./dom.js";
+import {field, h, money, number, table, when} from "./dom.js";
 
 const HOUR = 3600;
 const DAY = 86400;
-// A preset's length in seconds, or a function giving its start from now.
+// A preset's label, and its start from now. Every start is a whole hour or UTC day, where the API's buckets start
+// (it aligns a query's start_time down to its bucket width), so the buckets cover exactly the period shown.
 const PERIODS = {
-  "24h": ["Last 24 hours", DAY],
+  "24h": ["Last 24 hours", (now) => Math.floor((now - DAY) / HOUR) * HOUR],
   week: ["This week (since Monday, UTC)", (now) => startOfDay(now) - ((utc(now).getUTCDay() + 6) % 7) * DAY],
-  "7d": ["Last 7 days", 7 * DAY],
+  "7d": ["Last 7 days (today and the 6 UTC days before)", (now) => startOfDay(now) - 6 * DAY],
   month: ["This month (UTC)", (now) => Date.UTC(utc(now).getUTCFullYear(), utc(now).getUTCMonth(), 1) / 1000],
-  "30d": ["Last 30 days", 30 * DAY],
+  "30d": ["Last 30 days (today and the 29 UTC days before)", (now) => startOfDay(now) - 29 * DAY],
 };
 const utc = (seconds) => new Date(seconds * 1000);
 const startOfDay = (seconds) => Math.floor(seconds / DAY) * DAY;
@@ -45,12 +46,13 @@ function periodOf(query) {
   const now = Math.floor(Date.now() / 1000);
   const from = query.get("from"), to = query.get("to");
   if (from && to) {
-    const start = Date.parse(`${from}T00:00:00Z`) / 1000, end = Date.parse(`${to}T00:00:00Z`) / 1000 + DAY;
-    if (start < end) return {start, end: Math.min(end, now + HOUR), label: `${from} to ${to}`, key: "custom"};
+    const start = Date.parse(`${from}T00:00:00Z`) / 1000;
+    const end = Math.min(Date.parse(`${to}T00:00:00Z`) / 1000 + DAY, now + 1);
+    if (start < end) return {start, end, label: `${from} to ${to}`, key: "custom", now};
   }
   const key = PERIODS[query.get("period")] ? query.get("period") : "week";
-  const [label, length] = PERIODS[key];
-  return {start: typeof length === "function" ? length(now) : now - length, end: now, label, key};
+  const [label, startOf] = PERIODS[key];
+  return {start: startOf(now), end: now + 1, label, key, now};  // the API's end_time is exclusive
 }
 
 export async function usagePage(ctx) {
@@ -66,35 +68,46 @@ export async function usagePage(ctx) {
 
 async function usageView(ctx) {
   const period = periodOf(ctx.query);
+  const {start, end} = period;
   const group = GROUPS[ctx.query.get("group")] ? ctx.query.get("group") : "model";
-  const bucket = ctx.query.get("bucket") ?? (period.end - period.start <= DAY ? "hour" : "day");
-  const width = bucket === "hour" ? HOUR : DAY;
-  // Buckets start on whole hours or UTC days, so a chart's points line up with the table's.
-  const start = Math.floor(period.start / width) * width;
-  const params = usageParams({start, end: period.end, width, groups: [group]});
-  const [usage, costs, byKeyAndModel, costsByKeyAndModel, {keys}] = await Promise.all([
-    buckets(ctx.api, "/v1/organization/usage/completions", params),
-    costBuckets(ctx.api, start, period.end, width, [group]),
-    buckets(ctx.api, "/v1/organization/usage/completions",
-      usageParams({start, end: period.end, width: DAY, groups: ["api_key_id", "model"]})),
-    costBuckets(ctx.api, start, period.end, DAY, ["api_key_id", "model"]),
+  const bucket = ctx.query.get("bucket") ?? (end - start > 2 * DAY ? "day" : "hour");
+  // Day buckets would start at the UTC midnight before a period that starts within a day (the last 24 hours).
+  const width = bucket === "day" && start % DAY === 0 ? DAY : HOUR;
+  const params = (groups) => usageParams({start, end, width, groups});
+  // One answer by key and model serves the charts (summed by model or by key) and the table, and an ungrouped one
+  // the totals and latency, so every figure on the page counts the same requests.
+  const [usage, costs, overall, periodLatency, {keys}] = await Promise.all([
+    buckets(ctx.api, "/v1/organization/usage/completions", params(["api_key_id", "model"])),
+    buckets(ctx.api, "/v1/organization/costs", params(["api_key_id", "model"])),
+    buckets(ctx.api, "/v1/organization/usage/completions", params([])),
+    latencyOfPeriod(ctx.api, start, end),
     ctx.api.get("/v1/admin/keys"),
   ]);
   const names = new Map(keys.map((key) => [key.id, key.name]));
   const labelOf = (result) => group === "model" ? result.model ?? "(none)" : keyLabel(names, result.api_key_id);
+  const per = width === HOUR ? "hour" : "day";
 
-  const times = usage.map((bucket) => bucket.start_time);
+  const times = usage.map((b) => b.start_time);
   const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
   // The same group keeps its colour and dash in every chart: ordered as in the requests chart.
   const order = requests.map((s) => s.label);
   const tokens = seriesOf(usage, labelOf, (r) => r.input_tokens + r.output_tokens, order);
-  const costTimes = costs.buckets.map((bucket) => bucket.start_time);
-  const cost = seriesOf(costs.buckets, labelOf, (r) => r.amount?.value ?? 0, order);
-  const summary = summaryOf(usage);
+  const cost = seriesOf(costs, labelOf, (r) => r.amount?.value ?? 0, order);
+  const summary = summaryOf(overall);
+  const latency = ["p50", "p95"].map((q) => ({label: q,
+    values: overall.map((b) => b.results[0]?.[`latency_ms_${q}`] ?? null)}));
+  const ms = (value) => value === null ? "—" : `≈ ${number(Math.round(value))} ms`;
+  // A percentile of several buckets cannot be made from theirs: shown only when one bucket covers the period.
+  const percentile = (q) => periodLatency ? ms(periodLatency[`latency_ms_${q}`] ?? null) : `per ${per}, below`;
+  const chartOf = (id, title, series, format, integer, summed = true) => timeChart({id, title, times, series, format,
+    integer, summed, bucketLabel: per});
+  const shownPerHour = bucket === "day" && width === HOUR;
 
   return h("section", {},
     h("h1", {tabindex: "-1"}, "Usage"),
     filters(ctx, period, group, width),
+    h("p", {class: "window"}, `From ${when(start)} to ${end > period.now ? "now" : when(end)}, per ${per}`,
+      shownPerHour ? " (this period does not start at a UTC midnight, so it is shown per hour)" : "", "."),
     h("div", {class: "cards", role: "list", "aria-label": `Totals, ${period.label}`},
       card("Requests", number(summary.requests)),
       card("Input tokens", number(summary.input)),
@@ -102,28 +115,23 @@ async function usageView(ctx) {
       card("Cost", money(total(cost))),
       card("Error rate", summary.errors === null ? "—" :
         `${(100 * summary.errors / Math.max(1, summary.admitted)).toFixed(1)} % (${number(summary.errors)})`),
-      card("Latency p50", summary.p50 === null ? "—" : `≈ ${number(Math.round(summary.p50))} ms`),
-      card("Latency p95", summary.p95 === null ? "—" : `≈ ${number(Math.round(summary.p95))} ms`)),
-    timeChart({id: "chart-requests", title: `Requests by ${GROUPS[group].toLowerCase()}`, times, series: requests,
-      format: number, integer: true, bucketLabel: width === HOUR ? "hour" : "day"}),
-    timeChart({id: "chart-tokens", title: `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, times,
-      series: tokens, format: number, integer: true, bucketLabel: width === HOUR ? "hour" : "day"}),
-    timeChart({id: "chart-cost", title: `Cost (USD) by ${GROUPS[group].toLowerCase()}`, times: costTimes,
-      series: cost, format: (v) => money(v), bucketLabel: costs.width === HOUR ? "hour" : "day"}),
-    spendTable(byKeyAndModel, costsByKeyAndModel.buckets, names, period.label));
+      card("Latency p50", percentile("p50")),
+      card("Latency p95", percentile("p95"))),
+    chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, true),
+    chartOf("chart-tokens", `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, tokens, number, true),
+    chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), false),
+    chartOf("chart-latency", "Latency of all requests (ms)",
+      latency[0].values.some((v) => v !== null) ? latency : [], ms, false, false),
+    spendTable(usage, costs, names, period.label));
 }
 
-// OpenAI's costs API has daily buckets only; hourly costs are asked for and, if refused, shown per day.
-async function costBuckets(api, start, end, width, groups) {
-  const ask = (w) => buckets(api, "/v1/organization/costs", usageParams({start, end, width: w, groups}));
-  if (width === HOUR) {
-    try {
-      return {buckets: await ask(HOUR), width: HOUR};
-    } catch (error) {
-      if (error.status !== 400) throw error;
-    }
-  }
-  return {buckets: await ask(DAY), width: DAY};
+// The period's own latency percentiles (ungrouped), when one API bucket (an hour, or a UTC day) covers exactly the
+// period; null otherwise. {} when no request of the period reached a model.
+async function latencyOfPeriod(api, start, end) {
+  const width = [HOUR, DAY].find((w) => start % w === 0 && end - start <= w);
+  if (!width) return null;
+  const [only] = await buckets(api, "/v1/organization/usage/completions", usageParams({start, end, width}));
+  return only?.results[0] ?? {};
 }
 
 function keyLabel(names, id) {
@@ -152,12 +160,10 @@ function seriesOf(bucketList, labelOf, valueOf, order = []) {
 
 const total = (series) => series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
 
-// Totals over the period. Error rate and latency are Portico's additions to OpenAI's results: num_errors of
-// num_requests (every admitted request), and each bucket's latency_ms_p50/p95, whose mean weighted by requests
-// stands for the period's (an estimate, as the buckets' own are).
+// Totals over the period, from ungrouped buckets. Error rate is Portico's addition to OpenAI's results:
+// num_errors of num_requests (every admitted request).
 function summaryOf(usage) {
-  const summary = {requests: 0, admitted: 0, input: 0, output: 0, errors: null, p50: null, p95: null};
-  let timed = 0, p50 = 0, p95 = 0;
+  const summary = {requests: 0, admitted: 0, input: 0, output: 0, errors: null};
   for (const bucket of usage) {
     for (const r of bucket.results) {
       summary.requests += r.num_model_requests;
@@ -165,14 +171,8 @@ function summaryOf(usage) {
       summary.input += r.input_tokens;
       summary.output += r.output_tokens;
       if (typeof r.num_errors === "number") summary.errors = (summary.errors ?? 0) + r.num_errors;
-      if (typeof r.latency_ms_p50 === "number" && r.num_model_requests) {
-        timed += r.num_model_requests;
-        p50 += r.latency_ms_p50 * r.num_model_requests;
-        p95 += (r.latency_ms_p95 ?? r.latency_ms_p50) * r.num_model_requests;
-      }
     }
   }
-  if (timed) [summary.p50, summary.p95] = [p50 / timed, p95 / timed];
   return summary;
 }
 

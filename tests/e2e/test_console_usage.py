@@ -1,0 +1,137 @@
+"""The console's usage page in a real browser: every figure covers exactly the chosen period, whatever "Per" and "By"
+say, and its latency percentiles are the usage API's own, never made up from other buckets' or groups'.
+
+A gateway of its own, whose ledger gets rows written into it (as the gateway writes them) for what real requests
+cannot make: a request of 26 hours ago, and latencies known in advance.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+import uuid
+
+import pytest
+from playwright.sync_api import expect
+
+from server.domain import Endpoint
+from server.usage.ledger import LedgerRow, values_of
+from server.usage.query import insert_sql
+
+from tests.e2e.browser import Tab, api, chromium
+from tests.e2e.conftest import running_gateway
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+HOUR = 3600
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with running_gateway(tmp_path_factory.mktemp("console-usage-data"), "--dev-key") as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def admin_secret(gateway) -> str:
+    return gateway.cli("keys", "create", "--name", "ops-admin", "--all-models", "--admin").stdout.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture
+def tab(browser, gateway, tmp_path):
+    tab = Tab(browser, gateway, tmp_path)
+    yield tab
+    tab.context.close()
+
+
+def new_key(gateway, name: str) -> str:
+    return gateway.cli("keys", "create", "--name", name, "--all-models").stdout.split()[2]
+
+
+def seed(gateway, key_id: str, *, model: str, ago_s: float, latency_ms: float, cost_micros: int = 100) -> None:
+    """One answered chat request in the gateway's SQLite ledger, `ago_s` seconds ago."""
+    row = LedgerRow(id=uuid.uuid4().hex, at_ms=int((time.time() - ago_s) * 1000), request_id=uuid.uuid4().hex,
+                    key_id=key_id, env="", endpoint=Endpoint.CHAT.value, model=model, upstream=model, status=200,
+                    code="", input_tokens=10, output_tokens=5, cached_input_tokens=0, images=0,
+                    cost_micros=cost_micros, upstream_attempts=1, latency_ms=latency_ms, first_token_ms=None)
+    with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
+        db.execute(insert_sql("?"), values_of(row))
+
+
+def show(tab, query: str, group: str, per: str) -> None:
+    """The usage page for a URL query; waits for the view of this `group` ("model", "key") and `per`."""
+    tab.open(f"#/usage?{query}")
+    expect(tab.page.locator(".window")).to_contain_text(f"per {per}")
+    expect(tab.page.locator("#chart-requests h2")).to_have_text(f"Requests by {group}")
+
+
+def card(tab, label: str):
+    totals = tab.page.get_by_role("list", name="Totals", exact=False)
+    return totals.get_by_role("listitem").filter(has_text=label).locator(".value")
+
+
+def ms(value: float) -> str:
+    """As the page writes a latency: rounded half up, thousands separated."""
+    return f"≈ {math.floor(value + 0.5):,} ms"
+
+
+def test_the_last_24_hours_count_the_same_requests_per_hour_and_per_day(tab, gateway, admin_secret):
+    old, recent = new_key(gateway, "day-old-spender"), new_key(gateway, "recent-caller")
+    seed(gateway, old, model="family-a-5.5", ago_s=26 * HOUR, latency_ms=100, cost_micros=2_500_000)
+    for _ in range(2):
+        seed(gateway, recent, model="family-a-5.5", ago_s=60, latency_ms=40, cost_micros=6_500)
+    tab.sign_in(admin_secret)
+    shown = {}
+    for per in ("hour", "day"):
+        show(tab, f"period=24h&group=model&bucket={per}", "model", "hour")
+        spend = tab.page.get_by_role("region", name="Spend by key and model, Last 24 hours")
+        expect(spend.get_by_role("row", name=f"recent-caller ({recent}) family-a-5.5")).to_contain_text("$0.0130")
+        expect(spend).not_to_contain_text("day-old-spender")  # 26 hours old: before the period
+        shown[per] = [card(tab, label).inner_text() for label in ("Requests", "Cost")]
+        tab.shot(f"usage-24h-per-{per}")
+    assert shown["hour"] == shown["day"] == ["2", "$0.0130"]
+    expect(tab.page.locator(".window")).to_contain_text("does not start at a UTC midnight, so it is shown per hour")
+    # Whole UTC days can be shown per day: the last 7 days include the old request.
+    show(tab, "period=7d&group=api_key_id&bucket=day", "key", "day")
+    expect(tab.page.get_by_role("region", name="Spend by key and model, Last 7 days", exact=False)
+           .get_by_role("row", name=f"day-old-spender ({old}) family-a-5.5")).to_contain_text("$2.50")
+    assert tab.problems.lines == []
+
+
+def test_latency_percentiles_are_the_periods_own_whatever_the_grouping(tab, gateway, admin_secret):
+    fast, slow = new_key(gateway, "fast-caller"), new_key(gateway, "slow-caller")
+    for _ in range(3):
+        seed(gateway, fast, model="family-a-5.5", ago_s=60, latency_ms=20)
+    seed(gateway, slow, model="family-a-5.4", ago_s=60, latency_ms=4_000)
+    now = int(time.time())
+    today = time.strftime("%Y-%m-%d", time.gmtime(now))
+    answer = api(gateway, admin_secret, "GET", "/v1/organization/usage/completions",
+                 params={"start_time": now - now % 86_400, "bucket_width": "1d"}).json()
+    whole_day = answer["data"][0]["results"][0]  # ungrouped, one bucket: the period's own percentiles
+
+    tab.sign_in(admin_secret)
+    for group, name in (("model", "model"), ("api_key_id", "key")):
+        for per in ("hour", "day"):
+            show(tab, f"from={today}&to={today}&group={group}&bucket={per}", name, per)
+            expect(card(tab, "Latency p50")).to_have_text(ms(whole_day["latency_ms_p50"]))
+            expect(card(tab, "Latency p95")).to_have_text(ms(whole_day["latency_ms_p95"]))
+    tab.shot("usage-today-latency")
+
+    # The last 24 hours span several buckets: no percentile of the period, each hour's own in the latency chart.
+    show(tab, "period=24h&group=model&bucket=hour", "model", "hour")
+    expect(card(tab, "Latency p95")).to_have_text("per hour, below")
+    hour = api(gateway, admin_secret, "GET", "/v1/organization/usage/completions",
+               params={"start_time": now - now % HOUR, "bucket_width": "1h"}).json()["data"][0]["results"][0]
+    chart = tab.page.locator("#chart-latency")
+    chart.get_by_text("Show the numbers").click()
+    headers = chart.locator("thead th").all_inner_texts()
+    this_hour = chart.locator("tbody tr").last.locator("th, td").all_inner_texts()
+    assert this_hour[headers.index("p50")] == ms(hour["latency_ms_p50"])
+    assert this_hour[headers.index("p95")] == ms(hour["latency_ms_p95"])
+    assert tab.problems.lines == []
