@@ -19,6 +19,12 @@ from portico.v1 import chat_service_pb2_grpc, image_service_pb2_grpc, key_servic
 from portico.v1 import message_service_pb2_grpc, model_service_pb2_grpc, probe_service_pb2_grpc
 from portico.v1 import usage_service_pb2_grpc
 from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_admin_service_pb2_grpc
+# The services' own descriptors: the *_pb2_grpc modules import only their messages' files, and server reflection
+# can describe only what the default descriptor pool holds (grpcurl describe, Postman).
+from portico.v1 import (  # noqa: F401
+    chat_service_pb2, console_service_pb2, image_service_pb2, key_service_pb2, limit_service_pb2,
+    message_service_pb2, model_admin_service_pb2, model_service_pb2, probe_service_pb2, usage_service_pb2,
+)
 from server.cache import MemoryStore, ResponseCache
 from server.catalog import Catalog
 from server.config import Config
