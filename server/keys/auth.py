@@ -94,7 +94,7 @@ class Authenticator:
     async def authenticate_admin(self, metadata: Metadata) -> ApiKey:
         key = await self.authenticate(metadata)
         if not key.admin:
-            raise PermissionDenied(f"Key {key.id} is not an admin key; KeyService needs one.")
+            raise PermissionDenied(f"Key {key.id} is not an admin key; the admin API (keys, limits, models) needs one.")
         return key
 
     async def _key_for(self, digest: str) -> ApiKey | None:

@@ -290,6 +290,7 @@ def test_a_keys_page_shows_what_is_left_of_its_limits_now(tab, gateway, admin_se
         assert api(gateway, secret, "POST", "/v1/chat/completions", json=chat).status_code == 200
     refused = api(gateway, gateway.secret, "GET", f"/v1/admin/keys/{key_id}/limits")  # not an admin key
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
+    assert "KeyService" not in refused.json()["error"]["message"]  # it names what the caller called
 
     tab.sign_in(admin_secret)
     tab.open(f"#/keys/{key_id}")
