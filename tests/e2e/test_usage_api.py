@@ -144,3 +144,20 @@ def test_list_parameters_with_brackets_filter_the_requests_list(gateway):
                            headers={"Authorization": f"Bearer {admin_secret}"}, timeout=30)
         assert answer.status_code == 200, answer.text
         assert [(r["api_key_id"], r["model"]) for r in answer.json()["data"]] == [(key_id, "family-a-5.4")]
+
+
+def test_rows_served_in_the_gateway_name_their_deployment(gateway):
+    """A plain `provider:` is one deployment named after its kind (api.md): the embedded model's and dev-image's rows
+    said `"deployment": null`, as if no deployment had served them."""
+    created = gateway.cli("keys", "create", "--name", "usage-deployment", "--all-models").stdout
+    key_id, secret = created.split()[2], created.split()[-1]
+    headers = {"Authorization": f"Bearer {secret}"}
+    start = int(time.time())
+    assert httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60).is_success
+    assert httpx.post(f"{gateway.base_url}/v1/images/generations", headers=headers, timeout=60,
+                      json={"model": "family-a-image-2", "prompt": "a lighthouse", "size": "256x256"}).is_success
+    time.sleep(1.5)  # the ledger is written every second
+    rows = httpx.get(f"{gateway.base_url}/v1/organization/requests", params={"start_time": start},
+                     headers=headers, timeout=30).json()["data"]
+    assert [(r["api_key_id"], r["model"], r["deployment"]) for r in rows] == [
+        (key_id, "family-a-image-2", "dev-image"), (key_id, "family-a-5.5", "llamacpp")]
