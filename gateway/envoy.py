@@ -26,11 +26,13 @@ from typing import Any
 import yaml
 
 from gateway.processes import start_supervised, terminate
+from gateway.query_parameters import Parameters, lua_table, organization_parameters
 from server.errors import kind_by_status
 
 _LUA_FILTER = "envoy.filters.http.lua"
 _TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
 _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
+_PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
 
 
 class EnvoyError(RuntimeError):
@@ -90,7 +92,9 @@ def render_config(
         for log in hcm.get("access_log", ()):
             log["typed_config"]["path"] = access_log_path
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
-    filters[_LUA_FILTER]["default_source_code"] = {"inline_string": render_lua(Path(lua_source).read_text("utf-8"))}
+    parameters = organization_parameters(Path(descriptor_set).read_bytes())
+    lua = render_lua(Path(lua_source).read_text("utf-8"), parameters)
+    filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     filters[_TRANSCODER_FILTER]["proto_descriptor"] = str(Path(descriptor_set).resolve())
     cluster = config["static_resources"]["clusters"][0]
     cluster["load_assignment"]["endpoints"] = [
@@ -99,14 +103,17 @@ def render_config(
     return config
 
 
-def render_lua(source: str) -> str:
-    """The Lua shaper with its KINDS table filled from server/errors.py, so the two cannot drift apart (pure)."""
-    if _KINDS_LINE not in source:
-        raise ValueError(f"the Lua source has no `{_KINDS_LINE}` line to fill")
+def render_lua(source: str, parameters: Parameters) -> str:
+    """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS from the
+    descriptor set (gateway/query_parameters.py), so they cannot drift apart (pure)."""
+    for line in (_KINDS_LINE, _PARAMETERS_LINE):
+        if line not in source:
+            raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
         f"  [{status}] = {{{_lua_string(kind.code)}, {_lua_string(kind.type)}, {_lua_string(kind.message)}}},\n"
         for status, kind in sorted(kind_by_status().items())
     )
+    source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
 
 

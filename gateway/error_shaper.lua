@@ -69,7 +69,8 @@ local EXPECTED = {TYPE_INT64 = "an integer", TYPE_INT32 = "an integer", TYPE_UIN
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
 -- said in the caller's terms; JSON syntax errors carry a caret drawing.
-local function describe_local_reply(status, text, request)
+local function describe_local_reply(status, text, request, query_param)
+  if query_param then return json_string(text), query_param end
   if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
@@ -108,6 +109,40 @@ for _, twin in pairs(UNARY_TWINS) do UNARY_PATHS[twin] = true end
 -- chunked body keeps the streaming RPC, which answers either way.
 local UNARY_SCAN_BYTES = 65536
 
+-- The query parameters of the GET paths under /v1/organization/ (OpenAI's usage and costs API): name -> true for a
+-- list, false for one value. gateway/envoy.py replaces the next line with the request messages' fields, read from the
+-- descriptor set the transcoder maps them with (gateway/query_parameters.py).
+local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@
+local ORGANIZATION_NAMES = {}  -- path -> its parameters' names, sorted, for the refusal's message
+for path, parameters in pairs(ORGANIZATION_PARAMETERS) do
+  local names = {}
+  for name, _ in pairs(parameters) do names[#names + 1] = name end
+  table.sort(names)
+  ORGANIZATION_NAMES[path] = table.concat(names, ", ")
+end
+
+local function unescape(text)
+  return (text:gsub("%+", " "):gsub("%%(%x%x)", function(hex) return string.char(tonumber(hex, 16)) end))
+end
+
+-- OpenAI's SDKs write a list as `name[]=a&name[]=b` (brackets %-encoded or not); the transcoder reads only
+-- `name=a&name=b`, and skips names it does not know (ignore_unknown_query_parameters: the anthropic SDK adds
+-- `?beta=true` elsewhere), so a filter or a grouping would be dropped without a word and the answer would cover
+-- everything. Returns the query with list names made plain, or nil, the parameter at fault and what is wrong.
+local function organization_query(query, parameters)
+  local rewritten = {}
+  for pair in query:gmatch("[^&]+") do
+    local raw, rest = pair:match("^([^=]*)(.*)$")
+    local name = unescape(raw)
+    local list = name:match("^(.*)%[%]$")
+    name = list or name
+    if parameters[name] == nil then return nil, name, "Unknown parameter " .. name end
+    if list and not parameters[name] then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
+    rewritten[#rewritten + 1] = name .. rest
+  end
+  return table.concat(rewritten, "&")
+end
+
 local function asks_for_stream(text)
   -- Any `"stream": true` member, at any depth: a nested one only costs the unary saving. A top-level key spelt
   -- with escapes is missed; the unary RPC then answers its events in one body.
@@ -141,6 +176,17 @@ function envoy_on_request(handle)
   local metadata = handle:streamInfo():dynamicMetadata()
   metadata:set("portico", "request", method .. " " .. path)
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
+  local parameters = ORGANIZATION_PARAMETERS[path]
+  if parameters and method == "GET" and full_path ~= path then
+    local query, param, fault = organization_query(full_path:sub(#path + 2), parameters)
+    if query == nil then
+      -- shape_error names it as `param` (the transcoder's texts are read for theirs; this one is not Envoy's).
+      metadata:set("portico", "query_param", param)
+      return handle:respond({[":status"] = "400"}, fault .. " for GET " .. path .. ": it takes " ..
+        ORGANIZATION_NAMES[path] .. ".")
+    end
+    return headers:replace(":path", path .. "?" .. query)
+  end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
@@ -159,7 +205,8 @@ local function replace_body(buffer, headers, body)
 end
 
 local function shape_error(handle, status)
-  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request
+  local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
+  local request = portico.request
   local path = request and request:match(" (.*)") or ""
   -- No request: Envoy's HTTP codec answered before any filter saw one (HTTP/1.0, headers over the limit or too slow,
   -- a malformed request), so the path is unknown. Such a reply takes the Anthropic shape wherever it was sent: it is
@@ -172,7 +219,7 @@ local function shape_error(handle, status)
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
-    local message, param = describe_local_reply(status, body, request)
+    local message, param = describe_local_reply(status, body, request, portico.query_param)
     return replace_body(buffer, headers, error_body(status, message, param, anthropic))
   end
   local shaped, http_status = headers:get("portico-error"), headers:get("portico-http-status")

@@ -159,9 +159,17 @@ def usage_command(args: argparse.Namespace, config: Config) -> int:
     ledger = open_ledger(config.key_database)
     try:
         print("\n".join(usage_table(query, ledger.aggregate(query))))
+    except StoreUnavailable as exc:
+        return _unreachable(f"the usage ledger in {config.key_database.described}", exc)
     finally:
         ledger.close()
     return 0
+
+
+def _unreachable(what: str, exc: StoreUnavailable) -> int:
+    """One line (libpq adds a hint on a line of its own), and a failing exit status."""
+    print(f"portico: {what} cannot be reached: {str(exc).splitlines()[0]}", file=sys.stderr)
+    return 1
 
 
 def keys_command(args: argparse.Namespace, config: Config) -> int:
@@ -173,8 +181,7 @@ async def _keys_in_store(args: argparse.Namespace, config: Config) -> int:
     try:
         store = await open_key_store(config.key_database)
     except StoreUnavailable as exc:
-        print(f"portico: the key store {config.key_database.described} cannot be reached: {exc}", file=sys.stderr)
-        return 1
+        return _unreachable(f"the key store {config.key_database.described}", exc)
     admin = KeyAdmin(store, [entry.id for entry in config.models],
                      rotation_grace_seconds=config.key_rotation_grace_seconds)
     try:
@@ -183,8 +190,7 @@ async def _keys_in_store(args: argparse.Namespace, config: Config) -> int:
         print(f"portico: {exc.message}", file=sys.stderr)
         return 2
     except StoreUnavailable as exc:
-        print(f"portico: the key store {config.key_database.described} cannot be reached: {exc}", file=sys.stderr)
-        return 1
+        return _unreachable(f"the key store {config.key_database.described}", exc)
     finally:
         await store.close()
 

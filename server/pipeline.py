@@ -138,7 +138,7 @@ class Pipeline:
             meter.prompt_estimate if counter is not None else request.most_prompt_tokens(), request.params.max_tokens)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
-        call.record.upstream_call()
+        _asking(call)
         try:
             answer = provider.stream(request)
             if lookup is not None:
@@ -226,7 +226,7 @@ class Pipeline:
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
         images: list[GeneratedImage] | None = None
-        call.record.upstream_call()
+        _asking(call)
         try:
             with self.cutoff.watch() as watch:
                 images = await watch.wait(provider.generate(request))
@@ -240,6 +240,15 @@ class Pipeline:
                 self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)
         return images
+
+
+def _asking(call: Call) -> None:
+    """The model is asked now. A model with one deployment is served by it, however it runs: a Router names the
+    deployment of each attempt (a fallback's included), but a provider run bare (the embedded model, dev-image) has
+    none to name, and its ledger rows said no deployment had served them."""
+    if len(call.model.deployments) == 1:
+        call.record.deployment = call.model.deployments[0].name
+    call.record.upstream_call()
 
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,

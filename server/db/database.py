@@ -30,8 +30,8 @@ class StoreUnavailable(ServiceUnavailable):
     """The database did not answer (down, unreachable, too slow). Answered as 503 service_unavailable with
     retry-after wherever it is not handled; `detail` (the driver's words, for logs) stays out of the answer."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__("The key store is unreachable; retry shortly.", retry_after=RETRY_AFTER_SECONDS)
+    def __init__(self, detail: str, *, store: str = "key store") -> None:
+        super().__init__(f"The {store} is unreachable; retry shortly.", retry_after=RETRY_AFTER_SECONDS)
         self.detail = detail
 
     def __str__(self) -> str:

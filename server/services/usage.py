@@ -19,7 +19,7 @@ from server.keys import Authenticator
 from server.render import json_body
 from server.usage.openai_pages import (
     COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, completions_page, costs_page, groups_of,
-    parse_row_cursor, plan_page, requests_page, rows_limit,
+    parse_row_cursor, plan_page, requests_page, rows_limit, time_range,
 )
 from server.usage.ledger import LedgerRow
 from server.usage.query import TEXT_ENDPOINTS, RowQuery, Totals, UsageQuery
@@ -59,8 +59,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
     async def _requests(self, request: pb.ListRequestsRequest, context) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         limit = rows_limit(_optional(request, "limit"))
-        start, end = _optional(request, "start_time") or 0, _optional(request, "end_time")
-        end = int(self._clock()) + 1 if end is None else end
+        start, end = time_range(_optional(request, "start_time") or 0, _optional(request, "end_time"), self._clock())
         query = RowQuery(start * 1000, end * 1000, limit + 1, key_ids=_visible(key, request.api_key_ids),
                          models=tuple(request.models), envs=tuple(request.project_ids),
                          errors_only=request.errors_only, before=parse_row_cursor(request.page))

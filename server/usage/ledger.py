@@ -35,6 +35,7 @@ class LedgerRow:
 
 
 COLUMNS = tuple(f.name for f in fields(LedgerRow))
+STORE_NAME = "usage ledger"  # in the 503 of a read the database did not answer (StoreUnavailable)
 # A row's values in COLUMNS order, for the inserts: dataclasses.astuple deep-copies every field and was half of a
 # row's cost in the writer thread (12 of 25 us).
 values_of = attrgetter(*COLUMNS)

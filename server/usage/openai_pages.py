@@ -24,6 +24,9 @@ COSTS_LIMITS = {width: (7, 180) for width in WIDTHS}
 COMPLETIONS_GROUPS = {"model": "model", "api_key_id": "api_key_id", "project_id": "project_id", "user_id": None,
                       "batch": None}
 COSTS_GROUPS = {"project_id": "project_id", "line_item": "model", "api_key_id": "api_key_id", "model": "model"}
+# Times are unix seconds from 1970 to the year 10000: the ledger counts milliseconds in 64 bits, and SQLite refuses
+# a bigger number where PostgreSQL would compare it, so both stores answer the same.
+LAST_TIME = 253_402_300_800
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +62,7 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
         raise InvalidRequest(f"Invalid bucket_width {bucket_width!r}: use one of {', '.join(limits)}.",
                              param="bucket_width")
     width = WIDTHS[width_name]
-    end = int(now) + 1 if end_time is None else end_time
-    if start_time < 0 or end <= start_time:
-        raise InvalidRequest("start_time must be a unix time before end_time.",
-                             param="end_time" if end_time is not None else "start_time")
+    start_time, end = time_range(start_time, end_time, now)
     default, maximum = limits[width_name]
     if limit is None:
         limit = default
@@ -72,6 +72,20 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
     first = start if not page else _page_start(page, start, end, width)
     buckets = min(limit, -(-(end - first) // width))
     return Page(start, end, width, first, buckets)
+
+
+def time_range(start_time: int, end_time: int | None, now: float) -> tuple[int, int]:
+    """(start, end) in unix seconds, `end` exclusive and now by default; InvalidRequest naming the parameter
+    otherwise."""
+    for name, value in (("start_time", start_time), ("end_time", end_time)):
+        if value is not None and not 0 <= value <= LAST_TIME:
+            raise InvalidRequest(f"{name} must be a unix time in seconds, from 0 to {LAST_TIME} (the year 10000).",
+                                 param=name)
+    end = min(int(now) + 1, LAST_TIME) if end_time is None else end_time
+    if end <= start_time:
+        raise InvalidRequest("start_time must be a unix time before end_time.",
+                             param="end_time" if end_time is not None else "start_time")
+    return start_time, end
 
 
 def _page_start(page: str, start: int, end: int, width: int) -> int:
@@ -164,7 +178,7 @@ def parse_row_cursor(page: str) -> tuple[int, str] | None:
     try:
         encoded = page.removeprefix("page_")
         at, _, row_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode().partition(":")
-        if page.startswith("page_") and row_id:
+        if page.startswith("page_") and row_id and 0 <= int(at) <= LAST_TIME * 1000:
             return int(at), row_id
     except (ValueError, binascii.Error, UnicodeDecodeError):
         pass

@@ -1,6 +1,7 @@
 """The ledger in PostgreSQL, beside the keys (keys.store: postgresql://...). One connection, used from worker threads
 one call at a time; when it breaks (the database restarted or was unreachable) the next call opens a new one, so the
-writer's retries recover by themselves."""
+writer's retries recover by themselves. A call the database does not answer raises StoreUnavailable, as the key
+store's do: a 503 with retry-after for the usage API, one line for `portico usage`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections.abc import Sequence
 
 import psycopg
 
+from server.db.database import StoreUnavailable
 from server.db.migrations import migrate_postgres
 from server.db.postgres import connect
 from server.db.settings import StoreSettings
-from server.usage.ledger import COLUMNS, LedgerRow, values_of
+from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
@@ -43,10 +45,10 @@ class PostgresLedger:
         with self._lock:
             try:
                 return work(self._connection())
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as exc:
                 if self._conn is not None:
                     self._conn.close()
-                raise
+                raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
         def insert(conn: psycopg.Connection) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from server.usage.money import usd_text
-from server.usage.openai_pages import WIDTHS
+from server.usage.openai_pages import LAST_TIME, WIDTHS
 from server.usage.query import Totals, UsageQuery
 
 GROUPS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}  # --group-by name -> Totals field
@@ -40,8 +40,14 @@ def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
     now = time.time() if now is None else now
     width = WIDTHS[args.bucket]
     start = args.start if args.start is not None else int(now) - 7 * 86_400
-    start -= start % width
     end = args.end if args.end is not None else int(now) + 1
+    # The API's rules (openai_pages.time_range), in the command's words.
+    for option, value in (("--start", start), ("--end", end)):
+        if not 0 <= value <= LAST_TIME:
+            raise argparse.ArgumentTypeError(f"{option} must lie between 1970 and the year 10000")
+    if end <= start:
+        raise argparse.ArgumentTypeError("--end must be after --start (the end is exclusive)")
+    start -= start % width
     groups = tuple(g.strip() for g in args.group_by.split(",") if g.strip())
     for group in groups:
         if group not in GROUPS:

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
+from server.db.database import StoreUnavailable
 from server.db.migrations import migrate_sqlite
 from server.db.sqlite import connect_sqlite
-from server.usage.ledger import COLUMNS, LedgerRow, values_of
+from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
@@ -47,14 +48,17 @@ class SqliteLedger:
             return self._db.execute("DELETE FROM usage_ledger WHERE at_ms < ?", (before_ms,)).rowcount
 
     def aggregate(self, query: UsageQuery) -> list[Totals]:
-        sql, params = aggregate_sql(query, "?")
-        with self._lock:
-            return totals_of(query, self._db.execute(sql, params).fetchall())
+        return totals_of(query, self._read(*aggregate_sql(query, "?")))
 
     def recent(self, query: RowQuery) -> list[LedgerRow]:
-        sql, params = rows_sql(query, "?")
+        return [LedgerRow(*row) for row in self._read(*rows_sql(query, "?"))]
+
+    def _read(self, sql: str, params: list) -> list:
         with self._lock:
-            return [LedgerRow(*row) for row in self._db.execute(sql, params)]
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.OperationalError as exc:  # "database is locked" after busy_timeout, disk I/O, ...
+                raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
 
     def rows(self) -> list[LedgerRow]:
         """Every row, oldest first (tests and exports)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 import httpx
+import openai
+import pytest
 
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
@@ -69,3 +71,93 @@ def test_a_parameter_of_the_wrong_type_is_named_in_the_callers_terms(gateway):
         assert answer.json()["error"] == {
             "message": f"Invalid value {expected} for {param}: expected an integer.", "type": "invalid_request_error",
             "param": param, "code": "invalid_request"}
+
+
+def _usage_on_two_models(gateway, name: str) -> tuple[str, int]:
+    """A key of env `sdk` that made one request on each of two models: its id, and a start time before them."""
+    created = gateway.cli("keys", "create", "--name", name, "--all-models", "--env", "sdk").stdout
+    key_id, secret = created.split()[2], created.split()[-1]
+    start = int(time.time())
+    for model in ("family-a-5.5", "family-a-5.4"):
+        answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI | {"model": model},
+                            headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+    time.sleep(1.5)  # the ledger is written every second
+    return key_id, start
+
+
+def _admin_key(gateway, name: str) -> str:
+    return gateway.cli("keys", "create", "--name", name, "--all-models", "--admin").stdout.split()[-1]
+
+
+def test_the_openai_sdks_usage_and_costs_calls_group_and_filter(gateway):
+    """The SDK writes lists as `group_by[]=model` (brackets, %-encoded): they group and filter like `group_by=model`."""
+    key_id, start = _usage_on_two_models(gateway, "usage-sdk")
+    _usage_on_two_models(gateway, "usage-sdk-other")  # usage the filters must leave out
+    admin_secret = _admin_key(gateway, "usage-sdk-admin")
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", admin_api_key=admin_secret,
+                           max_retries=0)
+    usage = client.admin.organization.usage
+
+    page = usage.completions(start_time=start, group_by=["model", "project_id"], api_key_ids=[key_id])
+    [bucket] = page.data
+    results = sorted(bucket.results, key=lambda r: r.model)
+    assert [(r.model, r.project_id, r.num_model_requests) for r in results] == [
+        ("family-a-5.4", "sdk", 1), ("family-a-5.5", "sdk", 1)]
+
+    costs = usage.costs(start_time=start, group_by=["line_item"], api_key_ids=[key_id],
+                        extra_query={"models": ["family-a-5.4"]})
+    [bucket] = costs.data
+    assert [(r.line_item, r.amount.value) for r in bucket.results] == [("family-a-5.4", 0)]
+
+    # What Portico cannot honour is refused, naming it, never answered as if it had been applied.
+    for call, param in ((lambda: usage.costs(start_time=start, line_items=["family-a-5.4"]), "line_items"),
+                        (lambda: usage.costs(start_time=start, group_by=["api_source"]), "group_by"),
+                        (lambda: usage.completions(start_time=start, group_by=["service_tier"]), "group_by")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        assert refused.value.status_code == 400 and refused.value.body["param"] == param
+
+
+@pytest.mark.parametrize("path", ["/v1/organization/usage/completions", "/v1/organization/costs",
+                                  "/v1/organization/requests"])
+def test_an_unknown_query_parameter_is_refused_naming_it(gateway, path):
+    headers = {"Authorization": f"Bearer {gateway.secret}"}
+    for query, param, fault in (("bogus=1", "bogus", "Unknown parameter bogus"),
+                                ("models%5B%5D=a&Bogus%5B%5D=1", "Bogus", "Unknown parameter Bogus"),
+                                ("=1", "", "Unknown parameter "),
+                                ("end_time[]=2", "end_time", "Parameter end_time takes one value, not a list")):
+        answer = httpx.get(f"{gateway.base_url}{path}?start_time=1&{query}", headers=headers, timeout=30)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert (error["param"], error["code"], error["type"]) == (param, "invalid_request", "invalid_request_error")
+        assert error["message"].startswith(f"{fault} for GET {path}: it takes ")
+        assert "start_time" in error["message"]
+
+
+def test_list_parameters_with_brackets_filter_the_requests_list(gateway):
+    key_id, start = _usage_on_two_models(gateway, "usage-brackets")
+    admin_secret = _admin_key(gateway, "usage-brackets-admin")
+    for query in (f"api_key_ids[]={key_id}&models[]=family-a-5.4",
+                  f"api_key_ids%5B%5D={key_id}&models%5b%5d=family-a-5.4"):
+        answer = httpx.get(f"{gateway.base_url}/v1/organization/requests?start_time={start}&{query}",
+                           headers={"Authorization": f"Bearer {admin_secret}"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert [(r["api_key_id"], r["model"]) for r in answer.json()["data"]] == [(key_id, "family-a-5.4")]
+
+
+def test_rows_served_in_the_gateway_name_their_deployment(gateway):
+    """A plain `provider:` is one deployment named after its kind (api.md): the embedded model's and dev-image's rows
+    said `"deployment": null`, as if no deployment had served them."""
+    created = gateway.cli("keys", "create", "--name", "usage-deployment", "--all-models").stdout
+    key_id, secret = created.split()[2], created.split()[-1]
+    headers = {"Authorization": f"Bearer {secret}"}
+    start = int(time.time())
+    assert httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60).is_success
+    assert httpx.post(f"{gateway.base_url}/v1/images/generations", headers=headers, timeout=60,
+                      json={"model": "family-a-image-2", "prompt": "a lighthouse", "size": "256x256"}).is_success
+    time.sleep(1.5)  # the ledger is written every second
+    rows = httpx.get(f"{gateway.base_url}/v1/organization/requests", params={"start_time": start},
+                     headers=headers, timeout=30).json()["data"]
+    assert [(r["api_key_id"], r["model"], r["deployment"]) for r in rows] == [
+        (key_id, "family-a-image-2", "dev-image"), (key_id, "family-a-5.5", "llamacpp")]

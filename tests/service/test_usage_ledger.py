@@ -4,6 +4,7 @@ request whatever its end, with its cost, equal to the metrics and to what the li
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import os
 import time
@@ -192,6 +193,23 @@ async def test_usage_pages_and_bad_parameters(channel, running):
             await usage_json(channel, secret, **fields)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_details(caught.value).error.param == param
+
+
+@pytest.mark.parametrize("rpc", ["GetCompletionsUsageHttp", "GetCostsHttp", "ListRequestsHttp"])
+async def test_times_out_of_range_are_refused_naming_them(channel, running, rpc):
+    """On SQLite such times were a 500 (an integer too big for it), on PostgreSQL a 200: now both stores refuse."""
+    key, secret = await running.store.create(f"range-{rpc}", all_models=True)
+    biggest, row = 2**63 - 1, base64.urlsafe_b64encode(f"{2**63}:x".encode()).decode()
+    cases = [({"start_time": 0, "end_time": biggest}, "end_time"), ({"start_time": biggest - 1}, "start_time"),
+             ({"start_time": -1, "end_time": 10}, "start_time"), ({"start_time": 10, "end_time": 10}, "end_time")]
+    if rpc == "ListRequestsHttp":
+        cases.append(({"page": "page_" + row}, "page"))
+    for fields, param in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await usage_json(channel, secret, rpc, **fields)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert error_details(caught.value).error.param == param
+    assert (await usage_json(channel, secret, rpc, start_time=0, end_time=253_402_300_800))["data"] is not None
 
 
 async def test_recent_requests_newest_first_in_pages(chat, channel, running, double):

@@ -30,3 +30,14 @@ def test_usage_prints_buckets_groups_and_the_total(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path), "usage", "--start", str(day), "--key", "key_b"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].split()[-1] == "$0.25"
     assert main(["--data-dir", str(tmp_path), "usage", "--group-by", "colour"]) == 2
+
+
+def test_a_reversed_or_impossible_range_is_refused_like_the_api(tmp_path, capsys):
+    """It printed an empty table with exit 0 where GET /v1/organization/usage/completions answers 400."""
+    reversed_ = "--end must be after --start (the end is exclusive)"
+    for dates, refusal in ((["--start", "2026-11-27", "--end", "2026-11-26"], reversed_),
+                           (["--start", "2026-11-26", "--end", "2026-11-26"], reversed_),
+                           (["--end", "99999999999999"], "--end must lie between 1970 and the year 10000")):
+        assert main(["--data-dir", str(tmp_path), "usage", *dates]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == f"portico: {refusal}\n"

@@ -1,0 +1,40 @@
+"""The query parameters of the REST paths under /v1/organization/, read from Envoy's descriptor set (pure).
+
+The Lua shaper checks those paths' queries itself (gateway/error_shaper.lua, `organization_query`): the transcoder
+skips names it does not know (`ignore_unknown_query_parameters`, which other paths need), and OpenAI's SDKs write
+lists as `name[]=v`, which it does not read. The table comes from the request messages of the `google.api.http` GET
+bindings, so it cannot drift from what the transcoder maps.
+"""
+
+from __future__ import annotations
+
+from google.api import annotations_pb2  # registers the google.api.http extension, so parsing keeps the bindings
+from google.protobuf import descriptor_pb2
+
+PREFIX = "/v1/organization/"
+
+# path -> parameter name -> whether it is a list (a repeated field)
+Parameters = dict[str, dict[str, bool]]
+
+
+def organization_parameters(descriptor_set: bytes) -> Parameters:
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
+    messages = {f".{file.package}.{message.name}": message for file in files for message in file.message_type}
+    table: Parameters = {}
+    for file in files:
+        for service in file.service:
+            for method in service.method:
+                path = method.options.Extensions[annotations_pb2.http].get
+                if path.startswith(PREFIX):
+                    table[path] = {field.name: field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+                                   for field in messages[method.input_type].field}
+    return table
+
+
+def lua_table(parameters: Parameters) -> str:
+    """`parameters` as a Lua table constructor (names are proto identifiers and paths plain ASCII: no escaping)."""
+    rows = []
+    for path, names in sorted(parameters.items()):
+        fields = ", ".join(f'["{name}"] = {str(many).lower()}' for name, many in sorted(names.items()))
+        rows.append(f'  ["{path}"] = {{{fields}}},\n')
+    return "{\n" + "".join(rows) + "}"

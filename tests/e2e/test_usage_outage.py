@@ -1,0 +1,80 @@
+"""The usage ledger in PostgreSQL, and PostgreSQL stopped: the usage API answers 503 service_unavailable with
+retry-after (operations.md "Several hosts"), never a 500 with a traceback, and `portico usage` says so in one line.
+The PostgreSQL here is the module's own, since the test stops it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from importlib import resources
+
+import httpx
+import pytest
+import yaml
+
+from tests.e2e.conftest import running_gateway
+from tests.postgres_support import start_postgres
+
+PASSWORD_ENV = "PORTICO_TEST_LEDGER_PG_PASSWORD"  # not the session cluster's variable: this cluster is private
+PATHS = ("/v1/organization/usage/completions", "/v1/organization/costs", "/v1/organization/requests")
+HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+
+
+@pytest.fixture(scope="module")
+def outage(tmp_path_factory):
+    """(the gateway, its configuration, an admin key, the PostgreSQL it uses)."""
+    postgres = start_postgres()
+    os.environ[PASSWORD_ENV] = postgres.password
+    directory = tmp_path_factory.mktemp("usage-outage")
+    raw = yaml.safe_load((resources.files("server") / "default.yaml").read_text())
+    raw["keys"] = {**(raw.get("keys") or {}), "store": postgres.new_database(), "password_env": PASSWORD_ENV,
+                   "store_timeout_seconds": 1}
+    config = directory / "portico.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    try:
+        with running_gateway(directory / "host", config=config) as gateway:
+            created = cli(gateway, config, "keys", "create", "--name", "ops", "--all-models", "--admin")
+            admin = created.stdout.split()[-1]
+            yield gateway, config, admin, postgres
+    finally:
+        postgres.destroy()
+        os.environ.pop(PASSWORD_ENV, None)
+
+
+def cli(gateway, config, *args: str) -> subprocess.CompletedProcess:
+    """`portico` with the gateway's configuration (Gateway.cli does not pass it)."""
+    return subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir",
+                           str(gateway.data_dir), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_with_postgres_down_usage_reads_are_503_and_the_cli_says_so_in_one_line(outage):
+    gateway, config, admin, postgres = outage
+    headers = {"authorization": f"Bearer {admin}"}
+    start = int(time.time())
+    assert httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers,
+                      timeout=60).status_code == 200
+    for path in PATHS:  # the admin key is now in the gateway's key cache, which outlives the outage
+        assert httpx.get(f"{gateway.base_url}{path}?start_time={start}", headers=headers, timeout=30).is_success
+    assert cli(gateway, config, "usage").returncode == 0
+
+    postgres.stop()
+    try:
+        for path in PATHS:
+            answer = httpx.get(f"{gateway.base_url}{path}?start_time={start}", headers=headers, timeout=30)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"] | {"message": ""} == {
+                "message": "", "type": "service_unavailable_error", "param": None, "code": "service_unavailable"}
+            assert "usage ledger" in answer.json()["error"]["message"]
+            assert int(answer.headers["retry-after"]) > 0
+        printed = cli(gateway, config, "usage")
+        assert printed.returncode == 1 and printed.stdout == ""
+        assert len(printed.stderr.splitlines()) == 1, printed.stderr
+        assert printed.stderr.startswith("portico: the usage ledger in ") and "cannot be reached" in printed.stderr
+        assert postgres.password not in printed.stderr
+    finally:
+        postgres.start()
+    assert "Traceback" not in gateway.log_path.read_text()
+    answer = httpx.get(f"{gateway.base_url}{PATHS[0]}?start_time={start}", headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text  # the next read opens a new connection
