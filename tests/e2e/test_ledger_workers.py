@@ -130,11 +130,11 @@ def test_a_budget_set_with_the_cli_is_a_429_with_retry_after_through_envoy(price
     double.reset()
     created = priced.cli("keys", "create", "--name", "budget", "--all-models").stdout
     key_id, secret = created.split()[2], created.split()[-1]
-    updated = priced.cli("keys", "update", key_id, "--max-spend-day", "0.0001").stdout
-    assert "max_spend_day=$0.0001" in updated
+    updated = priced.cli("keys", "update", key_id, "--max-spend-day", "0.00017").stdout
+    assert "max_spend_day=$0.00017" in updated
     time.sleep(1.1)  # keys.cache_seconds
-    # Each request may cost about 3*3 + 8*7 = 65 micro-dollars (a prompt estimated at ~3 tokens, max_tokens 8) and
-    # really costs 2*3 + 3*7 = 27: a budget of 100 admits two (27 + 65 fits, 54 + 65 does not).
+    # Each request may cost 26*3 + 8*7 = 134 micro-dollars (a prompt of at most 10 bytes + 16 template tokens,
+    # max_tokens 8) and really costs 2*3 + 3*7 = 27: a budget of 170 admits two (27 + 134 fits, 54 + 134 does not).
     assert [post(priced, secret, max_tokens=8).status_code for _ in range(2)] == [200, 200]
     refused = post(priced, secret, max_tokens=8)
     assert refused.status_code == 429
