@@ -120,6 +120,13 @@ local function mark_envoy_reply(handle, status)
   handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
 end
 
+-- A secret pasted into a URL (GET /v1/pk-.../chat) must not reach the access log, nor the 404's message: the path
+-- remembered for both has anything shaped like a Portico secret cut out. Query strings are never kept.
+local function redacted(path)
+  if not path:find("pk-", 1, true) then return path end
+  return (path:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
+end
+
 -- A gRPC call on a REST path (envoy.yaml's route for them, whose `grpc: {}` match is Envoy's own test of the
 -- content type, marks it in the route's metadata; native gRPC routes skip this filter): refused as gRPC's
 -- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
@@ -127,8 +134,22 @@ end
 local function refuse_grpc_call(handle, metadata, path)
   metadata:set("portico", "grpc_call", true)
   mark_envoy_reply(handle, 404)
-  handle:respond({[":status"] = "404"}, path .. " is a REST path, not a gRPC method: call it as plain HTTP with " ..
-    "JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+  handle:respond({[":status"] = "404"}, redacted(path) .. " is a REST path, not a gRPC method: call it as plain " ..
+    "HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+end
+
+-- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
+-- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
+-- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
+local function refuse_unreadable_key(handle, headers)
+  for _, name in ipairs({"authorization", "x-api-key"}) do
+    local value = headers:get(name)
+    if value and value:find("[^\32-\126]") then
+      handle:respond({[":status"] = "401"}, "")
+      return true
+    end
+  end
+  return false
 end
 
 function envoy_on_request(handle)
@@ -139,8 +160,9 @@ function envoy_on_request(handle)
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
-  metadata:set("portico", "request", method .. " " .. path)
+  metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
+  if refuse_unreadable_key(handle, headers) then return end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
