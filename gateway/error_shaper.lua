@@ -163,6 +163,12 @@ function envoy_on_request(handle)
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
+  -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
+  -- transcoder binds GET only, so it goes on as GET, and answer_head drops the body.
+  if method == "HEAD" then
+    headers:replace(":method", "GET")
+    return metadata:set("portico", "head", true)
+  end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
@@ -242,11 +248,26 @@ local function answer_grpc_call(handle)
   headers:remove("portico-local-reply")
 end
 
+-- The answer to a HEAD request, which went on as GET: GET's status and headers (content-length included), no body.
+-- Envoy would send the body otherwise, which breaks a kept-alive HTTP/1.1 connection and is an HTTP/2 error.
+local function answer_head(handle, status)
+  if status >= 400 then shape_error(handle, status) end
+  local buffer = handle:body(true)
+  local trailers = handle:trailers()
+  if trailers then strip_internal(trailers) end
+  local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
+  local length = headers:get("content-length")
+  buffer:setBytes("")
+  if length then headers:replace("content-length", length) end
+  strip_internal(headers)
+end
+
 function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
-  local portico = status < 400 and handle:streamInfo():dynamicMetadata():get("portico") or {}
-  if portico.grpc_call then return answer_grpc_call(handle) end
-  local unary = portico.unary
+  local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
+  if portico.grpc_call and status < 400 then return answer_grpc_call(handle) end
+  if portico.head then return answer_head(handle, status) end
+  local unary = status < 400 and portico.unary
   if status >= 400 then
     shape_error(handle, status)
   elseif unary then
