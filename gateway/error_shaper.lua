@@ -155,6 +155,13 @@ local function mark_envoy_reply(handle, status)
   handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
 end
 
+-- A secret pasted into a URL (GET /v1/pk-.../chat) must not reach the access log, nor the 404's message: the path
+-- remembered for both has anything shaped like a Portico secret cut out. Query strings are never kept.
+local function redacted(path)
+  if not path:find("pk-", 1, true) then return path end
+  return (path:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
+end
+
 -- A gRPC call on a REST path (envoy.yaml's route for them, whose `grpc: {}` match is Envoy's own test of the
 -- content type, marks it in the route's metadata; native gRPC routes skip this filter): refused as gRPC's
 -- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
@@ -162,8 +169,22 @@ end
 local function refuse_grpc_call(handle, metadata, path)
   metadata:set("portico", "grpc_call", true)
   mark_envoy_reply(handle, 404)
-  handle:respond({[":status"] = "404"}, path .. " is a REST path, not a gRPC method: call it as plain HTTP with " ..
-    "JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+  handle:respond({[":status"] = "404"}, redacted(path) .. " is a REST path, not a gRPC method: call it as plain " ..
+    "HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+end
+
+-- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
+-- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
+-- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
+local function refuse_unreadable_key(handle, headers)
+  for _, name in ipairs({"authorization", "x-api-key"}) do
+    local value = headers:get(name)
+    if value and value:find("[^\32-\126]") then
+      handle:respond({[":status"] = "401"}, "")
+      return true
+    end
+  end
+  return false
 end
 
 function envoy_on_request(handle)
@@ -174,8 +195,9 @@ function envoy_on_request(handle)
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
-  metadata:set("portico", "request", method .. " " .. path)
+  metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
+  if refuse_unreadable_key(handle, headers) then return end
   local parameters = ORGANIZATION_PARAMETERS[path]
   if parameters and method == "GET" and full_path ~= path then
     local query, param, fault = organization_query(full_path:sub(#path + 2), parameters)
@@ -186,6 +208,12 @@ function envoy_on_request(handle)
         ORGANIZATION_NAMES[path] .. ".")
     end
     return headers:replace(":path", path .. "?" .. query)
+  end
+  -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
+  -- transcoder binds GET only, so it goes on as GET, and answer_head drops the body.
+  if method == "HEAD" then
+    headers:replace(":method", "GET")
+    return metadata:set("portico", "head", true)
   end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
@@ -267,11 +295,26 @@ local function answer_grpc_call(handle)
   headers:remove("portico-local-reply")
 end
 
+-- The answer to a HEAD request, which went on as GET: GET's status and headers (content-length included), no body.
+-- Envoy would send the body otherwise, which breaks a kept-alive HTTP/1.1 connection and is an HTTP/2 error.
+local function answer_head(handle, status)
+  if status >= 400 then shape_error(handle, status) end
+  local buffer = handle:body(true)
+  local trailers = handle:trailers()
+  if trailers then strip_internal(trailers) end
+  local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
+  local length = headers:get("content-length")
+  buffer:setBytes("")
+  if length then headers:replace("content-length", length) end
+  strip_internal(headers)
+end
+
 function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
-  local portico = status < 400 and handle:streamInfo():dynamicMetadata():get("portico") or {}
-  if portico.grpc_call then return answer_grpc_call(handle) end
-  local unary = portico.unary
+  local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
+  if portico.grpc_call and status < 400 then return answer_grpc_call(handle) end
+  if portico.head then return answer_head(handle, status) end
+  local unary = status < 400 and portico.unary
   if status >= 400 then
     shape_error(handle, status)
   elseif unary then

@@ -36,6 +36,7 @@ from server.limits import Limiter, LimitStore, MemoryLimitStore
 from server.limits.settings import redacted
 from server.observability import Telemetry
 from server.observability.access_log import AccessLog
+from server.observability.grpc_logs import redact_grpc_metadata_logs
 from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.build import build_providers
@@ -237,6 +238,7 @@ def _deployment_states(core: Core) -> list[tuple[str, str, str]]:
 
 async def start_server(config: Config, address: str) -> RunningServer:
     """Start serving on `address` ("127.0.0.1:0", "unix:/path.sock", ...)."""
+    redact_grpc_metadata_logs()
     core = await build_core(config)
     store, telemetry, limiter, pipeline = core.store, core.telemetry, core.limiter, core.pipeline
     server = grpc.aio.server(

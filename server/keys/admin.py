@@ -1,17 +1,25 @@
 """Key administration: the one service behind both the admin KeyService (gRPC and REST) and `portico keys`.
 
 It works over the key store's public methods and adds what both front ends must agree on: a key may only be granted
-models of the catalog (a typo would otherwise make a key that can never be used), and a rotation without an explicit
-grace period uses the configured one.
+models of the catalog (a typo would otherwise make a key that can never be used), its env and name are checked
+(the env becomes part of its secret), and a rotation without an explicit grace period uses the configured one.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 
 from server.domain import ApiKey, KeyLimits
 from server.errors import InvalidRequest
 from server.keys.store import KeyStore
+
+MAX_ENV_CHARS = 32
+MAX_NAME_CHARS = 200
+# The env is written into the secret (pk-{env}-...): anything but these would make secrets that SDKs cannot send
+# (non-ASCII), that break on whitespace, or that a console cannot sign in with.
+_ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
 
 
 class KeyAdmin:
@@ -25,6 +33,8 @@ class KeyAdmin:
         env: str = "", admin: bool = False,
     ) -> tuple[ApiKey, str]:
         """A new key and its secret, which is not kept anywhere."""
+        _check_name(name)
+        _check_env(env)
         models = self._granted(all_models, models)
         return await self._store.create(name, all_models=all_models, models=models, limits=limits, env=env, admin=admin)
 
@@ -33,6 +43,10 @@ class KeyAdmin:
         limits: Mapping[str, int | None] | None = None, env: str | None = None,
     ) -> ApiKey:
         """Change only what is given; `grants` is (all_models, models), a limit of None removes the key's own."""
+        if name is not None:
+            _check_name(name)
+        if env is not None:
+            _check_env(env)
         if grants is not None:
             grants = (grants[0], self._granted(*grants))
         return await self._store.update(key_id, name=name, grants=grants, limits=limits, env=env)
@@ -60,3 +74,17 @@ class KeyAdmin:
             raise InvalidRequest(f"Unknown model(s): {', '.join(unknown)}. Grant models of the catalog "
                                  "(GET /v1/models with an all-models key lists them).", param="models")
         return models
+
+
+def _check_env(env: str) -> None:
+    if not _ENV.fullmatch(env):
+        raise InvalidRequest(f"env must be at most {MAX_ENV_CHARS} characters, each a letter, a digit, '-' or '_' "
+                             "(it becomes part of the key's secret).", param="env")
+
+
+def _check_name(name: str) -> None:
+    # Cc: control characters (NUL among them, which PostgreSQL refuses); Cs: lone surrogates, which no store can
+    # encode (a command-line argument that is not UTF-8 arrives as them).
+    if len(name) > MAX_NAME_CHARS or any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise InvalidRequest(f"name must be at most {MAX_NAME_CHARS} characters, without control characters.",
+                             param="name")

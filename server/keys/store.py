@@ -14,11 +14,17 @@ from typing import Any
 
 from server.db.database import Database, open_database
 from server.db.settings import StoreSettings
-from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
 from server.keys.schema import MIGRATIONS
+from server.usage.money import MICROS_PER_USD, usd_text
 
 SECRET_PREFIX = "pk-"
+# The largest value of a key's own limit. Counts: what the APIs' int32 fields hold (a bigger one, stored through the
+# CLI, would break every listing of the key). Budgets, in micro-dollars: a billion US dollars, exact in the stores'
+# 64-bit columns and in the doubles of the Redis limit scripts (below 2**53).
+MAX_COUNT_LIMIT = 2**31 - 1
+MAX_SPEND_LIMIT = 1_000_000_000 * MICROS_PER_USD
 CHANGES_CHANNEL = "portico_key_changes"  # PostgreSQL NOTIFY channel: the id of each key changed
 
 
@@ -73,9 +79,8 @@ class KeyStore:
         if not all_models and not models:
             raise InvalidRequest("Grant the key some models, or all of them.", param="models")
         for column in KEY_LIMIT_NAMES:
-            value = getattr(limits, column)
-            if value is not None and value < 1:
-                raise InvalidRequest(f"{column} must be at least 1.", param=f"limits.{column}")
+            if (value := getattr(limits, column)) is not None:
+                _check_limit(column, value)
         secret = _new_secret(env)
         key = ApiKey(
             id=f"key_{secrets.token_hex(8)}",
@@ -147,9 +152,8 @@ class KeyStore:
         for column, value in (limits or {}).items():
             if column not in KEY_LIMIT_NAMES:
                 raise InvalidRequest(f"Unknown limit {column!r}.", param="limits")
-            if value is not None and value < 1:
-                raise InvalidRequest(f"{column} must be at least 1 (0 removes the key's own limit).",
-                                     param=f"limits.{column}")
+            if value is not None:
+                _check_limit(column, value, " (0 removes the key's own limit)")
             changes[column] = value
         if env is not None:
             changes["env"] = env
@@ -194,6 +198,15 @@ class KeyStore:
         )
         await self._db.notify(CHANGES_CHANNEL, key_id)
         return await self.get(key_id)
+
+
+def _check_limit(column: str, value: int, removal: str = "") -> None:
+    """Before storage: out of range, a value was a 500 (SQLite OverflowError, PostgreSQL bigint out of range)."""
+    spend = column in SPEND_LIMIT_NAMES
+    top = MAX_SPEND_LIMIT if spend else MAX_COUNT_LIMIT
+    if not 1 <= value <= top:
+        least, most = ("more than $0", usd_text(top)) if spend else ("at least 1", f"{top}")
+        raise InvalidRequest(f"{column} must be {least}{removal} and at most {most}.", param=f"limits.{column}")
 
 
 def _new_secret(env: str) -> str:

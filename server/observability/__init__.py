@@ -6,6 +6,7 @@
     access_log.AccessLog    one JSON line per request, to stderr, stdout or a file
     tracing                 OpenTelemetry spans of a request (API side); tracing_export.Tracing: the SDK and OTLP
                             exporter, loaded only when `tracing.otlp_endpoint` is set
+    grpc_logs               keeps metadata values out of grpc's own log lines
 """
 
 from server.observability.metrics import Metrics, MetricsServer

@@ -13,7 +13,7 @@ from server.db import StoreSettings
 from server.db.database import StoreUnavailable
 from server.domain import KeyLimits
 from server.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
-from server.keys import Authenticator, KeyStore, hash_secret, open_key_store
+from server.keys import Authenticator, KeyAdmin, KeyStore, hash_secret, open_key_store
 from tests.postgres_support import PASSWORD_ENV
 
 
@@ -56,6 +56,38 @@ async def test_create_validates(store):
         await store.create("x", all_models=False)
     with pytest.raises(InvalidRequest):
         await store.create("x", all_models=True, limits=KeyLimits(requests_per_minute=0))
+
+
+BAD_FIELDS = [  # KeyAdmin arguments -> the param of the 400
+    ({"env": "ünï"}, "env"), ({"env": "東京"}, "env"), ({"env": "my prod"}, "env"), ({"env": '<b>x</b>"'}, "env"),
+    ({"env": "a\x00b"}, "env"), ({"env": "e" * 33}, "env"),
+    ({"name": "a\x00b"}, "name"), ({"name": "two\nlines"}, "name"), ({"name": "n" * 201}, "name"),
+    ({"name": "caf\udce9"}, "name"),  # a command-line argument that is not UTF-8
+    ({"limits": {"max_spend_day": 10**26}}, "limits.max_spend_day"),  # $1e20
+    ({"limits": {"max_spend_month": 10**15 + 1}}, "limits.max_spend_month"),
+    ({"limits": {"requests_per_minute": 2**31}}, "limits.requests_per_minute"),
+    ({"limits": {"daily_tokens": 10**20}}, "limits.daily_tokens"),
+]
+
+
+@pytest.mark.parametrize("fields, param", BAD_FIELDS, ids=lambda value: repr(value)[:40])
+async def test_both_stores_refuse_the_same_bad_env_name_and_limits(store, fields, param):
+    """Through KeyAdmin, which the CLI and KeyService share: a 400 naming the field, on create and on update, and
+    nothing stored. (NUL was a 500 on PostgreSQL and stored on SQLite; limits beyond 64 bits a 500 on both.)"""
+    admin = KeyAdmin(store, ["family-a-5.5"], rotation_grace_seconds=0)
+    limits = fields.get("limits", {})
+    create = {**fields, "limits": KeyLimits(**limits)} if limits else fields
+    with pytest.raises(InvalidRequest) as caught:
+        await admin.create(**{"name": "ok", **create}, all_models=True)
+    assert caught.value.param == param
+    assert await store.list() == []
+    top = KeyLimits(requests_per_minute=2**31 - 1, max_spend_day=10**15)  # each bound itself is taken
+    key, secret = await admin.create("Café ☕ " + "n" * 193, all_models=True, env="Prod_2-" + "e" * 25, limits=top)
+    assert secret.startswith("pk-Prod_2-" + "e" * 25 + "-") and secret.isascii()
+    with pytest.raises(InvalidRequest) as caught:
+        await admin.update(key.id, **fields)
+    assert caught.value.param == param
+    assert await store.list() == [key]
 
 
 async def test_revoke_by_id_or_secret(store):

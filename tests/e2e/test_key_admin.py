@@ -51,3 +51,20 @@ def test_rest_update_and_rotate_with_an_admin_key(gateway):
     refused = httpx.post(f"{gateway.base_url}/v1/admin/keys/{key_id}/rotate",
                          headers={"Authorization": f"Bearer {old}"}, json={}, timeout=60)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
+
+
+def test_rest_refuses_bad_env_name_and_out_of_range_limits_with_400(gateway):
+    """Each was a 500 (a limit beyond 64 bits, NUL on PostgreSQL) or a secret no SDK could send (a non-ASCII env)."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    key_id = httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers, timeout=60,
+                        json={"name": "fine", "all_models": True, "env": "prod-eu_2"}).json()["key"]["id"]
+    for fields, param in [({"limits": {"max_spend_day": 1e20}}, "limits.max_spend_day"),
+                          ({"limits": {"daily_requests": -3}}, "limits.daily_requests"),
+                          ({"env": "東京"}, "env"), ({"env": "my prod"}, "env"), ({"name": "a\u0000b"}, "name")]:
+        created = httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers, timeout=60,
+                             json={"name": "x", "all_models": True, **fields})
+        patched = httpx.patch(f"{gateway.base_url}/v1/admin/keys/{key_id}", headers=headers, json=fields, timeout=60)
+        for refused in (created, patched):
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == param and refused.json()["error"]["code"] == "invalid_request"

@@ -60,6 +60,20 @@ def test_probes_answer_json_without_a_key(gateway):
     assert ready.json() == {"status": "ready", "checks": {"model": "loaded", "keys": "ok", "limits": "ok"}}
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/console/", "/console/app.js", "/v1/models"])
+def test_head_answers_as_get_without_a_body(gateway, path):
+    """Monitors and load balancers probe with HEAD. One kept-alive connection: a body sent after a HEAD answer would
+    be read as the start of the next answer."""
+    with httpx.Client(base_url=gateway.base_url, timeout=60) as client:
+        head = client.head(path)
+        get = client.get(path)
+    assert head.status_code == get.status_code != 404
+    assert head.content == b""
+    varying = {"date", "x-request-id"}
+    assert ({k: v for k, v in head.headers.items() if k not in varying}
+            == {k: v for k, v in get.headers.items() if k not in varying})
+
+
 def test_request_id_goes_back_to_the_caller_and_into_the_access_log(gateway):
     key_id, secret = new_key(gateway)
     response = httpx.post(f"{gateway.base_url}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"},

@@ -42,3 +42,23 @@ def test_cli_refuses_unknown_models_through_the_same_service(tmp_path, capsys):
     assert code == 2 and "family-a-9" in capsys.readouterr().err
     assert main(["--data-dir", str(tmp_path), "keys", "list"]) == 0
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("options, param", [
+    (["--env", "my prod"], "env"),
+    (["--env", "ünï"], "env"),
+    (["--name", "two\nlines"], "name"),
+    (["--max-spend-month", "1e20"], "max_spend_month"),
+    (["--rpm", "99999999999999999999"], "requests_per_minute"),
+])
+def test_cli_refuses_a_bad_env_name_or_limit_in_one_line(tmp_path, capsys, options, param):
+    """A traceback (42 lines for --max-spend-month 1e20) became one line naming the field, with exit code 2."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "x", "--all-models", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"portico: {param}") and err.count("\n") == 1, err
+    assert main([*data, "keys", "create", "--name", "x", "--all-models"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    assert main([*data, "keys", "update", key_id, *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"portico: {param}") and err.count("\n") == 1, err

@@ -1,0 +1,122 @@
+"""Secrets sent where Portico does not expect them stay out of every log: a key header with a byte that is not
+printable ASCII (grpc logged such metadata whole), and a secret pasted into an unknown URL (Envoy's access log kept
+the path). The session's scan (conftest.py) checks every log at the end too; these name what they sent."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Gateway
+
+LATIN1_E = b"\xe9"  # "é" as a browser sending Latin-1 puts it
+
+
+KEY_HEADER_CASES = [  # method, path, header, anthropic
+    ("GET", "/v1/models", "authorization", False),
+    ("POST", "/v1/chat/completions", "x-api-key", False),
+    ("POST", "/v1/messages", "x-api-key", True),
+    ("POST", "/v1/messages", "authorization", True),
+]
+URL_CASES = [("GET", "/v1/{}/chat"), ("DELETE", "/v1/admin/keys/{}"), ("POST", "/v1/chat/completions/{}")]
+
+
+@dataclass(frozen=True)
+class Sent:
+    tail: str  # the secret's random part
+    response: httpx.Response
+    envoy_line: dict  # its line in Envoy's access log
+
+
+def _logs(gateway: Gateway) -> str:
+    """The server's stderr (its diagnostics and access log), Envoy's own log and Envoy's access log."""
+    paths = [gateway.log_path, gateway.envoy_log_path, gateway.data_dir / "envoy-access.log"]
+    return "".join(path.read_bytes().decode("latin-1") for path in paths if path.exists())
+
+
+def _envoy_lines(gateway: Gateway, request_ids: list[str]) -> dict[str, dict]:
+    log = gateway.data_dir / "envoy-access.log"
+    deadline = time.monotonic() + 20  # Envoy flushes its access log every few seconds: wait once for all
+    while True:
+        lines = [json.loads(line) for line in (log.read_text().splitlines() if log.exists() else ())]
+        found = {line["request_id"]: line for line in lines if line["request_id"] in request_ids}
+        if len(found) == len(request_ids):
+            return found
+        assert time.monotonic() < deadline, f"no Envoy access-log lines for {set(request_ids) - set(found)}"
+        time.sleep(0.2)
+
+
+def _assert_absent(gateway: Gateway, tail: str) -> None:
+    text = _logs(gateway)
+    for start in range(len(tail) - 7):  # no 8 characters of the secret's random part anywhere
+        assert tail[start:start + 8] not in text, "a part of the secret is in a log"
+
+
+def _send(gateway: Gateway, method: str, path: str, headers: dict) -> tuple[str, httpx.Response]:
+    request_id = f"secrets-out-of-logs-{secrets.token_hex(8)}"
+    response = httpx.request(method, gateway.base_url + path, headers={**headers, "x-request-id": request_id},
+                             json={"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}]},
+                             timeout=30)
+    return request_id, response
+
+
+@pytest.fixture(scope="module")
+def sent(gateway) -> dict[tuple, Sent]:
+    """Every case's request, sent before any log is read, so that the wait for Envoy's log is paid once."""
+    pending = {}
+    for method, path, header, anthropic in KEY_HEADER_CASES:
+        tail = secrets.token_urlsafe(24)
+        secret = b"pk-caf" + LATIN1_E + b"-" + tail.encode()
+        value = b"Bearer " + secret if header == "authorization" else secret
+        pending[(method, path, header, anthropic)] = (tail, *_send(gateway, method, path, {header: value}))
+    for method, template in URL_CASES:
+        tail = secrets.token_urlsafe(24)
+        pending[(method, template)] = (tail, *_send(gateway, method, template.format(f"pk-dev-{tail}"), {}))
+    lines = _envoy_lines(gateway, [request_id for _, request_id, _ in pending.values()])
+    return {case: Sent(tail, response, lines[request_id]) for case, (tail, request_id, response) in pending.items()}
+
+
+@pytest.mark.parametrize("case", KEY_HEADER_CASES, ids=lambda case: f"{case[0]} {case[1]} {case[2]}")
+def test_a_key_header_that_is_not_ascii_is_a_401_and_stays_out_of_the_logs(gateway, sent, case):
+    _, _, _, anthropic = case
+    response = sent[case].response
+    assert response.status_code == 401
+    body = response.json()
+    assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "authentication_error"
+    assert (body.get("type") == "error") == anthropic
+    assert sent[case].envoy_line["code"] == "invalid_api_key"
+    _assert_absent(gateway, sent[case].tail)
+
+
+def test_native_grpc_metadata_that_is_not_utf8_is_redacted_in_the_server_log(gateway):
+    """Envoy passes a native gRPC call's metadata through untouched: the server's own filter on grpc's logger keeps
+    the value out and the fact in."""
+    tail = secrets.token_urlsafe(24)
+    request_id = f"secrets-out-of-logs-{secrets.token_hex(8)}"
+    with httpx.Client(http1=False, http2=True, timeout=30) as client:  # h2c, as gRPC callers speak it
+        response = client.post(
+            gateway.base_url + "/portico.v1.ModelService/ListModels", content=b"\x00\x00\x00\x00\x00",
+            headers={"content-type": "application/grpc", "te": "trailers", "x-request-id": request_id,
+                     "authorization": b"Bearer pk-caf" + LATIN1_E + b"-" + tail.encode()})
+    assert response.headers["grpc-status"] == "16"  # UNAUTHENTICATED
+    deadline = time.monotonic() + 5
+    while request_id not in gateway.log_path.read_text(errors="replace"):  # the access-log line ends the call
+        assert time.monotonic() < deadline, "no access-log line for the call"
+        time.sleep(0.05)
+    assert "Invalid encoding on a value of" in gateway.log_path.read_text(errors="replace")
+    _assert_absent(gateway, tail)
+
+
+@pytest.mark.parametrize("case", URL_CASES, ids=" ".join)
+def test_a_secret_in_an_unknown_url_is_cut_out_of_the_access_log_and_the_message(gateway, sent, case):
+    method, template = case
+    response = sent[case].response
+    assert response.status_code == 404
+    assert sent[case].tail not in response.text and "pk-[redacted]" in response.json()["error"]["message"]
+    assert sent[case].envoy_line["request"] == f"{method} {template.format('pk-[redacted]')}"
+    _assert_absent(gateway, sent[case].tail)
