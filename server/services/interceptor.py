@@ -107,7 +107,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     async for response in responses:
                         yield response
             except (asyncio.CancelledError, GeneratorExit):
-                observed.outcome = Outcome.cancelled()
+                observed.cancelled()
                 raise
             except Exception as exc:  # noqa: BLE001
                 error = self._as_portico_error(exc, method)
@@ -139,6 +139,12 @@ class _Observation:
         if endpoint is not None:
             metadata = context.invocation_metadata() or ()
             self._record = telemetry.begin(method, endpoint, metadata)
+
+    def cancelled(self) -> None:
+        """A stream cancelled: its caller went away, unless the whole answer had gone to grpc (a caller who closes on
+        a stream's last event cancels grpc's write of it, or what runs after it)."""
+        if self._record is None or not self._record.answered:
+            self.outcome = Outcome.cancelled()
 
     def close(self) -> None:
         """Records the outcome once; later calls do nothing."""
