@@ -150,6 +150,8 @@ class Pipeline:
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
                     yield _prepend(first, events)
         finally:
+            # Nothing here waits: a caller who closes on the last event cancels the RPC at its next wait, and would
+            # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
             # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
             if meter.finish is not None:
@@ -157,10 +159,10 @@ class Pipeline:
             if meter.started:
                 usage = meter.usage_so_far()
                 _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
-                await self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
+                self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
                 self._budgets_left(reservation, call.record.cost_micros)
             else:
-                await self._limiter.release(reservation)
+                self._limiter.release(reservation)
 
     async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
         if self._cache is None or call.model.cache is None:
@@ -181,7 +183,7 @@ class Pipeline:
             yield _replayed(lookup.events)
         finally:
             _account(call)
-            await self._limiter.settle(reservation, 0, 0)
+            self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
         parts: list[str] = []
@@ -230,10 +232,10 @@ class Pipeline:
         finally:
             call.record.upstream_done()
             if images is None:
-                await self._limiter.release(reservation)
+                self._limiter.release(reservation)
             else:
                 _account(call, images=len(images))
-                await self._limiter.settle(reservation, 0, call.record.cost_micros)
+                self._limiter.settle(reservation, 0, call.record.cost_micros)
                 self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)
         return images
@@ -241,8 +243,8 @@ class Pipeline:
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
              images: int = 0) -> None:
-    """What the request used and cost, on its record (metrics, access log, usage ledger); set before settling,
-    which may be interrupted by the caller's cancellation."""
+    """What the request used and cost, on its record (metrics, access log, usage ledger), which settling the
+    reservation hands to the limit store."""
     record = call.record
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images
