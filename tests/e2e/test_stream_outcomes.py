@@ -92,3 +92,14 @@ def test_streams_read_to_done_are_200s_and_settle_what_they_used(limited, redis_
     assert used == 5 * (expected - STREAMS if model == "cached-chat" else STREAMS)  # hits use nothing
     day = redis.Redis.from_url(redis_server.url).hgetall(f"portico:limits:{key_id}:day:{day_of(time.time())}")
     assert (int(day[b"requests"]), int(day[b"tokens"])) == (expected, used)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_failure_of_a_cached_model_says_the_cache_missed(limited, double, stream):
+    double.reset()
+    double.cue(Cue(500, {"error": {"message": "boom"}}))
+    answer = httpx.post(f"{limited.base_url}/v1/chat/completions", timeout=30,
+                        headers={"Authorization": f"Bearer {limited.secret}"},
+                        json={"model": "cached-chat", "messages": HELLO, "stream": stream, "seed": 11})
+    assert answer.status_code == 502 and answer.json()["error"]["code"] == "upstream_error"
+    assert answer.headers["x-portico-cache"] == "miss"
