@@ -118,13 +118,13 @@ class Pipeline:
         if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
             raise refusal
         lookup = await self._lookup(call, request)
+        call.record.max_tokens = request.params.max_tokens
         if lookup is not None and lookup.events is not None:
             async with self._replay(call, lookup) as events:
                 yield events
             return
         meter = _Meter(prompt_estimate=await _prompt_tokens(self._token_counters.get(call.model.id), request))
         tokens = meter.prompt_estimate + request.params.max_tokens
-        call.record.max_tokens = request.params.max_tokens
         call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
         # than by the provider, after the request was recorded as having reached a model.
@@ -157,6 +157,7 @@ class Pipeline:
             if meter.finish is not None:
                 call.record.finish_reason = meter.finish.value
             if meter.started:
+                call.record.model_answered = True
                 usage = meter.usage_so_far()
                 _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
                 self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
@@ -177,7 +178,8 @@ class Pipeline:
     async def _replay(self, call: Call, lookup: Lookup) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """A cached answer counts as a request, and uses no tokens and costs nothing."""
         call.record.admitted = True
-        reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
+        with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
         try:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
@@ -234,6 +236,7 @@ class Pipeline:
             if images is None:
                 self._limiter.release(reservation)
             else:
+                call.record.model_answered = True
                 _account(call, images=len(images))
                 self._limiter.settle(reservation, 0, call.record.cost_micros)
                 self._budgets_left(reservation, call.record.cost_micros)

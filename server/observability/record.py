@@ -67,6 +67,7 @@ class RequestRecord:
     max_tokens: int | None = None
     finish_reason: str = ""
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
+    model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several
     spans_started: int = 0  # upstream attempts and generations traced so far, to number them
     # For the usage ledger (server/usage): a request that reached admission gets one row, whatever its end.
