@@ -118,6 +118,7 @@ class Pipeline:
         if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
             raise refusal
         lookup = await self._lookup(call, request)
+        call.record.max_tokens = request.params.max_tokens
         if lookup is not None and lookup.events is not None:
             async with self._replay(call, lookup) as events:
                 yield events
@@ -125,7 +126,6 @@ class Pipeline:
         counter = self._token_counters.get(call.model.id)
         meter = _Meter(prompt_estimate=await _prompt_tokens(counter, request))
         tokens = meter.prompt_estimate + request.params.max_tokens
-        call.record.max_tokens = request.params.max_tokens
         call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
         # than by the provider, after the request was recorded as having reached a model.
@@ -153,17 +153,20 @@ class Pipeline:
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
                     yield _prepend(first, events)
         finally:
+            # Nothing here waits: a caller who closes on the last event cancels the RPC at its next wait, and would
+            # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
             # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
             if meter.finish is not None:
                 call.record.finish_reason = meter.finish.value
             if meter.started:
+                call.record.model_answered = True
                 usage = meter.usage_so_far()
                 _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
-                await self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
+                self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
                 self._budgets_left(reservation, call.record.cost_micros)
             else:
-                await self._limiter.release(reservation)
+                self._limiter.release(reservation)
 
     async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
         if self._cache is None or call.model.cache is None:
@@ -178,13 +181,14 @@ class Pipeline:
     async def _replay(self, call: Call, lookup: Lookup) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """A cached answer counts as a request, and uses no tokens and costs nothing."""
         call.record.admitted = True
-        reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
+        with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
         try:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
         finally:
             _account(call)
-            await self._limiter.settle(reservation, 0, 0)
+            self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
         parts: list[str] = []
@@ -233,10 +237,11 @@ class Pipeline:
         finally:
             call.record.upstream_done()
             if images is None:
-                await self._limiter.release(reservation)
+                self._limiter.release(reservation)
             else:
+                call.record.model_answered = True
                 _account(call, images=len(images))
-                await self._limiter.settle(reservation, 0, call.record.cost_micros)
+                self._limiter.settle(reservation, 0, call.record.cost_micros)
                 self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)
         return images
@@ -253,8 +258,8 @@ def _asking(call: Call) -> None:
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
              images: int = 0) -> None:
-    """What the request used and cost, on its record (metrics, access log, usage ledger); set before settling,
-    which may be interrupted by the caller's cancellation."""
+    """What the request used and cost, on its record (metrics, access log, usage ledger), which settling the
+    reservation hands to the limit store."""
     record = call.record
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images

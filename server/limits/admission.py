@@ -4,9 +4,11 @@ the x-ratelimit-* headers of an admitted one. The pipeline talks to this; the st
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
@@ -19,6 +21,12 @@ from server.limits.standing import standing
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# A settlement the store did not take (Redis unreachable) is retried, first after this long, then twice as long each
+# time up to the last figure, for up to SETTLE_RETRY_SECONDS (a restarted or paused Redis, not a lost one).
+_FIRST_RETRY_SECONDS = 0.25
+_LAST_RETRY_SECONDS = 10.0
+SETTLE_RETRY_SECONDS = 600.0
 
 
 _NO_LIMITS = KeyLimits()
@@ -43,6 +51,7 @@ class Limiter:
         self._settings = settings
         self._store_down = False  # to log outages once, not once per request
         self._tasks: set[asyncio.Task] = set()
+        self._draining = asyncio.Event()  # set by close(): settlements still retrying take their last try
         self._ids = ReservationIds()  # for the uncounted reservations of the open policy
 
     @property
@@ -98,23 +107,59 @@ class Limiter:
 
     def _release_orphan(self, decision: asyncio.Task[Reservation]) -> None:
         if not decision.cancelled() and decision.exception() is None:
-            self._spawn(self.release(decision.result()))
+            self.release(decision.result())
 
-    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
-        if reservation.held:
-            await self._finish(self._store.settle(reservation, used_tokens, used_cost))
-
-    async def release(self, reservation: Reservation) -> None:
-        if reservation.held:
-            await self._finish(self._store.release(reservation))
-
-    async def _finish(self, work: Coroutine[Any, Any, None]) -> None:
-        # These run on exit paths, often in a task that is being cancelled because its caller went away, and must
-        # complete anyway: at once, or else shielded in a task of their own.
+    def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
+        """Replace the reservation's estimates with what the request used. Never waits, so it cannot be interrupted:
+        it runs on exit paths, often after the answer went out, in a task being cancelled because its caller left.
+        A store that waits settles in a task held here (see `_until_taken`)."""
+        if not reservation.held:
+            return
         if self._immediate:
-            _run_now(_logged(work))
+            _run_now(_logged(self._store.settle(reservation, used_tokens, used_cost)))
         else:
-            await asyncio.shield(self._spawn(_logged(work)))
+            self._spawn(self._until_taken(functools.partial(self._store.settle, reservation, used_tokens, used_cost)))
+
+    def release(self, reservation: Reservation) -> None:
+        """Undo the reservation (the request never reached a model); never waits, as `settle`."""
+        if not reservation.held:
+            return
+        if self._immediate:
+            _run_now(_logged(self._store.release(reservation)))
+        else:
+            self._spawn(self._until_taken(functools.partial(self._store.release, reservation)))
+
+    async def settled(self) -> None:
+        """Wait for the settlements under way now (tests, diagnostics)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _until_taken(self, attempt: Callable[[], Awaitable[None]]) -> None:
+        """Run `attempt` until the store takes it: a settlement lost would leave the reservation's estimates counted
+        for good (tokens, spend), against the usage ledger. Retried with backoff for up to SETTLE_RETRY_SECONDS; a
+        drain gives each its last try at once. Retrying is safe: the store ignores a second settlement."""
+        delay, give_up = _FIRST_RETRY_SECONDS, time.monotonic() + SETTLE_RETRY_SECONDS
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                await attempt()
+                if tries > 1:
+                    _logger.info("settled a rate-limit reservation after %d tries", tries)
+                return
+            except LimitStoreUnavailable as exc:
+                if self._draining.is_set() or time.monotonic() + delay > give_up:
+                    _logger.error("gave up settling a rate-limit reservation after %d tries (%s): its estimates "
+                                  "stay counted", tries, exc)
+                    return
+                if tries == 1:
+                    _logger.warning("could not settle a rate-limit reservation (%s); retrying", exc)
+            except Exception:  # noqa: BLE001 - a bug, not an outage: retrying cannot help
+                _logger.exception("could not settle a rate-limit reservation")
+                return
+            with contextlib.suppress(TimeoutError):  # the pause ends early when a drain begins
+                async with asyncio.timeout(delay):
+                    await self._draining.wait()
+            delay = min(delay * 2, _LAST_RETRY_SECONDS)
 
     def _spawn(self, work: Awaitable[T]) -> asyncio.Task[T]:
         """A task held here until it ends: the event loop keeps only weak references to tasks, and these must finish
@@ -125,7 +170,8 @@ class Limiter:
         return task
 
     async def close(self) -> None:
-        await asyncio.gather(*self._tasks, return_exceptions=True)  # settlements still on their way
+        self._draining.set()  # settlements waiting to retry take their last try now
+        await self.settled()
         await self._store.close()
 
 
@@ -141,11 +187,9 @@ def _run_now(work: Coroutine[Any, Any, T]) -> T:
 
 
 async def _logged(work: Awaitable[None]) -> None:
-    """Settling fails quietly: the caller's answer is already decided."""
+    """Settling fails quietly: the caller's answer is already decided (an immediate store does not fail to answer)."""
     try:
         await work
-    except LimitStoreUnavailable as exc:  # a Redis slot's lease runs out by itself; tokens stay estimated
-        _logger.warning("could not settle a rate-limit reservation: %s", exc)
     except Exception:  # noqa: BLE001
         _logger.exception("could not settle a rate-limit reservation")
 

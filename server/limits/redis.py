@@ -110,8 +110,11 @@ class RedisLimitStore:
         await self._finish(reservation, 0, 0, refund=True)
 
     async def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> None:
-        if self._held.pop(reservation.id, None) is None:
-            return  # settled already, or never held (no scopes)
+        # Its lease is renewed no more: the request is over, even if Redis does not take this now. Not a reason to
+        # skip the script, which a retry after a timeout needs (it ignores a reservation settled already).
+        self._held.pop(reservation.id, None)
+        if not reservation.demand.scopes:
+            return  # nothing was counted
         keys = [self._record_key(reservation.id)]
         for scope in reservation.demand.scopes:
             keys += self._scope_keys(scope.id, reservation.at)

@@ -58,6 +58,8 @@ class RequestRecord:
     upstream_seconds: float | None = None
     first_token_seconds: float | None = None  # from the start of the request
     in_band_error: str = ""  # the code of a failure reported inside an already started stream
+    # A stream's last message went to grpc: a caller who leaves now (closing on `[DONE]`) had the whole answer.
+    answered: bool = False
     cache: str = ""  # "hit" or "miss" for a model with a response cache (server/cache), else ""
     trace_id: str | None = None  # the W3C trace id: of the request's span, else of the caller's traceparent
     span: Any = None  # the request's OpenTelemetry span, when traces are on (server/observability/tracing.py)
@@ -65,6 +67,7 @@ class RequestRecord:
     max_tokens: int | None = None
     finish_reason: str = ""
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
+    model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several
     spans_started: int = 0  # upstream attempts and generations traced so far, to number them
     # For the usage ledger (server/usage): a request that reached admission gets one row, whatever its end.
@@ -72,6 +75,9 @@ class RequestRecord:
     cached_input_tokens: int = 0
     images: int = 0
     cost_micros: int = 0  # settled cost in micro-dollars
+
+    def mark_answered(self) -> None:
+        self.answered = True
 
     def upstream_call(self) -> None:
         self.upstream_attempts = max(self.upstream_attempts, 1)

@@ -222,11 +222,14 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
         attributes["portico.key_id"] = record.key_id
     if record.model:
         attributes["gen_ai.request.model"] = record.model
-        attributes["gen_ai.response.model"] = record.answered_by or record.model
         if operation is not None:
             span.update_name(f"{operation} {record.model}")
+    if record.model_answered:  # not for a refusal, a request every upstream failed, a cache hit
+        attributes["gen_ai.response.model"] = record.answered_by or record.model
     if record.max_tokens is not None:
         attributes["gen_ai.request.max_tokens"] = record.max_tokens
+    if record.cache:
+        attributes["portico.cache"] = record.cache
     if record.input_tokens or record.output_tokens:
         attributes["gen_ai.usage.input_tokens"] = record.input_tokens
         attributes["gen_ai.usage.output_tokens"] = record.output_tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 
 import grpc
@@ -21,6 +21,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import error_pb2
+from server.cache import HEADER as CACHE_HEADER
 from server.errors import InternalError, PorticoError, RateLimited, error_body
 from server.observability import Outcome, RequestRecord, Telemetry
 from server.observability.record import endpoint_of
@@ -86,8 +87,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the table
                 error = self._as_portico_error(exc, method)
                 observed.outcome = Outcome.of_error(error)
+                headers = observed.error_headers()
                 observed.close()  # before the status goes out: a caller that has its answer sees it counted
-                await abort(context, error, anthropic=anthropic)
+                await abort(context, error, anthropic=anthropic, headers=headers)
             finally:
                 observed.close()
 
@@ -107,13 +109,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     async for response in responses:
                         yield response
             except (asyncio.CancelledError, GeneratorExit):
-                observed.outcome = Outcome.cancelled()
+                observed.cancelled()
                 raise
             except Exception as exc:  # noqa: BLE001
                 error = self._as_portico_error(exc, method)
                 observed.outcome = Outcome.of_error(error)
+                headers = observed.error_headers()
                 observed.close()  # before the status goes out: a caller that has its answer sees it counted
-                await abort(context, error, anthropic=anthropic)
+                await abort(context, error, anthropic=anthropic, headers=headers)
             finally:
                 observed.close()
 
@@ -140,6 +143,19 @@ class _Observation:
             metadata = context.invocation_metadata() or ()
             self._record = telemetry.begin(method, endpoint, metadata)
 
+    def cancelled(self) -> None:
+        """A stream cancelled: its caller went away, unless the whole answer had gone to grpc (a caller who closes on
+        a stream's last event cancels grpc's write of it, or what runs after it)."""
+        if self._record is None or not self._record.answered:
+            self.outcome = Outcome.cancelled()
+
+    def error_headers(self) -> tuple[tuple[str, str], ...]:
+        """What an error answer says besides the error: for a model with a response cache, that the cache did not
+        answer (configuration.md: every answer of a cached model carries x-portico-cache)."""
+        if self._record is not None and self._record.cache:
+            return ((CACHE_HEADER, "miss"),)
+        return ()
+
     def close(self) -> None:
         """Records the outcome once; later calls do nothing."""
         if self._record is not None:
@@ -147,7 +163,8 @@ class _Observation:
             self._record = None
 
 
-async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool) -> None:
+async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool,
+                headers: Sequence[tuple[str, str]] = ()) -> None:
     kind = error.kind
     status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message, details=_details(error))
     trailing = [
@@ -155,7 +172,7 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
         ("portico-http-status", str(kind.http_status)),
         ("portico-error", error_body(error, anthropic=anthropic).decode()),
     ]
-    own = error.trailing_metadata()
+    own = (*headers, *error.trailing_metadata())
     # Headers a unary twin already set as trailing metadata (server/services/dialect.py) stay, unless the error
     # says otherwise.
     said = {key for key, _ in own}

@@ -29,14 +29,16 @@ async def guard_stream(
         yield error_frame(error_object(exc))
 
 
-async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64) -> AsyncIterator[bytes]:
+async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64,
+                    last: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
     """The same bytes, with the frames that are ready together joined into one message.
 
     A helper task reads ahead while the previous message is being sent, so frames that arrive together (a burst
     from the upstream, or everything that piled up while the machine was busy) leave as one gRPC message and one
     HTTP chunk instead of one each: a message's trip through grpc and Envoy, not its bytes, is what a stream spends
     its CPU on. Nothing waits for company: a lone frame goes out as soon as it is ready. At most `read_ahead`
-    frames are held, so a slow caller still holds back the upstream.
+    frames are held, so a slow caller still holds back the upstream. `last` is called before the message that
+    ends the stream is handed over.
     """
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(read_ahead)
     failure: list[Exception] = []
@@ -59,6 +61,8 @@ async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64) -> As
             ended = batch[-1] is None
             if ended:
                 batch.pop()
+                if last is not None:
+                    last()
             if batch:
                 yield b"".join(batch)
             if ended:

@@ -1,10 +1,13 @@
 """The server with the Redis limit store, over real stubs: exact under a burst, no slot left by an abandoned stream,
-quotas and keys that survive a restart, and a clear 503 (fail-closed) when Redis is unreachable."""
+quotas and keys that survive a restart, a clear 503 (fail-closed) when Redis is unreachable, and a settlement that
+Redis missed (paused mid-request) taken once it answers again."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import socket
 import time
 
@@ -16,6 +19,9 @@ from server.app import RunningServer, start_server
 from server.config import Config, load_config
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
+from tests.redis_support import start_redis
+from tests.upstream_double import Cue
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
 
 IMAGE = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a buoy", size="256x256")
 
@@ -105,3 +111,47 @@ async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
         assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
     finally:
         await running.stop(0)
+
+
+async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path, double):
+    """Redis stops answering while a request is in flight: the answer is not held up, and once Redis is back the
+    key's limits hold what the request used and cost (as the ledger does), not its reservation's estimates."""
+    redis = start_redis(tmp_path)
+    models = f"""\
+  - id: priced
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
+    price: {{input: 0, output: 1000}}
+"""
+    config = load_upstream_config(tmp_path, models)
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url,
+                                                                     store_timeout_seconds=0.2))
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    running = await start_server(config, "127.0.0.1:0")
+    try:
+        key, secret = await running.store.create("outage", all_models=True, limits=KeyLimits(daily_tokens=10_000))
+        double.reset()
+        double.cue(Cue(delay=1.0))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
+                chat_request(model="priced", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8),
+                metadata=bearer(secret))
+            while not double.seen:  # admitted, and waiting on the upstream
+                await asyncio.sleep(0.01)
+            redis.process.send_signal(signal.SIGSTOP)
+            try:
+                answer = await call
+                await asyncio.sleep(1.5)  # the settlement's first try timed out, and a retry too
+            finally:
+                redis.process.send_signal(signal.SIGCONT)
+        used = answer.usage.prompt_tokens + answer.usage.completion_tokens
+        assert answer.usage.completion_tokens == 3  # "echo Say hello.", estimated at 8
+        deadline = time.monotonic() + 10
+        while (counts := await running.limiter.store.counts(key.id)).day_tokens != used:
+            assert time.monotonic() < deadline, f"still the reservation's estimates: {counts}"
+            await asyncio.sleep(0.1)
+        assert (counts.day_requests, counts.day_spend, counts.month_spend, counts.in_flight) == (1, 3000, 3000, 0)
+    finally:
+        await running.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+        redis.stop()

@@ -62,10 +62,12 @@ async def running(double, receiver, tmp_path_factory):
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     tracing = f"{{otlp_endpoint: '{receiver.url}', export_delay_seconds: 0.05}}"
     images = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: image-up"
+    cached = f"kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: cached-model"
     models = (upstream_models(double.url)
               + cross_dialect_models(double.url, openai_model="gpt-up", anthropic_model="claude-up")
               + f"  - {{id: images-up, endpoint: /v1/images/generations, provider: {{{images}}}}}\n"
-              + pair(double.url))
+              + pair(double.url)
+              + f"  - {{id: up-cached, endpoint: {CHAT}, provider: {{{cached}}}, cache: {{}}}}\n")
     config = traced_config(tmp_path_factory.mktemp("traced"), models, tracing)
     server = await start_server(config, "127.0.0.1:0")
     yield server
@@ -261,6 +263,47 @@ async def test_the_embedded_model_has_a_generation_span(chat, running, receiver,
     assert generation.attributes["portico.queued_ms"] >= 0
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
     assert server.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
+
+
+async def test_no_response_model_when_no_model_answered(chat, running, double, receiver, key):
+    """A request every upstream and fallback failed (502), and one refused before any upstream call (400), name
+    the model asked for, but no model that answered."""
+    _, secret = key
+    double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 4)  # up-main 3 times, then its fallback up-backup
+    failed, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, secret, traceparent)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # 502 upstream_error
+    refused, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, secret, traceparent, temperature=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    for trace_id, status in ((failed, 502), (refused, 400)):
+        server = one(await spans_of(receiver, trace_id), kind="server")
+        assert server.attributes["http.response.status_code"] == status
+        assert server.attributes["gen_ai.request.model"] == "up-main"
+        assert "gen_ai.response.model" not in server.attributes
+
+
+async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, receiver, key):
+    """Admission as a child, the request's attributes, and whether the cache answered."""
+    _, secret = key
+    traces = []
+    for _ in range(2):
+        trace_id, _, traceparent = caller_context()
+        await ask(chat, secret, traceparent, model="up-cached", max_tokens=20, seed=7)
+        traces.append(await spans_of(receiver, trace_id))
+    for spans, cache in zip(traces, ("miss", "hit")):
+        server = one(spans, kind="server")
+        assert server.attributes["portico.cache"] == cache
+        assert server.attributes["gen_ai.request.model"] == "up-cached"
+        assert server.attributes["gen_ai.request.max_tokens"] == 20
+        assert one(spans, name="admission").parent_id == server.span_id
+    hit = one(traces[1], kind="server")
+    assert not [s for s in traces[1] if s.kind == "client"]  # no upstream was asked
+    assert "gen_ai.response.model" not in hit.attributes  # the cache answered, not a model
+    assert one(traces[0], kind="server").attributes["gen_ai.response.model"] == "up-cached"
 
 
 async def test_a_refusal_is_traced_with_its_code_and_limit(chat, running, receiver):

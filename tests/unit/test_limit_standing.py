@@ -26,7 +26,8 @@ async def test_reports_use_and_resets_without_counting_anything(store, clock):  
         ("requests_per_minute", "family-a-5.4"): (3, 0, 0.0),
     }
     first = await limiter.reserve(KEY, "family-a-5.4", 100)
-    await limiter.settle(first, 40)
+    limiter.settle(first, 40)
+    await limiter.settled()
     clock.now += 20
     held = await limiter.reserve(KEY, "family-a-5.5", 200)  # still in flight
     clock.now += 10
@@ -37,7 +38,8 @@ async def test_reports_use_and_resets_without_counting_anything(store, clock):  
     assert now[("daily_requests", "")][:2] == (50, 2) and 0 < now[("daily_requests", "")][2] <= 86_400
     assert now[("requests_per_minute", "family-a-5.4")] == (3, 1, 30.0)
     assert by_name(await limiter.standing(KEY)) == now  # reading twice counts nothing
-    await limiter.settle(held, 10)
+    limiter.settle(held, 10)
+    await limiter.settled()
     clock.now += 61
     later = by_name(await limiter.standing(KEY))
     assert later[("requests_per_minute", "")] == (10, 0, 0.0) and later[("concurrent_requests", "")] == (4, 0, 0.0)

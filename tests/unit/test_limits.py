@@ -211,7 +211,7 @@ def test_limiter_scopes_take_key_values_over_defaults_and_add_per_model_limits()
 
 async def test_settle_completes_in_a_task_cancelled_again_while_settling(store):
     """The exit path of a request whose caller went away: settling must finish even if the task is cancelled once
-    more meanwhile (the Redis store settles in a shielded task, the in-process one at once)."""
+    more meanwhile (the Redis store settles in a task the Limiter holds, the in-process one at once)."""
     limiter = Limiter(store, LimitSettings())
     key = ApiKey(id="k1", name="n", all_models=True, models=frozenset(), limits=KeyLimits(concurrent_requests=1))
     admitted = asyncio.Event()
@@ -222,7 +222,7 @@ async def test_settle_completes_in_a_task_cancelled_again_while_settling(store):
             admitted.set()
             await asyncio.sleep(3600)
         finally:
-            await limiter.settle(reservation, 5)
+            limiter.settle(reservation, 5)
 
     task = asyncio.ensure_future(request())
     await admitted.wait()

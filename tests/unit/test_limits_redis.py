@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 import shutil
 import socket
 import subprocess
@@ -122,7 +123,7 @@ async def test_policy_when_redis_is_unreachable():
     opened = Limiter(RedisLimitStore(url, timeout_seconds=0.2), LimitSettings(on_store_error="open"))
     admitted = await opened.reserve(key, "m", 10)
     assert not admitted.held and rate_limit_headers(admitted) == ()
-    await opened.settle(admitted, 5)  # nothing to settle, and no error
+    opened.settle(admitted, 5)  # nothing to settle, and no error
     await closed.close()
     await opened.close()
 
@@ -255,3 +256,27 @@ async def test_a_busy_event_loop_is_not_mistaken_for_a_stalled_redis(redis_serve
             assert await call == b"late"
     finally:
         await pipe.close()
+
+
+async def test_a_drain_gives_a_settlement_redis_missed_its_last_try(tmp_path, prefix, monkeypatch):
+    """A settlement waiting to be retried is not dropped, nor waited for, by a stopping server: it is tried at once."""
+    monkeypatch.setattr("server.limits.admission._FIRST_RETRY_SECONDS", 60.0)  # longer than any drain
+    server = start_redis(tmp_path)
+    key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(daily_tokens=1000))
+    limiter = Limiter(RedisLimitStore(server.url, prefix=prefix, timeout_seconds=0.2), LimitSettings())
+    try:
+        reservation = await limiter.reserve(key, "m", 100)
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            limiter.settle(reservation, 30)
+            await asyncio.sleep(1.0)  # its first try timed out: the next is a minute away
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        started = time.monotonic()
+        await limiter.close()
+        assert time.monotonic() - started < 2.0
+        fresh = RedisLimitStore(server.url, prefix=prefix)
+        assert (await fresh.counts("k")).day_tokens == 30
+        await fresh.close()
+    finally:
+        server.stop()
