@@ -4,6 +4,8 @@ such a read could miss it)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import grpc
 import pytest
 
@@ -18,7 +20,7 @@ class _Telemetry:
         self.finished: list[int] = []
 
     def begin(self, method, endpoint, metadata):
-        return object()
+        return SimpleNamespace(cache=None, answered=False)  # a RequestRecord's fields the interceptor reads
 
     def finish(self, record, outcome) -> None:
         self.finished.append(outcome.status)
