@@ -239,3 +239,43 @@ def test_images_on_each_provider(oai, model):
     assert b64.data[0].b64_json
     linked = oai.images.generate(model=model, prompt="a lighthouse", size="256x256", response_format="url")
     assert httpx.get(linked.data[0].url, timeout=60).content.startswith(b"\x89PNG")
+
+
+def _openai_chunk(delta: dict, finish_reason: str | None = None, **extra) -> bytes:
+    return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra})
+
+
+def _calls(*calls: dict) -> bytes:
+    return _openai_chunk({"tool_calls": list(calls)})
+
+
+def test_the_anthropic_sdk_reads_interleaved_parallel_calls_from_an_openai_upstream(claude, double):
+    start = [{"index": i, "id": f"call_{i}", "type": "function", "function": {"name": "weather", "arguments": ""}}
+             for i in (0, 1)]
+    pieces = [(0, '{"city":'), (1, '{"city":'), (0, '"Oslo"}'), (1, '"Rome"}')]
+    frames = [_calls(*start), *[_calls({"index": i, "function": {"arguments": a}}) for i, a in pieces],
+              _openai_chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                 "role": "assistant", "content": None, "tool_calls": [
+                     {**call, "function": {"name": "weather", "arguments": f'{{"city":"{city}"}}'}}
+                     for call, city in zip(start, ("Oslo", "Rome"))]}}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}}
+    double.cue(Cue(frames=frames), Cue(body=whole))
+    tools = [{"name": "weather", "input_schema": WEATHER}]
+    asked = {"model": "messages-echo", "max_tokens": 50, "tools": tools,
+             "messages": [{"role": "user", "content": "Oslo and Rome"}]}
+    with claude.messages.stream(**asked) as stream:
+        # The raw order, and each block's input as the SDK's accumulator holds it when the block stops.
+        raw = [(e.type, e.index, dict(e.content_block.input) if e.type == "content_block_stop" else None)
+               for e in stream if e.type.startswith("content_block")]
+        final = stream.get_final_message()
+    assert raw == [("content_block_start", 0, None), ("content_block_delta", 0, None),
+                   ("content_block_delta", 0, None), ("content_block_stop", 0, {"city": "Oslo"}),
+                   ("content_block_start", 1, None), ("content_block_delta", 1, None),
+                   ("content_block_delta", 1, None), ("content_block_stop", 1, {"city": "Rome"})]
+    expected = [("call_0", {"city": "Oslo"}), ("call_1", {"city": "Rome"})]
+    assert [(b.id, b.input) for b in final.content] == expected and final.stop_reason == "tool_use"
+    message = claude.messages.create(**asked)  # the whole answer: every call, its arguments whole
+    assert [(b.id, b.input) for b in message.content] == expected

@@ -1,0 +1,128 @@
+"""What a caller gets from an upstream of the other dialect, beyond text: parallel tool calls whose argument pieces
+interleave, refusals, prompt-cache counts, and a tool's error sent back."""
+
+from __future__ import annotations
+
+from server.domain import Completion, FinishReason, Finished, ResponseHeader, TextDelta, Usage
+from server.translate import internal_to_anthropic as to_anthropic
+from server.translate import internal_to_openai as to_openai
+from server.translate.anthropic_events_to_internal import message_events
+from server.translate.anthropic_to_internal import message_request
+from server.translate.internal_to_openai_request import openai_body
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
+from tests.helpers import message_body as message_pb
+
+MESSAGE = ResponseHeader(id="msg_9", created=1700000000, model="family-b-opus-4-8")
+CHAT = ResponseHeader(id="chatcmpl-9", created=1700000000, model="family-a-5.5")
+
+
+def calls_chunk(*calls: dict) -> dict:
+    return {"choices": [{"index": 0, "delta": {"tool_calls": list(calls)}}]}
+
+
+def call_start(index: int, call_id: str, name: str) -> dict:
+    return {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+
+
+def piece(index: int, arguments: str) -> dict:
+    return {"index": index, "function": {"arguments": arguments}}
+
+
+FINISH = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+# Both calls start, then their argument pieces alternate: legal OpenAI chunking.
+INTERLEAVED = [
+    calls_chunk(call_start(0, "call_a", "weather"), call_start(1, "call_b", "clock")),
+    calls_chunk(piece(0, '{"city":')), calls_chunk(piece(1, '{"zone":')),
+    calls_chunk(piece(0, '"Oslo"}')), calls_chunk(piece(1, '"CET"}')),
+    FINISH,
+]
+# One call after the other.
+SEQUENTIAL = [
+    {"choices": [{"index": 0, "delta": {"content": "On it."}}]},
+    calls_chunk(call_start(0, "call_a", "weather")),
+    calls_chunk(piece(0, '{"city":')), calls_chunk(piece(0, '"Oslo"}')),
+    calls_chunk(call_start(1, "call_b", "clock")), calls_chunk(piece(1, '{"zone":"CET"}')),
+    FINISH,
+]
+
+
+def brief(event: dict) -> tuple:
+    """An Anthropic stream event, short: its type, block index and what it carries."""
+    kind, index = event["type"], event.get("index")
+    if kind == "content_block_start":
+        return "start", index, event["content_block"].get("id", event["content_block"]["type"])
+    if kind == "content_block_delta":
+        delta = event["delta"]
+        return "delta", index, delta.get("partial_json", delta.get("text"))
+    if kind == "content_block_stop":
+        return "stop", index
+    if kind == "message_delta":
+        return "message_delta", event["delta"]["stop_reason"], event["usage"]
+    return (kind,)
+
+
+async def reframed(chunks: list[dict]) -> list:
+    """The chunks read and re-framed as Anthropic events, with each chunk ("in", n) logged before what it made."""
+    reader = OpenAIChunkReader(prompt_estimate=1)
+    log: list = []
+
+    async def events():
+        for number, chunk in enumerate(chunks):
+            log.append(("in", number))
+            for event in reader.feed(chunk):
+                yield event
+        yield reader.end()
+
+    async for event in to_anthropic.message_events(MESSAGE, events()):
+        log.append(brief(event))
+    return log
+
+
+def well_formed(log: list) -> bool:
+    """One block open at a time, blocks numbered in order, and no delta for a block that is not the open one."""
+    open_block, started = None, 0
+    for entry in log:
+        if entry[0] == "start":
+            if open_block is not None or entry[1] != started:
+                return False
+            open_block, started = entry[1], started + 1
+        elif entry[0] in ("delta", "stop") and entry[1] != open_block:
+            return False
+        elif entry[0] == "stop":
+            open_block = None
+    return open_block is None
+
+
+async def test_interleaved_tool_calls_leave_one_block_after_the_other():
+    log = await reframed(INTERLEAVED)
+    assert [entry for entry in log if entry[0] != "in"][1:-2] == [
+        ("start", 0, "call_a"), ("ping",), ("delta", 0, '{"city":'), ("delta", 0, '"Oslo"}'), ("stop", 0),
+        ("start", 1, "call_b"), ("delta", 1, '{"zone":'), ("delta", 1, '"CET"}'), ("stop", 1),
+    ]
+    assert well_formed(log)
+    # The second call leaves as soon as the first one's arguments are whole, not at the end.
+    assert log.index(("start", 1, "call_b")) < log.index(("in", 4))
+    # Calls one after the other are streamed as they arrive, as before: nothing is held.
+    log = await reframed(SEQUENTIAL)
+    assert well_formed(log)
+    assert log[log.index(("in", 4)):][:3] == [("in", 4), ("stop", 1), ("start", 2, "call_b")]
+    assert log[log.index(("in", 5)):][:2] == [("in", 5), ("delta", 2, '{"zone":"CET"}')]
+
+
+async def test_a_call_held_behind_one_that_never_completes_leaves_whole_at_the_end():
+    broken = [*INTERLEAVED[:3], calls_chunk(piece(0, '"Oslo"')), calls_chunk(piece(1, '"CET"}')), FINISH]
+    log = await reframed(broken)
+    assert well_formed(log)
+    assert log[log.index(("in", 5)):][:5] == [
+        ("in", 5), ("stop", 0), ("start", 1, "call_b"), ("delta", 1, '{"zone":"CET"}'), ("stop", 1)]
+
+
+async def test_text_that_arrives_in_the_middle_of_a_call_follows_it():
+    text = {"choices": [{"index": 0, "delta": {"content": "Also"}}]}
+    chunks = [calls_chunk(call_start(0, "call_a", "weather"), piece(0, '{"city":')), text, text,
+              calls_chunk(piece(0, '"Oslo"}')), FINISH]
+    log = await reframed(chunks)
+    assert well_formed(log)
+    assert [entry for entry in log if entry[0] != "in"][1:-2] == [
+        ("start", 0, "call_a"), ("ping",), ("delta", 0, '{"city":'), ("delta", 0, '"Oslo"}'), ("stop", 0),
+        ("start", 1, "text"), ("delta", 1, "AlsoAlso"), ("stop", 1)]
