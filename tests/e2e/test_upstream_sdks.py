@@ -279,3 +279,29 @@ def test_the_anthropic_sdk_reads_interleaved_parallel_calls_from_an_openai_upstr
     assert [(b.id, b.input) for b in final.content] == expected and final.stop_reason == "tool_use"
     message = claude.messages.create(**asked)  # the whole answer: every call, its arguments whole
     assert [(b.id, b.input) for b in message.content] == expected
+
+
+def test_an_openai_upstreams_refusal_reaches_an_anthropic_caller(claude, oai, double):
+    said = "I can't help with that."
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+             "choices": [{"index": 0, "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": None, "refusal": said}}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}}
+    frames = [_openai_chunk({"role": "assistant", "content": None, "refusal": ""}),
+              _openai_chunk({"refusal": "I can't "}), _openai_chunk({"refusal": "help with that."}),
+              _openai_chunk({}, "stop"), b"data: [DONE]\n\n"]
+    double.cue(Cue(body=whole), Cue(frames=frames), Cue(body=whole))
+    asked = {"model": "messages-echo", "max_tokens": 50, "messages": [{"role": "user", "content": "Do it."}]}
+    message = claude.messages.create(**asked)
+    assert ([b.text for b in message.content], message.stop_reason) == ([said], "refusal")
+    with claude.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    assert ([b.text for b in final.content], final.stop_reason) == ([said], "refusal")
+    completion = oai.chat.completions.create(model="chat-echo", messages=asked["messages"])
+    assert (completion.choices[0].message.refusal, completion.choices[0].finish_reason) == (said, "stop")
+    # An Anthropic upstream's refusal, for an OpenAI caller:
+    double.cue(Cue(body={"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+                         "content": [{"type": "text", "text": "No."}], "stop_reason": "refusal",
+                         "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}))
+    completion = oai.chat.completions.create(model="chat-anthropic", messages=asked["messages"])
+    assert (completion.choices[0].message.content, completion.choices[0].finish_reason) == ("No.", "content_filter")

@@ -126,3 +126,32 @@ async def test_text_that_arrives_in_the_middle_of_a_call_follows_it():
     assert [entry for entry in log if entry[0] != "in"][1:-2] == [
         ("start", 0, "call_a"), ("ping",), ("delta", 0, '{"city":'), ("delta", 0, '"Oslo"}'), ("stop", 0),
         ("start", 1, "text"), ("delta", 1, "AlsoAlso"), ("stop", 1)]
+
+
+REFUSED = {"choices": [{"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": None, "refusal": "I can't help with that."}}],
+           "usage": {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}}
+
+
+def test_an_openai_refusal_is_text_and_stop_reason_refusal_for_an_anthropic_caller():
+    events = completion_events(REFUSED, prompt_estimate=1)
+    assert events == [TextDelta("I can't help with that."), Finished(FinishReason.REFUSAL, Usage(9, 6))]
+    text, finished = events
+    message = to_anthropic.message(MESSAGE, Completion(text.text, finished))
+    assert (message["content"], message["stop_reason"]) == (
+        [{"type": "text", "text": "I can't help with that."}], "refusal")
+    # And back: Anthropic's `refusal` is OpenAI's content_filter, with what the model said.
+    refused = {"type": "message", "content": [{"type": "text", "text": "I won't."}], "stop_reason": "refusal",
+               "usage": {"input_tokens": 5, "output_tokens": 3}}
+    choice = to_openai.chat_completion(CHAT, Completion("I won't.", message_events(refused)[-1]))["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("content_filter", "I won't.")
+
+
+async def test_a_streamed_openai_refusal_is_text_deltas_and_stop_reason_refusal():
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "refusal": ""}}]},
+              {"choices": [{"index": 0, "delta": {"refusal": "I can't "}}]},
+              {"choices": [{"index": 0, "delta": {"refusal": "help with that."}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    log = [entry for entry in await reframed(chunks) if entry[0] != "in"]
+    assert log[1:-1] == [("start", 0, "text"), ("ping",), ("delta", 0, "I can't "), ("delta", 0, "help with that."),
+                         ("stop", 0), ("message_delta", "refusal", {"input_tokens": 1, "output_tokens": 2})]
