@@ -28,7 +28,12 @@ STOP_REASONS = {
 
 
 def usage_object(usage: Usage) -> dict:
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+    """Anthropic's split of the prompt: `input_tokens` are the ones not read from a prompt cache."""
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    if not cached:
+        return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+    return {"input_tokens": usage.input_tokens - cached, "cache_read_input_tokens": cached,
+            "output_tokens": usage.output_tokens}
 
 
 def tool_input(call: ToolCall) -> dict:

@@ -305,3 +305,38 @@ def test_an_openai_upstreams_refusal_reaches_an_anthropic_caller(claude, oai, do
                          "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}))
     completion = oai.chat.completions.create(model="chat-anthropic", messages=asked["messages"])
     assert (completion.choices[0].message.content, completion.choices[0].finish_reason) == ("No.", "content_filter")
+
+
+def test_prompt_cache_counts_cross_dialects(claude, oai, double):
+    usage = {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
+             "output_tokens": 1}
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": usage}
+    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+               "usage": {"output_tokens": 1}},
+              {"type": "message_stop"}]
+    double.cue(Cue(body=message), Cue(frames=[sse(e, e["type"]) for e in events]))
+    hello = [{"role": "user", "content": "Hi"}]
+    completion = oai.chat.completions.create(model="chat-anthropic", messages=hello)
+    assert (completion.usage.prompt_tokens, completion.usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
+    chunks = list(oai.chat.completions.create(model="chat-anthropic", messages=hello, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
+
+    openai_usage = {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201,
+                    "prompt_tokens_details": {"cached_tokens": 1024}}
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up", "usage": openai_usage,
+             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]}
+    frames = [_openai_chunk({"role": "assistant", "content": "Hi"}), _openai_chunk({}, "stop"),
+              sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                   "choices": [], "usage": openai_usage}), b"data: [DONE]\n\n"]
+    double.cue(Cue(body=whole), Cue(frames=frames))
+    answer = claude.messages.create(model="messages-echo", max_tokens=5, messages=hello)
+    assert (answer.usage.input_tokens, answer.usage.cache_read_input_tokens) == (176, 1024)
+    with claude.messages.stream(model="messages-echo", max_tokens=5, messages=hello) as stream:
+        final = stream.get_final_message()
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (176, 1024)

@@ -155,3 +155,36 @@ async def test_a_streamed_openai_refusal_is_text_deltas_and_stop_reason_refusal(
     log = [entry for entry in await reframed(chunks) if entry[0] != "in"]
     assert log[1:-1] == [("start", 0, "text"), ("ping",), ("delta", 0, "I can't "), ("delta", 0, "help with that."),
                          ("stop", 0), ("message_delta", "refusal", {"input_tokens": 1, "output_tokens": 2})]
+
+
+ANTHROPIC_CACHED = {"type": "message", "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                    "usage": {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
+                              "output_tokens": 7}}
+OPENAI_CACHED = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                 "usage": {"prompt_tokens": 1200, "completion_tokens": 5, "total_tokens": 1205,
+                           "prompt_tokens_details": {"cached_tokens": 1024}}}
+
+
+async def _replay(events):
+    for event in events:
+        yield event
+
+
+async def test_anthropic_cache_reads_reach_an_openai_caller_as_cached_tokens():
+    finished = message_events(ANTHROPIC_CACHED)[-1]
+    usage = {"prompt_tokens": 2110, "completion_tokens": 7, "total_tokens": 2117,
+             "prompt_tokens_details": {"cached_tokens": 2000}}  # cache writes are prompt tokens, not cached ones
+    assert to_openai.chat_completion(CHAT, Completion("hi", finished))["usage"] == usage
+    chunks = [c async for c in to_openai.chat_chunks(CHAT, _replay([finished]), include_usage=True)]
+    assert chunks[-1]["usage"] == usage
+
+
+async def test_openai_cached_tokens_reach_an_anthropic_caller_as_cache_reads():
+    events = completion_events(OPENAI_CACHED, prompt_estimate=1)
+    usage = {"input_tokens": 176, "cache_read_input_tokens": 1024, "output_tokens": 5}  # 176 + 1024 = the prompt
+    assert to_anthropic.message(MESSAGE, Completion("hi", events[-1]))["usage"] == usage
+    streamed = [e async for e in to_anthropic.message_events(MESSAGE, _replay(events))]
+    assert streamed[-2]["usage"] == usage
+    no_cache = Completion("hi", Finished(FinishReason.END_TURN, Usage(4, 2)))
+    assert to_anthropic.message(MESSAGE, no_cache)["usage"] == {"input_tokens": 4, "output_tokens": 2}
+    assert "prompt_tokens_details" not in to_openai.chat_completion(CHAT, no_cache)["usage"]
