@@ -340,3 +340,13 @@ def test_prompt_cache_counts_cross_dialects(claude, oai, double):
     with claude.messages.stream(model="messages-echo", max_tokens=5, messages=hello) as stream:
         final = stream.get_final_message()
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (176, 1024)
+
+
+def test_a_tool_error_reaches_an_openai_upstream_marked(claude, double):
+    claude.messages.create(model="messages-echo", max_tokens=5, messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                      "content": "city not found"}]}])
+    (tool,) = [m for m in double.seen[-1].body["messages"] if m["role"] == "tool"]
+    assert tool == {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: city not found"}

@@ -188,3 +188,18 @@ async def test_openai_cached_tokens_reach_an_anthropic_caller_as_cache_reads():
     no_cache = Completion("hi", Finished(FinishReason.END_TURN, Usage(4, 2)))
     assert to_anthropic.message(MESSAGE, no_cache)["usage"] == {"input_tokens": 4, "output_tokens": 2}
     assert "prompt_tokens_details" not in to_openai.chat_completion(CHAT, no_cache)["usage"]
+
+
+def test_a_tool_error_reaches_an_openai_upstream_marked():
+    request = message_pb(messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {}},
+                                          {"type": "tool_use", "id": "t2", "name": "weather", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": "city not found"},
+            {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "4 C"}]}]}])
+    body = openai_body(message_request(request).generation, model="gpt-up")
+    assert [m for m in body["messages"] if m["role"] == "tool"] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "Error: city not found"},
+        {"role": "tool", "tool_call_id": "t2", "content": "4 C"}]
+

@@ -97,7 +97,7 @@ def test_a_messages_request_for_an_openai_upstream():
             {"role": "assistant", "content": "Checking.", "tool_calls": [
                 {"id": "toolu_1", "type": "function",
                  "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
-            {"role": "tool", "tool_call_id": "toolu_1", "content": "no data"},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: no data"},  # is_error
             {"role": "user", "content": "Try Paris."},
         ],
         "temperature": 0.2, "stop": ["END"],  # top_k has no OpenAI field
