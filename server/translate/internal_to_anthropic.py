@@ -10,6 +10,7 @@ answers are rendered from the internal events.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 from server import wire_json
 from server.domain import (
@@ -27,7 +28,12 @@ STOP_REASONS = {
 
 
 def usage_object(usage: Usage) -> dict:
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+    """Anthropic's split of the prompt: `input_tokens` are the ones not read from a prompt cache."""
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    if not cached:
+        return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+    return {"input_tokens": usage.input_tokens - cached, "cache_read_input_tokens": cached,
+            "output_tokens": usage.output_tokens}
 
 
 def tool_input(call: ToolCall) -> dict:
@@ -105,33 +111,48 @@ def _owned_event(header: ResponseHeader, event: Mapping[str, Json]) -> dict:
     return dict(event)
 
 
+_TEXT = -1  # the stream key of text; a tool call's is its index (0, 1, ...)
+_TEXT_BLOCK = {"type": "text", "text": ""}
+
+
+@dataclass(slots=True)
+class _Block:
+    key: int  # _TEXT or the tool call's index
+    start: dict  # its content_block_start's block
+    pieces: list[str]  # held: the pieces not sent yet; an open call: its arguments so far
+    index: int = -1  # its block index, once started
+
+
 class _Blocks:
-    """Content blocks are opened as their first event arrives (text, or one block per tool call) and closed when
-    the next one opens, since the SDK expects one open block at a time."""
+    """Content blocks, opened as their first event arrives (text, or one block per tool call). The Messages
+    protocol has one block open at a time and takes no deltas for a block after its content_block_stop, while an
+    OpenAI-compatible upstream may interleave the argument pieces of parallel tool calls. So a block is closed
+    only when it is done: text at any time (more text opens another block), a tool call once its arguments are a
+    whole JSON value. What arrives for another block while an unfinished call is open is held, and leaves (start,
+    pieces so far) as soon as that call is whole, or when the answer ends. Streams that do not interleave are
+    never held."""
 
     def __init__(self) -> None:
         self._next = 0  # index of the next block
-        self._open: int | None = None  # index of the open block
-        self._text_open = False
-        self._tool_blocks: dict[int, int] = {}  # tool call index -> block index
+        self._open: _Block | None = None
+        self._held: dict[int, _Block] = {}  # by stream key, in order of arrival
 
     def feed(self, event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
-            out = [] if self._text_open else self._start({"type": "text", "text": ""}, text=True)
-            delta = {"type": "text_delta", "text": event.text}
-            return [*out, {"type": "content_block_delta", "index": self._open, "delta": delta}]
+            return self._arrived(_TEXT, _TEXT_BLOCK, event.text)
         if isinstance(event, ToolCallStart):
-            out = self._start({"type": "tool_use", "id": event.id, "name": event.name, "input": {}}, text=False)
-            self._tool_blocks[event.index] = self._open
-            return out
-        if isinstance(event, ToolCallDelta) and event.index in self._tool_blocks:
-            delta = {"type": "input_json_delta", "partial_json": event.arguments}
-            return [{"type": "content_block_delta", "index": self._tool_blocks[event.index], "delta": delta}]
+            return self._arrived(event.index, {"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
+        if isinstance(event, ToolCallDelta):
+            return self._arrived(event.index, None, event.arguments)
         if isinstance(event, Finished):
-            out = self._start({"type": "text", "text": ""}, text=True) if self._next == 0 else []
+            out = self._close()
+            for block in self._held.values():
+                out += [*self._started(block), *self._close()]
+            self._held.clear()
+            if self._next == 0:  # Anthropic never answers without a block: an empty text one
+                out += [*self._started(_Block(_TEXT, _TEXT_BLOCK, [])), *self._close()]
             return [
                 *out,
-                *self._stop(),
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": STOP_REASONS[event.reason], "stop_sequence": event.stop_sequence},
@@ -142,17 +163,68 @@ class _Blocks:
             ]
         return []
 
-    def _start(self, block: dict, *, text: bool) -> list[dict]:
-        out = self._stop()
-        self._open, self._text_open = self._next, text
-        out.append({"type": "content_block_start", "index": self._next, "content_block": block})
-        if self._next == 0:
-            out.append({"type": "ping"})  # where Anthropic sends it: after the first block starts
-        self._next += 1
+    def _arrived(self, key: int, start: dict | None, piece: str = "") -> list[dict]:
+        """A block's start (`start`, with a first piece for text) or a tool call's next piece (`start` None)."""
+        block = self._open
+        if block is not None and block.key == key:
+            if not piece:
+                return []
+            if key != _TEXT:  # a call's arguments so far, to tell when they are whole
+                block.pieces.append(piece)
+            return [self._delta(block, piece), *self._released()]
+        if key in self._held:
+            self._held[key].pieces.append(piece)
+            return []
+        if start is None:  # a piece of a call that was never started, or is closed: no block can take it
+            return []
+        block = _Block(key, start, [piece] if piece else [])
+        if not self._closable():
+            self._held[key] = block
+            return []
+        return [*self._close(), *self._started(block)]
+
+    def _released(self) -> list[dict]:
+        """The held blocks that can leave now that the open one may be done, each one after the other."""
+        out: list[dict] = []
+        while self._held and self._closable():
+            key = next(iter(self._held))
+            out += [*self._close(), *self._started(self._held.pop(key))]
         return out
 
-    def _stop(self) -> list[dict]:
+    def _closable(self) -> bool:
+        block = self._open
+        return block is None or block.key == _TEXT or _whole_json("".join(block.pieces))
+
+    def _started(self, block: _Block) -> list[dict]:
+        """Opens `block` (the open one must be closed) with its pieces so far, as one delta."""
+        block.index, self._open = self._next, block
+        self._next += 1
+        out = [{"type": "content_block_start", "index": block.index, "content_block": block.start}]
+        if block.index == 0:
+            out.append({"type": "ping"})  # where Anthropic sends it: after the first block starts
+        if block.pieces:
+            out.append(self._delta(block, "".join(block.pieces)))
+        return out
+
+    def _close(self) -> list[dict]:
         if self._open is None:
             return []
-        index, self._open, self._text_open = self._open, None, False
+        index, self._open = self._open.index, None
         return [{"type": "content_block_stop", "index": index}]
+
+    @staticmethod
+    def _delta(block: _Block, piece: str) -> dict:
+        if block.key == _TEXT:
+            delta = {"type": "text_delta", "text": piece}
+        else:
+            delta = {"type": "input_json_delta", "partial_json": piece}
+        return {"type": "content_block_delta", "index": block.index, "delta": delta}
+
+
+def _whole_json(text: str) -> bool:
+    """Whether a call's arguments so far are a whole JSON value (so no more pieces can follow)."""
+    try:
+        wire_json.loads(text)
+    except wire_json.JSONDecodeError:
+        return False
+    return True

@@ -26,11 +26,14 @@ FINISH_REASONS = {
 
 
 def usage_object(usage: Usage) -> dict:
-    return {
+    out = {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cached_input_tokens:  # read from a prompt cache (Anthropic's cache_read_input_tokens), part of the prompt
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cached_input_tokens}
+    return out
 
 
 def _owned(header: ResponseHeader) -> dict:

@@ -57,10 +57,16 @@ def _built(request: GenerationRequest) -> dict:
     return body
 
 
+TOOL_ERROR_MARKER = "Error: "  # before a failed tool's result: OpenAI's tool messages have no is_error flag
+
+
 def _messages(turn: Turn) -> list[dict]:
     """One turn -> OpenAI messages: tool results become `tool` messages (first, since they answer the calls of
     the turn before), then the text."""
-    out: list[dict] = [{"role": "tool", "tool_call_id": r.call_id, "content": r.text} for r in turn.tool_results]
+    out: list[dict] = [
+        {"role": "tool", "tool_call_id": r.call_id, "content": TOOL_ERROR_MARKER + r.text if r.is_error else r.text}
+        for r in turn.tool_results
+    ]
     if turn.role is Role.ASSISTANT:
         message: dict = {"role": "assistant", "content": turn.text or None}
         if turn.tool_calls:

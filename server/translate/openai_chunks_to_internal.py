@@ -35,6 +35,7 @@ class OpenAIChunkReader:
         self._finish: FinishReason | None = None
         self._stop_sequence: str | None = None
         self._usage: Usage | None = None
+        self._refused = False  # the model refused (OpenAI's `refusal`), whatever the finish reason says
 
     def feed(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
         if isinstance(usage := chunk.get("usage"), Mapping):
@@ -49,6 +50,11 @@ class OpenAIChunkReader:
             if text := delta.get("content"):
                 events.append(TextDelta(text))
                 self._deltas += 1
+            if isinstance(refusal := delta.get("refusal"), str) and refusal:
+                # What the model said instead of answering: text to a caller of another dialect.
+                events.append(TextDelta(refusal))
+                self._deltas += 1
+                self._refused = True
             for call in delta.get("tool_calls") or ():
                 events += self._tool_call(call)
             if reason := choice.get("finish_reason"):
@@ -76,7 +82,9 @@ class OpenAIChunkReader:
         if self._finish is None:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
-        return Finished(self._finish, usage, self._stop_sequence)
+        # OpenAI ends a refusal with "stop": Anthropic's callers are told `refusal`, as their upstreams would say.
+        reason = FinishReason.REFUSAL if self._refused and self._finish is FinishReason.END_TURN else self._finish
+        return Finished(reason, usage, self._stop_sequence)
 
 
 def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,

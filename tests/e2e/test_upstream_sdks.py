@@ -239,3 +239,114 @@ def test_images_on_each_provider(oai, model):
     assert b64.data[0].b64_json
     linked = oai.images.generate(model=model, prompt="a lighthouse", size="256x256", response_format="url")
     assert httpx.get(linked.data[0].url, timeout=60).content.startswith(b"\x89PNG")
+
+
+def _openai_chunk(delta: dict, finish_reason: str | None = None, **extra) -> bytes:
+    return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra})
+
+
+def _calls(*calls: dict) -> bytes:
+    return _openai_chunk({"tool_calls": list(calls)})
+
+
+def test_the_anthropic_sdk_reads_interleaved_parallel_calls_from_an_openai_upstream(claude, double):
+    start = [{"index": i, "id": f"call_{i}", "type": "function", "function": {"name": "weather", "arguments": ""}}
+             for i in (0, 1)]
+    pieces = [(0, '{"city":'), (1, '{"city":'), (0, '"Oslo"}'), (1, '"Rome"}')]
+    frames = [_calls(*start), *[_calls({"index": i, "function": {"arguments": a}}) for i, a in pieces],
+              _openai_chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                 "role": "assistant", "content": None, "tool_calls": [
+                     {**call, "function": {"name": "weather", "arguments": f'{{"city":"{city}"}}'}}
+                     for call, city in zip(start, ("Oslo", "Rome"))]}}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}}
+    double.cue(Cue(frames=frames), Cue(body=whole))
+    tools = [{"name": "weather", "input_schema": WEATHER}]
+    asked = {"model": "messages-echo", "max_tokens": 50, "tools": tools,
+             "messages": [{"role": "user", "content": "Oslo and Rome"}]}
+    with claude.messages.stream(**asked) as stream:
+        # The raw order, and each block's input as the SDK's accumulator holds it when the block stops.
+        raw = [(e.type, e.index, dict(e.content_block.input) if e.type == "content_block_stop" else None)
+               for e in stream if e.type.startswith("content_block")]
+        final = stream.get_final_message()
+    assert raw == [("content_block_start", 0, None), ("content_block_delta", 0, None),
+                   ("content_block_delta", 0, None), ("content_block_stop", 0, {"city": "Oslo"}),
+                   ("content_block_start", 1, None), ("content_block_delta", 1, None),
+                   ("content_block_delta", 1, None), ("content_block_stop", 1, {"city": "Rome"})]
+    expected = [("call_0", {"city": "Oslo"}), ("call_1", {"city": "Rome"})]
+    assert [(b.id, b.input) for b in final.content] == expected and final.stop_reason == "tool_use"
+    message = claude.messages.create(**asked)  # the whole answer: every call, its arguments whole
+    assert [(b.id, b.input) for b in message.content] == expected
+
+
+def test_an_openai_upstreams_refusal_reaches_an_anthropic_caller(claude, oai, double):
+    said = "I can't help with that."
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+             "choices": [{"index": 0, "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": None, "refusal": said}}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}}
+    frames = [_openai_chunk({"role": "assistant", "content": None, "refusal": ""}),
+              _openai_chunk({"refusal": "I can't "}), _openai_chunk({"refusal": "help with that."}),
+              _openai_chunk({}, "stop"), b"data: [DONE]\n\n"]
+    double.cue(Cue(body=whole), Cue(frames=frames), Cue(body=whole))
+    asked = {"model": "messages-echo", "max_tokens": 50, "messages": [{"role": "user", "content": "Do it."}]}
+    message = claude.messages.create(**asked)
+    assert ([b.text for b in message.content], message.stop_reason) == ([said], "refusal")
+    with claude.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    assert ([b.text for b in final.content], final.stop_reason) == ([said], "refusal")
+    completion = oai.chat.completions.create(model="chat-echo", messages=asked["messages"])
+    assert (completion.choices[0].message.refusal, completion.choices[0].finish_reason) == (said, "stop")
+    # An Anthropic upstream's refusal, for an OpenAI caller:
+    double.cue(Cue(body={"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+                         "content": [{"type": "text", "text": "No."}], "stop_reason": "refusal",
+                         "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}))
+    completion = oai.chat.completions.create(model="chat-anthropic", messages=asked["messages"])
+    assert (completion.choices[0].message.content, completion.choices[0].finish_reason) == ("No.", "content_filter")
+
+
+def test_prompt_cache_counts_cross_dialects(claude, oai, double):
+    usage = {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
+             "output_tokens": 1}
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": usage}
+    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+               "usage": {"output_tokens": 1}},
+              {"type": "message_stop"}]
+    double.cue(Cue(body=message), Cue(frames=[sse(e, e["type"]) for e in events]))
+    hello = [{"role": "user", "content": "Hi"}]
+    completion = oai.chat.completions.create(model="chat-anthropic", messages=hello)
+    assert (completion.usage.prompt_tokens, completion.usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
+    chunks = list(oai.chat.completions.create(model="chat-anthropic", messages=hello, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
+
+    openai_usage = {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201,
+                    "prompt_tokens_details": {"cached_tokens": 1024}}
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up", "usage": openai_usage,
+             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]}
+    frames = [_openai_chunk({"role": "assistant", "content": "Hi"}), _openai_chunk({}, "stop"),
+              sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                   "choices": [], "usage": openai_usage}), b"data: [DONE]\n\n"]
+    double.cue(Cue(body=whole), Cue(frames=frames))
+    answer = claude.messages.create(model="messages-echo", max_tokens=5, messages=hello)
+    assert (answer.usage.input_tokens, answer.usage.cache_read_input_tokens) == (176, 1024)
+    with claude.messages.stream(model="messages-echo", max_tokens=5, messages=hello) as stream:
+        final = stream.get_final_message()
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (176, 1024)
+
+
+def test_a_tool_error_reaches_an_openai_upstream_marked(claude, double):
+    claude.messages.create(model="messages-echo", max_tokens=5, messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                      "content": "city not found"}]}])
+    (tool,) = [m for m in double.seen[-1].body["messages"] if m["role"] == "tool"]
+    assert tool == {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: city not found"}

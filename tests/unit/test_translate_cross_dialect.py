@@ -97,7 +97,7 @@ def test_a_messages_request_for_an_openai_upstream():
             {"role": "assistant", "content": "Checking.", "tool_calls": [
                 {"id": "toolu_1", "type": "function",
                  "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]},
-            {"role": "tool", "tool_call_id": "toolu_1", "content": "no data"},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: no data"},  # is_error
             {"role": "user", "content": "Try Paris."},
         ],
         "temperature": 0.2, "stop": ["END"],  # top_k has no OpenAI field
@@ -278,7 +278,8 @@ async def test_an_anthropic_tool_stream_reframed_as_chat_chunks():
         f'"function":{{"arguments":"\\"Oslo\\"}}"}}}}]}},{tail}'
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{}},"logprobs":null,'
         '"finish_reason":"tool_calls"}]}\n\n'
-        f'data: {{{head},"usage":{{"prompt_tokens":112,"completion_tokens":30,"total_tokens":142}},"choices":[]}}\n\n'
+        f'data: {{{head},"usage":{{"prompt_tokens":112,"completion_tokens":30,"total_tokens":142,'
+        f'"prompt_tokens_details":{{"cached_tokens":100}}}},"choices":[]}}\n\n'
         "data: [DONE]\n\n"
     )
 
