@@ -2,8 +2,9 @@
 -- on a REST path (refuse_grpc_call).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
--- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape), and
--- so do the replies Envoy makes before it has read a path (see shape_error).
+-- application/json; on /v1/messages (and /v1/models asked with `anthropic-version`) the object also has a top-level
+-- "type": "error" (the Anthropic SDK's shape), and so do the replies Envoy makes before it has read a path (see
+-- shape_error).
 -- Sources of errors, in the order handled below:
 --   1. Envoy's own local replies (bad JSON, unknown URL, oversize body, upstream down or silent), marked by the
 --      local_reply_config in envoy.yaml with a `portico-local-reply` header;
@@ -141,6 +142,11 @@ function envoy_on_request(handle)
   local metadata = handle:streamInfo():dynamicMetadata()
   metadata:set("portico", "request", method .. " " .. path)
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
+  if path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic") then
+    return metadata:set("portico", "anthropic", true)
+  end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
@@ -159,13 +165,14 @@ local function replace_body(buffer, headers, body)
 end
 
 local function shape_error(handle, status)
-  local request = (handle:streamInfo():dynamicMetadata():get("portico") or {}).request
+  local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
+  local request = portico.request
   local path = request and request:match(" (.*)") or ""
   -- No request: Envoy's HTTP codec answered before any filter saw one (HTTP/1.0, headers over the limit or too slow,
   -- a malformed request), so the path is unknown. Such a reply takes the Anthropic shape wherever it was sent: it is
   -- then right on /v1/messages, and OpenAI clients read it as well (they look at "error" only).
   local anthropic = request == nil or path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"]
-    or path:sub(1, 13) == "/v1/messages/"
+    or path:sub(1, 13) == "/v1/messages/" or portico.anthropic
   local buffer = handle:body(true)  -- true: an empty buffer (not nil) when the reply has no body
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()
