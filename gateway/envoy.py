@@ -95,12 +95,24 @@ def render_config(
     parameters = organization_parameters(Path(descriptor_set).read_bytes())
     lua = render_lua(Path(lua_source).read_text("utf-8"), parameters)
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
-    filters[_TRANSCODER_FILTER]["proto_descriptor"] = str(Path(descriptor_set).resolve())
+    for transcoder in _transcoders(hcm):
+        transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
     cluster = config["static_resources"]["clusters"][0]
     cluster["load_assignment"]["endpoints"] = [
         {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}
     ]
     return config
+
+
+def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
+    """The transcoder filter's config and every route's own (envoy.yaml's route for the anthropic SDK's models)."""
+    found = [f["typed_config"] for f in hcm["http_filters"] if f["name"] == _TRANSCODER_FILTER]
+    for host in hcm["route_config"]["virtual_hosts"]:
+        for route in host["routes"]:
+            config = route.get("typed_per_filter_config", {}).get(_TRANSCODER_FILTER, {})
+            if config.get("@type", "").endswith(".GrpcJsonTranscoder"):  # not a `disabled: true` FilterConfig
+                found.append(config)
+    return found
 
 
 def render_lua(source: str, parameters: Parameters) -> str:

@@ -2,8 +2,9 @@
 -- on a REST path (refuse_grpc_call).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
--- application/json; on /v1/messages the object also has a top-level "type": "error" (the Anthropic SDK's shape), and
--- so do the replies Envoy makes before it has read a path (see shape_error).
+-- application/json; on /v1/messages (and /v1/models asked with `anthropic-version`) the object also has a top-level
+-- "type": "error" (the Anthropic SDK's shape), and so do the replies Envoy makes before it has read a path (see
+-- shape_error).
 -- Sources of errors, in the order handled below:
 --   1. Envoy's own local replies (bad JSON, unknown URL, oversize body, upstream down or silent), marked by the
 --      local_reply_config in envoy.yaml with a `portico-local-reply` header;
@@ -209,6 +210,11 @@ function envoy_on_request(handle)
     end
     return headers:replace(":path", path .. "?" .. query)
   end
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
+  if path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic") then
+    metadata:set("portico", "anthropic", true)
+  end
   -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
   -- transcoder binds GET only, so it goes on as GET, and answer_head drops the body.
   if method == "HEAD" then
@@ -240,7 +246,7 @@ local function shape_error(handle, status)
   -- a malformed request), so the path is unknown. Such a reply takes the Anthropic shape wherever it was sent: it is
   -- then right on /v1/messages, and OpenAI clients read it as well (they look at "error" only).
   local anthropic = request == nil or path == "/v1/messages" or path == UNARY_TWINS["/v1/messages"]
-    or path:sub(1, 13) == "/v1/messages/"
+    or path:sub(1, 13) == "/v1/messages/" or portico.anthropic
   local buffer = handle:body(true)  -- true: an empty buffer (not nil) when the reply has no body
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()

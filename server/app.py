@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from portico.v1 import chat_service_pb2_grpc, image_service_pb2_grpc, key_service_pb2_grpc
 from portico.v1 import message_service_pb2_grpc, model_service_pb2_grpc, probe_service_pb2_grpc
-from portico.v1 import usage_service_pb2_grpc
+from portico.v1 import anthropic_model_service_pb2_grpc, usage_service_pb2_grpc
 from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_admin_service_pb2_grpc
 # The services' own descriptors: the *_pb2_grpc modules import only their messages' files, and server reflection
 # can describe only what the default descriptor pool holds (grpcurl describe, Postman).
@@ -49,7 +49,7 @@ from server.services.keys import KeyServicer
 from server.services.limits import LimitServicer
 from server.services.model_admin import ModelAdminServicer
 from server.services.messages import MessageServicer
-from server.services.models import ModelServicer
+from server.services.models import AnthropicModelServicer, ModelServicer
 from server.services.probes import ProbeServicer
 from server.services.usage import UsageServicer
 from server.usage.sqlite_ledger import SqliteLedger
@@ -251,6 +251,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
     )
     message_service_pb2_grpc.add_MessageServiceServicer_to_server(MessageServicer(pipeline), served)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), served)
+    anthropic_model_service_pb2_grpc.add_AnthropicModelServiceServicer_to_server(
+        AnthropicModelServicer(pipeline), served)
     image_store = ImageStore(config.data_dir, base_url=config.base_url)
     image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), served)
     admin = KeyAdmin(store, [entry.id for entry in config.models],

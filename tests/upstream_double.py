@@ -52,6 +52,7 @@ class UpstreamDouble:
             "/v1/chat/completions": echo_chat, "/v1/messages": echo_messages,
         }
         self.files: dict[str, bytes] = {}  # served at /files/<name>, for image links
+        self.file_types: dict[str, str] = {}  # a file's content-type, when not image/png ("": none sent)
         self._cues: collections.deque[Cue] = collections.deque()
         self.default_cue = Cue()  # for requests when no cue is queued
         self._server: uvicorn.Server | None = None
@@ -68,6 +69,7 @@ class UpstreamDouble:
     def reset(self) -> None:
         self._cues.clear()
         self.files.clear()
+        self.file_types.clear()
         self.seen.clear()
         self.gone = 0
 
@@ -118,8 +120,10 @@ class UpstreamDouble:
         if cue.body is None and cue.frames is None and path == "/v1/images/generations":
             cue = Cue(body=echo_images(body, self.files, f"http://127.0.0.1:{self.port}"))
         elif cue.body is None and cue.frames is None and path.startswith("/files/"):
-            data = self.files.get(path.removeprefix("/files/"))
-            headers = [(b"content-type", b"image/png")]
+            name = path.removeprefix("/files/")
+            data = self.files.get(name)
+            content_type = self.file_types.get(name, "image/png")
+            headers = [(b"content-type", content_type.encode())] if content_type else []
             await send({"type": "http.response.start", "status": 200 if data else 404, "headers": headers})
             await send({"type": "http.response.body", "body": data or b""})
             return

@@ -22,6 +22,7 @@ _ENDPOINTS = {
     "MessageService": Endpoint.MESSAGES.value,
     "ImageService": Endpoint.IMAGES.value,
     "ModelService": "/v1/models",
+    "AnthropicModelService": "/v1/models",
     "KeyService": "/v1/admin/keys",
     "UsageService": "/v1/organization/usage/completions",
     "LimitService": "/v1/admin/keys",  # GET /v1/admin/keys/{id}/limits

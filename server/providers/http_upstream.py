@@ -140,8 +140,10 @@ class HttpUpstream:
             raise UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
         return data
 
-    async def fetch(self, url: str, *, model_id: str) -> bytes:
-        """GET a link from an upstream's answer (an image URL), without credentials."""
+    async def fetch(self, url: str, *, model_id: str, media_type: str) -> bytes:
+        """GET a link from an upstream's answer (an image URL: `media_type` "image"), without credentials. An answer
+        whose content-type names another type (an HTML error page, say) is an UpstreamError naming it; one without
+        a content-type is read, for the caller to judge."""
         try:
             link = URL(url)
             if not link.absolute:  # relative to the base URL, as httpx resolved it
@@ -152,6 +154,9 @@ class HttpUpstream:
         try:
             if response.status >= 300:
                 raise UpstreamError(f"Fetching a result of `{model_id}` failed with HTTP {response.status}.")
+            stated = response.content_type  # the media type alone, lower case
+            if "content-type" in response.headers and stated.partition("/")[0] != media_type:
+                raise UpstreamError(f"Fetching a result of `{model_id}` gave {stated[:100]}, not {media_type}/*.")
             try:
                 return await response.read()
             except _TRANSPORT_ERRORS as exc:

@@ -3,7 +3,8 @@
 The caller's request passes through whole, with the upstream's model name, except `response_format`: models
 differ in what they accept there (gpt-image-1 refuses it), so the upstream answers in its own way and both ways
 are read: `b64_json` items are decoded, `url` items fetched (without the upstream key, since such links often
-point at another host). The gateway then answers in the format the caller asked for.
+point at another host). The gateway then answers in the format the caller asked for. Bytes that are not a PNG, JPEG
+or WebP image, and a link whose content-type is not an image's, are the upstream's failure (502), whatever was asked.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import codecs
 
 
 from server.domain import GeneratedImage, ImageFormat, ImageRequest, UpstreamSpec
@@ -34,9 +36,9 @@ class OpenAIImageProvider:
         items = answer.get("data")
         if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
             raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
-        return list(await asyncio.gather(*(self._image(item, request) for item in items)))
+        return list(await asyncio.gather(*(self._image(item) for item in items)))
 
-    async def _image(self, item: dict, request: ImageRequest) -> GeneratedImage:
+    async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):
             try:
                 data = base64.b64decode(item["b64_json"], validate=True)
@@ -44,12 +46,23 @@ class OpenAIImageProvider:
                 raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image that is not base64.") \
                     from None
         elif isinstance(item.get("url"), str):
-            data = await self._upstream.fetch(item["url"], model_id=self._model_id)
+            data = await self._upstream.fetch(item["url"], model_id=self._model_id, media_type="image")
         else:
             raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image with neither data nor link.")
         revised = item.get("revised_prompt")
-        return GeneratedImage(data=data, output_format=_format(data, request.output_format),
+        return GeneratedImage(data=data, output_format=self._format(data),
                               revised_prompt=revised if isinstance(revised, str) else None)
+
+    def _format(self, data: bytes) -> ImageFormat:
+        """What the bytes are (a model may ignore output_format), so the image is served with the right type; bytes
+        that are no image Portico serves are the upstream's failure, never passed on as one."""
+        for signature, found in _SIGNATURES:
+            if data.startswith(signature):
+                return found
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return ImageFormat.WEBP
+        raise UpstreamError(f"The upstream serving `{self._model_id}` sent {_looks_like(data)} where a PNG, JPEG or "
+                            "WebP image belongs.")
 
     async def close(self) -> None:
         await self._upstream.close()
@@ -61,11 +74,17 @@ def _built(request: ImageRequest) -> dict:
             "output_format": request.output_format.value, "quality": request.quality}
 
 
-def _format(data: bytes, asked: ImageFormat) -> ImageFormat:
-    """What the bytes are (a model may ignore output_format), so the image is served with the right type."""
-    for signature, found in _SIGNATURES:
-        if data.startswith(signature):
-            return found
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return ImageFormat.WEBP
-    return asked
+def _looks_like(data: bytes) -> str:
+    """What bytes that are no image seem to be, for the error message: never the bytes themselves."""
+    head = data[:512].lstrip()
+    if not head:
+        return f"{len(data)} bytes of whitespace" if data else "no bytes"
+    if head[:1] == b"<":
+        return f"{len(data)} bytes of HTML or XML"
+    if head[:1] in (b"{", b"["):
+        return f"{len(data)} bytes of JSON"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head)  # not final: a character cut at 512 bytes is no error
+    except UnicodeDecodeError:
+        return f"{len(data)} bytes of unrecognised binary data"
+    return f"{len(data)} bytes of text"

@@ -28,7 +28,8 @@ from server.observability.record import endpoint_of
 from server.services.undecodable import Undecodable, tolerant
 
 _PORTICO_PREFIX = "/portico.v1."
-_ANTHROPIC_PREFIX = "/portico.v1.MessageService/"
+# The services whose REST callers are the anthropic SDK: their errors take its shape.
+_ANTHROPIC_PREFIXES = ("/portico.v1.MessageService/", "/portico.v1.AnthropicModelService/")
 
 
 _logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         if not method.startswith(_PORTICO_PREFIX):
             return handler
-        anthropic = method.startswith(_ANTHROPIC_PREFIX)
+        anthropic = method.startswith(_ANTHROPIC_PREFIXES)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(handler.unary_unary, method, anthropic),

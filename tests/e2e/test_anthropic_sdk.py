@@ -52,3 +52,55 @@ def test_typed_errors(client, gateway):
         client.messages.create(model="family-b-opus-4-7", max_tokens=5, extra_body={"temperature": 1.5},
                                messages=[{"role": "user", "content": "x"}])
     assert caught.value.body["error"]["param"] == "temperature"
+
+
+# Newest first, as Anthropic lists them (ties in the catalog's order).
+NEWEST_FIRST = ["family-b-opus-4-8", "family-a-5.5", "family-b-opus-4-7", "family-a-image-2", "family-b-opus-4-6",
+                "family-b-sonnet-4-6", "family-a-5.4", "family-b-haiku-4-5-20251001"]
+
+
+def test_models_list_pages_in_anthropics_shape(client):
+    page = client.models.list(limit=3)
+    assert [m.id for m in page.data] == NEWEST_FIRST[:3]
+    assert (page.has_more, page.first_id, page.last_id) == (True, NEWEST_FIRST[0], NEWEST_FIRST[2])
+    first = page.data[0]
+    assert (first.type, first.display_name, first.lifecycle) == ("model", "family-b-opus-4-8", "active")
+    assert (first.created_at.year, first.created_at.month, first.created_at.tzinfo is not None) == (2026, 3, True)
+    assert first.model_extra["endpoint"] == "/v1/messages"
+    # The SDK follows last_id as after_id until has_more is false.
+    assert [m.id for m in client.models.list(limit=3)] == NEWEST_FIRST
+    last = client.models.list(limit=3, after_id=NEWEST_FIRST[5])
+    assert ([m.id for m in last.data], last.has_more) == (NEWEST_FIRST[6:], False)
+    before = client.models.list(limit=2, before_id=NEWEST_FIRST[3])
+    assert ([m.id for m in before.data], before.has_more) == (NEWEST_FIRST[1:3], True)
+    empty = client.models.list(after_id=NEWEST_FIRST[-1])
+    assert (empty.data, empty.has_more, empty.first_id, empty.last_id) == ([], False, None, None)
+
+
+def test_models_retrieve_in_anthropics_shape(client):
+    model = client.models.retrieve("family-a-5.5")
+    assert (model.type, model.id, model.display_name) == ("model", "family-a-5.5", "family-a-5.5")
+    assert model.created_at.isoformat() == "2026-01-01T00:00:00+00:00"
+    assert model.model_extra["endpoint"] == "/v1/chat/completions"
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.models.retrieve("family-z")
+    assert caught.value.body["type"] == "error" and caught.value.body["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("query, param", [
+    ({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"limit": "abc"}, "limit"),
+    ({"after_id": "family-z"}, "after_id"), ({"before_id": "family-z"}, "before_id"),
+    ({"after_id": "family-a-5.5", "before_id": "family-a-5.4"}, "before_id"),
+])
+def test_models_paging_errors_in_anthropics_shape(client, query, param):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.models.list(extra_query=query)
+    body = caught.value.body
+    assert (body["type"], body["error"]["type"], body["error"]["param"]) == ("error", "invalid_request_error", param)
+
+
+def test_models_with_a_wrong_key_in_anthropics_shape(gateway):
+    bad = anthropic.Anthropic(base_url=gateway.base_url, api_key="pk-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        bad.models.list()
+    assert caught.value.body["type"] == "error" and caught.value.body["error"]["code"] == "invalid_api_key"

@@ -24,6 +24,10 @@ def test_models_list_every_model_with_its_endpoint(client):
     assert models["family-a-image-2"].model_extra["endpoint"] == "/v1/images/generations"
     assert isinstance(models["family-a-5.5"].created, int)
     assert client.models.retrieve("family-a-5.4").owned_by == "family-a"
+    # OpenAI's shape, whatever the anthropic SDK gets on the same path (it sends anthropic-version).
+    raw = client.models.with_raw_response.list().http_response.json()
+    assert set(raw) == {"object", "data"} and len(raw["data"]) == 8
+    assert set(raw["data"][0]) == {"id", "object", "created", "owned_by", "endpoint"}
 
 
 def test_chat_completion(client):

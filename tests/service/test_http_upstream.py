@@ -209,13 +209,17 @@ async def test_post_json_and_fetch(server, upstream):
     assert await upstream.post_json("images/generations", {"p": 1}, model_id="up") == {
         "data": [{"url": "http://x/a.png"}]}
     server.answers.append(whole(200, b"\x89PNG..."))
-    assert await upstream.fetch(f"http://127.0.0.1:{server.port}/files/a.png", model_id="up") == b"\x89PNG..."
+    assert await upstream.fetch(f"http://127.0.0.1:{server.port}/files/a.png", model_id="up",
+                                media_type="image") == b"\x89PNG..."
     (_, _, sent, _), (method, path, fetched, _) = server.seen
     assert sent["authorization"] == f"Bearer {KEY}"
     assert (method, path) == ("GET", "/files/a.png") and "authorization" not in fetched  # never the key elsewhere
     server.answers.append(whole(302, b"", {"location": "http://elsewhere/"}))
     with pytest.raises(UpstreamError, match="HTTP 302"):  # redirects are not followed
-        await upstream.fetch(f"http://127.0.0.1:{server.port}/files/b.png", model_id="up")
+        await upstream.fetch(f"http://127.0.0.1:{server.port}/files/b.png", model_id="up", media_type="image")
+    server.answers.append(whole(200, b"<html>", {"content-type": "text/html"}))
+    with pytest.raises(UpstreamError, match=r"gave text/html, not image/\*"):  # a login page, say
+        await upstream.fetch(f"http://127.0.0.1:{server.port}/files/c.png", model_id="up", media_type="image")
     server.answers.append(whole(200, b"<html>"))
     with pytest.raises(UpstreamError, match="invalid JSON"):
         await upstream.post_json("images/generations", {}, model_id="up")

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import portico.v1
+from portico.v1 import anthropic_model_pb2, anthropic_model_service_pb2_grpc
 from portico.v1 import key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 from tests.helpers import bearer, chat_request, error_details
 from portico.v1 import chat_service_pb2_grpc
@@ -45,6 +46,30 @@ async def test_list_models_shows_only_granted_models(channel, running):
     assert [m.id for m in models.data] == ["family-b-sonnet-4-6"]
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.GetModel(model_pb2.GetModelRequest(model="family-a-5.5"), metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_anthropic_models_page_only_granted_models(channel, running):
+    granted = ["family-b-sonnet-4-6", "family-b-opus-4-8", "family-a-5.4"]
+    secret = (await running.store.create("three", all_models=False, models=granted))[1]
+    stub = anthropic_model_service_pb2_grpc.AnthropicModelServiceStub(channel)
+    page = await stub.ListAnthropicModels(anthropic_model_pb2.ListAnthropicModelsRequest(limit=2),
+                                          metadata=bearer(secret))
+    assert [m.id for m in page.data] == ["family-b-opus-4-8", "family-b-sonnet-4-6"] and page.has_more
+    assert (page.first_id.string_value, page.last_id.string_value) == ("family-b-opus-4-8", "family-b-sonnet-4-6")
+    rest = await stub.ListAnthropicModels(
+        anthropic_model_pb2.ListAnthropicModelsRequest(limit=2, after_id=page.last_id.string_value),
+        metadata=bearer(secret))
+    assert [m.id for m in rest.data] == ["family-a-5.4"] and not rest.has_more
+    # A model the key was not granted is no cursor, exactly like one that does not exist.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ListAnthropicModels(anthropic_model_pb2.ListAnthropicModelsRequest(after_id="family-a-5.5"),
+                                       metadata=bearer(secret))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(caught.value).error.param == "after_id"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetAnthropicModel(anthropic_model_pb2.GetAnthropicModelRequest(model_id="family-a-5.5"),
+                                     metadata=bearer(secret))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 

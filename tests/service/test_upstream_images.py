@@ -70,6 +70,10 @@ async def test_linked_images_are_fetched_without_the_key_and_served_as_ours(imag
     assert fetch.path == "/files/a.png" and "authorization" not in fetch.headers
     b64 = await images.CreateImage(image_request(), metadata=bearer(secret))  # and as b64_json, by default
     assert base64.b64decode(b64.data[0].b64_json) == tiny_png(12)
+    double.files["b"], double.file_types["b"] = tiny_png(2), ""  # a link that does not say its type: the bytes do
+    double.cue(Cue(body={"created": 1, "data": [{"url": f"http://127.0.0.1:{double.port}/files/b"}]}))
+    unsaid = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(unsaid.data[0].b64_json) == tiny_png(2)
 
 
 async def test_an_upstream_failure_is_retried(images, double, secret):
@@ -100,3 +104,30 @@ async def test_an_answer_without_images_is_an_upstream_error(images, double, sec
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await images.CreateImage(image_request(), metadata=bearer(secret))
     assert (caught.value.code(), error_details(caught.value).http_status) == (grpc.StatusCode.UNAVAILABLE, 502)
+
+
+HELLO = b"hello world"
+PAGE = b"<!doctype html><html><body>Sign in</body></html>"
+
+
+@pytest.mark.parametrize("response_format", ["b64_json", "url"])
+@pytest.mark.parametrize("answer, content_type, named", [
+    ({"b64_json": base64.b64encode(HELLO).decode()}, None, "11 bytes of text"),
+    # A link to the double's file `page` (PAGE, served with that content-type).
+    (None, "text/html; charset=utf-8", "text/html, not image/*"),
+    (None, "application/octet-stream", "application/octet-stream, not image/*"),
+    (None, "image/png", f"{len(PAGE)} bytes of HTML or XML"),  # the type says image, the bytes do not
+    (None, "", f"{len(PAGE)} bytes of HTML or XML"),  # no content-type: the bytes decide
+], ids=["b64-text", "link-html", "link-octet-stream", "link-html-said-png", "link-html-unsaid"])
+async def test_an_answer_that_is_no_image_is_an_upstream_error(images, double, secret, response_format, answer,
+                                                               content_type, named):
+    if content_type is not None:
+        double.files["page"], double.file_types["page"] = PAGE, content_type
+        answer = {"url": f"http://127.0.0.1:{double.port}/files/page"}
+    double.cue(Cue(body={"created": 1, "data": [answer]}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(response_format=response_format), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error")
+    assert named in detail.error.message and "image-up" in detail.error.message
+    assert "hello" not in detail.error.message and "Sign in" not in detail.error.message  # never the bytes

@@ -1,0 +1,49 @@
+"""envoy.yaml as Envoy reads it: valid by hand (`envoy -c envoy.yaml` from the repository root) and as rendered, and
+the route that sends the anthropic SDK's /v1/models calls to AnthropicModelService transcodes like every other."""
+
+from __future__ import annotations
+
+import subprocess
+
+import yaml
+
+from gateway.descriptors import DESCRIPTOR_SET
+from gateway.envoy import envoy_binary, load_template, render_config, repo_root
+
+TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
+
+
+def validate(path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+                          cwd=repo_root(), capture_output=True, text=True, timeout=60)
+
+
+def http_manager(config: dict) -> dict:
+    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def transcoders(config: dict) -> tuple[dict, dict]:
+    """The filter's transcoder settings and the anthropic models route's."""
+    hcm = http_manager(config)
+    (filter_config,) = [f["typed_config"] for f in hcm["http_filters"] if f["name"] == TRANSCODER]
+    (route,) = [r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
+                if r.get("metadata", {}).get("filter_metadata", {}).get("envoy.filters.http.lua", {}).get("anthropic")]
+    return filter_config, route["typed_per_filter_config"][TRANSCODER]
+
+
+def test_envoy_accepts_the_template_and_the_rendered_config(tmp_path):
+    checked = validate(repo_root() / "envoy.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rendered = render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
+                             descriptor_set=DESCRIPTOR_SET, lua_source=repo_root() / "gateway" / "error_shaper.lua")
+    (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
+    checked = validate(tmp_path / "envoy.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert {c["proto_descriptor"] for c in transcoders(rendered)} == {str(DESCRIPTOR_SET.resolve())}
+
+
+def test_the_anthropic_models_route_transcodes_like_the_filter_but_for_its_service():
+    filter_config, route_config = transcoders(load_template())
+    assert route_config["services"] == ["portico.v1.AnthropicModelService"]
+    assert "portico.v1.ModelService" in filter_config["services"]
+    assert {**route_config, "services": None} == {**filter_config, "services": None}
