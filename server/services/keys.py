@@ -1,11 +1,18 @@
-"""KeyService: key administration over gRPC, for admin keys only."""
+"""KeyService: key administration over gRPC, for admin keys only.
+
+Each write has a typed RPC and a REST one (...Http), which reads the caller's raw JSON body strictly into the typed
+request (server/translate/json_to_message.py) after the caller is known to be an admin; both then run the same code.
+"""
 
 from __future__ import annotations
 
+from google.api import httpbody_pb2
 from portico.v1 import key_pb2, key_service_pb2_grpc
+
 from server.domain import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
+from server.translate.json_to_message import read_body
 from server.usage.money import micros_to_usd, usd_to_micros
 
 
@@ -16,13 +23,27 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
-        limits = KeyLimits(**{f: _limit(request.limits, f) if request.limits.HasField(f) else None
-                              for f in KEY_LIMIT_NAMES})
-        key, secret = await self._admin.create(
-            request.name, all_models=request.all_models, models=request.models, limits=limits,
-            env=request.env, admin=request.admin,
-        )
-        return key_pb2.CreateKeyResponse(key=key_to_pb(key), secret=secret)
+        return await self._create(request)
+
+    async def CreateKeyHttp(self, request: httpbody_pb2.HttpBody, context) -> key_pb2.CreateKeyResponse:
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return await self._create(read_body(request.data, key_pb2.CreateKeyRequest))
+
+    async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return await self._update(request)
+
+    async def UpdateKeyHttp(self, request: key_pb2.UpdateKeyHttpRequest, context) -> key_pb2.UpdateKeyResponse:
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return await self._update(read_body(request.body.data, key_pb2.UpdateKeyRequest, url={"id": request.id}))
+
+    async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return await self._rotate(request)
+
+    async def RotateKeyHttp(self, request: key_pb2.RotateKeyHttpRequest, context) -> key_pb2.RotateKeyResponse:
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        return await self._rotate(read_body(request.body.data, key_pb2.RotateKeyRequest, url={"id": request.id}))
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
@@ -36,8 +57,18 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         await self._authenticator.authenticate_admin(context.invocation_metadata())
         return key_pb2.RevokeKeyResponse(key=key_to_pb(await self._admin.revoke(request.id)))
 
-    async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+    # The writes, once for both kinds of caller.
+
+    async def _create(self, request: key_pb2.CreateKeyRequest) -> key_pb2.CreateKeyResponse:
+        limits = KeyLimits(**{f: _limit(request.limits, f) if request.limits.HasField(f) else None
+                              for f in KEY_LIMIT_NAMES})
+        key, secret = await self._admin.create(
+            request.name, all_models=request.all_models, models=request.models, limits=limits,
+            env=request.env, admin=request.admin,
+        )
+        return key_pb2.CreateKeyResponse(key=key_to_pb(key), secret=secret)
+
+    async def _update(self, request: key_pb2.UpdateKeyRequest) -> key_pb2.UpdateKeyResponse:
         grants = None
         if request.HasField("all_models") or request.models:
             grants = (request.all_models, request.models)
@@ -52,8 +83,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         )
         return key_pb2.UpdateKeyResponse(key=key_to_pb(key))
 
-    async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+    async def _rotate(self, request: key_pb2.RotateKeyRequest) -> key_pb2.RotateKeyResponse:
         grace = request.grace_seconds if request.HasField("grace_seconds") else None
         key, secret, expires = await self._admin.rotate(request.id, grace_seconds=grace)
         return key_pb2.RotateKeyResponse(key=key_to_pb(key), secret=secret, previous_secret_expires=expires)

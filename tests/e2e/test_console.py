@@ -146,7 +146,7 @@ def test_create_a_key_read_its_secret_once_and_revoke_it(tab, gateway, admin_sec
     admin_id = next(k["id"] for k in api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]
                     if k["name"] == "ops-admin")
     logged = [json.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith("{")]
-    assert any(line["rpc"] == "KeyService/CreateKey" and line["key_id"] == admin_id and line["status"] == 200
+    assert any(line["rpc"] == "KeyService/CreateKeyHttp" and line["key_id"] == admin_id and line["status"] == 200
                for line in logged)
 
     page.get_by_role("button", name="Revoke").click()

@@ -37,8 +37,12 @@ def test_rest_update_and_rotate_with_an_admin_key(gateway):
                           json={"limits": {"concurrent_requests": 3}, "models": ["family-a-5.4"]})
     assert patched.status_code == 200, patched.text
     key = patched.json()["key"]
-    assert key["limits"]["concurrent_requests"] == 3 and key["models"] == ["family-a-5.4"]
-    assert key["all_models"] is False
+    assert key == {"id": key_id, "name": "rest-managed", "all_models": False, "models": ["family-a-5.4"],
+                   "limits": {"concurrent_requests": 3}, "env": "", "admin": False, "created": key["created"],
+                   "revoked_at": 0}
+    patched = httpx.patch(f"{gateway.base_url}/v1/admin/keys/{key_id}", headers=headers,
+                          json={"name": None, "limits": {"concurrent_requests": 0}, "all_models": True})
+    assert patched.json() == {"key": {**key, "all_models": True, "models": [], "limits": {}}}
     for limit, value in (("requests_per_minute", -1), ("max_spend_day", -1.5)):
         refused = httpx.patch(f"{gateway.base_url}/v1/admin/keys/{key_id}", headers=headers,
                               json={"limits": {limit: value}})
@@ -68,3 +72,54 @@ def test_rest_refuses_bad_env_name_and_out_of_range_limits_with_400(gateway):
         for refused in (created, patched):
             assert refused.status_code == 400, refused.text
             assert refused.json()["error"]["param"] == param and refused.json()["error"]["code"] == "invalid_request"
+
+
+def refusal(response: httpx.Response) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
+    return error
+
+
+def test_rest_refuses_unknown_fields_at_any_level_naming_their_path(gateway):
+    """The transcoder dropped them: a misspelt limit answered 200 with `"limits": {}`, the key had no limit of its own
+    and its creator never learnt of the typo."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    typo = {"name": "typo", "all_models": True, "limits": {"request_per_minute": 2, "tokens_per_min": 50}}
+    error = refusal(httpx.post(keys_url, headers=headers, json=typo, timeout=60))
+    assert error["param"] == "limits.request_per_minute"
+    assert "requests_per_minute" in error["message"] and "max_spend_month" in error["message"]
+    error = refusal(httpx.post(keys_url, headers=headers, json={"name": "typo", "all_models": True, "limitz": {}}))
+    assert error["param"] == "limitz" and "limits" in error["message"]
+    assert "typo" not in [key["name"] for key in httpx.get(keys_url, headers=headers).json()["keys"]]
+
+    created = httpx.post(keys_url, headers=headers, timeout=60,
+                         json={"name": "patched", "all_models": True, "limits": {"requests_per_minute": 9}}).json()
+    key_url = f"{keys_url}/{created['key']['id']}"
+    for body, param in [({"limits": {"bogus_limit": 3}}, "limits.bogus_limit"), ({"limitz": {}}, "limitz"),
+                        ({"name": "x", "id": "key_other"}, "id")]:
+        assert refusal(httpx.patch(key_url, headers=headers, json=body, timeout=60))["param"] == param
+    assert httpx.get(key_url, headers=headers).json()["key"] == created["key"]  # nothing half-applied
+
+    error = refusal(httpx.post(f"{key_url}/rotate", headers=headers, json={"grace": 0}, timeout=60))
+    assert error["param"] == "grace" and "grace_seconds" in error["message"]
+    assert chat(gateway, created["secret"]).status_code == 200  # not rotated
+
+
+def test_rest_refuses_values_of_the_wrong_json_type_naming_their_path(gateway):
+    """The transcoder read "5" as 5; now a string for an integer, a number for a boolean, are 400s."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    key_id = httpx.post(keys_url, headers=headers, json={"name": "typed", "all_models": True}).json()["key"]["id"]
+    for body, param in [({"limits": {"requests_per_minute": "5"}}, "limits.requests_per_minute"),
+                        ({"all_models": 1}, "all_models"), ({"models": ["family-a-5.5", 7]}, "models[1]"),
+                        ({"limits": {"max_spend_day": "5"}}, "limits.max_spend_day"), ({"limits": 3}, "limits")]:
+        created = httpx.post(keys_url, headers=headers, json={"name": "x", **body}, timeout=60)
+        patched = httpx.patch(f"{keys_url}/{key_id}", headers=headers, json=body, timeout=60)
+        for refused in (created, patched):
+            assert refusal(refused)["param"] == param
+    assert refusal(httpx.post(f"{keys_url}/{key_id}/rotate", headers=headers,
+                              json={"grace_seconds": "60"}))["param"] == "grace_seconds"
