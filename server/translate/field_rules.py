@@ -108,7 +108,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
 MESSAGE_FIELDS: dict[str, FieldRule] = {
     "model": FieldRule("string", A, A),
     "max_tokens": FieldRule("integer", A, A),
-    "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out"),
+    "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out; OpenAI: a "
+                          "`tool_result`'s `is_error: true` → its `tool` message's content starts with `Error: `"),
     "system": FieldRule("any", A, A, note="→ a system message"),
     "stop_sequences": FieldRule("array", A, A, note="→ `stop`"),
     "temperature": FieldRule("number", A, A, note="0–1"),

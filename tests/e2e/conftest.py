@@ -125,3 +125,22 @@ def no_key_in_any_log(tmp_path_factory) -> None:
     assert not report.leaks, "API keys found in logs:\n" + "\n".join(report.leaks)
     # A scan that silently reads nothing proves nothing: each gateway leaves its own log beside Envoy's.
     assert report.files >= 2 * report.envoy_logs, f"gateway logs missing: {report}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium for the console's tests (tests/e2e/browser.py); started once per module that asks for it."""
+    from tests.e2e.browser import chromium  # Playwright is imported only by the tests that drive a browser
+
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture
+def tab(browser, gateway, tmp_path):
+    """A fresh browser context on the module's gateway (each test signs in for itself)."""
+    from tests.e2e.browser import Tab
+
+    tab = Tab(browser, gateway, tmp_path)
+    yield tab
+    tab.context.close()

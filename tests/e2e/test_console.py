@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 import server
 from gateway.envoy import free_ports
 
-from tests.e2e.browser import DESKTOP, PHONE, Tab, api, chromium
+from tests.e2e.browser import DESKTOP, PHONE, Tab, api
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -45,19 +45,6 @@ def gateway(tmp_path_factory):
 def admin_secret(gateway) -> str:
     return gateway.cli("keys", "create", "--name", "ops-admin", "--env", "prod", "--all-models", "--admin") \
         .stdout.split()[-1]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as browser:
-        yield browser
-
-
-@pytest.fixture
-def tab(browser, gateway, tmp_path):
-    tab = Tab(browser, gateway, tmp_path)
-    yield tab
-    tab.context.close()
 
 
 def eventually_status(gateway, secret: str, status: int) -> int:

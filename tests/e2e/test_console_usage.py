@@ -19,7 +19,7 @@ from server.domain import Endpoint
 from server.usage.ledger import LedgerRow, values_of
 from server.usage.query import insert_sql
 
-from tests.e2e.browser import Tab, api, chromium
+from tests.e2e.browser import api
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -35,19 +35,6 @@ def gateway(tmp_path_factory):
 @pytest.fixture(scope="module")
 def admin_secret(gateway) -> str:
     return gateway.cli("keys", "create", "--name", "ops-admin", "--all-models", "--admin").stdout.split()[-1]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as browser:
-        yield browser
-
-
-@pytest.fixture
-def tab(browser, gateway, tmp_path):
-    tab = Tab(browser, gateway, tmp_path)
-    yield tab
-    tab.context.close()
 
 
 def new_key(gateway, name: str) -> str:
