@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -53,6 +54,7 @@ class RedisLimitStore:
         self._lease = lease_seconds
         self._prefix = prefix
         self._deadline = timeout_seconds * 3  # connect + a retried command, with room to spare
+        self._slots_ttl = math.ceil(lease_seconds * 2)  # a slots set's expiry, as the reserve script sets it
         # Every call of this process shares one connection (commands pipelined, replies in order). One retry, on
         # connection errors only: the connection may be stale after Redis restarted. Timeouts are not retried, so a
         # Redis that does not answer costs one timeout.
@@ -125,18 +127,24 @@ class RedisLimitStore:
 
     async def _renew_leases(self) -> None:
         """Every lease/3 seconds, push the lease of every slot this process holds (XX: never re-add a slot that
-        was settled meanwhile)."""
+        was settled meanwhile), and the expiry of the sets holding them: admission gives a set two leases to live,
+        and a request may run for longer (its slot was lost with the set, and the limit let an extra request in).
+        A process that stops renewing still frees its slots within a lease: admission prunes expired leases."""
         while True:
             await asyncio.sleep(self._lease / 3)
             if not self._held:
                 continue
             expiry = self._clock() + self._lease
+            renewals: list[tuple] = []
+            sets: set[str] = set()
+            for reservation in list(self._held.values()):
+                for scope in reservation.demand.scopes:
+                    renewals.append(("ZADD", slots := self._slots_key(scope.id), "XX", expiry, reservation.id))
+                    sets.add(slots)
+            renewals += [("EXPIRE", slots, self._slots_ttl) for slots in sets]
             try:
                 async with asyncio.timeout(self._deadline):
-                    await self._redis.execute_many([
-                        ("ZADD", self._slots_key(scope.id), "XX", expiry, reservation.id)
-                        for reservation in list(self._held.values()) for scope in reservation.demand.scopes
-                    ])
+                    await self._redis.execute_many(renewals)
             except _UNREACHABLE as exc:
                 _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
 
