@@ -22,7 +22,7 @@ from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
     Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
 )
-from server.limits.redis_pipe import RedisPipe, Script
+from server.limits.redis_pipe import Dispatch, RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
 from server.limits.settings import redacted
 from server.limits.standing import Counts
@@ -76,10 +76,10 @@ class RedisLimitStore:
     def _record_key(self, reservation_id: str) -> str:
         return f"{self._prefix}reservation:{reservation_id}"
 
-    async def _run(self, script: Script, keys: list[str], args: list) -> list:
+    async def _run(self, script: Script, keys: list[str], args: list, dispatch: Dispatch | None = None) -> list:
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._redis.run(script, keys, args)
+                return await self._redis.run(script, keys, args, dispatch)
         except _UNREACHABLE as exc:
             raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
 
@@ -94,7 +94,16 @@ class RedisLimitStore:
         for scope in demand.scopes:
             keys += self._scope_keys(scope.id, now)
             args += [scope.limit(d) or 0 for d in _DIMENSIONS]
-        reply = await self._run(self._reserve_script, keys, args)
+        dispatch = Dispatch()
+        try:
+            reply = await self._run(self._reserve_script, keys, args, dispatch)
+        except LimitStoreUnavailable as exc:
+            if dispatch.sent:  # Redis may book it yet (a paused one, when it resumes): the Limiter undoes it then
+                exc.unanswered = Reservation(reservation_id, demand, now, None, None)
+            raise
+        if reply[0] == -1:  # run twice (resent after a broken connection): the first run's booking is undone
+            raise LimitStoreUnavailable(f"the limit store {self._url} had decided this reservation before",
+                                        Reservation(reservation_id, demand, now, None, None))
         readings = [
             Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used), float(wait))
             for s, d, limit, used, wait in zip(*[iter(reply[1:])] * 5)
@@ -122,7 +131,7 @@ class RedisLimitStore:
             keys += self._scope_keys(scope.id, reservation.at)
         window_ttl = int(WINDOW_SECONDS + self._lease) + 1
         args = [reservation.id, used_tokens, reservation.demand.tokens, int(refund), window_ttl, used_cost,
-                reservation.demand.cost]
+                reservation.demand.cost, _RECORD_TTL]
         await self._run(self._settle_script, keys, args)
 
     async def _renew_leases(self) -> None:

@@ -20,7 +20,7 @@ from server.limits import LimitSettings
 from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited, ServiceUnavailable
 from server.limits import Limiter, rate_limit_headers
-from server.limits.core import LimitStoreUnavailable
+from server.limits.core import LimitStoreUnavailable, Reservation
 from server.limits.redis import RedisLimitStore, redacted
 from server.limits.redis_pipe import RedisPipe
 from tests.limits_worker import BURST, HOLD
@@ -286,3 +286,19 @@ async def test_a_drain_gives_a_settlement_redis_missed_its_last_try(tmp_path, pr
         await fresh.close()
     finally:
         server.stop()
+
+
+async def test_a_release_that_overtakes_its_unanswered_reservation_keeps_it_from_being_booked(redis_server, prefix):
+    """An unanswered reservation is released on another connection, which a resuming Redis may serve first."""
+    store = RedisLimitStore(redis_server.url, prefix=prefix)
+    try:
+        ahead = Reservation("overtaken", HOLD, time.time(), None, None)
+        await store.release(ahead)  # reaches Redis before the reservation it undoes
+        store._ids.new = lambda: "overtaken"  # the reservation now arrives, under the same id
+        with pytest.raises(LimitStoreUnavailable) as caught:
+            await store.reserve(HOLD)
+        await store.release(caught.value.unanswered)  # as the Limiter does: nothing left to undo
+        counts = await store.counts("held")
+        assert (counts.in_flight, counts.day_requests, counts.window) == (0, 0, ())
+    finally:
+        await store.close()
