@@ -131,7 +131,8 @@ class Limiter:
             self._spawn(self._until_taken(functools.partial(self._store.settle, reservation, used_tokens, used_cost)))
 
     def release(self, reservation: Reservation) -> None:
-        """Undo the reservation (the request never reached a model); never waits, as `settle`."""
+        """Undo the reservation: its request never reached a model (its caller left while it was being admitted,
+        or the store's answer never came). Never waits, as `settle`."""
         if not reservation.held:
             return
         if self._immediate:
