@@ -68,7 +68,7 @@ def create_key(config_path: Path) -> str:
     """A key for every model, with limits no run reaches (they are still checked on every request)."""
     created = subprocess.run([PYTHON, "-m", "server.cli", "--config", str(config_path), "--log-level", "warning",
                               "keys", "create", "--name", "bench", "--all-models", "--rpm", "1000000000",
-                              "--tpm", "1000000000000", "--concurrency", "100000"],
+                              "--tpm", "2000000000", "--concurrency", "100000"],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     if created.returncode != 0:
         raise RuntimeError(f"keys create failed: {created.stderr}")

@@ -156,17 +156,19 @@ class Pipeline:
             # Nothing here waits: a caller who closes on the last event cancels the RPC at its next wait, and would
             # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
-            # Nothing reached a model (refused, queued and abandoned): the request costs nothing.
             if meter.finish is not None:
                 call.record.finish_reason = meter.finish.value
+            used = 0
             if meter.started:
                 call.record.model_answered = True
                 usage = meter.usage_so_far()
+                used = usage.total_tokens
                 _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
-                self._limiter.settle(reservation, usage.total_tokens, call.record.cost_micros)
-                self._budgets_left(reservation, call.record.cost_micros)
-            else:
-                self._limiter.release(reservation)
+            # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
+            # that failed, or a caller gone before the first token, may still have run it. It used what the model
+            # reported or sent: nothing, when nothing came back.
+            self._limiter.settle(reservation, used, call.record.cost_micros)
+            self._budgets_left(reservation, call.record.cost_micros)
 
     async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
         if self._cache is None or call.model.cache is None:
@@ -236,13 +238,11 @@ class Pipeline:
                 images = await watch.wait(provider.generate(request))
         finally:
             call.record.upstream_done()
-            if images is None:
-                self._limiter.release(reservation)
-            else:
+            if images is not None:
                 call.record.model_answered = True
                 _account(call, images=len(images))
-                self._limiter.settle(reservation, 0, call.record.cost_micros)
-                self._budgets_left(reservation, call.record.cost_micros)
+            self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
+            self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)
         return images
 

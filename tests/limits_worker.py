@@ -1,7 +1,8 @@
 """A separate process using the Redis limit store, for tests of what several processes share.
 
     python -m tests.limits_worker burst URL PREFIX START_AT ATTEMPTS   prints how many were admitted
-    python -m tests.limits_worker crash URL PREFIX                      takes a slot, then dies without settling
+    python -m tests.limits_worker crash URL PREFIX HOLD                 takes a slot (lease 1 s), holds it for HOLD
+                                                                        seconds, then dies without settling
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ async def burst(url: str, prefix: str, start_at: float, attempts: int) -> int:
     return sum(not isinstance(r, Exception) for r in results)
 
 
-async def crash(url: str, prefix: str) -> None:
+async def crash(url: str, prefix: str, hold: float) -> None:
     store = RedisLimitStore(url, prefix=prefix, lease_seconds=1.0)
     await store.reserve(HOLD)
     print("held", flush=True)
+    await asyncio.sleep(hold)  # the store renews its lease meanwhile, as for a long request
     os._exit(0)  # no settle, no close: as if the process had been killed
 
 
@@ -44,4 +46,4 @@ if __name__ == "__main__":
     if mode == "burst":
         print(asyncio.run(burst(url, prefix, float(rest[0]), int(rest[1]))))
     else:
-        asyncio.run(crash(url, prefix))
+        asyncio.run(crash(url, prefix, float(rest[0])))

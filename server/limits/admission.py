@@ -98,11 +98,21 @@ class Limiter:
         runs to its end, and whatever it booked is released."""
         if self._immediate:
             return _run_now(self._store.reserve(demand))
-        decision = self._spawn(self._store.reserve(demand))
+        decision = self._spawn(self._decide(demand))
         try:
             return await asyncio.shield(decision)
         except asyncio.CancelledError:
             decision.add_done_callback(self._release_orphan)
+            raise
+
+    async def _decide(self, demand: Demand) -> Reservation:
+        try:
+            return await self._store.reserve(demand)
+        except LimitStoreUnavailable as exc:
+            # The request is refused (or admitted uncounted), but the store may book it all the same once it catches
+            # up (a paused Redis runs what it was sent): undone as soon as the store takes that, as settlements are.
+            if exc.unanswered is not None:
+                self.release(exc.unanswered)
             raise
 
     def _release_orphan(self, decision: asyncio.Task[Reservation]) -> None:
@@ -121,7 +131,8 @@ class Limiter:
             self._spawn(self._until_taken(functools.partial(self._store.settle, reservation, used_tokens, used_cost)))
 
     def release(self, reservation: Reservation) -> None:
-        """Undo the reservation (the request never reached a model); never waits, as `settle`."""
+        """Undo the reservation: its request never reached a model (its caller left while it was being admitted,
+        or the store's answer never came). Never waits, as `settle`."""
         if not reservation.held:
             return
         if self._immediate:

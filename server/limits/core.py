@@ -157,7 +157,15 @@ class LimitExceeded(RateLimited):
 
 
 class LimitStoreUnavailable(Exception):
-    """The store could not decide in time (e.g. Redis unreachable); the Limiter applies the configured policy."""
+    """The store could not decide in time (e.g. Redis unreachable); the Limiter applies the configured policy.
+
+    `unanswered`: a reservation the store may book all the same (Redis got the request, its answer did not come
+    back in time, and a paused Redis runs it when it resumes); the Limiter releases it once the store takes that.
+    """
+
+    def __init__(self, message: str, unanswered: Reservation | None = None) -> None:
+        super().__init__(message)
+        self.unanswered = unanswered
 
 
 class LimitStore(Protocol):

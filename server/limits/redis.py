@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,7 +22,7 @@ from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
     Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
 )
-from server.limits.redis_pipe import RedisPipe, Script
+from server.limits.redis_pipe import Dispatch, RedisPipe, Script
 from server.limits.redis_scripts import RESERVE, SETTLE
 from server.limits.settings import redacted
 from server.limits.standing import Counts
@@ -53,6 +54,7 @@ class RedisLimitStore:
         self._lease = lease_seconds
         self._prefix = prefix
         self._deadline = timeout_seconds * 3  # connect + a retried command, with room to spare
+        self._slots_ttl = math.ceil(lease_seconds * 2)  # a slots set's expiry, as the reserve script sets it
         # Every call of this process shares one connection (commands pipelined, replies in order). One retry, on
         # connection errors only: the connection may be stale after Redis restarted. Timeouts are not retried, so a
         # Redis that does not answer costs one timeout.
@@ -74,10 +76,10 @@ class RedisLimitStore:
     def _record_key(self, reservation_id: str) -> str:
         return f"{self._prefix}reservation:{reservation_id}"
 
-    async def _run(self, script: Script, keys: list[str], args: list) -> list:
+    async def _run(self, script: Script, keys: list[str], args: list, dispatch: Dispatch | None = None) -> list:
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._redis.run(script, keys, args)
+                return await self._redis.run(script, keys, args, dispatch)
         except _UNREACHABLE as exc:
             raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
 
@@ -92,7 +94,16 @@ class RedisLimitStore:
         for scope in demand.scopes:
             keys += self._scope_keys(scope.id, now)
             args += [scope.limit(d) or 0 for d in _DIMENSIONS]
-        reply = await self._run(self._reserve_script, keys, args)
+        dispatch = Dispatch()
+        try:
+            reply = await self._run(self._reserve_script, keys, args, dispatch)
+        except LimitStoreUnavailable as exc:
+            if dispatch.sent:  # Redis may book it yet (a paused one, when it resumes): the Limiter undoes it then
+                exc.unanswered = Reservation(reservation_id, demand, now, None, None)
+            raise
+        if reply[0] == -1:  # run twice (resent after a broken connection): the first run's booking is undone
+            raise LimitStoreUnavailable(f"the limit store {self._url} had decided this reservation before",
+                                        Reservation(reservation_id, demand, now, None, None))
         readings = [
             Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used), float(wait))
             for s, d, limit, used, wait in zip(*[iter(reply[1:])] * 5)
@@ -120,23 +131,29 @@ class RedisLimitStore:
             keys += self._scope_keys(scope.id, reservation.at)
         window_ttl = int(WINDOW_SECONDS + self._lease) + 1
         args = [reservation.id, used_tokens, reservation.demand.tokens, int(refund), window_ttl, used_cost,
-                reservation.demand.cost]
+                reservation.demand.cost, _RECORD_TTL]
         await self._run(self._settle_script, keys, args)
 
     async def _renew_leases(self) -> None:
         """Every lease/3 seconds, push the lease of every slot this process holds (XX: never re-add a slot that
-        was settled meanwhile)."""
+        was settled meanwhile), and the expiry of the sets holding them: admission gives a set two leases to live,
+        and a request may run for longer (its slot was lost with the set, and the limit let an extra request in).
+        A process that stops renewing still frees its slots within a lease: admission prunes expired leases."""
         while True:
             await asyncio.sleep(self._lease / 3)
             if not self._held:
                 continue
             expiry = self._clock() + self._lease
+            renewals: list[tuple] = []
+            sets: set[str] = set()
+            for reservation in list(self._held.values()):
+                for scope in reservation.demand.scopes:
+                    renewals.append(("ZADD", slots := self._slots_key(scope.id), "XX", expiry, reservation.id))
+                    sets.add(slots)
+            renewals += [("EXPIRE", slots, self._slots_ttl) for slots in sets]
             try:
                 async with asyncio.timeout(self._deadline):
-                    await self._redis.execute_many([
-                        ("ZADD", self._slots_key(scope.id), "XX", expiry, reservation.id)
-                        for reservation in list(self._held.values()) for scope in reservation.demand.scopes
-                    ])
+                    await self._redis.execute_many(renewals)
             except _UNREACHABLE as exc:
                 _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
 

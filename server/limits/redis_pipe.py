@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import hiredis
@@ -35,6 +36,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | bytes | int | float
 _STALL = 0.05  # seconds: a timer that fires later than this was held up by the event loop, not by Redis
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """Whether a command was handed to a connection: from then on Redis may run it, even if no answer comes back."""
+
+    sent: bool = False
 
 
 class Script:
@@ -193,12 +201,12 @@ class RedisPipe:
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
 
-    async def execute(self, *args: Arg) -> Any:
+    async def execute(self, *args: Arg, dispatch: Dispatch | None = None) -> Any:
         command = pack(args)
         try:
-            return await self._send(command)
+            return await self._send(command, dispatch)
         except RedisConnectionError:
-            return await self._send(command)  # on a new connection: the old one may have gone stale
+            return await self._send(command, dispatch)  # on a new connection: the old one may have gone stale
 
     async def execute_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Several commands, sent together (not a transaction); raises the first one's error, if any."""
@@ -208,17 +216,22 @@ class RedisPipe:
         except RedisConnectionError:
             return await self._send_many(packed)
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg],
+                  dispatch: Dispatch | None = None) -> Any:
+        """`dispatch`, if given, is marked sent once the command is on a connection (see Dispatch)."""
         try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args, dispatch=dispatch)
         except NoScriptError:  # a Redis restarted or flushed its script cache: EVAL caches it again
-            return await self.execute("EVAL", script.text, len(keys), *keys, *args)
+            return await self.execute("EVAL", script.text, len(keys), *keys, *args, dispatch=dispatch)
 
-    async def _send(self, command: bytes) -> Any:
+    async def _send(self, command: bytes, dispatch: Dispatch | None = None) -> Any:
         link = self._link
         if link is None or link.error is not None:
             link = await self._connect()
-        return await link.send(command)
+        reply = link.send(command)
+        if dispatch is not None:
+            dispatch.sent = True
+        return await reply
 
     async def _send_many(self, commands: list[bytes]) -> list[Any]:
         link = self._link

@@ -9,6 +9,10 @@ Per scope, six keys (in this order, see RedisLimitStore._scope_keys):
     day    hash        {requests, tokens, spend} of one UTC day (spend in micro-dollars)
     month  hash        {spend} of one UTC calendar month
 Times come from the caller (ARGV), so every process must have a synchronised clock (NTP), and tests can inject one.
+
+Each reservation also has a record: "1" while it is booked (deleted when it is settled), or "0" for a reservation
+finished before Redis ran it (a release that overtook its unanswered reservation: see SETTLE), so that it is never
+booked when it does run.
 """
 
 # Shared by both scripts: Lua's unpack() has a stack limit, so long lists go in batches.
@@ -22,8 +26,10 @@ end
 # ARGV: now, tokens, id, lease, window, day_ttl, record_ttl, concurrency_retry, cost, to_month_end, month_ttl, then
 # per scope the seven limits in Dimension order (requests/min, tokens/min, concurrent, daily tokens, daily requests,
 # daily spend, monthly spend), 0 meaning none.
-# Returns {admitted, then per limited dimension: scope index, dimension index, limit, used, wait (a string)}.
+# Returns {admitted, then per limited dimension: scope index, dimension index, limit, used, wait (a string)}, or
+# {-1} for a reservation decided before: run again (resent after a broken connection), or already released.
 RESERVE = _COMMON + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
 local now, tokens, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local lease, window = tonumber(ARGV[4]), tonumber(ARGV[5])
 local day_ttl, record_ttl, concurrency_retry = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -146,10 +152,17 @@ return out
 """
 
 # KEYS: the reservation record, then six keys per scope (the day and month keys of the reservation's day).
-# ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl, used cost, estimated cost.
-# Returns 1, or 0 if already settled.
+# ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl, used cost, estimated cost, record ttl.
+# Returns 1, or 0 if already settled (or never booked).
 SETTLE = """
-if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+local record = redis.call('GET', KEYS[1])
+if record ~= '1' then
+  -- Not booked (yet): a reservation whose answer never came may reach Redis after its release, on another
+  -- connection. The mark keeps it from being booked then.
+  if not record then redis.call('SET', KEYS[1], '0', 'EX', ARGV[8]) end
+  return 0
+end
+redis.call('DEL', KEYS[1])
 local id, used, estimate, refund = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local window_ttl = tonumber(ARGV[5])
 local cost_change = tonumber(ARGV[6]) - tonumber(ARGV[7])

@@ -84,7 +84,7 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
                 "model": "up-solo", "messages": HELLO, "stream": True},
                 headers={"Authorization": f"Bearer {secret}"}, timeout=30) as abandoned:
             next(abandoned.iter_bytes())
-    double.cue(Cue(delay=1.5))  # abandoned before any byte: a JSON request (Envoy's unary twin) that costs nothing
+    double.cue(Cue(delay=1.5))  # abandoned before any byte: a JSON request (Envoy's unary twin), no usage came back
     with pytest.raises(httpx.ReadTimeout):
         post(priced, secret, timeout=0.3)
     double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)  # up-main fails, up-backup answers
@@ -104,7 +104,8 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
 
     # The shared limit store settled the same tokens (and, for budgets, the same spend) ...
     day = redis.Redis.from_url(redis_server.url).hgetall(f"portico:limits:{key_id}:day:{day_of(time.time())}")
-    assert int(day[b"tokens"]) == tokens and int(day[b"spend"]) == cost and int(day[b"requests"]) == 9
+    # Every request that reached a model counts, the abandoned JSON one and the 502 included.
+    assert int(day[b"tokens"]) == tokens and int(day[b"spend"]) == cost and int(day[b"requests"]) == 11
     # ... the metrics (summed over both workers) count the same ...
     samples = scrape(priced)
     for model in ("up-main", "up-solo"):

@@ -155,3 +155,33 @@ async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path
         await running.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
         redis.stop()
+
+
+async def test_requests_refused_while_redis_was_paused_leave_nothing_counted(tmp_path):
+    """Redis paused: requests are refused with 503 (fail-closed), but the reservation already sent runs once Redis
+    resumes. It is released then: no ghost slot, request or quota is left for the key."""
+    redis = start_redis(tmp_path)
+    running = await start_server(redis_config(tmp_path, redis.url, images_only=True), "127.0.0.1:0")
+    try:
+        key, secret = await running.store.create("paused", all_models=True, limits=KeyLimits(
+            requests_per_minute=10, concurrent_requests=1, daily_requests=10))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            images = image_service_pb2_grpc.ImageServiceStub(channel)
+            await images.CreateImage(IMAGE, metadata=bearer(secret))  # counted: one request
+            redis.process.send_signal(signal.SIGSTOP)
+            try:
+                for _ in range(3):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await images.CreateImage(IMAGE, metadata=bearer(secret))
+                    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            finally:
+                redis.process.send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + 15
+            while (len((counts := await running.limiter.store.counts(key.id)).window), counts.in_flight,
+                   counts.day_requests) != (1, 0, 1):
+                assert time.monotonic() < deadline, f"the refused requests are still counted: {counts}"
+                await asyncio.sleep(0.2)
+            await images.CreateImage(IMAGE, metadata=bearer(secret))  # not refused by a ghost slot
+    finally:
+        await running.stop(0)
+        redis.stop()

@@ -11,6 +11,7 @@ import grpc
 import orjson
 import pytest
 
+from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, sse_frames, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
@@ -93,7 +94,7 @@ async def test_upstream_4xx_is_the_matching_error_and_is_not_retried(chat, runni
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (detail.http_status, detail.error.message, detail.error.param) == (400, "messages: bad role", "messages")
     assert len(double.seen) == 1  # neither retried nor sent to the fallback
-    assert window_tokens(running, key_id) == 0  # nothing was generated: released
+    assert window_tokens(running, key_id) == 0  # nothing was generated: one request, no tokens
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
@@ -271,3 +272,28 @@ async def test_a_caller_that_goes_away_cancels_the_upstream_request(chat, runnin
         assert loop.time() < deadline, "the upstream request was not cancelled"
         await asyncio.sleep(0.05)
     assert 0 < window_tokens(running, key_id) < 10
+
+
+@pytest.mark.parametrize("limit", ["daily_requests", "requests_per_minute"])
+async def test_requests_that_reached_the_upstream_count_against_the_request_limits(chat, running, double, limit):
+    """An upstream failure (502) and a call its caller gave up on were sent to a paid model: each counts as a
+    request, as in the ledger. A request refused before any upstream call does not."""
+    key, secret = await running.store.create("counted", all_models=True,
+                                             limits=KeyLimits(**{limit: 2}, tokens_per_minute=50))
+    double.reset()
+    too_large = await failure(chat, secret, max_tokens=100)  # over the tokens per minute: no upstream call
+    assert "Request too large" in error_details(too_large).error.message
+    double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)
+    assert error_details(await failure(chat, secret, "up-solo")).http_status == 502
+    double.cue(Cue(delay=1.5))
+    with pytest.raises(grpc.aio.AioRpcError) as abandoned:
+        await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO), metadata=bearer(secret),
+                                        timeout=0.3)
+    assert abandoned.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 3
+    while await running.limiter.store.in_flight(key.id):  # the server hears of the caller's departure
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    refused = error_details(await failure(chat, secret))
+    assert refused.http_status == 429 and limit.replace("_", " ") in refused.error.message  # "daily requests"
+    assert len(double.seen) == 4  # three tries of the first, one of the second; never the third

@@ -61,10 +61,10 @@ def metric(running, name: str, **labels) -> float:
 async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(chat, running, double):
     double.reset()
     key, secret = await running.store.create("ledger", all_models=True, env="team-a",
-                                       limits=KeyLimits(requests_per_minute=4))
+                                       limits=KeyLimits(requests_per_minute=5))
     ask = lambda model="up-main", **f: chat.CreateChatCompletion(  # noqa: E731
         chat_request(model=model, messages=HELLO, **f), metadata=bearer(secret))
-    double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)  # fails: 502 after its retries (refunded)
+    double.cue(*[Cue(500, {"error": {"message": "boom"}})] * 3)  # fails: 502 after its retries (a request, no tokens)
     with pytest.raises(grpc.aio.AioRpcError):
         await ask("up-solo")
     await ask()  # JSON: 2 prompt + 3 output tokens = 2*3 + 3*7 = 27 micro-dollars
@@ -83,7 +83,7 @@ async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(ch
         await ask("no-such-model")  # never reached admission: no row
     while await running.limiter.store.in_flight(key.id):
         await asyncio.sleep(0.02)
-    with pytest.raises(grpc.aio.AioRpcError) as refused:  # a 5th in the minute (the 502 was refunded): a row, no cost
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # a 6th in the minute (the 502 counts): a row, no cost
         await ask()
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     await asyncio.sleep(0.05)
@@ -112,6 +112,8 @@ async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(ch
         assert metric(running, "portico_output_tokens_total", model=model, key_id=key.id) == sum(
             r.output_tokens for r in mine)
     assert window_tokens(running, key.id) == sum(r.input_tokens + r.output_tokens for r in rows)
+    counts = await running.limiter.store.counts(key.id)  # every request that reached a model, the 502 included
+    assert len(counts.window) == counts.day_requests == sum(1 for r in rows if r.upstream_attempts) == 5
 
 
 async def usage_json(channel, secret: str, rpc: str = "GetCompletionsUsageHttp", **fields) -> dict:
