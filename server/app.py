@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
+import pkgutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,16 +17,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+import portico.v1
 from portico.v1 import chat_service_pb2_grpc, image_service_pb2_grpc, key_service_pb2_grpc
 from portico.v1 import message_service_pb2_grpc, model_service_pb2_grpc, probe_service_pb2_grpc
 from portico.v1 import anthropic_model_service_pb2_grpc, usage_service_pb2_grpc
 from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_admin_service_pb2_grpc
-# The services' own descriptors: the *_pb2_grpc modules import only their messages' files, and server reflection
-# can describe only what the default descriptor pool holds (grpcurl describe, Postman).
-from portico.v1 import (  # noqa: F401
-    chat_service_pb2, console_service_pb2, image_service_pb2, key_service_pb2, limit_service_pb2,
-    message_service_pb2, model_admin_service_pb2, model_service_pb2, probe_service_pb2, usage_service_pb2,
-)
 from server.cache import MemoryStore, ResponseCache
 from server.catalog import Catalog
 from server.config import Config
@@ -213,6 +210,15 @@ def build_response_cache(config: Config) -> ResponseCache | None:
     return ResponseCache(RedisStore(settings.store, timeout_seconds=settings.store_timeout_seconds))
 
 
+def _load_service_descriptors() -> None:
+    """Every portico.v1 service's own descriptor, for server reflection (grpcurl describe, Postman), which can
+    describe only what the default descriptor pool holds: the *_pb2_grpc modules import their messages' files, not
+    their service's. All of them, so a service added later is not forgotten."""
+    for module in pkgutil.iter_modules(portico.v1.__path__):
+        if module.name.endswith("_service_pb2"):
+            importlib.import_module(f"portico.v1.{module.name}")
+
+
 class _Services:
     """The server as the generated `add_*Servicer_to_server` functions see it: it registers their handlers and keeps
     the names of the services, so that health and reflection cover what is served, not a list kept beside it."""
@@ -272,6 +278,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
                           deployments=lambda: _deployment_states(core),
                           key_stale_seconds=config.key_stale_seconds)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)
+    _load_service_descriptors()
     reflection.enable_server_reflection([*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)
     await server.start()

@@ -10,7 +10,9 @@ import grpc
 import httpx
 import openai
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
 from portico.v1 import chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
@@ -71,3 +73,24 @@ def test_cli_keys_and_revocation_on_a_running_server(gateway):
 
 def test_no_secret_in_the_gateway_log(gateway):
     assert gateway.secret not in gateway.log_path.read_text()
+
+
+def test_reflection_describes_every_service_it_lists(gateway):
+    """What grpcurl `describe` and Postman do, through the public port: the file that holds each listed service,
+    then its methods. (In a separate process from the test, whose own imports cannot fill the server's pool.)"""
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        listed = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = [s.name for r in listed for s in r.list_services_response.service]
+        asks = [reflection_pb2.ServerReflectionRequest(file_containing_symbol=name) for name in names]
+        described = {}
+        for response in stub.ServerReflectionInfo(iter(asks)):
+            symbol = response.original_request.file_containing_symbol
+            assert response.HasField("file_descriptor_response"), f"{symbol}: {response.error_response.error_message}"
+            files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+                     for raw in response.file_descriptor_response.file_descriptor_proto]
+            described[symbol] = [m.name for f in files for service in f.service
+                                 if f"{f.package}.{service.name}" == symbol for m in service.method]
+    assert set(described) == set(names) and all(described.values())
+    assert {"portico.v1.ChatService", "portico.v1.AnthropicModelService"} <= set(names)
+    assert "CreateChatCompletion" in described["portico.v1.ChatService"]

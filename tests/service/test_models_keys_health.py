@@ -8,7 +8,6 @@ import pkgutil
 
 import grpc
 import pytest
-from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -127,21 +126,3 @@ async def test_reflection_lists_every_service(channel):
         names = {s.name for s in response.list_services_response.service}
         break
     assert portico_services() | {"grpc.health.v1.Health"} <= names
-
-
-async def test_reflection_describes_every_service_it_lists(channel):
-    """What grpcurl `describe` and Postman do: the file that holds each listed service, then its methods."""
-    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    listed = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
-    names = [s.name async for r in listed for s in r.list_services_response.service]
-    asks = [reflection_pb2.ServerReflectionRequest(file_containing_symbol=name) for name in names]
-    described = {}
-    async for response in stub.ServerReflectionInfo(iter(asks)):
-        symbol = response.original_request.file_containing_symbol
-        assert response.HasField("file_descriptor_response"), f"{symbol}: {response.error_response.error_message}"
-        files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
-                 for raw in response.file_descriptor_response.file_descriptor_proto]
-        described[symbol] = [method.name for f in files for service in f.service
-                             if f"{f.package}.{service.name}" == symbol for method in service.method]
-    assert set(described) == set(names) and all(described.values())
-    assert "CreateChatCompletion" in described["portico.v1.ChatService"]
