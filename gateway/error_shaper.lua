@@ -131,14 +131,16 @@ end
 -- `?beta=true` elsewhere), so a filter or a grouping would be dropped without a word and the answer would cover
 -- everything. Returns the query with list names made plain, or nil, the parameter at fault and what is wrong.
 local function organization_query(query, parameters)
-  local rewritten = {}
+  local rewritten, seen = {}, {}
   for pair in query:gmatch("[^&]+") do
     local raw, rest = pair:match("^([^=]*)(.*)$")
     local name = unescape(raw)
     local list = name:match("^(.*)%[%]$")
     name = list or name
     if parameters[name] == nil then return nil, name, "Unknown parameter " .. name end
-    if list and not parameters[name] then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
+    local single = not parameters[name]
+    if single and (list or seen[name]) then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
+    seen[name] = true
     rewritten[#rewritten + 1] = name .. rest
   end
   return table.concat(rewritten, "&")
