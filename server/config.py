@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from server.config_deployments import parse_cache, parse_deployments, parse_health
-from server.config_providers import ConfigError, known_settings, mapping
+from server.config_providers import ConfigError, known_settings, mapping, number
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
@@ -120,32 +120,39 @@ def _parse(raw: dict, source: str) -> Config:
         return Config(
             models=entries,
             host=str(listen.get("host", "127.0.0.1")),
-            port=int(listen.get("port", 8080)),
+            port=number(listen, "port", 8080, f"{source}: listen", integer=True),
             public_base_url=listen.get("public_base_url"),
-            envoy_admin_port=int(raw.get("envoy_admin_port", 9901)),
+            envoy_admin_port=number(raw, "envoy_admin_port", 9901, f"{source}: ", integer=True),
             data_dir=Path(raw.get("data_dir", "data")),
             embedded=EmbeddedSettings(
-                context_size=int(embedded.get("context_size", 2048)),
-                threads=int(embedded.get("threads", 2)),
-                instances=int(embedded.get("instances", 1)),
-                model_path=embedded.get("model_path"),
+                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True),
+                threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True),
+                instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True),
+                model_path=_model_path(embedded.get("model_path"), f"{source}: embedded.model_path"),
             ),
-            default_max_tokens=int(raw.get("default_max_tokens", 1024)),
-            key_cache_seconds=float(keys.get("cache_seconds", 1.0)),
-            key_rotation_grace_seconds=int(keys.get("rotation_grace_seconds", 86_400)),
+            default_max_tokens=number(raw, "default_max_tokens", 1024, f"{source}: ", integer=True),
+            key_cache_seconds=number(keys, "cache_seconds", 1.0, f"{source}: keys"),
+            key_rotation_grace_seconds=number(keys, "rotation_grace_seconds", 86_400, f"{source}: keys", integer=True),
             key_store=parse_store(keys, f"{source}: keys"),
-            key_stale_seconds=float(keys.get("stale_seconds", 300.0)),
-            key_cache_size=int(keys.get("cache_size", 10_000)),
-            key_negative_cache_size=int(keys.get("negative_cache_size", 10_000)),
+            key_stale_seconds=number(keys, "stale_seconds", 300.0, f"{source}: keys"),
+            key_cache_size=number(keys, "cache_size", 10_000, f"{source}: keys", integer=True),
+            key_negative_cache_size=number(keys, "negative_cache_size", 10_000, f"{source}: keys",
+                                           integer=True),
             limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
-            metrics_port=int(raw.get("metrics_port", 9464)),
+            metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True),
             access_log=str(raw.get("access_log", "stderr")),
-            drain_seconds=float(raw.get("drain_seconds", 30.0)),
+            drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: "),
             tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
             usage=parse_usage(raw.get("usage"), f"{source}: usage"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _model_path(value: Any, where: str) -> str | None:
+    if value is not None and not (isinstance(value, str) and Path(value).is_file()):
+        raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} (no such file)")
+    return value
 
 
 def _section(raw: dict, name: str, known: tuple[str, ...], source: str) -> dict:
@@ -173,8 +180,8 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
         models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
-        lease_seconds=float(raw.get("lease_seconds", 30.0)),
-        store_timeout_seconds=float(raw.get("store_timeout_seconds", 0.5)),
+        lease_seconds=number(raw, "lease_seconds", 30.0, where),
+        store_timeout_seconds=number(raw, "store_timeout_seconds", 0.5, where),
     )
     if settings.lease_seconds <= 0 or settings.store_timeout_seconds <= 0:
         raise ConfigError(f"{where}: lease_seconds and store_timeout_seconds must be positive")

@@ -113,6 +113,17 @@ def _number(raw: dict, name: str, default: float, where: str, *, integer: bool =
     return value
 
 
+def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, integer: bool = False) -> Any:
+    """A setting's number, its type checked so that a mistake names its path (`int("eighty")` names nothing).
+    `where` is the section ("c.yaml: listen"), or the file followed by ": " for a top-level setting."""
+    value = raw.get(name, default)
+    valid = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not valid:
+        path = f"{where}{name}" if where.endswith(": ") else f"{where}.{name}"
+        raise ConfigError(f"{path}: a {'whole ' if integer else ''}number, not {value!r}")
+    return value
+
+
 def mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping")

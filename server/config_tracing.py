@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from server.config_providers import ConfigError, mapping
+from server.config_providers import ConfigError, mapping, number
 
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
 
@@ -39,12 +39,12 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
     try:
         settings = TracingSettings(
             otlp_endpoint=endpoint,
-            sample_ratio=float(raw.get("sample_ratio", 1.0)),
+            sample_ratio=number(raw, "sample_ratio", 1.0, where),
             service_name=str(raw.get("service_name", "portico")),
-            max_queue_size=int(raw.get("max_queue_size", 2048)),
-            export_delay_seconds=float(raw.get("export_delay_seconds", 2.0)),
-            max_export_batch_size=int(raw.get("max_export_batch_size", 512)),
-            export_timeout_seconds=float(raw.get("export_timeout_seconds", 10.0)),
+            max_queue_size=number(raw, "max_queue_size", 2048, where, integer=True),
+            export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where),
+            max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True),
+            export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc

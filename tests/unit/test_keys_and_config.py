@@ -54,6 +54,14 @@ def test_limits_config():
         (f"{ONE_MODEL}\nlimits: {{stor: memory}}", r"limits: unknown setting\(s\) stor"),
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, fallback: [b]}]",
          r"models\[0\]: unknown setting\(s\) fallback"),
+        # A value of the wrong type names its path too, and a model file that is not there is a configuration error.
+        (f"{ONE_MODEL}\nlisten: {{port: eighty}}", r"listen\.port: a whole number, not 'eighty'"),
+        (f"{ONE_MODEL}\ndrain_seconds: thirty", r"c\.yaml: drain_seconds: a number, not 'thirty'"),
+        (f"{ONE_MODEL}\nembedded: {{context_size: big}}", r"embedded\.context_size: a whole number, not 'big'"),
+        (f"{ONE_MODEL}\nkeys: {{cache_seconds: [1]}}", r"keys\.cache_seconds: a number, not \[1\]"),
+        (f"{ONE_MODEL}\ntracing: {{sample_ratio: half}}", r"tracing\.sample_ratio: a number, not 'half'"),
+        (f"{ONE_MODEL}\nembedded: {{model_path: /nonexistent/model.gguf}}",
+         r"embedded\.model_path: the path of a GGUF model file, not '/nonexistent/model.gguf' \(no such file\)"),
     ],
 )
 def test_config_mistakes_are_clear(tmp_path, text, message):
