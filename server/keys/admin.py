@@ -22,6 +22,9 @@ MAX_NAME_CHARS = 200
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
 
 
+MAX_GRACE_SECONDS = 4_294_967_295  # the REST and gRPC field is a uint32; the CLI gets the same bound
+
+
 class KeyAdmin:
     def __init__(self, store: KeyStore, model_ids: Collection[str], *, rotation_grace_seconds: int) -> None:
         self._store = store
@@ -54,6 +57,9 @@ class KeyAdmin:
     async def rotate(self, key_id: str, *, grace_seconds: int | None = None) -> tuple[ApiKey, str, int]:
         """The key, its new secret and when the previous secret stops working."""
         grace = self._rotation_grace_seconds if grace_seconds is None else grace_seconds
+        if not 0 <= grace <= MAX_GRACE_SECONDS:
+            raise InvalidRequest(f"grace_seconds must be a whole number of seconds from 0 to {MAX_GRACE_SECONDS}.",
+                                 param="grace_seconds")
         return await self._store.rotate(key_id, grace_seconds=grace)
 
     async def revoke(self, id_or_secret: str) -> ApiKey:

@@ -62,3 +62,14 @@ def test_cli_refuses_a_bad_env_name_or_limit_in_one_line(tmp_path, capsys, optio
     assert main([*data, "keys", "update", key_id, *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"portico: {param}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("grace", ["-1", "4294967296"])
+def test_cli_refuses_a_rotation_grace_out_of_range_as_rest_does(tmp_path, capsys, grace):
+    """`--grace -1` ended the previous secret at once and said so with exit 0; REST refuses such a value."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "x", "--all-models"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    assert main([*data, "keys", "rotate", key_id, "--grace", grace]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: grace_seconds must be") and err.count("\n") == 1, err
