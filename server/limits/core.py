@@ -287,9 +287,12 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
     """Budgets are named in dollars, with the moment they reset."""
     where = f"the {reading.dimension.label} budget of {reading.scope.label}"
     if math.isinf(reading.wait):
+        # A request with no tokens reserved is an image request: its cost is its images.
+        most, fix = (("its images at the model's price", "Ask for fewer images") if not demand.tokens else
+                     ("prompt + max tokens at the model's prices", "Lower max_tokens or shorten the prompt"))
         return LimitExceeded(
-            f"Request too large for {where}: it may cost up to {usd_text(demand.cost)} (prompt + max tokens at the "
-            f"model's prices) but the budget is {usd_text(reading.limit)}. Lower max_tokens or shorten the prompt.",
+            f"Request too large for {where}: it may cost up to {usd_text(demand.cost)} ({most}) but the budget is "
+            f"{usd_text(reading.limit)}. {fix}.",
             dimension=reading.dimension, scope=reading.scope, never_fits=True,
         )
     wait = max(reading.wait, 0.001)

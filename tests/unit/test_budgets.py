@@ -81,8 +81,12 @@ async def test_a_request_settled_after_midnight_corrects_its_month_but_not_the_n
 async def test_a_request_that_could_never_fit_its_budget_has_no_retry_hint(store):
     error = await refused(store, demand(20_000, max_spend_day=10_000))
     assert error.message.startswith("Request too large for the spend per UTC day budget of key k1: it may cost up "
-                                    "to $0.02")
-    assert error.retry_after == 0
+                                    "to $0.02 (prompt + max tokens at the model's prices)")
+    assert error.message.endswith("Lower max_tokens or shorten the prompt.") and error.retry_after == 0
+    images = Demand((Scope("k1", "key k1", KeyLimits(max_spend_day=10_000)),), tokens=0, cost=40_000)
+    error = await refused(store, images)  # an image request reserves no tokens: its cost is its images
+    assert "up to $0.04 (its images at the model's price)" in error.message
+    assert error.message.endswith("Ask for fewer images.") and "max_tokens" not in error.message
 
 
 def test_months_are_utc_calendar_months():
