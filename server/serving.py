@@ -58,18 +58,24 @@ class _Backend:
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
                 development_key: bool = False) -> int:
     """`development_key`: on a first start with an empty key store, create and print an all-models key."""
+    # From the start: a stop signal while the model loads or workers start would otherwise kill the process by
+    # its default action (exit -15, nothing drained, no "Portico stopped."). It is acted on once all is up.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
     try:
         if development_key:
             await _print_development_key(config)
-        return await _serve(config, run_dir, workers, worker_command)
+        return await _serve(config, run_dir, workers, worker_command, stop)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(run_dir)
 
 
-async def _serve(config: Config, run_dir: Path, workers: int, worker_command) -> int:
+async def _serve(config: Config, run_dir: Path, workers: int, worker_command, stop: asyncio.Event) -> int:
     try:
         backend = await _start_backend(config, run_dir, workers, worker_command)
     except WorkerError as exc:
@@ -92,7 +98,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command) ->
         return 1
     print(f"Portico is listening on http://{config.host}:{config.port} (REST /v1 and gRPC)", flush=True)
 
-    exit_code = await _run_until_stopped(envoy, backend, config)
+    exit_code = await _run_until_stopped(envoy, backend, config, stop)
     await _drain(_stop_backend(backend), backend.stop_now)  # Envoy must still be up to carry the answers in flight
     await envoy.stop()
     if metrics:
@@ -123,12 +129,8 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
                     asyncio.create_task(pool.supervise()))
 
 
-async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Config) -> int:
+async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Config, stop: asyncio.Event) -> int:
     """Wait for a stop signal (then start draining: exit code 0) or a failure (exit code 1)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     envoy_exit = asyncio.create_task(envoy.wait())
     stop_requested = asyncio.create_task(stop.wait())
     watched = {envoy_exit, stop_requested} | ({backend.failed} if backend.failed else set())

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +20,7 @@ import orjson
 import pytest
 import yaml
 
-from gateway.envoy import repo_root
+from gateway.envoy import free_ports, repo_root
 from tests.e2e.conftest import running_gateway
 from tests.upstream_double import Cue
 from tests.upstream_support import write_config
@@ -173,3 +175,24 @@ def test_streams_cut_by_the_stop_end_with_the_dialects_error_event(tmp_path, dou
     # A stream cut after its 200 is logged like any stream that failed in-band: its 200, with the error's code.
     assert cut == {"ChatService/CreateChatCompletionHttp": (200, "service_unavailable"),
                    "MessageService/CreateMessageHttp": (200, "service_unavailable")}
+
+
+def test_a_stop_signal_while_starting_stops_it_cleanly_once_up(tmp_path):
+    """SIGTERM while the embedded model loads (an impatient process manager, a Ctrl-C at once) killed the process
+    by the signal's default action: exit -15, no "Portico stopped.". It is now acted on once all is up."""
+    port, admin_port, metrics_port = free_ports(3)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "--data-dir", str(tmp_path / "data"), "serve", "--port", str(port),
+         "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, process_group=0,
+    )
+    try:
+        first = process.stdout.readline()  # the development key, printed before the model loads
+        assert "development key" in first, first
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, out
+    assert "Portico is listening" in out and out.rstrip().endswith("Portico stopped.")
