@@ -36,6 +36,7 @@ from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE
 from server.providers import Capabilities, context_overflow
+from server.translate.internal_to_openai_request import TOOL_ERROR_MARKER
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Stands in for a turn's text while the chat template is rendered. NUL never occurs in a template's own text, and
@@ -287,8 +288,10 @@ class LlamaCppProvider:
 
 
 def _turn_text(turn: Turn) -> str:
-    """A turn as the text the model reads; tool calls and results are written out so no context is lost."""
-    lines = [f"Result of tool call {r.call_id}: {r.text}" for r in turn.tool_results]
+    """A turn as the text the model reads; tool calls and results are written out so no context is lost (a failed
+    tool's result marked as for an OpenAI-compatible upstream, which has no error flag either)."""
+    lines = [f"Result of tool call {r.call_id}: {TOOL_ERROR_MARKER if r.is_error else ''}{r.text}"
+             for r in turn.tool_results]
     if turn.text:
         lines.append(turn.text)
     if turn.tool_calls:

@@ -45,25 +45,25 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         return _json(await self._completions(request, context))
 
     async def GetCosts(self, request, context) -> pb.GetCostsResponse:
-        return json_format.ParseDict(await self._costs(request, context), pb.GetCostsResponse())
+        return json_format.ParseDict(await self._costs(request, context, typed=True), pb.GetCostsResponse())
 
     async def GetCostsHttp(self, request, context) -> httpbody_pb2.HttpBody:
         return _json(await self._costs(request, context))
 
     async def ListRequests(self, request, context) -> pb.ListRequestsResponse:
-        return json_format.ParseDict(await self._requests(request, context), pb.ListRequestsResponse())
+        return json_format.ParseDict(await self._requests(request, context, typed=True), pb.ListRequestsResponse())
 
     async def ListRequestsHttp(self, request, context) -> httpbody_pb2.HttpBody:
         return _json(await self._requests(request, context))
 
-    async def _requests(self, request: pb.ListRequestsRequest, context) -> dict:
+    async def _requests(self, request: pb.ListRequestsRequest, context, *, typed: bool = False) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         limit = rows_limit(_optional(request, "limit"))
         start, end = time_range(_optional(request, "start_time") or 0, _optional(request, "end_time"), self._clock())
         query = RowQuery(start * 1000, end * 1000, limit + 1, key_ids=_visible(key, request.api_key_ids),
                          models=tuple(request.models), envs=tuple(request.project_ids),
                          errors_only=request.errors_only, before=parse_row_cursor(request.page))
-        return requests_page(await asyncio.to_thread(self._ledger.recent, query), limit)
+        return requests_page(await asyncio.to_thread(self._ledger.recent, query), limit, typed=typed)
 
     async def _completions(self, request: pb.GetCompletionsUsageRequest, context) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
@@ -78,7 +78,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         totals = [] if nothing else await asyncio.to_thread(self._ledger.aggregate, query)
         return completions_page(page, totals, names)
 
-    async def _costs(self, request: pb.GetCostsRequest, context) -> dict:
+    async def _costs(self, request: pb.GetCostsRequest, context, *, typed: bool = False) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         page = plan_page(_optional(request, "start_time"), _optional(request, "end_time"), request.bucket_width,
                          _optional(request, "limit"), request.page, limits=COSTS_LIMITS, now=self._clock())
@@ -86,7 +86,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         query = UsageQuery(page.first * 1000, page.stop * 1000, page.width * 1000, columns,
                            key_ids=_visible(key, request.api_key_ids), models=tuple(request.models),
                            envs=tuple(request.project_ids))
-        return costs_page(page, await asyncio.to_thread(self._ledger.aggregate, query), names)
+        return costs_page(page, await asyncio.to_thread(self._ledger.aggregate, query), names, typed=typed)
 
 
 def _optional(message, field: str) -> int | None:

@@ -108,8 +108,9 @@ CHAT_FIELDS: dict[str, FieldRule] = {
 MESSAGE_FIELDS: dict[str, FieldRule] = {
     "model": FieldRule("string", A, A),
     "max_tokens": FieldRule("integer", A, A),
-    "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out; OpenAI: a "
-                          "`tool_result`'s `is_error: true` → its `tool` message's content starts with `Error: `"),
+    "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out; a "
+                          "`tool_result`'s `is_error: true` → its text starts with `Error: ` (OpenAI: the `tool` "
+                          "message's content)"),
     "system": FieldRule("any", A, A, note="→ a system message"),
     "stop_sequences": FieldRule("array", A, A, note="→ `stop`"),
     "temperature": FieldRule("number", A, A, note="0–1"),

@@ -57,7 +57,8 @@ def _built(request: GenerationRequest) -> dict:
     return body
 
 
-TOOL_ERROR_MARKER = "Error: "  # before a failed tool's result: OpenAI's tool messages have no is_error flag
+# Before a failed tool's result: OpenAI's tool messages have no is_error flag (the embedded model reads it too).
+TOOL_ERROR_MARKER = "Error: "
 
 
 def _messages(turn: Turn) -> list[dict]:

@@ -150,9 +150,11 @@ def completions_page(page: Page, totals: Sequence[Totals], names: set[str]) -> d
     return _envelope(page, _buckets(page, totals, result))
 
 
-def costs_page(page: Page, totals: Sequence[Totals], names: set[str]) -> dict:
+def costs_page(page: Page, totals: Sequence[Totals], names: set[str], *, typed: bool = False) -> dict:
+    """`typed`: for UsageService's message, which also holds the exact cost as an int64 (`amount_micros`); REST's
+    JSON keeps its documented shape, `amount_microdollars` being that integer already."""
     def result(t: Totals) -> dict:
-        return {
+        fields = {
             "object": "organization.costs.result",
             "amount": {"value": micros_to_usd(t.cost_micros), "currency": "usd"},
             "line_item": t.model if "line_item" in names else None,
@@ -161,6 +163,7 @@ def costs_page(page: Page, totals: Sequence[Totals], names: set[str]) -> dict:
             "model": t.model if "model" in names else None,
             "amount_microdollars": t.cost_micros,
         }
+        return (fields | {"amount_micros": t.cost_micros}) if typed else fields
 
     return _envelope(page, _buckets(page, totals, result))
 
@@ -195,21 +198,27 @@ def rows_limit(limit: int | None) -> int:
     return limit
 
 
-def requests_page(rows: Sequence[LedgerRow], limit: int) -> dict:
-    """`rows`: up to limit + 1, newest first (one more than shown says whether there are more)."""
+def requests_page(rows: Sequence[LedgerRow], limit: int, *, typed: bool = False) -> dict:
+    """`rows`: up to limit + 1, newest first (one more than shown says whether there are more). `typed`: for
+    UsageService's message, which also holds the exact cost as an int64 (`cost_micros`), as in costs_page."""
     shown = list(rows[:limit])
     more = len(rows) > limit
     return {
         "object": "list",
-        "data": [{
-            "object": "organization.request", "id": r.id, "request_id": r.request_id, "created": r.at_ms // 1000,
-            "api_key_id": r.key_id, "project_id": r.env, "endpoint": r.endpoint, "model": r.model,
-            "upstream": r.upstream, "deployment": r.deployment or None, "status": r.status, "code": r.code or None,
-            "input_tokens": r.input_tokens,
-            "output_tokens": r.output_tokens, "input_cached_tokens": r.cached_input_tokens, "images": r.images,
-            "cost": {"value": micros_to_usd(r.cost_micros), "currency": "usd"}, "cost_microdollars": r.cost_micros,
-            "latency_ms": r.latency_ms, "first_token_ms": r.first_token_ms,
-        } for r in shown],
+        "data": [_request(r, typed=typed) for r in shown],
         "has_more": more,
         "next_page": row_cursor(shown[-1]) if more else None,
     }
+
+
+def _request(r: LedgerRow, *, typed: bool) -> dict:
+    fields = {
+        "object": "organization.request", "id": r.id, "request_id": r.request_id, "created": r.at_ms // 1000,
+        "api_key_id": r.key_id, "project_id": r.env, "endpoint": r.endpoint, "model": r.model,
+        "upstream": r.upstream, "deployment": r.deployment or None, "status": r.status, "code": r.code or None,
+        "input_tokens": r.input_tokens,
+        "output_tokens": r.output_tokens, "input_cached_tokens": r.cached_input_tokens, "images": r.images,
+        "cost": {"value": micros_to_usd(r.cost_micros), "currency": "usd"}, "cost_microdollars": r.cost_micros,
+        "latency_ms": r.latency_ms, "first_token_ms": r.first_token_ms,
+    }
+    return (fields | {"cost_micros": r.cost_micros}) if typed else fields

@@ -182,3 +182,36 @@ async def test_typed_streams_carry_tool_calls(chat, messages, key):
     assert (start.content_block.type, start.content_block.name) == ("tool_use", "weather")
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
     assert orjson.loads(partial) == {"echo": "Say hello."} and events[-2].delta.stop_reason == "tool_use"
+
+
+async def test_typed_answers_carry_prompt_cache_counts(chat, messages, double, key):
+    usage = {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
+             "output_tokens": 1}
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": usage}
+    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+               "usage": {"output_tokens": 1}},
+              {"type": "message_stop"}]
+    double.cue(Cue(body=message), Cue(frames=[sse(e, e["type"]) for e in events]))
+    response = await chat.CreateChatCompletion(chat_request(model="chat-on-anthropic"), metadata=bearer(key[1]))
+    assert (response.usage.prompt_tokens, response.usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
+    request = chat_request(model="chat-on-anthropic", stream=True, stream_options={"include_usage": True})
+    chunks = [c async for c in chat.StreamChatCompletion(request, metadata=bearer(key[1]))]
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
+    # An OpenAI-compatible upstream's own usage object reaches the caller, fields the message lacks left out.
+    openai_usage = {"prompt_tokens": 1200, "completion_tokens": 1, "total_tokens": 1201,
+                    "prompt_tokens_details": {"cached_tokens": 1024, "audio_tokens": 0}}
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up", "usage": openai_usage,
+             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]}
+    double.cue(Cue(body=whole), Cue(body=whole))
+    response = await chat.CreateChatCompletion(chat_request(model="chat-on-openai"), metadata=bearer(key[1]))
+    assert response.usage.prompt_tokens_details.cached_tokens == 1024
+    typed = await messages.CreateMessage(message_request(model="messages-on-openai"), metadata=bearer(key[1]))
+    assert (typed.usage.input_tokens, typed.usage.cache_read_input_tokens) == (176, 1024)
+    # Without a cache read there are no details, as in the REST answer.
+    response = await chat.CreateChatCompletion(chat_request(model="chat-on-anthropic"), metadata=bearer(key[1]))
+    assert not response.usage.HasField("prompt_tokens_details")

@@ -20,6 +20,7 @@ from server.app import start_server
 from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
 from tests.upstream_double import Cue
+from server.usage.ledger import LedgerRow
 from server.usage.settings import UsageSettings
 from server.usage.sqlite_ledger import SqliteLedger
 from tests.upstream_support import (
@@ -244,6 +245,28 @@ async def test_recent_requests_newest_first_in_pages(chat, channel, running, dou
     stub = usage_service_pb2_grpc.UsageServiceStub(channel)
     typed = await stub.ListRequests(pb.ListRequestsRequest(limit=1), metadata=bearer(other_secret))
     assert [(r.api_key_id, r.cost_microdollars) for r in typed.data] == [(other.id, 27)]
+
+
+async def test_typed_costs_are_exact_integers_and_rest_keeps_its_shape(channel, running):
+    key, secret = await running.store.create("big-spender", all_models=True)
+    exact = 2**53 + 1  # micro-dollars; a double reads it back as 2**53
+    row = LedgerRow(id=f"big-{key.id}", at_ms=int(time.time() * 1000), request_id="req-big", key_id=key.id, env="",
+                    endpoint="/v1/chat/completions", model="up-main", upstream="up-main", status=200, code="",
+                    input_tokens=1, output_tokens=1, cached_input_tokens=0, images=0, cost_micros=exact,
+                    upstream_attempts=1, latency_ms=1.0, first_token_ms=None)
+    running.core.usage.write([row])
+    start = row.at_ms // 1000
+    stub = usage_service_pb2_grpc.UsageServiceStub(channel)
+    costs = await stub.GetCosts(pb.GetCostsRequest(start_time=start), metadata=bearer(secret))
+    (result,) = costs.data[0].results
+    assert result.amount_micros == exact and int(result.amount_microdollars) != exact
+    (record,) = (await stub.ListRequests(pb.ListRequestsRequest(start_time=start), metadata=bearer(secret))).data
+    assert record.cost_micros == exact
+    # REST answers as documented: the exact integer as a JSON number, and no int64 (which would print as a string).
+    (rest,) = (await usage_json(channel, secret, "GetCostsHttp", start_time=start))["data"][0]["results"]
+    assert rest["amount_microdollars"] == exact and "amount_micros" not in rest
+    (rest,) = (await usage_json(channel, secret, "ListRequestsHttp", start_time=start))["data"]
+    assert rest["cost_microdollars"] == exact and "cost_micros" not in rest
 
 
 async def test_rows_still_queued_are_written_when_the_server_stops(tmp_path, double):

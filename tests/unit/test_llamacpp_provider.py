@@ -8,7 +8,9 @@ import time
 import llama_cpp
 import pytest
 
-from server.domain import Finished, FinishReason, GenerationRequest, Role, SamplingParams, Started, TextDelta, Turn
+from server.domain import (
+    Finished, FinishReason, GenerationRequest, Role, SamplingParams, Started, TextDelta, ToolCall, ToolResult, Turn,
+)
 from server.errors import InvalidRequest, ServiceUnavailable
 from server.providers.llamacpp import LlamaCppProvider, _first_stop, _stop_prefix_len
 
@@ -275,6 +277,18 @@ async def test_close_refuses_queued_and_stops_running_requests():
             pass
     with pytest.raises(ServiceUnavailable):
         await collect(provider, request())
+
+
+def test_a_failed_tools_result_reaches_the_model_marked(provider, reference):
+    """The model has no error flag to read: a failed result is marked as for an OpenAI-compatible upstream."""
+    turns = (
+        Turn(Role.USER, "Weather in Oslo and Bergen?"),
+        Turn(Role.ASSISTANT, tool_calls=(ToolCall("t1", "weather", '{"city":"Oslo"}'),
+                                         ToolCall("t2", "weather", '{"city":"Bergen"}'))),
+        Turn(Role.USER, tool_results=(ToolResult("t1", "city not found", is_error=True), ToolResult("t2", "12 C"))),
+    )
+    prompt = reference.detokenize(provider._tokenize(turns), special=True).decode()
+    assert "Result of tool call t1: Error: city not found\nResult of tool call t2: 12 C" in prompt
 
 
 def test_stop_string_helpers():
