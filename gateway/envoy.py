@@ -26,13 +26,14 @@ from typing import Any
 import yaml
 
 from gateway.processes import start_supervised, terminate
-from gateway.query_parameters import Parameters, lua_table, organization_parameters
+from gateway.query_parameters import Parameters, lua_set, lua_table, organization_parameters, path_variables
 from server.errors import kind_by_status
 
 _LUA_FILTER = "envoy.filters.http.lua"
 _TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
 _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
+_PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
 
 
 class EnvoyError(RuntimeError):
@@ -92,8 +93,9 @@ def render_config(
         for log in hcm.get("access_log", ()):
             log["typed_config"]["path"] = access_log_path
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
-    parameters = organization_parameters(Path(descriptor_set).read_bytes())
-    lua = render_lua(Path(lua_source).read_text("utf-8"), parameters)
+    descriptors = Path(descriptor_set).read_bytes()
+    lua = render_lua(Path(lua_source).read_text("utf-8"), organization_parameters(descriptors),
+                     path_variables(descriptors))
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     for transcoder in _transcoders(hcm):
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
@@ -115,10 +117,10 @@ def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def render_lua(source: str, parameters: Parameters) -> str:
-    """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS from the
-    descriptor set (gateway/query_parameters.py), so they cannot drift apart (pure)."""
-    for line in (_KINDS_LINE, _PARAMETERS_LINE):
+def render_lua(source: str, parameters: Parameters, variables: list[str]) -> str:
+    """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS and
+    PATH_VARIABLES from the descriptor set (gateway/query_parameters.py), so they cannot drift apart (pure)."""
+    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
@@ -126,6 +128,7 @@ def render_lua(source: str, parameters: Parameters) -> str:
         for status, kind in sorted(kind_by_status().items())
     )
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
+    source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_set(variables))
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
 
 

@@ -146,6 +146,19 @@ local function organization_query(query, parameters)
   return table.concat(rewritten, "&")
 end
 
+-- The names REST path templates bind ({id}, {model}, ...): gateway/envoy.py replaces the next line with them, read
+-- from the descriptor set. The transcoder lets a query parameter of that name replace the path's value, so that
+-- PATCH /v1/admin/keys/A?id=B changed key B: such a parameter is refused on every path.
+local PATH_VARIABLES = {}  -- @PATH_VARIABLES@
+
+local function path_variable_in(query)
+  for pair in query:gmatch("[^&]+") do
+    local name = unescape(pair:match("^([^=]*)")):gsub("%[%]$", "")
+    if PATH_VARIABLES[name] then return name end
+  end
+  return nil
+end
+
 local function asks_for_stream(text)
   -- Any `"stream": true` member, at any depth: a nested one only costs the unary saving. A top-level key spelt
   -- with escapes is missed; the unary RPC then answers its events in one body.
@@ -211,6 +224,14 @@ function envoy_on_request(handle)
         ORGANIZATION_NAMES[path] .. ".")
     end
     return headers:replace(":path", path .. "?" .. query)
+  end
+  if full_path ~= path then
+    local name = path_variable_in(full_path:sub(#path + 2))
+    if name then
+      metadata:set("portico", "query_param", name)
+      return handle:respond({[":status"] = "400"}, "Parameter " .. name .. " belongs in the URL's path, not its " ..
+        "query: " .. redacted(path) .. " names what it acts on.")
+    end
   end
   -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
   -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.

@@ -8,6 +8,8 @@ bindings, so it cannot drift from what the transcoder maps.
 
 from __future__ import annotations
 
+import re
+
 from google.api import annotations_pb2  # registers the google.api.http extension, so parsing keeps the bindings
 from google.protobuf import descriptor_pb2
 
@@ -38,3 +40,24 @@ def lua_table(parameters: Parameters) -> str:
         fields = ", ".join(f'["{name}"] = {str(many).lower()}' for name, many in sorted(names.items()))
         rows.append(f'  ["{path}"] = {{{fields}}},\n')
     return "{\n" + "".join(rows) + "}"
+
+
+def path_variables(descriptor_set: bytes) -> list[str]:
+    """Every name a REST path template binds (`{id}` in /v1/admin/keys/{id}). The transcoder lets a query parameter
+    of the same name replace the path's value (`PATCH /v1/admin/keys/A?id=B` changed key B), so the Lua shaper
+    refuses such a parameter on every path."""
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
+    names: set[str] = set()
+    for file in files:
+        for service in file.service:
+            for method in service.method:
+                rule = method.options.Extensions[annotations_pb2.http]
+                for binding in (rule, *rule.additional_bindings):
+                    template = getattr(binding, binding.WhichOneof("pattern") or "get", "")
+                    names.update(re.findall(r"\{([A-Za-z_][A-Za-z0-9_.]*)", str(template)))
+    return sorted(names)
+
+
+def lua_set(names: list[str]) -> str:
+    """`names` as a Lua set constructor (proto identifiers: no escaping)."""
+    return "{" + ", ".join(f'["{name}"] = true' for name in names) + "}"

@@ -22,7 +22,9 @@ MAX_NAME_CHARS = 200
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
 
 
-MAX_GRACE_SECONDS = 4_294_967_295  # the REST and gRPC field is a uint32; the CLI gets the same bound
+# Ten years: the previous secret's end, now + grace, must fit `previous_secret_expires` (uint32 unix seconds, until
+# 2106), and is checked before anything is stored. The CLI, gRPC and REST get the same bound.
+MAX_GRACE_SECONDS = 10 * 365 * 86_400
 
 
 class KeyAdmin:

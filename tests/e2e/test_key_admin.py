@@ -123,3 +123,39 @@ def test_rest_refuses_values_of_the_wrong_json_type_naming_their_path(gateway):
             assert refusal(refused)["param"] == param
     assert refusal(httpx.post(f"{keys_url}/{key_id}/rotate", headers=headers,
                               json={"grace_seconds": "60"}))["param"] == "grace_seconds"
+
+
+def test_a_query_parameter_cannot_replace_the_key_the_path_names(gateway):
+    """The transcoder let `?id=` replace the path's {id}: PATCH /v1/admin/keys/A?id=B renamed B, .../A/revoke?id=B
+    revoked B. Such a parameter is refused on every path, and nothing changes."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    a, b = (httpx.post(keys_url, headers=headers, json={"name": n, "all_models": True}).json() for n in "ab")
+    a_url, b_id = f"{keys_url}/{a['key']['id']}", b["key"]["id"]
+    for answer in (httpx.patch(f"{a_url}?id={b_id}", headers=headers, json={"name": "renamed"}),
+                   httpx.post(f"{a_url}/revoke?id={b_id}", headers=headers),
+                   httpx.post(f"{a_url}/rotate?i%64={b_id}", headers=headers, json={"grace_seconds": 0}),
+                   httpx.get(f"{a_url}?id={b_id}", headers=headers)):
+        assert refusal(answer)["param"] == "id"
+    assert httpx.get(f"{keys_url}/{b_id}", headers=headers).json()["key"] == b["key"]  # untouched
+    assert chat(gateway, a["secret"]).status_code == chat(gateway, b["secret"]).status_code == 200
+    models = httpx.get(f"{gateway.base_url}/v1/models/family-a-5.5?model=family-a-5.4", headers=headers)
+    assert refusal(models)["param"] == "model"
+
+
+def test_a_rotation_grace_too_long_for_its_end_to_be_said_is_a_400_and_nothing_rotates(gateway):
+    """grace_seconds 2,500,000,000 rotated the key, then failed with a 500 building the answer (its end does not fit
+    previous_secret_expires): the new secret was lost and the old one kept working until 2105."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    created = httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers,
+                         json={"name": "long-grace", "all_models": True}).json()
+    rotate_url = f"{gateway.base_url}/v1/admin/keys/{created['key']['id']}/rotate"
+    for grace in (2_500_000_000, 4_294_967_295, 315_360_001):
+        assert refusal(httpx.post(rotate_url, headers=headers, json={"grace_seconds": grace}))["param"] == \
+            "grace_seconds"
+    rotated = httpx.post(rotate_url, headers=headers, json={"grace_seconds": 0})
+    assert rotated.status_code == 200  # the first rotation there was
+    assert chat(gateway, created["secret"]).status_code == 401
+    assert chat(gateway, rotated.json()["secret"]).status_code == 200

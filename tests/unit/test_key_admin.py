@@ -64,7 +64,7 @@ def test_cli_refuses_a_bad_env_name_or_limit_in_one_line(tmp_path, capsys, optio
     assert err.startswith(f"portico: {param}") and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("grace", ["-1", "4294967296"])
+@pytest.mark.parametrize("grace", ["-1", "315360001", "4294967295"])
 def test_cli_refuses_a_rotation_grace_out_of_range_as_rest_does(tmp_path, capsys, grace):
     """`--grace -1` ended the previous secret at once and said so with exit 0; REST refuses such a value."""
     data = ["--data-dir", str(tmp_path)]
