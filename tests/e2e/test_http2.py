@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from dataclasses import dataclass, field
 
 import h2.config
@@ -79,3 +80,37 @@ def test_an_error_over_http2(gateway):
     assert answer.headers[":status"] == "404"
     assert json.loads(answer.body)["error"]["code"] == "model_not_found"
     assert answer.internal() == []
+
+
+def test_a_malformed_http2_request_resets_its_stream_not_the_connection(gateway):
+    """An upper-case header name is malformed in HTTP/2. Envoy dropped the whole connection for it (a TCP reset),
+    and with it every other request on that connection; now only that stream is reset."""
+    config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                       normalize_outbound_headers=False)
+    connection = h2.connection.H2Connection(config)
+    common = [(b":method", b"GET"), (b":path", b"/v1/models"), (b":scheme", b"http"), (b":authority", b"x")]
+    key = f"Bearer {gateway.secret}".encode()
+    events: dict[int, list[str]] = {1: [], 3: [], 5: []}
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
+        connection.initiate_connection()
+        connection.send_headers(1, [*common, (b"Authorization", key)], end_stream=True)  # malformed
+        sock.sendall(connection.data_to_send())
+        time.sleep(0.2)
+        for stream in (3, 5):
+            connection.send_headers(stream, [*common, (b"authorization", key)], end_stream=True)
+        sock.sendall(connection.data_to_send())
+        while not all(events[s] and events[s][-1] in ("ended", "reset") for s in events):
+            data = sock.recv(65536)
+            assert data, f"the connection was closed: {events}"
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    events[event.stream_id].append(dict(event.headers)[b":status"].decode())
+                elif isinstance(event, h2.events.StreamEnded):
+                    events[event.stream_id].append("ended")
+                elif isinstance(event, h2.events.StreamReset):
+                    events[event.stream_id].append("reset")
+                elif isinstance(event, h2.events.DataReceived):
+                    connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            sock.sendall(connection.data_to_send())
+    assert events[1][-1] == "reset" or events[1][0] == "400", events
+    assert events[3] == events[5] == ["200", "ended"], events
