@@ -4,6 +4,9 @@ send through the renderers (tests/unit) and through the upstream double (tests/s
 
 from __future__ import annotations
 
+from tests.upstream_double import Cue
+from tests.upstream_echo import sse
+
 UPSTREAM_MODEL = "upstream-secret-model-name"  # what the upstream calls itself: must never reach a caller
 LOGPROBS = {"content": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": [
     {"token": "Hi", "logprob": -0.25, "bytes": [72, 105]}, {"token": "Hello", "logprob": -1.5, "bytes": None}]}],
@@ -44,3 +47,19 @@ CHUNKS = [
     chunk({}, "tool_calls", usage=None),
     chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
 ]
+
+
+# An Anthropic upstream's answer, read mostly from its prompt cache (2,000 tokens read, 100 written, 10 not cached):
+# as a JSON answer, then as a stream.
+_CACHED_USAGE = {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
+                 "output_tokens": 1}
+_CACHED_MESSAGE = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+                   "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": _CACHED_USAGE}
+_CACHED_EVENTS = [{"type": "message_start", "message": {**_CACHED_MESSAGE, "content": [], "stop_reason": None}},
+                  {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                  {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+                  {"type": "content_block_stop", "index": 0},
+                  {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                   "usage": {"output_tokens": 1}},
+                  {"type": "message_stop"}]
+CACHED_ANSWER_CUES = (Cue(body=_CACHED_MESSAGE), Cue(frames=[sse(e, e["type"]) for e in _CACHED_EVENTS]))

@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import running_gateway
 from tests.llama_server import MODEL_ALIAS
+from tests.passthrough_objects import CACHED_ANSWER_CUES
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
@@ -308,18 +309,7 @@ def test_an_openai_upstreams_refusal_reaches_an_anthropic_caller(claude, oai, do
 
 
 def test_prompt_cache_counts_cross_dialects(claude, oai, double):
-    usage = {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
-             "output_tokens": 1}
-    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
-               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": usage}
-    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
-              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
-              {"type": "content_block_stop", "index": 0},
-              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-               "usage": {"output_tokens": 1}},
-              {"type": "message_stop"}]
-    double.cue(Cue(body=message), Cue(frames=[sse(e, e["type"]) for e in events]))
+    double.cue(*CACHED_ANSWER_CUES)  # a JSON answer, then a stream
     hello = [{"role": "user", "content": "Hi"}]
     completion = oai.chat.completions.create(model="chat-anthropic", messages=hello)
     assert (completion.usage.prompt_tokens, completion.usage.prompt_tokens_details.cached_tokens) == (2110, 2000)

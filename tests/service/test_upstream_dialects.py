@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames, http_body
+from tests.passthrough_objects import CACHED_ANSWER_CUES
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY, cross_dialect_models, upstream_server, window_tokens
@@ -185,18 +186,7 @@ async def test_typed_streams_carry_tool_calls(chat, messages, key):
 
 
 async def test_typed_answers_carry_prompt_cache_counts(chat, messages, double, key):
-    usage = {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
-             "output_tokens": 1}
-    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
-               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": usage}
-    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
-              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-              {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
-              {"type": "content_block_stop", "index": 0},
-              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-               "usage": {"output_tokens": 1}},
-              {"type": "message_stop"}]
-    double.cue(Cue(body=message), Cue(frames=[sse(e, e["type"]) for e in events]))
+    double.cue(*CACHED_ANSWER_CUES)  # a JSON answer, then a stream
     response = await chat.CreateChatCompletion(chat_request(model="chat-on-anthropic"), metadata=bearer(key[1]))
     assert (response.usage.prompt_tokens, response.usage.prompt_tokens_details.cached_tokens) == (2110, 2000)
     request = chat_request(model="chat-on-anthropic", stream=True, stream_options={"include_usage": True})
