@@ -19,7 +19,7 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
-    ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest,
+    ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, Json,
     ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
     estimate_tokens,
 )
@@ -31,6 +31,7 @@ from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
 from server.providers import Capabilities, Provider, TokenCounter, context_overflow, token_counter_of, unsupported
 from server.providers.images import ImageProvider
+from server.translate.values import body_and_model
 
 
 class CallContext(Protocol):
@@ -86,12 +87,17 @@ class Pipeline:
     def catalog(self) -> Catalog:
         return self._catalog
 
-    async def after_key(self, context: CallContext, error: PorticoError, *,
-                        allow_x_api_key: bool = False) -> PorticoError:
-        """`error`, found before the request's key was checked (a body that is not JSON): returned for the caller to
-        raise once the key is found valid; a caller without a valid key hears that instead (401, whatever the body)."""
-        await self._authenticator.authenticate(context.invocation_metadata() or (), allow_x_api_key=allow_x_api_key)
-        return error
+    async def read_body(self, context: CallContext, data: bytes | dict[str, Json], *,
+                        allow_x_api_key: bool = False) -> tuple[dict[str, Json], str]:
+        """A REST caller's raw body (parsed) or a typed request already turned into JSON, and its `model`. A body that
+        cannot be read is refused only once the caller's key is found valid: a caller without one hears that instead
+        (401, whatever the body)."""
+        try:
+            return body_and_model(data)
+        except InvalidRequest:
+            await self._authenticator.authenticate(context.invocation_metadata() or (),
+                                                   allow_x_api_key=allow_x_api_key)
+            raise
 
     async def begin(
         self, context: CallContext, model_id: str, endpoint: str, *, allow_x_api_key: bool = False

@@ -20,11 +20,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, Json, ResponseHeader
-from server.errors import InvalidRequest
 from server.pipeline import Call, Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
-from server.translate.values import body_and_model, proto_to_json
+from server.translate.values import proto_to_json
 
 
 class Plan(Protocol):
@@ -139,10 +138,7 @@ class DialectServicer:
         self, data: bytes | dict, context, *, always_stream: bool = False
     ) -> tuple[Call, Plan, ResponseHeader]:
         """`data`: a REST caller's raw body, or a typed request turned into JSON."""
-        try:
-            body, model = body_and_model(data)
-        except InvalidRequest as error:
-            raise await self._pipeline.after_key(context, error, allow_x_api_key=self.allow_x_api_key) from None
+        body, model = await self._pipeline.read_body(context, data, allow_x_api_key=self.allow_x_api_key)
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
         plan = self.plan(body, call, always_stream=always_stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)

@@ -11,12 +11,11 @@ from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.domain import Endpoint
-from server.errors import InvalidRequest
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
 from server.render import json_body
 from server.translate.openai_images import image_request, images_response
-from server.translate.values import body_and_model, proto_to_json
+from server.translate.values import proto_to_json
 
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
@@ -26,10 +25,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
 
     async def _generate(self, data: bytes | dict, context: grpc.aio.ServicerContext) -> dict:
         """`data`: a REST caller's raw body, or a typed request turned into JSON."""
-        try:
-            body, model = body_and_model(data)
-        except InvalidRequest as error:
-            raise await self._pipeline.after_key(context, error) from None
+        body, model = await self._pipeline.read_body(context, data)
         call = await self._pipeline.begin(context, model, Endpoint.IMAGES)
         plan = image_request(body)
         images = await self._pipeline.generate_images(call, plan.generation)
