@@ -86,11 +86,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 observed.outcome = Outcome.cancelled()
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the table
-                error = self._as_portico_error(exc, method)
-                observed.outcome = Outcome.of_error(error)
-                headers = observed.error_headers()
-                observed.close()  # before the status goes out: a caller that has its answer sees it counted
-                await abort(context, error, anthropic=anthropic, headers=headers)
+                await observed.fail(context, self._as_portico_error(exc, method), anthropic=anthropic)
             finally:
                 observed.close()
 
@@ -113,11 +109,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 observed.cancelled()
                 raise
             except Exception as exc:  # noqa: BLE001
-                error = self._as_portico_error(exc, method)
-                observed.outcome = Outcome.of_error(error)
-                headers = observed.error_headers()
-                observed.close()  # before the status goes out: a caller that has its answer sees it counted
-                await abort(context, error, anthropic=anthropic, headers=headers)
+                await observed.fail(context, self._as_portico_error(exc, method), anthropic=anthropic)
             finally:
                 observed.close()
 
@@ -150,12 +142,14 @@ class _Observation:
         if self._record is None or not self._record.answered:
             self.outcome = Outcome.cancelled()
 
-    def error_headers(self) -> tuple[tuple[str, str], ...]:
-        """What an error answer says besides the error: for a model with a response cache, that the cache did not
-        answer (configuration.md: every answer of a cached model carries x-portico-cache)."""
-        if self._record is not None and self._record.cache:
-            return ((CACHE_HEADER, "miss"),)
-        return ()
+    async def fail(self, context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool) -> None:
+        """Record the failure, then answer it: recorded first, so a caller that has its answer sees it counted. For
+        a model with a response cache the answer also says the cache did not answer (configuration.md: every answer
+        of a cached model carries x-portico-cache)."""
+        self.outcome = Outcome.of_error(error)
+        headers = ((CACHE_HEADER, "miss"),) if self._record is not None and self._record.cache else ()
+        self.close()
+        await abort(context, error, anthropic=anthropic, headers=headers)
 
     def close(self) -> None:
         """Records the outcome once; later calls do nothing."""
