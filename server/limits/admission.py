@@ -121,24 +121,22 @@ class Limiter:
 
     def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
         """Replace the reservation's estimates with what the request used. Never waits, so it cannot be interrupted:
-        it runs on exit paths, often after the answer went out, in a task being cancelled because its caller left.
-        A store that waits settles in a task held here (see `_until_taken`)."""
-        if not reservation.held:
-            return
-        if self._immediate:
-            _run_now(_logged(self._store.settle(reservation, used_tokens, used_cost)))
-        else:
-            self._spawn(self._until_taken(functools.partial(self._store.settle, reservation, used_tokens, used_cost)))
+        it runs on exit paths, often after the answer went out, in a task being cancelled because its caller left."""
+        if reservation.held:
+            self._finish(functools.partial(self._store.settle, reservation, used_tokens, used_cost))
 
     def release(self, reservation: Reservation) -> None:
         """Undo the reservation: its request never reached a model (its caller left while it was being admitted,
         or the store's answer never came). Never waits, as `settle`."""
-        if not reservation.held:
-            return
+        if reservation.held:
+            self._finish(functools.partial(self._store.release, reservation))
+
+    def _finish(self, attempt: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """At once for a store that does not wait; else in a task held here, retried until taken (`_until_taken`)."""
         if self._immediate:
-            _run_now(_logged(self._store.release(reservation)))
+            _run_now(_logged(attempt()))
         else:
-            self._spawn(self._until_taken(functools.partial(self._store.release, reservation)))
+            self._spawn(self._until_taken(attempt))
 
     async def settled(self) -> None:
         """Wait for the settlements under way now (tests, diagnostics)."""
