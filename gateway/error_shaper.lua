@@ -126,17 +126,23 @@ local function unescape(text)
   return (text:gsub("%+", " "):gsub("%%(%x%x)", function(hex) return string.char(tonumber(hex, 16)) end))
 end
 
--- OpenAI's SDKs write a list as `name[]=a&name[]=b` (brackets %-encoded or not); the transcoder reads only
--- `name=a&name=b`, and skips names it does not know (ignore_unknown_query_parameters: the anthropic SDK adds
--- `?beta=true` elsewhere), so a filter or a grouping would be dropped without a word and the answer would cover
--- everything. Returns the query with list names made plain, or nil, the parameter at fault and what is wrong.
+-- A query's `name=value` pair: its name (unescaped, without a trailing `[]`), whether it had `[]` (OpenAI's SDKs
+-- write a list as `name[]=a&name[]=b`, brackets %-encoded or not), and the rest of the pair from its `=`.
+local function query_pair(pair)
+  local raw, rest = pair:match("^([^=]*)(.*)$")
+  local name = unescape(raw)
+  local list = name:match("^(.*)%[%]$")
+  return list or name, list ~= nil, rest
+end
+
+-- The transcoder reads a list only as `name=a&name=b`, and skips names it does not know
+-- (ignore_unknown_query_parameters: the anthropic SDK adds `?beta=true` elsewhere), so a filter or a grouping would be
+-- dropped without a word and the answer would cover everything. Returns the query with list names made plain, or
+-- nil, the parameter at fault and what is wrong.
 local function organization_query(query, parameters)
   local rewritten, seen = {}, {}
   for pair in query:gmatch("[^&]+") do
-    local raw, rest = pair:match("^([^=]*)(.*)$")
-    local name = unescape(raw)
-    local list = name:match("^(.*)%[%]$")
-    name = list or name
+    local name, list, rest = query_pair(pair)
     if parameters[name] == nil then return nil, name, "Unknown parameter " .. name end
     local single = not parameters[name]
     if single and (list or seen[name]) then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
@@ -153,7 +159,7 @@ local PATH_VARIABLES = {}  -- @PATH_VARIABLES@
 
 local function path_variable_in(query)
   for pair in query:gmatch("[^&]+") do
-    local name = unescape(pair:match("^([^=]*)")):gsub("%[%]$", "")
+    local name = query_pair(pair)
     if PATH_VARIABLES[name] then return name end
   end
   return nil
@@ -214,19 +220,19 @@ function envoy_on_request(handle)
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
-  local parameters = ORGANIZATION_PARAMETERS[path]
-  if parameters and method == "GET" and full_path ~= path then
-    local query, param, fault = organization_query(full_path:sub(#path + 2), parameters)
-    if query == nil then
-      -- shape_error names it as `param` (the transcoder's texts are read for theirs; this one is not Envoy's).
-      metadata:set("portico", "query_param", param)
-      return handle:respond({[":status"] = "400"}, fault .. " for GET " .. path .. ": it takes " ..
-        ORGANIZATION_NAMES[path] .. ".")
+  if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
+    local query = full_path:sub(#path + 2)
+    local parameters = ORGANIZATION_PARAMETERS[path]
+    if parameters and method == "GET" then
+      local rewritten, param, fault = organization_query(query, parameters)
+      if rewritten == nil then
+        metadata:set("portico", "query_param", param)
+        return handle:respond({[":status"] = "400"}, fault .. " for GET " .. path .. ": it takes " ..
+          ORGANIZATION_NAMES[path] .. ".")
+      end
+      return headers:replace(":path", path .. "?" .. rewritten)
     end
-    return headers:replace(":path", path .. "?" .. query)
-  end
-  if full_path ~= path then
-    local name = path_variable_in(full_path:sub(#path + 2))
+    local name = path_variable_in(query)
     if name then
       metadata:set("portico", "query_param", name)
       return handle:respond({[":status"] = "400"}, "Parameter " .. name .. " belongs in the URL's path, not its " ..

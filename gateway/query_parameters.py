@@ -1,4 +1,5 @@
-"""The query parameters of the REST paths under /v1/organization/, read from Envoy's descriptor set (pure).
+"""What the Lua shaper checks in REST query strings, read from Envoy's descriptor set (pure): the parameters of the
+paths under /v1/organization/, and the names path templates bind (`path_variables`).
 
 The Lua shaper checks those paths' queries itself (gateway/error_shaper.lua, `organization_query`): the transcoder
 skips names it does not know (`ignore_unknown_query_parameters`, which other paths need), and OpenAI's SDKs write
@@ -9,8 +10,10 @@ bindings, so it cannot drift from what the transcoder maps.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from google.api import annotations_pb2  # registers the google.api.http extension, so parsing keeps the bindings
+from google.api import http_pb2
 from google.protobuf import descriptor_pb2
 
 PREFIX = "/v1/organization/"
@@ -20,17 +23,11 @@ Parameters = dict[str, dict[str, bool]]
 
 
 def organization_parameters(descriptor_set: bytes) -> Parameters:
-    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
+    files = _files(descriptor_set)
     messages = {f".{file.package}.{message.name}": message for file in files for message in file.message_type}
-    table: Parameters = {}
-    for file in files:
-        for service in file.service:
-            for method in service.method:
-                path = method.options.Extensions[annotations_pb2.http].get
-                if path.startswith(PREFIX):
-                    table[path] = {field.name: field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
-                                   for field in messages[method.input_type].field}
-    return table
+    return {rule.get: {field.name: field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+                       for field in messages[method.input_type].field}
+            for method, rule in _bindings(files) if rule.get.startswith(PREFIX)}
 
 
 def lua_table(parameters: Parameters) -> str:
@@ -46,16 +43,25 @@ def path_variables(descriptor_set: bytes) -> list[str]:
     """Every name a REST path template binds (`{id}` in /v1/admin/keys/{id}). The transcoder lets a query parameter
     of the same name replace the path's value (`PATCH /v1/admin/keys/A?id=B` changed key B), so the Lua shaper
     refuses such a parameter on every path."""
-    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
     names: set[str] = set()
+    for _, rule in _bindings(_files(descriptor_set)):
+        template = getattr(rule, rule.WhichOneof("pattern") or "get", "")
+        names.update(re.findall(r"\{([A-Za-z_][A-Za-z0-9_.]*)", str(template)))
+    return sorted(names)
+
+
+def _files(descriptor_set: bytes):
+    return descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
+
+
+def _bindings(files) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, http_pb2.HttpRule]]:
+    """Each method's `google.api.http` rule and its additional bindings, with the method."""
     for file in files:
         for service in file.service:
             for method in service.method:
                 rule = method.options.Extensions[annotations_pb2.http]
                 for binding in (rule, *rule.additional_bindings):
-                    template = getattr(binding, binding.WhichOneof("pattern") or "get", "")
-                    names.update(re.findall(r"\{([A-Za-z_][A-Za-z0-9_.]*)", str(template)))
-    return sorted(names)
+                    yield method, binding
 
 
 def lua_set(names: list[str]) -> str:
