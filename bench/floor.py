@@ -8,10 +8,10 @@ completion: no key check, no limits, no translation, no upstream call. `python -
 JSON load against it for each N, so the table shows how many req/s are left for a handler of a given cost.
 
 With `--upstream URL` the handler instead does the one thing no gateway can skip: it parses the caller's body, sets
-the upstream's model name, POSTs it to `URL/chat/completions` on a pooled aiohttp connection (the client and pool
-settings of server/providers/http_upstream.py), parses the answer and sends it back re-encoded. Still no key, no
-limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy, grpc.aio, aiohttp) costs
-for a gateway that forwards a request and its answer. `python -m bench --floor upstream` runs it.
+the upstream's model name, POSTs it to `URL/chat/completions` on a pooled connection (Portico's own client,
+server/providers/http_upstream.py, with its default settings), parses the answer and sends it back re-encoded.
+Still no key, no limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy, grpc.aio,
+the upstream client) costs for a gateway that forwards a request and its answer. `python -m bench --floor upstream` runs it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 import grpc
 import orjson
 import uvloop
@@ -36,7 +35,7 @@ from server.app import SERVER_OPTIONS
 from server.domain import UpstreamSpec
 from server.heap import settle_heap
 from server.observability import Telemetry
-from server.providers.http_upstream import KEEPALIVE_SECONDS
+from server.providers.http_upstream import HttpUpstream
 from server.services.interceptor import ErrorInterceptor
 
 ANSWER = orjson.dumps({
@@ -88,25 +87,17 @@ class ForwardingChat(_Floor):
     """Forwards each body to the upstream and its answer back, as Portico's provider does, and nothing else."""
 
     def __init__(self, upstream: str) -> None:
-        self._url = upstream.rstrip("/") + "/chat/completions"
-        self._pool_size = UpstreamSpec(base_url=upstream, model="mock-gpt").max_connections  # Portico's default
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream = HttpUpstream(UpstreamSpec(base_url=upstream.rstrip("/"), model="mock-gpt"), auth_headers={},
+                                      secret=None)
 
     async def answer(self, request) -> httpbody_pb2.HttpBody:
-        if self._session is None:  # made inside the running loop, as server/providers/http_upstream.py does
-            connector = aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0,
-                                             keepalive_timeout=KEEPALIVE_SECONDS)
-            self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         body = orjson.loads(request.data)
         body["model"] = "mock-gpt"
-        async with self._session.post(self._url, data=orjson.dumps(body),
-                                      headers={"content-type": "application/json"}) as response:
-            answer = orjson.loads(await response.read())
+        answer = await self._upstream.post_json("chat/completions", body, model_id="floor")
         return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(answer))
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._upstream.close()
 
 
 async def serve(port: int, admin_port: int, handler_us: float, upstream: str | None) -> None:

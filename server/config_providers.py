@@ -153,4 +153,7 @@ def upstream_key(spec: UpstreamSpec, environ: Mapping[str, str] = os.environ) ->
     if not key:
         raise ConfigError(f"the environment variable {spec.api_key_env} (api_key_env of the upstream at "
                           f"{spec.base_url}) is not set or empty")
+    if not key.isprintable() or not key.isascii():  # a line break would end the request's head early
+        raise ConfigError(f"the environment variable {spec.api_key_env} (api_key_env of the upstream at "
+                          f"{spec.base_url}) holds characters a key cannot have (a line break, say)")
     return key

@@ -1,16 +1,16 @@
 """One pooled HTTP client per upstream model server, shared by every model it serves.
 
-Built once at start-up: the base URL, the authentication headers and the timeouts; the aiohttp session with its
-keep-alive connection pool is made on first use, inside the running loop. A request then costs one POST on a pooled
+Built once at start-up: the base URL, the authentication headers and the timeouts; the keep-alive connection pools
+(server/providers/http_client.py) are made on first use, inside the running loop. A request then costs one POST on a pooled
 connection, and the connection goes back to the pool once its answer has been read to the end. Every way the
 exchange can fail ends as a PorticoError (server/providers/upstream_errors.py): transport errors and timeouts here,
 non-2xx answers and mid-stream error events there.
 
-The upstream's `timeouts` in aiohttp's terms: `connect` is ClientTimeout.connect and .sock_connect (opening a
-connection); `read` is .sock_read (to the answer's first byte, then between any two reads of it); `pool` is our own
-wait for one of the `max_connections` slots (aiohttp's `connect` would count that wait as connecting, and a full pool
-is not an upstream that does not answer). There is no write timeout: the request is one small buffer, and an
-upstream that does not take it does not answer within `read` either.
+The upstream's `timeouts`: `connect` covers opening a connection (TCP, a proxy's CONNECT, TLS); `read` runs from
+the request to the answer's first byte, then between any two bytes of it (`answer` instead of `read` for an answer
+that is not streamed: its first byte comes when all of it is ready); `pool` is the wait for one of the
+`max_connections` slots (a full pool is not an upstream that does not answer). There is no write timeout: the
+request is one small buffer, and an upstream that does not take it does not answer within `read` either.
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
-
-import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
+from urllib.parse import urljoin, urlsplit
 
 from server import wire_json
 from server.domain import UpstreamSpec
@@ -31,6 +28,8 @@ from server.errors import PorticoError, ServiceUnavailable, UpstreamError, Upstr
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE, NoScope
+from server.providers.http_client import (ConnectFailed, ConnectionBroken, ConnectTimeout, HttpClient, Origin, Pool,
+                                          Proxy, ReadTimeout, Response, TransportError, header_lines)
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import SseDecoder, SseEvent
 
@@ -44,7 +43,9 @@ KEEPALIVE_SECONDS = 4.0
 SETTLE_SECONDS = 1.0
 SETTLE_BYTES = 64 * 1024
 
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)  # TimeoutError: asyncio's too, and aiohttp's timeouts
+# Sent with every request: no compression (answers are small, and decoding them would cost the loop more than
+# the bytes saved on a local network); a name for the upstream's logs.
+_COMMON_HEADERS = {"accept": "*/*", "accept-encoding": "identity", "user-agent": "portico"}
 _OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"
 
 
@@ -57,26 +58,26 @@ class HttpUpstream:
         self._base = spec.base_url + "/"
         self._provider = provider
         self._recorder = recorder
-        base = URL(self._base)
-        self._address, self._port = base.host or "", base.explicit_port or base.port
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect, sock_connect=timeouts.connect,
-                                              sock_read=timeouts.read)
-        # A non-streamed answer's first byte comes when the whole answer is ready.
-        self._answer_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect,
-                                                     sock_connect=timeouts.connect, sock_read=timeouts.answer)
+        self._origin = Origin.of(self._base)
+        self._address, self._port = self._origin.host, self._origin.port
+        self._base_path = urlsplit(self._base).path
+        self._connect_timeout = timeouts.connect
+        self._read_timeout = timeouts.read
+        self._answer_timeout = timeouts.answer  # a non-streamed answer's first byte comes when all of it is ready
         self._pool_timeout = timeouts.pool
-        self._max_connections = spec.max_connections
-        # Held from the request until its connection is back in the pool or closed: at most as many as aiohttp's
-        # connector allows, so the connector itself never has to wait.
+        # Held from the request until its connection is back in the pool or closed.
         self._slots = asyncio.Semaphore(spec.max_connections)
-        # Sent per request, not as session defaults, so that fetching an image from a link the upstream gave (often
-        # another host) never carries the key.
-        self._headers = CIMultiDictProxy(CIMultiDict({"content-type": "application/json", **auth_headers}))
+        # Sent per request, so that fetching an image from a link the upstream gave (often another host) never
+        # carries the key.
+        own = {"content-type": "application/json", **_COMMON_HEADERS, **{k.lower(): v for k, v in auth_headers.items()}}
+        self._own_names = frozenset(own)
+        self._headers = header_lines(own.items())
+        self._fetch_headers = header_lines(_COMMON_HEADERS.items())
         self._secret = secret
         self._retry_on = frozenset(spec.retry.on_status)
-        self._urls: dict[str, URL] = {}
-        self._proxy = _env_proxy(URL(self._base))
-        self._session: aiohttp.ClientSession | None = None
+        self._proxy = _env_proxy(self._base)
+        self._client: HttpClient | None = None
+        self._pool: Pool | None = None
         self._closed = False
         self._settling: set[asyncio.Task] = set()
 
@@ -85,8 +86,9 @@ class HttpUpstream:
         for task in self._settling:
             task.cancel()
         await asyncio.gather(*self._settling, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = self._pool = None
 
     @asynccontextmanager
     async def stream(self, path: str, body: Mapping, *, model_id: str,
@@ -96,15 +98,15 @@ class HttpUpstream:
         work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
         to the pool once the answer is complete."""
         with self._attempt(path, body, model_id) as attempt:
-            response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers),
-                                        proxy=self._proxy)
+            response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
+                                        before_answer=True, body=wire_json.dumps(body),
+                                        headers=self._headers_for(attempt, headers), read_timeout=self._read_timeout)
             attempt.set("http.response.status_code", response.status)
             events = None
             try:
                 if response.status >= 300:
                     raise await self._status_error(response, model_id, body.get("model"))
-                events = self._events(response.content, model_id)
+                events = self._events(response, model_id)
                 yield events
             except BaseException:
                 self._give_back(response, caller_done=False)
@@ -118,17 +120,16 @@ class HttpUpstream:
     async def post_json(self, path: str, body: Mapping, *, model_id: str,
                         headers: Mapping[str, str] | None = None) -> dict:
         with self._attempt(path, body, model_id) as attempt:
-            response = await self._send("POST", self._url(path), model_id, before_answer=True,
-                                        data=wire_json.dumps(body), headers=self._headers_for(attempt, headers),
-                                        proxy=self._proxy,
-                                        timeout=self._answer_timeout)
+            response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
+                                        before_answer=True, body=wire_json.dumps(body),
+                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout)
             attempt.set("http.response.status_code", response.status)
             try:
                 if response.status >= 300:
                     raise await self._status_error(response, model_id, body.get("model"))
                 try:
                     content = await response.read()
-                except _TRANSPORT_ERRORS as exc:
+                except TransportError as exc:
                     raise self._transport_error(exc, model_id, before_answer=True) from None
             finally:
                 self._give_back(response, caller_done=False)
@@ -145,12 +146,14 @@ class HttpUpstream:
         whose content-type names another type (an HTML error page, say) is an UpstreamError naming it; one without
         a content-type is read, for the caller to judge."""
         try:
-            link = URL(url)
-            if not link.absolute:  # relative to the base URL, as httpx resolved it
-                link = URL(self._base + url.lstrip("/"))
+            link = urljoin(self._base, url)  # relative to the base URL, as httpx resolved it
+            origin, parts = Origin.of(link), urlsplit(link)
         except ValueError:
             raise UpstreamError(f"The upstream serving `{model_id}` sent a link that is not a URL.") from None
-        response = await self._send("GET", link, model_id, before_answer=False, proxy=_env_proxy(link))
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        pool = self._client_now().pool(origin, _env_proxy(link))
+        response = await self._send(pool, "GET", path, model_id, before_answer=False, body=b"",
+                                    headers=self._fetch_headers, read_timeout=self._read_timeout)
         try:
             if response.status >= 300:
                 raise UpstreamError(f"Fetching a result of `{model_id}` failed with HTTP {response.status}.")
@@ -159,7 +162,7 @@ class HttpUpstream:
                 raise UpstreamError(f"Fetching a result of `{model_id}` gave {stated[:100]}, not {media_type}/*.")
             try:
                 return await response.read()
-            except _TRANSPORT_ERRORS as exc:
+            except TransportError as exc:
                 raise self._transport_error(exc, model_id, before_answer=False) from None
         finally:
             self._give_back(response, caller_done=False)
@@ -185,38 +188,34 @@ class HttpUpstream:
         return self._recorder.attempt(model_id, upstream_model if isinstance(upstream_model, str) else "",
                                       self._provider, _OPERATIONS.get(path, "chat"), self._address, self._port)
 
-    def _headers_for(self, attempt: Scope | NoScope,
-                     extra: Mapping[str, str] | None = None) -> CIMultiDictProxy | CIMultiDict:
-        """The request's headers: the upstream's own, plus a request's `extra` (e.g. `anthropic-beta`, which cannot
-        replace them); for a traced request with its `traceparent` (and `tracestate`), so the upstream's own spans
-        join the trace."""
+    def _headers_for(self, attempt: Scope | NoScope, extra: Mapping[str, str] | None = None) -> bytes:
+        """The request's header lines: the upstream's own, plus a request's `extra` (e.g. `anthropic-beta`, which
+        cannot replace them); for a traced request with its `traceparent` (and `tracestate`), so the upstream's own
+        spans join the trace."""
         if attempt is NO_SCOPE and not extra:
             return self._headers
-        headers = CIMultiDict(extra or ())
-        headers.update(self._headers)
+        fields = {name.lower(): value for name, value in (extra or {}).items() if name.lower() not in self._own_names}
         if attempt is not NO_SCOPE:
-            headers.update(attempt.headers())
-        return headers
+            fields.update(attempt.headers())
+        return self._headers + header_lines(fields.items())
 
-    def _session_now(self) -> aiohttp.ClientSession:
-        session = self._session
-        if session is None:
+    def _client_now(self) -> HttpClient:
+        client = self._client
+        if client is None:
             if self._closed:
                 raise RuntimeError("the upstream's HTTP client has been closed")
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                             keepalive_timeout=KEEPALIVE_SECONDS, ssl=_ssl_context())
-            session = self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, cookie_jar=aiohttp.DummyCookieJar())
-        return session
+            client = self._client = HttpClient(ssl_context=_ssl_context(), connect_timeout=self._connect_timeout,
+                                               keepalive=KEEPALIVE_SECONDS)
+        return client
 
-    def _url(self, path: str) -> URL:
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = URL(self._base + path)
-        return url
+    def _base_pool(self) -> Pool:
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = self._client_now().pool(self._origin, self._proxy)
+        return pool
 
-    async def _send(self, method: str, url: URL, model_id: str, *, before_answer: bool,
-                    **options) -> aiohttp.ClientResponse:
+    async def _send(self, pool: Pool, method: str, path: str, model_id: str, *, before_answer: bool, body: bytes,
+                    headers: bytes, read_timeout: float | None) -> Response:
         """The response (status and headers read) on a pooled connection. It holds one of the pool's slots until
         `_give_back`, which every caller must reach."""
         slots = self._slots
@@ -230,17 +229,17 @@ class HttpUpstream:
         else:
             await slots.acquire()  # immediate
         try:
-            return await self._session_now().request(method, url, allow_redirects=False, **options)
+            return await pool.request(method, path, headers=headers, body=body, read_timeout=read_timeout)
         except BaseException as exc:
             slots.release()
-            if isinstance(exc, _TRANSPORT_ERRORS):
+            if isinstance(exc, TransportError):
                 raise self._transport_error(exc, model_id, before_answer=before_answer) from None
             raise
 
-    def _give_back(self, response: aiohttp.ClientResponse, *, caller_done: bool) -> None:
+    def _give_back(self, response: Response, *, caller_done: bool) -> None:
         """A complete answer's connection goes back to the pool. An unfinished one is closed (the upstream stops
         generating), unless the caller left normally: then its end may still be on the way (`_settle`)."""
-        if response.content.is_eof():
+        if response.is_eof():
             response.release()
         elif caller_done:
             task = asyncio.get_running_loop().create_task(self._settle(response))
@@ -251,36 +250,34 @@ class HttpUpstream:
             response.close()
         self._slots.release()
 
-    async def _settle(self, response: aiohttp.ClientResponse) -> None:
+    async def _settle(self, response: Response) -> None:
         try:
             async with asyncio.timeout(SETTLE_SECONDS):
                 left = SETTLE_BYTES
-                while left > 0 and (chunk := await response.content.readany()):
+                while left > 0 and (chunk := await response.readany()):
                     left -= len(chunk)
-        except _TRANSPORT_ERRORS:
+        except (TransportError, TimeoutError):
             pass
         finally:
             self._give_back(response, caller_done=False)
 
-    async def _events(self, content: aiohttp.StreamReader, model_id: str) -> AsyncIterator[SseEvent]:
+    async def _events(self, response: Response, model_id: str) -> AsyncIterator[SseEvent]:
         """The answer's events, decoded as its bytes arrive."""
         decoder = SseDecoder()
         try:
-            while chunk := await content.readany():
+            while chunk := await response.readany():
                 for event in decoder.feed(chunk):
                     yield event
-        except _TRANSPORT_ERRORS as exc:
+        except TransportError as exc:
             raise self._transport_error(exc, model_id, before_answer=False) from None
         for event in decoder.end():
             yield event
 
-    async def _status_error(self, response: aiohttp.ClientResponse, model_id: str,
-                            upstream_model: str | None) -> PorticoError:
+    async def _status_error(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
         body = b""
         try:
-            while len(body) < MAX_ERROR_BODY and (chunk := await response.content.read(MAX_ERROR_BODY - len(body))):
-                body += chunk
-        except _TRANSPORT_ERRORS:
+            body = (await response.read(MAX_ERROR_BODY))[:MAX_ERROR_BODY]
+        except TransportError:
             pass  # the status says enough
         return from_status(response.status, body, response.headers, retry_on=self._retry_on,
                            upstream=model_id, secret=self._secret, upstream_model=upstream_model)
@@ -289,13 +286,16 @@ class HttpUpstream:
         """Connection failures before an answer may be retried; a read timeout is not (the upstream may still be
         working on the request, and retrying would pay for it twice)."""
         name = f"`{model_id}`"
-        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        if isinstance(exc, ConnectTimeout):
             return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retry_reason="timeout")
-        if isinstance(exc, TimeoutError):  # aiohttp.SocketTimeoutError, ServerTimeoutError: reading the answer
+        if isinstance(exc, ReadTimeout):
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
-        if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
-            if before_answer and isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc, ConnectFailed):
+            # Nothing was sent: retried wherever it failed. After an answer began (a link to fetch), "connect".
+            if before_answer:
                 return ServiceUnavailable(f"Cannot connect to the upstream serving {name}.", retry_reason="connect")
+            return UpstreamError(f"Cannot connect to fetch a result of {name}.", retry_reason="connect")
+        if isinstance(exc, ConnectionBroken):
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
             return UpstreamError(f"The connection to the upstream serving {name} broke off.", retry_reason="connect")
@@ -313,11 +313,17 @@ def _ssl_context() -> ssl.SSLContext:
     return context
 
 
-def _env_proxy(url: URL) -> URL | None:
+def _env_proxy(url: str) -> Proxy | None:
     """The proxy the environment names for `url` (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), as httpx honoured
-    it; looked up once per upstream, not per request as aiohttp's trust_env would (with ~/.netrc)."""
+    it; looked up once per upstream (and per fetched link), never from ~/.netrc."""
     proxies = urllib.request.getproxies_environment()
-    if not proxies or urllib.request.proxy_bypass_environment(url.host or "", proxies):
+    parts = urlsplit(url)
+    if not proxies or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
         return None
-    proxy = proxies.get(url.scheme) or proxies.get("all")
-    return URL(proxy) if proxy and proxy.startswith(("http://", "https://")) else None
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or not proxy.startswith(("http://", "https://")):
+        return None
+    try:
+        return Proxy.of(proxy)
+    except ValueError:
+        return None

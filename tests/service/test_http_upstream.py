@@ -9,12 +9,12 @@ import collections
 import socket
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 import orjson
 import pytest
 
 from server.domain import Timeouts, UpstreamSpec
 from server.errors import RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from server.providers.http_client import ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout
 from server.providers.http_upstream import HttpUpstream
 from server.render.sse_decoder import SseEvent
 
@@ -265,11 +265,10 @@ async def test_transport_failures():
 
 
 @pytest.mark.parametrize(("error", "kind", "reason"), [
-    (aiohttp.ConnectionTimeoutError(), UpstreamTimeout, "timeout"),
-    (aiohttp.SocketTimeoutError(), UpstreamTimeout, None),
-    (aiohttp.ServerDisconnectedError(), UpstreamError, "connect"),
-    (aiohttp.ClientPayloadError("cut"), UpstreamError, "connect"),
-    (aiohttp.ClientOSError(104, "reset"), UpstreamError, "connect"),
+    (ConnectTimeout(), UpstreamTimeout, "timeout"),
+    (ReadTimeout(), UpstreamTimeout, None),
+    (ConnectFailed(), ServiceUnavailable, "connect"),
+    (ConnectionBroken(), UpstreamError, "connect"),
 ])
 def test_the_error_for_each_transport_failure(error, kind, reason):
     mapped = client("http://127.0.0.1:1")._transport_error(error, "up", before_answer=True)

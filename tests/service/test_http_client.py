@@ -1,0 +1,119 @@
+"""The framing of answers the upstream client (server/providers/http_client.py) must read as an upstream sends them,
+against a real local HTTP/1.1 server: answers delimited by the connection's end, `connection: close`, an interim
+100 Continue, a read timeout that restarts with every byte, bodies larger than the buffer, malformed answers and
+idle connections dropped after their keep-alive time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server.config_providers import ConfigError, upstream_key
+from server.domain import Timeouts, UpstreamSpec
+from server.errors import UpstreamError, UpstreamTimeout
+from server.providers import http_upstream
+from server.providers.http_client import PAUSE_BYTES
+from tests.service.test_http_upstream import Upstream, chunked, client, eventually, read_until_done, sse, whole
+
+
+def raw(data: bytes, *, close: bool = False):
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+        if close:
+            raise ConnectionAbortedError("closed on cue")
+    return answer
+
+
+@pytest.fixture
+async def server():
+    upstream = await Upstream().start()
+    yield upstream
+    await upstream.stop()
+
+
+async def test_an_answer_delimited_by_the_connection_s_end_is_whole_and_its_connection_is_not_reused(server):
+    http = client(server.url)
+    try:
+        server.answers.append(raw(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"a": 1}', close=True))
+        assert await http.post_json("chat/completions", {}, model_id="up") == {"a": 1}
+        await read_until_done(http)
+        assert server.accepted == 2
+    finally:
+        await http.close()
+
+
+async def test_connection_close_and_an_interim_answer(server):
+    http = client(server.url)
+    try:
+        server.answers.append(whole(200, b'{"b": 2}', {"connection": "close"}))
+        assert await http.post_json("chat/completions", {}, model_id="up") == {"b": 2}
+        server.answers.append(raw(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n"
+                                  b'{"c": 3}'))
+        assert await http.post_json("chat/completions", {}, model_id="up") == {"c": 3}
+        await read_until_done(http)
+        assert server.accepted == 2  # closed after the first answer; the interim answer's connection kept
+    finally:
+        await http.close()
+
+
+async def test_the_read_timeout_runs_between_bytes_not_over_the_whole_answer(server):
+    http = client(server.url, timeouts=Timeouts(read=0.4))
+    try:
+        pieces = [sse({"n": i}) for i in range(8)] + [sse("[DONE]")]
+        server.answers.append(chunked(pieces, pause=0.15))  # 1.2 s in all, never 0.4 s quiet
+        assert len(await read_until_done(http)) == 8
+        server.answers.append(chunked([sse({"n": 1}), sse({"n": 2})], pause=1.0))
+        with pytest.raises(UpstreamTimeout):
+            await read_until_done(http)
+    finally:
+        await http.close()
+
+
+async def test_an_answer_larger_than_the_buffer_arrives_whole(server):
+    http = client(server.url)
+    try:
+        pieces = [sse({"text": "x" * 60_000, "n": i}) for i in range(3 * PAUSE_BYTES // 60_000)]
+        server.answers.append(chunked(pieces + [sse("[DONE]")]))
+        async with http.stream("chat/completions", {}, model_id="up") as events:
+            seen = 0
+            async for event in events:
+                if event.data == b"[DONE]":
+                    break
+                seen += 1
+                await asyncio.sleep(0.001)  # a slow reader: the socket is paused and resumed
+        assert seen == len(pieces)
+    finally:
+        await http.close()
+
+
+@pytest.mark.parametrize("answer", [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n{}"])
+async def test_an_answer_that_is_not_http_or_is_cut_short_is_an_upstream_error(server, answer):
+    http = client(server.url)
+    try:
+        server.answers.append(raw(answer, close=True))
+        with pytest.raises(UpstreamError, match="broke off") as caught:
+            await http.post_json("chat/completions", {}, model_id="up")
+        assert caught.value.retry_reason == "connect"
+    finally:
+        await http.close()
+
+
+async def test_idle_connections_are_closed_after_their_keep_alive_time(server, monkeypatch):
+    monkeypatch.setattr(http_upstream, "KEEPALIVE_SECONDS", 0.3)
+    http = client(server.url)
+    try:
+        await read_until_done(http)
+        await eventually(lambda: server.ended == 1, 2.0)  # closed by the client, not the server
+        await read_until_done(http)
+        assert server.accepted == 2
+    finally:
+        await http.close()
+
+
+def test_an_upstream_key_with_a_line_break_is_a_configuration_error():
+    spec = UpstreamSpec(base_url="http://127.0.0.1:1/v1", model="m", api_key_env="UPSTREAM_KEY")
+    with pytest.raises(ConfigError, match="UPSTREAM_KEY") as caught:
+        upstream_key(spec, {"UPSTREAM_KEY": "sk-secret\r\nx-injected: 1"})
+    assert "sk-secret" not in str(caught.value)
