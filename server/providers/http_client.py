@@ -131,9 +131,12 @@ class Response:
 
     async def read(self, limit: int | None = None) -> bytes:
         """The whole body, or (with `limit`) at least that much of it if it is longer."""
-        while not self._complete and (limit is None or self._buffered < limit):
-            await self._wait()
-        return await self.readany() if self._chunks else b""
+        parts: list[bytes] = []
+        size = 0
+        while (limit is None or size < limit) and (chunk := await self.readany()):
+            parts.append(chunk)
+            size += len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def release(self) -> None:
         self._connection.finish(self, reuse=self._complete)
@@ -196,7 +199,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.loop.time()
-        if self._response is None:  # bytes nobody asked for: this connection's framing cannot be trusted
+        if self._response is None or self._response._complete:  # bytes nobody asked for: framing lost
             self.reusable = False
             self.transport.close()
             return
@@ -229,6 +232,9 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         response = self._response
+        if response._complete:  # a second answer to one request: this connection's framing is lost
+            self.reusable = False
+            return
         status = self._parser.get_status_code()
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
             self._header_names.clear()
@@ -247,6 +253,8 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         response = self._response
+        if response._complete:
+            return
         response._chunks.append(body)
         response._buffered += len(body)
         if response._buffered > PAUSE_BYTES and not self._paused:

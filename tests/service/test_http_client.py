@@ -88,6 +88,19 @@ async def test_an_answer_larger_than_the_buffer_arrives_whole(server):
         await http.close()
 
 
+async def test_a_whole_answer_larger_than_the_buffer_is_read_to_its_end(server):
+    http = client(server.url, timeouts=Timeouts(read=2, answer=2))  # a reader that stalls fails, not hangs
+    try:
+        big = b'{"text": "' + b"y" * (3 * PAUSE_BYTES) + b'"}'
+        server.answers.append(whole(200, big))
+        assert len((await http.post_json("chat/completions", {}, model_id="up"))["text"]) == 3 * PAUSE_BYTES
+        server.answers.append(whole(200, b"\x89PNG" + b"z" * (3 * PAUSE_BYTES), {"content-type": "image/png"}))
+        image = await http.fetch(f"http://127.0.0.1:{server.port}/a.png", model_id="up", media_type="image")
+        assert len(image) == 3 * PAUSE_BYTES + 4
+    finally:
+        await http.close()
+
+
 @pytest.mark.parametrize("answer", [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n{}"])
 async def test_an_answer_that_is_not_http_or_is_cut_short_is_an_upstream_error(server, answer):
     http = client(server.url)
