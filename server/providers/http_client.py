@@ -27,6 +27,9 @@ from urllib.parse import unquote, urlsplit
 import httptools
 
 PAUSE_BYTES = 1024 * 1024  # an answer buffered this far and not read yet stops reading from the socket
+# An answer's status line and headers (or a proxy's answer to CONNECT) may not be longer: an upstream sending header
+# lines without end would otherwise be buffered whole (aiohttp refused lines over 8 KiB).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class TransportError(Exception):
@@ -180,6 +183,7 @@ class _Connection(asyncio.Protocol):
         self._header_names: list[bytes] = []
         self._header_values: list[bytes] = []
         self._framed = False  # the answer states its length (content-length or chunked), or has none by its status
+        self._head_bytes = 0  # of the answer's head, so far
         self._last_data = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
@@ -189,6 +193,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, request: bytes, read_timeout: float | None) -> Response:
         response = self._response = Response(self, read_timeout)
+        self._head_bytes = 0
         self._last_data = self.loop.time()
         self.transport.write(request)
         return response
@@ -203,12 +208,21 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
             self.transport.close()
             return
+        response = self._response
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.reusable = False
-            self._response._fail(ConnectionBroken(f"the answer is not valid HTTP/1.1 ({type(exc).__name__})"))
-            self.transport.close()
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:  # an upgrade (101) is no answer
+            self._broken(response, f"the answer is not valid HTTP/1.1 ({type(exc).__name__})")
+            return
+        if not response._started:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._broken(response, "the answer's headers are longer than 64 KiB")
+
+    def _broken(self, response: Response, reason: str) -> None:
+        self.reusable = False
+        response._fail(ConnectionBroken(reason))
+        self.transport.close()
 
     def eof_received(self) -> bool:
         return False  # close our side too: an HTTP/1.1 answer cannot go on after the peer's half-close
@@ -226,9 +240,14 @@ class _Connection(asyncio.Protocol):
             response._fail(ConnectionBroken("the connection closed before the answer was whole"))
 
     # httptools' callbacks
+    def on_message_begin(self) -> None:
+        self._header_names.clear()
+        self._header_values.clear()
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_names.append(name)
-        self._header_values.append(value)
+        if not self._response._started:  # after the body, a chunked answer's trailer fields: not headers
+            self._header_names.append(name)
+            self._header_values.append(value)
 
     def on_headers_complete(self) -> None:
         response = self._response
@@ -246,7 +265,8 @@ class _Connection(asyncio.Protocol):
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         self._header_names.clear()
         self._header_values.clear()
-        self._framed = ("content-length" in headers or "transfer-encoding" in headers
+        # Else the answer runs to the connection's end (RFC 9112 6.3), as with a transfer-encoding other than chunked.
+        self._framed = ("content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
                         or status in (204, 304))
         response.status, response.headers, response._started = status, headers, True
         response._wake()
@@ -443,8 +463,12 @@ class _TunnelReply(asyncio.Protocol):
         self._head = b""
 
     def data_received(self, data: bytes) -> None:
+        if self.established.done():
+            return
         self._head += data
-        if b"\r\n\r\n" not in self._head or self.established.done():
+        if b"\r\n\r\n" not in self._head:
+            if len(self._head) > MAX_HEAD_BYTES:
+                self.established.set_exception(ConnectionRefusedError("the proxy's answer to CONNECT is too long"))
             return
         status_line = self._head.split(b"\r\n", 1)[0].split()
         if len(status_line) >= 2 and status_line[1][:1] == b"2":

@@ -20,7 +20,7 @@ import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urlsplit
 
 from server import wire_json
 from server.domain import UpstreamSpec
@@ -46,6 +46,8 @@ SETTLE_BYTES = 64 * 1024
 # Sent with every request: no compression (answers are small, and decoding them would cost the loop more than
 # the bytes saved on a local network); a name for the upstream's logs.
 _COMMON_HEADERS = {"accept": "*/*", "accept-encoding": "identity", "user-agent": "portico"}
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986's pchar and "/", and "%" for escapes already made
+_QUERY_SAFE = _PATH_SAFE + "?"
 _OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"
 
 
@@ -146,11 +148,14 @@ class HttpUpstream:
         whose content-type names another type (an HTML error page, say) is an UpstreamError naming it; one without
         a content-type is read, for the caller to judge."""
         try:
-            link = urljoin(self._base, url)  # relative to the base URL, as httpx resolved it
+            parts = urlsplit(url)
+            link = url if parts.scheme else self._base + url.lstrip("/")  # relative: to the base URL, as before
             origin, parts = Origin.of(link), urlsplit(link)
         except ValueError:
             raise UpstreamError(f"The upstream serving `{model_id}` sent a link that is not a URL.") from None
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # Spaces and other characters a request line cannot hold are escaped; escapes already there stay as they are.
+        path = quote(parts.path or "/", safe=_PATH_SAFE) + (f"?{quote(parts.query, safe=_QUERY_SAFE)}"
+                                                             if parts.query else "")
         pool = self._client_now().pool(origin, _env_proxy(link))
         response = await self._send(pool, "GET", path, model_id, before_answer=False, body=b"",
                                     headers=self._fetch_headers, read_timeout=self._read_timeout)
@@ -274,11 +279,15 @@ class HttpUpstream:
             yield event
 
     async def _status_error(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
-        body = b""
+        parts: list[bytes] = []
+        size = 0
         try:
-            body = (await response.read(MAX_ERROR_BODY))[:MAX_ERROR_BODY]
+            while size < MAX_ERROR_BODY and (chunk := await response.readany()):
+                parts.append(chunk)
+                size += len(chunk)
         except TransportError:
-            pass  # the status says enough
+            pass  # what arrived is kept: a body cut at its end still names the upstream's reason
+        body = b"".join(parts)[:MAX_ERROR_BODY]
         return from_status(response.status, body, response.headers, retry_on=self._retry_on,
                            upstream=model_id, secret=self._secret, upstream_model=upstream_model)
 

@@ -53,6 +53,9 @@ def from_status(
     if status >= 500:
         return UpstreamError(f"The upstream serving `{upstream}` failed (HTTP {status}): {message}",
                              retry_after=wait, retry_reason=reason)
+    if status < 400:  # a redirect (not followed) or another answer that is no error of the caller's request
+        return UpstreamError(f"The upstream serving `{upstream}` answered HTTP {status} instead of an answer: check "
+                             "the gateway's configuration (its base_url).", retry_reason=reason)
     if status == 413:
         return RequestTooLarge(message, param=param, retry_reason=reason)
     return InvalidRequest(message, param=param, retry_reason=reason)

@@ -11,7 +11,7 @@ import pytest
 
 from server.config_providers import ConfigError, upstream_key
 from server.domain import Timeouts, UpstreamSpec
-from server.errors import UpstreamError, UpstreamTimeout
+from server.errors import RateLimited, UpstreamError, UpstreamTimeout
 from server.providers import http_upstream
 from server.providers.http_client import PAUSE_BYTES
 from tests.service.test_http_upstream import Upstream, chunked, client, eventually, read_until_done, sse, whole
@@ -130,3 +130,74 @@ def test_an_upstream_key_with_a_line_break_is_a_configuration_error():
     with pytest.raises(ConfigError, match="UPSTREAM_KEY") as caught:
         upstream_key(spec, {"UPSTREAM_KEY": "sk-secret\r\nx-injected: 1"})
     assert "sk-secret" not in str(caught.value)
+
+
+async def test_endless_headers_are_refused_before_they_fill_the_memory(server):
+    async def endless(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(2000):  # 2 MB of header lines, never ended
+            writer.write(b"x-filler: " + b"f" * 1000 + b"\r\n")
+            await writer.drain()
+        await asyncio.sleep(5)
+    http = client(server.url, timeouts=Timeouts(read=5, answer=5))
+    try:
+        server.answers.append(endless)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamError, match="broke off"):
+            await http.post_json("chat/completions", {}, model_id="up")
+        assert asyncio.get_running_loop().time() - started < 3  # at 64 KiB, not at the read timeout
+    finally:
+        await http.close()
+
+
+async def test_a_chunked_answer_s_trailer_is_not_the_next_answer_s_header(server):
+    http = client(server.url)
+    try:
+        server.answers.append(raw(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+                                  b"retry-after: 120\r\n\r\n"))
+        assert await http.post_json("chat/completions", {}, model_id="up") == {}
+        server.answers.append(whole(429, b"{}"))
+        with pytest.raises(RateLimited) as caught:
+            await http.post_json("chat/completions", {}, model_id="up")
+        assert not caught.value.retry_after and server.accepted == 1
+    finally:
+        await http.close()
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    # A transfer-encoding other than chunked runs to the connection's end (RFC 9112 6.3).
+    (raw(b'HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\n\r\n{"ok": 1}', close=True), {"ok": 1}),
+    # An error body cut short still names the upstream's reason.
+    (raw(b'HTTP/1.1 500 X\r\ncontent-length: 99\r\n\r\n{"error": {"message": "disk full"}}', close=True),
+     "disk full"),
+    (raw(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n\x81\x05hello"),
+     "broke off"),
+    (whole(302, b"", {"location": "http://elsewhere/"}), "HTTP 302 instead of an answer"),
+])
+async def test_answers_at_the_edges_of_http(server, caplog, answer, expected):
+    http = client(server.url, timeouts=Timeouts(read=2, answer=2))
+    try:
+        server.answers.append(answer)
+        if isinstance(expected, dict):
+            assert await http.post_json("chat/completions", {}, model_id="up") == expected
+        else:
+            with pytest.raises(UpstreamError, match=expected) as caught:
+                await http.post_json("chat/completions", {}, model_id="up")
+            assert caught.value.kind.http_status == 502
+    finally:
+        await http.close()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no "Fatal error on transport"
+
+
+async def test_links_are_escaped_on_the_request_line_and_relative_ones_join_the_base_url(server):
+    http = client(server.url)
+    try:
+        for _ in range(3):
+            server.answers.append(whole(200, b"PNG!", {"content-type": "image/png"}))
+        for link in (f"http://127.0.0.1:{server.port}/pic one.png", f"http://127.0.0.1:{server.port}/pic-ü.png?a=b c",
+                     "/files/a%20b.png"):
+            assert await http.fetch(link, model_id="up", media_type="image") == b"PNG!"
+    finally:
+        await http.close()
+    assert [path for _, path, _, _ in server.seen] == ["/pic%20one.png", "/pic-%C3%BC.png?a=b%20c",
+                                                       "/v1/files/a%20b.png"]
