@@ -327,6 +327,7 @@ class _Connection(asyncio.Protocol):
         self._response = None
         self._cancel_timer()
         if reuse and self.reusable and not self.transport.is_closing():
+            self.resume()  # an answer left unread past PAUSE_BYTES paused the socket; the next one needs it read
             self.pool.put(self)
         else:
             self.reusable = False
