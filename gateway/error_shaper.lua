@@ -153,6 +153,23 @@ local function organization_query(query, parameters)
   return table.concat(rewritten, "&")
 end
 
+-- The query parameters of the anthropic SDK's models route (envoy.yaml: AnthropicModelService), as above: `limit`,
+-- `after_id`, `before_id`. gateway/envoy.py replaces the next line. Other names are left to the transcoder, which
+-- skips them (the SDK's `?beta=true`).
+local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
+
+-- The first one-value parameter of `parameters` given twice or as a list in `query`, or nil. The transcoder kept the
+-- last of two values (after_id), or refused them in protobuf's words with no `param` (limit), and skipped `name[]`.
+local function repeated_parameter(query, parameters)
+  local seen = {}
+  for pair in query:gmatch("[^&]+") do
+    local name, list = query_pair(pair)
+    if parameters[name] == false and (list or seen[name]) then return name end
+    seen[name] = true
+  end
+  return nil
+end
+
 -- The names REST path templates bind ({id}, {model}, ...): gateway/envoy.py replaces the next line with them, read
 -- from the descriptor set. The transcoder lets a query parameter of that name replace the path's value, so that
 -- PATCH /v1/admin/keys/A?id=B changed key B: such a parameter is refused on every path.
@@ -237,6 +254,10 @@ function envoy_on_request(handle)
     metadata:set("portico", "head", true)
     method = "GET"
   end
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
+  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
+  if anthropic then metadata:set("portico", "anthropic", true) end
   if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
     local query = full_path:sub(#path + 2)
     local parameters = ORGANIZATION_PARAMETERS[path]
@@ -248,16 +269,17 @@ function envoy_on_request(handle)
       end
       return headers:replace(":path", path .. "?" .. rewritten)
     end
+    local single = anthropic and ANTHROPIC_MODELS_PARAMETERS[path]
+    local repeated = single and method == "GET" and repeated_parameter(query, single)
+    if repeated then
+      return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
+        "list, for GET " .. path .. ".")
+    end
     local name = path_variable_in(query)
     if name then
       return refuse_parameter(handle, metadata, name, "Parameter " .. name .. " belongs in the URL's path, not " ..
         "its query: " .. redacted(path) .. " names what it acts on.")
     end
-  end
-  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
-  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
-  if path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic") then
-    metadata:set("portico", "anthropic", true)
   end
   if head then return end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end

@@ -147,3 +147,24 @@ def test_models_with_a_wrong_key_in_anthropics_shape(gateway):
     with pytest.raises(anthropic.AuthenticationError) as caught:
         bad.models.list()
     assert caught.value.body["type"] == "error" and caught.value.body["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("query, param", [
+    ("limit=1&limit=2", "limit"), ("after_id=family-a-5.5&after_id=family-a-5.4", "after_id"),
+    ("before_id=family-a-5.5&limit=2&before_id=family-a-5.4", "before_id"), ("limit[]=2", "limit"),
+])
+def test_models_paging_parameter_given_twice_is_a_400_naming_it(gateway, query, param):
+    """The transcoder kept the last value (or failed in protobuf's words, `param` null): a caller paging with two
+    values must not get one page silently. HEAD gets the GET's headers."""
+    headers = {"x-api-key": gateway.secret, "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=gateway.base_url, headers=headers, timeout=30) as client:
+        response = client.get(f"/v1/models?{query}")
+        head = client.head(f"/v1/models?{query}")
+    assert response.status_code == 400, response.text
+    assert response.json() == {"type": "error", "error": {
+        "message": f"Parameter {param} takes one value, not a list, for GET /v1/models.",
+        "type": "invalid_request_error", "param": param, "code": "invalid_request"}}
+    assert (head.status_code, head.headers["content-length"]) == (400, response.headers["content-length"])
+    # The OpenAI-shaped route takes no parameters: it skips them, as before.
+    assert httpx.get(f"{gateway.base_url}/v1/models?{query}", headers={"authorization": f"Bearer {gateway.secret}"},
+                     timeout=30).status_code == 200
