@@ -26,13 +26,16 @@ from typing import Any
 import yaml
 
 from gateway.processes import start_supervised, terminate
-from gateway.query_parameters import Parameters, lua_set, lua_table, organization_parameters, path_variables
+from gateway.query_parameters import (
+    Parameters, anthropic_models_parameters, lua_set, lua_table, organization_parameters, path_variables,
+)
 from server.errors import kind_by_status
 
 _LUA_FILTER = "envoy.filters.http.lua"
 _TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
 _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
+_ANTHROPIC_LINE = "local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@"
 _PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
 
 
@@ -95,7 +98,7 @@ def render_config(
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
     descriptors = Path(descriptor_set).read_bytes()
     lua = render_lua(Path(lua_source).read_text("utf-8"), organization_parameters(descriptors),
-                     path_variables(descriptors))
+                     path_variables(descriptors), anthropic_models_parameters(descriptors))
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     for transcoder in _transcoders(hcm):
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
@@ -117,10 +120,11 @@ def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def render_lua(source: str, parameters: Parameters, variables: list[str]) -> str:
-    """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS and
-    PATH_VARIABLES from the descriptor set (gateway/query_parameters.py), so they cannot drift apart (pure)."""
-    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE):
+def render_lua(source: str, parameters: Parameters, variables: list[str], anthropic: Parameters) -> str:
+    """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS,
+    PATH_VARIABLES and ANTHROPIC_MODELS_PARAMETERS from the descriptor set (gateway/query_parameters.py), so they
+    cannot drift apart (pure)."""
+    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
@@ -129,6 +133,7 @@ def render_lua(source: str, parameters: Parameters, variables: list[str]) -> str
     )
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_set(variables))
+    source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
 
 

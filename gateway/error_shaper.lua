@@ -69,9 +69,10 @@ local EXPECTED = {TYPE_INT64 = "an integer", TYPE_INT32 = "an integer", TYPE_UIN
 
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
--- said in the caller's terms; JSON syntax errors carry a caret drawing.
-local function describe_local_reply(status, text, request, query_param)
-  if query_param then return json_string(text), query_param end
+-- said in the caller's terms; JSON syntax errors carry a caret drawing. A query parameter refused by this filter
+-- (refuse_parameter) comes with its own message.
+local function describe_local_reply(status, text, request, query_param, query_fault)
+  if query_param then return json_string(query_fault), query_param end
   if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
@@ -152,6 +153,23 @@ local function organization_query(query, parameters)
   return table.concat(rewritten, "&")
 end
 
+-- The query parameters of the anthropic SDK's models route (envoy.yaml: AnthropicModelService), as above: `limit`,
+-- `after_id`, `before_id`. gateway/envoy.py replaces the next line. Other names are left to the transcoder, which
+-- skips them (the SDK's `?beta=true`).
+local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
+
+-- The first one-value parameter of `parameters` given twice or as a list in `query`, or nil. The transcoder kept the
+-- last of two values (after_id), or refused them in protobuf's words with no `param` (limit), and skipped `name[]`.
+local function repeated_parameter(query, parameters)
+  local seen = {}
+  for pair in query:gmatch("[^&]+") do
+    local name, list = query_pair(pair)
+    if parameters[name] == false and (list or seen[name]) then return name end
+    seen[name] = true
+  end
+  return nil
+end
+
 -- The names REST path templates bind ({id}, {model}, ...): gateway/envoy.py replaces the next line with them, read
 -- from the descriptor set. The transcoder lets a query parameter of that name replace the path's value, so that
 -- PATCH /v1/admin/keys/A?id=B changed key B: such a parameter is refused on every path.
@@ -209,6 +227,14 @@ local function refuse_unreadable_key(handle, headers)
   return false
 end
 
+-- A 400 naming the query parameter `name` as `param` (shape_error). The message goes in the metadata too: Envoy sends
+-- a local reply to HEAD without its body, and answer_head must still give the GET's content-length.
+local function refuse_parameter(handle, metadata, name, message)
+  metadata:set("portico", "query_param", name)
+  metadata:set("portico", "query_fault", message)
+  handle:respond({[":status"] = "400"}, message)
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
@@ -220,36 +246,42 @@ function envoy_on_request(handle)
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
+  -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
+  -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.
+  local head = method == "HEAD"
+  if head then
+    headers:replace(":method", "GET")
+    metadata:set("portico", "head", true)
+    method = "GET"
+  end
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
+  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
+  if anthropic then metadata:set("portico", "anthropic", true) end
   if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
     local query = full_path:sub(#path + 2)
     local parameters = ORGANIZATION_PARAMETERS[path]
     if parameters and method == "GET" then
       local rewritten, param, fault = organization_query(query, parameters)
       if rewritten == nil then
-        metadata:set("portico", "query_param", param)
-        return handle:respond({[":status"] = "400"}, fault .. " for GET " .. path .. ": it takes " ..
+        return refuse_parameter(handle, metadata, param, fault .. " for GET " .. path .. ": it takes " ..
           ORGANIZATION_NAMES[path] .. ".")
       end
       return headers:replace(":path", path .. "?" .. rewritten)
     end
+    local single = anthropic and ANTHROPIC_MODELS_PARAMETERS[path]
+    local repeated = single and method == "GET" and repeated_parameter(query, single)
+    if repeated then
+      return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
+        "list, for GET " .. path .. ".")
+    end
     local name = path_variable_in(query)
     if name then
-      metadata:set("portico", "query_param", name)
-      return handle:respond({[":status"] = "400"}, "Parameter " .. name .. " belongs in the URL's path, not its " ..
-        "query: " .. redacted(path) .. " names what it acts on.")
+      return refuse_parameter(handle, metadata, name, "Parameter " .. name .. " belongs in the URL's path, not " ..
+        "its query: " .. redacted(path) .. " names what it acts on.")
     end
   end
-  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
-  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
-  if path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic") then
-    metadata:set("portico", "anthropic", true)
-  end
-  -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
-  -- transcoder binds GET only, so it goes on as GET, and answer_head drops the body.
-  if method == "HEAD" then
-    headers:replace(":method", "GET")
-    return metadata:set("portico", "head", true)
-  end
+  if head then return end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
   local length = tonumber(headers:get("content-length") or "")
@@ -271,6 +303,8 @@ local function shape_error(handle, status)
   local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
   local request = portico.request
   local path = request and request:match(" (.*)") or ""
+  -- A HEAD gets its GET's headers (answer_head): the message names GET too, or content-length would be the HEAD's.
+  if portico.head then request = "GET " .. path end
   -- No request: Envoy's HTTP codec answered before any filter saw one (HTTP/1.0, headers over the limit or too slow,
   -- a malformed request), so the path is unknown. Such a reply takes the Anthropic shape wherever it was sent: it is
   -- then right on /v1/messages, and OpenAI clients read it as well (they look at "error" only).
@@ -282,7 +316,7 @@ local function shape_error(handle, status)
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
-    local message, param = describe_local_reply(status, body, request, portico.query_param)
+    local message, param = describe_local_reply(status, body, request, portico.query_param, portico.query_fault)
     return replace_body(buffer, headers, error_body(status, message, param, anthropic))
   end
   local shaped, http_status = headers:get("portico-error"), headers:get("portico-http-status")

@@ -1,5 +1,6 @@
 """What the Lua shaper checks in REST query strings, read from Envoy's descriptor set (pure): the parameters of the
-paths under /v1/organization/, and the names path templates bind (`path_variables`).
+paths under /v1/organization/ and of the anthropic SDK's models route, and the names path templates bind
+(`path_variables`).
 
 The Lua shaper checks those paths' queries itself (gateway/error_shaper.lua, `organization_query`): the transcoder
 skips names it does not know (`ignore_unknown_query_parameters`, which other paths need), and OpenAI's SDKs write
@@ -10,24 +11,36 @@ bindings, so it cannot drift from what the transcoder maps.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from google.api import annotations_pb2  # registers the google.api.http extension, so parsing keeps the bindings
 from google.api import http_pb2
 from google.protobuf import descriptor_pb2
 
 PREFIX = "/v1/organization/"
+# envoy.yaml routes the anthropic SDK's models requests (those with `anthropic-version`) to this service alone.
+ANTHROPIC_MODELS = "AnthropicModelService"
 
 # path -> parameter name -> whether it is a list (a repeated field)
 Parameters = dict[str, dict[str, bool]]
 
 
 def organization_parameters(descriptor_set: bytes) -> Parameters:
+    return _get_parameters(descriptor_set, lambda service, path: path.startswith(PREFIX))
+
+
+def anthropic_models_parameters(descriptor_set: bytes) -> Parameters:
+    """The GET paths of AnthropicModelService: ModelService binds the same ones, and its requests take no parameter."""
+    return _get_parameters(descriptor_set, lambda service, path: service == ANTHROPIC_MODELS)
+
+
+def _get_parameters(descriptor_set: bytes, wanted: Callable[[str, str], bool]) -> Parameters:
+    """The fields of the request messages of the GET bindings `wanted(service name, path)` picks."""
     files = _files(descriptor_set)
     messages = {f".{file.package}.{message.name}": message for file in files for message in file.message_type}
     return {rule.get: {field.name: field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
                        for field in messages[method.input_type].field}
-            for method, rule in _bindings(files) if rule.get.startswith(PREFIX)}
+            for service, method, rule in _bindings(files) if rule.get and wanted(service.name, rule.get)}
 
 
 def lua_table(parameters: Parameters) -> str:
@@ -44,7 +57,7 @@ def path_variables(descriptor_set: bytes) -> list[str]:
     of the same name replace the path's value (`PATCH /v1/admin/keys/A?id=B` changed key B), so the Lua shaper
     refuses such a parameter on every path."""
     names: set[str] = set()
-    for _, rule in _bindings(_files(descriptor_set)):
+    for _, _, rule in _bindings(_files(descriptor_set)):
         template = getattr(rule, rule.WhichOneof("pattern") or "get", "")
         names.update(re.findall(r"\{([A-Za-z_][A-Za-z0-9_.]*)", str(template)))
     return sorted(names)
@@ -54,14 +67,15 @@ def _files(descriptor_set: bytes):
     return descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
 
 
-def _bindings(files) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, http_pb2.HttpRule]]:
-    """Each method's `google.api.http` rule and its additional bindings, with the method."""
+def _bindings(files) -> Iterator[tuple[descriptor_pb2.ServiceDescriptorProto, descriptor_pb2.MethodDescriptorProto,
+                                       http_pb2.HttpRule]]:
+    """Each method's `google.api.http` rule and its additional bindings, with the method and its service."""
     for file in files:
         for service in file.service:
             for method in service.method:
                 rule = method.options.Extensions[annotations_pb2.http]
                 for binding in (rule, *rule.additional_bindings):
-                    yield method, binding
+                    yield service, method, binding
 
 
 def lua_set(names: list[str]) -> str:

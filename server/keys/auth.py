@@ -29,6 +29,7 @@ from server.keys.store import KeyStore, hash_secret
 Metadata = Sequence[tuple[str, str | bytes]]
 
 MISSING_KEY_MESSAGE = "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`."
+MORE_THAN_ONE_KEY_MESSAGE = "Only one API key may be sent with a request, in one key header."
 
 _logger = logging.getLogger(__name__)
 
@@ -141,12 +142,19 @@ class Authenticator:
 
 
 def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
-    x_api_key = ""
+    """The request's one key. A key header sent twice, or an Authorization and an x-api-key naming two keys, is
+    refused: which key served the request would depend on header order. The same key in both is one key."""
+    bearers: list[str] = []
+    x_api_keys: list[str] = []
     for name, value in metadata:
         if name == "authorization" and isinstance(value, str):
             scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer":
-                return token.strip()
+                bearers.append(token.strip())
         elif name == "x-api-key" and allow_x_api_key and isinstance(value, str):
-            x_api_key = value.strip()
-    return x_api_key
+            x_api_keys.append(value.strip())
+    keys = [key for key in bearers + x_api_keys if key]
+    # Envoy joins a repeated Authorization header into one value, with a comma: no key has one.
+    if len(bearers) > 1 or len(x_api_keys) > 1 or len(set(keys)) > 1 or any("," in key for key in keys):
+        raise AuthenticationFailed(MORE_THAN_ONE_KEY_MESSAGE)
+    return keys[0] if keys else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anthropic
+import httpx
 import pytest
 
 
@@ -52,6 +53,48 @@ def test_typed_errors(client, gateway):
         client.messages.create(model="family-b-opus-4-7", max_tokens=5, extra_body={"temperature": 1.5},
                                messages=[{"role": "user", "content": "x"}])
     assert caught.value.body["error"]["param"] == "temperature"
+
+
+@pytest.fixture(scope="module")
+def other_secret(gateway) -> str:
+    """A second valid key: a request naming two keys is refused even when both would be served."""
+    return gateway.cli("keys", "create", "--name", "other", "--all-models").stdout.strip().splitlines()[-1]
+
+
+# The key headers of one request: {key} is the gateway's key, {other} other_secret.
+MORE_THAN_ONE_KEY = {
+    "x-api-key twice": [("x-api-key", "{key}"), ("x-api-key", "{key}")],
+    "x-api-key twice, the last one right": [("x-api-key", "pk-wrong"), ("x-api-key", "{key}")],
+    "authorization twice": [("authorization", "Bearer {key}"), ("authorization", "Bearer {key}")],
+    "authorization and x-api-key, two keys": [("authorization", "Bearer {key}"), ("x-api-key", "{other}")],
+    "authorization right, x-api-key wrong": [("authorization", "Bearer {key}"), ("x-api-key", "pk-wrong")],
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/models"])
+@pytest.mark.parametrize("case", sorted(MORE_THAN_ONE_KEY))
+def test_a_request_with_more_than_one_key_is_refused(gateway, other_secret, case, path):
+    """Which of two keys a request is served with must not depend on header order: it is a 401 that says why,
+    naming neither key."""
+    headers = [(name, value.format(key=gateway.secret, other=other_secret)) for name, value in MORE_THAN_ONE_KEY[case]]
+    body = {"model": "family-b-opus-4-7", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    response = httpx.request("POST" if path == "/v1/messages" else "GET", gateway.base_url + path,
+                             headers=[("anthropic-version", "2023-06-01"), *headers],
+                             json=body if path == "/v1/messages" else None, timeout=30)
+    assert response.status_code == 401, response.text
+    error = response.json()["error"]
+    assert response.json()["type"] == "error"
+    assert (error["code"], error["type"]) == ("invalid_api_key", "authentication_error")
+    assert "only one api key" in error["message"].lower()
+    assert gateway.secret not in response.text and other_secret not in response.text
+
+
+def test_the_same_key_as_x_api_key_and_bearer_is_one_key(gateway):
+    """A client that sets both headers of the two dialects to its key sends one key."""
+    both = {"x-api-key": gateway.secret, "authorization": f"Bearer {gateway.secret}", "anthropic-version": "2023-06-01"}
+    body = {"model": "family-b-opus-4-7", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    assert httpx.post(gateway.base_url + "/v1/messages", headers=both, json=body, timeout=30).status_code == 200
+    assert httpx.get(gateway.base_url + "/v1/models", headers=both, timeout=30).status_code == 200
 
 
 # Newest first, as Anthropic lists them (ties in the catalog's order).
@@ -104,3 +147,24 @@ def test_models_with_a_wrong_key_in_anthropics_shape(gateway):
     with pytest.raises(anthropic.AuthenticationError) as caught:
         bad.models.list()
     assert caught.value.body["type"] == "error" and caught.value.body["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("query, param", [
+    ("limit=1&limit=2", "limit"), ("after_id=family-a-5.5&after_id=family-a-5.4", "after_id"),
+    ("before_id=family-a-5.5&limit=2&before_id=family-a-5.4", "before_id"), ("limit[]=2", "limit"),
+])
+def test_models_paging_parameter_given_twice_is_a_400_naming_it(gateway, query, param):
+    """The transcoder kept the last value (or failed in protobuf's words, `param` null): a caller paging with two
+    values must not get one page silently. HEAD gets the GET's headers."""
+    headers = {"x-api-key": gateway.secret, "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=gateway.base_url, headers=headers, timeout=30) as client:
+        response = client.get(f"/v1/models?{query}")
+        head = client.head(f"/v1/models?{query}")
+    assert response.status_code == 400, response.text
+    assert response.json() == {"type": "error", "error": {
+        "message": f"Parameter {param} takes one value, not a list, for GET /v1/models.",
+        "type": "invalid_request_error", "param": param, "code": "invalid_request"}}
+    assert (head.status_code, head.headers["content-length"]) == (400, response.headers["content-length"])
+    # The OpenAI-shaped route takes no parameters: it skips them, as before.
+    assert httpx.get(f"{gateway.base_url}/v1/models?{query}", headers={"authorization": f"Bearer {gateway.secret}"},
+                     timeout=30).status_code == 200

@@ -60,18 +60,35 @@ def test_probes_answer_json_without_a_key(gateway):
     assert ready.json() == {"status": "ready", "checks": {"model": "loaded", "keys": "ok", "limits": "ok"}}
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/console/", "/console/app.js", "/v1/models"])
-def test_head_answers_as_get_without_a_body(gateway, path):
-    """Monitors and load balancers probe with HEAD. One kept-alive connection: a body sent after a HEAD answer would
-    be read as the start of the next answer."""
-    with httpx.Client(base_url=gateway.base_url, timeout=60) as client:
+def head_and_get(gateway: Gateway, path: str, headers: dict[str, str] | None = None) -> int:
+    """HEAD then GET of `path` on one kept-alive connection (a body sent after the HEAD answer would be read as the
+    start of the next answer): the same status and headers, content-length included, and no body. Returns the
+    status."""
+    with httpx.Client(base_url=gateway.base_url, headers=headers, timeout=60) as client:
         head = client.head(path)
         get = client.get(path)
-    assert head.status_code == get.status_code != 404
+    assert head.status_code == get.status_code
     assert head.content == b""
     varying = {"date", "x-request-id"}
     assert ({k: v for k, v in head.headers.items() if k not in varying}
             == {k: v for k, v in get.headers.items() if k not in varying})
+    return get.status_code
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/console/", "/console/app.js", "/v1/models"])
+def test_head_answers_as_get_without_a_body(gateway, path):
+    """Monitors and load balancers probe with HEAD."""
+    assert head_and_get(gateway, path) != 404
+
+
+@pytest.mark.parametrize(("path", "status"), [
+    ("/v1/nope", 404), ("/v1/pk-dev-abc/chat", 404), ("/console-nope", 404),
+    ("/v1/organization/costs?start_time=1&start_time=2", 400), ("/v1/organization/costs?line_items=1", 400),
+    ("/v1/admin/keys/a?id=b", 400),
+])
+def test_head_of_a_refused_url_answers_as_its_get(gateway, path, status):
+    """The GET's error headers, content-length included, whichever part refuses it (Envoy, the Lua shaper)."""
+    assert head_and_get(gateway, path, {"Authorization": f"Bearer {gateway.secret}"}) == status
 
 
 def test_request_id_goes_back_to_the_caller_and_into_the_access_log(gateway):

@@ -24,7 +24,7 @@ def test_every_status_has_one_default_row_with_a_message():
 
 
 def test_the_lua_shaper_gets_every_row_of_the_table():
-    rendered = render_lua(LUA, {}, [])
+    rendered = render_lua(LUA, {}, [], {})
     rows = dict(re.findall(r'\[(\d{3})\] = \{"(\w+)"', rendered))
     assert rows == {str(status): kind.code for status, kind in kind_by_status().items()}
     assert "@KINDS@" not in rendered
@@ -33,7 +33,7 @@ def test_the_lua_shaper_gets_every_row_of_the_table():
 def test_the_lua_source_has_no_table_of_its_own():
     assert not re.search(r"\[\d{3}\] = \{", LUA), "statuses belong in server/errors.py"
     with pytest.raises(ValueError):
-        render_lua("local KINDS = {[400] = {}}", {}, [])
+        render_lua("local KINDS = {[400] = {}}", {}, [], {})
 
 
 def test_docs_api_lists_every_row():
