@@ -9,9 +9,10 @@ JSON load against it for each N, so the table shows how many req/s are left for 
 
 With `--upstream URL` the handler instead does the one thing no gateway can skip: it parses the caller's body, sets
 the upstream's model name, POSTs it to `URL/chat/completions` on a pooled connection (Portico's own client,
-server/providers/http_upstream.py, with its default settings), parses the answer and sends it back re-encoded.
-Still no key, no limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy, grpc.aio,
-the upstream client) costs for a gateway that forwards a request and its answer. `python -m bench --floor upstream` runs it.
+server/providers/http_upstream.py, default settings), parses the answer and sends it back re-encoded. Still no
+key, no limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy, grpc.aio, the
+upstream client) costs for a gateway that forwards a request and its answer. `python -m bench --floor upstream`
+runs it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One pooled HTTP client per upstream model server, shared by every model it serves.
 
-Built once at start-up: the base URL, the authentication headers and the timeouts; the keep-alive connection pools
-(server/providers/http_client.py) are made on first use, inside the running loop. A request then costs one POST on a pooled
-connection, and the connection goes back to the pool once its answer has been read to the end. Every way the
+Built once at start-up: the base URL, the authentication headers and the timeouts; the keep-alive connection
+pools (server/providers/http_client.py) are made on first use, inside the running loop. A request then costs one
+POST on a pooled connection, and the connection goes back to the pool once its answer has been read to the end. Every way the
 exchange can fail ends as a PorticoError (server/providers/upstream_errors.py): transport errors and timeouts here,
 non-2xx answers and mid-stream error events there.
 

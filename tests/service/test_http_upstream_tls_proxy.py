@@ -136,7 +136,8 @@ class Proxy:
                     self._relays.add(relay)
                     relay.add_done_callback(self._relays.discard)
                 body = await reader.readexactly(int(headers.get("content-length", 0)))
-                onward.write(f"{method} {url.path}{'?' + url.query if url.query else ''} HTTP/1.1\r\n{rest}".encode() + body)
+                target = url.path + (f"?{url.query}" if url.query else "")
+                onward.write(f"{method} {target} HTTP/1.1\r\n{rest}".encode() + body)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client closed the connection
         finally:
