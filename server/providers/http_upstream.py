@@ -2,9 +2,9 @@
 
 Built once at start-up: the base URL, the authentication headers and the timeouts; the keep-alive connection
 pools (server/providers/http_client.py) are made on first use, inside the running loop. A request then costs one
-POST on a pooled connection, and the connection goes back to the pool once its answer has been read to the end. Every way the
-exchange can fail ends as a PorticoError (server/providers/upstream_errors.py): transport errors and timeouts here,
-non-2xx answers and mid-stream error events there.
+POST on a pooled connection, and the connection goes back to the pool once its answer has been read to the end.
+Every way the exchange can fail ends as a PorticoError (server/providers/upstream_errors.py): transport errors and
+timeouts here, non-2xx answers and mid-stream error events there.
 
 The upstream's `timeouts`: `connect` covers opening a connection (TCP, a proxy's CONNECT, TLS); `read` runs from
 the request to the answer's first byte, then between any two bytes of it (`answer` instead of `read` for an answer
