@@ -28,8 +28,9 @@ from server.errors import PorticoError, ServiceUnavailable, UpstreamError, Upstr
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE, NoScope
-from server.providers.http_client import (ConnectFailed, ConnectionBroken, ConnectTimeout, HttpClient, Origin, Pool,
-                                          Proxy, ReadTimeout, Response, TransportError, header_lines)
+from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
+from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
+                                              TransportError)
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import SseDecoder, SseEvent
 

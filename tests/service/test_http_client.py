@@ -13,7 +13,7 @@ from server.config_providers import ConfigError, upstream_key
 from server.domain import Timeouts, UpstreamSpec
 from server.errors import RateLimited, UpstreamError, UpstreamTimeout
 from server.providers import http_upstream
-from server.providers.http_client import PAUSE_BYTES
+from server.providers.http_connection import PAUSE_BYTES
 from tests.service.test_http_upstream import Upstream, chunked, client, eventually, read_until_done, sse, whole
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from server.domain import Timeouts, UpstreamSpec
 from server.errors import RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
-from server.providers.http_client import ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout
+from server.providers.http_connection import ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout
 from server.providers.http_upstream import HttpUpstream
 from server.render.sse_decoder import SseEvent
 
