@@ -186,6 +186,8 @@ class Connection(asyncio.Protocol):
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
+        if self._response._complete:  # bytes after a whole answer begin another: this connection's framing is lost
+            self.reusable = False
         self._header_names.clear()
         self._header_values.clear()
 

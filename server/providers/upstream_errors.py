@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import math
 import time
 from collections.abc import Collection, Mapping
 
@@ -34,6 +35,7 @@ def from_status(
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`."""
     message, param = _message_and_param(body)
     message = _scrub(message, secret, upstream_model, upstream) or f"HTTP {status}"
+    param = _scrub(param, secret, upstream_model, upstream) if param else param
     reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
     if status in (401, 403, 404):
@@ -81,23 +83,33 @@ def from_stream_error(
 
 
 def retry_after(headers: Mapping[str, str]) -> float:
-    """Seconds the upstream asks us to wait: retry-after-ms, else retry-after (seconds or an HTTP date); 0 if none."""
+    """Seconds the upstream asks us to wait: retry-after-ms, else retry-after (seconds or an HTTP date); 0 if none or
+    not a number, at most MAX_RETRY_AFTER."""
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
-            return max(0.0, float(ms) / 1000)
+            return _bounded(float(ms) / 1000)
         except ValueError:
             pass
     value = headers.get("retry-after")
     if value is None:
         return 0.0
     try:
-        return max(0.0, float(value))
+        return _bounded(float(value))
     except ValueError:
         pass
     try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
+        return _bounded(email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
         return 0.0
+
+
+# The longest wait an upstream's hint may ask for. It is passed on to callers, and it keeps a deployment out of
+# rotation (server/providers/health.py): `inf`, or a day, would take it out for good.
+MAX_RETRY_AFTER = 3600.0
+
+
+def _bounded(seconds: float) -> float:
+    return min(seconds, MAX_RETRY_AFTER) if seconds > 0 and math.isfinite(seconds) else 0.0
 
 
 def _message_and_param(body: bytes) -> tuple[str, str | None]:

@@ -115,7 +115,7 @@ def answers(draw: st.DrawFn) -> Answer:
     splits = sorted(set(draw(st.lists(st.integers(1, len(data)), max_size=4)))) if data else []
     writes = [(data[a:b], draw(st.sampled_from([0.0, 0.0, 0.002, 0.01])))
               for a, b in zip([0, *splits], [*splits, len(data)]) if data[a:b]]
-    if stray:  # in a write of its own, 10 ms later (in the answer's last segment: KNOWN_FAULTS)
+    if stray:  # in a write of its own, 10 ms later (in the answer's last segment: FOUND_FAULTS)
         writes[-1:] = [(writes[-1][0], 0.01), (stray, 0.0)] if writes else [(stray, 0.0)]
     return Answer(tuple(writes), end, int(status_line.split()[1]) if clean else 0, body, cut_short)
 
@@ -261,21 +261,19 @@ async def test_any_answer_gives_a_result_or_a_portico_error_and_leaves_the_pool_
     await check(answer, leave_at_done)
 
 
-# Faults the property finds, as answers that show them: each must lose its mark once its fault is fixed.
-KNOWN_FAULTS = [
-    pytest.param(Answer(((whole(b"200 OK", b"{}") + b"HTTP/1.1 2", 0.0),), "keep", 200, b"{}"), id="stray-bytes",
-                 marks=pytest.mark.xfail(strict=True, reason="http_connection.py: bytes after a complete answer, in "
-                                         "its last segment, that begin another leave httptools mid-answer, yet the "
-                                         "connection is pooled: the next request on it breaks off")),
+# Faults the property found, each fixed, as the answers that showed them: the property may not draw them again.
+FOUND_FAULTS = [
+    # Bytes after a complete answer, in its last segment, that begin another left httptools mid-answer, yet the
+    # connection was pooled: the next request on it broke off.
+    pytest.param(Answer(((whole(b"200 OK", b"{}") + b"HTTP/1.1 2", 0.0),), "keep", 200, b"{}"), id="stray-bytes"),
+    # An upstream error's `param` was passed on as it was, key and all.
     pytest.param(Answer(((whole(b"400 X", b'{"error": {"message": "no", "param": "' + K + b'"}}'), 0.0),), "keep"),
-                 id="key-in-param", marks=pytest.mark.xfail(strict=True, reason="upstream_errors.py: an upstream "
-                                                             "error's `param` is passed on as it is, key and all")),
-    pytest.param(Answer(((whole(b"429 X", b"{}", b"retry-after: inf"), 0.0),), "keep"), id="infinite-retry-after",
-                 marks=pytest.mark.xfail(strict=True, reason="upstream_errors.py: `retry-after: inf` is taken as an "
-                                         "infinite wait (trailing_metadata's OverflowError; ejected for good)")),
+                 id="key-in-param"),
+    # `retry-after: inf` was an infinite wait (trailing_metadata's OverflowError; the deployment ejected for good).
+    pytest.param(Answer(((whole(b"429 X", b"{}", b"retry-after: inf"), 0.0),), "keep"), id="infinite-retry-after"),
 ]
 
 
-@pytest.mark.parametrize("answer", KNOWN_FAULTS)
-async def test_known_faults(answer):
+@pytest.mark.parametrize("answer", FOUND_FAULTS)
+async def test_faults_found_before(answer):
     await check(answer, leave_at_done=False)

@@ -256,8 +256,17 @@ def test_the_upstream_name_of_the_model_never_reaches_the_caller():
 def test_retry_after_forms():
     assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
     assert retry_after({"retry-after": "2"}) == 2
-    assert 50 < retry_after({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"})
+    assert 50 < retry_after({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"}) <= 3600
     assert retry_after({"retry-after": "soon"}) == retry_after({}) == 0
+
+
+@pytest.mark.parametrize(("headers", "seconds"), [
+    ({"retry-after": "86400"}, 3600),  # a day would keep a deployment out of rotation that long
+    ({"retry-after": "inf"}, 0), ({"retry-after": "nan"}, 0), ({"retry-after-ms": "1e400"}, 0),
+    ({"retry-after": "-5"}, 0),
+])
+def test_retry_after_is_a_finite_wait_of_at_most_an_hour(headers, seconds):
+    assert retry_after(headers) == seconds
 
 
 SETTINGS = RetrySettings(attempts=3, initial_backoff=1.0, max_backoff=3.0, total_seconds=10.0)
