@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -80,7 +80,9 @@ class Pool:
         self.loop = asyncio.get_running_loop()
         self._origin = origin
         self._proxy = proxy
+        # `ssl_context`: for whichever of the origin and the proxy speaks TLS (None when neither does).
         self._ssl = ssl_context if origin.scheme == "https" else None
+        self._proxy_tls = ssl_context if proxy is not None and proxy.origin.scheme == "https" else None
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive
         self._idle: list[Connection] = []
@@ -163,7 +165,7 @@ class Pool:
                 lambda: Connection(self), origin.host, origin.port, ssl=self._ssl,
                 server_hostname=origin.host if self._ssl else None)
             return connection
-        proxy_tls = _proxy_context(self._ssl, proxy)
+        proxy_tls = self._proxy_tls
         if origin.scheme == "http":
             _, connection = await self.loop.create_connection(
                 lambda: Connection(self), proxy.origin.host, proxy.origin.port, ssl=proxy_tls,
@@ -186,12 +188,6 @@ class Pool:
             raise
         connection.connection_made(tls)
         return connection
-
-
-def _proxy_context(origin_context: ssl.SSLContext | None, proxy: Proxy) -> ssl.SSLContext | None:
-    if proxy.origin.scheme != "https":
-        return None
-    return origin_context or ssl.create_default_context()
 
 
 class _TunnelReply(asyncio.Protocol):
@@ -224,8 +220,12 @@ class _TunnelReply(asyncio.Protocol):
 class HttpClient:
     """Keep-alive pools, one per origin and proxy, each made on first use inside the running loop."""
 
-    def __init__(self, *, ssl_context: ssl.SSLContext, connect_timeout: float | None, keepalive: float) -> None:
-        self._ssl = ssl_context
+    def __init__(self, *, ssl_context: Callable[[], ssl.SSLContext], connect_timeout: float | None,
+                 keepalive: float) -> None:
+        """`ssl_context` makes the TLS settings, once, when a pool first needs them: loading a CA store costs ~50 ms,
+        which the first request to a plain-HTTP upstream should not wait for."""
+        self._make_ssl = ssl_context
+        self._ssl: ssl.SSLContext | None = None
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive
         self._pools: dict[tuple[Origin, Proxy | None], Pool] = {}
@@ -233,10 +233,16 @@ class HttpClient:
     def pool(self, origin: Origin, proxy: Proxy | None) -> Pool:
         pool = self._pools.get((origin, proxy))
         if pool is None:
-            pool = self._pools[(origin, proxy)] = Pool(origin, proxy, ssl_context=self._ssl,
+            tls = origin.scheme == "https" or (proxy is not None and proxy.origin.scheme == "https")
+            pool = self._pools[(origin, proxy)] = Pool(origin, proxy, ssl_context=self._tls() if tls else None,
                                                        connect_timeout=self._connect_timeout,
                                                        keepalive=self._keepalive)
         return pool
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = self._make_ssl()
+        return self._ssl
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -210,7 +210,7 @@ class HttpUpstream:
         if client is None:
             if self._closed:
                 raise RuntimeError("the upstream's HTTP client has been closed")
-            client = self._client = HttpClient(ssl_context=_ssl_context(), connect_timeout=self._connect_timeout,
+            client = self._client = HttpClient(ssl_context=_ssl_context, connect_timeout=self._connect_timeout,
                                                keepalive=KEEPALIVE_SECONDS)
         return client
 

@@ -201,3 +201,14 @@ async def test_links_are_escaped_on_the_request_line_and_relative_ones_join_the_
         await http.close()
     assert [path for _, path, _, _ in server.seen] == ["/pic%20one.png", "/pic-%C3%BC.png?a=b%20c",
                                                        "/v1/files/a%20b.png"]
+
+
+async def test_a_plain_http_upstream_never_loads_the_tls_settings(server, monkeypatch):
+    def refuse():  # loading the CA stores costs the first request ~50 ms: only an https upstream or proxy needs it
+        raise AssertionError("TLS settings loaded for a plain-HTTP upstream")
+    monkeypatch.setattr(http_upstream, "_ssl_context", refuse)
+    http = client(server.url)
+    try:
+        assert len(await read_until_done(http)) == 2
+    finally:
+        await http.close()

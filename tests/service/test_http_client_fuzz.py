@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from server.domain import Timeouts
 from server.errors import PorticoError
-from server.providers import http_upstream
 from server.providers.http_upstream import HttpUpstream
 from server.render.sse_decoder import SseDecoder, SseEvent
 from tests.service.test_http_upstream import KEY, client
@@ -243,15 +242,6 @@ async def check(answer: Answer, leave_at_done: bool) -> None:
     finally:
         loop.set_exception_handler(None)
     assert not loop_errors, loop_errors
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_ssl_context():
-    """Each client builds its TLS context (the CA stores) on first use: ~50 ms, here once rather than per example."""
-    context = http_upstream._ssl_context()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(http_upstream, "_ssl_context", lambda: context)
-        yield
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
