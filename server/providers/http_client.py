@@ -26,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 from server.providers.http_connection import MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectTimeout, Response
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
 
 @dataclass(frozen=True)
 class Origin:
@@ -36,14 +38,14 @@ class Origin:
     @classmethod
     def of(cls, url: str) -> Origin:
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url[:100]}")
-        return cls(parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        return cls(parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS[parts.scheme])
 
     @property
     def authority(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
+        return host if self.port == _DEFAULT_PORTS[self.scheme] else f"{host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -75,14 +77,14 @@ def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
 class Pool:
     """The idle connections to one origin, through one proxy or none; the most recently used is taken first."""
 
-    def __init__(self, origin: Origin, proxy: Proxy | None, *, ssl_context: ssl.SSLContext | None,
+    def __init__(self, origin: Origin, proxy: Proxy | None, *, ssl_context: Callable[[], ssl.SSLContext],
                  connect_timeout: float | None, keepalive: float) -> None:
+        """`ssl_context` gives the TLS settings, called only for the origin or proxy that speaks TLS."""
         self.loop = asyncio.get_running_loop()
         self._origin = origin
         self._proxy = proxy
-        # `ssl_context`: for whichever of the origin and the proxy speaks TLS (None when neither does).
-        self._ssl = ssl_context if origin.scheme == "https" else None
-        self._proxy_tls = ssl_context if proxy is not None and proxy.origin.scheme == "https" else None
+        self._ssl = ssl_context() if origin.scheme == "https" else None
+        self._proxy_tls = ssl_context() if proxy is not None and proxy.origin.scheme == "https" else None
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive
         self._idle: list[Connection] = []
@@ -115,10 +117,13 @@ class Pool:
         now = self.loop.time()
         while self._idle:
             connection = self._idle.pop()
-            if connection.reusable and now - connection.idle_since < self._keepalive:
+            if self._fresh(connection, now):
                 return connection
             connection.transport.close()
         return await self._connect()
+
+    def _fresh(self, connection: Connection, now: float) -> bool:
+        return connection.reusable and now - connection.idle_since < self._keepalive
 
     def put(self, connection: Connection) -> None:
         connection.idle_since = self.loop.time()
@@ -139,9 +144,11 @@ class Pool:
     def _drop_idle(self) -> None:
         self._sweep = None
         now = self.loop.time()
-        keep = [c for c in self._idle if c.reusable and now - c.idle_since < self._keepalive]
+        keep = []
         for connection in self._idle:
-            if connection not in keep:
+            if self._fresh(connection, now):
+                keep.append(connection)
+            else:
                 connection.transport.close()
         self._idle = keep
         if keep:
@@ -159,34 +166,29 @@ class Pool:
         return connection
 
     async def _handshakes(self) -> Connection:
+        """To the origin, or to the proxy: the connection itself, or (an https origin behind a proxy) a CONNECT
+        tunnel that TLS then runs through."""
         origin, proxy = self._origin, self._proxy
-        if proxy is None:
-            _, connection = await self.loop.create_connection(
-                lambda: Connection(self), origin.host, origin.port, ssl=self._ssl,
-                server_hostname=origin.host if self._ssl else None)
-            return connection
-        proxy_tls = self._proxy_tls
-        if origin.scheme == "http":
-            _, connection = await self.loop.create_connection(
-                lambda: Connection(self), proxy.origin.host, proxy.origin.port, ssl=proxy_tls,
-                server_hostname=proxy.origin.host if proxy_tls else None)
-            return connection
-        transport, tunnel = await self.loop.create_connection(
-            _TunnelReply, proxy.origin.host, proxy.origin.port, ssl=proxy_tls,
-            server_hostname=proxy.origin.host if proxy_tls else None)
+        to, tls = (origin, self._ssl) if proxy is None else (proxy.origin, self._proxy_tls)
+        tunnelled = proxy is not None and origin.scheme == "https"
+        transport, protocol = await self.loop.create_connection(
+            _TunnelReply if tunnelled else (lambda: Connection(self)), to.host, to.port, ssl=tls,
+            server_hostname=to.host if tls else None)
+        if not tunnelled:
+            return protocol
         try:
             fields = [("host", f"{origin.host}:{origin.port}")]
             if proxy.authorization:
                 fields.append(("proxy-authorization", proxy.authorization))
             transport.write(f"CONNECT {origin.host}:{origin.port} HTTP/1.1\r\n".encode() + header_lines(fields)
                             + b"\r\n")
-            await tunnel.established
+            await protocol.established
             connection = Connection(self)
-            tls = await self.loop.start_tls(transport, connection, self._ssl, server_hostname=origin.host)
+            inner = await self.loop.start_tls(transport, connection, self._ssl, server_hostname=origin.host)
         except BaseException:
             transport.close()
             raise
-        connection.connection_made(tls)
+        connection.connection_made(inner)
         return connection
 
 
@@ -233,8 +235,7 @@ class HttpClient:
     def pool(self, origin: Origin, proxy: Proxy | None) -> Pool:
         pool = self._pools.get((origin, proxy))
         if pool is None:
-            tls = origin.scheme == "https" or (proxy is not None and proxy.origin.scheme == "https")
-            pool = self._pools[(origin, proxy)] = Pool(origin, proxy, ssl_context=self._tls() if tls else None,
+            pool = self._pools[(origin, proxy)] = Pool(origin, proxy, ssl_context=self._tls,
                                                        connect_timeout=self._connect_timeout,
                                                        keepalive=self._keepalive)
         return pool

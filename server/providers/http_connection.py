@@ -77,13 +77,11 @@ class Response:
         self._connection.resume()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def read(self, limit: int | None = None) -> bytes:
-        """The whole body, or (with `limit`) at least that much of it if it is longer."""
+    async def read(self) -> bytes:
+        """The whole body."""
         parts: list[bytes] = []
-        size = 0
-        while (limit is None or size < limit) and (chunk := await self.readany()):
+        while chunk := await self.readany():
             parts.append(chunk)
-            size += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def release(self) -> None:
