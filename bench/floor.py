@@ -9,10 +9,12 @@ JSON load against it for each N, so the table shows how many req/s are left for 
 
 With `--upstream URL` the handler instead does the one thing no gateway can skip: it parses the caller's body, sets
 the upstream's model name, POSTs it to `URL/chat/completions` on a pooled connection (Portico's own client,
-server/providers/http_upstream.py, default settings), parses the answer and sends it back re-encoded. Still no
-key, no limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy, grpc.aio, the
-upstream client) costs for a gateway that forwards a request and its answer. `python -m bench --floor upstream`
-runs it.
+server/providers/http_upstream.py, default settings), parses the answer and sends it back re-encoded. A body
+with `"stream": true` gets the upstream's stream the same way: each server-sent event parsed and re-encoded, and
+the events that are ready together sent as one message (server/services/streaming.py `coalesced`, as Portico
+does). Still no key, no limits, no translation, no telemetry beyond the interceptor's: what the design (Envoy,
+grpc.aio, the upstream client) costs for a gateway that forwards a request and its answer. `python -m bench
+--floor upstream` runs it, for JSON and streamed requests.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import asyncio
 import signal
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 
 import grpc
@@ -38,6 +42,7 @@ from server.heap import settle_heap
 from server.observability import Telemetry
 from server.providers.http_upstream import HttpUpstream
 from server.services.interceptor import ErrorInterceptor
+from server.services.streaming import coalesced
 
 ANSWER = orjson.dumps({
     "id": "chatcmpl-floor", "object": "chat.completion", "created": 1767225600, "model": "family-a-5.5",
@@ -51,21 +56,33 @@ RATE_LIMIT_HEADERS = tuple((f"x-ratelimit-{what}-{kind}", value) for kind in ("r
 
 
 class _Floor(chat_service_pb2_grpc.ChatServiceServicer):
-    """Both REST bindings, as Envoy routes them: JSON bodies reach the unary twin, the streaming RPC (what a body
-    with "stream": true reaches) answers the same in one message. The x-ratelimit-* headers travel as Portico's
-    do (server/services/dialect.py): trailing metadata on the twin, initial metadata on the stream."""
+    """Both REST bindings, as Envoy routes them: JSON bodies reach the unary twin, the streaming RPC what a body
+    with "stream": true reaches (a JSON body that reaches it anyway is answered in one message). The x-ratelimit-*
+    headers travel as Portico's do (server/services/dialect.py): trailing metadata on the twin, initial metadata on
+    the stream."""
 
     async def CreateChatCompletionHttp(self, request, context):
-        answer = await self.answer(request)
+        body = orjson.loads(request.data)
+        if not body.get("stream"):
+            answer = await self.answer(body)
+            await context.send_initial_metadata(RATE_LIMIT_HEADERS)
+            yield answer
+            return
         await context.send_initial_metadata(RATE_LIMIT_HEADERS)
-        yield answer
+        async with aclosing(coalesced(self.events(body))) as frames:
+            async for data in frames:
+                yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
 
     async def CreateChatCompletionHttpUnary(self, request, context):
-        answer = await self.answer(request)
+        answer = await self.answer(orjson.loads(request.data))
         context.set_trailing_metadata(RATE_LIMIT_HEADERS)
         return answer
 
-    async def answer(self, request) -> httpbody_pb2.HttpBody:
+    async def answer(self, body: dict) -> httpbody_pb2.HttpBody:
+        raise NotImplementedError
+
+    def events(self, body: dict) -> AsyncIterator[bytes]:
+        """The SSE frames of a streamed answer."""
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -76,7 +93,7 @@ class FloorChat(_Floor):
     def __init__(self, handler_seconds: float) -> None:
         self._handler_seconds = handler_seconds
 
-    async def answer(self, request) -> httpbody_pb2.HttpBody:
+    async def answer(self, body: dict) -> httpbody_pb2.HttpBody:
         # A busy loop, not a sleep: the cost stands for Python work done on the event loop's thread.
         end = time.perf_counter() + self._handler_seconds
         while time.perf_counter() < end:
@@ -91,11 +108,19 @@ class ForwardingChat(_Floor):
         self._upstream = HttpUpstream(UpstreamSpec(base_url=upstream.rstrip("/"), model="mock-gpt"), auth_headers={},
                                       secret=None)
 
-    async def answer(self, request) -> httpbody_pb2.HttpBody:
-        body = orjson.loads(request.data)
+    async def answer(self, body: dict) -> httpbody_pb2.HttpBody:
         body["model"] = "mock-gpt"
         answer = await self._upstream.post_json("chat/completions", body, model_id="floor")
         return httpbody_pb2.HttpBody(content_type="application/json", data=orjson.dumps(answer))
+
+    async def events(self, body: dict) -> AsyncIterator[bytes]:
+        body["model"] = "mock-gpt"
+        async with self._upstream.stream("chat/completions", body, model_id="floor") as events:
+            async for event in events:
+                if event.data == b"[DONE]":
+                    break
+                yield b"data: " + orjson.dumps(orjson.loads(event.data)) + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
     async def close(self) -> None:
         await self._upstream.close()

@@ -52,7 +52,7 @@ class Peer:
     key: str | None = None  # sent as Authorization: Bearer
     stream_failure: str = ""  # why streams are not run, when they fail
     stream_answer: bytes = b""  # the failed stream's answer, for the footnote
-    json_only: bool = False  # a floor (bench/floor.py): JSON rounds only
+    json_only: bool = False  # a floor whose handler burns CPU (bench/floor.py): JSON rounds only
     measures: str = ""  # a floor: what its row measures, e.g. "the front door alone"
 
     def body(self, stream: bool) -> dict:
@@ -193,7 +193,8 @@ def bench(peers: list[Peer], args, wrk: str, run_dir: Path, helpers: list[int]) 
                     settle(peer.proc.pid, 5)
                     script = lua_script(run_dir / "lua" / f"peer-{len(rows)}.lua", peer.body(kind == "stream"),
                                         peer.key, peer.headers)
-                    label = peer.name if peer.json_only else f"{peer.name.split()[0]} {kind}"
+                    short = peer.name if peer.measures else peer.name.split()[0]  # a floor's name is short already
+                    label = short if peer.json_only else f"{short} {kind}"
                     row = run_wrk(wrk, f"{label} r{round_no}", peer.url, script, args,
                                   (peer.proc.pid, helpers), run_dir)
                 finally:
@@ -270,9 +271,11 @@ def targets(peers: list[Peer], by_run: dict[tuple[str, str], list[Row]], streams
     versus = mean(portkey, "JSON", "rps")
     for floor in floors:
         rps, cpu_ms = mean(floor, "JSON", "rps") or 0.0, mean(floor, "JSON", "cpu_ms") or 0.0
-        lines.append(f"  {'':>6}  {f'{floor.name} ({floor.measures})':<52} {rps:,.0f} req/s"
-                     + (f" ({rps / versus:.2f}x Portkey's)" if versus else "")
-                     + f", {cpu_ms:.2f} ms CPU per request")
+        line = (f"  {'':>6}  {f'{floor.name} ({floor.measures})':<52} {rps:,.0f} req/s"
+                + (f" ({rps / versus:.2f}x Portkey's)" if versus else "") + f", {cpu_ms:.2f} ms CPU per request")
+        if (stream_rps := mean(floor, "stream", "rps")) is not None:
+            line += f"; streamed {stream_rps:,.0f} req/s, {mean(floor, 'stream', 'cpu_ms'):.2f} ms CPU per request"
+        lines.append(line)
     lines += _split(portico, floors, mean, workers)
     return lines
 
@@ -282,7 +285,7 @@ def _split(portico: Peer, floors: list[Peer], mean, workers: int) -> list[str]:
     so that thread's CPU per request bounds the process's req/s at 1000 / ms, whatever the other core does."""
     lines = ["", "CPU ms per request of Envoy and of the server behind it, and of the server's event-loop thread "
                  "(1000 / its ms: the most one process can serve):"]
-    for peer, kind in ((portico, "JSON"), (portico, "stream"), *((floor, "JSON") for floor in floors)):
+    for peer, kind in ((peer, kind) for peer in (portico, *floors) for kind in ("JSON", "stream")):
         total, envoy, loop = (mean(peer, kind, what) for what in ("cpu_ms", "envoy_cpu_ms", "loop_cpu_ms"))
         if total is None or envoy is None or loop is None:
             continue

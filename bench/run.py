@@ -15,7 +15,8 @@ stream, for the open-streams run) at the mock, limits enabled (in-process, or a 
 3. --streams streams held open at once (20 chunks 0.25 s apart), for the gateway's memory under many streams;
 4. with --floor N,M,...: the JSON load against the same front door (Envoy, grpc.aio, the interceptor) with a
    handler that only uses N µs of CPU (bench/floor.py): the req/s left for a handler of that cost; `upstream` in
-   the list: a handler that only forwards each request to the mock and its answer back (the design's own floor).
+   the list: a handler that only forwards each request to the mock and its answer back (the design's own floor),
+   for JSON and streamed requests.
 
 With --litellm, Portico is then stopped and the LiteLLM proxy (`litellm[proxy]`, pinned in bench/litellm.py, in
 its own venv under .cache/, created on first use) is started with --workers workers, the same models pointed at
@@ -88,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--floor", type=_floors, default=[],
                    help="comma-separated handler costs in µs, e.g. 0,100,200: the JSON load against the bare front "
                         "door with a handler that only uses that much CPU (bench/floor.py); 'upstream': a handler "
-                        "that only forwards each request to the mock and its answer back")
+                        "that only forwards each request (JSON or streamed) to the mock and its answer back")
     p.add_argument("--litellm", nargs="?", const="with", choices=["with", "only"],
                    help="then the same runs against the LiteLLM proxy (litellm[proxy]==" + litellm.VERSION + ", its "
                         "own venv in .cache/, --workers workers); '--litellm only': LiteLLM without Portico")
@@ -321,7 +322,7 @@ def _portico(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, he
 
 def _start_floor(procs: Processes, run_dir: Path, handler: float | str, ports: tuple[int, int, int]) -> peers.Peer:
     """bench/floor.py, started and answering: its handler uses `handler` µs of CPU, or forwards to the mock
-    (UPSTREAM_FLOOR). A Peer of JSON rounds only, which says what its row measures."""
+    (UPSTREAM_FLOOR). A Peer which says what its row measures; of JSON rounds only, but for the forwarding one."""
     mock_port, port, admin_port = ports
     if handler == UPSTREAM_FLOOR:
         label, options = "upstream call", ["--upstream", f"http://127.0.0.1:{mock_port}/v1"]
@@ -342,20 +343,27 @@ def _start_floor(procs: Processes, run_dir: Path, handler: float | str, ports: t
             procs.stop(floor)
             raise RuntimeError(f"bench.floor did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
-    status, answer = post(url, CHAT_BODY, None)
-    if status != 200 or b"fixed answer" not in answer:
-        procs.stop(floor)
-        raise RuntimeError(f"the floor server answered {status}: {answer[:300]!r}")
-    return peers.Peer(name, floor, url, "family-a-5.5", json_only=True, measures=measures)
+    checks = [(CHAT_BODY, b"fixed answer")] + ([(STREAM_BODY, b"[DONE]")] if handler == UPSTREAM_FLOOR else [])
+    for body, expected in checks:
+        status, answer = post(url, body, None)
+        if status != 200 or expected not in answer:
+            procs.stop(floor)
+            raise RuntimeError(f"the floor server answered {status}: {answer[:300]!r}")
+    return peers.Peer(name, floor, url, "family-a-5.5", json_only=handler != UPSTREAM_FLOOR, measures=measures)
 
 
 def _floor(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, helpers: list[int],
            handler: float | str, ports: tuple[int, int, int]) -> list[Row]:
-    """The JSON wrk run (and, with `latency` in --only, the paced run) against bench/floor.py."""
+    """The JSON wrk run against bench/floor.py; with `stream` in --only, the streamed one too (the forwarding floor),
+    and with `latency`, the paced run."""
     floor = _start_floor(procs, run_dir, handler, ports)
     try:
         rows = [run_wrk(wrk, floor.name, floor.url, lua_script(run_dir / "lua" / "floor.lua", CHAT_BODY, None), args,
                         (floor.proc.pid, helpers), run_dir)]
+        if not floor.json_only and "stream" in only:
+            rows.append(run_wrk(wrk, f"{floor.name} stream", floor.url,
+                                lua_script(run_dir / "lua" / "floor-stream.lua", STREAM_BODY, None), args,
+                                (floor.proc.pid, helpers), run_dir))
         if "latency" in only and args.latency_seconds > 0:
             rows += paced(args, ports[0], ports[1], "none", (floor.proc.pid, helpers), floor.name.replace(",", ""))[0]
         return rows
