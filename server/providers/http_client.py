@@ -10,8 +10,9 @@ What it does: POST and GET with a whole body; answers of any framing (content-le
 plain TCP or TLS (the caller's SSLContext); HTTP proxies, as an absolute-form request for http:// origins and a
 CONNECT tunnel for https:// ones; a connect timeout (the TCP, proxy and TLS handshakes together) and the read
 timeout of server/providers/http_connection.py, which holds one exchange on one connection. Idle connections are
-dropped after `keepalive` seconds. No redirects, cookies or compression (`accept-encoding:
-identity`): the upstreams' APIs use none of them. How many connections may be open is the caller's limit
+dropped after `keepalive` seconds. No redirects or cookies: the upstreams' APIs use neither. Compression is not
+asked for (the caller sends `accept-encoding: identity`), but a gzip or deflate answer is decoded as it is read
+(server/providers/http_decoding.py). How many connections may be open is the caller's limit
 (server/providers/http_upstream.py holds one slot per exchange).
 """
 

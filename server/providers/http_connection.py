@@ -2,8 +2,9 @@
 arrive (server/providers/http_client.py keeps these connections in pools), and the errors of a failed exchange.
 
 An answer's body is buffered as it arrives and taken by `Response.readany`/`read`; past PAUSE_BYTES unread, reading
-from the socket stops until the reader catches up. The read timeout runs while a reader waits and restarts with
-every byte that arrives (aiohttp's sock_read).
+from the socket stops until the reader catches up. A body with a content-encoding is decoded as it is read, a
+bounded piece at a time (server/providers/http_decoding.py); one without costs nothing more. The read timeout runs
+while a reader waits and restarts with every byte that arrives (aiohttp's sock_read).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import httptools
+
+from server.providers.http_decoding import Decoder, DecodingError, decoder_for
 
 if TYPE_CHECKING:
     from server.providers.http_client import Pool
@@ -23,7 +26,7 @@ MAX_HEAD_BYTES = 64 * 1024
 
 
 class TransportError(Exception):
-    """The exchange failed below HTTP: no answer, or not a whole one."""
+    """The exchange failed: no answer, not a whole one, or one whose body cannot be decoded."""
 
 
 class ConnectFailed(TransportError):
@@ -42,6 +45,11 @@ class ConnectionBroken(TransportError):
     """The connection closed or reset before the answer was whole, or the answer was not HTTP."""
 
 
+class Undecodable(TransportError):
+    """The answer's content-encoding is one Portico does not decode, or its compressed data is corrupt or cut short.
+    The message completes "The upstream serving `model` ..."."""
+
+
 class Response:
     """One answer: its status and headers, then its body as it arrives. Exactly one of `release` (the connection
     goes back to its pool if the answer was read whole) or `close` must end it."""
@@ -57,6 +65,7 @@ class Response:
         self._complete = False
         self._error: TransportError | None = None
         self._waiter: asyncio.Future | None = None
+        self._decoder: Decoder | None = None  # set with the headers when they name a content-encoding
 
     @property
     def content_type(self) -> str:
@@ -68,7 +77,9 @@ class Response:
         return self._complete
 
     async def readany(self) -> bytes:
-        """What has arrived and not been read, waiting for some if nothing has; b"" at the end of the body."""
+        """What has arrived and not been read (decoded), waiting for some if nothing has; b"" at the end of the body."""
+        if self._decoder is not None:
+            return await self._read_decoded(self._decoder)
         while not self._chunks:
             if self._complete:
                 return b""
@@ -83,6 +94,26 @@ class Response:
         while chunk := await self.readany():
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _read_decoded(self, decoder: Decoder) -> bytes:
+        """The next piece of a compressed body. What arrived is taken (and the socket resumed) only once the decoder
+        has used up what it was given: a reader that stops stops the decoding, then the socket."""
+        try:
+            while True:
+                if decoder.hungry:
+                    while not self._chunks:
+                        if self._complete:
+                            decoder.end()
+                            return b""
+                        await self._wait()
+                    chunks, self._chunks, self._buffered = self._chunks, [], 0
+                    self._connection.resume()
+                    decoder.feed(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                if data := decoder.decode():
+                    return data
+        except DecodingError as exc:
+            self._connection.reusable = False  # an upstream that answers so is asked nothing more on this connection
+            raise Undecodable(str(exc)) from None
 
     def release(self) -> None:
         self._connection.finish(self, reuse=self._complete)
@@ -213,6 +244,9 @@ class Connection(asyncio.Protocol):
         # Else the answer runs to the connection's end (RFC 9112 6.3), as with a transfer-encoding other than chunked.
         self._framed = ("content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
                         or status in (204, 304))
+        coding = headers.get("content-encoding")
+        if coding is not None:
+            response._decoder = decoder_for(coding)
         response.status, response.headers, response._started = status, headers, True
         response._wake()
 

@@ -30,7 +30,7 @@ from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE, NoScope
 from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
-                                              TransportError)
+                                              TransportError, Undecodable)
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import SseDecoder, SseEvent
 
@@ -45,7 +45,7 @@ SETTLE_SECONDS = 1.0
 SETTLE_BYTES = 64 * 1024
 
 # Sent with every request: no compression (answers are small, and decoding them would cost the loop more than
-# the bytes saved on a local network); a name for the upstream's logs.
+# the bytes saved on a local network; gzip or deflate sent all the same is decoded); a name for the upstream's logs.
 _COMMON_HEADERS = {"accept": "*/*", "accept-encoding": "identity", "user-agent": "portico"}
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986's pchar and "/", and "%" for escapes already made
 _QUERY_SAFE = _PATH_SAFE + "?"
@@ -309,6 +309,8 @@ class HttpUpstream:
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
             return UpstreamError(f"The connection to the upstream serving {name} broke off.", retry_reason="connect")
+        if isinstance(exc, Undecodable):  # as with invalid JSON, asking again would get the same answer
+            return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
 
 

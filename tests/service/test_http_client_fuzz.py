@@ -1,15 +1,17 @@
 """Fuzzing the upstream client (server/providers/http_upstream.py over http_client.py and http_connection.py) with
 answers made by hypothesis and served byte for byte by a real server on 127.0.0.1: valid and invalid status lines,
 interim answers, right, wrong, repeated and conflicting framing headers, long headers, trailers, bodies framed by
-length, by chunks (with extensions, bad sizes) or by the close, written in pieces with pauses, cut off, or followed
-by stray bytes. Whatever the answer, a call returns or raises a PorticoError (never anything else, never hangs),
-shows the caller no key, frees its pool slot, and the same client then serves a plain answer."""
+length, by chunks (with extensions, bad sizes) or by the close, compressed or not, written in pieces with pauses,
+cut off, or followed by stray bytes. Whatever the answer, a call returns or raises a PorticoError (never anything
+else, never hangs), shows the caller no key, frees its pool slot, and the same client then serves a plain answer."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import math
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
@@ -62,7 +64,7 @@ class Answer:
     writes: tuple[tuple[bytes, float], ...]  # each piece written, then a pause (seconds)
     end: str  # then "close" the connection, "linger" 30 ms and close it, or "keep" it for the next request
     status: int = 0  # of an answer every client must read as meant (0: not such an answer)
-    body: bytes = b""  # its body
+    body: bytes = b""  # its body (decoded, when it was sent compressed)
     cut_short: bool = False  # such an answer but cut short: not a whole one
 
 
@@ -83,21 +85,27 @@ def answers(draw: st.DrawFn) -> Answer:
     status_line = pick(draw(st.sampled_from([STATUS_OK, STATUS_ERROR])), BAD_STATUS)
     fields = [pick([b""] + options) for options in HEADERS] + [pick([b""], [b"x-huge: " + b"b" * 70000], 20)]
     body = draw(st.sampled_from(BODIES))
+    # Compressed although identity was asked for (a compressing proxy): read as the plain body; br is not.
+    coding = pick([b""] * 4 + [b"gzip", b"deflate"], [b"br", b"gzip, br"], 10)
+    compress = {b"gzip": lambda data: gzip.compress(data, mtime=0), b"deflate": zlib.compress}.get(coding)
+    payload = compress(body) if compress else body
+    if coding:
+        fields.append(b"content-encoding: " + coding)
     framing = draw(st.sampled_from(["length", "chunked", "close"]))
     # An answer framed by the close is followed by it (kept open, it would only wait for the read timeout).
     end = draw(st.sampled_from(["close", "linger"] + (["close", "keep"] if framing != "close" else [])))
-    framed = body
+    framed = payload
     if framing == "length":
-        n = len(body)
+        n = len(payload)
         lengths = pick([[n]], [[max(0, n - 3)], [n + 3], [n, n], [n, n + 1], [-1], ["0x10"], ["9" * 30], []], 4)
         fields += [b"content-length: %s" % str(length).encode() for length in lengths]
     elif framing == "chunked":
         fields.append(pick([b"transfer-encoding: chunked", b"Transfer-Encoding: Chunked"],
                            [b"transfer-encoding: gzip, chunked", b"transfer-encoding: chunked, x",
                             b"transfer-encoding: chunked" + eol + b"content-length: 3"], 6))
-        cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), min_size=1, max_size=3))))
+        cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(payload) - 1)), min_size=1, max_size=3))))
         framed = b""
-        for piece in (body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]) if body[a:b]):
+        for piece in (payload[a:b] for a, b in zip([0, *cuts], [*cuts, len(payload)]) if payload[a:b]):
             size = pick([b"%x" % len(piece)], [b"%x" % (len(piece) + 1), b"zz", b"-1", b"f" * 20], 12)
             framed += size + pick([b"", b";ext=1", b';a="b"']) + eol + piece + eol
         framed += pick([b"0" + eol + eol, b"0;last" + eol + b"x-trailer: " + K + eol + eol], [b""])
