@@ -50,6 +50,10 @@ class Undecodable(TransportError):
     The message completes "The upstream serving `model` ..."."""
 
 
+class TooLarge(TransportError):
+    """The answer is bigger than its reader takes. The message completes "The upstream serving `model` ..."."""
+
+
 class Response:
     """One answer: its status and headers, then its body as it arrives. Exactly one of `release` (the connection
     goes back to its pool if the answer was read whole) or `close` must end it."""
@@ -88,10 +92,16 @@ class Response:
         self._connection.resume()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def read(self) -> bytes:
-        """The whole body."""
+    async def read(self, limit: int) -> bytes:
+        """The whole body, of at most `limit` bytes (decoded): a bigger one is TooLarge, and its connection is not
+        reused."""
         parts: list[bytes] = []
+        size = 0
         while chunk := await self.readany():
+            size += len(chunk)
+            if size > limit:
+                self._connection.reusable = False
+                raise TooLarge(f"answered with more than {limit >> 20} MiB")
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 

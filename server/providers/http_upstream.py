@@ -30,11 +30,15 @@ from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE, NoScope
 from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
-                                              TransportError, Undecodable)
+                                              TooLarge, TransportError, Undecodable)
 from server.providers.upstream_errors import from_status, from_stream_error
-from server.render.sse_decoder import SseDecoder, SseEvent
+from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
 MAX_ERROR_BODY = 64 * 1024  # an error body is read only this far
+# A whole answer, or one streamed event, bigger than this is a 502: it could not reach the caller anyway (the
+# server's gRPC messages stop at 64 MiB, server/app.py MAX_SEND_BYTES), and an upstream that sends without end
+# (compressed, 1 MB can decode to 1 GB) must not take the gateway's memory with it.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # Idle pooled connections are dropped after this long: below the 5 s after which uvicorn-based servers (vLLM,
 # llama.cpp's Python server) close them, so a connection is not reused just as the server closes it.
 KEEPALIVE_SECONDS = 4.0
@@ -131,7 +135,7 @@ class HttpUpstream:
                 if response.status >= 300:
                     raise await self._status_error(response, model_id, body.get("model"))
                 try:
-                    content = await response.read()
+                    content = await response.read(MAX_ANSWER_BYTES)
                 except TransportError as exc:
                     raise self._transport_error(exc, model_id, before_answer=True) from None
             finally:
@@ -167,7 +171,7 @@ class HttpUpstream:
             if "content-type" in response.headers and stated.partition("/")[0] != media_type:
                 raise UpstreamError(f"Fetching a result of `{model_id}` gave {stated[:100]}, not {media_type}/*.")
             try:
-                return await response.read()
+                return await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
                 raise self._transport_error(exc, model_id, before_answer=False) from None
         finally:
@@ -269,13 +273,16 @@ class HttpUpstream:
 
     async def _events(self, response: Response, model_id: str) -> AsyncIterator[SseEvent]:
         """The answer's events, decoded as its bytes arrive."""
-        decoder = SseDecoder()
+        decoder = SseDecoder(MAX_ANSWER_BYTES)
         try:
             while chunk := await response.readany():
                 for event in decoder.feed(chunk):
                     yield event
         except TransportError as exc:
             raise self._transport_error(exc, model_id, before_answer=False) from None
+        except EventTooLarge:
+            raise self._transport_error(TooLarge(f"sent an event of more than {MAX_ANSWER_BYTES >> 20} MiB"),
+                                        model_id, before_answer=False) from None
         for event in decoder.end():
             yield event
 
@@ -309,7 +316,7 @@ class HttpUpstream:
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
             return UpstreamError(f"The connection to the upstream serving {name} broke off.", retry_reason="connect")
-        if isinstance(exc, Undecodable):  # as with invalid JSON, asking again would get the same answer
+        if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
 

@@ -14,15 +14,26 @@ class SseEvent:
     data: bytes  # the `data:` lines joined with "\n": bytes, which the JSON parser reads without a decoding first
 
 
+class EventTooLarge(Exception):
+    """An event (its data so far, and the line not ended yet) grew past the decoder's `max_event_bytes`."""
+
+
 class SseDecoder:
     """Lines end with "\\r\\n", "\\n" or "\\r", and a read may end anywhere, even between the two bytes of "\\r\\n".
-    Only `event:` and `data:` fields matter here; comments (":") and other fields are skipped."""
+    Only `event:` and `data:` fields matter here; comments (":") and other fields are skipped. An event bigger than
+    `max_event_bytes` is EventTooLarge, raised as soon as it is: a stream that never ends its line must not take
+    the reader's memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int | None = None) -> None:
         self._event = b""
         self._data: list[bytes] = []
-        self._rest = b""  # the start of a line not ended yet
+        self._data_bytes = 0
+        # The start of a line not ended yet, in the pieces it came in: joined once, when its end arrives (joining
+        # at every read would copy a long line over and over).
+        self._rest: list[bytes] = []
+        self._rest_bytes = 0
         self._after_cr = False  # the last chunk ended with "\r", whose "\n" may be the next chunk's first byte
+        self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """The events that `chunk` completes."""
@@ -35,17 +46,22 @@ class SseDecoder:
         if not chunk:
             return []
         if self._rest:
-            chunk, self._rest = self._rest + chunk, b""
+            if b"\n" not in chunk and b"\r" not in chunk:  # the line goes on
+                self._keep(chunk)
+                return []
+            chunk = b"".join((*self._rest, chunk))
+            self._rest, self._rest_bytes = [], 0
         lines = chunk.splitlines()  # bytes: at "\r\n", "\n" and "\r" only
         if chunk[-1] == 0x0D:
             self._after_cr = True
         elif chunk[-1] != 0x0A:
-            self._rest = lines.pop()
+            self._keep(lines.pop())
         return self._read(lines)
 
     def end(self) -> list[SseEvent]:
         """The stream ended: a last line without its line break, and a last event without its blank line."""
-        lines, self._rest = ([self._rest] if self._rest else []), b""
+        lines = [b"".join(self._rest)] if self._rest else []
+        self._rest, self._rest_bytes = [], 0
         events = self._read(lines)
         if self._data:
             events.append(self._dispatch())
@@ -59,12 +75,25 @@ class SseDecoder:
                     events.append(self._dispatch())
                 self._event = b""
             elif line.startswith(b"data:"):
-                self._data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+                data = line[6:] if line.startswith(b"data: ") else line[5:]
+                self._data.append(data)
+                self._data_bytes += len(data)
+                if self._max is not None and self._data_bytes > self._max:  # inline: once per line of every event
+                    self._check()
             elif line.startswith(b"event:"):
                 self._event = line[6:].strip()
         return events
 
     def _dispatch(self) -> SseEvent:
         event = SseEvent(self._event.decode("utf-8", "replace") if self._event else "message", b"\n".join(self._data))
-        self._event, self._data = b"", []
+        self._event, self._data, self._data_bytes = b"", [], 0
         return event
+
+    def _keep(self, piece: bytes) -> None:
+        self._rest.append(piece)
+        self._rest_bytes += len(piece)
+        self._check()
+
+    def _check(self) -> None:
+        if self._max is not None and self._data_bytes + self._rest_bytes > self._max:
+            raise EventTooLarge(f"an event of more than {self._max} bytes")

@@ -197,3 +197,38 @@ async def test_a_highly_compressed_answer_is_held_a_bounded_piece_at_a_time(serv
         http.close()
     assert total == 64 * 1024 * 1024 and largest <= DECODED_BYTES
     assert peak < 8 * 1024 * 1024
+
+
+def gzip_bomb(mebibytes: int, byte: bytes, start: bytes = b"") -> bytes:
+    compressor, block = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS), byte * (1024 * 1024)
+    return (compressor.compress(start) + b"".join(compressor.compress(block) for _ in range(mebibytes))
+            + compressor.flush())
+
+
+async def test_an_answer_bigger_than_any_caller_could_get_is_a_502_not_the_gateway_s_memory(server, upstream):
+    """80 MiB of JSON in 80 KiB of gzip: refused past 64 MiB (the most a gRPC message of Portico's carries)."""
+    server.answers.append(whole(200, gzip_bomb(80, b" "), {"content-type": "application/json",
+                                                          "content-encoding": "gzip"}))
+    tracemalloc.start()
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await upstream.post_json("chat/completions", {}, model_id="up")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(caught.value) == "The upstream serving `up` answered with more than 64 MiB."
+    assert caught.value.kind.http_status == 502 and not caught.value.retryable
+    assert peak < 80 * 1024 * 1024
+    await read_until_done(upstream)
+    assert server.accepted == 2  # that connection was not reused
+
+
+async def test_a_streamed_line_that_never_ends_is_a_502_past_64_mib(server, upstream):
+    """An event's line of 80 MiB (in 80 KiB of gzip), never ended: refused once it passes 64 MiB."""
+    server.answers.append(whole(200, gzip_bomb(80, b"a", start=b"data: "),
+                                {"content-type": "text/event-stream", "content-encoding": "gzip"}))
+    with pytest.raises(UpstreamError) as caught:
+        await read_until_done(upstream)
+    assert str(caught.value) == "The upstream serving `up` sent an event of more than 64 MiB."
+    assert caught.value.kind.http_status == 502
+    assert len(await read_until_done(upstream)) == 2  # the next request is answered

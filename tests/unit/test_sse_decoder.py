@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.render import SseDecoder, SseEvent
+from server.render.sse_decoder import EventTooLarge
 
 TRANSCRIPT = (
     b": a comment\r\n"
@@ -63,3 +64,28 @@ def test_events_come_out_as_soon_as_their_blank_line_arrives():
     assert decoder.feed(b"data: [DONE]\n") == []
     assert decoder.feed(b"\n") == [SseEvent("message", b"[DONE]")]
     assert decoder.end() == []
+
+
+# The limit counts an event's data so far, and its line not ended yet whole ("data: " included).
+
+
+def test_an_event_of_at_most_the_limit_is_decoded_however_its_bytes_come():
+    decoder = SseDecoder(max_event_bytes=16)
+    assert decoder.feed(b"data: 01234") == []
+    assert decoder.feed(b"56") == []
+    assert decoder.feed(b"789\n") == []
+    assert decoder.feed(b"\n") == [SseEvent("message", b"0123456789")]
+    assert decoder.feed(b"data: 01234\ndata: 5678\n\n") == [SseEvent("message", b"01234\n5678")]  # a new event
+
+
+@pytest.mark.parametrize("chunks", [
+    [b"data: 0123456789", b"a"],  # a line not ended yet
+    [b"data: 01234\n", b"data: 56789\n", b"data: a"],  # the lines of one event
+    [b"data: 0123456789abcdefg\n"],  # one read
+], ids=["unended-line", "many-lines", "one-read"])
+def test_an_event_past_the_limit_is_refused_as_soon_as_it_is(chunks):
+    decoder = SseDecoder(max_event_bytes=16)
+    for chunk in chunks[:-1]:
+        assert decoder.feed(chunk) == []
+    with pytest.raises(EventTooLarge):
+        decoder.feed(chunks[-1])
