@@ -281,6 +281,9 @@ function envoy_on_request(handle)
         "its query: " .. redacted(path) .. " names what it acts on.")
     end
   end
+  -- An image link's answer is one message, which the transcoder streams (chunked): read whole on the way back, it
+  -- gets a content-length, the one its HEAD gives.
+  if path:sub(1, 19) == "/v1/images/content/" then metadata:set("portico", "whole", true) end
   if head then return end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
@@ -366,15 +369,15 @@ end
 
 -- The answer to a HEAD request, which went on as GET: GET's status and headers (content-length included), no body.
 -- Envoy would send the body otherwise, which breaks a kept-alive HTTP/1.1 connection and is an HTTP/2 error.
-local function answer_head(handle, status)
+local function answer_head(handle, status, whole)
   if status >= 400 then shape_error(handle, status) end
   local buffer = handle:body(true)
   local trailers = handle:trailers()
   if trailers then strip_internal(trailers) end
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
-  local length = headers:get("content-length")
+  local length = headers:get("content-length") or (whole and status < 400 and buffer:length())
   buffer:setBytes("")
-  if length then headers:replace("content-length", length) end
+  if length then headers:replace("content-length", tostring(length)) end
   strip_internal(headers)
 end
 
@@ -382,18 +385,21 @@ function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
   local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
   if portico.grpc_call and status < 400 then return answer_grpc_call(handle) end
-  if portico.head then return answer_head(handle, status) end
+  if portico.head then return answer_head(handle, status, portico.whole) end
   local unary = status < 400 and portico.unary
   if status >= 400 then
     shape_error(handle, status)
   elseif unary then
     hoist_trailers(handle)
+  elseif portico.whole then
+    hoist_trailers(handle)
+    handle:headers():replace("content-length", tostring(handle:body():length()))
   end
   strip_internal(handle:headers())
   -- HTTP/2 callers would also receive the gRPC trailers (grpc-status, grpc-message). Iterating the chunks does
   -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway. (Errors and
   -- unary answers were read whole above: bodyChunks() is not for them.)
-  if status < 400 and not unary and handle:streamInfo():protocol() == "HTTP/2" then
+  if status < 400 and not unary and not portico.whole and handle:streamInfo():protocol() == "HTTP/2" then
     for _ in handle:bodyChunks() do end
     local trailers = handle:trailers()
     if trailers then strip_internal(trailers) end
