@@ -170,15 +170,20 @@ local function repeated_parameter(query, parameters)
   return nil
 end
 
--- The names REST path templates bind ({id}, {model}, ...): gateway/envoy.py replaces the next line with them, read
--- from the descriptor set. The transcoder lets a query parameter of that name replace the path's value, so that
--- PATCH /v1/admin/keys/A?id=B changed key B: such a parameter is refused on every path.
+-- The names REST path templates bind ({id}, {model}, ...), by the template's fixed start ("/v1/admin/keys/"):
+-- gateway/envoy.py replaces the next line with them, read from the descriptor set. The transcoder lets a query
+-- parameter of that name replace the path's value, so that PATCH /v1/admin/keys/A?id=B changed key B: such a
+-- parameter is refused on the paths under that start. Elsewhere it binds nothing and is ignored, as other ones are.
 local PATH_VARIABLES = {}  -- @PATH_VARIABLES@
 
-local function path_variable_in(query)
-  for pair in query:gmatch("[^&]+") do
-    local name = query_pair(pair)
-    if PATH_VARIABLES[name] then return name end
+local function path_variable_in(path, query)
+  for start, names in pairs(PATH_VARIABLES) do
+    if path:sub(1, #start) == start then
+      for pair in query:gmatch("[^&]+") do
+        local name = query_pair(pair)
+        if names[name] ~= nil then return name end
+      end
+    end
   end
   return nil
 end
@@ -275,7 +280,7 @@ function envoy_on_request(handle)
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
         "list, for GET " .. path .. ".")
     end
-    local name = path_variable_in(query)
+    local name = path_variable_in(path, query)
     if name then
       return refuse_parameter(handle, metadata, name, "Parameter " .. name .. " belongs in the URL's path, not " ..
         "its query: " .. redacted(path) .. " names what it acts on.")
