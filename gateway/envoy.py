@@ -27,7 +27,7 @@ import yaml
 
 from gateway.processes import start_supervised, terminate
 from gateway.query_parameters import (
-    Parameters, anthropic_models_parameters, lua_set, lua_table, organization_parameters, path_variables,
+    Parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables,
 )
 from server.errors import kind_by_status
 
@@ -120,7 +120,7 @@ def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def render_lua(source: str, parameters: Parameters, variables: list[str], anthropic: Parameters) -> str:
+def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters) -> str:
     """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS,
     PATH_VARIABLES and ANTHROPIC_MODELS_PARAMETERS from the descriptor set (gateway/query_parameters.py), so they
     cannot drift apart (pure)."""
@@ -132,7 +132,7 @@ def render_lua(source: str, parameters: Parameters, variables: list[str], anthro
         for status, kind in sorted(kind_by_status().items())
     )
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
-    source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_set(variables))
+    source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
 

@@ -170,15 +170,20 @@ local function repeated_parameter(query, parameters)
   return nil
 end
 
--- The names REST path templates bind ({id}, {model}, ...): gateway/envoy.py replaces the next line with them, read
--- from the descriptor set. The transcoder lets a query parameter of that name replace the path's value, so that
--- PATCH /v1/admin/keys/A?id=B changed key B: such a parameter is refused on every path.
+-- The names REST path templates bind ({id}, {model}, ...), by the template's fixed start ("/v1/admin/keys/"):
+-- gateway/envoy.py replaces the next line with them, read from the descriptor set. The transcoder lets a query
+-- parameter of that name replace the path's value, so that PATCH /v1/admin/keys/A?id=B changed key B: such a
+-- parameter is refused on the paths under that start. Elsewhere it binds nothing and is ignored, as other ones are.
 local PATH_VARIABLES = {}  -- @PATH_VARIABLES@
 
-local function path_variable_in(query)
-  for pair in query:gmatch("[^&]+") do
-    local name = query_pair(pair)
-    if PATH_VARIABLES[name] then return name end
+local function path_variable_in(path, query)
+  for start, names in pairs(PATH_VARIABLES) do
+    if path:sub(1, #start) == start then
+      for pair in query:gmatch("[^&]+") do
+        local name = query_pair(pair)
+        if names[name] ~= nil then return name end
+      end
+    end
   end
   return nil
 end
@@ -275,12 +280,15 @@ function envoy_on_request(handle)
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
         "list, for GET " .. path .. ".")
     end
-    local name = path_variable_in(query)
+    local name = path_variable_in(path, query)
     if name then
       return refuse_parameter(handle, metadata, name, "Parameter " .. name .. " belongs in the URL's path, not " ..
         "its query: " .. redacted(path) .. " names what it acts on.")
     end
   end
+  -- An image link's answer is one message, which the transcoder streams (chunked): read whole on the way back, it
+  -- gets a content-length, the one its HEAD gives.
+  if path:sub(1, 19) == "/v1/images/content/" then metadata:set("portico", "whole", true) end
   if head then return end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
@@ -366,15 +374,15 @@ end
 
 -- The answer to a HEAD request, which went on as GET: GET's status and headers (content-length included), no body.
 -- Envoy would send the body otherwise, which breaks a kept-alive HTTP/1.1 connection and is an HTTP/2 error.
-local function answer_head(handle, status)
+local function answer_head(handle, status, whole)
   if status >= 400 then shape_error(handle, status) end
   local buffer = handle:body(true)
   local trailers = handle:trailers()
   if trailers then strip_internal(trailers) end
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
-  local length = headers:get("content-length")
+  local length = headers:get("content-length") or (whole and status < 400 and buffer:length())
   buffer:setBytes("")
-  if length then headers:replace("content-length", length) end
+  if length then headers:replace("content-length", tostring(length)) end
   strip_internal(headers)
 end
 
@@ -382,18 +390,21 @@ function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 500
   local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
   if portico.grpc_call and status < 400 then return answer_grpc_call(handle) end
-  if portico.head then return answer_head(handle, status) end
+  if portico.head then return answer_head(handle, status, portico.whole) end
   local unary = status < 400 and portico.unary
   if status >= 400 then
     shape_error(handle, status)
   elseif unary then
     hoist_trailers(handle)
+  elseif portico.whole then
+    hoist_trailers(handle)
+    handle:headers():replace("content-length", tostring(handle:body():length()))
   end
   strip_internal(handle:headers())
   -- HTTP/2 callers would also receive the gRPC trailers (grpc-status, grpc-message). Iterating the chunks does
   -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway. (Errors and
   -- unary answers were read whole above: bodyChunks() is not for them.)
-  if status < 400 and not unary and handle:streamInfo():protocol() == "HTTP/2" then
+  if status < 400 and not unary and not portico.whole and handle:streamInfo():protocol() == "HTTP/2" then
     for _ in handle:bodyChunks() do end
     local trailers = handle:trailers()
     if trailers then strip_internal(trailers) end

@@ -52,15 +52,18 @@ def lua_table(parameters: Parameters) -> str:
     return "{\n" + "".join(rows) + "}"
 
 
-def path_variables(descriptor_set: bytes) -> list[str]:
-    """Every name a REST path template binds (`{id}` in /v1/admin/keys/{id}). The transcoder lets a query parameter
-    of the same name replace the path's value (`PATCH /v1/admin/keys/A?id=B` changed key B), so the Lua shaper
-    refuses such a parameter on every path."""
-    names: set[str] = set()
+def path_variables(descriptor_set: bytes) -> Parameters:
+    """The names REST path templates bind (`{id}` in /v1/admin/keys/{id}), by the template's fixed start
+    (`/v1/admin/keys/`). The transcoder lets a query parameter of the same name replace the path's value
+    (`PATCH /v1/admin/keys/A?id=B` changed key B), so the Lua shaper refuses such a parameter on the paths under that
+    start; elsewhere (`POST /v1/chat/completions?model=x`) it binds nothing and is ignored, as other parameters are."""
+    variables: Parameters = {}
     for _, _, rule in _bindings(_files(descriptor_set)):
-        template = getattr(rule, rule.WhichOneof("pattern") or "get", "")
-        names.update(re.findall(r"\{([A-Za-z_][A-Za-z0-9_.]*)", str(template)))
-    return sorted(names)
+        template = str(getattr(rule, rule.WhichOneof("pattern") or "get", ""))
+        names = re.findall(r"\{([A-Za-z_][A-Za-z0-9_.]*)", template)
+        if names:
+            variables.setdefault(template[:template.index("{")], {}).update(dict.fromkeys(names, False))
+    return variables
 
 
 def _files(descriptor_set: bytes):
@@ -76,8 +79,3 @@ def _bindings(files) -> Iterator[tuple[descriptor_pb2.ServiceDescriptorProto, de
                 rule = method.options.Extensions[annotations_pb2.http]
                 for binding in (rule, *rule.additional_bindings):
                     yield service, method, binding
-
-
-def lua_set(names: list[str]) -> str:
-    """`names` as a Lua set constructor (proto identifiers: no escaping)."""
-    return "{" + ", ".join(f'["{name}"] = true' for name in names) + "}"

@@ -101,6 +101,7 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
     kind = block.get("type")
     if not isinstance(kind, str):
         raise wrong_type(f"{where}.type", "a string", kind)
+    opt_object(block, "cache_control", where)  # not read, but still type-checked
     if kind == "text":
         text = block.get("text")
         if not isinstance(text, str):
@@ -145,6 +146,9 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         name = opt_string(tool, "name", where)
         if not name:
             raise InvalidRequest(f"{where}.name: Field required", param=f"{where}.name")
+        opt_bool(tool, "strict", where)  # these three are not read, but still type-checked
+        opt_array(tool, "input_examples", where)
+        opt_object(tool, "cache_control", where)
         schema = opt_object(tool, "input_schema", where) or {"type": "object"}
         description = opt_string(tool, "description", where) or ""
         specs.append(ToolSpec(name=name, description=description, parameters=schema))

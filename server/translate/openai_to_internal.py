@@ -113,6 +113,7 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call"))):
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
     opt_string(message, "name", where)
+    opt_string(message, "reasoning_content", where)  # not read, but still type-checked
     text, others = text_parts(content, f"{where}.content", part_types=None,
                               text_members=_TEXT_PARTS.get(role_name, TEXT_PARTS))
     for i in others:

@@ -161,6 +161,7 @@ def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] | None = 
         where = f"{param}[{i}]"
         if not isinstance(part, dict):
             raise wrong_type(where, "an object with a `type`", part)
+        opt_object(part, "cache_control", where)  # not read, but still type-checked
         kind = part.get("type")
         if isinstance(kind, str) and kind in text_members:
             member = text_members[kind]

@@ -81,6 +81,17 @@ def test_head_answers_as_get_without_a_body(gateway, path):
     assert head_and_get(gateway, path) != 404
 
 
+def test_head_of_an_image_link_answers_as_its_get(gateway):
+    """An image link's GET says how long the image is, and its HEAD gives the same headers (not content-length 0)."""
+    made = httpx.post(f"{gateway.base_url}/v1/images/generations", headers={"Authorization": f"Bearer {gateway.secret}"},
+                      json={"model": "family-a-image-2", "prompt": "a buoy", "size": "256x256",
+                            "response_format": "url"}, timeout=60)
+    url = made.json()["data"][0]["url"]
+    assert head_and_get(gateway, url.removeprefix(gateway.base_url)) == 200
+    image = httpx.get(url, timeout=60)
+    assert int(image.headers["content-length"]) == len(image.content) > 0
+
+
 @pytest.mark.parametrize(("path", "status"), [
     ("/v1/nope", 404), ("/v1/pk-dev-abc/chat", 404), ("/console-nope", 404),
     ("/v1/organization/costs?start_time=1&start_time=2", 400), ("/v1/organization/costs?line_items=1", 400),

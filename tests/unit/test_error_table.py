@@ -24,7 +24,7 @@ def test_every_status_has_one_default_row_with_a_message():
 
 
 def test_the_lua_shaper_gets_every_row_of_the_table():
-    rendered = render_lua(LUA, {}, [], {})
+    rendered = render_lua(LUA, {}, {}, {})
     rows = dict(re.findall(r'\[(\d{3})\] = \{"(\w+)"', rendered))
     assert rows == {str(status): kind.code for status, kind in kind_by_status().items()}
     assert "@KINDS@" not in rendered

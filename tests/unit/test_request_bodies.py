@@ -182,6 +182,29 @@ def test_an_ignored_messages_field_is_still_type_checked():
     assert caught.value.param == "thinking.budget_tokens"
 
 
+@pytest.mark.parametrize(
+    ("read", "fields", "param"),
+    [(chat, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok",
+                                                             "reasoning_content": 5}]},
+      "messages[1].reasoning_content"),
+     (chat, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": 5}]}]},
+      "messages[0].content[0].cache_control"),
+     (message, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": "x"}]}]},
+      "messages[0].content[0].cache_control"),
+     (message, {"system": [{"type": "text", "text": "be brief", "cache_control": []}]}, "system[0].cache_control"),
+     (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "strict": "yes"}]}, "tools[0].strict"),
+     (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "input_examples": {}}]},
+      "tools[0].input_examples"),
+     (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "cache_control": 1}]},
+      "tools[0].cache_control")],
+)
+def test_members_the_gateway_does_not_read_are_still_type_checked(read, fields, param):
+    """docs/api.md: `reasoning_content`, `cache_control`, `strict`, `input_examples` are ignored, but type-checked."""
+    with pytest.raises(InvalidRequest) as caught:
+        read(**fields)
+    assert caught.value.param == param
+
+
 def test_anthropic_beta_values_are_read_from_every_header():
     metadata = (("anthropic-beta", "a-1, b-2"), ("x-api-key", "k"), ("anthropic-beta", "c-3"))
     assert beta_values(metadata) == ("a-1", "b-2", "c-3")
