@@ -8,6 +8,7 @@ import functools
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
@@ -75,9 +76,10 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the gateway: Envoy on --port, the gRPC server behind it")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="HTTP and gRPC port (default 8080)")
-    serve.add_argument("--admin-port", type=int, help="Envoy admin port on 127.0.0.1 (default 9901)")
-    serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
+    serve.add_argument("--port", type=_port(1), help="HTTP and gRPC port (default 8080)")
+    serve.add_argument("--admin-port", type=_port(1), help="Envoy admin port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--metrics-port", type=_port(0),
+                       help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
     serve.add_argument("--dev-key", action="store_true",
                        help="with an empty key store, create and print an all-models development key even when "
                             "upstreams serve models (by default only when every model runs in the gateway)")
@@ -117,6 +119,19 @@ def _parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
+
+
+def _port(lowest: int) -> Callable[[str], int]:
+    """A port number as argparse's type: out of range is a one-line usage error (exit code 2), as in the file."""
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not lowest <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"a port from {lowest} to 65535, not {text!r}")
+        return value
+    return port
 
 
 # option -> KeyLimits field
