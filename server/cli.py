@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                                     development_key=development_key))
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
+        _quiet_store_diagnostics(args.log_level)
         if args.command == "usage":
             return usage_command(args, config)
         return keys_command(args, config)
@@ -64,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     except PorticoError as exc:
         print(f"portico: {exc.message}", file=sys.stderr)
         return 1
+
+
+def _quiet_store_diagnostics(level: str) -> None:
+    """`keys` and `usage` report a store that cannot be reached themselves, in one line: the connection pool's
+    retries and the store's start-up error about the same outage would only repeat it (--log-level debug shows them)."""
+    if level != "debug":
+        for name in ("psycopg", "server.db"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _parser() -> argparse.ArgumentParser:
