@@ -18,6 +18,7 @@ from server.config_providers import upstream_keys
 from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
 from server.db.database import StoreUnavailable
+from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
 from server.private_files import make_private
 from server.serving import run_worker, serve, wants_development_key
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except PorticoError as exc:
         print(f"portico: {exc.message}", file=sys.stderr)
+        return 1
+    except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
+        print(f"portico: {exc}", file=sys.stderr)
         return 1
 
 
