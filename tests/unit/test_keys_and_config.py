@@ -72,6 +72,13 @@ def test_limits_config():
         (f"{ONE_MODEL}\nkeys: {{cache_seconds: -1}}", r"keys\.cache_seconds: a number of at least 0"),
         (f"{ONE_MODEL}\nkeys: {{cache_size: 0}}", r"keys\.cache_size: a whole number of at least 1"),
         (f"{ONE_MODEL}\nkeys: {{rotation_grace_seconds: -5}}", r"keys\.rotation_grace_seconds: a whole number from 0"),
+        # Values of the wrong kind elsewhere are named too, never a traceback or a setting taken as something else.
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, created: soon}]",
+         r"models\[0\]\.created: a whole number, not 'soon'"),
+        ("models: [{id: '', endpoint: /v1/messages, provider: {kind: llamacpp}}]", r"models\[0\]\.id: a non-empty string"),
+        (f"{ONE_MODEL}\naccess_log: 5", r"c\.yaml: access_log: a non-empty string, not 5"),
+        (f"{ONE_MODEL}\nlisten: {{host: ''}}", r"listen\.host: a non-empty string"),
+        (f"{ONE_MODEL}\nlisten: {{public_base_url: portico.example.com}}", r"listen\.public_base_url: an http:// or https://"),
     ],
 )
 def test_config_mistakes_are_clear(tmp_path, text, message):
