@@ -20,6 +20,7 @@ from server.errors import InvalidRequest, PorticoError
 from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
+from server.observability.access_log import AccessLog
 from server.private_files import make_private
 from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)
             upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
+            _check_access_log(config.access_log)
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
                 return 2
@@ -69,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
         print(f"portico: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_access_log(target: str) -> None:
+    """A file access log every server process will append to: one that cannot be opened (a missing directory, no
+    permission) is a mistake in the configuration, said before anything starts rather than as a traceback."""
+    try:
+        AccessLog(target).close()
+    except OSError as exc:
+        raise ConfigError(f"access_log: cannot open {target} ({exc.strerror})") from None
 
 
 def _quiet_store_diagnostics(level: str) -> None:

@@ -96,3 +96,13 @@ def test_serve_port_options_out_of_range_are_usage_errors(tmp_path, capsys, opti
         main(["--data-dir", str(tmp_path / "d"), "serve", option, value])
     assert stopped.value.code == 2
     assert f"argument {option}: a port from" in capsys.readouterr().err
+
+
+def test_an_access_log_that_cannot_be_opened_stops_serve_with_exit_2(tmp_path, capsys):
+    from server.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: {tmp_path / 'no-such-dir' / 'access.log'}\n")
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
+    assert capsys.readouterr().err == (f"portico: configuration error: access_log: cannot open "
+                                       f"{tmp_path / 'no-such-dir' / 'access.log'} (No such file or directory)\n")
