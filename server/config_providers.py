@@ -125,7 +125,7 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
     if isinstance(value, bool) or not valid:
         raise ConfigError(f"{path}: {kind}, not {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
+        bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
         raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")
     return value
 

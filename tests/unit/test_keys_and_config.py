@@ -71,7 +71,7 @@ def test_limits_config():
         (f"{ONE_MODEL}\ndefault_max_tokens: 0", r"default_max_tokens: a whole number of at least 1, not 0"),
         (f"{ONE_MODEL}\nkeys: {{cache_seconds: -1}}", r"keys\.cache_seconds: a number of at least 0"),
         (f"{ONE_MODEL}\nkeys: {{cache_size: 0}}", r"keys\.cache_size: a whole number of at least 1"),
-        (f"{ONE_MODEL}\nkeys: {{rotation_grace_seconds: -5}}", r"keys\.rotation_grace_seconds: a whole number from 0"),
+        (f"{ONE_MODEL}\nkeys: {{rotation_grace_seconds: -5}}", r"keys\.rotation_grace_seconds: a whole number from 0 to 315360000, not -5"),
         # Values of the wrong kind elsewhere are named too, never a traceback or a setting taken as something else.
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, created: soon}]",
          r"models\[0\]\.created: a whole number, not 'soon'"),
