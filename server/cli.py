@@ -8,6 +8,7 @@ import functools
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
@@ -17,7 +18,9 @@ from server.config_providers import upstream_keys
 from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
 from server.db.database import StoreUnavailable
+from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
+from server.observability.access_log import AccessLog
 from server.private_files import make_private
 from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
@@ -39,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)
             upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
+            _check_access_log(config.access_log)
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
                 return 2
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                                     development_key=development_key))
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
+        _quiet_store_diagnostics(args.log_level)
         if args.command == "usage":
             return usage_command(args, config)
         return keys_command(args, config)
@@ -63,6 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     except PorticoError as exc:
         print(f"portico: {exc.message}", file=sys.stderr)
         return 1
+    except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
+        print(f"portico: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check_access_log(target: str) -> None:
+    """A file access log every server process will append to: one that cannot be opened (a missing directory, no
+    permission) is a mistake in the configuration, said before anything starts rather than as a traceback."""
+    try:
+        AccessLog(target).close()
+    except OSError as exc:
+        raise ConfigError(f"access_log: cannot open {target} ({exc.strerror})") from None
+
+
+def _quiet_store_diagnostics(level: str) -> None:
+    """`keys` and `usage` report a store that cannot be reached themselves, in one line: the connection pool's
+    retries and the store's start-up error about the same outage would only repeat it (--log-level debug shows them)."""
+    if level != "debug":
+        for name in ("psycopg", "server.db"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,9 +100,10 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the gateway: Envoy on --port, the gRPC server behind it")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="HTTP and gRPC port (default 8080)")
-    serve.add_argument("--admin-port", type=int, help="Envoy admin port on 127.0.0.1 (default 9901)")
-    serve.add_argument("--metrics-port", type=int, help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
+    serve.add_argument("--port", type=_port(1), help="HTTP and gRPC port (default 8080)")
+    serve.add_argument("--admin-port", type=_port(1), help="Envoy admin port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--metrics-port", type=_port(0),
+                       help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
     serve.add_argument("--dev-key", action="store_true",
                        help="with an empty key store, create and print an all-models development key even when "
                             "upstreams serve models (by default only when every model runs in the gateway)")
@@ -117,6 +143,19 @@ def _parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
+
+
+def _port(lowest: int) -> Callable[[str], int]:
+    """A port number as argparse's type: out of range is a one-line usage error (exit code 2), as in the file."""
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not lowest <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"a port from {lowest} to 65535, not {text!r}")
+        return value
+    return port
 
 
 # option -> KeyLimits field

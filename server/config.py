@@ -14,6 +14,7 @@ from server.config_providers import ConfigError, known_settings, mapping, number
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
+from server.keys.admin import MAX_GRACE_SECONDS
 from server.limits.settings import LimitSettings
 from server.usage.money import parse_price, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
@@ -119,34 +120,51 @@ def _parse(raw: dict, source: str) -> Config:
     try:
         return Config(
             models=entries,
-            host=str(listen.get("host", "127.0.0.1")),
-            port=number(listen, "port", 8080, f"{source}: listen", integer=True),
-            public_base_url=listen.get("public_base_url"),
-            envoy_admin_port=number(raw, "envoy_admin_port", 9901, f"{source}: ", integer=True),
+            host=_text(listen, "host", "127.0.0.1", f"{source}: listen"),
+            port=number(listen, "port", 8080, f"{source}: listen", integer=True, low=1, high=65535),
+            public_base_url=_base_url(listen.get("public_base_url"), f"{source}: listen.public_base_url"),
+            envoy_admin_port=number(raw, "envoy_admin_port", 9901, f"{source}: ", integer=True, low=1,
+                                    high=65535),
             data_dir=Path(raw.get("data_dir", "data")),
             embedded=EmbeddedSettings(
-                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True),
-                threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True),
-                instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True),
+                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1),
+                threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1),
+                instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),
                 model_path=_model_path(embedded.get("model_path"), f"{source}: embedded.model_path"),
             ),
-            default_max_tokens=number(raw, "default_max_tokens", 1024, f"{source}: ", integer=True),
-            key_cache_seconds=number(keys, "cache_seconds", 1.0, f"{source}: keys"),
-            key_rotation_grace_seconds=number(keys, "rotation_grace_seconds", 86_400, f"{source}: keys", integer=True),
+            default_max_tokens=number(raw, "default_max_tokens", 1024, f"{source}: ", integer=True, low=1),
+            key_cache_seconds=number(keys, "cache_seconds", 1.0, f"{source}: keys", low=0),
+            key_rotation_grace_seconds=number(keys, "rotation_grace_seconds", 86_400, f"{source}: keys",
+                                                integer=True, low=0, high=MAX_GRACE_SECONDS),
             key_store=parse_store(keys, f"{source}: keys"),
-            key_stale_seconds=number(keys, "stale_seconds", 300.0, f"{source}: keys"),
-            key_cache_size=number(keys, "cache_size", 10_000, f"{source}: keys", integer=True),
+            key_stale_seconds=number(keys, "stale_seconds", 300.0, f"{source}: keys", low=0),
+            key_cache_size=number(keys, "cache_size", 10_000, f"{source}: keys", integer=True, low=1),
             key_negative_cache_size=number(keys, "negative_cache_size", 10_000, f"{source}: keys",
-                                           integer=True),
+                                           integer=True, low=1),
             limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
-            metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True),
-            access_log=str(raw.get("access_log", "stderr")),
-            drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: "),
+            metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True, low=0, high=65535),
+            access_log=_text(raw, "access_log", "stderr", f"{source}: "),
+            drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
             tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
             usage=parse_usage(raw.get("usage"), f"{source}: usage"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _text(raw: dict, name: str, default: str, where: str) -> str:
+    """A setting that must be a non-empty string (an id, a path, a host), named by its path when it is not."""
+    value = raw.get(name, default)
+    if not isinstance(value, str) or not value:
+        path = f"{where}{name}" if where.endswith(": ") else f"{where}.{name}"
+        raise ConfigError(f"{path}: a non-empty string, not {value!r}")
+    return value
+
+
+def _base_url(value: Any, where: str) -> str | None:
+    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+        raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway), not {value!r}")
+    return value
 
 
 def _model_path(value: Any, where: str) -> str | None:
@@ -225,10 +243,10 @@ def _model(raw: Any, where: str) -> ModelEntry:
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
         raise ConfigError(f"{where}.fallbacks: a list of model ids")
     return ModelEntry(
-        id=str(raw["id"]),
+        id=_text(raw, "id", "", where),
         endpoint=endpoint,
         owned_by=str(raw.get("owned_by", "portico")),
-        created=int(raw.get("created", 0)),
+        created=number(raw, "created", 0, where, integer=True, low=0),
         deployments=parse_deployments(raw, where, endpoint),
         fallbacks=tuple(fallbacks),
         price=parse_price(raw.get("price") or {}, f"{where}.price"),

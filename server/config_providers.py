@@ -113,14 +113,20 @@ def _number(raw: dict, name: str, default: float, where: str, *, integer: bool =
     return value
 
 
-def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, integer: bool = False) -> Any:
-    """A setting's number, its type checked so that a mistake names its path (`int("eighty")` names nothing).
-    `where` is the section ("c.yaml: listen"), or the file followed by ": " for a top-level setting."""
+def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, integer: bool = False,
+           low: float | None = None, high: float | None = None) -> Any:
+    """A setting's number, its type and range (`low`, `high`: inclusive bounds) checked so that a mistake names its
+    path (`int("eighty")` names nothing). `where` is the section ("c.yaml: listen"), or the file followed by ": "
+    for a top-level setting."""
     value = raw.get(name, default)
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
+    kind = f"a {'whole ' if integer else ''}number"
+    path = f"{where}{name}" if where.endswith(": ") else f"{where}.{name}"
     if isinstance(value, bool) or not valid:
-        path = f"{where}{name}" if where.endswith(": ") else f"{where}.{name}"
-        raise ConfigError(f"{path}: a {'whole ' if integer else ''}number, not {value!r}")
+        raise ConfigError(f"{path}: {kind}, not {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")
     return value
 
 

@@ -4,6 +4,8 @@ several hosts start at once."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 
 import psycopg
@@ -175,3 +177,20 @@ def test_a_keys_db_from_before_budgets_gets_the_budget_columns(tmp_path):
     with _closing(connect_sqlite(tmp_path / "keys.db")) as db:
         db.execute("UPDATE api_keys SET max_spend_day = 5000000 WHERE id = 'key_1'")
         assert db.execute("SELECT name, max_spend_day FROM api_keys").fetchall() == [("old", 5000000)]
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("serve",)])
+def test_a_keys_db_newer_than_the_code_stops_the_cli_with_one_line(tmp_path, command):
+    """An operator who rolled back saw a traceback; the message alone says what to do."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    with _closing(connect_sqlite(data_dir / "keys.db")) as db:
+        migrate_sqlite(db, KEY_MIGRATIONS)
+        db.execute("INSERT INTO schema_migrations VALUES ('keys', 99, 'from a newer Portico', 0)")
+        db.commit()
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), *command],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "portico: the database's keys schema is at version 99, newer than this Portico knows "
+        f"({KEY_MIGRATIONS[-1].version}): upgrade Portico on this host"]

@@ -202,6 +202,23 @@ def test_serve_on_a_port_in_use_exits_1_and_says_so(tmp_path):
     assert "Portico is listening" not in done.stdout
 
 
+def test_a_second_gateway_on_the_first_ones_admin_port_never_says_it_is_listening(gateway, tmp_path):
+    """The readiness probe asked the first gateway's Envoy on that admin port, took its 200 for its own Envoy's,
+    and printed "Portico is listening" before Envoy's bind failure stopped it."""
+    port, metrics_port = free_ports(2)
+    log_path = tmp_path / "same-admin-port-data.log"
+    with open(log_path, "w") as log:
+        second = subprocess.run(
+            [sys.executable, "-m", "server.cli", "--data-dir", str(tmp_path / "same-admin-port-data"), "serve",
+             "--port", str(port), "--admin-port", str(gateway.admin_port), "--metrics-port", str(metrics_port)],
+            stdout=subprocess.PIPE, stderr=log, text=True, timeout=90,
+        )
+    assert second.returncode == 1
+    assert "Portico is listening" not in second.stdout
+    assert f"cannot bind '127.0.0.1:{gateway.admin_port}': Address already in use" in log_path.read_text()
+    assert httpx.get(f"{gateway.base_url}/healthz", timeout=60).status_code == 200
+
+
 def test_a_second_gateway_on_the_same_port_refuses_to_start(gateway, tmp_path):
     """Envoy binds with SO_REUSEPORT by default: a second gateway on the same port came up and took half the
     traffic, answering it with keys of its own (401s for the first gateway's callers)."""

@@ -62,6 +62,23 @@ def test_limits_config():
         (f"{ONE_MODEL}\ntracing: {{sample_ratio: half}}", r"tracing\.sample_ratio: a number, not 'half'"),
         (f"{ONE_MODEL}\nembedded: {{model_path: /nonexistent/model.gguf}}",
          r"embedded\.model_path: the path of a GGUF model file, not '/nonexistent/model.gguf' \(no such file\)"),
+        # A number out of its range stops start-up too, rather than a traceback or a gateway that misbehaves.
+        (f"{ONE_MODEL}\nmetrics_port: 70000", r"c\.yaml: metrics_port: a whole number from 0 to 65535, not 70000"),
+        (f"{ONE_MODEL}\nlisten: {{port: 0}}", r"listen\.port: a whole number from 1 to 65535, not 0"),
+        (f"{ONE_MODEL}\nenvoy_admin_port: 65536", r"envoy_admin_port: a whole number from 1 to 65535"),
+        (f"{ONE_MODEL}\ndrain_seconds: -1", r"drain_seconds: a number of at least 0, not -1"),
+        (f"{ONE_MODEL}\nembedded: {{instances: 0}}", r"embedded\.instances: a whole number of at least 1, not 0"),
+        (f"{ONE_MODEL}\ndefault_max_tokens: 0", r"default_max_tokens: a whole number of at least 1, not 0"),
+        (f"{ONE_MODEL}\nkeys: {{cache_seconds: -1}}", r"keys\.cache_seconds: a number of at least 0"),
+        (f"{ONE_MODEL}\nkeys: {{cache_size: 0}}", r"keys\.cache_size: a whole number of at least 1"),
+        (f"{ONE_MODEL}\nkeys: {{rotation_grace_seconds: -5}}", r"keys\.rotation_grace_seconds: a whole number from 0 to 315360000, not -5"),
+        # Values of the wrong kind elsewhere are named too, never a traceback or a setting taken as something else.
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, created: soon}]",
+         r"models\[0\]\.created: a whole number, not 'soon'"),
+        ("models: [{id: '', endpoint: /v1/messages, provider: {kind: llamacpp}}]", r"models\[0\]\.id: a non-empty string"),
+        (f"{ONE_MODEL}\naccess_log: 5", r"c\.yaml: access_log: a non-empty string, not 5"),
+        (f"{ONE_MODEL}\nlisten: {{host: ''}}", r"listen\.host: a non-empty string"),
+        (f"{ONE_MODEL}\nlisten: {{public_base_url: portico.example.com}}", r"listen\.public_base_url: an http:// or https://"),
     ],
 )
 def test_config_mistakes_are_clear(tmp_path, text, message):
@@ -69,3 +86,23 @@ def test_config_mistakes_are_clear(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--port", "70000"), ("--admin-port", "0"), ("--metrics-port", "-5")])
+def test_serve_port_options_out_of_range_are_usage_errors(tmp_path, capsys, option, value):
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data-dir", str(tmp_path / "d"), "serve", option, value])
+    assert stopped.value.code == 2
+    assert f"argument {option}: a port from" in capsys.readouterr().err
+
+
+def test_an_access_log_that_cannot_be_opened_stops_serve_with_exit_2(tmp_path, capsys):
+    from server.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: {tmp_path / 'no-such-dir' / 'access.log'}\n")
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
+    assert capsys.readouterr().err == (f"portico: configuration error: access_log: cannot open "
+                                       f"{tmp_path / 'no-such-dir' / 'access.log'} (No such file or directory)\n")

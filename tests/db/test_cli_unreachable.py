@@ -1,0 +1,30 @@
+"""`portico keys` and `portico usage` with a PostgreSQL store that does not answer: one line naming the store, exit 1
+(operations.md, Several hosts), not the connection pool's warnings and the server's start-up error besides."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gateway.envoy import free_ports
+
+_MODELS = "models: [{id: a, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}]"
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("keys", "create", "--name", "x", "--all-models"),
+                                     ("keys", "revoke", "key_0"), ("usage",)])
+def test_an_unreachable_store_is_one_line_and_exit_1(tmp_path, command):
+    (port,) = free_ports(1)  # nothing listens there
+    config = tmp_path / "c.yaml"
+    config.write_text(f"keys: {{store: 'postgresql://portico@127.0.0.1:{port}/portico', password_env: PG_PW,"
+                      f" store_timeout_seconds: 1}}\n{_MODELS}\n")
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir",
+                           str(tmp_path / "data"), *command], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PG_PW": "not-shown"})
+    assert done.returncode == 1 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("portico: the ") and "cannot be reached" in done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "not-shown" not in done.stderr
