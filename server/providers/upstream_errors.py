@@ -14,6 +14,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import math
+import re
 import time
 from collections.abc import Collection, Mapping
 
@@ -152,5 +153,11 @@ def _scrub(message: str, secret: str | None, upstream_model: str | None, model_i
     if secret:
         message = message.replace(secret, "[redacted]")
     if upstream_model and upstream_model != model_id:
-        message = message.replace(upstream_model, model_id)
+        message = _model_name(upstream_model).sub(lambda _: model_id, message)
     return message
+
+
+def _model_name(name: str) -> re.Pattern[str]:
+    """`name` where it stands alone: not inside a longer name (`gpt-4` in `gpt-4o-mini`) or word (`e` in `object`).
+    A dot ends a name unless a name's character follows it (`gpt-3.5`)."""
+    return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.[\w-])")

@@ -253,6 +253,18 @@ def test_the_upstream_name_of_the_model_never_reaches_the_caller():
     assert "up-gpt-55" not in streamed.message
 
 
+@pytest.mark.parametrize(("upstream_model", "message", "shown"), [
+    ("e", "The object is bad", "The object is bad"),  # inside a word: not the model
+    ("gpt-4", "Use gpt-4o-mini or gpt-4.1, not gpt-4.", "Use gpt-4o-mini or gpt-4.1, not family-a-5.5."),
+    ("gpt-3.5", "The model `gpt-3.5` does not exist", "The model `family-a-5.5` does not exist"),
+    ("llama3", "models/llama3:8b is loading; llama3 too", "models/family-a-5.5:8b is loading; family-a-5.5 too"),
+])
+def test_the_upstream_name_is_replaced_where_it_stands_alone_not_inside_other_words(upstream_model, message, shown):
+    body = orjson.dumps({"error": {"message": message}})
+    error = from_status(400, body, {}, retry_on=(), upstream="family-a-5.5", secret=None, upstream_model=upstream_model)
+    assert error.message == shown
+
+
 def test_retry_after_forms():
     assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
     assert retry_after({"retry-after": "2"}) == 2
