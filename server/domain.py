@@ -438,6 +438,9 @@ class ImageRequest:
     compression: int | None  # 0-100 for lossy formats; None: the provider's best quality
     # The caller's request body (parsed JSON, never edited), passed on whole to an OpenAI images upstream.
     source: Mapping[str, Json] | None = None
+    # Its members the gateway does not read: only an upstream of the caller's API, which gets the body whole, can
+    # honour them; elsewhere they are refused (server/pipeline.py), never silently dropped.
+    unknown: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

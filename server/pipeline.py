@@ -19,8 +19,8 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
-    ApiKey, Completion, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, Json,
-    ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    ApiKey, Completion, Dialect, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest,
+    ImageRequest, Json, ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
     estimate_tokens,
 )
 from server.errors import InternalError, InvalidRequest, PorticoError
@@ -233,6 +233,11 @@ class Pipeline:
         provider = call.provider
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
+        # Before admission, as for text: a request the model cannot honour costs nothing.
+        if request.unknown and Dialect.OPENAI not in getattr(provider, "capabilities", Capabilities()).dialects:
+            name = request.unknown[0]
+            raise InvalidRequest(f"`{name}` is not supported by this model (the gateway passes it only to an "
+                                 "upstream of the request's own API).", param=name)
         call.record.admitted = True
         cost = call.model.price.cost(images=request.n)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):

@@ -15,14 +15,17 @@ import binascii
 import codecs
 
 
-from server.domain import GeneratedImage, ImageFormat, ImageRequest, UpstreamSpec
+from server.domain import Dialect, GeneratedImage, ImageFormat, ImageRequest, UpstreamSpec
 from server.errors import UpstreamError
+from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 
 _SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))
 
 
 class OpenAIImageProvider:
+    capabilities = Capabilities(dialects=frozenset({Dialect.OPENAI}))  # the caller's body is passed on whole
+
     def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
         self._upstream = upstream
         self._model = spec.model

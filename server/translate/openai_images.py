@@ -27,6 +27,10 @@ QUALITIES = ("auto", "low", "medium", "high", "standard", "hd")
 STYLES = ("vivid", "natural")
 BACKGROUNDS = ("auto", "transparent", "opaque")
 MODERATIONS = ("auto", "low")
+# Every member this module reads (and so type-checks); the rest go to an OpenAI images upstream only.
+READ_FIELDS = frozenset({"model", "prompt", "n", "size", "response_format", "output_format", "quality", "style",
+                         "background", "moderation", "user", "safety_identifier", "output_compression", "stream",
+                         "partial_images"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
         )
     _choice(body, "moderation", MODERATIONS, default="auto")  # checked; there is nothing to moderate
     opt_string(body, "user")
+    opt_string(body, "safety_identifier")
     compression = opt_int(body, "output_compression", 0, 100)
     # Answering a streaming request with one JSON body would break the caller's SSE parser.
     if opt_bool(body, "stream"):
@@ -68,7 +73,7 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
                              param="partial_images")
     return ImagePlan(
         generation=ImageRequest(
-                prompt=prompt,
+            prompt=prompt,
             n=n or 1,
             width=width,
             height=height,
@@ -78,6 +83,7 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
             quality=quality,
             compression=compression,
             source=body,
+            unknown=tuple(name for name in body if name not in READ_FIELDS),
         ),
         response_format=response_format,
     )

@@ -15,6 +15,7 @@ from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.providers.dev_image import REVISED_PROMPT
+from server.translate.values import proto_to_json as proto_json
 from tests.helpers import bearer, error_details, http_body
 
 
@@ -125,6 +126,17 @@ async def test_invalid_requests_name_the_field(images, secret, fields, param):
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         detail = error_details(caught.value)
         assert (detail.http_status, detail.error.code, detail.error.param) == (400, "invalid_request", param)
+
+
+async def test_a_member_the_development_model_does_not_read_is_refused_not_dropped(images, secret):
+    body = {**proto_json(image_request()), "qualty": "hd", "safety_identifier": "user-7"}  # a typo; a known one
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _drain(images.CreateImageHttp(http_body(body), metadata=bearer(secret)))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code, detail.error.param) == (400, "invalid_request", "qualty")
+    assert "not supported by this model" in detail.error.message
+    del body["qualty"]
+    assert len([b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]) == 1
 
 
 async def test_text_model_is_404_naming_the_right_path(images, secret):

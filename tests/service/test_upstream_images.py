@@ -11,7 +11,7 @@ from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.providers.dev_image import REVISED_PROMPT
-from tests.helpers import bearer, error_details
+from tests.helpers import bearer, error_details, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import tiny_png
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server
@@ -58,6 +58,13 @@ async def test_b64_images_from_the_upstream(images, double, secret):
     assert seen.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert seen.body == {"model": "image-up", "prompt": "a lighthouse", "n": 2, "size": "512x512", "quality": "high",
                          "user": "u-1"}  # response_format is never passed on: the upstream answers in its own way
+
+
+async def test_members_the_gateway_does_not_read_reach_the_upstream(images, double, secret):
+    body = {"model": "image-up", "prompt": "a lighthouse", "input_fidelity": "high", "extra": {"seed": 7}}
+    bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    assert len(bodies) == 1
+    assert double.seen[-1].body == body
 
 
 async def test_linked_images_are_fetched_without_the_key_and_served_as_ours(images, double, secret):
