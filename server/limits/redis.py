@@ -23,7 +23,7 @@ from server.limits.core import (
     Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
 )
 from server.limits.redis_pipe import Dispatch, RedisPipe, Script
-from server.limits.redis_scripts import RESERVE, SETTLE
+from server.limits.redis_scripts import RENEW, RESERVE, SETTLE
 from server.limits.settings import redacted
 from server.limits.standing import Counts
 
@@ -61,6 +61,7 @@ class RedisLimitStore:
         self._redis = RedisPipe(url, timeout=timeout_seconds)
         self._reserve_script = Script(RESERVE)
         self._settle_script = Script(SETTLE)
+        self._renew_script = Script(RENEW)
         self._held: dict[str, Reservation] = {}  # this process's open reservations, whose leases it renews
         self._ids = ReservationIds()
         self._renewer: asyncio.Task | None = None
@@ -135,27 +136,31 @@ class RedisLimitStore:
         await self._run(self._settle_script, keys, args)
 
     async def _renew_leases(self) -> None:
-        """Every lease/3 seconds, push the lease of every slot this process holds (XX: never re-add a slot that
-        was settled meanwhile), and the expiry of the sets holding them: admission gives a set two leases to live,
-        and a request may run for longer (its slot was lost with the set, and the limit let an extra request in).
-        A process that stops renewing still frees its slots within a lease: admission prunes expired leases."""
+        """Every lease/3 seconds, push the lease of every slot this process holds, and the expiry of the sets
+        holding them: admission gives a set two leases to live, and a request may run for longer (its slot was lost
+        with the set, and the limit let an extra request in). A slot whose lease ran out while Redis did not answer
+        is booked again (the RENEW script: only while its reservation is unsettled), and a renewal Redis missed is
+        tried again within a second, not a third of a lease later. A process that stops renewing still frees its
+        slots within a lease: admission prunes expired leases."""
+        pause = self._lease / 3
         while True:
-            await asyncio.sleep(self._lease / 3)
+            await asyncio.sleep(pause)
+            pause = self._lease / 3
             if not self._held:
                 continue
             expiry = self._clock() + self._lease
-            renewals: list[tuple] = []
-            sets: set[str] = set()
+            keys: list[str] = []
+            args: list = [expiry, self._slots_ttl]
             for reservation in list(self._held.values()):
-                for scope in reservation.demand.scopes:
-                    renewals.append(("ZADD", slots := self._slots_key(scope.id), "XX", expiry, reservation.id))
-                    sets.add(slots)
-            renewals += [("EXPIRE", slots, self._slots_ttl) for slots in sets]
+                keys.append(self._record_key(reservation.id))
+                keys += [self._slots_key(scope.id) for scope in reservation.demand.scopes]
+                args += [reservation.id, len(reservation.demand.scopes)]
             try:
                 async with asyncio.timeout(self._deadline):
-                    await self._redis.execute_many(renewals)
+                    await self._redis.run(self._renew_script, keys, args)
             except _UNREACHABLE as exc:
                 _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
+                pause = min(pause, 1.0)
 
     async def ping(self) -> bool:
         try:

@@ -199,3 +199,24 @@ for i = 0, (#KEYS - 1) / 6 - 1 do
 end
 return 1
 """
+
+# KEYS: per reservation, its record, then its scopes' slots sets. ARGV: lease expiry, the sets' ttl, then per
+# reservation: its id and how many scopes it has. The slot of a reservation still booked (its record "1": not settled)
+# is pushed to the new expiry, and put back if admission pruned it meanwhile: a Redis that stalled longer than a lease
+# let it run out, but its holder is alive (it is renewing), so its request still runs. A settled one is never re-added.
+RENEW = """
+local expiry, ttl, k, expiring = tonumber(ARGV[1]), tonumber(ARGV[2]), 1, {}
+for a = 3, #ARGV, 2 do
+  local id, scopes = ARGV[a], tonumber(ARGV[a + 1])
+  local booked = redis.call('GET', KEYS[k]) == '1'
+  for j = 1, scopes do
+    if booked then
+      redis.call('ZADD', KEYS[k + j], expiry, id)
+      expiring[KEYS[k + j]] = true
+    end
+  end
+  k = k + scopes + 1
+end
+for slots in pairs(expiring) do redis.call('EXPIRE', slots, ttl) end
+return 1
+"""

@@ -85,6 +85,28 @@ async def test_a_live_process_keeps_renewing_its_leases(redis_server, prefix):
         await other.close()
 
 
+async def test_a_live_holder_gets_back_a_slot_whose_lease_ran_out_while_redis_was_away(redis_server, prefix):
+    """Redis stalled longer than a lease: the holder could not renew, and the first admission after the stall pruned
+    its lease as a crashed process's. The holder is alive and still running its request, so its next renewal books
+    the slot again: the limit holds from then on instead of letting one request more in for the rest of it."""
+    later = [1.0]  # the other process's clock runs a lease and more ahead: the stall, without waiting for it
+    holder = RedisLimitStore(redis_server.url, prefix=prefix, lease_seconds=0.6)
+    other = RedisLimitStore(redis_server.url, prefix=prefix, lease_seconds=0.6, clock=lambda: time.time() + later[0])
+    try:
+        held = await holder.reserve(HOLD)
+        await other.settle(await other.reserve(HOLD), 0)  # admitted: the held lease had run out, and was pruned
+        later[0] = 0.0
+        await asyncio.sleep(0.5)  # the holder renews every lease / 3
+        with pytest.raises(RateLimited, match="concurrent requests"):
+            await other.reserve(HOLD)
+        await holder.settle(held, 0)
+        await asyncio.sleep(0.5)  # a renewal after the settlement books nothing again
+        await other.reserve(HOLD)
+    finally:
+        await holder.close()
+        await other.close()
+
+
 async def test_counts_survive_a_restart_of_the_process(redis_server, prefix):
     before = RedisLimitStore(redis_server.url, prefix=prefix)
     for _ in range(50):
