@@ -139,8 +139,11 @@ export function when(unixSeconds) {
 
 export const number = (value) => value === null || value === undefined ? "—" : Number(value).toLocaleString("en-US");
 
+// Exact to the micro-dollar, as the ledger counts and `portico usage` prints: at least cents, more digits only when
+// they matter ($0.000039, never a rounded $0.0000 for a cost that is not zero).
 export function money(value, currency = "usd") {
   if (value === null || value === undefined) return "—";
-  const digits = value === 0 || Math.abs(value) >= 1 ? 2 : 4;  // cents, or a fraction of one for small sums
-  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(value).toFixed(digits)}`;
+  const [whole, fraction] = Number(value).toFixed(6).split(".");  // sums of floats: 0.00039000000000000005
+  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(whole).toLocaleString("en-US")}.` +
+    fraction.replace(/0+$/, "").padEnd(2, "0");
 }

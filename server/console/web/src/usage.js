@@ -180,11 +180,12 @@ function spendTable(usage, costs, names, periodLabel) {
   const rows = new Map();
   const row = (r) => {
     const id = `${r.api_key_id}|${r.model}`;
-    if (!rows.has(id)) rows.set(id, {key: r.api_key_id, model: r.model, requests: 0, input: 0, output: 0, cost: 0});
+    if (!rows.has(id)) rows.set(id, {key: r.api_key_id, model: r.model, ...uncounted()});
     return rows.get(id);
   };
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(r);
+    entry.counted = true;
     entry.requests += r.num_model_requests;
     entry.input += r.input_tokens;
     entry.output += r.output_tokens;
@@ -197,9 +198,14 @@ function spendTable(usage, costs, names, periodLabel) {
       ["Key", "Model", "Requests", "Input tokens", "Output tokens", "Cost"],
       sorted.map((r) => [
         r.key ? h("a", {href: `#/keys/${encodeURIComponent(r.key)}`}, keyLabel(names, r.key)) : "(none)",
-        r.model ?? "(none)", number(r.requests), number(r.input), number(r.output), money(r.cost)]),
+        r.model ?? "(none)", counted(r, r.requests), counted(r, r.input), counted(r, r.output), money(r.cost)]),
       {empty: "No requests in this period."}));
 }
+
+// A row's requests and tokens come from the completions usage (chat and messages); a model known only from the
+// costs (images) has none there: "—", not a false 0.
+const uncounted = () => ({counted: false, requests: 0, errors: 0, input: 0, output: 0, cost: 0});
+const counted = (row, value) => row.counted ? number(value) : "—";
 
 function card(label, value) {
   return h("div", {class: "card", role: "listitem"},
@@ -256,9 +262,10 @@ export async function keyUsage(api, keyId) {
   const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
   const rows = new Map();
   const row = (model) => rows.get(model)
-    ?? rows.set(model, {requests: 0, errors: 0, input: 0, output: 0, cost: 0}).get(model);
+    ?? rows.set(model, uncounted()).get(model);
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(labelOf(r));
+    entry.counted = true;
     entry.requests += r.num_model_requests;
     entry.errors += r.num_errors ?? 0;
     entry.input += r.input_tokens;
@@ -272,8 +279,8 @@ export async function keyUsage(api, keyId) {
     timeChart({id: "chart-key-requests", title: "Requests per day by model", times: usage.map((b) => b.start_time),
       series: requests, format: number, integer: true, bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
-      "Cost"], sorted.map(([model, r]) => [model, number(r.requests), number(r.errors), number(r.input),
-      number(r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
+      "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), counted(r, r.errors), counted(r, r.input),
+      counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
 }
 
 // Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.
