@@ -3,6 +3,7 @@ import {field, formDialog, h, showSecret, table, when} from "./dom.js";
 import {keyForm, limitText, LIMITS} from "./keyform.js";
 
 export const keyState = (key) => key.revoked_at ? "revoked" : "active";
+const STATES = ["active", "revoked", "all"];
 
 export function grantsText(key) {
   return key.all_models ? "all models" : (key.models.length ? key.models.join(", ") : "none");
@@ -24,7 +25,9 @@ export async function keysPage(ctx) {
   const [{keys}, models] = await Promise.all([ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api)]);
   const envs = [...new Set(keys.map((key) => key.env).filter(Boolean))].sort();
   const envFilter = ctx.query.get("env") ?? "";
-  const stateFilter = ctx.query.get("state") ?? "active";
+  // A bookmarked filter shows as it filters: an environment no key has (any more) is still offered, selected.
+  const envChoices = envFilter && !envs.includes(envFilter) ? [...envs, envFilter].sort() : envs;
+  const stateFilter = STATES.includes(ctx.query.get("state")) ? ctx.query.get("state") : "active";
   const search = (ctx.query.get("q") ?? "").toLowerCase();
   const shown = keys
     .filter((key) => !envFilter || key.env === envFilter)
@@ -34,9 +37,9 @@ export async function keysPage(ctx) {
 
   const envSelect = h("select", {name: "env"},
     h("option", {value: ""}, "All environments"),
-    envs.map((env) => h("option", {value: env, selected: env === envFilter}, env)));
+    envChoices.map((env) => h("option", {value: env, selected: env === envFilter}, env)));
   const stateSelect = h("select", {name: "state"},
-    ["active", "revoked", "all"].map((state) => h("option", {value: state, selected: state === stateFilter},
+    STATES.map((state) => h("option", {value: state, selected: state === stateFilter},
       state === "all" ? "Active and revoked" : state[0].toUpperCase() + state.slice(1))));
   const searchInput = h("input", {type: "search", name: "q", value: ctx.query.get("q") ?? "", autocomplete: "off"});
   const applyFilters = (event) => {

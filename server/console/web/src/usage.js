@@ -224,13 +224,18 @@ function filters(ctx, period, group, width) {
   const bucketSelect = h("select", {name: "bucket"},
     h("option", {value: "hour", selected: width === HOUR}, "Hour"),
     h("option", {value: "day", selected: width === DAY}, "Day"));
+  const datesError = h("p", {class: "error", role: "alert"});
   const dates = h("div", {class: "dates", hidden: period.key !== "custom"},
-    field("From (UTC)", from), field("To (UTC)", to));
+    field("From (UTC)", from), field("To (UTC)", to), datesError);
   periodSelect.addEventListener("change", () => { dates.hidden = periodSelect.value !== "custom"; });
   const apply = (event) => {
     event.preventDefault();
     const query = new URLSearchParams();
     if (periodSelect.value === "custom") {
+      // Days that make no period are refused here, not shown as some other period.
+      const wrong = !from.value ? from : !to.value ? to : from.value > today ? from : from.value > to.value ? to : null;
+      datesError.textContent = wrong ? `Choose two days, From on or before To, and From no later than ${today}.` : "";
+      if (wrong) return wrong.focus();
       query.set("from", from.value);
       query.set("to", to.value);
     } else {
