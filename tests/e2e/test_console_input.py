@@ -52,6 +52,15 @@ def test_a_pasted_key_that_cannot_be_one_and_a_mistyped_url(tab, gateway, admin_
     tab.page.goto("/console/#/keys?state=bogus")
     expect(tab.page.get_by_label("State")).to_have_value("active")
     expect(tab.page.get_by_role("row", name=re.compile("^batch "))).to_contain_text(made)
+
+    # A secret pasted as a search would go into the URL, and so the browser's history: refused, and cleared.
+    search = tab.page.get_by_label("Name or id")
+    search.fill(admin_secret)
+    search.press("Enter")
+    expect(tab.page.get_by_role("search").get_by_role("alert")).to_contain_text("That is a key's secret")
+    expect(search).to_have_value("")
+    assert admin_secret not in tab.page.url and admin_secret not in tab.page.content()
+    tab.shot("keys-search-secret")
     assert failed_loads_aside(tab.problems.lines) == []
 
 
