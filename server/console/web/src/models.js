@@ -2,7 +2,7 @@
 // price and per-model limits — with each model's requests, errors and cost over the last 7 days.
 import {h, money, number, table} from "./dom.js";
 import {limitText, LIMITS} from "./keyform.js";
-import {weekByModel} from "./usage.js";
+import {errorRate, weekByModel} from "./usage.js";
 
 const PROVIDERS = {llamacpp: "embedded model (llama.cpp)", "dev-image": "development image provider",
   openai: "OpenAI-compatible upstream", anthropic: "Anthropic upstream"};
@@ -20,7 +20,7 @@ export async function modelsPage(ctx) {
       priceText(model.price),
       limitsText(model.limits),
       !counted ? "—" : used ? number(used.requests) : "0",
-      counted && used && used.admitted ? `${(100 * used.errors / used.admitted).toFixed(1)} % (${number(used.errors)})` : "—",
+      counted && used ? errorRate(used.errors, used.admitted) : "—",
       used ? money(used.cost) : money(0),
     ];
   });

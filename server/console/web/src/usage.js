@@ -113,8 +113,7 @@ async function usageView(ctx) {
       card("Input tokens", number(summary.input)),
       card("Output tokens", number(summary.output)),
       card("Cost", money(total(cost))),
-      card("Error rate", summary.errors === null ? "—" :
-        `${(100 * summary.errors / Math.max(1, summary.admitted)).toFixed(1)} % (${number(summary.errors)})`),
+      card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.admitted)),
       card("Latency p50", percentile("p50")),
       card("Latency p95", percentile("p95"))),
     chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, true),
@@ -204,7 +203,13 @@ function spendTable(usage, costs, names, periodLabel) {
 
 // A row's requests and tokens come from the completions usage (chat and messages); a model known only from the
 // costs (images) has none there: "—", not a false 0.
-const uncounted = () => ({counted: false, requests: 0, errors: 0, input: 0, output: 0, cost: 0});
+const uncounted = () => ({counted: false, requests: 0, admitted: 0, errors: 0, input: 0, output: 0, cost: 0});
+
+// Errors among every admitted request (num_requests, those refused by a limit included), as a rate and a count: a
+// count beside the requests that reached a model (num_model_requests) would read as their failures.
+export function errorRate(errors, admitted) {
+  return admitted ? `${(100 * errors / admitted).toFixed(1)} % (${number(errors)})` : "—";
+}
 const counted = (row, value) => row.counted ? number(value) : "—";
 
 function card(label, value) {
@@ -272,6 +277,7 @@ export async function keyUsage(api, keyId) {
     const entry = row(labelOf(r));
     entry.counted = true;
     entry.requests += r.num_model_requests;
+    entry.admitted += r.num_requests ?? r.num_model_requests;
     entry.errors += r.num_errors ?? 0;
     entry.input += r.input_tokens;
     entry.output += r.output_tokens;
@@ -284,8 +290,8 @@ export async function keyUsage(api, keyId) {
     timeChart({id: "chart-key-requests", title: "Requests per day by model", times: usage.map((b) => b.start_time),
       series: requests, format: number, integer: true, bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
-      "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), counted(r, r.errors), counted(r, r.input),
-      counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
+      "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.admitted)
+      : "—", counted(r, r.input), counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
 }
 
 // Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.
