@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.browser import api
+from tests.e2e.browser import PHONE, api
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -149,3 +149,19 @@ def test_a_keys_errors_are_a_share_of_what_it_sent(tab, gateway, admin_secret):
     expect(week.get_by_role("row", name=re.compile("^family-a-5.5")).get_by_role("cell")).to_have_text(
         ["1", "50.0 % (1)", re.compile(r"^\d+$"), "1", "$0.00"])  # the row header is not a cell
     assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_a_long_name_without_a_space_wraps(tab, gateway, admin_secret):
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "n" * 200, "all_models": True})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.page.set_viewport_size(PHONE)
+    tab.open(f"#/keys/{key_id}")
+    expect(tab.page.get_by_role("heading", name="n" * 200, level=1)).to_be_visible()
+    tab.no_horizontal_scroll()
+    tab.page.get_by_role("button", name="Revoke").click()
+    dialog = tab.page.get_by_role("dialog")
+    assert dialog.evaluate("box => box.scrollWidth <= box.clientWidth")
+    tab.shot("long-name-phone")
+    dialog.get_by_role("button", name="Cancel").click()
+    assert tab.problems.lines == []
