@@ -8,6 +8,7 @@ cannot make: a request of 26 hours ago, and latencies known in advance.
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 import time
 import uuid
@@ -41,11 +42,14 @@ def new_key(gateway, name: str) -> str:
     return gateway.cli("keys", "create", "--name", name, "--all-models").stdout.split()[2]
 
 
-def seed(gateway, key_id: str, *, model: str, ago_s: float, latency_ms: float, cost_micros: int = 100) -> None:
-    """One answered chat request in the gateway's SQLite ledger, `ago_s` seconds ago."""
+def seed(gateway, key_id: str, *, model: str, ago_s: float, latency_ms: float, cost_micros: int = 100,
+         endpoint: Endpoint = Endpoint.CHAT) -> None:
+    """One answered request (chat, or one image) in the gateway's SQLite ledger, `ago_s` seconds ago."""
+    image = endpoint is Endpoint.IMAGES
     row = LedgerRow(id=uuid.uuid4().hex, at_ms=int((time.time() - ago_s) * 1000), request_id=uuid.uuid4().hex,
-                    key_id=key_id, env="", endpoint=Endpoint.CHAT.value, model=model, upstream=model, status=200,
-                    code="", input_tokens=10, output_tokens=5, cached_input_tokens=0, images=0,
+                    key_id=key_id, env="", endpoint=endpoint.value, model=model, upstream=model, status=200,
+                    code="", input_tokens=0 if image else 10, output_tokens=0 if image else 5,
+                    cached_input_tokens=0, images=int(image),
                     cost_micros=cost_micros, upstream_attempts=1, latency_ms=latency_ms, first_token_ms=None)
     with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
         db.execute(insert_sql("?"), values_of(row))
@@ -78,11 +82,11 @@ def test_the_last_24_hours_count_the_same_requests_per_hour_and_per_day(tab, gat
     for per in ("hour", "day"):
         show(tab, f"period=24h&group=model&bucket={per}", "model", "hour")
         spend = tab.page.get_by_role("region", name="Spend by key and model, Last 24 hours")
-        expect(spend.get_by_role("row", name=f"recent-caller ({recent}) family-a-5.5")).to_contain_text("$0.0130")
+        expect(spend.get_by_role("row", name=f"recent-caller ({recent}) family-a-5.5")).to_contain_text("$0.013")
         expect(spend).not_to_contain_text("day-old-spender")  # 26 hours old: before the period
         shown[per] = [card(tab, label).inner_text() for label in ("Requests", "Cost")]
         tab.shot(f"usage-24h-per-{per}")
-    assert shown["hour"] == shown["day"] == ["2", "$0.0130"]
+    assert shown["hour"] == shown["day"] == ["2", "$0.013"]
     expect(tab.page.locator(".window")).to_contain_text("does not start at a UTC midnight, so it is shown per hour")
     # Whole UTC days can be shown per day: the last 7 days include the old request.
     show(tab, "period=7d&group=api_key_id&bucket=day", "key", "day")
@@ -121,4 +125,34 @@ def test_latency_percentiles_are_the_periods_own_whatever_the_grouping(tab, gate
     this_hour = chart.locator("tbody tr").last.locator("th, td").all_inner_texts()
     assert this_hour[headers.index("p50")] == ms(hour["latency_ms_p50"])
     assert this_hour[headers.index("p95")] == ms(hour["latency_ms_p95"])
+    assert tab.problems.lines == []
+
+
+def test_costs_are_exact_and_an_image_model_has_no_request_count_to_show(tab, gateway, admin_secret):
+    """Costs to the micro-dollar, as `portico usage` prints them (a cost of 39 micro-dollars is not "$0.0000"); the
+    usage API counts chat and messages requests, so an image model shows its cost, and "—" for its requests."""
+    caller = new_key(gateway, "tiny-spender")
+    seed(gateway, caller, model="family-a-5.5", ago_s=60, latency_ms=30, cost_micros=39)
+    seed(gateway, caller, model="family-a-image-2", ago_s=60, latency_ms=30, cost_micros=40_000,
+         endpoint=Endpoint.IMAGES)
+    tab.sign_in(admin_secret)
+    show(tab, "period=24h&group=api_key_id&bucket=hour", "key", "hour")
+    spend = tab.page.get_by_role("region", name="Spend by key and model, Last 24 hours")
+    chat = spend.get_by_role("row", name=f"tiny-spender ({caller}) family-a-5.5")
+    expect(chat.get_by_role("cell")).to_have_text(["family-a-5.5", "1", "10", "5", "$0.000039"])
+    image = spend.get_by_role("row", name=f"tiny-spender ({caller}) family-a-image-2")
+    expect(image.get_by_role("cell")).to_have_text(["family-a-image-2", "—", "—", "—", "$0.04"])
+
+    tab.open(f"#/keys/{caller}")
+    expect(tab.page.get_by_role("heading", name="Last 7 days: $0.040039")).to_be_visible()
+    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
+    expect(week.get_by_role("row", name="family-a-image-2").get_by_role("cell")).to_have_text(
+        ["—", "—", "—", "—", "$0.04"])
+
+    tab.page.get_by_role("navigation").get_by_role("link", name="Models").click()
+    catalog = tab.page.get_by_role("region", name="The model catalog")
+    headers = catalog.locator("thead th").all_inner_texts()
+    row = catalog.get_by_role("row", name=re.compile("^family-a-image-2 ")).locator("th, td")
+    expect(row.nth(headers.index("Requests"))).to_have_text("—")
+    expect(row.nth(headers.index("Cost"))).to_have_text("$0.04")
     assert tab.problems.lines == []

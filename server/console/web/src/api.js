@@ -17,6 +17,8 @@ export class Api {
 
   // Checks the key against the admin API before keeping it: only an admin key gets in.
   async signIn(key) {
+    // A secret is plain ASCII (pk-ENV-...): anything else cannot be one, and a browser refuses to send it in a header.
+    if (!/^[\x21-\x7e]+$/.test(key)) throw new ApiError(401, {message: "Not an API key."});
     this.#key = key;
     try {
       await this.request("GET", "/v1/admin/keys");
@@ -32,10 +34,15 @@ export class Api {
     if (this.#key === null) throw new ApiError(401, {message: "Not signed in."});
     const headers = {authorization: `Bearer ${this.#key}`};
     if (body !== undefined) headers["content-type"] = "application/json";
-    const response = await fetch(path, {
-      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
-      cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
-    });
+    let response;
+    try {
+      response = await fetch(path, {
+        method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
+      });
+    } catch {
+      throw new ApiError(0, {message: "The gateway could not be reached: check that it is running, then try again."});
+    }
     const text = await response.text();
     let json = null;
     try { json = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }

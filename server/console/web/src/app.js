@@ -44,7 +44,7 @@ class Console {
     }
     const route = ROUTES.find(([pattern]) => pattern.test(path));
     if (!route) return this.go("#/keys");
-    const args = path.match(route[0]).slice(1).map(decodeURIComponent);
+    const args = path.match(route[0]).slice(1).map(decoded);
     const ctx = {
       api: this.api, query: new URLSearchParams(search ?? ""),
       go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
@@ -98,6 +98,15 @@ class Console {
         "this tab's memory only: closing or reloading the tab signs you out."),
       h("form", {onsubmit: submit}, field("Admin key", key), error,
         h("button", {type: "submit", class: "primary"}, "Sign in")));
+  }
+}
+
+// A route's part as typed: a stray "%" (#/keys/50%) is taken as it is rather than failing the page.
+function decoded(part) {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
   }
 }
 

@@ -90,11 +90,15 @@ export function formDialog(title, content, submitText, submit) {
         dialog.close();
       } catch (problem) {
         error.textContent = problem.message;
-        const place = problem.control?.closest(".field");  // a FieldError's message goes under its field
+        // A FieldError's message goes under its field, as does the gateway's 400 naming one (param "env",
+        // "limits.max_spend_day": the control of that name).
+        const control = problem.control ?? (problem.param &&
+          form.querySelector(`[name="${CSS.escape(problem.param.replace(/^limits\./, ""))}"]`));
+        const place = control?.closest(".field");
         if (place) place.append(error);
         else actions.before(error);
-        problem.control?.setAttribute("aria-invalid", "true");
-        problem.control?.focus();
+        control?.setAttribute("aria-invalid", "true");
+        control?.focus();
       } finally {
         submitButton.disabled = false;
       }
@@ -132,15 +136,18 @@ export function showSecret(title, secret, note) {
   [{text: "Done", value: "done", autofocus: true}]);
 }
 
-export function when(unixSeconds) {
+export function when(unixSeconds, seconds = false) {
   if (!unixSeconds) return "—";
-  return new Date(unixSeconds * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC";
+  return new Date(unixSeconds * 1000).toISOString().replace("T", " ").slice(0, seconds ? 19 : 16) + " UTC";
 }
 
 export const number = (value) => value === null || value === undefined ? "—" : Number(value).toLocaleString("en-US");
 
+// Exact to the micro-dollar, as the ledger counts and `portico usage` prints: at least cents, more digits only when
+// they matter ($0.000039, never a rounded $0.0000 for a cost that is not zero).
 export function money(value, currency = "usd") {
   if (value === null || value === undefined) return "—";
-  const digits = value === 0 || Math.abs(value) >= 1 ? 2 : 4;  // cents, or a fraction of one for small sums
-  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(value).toFixed(digits)}`;
+  const [whole, fraction] = Number(value).toFixed(6).split(".");  // sums of floats: 0.00039000000000000005
+  return `${currency === "usd" ? "$" : currency.toUpperCase() + " "}${Number(whole).toLocaleString("en-US")}.` +
+    fraction.replace(/0+$/, "").padEnd(2, "0");
 }

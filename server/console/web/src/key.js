@@ -5,6 +5,7 @@ import {catalogModels, grantsText, keyState} from "./keys.js";
 import {keyUsage} from "./usage.js";
 
 const RECENT = 25;
+const MAX_GRACE = 315360000;  // ten years: the gateway refuses a longer rotation grace (api.md, Key administration)
 
 export async function keyPage(ctx, id) {
   const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
@@ -23,19 +24,22 @@ export async function keyPage(ctx, id) {
     }
   };
   const rotate = async () => {
-    const grace = h("input", {type: "text", inputMode: "numeric", autocomplete: "off",
+    const grace = h("input", {type: "text", name: "grace_seconds", inputMode: "numeric", autocomplete: "off",
       placeholder: "the gateway's default"});
+    let graceSeconds = null;
     const rotated = await formDialog(`Rotate “${key.name}”`, h("div", {},
       h("p", {}, "The key gets a new secret. The current secret keeps working for the grace period, so its holder ",
         "can switch without an outage."),
       field("Grace period in seconds", grace, "0 ends the current secret at once; empty: the gateway's default.")),
     "Rotate", () => {
-      const seconds = wholeNumber(grace, "The grace period (seconds)", 0);
-      return ctx.api.post(`${path}/rotate`, seconds === null ? {} : {grace_seconds: seconds});
+      graceSeconds = wholeNumber(grace, "The grace period (seconds)", 0, MAX_GRACE);
+      return ctx.api.post(`${path}/rotate`, graceSeconds === null ? {} : {grace_seconds: graceSeconds});
     });
     if (!rotated) return;
-    await showSecret(`New secret for “${key.name}”`, rotated.secret,
-      `The previous secret works until ${when(rotated.previous_secret_expires)}.`);
+    // A grace of 0 ends the previous secret now: "works until" the current minute would read as a last minute.
+    await showSecret(`New secret for “${key.name}”`, rotated.secret, graceSeconds === 0
+      ? "The previous secret stops working within seconds."
+      : `The previous secret works until ${when(rotated.previous_secret_expires, true)}.`);
     ctx.refresh();
   };
   const revoke = async () => {
@@ -43,7 +47,12 @@ export async function keyPage(ctx, id) {
       `Every secret of key ${key.id} stops working within seconds and cannot be restored; its holder gets 401 ` +
       "errors until given a new key.", "Revoke key");
     if (!sure) return;
-    await ctx.api.post(`${path}/revoke`);
+    try {
+      await ctx.api.post(`${path}/revoke`);
+    } catch (error) {
+      ctx.notify(`Could not revoke key ${key.name}: ${error.message}`);
+      return;
+    }
     ctx.notify(`Revoked key ${key.name}.`);
     ctx.refresh();
   };

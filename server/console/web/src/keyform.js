@@ -15,15 +15,16 @@ export const LIMITS = [
 export const limitText = (unit, value) => unit === "usd" ? money(value) : Number(value).toLocaleString("en-US");
 
 const MAX_COUNT = 2147483647;
+const MAX_DOLLARS = 1000000000;  // the gateway's largest budget (api.md, Key administration)
 
-// A field's text as a whole number from `min` to MAX_COUNT, or null when empty. Anything else (100e, 1,5, 0x10) is a
+// A field's text as a whole number from `min` to `max`, or null when empty. Anything else (100e, 1,5, 0x10) is a
 // FieldError: a typo must never quietly read as "empty", i.e. "no limit" or "the default".
-export function wholeNumber(input, label, min) {
+export function wholeNumber(input, label, min, max = MAX_COUNT) {
   const text = input.value.trim();
   if (text === "") return null;
   const value = /^\d+$/.test(text) ? Number(text) : NaN;
-  if (!(value >= min && value <= MAX_COUNT)) {
-    throw new FieldError(input, `${label} must be a whole number from ${min} to ${MAX_COUNT}, or empty.`);
+  if (!(value >= min && value <= max)) {
+    throw new FieldError(input, `${label} must be a whole number from ${min} to ${max}, or empty.`);
   }
   return value;
 }
@@ -32,9 +33,9 @@ export function wholeNumber(input, label, min) {
 function dollars(input, label) {
   const text = input.value.trim();
   if (text === "") return null;
-  if (!/^\d+(\.\d{1,6})?$/.test(text) || !(Number(text) > 0)) {
-    throw new FieldError(input, `${label} must be an amount of US dollars above 0, written like 12.50 (a point for ` +
-      "decimals, at most 6 of them, no commas), or empty.");
+  if (!/^\d+(\.\d{1,6})?$/.test(text) || !(Number(text) > 0 && Number(text) <= MAX_DOLLARS)) {
+    throw new FieldError(input, `${label} must be an amount of US dollars above 0 and at most ${MAX_DOLLARS}, ` +
+      "written like 12.50 (a point for decimals, at most 6 of them, no commas), or empty.");
   }
   return Number(text);
 }

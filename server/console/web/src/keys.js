@@ -3,6 +3,8 @@ import {field, formDialog, h, showSecret, table, when} from "./dom.js";
 import {keyForm, limitText, LIMITS} from "./keyform.js";
 
 export const keyState = (key) => key.revoked_at ? "revoked" : "active";
+const STATES = ["active", "revoked", "all"];
+const SECRET = /^pk-[\w-]{40,}$/;  // pk-, an optional env and 43 random characters (server/keys/store.py)
 
 export function grantsText(key) {
   return key.all_models ? "all models" : (key.models.length ? key.models.join(", ") : "none");
@@ -24,7 +26,9 @@ export async function keysPage(ctx) {
   const [{keys}, models] = await Promise.all([ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api)]);
   const envs = [...new Set(keys.map((key) => key.env).filter(Boolean))].sort();
   const envFilter = ctx.query.get("env") ?? "";
-  const stateFilter = ctx.query.get("state") ?? "active";
+  // A bookmarked filter shows as it filters: an environment no key has (any more) is still offered, selected.
+  const envChoices = envFilter && !envs.includes(envFilter) ? [...envs, envFilter].sort() : envs;
+  const stateFilter = STATES.includes(ctx.query.get("state")) ? ctx.query.get("state") : "active";
   const search = (ctx.query.get("q") ?? "").toLowerCase();
   const shown = keys
     .filter((key) => !envFilter || key.env === envFilter)
@@ -34,13 +38,20 @@ export async function keysPage(ctx) {
 
   const envSelect = h("select", {name: "env"},
     h("option", {value: ""}, "All environments"),
-    envs.map((env) => h("option", {value: env, selected: env === envFilter}, env)));
+    envChoices.map((env) => h("option", {value: env, selected: env === envFilter}, env)));
   const stateSelect = h("select", {name: "state"},
-    ["active", "revoked", "all"].map((state) => h("option", {value: state, selected: state === stateFilter},
+    STATES.map((state) => h("option", {value: state, selected: state === stateFilter},
       state === "all" ? "Active and revoked" : state[0].toUpperCase() + state.slice(1))));
   const searchInput = h("input", {type: "search", name: "q", value: ctx.query.get("q") ?? "", autocomplete: "off"});
+  const searchError = h("p", {class: "error", role: "alert"});
   const applyFilters = (event) => {
     event?.preventDefault();
+    if (SECRET.test(searchInput.value.trim())) {  // the filters go into the URL, and so into the browser's history
+      searchInput.value = "";
+      searchError.textContent = "That is a key's secret, which the console never puts in a URL: search by the " +
+        "key's name or id.";
+      return searchInput.focus();
+    }
     const query = new URLSearchParams();
     if (envSelect.value) query.set("env", envSelect.value);
     if (stateSelect.value !== "active") query.set("state", stateSelect.value);
@@ -68,7 +79,7 @@ export async function keysPage(ctx) {
       h("button", {type: "button", class: "primary", onclick: () => createKey(ctx, models, envs)}, "Create key")),
     h("form", {class: "filters", role: "search", "aria-label": "Filter keys", onsubmit: applyFilters},
       field("Environment", envSelect), field("State", stateSelect), field("Name or id", searchInput),
-      h("button", {type: "submit"}, "Filter")),
+      h("button", {type: "submit"}, "Filter"), searchError),
     h("p", {class: "count"}, `${shown.length} of ${keys.length} keys`),
     table("API keys", ["Name", "Id", "Environment", "State", "Role", "Models", "Own limits", "Created"], rows,
       {empty: "No key matches these filters."}));

@@ -2,7 +2,7 @@
 // price and per-model limits — with each model's requests, errors and cost over the last 7 days.
 import {h, money, number, table} from "./dom.js";
 import {limitText, LIMITS} from "./keyform.js";
-import {weekByModel} from "./usage.js";
+import {errorRate, weekByModel} from "./usage.js";
 
 const PROVIDERS = {llamacpp: "embedded model (llama.cpp)", "dev-image": "development image provider",
   openai: "OpenAI-compatible upstream", anthropic: "Anthropic upstream"};
@@ -11,14 +11,16 @@ export async function modelsPage(ctx) {
   const [{models}, week] = await Promise.all([ctx.api.get("/v1/admin/models"), weekByModel(ctx.api)]);
   const rows = models.map((model) => {
     const used = week.get(model.id);
+    // The usage API counts chat and messages requests; an image model has only its cost there (console.md).
+    const counted = !model.endpoint.startsWith("/v1/images/");
     return [
       [h("code", {class: "id"}, model.id), h("div", {class: "hint"}, model.endpoint)],
       servedBy(model),
       model.fallbacks.length ? model.fallbacks.join(" → ") : "—",
       priceText(model.price),
       limitsText(model.limits),
-      used ? number(used.requests) : "0",
-      used && used.admitted ? `${(100 * used.errors / used.admitted).toFixed(1)} % (${number(used.errors)})` : "—",
+      !counted ? "—" : used ? number(used.requests) : "0",
+      counted && used ? errorRate(used.errors, used.admitted) : "—",
       used ? money(used.cost) : money(0),
     ];
   });

@@ -113,8 +113,7 @@ async function usageView(ctx) {
       card("Input tokens", number(summary.input)),
       card("Output tokens", number(summary.output)),
       card("Cost", money(total(cost))),
-      card("Error rate", summary.errors === null ? "—" :
-        `${(100 * summary.errors / Math.max(1, summary.admitted)).toFixed(1)} % (${number(summary.errors)})`),
+      card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.admitted)),
       card("Latency p50", percentile("p50")),
       card("Latency p95", percentile("p95"))),
     chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, true),
@@ -180,11 +179,12 @@ function spendTable(usage, costs, names, periodLabel) {
   const rows = new Map();
   const row = (r) => {
     const id = `${r.api_key_id}|${r.model}`;
-    if (!rows.has(id)) rows.set(id, {key: r.api_key_id, model: r.model, requests: 0, input: 0, output: 0, cost: 0});
+    if (!rows.has(id)) rows.set(id, {key: r.api_key_id, model: r.model, ...uncounted()});
     return rows.get(id);
   };
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(r);
+    entry.counted = true;
     entry.requests += r.num_model_requests;
     entry.input += r.input_tokens;
     entry.output += r.output_tokens;
@@ -197,9 +197,20 @@ function spendTable(usage, costs, names, periodLabel) {
       ["Key", "Model", "Requests", "Input tokens", "Output tokens", "Cost"],
       sorted.map((r) => [
         r.key ? h("a", {href: `#/keys/${encodeURIComponent(r.key)}`}, keyLabel(names, r.key)) : "(none)",
-        r.model ?? "(none)", number(r.requests), number(r.input), number(r.output), money(r.cost)]),
+        r.model ?? "(none)", counted(r, r.requests), counted(r, r.input), counted(r, r.output), money(r.cost)]),
       {empty: "No requests in this period."}));
 }
+
+// A row's requests and tokens come from the completions usage (chat and messages); a model known only from the
+// costs (images) has none there: "—", not a false 0.
+const uncounted = () => ({counted: false, requests: 0, admitted: 0, errors: 0, input: 0, output: 0, cost: 0});
+
+// Errors among every admitted request (num_requests, those refused by a limit included), as a rate and a count: a
+// count beside the requests that reached a model (num_model_requests) would read as their failures.
+export function errorRate(errors, admitted) {
+  return admitted ? `${(100 * errors / admitted).toFixed(1)} % (${number(errors)})` : "—";
+}
+const counted = (row, value) => row.counted ? number(value) : "—";
 
 function card(label, value) {
   return h("div", {class: "card", role: "listitem"},
@@ -218,13 +229,18 @@ function filters(ctx, period, group, width) {
   const bucketSelect = h("select", {name: "bucket"},
     h("option", {value: "hour", selected: width === HOUR}, "Hour"),
     h("option", {value: "day", selected: width === DAY}, "Day"));
+  const datesError = h("p", {class: "error", role: "alert"});
   const dates = h("div", {class: "dates", hidden: period.key !== "custom"},
-    field("From (UTC)", from), field("To (UTC)", to));
+    field("From (UTC)", from), field("To (UTC)", to), datesError);
   periodSelect.addEventListener("change", () => { dates.hidden = periodSelect.value !== "custom"; });
   const apply = (event) => {
     event.preventDefault();
     const query = new URLSearchParams();
     if (periodSelect.value === "custom") {
+      // Days that make no period are refused here, not shown as some other period.
+      const wrong = !from.value ? from : !to.value ? to : from.value > today ? from : from.value > to.value ? to : null;
+      datesError.textContent = wrong ? `Choose two days, From on or before To, and From no later than ${today}.` : "";
+      if (wrong) return wrong.focus();
       query.set("from", from.value);
       query.set("to", to.value);
     } else {
@@ -256,10 +272,12 @@ export async function keyUsage(api, keyId) {
   const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
   const rows = new Map();
   const row = (model) => rows.get(model)
-    ?? rows.set(model, {requests: 0, errors: 0, input: 0, output: 0, cost: 0}).get(model);
+    ?? rows.set(model, uncounted()).get(model);
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(labelOf(r));
+    entry.counted = true;
     entry.requests += r.num_model_requests;
+    entry.admitted += r.num_requests ?? r.num_model_requests;
     entry.errors += r.num_errors ?? 0;
     entry.input += r.input_tokens;
     entry.output += r.output_tokens;
@@ -272,8 +290,8 @@ export async function keyUsage(api, keyId) {
     timeChart({id: "chart-key-requests", title: "Requests per day by model", times: usage.map((b) => b.start_time),
       series: requests, format: number, integer: true, bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
-      "Cost"], sorted.map(([model, r]) => [model, number(r.requests), number(r.errors), number(r.input),
-      number(r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
+      "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.admitted)
+      : "—", counted(r, r.input), counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
 }
 
 // Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.

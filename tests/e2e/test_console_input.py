@@ -1,0 +1,167 @@
+"""The admin console in a real browser, given what a person may type or paste: every mistake gets a clear message
+where it was made, nothing is sent that the gateway would refuse, and no page fails with a script error.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.browser import PHONE, api
+from tests.e2e.conftest import running_gateway
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with running_gateway(tmp_path_factory.mktemp("console-input-data"), "--dev-key") as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def admin_secret(gateway) -> str:
+    return gateway.cli("keys", "create", "--name", "ops-admin", "--all-models", "--admin").stdout.split()[-1]
+
+
+def failed_loads_aside(lines: list[str]) -> list[str]:
+    """A refused API call is logged by the browser as a failed load; anything else is a fault of the page."""
+    return [line for line in lines if "the server responded with a status of 4" not in line]
+
+
+def test_a_pasted_key_that_cannot_be_one_and_a_mistyped_url(tab, gateway, admin_secret):
+    tab.open()
+    alert = tab.page.get_by_role("alert")
+    tab.page.get_by_label("Admin key").fill("pk-prod-“quoted”")  # a word processor's quotes: not ASCII
+    tab.page.get_by_role("button", name="Sign in").click()
+    expect(alert).to_have_text("That key is not valid: it is unknown, mistyped or revoked.")
+
+    made = gateway.cli("keys", "create", "--name", "batch", "--env", "search", "--all-models").stdout.split()[2]
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.page.goto("/console/#/keys/50%ZZ")  # a stray "%": the page says so, it does not stop
+    expect(tab.page.get_by_role("heading", name="Something went wrong", level=1)).to_be_visible()
+    expect(tab.page.get_by_role("alert")).to_have_text("No key with id '50%ZZ'.")
+
+    # A bookmarked filter shows as it filters: an environment no key has now, and an unknown state (read as active).
+    tab.page.goto("/console/#/keys?env=retired&state=bogus")
+    expect(tab.page.locator("p.count")).to_have_text(re.compile(r"^0 of \d+ keys$"))
+    expect(tab.page.get_by_label("Environment")).to_have_value("retired")
+    tab.page.goto("/console/#/keys?state=bogus")
+    expect(tab.page.get_by_label("State")).to_have_value("active")
+    expect(tab.page.get_by_role("row", name=re.compile("^batch "))).to_contain_text(made)
+
+    # A secret pasted as a search would go into the URL, and so the browser's history: refused, and cleared.
+    search = tab.page.get_by_label("Name or id")
+    search.fill(admin_secret)
+    search.press("Enter")
+    expect(tab.page.get_by_role("search").get_by_role("alert")).to_contain_text("That is a key's secret")
+    expect(search).to_have_value("")
+    assert admin_secret not in tab.page.url and admin_secret not in tab.page.content()
+    tab.shot("keys-search-secret")
+    assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_values_the_gateway_refuses_are_told_at_their_field(tab, gateway, admin_secret):
+    key_id = gateway.cli("keys", "create", "--name", "rotating", "--all-models").stdout.split()[2]
+    tab.sign_in(admin_secret)
+    page = tab.page
+    sent = []
+    page.on("request", lambda request: request.method != "GET" and sent.append(request.url))
+
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("too-rich")
+    budget = dialog.get_by_label("Budget per month (USD, UTC)")
+    budget.fill("1000000000.01")  # over the gateway's largest budget: refused before sending
+    dialog.get_by_role("button", name="Create key").click()
+    expect(dialog.locator(".field").filter(has=page.get_by_label("Budget per month (USD, UTC)")).get_by_role("alert")).to_contain_text("at most 1000000000")
+    assert sent == []
+    budget.fill("")
+    env = dialog.get_by_label("Environment")
+    env.fill("eu west")  # the gateway's 400 (param "env") is shown under that field
+    dialog.get_by_role("button", name="Create key").click()
+    expect(dialog.locator(".field").filter(has=page.get_by_label("Environment")).get_by_role("alert")).to_contain_text("env must be")
+    expect(env).to_be_focused()
+    expect(env).to_have_attribute("aria-invalid", "true")
+    dialog.get_by_role("button", name="Cancel").click()
+
+    tab.open(f"#/keys/{key_id}")
+    sent.clear()
+    page.get_by_role("button", name="Rotate secret").click()
+    dialog = page.get_by_role("dialog")
+    grace = dialog.get_by_label("Grace period in seconds")
+    grace.fill("315360001")  # more than ten years: the gateway would refuse it
+    dialog.get_by_role("button", name="Rotate").click()
+    expect(dialog.get_by_role("alert")).to_contain_text("from 0 to 315360000")
+    assert sent == []
+    grace.fill("0")
+    dialog.get_by_role("button", name="Rotate").click()
+    secret_dialog = page.get_by_role("dialog", name=re.compile("^New secret"))
+    expect(secret_dialog).to_contain_text("The previous secret stops working within seconds.")
+    secret_dialog.get_by_role("button", name="Done").click()
+    assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_chosen_days_that_make_no_period_are_refused(tab, gateway, admin_secret):
+    tab.sign_in(admin_secret)
+    page = tab.page
+    page.get_by_role("navigation").get_by_role("link", name="Usage").click()
+    expect(page.locator(".window")).to_be_visible()
+    page.get_by_label("Period", exact=True).select_option("custom")
+    page.get_by_label("From (UTC)").fill("2026-11-20")
+    page.get_by_label("To (UTC)").fill("2026-11-10")
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator(".dates").get_by_role("alert")).to_contain_text("From on or before To")
+    expect(page.get_by_label("To (UTC)")).to_be_focused()
+    assert "from=" not in page.url  # not shown as some other period
+    assert tab.problems.lines == []
+
+
+def test_a_revocation_that_fails_says_so(tab, gateway, admin_secret):
+    made = gateway.cli("keys", "create", "--name", "short-lived-admin", "--all-models", "--admin").stdout.split()
+    admin_id, short_lived = made[2], made[-1]
+    target = gateway.cli("keys", "create", "--name", "target", "--all-models").stdout.split()[2]
+    tab.sign_in(short_lived)
+    tab.open(f"#/keys/{target}")
+    gateway.cli("keys", "revoke", admin_id)  # the signed-in key is revoked meanwhile
+    tab.page.wait_for_timeout(1500)  # keys.cache_seconds
+    tab.page.get_by_role("button", name="Revoke").click()
+    tab.page.get_by_role("dialog").get_by_role("button", name="Revoke key").click()
+    expect(tab.page.get_by_role("status").first).to_contain_text("Could not revoke key target")
+    assert api(gateway, admin_secret, "GET", f"/v1/admin/keys/{target}").json()["key"]["revoked_at"] == 0
+    assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_a_keys_errors_are_a_share_of_what_it_sent(tab, gateway, admin_secret):
+    """One request answered, one refused by the key's limit: "1 request, 1 error" would read as the answered one
+    failing; the key's week says 50 % of its 2 requests."""
+    made = gateway.cli("keys", "create", "--name", "one-a-minute", "--all-models", "--rpm", "1").stdout.split()
+    key_id, secret = made[2], made[-1]
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert [api(gateway, secret, "POST", "/v1/chat/completions", json=chat).status_code for _ in range(2)] == [200, 429]
+    tab.page.wait_for_timeout(1500)  # usage.flush_seconds
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
+    expect(week.get_by_role("row", name=re.compile("^family-a-5.5")).get_by_role("cell")).to_have_text(
+        ["1", "50.0 % (1)", re.compile(r"^\d+$"), "1", "$0.00"])  # the row header is not a cell
+    assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_a_long_name_without_a_space_wraps(tab, gateway, admin_secret):
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "n" * 200, "all_models": True})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.page.set_viewport_size(PHONE)
+    tab.open(f"#/keys/{key_id}")
+    expect(tab.page.get_by_role("heading", name="n" * 200, level=1)).to_be_visible()
+    tab.no_horizontal_scroll()
+    tab.page.get_by_role("button", name="Revoke").click()
+    dialog = tab.page.get_by_role("dialog")
+    assert dialog.evaluate("box => box.scrollWidth <= box.clientWidth")
+    tab.shot("long-name-phone")
+    dialog.get_by_role("button", name="Cancel").click()
+    assert tab.problems.lines == []
