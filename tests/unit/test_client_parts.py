@@ -10,7 +10,7 @@ import time
 import pytest
 
 from portico.client import (
-    APIError, AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError,
     ModelAliases, NotFoundError, PorticoClient, QueueFull, RateLimitError, RequestQueue, Route,
     ServiceUnavailableError, UserRateLimiter, error_from_http,
 )
@@ -205,8 +205,8 @@ def test_rest_errors_without_a_portico_body_still_get_their_row():
     assert "upstream gone" in error.message
     dated = error_from_http(500, b"{}", {"retry-after": "Wed, 21 Oct 2015 07:28:10 GMT"}, now=lambda: 1445412480.0)
     assert isinstance(dated, InternalServerError) and dated.retry_after == pytest.approx(10.0)
-    odd = error_from_http(418, b"teapot", {"retry-after": "soon"})
-    assert type(odd) is APIError and odd.status == 418 and odd.retry_after is None
+    odd = error_from_http(418, b"teapot", {"retry-after": "soon"})  # a status without a row: as INTERNAL (client.md)
+    assert type(odd) is InternalServerError and odd.status == 418 and odd.retry_after is None
 
 
 @pytest.mark.parametrize("make", [
