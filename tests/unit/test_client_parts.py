@@ -10,9 +10,9 @@ import time
 import pytest
 
 from portico.client import (
-    APIError, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError, ModelAliases,
-    NotFoundError, QueueFull, RateLimitError, RequestQueue, Route, ServiceUnavailableError, UserRateLimiter,
-    error_from_http,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError,
+    ModelAliases, NotFoundError, PorticoClient, QueueFull, RateLimitError, RequestQueue, Route,
+    ServiceUnavailableError, UserRateLimiter, error_from_http,
 )
 
 
@@ -205,5 +205,20 @@ def test_rest_errors_without_a_portico_body_still_get_their_row():
     assert "upstream gone" in error.message
     dated = error_from_http(500, b"{}", {"retry-after": "Wed, 21 Oct 2015 07:28:10 GMT"}, now=lambda: 1445412480.0)
     assert isinstance(dated, InternalServerError) and dated.retry_after == pytest.approx(10.0)
-    odd = error_from_http(418, b"teapot", {"retry-after": "soon"})
-    assert type(odd) is APIError and odd.status == 418 and odd.retry_after is None
+    odd = error_from_http(418, b"teapot", {"retry-after": "soon"})  # a status without a row: as INTERNAL (client.md)
+    assert type(odd) is InternalServerError and odd.status == 418 and odd.retry_after is None
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PorticoClient.over_grpc("http://127.0.0.1:8080", "pk-x"),  # a URL where gRPC wants host:port
+    lambda: AsyncPorticoClient.over_grpc("https://127.0.0.1:8080", "pk-x"),
+    lambda: PorticoClient.over_rest("127.0.0.1:8080", "pk-x"),  # no scheme
+    lambda: AsyncPorticoClient.over_rest("127.0.0.1:8080", "pk-x"),
+    lambda: PorticoClient.over_grpc("127.0.0.1:8080", "pk-x", timeout=0),
+    lambda: PorticoClient.over_rest("http://127.0.0.1:8080", "pk-x", timeout=-1),
+    lambda: AsyncPorticoClient.over_grpc("127.0.0.1:8080", "pk-x", timeout=0),
+])
+def test_settings_that_could_never_work_are_refused_when_the_client_is_made(make):
+    """Not at the first call, as connection errors retried with backoff (or, for a timeout of 0, every call)."""
+    with pytest.raises(ValueError):
+        make()

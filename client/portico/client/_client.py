@@ -18,7 +18,7 @@ from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._transports import (
     CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
-    Operation,
+    Operation, check_timeout, grpc_target,
 )
 from portico.v1 import chat_pb2, message_pb2, model_pb2
 
@@ -63,6 +63,8 @@ class PorticoClient:
     def over_grpc(cls, target: str, api_key: str, *, timeout: float | None = 60.0,
                   credentials: grpc.ChannelCredentials | None = None, **options: Any) -> PorticoClient:
         """Native gRPC to `target` ("host:port", the gateway's one port; TLS with `credentials`)."""
+        check_timeout(timeout)
+        target = grpc_target(target)
         channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
         return cls(GrpcTransport(channel, api_key, timeout), **options)
 

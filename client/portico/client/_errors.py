@@ -143,7 +143,7 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
 
 
 def _make(status: int, message: str, **fields) -> APIError:
-    return _BY_STATUS.get(status, APIError)(message, status=status, **fields)
+    return _BY_STATUS.get(status, InternalServerError)(message, status=status, **fields)  # no row: as INTERNAL
 
 
 def error_from_grpc(error: grpc.RpcError) -> APIError:

@@ -7,6 +7,8 @@ so callers get one type whichever transport they use.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +18,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from portico.client._errors import (
-    APIConnectionError, APIError, APITimeoutError, BadRequestError, error_from_grpc, error_from_http,
+    APIConnectionError, APIError, APITimeoutError, AuthenticationError, BadRequestError, error_from_grpc,
+    error_from_http,
 )
 from portico.v1 import (
     chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc, model_pb2, model_service_pb2_grpc,
@@ -45,7 +48,29 @@ def _request(operation: Operation, body: dict[str, Any]) -> Message:
     try:
         return json_format.ParseDict(body, operation.request())
     except json_format.ParseError as error:
-        raise BadRequestError(f"The request does not fit {operation.request.DESCRIPTOR.full_name}: {error}") from None
+        raise BadRequestError(f"The request does not fit {operation.request.DESCRIPTOR.full_name}: {error}",
+                              param=_param(str(error))) from None
+
+
+def _param(message: str) -> str | None:
+    """The field a protobuf ParseError is about, spelt as the gateway's `param` (messages[0].content)."""
+    if unknown := re.search(r'has no field named "(\w+)" at "\w+\.?([^"]*)"', message):
+        return f"{unknown[2]}.{unknown[1]}" if unknown[2] else unknown[1]
+    if at := re.search(r" at \w+\.(\S+?)\.*$", message.strip()):
+        return at[1]
+    if named := re.match(r"Failed to parse (\w+) field", message):
+        return named[1]
+    return None
+
+
+def _json(operation: Operation, body: dict[str, Any]) -> bytes | None:
+    """The REST body, encoded here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
+    if operation.http_method != "POST":
+        return None
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as error:
+        raise BadRequestError(f"The request cannot be sent as JSON: {error}") from None
 
 
 def _response(operation: Operation, response: httpx.Response) -> Message:
@@ -57,8 +82,43 @@ def _response(operation: Operation, response: httpx.Response) -> Message:
         raise APIError(f"Unreadable answer from {response.url}: {error}", status=response.status_code) from None
 
 
-def _auth(api_key: str) -> tuple[tuple[str, str], ...]:
+def _auth(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The key's header. A key that cannot be a header value gets here the 401 the gateway gives a key that is not
+    printable ASCII (grpc would refuse it as INTERNAL, httpx as a protocol error: both retried to no end); no key
+    sends no header, which the gateway answers with its 401 "You didn't provide an API key"."""
+    if not api_key:
+        return ()
+    if not _KEY.fullmatch(api_key):
+        raise AuthenticationError("The API key holds a space, a line break or a character outside printable ASCII "
+                                  "(a key read from a file with its newline?): it is not a key Portico made.")
     return (("authorization", f"Bearer {api_key}"),)
+
+
+_KEY = re.compile(r"[\x21-\x7e]+")
+_CLOSED = "Cannot send a request, as the client has been closed."
+
+
+def check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds above 0, or None for no timeout; got {timeout!r}")
+
+
+def grpc_target(target: str) -> str:
+    """A gRPC target is "host:port" (or a gRPC URI such as dns:///host:port), never an http(s) URL."""
+    if re.match(r"https?://", target):
+        raise ValueError(f"a gRPC target is host:port, not a URL: {target!r} (REST callers: over_rest)")
+    return target
+
+
+def rest_base_url(url: str) -> str:
+    if not re.match(r"https?://", url):
+        raise ValueError(f"the REST base URL must start with http:// or https://, got {url!r}")
+    return url.rstrip("/")
+
+
+def _headers(api_key: str | None, operation: Operation) -> dict[str, str]:
+    json_body = {"content-type": "application/json"} if operation.http_method == "POST" else {}
+    return {**dict(_auth(api_key)), **json_body}
 
 
 def _http_error(error: httpx.TransportError, method: str) -> APIConnectionError:
@@ -75,16 +135,24 @@ class GrpcTransport:
     api_key: str
     timeout: float | None = 60.0
     _stubs: dict[type, Any] = field(default_factory=dict, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_timeout(self.timeout)
 
     def call(self, operation: Operation, body: dict[str, Any]) -> Message:
+        if self._closed:
+            raise RuntimeError(_CLOSED)  # grpc itself crashes the process making a stub on a closed channel
         request = _request(operation, body)
+        metadata = _auth(self.api_key)
         stub = self._stubs.get(operation.stub) or self._stubs.setdefault(operation.stub, operation.stub(self.channel))
         try:
-            return getattr(stub, operation.method)(request, metadata=_auth(self.api_key), timeout=self.timeout)
+            return getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
             raise error_from_grpc(error) from None
 
     def close(self) -> None:
+        self._closed = True
         self.channel.close()
 
 
@@ -99,14 +167,19 @@ class AsyncGrpcTransport:
     _channel: grpc.aio.Channel | None = field(default=None, init=False, repr=False)
     _stubs: dict[type, Any] = field(default_factory=dict, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        grpc_target(self.target)
+        check_timeout(self.timeout)
+
     async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
         request = _request(operation, body)
+        metadata = _auth(self.api_key)
         if self._channel is None:
             self._channel = (grpc.aio.secure_channel(self.target, self.credentials) if self.credentials
                              else grpc.aio.insecure_channel(self.target))
         stub = self._stubs.get(operation.stub) or self._stubs.setdefault(operation.stub, operation.stub(self._channel))
         try:
-            return await getattr(stub, operation.method)(request, metadata=_auth(self.api_key), timeout=self.timeout)
+            return await getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
             raise error_from_grpc(error) from None
 
@@ -126,13 +199,15 @@ class HttpTransport:
     http: httpx.Client | None = None
 
     def __post_init__(self) -> None:
+        self.base_url = rest_base_url(self.base_url)
+        check_timeout(self.timeout)
         self.http = self.http or httpx.Client(timeout=self.timeout)
 
     def call(self, operation: Operation, body: dict[str, Any]) -> Message:
+        content, headers = _json(operation, body), _headers(self.api_key, operation)
         try:
-            response = self.http.request(
-                operation.http_method, self.base_url.rstrip("/") + operation.path,
-                json=body if operation.http_method == "POST" else None, headers=dict(_auth(self.api_key)))
+            response = self.http.request(operation.http_method, self.base_url + operation.path, content=content,
+                                         headers=headers)
         except httpx.TransportError as error:
             raise _http_error(error, operation.http_method) from error
         return _response(operation, response)
@@ -151,13 +226,15 @@ class AsyncHttpTransport:
     http: httpx.AsyncClient | None = None
 
     def __post_init__(self) -> None:
+        self.base_url = rest_base_url(self.base_url)
+        check_timeout(self.timeout)
         self.http = self.http or httpx.AsyncClient(timeout=self.timeout)
 
     async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
+        content, headers = _json(operation, body), _headers(self.api_key, operation)
         try:
-            response = await self.http.request(
-                operation.http_method, self.base_url.rstrip("/") + operation.path,
-                json=body if operation.http_method == "POST" else None, headers=dict(_auth(self.api_key)))
+            response = await self.http.request(operation.http_method, self.base_url + operation.path,
+                                               content=content, headers=headers)
         except httpx.TransportError as error:
             raise _http_error(error, operation.http_method) from error
         return _response(operation, response)

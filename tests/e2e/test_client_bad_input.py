@@ -1,0 +1,95 @@
+"""portico.client given what it cannot send, against the real gateway, over gRPC and REST: a clear typed error at
+once, the same on both transports, never a raw grpc/httpx/json error, a round of pointless retries, or a crash."""
+
+from __future__ import annotations
+
+import pytest
+
+from portico.client import (
+    AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, PorticoClient, RetryPolicy,
+)
+
+HI = [{"role": "user", "content": "Hi"}]
+ALIASES = ModelAliases.from_config({"chat": {"primary": "family-a-5.5", "fallbacks": ["family-a-5.4"]}})
+
+
+class Sleeps(list):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture(params=["grpc", "rest"])
+def transport(request) -> str:
+    return request.param
+
+
+def client_for(gateway, transport: str, secret: str, *, asyncio: bool = False, **options):
+    kind = AsyncPorticoClient if asyncio else PorticoClient
+    options.setdefault("aliases", ALIASES)
+    options.setdefault("retry", RetryPolicy(attempts=3, base=0.1, cap=1.0))
+    if transport == "grpc":
+        return kind.over_grpc(f"127.0.0.1:{gateway.port}", secret, **options)
+    return kind.over_rest(gateway.base_url, secret, **options)
+
+
+@pytest.mark.parametrize("key", ["pk-abc\n", "pk-é", "pk a"])
+def test_a_key_that_cannot_be_a_header_is_a_401_at_once(gateway, transport, key):
+    """As the gateway answers such a key (api.md), not grpc's INTERNAL or httpx's protocol error retried 6 times."""
+    sleeps = Sleeps()
+    with client_for(gateway, transport, key, sleep=sleeps) as client:
+        with pytest.raises(AuthenticationError) as caught:
+            client.chat_completion("chat", HI, max_tokens=1)
+    assert (caught.value.status, caught.value.code, caught.value.type) == (
+        401, "invalid_api_key", "authentication_error")
+    assert key.strip() not in str(caught.value) and sleeps == []
+
+
+@pytest.mark.parametrize("key", ["", None])
+def test_no_key_is_the_gateways_401(gateway, transport, key):
+    sleeps = Sleeps()
+    with client_for(gateway, transport, key, sleep=sleeps) as client:
+        with pytest.raises(AuthenticationError) as caught:
+            client.chat_completion("chat", HI, max_tokens=1)
+    assert "didn't provide an API key" in caught.value.message and sleeps == []
+
+
+async def test_the_asyncio_client_refuses_such_a_key_too(gateway, transport):
+    async with client_for(gateway, transport, "pk-\x7f", asyncio=True) as client:
+        with pytest.raises(AuthenticationError):
+            await client.chat_completion("chat", HI, max_tokens=1)
+
+
+@pytest.mark.parametrize("fields", [
+    {"temperature": float("nan")},
+    {"messages": [{"role": "user", "content": {"a set"}}]},
+    {"messages": [{"role": "user", "content": object()}]},
+])
+def test_a_value_json_cannot_hold_is_a_bad_request_on_both_transports(gateway, transport, fields):
+    sleeps, fields = Sleeps(), dict(fields)
+    with client_for(gateway, transport, gateway.secret, sleep=sleeps) as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("chat", fields.pop("messages", HI), max_tokens=1, **fields)
+    assert (caught.value.status, caught.value.code) == (400, "invalid_request") and sleeps == []
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"max_tokens": "many"}, "max_tokens"),
+    ({"messages": "Hi"}, "messages"),
+])
+def test_a_wrongly_typed_field_is_named_in_param_on_both_transports(gateway, transport, fields, param):
+    """Over gRPC the client finds it cannot build the request message; over REST the gateway says so."""
+    fields = dict(fields)
+    with client_for(gateway, transport, gateway.secret) as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("chat", fields.pop("messages", HI), **{"max_tokens": 1, **fields})
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+def test_a_closed_client_says_so(gateway, transport):
+    """grpc crashed the process (a segmentation fault) when a stub was made on the closed channel."""
+    client = client_for(gateway, transport, gateway.secret)
+    client.close()
+    for call in (lambda: client.chat_completion("chat", HI, max_tokens=1), client.list_models):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+    client.close()  # twice is harmless
