@@ -30,6 +30,7 @@ STOP_REASONS = {
 class AnthropicEventReader:
     def __init__(self) -> None:
         self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
+        self._tool_inputs: set[int] = set()  # tool calls whose input has had any text
         self._input_tokens = 0
         self._output_tokens = 0
         self._cached_tokens = 0  # read from the prompt cache (priced as cached input)
@@ -60,11 +61,13 @@ class AnthropicEventReader:
                 self._input_tokens = _input_tokens(usage)
                 self._cached_tokens = int(usage.get("cache_read_input_tokens") or self._cached_tokens)
             return []
+        if kind == "content_block_stop":
+            return self._block_stop(int(event.get("index", 0)))
         if kind == "message_stop":
             self.finished = True
             usage = Usage(self._input_tokens, self._output_tokens, self._cached_tokens)
             return [Finished(self._reason, usage, self._stop_sequence)]
-        return []  # ping, content_block_stop, and event types added later
+        return []  # ping and event types added later
 
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
         if block.get("type") == "text":
@@ -73,6 +76,7 @@ class AnthropicEventReader:
             call = self._tool_blocks[index] = len(self._tool_blocks)
             events: list[GenerationEvent] = [ToolCallStart(call, str(block.get("id", "")), str(block.get("name", "")))]
             if block.get("input"):  # Anthropic streams the input as deltas; some compatible servers send it here
+                self._tool_inputs.add(call)
                 events.append(ToolCallDelta(call, wire_json.dumps(block["input"]).decode()))
             return events
         return []
@@ -81,8 +85,18 @@ class AnthropicEventReader:
         if delta.get("type") == "text_delta" and delta.get("text"):
             return [TextDelta(delta["text"])]
         if delta.get("type") == "input_json_delta" and index in self._tool_blocks and delta.get("partial_json"):
+            self._tool_inputs.add(self._tool_blocks[index])
             return [ToolCallDelta(self._tool_blocks[index], delta["partial_json"])]
         return []
+
+    def _block_stop(self, index: int) -> list[GenerationEvent]:
+        # A tool without parameters streams its input {} as one empty delta (or none): its arguments must still be
+        # the JSON text "{}", as in the whole answer and as OpenAI sends them, not "" (which json.loads refuses).
+        call = self._tool_blocks.get(index)
+        if call is None or call in self._tool_inputs:
+            return []
+        self._tool_inputs.add(call)
+        return [ToolCallDelta(call, "{}")]
 
     def end(self) -> None:
         """The stream ended: fine after message_stop, an upstream error before it."""

@@ -107,6 +107,30 @@ def test_openai_sdk_tool_calls_from_an_anthropic_upstream(oai):
     assert follow_up.choices[0].finish_reason == "stop"
 
 
+def test_a_tool_without_parameters_has_arguments_of_json_from_an_anthropic_upstream(oai, double):
+    """Anthropic streams a parameterless call's input {} as one empty input_json_delta: the chat caller's arguments
+    must still be "{}" (as OpenAI sends them, and as the JSON answer has them), never "" that json.loads refuses."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "now", "input": {}}
+    answer = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "content": [call],
+              "stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 5}}
+    events = [{"type": "message_start", "message": {**answer, "content": [], "stop_reason": None}},
+              {"type": "content_block_start", "index": 0, "content_block": call},
+              {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": ""}},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+               "usage": {"output_tokens": 5}},
+              {"type": "message_stop"}]
+    double.cue(Cue(body=answer), Cue(frames=[sse(e, e["type"]) for e in events]))
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    asked = {"model": "chat-anthropic", "tools": tools, "messages": [{"role": "user", "content": "Time?"}]}
+    completion = oai.chat.completions.create(**asked)
+    with oai.chat.completions.stream(**asked) as stream:
+        final = stream.get_final_completion()
+    for message in (completion.choices[0].message, final.choices[0].message):
+        (tool_call,) = message.tool_calls
+        assert (tool_call.function.name, tool_call.function.arguments) == ("now", "{}")
+
+
 def test_anthropic_sdk_tool_use_from_an_openai_upstream(claude):
     tools = [{"name": "weather", "input_schema": WEATHER}]
     with claude.messages.stream(model="messages-echo", max_tokens=50, tools=tools, tool_choice={"type": "any"},
