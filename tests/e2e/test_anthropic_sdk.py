@@ -33,6 +33,19 @@ def test_stream_helpers(client):
     assert final.usage.output_tokens == 8 and final.usage.input_tokens > 0
 
 
+def test_the_sdk_sees_each_request_s_id(client, gateway):
+    raw = client.messages.with_raw_response.create(model="family-b-sonnet-4-6", max_tokens=2,
+                                                   messages=[{"role": "user", "content": "Hi"}])
+    assert raw.headers["request-id"] == raw.headers["x-request-id"] != ""
+    assert raw.parse()._request_id == raw.headers["x-request-id"]
+    for failing in (lambda: client.messages.create(model="nope", max_tokens=2, messages=[{"role": "user",
+                                                                                          "content": "x"}]),
+                    lambda: client.get("/v1/nowhere", cast_to=object)):  # the server's error, and Envoy's own
+        with pytest.raises(anthropic.NotFoundError) as caught:
+            failing()
+        assert caught.value.request_id == caught.value.response.headers["x-request-id"] != ""
+
+
 def test_beta_query_parameter_is_accepted(client):
     message = client.beta.messages.create(model="family-b-haiku-4-5-20251001", max_tokens=2,
                                           messages=[{"role": "user", "content": "Hi"}])
