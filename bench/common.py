@@ -3,6 +3,7 @@ processes it starts (stopped as whole trees), wrk runs and their parsing, and th
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -34,6 +35,16 @@ MESSAGES_BODY = {"model": "family-b-sonnet-4-6", "max_tokens": 32,
 SLOW_BODY = {"model": "family-a-5.4", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64,
              "stream": True}
 BENCH_ENV = {"BENCH_UPSTREAM_KEY": "sk-bench-mock"}  # the upstream key Portico sends the mock
+
+
+def subset_of(names: tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse type for `--only a,b`: a name not in `names` is an error, not a run that measures nothing."""
+    def check(text: str) -> str:
+        unknown = [part for part in text.split(",") if part and part not in names]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}: expected a subset of {','.join(names)}")
+        return text
+    return check
 
 
 def write_portico_config(run_dir: Path, upstream: str, *, store: str = "memory", access_log: bool = True,

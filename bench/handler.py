@@ -27,7 +27,7 @@ import uvloop
 from google.api import httpbody_pb2
 
 from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, create_key,
-                          wait_port, write_portico_config)
+                          subset_of, wait_port, write_portico_config)
 from gateway.envoy import free_ports
 from server.app import build_core
 from server.config import load_config
@@ -35,6 +35,9 @@ from server.heap import settle_heap
 from server.services.chat import ChatServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.messages import MessageServicer
+
+
+KINDS = ("JSON", "stream", "messages")  # --only's names, as the cases below name them
 
 
 def _raw(body: dict) -> httpbody_pb2.HttpBody:
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="every model with a response cache: after the first request of a kind, all are hits")
     parser.add_argument("--store", default="memory",
                         help="limits.store (and so the response cache's store): memory, or a Redis URL")
-    parser.add_argument("--only", default="", help="comma-separated subset of: JSON,stream,messages (default all)")
+    parser.add_argument("--only", default="", type=subset_of(KINDS),
+                        help="comma-separated subset of: " + ",".join(KINDS) + " (default all)")
     parser.add_argument("--tracing", action="store_true",
                         help="traces on, every request sampled, exported to the mock (its POST /v1/traces)")
     args = parser.parse_args(argv)

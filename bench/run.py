@@ -47,10 +47,11 @@ from pathlib import Path
 from bench import litellm, peers
 from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, create_key,
                           ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes, run_wrk, settle,
-                          tree, wait_port, write_portico_config)
+                          subset_of, tree, wait_port, write_portico_config)
 from gateway.envoy import free_ports
 
 UPSTREAM_FLOOR = "upstream"  # in --floor: the handler that forwards to the mock instead of burning CPU
+RUNS = ("direct", "json", "stream", "messages", "latency", "streams")  # --only's names
 
 
 def smoke(base: str, key: str) -> None:
@@ -83,7 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="streams held open at once (default 1000, with --peers 5000; 0: skip)")
     p.add_argument("--access-log", choices=["file", "off"], default="file",
                    help="the gateway's access log: to a file in the run directory (default) or off")
-    p.add_argument("--only", default="", help="comma-separated subset of: direct,json,stream,messages,latency,streams")
+    p.add_argument("--only", default="", type=subset_of(RUNS), help="comma-separated subset of: " + ",".join(RUNS))
     p.add_argument("--json", type=Path, help="also write the results as JSON to this file")
     p.add_argument("--keep", action="store_true", help="keep the run directory (logs, config) afterwards")
     p.add_argument("--floor", type=_floors, default=[],
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.streams is None:
         args.streams = peers.OPEN_STREAMS if args.peers else 1000
-    only = set(filter(None, args.only.split(","))) or {"direct", "json", "stream", "messages", "latency", "streams"}
+    only = set(filter(None, args.only.split(","))) or set(RUNS)
     wrk = ensure_wrk()
     run_dir = Path(tempfile.mkdtemp(prefix="portico-bench-"))
     procs = Processes()
