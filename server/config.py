@@ -13,8 +13,7 @@ from server.config_deployments import parse_cache, parse_deployments, parse_heal
 from server.config_providers import ConfigError, known_settings, mapping, number
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
-from server.domain import SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
-from server.keys.admin import MAX_GRACE_SECONDS
+from server.domain import MAX_GRACE_SECONDS, SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
 from server.limits.settings import LimitSettings
 from server.usage.money import parse_price, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage

@@ -463,6 +463,9 @@ class KeyLimits:
 
 
 SPEND_LIMIT_NAMES = ("max_spend_day", "max_spend_month")  # in micro-dollars here, in US dollars on every API
+# A rotation's grace, at most ten years: the previous secret's end, now + grace, must fit `previous_secret_expires`
+# (uint32 unix seconds, until 2106). The CLI, gRPC, REST and the configuration's default get the same bound.
+MAX_GRACE_SECONDS = 10 * 365 * 86_400
 KEY_LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
 
 

@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 
-from server.domain import ApiKey, KeyLimits
+from server.domain import MAX_GRACE_SECONDS, ApiKey, KeyLimits
 from server.errors import InvalidRequest
 from server.keys.store import KeyStore
 
@@ -22,9 +22,6 @@ MAX_NAME_CHARS = 200
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
 
 
-# Ten years: the previous secret's end, now + grace, must fit `previous_secret_expires` (uint32 unix seconds, until
-# 2106), and is checked before anything is stored. The CLI, gRPC and REST get the same bound.
-MAX_GRACE_SECONDS = 10 * 365 * 86_400
 
 
 class KeyAdmin:

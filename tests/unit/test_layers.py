@@ -26,6 +26,9 @@ FORBIDDEN = {
     "server.keys": ("server.pipeline", "server.services", "server.config"),
     "server.pipeline": ("server.services", "server.app", "server.config"),
     "server.health": ("server.config", "server.limits.redis"),
+    # Settings are read below the parts they configure: providers/build.py reads them, so they import no part.
+    "server.config": ("server.keys", "server.providers", "server.pipeline", "server.services", "server.app",
+                      "server.catalog", "server.observability"),
 }
 
 
