@@ -16,16 +16,13 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from server.domain import Endpoint
 from server.errors import PorticoError
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
 # What each endpoint does, in the gen_ai conventions' words (gen_ai.operation.name); absent: not a model call.
-OPERATIONS = {
-    "/v1/chat/completions": "chat",
-    "/v1/messages": "chat",
-    "/v1/images/generations": "generate_content",
-}
+OPERATIONS = {Endpoint.CHAT: "chat", Endpoint.MESSAGES: "chat", Endpoint.IMAGES: "generate_content"}
 
 
 class Scope:
