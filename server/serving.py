@@ -57,7 +57,8 @@ class _Backend:
 
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
                 development_key: bool = False) -> int:
-    """`development_key`: on a first start with an empty key store, create and print an all-models key."""
+    """`development_key`: on a first start with an empty key store, create and print an all-models key (else say
+    how to make one)."""
     # From the start: a stop signal while the model loads or workers start would otherwise kill the process by
     # its default action (exit -15, nothing drained, no "Portico stopped."). It is acted on once all is up.
     stop = asyncio.Event()
@@ -67,8 +68,7 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
     try:
-        if development_key:
-            await _print_development_key(config)
+        await _first_key(config, create=development_key)
         return await _serve(config, run_dir, workers, worker_command, stop)
     finally:
         with contextlib.suppress(OSError):
@@ -225,15 +225,22 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
-async def _print_development_key(config: Config) -> None:
-    """On the first start with an empty store, create one development key and show its secret this once."""
+async def _first_key(config: Config, *, create: bool) -> None:
+    """On the first start with an empty store, create one development key and show its secret this once; or, where
+    none is made by itself (upstreams serve models), say how to make one, as every request needs a key."""
     store = await open_key_store(config.key_database)
     try:
         if await store.count() > 0:
             return
+        if not create:
+            print("The key store has no keys yet, and every request needs one: create one with `portico keys create "
+                  "--name NAME --models MODEL,...` (or start with --dev-key for an all-models development key).",
+                  flush=True)
+            return
         key, secret = await store.create("development", all_models=True, env="dev")
         print(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n", flush=True)
     except StoreUnavailable as exc:
-        _logger.error("no development key: the key store cannot be reached (%s)", exc)
+        if create:
+            _logger.error("no development key: the key store cannot be reached (%s)", exc)
     finally:
         await store.close()

@@ -38,6 +38,7 @@ class Gateway:
     metrics_port: int = 0
     process: subprocess.Popen | None = None
     config: Path | None = None  # the --config the CLI needs too (a key store in PostgreSQL, say)
+    printed: tuple[str, ...] = ()  # what serve printed to stdout until it was listening
 
     @property
     def envoy_log_path(self) -> Path:
@@ -76,6 +77,7 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     secret = ""
+    printed: list[str] = []
     deadline = time.monotonic() + 90
     try:
         while True:
@@ -83,12 +85,13 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
                 line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
                 raise RuntimeError(f"portico serve did not start:\n{log_path.read_text()}") from None
+            printed.append(line)
             if match := re.search(r"\b(pk-\S+)", line):
                 secret = match.group(1)
             if "Portico is listening" in line:
                 break
         assert secret or not dev_key, "the first start must print a development key"
-        yield Gateway(port, admin_port, secret, data_dir, log_path, metrics_port, process)
+        yield Gateway(port, admin_port, secret, data_dir, log_path, metrics_port, process, printed=tuple(printed))
     finally:
         process.send_signal(signal.SIGTERM)
         try:

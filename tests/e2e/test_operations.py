@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from portico.v1 import model_pb2, model_service_pb2_grpc
 from gateway.envoy import free_ports
-from tests.e2e.conftest import Gateway
+from tests.e2e.conftest import Gateway, running_gateway
 from tests.helpers import bearer
+from tests.upstream_support import write_config
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -83,7 +84,8 @@ def test_head_answers_as_get_without_a_body(gateway, path):
 
 def test_head_of_an_image_link_answers_as_its_get(gateway):
     """An image link's GET says how long the image is, and its HEAD gives the same headers (not content-length 0)."""
-    made = httpx.post(f"{gateway.base_url}/v1/images/generations", headers={"Authorization": f"Bearer {gateway.secret}"},
+    made = httpx.post(f"{gateway.base_url}/v1/images/generations",
+                      headers={"Authorization": f"Bearer {gateway.secret}"},
                       json={"model": "family-a-image-2", "prompt": "a buoy", "size": "256x256",
                             "response_format": "url"}, timeout=60)
     url = made.json()["data"][0]["url"]
@@ -240,3 +242,19 @@ def test_a_second_gateway_on_the_same_port_refuses_to_start(gateway, tmp_path):
     assert returncode == 1
     assert f"cannot bind '127.0.0.1:{gateway.port}': Address already in use" in log_path.read_text()
     assert httpx.get(f"{gateway.base_url}/healthz", timeout=60).status_code == 200
+
+
+def test_a_first_start_in_front_of_upstreams_says_how_to_make_a_key(tmp_path):
+    """No development key is made by itself in front of upstreams (it would spend real money): serve says instead
+    how to make one, since every request needs a key; a store that has keys gets no such line."""
+    provider = "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}"
+    models = f"  - {{id: up, endpoint: /v1/chat/completions, provider: {provider}}}\n"
+    config = write_config(tmp_path, models)
+    with running_gateway(tmp_path / "data", config=config, dev_key=False) as gateway:
+        hint = [line for line in gateway.printed if "has no keys yet" in line]
+        assert hint and "portico keys create" in hint[0] and "--dev-key" in hint[0]
+        assert not gateway.secret
+        subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "keys", "create", "--name", "a",
+                        "--all-models"], check=True, capture_output=True, timeout=30)
+    with running_gateway(tmp_path / "data", config=config, dev_key=False) as again:
+        assert not [line for line in again.printed if "has no keys yet" in line]
