@@ -99,17 +99,26 @@ class Price:
     output: int = 0
     cached_input: int = 0  # input tokens read from the provider's prompt cache
     image: int = 0  # micro-dollars per generated image
+    cache_write: int = 0  # input tokens written to the provider's prompt cache (Anthropic bills them above input)
 
     @property
     def free(self) -> bool:
         return self == _FREE
 
     def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-             images: int = 0) -> int:
-        """Micro-dollars, rounded up once. `input_tokens` counts every prompt token, the cached ones included."""
+             images: int = 0, cache_write_tokens: int = 0) -> int:
+        """Micro-dollars, rounded up once. `input_tokens` counts every prompt token, those read from (cached) and
+        written to (cache_write) the provider's prompt cache included."""
         cached = min(max(cached_input_tokens, 0), input_tokens)
-        per_million = (input_tokens - cached) * self.input + cached * self.cached_input + output_tokens * self.output
+        written = min(max(cache_write_tokens, 0), input_tokens - cached)
+        per_million = ((input_tokens - cached - written) * self.input + cached * self.cached_input
+                       + written * self.cache_write + output_tokens * self.output)
         return -(-per_million // 1_000_000) + images * self.image
+
+    def most(self, prompt_tokens: int, output_tokens: int) -> int:
+        """The most a request may cost: every prompt token at the dearer of input and cache writes."""
+        written = prompt_tokens if self.cache_write > self.input else 0
+        return self.cost(prompt_tokens, output_tokens, cache_write_tokens=written)
 
 
 _FREE = Price()
@@ -323,9 +332,10 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    input_tokens: int = 0  # every prompt token, those read from a prompt cache included
+    input_tokens: int = 0  # every prompt token, those read from or written to a prompt cache included
     output_tokens: int = 0
     cached_input_tokens: int = 0  # the part of input_tokens read from the provider's prompt cache (priced lower)
+    cache_write_tokens: int = 0  # the part written to it (Anthropic's cache_creation_input_tokens, priced higher)
 
     @property
     def total_tokens(self) -> int:
@@ -333,7 +343,8 @@ class Usage:
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
-                     self.cached_input_tokens + other.cached_input_tokens)
+                     self.cached_input_tokens + other.cached_input_tokens,
+                     self.cache_write_tokens + other.cache_write_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,47 +418,6 @@ class ResponseHeader:
     id: str
     created: int
     model: str
-
-
-class ImageFormat(str, enum.Enum):
-    PNG = "png"
-    JPEG = "jpeg"
-    WEBP = "webp"
-
-    @property
-    def content_type(self) -> str:
-        return f"image/{self.value}"
-
-    @property
-    def supports_alpha(self) -> bool:
-        return self is not ImageFormat.JPEG
-
-
-@dataclass(frozen=True, slots=True)
-class ImageRequest:
-    """What an image provider is asked to draw (with its own model)."""
-
-    prompt: str
-    n: int
-    width: int
-    height: int
-    output_format: ImageFormat
-    transparent: bool  # the background is left transparent (never with JPEG)
-    style: str  # "vivid" or "natural"
-    quality: str  # as requested ("auto", "low", ...); a provider may ignore it
-    compression: int | None  # 0-100 for lossy formats; None: the provider's best quality
-    # The caller's request body (parsed JSON, never edited), passed on whole to an OpenAI images upstream.
-    source: Mapping[str, Json] | None = None
-    # Its members the gateway does not read: only an upstream of the caller's API, which gets the body whole, can
-    # honour them; elsewhere they are refused (server/pipeline.py), never silently dropped.
-    unknown: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class GeneratedImage:
-    data: bytes  # the encoded file, in the requested format
-    output_format: ImageFormat
-    revised_prompt: str | None = None  # what the provider actually drew from, when it says
 
 
 @dataclass(frozen=True, slots=True)

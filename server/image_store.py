@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.errors import NotFound
-from server.domain import GeneratedImage, ImageFormat
+from server.domain_images import GeneratedImage, ImageFormat
 
 CONTENT_PATH = "/v1/images/content/"
 LINK_TTL_SECONDS = 3600  # OpenAI's image URLs also last an hour

@@ -19,10 +19,10 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
-    ApiKey, Completion, Dialect, FinishReason, Finished, GeneratedImage, GenerationEvent, GenerationRequest,
-    ImageRequest, Json, ModelEntry, Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
-    estimate_tokens,
+    ApiKey, Completion, Dialect, FinishReason, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
+    Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
 )
+from server.domain_images import GeneratedImage, ImageRequest
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
 from server.keys.auth import Metadata
@@ -138,9 +138,10 @@ class Pipeline:
         window = self._context_windows.get(call.model.id)
         if window is not None and (overflow := context_overflow(meter.prompt_estimate, window)) is not None:
             raise overflow
-        # The most it may cost: every prompt token uncached (at most as many as its bytes, where not counted), and
-        # every token it may generate. Token limits reserve the estimate instead, as OpenAI's do.
-        cost = 0 if call.model.price.free else call.model.price.cost(
+        # The most it may cost: every prompt token uncached, or written to the prompt cache where that costs more
+        # (at most as many as its bytes, where not counted), and every token it may generate. Token limits reserve
+        # the estimate instead, as OpenAI's do.
+        cost = 0 if call.model.price.free else call.model.price.most(
             meter.prompt_estimate if counter is not None else request.most_prompt_tokens(), request.params.max_tokens)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
@@ -169,7 +170,8 @@ class Pipeline:
                 call.record.model_answered = True
                 usage = meter.usage_so_far()
                 used = usage.total_tokens
-                _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
+                _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens,
+                         cache_write_tokens=usage.cache_write_tokens)
             # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
@@ -268,13 +270,14 @@ def _asking(call: Call) -> None:
 
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-             images: int = 0) -> None:
+             images: int = 0, *, cache_write_tokens: int = 0) -> None:
     """What the request used and cost, on its record (metrics, access log, usage ledger), which settling the
     reservation hands to the limit store."""
     record = call.record
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images
-    record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images)
+    record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images,
+                                               cache_write_tokens)
 
 
 async def _send_headers(call: Call, reservation: Reservation, extra: tuple[str, str] | None = None) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw, ImageFont
 
-from server.domain import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 
 REVISED_PROMPT = (
     "Drawn by Portico's development image provider (dev-image), not by an image model: "

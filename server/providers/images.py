@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from server.domain import GeneratedImage, ImageRequest
+from server.domain_images import GeneratedImage, ImageRequest
 
 
 @runtime_checkable

@@ -15,7 +15,8 @@ import binascii
 import codecs
 
 
-from server.domain import Dialect, GeneratedImage, ImageFormat, ImageRequest, UpstreamSpec
+from server.domain import Dialect, UpstreamSpec
+from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream

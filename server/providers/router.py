@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.domain import Finished, GeneratedImage, GenerationEvent, GenerationRequest, ImageRequest, RetrySettings
+from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings
+from server.domain_images import GeneratedImage, ImageRequest
 from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.providers import Capabilities, Provider, token_counter_of, unsupported

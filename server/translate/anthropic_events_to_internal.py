@@ -34,6 +34,7 @@ class AnthropicEventReader:
         self._input_tokens = 0
         self._output_tokens = 0
         self._cached_tokens = 0  # read from the prompt cache (priced as cached input)
+        self._written_tokens = 0  # written to it (priced as cache writes)
         self._reason = FinishReason.END_TURN
         self._stop_sequence: str | None = None
         self.finished = False
@@ -44,6 +45,7 @@ class AnthropicEventReader:
             usage = (event.get("message") or {}).get("usage") or {}
             self._input_tokens = _input_tokens(usage)
             self._cached_tokens = int(usage.get("cache_read_input_tokens") or 0)
+            self._written_tokens = int(usage.get("cache_creation_input_tokens") or 0)
             self._output_tokens = int(usage.get("output_tokens") or 0)
             return [Started(self._input_tokens)]
         if kind == "content_block_start":
@@ -60,12 +62,13 @@ class AnthropicEventReader:
             if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                 self._input_tokens = _input_tokens(usage)
                 self._cached_tokens = int(usage.get("cache_read_input_tokens") or self._cached_tokens)
+                self._written_tokens = int(usage.get("cache_creation_input_tokens") or self._written_tokens)
             return []
         if kind == "content_block_stop":
             return self._block_stop(int(event.get("index", 0)))
         if kind == "message_stop":
             self.finished = True
-            usage = Usage(self._input_tokens, self._output_tokens, self._cached_tokens)
+            usage = Usage(self._input_tokens, self._output_tokens, self._cached_tokens, self._written_tokens)
             return [Finished(self._reason, usage, self._stop_sequence)]
         return []  # ping and event types added later
 

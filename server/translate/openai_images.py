@@ -7,7 +7,8 @@ import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from server.domain import GeneratedImage, ImageFormat, ImageRequest, Json
+from server.domain import Json
+from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.values import opt_bool, opt_int, opt_string, shown
 

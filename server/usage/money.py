@@ -45,15 +45,16 @@ def usd_text(micros: int) -> str:
 
 
 def parse_price(raw: Any, where: str) -> Price:
-    """A model entry's `price:` mapping: `input`, `output`, `cached_input` (USD per million tokens; cached_input
-    defaults to input) and `image` (USD per image)."""
+    """A model entry's `price:` mapping: `input`, `output`, `cached_input`, `cache_write` (USD per million tokens;
+    cached_input and cache_write default to input) and `image` (USD per image)."""
     raw = mapping(raw, where)
-    if unknown := set(raw) - {"input", "output", "cached_input", "image"}:
+    if unknown := set(raw) - {"input", "output", "cached_input", "cache_write", "image"}:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: input, output, "
-                          "cached_input (USD per million tokens), image (USD per image)")
+                          "cached_input, cache_write (USD per million tokens), image (USD per image)")
     try:
         values = {name: usd_to_micros(value, f"{where}.{name}") for name, value in raw.items() if value is not None}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     values.setdefault("cached_input", values.get("input", 0))
+    values.setdefault("cache_write", values.get("input", 0))
     return Price(**values)

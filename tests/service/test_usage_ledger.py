@@ -18,7 +18,8 @@ from portico.v1 import chat_service_pb2_grpc, usage_service_pb2_grpc
 from server.app import start_server
 
 from server.domain import KeyLimits
-from tests.helpers import bearer, chat_request, error_details
+from tests.helpers import bearer, chat_request, error_details, message_request
+from tests.passthrough_objects import CACHED_ANSWER_CUES
 from tests.upstream_double import Cue
 from server.usage.ledger import LedgerRow
 from server.usage.settings import UsageSettings
@@ -32,6 +33,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo 
 
 def priced_models(url: str) -> str:
     common = f"kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    anthropic = f"kind: anthropic, base_url: '{url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
     return f"""\
   - id: up-main
     endpoint: /v1/chat/completions
@@ -46,6 +48,10 @@ def priced_models(url: str) -> str:
     endpoint: /v1/chat/completions
     provider: {{{common}, model: solo-model, retry: {FAST_RETRY}}}
     price: {{input: 0.5, output: 1.5}}
+  - id: up-claude
+    endpoint: /v1/messages
+    provider: {{{anthropic}, model: claude-up}}
+    price: {{input: 3, output: 15, cached_input: 0.3, cache_write: 3.75}}
 """
 
 
@@ -57,6 +63,20 @@ async def running(double, tmp_path_factory):
 
 def metric(running, name: str, **labels) -> float:
     return running.telemetry.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_prompt_cache_reads_and_writes_are_charged_at_their_own_prices(messages, running, double):
+    """Anthropic bills tokens written to its prompt cache above input, and reads below: 10 plain, 100 written and
+    2,000 read prompt tokens and 1 output token cost 10*3 + 100*3.75 + 2000*0.3 + 1*15 = 1,020 micro-dollars."""
+    double.reset()
+    key, secret = await running.store.create("cache-prices", all_models=True)
+    double.cue(*CACHED_ANSWER_CUES)  # a JSON answer, then the same streamed
+    await messages.CreateMessage(message_request(model="up-claude"), metadata=bearer(secret))
+    [event async for event in messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))]
+    await running.core.ledger.flush()
+    rows = [r for r in running.core.usage.rows() if r.key_id == key.id]
+    assert [(r.status, r.input_tokens, r.cached_input_tokens, r.output_tokens, r.cost_micros) for r in rows] == [
+        (200, 2110, 2000, 1, 1020)] * 2
 
 
 async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(chat, running, double):

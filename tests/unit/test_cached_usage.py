@@ -23,4 +23,4 @@ def test_anthropic_cache_reads_are_cached_input_and_every_prompt_token_counts():
     message = {"type": "message", "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
                "usage": {"input_tokens": 10, "cache_creation_input_tokens": 100, "cache_read_input_tokens": 2000,
                          "output_tokens": 7}}
-    assert finished(message_events(message)).usage == Usage(2110, 7, 2000)
+    assert finished(message_events(message)).usage == Usage(2110, 7, 2000, cache_write_tokens=100)

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from server.providers.dev_image import REVISED_PROMPT, DevImageProvider
-from server.domain import ImageFormat, ImageRequest
+from server.domain_images import ImageFormat, ImageRequest
 from server.providers.images import ImageProvider
 
 

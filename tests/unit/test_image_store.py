@@ -10,7 +10,7 @@ import pytest
 
 from server.errors import NotFound
 from server.image_store import ImageStore
-from server.domain import GeneratedImage, ImageFormat
+from server.domain_images import GeneratedImage, ImageFormat
 
 
 @dataclass

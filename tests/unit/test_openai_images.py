@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 
 import pytest
-from google.protobuf import json_format
 
-from portico.v1 import image_pb2
 from server.errors import InvalidRequest, RequestTooLarge
-from server.domain import GeneratedImage, ImageFormat
+from server.domain_images import GeneratedImage, ImageFormat
 from server.translate.openai_images import image_request, images_response
 
 

@@ -19,12 +19,24 @@ def test_dollars_become_exact_micro_dollars():
 
 def test_a_request_costs_its_tokens_rounded_up_once():
     price = parse_price({"input": 2.5, "output": 10, "cached_input": 1.25, "image": 0.04}, "price")
-    assert price == Price(input=2_500_000, output=10_000_000, cached_input=1_250_000, image=40_000)
+    assert price == Price(input=2_500_000, output=10_000_000, cached_input=1_250_000, image=40_000,
+                          cache_write=2_500_000)  # cache writes default to the input price
     # 1000 input (400 of them cached) + 100 output: 600*2.5 + 400*1.25 + 100*10 = 3000 micro-dollars exactly
     assert price.cost(1000, 100, 400) == 3000
     assert price.cost(1, 0) == 3  # 2.5 micro-dollars, rounded up
     assert price.cost(images=3) == 120_000
     assert Price().cost(10**9, 10**9) == 0
+
+
+def test_prompt_cache_writes_cost_their_own_price_and_the_reservation_the_dearest():
+    # Anthropic's five-minute cache: writes at 1.25x the input price, reads at 0.1x.
+    price = parse_price({"input": 3, "output": 15, "cached_input": 0.3, "cache_write": 3.75}, "price")
+    # 1000 prompt tokens: 600 read, 300 written, 100 plain; 50 output (written never exceeds what is not read).
+    assert price.cost(1000, 50, 600, cache_write_tokens=300) == 100 * 3 + 600 * 0.3 + 300 * 3.75 + 50 * 15
+    assert price.cost(1000, 50, 900, cache_write_tokens=300) == price.cost(1000, 50, 900, cache_write_tokens=100)
+    assert price.most(1000, 50) == price.cost(1000, 50, cache_write_tokens=1000) == 1000 * 3.75 + 50 * 15
+    cheaper_writes = parse_price({"input": 3, "output": 15, "cache_write": 1}, "price")
+    assert cheaper_writes.most(1000, 50) == 1000 * 3 + 50 * 15
 
 
 def test_cached_input_defaults_to_the_input_price():
@@ -49,7 +61,7 @@ def test_prices_in_the_configuration(tmp_path):
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
                       " price: {input: 1, output: 2}}\nusage: {retention_days: 30}\n")
     loaded = load_config(config)
-    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0)
+    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0, 1_000_000)
     assert loaded.usage.retention_days == 30
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n"
                       "usage: {flush_every: 1}\n")
