@@ -41,7 +41,8 @@ def _model_to_pb(entry: ModelEntry, limits: KeyLimits | None,
         deployments=[_deployment_to_pb(d, states.get((entry.id, d.name), UNWATCHED)) for d in entry.deployments],
         fallbacks=entry.fallbacks,
         price=catalog_pb2.ModelPrice(input=price.input / _MICRO, output=price.output / _MICRO,
-                                     cached_input=price.cached_input / _MICRO, image=price.image / _MICRO),
+                                     cached_input=price.cached_input / _MICRO, image=price.image / _MICRO,
+                                     cache_write=price.cache_write / _MICRO),
         limits=limits_to_pb(limits) if limits else None,
     )
 

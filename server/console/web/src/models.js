@@ -36,6 +36,9 @@ function priceText(price) {
   const parts = [];
   if (price.input || price.output) parts.push(`${money(price.input)} in / ${money(price.output)} out per 1M tokens`);
   if (price.cached_input) parts.push(`${money(price.cached_input)} cached in per 1M`);
+  if (price.cache_write && price.cache_write !== price.input) {
+    parts.push(`${money(price.cache_write)} cache writes per 1M`);
+  }
   if (price.image) parts.push(`${money(price.image)} per image`);
   return parts.join("; ");
 }
