@@ -57,8 +57,9 @@ def context_overflow(prompt_tokens: int, window: int) -> InvalidRequest | None:
     """The 400 for a prompt that leaves no room for an answer in a model's context window, or None."""
     if prompt_tokens < window:
         return None
-    return InvalidRequest(f"The prompt is {prompt_tokens} tokens but the model's context window is {window} tokens, "
-                          "which leaves no room for an answer.", param="messages")
+    # "at least": a prompt too long by its size alone is not tokenized (LlamaCppProvider.count_tokens).
+    return InvalidRequest(f"The prompt is at least {prompt_tokens} tokens but the model's context window is {window} "
+                          "tokens, which leaves no room for an answer.", param="messages")
 
 
 def token_counter_of(provider: object) -> TokenCounter | None:

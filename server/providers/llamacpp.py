@@ -30,6 +30,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from server.domain import (
     FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
+    utf8_size,
 )
 from server.errors import InternalError, PorticoError, ServiceUnavailable
 from server.observability import UpstreamRecorder
@@ -89,6 +90,9 @@ class LlamaCppProvider:
         self._waiters: deque[asyncio.Future[_Instance]] = deque()
         self._running: set[threading.Event] = set()  # the cancel flags of generations in flight, for close()
         self._closed = False
+        # The most bytes of text one token stands for (32 in SmolLM2's vocabulary): a text of N bytes is at least
+        # N / this many tokens. Reading every piece takes ~0.1 s, once.
+        self._longest_piece = max(len(llm.detokenize([token], special=False)) for token in range(llm.n_vocab())) or 1
         self._counted: OrderedDict[tuple[Turn, ...], list[int]] = OrderedDict()
         self._counted_lock = threading.Lock()  # count_tokens runs in worker threads
 
@@ -111,7 +115,12 @@ class LlamaCppProvider:
 
     def count_tokens(self, turns: Sequence[Turn]) -> int:
         """The prompt's exact token count (chat template included), e.g. for rate-limit estimates. The tokens are
-        kept for the generation of the same turns, so a request's prompt is tokenized once."""
+        kept for the generation of the same turns, so a request's prompt is tokenized once. A prompt too long for
+        the context window by its size alone gets a lower bound instead: tokenizing costs ~0.5 s of CPU a MiB, and
+        no token holds more than the vocabulary's longest piece."""
+        least = sum(utf8_size(_turn_text(turn)) for turn in turns) // self._longest_piece
+        if least >= self._n_ctx:
+            return least
         tokens = self._tokenize(turns)
         with self._counted_lock:
             self._counted[tuple(turns)] = tokens

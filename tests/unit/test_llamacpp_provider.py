@@ -314,3 +314,11 @@ async def test_a_counted_prompt_is_tokenized_once(provider):
     # Without a count first (or a second time), the generation tokenizes for itself.
     [event async for event in provider.stream(request)]
     assert calls == [1, 1]
+
+
+def test_a_prompt_too_long_by_its_size_alone_is_refused_without_tokenizing(provider, monkeypatch):
+    """Tokenizing costs ~0.5 s of CPU a MiB: a prompt that cannot fit by its size is counted from it instead."""
+    near = request("a" * 60_000).turns  # small enough to be tokenized: its exact count is never below the bound
+    assert provider.count_tokens(near) >= 60_000 // provider._longest_piece
+    monkeypatch.setattr(provider, "_tokenize", lambda turns: pytest.fail("a prompt that cannot fit was tokenized"))
+    assert provider.count_tokens(request("a" * 4 * 1024 * 1024).turns) >= 2048
