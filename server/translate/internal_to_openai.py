@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from server.domain import (
-    Completion, Dialect, FinishReason, Finished, GenerationEvent, ResponseHeader, TextDelta, ToolCallDelta,
-    ToolCallStart, UpstreamObject, Usage,
+    Completion, Dialect, FinishReason, Finished, GenerationEvent, ResponseHeader, Started, TextDelta,
+    ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 
 FINISH_REASONS = {
@@ -103,7 +103,12 @@ async def chat_chunks(
             return [finish, {**base, "choices": [], "usage": usage_object(event.usage)}] if include_usage else [finish]
         return []
 
-    yield chunk({"role": "assistant", "content": ""})
+    # The role chunk waits for the first event it can speak of (not Started, nor the other dialect's objects), to
+    # say as OpenAI does: content "" before text, null before a tool call (a stream of calls only then sums to
+    # null, as the JSON answer has it).
+    while isinstance(first, (Started, UpstreamObject)):
+        first = await anext(events)
+    yield chunk({"role": "assistant", "content": None if isinstance(first, ToolCallStart) else ""})
     for out in rendered(first):
         yield out
     async for event in events:

@@ -129,6 +129,7 @@ def test_a_tool_without_parameters_has_arguments_of_json_from_an_anthropic_upstr
     for message in (completion.choices[0].message, final.choices[0].message):
         (tool_call,) = message.tool_calls
         assert (tool_call.function.name, tool_call.function.arguments) == ("now", "{}")
+        assert message.content is None  # nothing but the call, streamed or not
 
 
 def test_anthropic_sdk_tool_use_from_an_openai_upstream(claude):
