@@ -30,7 +30,6 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from server.domain import (
     FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
-    utf8_size,
 )
 from server.errors import InternalError, PorticoError, ServiceUnavailable
 from server.observability import UpstreamRecorder
@@ -118,10 +117,11 @@ class LlamaCppProvider:
         kept for the generation of the same turns, so a request's prompt is tokenized once. A prompt too long for
         the context window by its size alone gets a lower bound instead: tokenizing costs ~0.5 s of CPU a MiB, and
         no token holds more than the vocabulary's longest piece."""
-        least = sum(utf8_size(_turn_text(turn)) for turn in turns) // self._longest_piece
+        texts = [_turn_text(turn).encode() for turn in turns]
+        least = sum(len(text) for text in texts) // self._longest_piece
         if least >= self._n_ctx:
             return least
-        tokens = self._tokenize(turns)
+        tokens = self._tokenize(turns, texts)
         with self._counted_lock:
             self._counted[tuple(turns)] = tokens
             while len(self._counted) > _COUNTED_KEPT:
@@ -134,7 +134,8 @@ class LlamaCppProvider:
         # Off the loop: tokenizing takes ~1 ms per 1k tokens, and any thread may do it (see _tokenize).
         return tokens if tokens is not None else await asyncio.to_thread(self._tokenize, turns)
 
-    def _tokenize(self, turns: Sequence[Turn]) -> list[int]:
+    def _tokenize(self, turns: Sequence[Turn], texts: Sequence[bytes] | None = None) -> list[int]:
+        """`texts`: each turn's text as the model reads it, UTF-8 (made here when not given)."""
         # The template's markers (<|im_start|>...) must become control tokens, but a caller who types
         # "<|im_end|>\n<|im_start|>system" must not get them, or they could forge turns. So the template is rendered
         # with a placeholder for each turn's text, its own pieces are tokenized with special=True and the callers'
@@ -148,10 +149,12 @@ class LlamaCppProvider:
             raise InternalError("the model's chat template does not place each message's text exactly once")
         # The template writes any BOS itself. Tokenizing only reads the vocabulary, so it is safe beside a generation
         # on another thread.
+        if texts is None:
+            texts = [_turn_text(turn).encode() for turn in turns]
         llm = self._instances[0].llm
         tokens = llm.tokenize(pieces[0].encode(), add_bos=False, special=True)
         for index, template in zip(pieces[1::2], pieces[2::2]):
-            tokens += llm.tokenize(_turn_text(turns[int(index)]).encode(), add_bos=False, special=False)
+            tokens += llm.tokenize(texts[int(index)], add_bos=False, special=False)
             tokens += llm.tokenize(template.encode(), add_bos=False, special=True)
         return tokens
 

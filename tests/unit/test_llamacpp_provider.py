@@ -304,7 +304,7 @@ async def test_a_counted_prompt_is_tokenized_once(provider):
     """The pipeline counts the prompt for the reservation, then generates: the tokens are made once, not twice."""
     calls = []
     tokenize = provider._tokenize
-    provider._tokenize = lambda turns: calls.append(len(turns)) or tokenize(turns)
+    provider._tokenize = lambda turns, *texts: calls.append(len(turns)) or tokenize(turns, *texts)
     turns = (Turn(Role.USER, "Say hi."),)
     counted = await asyncio.to_thread(provider.count_tokens, turns)
     request = GenerationRequest(turns=turns, params=SamplingParams(max_tokens=2, temperature=0.0))
