@@ -7,7 +7,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from server.domain import Json
+from server.domain import Json, Unread
 
 
 class ImageFormat(str, enum.Enum):
@@ -41,7 +41,7 @@ class ImageRequest:
     source: Mapping[str, Json] | None = None
     # Its members the gateway does not read: only an upstream of the caller's API, which gets the body whole, can
     # honour them; elsewhere they are refused (server/pipeline.py), never silently dropped.
-    unknown: tuple[str, ...] = ()
+    unread: tuple[Unread, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,10 +236,8 @@ class Pipeline:
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
         # Before admission, as for text: a request the model cannot honour costs nothing.
-        if request.unknown and Dialect.OPENAI not in getattr(provider, "capabilities", Capabilities()).dialects:
-            name = request.unknown[0]
-            raise InvalidRequest(f"`{name}` is not supported by this model (the gateway passes it only to an "
-                                 "upstream of the request's own API).", param=name)
+        if request.unread and Dialect.OPENAI not in getattr(provider, "capabilities", Capabilities()).dialects:
+            raise InvalidRequest(request.unread[0].message, param=request.unread[0].param)
         call.record.admitted = True
         cost = call.model.price.cost(images=request.n)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):

@@ -135,6 +135,12 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
 }
 
 
+def unknown_field(name: str) -> Unread:
+    """A member no table names: passed only to an upstream of the request's own API, refused by any other model."""
+    return Unread(name, f"`{name}` is not supported by this model (the gateway passes it only to an upstream of the "
+                        "request's own API).", embedded=True, other_dialect=True)
+
+
 def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tuple[Unread, ...]:
     """Type-check the fields the translators do not read; return the fields the embedded model or an upstream of
     the other dialect must refuse (unknown fields included), for the pipeline's check of the provider."""
@@ -142,8 +148,7 @@ def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tu
     for name, value in body.items():
         rule = table.get(name)
         if rule is None:
-            unread.append(Unread(name, f"`{name}` is not supported by this model (the gateway passes it only to an "
-                                       "upstream of the request's own API).", embedded=True, other_dialect=True))
+            unread.append(unknown_field(name))
             continue
         if rule.embedded is not Rule.ACT and value is not None:
             check, expected = _CHECKS[rule.json]

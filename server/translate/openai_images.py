@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from server.domain import Json
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
+from server.translate.field_rules import unknown_field
 from server.translate.values import opt_bool, opt_int, opt_string, shown
 
 # Prompts of a few MiB must pass (Envoy admits 8 MiB bodies); the cap only turns absurd ones into a clear 413.
@@ -84,7 +85,7 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
             quality=quality,
             compression=compression,
             source=body,
-            unknown=tuple(name for name in body if name not in READ_FIELDS),
+            unread=tuple(unknown_field(name) for name in body if name not in READ_FIELDS),
         ),
         response_format=response_format,
     )
