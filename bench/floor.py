@@ -41,6 +41,7 @@ from server.domain import UpstreamSpec
 from server.heap import settle_heap
 from server.observability import Telemetry
 from server.providers.http_upstream import HttpUpstream
+from server.render.sse import DONE, sse_event
 from server.services.interceptor import ErrorInterceptor
 from server.services.streaming import coalesced
 
@@ -119,8 +120,8 @@ class ForwardingChat(_Floor):
             async for event in events:
                 if event.data == b"[DONE]":
                     break
-                yield b"data: " + orjson.dumps(orjson.loads(event.data)) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+                yield sse_event(orjson.loads(event.data))
+        yield DONE
 
     async def close(self) -> None:
         await self._upstream.close()

@@ -22,8 +22,6 @@ MAX_NAME_CHARS = 200
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
 
 
-
-
 class KeyAdmin:
     def __init__(self, store: KeyStore, model_ids: Collection[str], *, rotation_grace_seconds: int) -> None:
         self._store = store
