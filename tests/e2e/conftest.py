@@ -26,6 +26,7 @@ import pytest
 
 from gateway.envoy import free_ports
 from tests.e2e.log_scan import scan_logs
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,18 @@ def running_gateway(data_dir: Path, *serve_args: str, config: Path | None = None
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def upstream_gateway(directory: Path, models_yaml: str) -> Iterator[Gateway]:
+    """`portico serve` whose configuration has these `models:` (pointing at test upstreams), with the upstream key
+    in the environment it inherits, removed again afterwards."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    try:
+        with running_gateway(directory / "data", config=write_config(directory, models_yaml)) as gateway:
+            yield gateway
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
 @pytest.fixture(scope="session")

@@ -5,33 +5,27 @@ the caller as if plain, and a coding Portico does not decode is a 502 that names
 from __future__ import annotations
 
 import gzip
-import os
 import zlib
 
 import openai
 import orjson
 import pytest
 
-from tests.e2e.conftest import running_gateway
+from tests.e2e.conftest import upstream_gateway
 from tests.upstream_double import Cue
 from tests.upstream_echo import echo_chat
-from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
+from tests.upstream_support import UPSTREAM_KEY_ENV
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    directory = tmp_path_factory.mktemp("compressed-gateway")
     provider = (f"{{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up, "
                 "retry: {attempts: 1}, timeouts: {read: 2, answer: 2}}")
     models = f"  - {{id: chat-gz, endpoint: /v1/chat/completions, provider: {provider}}}\n"
-    try:
-        with running_gateway(directory / "data", config=write_config(directory, models)) as gateway:
-            yield gateway
-    finally:
-        os.environ.pop(UPSTREAM_KEY_ENV, None)
+    with upstream_gateway(tmp_path_factory.mktemp("compressed-gateway"), models) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

@@ -5,16 +5,14 @@ embedded model and the other dialect act on, ignore or refuse each field as the 
 
 from __future__ import annotations
 
-import os
-
 import anthropic
 import openai
 import pytest
 
-from tests.e2e.conftest import running_gateway
+from tests.e2e.conftest import upstream_gateway
 from tests.passthrough_objects import COMPLETION
 from tests.upstream_double import Cue
-from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
+from tests.upstream_support import UPSTREAM_KEY_ENV
 
 THINKING_KWARGS = {"enable_thinking": False}
 STRICT_TOOL = {"type": "function", "function": {"name": "weather", "strict": True, "description": "Weather.",
@@ -41,13 +39,8 @@ def models_yaml(double_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    directory = tmp_path_factory.mktemp("passthrough-gateway")
-    try:
-        with running_gateway(directory / "data", config=write_config(directory, models_yaml(double.url))) as gateway:
-            yield gateway
-    finally:
-        os.environ.pop(UPSTREAM_KEY_ENV, None)
+    with upstream_gateway(tmp_path_factory.mktemp("passthrough-gateway"), models_yaml(double.url)) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)

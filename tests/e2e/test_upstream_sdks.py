@@ -5,7 +5,6 @@ double for scripted answers and faults) and an Anthropic upstream (the double)."
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import anthropic
@@ -13,12 +12,12 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import running_gateway
+from tests.e2e.conftest import upstream_gateway
 from tests.llama_server import MODEL_ALIAS
 from tests.passthrough_objects import CACHED_ANSWER_CUES
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 
 CHATS = ["chat-embedded", "chat-openai", "chat-anthropic"]
 MESSAGES = ["messages-embedded", "messages-openai", "messages-anthropic"]
@@ -51,14 +50,9 @@ def models_yaml(llama_url: str, double_url: str) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(llama_server, double, tmp_path_factory):
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY  # `portico serve` inherits it
-    directory = tmp_path_factory.mktemp("upstream-gateway")
-    config = write_config(directory, models_yaml(llama_server.url, double.url))
-    try:
-        with running_gateway(directory / "data", config=config) as gateway:
-            yield gateway
-    finally:
-        os.environ.pop(UPSTREAM_KEY_ENV, None)
+    models = models_yaml(llama_server.url, double.url)
+    with upstream_gateway(tmp_path_factory.mktemp("upstream-gateway"), models) as gateway:
+        yield gateway
     assert UPSTREAM_KEY not in gateway.log_path.read_text()  # never logged, whatever happened
 
 
