@@ -93,3 +93,14 @@ def test_a_closed_client_says_so(gateway, transport):
         with pytest.raises(RuntimeError, match="closed"):
             call()
     client.close()  # twice is harmless
+
+
+async def test_a_closed_asyncio_client_says_so(gateway, transport):
+    """The asyncio gRPC client used to open a new channel after close() and go on as if never closed."""
+    client = client_for(gateway, transport, gateway.secret, asyncio=True)
+    await client.chat_completion("chat", HI, max_tokens=1)
+    await client.close()
+    for call in (lambda: client.chat_completion("chat", HI, max_tokens=1), client.list_models):
+        with pytest.raises(RuntimeError, match="closed"):
+            await call()
+    await client.close()  # twice is harmless

@@ -222,3 +222,9 @@ def test_settings_that_could_never_work_are_refused_when_the_client_is_made(make
     """Not at the first call, as connection errors retried with backoff (or, for a timeout of 0, every call)."""
     with pytest.raises(ValueError):
         make()
+
+
+def test_the_client_says_it_is_typed():
+    """PEP 561: without py.typed, mypy and pyright ignore the client's annotations (its calls are all `Any`)."""
+    import importlib.resources
+    assert importlib.resources.files("portico.client").joinpath("py.typed").is_file()

@@ -166,6 +166,7 @@ class AsyncGrpcTransport:
     credentials: grpc.ChannelCredentials | None = None
     _channel: grpc.aio.Channel | None = field(default=None, init=False, repr=False)
     _stubs: dict[type, Any] = field(default_factory=dict, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         grpc_target(self.target)
@@ -174,6 +175,8 @@ class AsyncGrpcTransport:
     async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
         request = _request(operation, body)
         metadata = _auth(self.api_key)
+        if self._closed:
+            raise RuntimeError(_CLOSED)  # as the other transports: a closed client stays closed
         if self._channel is None:
             self._channel = (grpc.aio.secure_channel(self.target, self.credentials) if self.credentials
                              else grpc.aio.insecure_channel(self.target))
@@ -184,6 +187,7 @@ class AsyncGrpcTransport:
             raise error_from_grpc(error) from None
 
     async def close(self) -> None:
+        self._closed = True
         if self._channel is not None:
             await self._channel.close()
             self._channel, self._stubs = None, {}
