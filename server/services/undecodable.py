@@ -1,10 +1,15 @@
-"""Request bytes that do not decode as the RPC's message: a 400 naming the field, not grpc's 500.
+"""Request bytes that do not decode as the RPC's message: a 400 naming the field, not grpc's 500; and request
+messages over REST's 8 MiB cap: a 413, as a REST body that size gets from Envoy.
 
 grpc calls the deserializer before any handler runs, and a DecodeError there (corrupt wire format, or a
 google.protobuf.Value/Struct nested deeper than the decoder's recursion limit of 100) became an UNKNOWN status
 with "Unexpected DecodeError" and no access-log line. The interceptor installs `tolerant(...)` as the
 deserializer: it hands the handler an `Undecodable` instead, which the interceptor turns into InvalidRequest
 inside the observed call, so the request is answered, logged and counted like any other bad request.
+
+Native gRPC calls pass Envoy untouched, so the 8 MiB cap on REST bodies (envoy.yaml max_request_bytes) is applied
+here: to the whole message, or for the REST bindings' HttpBody to its body, which Envoy lets through at up to 8 MiB.
+grpc itself refuses messages over the server's max_receive_message_length (server/app.py) before this runs.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from google.api import httpbody_pb2
 from google.protobuf.message import DecodeError, Message
 
-from server.errors import InvalidRequest
+from server.errors import InvalidRequest, RequestTooLarge
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024  # envoy.yaml's max_request_bytes for REST bodies
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +34,12 @@ def tolerant(deserializer: Callable[[bytes], Message] | None) -> Callable[[bytes
     if deserializer is None:
         return None
     message_class = getattr(deserializer, "__self__", None)  # a generated class's FromString
+    body_only = message_class is httpbody_pb2.HttpBody
 
     def deserialize(raw: bytes) -> Message | Undecodable:
+        if len(raw) > MAX_REQUEST_BYTES and (not body_only or _body_over_limit(raw)):
+            return Undecodable(RequestTooLarge(
+                f"The request is too large: {len(raw)} bytes (limit 8 MiB, as for REST bodies)."))
         try:
             return deserializer(raw)
         except (DecodeError, RecursionError) as exc:
@@ -38,6 +50,15 @@ def tolerant(deserializer: Callable[[bytes], Message] | None) -> Callable[[bytes
                                               param=param))
 
     return deserialize
+
+
+def _body_over_limit(raw: bytes) -> bool:
+    """Whether an HttpBody's body (not its content type around it) is over the cap; one that does not decode is
+    left to the decoder's own error."""
+    try:
+        return len(httpbody_pb2.HttpBody.FromString(raw).data) > MAX_REQUEST_BYTES
+    except DecodeError:
+        return False
 
 
 def _offending_field(message_class: type[Message], raw: bytes) -> str | None:

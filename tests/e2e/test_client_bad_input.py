@@ -85,6 +85,16 @@ def test_a_wrongly_typed_field_is_named_in_param_on_both_transports(gateway, tra
     assert (caught.value.status, caught.value.param) == (400, param)
 
 
+@pytest.mark.parametrize("mib", [9, 17])
+def test_a_request_over_8_mib_is_a_413_at_once_on_both_transports(gateway, transport, mib):
+    """Over 16 MiB grpc's own RESOURCE_EXHAUSTED (no error object) read as a 429: retried, then the fallback tried."""
+    sleeps, prompt = Sleeps(), [{"role": "user", "content": "a" * (mib << 20)}]
+    with client_for(gateway, transport, gateway.secret, sleep=sleeps) as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("chat", prompt, max_tokens=1)
+    assert (caught.value.status, caught.value.code) == (413, "request_too_large") and sleeps == []
+
+
 def test_a_closed_client_says_so(gateway, transport):
     """grpc crashed the process (a segmentation fault) when a stub was made on the closed channel."""
     client = client_for(gateway, transport, gateway.secret)

@@ -46,6 +46,29 @@ def test_grpc_errors_through_envoy_keep_status_and_details(channel, gateway):
     assert error_details(caught.value).error.param == "temperature"
 
 
+def test_a_deadline_through_envoy_is_deadline_exceeded_and_frees_the_slot(channel, gateway):
+    """A caller's grpc-timeout that passes mid-answer is DEADLINE_EXCEEDED, never INTERNAL: Envoy enforcing it too
+    reset calls whose headers had gone (RST_STREAM, INTERNAL, which portico.client retries as a 500). Each leaves a
+    499 `cancelled` ledger row and its concurrency slot free."""
+    created = gateway.cli("keys", "create", "--name", "deadlines", "--models", "family-a-5.5", "--concurrency", "1")
+    secret = created.stdout.strip().splitlines()[-1]
+    chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+    long = chat_request(max_tokens=400, temperature=0,  # greedy: 400 tokens (~4 s) for this prompt
+                        messages=[{"role": "user", "content": "Write a very long story."}])
+    codes = []
+    for timeout in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6) * 2:
+        for call in (chat.CreateChatCompletion, lambda r, **kw: list(chat.StreamChatCompletion(r, **kw))):
+            with pytest.raises(grpc.RpcError) as caught:
+                call(long, metadata=bearer(secret), timeout=timeout)
+            codes.append(caught.value.code())
+    assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    assert chat.CreateChatCompletion(chat_request(max_tokens=1), metadata=bearer(secret)).usage.completion_tokens == 1
+    time.sleep(1.5)  # usage.flush_seconds
+    rows = httpx.get(f"{gateway.base_url}/v1/organization/requests", params={"start_time": 0, "limit": 100},
+                     headers={"Authorization": f"Bearer {secret}"}).json()["data"]
+    assert sorted((row["status"], row["code"]) for row in rows) == [(200, None)] + [(499, "cancelled")] * len(codes)
+
+
 def test_images_b64_and_url(gateway):
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
     result = client.images.generate(model="family-a-image-2", prompt="a lighthouse", size="256x256")

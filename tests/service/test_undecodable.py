@@ -4,7 +4,9 @@ naming the field, answered by the interceptor: logged and counted like any bad r
 from __future__ import annotations
 
 import grpc
+import orjson
 import pytest
+from google.api import httpbody_pb2
 from google.protobuf import struct_pb2
 
 from portico.v1 import chat_pb2
@@ -64,3 +66,40 @@ async def test_values_nested_past_the_decoders_limit_are_400(channel, secret):
     assert (error.code(), detail.http_status, detail.error.param) == (grpc.StatusCode.INVALID_ARGUMENT, 400,
                                                                       "tool_choice")
     assert "nested too deeply" in detail.error.message
+
+
+MIB = 1024 * 1024
+
+
+def _too_large(error: grpc.aio.AioRpcError) -> tuple:
+    detail = error_details(error)
+    return error.code(), detail.http_status, detail.error.code, detail.error.param
+
+
+async def test_a_typed_request_over_8_mib_is_413_like_a_rest_body(chat, secret, running):
+    """The REST cap (Envoy's 8 MiB) holds for gRPC callers too: INVALID_ARGUMENT with the 413 error object, before
+    the request is read, rather than a 9 MiB prompt reaching the pipeline."""
+    before = _count(running, "request_too_large")
+    huge = chat_request(messages=[{"role": "user", "content": "a" * (8 * MIB)}])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await chat.CreateChatCompletion(huge, metadata=bearer(secret))
+    assert _too_large(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT, 413, "request_too_large", "")
+    assert "8 MiB" in caught.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        [_ async for _ in chat.StreamChatCompletion(huge, metadata=bearer(secret))]
+    assert _too_large(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT, 413, "request_too_large", "")
+    assert _count(running, "request_too_large") == before + 2
+
+
+async def test_the_rest_binding_caps_the_body_not_its_envelope(chat, secret):
+    """CreateChatCompletionHttp called natively: a body over 8 MiB is a 413; one of exactly 8 MiB (what Envoy lets
+    through to it) is read, although the HttpBody around it is a few bytes more."""
+    body = orjson.dumps({"model": "family-a-5.5", "max_tokens": 1,
+                         "messages": [{"role": "user", "content": "Hi"}]})
+    exact = httpbody_pb2.HttpBody(content_type="application/json", data=body + b" " * (8 * MIB - len(body)))
+    answers = [answer async for answer in chat.CreateChatCompletionHttp(exact, metadata=bearer(secret))]
+    assert orjson.loads(b"".join(answer.data for answer in answers))["usage"]["completion_tokens"] == 1
+    over = httpbody_pb2.HttpBody(content_type="application/json", data=exact.data + b" ")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        [_ async for _ in chat.CreateChatCompletionHttp(over, metadata=bearer(secret))]
+    assert _too_large(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT, 413, "request_too_large", "")

@@ -9,6 +9,8 @@ import yaml
 
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import envoy_binary, load_template, render_config, repo_root
+from server.app import MAX_RECEIVE_BYTES
+from server.services.undecodable import MAX_REQUEST_BYTES
 
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 
@@ -47,3 +49,10 @@ def test_the_anthropic_models_route_transcodes_like_the_filter_but_for_its_servi
     assert route_config["services"] == ["portico.v1.AnthropicModelService"]
     assert "portico.v1.ModelService" in filter_config["services"]
     assert {**route_config, "services": None} == {**filter_config, "services": None}
+
+
+def test_grpc_requests_are_capped_where_envoy_caps_rest_bodies():
+    """Native gRPC passes Envoy unbuffered; the server caps its messages at the same size (docs/api.md, 413)."""
+    hcm = http_manager(load_template())
+    (buffer,) = [f["typed_config"] for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.buffer"]
+    assert buffer["max_request_bytes"] == MAX_REQUEST_BYTES < MAX_RECEIVE_BYTES
