@@ -64,6 +64,12 @@ def ready_at(h: DeploymentHealth, now: float) -> float:
     return now
 
 
+def cooling(h: DeploymentHealth, now: float) -> bool:
+    """Out of service until a trial decides (ejected after failing, or its trial held by another request): a retry
+    does not wait for it. One cooled by the upstream's retry-after comes back when it said, as a retry's wait does."""
+    return h.needs_trial and ready_at(h, now) > now
+
+
 def acquire(h: DeploymentHealth, now: float) -> bool:
     """May this request go to it? Claims the trial when one is due."""
     if ready_at(h, now) > now:
@@ -146,6 +152,10 @@ class Board:
         now = self.clock()
         with self._change(slot) as h:
             return max(0.0, ready_at(h, now) - now)
+
+    def cooling(self, slot: int) -> bool:
+        with self._change(slot) as h:
+            return cooling(h, self.clock())
 
     def acquire(self, slot: int) -> bool:
         with self._change(slot) as h:

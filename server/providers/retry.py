@@ -75,7 +75,9 @@ class Step:
 @dataclass
 class Plan:
     """One request's walk over `chain` (per model, its deployments). `ready_in(model, deployment)` is how many
-    seconds until passive health lets the deployment be tried (0: now); `in_flight(model, deployment)` how busy it is.
+    seconds until passive health lets the deployment be tried (0: now); `cooling(model, deployment)` whether it is
+    ejected until a trial (not retried: a request that waited for its cooldown would spend the trial on its own retry,
+    doubling the cooldown); `in_flight(model, deployment)` how busy it is.
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
     raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left.
@@ -85,6 +87,7 @@ class Plan:
     ready_in: Callable[[int, int], float]
     in_flight: Callable[[int, int], int]
     draw: Callable[[], float]
+    cooling: Callable[[int, int], bool] = lambda model, deployment: False
     model: int = 0
     last_error: PorticoError | None = None
     _tries: list[int] = field(default_factory=list)
@@ -103,7 +106,7 @@ class Plan:
             if fresh:
                 return self._step(self._choose(fresh), 0.0, now)
             again = [(max(self._not_before[d], ready[d]), d) for d in range(len(targets))
-                     if self._tries[d] and self._not_before[d] > -math.inf]
+                     if self._tries[d] and self._not_before[d] > -math.inf and not self.cooling(self.model, d)]
             if again:
                 start, chosen = min(again)
                 if self._began is not None and start - self._began < targets[chosen].retry.total_seconds:

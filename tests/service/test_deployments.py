@@ -41,6 +41,12 @@ def models(east: str, west: str) -> str:
     deployments:
       - {{name: east, weight: 3, provider: {provider(east)}}}
       - {{name: west, weight: 1, provider: {provider(west)}}}
+  - id: fragile
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(east)}}}
+      - {{name: west, provider: {provider(west)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 1}}
 """
 
 
@@ -158,6 +164,22 @@ async def test_both_deployments_failing_is_the_upstreams_error(chat, east, west,
         await ask(chat, key[1])
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert len(east.seen) == len(west.seen) == 2  # each deployment's own retries
+
+
+async def test_deployments_a_request_ejected_itself_are_not_waited_for_nor_given_its_trial(chat, east, west, key):
+    east.cue(BUSY, BUSY)  # their own retry would meet the second
+    west.cue(BUSY, BUSY)
+    began = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, key[1], "fragile")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - began < 0.5  # the upstreams' error at once, not after sitting out the 1 s cooldown
+    assert len(east.seen) == len(west.seen) == 1  # each ejected by its first failure: out of service, not retried
+    east.reset()
+    west.reset()
+    await asyncio.sleep(1.05)  # the cooldown as configured (a trial spent inside that request would have doubled it)
+    response = await ask(chat, key[1], "fragile")
+    assert response.choices[0].message.content == "echo Say hello."
 
 
 async def test_metrics_count_attempts_and_failures_per_deployment(chat, running, east, west, key):
