@@ -26,7 +26,11 @@ from server.domain import RetrySettings
 from server.domain import GenerationEvent, Started, UpstreamObject
 from server.errors import PorticoError, ServiceUnavailable
 
-ONE_TRY = RetrySettings(attempts=1)  # providers that are not upstream servers (the embedded model): no retries
+ONE_TRY = RetrySettings(attempts=1)
+
+
+class OutOfService(ServiceUnavailable):
+    """No deployment could be tried: the gateway refused the request itself, which therefore reached no model."""  # providers that are not upstream servers (the embedded model): no retries
 
 
 def backoff_delay(settings: RetrySettings, attempt: int, error: PorticoError, elapsed: float,
@@ -134,7 +138,7 @@ class Plan:
         if self.last_error is not None:
             return self.last_error
         wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
-        return ServiceUnavailable("Every deployment of the model (and of its fallbacks) is out of service after "
+        return OutOfService("Every deployment of the model (and of its fallbacks) is out of service after "
                                   "failing; try again later.", retry_after=wait)
 
     def _enter(self, model: int) -> None:

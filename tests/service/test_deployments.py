@@ -182,6 +182,23 @@ async def test_deployments_a_request_ejected_itself_are_not_waited_for_nor_given
     assert response.choices[0].message.content == "echo Say hello."
 
 
+async def test_a_request_no_deployment_could_take_reached_no_model_and_counts_nothing(chat, running, east, west, key):
+    east.cue(BUSY)
+    west.cue(BUSY)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await ask(chat, key[1], "fragile")  # both tried, both ejected: a model request that failed
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, key[1], "fragile")  # nothing in service: refused by the gateway itself
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "out of service" in caught.value.details()
+    assert len(east.seen) == len(west.seen) == 1
+    counts = await running.limiter.store.counts(key[0])
+    assert len(counts.window) == counts.day_requests == 1  # like a request refused by a limit: not counted
+    await running.core.ledger.flush()
+    rows = [r for r in running.core.usage.rows() if r.key_id == key[0]]
+    assert [(r.status, r.upstream, r.upstream_attempts > 0) for r in rows] == [(503, "fragile", True),
+                                                                              (503, "", False)]
+
+
 async def test_metrics_count_attempts_and_failures_per_deployment(chat, running, east, west, key):
     registry = running.telemetry.metrics.registry
 
