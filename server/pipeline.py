@@ -162,7 +162,7 @@ class Pipeline:
                     yield _prepend(first, events)
         except OutOfService:
             # No deployment could be tried: like a refusal by a limit, a request that reached no model counts nothing.
-            call.record.upstream_attempts = 0
+            _reached_no_model(call)
             self._limiter.release(reservation)
             raise
         finally:
@@ -255,7 +255,7 @@ class Pipeline:
             with self.cutoff.watch() as watch:
                 images = await watch.wait(provider.generate(request))
         except OutOfService:  # reached no model, as in `stream`
-            call.record.upstream_attempts = 0
+            _reached_no_model(call)
             self._limiter.release(reservation)
             raise
         finally:
@@ -277,6 +277,12 @@ def _asking(call: Call) -> None:
     if len(call.model.deployments) == 1:
         call.record.deployment = call.model.deployments[0].name
     call.record.upstream_call()
+
+
+def _reached_no_model(call: Call) -> None:
+    """Undoes `_asking`: no upstream attempt, no time in one (the ledger, access log and metrics)."""
+    call.record.upstream_attempts = 0
+    call.record.upstream_started = None
 
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
