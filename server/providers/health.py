@@ -91,11 +91,11 @@ def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: floa
     asked for that many seconds (a 429 or 503 with retry-after)."""
     _count(h, now, s, failed=True)
     h.consecutive += 1
-    if h.needs_trial:
-        _eject(h, now, s)
-    elif retry_after > 0:
+    if retry_after > 0:  # the upstream said when: exactly that long, no trial after it (a trial it answered included)
         h.ejected_until = max(h.ejected_until, now + retry_after)
-        h.consecutive = 0
+        h.consecutive, h.needs_trial, h.trial_since, h.ejections = 0, False, 0.0, 0
+    elif h.needs_trial:
+        _eject(h, now, s)
     elif h.consecutive >= s.consecutive_failures or _rate_exceeded(h, now, s):
         _eject(h, now, s)
 
