@@ -31,6 +31,7 @@ from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
 from server.providers import Capabilities, Provider, TokenCounter, context_overflow, token_counter_of, unsupported
 from server.providers.images import ImageProvider
+from server.providers.retry import OutOfService
 from server.translate.values import body_and_model
 
 
@@ -159,6 +160,11 @@ class Pipeline:
                     await _send_headers(call, reservation, lookup.header if lookup is not None else None)
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
                     yield _prepend(first, events)
+        except OutOfService:
+            # No deployment could be tried: like a refusal by a limit, a request that reached no model counts nothing.
+            _reached_no_model(call)
+            self._limiter.release(reservation)
+            raise
         finally:
             # Nothing here waits: a caller who closes on the last event cancels the RPC at its next wait, and would
             # be recorded as having gone away (Limiter.settle never waits).
@@ -175,8 +181,9 @@ class Pipeline:
             # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
-            self._limiter.settle(reservation, used, call.record.cost_micros)
-            self._budgets_left(reservation, call.record.cost_micros)
+            if call.record.upstream_attempts:
+                self._limiter.settle(reservation, used, call.record.cost_micros)
+                self._budgets_left(reservation, call.record.cost_micros)
 
     async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
         if self._cache is None or call.model.cache is None:
@@ -247,13 +254,18 @@ class Pipeline:
         try:
             with self.cutoff.watch() as watch:
                 images = await watch.wait(provider.generate(request))
+        except OutOfService:  # reached no model, as in `stream`
+            _reached_no_model(call)
+            self._limiter.release(reservation)
+            raise
         finally:
             call.record.upstream_done()
             if images is not None:
                 call.record.model_answered = True
                 _account(call, images=len(images))
-            self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
-            self._budgets_left(reservation, call.record.cost_micros)
+            if call.record.upstream_attempts:
+                self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
+                self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)
         return images
 
@@ -265,6 +277,12 @@ def _asking(call: Call) -> None:
     if len(call.model.deployments) == 1:
         call.record.deployment = call.model.deployments[0].name
     call.record.upstream_call()
+
+
+def _reached_no_model(call: Call) -> None:
+    """Undoes `_asking`: no upstream attempt, no time in one (the ledger, access log and metrics)."""
+    call.record.upstream_attempts = 0
+    call.record.upstream_started = None
 
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,

@@ -64,6 +64,12 @@ def ready_at(h: DeploymentHealth, now: float) -> float:
     return now
 
 
+def cooling(h: DeploymentHealth, now: float) -> bool:
+    """Out of service until a trial decides (ejected after failing, or its trial held by another request): a retry
+    does not wait for it. One cooled by the upstream's retry-after comes back when it said, as a retry's wait does."""
+    return h.needs_trial and ready_at(h, now) > now
+
+
 def acquire(h: DeploymentHealth, now: float) -> bool:
     """May this request go to it? Claims the trial when one is due."""
     if ready_at(h, now) > now:
@@ -85,11 +91,11 @@ def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: floa
     asked for that many seconds (a 429 or 503 with retry-after)."""
     _count(h, now, s, failed=True)
     h.consecutive += 1
-    if h.needs_trial:
-        _eject(h, now, s)
-    elif retry_after > 0:
+    if retry_after > 0:  # the upstream said when: exactly that long, no trial after it (a trial it answered included)
         h.ejected_until = max(h.ejected_until, now + retry_after)
-        h.consecutive = 0
+        h.consecutive, h.needs_trial, h.trial_since, h.ejections = 0, False, 0.0, 0
+    elif h.needs_trial:
+        _eject(h, now, s)
     elif h.consecutive >= s.consecutive_failures or _rate_exceeded(h, now, s):
         _eject(h, now, s)
 
@@ -146,6 +152,10 @@ class Board:
         now = self.clock()
         with self._change(slot) as h:
             return max(0.0, ready_at(h, now) - now)
+
+    def cooling(self, slot: int) -> bool:
+        with self._change(slot) as h:
+            return cooling(h, self.clock())
 
     def acquire(self, slot: int) -> bool:
         with self._change(slot) as h:

@@ -26,7 +26,11 @@ from server.domain import RetrySettings
 from server.domain import GenerationEvent, Started, UpstreamObject
 from server.errors import PorticoError, ServiceUnavailable
 
-ONE_TRY = RetrySettings(attempts=1)  # providers that are not upstream servers (the embedded model): no retries
+ONE_TRY = RetrySettings(attempts=1)
+
+
+class OutOfService(ServiceUnavailable):
+    """No deployment could be tried: the gateway refused the request itself, which therefore reached no model."""  # providers that are not upstream servers (the embedded model): no retries
 
 
 def backoff_delay(settings: RetrySettings, attempt: int, error: PorticoError, elapsed: float,
@@ -75,7 +79,9 @@ class Step:
 @dataclass
 class Plan:
     """One request's walk over `chain` (per model, its deployments). `ready_in(model, deployment)` is how many
-    seconds until passive health lets the deployment be tried (0: now); `in_flight(model, deployment)` how busy it is.
+    seconds until passive health lets the deployment be tried (0: now); `cooling(model, deployment)` whether it is
+    ejected until a trial (not retried: a request that waited for its cooldown would spend the trial on its own retry,
+    doubling the cooldown); `in_flight(model, deployment)` how busy it is.
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
     raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left.
@@ -85,6 +91,7 @@ class Plan:
     ready_in: Callable[[int, int], float]
     in_flight: Callable[[int, int], int]
     draw: Callable[[], float]
+    cooling: Callable[[int, int], bool] = lambda model, deployment: False
     model: int = 0
     last_error: PorticoError | None = None
     _tries: list[int] = field(default_factory=list)
@@ -103,7 +110,7 @@ class Plan:
             if fresh:
                 return self._step(self._choose(fresh), 0.0, now)
             again = [(max(self._not_before[d], ready[d]), d) for d in range(len(targets))
-                     if self._tries[d] and self._not_before[d] > -math.inf]
+                     if self._tries[d] and self._not_before[d] > -math.inf and not self.cooling(self.model, d)]
             if again:
                 start, chosen = min(again)
                 if self._began is not None and start - self._began < targets[chosen].retry.total_seconds:
@@ -131,7 +138,7 @@ class Plan:
         if self.last_error is not None:
             return self.last_error
         wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
-        return ServiceUnavailable("Every deployment of the model (and of its fallbacks) is out of service after "
+        return OutOfService("Every deployment of the model (and of its fallbacks) is out of service after "
                                   "failing; try again later.", retry_after=wait)
 
     def _enter(self, model: int) -> None:

@@ -97,6 +97,7 @@ class Router:
         loop = asyncio.get_running_loop()
         plan = Plan([[Target(d.weight, d.retry) for d in route.deployments] for route in chain],
                     ready_in=lambda m, d: self._ready_in(chain[m].deployments[d]),
+                    cooling=lambda m, d: self._cooling(chain[m].deployments[d]),
                     in_flight=lambda m, d: self._in_flight.get((chain[m].model_id, chain[m].deployments[d].name), 0),
                     draw=self._draw)
         failed: tuple[Step, PorticoError] | None = None
@@ -162,6 +163,9 @@ class Router:
         if deployment.health_slot is None:
             return 0.0
         return self._board.ready_in(deployment.health_slot)
+
+    def _cooling(self, deployment: DeploymentRoute) -> bool:
+        return deployment.health_slot is not None and self._board.cooling(deployment.health_slot)
 
     def _moving_on(self, chain: Sequence[Route], failed: tuple[Step, PorticoError], step: Step) -> None:
         before, error = failed

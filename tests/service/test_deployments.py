@@ -41,6 +41,12 @@ def models(east: str, west: str) -> str:
     deployments:
       - {{name: east, weight: 3, provider: {provider(east)}}}
       - {{name: west, weight: 1, provider: {provider(west)}}}
+  - id: fragile
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(east)}}}
+      - {{name: west, provider: {provider(west)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 1}}
 """
 
 
@@ -158,6 +164,39 @@ async def test_both_deployments_failing_is_the_upstreams_error(chat, east, west,
         await ask(chat, key[1])
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert len(east.seen) == len(west.seen) == 2  # each deployment's own retries
+
+
+async def test_deployments_a_request_ejected_itself_are_not_waited_for_nor_given_its_trial(chat, east, west, key):
+    east.cue(BUSY, BUSY)  # their own retry would meet the second
+    west.cue(BUSY, BUSY)
+    began = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, key[1], "fragile")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - began < 0.5  # the upstreams' error at once, not after sitting out the 1 s cooldown
+    assert len(east.seen) == len(west.seen) == 1  # each ejected by its first failure: out of service, not retried
+    east.reset()
+    west.reset()
+    await asyncio.sleep(1.05)  # the cooldown as configured (a trial spent inside that request would have doubled it)
+    response = await ask(chat, key[1], "fragile")
+    assert response.choices[0].message.content == "echo Say hello."
+
+
+async def test_a_request_no_deployment_could_take_reached_no_model_and_counts_nothing(chat, running, east, west, key):
+    east.cue(BUSY)
+    west.cue(BUSY)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await ask(chat, key[1], "fragile")  # both tried, both ejected: a model request that failed
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, key[1], "fragile")  # nothing in service: refused by the gateway itself
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "out of service" in caught.value.details()
+    assert len(east.seen) == len(west.seen) == 1
+    counts = await running.limiter.store.counts(key[0])
+    assert len(counts.window) == counts.day_requests == 1  # like a request refused by a limit: not counted
+    await running.core.ledger.flush()
+    rows = [r for r in running.core.usage.rows() if r.key_id == key[0]]
+    assert [(r.status, r.upstream, r.upstream_attempts > 0) for r in rows] == [(503, "fragile", True),
+                                                                              (503, "", False)]
 
 
 async def test_metrics_count_attempts_and_failures_per_deployment(chat, running, east, west, key):

@@ -121,6 +121,17 @@ def test_retry_after_cools_exactly_that_long_with_no_trial():
     assert health.ready_at(h, 1.5) == 3.0 and health.state_of(h, 3.0) == "healthy"
 
 
+def test_retry_after_on_a_trial_cools_exactly_that_long_too():
+    h = health.DeploymentHealth(ejected_until=1.0, needs_trial=True, ejections=1)
+    assert health.acquire(h, 1.0)  # the trial meets a 429 with retry-after: 3
+    health.failed(h, 1.1, SETTINGS, retry_after=3.0)
+    assert health.ready_at(h, 1.2) == pytest.approx(4.1)  # not a doubled cooldown
+    assert health.state_of(h, 4.1) == "healthy" and health.acquire(h, 4.1) and health.acquire(h, 4.2)
+    for t in (5.0, 5.1, 5.2):
+        health.failed(h, t, SETTINGS)
+    assert health.ready_at(h, 5.3) == pytest.approx(7.2)  # healthy again: a later ejection starts afresh
+
+
 def test_a_trial_abandoned_by_its_caller_is_free_for_the_next_request():
     h = health.DeploymentHealth(ejected_until=1.0, needs_trial=True)
     assert health.acquire(h, 1.0)
