@@ -147,6 +147,7 @@ class Pipeline:
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         _asking(call)
+        reached_model = True
         try:
             answer = provider.stream(request)
             if lookup is not None:
@@ -162,6 +163,7 @@ class Pipeline:
                     yield _prepend(first, events)
         except OutOfService:
             # No deployment could be tried: like a refusal by a limit, a request that reached no model counts nothing.
+            reached_model = False
             _reached_no_model(call)
             self._limiter.release(reservation)
             raise
@@ -181,7 +183,7 @@ class Pipeline:
             # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
-            if call.record.upstream_attempts:
+            if reached_model:
                 self._limiter.settle(reservation, used, call.record.cost_micros)
                 self._budgets_left(reservation, call.record.cost_micros)
 
@@ -251,10 +253,12 @@ class Pipeline:
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
         images: list[GeneratedImage] | None = None
         _asking(call)
+        reached_model = True
         try:
             with self.cutoff.watch() as watch:
                 images = await watch.wait(provider.generate(request))
         except OutOfService:  # reached no model, as in `stream`
+            reached_model = False
             _reached_no_model(call)
             self._limiter.release(reservation)
             raise
@@ -263,7 +267,7 @@ class Pipeline:
             if images is not None:
                 call.record.model_answered = True
                 _account(call, images=len(images))
-            if call.record.upstream_attempts:
+            if reached_model:
                 self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
                 self._budgets_left(reservation, call.record.cost_micros)
         await _send_headers(call, reservation)

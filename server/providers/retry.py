@@ -26,11 +26,11 @@ from server.domain import RetrySettings
 from server.domain import GenerationEvent, Started, UpstreamObject
 from server.errors import PorticoError, ServiceUnavailable
 
-ONE_TRY = RetrySettings(attempts=1)
+ONE_TRY = RetrySettings(attempts=1)  # providers that are not upstream servers (the embedded model): no retries
 
 
 class OutOfService(ServiceUnavailable):
-    """No deployment could be tried: the gateway refused the request itself, which therefore reached no model."""  # providers that are not upstream servers (the embedded model): no retries
+    """No deployment could be tried: the gateway refused the request itself, which therefore reached no model."""
 
 
 def backoff_delay(settings: RetrySettings, attempt: int, error: PorticoError, elapsed: float,
