@@ -138,8 +138,9 @@ class Plan:
         if self.last_error is not None:
             return self.last_error
         wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
-        return OutOfService("Every deployment of the model (and of its fallbacks) is out of service after "
-                                  "failing; try again later.", retry_after=wait)
+        # Out of service after failing, or for as long as its upstream asked (retry-after): the message fits both.
+        return OutOfService("Every deployment of the model (and of its fallbacks) is out of service for now; try "
+                            "again after retry-after.", retry_after=wait)
 
     def _enter(self, model: int) -> None:
         self.model = model
