@@ -171,8 +171,8 @@ async def test_a_hit_refused_by_a_limit_is_a_miss_everywhere(double, tmp_path):
     path.write_text(path.read_text() + f"access_log: {tmp_path / 'access.log'}\n")
     server = await start_server(load_config(path), "127.0.0.1:0")
     try:
-        key, secret = await server.store.create("one-a-minute", all_models=True,
-                                                limits=KeyLimits(requests_per_minute=1))
+        _, secret = await server.store.create("one-a-minute", all_models=True,
+                                              limits=KeyLimits(requests_per_minute=1))
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             chat = chat_service_pb2_grpc.ChatServiceStub(channel)
             assert (await chat_http(chat, secret, model="cached-chat", seed=11))[0] == "miss"
