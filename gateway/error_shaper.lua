@@ -211,11 +211,14 @@ end
 -- content type, marks it in the route's metadata; native gRPC routes skip this filter): refused as gRPC's
 -- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
 -- the HTTP status (404: UNIMPLEMENTED) and grpc-message from the body; envoy_on_response restores the 404.
+-- The route is a direct response, whose reply gets no virtual-host headers: request-id is set here.
 local function refuse_grpc_call(handle, metadata, path)
   metadata:set("portico", "grpc_call", true)
   mark_envoy_reply(handle, 404)
-  handle:respond({[":status"] = "404"}, redacted(path) .. " is a REST path, not a gRPC method: call it as plain " ..
-    "HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+  local id = handle:headers():get("x-request-id") or ""
+  handle:respond({[":status"] = "404", ["request-id"] = id}, redacted(path) .. " is a REST path, not a gRPC " ..
+    "method: call it as plain HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC " ..
+    "services instead.")
 end
 
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
