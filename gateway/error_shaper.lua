@@ -243,10 +243,20 @@ local function refuse_parameter(handle, metadata, name, message)
   handle:respond({[":status"] = "400"}, message)
 end
 
+-- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to the
+-- 128 characters the server logs, here, so that the id the caller gets back is the one logged.
+local function bound_request_id(headers)
+  local id = headers:get("x-request-id")
+  if id and (#id > 128 or id:find("pk-", 1, true)) then
+    headers:replace("x-request-id", redacted(id):sub(1, 128))
+  end
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
   local headers = handle:headers()
+  bound_request_id(headers)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
