@@ -38,6 +38,8 @@ def test_an_endpoint_without_a_path_gets_the_otlp_traces_path(given, used):
     ({"max_queue_size": 10, "max_export_batch_size": 20}, "max_export_batch_size"),
     ({"export_timeout_seconds": 0}, "export_timeout_seconds"),
     ({"endpoint": "http://127.0.0.1:4318"}, r"unknown setting\(s\) endpoint"),
+    ({"service_name": ["gw"]}, r"service_name: a non-empty string, not \['gw'\]"),
+    ({"service_name": {"name": "gw"}}, r"service_name: a non-empty string"),
 ])
 def test_mistakes_stop_start_up_naming_the_setting(raw, named):
     with pytest.raises(ConfigError, match=named):
