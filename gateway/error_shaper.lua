@@ -211,11 +211,14 @@ end
 -- content type, marks it in the route's metadata; native gRPC routes skip this filter): refused as gRPC's
 -- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
 -- the HTTP status (404: UNIMPLEMENTED) and grpc-message from the body; envoy_on_response restores the 404.
+-- The route is a direct response, whose reply gets no virtual-host headers: request-id is set here.
 local function refuse_grpc_call(handle, metadata, path)
   metadata:set("portico", "grpc_call", true)
   mark_envoy_reply(handle, 404)
-  handle:respond({[":status"] = "404"}, redacted(path) .. " is a REST path, not a gRPC method: call it as plain " ..
-    "HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC services instead.")
+  local id = handle:headers():get("x-request-id") or ""
+  handle:respond({[":status"] = "404", ["request-id"] = id}, redacted(path) .. " is a REST path, not a gRPC " ..
+    "method: call it as plain HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC " ..
+    "services instead.")
 end
 
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
@@ -240,10 +243,20 @@ local function refuse_parameter(handle, metadata, name, message)
   handle:respond({[":status"] = "400"}, message)
 end
 
+-- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to the
+-- 128 characters the server logs, here, so that the id the caller gets back is the one logged.
+local function bound_request_id(headers)
+  local id = headers:get("x-request-id")
+  if id and (#id > 128 or id:find("pk-", 1, true)) then
+    headers:replace("x-request-id", redacted(id):sub(1, 128))
+  end
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
   local headers = handle:headers()
+  bound_request_id(headers)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""

@@ -142,13 +142,18 @@ def _parse(raw: dict, source: str) -> Config:
                                            integer=True, low=1),
             limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
             metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True, low=0, high=65535),
-            access_log=_text(raw, "access_log", "stderr", f"{source}: "),
+            access_log=_access_log(raw, f"{source}: "),
             drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
             tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
             usage=parse_usage(raw.get("usage"), f"{source}: usage"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _access_log(raw: dict, where: str) -> str:
+    # YAML 1.1 reads a bare `off` (the documented value) as false.
+    return "off" if raw.get("access_log") is False else _text(raw, "access_log", "stderr", where)
 
 
 def _text(raw: dict, name: str, default: str, where: str) -> str:

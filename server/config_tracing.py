@@ -33,6 +33,9 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
              "max_export_batch_size", "export_timeout_seconds"}
     if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    service_name = raw.get("service_name", "portico")
+    if not isinstance(service_name, str) or not service_name:
+        raise ConfigError(f"{where}.service_name: a non-empty string, not {service_name!r}")
     endpoint = raw.get("otlp_endpoint")
     if endpoint is not None:
         endpoint = _endpoint(endpoint, f"{where}.otlp_endpoint")
@@ -40,7 +43,7 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
         settings = TracingSettings(
             otlp_endpoint=endpoint,
             sample_ratio=number(raw, "sample_ratio", 1.0, where),
-            service_name=str(raw.get("service_name", "portico")),
+            service_name=service_name,
             max_queue_size=number(raw, "max_queue_size", 2048, where, integer=True),
             export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where),
             max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True),
@@ -54,8 +57,6 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
         raise ConfigError(f"{where}: max_queue_size must be at least 1, max_export_batch_size from 1 to it")
     if settings.export_delay_seconds <= 0 or settings.export_timeout_seconds <= 0:
         raise ConfigError(f"{where}: export_delay_seconds and export_timeout_seconds must be positive")
-    if not settings.service_name:
-        raise ConfigError(f"{where}.service_name: must not be empty")
     return settings
 
 

@@ -200,8 +200,12 @@ class Pipeline:
     async def _replay(self, call: Call, lookup: Lookup) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """A cached answer counts as a request, and uses no tokens and costs nothing."""
         call.record.admitted = True
-        with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
+        try:
+            with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
+                reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
+        except BaseException:
+            call.record.cache = "miss"  # the refusal did not come from the cache (its header says so too)
+            raise
         try:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)

@@ -15,6 +15,7 @@ one attribute check when the request is not traced.
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 DEPLOYMENT_STATES = ("healthy", "ejected", "trial")  # server/providers/health.py STATES
 _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
+_SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")  # as gateway/error_shaper.lua's `redacted`
 _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
 
 
@@ -200,7 +202,9 @@ def _ids(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, str | None]:
     request_id, trace_id = "", None
     for name, value in metadata:
         if name == _REQUEST_ID and isinstance(value, str) and value:
-            request_id = value[:128]  # the caller may have chosen it: keep the log line bounded
+            # The caller may have chosen it: keep the log line bounded, and a key pasted there out of it (for REST
+            # callers Envoy's Lua filter did the same already, so they got back this id).
+            request_id = (_SECRET_SHAPED.sub("pk-[redacted]", value) if "pk-" in value else value)[:128]
         elif name == _TRACEPARENT:
             trace_id = caller_trace_id(value)
     return request_id or uuid.uuid4().hex, trace_id  # no x-request-id: a direct gRPC caller, not through Envoy

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Sequence
 
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, set_span_in_context
+from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.domain import Endpoint
@@ -95,15 +95,12 @@ def trace_id_of(span: Span) -> str:
 
 
 def caller_trace_id(traceparent: str | bytes) -> str | None:
-    """The trace id of a valid W3C traceparent header ("00-<32 hex>-<16 hex>-<2 hex>"), else None."""
-    if not isinstance(traceparent, str) or len(traceparent) < 55 or traceparent[2] != "-":
+    """The trace id of a W3C traceparent header that the tracing-on path would join (OpenTelemetry's propagator
+    reads it by the spec: lowercase hex, no all-zero ids, version 00 exact and ff refused), else None."""
+    if not isinstance(traceparent, str):
         return None
-    trace_id = traceparent[3:35]
-    try:
-        valid = int(trace_id, 16) != 0 and traceparent[35] == "-" and trace_id.islower()
-    except ValueError:
-        return None
-    return trace_id if valid else None
+    context = get_current_span(PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+    return format_trace_id(context.trace_id) if context.is_valid else None
 
 
 class _MetadataGetter(Getter[Metadata]):

@@ -51,6 +51,18 @@ def test_unknown_path_is_404(http):
     _assert_error(http.get("/elsewhere"), 404, "not_found")
 
 
+@pytest.mark.parametrize(("path", "content_type"), [
+    ("/elsewhere", "application/json"), ("/", "application/json"), ("/healthzz", "application/json"),
+    ("/v1/nothing-here", "application/json"), ("/v1/chat/completions", "application/grpc"),
+])
+def test_replies_envoy_makes_carry_the_request_id_twice(http, path, content_type):
+    """api.md: every answer to a request Envoy read carries its id as `request-id` too (the anthropic SDK's
+    header), also Envoy's own 404s outside the routes and its refusal of a gRPC call on a REST path."""
+    response = http.post(path, content=b"{}", headers={"content-type": content_type, "x-request-id": "mine-1"})
+    assert response.status_code == 404
+    assert response.headers["x-request-id"] == response.headers.get("request-id") == "mine-1"
+
+
 def test_oversize_body_is_413(http):
     big = "x" * (9 * 1024 * 1024)
     response = http.post("/v1/chat/completions",

@@ -120,3 +120,34 @@ def test_a_secret_in_an_unknown_url_is_cut_out_of_the_access_log_and_the_message
     assert sent[case].tail not in response.text and "pk-[redacted]" in response.json()["error"]["message"]
     assert sent[case].envoy_line["request"] == f"{method} {template.format('pk-[redacted]')}"
     _assert_absent(gateway, sent[case].tail)
+
+
+def _line_of(gateway: Gateway, request_id: str) -> dict:
+    deadline = time.monotonic() + 5
+    while True:
+        found = [json.loads(line) for line in gateway.log_path.read_text(errors="replace").splitlines()
+                 if line.startswith('{"ts":') and json.loads(line)["request_id"] == request_id]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no access-log line for {request_id!r}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("shape", ["a key", "too long"])
+def test_a_request_id_the_caller_chose_is_logged_as_it_came_back_and_never_holds_a_key(gateway, shape):
+    """The caller's own x-request-id goes on, but never a key (one pasted there by mistake) into a log, and the
+    id the access log records is the one the caller got back, however long the one it sent."""
+    tail = secrets.token_urlsafe(24)
+    chosen = f"mine-pk-dev-{tail}" if shape == "a key" else "r" * 300
+    response = httpx.get(gateway.base_url + "/v1/models", timeout=30,
+                         headers={"Authorization": f"Bearer {gateway.secret}", "x-request-id": chosen})
+    assert response.status_code == 200
+    got = response.headers["x-request-id"]
+    assert got == response.headers["request-id"] and tail not in got and len(got) <= 128
+    assert _line_of(gateway, got)["status"] == 200
+    with httpx.Client(http1=False, http2=True, timeout=30) as client:  # a native gRPC caller, past the Lua filter
+        client.post(gateway.base_url + "/portico.v1.ModelService/ListModels", content=b"\x00\x00\x00\x00\x00",
+                    headers={"content-type": "application/grpc", "te": "trailers", "x-request-id": chosen,
+                             "authorization": f"Bearer {gateway.secret}"})
+    time.sleep(0.5)
+    _assert_absent(gateway, tail)

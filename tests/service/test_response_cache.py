@@ -10,6 +10,7 @@ import re
 import time
 
 import grpc
+import orjson
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc
@@ -161,6 +162,32 @@ async def test_a_hit_counts_as_a_request_and_is_fast(chat, running, key):
     assert (time.perf_counter() - started) / 20 < 0.05  # gRPC round trips included; bench measures the gateway
     assert registry.get_sample_value("portico_cache_lookups_total",
                                      {"model": "cached-chat", "result": "hit"}) == hits + 20
+
+
+async def test_a_hit_refused_by_a_limit_is_a_miss_everywhere(double, tmp_path):
+    """The 429 did not come from the cache: its header, access-log line and metric all say `miss`."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url))
+    path.write_text(path.read_text() + f"access_log: {tmp_path / 'access.log'}\n")
+    server = await start_server(load_config(path), "127.0.0.1:0")
+    try:
+        _, secret = await server.store.create("one-a-minute", all_models=True,
+                                              limits=KeyLimits(requests_per_minute=1))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            assert (await chat_http(chat, secret, model="cached-chat", seed=11))[0] == "miss"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await chat_http(chat, secret, model="cached-chat", seed=11)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert dict(refused.value.trailing_metadata() or ()).get("x-portico-cache") == "miss"
+        lines = [orjson.loads(line) for line in (tmp_path / "access.log").read_text().splitlines()]
+        assert [(line["status"], line["cache"]) for line in lines] == [(200, "miss"), (429, "miss")]
+        registry = server.telemetry.metrics.registry
+        assert [registry.get_sample_value("portico_cache_lookups_total", {"model": "cached-chat", "result": result})
+                for result in ("hit", "miss")] == [None, 2]
+    finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
 async def test_with_redis_two_servers_share_answers_and_an_outage_is_a_miss(double, tmp_path, redis_server):

@@ -106,3 +106,11 @@ def test_an_access_log_that_cannot_be_opened_stops_serve_with_exit_2(tmp_path, c
     assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
     assert capsys.readouterr().err == (f"portico: configuration error: access_log: cannot open "
                                        f"{tmp_path / 'no-such-dir' / 'access.log'} (No such file or directory)\n")
+
+
+@pytest.mark.parametrize("written", ["off", "'off'", "OFF", "stdout", "stderr"])
+def test_access_log_takes_its_documented_words_as_written(tmp_path, written):
+    """YAML reads a bare `off` as false; the table's `access_log: off` must still mean no access log."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: {written}\n")
+    assert load_config(path).access_log == written.strip("'").lower()

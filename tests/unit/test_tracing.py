@@ -38,6 +38,8 @@ def test_an_endpoint_without_a_path_gets_the_otlp_traces_path(given, used):
     ({"max_queue_size": 10, "max_export_batch_size": 20}, "max_export_batch_size"),
     ({"export_timeout_seconds": 0}, "export_timeout_seconds"),
     ({"endpoint": "http://127.0.0.1:4318"}, r"unknown setting\(s\) endpoint"),
+    ({"service_name": ["gw"]}, r"service_name: a non-empty string, not \['gw'\]"),
+    ({"service_name": {"name": "gw"}}, r"service_name: a non-empty string"),
 ])
 def test_mistakes_stop_start_up_naming_the_setting(raw, named):
     with pytest.raises(ConfigError, match=named):
@@ -52,9 +54,24 @@ def test_mistakes_stop_start_up_naming_the_setting(raw, named):
     (f"00-{TRACE[:-1]}x-00f067aa0ba902b7-01", None),
     ("garbage", None),
     (b"\x00binary", None),
+    # What the W3C spec (and so the tracing-on path, OpenTelemetry's propagator) refuses is no trace with it off.
+    (f"ff-{TRACE}-00f067aa0ba902b7-01", None),  # version ff is invalid
+    (f"00-{TRACE}-{'0' * 16}-01", None),  # the invalid all-zero parent id
+    (f"00-{TRACE}-00f067aa0ba9zzzz-01", None),
+    (f"00-{TRACE}-00f067aa0ba902b7-0x", None),
+    (f"00-{TRACE}-00f067aa0ba902b7-01-extra", None),  # version 00 has nothing after the flags
+    (f"00-+{TRACE[1:]}-00f067aa0ba902b7-01", None),  # int() would take a sign
+    (f"01-{TRACE}-00f067aa0ba902b7-01-future", TRACE),  # a later version may add fields
 ])
 def test_the_callers_trace_id_is_read_from_a_valid_traceparent_only(header, trace_id):
     assert caller_trace_id(header) == trace_id
+    if isinstance(header, str):  # the same verdict as with tracing on, where the request span joins the trace
+        tracing = Tracing(TracingSettings(otlp_endpoint=NOWHERE + "/v1/traces"), lambda *_: None)
+        try:
+            span = tracing.server_span("rpc", [("traceparent", header)])
+            assert (f"{span.get_span_context().trace_id:032x}" == TRACE) == (trace_id is not None)
+        finally:
+            tracing.close()
 
 
 def test_the_ratio_samples_traces_started_here_and_a_callers_decision_wins():
