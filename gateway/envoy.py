@@ -37,6 +37,8 @@ _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
 _ANTHROPIC_LINE = "local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@"
 _PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
+_MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
+_BUFFER_FILTER = "envoy.filters.http.buffer"
 
 
 class EnvoyError(RuntimeError):
@@ -98,7 +100,8 @@ def render_config(
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
     descriptors = Path(descriptor_set).read_bytes()
     lua = render_lua(Path(lua_source).read_text("utf-8"), organization_parameters(descriptors),
-                     path_variables(descriptors), anthropic_models_parameters(descriptors))
+                     path_variables(descriptors), anthropic_models_parameters(descriptors),
+                     max_body_bytes=filters[_BUFFER_FILTER]["max_request_bytes"])
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     for transcoder in _transcoders(hcm):
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
@@ -120,10 +123,11 @@ def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters) -> str:
-    """The Lua shaper with its KINDS table filled from server/errors.py and its ORGANIZATION_PARAMETERS,
-    PATH_VARIABLES and ANTHROPIC_MODELS_PARAMETERS from the descriptor set (gateway/query_parameters.py), so they
-    cannot drift apart (pure)."""
+def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,
+               max_body_bytes: int = 0) -> str:
+    """The Lua shaper with its KINDS table filled from server/errors.py, its ORGANIZATION_PARAMETERS,
+    PATH_VARIABLES and ANTHROPIC_MODELS_PARAMETERS from the descriptor set (gateway/query_parameters.py), and
+    MAX_BODY_BYTES from the buffer filter's cap, so they cannot drift apart (pure)."""
     for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
@@ -134,6 +138,7 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
+    source = source.replace(_MAX_BODY_LINE, f"local MAX_BODY_BYTES = {int(max_body_bytes)}")
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
 
 

@@ -243,6 +243,11 @@ local function refuse_parameter(handle, metadata, name, message)
   handle:respond({[":status"] = "400"}, message)
 end
 
+-- The buffer filter's cap on request bodies (envoy.yaml; gateway/envoy.py fills it in; 0: none). A body announced
+-- larger is refused on its headers, as it would be once that much had been read: a client that sends no body after
+-- such a content-length got no answer at all, Envoy waiting for bytes that never came.
+local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@
+
 -- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to the
 -- 128 characters the server logs, here, so that the id the caller gets back is the one logged.
 local function bound_request_id(headers)
@@ -264,6 +269,10 @@ function envoy_on_request(handle)
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
+  local length = tonumber(headers:get("content-length") or "")
+  if length and MAX_BODY_BYTES > 0 and length > MAX_BODY_BYTES then
+    return handle:respond({[":status"] = "413"}, "")
+  end
   -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
   -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.
   local head = method == "HEAD"
@@ -305,7 +314,6 @@ function envoy_on_request(handle)
   if head then return end
   if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
   local twin = UNARY_TWINS[path]
-  local length = tonumber(headers:get("content-length") or "")
   if twin == nil or method ~= "POST" or length == nil or length == 0 or length > UNARY_SCAN_BYTES then return end
   local body = handle:body()
   if body == nil or asks_for_stream(body:getBytes(0, body:length())) then return end

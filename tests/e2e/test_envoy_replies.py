@@ -70,6 +70,26 @@ def test_oversize_body_is_413(http):
     _assert_error(response, 413, "request_too_large")
 
 
+@pytest.mark.parametrize("path, anthropic", [("/v1/chat/completions", False), ("/v1/messages", True)])
+def test_a_body_announced_over_the_cap_is_413_before_it_is_sent(gateway, path, anthropic):
+    """A content-length over 8 MiB is refused on the headers: a client that then sent nothing got no answer at all,
+    Envoy waiting for the body (and one that sends it would have 8 MiB read first)."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: portico\r\nAuthorization: Bearer {gateway.secret}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 9000000\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        conn.sendall(head.encode())
+        answer = b""
+        while b"}}" not in answer:
+            chunk = conn.recv(4096)  # a timeout (no answer) fails the test
+            if not chunk:
+                break
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 413 Payload Too Large"
+    body = json.loads(rest.partition(b"\r\n\r\n")[2])
+    assert body["error"]["code"] == "request_too_large" and (body.get("type") == "error") == anthropic
+
+
 def test_messages_path_errors_carry_top_level_type(http):
     response = http.post("/v1/messages?beta=true", content=b"{not json", headers={"content-type": "application/json"})
     _assert_error(response, 400, "invalid_request", anthropic=True)
