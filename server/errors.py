@@ -34,6 +34,10 @@ from dataclasses import dataclass
 
 import grpc
 
+# A 429 whose retry-after is longer than this also says `x-should-retry: false` (RateLimited.trailing_metadata): a
+# per-minute limit's wait is at most this long, a daily quota's or a budget's hours.
+LONGEST_CLIENT_WAIT_SECONDS = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class ErrorKind:
@@ -124,6 +128,15 @@ class RateLimited(PorticoError):
     ) -> None:
         super().__init__(message, retry_after=retry_after, retry_reason=retry_reason)
         self.subject = subject  # which limit of what, for gRPC callers' google.rpc.QuotaFailure
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """A wait of more than a minute (a daily quota, a budget, an upstream's long retry-after) also says
+        `x-should-retry: false`: the anthropic SDK would sleep for the whole retry-after, hours until UTC midnight,
+        with its caller hanging on it. The retry-after still says when; the caller decides whether to wait."""
+        headers = super().trailing_metadata()
+        if self.retry_after > LONGEST_CLIENT_WAIT_SECONDS:
+            headers += (("x-should-retry", "false"),)
+        return headers
 
 
 class InternalError(PorticoError):

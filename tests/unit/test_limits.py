@@ -126,6 +126,21 @@ async def test_daily_quota_resets_at_utc_midnight(store, clock):
     await refused(store, wanted)
 
 
+async def test_a_refusal_for_longer_than_a_minute_asks_clients_not_to_retry_but_says_when(store, clock):
+    # The anthropic SDK sleeps for any retry-after: hours until UTC midnight, with the caller hanging on it.
+    clock.now = NOON + 12 * 3600 - 90  # 23:58:30 UTC
+    wanted = demand(daily_requests=1)
+    await store.reserve(wanted)
+    headers = dict((await refused(store, wanted)).trailing_metadata())
+    assert (headers["x-should-retry"], headers["retry-after"], headers["x-ratelimit-remaining-requests"]) == (
+        "false", "90", "0")
+    clock.advance(40)  # 50 s to midnight: a wait the SDKs may spend asleep, as they do for a per-minute limit
+    assert "x-should-retry" not in dict((await refused(store, wanted)).trailing_metadata())
+    per_minute = Demand((Scope("k2", "key k2", KeyLimits(requests_per_minute=1)),), 0)
+    await store.reserve(per_minute)
+    assert "x-should-retry" not in dict((await refused(store, per_minute)).trailing_metadata())
+
+
 async def test_retry_hints_are_plain_seconds_with_one_decimal(store, clock):
     clock.now = NOON - 6 * 3600 + 123.45  # 06:02:03.45 UTC: midnight is 64,676.55 s away
     wanted = demand(daily_requests=2)
