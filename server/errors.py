@@ -34,6 +34,10 @@ from dataclasses import dataclass
 
 import grpc
 
+# An answer whose retry-after is longer than this also says `x-should-retry: false` (PorticoError.trailing_metadata):
+# a per-minute limit's wait is at most this long, a daily quota's or a budget's hours.
+LONGEST_CLIENT_WAIT_SECONDS = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class ErrorKind:
@@ -64,11 +68,15 @@ class PorticoError(Exception):
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         """Headers the answer carries besides the error body (Envoy's Lua filter keeps them as HTTP headers): the
-        retry hint, in both forms the SDKs read (they prefer retry-after-ms)."""
+        retry hint, in both forms the SDKs read (they prefer retry-after-ms). A wait of more than a minute (a daily
+        quota, a budget, an upstream's long retry-after) also says `x-should-retry: false`: the anthropic SDK would
+        sleep for the whole retry-after, hours until UTC midnight, with its caller hanging on it. The retry-after
+        still says when; the caller decides whether to wait."""
         if self.retry_after <= 0:
             return ()
-        return (("retry-after", str(math.ceil(self.retry_after))),
+        hint = (("retry-after", str(math.ceil(self.retry_after))),
                 ("retry-after-ms", str(math.ceil(self.retry_after * 1000))))
+        return (*hint, ("x-should-retry", "false")) if self.retry_after > LONGEST_CLIENT_WAIT_SECONDS else hint
 
     def metric_labels(self) -> dict[str, str]:
         """Bounded label values saying more about this failure than its code (a rate limit: which limit, where)."""

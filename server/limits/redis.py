@@ -35,6 +35,20 @@ _RECORD_TTL = 2 * DAY_SECONDS  # how long an unsettled reservation can still be 
 _MONTH_TTL = 33 * DAY_SECONDS  # a month's spend outlives it a little, for late settlements
 # Redis could not answer (not: answered with an error, which is a bug and is raised as such).
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
+# The scripts' numbers are Lua doubles, exact only up to 2**53 and handed back to Redis as "1.2e+17" (which INCRBY
+# refuses) past 17 digits; the API takes max_tokens up to 2**63 - 1. A request books at most this many tokens, or
+# one more than its largest token limit, and at most _MOST_COST micro-dollars (budgets are at most 10**15): still
+# over every limit it is over, so no verdict changes; only what nothing limits is booked for less than it asked.
+_MOST_TOKENS = 2**32
+_MOST_COST = 2**50
+
+
+def _booked(demand: Demand, tokens: int, cost: int) -> tuple[int, int]:
+    if tokens > _MOST_TOKENS:  # rare: only then are the limits read
+        largest = max((scope.limit(d) or 0 for scope in demand.scopes for d in _DIMENSIONS if d.counts_tokens),
+                      default=0)
+        tokens = min(tokens, max(_MOST_TOKENS, largest + 1))
+    return tokens, min(cost, _MOST_COST)
 
 
 class RedisLimitStore:
@@ -90,8 +104,9 @@ class RedisLimitStore:
         if not demand.scopes:
             return verdict(demand, (), at=now, reservation_id=reservation_id)
         keys = [self._record_key(reservation_id)]
-        args: list = [now, demand.tokens, reservation_id, self._lease, WINDOW_SECONDS, _DAY_TTL, _RECORD_TTL,
-                      CONCURRENCY_RETRY_SECONDS, demand.cost, until_month_end(now), _MONTH_TTL]
+        tokens, cost = _booked(demand, demand.tokens, demand.cost)
+        args: list = [now, tokens, reservation_id, self._lease, WINDOW_SECONDS, _DAY_TTL, _RECORD_TTL,
+                      CONCURRENCY_RETRY_SECONDS, cost, until_month_end(now), _MONTH_TTL]
         for scope in demand.scopes:
             keys += self._scope_keys(scope.id, now)
             args += [scope.limit(d) or 0 for d in _DIMENSIONS]
@@ -131,8 +146,9 @@ class RedisLimitStore:
         for scope in reservation.demand.scopes:
             keys += self._scope_keys(scope.id, reservation.at)
         window_ttl = int(WINDOW_SECONDS + self._lease) + 1
-        args = [reservation.id, used_tokens, reservation.demand.tokens, int(refund), window_ttl, used_cost,
-                reservation.demand.cost, _RECORD_TTL]
+        used_tokens, used_cost = _booked(reservation.demand, used_tokens, used_cost)
+        tokens, cost = _booked(reservation.demand, reservation.demand.tokens, reservation.demand.cost)  # as reserved
+        args = [reservation.id, used_tokens, tokens, int(refund), window_ttl, used_cost, cost, _RECORD_TTL]
         await self._run(self._settle_script, keys, args)
 
     async def _renew_leases(self) -> None:

@@ -3,6 +3,7 @@ JSON and streamed answers of both dialects, RESOURCE_EXHAUSTED with RetryInfo fo
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anthropic
@@ -14,6 +15,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import chat_service_pb2_grpc
+from server.limits.core import until_midnight
 from tests.helpers import bearer, chat_request, internal_headers
 
 HEADERS = {f"x-ratelimit-{what}-{kind}" for what in ("limit", "remaining", "reset") for kind in ("requests", "tokens")}
@@ -90,6 +92,37 @@ def test_both_sdks_do_not_retry_a_request_too_large_for_the_keys_limits(gateway)
     with pytest.raises(anthropic.RateLimitError) as refused:
         anthropic_client.messages.create(model="family-b-haiku-4-5-20251001", max_tokens=500, messages=HI)
     assert refused.value.body["error"]["message"].startswith("Request too large") and len(sent) == 2
+
+
+def test_both_sdks_raise_a_daily_quota_at_once_rather_than_sleep_until_utc_midnight(gateway):
+    if until_midnight(time.time()) < 120:
+        pytest.skip("the quota resets within two minutes: then the SDKs may wait for it")
+    secret = create_key(gateway, "--daily-requests", "1")
+    sent = []
+    hooks = {"request": [sent.append]}
+    client = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=2,
+                                 http_client=httpx2.Client(event_hooks=hooks))
+    model = "family-b-haiku-4-5-20251001"
+    client.messages.create(model=model, max_tokens=1, messages=HI)
+    outcome: list[BaseException] = []
+
+    def refused() -> None:  # in a thread: an SDK that honours a retry-after of hours would hang the test
+        try:
+            client.messages.create(model=model, max_tokens=1, messages=HI)
+        except anthropic.RateLimitError as error:
+            outcome.append(error)
+
+    waiting = threading.Thread(target=refused, daemon=True)
+    waiting.start()
+    waiting.join(10)
+    assert not waiting.is_alive() and len(sent) == 2, "the anthropic SDK is asleep until the quota resets"
+    headers = outcome[0].response.headers
+    assert headers["x-should-retry"] == "false" and int(headers["retry-after"]) > 60  # it still says when
+    openai_client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=2,
+                                  http_client=httpx.Client(event_hooks=hooks))
+    with pytest.raises(openai.RateLimitError):
+        openai_client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+    assert len(sent) == 3
 
 
 def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):

@@ -86,6 +86,17 @@ async def test_a_retry_after_past_the_budget_is_our_429_with_the_hint(chat, doub
     assert "quota" in detail.error.message and len(double.seen) == 1
 
 
+@pytest.mark.parametrize("status, code", [(429, grpc.StatusCode.RESOURCE_EXHAUSTED), (503, grpc.StatusCode.UNAVAILABLE)])
+async def test_an_upstreams_hint_of_minutes_asks_callers_not_to_retry_but_says_when(chat, double, key, status, code):
+    # The anthropic SDK sleeps for any retry-after: its caller would hang for ten minutes.
+    double.cue(Cue(status, {"error": {"message": "come back later"}}, headers={"retry-after": "600"}))
+    error = await failure(chat, key[1], "up-solo")
+    trailing = dict(error.trailing_metadata())
+    assert error.code() == code and (trailing["retry-after"], trailing["x-should-retry"]) == ("600", "false")
+    double.cue(Cue(status, {"error": {"message": "come back soon"}}, headers={"retry-after": "30"}))
+    assert "x-should-retry" not in dict((await failure(chat, key[1], "up-solo")).trailing_metadata())
+
+
 async def test_upstream_4xx_is_the_matching_error_and_is_not_retried(chat, running, double, key):
     key_id, secret = key
     double.cue(Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "x"}}))

@@ -78,6 +78,14 @@ async def test_a_request_settled_after_midnight_corrects_its_month_but_not_the_n
     assert error.dimension is Dimension.MONTHLY_SPEND
 
 
+async def test_an_exhausted_budget_asks_clients_not_to_retry_until_it_resets(store):
+    await store.reserve(demand(9_000, max_spend_day=10_000))
+    error = await refused(store, demand(2_000, max_spend_day=10_000))
+    headers = dict(error.trailing_metadata())
+    assert headers["x-should-retry"] == "false" and int(headers["retry-after"]) == 12 * 3600  # noon to midnight
+    assert not [name for name in headers if name.startswith("x-ratelimit-")]
+
+
 async def test_a_request_that_could_never_fit_its_budget_has_no_retry_hint(store):
     error = await refused(store, demand(20_000, max_spend_day=10_000))
     assert error.message.startswith("Request too large for the spend per UTC day budget of key k1: it may cost up "

@@ -108,6 +108,20 @@ def test_a_hint_longer_than_the_cap_moves_on_without_waiting():
     assert walk.failed(RateLimitError("per minute", retry_after=2.5)) == 2.5 and walk.model == "fallback"
 
 
+def test_a_refusal_until_later_marked_not_to_retry_moves_on_to_the_fallback():
+    # A daily quota or budget: x-should-retry false, as the SDKs must not sleep until UTC midnight, but a retry hint.
+    walk = plan("primary", "fallback", attempts=3, cap=300.0)
+    assert walk.failed(RateLimitError("daily requests", retry_after=100.0, should_retry=False)) == 0.0
+    assert walk.model == "fallback"
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(RateLimitError("the key's budget", retry_after=30_000.0, should_retry=False))
+    assert len(caught.value.failures) == 2
+    too_large = RateLimitError("Request too large", should_retry=False)  # no wait lets it through: raised as is
+    with pytest.raises(RateLimitError) as caught:
+        plan("primary", "fallback").failed(too_large)
+    assert caught.value is too_large
+
+
 def test_one_attempt_means_no_retry():
     walk = plan("only", attempts=1)
     with pytest.raises(RetriesExhausted) as caught:

@@ -95,6 +95,23 @@ async def test_a_request_that_can_never_fit_has_no_retry_hint(store):
     assert error.message.startswith("Request too large for tokens per minute")
 
 
+async def test_a_huge_request_no_limit_refuses_is_counted_and_the_counters_keep_working(store, clock):
+    # The API takes max_tokens up to 2**63 - 1; without a token limit or a budget nothing refuses that, and Redis's
+    # Lua numbers (doubles, written back as "1.2e+17") must not turn it into a 500 for this request or a later one.
+    huge = demand(tokens=2**63 + 2, requests_per_minute=5)
+    huge = Demand(huge.scopes, huge.tokens, cost=15 * huge.tokens)
+    await store.settle(await store.reserve(huge), 7, 3)
+    await store.settle(await store.reserve(huge), 2, 1)
+    clock.advance(61)  # both leave the window: the next admission prunes them
+    await store.settle(await store.reserve(demand(tokens=10, requests_per_minute=5)), 4)
+    counts = await store.counts("k1")
+    assert [(counts.day_requests, counts.day_tokens, counts.day_spend, counts.month_spend)] == [(3, 13, 4, 4)]
+    assert [tokens for _, tokens in counts.window] == [4]
+    # Over a limit, it is still the request too large it is, named by what it asked for.
+    error = await refused(store, Demand((Scope("k2", "key k2", KeyLimits(tokens_per_minute=10)),), 2**63 + 2))
+    assert "it may use up to 9223372036854775810 tokens" in error.message
+
+
 async def test_daily_quota_resets_at_utc_midnight(store, clock):
     clock.now = NOON + 12 * 3600 - 30  # 23:59:30 UTC
     wanted = demand(tokens=10, daily_requests=2, daily_tokens=1000)
@@ -107,6 +124,21 @@ async def test_daily_quota_resets_at_utc_midnight(store, clock):
     await store.reserve(wanted)
     await store.reserve(wanted)
     await refused(store, wanted)
+
+
+async def test_a_refusal_for_longer_than_a_minute_asks_clients_not_to_retry_but_says_when(store, clock):
+    # The anthropic SDK sleeps for any retry-after: hours until UTC midnight, with the caller hanging on it.
+    clock.now = NOON + 12 * 3600 - 90  # 23:58:30 UTC
+    wanted = demand(daily_requests=1)
+    await store.reserve(wanted)
+    headers = dict((await refused(store, wanted)).trailing_metadata())
+    assert (headers["x-should-retry"], headers["retry-after"], headers["x-ratelimit-remaining-requests"]) == (
+        "false", "90", "0")
+    clock.advance(40)  # 50 s to midnight: a wait the SDKs may spend asleep, as they do for a per-minute limit
+    assert "x-should-retry" not in dict((await refused(store, wanted)).trailing_metadata())
+    per_minute = Demand((Scope("k2", "key k2", KeyLimits(requests_per_minute=1)),), 0)
+    await store.reserve(per_minute)
+    assert "x-should-retry" not in dict((await refused(store, per_minute)).trailing_metadata())
 
 
 async def test_retry_hints_are_plain_seconds_with_one_decimal(store, clock):

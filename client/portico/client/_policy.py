@@ -19,8 +19,10 @@ class RetryPolicy:
     than `cap` is not waited for: the model is given up at once (next fallback, or RetriesExhausted).
     Only `retry_statuses` (HTTP statuses; gRPC codes map onto them) and connection errors are retried; 400, 401,
     403 and 404 never are, and neither is a POST whose answer timed out (APITimeoutError): it may still be running,
-    and a second one could be billed twice. Nor is an answer with `x-should-retry: false` (a 429 for a request
-    too large for the key's limits). The default statuses are the gateway's own upstream retry statuses.
+    and a second one could be billed twice. Nor is an answer with `x-should-retry: false`: a 429 for a request
+    too large for the key's limits (raised at once), or one with a retry hint of more than a minute, a daily quota or
+    a budget (the model is given up, as for a hint over `cap`). The default statuses are the gateway's own upstream
+    retry statuses.
     """
 
     attempts: int = 3
@@ -93,8 +95,10 @@ class Plan:
                 wait = self.policy.delay(self.tries, error, self.random())
                 if wait is not None:
                     return wait
-        elif self.index == 0:
+        elif self.index == 0 and not (error.should_retry is False and error.retry_after):
             raise error  # the request itself is wrong (or the key): another try would fail the same way
+        # Else the model is given up: retryable errors that used its attempts, and refusals with a hint too long
+        # for the SDKs to sleep on (x-should-retry: false with a retry-after: a daily quota, a budget).
         if self.index + 1 < len(self.models):
             self.index, self.tries = self.index + 1, 0
             return 0.0
