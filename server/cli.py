@@ -172,21 +172,21 @@ _LIMIT_OPTIONS = {
 
 def _limit_options(parser: argparse.ArgumentParser, note: str) -> None:
     for option, (field, meaning) in _LIMIT_OPTIONS.items():
-        kind = _dollars if field in SPEND_LIMIT_NAMES else int
+        kind = str if field in SPEND_LIMIT_NAMES else int  # budgets: read in _limits_given, checked like the rest
         parser.add_argument(f"--{option.replace('_', '-')}", type=kind, help=meaning + note)
 
 
-def _dollars(text: str) -> int:
-    """A budget given in US dollars, as micro-dollars."""
-    try:
-        return usd_to_micros(text, "budget")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _limits_given(args: argparse.Namespace) -> dict[str, int]:
-    return {field: value for option, (field, _) in _LIMIT_OPTIONS.items()
-            if (value := getattr(args, option)) is not None}
+    """The limits given, budgets in micro-dollars. A budget that is no amount of dollars is refused in one line
+    naming it (InvalidRequest), as a limit out of range is, not with argparse's usage text."""
+    given = {}
+    for option, (field, _) in _LIMIT_OPTIONS.items():
+        if (value := getattr(args, option)) is not None:
+            try:
+                given[field] = usd_to_micros(value, field) if field in SPEND_LIMIT_NAMES else value
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), param=field) from None
+    return given
 
 
 def usage_command(args: argparse.Namespace, config: Config) -> int:

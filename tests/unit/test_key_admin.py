@@ -49,6 +49,8 @@ def test_cli_refuses_unknown_models_through_the_same_service(tmp_path, capsys):
     (["--env", "ünï"], "env"),
     (["--name", "two\nlines"], "name"),
     (["--max-spend-month", "1e20"], "max_spend_month"),
+    (["--max-spend-day", "0.0000001"], "max_spend_day"),
+    (["--max-spend-day", "five"], "max_spend_day"),
     (["--rpm", "99999999999999999999"], "requests_per_minute"),
 ])
 def test_cli_refuses_a_bad_env_name_or_limit_in_one_line(tmp_path, capsys, options, param):
