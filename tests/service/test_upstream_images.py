@@ -83,6 +83,14 @@ async def test_linked_images_are_fetched_without_the_key_and_served_as_ours(imag
     assert base64.b64decode(unsaid.data[0].b64_json) == tiny_png(2)
 
 
+async def test_the_answer_describes_the_images_the_upstream_drew(images, secret):
+    """A model may ignore output_format and size (the double always draws an 8x8 PNG): the answer's `output_format`
+    and `size` say what the images are, so a caller naming the file by them gets it right."""
+    response = await images.CreateImage(image_request(output_format="jpeg", size="512x512"), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json)[:4] == b"\x89PNG"
+    assert (response.output_format, response.size) == ("png", "8x8")
+
+
 async def test_an_upstream_failure_is_retried(images, double, secret):
     double.cue(Cue(503, {"error": {"message": "busy"}}))
     response = await images.CreateImage(image_request(), metadata=bearer(secret))
