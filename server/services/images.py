@@ -17,6 +17,8 @@ from server.render import json_body
 from server.translate.openai_images import image_request, images_response
 from server.translate.values import proto_to_json
 
+CONTENT_PIECE_BYTES = 1024 * 1024
+
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
     def __init__(self, pipeline: Pipeline, store: ImageStore) -> None:
@@ -42,4 +44,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         # No API key on purpose: the link's signature and expiry are the credential (see server/image_store.py).
         image = await self._store.get(request.name, request.expires, request.signature)
-        yield httpbody_pb2.HttpBody(content_type=image.content_type, data=image.data)
+        # In pieces: grpc clients refuse messages over 4 MiB by default, and an upstream's image can be bigger.
+        for start in range(0, max(len(image.data), 1), CONTENT_PIECE_BYTES):
+            yield httpbody_pb2.HttpBody(content_type=image.content_type,
+                                        data=image.data[start:start + CONTENT_PIECE_BYTES])

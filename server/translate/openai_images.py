@@ -4,8 +4,11 @@ generated images -> the response body the openai SDK's `images.generate` parses.
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from PIL import Image
 
 from server.domain import Json
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
@@ -102,13 +105,26 @@ def images_response(
             item["revised_prompt"] = image.revised_prompt
         data.append(item)
     generation = plan.generation
+    # What the images are, not what was asked: an upstream model may ignore output_format and size.
+    output_format, (width, height) = generation.output_format, (generation.width, generation.height)
+    if images:
+        output_format, (width, height) = images[0].output_format, _pixel_size(images[0].data, (width, height))
     return {
         "created": created,
         "data": data,
         "background": "transparent" if generation.transparent else "opaque",
-        "output_format": generation.output_format.value,
-        "size": f"{generation.width}x{generation.height}",
+        "output_format": output_format.value,
+        "size": f"{width}x{height}",
     }
+
+
+def _pixel_size(data: bytes, otherwise: tuple[int, int]) -> tuple[int, int]:
+    """An image's width and height, read from its header (the pixels are not decoded)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except (OSError, ValueError):  # unreadable header: the provider already vouched for the format
+        return otherwise
 
 
 def _choice(body: Mapping[str, Json], param: str, allowed: tuple[str, ...], *, default: str) -> str:

@@ -4,10 +4,14 @@ the request passed on, both answer forms read, the caller's format honoured, ret
 from __future__ import annotations
 
 import base64
+import io
+import random
+from urllib.parse import parse_qs, urlsplit
 
 import grpc
 import pytest
 from google.protobuf import json_format
+from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.providers.dev_image import REVISED_PROMPT
@@ -81,6 +85,32 @@ async def test_linked_images_are_fetched_without_the_key_and_served_as_ours(imag
     double.cue(Cue(body={"created": 1, "data": [{"url": f"http://127.0.0.1:{double.port}/files/b"}]}))
     unsaid = await images.CreateImage(image_request(), metadata=bearer(secret))
     assert base64.b64decode(unsaid.data[0].b64_json) == tiny_png(2)
+
+
+async def test_the_answer_describes_the_images_the_upstream_drew(images, secret):
+    """A model may ignore output_format and size (the double always draws an 8x8 PNG): the answer's `output_format`
+    and `size` say what the images are, so a caller naming the file by them gets it right."""
+    response = await images.CreateImage(image_request(output_format="jpeg", size="512x512"), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json)[:4] == b"\x89PNG"
+    assert (response.output_format, response.size) == ("png", "8x8")
+
+
+async def test_a_linked_image_over_4_mib_reaches_a_grpc_caller_with_default_limits(images, double, secret):
+    """grpc clients take messages up to 4 MiB by default: GetImageContent streams a big image in pieces (an upstream
+    model's PNG can be several MiB) instead of failing the caller with RESOURCE_EXHAUSTED."""
+    out = io.BytesIO()
+    Image.frombytes("RGB", (1400, 1100), random.Random(7).randbytes(1400 * 1100 * 3)).save(out, "PNG")
+    big = out.getvalue()
+    assert len(big) > 4 * 1024 * 1024
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": base64.b64encode(big).decode()}]}))
+    response = await images.CreateImage(image_request(response_format="url"), metadata=bearer(secret))
+    parts = urlsplit(response.data[0].url)
+    query = parse_qs(parts.query)
+    request = image_pb2.GetImageContentRequest(name=parts.path.rsplit("/", 1)[1], expires=int(query["expires"][0]),
+                                               signature=query["signature"][0])
+    pieces = [piece async for piece in images.GetImageContent(request)]
+    assert b"".join(piece.data for piece in pieces) == big
+    assert {piece.content_type for piece in pieces} == {"image/png"}
 
 
 async def test_an_upstream_failure_is_retried(images, double, secret):
