@@ -44,6 +44,11 @@ class PostgresDatabase:
         except StoreUnavailable as exc:
             _logger.error("the key store %s is unreachable at start-up (%s); its schema will be checked when it "
                           "answers", settings.url, exc)
+        except BaseException:
+            # A database newer than this code: nobody will close this pool, and its tasks, left running, retry a
+            # cancelled connect for ever, so the process refusing to start would hang on exit instead.
+            await database.close()
+            raise
         return database
 
     async def _migrate(self) -> None:
