@@ -271,3 +271,54 @@ async def test_postgres_changes_reach_the_other_hosts_caches_at_once(postgres_ur
         await auth_a.close()
         await host_a.close()
         await host_b.close()
+
+
+async def test_a_change_notice_during_a_lookup_is_not_undone_by_its_answer(store):
+    """A lookup that read a key just before another host revoked it can answer after the revocation's notice: cached
+    as confirmed when it answered, the revoked key then kept working for cache_seconds after the notice and longer
+    after the revocation, beyond the bound operations.md promises."""
+    now = [1000.0]
+    auth = Authenticator(store, cache_seconds=60, clock=lambda: now[0])
+    key, secret = await store.create("revoked-meanwhile", all_models=True)
+    find_active, read, answer = store.find_active, asyncio.Event(), asyncio.Event()
+
+    async def slow(digest):  # reads the key, then its answer takes a while to arrive (a busy pool, a slow network)
+        found = await find_active(digest)
+        read.set()
+        await answer.wait()
+        return found
+
+    store.find_active = slow
+    asked = asyncio.create_task(auth.authenticate(bearer(secret)))
+    await read.wait()
+    await store.revoke(key.id)
+    auth.forget(key.id)  # the notice arrives while the answer is on its way
+    now[0] += 5
+    answer.set()
+    assert await asked == key  # asked before the revocation: served
+    store.find_active = find_active
+    now[0] += 1
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(bearer(secret))
+
+
+async def test_a_change_without_a_notice_takes_at_most_cache_seconds_also_during_a_slow_lookup(store):
+    """No notice (SQLite, or one lost): a lookup's answer counts as confirmed when it was asked for, so a revocation
+    made while it was on its way is seen within cache_seconds of the revocation, not of the answer."""
+    now = [1000.0]
+    auth = Authenticator(store, cache_seconds=60, clock=lambda: now[0])
+    key, secret = await store.create("revoked-meanwhile", all_models=True)
+    find_active = store.find_active
+
+    async def slow(digest):
+        found = await find_active(digest)
+        await store.revoke(key.id)
+        now[0] += 5  # the answer arrives 5 s later
+        return found
+
+    store.find_active = slow
+    assert await auth.authenticate(bearer(secret)) == key
+    store.find_active = find_active
+    now[0] += 56  # 61 s after the revocation
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(bearer(secret))
