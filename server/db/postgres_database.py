@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from server.db.database import Params, Step, StoreUnavailable
-from server.db.migrations import Migration, migrate_postgres
+from server.db.migrations import Migration, SchemaError, migrate_postgres
 from server.db.postgres import async_pool, connect, connect_async
 from server.db.settings import StoreSettings
 
@@ -32,6 +32,7 @@ class PostgresDatabase:
         self._pool = async_pool(settings)
         self._migrated = not migrations
         self._migrating = asyncio.Lock()
+        self._newer: SchemaError | None = None  # the database turned out newer than this code: unusable to it
         self._failing_until = 0.0
         self._sql: dict[str, str] = {}
 
@@ -62,6 +63,18 @@ class PostgresDatabase:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
             self._migrated = True
 
+    async def _migrate_late(self) -> None:
+        """The schema of a database first reached after start-up (it was down then). Found newer than this code, the
+        store is unavailable to this host (503, not a 500 per request), said once in the log, never asked again."""
+        if self._newer is None:
+            try:
+                await self._migrate()
+            except SchemaError as exc:
+                _logger.error("the key store %s cannot be used: %s", self._settings.url, exc)
+                self._newer = exc
+        if self._newer is not None:
+            raise StoreUnavailable(str(self._newer))
+
     def _migrate_now(self) -> None:
         with connect(self._settings, statement_timeout=False) as conn:
             migrate_postgres(conn, self._migrations)
@@ -79,7 +92,7 @@ class PostgresDatabase:
             # A hard bound besides the pool's and libpq's timeouts: a server that stops answering mid-query.
             async with asyncio.timeout(self._settings.timeout_seconds * 2):
                 if not self._migrated:
-                    await self._migrate()
+                    await self._migrate_late()
                 async with self._pool.connection() as conn:
                     conn.row_factory = dict_row
                     return await work(conn)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import psycopg
 
 from server.db.database import StoreUnavailable
-from server.db.migrations import migrate_postgres
+from server.db.migrations import SchemaError, migrate_postgres
 from server.db.postgres import connect
 from server.db.settings import StoreSettings
 from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, values_of
@@ -27,6 +27,7 @@ class PostgresLedger:
         self._lock = threading.Lock()
         self._conn: psycopg.Connection | None = None
         self._migrated = False
+        self._newer: SchemaError | None = None  # the database is newer than this code: never written or read here
         try:
             self._connection()  # migrate now when the database is up; later (first write) when it is not
         except psycopg.OperationalError:
@@ -34,9 +35,15 @@ class PostgresLedger:
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._newer is not None:
+                raise self._newer
             if not self._migrated:
                 with connect(self._settings, statement_timeout=False) as conn:
-                    migrate_postgres(conn, MIGRATIONS)
+                    try:
+                        migrate_postgres(conn, MIGRATIONS)
+                    except SchemaError as exc:
+                        self._newer = exc
+                        raise
                 self._migrated = True
             self._conn = connect(self._settings)
         return self._conn
@@ -49,6 +56,8 @@ class PostgresLedger:
                 if self._conn is not None:
                     self._conn.close()
                 raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
+            except SchemaError as exc:  # first reached after start-up (it was down then), and newer than this code
+                raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
         def insert(conn: psycopg.Connection) -> None:

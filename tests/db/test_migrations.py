@@ -208,3 +208,34 @@ async def test_a_postgres_database_newer_than_the_code_leaves_nothing_running(po
         await open_database(settings, KEY_MIGRATIONS[:1])  # ... than this one, which knows only version 1
     await asyncio.sleep(0.1)
     assert [task for task in asyncio.all_tasks() - before if not task.done()] == []
+
+
+async def test_a_database_found_newer_after_an_outage_is_unavailable_not_a_server_error(postgres_server):
+    """A host that started while PostgreSQL was down checks the schema when it first reaches it. Found newer than the
+    code, every key lookup, admin call and usage read was a 500 `internal_error` (and readiness a traceback a second);
+    it is the store being unusable to this host: 503 with retry-after, the reason logged."""
+    from server.db.database import StoreUnavailable
+    from server.usage.postgres_ledger import PostgresLedger
+    from server.usage.query import UsageQuery
+
+    settings = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    await (await open_database(settings, KEY_MIGRATIONS)).close()
+    PostgresLedger(settings).close()
+    with connect(settings) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES ('keys', 99, 'from a newer Portico', 0)")
+        conn.execute("INSERT INTO schema_migrations VALUES ('usage', 99, 'from a newer Portico', 0)")
+    postgres_server.stop()
+    try:
+        database = await open_database(settings, KEY_MIGRATIONS)
+        ledger = PostgresLedger(settings)
+    finally:
+        postgres_server.start()
+    try:
+        for _ in range(2):  # and again: not a migration attempt per request
+            with pytest.raises(StoreUnavailable, match="keys schema is at version 99"):
+                await database.fetch_one("SELECT 1")
+            with pytest.raises(StoreUnavailable, match="usage schema is at version 99"):
+                ledger.aggregate(UsageQuery(start_ms=0, end_ms=60_000, width_ms=60_000))
+    finally:
+        await database.close()
+        ledger.close()
