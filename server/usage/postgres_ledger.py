@@ -50,14 +50,21 @@ class PostgresLedger:
 
     def _run(self, work):
         with self._lock:
-            try:
-                return work(self._connection())
-            except psycopg.OperationalError as exc:
-                if self._conn is not None:
-                    self._conn.close()
-                raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
-            except SchemaError as exc:  # first reached after start-up (it was down then), and newer than this code
-                raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
+            for _ in range(2):
+                reused = self._conn is not None and not self._conn.closed and not self._conn.broken
+                try:
+                    return work(self._connection())
+                except psycopg.OperationalError as exc:
+                    if self._conn is not None:
+                        self._conn.close()
+                    # A connection kept from before may have been cut by a restart of a database that is up again:
+                    # one more try, on a new connection, before the caller is told the ledger is unreachable. Every
+                    # call is safe to repeat (a write stores each row id once).
+                    if not reused:
+                        raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
+                except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
+                    raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
+            raise AssertionError("unreachable: the second try is always on a new connection")
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
         def insert(conn: psycopg.Connection) -> None:

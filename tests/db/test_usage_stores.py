@@ -70,6 +70,21 @@ async def test_the_writer_waits_out_a_postgresql_outage(postgres_server, postgre
     ledger.close()
 
 
+
+def test_the_first_read_after_a_postgresql_restart_is_answered(postgres_server, postgres_url):
+    """PostgreSQL restarted while the ledger's connection was idle: the next usage read was a 503 (`The usage ledger
+    is unreachable`) although the database was up again; a connection found broken is replaced before giving up."""
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    ledger.write([row(1)])
+    postgres_server.stop()
+    postgres_server.start()
+    try:
+        assert [r.id for r in ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))] == ["r1"]
+        ledger.write([row(2)])
+        assert [r.id for r in ledger.rows()] == ["r1", "r2"]
+    finally:
+        ledger.close()
+
 def test_a_ledger_from_before_schema_versions_keeps_its_rows(tmp_path):
     """The first ledger (before migrations) created its table itself; version 1 adopts it as it is."""
     db = sqlite3.connect(tmp_path / "keys.db")
