@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -89,16 +89,17 @@ class PostgresDatabase:
         if fail_fast and time.monotonic() < self._failing_until:
             raise StoreUnavailable("PostgreSQL did not answer a moment ago")
         try:
-            # A hard bound besides the pool's and libpq's timeouts: a server that stops answering mid-query.
-            async with asyncio.timeout(self._settings.timeout_seconds * 2):
-                if not self._migrated:
-                    await self._migrate_late()
-                async with self._pool.connection() as conn:
-                    conn.row_factory = dict_row
-                    return await work(conn)
+            return await _within(self._settings.timeout_seconds * 2, self._attempt(work))
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
             self._failing_until = time.monotonic() + _FAIL_FAST_SECONDS
             raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc
+
+    async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
+        if not self._migrated:
+            await self._migrate_late()
+        async with self._pool.connection() as conn:
+            conn.row_factory = dict_row
+            return await work(conn)
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Mapping[str, Any] | None:
         async def work(conn: psycopg.AsyncConnection) -> Any:
@@ -151,3 +152,20 @@ class PostgresDatabase:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _within(seconds: float, work: Coroutine[Any, Any, Any]) -> Any:
+    """A hard bound besides the pool's and libpq's timeouts, for a server that stops answering mid-query. The work
+    goes on in the background past it: cancelled, psycopg asks the server to cancel the query and waits up to 10 s
+    for that, which is no caller's wait."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: nobody else will
+        raise TimeoutError
+    return task.result()

@@ -322,3 +322,29 @@ async def test_a_change_without_a_notice_takes_at_most_cache_seconds_also_during
     now[0] += 56  # 61 s after the revocation
     with pytest.raises(AuthenticationFailed):
         await auth.authenticate(bearer(secret))
+
+
+async def test_a_postgresql_that_stops_answering_costs_a_lookup_about_the_store_timeout(postgres_server):
+    """A hung database (connections accepted, nothing answered): an uncached key gets its 503 within about
+    store_timeout_seconds. Cancelling the query made psycopg ask the server to cancel it and wait for that too, up
+    to 10 s more, all of it in the caller's request."""
+    settings = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    store = await open_key_store(settings)
+    auth = Authenticator(store, cache_seconds=1)
+    _, secret = await store.create("unchecked", all_models=True)
+    try:
+        with postgres_server.paused():
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailable):
+                await auth.authenticate(bearer(secret))
+            assert time.monotonic() - started < 2 * settings.timeout_seconds + 0.5
+        deadline = time.monotonic() + 10
+        while True:  # answered again once the database is (after a failure, calls fail at once for a second)
+            try:
+                assert await auth.authenticate(bearer(secret))
+                break
+            except ServiceUnavailable:
+                assert time.monotonic() < deadline, "the key store did not recover"
+                await asyncio.sleep(0.2)
+    finally:
+        await store.close()
