@@ -5,6 +5,9 @@ store's do: a 503 with retry-after for the usage API, one line for `portico usag
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 from collections.abc import Sequence
 
@@ -52,18 +55,28 @@ class PostgresLedger:
         with self._lock:
             for _ in range(2):
                 reused = self._conn is not None and not self._conn.closed and not self._conn.broken
+                watchdog: threading.Timer | None = None
+                cut = threading.Event()
                 try:
-                    return work(self._connection())
+                    conn = self._connection()
+                    # libpq has no query timeout of its own, and statement_timeout needs a server that answers: a
+                    # hung one would hold this call (and the writer behind the lock) for as long as it hangs.
+                    watchdog = threading.Timer(self._settings.timeout_seconds * 2, _cut, (conn, cut))
+                    watchdog.start()
+                    return work(conn)
                 except psycopg.OperationalError as exc:
                     if self._conn is not None:
                         self._conn.close()
                     # A connection kept from before may have been cut by a restart of a database that is up again:
                     # one more try, on a new connection, before the caller is told the ledger is unreachable. Every
                     # call is safe to repeat (a write stores each row id once).
-                    if not reused:
+                    if not reused or cut.is_set():  # down, or hung: not worth a second wait
                         raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
                 except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
             raise AssertionError("unreachable: the second try is always on a new connection")
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
@@ -93,3 +106,12 @@ class PostgresLedger:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
+
+
+def _cut(conn: psycopg.Connection, cut: threading.Event) -> None:
+    """Shut the connection's socket down under a call the database has not answered in time: the call then fails at
+    once (OperationalError) instead of waiting on it."""
+    cut.set()
+    with contextlib.suppress(OSError, psycopg.Error):
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
