@@ -18,8 +18,9 @@ from server.db.migrations import Migration, SchemaError, migrate_postgres
 from server.db.postgres import async_pool, connect, connect_async
 from server.db.settings import StoreSettings
 
-# After a failure, calls fail at once for this long instead of each waiting for the timeout again; the readiness
-# check's ping still tries, so recovery is seen within a second.
+# After a failure, calls fail at once for this long (plus the longest a call may wait, below) instead of each waiting
+# for the timeout again. The readiness check's ping still tries every second: a failure extends the window before it
+# runs out, so a hung database holds no further caller up, and an answer ends it, so recovery is seen within a second.
 _FAIL_FAST_SECONDS = 1.0
 
 _logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class PostgresDatabase:
         try:
             return await _within(self._settings.timeout_seconds * 2, self._attempt(work))
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
-            self._failing_until = time.monotonic() + _FAIL_FAST_SECONDS
+            self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
             raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc
 
     async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
