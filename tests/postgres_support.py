@@ -2,18 +2,22 @@
 directory, listening on 127.0.0.1 on a free port, with a password (scram-sha-256 over TCP) so the tests go through
 the same `keys.password_env` path as production. Stopped (and its directory removed) by the session fixture.
 
-    postgres_server    the cluster (session); .url, .password, .stop(), .start() (same port, same data)
+    postgres_server    the cluster (session); .url, .password, .stop(), .start() (same port, same data),
+                       .paused() (a server that accepts connections and answers nothing: hung, not down)
     postgres_url       a fresh, empty database on it for one test: its postgresql:// URL (no password in it)
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import signal
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +96,23 @@ class PostgresServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP the server and its backends for the block: the kernel still accepts connections and acknowledges
+        what is sent, but nothing answers, as with a hung database."""
+        assert self.process is not None
+        children = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout
+        pids = [self.process.pid, *map(int, children.split())]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # a backend that was just ending
+                os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def destroy(self) -> None:
         self.stop()

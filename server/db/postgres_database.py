@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -14,12 +14,13 @@ from psycopg.rows import dict_row
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from server.db.database import Params, Step, StoreUnavailable
-from server.db.migrations import Migration, migrate_postgres
+from server.db.migrations import Migration, SchemaError, migrate_postgres
 from server.db.postgres import async_pool, connect, connect_async
 from server.db.settings import StoreSettings
 
-# After a failure, calls fail at once for this long instead of each waiting for the timeout again; the readiness
-# check's ping still tries, so recovery is seen within a second.
+# After a failure, calls fail at once for this long (plus the longest a call may wait, below) instead of each waiting
+# for the timeout again. The readiness check's ping still tries every second: a failure extends the window before it
+# runs out, so a hung database holds no further caller up, and an answer ends it, so recovery is seen within a second.
 _FAIL_FAST_SECONDS = 1.0
 
 _logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class PostgresDatabase:
         self._pool = async_pool(settings)
         self._migrated = not migrations
         self._migrating = asyncio.Lock()
+        self._newer: SchemaError | None = None  # the database turned out newer than this code: unusable to it
         self._failing_until = 0.0
         self._sql: dict[str, str] = {}
 
@@ -44,6 +46,11 @@ class PostgresDatabase:
         except StoreUnavailable as exc:
             _logger.error("the key store %s is unreachable at start-up (%s); its schema will be checked when it "
                           "answers", settings.url, exc)
+        except BaseException:
+            # A database newer than this code: nobody will close this pool, and its tasks, left running, retry a
+            # cancelled connect for ever, so the process refusing to start would hang on exit instead.
+            await database.close()
+            raise
         return database
 
     async def _migrate(self) -> None:
@@ -56,6 +63,18 @@ class PostgresDatabase:
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
             self._migrated = True
+
+    async def _migrate_late(self) -> None:
+        """The schema of a database first reached after start-up (it was down then). Found newer than this code, the
+        store is unavailable to this host (503, not a 500 per request), said once in the log, never asked again."""
+        if self._newer is None:
+            try:
+                await self._migrate()
+            except SchemaError as exc:
+                _logger.error("the key store %s cannot be used: %s", self._settings.url, exc)
+                self._newer = exc
+        if self._newer is not None:
+            raise StoreUnavailable(str(self._newer))
 
     def _migrate_now(self) -> None:
         with connect(self._settings, statement_timeout=False) as conn:
@@ -71,16 +90,17 @@ class PostgresDatabase:
         if fail_fast and time.monotonic() < self._failing_until:
             raise StoreUnavailable("PostgreSQL did not answer a moment ago")
         try:
-            # A hard bound besides the pool's and libpq's timeouts: a server that stops answering mid-query.
-            async with asyncio.timeout(self._settings.timeout_seconds * 2):
-                if not self._migrated:
-                    await self._migrate()
-                async with self._pool.connection() as conn:
-                    conn.row_factory = dict_row
-                    return await work(conn)
+            return await _within(self._settings.timeout_seconds * 2, self._attempt(work))
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
-            self._failing_until = time.monotonic() + _FAIL_FAST_SECONDS
+            self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
             raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc
+
+    async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
+        if not self._migrated:
+            await self._migrate_late()
+        async with self._pool.connection() as conn:
+            conn.row_factory = dict_row
+            return await work(conn)
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Mapping[str, Any] | None:
         async def work(conn: psycopg.AsyncConnection) -> Any:
@@ -133,3 +153,20 @@ class PostgresDatabase:
 
     async def close(self) -> None:
         await self._pool.close()
+
+
+async def _within(seconds: float, work: Coroutine[Any, Any, Any]) -> Any:
+    """A hard bound besides the pool's and libpq's timeouts, for a server that stops answering mid-query. The work
+    goes on in the background past it: cancelled, psycopg asks the server to cancel the query and waits up to 10 s
+    for that, which is no caller's wait."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: nobody else will
+        raise TimeoutError
+    return task.result()

@@ -53,7 +53,9 @@ class Authenticator:
         self._clock = clock
         self._keys: LRUCache[str, tuple[ApiKey, float]] = LRUCache(maxsize=cache_size)  # -> (key, confirmed at)
         self._unknown: TTLCache[str, bool] = TTLCache(maxsize=negative_cache_size, ttl=cache_seconds, timer=clock)
-        self._lookups: dict[str, asyncio.Future[ApiKey | None]] = {}
+        # One store query per secret at a time: its answer, when it was asked, and the change notices seen by then.
+        self._lookups: dict[str, tuple[asyncio.Future[ApiKey | None], float, int]] = {}
+        self._notices = 0  # change notices so far (forget): an answer asked for before the latest may predate it
         self._store_down_logged = False
         self._watch: asyncio.Task | None = None
 
@@ -74,6 +76,7 @@ class Authenticator:
         connection broke, typically because the store went down), so every key is checked again at its next use
         but keeps its outage grace: clearing the cache would refuse cached keys exactly when the store is down.
         """
+        self._notices += 1
         if key_id is None:
             due = self._clock() - self._cache_seconds
             for digest, (key, confirmed) in list(self._keys.items()):
@@ -106,7 +109,7 @@ class Authenticator:
         if cached is not None and now - cached[1] < self._cache_seconds:
             return cached[0]
         try:
-            key = await self._shared_lookup(digest)
+            key, asked, notices = await self._shared_lookup(digest)
         except StoreUnavailable as exc:
             self._log_store_down(exc)
             if cached is not None and now - cached[1] < self._stale_seconds:
@@ -121,18 +124,22 @@ class Authenticator:
         if key is None:
             self._keys.pop(digest, None)
             self._unknown[digest] = True
-        else:
-            self._keys[digest] = (key, self._clock())
+        elif notices == self._notices:
+            # Confirmed when asked, not when answered: a change made meanwhile is bounded by cache_seconds too. An
+            # answer asked for before a change notice is not kept at all (the change may have come after it).
+            self._keys[digest] = (key, asked)
         return key
 
-    async def _shared_lookup(self, digest: str) -> ApiKey | None:
-        """One store query per secret at a time: the requests that arrive meanwhile wait for its answer."""
-        lookup = self._lookups.get(digest)
-        if lookup is None:
+    async def _shared_lookup(self, digest: str) -> tuple[ApiKey | None, float, int]:
+        """One store query per secret at a time: the requests that arrive meanwhile wait for its answer. Returns it
+        with when it was asked for and the number of change notices seen by then."""
+        shared = self._lookups.get(digest)
+        if shared is None:
             lookup = asyncio.ensure_future(self._store.find_active(digest))
-            self._lookups[digest] = lookup
+            shared = self._lookups[digest] = (lookup, self._clock(), self._notices)
             lookup.add_done_callback(lambda _: self._lookups.pop(digest, None))
-        return await asyncio.shield(lookup)  # a caller that goes away does not cancel the others' lookup
+        lookup, asked, notices = shared
+        return await asyncio.shield(lookup), asked, notices  # a caller that goes away does not cancel the others
 
     def _log_store_down(self, exc: Exception) -> None:
         if not self._store_down_logged:

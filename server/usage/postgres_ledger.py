@@ -5,13 +5,16 @@ store's do: a 503 with retry-after for the usage API, one line for `portico usag
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 from collections.abc import Sequence
 
 import psycopg
 
 from server.db.database import StoreUnavailable
-from server.db.migrations import migrate_postgres
+from server.db.migrations import SchemaError, migrate_postgres
 from server.db.postgres import connect
 from server.db.settings import StoreSettings
 from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, values_of
@@ -27,6 +30,7 @@ class PostgresLedger:
         self._lock = threading.Lock()
         self._conn: psycopg.Connection | None = None
         self._migrated = False
+        self._newer: SchemaError | None = None  # the database is newer than this code: never written or read here
         try:
             self._connection()  # migrate now when the database is up; later (first write) when it is not
         except psycopg.OperationalError:
@@ -34,21 +38,46 @@ class PostgresLedger:
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._newer is not None:
+                raise self._newer
             if not self._migrated:
                 with connect(self._settings, statement_timeout=False) as conn:
-                    migrate_postgres(conn, MIGRATIONS)
+                    try:
+                        migrate_postgres(conn, MIGRATIONS)
+                    except SchemaError as exc:
+                        self._newer = exc
+                        raise
                 self._migrated = True
             self._conn = connect(self._settings)
         return self._conn
 
     def _run(self, work):
         with self._lock:
-            try:
-                return work(self._connection())
-            except psycopg.OperationalError as exc:
-                if self._conn is not None:
-                    self._conn.close()
-                raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
+            for _ in range(2):
+                reused = self._conn is not None and not self._conn.closed and not self._conn.broken
+                watchdog: threading.Timer | None = None
+                cut = threading.Event()
+                try:
+                    conn = self._connection()
+                    # libpq has no query timeout of its own, and statement_timeout needs a server that answers: a
+                    # hung one would hold this call (and the writer behind the lock) for as long as it hangs.
+                    watchdog = threading.Timer(self._settings.timeout_seconds * 2, _cut, (conn, cut))
+                    watchdog.start()
+                    return work(conn)
+                except psycopg.OperationalError as exc:
+                    if self._conn is not None:
+                        self._conn.close()
+                    # A connection kept from before may have been cut by a restart of a database that is up again:
+                    # one more try, on a new connection, before the caller is told the ledger is unreachable. Every
+                    # call is safe to repeat (a write stores each row id once).
+                    if not reused or cut.is_set():  # down, or hung: not worth a second wait
+                        raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
+                except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
+                    raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
+            raise AssertionError("unreachable: the second try is always on a new connection")
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
         def insert(conn: psycopg.Connection) -> None:
@@ -77,3 +106,12 @@ class PostgresLedger:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
+
+
+def _cut(conn: psycopg.Connection, cut: threading.Event) -> None:
+    """Shut the connection's socket down under a call the database has not answered in time: the call then fails at
+    once (OperationalError) instead of waiting on it."""
+    cut.set()
+    with contextlib.suppress(OSError, psycopg.Error):
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)

@@ -5,6 +5,7 @@ policy (cached keys for a bounded staleness, others 503)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -271,3 +272,113 @@ async def test_postgres_changes_reach_the_other_hosts_caches_at_once(postgres_ur
         await auth_a.close()
         await host_a.close()
         await host_b.close()
+
+
+async def test_a_change_notice_during_a_lookup_is_not_undone_by_its_answer(store):
+    """A lookup that read a key just before another host revoked it can answer after the revocation's notice: cached
+    as confirmed when it answered, the revoked key then kept working for cache_seconds after the notice and longer
+    after the revocation, beyond the bound operations.md promises."""
+    now = [1000.0]
+    auth = Authenticator(store, cache_seconds=60, clock=lambda: now[0])
+    key, secret = await store.create("revoked-meanwhile", all_models=True)
+    find_active, read, answer = store.find_active, asyncio.Event(), asyncio.Event()
+
+    async def slow(digest):  # reads the key, then its answer takes a while to arrive (a busy pool, a slow network)
+        found = await find_active(digest)
+        read.set()
+        await answer.wait()
+        return found
+
+    store.find_active = slow
+    asked = asyncio.create_task(auth.authenticate(bearer(secret)))
+    await read.wait()
+    await store.revoke(key.id)
+    auth.forget(key.id)  # the notice arrives while the answer is on its way
+    now[0] += 5
+    answer.set()
+    assert await asked == key  # asked before the revocation: served
+    store.find_active = find_active
+    now[0] += 1
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(bearer(secret))
+
+
+async def test_a_change_without_a_notice_takes_at_most_cache_seconds_also_during_a_slow_lookup(store):
+    """No notice (SQLite, or one lost): a lookup's answer counts as confirmed when it was asked for, so a revocation
+    made while it was on its way is seen within cache_seconds of the revocation, not of the answer."""
+    now = [1000.0]
+    auth = Authenticator(store, cache_seconds=60, clock=lambda: now[0])
+    key, secret = await store.create("revoked-meanwhile", all_models=True)
+    find_active = store.find_active
+
+    async def slow(digest):
+        found = await find_active(digest)
+        await store.revoke(key.id)
+        now[0] += 5  # the answer arrives 5 s later
+        return found
+
+    store.find_active = slow
+    assert await auth.authenticate(bearer(secret)) == key
+    store.find_active = find_active
+    now[0] += 56  # 61 s after the revocation
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(bearer(secret))
+
+
+async def test_a_postgresql_that_stops_answering_costs_a_lookup_about_the_store_timeout(postgres_server):
+    """A hung database (connections accepted, nothing answered): an uncached key gets its 503 within about
+    store_timeout_seconds. Cancelling the query made psycopg ask the server to cancel it and wait for that too, up
+    to 10 s more, all of it in the caller's request."""
+    settings = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    store = await open_key_store(settings)
+    auth = Authenticator(store, cache_seconds=1)
+    _, secret = await store.create("unchecked", all_models=True)
+    try:
+        with postgres_server.paused():
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailable):
+                await auth.authenticate(bearer(secret))
+            assert time.monotonic() - started < 2 * settings.timeout_seconds + 0.5
+        deadline = time.monotonic() + 10
+        while True:  # answered again once the database is (after a failure, calls fail at once for a second)
+            try:
+                assert await auth.authenticate(bearer(secret))
+                break
+            except ServiceUnavailable:
+                assert time.monotonic() < deadline, "the key store did not recover"
+                await asyncio.sleep(0.2)
+    finally:
+        await store.close()
+
+
+async def test_a_cached_key_is_not_held_up_again_and_again_while_postgresql_stays_hung(postgres_server):
+    """Past cache_seconds, a cached key asks the store again. With a hung database each such ask waited the store
+    timeout before the key was served stale, then calls failed fast for only a second: its requests stalled ~2 s in
+    every ~3 s. Once a call has failed, calls fail fast until a check (readiness pings every second) answers."""
+    settings = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    store = await open_key_store(settings)
+    auth = Authenticator(store, cache_seconds=0.1, stale_seconds=60)
+    key, secret = await store.create("cached", all_models=True)
+    assert await auth.authenticate(bearer(secret)) == key
+
+    async def readiness() -> None:  # as server/health.py checks the store
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                await store.ping()
+            await asyncio.sleep(1)
+
+    checks = asyncio.create_task(readiness())
+    slow = []
+    try:
+        with postgres_server.paused():
+            finish = time.monotonic() + 8
+            while time.monotonic() < finish:
+                started = time.monotonic()
+                assert await auth.authenticate(bearer(secret)) == key
+                if time.monotonic() - started > 0.5:
+                    slow.append(round(started - finish + 8, 1))
+                await asyncio.sleep(0.05)
+        assert len(slow) <= 1, f"requests held up at {slow} s"
+    finally:
+        checks.cancel()
+        await store.close()

@@ -3,6 +3,7 @@ several hosts start at once."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import psycopg
 import pytest
 
 from server.db import Migration, SchemaError, StoreSettings, migrate_postgres, migrate_sqlite
+from server.db.database import open_database
 from server.db.postgres import connect
 from server.db.sqlite import connect_sqlite
 from server.keys.schema import MIGRATIONS as KEY_MIGRATIONS
@@ -194,3 +196,46 @@ def test_a_keys_db_newer_than_the_code_stops_the_cli_with_one_line(tmp_path, com
     assert done.stderr.splitlines() == [
         "portico: the database's keys schema is at version 99, newer than this Portico knows "
         f"({KEY_MIGRATIONS[-1].version}): upgrade Portico on this host"]
+
+
+async def test_a_postgres_database_newer_than_the_code_leaves_nothing_running(postgres_url):
+    """A host older than the shared database refuses to start; the connection pool it had begun must be closed with
+    it, or the process hangs on exit (asyncio waits for the pool's tasks, which retry a cancelled connect forever)."""
+    settings = StoreSettings(url=postgres_url, password_env=PASSWORD_ENV)
+    await (await open_database(settings, KEY_MIGRATIONS)).close()  # migrated by a newer Portico ...
+    before = asyncio.all_tasks()
+    with pytest.raises(SchemaError, match="keys schema is at version 2, newer than this Portico knows"):
+        await open_database(settings, KEY_MIGRATIONS[:1])  # ... than this one, which knows only version 1
+    await asyncio.sleep(0.1)
+    assert [task for task in asyncio.all_tasks() - before if not task.done()] == []
+
+
+async def test_a_database_found_newer_after_an_outage_is_unavailable_not_a_server_error(postgres_server):
+    """A host that started while PostgreSQL was down checks the schema when it first reaches it. Found newer than the
+    code, every key lookup, admin call and usage read was a 500 `internal_error` (and readiness a traceback a second);
+    it is the store being unusable to this host: 503 with retry-after, the reason logged."""
+    from server.db.database import StoreUnavailable
+    from server.usage.postgres_ledger import PostgresLedger
+    from server.usage.query import UsageQuery
+
+    settings = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    await (await open_database(settings, KEY_MIGRATIONS)).close()
+    PostgresLedger(settings).close()
+    with connect(settings) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES ('keys', 99, 'from a newer Portico', 0)")
+        conn.execute("INSERT INTO schema_migrations VALUES ('usage', 99, 'from a newer Portico', 0)")
+    postgres_server.stop()
+    try:
+        database = await open_database(settings, KEY_MIGRATIONS)
+        ledger = PostgresLedger(settings)
+    finally:
+        postgres_server.start()
+    try:
+        for _ in range(2):  # and again: not a migration attempt per request
+            with pytest.raises(StoreUnavailable, match="keys schema is at version 99"):
+                await database.fetch_one("SELECT 1")
+            with pytest.raises(StoreUnavailable, match="usage schema is at version 99"):
+                ledger.aggregate(UsageQuery(start_ms=0, end_ms=60_000, width_ms=60_000))
+    finally:
+        await database.close()
+        ledger.close()

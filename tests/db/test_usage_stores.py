@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from server.db import StoreSettings
+from server.db.database import StoreUnavailable
 from server.usage.postgres_ledger import PostgresLedger
 from server.usage.query import RowQuery, UsageQuery
 from server.usage.settings import UsageSettings
@@ -69,6 +72,41 @@ async def test_the_writer_waits_out_a_postgresql_outage(postgres_server, postgre
     assert [r.id for r in ledger.rows()] == ["r1", "r2", "r3", "r4"] and dropped == []
     ledger.close()
 
+
+
+def test_the_first_read_after_a_postgresql_restart_is_answered(postgres_server, postgres_url):
+    """PostgreSQL restarted while the ledger's connection was idle: the next usage read was a 503 (`The usage ledger
+    is unreachable`) although the database was up again; a connection found broken is replaced before giving up."""
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    ledger.write([row(1)])
+    postgres_server.stop()
+    postgres_server.start()
+    try:
+        assert [r.id for r in ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))] == ["r1"]
+        ledger.write([row(2)])
+        assert [r.id for r in ledger.rows()] == ["r1", "r2"]
+    finally:
+        ledger.close()
+
+
+def test_a_postgresql_that_stops_answering_is_unavailable_within_about_the_store_timeout(postgres_server, postgres_url):
+    """A hung database (connections accepted, nothing answered): a usage read hung for as long as the database did,
+    holding the ledger's one connection, and the writer behind it; it is a 503 (StoreUnavailable) within about
+    twice store_timeout_seconds, as the key store's calls are."""
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    ledger.write([row(1)])
+    reading = ThreadPoolExecutor(1)
+    try:
+        with postgres_server.paused():
+            started = time.monotonic()
+            read = reading.submit(ledger.aggregate, UsageQuery(0, NOW_MS + 1000, 60_000))
+            with pytest.raises(StoreUnavailable):
+                read.result(timeout=10)
+            assert time.monotonic() - started < 2 * 1.0 + 1.0
+        assert [r.id for r in ledger.rows()] == ["r1"]  # and answered again once the database is
+    finally:
+        reading.shutdown(wait=True)
+        ledger.close()
 
 def test_a_ledger_from_before_schema_versions_keeps_its_rows(tmp_path):
     """The first ledger (before migrations) created its table itself; version 1 adopts it as it is."""
