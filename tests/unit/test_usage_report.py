@@ -41,3 +41,15 @@ def test_a_reversed_or_impossible_range_is_refused_like_the_api(tmp_path, capsys
         assert main(["--data-dir", str(tmp_path), "usage", *dates]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err == f"portico: {refusal}\n"
+
+
+def test_a_group_named_twice_is_one_column_as_in_the_api(tmp_path, capsys):
+    """The API reads group_by=model,model as one grouping; the table printed the model column twice."""
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    day = int(time.time()) // 86_400 * 86_400
+    ledger.write([row(1, at_ms=day * 1000 + 10, model="m")])
+    ledger.close()
+    assert main(["--data-dir", str(tmp_path), "usage", "--start", str(day), "--group-by", "model, model"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split("  ")[0:3] == ["bucket (UTC)", "model", "requests"]
+    assert lines[1].split()[1:3] == ["m", "1"]
