@@ -195,7 +195,10 @@ def usage_command(args: argparse.Namespace, config: Config) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"portico: {exc}", file=sys.stderr)
         return 2
-    ledger = open_ledger(config.key_database)
+    try:
+        ledger = open_ledger(config.key_database)
+    except StoreUnavailable as exc:
+        return _unreachable(f"the usage ledger in {config.key_database.described}", exc)
     try:
         print("\n".join(usage_table(query, ledger.aggregate(query))))
     except StoreUnavailable as exc:

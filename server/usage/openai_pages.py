@@ -215,7 +215,7 @@ def _request(r: LedgerRow, *, typed: bool) -> dict:
     fields = {
         "object": "organization.request", "id": r.id, "request_id": r.request_id, "created": r.at_ms // 1000,
         "api_key_id": r.key_id, "project_id": r.env, "endpoint": r.endpoint, "model": r.model,
-        "upstream": r.upstream, "deployment": r.deployment or None, "status": r.status, "code": r.code or None,
+        "upstream": r.upstream or None, "deployment": r.deployment or None, "status": r.status, "code": r.code or None,
         "input_tokens": r.input_tokens,
         "output_tokens": r.output_tokens, "input_cached_tokens": r.cached_input_tokens, "images": r.images,
         "cost": {"value": micros_to_usd(r.cost_micros), "currency": "usd"}, "cost_microdollars": r.cost_micros,

@@ -22,6 +22,11 @@ from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, inse
 from server.usage.schema import MIGRATIONS
 
 _INSERT = insert_sql("%s", suffix=" ON CONFLICT (id) DO NOTHING")
+# keys.store_timeout_seconds (2 s) bounds each statement, as key lookups need; a usage query over weeks of rows takes
+# seconds (~4 s for 3 million), so reads get their own bound, and retention deletes a batch per statement.
+READ_TIMEOUT_MS = 60_000
+PRUNE_BATCH = 10_000
+_PRUNE = "DELETE FROM usage_ledger WHERE id IN (SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s)"
 
 
 class PostgresLedger:
@@ -87,15 +92,28 @@ class PostgresLedger:
         self._run(insert)
 
     def prune(self, before_ms: int) -> int:
-        return self._run(lambda conn: conn.execute("DELETE FROM usage_ledger WHERE at_ms < %s", (before_ms,)).rowcount)
+        """Batch by batch, the lock let go between them: the writer's rows are not held up behind a big delete."""
+        deleted = 0
+        while True:
+            batch = PRUNE_BATCH
+            count = self._run(lambda conn: conn.execute(_PRUNE, (before_ms, batch)).rowcount)
+            deleted += count
+            if count < batch:
+                return deleted
 
     def aggregate(self, query: UsageQuery) -> list[Totals]:
-        sql, params = aggregate_sql(query, "%s")
-        return totals_of(query, self._run(lambda conn: conn.execute(sql, params).fetchall()))
+        return totals_of(query, self._read(*aggregate_sql(query, "%s")))
 
     def recent(self, query: RowQuery) -> list[LedgerRow]:
-        sql, params = rows_sql(query, "%s")
-        return [LedgerRow(*row) for row in self._run(lambda conn: conn.execute(sql, params).fetchall())]
+        return [LedgerRow(*row) for row in self._read(*rows_sql(query, "%s"))]
+
+    def _read(self, sql: str, params: list) -> list:
+        def read(conn: psycopg.Connection) -> list:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL statement_timeout = {READ_TIMEOUT_MS}")
+                return conn.execute(sql, params).fetchall()
+
+        return self._run(read)
 
     def rows(self) -> list[LedgerRow]:
         """Every row, oldest first (tests and exports)."""

@@ -48,7 +48,7 @@ def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
     if end <= start:
         raise argparse.ArgumentTypeError("--end must be after --start (the end is exclusive)")
     start -= start % width
-    groups = tuple(g.strip() for g in args.group_by.split(",") if g.strip())
+    groups = tuple(dict.fromkeys(g.strip() for g in args.group_by.split(",") if g.strip()))  # once each, as the API
     for group in groups:
         if group not in GROUPS:
             raise argparse.ArgumentTypeError(f"--group-by: {group!r} is not one of {', '.join(GROUPS)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, mapping
+from server.config_providers import ConfigError, mapping, number
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,15 +21,13 @@ def parse_usage(raw: Any, where: str) -> UsageSettings:
     known = {"flush_seconds", "batch_rows", "buffer_rows", "retention_days"}
     if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-    try:
-        settings = UsageSettings(
-            flush_seconds=float(raw.get("flush_seconds", 1.0)),
-            batch_rows=int(raw.get("batch_rows", 500)),
-            buffer_rows=int(raw.get("buffer_rows", 100_000)),
-            retention_days=int(raw.get("retention_days", 400)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    # Whole numbers where whole numbers are meant: int() made `retention_days: 0.5` 0 (keep forever), silently.
+    settings = UsageSettings(
+        flush_seconds=number(raw, "flush_seconds", 1.0, where),
+        batch_rows=number(raw, "batch_rows", 500, where, integer=True),
+        buffer_rows=number(raw, "buffer_rows", 100_000, where, integer=True),
+        retention_days=number(raw, "retention_days", 400, where, integer=True),
+    )
     if settings.flush_seconds <= 0 or settings.batch_rows < 1 or settings.buffer_rows < settings.batch_rows:
         raise ConfigError(f"{where}: flush_seconds must be positive, batch_rows at least 1 and buffer_rows at least "
                           "batch_rows")

@@ -27,7 +27,11 @@ def _insert(rows: int) -> str:
 class SqliteLedger:
     def __init__(self, path: Path) -> None:
         self._db = connect_sqlite(path)
-        migrate_sqlite(self._db, MIGRATIONS)
+        try:
+            migrate_sqlite(self._db, MIGRATIONS)
+        except sqlite3.OperationalError as exc:  # another process held the write lock past busy_timeout
+            self._db.close()
+            raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
         self._lock = threading.Lock()  # the writer's thread and readers' threads share the connection
         variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._rows_per_insert = max(1, min(MAX_ROWS_PER_INSERT, variables // len(COLUMNS)))

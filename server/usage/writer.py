@@ -62,6 +62,7 @@ class LedgerWriter:
         self._task: asyncio.Task | None = None
         self._failing = False  # the store is failing: logged once when it starts and once when it ends
         self._dropped_unlogged = 0
+        self._drop_why = ""
         self._drop_logged_at = -_DROP_LOG_EVERY
         self._pruned_at = -_PRUNE_EVERY
         self._ids = ReservationIds()  # row ids: unique across processes, like reservation ids
@@ -89,11 +90,14 @@ class LedgerWriter:
         pause = self._settings.flush_seconds
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), pause)
+                # Wake in time to log drops held back by the log's interval, also when no further row comes.
+                await asyncio.wait_for(self._wake.wait(), min(pause, _DROP_LOG_EVERY) if self._dropped_unlogged
+                                       else pause)
             self._wake.clear()
             if self._stopping:
                 break
             pause = self._settings.flush_seconds if await self._write_all() else min(pause * 2, _MAX_BACKOFF)
+            self._log_drops()
             if not self._failing:
                 await self._prune()
 
@@ -148,9 +152,15 @@ class LedgerWriter:
     def _drop(self, count: int, why: str) -> None:
         self._on_dropped(count)
         self._dropped_unlogged += count
+        self._drop_why = why
+        self._log_drops()
+
+    def _log_drops(self) -> None:
+        """Log the drops not logged yet, at most every _DROP_LOG_EVERY seconds: the writer's passes log those that
+        came after the last warning, so each lost row reaches the log, not only the metric."""
         now = time.monotonic()
-        if now - self._drop_logged_at >= _DROP_LOG_EVERY:
-            _logger.error("usage ledger: dropped %d row(s): %s", self._dropped_unlogged, why)
+        if self._dropped_unlogged and now - self._drop_logged_at >= _DROP_LOG_EVERY:
+            _logger.error("usage ledger: dropped %d row(s): %s", self._dropped_unlogged, self._drop_why)
             self._dropped_unlogged, self._drop_logged_at = 0, now
 
     async def flush(self) -> bool:

@@ -158,3 +158,22 @@ def test_postgresql_keys_and_ledger_upgrade_in_place_keeping_rows(postgres_url):
     reopened = PostgresLedger(settings)
     assert [r.id for r in reopened.rows()] == ["r1"]
     reopened.close()
+
+
+def test_a_big_postgresql_ledger_is_read_and_pruned_past_the_store_timeout(postgres_server, postgres_url,
+                                                                          monkeypatch):
+    """keys.store_timeout_seconds (2 s) bounds key lookups; the ledger used it for every statement, so on a few
+    million rows a month's usage query was cancelled (a 503 "unreachable" to dashboards) and the hourly retention
+    pass failed every hour, the ledger growing for ever. Here the same with a tiny timeout on 50,000 rows."""
+    monkeypatch.setattr("server.usage.postgres_ledger.PRUNE_BATCH", 500)
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=0.02))
+    with postgres_server.connect(postgres_url.rsplit("/", 1)[1]) as fill:  # in SQL: 50,000 rows in well under 1 s
+        fill.execute("INSERT INTO usage_ledger SELECT 'r' || g, g, 'req', 'key_' || (g % 7), 'e', "
+                     "'/v1/chat/completions', 'm', 'm', 200, '', 10, 5, 0, 0, 3, 1, 12.5, 3.0, 'd' "
+                     "FROM generate_series(1, 50000) g")
+    (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
+    assert (total.rows, total.cost_micros) == (50_000, 150_000)
+    assert ledger.prune(40_001) == 40_000
+    (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
+    assert total.rows == 10_000
+    ledger.close()

@@ -162,3 +162,15 @@ def test_rows_served_in_the_gateway_name_their_deployment(gateway):
                      headers=headers, timeout=30).json()["data"]
     assert [(r["api_key_id"], r["model"], r["deployment"]) for r in rows] == [
         (key_id, "family-a-image-2", "dev-image"), (key_id, "family-a-5.5", "llamacpp")]
+
+
+def test_a_plus_in_the_query_is_a_space_as_form_encoding_writes_it(gateway):
+    """Python's `requests` (urlencode) writes `group_by="model, project_id"` as `model%2C+project_id`: the `+` stayed a
+    plus, so the group `+project_id` was refused as unknown."""
+    key_id, start = _usage_on_two_models(gateway, "usage-plus")
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/usage/completions?start_time={start}"
+                       f"&group_by=model%2C+project_id&api_key_ids={key_id}",
+                       headers={"Authorization": f"Bearer {_admin_key(gateway, 'usage-plus-admin')}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["data"][0]["results"]
+    assert sorted((r["model"], r["project_id"]) for r in results) == [("family-a-5.4", "sdk"), ("family-a-5.5", "sdk")]

@@ -267,6 +267,21 @@ async def test_recent_requests_newest_first_in_pages(chat, channel, running, dou
     assert [(r.api_key_id, r.cost_microdollars) for r in typed.data] == [(other.id, 27)]
 
 
+async def test_a_request_no_model_answered_has_null_upstream_and_deployment(chat, channel, running, double):
+    """A request refused at admission reached no model: its row said `"upstream": ""` beside `"deployment": null`,
+    two spellings of one fact in one row (a cache hit's row too), where OpenAI-shaped JSON says null."""
+    double.reset()
+    key, secret = await running.store.create("refused-row", all_models=True,
+                                             limits=KeyLimits(requests_per_minute=1))
+    await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO), metadata=bearer(secret))
+    await running.core.ledger.flush()
+    refused, answered = (await usage_json(channel, secret, "ListRequestsHttp"))["data"]
+    assert (refused["status"], refused["upstream"], refused["deployment"]) == (429, None, None)
+    assert (answered["status"], answered["upstream"], answered["deployment"]) == (200, "up-main", "openai")
+
+
 async def test_typed_costs_are_exact_integers_and_rest_keeps_its_shape(channel, running):
     key, secret = await running.store.create("big-spender", all_models=True)
     exact = 2**53 + 1  # micro-dollars; a double reads it back as 2**53

@@ -171,3 +171,23 @@ def test_totals_per_bucket_and_group(tmp_path):
     assert totals[0].key_id is None
     only_b = sink.aggregate(UsageQuery(t0, t0 + 2000, 1000, key_ids=("key_b",)))
     assert [(t.bucket, t.rows) for t in only_b] == [(1, 1)]
+
+
+async def test_rows_dropped_after_the_first_warning_are_logged_without_a_later_drop(tmp_path, caplog, monkeypatch):
+    """Drops are logged at most every few seconds; those that came after a warning were logged only if yet another
+    row was dropped later, so an outage's last drops never reached the log (only the metric)."""
+    monkeypatch.setattr("server.usage.writer._DROP_LOG_EVERY", 0.1)
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=0.02, batch_rows=1, buffer_rows=1))
+    writer.start()
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        for n in range(4):
+            writer.append(row(n))  # one waits; three dropped: the first logged at once, two within the interval
+        for _ in range(100):
+            if "dropped 2 row(s)" in caplog.text:
+                break
+            await asyncio.sleep(0.02)
+        assert "dropped 1 row(s)" in caplog.text and "dropped 2 row(s)" in caplog.text
+    sink.down = False
+    await writer.close()

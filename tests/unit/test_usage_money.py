@@ -67,3 +67,14 @@ def test_prices_in_the_configuration(tmp_path):
                       "usage: {flush_every: 1}\n")
     with pytest.raises(ConfigError, match="usage"):
         load_config(config)
+
+
+@pytest.mark.parametrize("setting, value", [("retention_days", 0.5), ("retention_days", "30"),
+                                            ("batch_rows", 2.5), ("buffer_rows", True), ("flush_seconds", "1")])
+def test_usage_settings_that_are_not_whole_numbers_are_refused_naming_them(tmp_path, setting, value):
+    """`retention_days: 0.5` became 0 (keep forever) and `batch_rows: 2.5` became 2, silently."""
+    config = tmp_path / "c.yaml"
+    config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n"
+                      f"usage: {{{setting}: {value!r}}}\n".replace("'", '"'))
+    with pytest.raises(ConfigError, match=f"usage.{setting}: a "):
+        load_config(config)

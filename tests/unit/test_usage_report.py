@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 from server.cli import main
@@ -41,3 +42,33 @@ def test_a_reversed_or_impossible_range_is_refused_like_the_api(tmp_path, capsys
         assert main(["--data-dir", str(tmp_path), "usage", *dates]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err == f"portico: {refusal}\n"
+
+
+def test_a_group_named_twice_is_one_column_as_in_the_api(tmp_path, capsys):
+    """The API reads group_by=model,model as one grouping; the table printed the model column twice."""
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    day = int(time.time()) // 86_400 * 86_400
+    ledger.write([row(1, at_ms=day * 1000 + 10, model="m")])
+    ledger.close()
+    assert main(["--data-dir", str(tmp_path), "usage", "--start", str(day), "--group-by", "model, model"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split("  ")[0:3] == ["bucket (UTC)", "model", "requests"]
+    assert lines[1].split()[1:3] == ["m", "1"]
+
+
+def test_a_locked_database_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Another process holding keys.db's write lock past the busy timeout: `portico usage` raised sqlite3's
+    OperationalError from the ledger's schema check, a traceback where a PostgreSQL outage gets one line."""
+    SqliteLedger(tmp_path / "keys.db").close()
+    monkeypatch.setattr("server.db.sqlite.BUSY_TIMEOUT_MS", 50)
+    holder = sqlite3.connect(tmp_path / "keys.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert main(["--data-dir", str(tmp_path), "usage"]) == 1
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"portico: the usage ledger in {tmp_path / 'keys.db'} cannot be reached: "
+                            "SQLite: database is locked\n")
