@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 
 import psycopg
@@ -56,17 +57,20 @@ class PostgresLedger:
             self._conn = connect(self._settings)
         return self._conn
 
-    def _run(self, work):
+    def _run(self, work, statement_ms: int | None = None):
+        """`work` on the connection; `statement_ms`: how long its statement may run when that is longer than the
+        store's timeout (a usage read)."""
         with self._lock:
             for _ in range(2):
                 reused = self._conn is not None and not self._conn.closed and not self._conn.broken
-                watchdog: threading.Timer | None = None
-                cut = threading.Event()
+                watchdog: threading.Thread | None = None
+                cut, done = threading.Event(), threading.Event()
                 try:
                     conn = self._connection()
                     # libpq has no query timeout of its own, and statement_timeout needs a server that answers: a
                     # hung one would hold this call (and the writer behind the lock) for as long as it hangs.
-                    watchdog = threading.Timer(self._settings.timeout_seconds * 2, _cut, (conn, cut))
+                    watchdog = threading.Thread(target=self._watch, args=(conn, cut, done, statement_ms),
+                                                name="ledger-watchdog", daemon=True)
                     watchdog.start()
                     return work(conn)
                 except psycopg.OperationalError as exc:
@@ -80,9 +84,34 @@ class PostgresLedger:
                 except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
                 finally:
-                    if watchdog is not None:
-                        watchdog.cancel()
+                    done.set()
             raise AssertionError("unreachable: the second try is always on a new connection")
+
+    def _watch(self, conn: psycopg.Connection, cut: threading.Event, done: threading.Event,
+               statement_ms: int | None) -> None:
+        """Beside a call: while it has no answer, checks every store timeout, on a connection of its own, that the
+        database still answers. One that does not (hung), or a call past twice its statement's bound, has its
+        connection cut: a hung database is told from a slow usage read within about twice the store timeout."""
+        step = self._settings.timeout_seconds
+        deadline = time.monotonic() + 2 * max(step, (statement_ms or 0) / 1000)
+        while not done.wait(step):
+            if time.monotonic() > deadline or not self._answers(within=step):
+                if not done.is_set():
+                    _cut(conn, cut)
+                return
+
+    def _answers(self, within: float) -> bool:
+        """Whether the database answers a new connection's query within `within` seconds (libpq's own connect
+        timeout is whole seconds, at least 2: the probe is waited for here, and left to end by itself)."""
+        answered = threading.Event()
+
+        def probe() -> None:
+            with contextlib.suppress(psycopg.Error), connect(self._settings) as conn:
+                conn.execute("SELECT 1")
+                answered.set()
+
+        threading.Thread(target=probe, name="ledger-probe", daemon=True).start()
+        return answered.wait(within)
 
     def write(self, rows: Sequence[LedgerRow]) -> None:
         def insert(conn: psycopg.Connection) -> None:
@@ -113,7 +142,7 @@ class PostgresLedger:
                 conn.execute(f"SET LOCAL statement_timeout = {READ_TIMEOUT_MS}")
                 return conn.execute(sql, params).fetchall()
 
-        return self._run(read)
+        return self._run(read, READ_TIMEOUT_MS)
 
     def rows(self) -> list[LedgerRow]:
         """Every row, oldest first (tests and exports)."""
