@@ -85,11 +85,19 @@ class SqliteDatabase:
         def opened() -> sqlite3.Connection:
             db = connect_sqlite(path)
             db.row_factory = sqlite3.Row
-            if migrations:
-                migrate_sqlite(db, migrations)
+            try:
+                if migrations:
+                    migrate_sqlite(db, migrations)
+            except BaseException:
+                db.close()
+                raise
             return db
 
-        return cls(await asyncio.get_running_loop().run_in_executor(thread, opened), thread)
+        try:
+            return cls(await asyncio.get_running_loop().run_in_executor(thread, opened), thread)
+        except sqlite3.OperationalError as exc:  # its schema check met another process's write lock past busy_timeout
+            thread.shutdown(wait=False)
+            raise StoreUnavailable(f"SQLite: {exc}") from exc
 
     async def _run(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._closed:

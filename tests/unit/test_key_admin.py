@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from server.cli import main
@@ -75,3 +77,20 @@ def test_cli_refuses_a_rotation_grace_out_of_range_as_rest_does(tmp_path, capsys
     assert main([*data, "keys", "rotate", key_id, "--grace", grace]) == 2
     err = capsys.readouterr().err
     assert err.startswith("portico: grace_seconds must be") and err.count("\n") == 1, err
+
+
+def test_keys_on_a_locked_database_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Another process holding keys.db's write lock past the busy timeout: `portico keys list` raised sqlite3's
+    OperationalError from the key store's schema check, a traceback where a PostgreSQL outage gets one line."""
+    assert main(["--data-dir", str(tmp_path), "keys", "list"]) == 0
+    monkeypatch.setattr("server.db.sqlite.BUSY_TIMEOUT_MS", 50)
+    holder = sqlite3.connect(tmp_path / "keys.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert main(["--data-dir", str(tmp_path), "keys", "list"]) == 1
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"portico: the key store {tmp_path / 'keys.db'} cannot be reached: SQLite: database is locked\n"
