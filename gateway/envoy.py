@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -147,6 +148,15 @@ def _lua_string(text: str) -> str:
                          for c in text) + '"'
 
 
+# What Envoy may see of Portico's environment: its config says everything else. Not the rest, which holds the
+# store's password and the upstreams' keys (PORTICO_*, *_API_KEY ...) that Envoy never needs.
+_ENVOY_ENVIRONMENT = ("PATH", "HOME", "TMPDIR", "TZ", "LANG", "LC_ALL")
+
+
+def envoy_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    return {name: value for name, value in environment.items() if name in _ENVOY_ENVIRONMENT}
+
+
 def free_ports(count: int = 1) -> list[int]:
     """`count` distinct loopback TCP ports that were free a moment ago (good enough for tests)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
@@ -226,7 +236,8 @@ class EnvoyProcess:
             args += ["--concurrency", str(self._concurrency)]
         with open(self.log_path, "ab") as log:
             self._log_start = log.tell()
-            self._proc = await start_supervised(*args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+            self._proc = await start_supervised(*args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                                                env=envoy_environment(os.environ))
         try:
             await self._wait_ready()
         except BaseException:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import Gateway
+from tests.e2e.conftest import Gateway, running_gateway
 
 LATIN1_E = b"\xe9"  # "é" as a browser sending Latin-1 puts it
 
@@ -151,3 +153,17 @@ def test_a_request_id_the_caller_chose_is_logged_as_it_came_back_and_never_holds
                              "authorization": f"Bearer {gateway.secret}"})
     time.sleep(0.5)
     _assert_absent(gateway, tail)
+
+
+def test_envoy_is_not_given_the_environment_that_holds_secrets(tmp_path, monkeypatch):
+    """Portico's environment carries the store's password and the upstreams' keys; Envoy, which needs neither, was
+    started with all of it (readable in its /proc/PID/environ, and in any crash report of it)."""
+    monkeypatch.setenv("PORTICO_TEST_UPSTREAM_API_KEY", "sk-upstream-secret")
+    with running_gateway(tmp_path / "data") as gateway:
+        children = subprocess.run(["pgrep", "-P", str(gateway.process.pid)], capture_output=True, text=True).stdout
+        environments = {Path(f"/proc/{pid}/exe").resolve().name: Path(f"/proc/{pid}/environ").read_bytes()
+                        for pid in children.split()}
+        server = Path(f"/proc/{gateway.process.pid}/environ").read_bytes()
+    assert b"sk-upstream-secret" in server  # the test's own check: the variable was there to leak
+    (envoy,) = [environment for name, environment in environments.items() if name.startswith("envoy")]
+    assert b"sk-upstream-secret" not in envoy and b"PATH=" in envoy
