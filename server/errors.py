@@ -160,7 +160,7 @@ class UpstreamTimeout(PorticoError):
 
 # Replies only Envoy makes (no exception is ever raised for them), and the outcome of a caller who went away.
 REQUEST_TIMEOUT = ErrorKind(grpc.StatusCode.DEADLINE_EXCEEDED, 408, "request_timeout", "invalid_request_error",
-                            "The request's headers did not arrive in time.")
+                            "The request did not arrive in time.")
 HTTP_VERSION_NOT_SUPPORTED = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 426, "http_version_not_supported",
                                        "invalid_request_error", "HTTP/1.0 is not supported: use HTTP/1.1 or HTTP/2.")
 HEADERS_TOO_LARGE = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 431, "request_header_fields_too_large",
