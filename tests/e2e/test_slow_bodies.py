@@ -7,7 +7,7 @@ The real server and Envoy behind one port, with envoy.yaml's timeout shortened t
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import socket
 import tempfile
@@ -17,10 +17,16 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from portico.v1 import chat_service_pb2_grpc
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyProcess, free_ports, load_template, render_config, repo_root
-from portico.v1 import chat_service_pb2_grpc
+from gateway.envoy import (
+    EnvoyProcess,
+    free_ports,
+    load_template,
+    render_config,
+    repo_root,
+)
 from tests.helpers import bearer, chat_request
 from tests.upstream_double import Cue
 from tests.upstream_support import upstream_models, upstream_server
@@ -107,3 +113,24 @@ async def test_answers_longer_than_the_cut_are_whole(front_door, double):
             chat_request(model="up-solo", messages=[{"role": "user", "content": "a b c d e"}]),
             metadata=bearer(secret))]
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_a_bidirectional_stream_open_longer_than_the_cut_goes_on(front_door):
+    """grpcurl's reflection stream keeps its request side open between questions: once answered, it is not cut."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    port, _ = front_door
+    questions: asyncio.Queue = asyncio.Queue()
+
+    async def asked():
+        while (question := await questions.get()) is not None:
+            yield question
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(asked())
+        for _ in range(2):
+            await questions.put(reflection_pb2.ServerReflectionRequest(list_services=""))
+            answer = await call.read()
+            assert "portico.v1.ChatService" in {s.name for s in answer.list_services_response.service}
+            await asyncio.sleep(CUT_SECONDS + 1)
+        await questions.put(None)
