@@ -266,6 +266,12 @@ function envoy_on_request(handle)
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
+  -- CONNECT (a caller taking the gateway for its proxy: curl -x) names a host, not a path, and opens a tunnel whose
+  -- body never ends: the buffer filter waited for it until Envoy's timeouts. Nothing here is a proxy: 404 at once.
+  if method == "CONNECT" then
+    metadata:set("portico", "request", "CONNECT " .. redacted(headers:get(":authority") or ""))
+    return handle:respond({[":status"] = "404"}, "")
+  end
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
