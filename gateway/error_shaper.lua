@@ -267,10 +267,11 @@ function envoy_on_request(handle)
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
   -- CONNECT (a caller taking the gateway for its proxy: curl -x) names a host, not a path, and opens a tunnel whose
-  -- body never ends: the buffer filter waited for it until Envoy's timeouts. Nothing here is a proxy: 404 at once.
+  -- body never ends: the buffer filter waited for it until Envoy's timeouts. Nothing here is a proxy: 404 at once
+  -- (no route matches a request without a path, so the virtual host's request-id is set here).
   if method == "CONNECT" then
     metadata:set("portico", "request", "CONNECT " .. redacted(headers:get(":authority") or ""))
-    return handle:respond({[":status"] = "404"}, "")
+    return handle:respond({[":status"] = "404", ["request-id"] = headers:get("x-request-id") or ""}, "")
   end
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end

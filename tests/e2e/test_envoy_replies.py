@@ -63,7 +63,10 @@ def test_connect_is_404_at_once(gateway):
                 break
             answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 404")
+    status_line, *lines = head.decode().split("\r\n")
+    assert status_line == "HTTP/1.1 404 Not Found"
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    assert headers["request-id"] == headers["x-request-id"]
     error = json.loads(body)["error"]
     assert error["code"] == "not_found"
     assert error["message"] == "Unknown request URL: CONNECT example.com:443."
