@@ -85,6 +85,16 @@ def test_an_oversized_url_is_431(gateway):
     assert status == 431 and body["error"]["code"] == "request_header_fields_too_large"
 
 
+def test_a_websocket_upgrade_is_400_saying_so(gateway):
+    """A WebSocket client (an OpenAI Realtime client, say) got Envoy's 403 as `permission_denied`, blaming its key."""
+    status, headers, body = _raw(gateway, b"GET /v1/realtime HTTP/1.1\r\nHost: portico\r\nConnection: Upgrade\r\n"
+                                 b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    assert status == 400 and headers["x-request-id"]
+    assert body["error"]["code"] == "invalid_request" and body["error"]["type"] == "invalid_request_error"
+    assert "WebSocket" in body["error"]["message"]
+
+
 def test_http_1_0_is_426_http_version_not_supported(gateway):
     status, _, body = _raw(gateway, b"GET /v1/models HTTP/1.0\r\nHost: portico\r\n\r\n")
     assert status == 426
