@@ -266,6 +266,13 @@ function envoy_on_request(handle)
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
+  -- CONNECT (a caller taking the gateway for its proxy: curl -x) names a host, not a path, and opens a tunnel whose
+  -- body never ends: the buffer filter waited for it until Envoy's timeouts. Nothing here is a proxy: 404 at once
+  -- (no route matches a request without a path, so the virtual host's request-id is set here).
+  if method == "CONNECT" then
+    metadata:set("portico", "request", "CONNECT " .. redacted(headers:get(":authority") or ""))
+    return handle:respond({[":status"] = "404", ["request-id"] = headers:get("x-request-id") or ""}, "")
+  end
   metadata:set("portico", "request", method .. " " .. redacted(path))
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
@@ -343,6 +350,14 @@ local function shape_error(handle, status)
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
+  if request == nil and status == 403 then
+    -- Envoy refuses a connection upgrade (WebSocket: an OpenAI Realtime client, say) with a 403 before any filter
+    -- sees the request, which read as `permission_denied`, blaming the key. The request is what is wrong.
+    headers:replace(":status", "400")
+    mark_envoy_reply(handle, 400)
+    return replace_body(buffer, headers, error_body(400, json_string("Connection upgrades (WebSocket) are not " ..
+      "supported: send plain HTTP/1.1 or HTTP/2 requests."), nil, anthropic))
+  end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
     local message, param = describe_local_reply(status, body, request, portico.query_param, portico.query_fault)

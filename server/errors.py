@@ -160,12 +160,13 @@ class UpstreamTimeout(PorticoError):
 
 # Replies only Envoy makes (no exception is ever raised for them), and the outcome of a caller who went away.
 REQUEST_TIMEOUT = ErrorKind(grpc.StatusCode.DEADLINE_EXCEEDED, 408, "request_timeout", "invalid_request_error",
-                            "The request's headers did not arrive in time.")
+                            "The request did not arrive in time.")
 HTTP_VERSION_NOT_SUPPORTED = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 426, "http_version_not_supported",
                                        "invalid_request_error", "HTTP/1.0 is not supported: use HTTP/1.1 or HTTP/2.")
 HEADERS_TOO_LARGE = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 431, "request_header_fields_too_large",
                               "invalid_request_error",
-                              "The request's headers or URL are too large (limit 60 KiB of headers).")
+                              "The request's headers or URL are too large "
+                              "(limit 60 KiB of headers, 1,000 header fields).")
 CANCELLED = ErrorKind(grpc.StatusCode.CANCELLED, 499, "cancelled", "invalid_request_error",
                       "The caller went away before the answer was complete.")
 

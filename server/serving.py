@@ -175,8 +175,9 @@ async def _stop_backend(backend: _Backend) -> None:
 
 
 def _envoy_config(config: Config, upstreams: list[str]) -> dict:
+    template = load_template()
     return render_config(
-        load_template(),
+        template,
         listen_host=config.host,
         listen_port=config.port,
         admin_port=config.envoy_admin_port,
@@ -184,7 +185,20 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
         descriptor_set=DESCRIPTOR_SET,
         lua_source=repo_root() / "gateway" / "error_shaper.lua",
         access_log_path=_envoy_access_log(config),
+        stream_idle_timeout_s=_stream_idle_seconds(config, template),
     )
+
+
+def _stream_idle_seconds(config: Config, template: dict) -> float:
+    """Envoy's limit on a silent request (envoy.yaml: 300 s), or longer when a model may be silent longer: a
+    non-streamed answer says nothing until the model has finished (`timeouts.answer`, 600 s by default), and Envoy cut
+    such answers at 300 s with a 504, half-way through the time their model had. Enough for one model's tries (a try
+    starts within `retry.total_seconds`), and 5 s more, so the server's own timeout answers first."""
+    hcm = template["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    silences = [max(spec.timeouts.answer, spec.timeouts.read) + spec.retry.total_seconds
+                for model in config.models for deployment in model.deployments
+                if (spec := deployment.provider.upstream) is not None]
+    return max(float(hcm["stream_idle_timeout"].removesuffix("s")), max(silences, default=0) + 5)
 
 
 def _envoy_access_log(config: Config) -> str | None:

@@ -51,6 +51,27 @@ def test_unknown_path_is_404(http):
     _assert_error(http.get("/elsewhere"), 404, "not_found")
 
 
+def test_connect_is_404_at_once(gateway):
+    """CONNECT, as curl sends it when told the gateway is its proxy (`curl -x`): the body filter waited for the end
+    of a tunnel that never ends, and the caller got nothing until Envoy's timeouts (minutes)."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        answer = b""
+        while b"}}" not in answer:
+            chunk = conn.recv(4096)  # a timeout (no answer) fails the test
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    assert status_line == "HTTP/1.1 404 Not Found"
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    assert headers["request-id"] == headers["x-request-id"]
+    error = json.loads(body)["error"]
+    assert error["code"] == "not_found"
+    assert error["message"] == "Unknown request URL: CONNECT example.com:443."
+
+
 @pytest.mark.parametrize(("path", "content_type"), [
     ("/elsewhere", "application/json"), ("/", "application/json"), ("/healthzz", "application/json"),
     ("/v1/nothing-here", "application/json"), ("/v1/chat/completions", "application/grpc"),

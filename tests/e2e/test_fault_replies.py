@@ -48,6 +48,24 @@ def test_headers_over_the_limit_are_431_naming_no_internals(http):
     assert "grpc" not in error["message"].lower() and "metadata" not in error["message"].lower()
 
 
+@pytest.mark.parametrize("http2", [False, True])
+def test_many_small_headers_envoy_accepts_reach_the_server(gateway, http2):
+    """Envoy's default of 100 header fields refused 2 KiB of headers with a 431 claiming they were over 60 KiB (a
+    tracing proxy's baggage, or HTTP/2 cookie crumbs, go past 100 fields quickly). 950 fields, 52 KiB in all, also
+    fit the server's metadata limit, where grpc counts 32 bytes more per field."""
+    headers = {"Authorization": f"Bearer {gateway.secret}", **{f"x-h{i:03}": "v" * 50 for i in range(950)}}
+    with httpx.Client(base_url=gateway.base_url, http1=not http2, http2=http2, timeout=30) as client:
+        response = client.get("/v1/models", headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+
+
+def test_too_many_header_fields_are_431_saying_so(http):
+    response = http.get("/v1/models", headers={f"x-h{i}": "v" for i in range(1100)})
+    error = _error(response, 431)
+    assert "1,000 header fields" in error["message"]
+
+
 def _raw(gateway, request: bytes) -> tuple[int, dict[str, str], dict]:
     """Status, headers (lowercase names) and JSON body of the answer to bytes sent as they are."""
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as conn:
@@ -65,6 +83,16 @@ def test_an_oversized_url_is_431(gateway):
     status, _, body = _raw(gateway, b"GET /v1/models?q=" + b"x" * (70 * 1024) + b" HTTP/1.1\r\nHost: portico\r\n"
                            b"Connection: close\r\n\r\n")
     assert status == 431 and body["error"]["code"] == "request_header_fields_too_large"
+
+
+def test_a_websocket_upgrade_is_400_saying_so(gateway):
+    """A WebSocket client (an OpenAI Realtime client, say) got Envoy's 403 as `permission_denied`, blaming its key."""
+    status, headers, body = _raw(gateway, b"GET /v1/realtime HTTP/1.1\r\nHost: portico\r\nConnection: Upgrade\r\n"
+                                 b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    assert status == 400 and headers["x-request-id"]
+    assert body["error"]["code"] == "invalid_request" and body["error"]["type"] == "invalid_request_error"
+    assert "WebSocket" in body["error"]["message"]
 
 
 def test_http_1_0_is_426_http_version_not_supported(gateway):

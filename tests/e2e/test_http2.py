@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
@@ -114,3 +115,56 @@ def test_a_malformed_http2_request_resets_its_stream_not_the_connection(gateway)
             sock.sendall(connection.data_to_send())
     assert events[1][-1] == "reset" or events[1][0] == "400", events
     assert events[3] == events[5] == ["200", "ended"], events
+
+
+def _ledger(gateway, request_ids: set[str]) -> dict[str, tuple[int, str]]:
+    """(status, code) of the usage ledger's rows for these requests, once all are written (every second)."""
+    for _ in range(100):
+        with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
+            rows = db.execute("SELECT request_id, status, code FROM usage_ledger").fetchall()
+        found = {request_id: (status, code) for request_id, status, code in rows if request_id in request_ids}
+        if len(found) == len(request_ids):
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"ledger rows missing: {request_ids - set(found)}")
+
+
+def test_a_stream_reset_by_its_caller_leaves_the_others_on_its_connection_whole(gateway):
+    """RST_STREAM of one of several streams on one connection: that one is a 499 `cancelled`, once, in the ledger;
+    the others are answered to their end."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    payload = json.dumps({"model": "family-a-5.5", "max_tokens": 24, "stream": True,
+                          "messages": [{"role": "user", "content": "Count to twenty."}]}).encode()
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=60) as sock:
+        connection.initiate_connection()
+        streams = []
+        for _ in range(5):
+            stream = connection.get_next_available_stream_id()
+            streams.append(stream)
+            connection.send_headers(stream, [(":method", "POST"), (":path", CHAT), (":scheme", "http"),
+                                             (":authority", "x"), ("content-type", "application/json"),
+                                             ("authorization", f"Bearer {gateway.secret}"),
+                                             ("content-length", str(len(payload)))])
+            connection.send_data(stream, payload, end_stream=True)
+        sock.sendall(connection.data_to_send())
+        cut = streams[2]
+        ids, bodies, ended = {}, {stream: b"" for stream in streams}, set()
+        while len(ended) < len(streams):
+            data = sock.recv(65536)
+            assert data, "the connection was closed"
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    ids[event.stream_id] = dict(event.headers)["x-request-id"]
+                    if event.stream_id == cut:
+                        connection.reset_stream(cut)
+                        ended.add(cut)
+                elif isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended.add(event.stream_id)
+            sock.sendall(connection.data_to_send())
+    assert all(bodies[s].rstrip().endswith(b"data: [DONE]") for s in streams if s != cut)
+    rows = _ledger(gateway, set(ids.values()))
+    assert rows.pop(ids[cut]) == (499, "cancelled")
+    assert set(rows.values()) == {(200, "")}

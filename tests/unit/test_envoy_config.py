@@ -56,3 +56,26 @@ def test_grpc_requests_are_capped_where_envoy_caps_rest_bodies():
     hcm = http_manager(load_template())
     (buffer,) = [f["typed_config"] for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.buffer"]
     assert buffer["max_request_bytes"] == MAX_REQUEST_BYTES < MAX_RECEIVE_BYTES
+
+
+def _idle_timeout(tmp_path, models_yaml: str) -> str:
+    from server.serving import _envoy_config
+    from tests.upstream_support import load_upstream_config
+
+    return http_manager(_envoy_config(load_upstream_config(tmp_path, models_yaml), ["unix:/tmp/p.sock"]))[
+        "stream_idle_timeout"]
+
+
+def _model(timeouts: str = "{}") -> str:
+    return ("  - {id: m, endpoint: /v1/chat/completions, provider: {kind: openai, base_url: 'http://127.0.0.1:9/v1',"
+            f" model: x, timeouts: {timeouts}}}}}\n")
+
+
+def test_envoy_never_cuts_a_silence_a_model_is_allowed(tmp_path):
+    """A non-streamed answer is silent until the model has finished (`timeouts.answer`, 600 s by default, plus the
+    retries' 30 s): Envoy's 300 s cut such answers half-way with a 504 the server then logged as the caller's 499."""
+    assert _idle_timeout(tmp_path, "  - {id: e, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n") \
+        == "300s"  # the embedded model only: envoy.yaml's limit
+    assert _idle_timeout(tmp_path, _model()) == "635s"
+    assert _idle_timeout(tmp_path, _model("{answer: 30, read: 900}")) == "935s"
+    assert _idle_timeout(tmp_path, _model("{answer: 100, read: 10}")) == "300s"

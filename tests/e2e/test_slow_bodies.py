@@ -1,0 +1,136 @@
+"""A request whose body never completes, or trickles in, is cut off (408) like one whose headers do: Envoy only cut
+it after its silence limit (300 s, 635 s with upstream models), and one byte every few minutes held the connection
+(and its buffer) for ever. The whole request must arrive within envoy.yaml's `request_timeout`; an answer, a
+stream's included, has no such limit.
+
+The real server and Envoy behind one port, with envoy.yaml's timeout shortened to keep the test fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from portico.v1 import chat_service_pb2_grpc
+
+from gateway.descriptors import DESCRIPTOR_SET
+from gateway.envoy import (
+    EnvoyProcess,
+    free_ports,
+    load_template,
+    render_config,
+    repo_root,
+)
+from tests.helpers import bearer, chat_request
+from tests.upstream_double import Cue
+from tests.upstream_support import upstream_models, upstream_server
+
+CUT_SECONDS = 2
+
+
+def _http_manager(config: dict) -> dict:
+    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def test_a_whole_request_must_arrive_within_300_seconds():
+    assert _http_manager(load_template())["request_timeout"] == "300s"
+
+
+@pytest.fixture(scope="module")
+async def front_door(double):
+    """(port, secret) of Envoy, as envoy.yaml has it but for a 2 s request_timeout, in front of the real server."""
+    # Outside pytest's tmp dir: the session's log scan expects a Portico log beside every Envoy log there.
+    with tempfile.TemporaryDirectory(prefix="portico-slow-bodies-") as run_dir:
+        async with upstream_server(Path(run_dir), upstream_models(double.url)) as server:
+            _, secret = await server.store.create("slow", all_models=True)
+            template = load_template()
+            _http_manager(template)["request_timeout"] = f"{CUT_SECONDS}s"
+            port, admin_port = free_ports(2)
+            config = render_config(template, listen_port=port, admin_port=admin_port,
+                                   upstreams=[f"127.0.0.1:{server.port}"], descriptor_set=DESCRIPTOR_SET,
+                                   lua_source=repo_root() / "gateway" / "error_shaper.lua")
+            async with EnvoyProcess(config, Path(run_dir)):
+                yield port, secret
+
+
+def _body(stream: bool) -> bytes:
+    return json.dumps({"model": "up-solo", "messages": [{"role": "user", "content": "a b c d e"}],
+                       "stream": stream}).encode()
+
+
+def _send_slowly(port: int, secret: str, body: bytes, *, trickle: bool) -> tuple[float, bytes]:
+    """Headers at once, then the body a byte every 0.2 s (trickle) or half of it and nothing more: how long until
+    the connection ended, and what came back."""
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: portico\r\nAuthorization: Bearer {secret}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    started, answer, sent = time.monotonic(), b"", 0
+    with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+        conn.sendall(head if trickle else head + body[:len(body) // 2])
+        while time.monotonic() - started < 10:
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                if trickle and sent < len(body) - 1:  # never the last byte
+                    conn.sendall(body[sent:sent + 1])
+                    sent += 1
+                continue
+            except ConnectionResetError:  # Envoy resets what it has not read, once its answer is out
+                break
+            if not chunk:
+                break
+            answer += chunk
+    return time.monotonic() - started, answer
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+async def test_a_body_that_never_completes_is_408(front_door, trickle):
+    port, secret = front_door
+    elapsed, answer = _send_slowly(port, secret, _body(stream=False), trickle=trickle)
+    assert CUT_SECONDS <= elapsed < CUT_SECONDS + 3
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+    assert error["message"] == "The request did not arrive in time."
+
+
+async def test_answers_longer_than_the_cut_are_whole(front_door, double):
+    """The timeout ends when the request has arrived: streams may run as long as they like, REST and gRPC."""
+    port, secret = front_door
+    double.cue(Cue(frame_delay=0.5), Cue(frame_delay=0.5))  # 7 frames: 3 s
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        answer = await http.post("/v1/chat/completions", content=_body(stream=True),
+                                 headers={"authorization": f"Bearer {secret}", "content-type": "application/json"})
+    assert answer.status_code == 200 and answer.text.rstrip().endswith("data: [DONE]")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        chunks = [chunk async for chunk in chat_service_pb2_grpc.ChatServiceStub(channel).StreamChatCompletion(
+            chat_request(model="up-solo", messages=[{"role": "user", "content": "a b c d e"}]),
+            metadata=bearer(secret))]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_a_bidirectional_stream_open_longer_than_the_cut_goes_on(front_door):
+    """grpcurl's reflection stream keeps its request side open between questions: once answered, it is not cut."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    port, _ = front_door
+    questions: asyncio.Queue = asyncio.Queue()
+
+    async def asked():
+        while (question := await questions.get()) is not None:
+            yield question
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(asked())
+        for _ in range(2):
+            await questions.put(reflection_pb2.ServerReflectionRequest(list_services=""))
+            answer = await call.read()
+            assert "portico.v1.ChatService" in {s.name for s in answer.list_services_response.service}
+            await asyncio.sleep(CUT_SECONDS + 1)
+        await questions.put(None)
