@@ -131,7 +131,8 @@ class Pipeline:
                 yield events
             return
         counter = self._token_counters.get(call.model.id)
-        meter = _Meter(prompt_estimate=await _prompt_tokens(counter, request))
+        meter = _Meter(prompt_estimate=await _prompt_tokens(counter, request),
+                       most_output=request.params.max_tokens)
         tokens = meter.prompt_estimate + request.params.max_tokens
         call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
@@ -328,6 +329,7 @@ class _Meter:
     """What a generation has used so far, to settle its reservation however it ends."""
 
     prompt_estimate: int
+    most_output: int  # the request's token limit: a model cut short wrote no more than that
     started: bool = False
     input_tokens: int | None = None
     deltas: int = 0
@@ -351,9 +353,10 @@ class _Meter:
     def usage_so_far(self) -> Usage:
         if self.usage is not None:
             return self.usage
-        # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token).
+        # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token), up
+        # to the token limit it ran under (four characters a token overcounts long unbroken text).
         prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
-        return Usage(prompt, max(self.deltas, estimate_tokens(self.chars)))
+        return Usage(prompt, min(self.most_output, max(self.deltas, estimate_tokens(self.chars))))
 
 
 async def _metered(

@@ -258,6 +258,18 @@ async def test_a_stream_dropped_mid_answer_ends_with_an_sse_error_and_settles_wh
     assert window_tokens(running, key_id) == 3 + 2  # estimated: the prompt (10 characters / 4) and two deltas
 
 
+async def test_a_stream_cut_short_counts_at_most_its_token_limit(chat, running, double, key):
+    """Estimated at four characters a token, a cut answer of long words counted more output than the request's
+    token limit lets a model write (a 200k-token echo was counted as 257,342)."""
+    key_id, secret = key
+    words = [sse({"choices": [{"index": 0, "delta": {"content": "x" * 400}}]}) for _ in range(3)]
+    double.cue(Cue(frames=words, drop_after=3))
+    request = chat_request(model="up-main", messages=HELLO, stream=True, max_tokens=50)
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret))])
+    assert orjson.loads(frames[-1].removeprefix(b"data: "))["error"]["code"] == "upstream_error"
+    assert window_tokens(running, key_id) == 3 + 50  # the prompt (10 characters / 4), and 50 rather than 300
+
+
 async def test_an_error_chunk_mid_stream_is_passed_on(chat, double, key):
     frames = [sse({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}),
               sse({"error": {"message": "overloaded", "type": "overloaded_error"}})]
