@@ -131,6 +131,8 @@ def test_a_revocation_that_fails_says_so(tab, gateway, admin_secret):
     tab.page.get_by_role("button", name="Revoke").click()
     tab.page.get_by_role("dialog").get_by_role("button", name="Revoke key").click()
     expect(tab.page.get_by_role("status").first).to_contain_text("Could not revoke key target")
+    expect(tab.page.get_by_role("status").first).to_contain_text("no longer valid")  # not "Incorrect API key"
+    expect(tab.page.get_by_label("Admin key")).to_be_visible()  # signed out, not left with a dead key
     assert api(gateway, admin_secret, "GET", f"/v1/admin/keys/{target}").json()["key"]["revoked_at"] == 0
     assert failed_loads_aside(tab.problems.lines) == []
 

@@ -12,6 +12,11 @@ export class ApiError extends Error {
 
 export class Api {
   #key = null;
+  #confirmed = false;  // the gateway took the key at sign-in
+
+  // Called when the gateway refuses the signed-in key (revoked, say): the console signs out at once, wherever the
+  // refusal came from (a page, a form, a revocation), rather than leave a key that no longer works signed in.
+  onRefused = () => {};
 
   get signedIn() { return this.#key !== null; }
 
@@ -26,9 +31,13 @@ export class Api {
       this.#key = null;
       throw error;
     }
+    this.#confirmed = true;
   }
 
-  signOut() { this.#key = null; }
+  signOut() {
+    this.#key = null;
+    this.#confirmed = false;
+  }
 
   async request(method, path, body) {
     if (this.#key === null) throw new ApiError(401, {message: "Not signed in."});
@@ -46,6 +55,12 @@ export class Api {
     const text = await response.text();
     let json = null;
     try { json = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }
+    if (response.status === 401 && this.#confirmed && this.#key !== null) {
+      // The gateway's own words ("Incorrect API key provided.") would read as if the key being edited were wrong.
+      this.signOut();
+      this.onRefused();
+      throw new ApiError(401, {message: "the admin key is no longer valid (revoked or unknown): signed out."});
+    }
     if (!response.ok) throw new ApiError(response.status, json?.error ?? {message: text.slice(0, 200)});
     return json;
   }

@@ -17,6 +17,7 @@ const ROUTES = [
 class Console {
   constructor() {
     this.api = new Api();
+    this.api.onRefused = () => this.signOut("Signed out: the admin key is no longer valid.");
     this.main = document.getElementById("main");
     this.nav = document.getElementById("nav");
     this.status = document.getElementById("status");
@@ -29,6 +30,8 @@ class Console {
 
   signOut(message) {
     this.api.signOut();
+    // An open form or secret dialog belongs to the session that ended (it resolves as cancelled).
+    document.querySelectorAll("dialog[open]").forEach((dialog) => dialog.close());
     this.notify(message);
     this.render();
   }
