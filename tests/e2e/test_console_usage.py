@@ -156,3 +156,31 @@ def test_costs_are_exact_and_an_image_model_has_no_request_count_to_show(tab, ga
     expect(row.nth(headers.index("Requests"))).to_have_text("—")
     expect(row.nth(headers.index("Cost"))).to_have_text("$0.04")
     assert tab.problems.lines == []
+
+
+# Where a chart's first series (drawn in #0a5bd3) was painted, as shares of the canvas's width: (leftmost, rightmost).
+FIRST_SERIES_SPAN = """canvas => {
+  const {width, height} = canvas, pixels = canvas.getContext("2d").getImageData(0, 0, width, height).data;
+  let left = width, right = -1;
+  for (let i = 0; i < pixels.length; i += 4) {
+    const close = Math.abs(pixels[i] - 10) + Math.abs(pixels[i + 1] - 91) + Math.abs(pixels[i + 2] - 211) < 60;
+    if (close && pixels[i + 3] > 200) { const x = (i / 4) % width; left = Math.min(left, x); right = Math.max(right, x); }
+  }
+  return [left / width, right / width];
+}"""
+
+
+def test_a_period_of_one_bucket_is_drawn_inside_its_chart(tab, gateway, admin_secret):
+    """Today per day is one point: uPlot's time axis for a single value spanned years and put the point on the
+    chart's left edge, under the y axis labels."""
+    seed(gateway, new_key(gateway, "single-point"), model="family-a-5.5", ago_s=60, latency_ms=30)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    tab.sign_in(admin_secret)
+    show(tab, f"from={today}&to={today}&group=model&bucket=day", "model", "day")
+    canvas = tab.page.locator("#chart-requests canvas")
+    expect(canvas).to_have_count(1)
+    tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+    left, right = canvas.evaluate(FIRST_SERIES_SPAN)
+    assert 0.3 < left <= right < 0.8, (left, right)  # well inside the plot, not on its edge
+    tab.shot("usage-single-point")
+    assert tab.problems.lines == []

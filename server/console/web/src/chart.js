@@ -25,9 +25,14 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
   if (!series.length) return figure;
 
   let plot = null;
+  const bucket = bucketLabel === "hour" ? 3600 : 86400;
+  // A single bucket (today, per day) gets its own width around it: uPlot's range for one time spans 1,000 days, with
+  // the point on the chart's left edge.
+  const xRange = (u, min, max) => u.data[0].length === 1 ? [u.data[0][0] - bucket / 2, u.data[0][0] + bucket / 2]
+    : [min, max];
   const options = (width) => ({
     width, height: Math.max(180, Math.min(280, Math.round(width * 0.35))),
-    scales: {x: {time: true}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
+    scales: {x: {time: true, range: xRange}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
     axes: [{}, {values: (u, values) => values.map(format), size: 70, incrs: integer ? INTEGER_STEPS : undefined}],
     series: [{}, ...series.map((s, i) => ({
