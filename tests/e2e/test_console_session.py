@@ -49,3 +49,47 @@ def test_an_admin_key_revoked_while_a_form_is_open_signs_out(tab, gateway):
     expect(page.get_by_role("navigation")).to_be_hidden()
     tab.shot("signed-out-mid-edit")
     assert refused_calls_aside(tab.problems.lines) == []
+
+
+def test_the_gateway_going_away_while_the_console_is_open(browser, tmp_path):
+    """Every page and form says the gateway cannot be reached, and the form stays usable for a retry."""
+    from tests.e2e.browser import Tab
+
+    with running_gateway(tmp_path / "gone-data", "--dev-key") as gone:
+        _, secret = admin_key(gone, "ops")
+        tab = Tab(browser, gone, tmp_path)
+        tab.sign_in(secret)
+        expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        tab.page.get_by_role("button", name="Create key").click()
+        tab.page.get_by_role("dialog").get_by_label("Name").fill("made-too-late")
+    try:
+        page = tab.page
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_role("button", name="Create key").click()
+        expect(dialog.get_by_role("alert")).to_have_text("The gateway could not be reached: check that it is "
+                                                         "running, then try again.")
+        expect(dialog.get_by_role("button", name="Create key")).to_be_enabled()
+        dialog.get_by_role("button", name="Cancel").click()
+        for name in ("Usage", "Models", "Keys"):
+            page.get_by_role("navigation").get_by_role("link", name=name).click()
+            expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
+            expect(page.get_by_role("alert")).to_contain_text("could not be reached")
+            expect(page.locator("main")).not_to_have_attribute("aria-busy", "true")
+        tab.shot("gateway-gone")
+        assert [line for line in tab.problems.lines if "ERR_CONNECTION_REFUSED" not in line] == []
+    finally:
+        tab.context.close()
+
+
+def test_a_keys_limits_say_what_the_gateways_defaults_are(tab, gateway):
+    """"gateway default" alone left the operator to guess whether a default limit exists (requests per minute:
+    600) or none does (tokens per day); the key's page says which, from the limits in force."""
+    _, secret = admin_key(gateway, "ops-limits")
+    key_id = gateway.cli("keys", "create", "--name", "own-rpm", "--all-models", "--rpm", "100").stdout.split()[2]
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{key_id}")
+    limits = tab.page.locator("dl.limits")
+    expect(limits.locator("dd")).to_have_text([
+        "100 (its own)", "1,000,000 (gateway default)", "32 (gateway default)", "no limit (gateway default)",
+        "no limit (gateway default)", "no budget (gateway default)", "no budget (gateway default)"])
+    assert tab.problems.lines == []

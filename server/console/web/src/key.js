@@ -57,8 +57,13 @@ export async function keyPage(ctx, id) {
     ctx.refresh();
   };
 
-  const limitRows = LIMITS.map(([name, label, unit]) =>
-    [label, key.limits?.[name] ? limitText(unit, key.limits[name]) : "gateway default"]);
+  // A default is told with its value, from the limits in force (the key's own ones, not a model's): "gateway default"
+  // alone would not say whether there is one.
+  const inForce = new Map(status.limits.filter((s) => !s.model).map((s) => [s.limit, s.value]));
+  const limitRows = LIMITS.map(([name, label, unit]) => [label, key.limits?.[name]
+    ? `${limitText(unit, key.limits[name])} (its own)`
+    : `${inForce.has(name) ? limitText(unit, inForce.get(name)) : unit === "usd" ? "no budget" : "no limit"} ` +
+      "(gateway default)"]);
   const labels = Object.fromEntries(LIMITS);
   const amount = (s, value) => limitText(s.unit === "usd" ? "usd" : "count", value);
   return h("section", {},
