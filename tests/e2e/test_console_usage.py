@@ -164,7 +164,8 @@ FIRST_SERIES_SPAN = """canvas => {
   let left = width, right = -1;
   for (let i = 0; i < pixels.length; i += 4) {
     const close = Math.abs(pixels[i] - 10) + Math.abs(pixels[i + 1] - 91) + Math.abs(pixels[i + 2] - 211) < 60;
-    if (close && pixels[i + 3] > 200) { const x = (i / 4) % width; left = Math.min(left, x); right = Math.max(right, x); }
+    const x = (i / 4) % width;
+    if (close && pixels[i + 3] > 200) { left = Math.min(left, x); right = Math.max(right, x); }
   }
   return [left / width, right / width];
 }"""
