@@ -126,3 +126,27 @@ def test_the_keyboard_focus_and_error_messages_stand_out(tab, gateway):
         behind = page.locator(backdrop).first.evaluate("e => getComputedStyle(e).backgroundColor")
         behind = "rgb(255, 255, 255)" if behind == "rgba(0, 0, 0, 0)" else behind
         assert contrast(ring, behind) >= 3, (backdrop, ring, behind)
+
+
+def test_html_in_a_key_name_is_shown_as_text(tab, gateway):
+    """A name is whatever an admin typed: the console sets it as text on every page, chart legend and dialog."""
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-xss")
+    name = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+    made = api(gateway, secret, "POST", "/v1/admin/keys", json={"name": name, "all_models": True}).json()
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert api(gateway, made["secret"], "POST", "/v1/chat/completions", json=chat).status_code == 200
+    tab.page.wait_for_timeout(1200)  # usage.flush_seconds
+    alerts = []
+    tab.page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
+    tab.sign_in(secret)
+    expect(tab.page.get_by_role("link", name=name)).to_be_visible()
+    tab.open(f"#/keys/{made['key']['id']}")
+    expect(tab.page.get_by_role("heading", name=name, level=1)).to_be_visible()
+    tab.page.get_by_role("button", name="Revoke").click()
+    expect(tab.page.get_by_role("dialog")).to_contain_text(f"Revoke “{name}”?")
+    tab.page.get_by_role("dialog").get_by_role("button", name="Cancel").click()
+    tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
+    expect(tab.page.locator("#chart-requests .u-legend")).to_contain_text(name)
+    assert tab.page.locator("main img, main script, body > dialog img").count() == 0 and alerts == []
