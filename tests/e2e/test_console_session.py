@@ -5,10 +5,13 @@ or the gateway goes away while the console is open, and a key's limits as the ga
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 from playwright.sync_api import expect
 
+import server
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -17,7 +20,12 @@ SIGNED_OUT = "Signed out: the admin key is no longer valid."
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    with running_gateway(tmp_path_factory.mktemp("console-session-data"), "--dev-key") as gateway:
+    """The default catalog, with a price on family-a-5.5 so that its requests count against budgets."""
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    next(m for m in config["models"] if m["id"] == "family-a-5.5")["price"] = {"input": 1, "output": 2}
+    path = tmp_path_factory.mktemp("console-session-config") / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running_gateway(tmp_path_factory.mktemp("console-session-data"), "--dev-key", config=path) as gateway:
         yield gateway
 
 
@@ -150,3 +158,23 @@ def test_html_in_a_key_name_is_shown_as_text(tab, gateway):
     tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
     expect(tab.page.locator("#chart-requests .u-legend")).to_contain_text(name)
     assert tab.page.locator("main img, main script, body > dialog img").count() == 0 and alerts == []
+
+
+def test_a_monthly_budget_resets_in_days(tab, gateway):
+    """A month's budget resets at the month's end: "101 h 42 min" left the operator to divide by 24."""
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-month")
+    made = gateway.cli("keys", "create", "--name", "monthly", "--all-models", "--max-spend-month", "100").stdout.split()
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert api(gateway, made[-1], "POST", "/v1/chat/completions", json=chat).status_code == 200
+    status = api(gateway, secret, "GET", f"/v1/admin/keys/{made[2]}/limits").json()["limits"]
+    reset = next(s["reset_seconds"] for s in status if s["limit"] == "max_spend_month")
+    days = int(reset // 86400)
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{made[2]}")
+    row = tab.page.get_by_role("region", name="What the key has used").get_by_role(
+        "row", name=re.compile("^Budget per month"))
+    if days:  # on a month's last day it is hours and minutes, as for a day's budget
+        expect(row.get_by_role("cell").last).to_have_text(re.compile(rf"^({days}|{days - 1}) d \d{{1,2}} h$"))
+    assert tab.problems.lines == []
