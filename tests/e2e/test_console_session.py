@@ -178,3 +178,34 @@ def test_a_monthly_budget_resets_in_days(tab, gateway):
     if days:  # on a month's last day it is hours and minutes, as for a day's budget
         expect(row.get_by_role("cell").last).to_have_text(re.compile(rf"^({days}|{days - 1}) d \d{{1,2}} h$"))
     assert tab.problems.lines == []
+
+
+def test_a_gateway_that_stops_answering_is_told_not_waited_for(browser, gateway, tmp_path):
+    """A hung gateway (here: stopped with SIGSTOP) accepts the connection and never answers: the form waited for
+    ever, its button disabled under a "progress" cursor. After 30 seconds the console says so."""
+    import os
+    import signal
+
+    from tests.e2e.browser import Tab
+
+    _, secret = admin_key(gateway, "ops-hung")
+    tab = Tab(browser, gateway, tmp_path)
+    tab.page.clock.install()  # its timers, fast-forwarded below (time otherwise flows as usual)
+    try:
+        tab.sign_in(secret)
+        page = tab.page
+        page.get_by_role("button", name="Create key").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_label("Name").fill("made-while-hung")
+        os.killpg(gateway.process.pid, signal.SIGSTOP)
+        try:
+            dialog.get_by_role("button", name="Create key").click()
+            expect(dialog.get_by_role("button", name="Create key")).to_be_disabled()
+            page.clock.fast_forward(31_000)
+            expect(dialog.get_by_role("alert")).to_contain_text("did not answer within 30 seconds")
+            expect(dialog.get_by_role("button", name="Create key")).to_be_enabled()
+        finally:
+            os.killpg(gateway.process.pid, signal.SIGCONT)
+        assert [line for line in tab.problems.lines if "ERR_" not in line] == []
+    finally:
+        tab.context.close()
