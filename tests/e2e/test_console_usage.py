@@ -185,3 +185,30 @@ def test_a_period_of_one_bucket_is_drawn_inside_its_chart(tab, gateway, admin_se
     assert 0.3 < left <= right < 0.8, (left, right)  # well inside the plot, not on its edge
     tab.shot("usage-single-point")
     assert tab.problems.lines == []
+
+
+# Every text a page draws on a canvas (uPlot's axes), recorded as drawn.
+RECORD_CANVAS_TEXT = """window.drawnTexts = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+  window.drawnTexts.push(String(text));
+  return fillText.call(this, text, ...rest);
+};"""
+
+
+def test_a_charts_time_axis_is_in_utc_days_or_hours_as_its_buckets(tab, gateway, admin_secret):
+    """Day buckets were drawn on an axis of "12am 6am 12pm 6pm" ticks (US local style, no time zone): a day's total
+    read as a value at midnight. The axis says UTC and, per day, names days only; per hour, 24-hour times."""
+    seed(gateway, new_key(gateway, "axis-reader"), model="family-a-5.5", ago_s=2 * 86_400, latency_ms=30)
+    tab.page.add_init_script(RECORD_CANVAS_TEXT)
+    tab.sign_in(admin_secret)
+    for per, label, tick in (("day", "Day (UTC)", r"^\d{4}-\d\d-\d\d$"), ("hour", "Hour (UTC)", r"^\d\d:00$")):
+        tab.page.evaluate("window.drawnTexts = []")
+        show(tab, f"period=7d&group=model&bucket={per}", "model", per)
+        expect(tab.page.locator("#chart-latency canvas")).to_have_count(1)
+        tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+        drawn = tab.page.evaluate("window.drawnTexts")
+        assert label in drawn, drawn
+        assert not [text for text in drawn if re.search(r"\d(am|pm)\b", text)], drawn
+        assert [text for text in drawn if re.match(tick, text)], drawn
+    assert tab.problems.lines == []
