@@ -209,3 +209,28 @@ def test_a_gateway_that_stops_answering_is_told_not_waited_for(browser, gateway,
         assert [line for line in tab.problems.lines if "ERR_" not in line] == []
     finally:
         tab.context.close()
+
+
+def test_a_page_that_arrives_after_sign_out_is_not_shown(tab, gateway):
+    """Signing out while a page loads: the page's answers arrived after, and the page (the catalog, say) replaced
+    the sign-in form, its data on screen with no one signed in."""
+    import os
+    import signal
+
+    _, secret = admin_key(gateway, "ops-late")
+    tab.sign_in(secret)
+    page = tab.page
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    os.killpg(gateway.process.pid, signal.SIGSTOP)  # the page's requests wait, unanswered
+    try:
+        page.get_by_role("navigation").get_by_role("link", name="Models").click()
+        page.wait_for_timeout(300)
+        page.get_by_role("button", name="Sign out").click()
+        expect(page.get_by_label("Admin key")).to_be_visible()
+    finally:
+        os.killpg(gateway.process.pid, signal.SIGCONT)
+    page.wait_for_timeout(1500)  # the answers arrive
+    expect(page.get_by_role("heading", level=1)).to_have_text("Sign in")
+    expect(page.get_by_label("Admin key")).to_be_visible()
+    expect(page.get_by_role("status")).to_have_text("Signed out.")
+    assert tab.problems.lines == []

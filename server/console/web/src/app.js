@@ -37,6 +37,9 @@ class Console {
   }
 
   async render() {
+    // A later render (another page, or the sign-in form after signing out) wins over a slow earlier one, whose
+    // data must not appear once no one is signed in.
+    const rendered = this.rendered = Symbol("render");
     const signedIn = this.api.signedIn;
     this.nav.hidden = this.signOutButton.hidden = !signedIn;
     if (!signedIn) return this.show(this.signInForm());
@@ -53,18 +56,18 @@ class Console {
       go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
     };
     this.main.setAttribute("aria-busy", "true");
-    const rendered = this.rendered = Symbol("render");
     let page;
     try {
       page = await route[1](ctx, ...args);
     } catch (error) {
+      if (rendered !== this.rendered || !this.api.signedIn) return;  // left, or signed out (told why) meanwhile
       if (error instanceof ApiError && error.status === 401) {
         return this.signOut("Signed out: the admin key is no longer valid.");
       }
       page = h("section", {}, h("h1", {tabindex: "-1"}, "Something went wrong"),
         h("p", {class: "error", role: "alert"}, error.message));
     }
-    if (rendered === this.rendered) this.show(page);  // a later navigation wins over a slow earlier one
+    if (rendered === this.rendered && this.api.signedIn) this.show(page);
   }
 
   show(page) {
