@@ -234,3 +234,17 @@ def test_a_page_that_arrives_after_sign_out_is_not_shown(tab, gateway):
     expect(page.get_by_label("Admin key")).to_be_visible()
     expect(page.get_by_role("status")).to_have_text("Signed out.")
     assert tab.problems.lines == []
+
+
+def test_each_page_has_its_own_title(tab, gateway):
+    """Every page was titled "Portico console": the browser's history and tabs, and a screen reader's first words,
+    could not tell the key page from the usage page."""
+    _, secret = admin_key(gateway, "ops-titles")
+    tab.open()
+    expect(tab.page).to_have_title("Sign in — Portico console")
+    tab.sign_in(secret)
+    expect(tab.page).to_have_title("Keys — Portico console")
+    for name in ("Usage", "Models"):
+        tab.page.get_by_role("navigation").get_by_role("link", name=name).click()
+        expect(tab.page).to_have_title(f"{name} — Portico console")
+    assert tab.problems.lines == []

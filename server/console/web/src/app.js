@@ -73,7 +73,10 @@ class Console {
   show(page) {
     this.main.replaceChildren(page);
     this.main.removeAttribute("aria-busy");
-    (page.querySelector("h1") ?? this.main).focus();
+    const heading = page.querySelector("h1");
+    // The tab, the history list and a screen reader tell pages apart by their title.
+    document.title = heading ? `${heading.textContent} — Portico console` : "Portico console";
+    (heading ?? this.main).focus();
   }
 
   go(hash) {
