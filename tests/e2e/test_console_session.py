@@ -248,3 +248,24 @@ def test_each_page_has_its_own_title(tab, gateway):
         tab.page.get_by_role("navigation").get_by_role("link", name=name).click()
         expect(tab.page).to_have_title(f"{name} — Portico console")
     assert tab.problems.lines == []
+
+
+def test_a_page_that_takes_its_time_says_it_is_loading(tab, gateway):
+    """A slow answer (a month per hour on a large ledger, a busy gateway) left the previous page on screen with no
+    sign that the click was taken."""
+    import os
+    import signal
+
+    _, secret = admin_key(gateway, "ops-slow")
+    tab.sign_in(secret)
+    page = tab.page
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    os.killpg(gateway.process.pid, signal.SIGSTOP)
+    try:
+        page.get_by_role("navigation").get_by_role("link", name="Usage").click()
+        expect(page.locator("main").get_by_text("Loading…")).to_be_visible()
+    finally:
+        os.killpg(gateway.process.pid, signal.SIGCONT)
+    expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+    expect(page.locator("main").get_by_text("Loading…")).to_have_count(0)
+    assert tab.problems.lines == []

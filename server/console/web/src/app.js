@@ -56,6 +56,8 @@ class Console {
       go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
     };
     this.main.setAttribute("aria-busy", "true");
+    // Told at once, above the page being left, until the new one is shown (a month per hour may take a while).
+    if (!this.main.querySelector(".loading")) this.main.prepend(h("p", {class: "loading"}, "Loading…"));
     let page;
     try {
       page = await route[1](ctx, ...args);
