@@ -167,3 +167,17 @@ def test_a_long_name_without_a_space_wraps(tab, gateway, admin_secret):
     tab.shot("long-name-phone")
     dialog.get_by_role("button", name="Cancel").click()
     assert tab.problems.lines == []
+
+
+def test_a_link_whose_days_make_no_period_says_so(tab, gateway, admin_secret):
+    """A bookmarked or edited link (To before From, a day to come, no date) was shown as this week without a word: the
+    figures read as the days the link names."""
+    tab.sign_in(admin_secret)
+    for query in ("from=2026-11-20&to=2026-11-10", "from=2999-01-01&to=2999-01-02", "from=2026-11-31&to=yesterday"):
+        tab.open(f"#/usage?{query}")
+        expect(tab.page.locator(".window")).to_contain_text("per")
+        alert = tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")
+        expect(alert).to_contain_text("This week (since Monday, UTC) is shown instead")
+    tab.open("#/usage?period=7d")  # a link without days is no mistake
+    expect(tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")).to_have_count(0)
+    assert tab.problems.lines == []
