@@ -20,9 +20,11 @@ SIGNED_OUT = "Signed out: the admin key is no longer valid."
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    """The default catalog, with a price on family-a-5.5 so that its requests count against budgets."""
+    """The default catalog, with a price on family-a-5.5 so that its requests count against budgets, and a limit per
+    key on family-a-5.4."""
     config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
     next(m for m in config["models"] if m["id"] == "family-a-5.5")["price"] = {"input": 1, "output": 2}
+    config["limits"]["models"] = {"family-a-5.4": {"requests_per_minute": 9}}
     path = tmp_path_factory.mktemp("console-session-config") / "portico.yaml"
     path.write_text(yaml.safe_dump(config))
     with running_gateway(tmp_path_factory.mktemp("console-session-data"), "--dev-key", config=path) as gateway:
@@ -268,4 +270,18 @@ def test_a_page_that_takes_its_time_says_it_is_loading(tab, gateway):
         os.killpg(gateway.process.pid, signal.SIGCONT)
     expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
     expect(page.locator("main").get_by_text("Loading…")).to_have_count(0)
+    assert tab.problems.lines == []
+
+
+def test_a_keys_page_shows_the_limits_of_the_models_it_may_call(tab, gateway):
+    """A limit on family-a-5.4 was listed on the page of a key that may call only family-a-5.5, as if it applied."""
+    _, secret = admin_key(gateway, "ops-model-limits")
+    narrow = gateway.cli("keys", "create", "--name", "narrow", "--models", "family-a-5.5").stdout.split()[2]
+    wide = gateway.cli("keys", "create", "--name", "wide", "--all-models").stdout.split()[2]
+    tab.sign_in(secret)
+    for key_id, shown in ((wide, 1), (narrow, 0)):
+        tab.open(f"#/keys/{key_id}")
+        left = tab.page.get_by_role("region", name="What the key has used")
+        expect(left.get_by_role("row", name=re.compile("^Requests per minute all its models"))).to_have_count(1)
+        expect(left.get_by_role("row", name=re.compile("on family-a-5.4"))).to_have_count(shown)
     assert tab.problems.lines == []

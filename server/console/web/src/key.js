@@ -85,7 +85,7 @@ export async function keyPage(ctx, id) {
     h("dl", {class: "facts limits"}, limitRows.map(([label, value]) => [h("dt", {}, label), h("dd", {}, value)])),
     h("h2", {}, "Left now"),
     table("What the key has used and has left of each limit in force", ["Limit", "Models", "Used", "Left", "Resets in"],
-      status.limits.map((s) => [
+      status.limits.filter((s) => mayCall(key, s.model)).map((s) => [
         labels[s.limit] ?? s.limit,
         s.model ? `on ${s.model}` : "all its models",
         h("span", {class: "use"}, h("meter", {min: 0, max: s.value, value: s.used, high: s.value * 0.8,
@@ -97,6 +97,9 @@ export async function keyPage(ctx, id) {
     h("h2", {}, "Recent requests"),
     recentTable(recent));
 }
+
+// A per-model limit applies to a key only on a model it may call (the API lists every configured one).
+const mayCall = (key, model) => !model || key.all_models || key.models.includes(model);
 
 function duration(seconds) {
   if (seconds < 60) return `${Math.ceil(seconds)} s`;
