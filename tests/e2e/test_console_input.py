@@ -131,6 +131,8 @@ def test_a_revocation_that_fails_says_so(tab, gateway, admin_secret):
     tab.page.get_by_role("button", name="Revoke").click()
     tab.page.get_by_role("dialog").get_by_role("button", name="Revoke key").click()
     expect(tab.page.get_by_role("status").first).to_contain_text("Could not revoke key target")
+    expect(tab.page.get_by_role("status").first).to_contain_text("no longer valid")  # not "Incorrect API key"
+    expect(tab.page.get_by_label("Admin key")).to_be_visible()  # signed out, not left with a dead key
     assert api(gateway, admin_secret, "GET", f"/v1/admin/keys/{target}").json()["key"]["revoked_at"] == 0
     assert failed_loads_aside(tab.problems.lines) == []
 
@@ -164,4 +166,18 @@ def test_a_long_name_without_a_space_wraps(tab, gateway, admin_secret):
     assert dialog.evaluate("box => box.scrollWidth <= box.clientWidth")
     tab.shot("long-name-phone")
     dialog.get_by_role("button", name="Cancel").click()
+    assert tab.problems.lines == []
+
+
+def test_a_link_whose_days_make_no_period_says_so(tab, gateway, admin_secret):
+    """A bookmarked or edited link (To before From, a day to come, no date) was shown as this week without a word: the
+    figures read as the days the link names."""
+    tab.sign_in(admin_secret)
+    for query in ("from=2026-11-20&to=2026-11-10", "from=2999-01-01&to=2999-01-02", "from=2026-11-31&to=yesterday"):
+        tab.open(f"#/usage?{query}")
+        expect(tab.page.locator(".window")).to_contain_text("per")
+        alert = tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")
+        expect(alert).to_contain_text("This week (since Monday, UTC) is shown instead")
+    tab.open("#/usage?period=7d")  # a link without days is no mistake
+    expect(tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")).to_have_count(0)
     assert tab.problems.lines == []

@@ -156,3 +156,59 @@ def test_costs_are_exact_and_an_image_model_has_no_request_count_to_show(tab, ga
     expect(row.nth(headers.index("Requests"))).to_have_text("—")
     expect(row.nth(headers.index("Cost"))).to_have_text("$0.04")
     assert tab.problems.lines == []
+
+
+# Where a chart's first series (drawn in #0a5bd3) was painted, as shares of the canvas's width: (leftmost, rightmost).
+FIRST_SERIES_SPAN = """canvas => {
+  const {width, height} = canvas, pixels = canvas.getContext("2d").getImageData(0, 0, width, height).data;
+  let left = width, right = -1;
+  for (let i = 0; i < pixels.length; i += 4) {
+    const close = Math.abs(pixels[i] - 10) + Math.abs(pixels[i + 1] - 91) + Math.abs(pixels[i + 2] - 211) < 60;
+    const x = (i / 4) % width;
+    if (close && pixels[i + 3] > 200) { left = Math.min(left, x); right = Math.max(right, x); }
+  }
+  return [left / width, right / width];
+}"""
+
+
+def test_a_period_of_one_bucket_is_drawn_inside_its_chart(tab, gateway, admin_secret):
+    """Today per day is one point: uPlot's time axis for a single value spanned years and put the point on the
+    chart's left edge, under the y axis labels."""
+    seed(gateway, new_key(gateway, "single-point"), model="family-a-5.5", ago_s=60, latency_ms=30)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    tab.sign_in(admin_secret)
+    show(tab, f"from={today}&to={today}&group=model&bucket=day", "model", "day")
+    canvas = tab.page.locator("#chart-requests canvas")
+    expect(canvas).to_have_count(1)
+    tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+    left, right = canvas.evaluate(FIRST_SERIES_SPAN)
+    assert 0.3 < left <= right < 0.8, (left, right)  # well inside the plot, not on its edge
+    tab.shot("usage-single-point")
+    assert tab.problems.lines == []
+
+
+# Every text a page draws on a canvas (uPlot's axes), recorded as drawn.
+RECORD_CANVAS_TEXT = """window.drawnTexts = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+  window.drawnTexts.push(String(text));
+  return fillText.call(this, text, ...rest);
+};"""
+
+
+def test_a_charts_time_axis_is_in_utc_days_or_hours_as_its_buckets(tab, gateway, admin_secret):
+    """Day buckets were drawn on an axis of "12am 6am 12pm 6pm" ticks (US local style, no time zone): a day's total
+    read as a value at midnight. The axis says UTC and, per day, names days only; per hour, 24-hour times."""
+    seed(gateway, new_key(gateway, "axis-reader"), model="family-a-5.5", ago_s=2 * 86_400, latency_ms=30)
+    tab.page.add_init_script(RECORD_CANVAS_TEXT)
+    tab.sign_in(admin_secret)
+    for per, label, tick in (("day", "Day (UTC)", r"^\d{4}-\d\d-\d\d$"), ("hour", "Hour (UTC)", r"^\d\d:00$")):
+        tab.page.evaluate("window.drawnTexts = []")
+        show(tab, f"period=7d&group=model&bucket={per}", "model", per)
+        expect(tab.page.locator("#chart-latency canvas")).to_have_count(1)
+        tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+        drawn = tab.page.evaluate("window.drawnTexts")
+        assert label in drawn, drawn
+        assert not [text for text in drawn if re.search(r"\d(am|pm)\b", text)], drawn
+        assert [text for text in drawn if re.match(tick, text)], drawn
+    assert tab.problems.lines == []

@@ -1,6 +1,8 @@
 // The admin API as the console calls it. The admin key lives only in this object, in the tab's memory: never in
 // localStorage, sessionStorage, a cookie or a URL, so closing or reloading the tab signs out.
 
+const TIMEOUT_SECONDS = 30;
+
 export class ApiError extends Error {
   constructor(status, error) {
     super(error?.message || `HTTP ${status}`);
@@ -12,6 +14,11 @@ export class ApiError extends Error {
 
 export class Api {
   #key = null;
+  #confirmed = false;  // the gateway took the key at sign-in
+
+  // Called when the gateway refuses the signed-in key (revoked, say): the console signs out at once, wherever the
+  // refusal came from (a page, a form, a revocation), rather than leave a key that no longer works signed in.
+  onRefused = () => {};
 
   get signedIn() { return this.#key !== null; }
 
@@ -26,26 +33,43 @@ export class Api {
       this.#key = null;
       throw error;
     }
+    this.#confirmed = true;
   }
 
-  signOut() { this.#key = null; }
+  signOut() {
+    this.#key = null;
+    this.#confirmed = false;
+  }
 
   async request(method, path, body) {
     if (this.#key === null) throw new ApiError(401, {message: "Not signed in."});
     const headers = {authorization: `Bearer ${this.#key}`};
     if (body !== undefined) headers["content-type"] = "application/json";
-    let response;
+    // A hung gateway accepts the connection and never answers: a form would wait for ever, its button disabled.
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), TIMEOUT_SECONDS * 1000);
+    let response, text;
     try {
       response = await fetch(path, {
         method, headers, body: body === undefined ? undefined : JSON.stringify(body),
-        cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
+        cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer", signal: abort.signal,
       });
+      text = await response.text();
     } catch {
-      throw new ApiError(0, {message: "The gateway could not be reached: check that it is running, then try again."});
+      throw new ApiError(0, {message: abort.signal.aborted
+        ? `The gateway did not answer within ${TIMEOUT_SECONDS} seconds: check that it is running, then try again.`
+        : "The gateway could not be reached: check that it is running, then try again."});
+    } finally {
+      clearTimeout(timer);
     }
-    const text = await response.text();
     let json = null;
     try { json = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }
+    if (response.status === 401 && this.#confirmed && this.#key !== null) {
+      // The gateway's own words ("Incorrect API key provided.") would read as if the key being edited were wrong.
+      this.signOut();
+      this.onRefused();
+      throw new ApiError(401, {message: "the admin key is no longer valid (revoked or unknown): signed out."});
+    }
     if (!response.ok) throw new ApiError(response.status, json?.error ?? {message: text.slice(0, 200)});
     return json;
   }

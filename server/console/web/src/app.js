@@ -17,6 +17,7 @@ const ROUTES = [
 class Console {
   constructor() {
     this.api = new Api();
+    this.api.onRefused = () => this.signOut("Signed out: the admin key is no longer valid.");
     this.main = document.getElementById("main");
     this.nav = document.getElementById("nav");
     this.status = document.getElementById("status");
@@ -29,11 +30,16 @@ class Console {
 
   signOut(message) {
     this.api.signOut();
+    // An open form or secret dialog belongs to the session that ended (it resolves as cancelled).
+    document.querySelectorAll("dialog[open]").forEach((dialog) => dialog.close());
     this.notify(message);
     this.render();
   }
 
   async render() {
+    // A later render (another page, or the sign-in form after signing out) wins over a slow earlier one, whose
+    // data must not appear once no one is signed in.
+    const rendered = this.rendered = Symbol("render");
     const signedIn = this.api.signedIn;
     this.nav.hidden = this.signOutButton.hidden = !signedIn;
     if (!signedIn) return this.show(this.signInForm());
@@ -50,24 +56,29 @@ class Console {
       go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
     };
     this.main.setAttribute("aria-busy", "true");
-    const rendered = this.rendered = Symbol("render");
+    // Told at once, above the page being left, until the new one is shown (a month per hour may take a while).
+    if (!this.main.querySelector(".loading")) this.main.prepend(h("p", {class: "loading"}, "Loading…"));
     let page;
     try {
       page = await route[1](ctx, ...args);
     } catch (error) {
+      if (rendered !== this.rendered || !this.api.signedIn) return;  // left, or signed out (told why) meanwhile
       if (error instanceof ApiError && error.status === 401) {
         return this.signOut("Signed out: the admin key is no longer valid.");
       }
       page = h("section", {}, h("h1", {tabindex: "-1"}, "Something went wrong"),
         h("p", {class: "error", role: "alert"}, error.message));
     }
-    if (rendered === this.rendered) this.show(page);  // a later navigation wins over a slow earlier one
+    if (rendered === this.rendered && this.api.signedIn) this.show(page);
   }
 
   show(page) {
     this.main.replaceChildren(page);
     this.main.removeAttribute("aria-busy");
-    (page.querySelector("h1") ?? this.main).focus();
+    const heading = page.querySelector("h1");
+    // The tab, the history list and a screen reader tell pages apart by their title.
+    document.title = heading ? `${heading.textContent} — Portico console` : "Portico console";
+    (heading ?? this.main).focus();
   }
 
   go(hash) {

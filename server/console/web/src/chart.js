@@ -25,11 +25,18 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
   if (!series.length) return figure;
 
   let plot = null;
+  const bucket = bucketLabel === "hour" ? 3600 : 86400;
+  // A single bucket (today, per day) gets its own width around it: uPlot's range for one time spans 1,000 days, with
+  // the point on the chart's left edge.
+  const xRange = (u, min, max) => u.data[0].length === 1 ? [u.data[0][0] - bucket / 2, u.data[0][0] + bucket / 2]
+    : [min, max];
   const options = (width) => ({
     width, height: Math.max(180, Math.min(280, Math.round(width * 0.35))),
-    scales: {x: {time: true}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
+    scales: {x: {time: true, range: xRange}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
+    padding: [null, 40, null, null],  // room for the last time's label, centred on the plot's right edge
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
-    axes: [{}, {values: (u, values) => values.map(format), size: 70, incrs: integer ? INTEGER_STEPS : undefined}],
+    axes: [timeAxis(bucketLabel),
+      {values: (u, values) => values.map(format), size: 70, incrs: integer ? INTEGER_STEPS : undefined}],
     series: [{}, ...series.map((s, i) => ({
       label: s.label, stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
       points: {show: true, size: 5}, value: (u, v) => v === null || v === undefined ? "—" : format(v),
@@ -43,6 +50,26 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
     else plot.setSize({width, height: options(width).height});
   }).observe(plotBox);
   return figure;
+}
+
+const HOUR_STEPS = [1, 2, 3, 6, 12, 24, 48, 168, 336, 672].map((hours) => hours * 3600);
+const DAY_STEPS = [1, 2, 7, 14, 28, 56].map((days) => days * 86400);
+
+// The time axis in UTC, as the tables: per day, days only (a day's total is not a value at its midnight); per hour,
+// 24-hour times, with the date under each midnight and the first tick.
+function timeAxis(bucketLabel) {
+  const perDay = bucketLabel !== "hour";
+  return {
+    // A tick's date is as wide as 80 px: so far apart where every tick may carry one (more than two days shown).
+    label: perDay ? "Day (UTC)" : "Hour (UTC)", labelSize: 20,
+    space: (u, i, min, max) => perDay || max - min > 2 * 86400 ? 80 : 50,
+    incrs: perDay ? DAY_STEPS : HOUR_STEPS,
+    values: (u, splits) => splits.map((t, i) => {
+      const text = new Date(t * 1000).toISOString();
+      if (perDay) return text.slice(0, 10);
+      return i === 0 || t % 86400 === 0 ? `${text.slice(11, 16)}\n${text.slice(0, 10)}` : text.slice(11, 16);
+    }),
+  };
 }
 
 function stamp(unixSeconds, bucketLabel) {

@@ -57,8 +57,13 @@ export async function keyPage(ctx, id) {
     ctx.refresh();
   };
 
-  const limitRows = LIMITS.map(([name, label, unit]) =>
-    [label, key.limits?.[name] ? limitText(unit, key.limits[name]) : "gateway default"]);
+  // A default is told with its value, from the limits in force (the key's own ones, not a model's): "gateway default"
+  // alone would not say whether there is one.
+  const inForce = new Map(status.limits.filter((s) => !s.model).map((s) => [s.limit, s.value]));
+  const limitRows = LIMITS.map(([name, label, unit]) => [label, key.limits?.[name]
+    ? `${limitText(unit, key.limits[name])} (its own)`
+    : `${inForce.has(name) ? limitText(unit, inForce.get(name)) : unit === "usd" ? "no budget" : "no limit"} ` +
+      "(gateway default)"]);
   const labels = Object.fromEntries(LIMITS);
   const amount = (s, value) => limitText(s.unit === "usd" ? "usd" : "count", value);
   return h("section", {},
@@ -80,7 +85,7 @@ export async function keyPage(ctx, id) {
     h("dl", {class: "facts limits"}, limitRows.map(([label, value]) => [h("dt", {}, label), h("dd", {}, value)])),
     h("h2", {}, "Left now"),
     table("What the key has used and has left of each limit in force", ["Limit", "Models", "Used", "Left", "Resets in"],
-      status.limits.map((s) => [
+      status.limits.filter((s) => mayCall(key, s.model)).map((s) => [
         labels[s.limit] ?? s.limit,
         s.model ? `on ${s.model}` : "all its models",
         h("span", {class: "use"}, h("meter", {min: 0, max: s.value, value: s.used, high: s.value * 0.8,
@@ -93,10 +98,14 @@ export async function keyPage(ctx, id) {
     recentTable(recent));
 }
 
+// A per-model limit applies to a key only on a model it may call (the API lists every configured one).
+const mayCall = (key, model) => !model || key.all_models || key.models.includes(model);
+
 function duration(seconds) {
   if (seconds < 60) return `${Math.ceil(seconds)} s`;
   if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.ceil(seconds % 60)} s`;
-  return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
+  return `${Math.floor(seconds / 86400)} d ${Math.floor((seconds % 86400) / 3600)} h`;  // a month's budget
 }
 
 // The newest requests from the usage ledger (GET /v1/organization/requests): what each cost and how it ended (no

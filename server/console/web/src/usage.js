@@ -45,14 +45,16 @@ export function usageParams({start, end, width, groups = [], keyIds = []}) {
 function periodOf(query) {
   const now = Math.floor(Date.now() / 1000);
   const from = query.get("from"), to = query.get("to");
-  if (from && to) {
+  let refused = null;  // days in the link that make no period (To before From, a day to come, not a date)
+  if (from !== null || to !== null) {
     const start = Date.parse(`${from}T00:00:00Z`) / 1000;
     const end = Math.min(Date.parse(`${to}T00:00:00Z`) / 1000 + DAY, now + 1);
     if (start < end) return {start, end, label: `${from} to ${to}`, key: "custom", now};
+    refused = `from ${from ?? "(none)"} to ${to ?? "(none)"}`;
   }
   const key = PERIODS[query.get("period")] ? query.get("period") : "week";
   const [label, startOf] = PERIODS[key];
-  return {start: startOf(now), end: now + 1, label, key, now};  // the API's end_time is exclusive
+  return {start: startOf(now), end: now + 1, label, key, now, refused};  // the API's end_time is exclusive
 }
 
 export async function usagePage(ctx) {
@@ -106,6 +108,8 @@ async function usageView(ctx) {
   return h("section", {},
     h("h1", {tabindex: "-1"}, "Usage"),
     filters(ctx, period, group, width),
+    period.refused ? h("p", {class: "error", role: "alert"}, `The days in this link (${period.refused}) make no `,
+      `period: ${period.label} is shown instead.`) : null,
     h("p", {class: "window"}, `From ${when(start)} to ${end > period.now ? "now" : when(end)}, per ${per}`,
       shownPerHour ? " (this period does not start at a UTC midnight, so it is shown per hour)" : "", "."),
     h("div", {class: "cards", role: "list", "aria-label": `Totals, ${period.label}`},

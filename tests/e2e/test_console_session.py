@@ -1,0 +1,287 @@
+"""The admin console's session in a real browser: what an operator sees when the signed-in admin key stops working
+or the gateway goes away while the console is open, and a key's limits as the gateway enforces them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from playwright.sync_api import expect
+
+import server
+from tests.e2e.conftest import running_gateway
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+SIGNED_OUT = "Signed out: the admin key is no longer valid."
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    """The default catalog, with a price on family-a-5.5 so that its requests count against budgets, and a limit per
+    key on family-a-5.4."""
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    next(m for m in config["models"] if m["id"] == "family-a-5.5")["price"] = {"input": 1, "output": 2}
+    config["limits"]["models"] = {"family-a-5.4": {"requests_per_minute": 9}}
+    path = tmp_path_factory.mktemp("console-session-config") / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running_gateway(tmp_path_factory.mktemp("console-session-data"), "--dev-key", config=path) as gateway:
+        yield gateway
+
+
+def admin_key(gateway, name: str) -> tuple[str, str]:
+    made = gateway.cli("keys", "create", "--name", name, "--all-models", "--admin").stdout.split()
+    return made[2], made[-1]
+
+
+def refused_calls_aside(lines: list[str]) -> list[str]:
+    return [line for line in lines if "the server responded with a status of 401" not in line]
+
+
+def test_an_admin_key_revoked_while_a_form_is_open_signs_out(tab, gateway):
+    """Saving with a revoked admin key used to leave the form open with "Incorrect API key provided.", as if the key
+    being edited were wrong, and the console signed in with a key that no longer works."""
+    admin_id, secret = admin_key(gateway, "revoked-meanwhile")
+    target = gateway.cli("keys", "create", "--name", "edited", "--all-models").stdout.split()[2]
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{target}")
+    page = tab.page
+    page.get_by_role("button", name="Edit").click()
+    page.get_by_role("dialog").get_by_label("Requests per minute").fill("42")
+    gateway.cli("keys", "revoke", admin_id)
+    page.wait_for_timeout(1500)  # keys.cache_seconds
+    page.get_by_role("dialog").get_by_role("button", name="Save").click()
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    expect(page.get_by_role("status")).to_have_text(SIGNED_OUT)
+    expect(page.get_by_label("Admin key")).to_be_visible()
+    expect(page.get_by_role("navigation")).to_be_hidden()
+    tab.shot("signed-out-mid-edit")
+    assert refused_calls_aside(tab.problems.lines) == []
+
+
+def test_the_gateway_going_away_while_the_console_is_open(browser, tmp_path):
+    """Every page and form says the gateway cannot be reached, and the form stays usable for a retry."""
+    from tests.e2e.browser import Tab
+
+    with running_gateway(tmp_path / "gone-data", "--dev-key") as gone:
+        _, secret = admin_key(gone, "ops")
+        tab = Tab(browser, gone, tmp_path)
+        tab.sign_in(secret)
+        expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        tab.page.get_by_role("button", name="Create key").click()
+        tab.page.get_by_role("dialog").get_by_label("Name").fill("made-too-late")
+    try:
+        page = tab.page
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_role("button", name="Create key").click()
+        expect(dialog.get_by_role("alert")).to_have_text("The gateway could not be reached: check that it is "
+                                                         "running, then try again.")
+        expect(dialog.get_by_role("button", name="Create key")).to_be_enabled()
+        dialog.get_by_role("button", name="Cancel").click()
+        for name in ("Usage", "Models", "Keys"):
+            page.get_by_role("navigation").get_by_role("link", name=name).click()
+            expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
+            expect(page.get_by_role("alert")).to_contain_text("could not be reached")
+            expect(page.locator("main")).not_to_have_attribute("aria-busy", "true")
+        tab.shot("gateway-gone")
+        assert [line for line in tab.problems.lines if "ERR_CONNECTION_REFUSED" not in line] == []
+    finally:
+        tab.context.close()
+
+
+def test_a_keys_limits_say_what_the_gateways_defaults_are(tab, gateway):
+    """"gateway default" alone left the operator to guess whether a default limit exists (requests per minute:
+    600) or none does (tokens per day); the key's page says which, from the limits in force."""
+    _, secret = admin_key(gateway, "ops-limits")
+    key_id = gateway.cli("keys", "create", "--name", "own-rpm", "--all-models", "--rpm", "100").stdout.split()[2]
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{key_id}")
+    limits = tab.page.locator("dl.limits")
+    expect(limits.locator("dd")).to_have_text([
+        "100 (its own)", "1,000,000 (gateway default)", "32 (gateway default)", "no limit (gateway default)",
+        "no limit (gateway default)", "no budget (gateway default)", "no budget (gateway default)"])
+    assert tab.problems.lines == []
+
+
+def contrast(one: str, other: str) -> float:
+    """WCAG's contrast ratio of two CSS colours given as rgb(r, g, b)."""
+    def luminance(colour: str) -> float:
+        channels = [int(c) / 255 for c in re.findall(r"\d+", colour)[:3]]
+        r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    high, low = sorted((luminance(one), luminance(other)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_the_keyboard_focus_and_error_messages_stand_out(tab, gateway):
+    """The focus ring was amber (#ffb000) at 1.8:1 on white: below the 3:1 WCAG asks of a focus indicator."""
+    _, secret = admin_key(gateway, "ops-focus")
+    tab.open()
+    page = tab.page
+    page.get_by_label("Admin key").fill("pk-wrong")
+    page.keyboard.press("Enter")
+    error = page.get_by_role("alert")
+    expect(error).to_contain_text("not valid")
+    assert contrast(error.evaluate("e => getComputedStyle(e).color"), "rgb(255, 255, 255)") >= 4.5
+    page.get_by_label("Admin key").fill(secret)
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    for backdrop in ("header", "main"):  # the navigation's grey band, and the page
+        page.keyboard.press("Tab")
+        while page.evaluate(f"!document.activeElement.closest('{backdrop}')"):
+            page.keyboard.press("Tab")
+        ring = page.evaluate("getComputedStyle(document.activeElement).outlineColor")
+        behind = page.locator(backdrop).first.evaluate("e => getComputedStyle(e).backgroundColor")
+        behind = "rgb(255, 255, 255)" if behind == "rgba(0, 0, 0, 0)" else behind
+        assert contrast(ring, behind) >= 3, (backdrop, ring, behind)
+
+
+def test_html_in_a_key_name_is_shown_as_text(tab, gateway):
+    """A name is whatever an admin typed: the console sets it as text on every page, chart legend and dialog."""
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-xss")
+    name = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+    made = api(gateway, secret, "POST", "/v1/admin/keys", json={"name": name, "all_models": True}).json()
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert api(gateway, made["secret"], "POST", "/v1/chat/completions", json=chat).status_code == 200
+    tab.page.wait_for_timeout(1200)  # usage.flush_seconds
+    alerts = []
+    tab.page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
+    tab.sign_in(secret)
+    expect(tab.page.get_by_role("link", name=name)).to_be_visible()
+    tab.open(f"#/keys/{made['key']['id']}")
+    expect(tab.page.get_by_role("heading", name=name, level=1)).to_be_visible()
+    tab.page.get_by_role("button", name="Revoke").click()
+    expect(tab.page.get_by_role("dialog")).to_contain_text(f"Revoke “{name}”?")
+    tab.page.get_by_role("dialog").get_by_role("button", name="Cancel").click()
+    tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
+    expect(tab.page.locator("#chart-requests .u-legend")).to_contain_text(name)
+    assert tab.page.locator("main img, main script, body > dialog img").count() == 0 and alerts == []
+
+
+def test_a_monthly_budget_resets_in_days(tab, gateway):
+    """A month's budget resets at the month's end: "101 h 42 min" left the operator to divide by 24."""
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-month")
+    made = gateway.cli("keys", "create", "--name", "monthly", "--all-models", "--max-spend-month", "100").stdout.split()
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert api(gateway, made[-1], "POST", "/v1/chat/completions", json=chat).status_code == 200
+    status = api(gateway, secret, "GET", f"/v1/admin/keys/{made[2]}/limits").json()["limits"]
+    reset = next(s["reset_seconds"] for s in status if s["limit"] == "max_spend_month")
+    days = int(reset // 86400)
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{made[2]}")
+    row = tab.page.get_by_role("region", name="What the key has used").get_by_role(
+        "row", name=re.compile("^Budget per month"))
+    if days:  # on a month's last day it is hours and minutes, as for a day's budget
+        expect(row.get_by_role("cell").last).to_have_text(re.compile(rf"^({days}|{days - 1}) d \d{{1,2}} h$"))
+    assert tab.problems.lines == []
+
+
+def test_a_gateway_that_stops_answering_is_told_not_waited_for(browser, gateway, tmp_path):
+    """A hung gateway (here: stopped with SIGSTOP) accepts the connection and never answers: the form waited for
+    ever, its button disabled under a "progress" cursor. After 30 seconds the console says so."""
+    import os
+    import signal
+
+    from tests.e2e.browser import Tab
+
+    _, secret = admin_key(gateway, "ops-hung")
+    tab = Tab(browser, gateway, tmp_path)
+    tab.page.clock.install()  # its timers, fast-forwarded below (time otherwise flows as usual)
+    try:
+        tab.sign_in(secret)
+        page = tab.page
+        page.get_by_role("button", name="Create key").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_label("Name").fill("made-while-hung")
+        os.killpg(gateway.process.pid, signal.SIGSTOP)
+        try:
+            dialog.get_by_role("button", name="Create key").click()
+            expect(dialog.get_by_role("button", name="Create key")).to_be_disabled()
+            page.clock.fast_forward(31_000)
+            expect(dialog.get_by_role("alert")).to_contain_text("did not answer within 30 seconds")
+            expect(dialog.get_by_role("button", name="Create key")).to_be_enabled()
+        finally:
+            os.killpg(gateway.process.pid, signal.SIGCONT)
+        assert [line for line in tab.problems.lines if "ERR_" not in line] == []
+    finally:
+        tab.context.close()
+
+
+def test_a_page_that_arrives_after_sign_out_is_not_shown(tab, gateway):
+    """Signing out while a page loads: the page's answers arrived after, and the page (the catalog, say) replaced
+    the sign-in form, its data on screen with no one signed in."""
+    import os
+    import signal
+
+    _, secret = admin_key(gateway, "ops-late")
+    tab.sign_in(secret)
+    page = tab.page
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    os.killpg(gateway.process.pid, signal.SIGSTOP)  # the page's requests wait, unanswered
+    try:
+        page.get_by_role("navigation").get_by_role("link", name="Models").click()
+        page.wait_for_timeout(300)
+        page.get_by_role("button", name="Sign out").click()
+        expect(page.get_by_label("Admin key")).to_be_visible()
+    finally:
+        os.killpg(gateway.process.pid, signal.SIGCONT)
+    page.wait_for_timeout(1500)  # the answers arrive
+    expect(page.get_by_role("heading", level=1)).to_have_text("Sign in")
+    expect(page.get_by_label("Admin key")).to_be_visible()
+    expect(page.get_by_role("status")).to_have_text("Signed out.")
+    assert tab.problems.lines == []
+
+
+def test_each_page_has_its_own_title(tab, gateway):
+    """Every page was titled "Portico console": the browser's history and tabs, and a screen reader's first words,
+    could not tell the key page from the usage page."""
+    _, secret = admin_key(gateway, "ops-titles")
+    tab.open()
+    expect(tab.page).to_have_title("Sign in — Portico console")
+    tab.sign_in(secret)
+    expect(tab.page).to_have_title("Keys — Portico console")
+    for name in ("Usage", "Models"):
+        tab.page.get_by_role("navigation").get_by_role("link", name=name).click()
+        expect(tab.page).to_have_title(f"{name} — Portico console")
+    assert tab.problems.lines == []
+
+
+def test_a_page_that_takes_its_time_says_it_is_loading(tab, gateway):
+    """A slow answer (a month per hour on a large ledger, a busy gateway) left the previous page on screen with no
+    sign that the click was taken."""
+    import os
+    import signal
+
+    _, secret = admin_key(gateway, "ops-slow")
+    tab.sign_in(secret)
+    page = tab.page
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    os.killpg(gateway.process.pid, signal.SIGSTOP)
+    try:
+        page.get_by_role("navigation").get_by_role("link", name="Usage").click()
+        expect(page.locator("main").get_by_text("Loading…")).to_be_visible()
+    finally:
+        os.killpg(gateway.process.pid, signal.SIGCONT)
+    expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+    expect(page.locator("main").get_by_text("Loading…")).to_have_count(0)
+    assert tab.problems.lines == []
+
+
+def test_a_keys_page_shows_the_limits_of_the_models_it_may_call(tab, gateway):
+    """A limit on family-a-5.4 was listed on the page of a key that may call only family-a-5.5, as if it applied."""
+    _, secret = admin_key(gateway, "ops-model-limits")
+    narrow = gateway.cli("keys", "create", "--name", "narrow", "--models", "family-a-5.5").stdout.split()[2]
+    wide = gateway.cli("keys", "create", "--name", "wide", "--all-models").stdout.split()[2]
+    tab.sign_in(secret)
+    for key_id, shown in ((wide, 1), (narrow, 0)):
+        tab.open(f"#/keys/{key_id}")
+        left = tab.page.get_by_role("region", name="What the key has used")
+        expect(left.get_by_role("row", name=re.compile("^Requests per minute all its models"))).to_have_count(1)
+        expect(left.get_by_role("row", name=re.compile("on family-a-5.4"))).to_have_count(shown)
+    assert tab.problems.lines == []
