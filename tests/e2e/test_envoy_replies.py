@@ -21,6 +21,20 @@ def http(gateway) -> httpx.Client:
         yield client
 
 
+def _exchange(gateway, request: bytes) -> bytes:
+    """`request` sent as raw bytes, and the answer read up to the end of its error object (a socket timeout, no
+    answer, fails the test)."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        conn.sendall(request)
+        answer = b""
+        while b"}}" not in answer:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
 def _assert_error(response: httpx.Response, status: int, code: str, *, anthropic: bool = False) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
@@ -54,14 +68,7 @@ def test_unknown_path_is_404(http):
 def test_connect_is_404_at_once(gateway):
     """CONNECT, as curl sends it when told the gateway is its proxy (`curl -x`): the body filter waited for the end
     of a tunnel that never ends, and the caller got nothing until Envoy's timeouts (minutes)."""
-    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
-        conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
-        answer = b""
-        while b"}}" not in answer:
-            chunk = conn.recv(4096)  # a timeout (no answer) fails the test
-            if not chunk:
-                break
-            answer += chunk
+    answer = _exchange(gateway, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     status_line, *lines = head.decode().split("\r\n")
     assert status_line == "HTTP/1.1 404 Not Found"
@@ -97,14 +104,7 @@ def test_a_body_announced_over_the_cap_is_413_before_it_is_sent(gateway, path, a
     Envoy waiting for the body (and one that sends it would have 8 MiB read first)."""
     head = (f"POST {path} HTTP/1.1\r\nHost: portico\r\nAuthorization: Bearer {gateway.secret}\r\n"
             "Content-Type: application/json\r\nContent-Length: 9000000\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
-        conn.sendall(head.encode())
-        answer = b""
-        while b"}}" not in answer:
-            chunk = conn.recv(4096)  # a timeout (no answer) fails the test
-            if not chunk:
-                break
-            answer += chunk
+    answer = _exchange(gateway, head.encode())
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 413 Payload Too Large"
     body = json.loads(rest.partition(b"\r\n\r\n")[2])
