@@ -64,7 +64,7 @@ def chat_request(
         params=_sampling(body, default_max_tokens),
         tools=tools,
         tool_choice=_tool_choice(body, tools, unread),
-        json_output=_response_format(body) != "text",
+        json_output=_response_format(body, unread) != "text",
         source=OpenAIChatSource(body, tuple(unread)),
         stream=stream,
     )
@@ -200,12 +200,16 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
     )
 
 
-def _response_format(body: Mapping[str, Json]) -> str:
+def _response_format(body: Mapping[str, Json], unread: list[Unread]) -> str:
     response_format = opt_object(body, "response_format")
     if response_format is None:
         return "text"
-    kind = response_format.get("type")
-    if kind not in _RESPONSE_FORMATS:
-        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(_RESPONSE_FORMATS)}; "
-                             f"got {shown(kind)}.", param="response_format.type")
+    kind = opt_string(response_format, "type", "response_format")
+    if kind is None:
+        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(_RESPONSE_FORMATS)}; got null.",
+                             param="response_format.type")
+    if kind not in _RESPONSE_FORMATS:  # a kind added later (vLLM's `structural_tag`): for an upstream of this dialect
+        unread.append(Unread("response_format.type", f"`response_format` of type {shown(kind)} is not supported by "
+                                                     "this model."))
+        return "text"
     return kind

@@ -130,23 +130,35 @@ def test_fields_the_other_models_cannot_honour_are_refused_naming_them(oai, doub
 
 
 def test_kinds_the_gateway_does_not_know_pass_whole_to_their_own_dialect_only(oai, double):
-    """A custom tool's call sent back, a content part and a tool of kinds added to the API later."""
+    """A custom tool's call sent back, a content part, a tool and a response format (vLLM's structural tags) of kinds
+    added to the API later."""
     messages = [{"role": "user", "content": [{"type": "text", "text": "Query?"},
                                              {"type": "video_url", "video_url": {"url": "http://v"}}]},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_1", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "1"}]
     tools = [{"type": "custom", "custom": {"name": "sql"}}, {"type": "future_tool", "future_tool": {}}]
-    oai.chat.completions.create(model="chat-gpt", messages=messages, tools=tools, max_tokens=3)
+    response_format = {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}],
+                       "triggers": ["<f>"]}
+    oai.chat.completions.create(model="chat-gpt", messages=messages, tools=tools, max_tokens=3,
+                                extra_body={"response_format": response_format})
     (seen,) = double.seen
     assert seen.body["messages"] == messages and seen.body["tools"] == tools
+    assert seen.body["response_format"] == response_format
     hi = {"role": "user", "content": "Hi"}
-    for param, fields in (("messages[0].content[1].type", {"messages": messages}),
-                          ("messages[1].tool_calls[0].type", {"messages": [hi, *messages[1:]]}),
-                          ("tools[0].type", {"messages": [hi], "tools": tools[1:]})):
+    structural = {"messages": [hi], "extra_body": {"response_format": response_format}}
+    for model, param, fields in (
+            ("chat-claude", "messages[0].content[1].type", {"messages": messages}),
+            ("chat-claude", "messages[1].tool_calls[0].type", {"messages": [hi, *messages[1:]]}),
+            ("chat-claude", "tools[0].type", {"messages": [hi], "tools": tools[1:]}),
+            ("chat-claude", "response_format.type", structural),
+            ("chat-embedded", "response_format.type", structural)):
         with pytest.raises(openai.BadRequestError) as caught:
-            oai.chat.completions.create(model="chat-claude", max_tokens=3, **fields)
+            oai.chat.completions.create(model=model, max_tokens=3, **fields)
         assert caught.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as caught:  # a kind is still a string
+        oai.chat.completions.create(model="chat-gpt", messages=[hi], extra_body={"response_format": {"type": 7}})
+    assert caught.value.body["param"] == "response_format.type" and len(double.seen) == 1
 
 
 def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, claude, double):
