@@ -114,6 +114,24 @@ def test_an_anthropic_stream_passes_the_body_and_several_betas(claude, double):
     assert seen.body["tools"] == [SEARCH_TOOL] and seen.body["stream"] is True
 
 
+def test_a_tool_results_blocks_of_kinds_added_later_reach_an_anthropic_upstream_only(claude, double):
+    """Tool search answers with `tool_reference` blocks inside a `tool_result`."""
+    messages = [{"role": "user", "content": "Find a weather tool."},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "search",
+                                                   "input": {"query": "weather"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                    {"type": "tool_reference", "tool_name": "weather"}]}]}]
+    tools = [{**CUSTOM_TOOL, "name": "search"}]
+    claude.messages.create(model="messages-claude", max_tokens=4, tools=tools, messages=messages)
+    (seen,) = double.seen
+    assert seen.body["messages"] == messages
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model=model, max_tokens=4, tools=tools, messages=messages)
+        assert refused.value.body["error"]["param"] == "messages[2].content[0].content[0].type"
+    assert len(double.seen) == 1
+
+
 @pytest.mark.parametrize("model", ["chat-claude", "chat-embedded"])
 def test_fields_the_other_models_cannot_honour_are_refused_naming_them(oai, double, model):
     for extra, param in (({"chat_template_kwargs": THINKING_KWARGS}, "chat_template_kwargs"),
