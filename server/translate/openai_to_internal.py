@@ -110,11 +110,17 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
         )
     tool_calls = opt_array(message, "tool_calls", where) or []
     content = message.get("content")
-    if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call"))):
+    # An assistant's answer as the API returned it may have no content: a refusal, or a spoken answer (its audio id).
+    refusal = opt_string(message, "refusal", where) if role_name == "assistant" else None
+    audio = opt_object(message, "audio", where) if role_name == "assistant" else None
+    if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call") or refusal
+                                                              or audio is not None)):
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
+    if audio is not None:
+        unread.append(Unread(f"{where}.audio", "Audio answers are not supported by this model."))
     opt_string(message, "name", where)
     opt_string(message, "reasoning_content", where)  # not read, but still type-checked
-    text, others = text_parts(content, f"{where}.content", part_types=None,
+    text, others = text_parts(refusal if content is None else content, f"{where}.content", part_types=None,
                               text_members=_TEXT_PARTS.get(role_name, TEXT_PARTS))
     for i in others:
         kind = content[i]["type"]

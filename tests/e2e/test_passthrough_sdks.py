@@ -179,6 +179,26 @@ def test_kinds_the_gateway_does_not_know_pass_whole_to_their_own_dialect_only(oa
     assert caught.value.body["param"] == "response_format.type" and len(double.seen) == 1
 
 
+def test_assistant_turns_without_content_pass_whole_and_are_read_elsewhere(oai, double):
+    """What the openai SDK hands back for the history: a refusal (content null) and a spoken answer referred to by
+    its audio id (no content)."""
+    hi, why = {"role": "user", "content": "Hi"}, {"role": "user", "content": "Why?"}
+    refusal = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    spoken = {"role": "assistant", "audio": {"id": "audio_1"}}
+    oai.chat.completions.create(model="chat-gpt", messages=[hi, refusal, why, spoken, why], max_tokens=3)
+    assert double.seen[0].body["messages"] == [hi, refusal, why, spoken, why]
+    oai.chat.completions.create(model="chat-claude", messages=[hi, refusal, why], max_tokens=3)
+    assert double.seen[1].body["messages"][1] == {"role": "assistant", "content": "I can't help with that."}
+    assert oai.chat.completions.create(model="chat-embedded", messages=[hi, refusal, why], max_tokens=2).choices
+    for model in ("chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=[hi, spoken, why], max_tokens=3)
+        assert caught.value.body["param"] == "messages[1].audio"
+    with pytest.raises(openai.BadRequestError) as caught:  # still type-checked
+        oai.chat.completions.create(model="chat-gpt", messages=[hi, {**refusal, "refusal": 5}, why])
+    assert caught.value.body["param"] == "messages[1].refusal" and len(double.seen) == 2
+
+
 def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, claude, double):
     oai.chat.completions.create(model="chat-claude", messages=[{"role": "user", "content": "Oslo"}], max_tokens=4,
                                 seed=3, user="u-1", frequency_penalty=0, extra_body={"top_k": 7})
