@@ -84,11 +84,12 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
         opt_number(biases, token, -100.0, 100.0, "logit_bias")
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)
+    top_k = opt_int(body, "top_k", -1)  # 0, and vLLM's -1: every token
     return SamplingParams(
         max_tokens=max_completion or max_tokens or default_max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 2.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0),
-        top_k=opt_int(body, "top_k", 0) or None,
+        top_k=top_k if top_k and top_k > 0 else None,
         min_p=opt_number(body, "min_p", 0.0, 1.0),
         repetition_penalty=opt_number(body, "repetition_penalty", 0.0, 10.0),
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0),

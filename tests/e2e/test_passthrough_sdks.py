@@ -222,6 +222,18 @@ def test_the_embedded_model_acts_on_sampling_extensions(oai):
     assert completion.usage.completion_tokens >= 1
 
 
+def test_a_top_k_of_minus_one_is_vllms_every_token(oai, double):
+    for model in ("chat-gpt", "chat-claude", "chat-embedded"):
+        assert oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           extra_body={"top_k": -1}).choices
+    gpt, claude = double.seen
+    assert gpt.body["top_k"] == -1 and "top_k" not in claude.body  # unchanged; Anthropic's default is every token
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-gpt", messages=[{"role": "user", "content": "Hi"}],
+                                    extra_body={"top_k": -2})
+    assert caught.value.body["param"] == "top_k"
+
+
 def test_wrong_types_are_400s_naming_the_path(gateway):
     import httpx
 
