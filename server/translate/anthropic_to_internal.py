@@ -117,8 +117,9 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
         call_id = opt_string(block, "tool_use_id", where)
         if not call_id:
             raise InvalidRequest(f"{where}.tool_use_id: Field required", param=f"{where}.tool_use_id")
-        text, others = text_parts(block.get("content"), f"{where}.content",
-                                  part_types=("text", "image", "document", "search_result"))
+        # Blocks of any kind (images, documents, search results, tool search's `tool_reference`, kinds added later):
+        # an Anthropic upstream judges them.
+        text, others = text_parts(block.get("content"), f"{where}.content", part_types=None)
         if others:
             unread.append(Unread(f"{where}.content[{others[0]}].type",
                                  "Tool results with other than text blocks are not supported by this model."))

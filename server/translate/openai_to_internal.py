@@ -64,7 +64,7 @@ def chat_request(
         params=_sampling(body, default_max_tokens),
         tools=tools,
         tool_choice=_tool_choice(body, tools, unread),
-        json_output=_response_format(body) != "text",
+        json_output=_response_format(body, unread) != "text",
         source=OpenAIChatSource(body, tuple(unread)),
         stream=stream,
     )
@@ -84,11 +84,12 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
         opt_number(biases, token, -100.0, 100.0, "logit_bias")
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)
+    top_k = opt_int(body, "top_k", -1)  # 0, and vLLM's -1: every token
     return SamplingParams(
         max_tokens=max_completion or max_tokens or default_max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 2.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0),
-        top_k=opt_int(body, "top_k", 0) or None,
+        top_k=top_k if top_k and top_k > 0 else None,
         min_p=opt_number(body, "min_p", 0.0, 1.0),
         repetition_penalty=opt_number(body, "repetition_penalty", 0.0, 10.0),
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0),
@@ -110,11 +111,17 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
         )
     tool_calls = opt_array(message, "tool_calls", where) or []
     content = message.get("content")
-    if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call"))):
+    # An assistant's answer as the API returned it may have no content: a refusal, or a spoken answer (its audio id).
+    refusal = opt_string(message, "refusal", where) if role_name == "assistant" else None
+    audio = opt_object(message, "audio", where) if role_name == "assistant" else None
+    if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call") or refusal
+                                                              or audio is not None)):
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
+    if audio is not None:
+        unread.append(Unread(f"{where}.audio", "Audio answers are not supported by this model."))
     opt_string(message, "name", where)
     opt_string(message, "reasoning_content", where)  # not read, but still type-checked
-    text, others = text_parts(content, f"{where}.content", part_types=None,
+    text, others = text_parts(refusal if content is None else content, f"{where}.content", part_types=None,
                               text_members=_TEXT_PARTS.get(role_name, TEXT_PARTS))
     for i in others:
         kind = content[i]["type"]
@@ -200,12 +207,16 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
     )
 
 
-def _response_format(body: Mapping[str, Json]) -> str:
+def _response_format(body: Mapping[str, Json], unread: list[Unread]) -> str:
     response_format = opt_object(body, "response_format")
     if response_format is None:
         return "text"
-    kind = response_format.get("type")
-    if kind not in _RESPONSE_FORMATS:
-        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(_RESPONSE_FORMATS)}; "
-                             f"got {shown(kind)}.", param="response_format.type")
+    kind = opt_string(response_format, "type", "response_format")
+    if kind is None:
+        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(_RESPONSE_FORMATS)}; got null.",
+                             param="response_format.type")
+    if kind not in _RESPONSE_FORMATS:  # a kind added later (vLLM's `structural_tag`): for an upstream of this dialect
+        unread.append(Unread("response_format.type", f"`response_format` of type {shown(kind)} is not supported by "
+                                                     "this model."))
+        return "text"
     return kind

@@ -114,6 +114,24 @@ def test_an_anthropic_stream_passes_the_body_and_several_betas(claude, double):
     assert seen.body["tools"] == [SEARCH_TOOL] and seen.body["stream"] is True
 
 
+def test_a_tool_results_blocks_of_kinds_added_later_reach_an_anthropic_upstream_only(claude, double):
+    """Tool search answers with `tool_reference` blocks inside a `tool_result`."""
+    messages = [{"role": "user", "content": "Find a weather tool."},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "search",
+                                                   "input": {"query": "weather"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                    {"type": "tool_reference", "tool_name": "weather"}]}]}]
+    tools = [{**CUSTOM_TOOL, "name": "search"}]
+    claude.messages.create(model="messages-claude", max_tokens=4, tools=tools, messages=messages)
+    (seen,) = double.seen
+    assert seen.body["messages"] == messages
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model=model, max_tokens=4, tools=tools, messages=messages)
+        assert refused.value.body["error"]["param"] == "messages[2].content[0].content[0].type"
+    assert len(double.seen) == 1
+
+
 @pytest.mark.parametrize("model", ["chat-claude", "chat-embedded"])
 def test_fields_the_other_models_cannot_honour_are_refused_naming_them(oai, double, model):
     for extra, param in (({"chat_template_kwargs": THINKING_KWARGS}, "chat_template_kwargs"),
@@ -130,23 +148,55 @@ def test_fields_the_other_models_cannot_honour_are_refused_naming_them(oai, doub
 
 
 def test_kinds_the_gateway_does_not_know_pass_whole_to_their_own_dialect_only(oai, double):
-    """A custom tool's call sent back, a content part and a tool of kinds added to the API later."""
+    """A custom tool's call sent back, a content part, a tool and a response format (vLLM's structural tags) of kinds
+    added to the API later."""
     messages = [{"role": "user", "content": [{"type": "text", "text": "Query?"},
                                              {"type": "video_url", "video_url": {"url": "http://v"}}]},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_1", "type": "custom", "custom": {"name": "sql", "input": "SELECT 1"}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "1"}]
     tools = [{"type": "custom", "custom": {"name": "sql"}}, {"type": "future_tool", "future_tool": {}}]
-    oai.chat.completions.create(model="chat-gpt", messages=messages, tools=tools, max_tokens=3)
+    response_format = {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}],
+                       "triggers": ["<f>"]}
+    oai.chat.completions.create(model="chat-gpt", messages=messages, tools=tools, max_tokens=3,
+                                extra_body={"response_format": response_format})
     (seen,) = double.seen
     assert seen.body["messages"] == messages and seen.body["tools"] == tools
+    assert seen.body["response_format"] == response_format
     hi = {"role": "user", "content": "Hi"}
-    for param, fields in (("messages[0].content[1].type", {"messages": messages}),
-                          ("messages[1].tool_calls[0].type", {"messages": [hi, *messages[1:]]}),
-                          ("tools[0].type", {"messages": [hi], "tools": tools[1:]})):
+    structural = {"messages": [hi], "extra_body": {"response_format": response_format}}
+    for model, param, fields in (
+            ("chat-claude", "messages[0].content[1].type", {"messages": messages}),
+            ("chat-claude", "messages[1].tool_calls[0].type", {"messages": [hi, *messages[1:]]}),
+            ("chat-claude", "tools[0].type", {"messages": [hi], "tools": tools[1:]}),
+            ("chat-claude", "response_format.type", structural),
+            ("chat-embedded", "response_format.type", structural)):
         with pytest.raises(openai.BadRequestError) as caught:
-            oai.chat.completions.create(model="chat-claude", max_tokens=3, **fields)
+            oai.chat.completions.create(model=model, max_tokens=3, **fields)
         assert caught.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as caught:  # a kind is still a string
+        oai.chat.completions.create(model="chat-gpt", messages=[hi], extra_body={"response_format": {"type": 7}})
+    assert caught.value.body["param"] == "response_format.type" and len(double.seen) == 1
+
+
+def test_assistant_turns_without_content_pass_whole_and_are_read_elsewhere(oai, double):
+    """What the openai SDK hands back for the history: a refusal (content null) and a spoken answer referred to by
+    its audio id (no content)."""
+    hi, why = {"role": "user", "content": "Hi"}, {"role": "user", "content": "Why?"}
+    refusal = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    spoken = {"role": "assistant", "audio": {"id": "audio_1"}}
+    oai.chat.completions.create(model="chat-gpt", messages=[hi, refusal, why, spoken, why], max_tokens=3)
+    assert double.seen[0].body["messages"] == [hi, refusal, why, spoken, why]
+    oai.chat.completions.create(model="chat-claude", messages=[hi, refusal, why], max_tokens=3)
+    assert double.seen[1].body["messages"][1] == {"role": "assistant", "content": "I can't help with that."}
+    assert oai.chat.completions.create(model="chat-embedded", messages=[hi, refusal, why], max_tokens=2).choices
+    for model in ("chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=[hi, spoken, why], max_tokens=3)
+        assert caught.value.body["param"] == "messages[1].audio"
+    with pytest.raises(openai.BadRequestError) as caught:  # still type-checked
+        oai.chat.completions.create(model="chat-gpt", messages=[hi, {**refusal, "refusal": 5}, why])
+    assert caught.value.body["param"] == "messages[1].refusal" and len(double.seen) == 2
 
 
 def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, claude, double):
@@ -170,6 +220,18 @@ def test_the_embedded_model_acts_on_sampling_extensions(oai):
                                              max_tokens=3, extra_body={"top_k": 1, "min_p": 0.1,
                                                                        "repetition_penalty": 1.3})
     assert completion.usage.completion_tokens >= 1
+
+
+def test_a_top_k_of_minus_one_is_vllms_every_token(oai, double):
+    for model in ("chat-gpt", "chat-claude", "chat-embedded"):
+        assert oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           extra_body={"top_k": -1}).choices
+    gpt, claude = double.seen
+    assert gpt.body["top_k"] == -1 and "top_k" not in claude.body  # unchanged; Anthropic's default is every token
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-gpt", messages=[{"role": "user", "content": "Hi"}],
+                                    extra_body={"top_k": -2})
+    assert caught.value.body["param"] == "top_k"
 
 
 def test_wrong_types_are_400s_naming_the_path(gateway):

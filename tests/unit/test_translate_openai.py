@@ -63,6 +63,8 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
     assert plan(tool_choice="required").generation.tool_choice.needs_tool_calls
     assert plan(parallel_tool_calls=False).generation.tool_choice == ToolChoice(parallel=False)
     assert plan().generation.tool_choice is None and not plan().generation.json_output
+    later = plan(response_format={"type": "structural_tag", "structures": []}).generation  # for its own dialect only
+    assert not later.json_output and [u.param for u in later.source.unread] == ["response_format.type"]
 
 
 @pytest.mark.parametrize(
@@ -71,7 +73,8 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
         ({"stop": [""]}, "stop[0]"),
         ({"stop": 5}, "stop"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
-        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": 7}}, "response_format.type"),
+        ({"response_format": {}}, "response_format.type"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),  # not in tools
         ({"tools": [{"type": 7}]}, "tools[0].type"),
