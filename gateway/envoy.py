@@ -90,7 +90,7 @@ def render_config(
     config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
     listener = config["static_resources"]["listeners"][0]
     listener["address"] = {"socket_address": {"address": listen_host, "port_value": listen_port}}
-    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm = http_manager(config)
     if stream_idle_timeout_s is not None:
         hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s:g}s"
     if access_log_path is None:
@@ -111,6 +111,11 @@ def render_config(
         {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}
     ]
     return config
+
+
+def http_manager(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The public listener's HTTP connection manager: the routes, filters and limits of the REST and gRPC port."""
+    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 
 
 def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:

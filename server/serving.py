@@ -27,7 +27,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyError, EnvoyProcess, load_template, render_config, repo_root
+from gateway.envoy import EnvoyError, EnvoyProcess, http_manager, load_template, render_config, repo_root
 from server.app import start_server
 from server.config import Config
 from server.db.database import StoreUnavailable
@@ -194,11 +194,10 @@ def _stream_idle_seconds(config: Config, template: dict) -> float:
     non-streamed answer says nothing until the model has finished (`timeouts.answer`, 600 s by default), and Envoy cut
     such answers at 300 s with a 504, half-way through the time their model had. Enough for one model's tries (a try
     starts within `retry.total_seconds`), and 5 s more, so the server's own timeout answers first."""
-    hcm = template["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     silences = [max(spec.timeouts.answer, spec.timeouts.read) + spec.retry.total_seconds
                 for model in config.models for deployment in model.deployments
                 if (spec := deployment.provider.upstream) is not None]
-    return max(float(hcm["stream_idle_timeout"].removesuffix("s")), max(silences, default=0) + 5)
+    return max(float(http_manager(template)["stream_idle_timeout"].removesuffix("s")), max(silences, default=0) + 5)
 
 
 def _envoy_access_log(config: Config) -> str | None:

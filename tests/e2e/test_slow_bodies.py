@@ -23,6 +23,7 @@ from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import (
     EnvoyProcess,
     free_ports,
+    http_manager,
     load_template,
     render_config,
     repo_root,
@@ -34,12 +35,8 @@ from tests.upstream_support import upstream_models, upstream_server
 CUT_SECONDS = 2
 
 
-def _http_manager(config: dict) -> dict:
-    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-
-
 def test_a_whole_request_must_arrive_within_300_seconds():
-    assert _http_manager(load_template())["request_timeout"] == "300s"
+    assert http_manager(load_template())["request_timeout"] == "300s"
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +47,7 @@ async def front_door(double):
         async with upstream_server(Path(run_dir), upstream_models(double.url)) as server:
             _, secret = await server.store.create("slow", all_models=True)
             template = load_template()
-            _http_manager(template)["request_timeout"] = f"{CUT_SECONDS}s"
+            http_manager(template)["request_timeout"] = f"{CUT_SECONDS}s"
             port, admin_port = free_ports(2)
             config = render_config(template, listen_port=port, admin_port=admin_port,
                                    upstreams=[f"127.0.0.1:{server.port}"], descriptor_set=DESCRIPTOR_SET,

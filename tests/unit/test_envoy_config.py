@@ -8,7 +8,7 @@ import subprocess
 import yaml
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import envoy_binary, load_template, render_config, repo_root
+from gateway.envoy import envoy_binary, http_manager, load_template, render_config, repo_root
 from server.app import MAX_RECEIVE_BYTES
 from server.services.undecodable import MAX_REQUEST_BYTES
 
@@ -18,10 +18,6 @@ TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 def validate(path) -> subprocess.CompletedProcess:
     return subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(path), "--log-level", "error"],
                           cwd=repo_root(), capture_output=True, text=True, timeout=60)
-
-
-def http_manager(config: dict) -> dict:
-    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 
 
 def transcoders(config: dict) -> tuple[dict, dict]:
