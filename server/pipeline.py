@@ -165,8 +165,7 @@ class Pipeline:
         except OutOfService:
             # No deployment could be tried: like a refusal by a limit, a request that reached no model counts nothing.
             reached_model = False
-            _reached_no_model(call)
-            self._limiter.release(reservation)
+            self._reached_no_model(call, reservation)
             raise
         finally:
             # Nothing here waits: a caller who closes on the last event cancels the RPC at its next wait, and would
@@ -236,6 +235,13 @@ class Pipeline:
                     return Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
         raise InternalError("The provider ended without a result.")
 
+    def _reached_no_model(self, call: Call, reservation: Reservation) -> None:
+        """Undoes `_asking` and the admission: no upstream attempt, no time in one (the ledger, access log and
+        metrics), nothing held or counted."""
+        call.record.upstream_attempts = 0
+        call.record.upstream_started = None
+        self._limiter.release(reservation)
+
     def _budgets_left(self, reservation: Reservation, cost: int) -> None:
         """The key's budgets as Prometheus gauges: what admission read, with this request's real cost."""
         for reading in reservation.budgets:
@@ -264,8 +270,7 @@ class Pipeline:
                 images = await watch.wait(provider.generate(request))
         except OutOfService:  # reached no model, as in `stream`
             reached_model = False
-            _reached_no_model(call)
-            self._limiter.release(reservation)
+            self._reached_no_model(call, reservation)
             raise
         finally:
             call.record.upstream_done()
@@ -286,12 +291,6 @@ def _asking(call: Call) -> None:
     if len(call.model.deployments) == 1:
         call.record.deployment = call.model.deployments[0].name
     call.record.upstream_call()
-
-
-def _reached_no_model(call: Call) -> None:
-    """Undoes `_asking`: no upstream attempt, no time in one (the ledger, access log and metrics)."""
-    call.record.upstream_attempts = 0
-    call.record.upstream_started = None
 
 
 def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
