@@ -151,8 +151,10 @@ def test_costs_are_exact_and_an_image_model_has_no_request_count_to_show(tab, ga
 
     tab.page.get_by_role("navigation").get_by_role("link", name="Models").click()
     catalog = tab.page.get_by_role("region", name="The model catalog")
+    image_row = catalog.get_by_role("row", name=re.compile("^family-a-image-2 "))
+    expect(image_row).to_be_visible()  # the page has loaded: its headers are read at once, without waiting
     headers = catalog.locator("thead th").all_inner_texts()
-    row = catalog.get_by_role("row", name=re.compile("^family-a-image-2 ")).locator("th, td")
+    row = image_row.locator("th, td")
     expect(row.nth(headers.index("Requests"))).to_have_text("—")
     expect(row.nth(headers.index("Cost"))).to_have_text("$0.04")
     assert tab.problems.lines == []
