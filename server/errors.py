@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import grpc
@@ -37,6 +38,8 @@ import grpc
 # An answer whose retry-after is longer than this also says `x-should-retry: false` (PorticoError.trailing_metadata):
 # a per-minute limit's wait is at most this long, a daily quota's or a budget's hours.
 LONGEST_CLIENT_WAIT_SECONDS = 60.0
+# A Portico secret (server/keys/store.py: pk-[env-]token_urlsafe), as gateway/error_shaper.lua's `redacted` finds it.
+_SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,9 @@ class PorticoError(Exception):
     def __init__(
         self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None
     ) -> None:
+        # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
+        # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log.
+        message = _SECRET_SHAPED.sub("pk-[redacted]", message) if "pk-" in message else message
         super().__init__(message)
         self.message = message
         self.param = param

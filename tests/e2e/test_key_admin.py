@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import httpx
@@ -175,3 +176,28 @@ def test_a_rotation_grace_too_long_for_its_end_to_be_said_is_a_400_and_nothing_r
     assert rotated.status_code == 200  # the first rotation there was
     assert chat(gateway, created["secret"]).status_code == 401
     assert chat(gateway, rotated.json()["secret"]).status_code == 200
+
+
+def test_a_secret_given_where_a_key_id_or_a_model_goes_is_never_echoed(gateway):
+    """`keys revoke` takes a secret, so an admin tries one on the other key paths too: each 404 quoted it back (the
+    console shows these messages on screen), as a secret pasted into `model` was quoted in model_not_found."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    tail = admin.removeprefix("pk-")
+    base = gateway.base_url
+    answers = [
+        httpx.get(f"{base}/v1/admin/keys/{admin}", headers=headers, timeout=60),
+        httpx.patch(f"{base}/v1/admin/keys/{admin}", headers=headers, json={"name": "x"}, timeout=60),
+        httpx.post(f"{base}/v1/admin/keys/{admin}/rotate", headers=headers, json={}, timeout=60),
+        httpx.get(f"{base}/v1/admin/keys/{admin}/limits", headers=headers, timeout=60),
+        httpx.get(f"{base}/v1/models/{admin}", headers=headers, timeout=60),
+        httpx.post(f"{base}/v1/chat/completions", headers=headers, timeout=60,
+                   json={"model": admin, "messages": [{"role": "user", "content": "Hi"}]}),
+    ]
+    for answer in answers:
+        assert answer.status_code == 404, answer.text
+        assert tail[:8] not in answer.text and "pk-[redacted]" in answer.json()["error"]["message"], answer.text
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        gateway.cli("keys", "update", admin, "--rpm", "5")
+    assert refused.value.returncode == 1 and tail[:8] not in refused.value.stderr
+    assert "pk-[redacted]" in refused.value.stderr
