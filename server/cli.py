@@ -253,7 +253,8 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
             role = " admin" if key.admin else ""
             print(f"{key.id}\t{key.name}\t{state}{role}\t{key.env or '-'}\t{grants}")
     elif args.keys_command == "update":
-        grants = (args.all_models, models) if args.all_models or models else None
+        # --models given with no model in it is refused (as by create), not taken as "no change"
+        grants = (args.all_models, models) if args.all_models or args.models is not None else None
         limits = {field: value or None for field, value in _limits_given(args).items()}  # 0 removes
         key = await admin.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
         print(f"Updated key {key.id} ({key.name}): {_describe(key)}")

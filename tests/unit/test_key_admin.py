@@ -46,6 +46,19 @@ def test_cli_refuses_unknown_models_through_the_same_service(tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.parametrize("models", ["", " , "])
+def test_cli_update_with_no_model_in_models_is_refused_as_create_refuses_it(tmp_path, capsys, models):
+    """`keys update ID --models "$MODELS"` with an empty variable said "Updated" (exit 0) and changed nothing."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "x", "--models", "family-a-5.5"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    assert main([*data, "keys", "update", key_id, "--models", models]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: Grant the key some models") and err.count("\n") == 1, err
+    assert main([*data, "keys", "create", "--name", "y", "--models", models]) == 2
+    assert capsys.readouterr().err == err
+
+
 @pytest.mark.parametrize("options, param", [
     (["--env", "my prod"], "env"),
     (["--env", "ünï"], "env"),
