@@ -42,6 +42,11 @@ LONGEST_CLIENT_WAIT_SECONDS = 60.0
 _SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")
 
 
+def redact_secrets(text: str) -> str:
+    """`text` with anything shaped like a Portico secret replaced by `pk-[redacted]`."""
+    return _SECRET_SHAPED.sub("pk-[redacted]", text) if "pk-" in text else text
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorKind:
     grpc_code: grpc.StatusCode
@@ -61,7 +66,7 @@ class PorticoError(Exception):
     ) -> None:
         # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
         # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log.
-        message = _SECRET_SHAPED.sub("pk-[redacted]", message) if "pk-" in message else message
+        message = redact_secrets(message)
         super().__init__(message)
         self.message = message
         self.param = param

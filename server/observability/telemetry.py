@@ -15,7 +15,6 @@ one attribute check when the request is not traced.
 from __future__ import annotations
 
 import contextvars
-import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from server.config_tracing import TracingSettings
 from server.domain import ApiKey
+from server.errors import redact_secrets
 from server.observability.access_log import AccessLog
 from server.observability.metrics import Metrics
 from server.observability.record import RETRY_REASONS, Outcome, RequestRecord
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 DEPLOYMENT_STATES = ("healthy", "ejected", "trial")  # server/providers/health.py STATES
 _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
-_SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")  # as gateway/error_shaper.lua's `redacted`
 _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
 
 
@@ -204,7 +203,7 @@ def _ids(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, str | None]:
         if name == _REQUEST_ID and isinstance(value, str) and value:
             # The caller may have chosen it: keep the log line bounded, and a key pasted there out of it (for REST
             # callers Envoy's Lua filter did the same already, so they got back this id).
-            request_id = (_SECRET_SHAPED.sub("pk-[redacted]", value) if "pk-" in value else value)[:128]
+            request_id = redact_secrets(value)[:128]
         elif name == _TRACEPARENT:
             trace_id = caller_trace_id(value)
     return request_id or uuid.uuid4().hex, trace_id  # no x-request-id: a direct gRPC caller, not through Envoy
