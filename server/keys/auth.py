@@ -29,6 +29,9 @@ from server.keys.store import KeyStore, hash_secret
 Metadata = Sequence[tuple[str, str | bytes]]
 
 MISSING_KEY_MESSAGE = "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`."
+# Where the Anthropic SDK's header is taken too (/v1/messages, /v1/models), the message names it as well.
+MISSING_KEY_MESSAGE_X_API_KEY = ("You didn't provide an API key. Send it as `x-api-key: YOUR_KEY` or "
+                                 "`Authorization: Bearer YOUR_KEY`.")
 MORE_THAN_ONE_KEY_MESSAGE = "Only one API key may be sent with a request, in one key header."
 
 _logger = logging.getLogger(__name__)
@@ -88,7 +91,7 @@ class Authenticator:
     async def authenticate(self, metadata: Metadata, *, allow_x_api_key: bool = False) -> ApiKey:
         secret = _secret_from(metadata, allow_x_api_key)
         if not secret:
-            raise AuthenticationFailed(MISSING_KEY_MESSAGE)
+            raise AuthenticationFailed(MISSING_KEY_MESSAGE_X_API_KEY if allow_x_api_key else MISSING_KEY_MESSAGE)
         key = await self._key_for(hash_secret(secret))
         if key is None:
             raise AuthenticationFailed("Incorrect API key provided.")

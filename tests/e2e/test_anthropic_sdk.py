@@ -110,6 +110,19 @@ def test_the_same_key_as_x_api_key_and_bearer_is_one_key(gateway):
     assert httpx.get(gateway.base_url + "/v1/models", headers=both, timeout=30).status_code == 200
 
 
+def test_a_missing_key_is_asked_for_in_the_headers_the_path_takes(gateway):
+    """An Anthropic-dialect caller without a key is told of x-api-key, the header its SDK sends; a chat caller only
+    of Authorization, the one header chat takes."""
+    body = {"model": "family-b-opus-4-7", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    messages = httpx.post(gateway.base_url + "/v1/messages", json=body, timeout=30,
+                          headers={"anthropic-version": "2023-06-01"})
+    chat = httpx.post(gateway.base_url + "/v1/chat/completions", json={**body, "model": "family-a-5.5"}, timeout=30)
+    assert (messages.status_code, chat.status_code) == (401, 401)
+    assert "x-api-key" in messages.json()["error"]["message"]
+    assert "Authorization: Bearer" in messages.json()["error"]["message"]
+    assert "x-api-key" not in chat.json()["error"]["message"]
+
+
 # Newest first, as Anthropic lists them (ties in the catalog's order).
 NEWEST_FIRST = ["family-b-opus-4-8", "family-a-5.5", "family-b-opus-4-7", "family-a-image-2", "family-b-opus-4-6",
                 "family-b-sonnet-4-6", "family-a-5.4", "family-b-haiku-4-5-20251001"]
