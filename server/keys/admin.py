@@ -74,7 +74,7 @@ class KeyAdmin:
             raise InvalidRequest("Grant either all_models or a list of models, not both: all_models grants every "
                                  "model, models exactly those.", param="models")
         if unknown := sorted(set(models) - self._model_ids):
-            raise InvalidRequest(f"Unknown model(s): {', '.join(unknown)}. Grant models of the catalog "
+            raise InvalidRequest(f"Unknown model(s): {', '.join(map(repr, unknown))}. Grant models of the catalog "
                                  "(GET /v1/models with an all-models key lists them).", param="models")
         return models
 

@@ -31,6 +31,13 @@ async def test_unknown_models_are_refused_on_create_and_update(admin):
     assert (await admin.update(key.id, grants=(False, ["family-a-5.4"]))).models == {"family-a-5.4"}
 
 
+async def test_an_empty_model_name_is_quoted_in_the_refusal(admin):
+    """`"models": [""]` is refused saying which name is unknown: an empty one, shown as '' rather than nothing."""
+    with pytest.raises(InvalidRequest, match="Unknown model\\(s\\): ''\\.") as caught:
+        await admin.create("empty", all_models=False, models=[""])
+    assert caught.value.param == "models"
+
+
 async def test_rotation_uses_the_configured_grace_unless_given(admin):
     key, _ = await admin.create("r", all_models=True)
     _, _, expires = await admin.rotate(key.id)
