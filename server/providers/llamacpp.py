@@ -218,7 +218,15 @@ class LlamaCppProvider:
         budget = min(params.max_tokens, self._n_ctx - len(prompt))  # the context window also bounds the answer
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         # LLAMA_DEFAULT_SEED makes llama.cpp draw a random seed; the sampler reads the seed when generate() starts.
-        llm.set_seed(params.seed if params.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        # llama.cpp keeps 32 bits of a seed and 0xFFFFFFFF is that "random", so a caller's seed (any 64-bit integer,
+        # -1 included) is folded into the other values: every seed gives a repeatable answer.
+        llm.set_seed(params.seed % llama_cpp.LLAMA_DEFAULT_SEED if params.seed is not None
+                     else llama_cpp.LLAMA_DEFAULT_SEED)
+        if params.seed is not None:
+            # A seed asks for a repeatable answer, so the prompt is evaluated whole: reusing the part of it still in
+            # the KV cache from the instance's previous request splits the sums differently, and logits that differ
+            # in the last bits sample other tokens now and then.
+            llm.reset()
         # Neutral min_p/typical_p/repeat_penalty (llama-cpp-python's defaults are not) and top_k=0 (= off), so only
         # the request's own parameters shape sampling; temp=0 makes generate() use the greedy sampler.
         tokens = llm.generate(

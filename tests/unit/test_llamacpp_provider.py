@@ -173,6 +173,14 @@ async def test_a_seed_makes_sampling_repeatable(provider):
     assert "".join(runs[0][0]) == "".join(runs[1][0])
 
 
+@pytest.mark.parametrize("seed", [7, -1, 2**63 - 1])
+async def test_every_seed_makes_sampling_repeatable(provider, seed):
+    # llama.cpp reads the 32-bit seed 0xFFFFFFFF as "draw a random one"; a caller's seed must never turn into it.
+    # The first run evaluates the whole prompt, the others could reuse it from the KV cache: same answer either way.
+    runs = [await collect(provider, request("Tell me a story.", max_tokens=24, seed=seed)) for _ in "abc"]
+    assert len({"".join(deltas) for deltas, _ in runs}) == 1
+
+
 async def test_concurrent_requests_are_served_one_after_the_other_in_order(provider):
     log: list[tuple[str, object]] = []
 
