@@ -229,8 +229,11 @@ class LlamaCppProvider:
             llm.reset()
         # Neutral min_p/typical_p/repeat_penalty (llama-cpp-python's defaults are not) and top_k=0 (= off), so only
         # the request's own parameters shape sampling; temp=0 makes generate() use the greedy sampler.
+        # A top_k of the vocabulary's size or more keeps every token (0 = off): llama.cpp reads it as a 32-bit int,
+        # where 2**32 + 1 would be 1.
+        top_k = params.top_k if params.top_k and 0 < params.top_k < llm.n_vocab() else 0
         tokens = llm.generate(
-            prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=params.top_k or 0,
+            prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=top_k,
             top_p=1.0 if params.top_p is None else params.top_p,
             min_p=params.min_p or 0.0, typical_p=1.0,
             repeat_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,

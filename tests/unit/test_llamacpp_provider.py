@@ -181,6 +181,13 @@ async def test_every_seed_makes_sampling_repeatable(provider, seed):
     assert len({"".join(deltas) for deltas, _ in runs}) == 1
 
 
+async def test_a_top_k_beyond_the_vocabulary_keeps_every_token(provider):
+    # llama.cpp takes top_k as a 32-bit int: 2**32 + 1 must not wrap around to 1 (greedy).
+    answers = {"".join((await collect(provider, request("Tell me a story.", max_tokens=16, temperature=1.5, seed=3,
+                                                          top_k=top_k)))[0]) for top_k in (None, 2**32 + 1, 2**31)}
+    assert len(answers) == 1
+
+
 async def test_concurrent_requests_are_served_one_after_the_other_in_order(provider):
     log: list[tuple[str, object]] = []
 
