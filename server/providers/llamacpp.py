@@ -222,10 +222,10 @@ class LlamaCppProvider:
         # -1 included) is folded into the other values: every seed gives a repeatable answer.
         llm.set_seed(params.seed % llama_cpp.LLAMA_DEFAULT_SEED if params.seed is not None
                      else llama_cpp.LLAMA_DEFAULT_SEED)
-        if params.seed is not None:
-            # A seed asks for a repeatable answer, so the prompt is evaluated whole: reusing the part of it still in
-            # the KV cache from the instance's previous request splits the sums differently, and logits that differ
-            # in the last bits sample other tokens now and then.
+        if params.seed is not None or params.temperature == 0:
+            # A seed or temperature 0 asks for a repeatable answer, so the prompt is evaluated whole: reusing the
+            # part of it still in the KV cache from the instance's previous request splits the sums differently,
+            # and logits that differ in the last bits pick another token now and then.
             llm.reset()
         # Neutral min_p/typical_p/repeat_penalty (llama-cpp-python's defaults are not) and top_k=0 (= off), so only
         # the request's own parameters shape sampling; temp=0 makes generate() use the greedy sampler.
