@@ -218,11 +218,22 @@ class LlamaCppProvider:
         budget = min(params.max_tokens, self._n_ctx - len(prompt))  # the context window also bounds the answer
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         # LLAMA_DEFAULT_SEED makes llama.cpp draw a random seed; the sampler reads the seed when generate() starts.
-        llm.set_seed(params.seed if params.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        # llama.cpp keeps 32 bits of a seed and 0xFFFFFFFF is that "random", so a caller's seed (any 64-bit integer,
+        # -1 included) is folded into the other values: every seed gives a repeatable answer.
+        llm.set_seed(params.seed % llama_cpp.LLAMA_DEFAULT_SEED if params.seed is not None
+                     else llama_cpp.LLAMA_DEFAULT_SEED)
+        if params.seed is not None or params.temperature == 0:
+            # A seed or temperature 0 asks for a repeatable answer, so the prompt is evaluated whole: reusing the
+            # part of it still in the KV cache from the instance's previous request splits the sums differently,
+            # and logits that differ in the last bits pick another token now and then.
+            llm.reset()
         # Neutral min_p/typical_p/repeat_penalty (llama-cpp-python's defaults are not) and top_k=0 (= off), so only
         # the request's own parameters shape sampling; temp=0 makes generate() use the greedy sampler.
+        # A top_k of the vocabulary's size or more keeps every token (0 = off): llama.cpp reads it as a 32-bit int,
+        # where 2**32 + 1 would be 1.
+        top_k = params.top_k if params.top_k and 0 < params.top_k < llm.n_vocab() else 0
         tokens = llm.generate(
-            prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=params.top_k or 0,
+            prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=top_k,
             top_p=1.0 if params.top_p is None else params.top_p,
             min_p=params.min_p or 0.0, typical_p=1.0,
             repeat_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,

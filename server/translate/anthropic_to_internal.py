@@ -47,8 +47,9 @@ def message_request(body: Mapping[str, Json], *, always_stream: bool = False,
     if not messages:
         raise InvalidRequest("messages: at least one message is required.", param="messages")
     turns = []
-    if body.get("system") is not None:
-        turns.append(Turn(Role.SYSTEM, text_parts(body["system"], "system")[0]))
+    # An empty system prompt is none, as on Anthropic's API (a model's template may have a default one to keep).
+    if body.get("system") is not None and (system := text_parts(body["system"], "system")[0]):
+        turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
     stops = opt_array(body, "stop_sequences") or []
     for i, stop in enumerate(stops):

@@ -77,7 +77,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "tool_choice": FieldRule("any", A, A, note="embedded: `none`/`auto` only; `required` → `any`"),
     "parallel_tool_calls": FieldRule("boolean", I, A, note="`false` → `disable_parallel_tool_use`"),
     "response_format": FieldRule("object", A, A, note="`text` only: JSON modes are refused"),
-    "seed": FieldRule("integer", A, I, note="Anthropic has no seed"),
+    "seed": FieldRule("integer", A, I, note="Anthropic has no seed; embedded: a request with a seed (or "
+                                            "`temperature` 0) gets the same answer each time"),
     "top_k": FieldRule("integer", A, A, note="an extension (vLLM, llama.cpp, TGI); 0 or −1: every token"),
     "min_p": FieldRule("number", A, R, neutral=(0, 0.0), note="an extension"),
     "repetition_penalty": FieldRule("number", A, R, neutral=(1, 1.0), note="an extension"),

@@ -23,6 +23,17 @@ async def test_x_api_key_and_system_blocks_are_accepted(messages, secret):
     assert response.content[0].text
 
 
+@pytest.mark.parametrize("system", ["", []])
+async def test_an_empty_system_prompt_is_no_system_prompt(messages, secret, system):
+    # As on Anthropic's API: `system: ""` is the same request as no `system` (here, the embedded model keeps the
+    # chat template's own default system prompt).
+    plain = await messages.CreateMessage(message_request(max_tokens=6, temperature=0), metadata=bearer(secret))
+    empty = await messages.CreateMessage(message_request(max_tokens=6, temperature=0, system=system),
+                                         metadata=bearer(secret))
+    assert empty.usage.input_tokens == plain.usage.input_tokens
+    assert empty.content[0].text == plain.content[0].text
+
+
 async def test_stop_sequence_is_reported(messages, secret):
     free = await messages.CreateMessage(message_request(max_tokens=12, temperature=0), metadata=bearer(secret))
     word = free.content[0].text.split()[1]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
+from gateway.envoy import free_ports
 from server.catalog import Catalog
 from server.config import ConfigError, load_config
 from server.domain import ApiKey, KeyLimits
@@ -114,3 +118,22 @@ def test_access_log_takes_its_documented_words_as_written(tmp_path, written):
     path = tmp_path / "c.yaml"
     path.write_text(f"{ONE_MODEL}\naccess_log: {written}\n")
     assert load_config(path).access_log == written.strip("'").lower()
+
+
+@pytest.mark.parametrize("content", [b"not a model", b"GGUF" + bytes(60)], ids=["text", "empty-gguf"])
+def test_a_model_path_that_is_no_gguf_model_stops_serve_with_exit_2(tmp_path, content):
+    """A file that is there but is not a model llama.cpp can load is a mistake in the file like a missing one: a
+    message naming the setting, not a traceback."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(content)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nembedded: {{model_path: {model}}}\naccess_log: 'off'\n")
+    port, admin_port = free_ports(2)
+    result = subprocess.run(
+        [sys.executable, "-m", "server.cli", "--config", str(path), "--data-dir", str(tmp_path / "d"), "serve",
+         "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"portico: configuration error: embedded.model_path: {model} ")
+    assert "Traceback" not in result.stderr

@@ -168,9 +168,36 @@ async def test_temperature_zero_is_deterministic(provider):
     assert "".join(first) == "".join(second)
 
 
+async def test_temperature_zero_answers_alike_whatever_ran_before(provider):
+    # The first run evaluates the whole prompt; after another request the shared start of the prompt could come
+    # from the KV cache, and after itself all of it: logits that differ in the last bits can pick another token.
+    answers = []
+    for before in (None, "Something unrelated entirely.", None):
+        if before:
+            await collect(provider, request(before, max_tokens=1))
+        answers.append("".join((await collect(provider, request("Tell me a story.", max_tokens=48,
+                                                                 temperature=0.0)))[0]))
+    assert len(set(answers)) == 1
+
+
 async def test_a_seed_makes_sampling_repeatable(provider):
     runs = [await collect(provider, request(max_tokens=12, temperature=1.0, top_p=0.95, top_k=50, seed=7)) for _ in "ab"]
     assert "".join(runs[0][0]) == "".join(runs[1][0])
+
+
+@pytest.mark.parametrize("seed", [7, -1, 2**63 - 1])
+async def test_every_seed_makes_sampling_repeatable(provider, seed):
+    # llama.cpp reads the 32-bit seed 0xFFFFFFFF as "draw a random one"; a caller's seed must never turn into it.
+    # The first run evaluates the whole prompt, the others could reuse it from the KV cache: same answer either way.
+    runs = [await collect(provider, request("Tell me a story.", max_tokens=24, seed=seed)) for _ in "abc"]
+    assert len({"".join(deltas) for deltas, _ in runs}) == 1
+
+
+async def test_a_top_k_beyond_the_vocabulary_keeps_every_token(provider):
+    # llama.cpp takes top_k as a 32-bit int: 2**32 + 1 must not wrap around to 1 (greedy).
+    answers = {"".join((await collect(provider, request("Tell me a story.", max_tokens=16, temperature=1.5, seed=3,
+                                                          top_k=top_k)))[0]) for top_k in (None, 2**32 + 1, 2**31)}
+    assert len(answers) == 1
 
 
 async def test_concurrent_requests_are_served_one_after_the_other_in_order(provider):
