@@ -139,6 +139,10 @@ class Pipeline:
         # than by the provider, after the request was recorded as having reached a model.
         window = self._context_windows.get(call.model.id)
         if window is not None and (overflow := context_overflow(meter.prompt_estimate, window)) is not None:
+            # A 400 for the body, like a bad parameter's: never a cache question (such a prompt is never stored),
+            # so no x-portico-cache, access-log `cache` or lookup metric. Checked after the lookup so a hit pays for no
+            # token count.
+            call.record.cache = ""
             raise overflow
         # The most it may cost: every prompt token uncached, or written to the prompt cache where that costs more
         # (at most as many as its bytes, where not counted), and every token it may generate. Token limits reserve

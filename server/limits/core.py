@@ -89,6 +89,13 @@ class Demand:
     tokens: int  # estimated: prompt tokens + the most the request may generate
     cost: int = 0  # the most the request may cost, in micro-dollars (for budgets)
 
+    def limit(self, scope: Scope, dimension: Dimension) -> int | None:
+        """The scope's limit that applies to this request: a request that costs nothing (a model without a price, a
+        response-cache hit) is never refused by a budget, even one a dearer request than it reserved took over."""
+        if dimension.counts_spend and self.cost == 0:
+            return None
+        return scope.limit(dimension)
+
 
 @dataclass(frozen=True, slots=True)
 class Reading:

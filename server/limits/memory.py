@@ -66,7 +66,7 @@ class _Counters:
     def read(self, scope: Scope, demand: Demand, now: float) -> list[Reading]:
         readings = []
         for dimension in _DIMENSIONS:
-            if (limit := scope.limit(dimension)) is not None:
+            if (limit := demand.limit(scope, dimension)) is not None:
                 used, wait = self._would_be(dimension, limit, demand, now)
                 readings.append(Reading(scope, dimension, limit, used, wait))
         return readings

@@ -109,7 +109,7 @@ class RedisLimitStore:
                       CONCURRENCY_RETRY_SECONDS, cost, until_month_end(now), _MONTH_TTL]
         for scope in demand.scopes:
             keys += self._scope_keys(scope.id, now)
-            args += [scope.limit(d) or 0 for d in _DIMENSIONS]
+            args += [demand.limit(scope, d) or 0 for d in _DIMENSIONS]
         dispatch = Dispatch()
         try:
             reply = await self._run(self._reserve_script, keys, args, dispatch)

@@ -35,6 +35,8 @@ def models(url: str) -> str:
   - {{id: brief-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{ttl_seconds: 0.3}}}}
   - {{id: small-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{max_entry_bytes: 100}}}}
   - {{id: plain-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}}}
+  - {{id: priced-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{}}, price: {{input: 1000}}}}
+  - {{id: cached-embedded, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, cache: {{}}}}
 """
 
 
@@ -150,6 +152,39 @@ async def test_models_without_a_cache_say_nothing(chat, double, key):
     assert (await chat_http(chat, key[1], model="plain-chat"))[0] is None
     await chat_http(chat, key[1], model="plain-chat")
     assert len(double.seen) == 2
+
+
+async def test_a_hit_costs_nothing_so_no_budget_refuses_it(chat, running, double):
+    """Also once a request that cost more than it reserved (an upstream counting a prompt Portico does not read)
+    took the key over its budget: that key's next new request is refused, its repeated one answered."""
+    _, secret = await running.store.create("budgeted", all_models=True, limits=KeyLimits(max_spend_day=100_000))
+    assert (await chat_http(chat, secret, model="priced-chat", seed=21))[0] == "miss"  # 2 prompt tokens: $0.002
+    dear = {"id": "x", "object": "chat.completion", "created": 1, "model": "m", "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "dear"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 1000,
+                                                                                   "completion_tokens": 1}}
+    double.cue(Cue(body=dear))
+    await chat_http(chat, secret, model="priced-chat", seed=22)  # $1: the budget is $0.10
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await chat_http(chat, secret, model="priced-chat", seed=23)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "Budget reached" in refused.value.details()
+    status, body, _ = await chat_http(chat, secret, model="priced-chat", seed=21)
+    assert status == "hit" and b"echo Say hello." in body
+
+
+async def test_a_prompt_over_the_context_window_has_no_cache_header(chat, running, key):
+    """A 400 for the request itself, like one for a bad parameter: no answer to it could come from the cache, and
+    neither the header, the access log nor the metric says it was asked (configuration.md, Response cache)."""
+    too_long = [{"role": "user", "content": "word " * 6000}]  # ~6,000 tokens: the embedded model's window is 2,048
+    registry = running.telemetry.metrics.registry
+    call = chat.CreateChatCompletionHttp(http_body(chat_body(model="cached-embedded", messages=too_long)),
+                                         metadata=bearer(key[1]))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        [body async for body in call]
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "context window" in refused.value.details()
+    assert "x-portico-cache" not in dict(refused.value.trailing_metadata() or ())
+    assert registry.get_sample_value("portico_cache_lookups_total", {"model": "cached-embedded", "result": "miss"}) \
+        is None
 
 
 async def test_a_hit_counts_as_a_request_and_is_fast(chat, running, key):

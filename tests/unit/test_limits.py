@@ -112,6 +112,17 @@ async def test_a_huge_request_no_limit_refuses_is_counted_and_the_counters_keep_
     assert "it may use up to 9223372036854775810 tokens" in error.message
 
 
+async def test_a_request_that_costs_nothing_is_never_refused_by_a_budget(store):
+    """A free model's request, or a response-cache hit (api.md, Budgets; configuration.md, Response cache), also once
+    a request that cost more than it reserved took the key over its budget."""
+    budget = demand(max_spend_day=1_000, max_spend_month=1_000)
+    await store.settle(await store.reserve(Demand(budget.scopes, 0, cost=1_000)), 0, 1_500)  # over, by 500
+    assert (await refused(store, Demand(budget.scopes, 0, cost=1))).dimension.counts_spend
+    await store.settle(await store.reserve(budget), 0, 0)
+    counts = await store.counts("k1")
+    assert (counts.day_requests, counts.day_spend, counts.month_spend) == (2, 1_500, 1_500)
+
+
 async def test_daily_quota_resets_at_utc_midnight(store, clock):
     clock.now = NOON + 12 * 3600 - 30  # 23:59:30 UTC
     wanted = demand(tokens=10, daily_requests=2, daily_tokens=1000)
