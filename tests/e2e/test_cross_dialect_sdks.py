@@ -64,9 +64,9 @@ def test_unparseable_streamed_arguments_end_the_stream_with_an_error_event(claud
     text no continuation makes JSON: the stream must end with the dialect's error event before such a piece."""
     frames = call_frames('{"city": ', "Oslo}")
     double.cue(Cue(frames=frames), Cue(frames=frames))
-    with pytest.raises(anthropic.APIStatusError) as caught:
-        with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
-            list(stream)
+    with (pytest.raises(anthropic.APIStatusError) as caught,
+          claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream):
+        list(stream)
     assert caught.value.body["error"]["code"] == "upstream_error"
     assert "weather" in caught.value.body["error"]["message"]
     answer = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": gateway.secret}, timeout=30, json={
@@ -80,9 +80,9 @@ def test_unparseable_streamed_arguments_end_the_stream_with_an_error_event(claud
 
 def test_arguments_that_are_not_an_object_end_the_stream_with_an_error_event(claude, double):
     double.cue(Cue(frames=call_frames('["Oslo"]')))
-    with pytest.raises(anthropic.APIStatusError, match="not a JSON object"):
-        with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
-            stream.get_final_message()
+    with (pytest.raises(anthropic.APIStatusError, match="not a JSON object"),
+          claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream):
+        stream.get_final_message()
 
 
 def test_whitespace_before_streamed_arguments_reaches_the_sdk_as_a_valid_input(claude, double):
