@@ -129,7 +129,7 @@ class DialectServicer:
             # read-ahead task must stop before `events` is closed, or closing it races the task (a 500, not a 499).
             # The last message marks the answer whole: a caller who closes on it while grpc still writes it, or
             # cleans up after it, was answered (a 200, not a 499).
-            whole = coalesced(guard_stream(frames, self.error_frame), last=call.record.mark_answered)
+            whole = coalesced(guard_stream(frames, self.error_frame, call.record), last=call.record.mark_answered)
             async with aclosing(whole) as messages:
                 async for data in messages:
                     yield data

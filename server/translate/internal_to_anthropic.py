@@ -17,6 +17,8 @@ from server.domain import (
     Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ResponseHeader, Started, TextDelta,
     ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
+from server.errors import UpstreamError
+from server.translate.json_prefix import WHITESPACE, JsonObjectPrefix
 
 STOP_REASONS = {
     FinishReason.END_TURN: "end_turn",
@@ -136,14 +138,16 @@ class _Blocks:
         self._next = 0  # index of the next block
         self._open: _Block | None = None
         self._held: dict[int, _Block] = {}  # by stream key, in order of arrival
+        self._calls: dict[int, tuple[str, JsonObjectPrefix]] = {}  # by call index: its name, its arguments so far
 
     def feed(self, event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
             return self._arrived(_TEXT, _TEXT_BLOCK, event.text)
         if isinstance(event, ToolCallStart):
+            self._calls[event.index] = (event.name, JsonObjectPrefix())
             return self._arrived(event.index, {"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
         if isinstance(event, ToolCallDelta):
-            return self._arrived(event.index, None, event.arguments)
+            return self._arrived(event.index, None, self._checked(event.index, event.arguments))
         if isinstance(event, Finished):
             out = self._close()
             for block in self._held.values():
@@ -182,6 +186,19 @@ class _Blocks:
             self._held[key] = block
             return []
         return [*self._close(), *self._started(block)]
+
+    def _checked(self, index: int, piece: str) -> str:
+        """A call's next piece of arguments as it may be sent. The SDK parses the pieces so far after each one and
+        fails on any that are not the beginning of JSON, and a tool_use block's input is an object: arguments that
+        stop being the beginning of one (the model wrote invalid JSON) end the stream with an error here, as the
+        pieces already sent cannot be taken back. Whitespace before the object, which the SDK cannot parse alone,
+        is left out."""
+        name, arguments = self._calls.setdefault(index, ("", JsonObjectPrefix()))
+        started = arguments.started
+        if not arguments.feed(piece):
+            raise UpstreamError(f"The upstream model wrote arguments for the tool call {name[:40]!r} that are not a "
+                                "JSON object; the answer cannot be streamed as a tool_use block.")
+        return piece if started else piece.lstrip(WHITESPACE)
 
     def _released(self) -> list[dict]:
         """The held blocks that can leave now that the open one may be done, each one after the other."""

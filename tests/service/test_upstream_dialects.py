@@ -205,3 +205,25 @@ async def test_typed_answers_carry_prompt_cache_counts(chat, messages, double, k
     # Without a cache read there are no details, as in the REST answer.
     response = await chat.CreateChatCompletion(chat_request(model="chat-on-anthropic"), metadata=bearer(key[1]))
     assert not response.usage.HasField("prompt_tokens_details")
+
+
+async def test_a_typed_stream_of_unparseable_arguments_ends_with_the_upstream_error(messages, running, double, key):
+    key_id, secret = key
+    chunk = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up"}
+    call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "weather", "arguments": '{"city": '}}
+    double.cue(Cue(frames=[sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+                           sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [
+                               {"index": 0, "function": {"arguments": "Oslo}"}}]}}]}),
+                           sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+                           sse({**chunk, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}}),
+                           b"data: [DONE]\n\n"]))
+    request = message_request(model="messages-on-openai", tools=[MESSAGE_TOOL])
+    events = []
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for event in messages.StreamMessage(request, metadata=bearer(secret)):
+            events.append(event)
+    assert [e.delta.partial_json for e in events if e.type == "content_block_delta"] == ['{"city": ']
+    detail = error_details(caught.value)
+    assert (caught.value.code(), detail.http_status, detail.error.code) == (
+        grpc.StatusCode.UNAVAILABLE, 502, "upstream_error")
+    assert window_tokens(running, key_id) > 0  # the upstream did the work: it counts

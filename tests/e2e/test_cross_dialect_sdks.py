@@ -1,0 +1,103 @@
+"""Across dialects through the whole stack (real Envoy, `portico serve`), read by the official SDKs: a chat completion
+served by an Anthropic upstream and a message served by an OpenAI-compatible one, both the upstream double, which
+plays answers an echo model would not give (docs/api.md, Upstream providers)."""
+
+from __future__ import annotations
+
+import time
+
+import anthropic
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.conftest import upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_echo import sse
+from tests.upstream_support import UPSTREAM_KEY_ENV
+
+HELLO = [{"role": "user", "content": "Weather in Oslo?"}]
+TOOLS = [{"name": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    gpt = (f"{{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up, "
+           "retry: {attempts: 1}}")
+    claude = (f"{{kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
+              "model: claude-up, retry: {attempts: 1}}")
+    models = (f"  - {{id: chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
+              f"  - {{id: messages-gpt, endpoint: /v1/messages, provider: {gpt}}}\n")
+    with upstream_gateway(tmp_path_factory.mktemp("cross-dialect-gateway"), models) as gateway:
+        yield gateway
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+def access_line(gateway, request_id: str) -> dict:
+    deadline = time.monotonic() + 5
+    while not (lines := [line for line in gateway.log_path.read_text().splitlines()
+                         if line.startswith('{"ts":') and orjson.loads(line)["request_id"] == request_id]):
+        assert time.monotonic() < deadline, f"no access-log line for {request_id}"
+        time.sleep(0.05)
+    return orjson.loads(lines[0])
+
+
+def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+    return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+
+def call_frames(*pieces: str) -> list[bytes]:
+    """An OpenAI-compatible stream of one call to `weather` whose arguments arrive in these pieces."""
+    start = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "weather", "arguments": ""}}
+    return [chunk({"role": "assistant", "content": None}), chunk({"tool_calls": [start]}),
+            *[chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}) for piece in pieces],
+            chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+
+
+def test_unparseable_streamed_arguments_end_the_stream_with_an_error_event(claude, gateway, double):
+    """The anthropic SDK parses a tool_use block's input after each input_json_delta and raises a bare ValueError on
+    text no continuation makes JSON: the stream must end with the dialect's error event before such a piece."""
+    frames = call_frames('{"city": ', "Oslo}")
+    double.cue(Cue(frames=frames), Cue(frames=frames))
+    with (pytest.raises(anthropic.APIStatusError) as caught,
+          claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream):
+        list(stream)
+    assert caught.value.body["error"]["code"] == "upstream_error"
+    assert "weather" in caught.value.body["error"]["message"]
+    answer = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": gateway.secret}, timeout=30, json={
+        "model": "messages-gpt", "max_tokens": 50, "tools": TOOLS, "messages": HELLO, "stream": True})
+    raw = answer.text
+    assert '"partial_json":"{\\"city\\": "' in raw and "Oslo}" not in raw  # the valid beginning went out, live
+    assert raw.rstrip().split("\n\n")[-1].startswith("event: error\n")
+    # The access log has the failure the caller got, not a plain 200.
+    assert access_line(gateway, answer.headers["x-request-id"])["code"] == "upstream_error"
+
+
+def test_arguments_that_are_not_an_object_end_the_stream_with_an_error_event(claude, double):
+    double.cue(Cue(frames=call_frames('["Oslo"]')))
+    with (pytest.raises(anthropic.APIStatusError, match="not a JSON object"),
+          claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream):
+        stream.get_final_message()
+
+
+def test_whitespace_before_streamed_arguments_reaches_the_sdk_as_a_valid_input(claude, double):
+    """Whitespace alone is no JSON prefix the SDK accepts; before the object it means nothing and is left out."""
+    double.cue(Cue(frames=call_frames(" \n", ' {"city":', ' "Oslo"} ')))
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, b.input) for b in final.content] == [("tool_use", {"city": "Oslo"})]
+
+
+def test_unparseable_arguments_in_a_json_answer_are_kept_under_arguments(claude, double):
+    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": '{"city": Oslo}'}}
+    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                      "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}))
+    message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
+    assert [(b.type, b.input) for b in message.content] == [("tool_use", {"arguments": '{"city": Oslo}'})]
