@@ -218,6 +218,15 @@ def _base_url(value: Any, where: str) -> str | None:
 def _model_path(value: Any, where: str) -> str | None:
     if value is not None and not (isinstance(value, str) and Path(value).is_file()):
         raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} (no such file)")
+    if value is not None:
+        # llama.cpp says only "Failed to load model", as a traceback once the server is being built.
+        try:
+            with open(value, "rb") as file:
+                magic = file.read(4)
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read {value} ({exc.strerror})") from None
+        if magic != b"GGUF":
+            raise ConfigError(f"{where}: {value!r} is not a GGUF model file")
     return value
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from server.config import Config
-from server.config_providers import upstream_keys
+from server.config_providers import ConfigError, upstream_keys
 from server.domain import Deployment, Endpoint, ModelEntry, UpstreamSpec
 from server.observability import UpstreamRecorder
 from server.providers import Provider
@@ -94,13 +94,16 @@ class _Builder:
             from server.providers.llamacpp import LlamaCppProvider
 
             settings = self._config.embedded
-            self._embedded = LlamaCppProvider(
-                settings.model_path or LlamaCppProvider.default_model_path(),
-                n_ctx=settings.context_size,
-                n_threads=settings.threads,
-                n_instances=settings.instances,
-                recorder=self._recorder,
-            )
+            try:
+                self._embedded = LlamaCppProvider(
+                    settings.model_path or LlamaCppProvider.default_model_path(),
+                    n_ctx=settings.context_size,
+                    n_threads=settings.threads,
+                    n_instances=settings.instances,
+                    recorder=self._recorder,
+                )
+            except ValueError as exc:  # llama.cpp cannot load the file, or it has no chat template
+                raise ConfigError(f"embedded.model_path: {exc}") from None
         return self._embedded
 
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:

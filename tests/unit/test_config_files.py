@@ -58,6 +58,15 @@ def test_config_mistakes_name_their_setting(tmp_path, text, message):
         _load(tmp_path, text)
 
 
+def test_a_model_path_that_is_no_gguf_file_is_a_configuration_error(tmp_path):
+    """llama.cpp's "Failed to load model" came as a traceback (exit code 1) once the server was being built."""
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    with pytest.raises(ConfigError, match=r"embedded\.model_path: .*notes\.txt.* is not a GGUF model file"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'notes.txt'}}}")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF" + bytes(20))
+    assert _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'm.gguf'}}}").embedded.model_path
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
 def test_listen_host_takes_ip_addresses(tmp_path, host):
     assert _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}").host == host
@@ -112,3 +121,15 @@ def test_serve_host_must_be_an_address(tmp_path, capsys):
     assert stopped.value.code == 2
     assert "argument --host: listen.host: an IP address" in capsys.readouterr().err
     assert not (tmp_path / "d" / "keys.db").exists()  # nothing made before the mistake was found
+
+
+def test_a_gguf_file_llama_cpp_cannot_load_stops_serve_in_one_line(tmp_path, capsys):
+    """A file with GGUF's magic that llama.cpp still refuses (cut short, say): one line and exit code 2, not its
+    ValueError's traceback with exit code 1."""
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF" + bytes(60))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: off\nembedded: {{model_path: {tmp_path / 'cut.gguf'}}}\n")
+    assert main(["--config", str(config), "--data-dir", str(tmp_path / "d"), "serve", "--metrics-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"portico: configuration error: embedded.model_path: Failed to load model from file: "
+                        f"{tmp_path / 'cut.gguf'}\n")
