@@ -104,22 +104,24 @@ def _quiet_store_diagnostics(level: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
-    parser.add_argument("--config", type=Path, help="YAML configuration (default: the built-in server/default.yaml)")
-    parser.add_argument("--data-dir", type=Path, help="where the key store lives (default from the configuration)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="diagnostic logs on stderr (default info); the access log is separate (access_log)")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration (default: the built-in server/default.yaml)")
+    parser.add_argument("--data-dir", type=Path, metavar="DIR",
+                        help="the key store, images and run files (default: the configuration's data_dir)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], metavar="LEVEL",
+                        help="debug, info, warning or error: diagnostic logs on stderr (default info); the access "
+                             "log is separate (access_log)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway: Envoy on --port, the gRPC server behind it")
-    serve.add_argument("--host", type=_host, help="listen address, an IP address (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port(1), help="HTTP and gRPC port (default 8080)")
-    serve.add_argument("--admin-port", type=_port(1), help="Envoy admin port on 127.0.0.1 (default 9901)")
-    serve.add_argument("--metrics-port", type=_port(0),
+    serve.add_argument("--host", type=_host, metavar="H", help="listen address, an IP address (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port(1), metavar="P", help="HTTP and gRPC port (default 8080)")
+    serve.add_argument("--admin-port", type=_port(1), metavar="P", help="Envoy admin port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--metrics-port", type=_port(0), metavar="P",
                        help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
     serve.add_argument("--dev-key", action="store_true",
                        help="with an empty key store, create and print an all-models development key even when "
                             "upstreams serve models (by default only when every model runs in the gateway)")
-    serve.add_argument("--workers", type=int, default=1,
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
     worker = commands.add_parser("worker", help="(internal) one of `serve --workers N`'s server processes")
     worker.add_argument("--socket", type=Path, required=True)

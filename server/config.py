@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -210,7 +211,8 @@ def _or_empty(value: Any) -> Any:
 
 
 def _base_url(value: Any, where: str) -> str | None:
-    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))
+                                  and urlsplit(value).hostname):
         raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway), not {value!r}")
     return value
 

@@ -49,6 +49,8 @@ def _load(tmp_path, text: str):
          r"models\[0\]\.owned_by: a non-empty string, not None"),
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, owned_by: 5}]",
          r"models\[0\]\.owned_by: a non-empty string, not 5"),
+        # An image link must lead somewhere: a scheme alone is no base URL.
+        (f"{ONE_MODEL}\nlisten: {{public_base_url: 'http://'}}", r"listen\.public_base_url: an http:// or https:// URL"),
         # Envoy binds an address, not a name: `localhost` failed only once Envoy started, after a key was made.
         (f"{ONE_MODEL}\nlisten: {{host: localhost}}", r"listen\.host: an IP address .*not 'localhost'"),
     ],
@@ -133,3 +135,15 @@ def test_a_gguf_file_llama_cpp_cannot_load_stops_serve_in_one_line(tmp_path, cap
     err = capsys.readouterr().err
     assert err.endswith(f"portico: configuration error: embedded.model_path: Failed to load model from file: "
                         f"{tmp_path / 'cut.gguf'}\n")
+
+
+def test_help_names_the_values_as_the_command_line_section_does(capsys):
+    """configuration.md writes `portico [--config FILE] [--data-dir DIR] [--log-level LEVEL] serve [--host H] ...`."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "[--config FILE] [--data-dir DIR] [--log-level LEVEL]" in usage
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "[--host H] [--port P] [--admin-port P] [--metrics-port P] [--dev-key] [--workers N]" in usage
