@@ -104,7 +104,8 @@ def _quiet_store_diagnostics(level: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
-    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration (default: the built-in server/default.yaml)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="YAML configuration (default: the built-in server/default.yaml)")
     parser.add_argument("--data-dir", type=Path, metavar="DIR",
                         help="the key store, images and run files (default: the configuration's data_dir)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], metavar="LEVEL",

@@ -50,7 +50,7 @@ def _load(tmp_path, text: str):
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, owned_by: 5}]",
          r"models\[0\]\.owned_by: a non-empty string, not 5"),
         # An image link must lead somewhere: a scheme alone is no base URL.
-        (f"{ONE_MODEL}\nlisten: {{public_base_url: 'http://'}}", r"listen\.public_base_url: an http:// or https:// URL"),
+        (f"{ONE_MODEL}\nlisten: {{public_base_url: 'http://'}}", r"listen\.public_base_url: an http:// or https://"),
         # Envoy binds an address, not a name: `localhost` failed only once Envoy started, after a key was made.
         (f"{ONE_MODEL}\nlisten: {{host: localhost}}", r"listen\.host: an IP address .*not 'localhost'"),
     ],
