@@ -80,6 +80,9 @@ def test_a_setting_written_twice_is_an_error_not_the_last_one_silently(tmp_path)
         _load(tmp_path, text)
     with pytest.raises(ConfigError, match=r"line 2: `threads` is set twice"):
         _load(tmp_path, f"{ONE_MODEL}\nembedded: {{threads: 4, threads: 8}}\n")
+    # A merge key's values may be overridden: that is what it is for.
+    text = "models:\n  - &a {id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}\n  - <<: *a\n    id: b\n"
+    assert [m.id for m in _load(tmp_path, text).models] == ["a", "b"]
 
 
 def test_a_section_left_empty_takes_its_defaults(tmp_path):
