@@ -57,12 +57,17 @@ class Config:
     usage: UsageSettings = field(default_factory=UsageSettings)  # the usage ledger
 
     @property
+    def listen_url(self) -> str:
+        """Envoy's listener as a URL (an IPv6 address in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
     def base_url(self) -> str:
         """public_base_url, else the listen address (right when callers reach Envoy directly)."""
         if self.public_base_url:
             return self.public_base_url.rstrip("/")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return self.listen_url
 
     @property
     def key_database(self) -> StoreSettings:

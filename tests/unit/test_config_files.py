@@ -150,3 +150,12 @@ def test_help_names_the_values_as_the_command_line_section_does(capsys):
         main(["serve", "--help"])
     usage = " ".join(capsys.readouterr().out.split())
     assert "[--host H] [--port P] [--admin-port P] [--metrics-port P] [--dev-key] [--workers N]" in usage
+
+
+@pytest.mark.parametrize(("host", "url"), [("127.0.0.1", "http://127.0.0.1:8080"), ("::1", "http://[::1]:8080"),
+                                           ("::", "http://[::]:8080")])
+def test_the_listen_url_brackets_an_ipv6_host(tmp_path, host, url):
+    """`Portico is listening on http://::1:8080` was no URL a client could use."""
+    config = _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}")
+    assert config.listen_url == url
+    assert config.base_url == url  # image links, without listen.public_base_url
