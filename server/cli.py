@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="YAML configuration (default: the built-in server/default.yaml)")
-    parser.add_argument("--data-dir", type=Path, metavar="DIR",
+    parser.add_argument("--data-dir", type=_data_dir, metavar="DIR",
                         help="the key store, images and run files (default: the configuration's data_dir)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], metavar="LEVEL",
                         help="debug, info, warning or error: diagnostic logs on stderr (default info); the access "
@@ -158,6 +158,13 @@ def _parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
+
+
+def _data_dir(text: str) -> Path:
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, made owner-only."""
+    if not text:
+        raise argparse.ArgumentTypeError("a directory path, not ''")
+    return Path(text)
 
 
 def _host(text: str) -> str:

@@ -159,3 +159,16 @@ def test_the_listen_url_brackets_an_ipv6_host(tmp_path, host, url):
     config = _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}")
     assert config.listen_url == url
     assert config.base_url == url  # image links, without listen.public_base_url
+
+
+def test_an_empty_data_dir_option_is_refused_not_the_working_directory(tmp_path, capsys, monkeypatch):
+    """`--data-dir "$UNSET"` was Path("") — the working directory, whose files start-up then made owner-only."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shared.txt").write_text("x")
+    (tmp_path / "shared.txt").chmod(0o644)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data-dir", "", "keys", "list"])
+    assert stopped.value.code == 2
+    assert "argument --data-dir: a directory path, not ''" in capsys.readouterr().err
+    assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
+    assert not (tmp_path / "keys.db").exists()
