@@ -94,16 +94,18 @@ class _Builder:
             from server.providers.llamacpp import LlamaCppProvider
 
             settings = self._config.embedded
+            path = settings.model_path or LlamaCppProvider.default_model_path()
             try:
                 self._embedded = LlamaCppProvider(
-                    settings.model_path or LlamaCppProvider.default_model_path(),
+                    path,
                     n_ctx=settings.context_size,
                     n_threads=settings.threads,
                     n_instances=settings.instances,
                     recorder=self._recorder,
                 )
-            except ValueError as exc:  # llama.cpp cannot load the file, or it has no chat template
-                raise ConfigError(f"embedded.model_path: {exc}") from None
+            except ValueError as exc:  # llama.cpp cannot load the file (or make a context of that size)
+                setting = "embedded.model_path" if str(path) in str(exc) else "embedded"
+                raise ConfigError(f"{setting}: {exc}") from None
         return self._embedded
 
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:
