@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvloop
 
-from server.config import Config, ConfigError, load_config
+from server.config import Config, ConfigError, listen_host, load_config
 from server.config_providers import upstream_keys
 from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                       "redis:// URL in the configuration (with the in-process store every worker would admit the "
                       "whole limit on its own).", file=sys.stderr)
                 return 2
+            _check_data_dir(config.data_dir)  # the last check: a mistake found before it leaves nothing behind
             command = functools.partial(_worker_command, args, config)
             # uvloop: the event loop's own work (callbacks, sockets) is a large share of every request's CPU.
             development_key = wants_development_key(config, asked=args.dev_key)
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)
+        if not config.key_store.is_postgres:  # <data_dir>/keys.db
+            _check_data_dir(config.data_dir)
         if args.command == "usage":
             return usage_command(args, config)
         return keys_command(args, config)
@@ -71,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
         print(f"portico: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_data_dir(data_dir: Path) -> None:
+    """The data dir (the SQLite store, images, run files) made now: a path that cannot be a directory (a file is
+    there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"data_dir: cannot create {data_dir} ({exc.strerror})") from None
 
 
 def _check_access_log(target: str) -> None:
@@ -92,22 +104,25 @@ def _quiet_store_diagnostics(level: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
-    parser.add_argument("--config", type=Path, help="YAML configuration (default: the built-in server/default.yaml)")
-    parser.add_argument("--data-dir", type=Path, help="where the key store lives (default from the configuration)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="diagnostic logs on stderr (default info); the access log is separate (access_log)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="YAML configuration (default: the built-in server/default.yaml)")
+    parser.add_argument("--data-dir", type=_data_dir, metavar="DIR",
+                        help="the key store, images and run files (default: the configuration's data_dir)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], metavar="LEVEL",
+                        help="debug, info, warning or error: diagnostic logs on stderr (default info); the access "
+                             "log is separate (access_log)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway: Envoy on --port, the gRPC server behind it")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port(1), help="HTTP and gRPC port (default 8080)")
-    serve.add_argument("--admin-port", type=_port(1), help="Envoy admin port on 127.0.0.1 (default 9901)")
-    serve.add_argument("--metrics-port", type=_port(0),
+    serve.add_argument("--host", type=_host, metavar="H", help="listen address, an IP address (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port(1), metavar="P", help="HTTP and gRPC port (default 8080)")
+    serve.add_argument("--admin-port", type=_port(1), metavar="P", help="Envoy admin port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--metrics-port", type=_port(0), metavar="P",
                        help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
     serve.add_argument("--dev-key", action="store_true",
                        help="with an empty key store, create and print an all-models development key even when "
                             "upstreams serve models (by default only when every model runs in the gateway)")
-    serve.add_argument("--workers", type=int, default=1,
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
     worker = commands.add_parser("worker", help="(internal) one of `serve --workers N`'s server processes")
     worker.add_argument("--socket", type=Path, required=True)
@@ -143,6 +158,21 @@ def _parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
+
+
+def _data_dir(text: str) -> Path:
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, made owner-only."""
+    if not text:
+        raise argparse.ArgumentTypeError("a directory path, not ''")
+    return Path(text)
+
+
+def _host(text: str) -> str:
+    """An IP address as argparse's type: a host name is a one-line usage error (exit code 2), as in the file."""
+    try:
+        return listen_host(text, "listen.host")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(lowest: int) -> Callable[[str], int]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -18,7 +20,7 @@ from server.limits.settings import LimitSettings
 from server.usage.money import parse_price, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
 
-__all__ = ["Config", "ConfigError", "EmbeddedSettings", "load_config"]
+__all__ = ["Config", "ConfigError", "EmbeddedSettings", "listen_host", "load_config"]
 
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -55,12 +57,17 @@ class Config:
     usage: UsageSettings = field(default_factory=UsageSettings)  # the usage ledger
 
     @property
+    def listen_url(self) -> str:
+        """Envoy's listener as a URL (an IPv6 address in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
     def base_url(self) -> str:
         """public_base_url, else the listen address (right when callers reach Envoy directly)."""
         if self.public_base_url:
             return self.public_base_url.rstrip("/")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return self.listen_url
 
     @property
     def key_database(self) -> StoreSettings:
@@ -79,17 +86,45 @@ def load_config(path: Path | None = None) -> Config:
         source = "server/default.yaml"
     else:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError:
+            raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
         source = str(path)
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.load(text, Loader=_Loader) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     return _parse(raw, source)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, but a key written twice in one mapping is an error: plain YAML keeps the last silently,
+    so the first (perhaps the one being looked at) would do nothing."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may be overridden by design
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: `{key}` is set twice")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where the parser stopped and why (its own text spans several lines and says "<unicode string>")."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return f"{where}: {problem}"
 
 
 # Every setting the file may hold, section by section; anything else is refused by its path.
@@ -119,12 +154,12 @@ def _parse(raw: dict, source: str) -> Config:
     try:
         return Config(
             models=entries,
-            host=_text(listen, "host", "127.0.0.1", f"{source}: listen"),
+            host=listen_host(_text(listen, "host", "127.0.0.1", f"{source}: listen"), f"{source}: listen.host"),
             port=number(listen, "port", 8080, f"{source}: listen", integer=True, low=1, high=65535),
             public_base_url=_base_url(listen.get("public_base_url"), f"{source}: listen.public_base_url"),
             envoy_admin_port=number(raw, "envoy_admin_port", 9901, f"{source}: ", integer=True, low=1,
                                     high=65535),
-            data_dir=Path(raw.get("data_dir", "data")),
+            data_dir=Path(_text(raw, "data_dir", "data", f"{source}: ")),
             embedded=EmbeddedSettings(
                 context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1),
                 threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1),
@@ -140,7 +175,7 @@ def _parse(raw: dict, source: str) -> Config:
             key_cache_size=number(keys, "cache_size", 10_000, f"{source}: keys", integer=True, low=1),
             key_negative_cache_size=number(keys, "negative_cache_size", 10_000, f"{source}: keys",
                                            integer=True, low=1),
-            limits=_limits(raw.get("limits", {}), f"{source}: limits", seen),
+            limits=_limits(_or_empty(raw.get("limits")), f"{source}: limits", seen),
             metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True, low=0, high=65535),
             access_log=_access_log(raw, f"{source}: "),
             drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
@@ -165,8 +200,24 @@ def _text(raw: dict, name: str, default: str, where: str) -> str:
     return value
 
 
+def listen_host(value: str, where: str) -> str:
+    """Envoy binds an address, not a name: `localhost` would fail only once Envoy starts, after the key store."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(f"{where}: an IP address such as 127.0.0.1, 0.0.0.0 or ::1 (Envoy binds an address, not "
+                          f"a host name), not {value!r}") from None
+    return value
+
+
+def _or_empty(value: Any) -> Any:
+    """A section written with nothing under it (every line commented out) is YAML's null: its defaults."""
+    return {} if value is None else value
+
+
 def _base_url(value: Any, where: str) -> str | None:
-    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))
+                                  and urlsplit(value).hostname):
         raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway), not {value!r}")
     return value
 
@@ -174,11 +225,20 @@ def _base_url(value: Any, where: str) -> str | None:
 def _model_path(value: Any, where: str) -> str | None:
     if value is not None and not (isinstance(value, str) and Path(value).is_file()):
         raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} (no such file)")
+    if value is not None:
+        # llama.cpp says only "Failed to load model", as a traceback once the server is being built.
+        try:
+            with open(value, "rb") as file:
+                magic = file.read(4)
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read {value} ({exc.strerror})") from None
+        if magic != b"GGUF":
+            raise ConfigError(f"{where}: {value!r} is not a GGUF model file")
     return value
 
 
 def _section(raw: dict, name: str, known: tuple[str, ...], source: str) -> dict:
-    section = _mapping(raw.get(name, {}), f"{source}: {name}")
+    section = _mapping(_or_empty(raw.get(name)), f"{source}: {name}")
     known_settings(section, known, f"{source}: {name}")
     return section
 
@@ -249,7 +309,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
     return ModelEntry(
         id=_text(raw, "id", "", where),
         endpoint=endpoint,
-        owned_by=str(raw.get("owned_by", "portico")),
+        owned_by=_text(raw, "owned_by", "portico", where),
         created=number(raw, "created", 0, where, integer=True, low=0),
         deployments=parse_deployments(raw, where, endpoint),
         fallbacks=tuple(fallbacks),

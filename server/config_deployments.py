@@ -7,6 +7,7 @@ metrics, logs and /readyz), a `weight` and a `provider:` of the same shape.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import fields
 from typing import Any
@@ -44,7 +45,7 @@ def _deployment(raw: Any, where: str, endpoint: Endpoint) -> Deployment:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: required, letters, digits, `_`, `.` or `-` (up to 64), not {name!r}")
     weight = raw.get("weight", 1)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
         raise ConfigError(f"{where}.weight: a positive number, not {weight!r}")
     if "provider" not in raw:
         raise ConfigError(f"{where}: `provider` is required")
@@ -86,6 +87,6 @@ def _numbers(raw: Any, where: str, kind: type, skip: frozenset | set = frozenset
     for name, value in raw.items():
         whole = isinstance(known[name], int)
         valid = isinstance(value, int) if whole else isinstance(value, (int, float))
-        if isinstance(value, bool) or not valid or value <= 0:
+        if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{where}.{name}: a positive {'whole ' if whole else ''}number, not {value!r}")
     return dict(raw)

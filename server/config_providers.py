@@ -8,6 +8,7 @@ start-up by `upstream_key`. Nothing here prints a key, so a mistake can be repor
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -108,7 +109,7 @@ def _retry(raw: Any, where: str) -> RetrySettings:
 def _number(raw: dict, name: str, default: float, where: str, *, integer: bool = False) -> Any:
     value = raw.get(name, default)
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not valid or value <= 0:
+    if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:  # YAML has .nan and .inf
         raise ConfigError(f"{where}.{name}: a positive {'whole ' if integer else ''}number, not {value!r}")
     return value
 
@@ -124,6 +125,8 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
     path = f"{where}{name}" if where.endswith(": ") else f"{where}.{name}"
     if isinstance(value, bool) or not valid:
         raise ConfigError(f"{path}: {kind}, not {value!r}")
+    if not math.isfinite(value):  # YAML's .nan passes every bound below, and .inf is no duration or size
+        raise ConfigError(f"{path}: a finite number, not {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
         raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")

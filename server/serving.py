@@ -96,7 +96,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         if metrics:
             metrics.close()
         return 1
-    print(f"Portico is listening on http://{config.host}:{config.port} (REST /v1 and gRPC)", flush=True)
+    print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC)", flush=True)
 
     exit_code = await _run_until_stopped(envoy, backend, config, stop)
     await _drain(_stop_backend(backend), backend.stop_now)  # Envoy must still be up to carry the answers in flight

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from server.config_providers import ConfigError
+from server.config_providers import ConfigError, number
 
 SQLITE = "sqlite"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -63,13 +63,10 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     password_env = keys.get("password_env") or ""
     if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
         raise ConfigError(f"{where}.password_env: the name of an environment variable, not {password_env!r}")
-    try:
-        timeout = float(keys.get("store_timeout_seconds", 2.0))
-        pool_size = int(keys.get("pool_size", 4))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    if timeout <= 0 or pool_size < 1:
-        raise ConfigError(f"{where}: store_timeout_seconds must be positive and pool_size at least 1")
+    timeout = float(number(keys, "store_timeout_seconds", 2.0, where))
+    pool_size = number(keys, "pool_size", 4, where, integer=True, low=1)
+    if timeout <= 0:
+        raise ConfigError(f"{where}.store_timeout_seconds: a positive number, not {timeout!r}")
     if store == SQLITE:
         if password_env:
             raise ConfigError(f"{where}.password_env: only for a postgresql:// store")

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from server.config import Config, ConfigError
-from server.config_providers import upstream_keys
+from server.config import Config
+from server.config_providers import ConfigError, upstream_keys
 from server.domain import Deployment, Endpoint, ModelEntry, UpstreamSpec
 from server.observability import UpstreamRecorder
 from server.providers import Provider
@@ -94,19 +94,18 @@ class _Builder:
             from server.providers.llamacpp import LlamaCppProvider
 
             settings = self._config.embedded
+            path = settings.model_path or LlamaCppProvider.default_model_path()
             try:
                 self._embedded = LlamaCppProvider(
-                    settings.model_path or LlamaCppProvider.default_model_path(),
+                    path,
                     n_ctx=settings.context_size,
                     n_threads=settings.threads,
                     n_instances=settings.instances,
                     recorder=self._recorder,
                 )
-            except ValueError as exc:  # llama.cpp cannot load the file, or it has no chat template
-                if settings.model_path is None:
-                    raise
-                raise ConfigError(f"embedded.model_path: {settings.model_path} is not a GGUF chat model llama.cpp "
-                                  f"can load ({exc})") from None
+            except ValueError as exc:  # llama.cpp cannot load the file (or make a context of that size)
+                setting = "embedded.model_path" if str(path) in str(exc) else "embedded"
+                raise ConfigError(f"{setting}: {exc}") from None
         return self._embedded
 
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:

@@ -135,5 +135,6 @@ def test_a_model_path_that_is_no_gguf_model_stops_serve_with_exit_2(tmp_path, co
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"portico: configuration error: embedded.model_path: {model} ")
+    assert result.stderr.startswith("portico: configuration error: ") and result.stderr.count("\n") == 1
+    assert "embedded.model_path: " in result.stderr and str(model) in result.stderr
     assert "Traceback" not in result.stderr

@@ -1,0 +1,174 @@
+"""A configuration file as a user writes it, and the command line around it: every mistake stops start-up with one
+line naming where it is (exit code 2), never a traceback, a setting silently dropped or a gateway that misbehaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.cli import main
+from server.config import ConfigError, load_config
+
+ONE_MODEL = "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]"
+UPSTREAM = "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}"
+
+
+def _load(tmp_path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # A value of the wrong kind names its path (not "expected str, bytes or os.PathLike object, not int").
+        (f"{ONE_MODEL}\ndata_dir: 5", r"c\.yaml: data_dir: a non-empty string, not 5"),
+        (f"{ONE_MODEL}\ndata_dir: ''", r"c\.yaml: data_dir: a non-empty string, not ''"),
+        (f"{ONE_MODEL}\ndata_dir: null", r"c\.yaml: data_dir: a non-empty string, not None"),
+        # The PostgreSQL settings are numbers like the others: no text, no truth values, no fraction of a connection.
+        (f"{ONE_MODEL}\nkeys: {{store_timeout_seconds: abc}}", r"keys\.store_timeout_seconds: a number, not 'abc'"),
+        (f"{ONE_MODEL}\nkeys: {{store_timeout_seconds: '5'}}", r"keys\.store_timeout_seconds: a number, not '5'"),
+        (f"{ONE_MODEL}\nkeys: {{store_timeout_seconds: null}}", r"keys\.store_timeout_seconds: a number, not None"),
+        (f"{ONE_MODEL}\nkeys: {{pool_size: 2.7}}", r"keys\.pool_size: a whole number, not 2\.7"),
+        (f"{ONE_MODEL}\nkeys: {{pool_size: true}}", r"keys\.pool_size: a whole number, not True"),
+        (f"{ONE_MODEL}\nkeys: {{pool_size: 0}}", r"keys\.pool_size: a whole number of at least 1, not 0"),
+        # YAML's .nan passes every `<` test and .inf is no duration: both are refused by name.
+        (f"{ONE_MODEL}\ndrain_seconds: .nan", r"drain_seconds: a finite number, not nan"),
+        (f"{ONE_MODEL}\nkeys: {{cache_seconds: .inf}}", r"keys\.cache_seconds: a finite number, not inf"),
+        (f"{ONE_MODEL}\nkeys: {{store_timeout_seconds: .nan}}", r"keys\.store_timeout_seconds: a finite number"),
+        (f"{ONE_MODEL}\nlimits: {{lease_seconds: .nan}}", r"limits\.lease_seconds: a finite number, not nan"),
+        (f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: "
+         f"'http://127.0.0.1:9/v1', model: m, timeouts: {{read: .nan}}}}}}]",
+         r"models\[0\]\.provider\.timeouts\.read: a positive number, not nan"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, cache: {ttl_seconds: .inf}}]",
+         r"models\[0\]\.cache\.ttl_seconds: a positive number, not inf"),
+        (f"models: [{{id: a, endpoint: /v1/chat/completions, deployments: [{{name: x, weight: .nan, "
+         f"provider: {UPSTREAM}}}]}}]", r"deployments\[0\]\.weight: a positive number, not nan"),
+        # owned_by is shown to callers in /v1/models: `owned_by:` left empty was the text "None".
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, owned_by: null}]",
+         r"models\[0\]\.owned_by: a non-empty string, not None"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, owned_by: 5}]",
+         r"models\[0\]\.owned_by: a non-empty string, not 5"),
+        # An image link must lead somewhere: a scheme alone is no base URL.
+        (f"{ONE_MODEL}\nlisten: {{public_base_url: 'http://'}}", r"listen\.public_base_url: an http:// or https://"),
+        # Envoy binds an address, not a name: `localhost` failed only once Envoy started, after a key was made.
+        (f"{ONE_MODEL}\nlisten: {{host: localhost}}", r"listen\.host: an IP address .*not 'localhost'"),
+    ],
+)
+def test_config_mistakes_name_their_setting(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, text)
+
+
+def test_a_model_path_that_is_no_gguf_file_is_a_configuration_error(tmp_path):
+    """llama.cpp's "Failed to load model" came as a traceback (exit code 1) once the server was being built."""
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    with pytest.raises(ConfigError, match=r"embedded\.model_path: .*notes\.txt.* is not a GGUF model file"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'notes.txt'}}}")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF" + bytes(20))
+    assert _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'm.gguf'}}}").embedded.model_path
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
+def test_listen_host_takes_ip_addresses(tmp_path, host):
+    assert _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}").host == host
+
+
+def test_a_setting_written_twice_is_an_error_not_the_last_one_silently(tmp_path):
+    text = f"{ONE_MODEL}\ndefault_max_tokens: 64\nembedded: {{threads: 4}}\ndefault_max_tokens: 128\n"
+    with pytest.raises(ConfigError, match=r"c\.yaml: line 4: `default_max_tokens` is set twice"):
+        _load(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"line 2: `threads` is set twice"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{threads: 4, threads: 8}}\n")
+    # A merge key's values may be overridden: that is what it is for.
+    text = "models:\n  - &a {id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}\n  - <<: *a\n    id: b\n"
+    assert [m.id for m in _load(tmp_path, text).models] == ["a", "b"]
+
+
+def test_a_section_left_empty_takes_its_defaults(tmp_path):
+    """`embedded:` with every line under it commented out is YAML's null: the defaults, not "must be a mapping"."""
+    config = _load(tmp_path, f"{ONE_MODEL}\nlisten:\n  # port: 9000\nembedded:\nkeys:\nlimits:\n")
+    assert (config.port, config.embedded.threads, config.key_cache_seconds) == (8080, 2, 1.0)
+    assert config.limits.store == "memory"
+
+
+def test_invalid_yaml_is_one_line_with_where(tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        _load(tmp_path, f"{ONE_MODEL}\nlisten:\n\tport: 9000\n")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path / 'c.yaml'}: not valid YAML at line 3, column 1: ")
+
+
+def test_a_file_that_is_not_text_cannot_be_read(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\xff\xfe" + ONE_MODEL.encode("utf-16-le"))
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "keys", "list"]) == 2
+    assert capsys.readouterr().err == f"portico: configuration error: cannot read config file {path}: not UTF-8 text\n"
+
+
+@pytest.mark.parametrize("command", [["serve"], ["keys", "list"], ["usage"]])
+def test_a_data_dir_that_cannot_be_a_directory_is_one_line_and_exit_2(tmp_path, capsys, command):
+    taken = tmp_path / "a-file"
+    taken.write_text("x")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: off\n")  # capsys's stderr is no file an access log could share
+    for data_dir in (taken, taken / "sub"):
+        assert main(["--config", str(config), "--data-dir", str(data_dir), *command]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"portico: configuration error: data_dir: cannot create {data_dir} (")
+        assert err.count("\n") == 1
+
+
+def test_serve_host_must_be_an_address(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data-dir", str(tmp_path / "d"), "serve", "--host", "localhost"])
+    assert stopped.value.code == 2
+    assert "argument --host: listen.host: an IP address" in capsys.readouterr().err
+    assert not (tmp_path / "d" / "keys.db").exists()  # nothing made before the mistake was found
+
+
+def test_a_gguf_file_llama_cpp_cannot_load_stops_serve_in_one_line(tmp_path, capsys):
+    """A file with GGUF's magic that llama.cpp still refuses (cut short, say): one line and exit code 2, not its
+    ValueError's traceback with exit code 1."""
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF" + bytes(60))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: off\nembedded: {{model_path: {tmp_path / 'cut.gguf'}}}\n")
+    assert main(["--config", str(config), "--data-dir", str(tmp_path / "d"), "serve", "--metrics-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"portico: configuration error: embedded.model_path: Failed to load model from file: "
+                        f"{tmp_path / 'cut.gguf'}\n")
+
+
+def test_help_names_the_values_as_the_command_line_section_does(capsys):
+    """configuration.md writes `portico [--config FILE] [--data-dir DIR] [--log-level LEVEL] serve [--host H] ...`."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "[--config FILE] [--data-dir DIR] [--log-level LEVEL]" in usage
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "[--host H] [--port P] [--admin-port P] [--metrics-port P] [--dev-key] [--workers N]" in usage
+
+
+@pytest.mark.parametrize(("host", "url"), [("127.0.0.1", "http://127.0.0.1:8080"), ("::1", "http://[::1]:8080"),
+                                           ("::", "http://[::]:8080")])
+def test_the_listen_url_brackets_an_ipv6_host(tmp_path, host, url):
+    """`Portico is listening on http://::1:8080` was no URL a client could use."""
+    config = _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}")
+    assert config.listen_url == url
+    assert config.base_url == url  # image links, without listen.public_base_url
+
+
+def test_an_empty_data_dir_option_is_refused_not_the_working_directory(tmp_path, capsys, monkeypatch):
+    """`--data-dir "$UNSET"` was Path("") — the working directory, whose files start-up then made owner-only."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shared.txt").write_text("x")
+    (tmp_path / "shared.txt").chmod(0o644)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--data-dir", "", "keys", "list"])
+    assert stopped.value.code == 2
+    assert "argument --data-dir: a directory path, not ''" in capsys.readouterr().err
+    assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
+    assert not (tmp_path / "keys.db").exists()
