@@ -200,6 +200,15 @@ def _text(raw: dict, name: str, default: str, where: str) -> str:
     return value
 
 
+def _model_id(raw: dict, where: str) -> str:
+    """A model id is a single word callers write in bodies and grant in `keys --models a,b` (comma-separated)."""
+    value = _text(raw, "id", "", where)
+    if len(value) > 256 or any(char.isspace() or char == "," or not char.isprintable() for char in value):
+        raise ConfigError(f"{where}.id: {value[:60]!r} has a space, comma or control character or is over 256 "
+                          "characters; a model id is one word")
+    return value
+
+
 def listen_host(value: str, where: str) -> str:
     """Envoy binds an address, not a name: `localhost` would fail only once Envoy starts, after the key store."""
     try:
@@ -307,7 +316,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
         raise ConfigError(f"{where}.fallbacks: a list of model ids")
     return ModelEntry(
-        id=_text(raw, "id", "", where),
+        id=_model_id(raw, where),
         endpoint=endpoint,
         owned_by=_text(raw, "owned_by", "portico", where),
         created=number(raw, "created", 0, where, integer=True, low=0),

@@ -74,6 +74,18 @@ def test_listen_host_takes_ip_addresses(tmp_path, host):
     assert _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}").host == host
 
 
+@pytest.mark.parametrize("model_id", ["two words", "a,b", "tab\\there", "x" * 257])
+def test_a_model_id_must_be_one_word(tmp_path, model_id):
+    """A model id is granted in `keys create --models a,b`: one with a comma (or a space) could never be granted."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.id: .* a model id is one word"):
+        _load(tmp_path, f'models: [{{id: "{model_id}", endpoint: /v1/messages, provider: {{kind: llamacpp}}}}]')
+
+
+def test_model_ids_may_be_written_as_upstreams_name_models(tmp_path):
+    text = "models: [{id: 'meta-llama/Llama-3.1-8B:ft.v2_x', endpoint: /v1/messages, provider: {kind: llamacpp}}]"
+    assert _load(tmp_path, text).models[0].id == "meta-llama/Llama-3.1-8B:ft.v2_x"
+
+
 def test_a_setting_written_twice_is_an_error_not_the_last_one_silently(tmp_path):
     text = f"{ONE_MODEL}\ndefault_max_tokens: 64\nembedded: {{threads: 4}}\ndefault_max_tokens: 128\n"
     with pytest.raises(ConfigError, match=r"c\.yaml: line 4: `default_max_tokens` is set twice"):
