@@ -15,6 +15,7 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
 from server.errors import UpstreamError
+from server.translate.usage_counts import MAX_TOKEN_COUNT, token_count
 
 STOP_REASONS = {
     "end_turn": FinishReason.END_TURN,
@@ -42,11 +43,12 @@ class AnthropicEventReader:
     def feed(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
         kind = event.get("type")
         if kind == "message_start":
-            usage = (event.get("message") or {}).get("usage") or {}
+            message = event.get("message")
+            usage = _mapping(message.get("usage") if isinstance(message, Mapping) else None)
             self._input_tokens = _input_tokens(usage)
-            self._cached_tokens = int(usage.get("cache_read_input_tokens") or 0)
-            self._written_tokens = int(usage.get("cache_creation_input_tokens") or 0)
-            self._output_tokens = int(usage.get("output_tokens") or 0)
+            self._cached_tokens = token_count(usage, "cache_read_input_tokens")
+            self._written_tokens = token_count(usage, "cache_creation_input_tokens")
+            self._output_tokens = token_count(usage, "output_tokens")
             return [Started(self._input_tokens)]
         if kind == "content_block_start":
             return self._block_start(int(event.get("index", 0)), event.get("content_block") or {})
@@ -57,12 +59,12 @@ class AnthropicEventReader:
             if reason := delta.get("stop_reason"):
                 self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
             self._stop_sequence = delta.get("stop_sequence")
-            usage = event.get("usage") or {}
-            self._output_tokens = int(usage.get("output_tokens") or self._output_tokens)
+            usage = _mapping(event.get("usage"))
+            self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
             if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                 self._input_tokens = _input_tokens(usage)
-                self._cached_tokens = int(usage.get("cache_read_input_tokens") or self._cached_tokens)
-                self._written_tokens = int(usage.get("cache_creation_input_tokens") or self._written_tokens)
+                self._cached_tokens = token_count(usage, "cache_read_input_tokens") or self._cached_tokens
+                self._written_tokens = token_count(usage, "cache_creation_input_tokens") or self._written_tokens
             return []
         if kind == "content_block_stop":
             return self._block_stop(int(event.get("index", 0)))
@@ -146,7 +148,15 @@ def carries_content(event: Mapping[str, Json]) -> bool:
     return False
 
 
+def _mapping(value: Json) -> Mapping[str, Json]:
+    """A usage object; anything else (absent, null, not an object) says nothing."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _input_tokens(usage: Mapping[str, Json]) -> int:
     """Prompt caching splits the prompt three ways; all of it was read, so all of it counts against the limits."""
-    return sum(int(usage.get(name) or 0)
-               for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    total = sum(token_count(usage, name)
+                for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    if total > MAX_TOKEN_COUNT:
+        raise UpstreamError(f"The upstream's usage is not a token count: its prompt is {total} tokens.")
+    return total
