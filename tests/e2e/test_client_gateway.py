@@ -272,3 +272,6 @@ def test_any_unary_rpc_takes_its_fields_on_both_transports(gateway, transport):
         updated = client.call(UPDATE_KEY, {"id": key_id, "name": f"patched-{transport}",
                                            "limits": {"requests_per_minute": 7}})
         assert (updated.key.name, updated.key.limits.requests_per_minute) == (f"patched-{transport}", 7)
+        with pytest.raises(BadRequestError) as unknown:  # a query string would have dropped it unread
+            client.call(GET_MODEL, {"model": "family-a-5.4", "modle": "x"})
+        assert unknown.value.param == "modle"

@@ -82,11 +82,12 @@ class _RestCall:
 
 def _rest_call(operation: Operation, body: dict[str, Any]) -> _RestCall:
     """The REST form of a call: the route's `{field}`s filled from the body; the other fields as the query string of
-    a GET or DELETE (lists repeated), else as the JSON body, encoded here so that a value JSON cannot hold is a
-    BadRequestError, as over gRPC."""
+    a GET or DELETE (lists repeated; checked against the request message first), else as the JSON body, encoded
+    here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
     fields = dict(body)
     path = re.sub(r"\{(\w+)\}", lambda m: quote(str(fields.pop(m[1], "")), safe=""), operation.path)
     if operation.http_method in ("GET", "DELETE"):
+        _request(operation, body)  # checked as over gRPC: the gateway skips a query parameter it does not know
         params = [(name, _query_value(item)) for name, value in fields.items() if value is not None
                   for item in (value if isinstance(value, (list, tuple)) else [value])]
         return _RestCall(path, params, None)
