@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
 
     usage = commands.add_parser("usage", help="usage and spend per bucket (and model, key or env) from the ledger")
     add_usage_arguments(usage)
-    keys = commands.add_parser("keys", help="create, update, rotate, list and revoke API keys").add_subparsers(
+    keys = commands.add_parser("keys", help="create, update, rotate, list, get and revoke API keys").add_subparsers(
         dest="keys_command", required=True
     )
     create = keys.add_parser("create", help="create a key; its secret is printed on the last line, once")
@@ -155,6 +155,8 @@ def _parser() -> argparse.ArgumentParser:
     rotate.add_argument("--grace", type=int, metavar="SECONDS",
                         help="how long the current secret keeps working (default keys.rotation_grace_seconds)")
     keys.add_parser("list", help="list keys (ids, names, grants; never secrets)")
+    get = keys.add_parser("get", help="one key as `list` shows it, then its own limits and budgets")
+    get.add_argument("key", metavar="ID")
     revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
@@ -278,10 +280,11 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         print(secret)
     elif args.keys_command == "list":
         for key in await admin.list():
-            grants = "all models" if key.all_models else ",".join(sorted(key.models))
-            state = "revoked" if key.revoked_at else "active"
-            role = " admin" if key.admin else ""
-            print(f"{key.id}\t{key.name}\t{state}{role}\t{key.env or '-'}\t{grants}")
+            print(_row(key))
+    elif args.keys_command == "get":
+        key = await admin.get(args.key)
+        print(_row(key))
+        print(f"limits: {_limits_text(key)}")
     elif args.keys_command == "update":
         # --models given with no model in it is refused (as by create), not taken as "no change"
         grants = (args.all_models, models) if args.all_models or args.models is not None else None
@@ -304,11 +307,25 @@ def _limit_text(field: str, value: int) -> str:
     return usd_text(value) if field in SPEND_LIMIT_NAMES else str(value)
 
 
-def _describe(key: ApiKey) -> str:
-    grants = "all models" if key.all_models else ",".join(sorted(key.models))
+def _grants(key: ApiKey) -> str:
+    return "all models" if key.all_models else ",".join(sorted(key.models))
+
+
+def _row(key: ApiKey) -> str:
+    """A key's line in `keys list` and `keys get`: id, name, state, env, grants (tab-separated)."""
+    state = "revoked" if key.revoked_at else "active"
+    role = " admin" if key.admin else ""
+    return f"{key.id}\t{key.name}\t{state}{role}\t{key.env or '-'}\t{_grants(key)}"
+
+
+def _limits_text(key: ApiKey) -> str:
     limits = ", ".join(f"{f}={_limit_text(f, value)}" for f, _ in _LIMIT_OPTIONS.values()
                        if (value := getattr(key.limits, f)) is not None)
-    return f"{grants}; limits: {limits or 'configured defaults'}"
+    return limits or "configured defaults"
+
+
+def _describe(key: ApiKey) -> str:
+    return f"{_grants(key)}; limits: {_limits_text(key)}"
 
 
 def _worker_command(args: argparse.Namespace, config: Config, socket: Path) -> list[str]:

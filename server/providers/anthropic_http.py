@@ -47,12 +47,12 @@ class AnthropicProvider:
             answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers)
             if answer.get("type") == "error" or "error" in answer:
                 raise self._upstream.stream_error(answer, self._model_id, self._model)
-            generated = message_events(answer)
+            generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())
             yield UpstreamObject(Dialect.ANTHROPIC, answer)
             for event in generated:
                 yield event
             return
-        reader = AnthropicEventReader()
+        reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens())
         async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers) as events:
             async for event in events:
                 payload = self._upstream.event_object(event.data, self._model_id)

@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from server import wire_json
 from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+    estimate_tokens,
 )
 from server.errors import UpstreamError
+from server.translate.usage_counts import MAX_TOKEN_COUNT, token_count
+
+_INPUT_COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # together, the prompt
 
 STOP_REASONS = {
     "end_turn": FinishReason.END_TURN,
@@ -28,7 +32,14 @@ STOP_REASONS = {
 
 
 class AnthropicEventReader:
-    def __init__(self) -> None:
+    """`prompt_estimate`: what the prompt counts when the upstream reports no input tokens (an Anthropic-compatible
+    server without usage); its answer then counts four characters a token, as an OpenAI-compatible one's does."""
+
+    def __init__(self, *, prompt_estimate: int = 0) -> None:
+        self._prompt_estimate = prompt_estimate
+        self._input_reported = False
+        self._output_reported = False
+        self._chars = 0  # of text and tool input, for an answer whose usage says nothing of its output
         self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
         self._tool_inputs: set[int] = set()  # tool calls whose input has had any text
         self._input_tokens = 0
@@ -42,35 +53,49 @@ class AnthropicEventReader:
     def feed(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
         kind = event.get("type")
         if kind == "message_start":
-            usage = (event.get("message") or {}).get("usage") or {}
+            message = event.get("message")
+            usage = _mapping(message.get("usage") if isinstance(message, Mapping) else None)
             self._input_tokens = _input_tokens(usage)
-            self._cached_tokens = int(usage.get("cache_read_input_tokens") or 0)
-            self._written_tokens = int(usage.get("cache_creation_input_tokens") or 0)
-            self._output_tokens = int(usage.get("output_tokens") or 0)
-            return [Started(self._input_tokens)]
+            self._cached_tokens = token_count(usage, "cache_read_input_tokens")
+            self._written_tokens = token_count(usage, "cache_creation_input_tokens")
+            self._output_tokens = token_count(usage, "output_tokens")
+            self._note_reported(usage)
+            return [Started(self._input_tokens if self._input_reported else self._prompt_estimate)]
         if kind == "content_block_start":
-            return self._block_start(int(event.get("index", 0)), event.get("content_block") or {})
+            return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
         if kind == "content_block_delta":
-            return self._block_delta(int(event.get("index", 0)), event.get("delta") or {})
+            return self._counted(self._block_delta(int(event.get("index", 0)), event.get("delta") or {}))
         if kind == "message_delta":
             delta = event.get("delta") or {}
             if reason := delta.get("stop_reason"):
                 self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
             self._stop_sequence = delta.get("stop_sequence")
-            usage = event.get("usage") or {}
-            self._output_tokens = int(usage.get("output_tokens") or self._output_tokens)
+            usage = _mapping(event.get("usage"))
+            self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
+            self._note_reported(usage)
             if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                 self._input_tokens = _input_tokens(usage)
-                self._cached_tokens = int(usage.get("cache_read_input_tokens") or self._cached_tokens)
-                self._written_tokens = int(usage.get("cache_creation_input_tokens") or self._written_tokens)
+                self._cached_tokens = token_count(usage, "cache_read_input_tokens") or self._cached_tokens
+                self._written_tokens = token_count(usage, "cache_creation_input_tokens") or self._written_tokens
             return []
         if kind == "content_block_stop":
             return self._block_stop(int(event.get("index", 0)))
         if kind == "message_stop":
             self.finished = True
-            usage = Usage(self._input_tokens, self._output_tokens, self._cached_tokens, self._written_tokens)
+            usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate,
+                          self._output_tokens if self._output_reported else estimate_tokens(self._chars),
+                          self._cached_tokens, self._written_tokens)
             return [Finished(self._reason, usage, self._stop_sequence)]
         return []  # ping and event types added later
+
+    def _counted(self, events: list[GenerationEvent]) -> list[GenerationEvent]:
+        self._chars += sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
+                           for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
+        return events
+
+    def _note_reported(self, usage: Mapping[str, Json]) -> None:
+        self._input_reported = self._input_reported or any(usage.get(name) is not None for name in _INPUT_COUNTS)
+        self._output_reported = self._output_reported or usage.get("output_tokens") is not None
 
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
         if block.get("type") == "text":
@@ -107,7 +132,7 @@ class AnthropicEventReader:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
 
 
-def message_events(message: Mapping[str, Json]) -> list[GenerationEvent]:
+def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0) -> list[GenerationEvent]:
     """A whole `message` -> the events AnthropicEventReader makes of the same answer streamed: it is read as the
     stream Anthropic would have sent (message_start with the usage, each content block started, a tool_use block's
     input as one input_json_delta, message_delta with the stop reason and usage, message_stop)."""
@@ -117,7 +142,7 @@ def message_events(message: Mapping[str, Json]) -> list[GenerationEvent]:
         raise UpstreamError("The upstream's answer is not a message.")
     usage = message.get("usage")
     usage = usage if isinstance(usage, Mapping) else {}
-    reader = AnthropicEventReader()
+    reader = AnthropicEventReader(prompt_estimate=prompt_estimate)
     events = reader.feed({"type": "message_start", "message": {"usage": usage}})
     for index, block in enumerate(content):
         if block.get("type") == "tool_use":
@@ -146,7 +171,14 @@ def carries_content(event: Mapping[str, Json]) -> bool:
     return False
 
 
+def _mapping(value: Json) -> Mapping[str, Json]:
+    """A usage object; anything else (absent, null, not an object) says nothing."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _input_tokens(usage: Mapping[str, Json]) -> int:
     """Prompt caching splits the prompt three ways; all of it was read, so all of it counts against the limits."""
-    return sum(int(usage.get(name) or 0)
-               for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    total = sum(token_count(usage, name) for name in _INPUT_COUNTS)
+    if total > MAX_TOKEN_COUNT:
+        raise UpstreamError(f"The upstream's usage is not a token count: its prompt is {total} tokens.")
+    return total

@@ -16,6 +16,7 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage, estimate_tokens,
 )
 from server.errors import UpstreamError
+from server.translate.usage_counts import token_count
 
 FINISH_REASONS = {
     "stop": FinishReason.END_TURN,
@@ -40,8 +41,9 @@ class OpenAIChunkReader:
     def feed(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
         if isinstance(usage := chunk.get("usage"), Mapping):
             details = usage.get("prompt_tokens_details")
-            cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
-            self._usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), cached)
+            cached = token_count(details, "cached_tokens") if isinstance(details, Mapping) else 0
+            prompt = token_count(usage, "prompt_tokens")
+            self._usage = Usage(prompt, token_count(usage, "completion_tokens"), min(cached, prompt))
         events: list[GenerationEvent] = []
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:

@@ -14,6 +14,9 @@ from server.config_providers import ConfigError, mapping
 from server.domain import Price
 
 MICROS_PER_USD = 1_000_000
+# The dearest price (per million tokens, or per image): with at most 2**31 tokens of each kind a request's cost stays
+# far inside the ledger's BIGINT, where a dearer one (`input: 1e30`) overflowed it and blocked every later row.
+MAX_PRICE_USD = 1_000_000
 
 
 def usd_to_micros(value: Any, where: str = "amount") -> int:
@@ -55,6 +58,9 @@ def parse_price(raw: Any, where: str) -> Price:
         values = {name: usd_to_micros(value, f"{where}.{name}") for name, value in raw.items() if value is not None}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    for name, micros in values.items():
+        if micros > MAX_PRICE_USD * MICROS_PER_USD:
+            raise ConfigError(f"{where}.{name}: at most {MAX_PRICE_USD} US dollars, not {raw[name]!r}")
     values.setdefault("cached_input", values.get("input", 0))
     values.setdefault("cache_write", values.get("input", 0))
     return Price(**values)

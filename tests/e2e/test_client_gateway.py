@@ -17,7 +17,9 @@ from portico.client import (
     NotFoundError, Operation, PermissionDeniedError, PorticoClient, QueueFull, RateLimitError, RequestQueue,
     RetriesExhausted, RetryPolicy, UserRateLimiter,
 )
-from portico.v1 import key_pb2, key_service_pb2_grpc
+from portico.v1 import (
+    key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc, organization_usage_pb2, usage_service_pb2_grpc,
+)
 
 HI = [{"role": "user", "content": "Hi"}]
 ALIASES = ModelAliases.from_config({
@@ -27,6 +29,12 @@ ALIASES = ModelAliases.from_config({
 })
 LIST_KEYS = Operation(key_service_pb2_grpc.KeyServiceStub, "ListKeys", key_pb2.ListKeysRequest,
                       key_pb2.ListKeysResponse, "GET", "/v1/admin/keys")
+GET_MODEL = Operation(model_service_pb2_grpc.ModelServiceStub, "GetModel", model_pb2.GetModelRequest, model_pb2.Model,
+                      "GET", "/v1/models/{model}")
+GET_COSTS = Operation(usage_service_pb2_grpc.UsageServiceStub, "GetCosts", organization_usage_pb2.GetCostsRequest,
+                      organization_usage_pb2.GetCostsResponse, "GET", "/v1/organization/costs")
+UPDATE_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "UpdateKey", key_pb2.UpdateKeyRequest,
+                       key_pb2.UpdateKeyResponse, "PATCH", "/v1/admin/keys/{id}")
 
 
 def create_key(gateway, *options: str) -> str:
@@ -249,3 +257,21 @@ async def test_asyncio_clients_retry_and_raise_the_same_way(gateway, transport):
     # The key's own rpm limits every model, so the fallback is refused too: primary twice, then family-a-5.4 twice.
     assert [m for m, _ in caught.value.failures] == ["family-a-5.5"] * 2 + ["family-a-5.4"] * 2
     assert len(sleeps) == 2 and all(50 < s <= 90 for s in sleeps) and sleeps[0] >= hint
+
+
+def test_any_unary_rpc_takes_its_fields_on_both_transports(gateway, transport):
+    """`call` runs any unary RPC, but over REST only a POST sent the request's fields: a GET sent neither a query
+    string nor its path's {fields} (a 400 for the usage API's start_time), and a PATCH sent no body at all."""
+    admin = create_key(gateway, "--all-models", "--admin")
+    key_id = gateway.cli("keys", "create", "--name", "patched", "--all-models").stdout.split()[2]
+    with client_for(gateway, transport, admin) as client:
+        assert client.call(GET_MODEL, {"model": "family-a-5.4"}).id == "family-a-5.4"
+        costs = client.call(GET_COSTS, {"start_time": 1795392000, "end_time": 1795392000 + 3 * 3600,
+                                        "bucket_width": "1h", "limit": 2, "group_by": ["model", "project_id"]})
+        assert [bucket.start_time for bucket in costs.data] == [1795392000, 1795395600] and costs.has_more
+        updated = client.call(UPDATE_KEY, {"id": key_id, "name": f"patched-{transport}",
+                                           "limits": {"requests_per_minute": 7}})
+        assert (updated.key.name, updated.key.limits.requests_per_minute) == (f"patched-{transport}", 7)
+        with pytest.raises(BadRequestError) as unknown:  # a query string would have dropped it unread
+            client.call(GET_MODEL, {"model": "family-a-5.4", "modle": "x"})
+        assert unknown.value.param == "modle"

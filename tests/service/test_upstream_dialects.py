@@ -227,3 +227,30 @@ async def test_a_typed_stream_of_unparseable_arguments_ends_with_the_upstream_er
     assert (caught.value.code(), detail.http_status, detail.error.code) == (
         grpc.StatusCode.UNAVAILABLE, 502, "upstream_error")
     assert window_tokens(running, key_id) > 0  # the upstream did the work: it counts
+
+
+async def test_an_anthropic_answer_without_usage_counts_its_prompt_and_text_as_openai_ones_do(messages, running,
+                                                                                              double, key):
+    """An Anthropic-compatible server that sends no usage settled 0 tokens (the prompt and the answer were free
+    against token limits and budgets), where an OpenAI-compatible one is estimated: the prompt, and the answer at
+    four characters a token."""
+    key_id, secret = key
+    double.cue(Cue(body={"type": "message", "role": "assistant", "stop_reason": "end_turn",
+                         "content": [{"type": "text", "text": "Twelve chars"}]}))
+    request = message_request(model="messages-on-anthropic", messages=[{"role": "user", "content": "Hi there"}])
+    await messages.CreateMessage(request, metadata=bearer(secret))
+    assert window_tokens(running, key_id) == 2 + 3  # "Hi there" (8 characters / 4); "Twelve chars" (12 / 4)
+    frames = [sse({"type": "message_start", "message": {"type": "message", "role": "assistant", "content": []}},
+                  "message_start"),
+              sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                  "content_block_start"),
+              sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Twelve chars"}},
+                  "content_block_delta"),
+              sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+              sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}, "message_delta"),
+              sse({"type": "message_stop"}, "message_stop")]
+    double.cue(Cue(frames=frames))
+    request = message_request(model="messages-on-anthropic", messages=[{"role": "user", "content": "Hi there"}],
+                              stream=True)
+    [b async for b in messages.CreateMessageHttp(http_body(request), metadata=bearer(secret))]
+    assert window_tokens(running, key_id) == 2 * (2 + 3)

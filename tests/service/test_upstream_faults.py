@@ -246,6 +246,30 @@ async def test_json_that_is_not_a_completion_is_a_502_and_not_retried(chat, doub
     assert (error_details(error).http_status, len(double.seen)) == (502, 1)
 
 
+
+@pytest.mark.parametrize("prompt_tokens", [-1000, "abc", 1e30])
+async def test_usage_that_is_no_token_count_is_a_502_settled_from_what_was_sent(chat, running, double, key,
+                                                                                  prompt_tokens):
+    """-1000 handed quota back (the window went below zero) and answered a bare UNKNOWN; "abc" was a 500; 1e30
+    filled the key's minute window. Such usage is not the API: a 502, and the request counts what was sent."""
+    key_id, secret = key
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 3}
+    double.cue(Cue(body={"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}],
+        "usage": usage}))
+    error = await failure(chat, secret, "up-solo")
+    assert (error.code(), error_details(error).error.code, len(double.seen)) == (
+        grpc.StatusCode.UNAVAILABLE, "upstream_error", 1)
+    frames = [sse({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}),
+              sse({"choices": [], "usage": usage})]
+    double.cue(Cue(frames=frames))
+    request = chat_request(model="up-solo", messages=HELLO, stream=True)
+    frames = sse_frames([b async for b in chat.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret))])
+    assert orjson.loads(frames[-1].removeprefix(b"data: "))["error"]["code"] == "upstream_error"
+    # The JSON answer, refused whole, sent nothing (as for any answer that is not a completion); the stream its
+    # prompt (10 characters / 4) and one delta.
+    assert window_tokens(running, key_id) == 3 + 1
+
 async def test_a_stream_dropped_mid_answer_ends_with_an_sse_error_and_settles_what_was_sent(chat, running, double,
                                                                                               key):
     key_id, secret = key

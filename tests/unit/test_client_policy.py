@@ -33,6 +33,17 @@ def test_jitter_spreads_uniformly_over_the_whole_range():
     assert 1.8 < sum(delays) / len(delays) < 2.2
 
 
+
+def test_jitter_is_a_setting_of_the_policy_full_by_default():
+    """Issue 8 names the policy's settings as attempts, base, cap and jitter; `jitter` was not one of them (a
+    TypeError). Full jitter stays the default; without it the wait is the ceiling itself, the hint still a floor."""
+    assert RetryPolicy().jitter is True
+    steady = RetryPolicy(base=0.5, cap=4.0, jitter=False)
+    assert [steady.delay(n, InternalServerError("x"), 0.0) for n in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert steady.delay(1, RateLimitError("slow down", retry_after=3.2), 0.0) == 3.2
+    assert steady.delay(1, RateLimitError("tomorrow", retry_after=3600.0), 0.0) is None
+    assert RetryPolicy(jitter=True).delay(2, InternalServerError("x"), 0.25) == 0.25
+
 def test_the_servers_hint_is_a_floor_and_a_hint_over_the_cap_means_do_not_wait():
     policy = RetryPolicy(base=0.5, cap=10.0)
     assert policy.delay(1, RateLimitError("slow down", retry_after=3.2), 0.9) == 3.2

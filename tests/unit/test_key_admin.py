@@ -114,3 +114,22 @@ def test_keys_on_a_locked_database_is_one_line_not_a_traceback(tmp_path, capsys,
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"portico: the key store {tmp_path / 'keys.db'} cannot be reached: SQLite: database is locked\n"
+
+
+def test_cli_gets_one_key_with_its_limits_as_keyservice_does(tmp_path, capsys):
+    """KeyService has GetKey and the CLI was to offer the same operations, but there was no `portico keys get`: a
+    key's own limits and budgets could not be read from the command line at all (`keys list` shows no limits)."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "billing", "--models", "family-a-5.5", "--env", "prod",
+                 "--rpm", "60", "--max-spend-day", "5"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    assert main([*data, "keys", "get", key_id]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"{key_id}\tbilling\tactive\tprod\tfamily-a-5.5"
+    assert "requests_per_minute=60" in out and "max_spend_day=$5.00" in out
+    assert main([*data, "keys", "revoke", key_id]) == 0
+    capsys.readouterr()
+    assert main([*data, "keys", "get", key_id]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split("\t")[2] == "revoked"
+    assert main([*data, "keys", "get", "key_nope"]) == 1
+    assert capsys.readouterr().err == "portico: No key with id 'key_nope'.\n"

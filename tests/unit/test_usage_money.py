@@ -50,6 +50,15 @@ def test_price_mistakes_name_the_field():
         parse_price({"inputs": 2}, "price")
 
 
+
+@pytest.mark.parametrize("price", [{"input": 1e30}, {"output": 1_000_001}, {"image": "1e12"}])
+def test_a_price_over_a_million_dollars_is_refused(price):
+    """`input: 1e30` was taken: one request's cost then overflowed the ledger's BIGINT, and the batch holding that
+    row failed on every retry, so no request's row was written any more."""
+    with pytest.raises(ConfigError, match="at most 1000000"):
+        parse_price(price, "price")
+    assert parse_price({"input": 1_000_000, "image": 1_000_000}, "price").input == 10**12
+
 def test_usd_text():
     assert usd_text(10_000) == "$0.01"
     assert usd_text(5_000_000) == "$5.00"

@@ -15,7 +15,8 @@ class RetryPolicy:
     """Exponential backoff with full jitter, honouring the server's retry hint.
 
     A model is tried up to `attempts` times. Before retry n (1, 2, ...) the client waits a uniformly random time in
-    [0, min(cap, base * 2**(n-1))), but never less than the server's hint (`retry-after`, RetryInfo). A hint longer
+    [0, min(cap, base * 2**(n-1))) (full jitter; with `jitter=False`, that ceiling itself), but never less than the
+    server's hint (`retry-after`, RetryInfo). A hint longer
     than `cap` is not waited for: the model is given up at once (next fallback, or RetriesExhausted).
     Only `retry_statuses` (HTTP statuses; gRPC codes map onto them) and connection errors are retried; 400, 401,
     403 and 404 never are, and neither is a POST whose answer timed out (APITimeoutError): it may still be running,
@@ -28,6 +29,7 @@ class RetryPolicy:
     attempts: int = 3
     base: float = 0.5
     cap: float = 30.0
+    jitter: bool = True  # full jitter spreads callers that failed together; False only for a fixed schedule
     retry_statuses: frozenset[int] = frozenset({429, 500, 502, 503})
     retry_connection_errors: bool = True
 
@@ -59,7 +61,7 @@ class RetryPolicy:
         hint = error.retry_after or 0.0
         if hint > self.cap:
             return None
-        return max(hint, draw * self.ceiling(retry))
+        return max(hint, (draw if self.jitter else 1.0) * self.ceiling(retry))
 
 
 @dataclass

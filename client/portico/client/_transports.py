@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 import httpx
@@ -72,14 +73,33 @@ def _param(message: str) -> str | None:
     return None
 
 
-def _json(operation: Operation, body: dict[str, Any]) -> bytes | None:
-    """The REST body, encoded here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
-    if operation.http_method != "POST":
-        return None
+@dataclass(frozen=True)
+class _RestCall:
+    path: str
+    params: list[tuple[str, str]]
+    content: bytes | None
+
+
+def _rest_call(operation: Operation, body: dict[str, Any]) -> _RestCall:
+    """The REST form of a call: the route's `{field}`s filled from the body; the other fields as the query string of
+    a GET or DELETE (lists repeated; checked against the request message first), else as the JSON body, encoded
+    here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
+    fields = dict(body)
+    path = re.sub(r"\{(\w+)\}", lambda m: quote(str(fields.pop(m[1], "")), safe=""), operation.path)
+    if operation.http_method in ("GET", "DELETE"):
+        _request(operation, body)  # checked as over gRPC: the gateway skips a query parameter it does not know
+        params = [(name, _query_value(item)) for name, value in fields.items() if value is not None
+                  for item in (value if isinstance(value, (list, tuple)) else [value])]
+        return _RestCall(path, params, None)
     try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        content = json.dumps(fields, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as error:
         raise BadRequestError(f"The request cannot be sent as JSON: {error}") from None
+    return _RestCall(path, [], content)
+
+
+def _query_value(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _response(operation: Operation, response: httpx.Response) -> Message:
@@ -126,7 +146,7 @@ def rest_base_url(url: str) -> str:
 
 
 def _headers(api_key: str | None, operation: Operation) -> dict[str, str]:
-    json_body = {"content-type": "application/json"} if operation.http_method == "POST" else {}
+    json_body = {} if operation.http_method in ("GET", "DELETE") else {"content-type": "application/json"}
     return {**dict(_auth(api_key)), **json_body}
 
 
@@ -217,10 +237,10 @@ class HttpTransport:
         self.http = self.http or httpx.Client(timeout=self.timeout)
 
     def call(self, operation: Operation, body: dict[str, Any]) -> Message:
-        content, headers = _json(operation, body), _headers(self.api_key, operation)
+        rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
         try:
-            response = self.http.request(operation.http_method, self.base_url + operation.path, content=content,
-                                         headers=headers)
+            response = self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
+                                         content=rest.content, headers=headers)
         except httpx.TransportError as error:
             raise _http_error(error, operation.http_method) from error
         return _response(operation, response)
@@ -244,10 +264,10 @@ class AsyncHttpTransport:
         self.http = self.http or httpx.AsyncClient(timeout=self.timeout)
 
     async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
-        content, headers = _json(operation, body), _headers(self.api_key, operation)
+        rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
         try:
-            response = await self.http.request(operation.http_method, self.base_url + operation.path,
-                                               content=content, headers=headers)
+            response = await self.http.request(operation.http_method, self.base_url + rest.path,
+                                               params=rest.params, content=rest.content, headers=headers)
         except httpx.TransportError as error:
             raise _http_error(error, operation.http_method) from error
         return _response(operation, response)

@@ -1,0 +1,28 @@
+"""Token counts an upstream reports in its usage, read strictly: they settle rate limits, budgets and the ledger.
+
+A count is a whole number from 0 to 2**31 - 1 (the int32 of CompletionUsage); null or absent is 0, "not said", as
+before. Anything else (negative, fractional, a string, 1e30) is not the upstream's API: a negative count would hand
+quota back, a huge one would fill a key's window and the stores' integers. It is an UpstreamError (a 502, not
+retried: the same answer would come again), and the request is settled from what it sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from server import wire_json
+from server.domain import Json
+from server.errors import UpstreamError
+
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+def token_count(usage: Mapping[str, Json], name: str) -> int:
+    value = usage.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+        raise UpstreamError(f"The upstream's usage is not a token count: `{name}` is {wire_json.dumps(value).decode()}.")
+    return value
