@@ -34,6 +34,11 @@ class LedgerRow:
     deployment: str = ""  # which deployment of `upstream` answered, by name (schema v2)
 
 
+class RowsRefused(Exception):
+    """The store answered, but refuses a row's values (a number beyond its column's range, a broken constraint):
+    written again, the same rows fail the same way, so they must not hold up the rows behind them."""
+
+
 COLUMNS = tuple(f.name for f in fields(LedgerRow))
 STORE_NAME = "usage ledger"  # in the 503 of a read the database did not answer (StoreUnavailable)
 # A row's values in COLUMNS order, for the inserts: dataclasses.astuple deep-copies every field and was half of a

@@ -18,7 +18,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError, migrate_postgres
 from server.db.postgres import connect
 from server.db.settings import StoreSettings
-from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, values_of
+from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, RowsRefused, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
 
@@ -118,7 +118,10 @@ class PostgresLedger:
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(_INSERT, [values_of(row) for row in rows])
 
-        self._run(insert)
+        try:
+            self._run(insert)
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:  # a value out of its column's range, NOT NULL
+            raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
 
     def prune(self, before_ms: int) -> int:
         """Batch by batch, the lock let go between them: the writer's rows are not held up behind a big delete."""

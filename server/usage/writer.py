@@ -6,7 +6,9 @@ When the store cannot be written, rows stay queued (up to `buffer_rows`) and the
 pause; rows that arrive while the buffer is full are dropped, counted in `portico_ledger_rows_dropped_total` and
 logged (never silently). A row may be written twice (a write that succeeded but whose reply was lost is retried):
 rows carry unique ids and sinks insert them once. `close` (at the end of a drain) writes what is queued, retrying
-until its deadline; what still cannot be written is counted and logged as dropped.
+until its deadline; what still cannot be written is counted and logged as dropped. A batch the store refuses for
+its values (RowsRefused) is written row by row, and only the rows refused alone are dropped (counted and logged):
+retried, they would hold up every row behind them for good.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Protocol
 
 from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
-from server.usage.ledger import LedgerRow, row_of
+from server.usage.ledger import LedgerRow, RowsRefused, row_of
 from server.usage.settings import UsageSettings
 
 _logger = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ class LedgerWriter:
         batch = list(islice(self._queue, count))
         self._in_flight = count
         try:
-            await asyncio.to_thread(self._sink.write, batch)
+            refused = await asyncio.to_thread(self._write, batch)
         except Exception as exc:  # noqa: BLE001 - whatever the driver raises, the rows wait and are retried
             if not self._failing:
                 _logger.error("usage ledger: cannot write rows (%s: %s); %d rows wait and are retried",
@@ -129,11 +131,31 @@ class LedgerWriter:
             self._in_flight = 0
         for _ in batch:  # only this task takes rows off the left; new ones are appended on the right meanwhile
             self._queue.popleft()
-        self._on_written(len(batch))
+        for row, why in refused:
+            _logger.error("usage ledger: the store refuses row %s of key %s (%s)", row.id, row.key_id, why)
+            self._drop(1, "the store refuses the row's values")
+        self._on_written(len(batch) - len(refused))
         if self._failing:
             _logger.warning("usage ledger: writing again")
             self._failing = False
         return True
+
+    def _write(self, batch: list[LedgerRow]) -> list[tuple[LedgerRow, RowsRefused]]:
+        """In a worker thread: the batch in one write; if the store refuses its values, each row on its own, so that
+        only the rows it refuses alone are left out (returned). Any other failure is raised: the batch is retried,
+        its rows stored once each by their ids."""
+        try:
+            self._sink.write(batch)
+            return []
+        except RowsRefused:
+            pass
+        refused = []
+        for row in batch:
+            try:
+                self._sink.write([row])
+            except RowsRefused as exc:
+                refused.append((row, exc))
+        return refused
 
     async def _prune(self) -> None:
         days = self._settings.retention_days

@@ -47,6 +47,17 @@ def test_rows_are_stored_once_and_summed_by_bucket_and_group(ledger):
     assert [r.id for r in ledger.rows()] == ["r3"]
 
 
+async def test_a_row_either_store_refuses_is_left_out_and_the_rest_written(ledger):
+    """A value beyond the column's 64 bits is refused by SQLite (in the driver) and PostgreSQL (by the server) as
+    RowsRefused, which the writer takes row by row: the others are stored, not retried behind it forever."""
+    writer = LedgerWriter(ledger, UsageSettings(flush_seconds=30, batch_rows=10, buffer_rows=10))
+    for n in range(3):
+        writer.append(row(n, input_tokens=2**64 if n == 1 else 10))
+    assert await writer.flush()
+    assert sorted(r.id for r in ledger.rows()) == ["r0", "r2"]
+    assert writer.pending == 0
+
+
 async def test_the_writer_waits_out_a_postgresql_outage(postgres_server, postgres_url):
     ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
     dropped = []

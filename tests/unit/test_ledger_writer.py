@@ -191,3 +191,22 @@ async def test_rows_dropped_after_the_first_warning_are_logged_without_a_later_d
         assert "dropped 1 row(s)" in caplog.text and "dropped 2 row(s)" in caplog.text
     sink.down = False
     await writer.close()
+
+
+async def test_a_row_the_store_refuses_is_dropped_alone_not_retried_forever(tmp_path, caplog):
+    """A value beyond SQLite's 64-bit integers failed its whole batch on every retry: no later row was ever written.
+    The rows around it are stored; it alone is counted and logged as dropped."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    dropped: list[int] = []
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=30, batch_rows=100, buffer_rows=100),
+                          on_dropped=dropped.append)
+    for n in range(3):
+        writer.append(row(n, cost_micros=2**70 if n == 1 else 7))
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        assert await writer.flush()
+    assert [r.id for r in sink.rows()] == ["r0", "r2"]
+    assert writer.pending == 0 and sum(dropped) == 1
+    assert "refuses row r1 of key key_a" in caplog.text
+    writer.append(row(3))
+    assert await writer.flush()
+    assert [r.id for r in sink.rows()] == ["r0", "r2", "r3"]
