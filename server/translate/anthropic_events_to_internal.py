@@ -15,6 +15,7 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
 from server.errors import UpstreamError
+from server.translate.values import MALFORMED, upstream_string
 
 STOP_REASONS = {
     "end_turn": FinishReason.END_TURN,
@@ -40,6 +41,14 @@ class AnthropicEventReader:
         self.finished = False
 
     def feed(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
+        """The events `event` completes; an event that is JSON but not the Messages API's (a number where text
+        belongs, an index that is no number) is the upstream's fault, an UpstreamError, not a crash further on."""
+        try:
+            return self._read(event)
+        except MALFORMED:
+            raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None
+
+    def _read(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
         kind = event.get("type")
         if kind == "message_start":
             usage = (event.get("message") or {}).get("usage") or {}
@@ -74,7 +83,7 @@ class AnthropicEventReader:
 
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
         if block.get("type") == "text":
-            return [TextDelta(block["text"])] if block.get("text") else []
+            return [TextDelta(upstream_string(block["text"]))] if block.get("text") else []
         if block.get("type") == "tool_use":
             call = self._tool_blocks[index] = len(self._tool_blocks)
             events: list[GenerationEvent] = [ToolCallStart(call, str(block.get("id", "")), str(block.get("name", "")))]
@@ -86,10 +95,10 @@ class AnthropicEventReader:
 
     def _block_delta(self, index: int, delta: Mapping[str, Json]) -> list[GenerationEvent]:
         if delta.get("type") == "text_delta" and delta.get("text"):
-            return [TextDelta(delta["text"])]
+            return [TextDelta(upstream_string(delta["text"]))]
         if delta.get("type") == "input_json_delta" and index in self._tool_blocks and delta.get("partial_json"):
             self._tool_inputs.add(self._tool_blocks[index])
-            return [ToolCallDelta(self._tool_blocks[index], delta["partial_json"])]
+            return [ToolCallDelta(self._tool_blocks[index], upstream_string(delta["partial_json"]))]
         return []
 
     def _block_stop(self, index: int) -> list[GenerationEvent]:
