@@ -49,7 +49,7 @@ class AnthropicEventReader:
             raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None
 
     def _read(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
-        kind = event.get("type")
+        kind = upstream_string(event.get("type"))  # a same-dialect caller gets it on an `event:` line
         if kind == "message_start":
             usage = (event.get("message") or {}).get("usage") or {}
             self._input_tokens = _input_tokens(usage)
