@@ -15,7 +15,7 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
 from server.errors import UpstreamError
-from server.translate.values import MALFORMED, upstream_string
+from server.translate.values import MALFORMED, upstream_count, upstream_string
 
 STOP_REASONS = {
     "end_turn": FinishReason.END_TURN,
@@ -53,9 +53,9 @@ class AnthropicEventReader:
         if kind == "message_start":
             usage = (event.get("message") or {}).get("usage") or {}
             self._input_tokens = _input_tokens(usage)
-            self._cached_tokens = int(usage.get("cache_read_input_tokens") or 0)
-            self._written_tokens = int(usage.get("cache_creation_input_tokens") or 0)
-            self._output_tokens = int(usage.get("output_tokens") or 0)
+            self._cached_tokens = upstream_count(usage.get("cache_read_input_tokens"))
+            self._written_tokens = upstream_count(usage.get("cache_creation_input_tokens"))
+            self._output_tokens = upstream_count(usage.get("output_tokens"))
             return [Started(self._input_tokens)]
         if kind == "content_block_start":
             return self._block_start(int(event.get("index", 0)), event.get("content_block") or {})
@@ -67,11 +67,11 @@ class AnthropicEventReader:
                 self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
             self._stop_sequence = delta.get("stop_sequence")
             usage = event.get("usage") or {}
-            self._output_tokens = int(usage.get("output_tokens") or self._output_tokens)
+            self._output_tokens = upstream_count(usage.get("output_tokens")) or self._output_tokens
             if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                 self._input_tokens = _input_tokens(usage)
-                self._cached_tokens = int(usage.get("cache_read_input_tokens") or self._cached_tokens)
-                self._written_tokens = int(usage.get("cache_creation_input_tokens") or self._written_tokens)
+                self._cached_tokens = upstream_count(usage.get("cache_read_input_tokens")) or self._cached_tokens
+                self._written_tokens = upstream_count(usage.get("cache_creation_input_tokens")) or self._written_tokens
             return []
         if kind == "content_block_stop":
             return self._block_stop(int(event.get("index", 0)))
@@ -157,5 +157,5 @@ def carries_content(event: Mapping[str, Json]) -> bool:
 
 def _input_tokens(usage: Mapping[str, Json]) -> int:
     """Prompt caching splits the prompt three ways; all of it was read, so all of it counts against the limits."""
-    return sum(int(usage.get(name) or 0)
+    return sum(upstream_count(usage.get(name))
                for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))

@@ -16,7 +16,7 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage, estimate_tokens,
 )
 from server.errors import UpstreamError
-from server.translate.values import MALFORMED, upstream_string
+from server.translate.values import MALFORMED, upstream_count, upstream_string
 
 FINISH_REASONS = {
     "stop": FinishReason.END_TURN,
@@ -49,8 +49,9 @@ class OpenAIChunkReader:
     def _read(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
         if isinstance(usage := chunk.get("usage"), Mapping):
             details = usage.get("prompt_tokens_details")
-            cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
-            self._usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), cached)
+            cached = upstream_count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
+            self._usage = Usage(upstream_count(usage.get("prompt_tokens")),
+                                upstream_count(usage.get("completion_tokens")), cached)
         events: list[GenerationEvent] = []
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:

@@ -239,3 +239,12 @@ def upstream_string(value: Json) -> str:
     if not isinstance(value, str):
         raise TypeError(f"not a string: {type(value).__name__}")
     return value
+
+
+def upstream_count(value: Json) -> int:
+    """A token count from an upstream's usage (absent: 0); a negative one is one of MALFORMED (it would refund the
+    caller's limits and break the metrics' counters)."""
+    count = int(value or 0)
+    if count < 0:
+        raise ValueError(f"a negative count: {count}")
+    return count

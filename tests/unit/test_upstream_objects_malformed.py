@@ -24,6 +24,9 @@ BAD_CHUNKS = [
     {"choices": [{"index": 0, "delta": {}, "finish_reason": ["stop"]}]},
     {"choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": 1}},
     {"choices": [], "usage": {"prompt_tokens": {"n": 1}}},
+    {"choices": [], "usage": {"prompt_tokens": -1, "completion_tokens": 1}},  # a negative count broke the metrics
+    {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": -3}},
+    {"choices": [], "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": -1}}},
 ]
 
 BAD_EVENTS = [
@@ -34,6 +37,9 @@ BAD_EVENTS = [
     {"type": "message_start", "message": {"usage": {"input_tokens": "many"}}},
     {"type": "message_delta", "delta": {"stop_reason": ["end_turn"]}, "usage": {}},
     {"type": "message_delta", "delta": {}, "usage": {"output_tokens": [1]}},
+    {"type": "message_delta", "delta": {}, "usage": {"output_tokens": -1}},
+    {"type": "message_start", "message": {"usage": {"input_tokens": -5}}},
+    {"type": "message_start", "message": {"usage": {"input_tokens": 5, "cache_read_input_tokens": -1}}},
 ]
 
 
