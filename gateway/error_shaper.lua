@@ -82,6 +82,9 @@ local function describe_local_reply(status, text, request, query_param, query_fa
     end
     local field = text:match("^([%w_%.%[%]]+): ")
     if field then return json_string((text:gsub("%s+$", ""))), field end
+    -- The HTTP codec's own refusal of a request whose headers it had read (a broken chunked body): its text is the
+    -- bare reason phrase, and no JSON was read at all.
+    if text == "Bad Request" then return json_string("The request is malformed HTTP (its body's framing)."), nil end
     return json_string("Invalid JSON body: " .. text:match("^[^\n]*"):gsub("^:%s*", "")), nil
   end
   return nil, nil  -- the table's message: Envoy's wording ("upstream connect error ...") says too much
@@ -357,6 +360,14 @@ local function shape_error(handle, status)
     mark_envoy_reply(handle, 400)
     return replace_body(buffer, headers, error_body(400, json_string("Connection upgrades (WebSocket) are not " ..
       "supported: send plain HTTP/1.1 or HTTP/2 requests."), nil, anthropic))
+  end
+  if request == nil and status == 501 then
+    -- Envoy's codec answers a transfer coding it cannot read (gzip, anything but chunked) with 501, which read as a
+    -- 500 `internal_error`, a server fault. The request is what is wrong.
+    headers:replace(":status", "400")
+    mark_envoy_reply(handle, 400)
+    return replace_body(buffer, headers, error_body(400, json_string("This Transfer-Encoding is not supported: " ..
+      "send the body with a Content-Length or with Transfer-Encoding: chunked alone."), nil, anthropic))
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)

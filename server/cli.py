@@ -102,18 +102,29 @@ def _quiet_store_diagnostics(level: str) -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
-    parser.add_argument("--config", type=Path, metavar="FILE",
+def _global_options(parser: argparse.ArgumentParser, default) -> None:
+    """--config, --data-dir and --log-level: before the command (`portico --config F serve`) or after it
+    (`portico serve --config F`). After it they default to SUPPRESS, so that an absent one keeps the value given
+    before."""
+    parser.add_argument("--config", type=Path, default=default, metavar="FILE",
                         help="YAML configuration (default: the built-in server/default.yaml)")
-    parser.add_argument("--data-dir", type=_data_dir, metavar="DIR",
+    parser.add_argument("--data-dir", type=_data_dir, default=default, metavar="DIR",
                         help="the key store, images and run files (default: the configuration's data_dir)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], metavar="LEVEL",
+    parser.add_argument("--log-level", default="info" if default is None else default,
+                        choices=["debug", "info", "warning", "error"], metavar="LEVEL",
                         help="debug, info, warning or error: diagnostic logs on stderr (default info); the access "
                              "log is separate (access_log)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
+    _global_options(parser, None)
+    after = argparse.ArgumentParser(add_help=False)
+    _global_options(after, argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the gateway: Envoy on --port, the gRPC server behind it")
+    serve = commands.add_parser("serve", parents=[after],
+                                help="run the gateway: Envoy on --port, the gRPC server behind it")
     serve.add_argument("--host", type=_host, metavar="H", help="listen address, an IP address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port(1), metavar="P", help="HTTP and gRPC port (default 8080)")
     serve.add_argument("--admin-port", type=_port(1), metavar="P", help="Envoy admin port on 127.0.0.1 (default 9901)")
@@ -124,17 +135,20 @@ def _parser() -> argparse.ArgumentParser:
                             "upstreams serve models (by default only when every model runs in the gateway)")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
                        help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
-    worker = commands.add_parser("worker", help="(internal) one of `serve --workers N`'s server processes")
+    worker = commands.add_parser("worker", parents=[after],
+                                 help="(internal) one of `serve --workers N`'s server processes")
     worker.add_argument("--socket", type=Path, required=True)
     worker.add_argument("--host")
     worker.add_argument("--port", type=int)
 
-    usage = commands.add_parser("usage", help="usage and spend per bucket (and model, key or env) from the ledger")
+    usage = commands.add_parser("usage", parents=[after],
+                                help="usage and spend per bucket (and model, key or env) from the ledger")
     add_usage_arguments(usage)
     keys = commands.add_parser("keys", help="create, update, rotate, list, get and revoke API keys").add_subparsers(
         dest="keys_command", required=True
     )
-    create = keys.add_parser("create", help="create a key; its secret is printed on the last line, once")
+    create = keys.add_parser("create", parents=[after],
+                             help="create a key; its secret is printed on the last line, once")
     create.add_argument("--name", required=True)
     grant = create.add_mutually_exclusive_group(required=True)
     grant.add_argument("--all-models", action="store_true", help="grant every model, including ones added later")
@@ -142,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     _limit_options(create, "")
     create.add_argument("--env", default="", help="environment or business line label, e.g. prod")
     create.add_argument("--admin", action="store_true", help="may call the admin KeyService")
-    update = keys.add_parser("update", help="change a key's limits, grants, name or label (0 removes a limit)")
+    update = keys.add_parser("update", parents=[after],
+                             help="change a key's limits, grants, name or label (0 removes a limit)")
     update.add_argument("key", metavar="ID")
     update.add_argument("--name")
     grant = update.add_mutually_exclusive_group()
@@ -150,14 +165,14 @@ def _parser() -> argparse.ArgumentParser:
     grant.add_argument("--models", help="grant exactly these comma-separated model ids")
     _limit_options(update, " (0: back to the configured default)")
     update.add_argument("--env", help="environment or business line label")
-    rotate = keys.add_parser("rotate", help="give a key a new secret, printed on the last line, once")
+    rotate = keys.add_parser("rotate", parents=[after], help="give a key a new secret, printed on the last line, once")
     rotate.add_argument("key", metavar="ID")
     rotate.add_argument("--grace", type=int, metavar="SECONDS",
                         help="how long the current secret keeps working (default keys.rotation_grace_seconds)")
-    keys.add_parser("list", help="list keys (ids, names, grants; never secrets)")
-    get = keys.add_parser("get", help="one key as `list` shows it, then its own limits and budgets")
+    keys.add_parser("list", parents=[after], help="list keys (ids, names, grants; never secrets)")
+    get = keys.add_parser("get", parents=[after], help="one key as `list` shows it, then its own limits and budgets")
     get.add_argument("key", metavar="ID")
-    revoke = keys.add_parser("revoke", help="revoke a key by id or by its secret")
+    revoke = keys.add_parser("revoke", parents=[after], help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
 

@@ -58,8 +58,9 @@ class AnthropicProvider:
                 payload = self._upstream.event_object(event.data, self._model_id)
                 if event.event == "error" or payload.get("type") == "error":
                     raise self._upstream.stream_error(payload, self._model_id, self._model)
+                made = reader.feed(payload)  # first: an event that is not the API's never reaches the caller
                 yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
-                for generated in reader.feed(payload):
+                for generated in made:
                     yield generated
                 if reader.finished:
                     return

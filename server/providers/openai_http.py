@@ -52,8 +52,9 @@ class OpenAIProvider:
                 chunk = self._upstream.event_object(event.data, self._model_id)
                 if "error" in chunk:
                     raise self._upstream.stream_error(chunk, self._model_id, self._model)
+                made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
                 yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
-                for generated in reader.feed(chunk):
+                for generated in made:
                     yield generated
         yield reader.end()
 

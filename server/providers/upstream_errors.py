@@ -159,5 +159,6 @@ def _scrub(message: str, secret: str | None, upstream_model: str | None, model_i
 
 def _model_name(name: str) -> re.Pattern[str]:
     """`name` where it stands alone: not inside a longer name (`gpt-4` in `gpt-4o-mini`) or word (`e` in `object`).
-    A dot ends a name unless a name's character follows it (`gpt-3.5`)."""
-    return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.[\w-])")
+    A dot ends a name unless a name's character follows it (`gpt-3.5`). In any case: some servers (Ollama) take names
+    case-insensitively and quote them in their own case."""
+    return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.[\w-])", re.IGNORECASE)

@@ -17,6 +17,7 @@ from server.domain import (
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, token_count
+from server.translate.values import MALFORMED, upstream_string
 
 _INPUT_COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # together, the prompt
 
@@ -51,7 +52,15 @@ class AnthropicEventReader:
         self.finished = False
 
     def feed(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
-        kind = event.get("type")
+        """The events `event` completes; an event that is JSON but not the Messages API's (a number where text
+        belongs, an index that is no number) is the upstream's fault, an UpstreamError, not a crash further on."""
+        try:
+            return self._read(event)
+        except MALFORMED:
+            raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None
+
+    def _read(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
+        kind = upstream_string(event.get("type"))  # a same-dialect caller gets it on an `event:` line
         if kind == "message_start":
             message = event.get("message")
             usage = _mapping(message.get("usage") if isinstance(message, Mapping) else None)
@@ -99,7 +108,7 @@ class AnthropicEventReader:
 
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
         if block.get("type") == "text":
-            return [TextDelta(block["text"])] if block.get("text") else []
+            return [TextDelta(upstream_string(block["text"]))] if block.get("text") else []
         if block.get("type") == "tool_use":
             call = self._tool_blocks[index] = len(self._tool_blocks)
             events: list[GenerationEvent] = [ToolCallStart(call, str(block.get("id", "")), str(block.get("name", "")))]
@@ -111,10 +120,10 @@ class AnthropicEventReader:
 
     def _block_delta(self, index: int, delta: Mapping[str, Json]) -> list[GenerationEvent]:
         if delta.get("type") == "text_delta" and delta.get("text"):
-            return [TextDelta(delta["text"])]
+            return [TextDelta(upstream_string(delta["text"]))]
         if delta.get("type") == "input_json_delta" and index in self._tool_blocks and delta.get("partial_json"):
             self._tool_inputs.add(self._tool_blocks[index])
-            return [ToolCallDelta(self._tool_blocks[index], delta["partial_json"])]
+            return [ToolCallDelta(self._tool_blocks[index], upstream_string(delta["partial_json"]))]
         return []
 
     def _block_stop(self, index: int) -> list[GenerationEvent]:

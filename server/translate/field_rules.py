@@ -93,7 +93,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "prompt_cache_retention": FieldRule("string", I, I),
     "service_tier": FieldRule("string", I, I),
     "store": FieldRule("boolean", I, I),
-    "metadata": FieldRule("object", I, I),
+    "metadata": FieldRule("object", I, I, note="its values are strings"),
     "modalities": FieldRule("array", I, I, note="text is the only output"),
     "reasoning_effort": FieldRule("string", I, I),
     "verbosity": FieldRule("string", I, I),

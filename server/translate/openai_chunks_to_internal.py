@@ -17,6 +17,7 @@ from server.domain import (
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import token_count
+from server.translate.values import MALFORMED, upstream_string
 
 FINISH_REASONS = {
     "stop": FinishReason.END_TURN,
@@ -39,6 +40,14 @@ class OpenAIChunkReader:
         self._refused = False  # the model refused (OpenAI's `refusal`), whatever the finish reason says
 
     def feed(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
+        """The events `chunk` completes; a chunk that is JSON but not a chat.completion.chunk (a number where text
+        belongs, a list where usage does) is the upstream's fault, an UpstreamError, not a crash further on."""
+        try:
+            return self._read(chunk)
+        except MALFORMED:
+            raise UpstreamError("The upstream sent a chunk that is not a chat.completion.chunk.") from None
+
+    def _read(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
         if isinstance(usage := chunk.get("usage"), Mapping):
             details = usage.get("prompt_tokens_details")
             cached = token_count(details, "cached_tokens") if isinstance(details, Mapping) else 0
@@ -49,7 +58,7 @@ class OpenAIChunkReader:
             if choice.get("index", 0) != 0:
                 continue  # one choice per request (n = 1)
             delta = choice.get("delta") or {}
-            if text := delta.get("content"):
+            if text := _text(delta.get("content")):
                 events.append(TextDelta(text))
                 self._deltas += 1
             if isinstance(refusal := delta.get("refusal"), str) and refusal:
@@ -72,9 +81,10 @@ class OpenAIChunkReader:
         events: list[GenerationEvent] = []
         if upstream_index not in self._calls:
             index = self._calls[upstream_index] = len(self._calls)
-            events.append(ToolCallStart(index, call.get("id") or f"call_{index}", function.get("name") or ""))
+            events.append(ToolCallStart(index, upstream_string(call.get("id") or f"call_{index}"),
+                                        upstream_string(function.get("name") or "")))
         if arguments := function.get("arguments"):
-            events.append(ToolCallDelta(self._calls[upstream_index], arguments))
+            events.append(ToolCallDelta(self._calls[upstream_index], upstream_string(arguments)))
             self._deltas += 1
         return events
 
@@ -119,11 +129,20 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
 def carries_content(chunk: Mapping[str, Json]) -> bool:
     """Whether a chunk carries part of the answer (text, tool calls, or what no internal event holds, such as a
     reasoning or refusal delta), rather than only a role, a finish reason or usage."""
-    for choice in chunk.get("choices") or ():
+    choices = chunk.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
         delta = choice.get("delta") if isinstance(choice, Mapping) else None
         if isinstance(delta, Mapping) and any(value for name, value in delta.items() if name != "role"):
             return True
     return False
+
+
+def _text(content: Json) -> str:
+    """A delta's or message's content: a string, or (as some servers send it) a list of parts, whose text parts
+    are the text."""
+    if isinstance(content, list):
+        return "".join(upstream_string(part.get("text")) for part in content if part.get("type") == "text")
+    return upstream_string(content) if content else ""
 
 
 def _is_choice(choice: Json) -> bool:

@@ -82,6 +82,8 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
             raise InvalidRequest(f"`logit_bias` maps token ids to biases: {shown(token)} is not a token id.",
                                  param="logit_bias")
         opt_number(biases, token, -100.0, 100.0, "logit_bias")
+    for name in opt_object(body, "metadata") or {}:  # ignored, but OpenAI's shape: strings to strings
+        opt_string(body["metadata"], name, "metadata")
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)
     top_k = opt_int(body, "top_k", -1)  # 0, and vLLM's -1: every token

@@ -24,5 +24,6 @@ def token_count(usage: Mapping[str, Json], name: str) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
-        raise UpstreamError(f"The upstream's usage is not a token count: `{name}` is {wire_json.dumps(value).decode()}.")
+        shown = wire_json.dumps(value).decode()
+        raise UpstreamError(f"The upstream's usage is not a token count: `{name}` is {shown}.")
     return value

@@ -227,3 +227,15 @@ def _integral(value):
     if isinstance(value, list):
         return [_integral(v) for v in value]
     return value
+
+
+# What reading an upstream's JSON value of the wrong type raises (a list as a dict key, int("many"), .get on a
+# string, ...): the readers of upstream answers turn it into an UpstreamError.
+MALFORMED = (AttributeError, KeyError, TypeError, ValueError, OverflowError)
+
+
+def upstream_string(value: Json) -> str:
+    """`value` from an upstream's answer where text belongs; anything else is one of MALFORMED."""
+    if not isinstance(value, str):
+        raise TypeError(f"not a string: {type(value).__name__}")
+    return value

@@ -129,6 +129,27 @@ def test_replies_the_codec_makes_on_v1_messages_carry_the_top_level_type(gateway
     assert set(body["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"bogus"])
+def test_a_transfer_coding_envoy_cannot_read_is_400_saying_so(gateway, coding):
+    """Envoy's codec answers a transfer coding other than chunked with 501, which read as a 500 `internal_error`
+    ("The server had an error"): a server fault for what the caller sent."""
+    status, headers, body = _raw(gateway, b"POST /v1/chat/completions HTTP/1.1\r\nHost: portico\r\n"
+                                 b"Content-Type: application/json\r\nTransfer-Encoding: " + coding +
+                                 b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert status == 400 and headers["x-request-id"]
+    assert body["error"]["code"] == "invalid_request" and body["error"]["type"] == "invalid_request_error"
+    assert "Transfer-Encoding" in body["error"]["message"]
+
+
+def test_a_malformed_chunked_body_is_400_not_called_bad_json(gateway):
+    """A chunk size that is not hexadecimal breaks the HTTP framing: the JSON inside was never read."""
+    status, _, body = _raw(gateway, b"POST /v1/chat/completions HTTP/1.1\r\nHost: portico\r\n"
+                           b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"zz\r\n{}\r\n0\r\n\r\n")
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert "JSON" not in body["error"]["message"]
+
+
 def test_every_file_in_the_data_dir_is_private(http, gateway, tmp_path):
     """Keys (hashes), the ledger, images and logs are for the service's user alone."""
     made = http.post("/v1/images/generations", json={"model": "family-a-image-2", "prompt": "a lighthouse",

@@ -173,3 +173,17 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
         "message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
         "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
     assert UPSTREAM_MODEL.encode() not in b"".join(frames) and b"fp_0123" not in b"".join(frames)
+
+
+@pytest.mark.parametrize("kind", [5, ["message_start"], None])
+async def test_a_passed_through_event_that_is_not_the_apis_ends_the_stream_with_an_upstream_error(
+        messages, double, key, kind):
+    """An event whose `type` is no string cannot be named on an `event:` line: it crashed the renderer, a 500
+    `internal_error` with a traceback. It is the upstream's fault, and never reaches the caller."""
+    bad = {**EVENTS[7], "type": kind}
+    double.cue(Cue(frames=[*EVENT_FRAMES[:7], sse(bad, "content_block_delta"), *EVENT_FRAMES[8:]]))
+    request = message_request(model="messages-on-anthropic", stream=True)
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(raw(request), metadata=bearer(key[1]))])
+    assert frames[-1].startswith(b"event: error\n")
+    assert data_of(frames[-1:])[0]["error"]["code"] == "upstream_error"
+    assert b"Checking." not in b"".join(frames)

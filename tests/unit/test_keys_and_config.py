@@ -112,6 +112,21 @@ def test_an_access_log_that_cannot_be_opened_stops_serve_with_exit_2(tmp_path, c
                                        f"{tmp_path / 'no-such-dir' / 'access.log'} (No such file or directory)\n")
 
 
+def test_the_global_options_may_follow_the_command(tmp_path, capsys):
+    """Issue 5 and the README write `portico serve --config FILE`: the options before the command work after it too."""
+    from server.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: {tmp_path / 'no-such-dir' / 'access.log'}\n")
+    assert main(["serve", "--config", str(path), "--data-dir", str(tmp_path / "d"), "--log-level", "error"]) == 2
+    assert "access_log: cannot open" in capsys.readouterr().err
+    assert main(["keys", "list", "--data-dir", str(tmp_path / "d2")]) == 0
+    assert (tmp_path / "d2" / "keys.db").exists()
+    # Before the command, as documented, and a later one wins.
+    assert main(["--data-dir", str(tmp_path / "d3"), "keys", "list", "--data-dir", str(tmp_path / "d4")]) == 0
+    assert (tmp_path / "d4" / "keys.db").exists() and not (tmp_path / "d3" / "keys.db").exists()
+
+
 @pytest.mark.parametrize("written", ["off", "'off'", "OFF", "stdout", "stderr"])
 def test_access_log_takes_its_documented_words_as_written(tmp_path, written):
     """YAML reads a bare `off` as false; the table's `access_log: off` must still mean no access log."""

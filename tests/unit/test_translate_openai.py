@@ -80,6 +80,8 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
         ({"tools": [{"type": 7}]}, "tools[0].type"),
         ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools[0].function.strict"),
         ({"logit_bias": {"5": "x"}}, "logit_bias.5"),
+        ({"metadata": {"x": {}}}, "metadata.x"),  # OpenAI's metadata maps strings to strings
+        ({"metadata": {"x": 1}}, "metadata.x"),
         ({"tool_choice": {"type": "function", "function": {"name": 5}}}, "tool_choice.function.name"),
         ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name"),
         ({"messages": [{"role": "user", "content": [{"type": None}]}]}, "messages[0].content[0].type"),

@@ -258,6 +258,8 @@ def test_the_upstream_name_of_the_model_never_reaches_the_caller():
     ("gpt-4", "Use gpt-4o-mini or gpt-4.1, not gpt-4.", "Use gpt-4o-mini or gpt-4.1, not family-a-5.5."),
     ("gpt-3.5", "The model `gpt-3.5` does not exist", "The model `family-a-5.5` does not exist"),
     ("llama3", "models/llama3:8b is loading; llama3 too", "models/family-a-5.5:8b is loading; family-a-5.5 too"),
+    # Names are case-insensitive on some servers (Ollama), which quote them in their own case.
+    ("Qwen/Qwen2.5-7B", "model 'qwen/qwen2.5-7b' not found", "model 'family-a-5.5' not found"),
 ])
 def test_the_upstream_name_is_replaced_where_it_stands_alone_not_inside_other_words(upstream_model, message, shown):
     body = orjson.dumps({"error": {"message": message}})
