@@ -227,4 +227,21 @@ def test_bodies_nested_too_deeply_are_400_naming_the_field(where):
     with pytest.raises(InvalidRequest) as caught:
         parse_body(data)
     assert caught.value.param.startswith(where) and "nested" in caught.value.message
-    assert parse_body(b'{"model": "m", "metadata": {"x": %s}}' % (b"[" * 90 + b"]" * 90))["model"] == "m"
+
+
+def test_free_form_values_nested_32_levels_deep_are_400_and_31_pass():
+    """Issue 14: JSON nested 32-99 levels inside free-form fields is a 400 naming the field, on REST as on the typed
+    gRPC requests; escaped quotes and brackets inside strings do not count as nesting."""
+    def body(levels: int, inner: bytes = b"") -> bytes:
+        return b'{"model": "m", "metadata": {"x": %s}}' % (b"[" * levels + inner + b"]" * levels)
+
+    assert parse_body(body(31))["model"] == "m"
+    assert parse_body(body(31, b'"\\\"[[[[[\\\\", "{{{{"'))["model"] == "m"
+    for levels in (32, 50, 99):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_body(body(levels))
+        assert caught.value.param.startswith("metadata.x") and "nested more than 32 levels" in caught.value.message
+    part = b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "extra": %s}]}]}'
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(part % (b"{\"a\": " * 32 + b"1" + b"}" * 32))
+    assert caught.value.param == "messages[0].content"
