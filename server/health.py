@@ -1,9 +1,9 @@
 """Readiness: one verdict, reported by grpc.health.v1 (for every service name) and by GET /readyz (ProbeService).
 
 Ready means: the embedded model, if any model uses it, is loaded (`model`: "loaded"; "none" when upstreams serve
-every model; "not_loaded" once it is closed), the key store answers (or has been unreachable for less than
-keys.stale_seconds, while cached keys are still served, if this process had reached it), and the limit store answers, unless the policy is
-fail-open, under which an unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
+every model; "not_loaded" once it is closed), the key store answers (or, if this process had reached it, has been
+unreachable for less than keys.stale_seconds, while cached keys are still served), and the limit store answers,
+unless the policy is fail-open, under which an unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
 A background task re-checks every second, so readiness follows Redis going away and coming back without traffic.
 """
 
