@@ -324,7 +324,9 @@ def _model(raw: Any, where: str) -> ModelEntry:
         fallbacks=tuple(fallbacks),
         price=parse_price(raw.get("price") or {}, f"{where}.price"),
         health=parse_health(raw.get("health"), f"{where}.health"),
-        cache=parse_cache(raw.get("cache"), f"{where}.cache", endpoint),
+        # `cache:` left empty (its lines commented out) is YAML's null: on with its defaults, like any empty section.
+        cache=parse_cache({} if "cache" in raw and raw["cache"] is None else raw.get("cache"), f"{where}.cache",
+                          endpoint),
     )
 
 

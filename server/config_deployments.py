@@ -64,7 +64,8 @@ def parse_health(raw: Any, where: str) -> HealthSettings:
 
 
 def parse_cache(raw: Any, where: str, endpoint: Endpoint) -> CacheSettings | None:
-    """None (no cache) unless the entry has `cache:`; `cache: {}` turns it on with the defaults."""
+    """None (no cache) unless the entry has `cache:` (`raw` None: it has none); `cache: {}` turns it on with the
+    defaults."""
     if raw is None or raw is False:
         return None
     if endpoint is Endpoint.IMAGES:

@@ -1,9 +1,9 @@
 """Readiness: one verdict, reported by grpc.health.v1 (for every service name) and by GET /readyz (ProbeService).
 
 Ready means: the embedded model, if any model uses it, is loaded (`model`: "loaded"; "none" when upstreams serve
-every model; "not_loaded" once it is closed), the key store answers (or has been unreachable for less than
-keys.stale_seconds, while cached keys are still served), and the limit store answers, unless the policy is
-fail-open, under which an unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
+every model; "not_loaded" once it is closed), the key store answers (or, if this process had reached it, has been
+unreachable for less than keys.stale_seconds, while cached keys are still served), and the limit store answers,
+unless the policy is fail-open, under which an unreachable Redis costs exact limits but not availability. A draining server (after SIGTERM) is never ready.
 A background task re-checks every second, so readiness follows Redis going away and coming back without traffic.
 """
 
@@ -62,6 +62,7 @@ class Readiness:
         self._keys = keys
         self._key_stale_seconds = key_stale_seconds
         self._keys_down_since: float | None = None
+        self._keys_reached = False  # has this process ever reached the key store (so may hold cached keys)?
         self._limiter = limiter
         self._settings = settings
         self._local_models = [p for p in providers if isinstance(p, LocalModel)]
@@ -134,16 +135,18 @@ class Readiness:
                 self._keys_down_since = time.monotonic()
             return "unreachable"
         self._keys_down_since = None
+        self._keys_reached = True
         return "ok"
 
     def _keys_ok(self, state: str) -> bool:
         """An unreachable key store leaves the host ready while its cached keys may still be served (for
         keys.stale_seconds): every host shares that store, so taking them all out of the load balancer would refuse
-        even the keys they can still answer. Beyond that, not ready."""
+        even the keys they can still answer. Beyond that, not ready; and a host that never reached the store has
+        no cached key to serve, so it is not ready at all."""
         if state == "ok":
             return True
         assert self._keys_down_since is not None
-        return time.monotonic() - self._keys_down_since < self._key_stale_seconds
+        return self._keys_reached and time.monotonic() - self._keys_down_since < self._key_stale_seconds
 
     async def _limits_state(self) -> str:
         store = self._limiter.store

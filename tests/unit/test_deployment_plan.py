@@ -182,6 +182,18 @@ def test_deployments_health_and_cache_are_read_from_a_model_entry(tmp_path):
     assert [d.name for d in plain.deployments] == ["llamacpp"] and plain.cache is None
 
 
+def test_a_cache_section_left_empty_turns_the_cache_on_with_its_defaults(tmp_path):
+    """`cache:` with every line under it commented out is YAML's null: like any section left empty, its defaults
+    (configuration.md), not "no cache"."""
+    from server.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n  - id: m\n    endpoint: /v1/chat/completions\n    provider: {kind: llamacpp}\n"
+                    "    cache:\n      # ttl_seconds: 60\n")
+    cache = load_config(path).models[0].cache
+    assert cache is not None and (cache.ttl_seconds, cache.max_entry_bytes, cache.shared) == (300, 1024 * 1024, False)
+
+
 @pytest.mark.parametrize(("entry", "message"), [
     ("provider: {kind: llamacpp}, deployments: []", "not both"),
     ("deployments: []", "non-empty list"),
