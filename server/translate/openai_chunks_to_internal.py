@@ -43,37 +43,35 @@ class OpenAIChunkReader:
         """The events `chunk` completes; a chunk that is JSON but not a chat.completion.chunk (a number where text
         belongs, a list where usage does) is the upstream's fault, an UpstreamError, not a crash further on."""
         try:
-            return self._read(chunk)
+            if isinstance(usage := chunk.get("usage"), Mapping):
+                details = usage.get("prompt_tokens_details")
+                cached = token_count(details, "cached_tokens") if isinstance(details, Mapping) else 0
+                prompt = token_count(usage, "prompt_tokens")
+                self._usage = Usage(prompt, token_count(usage, "completion_tokens"), min(cached, prompt))
+            events: list[GenerationEvent] = []
+            for choice in chunk.get("choices") or ():
+                if choice.get("index", 0) != 0:
+                    continue  # one choice per request (n = 1)
+                delta = choice.get("delta") or {}
+                # A string almost always: tested here, as _text's call would be paid by every chunk of every stream.
+                if text := (content if isinstance(content := delta.get("content"), str) else _text(content)):
+                    events.append(TextDelta(text))
+                    self._deltas += 1
+                if isinstance(refusal := delta.get("refusal"), str) and refusal:
+                    # What the model said instead of answering: text to a caller of another dialect.
+                    events.append(TextDelta(refusal))
+                    self._deltas += 1
+                    self._refused = True
+                for call in delta.get("tool_calls") or ():
+                    events += self._tool_call(call)
+                if reason := choice.get("finish_reason"):
+                    self._finish = FINISH_REASONS.get(reason, FinishReason.END_TURN)
+                    # vLLM names the stop string that ended the answer; OpenAI does not say, so it stays end_turn.
+                    if reason == "stop" and choice.get("stop_reason") in self._stop:
+                        self._finish, self._stop_sequence = FinishReason.STOP_SEQUENCE, choice["stop_reason"]
+            return events
         except MALFORMED:
             raise UpstreamError("The upstream sent a chunk that is not a chat.completion.chunk.") from None
-
-    def _read(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
-        if isinstance(usage := chunk.get("usage"), Mapping):
-            details = usage.get("prompt_tokens_details")
-            cached = token_count(details, "cached_tokens") if isinstance(details, Mapping) else 0
-            prompt = token_count(usage, "prompt_tokens")
-            self._usage = Usage(prompt, token_count(usage, "completion_tokens"), min(cached, prompt))
-        events: list[GenerationEvent] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue  # one choice per request (n = 1)
-            delta = choice.get("delta") or {}
-            if text := _text(delta.get("content")):
-                events.append(TextDelta(text))
-                self._deltas += 1
-            if isinstance(refusal := delta.get("refusal"), str) and refusal:
-                # What the model said instead of answering: text to a caller of another dialect.
-                events.append(TextDelta(refusal))
-                self._deltas += 1
-                self._refused = True
-            for call in delta.get("tool_calls") or ():
-                events += self._tool_call(call)
-            if reason := choice.get("finish_reason"):
-                self._finish = FINISH_REASONS.get(reason, FinishReason.END_TURN)
-                # vLLM names the stop string that ended the answer; OpenAI does not say, so it stays end_turn.
-                if reason == "stop" and choice.get("stop_reason") in self._stop:
-                    self._finish, self._stop_sequence = FinishReason.STOP_SEQUENCE, choice["stop_reason"]
-        return events
 
     def _tool_call(self, call: Mapping[str, Json]) -> list[GenerationEvent]:
         upstream_index = call.get("index", len(self._calls))
