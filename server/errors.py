@@ -173,7 +173,7 @@ class UpstreamTimeout(PorticoError):
 REQUEST_TIMEOUT = ErrorKind(grpc.StatusCode.DEADLINE_EXCEEDED, 408, "request_timeout", "invalid_request_error",
                             "The request did not arrive in time.")
 HTTP_VERSION_NOT_SUPPORTED = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 426, "http_version_not_supported",
-                                       "invalid_request_error", "HTTP/1.0 is not supported: use HTTP/1.1 or HTTP/2.")
+                                       "invalid_request_error", "This HTTP version is not supported: use HTTP/1.1 or HTTP/2.")
 HEADERS_TOO_LARGE = ErrorKind(grpc.StatusCode.INVALID_ARGUMENT, 431, "request_header_fields_too_large",
                               "invalid_request_error",
                               "The request's headers or URL are too large "

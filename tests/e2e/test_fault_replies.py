@@ -95,11 +95,13 @@ def test_a_websocket_upgrade_is_400_saying_so(gateway):
     assert "WebSocket" in body["error"]["message"]
 
 
-def test_http_1_0_is_426_http_version_not_supported(gateway):
-    status, _, body = _raw(gateway, b"GET /v1/models HTTP/1.0\r\nHost: portico\r\n\r\n")
+@pytest.mark.parametrize("version", [b"HTTP/1.0", b"HTTP/1.2"])
+def test_http_1_0_is_426_http_version_not_supported(gateway, version):
+    status, _, body = _raw(gateway, b"GET /v1/models %s\r\nHost: portico\r\n\r\n" % version)
     assert status == 426
     assert body["error"]["code"] == "http_version_not_supported"
     assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"] == "This HTTP version is not supported: use HTTP/1.1 or HTTP/2."
 
 
 # Requests Envoy's HTTP codec refuses before its filters (and so the path and a request id) ever see them.
