@@ -134,7 +134,7 @@ def completions_page(page: Page, totals: Sequence[Totals], names: set[str]) -> d
             "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
             "input_cached_tokens": t.cached_input_tokens, "input_audio_tokens": 0, "output_audio_tokens": 0,
             "num_model_requests": t.model_requests,
-            "project_id": t.env if "project_id" in names else None,
+            "project_id": (t.env or None) if "project_id" in names else None,
             "user_id": None,
             "api_key_id": t.key_id if "api_key_id" in names else None,
             "model": t.model if "model" in names else None,
@@ -158,7 +158,7 @@ def costs_page(page: Page, totals: Sequence[Totals], names: set[str], *, typed: 
             "object": "organization.costs.result",
             "amount": {"value": micros_to_usd(t.cost_micros), "currency": "usd"},
             "line_item": t.model if "line_item" in names else None,
-            "project_id": t.env if "project_id" in names else None,
+            "project_id": (t.env or None) if "project_id" in names else None,
             "api_key_id": t.key_id if "api_key_id" in names else None,
             "model": t.model if "model" in names else None,
             "amount_microdollars": t.cost_micros,
@@ -214,7 +214,7 @@ def requests_page(rows: Sequence[LedgerRow], limit: int, *, typed: bool = False)
 def _request(r: LedgerRow, *, typed: bool) -> dict:
     fields = {
         "object": "organization.request", "id": r.id, "request_id": r.request_id, "created": r.at_ms // 1000,
-        "api_key_id": r.key_id, "project_id": r.env, "endpoint": r.endpoint, "model": r.model,
+        "api_key_id": r.key_id, "project_id": r.env or None, "endpoint": r.endpoint, "model": r.model,
         "upstream": r.upstream or None, "deployment": r.deployment or None, "status": r.status, "code": r.code or None,
         "input_tokens": r.input_tokens,
         "output_tokens": r.output_tokens, "input_cached_tokens": r.cached_input_tokens, "images": r.images,

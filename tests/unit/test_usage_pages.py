@@ -1,0 +1,19 @@
+"""The usage API's pages (server/usage/openai_pages.py): what a key with no env shows as its project."""
+
+from __future__ import annotations
+
+from server.usage.openai_pages import Page, completions_page, costs_page, requests_page
+from server.usage.query import Totals
+from tests.unit.test_ledger_writer import row
+
+
+def test_a_key_without_an_env_has_a_null_project_everywhere():
+    """OpenAI's project_id is null where there is none: the same in usage, costs and the request rows (the rows
+    said "" where the grouped results said null)."""
+    no_env = Totals(0, "m", "key_a", "", 10, 5, 0, 0, 7, model_requests=1, rows=1, errors=0, latency=())
+    page = Page(0, 60, 60, 0, 1)
+    [usage] = completions_page(page, [no_env], {"project_id"})["data"][0]["results"]
+    [cost] = costs_page(page, [no_env], {"project_id"})["data"][0]["results"]
+    [request] = requests_page([row(1, env="")], 10)["data"]
+    assert usage["project_id"] is None and cost["project_id"] is None and request["project_id"] is None
+    assert requests_page([row(1, env="prod")], 10)["data"][0]["project_id"] == "prod"
