@@ -338,6 +338,15 @@ local function replace_body(buffer, headers, body)
   headers:replace("content-length", tostring(#body))
 end
 
+-- Envoy's codec refuses some requests before any filter sees them, with statuses that blame the wrong side: a
+-- connection upgrade (WebSocket: an OpenAI Realtime client, say) with a 403, read as `permission_denied`, the key;
+-- a transfer coding it cannot read (gzip, anything but chunked) with a 501, a server fault. The request is wrong: 400.
+local CODEC_REFUSALS = {
+  [403] = "Connection upgrades (WebSocket) are not supported: send plain HTTP/1.1 or HTTP/2 requests.",
+  [501] = "This Transfer-Encoding is not supported: send the body with a Content-Length or with " ..
+    "Transfer-Encoding: chunked alone.",
+}
+
 local function shape_error(handle, status)
   local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
   local request = portico.request
@@ -353,21 +362,11 @@ local function shape_error(handle, status)
   local body = buffer:getBytes(0, buffer:length())
   local trailers = handle:trailers()
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
-  if request == nil and status == 403 then
-    -- Envoy refuses a connection upgrade (WebSocket: an OpenAI Realtime client, say) with a 403 before any filter
-    -- sees the request, which read as `permission_denied`, blaming the key. The request is what is wrong.
+  local refusal = request == nil and CODEC_REFUSALS[status]
+  if refusal then
     headers:replace(":status", "400")
     mark_envoy_reply(handle, 400)
-    return replace_body(buffer, headers, error_body(400, json_string("Connection upgrades (WebSocket) are not " ..
-      "supported: send plain HTTP/1.1 or HTTP/2 requests."), nil, anthropic))
-  end
-  if request == nil and status == 501 then
-    -- Envoy's codec answers a transfer coding it cannot read (gzip, anything but chunked) with 501, which read as a
-    -- 500 `internal_error`, a server fault. The request is what is wrong.
-    headers:replace(":status", "400")
-    mark_envoy_reply(handle, 400)
-    return replace_body(buffer, headers, error_body(400, json_string("This Transfer-Encoding is not supported: " ..
-      "send the body with a Content-Length or with Transfer-Encoding: chunked alone."), nil, anthropic))
+    return replace_body(buffer, headers, error_body(400, json_string(refusal), nil, anthropic))
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
