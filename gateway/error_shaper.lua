@@ -26,9 +26,39 @@ end
 
 local ESCAPES = {['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
 
+-- The length of the valid UTF-8 sequence starting at byte i of s, or nil (no overlongs, surrogates or > U+10FFFF).
+local function utf8_length(s, i)
+  local c = s:byte(i)
+  local n = (c < 0x80 and 1) or (c >= 0xC2 and c <= 0xDF and 2) or (c >= 0xE0 and c <= 0xEF and 3)
+      or (c >= 0xF0 and c <= 0xF4 and 4)
+  if not n then return nil end
+  for j = i + 1, i + n - 1 do
+    local b = s:byte(j)
+    if not b or b < 0x80 or b > 0xBF then return nil end
+  end
+  local b = s:byte(i + 1)
+  if (c == 0xE0 and b < 0xA0) or (c == 0xED and b > 0x9F) or (c == 0xF0 and b < 0x90) or (c == 0xF4 and b > 0x8F) then
+    return nil
+  end
+  return n
+end
+
+-- s with each byte that starts no valid UTF-8 sequence as U+FFFD: a message may quote a query value the
+-- transcoder decoded from %-escapes (`%ff`), and the body must stay valid JSON.
+local function valid_utf8(s)
+  if not s:find("[\128-\255]") then return s end
+  local parts, i = {}, 1
+  while i <= #s do
+    local n = utf8_length(s, i)
+    parts[#parts + 1] = n and s:sub(i, i + n - 1) or "\239\191\189"
+    i = i + (n or 1)
+  end
+  return table.concat(parts)
+end
+
 local function json_string(s)
   if s == nil then return "null" end
-  local escaped = s:gsub('[%c"\\]', function(c) return ESCAPES[c] or string.format("\\u%04x", c:byte()) end)
+  local escaped = valid_utf8(s):gsub('[%c"\\]', function(c) return ESCAPES[c] or string.format("\\u%04x", c:byte()) end)
   return '"' .. escaped .. '"'
 end
 

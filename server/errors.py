@@ -40,11 +40,18 @@ import grpc
 LONGEST_CLIENT_WAIT_SECONDS = 60.0
 # A Portico secret (server/keys/store.py: pk-[env-]token_urlsafe), as gateway/error_shaper.lua's `redacted` finds it.
 _SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")
+# A message or param may quote the caller (a member's name, a value) at any length; both travel in the gRPC
+# trailers, where tens of KB make Envoy drop the stream (a 502 or 503 for a 400). Cut short, with an ellipsis.
+LONGEST_MESSAGE, LONGEST_PARAM = 2000, 200
 
 
 def redact_secrets(text: str) -> str:
     """`text` with anything shaped like a Portico secret replaced by `pk-[redacted]`."""
     return _SECRET_SHAPED.sub("pk-[redacted]", text) if "pk-" in text else text
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +73,10 @@ class PorticoError(Exception):
     ) -> None:
         # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
         # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log.
-        message = redact_secrets(message)
+        message = _cut(redact_secrets(message), LONGEST_MESSAGE)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = None if param is None else _cut(param, LONGEST_PARAM)
         self.retry_after = retry_after
         self.retry_reason = retry_reason
 

@@ -1,0 +1,45 @@
+"""What a caller sent comes back in error messages (a field's name, a query value): however long, or however broken
+its UTF-8, the answer is still the documented 400 error object, never a 5xx, and the body is valid JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Gateway
+
+LONG = "k" * 40_000  # a member name this long once made the server's gRPC trailers too big for Envoy: a 502
+
+
+@pytest.fixture(scope="module")
+def admin_secret(gateway: Gateway) -> str:
+    created = gateway.cli("keys", "create", "--name", "echo-admin", "--all-models", "--admin")
+    return re.search(r"\b(pk-\S+)", created.stdout).group(1)
+
+
+@pytest.mark.parametrize("path, body, admin", [
+    ("/v1/chat/completions", {"model": "family-a-5.5", "messages": [{"role": "user", "content": "hi"}]}, False),
+    ("/v1/images/generations", {"model": "family-a-image-2", "prompt": "a cat"}, False),
+    ("/v1/admin/keys", {"name": "k", "all_models": True}, True),
+])
+def test_a_huge_unknown_member_is_a_400_not_a_5xx(gateway: Gateway, admin_secret: str, path, body, admin):
+    secret = admin_secret if admin else gateway.secret
+    answer = httpx.post(f"{gateway.base_url}{path}", headers={"authorization": f"Bearer {secret}"},
+                        json={**body, LONG: 1}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert len(error["message"]) < 5_000  # the name is cut short, not echoed whole
+
+
+@pytest.mark.parametrize("query", ["start_time=%E0%A4%A", "start_time=%ff", "start_time=%ED%A0%80x"])
+def test_a_query_value_that_is_not_utf8_gets_a_valid_json_error(gateway: Gateway, query: str):
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/costs?{query}",
+                       headers={"authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400
+    error = json.loads(answer.content.decode("utf-8"))["error"]  # strict: invalid UTF-8 raises
+    assert (error["code"], error["param"]) == ("invalid_request", "start_time")
+    assert "\ufffd" in error["message"]
