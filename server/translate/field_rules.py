@@ -91,6 +91,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "safety_identifier": FieldRule("string", I, I),
     "prompt_cache_key": FieldRule("string", I, I),
     "prompt_cache_retention": FieldRule("string", I, I),
+    "prompt_cache_options": FieldRule("object", I, I, note="a caching hint (`mode`, `ttl`)"),
     "service_tier": FieldRule("string", I, I),
     "store": FieldRule("boolean", I, I),
     "metadata": FieldRule("object", I, I, note="its values are strings"),

@@ -215,6 +215,18 @@ def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, clau
     assert refused.value.body["error"]["param"] == "tools[0].type"
 
 
+@pytest.mark.parametrize("model", ["chat-claude", "chat-embedded"])
+def test_the_sdks_prompt_caching_hints_are_ignored_elsewhere(oai, double, model):
+    """`prompt_cache_options` (an openai SDK parameter, beside `prompt_cache_key` and `prompt_cache_retention`) is a
+    caching hint, so the table ignores it where it has no meaning rather than refusing the SDK's own request."""
+    hints = {"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}, "prompt_cache_key": "k",
+             "prompt_cache_retention": "24h"}
+    completion = oai.chat.completions.create(model=model, max_tokens=2, **hints, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "hi", "prompt_cache_breakpoint": {"mode": "explicit"}}]}])
+    assert completion.usage.completion_tokens >= 1
+    assert not set(hints) & {key for seen in double.seen for key in seen.body}  # never sent to Anthropic
+
+
 def test_the_embedded_model_acts_on_sampling_extensions(oai):
     completion = oai.chat.completions.create(model="chat-embedded", messages=[{"role": "user", "content": "Hi"}],
                                              max_tokens=3, extra_body={"top_k": 1, "min_p": 0.1,
