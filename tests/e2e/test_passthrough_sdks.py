@@ -287,3 +287,6 @@ def test_the_anthropic_sdks_tool_runner_runs_on_models_that_hold_no_threads(clau
     (reply,) = claude.beta.messages.tool_runner(model="messages-embedded", max_tokens=2, tools=[weather],
                                                 messages=[{"role": "user", "content": "hi"}])
     assert reply.usage.output_tokens >= 1
+    (stream,) = claude.beta.messages.tool_runner(model="messages-embedded", max_tokens=2, tools=[weather],
+                                                 messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert stream.get_final_message().usage.output_tokens >= 1
