@@ -255,6 +255,7 @@ class Unread:
     message: str
     embedded: bool = True  # the embedded model refuses it
     other_dialect: bool = True  # an upstream of the other dialect refuses it
+    error_code: str | None = None  # the refusal's `details.error_code`, where an SDK acts on it
 
 
 @dataclass(frozen=True, slots=True)

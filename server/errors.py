@@ -69,7 +69,8 @@ class PorticoError(Exception):
     )
 
     def __init__(
-        self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None
+        self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None,
+        details: dict[str, str] | None = None,
     ) -> None:
         # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
         # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log.
@@ -79,6 +80,7 @@ class PorticoError(Exception):
         self.param = None if param is None else _cut(param, LONGEST_PARAM)
         self.retry_after = retry_after
         self.retry_reason = retry_reason
+        self.details = details  # Anthropic's `error.details`, which its SDK reads (e.g. its `error_code`)
 
     @property
     def retryable(self) -> bool:
@@ -205,8 +207,9 @@ def kind_by_status() -> dict[int, ErrorKind]:
 
 
 def error_object(error: PorticoError) -> dict:
-    """The `error` member of the body: {"message", "type", "param", "code"}."""
-    return {"message": error.message, "type": error.kind.type, "param": error.param, "code": error.kind.code}
+    """The `error` member of the body: {"message", "type", "param", "code"}, and "details" when there are any."""
+    body = {"message": error.message, "type": error.kind.type, "param": error.param, "code": error.kind.code}
+    return {**body, "details": error.details} if error.details else body
 
 
 def error_body(error: PorticoError, *, anthropic: bool = False) -> bytes:

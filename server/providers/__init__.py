@@ -77,7 +77,8 @@ def unsupported(request: GenerationRequest, capabilities: Capabilities) -> Inval
         embedded = not capabilities.dialects
         for item in source.unread:
             if item.embedded if embedded else item.other_dialect:
-                return InvalidRequest(item.message, param=item.param)
+                details = {"error_code": item.error_code} if item.error_code else None
+                return InvalidRequest(item.message, param=item.param, details=details)
     if request.tool_choice is not None and request.tool_choice.needs_tool_calls and not capabilities.tool_calls:
         return InvalidRequest(
             "This model cannot call tools: `tool_choice` may only be 'none' or 'auto'.", param="tool_choice"

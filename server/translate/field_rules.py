@@ -53,6 +53,7 @@ class FieldRule:
     other: Rule
     neutral: tuple[Json, ...] = ()
     note: str = ""
+    error_code: str | None = None  # a refusal's `details.error_code`
 
     def refused_by(self, value: Json, *, embedded: bool) -> bool:
         rule = self.embedded if embedded else self.other
@@ -91,6 +92,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "safety_identifier": FieldRule("string", I, I),
     "prompt_cache_key": FieldRule("string", I, I),
     "prompt_cache_retention": FieldRule("string", I, I),
+    "prompt_cache_options": FieldRule("object", I, I, note="a caching hint (`mode`, `ttl`)"),
     "service_tier": FieldRule("string", I, I),
     "store": FieldRule("boolean", I, I),
     "metadata": FieldRule("object", I, I, note="its values are strings"),
@@ -133,6 +135,11 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "container": FieldRule("any", R, R, note="Anthropic's code-execution container"),
     "mcp_servers": FieldRule("array", R, R, neutral=([],), note="beta; needs `anthropic-beta`"),
     "context_management": FieldRule("object", R, R, note="beta; needs `anthropic-beta`"),
+    # The anthropic SDK's tool runner asks for a thread by default and, told `thread_unsupported_request`, sends the
+    # whole conversation each turn instead.
+    "thread": FieldRule("object", R, R, error_code="thread_unsupported_request",
+                        note="beta: a conversation the server holds; `error.details.error_code` is "
+                             "`thread_unsupported_request`"),
 }
 
 
@@ -158,7 +165,7 @@ def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tu
         embedded, other = rule.refused_by(value, embedded=True), rule.refused_by(value, embedded=False)
         if embedded or other:
             unread.append(Unread(name, f"`{name}` is not supported by this model.", embedded=embedded,
-                                 other_dialect=other))
+                                 other_dialect=other, error_code=rule.error_code))
     return tuple(unread)
 
 

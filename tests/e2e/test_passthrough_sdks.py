@@ -215,6 +215,18 @@ def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, clau
     assert refused.value.body["error"]["param"] == "tools[0].type"
 
 
+@pytest.mark.parametrize("model", ["chat-claude", "chat-embedded"])
+def test_the_sdks_prompt_caching_hints_are_ignored_elsewhere(oai, double, model):
+    """`prompt_cache_options` (an openai SDK parameter, beside `prompt_cache_key` and `prompt_cache_retention`) is a
+    caching hint, so the table ignores it where it has no meaning rather than refusing the SDK's own request."""
+    hints = {"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}, "prompt_cache_key": "k",
+             "prompt_cache_retention": "24h"}
+    completion = oai.chat.completions.create(model=model, max_tokens=2, **hints, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "hi", "prompt_cache_breakpoint": {"mode": "explicit"}}]}])
+    assert completion.usage.completion_tokens >= 1
+    assert not set(hints) & {key for seen in double.seen for key in seen.body}  # never sent to Anthropic
+
+
 def test_the_embedded_model_acts_on_sampling_extensions(oai):
     completion = oai.chat.completions.create(model="chat-embedded", messages=[{"role": "user", "content": "Hi"}],
                                              max_tokens=3, extra_body={"top_k": 1, "min_p": 0.1,
@@ -247,3 +259,34 @@ def test_wrong_types_are_400s_naming_the_path(gateway):
                            headers={"content-type": "application/json"})
         assert answer.status_code == 400 and answer.json()["type"] == "error"
         assert answer.json()["error"]["message"].startswith("Invalid JSON body")
+
+
+def test_the_anthropic_sdks_tool_runner_runs_on_models_that_hold_no_threads(claude, double):
+    """The anthropic SDK's tool runner asks for a server-held conversation (`thread`, a beta) unless told not to, and
+    sends the whole conversation instead when the refusal says `thread_unsupported_request` (`error.details`): the
+    embedded model and an OpenAI-compatible upstream hold no threads, so they must refuse it in that shape."""
+
+    @anthropic.beta_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"4 C in {city}"
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    double.cue(Cue(body={**COMPLETION, "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [call]}}]}))
+    replies = list(claude.beta.messages.tool_runner(model="messages-gpt", max_tokens=20, tools=[weather],
+                                                    messages=[{"role": "user", "content": "Weather in Oslo?"}]))
+    assert [reply.stop_reason for reply in replies] == ["tool_use", "end_turn"]
+    assert replies[-1].content[0].text == "echo 4 C in Oslo"  # the last turn read the tool's result ...
+    assert [m["role"] for m in double.seen[-1].body["messages"]] == ["user", "assistant", "tool"]  # ... in context
+    with pytest.raises(anthropic.BadRequestError) as refused:  # a thread asked for in so many words: still refused
+        claude.beta.messages.create(model="messages-embedded", max_tokens=2, thread={"type": "create"},
+                                    messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.body["error"]["param"] == "thread"
+    assert refused.value.body["error"]["details"] == {"error_code": "thread_unsupported_request"}
+    (reply,) = claude.beta.messages.tool_runner(model="messages-embedded", max_tokens=2, tools=[weather],
+                                                messages=[{"role": "user", "content": "hi"}])
+    assert reply.usage.output_tokens >= 1
+    (stream,) = claude.beta.messages.tool_runner(model="messages-embedded", max_tokens=2, tools=[weather],
+                                                 messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert stream.get_final_message().usage.output_tokens >= 1
