@@ -55,47 +55,44 @@ class AnthropicEventReader:
         """The events `event` completes; an event that is JSON but not the Messages API's (a number where text
         belongs, an index that is no number) is the upstream's fault, an UpstreamError, not a crash further on."""
         try:
-            return self._read(event)
+            kind = upstream_string(event.get("type"))  # a same-dialect caller gets it on an `event:` line
+            if kind == "message_start":
+                message = event.get("message")
+                usage = _mapping(message.get("usage") if isinstance(message, Mapping) else None)
+                self._input_tokens = _input_tokens(usage)
+                self._cached_tokens = token_count(usage, "cache_read_input_tokens")
+                self._written_tokens = token_count(usage, "cache_creation_input_tokens")
+                self._output_tokens = token_count(usage, "output_tokens")
+                self._note_reported(usage)
+                return [Started(self._input_tokens if self._input_reported else self._prompt_estimate)]
+            if kind == "content_block_start":
+                return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
+            if kind == "content_block_delta":
+                return self._counted(self._block_delta(int(event.get("index", 0)), event.get("delta") or {}))
+            if kind == "message_delta":
+                delta = event.get("delta") or {}
+                if reason := delta.get("stop_reason"):
+                    self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
+                self._stop_sequence = delta.get("stop_sequence")
+                usage = _mapping(event.get("usage"))
+                self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
+                self._note_reported(usage)
+                if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
+                    self._input_tokens = _input_tokens(usage)
+                    self._cached_tokens = token_count(usage, "cache_read_input_tokens") or self._cached_tokens
+                    self._written_tokens = token_count(usage, "cache_creation_input_tokens") or self._written_tokens
+                return []
+            if kind == "content_block_stop":
+                return self._block_stop(int(event.get("index", 0)))
+            if kind == "message_stop":
+                self.finished = True
+                usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate,
+                              self._output_tokens if self._output_reported else estimate_tokens(self._chars),
+                              self._cached_tokens, self._written_tokens)
+                return [Finished(self._reason, usage, self._stop_sequence)]
+            return []  # ping and event types added later
         except MALFORMED:
             raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None
-
-    def _read(self, event: Mapping[str, Json]) -> list[GenerationEvent]:
-        kind = upstream_string(event.get("type"))  # a same-dialect caller gets it on an `event:` line
-        if kind == "message_start":
-            message = event.get("message")
-            usage = _mapping(message.get("usage") if isinstance(message, Mapping) else None)
-            self._input_tokens = _input_tokens(usage)
-            self._cached_tokens = token_count(usage, "cache_read_input_tokens")
-            self._written_tokens = token_count(usage, "cache_creation_input_tokens")
-            self._output_tokens = token_count(usage, "output_tokens")
-            self._note_reported(usage)
-            return [Started(self._input_tokens if self._input_reported else self._prompt_estimate)]
-        if kind == "content_block_start":
-            return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
-        if kind == "content_block_delta":
-            return self._counted(self._block_delta(int(event.get("index", 0)), event.get("delta") or {}))
-        if kind == "message_delta":
-            delta = event.get("delta") or {}
-            if reason := delta.get("stop_reason"):
-                self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
-            self._stop_sequence = delta.get("stop_sequence")
-            usage = _mapping(event.get("usage"))
-            self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
-            self._note_reported(usage)
-            if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
-                self._input_tokens = _input_tokens(usage)
-                self._cached_tokens = token_count(usage, "cache_read_input_tokens") or self._cached_tokens
-                self._written_tokens = token_count(usage, "cache_creation_input_tokens") or self._written_tokens
-            return []
-        if kind == "content_block_stop":
-            return self._block_stop(int(event.get("index", 0)))
-        if kind == "message_stop":
-            self.finished = True
-            usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate,
-                          self._output_tokens if self._output_reported else estimate_tokens(self._chars),
-                          self._cached_tokens, self._written_tokens)
-            return [Finished(self._reason, usage, self._stop_sequence)]
-        return []  # ping and event types added later
 
     def _counted(self, events: list[GenerationEvent]) -> list[GenerationEvent]:
         self._chars += sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
