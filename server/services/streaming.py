@@ -16,8 +16,7 @@ _logger = logging.getLogger(__name__)
 
 
 async def guard_stream(
-    frames: AsyncIterator[bytes], error_frame: Callable[[Mapping[str, Json]], bytes],
-    record: RequestRecord | None = None,
+    frames: AsyncIterator[bytes], error_frame: Callable[[Mapping[str, Json]], bytes], record: RequestRecord,
 ) -> AsyncIterator[bytes]:
     """Pass frames through; on failure end with the dialect's error event, `error_frame(error object)`, noted on
     `record` unless the upstream's events already noted theirs (a failure in rendering them, too, is one)."""
@@ -29,7 +28,7 @@ async def guard_stream(
         if not isinstance(exc, PorticoError):
             _logger.exception("stream failed")
             exc = InternalError("The server had an error while streaming the response.")
-        if record is not None and not record.in_band_error:
+        if not record.in_band_error:
             record.in_band_error = exc.kind.code
         yield error_frame(error_object(exc))
 
