@@ -82,7 +82,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
                                             "`temperature` 0) gets the same answer each time"),
     "top_k": FieldRule("integer", A, A, note="an extension (vLLM, llama.cpp, TGI); 0 or −1: every token"),
     "min_p": FieldRule("number", A, R, neutral=(0, 0.0), note="an extension"),
-    "repetition_penalty": FieldRule("number", A, R, neutral=(1, 1.0), note="an extension"),
+    "repetition_penalty": FieldRule("number", A, R, neutral=(1, 1.0), note="an extension; above 0, at most 10"),
     "frequency_penalty": FieldRule("number", A, R, neutral=(0, 0.0), note="−2–2"),
     "presence_penalty": FieldRule("number", A, R, neutral=(0, 0.0), note="−2–2"),
     "logit_bias": FieldRule("object", I, R, neutral=({},), note="token ids to −100–100"),

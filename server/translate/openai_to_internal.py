@@ -87,13 +87,16 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)
     top_k = opt_int(body, "top_k", -1)  # 0, and vLLM's -1: every token
+    repetition_penalty = opt_number(body, "repetition_penalty", 0.0, 10.0)
+    if repetition_penalty == 0:  # the penalty divides the logits; vLLM refuses 0 too
+        raise InvalidRequest("`repetition_penalty` must be greater than 0, got 0.", param="repetition_penalty")
     return SamplingParams(
         max_tokens=max_completion or max_tokens or default_max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 2.0),
         top_p=opt_number(body, "top_p", 0.0, 1.0),
         top_k=top_k if top_k and top_k > 0 else None,
         min_p=opt_number(body, "min_p", 0.0, 1.0),
-        repetition_penalty=opt_number(body, "repetition_penalty", 0.0, 10.0),
+        repetition_penalty=repetition_penalty,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0),
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0),
         stop=string_list(body.get("stop"), "stop", max_items=4),

@@ -167,6 +167,7 @@ def test_typed_requests_meet_the_same_rules():
      ({"tools": [{"type": "function", "function": {"name": 3}}]}, "tools[0].function.name"),
      ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {}}}]}]},
       "messages[0].tool_calls[0].function.arguments"),
+     ({"repetition_penalty": 0}, "repetition_penalty"),  # it divides the logits: vLLM refuses it too
      ({"metadata": ["x"]}, "metadata"), ({"stream_options": {"include_usage": 1}, "stream": True},
                                          "stream_options.include_usage")],
 )
