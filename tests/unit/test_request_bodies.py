@@ -84,6 +84,10 @@ def test_unknown_and_refused_fields_are_refused_by_the_embedded_model_and_the_ot
     # A neutral value asks for nothing and is never refused; an ignored field is never refused.
     assert refusal(chat(frequency_penalty=0, presence_penalty=0.0, logit_bias={}, user="u", store=True), ANTHROPIC) is None
     assert refusal(chat(seed=3, top_k=4), ANTHROPIC) is None
+    # The deprecated function_call naming a function asks for a call, as a named tool_choice does.
+    named = chat(functions=[{"name": "f", "parameters": {}}], function_call={"name": "f"})
+    assert refusal(named, EMBEDDED) == "function_call"
+    assert refusal(chat(functions=[{"name": "f", "parameters": {}}], function_call="auto"), EMBEDDED) is None
 
 
 def test_a_model_with_deployments_of_both_dialects_takes_either_whole():
