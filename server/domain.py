@@ -413,6 +413,14 @@ class Completion:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenCount:
+    """How many input tokens a prompt is (count_tokens); `upstream`: the upstream's own answer, when one counted."""
+
+    input_tokens: int
+    upstream: dict[str, Json] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseHeader:
     """What every object of one response repeats: its id, creation time and the model name the caller used."""
 

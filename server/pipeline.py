@@ -20,7 +20,7 @@ from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
     ApiKey, Completion, Dialect, FinishReason, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
-    Started, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
+    Started, TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
 )
 from server.domain_images import GeneratedImage, ImageRequest
 from server.errors import InternalError, InvalidRequest, PorticoError
@@ -29,7 +29,9 @@ from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
 from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
-from server.providers import Capabilities, Provider, TokenCounter, context_overflow, token_counter_of, unsupported
+from server.providers import (
+    Capabilities, PromptCounter, Provider, TokenCounter, context_overflow, token_counter_of, unsupported,
+)
 from server.providers.images import ImageProvider
 from server.providers.retry import OutOfService
 from server.translate.values import body_and_model
@@ -238,6 +240,43 @@ class Pipeline:
                     whole = upstream[0] if len(upstream) == 1 and not request.stream else None
                     return Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
         raise InternalError("The provider ended without a result.")
+
+    async def count_tokens(self, call: Call, request: GenerationRequest) -> TokenCount:
+        """How many input tokens `request`'s prompt is for its model, as its generation would take it: the embedded
+        model's exact count (the one its context-window check and `usage.input_tokens` use), an upstream's own
+        count where it has one (Anthropic's count_tokens), else the estimate that stands in for an upstream that
+        reports no usage.
+
+        Counting is free: it is admitted as one request with no tokens and no cost (requests per minute and per
+        day, and a concurrency slot while it runs, so counts cannot flood the gateway), and is no model request
+        (`record.admitted` stays false, as for GET /v1/models: no usage-ledger row, no spend)."""
+        provider = call.provider
+        # Refused before admission, as a generation would be: the same 400 naming the field.
+        if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
+            raise refusal
+        counter = self._token_counters.get(call.model.id)
+        with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
+        asked = True
+        try:
+            if counter is None and isinstance(provider, PromptCounter):
+                count = await provider.count_prompt(request)
+            else:
+                count = TokenCount(await _prompt_tokens(counter, request))
+        except OutOfService:
+            asked = False
+            self._limiter.release(reservation)  # no deployment could be asked, as in `stream`: nothing counted
+            raise
+        finally:
+            if asked:  # one request, however it ended, and no tokens: the slot is free again
+                self._limiter.settle(reservation, 0, 0)
+        window = self._context_windows.get(call.model.id)
+        if window is not None and (overflow := context_overflow(count.input_tokens, window)) is not None:
+            # As /v1/messages refuses it; past the window the count is only a lower bound
+            # (LlamaCppProvider.count_tokens).
+            raise overflow
+        await _send_headers(call, reservation)
+        return count
 
     def _reached_no_model(self, call: Call, reservation: Reservation) -> None:
         """Undoes `_asking` and the admission: no upstream attempt, no time in one (the ledger, access log and

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from tests.upstream_echo import echo_chat, echo_images, echo_messages
+from tests.upstream_echo import echo_chat, echo_count_tokens, echo_images, echo_messages
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class UpstreamDouble:
         self.gone = 0  # answers whose client went away before the end
         self.defaults: dict[str, Callable[[dict], list[bytes] | dict]] = {  # SSE frames, or a JSON answer
             "/v1/chat/completions": echo_chat, "/v1/messages": echo_messages,
+            "/v1/messages/count_tokens": echo_count_tokens,
         }
         self.files: dict[str, bytes] = {}  # served at /files/<name>, for image links
         self.file_types: dict[str, str] = {}  # a file's content-type, when not image/png ("": none sent)

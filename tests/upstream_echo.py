@@ -124,6 +124,14 @@ def echo_messages(body: dict) -> list[bytes] | dict:
     return [*frames, sse({"type": "message_stop"}, "message_stop")]
 
 
+def echo_count_tokens(body: dict) -> dict:
+    """Anthropic's count_tokens for the echo model: the words of the system prompt and every message (its
+    `input_tokens`), plus one a tool."""
+    messages = body.get("messages") or []
+    words = sum(len(_words(m.get("content"))) for m in messages) + len(_words(body.get("system") or ""))
+    return {"input_tokens": words + len(body.get("tools") or [])}
+
+
 def tiny_png(seed: int) -> bytes:
     """A small real PNG (the double does not scale to the requested size: the gateway passes on what it gets)."""
     out = io.BytesIO()

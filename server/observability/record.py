@@ -33,6 +33,8 @@ _ENDPOINTS = {
 def endpoint_of(method: str) -> str | None:
     """"/portico.v1.ChatService/CreateChatCompletion" -> "/v1/chat/completions"; None for RPCs not observed."""
     service, _, rpc = method.removeprefix("/portico.v1.").partition("/")
+    if rpc.startswith("CountMessageTokens"):  # free, no model request: apart from /v1/messages in metrics and logs
+        return "/v1/messages/count_tokens"
     if rpc == "GetImageContent":
         return "/v1/images/content"
     if rpc.startswith("GetCosts"):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, Turn
+from server.domain import Dialect, GenerationEvent, GenerationRequest, TokenCount, Turn
 from server.errors import InvalidRequest
 
 
@@ -43,6 +44,24 @@ class TokenCounter(Protocol):
     def count_tokens(self, turns: Sequence[Turn]) -> int:
         """May block for a moment (it runs in a worker thread); must be safe beside a running generation."""
         ...
+
+
+@runtime_checkable
+class PromptCounter(Protocol):
+    """Providers whose upstream counts a prompt itself (an Anthropic upstream's count_tokens), and the Router that
+    asks them through its deployments, retries and fallbacks."""
+
+    async def count_prompt(self, request: GenerationRequest) -> TokenCount: ...
+
+
+async def prompt_count(provider: object, request: GenerationRequest) -> TokenCount:
+    """A prompt's input tokens as `provider` takes them: its upstream's own count, the embedded model's exact one, else
+    Portico's estimate (the one that stands in when an upstream reports no usage)."""
+    if isinstance(provider, PromptCounter):
+        return await provider.count_prompt(request)
+    if (counter := token_counter_of(provider)) is not None:
+        return TokenCount(await asyncio.to_thread(counter.count_tokens, request.turns))
+    return TokenCount(request.estimated_prompt_tokens())
 
 
 @runtime_checkable

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
+from server.domain import (
+    AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamObject, UpstreamSpec,
+)
+from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
+from server.providers.upstream_errors import scrubbed_object
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, carries_content, message_events
-from server.translate.internal_to_anthropic_request import anthropic_body
+from server.translate.internal_to_anthropic_request import anthropic_body, count_body
+from server.translate.usage_counts import token_count
 
 ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every current Anthropic model speaks
 
@@ -65,6 +70,18 @@ class AnthropicProvider:
                 if reader.finished:
                     return
         reader.end()
+
+    async def count_prompt(self, request: GenerationRequest) -> TokenCount:
+        """The upstream's own count (its /v1/messages/count_tokens), asked as a message is: the upstream's model
+        name, the caller's `anthropic-beta` values. Its answer reaches the caller whole, with our model id for its."""
+        body = count_body(request, model=self._model)
+        answer = await self._upstream.post_json("v1/messages/count_tokens", body, model_id=self._model_id,
+                                                headers=_beta_headers(request))
+        if answer.get("type") == "error" or "error" in answer:
+            raise self._upstream.stream_error(answer, self._model_id, self._model)
+        if "input_tokens" not in answer:  # not the API's answer; asking again would get the same
+            raise UpstreamError(f"The upstream serving `{self._model_id}` answered a token count without input_tokens.")
+        return TokenCount(token_count(answer, "input_tokens"), scrubbed_object(answer, self._model, self._model_id))
 
     async def close(self) -> None:
         """Closes the pooled client, which other models may share: closing it twice is harmless."""

@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings
+from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
 from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
-from server.providers import Capabilities, Provider, token_counter_of, unsupported
+from server.providers import Capabilities, PromptCounter, Provider, prompt_count, token_counter_of, unsupported
 from server.providers.health import Board
 from server.providers.images import ImageProvider
 from server.providers.retry import Delivery, Plan, Step, Target
@@ -80,6 +80,19 @@ class Router:
                 return images
         raise AssertionError("an image attempt ends with images or an error")
 
+    async def count_prompt(self, request: GenerationRequest) -> TokenCount:
+        """A model whose deployments count prompts upstream (Anthropic's) is asked as for a generation: the same
+        deployments, retries and fallbacks (a fallback counts as it would take the prompt). Any other is counted
+        here, without an upstream attempt."""
+        own = self._chain[0].deployments
+        if not any(isinstance(d.provider, PromptCounter) for d in own):
+            return await prompt_count(own[0].provider, request)
+        chain = [route for route in (self._able(route, request) for route in self._chain) if route.deployments]
+        async with aclosing(self._run(chain, lambda provider: _once(prompt_count(provider, request)))) as results:
+            async for count in results:
+                return count
+        raise AssertionError("a count attempt ends with a count or an error")
+
     async def close(self) -> None:
         """Only the model's own deployments: every fallback is some other model's own, closed with it."""
         for deployment in self._chain[0].deployments:
@@ -134,8 +147,9 @@ class Router:
         try:
             async with aclosing(start(deployment.provider)) as events:
                 async for event in events:
-                    # The answer is whole (a caller reading a JSON answer stops here, closing the stream).
-                    finished = finished or isinstance(event, (Finished, list))
+                    # The answer is whole (a caller reading a JSON answer stops here, closing the stream): a
+                    # Finished event, an image call's images or a token count.
+                    finished = finished or isinstance(event, (Finished, list, TokenCount))
                     yield event
         except PorticoError as error:
             outcome = error

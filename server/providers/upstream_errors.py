@@ -19,6 +19,7 @@ import time
 from collections.abc import Collection, Mapping
 
 from server import wire_json
+from server.domain import Json
 from server.errors import (
     InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError, UpstreamTimeout,
 )
@@ -147,6 +148,18 @@ def _location(loc: object) -> str:
     for part in loc[1:] if loc[:1] == ["body"] else loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path
+
+
+def scrubbed_object(value: Json, upstream_model: str, model_id: str) -> Json:
+    """An upstream's JSON answer (a new one) with the upstream's name for the model, wherever a string holds it,
+    replaced by Portico's: nothing of the upstream's naming reaches callers."""
+    if isinstance(value, str):
+        return _scrub(value, None, upstream_model, model_id)
+    if isinstance(value, list):
+        return [scrubbed_object(item, upstream_model, model_id) for item in value]
+    if isinstance(value, dict):
+        return {name: scrubbed_object(item, upstream_model, model_id) for name, item in value.items()}
+    return value
 
 
 def _scrub(message: str, secret: str | None, upstream_model: str | None, model_id: str) -> str:

@@ -39,10 +39,26 @@ def message_request(body: Mapping[str, Json], *, always_stream: bool = False,
                     beta: Sequence[str] = ()) -> MessagePlan:
     """`always_stream`: the RPC streams whatever `stream` says (the typed StreamMessage). `beta`: the caller's
     `anthropic-beta` header values."""
+    generation = _generation(body, always_stream=always_stream, beta=beta, counting=False)
+    return MessagePlan(generation=generation, stream=generation.stream)
+
+
+def count_request(body: Mapping[str, Json], *, beta: Sequence[str] = ()) -> GenerationRequest:
+    """A count_tokens body: read and checked as a Messages request, every value a 400 naming its path as there, but
+    `max_tokens` may be left out. What only shapes a generation (max_tokens, stream, sampling) is checked, then
+    without effect: the prompt is the same either way (an Anthropic upstream is sent the body without them,
+    `internal_to_anthropic_request.count_body`)."""
+    return _generation(body, always_stream=False, beta=beta, counting=True)
+
+
+def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence[str],
+                counting: bool) -> GenerationRequest:
     unread = list(check_fields(body, MESSAGE_FIELDS))
     max_tokens = opt_int(body, "max_tokens", 1)
     if max_tokens is None:
-        raise InvalidRequest("max_tokens: Field required", param="max_tokens")
+        if not counting:
+            raise InvalidRequest("max_tokens: Field required", param="max_tokens")
+        max_tokens = 1  # stands in: nothing that counts a prompt reads it
     messages = opt_array(body, "messages")
     if not messages:
         raise InvalidRequest("messages: at least one message is required.", param="messages")
@@ -67,11 +83,10 @@ def message_request(body: Mapping[str, Json], *, always_stream: bool = False,
         opt_int(thinking, "budget_tokens", 1, path="thinking")
     tools = _tools(body, unread)
     stream = always_stream or bool(opt_bool(body, "stream"))
-    generation = GenerationRequest(
+    return GenerationRequest(
         turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body),
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
-    return MessagePlan(generation=generation, stream=stream)
 
 
 def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:

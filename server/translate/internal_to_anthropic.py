@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from server import wire_json
 from server.domain import (
     Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ResponseHeader, Started, TextDelta,
-    ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import UpstreamError
 from server.translate.json_prefix import WHITESPACE, JsonObjectPrefix
@@ -46,6 +46,11 @@ def tool_input(call: ToolCall) -> dict:
     except wire_json.JSONDecodeError:
         return {"arguments": call.arguments}
     return value if isinstance(value, dict) else {"arguments": value}
+
+
+def token_count(count: TokenCount) -> dict:
+    """count_tokens' answer: an upstream's own (already with our model id for its), else `{"input_tokens": N}`."""
+    return dict(count.upstream) if count.upstream is not None else {"input_tokens": count.input_tokens}
 
 
 def message(header: ResponseHeader, completion: Completion) -> dict:

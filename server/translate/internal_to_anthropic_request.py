@@ -29,6 +29,22 @@ def anthropic_body(request: GenerationRequest, *, model: str) -> dict:
     return body
 
 
+# What only shapes a generation, which Anthropic's count_tokens refuses ("Extra inputs are not permitted") and a
+# count_tokens caller may still send (docs/api.md, Counting tokens): left out of the body an upstream counts.
+GENERATION_ONLY = frozenset({"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata",
+                             "service_tier", "inference_geo", "container", "diagnostics"})
+
+
+def count_body(request: GenerationRequest, *, model: str) -> dict:
+    """The body of an upstream's /v1/messages/count_tokens: the caller's, every other field kept, without
+    GENERATION_ONLY, with the upstream's model name."""
+    source = request.source
+    whole = source.body if isinstance(source, AnthropicMessagesSource) else _built(request)
+    body = {name: value for name, value in whole.items() if name not in GENERATION_ONLY}
+    body["model"] = model
+    return body
+
+
 def _built(request: GenerationRequest) -> dict:
     params = request.params
     body: dict[str, Json] = {"max_tokens": params.max_tokens, "messages": _messages(request.turns)}

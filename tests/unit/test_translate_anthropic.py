@@ -11,7 +11,8 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.render import sse_event
 from server.translate import internal_to_anthropic as to_anthropic
-from server.translate.anthropic_to_internal import message_request
+from server.translate.anthropic_to_internal import count_request, message_request
+from server.translate.internal_to_anthropic_request import count_body
 from tests.helpers import message_body as request_pb
 
 HEADER = ResponseHeader(id="msg_1", created=1700000000, model="family-b-opus-4-8")
@@ -95,3 +96,25 @@ async def test_sse_transcript():
         '"stop_sequence":"##"},"usage":{"input_tokens":4,"output_tokens":2}}\n\n'
         'event: message_stop\ndata: {"type":"message_stop"}\n\n'
     )
+
+
+def test_a_count_needs_no_max_tokens_but_a_message_does():
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    assert count_request(body).turns == (Turn(Role.USER, "Hi"),)
+    with pytest.raises(InvalidRequest) as caught:
+        message_request(body)
+    assert caught.value.param == "max_tokens"
+    with pytest.raises(InvalidRequest) as caught:  # checked as on /v1/messages, though it shapes no count
+        count_request({**body, "max_tokens": 0})
+    assert caught.value.param == "max_tokens"
+
+
+def test_an_upstream_counts_the_body_without_what_only_shapes_a_generation():
+    body = {"model": "ours", "messages": [{"role": "user", "content": "Hi"}], "system": "Be brief.",
+            "tools": [{"name": "t", "input_schema": {"type": "object"}}], "thinking": {"type": "disabled"},
+            "vendor_field": {"kept": True}, "max_tokens": 5, "stream": True, "temperature": 0.2, "top_p": 0.9,
+            "top_k": 3, "stop_sequences": ["##"], "metadata": {"user_id": "u"}, "service_tier": "auto"}
+    sent = count_body(count_request(body, beta=("b1",)), model="upstream-name")
+    assert sent == {"model": "upstream-name", "messages": body["messages"], "system": "Be brief.",
+                    "tools": body["tools"], "thinking": {"type": "disabled"}, "vendor_field": {"kept": True}}
+    assert body["model"] == "ours" and body["max_tokens"] == 5  # the caller's body is never edited
