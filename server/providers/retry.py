@@ -86,7 +86,7 @@ class Plan:
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
     raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left: the
-    failure that clears soonest (one without a retry-after may clear at once), its retry-after what is left of it.
+    failure that clears soonest (one without a retry-after may clear at once), with its retry-after.
     """
 
     chain: Sequence[Sequence[Target]]
@@ -142,8 +142,10 @@ class Plan:
         if self._failures:
             # Not the last failure: a caller told "30 s" by the last deployment would wait that long when another
             # (or a fallback) said 2 s. The soonest time anything may work, a passed-over deployment's return too.
-            clears, error = min(reversed(self._failures), key=lambda failure: failure[0])  # a tie: the latest
-            wait = max(0.0, min(clears, self._soonest) - now)
+            # Its hint as its upstream gave it, not shortened by the walk's few seconds since (a later hint wastes no
+            # retry), unless a passed-over deployment is back sooner.
+            _, error = min(reversed(self._failures), key=lambda failure: failure[0])  # a tie: the latest
+            wait = min(error.retry_after, max(0.0, self._soonest - now))
             if wait == error.retry_after:
                 return error
             soonest = copy.copy(error)  # errors may be shared objects: never change one in place
