@@ -10,6 +10,7 @@
      ├── RateLimited           429  rate_limit_exceeded    rate_limit_error        (retry-after)
      ├── InternalError         500  internal_error         server_error
      ├── UpstreamError         502  upstream_error         api_error
+     │    └── UpstreamMisconfigured 502 (x-should-retry: false: the upstream refuses the gateway's configuration)
      ├── ServiceUnavailable    503  service_unavailable    service_unavailable_error
      └── UpstreamTimeout       504  upstream_timeout       timeout_error
 
@@ -164,6 +165,15 @@ class UpstreamError(PorticoError):
     kind = ErrorKind(
         grpc.StatusCode.UNAVAILABLE, 502, "upstream_error", "api_error", "The upstream model server failed."
     )
+
+
+class UpstreamMisconfigured(UpstreamError):
+    """An upstream that refuses the gateway's own configuration (its key, its model name, its base_url): no retry by
+    the caller can mend that, so the answer says `x-should-retry: false` and the SDKs raise it at once instead of
+    sending the same doomed request twice more (their default), slowly."""
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-should-retry", "false"),)
 
 
 class ServiceUnavailable(PorticoError):

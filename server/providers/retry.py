@@ -17,6 +17,7 @@ request and then drops the stream is retried as if it had refused it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
@@ -84,7 +85,8 @@ class Plan:
     doubling the cooldown); `in_flight(model, deployment)` how busy it is.
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
-    raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left.
+    raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left: the
+    failure that clears soonest (one without a retry-after may clear at once), with its retry-after.
     """
 
     chain: Sequence[Sequence[Target]]
@@ -98,6 +100,7 @@ class Plan:
     _not_before: list[float] = field(default_factory=list)  # -inf: done with it; else when its retry may start
     _began: float | None = None
     _soonest: float = math.inf  # the earliest time a passed-over deployment comes back into service
+    _failures: list[tuple[float, PorticoError]] = field(default_factory=list)  # (when it clears, the failure)
 
     def __post_init__(self) -> None:
         self._enter(0)
@@ -123,6 +126,7 @@ class Plan:
         self.last_error = error
         if not error.retryable:
             raise error
+        self._failures.append((now + error.retry_after, error))
         d = step.deployment
         target = self.chain[step.model][d]
         elapsed = now - (self._began if self._began is not None else now)
@@ -135,8 +139,18 @@ class Plan:
         self._not_before[step.deployment] = -math.inf
 
     def give_up(self, now: float) -> PorticoError:
-        if self.last_error is not None:
-            return self.last_error
+        if self._failures:
+            # Not the last failure: a caller told "30 s" by the last deployment would wait that long when another
+            # (or a fallback) said 2 s. The soonest time anything may work, a passed-over deployment's return too.
+            # Its hint as its upstream gave it, not shortened by the walk's few seconds since (a later hint wastes no
+            # retry), unless a passed-over deployment is back sooner.
+            _, error = min(reversed(self._failures), key=lambda failure: failure[0])  # a tie: the latest
+            wait = min(error.retry_after, max(0.0, self._soonest - now))
+            if wait == error.retry_after:
+                return error
+            soonest = copy.copy(error)  # errors may be shared objects: never change one in place
+            soonest.retry_after = wait
+            return soonest
         wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
         # Out of service after failing, or for as long as its upstream asked (retry-after): the message fits both.
         return OutOfService("Every deployment of the model (and of its fallbacks) is out of service for now; try "

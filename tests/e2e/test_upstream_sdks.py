@@ -156,6 +156,21 @@ def test_upstream_errors_reach_the_sdks_as_their_own_types(oai, claude, double):
     assert overloaded.value.status_code == 503 and overloaded.value.body["type"] == "error"
 
 
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_the_sdks_do_not_retry_an_upstream_that_refuses_the_gateways_configuration(gateway, double, status):
+    """A wrong upstream key or model name is no failure a retry can mend: one attempt each, at once."""
+    refusal = Cue(status, {"error": {"message": "no", "type": "authentication_error"}})
+    double.cue(*[refusal] * 6)
+    oai = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret)  # the default 2 retries
+    with pytest.raises(openai.InternalServerError) as caught:
+        oai.chat.completions.create(model="chat-echo", messages=[{"role": "user", "content": "Hi"}])
+    assert caught.value.status_code == 502 and caught.value.response.headers["x-should-retry"] == "false"
+    claude = anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret)
+    with pytest.raises(anthropic.InternalServerError):
+        claude.messages.create(model="messages-anthropic", max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+    assert len(double.seen) == 2
+
+
 def test_an_answer_that_breaks_off_is_a_502(oai, double):
     double.cue(Cue(drop_after=1))  # the upstream's JSON answer cut in the middle
     with pytest.raises(openai.APIStatusError) as caught:

@@ -164,6 +164,17 @@ async def test_every_fallback_failing_ends_with_the_last_error(chat, double, key
     assert len(double.seen) == 4
 
 
+async def test_when_the_model_and_its_fallback_are_rate_limited_the_caller_is_told_the_sooner_hint(chat, double, key):
+    # The model says 10 s (past its retry budget: no wait, on to the fallback), the fallback 30 s: in 10 s the
+    # request can pass, so a caller told 30 s (the last failure's) would wait for nothing.
+    double.cue(Cue(429, {"error": {"message": "busy"}}, headers={"retry-after": "10"}),
+               Cue(429, {"error": {"message": "busy"}}, headers={"retry-after": "30"}))
+    error = await failure(chat, key[1])
+    detail = error_details(error)
+    assert (detail.http_status, detail.retry_after_seconds) == (429, 10) and "`up-main`" in detail.error.message
+    assert [s.body["model"] for s in double.seen] == ["main-model", "backup-model"]
+
+
 async def test_a_json_answer_may_take_longer_than_the_first_byte_of_a_stream(chat, double, key):
     double.cue(Cue(delay=0.8))  # past `read` (0.5 s), within `answer` (1 s): a long non-streamed generation
     assert (await ask(chat, key[1], "up-slow")).choices[0].message.content

@@ -71,6 +71,27 @@ def test_a_retry_after_longer_than_the_budget_moves_on_instead_of_waiting():
     assert p.next(0.0) is None
 
 
+def test_when_everything_fails_the_caller_is_told_the_soonest_retry_after_among_the_failures():
+    once = RetrySettings(attempts=1)
+    p = Plan([[Target(1.0, once)] * 2], ready_in=lambda m, d: 0.0, in_flight=lambda m, d: 0, draw=lambda: 0.0)
+    p.failed(p.next(0.0), RateLimited("soon", retry_after=2, retry_reason="429"), 0.0)
+    p.failed(p.next(0.0), RateLimited("late", retry_after=30, retry_reason="429"), 0.5)
+    assert p.next(0.5) is None
+    error = p.give_up(0.5)
+    assert error.message == "soon" and error.retry_after == 2  # not 30
+    # Across fallbacks too; a failure without a retry-after may pass at once, so it wins (no hint: SDK backoff).
+    p = Plan([[Target(1.0, once)]] * 3, ready_in=lambda m, d: 0.0, in_flight=lambda m, d: 0, draw=lambda: 0.0)
+    p.failed(p.next(0.0), RateLimited("late", retry_after=30, retry_reason="429"), 0.0)
+    p.failed(p.next(0.0), ServiceUnavailable("down", retry_reason="503"), 0.0)
+    p.failed(p.next(0.0), RateLimited("soon", retry_after=2, retry_reason="429"), 0.0)
+    error = p.give_up(0.0)
+    assert error.message == "down" and error.retry_after == 0
+    # A deployment passed over (out of service) that is back before the failure's hint shortens it.
+    p = plan(2, ready=lambda m, d: 5.0 if d == 1 else 0.0)
+    p.failed(p.next(0.0), RateLimited("late", retry_after=30, retry_reason="429"), 0.0)
+    assert p.next(0.0) is None and p.give_up(0.0).retry_after == 5
+
+
 def test_pick_follows_weights_and_prefers_idle_deployments():
     rng = random.Random(7)
     counts = [0, 0]

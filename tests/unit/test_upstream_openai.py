@@ -10,7 +10,7 @@ import pytest
 
 from server.domain import FinishReason, Finished, RetrySettings, TextDelta, ToolCallDelta, ToolCallStart, Usage
 from server.errors import (
-    InvalidRequest, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout,
+    InvalidRequest, RateLimited, ServiceUnavailable, UpstreamError, UpstreamMisconfigured, UpstreamTimeout,
 )
 from server.providers.retry import backoff_delay
 from server.providers.upstream_errors import from_status, from_stream_error, retry_after
@@ -201,9 +201,9 @@ SECRET = "sk-abcdef123456"
     [
         (400, b'{"error":{"message":"bad","param":"messages"}}', {}, InvalidRequest, False),
         (422, b'{"detail":"nope"}', {}, InvalidRequest, False),
-        (401, b'{"error":{"message":"Incorrect API key provided: sk-abc***456"}}', {}, UpstreamError, False),
-        (403, b'{"error":{"message":"Project does not have access"}}', {}, UpstreamError, False),
-        (404, b'{"error":{"message":"The model up-m-2025 does not exist"}}', {}, UpstreamError, False),
+        (401, b'{"error":{"message":"Incorrect API key provided: sk-abc***456"}}', {}, UpstreamMisconfigured, False),
+        (403, b'{"error":{"message":"Project does not have access"}}', {}, UpstreamMisconfigured, False),
+        (404, b'{"error":{"message":"The model up-m-2025 does not exist"}}', {}, UpstreamMisconfigured, False),
         (429, b'{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}', {"retry-after": "7"},
          RateLimited, True),
         (500, b"<html>oops</html>", {}, UpstreamError, True),
