@@ -2,9 +2,9 @@
 
 A 4xx about the request is the caller's problem and keeps its meaning: never a 500. But an upstream that refuses
 Portico's own credentials (401/403) or does not know the configured upstream model (404) is the gateway's
-configuration: a 502 `upstream_error` that says so (and an error in the log) with `x-should-retry: false`, never a 401/404 that would make an SDK
-tell the user their key or model is wrong. Statuses the provider's retry settings name, connection failures before
-an answer, and streams cut before any content are retryable. An upstream's own message is passed on, but never
+configuration: a 502 `upstream_error` that says so (and an error in the log) with `x-should-retry: false`, never a
+401/404 that would make an SDK tell the user their key or model is wrong. Statuses the provider's retry settings
+name, connection failures before an answer, and streams cut before any content are retryable. An upstream's own message is passed on, but never
 text that could hold the upstream key (401/403 messages, which sometimes quote part of it, are replaced, and the key
 is scrubbed from every other message) nor the upstream's name for the model (replaced by Portico's model id).
 """
@@ -21,8 +21,8 @@ from collections.abc import Collection, Mapping
 from server import wire_json
 from server.domain import Json
 from server.errors import (
-    InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError, UpstreamMisconfigured,
-    UpstreamTimeout,
+    InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError,
+    UpstreamMisconfigured, UpstreamTimeout,
 )
 
 _logger = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ def from_status(
         what = "does not know the configured model" if status == 404 else "refused Portico's credentials"
         _logger.error("The upstream serving %s %s (HTTP %d): check the gateway's configuration.", upstream, what,
                       status)
-        return UpstreamMisconfigured(f"The upstream serving `{upstream}` {what} (HTTP {status}): this is the gateway's "
-                             "configuration, not your key or request.", retry_reason=reason)
+        return UpstreamMisconfigured(f"The upstream serving `{upstream}` {what} (HTTP {status}): this is the "
+                                     "gateway's configuration, not your key or request.", retry_reason=reason)
     if status == 429:
         return RateLimited(f"The upstream serving `{upstream}` is rate limiting: {message}", retry_after=wait,
                            subject=f"upstream of {upstream}", retry_reason=reason)
@@ -59,8 +59,8 @@ def from_status(
         return UpstreamError(f"The upstream serving `{upstream}` failed (HTTP {status}): {message}",
                              retry_after=wait, retry_reason=reason)
     if status < 400:  # a redirect (not followed) or another answer that is no error of the caller's request
-        return UpstreamMisconfigured(f"The upstream serving `{upstream}` answered HTTP {status} instead of an answer: check "
-                             "the gateway's configuration (its base_url).", retry_reason=reason)
+        return UpstreamMisconfigured(f"The upstream serving `{upstream}` answered HTTP {status} instead of an answer: "
+                                     "check the gateway's configuration (its base_url).", retry_reason=reason)
     if status == 413:
         return RequestTooLarge(message, param=param, retry_reason=reason)
     return InvalidRequest(message, param=param, retry_reason=reason)
