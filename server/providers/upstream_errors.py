@@ -4,9 +4,10 @@ A 4xx about the request is the caller's problem and keeps its meaning: never a 5
 Portico's own credentials (401/403) or does not know the configured upstream model (404) is the gateway's
 configuration: a 502 `upstream_error` that says so (and an error in the log) with `x-should-retry: false`, never a
 401/404 that would make an SDK tell the user their key or model is wrong. Statuses the provider's retry settings
-name, connection failures before an answer, and streams cut before any content are retryable. An upstream's own message is passed on, but never
-text that could hold the upstream key (401/403 messages, which sometimes quote part of it, are replaced, and the key
-is scrubbed from every other message) nor the upstream's name for the model (replaced by Portico's model id).
+name, connection failures before an answer, and streams cut before any content are retryable. An upstream's own
+message is passed on, but never text that could hold the upstream key (401/403 messages, which sometimes quote part
+of it, are replaced, and the key is scrubbed from every other message) nor the upstream's name for the model
+(replaced by Portico's model id).
 """
 
 from __future__ import annotations
