@@ -40,7 +40,8 @@ class OpenAIImageProvider:
         items = answer.get("data")
         if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
             raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
-        return list(await asyncio.gather(*(self._image(item) for item in items)))
+        # No more than asked: admission reserved (and a budget allows) the cost of `n` images, no more.
+        return list(await asyncio.gather(*(self._image(item) for item in items[:request.n])))
 
     async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):

@@ -15,6 +15,7 @@ from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.providers.dev_image import REVISED_PROMPT
+from server.domain import KeyLimits
 from tests.helpers import bearer, error_details, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import tiny_png
@@ -31,6 +32,7 @@ async def running(double, tmp_path_factory):
   - {{id: image-up, endpoint: {IMAGES}, provider: {{{provider}, retry: {FAST_RETRY}}}}}
   - {{id: image-down, endpoint: {IMAGES}, provider: {{{down}}}, fallbacks: [image-dev]}}
   - {{id: image-dev, endpoint: {IMAGES}, provider: {{kind: dev-image}}}}
+  - {{id: image-priced, endpoint: {IMAGES}, provider: {{{provider}}}, price: {{image: 0.01}}}}
 """
     async with upstream_server(tmp_path_factory.mktemp("images"), models) as server:
         yield server
@@ -168,3 +170,17 @@ async def test_an_answer_that_is_no_image_is_an_upstream_error(images, double, s
     assert (detail.http_status, detail.error.code) == (502, "upstream_error")
     assert named in detail.error.message and "image-up" in detail.error.message
     assert "hello" not in detail.error.message and "Sign in" not in detail.error.message  # never the bytes
+
+
+async def test_an_upstream_answering_more_images_than_asked_gives_and_bills_only_those_asked(images, double, running):
+    """The budget reserved the images asked for: more from the upstream would overspend it (and are not wanted)."""
+    double.reset()
+    _, secret = await running.store.create("two-cents", all_models=True, limits=KeyLimits(max_spend_day=20_000))
+    three = {"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(i)).decode()} for i in range(3)]}
+    double.cue(Cue(body=three))
+    response = await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))
+    assert [base64.b64decode(item.b64_json) for item in response.data] == [tiny_png(0)]
+    await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))  # the second cent
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))
+    assert error_details(caught.value).error.message.startswith("Budget reached")
