@@ -9,13 +9,14 @@ import random
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
+import orjson
 import pytest
 from google.protobuf import json_format
 from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
-from server.providers.dev_image import REVISED_PROMPT
 from server.domain import KeyLimits
+from server.providers.dev_image import REVISED_PROMPT
 from tests.helpers import bearer, error_details, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import tiny_png
@@ -33,6 +34,8 @@ async def running(double, tmp_path_factory):
   - {{id: image-down, endpoint: {IMAGES}, provider: {{{down}}}, fallbacks: [image-dev]}}
   - {{id: image-dev, endpoint: {IMAGES}, provider: {{kind: dev-image}}}}
   - {{id: image-priced, endpoint: {IMAGES}, provider: {{{provider}}}, price: {{image: 0.01}}}}
+  - {{id: image-mixed, endpoint: {IMAGES}, deployments: [{{name: dev, weight: 1000, provider: {{kind: dev-image}}}},
+                                                         {{name: up, provider: {{{provider}}}}}]}}
 """
     async with upstream_server(tmp_path_factory.mktemp("images"), models) as server:
         yield server
@@ -124,6 +127,22 @@ async def test_an_upstream_failure_is_retried(images, double, secret):
 async def test_an_unreachable_upstream_falls_back_to_the_development_provider(images, secret):
     response = await images.CreateImage(image_request(model="image-down", size="256x256"), metadata=bearer(secret))
     assert response.data[0].revised_prompt == REVISED_PROMPT
+
+
+async def test_a_fallback_that_would_refuse_a_member_is_skipped(images, secret):
+    """dev-image refuses members it does not read: it never draws such a request in an upstream's place."""
+    body = {"model": "image-down", "prompt": "a lighthouse", "size": "256x256", "input_fidelity": "high"}
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    assert error_details(caught.value).http_status == 503  # the upstream is unreachable, and nothing else may answer
+
+
+async def test_members_the_gateway_does_not_read_go_only_to_a_deployment_that_gets_them(images, double, secret):
+    body = {"model": "image-mixed", "prompt": "a lighthouse", "input_fidelity": "high"}
+    for _ in range(4):
+        bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+        assert orjson.loads(bodies[0].data)["data"][0]["revised_prompt"] == "echo a lighthouse"
+    assert len(double.seen) == 4
 
 
 async def test_upstream_refusals_keep_their_meaning(images, double, secret):
