@@ -100,6 +100,15 @@ async def test_the_answer_describes_the_images_the_upstream_drew(images, secret)
     assert (response.output_format, response.size) == ("png", "8x8")
 
 
+@pytest.mark.parametrize("asked, drawn", [("auto", "transparent"), ("transparent", "opaque")])
+async def test_the_answer_says_the_background_the_upstream_drew(images, double, secret, asked, drawn):
+    """gpt-image models choose the background for `auto` (and say which): the answer's `background` is theirs."""
+    png = base64.b64encode(tiny_png(1)).decode()
+    double.cue(Cue(body={"created": 1, "background": drawn, "data": [{"b64_json": png}]}))
+    response = await images.CreateImage(image_request(background=asked), metadata=bearer(secret))
+    assert response.background == drawn
+
+
 async def test_a_linked_image_over_4_mib_reaches_a_grpc_caller_with_default_limits(images, double, secret):
     """grpc clients take messages up to 4 MiB by default: GetImageContent streams a big image in pieces (an upstream
     model's PNG can be several MiB) instead of failing the caller with RESOURCE_EXHAUSTED."""
