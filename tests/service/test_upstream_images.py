@@ -127,6 +127,34 @@ async def test_a_linked_image_over_4_mib_reaches_a_grpc_caller_with_default_limi
     assert {piece.content_type for piece in pieces} == {"image/png"}
 
 
+def linked_images(double, count: int, size: tuple[int, int]) -> Cue:
+    """An answer linking `count` copies of one PNG of `size` (stored uncompressed: about 3 bytes a pixel)."""
+    out = io.BytesIO()
+    Image.new("RGB", size).save(out, "PNG", compress_level=0)
+    double.files["big.png"] = out.getvalue()
+    return Cue(body={"created": 1, "data": [{"url": f"http://127.0.0.1:{double.port}/files/big.png"}] * count})
+
+
+async def test_b64_images_over_64_mib_together_reach_a_rest_caller(images, double, secret):
+    """Ten 5 MiB images are 69 MiB as base64, over the largest gRPC message the server sends: the JSON body
+    goes to Envoy (which joins it for REST callers) in pieces."""
+    double.cue(linked_images(double, 10, (1500, 1200)))
+    body = {"model": "image-up", "prompt": "a lighthouse", "n": 10}
+    pieces = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    answer = orjson.loads(b"".join(piece.data for piece in pieces))
+    assert len(answer["data"]) == 10 and answer["size"] == "1500x1200"
+    assert {piece.content_type for piece in pieces} == {"application/json"}
+
+
+async def test_a_typed_answer_too_big_to_send_says_so(images, double, secret):
+    double.cue(linked_images(double, 10, (1500, 1200)))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(n=10), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error")
+    assert "64 MiB" in detail.error.message and "response_format" in detail.error.message
+
+
 async def test_an_upstream_failure_is_retried(images, double, secret):
     double.cue(Cue(503, {"error": {"message": "busy"}}))
     response = await images.CreateImage(image_request(), metadata=bearer(secret))
