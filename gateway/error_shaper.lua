@@ -271,8 +271,9 @@ end
 -- A 400 naming the query parameter `name` as `param` (shape_error). The message goes in the metadata too: Envoy sends
 -- a local reply to HEAD without its body, and answer_head must still give the GET's content-length.
 local function refuse_parameter(handle, metadata, name, message)
-  metadata:set("portico", "query_param", name)
-  metadata:set("portico", "query_fault", message)
+  -- The name is the caller's, quoted in both: a key pasted there is cut out, as from a path.
+  metadata:set("portico", "query_param", redacted(name))
+  metadata:set("portico", "query_fault", redacted(message))
   handle:respond({[":status"] = "400"}, message)
 end
 

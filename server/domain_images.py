@@ -49,3 +49,4 @@ class GeneratedImage:
     data: bytes  # the encoded file, in the requested format
     output_format: ImageFormat
     revised_prompt: str | None = None  # what the provider actually drew from, when it says
+    transparent: bool | None = None  # the background the provider drew, when it says (None: as asked)

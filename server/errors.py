@@ -74,11 +74,12 @@ class PorticoError(Exception):
         details: dict[str, str] | None = None,
     ) -> None:
         # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
-        # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log.
+        # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log. Nor
+        # does a param, which names a member of the caller's (a pasted key as a member's name).
         message = _cut(redact_secrets(message), LONGEST_MESSAGE)
         super().__init__(message)
         self.message = message
-        self.param = None if param is None else _cut(param, LONGEST_PARAM)
+        self.param = None if param is None else _cut(redact_secrets(param), LONGEST_PARAM)
         self.retry_after = retry_after
         self.retry_reason = retry_reason
         self.details = details  # Anthropic's `error.details`, which its SDK reads (e.g. its `error_code`)

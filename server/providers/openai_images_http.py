@@ -13,7 +13,7 @@ import asyncio
 import base64
 import binascii
 import codecs
-
+from dataclasses import replace
 
 from server.domain import Dialect, UpstreamSpec
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
@@ -40,7 +40,13 @@ class OpenAIImageProvider:
         items = answer.get("data")
         if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
             raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
-        return list(await asyncio.gather(*(self._image(item) for item in items)))
+        # No more than asked: admission reserved (and a budget allows) the cost of `n` images, no more.
+        images = await asyncio.gather(*(self._image(item) for item in items[:request.n]))
+        # gpt-image models choose the background for "auto", and say which they drew.
+        background = answer.get("background")
+        if background in ("transparent", "opaque"):
+            return [replace(image, transparent=background == "transparent") for image in images]
+        return list(images)
 
     async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
+from server.domain import Dialect, Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
 from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
@@ -75,7 +75,8 @@ class Router:
         return self._run([route for route in chain if route.deployments], lambda provider: provider.stream(request))
 
     async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
-        async with aclosing(self._run(self._chain, lambda provider: _once(provider.generate(request)))) as results:
+        chain = [route for route in (self._able_to_draw(r, request) for r in self._chain) if route.deployments]
+        async with aclosing(self._run(chain, lambda provider: _once(provider.generate(request)))) as results:
             async for images in results:
                 return images
         raise AssertionError("an image attempt ends with images or an error")
@@ -104,6 +105,16 @@ class Router:
         request the model's own cannot; a fallback none of whose deployments can is skipped)."""
         able = tuple(d for d in route.deployments
                      if unsupported(request, getattr(d.provider, "capabilities", Capabilities())) is None)
+        return route if len(able) == len(route.deployments) else Route(route.model_id, able)
+
+    @staticmethod
+    def _able_to_draw(route: Route, request: ImageRequest) -> Route:
+        """As `_able`, for images: members the gateway does not read reach only a provider of the caller's API
+        (an OpenAI images upstream); dev-image would refuse them, never draw without them."""
+        if not request.unread:
+            return route
+        able = tuple(d for d in route.deployments
+                     if Dialect.OPENAI in getattr(d.provider, "capabilities", Capabilities()).dialects)
         return route if len(able) == len(route.deployments) else Route(route.model_id, able)
 
     async def _run(self, chain: Sequence[Route], start: Callable) -> AsyncIterator:

@@ -11,6 +11,7 @@ from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.domain import Endpoint
+from server.errors import UpstreamError
 from server.image_store import ImageStore
 from server.pipeline import Pipeline
 from server.render import json_body
@@ -18,6 +19,7 @@ from server.translate.openai_images import image_request, images_response
 from server.translate.values import proto_to_json
 
 CONTENT_PIECE_BYTES = 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the largest message the server sends (server/app.py MAX_SEND_BYTES)
 
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
@@ -35,11 +37,19 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         return images_response(int(time.time()), plan, images, urls)
 
     async def CreateImage(self, request, context) -> image_pb2.ImagesResponse:
-        return json_format.ParseDict(await self._generate(proto_to_json(request), context), image_pb2.ImagesResponse())
+        response = json_format.ParseDict(await self._generate(proto_to_json(request), context),
+                                         image_pb2.ImagesResponse())
+        if (size := response.ByteSize()) > MAX_MESSAGE_BYTES:  # else grpc fails the call with its own words only
+            raise UpstreamError(f"The images are {size / 2**20:.1f} MiB as one gRPC answer, more than the "
+                                f"{MAX_MESSAGE_BYTES >> 20} MiB the server sends: ask for `response_format: url` "
+                                "(a link to each image), or for fewer images.")
+        return response
 
     async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        body = await self._generate(request.data, context)
-        yield httpbody_pb2.HttpBody(content_type="application/json", data=json_body(body))
+        body = json_body(await self._generate(request.data, context))
+        # In pieces, which Envoy joins for REST callers: ten big images as base64 pass the largest message.
+        for start in range(0, len(body), CONTENT_PIECE_BYTES):
+            yield httpbody_pb2.HttpBody(content_type="application/json", data=body[start:start + CONTENT_PIECE_BYTES])
 
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         # No API key on purpose: the link's signature and expiry are the credential (see server/image_store.py).

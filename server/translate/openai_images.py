@@ -107,12 +107,14 @@ def images_response(
     generation = plan.generation
     # What the images are, not what was asked: an upstream model may ignore output_format and size.
     output_format, (width, height) = generation.output_format, (generation.width, generation.height)
+    transparent = generation.transparent
     if images:
         output_format, (width, height) = images[0].output_format, _pixel_size(images[0].data, (width, height))
+        transparent = transparent if images[0].transparent is None else images[0].transparent
     return {
         "created": created,
         "data": data,
-        "background": "transparent" if generation.transparent else "opaque",
+        "background": "transparent" if transparent else "opaque",
         "output_format": output_format.value,
         "size": f"{width}x{height}",
     }

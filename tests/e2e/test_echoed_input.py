@@ -35,6 +35,30 @@ def test_a_huge_unknown_member_is_a_400_not_a_5xx(gateway: Gateway, admin_secret
     assert len(error["message"]) < 5_000  # the name is cut short, not echoed whole
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/images/generations", {"model": "family-a-image-2", "prompt": "a cat"}),
+    ("/v1/chat/completions", {"model": "family-a-5.5", "messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_a_member_named_like_a_key_is_not_echoed_in_param(gateway: Gateway, path, body):
+    """A key pasted where a member's name belongs: the error names the member without it, in `param` too."""
+    pasted = "pk-" + "x7" * 20
+    answer = httpx.post(f"{gateway.base_url}{path}", headers={"authorization": f"Bearer {gateway.secret}"},
+                        json={**body, pasted: 1}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert pasted not in answer.text
+    assert answer.json()["error"]["param"] == "pk-[redacted]"
+
+
+def test_a_query_parameter_named_like_a_key_is_not_echoed(gateway: Gateway):
+    pasted = "pk-" + "x7" * 20
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/costs?start_time=1&{pasted}=1",
+                       headers={"authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert pasted not in answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "pk-[redacted]" and error["message"].startswith("Unknown parameter pk-[redacted] for GET")
+
+
 @pytest.mark.parametrize("query", ["start_time=%E0%A4%A", "start_time=%ff", "start_time=%ED%A0%80x"])
 def test_a_query_value_that_is_not_utf8_gets_a_valid_json_error(gateway: Gateway, query: str):
     answer = httpx.get(f"{gateway.base_url}/v1/organization/costs?{query}",

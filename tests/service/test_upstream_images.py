@@ -9,11 +9,13 @@ import random
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
+import orjson
 import pytest
 from google.protobuf import json_format
 from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
+from server.domain import KeyLimits
 from server.providers.dev_image import REVISED_PROMPT
 from tests.helpers import bearer, error_details, http_body
 from tests.upstream_double import Cue
@@ -31,6 +33,9 @@ async def running(double, tmp_path_factory):
   - {{id: image-up, endpoint: {IMAGES}, provider: {{{provider}, retry: {FAST_RETRY}}}}}
   - {{id: image-down, endpoint: {IMAGES}, provider: {{{down}}}, fallbacks: [image-dev]}}
   - {{id: image-dev, endpoint: {IMAGES}, provider: {{kind: dev-image}}}}
+  - {{id: image-priced, endpoint: {IMAGES}, provider: {{{provider}}}, price: {{image: 0.01}}}}
+  - {{id: image-mixed, endpoint: {IMAGES}, deployments: [{{name: dev, weight: 1000, provider: {{kind: dev-image}}}},
+                                                         {{name: up, provider: {{{provider}}}}}]}}
 """
     async with upstream_server(tmp_path_factory.mktemp("images"), models) as server:
         yield server
@@ -95,6 +100,15 @@ async def test_the_answer_describes_the_images_the_upstream_drew(images, secret)
     assert (response.output_format, response.size) == ("png", "8x8")
 
 
+@pytest.mark.parametrize("asked, drawn", [("auto", "transparent"), ("transparent", "opaque")])
+async def test_the_answer_says_the_background_the_upstream_drew(images, double, secret, asked, drawn):
+    """gpt-image models choose the background for `auto` (and say which): the answer's `background` is theirs."""
+    png = base64.b64encode(tiny_png(1)).decode()
+    double.cue(Cue(body={"created": 1, "background": drawn, "data": [{"b64_json": png}]}))
+    response = await images.CreateImage(image_request(background=asked), metadata=bearer(secret))
+    assert response.background == drawn
+
+
 async def test_a_linked_image_over_4_mib_reaches_a_grpc_caller_with_default_limits(images, double, secret):
     """grpc clients take messages up to 4 MiB by default: GetImageContent streams a big image in pieces (an upstream
     model's PNG can be several MiB) instead of failing the caller with RESOURCE_EXHAUSTED."""
@@ -113,6 +127,34 @@ async def test_a_linked_image_over_4_mib_reaches_a_grpc_caller_with_default_limi
     assert {piece.content_type for piece in pieces} == {"image/png"}
 
 
+def linked_images(double, count: int, size: tuple[int, int]) -> Cue:
+    """An answer linking `count` copies of one PNG of `size` (stored uncompressed: about 3 bytes a pixel)."""
+    out = io.BytesIO()
+    Image.new("RGB", size).save(out, "PNG", compress_level=0)
+    double.files["big.png"] = out.getvalue()
+    return Cue(body={"created": 1, "data": [{"url": f"http://127.0.0.1:{double.port}/files/big.png"}] * count})
+
+
+async def test_b64_images_over_64_mib_together_reach_a_rest_caller(images, double, secret):
+    """Ten 5 MiB images are 69 MiB as base64, over the largest gRPC message the server sends: the JSON body
+    goes to Envoy (which joins it for REST callers) in pieces."""
+    double.cue(linked_images(double, 10, (1500, 1200)))
+    body = {"model": "image-up", "prompt": "a lighthouse", "n": 10}
+    pieces = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    answer = orjson.loads(b"".join(piece.data for piece in pieces))
+    assert len(answer["data"]) == 10 and answer["size"] == "1500x1200"
+    assert {piece.content_type for piece in pieces} == {"application/json"}
+
+
+async def test_a_typed_answer_too_big_to_send_says_so(images, double, secret):
+    double.cue(linked_images(double, 10, (1500, 1200)))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(n=10), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error")
+    assert "64 MiB" in detail.error.message and "response_format" in detail.error.message
+
+
 async def test_an_upstream_failure_is_retried(images, double, secret):
     double.cue(Cue(503, {"error": {"message": "busy"}}))
     response = await images.CreateImage(image_request(), metadata=bearer(secret))
@@ -122,6 +164,22 @@ async def test_an_upstream_failure_is_retried(images, double, secret):
 async def test_an_unreachable_upstream_falls_back_to_the_development_provider(images, secret):
     response = await images.CreateImage(image_request(model="image-down", size="256x256"), metadata=bearer(secret))
     assert response.data[0].revised_prompt == REVISED_PROMPT
+
+
+async def test_a_fallback_that_would_refuse_a_member_is_skipped(images, secret):
+    """dev-image refuses members it does not read: it never draws such a request in an upstream's place."""
+    body = {"model": "image-down", "prompt": "a lighthouse", "size": "256x256", "input_fidelity": "high"}
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    assert error_details(caught.value).http_status == 503  # the upstream is unreachable, and nothing else may answer
+
+
+async def test_members_the_gateway_does_not_read_go_only_to_a_deployment_that_gets_them(images, double, secret):
+    body = {"model": "image-mixed", "prompt": "a lighthouse", "input_fidelity": "high"}
+    for _ in range(4):
+        bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+        assert orjson.loads(bodies[0].data)["data"][0]["revised_prompt"] == "echo a lighthouse"
+    assert len(double.seen) == 4
 
 
 async def test_upstream_refusals_keep_their_meaning(images, double, secret):
@@ -168,3 +226,17 @@ async def test_an_answer_that_is_no_image_is_an_upstream_error(images, double, s
     assert (detail.http_status, detail.error.code) == (502, "upstream_error")
     assert named in detail.error.message and "image-up" in detail.error.message
     assert "hello" not in detail.error.message and "Sign in" not in detail.error.message  # never the bytes
+
+
+async def test_an_upstream_answering_more_images_than_asked_gives_and_bills_only_those_asked(images, double, running):
+    """The budget reserved the images asked for: more from the upstream would overspend it (and are not wanted)."""
+    double.reset()
+    _, secret = await running.store.create("two-cents", all_models=True, limits=KeyLimits(max_spend_day=20_000))
+    three = {"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(i)).decode()} for i in range(3)]}
+    double.cue(Cue(body=three))
+    response = await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))
+    assert [base64.b64decode(item.b64_json) for item in response.data] == [tiny_png(0)]
+    await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))  # the second cent
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))
+    assert error_details(caught.value).error.message.startswith("Budget reached")
