@@ -260,14 +260,17 @@ class Pipeline:
         asked = True
         try:
             if counter is None and isinstance(provider, PromptCounter):
+                if getattr(provider, "counts_upstream", False):
+                    _asking(call)  # an upstream attempt, for the access log and metrics as a message's
                 count = await provider.count_prompt(request)
             else:
                 count = TokenCount(await _prompt_tokens(counter, request))
         except OutOfService:
             asked = False
-            self._limiter.release(reservation)  # no deployment could be asked, as in `stream`: nothing counted
+            self._reached_no_model(call, reservation)  # no deployment could be asked, as in `stream`
             raise
         finally:
+            call.record.upstream_done()
             if asked:  # one request, however it ended, and no tokens: the slot is free again
                 self._limiter.settle(reservation, 0, 0)
         window = self._context_windows.get(call.model.id)

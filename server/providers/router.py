@@ -81,12 +81,17 @@ class Router:
                 return images
         raise AssertionError("an image attempt ends with images or an error")
 
+    @property
+    def counts_upstream(self) -> bool:
+        """Its own deployments count prompts upstream (Anthropic's): a count is then an upstream request."""
+        return any(isinstance(d.provider, PromptCounter) for d in self._chain[0].deployments)
+
     async def count_prompt(self, request: GenerationRequest) -> TokenCount:
         """A model whose deployments count prompts upstream (Anthropic's) is asked as for a generation: the same
         deployments, retries and fallbacks (a fallback counts as it would take the prompt). Any other is counted
         here, without an upstream attempt."""
         own = self._chain[0].deployments
-        if not any(isinstance(d.provider, PromptCounter) for d in own):
+        if not self.counts_upstream:
             return await prompt_count(own[0].provider, request)
         chain = [route for route in (self._able(route, request) for route in self._chain) if route.deployments]
         async with aclosing(self._run(chain, lambda provider: _once(prompt_count(provider, request)))) as results:

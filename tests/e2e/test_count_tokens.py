@@ -17,6 +17,7 @@ import pytest
 from portico.v1 import message_service_pb2_grpc, message_tokens_pb2
 from server.domain import estimate_tokens
 from tests.e2e.conftest import upstream_gateway
+from tests.e2e.test_operations import wait_for_line
 from tests.helpers import bearer, error_details
 from tests.upstream_double import Cue
 from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV
@@ -125,6 +126,22 @@ def test_an_openai_compatible_upstream_gets_portico_s_estimate_and_is_not_asked(
     count = client.messages.count_tokens(model="messages-gpt", messages=HELLO)
     assert count.input_tokens == estimate_tokens(len(HELLO[0]["content"])) > 0  # 4 characters a token
     assert double.seen == []
+
+
+def test_the_access_log_counts_each_upstream_count_as_an_attempt(gateway, client):
+    """A count an upstream makes is an upstream request: its access-log line says how many attempts it took and how
+    long they took, as a message's does (the first attempt went uncounted: 0 for one, 3 for four)."""
+    def line_of(model: str) -> dict:
+        raw = client.messages.with_raw_response.count_tokens(model=model, messages=HELLO)
+        return wait_for_line(gateway, raw.headers["x-request-id"])
+
+    claude = line_of("messages-claude")
+    assert claude["upstream_attempts"] == 1 and claude["duration_ms"] >= claude["upstream_ms"] > 0
+    down = line_of("messages-down")  # three tries on port 9, then its fallback
+    assert down["upstream_attempts"] == 4 and down["upstream_ms"] > 0
+    for model in ("messages-gpt", "messages-embedded"):  # counted in the gateway: no upstream asked
+        line = line_of(model)
+        assert (line["upstream_attempts"], line["upstream_ms"]) == (0, None)
 
 
 def test_keys_models_and_bodies_are_checked_as_on_messages(gateway, client):
