@@ -21,7 +21,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
 from server.observability.access_log import AccessLog
-from server.private_files import make_private
+from server.private_files import make_private, take_others_access
 from server.serving import run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
@@ -90,6 +90,8 @@ def _check_access_log(target: str) -> None:
     permission) is a mistake in the configuration, said before anything starts rather than as a traceback."""
     try:
         AccessLog(target).close()
+        if target not in ("stderr", "stdout", "off"):
+            take_others_access(Path(target))  # key ids and envs: as private as the data dir's files
     except OSError as exc:
         raise ConfigError(f"access_log: cannot open {target} ({exc.strerror})") from None
 

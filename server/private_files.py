@@ -2,7 +2,8 @@
 
 Portico's processes run with umask 077, so everything they create (the data dir, keys.db and its WAL/SHM, the
 usage ledger, generated images, image-link.key, envoy.log, the run dir's sockets, a file access log) is readable
-by its owner alone, whoever creates it first. `make_private` also tightens what an older version left readable.
+by its owner alone, whoever creates it first. `make_private` also tightens what an older version left readable, and
+`take_others_access` a file access log kept elsewhere.
 """
 
 from __future__ import annotations
@@ -13,6 +14,17 @@ from pathlib import Path
 
 PRIVATE_UMASK = 0o077
 _OTHERS = stat.S_IRWXG | stat.S_IRWXO
+
+
+def take_others_access(path: Path) -> None:
+    """Group/other access off one regular file kept outside the data dir (a file access log; not a device such as
+    /dev/stdout, whose terminal would change)."""
+    mode = path.stat().st_mode
+    if stat.S_ISREG(mode) and mode & _OTHERS:
+        try:
+            path.chmod(stat.S_IMODE(mode) & ~_OTHERS)
+        except PermissionError:
+            pass  # another user's file we may only append to: its owner decides who reads it
 
 
 def make_private(data_dir: Path) -> None:

@@ -258,3 +258,16 @@ def test_a_first_start_in_front_of_upstreams_says_how_to_make_a_key(tmp_path):
                         "--all-models"], check=True, capture_output=True, timeout=30)
     with running_gateway(tmp_path / "data", config=config, dev_key=False) as again:
         assert not [line for line in again.printed if "has no keys yet" in line]
+
+
+def test_an_access_log_file_left_readable_is_made_private_at_start(tmp_path):
+    """It holds key ids and envs: like the data dir's files, an access log an older version (or a touch) left
+    readable by others loses their access when the gateway starts, not only one it creates itself."""
+    log = tmp_path / "access.log"
+    log.write_text("")
+    log.chmod(0o644)
+    provider = "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}"
+    config = write_config(tmp_path, f"  - {{id: up, endpoint: /v1/chat/completions, provider: {provider}}}\n")
+    config.write_text(config.read_text() + f"access_log: {log}\n")
+    with running_gateway(tmp_path / "data", config=config, dev_key=False):
+        assert log.stat().st_mode & 0o777 == 0o600
