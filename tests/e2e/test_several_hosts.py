@@ -1,7 +1,7 @@
 """Two gateway hosts behind one control plane: two `portico serve` (own data dirs, ports and processes, on loopback)
 sharing one PostgreSQL (keys) and one Redis (limits), as docs/operations.md "Several hosts" describes.
 
-- a key created through host A's admin API answers on host B;
+- a key created through host A's admin API answers on host B; an image link only on the host that made it;
 - revoked on B, refused on A within keys.cache_seconds;
 - a key with rpm=50, 200 requests over both hosts from 32 clients: exactly 50 admitted;
 - PostgreSQL stopped mid-load: cached keys keep working, uncached ones get 503, never a 500; restarted: full service.
@@ -74,6 +74,18 @@ def test_a_key_created_on_one_host_answers_on_the_other(shared):
     assert answer.status_code == 200, answer.text
     listed = httpx.get(f"{b.base_url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"}).json()
     assert created["key"]["id"] in [key["id"] for key in listed["keys"]]
+
+
+def test_an_image_link_works_only_on_the_host_that_made_it(shared):
+    """operations.md: the image and its signing key are in each host's data_dir, so another host refuses its link."""
+    (a, b), admin, _ = shared
+    body = {"model": "family-a-image-2", "prompt": "a buoy", "size": "256x256", "response_format": "url"}
+    made = httpx.post(f"{a.base_url}/v1/images/generations", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {admin}"})
+    path = made.json()["data"][0]["url"].removeprefix(a.base_url)
+    assert httpx.get(f"{a.base_url}{path}", timeout=30).status_code == 200
+    elsewhere = httpx.get(f"{b.base_url}{path}", timeout=30)
+    assert (elsewhere.status_code, elsewhere.json()["error"]["message"]) == (404, "This image link is not valid.")
 
 
 def test_revoked_on_one_host_is_refused_on_the_other_within_cache_seconds(shared):
