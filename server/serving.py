@@ -68,14 +68,14 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
     try:
-        await _first_key(config, create=development_key)
-        return await _serve(config, run_dir, workers, worker_command, stop)
+        return await _serve(config, run_dir, workers, worker_command, stop, development_key)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(run_dir)
 
 
-async def _serve(config: Config, run_dir: Path, workers: int, worker_command, stop: asyncio.Event) -> int:
+async def _serve(config: Config, run_dir: Path, workers: int, worker_command, stop: asyncio.Event,
+                 development_key: bool) -> int:
     try:
         backend = await _start_backend(config, run_dir, workers, worker_command)
     except WorkerError as exc:
@@ -96,6 +96,8 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         if metrics:
             metrics.close()
         return 1
+    # Only now: a start that fails (a port taken) must not use up the one showing of the key's secret.
+    await _first_key(config, create=development_key)
     print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC)", flush=True)
 
     exit_code = await _run_until_stopped(envoy, backend, config, stop)

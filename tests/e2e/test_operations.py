@@ -223,7 +223,8 @@ def test_a_second_gateway_on_the_first_ones_admin_port_never_says_it_is_listenin
 
 def test_a_second_gateway_on_the_same_port_refuses_to_start(gateway, tmp_path):
     """Envoy binds with SO_REUSEPORT by default: a second gateway on the same port came up and took half the
-    traffic, answering it with keys of its own (401s for the first gateway's callers)."""
+    traffic, answering it with keys of its own (401s for the first gateway's callers). A first start that fails so
+    makes no development key: it showed the secret once in the failed run's output, and the next start none."""
     data_dir = tmp_path / "second-gateway-data"
     admin_port, metrics_port = free_ports(2)
     log_path = tmp_path / "second-gateway-data.log"
@@ -231,17 +232,20 @@ def test_a_second_gateway_on_the_same_port_refuses_to_start(gateway, tmp_path):
         second = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), "serve", "--port", str(gateway.port),
              "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
-            stdout=subprocess.DEVNULL, stderr=log,
+            stdout=subprocess.PIPE, stderr=log, text=True,
         )
         try:
-            returncode = second.wait(timeout=60)
+            printed, _ = second.communicate(timeout=60)
         except subprocess.TimeoutExpired:  # it came up beside the first one
             second.terminate()
             second.wait(timeout=60)
             raise
-    assert returncode == 1
+    assert second.returncode == 1
     assert f"cannot bind '127.0.0.1:{gateway.port}': Address already in use" in log_path.read_text()
+    assert "pk-" not in printed and "development key" not in printed
     assert httpx.get(f"{gateway.base_url}/healthz", timeout=60).status_code == 200
+    with running_gateway(data_dir) as third:  # it fails unless this first start to come up prints the key
+        assert third.secret
 
 
 def test_a_first_start_in_front_of_upstreams_says_how_to_make_a_key(tmp_path):
