@@ -17,7 +17,7 @@ from portico.client._errors import APIError
 from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._transports import (
-    CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
+    CHANNEL_OPTIONS, CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
     Operation, check_timeout, grpc_target,
 )
 from portico.v1 import chat_pb2, message_pb2, model_pb2
@@ -65,7 +65,8 @@ class PorticoClient:
         """Native gRPC to `target` ("host:port", the gateway's one port; TLS with `credentials`)."""
         check_timeout(timeout)
         target = grpc_target(target)
-        channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+        channel = (grpc.secure_channel(target, credentials, CHANNEL_OPTIONS) if credentials
+                   else grpc.insecure_channel(target, CHANNEL_OPTIONS))
         return cls(GrpcTransport(channel, api_key, timeout), **options)
 
     @classmethod
