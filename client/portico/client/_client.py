@@ -38,9 +38,14 @@ def _new_random() -> Callable[[], float]:
 
 
 def _body(fields: dict[str, Any], **required: Any) -> dict[str, Any]:
-    if fields.get("stream"):
-        raise ValueError("portico.client makes unary calls only; stream with the gRPC stubs or an SDK")
     return {**required, **fields}
+
+
+def _unary(body: dict[str, Any]) -> None:
+    """Checked in `call`, for any operation: over REST a stream would be generated in full and then be unreadable
+    as one JSON answer; over gRPC the unary RPC ignores the field."""
+    if body.get("stream"):
+        raise ValueError("portico.client makes unary calls only; stream with the gRPC stubs or an SDK")
 
 
 def _bind(body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -99,6 +104,7 @@ class PorticoClient:
     def call(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
              user: str | None = None) -> Any:
         """Any unary RPC with these rules; `model` (an alias or id) is set into the body, fallbacks included."""
+        _unary(body)
         if self.limiter is not None and (wait := self.limiter.take(user or "")):
             self.sleep(wait)
         plan = Plan(self.aliases.models(model) if model else ("",), self.retry, self.random)
@@ -155,6 +161,7 @@ class AsyncPorticoClient:
 
     async def call(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
                    user: str | None = None) -> Any:
+        _unary(body)
         if self.limiter is not None and (wait := self.limiter.take(user or "")):
             await self.sleep(wait)
         plan = Plan(self.aliases.models(model) if model else ("",), self.retry, self.random)
