@@ -228,6 +228,7 @@ def test_an_answer_past_the_clients_timeout_is_an_api_timeout_and_not_sent_again
         with pytest.raises(APITimeoutError) as caught:
             client.chat_completion("family-a-5.5", HI, max_tokens=1)
     assert proxy.requests == 1 and record.sleeps == [] and caught.value.code == "timeout"
+    assert caught.value.message.startswith("No answer within the client's timeout")  # REST said "ReadTimeout: "
 
 
 def test_connection_errors_are_retried_then_surfaced(transport):
