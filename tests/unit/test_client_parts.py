@@ -228,3 +228,10 @@ def test_the_client_says_it_is_typed():
     """PEP 561: without py.typed, mypy and pyright ignore the client's annotations (its calls are all `Any`)."""
     import importlib.resources
     assert importlib.resources.files("portico.client").joinpath("py.typed").is_file()
+
+
+def test_the_generated_messages_say_they_are_typed_too():
+    """The client returns portico.v1 messages: without py.typed in `portico` (build/gen), mypy ignored their .pyi
+    stubs in an installed package, so `completion.model` and every other answer field was `Any`."""
+    import importlib.resources
+    assert importlib.resources.files("portico").joinpath("py.typed").is_file()
