@@ -12,8 +12,10 @@ import pytest
 from portico.client import (
     AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError,
     ModelAliases, NotFoundError, PorticoClient, QueueFull, RateLimitError, RequestQueue, Route,
-    ServiceUnavailableError, UserRateLimiter, error_from_http,
+    Operation, ServiceUnavailableError, UserRateLimiter, error_from_http,
 )
+from portico.v1.chat_pb2 import ChatCompletionChunk, CreateChatCompletionRequest
+from portico.v1.chat_service_pb2_grpc import ChatServiceStub
 
 
 class Clock:
@@ -222,6 +224,16 @@ def test_settings_that_could_never_work_are_refused_when_the_client_is_made(make
     """Not at the first call, as connection errors retried with backoff (or, for a timeout of 0, every call)."""
     with pytest.raises(ValueError):
         make()
+
+
+@pytest.mark.parametrize(("method", "message"), [
+    ("StreamChatCompletion", "streams its answer"),  # grpc handed back its raw stream; REST parsed one JSON answer
+    ("CreateChatCompletions", "has no method"),  # an AttributeError of the stub over gRPC, a call over REST
+])
+def test_an_operation_that_is_not_a_unary_rpc_of_its_service_is_refused_when_made(method, message):
+    with pytest.raises(ValueError, match=message):
+        Operation(ChatServiceStub, method, CreateChatCompletionRequest, ChatCompletionChunk, "POST",
+                  "/v1/chat/completions")
 
 
 def test_the_client_says_it_is_typed():
