@@ -158,6 +158,20 @@ def test_sync_queue_bounds_waiting_requests_and_concurrency():
     assert peak[0] == 2 and queue.waiting == 0
 
 
+def test_a_cancelled_request_gives_its_place_in_the_sync_queue_back():
+    """A caller that gives up on a waiting request cancels its future: its place used to stay taken for good, and
+    `max_size` cancellations refused every later submit with QueueFull."""
+    release = threading.Event()
+    with RequestQueue(max_size=2, concurrency=1) as queue:
+        busy = queue.submit(lambda: release.wait(10))
+        waiting = [queue.submit(lambda: "never run") for _ in range(2)]
+        assert all(future.cancel() for future in waiting) and queue.waiting == 0
+        later = [queue.submit(lambda n=n: n) for n in range(2)]
+        release.set()
+        assert busy.result(10) is True and [future.result(10) for future in later] == [0, 1]
+    assert queue.waiting == 0
+
+
 async def test_async_queue_bounds_waiting_requests_and_concurrency():
     release, running, peak = asyncio.Event(), [0], [0]
 

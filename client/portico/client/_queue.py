@@ -43,10 +43,14 @@ class RequestQueue:
                 raise QueueFull(f"{self._waiting} requests already waiting (max_size {self.max_size})")
             self._waiting += 1
         try:
-            return self._executor.submit(self._run, fn)
+            future = self._executor.submit(self._run, fn)
         except BaseException:
             self._started()
             raise
+        # A future cancelled while it waits never runs: its place is given back here (one that started cannot be
+        # cancelled, so no place is given back twice).
+        future.add_done_callback(lambda done: done.cancelled() and self._started())
+        return future
 
     def close(self, *, wait: bool = True) -> None:
         """Stop accepting work; with wait, run what is queued first (else waiting requests are cancelled)."""
