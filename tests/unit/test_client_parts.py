@@ -199,6 +199,25 @@ async def test_async_queue_bounds_waiting_requests_and_concurrency():
     assert peak[0] == 2
 
 
+async def test_a_cancelled_request_gives_its_place_in_the_async_queue_back():
+    """As in the sync queue: a cancelled waiting request kept its place until a worker came to it, so a queue whose
+    workers were busy refused new work for requests nobody wanted any more."""
+    release = asyncio.Event()
+    async with AsyncRequestQueue(max_size=2, concurrency=1) as queue:
+        try:
+            busy = queue.submit(release.wait)
+            await asyncio.sleep(0)  # the worker picks it up
+            waiting = [queue.submit(lambda: asyncio.sleep(0, "never run")) for _ in range(2)]
+            assert all(future.cancel() for future in waiting)
+            await asyncio.sleep(0)  # a cancelled future's callbacks run in the loop's next round
+            assert queue.waiting == 0
+            later = [queue.submit(lambda n=n: asyncio.sleep(0, n)) for n in range(2)]
+        finally:
+            release.set()  # else leaving the block waits for the busy request for good
+        assert await busy is True and await asyncio.gather(*later) == [0, 1]
+    assert queue.waiting == 0
+
+
 def test_rest_error_bodies_of_both_dialects_and_retry_headers():
     body = b'{"error": {"message": "Rate limit reached", "type": "rate_limit_error", "param": null, ' \
            b'"code": "rate_limit_exceeded"}}'
