@@ -151,7 +151,7 @@ _KEY = re.compile(r"[\x21-\x7e]+")
 
 # grpc waits 1 s after a failed connection, then 1.6-fold longer up to 120 s, and fails calls fast meanwhile: a
 # gateway restarted after a few seconds' outage would refuse every retry for seconds more. A channel this package
-# makes reconnects at least every half second (the policy's default base), so retries find the gateway back.
+# makes tries again within about half a second (the policy's default base), so retries find the gateway back.
 # It also receives what the gateway sends (up to 64 MiB: base64 images), not grpc's default 4 MiB, over which grpc
 # fails the call with RESOURCE_EXHAUSTED: a 429 to the policy, so the images were generated again and again.
 CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500),
