@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, PorticoClient, RetryPolicy,
+    CHAT_COMPLETION, MESSAGE, AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, PorticoClient,
+    RetryPolicy,
 )
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -114,3 +115,16 @@ async def test_a_closed_asyncio_client_says_so(gateway, transport):
         with pytest.raises(RuntimeError, match="closed"):
             await call()
     await client.close()  # twice is harmless
+
+
+@pytest.mark.parametrize(("operation", "model"), [(CHAT_COMPLETION, "chat"), (MESSAGE, "family-b-opus-4-8")])
+async def test_stream_through_call_is_refused_as_by_the_named_methods(gateway, transport, operation, model):
+    """The client is unary: REST used to generate the whole stream, then fail to read it as JSON (an APIError with
+    status 200); gRPC dropped `stream` and answered in one piece."""
+    body = {"messages": HI, "max_tokens": 1, "stream": True}
+    with client_for(gateway, transport, gateway.secret) as client:
+        with pytest.raises(ValueError, match="unary calls only"):
+            client.call(operation, body, model=model)
+    async with client_for(gateway, transport, gateway.secret, asyncio=True) as client:
+        with pytest.raises(ValueError, match="unary calls only"):
+            await client.call(operation, body, model=model)

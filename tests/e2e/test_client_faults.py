@@ -5,8 +5,10 @@ reaches them, so the number of attempts is observed, not inferred."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -40,7 +42,7 @@ TYPED = {400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedEr
 class HttpFaults:
     """An HTTP server: each scripted (status, retry_after) is answered as Portico would; then it forwards."""
 
-    def __init__(self, upstream: str, script: list[tuple[int, float]]) -> None:
+    def __init__(self, upstream: str, script: list[tuple[int, float]], port: int = 0) -> None:
         self.script, self.requests, self.upstream = list(script), 0, upstream
         self.closing = threading.Event()
         faults = self
@@ -59,7 +61,7 @@ class HttpFaults:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
@@ -96,13 +98,13 @@ class HttpFaults:
 class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
     """A gRPC server: scripted failures carry Portico's status details (or none, for status 0 retry_after -1)."""
 
-    def __init__(self, upstream: str, script: list[tuple[int, float]]) -> None:
+    def __init__(self, upstream: str, script: list[tuple[int, float]], port: int = 0) -> None:
         self.script, self.requests = list(script), 0
         self.closing = threading.Event()
         self.channel = grpc.insecure_channel(upstream)
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
 
     @property
     def target(self) -> str:
@@ -136,10 +138,10 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
         self.channel.close()
 
 
-def faults(gateway, transport: str, script: list[tuple[int, float]]):
+def faults(gateway, transport: str, script: list[tuple[int, float]], port: int = 0):
     if transport == "grpc":
-        return GrpcFaults(f"127.0.0.1:{gateway.port}", script)
-    return HttpFaults(gateway.base_url, script)
+        return GrpcFaults(f"127.0.0.1:{gateway.port}", script, port)
+    return HttpFaults(gateway.base_url, script, port)
 
 
 def client_for(transport: str, target: str, secret: str, *, asyncio: bool = False, **options):
@@ -226,6 +228,7 @@ def test_an_answer_past_the_clients_timeout_is_an_api_timeout_and_not_sent_again
         with pytest.raises(APITimeoutError) as caught:
             client.chat_completion("family-a-5.5", HI, max_tokens=1)
     assert proxy.requests == 1 and record.sleeps == [] and caught.value.code == "timeout"
+    assert caught.value.message.startswith("No answer within the client's timeout")  # REST said "ReadTimeout: "
 
 
 def test_connection_errors_are_retried_then_surfaced(transport):
@@ -239,6 +242,31 @@ def test_connection_errors_are_retried_then_surfaced(transport):
     assert len(caught.value.failures) == 3 and record.sleeps == [0.05, 0.1]
     expected = ServiceUnavailableError if transport == "grpc" else APIConnectionError  # gRPC says UNAVAILABLE
     assert all(type(error) is expected for _, error in caught.value.failures)
+
+
+@pytest.mark.parametrize(("transport", "use_asyncio"), [("grpc", False), ("grpc", True), ("rest", False)])
+async def test_a_gateway_back_after_an_outage_answers_the_next_calls_retries(gateway, transport, use_asyncio):
+    """A gateway down for a few seconds, then back on its port: the next call's retries reach it. (grpc's own
+    reconnect backoff, 1 s and growing 1.6-fold by default, fails calls fast for seconds after it is back.)"""
+    (port,) = free_ports(1)  # the gateway is down: nothing listens there
+    target = f"127.0.0.1:{port}" if transport == "grpc" else f"http://127.0.0.1:{port}"
+    sleep = asyncio.sleep if use_asyncio else time.sleep
+    client = client_for(transport, target, gateway.secret, asyncio=use_asyncio, sleep=sleep)
+
+    async def call(policy: RetryPolicy) -> object:
+        client.retry = policy
+        answer = client.chat_completion("family-a-5.5", HI, max_tokens=1)
+        return await answer if use_asyncio else answer
+
+    down_until = time.monotonic() + 3.0
+    while time.monotonic() < down_until:  # callers keep trying while it is down
+        with pytest.raises(RetriesExhausted):
+            await call(RetryPolicy(attempts=1))
+        await asyncio.sleep(0.1)
+    with faults(gateway, transport, [], port) as proxy:  # back, on the same port
+        completion = await call(RetryPolicy(attempts=6, base=0.2, cap=0.2, jitter=False))  # 1 s of retries
+        await client.close() if use_asyncio else client.close()
+    assert completion.model == "family-a-5.5" and proxy.requests == 1
 
 
 async def test_the_asyncio_client_retries_the_same_way(gateway, transport):

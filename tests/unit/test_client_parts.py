@@ -12,8 +12,10 @@ import pytest
 from portico.client import (
     AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ClientRateLimitError, InternalServerError,
     ModelAliases, NotFoundError, PorticoClient, QueueFull, RateLimitError, RequestQueue, Route,
-    ServiceUnavailableError, UserRateLimiter, error_from_http,
+    Operation, ServiceUnavailableError, UserRateLimiter, error_from_http,
 )
+from portico.v1.chat_pb2 import ChatCompletionChunk, CreateChatCompletionRequest
+from portico.v1.chat_service_pb2_grpc import ChatServiceStub
 
 
 class Clock:
@@ -156,6 +158,20 @@ def test_sync_queue_bounds_waiting_requests_and_concurrency():
     assert peak[0] == 2 and queue.waiting == 0
 
 
+def test_a_cancelled_request_gives_its_place_in_the_sync_queue_back():
+    """A caller that gives up on a waiting request cancels its future: its place used to stay taken for good, and
+    `max_size` cancellations refused every later submit with QueueFull."""
+    release = threading.Event()
+    with RequestQueue(max_size=2, concurrency=1) as queue:
+        busy = queue.submit(lambda: release.wait(10))
+        waiting = [queue.submit(lambda: "never run") for _ in range(2)]
+        assert all(future.cancel() for future in waiting) and queue.waiting == 0
+        later = [queue.submit(lambda n=n: n) for n in range(2)]
+        release.set()
+        assert busy.result(10) is True and [future.result(10) for future in later] == [0, 1]
+    assert queue.waiting == 0
+
+
 async def test_async_queue_bounds_waiting_requests_and_concurrency():
     release, running, peak = asyncio.Event(), [0], [0]
 
@@ -181,6 +197,25 @@ async def test_async_queue_bounds_waiting_requests_and_concurrency():
         results = await asyncio.gather(*futures, return_exceptions=True)
     assert results[:3] == [0, 1, 2] and isinstance(results[3], ValueError)
     assert peak[0] == 2
+
+
+async def test_a_cancelled_request_gives_its_place_in_the_async_queue_back():
+    """As in the sync queue: a cancelled waiting request kept its place until a worker came to it, so a queue whose
+    workers were busy refused new work for requests nobody wanted any more."""
+    release = asyncio.Event()
+    async with AsyncRequestQueue(max_size=2, concurrency=1) as queue:
+        try:
+            busy = queue.submit(release.wait)
+            await asyncio.sleep(0)  # the worker picks it up
+            waiting = [queue.submit(lambda: asyncio.sleep(0, "never run")) for _ in range(2)]
+            assert all(future.cancel() for future in waiting)
+            await asyncio.sleep(0)  # a cancelled future's callbacks run in the loop's next round
+            assert queue.waiting == 0
+            later = [queue.submit(lambda n=n: asyncio.sleep(0, n)) for n in range(2)]
+        finally:
+            release.set()  # else leaving the block waits for the busy request for good
+        assert await busy is True and await asyncio.gather(*later) == [0, 1]
+    assert queue.waiting == 0
 
 
 def test_rest_error_bodies_of_both_dialects_and_retry_headers():
@@ -224,7 +259,24 @@ def test_settings_that_could_never_work_are_refused_when_the_client_is_made(make
         make()
 
 
+@pytest.mark.parametrize(("method", "message"), [
+    ("StreamChatCompletion", "streams its answer"),  # grpc handed back its raw stream; REST parsed one JSON answer
+    ("CreateChatCompletions", "has no method"),  # an AttributeError of the stub over gRPC, a call over REST
+])
+def test_an_operation_that_is_not_a_unary_rpc_of_its_service_is_refused_when_made(method, message):
+    with pytest.raises(ValueError, match=message):
+        Operation(ChatServiceStub, method, CreateChatCompletionRequest, ChatCompletionChunk, "POST",
+                  "/v1/chat/completions")
+
+
 def test_the_client_says_it_is_typed():
     """PEP 561: without py.typed, mypy and pyright ignore the client's annotations (its calls are all `Any`)."""
     import importlib.resources
     assert importlib.resources.files("portico.client").joinpath("py.typed").is_file()
+
+
+def test_the_generated_messages_say_they_are_typed_too():
+    """The client returns portico.v1 messages: without py.typed in `portico` (build/gen), mypy ignored their .pyi
+    stubs in an installed package, so `completion.model` and every other answer field was `Any`."""
+    import importlib.resources
+    assert importlib.resources.files("portico").joinpath("py.typed").is_file()

@@ -163,3 +163,12 @@ def test_a_post_that_timed_out_is_not_sent_again():
         client.list_models()
     assert calls == ["POST", "GET", "GET", "GET"]
 
+
+
+def test_giving_up_on_a_call_without_a_model_names_no_model():
+    """list_models and other model-less calls: the message read "gave up after 3 attempt(s) on ; last error: ..."."""
+    walk = plan("", attempts=2)
+    walk.failed(ServiceUnavailableError("down"))
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(ServiceUnavailableError("still down"))
+    assert str(caught.value) == "gave up after 2 attempt(s); last error: 503 service_unavailable: still down"

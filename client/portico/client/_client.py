@@ -17,7 +17,7 @@ from portico.client._errors import APIError
 from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._transports import (
-    CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
+    CHANNEL_OPTIONS, CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
     Operation, check_timeout, grpc_target,
 )
 from portico.v1 import chat_pb2, message_pb2, model_pb2
@@ -38,9 +38,14 @@ def _new_random() -> Callable[[], float]:
 
 
 def _body(fields: dict[str, Any], **required: Any) -> dict[str, Any]:
-    if fields.get("stream"):
-        raise ValueError("portico.client makes unary calls only; stream with the gRPC stubs or an SDK")
     return {**required, **fields}
+
+
+def _unary(body: dict[str, Any]) -> None:
+    """Checked in `call`, for any operation: over REST a stream would be generated in full and then be unreadable
+    as one JSON answer; over gRPC the unary RPC ignores the field."""
+    if body.get("stream"):
+        raise ValueError("portico.client makes unary calls only; stream with the gRPC stubs or an SDK")
 
 
 def _bind(body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -65,7 +70,8 @@ class PorticoClient:
         """Native gRPC to `target` ("host:port", the gateway's one port; TLS with `credentials`)."""
         check_timeout(timeout)
         target = grpc_target(target)
-        channel = grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+        channel = (grpc.secure_channel(target, credentials, CHANNEL_OPTIONS) if credentials
+                   else grpc.insecure_channel(target, CHANNEL_OPTIONS))
         return cls(GrpcTransport(channel, api_key, timeout), **options)
 
     @classmethod
@@ -98,6 +104,7 @@ class PorticoClient:
     def call(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
              user: str | None = None) -> Any:
         """Any unary RPC with these rules; `model` (an alias or id) is set into the body, fallbacks included."""
+        _unary(body)
         if self.limiter is not None and (wait := self.limiter.take(user or "")):
             self.sleep(wait)
         plan = Plan(self.aliases.models(model) if model else ("",), self.retry, self.random)
@@ -154,6 +161,7 @@ class AsyncPorticoClient:
 
     async def call(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
                    user: str | None = None) -> Any:
+        _unary(body)
         if self.limiter is not None and (wait := self.limiter.take(user or "")):
             await self.sleep(wait)
         plan = Plan(self.aliases.models(model) if model else ("",), self.retry, self.random)

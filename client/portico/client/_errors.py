@@ -121,8 +121,9 @@ class RetriesExhausted(PorticoClientError):
     def __init__(self, failures: list[tuple[str, APIError]]) -> None:
         self.failures = failures
         self.last = failures[-1][1]
-        models = " -> ".join(dict.fromkeys(model for model, _ in failures))
-        super().__init__(f"gave up after {len(failures)} attempt(s) on {models}; last error: {self.last}")
+        models = " -> ".join(dict.fromkeys(model for model, _ in failures if model))  # "": a call without a model
+        on = f" on {models}" if models else ""
+        super().__init__(f"gave up after {len(failures)} attempt(s){on}; last error: {self.last}")
 
 
 class QueueFull(PorticoClientError):

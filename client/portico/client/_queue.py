@@ -43,10 +43,14 @@ class RequestQueue:
                 raise QueueFull(f"{self._waiting} requests already waiting (max_size {self.max_size})")
             self._waiting += 1
         try:
-            return self._executor.submit(self._run, fn)
+            future = self._executor.submit(self._run, fn)
         except BaseException:
             self._started()
             raise
+        # A future cancelled while it waits never runs: its place is given back here (one that started cannot be
+        # cancelled, so no place is given back twice).
+        future.add_done_callback(lambda done: done.cancelled() and self._started())
+        return future
 
     def close(self, *, wait: bool = True) -> None:
         """Stop accepting work; with wait, run what is queued first (else waiting requests are cancelled)."""
@@ -78,6 +82,7 @@ class AsyncRequestQueue:
     concurrency: int = 2
     _queue: asyncio.Queue | None = field(default=None, init=False, repr=False)
     _workers: list[asyncio.Task] = field(default_factory=list, init=False, repr=False)
+    _waiting: int = field(default=0, init=False)  # counted here, not by the queue: a cancelled request leaves at once
 
     def __post_init__(self) -> None:
         if self.max_size < 1 or self.concurrency < 1:
@@ -85,18 +90,24 @@ class AsyncRequestQueue:
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize() if self._queue else 0
+        return self._waiting
 
     def submit(self, factory: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        if self._waiting >= self.max_size:
+            raise QueueFull(f"{self._waiting} requests already waiting (max_size {self.max_size})")
         if self._queue is None:
-            self._queue = asyncio.Queue(self.max_size)
+            self._queue = asyncio.Queue()
             self._workers = [asyncio.create_task(self._work()) for _ in range(self.concurrency)]
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        try:
-            self._queue.put_nowait((factory, future))
-        except asyncio.QueueFull:
-            raise QueueFull(f"{self._queue.qsize()} requests already waiting (max_size {self.max_size})") from None
+        self._queue.put_nowait((factory, future))
+        self._waiting += 1
+        future.add_done_callback(self._given_up)
         return future
+
+    def _given_up(self, future: asyncio.Future) -> None:
+        """A future cancelled while it waits: its place is free now (the worker that comes to it skips it)."""
+        if future.cancelled():
+            self._waiting -= 1
 
     async def close(self) -> None:
         if self._queue is not None:
@@ -115,6 +126,9 @@ class AsyncRequestQueue:
     async def _work(self) -> None:
         while True:
             factory, future = await self._queue.get()
+            if not future.cancelled():  # else _given_up gave its place back
+                future.remove_done_callback(self._given_up)
+                self._waiting -= 1
             try:
                 if not future.cancelled():
                     result = await factory()
