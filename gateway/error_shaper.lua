@@ -100,9 +100,9 @@ local EXPECTED = {TYPE_INT64 = "an integer", TYPE_INT32 = "an integer", TYPE_UIN
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
 -- said in the caller's terms; JSON syntax errors carry a caret drawing. A query parameter refused by this filter
--- (refuse_parameter) comes with its own message.
-local function describe_local_reply(status, text, request, query_param, query_fault)
-  if query_param then return json_string(query_fault), query_param end
+-- (refuse_parameter), or a request refused whole (refuse_request), comes with its own message.
+local function describe_local_reply(status, text, request, query_param, fault)
+  if fault then return json_string(fault), query_param end
   if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
@@ -273,7 +273,13 @@ end
 local function refuse_parameter(handle, metadata, name, message)
   -- The name is the caller's, quoted in both: a key pasted there is cut out, as from a path.
   metadata:set("portico", "query_param", redacted(name))
-  metadata:set("portico", "query_fault", redacted(message))
+  metadata:set("portico", "fault", redacted(message))
+  handle:respond({[":status"] = "400"}, message)
+end
+
+-- A 400 for the request as a whole, no `param` (shape_error).
+local function refuse_request(handle, metadata, message)
+  metadata:set("portico", "fault", message)
   handle:respond({[":status"] = "400"}, message)
 end
 
@@ -313,6 +319,12 @@ function envoy_on_request(handle)
   local length = tonumber(headers:get("content-length") or "")
   if length and MAX_BODY_BYTES > 0 and length > MAX_BODY_BYTES then
     return handle:respond({[":status"] = "413"}, "")
+  end
+  -- A compressed body was read as JSON text ("str is not valid UTF-8"), which says nothing of the cause.
+  local encoding = headers:get("content-encoding")
+  if encoding and encoding:lower() ~= "identity" and method ~= "GET" and method ~= "HEAD" then
+    return refuse_request(handle, metadata, "Compressed request bodies are not supported (Content-Encoding: " ..
+      encoding:gsub("[^%w%-,; ]", "?"):sub(1, 40) .. "): send the JSON uncompressed.")
   end
   -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
   -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.
@@ -401,7 +413,7 @@ local function shape_error(handle, status)
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
-    local message, param = describe_local_reply(status, body, request, portico.query_param, portico.query_fault)
+    local message, param = describe_local_reply(status, body, request, portico.query_param, portico.fault)
     return replace_body(buffer, headers, error_body(status, message, param, anthropic))
   end
   local shaped, http_status = headers:get("portico-error"), headers:get("portico-http-status")

@@ -3,6 +3,7 @@ requests whose headers never complete are cut off; a gRPC call on a REST path is
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import time
@@ -50,6 +51,19 @@ def test_bad_json_is_400(http):
     response = http.post("/v1/chat/completions", content=b'{"model": "family-a-5.5", "messages": [',
                          headers={"content-type": "application/json"})
     _assert_error(response, 400, "invalid_request")
+
+
+@pytest.mark.parametrize(("path", "anthropic"), [("/v1/chat/completions", False), ("/v1/messages", True)])
+def test_a_compressed_body_is_400_saying_so(http, path, anthropic):
+    """A gzip body was read as JSON text: "str is not valid UTF-8", which says nothing of the cause."""
+    body = json.dumps({"model": "family-a-5.5", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]})
+    response = http.post(path, content=gzip.compress(body.encode()),
+                         headers={"content-type": "application/json", "content-encoding": "gzip"})
+    error = _assert_error(response, 400, "invalid_request", anthropic=anthropic)
+    assert "Content-Encoding: gzip" in error["message"] and "uncompressed" in error["message"]
+    identity = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json",
+                                                                        "content-encoding": "identity"})
+    assert identity.status_code == 200, identity.text
 
 
 def test_wrong_type_is_400_naming_the_field(http):
