@@ -40,11 +40,12 @@ def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
     if kind not in KIND_ENDPOINTS:
         raise ConfigError(f"{where}: kind must be one of {', '.join(KIND_ENDPOINTS)}")
     if endpoint not in KIND_ENDPOINTS[kind]:
-        raise ConfigError(f"{where}: a {kind} provider cannot serve {endpoint}; it serves "
+        raise ConfigError(f"{where}: a provider of kind `{kind}` cannot serve {endpoint}; it serves "
                           f"{', '.join(KIND_ENDPOINTS[kind])}")
     if kind not in UPSTREAM_KINDS:
         if unknown := set(raw) - {"kind"}:
-            raise ConfigError(f"{where}: a {kind} provider takes no settings, got {', '.join(sorted(unknown))}")
+            raise ConfigError(f"{where}: a provider of kind `{kind}` takes no settings, "
+                              f"got {', '.join(sorted(unknown))}")
         return ProviderSpec(kind=kind)
     return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind))
 
@@ -56,7 +57,7 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
     known_settings(raw, sorted(known), where)
     for required in ("base_url", "model"):
         if not isinstance(raw.get(required), str) or not raw[required]:
-            raise ConfigError(f"{where}: `{required}` is required (a string) for a {kind} provider")
+            raise ConfigError(f"{where}: `{required}` is required (a string) for a provider of kind `{kind}`")
     base_url = raw["base_url"].rstrip("/")
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
