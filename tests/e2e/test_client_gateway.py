@@ -94,6 +94,15 @@ def test_aliases_resolve_and_answers_are_typed_messages(gateway, transport):
     assert sleeps == []
 
 
+def test_count_message_tokens_gives_the_prompt_a_message_is_charged_for(gateway, transport):
+    with client_for(gateway, transport, gateway.secret) as client:
+        count = client.count_message_tokens("writer", HI, system="Answer in French.")
+        message = client.message("writer", HI, max_tokens=1, system="Answer in French.")
+        assert count.input_tokens == message.usage.input_tokens > 0
+        longer = client.count_message_tokens("writer", HI, system="Answer in French, in one short sentence.")
+        assert longer.input_tokens > count.input_tokens
+
+
 def test_client_errors_are_typed_and_raised_at_once_without_retry_or_fallback(gateway, transport):
     sleeps = Sleeps()
     policy = RetryPolicy(attempts=5, base=0.1, cap=1.0)

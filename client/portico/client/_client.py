@@ -17,10 +17,10 @@ from portico.client._errors import APIError
 from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._transports import (
-    CHANNEL_OPTIONS, CHAT_COMPLETION, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport, GrpcTransport, HttpTransport,
-    Operation, check_timeout, grpc_target,
+    CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport,
+    GrpcTransport, HttpTransport, Operation, check_timeout, grpc_target,
 )
-from portico.v1 import chat_pb2, message_pb2, model_pb2
+from portico.v1 import chat_pb2, message_pb2, message_tokens_pb2, model_pb2
 
 
 class Transport(Protocol):
@@ -89,6 +89,11 @@ class PorticoClient:
         """MessageService.CreateMessage / POST /v1/messages."""
         return self.call(MESSAGE, _body(fields, messages=messages, max_tokens=max_tokens), model=model, user=user)
 
+    def count_message_tokens(self, model: str, messages: list[dict], *, user: str | None = None,
+                             **fields: Any) -> message_tokens_pb2.MessageTokensCount:
+        """MessageService.CountMessageTokens / POST /v1/messages/count_tokens: the prompt's input tokens."""
+        return self.call(COUNT_MESSAGE_TOKENS, _body(fields, messages=messages), model=model, user=user)
+
     def list_models(self) -> model_pb2.ListModelsResponse:
         return self.call(LIST_MODELS, {})
 
@@ -146,6 +151,10 @@ class AsyncPorticoClient:
                       **fields: Any) -> message_pb2.Message:
         body = _body(fields, messages=messages, max_tokens=max_tokens)
         return await self.call(MESSAGE, body, model=model, user=user)
+
+    async def count_message_tokens(self, model: str, messages: list[dict], *, user: str | None = None,
+                                   **fields: Any) -> message_tokens_pb2.MessageTokensCount:
+        return await self.call(COUNT_MESSAGE_TOKENS, _body(fields, messages=messages), model=model, user=user)
 
     async def list_models(self) -> model_pb2.ListModelsResponse:
         return await self.call(LIST_MODELS, {})

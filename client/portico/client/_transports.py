@@ -24,7 +24,8 @@ from portico.client._errors import (
     error_from_http,
 )
 from portico.v1 import (
-    chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc, model_pb2, model_service_pb2_grpc,
+    chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc, message_tokens_pb2, model_pb2,
+    model_service_pb2_grpc,
 )
 
 
@@ -65,6 +66,9 @@ CHAT_COMPLETION = Operation(chat_service_pb2_grpc.ChatServiceStub, "CreateChatCo
                             chat_pb2.CreateChatCompletionRequest, chat_pb2.ChatCompletion, "POST", "/v1/chat/completions")
 MESSAGE = Operation(message_service_pb2_grpc.MessageServiceStub, "CreateMessage",
                     message_pb2.CreateMessageRequest, message_pb2.Message, "POST", "/v1/messages")
+COUNT_MESSAGE_TOKENS = Operation(message_service_pb2_grpc.MessageServiceStub, "CountMessageTokens",
+                                 message_tokens_pb2.CountMessageTokensRequest, message_tokens_pb2.MessageTokensCount,
+                                 "POST", "/v1/messages/count_tokens")
 LIST_MODELS = Operation(model_service_pb2_grpc.ModelServiceStub, "ListModels",
                         model_pb2.ListModelsRequest, model_pb2.ListModelsResponse, "GET", "/v1/models")
 
