@@ -24,7 +24,7 @@ from portico.client import (
     APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError,
     NotFoundError, PermissionDeniedError, PorticoClient, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
-from portico.v1 import chat_service_pb2_grpc, error_pb2
+from portico.v1 import chat_service_pb2_grpc, error_pb2, model_service_pb2_grpc
 
 HI = [{"role": "user", "content": "Hi"}]
 ROWS = {  # the gateway's error table: status -> (gRPC code, code, type)
@@ -49,7 +49,12 @@ class HttpFaults:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
+                self.exchange(self.rfile.read(int(self.headers["content-length"])))
+
+            def do_GET(self) -> None:
+                self.exchange(None)
+
+            def exchange(self, body: bytes | None) -> None:
                 status, headers, answer = faults.answer(self.path, body, self.headers["authorization"])
                 self.send_response(status)
                 for name, value in headers.items():
@@ -68,7 +73,8 @@ class HttpFaults:
     def target(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def answer(self, path: str, body: bytes, authorization: str) -> tuple[int, dict, bytes]:
+    def answer(self, path: str, body: bytes | None, authorization: str) -> tuple[int, dict, bytes]:
+        """`body` None: a GET."""
         self.requests += 1
         if self.script and self.script[0][0] == 0 and self.closing.wait(self.script.pop(0)[1]):
             return 503, {}, b""  # a slow answer, cut short by the end of the test
@@ -80,8 +86,8 @@ class HttpFaults:
             if retry_after:
                 headers["retry-after-ms"] = str(int(retry_after * 1000))
             return status, headers, json.dumps(error).encode()
-        forwarded = httpx.post(self.upstream + path, content=body, timeout=60,
-                               headers={"authorization": authorization, "content-type": "application/json"})
+        forwarded = httpx.request("GET" if body is None else "POST", self.upstream + path, content=body, timeout=60,
+                                  headers={"authorization": authorization, "content-type": "application/json"})
         return forwarded.status_code, {"content-type": forwarded.headers["content-type"]}, forwarded.content
 
     def __enter__(self) -> HttpFaults:
@@ -95,7 +101,7 @@ class HttpFaults:
         self.thread.join()
 
 
-class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
+class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer, model_service_pb2_grpc.ModelServiceServicer):
     """A gRPC server: scripted failures carry Portico's status details (or none, for status 0 retry_after -1)."""
 
     def __init__(self, upstream: str, script: list[tuple[int, float]], port: int = 0) -> None:
@@ -104,6 +110,7 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
         self.channel = grpc.insecure_channel(upstream)
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(self, self.server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
 
     @property
@@ -111,6 +118,17 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
         return f"127.0.0.1:{self.port}"
 
     def CreateChatCompletion(self, request, context):
+        self.scripted(context)
+        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
+        return chat_service_pb2_grpc.ChatServiceStub(self.channel).CreateChatCompletion(request, metadata=metadata)
+
+    def ListModels(self, request, context):
+        self.scripted(context)
+        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
+        return model_service_pb2_grpc.ModelServiceStub(self.channel).ListModels(request, metadata=metadata)
+
+    def scripted(self, context) -> None:
+        """The next scripted answer, if any: a slow one, or a failure that aborts the call."""
         self.requests += 1
         if self.script and self.script[0][0] == 0 and self.closing.wait(self.script.pop(0)[1]):
             context.abort(grpc.StatusCode.CANCELLED, "closing")  # a slow answer, cut short by the end of the test
@@ -125,8 +143,6 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer):
                 http_status=status, retry_after_seconds=retry_after))
             context.abort_with_status(rpc_status.to_status(status_pb2.Status(
                 code=grpc_code.value[0], message=f"scripted {status}", details=[detail])))
-        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
-        return chat_service_pb2_grpc.ChatServiceStub(self.channel).CreateChatCompletion(request, metadata=metadata)
 
     def __enter__(self) -> GrpcFaults:
         self.server.start()
@@ -229,6 +245,16 @@ def test_an_answer_past_the_clients_timeout_is_an_api_timeout_and_not_sent_again
             client.chat_completion("family-a-5.5", HI, max_tokens=1)
     assert proxy.requests == 1 and record.sleeps == [] and caught.value.code == "timeout"
     assert caught.value.message.startswith("No answer within the client's timeout")  # REST said "ReadTimeout: "
+
+
+def test_a_read_past_the_clients_timeout_is_tried_again(gateway, transport):
+    """Listing models changes nothing, so an answer that did not come in time is asked for again, over gRPC as over
+    REST (a POST is not: see above)."""
+    record = Recorder([0.5] * 3)
+    with faults(gateway, transport, [(0, 2.0)]) as proxy, client_for(
+            transport, proxy.target, gateway.secret, timeout=0.5, sleep=record.sleep, random=record.random) as client:
+        assert client.list_models().data
+    assert proxy.requests == 2 and len(record.sleeps) == 1
 
 
 def test_connection_errors_are_retried_then_surfaced(transport):

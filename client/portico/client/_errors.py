@@ -147,8 +147,9 @@ def _make(status: int, message: str, **fields) -> APIError:
     return _BY_STATUS.get(status, InternalServerError)(message, status=status, **fields)  # no row: as INTERNAL
 
 
-def error_from_grpc(error: grpc.RpcError) -> APIError:
-    """Read a failed RPC: the ErrorResponse and RetryInfo in its status details, else its code alone."""
+def error_from_grpc(error: grpc.RpcError, *, read_only: bool = False) -> APIError:
+    """Read a failed RPC: the ErrorResponse and RetryInfo in its status details, else its code alone. `read_only`:
+    the RPC changes nothing (its REST binding is a GET), so its answer not coming in time may be asked for again."""
     code = error.code()
     status = _GRPC_TO_HTTP.get(code, 500)
     message, fields, retry_after = error.details() or code.name, {}, None
@@ -168,8 +169,9 @@ def error_from_grpc(error: grpc.RpcError) -> APIError:
         retry_after = float(ms) / 1000
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and not fields:
         # The client's own deadline passed (the gateway's 504s carry their ErrorResponse): the request may still be
-        # running, as for a REST read timeout.
-        return APITimeoutError(f"No answer within the client's timeout ({message}).", grpc_code=code)
+        # running, as for a REST read timeout, and is tried again only if it changes nothing.
+        text = f"No answer within the client's timeout ({message})."
+        return APIConnectionError(text, grpc_code=code) if read_only else APITimeoutError(text, grpc_code=code)
     return _make(status, message, retry_after=retry_after, grpc_code=code, should_retry=should_retry(trailing),
                  **fields)
 

@@ -215,7 +215,7 @@ class GrpcTransport:
         try:
             return getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
-            raise error_from_grpc(error) from None
+            raise error_from_grpc(error, read_only=operation.http_method == "GET") from None
 
     def close(self) -> None:
         self._closed = True
@@ -250,7 +250,7 @@ class AsyncGrpcTransport:
         try:
             return await getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
-            raise error_from_grpc(error) from None
+            raise error_from_grpc(error, read_only=operation.http_method == "GET") from None
 
     async def close(self) -> None:
         self._closed = True
