@@ -25,6 +25,8 @@ SIZES = {
     "1024x1024": (1024, 1024),
     "1024x1536": (1024, 1536),  # WIDTHxHEIGHT: portrait
     "1536x1024": (1536, 1024),
+    "1792x1024": (1792, 1024),  # dall-e-3's landscape and portrait: an upstream serving it must not be refused them
+    "1024x1792": (1024, 1792),
     "auto": (1024, 1024),
 }
 RESPONSE_FORMATS = ("b64_json", "url")

@@ -31,6 +31,8 @@ def test_defaults():
         ({"size": "256x256"}, "width", 256),
         ({"size": "1024x1536"}, "height", 1536),
         ({"size": "1536x1024"}, "width", 1536),
+        ({"size": "1792x1024"}, "width", 1792),  # dall-e-3's landscape and portrait sizes, for its upstreams
+        ({"size": "1024x1792"}, "height", 1792),
         ({"size": "auto"}, "width", 1024),
         ({"n": 10}, "n", 10),
         ({"output_format": "jpeg"}, "output_format", ImageFormat.JPEG),
@@ -61,7 +63,7 @@ def test_url_response_format():
         ({"n": 0}, "n"),
         ({"n": 11}, "n"),
         ({"n": -1}, "n"),
-        ({"size": "1792x1024"}, "size"),
+        ({"size": "2048x2048"}, "size"),
         ({"size": "big"}, "size"),
         ({"response_format": "png"}, "response_format"),
         ({"output_format": "gif"}, "output_format"),
