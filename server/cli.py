@@ -278,7 +278,11 @@ async def _keys_in_store(args: argparse.Namespace, config: Config) -> int:
     try:
         return await _keys_command(args, admin)
     except InvalidRequest as exc:  # a mistake in the command's options, like argparse's own
-        print(f"portico: {exc.message}", file=sys.stderr)
+        message = exc.message
+        if message.startswith("Unknown model"):  # a gateway started with --config may serve models this one lacks
+            message += (f" The catalog checked is {args.config or 'server/default.yaml'}: give `keys` the --config "
+                        "that `serve` runs with.")
+        print(f"portico: {message}", file=sys.stderr)
         return 2
     except StoreUnavailable as exc:
         return _unreachable(f"the key store {config.key_database.described}", exc)

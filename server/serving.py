@@ -248,9 +248,10 @@ async def _first_key(config: Config, *, create: bool) -> None:
         if await store.count() > 0:
             return
         if not create:
+            # Upstreams mean a configuration file of one's own: `keys` without it checks the default catalog.
             print("The key store has no keys yet, and every request needs one: create one with `portico keys create "
-                  "--name NAME --models MODEL,...` (or start with --dev-key for an all-models development key).",
-                  flush=True)
+                  "--config FILE --name NAME --models MODEL,...`, FILE (and --data-dir, if given) as for this serve "
+                  "(or start with --dev-key for an all-models development key).", flush=True)
             return
         key, secret = await store.create("development", all_models=True, env="dev")
         print(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n", flush=True)

@@ -30,7 +30,9 @@ def build(out: Path = BUILT_DIR) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     for source, target in SOURCES:
         if source.is_dir():
-            shutil.copytree(source, staging / target, dirs_exist_ok=True)
+            # copyfile, not copytree's copy2: the copies are as new as the build, so make sees index.html (its
+            # target) up to date and a second `make serve` does not run `npm ci` and this build again.
+            shutil.copytree(source, staging / target, dirs_exist_ok=True, copy_function=shutil.copyfile)
         else:
             (staging / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, staging / target)

@@ -257,6 +257,7 @@ def test_a_first_start_in_front_of_upstreams_says_how_to_make_a_key(tmp_path):
     with running_gateway(tmp_path / "data", config=config, dev_key=False) as gateway:
         hint = [line for line in gateway.printed if "has no keys yet" in line]
         assert hint and "portico keys create" in hint[0] and "--dev-key" in hint[0]
+        assert "--config" in hint[0]  # this gateway's catalog: without it `keys create` checks the default one
         assert not gateway.secret
         subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "keys", "create", "--name", "a",
                         "--all-models"], check=True, capture_output=True, timeout=30)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
 from server.console import ConsoleFiles
@@ -39,3 +43,16 @@ def test_the_build_holds_the_app_and_its_pinned_chart_library(tmp_path):
     page = files.get("").data.decode()
     assert '<script type="module" src="/console/app.js">' in page
     assert b"uPlot" in files.get("vendor/uPlot.esm.js").data
+
+
+def test_the_built_page_is_newer_than_what_it_was_built_from(tmp_path, monkeypatch):
+    """build/console/index.html is `make install`'s target: a copy keeping its source's older time would leave it
+    out of date for ever, so every `make serve` would run `npm ci` (the npm registry) and the build again."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "index.html").write_text("<!doctype html>")
+    os.utime(source / "index.html", (1_000_000_000, 1_000_000_000))  # checked out long before the build
+    monkeypatch.setattr("server.console.build.SOURCES", ((source, Path(".")),))
+    started = time.time()
+    build(tmp_path / "console")
+    assert (tmp_path / "console" / "index.html").stat().st_mtime >= started - 1

@@ -53,6 +53,14 @@ def test_cli_refuses_unknown_models_through_the_same_service(tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_cli_says_which_catalog_refused_a_model_and_that_serve_s_config_is_the_one(tmp_path, capsys):
+    """A gateway started with `--config my.yaml` serves models server/default.yaml lacks; `portico keys create`
+    without that option refused them as "Unknown", pointing only at GET /v1/models, which does list them."""
+    code = main(["--data-dir", str(tmp_path), "keys", "create", "--name", "x", "--models", "family-a-local"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "server/default.yaml" in err and "--config" in err
+
 @pytest.mark.parametrize("models", ["", " , "])
 def test_cli_update_with_no_model_in_models_is_refused_as_create_refuses_it(tmp_path, capsys, models):
     """`keys update ID --models "$MODELS"` with an empty variable said "Updated" (exit 0) and changed nothing."""

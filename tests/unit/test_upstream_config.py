@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,14 @@ def test_the_sample_configuration_loads(monkeypatch):
     assert len(upstream_keys(sample.models)) == 7  # per deployment
     opus = next(entry for entry in sample.models if entry.id == "family-b-opus-4-8")
     assert [d.weight for d in opus.deployments] == [3.0, 1.0] and opus.cache.ttl_seconds == 300
+
+
+def test_the_sample_configurations_start_command_sets_every_key_it_names():
+    """The sample's header shows how to start it; a variable the file names but the command leaves out stops
+    start-up (exit code 2) for whoever runs it as written."""
+    path = Path(__file__).parents[2] / "docs" / "upstreams.sample.yaml"
+    command = next(line for line in path.read_text().splitlines() if "portico serve --config" in line and "=" in line)
+    given = set(re.findall(r"([A-Z_]+)=", command))
+    named = {d.provider.upstream.api_key_env for entry in load_config(path).models for d in entry.deployments
+             if d.provider.upstream is not None and d.provider.upstream.api_key_env}
+    assert named <= given, f"the start command leaves out {sorted(named - given)}"
