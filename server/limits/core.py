@@ -245,7 +245,9 @@ def until_month_end(at: float) -> float:
 def verdict(demand: Demand, readings: Iterable[Reading], *, at: float, reservation_id: str) -> Reservation:
     """The reservation the readings allow, or RateLimited naming the limit that keeps the caller waiting longest."""
     readings = list(readings)
-    refusals = [r for r in readings if r.over]
+    # A request that adds no tokens (a token count, an image, a cache hit) is not refused by a token limit that
+    # others spent; the Redis script decides the same (redis_scripts.RESERVE).
+    refusals = [r for r in readings if r.over and (demand.tokens > 0 or not r.dimension.counts_tokens)]
     if refusals:
         raise _refusal(max(refusals, key=lambda r: r.wait), demand, at)
     requests = [r for r in readings if r.dimension.header_kind == "requests"]

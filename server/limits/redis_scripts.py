@@ -78,9 +78,10 @@ local function window_wait(win, wtok, excess, by_tokens)
 end
 
 local out, over = {0}, false
-local function reading(scope, dimension, limit, used, wait)
+-- `counts_tokens`: a token limit, which a request that adds no tokens is not refused by (core.verdict).
+local function reading(scope, dimension, limit, used, wait, counts_tokens)
   for _, v in ipairs({scope, dimension, limit, used, wait}) do out[#out + 1] = v end
-  if used > limit then over = true end
+  if used > limit and not (counts_tokens and tokens == 0) then over = true end
 end
 
 for i = 0, scopes - 1 do
@@ -100,7 +101,7 @@ for i = 0, scopes - 1 do
     local used = (tonumber(redis.call('GET', wsum)) or 0) + tokens
     local wait = 'inf'
     if tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
-    reading(i, 1, tpm, used, wait)
+    reading(i, 1, tpm, used, wait, true)
   end
   if concurrent > 0 then
     reading(i, 2, concurrent, redis.call('ZCARD', slots) + 1, tostring(concurrency_retry))
@@ -109,7 +110,7 @@ for i = 0, scopes - 1 do
     local used = (tonumber(redis.call('HGET', day, 'tokens')) or 0) + tokens
     local wait = 'inf'
     if tokens <= daily_tokens then wait = tostring(to_midnight) end
-    reading(i, 3, daily_tokens, used, wait)
+    reading(i, 3, daily_tokens, used, wait, true)
   end
   if daily_requests > 0 then
     reading(i, 4, daily_requests, (tonumber(redis.call('HGET', day, 'requests')) or 0) + 1, tostring(to_midnight))

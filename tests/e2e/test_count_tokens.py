@@ -197,6 +197,21 @@ def test_counting_is_one_request_with_no_tokens_no_slot_held_and_no_ledger_row(g
     assert [(row["endpoint"], row["status"]) for row in rows["data"]] == [("/v1/messages", 429)]
 
 
+def test_a_key_whose_tokens_are_spent_may_still_count(gateway, double):
+    """Counting is never against tokens per minute or daily tokens: not even when a message used more than both."""
+    secret = gateway.cli("keys", "create", "--name", "spent", "--models", "messages-claude", "--tpm", "5",
+                         "--daily-tokens", "5").stdout.splitlines()[-1]
+    spender = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    double.cue(Cue(body={"type": "message", "role": "assistant", "content": [{"type": "text", "text": "x"}],
+                         "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 10}}))
+    short = [{"role": "user", "content": "hi"}]
+    spender.messages.create(model="messages-claude", max_tokens=1, messages=short)  # reserved 2 tokens, used 20
+    raw = spender.messages.with_raw_response.count_tokens(model="messages-claude", messages=HELLO)
+    assert raw.parse().input_tokens > 0 and raw.headers["x-ratelimit-remaining-tokens"] == "0"
+    with pytest.raises(anthropic.RateLimitError):  # a message is still refused
+        spender.messages.create(model="messages-claude", max_tokens=1, messages=short)
+
+
 def test_grpc_callers_count_with_the_typed_rpc(gateway, client):
     expected = client.messages.count_tokens(model="messages-embedded", messages=HELLO).input_tokens
     with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:

@@ -310,3 +310,16 @@ def test_reservation_ids_are_unique_per_store_and_per_process(monkeypatch):
 
 async def test_every_store_answers_ping():
     assert await MemoryLimitStore().ping()
+
+
+async def test_a_request_without_tokens_is_never_refused_by_a_spent_token_limit(store, clock):
+    """A token count, an image, a cache hit reserve no tokens: a minute or a day whose tokens are spent (a request
+    used more than it reserved) does not refuse them; request limits still do, and the headers say what is left."""
+    limits = dict(tokens_per_minute=100, daily_tokens=100, requests_per_minute=3)
+    await store.settle(await store.reserve(demand(tokens=50, **limits)), 300)  # used 300 of 100
+    assert (await refused(store, demand(tokens=1, **limits))).message.startswith("Rate limit reached for daily tokens")
+    free = await store.reserve(demand(**limits))
+    assert (free.tokens.remaining, free.requests.remaining) == (0, 1)
+    await store.settle(free, 0)
+    await store.reserve(demand(**limits))
+    assert "requests per minute" in (await refused(store, demand(**limits))).message
