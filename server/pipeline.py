@@ -255,16 +255,27 @@ class Pipeline:
         if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
             raise refusal
         counter = self._token_counters.get(call.model.id)
+        local = None
+        if counter is not None:
+            # The embedded model's count, made before admission as /v1/messages makes it: a prompt that does not
+            # fit is the same 400 and uses none of the key's requests (past the window the count is only a lower
+            # bound, LlamaCppProvider.count_tokens).
+            local = TokenCount(await _prompt_tokens(counter, request))
+            window = self._context_windows.get(call.model.id)
+            if window is not None and (overflow := context_overflow(local.input_tokens, window)) is not None:
+                raise overflow
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
         asked = True
         try:
-            if counter is None and isinstance(provider, PromptCounter):
+            if local is not None:
+                count = local
+            elif isinstance(provider, PromptCounter):
                 if getattr(provider, "counts_upstream", False):
                     _asking(call)  # an upstream attempt, for the access log and metrics as a message's
                 count = await provider.count_prompt(request)
             else:
-                count = TokenCount(await _prompt_tokens(counter, request))
+                count = TokenCount(await _prompt_tokens(None, request))
         except OutOfService:
             asked = False
             self._reached_no_model(call, reservation)  # no deployment could be asked, as in `stream`
@@ -273,11 +284,6 @@ class Pipeline:
             call.record.upstream_done()
             if asked:  # one request, however it ended, and no tokens: the slot is free again
                 self._limiter.settle(reservation, 0, 0)
-        window = self._context_windows.get(call.model.id)
-        if window is not None and (overflow := context_overflow(count.input_tokens, window)) is not None:
-            # As /v1/messages refuses it; past the window the count is only a lower bound
-            # (LlamaCppProvider.count_tokens).
-            raise overflow
         await _send_headers(call, reservation)
         return count
 

@@ -177,6 +177,8 @@ def test_counting_is_one_request_with_no_tokens_no_slot_held_and_no_ledger_row(g
     counter = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0)
     long = [{"role": "user", "content": "Tell me everything about the weather in Oslo, Bergen and Trondheim."}]
     assert counter.messages.count_tokens(model="messages-embedded", messages=long).input_tokens > 5
+    with pytest.raises(anthropic.BadRequestError):  # over the window: refused before admission, as a message is
+        counter.messages.count_tokens(model="messages-embedded", messages=[{"role": "user", "content": "word " * 3000}])
     double.cue(Cue(status=500, body={"type": "error", "error": {"type": "api_error", "message": "down"}}))
     with pytest.raises(anthropic.InternalServerError):  # 502: failed, and its slot is free again
         counter.messages.count_tokens(model="messages-claude", messages=long)
