@@ -40,8 +40,9 @@ $(CONSOLE): $(STAMP) $(CONSOLE_WEB)/package-lock.json $(wildcard $(CONSOLE_WEB)/
 	cd $(CONSOLE_WEB) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	$(BIN)/python -m server.console.build
 
+# ARGS passes options to `portico serve`, e.g. ARGS="--port 9090" when 8080 is taken.
 serve: install
-	$(BIN)/portico serve
+	$(BIN)/portico serve $(ARGS)
 
 # The tests start a real redis-server (Debian package) on a free loopback port; install it when missing.
 test: install
