@@ -19,7 +19,7 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
-    ApiKey, Completion, Dialect, FinishReason, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
+    ApiKey, Completion, FinishReason, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
     Started, TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
 )
 from server.domain_images import GeneratedImage, ImageRequest
@@ -30,9 +30,9 @@ from server.limits import Limiter, Reservation, rate_limit_headers
 from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
 from server.providers import (
-    Capabilities, PromptCounter, Provider, TokenCounter, context_overflow, token_counter_of, unsupported,
+    Provider, TokenCounter, capabilities_of, context_overflow, prompt_count, token_counter_of, unsupported,
 )
-from server.providers.images import ImageProvider
+from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
 from server.translate.values import body_and_model
 
@@ -124,7 +124,7 @@ class Pipeline:
         """
         provider = call.provider
         # Before admission: a request the model cannot honour costs nothing.
-        if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
+        if (refusal := unsupported(request, capabilities_of(provider))) is not None:
             raise refusal
         lookup = await self._lookup(call, request)
         call.record.max_tokens = request.params.max_tokens
@@ -252,7 +252,7 @@ class Pipeline:
         (`record.admitted` stays false, as for GET /v1/models: no usage-ledger row, no spend)."""
         provider = call.provider
         # Refused before admission, as a generation would be: the same 400 naming the field.
-        if (refusal := unsupported(request, getattr(provider, "capabilities", Capabilities()))) is not None:
+        if (refusal := unsupported(request, capabilities_of(provider))) is not None:
             raise refusal
         counter = self._token_counters.get(call.model.id)
         local = None
@@ -270,12 +270,10 @@ class Pipeline:
         try:
             if local is not None:
                 count = local
-            elif isinstance(provider, PromptCounter):
+            else:
                 if getattr(provider, "counts_upstream", False):
                     _asking(call)  # an upstream attempt, for the access log and metrics as a message's
-                count = await provider.count_prompt(request)
-            else:
-                count = TokenCount(await _prompt_tokens(None, request))
+                count = await prompt_count(provider, request)
         except OutOfService:
             asked = False
             self._reached_no_model(call, reservation)  # no deployment could be asked, as in `stream`
@@ -308,8 +306,8 @@ class Pipeline:
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
         # Before admission, as for text: a request the model cannot honour costs nothing.
-        if request.unread and Dialect.OPENAI not in getattr(provider, "capabilities", Capabilities()).dialects:
-            raise InvalidRequest(request.unread[0].message, param=request.unread[0].param)
+        if (refusal := image_unsupported(request, capabilities_of(provider))) is not None:
+            raise refusal
         call.record.admitted = True
         cost = call.model.price.cost(images=request.n)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):

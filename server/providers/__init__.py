@@ -89,6 +89,11 @@ def token_counter_of(provider: object) -> TokenCounter | None:
     return getattr(provider, "token_counter", None)
 
 
+def capabilities_of(provider: object) -> Capabilities:
+    """What a provider (or a Router, for the deployments it tries) can honour; the defaults for one that does not say."""
+    return getattr(provider, "capabilities", Capabilities())
+
+
 def unsupported(request: GenerationRequest, capabilities: Capabilities) -> InvalidRequest | None:
     """Why `capabilities` cannot honour `request`, or None when they can."""
     source = request.source

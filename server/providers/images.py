@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from server.domain import Dialect
 from server.domain_images import GeneratedImage, ImageRequest
+from server.errors import InvalidRequest
+from server.providers import Capabilities
 
 
 @runtime_checkable
@@ -18,3 +21,11 @@ class ImageProvider(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def image_unsupported(request: ImageRequest, capabilities: Capabilities) -> InvalidRequest | None:
+    """Why a provider with `capabilities` cannot honour `request`, or None: members the gateway does not read reach
+    only a provider of the caller's API (an OpenAI images upstream); dev-image would draw without them."""
+    if request.unread and Dialect.OPENAI not in capabilities.dialects:
+        return InvalidRequest(request.unread[0].message, param=request.unread[0].param)
+    return None

@@ -19,13 +19,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.domain import Dialect, Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
+from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
 from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
-from server.providers import Capabilities, PromptCounter, Provider, prompt_count, token_counter_of, unsupported
+from server.providers import (
+    Capabilities, PromptCounter, Provider, capabilities_of, prompt_count, token_counter_of, unsupported,
+)
 from server.providers.health import Board
-from server.providers.images import ImageProvider
+from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import Delivery, Plan, Step, Target
 
 _logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class Route:
     @property
     def capabilities(self) -> Capabilities:
         """What at least one deployment can honour (a request is sent only to those that can)."""
-        caps = [getattr(d.provider, "capabilities", Capabilities()) for d in self.deployments]
+        caps = [capabilities_of(d.provider) for d in self.deployments]
         return Capabilities(tool_calls=any(c.tool_calls for c in caps), json_output=any(c.json_output for c in caps),
                             dialects=frozenset().union(*(c.dialects for c in caps)))
 
@@ -71,15 +73,11 @@ class Router:
         return self._chain
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        chain = [self._able(route, request) for i, route in enumerate(self._chain)]
-        return self._run([route for route in chain if route.deployments], lambda provider: provider.stream(request))
+        return self._run(self._able(request), lambda provider: provider.stream(request))
 
     async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
-        chain = [route for route in (self._able_to_draw(r, request) for r in self._chain) if route.deployments]
-        async with aclosing(self._run(chain, lambda provider: _once(provider.generate(request)))) as results:
-            async for images in results:
-                return images
-        raise AssertionError("an image attempt ends with images or an error")
+        chain = self._able_to(lambda provider: image_unsupported(request, capabilities_of(provider)) is None)
+        return await self._one(chain, lambda provider: provider.generate(request))
 
     @property
     def counts_upstream(self) -> bool:
@@ -90,37 +88,34 @@ class Router:
         """A model whose deployments count prompts upstream (Anthropic's) is asked as for a generation: the same
         deployments, retries and fallbacks (a fallback counts as it would take the prompt). Any other is counted
         here, without an upstream attempt."""
-        own = self._chain[0].deployments
         if not self.counts_upstream:
-            return await prompt_count(own[0].provider, request)
-        chain = [route for route in (self._able(route, request) for route in self._chain) if route.deployments]
-        async with aclosing(self._run(chain, lambda provider: _once(prompt_count(provider, request)))) as results:
-            async for count in results:
-                return count
-        raise AssertionError("a count attempt ends with a count or an error")
+            return await prompt_count(self._chain[0].deployments[0].provider, request)
+        return await self._one(self._able(request), lambda provider: prompt_count(provider, request))
 
     async def close(self) -> None:
         """Only the model's own deployments: every fallback is some other model's own, closed with it."""
         for deployment in self._chain[0].deployments:
             await deployment.provider.close()
 
-    @staticmethod
-    def _able(route: Route, request: GenerationRequest) -> Route:
-        """The route with only the deployments that can honour the request (the pipeline has already refused a
-        request the model's own cannot; a fallback none of whose deployments can is skipped)."""
-        able = tuple(d for d in route.deployments
-                     if unsupported(request, getattr(d.provider, "capabilities", Capabilities())) is None)
-        return route if len(able) == len(route.deployments) else Route(route.model_id, able)
+    def _able(self, request: GenerationRequest) -> list[Route]:
+        return self._able_to(lambda provider: unsupported(request, capabilities_of(provider)) is None)
 
-    @staticmethod
-    def _able_to_draw(route: Route, request: ImageRequest) -> Route:
-        """As `_able`, for images: members the gateway does not read reach only a provider of the caller's API
-        (an OpenAI images upstream); dev-image would refuse them, never draw without them."""
-        if not request.unread:
-            return route
-        able = tuple(d for d in route.deployments
-                     if Dialect.OPENAI in getattr(d.provider, "capabilities", Capabilities()).dialects)
-        return route if len(able) == len(route.deployments) else Route(route.model_id, able)
+    def _able_to(self, honours: Callable[[object], bool]) -> list[Route]:
+        """The chain with, on each route, only the deployments whose provider `honours` the request (the pipeline
+        has already refused a request the model's own cannot; a fallback none of whose deployments can is skipped)."""
+        chain = []
+        for route in self._chain:
+            able = tuple(d for d in route.deployments if honours(d.provider))
+            if able:
+                chain.append(route if len(able) == len(route.deployments) else Route(route.model_id, able))
+        return chain
+
+    async def _one(self, chain: Sequence[Route], ask: Callable) -> object:
+        """The one result (images, a token count) of `ask(provider)` on the first deployment that gives it."""
+        async with aclosing(self._run(chain, lambda provider: _once(ask(provider)))) as results:
+            async for result in results:
+                return result
+        raise AssertionError("an attempt ends with a result or an error")
 
     async def _run(self, chain: Sequence[Route], start: Callable) -> AsyncIterator:
         loop = asyncio.get_running_loop()
