@@ -40,7 +40,7 @@ from server.providers.build import build_providers
 from server.providers.health import HEALTH_FILE_ENV, Board
 from server.services.chat import ChatServicer
 from server.services.console import ConsoleServicer
-from server.services.images import ImageServicer
+from server.services.images import MAX_MESSAGE_BYTES, ImageServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.keys import KeyServicer
 from server.services.limits import LimitServicer
@@ -60,7 +60,6 @@ MAX_METADATA_BYTES = 128 * 1024  # Envoy accepts 60 KiB of request headers (envo
 # Above the 8 MiB cap on request bodies (Envoy's for REST, server/services/undecodable.py's for gRPC), which so
 # answers oversize requests with its 413 error object; grpc refuses bigger messages itself (RESOURCE_EXHAUSTED).
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
-MAX_SEND_BYTES = 64 * 1024 * 1024  # multi-megabyte base64 images
 # Calls that arrived but that the event loop has not yet picked up. grpc-core cancels them at random above 1,000
 # and all of them above 3,000 (its defaults): a burst of new streams while the loop is busy (5,000 streams opened
 # in 2 s) lost ~1,600 calls that way. Envoy caps the connections (overload_manager in envoy.yaml).
@@ -70,7 +69,7 @@ MAX_PENDING_CALLS = 50_000
 CUT_SECONDS = 1.0
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-    ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Above Envoy's header limit (plus what Envoy adds), so Envoy alone refuses big headers, with a 431.
     ("grpc.max_metadata_size", MAX_METADATA_BYTES),
     ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),

@@ -36,8 +36,8 @@ from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
 MAX_ERROR_BODY = 64 * 1024  # an error body is read only this far
 # A whole answer, or one streamed event, bigger than this is a 502: it could not reach the caller anyway (the
-# server's gRPC messages stop at 64 MiB, server/app.py MAX_SEND_BYTES), and an upstream that sends without end
-# (compressed, 1 MB can decode to 1 GB) must not take the gateway's memory with it.
+# server's gRPC messages stop at 64 MiB, server/services/images.py MAX_MESSAGE_BYTES), and an upstream that sends
+# without end (compressed, 1 MB can decode to 1 GB) must not take the gateway's memory with it.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 # Idle pooled connections are dropped after this long: below the 5 s after which uvicorn-based servers (vLLM,
 # llama.cpp's Python server) close them, so a connection is not reused just as the server closes it.

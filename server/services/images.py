@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from google.api import httpbody_pb2
@@ -19,7 +19,8 @@ from server.translate.openai_images import image_request, images_response
 from server.translate.values import proto_to_json
 
 CONTENT_PIECE_BYTES = 1024 * 1024
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the largest message the server sends (server/app.py MAX_SEND_BYTES)
+# The largest message the server sends (server/app.py's grpc option): multi-megabyte base64 images.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
@@ -46,15 +47,19 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         return response
 
     async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        body = json_body(await self._generate(request.data, context))
         # In pieces, which Envoy joins for REST callers: ten big images as base64 pass the largest message.
-        for start in range(0, len(body), CONTENT_PIECE_BYTES):
-            yield httpbody_pb2.HttpBody(content_type="application/json", data=body[start:start + CONTENT_PIECE_BYTES])
+        for piece in _pieces(json_body(await self._generate(request.data, context)), "application/json"):
+            yield piece
 
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         # No API key on purpose: the link's signature and expiry are the credential (see server/image_store.py).
         image = await self._store.get(request.name, request.expires, request.signature)
         # In pieces: grpc clients refuse messages over 4 MiB by default, and an upstream's image can be bigger.
-        for start in range(0, max(len(image.data), 1), CONTENT_PIECE_BYTES):
-            yield httpbody_pb2.HttpBody(content_type=image.content_type,
-                                        data=image.data[start:start + CONTENT_PIECE_BYTES])
+        for piece in _pieces(image.data, image.content_type):
+            yield piece
+
+
+def _pieces(data: bytes, content_type: str) -> Iterator[httpbody_pb2.HttpBody]:
+    """`data` as HttpBody messages of at most CONTENT_PIECE_BYTES (one, empty, for no data)."""
+    for start in range(0, max(len(data), 1), CONTENT_PIECE_BYTES):
+        yield httpbody_pb2.HttpBody(content_type=content_type, data=data[start:start + CONTENT_PIECE_BYTES])
