@@ -268,19 +268,18 @@ local function refuse_unreadable_key(handle, headers)
   return false
 end
 
--- A 400 naming the query parameter `name` as `param` (shape_error). The message goes in the metadata too: Envoy sends
--- a local reply to HEAD without its body, and answer_head must still give the GET's content-length.
-local function refuse_parameter(handle, metadata, name, message)
-  -- The name is the caller's, quoted in both: a key pasted there is cut out, as from a path.
-  metadata:set("portico", "query_param", redacted(name))
-  metadata:set("portico", "fault", redacted(message))
-  handle:respond({[":status"] = "400"}, message)
-end
-
--- A 400 for the request as a whole, no `param` (shape_error).
+-- A 400 for the request as a whole, no `param` (shape_error). The message goes in the metadata too: Envoy sends a
+-- local reply to HEAD without its body, and answer_head must still give the GET's content-length.
 local function refuse_request(handle, metadata, message)
   metadata:set("portico", "fault", message)
   handle:respond({[":status"] = "400"}, message)
+end
+
+-- The same, naming the query parameter `name` as `param`.
+local function refuse_parameter(handle, metadata, name, message)
+  -- The name is the caller's, quoted in both: a key pasted there is cut out, as from a path.
+  metadata:set("portico", "query_param", redacted(name))
+  refuse_request(handle, metadata, redacted(message))
 end
 
 -- The buffer filter's cap on request bodies (envoy.yaml; gateway/envoy.py fills it in; 0: none). A body announced

@@ -90,7 +90,7 @@ def token_counter_of(provider: object) -> TokenCounter | None:
 
 
 def capabilities_of(provider: object) -> Capabilities:
-    """What a provider (or a Router, for the deployments it tries) can honour; the defaults for one that does not say."""
+    """What a provider (or a Router, for the deployments it tries) can honour; the defaults if it does not say."""
     return getattr(provider, "capabilities", Capabilities())
 
 

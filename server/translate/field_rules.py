@@ -103,7 +103,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "audio": FieldRule("object", R, R),
     "web_search_options": FieldRule("object", R, R),
     "functions": FieldRule("array", I, R, note="deprecated form of `tools`"),
-    "function_call": FieldRule("any", R, R, neutral=("none", "auto"), note="embedded: naming a function asks for a call"),
+    "function_call": FieldRule("any", R, R, neutral=("none", "auto"),
+                               note="embedded: naming a function asks for a call"),
     "chat_template_kwargs": FieldRule("object", R, R, note="an extension of vLLM and llama.cpp's server"),
 }
 

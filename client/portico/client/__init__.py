@@ -24,14 +24,14 @@ from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._queue import AsyncRequestQueue, RequestQueue
 from portico.client._transports import (
-    CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport,
-    GrpcTransport, HttpTransport, Operation,
+    CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport,
+    AsyncHttpTransport, GrpcTransport, HttpTransport, Operation,
 )
 
 __all__ = [
     "APIConnectionError", "APIError", "APITimeoutError", "AsyncGrpcTransport", "AsyncHttpTransport", "AsyncPorticoClient",
-    "AsyncRequestQueue", "AuthenticationError", "BadRequestError", "CHANNEL_OPTIONS", "CHAT_COMPLETION", "COUNT_MESSAGE_TOKENS",
-    "ClientRateLimitError",
+    "AsyncRequestQueue", "AuthenticationError", "BadRequestError", "CHANNEL_OPTIONS", "CHAT_COMPLETION",
+    "COUNT_MESSAGE_TOKENS", "ClientRateLimitError",
     "GatewayTimeoutError", "GrpcTransport", "HttpTransport", "InternalServerError", "LIST_MODELS", "MESSAGE",
     "ModelAliases", "NotFoundError", "Operation", "PermissionDeniedError", "Plan", "PorticoClient",
     "PorticoClientError", "QueueFull", "RateLimitError", "RequestQueue", "RetriesExhausted", "RetryPolicy", "Route",

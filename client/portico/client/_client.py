@@ -17,8 +17,8 @@ from portico.client._errors import APIError
 from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._transports import (
-    CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport, AsyncHttpTransport,
-    GrpcTransport, HttpTransport, Operation, check_timeout, grpc_target,
+    CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport,
+    AsyncHttpTransport, GrpcTransport, HttpTransport, Operation, check_timeout, grpc_target,
 )
 from portico.v1 import chat_pb2, message_pb2, message_tokens_pb2, model_pb2
 
