@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"portico: configuration error: {exc}", file=sys.stderr)
         return 2
+    except StoreUnavailable as exc:  # at start: which store, where, and the driver's words (no key is in them)
+        return _unreachable(f"the {exc.store} in {config.key_database.described}", exc)
     except PorticoError as exc:
         print(f"portico: {exc.message}", file=sys.stderr)
         return 1

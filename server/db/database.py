@@ -33,6 +33,7 @@ class StoreUnavailable(ServiceUnavailable):
     def __init__(self, detail: str, *, store: str = "key store") -> None:
         super().__init__(f"The {store} is unreachable; retry shortly.", retry_after=RETRY_AFTER_SECONDS)
         self.detail = detail
+        self.store = store
 
     def __str__(self) -> str:
         return self.detail

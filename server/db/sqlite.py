@@ -5,16 +5,37 @@ failing while another one holds the lock."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 BUSY_TIMEOUT_MS = 5000
+_WAL_RETRY_SECONDS = 0.01
 
 
 def connect_sqlite(path: Path) -> sqlite3.Connection:
     """Autocommit mode (isolation_level=None): transactions are explicit (BEGIN ... COMMIT). Usable from any one
     thread at a time (check_same_thread=False): callers serialise their use."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        _use_wal(db)
+    except BaseException:
+        db.close()
+        raise
     return db
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Switch a new database file to WAL (the mode is then kept in the file). The switch needs the file to itself
+    and SQLite reports "database is locked" at once, without its busy wait, while another connection holds any lock:
+    two worker processes starting on a new data dir met that, and one of them exited. So wait here, as busy_timeout
+    would."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(_WAL_RETRY_SECONDS)

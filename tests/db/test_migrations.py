@@ -4,6 +4,7 @@ several hosts start at once."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import sqlite3
 import subprocess
 import sys
@@ -239,3 +240,29 @@ async def test_a_database_found_newer_after_an_outage_is_unavailable_not_a_serve
     finally:
         await database.close()
         ledger.close()
+
+
+def _open_like_a_worker(path, barrier) -> None:
+    """What each server process does with keys.db at start: the key store's connection, then the ledger's."""
+    from server.usage.schema import MIGRATIONS as USAGE_MIGRATIONS
+
+    barrier.wait()
+    for migrations in (KEY_MIGRATIONS, USAGE_MIGRATIONS):
+        with _closing(connect_sqlite(path)) as db:
+            migrate_sqlite(db, migrations)
+
+
+def test_worker_processes_starting_on_a_new_data_dir_all_open_keys_db(tmp_path):
+    """`serve --workers 2` on a new data dir: both workers create keys.db at once. The switch to WAL met the other
+    worker's lock, failed at once ("database is locked"), and one worker exited, so the gateway did not start (in
+    about one start of three)."""
+    context = multiprocessing.get_context("fork")
+    for attempt in range(20):
+        path = tmp_path / f"keys-{attempt}.db"
+        barrier = context.Barrier(2)
+        workers = [context.Process(target=_open_like_a_worker, args=(path, barrier)) for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert [worker.exitcode for worker in workers] == [0, 0], f"start {attempt} failed"

@@ -153,3 +153,14 @@ def test_a_model_path_that_is_no_gguf_model_stops_serve_with_exit_2(tmp_path, co
     assert result.stderr.startswith("portico: configuration error: ") and result.stderr.count("\n") == 1
     assert "embedded.model_path: " in result.stderr and str(model) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_key_store_that_cannot_be_opened_stops_serve_with_the_file_and_the_cause(tmp_path):
+    """A server process whose keys.db could not be opened printed only the callers' words ("The key store is
+    unreachable; retry shortly."): no file, no cause, nothing for an operator to act on."""
+    (tmp_path / "data" / "keys.db").mkdir(parents=True)  # a directory where the database file belongs
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(tmp_path / "data"), "serve",
+                           "--port", "1", "--admin-port", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (f"portico: the key store in {tmp_path / 'data' / 'keys.db'} cannot be "
+                                            "reached: SQLite: unable to open database file")
