@@ -138,7 +138,8 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
-        f"  [{status}] = {{{_lua_string(kind.code)}, {_lua_string(kind.type)}, {_lua_string(kind.message)}}},\n"
+        f"  [{status}] = {{{_lua_string(kind.code)}, {_lua_string(kind.type)}, {_lua_string(kind.message)}, "
+        f"{_lua_string(kind.anthropic_type)}}},\n"
         for status, kind in sorted(kind_by_status().items())
     )
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))

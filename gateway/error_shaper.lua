@@ -14,14 +14,15 @@
 --   3. anything else from upstream (e.g. UNIMPLEMENTED): the transcoder's google.rpc.Status JSON, by HTTP status.
 -- gRPC headers (grpc-*) and Portico's internal metadata (portico-*) never reach HTTP callers.
 
--- HTTP status -> code, type, message used when nobody supplied a better one. gateway/envoy.py replaces the next
+-- HTTP status -> code, type, message used when nobody supplied a better one, and the type in an Anthropic-shaped
+-- body (/v1/messages: Anthropic's for the status). gateway/envoy.py replaces the next
 -- line with the rows of server/errors.py (the one error table) when it renders Envoy's config.
 local KINDS = {}  -- @KINDS@
 
 -- A status without a row (none is expected: every status Envoy or Portico answers has one) keeps its class.
 local function kind_of(status)
   return KINDS[status] or (status < 500 and KINDS[400]) or KINDS[500]
-    or {"internal_error", "server_error", "The server had an error while processing your request."}
+    or {"internal_error", "server_error", "The server had an error while processing your request.", "api_error"}
 end
 
 local ESCAPES = {['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
@@ -86,7 +87,7 @@ end
 -- `message` is a JSON string literal (already quoted and escaped), or nil for the table's default.
 local function error_body(status, message, param, anthropic)
   local kind = kind_of(status)
-  local object = '{"message":' .. (message or json_string(kind[3])) .. ',"type":"' .. kind[2] ..
+  local object = '{"message":' .. (message or json_string(kind[3])) .. ',"type":"' .. kind[anthropic and 4 or 2] ..
       '","param":' .. json_string(param) .. ',"code":"' .. kind[1] .. '"}'
   if anthropic then return '{"type":"error","error":' .. object .. "}" end
   return '{"error":' .. object .. "}"

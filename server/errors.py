@@ -14,6 +14,9 @@
      ├── ServiceUnavailable    503  service_unavailable    service_unavailable_error
      └── UpstreamTimeout       504  upstream_timeout       timeout_error
 
+In Anthropic-shaped bodies (/v1/messages) `type` is Anthropic's for the status instead (ANTHROPIC_TYPES below): 404
+not_found_error, 413 request_too_large, 500 api_error, 503 overloaded_error.
+
 `TABLE` below is every row a caller can receive: these, plus the replies only Envoy makes (408 slow request
 headers, 426 HTTP/1.0, 431 oversized headers or URL) and 499 for a caller who went away (logs and metrics only).
 It is the one source: gateway/envoy.py renders the Lua shaper's table from it, docs/api.md lists it, and the
@@ -55,6 +58,15 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# Anthropic's error `type` for each status its API answers (its errors page; another 4xx is invalid_request_error and
+# another 5xx api_error there). Portico's 503 is what Anthropic calls overloaded (529): an upstream's 529 becomes it.
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorKind:
     grpc_code: grpc.StatusCode
@@ -62,6 +74,12 @@ class ErrorKind:
     code: str
     type: str
     message: str  # what the caller reads when nobody knows more (e.g. Envoy's own replies)
+
+    @property
+    def anthropic_type(self) -> str:
+        """The `type` in an Anthropic-shaped body (/v1/messages): the anthropic SDK's users read Anthropic's."""
+        status = 529 if self.http_status == 503 else self.http_status
+        return ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
 
 
 class PorticoError(Exception):
@@ -217,9 +235,12 @@ def kind_by_status() -> dict[int, ErrorKind]:
     return kinds
 
 
-def error_object(error: PorticoError) -> dict:
-    """The `error` member of the body: {"message", "type", "param", "code"}, and "details" when there are any."""
-    body = {"message": error.message, "type": error.kind.type, "param": error.param, "code": error.kind.code}
+def error_object(error: PorticoError, *, anthropic: bool = False) -> dict:
+    """The `error` member of the body: {"message", "type", "param", "code"}, and "details" when there are any;
+    `anthropic`: with Anthropic's `type` for the status."""
+    kind = error.kind
+    body = {"message": error.message, "type": kind.anthropic_type if anthropic else kind.type, "param": error.param,
+            "code": kind.code}
     return {**body, "details": error.details} if error.details else body
 
 
@@ -228,5 +249,10 @@ def error_body(error: PorticoError, *, anthropic: bool = False) -> bytes:
 
     ASCII-only, because it also travels as gRPC metadata (see gateway/error_shaper.lua).
     """
-    body = {"type": "error", "error": error_object(error)} if anthropic else {"error": error_object(error)}
+    if anthropic:
+        return _ascii_json({"type": "error", "error": error_object(error, anthropic=True)})
+    return _ascii_json({"error": error_object(error)})
+
+
+def _ascii_json(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode()

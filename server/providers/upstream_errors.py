@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from server import wire_json
 from server.domain import Json
 from server.errors import (
-    InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError,
+    ANTHROPIC_TYPES, InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError,
     UpstreamMisconfigured, UpstreamTimeout,
 )
 
@@ -68,11 +68,7 @@ def from_status(
 
 
 # Anthropic's error `type`s (in bodies and mid-stream `error` events) -> the status Anthropic gives them.
-ANTHROPIC_ERROR_STATUS = {
-    "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403, "not_found_error": 404,
-    "request_too_large": 413, "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,
-    "overloaded_error": 529,
-}
+ANTHROPIC_ERROR_STATUS = {error_type: status for status, error_type in ANTHROPIC_TYPES.items()}
 
 
 def from_stream_error(

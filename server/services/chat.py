@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from portico.v1 import chat_pb2, chat_service_pb2_grpc
 from server.domain import Endpoint
+from server.errors import error_object
 from server.pipeline import Pipeline
 from server.render import openai_error_frame, openai_frames
 from server.services.dialect import DialectServicer
@@ -31,7 +32,8 @@ class ChatServicer(DialectServicer, chat_service_pb2_grpc.ChatServiceServicer):
         return to_openai.chat_chunks(header, events, include_usage=plan.include_usage)
 
     frames = staticmethod(openai_frames)
-    error_frame = staticmethod(openai_error_frame)
+    def error_frame(self, error):
+        return openai_error_frame(error_object(error))
 
     CreateChatCompletion = DialectServicer.unary
     StreamChatCompletion = DialectServicer.typed_stream

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import ClassVar, Protocol
 
@@ -19,7 +19,8 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, Json, ResponseHeader
+from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, ResponseHeader
+from server.errors import PorticoError
 from server.pipeline import Call, Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
@@ -81,7 +82,8 @@ class DialectServicer:
     def frames(self, objects: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         raise NotImplementedError
 
-    def error_frame(self, error: Mapping[str, Json]) -> bytes:
+    def error_frame(self, error: PorticoError) -> bytes:
+        """The event that ends a stream which failed after its first byte."""
         raise NotImplementedError
 
     # The three kinds of RPC, for every dialect: an adapter binds its RPC names to these.

@@ -6,6 +6,7 @@ from google.api import httpbody_pb2
 
 from portico.v1 import message_pb2, message_service_pb2_grpc, message_tokens_pb2
 from server.domain import Endpoint, TokenCount
+from server.errors import error_object
 from server.render import anthropic_error_frame, anthropic_frames, json_body
 from server.services.dialect import DialectServicer
 from server.translate import internal_to_anthropic as to_anthropic
@@ -31,7 +32,8 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
         return to_anthropic.message_events(header, events)
 
     frames = staticmethod(anthropic_frames)
-    error_frame = staticmethod(anthropic_error_frame)
+    def error_frame(self, error):
+        return anthropic_error_frame(error_object(error, anthropic=True))
 
     CreateMessage = DialectServicer.unary
     StreamMessage = DialectServicer.typed_stream

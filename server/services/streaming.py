@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
-from server.domain import Json
-from server.errors import InternalError, PorticoError, error_object
+from server.errors import InternalError, PorticoError
 from server.observability.record import RequestRecord
 
 _logger = logging.getLogger(__name__)
 
 
 async def guard_stream(
-    frames: AsyncIterator[bytes], error_frame: Callable[[Mapping[str, Json]], bytes], record: RequestRecord,
+    frames: AsyncIterator[bytes], error_frame: Callable[[PorticoError], bytes], record: RequestRecord,
 ) -> AsyncIterator[bytes]:
-    """Pass frames through; on failure end with the dialect's error event, `error_frame(error object)`, noted on
+    """Pass frames through; on failure end with the dialect's error event, `error_frame(error)`, noted on
     `record` unless the upstream's events already noted theirs (a failure in rendering them, too, is one)."""
     try:
         async with aclosing(frames):
@@ -30,7 +29,7 @@ async def guard_stream(
             exc = InternalError("The server had an error while streaming the response.")
         if not record.in_band_error:
             record.in_band_error = exc.kind.code
-        yield error_frame(error_object(exc))
+        yield error_frame(exc)
 
 
 async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64,

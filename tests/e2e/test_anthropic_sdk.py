@@ -46,6 +46,29 @@ def test_the_sdk_sees_each_request_s_id(client, gateway):
         assert caught.value.request_id == caught.value.response.headers["x-request-id"] != ""
 
 
+def test_error_types_are_anthropic_s_for_the_status(client, gateway):
+    """Anthropic-shaped errors carry Anthropic's `type` (its errors page): a 404 was `invalid_request_error` and a
+    413 `invalid_request_error`, where code written for Anthropic's API looks for `not_found_error` and
+    `request_too_large`. The server's errors, and the ones Envoy makes before the server sees a request."""
+    hi = [{"role": "user", "content": "x"}]
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.messages.create(model="nope", max_tokens=2, messages=hi)  # the server's
+    assert caught.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.get("/v1/messages/nowhere", cast_to=object)  # Envoy's: no such route
+    assert caught.value.body["type"] == "error" and caught.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.APIStatusError) as caught:  # Envoy's: over 8 MiB, refused before it is read
+        client.messages.create(model="family-b-opus-4-7", max_tokens=2,
+                               messages=[{"role": "user", "content": "x" * (9 << 20)}])
+    assert caught.value.status_code == 413
+    assert (caught.value.body["error"]["type"], caught.value.body["error"]["code"]) == (
+        "request_too_large", "request_too_large")
+    # The OpenAI shape keeps the table's types: the same 404 on the chat path.
+    answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "nope", "messages": hi},
+                        headers={"Authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 404 and answer.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_beta_query_parameter_is_accepted(client):
     message = client.beta.messages.create(model="family-b-haiku-4-5-20251001", max_tokens=2,
                                           messages=[{"role": "user", "content": "Hi"}])
