@@ -18,6 +18,7 @@ from server.db.database import open_database
 from server.db.postgres import connect
 from server.db.sqlite import connect_sqlite
 from server.keys.schema import MIGRATIONS as KEY_MIGRATIONS
+from server.usage.schema import MIGRATIONS as USAGE_MIGRATIONS
 from tests.postgres_support import PASSWORD_ENV
 
 
@@ -243,9 +244,8 @@ async def test_a_database_found_newer_after_an_outage_is_unavailable_not_a_serve
 
 
 def _open_like_a_worker(path, barrier) -> None:
-    """What each server process does with keys.db at start: the key store's connection, then the ledger's."""
-    from server.usage.schema import MIGRATIONS as USAGE_MIGRATIONS
-
+    """What each server process does with keys.db at start: the key store's connection, then the ledger's (a forked
+    child: it imports nothing, as another thread of the test process may hold the import lock)."""
     barrier.wait()
     for migrations in (KEY_MIGRATIONS, USAGE_MIGRATIONS):
         with _closing(connect_sqlite(path)) as db:
