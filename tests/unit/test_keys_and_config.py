@@ -164,3 +164,15 @@ def test_a_key_store_that_cannot_be_opened_stops_serve_with_the_file_and_the_cau
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (f"portico: the key store in {tmp_path / 'data' / 'keys.db'} cannot be "
                                             "reached: SQLite: unable to open database file")
+
+
+@pytest.mark.parametrize("ports", [("--port", "--admin-port"), ("--admin-port", "--metrics-port")])
+def test_one_port_for_two_listeners_stops_serve_before_anything_starts(tmp_path, capsys, ports):
+    """The same port twice failed only after the model had loaded, with Envoy's "Address already in use"."""
+    from server.cli import main
+
+    (port,) = free_ports(1)
+    assert main(["--data-dir", str(tmp_path / "d"), "serve", ports[0], str(port), ports[1], str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: configuration error: ") and f"are both {port}" in err
+    assert not (tmp_path / "d" / "keys.db").exists()
