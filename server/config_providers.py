@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from server.domain import Endpoint, ProviderSpec, RetrySettings, Timeouts, UpstreamSpec
 
@@ -37,8 +37,8 @@ class ConfigError(Exception):
 def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
     raw = mapping(raw, where)
     kind = raw.get("kind")
-    if kind not in KIND_ENDPOINTS:
-        raise ConfigError(f"{where}: kind must be one of {', '.join(KIND_ENDPOINTS)}")
+    if not isinstance(kind, str) or kind not in KIND_ENDPOINTS:  # `kind: [openai]` is no key of a dict
+        raise ConfigError(f"{where}: kind must be one of {', '.join(KIND_ENDPOINTS)}, not {kind!r}")
     if endpoint not in KIND_ENDPOINTS[kind]:
         raise ConfigError(f"{where}: a provider of kind `{kind}` cannot serve {endpoint}; it serves "
                           f"{', '.join(KIND_ENDPOINTS[kind])}")
@@ -59,9 +59,10 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
         if not isinstance(raw.get(required), str) or not raw[required]:
             raise ConfigError(f"{where}: `{required}` is required (a string) for a provider of kind `{kind}`")
     base_url = raw["base_url"].rstrip("/")
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(f"{where}.base_url: an http:// or https:// URL without query, not {base_url!r}")
+    parts = url_parts(base_url)
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(f"{where}.base_url: an http:// or https:// URL (a host, a port number if any, no query), "
+                          f"not {base_url!r}")
     key_env = raw.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
         raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
@@ -132,6 +133,20 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
         bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
         raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")
     return value
+
+
+def url_parts(url: str) -> SplitResult | None:
+    """urlsplit's parts, or None for a URL no client can use: a space or control character in it, or a port that is
+    no port (urlsplit reads the port only when asked, and raises then: a traceback deep in start-up, or a 502 on
+    every request)."""
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return None
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return None if port == 0 else parts
 
 
 def mapping(value: Any, where: str) -> dict:
