@@ -27,6 +27,7 @@ KIND_ENDPOINTS = {
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_SECONDS = 365 * 86_400  # the longest upstream timeout or retry time
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -88,7 +89,7 @@ def _timeouts(raw: Any, where: str) -> Timeouts:
         raise ConfigError(f"{where}.write: there is no write timeout (a request is one small buffer, and an upstream "
                           "that does not take it does not answer within `read` either); remove it")
     known_settings(raw, ("connect", "read", "answer", "pool"), where)
-    return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
+    return Timeouts(**{name: _seconds(raw, name, getattr(defaults, name), where) for name in raw})
 
 
 def _retry(raw: Any, where: str) -> RetrySettings:
@@ -101,9 +102,9 @@ def _retry(raw: Any, where: str) -> RetrySettings:
         raise ConfigError(f"{where}.on_status: a list of HTTP statuses (400-599), e.g. [429, 500, 503]")
     return RetrySettings(
         attempts=_number(raw, "attempts", defaults.attempts, where, integer=True),
-        initial_backoff=_number(raw, "initial_backoff", defaults.initial_backoff, where),
-        max_backoff=_number(raw, "max_backoff", defaults.max_backoff, where),
-        total_seconds=_number(raw, "total_seconds", defaults.total_seconds, where),
+        initial_backoff=_seconds(raw, "initial_backoff", defaults.initial_backoff, where),
+        max_backoff=_seconds(raw, "max_backoff", defaults.max_backoff, where),
+        total_seconds=_seconds(raw, "total_seconds", defaults.total_seconds, where),
         on_status=tuple(on_status),
     )
 
@@ -113,6 +114,17 @@ def _number(raw: dict, name: str, default: float, where: str, *, integer: bool =
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:  # YAML has .nan and .inf
         raise ConfigError(f"{where}.{name}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    return value
+
+
+def _seconds(raw: dict, name: str, default: float, where: str) -> float:
+    """An upstream's timeout or retry time. Envoy's limit on a silent request is made of them (server/serving.py), and
+    Envoy reads no duration past about 10**11 s: a year is more than any answer or retry needs."""
+    value = raw.get(name, default)
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= MAX_SECONDS):
+        raise ConfigError(f"{where}.{name}: a positive number of seconds, at most {MAX_SECONDS} (a year), "
+                          f"not {value!r}")
     return value
 
 

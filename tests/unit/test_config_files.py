@@ -39,7 +39,7 @@ def _load(tmp_path, text: str):
         (f"{ONE_MODEL}\nlimits: {{lease_seconds: .nan}}", r"limits\.lease_seconds: a finite number, not nan"),
         (f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: "
          f"'http://127.0.0.1:9/v1', model: m, timeouts: {{read: .nan}}}}}}]",
-         r"models\[0\]\.provider\.timeouts\.read: a positive number, not nan"),
+         r"models\[0\]\.provider\.timeouts\.read: a positive number of seconds, .*not nan"),
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, cache: {ttl_seconds: .inf}}]",
          r"models\[0\]\.cache\.ttl_seconds: a positive number, not inf"),
         (f"models: [{{id: a, endpoint: /v1/chat/completions, deployments: [{{name: x, weight: .nan, "

@@ -92,3 +92,15 @@ def test_the_largest_limits_are_those_a_key_may_have(tmp_path):
     assert config.default_max_tokens == 2147483647
     defaults = config.limits.defaults
     assert (defaults.requests_per_minute, defaults.max_spend_day, defaults.max_spend_month) == (2147483647, 10**15, 1)
+
+
+@pytest.mark.parametrize("setting", ["timeouts: {answer: 31536001}", "timeouts: {connect: 1.0e+12}",
+                                     "retry: {total_seconds: 1.0e+300}", "retry: {max_backoff: 31536001}"])
+def test_upstream_seconds_are_at_most_a_year(tmp_path, setting):
+    """Envoy's limit on a silent request is made of them: 1e12 seconds was past what Envoy reads, and serve stopped
+    with exit code 1 and a page of JSON."""
+    path = tmp_path / "c.yaml"
+    path.write_text(_model(f"{{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m, {setting}}}"))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.(timeouts|retry)\.\w+: a positive number of "
+                                          r"seconds, at most 31536000 \(a year\), not "):
+        load_config(path)
