@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)
+            _check_ports(config)
             upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
             _check_access_log(config.access_log)
             if args.workers < 1:
@@ -76,6 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
         print(f"portico: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_ports(config: Config) -> None:
+    """Portico's own listeners on one port: Envoy's `Address already in use` would blame some other program, after
+    start-up had begun. The file's values and serve's options together, as serve will use them."""
+    ports = {"listen.port (--port)": config.port, "envoy_admin_port (--admin-port)": config.envoy_admin_port}
+    if config.metrics_port:  # 0: no metrics listener
+        ports["metrics_port (--metrics-port)"] = config.metrics_port
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise ConfigError(f"{seen[port]} and {name} must differ: both are {port}")
+        seen[port] = name
 
 
 def _check_data_dir(data_dir: Path) -> None:

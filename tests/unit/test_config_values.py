@@ -104,3 +104,20 @@ def test_upstream_seconds_are_at_most_a_year(tmp_path, setting):
     with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.(timeouts|retry)\.\w+: a positive number of "
                                           r"seconds, at most 31536000 \(a year\), not "):
         load_config(path)
+
+
+@pytest.mark.parametrize(("options", "text"), [
+    (["--port", "18080", "--admin-port", "18080"], ""),
+    (["--metrics-port", "18080"], "listen: {port: 18080}\n"),
+    ([], "listen: {port: 18080}\nenvoy_admin_port: 18080\n"),
+])
+def test_one_port_for_two_listeners_is_a_configuration_error(tmp_path, capsys, options, text):
+    """Two of Portico's own listeners on one port were exit code 1 after start-up had begun, with Envoy's `cannot bind
+    ...: Address already in use`, which points at some other program."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: off\n{text}")
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
+    assert "18080" in err and "must differ" in err
+    assert not (tmp_path / "d").exists()
