@@ -279,7 +279,7 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
         raise ConfigError(f"{where}.on_store_error: `closed` (refuse with 503) or `open` (admit), not {policy!r}")
     settings = LimitSettings(
         defaults=_key_limits(raw.get("defaults") or {}, f"{where}.defaults"),
-        models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
+        models={str(m): _key_limits(_or_empty(v), f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
         lease_seconds=number(raw, "lease_seconds", 30.0, where),
