@@ -61,9 +61,14 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
             raise ConfigError(f"{where}: `{required}` is required (a string) for a provider of kind `{kind}`")
     base_url = raw["base_url"].rstrip("/")
     parts = url_parts(base_url)
+    if "@" in base_url:  # the message quotes the URL: not one with a password in it
+        base_url = "(not shown: it has a user or password)"
     if not parts or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         raise ConfigError(f"{where}.base_url: an http:// or https:// URL (a host, a port number if any, no query), "
                           f"not {base_url!r}")
+    if parts.username is not None:  # never sent: the upstream would answer 401, for every request
+        raise ConfigError(f"{where}.base_url: no user or password in the URL (they are not sent, and a secret does "
+                          "not go in the configuration); name the key's environment variable in api_key_env")
     key_env = raw.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
         raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
@@ -153,8 +158,8 @@ def url_parts(url: str) -> SplitResult | None:
     every request)."""
     if any(char.isspace() or not char.isprintable() for char in url):
         return None
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)  # raises for a bracketed host that is no IPv6 address: `http://[::1/v1`
         port = parts.port
     except ValueError:
         return None

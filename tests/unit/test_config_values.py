@@ -29,6 +29,7 @@ MISTAKES = [
     (_upstream("http://127.0.0.1:99999/v1"), r"models\[0\]\.provider\.base_url: .*99999"),
     # ... and a host with a space in it was a 502 on every request.
     (_upstream("http://up stream/v1"), r"models\[0\]\.provider\.base_url: "),
+    (_upstream("http://[::1/v1"), r"models\[0\]\.provider\.base_url: "),  # urlsplit's ValueError, a traceback
     # The same for the other URLs: the Redis limit store (a traceback, or db `x` silently taken as 0), the tracing
     # collector (a traceback), PostgreSQL (a gateway started with its key store "unreachable") and image links.
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:abc/0'}}", r"limits\.store: .*redis://127\.0\.0\.1:abc/0"),
@@ -121,3 +122,17 @@ def test_one_port_for_two_listeners_is_a_configuration_error(tmp_path, capsys, o
     assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
     assert "18080" in err and "must differ" in err
     assert not (tmp_path / "d").exists()
+
+
+def test_an_upstream_url_with_a_user_or_password_is_refused_without_echoing_it(tmp_path):
+    """`https://user:secret@host/v1` was taken, and its user and password silently never sent (a 401, so a 502 for
+    every caller), with a secret left in the file."""
+    path = tmp_path / "c.yaml"
+    path.write_text(_upstream("https://user:s3cret-pw@api.example.com/v1"))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: no user or password .*api_key_env") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
+    path.write_text(_upstream("https://user:s3cret-pw@api.example.com:abc/v1"))  # and no URL at all
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: ") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
