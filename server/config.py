@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from redis.asyncio.connection import parse_url
@@ -269,6 +270,9 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
         if model_id not in model_ids:
             raise ConfigError(f"{where}.models: {model_id!r} is not a model in `models`")
     store = str(raw.get("store", "memory"))
+    if store != "memory" and url_parts(store) is None:  # not even quoted: it may hold a password
+        raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host "
+                          "that is no IPv6 address)")
     if store != "memory" and not store.startswith(STORE_SCHEMES):
         raise ConfigError(f"{where}.store: `memory` or a Redis URL ({', '.join(STORE_SCHEMES)}...), not "
                           f"{redacted(store)!r}")
@@ -291,11 +295,9 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
 
 
 def _redis_url_problem(url: str) -> str | None:
-    """What is wrong with a Redis URL, or None: what redis-py would raise only once serve had started (a traceback),
-    or take silently for something else (a database `x` as 0)."""
-    parts = url_parts(url)
-    if parts is None:
-        return "has a space, or a port that is no port number"
+    """What is wrong with a Redis URL urlsplit reads, or None: what redis-py would raise only once serve had started
+    (a traceback), or take silently for something else (a database `x` as 0)."""
+    parts = urlsplit(url)
     if parts.scheme == "unix":
         if not parts.path:
             return "names no socket (unix:///path/to/redis.sock)"

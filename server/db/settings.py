@@ -75,9 +75,9 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
                           f"{_without_password(store)!r}")
     parts = url_parts(store)
-    if parts is None:
-        raise ConfigError(f"{where}.store: {_without_password(store)!r} is no URL (a space, or a port that is no port "
-                          "number)")
+    if parts is None:  # not quoted: _without_password cannot read it either
+        raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host that "
+                          "is no IPv6 address)")
     if parts.password is not None:
         raise ConfigError(f"{where}.store: no password in the URL ({_without_password(store)}); name the "
                           "environment variable that holds it in keys.password_env")

@@ -32,7 +32,9 @@ MISTAKES = [
     (_upstream("http://[::1/v1"), r"models\[0\]\.provider\.base_url: "),  # urlsplit's ValueError, a traceback
     # The same for the other URLs: the Redis limit store (a traceback, or db `x` silently taken as 0), the tracing
     # collector (a traceback), PostgreSQL (a gateway started with its key store "unreachable") and image links.
-    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:abc/0'}}", r"limits\.store: .*redis://127\.0\.0\.1:abc/0"),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:abc/0'}}", r"limits\.store: not a URL \(.*port"),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://:pw@[::1/0'}}", r"limits\.store: not a URL"),
+    (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@[::1/portico'}}", r"keys\.store: not a URL"),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:99999/0'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:6379/x'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'unix://'}}", r"limits\.store: "),
