@@ -92,7 +92,8 @@ def render_config(
     listener["address"] = {"socket_address": {"address": listen_host, "port_value": listen_port}}
     hcm = http_manager(config)
     if stream_idle_timeout_s is not None:
-        hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s:g}s"
+        # Fixed-point: `:g` wrote 1000035 as `1.00004e+06s`, which Envoy refuses.
+        hcm["stream_idle_timeout"] = f"{stream_idle_timeout_s:.3f}".rstrip("0").rstrip(".") + "s"
     if access_log_path is None:
         hcm.pop("access_log", None)
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import itertools
 import logging
 import sys
 import time
@@ -42,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)
-            upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
             _check_ports(config)
+            upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
             _check_access_log(config.access_log)
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
@@ -80,6 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _check_ports(config: Config) -> None:
+    """Portico's own listeners on one port: Envoy's `Address already in use` would blame some other program, after
+    start-up had begun. The file's values and serve's options together, as serve will use them."""
+    ports = {"listen.port (--port)": config.port, "envoy_admin_port (--admin-port)": config.envoy_admin_port}
+    if config.metrics_port:  # 0: no metrics listener
+        ports["metrics_port (--metrics-port)"] = config.metrics_port
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise ConfigError(f"{seen[port]} and {name} must differ: both are {port}")
+        seen[port] = name
+
+
 def _check_data_dir(data_dir: Path) -> None:
     """The data dir (the SQLite store, images, run files) made now: a path that cannot be a directory (a file is
     there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
@@ -87,16 +99,6 @@ def _check_data_dir(data_dir: Path) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"data_dir: cannot create {data_dir} ({exc.strerror})") from None
-
-
-def _check_ports(config: Config) -> None:
-    """The listener, Envoy's admin and the metrics server each need a port of their own: the same one twice failed
-    only once the model had loaded, in Envoy's words."""
-    ports = {"--port (listen.port)": config.port, "--admin-port (envoy_admin_port)": config.envoy_admin_port,
-             "--metrics-port (metrics_port)": config.metrics_port}
-    for (name, port), (other, other_port) in itertools.combinations(ports.items(), 2):
-        if port and port == other_port:
-            raise ConfigError(f"{name} and {other} are both {port}: each needs a port of its own")
 
 
 def _check_access_log(target: str) -> None:

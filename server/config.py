@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -10,19 +11,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+from redis.asyncio.connection import parse_url
 
 from server.config_deployments import parse_cache, parse_deployments, parse_health
-from server.config_providers import ConfigError, known_settings, mapping, number
+from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
-from server.domain import MAX_GRACE_SECONDS, SPEND_LIMIT_NAMES, Endpoint, KeyLimits, ModelEntry
-from server.limits.settings import LimitSettings
-from server.usage.money import parse_price, usd_to_micros
+from server.domain import (MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, Endpoint, KeyLimits,
+                           ModelEntry)
+from server.limits.settings import LimitSettings, redacted
+from server.usage.money import parse_price, usd_text, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
 
 __all__ = ["Config", "ConfigError", "EmbeddedSettings", "listen_host", "load_config"]
 
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
+MAX_CREATED = 2**32 - 1  # a model's `created` is a uint32 in every listing (a larger one made /v1/models a 500)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +170,9 @@ def _parse(raw: dict, source: str) -> Config:
                 instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),
                 model_path=_model_path(embedded.get("model_path"), f"{source}: embedded.model_path"),
             ),
-            default_max_tokens=number(raw, "default_max_tokens", 1024, f"{source}: ", integer=True, low=1),
+            # Sent as a request's own max_tokens would be, which is at most an int32.
+            default_max_tokens=number(raw, "default_max_tokens", 1024, f"{source}: ", integer=True, low=1,
+                                      high=MAX_COUNT_LIMIT),
             key_cache_seconds=number(keys, "cache_seconds", 1.0, f"{source}: keys", low=0),
             key_rotation_grace_seconds=number(keys, "rotation_grace_seconds", 86_400, f"{source}: keys",
                                                 integer=True, low=0, high=MAX_GRACE_SECONDS),
@@ -225,9 +231,12 @@ def _or_empty(value: Any) -> Any:
 
 
 def _base_url(value: Any, where: str) -> str | None:
-    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))
-                                  and urlsplit(value).hostname):
-        raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway), not {value!r}")
+    """Image links are this URL with a path added: a query or fragment in it would make every link wrong."""
+    parts = url_parts(value) if isinstance(value, str) else None
+    if value is not None and not (parts and parts.scheme in ("http", "https") and parts.hostname
+                                  and not parts.query and not parts.fragment):
+        raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway: a host, a port "
+                          f"number if any, no query), not {value!r}")
     return value
 
 
@@ -261,14 +270,20 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
         if model_id not in model_ids:
             raise ConfigError(f"{where}.models: {model_id!r} is not a model in `models`")
     store = str(raw.get("store", "memory"))
+    if store != "memory" and url_parts(store) is None:  # not even quoted: it may hold a password
+        raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host "
+                          "that is no IPv6 address)")
     if store != "memory" and not store.startswith(STORE_SCHEMES):
-        raise ConfigError(f"{where}.store: `memory` or a Redis URL ({', '.join(STORE_SCHEMES)}...), not {store!r}")
+        raise ConfigError(f"{where}.store: `memory` or a Redis URL ({', '.join(STORE_SCHEMES)}...), not "
+                          f"{redacted(store)!r}")
+    if store != "memory" and (problem := _redis_url_problem(store)):
+        raise ConfigError(f"{where}.store: {redacted(store)!r} {problem}")
     policy = raw.get("on_store_error", "closed")
     if policy not in ("closed", "open"):
         raise ConfigError(f"{where}.on_store_error: `closed` (refuse with 503) or `open` (admit), not {policy!r}")
     settings = LimitSettings(
         defaults=_key_limits(raw.get("defaults") or {}, f"{where}.defaults"),
-        models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
+        models={str(m): _key_limits(_or_empty(v), f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
         lease_seconds=number(raw, "lease_seconds", 30.0, where),
@@ -279,6 +294,22 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
     return settings
 
 
+def _redis_url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL urlsplit reads, or None: what redis-py would raise only once serve had started
+    (a traceback), or take silently for something else (a database `x` as 0)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        if not parts.path:
+            return "names no socket (unix:///path/to/redis.sock)"
+    elif not re.fullmatch(r"/?|/\d+", parts.path):
+        return "has a database that is no number (redis://host:port/0)"
+    try:
+        parse_url(url)
+    except ValueError as exc:  # an option in the query string, e.g. socket_timeout=soon
+        return str(exc)
+    return None
+
+
 def _key_limits(raw: Any, where: str) -> KeyLimits:
     raw = _mapping(raw, where)
     names = {f.name for f in fields(KeyLimits)}
@@ -286,14 +317,19 @@ def _key_limits(raw: Any, where: str) -> KeyLimits:
         raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
     values = {}
     for name, value in raw.items():
+        # Bounded as a key's own limits are: `max_spend_day: 0` was silently no budget at all.
         if name in SPEND_LIMIT_NAMES and value is not None:  # budgets are given in US dollars
             try:
-                values[name] = usd_to_micros(value, f"{where}.{name}") or None
+                value = usd_to_micros(value, f"{where}.{name}")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            continue
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{where}.{name}: must be a whole number of at least 1, or null for no limit")
+            if not 1 <= value <= MAX_SPEND_LIMIT:
+                raise ConfigError(f"{where}.{name}: more than $0 and at most {usd_text(MAX_SPEND_LIMIT)}, or null for "
+                                  f"no limit, not {raw[name]!r}")
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                    or not 1 <= value <= MAX_COUNT_LIMIT):
+            raise ConfigError(f"{where}.{name}: a whole number from 1 to {MAX_COUNT_LIMIT}, or null for no limit, "
+                              f"not {value!r}")
         values[name] = value
     return KeyLimits(**values)
 
@@ -319,7 +355,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
         id=_model_id(raw, where),
         endpoint=endpoint,
         owned_by=_text(raw, "owned_by", "portico", where),
-        created=number(raw, "created", 0, where, integer=True, low=0),
+        created=number(raw, "created", 0, where, integer=True, low=0, high=MAX_CREATED),
         deployments=parse_deployments(raw, where, endpoint),
         fallbacks=tuple(fallbacks),
         price=parse_price(raw.get("price") or {}, f"{where}.price"),

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from server.domain import Endpoint, ProviderSpec, RetrySettings, Timeouts, UpstreamSpec
 
@@ -27,6 +27,7 @@ KIND_ENDPOINTS = {
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_SECONDS = 365 * 86_400  # the longest upstream timeout or retry time
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -37,8 +38,8 @@ class ConfigError(Exception):
 def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
     raw = mapping(raw, where)
     kind = raw.get("kind")
-    if kind not in KIND_ENDPOINTS:
-        raise ConfigError(f"{where}: kind must be one of {', '.join(KIND_ENDPOINTS)}")
+    if not isinstance(kind, str) or kind not in KIND_ENDPOINTS:  # `kind: [openai]` is no key of a dict
+        raise ConfigError(f"{where}: kind must be one of {', '.join(KIND_ENDPOINTS)}, not {kind!r}")
     if endpoint not in KIND_ENDPOINTS[kind]:
         raise ConfigError(f"{where}: a provider of kind `{kind}` cannot serve {endpoint}; it serves "
                           f"{', '.join(KIND_ENDPOINTS[kind])}")
@@ -59,9 +60,15 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
         if not isinstance(raw.get(required), str) or not raw[required]:
             raise ConfigError(f"{where}: `{required}` is required (a string) for a provider of kind `{kind}`")
     base_url = raw["base_url"].rstrip("/")
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(f"{where}.base_url: an http:// or https:// URL without query, not {base_url!r}")
+    parts = url_parts(base_url)
+    if "@" in base_url:  # the message quotes the URL: not one with a password in it
+        base_url = "(not shown: it has a user or password)"
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(f"{where}.base_url: an http:// or https:// URL (a host, a port number if any, no query), "
+                          f"not {base_url!r}")
+    if parts.username is not None:  # never sent: the upstream would answer 401, for every request
+        raise ConfigError(f"{where}.base_url: no user or password in the URL (they are not sent, and a secret does "
+                          "not go in the configuration); name the key's environment variable in api_key_env")
     key_env = raw.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
         raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
@@ -87,7 +94,7 @@ def _timeouts(raw: Any, where: str) -> Timeouts:
         raise ConfigError(f"{where}.write: there is no write timeout (a request is one small buffer, and an upstream "
                           "that does not take it does not answer within `read` either); remove it")
     known_settings(raw, ("connect", "read", "answer", "pool"), where)
-    return Timeouts(**{name: _number(raw, name, getattr(defaults, name), where) for name in raw})
+    return Timeouts(**{name: _seconds(raw, name, getattr(defaults, name), where) for name in raw})
 
 
 def _retry(raw: Any, where: str) -> RetrySettings:
@@ -100,9 +107,9 @@ def _retry(raw: Any, where: str) -> RetrySettings:
         raise ConfigError(f"{where}.on_status: a list of HTTP statuses (400-599), e.g. [429, 500, 503]")
     return RetrySettings(
         attempts=_number(raw, "attempts", defaults.attempts, where, integer=True),
-        initial_backoff=_number(raw, "initial_backoff", defaults.initial_backoff, where),
-        max_backoff=_number(raw, "max_backoff", defaults.max_backoff, where),
-        total_seconds=_number(raw, "total_seconds", defaults.total_seconds, where),
+        initial_backoff=_seconds(raw, "initial_backoff", defaults.initial_backoff, where),
+        max_backoff=_seconds(raw, "max_backoff", defaults.max_backoff, where),
+        total_seconds=_seconds(raw, "total_seconds", defaults.total_seconds, where),
         on_status=tuple(on_status),
     )
 
@@ -112,6 +119,17 @@ def _number(raw: dict, name: str, default: float, where: str, *, integer: bool =
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:  # YAML has .nan and .inf
         raise ConfigError(f"{where}.{name}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    return value
+
+
+def _seconds(raw: dict, name: str, default: float, where: str) -> float:
+    """An upstream's timeout or retry time. Envoy's limit on a silent request is made of them (server/serving.py), and
+    Envoy reads no duration past about 10**11 s: a year is more than any answer or retry needs."""
+    value = raw.get(name, default)
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= MAX_SECONDS):
+        raise ConfigError(f"{where}.{name}: a positive number of seconds, at most {MAX_SECONDS} (a year), "
+                          f"not {value!r}")
     return value
 
 
@@ -132,6 +150,20 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
         bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
         raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")
     return value
+
+
+def url_parts(url: str) -> SplitResult | None:
+    """urlsplit's parts, or None for a URL no client can use: a space or control character in it, or a port that is
+    no port (urlsplit reads the port only when asked, and raises then: a traceback deep in start-up, or a 502 on
+    every request)."""
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return None
+    try:
+        parts = urlsplit(url)  # raises for a bracketed host that is no IPv6 address: `http://[::1/v1`
+        port = parts.port
+    except ValueError:
+        return None
+    return None if port == 0 else parts
 
 
 def mapping(value: Any, where: str) -> dict:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from server.config_providers import ConfigError, mapping, number
+from server.config_providers import ConfigError, mapping, number, url_parts
 
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
 
@@ -64,8 +63,8 @@ def _endpoint(value: Any, where: str) -> str:
     """An http(s) URL; `/v1/traces` is added when it has no path, as OTLP exporters do with a base URL."""
     if not isinstance(value, str):
         raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    parts = url_parts(value)
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318, not {value!r}")
     if parts.path in ("", "/"):
         return value.rstrip("/") + TRACES_PATH

@@ -445,6 +445,12 @@ SPEND_LIMIT_NAMES = ("max_spend_day", "max_spend_month")  # in micro-dollars her
 # A rotation's grace, at most ten years: the previous secret's end, now + grace, must fit `previous_secret_expires`
 # (uint32 unix seconds, until 2106). The CLI, gRPC, REST and the configuration's default get the same bound.
 MAX_GRACE_SECONDS = 10 * 365 * 86_400
+# The largest limit, for a key's own and the configuration's defaults and per-model limits alike. Counts: what the
+# APIs' int32 fields hold (a bigger one, stored through the CLI, would break every listing of the key). Budgets, in
+# micro-dollars: a billion US dollars, exact in the stores' 64-bit columns and in the doubles of the Redis limit
+# scripts (below 2**53).
+MAX_COUNT_LIMIT = 2**31 - 1
+MAX_SPEND_LIMIT = 1_000_000_000 * 1_000_000
 KEY_LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from server.config_providers import ConfigError, number
+from server.config_providers import ConfigError, number, url_parts
 
 SQLITE = "sqlite"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -74,7 +74,10 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
                           f"{_without_password(store)!r}")
-    parts = urlsplit(store)
+    parts = url_parts(store)
+    if parts is None:  # not quoted: _without_password cannot read it either
+        raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host that "
+                          "is no IPv6 address)")
     if parts.password is not None:
         raise ConfigError(f"{where}.store: no password in the URL ({_without_password(store)}); name the "
                           "environment variable that holds it in keys.password_env")

@@ -14,17 +14,12 @@ from typing import Any
 
 from server.db.database import Database, open_database
 from server.db.settings import StoreSettings
-from server.domain import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain import KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
 from server.keys.schema import MIGRATIONS
-from server.usage.money import MICROS_PER_USD, usd_text
+from server.usage.money import usd_text
 
 SECRET_PREFIX = "pk-"
-# The largest value of a key's own limit. Counts: what the APIs' int32 fields hold (a bigger one, stored through the
-# CLI, would break every listing of the key). Budgets, in micro-dollars: a billion US dollars, exact in the stores'
-# 64-bit columns and in the doubles of the Redis limit scripts (below 2**53).
-MAX_COUNT_LIMIT = 2**31 - 1
-MAX_SPEND_LIMIT = 1_000_000_000 * MICROS_PER_USD
 CHANGES_CHANNEL = "portico_key_changes"  # PostgreSQL NOTIFY channel: the id of each key changed
 
 

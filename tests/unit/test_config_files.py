@@ -7,6 +7,7 @@ import pytest
 
 from server.cli import main
 from server.config import ConfigError, load_config
+from server.domain import KeyLimits
 
 ONE_MODEL = "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]"
 UPSTREAM = "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}"
@@ -39,7 +40,7 @@ def _load(tmp_path, text: str):
         (f"{ONE_MODEL}\nlimits: {{lease_seconds: .nan}}", r"limits\.lease_seconds: a finite number, not nan"),
         (f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: "
          f"'http://127.0.0.1:9/v1', model: m, timeouts: {{read: .nan}}}}}}]",
-         r"models\[0\]\.provider\.timeouts\.read: a positive number, not nan"),
+         r"models\[0\]\.provider\.timeouts\.read: a positive number of seconds, .*not nan"),
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, cache: {ttl_seconds: .inf}}]",
          r"models\[0\]\.cache\.ttl_seconds: a positive number, not inf"),
         (f"models: [{{id: a, endpoint: /v1/chat/completions, deployments: [{{name: x, weight: .nan, "
@@ -102,6 +103,9 @@ def test_a_section_left_empty_takes_its_defaults(tmp_path):
     config = _load(tmp_path, f"{ONE_MODEL}\nlisten:\n  # port: 9000\nembedded:\nkeys:\nlimits:\n")
     assert (config.port, config.embedded.threads, config.key_cache_seconds) == (8080, 2, 1.0)
     assert config.limits.store == "memory"
+    # A model's limits too (they were "limits.models.a must be a mapping"): it has none of its own.
+    config = _load(tmp_path, f"{ONE_MODEL}\nlimits:\n  models:\n    a:\n      # requests_per_minute: 60\n")
+    assert config.limits.models["a"] == KeyLimits()
 
 
 def test_invalid_yaml_is_one_line_with_where(tmp_path):

@@ -34,6 +34,7 @@ def test_envoy_accepts_the_template_and_the_rendered_config(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rendered = render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
                              descriptor_set=DESCRIPTOR_SET, lua_source=repo_root() / "gateway" / "error_shaper.lua")
+    (tmp_path / "data").mkdir()  # for Envoy's access log
     (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
     checked = validate(tmp_path / "envoy.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -75,3 +76,19 @@ def test_envoy_never_cuts_a_silence_a_model_is_allowed(tmp_path):
     assert _idle_timeout(tmp_path, _model()) == "635s"
     assert _idle_timeout(tmp_path, _model("{answer: 30, read: 900}")) == "935s"
     assert _idle_timeout(tmp_path, _model("{answer: 100, read: 10}")) == "300s"
+
+
+def test_a_long_silence_is_a_duration_envoy_reads(tmp_path):
+    """`timeouts.answer: 1000000` was rendered `1.00004e+06s`: Envoy refused its configuration and serve stopped with
+    exit code 1 and a page of JSON."""
+    assert _idle_timeout(tmp_path, _model("{answer: 1000000}")) == "1000035s"
+    assert _idle_timeout(tmp_path, _model("{answer: 600.25}")) == "635.25s"
+
+    from server.serving import _envoy_config
+    from tests.upstream_support import load_upstream_config
+
+    rendered = _envoy_config(load_upstream_config(tmp_path, _model("{answer: 31536000}")), ["unix:/tmp/p.sock"])
+    (tmp_path / "data").mkdir()  # for Envoy's access log
+    (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
+    checked = validate(tmp_path / "envoy.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -1,0 +1,140 @@
+"""Values a configuration file may hold that read well but could not work: each stops start-up with one line naming
+the setting (exit code 2), not a traceback from deep in start-up, a setting silently taken as something else, or a
+gateway that answers 500 later."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.cli import main
+from server.config import ConfigError, load_config
+
+ONE_MODEL = "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]"
+
+
+def _model(provider: str, extra: str = "") -> str:
+    return f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {provider}{extra}}}]"
+
+
+def _upstream(base_url: str) -> str:
+    return _model(f"{{kind: openai, base_url: '{base_url}', model: m}}")
+
+
+MISTAKES = [
+    # `kind: [openai]` was TypeError: unhashable type: 'list', a traceback.
+    (_model("{kind: [openai]}"), r"models\[0\]\.provider: kind must be one of llamacpp, dev-image, openai, anthropic"),
+    (_model("{kind: {openai: 1}}"), r"models\[0\]\.provider: kind must be one of"),
+    # A port that is no port was urllib's ValueError, a traceback, once serve built the upstream's client ...
+    (_upstream("http://127.0.0.1:abc/v1"), r"models\[0\]\.provider\.base_url: .*not 'http://127\.0\.0\.1:abc/v1'"),
+    (_upstream("http://127.0.0.1:99999/v1"), r"models\[0\]\.provider\.base_url: .*99999"),
+    # ... and a host with a space in it was a 502 on every request.
+    (_upstream("http://up stream/v1"), r"models\[0\]\.provider\.base_url: "),
+    (_upstream("http://[::1/v1"), r"models\[0\]\.provider\.base_url: "),  # urlsplit's ValueError, a traceback
+    # The same for the other URLs: the Redis limit store (a traceback, or db `x` silently taken as 0), the tracing
+    # collector (a traceback), PostgreSQL (a gateway started with its key store "unreachable") and image links.
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:abc/0'}}", r"limits\.store: not a URL \(.*port"),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://:pw@[::1/0'}}", r"limits\.store: not a URL"),
+    (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@[::1/portico'}}", r"keys\.store: not a URL"),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:99999/0'}}", r"limits\.store: "),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:6379/x'}}", r"limits\.store: "),
+    (f"{ONE_MODEL}\nlimits: {{store: 'unix://'}}", r"limits\.store: "),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1/0?socket_timeout=soon'}}", r"limits\.store: "),
+    (f"{ONE_MODEL}\ntracing: {{otlp_endpoint: 'http://127.0.0.1:abc'}}", r"tracing\.otlp_endpoint: "),
+    (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:abc/portico'}}", r"keys\.store: "),
+    (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com:abc'}}", r"listen\.public_base_url: "),
+    # An image link is the base URL with a path added: a query or fragment in it made every link wrong.
+    (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com/?x=1'}}", r"listen\.public_base_url: "),
+    # `created` is a uint32 in every model listing: a larger one made GET /v1/models a 500.
+    (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: llamacpp}}, created: 5000000000}}]",
+     r"models\[0\]\.created: a whole number from 0 to 4294967295, not 5000000000"),
+    # A request's own max_tokens is at most 2147483647: the default is sent the same way (upstreams refuse more).
+    (f"{ONE_MODEL}\ndefault_max_tokens: 3000000000",
+     r"default_max_tokens: a whole number from 1 to 2147483647, not 3000000000"),
+    # Default and per-model limits are bounded as a key's own are (api.md): a budget of 0 was silently no budget.
+    (f"{ONE_MODEL}\nlimits: {{defaults: {{max_spend_day: 0}}}}",
+     r"limits\.defaults\.max_spend_day: more than \$0 and at most \$1000000000\.00, or null for no limit, not 0"),
+    (f"{ONE_MODEL}\nlimits: {{models: {{a: {{max_spend_month: 0.0}}}}}}", r"limits\.models\.a\.max_spend_month: "),
+    (f"{ONE_MODEL}\nlimits: {{defaults: {{max_spend_month: 2000000000}}}}", r"limits\.defaults\.max_spend_month: "),
+    (f"{ONE_MODEL}\nlimits: {{defaults: {{tokens_per_minute: 3000000000}}}}",
+     r"limits\.defaults\.tokens_per_minute: a whole number from 1 to 2147483647, or null for no limit, "
+     r"not 3000000000"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), MISTAKES)
+def test_a_value_that_cannot_work_is_a_configuration_error(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("text", "message"), MISTAKES[:3])
+def test_serve_says_so_in_one_line_with_exit_code_2(tmp_path, capsys, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{text}\naccess_log: off\n")  # capsys's stderr is no file an access log could share
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
+    assert not (tmp_path / "d").exists()  # nothing was started or created
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://:pw@cache.internal:6380/2", "redis://h",
+                                 "unix:///run/redis.sock?db=1", "redis://127.0.0.1/3?socket_timeout=0.2"])
+def test_redis_urls_as_redis_takes_them(tmp_path, url):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nlimits: {{store: '{url}'}}")
+    assert load_config(path).limits.store == url
+
+
+def test_the_largest_limits_are_those_a_key_may_have(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\ndefault_max_tokens: 2147483647\nlimits: {{defaults: {{requests_per_minute: "
+                    "2147483647, max_spend_day: 1000000000, max_spend_month: 0.000001}}")
+    config = load_config(path)
+    assert config.default_max_tokens == 2147483647
+    defaults = config.limits.defaults
+    assert (defaults.requests_per_minute, defaults.max_spend_day, defaults.max_spend_month) == (2147483647, 10**15, 1)
+
+
+@pytest.mark.parametrize("setting", ["timeouts: {answer: 31536001}", "timeouts: {connect: 1.0e+12}",
+                                     "retry: {total_seconds: 1.0e+300}", "retry: {max_backoff: 31536001}"])
+def test_upstream_seconds_are_at_most_a_year(tmp_path, setting):
+    """Envoy's limit on a silent request is made of them: 1e12 seconds was past what Envoy reads, and serve stopped
+    with exit code 1 and a page of JSON."""
+    path = tmp_path / "c.yaml"
+    path.write_text(_model(f"{{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m, {setting}}}"))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.(timeouts|retry)\.\w+: a positive number of "
+                                          r"seconds, at most 31536000 \(a year\), not "):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("options", "text"), [
+    (["--port", "18080", "--admin-port", "18080"], ""),
+    (["--metrics-port", "18080"], "listen: {port: 18080}\n"),
+    ([], "listen: {port: 18080}\nenvoy_admin_port: 18080\n"),
+])
+def test_one_port_for_two_listeners_is_a_configuration_error(tmp_path, capsys, options, text):
+    """Two of Portico's own listeners on one port were exit code 1 after start-up had begun, with Envoy's `cannot bind
+    ...: Address already in use`, which points at some other program."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: off\n{text}")
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
+    assert "18080" in err and "must differ" in err
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_upstream_url_with_a_user_or_password_is_refused_without_echoing_it(tmp_path):
+    """`https://user:secret@host/v1` was taken, and its user and password silently never sent (a 401, so a 502 for
+    every caller), with a secret left in the file."""
+    path = tmp_path / "c.yaml"
+    path.write_text(_upstream("https://user:s3cret-pw@api.example.com/v1"))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: no user or password .*api_key_env") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
+    path.write_text(_upstream("https://user:s3cret-pw@api.example.com:abc/v1"))  # and no URL at all
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: ") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
