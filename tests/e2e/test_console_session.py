@@ -285,3 +285,32 @@ def test_a_keys_page_shows_the_limits_of_the_models_it_may_call(tab, gateway):
         expect(left.get_by_role("row", name=re.compile("^Requests per minute all its models"))).to_have_count(1)
         expect(left.get_by_role("row", name=re.compile("on family-a-5.4"))).to_have_count(shown)
     assert tab.problems.lines == []
+
+
+def test_a_rotation_left_while_on_its_way_still_shows_the_new_secret(tab, gateway):
+    """Escape (or Cancel) while a slow gateway rotated the key closed the form; the rotation happened and its new
+    secret was never shown: with a grace of 0 the key could no longer be used by anyone."""
+    import os
+    import signal
+
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-impatient")
+    made = gateway.cli("keys", "create", "--name", "rotated-slowly", "--all-models").stdout.split()
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{made[2]}")
+    page = tab.page
+    page.get_by_role("button", name="Rotate secret").click()
+    page.get_by_role("dialog").get_by_label("Grace period in seconds").fill("0")
+    os.killpg(gateway.process.pid, signal.SIGSTOP)
+    try:
+        page.get_by_role("dialog").get_by_role("button", name="Rotate").click()
+        page.wait_for_timeout(300)
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+    finally:
+        os.killpg(gateway.process.pid, signal.SIGCONT)
+    shown = page.get_by_role("dialog", name=re.compile("^New secret")).get_by_label("Secret")
+    expect(shown).to_have_value(re.compile(r"^pk-"))
+    assert api(gateway, shown.input_value(), "GET", "/v1/models").status_code == 200
+    assert tab.problems.lines == []
