@@ -18,8 +18,9 @@ export async function keyPage(ctx, id) {
 
   const edit = async () => {
     const form = keyForm({models, envs, key});
-    if (await formDialog(`Edit “${key.name}”`, form.element, "Save", () => ctx.api.patch(path, form.read()))) {
-      ctx.notify(`Saved key ${key.name}.`);
+    const saved = await formDialog(`Edit “${key.name}”`, form.element, "Save", () => ctx.api.patch(path, form.read()));
+    if (saved) {
+      ctx.notify(`Saved key ${saved.key.name}.`);  // as renamed
       ctx.refresh();
     }
   };
