@@ -314,3 +314,25 @@ def test_a_rotation_left_while_on_its_way_still_shows_the_new_secret(tab, gatewa
     expect(shown).to_have_value(re.compile(r"^pk-"))
     assert api(gateway, shown.input_value(), "GET", "/v1/models").status_code == 200
     assert tab.problems.lines == []
+
+
+def test_a_reset_two_minutes_away_reads_as_two_minutes(tab, gateway):
+    """Shortly before UTC midnight a daily limit's reset (119.3 s away) read "1 min 60 s". The gateway's answer is
+    altered in the browser: the time of day cannot be chosen."""
+    _, secret = admin_key(gateway, "ops-midnight")
+    made = gateway.cli("keys", "create", "--name", "daily", "--all-models", "--daily-requests", "50").stdout
+    key_id = made.split()[2]
+
+    def near_midnight(route):
+        answer = route.fetch().json()
+        for status in answer["limits"]:
+            status["reset_seconds"] = 119.3 if status["limit"] == "daily_requests" else status["reset_seconds"]
+        route.fulfill(json=answer)
+
+    tab.page.route(re.compile(r".*/limits$"), near_midnight)
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{key_id}")
+    row = tab.page.get_by_role("region", name="What the key has used").get_by_role(
+        "row", name=re.compile("^Requests per day"))
+    expect(row.get_by_role("cell").last).to_have_text("2 min 0 s")
+    assert tab.problems.lines == []
