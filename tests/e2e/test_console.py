@@ -167,11 +167,12 @@ def test_filter_edit_and_rotate(tab, gateway, admin_secret):
     tab.open(f"#/keys/{key_id}")
     page.get_by_role("button", name="Edit").click()
     dialog = page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("search-indexer-eu")  # the confirmation names the key as it is now
     dialog.get_by_label("Requests per minute").fill("45")
     dialog.get_by_label("Only these models").check()
     dialog.get_by_label("family-a-5.4").check()
     dialog.get_by_role("button", name="Save").click()
-    expect(page.get_by_role("status")).to_have_text("Saved key search-indexer.")
+    expect(page.get_by_role("status")).to_have_text("Saved key search-indexer-eu.")
     expect(page.locator("dl.limits")).to_contain_text("Requests per minute45")
     key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
     assert key["limits"]["requests_per_minute"] == 45 and key["models"] == ["family-a-5.4"] and not key["all_models"]

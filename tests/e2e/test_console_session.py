@@ -285,3 +285,54 @@ def test_a_keys_page_shows_the_limits_of_the_models_it_may_call(tab, gateway):
         expect(left.get_by_role("row", name=re.compile("^Requests per minute all its models"))).to_have_count(1)
         expect(left.get_by_role("row", name=re.compile("on family-a-5.4"))).to_have_count(shown)
     assert tab.problems.lines == []
+
+
+def test_a_rotation_left_while_on_its_way_still_shows_the_new_secret(tab, gateway):
+    """Escape (or Cancel) while a slow gateway rotated the key closed the form; the rotation happened and its new
+    secret was never shown: with a grace of 0 the key could no longer be used by anyone."""
+    import os
+    import signal
+
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-impatient")
+    made = gateway.cli("keys", "create", "--name", "rotated-slowly", "--all-models").stdout.split()
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{made[2]}")
+    page = tab.page
+    page.get_by_role("button", name="Rotate secret").click()
+    page.get_by_role("dialog").get_by_label("Grace period in seconds").fill("0")
+    os.killpg(gateway.process.pid, signal.SIGSTOP)
+    try:
+        page.get_by_role("dialog").get_by_role("button", name="Rotate").click()
+        page.wait_for_timeout(300)
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+    finally:
+        os.killpg(gateway.process.pid, signal.SIGCONT)
+    shown = page.get_by_role("dialog", name=re.compile("^New secret")).get_by_label("Secret")
+    expect(shown).to_have_value(re.compile(r"^pk-"))
+    assert api(gateway, shown.input_value(), "GET", "/v1/models").status_code == 200
+    assert tab.problems.lines == []
+
+
+def test_a_reset_two_minutes_away_reads_as_two_minutes(tab, gateway):
+    """Shortly before UTC midnight a daily limit's reset (119.3 s away) read "1 min 60 s". The gateway's answer is
+    altered in the browser: the time of day cannot be chosen."""
+    _, secret = admin_key(gateway, "ops-midnight")
+    made = gateway.cli("keys", "create", "--name", "daily", "--all-models", "--daily-requests", "50").stdout
+    key_id = made.split()[2]
+
+    def near_midnight(route):
+        answer = route.fetch().json()
+        for status in answer["limits"]:
+            status["reset_seconds"] = 119.3 if status["limit"] == "daily_requests" else status["reset_seconds"]
+        route.fulfill(json=answer)
+
+    tab.page.route(re.compile(r".*/limits$"), near_midnight)
+    tab.sign_in(secret)
+    tab.open(f"#/keys/{key_id}")
+    row = tab.page.get_by_role("region", name="What the key has used").get_by_role(
+        "row", name=re.compile("^Requests per day"))
+    expect(row.get_by_role("cell").last).to_have_text("2 min 0 s")
+    assert tab.problems.lines == []

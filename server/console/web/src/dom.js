@@ -70,21 +70,26 @@ export class FieldError extends Error {
 
 // A modal form: `submit()` returns the dialog's result (it then closes) or throws an Error whose message is shown
 // in the dialog (under its field, for a FieldError), which stays open. Resolves with that result, or null when
-// cancelled (button or Escape).
+// cancelled (button or Escape). A request on its way may have taken effect (a key created, a secret rotated): the
+// form is not cancelled meanwhile, and if it is closed all the same, it resolves with that request's result.
 export function formDialog(title, content, submitText, submit) {
   return new Promise((resolve) => {
     let result = null;
+    let pending = false;
+    let closed = false;
+    const settle = () => { if (closed && !pending) resolve(result); };
     const error = h("p", {class: "error", role: "alert"});
     const submitButton = h("button", {type: "submit", class: "primary"}, submitText);
-    const actions = h("div", {class: "actions"},
-      h("button", {type: "button", onclick: () => dialog.close()}, "Cancel"), submitButton);
+    const cancelButton = h("button", {type: "button", onclick: () => dialog.close()}, "Cancel");
+    const actions = h("div", {class: "actions"}, cancelButton, submitButton);
     const form = h("form", {novalidate: true}, content, error, actions);
     const dialog = h("dialog", {"aria-labelledby": "dialog-title"}, h("h2", {id: "dialog-title"}, title), form);
+    dialog.addEventListener("cancel", (event) => { if (pending) event.preventDefault(); });  // Escape
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
       error.textContent = "";
       form.querySelectorAll("[aria-invalid]").forEach((control) => control.removeAttribute("aria-invalid"));
-      submitButton.disabled = true;
+      pending = submitButton.disabled = cancelButton.disabled = true;
       try {
         result = await submit();
         dialog.close();
@@ -100,10 +105,11 @@ export function formDialog(title, content, submitText, submit) {
         control?.setAttribute("aria-invalid", "true");
         control?.focus();
       } finally {
-        submitButton.disabled = false;
+        pending = submitButton.disabled = cancelButton.disabled = false;
+        settle();
       }
     });
-    dialog.addEventListener("close", () => { dialog.remove(); resolve(result); });
+    dialog.addEventListener("close", () => { dialog.remove(); closed = true; settle(); });
     document.body.append(dialog);
     dialog.showModal();
   });

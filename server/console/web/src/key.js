@@ -18,8 +18,10 @@ export async function keyPage(ctx, id) {
 
   const edit = async () => {
     const form = keyForm({models, envs, key});
-    if (await formDialog(`Edit “${key.name}”`, form.element, "Save", () => ctx.api.patch(path, form.read()))) {
-      ctx.notify(`Saved key ${key.name}.`);
+    const saved = await formDialog(`Edit “${key.name}”`, form.element, "Save",
+      () => ctx.api.patch(path, form.read()));
+    if (saved) {
+      ctx.notify(`Saved key ${saved.key.name}.`);  // as renamed
       ctx.refresh();
     }
   };
@@ -101,9 +103,10 @@ export async function keyPage(ctx, id) {
 // A per-model limit applies to a key only on a model it may call (the API lists every configured one).
 const mayCall = (key, model) => !model || key.all_models || key.models.includes(model);
 
-function duration(seconds) {
-  if (seconds < 60) return `${Math.ceil(seconds)} s`;
-  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.ceil(seconds % 60)} s`;
+function duration(reset) {
+  const seconds = Math.ceil(reset);  // whole seconds first: 119.3 is 2 min 0 s, not 1 min 60 s
+  if (seconds < 60) return `${seconds} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
   if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
   return `${Math.floor(seconds / 86400)} d ${Math.floor((seconds % 86400) / 3600)} h`;  // a month's budget
 }
