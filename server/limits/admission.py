@@ -65,9 +65,10 @@ class Limiter:
         return tuple(s for s in scopes if s.limits != _NO_LIMITS)
 
     async def standing(self, key: ApiKey) -> list[Reading]:
-        """Where each of the key's limits stands now: its own scope, then its scope on each model with per-model
-        limits (limits.models). Raises LimitStoreUnavailable when the store cannot answer."""
-        scopes = {scope.id: scope for model_id in ("", *self._settings.models) for scope in self.scopes(key, model_id)}
+        """Where each of the key's limits stands now: its own scope, then its scope on each model it may use that has
+        per-model limits (limits.models). Raises LimitStoreUnavailable when the store cannot answer."""
+        models = ("", *(model_id for model_id in self._settings.models if key.may_use(model_id)))
+        scopes = {scope.id: scope for model_id in models for scope in self.scopes(key, model_id)}
         return [reading for scope in scopes.values() for reading in standing(scope, await self._store.counts(scope.id))]
 
     async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0) -> Reservation:

@@ -111,10 +111,24 @@ class Reading:
     limit: int
     used: int
     wait: float
+    # Of `used`, what requests still in flight hold as their most (daily tokens, budgets): settled, most of it
+    # usually comes back within seconds, long before the UTC day or month ends.
+    held: int = 0
 
     @property
     def over(self) -> bool:
         return self.used > self.limit
+
+    @property
+    def waits_for_requests_in_flight(self) -> bool:
+        """The demand would fit if the requests in flight gave back what they hold: when they end, not at the reset."""
+        return 0 < self.held and self.used - self.held <= self.limit and not math.isinf(self.wait)
+
+    @property
+    def retry_after(self) -> float:
+        """How long the caller should wait: a nominal second when requests in flight hold what it needs (nobody can
+        say when they end, as for a concurrency slot), else until enough frees up."""
+        return CONCURRENCY_RETRY_SECONDS if self.waits_for_requests_in_flight else self.wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +263,7 @@ def verdict(demand: Demand, readings: Iterable[Reading], *, at: float, reservati
     # others spent; the Redis script decides the same (redis_scripts.RESERVE).
     refusals = [r for r in readings if r.over and (demand.tokens > 0 or not r.dimension.counts_tokens)]
     if refusals:
-        raise _refusal(max(refusals, key=lambda r: r.wait), demand, at)
+        raise _refusal(max(refusals, key=lambda r: r.retry_after), demand, at)
     requests = [r for r in readings if r.dimension.header_kind == "requests"]
     tokens = [r for r in readings if r.dimension.header_kind == "tokens"]
     budgets = tuple(r for r in readings if r.dimension.counts_spend)
@@ -274,9 +288,9 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
             f"the limit is {reading.limit}. Lower max_tokens or shorten the prompt.",
             dimension=reading.dimension, scope=reading.scope, never_fits=True,
         )
-    wait = max(reading.wait, 0.001)
+    wait = max(reading.retry_after, 0.001)
     if reading.dimension.counts_tokens:
-        counts = f"used {reading.used - demand.tokens}, requested {demand.tokens} tokens"
+        counts = f"used {reading.used - demand.tokens}{_in_flight(reading, str)}, requested {demand.tokens} tokens"
     else:
         counts = f"used {reading.used - 1} requests"
     used_before = reading.used - (demand.tokens if reading.dimension.counts_tokens else 1)
@@ -304,14 +318,26 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
             f"{usd_text(reading.limit)}. {fix}.",
             dimension=reading.dimension, scope=reading.scope, never_fits=True,
         )
-    wait = max(reading.wait, 0.001)
-    resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    wait = max(reading.retry_after, 0.001)
+    spent = f"spent {usd_text(reading.used - demand.cost)}{_in_flight(reading, usd_text)}"
+    if reading.waits_for_requests_in_flight:
+        when = f"Please retry after {_tenths(wait)} seconds."
+    else:
+        resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        when = f"The budget resets at {resets}; please retry after {math.ceil(wait)} seconds."
     return LimitExceeded(
-        f"Budget reached for {where}: limit {usd_text(reading.limit)}, spent {usd_text(reading.used - demand.cost)}, "
-        f"this request may cost up to {usd_text(demand.cost)}. The budget resets at {resets}; please retry after "
-        f"{math.ceil(wait)} seconds.",
+        f"Budget reached for {where}: limit {usd_text(reading.limit)}, {spent}, this request may cost up to "
+        f"{usd_text(demand.cost)}. {when}",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
     )
+
+
+def _in_flight(reading: Reading, text: Callable[[int], str]) -> str:
+    """What of the count requests in flight hold, when that is what the caller waits for."""
+    if not reading.waits_for_requests_in_flight:
+        return ""
+    of = "of it" if reading.dimension.counts_spend else "of them"
+    return f" ({text(reading.held)} {of} held by requests in flight until they end)"
 
 
 def ratelimit_headers(kind: str, standing: Standing) -> list[tuple[str, str]]:

@@ -49,6 +49,10 @@ class _Counters:
     day_spend: int = 0  # micro-dollars
     month: int = 0
     month_spend: int = 0
+    # What open reservations counted in day_tokens, day_spend and month_spend hold as their most (Reading.held).
+    day_held_tokens: int = 0
+    day_held_spend: int = 0
+    month_held_spend: int = 0
 
     def catch_up(self, now: float) -> None:
         """Drop entries that left the window and start a new day's quota at UTC midnight (a new month's budget on
@@ -57,8 +61,9 @@ class _Counters:
             self.window_tokens -= self.window.popleft().tokens
         if (today := day_of(now)) != self.day:
             self.day, self.day_requests, self.day_tokens, self.day_spend = today, 0, 0, 0
+            self.day_held_tokens = self.day_held_spend = 0
             if (month := month_of(now)) != self.month:
-                self.month, self.month_spend = month, 0
+                self.month, self.month_spend, self.month_held_spend = month, 0, 0
 
     def in_window(self, entry: _Entry, now: float) -> bool:
         return entry.at > now - WINDOW_SECONDS  # catch_up has dropped every entry older than that
@@ -68,7 +73,7 @@ class _Counters:
         for dimension in _DIMENSIONS:
             if (limit := demand.limit(scope, dimension)) is not None:
                 used, wait = self._would_be(dimension, limit, demand, now)
-                readings.append(Reading(scope, dimension, limit, used, wait))
+                readings.append(Reading(scope, dimension, limit, used, wait, self._held(dimension)))
         return readings
 
     def _would_be(self, dimension: Dimension, limit: int, demand: Demand, now: float) -> tuple[int, float]:
@@ -90,6 +95,13 @@ class _Counters:
             return self.day_requests + 1, until_midnight(now)
         used = self.day_tokens + tokens
         return used, math.inf if tokens > limit else until_midnight(now)
+
+    def _held(self, dimension: Dimension) -> int:
+        if dimension is Dimension.DAILY_TOKENS:
+            return self.day_held_tokens
+        if dimension is Dimension.DAILY_SPEND:
+            return self.day_held_spend
+        return self.month_held_spend if dimension is Dimension.MONTHLY_SPEND else 0
 
     def _window_wait(self, excess: int, weight, now: float) -> float:
         """Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves
@@ -149,6 +161,9 @@ class MemoryLimitStore:
             counters.day_tokens += demand.tokens
             counters.day_spend += demand.cost
             counters.month_spend += demand.cost
+            counters.day_held_tokens += demand.tokens
+            counters.day_held_spend += demand.cost
+            counters.month_held_spend += demand.cost
         self._held[reservation.id] = _Held(reservation, entries)
         if self._state_path is not None and self._saver is None:
             self._saver = asyncio.get_running_loop().create_task(self._save_while_running())
@@ -194,8 +209,11 @@ class MemoryLimitStore:
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
                 counters.day_spend += cost_change
+                counters.day_held_tokens -= reservation.demand.tokens
+                counters.day_held_spend -= reservation.demand.cost
             if same_day or counters.month == month_of(reservation.at):  # the same day is the same month
                 counters.month_spend += cost_change
+                counters.month_held_spend -= reservation.demand.cost
 
     async def counts(self, scope_id: str) -> Counts:
         now = self._clock()

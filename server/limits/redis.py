@@ -121,8 +121,8 @@ class RedisLimitStore:
             raise LimitStoreUnavailable(f"the limit store {self._url} had decided this reservation before",
                                         Reservation(reservation_id, demand, now, None, None))
         readings = [
-            Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used), float(wait))
-            for s, d, limit, used, wait in zip(*[iter(reply[1:])] * 5)
+            Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used), float(wait), int(held))
+            for s, d, limit, used, wait, held in zip(*[iter(reply[1:])] * 6)
         ]
         reservation = verdict(demand, readings, at=now, reservation_id=reservation_id)  # raises when refused
         self._held[reservation.id] = reservation

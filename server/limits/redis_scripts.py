@@ -6,8 +6,9 @@ Per scope, six keys (in this order, see RedisLimitStore._scope_keys):
     wtok   hash        reservation id -> tokens                 (estimate, then real usage once settled)
     wsum   string      the sum of wtok over the window
     slots  sorted set  reservation id -> lease expiry time      (concurrency slots as leases)
-    day    hash        {requests, tokens, spend} of one UTC day (spend in micro-dollars)
-    month  hash        {spend} of one UTC calendar month
+    day    hash        {requests, tokens, spend} of one UTC day (spend in micro-dollars), and {held_tokens,
+                       held_spend}: what open reservations counted there hold as their most
+    month  hash        {spend, held_spend} of one UTC calendar month
 Times come from the caller (ARGV), so every process must have a synchronised clock (NTP), and tests can inject one.
 
 Each reservation also has a record: "1" while it is booked (deleted when it is settled), or "0" for a reservation
@@ -26,7 +27,8 @@ end
 # ARGV: now, tokens, id, lease, window, day_ttl, record_ttl, concurrency_retry, cost, to_month_end, month_ttl, then
 # per scope the seven limits in Dimension order (requests/min, tokens/min, concurrent, daily tokens, daily requests,
 # daily spend, monthly spend), 0 meaning none.
-# Returns {admitted, then per limited dimension: scope index, dimension index, limit, used, wait (a string)}, or
+# Returns {admitted, then per limited dimension: scope index, dimension index, limit, used, wait (a string), held
+# (of used, what requests in flight hold: core.Reading.held)}, or
 # {-1} for a reservation decided before: run again (resent after a broken connection), or already released.
 RESERVE = _COMMON + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
@@ -79,8 +81,8 @@ end
 
 local out, over = {0}, false
 -- `counts_tokens`: a token limit, which a request that adds no tokens is not refused by (core.verdict).
-local function reading(scope, dimension, limit, used, wait, counts_tokens)
-  for _, v in ipairs({scope, dimension, limit, used, wait}) do out[#out + 1] = v end
+local function reading(scope, dimension, limit, used, wait, counts_tokens, held)
+  for _, v in ipairs({scope, dimension, limit, used, wait, held or 0}) do out[#out + 1] = v end
   if used > limit and not (counts_tokens and tokens == 0) then over = true end
 end
 
@@ -89,6 +91,11 @@ for i = 0, scopes - 1 do
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
   local month = KEYS[k + 6]
   prune(win, wtok, wsum, slots)
+  -- What requests in flight hold: none when no slot is leased (a dead process's reservations keep their estimates).
+  local function held(hash, field)
+    if redis.call('ZCARD', slots) == 0 then return 0 end
+    return tonumber(redis.call('HGET', hash, field)) or 0
+  end
   local a = 12 + i * 7
   local rpm, tpm, concurrent = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local daily_tokens, daily_requests = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -110,7 +117,7 @@ for i = 0, scopes - 1 do
     local used = (tonumber(redis.call('HGET', day, 'tokens')) or 0) + tokens
     local wait = 'inf'
     if tokens <= daily_tokens then wait = tostring(to_midnight) end
-    reading(i, 3, daily_tokens, used, wait, true)
+    reading(i, 3, daily_tokens, used, wait, true, held(day, 'held_tokens'))
   end
   if daily_requests > 0 then
     reading(i, 4, daily_requests, (tonumber(redis.call('HGET', day, 'requests')) or 0) + 1, tostring(to_midnight))
@@ -118,12 +125,14 @@ for i = 0, scopes - 1 do
   if daily_spend > 0 then
     local wait = 'inf'
     if cost <= daily_spend then wait = tostring(to_midnight) end
-    reading(i, 5, daily_spend, (tonumber(redis.call('HGET', day, 'spend')) or 0) + cost, wait)
+    reading(i, 5, daily_spend, (tonumber(redis.call('HGET', day, 'spend')) or 0) + cost, wait, false,
+            held(day, 'held_spend'))
   end
   if monthly_spend > 0 then
     local wait = 'inf'
     if cost <= monthly_spend then wait = tostring(to_month_end) end
-    reading(i, 6, monthly_spend, (tonumber(redis.call('HGET', month, 'spend')) or 0) + cost, wait)
+    reading(i, 6, monthly_spend, (tonumber(redis.call('HGET', month, 'spend')) or 0) + cost, wait, false,
+            held(month, 'held_spend'))
   end
 end
 
@@ -141,6 +150,9 @@ for i = 0, scopes - 1 do
   redis.call('HINCRBY', day, 'tokens', tokens)
   redis.call('HINCRBY', day, 'spend', cost)
   redis.call('HINCRBY', month, 'spend', cost)
+  redis.call('HINCRBY', day, 'held_tokens', tokens)
+  redis.call('HINCRBY', day, 'held_spend', cost)
+  redis.call('HINCRBY', month, 'held_spend', cost)
   redis.call('EXPIRE', month, month_ttl)
   -- Idle scopes disappear; the three window keys always expire together, so they stay consistent.
   for _, key in ipairs({win, wtok, wsum}) do redis.call('EXPIRE', key, window_ttl) end
@@ -193,9 +205,12 @@ for i = 0, (#KEYS - 1) / 6 - 1 do
       redis.call('HINCRBY', day, 'tokens', used - estimate)
     end
     redis.call('HINCRBY', day, 'spend', cost_change)
+    redis.call('HINCRBY', day, 'held_tokens', 0 - estimate)
+    redis.call('HINCRBY', day, 'held_spend', 0 - tonumber(ARGV[7]))
   end
   if redis.call('EXISTS', month) == 1 then
     redis.call('HINCRBY', month, 'spend', cost_change)
+    redis.call('HINCRBY', month, 'held_spend', 0 - tonumber(ARGV[7]))
   end
 end
 return 1

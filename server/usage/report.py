@@ -17,7 +17,7 @@ GROUPS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}  # --gr
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start", type=_time, help="UTC date (2026-11-01), date and time (2026-11-01T12:00) or unix "
-                        "seconds; default: 7 days ago")
+                        "seconds; default: 7 days before the end")
     parser.add_argument("--end", type=_time, help="exclusive, same forms; default now")
     parser.add_argument("--bucket", choices=tuple(WIDTHS), default="1d", help="bucket width (default 1d)")
     parser.add_argument("--group-by", default="", help="comma-separated: model, api_key_id, project_id (the env)")
@@ -39,14 +39,15 @@ def _time(text: str) -> int:
 def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
     now = time.time() if now is None else now
     width = WIDTHS[args.bucket]
-    start = args.start if args.start is not None else int(now) - 7 * 86_400
     end = args.end if args.end is not None else int(now) + 1
+    start = args.start if args.start is not None else end - 7 * 86_400  # the week that ends where asked
     # The API's rules (openai_pages.time_range), in the command's words.
-    for option, value in (("--start", start), ("--end", end)):
+    for option, value in (("--end", end), ("--start", start)):  # the end first: a default start follows it
         if not 0 <= value <= LAST_TIME:
             raise argparse.ArgumentTypeError(f"{option} must lie between 1970 and the year 10000")
     if end <= start:
-        raise argparse.ArgumentTypeError("--end must be after --start (the end is exclusive)")
+        raise argparse.ArgumentTypeError("--end must be after --start (the end is exclusive)" if args.end is not None
+                                         else "--start must be before now (the default --end)")
     start -= start % width
     groups = tuple(dict.fromkeys(g.strip() for g in args.group_by.split(",") if g.strip()))  # once each, as the API
     for group in groups:

@@ -164,3 +164,31 @@ def test_grpc_through_envoy_gets_resource_exhausted_with_retry_info(gateway):
     retry = error_details_pb2.RetryInfo()
     assert status_pb2.Status.FromString(raw).details[1].Unpack(retry)
     assert 0 < retry.retry_delay.seconds <= 86_400
+
+
+def test_a_daily_quota_held_by_a_request_in_flight_is_retried_soon_not_at_utc_midnight(gateway):
+    """A stream in flight reserves its max tokens of the day's quota. The next request was refused until UTC
+    midnight with x-should-retry: false, so the SDK gave up at once, though the stream's end gave the tokens back."""
+    secret = create_key(gateway, "--daily-tokens", "3000")
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {secret}"}, timeout=60) as response:
+        for number, _ in enumerate(response.iter_lines()):
+            if number == 4:  # in flight, holding its 2,000 tokens
+                with pytest.raises(openai.RateLimitError) as caught:
+                    client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500)
+                break
+    headers = caught.value.response.headers
+    assert "x-should-retry" not in headers and headers["retry-after"] == "1", headers
+    assert "held by requests in flight until they end" in caught.value.message
+    deadline = time.monotonic() + 5.0
+    while True:  # the stream is gone: what it held is back, apart from what it used
+        try:
+            assert client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500).choices
+            break
+        except openai.RateLimitError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -28,22 +28,46 @@ async def refused(store, wanted: Demand) -> RateLimited:
 
 async def test_a_daily_budget_reserves_the_worst_case_and_settles_the_real_cost(store, clock):
     wanted = demand(4_000, max_spend_day=10_000)  # $0.01 a day; a request may cost up to $0.004
-    first = await store.reserve(wanted)
-    second = await store.reserve(wanted)
-    error = await refused(store, wanted)  # 8,000 held + 4,000 > 10,000
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 10, 3_500)
+    error = await refused(store, wanted)  # 7,000 spent + 4,000 > 10,000
     assert error.dimension is Dimension.DAILY_SPEND
     assert error.message.startswith("Budget reached for the spend per UTC day budget of key k1: limit $0.01, "
-                                    "spent $0.008, this request may cost up to $0.004.")
+                                    "spent $0.007, this request may cost up to $0.004.")
     assert "resets at 2026-01-02 00:00 UTC" in error.message
     assert error.retry_after == pytest.approx(12 * 3600)
-    await store.settle(first, 10, 1_000)  # each really cost $0.001
-    await store.settle(second, 10, 1_000)
+    clock.advance(1)  # still 12:00 (the day ends at the same minute)
+    first = await store.reserve(demand(1_500, max_spend_day=10_000))  # 7,000 + 1,500 held
+    second = await store.reserve(demand(1_500, max_spend_day=10_000))  # + 1,500: 10,000
+    smaller = demand(3_000, max_spend_day=10_000)  # fits in what the two in flight hold, once they end
+    assert (await refused(store, smaller)).retry_after == pytest.approx(1.0)
+    await store.settle(first, 10, 500)  # each really cost $0.0005
+    await store.settle(second, 10, 500)
+    clock.advance(12 * 3600 - 1)  # UTC midnight: a new day's budget
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 10, 1_000)
     for _ in range(2):  # 2,000 spent: two more worst cases fit (2,000 + 8,000), the third does not
         await store.settle(await store.reserve(wanted), 10, 1_000)
     await store.settle(await store.reserve(wanted), 10, 4_000)  # 4,000 spent + 4,000 held fits; now 8,000 spent
     await refused(store, wanted)
-    clock.advance(12 * 3600)  # UTC midnight: a new day's budget
+    clock.advance(86_400)  # the next UTC midnight: a new day's budget
     await store.reserve(wanted)
+
+
+async def test_a_budget_held_by_requests_in_flight_asks_for_a_retry_soon_not_at_its_reset(store, clock):
+    """The worst cases of requests still running made the next request a 'Budget reached' until UTC midnight, with
+    x-should-retry: false, though their real cost, settled seconds later, left room for it."""
+    for budget, label in (({"max_spend_day": 10_000}, "day"), ({"max_spend_month": 10_000}, "calendar month")):
+        wanted = Demand((Scope(f"k-{label}", "key k1", KeyLimits(**budget)),), tokens=10, cost=6_000)
+        running = await store.reserve(wanted)
+        error = await refused(store, wanted)
+        assert error.retry_after == pytest.approx(1.0) and "x-should-retry" not in dict(error.trailing_metadata())
+        assert error.message == (f"Budget reached for the spend per UTC {label} budget of key k1: limit $0.01, spent "
+                                 "$0.006 ($0.006 of it held by requests in flight until they end), this request may "
+                                 "cost up to $0.006. Please retry after 1.0 seconds.")
+        await store.settle(running, 10, 1_000)
+        await store.settle(await store.reserve(wanted), 10, 4_000)  # 5,000 spent, nothing in flight
+        assert "resets at" in (await refused(store, wanted)).message
 
 
 async def test_a_released_request_costs_nothing(store):
@@ -79,7 +103,7 @@ async def test_a_request_settled_after_midnight_corrects_its_month_but_not_the_n
 
 
 async def test_an_exhausted_budget_asks_clients_not_to_retry_until_it_resets(store):
-    await store.reserve(demand(9_000, max_spend_day=10_000))
+    await store.settle(await store.reserve(demand(9_000, max_spend_day=10_000)), 10, 9_000)
     error = await refused(store, demand(2_000, max_spend_day=10_000))
     headers = dict(error.trailing_metadata())
     assert headers["x-should-retry"] == "false" and int(headers["retry-after"]) == 12 * 3600  # noon to midnight

@@ -44,3 +44,12 @@ async def test_reports_use_and_resets_without_counting_anything(store, clock):  
     later = by_name(await limiter.standing(KEY))
     assert later[("requests_per_minute", "")] == (10, 0, 0.0) and later[("concurrent_requests", "")] == (4, 0, 0.0)
     assert later[("daily_requests", "")][:2] == (50, 2)
+
+
+async def test_a_per_model_limit_is_in_force_only_on_a_key_granted_that_model(store):  # noqa: F811
+    """A key granted only family-a-5.5 was shown family-a-5.4's per-model limit, which it can never meet."""
+    narrow = ApiKey("key_n", "narrow", all_models=False, models=frozenset({"family-a-5.5"}))
+    limiter = Limiter(store, SETTINGS)
+    assert {model for _, model in by_name(await limiter.standing(narrow))} == {""}
+    granted = ApiKey("key_g", "granted", all_models=False, models=frozenset({"family-a-5.4"}))
+    assert ("requests_per_minute", "family-a-5.4") in by_name(await limiter.standing(granted))

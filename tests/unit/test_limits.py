@@ -173,6 +173,23 @@ async def test_daily_tokens_count_real_usage(store, clock):
     assert (await refused(store, wanted)).retry_after == pytest.approx(7 * 3600)
 
 
+async def test_daily_tokens_held_by_requests_in_flight_ask_for_a_retry_soon_not_at_midnight(store, clock):
+    """A request in flight reserves its most; the next one, refused while it runs, was told to retry at UTC midnight
+    with x-should-retry: false (the SDKs gave up at once), though the tokens came back when the first one ended."""
+    wanted = demand(tokens=600, daily_tokens=1000)
+    running = await store.reserve(wanted)
+    error = await refused(store, wanted)
+    assert error.retry_after == pytest.approx(1.0) and "x-should-retry" not in dict(error.trailing_metadata())
+    assert error.message == ("Rate limit reached for daily tokens on key k1: limit 1000, used 600 (600 of them held "
+                             "by requests in flight until they end), requested 600 tokens. Please retry after 1.0 "
+                             "seconds.")
+    await store.settle(running, 50)
+    await store.settle(await store.reserve(wanted), 400)  # 450 used: what in flight holds no longer
+    error = await refused(store, wanted)  # 450 + 600 > 1000 with nothing in flight: midnight
+    assert error.retry_after == pytest.approx(12 * 3600)
+    assert dict(error.trailing_metadata())["x-should-retry"] == "false"
+
+
 async def test_concurrency_slot_is_freed_by_settle_and_release_once(store):
     wanted = demand(concurrent_requests=1)
     held = await store.reserve(wanted)

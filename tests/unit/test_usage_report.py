@@ -44,6 +44,22 @@ def test_a_reversed_or_impossible_range_is_refused_like_the_api(tmp_path, capsys
         assert captured.out == "" and captured.err == f"portico: {refusal}\n"
 
 
+def test_an_end_alone_covers_the_seven_days_before_it(tmp_path, capsys):
+    """`--end` without `--start` was refused ("--end must be after --start") once the end was over 7 days back: the
+    default start was 7 days before now, not before the end the user gave."""
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    day = (int(time.time()) // 86_400 - 30) * 86_400
+    ledger.write([row(1, at_ms=day * 1000 + 10, model="m"), row(2, at_ms=(day - 8 * 86_400) * 1000, model="m")])
+    ledger.close()
+    assert main(["--data-dir", str(tmp_path), "usage", "--end", str(day + 86_400)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[:2] == ["total", "1"]
+
+
+def test_a_start_after_now_names_the_start_not_an_end_nobody_gave(tmp_path, capsys):
+    assert main(["--data-dir", str(tmp_path), "usage", "--start", str(int(time.time()) + 86_400)]) == 2
+    assert capsys.readouterr().err == "portico: --start must be before now (the default --end)\n"
+
+
 def test_a_group_named_twice_is_one_column_as_in_the_api(tmp_path, capsys):
     """The API reads group_by=model,model as one grouping; the table printed the model column twice."""
     ledger = SqliteLedger(tmp_path / "keys.db")
