@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 
 import grpc
 import pytest
@@ -76,8 +77,12 @@ async def test_a_budget_of_a_cent_admits_exactly_what_its_prices_allow_across_tw
         message = error_details(error).error.message
         assert message.startswith(f"Budget reached for the spend per UTC day budget of key {key.id}: "
                                   "limit $0.01, spent $0.009")
-        held = "($0.009 of it held by requests in flight until they end)" in message
-        assert dict(error.trailing_metadata())["retry-after"] == "1" if held else "resets at" in message
+        # Some of the three may have ended by then: what is still held is $0.003 for each that runs.
+        held = re.search(r"\(\$0\.00[369] of it held by requests in flight until they end\)", message)
+        if held:
+            assert dict(error.trailing_metadata())["retry-after"] == "1"
+        else:
+            assert "resets at" in message
     with pytest.raises(grpc.aio.AioRpcError) as caught:  # they have ended, each paying its worst case: midnight
         await stubs[0].CreateChatCompletion(chat_request(model="priced", messages=HELLO, max_tokens=3),
                                             metadata=bearer(secret))
