@@ -153,13 +153,13 @@ def unknown_field(name: str) -> Unread:
 def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tuple[Unread, ...]:
     """Type-check the fields the translators do not read; return the fields the embedded model or an upstream of
     the other dialect must refuse (unknown fields included), for the pipeline's check of the provider."""
-    unread = []
-    for name, value in body.items():
-        rule = table.get(name)
-        if rule is None:
-            unread.append(unknown_field(name))
+    # In the table's order, not the body's: a typed gRPC request arrives in its proto's field order, and must be
+    # refused for the same field as the same body sent as JSON.
+    unread = [unknown_field(name) for name in body if name not in table]
+    for name, rule in table.items():
+        if (value := body.get(name)) is None:
             continue
-        if rule.embedded is not Rule.ACT and value is not None:
+        if rule.embedded is not Rule.ACT:
             check, expected = _CHECKS[rule.json]
             if not check(value):
                 raise wrong_type(name, expected, value)

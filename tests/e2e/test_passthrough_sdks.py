@@ -6,10 +6,14 @@ embedded model and the other dialect act on, ignore or refuse each field as the 
 from __future__ import annotations
 
 import anthropic
+import grpc
 import openai
 import pytest
+from google.protobuf import json_format
 
+from portico.v1 import chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
+from tests.helpers import bearer, error_details
 from tests.passthrough_objects import COMPLETION
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY_ENV
@@ -290,3 +294,32 @@ def test_the_anthropic_sdks_tool_runner_runs_on_models_that_hold_no_threads(clau
     (stream,) = claude.beta.messages.tool_runner(model="messages-embedded", max_tokens=2, tools=[weather],
                                                  messages=[{"role": "user", "content": "hi"}], stream=True)
     assert stream.get_final_message().usage.output_tokens >= 1
+
+
+def test_the_typed_rpcs_refuse_what_the_sdks_body_is_refused_for_naming_the_same_field(gateway, oai, claude):
+    """The SDKs write their fields in alphabetical order, a typed request reaches the server in the proto's field
+    order: with two fields the model cannot honour, both must name the same one (the table's first)."""
+    hi = [{"role": "user", "content": "hi"}]
+    chats = [{"frequency_penalty": 0.5, "audio": {"voice": "alloy", "format": "wav"}},
+             {"functions": [{"name": "weather"}], "function_call": {"name": "weather"}}]
+    messages = [{"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}],
+                 "context_management": CONTEXT_MANAGEMENT}]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        chat = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion
+        create = message_service_pb2_grpc.MessageServiceStub(channel).CreateMessage
+        for model, fields in [("chat-claude", fields) for fields in chats] + [("chat-embedded", chats[1])]:
+            with pytest.raises(openai.BadRequestError) as rest:
+                oai.chat.completions.create(model=model, messages=hi, max_tokens=2, **fields)
+            typed = json_format.ParseDict({"model": model, "messages": hi, "max_tokens": 2, **fields},
+                                          chat_pb2.CreateChatCompletionRequest())
+            with pytest.raises(grpc.RpcError) as caught:
+                chat(typed, metadata=bearer(gateway.secret))
+            assert error_details(caught.value).error.param == rest.value.body["param"]
+        for model in ("messages-gpt", "messages-embedded"):
+            with pytest.raises(anthropic.BadRequestError) as rest:
+                claude.beta.messages.create(model=model, messages=hi, max_tokens=2, **messages[0])
+            typed = json_format.ParseDict({"model": model, "messages": hi, "max_tokens": 2, **messages[0]},
+                                          message_pb2.CreateMessageRequest())
+            with pytest.raises(grpc.RpcError) as caught:
+                create(typed, metadata=bearer(gateway.secret))
+            assert error_details(caught.value).error.param == rest.value.body["error"]["param"]
