@@ -18,7 +18,7 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import MESSAGE_FIELDS, check_fields
 from server.translate.values import (
-    opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
+    no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
 )
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
@@ -180,6 +180,8 @@ def _tool_choice(body: Mapping[str, Json]) -> ToolChoice | None:
     mode = _TOOL_CHOICES.get(kind) if isinstance(kind, str) else None
     if mode is None:
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none.", param="tool_choice.type")
+    if mode is ToolChoiceMode.REQUIRED and not body.get("tools"):
+        raise no_tools_to_call()
     name = opt_string(choice, "name", "tool_choice") or None
     names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)
              and isinstance(tool.get("name"), str)}

@@ -18,8 +18,8 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
 from server.translate.values import (
-    TEXT_PARTS, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list, text_parts,
-    wrong_type,
+    TEXT_PARTS, no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list,
+    text_parts, wrong_type,
 )
 
 _ROLES = {
@@ -192,6 +192,8 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
     choice = body.get("tool_choice")
     if choice is None:
         return None if parallel else ToolChoice(parallel=False)
+    if choice == "required" and not body.get("tools"):
+        raise no_tools_to_call()
     if isinstance(choice, str) and choice in _TOOL_CHOICES:
         return ToolChoice(_TOOL_CHOICES[choice], parallel=parallel)
     if isinstance(choice, dict):

@@ -323,3 +323,21 @@ def test_the_typed_rpcs_refuse_what_the_sdks_body_is_refused_for_naming_the_same
             with pytest.raises(grpc.RpcError) as caught:
                 create(typed, metadata=bearer(gateway.secret))
             assert error_details(caught.value).error.param == rest.value.body["error"]["param"]
+
+
+def test_a_tool_call_demanded_without_tools_is_refused_on_every_model(oai, claude, double):
+    """`required` (Anthropic: `any`) with no tools to call cannot be met: OpenAI's and Anthropic's APIs refuse it, and
+    so must the gateway, rather than drop it on the way to the other dialect and answer with text."""
+    hi = [{"role": "user", "content": "hi"}]
+    for model in ("chat-gpt", "chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=hi, max_tokens=2, tool_choice="required")
+        assert caught.value.body["param"] == "tool_choice"
+    for model in ("messages-claude", "messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model=model, messages=hi, max_tokens=2, tool_choice={"type": "any"})
+        assert refused.value.body["error"]["param"] == "tool_choice"
+    assert not double.seen
+    oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, tool_choice="auto")
+    claude.messages.create(model="messages-gpt", messages=hi, max_tokens=2, tool_choice={"type": "none"})
+    assert len(double.seen) == 2  # choices that ask for no call are fine without tools
