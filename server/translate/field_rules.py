@@ -102,6 +102,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "prediction": FieldRule("object", I, I, note="a latency hint"),
     "audio": FieldRule("object", R, R),
     "web_search_options": FieldRule("object", R, R),
+    "moderation": FieldRule("object", R, R, note="OpenAI's moderation of the prompt and the answer"),
     "functions": FieldRule("array", I, R, note="deprecated form of `tools`"),
     "function_call": FieldRule("any", R, R, neutral=("none", "auto"),
                                note="embedded: naming a function asks for a call"),
