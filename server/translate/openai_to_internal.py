@@ -59,9 +59,11 @@ def chat_request(
         raise InvalidRequest("`stream_options` is only allowed when `stream` is true.", param="stream_options")
     include_usage = bool(opt_bool(stream_options or {}, "include_usage", "stream_options"))
     tools = _tools(body, unread)
+    params = _sampling(body, default_max_tokens)
+    unread += _whitespace_stops(body.get("stop"))
     generation = GenerationRequest(
         turns=turns,
-        params=_sampling(body, default_max_tokens),
+        params=params,
         tools=tools,
         tool_choice=_tool_choice(body, tools, unread),
         json_output=_response_format(body, unread) != "text",
@@ -69,6 +71,15 @@ def chat_request(
         stream=stream,
     )
     return ChatPlan(generation=generation, stream=stream, include_usage=stream and include_usage)
+
+
+def _whitespace_stops(stop: Json) -> list[Unread]:
+    """Anthropic refuses stop sequences of whitespace only (`stop_sequences: each stop sequence must contain
+    non-whitespace`): refused by name here, not by the upstream about a field the caller never sent."""
+    stops = [stop] if isinstance(stop, str) else stop or []
+    return [Unread("stop" if isinstance(stop, str) else f"stop[{i}]",
+                   "This model takes no stop sequence of whitespace only (Anthropic refuses them).", embedded=False)
+            for i, item in enumerate(stops) if not item.strip()]
 
 
 def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingParams:

@@ -341,3 +341,19 @@ def test_a_tool_call_demanded_without_tools_is_refused_on_every_model(oai, claud
     oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, tool_choice="auto")
     claude.messages.create(model="messages-gpt", messages=hi, max_tokens=2, tool_choice={"type": "none"})
     assert len(double.seen) == 2  # choices that ask for no call are fine without tools
+
+
+def test_a_whitespace_stop_is_refused_by_name_only_where_anthropic_would_refuse_its_translation(oai, double):
+    """Anthropic refuses stop sequences of whitespace only; a chat caller's `stop: ["\\n"]`, sent on as such, came back
+    as the upstream's 400 about `stop_sequences`, a field the caller never sent."""
+    hi = [{"role": "user", "content": "hi"}]
+    for stop, param in ((["END", "\n"], "stop[1]"), (" \t", "stop")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, stop=stop)
+        assert caught.value.body["param"] == param and "whitespace" in caught.value.body["message"]
+    assert not double.seen
+    for model in ("chat-gpt", "chat-embedded"):
+        assert oai.chat.completions.create(model=model, messages=hi, max_tokens=2, stop=["\n"]).choices
+    assert double.seen[0].body["stop"] == ["\n"]
+    oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, stop=[" END "])
+    assert double.seen[1].body["stop_sequences"] == [" END "]
