@@ -126,7 +126,8 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
     elif kind == "tool_use" and role is Role.ASSISTANT:
         call_id, name = opt_string(block, "id", where), opt_string(block, "name", where)
         if not call_id or not name:
-            raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=where)
+            missing = f"{where}.name" if call_id else f"{where}.id"
+            raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=missing)
         tool_input = opt_object(block, "input", where)
         calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input or {}).decode()))
     elif kind == "tool_result" and role is Role.USER:

@@ -169,7 +169,8 @@ def _call(call: Json, where: str, unread: list[Unread]) -> ToolCall | None:
     function = opt_object(call, "function", where) or {}
     call_id, name = opt_string(call, "id", where), opt_string(function, "name", f"{where}.function")
     if not call_id or not name:
-        raise InvalidRequest(f"`{where}` needs an `id` and a `function.name`.", param=where)
+        missing = f"{where}.function.name" if call_id else f"{where}.id"
+        raise InvalidRequest(f"`{where}` needs an `id` and a `function.name`.", param=missing)
     arguments = opt_string(function, "arguments", f"{where}.function")
     return ToolCall(id=call_id, name=name, arguments=arguments or "{}")
 

@@ -259,6 +259,17 @@ def test_wrong_types_are_400s_naming_the_path(gateway):
                 "name": "f", "arguments": {"not": "a string"}}}]}]})
         assert answer.status_code == 400
         assert answer.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+        for model, path, missing in (("chat-gpt", "messages[1].tool_calls[0].id", {"function": {"name": "f"}}),
+                                     ("chat-claude", "messages[1].tool_calls[0].function.name", {"id": "c"})):
+            answer = http.post("/v1/chat/completions", json={"model": model, "max_tokens": 2, "messages": [
+                {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [missing]}]})
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == path  # the member missing
+        for model, path, missing in (("messages-claude", "messages[1].content[0].id", {"name": "f"}),
+                                     ("messages-gpt", "messages[1].content[0].name", {"id": "t"})):
+            answer = http.post("/v1/messages", json={"model": model, "max_tokens": 2, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "input": {}, **missing}]}]})
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == path
         answer = http.post("/v1/messages", content=b'{"model": "messages-embedded", "max_tokens": ',
                            headers={"content-type": "application/json"})
         assert answer.status_code == 400 and answer.json()["type"] == "error"
