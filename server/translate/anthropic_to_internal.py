@@ -18,7 +18,7 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import MESSAGE_FIELDS, check_fields
 from server.translate.values import (
-    opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
+    no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
 )
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
@@ -126,7 +126,8 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
     elif kind == "tool_use" and role is Role.ASSISTANT:
         call_id, name = opt_string(block, "id", where), opt_string(block, "name", where)
         if not call_id or not name:
-            raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=where)
+            missing = f"{where}.name" if call_id else f"{where}.id"
+            raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=missing)
         tool_input = opt_object(block, "input", where)
         calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input or {}).decode()))
     elif kind == "tool_result" and role is Role.USER:
@@ -180,6 +181,8 @@ def _tool_choice(body: Mapping[str, Json]) -> ToolChoice | None:
     mode = _TOOL_CHOICES.get(kind) if isinstance(kind, str) else None
     if mode is None:
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none.", param="tool_choice.type")
+    if mode is ToolChoiceMode.REQUIRED and not body.get("tools"):
+        raise no_tools_to_call()
     name = opt_string(choice, "name", "tool_choice") or None
     names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)
              and isinstance(tool.get("name"), str)}

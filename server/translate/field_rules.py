@@ -70,7 +70,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "max_tokens": FieldRule("integer", A, A),
     "temperature": FieldRule("number", A, A, note="0–2; capped at 1 for Anthropic"),
     "top_p": FieldRule("number", A, A),
-    "stop": FieldRule("any", A, A, note="→ `stop_sequences`"),
+    "stop": FieldRule("any", A, A, note="→ `stop_sequences`; Anthropic refuses whitespace-only ones"),
     "stream": FieldRule("boolean", A, A),
     "stream_options": FieldRule("object", A, A),
     "n": FieldRule("integer", A, A, note="1 only"),
@@ -102,6 +102,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "prediction": FieldRule("object", I, I, note="a latency hint"),
     "audio": FieldRule("object", R, R),
     "web_search_options": FieldRule("object", R, R),
+    "moderation": FieldRule("object", R, R, note="OpenAI's moderation of the prompt and the answer"),
     "functions": FieldRule("array", I, R, note="deprecated form of `tools`"),
     "function_call": FieldRule("any", R, R, neutral=("none", "auto"),
                                note="embedded: naming a function asks for a call"),
@@ -153,13 +154,13 @@ def unknown_field(name: str) -> Unread:
 def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tuple[Unread, ...]:
     """Type-check the fields the translators do not read; return the fields the embedded model or an upstream of
     the other dialect must refuse (unknown fields included), for the pipeline's check of the provider."""
-    unread = []
-    for name, value in body.items():
-        rule = table.get(name)
-        if rule is None:
-            unread.append(unknown_field(name))
+    # In the table's order, not the body's: a typed gRPC request arrives in its proto's field order, and must be
+    # refused for the same field as the same body sent as JSON.
+    unread = [unknown_field(name) for name in body if name not in table]
+    for name, rule in table.items():
+        if (value := body.get(name)) is None:
             continue
-        if rule.embedded is not Rule.ACT and value is not None:
+        if rule.embedded is not Rule.ACT:
             check, expected = _CHECKS[rule.json]
             if not check(value):
                 raise wrong_type(name, expected, value)

@@ -18,8 +18,8 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
 from server.translate.values import (
-    TEXT_PARTS, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list, text_parts,
-    wrong_type,
+    TEXT_PARTS, no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list,
+    text_parts, wrong_type,
 )
 
 _ROLES = {
@@ -59,9 +59,11 @@ def chat_request(
         raise InvalidRequest("`stream_options` is only allowed when `stream` is true.", param="stream_options")
     include_usage = bool(opt_bool(stream_options or {}, "include_usage", "stream_options"))
     tools = _tools(body, unread)
+    params = _sampling(body, default_max_tokens)
+    unread += _whitespace_stops(body.get("stop"))
     generation = GenerationRequest(
         turns=turns,
-        params=_sampling(body, default_max_tokens),
+        params=params,
         tools=tools,
         tool_choice=_tool_choice(body, tools, unread),
         json_output=_response_format(body, unread) != "text",
@@ -69,6 +71,15 @@ def chat_request(
         stream=stream,
     )
     return ChatPlan(generation=generation, stream=stream, include_usage=stream and include_usage)
+
+
+def _whitespace_stops(stop: Json) -> list[Unread]:
+    """Anthropic refuses stop sequences of whitespace only (`stop_sequences: each stop sequence must contain
+    non-whitespace`): refused by name here, not by the upstream about a field the caller never sent."""
+    stops = [stop] if isinstance(stop, str) else stop or []
+    return [Unread("stop" if isinstance(stop, str) else f"stop[{i}]",
+                   "This model takes no stop sequence of whitespace only (Anthropic refuses them).", embedded=False)
+            for i, item in enumerate(stops) if not item.strip()]
 
 
 def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingParams:
@@ -158,7 +169,8 @@ def _call(call: Json, where: str, unread: list[Unread]) -> ToolCall | None:
     function = opt_object(call, "function", where) or {}
     call_id, name = opt_string(call, "id", where), opt_string(function, "name", f"{where}.function")
     if not call_id or not name:
-        raise InvalidRequest(f"`{where}` needs an `id` and a `function.name`.", param=where)
+        missing = f"{where}.function.name" if call_id else f"{where}.id"
+        raise InvalidRequest(f"`{where}` needs an `id` and a `function.name`.", param=missing)
     arguments = opt_string(function, "arguments", f"{where}.function")
     return ToolCall(id=call_id, name=name, arguments=arguments or "{}")
 
@@ -192,6 +204,8 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
     choice = body.get("tool_choice")
     if choice is None:
         return None if parallel else ToolChoice(parallel=False)
+    if choice == "required" and not body.get("tools"):
+        raise no_tools_to_call()
     if isinstance(choice, str) and choice in _TOOL_CHOICES:
         return ToolChoice(_TOOL_CHOICES[choice], parallel=parallel)
     if isinstance(choice, dict):

@@ -98,6 +98,12 @@ def wrong_type(param: str, expected: str, value: Json) -> InvalidRequest:
     return InvalidRequest(f"`{param}` must be {expected}, got {type_name(value)}.", param=param)
 
 
+def no_tools_to_call() -> InvalidRequest:
+    """A tool_choice that demands a call (`required`, Anthropic's `any`) in a request without tools: both APIs refuse
+    it, so it is refused before any model, never dropped on the way to the other dialect."""
+    return InvalidRequest("`tool_choice` demands a tool call, but the request has no `tools`.", param="tool_choice")
+
+
 def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 

@@ -6,10 +6,14 @@ embedded model and the other dialect act on, ignore or refuse each field as the 
 from __future__ import annotations
 
 import anthropic
+import grpc
 import openai
 import pytest
+from google.protobuf import json_format
 
+from portico.v1 import chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
+from tests.helpers import bearer, error_details
 from tests.passthrough_objects import COMPLETION
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY_ENV
@@ -255,6 +259,17 @@ def test_wrong_types_are_400s_naming_the_path(gateway):
                 "name": "f", "arguments": {"not": "a string"}}}]}]})
         assert answer.status_code == 400
         assert answer.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+        for model, path, missing in (("chat-gpt", "messages[1].tool_calls[0].id", {"function": {"name": "f"}}),
+                                     ("chat-claude", "messages[1].tool_calls[0].function.name", {"id": "c"})):
+            answer = http.post("/v1/chat/completions", json={"model": model, "max_tokens": 2, "messages": [
+                {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [missing]}]})
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == path  # the member missing
+        for model, path, missing in (("messages-claude", "messages[1].content[0].id", {"name": "f"}),
+                                     ("messages-gpt", "messages[1].content[0].name", {"id": "t"})):
+            answer = http.post("/v1/messages", json={"model": model, "max_tokens": 2, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "input": {}, **missing}]}]})
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == path
         answer = http.post("/v1/messages", content=b'{"model": "messages-embedded", "max_tokens": ',
                            headers={"content-type": "application/json"})
         assert answer.status_code == 400 and answer.json()["type"] == "error"
@@ -290,3 +305,66 @@ def test_the_anthropic_sdks_tool_runner_runs_on_models_that_hold_no_threads(clau
     (stream,) = claude.beta.messages.tool_runner(model="messages-embedded", max_tokens=2, tools=[weather],
                                                  messages=[{"role": "user", "content": "hi"}], stream=True)
     assert stream.get_final_message().usage.output_tokens >= 1
+
+
+def test_the_typed_rpcs_refuse_what_the_sdks_body_is_refused_for_naming_the_same_field(gateway, oai, claude):
+    """The SDKs write their fields in alphabetical order, a typed request reaches the server in the proto's field
+    order: with two fields the model cannot honour, both must name the same one (the table's first)."""
+    hi = [{"role": "user", "content": "hi"}]
+    chats = [{"frequency_penalty": 0.5, "audio": {"voice": "alloy", "format": "wav"}},
+             {"functions": [{"name": "weather"}], "function_call": {"name": "weather"}}]
+    messages = [{"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}],
+                 "context_management": CONTEXT_MANAGEMENT}]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        chat = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion
+        create = message_service_pb2_grpc.MessageServiceStub(channel).CreateMessage
+        for model, fields in [("chat-claude", fields) for fields in chats] + [("chat-embedded", chats[1])]:
+            with pytest.raises(openai.BadRequestError) as rest:
+                oai.chat.completions.create(model=model, messages=hi, max_tokens=2, **fields)
+            typed = json_format.ParseDict({"model": model, "messages": hi, "max_tokens": 2, **fields},
+                                          chat_pb2.CreateChatCompletionRequest())
+            with pytest.raises(grpc.RpcError) as caught:
+                chat(typed, metadata=bearer(gateway.secret))
+            assert error_details(caught.value).error.param == rest.value.body["param"]
+        for model in ("messages-gpt", "messages-embedded"):
+            with pytest.raises(anthropic.BadRequestError) as rest:
+                claude.beta.messages.create(model=model, messages=hi, max_tokens=2, **messages[0])
+            typed = json_format.ParseDict({"model": model, "messages": hi, "max_tokens": 2, **messages[0]},
+                                          message_pb2.CreateMessageRequest())
+            with pytest.raises(grpc.RpcError) as caught:
+                create(typed, metadata=bearer(gateway.secret))
+            assert error_details(caught.value).error.param == rest.value.body["error"]["param"]
+
+
+def test_a_tool_call_demanded_without_tools_is_refused_on_every_model(oai, claude, double):
+    """`required` (Anthropic: `any`) with no tools to call cannot be met: OpenAI's and Anthropic's APIs refuse it, and
+    so must the gateway, rather than drop it on the way to the other dialect and answer with text."""
+    hi = [{"role": "user", "content": "hi"}]
+    for model in ("chat-gpt", "chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=hi, max_tokens=2, tool_choice="required")
+        assert caught.value.body["param"] == "tool_choice"
+    for model in ("messages-claude", "messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model=model, messages=hi, max_tokens=2, tool_choice={"type": "any"})
+        assert refused.value.body["error"]["param"] == "tool_choice"
+    assert not double.seen
+    oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, tool_choice="auto")
+    claude.messages.create(model="messages-gpt", messages=hi, max_tokens=2, tool_choice={"type": "none"})
+    assert len(double.seen) == 2  # choices that ask for no call are fine without tools
+
+
+def test_a_whitespace_stop_is_refused_by_name_only_where_anthropic_would_refuse_its_translation(oai, double):
+    """Anthropic refuses stop sequences of whitespace only; a chat caller's `stop: ["\\n"]`, sent on as such, came back
+    as the upstream's 400 about `stop_sequences`, a field the caller never sent."""
+    hi = [{"role": "user", "content": "hi"}]
+    for stop, param in ((["END", "\n"], "stop[1]"), (" \t", "stop")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, stop=stop)
+        assert caught.value.body["param"] == param and "whitespace" in caught.value.body["message"]
+    assert not double.seen
+    for model in ("chat-gpt", "chat-embedded"):
+        assert oai.chat.completions.create(model=model, messages=hi, max_tokens=2, stop=["\n"]).choices
+    assert double.seen[0].body["stop"] == ["\n"]
+    oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, stop=[" END "])
+    assert double.seen[1].body["stop_sequences"] == [" END "]

@@ -4,8 +4,11 @@ field translated, ignored or refused elsewhere by the documented rule (server/tr
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 
+import anthropic
+import openai
 import pytest
 
 from server.domain import Dialect
@@ -250,3 +253,13 @@ def test_free_form_values_nested_32_levels_deep_are_400_and_31_pass():
     with pytest.raises(InvalidRequest) as caught:
         parse_body(part % (b"{\"a\": " * 32 + b"1" + b"}" * 32))
     assert caught.value.param == "messages[0].content"
+
+
+def test_every_parameter_of_the_sdks_has_a_rule():
+    """A parameter the official SDK offers is a field users send: the table must say what becomes of it (a field in
+    neither table is refused as one the gateway does not know)."""
+    transport = {"extra_headers", "extra_query", "extra_body", "timeout", "betas"}
+    chat_create = openai.OpenAI(api_key="k").chat.completions.create
+    assert set(inspect.signature(chat_create).parameters) - transport - set(CHAT_FIELDS) == set()
+    messages_create = anthropic.Anthropic(api_key="k").messages.create
+    assert set(inspect.signature(messages_create).parameters) - transport - set(MESSAGE_FIELDS) == set()

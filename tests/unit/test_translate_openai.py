@@ -60,7 +60,7 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
     assert type(generation.tools[0].parameters["properties"]["city"]["maxLength"]) is int
     assert generation.tool_choice == ToolChoice(ToolChoiceMode.TOOL, name="weather", parallel=False)
     assert generation.json_output
-    assert plan(tool_choice="required").generation.tool_choice.needs_tool_calls
+    assert plan(tools=[weather], tool_choice="required").generation.tool_choice.needs_tool_calls
     assert plan(parallel_tool_calls=False).generation.tool_choice == ToolChoice(parallel=False)
     assert plan().generation.tool_choice is None and not plan().generation.json_output
     later = plan(response_format={"type": "structural_tag", "structures": []}).generation  # for its own dialect only
