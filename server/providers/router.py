@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
-from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
+from server.errors import InvalidRequest, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.providers import (
     Capabilities, PromptCounter, Provider, capabilities_of, prompt_count, token_counter_of, unsupported,
@@ -96,6 +96,13 @@ class Router:
         """Only the model's own deployments: every fallback is some other model's own, closed with it."""
         for deployment in self._chain[0].deployments:
             await deployment.provider.close()
+
+    def refusal(self, request: GenerationRequest) -> InvalidRequest | None:
+        """Why none of the model's own deployments can honour `request` (the first one's reason), or None when one
+        can. Each is judged alone: the union of their capabilities would refuse a field only the embedded model
+        honours as soon as an upstream of the other dialect sits beside it."""
+        refusals = [unsupported(request, capabilities_of(d.provider)) for d in self._chain[0].deployments]
+        return None if any(r is None for r in refusals) else refusals[0]
 
     def _able(self, request: GenerationRequest) -> list[Route]:
         return self._able_to(lambda provider: unsupported(request, capabilities_of(provider)) is None)
@@ -207,6 +214,13 @@ class Router:
                             fallback)
             if self._recorder is not None:
                 self._recorder.fallback(self._chain[0].model_id, fallback)
+
+
+def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest | None:
+    """Why `provider` cannot honour `request`, or None; a Router can when one of its model's deployments can."""
+    if isinstance(provider, Router):
+        return provider.refusal(request)
+    return unsupported(request, capabilities_of(provider))
 
 
 def _says_unhealthy(error: PorticoError) -> bool:

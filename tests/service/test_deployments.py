@@ -257,3 +257,38 @@ async def test_killing_one_of_two_deployments_mid_load_costs_at_most_its_request
         assert in_flight > 0 and failed <= in_flight, (failed, in_flight)
         assert len(outcomes) > 40 and all(outcomes[-10:])  # and the load goes on, on west
         assert server.core.health.states()[0][2] == "ejected"
+
+
+async def test_a_request_only_some_deployments_can_honour_goes_to_them_rather_than_being_refused(double, tmp_path):
+    """Kinds mixed: an Anthropic upstream beside the embedded model. A penalty only the embedded model honours is
+    answered by it, a required tool call by the upstream; only what neither can honour is a 400."""
+    anthropic = f"{{kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, " \
+                "model: m}"
+    mixed = f"""\
+  - id: mixed
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: vendor, provider: {anthropic}}}
+      - {{name: local, provider: {{kind: llamacpp}}}}
+"""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    async with upstream_server(tmp_path, mixed) as server:
+        secret = (await server.store.create("mixed", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+
+            async def ask(**fields):
+                call = chat.CreateChatCompletionHttpUnary(
+                    http_body(chat_body(model="mixed", messages=HELLO, max_tokens=2, **fields)),
+                    metadata=bearer(secret))
+                return await call
+
+            double.reset()
+            for _ in range(4):
+                assert (await ask(frequency_penalty=0.5)).data  # the embedded model answers: nothing upstream
+            assert double.seen == []
+            await ask(tools=tools, tool_choice="required")
+            assert len(double.seen) == 1
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await ask(frequency_penalty=0.5, tools=tools, tool_choice="required")
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(double.seen) == 1
