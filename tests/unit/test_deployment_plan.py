@@ -226,6 +226,8 @@ def test_a_cache_section_left_empty_turns_the_cache_on_with_its_defaults(tmp_pat
     ("provider: {kind: llamacpp}, health: {cooldown: 2}", "unknown setting"),
     ("provider: {kind: llamacpp}, cache: {ttl_seconds: -1}", "ttl_seconds: a positive number"),
     ("provider: {kind: llamacpp}, cache: {shared: 1}", "shared: true or false"),
+    # Redis refuses such an expiry: every answer would go unstored, logged as Redis not answering.
+    ("provider: {kind: llamacpp}, cache: {ttl_seconds: 1.0e+300}", r"ttl_seconds: at most a year \(31536000\)"),
 ])
 def test_deployment_mistakes_are_named(tmp_path, entry, message):
     from server.config import ConfigError
