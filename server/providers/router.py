@@ -90,7 +90,8 @@ class Router:
         here, without an upstream attempt."""
         if not self.counts_upstream:
             return await prompt_count(self._chain[0].deployments[0].provider, request)
-        return await self._one(self._able(request), lambda provider: prompt_count(provider, request))
+        return await self._one(self._able(request), lambda provider: prompt_count(provider, request),
+                               local=lambda provider: not isinstance(provider, PromptCounter))
 
     async def close(self) -> None:
         """Only the model's own deployments: every fallback is some other model's own, closed with it."""
@@ -117,14 +118,18 @@ class Router:
                 chain.append(route if len(able) == len(route.deployments) else Route(route.model_id, able))
         return chain
 
-    async def _one(self, chain: Sequence[Route], ask: Callable) -> object:
+    async def _one(self, chain: Sequence[Route], ask: Callable,
+                   local: Callable[[object], bool] | None = None) -> object:
         """The one result (images, a token count) of `ask(provider)` on the first deployment that gives it."""
-        async with aclosing(self._run(chain, lambda provider: _once(ask(provider)))) as results:
+        async with aclosing(self._run(chain, lambda provider: _once(ask(provider)), local)) as results:
             async for result in results:
                 return result
         raise AssertionError("an attempt ends with a result or an error")
 
-    async def _run(self, chain: Sequence[Route], start: Callable) -> AsyncIterator:
+    async def _run(self, chain: Sequence[Route], start: Callable,
+                   local: Callable[[object], bool] | None = None) -> AsyncIterator:
+        """`local(provider)`: it answers without asking its upstream (an estimated count), so that answer is no
+        attempt: no metrics, and nothing said of the deployment's health (a trial is decided by its upstream)."""
         loop = asyncio.get_running_loop()
         plan = Plan([[Target(d.weight, d.retry) for d in route.deployments] for route in chain],
                     ready_in=lambda m, d: self._ready_in(chain[m].deployments[d]),
@@ -138,6 +143,11 @@ class Router:
                 self._moving_on(chain, failed, step)
             if step.wait:
                 await asyncio.sleep(step.wait)
+            if local is not None and local(deployment.provider):
+                async with aclosing(start(deployment.provider)) as events:
+                    async for event in events:
+                        yield event
+                return
             if deployment.health_slot is not None and not self._board.acquire(deployment.health_slot):
                 plan.refused(step)  # another request holds its one trial
                 continue

@@ -15,8 +15,8 @@ import pytest
 
 from portico.v1.probe_pb2 import GetReadinessRequest
 from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
-from portico.v1 import chat_service_pb2_grpc
-from tests.helpers import bearer, chat_body, chat_request, http_body
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
+from tests.helpers import bearer, chat_body, chat_request, http_body, message_body
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
 
@@ -292,3 +292,41 @@ async def test_a_request_only_some_deployments_can_honour_goes_to_them_rather_th
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await ask(frequency_penalty=0.5, tools=tools, tool_choice="required")
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(double.seen) == 1
+
+
+async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_decides_no_trial(double, west, tmp_path):
+    """A messages model on an Anthropic and an OpenAI-compatible upstream: a token count the OpenAI deployment answers
+    is Portico's own estimate, made without asking it, so it says nothing of that deployment's health (an ejected
+    one stays out until a real request succeeds) and is no upstream attempt in its metrics."""
+    def provider(kind, url):
+        url = url.removesuffix("/v1") if kind == "anthropic" else url
+        return f"{{kind: {kind}, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {{attempts: 1}}}}"
+
+    mixed = f"""\
+  - id: counted
+    endpoint: /v1/messages
+    deployments:
+      - {{name: vendor, provider: {provider('anthropic', double.url)}}}
+      - {{name: compat, provider: {provider('openai', west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 0.3}}
+"""
+    async with upstream_server(tmp_path, mixed) as server:
+        secret = (await server.store.create("counts", all_models=True))[1]
+        registry = server.telemetry.metrics.registry
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            messages = message_service_pb2_grpc.MessageServiceStub(channel)
+            double.reset()
+            west.reset()
+            west.cue(BUSY)
+            while not west.seen:  # a message meets compat's failure: ejected
+                await messages.CreateMessageHttpUnary(http_body(message_body(model="counted")), metadata=bearer(secret))
+            await asyncio.sleep(0.35)  # its cooldown is over: the next request to pick it is its trial
+            attempts = registry.get_sample_value("portico_deployment_requests_total",
+                                                 {"model": "counted", "deployment": "compat"})
+            for _ in range(20):
+                await messages.CountMessageTokensHttp(http_body(message_body(model="counted")),
+                                                      metadata=bearer(secret))
+        assert len(west.seen) == 1  # no count asked it anything
+        assert dict(((m, d), s) for m, d, s in server.core.health.states())[("counted", "compat")] == "trial"
+        assert registry.get_sample_value("portico_deployment_requests_total",
+                                         {"model": "counted", "deployment": "compat"}) == attempts
