@@ -92,6 +92,25 @@ def test_when_everything_fails_the_caller_is_told_the_soonest_retry_after_among_
     assert p.next(0.0) is None and p.give_up(0.0).retry_after == 5
 
 
+def test_a_failure_that_ejected_its_deployment_clears_when_the_deployment_is_back():
+    """The request whose failures took every deployment out of service: its answer's retry-after is when one is back,
+    not "at once" (a caller retrying at once would only meet the gateway's own out-of-service 503)."""
+    once = RetrySettings(attempts=1)
+    out: dict[tuple[int, int], float] = {}
+    p = Plan([[Target(1.0, once)] * 2], ready_in=lambda m, d: out.get((m, d), 0.0), in_flight=lambda m, d: 0,
+             draw=lambda: 0.0)
+    first = p.next(0.0)
+    p.failed(first, ServiceUnavailable("down", retry_reason="503"), 0.0)
+    out[(0, first.deployment)] = 5.0  # ejected for its cooldown
+    second = p.next(0.0)
+    p.failed(second, ServiceUnavailable("down too", retry_reason="503"), 0.0)
+    out[(0, second.deployment)] = 3.0
+    assert p.next(0.0) is None
+    error = p.give_up(0.0)
+    assert error.message == "down too" and error.retry_after == 3
+    assert BUSY.retry_after == 0  # errors may be shared: the hint goes on a copy
+
+
 def test_pick_follows_weights_and_prefers_idle_deployments():
     rng = random.Random(7)
     counts = [0, 0]
