@@ -243,6 +243,9 @@ def test_a_cache_section_left_empty_turns_the_cache_on_with_its_defaults(tmp_pat
     ("deployments: [{name: a}]", "`provider` is required"),
     ("provider: {kind: llamacpp}, health: {failure_rate: 2}", "failure_rate"),
     ("provider: {kind: llamacpp}, health: {cooldown: 2}", "unknown setting"),
+    # Nothing would honour it: a model's only deployment is never taken out of service.
+    ("provider: {kind: llamacpp}, health: {consecutive_failures: 2}", r"health: .*two or more deployments"),
+    ("deployments: [{name: a, provider: {kind: llamacpp}}], health: {}", r"health: .*two or more deployments"),
     ("provider: {kind: llamacpp}, cache: {ttl_seconds: -1}", "ttl_seconds: a positive number"),
     ("provider: {kind: llamacpp}, cache: {shared: 1}", "shared: true or false"),
     # Redis refuses such an expiry: every answer would go unstored, logged as Redis not answering.
