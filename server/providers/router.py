@@ -137,10 +137,14 @@ class Router:
                     in_flight=lambda m, d: self._in_flight.get((chain[m].model_id, chain[m].deployments[d].name), 0),
                     draw=self._draw)
         failed: tuple[Step, PorticoError] | None = None
+        model = 0  # the chain's model tried last
         while (step := plan.next(loop.time())) is not None:
             route, deployment = chain[step.model], chain[step.model].deployments[step.deployment]
             if failed is not None:
                 self._moving_on(chain, failed, step)
+            elif step.model != model and self._recorder is not None:  # none of its deployments was in service
+                self._recorder.fallback(self._chain[0].model_id, route.model_id)
+            model = step.model
             if step.wait:
                 await asyncio.sleep(step.wait)
             if local is not None and local(deployment.provider):

@@ -330,3 +330,36 @@ async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_de
         assert dict(((m, d), s) for m, d, s in server.core.health.states())[("counted", "compat")] == "trial"
         assert registry.get_sample_value("portico_deployment_requests_total",
                                          {"model": "counted", "deployment": "compat"}) == attempts
+
+
+async def test_a_request_sent_straight_to_a_fallback_counts_as_handed_to_it(double, west, tmp_path):
+    """Every deployment out of service: the request goes to the fallback without trying them, and is counted in
+    portico_upstream_fallbacks_total like one handed over after failures (its attempt span says fallback too)."""
+    def provider(url, model="m"):
+        return f"{{kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: {model}, " \
+               "retry: {attempts: 1}}"
+
+    config = f"""\
+  - id: pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(double.url)}}}
+      - {{name: west, provider: {provider(west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 30}}
+    fallbacks: [spare]
+  - {{id: spare, endpoint: /v1/chat/completions, provider: {provider(double.url, 'spare-model')}}}
+"""
+    async with upstream_server(tmp_path, config) as server:
+        secret = (await server.store.create("fallbacks", all_models=True))[1]
+        registry = server.telemetry.metrics.registry
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            double.reset()
+            west.reset()
+            double.cue(BUSY)
+            west.cue(BUSY)
+            for _ in range(2):  # the first ejects both on its way to the fallback; the second goes there at once
+                assert (await ask(chat, secret)).choices[0].message.content == "echo Say hello."
+        assert [seen.body["model"] for seen in double.seen + west.seen].count("spare-model") == 2
+        handed = registry.get_sample_value("portico_upstream_fallbacks_total", {"model": "pair", "fallback": "spare"})
+        assert handed == 2
