@@ -86,7 +86,8 @@ class Plan:
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
     raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left: the
-    failure that clears soonest (one without a retry-after may clear at once), with its retry-after.
+    failure that clears soonest (one without a retry-after may clear at once, unless passive health took its
+    deployment out of service), with its retry-after.
     """
 
     chain: Sequence[Sequence[Target]]
