@@ -351,15 +351,20 @@ def _model(raw: Any, where: str) -> ModelEntry:
     fallbacks = raw.get("fallbacks") or []
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
         raise ConfigError(f"{where}.fallbacks: a list of model ids")
+    deployments = parse_deployments(raw, where, endpoint)
+    health = parse_health(raw.get("health"), f"{where}.health")
+    if "health" in raw and len(deployments) < 2:  # a setting nothing would honour is refused, not ignored
+        raise ConfigError(f"{where}.health: only a model with two or more deployments is watched (its only one is "
+                          "never taken out of service: there is nowhere else to send its requests)")
     return ModelEntry(
         id=_model_id(raw, where),
         endpoint=endpoint,
         owned_by=_text(raw, "owned_by", "portico", where),
         created=number(raw, "created", 0, where, integer=True, low=0, high=MAX_CREATED),
-        deployments=parse_deployments(raw, where, endpoint),
+        deployments=deployments,
         fallbacks=tuple(fallbacks),
         price=parse_price(raw.get("price") or {}, f"{where}.price"),
-        health=parse_health(raw.get("health"), f"{where}.health"),
+        health=health,
         # `cache:` left empty (its lines commented out) is YAML's null: on with its defaults, like any empty section.
         cache=parse_cache({} if "cache" in raw and raw["cache"] is None else raw.get("cache"), f"{where}.cache",
                           endpoint),

@@ -67,5 +67,5 @@ def _endpoint(value: Any, where: str) -> str:
     if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318, not {value!r}")
     if parts.path in ("", "/"):
-        return value.rstrip("/") + TRACES_PATH
+        return parts._replace(path=TRACES_PATH).geturl()
     return value

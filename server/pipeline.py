@@ -30,10 +30,11 @@ from server.limits import Limiter, Reservation, rate_limit_headers
 from server.limits.core import Dimension
 from server.observability import RequestRecord, Telemetry
 from server.providers import (
-    Provider, TokenCounter, capabilities_of, context_overflow, prompt_count, token_counter_of, unsupported,
+    Provider, TokenCounter, capabilities_of, context_overflow, prompt_count, token_counter_of,
 )
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
+from server.providers.router import refusal_of
 from server.translate.values import body_and_model
 
 
@@ -124,7 +125,7 @@ class Pipeline:
         """
         provider = call.provider
         # Before admission: a request the model cannot honour costs nothing.
-        if (refusal := unsupported(request, capabilities_of(provider))) is not None:
+        if (refusal := refusal_of(provider, request)) is not None:
             raise refusal
         lookup = await self._lookup(call, request)
         call.record.max_tokens = request.params.max_tokens
@@ -252,7 +253,7 @@ class Pipeline:
         (`record.admitted` stays false, as for GET /v1/models: no usage-ledger row, no spend)."""
         provider = call.provider
         # Refused before admission, as a generation would be: the same 400 naming the field.
-        if (refusal := unsupported(request, capabilities_of(provider))) is not None:
+        if (refusal := refusal_of(provider, request)) is not None:
             raise refusal
         counter = self._token_counters.get(call.model.id)
         local = None

@@ -86,7 +86,8 @@ class Plan:
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
     raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left: the
-    failure that clears soonest (one without a retry-after may clear at once), with its retry-after.
+    failure that clears soonest (one without a retry-after may clear at once, unless passive health took its
+    deployment out of service), with its retry-after.
     """
 
     chain: Sequence[Sequence[Target]]
@@ -100,7 +101,8 @@ class Plan:
     _not_before: list[float] = field(default_factory=list)  # -inf: done with it; else when its retry may start
     _began: float | None = None
     _soonest: float = math.inf  # the earliest time a passed-over deployment comes back into service
-    _failures: list[tuple[float, PorticoError]] = field(default_factory=list)  # (when it clears, the failure)
+    # (when it clears by its own hint, the failure, its model and deployment)
+    _failures: list[tuple[float, PorticoError, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._enter(0)
@@ -126,7 +128,7 @@ class Plan:
         self.last_error = error
         if not error.retryable:
             raise error
-        self._failures.append((now + error.retry_after, error))
+        self._failures.append((now + error.retry_after, error, step.model, step.deployment))
         d = step.deployment
         target = self.chain[step.model][d]
         elapsed = now - (self._began if self._began is not None else now)
@@ -144,8 +146,13 @@ class Plan:
             # (or a fallback) said 2 s. The soonest time anything may work, a passed-over deployment's return too.
             # Its hint as its upstream gave it, not shortened by the walk's few seconds since (a later hint wastes no
             # retry), unless a passed-over deployment is back sooner.
-            _, error = min(reversed(self._failures), key=lambda failure: failure[0])  # a tie: the latest
-            wait = min(error.retry_after, max(0.0, self._soonest - now))
+            # A failure that took its deployment out of service (passive health) clears only when it is back.
+            clears = []
+            for when, error, model, deployment in self._failures:
+                back = self.ready_in(model, deployment)
+                clears.append((max(when, now + back), max(error.retry_after, back), error))
+            _, hint, error = min(reversed(clears), key=lambda failure: failure[0])  # a tie: the latest
+            wait = min(hint, max(0.0, self._soonest - now))
             if wait == error.retry_after:
                 return error
             soonest = copy.copy(error)  # errors may be shared objects: never change one in place

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
-from server.errors import PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
+from server.errors import InvalidRequest, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.providers import (
     Capabilities, PromptCounter, Provider, capabilities_of, prompt_count, token_counter_of, unsupported,
@@ -90,12 +90,20 @@ class Router:
         here, without an upstream attempt."""
         if not self.counts_upstream:
             return await prompt_count(self._chain[0].deployments[0].provider, request)
-        return await self._one(self._able(request), lambda provider: prompt_count(provider, request))
+        return await self._one(self._able(request), lambda provider: prompt_count(provider, request),
+                               local=lambda provider: not isinstance(provider, PromptCounter))
 
     async def close(self) -> None:
         """Only the model's own deployments: every fallback is some other model's own, closed with it."""
         for deployment in self._chain[0].deployments:
             await deployment.provider.close()
+
+    def refusal(self, request: GenerationRequest) -> InvalidRequest | None:
+        """Why none of the model's own deployments can honour `request` (the first one's reason), or None when one
+        can. Each is judged alone: the union of their capabilities would refuse a field only the embedded model
+        honours as soon as an upstream of the other dialect sits beside it."""
+        refusals = [unsupported(request, capabilities_of(d.provider)) for d in self._chain[0].deployments]
+        return None if any(r is None for r in refusals) else refusals[0]
 
     def _able(self, request: GenerationRequest) -> list[Route]:
         return self._able_to(lambda provider: unsupported(request, capabilities_of(provider)) is None)
@@ -110,14 +118,18 @@ class Router:
                 chain.append(route if len(able) == len(route.deployments) else Route(route.model_id, able))
         return chain
 
-    async def _one(self, chain: Sequence[Route], ask: Callable) -> object:
+    async def _one(self, chain: Sequence[Route], ask: Callable,
+                   local: Callable[[object], bool] | None = None) -> object:
         """The one result (images, a token count) of `ask(provider)` on the first deployment that gives it."""
-        async with aclosing(self._run(chain, lambda provider: _once(ask(provider)))) as results:
+        async with aclosing(self._run(chain, lambda provider: _once(ask(provider)), local)) as results:
             async for result in results:
                 return result
         raise AssertionError("an attempt ends with a result or an error")
 
-    async def _run(self, chain: Sequence[Route], start: Callable) -> AsyncIterator:
+    async def _run(self, chain: Sequence[Route], start: Callable,
+                   local: Callable[[object], bool] | None = None) -> AsyncIterator:
+        """`local(provider)`: it answers without asking its upstream (an estimated count), so that answer is no
+        attempt: no metrics, and nothing said of the deployment's health (a trial is decided by its upstream)."""
         loop = asyncio.get_running_loop()
         plan = Plan([[Target(d.weight, d.retry) for d in route.deployments] for route in chain],
                     ready_in=lambda m, d: self._ready_in(chain[m].deployments[d]),
@@ -125,12 +137,21 @@ class Router:
                     in_flight=lambda m, d: self._in_flight.get((chain[m].model_id, chain[m].deployments[d].name), 0),
                     draw=self._draw)
         failed: tuple[Step, PorticoError] | None = None
+        model = 0  # the chain's model tried last
         while (step := plan.next(loop.time())) is not None:
             route, deployment = chain[step.model], chain[step.model].deployments[step.deployment]
             if failed is not None:
                 self._moving_on(chain, failed, step)
+            elif step.model != model and self._recorder is not None:  # none of its deployments was in service
+                self._recorder.fallback(self._chain[0].model_id, route.model_id)
+            model = step.model
             if step.wait:
                 await asyncio.sleep(step.wait)
+            if local is not None and local(deployment.provider):
+                async with aclosing(start(deployment.provider)) as events:
+                    async for event in events:
+                        yield event
+                return
             if deployment.health_slot is not None and not self._board.acquire(deployment.health_slot):
                 plan.refused(step)  # another request holds its one trial
                 continue
@@ -207,6 +228,13 @@ class Router:
                             fallback)
             if self._recorder is not None:
                 self._recorder.fallback(self._chain[0].model_id, fallback)
+
+
+def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest | None:
+    """Why `provider` cannot honour `request`, or None; a Router can when one of its model's deployments can."""
+    if isinstance(provider, Router):
+        return provider.refusal(request)
+    return unsupported(request, capabilities_of(provider))
 
 
 def _says_unhealthy(error: PorticoError) -> bool:

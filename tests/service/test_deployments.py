@@ -15,8 +15,8 @@ import pytest
 
 from portico.v1.probe_pb2 import GetReadinessRequest
 from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
-from portico.v1 import chat_service_pb2_grpc
-from tests.helpers import bearer, chat_body, chat_request, http_body
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
+from tests.helpers import bearer, chat_body, chat_request, http_body, message_body
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
 
@@ -257,3 +257,109 @@ async def test_killing_one_of_two_deployments_mid_load_costs_at_most_its_request
         assert in_flight > 0 and failed <= in_flight, (failed, in_flight)
         assert len(outcomes) > 40 and all(outcomes[-10:])  # and the load goes on, on west
         assert server.core.health.states()[0][2] == "ejected"
+
+
+async def test_a_request_only_some_deployments_can_honour_goes_to_them_rather_than_being_refused(double, tmp_path):
+    """Kinds mixed: an Anthropic upstream beside the embedded model. A penalty only the embedded model honours is
+    answered by it, a required tool call by the upstream; only what neither can honour is a 400."""
+    anthropic = f"{{kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, " \
+                "model: m}"
+    mixed = f"""\
+  - id: mixed
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: vendor, provider: {anthropic}}}
+      - {{name: local, provider: {{kind: llamacpp}}}}
+"""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    async with upstream_server(tmp_path, mixed) as server:
+        secret = (await server.store.create("mixed", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+
+            async def ask(**fields):
+                call = chat.CreateChatCompletionHttpUnary(
+                    http_body(chat_body(model="mixed", messages=HELLO, max_tokens=2, **fields)),
+                    metadata=bearer(secret))
+                return await call
+
+            double.reset()
+            for _ in range(4):
+                assert (await ask(frequency_penalty=0.5)).data  # the embedded model answers: nothing upstream
+            assert double.seen == []
+            await ask(tools=tools, tool_choice="required")
+            assert len(double.seen) == 1
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await ask(frequency_penalty=0.5, tools=tools, tool_choice="required")
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(double.seen) == 1
+
+
+async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_decides_no_trial(double, west, tmp_path):
+    """A messages model on an Anthropic and an OpenAI-compatible upstream: a token count the OpenAI deployment answers
+    is Portico's own estimate, made without asking it, so it says nothing of that deployment's health (an ejected
+    one stays out until a real request succeeds) and is no upstream attempt in its metrics."""
+    def provider(kind, url):
+        url = url.removesuffix("/v1") if kind == "anthropic" else url
+        return f"{{kind: {kind}, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {{attempts: 1}}}}"
+
+    mixed = f"""\
+  - id: counted
+    endpoint: /v1/messages
+    deployments:
+      - {{name: vendor, provider: {provider('anthropic', double.url)}}}
+      - {{name: compat, provider: {provider('openai', west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 0.3}}
+"""
+    async with upstream_server(tmp_path, mixed) as server:
+        secret = (await server.store.create("counts", all_models=True))[1]
+        registry = server.telemetry.metrics.registry
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            messages = message_service_pb2_grpc.MessageServiceStub(channel)
+            double.reset()
+            west.reset()
+            west.cue(BUSY)
+            while not west.seen:  # a message meets compat's failure: ejected
+                await messages.CreateMessageHttpUnary(http_body(message_body(model="counted")), metadata=bearer(secret))
+            await asyncio.sleep(0.35)  # its cooldown is over: the next request to pick it is its trial
+            attempts = registry.get_sample_value("portico_deployment_requests_total",
+                                                 {"model": "counted", "deployment": "compat"})
+            for _ in range(20):
+                await messages.CountMessageTokensHttp(http_body(message_body(model="counted")),
+                                                      metadata=bearer(secret))
+        assert len(west.seen) == 1  # no count asked it anything
+        assert dict(((m, d), s) for m, d, s in server.core.health.states())[("counted", "compat")] == "trial"
+        assert registry.get_sample_value("portico_deployment_requests_total",
+                                         {"model": "counted", "deployment": "compat"}) == attempts
+
+
+async def test_a_request_sent_straight_to_a_fallback_counts_as_handed_to_it(double, west, tmp_path):
+    """Every deployment out of service: the request goes to the fallback without trying them, and is counted in
+    portico_upstream_fallbacks_total like one handed over after failures (its attempt span says fallback too)."""
+    def provider(url, model="m"):
+        return f"{{kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: {model}, " \
+               "retry: {attempts: 1}}"
+
+    config = f"""\
+  - id: pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(double.url)}}}
+      - {{name: west, provider: {provider(west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 30}}
+    fallbacks: [spare]
+  - {{id: spare, endpoint: /v1/chat/completions, provider: {provider(double.url, 'spare-model')}}}
+"""
+    async with upstream_server(tmp_path, config) as server:
+        secret = (await server.store.create("fallbacks", all_models=True))[1]
+        registry = server.telemetry.metrics.registry
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            double.reset()
+            west.reset()
+            double.cue(BUSY)
+            west.cue(BUSY)
+            for _ in range(2):  # the first ejects both on its way to the fallback; the second goes there at once
+                assert (await ask(chat, secret)).choices[0].message.content == "echo Say hello."
+        assert [seen.body["model"] for seen in double.seen + west.seen].count("spare-model") == 2
+        handed = registry.get_sample_value("portico_upstream_fallbacks_total", {"model": "pair", "fallback": "spare"})
+        assert handed == 2

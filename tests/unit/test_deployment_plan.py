@@ -92,6 +92,25 @@ def test_when_everything_fails_the_caller_is_told_the_soonest_retry_after_among_
     assert p.next(0.0) is None and p.give_up(0.0).retry_after == 5
 
 
+def test_a_failure_that_ejected_its_deployment_clears_when_the_deployment_is_back():
+    """The request whose failures took every deployment out of service: its answer's retry-after is when one is back,
+    not "at once" (a caller retrying at once would only meet the gateway's own out-of-service 503)."""
+    once = RetrySettings(attempts=1)
+    out: dict[tuple[int, int], float] = {}
+    p = Plan([[Target(1.0, once)] * 2], ready_in=lambda m, d: out.get((m, d), 0.0), in_flight=lambda m, d: 0,
+             draw=lambda: 0.0)
+    first = p.next(0.0)
+    p.failed(first, ServiceUnavailable("down", retry_reason="503"), 0.0)
+    out[(0, first.deployment)] = 5.0  # ejected for its cooldown
+    second = p.next(0.0)
+    p.failed(second, ServiceUnavailable("down too", retry_reason="503"), 0.0)
+    out[(0, second.deployment)] = 3.0
+    assert p.next(0.0) is None
+    error = p.give_up(0.0)
+    assert error.message == "down too" and error.retry_after == 3
+    assert BUSY.retry_after == 0  # errors may be shared: the hint goes on a copy
+
+
 def test_pick_follows_weights_and_prefers_idle_deployments():
     rng = random.Random(7)
     counts = [0, 0]
@@ -224,8 +243,13 @@ def test_a_cache_section_left_empty_turns_the_cache_on_with_its_defaults(tmp_pat
     ("deployments: [{name: a}]", "`provider` is required"),
     ("provider: {kind: llamacpp}, health: {failure_rate: 2}", "failure_rate"),
     ("provider: {kind: llamacpp}, health: {cooldown: 2}", "unknown setting"),
+    # Nothing would honour it: a model's only deployment is never taken out of service.
+    ("provider: {kind: llamacpp}, health: {consecutive_failures: 2}", r"health: .*two or more deployments"),
+    ("deployments: [{name: a, provider: {kind: llamacpp}}], health: {}", r"health: .*two or more deployments"),
     ("provider: {kind: llamacpp}, cache: {ttl_seconds: -1}", "ttl_seconds: a positive number"),
     ("provider: {kind: llamacpp}, cache: {shared: 1}", "shared: true or false"),
+    # Redis refuses such an expiry: every answer would go unstored, logged as Redis not answering.
+    ("provider: {kind: llamacpp}, cache: {ttl_seconds: 1.0e+300}", r"ttl_seconds: at most a year \(31536000\)"),
 ])
 def test_deployment_mistakes_are_named(tmp_path, entry, message):
     from server.config import ConfigError

@@ -24,6 +24,9 @@ def test_tracing_is_off_by_default():
     ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
     ("https://otel.example.com/", "https://otel.example.com/v1/traces"),
     ("http://collector:4318/custom/traces", "http://collector:4318/custom/traces"),
+    # The path goes before a query, not after it (`?tenant=a/v1/traces` sent every batch to `/`).
+    ("http://collector:4318?tenant=a", "http://collector:4318/v1/traces?tenant=a"),
+    ("http://collector:4318/?tenant=a", "http://collector:4318/v1/traces?tenant=a"),
 ])
 def test_an_endpoint_without_a_path_gets_the_otlp_traces_path(given, used):
     assert parse_tracing({"otlp_endpoint": given}, "tracing").otlp_endpoint == used
