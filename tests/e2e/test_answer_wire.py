@@ -58,3 +58,12 @@ def test_an_anthropic_compatible_server_without_usage_still_gives_the_sdk_its_us
     assert final.content[0].text == "Fine, thanks for asking" and final.stop_reason == "end_turn"
     assert (final.usage.input_tokens, final.usage.output_tokens) == (message.usage.input_tokens,
                                                                      message.usage.output_tokens)
+
+
+def test_a_message_streamed_from_an_openai_compatible_upstream_starts_with_a_prompt_count(gateway, double):
+    """Anthropic's message_start carries the prompt's input_tokens, which stream readers take from there; an
+    OpenAI-compatible upstream reports its count only at the end, so message_start has the prompt's estimate (not 0)
+    and message_delta the upstream's count."""
+    seen = events(gateway, {"model": "messages-gpt", "max_tokens": 5, "messages": HELLO})
+    assert seen[0][0] == "message_start" and seen[0][1]["message"]["usage"]["input_tokens"] > 0
+    assert seen[-2][0] == "message_delta" and seen[-2][1]["usage"]["input_tokens"] == 6  # the echo's: its words
