@@ -11,13 +11,17 @@ from tests.e2e.conftest import upstream_gateway
 from tests.e2e.test_passthrough_sdks import models_yaml
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
+from tests.upstream_support import UPSTREAM_KEY_ENV
 
 HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    with upstream_gateway(tmp_path_factory.mktemp("answer-wire-gateway"), models_yaml(double.url)) as gateway:
+    slashed = (f"  - {{id: 'org/model', endpoint: /v1/chat/completions, provider: {{kind: openai, "
+               f"base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up}}}}\n")
+    with upstream_gateway(tmp_path_factory.mktemp("answer-wire-gateway"),
+                          models_yaml(double.url) + slashed) as gateway:
         yield gateway
 
 
@@ -67,3 +71,10 @@ def test_a_message_streamed_from_an_openai_compatible_upstream_starts_with_a_pro
     seen = events(gateway, {"model": "messages-gpt", "max_tokens": 5, "messages": HELLO})
     assert seen[0][0] == "message_start" and seen[0][1]["message"]["usage"]["input_tokens"] > 0
     assert seen[-2][0] == "message_delta" and seen[-2][1]["usage"]["input_tokens"] == 6  # the echo's: its words
+
+
+def test_a_model_id_with_a_slash_is_found_as_the_sdks_write_it(gateway, oai, claude):
+    assert oai.models.retrieve("org/model").endpoint == "/v1/chat/completions"  # the SDKs send org%2Fmodel
+    assert claude.models.retrieve("org/model").id == "org/model"
+    answer = httpx.get(f"{gateway.base_url}/v1/models/org/model", headers={"authorization": f"Bearer {gateway.secret}"})
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
