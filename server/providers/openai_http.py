@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, UpstreamObject, UpstreamSpec
+from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject, UpstreamSpec
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.internal_to_openai_request import openai_body
@@ -45,6 +45,7 @@ class OpenAIProvider:
                 yield event
             return
         reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
+        started = False
         async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
             async for event in events:
                 if event.data == b"[DONE]":
@@ -54,6 +55,9 @@ class OpenAIProvider:
                     raise self._upstream.stream_error(chunk, self._model_id, self._model)
                 made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
                 yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
+                if not started:  # the prompt's count for message_start: OpenAI reports its own only at the end
+                    started = True
+                    yield Started(prompt_estimate)
                 for generated in made:
                     yield generated
         yield reader.end()

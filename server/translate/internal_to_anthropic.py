@@ -56,7 +56,10 @@ def token_count(count: TokenCount) -> dict:
 def message(header: ResponseHeader, completion: Completion) -> dict:
     upstream = completion.upstream
     if upstream is not None and upstream.dialect is Dialect.ANTHROPIC:
-        return {**upstream.payload, "id": header.id, "model": header.model}
+        answer = {**upstream.payload, "id": header.id, "model": header.model}
+        if not isinstance(answer.get("usage"), Mapping):  # a server that sent none: the counts the limits settled
+            answer["usage"] = usage_object(completion.finish.usage)
+        return answer
     finish = completion.finish
     content: list[dict] = []
     if completion.text or not completion.tool_calls:  # Anthropic never answers with an empty text block beside calls
@@ -105,11 +108,32 @@ async def message_events(header: ResponseHeader, events: AsyncIterator[Generatio
 async def _relayed_events(
     header: ResponseHeader, first: UpstreamObject, events: AsyncIterator[GenerationEvent]
 ) -> AsyncIterator[dict]:
-    """Every event the upstream sent, in its order; message_start with the header's id and model."""
-    yield _owned_event(header, first.payload)
+    """Every event the upstream sent, in its order; message_start with the header's id and model. The SDK reads
+    message_start's and message_delta's usage, which Anthropic always sends: from a server that sends none, they get
+    the counts the limits settle (message_start's once the prompt's count follows it; message_delta's, and what comes
+    after it, wait for the answer's end, which the next events bring)."""
+    start: dict | None = _owned_event(header, first.payload)
+    started = start.get("message") if start.get("type") == "message_start" else None
+    if not isinstance(started, dict) or isinstance(started.get("usage"), Mapping):
+        yield start
+        start = None
+    held: list[dict] = []  # a message_delta without usage, and the events after it
     async for event in events:
-        if isinstance(event, UpstreamObject):
-            yield _owned_event(header, event.payload)
+        if isinstance(event, Started) and start is not None:
+            started["usage"] = {"input_tokens": event.input_tokens, "output_tokens": 0}
+            yield start
+            start = None
+        elif isinstance(event, UpstreamObject):
+            out = _owned_event(header, event.payload)
+            if held or out.get("type") == "message_delta" and not isinstance(out.get("usage"), Mapping):
+                held.append(out)
+            else:
+                yield out
+        elif isinstance(event, Finished) and held:
+            held[0]["usage"] = usage_object(event.usage)
+            for out in held:
+                yield out
+            held.clear()
 
 
 def _owned_event(header: ResponseHeader, event: Mapping[str, Json]) -> dict:
