@@ -15,8 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
-from portico.v1 import chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
-from tests.helpers import bearer, chat_request, error_details
+from portico.v1 import (
+    anthropic_model_pb2, anthropic_model_service_pb2_grpc, chat_service_pb2_grpc, message_service_pb2_grpc, model_pb2,
+    model_service_pb2_grpc,
+)
+from tests.helpers import bearer, chat_request, error_details, message_body, message_request
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,24 @@ def test_grpc_errors_through_envoy_keep_status_and_details(channel, gateway):
         chat.CreateChatCompletion(chat_request(temperature=9), metadata=bearer(gateway.secret))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_details(caught.value).error.param == "temperature"
+
+
+def test_anthropic_services_give_grpc_callers_the_error_object_rest_callers_get(channel, gateway):
+    """MessageService and AnthropicModelService answer REST callers with Anthropic's `type` for the status
+    (`not_found_error` for a 404): their gRPC callers find the same object in the status details."""
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        messages.CreateMessage(message_request(model="family-a-5.5"), metadata=bearer(gateway.secret))
+    rest = httpx.post(f"{gateway.base_url}/v1/messages", json=message_body(model="family-a-5.5"),
+                      headers={"x-api-key": gateway.secret}).json()["error"]
+    detail = error_details(caught.value).error
+    assert (detail.type, detail.code, detail.param) == (rest["type"], rest["code"], rest["param"])
+    assert detail.type == "not_found_error"
+    models = anthropic_model_service_pb2_grpc.AnthropicModelServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        models.GetAnthropicModel(anthropic_model_pb2.GetAnthropicModelRequest(model_id="nope"),
+                                 metadata=bearer(gateway.secret))
+    assert error_details(caught.value).error.type == "not_found_error"
 
 
 def test_a_deadline_through_envoy_is_deadline_exceeded_and_frees_the_slot(channel, gateway):
