@@ -26,7 +26,7 @@ from server.cache import MemoryStore, ResponseCache
 from server.catalog import Catalog
 from server.config import Config
 from server.console import ConsoleFiles
-from server.health import Readiness
+from server.health import HealthServicer, Readiness
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyAdmin, KeyStore, open_key_store
 from server.limits import Limiter, LimitStore, MemoryLimitStore
@@ -273,7 +273,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator,
                                  states=core.health.states)
     model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, served)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     readiness = Readiness(health_servicer, store, limiter, config.limits, core.providers,
                           deployments=lambda: _deployment_states(core),

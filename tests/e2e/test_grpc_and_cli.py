@@ -67,6 +67,16 @@ def test_anthropic_services_give_grpc_callers_the_error_object_rest_callers_get(
     assert error_details(caught.value).error.type == "not_found_error"
 
 
+def test_health_lists_every_service_it_checks(channel, gateway):
+    """Health.List (in health.proto, so reflection shows it) answers every name Check knows, rather than
+    UNIMPLEMENTED with a traceback in the server's log."""
+    health = health_pb2_grpc.HealthStub(channel)
+    listed = health.List(health_pb2.HealthListRequest(), timeout=5).statuses
+    assert {"", "portico.v1.ChatService", "portico.v1.MessageService"} <= set(listed)
+    assert {status.status for status in listed.values()} == {health_pb2.HealthCheckResponse.SERVING}
+    assert "NotImplementedError" not in gateway.log_path.read_text()
+
+
 def test_a_deadline_through_envoy_is_deadline_exceeded_and_frees_the_slot(channel, gateway):
     """A caller's grpc-timeout that passes mid-answer is DEADLINE_EXCEEDED, never INTERNAL: Envoy enforcing it too
     reset calls whose headers had gone (RST_STREAM, INTERNAL, which portico.client retries as a 500). Each leaves a
