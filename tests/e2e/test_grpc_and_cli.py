@@ -148,3 +148,21 @@ def test_reflection_describes_every_service_it_lists(gateway):
     assert set(described) == set(names) and all(described.values())
     assert {"portico.v1.ChatService", "portico.v1.AnthropicModelService"} <= set(names)
     assert "CreateChatCompletion" in described["portico.v1.ChatService"]
+
+
+def test_reflection_finds_the_file_of_a_method(gateway):
+    """`grpcurl describe portico.v1.ChatService.CreateChatCompletion` asks for the file holding the method's symbol
+    (the reflection protocol's `<package>.<service>.<method>`): it was "not found", as the server's descriptor pool
+    looks up no method names."""
+    methods = ["portico.v1.ChatService.CreateChatCompletion", "portico.v1.MessageService.CountMessageTokens",
+               "grpc.health.v1.Health.Check"]
+    asks = [reflection_pb2.ServerReflectionRequest(file_containing_symbol=name)
+            for name in [*methods, "portico.v1.ChatService.Nope"]]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        answers = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter(asks)))
+    for name, answer in zip(methods, answers):
+        assert answer.HasField("file_descriptor_response"), f"{name}: {answer.error_response.error_message}"
+        first = descriptor_pb2.FileDescriptorProto.FromString(answer.file_descriptor_response.file_descriptor_proto[0])
+        service, method = name.rsplit(".", 2)[1:]
+        assert method in [m.name for s in first.service if s.name == service for m in s.method]
+    assert answers[-1].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
