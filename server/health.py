@@ -36,10 +36,16 @@ class HealthServicer(health.aio.HealthServicer):
     def __init__(self) -> None:
         super().__init__()
         self._names: dict[str, None] = {"": None}  # insertion-ordered
+        self._final = False  # after enter_graceful_shutdown, set() changes nothing: a new name stays unknown
 
     async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        self._names[service] = None
+        if not self._final:
+            self._names[service] = None
         await super().set(service, status)
+
+    async def enter_graceful_shutdown(self) -> None:
+        self._final = True
+        await super().enter_graceful_shutdown()
 
     async def List(self, request: health_pb2.HealthListRequest, context) -> health_pb2.HealthListResponse:
         statuses = {name: await self.Check(health_pb2.HealthCheckRequest(service=name), context)
