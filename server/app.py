@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
+from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha import reflection
 
 import portico.v1
@@ -26,7 +27,7 @@ from server.cache import MemoryStore, ResponseCache
 from server.catalog import Catalog
 from server.config import Config
 from server.console import ConsoleFiles
-from server.health import Readiness
+from server.health import HealthServicer, Readiness
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyAdmin, KeyStore, open_key_store
 from server.limits import Limiter, LimitStore, MemoryLimitStore
@@ -220,6 +221,31 @@ def _load_service_descriptors() -> None:
             importlib.import_module(f"portico.v1.{module.name}")
 
 
+class _ReflectionPool:
+    """The descriptor pool server reflection reads, which also finds a method's file (`grpcurl describe
+    portico.v1.ChatService.CreateChatCompletion`): the reflection protocol names methods as symbols, and Python's pool
+    looks up no method names, so such a describe was "not found". Everything else is the pool's own."""
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def FindFileContainingSymbol(self, name: str):  # noqa: N802 - the pool's interface
+        try:
+            return self._pool.FindFileContainingSymbol(name)
+        except KeyError:
+            service_name, _, method = name.rpartition(".")
+            try:
+                service = self._pool.FindServiceByName(service_name)
+            except KeyError:
+                service = None
+            if service is None or method not in service.methods_by_name:
+                raise
+            return service.file
+
+    def __getattr__(self, name: str):
+        return getattr(self._pool, name)
+
+
 class _Services:
     """The server as the generated `add_*Servicer_to_server` functions see it: it registers their handlers and keeps
     the names of the services, so that health and reflection cover what is served, not a list kept beside it."""
@@ -273,14 +299,15 @@ async def start_server(config: Config, address: str) -> RunningServer:
     catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator,
                                  states=core.health.states)
     model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, served)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     readiness = Readiness(health_servicer, store, limiter, config.limits, core.providers,
                           deployments=lambda: _deployment_states(core),
                           key_stale_seconds=config.key_stale_seconds)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)
     _load_service_descriptors()
-    reflection.enable_server_reflection([*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    reflection.enable_server_reflection([*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME], server,
+                                        pool=_ReflectionPool(descriptor_pool.Default()))
     port = server.add_insecure_port(address)
     await server.start()
     await readiness.start(served.names)  # providers are loaded above; the stores are checked now and every second

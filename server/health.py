@@ -29,6 +29,30 @@ _GOOD_STATES = ("ok", "loaded", "none")
 _logger = logging.getLogger(__name__)
 
 
+class HealthServicer(health.aio.HealthServicer):
+    """grpc's servicer with health.proto's List, which it leaves unimplemented although reflection shows it: a
+    call got UNIMPLEMENTED and logged a traceback. List answers what Check would for every name ever set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: dict[str, None] = {"": None}  # insertion-ordered
+        self._final = False  # after enter_graceful_shutdown, set() changes nothing: a new name stays unknown
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        if not self._final:
+            self._names[service] = None
+        await super().set(service, status)
+
+    async def enter_graceful_shutdown(self) -> None:
+        self._final = True
+        await super().enter_graceful_shutdown()
+
+    async def List(self, request: health_pb2.HealthListRequest, context) -> health_pb2.HealthListResponse:
+        statuses = {name: await self.Check(health_pb2.HealthCheckRequest(service=name), context)
+                    for name in self._names}
+        return health_pb2.HealthListResponse(statuses=statuses)
+
+
 @dataclass(frozen=True, slots=True)
 class ReadinessReport:
     status: str  # "ready", "not_ready" or "draining"
@@ -47,7 +71,7 @@ class ReadinessReport:
 class Readiness:
     def __init__(
         self,
-        health_servicer: health.aio.HealthServicer,
+        health_servicer: HealthServicer,
         keys: KeyStore,
         limiter: Limiter,
         settings: LimitSettings,

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, ResponseHeader
-from server.errors import PorticoError
+from server.errors import PorticoError, UpstreamError
 from server.pipeline import Call, Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
@@ -91,13 +91,13 @@ class DialectServicer:
     async def unary(self, request: Message, context) -> Message:
         call, plan, header = await self._prepare(proto_to_json(request), context)
         completion = await self._pipeline.complete(call, plan.generation)
-        return json_format.ParseDict(self.answer(header, completion), self.response_type(), ignore_unknown_fields=True)
+        return _typed(self.answer(header, completion), self.response_type())
 
     async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
         call, plan, header = await self._prepare(proto_to_json(request), context, always_stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for payload in self.stream_objects(header, events, plan):
-                yield json_format.ParseDict(payload, self.event_type(), ignore_unknown_fields=True)
+                yield _typed(payload, self.event_type())
 
     async def http_body(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         call, plan, header = await self._prepare(request.data, context)
@@ -145,3 +145,14 @@ class DialectServicer:
         plan = self.plan(body, call, always_stream=always_stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)
         return call, plan, header
+
+
+def _typed(payload: dict, message: Message) -> Message:
+    """An answer object as the typed RPC's message. Fields the message lacks are left out; a value of the wrong type
+    can only be an upstream's, passed through as it sent it (Portico's own values fit), so it is the upstream's
+    failure (502), not a bug of ours (500). REST callers get such a value as it came."""
+    try:
+        return json_format.ParseDict(payload, message, ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise UpstreamError(f"The upstream's answer does not fit the typed {message.DESCRIPTOR.name}: a field has a "
+                            "value of the wrong type for its API.") from exc

@@ -161,7 +161,8 @@ class _Observation:
 async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool,
                 headers: Sequence[tuple[str, str]] = ()) -> None:
     kind = error.kind
-    status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message, details=_details(error))
+    status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message,
+                               details=_details(error, anthropic=anthropic))
     trailing = [
         ("grpc-status-details-bin", status.SerializeToString()),
         ("portico-http-status", str(kind.http_status)),
@@ -176,10 +177,12 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
     await context.abort(kind.grpc_code, error.message, tuple(trailing))
 
 
-def _details(error: PorticoError) -> list[any_pb2.Any]:
-    """ErrorResponse first (Portico's own callers look there), then the standard google.rpc details."""
+def _details(error: PorticoError, *, anthropic: bool) -> list[any_pb2.Any]:
+    """ErrorResponse first (Portico's own callers look there), then the standard google.rpc details. Its `type` is
+    the one the service's REST callers get (Anthropic's on MessageService), so the two transports agree."""
     kind = error.kind
-    api_error = error_pb2.ApiError(message=error.message, type=kind.type, param=error.param, code=kind.code)
+    api_error = error_pb2.ApiError(message=error.message, type=kind.anthropic_type if anthropic else kind.type,
+                                   param=error.param, code=kind.code)
     messages = [
         error_pb2.ErrorResponse(error=api_error, http_status=kind.http_status, retry_after_seconds=error.retry_after)
     ]

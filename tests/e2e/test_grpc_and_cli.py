@@ -15,8 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from PIL import Image
 
-from portico.v1 import chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
-from tests.helpers import bearer, chat_request, error_details
+from portico.v1 import (
+    anthropic_model_pb2, anthropic_model_service_pb2_grpc, chat_service_pb2_grpc, message_service_pb2_grpc, model_pb2,
+    model_service_pb2_grpc,
+)
+from tests.helpers import bearer, chat_request, error_details, message_body, message_request
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,34 @@ def test_grpc_errors_through_envoy_keep_status_and_details(channel, gateway):
         chat.CreateChatCompletion(chat_request(temperature=9), metadata=bearer(gateway.secret))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_details(caught.value).error.param == "temperature"
+
+
+def test_anthropic_services_give_grpc_callers_the_error_object_rest_callers_get(channel, gateway):
+    """MessageService and AnthropicModelService answer REST callers with Anthropic's `type` for the status
+    (`not_found_error` for a 404): their gRPC callers find the same object in the status details."""
+    messages = message_service_pb2_grpc.MessageServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        messages.CreateMessage(message_request(model="family-a-5.5"), metadata=bearer(gateway.secret))
+    rest = httpx.post(f"{gateway.base_url}/v1/messages", json=message_body(model="family-a-5.5"),
+                      headers={"x-api-key": gateway.secret}).json()["error"]
+    detail = error_details(caught.value).error
+    assert (detail.type, detail.code, detail.param) == (rest["type"], rest["code"], rest["param"])
+    assert detail.type == "not_found_error"
+    models = anthropic_model_service_pb2_grpc.AnthropicModelServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        models.GetAnthropicModel(anthropic_model_pb2.GetAnthropicModelRequest(model_id="nope"),
+                                 metadata=bearer(gateway.secret))
+    assert error_details(caught.value).error.type == "not_found_error"
+
+
+def test_health_lists_every_service_it_checks(channel, gateway):
+    """Health.List (in health.proto, so reflection shows it) answers every name Check knows, rather than
+    UNIMPLEMENTED with a traceback in the server's log."""
+    health = health_pb2_grpc.HealthStub(channel)
+    listed = health.List(health_pb2.HealthListRequest(), timeout=5).statuses
+    assert {"", "portico.v1.ChatService", "portico.v1.MessageService"} <= set(listed)
+    assert {status.status for status in listed.values()} == {health_pb2.HealthCheckResponse.SERVING}
+    assert "NotImplementedError" not in gateway.log_path.read_text()
 
 
 def test_a_deadline_through_envoy_is_deadline_exceeded_and_frees_the_slot(channel, gateway):
@@ -117,3 +148,21 @@ def test_reflection_describes_every_service_it_lists(gateway):
     assert set(described) == set(names) and all(described.values())
     assert {"portico.v1.ChatService", "portico.v1.AnthropicModelService"} <= set(names)
     assert "CreateChatCompletion" in described["portico.v1.ChatService"]
+
+
+def test_reflection_finds_the_file_of_a_method(gateway):
+    """`grpcurl describe portico.v1.ChatService.CreateChatCompletion` asks for the file holding the method's symbol
+    (the reflection protocol's `<package>.<service>.<method>`): it was "not found", as the server's descriptor pool
+    looks up no method names."""
+    methods = ["portico.v1.ChatService.CreateChatCompletion", "portico.v1.MessageService.CountMessageTokens",
+               "grpc.health.v1.Health.Check"]
+    asks = [reflection_pb2.ServerReflectionRequest(file_containing_symbol=name)
+            for name in [*methods, "portico.v1.ChatService.Nope"]]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        answers = list(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter(asks)))
+    for name, answer in zip(methods, answers):
+        assert answer.HasField("file_descriptor_response"), f"{name}: {answer.error_response.error_message}"
+        first = descriptor_pb2.FileDescriptorProto.FromString(answer.file_descriptor_response.file_descriptor_proto[0])
+        service, method = name.rsplit(".", 2)[1:]
+        assert method in [m.name for s in first.service if s.name == service for m in s.method]
+    assert answers[-1].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]

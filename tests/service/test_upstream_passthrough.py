@@ -6,10 +6,11 @@ retried; answers across dialects still rendered from the internal events."""
 
 from __future__ import annotations
 
+import grpc
 import orjson
 import pytest
 
-from tests.helpers import bearer, chat_request, message_request, sse_frames
+from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames
 from tests.helpers import http_body as raw
 from tests.passthrough_objects import CHUNKS, COMPLETION, MESSAGE, THINKING, UPSTREAM_MODEL
 from tests.upstream_double import Cue
@@ -187,3 +188,24 @@ async def test_a_passed_through_event_that_is_not_the_apis_ends_the_stream_with_
     assert frames[-1].startswith(b"event: error\n")
     assert data_of(frames[-1:])[0]["error"]["code"] == "upstream_error"
     assert b"Checking." not in b"".join(frames)
+
+
+async def test_a_passed_through_value_the_typed_answer_cannot_hold_is_an_upstream_error(chat, messages, double, key):
+    """REST callers get a same-dialect answer as sent; the typed RPCs must fit it into their messages. A value of
+    the wrong type there (a numeric `system_fingerprint`, a string tool `input`) is the upstream's fault: it was a
+    500 `internal_error` with a traceback, and is a 502 `upstream_error`, unary and streamed."""
+    secret = key[1]
+    double.cue(Cue(body={**COMPLETION, "system_fingerprint": 5}))
+    with pytest.raises(grpc.RpcError) as unary:
+        await chat.CreateChatCompletion(chat_request(model="chat-on-openai"), metadata=bearer(secret))
+    double.cue(Cue(frames=[*(sse({**c, "system_fingerprint": 5}) for c in CHUNKS), b"data: [DONE]\n\n"]))
+    with pytest.raises(grpc.RpcError) as streamed:
+        [c async for c in chat.StreamChatCompletion(chat_request(model="chat-on-openai"), metadata=bearer(secret))]
+    tool = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": "Oslo"}
+    double.cue(Cue(body={**MESSAGE, "content": [tool]}))
+    with pytest.raises(grpc.RpcError) as message:
+        await messages.CreateMessage(message_request(model="messages-on-anthropic"), metadata=bearer(secret))
+    for caught in (unary, streamed, message):
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert (error_details(caught.value).http_status, error_details(caught.value).error.code) == (
+            502, "upstream_error")
