@@ -303,7 +303,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     readiness = Readiness(health_servicer, store, limiter, config.limits, core.providers,
                           deployments=lambda: _deployment_states(core),
-                          key_stale_seconds=config.key_stale_seconds)
+                          key_stale_seconds=pipeline.authenticator.stale_seconds)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)
     _load_service_descriptors()
     reflection.enable_server_reflection([*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME], server,

@@ -253,7 +253,10 @@ async def _first_key(config: Config, *, create: bool) -> None:
                   "--config FILE --name NAME --models MODEL,...`, FILE (and --data-dir, if given) as for this serve "
                   "(or start with --dev-key for an all-models development key).", flush=True)
             return
-        key, secret = await store.create("development", all_models=True, env="dev")
+        made = await store.create_first("development", env="dev")
+        if made is None:
+            return  # another host starting at the same time made it
+        key, secret = made
         print(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n", flush=True)
     except StoreUnavailable as exc:
         if create:

@@ -22,6 +22,12 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def restart(self) -> None:
+        """Stop, then start again on the same port: empty, as a Redis without persistence comes back."""
+        self.stop()
+        self.process = _launch(self.port, self.log_path.parent)
+        _wait_until_it_answers(self)
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -32,24 +38,31 @@ class RedisServer:
 
 
 def start_redis(directory: Path) -> RedisServer:
+    (port,) = free_ports(1)
+    server = RedisServer(port, _launch(port, directory), directory / "redis.log")
+    _wait_until_it_answers(server)
+    return server
+
+
+def _launch(port: int, directory: Path) -> subprocess.Popen:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed: apt-get install -y redis-server (make test does this)")
-    (port,) = free_ports(1)
-    log_path = directory / "redis.log"
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(directory), "--logfile", str(log_path), "--daemonize", "no"],
+         "--dir", str(directory), "--logfile", str(directory / "redis.log"), "--daemonize", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )
-    server = RedisServer(port, process, log_path)
+
+
+def _wait_until_it_answers(server: RedisServer) -> None:
     deadline = time.monotonic() + 10
-    while not _answers_ping(port):
-        if process.poll() is not None or time.monotonic() > deadline:
+    while not _answers_ping(server.port):
+        if server.process.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"redis-server did not start:\n{log_path.read_text() if log_path.exists() else ''}")
+            log = server.log_path.read_text() if server.log_path.exists() else ""
+            raise RuntimeError(f"redis-server did not start:\n{log}")
         time.sleep(0.02)
-    return server
 
 
 def _answers_ping(port: int) -> bool:

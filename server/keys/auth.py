@@ -62,6 +62,12 @@ class Authenticator:
         self._store_down_logged = False
         self._watch: asyncio.Task | None = None
 
+    @property
+    def stale_seconds(self) -> float:
+        """How long a cached key is served after it was last confirmed, the store down: never less than the cache's
+        own time, within which a key is served without asking the store (readiness holds as long)."""
+        return self._stale_seconds
+
     def start(self) -> None:
         """Drop a key from the cache as soon as any host changes it (where the store can tell)."""
         self._watch = asyncio.create_task(self._store.watch_changes(self.forget))

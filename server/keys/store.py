@@ -16,7 +16,7 @@ from server.db.database import Database, open_database
 from server.db.settings import StoreSettings
 from server.domain import KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
-from server.keys.schema import MIGRATIONS
+from server.keys.schema import COMPONENT, MIGRATIONS
 from server.usage.money import usd_text
 
 SECRET_PREFIX = "pk-"
@@ -68,32 +68,23 @@ class KeyStore:
         admin: bool = False,
     ) -> tuple[ApiKey, str]:
         """Store a new key; returns it with its secret, which is not kept anywhere."""
-        models = sorted(set(models))
-        if not name:
-            raise InvalidRequest("A key needs a name.", param="name")
-        if not all_models and not models:
-            raise InvalidRequest("Grant the key some models, or all of them.", param="models")
-        for column in KEY_LIMIT_NAMES:
-            if (value := getattr(limits, column)) is not None:
-                _check_limit(column, value)
-        secret = _new_secret(env)
-        key = ApiKey(
-            id=f"key_{secrets.token_hex(8)}",
-            name=name,
-            all_models=all_models,
-            models=frozenset(models),
-            limits=limits,
-            env=env,
-            admin=admin,
-            created=int(time.time()),
-        )
-        await self._db.execute(
-            f"INSERT INTO api_keys (id, name, secret_hash, all_models, models, env, admin, created, "
-            f"{', '.join(KEY_LIMIT_NAMES)}) VALUES ({', '.join('?' * (8 + len(KEY_LIMIT_NAMES)))})",
-            (key.id, name, hash_secret(secret), all_models, ",".join(models), env, admin, key.created,
-             *(getattr(limits, c) for c in KEY_LIMIT_NAMES)),
-        )
+        key, secret, columns, values = _new_key(name, all_models, models, limits, env, admin)
+        await self._db.execute(f"INSERT INTO api_keys ({columns}) VALUES ({', '.join('?' * len(values))})", values)
         return key, secret
+
+    async def create_first(self, name: str, *, env: str = "") -> tuple[ApiKey, str] | None:
+        """An all-models key, stored only if the store has no key yet (a first start's development key); None if it
+        has. Hosts starting together on an empty store make one between them: each first updates the same row, which
+        PostgreSQL locks until the commit (SQLite's BEGIN IMMEDIATE serialises them anyway), so a later one's
+        NOT EXISTS sees the key the first made."""
+        key, secret, columns, values = _new_key(name, True, (), KeyLimits(), env, False)
+        await self._db.transaction([
+            ("UPDATE schema_migrations SET version = version WHERE component = ? AND version = 1", (COMPONENT,)),
+            (f"INSERT INTO api_keys ({columns}) SELECT {', '.join('?' * len(values))} "
+             "WHERE NOT EXISTS (SELECT 1 FROM api_keys)", values),
+        ])
+        made = await self._db.fetch_one("SELECT id FROM api_keys WHERE id = ?", (key.id,))
+        return None if made is None else (key, secret)
 
     async def list(self) -> list[ApiKey]:
         return [_row_to_key(row) for row in await self._db.fetch_all("SELECT * FROM api_keys ORDER BY created, id")]
@@ -193,6 +184,26 @@ class KeyStore:
         )
         await self._db.notify(CHANGES_CHANNEL, key_id)
         return await self.get(key_id)
+
+
+def _new_key(name: str, all_models: bool, models: Iterable[str], limits: KeyLimits, env: str,
+             admin: bool) -> tuple[ApiKey, str, str, tuple]:
+    """A new key checked for storage, its secret, and the api_keys columns and values that store it."""
+    models = sorted(set(models))
+    if not name:
+        raise InvalidRequest("A key needs a name.", param="name")
+    if not all_models and not models:
+        raise InvalidRequest("Grant the key some models, or all of them.", param="models")
+    for column in KEY_LIMIT_NAMES:
+        if (value := getattr(limits, column)) is not None:
+            _check_limit(column, value)
+    secret = _new_secret(env)
+    key = ApiKey(id=f"key_{secrets.token_hex(8)}", name=name, all_models=all_models, models=frozenset(models),
+                 limits=limits, env=env, admin=admin, created=int(time.time()))
+    columns = f"id, name, secret_hash, all_models, models, env, admin, created, {', '.join(KEY_LIMIT_NAMES)}"
+    values = (key.id, name, hash_secret(secret), all_models, ",".join(models), env, admin, key.created,
+              *(getattr(limits, c) for c in KEY_LIMIT_NAMES))
+    return key, secret, columns, values
 
 
 def _check_limit(column: str, value: int, removal: str = "") -> None:

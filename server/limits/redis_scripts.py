@@ -171,8 +171,10 @@ SETTLE = """
 local record = redis.call('GET', KEYS[1])
 if record ~= '1' then
   -- Not booked (yet): a reservation whose answer never came may reach Redis after its release, on another
-  -- connection. The mark keeps it from being booked then.
+  -- connection. The mark keeps it from being booked then. Or booked in a Redis that lost its data: a slot RENEW
+  -- put back since is freed now, not a lease later.
   if not record then redis.call('SET', KEYS[1], '0', 'EX', ARGV[8]) end
+  for i = 0, (#KEYS - 1) / 6 - 1 do redis.call('ZREM', KEYS[1 + i * 6 + 4], ARGV[1]) end
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -219,12 +221,15 @@ return 1
 # KEYS: per reservation, its record, then its scopes' slots sets. ARGV: lease expiry, the sets' ttl, then per
 # reservation: its id and how many scopes it has. The slot of a reservation still booked (its record "1": not settled)
 # is pushed to the new expiry, and put back if admission pruned it meanwhile: a Redis that stalled longer than a lease
-# let it run out, but its holder is alive (it is renewing), so its request still runs. A settled one is never re-added.
+# let it run out, but its holder is alive (it is renewing), so its request still runs. So is the slot of one without a
+# record, which only a Redis that lost its data (restarted empty, a failover) can have: its holder still runs it. One
+# marked "0" (finished before Redis ran it) is never re-added. A settled one is not renewed (its holder stops first);
+# only a renewal resent after a broken connection could reach Redis after its SETTLE: a slot kept for one lease.
 RENEW = """
 local expiry, ttl, k, expiring = tonumber(ARGV[1]), tonumber(ARGV[2]), 1, {}
 for a = 3, #ARGV, 2 do
   local id, scopes = ARGV[a], tonumber(ARGV[a + 1])
-  local booked = redis.call('GET', KEYS[k]) == '1'
+  local booked = redis.call('GET', KEYS[k]) ~= '0'
   for j = 1, scopes do
     if booked then
       redis.call('ZADD', KEYS[k + j], expiry, id)

@@ -3,7 +3,7 @@ batches by one background task, every `flush_seconds` or as soon as `batch_rows`
 event loop never waits for the database.
 
 When the store cannot be written, rows stay queued (up to `buffer_rows`) and the batch is retried with a growing
-pause; rows that arrive while the buffer is full are dropped, counted in `portico_ledger_rows_dropped_total` and
+pause (rows arriving meanwhile do not hurry it); rows that arrive while the buffer is full are dropped, counted in `portico_ledger_rows_dropped_total` and
 logged (never silently). A row may be written twice (a write that succeeded but whose reply was lost is retried):
 rows carry unique ids and sinks insert them once. `close` (at the end of a drain) writes what is queued, retrying
 until its deadline; what still cannot be written is counted and logged as dropped. A batch the store refuses for
@@ -85,7 +85,9 @@ class LedgerWriter:
             self._drop(1, "the ledger's buffer is full (the store has not accepted rows for a while)")
             return
         self._queue.append(row)
-        if len(self._queue) - self._in_flight >= self._settings.batch_rows:
+        # A full batch is written at once, but not while the store fails: each row would retry the write then, and
+        # each failed retry doubles the pause, so a burst in a brief outage left the rows waiting 30 s after it.
+        if not self._failing and len(self._queue) - self._in_flight >= self._settings.batch_rows:
             self._wake.set()
 
     async def _run(self) -> None:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 import pytest
 
+from server.config import load_config
 from server.db import StoreSettings
 from server.db.database import StoreUnavailable
 from server.domain import KeyLimits
 from server.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from server.keys import Authenticator, KeyAdmin, KeyStore, hash_secret, open_key_store
+from server.serving import _first_key as first_key
 from tests.postgres_support import PASSWORD_ENV
 
 
@@ -382,3 +385,20 @@ async def test_a_cached_key_is_not_held_up_again_and_again_while_postgresql_stay
     finally:
         checks.cancel()
         await store.close()
+
+
+
+async def test_hosts_starting_together_on_an_empty_store_make_one_development_key(settings, tmp_path, capsys):
+    """`portico serve` on several hosts at once, an empty shared store: one development key between them, printed by
+    the host that made it (each host asked "any keys?", then made one: two or more keys, each printed)."""
+    config = dataclasses.replace(load_config(), key_store=settings, data_dir=tmp_path)  # SQLite: tmp_path/keys.db
+    await asyncio.gather(*(first_key(config, create=True) for _ in range(8)))  # each its own store, as hosts have
+    printed = capsys.readouterr().out
+    assert printed.count("Created development key") == 1, printed
+    store = await open_key_store(settings)
+    try:
+        assert [key.name for key in await store.list()] == ["development"]
+    finally:
+        await store.close()
+    await first_key(config, create=True)  # a later start: keys exist, none is made
+    assert "Created development key" not in capsys.readouterr().out

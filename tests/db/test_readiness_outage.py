@@ -4,13 +4,22 @@ nothing cached to serve, so it is not ready (a load balancer would send it calle
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
+import grpc
 from grpc_health.v1 import health
+
+from portico.v1 import image_pb2, image_service_pb2_grpc
+from server.app import start_server
+from server.config import load_config
 
 from gateway.envoy import free_ports
 from server.db.settings import StoreSettings
 from server.health import Readiness
 from server.keys import KeyStore, open_key_store
 from server.limits import Limiter, LimitSettings, MemoryLimitStore
+from tests.helpers import bearer
 from tests.postgres_support import PASSWORD_ENV
 
 
@@ -45,3 +54,33 @@ async def test_a_host_that_reached_the_store_stays_ready_through_an_outage(postg
             postgres_server.start()
     finally:
         await store.close()
+
+
+async def test_readiness_holds_while_cached_keys_are_served_also_past_a_stale_seconds_below_cache_seconds(
+        tmp_path, postgres_server):
+    """keys.stale_seconds below keys.cache_seconds: a cached key is served for cache_seconds (the cache needs no
+    store), so the host stays ready that long too, not only for stale_seconds."""
+    config = load_config()
+    images = tuple(m for m in config.models if m.provider.kind == "dev-image")
+    store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
+                                 key_cache_seconds=6, key_stale_seconds=1)
+    running = await start_server(config, "127.0.0.1:0")
+    try:
+        secret = (await running.store.create("cached", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            images_stub = image_service_pb2_grpc.ImageServiceStub(channel)
+            request = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a buoy", size="256x256")
+            await images_stub.CreateImage(request, metadata=bearer(secret))  # cached now
+            assert (await running.readiness.refresh()).ready
+            postgres_server.stop()
+            try:
+                assert (await running.readiness.refresh()).checks["keys"] == "unreachable"
+                await asyncio.sleep(1.5)  # past stale_seconds, within cache_seconds
+                await images_stub.CreateImage(request, metadata=bearer(secret))  # still served
+                report = await running.readiness.refresh()
+                assert report.checks["keys"] == "unreachable" and report.ready
+            finally:
+                postgres_server.start()
+    finally:
+        await running.stop(0)

@@ -185,3 +185,47 @@ async def test_requests_refused_while_redis_was_paused_leave_nothing_counted(tmp
     finally:
         await running.stop(0)
         redis.stop()
+
+
+async def test_a_redis_restarted_empty_gets_the_slots_of_requests_still_running_back(tmp_path, double):
+    """Redis restarted without its data (no persistence, a failover) while a request runs: the process holding the
+    slot books it again at its next renewal, so a key's concurrency limit still holds; the slot is freed when the
+    request ends, not a lease later."""
+    redis = start_redis(tmp_path)
+    models = f"""\
+  - id: slow
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
+"""
+    config = load_upstream_config(tmp_path, models)
+    config = dataclasses.replace(config, limits=dataclasses.replace(
+        config.limits, store=redis.url, store_timeout_seconds=0.2, lease_seconds=1.5))
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    running = await start_server(config, "127.0.0.1:0")
+    try:
+        key, secret = await running.store.create("one-at-a-time", all_models=True,
+                                                 limits=KeyLimits(concurrent_requests=1))
+        double.reset()
+        double.cue(Cue(delay=3.0))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            first = chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+            while not double.seen:  # admitted, and waiting on the upstream
+                await asyncio.sleep(0.01)
+            redis.restart()
+            await asyncio.sleep(1.0)  # past a renewal (every lease / 3 = 0.5 s)
+            assert await running.limiter.store.in_flight(key.id) == 1
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "concurrent requests" in error_details(caught.value).error.message
+            await first
+            deadline = time.monotonic() + 0.5  # settled as the request ends: well before its lease would run out
+            while await running.limiter.store.in_flight(key.id):
+                assert time.monotonic() < deadline, "the slot outlived its request"
+                await asyncio.sleep(0.02)
+            await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+    finally:
+        await running.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+        redis.stop()

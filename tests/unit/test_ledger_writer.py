@@ -89,6 +89,27 @@ async def test_an_unreachable_store_keeps_rows_then_drops_past_the_buffer_counte
     await writer.close()
 
 
+
+async def test_a_short_outage_under_traffic_delays_the_rows_by_about_as_long_not_the_longest_pause(tmp_path):
+    """Rows arriving while the store is down do not each retry the write at once: every failed retry doubled the
+    pause, so a burst of requests during a brief outage took it to 30 s, and the rows were written ~30 s after the
+    store was back."""
+    sink = FlakySink(tmp_path / "l.db")
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=0.1, batch_rows=2, buffer_rows=1000))
+    sink.down = True
+    writer.start()
+    for n in range(40):  # 0.2 s of traffic while the store is down
+        writer.append(row(n))
+        await asyncio.sleep(0.005)
+    assert sink.calls <= 3  # retried at the growing pause only: 0.1 s, then 0.2 s
+    sink.down = False
+    deadline = time.monotonic() + 1.5  # the pause grew to 0.4 s at most
+    while writer.pending:
+        assert time.monotonic() < deadline, f"{writer.pending} rows still wait after the store came back"
+        await asyncio.sleep(0.02)
+    assert len(sink.db.rows()) == 40
+    await writer.close()
+
 async def test_rows_that_cannot_be_written_before_shutdown_are_counted(tmp_path, caplog):
     sink = FlakySink(tmp_path / "l.db")
     sink.down = True
