@@ -73,7 +73,8 @@ class _Counters:
         for dimension in _DIMENSIONS:
             if (limit := demand.limit(scope, dimension)) is not None:
                 used, wait = self._would_be(dimension, limit, demand, now)
-                readings.append(Reading(scope, dimension, limit, used, wait, self._held(dimension)))
+                held = self._held(dimension) if used > limit else 0  # only a refusal reads it
+                readings.append(Reading(scope, dimension, limit, used, wait, held))
         return readings
 
     def _would_be(self, dimension: Dimension, limit: int, demand: Demand, now: float) -> tuple[int, float]:

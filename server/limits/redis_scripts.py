@@ -91,9 +91,10 @@ for i = 0, scopes - 1 do
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
   local month = KEYS[k + 6]
   prune(win, wtok, wsum, slots)
-  -- What requests in flight hold: none when no slot is leased (a dead process's reservations keep their estimates).
-  local function held(hash, field)
-    if redis.call('ZCARD', slots) == 0 then return 0 end
+  -- Of a refusing reading's `used`, what requests in flight hold (only a refusal reads it: core.Reading.held);
+  -- none when no slot is leased (a dead process's reservations keep their estimates).
+  local function held(used, limit, hash, field)
+    if used <= limit or redis.call('ZCARD', slots) == 0 then return 0 end
     return tonumber(redis.call('HGET', hash, field)) or 0
   end
   local a = 12 + i * 7
@@ -117,7 +118,7 @@ for i = 0, scopes - 1 do
     local used = (tonumber(redis.call('HGET', day, 'tokens')) or 0) + tokens
     local wait = 'inf'
     if tokens <= daily_tokens then wait = tostring(to_midnight) end
-    reading(i, 3, daily_tokens, used, wait, true, held(day, 'held_tokens'))
+    reading(i, 3, daily_tokens, used, wait, true, held(used, daily_tokens, day, 'held_tokens'))
   end
   if daily_requests > 0 then
     reading(i, 4, daily_requests, (tonumber(redis.call('HGET', day, 'requests')) or 0) + 1, tostring(to_midnight))
@@ -125,14 +126,14 @@ for i = 0, scopes - 1 do
   if daily_spend > 0 then
     local wait = 'inf'
     if cost <= daily_spend then wait = tostring(to_midnight) end
-    reading(i, 5, daily_spend, (tonumber(redis.call('HGET', day, 'spend')) or 0) + cost, wait, false,
-            held(day, 'held_spend'))
+    local used = (tonumber(redis.call('HGET', day, 'spend')) or 0) + cost
+    reading(i, 5, daily_spend, used, wait, false, held(used, daily_spend, day, 'held_spend'))
   end
   if monthly_spend > 0 then
     local wait = 'inf'
     if cost <= monthly_spend then wait = tostring(to_month_end) end
-    reading(i, 6, monthly_spend, (tonumber(redis.call('HGET', month, 'spend')) or 0) + cost, wait, false,
-            held(month, 'held_spend'))
+    local used = (tonumber(redis.call('HGET', month, 'spend')) or 0) + cost
+    reading(i, 6, monthly_spend, used, wait, false, held(used, monthly_spend, month, 'held_spend'))
   end
 end
 

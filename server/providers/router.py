@@ -65,6 +65,8 @@ class Router:
         self._draw = (rng or random.Random()).random
         self._in_flight: dict[tuple[str, str], int] = {}  # (model id, deployment): attempts running in this process
         self.capabilities = self._chain[0].capabilities
+        own = {capabilities_of(d.provider) for d in self._chain[0].deployments}
+        self._own_alike = own.pop() if len(own) == 1 else None  # what each of its own deployments can, if the same
         # The reservation counts the prompt as the model's first deployment would (the embedded model counts exactly).
         self.token_counter = token_counter_of(self._chain[0].deployments[0].provider)
 
@@ -102,8 +104,10 @@ class Router:
         """Why none of the model's own deployments can honour `request` (the first one's reason), or None when one
         can. Each is judged alone: the union of their capabilities would refuse a field only the embedded model
         honours as soon as an upstream of the other dialect sits beside it."""
+        if self._own_alike is not None:  # one check, not one per deployment: this runs on every request
+            return unsupported(request, self._own_alike)
         refusals = [unsupported(request, capabilities_of(d.provider)) for d in self._chain[0].deployments]
-        return None if any(r is None for r in refusals) else refusals[0]
+        return None if None in refusals else refusals[0]
 
     def _able(self, request: GenerationRequest) -> list[Route]:
         return self._able_to(lambda provider: unsupported(request, capabilities_of(provider)) is None)

@@ -154,20 +154,30 @@ def unknown_field(name: str) -> Unread:
 def check_fields(body: Mapping[str, Json], table: Mapping[str, FieldRule]) -> tuple[Unread, ...]:
     """Type-check the fields the translators do not read; return the fields the embedded model or an upstream of
     the other dialect must refuse (unknown fields included), for the pipeline's check of the provider."""
-    # In the table's order, not the body's: a typed gRPC request arrives in its proto's field order, and must be
-    # refused for the same field as the same body sent as JSON.
-    unread = [unknown_field(name) for name in body if name not in table]
-    for name, rule in table.items():
-        if (value := body.get(name)) is None:
+    unread: list[Unread] = []
+    wrong: list[str] = []
+    for name, value in body.items():  # the body's few members, not the table's many: this runs on every request
+        rule = table.get(name)
+        if rule is None:
+            unread.append(unknown_field(name))
             continue
-        if rule.embedded is not Rule.ACT:
-            check, expected = _CHECKS[rule.json]
-            if not check(value):
-                raise wrong_type(name, expected, value)
+        if value is None:
+            continue
+        if rule.embedded is not Rule.ACT and not _CHECKS[rule.json][0](value):
+            wrong.append(name)
+            continue
         embedded, other = rule.refused_by(value, embedded=True), rule.refused_by(value, embedded=False)
         if embedded or other:
             unread.append(Unread(name, f"`{name}` is not supported by this model.", embedded=embedded,
                                  other_dialect=other, error_code=rule.error_code))
+    if wrong or len(unread) > 1:
+        # The first in the table's order, not the body's (unknown fields before all): a typed gRPC request arrives
+        # in its proto's field order, and must be refused for the same field as the same body sent as JSON.
+        order = {name: i for i, name in enumerate(table)}
+        if wrong:
+            name = min(wrong, key=order.__getitem__)
+            raise wrong_type(name, _CHECKS[table[name].json][1], body[name])
+        unread.sort(key=lambda item: order.get(item.param, -1))
     return tuple(unread)
 
 
