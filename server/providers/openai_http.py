@@ -45,7 +45,9 @@ class OpenAIProvider:
                 yield event
             return
         reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
-        started = False
+        # The prompt's count for an Anthropic caller's message_start (OpenAI reports its own only at the end); a chat
+        # caller's stream has no place for it, and skips the event's trip through every layer.
+        started = request.source is not None and request.source.dialect is Dialect.OPENAI
         async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
             async for event in events:
                 if event.data == b"[DONE]":
@@ -55,7 +57,7 @@ class OpenAIProvider:
                     raise self._upstream.stream_error(chunk, self._model_id, self._model)
                 made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
                 yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
-                if not started:  # the prompt's count for message_start: OpenAI reports its own only at the end
+                if not started:
                     started = True
                     yield Started(prompt_estimate)
                 for generated in made:
