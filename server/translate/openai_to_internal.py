@@ -60,7 +60,8 @@ def chat_request(
     include_usage = bool(opt_bool(stream_options or {}, "include_usage", "stream_options"))
     tools = _tools(body, unread)
     params = _sampling(body, default_max_tokens)
-    unread += _whitespace_stops(body.get("stop"))
+    if (stop := body.get("stop")) is not None:
+        unread += _whitespace_stops(stop)
     generation = GenerationRequest(
         turns=turns,
         params=params,
@@ -76,7 +77,7 @@ def chat_request(
 def _whitespace_stops(stop: Json) -> list[Unread]:
     """Anthropic refuses stop sequences of whitespace only (`stop_sequences: each stop sequence must contain
     non-whitespace`): refused by name here, not by the upstream about a field the caller never sent."""
-    stops = [stop] if isinstance(stop, str) else stop or []
+    stops = [stop] if isinstance(stop, str) else stop
     return [Unread("stop" if isinstance(stop, str) else f"stop[{i}]",
                    "This model takes no stop sequence of whitespace only (Anthropic refuses them).", embedded=False)
             for i, item in enumerate(stops) if not item.strip()]
