@@ -11,7 +11,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from redis.asyncio.connection import parse_url
 
 from server.config_deployments import parse_cache, parse_deployments, parse_health
 from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
@@ -303,6 +302,9 @@ def _redis_url_problem(url: str) -> str | None:
             return "names no socket (unix:///path/to/redis.sock)"
     elif not re.fullmatch(r"/?|/\d+", parts.path):
         return "has a database that is no number (redis://host:port/0)"
+    # Imported only for a Redis URL: redis-py (and the OpenTelemetry it loads) costs every server process ~8 MB.
+    from redis.asyncio.connection import parse_url
+
     try:
         parse_url(url)
     except ValueError as exc:  # an option in the query string, e.g. socket_timeout=soon
