@@ -125,29 +125,44 @@ def test_both_sdks_raise_a_daily_quota_at_once_rather_than_sleep_until_utc_midni
     assert len(sent) == 3
 
 
-def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):
-    secret = create_key(gateway, "--concurrency", "1")
-    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+def _refused_during_a_long_stream(gateway, secret: str, ask) -> openai.RateLimitError:
+    """What `ask()` raises while a 2,000-token stream of the key's is in flight (breaking out of iter_lines ends the
+    stream, so it is asked from inside)."""
     body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 2000, "stream": True}
     with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
                       headers={"Authorization": f"Bearer {secret}"}, timeout=60) as response:
         for number, _ in enumerate(response.iter_lines()):
-            if number == 4:  # mid-stream (breaking out of iter_lines ends the stream, so ask from inside)
+            if number == 4:
                 with pytest.raises(openai.RateLimitError) as caught:
-                    client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
-                break
-    assert "concurrent requests" in caught.value.message
-    # The stream is gone: its slot must be free within moments, not when some lease or window runs out.
-    deadline = time.monotonic() + 5.0
+                    ask()
+                return caught.value
+    raise AssertionError("the stream ended before its fifth line")
+
+
+def _answered_within(seconds: float, ask) -> None:
+    """`ask()` succeeds within `seconds` (retried while it is refused with 429)."""
+    deadline = time.monotonic() + seconds
     while True:
         try:
-            assert client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1).choices
-            break
+            assert ask().choices
+            return
         except openai.RateLimitError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def test_concurrency_limit_through_envoy_frees_the_slot_of_an_abandoned_stream(gateway):
+    secret = create_key(gateway, "--concurrency", "1")
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+
+    def ask():
+        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+
+    assert "concurrent requests" in _refused_during_a_long_stream(gateway, secret, ask).message
+    # The stream is gone: its slot must be free within moments, not when some lease or window runs out.
+    _answered_within(5.0, ask)
 
 
 def test_grpc_through_envoy_gets_resource_exhausted_with_retry_info(gateway):
@@ -171,24 +186,12 @@ def test_a_daily_quota_held_by_a_request_in_flight_is_retried_soon_not_at_utc_mi
     midnight with x-should-retry: false, so the SDK gave up at once, though the stream's end gave the tokens back."""
     secret = create_key(gateway, "--daily-tokens", "3000")
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
-    body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Write a very long story."}],
-            "max_tokens": 2000, "stream": True}
-    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {secret}"}, timeout=60) as response:
-        for number, _ in enumerate(response.iter_lines()):
-            if number == 4:  # in flight, holding its 2,000 tokens
-                with pytest.raises(openai.RateLimitError) as caught:
-                    client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500)
-                break
-    headers = caught.value.response.headers
+
+    def ask():
+        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500)
+
+    refused = _refused_during_a_long_stream(gateway, secret, ask)  # the stream holds its 2,000 tokens meanwhile
+    headers = refused.response.headers
     assert "x-should-retry" not in headers and headers["retry-after"] == "1", headers
-    assert "held by requests in flight until they end" in caught.value.message
-    deadline = time.monotonic() + 5.0
-    while True:  # the stream is gone: what it held is back, apart from what it used
-        try:
-            assert client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500).choices
-            break
-        except openai.RateLimitError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    assert "held by requests in flight until they end" in refused.message
+    _answered_within(5.0, ask)  # the stream is gone: what it held is back, apart from what it used
