@@ -12,12 +12,10 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from server.config_providers import ConfigError, mapping, parse_provider
+from server.config_providers import MAX_SECONDS, ConfigError, mapping, parse_provider
 from server.domain import CacheSettings, Deployment, Endpoint, HealthSettings
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# Redis refuses an expiry past its clock's range; a year is as long as the retry times may be too.
-_MOST_TTL_SECONDS = 31536000
 
 
 def parse_deployments(raw: dict, where: str, endpoint: Endpoint) -> tuple[Deployment, ...]:
@@ -78,8 +76,8 @@ def parse_cache(raw: Any, where: str, endpoint: Endpoint) -> CacheSettings | Non
         raise ConfigError(f"{where}.shared: true or false")
     settings = CacheSettings(shared=shared, **_numbers({k: v for k, v in raw.items() if k != "shared"}, where,
                                                        CacheSettings, skip={"shared"}))
-    if settings.ttl_seconds > _MOST_TTL_SECONDS:
-        raise ConfigError(f"{where}.ttl_seconds: at most a year ({_MOST_TTL_SECONDS}), not {settings.ttl_seconds!r}")
+    if settings.ttl_seconds > MAX_SECONDS:  # Redis refuses an expiry past its clock's range
+        raise ConfigError(f"{where}.ttl_seconds: at most a year ({MAX_SECONDS}), not {settings.ttl_seconds!r}")
     return settings
 
 

@@ -27,7 +27,7 @@ KIND_ENDPOINTS = {
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
-MAX_SECONDS = 365 * 86_400  # the longest upstream timeout or retry time
+MAX_SECONDS = 365 * 86_400  # a year: the longest upstream timeout, retry time or cache ttl
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

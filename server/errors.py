@@ -81,6 +81,10 @@ class ErrorKind:
         status = 529 if self.http_status == 503 else self.http_status
         return ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
 
+    def type_for(self, *, anthropic: bool) -> str:
+        """The `type` a caller reads: Anthropic's for the Anthropic-shaped services, else the table's."""
+        return self.anthropic_type if anthropic else self.type
+
 
 class PorticoError(Exception):
     kind = ErrorKind(
@@ -239,7 +243,7 @@ def error_object(error: PorticoError, *, anthropic: bool = False) -> dict:
     """The `error` member of the body: {"message", "type", "param", "code"}, and "details" when there are any;
     `anthropic`: with Anthropic's `type` for the status."""
     kind = error.kind
-    body = {"message": error.message, "type": kind.anthropic_type if anthropic else kind.type, "param": error.param,
+    body = {"message": error.message, "type": kind.type_for(anthropic=anthropic), "param": error.param,
             "code": kind.code}
     return {**body, "details": error.details} if error.details else body
 

@@ -181,8 +181,8 @@ def _details(error: PorticoError, *, anthropic: bool) -> list[any_pb2.Any]:
     """ErrorResponse first (Portico's own callers look there), then the standard google.rpc details. Its `type` is
     the one the service's REST callers get (Anthropic's on MessageService), so the two transports agree."""
     kind = error.kind
-    api_error = error_pb2.ApiError(message=error.message, type=kind.anthropic_type if anthropic else kind.type,
-                                   param=error.param, code=kind.code)
+    api_error = error_pb2.ApiError(message=error.message, type=kind.type_for(anthropic=anthropic), param=error.param,
+                                   code=kind.code)
     messages = [
         error_pb2.ErrorResponse(error=api_error, http_status=kind.http_status, retry_after_seconds=error.retry_after)
     ]

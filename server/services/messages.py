@@ -32,6 +32,7 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
         return to_anthropic.message_events(header, events)
 
     frames = staticmethod(anthropic_frames)
+
     def error_frame(self, error):
         return anthropic_error_frame(error_object(error, anthropic=True))
 
