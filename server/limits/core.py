@@ -293,7 +293,8 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
     if reading.dimension.counts_tokens:
         counts = f"used {reading.used - demand.tokens}{_in_flight(reading, str)}, requested {demand.tokens} tokens"
     else:
-        counts = f"used {reading.used - 1} requests"
+        before = reading.used - 1
+        counts = f"used {before} request{'' if before == 1 else 's'}"
     used_before = reading.used - (demand.tokens if reading.dimension.counts_tokens else 1)
     return LimitExceeded(
         f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {_tenths(wait)} seconds.",

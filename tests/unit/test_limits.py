@@ -58,6 +58,12 @@ async def test_requests_per_minute_is_a_rolling_window(store, clock):
     assert (await refused(store, wanted)).retry_after == pytest.approx(10)
 
 
+async def test_a_refusal_counts_requests_in_plain_english(store):
+    await store.reserve(demand(requests_per_minute=1))
+    error = await refused(store, demand(requests_per_minute=1))
+    assert "limit 1, used 1 request." in error.message
+
+
 async def test_tokens_per_minute_are_reconciled_with_real_usage(store, clock):
     wanted = demand(tokens=600, tokens_per_minute=1000)
     first = await store.reserve(wanted)
