@@ -97,6 +97,10 @@ end
 local EXPECTED = {TYPE_INT64 = "an integer", TYPE_INT32 = "an integer", TYPE_UINT64 = "a non-negative integer",
                   TYPE_UINT32 = "a non-negative integer", TYPE_DOUBLE = "a number", TYPE_FLOAT = "a number",
                   TYPE_BOOL = "true or false", TYPE_STRING = "a string"}
+local INTEGER_RANGES = {TYPE_INT32 = "an integer from -2147483648 to 2147483647",
+                        TYPE_INT64 = "an integer from -9223372036854775808 to 9223372036854775807",
+                        TYPE_UINT32 = "an integer from 0 to 4294967295",
+                        TYPE_UINT64 = "an integer from 0 to 18446744073709551615"}
 
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
@@ -108,8 +112,9 @@ local function describe_local_reply(status, text, request, query_param, fault)
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
     if name and EXPECTED[type_name] then
-      return json_string("Invalid value " .. value .. " for " .. name .. ": expected " .. EXPECTED[type_name] .. "."),
-          name
+      -- A whole number refused for an integer field is out of the field's range: say which range.
+      local expected = value:match('^"?%-?%d+"?$') and INTEGER_RANGES[type_name] or EXPECTED[type_name]
+      return json_string("Invalid value " .. value .. " for " .. name .. ": expected " .. expected .. "."), name
     end
     local field = text:match("^([%w_%.%[%]]+): ")
     if field then return json_string((text:gsub("%s+$", ""))), field end

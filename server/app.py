@@ -93,6 +93,7 @@ class Core:
     ledger: LedgerWriter
     usage: SqliteLedger | PostgresLedger
     health: Board  # passive health of the deployments (server/providers/health.py)
+    images: ImageStore  # the images behind `url` answers, swept once a minute
     cache: ResponseCache | None = None  # answers of the models with `cache:` (server/cache)
 
     async def close(self) -> None:
@@ -100,6 +101,7 @@ class Core:
             await provider.close()
         await self.limiter.close()
         await self.ledger.close()  # after the drain: every request has ended, so every row is queued
+        await self.images.close()
         self.usage.close()
         self.health.close()
         if self.cache is not None:
@@ -196,8 +198,10 @@ async def build_core(config: Config) -> Core:
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
         telemetry=telemetry, cache=(cache := build_response_cache(config)),
     )
+    images = ImageStore(config.data_dir, base_url=config.base_url)
+    images.start()
     return Core(store, telemetry, limiter, tuple(dict.fromkeys(providers.values())), pipeline, ledger, usage,
-                board, cache)
+                board, images, cache)
 
 
 def build_response_cache(config: Config) -> ResponseCache | None:
@@ -286,8 +290,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(pipeline), served)
     anthropic_model_service_pb2_grpc.add_AnthropicModelServiceServicer_to_server(
         AnthropicModelServicer(pipeline), served)
-    image_store = ImageStore(config.data_dir, base_url=config.base_url)
-    image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, image_store), served)
+    image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, core.images), served)
     admin = KeyAdmin(store, [entry.id for entry in config.models],
                      rotation_grace_seconds=config.key_rotation_grace_seconds)
     keys = KeyServicer(admin, pipeline.authenticator)

@@ -17,7 +17,7 @@ from server.config_providers import ConfigError, known_settings, mapping, number
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import (MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, Endpoint, KeyLimits,
-                           ModelEntry)
+                           ModelEntry, Price)
 from server.limits.settings import LimitSettings, redacted
 from server.usage.money import parse_price, usd_text, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
@@ -230,12 +230,14 @@ def _or_empty(value: Any) -> Any:
 
 
 def _base_url(value: Any, where: str) -> str | None:
-    """Image links are this URL with a path added: a query or fragment in it would make every link wrong."""
+    """Image links are this URL with a path added: a query or fragment in it would make every link wrong, and a user
+    or password would be handed to every caller that asks for one."""
     parts = url_parts(value) if isinstance(value, str) else None
     if value is not None and not (parts and parts.scheme in ("http", "https") and parts.hostname
-                                  and not parts.query and not parts.fragment):
+                                  and not parts.query and not parts.fragment and "@" not in parts.netloc):
+        shown = "(not shown: it has a user or password)" if "@" in str(value) else repr(value)
         raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway: a host, a port "
-                          f"number if any, no query), not {value!r}")
+                          f"number if any, no user or password, no query), not {shown}")
     return value
 
 
@@ -365,12 +367,26 @@ def _model(raw: Any, where: str) -> ModelEntry:
         created=number(raw, "created", 0, where, integer=True, low=0, high=MAX_CREATED),
         deployments=deployments,
         fallbacks=tuple(fallbacks),
-        price=parse_price(raw.get("price") or {}, f"{where}.price"),
+        price=_price(raw.get("price"), f"{where}.price", endpoint),
         health=health,
         # `cache:` left empty (its lines commented out) is YAML's null: on with its defaults, like any empty section.
         cache=parse_cache({} if "cache" in raw and raw["cache"] is None else raw.get("cache"), f"{where}.cache",
                           endpoint),
     )
+
+
+def _price(raw: Any, where: str, endpoint: Endpoint) -> Price:
+    """A price in a unit the model's requests never use is refused: it would silently cost nothing, and a budget
+    would never stop them (image requests use no tokens, text requests make no images)."""
+    price = parse_price(raw or {}, where)
+    images = endpoint is Endpoint.IMAGES
+    for name, value in (raw or {}).items():
+        if value is not None and (name == "image") != images:
+            raise ConfigError(f"{where}.{name}: " + (
+                "an image model is priced per image (`image`); its requests use no tokens" if images else
+                "a text model is priced per million tokens (`input`, `output`, `cached_input`, `cache_write`); its "
+                "requests make no images"))
+    return price
 
 
 def _check_fallbacks(entries: tuple[ModelEntry, ...], source: str) -> None:

@@ -3,15 +3,17 @@
 Files live in `<data_dir>/images`, and the signing secret in `<data_dir>/image-link.key`, so every server process
 sharing a data dir can serve every link. A link is
 `<public base URL>/v1/images/content/<name>?expires=<unix time>&signature=<hex HMAC-SHA256(name, expires)>`:
-like OpenAI's image URLs it needs no API key, and it stops working after an hour. Expired files are swept from
-disk by whichever process stores images next.
+like OpenAI's image URLs it needs no API key, and it stops working after an hour. Every server process sweeps the
+expired files from disk once a minute, so none outlives its link by much, also when no more images are asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -26,6 +28,7 @@ from server.domain_images import GeneratedImage, ImageFormat
 CONTENT_PATH = "/v1/images/content/"
 LINK_TTL_SECONDS = 3600  # OpenAI's image URLs also last an hour
 _SWEEP_EVERY_SECONDS = 60.0
+_logger = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9_-]{24}\.(png|jpeg|webp)")  # also keeps names inside the directory
 
 
@@ -43,6 +46,7 @@ class ImageStore:
         base_url: str,
         ttl_seconds: float = LINK_TTL_SECONDS,
         clock: Callable[[], float] = time.time,
+        sweep_seconds: float = _SWEEP_EVERY_SECONDS,
     ) -> None:
         self._dir = data_dir / "images"
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -50,7 +54,18 @@ class ImageStore:
         self._base_url = base_url.rstrip("/")
         self._ttl = ttl_seconds
         self._clock = clock
-        self._last_sweep = 0.0
+        self._sweep_seconds = sweep_seconds
+        self._sweeper: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Sweep expired images every `sweep_seconds` until `close()`."""
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="image-sweeper")
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
 
     async def put(self, images: Sequence[GeneratedImage]) -> list[str]:
         """Store the images; return one signed link per image, in order."""
@@ -76,12 +91,16 @@ class ImageStore:
                 pass  # another process swept it first
         return removed
 
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_seconds)
+            try:
+                await asyncio.to_thread(self.sweep)
+            except OSError as exc:  # the directory removed or unreadable: say so, and try again next time
+                _logger.warning("image sweep failed (%s: %s)", type(exc).__name__, exc)
+
     def _put(self, images: Sequence[GeneratedImage]) -> list[str]:
-        now = self._clock()
-        if now - self._last_sweep >= _SWEEP_EVERY_SECONDS:
-            self._last_sweep = now
-            self.sweep()
-        expires = int(now + self._ttl)
+        expires = int(self._clock() + self._ttl)
         links = []
         for image in images:
             name = f"{secrets.token_urlsafe(18)}.{image.output_format.value}"

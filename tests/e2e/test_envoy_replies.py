@@ -74,6 +74,18 @@ def test_wrong_type_is_400_naming_the_field(http):
     assert error["param"] == "temperature"
 
 
+@pytest.mark.parametrize(("path", "param", "headers", "anthropic", "bounds"), [
+    ("/v1/models?limit=99999999999", "limit", {"anthropic-version": "2023-06-01"}, True, "-2147483648 to 2147483647"),
+    ("/v1/images/content/a.png?signature=x&expires=9223372036854775808", "expires", {}, False,
+     "-9223372036854775808 to 9223372036854775807"),
+])
+def test_an_integer_out_of_range_is_not_called_a_non_integer(http, path, param, headers, anthropic, bounds):
+    """Both were "expected an integer", about an integer."""
+    error = _assert_error(http.get(path, headers=headers), 400, "invalid_request", anthropic=anthropic)
+    assert error["param"] == param
+    assert error["message"].endswith(f"for {param}: expected an integer from {bounds}."), error["message"]
+
+
 def test_unknown_path_is_404(http):
     _assert_error(http.post("/v1/nothing-here", json={}), 404, "not_found")
     _assert_error(http.get("/elsewhere"), 404, "not_found")

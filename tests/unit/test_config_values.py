@@ -138,3 +138,13 @@ def test_an_upstream_url_with_a_user_or_password_is_refused_without_echoing_it(t
     with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: ") as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value)
+
+
+def test_a_public_base_url_with_a_user_or_password_is_refused_without_echoing_it(tmp_path):
+    """It was taken, and every image link (`response_format: url`) then handed its password to every caller."""
+    path = tmp_path / "c.yaml"
+    for url in ("https://user:s3cret-pw@gw.example.com", "https://s3cret-pw@gw.example.com:abc"):
+        path.write_text(f"listen: {{public_base_url: '{url}'}}\n{ONE_MODEL}\n")
+        with pytest.raises(ConfigError, match=r"listen\.public_base_url: ") as e:
+            load_config(path)
+        assert "s3cret-pw" not in str(e.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -82,3 +83,20 @@ async def test_a_new_data_dir_means_new_secret(store, tmp_path, clock):
     stranger = ImageStore(tmp_path / "other", base_url="http://h", clock=clock)
     with pytest.raises(NotFound):
         await stranger.get(*parts(link))
+
+
+async def test_an_idle_store_deletes_expired_images_on_its_own(tmp_path, clock):
+    """The sweep ran only when images were stored next: a gateway asked for no more links kept the last ones' images
+    on disk for good, long after their links had expired."""
+    store = ImageStore(tmp_path, base_url="http://h", ttl_seconds=600, clock=clock, sweep_seconds=0.01)
+    await store.put([GeneratedImage(b"x", ImageFormat.PNG)])
+    store.start()
+    try:
+        clock.now += 1e9  # far past the file's mtime (real time) plus the ttl
+        for _ in range(200):
+            if not any((tmp_path / "images").iterdir()):
+                break
+            await asyncio.sleep(0.01)
+        assert not any((tmp_path / "images").iterdir())
+    finally:
+        await store.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from server.config import ConfigError, load_config
@@ -86,4 +88,20 @@ def test_usage_settings_that_are_not_whole_numbers_are_refused_naming_them(tmp_p
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n"
                       f"usage: {{{setting}: {value!r}}}\n".replace("'", '"'))
     with pytest.raises(ConfigError, match=f"usage.{setting}: a "):
+        load_config(config)
+
+
+@pytest.mark.parametrize(("endpoint", "price", "named"), [
+    ("/v1/images/generations", "{input: 5, output: 40}", "price.input"),  # gpt-image-1's published token prices
+    ("/v1/images/generations", "{image: 0.04, cache_write: 1}", "price.cache_write"),
+    ("/v1/chat/completions", "{input: 1, image: 0.04}", "price.image"),
+    ("/v1/messages", "{image: 0.04}", "price.image"),
+])
+def test_a_price_no_request_of_the_model_could_be_charged_is_refused(tmp_path, endpoint, price, named):
+    """Image requests use no tokens and text requests make no images: such a price would cost nothing, silently, and
+    a budget would never stop the model's requests."""
+    provider = "dev-image" if "images" in endpoint else "llamacpp"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"models:\n  - {{id: m, endpoint: {endpoint}, provider: {{kind: {provider}}}, price: {price}}}\n")
+    with pytest.raises(ConfigError, match=rf"models\[0\]\.{re.escape(named)}: "):
         load_config(config)
