@@ -7,6 +7,7 @@ only Anthropic's API knows) to the pipeline's check of the provider's capabiliti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,9 @@ def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence
     if body.get("system") is not None and (system := text_parts(body["system"], "system")[0]):
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
+    last = turns[-1]
+    if last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
+        turns[-1] = dataclasses.replace(last, continued=True)
     stops = opt_array(body, "stop_sequences") or []
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not stop:
