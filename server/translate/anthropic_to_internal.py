@@ -85,6 +85,8 @@ def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence
     if (thinking := opt_object(body, "thinking")) is not None:  # ignored here, but a wrong type is still a 400
         opt_string(thinking, "type", "thinking")
         opt_int(thinking, "budget_tokens", 1, path="thinking")
+    if (metadata := opt_object(body, "metadata")) is not None:  # ignored too; Anthropic's `user_id` is a string
+        opt_string(metadata, "user_id", "metadata")
     tools = _tools(body, unread)
     stream = always_stream or bool(opt_bool(body, "stream"))
     return GenerationRequest(

@@ -70,7 +70,7 @@ def test_a_last_assistant_text_turn_is_a_prefill_the_answer_continues():
      ({"messages": [{"role": "user"}]}, "messages[0].content"),
      ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
      ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
-     ({"temperature": "hot"}, "temperature"),
+     ({"temperature": "hot"}, "temperature"), ({"metadata": {"user_id": 5}}, "metadata.user_id"),
      ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "messages[0].content[0].text")],
 )
 def test_rejections_name_the_param(fields, param):
