@@ -200,6 +200,8 @@ class Turn:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
+    # Anthropic's prefill: the request's last turn, an assistant's text that the answer continues (not a new turn).
+    continued: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,6 +147,8 @@ class LlamaCppProvider:
         pieces = _PLACEHOLDER_RE.split(rendered)  # template, turn index, template, turn index, ..., template
         if sorted(int(i) for i in pieces[1::2]) != list(range(len(turns))):
             raise InternalError("the model's chat template does not place each message's text exactly once")
+        if turns[-1].continued:  # a prefill: the answer goes on from its text, so the turn's end and the next
+            pieces[-1] = ""      # turn's header that the template writes after it are left out
         # The template writes any BOS itself. Tokenizing only reads the vocabulary, so it is safe beside a generation
         # on another thread.
         if texts is None:

@@ -7,6 +7,7 @@ only Anthropic's API knows) to the pipeline's check of the provider's capabiliti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,9 @@ def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence
     if body.get("system") is not None and (system := text_parts(body["system"], "system")[0]):
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
+    last = turns[-1]
+    if last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
+        turns[-1] = dataclasses.replace(last, continued=True)
     stops = opt_array(body, "stop_sequences") or []
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not stop:
@@ -81,6 +85,8 @@ def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence
     if (thinking := opt_object(body, "thinking")) is not None:  # ignored here, but a wrong type is still a 400
         opt_string(thinking, "type", "thinking")
         opt_int(thinking, "budget_tokens", 1, path="thinking")
+    if (metadata := opt_object(body, "metadata")) is not None:  # ignored too; Anthropic's `user_id` is a string
+        opt_string(metadata, "user_id", "metadata")
     tools = _tools(body, unread)
     stream = always_stream or bool(opt_bool(body, "stream"))
     return GenerationRequest(

@@ -124,7 +124,7 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "stream": FieldRule("boolean", A, A),
     "tools": FieldRule("array", A, A, note="custom tools (→ functions); server tools are refused"),
     "tool_choice": FieldRule("object", A, A, note="embedded: `auto`/`none` only; `any` → `required`"),
-    "metadata": FieldRule("object", I, I),
+    "metadata": FieldRule("object", I, I, note="its `user_id` is a string"),
     "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer"),
     "service_tier": FieldRule("string", I, I),
     "inference_geo": FieldRule("string", I, I),

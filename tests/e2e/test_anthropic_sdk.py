@@ -217,3 +217,31 @@ def test_models_paging_parameter_given_twice_is_a_400_naming_it(gateway, query, 
     # The OpenAI-shaped route takes no parameters: it skips them, as before.
     assert httpx.get(f"{gateway.base_url}/v1/models?{query}", headers={"authorization": f"Bearer {gateway.secret}"},
                      timeout=30).status_code == 200
+
+
+def test_a_last_assistant_turn_is_a_prefill_the_embedded_model_continues(client):
+    """Anthropic's prefill: the answer continues the last assistant turn's text, and holds only what follows it.
+    Greedy, a prefill cut from the model's own answer is continued with the rest of that answer (not a new turn
+    that starts over); its count is the prompt the model reads."""
+    ask = [{"role": "user", "content": "Count from one to ten in words."}]
+    whole = client.messages.create(model="family-b-sonnet-4-6", max_tokens=24, extra_body={"temperature": 0},
+                                   messages=ask).content[0].text
+    prefill = whole[: whole.index("\n", whole.index("\n") + 1)]  # the first two lines, without the newline after
+    fields = dict(model="family-b-sonnet-4-6", messages=[*ask, {"role": "assistant", "content": prefill}])
+    message = client.messages.create(max_tokens=12, extra_body={"temperature": 0}, **fields)
+    assert whole.startswith(prefill + message.content[0].text)
+    assert client.messages.count_tokens(**fields).input_tokens == message.usage.input_tokens
+
+
+def test_metadata_is_checked_as_anthropic_s_api_checks_it(client):
+    """Ignored by the model, but a `user_id` that is no string is a 400 naming it, as on Anthropic's API (and as a
+    chat completion's metadata values are checked), not an answer a real Anthropic upstream would then refuse."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi, metadata={"user_id": 5})
+    assert caught.value.body["error"]["param"] == "metadata.user_id"
+    with pytest.raises(anthropic.BadRequestError) as caught:  # count_tokens takes no `metadata` argument
+        client.messages.count_tokens(model="family-b-sonnet-4-6", messages=hi, extra_body={"metadata": {"user_id": 5}})
+    assert caught.value.body["error"]["param"] == "metadata.user_id"
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi,
+                                  metadata={"user_id": "u-42"}).usage.output_tokens > 0

@@ -135,6 +135,15 @@ def test_every_turn_role_is_text_only_and_ordinary_text_tokenizes_as_before(prov
     assert len(provider._tokenize(lead)) == len(whole(lead)) + 1
 
 
+async def test_a_prefill_is_continued_not_closed(provider, reference):
+    """Anthropic's prefill: the prompt ends with the assistant's text, without its end-of-turn and a new header."""
+    turns = (Turn(Role.USER, "Count to five."), Turn(Role.ASSISTANT, "1, 2,", continued=True))
+    text = f"{CHATML_SYSTEM}<|im_start|>user\nCount to five.<|im_end|>\n<|im_start|>assistant\n1, 2,"
+    assert provider._tokenize(turns) == reference.tokenize(text.encode(), add_bos=False, special=True)
+    _, finished = await collect(provider, GenerationRequest(turns, SamplingParams(max_tokens=2)))
+    assert finished.usage.input_tokens == provider.count_tokens(turns) == len(provider._tokenize(turns))
+
+
 async def test_max_tokens_gives_exactly_that_many_tokens(provider):
     _, finished = await collect(provider, request(max_tokens=5))
     assert finished.reason is FinishReason.MAX_TOKENS

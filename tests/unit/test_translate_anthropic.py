@@ -52,13 +52,25 @@ def test_tools_and_tool_choice():
     assert thinking.turns[2].tool_results == (ToolResult("t", "boom", is_error=True),)
 
 
+
+def test_a_last_assistant_text_turn_is_a_prefill_the_answer_continues():
+    ask = {"role": "user", "content": "Hi"}
+    prefilled = message_request(request_pb(messages=[ask, {"role": "assistant", "content": "Hello,"}])).generation
+    assert prefilled.turns[-1] == Turn(Role.ASSISTANT, "Hello,", continued=True)
+    # Not a prefill: an earlier assistant turn, or a last one that only calls a tool (its result must come first).
+    earlier = message_request(request_pb(messages=[ask, {"role": "assistant", "content": "Hello,"}, ask]))
+    assert not any(turn.continued for turn in earlier.generation.turns)
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calc", "input": {}}]}
+    assert not message_request(request_pb(messages=[ask, call])).generation.turns[-1].continued
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [({"top_k": -1}, "top_k"), ({"stop_sequences": ["a", ""]}, "stop_sequences[1]"),
      ({"messages": [{"role": "user"}]}, "messages[0].content"),
      ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
      ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
-     ({"temperature": "hot"}, "temperature"),
+     ({"temperature": "hot"}, "temperature"), ({"metadata": {"user_id": 5}}, "metadata.user_id"),
      ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "messages[0].content[0].text")],
 )
 def test_rejections_name_the_param(fields, param):
