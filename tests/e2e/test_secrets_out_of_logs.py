@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Gateway, running_gateway
+from tests.e2e.conftest import Gateway, running_gateway, upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_support import upstream_models
 
 LATIN1_E = b"\xe9"  # "é" as a browser sending Latin-1 puts it
 
@@ -167,3 +169,21 @@ def test_envoy_is_not_given_the_environment_that_holds_secrets(tmp_path, monkeyp
     assert b"sk-upstream-secret" in server  # the test's own check: the variable was there to leak
     (envoy,) = [environment for name, environment in environments.items() if name.startswith("envoy")]
     assert b"sk-upstream-secret" not in envoy and b"PATH=" in envoy
+
+
+def test_an_upstream_message_quoting_the_prompt_stays_out_of_the_log(double, tmp_path):
+    """An upstream's error message may quote the request (operations.md, Traces): the retries and the fallback it
+    causes are logged at the default level with the error's code, never with that message, which only the caller
+    may get."""
+    prompt = f"prompt-{secrets.token_hex(8)}"
+    quoting = Cue(status=503, body={"error": {"message": f"could not run: {prompt}"}})
+    double.reset()
+    double.cue(quoting, quoting, quoting)  # up-main's three attempts, then its fallback up-backup answers
+    with upstream_gateway(tmp_path, upstream_models(double.url)) as gateway:
+        response = httpx.post(f"{gateway.base_url}/v1/chat/completions", timeout=30,
+                              headers={"Authorization": f"Bearer {gateway.secret}"},
+                              json={"model": "up-main", "messages": [{"role": "user", "content": prompt}]})
+    assert response.status_code == 200, response.text
+    logs = _logs(gateway)
+    assert "up-main/openai failed (service_unavailable" in logs and "falling back to up-backup" in logs
+    assert prompt not in logs
