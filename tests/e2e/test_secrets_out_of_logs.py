@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.envoy import free_ports
 from tests.e2e.conftest import Gateway, running_gateway, upstream_gateway
 from tests.upstream_double import Cue
 from tests.upstream_support import upstream_models
@@ -187,3 +188,18 @@ def test_an_upstream_message_quoting_the_prompt_stays_out_of_the_log(double, tmp
     logs = _logs(gateway)
     assert "up-main/openai failed (service_unavailable" in logs and "falling back to up-backup" in logs
     assert prompt not in logs
+
+
+def test_a_redis_password_in_the_urls_query_stays_out_of_the_log(tmp_path):
+    """redis-py takes a password from the URL's query as from its user part (`redis://host/0?password=...`); the
+    URL was logged with that password whenever it was named (the store unreachable at start, say)."""
+    password = secrets.token_hex(12)
+    (port,) = free_ports(1)  # nothing listens there: the start-up logs name the store
+    config = tmp_path / "portico.yaml"
+    config.write_text(Path("server/default.yaml").read_text().replace(
+        "store: memory ", f"store: 'redis://127.0.0.1:{port}/0?password={password}' "))
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
+    assert ready.status_code == 503
+    logs = _logs(gateway)
+    assert f"redis://127.0.0.1:{port}/0?password=***" in logs and password not in logs
