@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import EnvoyError, EnvoyProcess, http_manager, load_template, render_config, repo_root
 from server.app import start_server
-from server.config import Config
+from server.config import Config, ConfigError
 from server.db.database import StoreUnavailable
 from server.heap import settle_heap
 from server.keys import open_key_store
@@ -37,9 +37,10 @@ from server.limits.settings import redacted
 from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
 from server.providers.health import HEALTH_FILE_ENV
-from server.supervisor import WorkerError, Workers
+from server.supervisor import WorkerError, Workers, socket_name
 
 KILL_MARGIN_SECONDS = 5.0  # a worker still running this long after its drain period is killed
+SOCKET_PATH_BYTES = 107  # a unix socket's path: sun_path is 108 bytes with its terminating NUL
 
 _logger = logging.getLogger("portico")
 
@@ -53,6 +54,17 @@ class _Backend:
     stop: Callable[[], Awaitable[None]]  # drains
     stop_now: Callable[[], Awaitable[None]]  # during `stop`: cuts the requests still in flight
     failed: asyncio.Task | None = None  # ends (with an error) if the workers could not be kept running
+
+
+def check_temp_dir(workers: int) -> None:
+    """The run directory is made under the system temp dir (TMPDIR): its longest socket path must fit a unix socket,
+    said in one line before anything starts rather than as grpc's bind failure after the model has loaded."""
+    temp = tempfile.gettempdir()
+    longest = Path(temp, "portico-XXXXXXXX", socket_name(workers - 1 if workers > 1 else None))  # mkdtemp: 8 chars
+    if len(os.fsencode(longest)) > SOCKET_PATH_BYTES:
+        room = SOCKET_PATH_BYTES - (len(os.fsencode(longest)) - len(os.fsencode(temp)))
+        raise ConfigError(f"TMPDIR: {temp} is too long for the run directory's unix sockets (at most {room} bytes "
+                          "here): set TMPDIR to a shorter directory")
 
 
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
@@ -111,7 +123,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
 
 async def _start_backend(config: Config, run_dir: Path, workers: int, worker_command) -> _Backend:
     if workers == 1:
-        socket_path = run_dir / "grpc.sock"
+        socket_path = run_dir / socket_name(None)
         running = await start_server(config, f"unix:{socket_path}")
         settle_heap()
         return _Backend([f"unix:{socket_path}"], running.telemetry.metrics.registry,
