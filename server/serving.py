@@ -5,10 +5,10 @@ in N worker processes (server/supervisor.py) and this process only supervises th
 summed metrics.
 
 Start: the server(s), the metrics listener, then Envoy, so nothing is reachable before it can answer. Stop
-(SIGTERM or SIGINT): Envoy stops accepting connections, the server(s) report NOT_SERVING, refuse new requests and
-let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops; a second signal during
-the drain (Ctrl-C pressed again) cuts the requests still in flight and stops at once. If Envoy dies, or the
-workers cannot be kept running, everything stops with exit code 1: never half-up.
+(SIGTERM, SIGINT or SIGHUP): Envoy stops accepting connections, the server(s) report NOT_SERVING, refuse new
+requests and let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops; a second
+signal during the drain (Ctrl-C pressed again) cuts the requests still in flight and stops at once. If Envoy dies,
+or the workers cannot be kept running, everything stops with exit code 1: never half-up.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     # its default action (exit -15, nothing drained, no "Portico stopped."). It is acted on once all is up.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: its default action (the terminal or ssh session closed) killed Portico without a drain.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
