@@ -40,3 +40,19 @@ def test_a_password_in_the_urls_query_is_refused_without_showing_it(tmp_path, qu
                            str(tmp_path / "data"), "keys", "list"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "hunter2" not in done.stdout + done.stderr
     assert len(done.stderr.splitlines()) == 1 and "keys.password_env" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("usage",), ("serve",)])
+def test_a_keys_db_that_is_no_sqlite_database_is_one_line_and_exit_1(tmp_path, command):
+    """A keys.db that is not a database (damaged, or another program's file) was sqlite3's traceback."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "keys.db").write_bytes(b"not a database, " * 400)
+    if command == ("serve",):
+        port, admin_port, metrics_port = free_ports(3)
+        command += ("--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port))
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data), *command],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "keys.db" in line]
+    assert line.endswith("SQLite: file is not a database"), line
