@@ -27,7 +27,10 @@ QUERY_SECRETS = frozenset({"password", "sslpassword"})
 
 def redacted(url: str) -> str:
     """The URL without its password (in its user part or its query), for logs and messages."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bracketed host that is no IPv6 address: where its password is cannot be told
+        return "(not a URL)"
     query = parse_qsl(parts.query, keep_blank_values=True)
     if parts.password is None and not any(name in QUERY_SECRETS for name, _ in query):
         return url  # as written: urlunsplit would also turn unix:///path into unix:/path
