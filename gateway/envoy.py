@@ -241,7 +241,11 @@ class EnvoyProcess:
                 "--file-flush-interval-msec", "1000"]
         if self._concurrency:
             args += ["--concurrency", str(self._concurrency)]
-        with open(self.log_path, "ab") as log:
+        try:
+            log = open(self.log_path, "ab")
+        except OSError as exc:  # a directory in its place, no permission: one line, not a traceback
+            raise EnvoyError(f"cannot open its log {self.log_path} ({exc.strerror})") from None
+        with log:
             self._log_start = log.tell()
             self._proc = await start_supervised(*args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                                                 env=envoy_environment(os.environ))

@@ -22,7 +22,7 @@ from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
 from server.observability.access_log import AccessLog
 from server.private_files import make_private, take_others_access
-from server.serving import run_worker, serve, wants_development_key
+from server.serving import check_temp_dir, run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
 from server.usage.report import query_of as usage_query
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                       "redis:// URL in the configuration (with the in-process store every worker would admit the "
                       "whole limit on its own).", file=sys.stderr)
                 return 2
+            check_temp_dir(args.workers)
             _check_data_dir(config.data_dir)  # the last check: a mistake found before it leaves nothing behind
             command = functools.partial(_worker_command, args, config)
             # uvloop: the event loop's own work (callbacks, sockets) is a large share of every request's CPU.

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.config_providers import ConfigError
 from server.errors import NotFound
 from server.domain_images import GeneratedImage, ImageFormat
 
@@ -49,7 +50,10 @@ class ImageStore:
         sweep_seconds: float = _SWEEP_EVERY_SECONDS,
     ) -> None:
         self._dir = data_dir / "images"
-        self._dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in its place: one line at start, not a traceback
+            raise ConfigError(f"data_dir: cannot create {self._dir} ({exc.strerror})") from None
         self._secret = _load_or_create_secret(data_dir / "image-link.key")
         self._base_url = base_url.rstrip("/")
         self._ttl = ttl_seconds
@@ -151,5 +155,5 @@ def _load_or_create_secret(path: Path) -> bytes:
 def _read_secret(path: Path) -> bytes:
     secret = path.read_bytes()
     if len(secret) < 32:
-        raise RuntimeError(f"{path} is damaged (shorter than 32 bytes); delete it to make a new one")
+        raise ConfigError(f"data_dir: {path} is damaged (shorter than 32 bytes); delete it to make a new one")
     return secret

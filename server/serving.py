@@ -5,10 +5,10 @@ in N worker processes (server/supervisor.py) and this process only supervises th
 summed metrics.
 
 Start: the server(s), the metrics listener, then Envoy, so nothing is reachable before it can answer. Stop
-(SIGTERM or SIGINT): Envoy stops accepting connections, the server(s) report NOT_SERVING, refuse new requests and
-let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops; a second signal during
-the drain (Ctrl-C pressed again) cuts the requests still in flight and stops at once. If Envoy dies, or the
-workers cannot be kept running, everything stops with exit code 1: never half-up.
+(SIGTERM, SIGINT or SIGHUP): Envoy stops accepting connections, the server(s) report NOT_SERVING, refuse new
+requests and let those in flight (streams included) run for up to `drain_seconds`, then Envoy stops; a second
+signal during the drain (Ctrl-C pressed again) cuts the requests still in flight and stops at once. If Envoy dies,
+or the workers cannot be kept running, everything stops with exit code 1: never half-up.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import EnvoyError, EnvoyProcess, http_manager, load_template, render_config, repo_root
 from server.app import start_server
-from server.config import Config
+from server.config import Config, ConfigError
 from server.db.database import StoreUnavailable
 from server.heap import settle_heap
 from server.keys import open_key_store
@@ -37,9 +37,10 @@ from server.limits.settings import redacted
 from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
 from server.providers.health import HEALTH_FILE_ENV
-from server.supervisor import WorkerError, Workers
+from server.supervisor import WorkerError, Workers, socket_name
 
 KILL_MARGIN_SECONDS = 5.0  # a worker still running this long after its drain period is killed
+SOCKET_PATH_BYTES = 107  # a unix socket's path: sun_path is 108 bytes with its terminating NUL
 
 _logger = logging.getLogger("portico")
 
@@ -55,6 +56,17 @@ class _Backend:
     failed: asyncio.Task | None = None  # ends (with an error) if the workers could not be kept running
 
 
+def check_temp_dir(workers: int) -> None:
+    """The run directory is made under the system temp dir (TMPDIR): its longest socket path must fit a unix socket,
+    said in one line before anything starts rather than as grpc's bind failure after the model has loaded."""
+    temp = tempfile.gettempdir()
+    longest = Path(temp, "portico-XXXXXXXX", socket_name(workers - 1 if workers > 1 else None))  # mkdtemp: 8 chars
+    if len(os.fsencode(longest)) > SOCKET_PATH_BYTES:
+        room = SOCKET_PATH_BYTES - (len(os.fsencode(longest)) - len(os.fsencode(temp)))
+        raise ConfigError(f"TMPDIR: {temp} is too long for the run directory's unix sockets (at most {room} bytes "
+                          "here): set TMPDIR to a shorter directory")
+
+
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
                 development_key: bool = False) -> int:
     """`development_key`: on a first start with an empty key store, create and print an all-models key (else say
@@ -63,7 +75,8 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     # its default action (exit -15, nothing drained, no "Portico stopped."). It is acted on once all is up.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: its default action (the terminal or ssh session closed) killed Portico without a drain.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
     run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
@@ -111,7 +124,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
 
 async def _start_backend(config: Config, run_dir: Path, workers: int, worker_command) -> _Backend:
     if workers == 1:
-        socket_path = run_dir / "grpc.sock"
+        socket_path = run_dir / socket_name(None)
         running = await start_server(config, f"unix:{socket_path}")
         settle_heap()
         return _Backend([f"unix:{socket_path}"], running.telemetry.metrics.registry,

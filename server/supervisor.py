@@ -36,6 +36,11 @@ class WorkerError(RuntimeError):
     """A worker did not become ready."""
 
 
+def socket_name(worker: int | None) -> str:
+    """A server's socket in the run directory: the one process's, or worker `worker`'s."""
+    return "grpc.sock" if worker is None else f"grpc-{worker}.sock"
+
+
 class WorkerProcess:
     def __init__(
         self,
@@ -112,7 +117,7 @@ class Workers:
         self._workers = [
             WorkerProcess(i, path, command_for(path), env=env)
             for i in range(count)
-            for path in [run_dir / f"grpc-{i}.sock"]
+            for path in [run_dir / socket_name(i)]
         ]
         self._stop_grace_s = stop_grace_s
         self._on_exit = on_exit  # e.g. forget a dead worker's in-flight gauge

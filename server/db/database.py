@@ -96,7 +96,8 @@ class SqliteDatabase:
 
         try:
             return cls(await asyncio.get_running_loop().run_in_executor(thread, opened), thread)
-        except sqlite3.OperationalError as exc:  # its schema check met another process's write lock past busy_timeout
+        # Its schema check met another process's write lock past busy_timeout, or the file is no database at all.
+        except sqlite3.DatabaseError as exc:
             thread.shutdown(wait=False)
             raise StoreUnavailable(f"SQLite: {exc}") from exc
 

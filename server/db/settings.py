@@ -18,9 +18,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl
 
 from server.config_providers import ConfigError, number, url_parts
+from server.limits.settings import QUERY_SECRETS, redacted
 
 SQLITE = "sqlite"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -73,23 +74,15 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
         return StoreSettings(timeout_seconds=timeout, pool_size=pool_size)
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
-                          f"{_without_password(store)!r}")
+                          f"{redacted(store)!r}")
     parts = url_parts(store)
-    if parts is None:  # not quoted: _without_password cannot read it either
+    if parts is None:  # not quoted: redacted cannot read it either
         raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host that "
                           "is no IPv6 address)")
-    if parts.password is not None:
-        raise ConfigError(f"{where}.store: no password in the URL ({_without_password(store)}); name the "
+    if parts.password is not None or QUERY_SECRETS & {name for name, _ in parse_qsl(parts.query)}:
+        raise ConfigError(f"{where}.store: no password in the URL ({redacted(store)}); name the "
                           "environment variable that holds it in keys.password_env")
     if not parts.hostname or not parts.path.strip("/"):
         raise ConfigError(f"{where}.store: {store!r} needs a host and a database name "
                           "(postgresql://user@host:port/database)")
     return StoreSettings(url=store, password_env=password_env, timeout_seconds=timeout, pool_size=pool_size)
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()

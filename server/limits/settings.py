@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from server.domain import KeyLimits
 
@@ -21,10 +21,20 @@ class LimitSettings:
     store_timeout_seconds: float = 0.5  # Redis: connect and command timeout
 
 
+# Query parameters that hold a password: redis-py and libpq both read `password` there, libpq also `sslpassword`.
+QUERY_SECRETS = frozenset({"password", "sslpassword"})
+
+
 def redacted(url: str) -> str:
-    """The URL without its password, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its password (in its user part or its query), for logs and messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bracketed host that is no IPv6 address: where its password is cannot be told
+        return "(not a URL)"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and not any(name in QUERY_SECRETS for name, _ in query):
+        return url  # as written: urlunsplit would also turn unix:///path into unix:/path
+    if parts.password is not None:
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
+    return urlunsplit(parts._replace(query="&".join(f"{name}={'***' if name in QUERY_SECRETS else value}"
+                                                    for name, value in query)))

@@ -221,17 +221,21 @@ class Router:
         before, error = failed
         model_id = chain[before.model].model_id
         if step.model == before.model:
-            _logger.warning("%s/%s failed (%s: %s); trying %s/%s", model_id, chain[before.model].deployments[
-                before.deployment].name, error.kind.code, error.message, model_id,
-                chain[step.model].deployments[step.deployment].name)
+            _logger.warning("%s/%s failed (%s); trying %s/%s", model_id, chain[before.model].deployments[
+                before.deployment].name, _why(error), model_id, chain[step.model].deployments[step.deployment].name)
             if self._recorder is not None:
                 self._recorder.retry(model_id, error.retry_reason or "other")
         else:
             fallback = chain[step.model].model_id
-            _logger.warning("%s failed (%s: %s); falling back to %s", model_id, error.kind.code, error.message,
-                            fallback)
+            _logger.warning("%s failed (%s); falling back to %s", model_id, _why(error), fallback)
             if self._recorder is not None:
                 self._recorder.fallback(self._chain[0].model_id, fallback)
+
+
+def _why(error: PorticoError) -> str:
+    """A failed attempt for the log: its code and reason (`service_unavailable, 503`), never its message, which
+    passes on the upstream's own words, and those may quote the prompt (operations.md, Logs)."""
+    return f"{error.kind.code}, {error.retry_reason}" if error.retry_reason else error.kind.code
 
 
 def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest | None:

@@ -26,7 +26,10 @@ def _insert(rows: int) -> str:
 
 class SqliteLedger:
     def __init__(self, path: Path) -> None:
-        self._db = connect_sqlite(path)
+        try:
+            self._db = connect_sqlite(path)
+        except sqlite3.DatabaseError as exc:  # a file that is no database: one line, not sqlite3's traceback
+            raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
         try:
             migrate_sqlite(self._db, MIGRATIONS)
         except sqlite3.OperationalError as exc:  # another process held the write lock past busy_timeout

@@ -28,3 +28,31 @@ def test_an_unreachable_store_is_one_line_and_exit_1(tmp_path, command):
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("portico: the ") and "cannot be reached" in done.stderr
     assert f"127.0.0.1:{port}" in done.stderr and "not-shown" not in done.stderr
+
+
+@pytest.mark.parametrize("query", ["password=hunter2", "sslmode=disable&password=hunter2", "sslpassword=hunter2"])
+def test_a_password_in_the_urls_query_is_refused_without_showing_it(tmp_path, query):
+    """libpq reads a password from the URL's query too: such a store was accepted, and every message naming the
+    store (an unreachable one, the server's log) printed the password. It is refused as one in the user part is."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"keys: {{store: 'postgresql://portico@127.0.0.1:1/portico?{query}'}}\n{_MODELS}\n")
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir",
+                           str(tmp_path / "data"), "keys", "list"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "hunter2" not in done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "keys.password_env" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("usage",), ("serve",)])
+def test_a_keys_db_that_is_no_sqlite_database_is_one_line_and_exit_1(tmp_path, command):
+    """A keys.db that is not a database (damaged, or another program's file) was sqlite3's traceback."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "keys.db").write_bytes(b"not a database, " * 400)
+    if command == ("serve",):
+        port, admin_port, metrics_port = free_ports(3)
+        command += ("--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port))
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data), *command],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "keys.db" in line]
+    assert line.endswith("SQLite: file is not a database"), line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,6 +110,34 @@ def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, double):
     assert lines and "data: [DONE]" not in lines  # cut, not finished
     log = gateway.log_path.read_text()
     assert "second stop signal: ending the requests in flight now" in log
+
+
+def test_a_hangup_drains_and_stops_as_sigterm_does(tmp_path, double):
+    """SIGHUP (the terminal or ssh session `portico serve` runs in closed, a `kill -HUP` meant to reopen logs) killed
+    it by the signal's default action: exit -1, the streams in flight cut, no "Portico stopped.", and its run
+    directory left in /tmp. It now drains and stops as SIGTERM does."""
+    double.cue(Cue(frame_delay=0.05))
+    provider = f"{{kind: openai, base_url: '{double.url}', model: m}}"
+    models = f"  - {{id: slow-echo, endpoint: {CHAT}, provider: {provider}}}\n"
+    config = write_config(tmp_path, models)
+    config.write_text(config.read_text() + "drain_seconds: 120\n")
+    body = {"model": "slow-echo", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(20))}],
+            "max_tokens": 100, "stream": True}
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        lines: list[str] = []
+        with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
+            headers = {"Authorization": f"Bearer {gateway.secret}"}
+            with client.stream("POST", CHAT, json=body, headers=headers) as answer:
+                for line in filter(None, answer.iter_lines()):
+                    lines.append(line)
+                    if len(lines) == 1:  # the stream is under way
+                        gateway.process.send_signal(signal.SIGHUP)
+        assert gateway.process.wait(timeout=30) == 0
+    assert lines[-1] == "data: [DONE]"
+    log = gateway.log_path.read_text()
+    assert "stopping: no new connections" in log
+    (run_dir,) = re.findall(r"unix:(/\S+)/grpc.sock", log)
+    assert not os.path.exists(run_dir)
 
 
 def _read_stream(chunks, text_of, under_way: threading.Event) -> tuple[list[str], Exception | None]:

@@ -3,10 +3,12 @@ a Prometheus scrape that labels traffic correctly, Envoy's own stats on its admi
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -202,6 +204,58 @@ def test_serve_on_a_port_in_use_exits_1_and_says_so(tmp_path):
     assert f"cannot bind '127.0.0.1:{port}': Address already in use" in errors
     assert "earlier run" not in errors  # only what this start went through
     assert "Portico is listening" not in done.stdout
+
+
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_a_temp_dir_too_long_for_unix_sockets_is_one_line_and_exit_2(tmp_path, workers):
+    """The run directory, with the servers' unix sockets, is made under TMPDIR; a socket path holds at most 107
+    bytes, and a long TMPDIR was a grpc traceback after the model had loaded."""
+    temp = tmp_path / ("t" * 80)
+    temp.mkdir()
+    port, admin_port, metrics_port, redis_port = free_ports(4)
+    config = tmp_path / "portico.yaml"  # workers need a shared limit store; it is never reached here
+    config.write_text(Path("server/default.yaml").read_text().replace(
+        "store: memory ", f"store: redis://127.0.0.1:{redis_port}/0 "))
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir", str(tmp_path / "data"), "serve",
+         "--port", str(port),
+         "--admin-port", str(admin_port), "--metrics-port", str(metrics_port), "--workers", workers],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "TMPDIR": str(temp)},
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"TMPDIR: {temp} is too long" in done.stderr
+    assert not list(temp.iterdir())  # nothing made there
+
+
+@pytest.mark.parametrize(("damage", "exit_code", "start"), [
+    ("image-link.key", 2, "portico: configuration error: data_dir: "),
+    ("images", 2, "portico: configuration error: data_dir: "),
+    ("envoy.log/", 1, "ERROR portico: Envoy did not start: cannot open its log "),
+])
+def test_a_damaged_data_dir_is_one_line(tmp_path, damage, exit_code, start):
+    """A short image-link.key (its own message said to delete it), a file where the images directory goes, or a
+    directory where Envoy's log goes, was a traceback after the model had loaded."""
+    data = tmp_path / "data"
+    data.mkdir()
+    if damage.endswith("/"):
+        damage = damage.rstrip("/")
+        (data / damage).mkdir()
+    else:
+        (data / damage).write_bytes(b"short")
+    port, admin_port, metrics_port = free_ports(3)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "server.cli", "--data-dir", str(data), "serve", "--port", str(port),
+             "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
+            capture_output=True, text=True, timeout=90,
+        )
+    finally:
+        if (data / damage).is_dir():
+            (data / damage).rmdir()  # no directory named *.log for the session's log scan
+    assert done.returncode == exit_code and "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if str(data / damage) in line]
+    assert start in line and (line.startswith(start) or exit_code == 1), line
 
 
 def test_a_second_gateway_on_the_first_ones_admin_port_never_says_it_is_listening(gateway, tmp_path):

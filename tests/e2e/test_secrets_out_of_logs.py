@@ -14,7 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Gateway, running_gateway
+from gateway.envoy import free_ports
+from tests.e2e.conftest import Gateway, running_gateway, upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_support import upstream_models
 
 LATIN1_E = b"\xe9"  # "é" as a browser sending Latin-1 puts it
 
@@ -167,3 +170,36 @@ def test_envoy_is_not_given_the_environment_that_holds_secrets(tmp_path, monkeyp
     assert b"sk-upstream-secret" in server  # the test's own check: the variable was there to leak
     (envoy,) = [environment for name, environment in environments.items() if name.startswith("envoy")]
     assert b"sk-upstream-secret" not in envoy and b"PATH=" in envoy
+
+
+def test_an_upstream_message_quoting_the_prompt_stays_out_of_the_log(double, tmp_path):
+    """An upstream's error message may quote the request (operations.md, Traces): the retries and the fallback it
+    causes are logged at the default level with the error's code, never with that message, which only the caller
+    may get."""
+    prompt = f"prompt-{secrets.token_hex(8)}"
+    quoting = Cue(status=503, body={"error": {"message": f"could not run: {prompt}"}})
+    double.reset()
+    double.cue(quoting, quoting, quoting)  # up-main's three attempts, then its fallback up-backup answers
+    with upstream_gateway(tmp_path, upstream_models(double.url)) as gateway:
+        response = httpx.post(f"{gateway.base_url}/v1/chat/completions", timeout=30,
+                              headers={"Authorization": f"Bearer {gateway.secret}"},
+                              json={"model": "up-main", "messages": [{"role": "user", "content": prompt}]})
+    assert response.status_code == 200, response.text
+    logs = _logs(gateway)
+    assert "up-main/openai failed (service_unavailable" in logs and "falling back to up-backup" in logs
+    assert prompt not in logs
+
+
+def test_a_redis_password_in_the_urls_query_stays_out_of_the_log(tmp_path):
+    """redis-py takes a password from the URL's query as from its user part (`redis://host/0?password=...`); the
+    URL was logged with that password whenever it was named (the store unreachable at start, say)."""
+    password = secrets.token_hex(12)
+    (port,) = free_ports(1)  # nothing listens there: the start-up logs name the store
+    config = tmp_path / "portico.yaml"
+    config.write_text(Path("server/default.yaml").read_text().replace(
+        "store: memory ", f"store: 'redis://127.0.0.1:{port}/0?password={password}' "))
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
+    assert ready.status_code == 503
+    logs = _logs(gateway)
+    assert f"redis://127.0.0.1:{port}/0?password=***" in logs and password not in logs

@@ -35,6 +35,8 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:abc/0'}}", r"limits\.store: not a URL \(.*port"),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://:pw@[::1/0'}}", r"limits\.store: not a URL"),
     (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@[::1/portico'}}", r"keys\.store: not a URL"),
+    # Neither a PostgreSQL URL nor readable: the message named no setting ("Invalid IPv6 URL").
+    (f"{ONE_MODEL}\nkeys: {{store: 'mysql://:pw@[::1/x'}}", r"keys\.store: `sqlite` or a postgresql://.*not a URL"),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:99999/0'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:6379/x'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'unix://'}}", r"limits\.store: "),
