@@ -121,12 +121,12 @@ def _message_and_param(body: bytes) -> tuple[str, str | None]:
     except wire_json.JSONDecodeError:
         return body.decode("utf-8", errors="replace").strip()[:MAX_MESSAGE_CHARS], None
     if not isinstance(data, dict):
-        return str(data)[:MAX_MESSAGE_CHARS], None
+        return _text(data), None
     error = data.get("error")
     if isinstance(error, dict) or isinstance(data.get("message"), str):
         found = error if isinstance(error, dict) else data
         param = found.get("param")
-        return str(found.get("message", ""))[:MAX_MESSAGE_CHARS], param if isinstance(param, str) else None
+        return _text(found.get("message", "")), param if isinstance(param, str) else None
     detail = data.get("detail")
     if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
         places = [_location(item.get("loc")) for item in detail]
@@ -134,8 +134,16 @@ def _message_and_param(body: bytes) -> tuple[str, str | None]:
                             for place, item in zip(places, detail))
         return message[:MAX_MESSAGE_CHARS], places[0] or None
     if detail is not None:
-        return str(detail)[:MAX_MESSAGE_CHARS], None
-    return str(error or data)[:MAX_MESSAGE_CHARS], None
+        return _text(detail), None
+    return _text(error or data), None
+
+
+def _text(value: Json) -> str:
+    """A message as the caller reads it: a string as it is, anything else as the JSON it came as (not Python's repr)."""
+    if value is None:  # {"error": {"message": null}}: no message, so the status stands in for one
+        return ""
+    text = value if isinstance(value, str) else wire_json.dumps(value).decode()
+    return text[:MAX_MESSAGE_CHARS]
 
 
 def _location(loc: object) -> str:

@@ -236,6 +236,12 @@ def test_upstream_statuses_become_rows_of_the_table(status, body, headers, kind,
          b'string"},{"loc":["body","n"],"msg":"too big"}]}',
          "messages[0].content: Input should be a valid string; n: too big", "messages[0].content"),
         (b'{"error":"TGI says no","error_type":"validation"}', "TGI says no", None),
+        # Shapes no convention names are passed on as the JSON they are, not as Python's repr of it
+        (b'{"reason": "quota", "retry": false}', '{"reason":"quota","retry":false}', None),
+        (b'["bad", "input"]', '["bad","input"]', None),
+        (b'{"detail": {"why": "no"}}', '{"why":"no"}', None),
+        (b'{"error": {"message": {"text": "nested"}}}', '{"text":"nested"}', None),
+        (b'{"error": {"message": null}}', "HTTP 400", None),
     ],
 )
 def test_the_shapes_of_upstream_errors_keep_their_message_and_param(body, message, param):
