@@ -332,8 +332,10 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
     elif args.keys_command == "rotate":
         key, secret, expires = await admin.rotate(args.key, grace_seconds=args.grace)
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
-        print(f"Rotated key {key.id} ({key.name}); the previous secret works until {when}. "
-              "The new secret is shown once:")
+        # No grace: the gateways' key caches drop the previous secret within seconds (as after a revocation).
+        previous = ("the previous secret stops working within seconds" if expires <= time.time() else
+                    f"the previous secret works until {when}")
+        print(f"Rotated key {key.id} ({key.name}); {previous}. The new secret is shown once:")
         print(secret)
     elif args.keys_command == "revoke":
         key = await admin.revoke(args.key)

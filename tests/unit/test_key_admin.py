@@ -107,6 +107,18 @@ def test_cli_refuses_a_rotation_grace_out_of_range_as_rest_does(tmp_path, capsys
     assert err.startswith("portico: grace_seconds must be") and err.count("\n") == 1, err
 
 
+def test_cli_rotation_without_grace_says_the_previous_secret_stops_now(tmp_path, capsys):
+    """`--grace 0` said the previous secret "works until" the current second."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "x", "--all-models"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    assert main([*data, "keys", "rotate", key_id, "--grace", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "works until" not in out and "the previous secret stops working within seconds" in out, out
+    assert main([*data, "keys", "rotate", key_id, "--grace", "60"]) == 0
+    assert "the previous secret works until" in capsys.readouterr().out
+
+
 def test_keys_on_a_locked_database_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     """Another process holding keys.db's write lock past the busy timeout: `portico keys list` raised sqlite3's
     OperationalError from the key store's schema check, a traceback where a PostgreSQL outage gets one line."""
