@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from google.protobuf import descriptor_pool
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 import portico.v1
 from portico.v1 import chat_service_pb2_grpc, image_service_pb2_grpc, key_service_pb2_grpc
@@ -250,6 +250,21 @@ class _ReflectionPool:
         return getattr(self._pool, name)
 
 
+def _enable_reflection(server: grpc.aio.Server, names: list[str]) -> None:
+    """Server reflection under both protocol names: grpc.reflection.v1, which current clients ask first (some ask
+    only it), and v1alpha, the one grpcio-reflection implements. Their messages are the same on the wire, so one
+    servicer answers both. v1 is not listed: grpcio-reflection has no descriptor of it to describe."""
+    servicer = reflection.aio.ReflectionServicer(names, pool=_ReflectionPool(descriptor_pool.Default()))
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    for name in (reflection.SERVICE_NAME, "grpc.reflection.v1.ServerReflection"):
+        methods = {"ServerReflectionInfo": handler}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, methods),))
+
+
 class _Services:
     """The server as the generated `add_*Servicer_to_server` functions see it: it registers their handlers and keeps
     the names of the services, so that health and reflection cover what is served, not a list kept beside it."""
@@ -309,8 +324,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
                           key_stale_seconds=pipeline.authenticator.stale_seconds)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)
     _load_service_descriptors()
-    reflection.enable_server_reflection([*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME], server,
-                                        pool=_ReflectionPool(descriptor_pool.Default()))
+    _enable_reflection(server, [*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME])
     port = server.add_insecure_port(address)
     await server.start()
     await readiness.start(served.names)  # providers are loaded above; the stores are checked now and every second

@@ -166,3 +166,18 @@ def test_reflection_finds_the_file_of_a_method(gateway):
         service, method = name.rsplit(".", 2)[1:]
         assert method in [m.name for s in first.service if s.name == service for m in s.method]
     assert answers[-1].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+def test_reflection_answers_the_v1_protocol_too(gateway):
+    """grpc.reflection.v1 is the protocol current clients ask first, and some ask only it: they got UNIMPLEMENTED.
+    Its messages are v1alpha's on the wire, so v1alpha's classes stand in for a v1 client here."""
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        info = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                     request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                     response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        asks = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="portico.v1.ChatService")]
+        listed, described = list(info(iter(asks), timeout=10))
+    assert "portico.v1.ChatService" in [s.name for s in listed.list_services_response.service]
+    first = descriptor_pb2.FileDescriptorProto.FromString(described.file_descriptor_response.file_descriptor_proto[0])
+    assert first.name == "portico/v1/chat_service.proto"
