@@ -38,8 +38,9 @@ def from_status(
     """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`."""
     message, param = _message_and_param(body)
-    message = _scrub(message, secret, upstream_model, upstream) or f"HTTP {status}"
-    param = _scrub(param, secret, upstream_model, upstream) if param else param
+    # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
+    message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
+    param = _scrub(param, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] if param else param
     reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
     if status in (401, 403, 404):
@@ -115,27 +116,27 @@ def _bounded(seconds: float) -> float:
 def _message_and_param(body: bytes) -> tuple[str, str | None]:
     """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a top-level
     {"message", "param"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation errors
-    {"detail": [{"loc", "msg"}]}, or the text itself."""
+    {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts them."""
     try:
         data = wire_json.loads(body)
     except wire_json.JSONDecodeError:
-        return body.decode("utf-8", errors="replace").strip()[:MAX_MESSAGE_CHARS], None
+        return body.decode("utf-8", errors="replace").strip(), None
     if not isinstance(data, dict):
-        return str(data)[:MAX_MESSAGE_CHARS], None
+        return str(data), None
     error = data.get("error")
     if isinstance(error, dict) or isinstance(data.get("message"), str):
         found = error if isinstance(error, dict) else data
         param = found.get("param")
-        return str(found.get("message", ""))[:MAX_MESSAGE_CHARS], param if isinstance(param, str) else None
+        return str(found.get("message", "")), param if isinstance(param, str) else None
     detail = data.get("detail")
     if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
         places = [_location(item.get("loc")) for item in detail]
         message = "; ".join(f"{place}: {item.get('msg', '')}" if place else str(item.get("msg", ""))
                             for place, item in zip(places, detail))
-        return message[:MAX_MESSAGE_CHARS], places[0] or None
+        return message, places[0] or None
     if detail is not None:
-        return str(detail)[:MAX_MESSAGE_CHARS], None
-    return str(error or data)[:MAX_MESSAGE_CHARS], None
+        return str(detail), None
+    return str(error or data), None
 
 
 def _location(loc: object) -> str:
