@@ -199,7 +199,10 @@ local function organization_query(query, parameters)
   local rewritten, seen = {}, {}
   for pair in query:gmatch("[^&]+") do
     local name, list, rest = query_pair(pair)
-    if parameters[name] == nil then return nil, name, "Unknown parameter " .. name end
+    if parameters[name] == nil then
+      local shown = quoted_value(name)  -- a name may be as long as the headers
+      return nil, shown, "Unknown parameter " .. shown
+    end
     local single = not parameters[name]
     if single and (list or seen[name]) then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
     seen[name] = true

@@ -94,3 +94,12 @@ def test_a_content_encoding_shaped_like_a_key_is_not_echoed(gateway: Gateway):
                         headers={"authorization": f"Bearer {gateway.secret}", "content-encoding": pasted}, timeout=30)
     assert answer.status_code == 400, answer.text
     assert pasted[:10] not in answer.text and "Compressed request bodies" in answer.json()["error"]["message"]
+
+
+def test_a_huge_unknown_query_parameter_is_cut_short_in_message_and_param(gateway: Gateway):
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/costs?start_time=1&{'q' * 40_000}=1",
+                       headers={"authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["message"].startswith("Unknown parameter qqq") and len(error["message"]) < 1_000
+    assert len(error["param"]) <= 200
