@@ -78,7 +78,7 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     if parts is None:  # not quoted: _without_password cannot read it either
         raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host that "
                           "is no IPv6 address)")
-    if parts.password is not None:
+    if parts.password is not None or _QUERY_PASSWORD.search(parts.query):
         raise ConfigError(f"{where}.store: no password in the URL ({_without_password(store)}); name the "
                           "environment variable that holds it in keys.password_env")
     if not parts.hostname or not parts.path.strip("/"):
@@ -87,9 +87,13 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     return StoreSettings(url=store, password_env=password_env, timeout_seconds=timeout, pool_size=pool_size)
 
 
+# libpq reads a password (and a client key's passphrase) from the query as well as from `user:password@`.
+_QUERY_PASSWORD = re.compile(r"(?i)((?:^|&)(?:ssl)?password=)[^&#]*")
+
+
 def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    password = urlsplit(url).password
+    head, mark, query = url.partition("?")
+    if password is not None:
+        head = head.replace(f":{password}@", ":***@", 1)
+    return head + mark + _QUERY_PASSWORD.sub(r"\1***", query)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from server.domain import KeyLimits
 
@@ -22,9 +23,13 @@ class LimitSettings:
 
 
 def redacted(url: str) -> str:
-    """The URL without its password, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its password, for logs and messages: in `:password@`, or in the query, where redis-py reads
+    it too (the way to give one to a unix:// socket)."""
+    password = urlsplit(url).password
+    head, mark, query = url.partition("?")
+    if password is not None:
+        head = head.replace(f":{password}@", ":***@", 1)
+    return head + mark + _QUERY_PASSWORD.sub(r"\1***", query)
+
+
+_QUERY_PASSWORD = re.compile(r"(?i)((?:^|&)password=)[^&#]*")
