@@ -222,16 +222,21 @@ class Router:
         model_id = chain[before.model].model_id
         if step.model == before.model:
             _logger.warning("%s/%s failed (%s: %s); trying %s/%s", model_id, chain[before.model].deployments[
-                before.deployment].name, error.kind.code, error.message, model_id,
+                before.deployment].name, error.kind.code, _one_line(error.message), model_id,
                 chain[step.model].deployments[step.deployment].name)
             if self._recorder is not None:
                 self._recorder.retry(model_id, error.retry_reason or "other")
         else:
             fallback = chain[step.model].model_id
-            _logger.warning("%s failed (%s: %s); falling back to %s", model_id, error.kind.code, error.message,
-                            fallback)
+            _logger.warning("%s failed (%s: %s); falling back to %s", model_id, error.kind.code,
+                            _one_line(error.message), fallback)
             if self._recorder is not None:
                 self._recorder.fallback(self._chain[0].model_id, fallback)
+
+
+def _one_line(message: str) -> str:
+    """An upstream's words, quoted in a log line, kept on it: a line break would start a line of their own."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest | None:
