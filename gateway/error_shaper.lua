@@ -93,6 +93,21 @@ local function error_body(status, message, param, anthropic)
   return '{"error":' .. object .. "}"
 end
 
+-- A secret pasted into a URL (GET /v1/pk-.../chat) must not reach the access log, nor the 404's message: the path
+-- remembered for both has anything shaped like a Portico secret cut out. Query strings are never kept.
+local function redacted(path)
+  if not path:find("pk-", 1, true) then return path end
+  return (path:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
+end
+
+-- A value the caller sent, quoted in a message: without a key pasted there, and cut short (a query value may be
+-- as long as the 60 KiB of headers).
+local function quoted_value(value)
+  value = redacted(value)
+  if #value > 100 then return value:sub(1, 100) .. "…" end
+  return value
+end
+
 -- What a caller should have sent, for the protobuf type names in the transcoder's "invalid value" texts.
 local EXPECTED = {TYPE_INT64 = "an integer", TYPE_INT32 = "an integer", TYPE_UINT64 = "a non-negative integer",
                   TYPE_UINT32 = "a non-negative integer", TYPE_DOUBLE = "a number", TYPE_FLOAT = "a number",
@@ -114,7 +129,8 @@ local function describe_local_reply(status, text, request, query_param, fault)
     if name and EXPECTED[type_name] then
       -- A whole number refused for an integer field is out of the field's range: say which range.
       local expected = value:match('^"?%-?%d+"?$') and INTEGER_RANGES[type_name] or EXPECTED[type_name]
-      return json_string("Invalid value " .. value .. " for " .. name .. ": expected " .. expected .. "."), name
+      local message = "Invalid value " .. quoted_value(value) .. " for " .. name .. ": expected " .. expected .. "."
+      return json_string(message), name
     end
     local field = text:match("^([%w_%.%[%]]+): ")
     if field then return json_string((text:gsub("%s+$", ""))), field end
@@ -183,7 +199,10 @@ local function organization_query(query, parameters)
   local rewritten, seen = {}, {}
   for pair in query:gmatch("[^&]+") do
     local name, list, rest = query_pair(pair)
-    if parameters[name] == nil then return nil, name, "Unknown parameter " .. name end
+    if parameters[name] == nil then
+      local shown = quoted_value(name)  -- a name may be as long as the headers
+      return nil, shown, "Unknown parameter " .. shown
+    end
     local single = not parameters[name]
     if single and (list or seen[name]) then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
     seen[name] = true
@@ -237,13 +256,6 @@ end
 -- Portico's access log records every other request itself.
 local function mark_envoy_reply(handle, status)
   handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
-end
-
--- A secret pasted into a URL (GET /v1/pk-.../chat) must not reach the access log, nor the 404's message: the path
--- remembered for both has anything shaped like a Portico secret cut out. Query strings are never kept.
-local function redacted(path)
-  if not path:find("pk-", 1, true) then return path end
-  return (path:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
 end
 
 -- A gRPC call on a REST path (envoy.yaml's route for them, whose `grpc: {}` match is Envoy's own test of the
@@ -329,7 +341,7 @@ function envoy_on_request(handle)
   local encoding = headers:get("content-encoding")
   if encoding and encoding:lower() ~= "identity" and method ~= "GET" and method ~= "HEAD" then
     return refuse_request(handle, metadata, "Compressed request bodies are not supported (Content-Encoding: " ..
-      encoding:gsub("[^%w%-,; ]", "?"):sub(1, 40) .. "): send the JSON uncompressed.")
+      redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40) .. "): send the JSON uncompressed.")
   end
   -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
   -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.

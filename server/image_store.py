@@ -114,7 +114,8 @@ class ImageStore:
 
     def _get(self, name: str, expires: int, signature: str) -> StoredImage:
         match = _NAME.fullmatch(name)
-        if match is None or not hmac.compare_digest(self._sign(name, expires), signature):
+        # As bytes: compare_digest refuses str with a non-ASCII character (TypeError, a 500) instead of answering.
+        if match is None or not hmac.compare_digest(self._sign(name, expires).encode(), signature.encode()):
             raise NotFound("This image link is not valid.")
         if expires < self._clock():
             raise NotFound("This image link has expired.")

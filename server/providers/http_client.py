@@ -22,7 +22,7 @@ import asyncio
 import base64
 import ssl
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from server.providers.http_connection import MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectTimeout, Response
@@ -52,7 +52,8 @@ class Origin:
 @dataclass(frozen=True)
 class Proxy:
     origin: Origin
-    authorization: str | None  # the `proxy-authorization` value, from the proxy URL's user:password
+    # The `proxy-authorization` value, from the proxy URL's user:password: out of repr, as a password.
+    authorization: str | None = field(repr=False)
 
     @classmethod
     def of(cls, url: str) -> Proxy:

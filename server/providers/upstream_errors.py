@@ -38,8 +38,9 @@ def from_status(
     """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`."""
     message, param = _message_and_param(body)
-    message = _scrub(message, secret, upstream_model, upstream) or f"HTTP {status}"
-    param = _scrub(param, secret, upstream_model, upstream) if param else param
+    # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
+    message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
+    param = _scrub(param, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] if param else param
     reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
     if status in (401, 403, 404):
@@ -115,11 +116,11 @@ def _bounded(seconds: float) -> float:
 def _message_and_param(body: bytes) -> tuple[str, str | None]:
     """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a top-level
     {"message", "param"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation errors
-    {"detail": [{"loc", "msg"}]}, or the text itself."""
+    {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts them."""
     try:
         data = wire_json.loads(body)
     except wire_json.JSONDecodeError:
-        return body.decode("utf-8", errors="replace").strip()[:MAX_MESSAGE_CHARS], None
+        return body.decode("utf-8", errors="replace").strip(), None
     if not isinstance(data, dict):
         return _text(data), None
     error = data.get("error")
@@ -132,7 +133,7 @@ def _message_and_param(body: bytes) -> tuple[str, str | None]:
         places = [_location(item.get("loc")) for item in detail]
         message = "; ".join(f"{place}: {item.get('msg', '')}" if place else str(item.get("msg", ""))
                             for place, item in zip(places, detail))
-        return message[:MAX_MESSAGE_CHARS], places[0] or None
+        return message, places[0] or None
     if detail is not None:
         return _text(detail), None
     return _text(error or data), None
@@ -142,8 +143,7 @@ def _text(value: Json) -> str:
     """A message as the caller reads it: a string as it is, anything else as the JSON it came as (not Python's repr)."""
     if value is None:  # {"error": {"message": null}}: no message, so the status stands in for one
         return ""
-    text = value if isinstance(value, str) else wire_json.dumps(value).decode()
-    return text[:MAX_MESSAGE_CHARS]
+    return value if isinstance(value, str) else wire_json.dumps(value).decode()
 
 
 def _location(loc: object) -> str:

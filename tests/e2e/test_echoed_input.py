@@ -67,3 +67,39 @@ def test_a_query_value_that_is_not_utf8_gets_a_valid_json_error(gateway: Gateway
     error = json.loads(answer.content.decode("utf-8"))["error"]  # strict: invalid UTF-8 raises
     assert (error["code"], error["param"]) == ("invalid_request", "start_time")
     assert "\ufffd" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/organization/costs?start_time={}", "/v1/organization/requests?errors_only={}"])
+def test_a_query_value_shaped_like_a_key_is_not_echoed(gateway: Gateway, path: str):
+    """A key pasted as a parameter's value: the 400 names the parameter without quoting the key."""
+    pasted = "pk-" + "x7" * 20
+    answer = httpx.get(gateway.base_url + path.format(pasted), headers={"authorization": f"Bearer {gateway.secret}"},
+                       timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert pasted[:10] not in answer.text
+    assert "pk-[redacted]" in answer.json()["error"]["message"]
+
+
+def test_a_huge_query_value_is_cut_short_in_the_message(gateway: Gateway):
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/costs?start_time={'9' * 40_000}",
+                       headers={"authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "start_time" and len(error["message"]) < 1_000
+
+
+def test_a_content_encoding_shaped_like_a_key_is_not_echoed(gateway: Gateway):
+    pasted = "pk-" + "x7" * 20
+    answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", content=b"{}",
+                        headers={"authorization": f"Bearer {gateway.secret}", "content-encoding": pasted}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert pasted[:10] not in answer.text and "Compressed request bodies" in answer.json()["error"]["message"]
+
+
+def test_a_huge_unknown_query_parameter_is_cut_short_in_message_and_param(gateway: Gateway):
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/costs?start_time=1&{'q' * 40_000}=1",
+                       headers={"authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["message"].startswith("Unknown parameter qqq") and len(error["message"]) < 1_000
+    assert len(error["param"]) <= 200

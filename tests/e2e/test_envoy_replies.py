@@ -86,6 +86,14 @@ def test_an_integer_out_of_range_is_not_called_a_non_integer(http, path, param, 
     assert error["message"].endswith(f"for {param}: expected an integer from {bounds}."), error["message"]
 
 
+@pytest.mark.parametrize("signature", ["%C3%A9", "%E2%82%AC" * 32])
+def test_an_image_link_with_a_signature_that_is_not_ascii_is_not_valid_not_a_500(http, signature):
+    """The name has the shape of a stored image's, so the signature is checked: the comparison took only ASCII."""
+    error = _assert_error(http.get(f"/v1/images/content/{'a' * 24}.png?expires=9999999999&signature={signature}"),
+                          404, "not_found")
+    assert error["message"] == "This image link is not valid."
+
+
 def test_unknown_path_is_404(http):
     _assert_error(http.post("/v1/nothing-here", json={}), 404, "not_found")
     _assert_error(http.get("/elsewhere"), 404, "not_found")

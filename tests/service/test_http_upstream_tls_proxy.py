@@ -262,3 +262,13 @@ async def test_https_through_a_connect_tunnel_kept_alive_for_every_request(tls, 
     assert tls.seen[0][2]["authorization"] == f"Bearer {KEY}"
     assert len(proxy.tunnelled) > 1000 and KEY.encode() not in proxy.tunnelled  # encrypted end to end
     assert b"chat/completions" not in proxy.tunnelled
+
+
+def test_a_proxys_password_is_not_in_its_repr():
+    """The proxy and its `proxy-authorization` (user:password in base64) key the connection pools: a pool or proxy
+    shown with %r, or in a traceback's locals, gave the password away."""
+    from server.providers.http_client import Proxy
+
+    proxy = Proxy.of("http://portico:s3cret-pw@proxy.example:3128")
+    assert proxy.authorization == "Basic " + base64.b64encode(b"portico:s3cret-pw").decode()
+    assert proxy.authorization not in repr(proxy) and "proxy.example" in repr(proxy)

@@ -120,6 +120,28 @@ async def test_an_upstream_refusing_the_gateway_is_a_502_never_the_callers_fault
     assert UPSTREAM_KEY not in str(error.trailing_metadata()) and UPSTREAM_KEY[-8:] not in detail.error.message
 
 
+@pytest.mark.parametrize("status", [400, 500])
+@pytest.mark.parametrize("shape", ["json", "text"])
+async def test_an_upstream_message_cut_short_keeps_no_part_of_the_upstream_key(chat, double, key, status, shape):
+    """A long message quoting the key near its 500th character: cut there first, it kept the key's first half."""
+    text = "x" * 460 + f" Authorization: Bearer {UPSTREAM_KEY}"
+    double.cue(Cue(status, {"error": {"message": text}} if shape == "json" else text.encode()))
+    message = error_details(await failure(chat, key[1], "up-backup")).error.message
+    assert "x" * 400 in message  # the upstream's words are still passed on
+    assert UPSTREAM_KEY[:8] not in message and "[redacted]" in message, message
+
+
+async def test_an_upstream_message_with_line_breaks_stays_on_its_log_line(chat, double, key, caplog):
+    """The retry's warning quotes the upstream's message: its line break started a line of its own, which a log
+    reader took for one of Portico's."""
+    forged = "2026-01-01 00:00:00,000 ERROR portico: forged"
+    double.cue(Cue(503, f"busy\r\n{forged}".encode()))
+    await ask(chat, key[1], "up-solo")  # retried, then answered
+    warnings = [record.getMessage() for record in caplog.records if "up-solo" in record.getMessage()]
+    assert warnings and all("\n" not in line and "\r" not in line for line in warnings), warnings
+    assert any("busy\\r\\n" + forged in line for line in warnings), warnings
+
+
 def metric(running, name: str, **labels) -> float:
     return running.telemetry.metrics.registry.get_sample_value(name, labels) or 0.0
 

@@ -280,3 +280,17 @@ def test_the_generated_messages_say_they_are_typed_too():
     stubs in an installed package, so `completion.model` and every other answer field was `Any`."""
     import importlib.resources
     assert importlib.resources.files("portico").joinpath("py.typed").is_file()
+
+
+def test_a_clients_repr_never_shows_its_api_key():
+    """A client logged with %r (or shown in a traceback's locals) printed `api_key='pk-...'` whole."""
+    secret = "pk-dev-" + "s3cret" * 7
+    clients = [PorticoClient.over_rest("http://127.0.0.1:9", secret), PorticoClient.over_grpc("127.0.0.1:9", secret),
+               AsyncPorticoClient.over_rest("http://127.0.0.1:9", secret),
+               AsyncPorticoClient.over_grpc("127.0.0.1:9", secret)]
+    for client in clients:
+        assert "s3cret" not in repr(client) and "s3cret" not in str(vars(client))
+    for client in clients[:2]:
+        client.close()
+    for client in clients[2:]:
+        asyncio.run(client.close())

@@ -150,3 +150,24 @@ def test_a_public_base_url_with_a_user_or_password_is_refused_without_echoing_it
         with pytest.raises(ConfigError, match=r"listen\.public_base_url: ") as e:
             load_config(path)
         assert "s3cret-pw" not in str(e.value)
+
+
+@pytest.mark.parametrize("query", ["password=s3cret-pw", "sslmode=require&password=s3cret-pw", "sslpassword=s3cret-pw"])
+def test_a_store_password_in_the_urls_query_is_refused_without_echoing_it(tmp_path, query):
+    """libpq reads `?password=` as well as `user:password@`: the URL was taken, and every message or log line naming
+    the store (it cannot be reached, say) showed the password."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:5432/portico?{query}'}}\n")
+    with pytest.raises(ConfigError, match=r"keys\.store: no password in the URL .*keys\.password_env") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
+
+
+def test_a_redis_password_in_the_urls_query_is_not_echoed(tmp_path):
+    """redis-py takes `?password=` (the way to give one to a unix:// socket): a mistake elsewhere in the URL quoted
+    it whole."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nlimits: {{store: 'unix:///run/redis.sock?password=s3cret-pw&socket_timeout=soon'}}\n")
+    with pytest.raises(ConfigError, match=r"limits\.store: ") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)

@@ -324,3 +324,11 @@ async def test_a_release_that_overtakes_its_unanswered_reservation_keeps_it_from
         assert (counts.in_flight, counts.day_requests, counts.window) == (0, 0, ())
     finally:
         await store.close()
+
+
+def test_a_password_in_the_query_never_reaches_messages():
+    """redis-py reads `?password=` too, the usual way to give one to a unix:// socket; the start-up log line naming an
+    unreachable store showed it."""
+    assert redacted("unix:///run/redis.sock?db=1&password=hunter2") == "unix:///run/redis.sock?db=1&password=***"
+    assert redacted("redis://db:6379/0?password=hunter2") == "redis://db:6379/0?password=***"
+    assert redacted("redis://:a@db/0?password=b") == "redis://:***@db/0?password=***"

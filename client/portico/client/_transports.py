@@ -198,7 +198,7 @@ class GrpcTransport:
     """Blocking calls over a grpc.Channel (e.g. grpc.insecure_channel("127.0.0.1:8080")); owns the channel."""
 
     channel: grpc.Channel
-    api_key: str
+    api_key: str = field(repr=False)  # a client logged with %r must not show its key
     timeout: float | None = 60.0
     _stubs: dict[type, Any] = field(default_factory=dict, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
@@ -227,7 +227,7 @@ class AsyncGrpcTransport:
     """grpc.aio calls to `target` (TLS with `credentials`); the channel opens on first use, in the caller's loop."""
 
     target: str
-    api_key: str
+    api_key: str = field(repr=False)  # a client logged with %r must not show its key
     timeout: float | None = 60.0
     credentials: grpc.ChannelCredentials | None = None
     _channel: grpc.aio.Channel | None = field(default=None, init=False, repr=False)
@@ -264,7 +264,7 @@ class HttpTransport:
     """Blocking REST calls with httpx to `base_url` (e.g. "http://127.0.0.1:8080"); owns its httpx.Client."""
 
     base_url: str
-    api_key: str
+    api_key: str = field(repr=False)  # a client logged with %r must not show its key
     timeout: float | None = 60.0
     http: httpx.Client | None = None
 
@@ -291,7 +291,7 @@ class AsyncHttpTransport:
     """REST calls with httpx.AsyncClient; owns it."""
 
     base_url: str
-    api_key: str
+    api_key: str = field(repr=False)  # a client logged with %r must not show its key
     timeout: float | None = 60.0
     http: httpx.AsyncClient | None = None
 
