@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from server.domain import KeyLimits
 
@@ -23,18 +24,16 @@ class LimitSettings:
 
 # Query parameters that hold a password: redis-py and libpq both read `password` there, libpq also `sslpassword`.
 QUERY_SECRETS = frozenset({"password", "sslpassword"})
+_QUERY_SECRET = re.compile(r"((?:^|&)(?:password|sslpassword)=)[^&#]*")
 
 
 def redacted(url: str) -> str:
-    """The URL without its password (in its user part or its query), for logs and messages."""
+    """The URL as written but for its password (in its user part or its query), for logs and messages."""
     try:
-        parts = urlsplit(url)
+        password = urlsplit(url).password
     except ValueError:  # a bracketed host that is no IPv6 address: where its password is cannot be told
         return "(not a URL)"
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if parts.password is None and not any(name in QUERY_SECRETS for name, _ in query):
-        return url  # as written: urlunsplit would also turn unix:///path into unix:/path
-    if parts.password is not None:
-        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
-    return urlunsplit(parts._replace(query="&".join(f"{name}={'***' if name in QUERY_SECRETS else value}"
-                                                    for name, value in query)))
+    head, mark, query = url.partition("?")
+    if password is not None:
+        head = head.replace(f":{password}@", ":***@", 1)
+    return head + mark + _QUERY_SECRET.sub(r"\1***", query)

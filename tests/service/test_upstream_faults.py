@@ -132,14 +132,14 @@ async def test_an_upstream_message_cut_short_keeps_no_part_of_the_upstream_key(c
 
 
 async def test_an_upstream_message_with_line_breaks_stays_on_its_log_line(chat, double, key, caplog):
-    """The retry's warning quotes the upstream's message: its line break started a line of its own, which a log
-    reader took for one of Portico's."""
+    """The retry's warning quoted the upstream's message: its line break started a line of its own, which a log
+    reader took for one of Portico's. It now names only the error's code and reason."""
     forged = "2026-01-01 00:00:00,000 ERROR portico: forged"
     double.cue(Cue(503, f"busy\r\n{forged}".encode()))
     await ask(chat, key[1], "up-solo")  # retried, then answered
     warnings = [record.getMessage() for record in caplog.records if "up-solo" in record.getMessage()]
     assert warnings and all("\n" not in line and "\r" not in line for line in warnings), warnings
-    assert any("busy\\r\\n" + forged in line for line in warnings), warnings
+    assert not any("forged" in record.getMessage() for record in caplog.records), warnings
 
 
 def metric(running, name: str, **labels) -> float:
