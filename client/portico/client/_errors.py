@@ -13,7 +13,7 @@
      │    ├── ServiceUnavailableError 503        UNAVAILABLE
      │    ├── GatewayTimeoutError     504        DEADLINE_EXCEEDED
      │    └── APIConnectionError      -          no answer at all (refused, reset, timed out)
-     │         └── APITimeoutError                a POST was sent but its answer did not come in time: never retried
+     │         └── APITimeoutError                not a GET, sent, and no answer in time: never retried
      ├── RetriesExhausted            every allowed attempt on every model failed; `.last` is the last APIError
      └── QueueFull                   the bounded queue of non-urgent work is full
 

@@ -187,8 +187,9 @@ def _headers(api_key: str | None, operation: Operation) -> dict[str, str]:
 
 
 def _http_error(error: httpx.TransportError, method: str) -> APIConnectionError:
-    """A read timeout on a POST means the request went out and may be running: APITimeoutError, never retried."""
-    if isinstance(error, httpx.ReadTimeout) and method == "POST":  # httpx's timeouts have no message of their own
+    """A read timeout on anything but a GET (a POST, a PATCH) means the request went out and may be changing things:
+    APITimeoutError, never retried, as over gRPC."""
+    if isinstance(error, httpx.ReadTimeout) and method != "GET":  # httpx's timeouts have no message of their own
         return APITimeoutError(f"No answer within the client's timeout ({type(error).__name__}).")
     return APIConnectionError(f"{type(error).__name__}: {str(error) or 'no answer'}")
 
