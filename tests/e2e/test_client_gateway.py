@@ -246,30 +246,6 @@ async def test_the_async_queue_keeps_a_burst_under_the_keys_concurrency_limit(ga
     assert [r.model for r in results] == ["family-a-5.5"] * 4 and peak[0] == 1
 
 
-@pytest.mark.parametrize("transport", ["grpc", "rest"])
-async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_gateways_slot(gateway, transport):
-    """A caller that gives up on a queued request (asyncio.wait_for, a cancelled task) cancels its future: the call
-    itself went on, holding the key's one concurrency slot and the queue's worker until the whole answer was made."""
-    secret = create_key(gateway, "--all-models", "--concurrency", "1")
-    target = f"127.0.0.1:{gateway.port}" if transport == "grpc" else gateway.base_url
-    make = AsyncPorticoClient.over_grpc if transport == "grpc" else AsyncPorticoClient.over_rest
-    story = [{"role": "user", "content": "Write a very long story about a dragon, at least 2000 words."}]
-    async with make(target, secret, aliases=ALIASES, retry=RetryPolicy(attempts=1)) as client:
-        queue = AsyncRequestQueue(max_size=2, concurrency=1)
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(queue.submit(lambda: client.chat_completion("chat", story, max_tokens=600)), 1.0)
-        for _ in range(20):  # the gateway frees the slot once it sees the call go (well within this second)
-            await asyncio.sleep(0.05)
-            try:
-                await client.count_message_tokens("writer", HI)
-                break
-            except RetriesExhausted as refused:
-                assert isinstance(refused.last, RateLimitError), refused
-        else:
-            pytest.fail("the cancelled request still holds the key's concurrency slot")
-        await asyncio.wait_for(queue.close(), 2.0)  # its worker is free again: nothing left to wait for
-
-
 async def test_asyncio_clients_retry_and_raise_the_same_way(gateway, transport):
     secret = create_key(gateway, "--all-models", "--rpm", "1")
     sleeps = []

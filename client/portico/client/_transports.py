@@ -7,6 +7,7 @@ so callers get one type whichever transport they use.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import re
@@ -186,9 +187,12 @@ def _headers(api_key: str | None, operation: Operation) -> dict[str, str]:
     return {**dict(_auth(api_key)), **json_body}
 
 
-def _http_error(error: httpx.TransportError, method: str) -> APIConnectionError:
+def _http_error(error: httpx.TransportError, method: str,
+                http: httpx.Client | httpx.AsyncClient) -> APIConnectionError | RuntimeError:
     """A read timeout on anything but a GET (a POST, a PATCH) means the request went out and may be changing things:
-    APITimeoutError, never retried, as over gRPC."""
+    APITimeoutError, never retried, as over gRPC. A client closed mid-call (its connections with it) says so."""
+    if http.is_closed:
+        return RuntimeError(_CLOSED)
     if isinstance(error, httpx.ReadTimeout) and method != "GET":  # httpx's timeouts have no message of their own
         return APITimeoutError(f"No answer within the client's timeout ({type(error).__name__}).")
     return APIConnectionError(f"{type(error).__name__}: {str(error) or 'no answer'}")
@@ -216,6 +220,8 @@ class GrpcTransport:
         try:
             return getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
+            if self._closed:  # closed by another thread mid-call: grpc cancels the call (CANCELLED, a "499")
+                raise RuntimeError(_CLOSED) from None
             raise error_from_grpc(error, read_only=operation.http_method == "GET") from None
 
     def close(self) -> None:
@@ -251,7 +257,15 @@ class AsyncGrpcTransport:
         try:
             return await getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
+            if self._closed:
+                raise RuntimeError(_CLOSED) from None
             raise error_from_grpc(error, read_only=operation.http_method == "GET") from None
+        except asyncio.CancelledError:
+            # grpc.aio ends the calls of a channel closed mid-call with CancelledError, which would read as this
+            # task being cancelled; a task that really is keeps its CancelledError.
+            if self._closed and not asyncio.current_task().cancelling():
+                raise RuntimeError(_CLOSED) from None
+            raise
 
     async def close(self) -> None:
         self._closed = True
@@ -280,7 +294,7 @@ class HttpTransport:
             response = self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
                                          content=rest.content, headers=headers)
         except httpx.TransportError as error:
-            raise _http_error(error, operation.http_method) from error
+            raise _http_error(error, operation.http_method, self.http) from error
         return _response(operation, response)
 
     def close(self) -> None:
@@ -307,7 +321,7 @@ class AsyncHttpTransport:
             response = await self.http.request(operation.http_method, self.base_url + rest.path,
                                                params=rest.params, content=rest.content, headers=headers)
         except httpx.TransportError as error:
-            raise _http_error(error, operation.http_method) from error
+            raise _http_error(error, operation.http_method, self.http) from error
         return _response(operation, response)
 
     async def close(self) -> None:
