@@ -80,6 +80,7 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 def _request(operation: Operation, body: dict[str, Any]) -> Message:
+    _check_route(operation, body)
     try:
         request = json_format.ParseDict(body, operation.request())
     except json_format.ParseError as error:
@@ -89,6 +90,14 @@ def _request(operation: Operation, body: dict[str, Any]) -> Message:
         raise BadRequestError(f"The request is too large: {size} bytes (limit 8 MiB, as for REST bodies).",
                               status=413, code="request_too_large")
     return request
+
+
+def _check_route(operation: Operation, body: dict[str, Any]) -> None:
+    """The fields the REST route names (/v1/models/{model}) must be given, on both transports: over REST an empty one
+    addresses another resource (GET /v1/models/ is the model list, which read as an empty Model)."""
+    for name in re.findall(r"\{(\w+)\}", operation.path):
+        if body.get(name) in (None, ""):
+            raise BadRequestError(f"`{name}` is required: it names what {operation.path} is about.", param=name)
 
 
 def _param(message: str) -> str | None:
@@ -113,6 +122,7 @@ def _rest_call(operation: Operation, body: dict[str, Any]) -> _RestCall:
     """The REST form of a call: the route's `{field}`s filled from the body; the other fields as the query string of
     a GET or DELETE (lists repeated; checked against the request message first), else as the JSON body, encoded
     here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
+    _check_route(operation, body)
     fields = dict(body)
     path = re.sub(r"\{(\w+)\}", lambda m: quote(str(fields.pop(m[1], "")), safe=""), operation.path)
     if operation.http_method in ("GET", "DELETE"):
