@@ -83,9 +83,14 @@ def test_a_value_json_cannot_hold_is_a_bad_request_on_both_transports(gateway, t
 @pytest.mark.parametrize("fields, param", [
     ({"max_tokens": "many"}, "max_tokens"),
     ({"messages": "Hi"}, "messages"),
+    ({"max_tokens": "2"}, "max_tokens"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"seed": "7"}, "seed"),
+    ({"logit_bias": {"50256": "-100"}}, "logit_bias.50256"),
 ])
 def test_a_wrongly_typed_field_is_named_in_param_on_both_transports(gateway, transport, fields, param):
-    """Over gRPC the client finds it cannot build the request message; over REST the gateway says so."""
+    """Over gRPC the client finds it cannot build the request message; over REST the gateway says so. A number
+    written as a string ("2") passed over gRPC, which protobuf's JSON reading takes for a number."""
     fields = dict(fields)
     with client_for(gateway, transport, gateway.secret) as client:
         with pytest.raises(BadRequestError) as caught:
