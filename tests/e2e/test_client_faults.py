@@ -21,9 +21,9 @@ from grpc_status import rpc_status
 
 from gateway.envoy import free_ports
 from portico.client import (
-    APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError,
-    NotFoundError, Operation, PermissionDeniedError, PorticoClient, RetriesExhausted, RetryPolicy,
-    ServiceUnavailableError,
+    CHANNEL_OPTIONS, APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError,
+    GrpcTransport, HttpTransport, InternalServerError, NotFoundError, Operation, PermissionDeniedError, PorticoClient,
+    RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
 from portico.v1 import chat_service_pb2_grpc, error_pb2, key_pb2, key_service_pb2_grpc, model_service_pb2_grpc
 
@@ -256,6 +256,18 @@ def test_an_answer_past_the_clients_timeout_is_an_api_timeout_and_not_sent_again
             client.chat_completion("family-a-5.5", HI, max_tokens=1)
     assert proxy.requests == 1 and record.sleeps == [] and caught.value.code == "timeout"
     assert caught.value.message.startswith("No answer within the client's timeout")  # REST said "ReadTimeout: "
+
+
+def test_a_transport_made_over_a_channel_or_http_client_of_ones_own_keeps_its_timeout(gateway, transport):
+    """client.md's way to other channel or httpx options. Over REST the transport's `timeout` was dropped for the
+    httpx client's own, whose default is 5 s: every answer slower than that was an APITimeoutError."""
+    with faults(gateway, transport, [(0, 2.0)]) as proxy:
+        transport_ = (GrpcTransport(grpc.insecure_channel(proxy.target, CHANNEL_OPTIONS), gateway.secret, timeout=0.5)
+                      if transport == "grpc" else
+                      HttpTransport(proxy.target, gateway.secret, timeout=0.5, http=httpx.Client(timeout=60)))
+        with PorticoClient(transport_) as client, pytest.raises(APITimeoutError):
+            client.chat_completion("family-a-5.5", HI, max_tokens=1)
+    assert proxy.requests == 1
 
 
 def test_a_patch_past_the_clients_timeout_is_not_sent_again_either(gateway, transport):

@@ -325,7 +325,8 @@ class AsyncGrpcTransport:
 
 @dataclass
 class HttpTransport:
-    """Blocking REST calls with httpx to `base_url` (e.g. "http://127.0.0.1:8080"); owns its httpx.Client."""
+    """Blocking REST calls with httpx to `base_url` (e.g. "http://127.0.0.1:8080"); owns its httpx.Client. `timeout`
+    applies to every request, on a client given as `http` too (whose own default, httpx's, is 5 s)."""
 
     base_url: str
     api_key: str
@@ -341,7 +342,7 @@ class HttpTransport:
         rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
         try:
             response = self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
-                                         content=rest.content, headers=headers)
+                                         content=rest.content, headers=headers, timeout=self.timeout)
         except httpx.TransportError as error:
             raise _http_error(error, operation.http_method, self.http) from error
         return _response(operation, response)
@@ -367,8 +368,8 @@ class AsyncHttpTransport:
     async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
         rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
         try:
-            response = await self.http.request(operation.http_method, self.base_url + rest.path,
-                                               params=rest.params, content=rest.content, headers=headers)
+            response = await self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
+                                               content=rest.content, headers=headers, timeout=self.timeout)
         except httpx.TransportError as error:
             raise _http_error(error, operation.http_method, self.http) from error
         return _response(operation, response)
