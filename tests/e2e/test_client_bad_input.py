@@ -6,12 +6,19 @@ from __future__ import annotations
 import pytest
 
 from portico.client import (
-    CHAT_COMPLETION, MESSAGE, AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, PorticoClient,
-    RetryPolicy,
+    CHAT_COMPLETION, MESSAGE, AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, Operation,
+    PorticoClient, RetryPolicy,
 )
+from portico.v1 import key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 
 HI = [{"role": "user", "content": "Hi"}]
 ALIASES = ModelAliases.from_config({"chat": {"primary": "family-a-5.5", "fallbacks": ["family-a-5.4"]}})
+GET_MODEL = Operation(model_service_pb2_grpc.ModelServiceStub, "GetModel", model_pb2.GetModelRequest, model_pb2.Model,
+                      "GET", "/v1/models/{model}")
+GET_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "GetKey", key_pb2.GetKeyRequest, key_pb2.GetKeyResponse,
+                    "GET", "/v1/admin/keys/{id}")
+UPDATE_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "UpdateKey", key_pb2.UpdateKeyRequest,
+                       key_pb2.UpdateKeyResponse, "PATCH", "/v1/admin/keys/{id}")
 
 
 class Sleeps(list):
@@ -76,9 +83,14 @@ def test_a_value_json_cannot_hold_is_a_bad_request_on_both_transports(gateway, t
 @pytest.mark.parametrize("fields, param", [
     ({"max_tokens": "many"}, "max_tokens"),
     ({"messages": "Hi"}, "messages"),
+    ({"max_tokens": "2"}, "max_tokens"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"seed": "7"}, "seed"),
+    ({"logit_bias": {"50256": "-100"}}, "logit_bias.50256"),
 ])
 def test_a_wrongly_typed_field_is_named_in_param_on_both_transports(gateway, transport, fields, param):
-    """Over gRPC the client finds it cannot build the request message; over REST the gateway says so."""
+    """Over gRPC the client finds it cannot build the request message; over REST the gateway says so. A number
+    written as a string ("2") passed over gRPC, which protobuf's JSON reading takes for a number."""
     fields = dict(fields)
     with client_for(gateway, transport, gateway.secret) as client:
         with pytest.raises(BadRequestError) as caught:
@@ -94,6 +106,21 @@ def test_a_request_over_8_mib_is_a_413_at_once_on_both_transports(gateway, trans
         with pytest.raises(BadRequestError) as caught:
             client.chat_completion("chat", prompt, max_tokens=1)
     assert (caught.value.status, caught.value.code) == (413, "request_too_large") and sleeps == []
+
+
+@pytest.mark.parametrize(("operation", "body", "param"), [
+    (GET_MODEL, {}, "model"), (GET_MODEL, {"model": ""}, "model"), (GET_KEY, {"id": ""}, "id"),
+    (UPDATE_KEY, {"name": "renamed"}, "id"),
+])
+def test_a_path_field_left_out_is_a_bad_request_on_both_transports(gateway, transport, operation, body, param):
+    """Over REST the route lost its last segment and addressed another resource: GET /v1/models/ is the model list,
+    which came back as an empty Model (and /v1/admin/keys/ as an empty GetKeyResponse), with no error at all."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    sleeps = Sleeps()
+    with client_for(gateway, transport, admin, sleep=sleeps) as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.call(operation, body)
+    assert (caught.value.status, caught.value.param) == (400, param) and sleeps == []
 
 
 def test_a_closed_client_says_so(gateway, transport):

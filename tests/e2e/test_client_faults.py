@@ -21,12 +21,15 @@ from grpc_status import rpc_status
 
 from gateway.envoy import free_ports
 from portico.client import (
-    APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError, InternalServerError,
-    NotFoundError, PermissionDeniedError, PorticoClient, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
+    CHANNEL_OPTIONS, APIConnectionError, APITimeoutError, AsyncPorticoClient, AuthenticationError, BadRequestError,
+    GrpcTransport, HttpTransport, InternalServerError, NotFoundError, Operation, PermissionDeniedError, PorticoClient,
+    RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
-from portico.v1 import chat_service_pb2_grpc, error_pb2, model_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, error_pb2, key_pb2, key_service_pb2_grpc, model_service_pb2_grpc
 
 HI = [{"role": "user", "content": "Hi"}]
+UPDATE_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "UpdateKey", key_pb2.UpdateKeyRequest,
+                       key_pb2.UpdateKeyResponse, "PATCH", "/v1/admin/keys/{id}")
 ROWS = {  # the gateway's error table: status -> (gRPC code, code, type)
     400: (grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "invalid_request_error"),
     401: (grpc.StatusCode.UNAUTHENTICATED, "invalid_api_key", "authentication_error"),
@@ -51,11 +54,13 @@ class HttpFaults:
             def do_POST(self) -> None:
                 self.exchange(self.rfile.read(int(self.headers["content-length"])))
 
+            do_PATCH = do_POST
+
             def do_GET(self) -> None:
                 self.exchange(None)
 
             def exchange(self, body: bytes | None) -> None:
-                status, headers, answer = faults.answer(self.path, body, self.headers["authorization"])
+                status, headers, answer = faults.answer(self.command, self.path, body, self.headers["authorization"])
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -73,8 +78,7 @@ class HttpFaults:
     def target(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def answer(self, path: str, body: bytes | None, authorization: str) -> tuple[int, dict, bytes]:
-        """`body` None: a GET."""
+    def answer(self, method: str, path: str, body: bytes | None, authorization: str) -> tuple[int, dict, bytes]:
         self.requests += 1
         if self.script and self.script[0][0] == 0 and self.closing.wait(self.script.pop(0)[1]):
             return 503, {}, b""  # a slow answer, cut short by the end of the test
@@ -86,7 +90,7 @@ class HttpFaults:
             if retry_after:
                 headers["retry-after-ms"] = str(int(retry_after * 1000))
             return status, headers, json.dumps(error).encode()
-        forwarded = httpx.request("GET" if body is None else "POST", self.upstream + path, content=body, timeout=60,
+        forwarded = httpx.request(method, self.upstream + path, content=body, timeout=60,
                                   headers={"authorization": authorization, "content-type": "application/json"})
         return forwarded.status_code, {"content-type": forwarded.headers["content-type"]}, forwarded.content
 
@@ -101,7 +105,8 @@ class HttpFaults:
         self.thread.join()
 
 
-class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer, model_service_pb2_grpc.ModelServiceServicer):
+class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer, model_service_pb2_grpc.ModelServiceServicer,
+                 key_service_pb2_grpc.KeyServiceServicer):
     """A gRPC server: scripted failures carry Portico's status details (or none, for status 0 retry_after -1)."""
 
     def __init__(self, upstream: str, script: list[tuple[int, float]], port: int = 0) -> None:
@@ -111,6 +116,7 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer, model_service_pb2_gr
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(self, self.server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(self, self.server)
+        key_service_pb2_grpc.add_KeyServiceServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
 
     @property
@@ -126,6 +132,11 @@ class GrpcFaults(chat_service_pb2_grpc.ChatServiceServicer, model_service_pb2_gr
         self.scripted(context)
         metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
         return model_service_pb2_grpc.ModelServiceStub(self.channel).ListModels(request, metadata=metadata)
+
+    def UpdateKey(self, request, context):
+        self.scripted(context)
+        metadata = [(k, v) for k, v in context.invocation_metadata() if k == "authorization"]
+        return key_service_pb2_grpc.KeyServiceStub(self.channel).UpdateKey(request, metadata=metadata)
 
     def scripted(self, context) -> None:
         """The next scripted answer, if any: a slow one, or a failure that aborts the call."""
@@ -245,6 +256,31 @@ def test_an_answer_past_the_clients_timeout_is_an_api_timeout_and_not_sent_again
             client.chat_completion("family-a-5.5", HI, max_tokens=1)
     assert proxy.requests == 1 and record.sleeps == [] and caught.value.code == "timeout"
     assert caught.value.message.startswith("No answer within the client's timeout")  # REST said "ReadTimeout: "
+
+
+def test_a_transport_made_over_a_channel_or_http_client_of_ones_own_keeps_its_timeout(gateway, transport):
+    """client.md's way to other channel or httpx options. Over REST the transport's `timeout` was dropped for the
+    httpx client's own, whose default is 5 s: every answer slower than that was an APITimeoutError."""
+    with faults(gateway, transport, [(0, 2.0)]) as proxy:
+        transport_ = (GrpcTransport(grpc.insecure_channel(proxy.target, CHANNEL_OPTIONS), gateway.secret, timeout=0.5)
+                      if transport == "grpc" else
+                      HttpTransport(proxy.target, gateway.secret, timeout=0.5, http=httpx.Client(timeout=60)))
+        with PorticoClient(transport_) as client, pytest.raises(APITimeoutError):
+            client.chat_completion("family-a-5.5", HI, max_tokens=1)
+    assert proxy.requests == 1
+
+
+def test_a_patch_past_the_clients_timeout_is_not_sent_again_either(gateway, transport):
+    """Only a GET changes nothing. Over REST a PATCH (UpdateKey) whose answer was late was a plain connection error
+    and sent twice more, where over gRPC the same call was an APITimeoutError, sent once."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    key_id = gateway.cli("keys", "create", "--name", "late", "--all-models").stdout.split()[2]
+    record = Recorder([0.5] * 3)
+    with faults(gateway, transport, [(0, 2.0)]) as proxy, client_for(
+            transport, proxy.target, admin, timeout=0.5, sleep=record.sleep, random=record.random) as client:
+        with pytest.raises(APITimeoutError):
+            client.call(UPDATE_KEY, {"id": key_id, "name": "renamed"})
+    assert proxy.requests == 1 and record.sleeps == []
 
 
 def test_a_read_past_the_clients_timeout_is_tried_again(gateway, transport):

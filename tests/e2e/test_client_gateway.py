@@ -268,6 +268,27 @@ async def test_asyncio_clients_retry_and_raise_the_same_way(gateway, transport):
     assert len(sleeps) == 2 and all(50 < s <= 90 for s in sleeps) and sleeps[0] >= hint
 
 
+class NewerStub:
+    """A stub for a method this gateway does not have (a client newer than the gateway it talks to)."""
+
+    def __init__(self, channel) -> None:
+        self.GetNothing = channel.unary_unary("/portico.v1.ModelService/GetNothing",
+                                              request_serializer=model_pb2.ListModelsRequest.SerializeToString,
+                                              response_deserializer=model_pb2.ListModelsResponse.FromString)
+
+
+def test_a_method_the_gateway_does_not_have_is_a_404_at_once_on_both_transports(gateway, transport):
+    """Over REST an unknown route is a 404 raised at once; over gRPC grpc's UNIMPLEMENTED read as a 500
+    `internal_error` (a gateway bug) and was retried up to the policy's maximum."""
+    operation = Operation(NewerStub, "GetNothing", model_pb2.ListModelsRequest, model_pb2.ListModelsResponse,
+                          "GET", "/v1/nothing")
+    sleeps = Sleeps()
+    with client_for(gateway, transport, gateway.secret, retry=RetryPolicy(attempts=3), sleep=sleeps) as client:
+        with pytest.raises(NotFoundError) as caught:
+            client.call(operation, {})
+    assert (caught.value.status, caught.value.code) == (404, "not_found") and sleeps == []
+
+
 def test_any_unary_rpc_takes_its_fields_on_both_transports(gateway, transport):
     """`call` runs any unary RPC, but over REST only a POST sent the request's fields: a GET sent neither a query
     string nor its path's {fields} (a 400 for the usage API's start_time), and a PATCH sent no body at all."""

@@ -1,14 +1,20 @@
-"""portico.client against a gateway whose images model is an OpenAI-compatible upstream (the double), for answers the
-embedded models cannot give: a CreateImage answer larger than the 4 MiB a grpc channel receives by default."""
+"""portico.client against a gateway whose models are an OpenAI-compatible upstream (the double), for answers the
+embedded models cannot give: a CreateImage answer larger than the 4 MiB a grpc channel receives by default, and
+answers that take as long as a test needs, to give up on or close the client under."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import threading
+import time
 
 import pytest
 
-from portico.client import Operation, PorticoClient, RetryPolicy
+from portico.client import (
+    AsyncPorticoClient, AsyncRequestQueue, Operation, PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy,
+)
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
 from tests.upstream_double import Cue
@@ -22,14 +28,25 @@ CREATE_IMAGE = Operation(image_service_pb2_grpc.ImageServiceStub, "CreateImage",
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
     provider = f"{{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-image-up}}"
-    models = f"  - {{id: image-up, endpoint: /v1/images/generations, provider: {provider}}}\n"
+    models = (f"  - {{id: image-up, endpoint: /v1/images/generations, provider: {provider}}}\n"
+              f"  - {{id: chat-up, endpoint: /v1/chat/completions, provider: {provider}}}\n")
     with upstream_gateway(tmp_path_factory.mktemp("client-upstream"), models) as gateway:
         yield gateway
+
+
+HI = [{"role": "user", "content": "Hi"}]
+SLOW = Cue(delay=4.0)  # an answer still on its way when the test gives up on it
 
 
 @pytest.fixture(params=["grpc", "rest"])
 def transport(request) -> str:
     return request.param
+
+
+def client_for(gateway, transport: str, secret: str, *, use_asyncio: bool = False, **options):
+    kind = AsyncPorticoClient if use_asyncio else PorticoClient
+    target = f"127.0.0.1:{gateway.port}" if transport == "grpc" else gateway.base_url
+    return (kind.over_grpc if transport == "grpc" else kind.over_rest)(target, secret, **options)
 
 
 def test_an_images_answer_over_4_mib_is_received_on_both_transports(gateway, double, transport):
@@ -47,3 +64,68 @@ def test_an_images_answer_over_4_mib_is_received_on_both_transports(gateway, dou
                              model="image-up")
     assert sleeps == [] and len([seen for seen in double.seen if seen.path.endswith("/images/generations")]) == 1
     assert [item.b64_json for item in answer.data] == [entry["b64_json"] for entry in data]
+
+
+async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_keys_slot(gateway, double, transport):
+    """A caller that gives up on a queued request (asyncio.wait_for, a cancelled task) cancels its future: the call
+    itself went on, holding the key's one concurrency slot and the queue's worker until the whole answer came."""
+    double.reset()
+    double.cue(SLOW)
+    secret = gateway.cli("keys", "create", "--name", "one-at-a-time", "--all-models", "--concurrency", "1")
+    async with client_for(gateway, transport, secret.stdout.split()[-1], use_asyncio=True,
+                          retry=RetryPolicy(attempts=1)) as client:
+        queue = AsyncRequestQueue(max_size=2, concurrency=1)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(queue.submit(lambda: client.chat_completion("chat-up", HI, max_tokens=5)), 1.0)
+        for _ in range(20):  # the gateway frees the slot once it sees the call go (well within this second)
+            await asyncio.sleep(0.05)
+            try:
+                await client.chat_completion("chat-up", HI, max_tokens=5)
+                break
+            except RetriesExhausted as refused:
+                assert isinstance(refused.last, RateLimitError), refused
+        else:
+            pytest.fail("the cancelled request still holds the key's concurrency slot")
+        await asyncio.wait_for(queue.close(), 2.0)  # its worker is free again: nothing left to wait for
+
+
+def test_a_call_in_flight_when_the_client_is_closed_says_so(gateway, double, transport):
+    """Closed from another thread (a service shutting down) mid-call, gRPC raised InternalServerError 499
+    `internal_error` (as if the gateway had a bug), and REST retried the call first."""
+    double.reset()
+    double.cue(SLOW)
+    sleeps, outcome = [], []
+    client = client_for(gateway, transport, gateway.secret, sleep=sleeps.append)
+    call = threading.Thread(target=lambda: outcome.append(_raised(lambda: client.chat_completion("chat-up", HI))))
+    call.start()
+    time.sleep(0.5)  # the call is at the gateway, waiting for the upstream
+    client.close()
+    call.join(10)
+    assert isinstance(outcome[0], RuntimeError) and "closed" in str(outcome[0]) and sleeps == []
+
+
+async def test_an_asyncio_call_in_flight_when_the_client_is_closed_says_so(gateway, double, transport):
+    """The asyncio gRPC call raised asyncio.CancelledError, which reads to asyncio as the task itself having been
+    cancelled (gather and TaskGroup pass it on as a cancellation, not as an error); REST retried the call first."""
+    double.reset()
+    double.cue(SLOW)
+    sleeps = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    client = client_for(gateway, transport, gateway.secret, use_asyncio=True, sleep=sleep)
+    call = asyncio.ensure_future(client.chat_completion("chat-up", HI))
+    await asyncio.sleep(0.5)
+    await client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(call, 10)
+    assert sleeps == []
+
+
+def _raised(call) -> BaseException | None:
+    try:
+        call()
+    except BaseException as error:  # noqa: BLE001 - the test looks at it
+        return error
+    return None

@@ -188,7 +188,9 @@ async def test_async_queue_bounds_waiting_requests_and_concurrency():
 
     async with AsyncRequestQueue(max_size=2, concurrency=2) as queue:
         futures = [queue.submit(job(n)) for n in range(2)]
-        await asyncio.sleep(0)  # the workers pick up the first two
+        for _ in range(3):  # the workers pick up the first two, and start them
+            await asyncio.sleep(0)
+        assert running[0] == 2
         futures += [queue.submit(job(n)) for n in range(2, 4)]
         assert queue.waiting == 2
         with pytest.raises(QueueFull):
@@ -216,6 +218,17 @@ async def test_a_cancelled_request_gives_its_place_in_the_async_queue_back():
             release.set()  # else leaving the block waits for the busy request for good
         assert await busy is True and await asyncio.gather(*later) == [0, 1]
     assert queue.waiting == 0
+
+
+async def test_a_factory_that_fails_before_awaiting_fails_its_future_only():
+    def broken():
+        raise ValueError("no call made")
+
+    async with AsyncRequestQueue(max_size=2, concurrency=1) as queue:
+        failed, fine = queue.submit(broken), queue.submit(lambda: asyncio.sleep(0, "ran"))
+        with pytest.raises(ValueError):
+            await failed
+        assert await fine == "ran"
 
 
 def test_rest_error_bodies_of_both_dialects_and_retry_headers():

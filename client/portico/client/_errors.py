@@ -5,7 +5,7 @@
      │    ├── BadRequestError         400, 408, 413, 426, 431   INVALID_ARGUMENT
      │    ├── AuthenticationError     401        UNAUTHENTICATED
      │    ├── PermissionDeniedError   403        PERMISSION_DENIED
-     │    ├── NotFoundError           404        NOT_FOUND
+     │    ├── NotFoundError           404        NOT_FOUND, UNIMPLEMENTED (a method the gateway does not have)
      │    ├── RateLimitError          429        RESOURCE_EXHAUSTED
      │    │    └── ClientRateLimitError          refused by this client's own per-user limiter, never sent
      │    ├── InternalServerError     500        INTERNAL (and any code without a row)
@@ -13,7 +13,7 @@
      │    ├── ServiceUnavailableError 503        UNAVAILABLE
      │    ├── GatewayTimeoutError     504        DEADLINE_EXCEEDED
      │    └── APIConnectionError      -          no answer at all (refused, reset, timed out)
-     │         └── APITimeoutError                a POST was sent but its answer did not come in time: never retried
+     │         └── APITimeoutError                not a GET, sent, and no answer in time: never retried
      ├── RetriesExhausted            every allowed attempt on every model failed; `.last` is the last APIError
      └── QueueFull                   the bounded queue of non-urgent work is full
 
@@ -140,6 +140,7 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504, grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 404,  # a method this gateway does not have: over REST, its unknown route's 404
 }
 
 

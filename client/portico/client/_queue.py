@@ -73,7 +73,8 @@ class RequestQueue:
 
 @dataclass
 class AsyncRequestQueue:
-    """For the asyncio client: `submit(factory)` returns a Future; `concurrency` tasks await `factory()` in order.
+    """For the asyncio client: `submit(factory)` returns a Future; `concurrency` tasks await `factory()` in order
+    (cancelling the Future cancels that call, waiting or running).
 
     Create and use it inside one running event loop; `await close()` runs what is queued, then stops its tasks.
     """
@@ -126,19 +127,36 @@ class AsyncRequestQueue:
     async def _work(self) -> None:
         while True:
             factory, future = await self._queue.get()
-            if not future.cancelled():  # else _given_up gave its place back
-                future.remove_done_callback(self._given_up)
-                self._waiting -= 1
             try:
-                if not future.cancelled():
-                    result = await factory()
-                    if not future.cancelled():
-                        future.set_result(result)
-            except asyncio.CancelledError:
-                future.cancel()
-                raise
-            except Exception as error:  # noqa: BLE001 - handed to whoever awaits the future
-                if not future.cancelled():
-                    future.set_exception(error)
+                if not future.cancelled():  # else _given_up gave its place back
+                    future.remove_done_callback(self._given_up)
+                    self._waiting -= 1
+                    await self._run(factory, future)
             finally:
                 self._queue.task_done()
+
+    @staticmethod
+    async def _run(factory: Callable[[], Awaitable[T]], future: asyncio.Future[T]) -> None:
+        """Await the call as a task of its own, cancelled with its future: a caller that gives up (wait_for, a
+        cancelled task) ends the call too, so the gateway frees its slot and this worker moves on."""
+        call = asyncio.ensure_future(_awaited(factory))
+        future.add_done_callback(lambda _: call.cancel())  # nothing once the call is done
+        try:
+            await asyncio.wait((call,))
+        except asyncio.CancelledError:  # the worker itself is stopped
+            call.cancel()
+            future.cancel()
+            raise
+        if future.done():
+            return
+        if call.cancelled():
+            future.cancel()
+        elif (error := call.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(call.result())
+
+
+async def _awaited(factory: Callable[[], Awaitable[T]]) -> T:
+    """factory() inside the task, so that its errors, raised or awaited, reach the future."""
+    return await factory()

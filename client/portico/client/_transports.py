@@ -7,6 +7,7 @@ so callers get one type whichever transport they use.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import re
@@ -17,6 +18,7 @@ from urllib.parse import quote
 import grpc
 import httpx
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from portico.client._errors import (
@@ -79,6 +81,9 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 def _request(operation: Operation, body: dict[str, Any]) -> Message:
+    _check_route(operation, body)
+    if operation.http_method not in ("GET", "DELETE"):  # a query string's numbers are strings on both transports
+        _check_numbers(operation.request.DESCRIPTOR, body, "")
     try:
         request = json_format.ParseDict(body, operation.request())
     except json_format.ParseError as error:
@@ -88,6 +93,50 @@ def _request(operation: Operation, body: dict[str, Any]) -> Message:
         raise BadRequestError(f"The request is too large: {size} bytes (limit 8 MiB, as for REST bodies).",
                               status=413, code="request_too_large")
     return request
+
+
+def _check_route(operation: Operation, body: dict[str, Any]) -> None:
+    """The fields the REST route names (/v1/models/{model}) must be given, on both transports: over REST an empty one
+    addresses another resource (GET /v1/models/ is the model list, which read as an empty Model)."""
+    for name in re.findall(r"\{(\w+)\}", operation.path):
+        if body.get(name) in (None, ""):
+            raise BadRequestError(f"`{name}` is required: it names what {operation.path} is about.", param=name)
+
+
+_FLOATS = {FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT}
+_INTEGERS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+             FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
+             FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED32,
+             FieldDescriptor.TYPE_SFIXED64}
+
+
+def _check_numbers(message: Descriptor, value: Any, path: str) -> None:
+    """protobuf's JSON reading takes "2" for a number (its form of a 64-bit integer); the REST API, whose wire JSON
+    these bodies are, does not. Refused here too, so that a body passes or fails the same on both transports."""
+    if not isinstance(value, dict) or message.full_name.startswith("google.protobuf."):  # Struct: any JSON
+        return
+    for name, item in value.items():
+        field = message.fields_by_name.get(name) or message.fields_by_camelcase_name.get(name)
+        if field is None:
+            continue  # ParseDict names it
+        where = f"{path}.{name}" if path else name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            for key, element in (item.items() if isinstance(item, dict) else ()):
+                _check_element(value_field, element, f"{where}.{key}")
+        elif field.is_repeated and isinstance(item, list):
+            for index, element in enumerate(item):
+                _check_element(field, element, f"{where}[{index}]")
+        else:
+            _check_element(field, item, where)
+
+
+def _check_element(field: FieldDescriptor, value: Any, where: str) -> None:
+    if isinstance(value, str) and field.type in _FLOATS | _INTEGERS:
+        kind = "a number" if field.type in _FLOATS else "an integer"
+        raise BadRequestError(f"`{where}` must be {kind}, got a string.", param=where)
+    if field.message_type is not None:
+        _check_numbers(field.message_type, value, where)
 
 
 def _param(message: str) -> str | None:
@@ -112,6 +161,7 @@ def _rest_call(operation: Operation, body: dict[str, Any]) -> _RestCall:
     """The REST form of a call: the route's `{field}`s filled from the body; the other fields as the query string of
     a GET or DELETE (lists repeated; checked against the request message first), else as the JSON body, encoded
     here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
+    _check_route(operation, body)
     fields = dict(body)
     path = re.sub(r"\{(\w+)\}", lambda m: quote(str(fields.pop(m[1], "")), safe=""), operation.path)
     if operation.http_method in ("GET", "DELETE"):
@@ -186,9 +236,13 @@ def _headers(api_key: str | None, operation: Operation) -> dict[str, str]:
     return {**dict(_auth(api_key)), **json_body}
 
 
-def _http_error(error: httpx.TransportError, method: str) -> APIConnectionError:
-    """A read timeout on a POST means the request went out and may be running: APITimeoutError, never retried."""
-    if isinstance(error, httpx.ReadTimeout) and method == "POST":  # httpx's timeouts have no message of their own
+def _http_error(error: httpx.TransportError, method: str,
+                http: httpx.Client | httpx.AsyncClient) -> APIConnectionError | RuntimeError:
+    """A read timeout on anything but a GET (a POST, a PATCH) means the request went out and may be changing things:
+    APITimeoutError, never retried, as over gRPC. A client closed mid-call (its connections with it) says so."""
+    if http.is_closed:
+        return RuntimeError(_CLOSED)
+    if isinstance(error, httpx.ReadTimeout) and method != "GET":  # httpx's timeouts have no message of their own
         return APITimeoutError(f"No answer within the client's timeout ({type(error).__name__}).")
     return APIConnectionError(f"{type(error).__name__}: {str(error) or 'no answer'}")
 
@@ -215,6 +269,8 @@ class GrpcTransport:
         try:
             return getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
+            if self._closed:  # closed by another thread mid-call: grpc cancels the call (CANCELLED, a "499")
+                raise RuntimeError(_CLOSED) from None
             raise error_from_grpc(error, read_only=operation.http_method == "GET") from None
 
     def close(self) -> None:
@@ -250,7 +306,15 @@ class AsyncGrpcTransport:
         try:
             return await getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as error:
+            if self._closed:
+                raise RuntimeError(_CLOSED) from None
             raise error_from_grpc(error, read_only=operation.http_method == "GET") from None
+        except asyncio.CancelledError:
+            # grpc.aio ends the calls of a channel closed mid-call with CancelledError, which would read as this
+            # task being cancelled; a task that really is keeps its CancelledError.
+            if self._closed and not asyncio.current_task().cancelling():
+                raise RuntimeError(_CLOSED) from None
+            raise
 
     async def close(self) -> None:
         self._closed = True
@@ -261,7 +325,8 @@ class AsyncGrpcTransport:
 
 @dataclass
 class HttpTransport:
-    """Blocking REST calls with httpx to `base_url` (e.g. "http://127.0.0.1:8080"); owns its httpx.Client."""
+    """Blocking REST calls with httpx to `base_url` (e.g. "http://127.0.0.1:8080"); owns its httpx.Client. `timeout`
+    applies to every request, on a client given as `http` too (whose own default, httpx's, is 5 s)."""
 
     base_url: str
     api_key: str = field(repr=False)  # a client logged with %r must not show its key
@@ -277,9 +342,9 @@ class HttpTransport:
         rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
         try:
             response = self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
-                                         content=rest.content, headers=headers)
+                                         content=rest.content, headers=headers, timeout=self.timeout)
         except httpx.TransportError as error:
-            raise _http_error(error, operation.http_method) from error
+            raise _http_error(error, operation.http_method, self.http) from error
         return _response(operation, response)
 
     def close(self) -> None:
@@ -303,10 +368,10 @@ class AsyncHttpTransport:
     async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
         rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
         try:
-            response = await self.http.request(operation.http_method, self.base_url + rest.path,
-                                               params=rest.params, content=rest.content, headers=headers)
+            response = await self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
+                                               content=rest.content, headers=headers, timeout=self.timeout)
         except httpx.TransportError as error:
-            raise _http_error(error, operation.http_method) from error
+            raise _http_error(error, operation.http_method, self.http) from error
         return _response(operation, response)
 
     async def close(self) -> None:
