@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from portico.client import (
-    CHAT_COMPLETION, MESSAGE, AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, PorticoClient,
-    RetryPolicy,
+    CHAT_COMPLETION, MESSAGE, AsyncPorticoClient, AuthenticationError, BadRequestError, ModelAliases, Operation,
+    PorticoClient, RetryPolicy,
 )
+from portico.v1 import key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 
 HI = [{"role": "user", "content": "Hi"}]
 ALIASES = ModelAliases.from_config({"chat": {"primary": "family-a-5.5", "fallbacks": ["family-a-5.4"]}})
@@ -128,3 +129,30 @@ async def test_stream_through_call_is_refused_as_by_the_named_methods(gateway, t
     async with client_for(gateway, transport, gateway.secret, asyncio=True) as client:
         with pytest.raises(ValueError, match="unary calls only"):
             await client.call(operation, body, model=model)
+
+
+GET_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "GetKey", key_pb2.GetKeyRequest, key_pb2.GetKeyResponse,
+                    "GET", "/v1/admin/keys/{id}")
+UPDATE_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "UpdateKey", key_pb2.UpdateKeyRequest,
+                       key_pb2.UpdateKeyResponse, "PATCH", "/v1/admin/keys/{id}")
+GET_MODEL = Operation(model_service_pb2_grpc.ModelServiceStub, "GetModel", model_pb2.GetModelRequest, model_pb2.Model,
+                      "GET", "/v1/models/{model}")
+
+
+@pytest.mark.parametrize(("operation", "body", "param"), [
+    (GET_KEY, {"id": ""}, "id"), (GET_KEY, {}, "id"), (UPDATE_KEY, {"id": "", "name": "x"}, "id"),
+    (GET_MODEL, {"model": ""}, "model"),
+])
+async def test_an_empty_field_of_the_url_is_a_bad_request_on_both_transports(gateway, transport, operation, body,
+                                                                            param):
+    """Over REST `GET /v1/admin/keys/{id}` with an empty id became GET /v1/admin/keys/, the list of keys: the call
+    answered an empty GetKeyResponse (GetModel: an empty Model) where gRPC raised a 404."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    with client_for(gateway, transport, admin) as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.call(operation, body)
+    assert (caught.value.status, caught.value.param) == (400, param)
+    async with client_for(gateway, transport, admin, asyncio=True) as client:
+        with pytest.raises(BadRequestError) as caught:
+            await client.call(operation, body)
+    assert (caught.value.status, caught.value.param) == (400, param)

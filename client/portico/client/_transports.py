@@ -79,6 +79,7 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 def _request(operation: Operation, body: dict[str, Any]) -> Message:
+    _check_path_fields(operation, body)
     try:
         request = json_format.ParseDict(body, operation.request())
     except json_format.ParseError as error:
@@ -88,6 +89,15 @@ def _request(operation: Operation, body: dict[str, Any]) -> Message:
         raise BadRequestError(f"The request is too large: {size} bytes (limit 8 MiB, as for REST bodies).",
                               status=413, code="request_too_large")
     return request
+
+
+def _check_path_fields(operation: Operation, body: dict[str, Any]) -> None:
+    """A field of the REST route (`{id}`) left empty: over REST the URL would name another route (GET
+    /v1/admin/keys/ is the list of keys, which answered as an empty GetKeyResponse), so neither transport sends it."""
+    for name in re.findall(r"\{(\w+)\}", operation.path):
+        if body.get(name) in (None, ""):
+            raise BadRequestError(f"`{name}` is required: {operation.method} names what it acts on by it, in the URL "
+                                  f"{operation.path} over REST.", param=name)
 
 
 def _param(message: str) -> str | None:
@@ -112,6 +122,7 @@ def _rest_call(operation: Operation, body: dict[str, Any]) -> _RestCall:
     """The REST form of a call: the route's `{field}`s filled from the body; the other fields as the query string of
     a GET or DELETE (lists repeated; checked against the request message first), else as the JSON body, encoded
     here so that a value JSON cannot hold is a BadRequestError, as over gRPC."""
+    _check_path_fields(operation, body)
     fields = dict(body)
     path = re.sub(r"\{(\w+)\}", lambda m: quote(str(fields.pop(m[1], "")), safe=""), operation.path)
     if operation.http_method in ("GET", "DELETE"):
