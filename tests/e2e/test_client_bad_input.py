@@ -155,3 +155,4 @@ async def test_stream_through_call_is_refused_as_by_the_named_methods(gateway, t
     async with client_for(gateway, transport, gateway.secret, asyncio=True) as client:
         with pytest.raises(ValueError, match="unary calls only"):
             await client.call(operation, body, model=model)
+

@@ -201,3 +201,22 @@ def test_a_secret_given_where_a_key_id_or_a_model_goes_is_never_echoed(gateway):
         gateway.cli("keys", "update", admin, "--rpm", "5")
     assert refused.value.returncode == 1 and tail[:8] not in refused.value.stderr
     assert "pk-[redacted]" in refused.value.stderr
+
+
+def test_list_keys_holds_revoked_keys_oldest_first_and_never_a_secret(gateway):
+    """api.md, Key administration: what ListKeys answers, what revoking twice and revoking by secret do."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    made = [httpx.post(keys_url, headers=headers, json={"name": f"listed-{n}", "all_models": True}).json()
+            for n in range(2)]
+    revoked = httpx.post(f"{keys_url}/{made[0]['secret']}/revoke", headers=headers).json()["key"]
+    assert revoked["id"] == made[0]["key"]["id"] and revoked["revoked_at"] > 0
+    again = httpx.post(f"{keys_url}/{revoked['id']}/revoke", headers=headers)
+    assert again.status_code == 200 and again.json()["key"] == revoked
+    listing = httpx.get(f"{keys_url}?limit=1", headers=headers)
+    keys = listing.json()["keys"]
+    assert [(key["created"], key["id"]) for key in keys] == sorted((key["created"], key["id"]) for key in keys)
+    assert revoked in keys and made[1]["key"] in keys
+    assert all(set(key) == set(revoked) for key in keys)
+    assert not any(m["secret"].removeprefix("pk-")[:12] in listing.text for m in made)
