@@ -113,6 +113,8 @@ class HttpUpstream:
             try:
                 if response.status >= 300:
                     raise await self._status_error(response, model_id, body.get("model"))
+                if response.content_type.endswith("json"):
+                    raise await self._json_for_stream(response, model_id, body.get("model"))
                 events = self._events(response, model_id)
                 yield events
             except BaseException:
@@ -287,17 +289,20 @@ class HttpUpstream:
             yield event
 
     async def _status_error(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
-        parts: list[bytes] = []
-        size = 0
-        try:
-            while size < MAX_ERROR_BODY and (chunk := await response.readany()):
-                parts.append(chunk)
-                size += len(chunk)
-        except TransportError:
-            pass  # what arrived is kept: a body cut at its end still names the upstream's reason
-        body = b"".join(parts)[:MAX_ERROR_BODY]
-        return from_status(response.status, body, response.headers, retry_on=self._retry_on,
+        return from_status(response.status, await _error_body(response), response.headers, retry_on=self._retry_on,
                            upstream=model_id, secret=self._secret, upstream_model=upstream_model)
+
+    async def _json_for_stream(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
+        """A 2xx JSON answer where a stream was asked for: an error object, as some OpenAI-compatible servers send a
+        failure with a 200, is that error; anything else (a server that ignores `stream`) says what came back."""
+        try:
+            payload = wire_json.loads(await _error_body(response))
+        except wire_json.JSONDecodeError:
+            payload = None
+        if isinstance(payload, dict) and isinstance(payload.get("error"), Mapping):
+            return self.stream_error(payload, model_id, upstream_model)
+        # Not retried: as with an answer that is not JSON, asking again would get the same.
+        return UpstreamError(f"The upstream serving `{model_id}` answered with JSON instead of the stream asked for.")
 
     def _transport_error(self, exc: BaseException, model_id: str, *, before_answer: bool) -> PorticoError:
         """Connection failures before an answer may be retried; a read timeout is not (the upstream may still be
@@ -319,6 +324,19 @@ class HttpUpstream:
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
+
+
+async def _error_body(response: Response) -> bytes:
+    """The start of an answer that is no stream (an error's body), up to MAX_ERROR_BODY."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        while size < MAX_ERROR_BODY and (chunk := await response.readany()):
+            parts.append(chunk)
+            size += len(chunk)
+    except TransportError:
+        pass  # what arrived is kept: a body cut at its end still names the upstream's reason
+    return b"".join(parts)[:MAX_ERROR_BODY]
 
 
 def _ssl_context() -> ssl.SSLContext:

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 @dataclass(frozen=True, slots=True)
 class SseEvent:
     event: str  # "message" when the stream sent no `event:` line
@@ -34,9 +37,13 @@ class SseDecoder:
         self._rest_bytes = 0
         self._after_cr = False  # the last chunk ended with "\r", whose "\n" may be the next chunk's first byte
         self._max = max_event_bytes
+        self._start = b""  # the stream's first bytes while they may still be a byte order mark, which is skipped
+        self._started = False
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """The events that `chunk` completes."""
+        if not self._started:
+            chunk = self._skip_bom(chunk)
         if not chunk:
             return []
         if self._after_cr:
@@ -66,6 +73,17 @@ class SseDecoder:
         if self._data:
             events.append(self._dispatch())
         return events
+
+    def _skip_bom(self, chunk: bytes) -> bytes:
+        """The standard skips one UTF-8 byte order mark at the start; read as part of the first line, it would hide
+        that line's field name (and so lose the first event). Its bytes may arrive in separate reads (a stream that
+        ends within them holds no event anyway)."""
+        data = self._start + chunk
+        if len(data) < len(_BOM) and _BOM.startswith(data):
+            self._start = data
+            return b""
+        self._started, self._start = True, b""
+        return data.removeprefix(_BOM)
 
     def _read(self, lines: list[bytes]) -> list[SseEvent]:
         events = []

@@ -52,6 +52,17 @@ def test_split_anywhere(cut):
     assert decode([TRANSCRIPT[:cut], b"", TRANSCRIPT[cut:]]) == EVENTS
 
 
+@pytest.mark.parametrize("cut", range(0, 6))
+def test_a_byte_order_mark_at_the_start_is_skipped_however_it_is_split(cut):
+    stream = b"\xef\xbb\xbfevent: first\ndata: 1\n\n" + TRANSCRIPT
+    assert decode([stream[:cut], stream[cut:]]) == [SseEvent("first", b"1"), *EVENTS]
+
+
+def test_only_the_first_byte_order_mark_is_skipped():
+    assert decode([b"\xef\xbb\xbf\xef\xbb\xbfdata: x\n\n", b"data: \xef\xbb\xbfy\n\n"]) == [
+        SseEvent("message", b"\xef\xbb\xbfy")]  # the second mark makes the first line no `data:` line
+
+
 def test_a_crlf_split_between_reads_ends_one_line():
     decoder = SseDecoder()
     assert decoder.feed(b"data: a\r") == []

@@ -1,0 +1,87 @@
+"""Streamed answers at their edges, through the whole stack (real Envoy, `portico serve`) and the official SDKs: what
+an upstream sends that is not a well-formed stream reaches the caller as what it was."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from tests.e2e.conftest import upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_echo import sse
+from tests.upstream_support import cross_dialect_models
+
+HELLO = [{"role": "user", "content": "Hi"}]
+ATTEMPTS = 3  # each model's retry.attempts (FAST_RETRY): every attempt gets the same answer
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    models = cross_dialect_models(double.url, openai_model="gpt-up", anthropic_model="claude-up")
+    with upstream_gateway(tmp_path_factory.mktemp("stream-edges-gateway"), models) as gateway:
+        yield gateway
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+def chat_stream(oai: openai.OpenAI, model: str) -> list:
+    return list(oai.chat.completions.create(model=model, messages=HELLO, stream=True))
+
+
+def message_stream(claude: anthropic.Anthropic, model: str):
+    with claude.messages.stream(model=model, max_tokens=20, messages=HELLO) as stream:
+        return stream.get_final_message()
+
+
+OPENAI_ERROR = {"error": {"message": "The engine is currently overloaded.", "type": "server_error", "code": None}}
+ANTHROPIC_ERROR = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "messages-on-openai"])
+def test_an_error_object_answered_to_a_stream_reaches_the_caller(oai, claude, double, model):
+    """Some OpenAI-compatible servers answer a failure as a JSON error object with status 200, also when asked for
+    a stream: the caller gets the upstream's message, not a stream that "ended before the answer was complete"."""
+    double.cue(*[Cue(body=OPENAI_ERROR)] * ATTEMPTS)
+    with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as caught:
+        chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
+    assert caught.value.status_code == 502
+    assert "The engine is currently overloaded." in str(caught.value)
+
+
+@pytest.mark.parametrize("model", ["chat-on-anthropic", "messages-on-anthropic"])
+def test_an_anthropic_error_object_answered_to_a_stream_keeps_its_type(oai, claude, double, model):
+    double.cue(*[Cue(body=ANTHROPIC_ERROR)] * ATTEMPTS)
+    with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as caught:
+        chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
+    assert caught.value.status_code == 503 and "Overloaded" in str(caught.value)
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "messages-on-anthropic"])
+def test_a_json_answer_to_a_stream_is_called_so(oai, claude, double, model):
+    """A server that ignores `stream: true` and sends one JSON answer: a 502 that says what came back."""
+    double.cue(Cue(body={"id": "x", "object": "chat.completion", "choices": []}))
+    with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as caught:
+        chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
+    assert caught.value.status_code == 502
+    assert "JSON instead of the stream" in str(caught.value)
+    assert len(double.seen) == 1  # asking again would get the same
+
+
+def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+    return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+
+def test_a_byte_order_mark_before_the_first_event_loses_no_event(oai, double):
+    """The SSE standard skips a UTF-8 byte order mark at the start of a stream; read as part of the first line, it
+    made the first event's `data:` line unknown, and the chunk with it (here the first words) was lost."""
+    frames = [b"\xef\xbb\xbf" + chunk({"role": "assistant", "content": "Hello"}), chunk({"content": " there"}),
+              chunk({}, "stop"), b"data: [DONE]\n\n"]
+    double.cue(Cue(frames=frames))
+    chunks = chat_stream(oai, "chat-on-openai")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello there"
+    assert chunks[0].choices[0].delta.role == "assistant"
