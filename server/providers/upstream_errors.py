@@ -76,9 +76,11 @@ def from_stream_error(
     payload: Mapping, *, retry_on: Collection[int], upstream: str, secret: str | None,
     upstream_model: str | None = None,
 ) -> PorticoError:
-    """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`)."""
+    """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`). Its
+    status is the one its `code` names (vLLM's in-stream errors: `"code": 400`), else its Anthropic `type`'s."""
     error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
-    status = ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
+    code = error.get("code")
+    status = code if type(code) is int and 400 <= code <= 599 else ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
     return from_status(status, wire_json.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
                        upstream_model=upstream_model)
 

@@ -85,3 +85,18 @@ def test_a_byte_order_mark_before_the_first_event_loses_no_event(oai, double):
     chunks = chat_stream(oai, "chat-on-openai")
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello there"
     assert chunks[0].choices[0].delta.role == "assistant"
+
+
+VLLM_ERROR = {"error": {"object": "error", "message": "This model's maximum context length is 4096 tokens.",
+                        "type": "BadRequestError", "param": None, "code": 400}}
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "messages-on-openai"])
+def test_an_error_event_keeps_the_http_status_its_code_names(oai, claude, double, model):
+    """vLLM reports a failure found after its answer began (a prompt over the context window) as an error event
+    whose `code` is the HTTP status: a 400 is the caller's to fix, not a 502 sent again by the gateway and SDKs."""
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": ""}), sse(VLLM_ERROR)]))
+    with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
+        chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
+    assert "maximum context length is 4096 tokens" in str(caught.value)
+    assert len(double.seen) == 1
