@@ -33,10 +33,12 @@ MAX_MESSAGE_CHARS = 500  # an upstream's message is shown to callers, but not an
 
 def from_status(
     status: int, body: bytes, headers: Mapping[str, str], *, retry_on: Collection[int], upstream: str,
-    secret: str | None, upstream_model: str | None = None,
+    secret: str | None, upstream_model: str | None = None, sent_status: bool = True,
 ) -> PorticoError:
     """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
-    credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`."""
+    credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`.
+    `sent_status`: false for a status inferred from an error the upstream reported otherwise, which messages then do
+    not quote (the upstream's own answer said 200)."""
     message, param = _message_and_param(body)
     # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
     message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
@@ -58,7 +60,8 @@ def from_status(
         return ServiceUnavailable(f"The upstream serving `{upstream}` is unavailable: {message}",
                                   retry_after=wait, retry_reason=reason)
     if status >= 500:
-        return UpstreamError(f"The upstream serving `{upstream}` failed (HTTP {status}): {message}",
+        quoted = f" (HTTP {status})" if sent_status else ""
+        return UpstreamError(f"The upstream serving `{upstream}` failed{quoted}: {message}",
                              retry_after=wait, retry_reason=reason)
     if status < 400:  # a redirect (not followed) or another answer that is no error of the caller's request
         return UpstreamMisconfigured(f"The upstream serving `{upstream}` answered HTTP {status} instead of an answer: "
@@ -82,7 +85,7 @@ def from_stream_error(
     code = error.get("code")
     status = code if type(code) is int and 400 <= code <= 599 else ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
     return from_status(status, wire_json.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
-                       upstream_model=upstream_model)
+                       upstream_model=upstream_model, sent_status=False)
 
 
 def retry_after(headers: Mapping[str, str]) -> float:

@@ -50,6 +50,7 @@ def test_an_error_object_answered_to_a_stream_reaches_the_caller(oai, claude, do
         chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
     assert caught.value.status_code == 502
     assert "The engine is currently overloaded." in str(caught.value)
+    assert "HTTP 500" not in str(caught.value)  # the upstream answered 200: no status of its own to quote
 
 
 @pytest.mark.parametrize("model", ["chat-on-anthropic", "messages-on-anthropic"])
@@ -100,3 +101,11 @@ def test_an_error_event_keeps_the_http_status_its_code_names(oai, claude, double
         chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
     assert "maximum context length is 4096 tokens" in str(caught.value)
     assert len(double.seen) == 1
+
+
+def test_an_error_event_mid_stream_quotes_no_status_the_upstream_never_sent(oai, double):
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": "Hel"}), sse(OPENAI_ERROR)]))
+    with pytest.raises(openai.APIError) as caught:
+        chat_stream(oai, "chat-on-openai")
+    assert caught.value.message == "The upstream serving `chat-on-openai` failed: The engine is currently overloaded."
+    assert (caught.value.code, caught.value.type) == ("upstream_error", "api_error")
