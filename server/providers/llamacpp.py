@@ -234,6 +234,8 @@ class LlamaCppProvider:
         # A top_k of the vocabulary's size or more keeps every token (0 = off): llama.cpp reads it as a 32-bit int,
         # where 2**32 + 1 would be 1.
         top_k = params.top_k if params.top_k and 0 < params.top_k < llm.n_vocab() else 0
+        if not _read_prompt(llm, prompt, cancelled):
+            return
         tokens = llm.generate(
             prompt, temp=1.0 if params.temperature is None else params.temperature, top_k=top_k,
             top_p=1.0 if params.top_p is None else params.top_p,
@@ -323,6 +325,27 @@ def _turn_text(turn: Turn) -> str:
         calls = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
         lines.append("Tool calls: " + orjson.dumps(calls).decode())
     return "\n".join(lines)
+
+
+def _read_prompt(llm: llama_cpp.Llama, prompt: list[int], cancelled: threading.Event) -> bool:
+    """Evaluate the prompt's new tokens ahead of generate(), one batch at a time, and say whether the caller is still
+    there: a long prompt takes seconds, for which the next caller would wait on an answer nobody reads. Only whole
+    batches before the last token, from where generate() starts (after the prefix still in the KV cache), so
+    generate() finds them cached and reads the rest at the batch boundaries it would have used: the same sums, the
+    same answers."""
+    cached = 0
+    for had, token in zip(llm.input_ids[: llm.n_tokens], prompt[:-1]):
+        if had != token:
+            break
+        cached += 1
+    ahead = (len(prompt) - 1 - cached) // llm.n_batch * llm.n_batch
+    if ahead:
+        llm.n_tokens = cached  # eval() drops the KV cache past it
+        for start in range(cached, cached + ahead, llm.n_batch):
+            if cancelled.is_set():
+                return False
+            llm.eval(prompt[start : start + llm.n_batch])
+    return not cancelled.is_set()
 
 
 def _token_text(llm: llama_cpp.Llama, token: int) -> str:

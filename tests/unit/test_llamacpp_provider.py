@@ -65,7 +65,11 @@ async def collect(provider: LlamaCppProvider, req: GenerationRequest) -> tuple[l
     return [d.text for d in deltas], finished
 
 
-@pytest.mark.parametrize("question,max_tokens", [(POEM, 16), ("Say only the word 'yes'.", 16), (EMOJI, 8)])
+# About 1,500 tokens: several of llama.cpp's 512-token batches.
+LONG = "Which items are blue? " + " ".join(f"Item {i} is {'red' if i % 3 else 'blue'}." for i in range(250))
+
+
+@pytest.mark.parametrize("question,max_tokens", [(POEM, 16), ("Say only the word 'yes'.", 16), (EMOJI, 8), (LONG, 8)])
 async def test_text_and_usage_match_llama_cpp_driven_by_hand(provider, reference, question, max_tokens):
     prompt, tokens = greedy_reference(reference, question, max_tokens)
     deltas, finished = await collect(provider, request(question, max_tokens=max_tokens, temperature=0.0))
@@ -239,6 +243,19 @@ async def test_closing_a_stream_frees_the_instance_within_a_token(provider):
     _, finished = await collect(provider, request(max_tokens=3))
     assert finished.usage.output_tokens == 3
     assert time.perf_counter() - started < 1.0  # not the ~8 s the abandoned 1000 tokens would take
+
+
+async def test_closing_a_stream_during_a_long_prompt_frees_the_instance_within_a_batch(provider):
+    """A long prompt takes seconds to read: a caller who leaves meanwhile must not keep the next one waiting."""
+    started = time.perf_counter()
+    await collect(provider, request(LONG, max_tokens=1, temperature=0.0))  # temperature 0: the whole prompt, afresh
+    whole = time.perf_counter() - started
+    stream = provider.stream(request(LONG, max_tokens=1, temperature=0.0))
+    assert isinstance(await anext(stream), Started)  # its prompt is being read now
+    await stream.aclose()  # the caller went away
+    started = time.perf_counter()
+    await collect(provider, request(max_tokens=1))
+    assert time.perf_counter() - started < whole / 2
 
 
 async def test_cancelling_the_consumer_task_frees_the_instance(provider):
