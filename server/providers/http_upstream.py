@@ -7,8 +7,9 @@ Every way the exchange can fail ends as a PorticoError (server/providers/upstrea
 timeouts here, non-2xx answers and mid-stream error events there.
 
 The upstream's `timeouts`: `connect` covers opening a connection (TCP, a proxy's CONNECT, TLS); `read` runs from
-the request to the answer's first byte, then between any two bytes of it (`answer` instead of `read` for an answer
-that is not streamed: its first byte comes when all of it is ready); `pool` is the wait for one of the
+the request to the answer's first byte, then between any two bytes of it; `answer` instead bounds an answer that is
+not streamed, from the request to its last byte (its first byte comes when all of it is ready, and an upstream that
+trickles it in must not hold the caller, whom Envoy would cut off, past it); `pool` is the wait for one of the
 `max_connections` slots (a full pool is not an upstream that does not answer). There is no write timeout: the
 request is one small buffer, and an upstream that does not take it does not answer within `read` either.
 """
@@ -129,7 +130,8 @@ class HttpUpstream:
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                         before_answer=True, body=wire_json.dumps(body),
-                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout)
+                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
+                                        answer_within=self._answer_timeout)
             attempt.set("http.response.status_code", response.status)
             try:
                 if response.status >= 300:
@@ -225,7 +227,7 @@ class HttpUpstream:
         return pool
 
     async def _send(self, pool: Pool, method: str, path: str, model_id: str, *, before_answer: bool, body: bytes,
-                    headers: bytes, read_timeout: float | None) -> Response:
+                    headers: bytes, read_timeout: float | None, answer_within: float | None = None) -> Response:
         """The response (status and headers read) on a pooled connection. It holds one of the pool's slots until
         `_give_back`, which every caller must reach."""
         slots = self._slots
@@ -239,7 +241,8 @@ class HttpUpstream:
         else:
             await slots.acquire()  # immediate
         try:
-            return await pool.request(method, path, headers=headers, body=body, read_timeout=read_timeout)
+            return await pool.request(method, path, headers=headers, body=body, read_timeout=read_timeout,
+                                      answer_within=answer_within)
         except BaseException as exc:
             slots.release()
             if isinstance(exc, TransportError):
