@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import socket
 import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -163,7 +165,7 @@ class Pool:
         except TimeoutError:
             raise ConnectTimeout("connecting timed out") from None
         except (OSError, ssl.SSLError) as exc:  # refused, unreachable, unknown host, a certificate refused
-            raise ConnectFailed(f"cannot connect: {type(exc).__name__}") from exc
+            raise ConnectFailed(_why_not(exc)) from exc
         self._open.add(connection)
         return connection
 
@@ -192,6 +194,22 @@ class Pool:
             raise
         connection.connection_made(inner)
         return connection
+
+
+def _why_not(exc: OSError | ssl.SSLError) -> str:
+    """Why a connection could not be made, in words callers may read: never the host, address or port (an OSError's
+    own text names them), which are the gateway's configuration."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "its TLS certificate is not trusted"
+    if isinstance(exc, ssl.SSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, socket.gaierror):
+        return "its host name does not resolve"
+    if isinstance(exc, ConnectionRefusedError) and exc.errno is not None:
+        return "it refused the connection"
+    if exc.errno is None and exc.args and isinstance(exc.args[0], str) and exc.args[0].startswith("the proxy"):
+        return exc.args[0]  # a proxy's refusal of the tunnel (_TunnelReply): our own words
+    return os.strerror(exc.errno).lower() if exc.errno else "the connection failed"
 
 
 class _TunnelReply(asyncio.Protocol):

@@ -312,9 +312,10 @@ class HttpUpstream:
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
         if isinstance(exc, ConnectFailed):
             # Nothing was sent: retried wherever it failed. After an answer began (a link to fetch), "connect".
+            why = f": {exc}." if str(exc) else "."
             if before_answer:
-                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}.", retry_reason="connect")
-            return UpstreamError(f"Cannot connect to fetch a result of {name}.", retry_reason="connect")
+                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}{why}", retry_reason="connect")
+            return UpstreamError(f"Cannot connect to fetch a result of {name}{why}", retry_reason="connect")
         if isinstance(exc, ConnectionBroken):
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
