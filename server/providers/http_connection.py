@@ -203,7 +203,7 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:  # an upgrade (101) is no answer
-            self._broken(response, f"the answer is not valid HTTP/1.1 ({type(exc).__name__})")
+            self._broken(response, "the answer is not valid HTTP/1.1")
             return
         if not response._started:
             self._head_bytes += len(data)
@@ -228,7 +228,7 @@ class Connection(asyncio.Protocol):
         if response._started and not self._framed and exc is None:
             self.on_message_complete()  # an answer delimited by the connection's end: this was its end
         else:
-            response._fail(ConnectionBroken("the connection closed before the answer was whole"))
+            response._fail(ConnectionBroken("it closed before the answer was whole"))
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
@@ -251,6 +251,10 @@ class Connection(asyncio.Protocol):
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
             self._header_names.clear()
             self._header_values.clear()
+            return
+        # A head that arrived in one read was parsed whole before data_received could count it.
+        if sum(map(len, self._header_names)) + sum(map(len, self._header_values)) > MAX_HEAD_BYTES:
+            self._broken(response, "the answer's headers are longer than 64 KiB")
             return
         headers: dict[str, str] = {}
         for raw_name, raw_value in zip(self._header_names, self._header_values):
