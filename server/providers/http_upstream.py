@@ -114,6 +114,11 @@ class HttpUpstream:
             try:
                 if response.status >= 300:
                     raise await self._status_error(response, model_id, body.get("model"))
+                if _not_a_stream(response.content_type):
+                    # A whole answer (a server that ignores `stream`, a proxy's page): never retried, the upstream
+                    # has answered, and may have billed it.
+                    raise UpstreamError(f"The upstream serving `{model_id}` answered a streamed request with "
+                                        f"{response.content_type[:100]}, not an event stream.")
                 events = self._events(response, model_id)
                 yield events
             except BaseException:
@@ -324,6 +329,12 @@ class HttpUpstream:
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
+
+
+def _not_a_stream(content_type: str) -> bool:
+    """Media types no server streams events in. Others (none, text/plain, ...) are read as events: some servers
+    label their streams loosely."""
+    return content_type in ("application/json", "text/html") or content_type.endswith("+json")
 
 
 def _ssl_context() -> ssl.SSLContext:
