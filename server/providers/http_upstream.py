@@ -325,7 +325,8 @@ class HttpUpstream:
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
             why = f": {exc}." if str(exc) else "."
-            return UpstreamError(f"The connection to the upstream serving {name} broke off{why}", retry_reason="connect")
+            return UpstreamError(f"The connection to the upstream serving {name} broke off{why}",
+                                 retry_reason="connect")
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
