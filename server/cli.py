@@ -94,7 +94,7 @@ def _check_ports(config: Config) -> None:
 
 
 def _check_data_dir(data_dir: Path) -> None:
-    """The data dir (the SQLite store, images, run files) made now: a path that cannot be a directory (a file is
+    """The data dir (the SQLite store, images, Envoy's logs) made now: a path that cannot be a directory (a file is
     there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def _global_options(parser: argparse.ArgumentParser, default) -> None:
     parser.add_argument("--config", type=Path, default=default, metavar="FILE",
                         help="YAML configuration (default: the built-in server/default.yaml)")
     parser.add_argument("--data-dir", type=_data_dir, default=default, metavar="DIR",
-                        help="the key store, images and run files (default: the configuration's data_dir)")
+                        help="the key store, images and logs (default: the configuration's data_dir)")
     parser.add_argument("--log-level", default="info" if default is None else default,
                         choices=["debug", "info", "warning", "error"], metavar="LEVEL",
                         help="debug, info, warning or error: diagnostic logs on stderr (default info); the access "

@@ -69,8 +69,10 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     if timeout <= 0:
         raise ConfigError(f"{where}.store_timeout_seconds: a positive number, not {timeout!r}")
     if store == SQLITE:
-        if password_env:
-            raise ConfigError(f"{where}.password_env: only for a postgresql:// store")
+        # Settings nothing would honour are refused, not ignored: SQLite has no password, pool or query timeout.
+        for name in ("password_env", "store_timeout_seconds", "pool_size"):
+            if keys.get(name) not in (None, ""):
+                raise ConfigError(f"{where}.{name}: only for a postgresql:// store")
         return StoreSettings(timeout_seconds=timeout, pool_size=pool_size)
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "

@@ -22,7 +22,7 @@ from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
     Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
 )
-from server.limits.redis_pipe import Dispatch, RedisPipe, Script
+from server.limits.redis_pipe import Dispatch, RedisPipe, Refusing, Script
 from server.limits.redis_scripts import RENEW, RESERVE, SETTLE
 from server.limits.settings import redacted
 from server.limits.standing import Counts
@@ -33,8 +33,8 @@ _DIMENSIONS = tuple(Dimension)  # the scripts' dimension indexes
 _DAY_TTL = 2 * DAY_SECONDS  # a day's counters outlive it a little, for late settlements
 _RECORD_TTL = 2 * DAY_SECONDS  # how long an unsettled reservation can still be settled
 _MONTH_TTL = 33 * DAY_SECONDS  # a month's spend outlives it a little, for late settlements
-# Redis could not answer (not: answered with an error, which is a bug and is raised as such).
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
+# Redis could not answer, or answered that it cannot serve now (not: any other error, a bug, raised as such).
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError, Refusing)
 # The scripts' numbers are Lua doubles, exact only up to 2**53 and handed back to Redis as "1.2e+17" (which INCRBY
 # refuses) past 17 digits; the API takes max_tokens up to 2**63 - 1. A request books at most this many tokens, or
 # one more than its largest token limit, and at most _MOST_COST micro-dollars (budgets are at most 10**15): still
@@ -96,7 +96,12 @@ class RedisLimitStore:
             async with asyncio.timeout(self._deadline):
                 return await self._redis.run(script, keys, args, dispatch)
         except _UNREACHABLE as exc:
-            raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: Exception) -> LimitStoreUnavailable:
+        if isinstance(exc, Refusing):  # its error code only: the rest may quote a script
+            return LimitStoreUnavailable(f"the limit store {self._url} cannot serve now: {str(exc).split(' ', 1)[0]}")
+        return LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}")
 
     async def reserve(self, demand: Demand) -> Reservation:
         now = self._clock()
@@ -179,9 +184,10 @@ class RedisLimitStore:
                 pause = min(pause, 1.0)
 
     async def ping(self) -> bool:
+        """Whether Redis takes a write: a replica, or a Redis out of memory, answers PING but cannot count."""
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._redis.execute("PING") == b"PONG"
+                return await self._redis.execute("SET", f"{self._prefix}ping", "1", "PX", 60_000) == b"OK"
         except _UNREACHABLE:
             return False
 
@@ -201,7 +207,7 @@ class RedisLimitStore:
                 ids = entries[0::2]
                 tokens = await self._redis.execute("HMGET", wtok, *ids) if ids else []
         except _UNREACHABLE as exc:
-            raise LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}") from exc
+            raise self._unavailable(exc) from exc
         window = tuple((float(at), int(t or 0)) for at, t in zip(entries[1::2], tokens))
         return Counts(now, window, int(in_flight), int(today[0] or 0), int(today[1] or 0), int(today[2] or 0),
                       int(this_month or 0))

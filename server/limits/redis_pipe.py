@@ -13,7 +13,8 @@ Failures mean what they meant with redis-py's client, which the store relies on:
                      connection: after a Redis restart the old connection fails at its first use.
     TimeoutError     no reply within the timeout: the connection is closed, and every command waiting on it fails
                      the same way. Never retried: the command may have run.
-    ResponseError    Redis refused the command (NoScriptError: a script it does not have cached).
+    ResponseError    Redis refused the command (NoScriptError: a script it does not have cached; Refusing: it cannot
+                     serve now, e.g. a replica after a failover, an outage to the store rather than a bug).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | bytes | int | float
 _STALL = 0.05  # seconds: a timer that fires later than this was held up by the event loop, not by Redis
+
+
+# Error replies of a Redis that cannot serve commands now, whatever they are: loading its data, a read-only replica, no
+# master, busy with a script, out of memory, unable to persist (a script that hits one stops at that write).
+_REFUSING = frozenset({"LOADING", "READONLY", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "OOM", "MISCONF"})
+
+
+class Refusing(ResponseError):
+    """Redis answered that it cannot run commands now: for its callers an outage, like a Redis that does not answer."""
 
 
 @dataclass(slots=True)
@@ -123,8 +133,7 @@ class _Link(asyncio.Protocol):
                 if future.done():  # its caller gave up waiting
                     continue
                 if isinstance(reply, ResponseError):
-                    message = str(reply)
-                    future.set_exception(NoScriptError(message) if message.startswith("NOSCRIPT") else reply)
+                    future.set_exception(_error(reply))
                 else:
                     future.set_result(reply)
         except Exception as exc:  # noqa: BLE001 (hiredis.ProtocolError, ...: the connection is unusable)
@@ -182,6 +191,14 @@ class _Link(asyncio.Protocol):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._timeout):
                 await asyncio.shield(self._lost)
+
+
+def _error(reply: ResponseError) -> ResponseError:
+    message = str(reply)
+    code = message.split(" ", 1)[0]
+    if code == "NOSCRIPT":
+        return NoScriptError(message)
+    return Refusing(message) if code in _REFUSING else reply
 
 
 class RedisPipe:

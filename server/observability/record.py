@@ -158,5 +158,6 @@ class Scope(Protocol):
     def __exit__(self, exc_type, exc, tb) -> None: ...
 
 
-# Anything else is counted as "other", so the label set stays bounded whatever a provider passes.
-RETRY_REASONS = frozenset({"429", "500", "502", "503", "504", "connect", "timeout", "other"})
+# Anything else is counted as "other", so the label set stays bounded whatever a provider passes. An upstream status
+# is a reason when the model's `retry.on_status` names it: any of 100-599, bounded too (529: Anthropic's overload).
+RETRY_REASONS = frozenset({"connect", "timeout", "other", *(str(status) for status in range(100, 600))})

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import socket
 import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -100,14 +102,14 @@ class Pool:
         self.host_lines = header_lines(fields)
 
     async def request(self, method: str, path: str, *, headers: bytes, body: bytes,
-                      read_timeout: float | None) -> Response:
+                      read_timeout: float | None, answer_within: float | None = None) -> Response:
         """Send a request and await its answer's status and headers. `path` starts with "/"; `headers` are whole
-        lines (`header_lines`) without host or content-length. Cancelled or failed before the answer, the
-        connection is closed."""
+        lines (`header_lines`) without host or content-length; `answer_within`: seconds from sending by which the
+        whole answer must have arrived. Cancelled or failed before the answer, the connection is closed."""
         connection = await self._connection()
         head = (f"{method} {self.target_prefix}{path} HTTP/1.1\r\n".encode() + self.host_lines + headers
                 + (b"content-length: %d\r\n\r\n" % len(body) if body or method == "POST" else b"\r\n"))
-        response = connection.send(head + body, read_timeout)
+        response = connection.send(head + body, read_timeout, answer_within)
         try:
             await connection.started(response)
         except BaseException:
@@ -163,7 +165,7 @@ class Pool:
         except TimeoutError:
             raise ConnectTimeout("connecting timed out") from None
         except (OSError, ssl.SSLError) as exc:  # refused, unreachable, unknown host, a certificate refused
-            raise ConnectFailed(f"cannot connect: {type(exc).__name__}") from exc
+            raise ConnectFailed(_why_not(exc)) from exc
         self._open.add(connection)
         return connection
 
@@ -192,6 +194,22 @@ class Pool:
             raise
         connection.connection_made(inner)
         return connection
+
+
+def _why_not(exc: OSError | ssl.SSLError) -> str:
+    """Why a connection could not be made, in words callers may read: never the host, address or port (an OSError's
+    own text names them), which are the gateway's configuration."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "its TLS certificate is not trusted"
+    if isinstance(exc, ssl.SSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, socket.gaierror):
+        return "its host name does not resolve"
+    if isinstance(exc, ConnectionRefusedError) and exc.errno is not None:
+        return "it refused the connection"
+    if exc.errno is None and exc.args and isinstance(exc.args[0], str) and exc.args[0].startswith("the proxy"):
+        return exc.args[0]  # a proxy's refusal of the tunnel (_TunnelReply): our own words
+    return os.strerror(exc.errno).lower() if exc.errno else "the connection failed"
 
 
 class _TunnelReply(asyncio.Protocol):

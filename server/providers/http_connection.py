@@ -4,7 +4,8 @@ arrive (server/providers/http_client.py keeps these connections in pools), and t
 An answer's body is buffered as it arrives and taken by `Response.readany`/`read`; past PAUSE_BYTES unread, reading
 from the socket stops until the reader catches up. A body with a content-encoding is decoded as it is read, a
 bounded piece at a time (server/providers/http_decoding.py); one without costs nothing more. The read timeout runs
-while a reader waits and restarts with every byte that arrives (aiohttp's sock_read).
+while a reader waits and restarts with every byte that arrives (aiohttp's sock_read); an answer may also have a
+deadline, which no byte moves (a non-streamed answer's `timeouts.answer`: an upstream trickling it in is cut there).
 """
 
 from __future__ import annotations
@@ -58,11 +59,13 @@ class Response:
     """One answer: its status and headers, then its body as it arrives. Exactly one of `release` (the connection
     goes back to its pool if the answer was read whole) or `close` must end it."""
 
-    def __init__(self, connection: Connection, read_timeout: float | None) -> None:
+    def __init__(self, connection: Connection, read_timeout: float | None, deadline: float | None = None) -> None:
+        """`deadline`: the loop time by which the whole answer must have arrived (None: none)."""
         self.status = 0
         self.headers: dict[str, str] = {}  # names in lower case; repeated fields joined with ", "
         self._connection = connection
         self._read_timeout = read_timeout
+        self._deadline = deadline
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._started = False
@@ -137,7 +140,7 @@ class Response:
         if self._error is not None:
             raise self._error
         waiter = self._waiter = self._connection.loop.create_future()
-        self._connection.watch(self._read_timeout)
+        self._connection.watch(self._read_timeout, self._deadline)
         try:
             await waiter
         finally:
@@ -177,10 +180,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, request: bytes, read_timeout: float | None) -> Response:
-        response = self._response = Response(self, read_timeout)
-        self._head_bytes = 0
+    def send(self, request: bytes, read_timeout: float | None, answer_within: float | None = None) -> Response:
+        """`answer_within`: seconds from now by which the whole answer must have arrived (None: no such bound)."""
         self._last_data = self.loop.time()
+        deadline = None if answer_within is None else self._last_data + answer_within
+        response = self._response = Response(self, read_timeout, deadline)
+        self._head_bytes = 0
         self.transport.write(request)
         return response
 
@@ -195,15 +200,15 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             return
         response = self._response
+        if not response._started:
+            self._head_bytes += len(data)  # before parsing: on_headers_complete reads it
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:  # an upgrade (101) is no answer
-            self._broken(response, f"the answer is not valid HTTP/1.1 ({type(exc).__name__})")
+            self._broken(response, "the answer is not valid HTTP/1.1")
             return
-        if not response._started:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._broken(response, "the answer's headers are longer than 64 KiB")
+        if not response._started and self._head_bytes > MAX_HEAD_BYTES:
+            self._broken(response, "the answer's headers are longer than 64 KiB")
 
     def _broken(self, response: Response, reason: str) -> None:
         self.reusable = False
@@ -223,7 +228,7 @@ class Connection(asyncio.Protocol):
         if response._started and not self._framed and exc is None:
             self.on_message_complete()  # an answer delimited by the connection's end: this was its end
         else:
-            response._fail(ConnectionBroken("the connection closed before the answer was whole"))
+            response._fail(ConnectionBroken("it closed before the answer was whole"))
 
     # httptools' callbacks
     def on_message_begin(self) -> None:
@@ -246,6 +251,12 @@ class Connection(asyncio.Protocol):
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
             self._header_names.clear()
             self._header_values.clear()
+            return
+        # A head that arrived in one read with more (its body) is measured itself: only when what was read could
+        # hold one that long (summing every answer's fields cost the JSON path 1 %).
+        if self._head_bytes > MAX_HEAD_BYTES and (
+                sum(map(len, self._header_names)) + sum(map(len, self._header_values)) > MAX_HEAD_BYTES):
+            self._broken(response, "the answer's headers are longer than 64 KiB")
             return
         headers: dict[str, str] = {}
         for raw_name, raw_value in zip(self._header_names, self._header_values):
@@ -283,19 +294,21 @@ class Connection(asyncio.Protocol):
         response._wake()
 
     # the exchange's life
-    def watch(self, timeout: float | None) -> None:
-        """Fail the answer once `timeout` passes without a byte arriving (one timer, moved on only when it fires)."""
+    def watch(self, timeout: float | None, deadline: float | None = None) -> None:
+        """Fail the answer once `timeout` passes without a byte arriving, or at `deadline` (one timer, moved on only
+        when it fires)."""
         if self._timer is None and timeout is not None:
-            self._timer = self.loop.call_at(self._last_data + timeout, self._check_timer, timeout)
+            self._timer = self.loop.call_at(_until(self._last_data + timeout, deadline), self._check_timer, timeout,
+                                            deadline)
 
-    def _check_timer(self, timeout: float) -> None:
+    def _check_timer(self, timeout: float, deadline: float | None) -> None:
         self._timer = None
         response = self._response
         if response is None or response._complete or response._waiter is None:
             return  # nobody is waiting: the next wait starts a timer of its own
-        quiet_until = self._last_data + timeout
+        quiet_until = _until(self._last_data + timeout, deadline)
         if self.loop.time() < quiet_until:
-            self._timer = self.loop.call_at(quiet_until, self._check_timer, timeout)
+            self._timer = self.loop.call_at(quiet_until, self._check_timer, timeout, deadline)
             return
         self.reusable = False
         response._fail(ReadTimeout("no answer within the read timeout"))
@@ -323,3 +336,7 @@ class Connection(asyncio.Protocol):
         else:
             self.reusable = False
             self.transport.close()
+
+
+def _until(quiet_until: float, deadline: float | None) -> float:
+    return quiet_until if deadline is None else min(quiet_until, deadline)

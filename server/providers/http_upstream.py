@@ -7,8 +7,9 @@ Every way the exchange can fail ends as a PorticoError (server/providers/upstrea
 timeouts here, non-2xx answers and mid-stream error events there.
 
 The upstream's `timeouts`: `connect` covers opening a connection (TCP, a proxy's CONNECT, TLS); `read` runs from
-the request to the answer's first byte, then between any two bytes of it (`answer` instead of `read` for an answer
-that is not streamed: its first byte comes when all of it is ready); `pool` is the wait for one of the
+the request to the answer's first byte, then between any two bytes of it; `answer` instead bounds an answer that is
+not streamed, from the request to its last byte (its first byte comes when all of it is ready, and an upstream that
+trickles it in must not hold the caller, whom Envoy would cut off, past it); `pool` is the wait for one of the
 `max_connections` slots (a full pool is not an upstream that does not answer). There is no write timeout: the
 request is one small buffer, and an upstream that does not take it does not answer within `read` either.
 """
@@ -113,8 +114,10 @@ class HttpUpstream:
             try:
                 if response.status >= 300:
                     raise await self._status_error(response, model_id, body.get("model"))
-                if response.content_type.endswith("json"):
-                    raise await self._json_for_stream(response, model_id, body.get("model"))
+                if _not_a_stream(response.content_type):
+                    # A whole answer (a server that ignores `stream`, a proxy's page): never retried, the upstream
+                    # has answered, and may have billed it. Unless it is an error object, which is that error.
+                    raise await self._not_a_stream_error(response, model_id, body.get("model"))
                 events = self._events(response, model_id)
                 yield events
             except BaseException:
@@ -131,7 +134,8 @@ class HttpUpstream:
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                         before_answer=True, body=wire_json.dumps(body),
-                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout)
+                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
+                                        answer_within=self._answer_timeout)
             attempt.set("http.response.status_code", response.status)
             try:
                 if response.status >= 300:
@@ -227,7 +231,7 @@ class HttpUpstream:
         return pool
 
     async def _send(self, pool: Pool, method: str, path: str, model_id: str, *, before_answer: bool, body: bytes,
-                    headers: bytes, read_timeout: float | None) -> Response:
+                    headers: bytes, read_timeout: float | None, answer_within: float | None = None) -> Response:
         """The response (status and headers read) on a pooled connection. It holds one of the pool's slots until
         `_give_back`, which every caller must reach."""
         slots = self._slots
@@ -241,7 +245,8 @@ class HttpUpstream:
         else:
             await slots.acquire()  # immediate
         try:
-            return await pool.request(method, path, headers=headers, body=body, read_timeout=read_timeout)
+            return await pool.request(method, path, headers=headers, body=body, read_timeout=read_timeout,
+                                      answer_within=answer_within)
         except BaseException as exc:
             slots.release()
             if isinstance(exc, TransportError):
@@ -292,17 +297,19 @@ class HttpUpstream:
         return from_status(response.status, await _error_body(response), response.headers, retry_on=self._retry_on,
                            upstream=model_id, secret=self._secret, upstream_model=upstream_model)
 
-    async def _json_for_stream(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
-        """A 2xx JSON answer where a stream was asked for: an error object, as some OpenAI-compatible servers send a
-        failure with a 200, is that error; anything else (a server that ignores `stream`) says what came back."""
-        try:
-            payload = wire_json.loads(await _error_body(response))
-        except wire_json.JSONDecodeError:
-            payload = None
-        if isinstance(payload, dict) and isinstance(payload.get("error"), Mapping):
-            return self.stream_error(payload, model_id, upstream_model)
-        # Not retried: as with an answer that is not JSON, asking again would get the same.
-        return UpstreamError(f"The upstream serving `{model_id}` answered with JSON instead of the stream asked for.")
+    async def _not_a_stream_error(self, response: Response, model_id: str,
+                                  upstream_model: str | None) -> PorticoError:
+        """A 2xx answer to a streamed request that is no stream. An error object (some OpenAI-compatible servers
+        answer a failure so, with status 200) is that error; anything else says what came back."""
+        if response.content_type != "text/html":
+            try:
+                payload = wire_json.loads(await _error_body(response))
+            except wire_json.JSONDecodeError:
+                payload = None
+            if isinstance(payload, dict) and isinstance(payload.get("error"), Mapping):
+                return self.stream_error(payload, model_id, upstream_model)
+        return UpstreamError(f"The upstream serving `{model_id}` answered a streamed request with "
+                             f"{response.content_type[:100]}, not an event stream.")
 
     def _transport_error(self, exc: BaseException, model_id: str, *, before_answer: bool) -> PorticoError:
         """Connection failures before an answer may be retried; a read timeout is not (the upstream may still be
@@ -314,13 +321,16 @@ class HttpUpstream:
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
         if isinstance(exc, ConnectFailed):
             # Nothing was sent: retried wherever it failed. After an answer began (a link to fetch), "connect".
+            why = f": {exc}." if str(exc) else "."
             if before_answer:
-                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}.", retry_reason="connect")
-            return UpstreamError(f"Cannot connect to fetch a result of {name}.", retry_reason="connect")
+                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}{why}", retry_reason="connect")
+            return UpstreamError(f"Cannot connect to fetch a result of {name}{why}", retry_reason="connect")
         if isinstance(exc, ConnectionBroken):
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
-            return UpstreamError(f"The connection to the upstream serving {name} broke off.", retry_reason="connect")
+            why = f": {exc}." if str(exc) else "."
+            return UpstreamError(f"The connection to the upstream serving {name} broke off{why}",
+                                 retry_reason="connect")
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
@@ -337,6 +347,12 @@ async def _error_body(response: Response) -> bytes:
     except TransportError:
         pass  # what arrived is kept: a body cut at its end still names the upstream's reason
     return b"".join(parts)[:MAX_ERROR_BODY]
+
+
+def _not_a_stream(content_type: str) -> bool:
+    """Media types no server streams events in. Others (none, text/plain, ...) are read as events: some servers
+    label their streams loosely."""
+    return content_type in ("application/json", "text/html") or content_type.endswith("+json")
 
 
 def _ssl_context() -> ssl.SSLContext:

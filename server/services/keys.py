@@ -16,6 +16,11 @@ from server.translate.json_to_message import read_body
 from server.usage.money import micros_to_usd, usd_to_micros
 
 
+# Answers that carry a new secret (create, rotate): shown once, so no cache on the way (a proxy, a browser's back
+# button) may keep a copy.
+_SECRET_ANSWER = (("cache-control", "no-store"),)
+
+
 class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
     def __init__(self, admin: KeyAdmin, authenticator: Authenticator) -> None:
         self._admin = admin
@@ -23,10 +28,12 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await context.send_initial_metadata(_SECRET_ANSWER)
         return await self._create(request)
 
     async def CreateKeyHttp(self, request: httpbody_pb2.HttpBody, context) -> key_pb2.CreateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await context.send_initial_metadata(_SECRET_ANSWER)
         return await self._create(read_body(request.data, key_pb2.CreateKeyRequest))
 
     async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
@@ -39,10 +46,12 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await context.send_initial_metadata(_SECRET_ANSWER)
         return await self._rotate(request)
 
     async def RotateKeyHttp(self, request: key_pb2.RotateKeyHttpRequest, context) -> key_pb2.RotateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await context.send_initial_metadata(_SECRET_ANSWER)
         return await self._rotate(read_body(request.body.data, key_pb2.RotateKeyRequest, url={"id": request.id}))
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:

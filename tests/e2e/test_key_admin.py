@@ -220,3 +220,16 @@ def test_list_keys_holds_revoked_keys_oldest_first_and_never_a_secret(gateway):
     assert revoked in keys and made[1]["key"] in keys
     assert all(set(key) == set(revoked) for key in keys)
     assert not any(m["secret"].removeprefix("pk-")[:12] in listing.text for m in made)
+
+
+def test_answers_that_carry_a_secret_are_never_cached(gateway):
+    """A created or rotated key's secret is shown once: no cache between the admin tool and the gateway (a proxy, the
+    browser's back button) may keep a copy of the answer."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    created = httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers, json={"name": "n", "all_models": True},
+                         timeout=60)
+    assert created.status_code == 200 and created.headers.get("cache-control") == "no-store", created.headers
+    rotated = httpx.post(f"{gateway.base_url}/v1/admin/keys/{created.json()['key']['id']}/rotate", headers=headers,
+                         json={}, timeout=60)
+    assert rotated.status_code == 200 and rotated.headers.get("cache-control") == "no-store", rotated.headers

@@ -68,7 +68,7 @@ def test_a_json_answer_to_a_stream_is_called_so(oai, claude, double, model):
     with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as caught:
         chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
     assert caught.value.status_code == 502
-    assert "JSON instead of the stream" in str(caught.value)
+    assert "answered a streamed request with application/json, not an event stream" in str(caught.value)
     assert len(double.seen) == 1  # asking again would get the same
 
 

@@ -12,6 +12,7 @@ import socket
 import time
 
 import grpc
+import redis.asyncio as redis_client
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
@@ -226,6 +227,58 @@ async def test_a_redis_restarted_empty_gets_the_slots_of_requests_still_running_
                 await asyncio.sleep(0.02)
             await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
     finally:
+        await running.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+        redis.stop()
+
+
+async def test_a_redis_that_refuses_writes_is_an_outage_not_a_500_and_settlements_wait_for_it(tmp_path, double):
+    """Redis answers but refuses writes (a replica after a failover says READONLY; LOADING, OOM, MISCONF and BUSY
+    say the same in their words): requests get the outage policy's 503, never a 500, the host is not ready, and a
+    request in flight meanwhile is settled with what it used once Redis takes writes again."""
+    redis = start_redis(tmp_path)
+    models = f"""\
+  - id: priced
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
+    price: {{input: 0, output: 1000}}
+"""
+    config = load_upstream_config(tmp_path, models)
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url,
+                                                                     store_timeout_seconds=0.2))
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    running = await start_server(config, "127.0.0.1:0")
+    admin = await redis_client.from_url(redis.url)
+    try:
+        key, secret = await running.store.create("read-only", all_models=True, limits=KeyLimits(daily_tokens=10_000))
+        double.reset()
+        double.cue(Cue(delay=1.0))
+        hello = chat_request(model="priced", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            call = chat.CreateChatCompletion(hello, metadata=bearer(secret))
+            while not double.seen:  # admitted, and waiting on the upstream
+                await asyncio.sleep(0.01)
+            await admin.replicaof("127.0.0.1", "9")  # a replica of nothing: it keeps its data, refuses writes
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await chat.CreateChatCompletion(hello, metadata=bearer(secret))
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "limit store is unreachable" in error_details(caught.value).error.message
+                assert not await running.limiter.store.ping()  # so /readyz says `"limits": "unreachable"`
+                answer = await call
+                await asyncio.sleep(0.5)  # its settlement was refused, and is retried
+            finally:
+                await admin.replicaof("NO", "ONE")
+        used = answer.usage.prompt_tokens + answer.usage.completion_tokens
+        deadline = time.monotonic() + 10
+        while (counts := await running.limiter.store.counts(key.id)).day_tokens != used:
+            assert time.monotonic() < deadline, f"still the reservation's estimates: {counts}"
+            await asyncio.sleep(0.1)
+        assert (counts.day_requests, counts.day_spend, counts.in_flight) == (1, 3000, 0)
+        assert await running.limiter.store.ping()
+    finally:
+        await admin.aclose()
         await running.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
         redis.stop()

@@ -188,3 +188,23 @@ def test_an_empty_data_dir_option_is_refused_not_the_working_directory(tmp_path,
     assert "argument --data-dir: a directory path, not ''" in capsys.readouterr().err
     assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
     assert not (tmp_path / "keys.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("keys: {pool_size: 8}", r"keys\.pool_size: only for a postgresql:// store"),
+        ("keys: {store_timeout_seconds: 5}", r"keys\.store_timeout_seconds: only for a postgresql:// store"),
+        ("limits: {lease_seconds: 10}", r"limits\.lease_seconds: only for a Redis store"),
+        ("limits: {store_timeout_seconds: 2}", r"limits\.store_timeout_seconds: only for a Redis store"),
+    ],
+)
+def test_a_store_setting_the_store_in_use_never_reads_is_refused(tmp_path, section, message):
+    """A setting nothing would honour is refused, like keys.password_env with SQLite: `pool_size: 8` with SQLite, or
+    a Redis timeout with the in-process limit store, did nothing, silently."""
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"{ONE_MODEL}\n{section}")
+    postgres = "{store: 'postgresql://portico@db:5432/portico', pool_size: 8, store_timeout_seconds: 5}"
+    assert _load(tmp_path, f"{ONE_MODEL}\nkeys: {postgres}").key_store.pool_size == 8
+    redis = "{store: 'redis://127.0.0.1:6379/0', lease_seconds: 10, store_timeout_seconds: 2}"
+    assert _load(tmp_path, f"{ONE_MODEL}\nlimits: {redis}").limits.lease_seconds == 10
