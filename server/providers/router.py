@@ -144,13 +144,13 @@ class Router:
         model = 0  # the chain's model tried last
         while (step := plan.next(loop.time())) is not None:
             route, deployment = chain[step.model], chain[step.model].deployments[step.deployment]
+            if step.wait:  # before the move is counted: a caller gone during the wait leaves no attempt made
+                await asyncio.sleep(step.wait)
             if failed is not None:
                 self._moving_on(chain, failed, step)
             elif step.model != model and self._recorder is not None:  # none of its deployments was in service
                 self._recorder.fallback(self._chain[0].model_id, route.model_id)
             model = step.model
-            if step.wait:
-                await asyncio.sleep(step.wait)
             if local is not None and local(deployment.provider):
                 async with aclosing(start(deployment.provider)) as events:
                     async for event in events:

@@ -354,6 +354,20 @@ async def test_a_caller_that_goes_away_cancels_the_upstream_request(chat, runnin
     assert 0 < window_tokens(running, key_id) < 10
 
 
+async def test_a_caller_gone_during_the_retry_wait_leaves_no_retry_counted(chat, running, double, key):
+    """The retry was counted (metrics, the access log's upstream_attempts) before its wait, so a caller that left
+    during the wait was recorded with an attempt that never happened."""
+    retries = metric(running, "portico_upstream_retries_total", model="up-solo", reason="429")
+    double.cue(Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after-ms": "1500"}))
+    with pytest.raises(grpc.aio.AioRpcError) as gone:
+        await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO), metadata=bearer(key[1]),
+                                        timeout=0.4)
+    assert gone.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.sleep(1.6)  # past the wait: a retry that were still made would be seen by now
+    assert len(double.seen) == 1
+    assert metric(running, "portico_upstream_retries_total", model="up-solo", reason="429") == retries
+
+
 @pytest.mark.parametrize("limit", ["daily_requests", "requests_per_minute"])
 async def test_requests_that_reached_the_upstream_count_against_the_request_limits(chat, running, double, limit):
     """An upstream failure (502) and a call its caller gave up on were sent to a paid model: each counts as a
