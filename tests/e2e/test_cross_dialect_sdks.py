@@ -101,3 +101,37 @@ def test_unparseable_arguments_in_a_json_answer_are_kept_under_arguments(claude,
                          "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}))
     message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
     assert [(b.type, b.input) for b in message.content] == [("tool_use", {"arguments": '{"city": Oslo}'})]
+
+
+CONVERSATION = [  # for an OpenAI-compatible upstream: system, user, assistant, tool, tool, user (messages[0..5])
+    {"role": "user", "content": "Weather in Oslo and Bergen?"},
+    {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "weather", "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                                 {"type": "tool_result", "tool_use_id": "toolu_2", "content": "Rain"},
+                                 {"type": "text", "text": "And tomorrow?"}]},
+]
+
+
+@pytest.mark.parametrize(("upstream_param", "caller_param"), [
+    ("stop", "stop_sequences"), ("stop[1]", "stop_sequences[1]"), ("messages[0].content", "system"),
+    ("messages[1].content", "messages[0]"), ("messages[4].content", "messages[2]"), ("messages[5]", "messages[2]"),
+    ("tools[0].function.parameters.properties", "tools[0].input_schema.properties"),
+    ("tools[0].function.name", "tools[0].name"), ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
+    ("max_tokens", "max_tokens"), ("logprobs", None),
+])
+def test_an_openai_upstreams_param_reaches_a_messages_caller_as_the_field_it_sent(claude, double, upstream_param,
+                                                                                   caller_param):
+    """An upstream's 400 names a field of the body it received, which the gateway built from the caller's: the caller
+    is told which of its own fields that was (null when none of them was), not a path into a body it never saw."""
+    double.cue(Cue(status=400, body={"error": {"message": "Invalid value.", "type": "invalid_request_error",
+                                               "param": upstream_param, "code": None}}))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="messages-gpt", max_tokens=50, system="Be brief.", messages=CONVERSATION,
+                               tools=TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+                               stop_sequences=["END", "STOP"])
+    assert [m["role"] for m in double.seen[-1].body["messages"]] == ["system", "user", "assistant", "tool", "tool",
+                                                                     "user"]
+    assert caught.value.body["error"]["param"] == caller_param
+    assert caught.value.body["error"]["message"] == "Invalid value."
