@@ -59,6 +59,8 @@ def _built(request: GenerationRequest) -> dict:
     if params.stop:
         body["stop_sequences"] = list(params.stop)
     # seed has no Anthropic field: it is left out.
+    if request.end_user:
+        body["metadata"] = {"user_id": request.end_user}
     if request.tools:
         body["tools"] = [
             {"name": t.name, **({"description": t.description} if t.description else {}),

@@ -50,6 +50,8 @@ def _built(request: GenerationRequest) -> dict:
     if params.seed is not None:
         body["seed"] = params.seed
     # top_k has no OpenAI field: OpenAI itself refuses unknown fields, so it is left out.
+    if request.end_user:
+        body["user"] = request.end_user
     if request.tools:
         body["tools"] = [
             {"type": "function",

@@ -135,3 +135,18 @@ def test_an_openai_upstreams_param_reaches_a_messages_caller_as_the_field_it_sen
                                                                      "user"]
     assert caught.value.body["error"]["param"] == caller_param
     assert caught.value.body["error"]["message"] == "Invalid value."
+
+
+def test_the_end_user_id_reaches_the_upstream_in_its_dialect(oai, claude, double):
+    """Anthropic's `metadata.user_id` and OpenAI's `user` (or its successor `safety_identifier`) name the caller's
+    end user for the upstream's abuse monitoring: the same field in the other dialect, never dropped."""
+    claude.messages.create(model="messages-gpt", max_tokens=5, messages=HELLO, metadata={"user_id": "u-42"})
+    assert double.seen[-1].body["user"] == "u-42"
+    claude.messages.create(model="messages-gpt", max_tokens=5, messages=HELLO)
+    assert "user" not in double.seen[-1].body
+    oai.chat.completions.create(model="chat-claude", messages=HELLO, user="u-7", safety_identifier="s-7")
+    assert double.seen[-1].body["metadata"] == {"user_id": "u-7"}
+    oai.chat.completions.create(model="chat-claude", messages=HELLO, safety_identifier="s-7")
+    assert double.seen[-1].body["metadata"] == {"user_id": "s-7"}
+    oai.chat.completions.create(model="chat-claude", messages=HELLO, metadata={"team": "a"})
+    assert "metadata" not in double.seen[-1].body
