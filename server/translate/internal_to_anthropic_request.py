@@ -8,6 +8,9 @@ built from the internal values.
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 from server.domain import AnthropicMessagesSource, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
 from server.translate.internal_to_anthropic import tool_input
 
@@ -93,14 +96,28 @@ def _messages(turns: tuple[Turn, ...]) -> list[dict]:
 def _blocks(turn: Turn) -> list[dict]:
     # tool_result blocks come first in a user message: Anthropic requires it.
     blocks: list[dict] = [
-        {"type": "tool_result", "tool_use_id": r.call_id, "content": r.text,
+        {"type": "tool_result", "tool_use_id": _tool_id(r.call_id), "content": r.text,
          **({"is_error": True} if r.is_error else {})}
         for r in turn.tool_results
     ]
     if turn.text or not (turn.tool_results or turn.tool_calls):
         blocks.append({"type": "text", "text": turn.text})
-    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c)} for c in turn.tool_calls]
+    blocks += [{"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": tool_input(c)}
+               for c in turn.tool_calls]
     return blocks
+
+
+_NOT_IN_TOOL_ID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def _tool_id(call_id: str) -> str:
+    """Anthropic takes tool ids of [a-zA-Z0-9_-] only; other servers' models make others (Kimi's
+    `functions.weather:0`). Rewritten the same way in a call and its result, so they still match, with a digest of
+    the id so that two ids differing only in replaced characters stay apart."""
+    if not _NOT_IN_TOOL_ID.search(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).hexdigest()[:12]
+    return f"{_NOT_IN_TOOL_ID.sub('_', call_id)}_{digest}"
 
 
 def _tool_choice(choice: ToolChoice) -> dict:

@@ -4,6 +4,7 @@ plays answers an echo model would not give (docs/api.md, Upstream providers)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import anthropic
@@ -150,3 +151,22 @@ def test_the_end_user_id_reaches_the_upstream_in_its_dialect(oai, claude, double
     assert double.seen[-1].body["metadata"] == {"user_id": "s-7"}
     oai.chat.completions.create(model="chat-claude", messages=HELLO, metadata={"team": "a"})
     assert "metadata" not in double.seen[-1].body
+
+
+def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
+    """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
+    carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result
+    with its call, and two calls that differ only where a character was replaced must stay apart."""
+    calls = [{"id": f"functions.weather:{i}", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+             for i in range(2)] + [{"id": "call_ok-1", "type": "function",
+                                    "function": {"name": "weather", "arguments": "{}"}}]
+    oai.chat.completions.create(model="chat-claude", tools=[{"type": "function", "function": {"name": "weather"}}],
+                                messages=[*HELLO, {"role": "assistant", "content": None, "tool_calls": calls},
+                                          *[{"role": "tool", "tool_call_id": c["id"], "content": "Sunny"}
+                                            for c in reversed(calls)]])
+    sent = double.seen[-1].body["messages"]
+    uses = [block["id"] for block in sent[1]["content"]]
+    results = [block["tool_use_id"] for block in sent[2]["content"]]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", i) for i in uses) and len(set(uses)) == 3
+    assert results == uses[::-1]
+    assert uses[2] == "call_ok-1"  # a valid id is sent as it is
