@@ -9,6 +9,7 @@ import time
 
 import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -170,3 +171,44 @@ def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, d
     assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", i) for i in uses) and len(set(uses)) == 3
     assert results == uses[::-1]
     assert uses[2] == "call_ok-1"  # a valid id is sent as it is
+
+
+CHAT_CONVERSATION = [  # for an Anthropic upstream: system; user (messages.0), assistant (1), tool + tool + user (2)
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Oslo and Bergen?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "weather", "arguments": "{}"}} for i in range(2)]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "Sunny"},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Rain"},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.mark.parametrize(("message", "caller_param"), [
+    ("messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'", "messages[2]"),
+    ("messages.2.content.1: unexpected `tool_use_id` found in `tool_result` blocks: call_1.", "messages[4]"),
+    ("messages.2.content.2.text.text: Field required", "messages[5]"),
+    ("messages.0: all messages must have non-empty content", "messages[1]"),
+    ("messages: roles must alternate between \"user\" and \"assistant\"", "messages"),
+    ("system: text content blocks must be non-empty", "messages[0]"),
+    ("max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens", "max_completion_tokens"),
+    ("stop_sequences.1: each stop sequence must contain non-whitespace", "stop[1]"),
+    ("temperature: Input should be less than or equal to 1", "temperature"),
+    ("tools.0.custom.input_schema.type: Input should be 'object'", "tools[0].function.parameters.type"),
+    ("tools.0.name: String should match pattern '^[a-zA-Z0-9_-]{1,128}$'", "tools[0].function.name"),
+    ("tool_choice.disable_parallel_tool_use: Input should be a valid boolean", "parallel_tool_calls"),
+    ("metadata.user_id: String should have at most 256 characters", "user"),
+    ("Your credit balance is too low.", None),
+])
+def test_an_anthropic_upstreams_field_path_reaches_a_chat_caller_as_the_param_it_sent(oai, double, message,
+                                                                                      caller_param):
+    """Anthropic's 400s have no `param`: their message starts with the path of the field in the body the gateway
+    built (`messages.2.content.1: ...`). A chat caller is told, as `param`, which of its own fields that was."""
+    double.cue(Cue(status=400, body={"type": "error", "error": {"type": "invalid_request_error", "message": message}}))
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=CHAT_CONVERSATION, max_completion_tokens=50,
+                                    tools=[{"type": "function", "function": {"name": "weather"}}], stop=["END", "X"],
+                                    parallel_tool_calls=False, user="u-1")
+    assert [len(m["content"]) for m in double.seen[-1].body["messages"]] == [27, 2, 3]
+    assert caught.value.body["param"] == caller_param
+    assert caught.value.body["message"] == message
