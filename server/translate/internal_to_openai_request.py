@@ -71,7 +71,8 @@ def _turn_messages(request: GenerationRequest) -> list[tuple[int, dict]]:
 # The Messages field each top-level chat field of a built body was made from (the others: messages, tools).
 _MESSAGES_FIELDS = {"model": "model", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
                     "stream": "stream", "temperature": "temperature", "top_p": "top_p", "stop": "stop_sequences",
-                    "tool_choice": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+                    "tool_choice": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+                    "user": "metadata.user_id"}
 _TOOL_MEMBERS = {".function.parameters": ".input_schema", ".function.name": ".name",
                  ".function.description": ".description"}
 _PARAM = re.compile(r"([A-Za-z_]+)(?:\[(\d+)\])?(.*)", re.DOTALL)

@@ -121,7 +121,7 @@ CONVERSATION = [  # for an OpenAI-compatible upstream: system, user, assistant, 
     ("messages[1].content", "messages[0]"), ("messages[4].content", "messages[2]"), ("messages[5]", "messages[2]"),
     ("tools[0].function.parameters.properties", "tools[0].input_schema.properties"),
     ("tools[0].function.name", "tools[0].name"), ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
-    ("max_tokens", "max_tokens"), ("logprobs", None),
+    ("max_tokens", "max_tokens"), ("user", "metadata.user_id"), ("logprobs", None),
 ])
 def test_an_openai_upstreams_param_reaches_a_messages_caller_as_the_field_it_sent(claude, double, upstream_param,
                                                                                    caller_param):
@@ -132,7 +132,7 @@ def test_an_openai_upstreams_param_reaches_a_messages_caller_as_the_field_it_sen
     with pytest.raises(anthropic.BadRequestError) as caught:
         claude.messages.create(model="messages-gpt", max_tokens=50, system="Be brief.", messages=CONVERSATION,
                                tools=TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": True},
-                               stop_sequences=["END", "STOP"])
+                               stop_sequences=["END", "STOP"], metadata={"user_id": "u-1"})
     assert [m["role"] for m in double.seen[-1].body["messages"]] == ["system", "user", "assistant", "tool", "tool",
                                                                      "user"]
     assert caught.value.body["error"]["param"] == caller_param
