@@ -89,16 +89,18 @@ def caller_param(request: GenerationRequest, param: str) -> str | None:
     if match is None:
         return None
     name, index, rest = match.group(1), match.group(2), match.group(3)
-    if name == "messages" and index is not None:
+    if name in ("messages", "tools") and index is None:
+        return name
+    if name == "messages":
         made = _turn_messages(request)
         if int(index) >= len(made):
-            return None
+            return "messages"
         turn = made[int(index)][0]
         if request.turns[turn].role is Role.SYSTEM:
             return "system"
         system_turns = 1 if request.turns[0].role is Role.SYSTEM else 0
         return f"messages[{turn - system_turns}]"  # the parts inside differ between the dialects
-    if name == "tools" and index is not None:
+    if name == "tools":
         for member, own in _TOOL_MEMBERS.items():
             if rest == member or rest.startswith((member + ".", member + "[")):
                 return f"tools[{index}]{own}{rest.removeprefix(member)}"

@@ -121,7 +121,7 @@ CONVERSATION = [  # for an OpenAI-compatible upstream: system, user, assistant, 
     ("messages[1].content", "messages[0]"), ("messages[4].content", "messages[2]"), ("messages[5]", "messages[2]"),
     ("tools[0].function.parameters.properties", "tools[0].input_schema.properties"),
     ("tools[0].function.name", "tools[0].name"), ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
-    ("max_tokens", "max_tokens"), ("user", "metadata.user_id"), ("logprobs", None),
+    ("messages", "messages"), ("max_tokens", "max_tokens"), ("user", "metadata.user_id"), ("logprobs", None),
 ])
 def test_an_openai_upstreams_param_reaches_a_messages_caller_as_the_field_it_sent(claude, double, upstream_param,
                                                                                    caller_param):
