@@ -294,6 +294,8 @@ class GenerationRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice | None = None  # None: the caller did not say
     json_output: bool = False  # the caller asked for JSON output (OpenAI response_format json_object/json_schema)
+    # Who the caller's end user is, for an upstream's abuse monitoring (Anthropic's metadata.user_id, OpenAI's user).
+    end_user: str | None = None
     source: RequestSource | None = None
     # The caller reads the answer as it is generated. False: it waits for the whole answer, so an upstream is asked
     # for one JSON answer instead of a stream; the provider's events are the same either way.

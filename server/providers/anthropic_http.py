@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 from server.domain import (
     AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamObject, UpstreamSpec,
 )
-from server.errors import UpstreamError
+from server.errors import InvalidRequest, UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.providers.upstream_errors import scrubbed_object
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, carries_content, message_events
-from server.translate.internal_to_anthropic_request import anthropic_body, count_body
+from server.translate.internal_to_anthropic_request import anthropic_body, caller_param, count_body
 from server.translate.usage_counts import token_count
 
 ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every current Anthropic model speaks
@@ -48,28 +48,33 @@ class AnthropicProvider:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = anthropic_body(request, model=self._model)
         headers = _beta_headers(request)
-        if not request.stream:
-            answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers)
-            if answer.get("type") == "error" or "error" in answer:
-                raise self._upstream.stream_error(answer, self._model_id, self._model)
-            generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())
-            yield UpstreamObject(Dialect.ANTHROPIC, answer)
-            for event in generated:
-                yield event
-            return
-        reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens())
-        async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers) as events:
-            async for event in events:
-                payload = self._upstream.event_object(event.data, self._model_id)
-                if event.event == "error" or payload.get("type") == "error":
-                    raise self._upstream.stream_error(payload, self._model_id, self._model)
-                made = reader.feed(payload)  # first: an event that is not the API's never reaches the caller
-                yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
-                for generated in made:
-                    yield generated
-                if reader.finished:
-                    return
-        reader.end()
+        try:
+            if not request.stream:
+                answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers)
+                if answer.get("type") == "error" or "error" in answer:
+                    raise self._upstream.stream_error(answer, self._model_id, self._model)
+                generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())
+                yield UpstreamObject(Dialect.ANTHROPIC, answer)
+                for event in generated:
+                    yield event
+                return
+            reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens())
+            async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers) as events:
+                async for event in events:
+                    payload = self._upstream.event_object(event.data, self._model_id)
+                    if event.event == "error" or payload.get("type") == "error":
+                        raise self._upstream.stream_error(payload, self._model_id, self._model)
+                    made = reader.feed(payload)  # first: an event that is not the API's never reaches the caller
+                    yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
+                    for generated in made:
+                        yield generated
+                    if reader.finished:
+                        return
+            reader.end()
+        except InvalidRequest as error:  # Anthropic names no param; its message names a field of the body built here
+            if error.param is None:
+                error.param = caller_param(request, error.message)
+            raise
 
     async def count_prompt(self, request: GenerationRequest) -> TokenCount:
         """The upstream's own count (its /v1/messages/count_tokens), asked as a message is: the upstream's model

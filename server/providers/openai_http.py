@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject, UpstreamSpec
+from server.errors import InvalidRequest
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
-from server.translate.internal_to_openai_request import openai_body
+from server.translate.internal_to_openai_request import caller_param, openai_body
 from server.translate.openai_chunks_to_internal import OpenAIChunkReader, carries_content, completion_events
 
 
@@ -34,35 +35,40 @@ class OpenAIProvider:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = openai_body(request, model=self._model, max_tokens_field=self._max_tokens_field)
-        prompt_estimate = request.estimated_prompt_tokens()
-        if not request.stream:
-            answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
-            if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
-                raise self._upstream.stream_error(answer, self._model_id, self._model)
-            generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
-            yield UpstreamObject(Dialect.OPENAI, answer)
-            for event in generated:
-                yield event
-            return
-        reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
-        # The prompt's count for an Anthropic caller's message_start (OpenAI reports its own only at the end); a chat
-        # caller's stream has no place for it, and skips the event's trip through every layer.
-        started = request.source is not None and request.source.dialect is Dialect.OPENAI
-        async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
-            async for event in events:
-                if event.data == b"[DONE]":
-                    break
-                chunk = self._upstream.event_object(event.data, self._model_id)
-                if "error" in chunk:
-                    raise self._upstream.stream_error(chunk, self._model_id, self._model)
-                made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
-                yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
-                if not started:
-                    started = True
-                    yield Started(prompt_estimate)
-                for generated in made:
-                    yield generated
-        yield reader.end()
+        try:
+            prompt_estimate = request.estimated_prompt_tokens()
+            if not request.stream:
+                answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
+                if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
+                    raise self._upstream.stream_error(answer, self._model_id, self._model)
+                generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
+                yield UpstreamObject(Dialect.OPENAI, answer)
+                for event in generated:
+                    yield event
+                return
+            reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
+            # The prompt's count for an Anthropic caller's message_start (OpenAI reports its own only at the end); a
+            # chat caller's stream has no place for it, and skips the event's trip through every layer.
+            started = request.source is not None and request.source.dialect is Dialect.OPENAI
+            async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
+                async for event in events:
+                    if event.data == b"[DONE]":
+                        break
+                    chunk = self._upstream.event_object(event.data, self._model_id)
+                    if "error" in chunk:
+                        raise self._upstream.stream_error(chunk, self._model_id, self._model)
+                    made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
+                    yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
+                    if not started:
+                        started = True
+                        yield Started(prompt_estimate)
+                    for generated in made:
+                        yield generated
+            yield reader.end()
+        except InvalidRequest as error:  # its param names a field of the body built here: the caller's instead
+            if error.param:
+                error.param = caller_param(request, error.param)
+            raise
 
     async def close(self) -> None:
         """Closes the pooled client, which other models may share: closing it twice is harmless."""

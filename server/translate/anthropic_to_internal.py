@@ -85,12 +85,12 @@ def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence
     if (thinking := opt_object(body, "thinking")) is not None:  # ignored here, but a wrong type is still a 400
         opt_string(thinking, "type", "thinking")
         opt_int(thinking, "budget_tokens", 1, path="thinking")
-    if (metadata := opt_object(body, "metadata")) is not None:  # ignored too; Anthropic's `user_id` is a string
-        opt_string(metadata, "user_id", "metadata")
+    metadata = opt_object(body, "metadata") or {}
+    end_user = opt_string(metadata, "user_id", "metadata") or None
     tools = _tools(body, unread)
     stream = always_stream or bool(opt_bool(body, "stream"))
     return GenerationRequest(
-        turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body),
+        turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body), end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
 

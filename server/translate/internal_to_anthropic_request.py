@@ -8,7 +8,12 @@ built from the internal values.
 
 from __future__ import annotations
 
-from server.domain import AnthropicMessagesSource, GenerationRequest, Json, Role, ToolChoice, ToolChoiceMode, Turn
+import hashlib
+import re
+
+from server.domain import (
+    AnthropicMessagesSource, GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn,
+)
 from server.translate.internal_to_anthropic import tool_input
 
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # OpenAI allows up to 2; Anthropic refuses more than 1
@@ -59,6 +64,8 @@ def _built(request: GenerationRequest) -> dict:
     if params.stop:
         body["stop_sequences"] = list(params.stop)
     # seed has no Anthropic field: it is left out.
+    if request.end_user:
+        body["metadata"] = {"user_id": request.end_user}
     if request.tools:
         body["tools"] = [
             {"name": t.name, **({"description": t.description} if t.description else {}),
@@ -71,34 +78,103 @@ def _built(request: GenerationRequest) -> dict:
 
 
 def _messages(turns: tuple[Turn, ...]) -> list[dict]:
-    """Turns -> messages. Anthropic wants user and assistant to alternate and all results of a turn's calls in the
-    next user message, so consecutive turns of one role (OpenAI's separate `tool` messages) are merged."""
-    messages: list[dict] = []
-    for turn in turns:
-        if turn.role is Role.SYSTEM:
-            continue
-        blocks = _blocks(turn)
-        if messages and messages[-1]["role"] == turn.role.value:
-            messages[-1]["content"] += blocks
-        else:
-            messages.append({"role": turn.role.value, "content": blocks})
+    messages = [message for message, _ in _placed_messages(turns)]
     for message in messages:  # the plain form for a single text block, as most callers write it
         if len(message["content"]) == 1 and message["content"][0]["type"] == "text":
             message["content"] = message["content"][0]["text"]
     return messages
 
 
+def _placed_messages(turns: tuple[Turn, ...]) -> list[tuple[dict, list[int]]]:
+    """Turns -> messages, each with the index of the turn each of its blocks was made from. Anthropic wants user
+    and assistant to alternate and all results of a turn's calls in the next user message, so consecutive turns of
+    one role (OpenAI's separate `tool` messages) are merged."""
+    placed: list[tuple[dict, list[int]]] = []
+    for i, turn in enumerate(turns):
+        if turn.role is Role.SYSTEM:
+            continue
+        blocks = _blocks(turn)
+        if placed and placed[-1][0]["role"] == turn.role.value:
+            placed[-1][0]["content"] += blocks
+            placed[-1][1].extend([i] * len(blocks))
+        else:
+            placed.append(({"role": turn.role.value, "content": blocks}, [i] * len(blocks)))
+    return placed
+
+
+# Anthropic's 400s have no `param`: their message starts with the path of the field (`messages.2.content.1: ...`).
+_MESSAGE_PATH = re.compile(r"([a-z_]+(?:\.[A-Za-z0-9_]+)*): ")
+# The chat field each top-level field of a built body was made from (the others: messages, system, tools, ...).
+_CHAT_FIELDS = {"model": "model", "stream": "stream", "temperature": "temperature", "top_p": "top_p",
+                "top_k": "top_k", "tool_choice": "tool_choice"}
+_TOOL_MEMBERS = {"input_schema": "function.parameters", "name": "function.name", "description": "function.description"}
+
+
+def caller_param(request: GenerationRequest, message: str) -> str | None:
+    """The chat caller's field that an Anthropic 400 is about, read from the path its message starts with (a path
+    into the body built for it): `system` is the first system message, `messages.2.content.1` the caller's message
+    that block was made from (merged turns make one message), `stop_sequences.1` `stop[1]`. None without a path, or
+    when no field the caller sent made it."""
+    source = request.source
+    match = _MESSAGE_PATH.match(message)
+    if not isinstance(source, OpenAIChatSource) or match is None:
+        return None
+    name, *rest = match.group(1).split(".")
+    if name == "messages":
+        return _message_param(request, rest)
+    if name == "system":
+        return next((f"messages[{i}]" for i, turn in enumerate(request.turns) if turn.role is Role.SYSTEM), None)
+    if name == "tools" and rest and rest[0].isdigit():
+        members = rest[2:] if rest[1:2] == ["custom"] else rest[1:]  # Anthropic names the tool's kind in paths
+        own = _TOOL_MEMBERS.get(members[0]) if members else None
+        return ".".join([f"tools[{rest[0]}]", own, *members[1:]]) if own else f"tools[{rest[0]}]"
+    if name == "max_tokens":
+        return "max_completion_tokens" if "max_completion_tokens" in source.body else "max_tokens"
+    if name == "stop_sequences":
+        listed = rest and rest[0].isdigit() and isinstance(source.body.get("stop"), list)
+        return f"stop[{rest[0]}]" if listed else "stop"
+    if name == "metadata":
+        return "user" if "user" in source.body else "safety_identifier"
+    if name == "tool_choice" and rest == ["disable_parallel_tool_use"]:
+        return "parallel_tool_calls"
+    return _CHAT_FIELDS.get(name)
+
+
+def _message_param(request: GenerationRequest, path: list[str]) -> str:
+    """`messages.N[.content.M...]` -> the chat message the block (or the message's first block) was made from."""
+    placed = _placed_messages(request.turns)
+    if not path or not path[0].isdigit() or int(path[0]) >= len(placed):
+        return "messages"
+    turns = placed[int(path[0])][1]
+    block = int(path[2]) if path[1:2] == ["content"] and path[2:3] and path[2].isdigit() else 0
+    return f"messages[{turns[block] if block < len(turns) else turns[0]}]"
+
+
 def _blocks(turn: Turn) -> list[dict]:
     # tool_result blocks come first in a user message: Anthropic requires it.
     blocks: list[dict] = [
-        {"type": "tool_result", "tool_use_id": r.call_id, "content": r.text,
+        {"type": "tool_result", "tool_use_id": _tool_id(r.call_id), "content": r.text,
          **({"is_error": True} if r.is_error else {})}
         for r in turn.tool_results
     ]
     if turn.text or not (turn.tool_results or turn.tool_calls):
         blocks.append({"type": "text", "text": turn.text})
-    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c)} for c in turn.tool_calls]
+    blocks += [{"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": tool_input(c)}
+               for c in turn.tool_calls]
     return blocks
+
+
+_NOT_IN_TOOL_ID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def _tool_id(call_id: str) -> str:
+    """Anthropic takes tool ids of [a-zA-Z0-9_-] only; other servers' models make others (Kimi's
+    `functions.weather:0`). Rewritten the same way in a call and its result, so they still match, with a digest of
+    the id so that two ids differing only in replaced characters stay apart."""
+    if not _NOT_IN_TOOL_ID.search(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).hexdigest()[:12]
+    return f"{_NOT_IN_TOOL_ID.sub('_', call_id)}_{digest}"
 
 
 def _tool_choice(choice: ToolChoice) -> dict:

@@ -10,7 +10,11 @@ the internal values.
 
 from __future__ import annotations
 
-from server.domain import GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn
+import re
+
+from server.domain import (
+    AnthropicMessagesSource, GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn,
+)
 
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
@@ -36,7 +40,7 @@ def openai_body(request: GenerationRequest, *, model: str, max_tokens_field: str
 
 def _built(request: GenerationRequest) -> dict:
     params = request.params
-    body: dict[str, Json] = {"messages": [m for turn in request.turns for m in _messages(turn)]}
+    body: dict[str, Json] = {"messages": [message for _, message in _turn_messages(request)]}
     if params.temperature is not None:
         body["temperature"] = params.temperature
     if params.top_p is not None:
@@ -46,6 +50,8 @@ def _built(request: GenerationRequest) -> dict:
     if params.seed is not None:
         body["seed"] = params.seed
     # top_k has no OpenAI field: OpenAI itself refuses unknown fields, so it is left out.
+    if request.end_user:
+        body["user"] = request.end_user
     if request.tools:
         body["tools"] = [
             {"type": "function",
@@ -55,6 +61,53 @@ def _built(request: GenerationRequest) -> dict:
     if request.tool_choice is not None:
         _put_tool_choice(body, request.tool_choice, has_tools=bool(request.tools))
     return body
+
+
+def _turn_messages(request: GenerationRequest) -> list[tuple[int, dict]]:
+    """Each message of the built body, with the index of the turn it was made from."""
+    return [(i, message) for i, turn in enumerate(request.turns) for message in _messages(turn)]
+
+
+# The Messages field each top-level chat field of a built body was made from (the others: messages, tools).
+_MESSAGES_FIELDS = {"model": "model", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
+                    "stream": "stream", "temperature": "temperature", "top_p": "top_p", "stop": "stop_sequences",
+                    "tool_choice": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+                    "user": "metadata.user_id"}
+_TOOL_MEMBERS = {".function.parameters": ".input_schema", ".function.name": ".name",
+                 ".function.description": ".description"}
+_PARAM = re.compile(r"([A-Za-z_]+)(?:\[(\d+)\])?(.*)", re.DOTALL)
+
+
+def caller_param(request: GenerationRequest, param: str) -> str | None:
+    """The Messages caller's field that an upstream's error `param` (a path into the chat body built for it) was
+    made from: `stop` is `stop_sequences`, a system message `system`, `messages[4]` the caller's message it came from
+    (one message may make several), `tools[0].function.parameters` `tools[0].input_schema`. None when no field the
+    caller sent made it (a path into a body the caller never saw would mislead)."""
+    if not isinstance(request.source, AnthropicMessagesSource):
+        return param  # the caller's own body, passed through
+    match = _PARAM.fullmatch(param)
+    if match is None:
+        return None
+    name, index, rest = match.group(1), match.group(2), match.group(3)
+    if name in ("messages", "tools") and index is None:
+        return name
+    if name == "messages":
+        made = _turn_messages(request)
+        if int(index) >= len(made):
+            return "messages"
+        turn = made[int(index)][0]
+        if request.turns[turn].role is Role.SYSTEM:
+            return "system"
+        system_turns = 1 if request.turns[0].role is Role.SYSTEM else 0
+        return f"messages[{turn - system_turns}]"  # the parts inside differ between the dialects
+    if name == "tools":
+        for member, own in _TOOL_MEMBERS.items():
+            if rest == member or rest.startswith((member + ".", member + "[")):
+                return f"tools[{index}]{own}{rest.removeprefix(member)}"
+        return f"tools[{index}]"
+    if name in _MESSAGES_FIELDS and (index is None or name == "stop"):
+        return _MESSAGES_FIELDS[name] + (f"[{index}]" if index is not None else "")
+    return None
 
 
 # Before a failed tool's result: OpenAI's tool messages have no is_error flag (the embedded model reads it too).

@@ -68,6 +68,7 @@ def chat_request(
         tools=tools,
         tool_choice=_tool_choice(body, tools, unread),
         json_output=_response_format(body, unread) != "text",
+        end_user=opt_string(body, "user") or opt_string(body, "safety_identifier") or None,
         source=OpenAIChatSource(body, tuple(unread)),
         stream=stream,
     )

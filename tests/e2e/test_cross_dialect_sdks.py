@@ -4,10 +4,12 @@ plays answers an echo model would not give (docs/api.md, Upstream providers)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -101,3 +103,112 @@ def test_unparseable_arguments_in_a_json_answer_are_kept_under_arguments(claude,
                          "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}))
     message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
     assert [(b.type, b.input) for b in message.content] == [("tool_use", {"arguments": '{"city": Oslo}'})]
+
+
+CONVERSATION = [  # for an OpenAI-compatible upstream: system, user, assistant, tool, tool, user (messages[0..5])
+    {"role": "user", "content": "Weather in Oslo and Bergen?"},
+    {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "weather", "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                                 {"type": "tool_result", "tool_use_id": "toolu_2", "content": "Rain"},
+                                 {"type": "text", "text": "And tomorrow?"}]},
+]
+
+
+@pytest.mark.parametrize(("upstream_param", "caller_param"), [
+    ("stop", "stop_sequences"), ("stop[1]", "stop_sequences[1]"), ("messages[0].content", "system"),
+    ("messages[1].content", "messages[0]"), ("messages[4].content", "messages[2]"), ("messages[5]", "messages[2]"),
+    ("tools[0].function.parameters.properties", "tools[0].input_schema.properties"),
+    ("tools[0].function.name", "tools[0].name"), ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
+    ("messages", "messages"), ("max_tokens", "max_tokens"), ("user", "metadata.user_id"), ("logprobs", None),
+])
+def test_an_openai_upstreams_param_reaches_a_messages_caller_as_the_field_it_sent(claude, double, upstream_param,
+                                                                                   caller_param):
+    """An upstream's 400 names a field of the body it received, which the gateway built from the caller's: the caller
+    is told which of its own fields that was (null when none of them was), not a path into a body it never saw."""
+    double.cue(Cue(status=400, body={"error": {"message": "Invalid value.", "type": "invalid_request_error",
+                                               "param": upstream_param, "code": None}}))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="messages-gpt", max_tokens=50, system="Be brief.", messages=CONVERSATION,
+                               tools=TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+                               stop_sequences=["END", "STOP"], metadata={"user_id": "u-1"})
+    assert [m["role"] for m in double.seen[-1].body["messages"]] == ["system", "user", "assistant", "tool", "tool",
+                                                                     "user"]
+    assert caught.value.body["error"]["param"] == caller_param
+    assert caught.value.body["error"]["message"] == "Invalid value."
+
+
+def test_the_end_user_id_reaches_the_upstream_in_its_dialect(oai, claude, double):
+    """Anthropic's `metadata.user_id` and OpenAI's `user` (or its successor `safety_identifier`) name the caller's
+    end user for the upstream's abuse monitoring: the same field in the other dialect, never dropped."""
+    claude.messages.create(model="messages-gpt", max_tokens=5, messages=HELLO, metadata={"user_id": "u-42"})
+    assert double.seen[-1].body["user"] == "u-42"
+    claude.messages.create(model="messages-gpt", max_tokens=5, messages=HELLO)
+    assert "user" not in double.seen[-1].body
+    oai.chat.completions.create(model="chat-claude", messages=HELLO, user="u-7", safety_identifier="s-7")
+    assert double.seen[-1].body["metadata"] == {"user_id": "u-7"}
+    oai.chat.completions.create(model="chat-claude", messages=HELLO, safety_identifier="s-7")
+    assert double.seen[-1].body["metadata"] == {"user_id": "s-7"}
+    oai.chat.completions.create(model="chat-claude", messages=HELLO, metadata={"team": "a"})
+    assert "metadata" not in double.seen[-1].body
+
+
+def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
+    """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
+    carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result
+    with its call, and two calls that differ only where a character was replaced must stay apart."""
+    calls = [{"id": f"functions.weather:{i}", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+             for i in range(2)] + [{"id": "call_ok-1", "type": "function",
+                                    "function": {"name": "weather", "arguments": "{}"}}]
+    oai.chat.completions.create(model="chat-claude", tools=[{"type": "function", "function": {"name": "weather"}}],
+                                messages=[*HELLO, {"role": "assistant", "content": None, "tool_calls": calls},
+                                          *[{"role": "tool", "tool_call_id": c["id"], "content": "Sunny"}
+                                            for c in reversed(calls)]])
+    sent = double.seen[-1].body["messages"]
+    uses = [block["id"] for block in sent[1]["content"]]
+    results = [block["tool_use_id"] for block in sent[2]["content"]]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", i) for i in uses) and len(set(uses)) == 3
+    assert results == uses[::-1]
+    assert uses[2] == "call_ok-1"  # a valid id is sent as it is
+
+
+CHAT_CONVERSATION = [  # for an Anthropic upstream: system; user (messages.0), assistant (1), tool + tool + user (2)
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Oslo and Bergen?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "weather", "arguments": "{}"}} for i in range(2)]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "Sunny"},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Rain"},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.mark.parametrize(("message", "caller_param"), [
+    ("messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'", "messages[2]"),
+    ("messages.2.content.1: unexpected `tool_use_id` found in `tool_result` blocks: call_1.", "messages[4]"),
+    ("messages.2.content.2.text.text: Field required", "messages[5]"),
+    ("messages.0: all messages must have non-empty content", "messages[1]"),
+    ("messages: roles must alternate between \"user\" and \"assistant\"", "messages"),
+    ("system: text content blocks must be non-empty", "messages[0]"),
+    ("max_tokens: 100000 > 64000, which is the maximum allowed number of output tokens", "max_completion_tokens"),
+    ("stop_sequences.1: each stop sequence must contain non-whitespace", "stop[1]"),
+    ("temperature: Input should be less than or equal to 1", "temperature"),
+    ("tools.0.custom.input_schema.type: Input should be 'object'", "tools[0].function.parameters.type"),
+    ("tools.0.name: String should match pattern '^[a-zA-Z0-9_-]{1,128}$'", "tools[0].function.name"),
+    ("tool_choice.disable_parallel_tool_use: Input should be a valid boolean", "parallel_tool_calls"),
+    ("metadata.user_id: String should have at most 256 characters", "user"),
+    ("Your credit balance is too low.", None),
+])
+def test_an_anthropic_upstreams_field_path_reaches_a_chat_caller_as_the_param_it_sent(oai, double, message,
+                                                                                      caller_param):
+    """Anthropic's 400s have no `param`: their message starts with the path of the field in the body the gateway
+    built (`messages.2.content.1: ...`). A chat caller is told, as `param`, which of its own fields that was."""
+    double.cue(Cue(status=400, body={"type": "error", "error": {"type": "invalid_request_error", "message": message}}))
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=CHAT_CONVERSATION, max_completion_tokens=50,
+                                    tools=[{"type": "function", "function": {"name": "weather"}}], stop=["END", "X"],
+                                    parallel_tool_calls=False, user="u-1")
+    assert [len(m["content"]) for m in double.seen[-1].body["messages"]] == [27, 2, 3]
+    assert caught.value.body["param"] == caller_param
+    assert caught.value.body["message"] == message
