@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -44,6 +45,23 @@ def subset_of(names: tuple[str, ...]) -> Callable[[str], str]:
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}: expected a subset of {','.join(names)}")
         return text
+    return check
+
+
+def at_least(kind: type[int] | type[float], minimum: float, *, exclusive: bool = False) -> Callable[[str], float]:
+    """An argparse type for a count or a time: a value no run can use (`--duration 0`, `--rate nan`) is refused
+    while parsing, in one line, rather than found out by wrk or a division minutes into the run."""
+    bound = f"above {minimum:g}" if exclusive else f"at least {minimum:g}"
+
+    def check(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
     return check
 
 

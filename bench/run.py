@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -45,9 +46,9 @@ import time
 from pathlib import Path
 
 from bench import litellm, peers
-from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, create_key,
-                          ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes, run_wrk, settle,
-                          subset_of, tree, wait_port, write_portico_config)
+from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, Row, at_least,
+                          create_key, ensure_wrk, lua_script, open_streams, paced, post, process_names, rss_bytes,
+                          run_wrk, settle, subset_of, tree, wait_port, write_portico_config)
 from gateway.envoy import free_ports
 
 UPSTREAM_FLOOR = "upstream"  # in --floor: the handler that forwards to the mock instead of burning CPU
@@ -73,14 +74,16 @@ def smoke(base: str, key: str) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description="Benchmark Portico against a mock upstream.")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=at_least(int, 1), default=1,
                    help="portico serve --workers N (N > 1 starts a redis-server); LiteLLM's --num_workers")
-    p.add_argument("--duration", type=int, default=10, help="seconds per wrk run (default 10)")
-    p.add_argument("--connections", type=int, default=32, help="wrk -c (default 32)")
-    p.add_argument("--threads", type=int, default=1, help="wrk -t (default 1)")
-    p.add_argument("--rate", type=float, default=100.0, help="paced latency run: requests/s per target (default 100)")
-    p.add_argument("--latency-seconds", type=float, default=10.0, help="paced latency run length (default 10; 0: skip)")
-    p.add_argument("--streams", type=int, default=None,
+    p.add_argument("--duration", type=at_least(int, 1), default=10, help="seconds per wrk run (default 10)")
+    p.add_argument("--connections", type=at_least(int, 1), default=32, help="wrk -c (default 32)")
+    p.add_argument("--threads", type=at_least(int, 1), default=1, help="wrk -t (default 1)")
+    p.add_argument("--rate", type=at_least(float, 0, exclusive=True), default=100.0,
+                   help="paced latency run: requests/s per target (default 100)")
+    p.add_argument("--latency-seconds", type=at_least(float, 0), default=10.0,
+                   help="paced latency run length (default 10; 0: skip)")
+    p.add_argument("--streams", type=at_least(int, 0), default=None,
                    help="streams held open at once (default 1000, with --peers 5000; 0: skip)")
     p.add_argument("--access-log", choices=["file", "off"], default="file",
                    help="the gateway's access log: to a file in the run directory (default) or off")
@@ -97,8 +100,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peers", action="store_true",
                    help="Portico, LiteLLM, Portkey and TensorZero side by side (bench/peers.py): interleaved JSON and "
                         "stream runs, the gateways not under test paused; installs the peers under .cache/ once")
-    p.add_argument("--rounds", type=int, default=2, help="--peers: interleaved rounds (default 2)")
-    return p.parse_args(argv)
+    p.add_argument("--rounds", type=at_least(int, 1), default=2, help="--peers: interleaved rounds (default 2)")
+    args = p.parse_args(argv)
+    if args.threads > args.connections:
+        p.error(f"argument --threads: {args.threads} threads need at least as many --connections (wrk's rule), "
+                f"not {args.connections}")
+    if args.json and not os.access(args.json.parent, os.W_OK):
+        p.error(f"argument --json: cannot write into {args.json.parent}/ (no such directory, or not writable)")
+    return args
 
 
 def _floors(text: str) -> list[float | str]:
@@ -111,9 +120,10 @@ def _floors(text: str) -> list[float | str]:
         try:
             value = float(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected microseconds like 0,100,200 or 'upstream', got {part!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError("handler costs cannot be negative")
+            raise argparse.ArgumentTypeError(
+                f"expected microseconds like 0,100,200 or 'upstream', got {part!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"handler costs are microseconds, 0 or more, not {part!r}")
         values.append(value)
     return values
 
