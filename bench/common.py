@@ -269,6 +269,11 @@ class Processes:
             return
         pids = tree(proc.pid)
         proc.send_signal(signal.SIGTERM)
+        for pid in pids:  # a gateway paused for the peers' rounds acts on its SIGTERM only once continued
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,47 @@
+"""The benchmark stops what it starts (docs/performance.md): also a gateway it had paused (SIGSTOP) for the peers'
+interleaved rounds, which is what every gateway but the loaded one is when a run is interrupted or fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from bench.common import Processes, tree
+
+# A parent that stops on SIGTERM and a child of its own, as a gateway and its Envoy or workers.
+SERVER = ("import signal, subprocess, sys, time\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "signal.signal(signal.SIGTERM, lambda *_: (child.terminate(), sys.exit(0)))\n"
+          "print('up', flush=True)\n"
+          "time.sleep(60)\n")
+
+
+def test_a_paused_gateway_is_stopped_at_once(capsys):
+    procs = Processes()
+    proc = procs.start("paused gateway", [sys.executable, "-c", SERVER], stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"up\n"
+    pids = tree(proc.pid)
+    assert len(pids) == 2
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    procs.stop_all()
+    assert time.monotonic() - started < 5  # not the 20 s grace and a SIGKILL
+    assert proc.returncode == 0  # it ran its own SIGTERM handler
+    assert "did not stop" not in capsys.readouterr().err
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped; a zombie waiting for its reaper has stopped."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
