@@ -401,8 +401,10 @@ def targets(rows: list[Row], results: dict, args) -> list[str]:
                 f"{row.requests - row.errors} served, {row.gateway_rss_mb:.0f} MB")
     for kind in ("chat JSON", "chat stream", "/v1/messages"):
         ours, theirs = by_name.get(f"portico {kind}"), by_name.get(f"litellm {kind}")
-        if ours and theirs and theirs.rps > 0:
-            verdict(ours.rps >= 20 * theirs.rps, f">= 20x LiteLLM, {kind}", f"{ours.rps / theirs.rps:.1f}x")
+        if ours and theirs and theirs.rps > 0 and args.connections == 32:
+            # wrk counts error answers in req/s: a ratio reached with errors is not reached
+            verdict(ours.rps >= 20 * theirs.rps and not ours.errors, f">= 20x LiteLLM, {kind}",
+                    f"{ours.rps / theirs.rps:.1f}x" + (f", {ours.errors} errors" if ours.errors else ""))
     return lines
 
 
