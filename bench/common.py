@@ -440,7 +440,8 @@ def settle(root: int, seconds: float, busy_percent: float = 15.0) -> None:
 def open_streams(args, port: int, key: str, sampler_args, name: str) -> Row:
     """`--streams` slow streams (20 chunks 0.25 s apart) held open at once, each on its own connection."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    print(f"bench: {name}: {args.streams} streams open at once (20 chunks 0.25 s apart each)", flush=True)
+    print(f"bench: {name or 'portico'}: {args.streams} streams open at once (20 chunks 0.25 s apart each)",
+          flush=True)
     with Sampler(*sampler_args) as sample:
         ok, failed, seconds = asyncio.run(client.open_streams(
             "127.0.0.1", port, "/v1/chat/completions", json.dumps(SLOW_BODY).encode(), headers, b"[DONE]",

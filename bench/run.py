@@ -153,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: interrupted; stopping what it started", file=sys.stderr)
         return 130
     except (RuntimeError, subprocess.SubprocessError) as exc:
-        print(f"bench: {exc}\nbench: logs in {run_dir}", file=sys.stderr)
-        args.keep = True
+        print(f"bench: {exc}", file=sys.stderr)
+        if any(run_dir.iterdir()):  # empty when a peer's install failed: its log is under .cache/, named above
+            print(f"bench: logs in {run_dir}", file=sys.stderr)
+            args.keep = True
         return 1
     finally:
         procs.stop_all()

@@ -45,3 +45,21 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_a_failed_install_points_at_its_log_not_an_empty_run_directory(tmp_path, monkeypatch, capsys):
+    from bench import litellm, run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def fail() -> None:
+        raise RuntimeError("installing LiteLLM failed (pip install ...): no matching distribution")
+
+    monkeypatch.setattr(run.tempfile, "mkdtemp", lambda prefix: str(run_dir))
+    monkeypatch.setattr(litellm, "ensure_venv", fail)
+    assert run.main(["--litellm", "only"]) == 1
+    err = capsys.readouterr().err
+    assert "installing LiteLLM failed" in err
+    assert "logs in" not in err and "kept" not in err  # nothing ran: nothing to read there
+    assert not run_dir.exists()
