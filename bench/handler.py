@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"bench.handler: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("bench.handler: interrupted; stopping what it started", file=sys.stderr)
+        return 130
     finally:
         procs.stop_all()
         shutil.rmtree(run_dir, ignore_errors=True)

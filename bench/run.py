@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, on_term)
     try:
         # Before any run: installing a peer may take minutes, once.
@@ -159,11 +160,16 @@ def main(argv: list[str] | None = None) -> int:
             args.keep = True
         return 1
     finally:
+        # A second Ctrl-C while stopping would leave the rest running: they are in sessions of their own.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         procs.stop_all()
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
         else:
             print(f"bench: run directory kept: {run_dir}", file=sys.stderr)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
 
 
 def _bench(args, only: set[str], wrk: str, run_dir: Path, procs: Processes, litellm_bin: Path | None) -> int:

@@ -63,3 +63,61 @@ def test_a_failed_install_points_at_its_log_not_an_empty_run_directory(tmp_path,
     assert "installing LiteLLM failed" in err
     assert "logs in" not in err and "kept" not in err  # nothing ran: nothing to read there
     assert not run_dir.exists()
+
+
+def test_bench_handler_interrupted_says_so_in_a_line(monkeypatch, capsys):
+    from bench import handler
+
+    started = []
+    real_start = Processes.start
+
+    def start(self, name, args, **kwargs):
+        started.append(proc := real_start(self, name, args, **kwargs))
+        return proc
+
+    def interrupted(coroutine):
+        coroutine.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Processes, "start", start)
+    monkeypatch.setattr(handler.uvloop, "run", interrupted)
+    assert handler.main(["--requests", "100"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted" in err
+    assert started and all(proc.poll() is not None for proc in started)  # the mock upstream stopped
+
+
+# A gateway that takes a moment to stop, as portico serve draining or LiteLLM's workers.
+SLOW_TO_STOP = ("import signal, sys, time\n"
+                "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))\n"
+                "print('up', flush=True)\n"
+                "time.sleep(60)\n")
+
+
+def test_a_second_ctrl_c_does_not_leave_gateways_running(monkeypatch, capsys):
+    import threading
+
+    from bench import run
+
+    started = []
+
+    def bench(args, only, wrk, run_dir, procs, litellm_bin):
+        proc = procs.start("slow gateway", [sys.executable, "-c", SLOW_TO_STOP], stdout=subprocess.PIPE)
+        assert proc.stdout.readline() == b"up\n"
+        started.append(proc)
+        # the second Ctrl-C lands while the bench is stopping what it started
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "ensure_wrk", lambda: "wrk")
+    monkeypatch.setattr(run, "_bench", bench)
+    try:
+        assert run.main(["--only", "direct"]) == 130
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                raise AssertionError("the gateway was left running")
+    assert started[0].returncode == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handlers are back
