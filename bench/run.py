@@ -105,6 +105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.threads > args.connections:
         p.error(f"argument --threads: {args.threads} threads need at least as many --connections (wrk's rule), "
                 f"not {args.connections}")
+    if args.peers and (args.only or args.litellm):
+        p.error(f"argument {'--only' if args.only else '--litellm'}: not with --peers, which runs its own set "
+                "(JSON and stream rounds for every gateway, then --streams open streams; --streams 0 skips those)")
     if args.json and not os.access(args.json.parent, os.W_OK):
         p.error(f"argument --json: cannot write into {args.json.parent}/ (no such directory, or not writable)")
     return args

@@ -72,3 +72,13 @@ def test_bench_handler_refuses_counts_out_of_range(options, capsys):
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert "argument --" in err or "--requests" in err
+
+
+# --peers runs its own set (interleaved JSON and stream rounds, then the open streams): an option it would ignore is
+# refused, not a 5,000-stream run after `--peers --only json`.
+@pytest.mark.parametrize("options", [["--only", "json"], ["--litellm"], ["--litellm", "only"]])
+def test_bench_peers_refuses_what_it_would_ignore(options, capsys):
+    with pytest.raises(SystemExit) as exit:
+        run.parse_args(["--peers", *options])
+    assert exit.value.code == 2
+    assert "--peers" in capsys.readouterr().err
