@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -44,6 +45,23 @@ def subset_of(names: tuple[str, ...]) -> Callable[[str], str]:
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}: expected a subset of {','.join(names)}")
         return text
+    return check
+
+
+def at_least(kind: type[int] | type[float], minimum: float, *, exclusive: bool = False) -> Callable[[str], float]:
+    """An argparse type for a count or a time: a value no run can use (`--duration 0`, `--rate nan`) is refused
+    while parsing, in one line, rather than found out by wrk or a division minutes into the run."""
+    bound = f"above {minimum:g}" if exclusive else f"at least {minimum:g}"
+
+    def check(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
     return check
 
 
@@ -251,6 +269,11 @@ class Processes:
             return
         pids = tree(proc.pid)
         proc.send_signal(signal.SIGTERM)
+        for pid in pids:  # a gateway paused for the peers' rounds acts on its SIGTERM only once continued
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -417,7 +440,8 @@ def settle(root: int, seconds: float, busy_percent: float = 15.0) -> None:
 def open_streams(args, port: int, key: str, sampler_args, name: str) -> Row:
     """`--streams` slow streams (20 chunks 0.25 s apart) held open at once, each on its own connection."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    print(f"bench: {name}: {args.streams} streams open at once (20 chunks 0.25 s apart each)", flush=True)
+    print(f"bench: {name or 'portico'}: {args.streams} streams open at once (20 chunks 0.25 s apart each)",
+          flush=True)
     with Sampler(*sampler_args) as sample:
         ok, failed, seconds = asyncio.run(client.open_streams(
             "127.0.0.1", port, "/v1/chat/completions", json.dumps(SLOW_BODY).encode(), headers, b"[DONE]",

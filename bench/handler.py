@@ -26,8 +26,8 @@ import grpc
 import uvloop
 from google.api import httpbody_pb2
 
-from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, create_key,
-                          subset_of, wait_port, write_portico_config)
+from bench.common import (BENCH_ENV, CHAT_BODY, MESSAGES_BODY, PYTHON, ROOT, STREAM_BODY, Processes, at_least,
+                          create_key, subset_of, wait_port, write_portico_config)
 from gateway.envoy import free_ports
 from server.app import build_core
 from server.config import load_config
@@ -128,8 +128,8 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.handler", description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20000, help="requests per kind (default 20000)")
-    parser.add_argument("--concurrency", type=int, default=16, help="requests at once (default 16)")
+    parser.add_argument("--requests", type=at_least(int, 1), default=20000, help="requests per kind (default 20000)")
+    parser.add_argument("--concurrency", type=at_least(int, 1), default=16, help="requests at once (default 16)")
     parser.add_argument("--cache", action="store_true",
                         help="every model with a response cache: after the first request of a kind, all are hits")
     parser.add_argument("--store", default="memory",
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracing", action="store_true",
                         help="traces on, every request sampled, exported to the mock (its POST /v1/traces)")
     args = parser.parse_args(argv)
+    if args.requests < args.concurrency:
+        parser.error(f"argument --requests: {args.requests} requests cannot keep --concurrency {args.concurrency} busy")
     run_dir = Path(tempfile.mkdtemp(prefix="portico-bench-handler-"))
     procs = Processes()
     try:
@@ -163,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"bench.handler: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("bench.handler: interrupted; stopping what it started", file=sys.stderr)
+        return 130
     finally:
         procs.stop_all()
         shutil.rmtree(run_dir, ignore_errors=True)
