@@ -181,3 +181,29 @@ def test_a_link_whose_days_make_no_period_says_so(tab, gateway, admin_secret):
     tab.open("#/usage?period=7d")  # a link without days is no mistake
     expect(tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")).to_have_count(0)
     assert tab.problems.lines == []
+
+
+def test_a_long_name_leaves_every_table_readable_at_desktop_width(tab, gateway, admin_secret):
+    """A 200-character name without a space once made the keys table ~2,900 px wide at 1280 px, every row of 100+
+    keys some 100 px tall and the Id and State columns out of sight; the models table hid its Cost column."""
+    long_name = "w" * 200
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": long_name, "all_models": True})
+    secret = made.json()["secret"]
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert api(gateway, secret, "POST", "/v1/chat/completions", json=chat).status_code == 200
+    for n in range(12):
+        api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": f"many-{n:02d}", "all_models": True})
+    fits = "table => table.parentElement.scrollWidth <= table.parentElement.clientWidth"
+    tab.sign_in(admin_secret)
+    keys = tab.page.get_by_role("region", name="API keys")
+    expect(keys.get_by_role("link", name=long_name)).to_be_visible()
+    assert keys.locator("table").evaluate(fits)
+    short_row = keys.get_by_role("row", name=re.compile("^many-00"))
+    assert short_row.bounding_box()["height"] < 60  # one line, or two where a date wraps
+    tab.shot("long-name-keys")
+    for hash_, region in (("#/usage?period=24h", "Spend by key and model"), ("#/models", "The model catalog")):
+        tab.open(hash_)
+        table = tab.page.get_by_role("region", name=re.compile(f"^{region}")).locator("table")
+        assert table.evaluate(fits), hash_
+    tab.shot("long-name-models")
+    assert tab.problems.lines == []

@@ -62,7 +62,7 @@ export async function keysPage(ctx) {
   stateSelect.addEventListener("change", applyFilters);
 
   const rows = shown.map((key) => [
-    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`}, key.name || "(unnamed)"),
+    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`, class: "name"}, key.name || "(unnamed)"),
     h("code", {}, key.id),
     key.env || "—",
     keyState(key) === "revoked"
