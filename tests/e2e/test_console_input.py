@@ -207,3 +207,18 @@ def test_a_long_name_leaves_every_table_readable_at_desktop_width(tab, gateway, 
         assert table.evaluate(fits), hash_
     tab.shot("long-name-models")
     assert tab.problems.lines == []
+
+
+def test_keys_made_in_the_same_second_are_listed_by_name(tab, gateway, admin_secret):
+    """Keys made by a script share their creation second: they were listed in the API's order (random ids), so
+    batch-07 came after batch-11 and before batch-02."""
+    names = [f"batch-{n:02d}" for n in range(12)]
+    for name in names:
+        api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": name, "env": "batch", "all_models": True})
+    tab.sign_in(admin_secret)
+    tab.open("#/keys?env=batch")
+    links = tab.page.get_by_role("region", name="API keys").get_by_role("link")
+    expect(links).to_have_count(12)
+    created = {key["name"]: key["created"] for key in api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]}
+    newest_first = sorted(names, key=lambda name: (-created[name], name))
+    assert links.all_inner_texts() == newest_first
