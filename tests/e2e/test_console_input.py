@@ -222,3 +222,21 @@ def test_keys_made_in_the_same_second_are_listed_by_name(tab, gateway, admin_sec
     created = {key["name"]: key["created"] for key in api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]}
     newest_first = sorted(names, key=lambda name: (-created[name], name))
     assert links.all_inner_texts() == newest_first
+
+
+def test_a_message_stays_with_the_page_it_was_about(tab, gateway, admin_secret):
+    """"Revoked key old-one." stayed above every page visited afterwards, another key's page too, as if that key
+    were the one revoked ("Signed in." likewise stayed for the whole session)."""
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "old-one", "all_models": True})
+    other = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "still-here", "all_models": True})
+    tab.sign_in(admin_secret)
+    status = tab.page.get_by_role("status").first
+    expect(status).to_have_text("Signed in.")
+    tab.open(f"#/keys/{made.json()['key']['id']}")
+    expect(status).to_have_text("")
+    tab.page.get_by_role("button", name="Revoke").click()
+    tab.page.get_by_role("dialog").get_by_role("button", name="Revoke key").click()
+    expect(status).to_have_text("Revoked key old-one.")
+    tab.open(f"#/keys/{other.json()['key']['id']}")
+    expect(tab.page.get_by_role("heading", name="still-here", level=1)).to_be_visible()
+    expect(status).to_have_text("")
