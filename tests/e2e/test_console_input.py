@@ -266,3 +266,18 @@ def test_no_model_chosen_is_told_at_the_models(tab, gateway, admin_secret):
     expect(models.get_by_role("alert")).to_have_text("Unknown model(s): 'family-a-5.4'.")
     dialog.get_by_role("button", name="Cancel").click()
     assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_the_key_form_fits_a_small_phone(tab, gateway, admin_secret):
+    """At 320 px (a small phone, or a 390 px one zoomed to 125 %) the models' grid was wider than the dialog: the
+    form scrolled sideways and the models' names were cut at its edge."""
+    tab.sign_in(admin_secret)
+    tab.page.set_viewport_size({"width": 320, "height": 640})
+    tab.page.get_by_role("button", name="Create key").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Only these models").check()
+    expect(dialog.get_by_role("checkbox", name="family-a-5.5")).to_be_visible()
+    assert dialog.evaluate("box => box.scrollWidth <= box.clientWidth")
+    tab.shot("key-form-320")
+    dialog.get_by_role("button", name="Cancel").click()
+    tab.no_horizontal_scroll()
