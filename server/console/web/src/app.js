@@ -23,7 +23,8 @@ class Console {
     this.status = document.getElementById("status");
     this.signOutButton = document.getElementById("sign-out");
     this.signOutButton.addEventListener("click", () => this.signOut("Signed out."));
-    window.addEventListener("hashchange", () => this.render());
+    // A message is about the page it was shown on ("Revoked key x."): above the next page, it would seem about that.
+    window.addEventListener("hashchange", () => { this.notify(""); this.render(); });
   }
 
   notify(text) { this.status.textContent = text; }

@@ -99,11 +99,12 @@ export function formDialog(title, content, submitText, submit) {
         // "limits.max_spend_day": the control of that name).
         const control = problem.control ?? (problem.param &&
           form.querySelector(`[name="${CSS.escape(problem.param.replace(/^limits\./, ""))}"]`));
-        const place = control?.closest(".field");
+        const place = control?.closest(".field, fieldset");
         if (place) place.append(error);
         else actions.before(error);
         control?.setAttribute("aria-invalid", "true");
-        control?.focus();
+        // A group (the models) cannot take the focus: its first choice does.
+        (control?.matches("fieldset") ? control.querySelector("input:not(:disabled)") : control)?.focus();
       } finally {
         pending = submitButton.disabled = cancelButton.disabled = false;
         settle();

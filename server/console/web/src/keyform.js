@@ -62,15 +62,17 @@ export function keyForm({models, envs, key}) {
   someModels.addEventListener("change", syncModels);
   syncModels();
 
+  // Named as the API's param for grants ("models"): its 400, and "choose one" below, are shown in this group.
+  const modelChoices = h("fieldset", {name: "models"},
+    h("legend", {}, "Models"),
+    h("label", {class: "choice"}, allModels, " All models, including ones added later"),
+    h("label", {class: "choice"}, someModels, " Only these models:"),
+    h("div", {class: "model-choices"}, modelBoxes.map((box) => h("label", {class: "choice"}, box, " ", box.value))));
   const element = h("div", {class: "key-form"},
     field("Name", name, "Who holds the key, e.g. billing-api."),
     field("Environment", env, "A label such as prod, staging or a business line."),
     h("datalist", {id: "known-envs"}, envs.map((value) => h("option", {value}))),
-    h("fieldset", {},
-      h("legend", {}, "Models"),
-      h("label", {class: "choice"}, allModels, " All models, including ones added later"),
-      h("label", {class: "choice"}, someModels, " Only these models:"),
-      h("div", {class: "model-choices"}, modelBoxes.map((box) => h("label", {class: "choice"}, box, " ", box.value)))),
+    modelChoices,
     h("fieldset", {},
       h("legend", {}, "Limits (empty: the gateway's default)"),
       h("div", {class: "limits-grid"}, limitInputs.map((input, i) => field(LIMITS[i][1], input)))),
@@ -84,7 +86,9 @@ export function keyForm({models, envs, key}) {
     } else {
       body.all_models = false;
       body.models = modelBoxes.filter((box) => box.checked).map((box) => box.value);
-      if (!body.models.length) throw new Error("Choose at least one model, or all models.");
+      if (!body.models.length) {  // told in the models' group, with the focus on the first one to choose
+        throw new FieldError(modelBoxes[0] ?? modelChoices, "Choose at least one model, or all models.");
+      }
     }
     body.limits = {};
     LIMITS.forEach(([limitName, label, unit], i) => {

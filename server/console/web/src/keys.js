@@ -34,7 +34,8 @@ export async function keysPage(ctx) {
     .filter((key) => !envFilter || key.env === envFilter)
     .filter((key) => stateFilter === "all" || keyState(key) === stateFilter)
     .filter((key) => !search || key.name.toLowerCase().includes(search) || key.id.includes(search))
-    .sort((a, b) => b.created - a.created);
+    // Newest first; keys a script made in the same second by name (batch-2 before batch-10), not by random id.
+    .sort((a, b) => b.created - a.created || a.name.localeCompare(b.name, "en", {numeric: true}));
 
   const envSelect = h("select", {name: "env"},
     h("option", {value: ""}, "All environments"),
@@ -62,7 +63,7 @@ export async function keysPage(ctx) {
   stateSelect.addEventListener("change", applyFilters);
 
   const rows = shown.map((key) => [
-    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`}, key.name || "(unnamed)"),
+    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`, class: "name"}, key.name || "(unnamed)"),
     h("code", {}, key.id),
     key.env || "—",
     keyState(key) === "revoked"

@@ -200,7 +200,8 @@ function spendTable(usage, costs, names, periodLabel) {
     table(`Spend by key and model, ${periodLabel}`,
       ["Key", "Model", "Requests", "Input tokens", "Output tokens", "Cost"],
       sorted.map((r) => [
-        r.key ? h("a", {href: `#/keys/${encodeURIComponent(r.key)}`}, keyLabel(names, r.key)) : "(none)",
+        r.key ? h("a", {href: `#/keys/${encodeURIComponent(r.key)}`, class: "name"}, keyLabel(names, r.key))
+          : "(none)",
         r.model ?? "(none)", counted(r, r.requests), counted(r, r.input), counted(r, r.output), money(r.cost)]),
       {empty: "No requests in this period."}));
 }
