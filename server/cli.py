@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import functools
 import logging
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
                                            metrics_port=args.metrics_port)
             _check_ports(config)
+            if taken := _taken_port(config):
+                print(f"portico: {taken}", file=sys.stderr)
+                return 1
             upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
             _check_access_log(config.access_log)
             if args.workers < 1:
@@ -91,6 +96,27 @@ def _check_ports(config: Config) -> None:
         if port in seen:
             raise ConfigError(f"{seen[port]} and {name} must differ: both are {port}")
         seen[port] = name
+
+
+def _taken_port(config: Config) -> str | None:
+    """A port another program listens on, said before the model loads and naming the option that moves it: Envoy's
+    own bind failure came after start-up, in five lines of its log. SO_REUSEADDR as Envoy binds: a port with only
+    closed connections in TIME_WAIT (a gateway just stopped) is free."""
+    listeners = [(config.host, config.port, "--port"), ("127.0.0.1", config.envoy_admin_port, "--admin-port")]
+    if config.metrics_port:
+        listeners.append(("127.0.0.1", config.metrics_port, "--metrics-port"))
+    for host, port, option in listeners:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    continue  # another fault (an address not of this host, no permission): Envoy's error names it
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                return (f"cannot bind '{where}': {exc.strerror}: another program (or another Portico) listens there; "
+                        f"stop it, or choose another with {option} N")
+    return None
 
 
 def _check_data_dir(data_dir: Path) -> None:

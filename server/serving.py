@@ -111,7 +111,8 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         return 1
     # Only now: a start that fails (a port taken) must not use up the one showing of the key's secret.
     await _first_key(config, create=development_key)
-    print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC)", flush=True)
+    print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC). Ctrl-C or SIGTERM stops it, after "
+          f"up to {config.drain_seconds:g} s for the requests in flight.", flush=True)
 
     exit_code = await _run_until_stopped(envoy, backend, config, stop)
     await _drain(_stop_backend(backend), backend.stop_now)  # Envoy must still be up to carry the answers in flight

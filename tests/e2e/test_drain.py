@@ -226,3 +226,5 @@ def test_a_stop_signal_while_starting_stops_it_cleanly_once_up(tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, out
     assert "Portico is listening" in out and out.rstrip().endswith("Portico stopped.")
+    # how to stop it, said where a first `make serve` looks (it said only where to connect)
+    assert "Ctrl-C or SIGTERM stops it" in out

@@ -4,8 +4,11 @@ gateway that answers 500 later."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+from gateway.envoy import free_ports
 from server.cli import main
 from server.config import ConfigError, load_config
 
@@ -125,6 +128,28 @@ def test_one_port_for_two_listeners_is_a_configuration_error(tmp_path, capsys, o
     err = capsys.readouterr().err
     assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
     assert "18080" in err and "must differ" in err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("option", ["--port", "--admin-port", "--metrics-port"])
+def test_a_port_taken_by_another_program_is_one_line_naming_the_option(tmp_path, capsys, option):
+    """`make serve` with 8080 taken (another server, or a Portico already running) loaded the model, then printed
+    Envoy's five-line bind failure (or, for 9464, no hint of --metrics-port): now one line before anything starts."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: off\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        others = [str(p) for p in free_ports(2)]
+        options = dict(zip([o for o in ("--port", "--admin-port", "--metrics-port") if o != option], others))
+        options[option] = str(port)
+        code = main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve",
+                     *[text for pair in options.items() for text in pair]])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"portico: cannot bind '127.0.0.1:{port}': Address already in use")
+    assert f"choose another with {option} N" in err
     assert not (tmp_path / "d").exists()
 
 
