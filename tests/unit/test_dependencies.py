@@ -65,7 +65,8 @@ def _distribution(module: str, files: dict[Path, str]) -> str | None:
 
 
 def test_every_dependency_is_pinned_exactly():
-    requirements = [*PROJECT["dependencies"], *(r for extra in PROJECT["optional-dependencies"].values() for r in extra)]
+    extras = PROJECT["optional-dependencies"].values()
+    requirements = [*PROJECT["dependencies"], *(requirement for extra in extras for requirement in extra)]
     loose = [requirement for requirement in requirements if not re.search(r"==[^,]+$", requirement)]
     assert not loose
 
