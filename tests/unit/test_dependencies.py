@@ -72,9 +72,10 @@ def test_every_dependency_is_pinned_exactly():
 
 
 @pytest.mark.parametrize(("root", "extras"), [("server", ()), ("client", ()), ("gateway", ("dev",)),
-                                              ("bench", ("dev",))])
+                                              ("bench", ("dev",)), ("tests", ("dev",))])
 def test_every_imported_module_is_a_declared_dependency(root, extras):
-    """gateway/descriptors.py (grpcio-tools, at install) and bench/ run from a checkout with the dev extras."""
+    """gateway/descriptors.py (grpcio-tools, at install), bench/ and tests/ run from a checkout with the dev
+    extras."""
     files = _distributions_by_file()
     declared = _declared(*extras)
     modules = {module: _distribution(module, files) for module in _imports(root)}
