@@ -108,6 +108,8 @@ def _taken_port(config: Config) -> str | None:
     for host, port, option in listeners:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if ":" in host:  # Envoy's `::` is IPv6 only: an IPv4 listener on the port does not stop it
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind((host, port))
             except OSError as exc:

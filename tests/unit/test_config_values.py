@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from gateway.envoy import free_ports
-from server.cli import main
+from server.cli import _taken_port, main
 from server.config import ConfigError, load_config
 
 ONE_MODEL = "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]"
@@ -151,6 +151,25 @@ def test_a_port_taken_by_another_program_is_one_line_naming_the_option(tmp_path,
     assert err.startswith(f"portico: cannot bind '127.0.0.1:{port}': Address already in use")
     assert f"choose another with {option} N" in err
     assert not (tmp_path / "d").exists()
+
+
+def test_an_ipv4_listener_does_not_stop_a_gateway_on_ipv6_any(tmp_path):
+    """Envoy's `::` listener is IPv6 only, so it comes up beside an IPv4 server on the same port: not refused."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\n")
+    admin_port, metrics_port = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = load_config(path).with_overrides(host="::", port=port, envoy_admin_port=admin_port,
+                                                  metrics_port=metrics_port)
+        assert _taken_port(config) is None
+        with socket.socket(socket.AF_INET6) as taken6:
+            taken6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            taken6.bind(("::", port))
+            taken6.listen()
+            assert _taken_port(config).startswith(f"cannot bind '[::]:{port}': Address already in use")
 
 
 def test_an_upstream_url_with_a_user_or_password_is_refused_without_echoing_it(tmp_path):
