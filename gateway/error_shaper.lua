@@ -117,13 +117,32 @@ local INTEGER_RANGES = {TYPE_INT32 = "an integer from -2147483648 to 2147483647"
                         TYPE_UINT32 = "an integer from 0 to 4294967295",
                         TYPE_UINT64 = "an integer from 0 to 18446744073709551615"}
 
+-- The REST paths' templates as Lua patterns -> {the methods bound to them as an `allow` header, as a message says
+-- them}. gateway/envoy.py replaces the next line with them, read from the descriptor set.
+local ROUTE_METHODS = {}  -- @ROUTE_METHODS@
+
+-- For "METHOD /path" that the transcoder refused as an unknown URL although the path is bound to other methods: the
+-- `allow` header and the message naming them (`curl URL` without -d is a GET: "Unknown request URL" misled).
+local function wrong_method(request)
+  local method, path = request:match("^(%S+) (.*)$")
+  for pattern, methods in pairs(ROUTE_METHODS) do
+    if path and path:find(pattern) and not (", " .. methods[1] .. ","):find(", " .. method .. ",", 1, true) then
+      return methods[1], method .. " is not a method of " .. path .. ": it takes " .. methods[2] .. "."
+    end
+  end
+  return nil
+end
+
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
 -- said in the caller's terms; JSON syntax errors carry a caret drawing. A query parameter refused by this filter
 -- (refuse_parameter), or a request refused whole (refuse_request), comes with its own message.
 local function describe_local_reply(status, text, request, query_param, fault)
   if fault then return json_string(fault), query_param end
-  if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
+  if status == 404 then
+    local _, wrong = wrong_method(request)
+    return json_string(wrong or ("Unknown request URL: " .. request .. ".")), nil
+  end
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
     if name and EXPECTED[type_name] then
@@ -430,6 +449,8 @@ local function shape_error(handle, status)
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
+    local allow = status == 404 and request and wrong_method(request)
+    if allow then headers:replace("allow", allow) end
     local message, param = describe_local_reply(status, body, request, portico.query_param, portico.fault)
     return replace_body(buffer, headers, error_body(status, message, param, anthropic))
   end

@@ -66,6 +66,26 @@ def path_variables(descriptor_set: bytes) -> Parameters:
     return variables
 
 
+def route_methods(descriptor_set: bytes) -> dict[str, tuple[str, ...]]:
+    """Each REST path template as an anchored Lua pattern (`{id}` one segment, `{path=**}` any rest, a trailing `/`
+    allowed as the transcoder allows it) -> the methods bound to it, HEAD with GET (the Lua shaper answers HEAD as
+    GET), sorted. The shaper names them when a known path is called with another method, which the transcoder
+    answers as an unknown URL."""
+    routes: dict[str, set[str]] = {}
+    for _, _, rule in _bindings(_files(descriptor_set)):
+        kind = rule.WhichOneof("pattern")
+        if kind not in ("get", "post", "put", "patch", "delete"):
+            continue
+        pieces = re.split(r"(\{[^}]*\})", getattr(rule, kind))
+        pattern = "".join((".*" if "**" in piece else "[^/]+") if piece.startswith("{")
+                          else re.sub(r"([^A-Za-z0-9/])", r"%\1", piece) for piece in pieces)
+        # `/console/{path=**}` also binds `/console` itself
+        patterns = (pattern, pattern.removesuffix("/.*")) if pattern.endswith("/.*") else (pattern,)
+        for each in patterns:
+            routes.setdefault(f"^{each}/?$", set()).update(("GET", "HEAD") if kind == "get" else (kind.upper(),))
+    return {pattern: tuple(sorted(methods)) for pattern, methods in routes.items()}
+
+
 def _files(descriptor_set: bytes):
     return descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
 

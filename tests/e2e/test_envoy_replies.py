@@ -99,6 +99,32 @@ def test_unknown_path_is_404(http):
     _assert_error(http.get("/elsewhere"), 404, "not_found")
 
 
+@pytest.mark.parametrize(("method", "path", "allow", "anthropic"), [
+    ("GET", "/v1/chat/completions", "POST", False), ("PUT", "/v1/messages", "POST", True),
+    ("DELETE", "/v1/messages/count_tokens", "POST", True), ("OPTIONS", "/v1/images/generations", "POST", False),
+    ("POST", "/v1/models", "GET, HEAD", False), ("DELETE", "/v1/models/family-a-5.5", "GET, HEAD", False),
+    ("PUT", "/v1/admin/keys", "GET, HEAD, POST", False), ("DELETE", "/v1/admin/keys/key_1", "GET, HEAD, PATCH", False),
+    ("GET", "/v1/admin/keys/key_1/rotate", "POST", False), ("POST", "/v1/organization/costs", "GET, HEAD", False),
+    ("POST", "/healthz", "GET, HEAD", False), ("PATCH", "/console/", "GET, HEAD", False),
+    ("GET", "/v1/chat/completions/", "POST", False),
+])
+def test_a_method_a_known_path_does_not_take_is_named_with_the_ones_it_does(http, method, path, allow, anthropic):
+    """`curl URL` without -d (a GET) on /v1/chat/completions was told "Unknown request URL", as if the path were
+    mistyped. Still a 404 (as OpenAI's API answers a wrong method), but saying which methods the path takes, in the
+    message and in an `allow` header."""
+    response = http.request(method, path)
+    error = _assert_error(response, 404, "not_found", anthropic=anthropic)
+    takes = " or ".join(name for name in allow.split(", ") if name != "HEAD")
+    assert error["message"] == f"{method} is not a method of {path}: it takes {takes}."
+    assert response.headers["allow"] == allow
+
+
+def test_an_unknown_path_says_so_and_allows_nothing(http):
+    response = http.get("/v1/chat/completion")
+    assert _assert_error(response, 404, "not_found")["message"] == "Unknown request URL: GET /v1/chat/completion."
+    assert "allow" not in response.headers
+
+
 def test_connect_is_404_at_once(gateway):
     """CONNECT, as curl sends it when told the gateway is its proxy (`curl -x`): the body filter waited for the end
     of a tunnel that never ends, and the caller got nothing until Envoy's timeouts (minutes)."""
