@@ -53,6 +53,27 @@ def test_bad_json_is_400(http):
     _assert_error(response, 400, "invalid_request")
 
 
+def test_a_body_that_is_not_utf8_is_400_saying_where(http):
+    """A Latin-1 byte in a string was "str is not valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)":
+    no surrogate was sent, and the place named was the body's start."""
+    body = b'{"model": "family-a-5.5", "messages": [{"role": "user", "content": "caf\xe9"}]}'
+    error = _assert_error(http.post("/v1/chat/completions", content=body,
+                                    headers={"content-type": "application/json"}), 400, "invalid_request")
+    assert error["message"] == "Invalid JSON body: it is not valid UTF-8 (byte 0xe9 at position 71)."
+    assert error["param"] is None
+
+
+@pytest.mark.parametrize("opening", [b"[", b'{"a":'])
+def test_a_body_nested_10000_levels_deep_is_400_saying_so(http, opening):
+    """Past orjson's own limit (1,024 levels) the 400 said "depth limit exceeded: line 1 column 1112", not the
+    documented limit of 32 levels."""
+    closing = b"]" if opening == b"[" else b"}"
+    body = b'{"model": "family-a-5.5", "x": ' + opening * 10_000 + b"1" + closing * 10_000 + b"}"
+    error = _assert_error(http.post("/v1/chat/completions", content=body,
+                                    headers={"content-type": "application/json"}), 400, "invalid_request")
+    assert error["message"] == "The request body is nested more than 32 levels deep."
+
+
 @pytest.mark.parametrize(("path", "anthropic"), [("/v1/chat/completions", False), ("/v1/messages", True)])
 def test_a_compressed_body_is_400_saying_so(http, path, anthropic):
     """A gzip body was read as JSON text: "str is not valid UTF-8", which says nothing of the cause."""
