@@ -115,6 +115,18 @@ def test_an_image_link_with_a_signature_that_is_not_ascii_is_not_valid_not_a_500
     assert error["message"] == "This image link is not valid."
 
 
+@pytest.mark.parametrize(("path", "param"), [
+    ("/v1/models/%ff", "model"), ("/v1/admin/keys/caf%e9", "id"), ("/console/%c3", "path"),
+    ("/v1/organization/costs?start_time=1&group_by=%ff", "group_by[0]"),
+])
+def test_a_url_that_is_not_utf8_once_decoded_is_400_saying_so(http, path, param):
+    """`/v1/models/%ff` was "The request could not be decoded: model is not a valid protobuf encoding": the
+    caller sent a URL, not protobuf."""
+    error = _assert_error(http.get(path), 400, "invalid_request")
+    assert error["message"] == f"The request could not be decoded: {param} is not valid UTF-8."
+    assert error["param"] == param
+
+
 def test_unknown_path_is_404(http):
     _assert_error(http.post("/v1/nothing-here", json={}), 404, "not_found")
     _assert_error(http.get("/elsewhere"), 404, "not_found")
