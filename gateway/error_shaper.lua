@@ -417,10 +417,13 @@ local function replace_body(buffer, headers, body)
   headers:replace("content-length", tostring(#body))
 end
 
--- Envoy's codec refuses some requests before any filter sees them, with statuses that blame the wrong side: a
+-- Envoy's codec refuses some requests before any filter sees them: malformed HTTP with a 400 that said only "The
+-- request is invalid.", and others with statuses that blame the wrong side: a
 -- connection upgrade (WebSocket: an OpenAI Realtime client, say) with a 403, read as `permission_denied`, the key;
 -- a transfer coding it cannot read (gzip, anything but chunked) with a 501, a server fault. The request is wrong: 400.
 local CODEC_REFUSALS = {
+  [400] = "The request is not well-formed HTTP/1.1 (its request line, a header, or the body's framing: " ..
+    "Content-Length and Transfer-Encoding together, say).",
   [403] = "Connection upgrades (WebSocket) are not supported: send plain HTTP/1.1 or HTTP/2 requests.",
   [501] = "This Transfer-Encoding is not supported: send the body with a Content-Length or with " ..
     "Transfer-Encoding: chunked alone.",

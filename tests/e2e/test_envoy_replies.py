@@ -158,6 +158,31 @@ def test_an_unknown_path_says_so_and_allows_nothing(http):
     assert "allow" not in response.headers
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x00b\r\n\r\n",  # a NUL in a header
+    b"GET /healthz HTTP/1.1\r\n\r\n",  # no Host
+    b"get /healthz HTTP/1.1\r\nHost: x\r\n\r\n",  # a method in lower case
+    b"GET /heal thz HTTP/1.1\r\nHost: x\r\n\r\n",  # a space in the path
+    # a smuggling attempt: both framings (the GET hidden in the body must not be answered)
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 9\r\n\r\n{}",
+])
+def test_malformed_http_is_400_saying_so_and_the_connection_closes(gateway, request_bytes):
+    """Envoy's codec refuses these before any filter sees them; the answer said only "The request is invalid."."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        conn.sendall(request_bytes)
+        answer = b""
+        while chunk := conn.recv(4096):  # to the end: the connection closes, with one answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"\nHTTP/1.1 " not in answer  # one answer, no smuggled one
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request"
+    assert error["message"] == ("The request is not well-formed HTTP/1.1 (its request line, a header, or the body's "
+                                "framing: Content-Length and Transfer-Encoding together, say).")
+
+
 def test_connect_is_404_at_once(gateway):
     """CONNECT, as curl sends it when told the gateway is its proxy (`curl -x`): the body filter waited for the end
     of a tunnel that never ends, and the caller got nothing until Envoy's timeouts (minutes)."""
