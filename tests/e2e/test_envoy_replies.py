@@ -127,6 +127,19 @@ def test_a_url_that_is_not_utf8_once_decoded_is_400_saying_so(http, path, param)
     assert error["param"] == param
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/organization/costs", b'{"start_time": 1}'),  # answered as if ?start_time=1, past the query's checks
+    ("/v1/models/family-a-5.5", b"abc"),  # was "Invalid JSON body: Unexpected token."
+])
+def test_a_get_with_a_body_is_400_saying_to_use_the_query(http, path, body, chunked):
+    """The transcoder read a GET's body as its request message: fields the query string's checks never saw."""
+    content = iter([body]) if chunked else body
+    error = _assert_error(http.request("GET", path, content=content), 400, "invalid_request")
+    assert error["message"] == f"GET {path} takes no body: send its parameters in the URL's query string."
+    assert http.get("/v1/models/family-a-5.5", headers={"content-length": "0"}).status_code == 200
+
+
 def test_unknown_path_is_404(http):
     _assert_error(http.post("/v1/nothing-here", json={}), 404, "not_found")
     _assert_error(http.get("/elsewhere"), 404, "not_found")
