@@ -133,6 +133,18 @@ local function wrong_method(request)
   return nil
 end
 
+-- Method -> the Lua patterns of its paths that take no body (GET's all do): gateway/envoy.py replaces the next line
+-- with them, read from the descriptor set.
+local BODILESS = {}  -- @BODILESS@
+
+local function takes_no_body(method, path)
+  if method == "GET" then return true end
+  for _, pattern in ipairs(BODILESS[method] or {}) do
+    if path:find(pattern) then return true end
+  end
+  return false
+end
+
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
 -- said in the caller's terms; JSON syntax errors carry a caret drawing. A query parameter refused by this filter
@@ -370,13 +382,14 @@ function envoy_on_request(handle)
     metadata:set("portico", "head", true)
     method = "GET"
   end
-  -- The transcoder read a GET's body as its request message: fields the query's checks below never saw
-  -- (GET /v1/organization/costs with {"start_time": 1}), or "Invalid JSON body" for a body of no meaning.
-  if method == "GET" then
+  -- The transcoder read the body of a route that takes none as its request message: fields the query's checks
+  -- below never saw (GET /v1/organization/costs with {"start_time": 1}), or over the URL's own (POST
+  -- /v1/admin/keys/A/revoke with {"id": "B"} revoked B); else "Invalid JSON body" for a body of no meaning.
+  if takes_no_body(method, path) then
     local body = handle:body()  -- nil at once for a request that has none
     if body and body:length() > 0 then
-      return refuse_request(handle, handle:streamInfo():dynamicMetadata(), "GET " .. redacted(path) ..
-        " takes no body: send its parameters in the URL's query string.")
+      return refuse_request(handle, handle:streamInfo():dynamicMetadata(), method .. " " .. redacted(path) ..
+        " takes no body: its parameters go in the URL.")
     end
     headers, metadata = handle:headers(), handle:streamInfo():dynamicMetadata()  -- body() yielded
   end

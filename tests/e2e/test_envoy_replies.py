@@ -136,7 +136,7 @@ def test_a_get_with_a_body_is_400_saying_to_use_the_query(http, path, body, chun
     """The transcoder read a GET's body as its request message: fields the query string's checks never saw."""
     content = iter([body]) if chunked else body
     error = _assert_error(http.request("GET", path, content=content), 400, "invalid_request")
-    assert error["message"] == f"GET {path} takes no body: send its parameters in the URL's query string."
+    assert error["message"] == f"GET {path} takes no body: its parameters go in the URL."
     assert http.get("/v1/models/family-a-5.5", headers={"content-length": "0"}).status_code == 200
 
 
@@ -263,6 +263,20 @@ def test_admin_keys_over_rest_need_an_admin_key(http, gateway):
     revoked = http.post(f"/v1/admin/keys/{key_id}/revoke", headers=admin)
     assert revoked.json()["key"]["revoked_at"] > 0
     _assert_error(http.get("/v1/admin/keys/key_missing", headers=admin), 404, "not_found")
+
+
+def test_a_revoke_with_a_body_naming_another_key_revokes_nothing(http, gateway):
+    """POST /v1/admin/keys/A/revoke with {"id": "B"} revoked key B: the transcoder read the body into the request
+    message, over the URL's id. The route takes no body; one is refused, and neither key is revoked."""
+    created = gateway.cli("keys", "create", "--name", "ops-revoke", "--all-models", "--admin")
+    admin = {"Authorization": f"Bearer {created.stdout.strip().splitlines()[-1]}"}
+    first, second = (http.post("/v1/admin/keys", headers=admin, json={"name": name, "all_models": True})
+                     .json()["key"]["id"] for name in ("first", "second"))
+    path = f"/v1/admin/keys/{first}/revoke"
+    error = _assert_error(http.post(path, headers=admin, json={"id": second}), 400, "invalid_request")
+    assert error["message"] == f"POST {path} takes no body: its parameters go in the URL."
+    for key_id in (first, second):
+        assert http.get(f"/v1/admin/keys/{key_id}", headers=admin).json()["key"]["revoked_at"] == 0
 
 
 def test_a_request_whose_headers_trickle_in_is_cut_off(gateway):
