@@ -28,7 +28,8 @@ import yaml
 
 from gateway.processes import start_supervised, terminate
 from gateway.query_parameters import (
-    Parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables,
+    Parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables, route_methods,
+    bodiless_routes,
 )
 from server.errors import kind_by_status
 
@@ -39,6 +40,8 @@ _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMET
 _ANTHROPIC_LINE = "local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@"
 _PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
 _MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
+_ROUTES_LINE = "local ROUTE_METHODS = {}  -- @ROUTE_METHODS@"
+_BODILESS_LINE = "local BODILESS = {}  -- @BODILESS@"
 _BUFFER_FILTER = "envoy.filters.http.buffer"
 
 
@@ -103,7 +106,8 @@ def render_config(
     descriptors = Path(descriptor_set).read_bytes()
     lua = render_lua(Path(lua_source).read_text("utf-8"), organization_parameters(descriptors),
                      path_variables(descriptors), anthropic_models_parameters(descriptors),
-                     max_body_bytes=filters[_BUFFER_FILTER]["max_request_bytes"])
+                     max_body_bytes=filters[_BUFFER_FILTER]["max_request_bytes"], routes=route_methods(descriptors),
+                     bodiless=bodiless_routes(descriptors))
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     for transcoder in _transcoders(hcm):
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
@@ -131,11 +135,14 @@ def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,
-               max_body_bytes: int = 0) -> str:
+               max_body_bytes: int = 0, routes: Mapping[str, tuple[str, ...]] | None = None,
+               bodiless: Mapping[str, list[str]] | None = None) -> str:
     """The Lua shaper with its KINDS table filled from server/errors.py, its ORGANIZATION_PARAMETERS,
-    PATH_VARIABLES and ANTHROPIC_MODELS_PARAMETERS from the descriptor set (gateway/query_parameters.py), and
-    MAX_BODY_BYTES from the buffer filter's cap, so they cannot drift apart (pure)."""
-    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE):
+    PATH_VARIABLES, ANTHROPIC_MODELS_PARAMETERS, ROUTE_METHODS and BODILESS from the descriptor set
+    (gateway/query_parameters.py), and MAX_BODY_BYTES from the buffer filter's cap, so they cannot drift apart
+    (pure)."""
+    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE, _ROUTES_LINE,
+                 _BODILESS_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
@@ -147,6 +154,14 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
     source = source.replace(_MAX_BODY_LINE, f"local MAX_BODY_BYTES = {int(max_body_bytes)}")
+    # pattern -> {the `allow` header, the methods as the message says them: HEAD is GET's}
+    methods = "".join(f"  [{_lua_string(pattern)}] = {{{_lua_string(', '.join(names))}, "
+                      f"{_lua_string(' or '.join(name for name in names if name != 'HEAD'))}}},\n"
+                      for pattern, names in sorted((routes or {}).items()))
+    source = source.replace(_ROUTES_LINE, "local ROUTE_METHODS = {\n" + methods + "}")
+    bodies = "".join(f"  [{_lua_string(method)}] = {{{', '.join(map(_lua_string, patterns))}}},\n"
+                     for method, patterns in sorted((bodiless or {}).items()))
+    source = source.replace(_BODILESS_LINE, "local BODILESS = {\n" + bodies + "}")
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
 
 

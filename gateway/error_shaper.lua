@@ -117,13 +117,44 @@ local INTEGER_RANGES = {TYPE_INT32 = "an integer from -2147483648 to 2147483647"
                         TYPE_UINT32 = "an integer from 0 to 4294967295",
                         TYPE_UINT64 = "an integer from 0 to 18446744073709551615"}
 
+-- The REST paths' templates as Lua patterns -> {the methods bound to them as an `allow` header, as a message says
+-- them}. gateway/envoy.py replaces the next line with them, read from the descriptor set.
+local ROUTE_METHODS = {}  -- @ROUTE_METHODS@
+
+-- For "METHOD /path" that the transcoder refused as an unknown URL although the path is bound to other methods: the
+-- `allow` header and the message naming them (`curl URL` without -d is a GET: "Unknown request URL" misled).
+local function wrong_method(request)
+  local method, path = request:match("^(%S+) (.*)$")
+  for pattern, methods in pairs(ROUTE_METHODS) do
+    if path and path:find(pattern) and not (", " .. methods[1] .. ","):find(", " .. method .. ",", 1, true) then
+      return methods[1], method .. " is not a method of " .. path .. ": it takes " .. methods[2] .. "."
+    end
+  end
+  return nil
+end
+
+-- Method -> the Lua patterns of its paths that take no body (GET's all do): gateway/envoy.py replaces the next line
+-- with them, read from the descriptor set.
+local BODILESS = {}  -- @BODILESS@
+
+local function takes_no_body(method, path)
+  if method == "GET" then return true end
+  for _, pattern in ipairs(BODILESS[method] or {}) do
+    if path:find(pattern) then return true end
+  end
+  return false
+end
+
 -- Envoy's reply text -> message and param. The transcoder names the offending field first, e.g.
 -- "messages[0].role: invalid value 1 for type TYPE_STRING" (a JSON body's field or a query parameter), which is
 -- said in the caller's terms; JSON syntax errors carry a caret drawing. A query parameter refused by this filter
 -- (refuse_parameter), or a request refused whole (refuse_request), comes with its own message.
 local function describe_local_reply(status, text, request, query_param, fault)
   if fault then return json_string(fault), query_param end
-  if status == 404 then return json_string("Unknown request URL: " .. request .. "."), nil end
+  if status == 404 then
+    local _, wrong = wrong_method(request)
+    return json_string(wrong or ("Unknown request URL: " .. request .. ".")), nil
+  end
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
     if name and EXPECTED[type_name] then
@@ -351,6 +382,17 @@ function envoy_on_request(handle)
     metadata:set("portico", "head", true)
     method = "GET"
   end
+  -- The transcoder read the body of a route that takes none as its request message: fields the query's checks
+  -- below never saw (GET /v1/organization/costs with {"start_time": 1}), or over the URL's own (POST
+  -- /v1/admin/keys/A/revoke with {"id": "B"} revoked B); else "Invalid JSON body" for a body of no meaning.
+  if takes_no_body(method, path) then
+    local body = handle:body()  -- nil at once for a request that has none
+    if body and body:length() > 0 then
+      return refuse_request(handle, handle:streamInfo():dynamicMetadata(), method .. " " .. redacted(path) ..
+        " takes no body: its parameters go in the URL.")
+    end
+    headers, metadata = handle:headers(), handle:streamInfo():dynamicMetadata()  -- body() yielded
+  end
   -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
   -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
   local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
@@ -398,10 +440,13 @@ local function replace_body(buffer, headers, body)
   headers:replace("content-length", tostring(#body))
 end
 
--- Envoy's codec refuses some requests before any filter sees them, with statuses that blame the wrong side: a
+-- Envoy's codec refuses some requests before any filter sees them: malformed HTTP with a 400 that said only "The
+-- request is invalid.", and others with statuses that blame the wrong side: a
 -- connection upgrade (WebSocket: an OpenAI Realtime client, say) with a 403, read as `permission_denied`, the key;
 -- a transfer coding it cannot read (gzip, anything but chunked) with a 501, a server fault. The request is wrong: 400.
 local CODEC_REFUSALS = {
+  [400] = "The request is not well-formed HTTP/1.1 (its request line, a header, or the body's framing: " ..
+    "Content-Length and Transfer-Encoding together, say).",
   [403] = "Connection upgrades (WebSocket) are not supported: send plain HTTP/1.1 or HTTP/2 requests.",
   [501] = "This Transfer-Encoding is not supported: send the body with a Content-Length or with " ..
     "Transfer-Encoding: chunked alone.",
@@ -430,6 +475,8 @@ local function shape_error(handle, status)
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
+    local allow = status == 404 and request and wrong_method(request)
+    if allow then headers:replace("allow", allow) end
     local message, param = describe_local_reply(status, body, request, portico.query_param, portico.fault)
     return replace_body(buffer, headers, error_body(status, message, param, anthropic))
   end

@@ -66,6 +66,43 @@ def path_variables(descriptor_set: bytes) -> Parameters:
     return variables
 
 
+def route_methods(descriptor_set: bytes) -> dict[str, tuple[str, ...]]:
+    """Each REST path template as an anchored Lua pattern (`{id}` one segment, `{path=**}` any rest, a trailing `/`
+    allowed as the transcoder allows it) -> the methods bound to it, HEAD with GET (the Lua shaper answers HEAD as
+    GET), sorted. The shaper names them when a known path is called with another method, which the transcoder
+    answers as an unknown URL."""
+    routes: dict[str, set[str]] = {}
+    for kind, patterns, _ in _routes(descriptor_set):
+        for pattern in patterns:
+            routes.setdefault(pattern, set()).update(("GET", "HEAD") if kind == "get" else (kind.upper(),))
+    return {pattern: tuple(sorted(methods)) for pattern, methods in routes.items()}
+
+
+def bodiless_routes(descriptor_set: bytes) -> dict[str, list[str]]:
+    """Method -> the Lua patterns of its paths whose binding maps no body (POST /v1/admin/keys/{id}/revoke), GET's
+    aside (none of those takes one). The transcoder still read a body sent there into the request message, over
+    the URL's own values (`{"id": "B"}` revoked key B), so the Lua shaper refuses one."""
+    bodiless: dict[str, list[str]] = {}
+    for kind, patterns, body in _routes(descriptor_set):
+        if kind != "get" and not body:
+            bodiless.setdefault(kind.upper(), []).extend(patterns)
+    return bodiless
+
+
+def _routes(descriptor_set: bytes) -> Iterator[tuple[str, tuple[str, ...], str]]:
+    """(method as the rule names it, the path template's Lua patterns, the rule's body) of each REST binding."""
+    for _, _, rule in _bindings(_files(descriptor_set)):
+        kind = rule.WhichOneof("pattern")
+        if kind not in ("get", "post", "put", "patch", "delete"):
+            continue
+        pieces = re.split(r"(\{[^}]*\})", getattr(rule, kind))
+        pattern = "".join((".*" if "**" in piece else "[^/]+") if piece.startswith("{")
+                          else re.sub(r"([^A-Za-z0-9/])", r"%\1", piece) for piece in pieces)
+        # `/console/{path=**}` also binds `/console` itself
+        patterns = (pattern, pattern.removesuffix("/.*")) if pattern.endswith("/.*") else (pattern,)
+        yield kind, tuple(f"^{each}/?$" for each in patterns), rule.body
+
+
 def _files(descriptor_set: bytes):
     return descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from google.api import httpbody_pb2
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from server.errors import InvalidRequest, RequestTooLarge
@@ -45,11 +46,21 @@ def tolerant(deserializer: Callable[[bytes], Message] | None) -> Callable[[bytes
         except (DecodeError, RecursionError) as exc:
             param = _offending_field(message_class, raw) if isinstance(message_class, type) else None
             nested = "nested too deeply" if "depth" in str(exc).lower() or isinstance(exc, RecursionError) else None
-            what = nested or "not a valid protobuf encoding"
+            what = nested or ("not valid UTF-8" if _is_string(message_class, param) else
+                              "not a valid protobuf encoding")
             return Undecodable(InvalidRequest(f"The request could not be decoded: {param or 'a field'} is {what}.",
                                               param=param))
 
     return deserialize
+
+
+def _is_string(message_class: object, param: str | None) -> bool:
+    """Whether `param` names a string field, whose bytes fail to decode only when they are not UTF-8 (a REST
+    path's or query's %-escape, such as `/v1/models/%ff`, lands in one)."""
+    if not param or not isinstance(message_class, type):
+        return False
+    field = message_class.DESCRIPTOR.fields_by_name.get(param.split("[")[0])
+    return field is not None and field.type == FieldDescriptor.TYPE_STRING
 
 
 def _body_over_limit(raw: bytes) -> bool:

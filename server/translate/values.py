@@ -29,7 +29,7 @@ def parse_body(data: bytes) -> dict[str, Json]:
     try:
         body = wire_json.loads(data)
     except wire_json.JSONDecodeError as exc:
-        raise InvalidRequest(f"Invalid JSON body: {exc}.") from None
+        raise InvalidRequest(_why_not_json(data, exc)) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {type_name(body)}.")
     # Counting brackets is C-fast; only a body with enough of them is measured, and only one too deep is walked.
@@ -37,6 +37,19 @@ def parse_body(data: bytes) -> dict[str, Json]:
         where = _nested_too_deeply(body) or ""
         raise InvalidRequest(f"`{where}` is nested more than {MAX_DEPTH} levels deep.", param=where or None)
     return body
+
+
+def _why_not_json(data: bytes, exc: wire_json.JSONDecodeError) -> str:
+    """orjson's reason, but where it misleads: bad UTF-8 it calls "surrogates not allowed" at char 0, wherever the
+    byte is, and its own nesting limit (1,024 levels) is not the one callers are told of (MAX_DEPTH)."""
+    if exc.msg.startswith("depth limit exceeded"):
+        return f"The request body is nested more than {MAX_DEPTH} levels deep."
+    if "UTF-8" in exc.msg:
+        try:
+            data.decode()
+        except UnicodeDecodeError as bad:
+            return f"Invalid JSON body: it is not valid UTF-8 (byte 0x{data[bad.start]:02x} at position {bad.start})."
+    return f"Invalid JSON body: {exc}."
 
 
 # JSON nesting below the body's object. As deep as the typed gRPC requests decode (their Struct values take two

@@ -53,6 +53,27 @@ def test_bad_json_is_400(http):
     _assert_error(response, 400, "invalid_request")
 
 
+def test_a_body_that_is_not_utf8_is_400_saying_where(http):
+    """A Latin-1 byte in a string was "str is not valid UTF-8: surrogates not allowed: line 1 column 1 (char 0)":
+    no surrogate was sent, and the place named was the body's start."""
+    body = b'{"model": "family-a-5.5", "messages": [{"role": "user", "content": "caf\xe9"}]}'
+    error = _assert_error(http.post("/v1/chat/completions", content=body,
+                                    headers={"content-type": "application/json"}), 400, "invalid_request")
+    assert error["message"] == "Invalid JSON body: it is not valid UTF-8 (byte 0xe9 at position 71)."
+    assert error["param"] is None
+
+
+@pytest.mark.parametrize("opening", [b"[", b'{"a":'])
+def test_a_body_nested_10000_levels_deep_is_400_saying_so(http, opening):
+    """Past orjson's own limit (1,024 levels) the 400 said "depth limit exceeded: line 1 column 1112", not the
+    documented limit of 32 levels."""
+    closing = b"]" if opening == b"[" else b"}"
+    body = b'{"model": "family-a-5.5", "x": ' + opening * 10_000 + b"1" + closing * 10_000 + b"}"
+    error = _assert_error(http.post("/v1/chat/completions", content=body,
+                                    headers={"content-type": "application/json"}), 400, "invalid_request")
+    assert error["message"] == "The request body is nested more than 32 levels deep."
+
+
 @pytest.mark.parametrize(("path", "anthropic"), [("/v1/chat/completions", False), ("/v1/messages", True)])
 def test_a_compressed_body_is_400_saying_so(http, path, anthropic):
     """A gzip body was read as JSON text: "str is not valid UTF-8", which says nothing of the cause."""
@@ -94,9 +115,85 @@ def test_an_image_link_with_a_signature_that_is_not_ascii_is_not_valid_not_a_500
     assert error["message"] == "This image link is not valid."
 
 
+@pytest.mark.parametrize(("path", "param"), [
+    ("/v1/models/%ff", "model"), ("/v1/admin/keys/caf%e9", "id"), ("/console/%c3", "path"),
+    ("/v1/organization/costs?start_time=1&group_by=%ff", "group_by[0]"),
+])
+def test_a_url_that_is_not_utf8_once_decoded_is_400_saying_so(http, path, param):
+    """`/v1/models/%ff` was "The request could not be decoded: model is not a valid protobuf encoding": the
+    caller sent a URL, not protobuf."""
+    error = _assert_error(http.get(path), 400, "invalid_request")
+    assert error["message"] == f"The request could not be decoded: {param} is not valid UTF-8."
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/organization/costs", b'{"start_time": 1}'),  # answered as if ?start_time=1, past the query's checks
+    ("/v1/models/family-a-5.5", b"abc"),  # was "Invalid JSON body: Unexpected token."
+])
+def test_a_get_with_a_body_is_400_saying_to_use_the_query(http, path, body, chunked):
+    """The transcoder read a GET's body as its request message: fields the query string's checks never saw."""
+    content = iter([body]) if chunked else body
+    error = _assert_error(http.request("GET", path, content=content), 400, "invalid_request")
+    assert error["message"] == f"GET {path} takes no body: its parameters go in the URL."
+    assert http.get("/v1/models/family-a-5.5", headers={"content-length": "0"}).status_code == 200
+
+
 def test_unknown_path_is_404(http):
     _assert_error(http.post("/v1/nothing-here", json={}), 404, "not_found")
     _assert_error(http.get("/elsewhere"), 404, "not_found")
+
+
+@pytest.mark.parametrize(("method", "path", "allow", "anthropic"), [
+    ("GET", "/v1/chat/completions", "POST", False), ("PUT", "/v1/messages", "POST", True),
+    ("DELETE", "/v1/messages/count_tokens", "POST", True), ("OPTIONS", "/v1/images/generations", "POST", False),
+    ("POST", "/v1/models", "GET, HEAD", False), ("DELETE", "/v1/models/family-a-5.5", "GET, HEAD", False),
+    ("PUT", "/v1/admin/keys", "GET, HEAD, POST", False), ("DELETE", "/v1/admin/keys/key_1", "GET, HEAD, PATCH", False),
+    ("GET", "/v1/admin/keys/key_1/rotate", "POST", False), ("POST", "/v1/organization/costs", "GET, HEAD", False),
+    ("POST", "/healthz", "GET, HEAD", False), ("PATCH", "/console/", "GET, HEAD", False),
+    ("GET", "/v1/chat/completions/", "POST", False),
+])
+def test_a_method_a_known_path_does_not_take_is_named_with_the_ones_it_does(http, method, path, allow, anthropic):
+    """`curl URL` without -d (a GET) on /v1/chat/completions was told "Unknown request URL", as if the path were
+    mistyped. Still a 404 (as OpenAI's API answers a wrong method), but saying which methods the path takes, in the
+    message and in an `allow` header."""
+    response = http.request(method, path)
+    error = _assert_error(response, 404, "not_found", anthropic=anthropic)
+    takes = " or ".join(name for name in allow.split(", ") if name != "HEAD")
+    assert error["message"] == f"{method} is not a method of {path}: it takes {takes}."
+    assert response.headers["allow"] == allow
+
+
+def test_an_unknown_path_says_so_and_allows_nothing(http):
+    response = http.get("/v1/chat/completion")
+    assert _assert_error(response, 404, "not_found")["message"] == "Unknown request URL: GET /v1/chat/completion."
+    assert "allow" not in response.headers
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x00b\r\n\r\n",  # a NUL in a header
+    b"GET /healthz HTTP/1.1\r\n\r\n",  # no Host
+    b"get /healthz HTTP/1.1\r\nHost: x\r\n\r\n",  # a method in lower case
+    b"GET /heal thz HTTP/1.1\r\nHost: x\r\n\r\n",  # a space in the path
+    # a smuggling attempt: both framings (the GET hidden in the body must not be answered)
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 9\r\n\r\n{}",
+])
+def test_malformed_http_is_400_saying_so_and_the_connection_closes(gateway, request_bytes):
+    """Envoy's codec refuses these before any filter sees them; the answer said only "The request is invalid."."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        conn.sendall(request_bytes)
+        answer = b""
+        while chunk := conn.recv(4096):  # to the end: the connection closes, with one answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"\nHTTP/1.1 " not in answer  # one answer, no smuggled one
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request"
+    assert error["message"] == ("The request is not well-formed HTTP/1.1 (its request line, a header, or the body's "
+                                "framing: Content-Length and Transfer-Encoding together, say).")
 
 
 def test_connect_is_404_at_once(gateway):
@@ -166,6 +263,20 @@ def test_admin_keys_over_rest_need_an_admin_key(http, gateway):
     revoked = http.post(f"/v1/admin/keys/{key_id}/revoke", headers=admin)
     assert revoked.json()["key"]["revoked_at"] > 0
     _assert_error(http.get("/v1/admin/keys/key_missing", headers=admin), 404, "not_found")
+
+
+def test_a_revoke_with_a_body_naming_another_key_revokes_nothing(http, gateway):
+    """POST /v1/admin/keys/A/revoke with {"id": "B"} revoked key B: the transcoder read the body into the request
+    message, over the URL's id. The route takes no body; one is refused, and neither key is revoked."""
+    created = gateway.cli("keys", "create", "--name", "ops-revoke", "--all-models", "--admin")
+    admin = {"Authorization": f"Bearer {created.stdout.strip().splitlines()[-1]}"}
+    first, second = (http.post("/v1/admin/keys", headers=admin, json={"name": name, "all_models": True})
+                     .json()["key"]["id"] for name in ("first", "second"))
+    path = f"/v1/admin/keys/{first}/revoke"
+    error = _assert_error(http.post(path, headers=admin, json={"id": second}), 400, "invalid_request")
+    assert error["message"] == f"POST {path} takes no body: its parameters go in the URL."
+    for key_id in (first, second):
+        assert http.get(f"/v1/admin/keys/{key_id}", headers=admin).json()["key"]["revoked_at"] == 0
 
 
 def test_a_request_whose_headers_trickle_in_is_cut_off(gateway):
