@@ -114,9 +114,9 @@ async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
         await running.stop(0)
 
 
-async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path, double):
-    """Redis stops answering while a request is in flight: the answer is not held up, and once Redis is back the
-    key's limits hold what the request used and cost (as the ledger does), not its reservation's estimates."""
+async def _priced_on_redis(tmp_path, double):
+    """A private Redis, and a server whose limits live in it (0.2 s timeouts) and whose model `priced` ($1,000 per
+    million output tokens) is served by `double`."""
     redis = start_redis(tmp_path)
     models = f"""\
   - id: priced
@@ -128,7 +128,13 @@ async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path
     config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url,
                                                                      store_timeout_seconds=0.2))
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    running = await start_server(config, "127.0.0.1:0")
+    return redis, await start_server(config, "127.0.0.1:0")
+
+
+async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path, double):
+    """Redis stops answering while a request is in flight: the answer is not held up, and once Redis is back the
+    key's limits hold what the request used and cost (as the ledger does), not its reservation's estimates."""
+    redis, running = await _priced_on_redis(tmp_path, double)
     try:
         key, secret = await running.store.create("outage", all_models=True, limits=KeyLimits(daily_tokens=10_000))
         double.reset()
@@ -236,18 +242,7 @@ async def test_a_redis_that_refuses_writes_is_an_outage_not_a_500_and_settlement
     """Redis answers but refuses writes (a replica after a failover says READONLY; LOADING, OOM, MISCONF and BUSY
     say the same in their words): requests get the outage policy's 503, never a 500, the host is not ready, and a
     request in flight meanwhile is settled with what it used once Redis takes writes again."""
-    redis = start_redis(tmp_path)
-    models = f"""\
-  - id: priced
-    endpoint: /v1/chat/completions
-    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
-    price: {{input: 0, output: 1000}}
-"""
-    config = load_upstream_config(tmp_path, models)
-    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url,
-                                                                     store_timeout_seconds=0.2))
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    running = await start_server(config, "127.0.0.1:0")
+    redis, running = await _priced_on_redis(tmp_path, double)
     admin = await redis_client.from_url(redis.url)
     try:
         key, secret = await running.store.create("read-only", all_models=True, limits=KeyLimits(daily_tokens=10_000))
