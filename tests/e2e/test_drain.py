@@ -84,15 +84,22 @@ def test_stopping_lets_50_open_streams_finish(tmp_path, stop):
                for line in log.splitlines()) == STREAMS
 
 
-def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, double):
-    """Ctrl-C pressed again during the drain: the requests still in flight are cut and the gateway stops at once,
-    instead of waiting up to drain_seconds for them."""
-    double.cue(Cue(frame_delay=0.25))  # one word every 0.25 s: 60 words take 15 s
+def slow_echo(tmp_path, double, *, words: int, seconds_a_word: float):
+    """A gateway's config (drain_seconds 120) whose model slow-echo streams back the prompt one word at a time from
+    `double`, and the streamed request of `words` words for it."""
+    double.cue(Cue(frame_delay=seconds_a_word))
     models = f"  - {{id: slow-echo, endpoint: {CHAT}, provider: {{kind: openai, base_url: '{double.url}', model: m}}}}\n"
     config = write_config(tmp_path, models)
     config.write_text(config.read_text() + "drain_seconds: 120\n")
-    body = {"model": "slow-echo", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(60))}],
+    body = {"model": "slow-echo", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(words))}],
             "max_tokens": 100, "stream": True}
+    return config, body
+
+
+def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, double):
+    """Ctrl-C pressed again during the drain: the requests still in flight are cut and the gateway stops at once,
+    instead of waiting up to drain_seconds for them."""
+    config, body = slow_echo(tmp_path, double, words=60, seconds_a_word=0.25)  # the stream takes 15 s
     with running_gateway(tmp_path / "data", config=config) as gateway:
         lines: list[str] = []
         with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
@@ -116,13 +123,7 @@ def test_a_hangup_drains_and_stops_as_sigterm_does(tmp_path, double):
     """SIGHUP (the terminal or ssh session `portico serve` runs in closed, a `kill -HUP` meant to reopen logs) killed
     it by the signal's default action: exit -1, the streams in flight cut, no "Portico stopped.", and its run
     directory left in /tmp. It now drains and stops as SIGTERM does."""
-    double.cue(Cue(frame_delay=0.05))
-    provider = f"{{kind: openai, base_url: '{double.url}', model: m}}"
-    models = f"  - {{id: slow-echo, endpoint: {CHAT}, provider: {provider}}}\n"
-    config = write_config(tmp_path, models)
-    config.write_text(config.read_text() + "drain_seconds: 120\n")
-    body = {"model": "slow-echo", "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(20))}],
-            "max_tokens": 100, "stream": True}
+    config, body = slow_echo(tmp_path, double, words=20, seconds_a_word=0.05)
     with running_gateway(tmp_path / "data", config=config) as gateway:
         lines: list[str] = []
         with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
