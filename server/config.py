@@ -165,7 +165,8 @@ def _parse(raw: dict, source: str) -> Config:
             data_dir=Path(_text(raw, "data_dir", "data", f"{source}: ")),
             embedded=EmbeddedSettings(
                 context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1),
-                threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1),
+                # llama.cpp's GGML_MAX_N_THREADS: beyond it the first generation aborts the process.
+                threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1, high=512),
                 instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),
                 model_path=_model_path(embedded.get("model_path"), f"{source}: embedded.model_path"),
             ),

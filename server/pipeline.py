@@ -80,6 +80,10 @@ class Pipeline:
         # The embedded model's counter also knows its context window, in the same tokens it counts.
         self._context_windows: dict[str, int] = {model_id: window for model_id, counter in self._token_counters.items()
                                                  if (window := getattr(counter, "context_size", None))}
+        # Served by the embedded model alone (no fallback that could write more), an answer ends where the window
+        # does: the most a request may use, whatever its max_tokens (an SDK's default may be far larger).
+        self._answer_windows = {model_id for model_id in self._context_windows
+                                if self._token_counters[model_id] is providers[model_id]}
         self._limiter = limiter
         self._telemetry = telemetry
 
@@ -134,24 +138,27 @@ class Pipeline:
                 yield events
             return
         counter = self._token_counters.get(call.model.id)
-        meter = _Meter(prompt_estimate=await _prompt_tokens(counter, request),
-                       most_output=request.params.max_tokens)
-        tokens = meter.prompt_estimate + request.params.max_tokens
+        prompt = await _prompt_tokens(counter, request)
         call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
         # than by the provider, after the request was recorded as having reached a model.
         window = self._context_windows.get(call.model.id)
-        if window is not None and (overflow := context_overflow(meter.prompt_estimate, window)) is not None:
+        if window is not None and (overflow := context_overflow(prompt, window)) is not None:
             # A 400 for the body, like a bad parameter's: never a cache question (such a prompt is never stored),
             # so no x-portico-cache, access-log `cache` or lookup metric. Checked after the lookup so a hit pays for no
             # token count.
             call.record.cache = ""
             raise overflow
+        most_output = request.params.max_tokens
+        if call.model.id in self._answer_windows:
+            most_output = min(most_output, window - prompt)
+        meter = _Meter(prompt_estimate=prompt, most_output=most_output)
+        tokens = prompt + most_output
         # The most it may cost: every prompt token uncached, or written to the prompt cache where that costs more
         # (at most as many as its bytes, where not counted), and every token it may generate. Token limits reserve
         # the estimate instead, as OpenAI's do.
         cost = 0 if call.model.price.free else call.model.price.most(
-            meter.prompt_estimate if counter is not None else request.most_prompt_tokens(), request.params.max_tokens)
+            prompt if counter is not None else request.most_prompt_tokens(), most_output)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         _asking(call)

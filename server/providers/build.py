@@ -103,9 +103,13 @@ class _Builder:
                     n_instances=settings.instances,
                     recorder=self._recorder,
                 )
-            except ValueError as exc:  # llama.cpp cannot load the file (or make a context of that size)
-                setting = "embedded.model_path" if str(path) in str(exc) else "embedded"
-                raise ConfigError(f"{setting}: {exc}") from None
+            except ValueError as exc:  # llama.cpp cannot load the file, or make a context of that size
+                if str(path) in str(exc):
+                    raise ConfigError(f"embedded.model_path: {exc}") from None
+                if "llama_context" in str(exc):  # its KV cache could not be allocated, say
+                    raise ConfigError(f"embedded.context_size: llama.cpp cannot make a context of "
+                                      f"{settings.context_size} tokens ({exc})") from None
+                raise ConfigError(f"embedded: {exc}") from None
         return self._embedded
 
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:

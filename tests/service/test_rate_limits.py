@@ -187,3 +187,13 @@ async def test_request_too_large_for_the_token_limit(chat, running):
     assert detail.retry_after_seconds == 0
     body = orjson.loads(dict(caught.value.trailing_metadata())["portico-error"])
     assert body["error"]["code"] == "rate_limit_exceeded" and body["error"]["param"] is None
+
+
+async def test_the_embedded_model_reserves_no_more_than_its_context_window_leaves(chat, running):
+    """An answer of the embedded model ends where its context window does (2,048 tokens, prompt included), so a
+    max_tokens far beyond it (an SDK's default, say) must not make the request "too large" for a key's token limit
+    that the whole window fits in, nor hold the key's tokens it can never use while it runs."""
+    key_id, secret = await new_key(running, tokens_per_minute=3000)
+    answer = await chat.CreateChatCompletion(chat_request(max_tokens=100_000, temperature=0), metadata=bearer(secret))
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert window_tokens(running, key_id) == answer.usage.prompt_tokens + answer.usage.completion_tokens

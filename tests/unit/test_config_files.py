@@ -156,6 +156,16 @@ def test_a_gguf_file_llama_cpp_cannot_load_stops_serve_in_one_line(tmp_path, cap
                         f"{tmp_path / 'cut.gguf'}\n")
 
 
+def test_a_context_llama_cpp_cannot_make_names_context_size(tmp_path, capsys):
+    """A context_size llama.cpp cannot make room for: the message names the setting to change, and the size."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: off\nembedded: {{context_size: 100000000}}\n")
+    assert main(["--config", str(config), "--data-dir", str(tmp_path / "d"), "serve", "--metrics-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("portico: configuration error: embedded.context_size: llama.cpp cannot make a context of "
+                        "100000000 tokens (Failed to create llama_context)\n")
+
+
 def test_help_names_the_values_as_the_command_line_section_does(capsys):
     """configuration.md writes `portico [--config FILE] [--data-dir DIR] [--log-level LEVEL] serve [--host H] ...`."""
     with pytest.raises(SystemExit):

@@ -68,6 +68,8 @@ def test_limits_config():
          r"embedded\.model_path: the path of a GGUF model file, not '/nonexistent/model.gguf' \(no such file\)"),
         # A number out of its range stops start-up too, rather than a traceback or a gateway that misbehaves.
         (f"{ONE_MODEL}\nmetrics_port: 70000", r"c\.yaml: metrics_port: a whole number from 0 to 65535, not 70000"),
+        # More threads than llama.cpp can run (GGML_MAX_N_THREADS): the first request would kill the process.
+        (f"{ONE_MODEL}\nembedded: {{threads: 100000}}", r"embedded\.threads: a whole number from 1 to 512, not 100000"),
         (f"{ONE_MODEL}\nlisten: {{port: 0}}", r"listen\.port: a whole number from 1 to 65535, not 0"),
         (f"{ONE_MODEL}\nenvoy_admin_port: 65536", r"envoy_admin_port: a whole number from 1 to 65535"),
         (f"{ONE_MODEL}\ndrain_seconds: -1", r"drain_seconds: a number of at least 0, not -1"),
