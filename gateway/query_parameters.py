@@ -79,12 +79,13 @@ def route_methods(descriptor_set: bytes) -> dict[str, tuple[str, ...]]:
 
 
 def bodiless_routes(descriptor_set: bytes) -> dict[str, list[str]]:
-    """Method -> the Lua patterns of its paths whose binding maps no body (POST /v1/admin/keys/{id}/revoke), GET's
-    aside (none of those takes one). The transcoder still read a body sent there into the request message, over
-    the URL's own values (`{"id": "B"}` revoked key B), so the Lua shaper refuses one."""
+    """Method -> the Lua patterns of its paths whose binding maps no body (every GET, POST
+    /v1/admin/keys/{id}/revoke). The transcoder still read a body sent there into the request message, over the
+    URL's own values (`{"id": "B"}` revoked key B), so the Lua shaper refuses one. Paths only: a GET of an unknown
+    URL stays the transcoder's 404."""
     bodiless: dict[str, list[str]] = {}
     for kind, patterns, body in _routes(descriptor_set):
-        if kind != "get" and not body:
+        if not body:
             bodiless.setdefault(kind.upper(), []).extend(patterns)
     return bodiless
 

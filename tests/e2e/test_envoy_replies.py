@@ -277,6 +277,14 @@ def test_a_revoke_with_a_body_naming_another_key_revokes_nothing(http, gateway):
     assert error["message"] == f"POST {path} takes no body: its parameters go in the URL."
     for key_id in (first, second):
         assert http.get(f"/v1/admin/keys/{key_id}", headers=admin).json()["key"]["revoked_at"] == 0
+    # An empty object names nothing: the console and SDKs send `{}` with a POST that has no parameters.
+    assert http.post(path, headers=admin, json={}).json()["key"]["revoked_at"] > 0
+    assert http.get(f"/v1/admin/keys/{second}", headers=admin).json()["key"]["revoked_at"] == 0
+
+
+def test_a_get_with_a_body_on_an_unknown_url_is_still_a_404(http):
+    """The check for a body where none belongs is of known routes only: an unknown URL stays a 404."""
+    _assert_error(http.request("GET", "/v1/nothing/here", json={"model": "m"}), 404, "not_found")
 
 
 def test_a_request_whose_headers_trickle_in_is_cut_off(gateway):
