@@ -94,6 +94,8 @@ def _placed_messages(turns: tuple[Turn, ...]) -> list[tuple[dict, list[int]]]:
         if turn.role is Role.SYSTEM:
             continue
         blocks = _blocks(turn)
+        if turn.role is Role.ASSISTANT and blocks == [{"type": "text", "text": ""}]:
+            continue  # says nothing, and Anthropic refuses an empty text block
         if placed and placed[-1][0]["role"] == turn.role.value:
             placed[-1][0]["content"] += blocks
             placed[-1][1].extend([i] * len(blocks))

@@ -84,6 +84,16 @@ def test_a_named_tool_choice_and_a_plain_chat():
     assert anthropic_body(streamed, model="c")["stream"] is True
 
 
+def test_an_empty_assistant_message_is_left_out_for_an_anthropic_upstream():
+    """A chat assistant message with empty content and no tool calls went as an empty text block, which Anthropic
+    refuses with a 400; it says nothing, so it is left out (the user turns around it merge into one)."""
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+               {"role": "user", "content": "Still there?"}]
+    generation = chat_request(chat_pb(messages=history), default_max_tokens=99).generation
+    assert anthropic_body(generation, model="c")["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "Still there?"}]}]
+
+
 def test_a_messages_request_for_an_openai_upstream():
     request = message_pb(system=[{"type": "text", "text": "Be brief."}], messages=MESSAGES_HISTORY, max_tokens=200,
                          temperature=0.2, top_k=40, stop_sequences=["END"],
