@@ -22,13 +22,18 @@ from tests.upstream_support import UPSTREAM_KEY_ENV, upstream_server
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 FAST = "{attempts: 2, initial_backoff: 0.01, max_backoff: 0.02, total_seconds: 5}"
+ONCE = "{attempts: 1}"
 BUSY = Cue(503, {"error": {"message": "busy"}})
 
 
-def models(east: str, west: str) -> str:
-    def provider(url: str) -> str:
-        return f"{{kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {FAST}}}"
+def provider(url: str, *, kind: str = "openai", model: str = "m", retry: str | None = FAST) -> str:
+    """A provider as a YAML flow mapping, on the upstream at `url` (an Anthropic one's base URL without /v1)."""
+    base_url = url.removesuffix("/v1") if kind == "anthropic" else url
+    retry_setting = f", retry: {retry}" if retry else ""
+    return f"{{kind: {kind}, base_url: '{base_url}', api_key_env: {UPSTREAM_KEY_ENV}, model: {model}{retry_setting}}}"
 
+
+def models(east: str, west: str) -> str:
     return f"""\
   - id: pair
     endpoint: /v1/chat/completions
@@ -262,8 +267,7 @@ async def test_killing_one_of_two_deployments_mid_load_costs_at_most_its_request
 async def test_a_request_only_some_deployments_can_honour_goes_to_them_rather_than_being_refused(double, tmp_path):
     """Kinds mixed: an Anthropic upstream beside the embedded model. A penalty only the embedded model honours is
     answered by it, a required tool call by the upstream; only what neither can honour is a 400."""
-    anthropic = f"{{kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, " \
-                "model: m}"
+    anthropic = provider(double.url, kind="anthropic", retry=None)
     mixed = f"""\
   - id: mixed
     endpoint: /v1/chat/completions
@@ -298,16 +302,12 @@ async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_de
     """A messages model on an Anthropic and an OpenAI-compatible upstream: a token count the OpenAI deployment answers
     is Portico's own estimate, made without asking it, so it says nothing of that deployment's health (an ejected
     one stays out until a real request succeeds) and is no upstream attempt in its metrics."""
-    def provider(kind, url):
-        url = url.removesuffix("/v1") if kind == "anthropic" else url
-        return f"{{kind: {kind}, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {{attempts: 1}}}}"
-
     mixed = f"""\
   - id: counted
     endpoint: /v1/messages
     deployments:
-      - {{name: vendor, provider: {provider('anthropic', double.url)}}}
-      - {{name: compat, provider: {provider('openai', west.url)}}}
+      - {{name: vendor, provider: {provider(double.url, kind='anthropic', retry=ONCE)}}}
+      - {{name: compat, provider: {provider(west.url, retry=ONCE)}}}
     health: {{consecutive_failures: 1, cooldown_seconds: 0.3}}
 """
     async with upstream_server(tmp_path, mixed) as server:
@@ -335,19 +335,15 @@ async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_de
 async def test_a_request_sent_straight_to_a_fallback_counts_as_handed_to_it(double, west, tmp_path):
     """Every deployment out of service: the request goes to the fallback without trying them, and is counted in
     portico_upstream_fallbacks_total like one handed over after failures (its attempt span says fallback too)."""
-    def provider(url, model="m"):
-        return f"{{kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: {model}, " \
-               "retry: {attempts: 1}}"
-
     config = f"""\
   - id: pair
     endpoint: /v1/chat/completions
     deployments:
-      - {{name: east, provider: {provider(double.url)}}}
-      - {{name: west, provider: {provider(west.url)}}}
+      - {{name: east, provider: {provider(double.url, retry=ONCE)}}}
+      - {{name: west, provider: {provider(west.url, retry=ONCE)}}}
     health: {{consecutive_failures: 1, cooldown_seconds: 30}}
     fallbacks: [spare]
-  - {{id: spare, endpoint: /v1/chat/completions, provider: {provider(double.url, 'spare-model')}}}
+  - {{id: spare, endpoint: /v1/chat/completions, provider: {provider(double.url, model='spare-model', retry=ONCE)}}}
 """
     async with upstream_server(tmp_path, config) as server:
         secret = (await server.store.create("fallbacks", all_models=True))[1]
