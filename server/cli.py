@@ -85,14 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _listeners(config: Config) -> list[tuple[str, str, int, str]]:
+    """Portico's own TCP listeners as serve will open them (the file's values and serve's options together): each
+    one's setting, host, port and the serve option that moves it."""
+    listeners = [("listen.port", config.host, config.port, "--port"),
+                 ("envoy_admin_port", "127.0.0.1", config.envoy_admin_port, "--admin-port")]
+    if config.metrics_port:  # 0: no metrics listener
+        listeners.append(("metrics_port", "127.0.0.1", config.metrics_port, "--metrics-port"))
+    return listeners
+
+
 def _check_ports(config: Config) -> None:
     """Portico's own listeners on one port: Envoy's `Address already in use` would blame some other program, after
-    start-up had begun. The file's values and serve's options together, as serve will use them."""
-    ports = {"listen.port (--port)": config.port, "envoy_admin_port (--admin-port)": config.envoy_admin_port}
-    if config.metrics_port:  # 0: no metrics listener
-        ports["metrics_port (--metrics-port)"] = config.metrics_port
+    start-up had begun."""
     seen: dict[int, str] = {}
-    for name, port in ports.items():
+    for setting, _, port, option in _listeners(config):
+        name = f"{setting} ({option})"
         if port in seen:
             raise ConfigError(f"{seen[port]} and {name} must differ: both are {port}")
         seen[port] = name
@@ -102,10 +110,7 @@ def _taken_port(config: Config) -> str | None:
     """A port another program listens on, said before the model loads and naming the option that moves it: Envoy's
     own bind failure came after start-up, in five lines of its log. SO_REUSEADDR as Envoy binds: a port with only
     closed connections in TIME_WAIT (a gateway just stopped) is free."""
-    listeners = [(config.host, config.port, "--port"), ("127.0.0.1", config.envoy_admin_port, "--admin-port")]
-    if config.metrics_port:
-        listeners.append(("127.0.0.1", config.metrics_port, "--metrics-port"))
-    for host, port, option in listeners:
+    for _, host, port, option in _listeners(config):
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if ":" in host:  # Envoy's `::` is IPv6 only: an IPv4 listener on the port does not stop it
