@@ -319,16 +319,15 @@ class HttpUpstream:
             return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retry_reason="timeout")
         if isinstance(exc, ReadTimeout):
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
+        why = f": {exc}." if str(exc) else "."  # our transport's own words: what failed, never an address
         if isinstance(exc, ConnectFailed):
             # Nothing was sent: retried wherever it failed. After an answer began (a link to fetch), "connect".
-            why = f": {exc}." if str(exc) else "."
             if before_answer:
                 return ServiceUnavailable(f"Cannot connect to the upstream serving {name}{why}", retry_reason="connect")
             return UpstreamError(f"Cannot connect to fetch a result of {name}{why}", retry_reason="connect")
         if isinstance(exc, ConnectionBroken):
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py).
-            why = f": {exc}." if str(exc) else "."
             return UpstreamError(f"The connection to the upstream serving {name} broke off{why}",
                                  retry_reason="connect")
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
