@@ -52,6 +52,7 @@ from server.services.probes import ProbeServicer
 from server.services.usage import UsageServicer
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.stores import open_ledger
+from server.usage.spool import LedgerSpool
 from server.usage.writer import LedgerWriter
 
 if TYPE_CHECKING:
@@ -177,7 +178,8 @@ async def build_core(config: Config) -> Core:
     usage = open_ledger(config.key_database)  # beside the keys: keys.db, or the same PostgreSQL database
     telemetry = Telemetry(access_log=AccessLog(config.access_log), tracing=config.tracing)
     ledger = LedgerWriter(usage, config.usage, on_dropped=telemetry.metrics.ledger_dropped.inc,
-                          on_written=telemetry.metrics.ledger_written.inc)
+                          on_written=telemetry.metrics.ledger_written.inc,
+                          spool=LedgerSpool(config.data_dir / "ledger-spool"))
     telemetry.ledger = ledger
     ledger.start()
     authenticator = Authenticator(

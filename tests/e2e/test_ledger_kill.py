@@ -1,0 +1,105 @@
+"""Rows of answered requests outlive a process killed before its writer's next batch (`kill -9`, out of memory):
+the usage ledger is written in batches, at most every `usage.flush_seconds`, and what a killed process had not
+written yet is written by the next process to start on the data dir: the worker the supervisor starts in its
+place, or `portico serve` started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from server.db import StoreSettings
+from server.usage.stores import open_ledger
+from tests.e2e.conftest import Gateway, running_gateway
+from tests.e2e.test_workers import wait_for_log, worker_pids
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+SLOW_FLUSH = 600  # seconds: no batch is written while the test runs, so every answered row waits in memory
+
+
+def config(directory: Path, double_url: str, **top) -> Path:
+    raw = {
+        "usage": {"flush_seconds": SLOW_FLUSH},
+        "models": [{"id": "up", "endpoint": "/v1/chat/completions",
+                    "provider": {"kind": "openai", "base_url": double_url, "api_key_env": UPSTREAM_KEY_ENV,
+                                 "model": "up-model"}, "price": {"input": 3, "output": 7}}],
+        **top,
+    }
+    path = directory / "portico.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def answered(gateway: Gateway, secret: str, count: int) -> list[str]:
+    """`count` chat requests, each answered 200; their request ids."""
+    ids = []
+    for n in range(count):
+        response = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "up", "messages": HELLO},
+                              headers={"Authorization": f"Bearer {secret}", "x-request-id": f"kill-{n}"}, timeout=30)
+        assert response.status_code == 200, response.text
+        ids.append(response.headers["x-request-id"])
+    return ids
+
+
+def rows_of(data_dir: Path, key_id: str, want: int, within: float = 30.0) -> list:
+    ledger = open_ledger(StoreSettings(sqlite_path=data_dir / "keys.db"))
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            rows = [row for row in ledger.rows() if row.key_id == key_id]
+            if len(rows) >= want or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.1)
+    finally:
+        ledger.close()
+
+
+def test_a_killed_worker_s_answered_rows_are_written_by_the_worker_that_replaces_it(tmp_path, double,
+                                                                                    redis_server):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    try:
+        path = config(tmp_path, double.url, limits={"store": redis_server.url})
+        with running_gateway(tmp_path / "data", "--workers", "2", config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
+                gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
+            ids = answered(gateway, secret, 8)  # Envoy spreads them over both workers
+            victims = worker_pids(gateway, 0)[-1:] + worker_pids(gateway, 1)[-1:]
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+            for index, pid in enumerate(victims):
+                wait_for_log(gateway, f"worker {index} (pid {pid}) exited")
+            rows = rows_of(gateway.data_dir, key_id, len(ids))
+            assert sorted(row.request_id for row in rows) == sorted(ids)
+            assert all(row.status == 200 and row.cost_micros > 0 for row in rows)
+            # Written once each, and nothing left to write again.
+            time.sleep(0.5)
+            assert len(rows_of(gateway.data_dir, key_id, 0, within=0)) == len(ids)
+            assert not [p for p in (gateway.data_dir / "ledger-spool").iterdir() if p.stat().st_size]
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def test_rows_of_a_killed_serve_are_written_when_serve_starts_again(tmp_path, double):
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    try:
+        path = config(tmp_path, double.url)
+        with running_gateway(tmp_path / "data", config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
+                gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
+            ids = answered(gateway, secret, 3)
+            gateway.process.send_signal(signal.SIGKILL)
+            gateway.process.wait(10)
+        assert rows_of(tmp_path / "data", key_id, 0, within=0) == []  # nothing was written before the kill
+        with running_gateway(tmp_path / "data", config=path, dev_key=False):
+            rows = rows_of(tmp_path / "data", key_id, len(ids))
+        assert sorted(row.request_id for row in rows) == sorted(ids)
+        mode = (tmp_path / "data" / "ledger-spool").stat().st_mode & 0o777
+        assert mode == 0o700, oct(mode)
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)

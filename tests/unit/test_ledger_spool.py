@@ -1,0 +1,86 @@
+"""The ledger's spool: rows a process queued but did not write (it was killed) are written by the next writer to
+start on the same directory, once each; a live process's rows are left to it."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from server.usage.settings import UsageSettings
+from server.usage.spool import LedgerSpool
+from server.usage.sqlite_ledger import SqliteLedger
+from server.usage.writer import LedgerWriter
+from tests.unit.test_ledger_writer import FlakySink, row
+
+SLOW = UsageSettings(flush_seconds=600)  # no pass of its own while a test runs
+
+
+def killed(spool: LedgerSpool) -> None:
+    """What `kill -9` leaves: the files as they are, their locks gone with the process's descriptors."""
+    for segment in (*spool._sealed, spool._current):
+        os.close(segment.fd)
+
+
+async def test_rows_of_a_writer_that_died_are_written_by_the_next_one(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    first = LedgerWriter(sink, SLOW, spool=(spool := LedgerSpool(tmp_path / "spool")))
+    first.start()
+    for n in range(3):
+        first.append(row(n))
+    first._task.cancel()
+    killed(spool)
+    assert sink.rows() == []
+    assert [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "spool").iterdir()] == ["0o600"]
+
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    second.start()  # writes what it adopted at once, not after flush_seconds
+    await second.flush()
+    second.append(row(3))
+    await second.close()
+    assert sorted(r.id for r in sink.rows()) == ["r0", "r1", "r2", "r3"]
+    assert row(1) in sink.rows()  # every value as it was
+    assert list((tmp_path / "spool").iterdir()) == []  # written, so gone
+
+
+async def test_a_live_writer_s_rows_are_not_taken(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    live = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    live.append(row(1))
+    other = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    other.start()
+    await other.close()
+    assert sink.rows() == []
+    await live.close()
+    assert [r.id for r in sink.rows()] == ["r1"]
+
+
+async def test_rows_the_store_refused_until_shutdown_stay_for_the_next_start(tmp_path, caplog):
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    dropped: list[int] = []
+    first = LedgerWriter(sink, SLOW, on_dropped=dropped.append, spool=LedgerSpool(tmp_path / "spool"))
+    first.start()
+    first.append(row(1))
+    first.append(row(2))
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        await first.close(timeout=0.3)
+    assert dropped == [] and "stay in the spool" in caplog.text
+    sink.down = False
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    second.start()
+    await second.close()
+    assert sorted(r.id for r in sink.db.rows()) == ["r1", "r2"]
+
+
+async def test_a_torn_line_is_skipped_and_logged(tmp_path, caplog):
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    spool.append(row(1))
+    os.write(spool._current.fd, b'["r2", 17')  # the host died mid-write
+    killed(spool)
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    with caplog.at_level(logging.ERROR, logger="server.usage.spool"):
+        writer.start()
+    await writer.close()
+    assert [r.id for r in sink.rows()] == ["r1"]
+    assert "1 unreadable line(s)" in caplog.text
