@@ -94,7 +94,8 @@ class KeyStore:
         return int(row["n"])
 
     async def get(self, key_id: str) -> ApiKey:
-        row = await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,))
+        # PostgreSQL text holds no NUL and refuses to compare with one (a 500): no key has such an id, as in SQLite.
+        row = None if "\x00" in key_id else await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,))
         if row is None:
             raise NotFound(f"No key with id {key_id[:40]!r}.", param="id")
         return _row_to_key(row)
@@ -178,7 +179,7 @@ class KeyStore:
                 raise NotFound("No key has that secret.", param="id")
             key_id = row["id"]
         else:
-            key_id = id_or_secret
+            key_id = (await self.get(id_or_secret)).id
         await self._db.execute(
             "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0", (int(time.time()), key_id)
         )

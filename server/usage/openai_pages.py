@@ -181,7 +181,9 @@ def parse_row_cursor(page: str) -> tuple[int, str] | None:
     try:
         encoded = page.removeprefix("page_")
         at, _, row_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode().partition(":")
-        if page.startswith("page_") and row_id and 0 <= int(at) <= LAST_TIME * 1000:
+        # Row ids are letters and digits (ReservationIds): anything else is no cursor of ours, and a NUL would
+        # reach PostgreSQL, which refuses it.
+        if page.startswith("page_") and row_id.isascii() and row_id.isalnum() and 0 <= int(at) <= LAST_TIME * 1000:
             return int(at), row_id
     except (ValueError, binascii.Error, UnicodeDecodeError):
         pass

@@ -52,14 +52,22 @@ def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "", rows
     return f"{verb} INTO usage_ledger ({', '.join(COLUMNS)}) VALUES {values}{suffix}"
 
 
+def _filter(where: list[str], params: list, column: str, values: tuple[str, ...]) -> None:
+    """`column IN values`, when any. PostgreSQL text holds no NUL and refuses to compare with one (a 500): such a
+    value matches no row, as in SQLite, so it is left out, and a filter of nothing else matches nothing."""
+    if not values:
+        return
+    kept = [value for value in values if "\x00" not in value]
+    where.append(f"{column} IN ({', '.join(['{p}'] * len(kept))})" if kept else "1 = 0")
+    params += kept
+
+
 def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
     groups = [GROUP_COLUMNS[g] for g in query.group_by]
     where, params = ["at_ms >= {p}", "at_ms < {p}"], [query.start_ms, query.end_ms]
     for column, values in (("key_id", query.key_ids), ("model", query.models), ("env", query.envs),
                            ("endpoint", query.endpoints)):
-        if values:
-            where.append(f"{column} IN ({', '.join(['{p}'] * len(values))})")
-            params += values
+        _filter(where, params, column, values)
     grouped = "".join(f", {g}" for g in groups)
     sql = (
         "SELECT (at_ms - {p}) / {p} AS bucket" + grouped + ", SUM(input_tokens), SUM(output_tokens), "
@@ -88,9 +96,7 @@ class RowQuery:
 def rows_sql(query: RowQuery, placeholder: str) -> tuple[str, list]:
     where, params = ["at_ms >= {p}", "at_ms < {p}"], [query.start_ms, query.end_ms]
     for column, values in (("key_id", query.key_ids), ("model", query.models), ("env", query.envs)):
-        if values:
-            where.append(f"{column} IN ({', '.join(['{p}'] * len(values))})")
-            params += values
+        _filter(where, params, column, values)
     if query.errors_only:
         where.append(ERROR_CONDITION)
     if query.before is not None:

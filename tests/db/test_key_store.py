@@ -104,6 +104,15 @@ async def test_revoke_by_id_or_secret(store):
         await store.revoke("key_missing")
 
 
+async def test_a_key_id_holding_a_nul_is_no_key_in_either_store(store):
+    """`GET /v1/admin/keys/key_%00` (and its PATCH, revoke, rotate, limits): PostgreSQL text holds no NUL and refuses
+    to compare with one, which was a 500; like SQLite, no key has that id."""
+    for call in (store.get, store.revoke, lambda key_id: store.update(key_id, name="x"),
+                 lambda key_id: store.rotate(key_id, grace_seconds=0)):
+        with pytest.raises(NotFound):
+            await call("key_\x00")
+
+
 async def test_update_changes_only_what_is_given(store):
     key, secret = await store.create("a", all_models=True,
                                       limits=KeyLimits(requests_per_minute=10, tokens_per_minute=99))

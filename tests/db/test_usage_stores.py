@@ -4,6 +4,7 @@ SQL, retention, a PostgreSQL outage survived by the writer, and a schema upgrade
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,19 @@ def test_rows_are_stored_once_and_summed_by_bucket_and_group(ledger):
     assert all(type(v) is int for t in totals for v in (t.bucket, t.cost_micros, t.rows))
     assert ledger.prune(t0 + 1000) == 2
     assert [r.id for r in ledger.rows()] == ["r3"]
+
+
+def test_a_filter_value_holding_a_nul_matches_no_row_in_either_store(ledger):
+    """`?models=%00` on the usage API: PostgreSQL text holds no NUL and refuses to compare with one, which was a 500;
+    like SQLite, such a value matches no row, and the filter's other values still do."""
+    ledger.write([row(1, at_ms=NOW_MS), row(2, at_ms=NOW_MS, model="n", key_id="key_b")])
+    usage = UsageQuery(0, NOW_MS + 1000, 3_600_000, group_by=("model",))
+    assert ledger.aggregate(dataclasses.replace(usage, models=("\x00",))) == []
+    [kept] = ledger.aggregate(dataclasses.replace(usage, models=("n\x00", "m"), envs=("prod", "\x00")))
+    assert (kept.model, kept.rows) == ("m", 1)
+    rows = RowQuery(0, NOW_MS + 1000, limit=10)
+    assert ledger.recent(dataclasses.replace(rows, key_ids=("key_b\x00",))) == []
+    assert [r.id for r in ledger.recent(dataclasses.replace(rows, key_ids=("\x00", "key_b")))] == ["r2"]
 
 
 async def test_a_row_either_store_refuses_is_left_out_and_the_rest_written(ledger):

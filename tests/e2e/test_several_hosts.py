@@ -161,3 +161,24 @@ def test_postgres_outage_cached_keys_work_uncached_get_503_then_recovery(shared,
         while (keys := httpx.get(f"{host.base_url}/readyz").json()["checks"]["keys"]) != "ok":
             assert time.monotonic() < ready_by, keys
             time.sleep(0.2)
+
+
+def test_a_nul_in_a_key_id_a_usage_filter_or_a_cursor_is_answered_not_a_500(shared):
+    """PostgreSQL text holds no NUL and refuses to compare with one: each of these was a 500 on PostgreSQL, where
+    SQLite answered it (api.md: every status a caller can receive is in the error table, a 500 being a bug)."""
+    (a, _), admin, _ = shared
+    auth = {"authorization": f"Bearer {admin}"}
+    for method in ("GET", "PATCH"):
+        answer = httpx.request(method, f"{a.base_url}/v1/admin/keys/key_%00", headers=auth, json={"name": "x"}
+                               if method == "PATCH" else None, timeout=30)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (404, "not_found"), answer.text
+    revoked = httpx.post(f"{a.base_url}/v1/admin/keys/key_%00/revoke", headers=auth, json={}, timeout=30)
+    assert revoked.status_code == 404, revoked.text
+    for path in ("/v1/organization/usage/completions", "/v1/organization/costs"):
+        answer = httpx.get(f"{a.base_url}{path}", headers=auth, params={"start_time": 1, "models": "\x00"}, timeout=30)
+        assert answer.status_code == 200 and all(not b["results"] for b in answer.json()["data"]), answer.text
+    rows = httpx.get(f"{a.base_url}/v1/organization/requests", headers=auth, timeout=30,
+                     params={"api_key_ids": ["\x00"], "project_ids": "\x00"})
+    assert (rows.status_code, rows.json()["data"]) == (200, []), rows.text
+    forged = httpx.get(f"{a.base_url}/v1/organization/requests?page=page_MToA", headers=auth, timeout=30)
+    assert (forged.status_code, forged.json()["error"]["param"]) == (400, "page"), forged.text

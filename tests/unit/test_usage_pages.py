@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from server.usage.openai_pages import Page, completions_page, costs_page, requests_page
+import base64
+
+import pytest
+
+from server.errors import InvalidRequest
+from server.usage.openai_pages import Page, completions_page, costs_page, parse_row_cursor, requests_page
 from server.usage.query import Totals
 from tests.unit.test_ledger_writer import row
 
@@ -17,3 +22,14 @@ def test_a_key_without_an_env_has_a_null_project_everywhere():
     [request] = requests_page([row(1, env="")], 10)["data"]
     assert usage["project_id"] is None and cost["project_id"] is None and request["project_id"] is None
     assert requests_page([row(1, env="prod")], 10)["data"][0]["project_id"] == "prod"
+
+
+def test_a_row_cursor_is_refused_unless_it_names_a_row_id_the_ledger_makes():
+    """Row ids are hex: a forged cursor naming one with a NUL went on to PostgreSQL, which refused it with a 500."""
+    assert parse_row_cursor("page_" + base64.urlsafe_b64encode(b"1795761431254:51cdf809db0").decode()) == (
+        1795761431254, "51cdf809db0")
+    for row_id in (b"\x00", b"ab\x00", b"r1 x"):
+        forged = "page_" + base64.urlsafe_b64encode(b"1:" + row_id).decode().rstrip("=")
+        with pytest.raises(InvalidRequest) as refused:
+            parse_row_cursor(forged)
+        assert refused.value.param == "page"
