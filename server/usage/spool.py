@@ -70,7 +70,7 @@ class LedgerSpool:
         """The rows of the segments no live process holds, oldest first. Their files become sealed segments of this
         spool, deleted by the `release` after the rows are written."""
         rows: list[LedgerRow] = []
-        for path in sorted(self._directory.glob(f"*{_SUFFIX}"), key=lambda p: p.stat().st_mtime_ns):
+        for path in sorted(self._directory.glob(f"*{_SUFFIX}"), key=_started):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -97,6 +97,12 @@ class LedgerSpool:
                 segment.path.unlink(missing_ok=True)
             os.close(segment.fd)
         self._sealed.clear()
+
+
+def _started(path: Path) -> int:
+    """When a segment was started, from its name (`<pid>-<ns>.rows`): a stat could find it gone."""
+    started = path.stem.rpartition("-")[2]
+    return int(started) if started.isdigit() else 0
 
 
 def _rows_of(data: bytes, path: Path) -> list[LedgerRow]:
