@@ -3,7 +3,7 @@
 A deployment is *ejected* (not tried) for a cooldown after `consecutive_failures` failures in a row, or when at least
 `min_requests` requests in the last `window_seconds` failed at `failure_rate` or more. When the cooldown is over it
 is in *trial*: one request (the first to come) is let through, and its outcome decides: success makes it *healthy*
-again, failure ejects it again for twice as long (up to `max_cooldown_seconds`). An upstream 429 or 503 with a
+again, failure ejects it again for twice as long (up to `max_cooldown_seconds`). An upstream 429, 503 or 529 with a
 retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when).
 
 Only models with two or more deployments are watched: a model's only deployment is never taken out of service,
@@ -88,7 +88,7 @@ def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
 
 def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
     """A failure that says something about the deployment (not the caller's mistake). `retry_after`: the upstream
-    asked for that many seconds (a 429 or 503 with retry-after)."""
+    asked for that many seconds (a 429, 503 or 529 with retry-after)."""
     _count(h, now, s, failed=True)
     h.consecutive += 1
     if retry_after > 0:  # the upstream said when: exactly that long, no trial after it (a trial it answered included)

@@ -139,7 +139,7 @@ def test_a_revocation_that_fails_says_so(tab, gateway, admin_secret):
 
 def test_a_keys_errors_are_a_share_of_what_it_sent(tab, gateway, admin_secret):
     """One request answered, one refused by the key's limit: "1 request, 1 error" would read as the answered one
-    failing; the key's week says 50 % of its 2 requests."""
+    failing; the key's week says 2 requests, 50 % of them failed."""
     made = gateway.cli("keys", "create", "--name", "one-a-minute", "--all-models", "--rpm", "1").stdout.split()
     key_id, secret = made[2], made[-1]
     chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
@@ -149,7 +149,7 @@ def test_a_keys_errors_are_a_share_of_what_it_sent(tab, gateway, admin_secret):
     tab.open(f"#/keys/{key_id}")
     week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
     expect(week.get_by_role("row", name=re.compile("^family-a-5.5")).get_by_role("cell")).to_have_text(
-        ["1", "50.0 % (1)", re.compile(r"^\d+$"), "1", "$0.00"])  # the row header is not a cell
+        ["2", "50.0 % (1)", re.compile(r"^\d+$"), "1", "$0.00"])  # the row header is not a cell
     assert failed_loads_aside(tab.problems.lines) == []
 
 

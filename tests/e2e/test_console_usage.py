@@ -43,14 +43,16 @@ def new_key(gateway, name: str) -> str:
 
 
 def seed(gateway, key_id: str, *, model: str, ago_s: float, latency_ms: float, cost_micros: int = 100,
-         endpoint: Endpoint = Endpoint.CHAT) -> None:
-    """One answered request (chat, or one image) in the gateway's SQLite ledger, `ago_s` seconds ago."""
-    image = endpoint is Endpoint.IMAGES
+         endpoint: Endpoint = Endpoint.CHAT, cache_hit: bool = False) -> None:
+    """One answered request (chat, or one image) in the gateway's SQLite ledger, `ago_s` seconds ago; `cache_hit`:
+    answered from the response cache, which the gateway writes with no upstream, attempt, token or cost."""
+    image, used = endpoint is Endpoint.IMAGES, not cache_hit
     row = LedgerRow(id=uuid.uuid4().hex, at_ms=int((time.time() - ago_s) * 1000), request_id=uuid.uuid4().hex,
-                    key_id=key_id, env="", endpoint=endpoint.value, model=model, upstream=model, status=200,
-                    code="", input_tokens=0 if image else 10, output_tokens=0 if image else 5,
-                    cached_input_tokens=0, images=int(image),
-                    cost_micros=cost_micros, upstream_attempts=1, latency_ms=latency_ms, first_token_ms=None)
+                    key_id=key_id, env="", endpoint=endpoint.value, model=model, upstream=model if used else "",
+                    status=200, code="", input_tokens=0 if image or cache_hit else 10,
+                    output_tokens=0 if image or cache_hit else 5, cached_input_tokens=0, images=int(image),
+                    cost_micros=cost_micros if used else 0, upstream_attempts=int(used), latency_ms=latency_ms,
+                    first_token_ms=None)
     with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
         db.execute(insert_sql("?"), values_of(row))
 
@@ -166,6 +168,36 @@ def test_costs_are_exact_and_an_image_model_has_no_request_count_to_show(tab, ga
     expect(row.nth(headers.index("Cost"))).to_have_text("$0.04")
     assert tab.problems.lines == []
 
+
+
+def test_answers_from_the_response_cache_are_requests_on_every_page(tab, gateway, admin_secret):
+    """A key sent three requests, two answered from the response cache (no tokens, no cost): it made three requests,
+    as its recent requests list them, on the usage page, its own page and the models page alike."""
+    caller = new_key(gateway, "cached-caller")
+    model = "family-b-haiku-4-5-20251001"  # no other test here uses it: the models page's count is this key's
+    seed(gateway, caller, model=model, ago_s=90, latency_ms=30, endpoint=Endpoint.MESSAGES)
+    for _ in range(2):
+        seed(gateway, caller, model=model, ago_s=60, latency_ms=1, endpoint=Endpoint.MESSAGES, cache_hit=True)
+    tab.sign_in(admin_secret)
+    show(tab, "period=24h&group=api_key_id&bucket=hour", "key", "hour")
+    spend = tab.page.get_by_role("region", name="Spend by key and model, Last 24 hours")
+    expect(spend.get_by_role("row", name=f"cached-caller ({caller}) {model}").get_by_role("cell")).to_have_text(
+        [model, "3", "10", "5", "$0.0001"])
+
+    tab.open(f"#/keys/{caller}")
+    expect(tab.page.get_by_role("region", name="The key's last 25 requests", exact=False).locator("tbody tr")
+           ).to_have_count(3)
+    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
+    expect(week.get_by_role("row", name=re.compile(f"^{model}")).get_by_role("cell")).to_have_text(
+        ["3", "0.0 % (0)", "10", "5", "$0.0001"])
+
+    tab.page.get_by_role("navigation").get_by_role("link", name="Models").click()
+    catalog = tab.page.get_by_role("region", name="The model catalog")
+    model_row = catalog.get_by_role("row", name=re.compile(f"^{model} "))
+    expect(model_row).to_be_visible()
+    headers = catalog.locator("thead th").all_inner_texts()
+    expect(model_row.locator("th, td").nth(headers.index("Requests"))).to_have_text("3")
+    assert tab.problems.lines == []
 
 # Where a chart's first series (drawn in #0a5bd3) was painted, as shares of the canvas's width: (leftmost, rightmost).
 FIRST_SERIES_SPAN = """canvas => {

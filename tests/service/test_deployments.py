@@ -147,8 +147,9 @@ async def test_a_failed_trial_ejects_it_again_for_longer(chat, running, east, we
         assert h.ejections == 2
 
 
-async def test_retry_after_cools_that_deployment_for_exactly_that_long(chat, east, west, key):
-    east.cue(Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after": "2"}))
+@pytest.mark.parametrize("status", [429, 503, 529])  # 529: Anthropic's "overloaded"
+async def test_retry_after_cools_that_deployment_for_exactly_that_long(chat, east, west, key, status):
+    east.cue(Cue(status, {"error": {"message": "slow down"}}, headers={"retry-after": "2"}))
     while not east.seen:  # until a request meets the 429 (and is answered by west)
         await ask(chat, key[1])
     cooled = time.monotonic()

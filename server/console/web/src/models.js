@@ -20,7 +20,7 @@ export async function modelsPage(ctx) {
       priceText(model.price),
       limitsText(model.limits),
       !counted ? "—" : used ? number(used.requests) : "0",
-      counted && used ? errorRate(used.errors, used.admitted) : "—",
+      counted && used ? errorRate(used.errors, used.requests) : "—",
       used ? money(used.cost) : money(0),
     ];
   });

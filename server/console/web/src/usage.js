@@ -90,7 +90,7 @@ async function usageView(ctx) {
   const per = width === HOUR ? "hour" : "day";
 
   const times = usage.map((b) => b.start_time);
-  const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
+  const requests = seriesOf(usage, labelOf, sent);
   // The same group keeps its colour and dash in every chart: ordered as in the requests chart.
   const order = requests.map((s) => s.label);
   const tokens = seriesOf(usage, labelOf, (r) => r.input_tokens + r.output_tokens, order);
@@ -117,7 +117,7 @@ async function usageView(ctx) {
       card("Input tokens", number(summary.input)),
       card("Output tokens", number(summary.output)),
       card("Cost", money(total(cost))),
-      card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.admitted)),
+      card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.requests)),
       card("Latency p50", percentile("p50")),
       card("Latency p95", percentile("p95"))),
     chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, true),
@@ -163,14 +163,17 @@ function seriesOf(bucketList, labelOf, valueOf, order = []) {
 
 const total = (series) => series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
 
-// Totals over the period, from ungrouped buckets. Error rate is Portico's addition to OpenAI's results:
-// num_errors of num_requests (every admitted request).
+// A group's requests: all it sent that the gateway admitted (num_requests, Portico's addition to OpenAI's results),
+// those answered from the response cache or refused by a limit included, as a key's recent requests list them.
+// num_model_requests leaves out cache hits, which reach no model: a cached model would show one request of three.
+const sent = (r) => r.num_requests ?? r.num_model_requests;
+
+// Totals over the period, from ungrouped buckets. Error rate is Portico's addition too: num_errors of those requests.
 function summaryOf(usage) {
-  const summary = {requests: 0, admitted: 0, input: 0, output: 0, errors: null};
+  const summary = {requests: 0, input: 0, output: 0, errors: null};
   for (const bucket of usage) {
     for (const r of bucket.results) {
-      summary.requests += r.num_model_requests;
-      summary.admitted += r.num_requests ?? r.num_model_requests;
+      summary.requests += sent(r);
       summary.input += r.input_tokens;
       summary.output += r.output_tokens;
       if (typeof r.num_errors === "number") summary.errors = (summary.errors ?? 0) + r.num_errors;
@@ -189,7 +192,7 @@ function spendTable(usage, costs, names, periodLabel) {
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(r);
     entry.counted = true;
-    entry.requests += r.num_model_requests;
+    entry.requests += sent(r);
     entry.input += r.input_tokens;
     entry.output += r.output_tokens;
   }));
@@ -208,12 +211,11 @@ function spendTable(usage, costs, names, periodLabel) {
 
 // A row's requests and tokens come from the completions usage (chat and messages); a model known only from the
 // costs (images) has none there: "—", not a false 0.
-const uncounted = () => ({counted: false, requests: 0, admitted: 0, errors: 0, input: 0, output: 0, cost: 0});
+const uncounted = () => ({counted: false, requests: 0, errors: 0, input: 0, output: 0, cost: 0});
 
-// Errors among every admitted request (num_requests, those refused by a limit included), as a rate and a count: a
-// count beside the requests that reached a model (num_model_requests) would read as their failures.
-export function errorRate(errors, admitted) {
-  return admitted ? `${(100 * errors / admitted).toFixed(1)} % (${number(errors)})` : "—";
+// Errors among the requests (`sent`, those refused by a limit included), as a rate and a count.
+export function errorRate(errors, requests) {
+  return requests ? `${(100 * errors / requests).toFixed(1)} % (${number(errors)})` : "—";
 }
 const counted = (row, value) => row.counted ? number(value) : "—";
 
@@ -274,15 +276,14 @@ export async function keyUsage(api, keyId) {
     return h("p", {class: "empty"}, "This gateway has no usage API.");
   }
   const labelOf = (r) => r.model ?? "(none)";
-  const requests = seriesOf(usage, labelOf, (r) => r.num_model_requests);
+  const requests = seriesOf(usage, labelOf, sent);
   const rows = new Map();
   const row = (model) => rows.get(model)
     ?? rows.set(model, uncounted()).get(model);
   usage.forEach((b) => b.results.forEach((r) => {
     const entry = row(labelOf(r));
     entry.counted = true;
-    entry.requests += r.num_model_requests;
-    entry.admitted += r.num_requests ?? r.num_model_requests;
+    entry.requests += sent(r);
     entry.errors += r.num_errors ?? 0;
     entry.input += r.input_tokens;
     entry.output += r.output_tokens;
@@ -295,7 +296,7 @@ export async function keyUsage(api, keyId) {
     timeChart({id: "chart-key-requests", title: "Requests per day by model", times: usage.map((b) => b.start_time),
       series: requests, format: number, integer: true, bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
-      "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.admitted)
+      "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.requests)
       : "—", counted(r, r.input), counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
 }
 
@@ -305,15 +306,14 @@ export async function weekByModel(api) {
   const start = Math.floor((end - 6 * DAY) / DAY) * DAY;
   const params = usageParams({start, end, width: DAY, groups: ["model"]});
   const byModel = new Map();
-  const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, admitted: 0, errors: 0, cost: 0})
+  const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, errors: 0, cost: 0})
     .get(model);
   try {
     const [usage, costs] = await Promise.all([buckets(api, "/v1/organization/usage/completions", params),
       buckets(api, "/v1/organization/costs", params)]);
     usage.forEach((b) => b.results.forEach((r) => {
       const e = entry(r.model);
-      e.requests += r.num_model_requests;
-      e.admitted += r.num_requests ?? r.num_model_requests;
+      e.requests += sent(r);
       e.errors += r.num_errors ?? 0;
     }));
     costs.forEach((b) => b.results.forEach((r) => { entry(r.model).cost += r.amount?.value ?? 0; }));
