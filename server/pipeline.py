@@ -162,6 +162,7 @@ class Pipeline:
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         _asking(call)
+        self._telemetry.handed_over(call.record)
         reached_model = True
         try:
             answer = provider.stream(request)
@@ -322,6 +323,7 @@ class Pipeline:
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
         images: list[GeneratedImage] | None = None
         _asking(call)
+        self._telemetry.handed_over(call.record)
         reached_model = True
         try:
             with self.cutoff.watch() as watch:

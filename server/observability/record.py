@@ -78,6 +78,7 @@ class RequestRecord:
     cached_input_tokens: int = 0
     images: int = 0
     cost_micros: int = 0  # settled cost in micro-dollars
+    ledger_id: str = ""  # its row's id, given when it was handed to its model (the spool's mark has it too)
 
     def mark_answered(self) -> None:
         self.answered = True

@@ -41,6 +41,11 @@ _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP h
 class RequestSink(Protocol):
     """Where the record of a request that reached admission goes when it ends (the usage ledger)."""
 
+    def opened(self, record: RequestRecord) -> None:
+        """The request is handed to its model: it will be `add`ed when it ends (or by the next process to start,
+        if this one dies first)."""
+        ...
+
     def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None: ...
 
 
@@ -89,6 +94,12 @@ class Telemetry:
         """The authenticator found the caller's key."""
         record = self.current()
         record.key_id, record.key_env = key.id, key.env
+
+    def handed_over(self, record: RequestRecord) -> None:
+        """The request goes to its model now (the usage ledger marks it, in case this process dies before it ends).
+        Only an observed RPC's: a throwaway record (`current` outside one) never ends, so its mark would outlive it."""
+        if self.ledger is not None and self._current.get() is record:
+            self.ledger.opened(record)
 
     def finish(self, record: RequestRecord, outcome: Outcome) -> None:
         now = time.monotonic()

@@ -4,6 +4,7 @@ when it ends, so the ledger, the metrics and the access log describe each reques
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 
@@ -46,10 +47,27 @@ STORE_NAME = "usage ledger"  # in the 503 of a read the database did not answer 
 values_of = attrgetter(*COLUMNS)
 
 
+def mark_of(record: RequestRecord) -> tuple:
+    """What a request handed to its model is known by, for `died` (the spool's mark: a tuple, not a row, because
+    every model request writes one and a row costs ~2 us to build)."""
+    return (record.ledger_id, int(record.arrived * 1000), record.request_id, record.key_id, record.key_env,
+            record.endpoint, record.model, record.deployment)
+
+
+def died(mark: Sequence) -> LedgerRow:
+    """The row of a request whose process died while it ran (`mark_of`): the caller got Envoy's 503 (or a stream cut
+    off), the model had been asked, and what it used died with the process."""
+    row_id, at_ms, request_id, key_id, env, endpoint, model, deployment = mark
+    return LedgerRow(id=row_id, at_ms=at_ms, request_id=request_id, key_id=key_id, env=env, endpoint=endpoint,
+                     model=model, upstream=model, status=503, code="service_unavailable", input_tokens=0,
+                     output_tokens=0, cached_input_tokens=0, images=0, cost_micros=0, upstream_attempts=1,
+                     latency_ms=0.0, first_token_ms=None, deployment=deployment)
+
+
 def row_of(record: RequestRecord, outcome: Outcome, finished: float, ids: ReservationIds) -> LedgerRow:
     """`finished`: time.monotonic() when the request ended; `ids` makes the row's id."""
     return LedgerRow(
-        id=ids.new(),
+        id=record.ledger_id or ids.new(),
         at_ms=int(record.arrived * 1000),
         request_id=record.request_id,
         key_id=record.key_id,

@@ -1,13 +1,16 @@
 """The ledger's spool: each row is appended to a file in `<data_dir>/ledger-spool/` as it is queued, so that a
 process killed before its writer's next batch (`kill -9`, out of memory) loses no row of a request it answered:
 the next process to start on the data dir (the worker that replaces it, or `portico serve` started again) adopts
-the dead process's files and writes their rows.
+the dead process's files and writes their rows. A request handed to its model also leaves a mark, from which the
+next process writes its row (ledger.died) if its process died before it ended.
 
 A process holds an exclusive flock on each segment file it has: the lock dies with the process, so a segment whose
 lock can be taken has no live owner. A write pass seals the segment being appended to and starts a new one; once
-every row queued before the seal is in the store, the sealed segments are deleted. One row is one line (its values
-in COLUMNS order, as JSON); a line that does not parse (the host, not the process, died mid-write) is skipped,
-logged. Rows are in the page cache once written: a dying process loses none, a dying host may.
+every row queued before the seal is in the store, the sealed segments are deleted, but for those holding marks of
+requests still running. Adopted, a mark counts only where no row has its id: a row already in the store keeps it
+(sinks store each id once). One row is one line (its values in COLUMNS order, as JSON; a mark's inside
+`{"open": ...}`); a line that does not parse (the host, not the process, died mid-write) is skipped, logged. Lines
+are in the page cache once written: a dying process loses none, a dying host may.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from server.usage.ledger import LedgerRow, values_of
+from server.usage.ledger import LedgerRow, died, values_of
 
 _logger = logging.getLogger(__name__)
 
@@ -29,47 +32,67 @@ _SUFFIX = ".rows"
 
 
 @dataclass(slots=True)
-class _Segment:
+class Segment:
     path: Path
     fd: int  # open, and locked by this process
-    rows: int = 0
+    lines: int = 0  # rows and marks
+    running: int = 0  # marks of requests still running: kept for them until they end
 
 
 class LedgerSpool:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._directory = directory
-        self._sealed: list[_Segment] = []
+        self._sealed: list[Segment] = []
         self._current = self._new_segment()
 
-    def _new_segment(self) -> _Segment:
+    def _new_segment(self) -> Segment:
         path = self._directory / f"{os.getpid()}-{time.time_ns()}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return _Segment(path, fd)
+        return Segment(path, fd)
 
     def append(self, row: LedgerRow) -> None:
         """One write of one line: a process killed after it returns has the row on disk. Raises OSError."""
         os.write(self._current.fd, orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
-        self._current.rows += 1
+        self._current.lines += 1
+
+    def mark(self, mark: tuple) -> Segment:
+        """A request handed to its model (ledger.mark_of): the next process to start writes its `died` row if this one
+        dies before the request ends. `ended(segment)` when it ends."""
+        os.write(self._current.fd, orjson.dumps({"open": mark}, option=orjson.OPT_APPEND_NEWLINE))
+        segment = self._current
+        segment.lines += 1
+        segment.running += 1
+        return segment
+
+    @staticmethod
+    def ended(segment: Segment) -> None:
+        segment.running -= 1
 
     def seal(self) -> None:
         """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`."""
-        if self._current.rows:
+        if self._current.lines:
             self._sealed.append(self._current)
             self._current = self._new_segment()
 
     def release(self) -> None:
-        """Every row of the sealed segments is in the store (or was refused by it, logged): they go."""
+        """Every row of the sealed segments is in the store (or was refused by it, logged): they go, but for those
+        with marks of requests still running."""
+        kept = []
         for segment in self._sealed:
-            segment.path.unlink(missing_ok=True)
-            os.close(segment.fd)
-        self._sealed.clear()
+            if segment.running:
+                kept.append(segment)
+            else:
+                segment.path.unlink(missing_ok=True)
+                os.close(segment.fd)
+        self._sealed = kept
 
     def adopt(self) -> list[LedgerRow]:
         """The rows of the segments no live process holds, oldest first. Their files become sealed segments of this
         spool, deleted by the `release` after the rows are written."""
-        rows: list[LedgerRow] = []
+        rows: dict[str, LedgerRow] = {}
+        marks: dict[str, LedgerRow] = {}
         for path in sorted(self._directory.glob(f"*{_SUFFIX}"), key=_started):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -84,16 +107,15 @@ class LedgerSpool:
                 os.close(fd)
                 continue
             with open(fd, "rb", closefd=False) as file:
-                found = _rows_of(file.read(), path)
-            rows += found
-            self._sealed.append(_Segment(path, fd, len(found)))
-        return rows
+                lines = _read(file.read(), path, rows, marks)
+            self._sealed.append(Segment(path, fd, lines))
+        return [*rows.values(), *(mark for mark in marks.values() if mark.id not in rows)]
 
     def close(self) -> None:
         """At the end: the segments' rows are in the store (released) or stay for the next process to adopt; an
         empty segment is removed."""
         for segment in (*self._sealed, self._current):
-            if not segment.rows:
+            if not segment.lines:
                 segment.path.unlink(missing_ok=True)
             os.close(segment.fd)
         self._sealed.clear()
@@ -105,13 +127,21 @@ def _started(path: Path) -> int:
     return int(started) if started.isdigit() else 0
 
 
-def _rows_of(data: bytes, path: Path) -> list[LedgerRow]:
-    rows, skipped = [], 0
-    for line in data.splitlines():
+def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, LedgerRow]) -> int:
+    """A segment's rows and marks, by id, into `rows` and `marks`; how many lines it has."""
+    lines = data.splitlines()
+    skipped = 0
+    for line in lines:
         try:
-            rows.append(LedgerRow(*orjson.loads(line)))
-        except (orjson.JSONDecodeError, TypeError):  # torn, or not a row of this version's columns
+            value = orjson.loads(line)
+            if isinstance(value, dict):
+                mark = died(value["open"])
+                marks[mark.id] = mark
+            else:
+                row = LedgerRow(*value)
+                rows[row.id] = row
+        except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):  # torn, or not this version's columns
             skipped += 1
     if skipped:
         _logger.error("usage ledger: %d unreadable line(s) in %s skipped", skipped, path)
-    return rows
+    return len(lines)

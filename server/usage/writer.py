@@ -27,9 +27,9 @@ from typing import Protocol
 
 from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
-from server.usage.ledger import LedgerRow, RowsRefused, row_of
+from server.usage.ledger import LedgerRow, RowsRefused, mark_of, row_of
 from server.usage.settings import UsageSettings
-from server.usage.spool import LedgerSpool
+from server.usage.spool import LedgerSpool, Segment
 
 _logger = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class LedgerWriter:
         self._sink = sink
         self._spool = spool
         self._spool_failing = False  # the spool cannot be written (disk full...): logged once when it starts
+        self._marked: dict[str, Segment] = {}  # row id -> the segment holding the mark of a request still running
         self._settings = settings
         self._on_dropped = on_dropped
         self._on_written = on_written
@@ -88,8 +89,19 @@ class LedgerWriter:
         self._task = asyncio.create_task(self._run(), name="ledger-writer")
 
     # RequestSink (server/observability/telemetry.py)
+    def opened(self, record: RequestRecord) -> None:
+        if self._spool is None:
+            return
+        record.ledger_id = self._ids.new()
+        try:
+            self._marked[record.ledger_id] = self._spool.mark(mark_of(record))
+        except OSError as exc:
+            self._spool_failed(exc)
+
     def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:
         self.append(row_of(record, outcome, finished, self._ids))
+        if (segment := self._marked.pop(record.ledger_id, None)) is not None:
+            LedgerSpool.ended(segment)
 
     def append(self, row: LedgerRow) -> None:
         if len(self._queue) >= self._settings.buffer_rows:
@@ -107,13 +119,16 @@ class LedgerWriter:
         try:
             self._spool.append(row)
         except OSError as exc:  # the row still waits in memory: lost only if the process dies before it is written
-            if not self._spool_failing:
-                _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
-                self._spool_failing = True
+            self._spool_failed(exc)
             return
         if self._spool_failing:
             _logger.warning("usage ledger: writing the spool again")
             self._spool_failing = False
+
+    def _spool_failed(self, exc: OSError) -> None:
+        if not self._spool_failing:
+            _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
+            self._spool_failing = True
 
     async def _run(self) -> None:
         pause = self._settings.flush_seconds

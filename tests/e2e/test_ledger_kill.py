@@ -1,12 +1,14 @@
 """Rows of answered requests outlive a process killed before its writer's next batch (`kill -9`, out of memory):
 the usage ledger is written in batches, at most every `usage.flush_seconds`, and what a killed process had not
 written yet is written by the next process to start on the data dir: the worker the supervisor starts in its
-place, or `portico serve` started again."""
+place, or `portico serve` started again. A request still running when its process was killed gets its row that
+way too: the 503 its caller got, with nothing used (what it used died with the process)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from server.db import StoreSettings
 from server.usage.stores import open_ledger
 from tests.e2e.conftest import Gateway, running_gateway
 from tests.e2e.test_workers import wait_for_log, worker_pids
+from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV
 
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -69,17 +72,33 @@ def test_a_killed_worker_s_answered_rows_are_written_by_the_worker_that_replaces
             key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
                 gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
             ids = answered(gateway, secret, 8)  # Envoy spreads them over both workers
+            double.cue(Cue(delay=60))  # the next request is still running when its worker dies
+            seen = len(double.seen)
+            late: list[int] = []
+            caller = threading.Thread(target=lambda: late.append(httpx.post(
+                f"{gateway.base_url}/v1/chat/completions", json={"model": "up", "messages": HELLO},
+                headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
+            ).status_code))
+            caller.start()
+            while len(double.seen) == seen:
+                time.sleep(0.01)
             victims = worker_pids(gateway, 0)[-1:] + worker_pids(gateway, 1)[-1:]
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
+            caller.join()
+            assert late == [503]
             for index, pid in enumerate(victims):
                 wait_for_log(gateway, f"worker {index} (pid {pid}) exited")
-            rows = rows_of(gateway.data_dir, key_id, len(ids))
-            assert sorted(row.request_id for row in rows) == sorted(ids)
-            assert all(row.status == 200 and row.cost_micros > 0 for row in rows)
+            rows = {row.request_id: row for row in rows_of(gateway.data_dir, key_id, len(ids) + 1)}
+            assert sorted(rows) == sorted([*ids, "kill-running"])
+            assert all(rows[i].status == 200 and rows[i].cost_micros > 0 for i in ids)
+            running = rows["kill-running"]
+            assert (running.status, running.code, running.upstream, running.upstream_attempts) == (
+                503, "service_unavailable", "up", 1)
+            assert (running.input_tokens, running.output_tokens, running.cost_micros) == (0, 0, 0)
             # Written once each, and nothing left to write again.
             time.sleep(0.5)
-            assert len(rows_of(gateway.data_dir, key_id, 0, within=0)) == len(ids)
+            assert len(rows_of(gateway.data_dir, key_id, 0, within=0)) == len(ids) + 1
             assert not [p for p in (gateway.data_dir / "ledger-spool").iterdir() if p.stat().st_size]
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)

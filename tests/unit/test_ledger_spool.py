@@ -10,9 +10,14 @@ from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.writer import LedgerWriter
-from tests.unit.test_ledger_writer import FlakySink, row
+from tests.unit.test_ledger_writer import NOW_MS, FlakySink, row
 
 SLOW = UsageSettings(flush_seconds=600)  # no pass of its own while a test runs
+
+
+def mark(n: int) -> tuple:
+    """A running request's mark (ledger.mark_of), as row(n) would be known at admission."""
+    return (f"r{n}", NOW_MS + n, f"req-{n}", "key_a", "prod", "/v1/chat/completions", "m", "")
 
 
 def killed(spool: LedgerSpool) -> None:
@@ -84,3 +89,39 @@ async def test_a_torn_line_is_skipped_and_logged(tmp_path, caplog):
     await writer.close()
     assert [r.id for r in sink.rows()] == ["r1"]
     assert "1 unreadable line(s)" in caplog.text
+
+
+async def test_a_request_running_when_its_writer_died_gets_its_mark_s_row(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    first = LedgerWriter(sink, SLOW, spool=spool)
+    finished = spool.mark(mark(1))
+    spool.mark(mark(2))
+    await first.flush()  # seals the segment with both marks: kept while one of them runs
+    first.append(row(1))
+    spool.ended(finished)
+    await first.flush()
+    assert [r.id for r in sink.rows()] == ["r1"]
+    assert len(list((tmp_path / "spool").iterdir())) == 2  # the marks' segment, and the one being appended to
+    killed(spool)
+
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    second.start()
+    await second.close()
+    assert {r.id: (r.status, r.code, r.upstream, r.upstream_attempts, r.cost_micros) for r in sink.rows()} == {
+        "r1": (200, "", "m", 1, 7),  # its real row, written before: the mark of the same id stored nothing more
+        "r2": (503, "service_unavailable", "m", 1, 0)}
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+async def test_a_mark_and_its_row_in_one_spool_make_one_row(tmp_path):
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    spool.mark(mark(1))
+    spool.seal()
+    spool.append(row(1))  # ended in a later segment, never written: the row wins over the mark
+    killed(spool)
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    writer.start()
+    await writer.close()
+    assert [(r.id, r.status) for r in sink.rows()] == [("r1", 200)]
