@@ -38,24 +38,19 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
     endpoint = raw.get("otlp_endpoint")
     if endpoint is not None:
         endpoint = _endpoint(endpoint, f"{where}.otlp_endpoint")
-    try:
-        settings = TracingSettings(
-            otlp_endpoint=endpoint,
-            sample_ratio=number(raw, "sample_ratio", 1.0, where),
-            service_name=service_name,
-            max_queue_size=number(raw, "max_queue_size", 2048, where, integer=True),
-            export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where),
-            max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True),
-            export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+    max_queue_size = number(raw, "max_queue_size", 2048, where, integer=True, low=1)
+    settings = TracingSettings(
+        otlp_endpoint=endpoint,
+        sample_ratio=number(raw, "sample_ratio", 1.0, where),
+        service_name=service_name,
+        max_queue_size=max_queue_size,
+        export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where, positive=True),
+        max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True, low=1,
+                                     high=max_queue_size),
+        export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where, positive=True),
+    )
     if not 0.0 <= settings.sample_ratio <= 1.0:
         raise ConfigError(f"{where}.sample_ratio: a fraction from 0 to 1, not {settings.sample_ratio}")
-    if settings.max_queue_size < 1 or not 1 <= settings.max_export_batch_size <= settings.max_queue_size:
-        raise ConfigError(f"{where}: max_queue_size must be at least 1, max_export_batch_size from 1 to it")
-    if settings.export_delay_seconds <= 0 or settings.export_timeout_seconds <= 0:
-        raise ConfigError(f"{where}: export_delay_seconds and export_timeout_seconds must be positive")
     return settings
 
 

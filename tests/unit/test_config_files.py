@@ -218,3 +218,29 @@ def test_a_store_setting_the_store_in_use_never_reads_is_refused(tmp_path, secti
     assert _load(tmp_path, f"{ONE_MODEL}\nkeys: {postgres}").key_store.pool_size == 8
     redis = "{store: 'redis://127.0.0.1:6379/0', lease_seconds: 10, store_timeout_seconds: 2}"
     assert _load(tmp_path, f"{ONE_MODEL}\nlimits: {redis}").limits.lease_seconds == 10
+
+
+REDIS = "store: 'redis://127.0.0.1:6379/0'"
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        # Each names the one setting that is wrong, its bound and the value, as every other number does: these said
+        # "usage: flush_seconds must be positive, batch_rows at least 1 and buffer_rows at least batch_rows".
+        ("usage: {buffer_rows: 10}", r"usage\.buffer_rows: a whole number of at least 500, not 10$"),
+        ("usage: {batch_rows: 0}", r"usage\.batch_rows: a whole number of at least 1, not 0$"),
+        ("usage: {flush_seconds: 0}", r"usage\.flush_seconds: a positive number, not 0$"),
+        ("tracing: {max_queue_size: 0}", r"tracing\.max_queue_size: a whole number of at least 1, not 0$"),
+        ("tracing: {max_export_batch_size: 4096}",
+         r"tracing\.max_export_batch_size: a whole number from 1 to 2048, not 4096$"),
+        ("tracing: {export_delay_seconds: -1}", r"tracing\.export_delay_seconds: a positive number, not -1$"),
+        ("tracing: {export_timeout_seconds: 0}", r"tracing\.export_timeout_seconds: a positive number, not 0$"),
+        (f"limits: {{{REDIS}, lease_seconds: 0}}", r"limits\.lease_seconds: a positive number, not 0$"),
+        (f"limits: {{{REDIS}, store_timeout_seconds: -0.5}}",
+         r"limits\.store_timeout_seconds: a positive number, not -0\.5$"),
+    ],
+)
+def test_a_number_out_of_its_range_names_that_one_setting(tmp_path, section, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"{ONE_MODEL}\n{section}")

@@ -49,7 +49,7 @@ def test_limits_config():
         (f"{ONE_MODEL}\nlimits: {{models: {{b: {{requests_per_minute: 5}}}}}}", "'b' is not a model"),
         (f"{ONE_MODEL}\nlimits: {{store: sqlite}}", "limits.store"),
         (f"{ONE_MODEL}\nlimits: {{store: 'redis://h/0', on_store_error: maybe}}", "on_store_error"),
-        (f"{ONE_MODEL}\nlimits: {{lease_seconds: 0}}", "must be positive"),
+        (f"{ONE_MODEL}\nlimits: {{lease_seconds: 0}}", "lease_seconds"),
         # A typo anywhere is an error naming where it is, never a setting silently ignored.
         (f"{ONE_MODEL}\ndefault_max_token: 64", r"c\.yaml: unknown setting\(s\) default_max_token; known: listen"),
         (f"{ONE_MODEL}\nlisten: {{prot: 9000}}", r"listen: unknown setting\(s\) prot; known: host, port"),
