@@ -131,8 +131,9 @@ def _check_data_dir(data_dir: Path) -> None:
     there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"data_dir: cannot create {data_dir} ({exc.strerror})") from None
+    except OSError as exc:  # FileExistsError's own words, "File exists", read as nothing wrong
+        reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+        raise ConfigError(f"data_dir: cannot create {data_dir} ({reason})") from None
 
 
 def _check_access_log(target: str) -> None:

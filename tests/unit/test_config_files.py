@@ -134,6 +134,9 @@ def test_a_data_dir_that_cannot_be_a_directory_is_one_line_and_exit_2(tmp_path, 
         err = capsys.readouterr().err
         assert err.startswith(f"portico: configuration error: data_dir: cannot create {data_dir} (")
         assert err.count("\n") == 1
+    # A file where the directory should be said "(File exists)": true of the path, but it reads as nothing wrong.
+    main(["--config", str(config), "--data-dir", str(taken), *command])
+    assert capsys.readouterr().err.endswith(f"cannot create {taken} (a file is there, not a directory)\n")
 
 
 def test_serve_host_must_be_an_address(tmp_path, capsys):
