@@ -247,3 +247,25 @@ REDIS = "store: 'redis://127.0.0.1:6379/0'"
 def test_a_number_out_of_its_range_names_that_one_setting(tmp_path, section, message):
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, f"{ONE_MODEL}\n{section}")
+
+
+TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, deployments: [{{name: x, provider: {UPSTREAM}}}, "
+                   f"{{name: y, provider: {UPSTREAM}}}], health: HEALTH}}]")
+
+
+@pytest.mark.parametrize(
+    ("health", "message"),
+    [
+        # A cooldown over 300 s alone said "max_cooldown_seconds must be at least cooldown_seconds", naming a setting
+        # the file does not have, without the default that was too small.
+        ("{cooldown_seconds: 600}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at least cooldown_seconds \(600\), not 300 \(its default\)$"),
+        ("{cooldown_seconds: 20, max_cooldown_seconds: 10}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at least cooldown_seconds \(20\), not 10$"),
+        ("{failure_rate: 1.5}", r"models\[0\]\.health\.failure_rate: a share of requests, above 0 and at most 1, "
+                                r"not 1\.5$"),
+    ],
+)
+def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, health, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, TWO_DEPLOYMENTS.replace("HEALTH", health))
