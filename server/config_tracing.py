@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, mapping, number, url_parts
+from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
 
@@ -28,10 +28,8 @@ class TracingSettings:
 
 def parse_tracing(raw: Any, where: str) -> TracingSettings:
     raw = mapping(raw or {}, where)
-    known = {"otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
-             "max_export_batch_size", "export_timeout_seconds"}
-    if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
+                         "max_export_batch_size", "export_timeout_seconds"), where)
     service_name = raw.get("service_name", "portico")
     if not isinstance(service_name, str) or not service_name:
         raise ConfigError(f"{where}.service_name: a non-empty string, not {service_name!r}")

@@ -56,6 +56,9 @@ def test_limits_config():
         (f"{ONE_MODEL}\nembedded: {{thread: 4}}", r"embedded: unknown setting\(s\) thread; known: context_size"),
         (f"{ONE_MODEL}\nkeys: {{cache_second: 5}}", r"keys: unknown setting\(s\) cache_second; known: cache_seconds"),
         (f"{ONE_MODEL}\nlimits: {{stor: memory}}", r"limits: unknown setting\(s\) stor"),
+        # Every section lists what it knows, tracing too (it listed nothing).
+        (f"{ONE_MODEL}\ntracing: {{endpoint: 'http://h:4318'}}",
+         r"tracing: unknown setting\(s\) endpoint; known: otlp_endpoint, sample_ratio"),
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, fallback: [b]}]",
          r"models\[0\]: unknown setting\(s\) fallback"),
         # A value of the wrong type names its path too, and a model file that is not there is a configuration error.
