@@ -307,3 +307,13 @@ def test_a_clients_repr_never_shows_its_api_key():
         client.close()
     for client in clients[2:]:
         asyncio.run(client.close())
+
+
+@pytest.mark.parametrize("body", [{"bogus": 1}, {"messages": [{"role": "user", "content": "x", "nme": "a"}]}])
+def test_a_field_the_message_lacks_is_one_line_naming_it(body):
+    """protobuf's words ran to a second line ("Available Fields(except extensions): ..."), under a message that had
+    already named the field; the gateway's errors are one line."""
+    with PorticoClient.over_grpc("127.0.0.1:9", "pk-x") as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("m", **{"messages": [{"role": "user", "content": "x"}], **body})
+    assert "\n" not in str(caught.value) and caught.value.param in ("bogus", "messages[0].nme")

@@ -87,8 +87,9 @@ def _request(operation: Operation, body: dict[str, Any]) -> Message:
     try:
         request = json_format.ParseDict(body, operation.request())
     except json_format.ParseError as error:
-        raise BadRequestError(f"The request does not fit {operation.request.DESCRIPTOR.full_name}: {error}",
-                              param=_param(str(error))) from None
+        # Its first line only: protobuf's next lists "Available Fields" in camelCase, which no API spells.
+        raise BadRequestError(f"The request does not fit {operation.request.DESCRIPTOR.full_name}: "
+                              f"{str(error).splitlines()[0]}", param=_param(str(error))) from None
     if (size := request.ByteSize()) > MAX_REQUEST_BYTES:
         raise BadRequestError(f"The request is too large: {size} bytes (limit 8 MiB, as for REST bodies).",
                               status=413, code="request_too_large")
