@@ -317,3 +317,19 @@ def test_a_field_the_message_lacks_is_one_line_naming_it(body):
         with pytest.raises(BadRequestError) as caught:
             client.chat_completion("m", **{"messages": [{"role": "user", "content": "x"}], **body})
     assert "\n" not in str(caught.value) and caught.value.param in ("bogus", "messages[0].nme")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"temperature": float("nan")}, "temperature"),
+    ({"messages": [{"role": "user", "content": {"a set"}}]}, "messages[0].content"),
+    ({"stop": {"a"}}, "stop"),
+])
+@pytest.mark.parametrize("make", [PorticoClient.over_grpc, PorticoClient.over_rest])
+def test_a_value_json_cannot_hold_is_named_in_param_on_both_transports(make, fields, param):
+    """client.md: such a value is a BadRequestError "naming the field in param where it can"; over REST, where
+    json.dumps says only "Object of type set is not JSON serializable", param was None."""
+    fields = {"messages": [{"role": "user", "content": "x"}], **fields}
+    with make("http://127.0.0.1:9" if make == PorticoClient.over_rest else "127.0.0.1:9", "pk-x") as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("m", **fields)
+    assert caught.value.param == param
