@@ -249,8 +249,9 @@ def test_a_number_out_of_its_range_names_that_one_setting(tmp_path, section, mes
         _load(tmp_path, f"{ONE_MODEL}\n{section}")
 
 
-TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, deployments: [{{name: x, provider: {UPSTREAM}}}, "
-                   f"{{name: y, provider: {UPSTREAM}}}], health: HEALTH}}]")
+TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, "
+                   f"deployments: [{{name: x, provider: {UPSTREAM}}}, {{name: y, provider: {UPSTREAM}}}], "
+                   "health: HEALTH}]")
 
 
 @pytest.mark.parametrize(

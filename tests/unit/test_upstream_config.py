@@ -160,7 +160,7 @@ def test_the_sample_configuration_shows_every_model_provider_and_price_setting(t
     shown |= {name for provider in providers for name in provider}
     shown |= {name for entry in entries for name in entry.get("price", {})}
     model = _known(tmp_path, "[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, bogus: 1}]")
-    provider = _known(tmp_path, "[{id: a, endpoint: /v1/messages, provider: {kind: openai, base_url: 'http://h/v1', model: m, "
-                      "bogus: 1}}]")
+    provider = _known(tmp_path, "[{id: a, endpoint: /v1/messages, "
+                                "provider: {kind: openai, base_url: 'http://h/v1', model: m, bogus: 1}}]")
     price = _known(tmp_path, "[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: {bogus: 1}}]")
     assert model | provider | price <= shown, f"not in the sample: {sorted((model | provider | price) - shown)}"
