@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import ipaddress
 import os
 import socket
 import time
@@ -72,6 +73,14 @@ def endpoint_address(upstream: str) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": int(port)}}
 
 
+def _any_ipv6(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == 6 and address.is_unspecified
+
+
 def render_config(
     template: Mapping[str, Any],
     *,
@@ -93,6 +102,8 @@ def render_config(
     config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
     listener = config["static_resources"]["listeners"][0]
     listener["address"] = {"socket_address": {"address": listen_host, "port_value": listen_port}}
+    if _any_ipv6(listen_host):  # Envoy binds `::` IPv6-only by default: IPv4 callers were refused
+        listener["address"]["socket_address"]["ipv4_compat"] = True
     hcm = http_manager(config)
     if stream_idle_timeout_s is not None:
         # Fixed-point: `:g` wrote 1000035 as `1.00004e+06s`, which Envoy refuses.

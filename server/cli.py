@@ -7,6 +7,7 @@ import asyncio
 import errno
 import functools
 import logging
+import os
 import socket
 import sys
 import time
@@ -69,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_store_diagnostics(args.log_level)
         if not config.key_store.is_postgres:  # <data_dir>/keys.db
             _check_data_dir(config.data_dir)
-        if args.command == "usage":
-            return usage_command(args, config)
-        return keys_command(args, config)
+        return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
         print(f"portico: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -82,6 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
         print(f"portico: {exc}", file=sys.stderr)
+        return 1
+
+
+def _printing(command: Callable[[argparse.Namespace, Config], int], args: argparse.Namespace, config: Config) -> int:
+    """A command whose output may go to a reader that stops early (`portico usage | head`): a traceback under
+    the lines it asked for would only alarm."""
+    try:
+        code = command(args, config)
+        sys.stdout.flush()  # in here: a pipe's buffered lines are otherwise written, and refused, at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
         return 1
 
 
@@ -131,8 +142,9 @@ def _check_data_dir(data_dir: Path) -> None:
     there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"data_dir: cannot create {data_dir} ({exc.strerror})") from None
+    except OSError as exc:  # FileExistsError's own words, "File exists", read as nothing wrong
+        reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+        raise ConfigError(f"data_dir: cannot create {data_dir} ({reason})") from None
 
 
 def _check_access_log(target: str) -> None:

@@ -288,11 +288,9 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
         models={str(m): _key_limits(_or_empty(v), f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
-        lease_seconds=number(raw, "lease_seconds", 30.0, where),
-        store_timeout_seconds=number(raw, "store_timeout_seconds", 0.5, where),
+        lease_seconds=number(raw, "lease_seconds", 30.0, where, positive=True),
+        store_timeout_seconds=number(raw, "store_timeout_seconds", 0.5, where, positive=True),
     )
-    if settings.lease_seconds <= 0 or settings.store_timeout_seconds <= 0:
-        raise ConfigError(f"{where}: lease_seconds and store_timeout_seconds must be positive")
     # Settings nothing would honour are refused, not ignored: the in-process store has no leases or timeouts.
     if store == "memory" and (ignored := [name for name in ("lease_seconds", "store_timeout_seconds") if name in raw]):
         raise ConfigError(f"{where}.{ignored[0]}: only for a Redis store")

@@ -57,9 +57,12 @@ def parse_health(raw: Any, where: str) -> HealthSettings:
     values = _numbers(raw, where, HealthSettings)
     settings = HealthSettings(**values)
     if not 0 < settings.failure_rate <= 1:
-        raise ConfigError(f"{where}.failure_rate: a share of requests, above 0 and at most 1")
+        raise ConfigError(f"{where}.failure_rate: a share of requests, above 0 and at most 1, "
+                          f"not {settings.failure_rate:g}")
     if settings.max_cooldown_seconds < settings.cooldown_seconds:
-        raise ConfigError(f"{where}: max_cooldown_seconds must be at least cooldown_seconds")
+        default = "" if "max_cooldown_seconds" in values else " (its default)"  # a long cooldown alone is refused
+        raise ConfigError(f"{where}.max_cooldown_seconds: at least cooldown_seconds ({settings.cooldown_seconds:g}), "
+                          f"not {settings.max_cooldown_seconds:g}{default}")
     return settings
 
 

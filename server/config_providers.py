@@ -134,10 +134,10 @@ def _seconds(raw: dict, name: str, default: float, where: str) -> float:
 
 
 def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, integer: bool = False,
-           low: float | None = None, high: float | None = None) -> Any:
-    """A setting's number, its type and range (`low`, `high`: inclusive bounds) checked so that a mistake names its
-    path (`int("eighty")` names nothing). `where` is the section ("c.yaml: listen"), or the file followed by ": "
-    for a top-level setting."""
+           low: float | None = None, high: float | None = None, positive: bool = False) -> Any:
+    """A setting's number, its type and range (`low`, `high`: inclusive bounds; `positive`: more than 0) checked so
+    that a mistake names its path (`int("eighty")` names nothing). `where` is the section ("c.yaml: listen"), or the
+    file followed by ": " for a top-level setting."""
     value = raw.get(name, default)
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
     kind = f"a {'whole ' if integer else ''}number"
@@ -146,6 +146,8 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
         raise ConfigError(f"{path}: {kind}, not {value!r}")
     if not math.isfinite(value):  # YAML's .nan passes every bound below, and .inf is no duration or size
         raise ConfigError(f"{path}: a finite number, not {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{path}: a positive {'whole ' if integer else ''}number, not {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
         raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")

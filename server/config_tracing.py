@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, mapping, number, url_parts
+from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
 
@@ -28,34 +28,27 @@ class TracingSettings:
 
 def parse_tracing(raw: Any, where: str) -> TracingSettings:
     raw = mapping(raw or {}, where)
-    known = {"otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
-             "max_export_batch_size", "export_timeout_seconds"}
-    if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+    known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
+                         "max_export_batch_size", "export_timeout_seconds"), where)
     service_name = raw.get("service_name", "portico")
     if not isinstance(service_name, str) or not service_name:
         raise ConfigError(f"{where}.service_name: a non-empty string, not {service_name!r}")
     endpoint = raw.get("otlp_endpoint")
     if endpoint is not None:
         endpoint = _endpoint(endpoint, f"{where}.otlp_endpoint")
-    try:
-        settings = TracingSettings(
-            otlp_endpoint=endpoint,
-            sample_ratio=number(raw, "sample_ratio", 1.0, where),
-            service_name=service_name,
-            max_queue_size=number(raw, "max_queue_size", 2048, where, integer=True),
-            export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where),
-            max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True),
-            export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+    max_queue_size = number(raw, "max_queue_size", 2048, where, integer=True, low=1)
+    settings = TracingSettings(
+        otlp_endpoint=endpoint,
+        sample_ratio=number(raw, "sample_ratio", 1.0, where),
+        service_name=service_name,
+        max_queue_size=max_queue_size,
+        export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where, positive=True),
+        max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True, low=1,
+                                     high=max_queue_size),
+        export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where, positive=True),
+    )
     if not 0.0 <= settings.sample_ratio <= 1.0:
         raise ConfigError(f"{where}.sample_ratio: a fraction from 0 to 1, not {settings.sample_ratio}")
-    if settings.max_queue_size < 1 or not 1 <= settings.max_export_batch_size <= settings.max_queue_size:
-        raise ConfigError(f"{where}: max_queue_size must be at least 1, max_export_batch_size from 1 to it")
-    if settings.export_delay_seconds <= 0 or settings.export_timeout_seconds <= 0:
-        raise ConfigError(f"{where}: export_delay_seconds and export_timeout_seconds must be positive")
     return settings
 
 

@@ -53,7 +53,8 @@ class ImageStore:
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a file in its place: one line at start, not a traceback
-            raise ConfigError(f"data_dir: cannot create {self._dir} ({exc.strerror})") from None
+            reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+            raise ConfigError(f"data_dir: cannot create {self._dir} ({reason})") from None
         self._secret = _load_or_create_secret(data_dir / "image-link.key")
         self._base_url = base_url.rstrip("/")
         self._ttl = ttl_seconds

@@ -22,15 +22,13 @@ def parse_usage(raw: Any, where: str) -> UsageSettings:
     if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     # Whole numbers where whole numbers are meant: int() made `retention_days: 0.5` 0 (keep forever), silently.
+    batch_rows = number(raw, "batch_rows", 500, where, integer=True, low=1)
     settings = UsageSettings(
-        flush_seconds=number(raw, "flush_seconds", 1.0, where),
-        batch_rows=number(raw, "batch_rows", 500, where, integer=True),
-        buffer_rows=number(raw, "buffer_rows", 100_000, where, integer=True),
+        flush_seconds=number(raw, "flush_seconds", 1.0, where, positive=True),
+        batch_rows=batch_rows,
+        buffer_rows=number(raw, "buffer_rows", 100_000, where, integer=True, low=batch_rows),
         retention_days=number(raw, "retention_days", 400, where, integer=True),
     )
-    if settings.flush_seconds <= 0 or settings.batch_rows < 1 or settings.buffer_rows < settings.batch_rows:
-        raise ConfigError(f"{where}: flush_seconds must be positive, batch_rows at least 1 and buffer_rows at least "
-                          "batch_rows")
     if settings.retention_days < 0:
         raise ConfigError(f"{where}.retention_days: 0 (keep forever) or a number of days")
     return settings

@@ -307,3 +307,29 @@ def test_a_clients_repr_never_shows_its_api_key():
         client.close()
     for client in clients[2:]:
         asyncio.run(client.close())
+
+
+@pytest.mark.parametrize("body", [{"bogus": 1}, {"messages": [{"role": "user", "content": "x", "nme": "a"}]}])
+def test_a_field_the_message_lacks_is_one_line_naming_it(body):
+    """protobuf's words ran to a second line ("Available Fields(except extensions): ..."), under a message that had
+    already named the field; the gateway's errors are one line."""
+    with PorticoClient.over_grpc("127.0.0.1:9", "pk-x") as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("m", **{"messages": [{"role": "user", "content": "x"}], **body})
+    assert "\n" not in str(caught.value) and caught.value.param in ("bogus", "messages[0].nme")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"temperature": float("nan")}, "temperature"),
+    ({"messages": [{"role": "user", "content": {"a set"}}]}, "messages[0].content"),
+    ({"stop": {"a"}}, "stop"),
+])
+@pytest.mark.parametrize("make", [PorticoClient.over_grpc, PorticoClient.over_rest])
+def test_a_value_json_cannot_hold_is_named_in_param_on_both_transports(make, fields, param):
+    """client.md: such a value is a BadRequestError "naming the field in param where it can"; over REST, where
+    json.dumps says only "Object of type set is not JSON serializable", param was None."""
+    fields = {"messages": [{"role": "user", "content": "x"}], **fields}
+    with make("http://127.0.0.1:9" if make == PorticoClient.over_rest else "127.0.0.1:9", "pk-x") as client:
+        with pytest.raises(BadRequestError) as caught:
+            client.chat_completion("m", **fields)
+    assert caught.value.param == param

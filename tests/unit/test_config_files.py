@@ -134,6 +134,9 @@ def test_a_data_dir_that_cannot_be_a_directory_is_one_line_and_exit_2(tmp_path, 
         err = capsys.readouterr().err
         assert err.startswith(f"portico: configuration error: data_dir: cannot create {data_dir} (")
         assert err.count("\n") == 1
+    # A file where the directory should be said "(File exists)": true of the path, but it reads as nothing wrong.
+    main(["--config", str(config), "--data-dir", str(taken), *command])
+    assert capsys.readouterr().err.endswith(f"cannot create {taken} (a file is there, not a directory)\n")
 
 
 def test_serve_host_must_be_an_address(tmp_path, capsys):
@@ -218,3 +221,52 @@ def test_a_store_setting_the_store_in_use_never_reads_is_refused(tmp_path, secti
     assert _load(tmp_path, f"{ONE_MODEL}\nkeys: {postgres}").key_store.pool_size == 8
     redis = "{store: 'redis://127.0.0.1:6379/0', lease_seconds: 10, store_timeout_seconds: 2}"
     assert _load(tmp_path, f"{ONE_MODEL}\nlimits: {redis}").limits.lease_seconds == 10
+
+
+REDIS = "store: 'redis://127.0.0.1:6379/0'"
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        # Each names the one setting that is wrong, its bound and the value, as every other number does: these said
+        # "usage: flush_seconds must be positive, batch_rows at least 1 and buffer_rows at least batch_rows".
+        ("usage: {buffer_rows: 10}", r"usage\.buffer_rows: a whole number of at least 500, not 10$"),
+        ("usage: {batch_rows: 0}", r"usage\.batch_rows: a whole number of at least 1, not 0$"),
+        ("usage: {flush_seconds: 0}", r"usage\.flush_seconds: a positive number, not 0$"),
+        ("tracing: {max_queue_size: 0}", r"tracing\.max_queue_size: a whole number of at least 1, not 0$"),
+        ("tracing: {max_export_batch_size: 4096}",
+         r"tracing\.max_export_batch_size: a whole number from 1 to 2048, not 4096$"),
+        ("tracing: {export_delay_seconds: -1}", r"tracing\.export_delay_seconds: a positive number, not -1$"),
+        ("tracing: {export_timeout_seconds: 0}", r"tracing\.export_timeout_seconds: a positive number, not 0$"),
+        (f"limits: {{{REDIS}, lease_seconds: 0}}", r"limits\.lease_seconds: a positive number, not 0$"),
+        (f"limits: {{{REDIS}, store_timeout_seconds: -0.5}}",
+         r"limits\.store_timeout_seconds: a positive number, not -0\.5$"),
+    ],
+)
+def test_a_number_out_of_its_range_names_that_one_setting(tmp_path, section, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"{ONE_MODEL}\n{section}")
+
+
+TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, "
+                   f"deployments: [{{name: x, provider: {UPSTREAM}}}, {{name: y, provider: {UPSTREAM}}}], "
+                   "health: HEALTH}]")
+
+
+@pytest.mark.parametrize(
+    ("health", "message"),
+    [
+        # A cooldown over 300 s alone said "max_cooldown_seconds must be at least cooldown_seconds", naming a setting
+        # the file does not have, without the default that was too small.
+        ("{cooldown_seconds: 600}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at least cooldown_seconds \(600\), not 300 \(its default\)$"),
+        ("{cooldown_seconds: 20, max_cooldown_seconds: 10}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at least cooldown_seconds \(20\), not 10$"),
+        ("{failure_rate: 1.5}", r"models\[0\]\.health\.failure_rate: a share of requests, above 0 and at most 1, "
+                                r"not 1\.5$"),
+    ],
+)
+def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, health, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, TWO_DEPLOYMENTS.replace("HEALTH", health))

@@ -92,3 +92,21 @@ def test_a_long_silence_is_a_duration_envoy_reads(tmp_path):
     (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
     checked = validate(tmp_path / "envoy.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_listening_on_every_ipv6_address_takes_ipv4_callers_too(tmp_path):
+    """configuration.md: `listen.host` `0.0.0.0` or `::` for every interface. Envoy binds `::` IPv6-only unless told
+    otherwise: with `::`, a caller at 127.0.0.1 (or any IPv4 address) got connection refused."""
+    def address(host: str) -> dict:
+        return render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
+                             descriptor_set=DESCRIPTOR_SET, lua_source=repo_root() / "gateway" / "error_shaper.lua",
+                             listen_host=host)
+
+    for host in ("::", "0:0:0:0:0:0:0:0"):
+        assert address(host)["static_resources"]["listeners"][0]["address"]["socket_address"]["ipv4_compat"] is True
+    for host in ("127.0.0.1", "0.0.0.0", "::1"):
+        assert "ipv4_compat" not in address(host)["static_resources"]["listeners"][0]["address"]["socket_address"]
+    (tmp_path / "data").mkdir()  # for Envoy's access log
+    (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(address("::")))
+    checked = validate(tmp_path / "envoy.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -49,13 +49,16 @@ def test_limits_config():
         (f"{ONE_MODEL}\nlimits: {{models: {{b: {{requests_per_minute: 5}}}}}}", "'b' is not a model"),
         (f"{ONE_MODEL}\nlimits: {{store: sqlite}}", "limits.store"),
         (f"{ONE_MODEL}\nlimits: {{store: 'redis://h/0', on_store_error: maybe}}", "on_store_error"),
-        (f"{ONE_MODEL}\nlimits: {{lease_seconds: 0}}", "must be positive"),
+        (f"{ONE_MODEL}\nlimits: {{lease_seconds: 0}}", "lease_seconds"),
         # A typo anywhere is an error naming where it is, never a setting silently ignored.
         (f"{ONE_MODEL}\ndefault_max_token: 64", r"c\.yaml: unknown setting\(s\) default_max_token; known: listen"),
         (f"{ONE_MODEL}\nlisten: {{prot: 9000}}", r"listen: unknown setting\(s\) prot; known: host, port"),
         (f"{ONE_MODEL}\nembedded: {{thread: 4}}", r"embedded: unknown setting\(s\) thread; known: context_size"),
         (f"{ONE_MODEL}\nkeys: {{cache_second: 5}}", r"keys: unknown setting\(s\) cache_second; known: cache_seconds"),
         (f"{ONE_MODEL}\nlimits: {{stor: memory}}", r"limits: unknown setting\(s\) stor"),
+        # Every section lists what it knows, tracing too (it listed nothing).
+        (f"{ONE_MODEL}\ntracing: {{endpoint: 'http://h:4318'}}",
+         r"tracing: unknown setting\(s\) endpoint; known: otlp_endpoint, sample_ratio"),
         ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, fallback: [b]}]",
          r"models\[0\]: unknown setting\(s\) fallback"),
         # A value of the wrong type names its path too, and a model file that is not there is a configuration error.

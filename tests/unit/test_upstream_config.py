@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from server.cli import main
 from server.config import ConfigError, load_config
@@ -139,3 +140,27 @@ def test_the_sample_configurations_start_command_sets_every_key_it_names():
     named = {d.provider.upstream.api_key_env for entry in load_config(path).models for d in entry.deployments
              if d.provider.upstream is not None and d.provider.upstream.api_key_env}
     assert named <= given, f"the start command leaves out {sorted(named - given)}"
+
+
+def _known(tmp_path, models: str) -> set[str]:
+    """The settings a section knows, as its error for an unknown one lists them."""
+    with pytest.raises(ConfigError) as refused:
+        load(tmp_path, f"models: {models}")
+    return set(re.findall(r"[a-z_]+", str(refused.value).split("known: ")[1])) - {"per", "million", "tokens"}
+
+
+def test_the_sample_configuration_shows_every_model_provider_and_price_setting(tmp_path):
+    """configuration.md calls the sample "a commented example of every setting"; `price` (and `created`) had been
+    added to the catalog without it, so whoever copied the sample found no way to write a price."""
+    sample = yaml.safe_load((Path(__file__).parents[2] / "docs" / "upstreams.sample.yaml").read_text())
+    entries = sample["models"]
+    providers = [e["provider"] for e in entries if "provider" in e]
+    providers += [d["provider"] for e in entries for d in e.get("deployments", [])]
+    shown = {name for entry in entries for name in entry}
+    shown |= {name for provider in providers for name in provider}
+    shown |= {name for entry in entries for name in entry.get("price", {})}
+    model = _known(tmp_path, "[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, bogus: 1}]")
+    provider = _known(tmp_path, "[{id: a, endpoint: /v1/messages, "
+                                "provider: {kind: openai, base_url: 'http://h/v1', model: m, bogus: 1}}]")
+    price = _known(tmp_path, "[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: {bogus: 1}}]")
+    assert model | provider | price <= shown, f"not in the sample: {sorted((model | provider | price) - shown)}"

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
+
+import pytest
 
 from server.cli import main
 from server.usage.sqlite_ledger import SqliteLedger
@@ -88,3 +93,20 @@ def test_a_locked_database_is_one_line_not_a_traceback(tmp_path, capsys, monkeyp
     assert captured.out == ""
     assert captured.err == (f"portico: the usage ledger in {tmp_path / 'keys.db'} cannot be reached: "
                             "SQLite: database is locked\n")
+
+
+@pytest.mark.parametrize("command", [["usage"], ["keys", "list"]])
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path, command):
+    """`portico usage | head -3`: the table's reader closed the pipe before the table was written, and the user saw
+    Python's BrokenPipeError traceback under the lines they asked for."""
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    ledger.write([row(1, at_ms=int(time.time() * 1000) - 1000)])
+    ledger.close()
+    assert main(["--data-dir", str(tmp_path), "keys", "create", "--name", "reader", "--all-models"]) == 0
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before a line is written
+    with os.fdopen(write, "wb") as stdout:
+        done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(tmp_path), *command],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert "Traceback" not in done.stderr and done.stderr == ""
+    assert done.returncode == 1

@@ -87,8 +87,9 @@ def _request(operation: Operation, body: dict[str, Any]) -> Message:
     try:
         request = json_format.ParseDict(body, operation.request())
     except json_format.ParseError as error:
-        raise BadRequestError(f"The request does not fit {operation.request.DESCRIPTOR.full_name}: {error}",
-                              param=_param(str(error))) from None
+        # Its first line only: protobuf's next lists "Available Fields" in camelCase, which no API spells.
+        raise BadRequestError(f"The request does not fit {operation.request.DESCRIPTOR.full_name}: "
+                              f"{str(error).splitlines()[0]}", param=_param(str(error))) from None
     if (size := request.ByteSize()) > MAX_REQUEST_BYTES:
         raise BadRequestError(f"The request is too large: {size} bytes (limit 8 MiB, as for REST bodies).",
                               status=413, code="request_too_large")
@@ -172,8 +173,19 @@ def _rest_call(operation: Operation, body: dict[str, Any]) -> _RestCall:
     try:
         content = json.dumps(fields, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as error:
-        raise BadRequestError(f"The request cannot be sent as JSON: {error}") from None
+        raise BadRequestError(f"The request cannot be sent as JSON: {error}",
+                              param=_unsendable_param(operation, fields)) from None
     return _RestCall(path, [], content)
+
+
+def _unsendable_param(operation: Operation, body: dict[str, Any]) -> str | None:
+    """The field holding a value JSON cannot (json.dumps does not say which), named as over gRPC: by protobuf's
+    reading of the body, skipping fields the message lacks, which REST sends as they are. None if that finds none."""
+    try:
+        json_format.ParseDict(body, operation.request(), ignore_unknown_fields=True)
+    except json_format.ParseError as error:
+        return _param(str(error))
+    return None
 
 
 def _query_value(value: Any) -> str:
