@@ -17,7 +17,7 @@ import pytest
 
 from server.translate.field_rules import CHAT_FIELDS, MESSAGE_FIELDS, Rule
 from tests.e2e.conftest import upstream_gateway
-from tests.e2e.test_passthrough_sdks import models_yaml
+from tests.e2e.test_passthrough_sdks import SEARCH_TOOL, models_yaml
 
 FUNCTION = {"name": "weather", "description": "Weather.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -230,3 +230,56 @@ def test_a_neutral_value_of_a_refused_messages_field_is_no_refusal(claude, doubl
         for model in ("messages-gpt", "messages-embedded"):
             message(claude, model, {name: value})
     assert all(name not in seen.body for seen in double.seen)
+
+
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+OPENAI_PARTS = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
+                {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+                {"type": "file", "file": {"file_id": "file-1"}}]
+ANTHROPIC_BLOCKS = [{"type": "image", "source": PNG},
+                    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Oslo"},
+                     "title": "Notes", "citations": {"enabled": True}},
+                    {"type": "search_result", "source": "https://example.com", "title": "Oslo",
+                     "content": [{"type": "text", "text": "4 C"}]}]
+SERVER_TURN = [{"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "Oslo"}},
+               {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [
+                   {"type": "web_search_result", "url": "https://example.com", "title": "Oslo",
+                    "encrypted_content": "Eq0", "page_age": None}]},
+               {"type": "text", "text": "4 C."}]
+
+
+@pytest.mark.parametrize("part", OPENAI_PARTS, ids=lambda part: part["type"])
+def test_a_chat_content_part_the_gateway_cannot_hold_passes_whole_or_is_refused_by_path(oai, double, part):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]}]
+    oai.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=3)
+    assert double.seen[0].body["messages"] == messages
+    for model in ("chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=messages, max_tokens=3)
+        assert caught.value.body["param"] == "messages[0].content[1].type"
+    assert len(double.seen) == 1
+
+
+@pytest.mark.parametrize("block", ANTHROPIC_BLOCKS, ids=lambda block: block["type"])
+def test_a_messages_block_the_gateway_cannot_hold_passes_whole_or_is_refused_by_path(claude, double, block):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, block]}]
+    claude.messages.create(model="messages-claude", messages=messages, max_tokens=3)
+    assert double.seen[0].body["messages"] == messages
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=model, messages=messages, max_tokens=3)
+        assert caught.value.body["error"]["param"] == "messages[0].content[1].type"
+    assert len(double.seen) == 1
+
+
+def test_a_server_tools_blocks_sent_back_pass_whole_or_are_refused_by_path(claude, double):
+    """What the anthropic SDK hands back after a web search, sent again as history."""
+    messages = [{"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": SERVER_TURN},
+                {"role": "user", "content": "Thanks."}]
+    claude.messages.create(model="messages-claude", messages=messages, max_tokens=3, tools=[SEARCH_TOOL])
+    assert double.seen[0].body["messages"] == messages
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=model, messages=messages, max_tokens=3)
+        assert caught.value.body["error"]["param"] == "messages[1].content[0].type"
+    assert len(double.seen) == 1
