@@ -361,6 +361,10 @@ function envoy_on_request(handle)
     return handle:respond({[":status"] = "404", ["request-id"] = headers:get("x-request-id") or ""}, "")
   end
   metadata:set("portico", "request", method .. " " .. redacted(path))
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- before any refusal below, and since the transcoder re-routes the call (its path becomes the RPC's).
+  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
+  if anthropic then metadata:set("portico", "anthropic", true) end
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
   local length = tonumber(headers:get("content-length") or "")
@@ -394,10 +398,6 @@ function envoy_on_request(handle)
     end
     headers, metadata = handle:headers(), handle:streamInfo():dynamicMetadata()  -- body() yielded
   end
-  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
-  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
-  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
-  if anthropic then metadata:set("portico", "anthropic", true) end
   if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
     local query = full_path:sub(#path + 2)
     local parameters = ORGANIZATION_PARAMETERS[path]
