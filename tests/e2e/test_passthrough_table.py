@@ -283,3 +283,30 @@ def test_a_server_tools_blocks_sent_back_pass_whole_or_are_refused_by_path(claud
             claude.messages.create(model=model, messages=messages, max_tokens=3)
         assert caught.value.body["error"]["param"] == "messages[1].content[0].type"
     assert len(double.seen) == 1
+
+
+def test_members_the_gateway_does_not_read_are_ignored_by_the_other_dialect_and_the_embedded_model(oai, claude,
+                                                                                                  double):
+    """api.md: `reasoning_content`, `cache_control`, `strict`, `input_examples`, `name` on a user message reach an
+    upstream of their own dialect (test_passthrough_sdks) and are ignored elsewhere: answered, never sent on."""
+    chat_messages = [{"role": "user", "content": "Oslo?", "name": "bob"},
+                     {"role": "assistant", "content": "Checking.", "reasoning_content": "The user wants weather."},
+                     {"role": "user", "content": [{"type": "text", "text": "Go on."}]}]
+    strict = [{"type": "function", "function": {**FUNCTION, "strict": True}}]
+    for model in ("chat-claude", "chat-embedded"):
+        oai.chat.completions.create(model=model, messages=chat_messages, tools=strict, max_tokens=3)
+    (seen,) = double.seen
+    assert seen.body["messages"] == [{"role": "user", "content": "Oslo?"},
+                                     {"role": "assistant", "content": "Checking."},
+                                     {"role": "user", "content": "Go on."}]
+    assert seen.body["tools"] == [CUSTOM]
+    double.reset()
+    ephemeral = {"type": "ephemeral"}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Oslo?", "cache_control": ephemeral}]}]
+    tools = [{**CUSTOM, "strict": True, "input_examples": [{"city": "Oslo"}], "cache_control": ephemeral}]
+    system = [{"type": "text", "text": "Be brief.", "cache_control": ephemeral}]
+    for model in ("messages-gpt", "messages-embedded"):
+        claude.messages.create(model=model, messages=messages, tools=tools, system=system, max_tokens=3)
+    (seen,) = double.seen
+    assert seen.body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo?"}]
+    assert seen.body["tools"] == [{"type": "function", "function": FUNCTION}]
