@@ -18,6 +18,7 @@ import pytest
 from server.translate.field_rules import CHAT_FIELDS, MESSAGE_FIELDS, Rule
 from tests.e2e.conftest import upstream_gateway
 from tests.e2e.test_passthrough_sdks import SEARCH_TOOL, models_yaml
+from tests.upstream_support import UPSTREAM_KEY_ENV
 
 FUNCTION = {"name": "weather", "description": "Weather.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -94,7 +95,10 @@ ANTHROPIC_PARAMS = set(inspect.signature(anthropic.resources.beta.Messages.creat
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    with upstream_gateway(tmp_path_factory.mktemp("table-gateway"), models_yaml(double.url)) as gateway:
+    images = (f"  - {{id: images-gpt, endpoint: /v1/images/generations, provider: {{kind: openai, base_url: "
+              f"'{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: image-up, retry: {{attempts: 1}}}}}}\n"
+              "  - {id: images-dev, endpoint: /v1/images/generations, provider: {kind: dev-image}}\n")
+    with upstream_gateway(tmp_path_factory.mktemp("table-gateway"), models_yaml(double.url) + images) as gateway:
         yield gateway
 
 
@@ -310,3 +314,20 @@ def test_members_the_gateway_does_not_read_are_ignored_by_the_other_dialect_and_
     (seen,) = double.seen
     assert seen.body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo?"}]
     assert seen.body["tools"] == [{"type": "function", "function": FUNCTION}]
+
+
+def test_an_images_upstream_receives_the_body_whole_but_response_format_and_dev_image_refuses_the_rest(oai, double):
+    """api.md: an OpenAI-compatible images upstream receives the body whole (without `response_format`), other
+    members included; the embedded image model refuses a member it does not read, naming it."""
+    fields = dict(prompt="a lighthouse", n=2, size="1024x1024", quality="high", output_format="png",
+                  background="opaque", moderation="low", user="u-1", extra_body={"vendor": {"seed": 2**70}})
+    images = oai.images.generate(model="images-gpt", response_format="url", **fields)
+    assert len(images.data) == 2 and images.data[0].url
+    (seen,) = double.seen
+    expected = {k: v for k, v in fields.items() if k != "extra_body"} | {"vendor": {"seed": 2**70}}
+    assert seen.path == "/v1/images/generations" and seen.body == {**expected, "model": "image-up"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.images.generate(model="images-dev", **fields)
+    assert caught.value.body["param"] == "vendor"
+    fields.pop("extra_body")
+    assert len(oai.images.generate(model="images-dev", **fields).data) == 2
