@@ -170,7 +170,9 @@ def test_a_chat_field_by_its_row(oai, double, name):
             assert (caught.value.body["param"], caught.value.body["code"]) == (param, "invalid_request")
             assert not double.seen
             continue
-        chat(oai, model, fields)
+        answer = chat(oai, model, fields)
+        if name == "stream_options":  # acted on: the usage chunk the caller asked for ends the stream
+            assert answer[-1].choices == [] and answer[-1].usage.completion_tokens >= 1
         if model == "chat-claude":
             (seen,) = double.seen
             if column is Rule.ACT and name in CHAT_TO_ANTHROPIC:
