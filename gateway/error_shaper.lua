@@ -63,6 +63,19 @@ local function json_string(s)
   return '"' .. escaped .. '"'
 end
 
+-- A message is at most this many characters (server/errors.py's LONGEST_MESSAGE): one quoting a URL, which may be
+-- as long as the 60 KiB of headers, is cut short, ending in an ellipsis.
+local LONGEST_MESSAGE = 2000
+
+local function message_string(text)
+  if #text > LONGEST_MESSAGE then  -- bytes: a text that has no more fits in characters too
+    local i = 1
+    for _ = 1, LONGEST_MESSAGE - 1 do i = i + (utf8_length(text, i) or 1) end
+    if i <= #text and i + (utf8_length(text, i) or 1) <= #text then text = text:sub(1, i - 1) .. "…" end
+  end
+  return json_string(text)
+end
+
 local function internal(key)
   return key:sub(1, 5) == "grpc-" or key:sub(1, 8) == "portico-"
 end
@@ -149,10 +162,10 @@ end
 -- said in the caller's terms; JSON syntax errors carry a caret drawing. A query parameter refused by this filter
 -- (refuse_parameter), or a request refused whole (refuse_request), comes with its own message.
 local function describe_local_reply(status, text, request, query_param, fault)
-  if fault then return json_string(fault), query_param end
+  if fault then return message_string(fault), query_param end
   if status == 404 then
     local _, wrong = wrong_method(request)
-    return json_string(wrong or ("Unknown request URL: " .. request .. ".")), nil
+    return message_string(wrong or ("Unknown request URL: " .. request .. ".")), nil
   end
   if status == 400 then
     local name, value, type_name = text:match("^([%w_%.%[%]]+): invalid value (.-) for type (TYPE_%u+%d*)")
@@ -361,6 +374,10 @@ function envoy_on_request(handle)
     return handle:respond({[":status"] = "404", ["request-id"] = headers:get("x-request-id") or ""}, "")
   end
   metadata:set("portico", "request", method .. " " .. redacted(path))
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- before any refusal below, and since the transcoder re-routes the call (its path becomes the RPC's).
+  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
+  if anthropic then metadata:set("portico", "anthropic", true) end
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
   local length = tonumber(headers:get("content-length") or "")
@@ -394,10 +411,6 @@ function envoy_on_request(handle)
     end
     headers, metadata = handle:headers(), handle:streamInfo():dynamicMetadata()  -- body() yielded
   end
-  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
-  -- since the transcoder re-routes the call it makes (its path becomes the RPC's) before it can fail.
-  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
-  if anthropic then metadata:set("portico", "anthropic", true) end
   if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
     local query = full_path:sub(#path + 2)
     local parameters = ORGANIZATION_PARAMETERS[path]

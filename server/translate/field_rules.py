@@ -129,8 +129,12 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "service_tier": FieldRule("string", I, I),
     "inference_geo": FieldRule("string", I, I),
     "speed": FieldRule("string", I, I),
-    "user_profile_id": FieldRule("string", I, I),
-    "workspace_id": FieldRule("string", I, I),
+    # The anthropic SDK sends these two as headers, which select among the accounts of the upstream's key: the
+    # gateway's, so they are not passed on.
+    "user_profile_id": FieldRule("string", I, I, note="the SDK sends it as the `anthropic-user-profile-id` header, "
+                                                      "not passed on"),
+    "workspace_id": FieldRule("string", I, I, note="the SDK sends it as the `anthropic-workspace-id` header, not "
+                                                   "passed on"),
     "cache_control": FieldRule("object", I, I),
     "diagnostics": FieldRule("object", I, I),
     "output_config": FieldRule("object", R, R, neutral=({},), note="structured output and effort"),

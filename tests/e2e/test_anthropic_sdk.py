@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import anthropic
 import httpx
+import orjson
 import pytest
 
 
@@ -196,6 +199,27 @@ def test_models_with_a_wrong_key_in_anthropics_shape(gateway):
     with pytest.raises(anthropic.AuthenticationError) as caught:
         bad.models.list()
     assert caught.value.body["type"] == "error" and caught.value.body["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("headers, body, status", [
+    ({"x-api-key": b"pk-caf\xe9"}, None, 401),  # a key header Envoy refuses unread
+    ({}, b'{"limit": 2}', 400),  # a body on a route that takes none
+    ({"content-length": str(9 * 2**20)}, None, 413),  # refused on its headers
+])
+def test_envoys_own_refusals_on_the_models_route_are_in_anthropics_shape(gateway, headers, body, status):
+    """api.md: errors of /v1/models asked with `anthropic-version` have Anthropic's shape. Those Envoy made before
+    it had marked the route came in OpenAI's (no top-level `"type": "error"`)."""
+    request = [b"GET /v1/models HTTP/1.1", b"host: portico", b"anthropic-version: 2023-06-01", b"connection: close"]
+    request += [name.encode() + b": " + (value if isinstance(value, bytes) else value.encode())
+                for name, value in {"x-api-key": gateway.secret, **headers}.items()]
+    if body is not None:
+        request.append(b"content-length: %d" % len(body))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as connection:
+        connection.sendall(b"\r\n".join(request) + b"\r\n\r\n" + (body or b""))
+        answer = b"".join(iter(lambda: connection.recv(65536), b""))
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), answer
+    assert orjson.loads(payload)["type"] == "error"
 
 
 @pytest.mark.parametrize("query, param", [

@@ -171,6 +171,21 @@ def test_an_unknown_path_says_so_and_allows_nothing(http):
     assert "allow" not in response.headers
 
 
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/v1/" + "y" * 5000),  # unknown
+    ("DELETE", "/v1/models/" + "y" * 5000),  # a method the path does not take
+    ("GET", "/v1/admin/keys/" + "y" * 5000 + "/rotate"),
+])
+def test_a_message_quoting_a_long_url_is_cut_to_2000_characters(http, method, path):
+    """api.md: a message is at most 2,000 characters, what it quotes of the request cut short, ending in `…`. Envoy's
+    404s quoted the whole URL (up to the 60 KiB of headers)."""
+    response = http.request(method, path)
+    message = _assert_error(response, 404, "not_found")["message"]
+    assert len(message) == 2000 and message.endswith("y…")
+    if method == "GET":
+        assert http.head(path).headers["content-length"] == response.headers["content-length"]
+
+
 @pytest.mark.parametrize("request_bytes", [
     b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x00b\r\n\r\n",  # a NUL in a header
     b"GET /healthz HTTP/1.1\r\n\r\n",  # no Host
