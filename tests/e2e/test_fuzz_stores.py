@@ -20,12 +20,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
+import grpc
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from portico.v1 import organization_usage_pb2 as ou
+from portico.v1 import usage_service_pb2_grpc
 from tests.e2e.conftest import running_gateway
 from tests.e2e.test_fuzz import MARKER, RAW, RAW_TOKENS, Request, _problem
+from tests.helpers import bearer, error_details
 from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, write_config
 
@@ -253,3 +257,24 @@ def test_hostile_admin_usage_and_model_requests_on_postgresql_and_redis(stores_g
     log = gateway.log_path.read_text()
     assert "Traceback" not in log and "usage ledger: dropped" not in log and "refuses row" not in log
 
+
+def test_a_usage_filter_of_too_many_values_is_a_400_naming_it_not_an_unreachable_ledger(stores_gateway):
+    """A gRPC caller's filter is not bounded by a URL: 70,000 model ids were more parameters than PostgreSQL takes
+    in one statement (65,535; SQLite 32,766), and the caller was told the ledger was unreachable (503, retry)."""
+    gateway, admin, target, _, _ = stores_gateway
+    many = [f"m{i}" for i in range(70_000)]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        usage = usage_service_pb2_grpc.UsageServiceStub(channel)
+        for call, request, param in (
+                (usage.GetCompletionsUsage, ou.GetCompletionsUsageRequest(start_time=0, models=many), "models"),
+                (usage.GetCosts, ou.GetCostsRequest(start_time=0, api_key_ids=many), "api_key_ids"),
+                (usage.ListRequests, ou.ListRequestsRequest(start_time=0, project_ids=many), "project_ids")):
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, metadata=bearer(admin))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+            assert error_details(refused.value).error.param == param
+            assert "at most 1000" in refused.value.details()
+        # The same value repeated is one value.
+        answer = usage.ListRequests(ou.ListRequestsRequest(start_time=0, models=["chat-on-openai"] * 70_000),
+                                    metadata=bearer(admin))
+        assert answer.object == "list"
