@@ -15,6 +15,8 @@ import base64
 import dataclasses
 import http.client
 import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -278,3 +280,23 @@ def test_a_usage_filter_of_too_many_values_is_a_400_naming_it_not_an_unreachable
         answer = usage.ListRequests(ou.ListRequestsRequest(start_time=0, models=["chat-on-openai"] * 70_000),
                                     metadata=bearer(admin))
         assert answer.object == "list"
+
+
+def test_command_line_ids_and_filters_that_are_not_utf8_are_answered_not_a_traceback(stores_gateway):
+    """A key id, secret or usage filter pasted in another encoding reaches Python as lone surrogates, which no
+    database driver encodes: `portico keys get/revoke/update/rotate` and `portico usage` printed a traceback."""
+    gateway, _, target, _, _ = stores_gateway
+
+    def cli(*args: bytes) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable.encode(), b"-m", b"server.cli", b"--config", bytes(gateway.config),
+                               b"--data-dir", bytes(gateway.data_dir), *args], capture_output=True, timeout=60)
+
+    for args in ([b"keys", b"get", b"key_\xff"], [b"keys", b"revoke", b"key_\xff"], [b"keys", b"rotate", b"key_\xff"],
+                 [b"keys", b"update", b"key_\xff", b"--name", b"x"], [b"keys", b"revoke", b"pk-\xff"]):
+        answer = cli(*args)
+        assert answer.returncode != 0 and b"Traceback" not in answer.stderr, answer.stderr
+        assert answer.stderr.startswith(b"portico: No key "), answer.stderr
+    for option in (b"--model", b"--key", b"--project"):
+        answer = cli(b"usage", b"--start", b"0", option, b"\xff")
+        assert answer.returncode == 0, answer.stderr
+    assert cli(b"keys", b"get", target.victims[0].encode()).returncode == 0
