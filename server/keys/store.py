@@ -158,6 +158,9 @@ class KeyStore:
         now = int(time.time())
         secret, expires = _new_secret(key.env), now + max(0, grace_seconds)
         await self._db.transaction([  # the old secret is retired exactly when the new one takes over
+            # The key's row, locked first: a rotation running beside this one (PostgreSQL; SQLite runs one at a time)
+            # waits, then retires the secret this one made, not the same secret again (a duplicate, a 500).
+            ("UPDATE api_keys SET secret_hash = secret_hash WHERE id = ?", (key.id,)),
             ("DELETE FROM retired_secrets WHERE expires_at <= ?", (now,)),
             ("INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
              "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id)),

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import grpc
+import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -300,3 +301,20 @@ def test_command_line_ids_and_filters_that_are_not_utf8_are_answered_not_a_trace
         answer = cli(b"usage", b"--start", b"0", option, b"\xff")
         assert answer.returncode == 0, answer.stderr
     assert cli(b"keys", b"get", target.victims[0].encode()).returncode == 0
+
+
+def test_rotations_of_one_key_at_the_same_time_all_succeed_and_every_secret_works(stores_gateway):
+    """PostgreSQL runs them side by side (SQLite one after the other): each retired the secret it read as current,
+    the same one, and all but the first got a 500 (a duplicate retired secret)."""
+    gateway, admin, target, _, _ = stores_gateway
+    created = httpx.post(f"{gateway.base_url}/v1/admin/keys", json={"name": "rotated", "all_models": True},
+                         headers={"authorization": f"Bearer {admin}"}, timeout=30).json()
+    rotate = f"{gateway.base_url}/v1/admin/keys/{created['key']['id']}/rotate"
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: httpx.post(rotate, json={}, headers={"authorization": f"Bearer {admin}"},
+                                                     timeout=30), range(32)))
+    assert [answer.status_code for answer in answers] == [200] * 32, [a.text for a in answers if a.status_code != 200]
+    secrets = [created["secret"], *(answer.json()["secret"] for answer in answers)]
+    for secret in secrets:  # the newest is current, the others in their grace period
+        listed = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": f"Bearer {secret}"}, timeout=30)
+        assert listed.status_code == 200, listed.text
