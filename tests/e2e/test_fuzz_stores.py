@@ -49,7 +49,7 @@ HOSTILE = st.one_of(
                      "project_id", "line_item", "chat-on-openai", "true", "1e3", "-1"]),
 )
 NUMBERS = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70),
+    st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=1, max_value=3),
     st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 315_360_000,
                      315_360_001, 1_000_000_000, 1_000_000_001, LAST_TIME, LAST_TIME + 1]),
     st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e-7, 0.0000001, 1e308, 1000000000.000001]),
@@ -91,14 +91,17 @@ class Target:
     """What the draws may aim at: keys that may be changed and revoked, and a non-admin key's secret."""
 
     victims: tuple[str, ...]
+    victim_secrets: tuple[str, ...]  # their limits are what the fuzzed updates left: Redis counts against them
     user_secret: str
     user_key: str
 
 
 @st.composite
 def key_requests(draw, target: Target) -> Request:
-    key_id = draw(st.sampled_from(target.victims) | HOSTILE)
     verb = draw(st.sampled_from(["create", "create", "update", "update", "rotate", "revoke", "get", "limits"]))
+    # Only the first victim is rotated or revoked: the others' secrets keep sending model requests.
+    victims = target.victims[:1] if verb in ("rotate", "revoke") else target.victims
+    key_id = draw(st.sampled_from(victims) | HOSTILE)
     document: dict = {"name": "fuzzed", "all_models": True} if verb == "create" else {}
     for field in draw(st.lists(st.sampled_from(KEY_FIELDS), max_size=3)):
         if field == "limits":
@@ -148,6 +151,8 @@ def model_requests(draw, target: Target) -> Request:
         else:
             document[field] = draw(HOSTILE)
     headers = [("content-type", "application/json")]
+    if draw(st.booleans()):
+        headers.append(("authorization", f"Bearer {draw(st.sampled_from(target.victim_secrets[1:]))}"))
     if draw(st.booleans()):  # a caller's own request id, which Envoy keeps and the ledger records
         headers.append(("x-request-id", draw(REQUEST_IDS)))
     if draw(st.booleans()):
@@ -193,7 +198,7 @@ class Sender:
         with self.lock:
             counts = self.statuses.setdefault(kind, {})
             counts[answer.status] = counts.get(answer.status, 0) + 1
-            if answer.status == 200 and request.path in MODEL_PATHS:
+            if answer.status in (200, 429) and request.path in MODEL_PATHS:  # admitted: answered or refused
                 # http.client reads header bytes as latin-1; the caller sent (and got back) UTF-8.
                 self.answered.add(answer.getheader("x-request-id").encode("latin-1").decode("utf-8", "replace"))
         return _problem(request, answer.status, answer.getheader("content-type") or "", body)
@@ -213,10 +218,13 @@ def stores_gateway(tmp_path_factory, double, postgres_server, redis_server):
             gateway = dataclasses.replace(gateway, config=config)
             admin = gateway.cli("keys", "create", "--name", "fuzz-admin", "--all-models", "--admin", "--rpm",
                                 "1000000", "--tpm", "100000000", "--concurrency", "1000").stdout.split()[-1]
-            victims = [gateway.cli("keys", "create", "--name", f"victim-{i}", "--all-models").stdout.split()[2]
-                       for i in range(3)]
+            # Limits at both ends of their range, which fuzzed updates may change: Redis counts against them.
+            victims = [gateway.cli("keys", "create", "--name", f"victim-{i}", "--all-models", *limits).stdout.split()
+                       for i, limits in enumerate([(), ("--rpm", "3", "--daily-tokens", "100"),
+                                                   ("--rpm", "2147483647", "--tpm", "2147483647",
+                                                    "--max-spend-day", "1000000000")])]
             user = gateway.cli("keys", "create", "--name", "user", "--all-models", "--rpm", "1000000").stdout.split()
-            yield gateway, admin, Target(tuple(victims), user[-1], user[2]), postgres_server, store
+            yield gateway, admin, Target(tuple(v[2] for v in victims), tuple(v[-1] for v in victims), user[-1], user[2]), postgres_server, store
 
 
 def test_hostile_admin_usage_and_model_requests_on_postgresql_and_redis(stores_gateway):
@@ -241,7 +249,8 @@ def test_hostile_admin_usage_and_model_requests_on_postgresql_and_redis(stores_g
     for kind in ("POST", "PATCH", "GET", "completions", "costs", "requests", "model"):
         assert 200 in sender.statuses[kind] and any(s >= 400 for s in sender.statuses[kind]), sender.statuses
 
-    # Every model request answered 200 has its ledger row in PostgreSQL, under the request id the caller got.
+    # Every model request answered 200 or refused by a limit (429) has its ledger row in PostgreSQL, under the
+    # request id the caller got.
     deadline = time.monotonic() + 10
     while True:
         with postgres.connect(store.rsplit("/", 1)[-1]) as conn:
