@@ -26,6 +26,17 @@ Step = tuple[str, Params]
 RETRY_AFTER_SECONDS = 5.0
 
 
+def storable(text: str) -> bool:
+    """Whether a text can be a stored value. PostgreSQL text holds no NUL and refuses to compare with one; no driver
+    encodes a lone surrogate (what a command-line argument that is not UTF-8 becomes). No row holds such a text: a
+    lookup of one finds nothing, without asking the database."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
 class StoreUnavailable(ServiceUnavailable):
     """The database did not answer (down, unreachable, too slow). Answered as 503 service_unavailable with
     retry-after wherever it is not handled; `detail` (the driver's words, for logs) stays out of the answer."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from server.db.database import Database, open_database
+from server.db.database import Database, open_database, storable
 from server.db.settings import StoreSettings
 from server.domain import KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
@@ -94,8 +94,7 @@ class KeyStore:
         return int(row["n"])
 
     async def get(self, key_id: str) -> ApiKey:
-        # PostgreSQL text holds no NUL and refuses to compare with one (a 500): no key has such an id, as in SQLite.
-        row = None if "\x00" in key_id else await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,))
+        row = await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,)) if storable(key_id) else None
         if row is None:
             raise NotFound(f"No key with id {key_id[:40]!r}.", param="id")
         return _row_to_key(row)
@@ -159,6 +158,9 @@ class KeyStore:
         now = int(time.time())
         secret, expires = _new_secret(key.env), now + max(0, grace_seconds)
         await self._db.transaction([  # the old secret is retired exactly when the new one takes over
+            # The key's row, locked first: a rotation running beside this one (PostgreSQL; SQLite runs one at a time)
+            # waits, then retires the secret this one made, not the same secret again (a duplicate, a 500).
+            ("UPDATE api_keys SET secret_hash = secret_hash WHERE id = ?", (key.id,)),
             ("DELETE FROM retired_secrets WHERE expires_at <= ?", (now,)),
             ("INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
              "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id)),
@@ -174,7 +176,7 @@ class KeyStore:
                 "SELECT id FROM api_keys WHERE secret_hash = ? "
                 "UNION SELECT key_id FROM retired_secrets WHERE secret_hash = ?",
                 (hash_secret(id_or_secret),) * 2,
-            )
+            ) if storable(id_or_secret) else None
             if row is None:
                 raise NotFound("No key has that secret.", param="id")
             key_id = row["id"]

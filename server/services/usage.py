@@ -18,8 +18,8 @@ from server.errors import PermissionDenied
 from server.keys import Authenticator
 from server.render import json_body
 from server.usage.openai_pages import (
-    COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, completions_page, costs_page, groups_of,
-    parse_row_cursor, plan_page, requests_page, rows_limit, time_range,
+    COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, completions_page, costs_page, filter_values,
+    groups_of, parse_row_cursor, plan_page, requests_page, rows_limit, time_range,
 )
 from server.usage.ledger import LedgerRow
 from server.usage.query import TEXT_ENDPOINTS, RowQuery, Totals, UsageQuery
@@ -60,9 +60,11 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
         limit = rows_limit(_optional(request, "limit"))
         start, end = time_range(_optional(request, "start_time") or 0, _optional(request, "end_time"), self._clock())
-        query = RowQuery(start * 1000, end * 1000, limit + 1, key_ids=_visible(key, request.api_key_ids),
-                         models=tuple(request.models), envs=tuple(request.project_ids),
-                         errors_only=request.errors_only, before=parse_row_cursor(request.page))
+        query = RowQuery(start * 1000, end * 1000, limit + 1,
+                         key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
+                         models=filter_values(request.models, "models"),
+                         envs=filter_values(request.project_ids, "project_ids"), errors_only=request.errors_only,
+                         before=parse_row_cursor(request.page))
         return requests_page(await asyncio.to_thread(self._ledger.recent, query), limit, typed=typed)
 
     async def _completions(self, request: pb.GetCompletionsUsageRequest, context) -> dict:
@@ -73,8 +75,9 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         # Portico has no users and no batch API: asking for either matches nothing.
         nothing = bool(request.user_ids) or (request.HasField("batch") and request.batch)
         query = UsageQuery(page.first * 1000, page.stop * 1000, page.width * 1000, columns,
-                           key_ids=_visible(key, request.api_key_ids), models=tuple(request.models),
-                           envs=tuple(request.project_ids), endpoints=TEXT_ENDPOINTS)
+                           key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
+                           models=filter_values(request.models, "models"),
+                           envs=filter_values(request.project_ids, "project_ids"), endpoints=TEXT_ENDPOINTS)
         totals = [] if nothing else await asyncio.to_thread(self._ledger.aggregate, query)
         return completions_page(page, totals, names)
 
@@ -84,8 +87,9 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
                          _optional(request, "limit"), request.page, limits=COSTS_LIMITS, now=self._clock())
         columns, names = groups_of(request.group_by, COSTS_GROUPS)
         query = UsageQuery(page.first * 1000, page.stop * 1000, page.width * 1000, columns,
-                           key_ids=_visible(key, request.api_key_ids), models=tuple(request.models),
-                           envs=tuple(request.project_ids))
+                           key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
+                           models=filter_values(request.models, "models"),
+                           envs=filter_values(request.project_ids, "project_ids"))
         return costs_page(page, await asyncio.to_thread(self._ledger.aggregate, query), names, typed=typed)
 
 

@@ -27,6 +27,9 @@ COSTS_GROUPS = {"project_id": "project_id", "line_item": "model", "api_key_id": 
 # Times are unix seconds from 1970 to the year 10000: the ledger counts milliseconds in 64 bits, and SQLite refuses
 # a bigger number where PostgreSQL would compare it, so both stores answer the same.
 LAST_TIME = 253_402_300_800
+# Distinct values per filter: each is a parameter of the query, and a gRPC caller's list has no URL to bound it (70,000
+# were more than PostgreSQL's 65,535 parameters a statement, or SQLite's 32,766: a 503 "unreachable" to the caller).
+MAX_FILTER_VALUES = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,15 @@ def _page_start(page: str, start: int, end: int, width: int) -> int:
         raise InvalidRequest("Invalid page cursor: pass a next_page value from an answer to the same query.",
                              param="page")
     return first
+
+
+def filter_values(values: Iterable[str], param: str) -> tuple[str, ...]:
+    """A filter's distinct values, in the order given; InvalidRequest naming it when there are too many."""
+    distinct = tuple(dict.fromkeys(values))
+    if len(distinct) > MAX_FILTER_VALUES:
+        raise InvalidRequest(f"{param} takes at most {MAX_FILTER_VALUES} distinct values, not {len(distinct)}.",
+                             param=param)
+    return distinct
 
 
 def groups_of(group_by: Iterable[str], accepted: dict[str, str | None]) -> tuple[tuple[str, ...], set[str]]:

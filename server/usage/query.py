@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from server.db.database import storable
 from server.domain import Endpoint
 from server.usage.latency import histogram_sql
 from server.usage.ledger import COLUMNS
@@ -53,11 +54,11 @@ def insert_sql(placeholder: str, *, verb: str = "INSERT", suffix: str = "", rows
 
 
 def _filter(where: list[str], params: list, column: str, values: tuple[str, ...]) -> None:
-    """`column IN values`, when any. PostgreSQL text holds no NUL and refuses to compare with one (a 500): such a
-    value matches no row, as in SQLite, so it is left out, and a filter of nothing else matches nothing."""
+    """`column IN values`, when any. A value no row can hold (storable) matches nothing, so it is left out (the
+    database would refuse it), and a filter of nothing else matches nothing."""
     if not values:
         return
-    kept = [value for value in values if "\x00" not in value]
+    kept = [value for value in values if storable(value)]
     where.append(f"{column} IN ({', '.join(['{p}'] * len(kept))})" if kept else "1 = 0")
     params += kept
 
