@@ -129,8 +129,8 @@ class Reading:
     @property
     def retry_after(self) -> float:
         """How long the caller should wait: a nominal second when requests in flight hold what it needs (nobody can
-        say when they end, as for a concurrency slot), else until enough frees up."""
-        return CONCURRENCY_RETRY_SECONDS if self.waits_for_requests_in_flight else self.wait
+        say when they end, as for a concurrency slot) unless the reset frees it sooner, else until enough frees up."""
+        return min(CONCURRENCY_RETRY_SECONDS, self.wait) if self.waits_for_requests_in_flight else self.wait
 
 
 @dataclass(frozen=True, slots=True)
