@@ -152,6 +152,13 @@ class Reservation:
     held: bool = True  # False: admitted without counting (the store was unreachable and the policy is fail-open)
     budgets: tuple[Reading, ...] = ()  # the budgets that apply, as read at admission (for the budget gauges)
 
+    def budgets_left(self, cost: int, now: float) -> list[tuple[Reading, int]]:
+        """What is left of each budget after this request, in micro-dollars: what admission read, with its real
+        `cost`. Not of a budget whose UTC day or month ended since: that reading says nothing of the new one."""
+        return [(r, r.limit - r.used + self.demand.cost - cost) for r in self.budgets
+                if (day_of(now) == day_of(self.at) if r.dimension is Dimension.DAILY_SPEND
+                    else month_of(now) == month_of(self.at))]
+
 
 class LimitExceeded(RateLimited):
     """A refusal by one of Portico's own limits (an upstream's 429 is a plain RateLimited)."""

@@ -141,6 +141,22 @@ async def test_the_last_instant_of_a_month_belongs_to_that_month(store, clock):
     await store.reserve(wanted)  # February's budget is whole
 
 
+async def test_what_is_left_after_a_request_that_ran_past_midnight_is_not_put_on_the_new_day(store, clock):
+    """portico_budget_remaining_microdollars is what admission read minus the real cost. A request admitted before
+    UTC midnight and ended after it set the day's gauge to the old day's remainder (nearly none), which the new day's
+    budget, whole, did not have: low-budget alerts fired after midnight."""
+    wanted = demand(3_000, max_spend_day=10_000, max_spend_month=50_000)
+    await store.settle(await store.reserve(demand(6_000, max_spend_day=10_000, max_spend_month=50_000)), 10, 6_000)
+    clock.advance(12 * 3600 - 1)  # 23:59:59 UTC on January 1st
+    running = await store.reserve(wanted)
+    assert {r.dimension: left for r, left in running.budgets_left(2_000, clock.now)} == {
+        Dimension.DAILY_SPEND: 2_000, Dimension.MONTHLY_SPEND: 42_000}
+    clock.advance(2)  # it ends on January 2nd: the same month, a new day
+    await store.settle(running, 10, 2_000)
+    assert {r.dimension: left for r, left in running.budgets_left(2_000, clock.now)} == {
+        Dimension.MONTHLY_SPEND: 42_000}
+
+
 async def test_standing_reads_the_spend_of_the_day_and_month(store):
     wanted = demand(4_000, max_spend_day=10_000, max_spend_month=50_000)
     await store.settle(await store.reserve(wanted), 10, 1_500)
