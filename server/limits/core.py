@@ -15,7 +15,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
 from server.domain import KeyLimits
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 WINDOW_SECONDS = 60.0  # requests and tokens per minute are counted over a rolling window of this length
 DAY_SECONDS = 86_400  # daily quotas reset at UTC midnight (unix time has no leap seconds)
-_EPOCH_DATE = date(1970, 1, 1)  # day 0 of day_of
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()  # day 0 of day_of, as a proleptic Gregorian ordinal
 CONCURRENCY_RETRY_SECONDS = 1.0  # a slot frees when some request ends, which nobody can predict: a nominal hint
 
 Clock = Callable[[], float]  # unix seconds; injected so that tests can move time
@@ -258,7 +258,7 @@ def month_of(at: float) -> int:
     """Months since January 1970, UTC: budgets per month reset on the first of each month at 00:00 UTC. Read from
     the UTC day, not the instant: fromtimestamp rounds to the microsecond, which put a month's last half microsecond
     in the next month while its day was still the old one."""
-    when = _EPOCH_DATE + timedelta(days=day_of(at))
+    when = date.fromordinal(_EPOCH_ORDINAL + day_of(at))
     return (when.year - 1970) * 12 + when.month - 1
 
 
