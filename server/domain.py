@@ -471,6 +471,9 @@ class ApiKey:
     admin: bool = False
     created: int = 0
     revoked_at: int = 0
+    # Found by a rotated-out secret: when that secret stops working (unix seconds; 0 for the current secret). Not
+    # part of the key's identity: the same key, found by either secret.
+    secret_expires: int = field(default=0, compare=False)
 
     def may_use(self, model_id: str) -> bool:
         return self.all_models or model_id in self.models

@@ -10,6 +10,7 @@ and first-token times) goes on the RPC's telemetry record, which the interceptor
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
@@ -303,9 +304,8 @@ class Pipeline:
 
     def _budgets_left(self, reservation: Reservation, cost: int) -> None:
         """The key's budgets as Prometheus gauges: what admission read, with this request's real cost."""
-        for reading in reservation.budgets:
+        for reading, left in reservation.budgets_left(cost, time.time()):
             if reading.scope.kind == "key":
-                left = reading.limit - reading.used + reservation.demand.cost - cost
                 budget = "day" if reading.dimension is Dimension.DAILY_SPEND else "month"
                 self._telemetry.budget_left(reading.scope.id, budget, left)
 

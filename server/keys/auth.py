@@ -114,6 +114,12 @@ class Authenticator:
         if digest in self._unknown:
             return None
         cached = self._keys.get(digest)
+        if cached is not None and 0 < cached[0].secret_expires <= time.time():
+            # A rotated-out secret whose grace has ended: refused at its second, as the store refuses it, and
+            # without asking the store (which may be down). It never works again.
+            del self._keys[digest]
+            self._unknown[digest] = True
+            return None
         now = self._clock()
         if cached is not None and now - cached[1] < self._cache_seconds:
             return cached[0]

@@ -5,6 +5,7 @@ Secrets are stored only as SHA-256 hashes: they are 256-bit random, so a fast ha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 import time
@@ -105,13 +106,15 @@ class KeyStore:
         row = await self._db.fetch_one(
             "SELECT * FROM api_keys WHERE secret_hash = ? AND revoked_at = 0", (secret_hash,)
         )
-        if row is None:
-            row = await self._db.fetch_one(
-                "SELECT api_keys.* FROM retired_secrets JOIN api_keys ON api_keys.id = retired_secrets.key_id "
-                "WHERE retired_secrets.secret_hash = ? AND retired_secrets.expires_at > ? AND revoked_at = 0",
-                (secret_hash, int(time.time())),
-            )
-        return None if row is None else _row_to_key(row)
+        if row is not None:
+            return _row_to_key(row)
+        row = await self._db.fetch_one(
+            "SELECT api_keys.*, retired_secrets.expires_at AS secret_expires FROM retired_secrets "
+            "JOIN api_keys ON api_keys.id = retired_secrets.key_id "
+            "WHERE retired_secrets.secret_hash = ? AND retired_secrets.expires_at > ? AND revoked_at = 0",
+            (secret_hash, int(time.time())),
+        )
+        return None if row is None else dataclasses.replace(_row_to_key(row), secret_expires=row["secret_expires"])
 
     async def update(
         self,

@@ -15,7 +15,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
 from server.domain import KeyLimits
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 WINDOW_SECONDS = 60.0  # requests and tokens per minute are counted over a rolling window of this length
 DAY_SECONDS = 86_400  # daily quotas reset at UTC midnight (unix time has no leap seconds)
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()  # day 0 of day_of, as a proleptic Gregorian ordinal
 CONCURRENCY_RETRY_SECONDS = 1.0  # a slot frees when some request ends, which nobody can predict: a nominal hint
 
 Clock = Callable[[], float]  # unix seconds; injected so that tests can move time
@@ -128,8 +129,8 @@ class Reading:
     @property
     def retry_after(self) -> float:
         """How long the caller should wait: a nominal second when requests in flight hold what it needs (nobody can
-        say when they end, as for a concurrency slot), else until enough frees up."""
-        return CONCURRENCY_RETRY_SECONDS if self.waits_for_requests_in_flight else self.wait
+        say when they end, as for a concurrency slot) unless the reset frees it sooner, else until enough frees up."""
+        return min(CONCURRENCY_RETRY_SECONDS, self.wait) if self.waits_for_requests_in_flight else self.wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,13 @@ class Reservation:
     tokens: Standing | None
     held: bool = True  # False: admitted without counting (the store was unreachable and the policy is fail-open)
     budgets: tuple[Reading, ...] = ()  # the budgets that apply, as read at admission (for the budget gauges)
+
+    def budgets_left(self, cost: int, now: float) -> list[tuple[Reading, int]]:
+        """What is left of each budget after this request, in micro-dollars: what admission read, with its real
+        `cost`. Not of a budget whose UTC day or month ended since: that reading says nothing of the new one."""
+        return [(r, r.limit - r.used + self.demand.cost - cost) for r in self.budgets
+                if (day_of(now) == day_of(self.at) if r.dimension is Dimension.DAILY_SPEND
+                    else month_of(now) == month_of(self.at))]
 
 
 class LimitExceeded(RateLimited):
@@ -247,8 +255,10 @@ def until_midnight(at: float) -> float:
 
 
 def month_of(at: float) -> int:
-    """Months since January 1970, UTC: budgets per month reset on the first of each month at 00:00 UTC."""
-    when = datetime.fromtimestamp(at, timezone.utc)
+    """Months since January 1970, UTC: budgets per month reset on the first of each month at 00:00 UTC. Read from
+    the UTC day, not the instant: fromtimestamp rounds to the microsecond, which put a month's last half microsecond
+    in the next month while its day was still the old one."""
+    when = date.fromordinal(_EPOCH_ORDINAL + day_of(at))
     return (when.year - 1970) * 12 + when.month - 1
 
 

@@ -160,6 +160,23 @@ async def test_authenticator_caches_for_a_bounded_time(store):
         await auth.authenticate(bearer(secret))
 
 
+async def test_a_cached_rotated_out_secret_stops_working_when_its_grace_ends(store):
+    """The previous secret "keeps working until previous_secret_expires": a lookup cached before then went on
+    answering it for up to keys.cache_seconds after, and during a key store outage for up to stale_seconds (5 min)."""
+    key, old = await store.create("a", all_models=True)
+    _, new, expires = await store.rotate(key.id, grace_seconds=2)
+    auth = Authenticator(store, cache_seconds=60, stale_seconds=300)
+    assert await auth.authenticate(bearer(old)) == key  # in its grace period: cached
+    assert await auth.authenticate(bearer(new)) == key
+    await asyncio.sleep(max(0.0, expires - time.time()))
+    with pytest.raises(AuthenticationFailed, match="Incorrect API key provided"):
+        await auth.authenticate(bearer(old))
+    await store.close()  # an outage: an ended secret needs no store to be refused, the current one stays cached
+    with pytest.raises(AuthenticationFailed, match="Incorrect API key provided"):
+        await auth.authenticate(bearer(old))
+    assert await auth.authenticate(bearer(new)) == key
+
+
 async def test_x_api_key_only_where_allowed(store):
     key, secret = await store.create("a", all_models=True)
     auth = Authenticator(store, cache_seconds=1)

@@ -59,6 +59,24 @@ def test_rest_update_and_rotate_with_an_admin_key(gateway):
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
 
 
+def test_a_rotated_out_secret_is_refused_from_the_second_its_grace_ends(gateway):
+    """It kept working for up to keys.cache_seconds past previous_secret_expires when the gateway had looked it up
+    within that time before (and for up to 5 minutes while the key store did not answer)."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    created = gateway.cli("keys", "create", "--name", "rotated-soon", "--all-models").stdout
+    key_id, old = created.split()[2], created.split()[-1]
+    rotated = httpx.post(f"{gateway.base_url}/v1/admin/keys/{key_id}/rotate", json={"grace_seconds": 2},
+                         headers={"Authorization": f"Bearer {admin}"}, timeout=60).json()
+    ends = rotated["previous_secret_expires"]
+    time.sleep(max(0.0, ends - 0.4 - time.time()))
+    assert chat(gateway, old).status_code == 200  # looked up (and cached) in the last moments of its grace
+    time.sleep(max(0.0, ends - time.time()))
+    refused = chat(gateway, old)
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["error"]["message"] == "Incorrect API key provided."
+    assert chat(gateway, rotated["secret"]).status_code == 200
+
+
 def test_rest_refuses_bad_env_name_and_out_of_range_limits_with_400(gateway):
     """Each was a 500 (a limit beyond 64 bits, NUL on PostgreSQL) or a secret no SDK could send (a non-ASCII env)."""
     admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]

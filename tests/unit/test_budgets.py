@@ -127,6 +127,36 @@ def test_months_are_utc_calendar_months():
     assert month_of(1_772_323_200.0) == month_of(NOON) + 2  # 2026-03-01 00:00 UTC
 
 
+async def test_the_last_instant_of_a_month_belongs_to_that_month(store, clock):
+    """A clock reading within half a microsecond of a month's end was rounded to the microsecond, into the next
+    month: the request was booked on the next month's budget while its day was still the old one, and a refusal then
+    said to retry after a whole month."""
+    first_of_february = 1_769_904_000.0  # 2026-02-01 00:00 UTC
+    clock.now = math.nextafter(first_of_february, 0)  # 2026-01-31 23:59:59.99999976
+    wanted = demand(6_000, max_spend_month=10_000)
+    await store.settle(await store.reserve(wanted), 10, 6_000)
+    error = await refused(store, wanted)
+    assert "resets at 2026-02-01 00:00 UTC" in error.message and error.retry_after < 0.01
+    clock.now = first_of_february
+    await store.reserve(wanted)  # February's budget is whole
+
+
+async def test_what_is_left_after_a_request_that_ran_past_midnight_is_not_put_on_the_new_day(store, clock):
+    """portico_budget_remaining_microdollars is what admission read minus the real cost. A request admitted before
+    UTC midnight and ended after it set the day's gauge to the old day's remainder (nearly none), which the new day's
+    budget, whole, did not have: low-budget alerts fired after midnight."""
+    wanted = demand(3_000, max_spend_day=10_000, max_spend_month=50_000)
+    await store.settle(await store.reserve(demand(6_000, max_spend_day=10_000, max_spend_month=50_000)), 10, 6_000)
+    clock.advance(12 * 3600 - 1)  # 23:59:59 UTC on January 1st
+    running = await store.reserve(wanted)
+    assert {r.dimension: left for r, left in running.budgets_left(2_000, clock.now)} == {
+        Dimension.DAILY_SPEND: 2_000, Dimension.MONTHLY_SPEND: 42_000}
+    clock.advance(2)  # it ends on January 2nd: the same month, a new day
+    await store.settle(running, 10, 2_000)
+    assert {r.dimension: left for r, left in running.budgets_left(2_000, clock.now)} == {
+        Dimension.MONTHLY_SPEND: 42_000}
+
+
 async def test_standing_reads_the_spend_of_the_day_and_month(store):
     wanted = demand(4_000, max_spend_day=10_000, max_spend_month=50_000)
     await store.settle(await store.reserve(wanted), 10, 1_500)

@@ -196,6 +196,20 @@ async def test_daily_tokens_held_by_requests_in_flight_ask_for_a_retry_soon_not_
     assert dict(error.trailing_metadata())["x-should-retry"] == "false"
 
 
+async def test_held_by_requests_in_flight_just_before_midnight_waits_for_midnight_not_a_second(store, clock):
+    """In the last second of the UTC day, a refusal held up by requests in flight said to retry after a second,
+    past the midnight that frees the whole quota sooner."""
+    clock.advance(12 * 3600 - 0.25)  # 23:59:59.75 UTC
+    wanted = demand(tokens=600, daily_tokens=1000)
+    await store.reserve(wanted)
+    error = await refused(store, wanted)
+    assert error.retry_after == pytest.approx(0.25)
+    assert dict(error.trailing_metadata())["retry-after-ms"] == "250"
+    assert error.message.endswith("Please retry after 0.3 seconds.")
+    clock.advance(0.25)
+    await store.reserve(wanted)
+
+
 async def test_concurrency_slot_is_freed_by_settle_and_release_once(store):
     wanted = demand(concurrent_requests=1)
     held = await store.reserve(wanted)
