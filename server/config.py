@@ -115,6 +115,9 @@ class _Loader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may be overridden by design
                 continue
+            if isinstance(key_node, (yaml.MappingNode, yaml.SequenceNode)):  # legal YAML, no key a dict can hold
+                kind = "mapping" if isinstance(key_node, yaml.MappingNode) else "list"
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: a setting's name must be a word, not a {kind}")
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise ConfigError(f"line {key_node.start_mark.line + 1}: `{key}` is set twice")

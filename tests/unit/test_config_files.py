@@ -98,6 +98,14 @@ def test_a_setting_written_twice_is_an_error_not_the_last_one_silently(tmp_path)
     assert [m.id for m in _load(tmp_path, text).models] == ["a", "b"]
 
 
+def test_a_key_that_is_a_mapping_or_a_list_is_an_error_naming_its_line(tmp_path):
+    # YAML allows `{read: 1}: 2` and `[a]: 1`; Python cannot hold them as keys (a TypeError traceback before).
+    with pytest.raises(ConfigError, match=r"c\.yaml: line 2: a setting's name must be a word, not a mapping"):
+        _load(tmp_path, f"{ONE_MODEL}\n{{read: 1}}: 2\n")
+    with pytest.raises(ConfigError, match=r"line 2: a setting's name must be a word, not a list"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{[threads]: 4}}\n")
+
+
 def test_a_section_left_empty_takes_its_defaults(tmp_path):
     """`embedded:` with every line under it commented out is YAML's null: the defaults, not "must be a mapping"."""
     config = _load(tmp_path, f"{ONE_MODEL}\nlisten:\n  # port: 9000\nembedded:\nkeys:\nlimits:\n")
