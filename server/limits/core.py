@@ -336,7 +336,8 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
         when = f"Please retry after {_tenths(wait)} seconds."
     else:
         resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        when = f"The budget resets at {resets}; please retry after {math.ceil(wait)} seconds."
+        seconds = math.ceil(wait)
+        when = f"The budget resets at {resets}; please retry after {seconds} second{'' if seconds == 1 else 's'}."
     return LimitExceeded(
         f"Budget reached for {where}: limit {usd_text(reading.limit)}, {spent}, this request may cost up to "
         f"{usd_text(demand.cost)}. {when}",

@@ -137,6 +137,7 @@ async def test_the_last_instant_of_a_month_belongs_to_that_month(store, clock):
     await store.settle(await store.reserve(wanted), 10, 6_000)
     error = await refused(store, wanted)
     assert "resets at 2026-02-01 00:00 UTC" in error.message and error.retry_after < 0.01
+    assert error.message.endswith("please retry after 1 second.")  # not "1 seconds"
     clock.now = first_of_february
     await store.reserve(wanted)  # February's budget is whole
 
