@@ -134,6 +134,33 @@ def requests(draw) -> Request:
     return Request("POST", path, raw_body, tuple(headers))
 
 
+def exchange(local: threading.local, port: int, secret: str,
+             request: Request) -> tuple[http.client.HTTPResponse, bytes] | str:
+    """`request` on this thread's keep-alive HTTP/1.1 connection (header values sent as UTF-8): the answer and its
+    body, or what went wrong when no answer came, twice."""
+    for attempt in range(2):
+        conn = getattr(local, "conn", None) or http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        local.conn = conn
+        try:
+            headers = {"authorization": f"Bearer {secret}", **dict(request.headers)}
+            conn.putrequest(request.method, request.path, skip_accept_encoding=True)
+            for name, value in {**headers, "content-length": str(len(request.body))}.items():
+                conn.putheader(name, value.encode("utf-8"))
+            conn.endheaders(request.body)
+            answer = conn.getresponse()
+            body = answer.read()
+            if answer.getheader("connection", "").lower() == "close":
+                conn.close()
+                local.conn = None
+            return answer, body
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            conn.close()
+            local.conn = None
+            if attempt:  # a reused keep-alive connection may have been closed by Envoy: retried once
+                return f"no answer: {exc!r}"
+    raise AssertionError("unreachable")
+
+
 class Sender:
     """One keep-alive HTTP/1.1 connection per thread; each answer is checked as it arrives."""
 
@@ -146,23 +173,10 @@ class Sender:
 
     def send(self, request: Request) -> str | None:
         """None if the answer is what a caller may get, else what was wrong."""
-        for attempt in range(2):
-            conn = getattr(self.local, "conn", None) or http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-            self.local.conn = conn
-            try:
-                headers = {"authorization": f"Bearer {self.secret}", **dict(request.headers)}
-                conn.request(request.method, request.path, body=request.body, headers=headers)
-                answer = conn.getresponse()
-                body = answer.read()
-                if answer.getheader("connection", "").lower() == "close":
-                    conn.close()
-                    self.local.conn = None
-                break
-            except (ConnectionError, http.client.HTTPException, OSError) as exc:
-                conn.close()
-                self.local.conn = None
-                if attempt:  # a reused keep-alive connection may have been closed by Envoy: retry once
-                    return f"no answer: {exc!r}"
+        answered = exchange(self.local, self.port, self.secret, request)
+        if isinstance(answered, str):
+            return answered
+        answer, body = answered
         with self.lock:
             self.sent += 1
             self.statuses[answer.status] = self.statuses.get(answer.status, 0) + 1

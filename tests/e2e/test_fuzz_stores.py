@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import http.client
 import json
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from hypothesis import strategies as st
 from portico.v1 import organization_usage_pb2 as ou
 from portico.v1 import usage_service_pb2_grpc
 from tests.e2e.conftest import running_gateway
-from tests.e2e.test_fuzz import MARKER, RAW, RAW_TOKENS, Request, _problem
+from tests.e2e.test_fuzz import MARKER, RAW, RAW_TOKENS, Request, _problem, exchange
 from tests.helpers import bearer, error_details
 from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, write_config
@@ -173,26 +172,10 @@ class Sender:
         self.answered: set[str] = set()
 
     def send(self, request: Request) -> str | None:
-        for attempt in range(2):
-            conn = getattr(self.local, "conn", None) or http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-            self.local.conn = conn
-            try:
-                headers = {"authorization": f"Bearer {self.secret}", **dict(request.headers)}
-                conn.putrequest(request.method, request.path, skip_accept_encoding=True)
-                for name, value in {**headers, "content-length": str(len(request.body))}.items():
-                    conn.putheader(name, value.encode("utf-8"))
-                conn.endheaders(request.body)
-                answer = conn.getresponse()
-                body = answer.read()
-                if answer.getheader("connection", "").lower() == "close":
-                    conn.close()
-                    self.local.conn = None
-                break
-            except (ConnectionError, http.client.HTTPException, OSError) as exc:
-                conn.close()
-                self.local.conn = None
-                if attempt:
-                    return f"no answer: {exc!r}"
+        answered = exchange(self.local, self.port, self.secret, request)
+        if isinstance(answered, str):
+            return answered
+        answer, body = answered
         kind = ("model" if request.path in MODEL_PATHS else request.method if "admin" in request.path
                 else request.path.split("?")[0].rsplit("/", 1)[-1])
         with self.lock:
