@@ -43,6 +43,7 @@ class LedgerSpool:
         self._current = self._new_segment()
 
     def _new_segment(self) -> _Segment:
+        self._directory.mkdir(mode=0o700, exist_ok=True)  # deleted under a running process: made again
         path = self._directory / f"{os.getpid()}-{time.time_ns()}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -54,10 +55,12 @@ class LedgerSpool:
         self._current.rows += 1
 
     def seal(self) -> None:
-        """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`."""
+        """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
+        Raises OSError when no segment can be started: the current one then goes on taking rows."""
         if self._current.rows:
+            segment = self._new_segment()
             self._sealed.append(self._current)
-            self._current = self._new_segment()
+            self._current = segment
 
     def release(self) -> None:
         """Every row of the sealed segments is in the store (or was refused by it, logged): they go."""

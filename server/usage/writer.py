@@ -107,13 +107,22 @@ class LedgerWriter:
         try:
             self._spool.append(row)
         except OSError as exc:  # the row still waits in memory: lost only if the process dies before it is written
-            if not self._spool_failing:
-                _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
-                self._spool_failing = True
+            self._spool_failed(exc)
             return
         if self._spool_failing:
             _logger.warning("usage ledger: writing the spool again")
             self._spool_failing = False
+
+    def _spool_failed(self, exc: OSError) -> None:
+        if not self._spool_failing:
+            _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
+            self._spool_failing = True
+
+    def _seal_spool(self) -> None:
+        try:
+            self._spool.seal()
+        except OSError as exc:  # its current segment keeps the rows: a next start may write them again, once each
+            self._spool_failed(exc)
 
     async def _run(self) -> None:
         pause = self._settings.flush_seconds
@@ -137,7 +146,7 @@ class LedgerWriter:
         async with self._writing:
             left = len(self._queue)
             if self._spool is not None:
-                self._spool.seal()  # the rows queued now are the sealed segments' (and adopted ones')
+                self._seal_spool()  # the rows queued now are the sealed segments' (and adopted ones')
             while left > 0:
                 count = min(left, self._settings.batch_rows)
                 if not await self._write_batch(count):

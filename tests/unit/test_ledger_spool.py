@@ -84,3 +84,46 @@ async def test_a_torn_line_is_skipped_and_logged(tmp_path, caplog):
     await writer.close()
     assert [r.id for r in sink.rows()] == ["r1"]
     assert "1 unreadable line(s)" in caplog.text
+
+
+async def test_a_spool_directory_deleted_under_the_writer_is_made_again(tmp_path, caplog):
+    """An operator's `rm -rf <data_dir>/ledger-spool` (or a cleanup job) killed the writer's task at its next pass:
+    no row was written again, and the stop ended in a traceback. Now the next segment recreates the directory."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    writer.start()
+    writer.append(row(1))
+    for path in (tmp_path / "spool").iterdir():
+        path.unlink()
+    (tmp_path / "spool").rmdir()
+    writer.append(row(2))
+    assert await writer.flush()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
+    writer.append(row(3))  # spooled again, in the directory made anew
+    assert [p.suffix for p in (tmp_path / "spool").iterdir()] == [".rows"]
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2", "r3"]
+
+
+async def test_a_segment_that_cannot_be_started_keeps_the_writer_going(tmp_path, monkeypatch, caplog):
+    """No descriptor left (EMFILE) or no inode: the rows are written all the same, and the spool keeps its current
+    segment (its rows, written twice at worst, are stored once each by their ids)."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    writer = LedgerWriter(sink, SLOW, spool=spool)
+    writer.start()
+    writer.append(row(1))
+
+    def no_descriptor():
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(spool, "_new_segment", no_descriptor)
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        assert await writer.flush()
+    assert [r.id for r in sink.rows()] == ["r1"]
+    assert "Too many open files" in caplog.text
+    monkeypatch.undo()
+    writer.append(row(2))
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
+    assert list((tmp_path / "spool").iterdir()) == []
