@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.config_providers import ConfigError
-from server.errors import NotFound
+from server.errors import NotFound, ServiceUnavailable
 from server.domain_images import GeneratedImage, ImageFormat
 
 CONTENT_PATH = "/v1/images/content/"
 LINK_TTL_SECONDS = 3600  # OpenAI's image URLs also last an hour
 _SWEEP_EVERY_SECONDS = 60.0
+_STORE_RETRY_SECONDS = 5.0
 _logger = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9_-]{24}\.(png|jpeg|webp)")  # also keeps names inside the directory
 
@@ -105,11 +106,21 @@ class ImageStore:
 
     def _put(self, images: Sequence[GeneratedImage]) -> list[str]:
         expires = int(self._clock() + self._ttl)
-        links = []
-        for image in images:
-            name = f"{secrets.token_urlsafe(18)}.{image.output_format.value}"
-            (self._dir / name).write_bytes(image.data)
-            links.append(self.link(name, expires))
+        links, written = [], []
+        try:
+            self._dir.mkdir(exist_ok=True)  # deleted under a running process: made again
+            for image in images:
+                name = f"{secrets.token_urlsafe(18)}.{image.output_format.value}"
+                written.append(path := self._dir / name)
+                path.write_bytes(image.data)
+                links.append(self.link(name, expires))
+        except OSError as exc:  # a full disk, a read-only or missing data dir: the operator's to fix, said once here
+            _logger.error("cannot store generated images in %s (%s)", self._dir, exc.strerror or exc)
+            for path in written:  # no link names them
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise ServiceUnavailable("The generated image could not be stored for its link; retry shortly, or ask "
+                                     "for response_format b64_json.", retry_after=_STORE_RETRY_SECONDS) from None
         return links
 
     def _get(self, name: str, expires: int, signature: str) -> StoredImage:
