@@ -13,6 +13,7 @@ process anyway.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from server.limits.core import (
 )
 from server.limits.daily_file import load_daily, save_daily
 from server.limits.standing import Counts
+
+_logger = logging.getLogger(__name__)
 
 
 _DIMENSIONS = tuple(Dimension)  # iterating over a tuple is much cheaper than over the Enum class
@@ -135,6 +138,7 @@ class MemoryLimitStore:
         self._state_path = state_path
         self._save_every_s = save_every_s
         self._saver: asyncio.Task | None = None
+        self._save_failing = False
         if state_path is not None:
             for scope_id, (day, requests, tokens, spend, month, month_spend) in load_daily(state_path).items():
                 self._scopes[scope_id] = _Counters(day=day, day_requests=requests, day_tokens=tokens,
@@ -174,9 +178,24 @@ class MemoryLimitStore:
         saved: dict | None = None
         while True:
             await asyncio.sleep(self._save_every_s)
-            if (rows := self._daily_rows()) != saved:
-                save_daily(self._state_path, rows)
-                saved = rows
+            if (rows := self._daily_rows()) != saved and self._save(rows):
+                saved = rows  # else tried again at the next pass, also when no request comes meanwhile
+
+    def _save(self, rows: dict[str, tuple[int, int, int, int, int, int]]) -> bool:
+        """Logged once when saving starts failing (a full disk) and once when it works again."""
+        try:
+            save_daily(self._state_path, rows)
+        except OSError as exc:
+            if not self._save_failing:
+                _logger.error("daily limit counters cannot be saved to %s (%s); tried again every %gs, a restart "
+                              "meanwhile refunds today's quotas since the last save", self._state_path, exc,
+                              self._save_every_s)
+                self._save_failing = True
+            return False
+        if self._save_failing:
+            _logger.warning("daily limit counters saved to %s again", self._state_path)
+            self._save_failing = False
+        return True
 
     def _daily_rows(self) -> dict[str, tuple[int, int, int, int, int, int]]:
         return {scope_id: (c.day, c.day_requests, c.day_tokens, c.day_spend, c.month, c.month_spend)
@@ -236,4 +255,4 @@ class MemoryLimitStore:
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)
         if self._state_path is not None:
-            save_daily(self._state_path, self._daily_rows())
+            self._save(self._daily_rows())
