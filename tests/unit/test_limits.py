@@ -346,3 +346,22 @@ async def test_a_request_without_tokens_is_never_refused_by_a_spent_token_limit(
     await store.settle(free, 0)
     await store.reserve(demand(**limits))
     assert "requests per minute" in (await refused(store, demand(**limits))).message
+
+
+async def test_a_wall_clock_stepped_back_does_not_hold_the_in_process_window_for_an_hour():
+    """NTP stepped the host's clock back an hour: a key at its per-minute limit was refused for that hour (retry-after
+    3599 s on a per-minute limit), its window entries being "in the future". The window now runs on a monotonic
+    clock; days and months stay on the wall clock (UTC midnight)."""
+    wall, steady = FakeClock(NOON), FakeClock(1000.0)
+    store = MemoryLimitStore(wall, monotonic=steady)
+    wanted = demand(requests_per_minute=2)
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 0)
+    assert (await refused(store, wanted)).retry_after == pytest.approx(60)
+    wall.now -= 3600  # the step back
+    wall.advance(61)
+    steady.advance(61)  # a minute later
+    await store.reserve(wanted)
+    standing = await store.counts("k1")
+    assert [at for at, _ in standing.window] == [wall.now]  # in wall time, for the LimitService's reset times
+    await store.close()
