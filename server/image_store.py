@@ -87,7 +87,11 @@ class ImageStore:
         """Delete images whose links have expired; return how many. Safe to run from several processes."""
         cutoff = self._clock() - self._ttl - _SWEEP_EVERY_SECONDS  # a margin for clock skew between processes
         removed = 0
-        for path in self._dir.iterdir():
+        try:
+            paths = list(self._dir.iterdir())
+        except FileNotFoundError:
+            return 0  # deleted by hand: the next stored image makes it again
+        for path in paths:
             try:
                 if _NAME.fullmatch(path.name) and path.stat().st_mtime < cutoff:
                     path.unlink()

@@ -100,3 +100,14 @@ async def test_an_idle_store_deletes_expired_images_on_its_own(tmp_path, clock):
         assert not any((tmp_path / "images").iterdir())
     finally:
         await store.close()
+
+
+async def test_a_deleted_images_directory_is_nothing_to_sweep(tmp_path, caplog):
+    """`rm -rf <data_dir>/images`: the sweeper logged "image sweep failed" every minute until an image was stored."""
+    store = ImageStore(tmp_path, base_url="https://img.example/", sweep_seconds=0.01)
+    (tmp_path / "images").rmdir()
+    store.start()
+    with caplog.at_level("WARNING", logger="server.image_store"):
+        await asyncio.sleep(0.1)
+    await store.close()
+    assert caplog.text == ""
