@@ -12,6 +12,7 @@ logged. Rows are in the page cache once written: a dying process loses none, a d
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -33,6 +34,7 @@ class _Segment:
     path: Path
     fd: int  # open, and locked by this process
     rows: int = 0
+    torn: bool = False  # a full disk took part of a row: the next one starts on a line of its own
 
 
 class LedgerSpool:
@@ -50,9 +52,16 @@ class LedgerSpool:
         return _Segment(path, fd)
 
     def append(self, row: LedgerRow) -> None:
-        """One write of one line: a process killed after it returns has the row on disk. Raises OSError."""
-        os.write(self._current.fd, orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
-        self._current.rows += 1
+        """One write of one line: a process killed after it returns has the row on disk. Raises OSError, also when
+        only part of the line could be written."""
+        segment = self._current
+        data = orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE)
+        if segment.torn:
+            data = b"\n" + data
+        segment.torn = os.write(segment.fd, data) < len(data)
+        if segment.torn:
+            raise OSError(errno.ENOSPC, "a row was cut short")
+        segment.rows += 1
 
     def seal(self) -> None:
         """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
@@ -111,6 +120,8 @@ def _started(path: Path) -> int:
 def _rows_of(data: bytes, path: Path) -> list[LedgerRow]:
     rows, skipped = [], 0
     for line in data.splitlines():
+        if not line:
+            continue  # ends a row a full disk cut short
         try:
             rows.append(LedgerRow(*orjson.loads(line)))
         except (orjson.JSONDecodeError, TypeError):  # torn, or not a row of this version's columns

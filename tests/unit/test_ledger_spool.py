@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool
@@ -127,3 +130,36 @@ async def test_a_segment_that_cannot_be_started_keeps_the_writer_going(tmp_path,
     await writer.close()
     assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
     assert list((tmp_path / "spool").iterdir()) == []
+
+
+_TORN = """
+import os, resource, signal, sys
+from pathlib import Path
+from server.usage.spool import LedgerSpool
+from tests.unit.test_ledger_writer import row
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG), as on a full disk
+spool = LedgerSpool(Path(sys.argv[1]))
+spool.append(row(1))
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.fstat(spool._current.fd).st_size + 20, resource.RLIM_INFINITY))
+try:
+    spool.append(row(2))  # 20 bytes of it fit: a short write
+except OSError:
+    pass
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # room again
+spool.append(row(3))
+os._exit(0)  # killed: the segment stays
+"""
+
+
+async def test_a_row_cut_short_by_a_full_disk_does_not_take_the_next_one_with_it(tmp_path, caplog):
+    """A short write left a fragment of a row; the next row was glued to it, so a process killed then lost both."""
+    subprocess.run([sys.executable, "-c", _TORN, str(tmp_path / "spool")], check=True, capture_output=True,
+                   cwd=Path(__file__).parents[2])
+    sink = SqliteLedger(tmp_path / "l.db")
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    with caplog.at_level(logging.ERROR, logger="server.usage.spool"):
+        writer.start()
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r3"]  # r2 waited in memory only, as logged
+    assert "1 unreadable line(s)" in caplog.text
