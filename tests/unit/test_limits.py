@@ -365,3 +365,20 @@ async def test_a_wall_clock_stepped_back_does_not_hold_the_in_process_window_for
     standing = await store.counts("k1")
     assert [at for at, _ in standing.window] == [wall.now]  # in wall time, for the LimitService's reset times
     await store.close()
+
+
+async def test_a_wall_clock_stepped_back_over_midnight_refunds_no_daily_quota():
+    """NTP stepped the clock back from 00:30 to 23:30 UTC: the in-process store took it for a new day and zeroed the
+    day's counters, and zeroed them again at the second midnight, so the half hour's requests were never counted."""
+    after_midnight = NOON + 12.5 * 3600
+    wall, steady = FakeClock(after_midnight), FakeClock(1000.0)
+    store = MemoryLimitStore(wall, monotonic=steady)
+    wanted = demand(daily_requests=3)
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 0)
+    wall.now -= 3600
+    await store.reserve(wanted)
+    assert "daily requests" in (await refused(store, wanted)).message
+    wall.now = after_midnight + 60
+    assert (await store.counts("k1")).day_requests == 3
+    await store.close()
