@@ -62,11 +62,12 @@ class _Counters:
         (`now`: wall time; a new month's budget on the first of the month)."""
         while self.window and self.window[0].at <= tick - WINDOW_SECONDS:
             self.window_tokens -= self.window.popleft().tokens
-        # Forward only: a wall clock stepped back over midnight is no new day (zeroing the counters would refund it).
-        if (today := day_of(now)) > self.day:
+        # A wall clock stepped back over midnight (NTP) is no new day: zeroing the counters would refund it. Counters
+        # of a day later than that (saved under a clock that was wrong by days) start afresh, not stay for days.
+        if (today := day_of(now)) > self.day or today < self.day - 1:
             self.day, self.day_requests, self.day_tokens, self.day_spend = today, 0, 0, 0
             self.day_held_tokens = self.day_held_spend = 0
-            if (month := month_of(now)) > self.month:
+            if (month := month_of(now)) != self.month:
                 self.month, self.month_spend, self.month_held_spend = month, 0, 0
 
     def in_window(self, entry: _Entry, tick: float) -> bool:
