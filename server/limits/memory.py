@@ -37,6 +37,8 @@ _DIMENSIONS = tuple(Dimension)  # iterating over a tuple is much cheaper than ov
 class _Entry:
     at: float  # on the monotonic clock: a wall clock stepped back would keep the entry in the window that long
     tokens: int
+    day: int  # the day and month its scope counted it in (not its arrival's: the wall clock may have stepped back)
+    month: int
 
 
 @dataclass(slots=True)
@@ -163,7 +165,7 @@ class MemoryLimitStore:
         entries = {}
         for scope in demand.scopes:
             counters = self._scopes[scope.id]
-            entry = entries[scope.id] = _Entry(tick, demand.tokens)
+            entry = entries[scope.id] = _Entry(tick, demand.tokens, counters.day, counters.month)
             counters.window.append(entry)
             counters.window_tokens += demand.tokens
             counters.in_flight += 1
@@ -229,14 +231,14 @@ class MemoryLimitStore:
                     entry.tokens = used_tokens
                 counters.window_tokens += change
             # Corrections go to the day the request was counted in; after UTC midnight that day is gone.
-            same_day = counters.day == day_of(reservation.at)
+            same_day = counters.day == entry.day
             if same_day:
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
                 counters.day_spend += cost_change
                 counters.day_held_tokens -= reservation.demand.tokens
                 counters.day_held_spend -= reservation.demand.cost
-            if same_day or counters.month == month_of(reservation.at):  # the same day is the same month
+            if same_day or counters.month == entry.month:  # the same day is the same month
                 counters.month_spend += cost_change
                 counters.month_held_spend -= reservation.demand.cost
 

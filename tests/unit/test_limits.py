@@ -382,3 +382,16 @@ async def test_a_wall_clock_stepped_back_over_midnight_refunds_no_daily_quota():
     wall.now = after_midnight + 60
     assert (await store.counts("k1")).day_requests == 3
     await store.close()
+
+
+async def test_a_request_admitted_after_a_step_back_over_midnight_is_settled_into_its_day():
+    """Its arrival time says yesterday, but it was counted in today's counters: settling it must correct those (the
+    estimate stayed counted, and held as in flight, for the rest of the day)."""
+    wall, steady = FakeClock(NOON + 12.5 * 3600), FakeClock(1000.0)
+    store = MemoryLimitStore(wall, monotonic=steady)
+    await store.settle(await store.reserve(demand(100, daily_tokens=1000)), 10)
+    wall.now -= 3600
+    await store.settle(await store.reserve(demand(100, daily_tokens=1000)), 10)
+    assert (await store.counts("k1")).day_tokens == 20
+    assert store._scopes["k1"].day_held_tokens == 0
+    await store.close()
