@@ -44,10 +44,10 @@ def exit_text(returncode: int) -> str:
     try:
         name = signal.Signals(-returncode).name
     except ValueError:
-        return f"was killed by signal {-returncode}"
+        return f"exited, killed by signal {-returncode}"
     if -returncode == signal.SIGBUS:  # a page of a memory-mapped file (the workers' metrics) found no room
-        return f"was killed by {name} (a memory-mapped file could not grow: is the file system of TMPDIR full?)"
-    return f"was killed by {name}"
+        return f"exited, killed by {name} (a memory-mapped file could not grow: is the file system of TMPDIR full?)"
+    return f"exited, killed by {name}"
 
 
 def socket_name(worker: int | None) -> str:

@@ -32,7 +32,7 @@ async def test_a_worker_killed_by_sigbus_is_named_with_its_likely_cause(tmp_path
     pool = Workers(1, tmp_path, lambda socket: [sys.executable, "-m", "tests.crashing_worker", str(socket), "SIGBUS"])
     await pool.start()
     try:
-        with pytest.raises(WorkerError, match=r"worker 0 was killed by SIGBUS \(.*TMPDIR.*full.*\), its 6th exit"):
+        with pytest.raises(WorkerError, match=r"worker 0 exited, killed by SIGBUS \(.*TMPDIR.*full.*\), its 6th exit"):
             await pool.supervise()
     finally:
         await pool.stop()
