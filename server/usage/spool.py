@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 
+from server.config_providers import ConfigError
 from server.usage.ledger import LedgerRow, values_of
 
 _logger = logging.getLogger(__name__)
@@ -39,7 +40,10 @@ class _Segment:
 
 class LedgerSpool:
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:  # a file in its place: one line at start, not a traceback
+            raise ConfigError(f"data_dir: cannot create {directory} ({exc.strerror})") from None
         self._directory = directory
         self._sealed: list[_Segment] = []
         self._current = self._new_segment()

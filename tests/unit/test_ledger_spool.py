@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from server.config_providers import ConfigError
 from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool
 from server.usage.sqlite_ledger import SqliteLedger
@@ -163,3 +166,10 @@ async def test_a_row_cut_short_by_a_full_disk_does_not_take_the_next_one_with_it
     await writer.close()
     assert sorted(r.id for r in sink.rows()) == ["r1", "r3"]  # r2 waited in memory only, as logged
     assert "1 unreadable line(s)" in caplog.text
+
+
+def test_a_spool_path_taken_by_a_file_is_one_line_at_start(tmp_path):
+    """A file where `ledger-spool/` should be stopped `portico serve` with a FileExistsError traceback."""
+    (tmp_path / "ledger-spool").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"data_dir: cannot create .*ledger-spool \(File exists\)"):
+        LedgerSpool(tmp_path / "ledger-spool")
