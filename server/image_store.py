@@ -169,7 +169,10 @@ def _load_or_create_secret(path: Path) -> bytes:
 
 
 def _read_secret(path: Path) -> bytes:
-    secret = path.read_bytes()
+    try:
+        secret = path.read_bytes()
+    except (IsADirectoryError, PermissionError) as exc:  # one line at start, not a traceback
+        raise ConfigError(f"data_dir: cannot read {path} ({exc.strerror})") from None
     if len(secret) < 32:
         raise ConfigError(f"data_dir: {path} is damaged (shorter than 32 bytes); delete it to make a new one")
     return secret
