@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.config_providers import ConfigError
-from server.errors import NotFound
+from server.errors import NotFound, ServiceUnavailable
 from server.domain_images import GeneratedImage, ImageFormat
 
 CONTENT_PATH = "/v1/images/content/"
 LINK_TTL_SECONDS = 3600  # OpenAI's image URLs also last an hour
 _SWEEP_EVERY_SECONDS = 60.0
+_STORE_RETRY_SECONDS = 5.0
 _logger = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9_-]{24}\.(png|jpeg|webp)")  # also keeps names inside the directory
 
@@ -87,7 +88,11 @@ class ImageStore:
         """Delete images whose links have expired; return how many. Safe to run from several processes."""
         cutoff = self._clock() - self._ttl - _SWEEP_EVERY_SECONDS  # a margin for clock skew between processes
         removed = 0
-        for path in self._dir.iterdir():
+        try:
+            paths = list(self._dir.iterdir())
+        except FileNotFoundError:
+            return 0  # deleted by hand: the next stored image makes it again
+        for path in paths:
             try:
                 if _NAME.fullmatch(path.name) and path.stat().st_mtime < cutoff:
                     path.unlink()
@@ -106,11 +111,21 @@ class ImageStore:
 
     def _put(self, images: Sequence[GeneratedImage]) -> list[str]:
         expires = int(self._clock() + self._ttl)
-        links = []
-        for image in images:
-            name = f"{secrets.token_urlsafe(18)}.{image.output_format.value}"
-            (self._dir / name).write_bytes(image.data)
-            links.append(self.link(name, expires))
+        links, written = [], []
+        try:
+            self._dir.mkdir(exist_ok=True)  # deleted under a running process: made again
+            for image in images:
+                name = f"{secrets.token_urlsafe(18)}.{image.output_format.value}"
+                written.append(path := self._dir / name)
+                path.write_bytes(image.data)
+                links.append(self.link(name, expires))
+        except OSError as exc:  # a full disk, a read-only or missing data dir: the operator's to fix, said once here
+            _logger.error("cannot store generated images in %s (%s)", self._dir, exc.strerror or exc)
+            for path in written:  # no link names them
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise ServiceUnavailable("The generated image could not be stored for its link; retry shortly, or ask "
+                                     "for response_format b64_json.", retry_after=_STORE_RETRY_SECONDS) from None
         return links
 
     def _get(self, name: str, expires: int, signature: str) -> StoredImage:
@@ -155,7 +170,10 @@ def _load_or_create_secret(path: Path) -> bytes:
 
 
 def _read_secret(path: Path) -> bytes:
-    secret = path.read_bytes()
+    try:
+        secret = path.read_bytes()
+    except (IsADirectoryError, PermissionError) as exc:  # one line at start, not a traceback
+        raise ConfigError(f"data_dir: cannot read {path} ({exc.strerror})") from None
     if len(secret) < 32:
         raise ConfigError(f"data_dir: {path} is damaged (shorter than 32 bytes); delete it to make a new one")
     return secret

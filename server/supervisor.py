@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,19 @@ RESTART_WINDOW_SECONDS = 60.0
 
 class WorkerError(RuntimeError):
     """A worker did not become ready."""
+
+
+def exit_text(returncode: int) -> str:
+    """How a worker ended, for the operator: a signal by its name, SIGBUS with its usual cause."""
+    if returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"exited, killed by signal {-returncode}"
+    if -returncode == signal.SIGBUS:  # a page of a memory-mapped file (the workers' metrics) found no room
+        return f"exited, killed by {name} (a memory-mapped file could not grow: is the file system of TMPDIR full?)"
+    return f"exited, killed by {name}"
 
 
 def socket_name(worker: int | None) -> str:
@@ -71,7 +85,7 @@ class WorkerProcess:
         deadline = asyncio.get_running_loop().time() + self._ready_timeout_s
         while not await self._answers():
             if self._proc.returncode is not None:
-                raise WorkerError(f"worker {self.index} exited with {self._proc.returncode} before it was ready")
+                raise WorkerError(f"worker {self.index} {exit_text(self._proc.returncode)} before it was ready")
             if asyncio.get_running_loop().time() > deadline:
                 await self.stop()
                 raise WorkerError(f"worker {self.index} not ready after {self._ready_timeout_s:g}s")
@@ -146,11 +160,11 @@ class Workers:
                     now = asyncio.get_running_loop().time()
                     recent = exits[worker.index]
                     if len(recent) == MAX_RESTARTS and now - recent[0] < RESTART_WINDOW_SECONDS:
-                        raise WorkerError(f"worker {worker.index} exited with {task.result()}, its "
+                        raise WorkerError(f"worker {worker.index} {exit_text(task.result())}, its "
                                           f"{MAX_RESTARTS + 1}th exit within {RESTART_WINDOW_SECONDS:g}s")
                     recent.append(now)
-                    _logger.error("worker %d (pid %s) exited with %s; restarting it", worker.index, worker.pid,
-                                  task.result())
+                    _logger.error("worker %d (pid %s) %s; restarting it", worker.index, worker.pid,
+                                  exit_text(task.result()))
                     await asyncio.sleep(RESTART_DELAY_SECONDS)
                     await worker.start()
                     watchers[asyncio.create_task(worker.wait())] = worker

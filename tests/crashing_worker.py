@@ -1,9 +1,11 @@
 """A stand-in for a `portico worker` that starts, answers one health check (so its supervisor sees it up), then
-crashes with exit code 3."""
+crashes with exit code 3, or by the signal named after its socket (e.g. SIGBUS)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 
 import grpc
@@ -20,7 +22,7 @@ class _OnceHealthy(health.aio.HealthServicer):
         return await super().Check(request, context)
 
 
-async def main(socket_path: str) -> None:
+async def main(socket_path: str, crash: str) -> None:
     checked = asyncio.Event()
     server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(_OnceHealthy(checked), server)
@@ -28,8 +30,10 @@ async def main(socket_path: str) -> None:
     await server.start()
     await checked.wait()
     await asyncio.sleep(0.1)  # the answer reaches the supervisor
+    if crash:
+        os.kill(os.getpid(), signal.Signals[crash])
     sys.exit(3)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""))

@@ -31,10 +31,8 @@ def load_daily(path: Path) -> dict[str, Row]:
 
 
 def save_daily(path: Path, rows: dict[str, Row]) -> None:
+    """Raises OSError (a full disk, a read-only data dir): the previous file is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    try:
-        partial.write_bytes(orjson.dumps(rows))
-        os.replace(partial, path)
-    except OSError as exc:
-        _logger.error("daily limit counters could not be saved to %s: %s", path, exc)
+    partial.write_bytes(orjson.dumps(rows))
+    os.replace(partial, path)

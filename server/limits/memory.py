@@ -13,6 +13,7 @@ process anyway.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from pathlib import Path
@@ -26,14 +27,18 @@ from server.limits.core import (
 from server.limits.daily_file import load_daily, save_daily
 from server.limits.standing import Counts
 
+_logger = logging.getLogger(__name__)
+
 
 _DIMENSIONS = tuple(Dimension)  # iterating over a tuple is much cheaper than over the Enum class
 
 
 @dataclass(eq=False, slots=True)  # eq=False: entries are found by identity, never by value
 class _Entry:
-    at: float
+    at: float  # on the monotonic clock: a wall clock stepped back would keep the entry in the window that long
     tokens: int
+    day: int  # the day and month its scope counted it in (not its arrival's: the wall clock may have stepped back)
+    month: int
 
 
 @dataclass(slots=True)
@@ -54,30 +59,33 @@ class _Counters:
     day_held_spend: int = 0
     month_held_spend: int = 0
 
-    def catch_up(self, now: float) -> None:
-        """Drop entries that left the window and start a new day's quota at UTC midnight (a new month's budget on
-        the first of the month)."""
-        while self.window and self.window[0].at <= now - WINDOW_SECONDS:
+    def catch_up(self, now: float, tick: float) -> None:
+        """Drop entries that left the window (`tick`: monotonic time) and start a new day's quota at UTC midnight
+        (`now`: wall time; a new month's budget on the first of the month)."""
+        while self.window and self.window[0].at <= tick - WINDOW_SECONDS:
             self.window_tokens -= self.window.popleft().tokens
-        if (today := day_of(now)) != self.day:
+        # A wall clock stepped back over midnight (NTP) is no new day: zeroing the counters would refund it. Counters
+        # of a day later than that (saved under a clock that was wrong by days) start afresh, not stay for days.
+        if (today := day_of(now)) > self.day or today < self.day - 1:
             self.day, self.day_requests, self.day_tokens, self.day_spend = today, 0, 0, 0
             self.day_held_tokens = self.day_held_spend = 0
             if (month := month_of(now)) != self.month:
                 self.month, self.month_spend, self.month_held_spend = month, 0, 0
 
-    def in_window(self, entry: _Entry, now: float) -> bool:
-        return entry.at > now - WINDOW_SECONDS  # catch_up has dropped every entry older than that
+    def in_window(self, entry: _Entry, tick: float) -> bool:
+        return entry.at > tick - WINDOW_SECONDS  # catch_up has dropped every entry older than that
 
-    def read(self, scope: Scope, demand: Demand, now: float) -> list[Reading]:
+    def read(self, scope: Scope, demand: Demand, now: float, tick: float) -> list[Reading]:
         readings = []
         for dimension in _DIMENSIONS:
             if (limit := demand.limit(scope, dimension)) is not None:
-                used, wait = self._would_be(dimension, limit, demand, now)
+                used, wait = self._would_be(dimension, limit, demand, now, tick)
                 held = self._held(dimension) if used > limit else 0  # only a refusal reads it
                 readings.append(Reading(scope, dimension, limit, used, wait, held))
         return readings
 
-    def _would_be(self, dimension: Dimension, limit: int, demand: Demand, now: float) -> tuple[int, float]:
+    def _would_be(self, dimension: Dimension, limit: int, demand: Demand, now: float,
+                  tick: float) -> tuple[int, float]:
         tokens, cost = demand.tokens, demand.cost
         if dimension is Dimension.DAILY_SPEND:
             return self.day_spend + cost, math.inf if cost > limit else until_midnight(now)
@@ -85,10 +93,10 @@ class _Counters:
             return self.month_spend + cost, math.inf if cost > limit else until_month_end(now)
         if dimension is Dimension.REQUESTS_PER_MINUTE:
             used = len(self.window) + 1
-            return used, self._window_wait(used - limit, lambda e: 1, now)
+            return used, self._window_wait(used - limit, lambda e: 1, tick)
         if dimension is Dimension.TOKENS_PER_MINUTE:
             used = self.window_tokens + tokens
-            wait = math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, now)
+            wait = math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, tick)
             return used, wait
         if dimension is Dimension.CONCURRENT_REQUESTS:
             return self.in_flight + 1, CONCURRENCY_RETRY_SECONDS
@@ -104,16 +112,16 @@ class _Counters:
             return self.day_held_spend
         return self.month_held_spend if dimension is Dimension.MONTHLY_SPEND else 0
 
-    def _window_wait(self, excess: int, weight, now: float) -> float:
+    def _window_wait(self, excess: int, weight, tick: float) -> float:
         """Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves
         (the reset time of an admitted request, whose own entry is not in the window yet)."""
         if excess <= 0:
-            return self.window[0].at + WINDOW_SECONDS - now if self.window else WINDOW_SECONDS
+            return self.window[0].at + WINDOW_SECONDS - tick if self.window else WINDOW_SECONDS
         freed = 0
         for entry in self.window:
             freed += weight(entry)
             if freed >= excess:
-                return entry.at + WINDOW_SECONDS - now
+                return entry.at + WINDOW_SECONDS - tick
         return WINDOW_SECONDS  # not reached: the excess is never more than the window holds
 
 
@@ -126,35 +134,38 @@ class _Held:
 class MemoryLimitStore:
     immediate = True  # no method awaits anything
 
-    def __init__(self, clock: Clock = time.time, *, state_path: Path | None = None,
+    def __init__(self, clock: Clock = time.time, *, monotonic: Clock | None = None, state_path: Path | None = None,
                  save_every_s: float = 2.0) -> None:
-        self._clock = clock
+        self._clock = clock  # days and months
+        # The rolling windows: the monotonic clock, unless a test injected its own wall clock and no other.
+        self._monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self._scopes: dict[str, _Counters] = {}
         self._held: dict[str, _Held] = {}
         self._ids = ReservationIds()
         self._state_path = state_path
         self._save_every_s = save_every_s
         self._saver: asyncio.Task | None = None
+        self._save_failing = False
         if state_path is not None:
             for scope_id, (day, requests, tokens, spend, month, month_spend) in load_daily(state_path).items():
                 self._scopes[scope_id] = _Counters(day=day, day_requests=requests, day_tokens=tokens,
                                                    day_spend=spend, month=month, month_spend=month_spend)
 
-    def _counters(self, scope_id: str, now: float) -> _Counters:
+    def _counters(self, scope_id: str, now: float, tick: float) -> _Counters:
         counters = self._scopes.get(scope_id)
         if counters is None:  # not setdefault: that would build new counters (and a datetime) on every call
             counters = self._scopes[scope_id] = _Counters(day=day_of(now), month=month_of(now))
-        counters.catch_up(now)
+        counters.catch_up(now, tick)
         return counters
 
     async def reserve(self, demand: Demand) -> Reservation:
-        now = self._clock()
-        readings = [r for s in demand.scopes for r in self._counters(s.id, now).read(s, demand, now)]
+        now, tick = self._clock(), self._monotonic()
+        readings = [r for s in demand.scopes for r in self._counters(s.id, now, tick).read(s, demand, now, tick)]
         reservation = verdict(demand, readings, at=now, reservation_id=self._ids.new())
         entries = {}
         for scope in demand.scopes:
             counters = self._scopes[scope.id]
-            entry = entries[scope.id] = _Entry(now, demand.tokens)
+            entry = entries[scope.id] = _Entry(tick, demand.tokens, counters.day, counters.month)
             counters.window.append(entry)
             counters.window_tokens += demand.tokens
             counters.in_flight += 1
@@ -174,9 +185,24 @@ class MemoryLimitStore:
         saved: dict | None = None
         while True:
             await asyncio.sleep(self._save_every_s)
-            if (rows := self._daily_rows()) != saved:
-                save_daily(self._state_path, rows)
-                saved = rows
+            if (rows := self._daily_rows()) != saved and self._save(rows):
+                saved = rows  # else tried again at the next pass, also when no request comes meanwhile
+
+    def _save(self, rows: dict[str, tuple[int, int, int, int, int, int]]) -> bool:
+        """Logged once when saving starts failing (a full disk) and once when it works again."""
+        try:
+            save_daily(self._state_path, rows)
+        except OSError as exc:
+            if not self._save_failing:
+                _logger.error("daily limit counters cannot be saved to %s (%s); tried again every %gs, a restart "
+                              "meanwhile refunds today's quotas since the last save", self._state_path, exc,
+                              self._save_every_s)
+                self._save_failing = True
+            return False
+        if self._save_failing:
+            _logger.warning("daily limit counters saved to %s again", self._state_path)
+            self._save_failing = False
+        return True
 
     def _daily_rows(self) -> dict[str, tuple[int, int, int, int, int, int]]:
         return {scope_id: (c.day, c.day_requests, c.day_tokens, c.day_spend, c.month, c.month_spend)
@@ -192,34 +218,34 @@ class MemoryLimitStore:
         held = self._held.pop(reservation.id, None)
         if held is None:
             return
-        now = self._clock()
+        now, tick = self._clock(), self._monotonic()
         change = used_tokens - reservation.demand.tokens
         cost_change = used_cost - reservation.demand.cost
         for scope_id, entry in held.entries.items():
-            counters = self._counters(scope_id, now)
+            counters = self._counters(scope_id, now, tick)
             counters.in_flight -= 1
-            if counters.in_window(entry, now):
+            if counters.in_window(entry, tick):
                 if refund:
                     counters.window.remove(entry)
                 else:
                     entry.tokens = used_tokens
                 counters.window_tokens += change
             # Corrections go to the day the request was counted in; after UTC midnight that day is gone.
-            same_day = counters.day == day_of(reservation.at)
+            same_day = counters.day == entry.day
             if same_day:
                 counters.day_tokens += change
                 counters.day_requests -= 1 if refund else 0
                 counters.day_spend += cost_change
                 counters.day_held_tokens -= reservation.demand.tokens
                 counters.day_held_spend -= reservation.demand.cost
-            if same_day or counters.month == month_of(reservation.at):  # the same day is the same month
+            if same_day or counters.month == entry.month:  # the same day is the same month
                 counters.month_spend += cost_change
                 counters.month_held_spend -= reservation.demand.cost
 
     async def counts(self, scope_id: str) -> Counts:
-        now = self._clock()
-        counters = self._counters(scope_id, now)
-        window = tuple((entry.at, entry.tokens) for entry in counters.window)
+        now, tick = self._clock(), self._monotonic()
+        counters = self._counters(scope_id, now, tick)
+        window = tuple((entry.at + now - tick, entry.tokens) for entry in counters.window)  # in wall time
         return Counts(now, window, counters.in_flight, counters.day_requests, counters.day_tokens,
                       counters.day_spend, counters.month_spend)
 
@@ -236,4 +262,4 @@ class MemoryLimitStore:
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)
         if self._state_path is not None:
-            save_daily(self._state_path, self._daily_rows())
+            self._save(self._daily_rows())

@@ -10,6 +10,8 @@ of `--workers N` can share one file without interleaving lines, and a line is on
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import sys
 import time
@@ -18,6 +20,8 @@ from datetime import datetime, timezone
 import orjson
 
 from server.observability.record import Outcome, RequestRecord
+
+_logger = logging.getLogger(__name__)
 
 
 class AccessLog:
@@ -32,13 +36,27 @@ class AccessLog:
             self._fd = (sys.stderr if target == "stderr" else sys.stdout).fileno()
         else:
             self._fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._lost = 0  # lines not written since the last one that was: the operator is told when it starts and ends
+        self._torn = False  # a full disk took part of a line: the next one starts on a line of its own
 
     def write(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:
         if self._fd is not None:
+            data = line(record, outcome, finished) + b"\n"
+            if self._torn:
+                data = b"\n" + data
             try:
-                os.write(self._fd, line(record, outcome, finished) + b"\n")
-            except OSError:
-                pass  # a full disk or a closed stderr must not fail the request that was just answered
+                self._torn = os.write(self._fd, data) < len(data)
+                if self._torn:
+                    raise OSError(errno.ENOSPC, "the line was cut short")
+            except OSError as exc:  # a full disk or a closed stderr must not fail the request that was just answered
+                if not self._lost:
+                    _logger.error("access log: cannot write to %s (%s); its lines are lost until it can",
+                                  self.target, exc.strerror or exc)
+                self._lost += 1
+                return
+            if self._lost:
+                _logger.warning("access log: writing to %s again; %d line(s) lost", self.target, self._lost)
+                self._lost = 0
 
     def close(self) -> None:
         if self._own and self._fd is not None:

@@ -22,6 +22,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import error_pb2
 from server.cache import HEADER as CACHE_HEADER
+from server.db.database import StoreUnavailable
 from server.errors import InternalError, PorticoError, RateLimited, error_body
 from server.observability import Outcome, RequestRecord, Telemetry
 from server.observability.record import endpoint_of
@@ -116,6 +117,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return stream
 
     def _as_portico_error(self, exc: Exception, method: str) -> PorticoError:
+        if isinstance(exc, StoreUnavailable):  # its answer says only "unreachable": why is for the operator
+            _logger.error("%s: the %s failed (%s)", method, exc.store, exc.detail)
         if isinstance(exc, PorticoError):
             return exc
         if isinstance(exc, grpc.aio.AbortError):  # never raised by Portico's servicers: they raise PorticoErrors

@@ -15,6 +15,7 @@ are in the page cache once written: a dying process loses none, a dying host may
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import orjson
 
+from server.config_providers import ConfigError
 from server.usage.ledger import LedgerRow, died, values_of
 
 _logger = logging.getLogger(__name__)
@@ -37,33 +39,46 @@ class Segment:
     fd: int  # open, and locked by this process
     lines: int = 0  # rows and marks
     running: int = 0  # marks of requests still running: kept for them until they end
+    torn: bool = False  # a full disk took part of a line: the next one starts on a line of its own
 
 
 class LedgerSpool:
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:  # a file in its place: one line at start, not a traceback
+            raise ConfigError(f"data_dir: cannot create {directory} ({exc.strerror})") from None
         self._directory = directory
         self._sealed: list[Segment] = []
         self._current = self._new_segment()
 
     def _new_segment(self) -> Segment:
+        self._directory.mkdir(mode=0o700, exist_ok=True)  # deleted under a running process: made again
         path = self._directory / f"{os.getpid()}-{time.time_ns()}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return Segment(path, fd)
 
     def append(self, row: LedgerRow) -> None:
-        """One write of one line: a process killed after it returns has the row on disk. Raises OSError."""
-        os.write(self._current.fd, orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
-        self._current.lines += 1
+        """One write of one line: a process killed after it returns has the row on disk. Raises OSError, also when
+        only part of the line could be written."""
+        self._write(orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
 
     def mark(self, mark: tuple) -> Segment:
         """A request handed to its model (ledger.mark_of): the next process to start writes its `died` row if this one
-        dies before the request ends. `ended(segment)` when it ends."""
-        os.write(self._current.fd, orjson.dumps({"open": mark}, option=orjson.OPT_APPEND_NEWLINE))
-        segment = self._current
-        segment.lines += 1
+        dies before the request ends. `ended(segment)` when it ends. Raises OSError as `append`."""
+        segment = self._write(orjson.dumps({"open": mark}, option=orjson.OPT_APPEND_NEWLINE))
         segment.running += 1
+        return segment
+
+    def _write(self, line: bytes) -> Segment:
+        segment = self._current
+        if segment.torn:
+            line = b"\n" + line
+        segment.torn = os.write(segment.fd, line) < len(line)
+        if segment.torn:
+            raise OSError(errno.ENOSPC, "a line was cut short")
+        segment.lines += 1
         return segment
 
     @staticmethod
@@ -71,10 +86,12 @@ class LedgerSpool:
         segment.running -= 1
 
     def seal(self) -> None:
-        """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`."""
+        """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
+        Raises OSError when no segment can be started: the current one then goes on taking rows."""
         if self._current.lines:
+            segment = self._new_segment()
             self._sealed.append(self._current)
-            self._current = self._new_segment()
+            self._current = segment
 
     def release(self) -> None:
         """Every row of the sealed segments is in the store (or was refused by it, logged): they go, but for those
@@ -132,6 +149,8 @@ def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, 
     lines = data.splitlines()
     skipped = 0
     for line in lines:
+        if not line:
+            continue  # ends a line a full disk cut short
         try:
             value = orjson.loads(line)
             if isinstance(value, dict):

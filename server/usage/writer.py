@@ -130,6 +130,12 @@ class LedgerWriter:
             _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
             self._spool_failing = True
 
+    def _seal_spool(self) -> None:
+        try:
+            self._spool.seal()
+        except OSError as exc:  # its current segment keeps the rows: a next start may write them again, once each
+            self._spool_failed(exc)
+
     async def _run(self) -> None:
         pause = self._settings.flush_seconds
         while not self._stopping:
@@ -152,7 +158,7 @@ class LedgerWriter:
         async with self._writing:
             left = len(self._queue)
             if self._spool is not None:
-                self._spool.seal()  # the rows queued now are the sealed segments' (and adopted ones')
+                self._seal_spool()  # the rows queued now are the sealed segments' (and adopted ones')
             while left > 0:
                 count = min(left, self._settings.batch_rows)
                 if not await self._write_batch(count):

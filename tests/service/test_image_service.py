@@ -4,6 +4,8 @@ through GetImageContent, and errors with their `param`."""
 from __future__ import annotations
 
 import base64
+import logging
+import shutil
 import io
 from urllib.parse import parse_qs, urlsplit
 
@@ -156,3 +158,32 @@ async def test_generation_needs_a_key(images):
 
 async def _drain(stream) -> list:
     return [item async for item in stream]
+
+
+async def test_url_answers_survive_the_images_directory_deleted(images, secret, running):
+    """`rm -rf <data_dir>/images` under a running gateway made every url answer a 500 until a restart."""
+    directory = running.core.images._dir
+    shutil.rmtree(directory)
+    response = await images.CreateImage(image_request(response_format="url"), metadata=bearer(secret))
+    (content,) = await fetch(images, response.data[0].url)
+    assert decode(content.data).size == (256, 256)
+
+
+async def test_an_image_that_cannot_be_stored_is_a_503_naming_b64_json(images, secret, running, caplog):
+    """A full disk (here: a file where the images directory should be) was a 500 internal_error with a traceback,
+    leaving an empty image file behind."""
+    directory = running.core.images._dir
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.write_bytes(b"")
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(grpc.aio.AioRpcError) as raised:
+            await images.CreateImage(image_request(response_format="url"), metadata=bearer(secret))
+    finally:
+        directory.unlink()
+        directory.mkdir()
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    detail = error_details(raised.value).error
+    assert (detail.code, detail.type) == ("service_unavailable", "service_unavailable_error")
+    assert "b64_json" in detail.message
+    assert "cannot store generated images" in caplog.text and "Traceback" not in caplog.text
+    assert list(directory.iterdir()) == []

@@ -4,6 +4,7 @@ secret while the old one works for the grace period, and only admin keys may do 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import pytest
@@ -116,3 +117,21 @@ async def test_create_and_update_refuse_all_models_together_with_a_list(keys, ad
     assert error_details(caught.value).error.param == "models"
     kept = (await keys.GetKey(key_pb2.GetKeyRequest(id=created.key.id), metadata=bearer(admin_secret))).key
     assert (kept.all_models, list(kept.models)) == (False, ["family-a-5.5"])
+
+
+async def test_a_key_store_that_cannot_be_written_is_a_503_and_logged(keys, admin_secret, running, caplog):
+    """A full disk under keys.db: the caller got 503 "The key store is unreachable" and the operator no line at all,
+    so nothing said why. Now the driver's words are logged with the 503."""
+    database = running.store._db
+    await database.execute("PRAGMA max_page_count = 1")  # at most its size now: SQLite's own "disk is full"
+    try:
+        with caplog.at_level(logging.ERROR, logger="server.services.interceptor"):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                for _ in range(500):
+                    await create(keys, admin_secret)
+    finally:
+        await database.execute("PRAGMA max_page_count = 1073741823")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_details(caught.value).error.code == "service_unavailable"
+    assert "database or disk is full" in caplog.text and "CreateKey" in caplog.text
+    await create(keys, admin_secret)  # room again: no restart needed

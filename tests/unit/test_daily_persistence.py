@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -50,3 +51,24 @@ def test_an_unreadable_file_starts_the_day_afresh(tmp_path):
     state = tmp_path / "limits-daily.json"
     state.write_text("{not json")
     assert MemoryLimitStore(state_path=state)._scopes == {}
+
+
+async def test_counters_a_full_disk_kept_from_the_file_are_saved_once_it_has_room(tmp_path, caplog):
+    """While the file could not be written (a full disk), the store took its counters as saved: once the disk had
+    room they stayed unsaved until the next request, so a crash of an idle gateway refunded the day's quota. Every
+    2 s of the outage also logged the same error again."""
+    state = tmp_path / "limits-daily.json"
+    blocker = tmp_path / "limits-daily.json.partial"
+    blocker.mkdir()  # every write of the file fails, as on a full disk
+    store = MemoryLimitStore(FakeClock(NOON), state_path=state, save_every_s=0.02)
+    with caplog.at_level(logging.WARNING, logger="server.limits.memory"):
+        await store.settle(await store.reserve(daily(5)), 10)
+        await asyncio.sleep(0.1)
+        await store.settle(await store.reserve(daily(5)), 10)
+        await asyncio.sleep(0.1)
+        assert [r.levelname for r in caplog.records] == ["ERROR"]  # said once, not every 2 s
+        blocker.rmdir()  # room again; no request comes
+        await asyncio.sleep(0.1)
+    assert (await MemoryLimitStore(FakeClock(NOON), state_path=state).counts("k1")).day_requests == 2  # a crash now
+    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
+    await store.close()

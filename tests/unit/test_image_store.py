@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from server.config_providers import ConfigError
 from server.errors import NotFound
 from server.image_store import ImageStore
 from server.domain_images import GeneratedImage, ImageFormat
@@ -100,3 +101,21 @@ async def test_an_idle_store_deletes_expired_images_on_its_own(tmp_path, clock):
         assert not any((tmp_path / "images").iterdir())
     finally:
         await store.close()
+
+
+async def test_a_deleted_images_directory_is_nothing_to_sweep(tmp_path, caplog):
+    """`rm -rf <data_dir>/images`: the sweeper logged "image sweep failed" every minute until an image was stored."""
+    store = ImageStore(tmp_path, base_url="https://img.example/", sweep_seconds=0.01)
+    (tmp_path / "images").rmdir()
+    store.start()
+    with caplog.at_level("WARNING", logger="server.image_store"):
+        await asyncio.sleep(0.1)
+    await store.close()
+    assert caplog.text == ""
+
+
+def test_an_unreadable_signing_key_is_one_line_at_start(tmp_path):
+    """A directory (or an unreadable file) where image-link.key should be stopped start-up with a traceback."""
+    (tmp_path / "image-link.key").mkdir()
+    with pytest.raises(ConfigError, match=r"data_dir: cannot read .*image-link.key \(Is a directory\)"):
+        ImageStore(tmp_path, base_url="https://img.example/")

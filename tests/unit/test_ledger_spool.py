@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+
+from server.config_providers import ConfigError
 from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool
 from server.usage.sqlite_ledger import SqliteLedger
@@ -125,3 +131,86 @@ async def test_a_mark_and_its_row_in_one_spool_make_one_row(tmp_path):
     writer.start()
     await writer.close()
     assert [(r.id, r.status) for r in sink.rows()] == [("r1", 200)]
+
+
+async def test_a_spool_directory_deleted_under_the_writer_is_made_again(tmp_path, caplog):
+    """An operator's `rm -rf <data_dir>/ledger-spool` (or a cleanup job) killed the writer's task at its next pass:
+    no row was written again, and the stop ended in a traceback. Now the next segment recreates the directory."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    writer.start()
+    writer.append(row(1))
+    for path in (tmp_path / "spool").iterdir():
+        path.unlink()
+    (tmp_path / "spool").rmdir()
+    writer.append(row(2))
+    assert await writer.flush()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
+    writer.append(row(3))  # spooled again, in the directory made anew
+    assert [p.suffix for p in (tmp_path / "spool").iterdir()] == [".rows"]
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2", "r3"]
+
+
+async def test_a_segment_that_cannot_be_started_keeps_the_writer_going(tmp_path, monkeypatch, caplog):
+    """No descriptor left (EMFILE) or no inode: the rows are written all the same, and the spool keeps its current
+    segment (its rows, written twice at worst, are stored once each by their ids)."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    writer = LedgerWriter(sink, SLOW, spool=spool)
+    writer.start()
+    writer.append(row(1))
+
+    def no_descriptor():
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(spool, "_new_segment", no_descriptor)
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        assert await writer.flush()
+    assert [r.id for r in sink.rows()] == ["r1"]
+    assert "Too many open files" in caplog.text
+    monkeypatch.undo()
+    writer.append(row(2))
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+_TORN = """
+import os, resource, signal, sys
+from pathlib import Path
+from server.usage.spool import LedgerSpool
+from tests.unit.test_ledger_writer import row
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG), as on a full disk
+spool = LedgerSpool(Path(sys.argv[1]))
+spool.append(row(1))
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.fstat(spool._current.fd).st_size + 20, resource.RLIM_INFINITY))
+try:
+    spool.append(row(2))  # 20 bytes of it fit: a short write
+except OSError:
+    pass
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # room again
+spool.append(row(3))
+os._exit(0)  # killed: the segment stays
+"""
+
+
+async def test_a_row_cut_short_by_a_full_disk_does_not_take_the_next_one_with_it(tmp_path, caplog):
+    """A short write left a fragment of a row; the next row was glued to it, so a process killed then lost both."""
+    subprocess.run([sys.executable, "-c", _TORN, str(tmp_path / "spool")], check=True, capture_output=True,
+                   cwd=Path(__file__).parents[2])
+    sink = SqliteLedger(tmp_path / "l.db")
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    with caplog.at_level(logging.ERROR, logger="server.usage.spool"):
+        writer.start()
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r3"]  # r2 waited in memory only, as logged
+    assert "1 unreadable line(s)" in caplog.text
+
+
+def test_a_spool_path_taken_by_a_file_is_one_line_at_start(tmp_path):
+    """A file where `ledger-spool/` should be stopped `portico serve` with a FileExistsError traceback."""
+    (tmp_path / "ledger-spool").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"data_dir: cannot create .*ledger-spool \(File exists\)"):
+        LedgerSpool(tmp_path / "ledger-spool")

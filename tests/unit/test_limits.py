@@ -360,3 +360,52 @@ async def test_a_request_without_tokens_is_never_refused_by_a_spent_token_limit(
     await store.settle(free, 0)
     await store.reserve(demand(**limits))
     assert "requests per minute" in (await refused(store, demand(**limits))).message
+
+
+async def test_a_wall_clock_stepped_back_does_not_hold_the_in_process_window_for_an_hour():
+    """NTP stepped the host's clock back an hour: a key at its per-minute limit was refused for that hour (retry-after
+    3599 s on a per-minute limit), its window entries being "in the future". The window now runs on a monotonic
+    clock; days and months stay on the wall clock (UTC midnight)."""
+    wall, steady = FakeClock(NOON), FakeClock(1000.0)
+    store = MemoryLimitStore(wall, monotonic=steady)
+    wanted = demand(requests_per_minute=2)
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 0)
+    assert (await refused(store, wanted)).retry_after == pytest.approx(60)
+    wall.now -= 3600  # the step back
+    wall.advance(61)
+    steady.advance(61)  # a minute later
+    await store.reserve(wanted)
+    standing = await store.counts("k1")
+    assert [at for at, _ in standing.window] == [wall.now]  # in wall time, for the LimitService's reset times
+    await store.close()
+
+
+async def test_a_wall_clock_stepped_back_over_midnight_refunds_no_daily_quota():
+    """NTP stepped the clock back from 00:30 to 23:30 UTC: the in-process store took it for a new day and zeroed the
+    day's counters, and zeroed them again at the second midnight, so the half hour's requests were never counted."""
+    after_midnight = NOON + 12.5 * 3600
+    wall, steady = FakeClock(after_midnight), FakeClock(1000.0)
+    store = MemoryLimitStore(wall, monotonic=steady)
+    wanted = demand(daily_requests=3)
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 0)
+    wall.now -= 3600
+    await store.reserve(wanted)
+    assert "daily requests" in (await refused(store, wanted)).message
+    wall.now = after_midnight + 60
+    assert (await store.counts("k1")).day_requests == 3
+    await store.close()
+
+
+async def test_a_request_admitted_after_a_step_back_over_midnight_is_settled_into_its_day():
+    """Its arrival time says yesterday, but it was counted in today's counters: settling it must correct those (the
+    estimate stayed counted, and held as in flight, for the rest of the day)."""
+    wall, steady = FakeClock(NOON + 12.5 * 3600), FakeClock(1000.0)
+    store = MemoryLimitStore(wall, monotonic=steady)
+    await store.settle(await store.reserve(demand(100, daily_tokens=1000)), 10)
+    wall.now -= 3600
+    await store.settle(await store.reserve(demand(100, daily_tokens=1000)), 10)
+    assert (await store.counts("k1")).day_tokens == 20
+    assert store._scopes["k1"].day_held_tokens == 0
+    await store.close()
