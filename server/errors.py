@@ -205,6 +205,11 @@ class ServiceUnavailable(PorticoError):
     )
 
 
+class OutOfResources(ServiceUnavailable):
+    """The gateway cannot open a connection now (no file descriptor or kernel memory left): no deployment is to blame
+    and another would fail the same way, so it is neither retried nor counted against a deployment's health."""
+
+
 class UpstreamTimeout(PorticoError):
     kind = ErrorKind(
         grpc.StatusCode.DEADLINE_EXCEEDED, 504, "upstream_timeout", "timeout_error", "The upstream did not respond in time."

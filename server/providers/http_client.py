@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import os
 import socket
 import ssl
@@ -27,7 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from server.providers.http_connection import MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectTimeout, Response
+from server.providers.http_connection import (MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectTimeout,
+                                              OwnLimitReached, Response)
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -165,6 +167,8 @@ class Pool:
         except TimeoutError:
             raise ConnectTimeout("connecting timed out") from None
         except (OSError, ssl.SSLError) as exc:  # refused, unreachable, unknown host, a certificate refused
+            if exc.errno in _OWN_LIMITS:
+                raise OwnLimitReached(os.strerror(exc.errno).lower()) from exc
             raise ConnectFailed(_why_not(exc)) from exc
         self._open.add(connection)
         return connection
@@ -194,6 +198,9 @@ class Pool:
             raise
         connection.connection_made(inner)
         return connection
+
+
+_OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})  # this host's, not the upstream's
 
 
 def _why_not(exc: OSError | ssl.SSLError) -> str:

@@ -34,6 +34,11 @@ class ConnectFailed(TransportError):
     """No connection could be opened (refused, unknown host, TLS or proxy refused)."""
 
 
+class OwnLimitReached(TransportError):
+    """This process cannot open another connection (no file descriptor, or no kernel memory, left): the gateway's
+    trouble, which another deployment would meet too, not the upstream's."""
+
+
 class ConnectTimeout(TransportError):
     pass
 

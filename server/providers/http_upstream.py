@@ -17,7 +17,9 @@ request is one small buffer, and an upstream that does not take it does not answ
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -25,13 +27,13 @@ from urllib.parse import quote, urlsplit
 
 from server import wire_json
 from server.domain import UpstreamSpec
-from server.errors import PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from server.errors import OutOfResources, PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import NO_SCOPE, NoScope
 from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
-                                              TooLarge, TransportError, Undecodable)
+                                              OwnLimitReached, TooLarge, TransportError, Undecodable)
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
@@ -57,6 +59,10 @@ _QUERY_SAFE = _PATH_SAFE + "?"
 _OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"
 
 
+_logger = logging.getLogger(__name__)
+
+_STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
+
 class HttpUpstream:
     def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None,
                  provider: str = "openai", recorder: UpstreamRecorder | None = None) -> None:
@@ -73,6 +79,7 @@ class HttpUpstream:
         self._read_timeout = timeouts.read
         self._answer_timeout = timeouts.answer  # a non-streamed answer's first byte comes when all of it is ready
         self._pool_timeout = timeouts.pool
+        self._starved_logged_at = -_STARVED_LOG_EVERY
         # Held from the request until its connection is back in the pool or closed.
         self._slots = asyncio.Semaphore(spec.max_connections)
         # Sent per request, so that fetching an image from a link the upstream gave (often another host) never
@@ -320,6 +327,13 @@ class HttpUpstream:
         if isinstance(exc, ReadTimeout):
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
         why = f": {exc}." if str(exc) else "."  # our transport's own words: what failed, never an address
+        if isinstance(exc, OwnLimitReached):
+            if (now := time.monotonic()) - self._starved_logged_at >= _STARVED_LOG_EVERY:
+                self._starved_logged_at = now
+                _logger.error("cannot open a connection to the upstream serving %s: %s (this process's limit, "
+                              "not the upstream's; raise `ulimit -n`)", name, exc)
+            return OutOfResources(f"The gateway cannot open a connection to the upstream serving {name} now{why} "
+                                  "Retry shortly.", retry_after=1.0)
         if isinstance(exc, ConnectFailed):
             # Nothing was sent: retried wherever it failed. After an answer began (a link to fetch), "connect".
             if before_answer:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
-from server.errors import InvalidRequest, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
+from server.errors import InvalidRequest, OutOfResources, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.providers import (
     Capabilities, PromptCounter, Provider, capabilities_of, prompt_count, token_counter_of, unsupported,
@@ -247,7 +247,9 @@ def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest |
 
 def _says_unhealthy(error: PorticoError) -> bool:
     """Failures that speak of the deployment, not of the caller's request: those another try may not meet, an
-    upstream that timed out, and 5xx answers."""
+    upstream that timed out, and 5xx answers; not the gateway's own want of connections."""
+    if isinstance(error, OutOfResources):
+        return False
     return error.retryable or isinstance(error, UpstreamTimeout) or error.kind.http_status >= 500
 
 

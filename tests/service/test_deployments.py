@@ -5,6 +5,7 @@ brings a deployment back, retry-after cooling exactly that long, and the state i
 from __future__ import annotations
 
 import asyncio
+import errno
 import subprocess
 import sys
 import time
@@ -360,3 +361,27 @@ async def test_a_request_sent_straight_to_a_fallback_counts_as_handed_to_it(doub
         assert [seen.body["model"] for seen in double.seen + west.seen].count("spare-model") == 2
         handed = registry.get_sample_value("portico_upstream_fallbacks_total", {"model": "pair", "fallback": "spare"})
         assert handed == 2
+
+
+async def test_a_gateway_out_of_file_descriptors_ejects_no_deployment(chat, running, east, west, key, monkeypatch):
+    """EMFILE (this process's descriptors used up) is the gateway's trouble, not the upstream's: it was a `connect`
+    failure, retried on the other deployment (which met it too) and counted against each deployment's health, so a
+    descriptor storm ejected healthy deployments. Now: a 503 that says so, with retry-after, no retry, no ejection."""
+    from server.providers.http_client import Pool
+
+    async def no_descriptor(self):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(Pool, "_fresh", lambda self, connection, now: False)  # every request opens a connection
+    monkeypatch.setattr(Pool, "_handshakes", no_descriptor)
+    for _ in range(3):  # "fragile": one failure ejects a deployment
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ask(chat, key[1], "fragile")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "too many open files" in refused.value.details()
+        assert dict(refused.value.trailing_metadata())["retry-after"] == "1"
+    monkeypatch.undo()
+    assert {s for m, _, s in running.core.health.states() if m == "fragile"} == {"healthy"}
+    assert (len(east.seen), len(west.seen)) == (0, 0)
+    response = await ask(chat, key[1], "fragile")
+    assert response.choices[0].message.content == "echo Say hello."
