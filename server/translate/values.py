@@ -7,6 +7,7 @@ REST bodies reach the server raw and are parsed here once; typed gRPC requests a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from google.protobuf import json_format
@@ -245,16 +246,66 @@ def proto_to_json(message: Message) -> dict[str, Json]:
 
     json_format prints 64-bit integers as strings (the proto3 JSON rule) and numbers inside Structs as floats; both
     are put back, so an upstream sees `"seed": 7` and a schema's `"minimum": 1`, as the caller wrote them.
+
+    A typed request can hold NaN or Infinity, which JSON cannot: json_format refuses one in a Value and prints one
+    in a double field as a string ("NaN"), so either is a 400 naming it, as a REST body's is.
     """
-    body = _integral(json_format.MessageToDict(message, preserving_proto_field_name=True))
+    try:
+        body = _integral(json_format.MessageToDict(message, preserving_proto_field_name=True))
+    except json_format.SerializeToJsonError:
+        raise _not_finite(message) from None
     for field in message.DESCRIPTOR.fields:
-        if field.name in body and field.type in _INT64_TYPES and not field.is_repeated:
+        if field.name not in body:
+            continue
+        if field.type in _INT64_TYPES and not field.is_repeated:
             body[field.name] = int(body[field.name])
+        elif field.cpp_type in _FLOAT_TYPES or _holds_floats(field):  # the typed requests' doubles are all here
+            value = body[field.name]
+            if isinstance(value, str) or isinstance(value, dict) and any(isinstance(v, str) for v in value.values()):
+                raise _not_finite(message)
     return body
 
 
 _INT64_TYPES = (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
                 FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64)
+_FLOAT_TYPES = (FieldDescriptor.CPPTYPE_DOUBLE, FieldDescriptor.CPPTYPE_FLOAT)
+# Their fields are JSON values themselves: a path through them names JSON members, not their proto fields.
+_JSON_VALUES = ("google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue")
+
+
+def _holds_floats(field: FieldDescriptor) -> bool:
+    """A map whose values are doubles (`logit_bias`)."""
+    entry = field.message_type
+    return (entry is not None and entry.GetOptions().map_entry
+            and entry.fields_by_name["value"].cpp_type in _FLOAT_TYPES)
+
+
+def _not_finite(message: Message) -> InvalidRequest:
+    where, value = _first_not_finite(message) or ("", math.nan)
+    shown = {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
+    if not where:
+        return InvalidRequest(f"A number in the request is {shown}: numbers must be finite.")
+    return InvalidRequest(f"`{where}` must be a finite number, got {shown}.", param=where)
+
+
+def _first_not_finite(message: Message, path: str = "") -> tuple[str, float] | None:
+    """The path (`logit_bias.5`, `tools[0].function.parameters.minimum`) and value of the first NaN or Infinity."""
+    json_value = message.DESCRIPTOR.full_name in _JSON_VALUES
+    for field, value in message.ListFields():
+        here = path if json_value else f"{path}.{field.name}" if path else field.name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            items = [(f"{here}.{key}", item) for key, item in value.items()]
+            field = field.message_type.fields_by_name["value"]
+        elif field.is_repeated:
+            items = [(f"{here}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            items = [(here, value)]
+        for where, item in items:
+            if field.cpp_type in _FLOAT_TYPES and not math.isfinite(item):
+                return where, item
+            if field.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE and (found := _first_not_finite(item, where)):
+                return found
+    return None
 
 
 def _integral(value):

@@ -138,3 +138,36 @@ async def test_ungranted_model_looks_exactly_like_a_missing_one(chat, running):
     assert errors[0][:3] == (grpc.StatusCode.NOT_FOUND, "model_not_found", "model")
     granted = await chat.CreateChatCompletion(chat_request(model="family-a-5.4"), metadata=bearer(secret))
     assert granted.model == "family-a-5.4"
+
+
+def _non_finite(request, where: str, value: float):
+    """`request` with `value` put at `where`, a field a typed caller can set to NaN or Infinity (JSON cannot)."""
+    if where == "stop":
+        request.stop.number_value = value
+    elif where.startswith("logit_bias."):
+        request.logit_bias[where.removeprefix("logit_bias.")] = value
+    elif where.startswith("tools[0]."):
+        request.tools.add(type="function").function.name = "f"
+        request.tools[0].function.parameters.update({"type": "object", "properties": {"a": {"minimum": value}}})
+    else:
+        setattr(request, where, value)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("temperature", float("nan")), ("top_p", float("inf")), ("frequency_penalty", float("-inf")),
+     ("logit_bias.5", float("nan")), ("stop", float("nan")),
+     ("tools[0].function.parameters.properties.a.minimum", float("inf"))],
+)
+async def test_a_number_that_is_not_finite_is_a_400_naming_it(chat, secret, where, value):
+    """A typed request can hold NaN or Infinity where JSON has no such number: a 400 naming the field (as REST's
+    JSON refuses them), not a 500, nor `must be a number, got a string` about a number."""
+    for rpc in (chat.CreateChatCompletion, chat.StreamChatCompletion):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            call = rpc(_non_finite(chat_request(), where, value), metadata=bearer(secret))
+            await (call if rpc is chat.CreateChatCompletion else call.read())
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        detail = error_details(caught.value)
+        assert (detail.http_status, detail.error.code, detail.error.param) == (400, "invalid_request", where)
+        assert "finite" in detail.error.message and "string" not in detail.error.message

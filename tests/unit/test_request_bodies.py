@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 from pathlib import Path
 
 import anthropic
@@ -263,3 +264,14 @@ def test_every_parameter_of_the_sdks_has_a_rule():
     assert set(inspect.signature(chat_create).parameters) - transport - set(CHAT_FIELDS) == set()
     messages_create = anthropic.Anthropic(api_key="k").messages.create
     assert set(inspect.signature(messages_create).parameters) - transport - set(MESSAGE_FIELDS) == set()
+
+
+def test_docs_name_the_table_fields_the_typed_requests_lack():
+    """docs/api.md (gRPC callers) lists the fields of the tables a typed request cannot carry: kept true here."""
+    from portico.v1 import chat_pb2, message_pb2
+
+    lacking = [name for table, message in ((CHAT_FIELDS, chat_pb2.CreateChatCompletionRequest),
+                                           (MESSAGE_FIELDS, message_pb2.CreateMessageRequest))
+               for name in table if name not in message.DESCRIPTOR.fields_by_name]
+    paragraph = (ROOT / "docs" / "api.md").read_text().split("The typed request messages hold")[1].split("\n\n")[0]
+    assert lacking and lacking == re.findall(r"`(\w+)`", paragraph.split(". A typed message")[0])
