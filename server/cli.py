@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except PorticoError as exc:
         print(f"portico: {exc.message}", file=sys.stderr)
         return 1
-    except SchemaError as exc:  # a database newer than this code: the message says to upgrade, no traceback
+    except SchemaError as exc:  # a database newer than this code, or a migration it refused: one line, no traceback
         print(f"portico: {exc}", file=sys.stderr)
         return 1
 

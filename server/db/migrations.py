@@ -58,10 +58,19 @@ def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> l
 
 def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) -> list[int]:
     """Apply what is missing; returns the versions applied."""
-    _check(migrations)
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
-        return _apply(conn.execute, "%s", [m.postgresql for m in migrations], migrations)
+    import psycopg  # loaded already: `conn` is one of its connections
+
+    component = _check(migrations)
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
+            return _apply(conn.execute, "%s", [m.postgresql for m in migrations], migrations)
+    except psycopg.OperationalError:
+        raise  # the database went away or timed out: unreachable, for the callers to say so
+    except psycopg.Error as exc:  # refused (a role that may not change the schema, ...): rolled back whole
+        words = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SchemaError(f"the database's {component} schema could not be brought to this Portico's "
+                          f"(nothing was changed): {words}") from exc
 
 
 def _apply(execute: Callable[..., Any], placeholder: str, statements: Sequence[tuple[str, ...]],

@@ -232,9 +232,18 @@ def _row_to_key(row: Mapping[str, Any]) -> ApiKey:
         name=row["name"],
         all_models=bool(row["all_models"]),
         models=frozenset(m for m in row["models"].split(",") if m),
-        limits=KeyLimits(**{c: row[c] for c in KEY_LIMIT_NAMES}),
+        limits=KeyLimits(**{c: _stored_limit(c, row[c]) for c in KEY_LIMIT_NAMES}),
         env=row["env"],
         admin=bool(row["admin"]),
         created=row["created"],
         revoked_at=row["revoked_at"],
     )
+
+
+def _stored_limit(column: str, value: int | None) -> int | None:
+    """Up to 2026-11-26 a key's own limits had no upper bound, and KeyService carries them as int32: one such key made
+    every key list a 500. It counts as the most a key may have now, shown as enforced (read, not migrated: a schema
+    version would stop hosts not yet upgraded from restarting)."""
+    if value is None or column in SPEND_LIMIT_NAMES:
+        return value
+    return min(value, MAX_COUNT_LIMIT)

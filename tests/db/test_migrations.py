@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 
-import psycopg
 import pytest
 
 from server.db import Migration, SchemaError, StoreSettings, migrate_postgres, migrate_sqlite
@@ -106,7 +105,7 @@ def test_an_upgrade_applies_only_the_new_migrations(backend):
 
 
 def test_a_failed_migration_leaves_nothing_behind(backend):
-    with pytest.raises((sqlite3.Error, psycopg.Error)):
+    with pytest.raises((sqlite3.Error, SchemaError)):  # PostgreSQL's error, as the one line a start ends with
         backend.migrate(_migrations(failing=True))
     assert "widgets" not in backend.tables()
     assert backend.migrate(_migrations()) == [1, 2]  # fixed code migrates cleanly afterwards
@@ -266,3 +265,26 @@ def test_worker_processes_starting_on_a_new_data_dir_all_open_keys_db(tmp_path):
         for worker in workers:
             worker.join(timeout=60)
         assert [worker.exitcode for worker in workers] == [0, 0], f"start {attempt} failed"
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("usage",)])
+def test_a_postgres_migration_that_fails_is_one_line_and_exit_1(postgres_server, tmp_path, command):
+    """Upgrading with a role that may not change the schema (here: no CREATE in it) printed psycopg's traceback."""
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    with postgres_server.connect(database) as conn:
+        migrate_postgres(conn, KEY_MIGRATIONS[:1])  # as an older Portico left it
+        migrate_postgres(conn, USAGE_MIGRATIONS)
+        conn.execute(f"CREATE ROLE {database}_app LOGIN PASSWORD '{postgres_server.password}'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {database}_app")
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    config = tmp_path / "c.yaml"
+    app_url = url.replace("postgres@", f"{database}_app@")
+    config.write_text(f"keys: {{store: '{app_url}', password_env: {PASSWORD_ENV}}}\n"
+                      "models: [{id: a, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}]\n")
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), *command],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [
+        f"portico: the database's {'usage' if command == ('usage',) else 'keys'} schema could not be brought "
+        "to this Portico's (nothing was changed): permission denied for schema public"]
