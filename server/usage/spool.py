@@ -71,10 +71,13 @@ class LedgerSpool:
         segment.running -= 1
 
     def seal(self) -> None:
-        """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`."""
+        """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
+        Raises OSError (the directory deleted by hand is made again): the current segment then goes on."""
         if self._current.lines:
+            self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            segment = self._new_segment()
             self._sealed.append(self._current)
-            self._current = self._new_segment()
+            self._current = segment
 
     def release(self) -> None:
         """Every row of the sealed segments is in the store (or was refused by it, logged): they go, but for those

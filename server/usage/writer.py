@@ -152,7 +152,10 @@ class LedgerWriter:
         async with self._writing:
             left = len(self._queue)
             if self._spool is not None:
-                self._spool.seal()  # the rows queued now are the sealed segments' (and adopted ones')
+                try:
+                    self._spool.seal()  # the rows queued now are the sealed segments' (and adopted ones')
+                except OSError as exc:  # they stay in the current segment, released by a later pass
+                    self._spool_failed(exc)
             while left > 0:
                 count = min(left, self._settings.batch_rows)
                 if not await self._write_batch(count):
