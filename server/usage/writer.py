@@ -151,7 +151,9 @@ class LedgerWriter:
         (a thread hop and a commit every ~2 ms, ~7 % of a core at 1,900 req/s, against ~1 % in 500-row batches)."""
         async with self._writing:
             left = len(self._queue)
-            if self._spool is not None:
+            # Not while the store fails: each retry would start a segment, a file and a descriptor held until it
+            # came back. The rows queued since stay in the current one, released by the pass after the store's return.
+            if self._spool is not None and not self._failing:
                 try:
                     self._spool.seal()  # the rows queued now are the sealed segments' (and adopted ones')
                 except OSError as exc:  # they stay in the current segment, released by a later pass

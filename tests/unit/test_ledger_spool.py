@@ -125,3 +125,22 @@ async def test_a_mark_and_its_row_in_one_spool_make_one_row(tmp_path):
     writer.start()
     await writer.close()
     assert [(r.id, r.status) for r in sink.rows()] == [("r1", 200)]
+
+
+async def test_a_store_outage_does_not_add_a_segment_per_retry(tmp_path):
+    """Each failed pass started a segment (a file and a descriptor held until the store came back): a night-long
+    outage with traffic, one retry every 30 s, ran the process out of descriptors."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    spool = LedgerSpool(tmp_path / "spool")
+    writer = LedgerWriter(sink, SLOW, spool=spool)
+    for n in range(20):
+        writer.append(row(n))
+        assert not await writer.flush()
+    assert len(list((tmp_path / "spool").iterdir())) <= 2
+    assert len(spool._sealed) <= 1
+    sink.down = False
+    assert await writer.flush()
+    await writer.close()
+    assert sorted(r.id for r in sink.db.rows()) == sorted(f"r{n}" for n in range(20))
+    assert list((tmp_path / "spool").iterdir()) == []
