@@ -48,8 +48,12 @@ class LedgerSpool:
 
     def _new_segment(self) -> Segment:
         path = self._directory / f"{os.getpid()}-{time.time_ns()}{_SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # Made under a name `adopt` passes over, and named once locked: a process starting between the two would
+        # take it for a dead process's, and delete it.
+        making = path.with_suffix(".new")
+        fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(making, path)
         return Segment(path, fd)
 
     def append(self, row: LedgerRow) -> None:

@@ -3,6 +3,7 @@ start on the same directory, once each; a live process's rows are left to it."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 
@@ -144,3 +145,32 @@ async def test_a_store_outage_does_not_add_a_segment_per_retry(tmp_path):
     await writer.close()
     assert sorted(r.id for r in sink.db.rows()) == sorted(f"r{n}" for n in range(20))
     assert list((tmp_path / "spool").iterdir()) == []
+
+
+async def test_a_segment_being_started_is_never_adopted(tmp_path, monkeypatch):
+    """A segment's file was made, then locked: a process starting in between (the worker replacing a killed one)
+    took it for a dead process's, and deleted it with the owner's rows still to come (or made the owner's lock
+    fail)."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    spool.append(row(1))
+    lock = fcntl.flock
+    adopter: list[LedgerSpool] = []
+
+    def adopting_first(fd: int, operation: int) -> None:
+        monkeypatch.setattr(fcntl, "flock", lock)
+        # Another process starts just as this one's new segment is made.
+        adopter.append(LedgerSpool(tmp_path / "spool"))
+        adopter[0].adopt()
+        adopter[0].release()
+        lock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", adopting_first)
+    spool.seal()
+    spool.append(row(2))
+    killed(spool)
+    killed(adopter[0])
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    writer.start()
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
