@@ -65,6 +65,7 @@ class LedgerWriter:
         self._clock = clock
         self._queue: deque[LedgerRow] = deque()
         self._in_flight = 0  # rows at the queue's left that the batch being written holds
+        self._adopted = 0  # rows at the queue's left from dead processes' spools: not held against buffer_rows
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()  # the background task and an explicit flush never take the same rows
         self._stopping = False
@@ -85,6 +86,7 @@ class LedgerWriter:
             _logger.warning("usage ledger: %d row(s) a process ended without writing (killed?) are written now",
                             len(adopted))
             self._queue.extend(adopted)
+            self._adopted = len(adopted)
             self._wake.set()
         self._task = asyncio.create_task(self._run(), name="ledger-writer")
 
@@ -104,7 +106,7 @@ class LedgerWriter:
             LedgerSpool.ended(segment)
 
     def append(self, row: LedgerRow) -> None:
-        if len(self._queue) >= self._settings.buffer_rows:
+        if len(self._queue) - self._adopted >= self._settings.buffer_rows:
             self._drop(1, "the ledger's buffer is full (the store has not accepted rows for a while)")
             return
         if self._spool is not None:
@@ -182,6 +184,7 @@ class LedgerWriter:
             self._in_flight = 0
         for _ in batch:  # only this task takes rows off the left; new ones are appended on the right meanwhile
             self._queue.popleft()
+        self._adopted = max(0, self._adopted - len(batch))
         for row, why in refused:
             _logger.error("usage ledger: the store refuses row %s of key %s (%s)", row.id, row.key_id, why)
             self._drop(1, "the store refuses the row's values")

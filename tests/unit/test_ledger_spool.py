@@ -174,3 +174,25 @@ async def test_a_segment_being_started_is_never_adopted(tmp_path, monkeypatch):
     writer.start()
     await writer.close()
     assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
+
+
+async def test_rows_written_for_a_dead_process_do_not_crowd_out_this_one_s(tmp_path):
+    """The rows adopted from a killed process's spool counted against this process's buffer: after workers killed in
+    a store outage, the one replacing them dropped every row of its own until the adopted ones were written."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    settings = UsageSettings(flush_seconds=600, batch_rows=2, buffer_rows=2)
+    dead = LedgerSpool(tmp_path / "spool")
+    first = LedgerWriter(sink, settings, spool=dead)
+    first.append(row(1))
+    first.append(row(2))
+    killed(dead)
+    dropped: list[int] = []
+    second = LedgerWriter(sink, settings, spool=LedgerSpool(tmp_path / "spool"), on_dropped=dropped.append)
+    second.start()
+    second.append(row(3))
+    second.append(row(4))
+    assert dropped == []
+    sink.down = False
+    await second.close()
+    assert sorted(r.id for r in sink.db.rows()) == ["r1", "r2", "r3", "r4"]
