@@ -101,14 +101,20 @@ class LedgerWriter:
             self._spool_failed(exc)
 
     def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:
-        self.append(row_of(record, outcome, finished, self._ids))
+        queued = self.append(row_of(record, outcome, finished, self._ids))
         if (segment := self._marked.pop(record.ledger_id, None)) is not None:
+            if not queued:  # else its mark, left in the spool by a stop before the store came back, made it a 503
+                try:
+                    LedgerSpool.dropped(segment, record.ledger_id)
+                except OSError as exc:
+                    self._spool_failed(exc)
             LedgerSpool.ended(segment)
 
-    def append(self, row: LedgerRow) -> None:
+    def append(self, row: LedgerRow) -> bool:
+        """Queue the row; False if it was dropped (the buffer is full)."""
         if len(self._queue) - self._adopted >= self._settings.buffer_rows:
             self._drop(1, "the ledger's buffer is full (the store has not accepted rows for a while)")
-            return
+            return False
         if self._spool is not None:
             self._spooled(row)
         self._queue.append(row)
@@ -116,6 +122,7 @@ class LedgerWriter:
         # each failed retry doubles the pause, so a burst in a brief outage left the rows waiting 30 s after it.
         if not self._failing and len(self._queue) - self._in_flight >= self._settings.batch_rows:
             self._wake.set()
+        return True
 
     def _spooled(self, row: LedgerRow) -> None:
         try:

@@ -7,6 +7,7 @@ import fcntl
 import logging
 import os
 
+from server.observability.record import Outcome, RequestRecord
 from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool
 from server.usage.sqlite_ledger import SqliteLedger
@@ -196,3 +197,26 @@ async def test_rows_written_for_a_dead_process_do_not_crowd_out_this_one_s(tmp_p
     sink.down = False
     await second.close()
     assert sorted(r.id for r in sink.db.rows()) == ["r1", "r2", "r3", "r4"]
+
+
+async def test_a_request_whose_row_was_dropped_gets_no_503_row_at_the_next_start(tmp_path):
+    """A request answered while the buffer was full lost its row (dropped: counted, logged), but its mark stayed in
+    the spool: stopped before the store came back, the next start wrote it a 503 with nothing used, a failure that
+    never happened."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=600, batch_rows=2, buffer_rows=2),
+                          spool=LedgerSpool(tmp_path / "spool"))
+    records = [RequestRecord(rpc="m", endpoint="/v1/chat/completions", request_id=f"req-{n}", started=0.0,
+                             arrived=NOW_MS / 1000, key_id="key_a", key_env="prod", model="m") for n in range(3)]
+    for record in records:
+        writer.opened(record)
+    for record in records:
+        record.upstream_attempts = 1
+        writer.add(record, Outcome(200), 1.0)  # the third is dropped: the buffer holds two
+    await writer.close(timeout=0)
+    sink.down = False
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    second.start()
+    await second.close()
+    assert sorted((r.request_id, r.status) for r in sink.db.rows()) == [("req-0", 200), ("req-1", 200)]
