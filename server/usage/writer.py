@@ -92,7 +92,7 @@ class LedgerWriter:
 
     # RequestSink (server/observability/telemetry.py)
     def opened(self, record: RequestRecord) -> None:
-        if self._spool is None:
+        if self._spool is None or self._full():  # its row would be dropped: a mark per request grew the spool for good
             return
         record.ledger_id = self._ids.new()
         try:
@@ -112,7 +112,7 @@ class LedgerWriter:
 
     def append(self, row: LedgerRow) -> bool:
         """Queue the row; False if it was dropped (the buffer is full)."""
-        if len(self._queue) - self._adopted >= self._settings.buffer_rows:
+        if self._full():
             self._drop(1, "the ledger's buffer is full (the store has not accepted rows for a while)")
             return False
         if self._spool is not None:
@@ -123,6 +123,9 @@ class LedgerWriter:
         if not self._failing and len(self._queue) - self._in_flight >= self._settings.batch_rows:
             self._wake.set()
         return True
+
+    def _full(self) -> bool:
+        return len(self._queue) - self._adopted >= self._settings.buffer_rows
 
     def _spooled(self, row: LedgerRow) -> None:
         try:

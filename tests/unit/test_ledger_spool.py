@@ -220,3 +220,32 @@ async def test_a_request_whose_row_was_dropped_gets_no_503_row_at_the_next_start
     second.start()
     await second.close()
     assert sorted((r.request_id, r.status) for r in sink.db.rows()) == [("req-0", 200), ("req-1", 200)]
+
+
+async def test_the_spool_stops_growing_once_the_buffer_is_full(tmp_path):
+    """Rows past the buffer are dropped, but each request still left a mark (and then a note that its row was
+    dropped) in the spool: a long outage filled the disk, ~190 bytes a request, all read back into memory at the
+    next start."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=600, batch_rows=2, buffer_rows=2),
+                          spool=LedgerSpool(tmp_path / "spool"))
+
+    def request(n: int) -> None:
+        record = RequestRecord(rpc="m", endpoint="/v1/chat/completions", request_id=f"req-{n}", arrived=NOW_MS / 1000,
+                               key_id="key_a", key_env="prod", model="m", upstream_attempts=1)
+        writer.opened(record)
+        writer.add(record, Outcome(200), 1.0)
+
+    def spooled() -> int:
+        return sum(p.stat().st_size for p in (tmp_path / "spool").iterdir())
+
+    request(0)
+    request(1)
+    full = spooled()
+    for n in range(2, 50):
+        request(n)
+    assert spooled() == full
+    sink.down = False
+    await writer.close()
+    assert sorted(r.request_id for r in sink.db.rows()) == ["req-0", "req-1"]
