@@ -8,9 +8,10 @@ A process holds an exclusive flock on each segment file it has: the lock dies wi
 lock can be taken has no live owner. A write pass seals the segment being appended to and starts a new one; once
 every row queued before the seal is in the store, the sealed segments are deleted, but for those holding marks of
 requests still running. Adopted, a mark counts only where no row has its id: a row already in the store keeps it
-(sinks store each id once). One row is one line (its values in COLUMNS order, as JSON; a mark's inside
-`{"open": ...}`); a line that does not parse (the host, not the process, died mid-write) is skipped, logged. Lines
-are in the page cache once written: a dying process loses none, a dying host may.
+(sinks store each id once); a mark followed by `{"dropped": id}` counts nowhere (its row was dropped, logged). One
+row is one line (its values in COLUMNS order, as JSON; a mark's inside `{"open": ...}`); a line that does not parse
+(the host, not the process, died mid-write) is skipped, logged. Lines are in the page cache once written: a dying
+process loses none, a dying host may.
 """
 
 from __future__ import annotations
@@ -55,8 +56,12 @@ class LedgerSpool:
     def _new_segment(self) -> Segment:
         self._directory.mkdir(mode=0o700, exist_ok=True)  # deleted under a running process: made again
         path = self._directory / f"{os.getpid()}-{time.time_ns()}{_SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # Made under a name `adopt` passes over, and named once locked: a process starting between the two would
+        # take it for a dead process's, and delete it.
+        making = path.with_suffix(".new")
+        fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(making, path)
         return Segment(path, fd)
 
     def append(self, row: LedgerRow) -> None:
@@ -84,6 +89,13 @@ class LedgerSpool:
     @staticmethod
     def ended(segment: Segment) -> None:
         segment.running -= 1
+
+    @staticmethod
+    def dropped(segment: Segment, row_id: str) -> None:
+        """The row of a request marked in `segment` was dropped (the buffer was full): its mark makes no row. Said
+        in the mark's own segment, which outlives neither. Raises OSError."""
+        os.write(segment.fd, orjson.dumps({"dropped": row_id}, option=orjson.OPT_APPEND_NEWLINE))
+        segment.lines += 1
 
     def seal(self) -> None:
         """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
@@ -153,7 +165,9 @@ def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, 
             continue  # ends a line a full disk cut short
         try:
             value = orjson.loads(line)
-            if isinstance(value, dict):
+            if isinstance(value, dict) and "dropped" in value:  # after its mark, in the same segment
+                marks.pop(value["dropped"], None)
+            elif isinstance(value, dict):
                 mark = died(value["open"])
                 marks[mark.id] = mark
             else:

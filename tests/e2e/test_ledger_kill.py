@@ -7,6 +7,7 @@ way too: the 503 its caller got, with nothing used (what it used died with the p
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -120,5 +121,32 @@ def test_rows_of_a_killed_serve_are_written_when_serve_starts_again(tmp_path, do
         assert sorted(row.request_id for row in rows) == sorted(ids)
         mode = (tmp_path / "data" / "ledger-spool").stat().st_mode & 0o777
         assert mode == 0o700, oct(mode)
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def test_rows_are_still_written_after_the_spool_directory_was_deleted(tmp_path, double):
+    """An operator clearing `ledger-spool/` by hand (it looks like a cache) must not stop the ledger: the writer
+    failed to start its next segment there and died, and no row was written again until a restart."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    try:
+        path = config(tmp_path, double.url, usage={"flush_seconds": 0.1})
+        with running_gateway(tmp_path / "data", config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
+                gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
+            first = answered(gateway, secret, 1)
+            assert len(rows_of(gateway.data_dir, key_id, 1)) == 1
+            shutil.rmtree(gateway.data_dir / "ledger-spool")
+            later = [f"later-{n}" for n in range(3)]
+            for request_id in later:
+                response = httpx.post(f"{gateway.base_url}/v1/chat/completions",
+                                      json={"model": "up", "messages": HELLO}, timeout=30,
+                                      headers={"Authorization": f"Bearer {secret}", "x-request-id": request_id})
+                assert response.status_code == 200
+                time.sleep(0.2)  # a write pass each
+            rows = rows_of(gateway.data_dir, key_id, 4, within=5)
+            assert sorted(row.request_id for row in rows) == sorted([*first, *later])
+            mode = (gateway.data_dir / "ledger-spool").stat().st_mode & 0o777
+            assert mode == 0o700, oct(mode)
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)

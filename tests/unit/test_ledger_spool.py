@@ -3,6 +3,7 @@ start on the same directory, once each; a live process's rows are left to it."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from server.config_providers import ConfigError
+from server.observability.record import Outcome, RequestRecord
 from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool
 from server.usage.sqlite_ledger import SqliteLedger
@@ -214,3 +216,125 @@ def test_a_spool_path_taken_by_a_file_is_one_line_at_start(tmp_path):
     (tmp_path / "ledger-spool").write_bytes(b"")
     with pytest.raises(ConfigError, match=r"data_dir: cannot create .*ledger-spool \(File exists\)"):
         LedgerSpool(tmp_path / "ledger-spool")
+
+
+async def test_a_store_outage_does_not_add_a_segment_per_retry(tmp_path):
+    """Each failed pass started a segment (a file and a descriptor held until the store came back): a night-long
+    outage with traffic, one retry every 30 s, ran the process out of descriptors."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    spool = LedgerSpool(tmp_path / "spool")
+    writer = LedgerWriter(sink, SLOW, spool=spool)
+    for n in range(20):
+        writer.append(row(n))
+        assert not await writer.flush()
+    assert len(list((tmp_path / "spool").iterdir())) <= 2
+    assert len(spool._sealed) <= 1
+    sink.down = False
+    assert await writer.flush()
+    await writer.close()
+    assert sorted(r.id for r in sink.db.rows()) == sorted(f"r{n}" for n in range(20))
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+async def test_a_segment_being_started_is_never_adopted(tmp_path, monkeypatch):
+    """A segment's file was made, then locked: a process starting in between (the worker replacing a killed one)
+    took it for a dead process's, and deleted it with the owner's rows still to come (or made the owner's lock
+    fail)."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    spool.append(row(1))
+    lock = fcntl.flock
+    adopter: list[LedgerSpool] = []
+
+    def adopting_first(fd: int, operation: int) -> None:
+        monkeypatch.setattr(fcntl, "flock", lock)
+        # Another process starts just as this one's new segment is made.
+        adopter.append(LedgerSpool(tmp_path / "spool"))
+        adopter[0].adopt()
+        adopter[0].release()
+        lock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", adopting_first)
+    spool.seal()
+    spool.append(row(2))
+    killed(spool)
+    killed(adopter[0])
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    writer.start()
+    await writer.close()
+    assert sorted(r.id for r in sink.rows()) == ["r1", "r2"]
+
+
+async def test_rows_written_for_a_dead_process_do_not_crowd_out_this_one_s(tmp_path):
+    """The rows adopted from a killed process's spool counted against this process's buffer: after workers killed in
+    a store outage, the one replacing them dropped every row of its own until the adopted ones were written."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    settings = UsageSettings(flush_seconds=600, batch_rows=2, buffer_rows=2)
+    dead = LedgerSpool(tmp_path / "spool")
+    first = LedgerWriter(sink, settings, spool=dead)
+    first.append(row(1))
+    first.append(row(2))
+    killed(dead)
+    dropped: list[int] = []
+    second = LedgerWriter(sink, settings, spool=LedgerSpool(tmp_path / "spool"), on_dropped=dropped.append)
+    second.start()
+    second.append(row(3))
+    second.append(row(4))
+    assert dropped == []
+    sink.down = False
+    await second.close()
+    assert sorted(r.id for r in sink.db.rows()) == ["r1", "r2", "r3", "r4"]
+
+
+async def test_a_request_whose_row_was_dropped_gets_no_503_row_at_the_next_start(tmp_path):
+    """A request answered while the buffer was full lost its row (dropped: counted, logged), but its mark stayed in
+    the spool: stopped before the store came back, the next start wrote it a 503 with nothing used, a failure that
+    never happened."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=600, batch_rows=2, buffer_rows=2),
+                          spool=LedgerSpool(tmp_path / "spool"))
+    records = [RequestRecord(rpc="m", endpoint="/v1/chat/completions", request_id=f"req-{n}", started=0.0,
+                             arrived=NOW_MS / 1000, key_id="key_a", key_env="prod", model="m") for n in range(3)]
+    for record in records:
+        writer.opened(record)
+    for record in records:
+        record.upstream_attempts = 1
+        writer.add(record, Outcome(200), 1.0)  # the third is dropped: the buffer holds two
+    await writer.close(timeout=0)
+    sink.down = False
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    second.start()
+    await second.close()
+    assert sorted((r.request_id, r.status) for r in sink.db.rows()) == [("req-0", 200), ("req-1", 200)]
+
+
+async def test_the_spool_stops_growing_once_the_buffer_is_full(tmp_path):
+    """Rows past the buffer are dropped, but each request still left a mark (and then a note that its row was
+    dropped) in the spool: a long outage filled the disk, ~190 bytes a request, all read back into memory at the
+    next start."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=600, batch_rows=2, buffer_rows=2),
+                          spool=LedgerSpool(tmp_path / "spool"))
+
+    def request(n: int) -> None:
+        record = RequestRecord(rpc="m", endpoint="/v1/chat/completions", request_id=f"req-{n}", arrived=NOW_MS / 1000,
+                               key_id="key_a", key_env="prod", model="m", upstream_attempts=1)
+        writer.opened(record)
+        writer.add(record, Outcome(200), 1.0)
+
+    def spooled() -> int:
+        return sum(p.stat().st_size for p in (tmp_path / "spool").iterdir())
+
+    request(0)
+    request(1)
+    full = spooled()
+    for n in range(2, 50):
+        request(n)
+    assert spooled() == full
+    sink.down = False
+    await writer.close()
+    assert sorted(r.request_id for r in sink.db.rows()) == ["req-0", "req-1"]
