@@ -113,13 +113,14 @@ class PostgresLedger:
         threading.Thread(target=probe, name="ledger-probe", daemon=True).start()
         return answered.wait(within)
 
-    def write(self, rows: Sequence[LedgerRow]) -> None:
-        def insert(conn: psycopg.Connection) -> None:
+    def write(self, rows: Sequence[LedgerRow]) -> int:
+        def insert(conn: psycopg.Connection) -> int:
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(_INSERT, [values_of(row) for row in rows])
+                return cursor.rowcount  # summed over the rows: those stored before (ON CONFLICT) count 0
 
         try:
-            self._run(insert)
+            return self._run(insert)
         except (psycopg.DataError, psycopg.IntegrityError) as exc:  # a value out of its column's range, NOT NULL
             raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
 

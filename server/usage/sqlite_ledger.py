@@ -39,19 +39,22 @@ class SqliteLedger:
         variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._rows_per_insert = max(1, min(MAX_ROWS_PER_INSERT, variables // len(COLUMNS)))
 
-    def write(self, rows: Sequence[LedgerRow]) -> None:
+    def write(self, rows: Sequence[LedgerRow]) -> int:
         # Many rows per statement, not one: sqlite3 lets go of the GIL around each statement it runs and must take
         # it back after, from the busy event loop's thread (against executemany's statement per row: 3.6 -> 2.8 us
         # of CPU per row alone, JSON 1,923 -> 1,992 req/s in interleaved bench runs on top of full batches).
         step = self._rows_per_insert
+        stored = 0
         try:
             with self._lock, self._db:
                 self._db.execute("BEGIN")
                 for start in range(0, len(rows), step):
                     chunk = rows[start:start + step]
-                    self._db.execute(_insert(len(chunk)), [value for row in chunk for value in values_of(row)])
+                    stored += self._db.execute(_insert(len(chunk)),
+                                               [value for row in chunk for value in values_of(row)]).rowcount
         except (OverflowError, sqlite3.IntegrityError, sqlite3.DataError) as exc:  # an int beyond 64 bits, NOT NULL
             raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
+        return stored
 
     def prune(self, before_ms: int) -> int:
         with self._lock:

@@ -41,8 +41,9 @@ _DROP_LOG_EVERY = 10.0  # seconds between warnings while rows are being dropped
 class LedgerSink(Protocol):
     """Where rows go. Called from a worker thread, one call at a time."""
 
-    def write(self, rows: Sequence[LedgerRow]) -> None:
-        """Store the rows in one transaction, each id once (rows already stored are skipped). Raise on failure."""
+    def write(self, rows: Sequence[LedgerRow]) -> int:
+        """Store the rows in one transaction, each id once (rows already stored are skipped); how many it stored.
+        Raise on failure."""
         ...
 
     def prune(self, before_ms: int) -> int:
@@ -83,8 +84,8 @@ class LedgerWriter:
 
     def start(self) -> None:
         if self._spool is not None and (adopted := self._spool.adopt()):
-            _logger.warning("usage ledger: %d row(s) a process ended without writing (killed?) are written now",
-                            len(adopted))
+            _logger.warning("usage ledger: %d row(s) left in the spool by a process that ended (killed?) are written "
+                            "now, each stored once", len(adopted))
             self._queue.extend(adopted)
             self._adopted = len(adopted)
             self._wake.set()
@@ -186,7 +187,7 @@ class LedgerWriter:
         batch = list(islice(self._queue, count))
         self._in_flight = count
         try:
-            refused = await asyncio.to_thread(self._write, batch)
+            stored, refused = await asyncio.to_thread(self._write, batch)
         except Exception as exc:  # noqa: BLE001 - whatever the driver raises, the rows wait and are retried
             if not self._failing:
                 _logger.error("usage ledger: cannot write rows (%s: %s); %d rows wait and are retried",
@@ -201,28 +202,28 @@ class LedgerWriter:
         for row, why in refused:
             _logger.error("usage ledger: the store refuses row %s of key %s (%s)", row.id, row.key_id, why)
             self._drop(1, "the store refuses the row's values")
-        self._on_written(len(batch) - len(refused))
+        self._on_written(stored)
         if self._failing:
             _logger.warning("usage ledger: writing again")
             self._failing = False
         return True
 
-    def _write(self, batch: list[LedgerRow]) -> list[tuple[LedgerRow, RowsRefused]]:
+    def _write(self, batch: list[LedgerRow]) -> tuple[int, list[tuple[LedgerRow, RowsRefused]]]:
         """In a worker thread: the batch in one write; if the store refuses its values, each row on its own, so that
-        only the rows it refuses alone are left out (returned). Any other failure is raised: the batch is retried,
-        its rows stored once each by their ids."""
+        only the rows it refuses alone are left out (returned, with how many rows were stored: rows already stored,
+        written again by a retry or from a dead process's spool, are not). Any other failure is raised: the batch is
+        retried, its rows stored once each by their ids."""
         try:
-            self._sink.write(batch)
-            return []
+            return self._sink.write(batch), []
         except RowsRefused:
             pass
-        refused = []
+        stored, refused = 0, []
         for row in batch:
             try:
-                self._sink.write([row])
+                stored += self._sink.write([row])
             except RowsRefused as exc:
                 refused.append((row, exc))
-        return refused
+        return stored, refused
 
     async def _prune(self) -> None:
         days = self._settings.retention_days

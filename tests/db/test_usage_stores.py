@@ -36,9 +36,11 @@ def ledger(request, tmp_path):
 
 def test_rows_are_stored_once_and_summed_by_bucket_and_group(ledger):
     t0 = NOW_MS - NOW_MS % 1000
-    ledger.write([row(1, at_ms=t0), row(2, at_ms=t0 + 10, model="n", cost_micros=3, key_id="key_b")])
-    ledger.write([row(2, at_ms=t0 + 10, model="n", cost_micros=3, key_id="key_b"), row(3, at_ms=t0 + 1500,
-                                                                                       status=502, code="x")])
+    assert ledger.write([row(1, at_ms=t0), row(2, at_ms=t0 + 10, model="n", cost_micros=3, key_id="key_b")]) == 2
+    # How many it stored: a row written again (a retry, a dead process's spool) is not counted twice in
+    # portico_ledger_rows_written_total.
+    assert ledger.write([row(2, at_ms=t0 + 10, model="n", cost_micros=3, key_id="key_b"),
+                         row(3, at_ms=t0 + 1500, status=502, code="x")]) == 1
     assert [r.id for r in ledger.rows()] == ["r1", "r2", "r3"]
     totals = ledger.aggregate(UsageQuery(t0, t0 + 2000, 1000, group_by=("model", "api_key_id")))
     assert [(t.bucket, t.model, t.key_id, t.input_tokens, t.cost_micros, t.rows, t.errors) for t in totals] == [

@@ -113,9 +113,11 @@ async def test_a_request_running_when_its_writer_died_gets_its_mark_s_row(tmp_pa
     assert len(list((tmp_path / "spool").iterdir())) == 2  # the marks' segment, and the one being appended to
     killed(spool)
 
-    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    written: list[int] = []
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"), on_written=written.append)
     second.start()
     await second.close()
+    assert sum(written) == 1  # portico_ledger_rows_written_total: r2; r1 was stored before
     assert {r.id: (r.status, r.code, r.upstream, r.upstream_attempts, r.cost_micros) for r in sink.rows()} == {
         "r1": (200, "", "m", 1, 7),  # its real row, written before: the mark of the same id stored nothing more
         "r2": (503, "service_unavailable", "m", 1, 0)}

@@ -33,11 +33,11 @@ class FlakySink:
         self.down = False
         self.calls = 0
 
-    def write(self, rows) -> None:
+    def write(self, rows) -> int:
         self.calls += 1
         if self.down:
             raise ConnectionError("store unreachable")
-        self.db.write(rows)
+        return self.db.write(rows)
 
     def prune(self, before_ms: int) -> int:
         return self.db.prune(before_ms)
@@ -125,9 +125,9 @@ async def test_rows_that_cannot_be_written_before_shutdown_are_counted(tmp_path,
 class SlowSink(FlakySink):
     """Each write takes 0.1 s, as a store under load may."""
 
-    def write(self, rows) -> None:
+    def write(self, rows) -> int:
         time.sleep(0.1)
-        super().write(rows)
+        return super().write(rows)
 
 
 async def test_rows_that_arrive_during_a_write_wait_for_the_next_batch(tmp_path):
