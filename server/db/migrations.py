@@ -25,9 +25,13 @@ if TYPE_CHECKING:  # psycopg itself is imported where PostgreSQL is configured (
 ADVISORY_LOCK_ID = 0x706F727469636F  # "portico"
 
 _TABLE = (
-    "CREATE TABLE IF NOT EXISTS schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL, "
+    "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL, "
     "description TEXT NOT NULL, applied_at BIGINT NOT NULL, PRIMARY KEY (component, version))"
 )
+# Whether it is there, asked first: PostgreSQL refuses even CREATE TABLE IF NOT EXISTS to a role without CREATE in the
+# schema, and a least-privilege role (the owner migrates, the gateway reads and writes) must start when nothing is due.
+_SQLITE_HAS_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+_POSTGRES_HAS_TABLE = "SELECT 1 WHERE to_regclass('schema_migrations') IS NOT NULL"
 
 
 class SchemaError(Exception):
@@ -48,7 +52,7 @@ def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> l
     _check(migrations)
     db.execute("BEGIN IMMEDIATE")
     try:
-        applied = _apply(db.execute, "?", [m.sqlite for m in migrations], migrations)
+        applied = _apply(db.execute, "?", _SQLITE_HAS_TABLE, [m.sqlite for m in migrations], migrations)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
@@ -64,7 +68,7 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
     try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
-            return _apply(conn.execute, "%s", [m.postgresql for m in migrations], migrations)
+            return _apply(conn.execute, "%s", _POSTGRES_HAS_TABLE, [m.postgresql for m in migrations], migrations)
     except psycopg.OperationalError:
         raise  # the database went away or timed out: unreachable, for the callers to say so
     except psycopg.Error as exc:  # refused (a role that may not change the schema, ...): rolled back whole
@@ -73,11 +77,12 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
                           f"(nothing was changed): {words}") from exc
 
 
-def _apply(execute: Callable[..., Any], placeholder: str, statements: Sequence[tuple[str, ...]],
+def _apply(execute: Callable[..., Any], placeholder: str, has_table: str, statements: Sequence[tuple[str, ...]],
            migrations: Sequence[Migration]) -> list[int]:
     """Inside the caller's locked transaction: run each pending migration's statements and record it."""
     component = migrations[0].component
-    execute(_TABLE)
+    if not list(execute(has_table)):
+        execute(_TABLE)
     applied = {row[0] for row in execute(
         f"SELECT version FROM schema_migrations WHERE component = {placeholder}", (component,))}
     pending = _pending(component, applied, migrations)

@@ -273,8 +273,8 @@ def test_a_postgres_migration_that_fails_is_one_line_and_exit_1(postgres_server,
     url = postgres_server.new_database()
     database = url.rsplit("/", 1)[1]
     with postgres_server.connect(database) as conn:
-        migrate_postgres(conn, KEY_MIGRATIONS[:1])  # as an older Portico left it
-        migrate_postgres(conn, USAGE_MIGRATIONS)
+        migrate_postgres(conn, KEY_MIGRATIONS[:1])  # as an older Portico left them
+        migrate_postgres(conn, USAGE_MIGRATIONS[:1])
         conn.execute(f"CREATE ROLE {database}_app LOGIN PASSWORD '{postgres_server.password}'")
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {database}_app")
         conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
@@ -285,6 +285,28 @@ def test_a_postgres_migration_that_fails_is_one_line_and_exit_1(postgres_server,
     done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), *command],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    table = "usage_ledger" if command == ("usage",) else "api_keys"  # the next migration alters it
     assert done.stderr.splitlines() == [
         f"portico: the database's {'usage' if command == ('usage',) else 'keys'} schema could not be brought "
-        "to this Portico's (nothing was changed): permission denied for schema public"]
+        f"to this Portico's (nothing was changed): must be owner of table {table}"]
+
+
+@pytest.mark.parametrize("command", [("keys", "list"), ("usage",)])
+def test_a_role_without_create_serves_a_database_already_up_to_date(postgres_server, tmp_path, command):
+    """Least privilege: the tables made by an owner, the gateway's role may only read and write them. Every start
+    still ran `CREATE TABLE IF NOT EXISTS schema_migrations`, which PostgreSQL refuses without CREATE in the schema
+    even when the table is there: such a role could never start Portico."""
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    with postgres_server.connect(database) as conn:
+        migrate_postgres(conn, KEY_MIGRATIONS)
+        migrate_postgres(conn, USAGE_MIGRATIONS)
+        conn.execute(f"CREATE ROLE {database}_rw LOGIN PASSWORD '{postgres_server.password}'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {database}_rw")
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"keys: {{store: '{url.replace('postgres@', f'{database}_rw@')}', password_env: {PASSWORD_ENV}}}\n"
+                      "models: [{id: a, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}]\n")
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), *command],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
