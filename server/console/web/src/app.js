@@ -1,7 +1,7 @@
 // The console's shell: sign-in, the navigation and a hash router (#/keys, #/keys/ID, #/usage, #/models). Routes
 // live in the URL's fragment, which never leaves the browser, and hold no secret.
 import {Api, ApiError, signInMessage} from "./api.js";
-import {field, h} from "./dom.js";
+import {field, h, shown} from "./dom.js";
 import {keyPage} from "./key.js";
 import {keysPage} from "./keys.js";
 import {modelsPage} from "./models.js";
@@ -27,7 +27,7 @@ class Console {
     window.addEventListener("hashchange", () => { this.notify(""); this.render(); });
   }
 
-  notify(text) { this.status.textContent = text; }
+  notify(text) { this.status.textContent = shown(text); }
 
   signOut(message) {
     this.api.signOut();
@@ -96,7 +96,7 @@ class Console {
       try {
         await this.api.signIn(key.value.trim());
       } catch (problem) {
-        error.textContent = problem instanceof ApiError ? signInMessage(problem) : problem.message;
+        error.textContent = shown(problem instanceof ApiError ? signInMessage(problem) : problem.message);
         key.select();
         return;
       }
