@@ -92,6 +92,32 @@ def test_the_gateway_going_away_while_the_console_is_open(browser, tmp_path):
         tab.context.close()
 
 
+def test_leaving_the_console_for_another_page_signs_out(browser, gateway, tmp_path):
+    """Chromium keeps a page left for another whole in its back/forward cache (which Playwright turns off unless
+    asked): Back brought the console back signed in, the admin key still in its memory, for whoever used the browser
+    next. Leaving signs out, as reloading or closing the tab does."""
+    from tests.e2e.browser import CHROMIUM, FLAGS, Tab
+
+    _, secret = admin_key(gateway, "ops-back")
+    cached = browser.browser_type.launch(executable_path=CHROMIUM, args=FLAGS,
+                                         ignore_default_args=["--disable-back-forward-cache"])
+    try:
+        tab = Tab(cached, gateway, tmp_path)
+        tab.sign_in(secret)
+        expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        tab.page.evaluate("window.leftWhole = true")  # still set only on a page the cache brought back
+        tab.page.goto("data:text/html,<link rel=icon href=data:,><p>Another site")
+        tab.page.go_back(wait_until="commit")  # a page from the cache fires no load event
+        expect(tab.page.get_by_label("Admin key")).to_be_visible()
+        assert tab.page.evaluate("window.leftWhole") is True
+        expect(tab.page.get_by_role("status")).to_have_text("Signed out: you left the console.")
+        expect(tab.page.get_by_role("navigation")).to_be_hidden()
+        expect(tab.page.locator("main table")).to_have_count(0)
+        assert tab.problems.lines == []
+    finally:
+        cached.close()
+
+
 def test_a_keys_limits_say_what_the_gateways_defaults_are(tab, gateway):
     """"gateway default" alone left the operator to guess whether a default limit exists (requests per minute:
     600) or none does (tokens per day); the key's page says which, from the limits in force."""

@@ -25,6 +25,11 @@ class Console {
     this.signOutButton.addEventListener("click", () => this.signOut("Signed out."));
     // A message is about the page it was shown on ("Revoked key x."): above the next page, it would seem about that.
     window.addEventListener("hashchange", () => { this.notify(""); this.render(); });
+    // A page left for another stays whole in the browser's back/forward cache, key included: Back would bring it
+    // back signed in, for whoever uses the browser next. Leaving signs out, as reloading or closing the tab does.
+    window.addEventListener("pagehide", () => {
+      if (this.api.signedIn) this.signOut("Signed out: you left the console.");
+    });
   }
 
   notify(text) { this.status.textContent = shown(text); }
