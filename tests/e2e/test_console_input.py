@@ -49,6 +49,10 @@ def test_a_pasted_key_that_cannot_be_one_and_a_mistyped_url(tab, gateway, admin_
     tab.page.goto("/console/#/keys?env=retired&state=bogus")
     expect(tab.page.locator("p.count")).to_have_text(re.compile(r"^0 of \d+ keys$"))
     expect(tab.page.get_by_label("Environment")).to_have_value("retired")
+    # One longer than any environment can be (a link cut and pasted together) made the page 4,000 px wide.
+    tab.page.goto(f"/console/#/keys?env={'z' * 500}")
+    expect(tab.page.get_by_label("Environment")).to_have_value("z" * 500)
+    tab.no_horizontal_scroll()
     tab.page.goto("/console/#/keys?state=bogus")
     expect(tab.page.get_by_label("State")).to_have_value("active")
     expect(tab.page.get_by_role("row", name=re.compile("^batch "))).to_contain_text(made)

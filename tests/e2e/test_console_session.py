@@ -5,6 +5,7 @@ or the gateway goes away while the console is open, and a key's limits as the ga
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,32 @@ def test_the_gateway_going_away_while_the_console_is_open(browser, tmp_path):
         tab.context.close()
 
 
+def test_leaving_the_console_for_another_page_signs_out(browser, gateway, tmp_path):
+    """Chromium keeps a page left for another whole in its back/forward cache (which Playwright turns off unless
+    asked): Back brought the console back signed in, the admin key still in its memory, for whoever used the browser
+    next. Leaving signs out, as reloading or closing the tab does."""
+    from tests.e2e.browser import CHROMIUM, FLAGS, Tab
+
+    _, secret = admin_key(gateway, "ops-back")
+    cached = browser.browser_type.launch(executable_path=CHROMIUM, args=FLAGS,
+                                         ignore_default_args=["--disable-back-forward-cache"])
+    try:
+        tab = Tab(cached, gateway, tmp_path)
+        tab.sign_in(secret)
+        expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        tab.page.evaluate("window.leftWhole = true")  # still set only on a page the cache brought back
+        tab.page.goto("data:text/html,<link rel=icon href=data:,><p>Another site")
+        tab.page.go_back(wait_until="commit")  # a page from the cache fires no load event
+        expect(tab.page.get_by_label("Admin key")).to_be_visible()
+        assert tab.page.evaluate("window.leftWhole") is True
+        expect(tab.page.get_by_role("status")).to_have_text("Signed out: you left the console.")
+        expect(tab.page.get_by_role("navigation")).to_be_hidden()
+        expect(tab.page.locator("main table")).to_have_count(0)
+        assert tab.problems.lines == []
+    finally:
+        cached.close()
+
+
 def test_a_keys_limits_say_what_the_gateways_defaults_are(tab, gateway):
     """"gateway default" alone left the operator to guess whether a default limit exists (requests per minute:
     600) or none does (tokens per day); the key's page says which, from the limits in force."""
@@ -160,6 +187,61 @@ def test_html_in_a_key_name_is_shown_as_text(tab, gateway):
     tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
     expect(tab.page.locator("#chart-requests .u-legend")).to_contain_text(name)
     assert tab.page.locator("main img, main script, body > dialog img").count() == 0 and alerts == []
+
+
+# The characters of an element's text in the order they are drawn (line by line, left to right).
+DRAWN = """(element) => {
+  const drawn = [];
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getBoundingClientRect();
+      if (box.width > 0 && node.data[i].trim()) drawn.push([Math.round(box.top / 4), box.left, node.data[i]]);
+    }
+  }
+  return drawn.sort((a, b) => a[0] - b[0] || a[1] - b[1]).map((c) => c[2]).join("");
+}"""
+
+
+def assert_drawn(locator, text: str) -> None:
+    """The element shows `text` (spaces aside) in reading order, once its page has settled."""
+    deadline = time.monotonic() + 10
+    while (drawn := locator.evaluate(DRAWN)) != text and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert drawn == text
+
+
+def test_a_right_to_left_override_in_a_name_is_written_out(tab, gateway):
+    """A name holding U+202E (right-to-left override) was drawn as another name ("read-only-admin") and reversed the
+    text after it: the revoke dialog read `Revoke “?”read-only-admin`, the usage table and chart legend showed the
+    key's id backwards (`(b788d99fb4a34d9a_yek)`), as did the message after revoking. Such a control is now written
+    out as `<U+202E>`: the name is told as it is, and the rest reads in order."""
+    from tests.e2e.browser import api
+
+    _, secret = admin_key(gateway, "ops-bidi")
+    name = "\u202enimda-ylno-daer"  # drawn as "read-only-admin"
+    made = api(gateway, secret, "POST", "/v1/admin/keys", json={"name": name, "all_models": True}).json()
+    key_id = made["key"]["id"]
+    chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert api(gateway, made["secret"], "POST", "/v1/chat/completions", json=chat).status_code == 200
+    tab.page.wait_for_timeout(1200)  # usage.flush_seconds
+    tab.sign_in(secret)
+    shown = "<U+202E>nimda-ylno-daer"
+    expect(tab.page.get_by_role("link", name=shown)).to_be_visible()
+    tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
+    link = tab.page.locator(f'main table a[href="#/keys/{key_id}"]')
+    assert_drawn(link, f"{shown}({key_id})")
+    legend = tab.page.locator("#chart-requests .u-legend .u-label", has_text=key_id)
+    assert_drawn(legend, f"{shown}({key_id})")
+    tab.open(f"#/keys/{key_id}")
+    tab.page.get_by_role("button", name="Revoke").click()
+    assert_drawn(tab.page.get_by_role("dialog").get_by_role("heading"), f"Revoke“{shown}”?")
+    tab.page.get_by_role("dialog").get_by_role("button", name="Revoke key").click()
+    assert_drawn(tab.page.get_by_role("status"), f"Revokedkey{shown}.")
+    assert tab.problems.lines == []
 
 
 def test_a_monthly_budget_resets_in_days(tab, gateway):

@@ -1,7 +1,7 @@
 // The console's shell: sign-in, the navigation and a hash router (#/keys, #/keys/ID, #/usage, #/models). Routes
 // live in the URL's fragment, which never leaves the browser, and hold no secret.
 import {Api, ApiError, signInMessage} from "./api.js";
-import {field, h} from "./dom.js";
+import {field, h, shown} from "./dom.js";
 import {keyPage} from "./key.js";
 import {keysPage} from "./keys.js";
 import {modelsPage} from "./models.js";
@@ -25,9 +25,14 @@ class Console {
     this.signOutButton.addEventListener("click", () => this.signOut("Signed out."));
     // A message is about the page it was shown on ("Revoked key x."): above the next page, it would seem about that.
     window.addEventListener("hashchange", () => { this.notify(""); this.render(); });
+    // A page left for another stays whole in the browser's back/forward cache, key included: Back would bring it
+    // back signed in, for whoever uses the browser next. Leaving signs out, as reloading or closing the tab does.
+    window.addEventListener("pagehide", () => {
+      if (this.api.signedIn) this.signOut("Signed out: you left the console.");
+    });
   }
 
-  notify(text) { this.status.textContent = text; }
+  notify(text) { this.status.textContent = shown(text); }
 
   signOut(message) {
     this.api.signOut();
@@ -96,7 +101,7 @@ class Console {
       try {
         await this.api.signIn(key.value.trim());
       } catch (problem) {
-        error.textContent = problem instanceof ApiError ? signInMessage(problem) : problem.message;
+        error.textContent = shown(problem instanceof ApiError ? signInMessage(problem) : problem.message);
         key.select();
         return;
       }

@@ -1,7 +1,7 @@
 // Time-series charts with uPlot. Each series differs by dash pattern as well as colour, and every chart comes with
 // its numbers as a table, so a chart reads without colour and without sight.
 import uPlot from "./vendor/uPlot.esm.js";
-import {h, table} from "./dom.js";
+import {h, shown, table} from "./dom.js";
 
 const COLOURS = ["#0a5bd3", "#b3261e", "#1a7f37", "#8250df", "#9a6700", "#0f766e", "#c2410c", "#57606a"];
 const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6,
@@ -37,8 +37,9 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
     axes: [timeAxis(bucketLabel),
       {values: (u, values) => values.map(format), size: 70, incrs: integer ? INTEGER_STEPS : undefined}],
+    // The legend's text is set by uPlot, not h(): shown() here.
     series: [{}, ...series.map((s, i) => ({
-      label: s.label, stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
+      label: shown(s.label), stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
       points: {show: true, size: 5}, value: (u, v) => v === null || v === undefined ? "—" : format(v),
     }))],
     legend: {live: false},

@@ -1,7 +1,8 @@
 // Small DOM helpers: the console builds its pages from plain elements (no framework; see docs/console.md).
 
 // h("a", {href: "#/keys", class: "x", onclick: fn}, "text", child, [more]) -> an element. Text is always set as text,
-// never parsed as HTML, so nothing a key name holds can become markup.
+// never parsed as HTML, so nothing a key name holds can become markup; and shown() as text, so no direction control
+// in it can reorder the text around it.
 export function h(tag, attrs = {}, ...children) {
   const element = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs ?? {})) {
@@ -19,9 +20,15 @@ function append(element, children) {
   for (const child of children) {
     if (child === undefined || child === null || child === false) continue;
     if (Array.isArray(child)) append(element, child);
-    else element.append(child instanceof Node ? child : String(child));
+    else element.append(child instanceof Node ? child : shown(String(child)));
   }
 }
+
+// Text from the API with its directional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) written
+// out as <U+202E>: a right-to-left override in a key name would otherwise reverse whatever follows it on the line
+// (the key's id, "?" in "Revoke ...?") and disguise the name itself (Trojan Source). No name needs them to read.
+export const shown = (text) => text.replace(/[\u202a-\u202e\u2066-\u2069]/g,
+  (c) => `<U+${c.codePointAt(0).toString(16).toUpperCase()}>`);
 
 let fieldCount = 0;
 
@@ -94,7 +101,7 @@ export function formDialog(title, content, submitText, submit) {
         result = await submit();
         dialog.close();
       } catch (problem) {
-        error.textContent = problem.message;
+        error.textContent = shown(problem.message);
         // A FieldError's message goes under its field, as does the gateway's 400 naming one (param "env",
         // "limits.max_spend_day": the control of that name).
         const control = problem.control ?? (problem.param &&
