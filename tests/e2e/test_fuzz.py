@@ -13,6 +13,7 @@ import http.client
 import json
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -134,6 +135,25 @@ def requests(draw) -> Request:
     return Request("POST", path, raw_body, tuple(headers))
 
 
+def fuzzed(draws: st.SearchStrategy[Request], send: Callable[[Request], str | None], *, batch_size: int,
+           examples: int) -> list[str]:
+    """`examples` batches of `batch_size` requests drawn from `draws`, each batch sent at once; what was wrong with
+    the answers (`send`'s verdicts), each problem once, at most 20."""
+    problems: list[str] = []
+    with ThreadPoolExecutor(batch_size) as pool:
+
+        @settings(max_examples=examples, deadline=None, database=None, phases=(Phase.generate,),
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(draws, min_size=batch_size, max_size=batch_size))
+        def batch(requests_: list[Request]) -> None:
+            for request, problem in zip(requests_, pool.map(send, requests_)):
+                if problem and len(problems) < 20 and problem not in str(problems):
+                    problems.append(f"{request.method} {request.path[:300]} {request.body[:300]!r}: {problem}")
+
+        batch()
+    return problems
+
+
 def exchange(local: threading.local, port: int, secret: str,
              request: Request) -> tuple[http.client.HTTPResponse, bytes] | str:
     """`request` on this thread's keep-alive HTTP/1.1 connection (header values sent as UTF-8): the answer and its
@@ -231,18 +251,7 @@ def monkeypatch_module():
 def test_over_10000_fuzzed_requests_get_no_5xx_and_only_documented_errors(fuzzed_gateway):
     gateway, secret = fuzzed_gateway
     sender = Sender(gateway.port, secret)
-    problems: list[str] = []
-    with ThreadPoolExecutor(BATCH) as pool:
-
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=(Phase.generate,),
-                  suppress_health_check=list(HealthCheck))
-        @given(st.lists(requests(), min_size=BATCH, max_size=BATCH))
-        def batch(requests_: list[Request]) -> None:
-            for request, problem in zip(requests_, pool.map(sender.send, requests_)):
-                if problem and len(problems) < 20 and problem not in str(problems):
-                    problems.append(f"{request.method} {request.path} {request.body[:200]!r}: {problem}")
-
-        batch()
+    problems = fuzzed(requests(), sender.send, batch_size=BATCH, examples=EXAMPLES)
     print(f"fuzz: {sender.sent} requests, statuses {sorted(sender.statuses.items())}")
     assert not problems, "\n".join(problems)
     assert sender.sent >= 10_000, sender.statuses

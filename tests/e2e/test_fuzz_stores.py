@@ -24,13 +24,12 @@ from urllib.parse import quote
 import grpc
 import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from portico.v1 import organization_usage_pb2 as ou
 from portico.v1 import usage_service_pb2_grpc
 from tests.e2e.conftest import running_gateway
-from tests.e2e.test_fuzz import MARKER, RAW, RAW_TOKENS, Request, _problem, exchange
+from tests.e2e.test_fuzz import MARKER, RAW, RAW_TOKENS, Request, _problem, exchange, fuzzed
 from tests.helpers import bearer, error_details
 from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, write_config
@@ -207,26 +206,16 @@ def stores_gateway(tmp_path_factory, double, postgres_server, redis_server):
                                                    ("--rpm", "2147483647", "--tpm", "2147483647",
                                                     "--max-spend-day", "1000000000")])]
             user = gateway.cli("keys", "create", "--name", "user", "--all-models", "--rpm", "1000000").stdout.split()
-            yield gateway, admin, Target(tuple(v[2] for v in victims), tuple(v[-1] for v in victims), user[-1], user[2]), postgres_server, store
+            target = Target(tuple(v[2] for v in victims), tuple(v[-1] for v in victims), user[-1], user[2])
+            yield gateway, admin, target, postgres_server, store
 
 
 def test_hostile_admin_usage_and_model_requests_on_postgresql_and_redis(stores_gateway):
     gateway, admin, target, postgres, store = stores_gateway
     sender = Sender(gateway.port, admin)
-    problems: list[str] = []
     draws = st.one_of(key_requests(target), key_requests(target), usage_requests(target), usage_requests(target),
                       model_requests(target))
-    with ThreadPoolExecutor(BATCH) as pool:
-
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=(Phase.generate,),
-                  suppress_health_check=list(HealthCheck))
-        @given(st.lists(draws, min_size=BATCH, max_size=BATCH))
-        def batch(requests_: list[Request]) -> None:
-            for request, problem in zip(requests_, pool.map(sender.send, requests_)):
-                if problem and len(problems) < 20 and problem not in str(problems):
-                    problems.append(f"{request.method} {request.path[:300]} {request.body[:300]!r}: {problem}")
-
-        batch()
+    problems = fuzzed(draws, sender.send, batch_size=BATCH, examples=EXAMPLES)
     print(f"fuzz on PostgreSQL and Redis: statuses {sender.statuses}")
     assert not problems, "\n".join(problems)
     for kind in ("POST", "PATCH", "GET", "completions", "costs", "requests", "model"):
