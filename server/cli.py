@@ -281,6 +281,13 @@ _LIMIT_OPTIONS = {
 }
 
 
+def _option_of(param: str | None) -> str | None:
+    """The `keys` option that sets an API field (a refusal names the field: `requests_per_minute` is --rpm)."""
+    options = {field: f"--{option.replace('_', '-')}" for option, (field, _) in _LIMIT_OPTIONS.items()}
+    field = (param or "").removeprefix("limits.")  # the store names a limit by its place in the key's JSON
+    return {**options, "name": "--name", "env": "--env", "grace_seconds": "--grace"}.get(field)
+
+
 def _limit_options(parser: argparse.ArgumentParser, note: str) -> None:
     for option, (field, meaning) in _LIMIT_OPTIONS.items():
         kind = str if field in SPEND_LIMIT_NAMES else int  # budgets: read in _limits_given, checked like the rest
@@ -341,6 +348,8 @@ async def _keys_in_store(args: argparse.Namespace, config: Config) -> int:
         return await _keys_command(args, admin)
     except InvalidRequest as exc:  # a mistake in the command's options, like argparse's own
         message = exc.message
+        if (option := _option_of(exc.param)) is not None:
+            message = f"{option}: {message}"
         if message.startswith("Unknown model"):  # a gateway started with --config may serve models this one lacks
             message += (f" The catalog checked is {args.config or 'server/default.yaml'}: give `keys` the --config "
                         "that `serve` runs with.")

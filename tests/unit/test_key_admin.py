@@ -84,16 +84,17 @@ def test_cli_update_with_no_model_in_models_is_refused_as_create_refuses_it(tmp_
     (["--rpm", "99999999999999999999"], "requests_per_minute"),
 ])
 def test_cli_refuses_a_bad_env_name_or_limit_in_one_line(tmp_path, capsys, options, param):
-    """A traceback (42 lines for --max-spend-month 1e20) became one line naming the field, with exit code 2."""
+    """A traceback (42 lines for --max-spend-month 1e20) became one line naming the field, with exit code 2, and the
+    option the user typed (the field's API name alone left them to guess that `requests_per_minute` is --rpm)."""
     data = ["--data-dir", str(tmp_path)]
     assert main([*data, "keys", "create", "--name", "x", "--all-models", *options]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"portico: {param}") and err.count("\n") == 1, err
+    assert err.startswith(f"portico: {options[0]}: {param}") and err.count("\n") == 1, err
     assert main([*data, "keys", "create", "--name", "x", "--all-models"]) == 0
     key_id = capsys.readouterr().out.split()[2]
     assert main([*data, "keys", "update", key_id, *options]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"portico: {param}") and err.count("\n") == 1, err
+    assert err.startswith(f"portico: {options[0]}: {param}") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("grace", ["-1", "315360001", "4294967295"])
@@ -104,7 +105,7 @@ def test_cli_refuses_a_rotation_grace_out_of_range_as_rest_does(tmp_path, capsys
     key_id = capsys.readouterr().out.split()[2]
     assert main([*data, "keys", "rotate", key_id, "--grace", grace]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("portico: grace_seconds must be") and err.count("\n") == 1, err
+    assert err.startswith("portico: --grace: grace_seconds must be") and err.count("\n") == 1, err
 
 
 def test_cli_rotation_without_grace_says_the_previous_secret_stops_now(tmp_path, capsys):
