@@ -67,23 +67,14 @@ class LedgerSpool:
     def append(self, row: LedgerRow) -> None:
         """One write of one line: a process killed after it returns has the row on disk. Raises OSError, also when
         only part of the line could be written."""
-        self._write(orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
+        _write(self._current, orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
 
     def mark(self, mark: tuple) -> Segment:
         """A request handed to its model (ledger.mark_of): the next process to start writes its `died` row if this one
         dies before the request ends. `ended(segment)` when it ends. Raises OSError as `append`."""
-        segment = self._write(orjson.dumps({"open": mark}, option=orjson.OPT_APPEND_NEWLINE))
-        segment.running += 1
-        return segment
-
-    def _write(self, line: bytes) -> Segment:
         segment = self._current
-        if segment.torn:
-            line = b"\n" + line
-        segment.torn = os.write(segment.fd, line) < len(line)
-        if segment.torn:
-            raise OSError(errno.ENOSPC, "a line was cut short")
-        segment.lines += 1
+        _write(segment, orjson.dumps({"open": mark}, option=orjson.OPT_APPEND_NEWLINE))
+        segment.running += 1
         return segment
 
     @staticmethod
@@ -93,9 +84,8 @@ class LedgerSpool:
     @staticmethod
     def dropped(segment: Segment, row_id: str) -> None:
         """The row of a request marked in `segment` was dropped (the buffer was full): its mark makes no row. Said
-        in the mark's own segment, which outlives neither. Raises OSError."""
-        os.write(segment.fd, orjson.dumps({"dropped": row_id}, option=orjson.OPT_APPEND_NEWLINE))
-        segment.lines += 1
+        in the mark's own segment, which outlives neither. Raises OSError as `append`."""
+        _write(segment, orjson.dumps({"dropped": row_id}, option=orjson.OPT_APPEND_NEWLINE))
 
     def seal(self) -> None:
         """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
@@ -148,6 +138,16 @@ class LedgerSpool:
                 segment.path.unlink(missing_ok=True)
             os.close(segment.fd)
         self._sealed.clear()
+
+
+def _write(segment: Segment, line: bytes) -> None:
+    """One write of one line; a line cut short (a full disk) raises, and the next starts on a line of its own."""
+    if segment.torn:
+        line = b"\n" + line
+    segment.torn = os.write(segment.fd, line) < len(line)
+    if segment.torn:
+        raise OSError(errno.ENOSPC, "a line was cut short")
+    segment.lines += 1
 
 
 def _started(path: Path) -> int:

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
@@ -32,6 +32,7 @@ from server.usage.settings import UsageSettings
 from server.usage.spool import LedgerSpool, Segment
 
 _logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _MAX_BACKOFF = 30.0  # seconds between retries while the store stays unreachable
 _PRUNE_EVERY = 3600.0  # seconds between retention passes
@@ -96,19 +97,14 @@ class LedgerWriter:
         if self._spool is None or self._full():  # its row would be dropped: a mark per request grew the spool for good
             return
         record.ledger_id = self._ids.new()
-        try:
-            self._marked[record.ledger_id] = self._spool.mark(mark_of(record))
-        except OSError as exc:
-            self._spool_failed(exc)
+        if (segment := self._to_spool(self._spool.mark, mark_of(record))) is not None:
+            self._marked[record.ledger_id] = segment
 
     def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:
         queued = self.append(row_of(record, outcome, finished, self._ids))
         if (segment := self._marked.pop(record.ledger_id, None)) is not None:
             if not queued:  # else its mark, left in the spool by a stop before the store came back, made it a 503
-                try:
-                    LedgerSpool.dropped(segment, record.ledger_id)
-                except OSError as exc:
-                    self._spool_failed(exc)
+                self._to_spool(LedgerSpool.dropped, segment, record.ledger_id)
             LedgerSpool.ended(segment)
 
     def append(self, row: LedgerRow) -> bool:
@@ -117,7 +113,7 @@ class LedgerWriter:
             self._drop(1, "the ledger's buffer is full (the store has not accepted rows for a while)")
             return False
         if self._spool is not None:
-            self._spooled(row)
+            self._to_spool(self._spool.append, row)  # failing, the row waits in memory only
         self._queue.append(row)
         # A full batch is written at once, but not while the store fails: each row would retry the write then, and
         # each failed retry doubles the pause, so a burst in a brief outage left the rows waiting 30 s after it.
@@ -128,26 +124,20 @@ class LedgerWriter:
     def _full(self) -> bool:
         return len(self._queue) - self._adopted >= self._settings.buffer_rows
 
-    def _spooled(self, row: LedgerRow) -> None:
+    def _to_spool(self, write: Callable[..., _T], *args: object) -> _T | None:
+        """A write to the spool; one that fails (a full disk, no descriptor left) is None, logged once until a write
+        works again: the rows wait in memory meanwhile, lost only if the process dies before they are stored."""
         try:
-            self._spool.append(row)
-        except OSError as exc:  # the row still waits in memory: lost only if the process dies before it is written
-            self._spool_failed(exc)
-            return
+            result = write(*args)
+        except OSError as exc:
+            if not self._spool_failing:
+                _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
+                self._spool_failing = True
+            return None
         if self._spool_failing:
             _logger.warning("usage ledger: writing the spool again")
             self._spool_failing = False
-
-    def _spool_failed(self, exc: OSError) -> None:
-        if not self._spool_failing:
-            _logger.error("usage ledger: cannot write the spool (%s); rows wait in memory only", exc)
-            self._spool_failing = True
-
-    def _seal_spool(self) -> None:
-        try:
-            self._spool.seal()
-        except OSError as exc:  # its current segment keeps the rows: a next start may write them again, once each
-            self._spool_failed(exc)
+        return result
 
     async def _run(self) -> None:
         pause = self._settings.flush_seconds
@@ -173,7 +163,9 @@ class LedgerWriter:
             # Not while the store fails: each retry would start a segment, a file and a descriptor held until it
             # came back. The rows queued since stay in the current one, released by the pass after the store's return.
             if self._spool is not None and not self._failing:
-                self._seal_spool()  # the rows queued now are the sealed segments' (and adopted ones')
+                # The rows queued now are the sealed segments' (and adopted ones'). Failing, the current segment
+                # keeps them: a next start may write them again, once each.
+                self._to_spool(self._spool.seal)
             while left > 0:
                 count = min(left, self._settings.batch_rows)
                 if not await self._write_batch(count):
