@@ -63,6 +63,7 @@ _logger = logging.getLogger(__name__)
 
 _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
 
+
 class HttpUpstream:
     def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None,
                  provider: str = "openai", recorder: UpstreamRecorder | None = None) -> None:
