@@ -24,7 +24,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
 from server.observability.access_log import AccessLog
-from server.private_files import make_private, take_others_access
+from server.private_files import make_data_dir, make_private, take_others_access
 from server.serving import check_temp_dir, run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
@@ -140,11 +140,7 @@ def _taken_port(config: Config) -> str | None:
 def _check_data_dir(data_dir: Path) -> None:
     """The data dir (the SQLite store, images, Envoy's logs) made now: a path that cannot be a directory (a file is
     there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # FileExistsError's own words, "File exists", read as nothing wrong
-        reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
-        raise ConfigError(f"data_dir: cannot create {data_dir} ({reason})") from None
+    make_data_dir(data_dir)
 
 
 def _check_access_log(target: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from server.config_providers import ConfigError
 from server.errors import NotFound, ServiceUnavailable
+from server.private_files import make_data_dir
 from server.domain_images import GeneratedImage, ImageFormat
 
 CONTENT_PATH = "/v1/images/content/"
@@ -51,11 +52,7 @@ class ImageStore:
         sweep_seconds: float = _SWEEP_EVERY_SECONDS,
     ) -> None:
         self._dir = data_dir / "images"
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a file in its place: one line at start, not a traceback
-            reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
-            raise ConfigError(f"data_dir: cannot create {self._dir} ({reason})") from None
+        make_data_dir(self._dir)
         self._secret = _load_or_create_secret(data_dir / "image-link.key")
         self._base_url = base_url.rstrip("/")
         self._ttl = ttl_seconds

@@ -12,6 +12,8 @@ import os
 import stat
 from pathlib import Path
 
+from server.config_providers import ConfigError
+
 PRIVATE_UMASK = 0o077
 _OTHERS = stat.S_IRWXG | stat.S_IRWXO
 
@@ -40,3 +42,13 @@ def make_private(data_dir: Path) -> None:
                 path.chmod(stat.S_IMODE(mode) & ~_OTHERS)
         except FileNotFoundError:
             pass  # removed meanwhile (an image swept by another process)
+
+
+def make_data_dir(path: Path) -> None:
+    """The data dir, or a directory in it (made 0700 under PRIVATE_UMASK), when missing: a path that cannot be one
+    (a file is there, a parent is a file, no permission) is one line naming it, not a traceback later."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # FileExistsError's own words, "File exists", read as nothing wrong
+        reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+        raise ConfigError(f"data_dir: cannot create {path} ({reason})") from None

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from server.config_providers import ConfigError
+from server.private_files import make_data_dir
 from server.usage.ledger import LedgerRow, died, values_of
 
 _logger = logging.getLogger(__name__)
@@ -45,10 +45,7 @@ class Segment:
 
 class LedgerSpool:
     def __init__(self, directory: Path) -> None:
-        try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:  # a file in its place: one line at start, not a traceback
-            raise ConfigError(f"data_dir: cannot create {directory} ({exc.strerror})") from None
+        make_data_dir(directory)
         self._directory = directory
         self._sealed: list[Segment] = []
         self._current = self._new_segment()

@@ -216,7 +216,8 @@ async def test_a_row_cut_short_by_a_full_disk_does_not_take_the_next_one_with_it
 def test_a_spool_path_taken_by_a_file_is_one_line_at_start(tmp_path):
     """A file where `ledger-spool/` should be stopped `portico serve` with a FileExistsError traceback."""
     (tmp_path / "ledger-spool").write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"data_dir: cannot create .*ledger-spool \(File exists\)"):
+    with pytest.raises(ConfigError,
+                       match=r"data_dir: cannot create .*ledger-spool \(a file is there, not a directory\)"):
         LedgerSpool(tmp_path / "ledger-spool")
 
 
