@@ -181,7 +181,7 @@ async def build_core(config: Config) -> Core:
                           on_written=telemetry.metrics.ledger_written.inc,
                           spool=LedgerSpool(config.data_dir / "ledger-spool"))
     telemetry.ledger = ledger
-    ledger.start()
+    orphans = ledger.start()
     authenticator = Authenticator(
         store, cache_seconds=config.key_cache_seconds, stale_seconds=config.key_stale_seconds,
         cache_size=config.key_cache_size, negative_cache_size=config.key_negative_cache_size,
@@ -196,6 +196,7 @@ async def build_core(config: Config) -> Core:
         _logger.error("the limit store %s is unreachable; until it answers, requests are %s",
                       redacted(config.limits.store),
                       "admitted without limits" if config.limits.on_store_error == "open" else "refused with 503")
+    limiter.settle_orphans(orphans)
     pipeline = Pipeline(
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
         telemetry=telemetry, cache=(cache := build_response_cache(config)),

@@ -162,8 +162,7 @@ class Pipeline:
             prompt if counter is not None else request.most_prompt_tokens(), most_output)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
-        _asking(call)
-        self._telemetry.handed_over(call.record)
+        self._handed_over(call, reservation)
         reached_model = True
         try:
             answer = provider.stream(request)
@@ -295,6 +294,13 @@ class Pipeline:
         await _send_headers(call, reservation)
         return count
 
+    def _handed_over(self, call: Call, reservation: Reservation) -> None:
+        """The model is asked now: marked in the usage ledger's spool with what its reservation booked, so that the
+        next process writes its row and settles its reservation if this one dies before the request ends."""
+        _asking(call)
+        call.record.booked = self._limiter.booked(reservation)
+        self._telemetry.handed_over(call.record)
+
     def _reached_no_model(self, call: Call, reservation: Reservation) -> None:
         """Undoes `_asking` and the admission: no upstream attempt, no time in one (the ledger, access log and
         metrics), nothing held or counted."""
@@ -322,8 +328,7 @@ class Pipeline:
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
         images: list[GeneratedImage] | None = None
-        _asking(call)
-        self._telemetry.handed_over(call.record)
+        self._handed_over(call, reservation)
         reached_model = True
         try:
             with self.cutoff.watch() as watch:

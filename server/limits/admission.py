@@ -8,13 +8,14 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
-    Demand, LimitStore, LimitStoreUnavailable, Reading, Reservation, ReservationIds, Scope, ratelimit_headers,
+    Demand, LimitStore, LimitStoreUnavailable, Orphan, Reading, Reservation, ReservationIds, Scope,
+    ratelimit_headers,
 )
 from server.limits.settings import LimitSettings
 from server.limits.standing import standing
@@ -131,6 +132,22 @@ class Limiter:
         or the store's answer never came). Never waits, as `settle`."""
         if reservation.held:
             self._finish(functools.partial(self._store.release, reservation))
+
+    def booked(self, reservation: Reservation) -> tuple | None:
+        """What the next process to start needs to settle the reservation if this one dies first (LimitStore.booked),
+        for the request's mark in the usage ledger's spool."""
+        return self._store.booked(reservation) if reservation.held else None
+
+    def settle_orphans(self, booked: Iterable[object]) -> None:
+        """Settle the reservations of requests whose process died while they ran, as their ledger rows say they
+        ended (one request, nothing used): read back from the dead process's spool (`booked`). Never waits; each is
+        retried as a settlement is."""
+        orphans = [orphan for value in booked if (orphan := Orphan.of(value)) is not None]
+        if orphans:
+            _logger.warning("settling %d rate-limit reservation(s) of requests whose process ended (killed?) while "
+                            "they ran: one request each, nothing used", len(orphans))
+        for orphan in orphans:
+            self._finish(functools.partial(self._store.settle_orphan, orphan))
 
     def _finish(self, attempt: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """At once for a store that does not wait; else in a task held here, retried until taken (`_until_taken`)."""

@@ -160,6 +160,29 @@ class Reservation:
                     else month_of(now) == month_of(self.at))]
 
 
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A reservation in a shared store whose process died before settling it, as its request's spool mark carried it
+    (LimitStore.booked): enough for another process to settle it as the request's ledger row says it ended, one
+    request with nothing used."""
+
+    id: str
+    at: float
+    scope_ids: tuple[str, ...]
+    tokens: int  # as booked
+    cost: int
+
+    @classmethod
+    def of(cls, booked: object) -> Orphan | None:
+        """From what `booked` returned, read back from a spool line; None for anything else (a damaged line)."""
+        try:
+            reservation_id, at, scope_ids, tokens, cost = booked  # type: ignore[misc]
+            orphan = cls(str(reservation_id), float(at), tuple(str(s) for s in scope_ids), int(tokens), int(cost))
+        except (TypeError, ValueError):
+            return None
+        return orphan if orphan.scope_ids and math.isfinite(orphan.at) else None
+
+
 class LimitExceeded(RateLimited):
     """A refusal by one of Portico's own limits (an upstream's 429 is a plain RateLimited)."""
 
@@ -215,6 +238,16 @@ class LimitStore(Protocol):
 
     async def release(self, reservation: Reservation) -> None:
         """Undo the reservation entirely (the request never reached a model) and free the slot. Idempotent."""
+        ...
+
+    def booked(self, reservation: Reservation) -> tuple | None:
+        """What another process needs to settle the reservation if this one dies before it does (Orphan): plain
+        values for the usage ledger's spool. None from a store whose counts die with its process."""
+        ...
+
+    async def settle_orphan(self, orphan: Orphan) -> None:
+        """Settle a dead process's reservation as one request with nothing used, and free its slot. A second call,
+        or one for a reservation settled meanwhile, does nothing."""
         ...
 
     async def in_flight(self, scope_id: str) -> int:

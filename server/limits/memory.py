@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from server.limits.core import (
-    CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Reading, Reservation, Scope, day_of,
+    CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Orphan, Reading, Reservation, Scope, day_of,
     ReservationIds, month_of, until_midnight, until_month_end, verdict,
 )
 from server.limits.daily_file import load_daily, save_daily
@@ -241,6 +241,12 @@ class MemoryLimitStore:
             if same_day or counters.month == entry.month:  # the same day is the same month
                 counters.month_spend += cost_change
                 counters.month_held_spend -= reservation.demand.cost
+
+    def booked(self, reservation: Reservation) -> None:
+        return None  # a process's counts die with it
+
+    async def settle_orphan(self, orphan: Orphan) -> None:
+        pass  # never booked here: a store of another kind's, from before the configuration changed
 
     async def counts(self, scope_id: str) -> Counts:
         now, tick = self._clock(), self._monotonic()

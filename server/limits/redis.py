@@ -14,13 +14,14 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterable
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
-    Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
+    Orphan, Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
 )
 from server.limits.redis_pipe import Dispatch, RedisPipe, Refusing, Script
 from server.limits.redis_scripts import RENEW, RESERVE, SETTLE
@@ -147,13 +148,29 @@ class RedisLimitStore:
         self._held.pop(reservation.id, None)
         if not reservation.demand.scopes:
             return  # nothing was counted
-        keys = [self._record_key(reservation.id)]
-        for scope in reservation.demand.scopes:
-            keys += self._scope_keys(scope.id, reservation.at)
-        window_ttl = int(WINDOW_SECONDS + self._lease) + 1
         used_tokens, used_cost = _booked(reservation.demand, used_tokens, used_cost)
         tokens, cost = _booked(reservation.demand, reservation.demand.tokens, reservation.demand.cost)  # as reserved
-        args = [reservation.id, used_tokens, tokens, int(refund), window_ttl, used_cost, cost, _RECORD_TTL]
+        await self._settle(reservation.id, reservation.at, [scope.id for scope in reservation.demand.scopes],
+                           (used_tokens, tokens), (used_cost, cost), refund=refund)
+
+    def booked(self, reservation: Reservation) -> tuple | None:
+        if not reservation.demand.scopes:
+            return None
+        tokens, cost = _booked(reservation.demand, reservation.demand.tokens, reservation.demand.cost)
+        return reservation.id, reservation.at, [scope.id for scope in reservation.demand.scopes], tokens, cost
+
+    async def settle_orphan(self, orphan: Orphan) -> None:
+        await self._settle(orphan.id, orphan.at, orphan.scope_ids, (0, orphan.tokens), (0, orphan.cost),
+                           refund=False)
+
+    async def _settle(self, reservation_id: str, at: float, scope_ids: Iterable[str], tokens: tuple[int, int],
+                      cost: tuple[int, int], *, refund: bool) -> None:
+        """`tokens` and `cost`: (used, as booked)."""
+        keys = [self._record_key(reservation_id)]
+        for scope_id in scope_ids:
+            keys += self._scope_keys(scope_id, at)
+        window_ttl = int(WINDOW_SECONDS + self._lease) + 1
+        args = [reservation_id, tokens[0], tokens[1], int(refund), window_ttl, cost[0], cost[1], _RECORD_TTL]
         await self._run(self._settle_script, keys, args)
 
     async def _renew_leases(self) -> None:

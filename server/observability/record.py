@@ -79,6 +79,9 @@ class RequestRecord:
     images: int = 0
     cost_micros: int = 0  # settled cost in micro-dollars
     ledger_id: str = ""  # its row's id, given when it was handed to its model (the spool's mark has it too)
+    # Its rate-limit reservation as a shared store booked it (Limiter.booked), for the spool's mark: the next process
+    # settles it if this one dies first. None when there is nothing for another process to settle.
+    booked: tuple | None = None
 
     def mark_answered(self) -> None:
         self.answered = True

@@ -2,7 +2,8 @@
 process killed before its writer's next batch (`kill -9`, out of memory) loses no row of a request it answered:
 the next process to start on the data dir (the worker that replaces it, or `portico serve` started again) adopts
 the dead process's files and writes their rows. A request handed to its model also leaves a mark, from which the
-next process writes its row (ledger.died) if its process died before it ended.
+next process writes its row (ledger.died), and has its rate-limit reservation settled as the row says, if its
+process died before it ended.
 
 A process holds an exclusive flock on each segment file it has: the lock dies with the process, so a segment whose
 lock can be taken has no live owner. A write pass seals the segment being appended to and starts a new one; once
@@ -27,11 +28,20 @@ from pathlib import Path
 import orjson
 
 from server.private_files import make_data_dir
-from server.usage.ledger import LedgerRow, died, values_of
+from server.usage.ledger import LedgerRow, booked_of, died, values_of
 
 _logger = logging.getLogger(__name__)
 
 _SUFFIX = ".rows"
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """What `adopt` found: rows to write, and the reservations (Limiter.booked) of requests still running when their
+    process died, for the limiter to settle as their rows say: one request, nothing used."""
+
+    rows: list[LedgerRow]
+    reservations: list[object]
 
 
 @dataclass(slots=True)
@@ -104,11 +114,12 @@ class LedgerSpool:
                 os.close(segment.fd)
         self._sealed = kept
 
-    def adopt(self) -> list[LedgerRow]:
-        """The rows of the segments no live process holds, oldest first. Their files become sealed segments of this
-        spool, deleted by the `release` after the rows are written."""
+    def adopt(self) -> Adopted:
+        """The rows of the segments no live process holds, oldest first, and what the reservations of their requests
+        that never ended booked. Their files become sealed segments of this spool, deleted by the `release` after the
+        rows are written."""
         rows: dict[str, LedgerRow] = {}
-        marks: dict[str, LedgerRow] = {}
+        marks: dict[str, tuple[LedgerRow, object]] = {}
         for path in sorted(self._directory.glob(f"*{_SUFFIX}"), key=_started):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -125,7 +136,9 @@ class LedgerSpool:
             with open(fd, "rb", closefd=False) as file:
                 lines = _read(file.read(), path, rows, marks)
             self._sealed.append(Segment(path, fd, lines))
-        return [*rows.values(), *(mark for mark in marks.values() if mark.id not in rows)]
+        running = [(row, booked) for row, booked in marks.values() if row.id not in rows]
+        return Adopted([*rows.values(), *(row for row, _ in running)],
+                       [booked for _, booked in running if booked is not None])
 
     def close(self) -> None:
         """At the end: the segments' rows are in the store (released) or stay for the next process to adopt; an
@@ -153,8 +166,9 @@ def _started(path: Path) -> int:
     return int(started) if started.isdigit() else 0
 
 
-def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, LedgerRow]) -> int:
-    """A segment's rows and marks, by id, into `rows` and `marks`; how many lines it has."""
+def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, tuple[LedgerRow, object]]) -> int:
+    """A segment's rows and marks (their `died` rows and what their reservations booked), by id, into `rows` and
+    `marks`; how many lines it has."""
     lines = data.splitlines()
     skipped = 0
     for line in lines:
@@ -165,8 +179,10 @@ def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, 
             if isinstance(value, dict) and "dropped" in value:  # after its mark, in the same segment
                 marks.pop(value["dropped"], None)
             elif isinstance(value, dict):
-                mark = died(value["open"])
-                marks[mark.id] = mark
+                if not isinstance(mark := value["open"], list):
+                    raise TypeError("a mark is a list")
+                row = died(mark)
+                marks[row.id] = (row, booked_of(mark))
             else:
                 row = LedgerRow(*value)
                 rows[row.id] = row

@@ -29,7 +29,7 @@ from server.limits.core import ReservationIds
 from server.observability.record import Outcome, RequestRecord
 from server.usage.ledger import LedgerRow, RowsRefused, mark_of, row_of
 from server.usage.settings import UsageSettings
-from server.usage.spool import LedgerSpool, Segment
+from server.usage.spool import Adopted, LedgerSpool, Segment
 
 _logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -83,14 +83,18 @@ class LedgerWriter:
     def pending(self) -> int:
         return len(self._queue)
 
-    def start(self) -> None:
-        if self._spool is not None and (adopted := self._spool.adopt()):
+    def start(self) -> list[object]:
+        """Start writing, first the rows a dead process left in the spool. Returns what the rate-limit reservations
+        of its requests that never ended booked (Limiter.booked), for the limiter to settle."""
+        adopted = self._spool.adopt() if self._spool is not None else Adopted([], [])
+        if adopted.rows:
             _logger.warning("usage ledger: %d row(s) left in the spool by a process that ended (killed?) are written "
-                            "now, each stored once", len(adopted))
-            self._queue.extend(adopted)
-            self._adopted = len(adopted)
+                            "now, each stored once", len(adopted.rows))
+            self._queue.extend(adopted.rows)
+            self._adopted = len(adopted.rows)
             self._wake.set()
         self._task = asyncio.create_task(self._run(), name="ledger-writer")
+        return adopted.reservations
 
     # RequestSink (server/observability/telemetry.py)
     def opened(self, record: RequestRecord) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from server.db import StoreSettings
@@ -101,6 +102,55 @@ def test_a_killed_worker_s_answered_rows_are_written_by_the_worker_that_replaces
             time.sleep(0.5)
             assert len(rows_of(gateway.data_dir, key_id, 0, within=0)) == len(ids) + 1
             assert not [p for p in (gateway.data_dir / "ledger-spool").iterdir() if p.stat().st_size]
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def test_a_killed_worker_s_reservations_are_settled_by_the_worker_that_replaces_it(tmp_path, double,
+                                                                                  redis_server):
+    """Its request's row says one request, nothing used, and a Redis store's counters must say the same: they kept
+    the reservation's estimates (prompt + max tokens, the most it could cost) for the rest of the day and month, and
+    its concurrency slot until its lease ran out."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    try:
+        path = config(tmp_path, double.url, limits={"store": redis_server.url, "lease_seconds": 600})
+        with running_gateway(tmp_path / "data", "--workers", "2", config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
+                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000", "--daily-requests",
+                "1000", "--concurrency", "50", "--max-spend-day", "1000").stdout)
+            ids = answered(gateway, secret, 2)
+            double.cue(Cue(delay=60))  # still running when its worker dies
+            seen = len(double.seen)
+            late: list[int] = []
+            caller = threading.Thread(target=lambda: late.append(httpx.post(
+                f"{gateway.base_url}/v1/chat/completions",
+                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
+                headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
+            ).status_code))
+            caller.start()
+            while len(double.seen) == seen:
+                time.sleep(0.01)
+            victims = worker_pids(gateway, 0)[-1:] + worker_pids(gateway, 1)[-1:]
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+            caller.join()
+            assert late == [503]
+            for index, pid in enumerate(victims):
+                wait_for_log(gateway, f"worker {index} (pid {pid}) exited")
+            rows = rows_of(gateway.data_dir, key_id, len(ids) + 1)
+            admin = {"authorization": "Bearer " + gateway.cli(
+                "keys", "create", "--name", "admin", "--admin", "--all-models").stdout.splitlines()[-1]}
+            deadline = time.monotonic() + 10
+            while True:
+                standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", headers=admin).json()
+                used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+                if used["concurrent_requests"] == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert used["concurrent_requests"] == 0  # its slot, long before its 600 s lease ends
+            assert used["daily_requests"] == 3  # as the rows count them: the killed one reached its model
+            assert used["daily_tokens"] == sum(row.input_tokens + row.output_tokens for row in rows)
+            assert float(used["max_spend_day"]) == pytest.approx(sum(row.cost_micros for row in rows) / 1e6)
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 

@@ -124,6 +124,20 @@ async def test_a_request_running_when_its_writer_died_gets_its_mark_s_row(tmp_pa
     assert list((tmp_path / "spool").iterdir()) == []
 
 
+async def test_what_a_dead_request_s_reservation_booked_is_handed_back_for_settling(tmp_path):
+    """Only for a request that never ended (its row says nothing used): one that ended settled its own. A mark of a
+    version before reservations were in marks has none to hand back."""
+    spool = LedgerSpool(tmp_path / "spool")
+    ended, running = (*mark(1), ["res-1", 1.5, ["key_a"], 90, 4]), (*mark(2), ["res-2", 2.5, ["key_a"], 80, 3])
+    for each in (ended, running, mark(3)):
+        spool.mark(each)
+    spool.append(row(1))
+    killed(spool)
+    writer = LedgerWriter(SqliteLedger(tmp_path / "l.db"), SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    assert writer.start() == [["res-2", 2.5, ["key_a"], 80, 3]]
+    await writer.close()
+
+
 async def test_a_mark_and_its_row_in_one_spool_make_one_row(tmp_path):
     sink = SqliteLedger(tmp_path / "l.db")
     spool = LedgerSpool(tmp_path / "spool")

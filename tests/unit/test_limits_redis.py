@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
@@ -20,7 +21,7 @@ from server.limits import LimitSettings
 from server.domain import ApiKey, KeyLimits
 from server.errors import RateLimited, ServiceUnavailable
 from server.limits import Limiter, rate_limit_headers
-from server.limits.core import LimitStoreUnavailable, Reservation
+from server.limits.core import Demand, LimitStoreUnavailable, Orphan, Reservation, Scope
 from server.limits.redis import RedisLimitStore, redacted
 from server.limits.redis_pipe import RedisPipe
 from tests.limits_worker import BURST, HOLD
@@ -118,6 +119,31 @@ async def test_counts_survive_a_restart_of_the_process(redis_server, prefix):
             await after.reserve(BURST)
     finally:
         await after.close()
+
+
+async def test_a_dead_process_s_reservation_is_settled_by_another_from_what_it_booked(redis_server, prefix):
+    """What `booked` gave, through a spool line (JSON) and back: one request counted, its estimates and its slot
+    gone, once however often it is settled."""
+    scope = Scope("dead", "key dead", KeyLimits(concurrent_requests=5, daily_tokens=10_000, max_spend_day=10**6))
+    dead = RedisLimitStore(redis_server.url, prefix=prefix)
+    reservation = await dead.reserve(Demand((scope,), 900, 5_000))
+    booked = orjson.loads(orjson.dumps(dead.booked(reservation)))
+    dead._held.clear()  # it renews no lease: killed
+    await dead._redis.close()
+    other = RedisLimitStore(redis_server.url, prefix=prefix)
+    try:
+        for _ in range(2):
+            await other.settle_orphan(Orphan.of(booked))
+        counts = await other.counts("dead")
+        assert (counts.in_flight, counts.day_requests, counts.day_tokens, counts.day_spend) == (0, 1, 0, 0)
+    finally:
+        await other.close()
+
+
+def test_only_what_booked_gives_is_taken_for_a_reservation():
+    assert Orphan.of(["r", 1.5, ["key_a", "key_a|m"], 90, 4]) == Orphan("r", 1.5, ("key_a", "key_a|m"), 90, 4)
+    for damaged in (None, "r", ["r", 1.5, [], 90, 4], ["r", "x", ["k"], 90, 4], ["r", 1.5, ["k"], 90], {"r": 1}):
+        assert Orphan.of(damaged) is None
 
 
 @pytest.fixture
