@@ -112,8 +112,8 @@ class Reading:
     limit: int
     used: int
     wait: float
-    # Of `used`, what requests still in flight hold as their most (daily tokens, budgets): settled, most of it
-    # usually comes back within seconds, long before the UTC day or month ends. Read for a refusing reading only
+    # Of `used`, what requests still in flight hold as their most (token limits, budgets): settled, most of it
+    # usually comes back within seconds, long before the UTC day or month ends or their entries leave the minute. Read for a refusing reading only
     # (the stores leave it 0 otherwise: not worth its cost on every request).
     held: int = 0
 

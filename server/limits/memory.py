@@ -39,6 +39,7 @@ class _Entry:
     tokens: int
     day: int  # the day and month its scope counted it in (not its arrival's: the wall clock may have stepped back)
     month: int
+    running: bool = True  # its request has not ended: `tokens` is still its reservation's most
 
 
 @dataclass(slots=True)
@@ -47,6 +48,7 @@ class _Counters:
 
     window: deque[_Entry] = field(default_factory=deque)
     window_tokens: int = 0
+    window_held_tokens: int = 0  # of window_tokens, what entries of requests still running hold (Reading.held)
     in_flight: int = 0
     day: int = 0
     day_requests: int = 0
@@ -63,7 +65,10 @@ class _Counters:
         """Drop entries that left the window (`tick`: monotonic time) and start a new day's quota at UTC midnight
         (`now`: wall time; a new month's budget on the first of the month)."""
         while self.window and self.window[0].at <= tick - WINDOW_SECONDS:
-            self.window_tokens -= self.window.popleft().tokens
+            entry = self.window.popleft()
+            self.window_tokens -= entry.tokens
+            if entry.running:
+                self.window_held_tokens -= entry.tokens
         # A wall clock stepped back over midnight (NTP) is no new day: zeroing the counters would refund it. Counters
         # of a day later than that (saved under a clock that was wrong by days) start afresh, not stay for days.
         if (today := day_of(now)) > self.day or today < self.day - 1:
@@ -106,6 +111,8 @@ class _Counters:
         return used, math.inf if tokens > limit else until_midnight(now)
 
     def _held(self, dimension: Dimension) -> int:
+        if dimension is Dimension.TOKENS_PER_MINUTE:
+            return self.window_held_tokens
         if dimension is Dimension.DAILY_TOKENS:
             return self.day_held_tokens
         if dimension is Dimension.DAILY_SPEND:
@@ -168,6 +175,7 @@ class MemoryLimitStore:
             entry = entries[scope.id] = _Entry(tick, demand.tokens, counters.day, counters.month)
             counters.window.append(entry)
             counters.window_tokens += demand.tokens
+            counters.window_held_tokens += demand.tokens
             counters.in_flight += 1
             counters.day_requests += 1
             counters.day_tokens += demand.tokens
@@ -224,12 +232,14 @@ class MemoryLimitStore:
         for scope_id, entry in held.entries.items():
             counters = self._counters(scope_id, now, tick)
             counters.in_flight -= 1
+            entry.running = False
             if counters.in_window(entry, tick):
                 if refund:
                     counters.window.remove(entry)
                 else:
                     entry.tokens = used_tokens
                 counters.window_tokens += change
+                counters.window_held_tokens -= reservation.demand.tokens
             # Corrections go to the day the request was counted in; after UTC midnight that day is gone.
             same_day = counters.day == entry.day
             if same_day:

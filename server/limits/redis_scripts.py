@@ -97,6 +97,15 @@ for i = 0, scopes - 1 do
     if used <= limit or redis.call('ZCARD', slots) == 0 then return 0 end
     return tonumber(redis.call('HGET', hash, field)) or 0
   end
+  -- The window's: what the entries of requests in flight (a slot each, pruned above) hold there, their most.
+  local function window_held(used, limit)
+    if used <= limit then return 0 end
+    local sum = 0
+    in_batches(redis.call('ZRANGE', slots, 0, -1), function(part)
+      for _, t in ipairs(redis.call('HMGET', wtok, unpack(part))) do sum = sum + (tonumber(t) or 0) end
+    end)
+    return sum
+  end
   local a = 12 + i * 7
   local rpm, tpm, concurrent = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local daily_tokens, daily_requests = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -109,7 +118,7 @@ for i = 0, scopes - 1 do
     local used = (tonumber(redis.call('GET', wsum)) or 0) + tokens
     local wait = 'inf'
     if tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
-    reading(i, 1, tpm, used, wait, true)
+    reading(i, 1, tpm, used, wait, true, window_held(used, tpm))
   end
   if concurrent > 0 then
     reading(i, 2, concurrent, redis.call('ZCARD', slots) + 1, tostring(concurrency_retry))

@@ -181,6 +181,22 @@ def test_grpc_through_envoy_gets_resource_exhausted_with_retry_info(gateway):
     assert 0 < retry.retry_delay.seconds <= 86_400
 
 
+def test_tokens_per_minute_held_by_a_request_in_flight_are_retried_soon_not_when_the_minute_moves(gateway):
+    """The stream in flight holds its max tokens in the minute's window: the next request was told to retry when
+    that entry left the window (up to 60 s, which the SDKs sleep), though the stream's end gave the tokens back."""
+    secret = create_key(gateway, "--tpm", "3000")
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+
+    def ask():
+        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500)
+
+    refused = _refused_during_a_long_stream(gateway, secret, ask)
+    headers = refused.response.headers
+    assert headers["retry-after"] == "1" and headers["x-ratelimit-reset-tokens"] == "1s", headers
+    assert "tokens per minute" in refused.message and "held by requests in flight until they end" in refused.message
+    _answered_within(5.0, ask)
+
+
 def test_a_daily_quota_held_by_a_request_in_flight_is_retried_soon_not_at_utc_midnight(gateway):
     """A stream in flight reserves its max tokens of the day's quota. The next request was refused until UTC
     midnight with x-should-retry: false, so the SDK gave up at once, though the stream's end gave the tokens back."""

@@ -73,12 +73,13 @@ async def test_tokens_per_minute_are_reconciled_with_real_usage(store, clock):
     clock.advance(5)
     second = await store.reserve(demand(tokens=800, tokens_per_minute=1000))
     assert second.tokens.remaining == 100
+    await store.settle(second, 800)  # all of it: nothing comes back when it ends
     error = await refused(store, demand(tokens=200, tokens_per_minute=1000))
     assert error.retry_after == pytest.approx(55)  # the first entry (100 tokens) frees enough at t=60
 
 
 async def test_a_refusal_describes_its_limit_as_x_ratelimit_headers(store, clock):
-    await store.reserve(demand(tokens=600, tokens_per_minute=1000))
+    await store.settle(await store.reserve(demand(tokens=600, tokens_per_minute=1000)), 600)
     clock.advance(15)
     tokens = dict(ratelimit_trailer(await refused(store, demand(tokens=600, tokens_per_minute=1000))))
     assert tokens == {"x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "400",
@@ -194,6 +195,26 @@ async def test_daily_tokens_held_by_requests_in_flight_ask_for_a_retry_soon_not_
     error = await refused(store, wanted)  # 450 + 600 > 1000 with nothing in flight: midnight
     assert error.retry_after == pytest.approx(12 * 3600)
     assert dict(error.trailing_metadata())["x-should-retry"] == "false"
+
+
+async def test_tokens_per_minute_held_by_requests_in_flight_ask_for_a_retry_soon_not_when_the_window_moves(store,
+                                                                                                         clock):
+    """A request in flight holds its most (prompt + max tokens) in the minute's window until it ends; the next one,
+    refused meanwhile, was told to wait until that entry left the window (up to a minute, which the SDKs sleep),
+    though it fit as soon as the first one ended and gave back what it did not use."""
+    wanted = demand(tokens=600, tokens_per_minute=1000)
+    running = await store.reserve(wanted)
+    clock.advance(5)
+    error = await refused(store, wanted)
+    assert error.retry_after == pytest.approx(1.0)
+    assert error.message == ("Rate limit reached for tokens per minute on key k1: limit 1000, used 600 (600 of them "
+                             "held by requests in flight until they end), requested 600 tokens. Please retry after 1.0 "
+                             "seconds.")
+    assert dict(ratelimit_trailer(error))["x-ratelimit-reset-tokens"] == "1s"
+    await store.settle(running, 50)
+    await store.settle(await store.reserve(wanted), 600)  # 650 in the window, nothing in flight
+    error = await refused(store, wanted)  # 1,250: both entries must leave, the second at t=65
+    assert error.retry_after == pytest.approx(60) and "held" not in error.message
 
 
 async def test_held_by_requests_in_flight_just_before_midnight_waits_for_midnight_not_a_second(store, clock):
