@@ -348,12 +348,45 @@ end
 -- such a content-length got no answer at all, Envoy waiting for bytes that never came.
 local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@
 
--- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to the
--- 128 characters the server logs, here, so that the id the caller gets back is the one logged.
+-- Whether `s` is UTF-8 text (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
+local function is_utf8(s)
+  if not s:find("[\128-\255]") then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    local size, low, high = 1, 0x80, 0xBF  -- the bytes after the first, and the second's range
+    if c < 0x80 then size = 1
+    elseif c >= 0xC2 and c <= 0xDF then size = 2
+    elseif c == 0xE0 then size, low = 3, 0xA0
+    elseif c == 0xED then size, high = 3, 0x9F
+    elseif c >= 0xE1 and c <= 0xEF then size = 3
+    elseif c == 0xF0 then size, low = 4, 0x90
+    elseif c >= 0xF1 and c <= 0xF3 then size = 4
+    elseif c == 0xF4 then size, high = 4, 0x8F
+    else return false end
+    for k = 1, size - 1 do
+      local b = s:byte(i + k)
+      if not b or b < (k == 1 and low or 0x80) or b > (k == 1 and high or 0xBF) then return false end
+    end
+    i = i + size
+  end
+  return true
+end
+
+-- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to
+-- 128 bytes (never inside a character), here, so that the id the caller gets back is the one logged. An id that
+-- is not UTF-8 text (HTTP allows any byte above 0x7f) cannot be logged as sent: it is removed, and the virtual
+-- host gives the request a new one (envoy.yaml), as Envoy does a request without one.
 local function bound_request_id(headers)
   local id = headers:get("x-request-id")
-  if id and (#id > 128 or id:find("pk-", 1, true)) then
-    headers:replace("x-request-id", redacted(id):sub(1, 128))
+  if not id then return end
+  if not is_utf8(id) then
+    headers:remove("x-request-id")
+  elseif #id > 128 or id:find("pk-", 1, true) then
+    id = redacted(id)
+    local n = math.min(#id, 128)
+    while n > 0 and (id:byte(n + 1) or 0) >= 0x80 and id:byte(n + 1) < 0xC0 do n = n - 1 end  -- a continuation
+    headers:replace("x-request-id", id:sub(1, n))
   end
 end
 

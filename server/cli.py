@@ -32,6 +32,10 @@ from server.usage.report import query_of as usage_query
 from server.usage.report import table as usage_table
 from server.usage.stores import open_ledger
 
+# Each worker serves on one event loop, so one per CPU uses the host; a few more may cover an embedded model's
+# threads or a loop blocked a moment, beyond that a worker only costs its memory (a whole gateway each).
+MAX_WORKERS_PER_CPU = 4
+
 _logger = logging.getLogger("portico")
 
 
@@ -52,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
             _check_access_log(config.access_log)
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
+                return 2
+            if args.workers > (most := MAX_WORKERS_PER_CPU * len(os.sched_getaffinity(0))):
+                print(f"portico: --workers {args.workers} is more than {most} ({MAX_WORKERS_PER_CPU} per CPU this "
+                      "process may use): a worker serves on one event loop, so workers beyond the CPUs only cost "
+                      "memory and start-up time.", file=sys.stderr)
                 return 2
             if args.workers > 1 and config.limits.store == "memory":
                 print(f"portico: --workers {args.workers} needs a shared rate-limit store: set limits.store to a "
@@ -194,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="with an empty key store, create and print an all-models development key even when "
                             "upstreams serve models (by default only when every model runs in the gateway)")
     serve.add_argument("--workers", type=int, default=1, metavar="N",
-                       help="gRPC server processes behind Envoy (default 1; more need limits.store: redis://...)")
+                       help="gRPC server processes behind Envoy (default 1, at most 4 per CPU; more than 1 need "
+                            "limits.store: redis://...)")
     worker = commands.add_parser("worker", parents=[after],
                                  help="(internal) one of `serve --workers N`'s server processes")
     worker.add_argument("--socket", type=Path, required=True)

@@ -5,19 +5,23 @@ The key is a SHA-256 over what shapes the answer: the model, the endpoint, wheth
 body as it arrived minus the fields that only label a request (`user`, `metadata`, `store`, `safety_identifier`,
 `prompt_cache_key`), Anthropic beta headers, and, unless the model shares its cache across keys (`shared: true`),
 the caller's key id, so an answer never reaches a key that did not ask for it. A field Portico does not know yet
-shapes the key too: a new field can cost hits, never give a wrong answer. Only whole answers (a Finished event,
-nothing failed) no larger than `max_entry_bytes` are stored; errors never are. `Cache-Control: no-cache` skips the
-lookup (the fresh answer is stored), `no-store` skips both.
+shapes the key too: a new field can cost hits, never give a wrong answer. JSON numbers are keyed by value (`1` and
+`1.0` are one request, as Portico reads them). Only whole answers (a Finished event, nothing failed) no larger than
+`max_entry_bytes` are stored; errors never are. The caller's `Cache-Control` is read as HTTP caches read it
+(RFC 9111): `no-cache` (or `max-age=0`, or `Pragma: no-cache` without a Cache-Control) skips the lookup (the fresh
+answer is stored), `max-age=N` refuses answers stored more than N seconds ago, `no-store` skips both.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
 from server import wire_json
+from server.wire_json import Json
 from server.cache.codec import decode, encode
 from server.cache.stores import CacheStore, MemoryStore
 from server.domain import AnthropicMessagesSource, CacheSettings, Finished, GenerationEvent, GenerationRequest
@@ -41,22 +45,33 @@ class Lookup:
         return HEADER, "hit" if self.events is not None else "miss"
 
 
+@dataclass(frozen=True, slots=True)
+class CallerControl:
+    """What the caller's request headers allow: a stored answer (no older than max_age seconds), storing this one."""
+
+    lookup: bool = True
+    max_age: int | None = None
+    store: bool = True
+
+
 class ResponseCache:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store: CacheStore, clock: Callable[[], float] = time.time) -> None:
         self._store = store
+        self._clock = clock  # wall clock: an entry's age is judged by whichever process or host reads it
 
     async def lookup(self, model_id: str, endpoint: str, settings: CacheSettings | None, key_id: str,
                      request: GenerationRequest, metadata: Sequence[tuple[str, str | bytes]]) -> Lookup | None:
         """None when the model is not cached (or the request has no body to key on)."""
         if settings is None or request.source is None:
             return None
-        directives = _cache_control(metadata)
+        control = caller_control(metadata)
         key = cache_key(model_id, endpoint, "" if settings.shared else key_id, request)
-        found = None
-        if not directives & {"no-cache", "no-store"}:
-            found = await self._store.get(key)
-        events = _decoded(found) if found is not None else None
-        return Lookup(key, settings, events, store_answer="no-store" not in directives)
+        found = await self._store.get(key) if control.lookup else None
+        entry = _decoded(found) if found is not None else None
+        events = None
+        if entry is not None and (control.max_age is None or self._clock() - entry[0] <= control.max_age):
+            events = entry[1]
+        return Lookup(key, settings, events, store_answer=control.store)
 
     async def recorded(self, lookup: Lookup, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
         """Relays `events`, and stores them once the answer is whole (before its Finished event goes on, since a
@@ -67,7 +82,7 @@ class ResponseCache:
                 if kept is not None:
                     kept.append(event)
                     if isinstance(event, Finished):
-                        data = encode(kept)
+                        data = encode(kept, self._clock())
                         if len(data) <= lookup.settings.max_entry_bytes:
                             await self._store.put(lookup.key, data, lookup.settings.ttl_seconds)
                         kept = None
@@ -79,21 +94,45 @@ class ResponseCache:
 
 def cache_key(model_id: str, endpoint: str, scope: str, request: GenerationRequest) -> str:
     source = request.source
-    body = {name: value for name, value in source.body.items() if name not in NOT_SHAPING}
+    body = {name: _by_value(value) for name, value in source.body.items() if name not in NOT_SHAPING}
     beta = source.beta if isinstance(source, AnthropicMessagesSource) else ()
     shape = [model_id, str(endpoint), request.stream, scope, list(beta), body]
     return hashlib.sha256(wire_json.dumps(shape, sort_keys=True)).hexdigest()
 
 
-def _cache_control(metadata: Sequence[tuple[str, str | bytes]]) -> set[str]:
-    directives: set[str] = set()
+def _by_value(value: Json) -> Json:
+    """`value` with every whole float as an int: JSON has one number type, and Portico reads `5.0` as `5`."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {name: _by_value(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_by_value(item) for item in value]
+    return value
+
+
+def caller_control(metadata: Sequence[tuple[str, str | bytes]]) -> CallerControl:
+    """The request's Cache-Control directives (names case-insensitive, RFC 9111 5.2.1); Pragma only without one."""
+    directives: dict[str, str] = {}
+    pragma = False
     for name, value in metadata:
-        if name == "cache-control" and isinstance(value, str):
-            directives.update(part.strip().lower() for part in value.split(","))
-    return directives
+        if not isinstance(value, str):
+            continue
+        if name == "cache-control":
+            for part in value.split(","):
+                directive, _, argument = part.partition("=")
+                directives[directive.strip().lower()] = argument.strip().strip('"')
+        elif name == "pragma":
+            pragma = pragma or "no-cache" in (part.strip().lower() for part in value.split(","))
+    if not directives and pragma:
+        return CallerControl(lookup=False)
+    age = directives.get("max-age", "")
+    max_age = int(age) if age.isascii() and age.isdigit() else None  # not delta-seconds: ignored, as RFC 9111 asks
+    return CallerControl(lookup="no-cache" not in directives and "no-store" not in directives and max_age != 0,
+                         max_age=max_age, store="no-store" not in directives)
 
 
-def _decoded(data: bytes) -> tuple[GenerationEvent, ...] | None:
+def _decoded(data: bytes) -> tuple[float, tuple[GenerationEvent, ...]] | None:
     try:
         return decode(data)
     except (ValueError, TypeError, IndexError, KeyError):  # written by another version: a miss, never an error

@@ -1,5 +1,7 @@
 """A cached answer is the provider's events, as one compact JSON document: replaying them through the same renderers
-gives the caller the same framing (a JSON body, or the dialect's SSE stream), the upstream's own objects included."""
+gives the caller the same framing (a JSON body, or the dialect's SSE stream), the upstream's own objects included.
+The wall-clock time it was stored goes with it, for a caller's `Cache-Control: max-age` (hosts sharing Redis share it).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from server.domain import (
 )
 
 
-def encode(events: Sequence[GenerationEvent]) -> bytes:
-    return wire_json.dumps([_encoded(event) for event in events])
+def encode(events: Sequence[GenerationEvent], stored_at: float) -> bytes:
+    return wire_json.dumps({"at": stored_at, "events": [_encoded(event) for event in events]})
 
 
-def decode(data: bytes) -> tuple[GenerationEvent, ...]:
-    return tuple(_decoded(item) for item in wire_json.loads(data))
+def decode(data: bytes) -> tuple[float, tuple[GenerationEvent, ...]]:
+    """(when it was stored, its events)"""
+    entry = wire_json.loads(data)
+    return float(entry["at"]), tuple(_decoded(item) for item in entry["events"])
 
 
 def _encoded(event: GenerationEvent) -> list:

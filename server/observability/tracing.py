@@ -22,7 +22,10 @@ from server.errors import PorticoError
 Metadata = Sequence[tuple[str, str | bytes]]
 
 # What each endpoint does, in the gen_ai conventions' words (gen_ai.operation.name); absent: not a model call.
-OPERATIONS = {Endpoint.CHAT: "chat", Endpoint.MESSAGES: "chat", Endpoint.IMAGES: "generate_content"}
+# Counting tokens has no name there (the conventions allow one of a system's own): it is no chat, generating nothing.
+COUNT_TOKENS = "count_tokens"
+OPERATIONS = {Endpoint.CHAT: "chat", Endpoint.MESSAGES: "chat", Endpoint.IMAGES: "generate_content",
+              "/v1/messages/count_tokens": COUNT_TOKENS}
 
 
 class Scope:

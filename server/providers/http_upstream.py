@@ -30,7 +30,7 @@ from server.domain import UpstreamSpec
 from server.errors import OutOfResources, PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
-from server.observability.tracing import NO_SCOPE, NoScope
+from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
 from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
                                               OwnLimitReached, TooLarge, TransportError, Undecodable)
@@ -56,7 +56,8 @@ SETTLE_BYTES = 64 * 1024
 _COMMON_HEADERS = {"accept": "*/*", "accept-encoding": "identity", "user-agent": "portico"}
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986's pchar and "/", and "%" for escapes already made
 _QUERY_SAFE = _PATH_SAFE + "?"
-_OPERATIONS = {"images/generations": "generate_content"}  # gen_ai.operation.name by path; the others are "chat"
+# gen_ai.operation.name by path (tracing.OPERATIONS); the others are "chat"
+_OPERATIONS = {"images/generations": "generate_content", "v1/messages/count_tokens": COUNT_TOKENS}
 
 
 _logger = logging.getLogger(__name__)

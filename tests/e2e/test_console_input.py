@@ -5,6 +5,7 @@ where it was made, nothing is sent that the gateway would refuse, and no page fa
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import expect
@@ -285,3 +286,21 @@ def test_the_key_form_fits_a_small_phone(tab, gateway, admin_secret):
     tab.shot("key-form-320")
     dialog.get_by_role("button", name="Cancel").click()
     tab.no_horizontal_scroll()
+
+
+@pytest.mark.parametrize("hash_, key_id", [("..", ".."), (".", "."), ("%2E%2E", ".."), ("%2e.", ".."),
+                                           ("a%2Fb", "a/b"), ("..%2Flimits", "../limits"), ("a%3Fb%23c", "a?b#c")])
+def test_a_crafted_key_link_calls_only_that_keys_paths(tab, admin_secret, hash_, key_id):
+    """A key id in a link is one path segment: it never reaches another admin path (`..` would make
+    /v1/admin/keys/../limits /v1/admin/limits), and an id no URL path can hold is no key."""
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    paths = []
+    tab.page.on("request", lambda request: paths.append(request.url.split("?")[0]))
+    tab.page.goto(f"/console/#/keys/{hash_}")
+    expect(tab.page.get_by_role("alert")).to_have_text(f"No key with id '{key_id}'.")
+    segment = quote(key_id, safe="-_.!~*'()")  # as encodeURIComponent writes it
+    allowed = {f"/v1/admin/keys/{segment}", f"/v1/admin/keys/{segment}/limits", "/v1/admin/keys", "/v1/admin/models",
+               "/v1/organization/requests", "/v1/organization/usage/completions", "/v1/organization/costs"}
+    called = {re.sub(r"^https?://[^/]+", "", url) for url in paths if "/v1/" in url}
+    assert called <= allowed, called - allowed

@@ -330,3 +330,21 @@ def test_an_access_log_file_left_readable_is_made_private_at_start(tmp_path):
     config.write_text(config.read_text() + f"access_log: {log}\n")
     with running_gateway(tmp_path / "data", config=config, dev_key=False):
         assert log.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_absurd_worker_count_is_one_line_and_exit_2(tmp_path):
+    """`--workers 100000` on a 2-core machine tried to start 100,000 server processes, each loading the gateway."""
+    port, admin_port, metrics_port, redis_port = free_ports(4)
+    config = tmp_path / "portico.yaml"  # workers need a shared limit store; it is never reached here
+    config.write_text(Path("server/default.yaml").read_text().replace(
+        "store: memory ", f"store: redis://127.0.0.1:{redis_port}/0 "))
+    most = 4 * len(os.sched_getaffinity(0))
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir", str(tmp_path / "data"), "serve",
+         "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port),
+         "--workers", "100000"],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"portico: --workers 100000 is more than {most} ")

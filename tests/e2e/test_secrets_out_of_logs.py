@@ -5,6 +5,7 @@ the path). The session's scan (conftest.py) checks every log at the end too; the
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import time
@@ -203,3 +204,52 @@ def test_a_redis_password_in_the_urls_query_stays_out_of_the_log(tmp_path):
     assert ready.status_code == 503
     logs = _logs(gateway)
     assert f"redis://127.0.0.1:{port}/0?password=***" in logs and password not in logs
+
+
+@pytest.mark.parametrize("chosen", [b"id-\xff\xfe-" + b"x" * 20, b"caf" + LATIN1_E, b"\xed\xa0\x80-surrogate",
+                                    b"\xc0\xaf-overlong", b"cut-" + b"a" * 200 + b"\xc3"],
+                         ids=["not-utf-8", "latin-1", "surrogate", "overlong", "cut-then-invalid"])
+def test_a_request_id_that_is_not_text_is_replaced_by_a_new_one(gateway, chosen):
+    """HTTP allows any byte above 0x7f in a header; an id that is not UTF-8 text was logged as Latin-1 (another id
+    than the caller got back). Like a missing one, it is replaced by a new id, the same in the answer and the log."""
+    response = httpx.get(gateway.base_url + "/v1/models", timeout=30,
+                         headers={"Authorization": f"Bearer {gateway.secret}", "x-request-id": chosen})
+    assert response.status_code == 200
+    got = response.headers.raw  # bytes as sent
+    (raw_id,) = [value for name, value in got if name.lower() == b"x-request-id"]
+    (raw_anthropic,) = [value for name, value in got if name.lower() == b"request-id"]
+    assert raw_id == raw_anthropic and re.fullmatch(rb"[0-9a-f-]{32,36}", raw_id), raw_id
+    assert _line_of(gateway, raw_id.decode())["status"] == 200
+
+
+@pytest.mark.parametrize(("chosen", "kept"), [("café-ünïcode-id", "café-ünïcode-id"),
+                                              ("a" * 127 + "é-long", "a" * 127), ("€" * 50, "€" * 42)],
+                         ids=["short", "cut-before-a-character", "three-byte-characters"])
+def test_a_request_id_in_utf_8_is_kept_and_cut_between_characters(gateway, chosen, kept):
+    """An id of 128 bytes or fewer is kept as sent; a longer one is cut to 128 bytes, never inside a character
+    (half a character was logged as Latin-1: another id than the caller got back)."""
+    response = httpx.get(gateway.base_url + "/v1/models", timeout=30,
+                         headers={"Authorization": f"Bearer {gateway.secret}", "x-request-id": chosen.encode()})
+    assert response.status_code == 200
+    (raw_id,) = [value for name, value in response.headers.raw if name.lower() == b"x-request-id"]
+    assert raw_id == kept.encode()
+    assert _line_of(gateway, kept)["status"] == 200
+
+
+def test_the_usage_ledger_keeps_the_id_the_caller_got_for_one_that_is_not_text(gateway):
+    headers = {"Authorization": f"Bearer {gateway.secret}"}
+    models = httpx.get(gateway.base_url + "/v1/models", headers=headers, timeout=30).json()["data"]
+    model = next(m["id"] for m in models if m["endpoint"] == "/v1/chat/completions")
+    response = httpx.post(gateway.base_url + "/v1/chat/completions", timeout=60,
+                          headers={**headers, "x-request-id": b"ledger-\xff"},
+                          json={"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    assert response.status_code == 200, response.text
+    got = response.headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f-]{32,36}", got)
+    deadline = time.monotonic() + 10
+    while not (rows := [row for row in httpx.get(gateway.base_url + "/v1/organization/requests?limit=20",
+                                                 headers=headers, timeout=30).json()["data"]
+                        if row["request_id"] == got]):
+        assert time.monotonic() < deadline, "no ledger row with the id the caller got"
+        time.sleep(0.1)
+    assert rows[0]["model"] == model

@@ -219,6 +219,24 @@ async def test_an_image_request_is_traced_as_content_generation(channel, running
     assert b"lighthouse" not in b"".join(receiver.bodies)
 
 
+async def test_a_token_count_is_traced_as_counting_not_chat(messages, running, double, receiver, key):
+    """/v1/messages/count_tokens generates nothing: its request span and its upstream attempt (Anthropic's own
+    count) say `count_tokens`, where the attempt said `chat` and the request span had only its RPC's name."""
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO}
+    await messages.CountMessageTokensHttp(http_body(body), metadata=(*bearer(secret), traceparent))
+
+    spans = await spans_of(receiver, trace_id)
+    server = one(spans, kind="server")
+    assert server.name == "count_tokens messages-on-anthropic"
+    assert server.attributes["gen_ai.operation.name"] == "count_tokens"
+    attempt = one(spans, kind="client")
+    assert attempt.name == "count_tokens claude-up" and attempt.parent_id == server.span_id
+    assert attempt.attributes["gen_ai.operation.name"] == "count_tokens"
+    assert double.seen[-1].path == "/v1/messages/count_tokens"
+
+
 async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, double, receiver, key):
     _, secret = key
     double.cue(Cue(frame_delay=0.5))  # the answer's chunks come slowly

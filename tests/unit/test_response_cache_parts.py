@@ -34,7 +34,7 @@ def test_every_event_survives_the_codec():
     events = (Started(3), UpstreamObject(Dialect.OPENAI, {"id": "x", "choices": []}, True), TextDelta("hé"),
               ToolCallStart(0, "call_1", "f"), ToolCallDelta(0, '{"a":'),
               Finished(FinishReason.TOOL_USE, Usage(3, 4, 1), None))
-    assert decode(encode(events)) == events
+    assert decode(encode(events, 1790000000.5)) == (1790000000.5, events)
 
 
 async def test_memory_store_expires_and_keeps_within_its_size():

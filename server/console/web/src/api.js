@@ -43,6 +43,10 @@ export class Api {
 
   async request(method, path, body) {
     if (this.#key === null) throw new ApiError(401, {message: "Not signed in."});
+    // A browser resolves dot segments ("/keys/../limits" is "/limits", %2E alike): never call another path than meant.
+    if (new URL(path, location.origin).pathname !== path.split("?")[0]) {
+      throw new ApiError(0, {message: `Not a valid admin API path: ${path}`});
+    }
     const headers = {authorization: `Bearer ${this.#key}`};
     if (body !== undefined) headers["content-type"] = "application/json";
     // A hung gateway accepts the connection and never answers: a form would wait for ever, its button disabled.

@@ -1,4 +1,5 @@
 // A key's page: what it is, its grants and limits, and the actions on it (edit, rotate, revoke).
+import {ApiError} from "./api.js";
 import {confirmDialog, field, formDialog, h, money, number, showSecret, table, when} from "./dom.js";
 import {keyForm, limitText, LIMITS, wholeNumber} from "./keyform.js";
 import {catalogModels, grantsText, keyState} from "./keys.js";
@@ -8,6 +9,8 @@ const RECENT = 25;
 const MAX_GRACE = 315360000;  // ten years: the gateway refuses a longer rotation grace (api.md, Key administration)
 
 export async function keyPage(ctx, id) {
+  // No URL path segment can hold these (a browser resolves "." and "..", escaped or not), so no key has them.
+  if (id === "." || id === "..") throw new ApiError(404, {message: `No key with id '${id}'.`});
   const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
   const [{key}, {keys}, models, status, usage, recent] = await Promise.all([
     ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), ctx.api.get(`${path}/limits`),
