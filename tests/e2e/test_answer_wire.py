@@ -18,10 +18,11 @@ HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    slashed = (f"  - {{id: 'org/model', endpoint: /v1/chat/completions, provider: {{kind: openai, "
-               f"base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up}}}}\n")
+    odd = "".join(f"  - {{id: '{i}', endpoint: /v1/chat/completions, provider: {{kind: openai, "
+                  f"base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up}}}}\n"
+                  for i in ("org/model", "qwen:unary"))
     with upstream_gateway(tmp_path_factory.mktemp("answer-wire-gateway"),
-                          models_yaml(double.url) + slashed) as gateway:
+                          models_yaml(double.url) + odd) as gateway:
         yield gateway
 
 
@@ -78,3 +79,12 @@ def test_a_model_id_with_a_slash_is_found_as_the_sdks_write_it(gateway, oai, cla
     assert claude.models.retrieve("org/model").id == "org/model"
     answer = httpx.get(f"{gateway.base_url}/v1/models/org/model", headers={"authorization": f"Bearer {gateway.secret}"})
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+def test_a_model_id_ending_as_the_unary_twins_verb_is_found(gateway, oai, claude):
+    # `:unary` is the custom verb of the unary twins' bindings (POST /v1/chat/completions:unary), which the
+    # transcoder read off the end of GET /v1/models/qwen:unary: the SDKs send the colon as it is.
+    assert oai.models.retrieve("qwen:unary").id == "qwen:unary"
+    assert claude.models.retrieve("qwen:unary").id == "qwen:unary"
+    headers = {"authorization": f"Bearer {gateway.secret}"}
+    assert httpx.head(f"{gateway.base_url}/v1/models/qwen:unary", headers=headers).status_code == 200
