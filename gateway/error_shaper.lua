@@ -411,6 +411,11 @@ function envoy_on_request(handle)
   -- before any refusal below, and since the transcoder re-routes the call (its path becomes the RPC's).
   local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
   if anthropic then metadata:set("portico", "anthropic", true) end
+  -- The transcoder reads a last segment's ":unary" as the unary twins' custom verb, so GET /v1/models/x:unary (a
+  -- model id ending so, as the SDKs send it) matched no route. Escaped, the colon is part of the id.
+  if path:sub(1, 11) == "/v1/models/" and path:sub(-6) == ":unary" then
+    headers:replace(":path", path:sub(1, -7) .. "%3Aunary" .. full_path:sub(#path + 1))
+  end
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
   if refuse_unreadable_key(handle, headers) then return end
   local length = tonumber(headers:get("content-length") or "")

@@ -124,7 +124,7 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     role = _ROLES.get(role_name) if isinstance(role_name, str) else None
     if role is None:
         raise InvalidRequest(
-            f"`{where}.role` must be one of system, developer, user, assistant, tool; got {shown(role_name)}.",
+            f"`{where}.role` must be one of {', '.join(_ROLES)}; got {shown(role_name)}.",
             param=f"{where}.role",
         )
     tool_calls = opt_array(message, "tool_calls", where) or []

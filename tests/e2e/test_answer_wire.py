@@ -4,7 +4,10 @@ SDKs' stream helpers and the fields their types always carry work on every model
 
 from __future__ import annotations
 
+import anthropic
 import httpx
+import openai
+import pydantic
 import pytest
 
 from tests.e2e.conftest import upstream_gateway
@@ -18,10 +21,11 @@ HELLO = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    slashed = (f"  - {{id: 'org/model', endpoint: /v1/chat/completions, provider: {{kind: openai, "
-               f"base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up}}}}\n")
+    odd = "".join(f"  - {{id: '{i}', endpoint: /v1/chat/completions, provider: {{kind: openai, "
+                  f"base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up}}}}\n"
+                  for i in ("org/model", "qwen:unary"))
     with upstream_gateway(tmp_path_factory.mktemp("answer-wire-gateway"),
-                          models_yaml(double.url) + slashed) as gateway:
+                          models_yaml(double.url) + odd) as gateway:
         yield gateway
 
 
@@ -78,3 +82,40 @@ def test_a_model_id_with_a_slash_is_found_as_the_sdks_write_it(gateway, oai, cla
     assert claude.models.retrieve("org/model").id == "org/model"
     answer = httpx.get(f"{gateway.base_url}/v1/models/org/model", headers={"authorization": f"Bearer {gateway.secret}"})
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+def test_a_model_id_ending_as_the_unary_twins_verb_is_found(gateway, oai, claude):
+    # `:unary` is the custom verb of the unary twins' bindings (POST /v1/chat/completions:unary), which the
+    # transcoder read off the end of GET /v1/models/qwen:unary: the SDKs send the colon as it is.
+    assert oai.models.retrieve("qwen:unary").id == "qwen:unary"
+    assert claude.models.retrieve("qwen:unary").id == "qwen:unary"
+    headers = {"authorization": f"Bearer {gateway.secret}"}
+    assert httpx.head(f"{gateway.base_url}/v1/models/qwen:unary", headers=headers).status_code == 200
+
+
+class City(pydantic.BaseModel):
+    echo: str
+
+
+async def test_the_async_sdks_helpers_assemble_tool_calls_the_gateway_translated(gateway):
+    """Applications use the async clients and their helpers: the call a chat caller gets from an Anthropic upstream,
+    and a Messages caller from an OpenAI-compatible one, is rebuilt by the gateway, and the helpers assemble it
+    (streamed arguments parsed into the caller's pydantic model; input parsed per input_json_delta)."""
+    oai = openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+    claude = anthropic.AsyncAnthropic(base_url=gateway.base_url, api_key=gateway.secret, max_retries=0)
+    asked = {"model": "chat-claude", "messages": [{"role": "user", "content": "Oslo"}], "max_tokens": 20,
+             "tools": [openai.pydantic_function_tool(City, name="weather")], "tool_choice": "required"}
+    parsed = (await oai.chat.completions.parse(**asked)).choices[0].message.tool_calls[0].function.parsed_arguments
+    async with oai.chat.completions.stream(**asked) as stream:
+        done = [event.parsed_arguments async for event in stream
+                if event.type == "tool_calls.function.arguments.done"]
+        final = await stream.get_final_completion()
+    assert parsed == done[0] == final.choices[0].message.tool_calls[0].function.parsed_arguments == City(echo="Oslo")
+    tools = [{"name": "weather", "input_schema": City.model_json_schema()}]
+    async with claude.messages.stream(model="messages-gpt", max_tokens=20, tools=tools, tool_choice={"type": "any"},
+                                      messages=[{"role": "user", "content": "Oslo"}]) as stream:
+        inputs = [event.snapshot async for event in stream if event.type == "input_json"]
+        message = await stream.get_final_message()
+    assert inputs[-1] == message.content[0].input == {"echo": "Oslo"} and message.stop_reason == "tool_use"
+    await oai.close()
+    await claude.close()

@@ -101,6 +101,16 @@ def test_rejections_name_the_param(fields, param):
     assert caught.value.param == param
 
 
+def test_an_unknown_role_is_refused_naming_every_role_taken():
+    with pytest.raises(InvalidRequest) as caught:
+        plan(messages=[{"role": "robot", "content": "hi"}])
+    named = caught.value.message.split("must be one of ")[1].split(";")[0].split(", ")
+    assert "function" in named  # the deprecated function calling's results are read, so it is one of them
+    for role in named:
+        plan(messages=[{"role": "user", "content": "hi"}, {"role": role, "content": "x", "name": "f",
+                                                           "tool_call_id": "c1"}])
+
+
 def test_completion_object():
     completion = Completion("Hi.", Finished(FinishReason.STOP_SEQUENCE, Usage(3, 2), stop_sequence="\n"))
     assert to_openai.chat_completion(HEADER, completion) == {
