@@ -1,5 +1,5 @@
--- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC), and refuses a gRPC call
--- on a REST path (refuse_grpc_call).
+-- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC, but for a call whose own
+-- x-request-id it must cut: bound_request_id), and refuses a gRPC call on a REST path (refuse_grpc_call).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
 -- application/json; on /v1/messages (and /v1/models asked with `anthropic-version`) the object also has a top-level
