@@ -1,5 +1,5 @@
--- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC), and refuses a gRPC call
--- on a REST path (refuse_grpc_call).
+-- Portico's error shaper: runs on REST routes only (disabled per route for native gRPC, but for a call whose own
+-- x-request-id it must cut: bound_request_id), and refuses a gRPC call on a REST path (refuse_grpc_call).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
 -- application/json; on /v1/messages (and /v1/models asked with `anthropic-version`) the object also has a top-level
@@ -394,6 +394,12 @@ function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
   local headers = handle:headers()
+  -- A native gRPC call reaches this filter only to have its id cut (envoy.yaml): nothing else here is for it.
+  -- Asked and remembered before the cut, which sends the call to its route again, maybe to one without this mark.
+  if handle:metadata():get("native_grpc") then
+    handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", true)
+    return bound_request_id(headers)
+  end
   bound_request_id(headers)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
@@ -592,8 +598,9 @@ local function answer_head(handle, status, whole)
 end
 
 function envoy_on_response(handle)
-  local status = tonumber(handle:headers():get(":status")) or 500
   local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
+  if portico.native_grpc then return end
+  local status = tonumber(handle:headers():get(":status")) or 500
   if portico.grpc_call and status < 400 then return answer_grpc_call(handle) end
   if portico.head then return answer_head(handle, status, portico.whole) end
   local unary = status < 400 and portico.unary

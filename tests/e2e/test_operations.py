@@ -4,6 +4,7 @@ a Prometheus scrape that labels traffic correctly, Envoy's own stats on its admi
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -16,10 +17,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from portico.v1 import model_pb2, model_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 from gateway.envoy import free_ports
 from tests.e2e.conftest import Gateway, running_gateway
-from tests.helpers import bearer
+from tests.helpers import bearer, chat_request
 from tests.upstream_support import write_config
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -135,6 +136,33 @@ def test_grpc_callers_get_the_request_id_as_metadata(gateway):
     assert wait_for_line(gateway, request_id)["rpc"] == "ModelService/ListModels"
     failed = {**dict(caught.value.initial_metadata() or ()), **dict(caught.value.trailing_metadata())}
     assert wait_for_line(gateway, failed["x-request-id"])["status"] == 401
+
+
+@pytest.mark.parametrize("shape", ["a key", "too long"])
+def test_a_grpc_caller_gets_back_its_own_request_id_as_the_access_log_keeps_it(gateway, shape):
+    """A gRPC caller's own x-request-id comes back cut to 128 characters and without a key pasted there, as the
+    access log (and the usage ledger) keep it, so the id it got finds its line: it came back as sent."""
+    tail = secrets.token_urlsafe(24)
+    chosen = f"mine-pk-dev-{tail}" if shape == "a key" else "r" * 300
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        models = model_service_pb2_grpc.ModelServiceStub(channel)
+        _, call = models.ListModels.with_call(model_pb2.ListModelsRequest(),
+                                              metadata=[*bearer(gateway.secret), ("x-request-id", chosen)])
+        with pytest.raises(grpc.RpcError) as caught:
+            models.ListModels(model_pb2.ListModelsRequest(), metadata=[*bearer("pk-wrong"), ("x-request-id", chosen)])
+        stream = chat_service_pb2_grpc.ChatServiceStub(channel).StreamChatCompletion(
+            chat_request(max_tokens=2), metadata=[*bearer(gateway.secret), ("x-request-id", chosen)])
+        assert [chunk.choices[0].finish_reason for chunk in stream][-1] == "length"
+        assert stream.code() == grpc.StatusCode.OK
+    answered, refused = dict(call.initial_metadata()), dict(caught.value.trailing_metadata())
+    got = answered["x-request-id"]
+    assert tail not in got and len(got) <= 128
+    assert got == answered["request-id"] == refused["x-request-id"] == refused["request-id"]
+    assert dict(stream.initial_metadata())["x-request-id"] == got
+    deadline = time.monotonic() + 5
+    while sorted(line["status"] for line in access_lines(gateway) if line["request_id"] == got) != [200, 200, 401]:
+        assert time.monotonic() < deadline, f"no access-log lines for {got!r}"
+        time.sleep(0.05)
 
 
 def test_a_scrape_shows_each_request_with_its_labels(gateway):
