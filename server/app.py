@@ -26,6 +26,7 @@ from portico.v1 import console_service_pb2_grpc, limit_service_pb2_grpc, model_a
 from server.cache import MemoryStore, ResponseCache
 from server.catalog import Catalog
 from server.config import Config
+from server.cutoff import Cutoff
 from server.console import ConsoleFiles
 from server.health import HealthServicer, Readiness
 from server.image_store import ImageStore
@@ -137,16 +138,18 @@ class RunningServer:
         return self.core.telemetry
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds. Then the
-        model calls still running fail with a 503 that their callers see (server/cutoff.py), and grpc cancels what
-        is left CUT_SECONDS later."""
+        """Drain: report NOT_SERVING, refuse new RPCs, let those in flight finish for up to `grace` seconds, and the
+        generations whose caller left too (server/cutoff.py). Then the model calls still running fail with a 503 that
+        their callers see, and grpc cancels what is left CUT_SECONDS later."""
         await self.readiness.drain()
         grace = grace or 0.0
+        cutoff = self.core.pipeline.cutoff
         stopping = self._stopping = asyncio.ensure_future(self.server.stop(grace + CUT_SECONDS))
+        drained = asyncio.gather(stopping, cutoff.outlasted())
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(stopping), grace)
-        self.core.pipeline.cutoff.cut()  # nothing left to cut when every RPC has ended
-        await stopping
+            await asyncio.wait_for(asyncio.shield(drained), grace)
+        cutoff.cut()  # nothing left to cut when every RPC has ended
+        await drained
         await self.readiness.close()
         await self.core.close()
 
@@ -189,7 +192,9 @@ async def build_core(config: Config) -> Core:
     )
     authenticator.start()
     health_file = os.environ.get(HEALTH_FILE_ENV)  # set by `serve --workers N` for its workers
-    providers, board = build_providers(config, telemetry, health_file=Path(health_file) if health_file else None)
+    cutoff = Cutoff()  # the pipeline's, which the upstream clients ask whether a generation outlives its caller
+    providers, board = build_providers(config, telemetry, health_file=Path(health_file) if health_file else None,
+                                       cutoff=cutoff)
     limiter = Limiter(build_limit_store(config), config.limits)
     if not await limiter.store.ping():
         # Not fatal: Redis may come up later. Until then the on_store_error policy decides.
@@ -199,7 +204,7 @@ async def build_core(config: Config) -> Core:
     limiter.settle_orphans(orphans)
     pipeline = Pipeline(
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,
-        telemetry=telemetry, cache=(cache := build_response_cache(config)),
+        telemetry=telemetry, cache=(cache := build_response_cache(config)), cutoff=cutoff,
     )
     images = ImageStore(config.data_dir, base_url=config.base_url)
     images.start()

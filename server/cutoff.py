@@ -12,6 +12,11 @@ A call is interrupted by cancelling the task that waits on its provider, and onl
 cancellation lands inside the provider (which stops its work as for a caller who went away) and is turned into the
 error right there. A call that is busy elsewhere when the cut comes (sending to a slow caller) fails at its next
 wait instead.
+
+A caller that goes away (a disconnect, a gRPC deadline) while a non-streamed answer is being generated upstream does
+not end the exchange: the upstream goes on and bills the whole answer whatever its client does, so the exchange runs
+on in the RPC's task, uncancelled (`Cutoff.outlast`, asked where the cancellation lands: http_connection.Response),
+to be counted as any answer is. A drain gives it the time it gives requests in flight (`outlasted`), then cuts it.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ T = TypeVar("T")
 class Watch:
     """One model call's side of the cutoff."""
 
-    __slots__ = ("cut", "waiting", "_loop", "_task", "_watches")
+    __slots__ = ("cut", "waiting", "caller_left", "_loop", "_task", "_watches")
 
     def __init__(self, cut: bool, watches: set[Watch]) -> None:
         self.cut = cut
         self.waiting = False  # the call is waiting on its provider now
+        self.caller_left = False  # its caller went away, and the exchange runs on (Cutoff.outlast)
         self._watches = watches  # the cutoff's, which holds this watch while it is entered
         # Looked up once: current_task() without its loop looks the loop up each time (~0.2 µs on CPython 3.11).
         self._loop = asyncio.get_running_loop()
@@ -98,6 +104,7 @@ class Cutoff:
     def __init__(self) -> None:
         self._watches: set[Watch] = set()
         self._cut = False
+        self._outlasting: set[asyncio.Task] = set()  # the tasks of calls whose caller left, running on
 
     def watch(self) -> Watch:
         """For the length of one model call (`with cutoff.watch() as watch`; a class, not a @contextmanager, which
@@ -109,3 +116,28 @@ class Cutoff:
         self._cut = True
         for watch in list(self._watches):
             watch.interrupt()
+
+    def outlast(self) -> bool:
+        """Asked where a non-streamed upstream exchange that was sent is cancelled while it waits for its answer. If
+        that is its caller going away (grpc cancels the RPC's task once), not the cut, the exchange runs on: the task
+        is uncancelled and True returned. Only on this path: the requests whose caller stays pay nothing for it."""
+        task = asyncio.current_task()
+        if self._cut or task is None or task.cancelling() != 1:
+            return False
+        watch = next((w for w in self._watches if w._task is task and w.waiting), None)
+        if watch is None or watch.caller_left:  # not a model call (a token count), or it was the caller's already
+            return False
+        task.uncancel()
+        watch.caller_left = True
+        self._outlasting.add(task)
+        task.add_done_callback(self._outlasting.discard)
+        return True
+
+    def caller_left(self) -> bool:
+        """The current task's call runs on after its caller left: no new attempt or fallback is started for it."""
+        return asyncio.current_task() in self._outlasting
+
+    async def outlasted(self) -> None:
+        """Wait for the calls whose caller left to end (a drain: grpc no longer counts a call its caller ended)."""
+        while self._outlasting:
+            await asyncio.wait(set(self._outlasting))

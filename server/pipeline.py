@@ -164,17 +164,19 @@ class Pipeline:
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         self._handed_over(call, reservation)
         reached_model = True
+        watch = self.cutoff.watch()
         try:
             answer = provider.stream(request)
             if lookup is not None:
                 answer = self._cache.recorded(lookup, answer)
-            with self.cutoff.watch() as watch:
+            with watch:
                 async with aclosing(_metered(answer, meter, call.record, watch)) as events:
                     try:
                         first = await anext(events)
                     except StopAsyncIteration:
                         raise InternalError("The provider ended without a result.") from None
-                    await _send_headers(call, reservation, lookup.header if lookup is not None else None)
+                    if not watch.caller_left:  # else nobody to send them to (grpc would refuse them)
+                        await _send_headers(call, reservation, lookup.header if lookup is not None else None)
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
                     yield _prepend(first, events)
         except OutOfService:
@@ -186,6 +188,7 @@ class Pipeline:
             # Nothing here waits: a caller who closes on the last event cancels the RPC at its next wait, and would
             # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
+            call.record.caller_left = watch.caller_left
             if meter.finish is not None:
                 call.record.finish_reason = meter.finish.value
             used = 0
@@ -229,6 +232,9 @@ class Pipeline:
             self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
+        """The whole answer. One whose caller left while its upstream generated it (server/cutoff.py) ran on to be
+        counted, and ends as a cancelled request (499, as the caller's leaving made it) with what it used."""
+        completion = None
         parts: list[str] = []
         calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
         upstream: list[UpstreamObject] = []
@@ -247,8 +253,13 @@ class Pipeline:
                                        for start, arguments in (calls[i] for i in sorted(calls)))
                     # A request that does not stream is answered with the upstream's one JSON object, if any.
                     whole = upstream[0] if len(upstream) == 1 and not request.stream else None
-                    return Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
-        raise InternalError("The provider ended without a result.")
+                    completion = Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
+                    break
+        if call.record.caller_left:  # nobody to answer: the interceptor records it as gone (499)
+            raise asyncio.CancelledError
+        if completion is None:
+            raise InternalError("The provider ended without a result.")
+        return completion
 
     async def count_tokens(self, call: Call, request: GenerationRequest) -> TokenCount:
         """How many input tokens `request`'s prompt is for its model, as its generation would take it: the embedded

@@ -63,6 +63,9 @@ class RequestRecord:
     in_band_error: str = ""  # the code of a failure reported inside an already started stream
     # A stream's last message went to grpc: a caller who leaves now (closing on `[DONE]`) had the whole answer.
     answered: bool = False
+    # Its caller went away while its non-streamed answer was generated upstream, which ran on (server/cutoff.py): it
+    # is answered no more, and ends as the caller's leaving or the exchange's failure made it.
+    caller_left: bool = False
     cache: str = ""  # "hit" or "miss" for a model with a response cache (server/cache), else ""
     trace_id: str | None = None  # the W3C trace id: of the request's span, else of the caller's traceparent
     span: Any = None  # the request's OpenTelemetry span, when traces are on (server/observability/tracing.py)

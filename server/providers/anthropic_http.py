@@ -50,7 +50,8 @@ class AnthropicProvider:
         headers = _beta_headers(request)
         try:
             if not request.stream:
-                answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers)
+                answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers,
+                                                      billed=True)
                 if answer.get("type") == "error" or "error" in answer:
                     raise self._upstream.stream_error(answer, self._model_id, self._model)
                 generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from server.config import Config
 from server.config_providers import ConfigError, upstream_keys
+from server.cutoff import Cutoff
 from server.domain import Deployment, Endpoint, ModelEntry, UpstreamSpec
 from server.observability import UpstreamRecorder
 from server.providers import Provider
@@ -36,14 +37,16 @@ AnyProvider = Provider | ImageProvider
 
 def build_providers(
     config: Config, recorder: UpstreamRecorder | None = None, environ: Mapping[str, str] = os.environ,
-    health_file: Path | None = None,
+    health_file: Path | None = None, cutoff: Cutoff | None = None,
 ) -> tuple[dict[str, AnyProvider], Board]:
     """model id -> provider, and the health board of the deployments it watches. Upstream keys are read first, so a
     missing one stops start-up before anything (the embedded model, connection pools) has been built. Retries,
     fallbacks and attempts are reported to `recorder`. `health_file`: the board shared by the worker processes of
-    this host (server/providers/health.py); None: this process's own."""
+    this host (server/providers/health.py); None: this process's own. `cutoff`: the pipeline's, which lets a
+    generation whose caller left run on (server/cutoff.py); None: one of their own, under which none does."""
     keys = upstream_keys(config.models, environ)
-    builder = _Builder(config, recorder)
+    cutoff = cutoff or Cutoff()
+    builder = _Builder(config, recorder, cutoff)
     watched = [(entry, d) for entry in config.models if len(entry.deployments) > 1 for d in entry.deployments]
     names = [(entry.id, d.name, entry.health) for entry, d in watched]
     board = FileBoard(health_file, names) if health_file is not None else MemoryBoard(names)
@@ -60,14 +63,15 @@ def build_providers(
             providers[entry.id] = own[0].provider  # nothing to retry or fall back to: the provider itself
         else:
             chain = [routes[model_id] for model_id in (entry.id, *entry.fallbacks)]
-            providers[entry.id] = Router(chain, board=board, recorder=recorder)
+            providers[entry.id] = Router(chain, board=board, recorder=recorder, caller_left=cutoff.caller_left)
     return providers, board
 
 
 class _Builder:
-    def __init__(self, config: Config, recorder: UpstreamRecorder | None) -> None:
+    def __init__(self, config: Config, recorder: UpstreamRecorder | None, cutoff: Cutoff) -> None:
         self._config = config
         self._recorder = recorder
+        self._cutoff = cutoff
         self._embedded: LlamaCppProvider | None = None
         self._dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
         self._upstreams: dict[tuple, HttpUpstream] = {}
@@ -116,6 +120,7 @@ class _Builder:
         shared_by = (kind, spec.base_url, spec.api_key_env, spec.timeouts, spec.max_connections, spec.retry.on_status)
         if shared_by not in self._upstreams:
             headers = anthropic_auth_headers(key) if kind == "anthropic" else openai_auth_headers(key)
-            self._upstreams[shared_by] = HttpUpstream(spec, auth_headers=headers, secret=key, provider=kind,
-                                                      recorder=self._recorder)
+            self._upstreams[shared_by] = HttpUpstream(
+                spec, auth_headers=headers, secret=key, provider=kind, recorder=self._recorder,
+                outlast=self._cutoff.outlast)
         return self._upstreams[shared_by]

@@ -104,14 +104,18 @@ class Pool:
         self.host_lines = header_lines(fields)
 
     async def request(self, method: str, path: str, *, headers: bytes, body: bytes,
-                      read_timeout: float | None, answer_within: float | None = None) -> Response:
+                      read_timeout: float | None, answer_within: float | None = None,
+                      outlast: Callable[[], bool] | None = None) -> Response:
         """Send a request and await its answer's status and headers. `path` starts with "/"; `headers` are whole
         lines (`header_lines`) without host or content-length; `answer_within`: seconds from sending by which the
-        whole answer must have arrived. Cancelled or failed before the answer, the connection is closed."""
+        whole answer must have arrived; `outlast`: the answer's (Response.outlast). Cancelled or failed before the
+        answer, the connection is closed."""
         connection = await self._connection()
         head = (f"{method} {self.target_prefix}{path} HTTP/1.1\r\n".encode() + self.host_lines + headers
                 + (b"content-length: %d\r\n\r\n" % len(body) if body or method == "POST" else b"\r\n"))
         response = connection.send(head + body, read_timeout, answer_within)
+        if outlast is not None:
+            response.outlast = outlast
         try:
             await connection.started(response)
         except BaseException:

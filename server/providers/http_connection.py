@@ -11,6 +11,7 @@ deadline, which no byte moves (a non-streamed answer's `timeouts.answer`: an ups
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httptools
@@ -63,6 +64,10 @@ class TooLarge(TransportError):
 class Response:
     """One answer: its status and headers, then its body as it arrives. Exactly one of `release` (the connection
     goes back to its pool if the answer was read whole) or `close` must end it."""
+
+    # Asked when a wait for this answer is cancelled: True when the reader's caller left and the exchange runs on
+    # (server/cutoff.py Cutoff.outlast, for non-streamed answers the upstream bills whatever its client does).
+    outlast: Callable[[], bool] | None = None
 
     def __init__(self, connection: Connection, read_timeout: float | None, deadline: float | None = None) -> None:
         """`deadline`: the loop time by which the whole answer must have arrived (None: none)."""
@@ -148,6 +153,10 @@ class Response:
         self._connection.watch(self._read_timeout, self._deadline)
         try:
             await waiter
+        except asyncio.CancelledError:
+            if self.outlast is None or not self.outlast():
+                raise
+            # Run on: the readers loop back to another wait, under the same timer (its timeouts still apply).
         finally:
             self._waiter = None
         if self._error is not None:

@@ -21,7 +21,7 @@ import logging
 import ssl
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from urllib.parse import quote, urlsplit
 
@@ -67,9 +67,11 @@ _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot 
 
 class HttpUpstream:
     def __init__(self, spec: UpstreamSpec, *, auth_headers: Mapping[str, str], secret: str | None,
-                 provider: str = "openai", recorder: UpstreamRecorder | None = None) -> None:
+                 provider: str = "openai", recorder: UpstreamRecorder | None = None,
+                 outlast: Callable[[], bool] | None = None) -> None:
         """`provider`: the dialect the server speaks ("openai" or "anthropic"); `recorder` opens a traced request's
-        span for each POST (server/observability)."""
+        span for each POST (server/observability); `outlast` says whether a generation whose caller left runs on
+        (server/cutoff.py Cutoff.outlast; None: never)."""
         timeouts = spec.timeouts
         self._base = spec.base_url + "/"
         self._provider = provider
@@ -97,6 +99,7 @@ class HttpUpstream:
         self._pool: Pool | None = None
         self._closed = False
         self._settling: set[asyncio.Task] = set()
+        self._outlast = outlast
 
     async def close(self) -> None:
         self._closed = True
@@ -138,13 +141,15 @@ class HttpUpstream:
                 if events is not None:
                     await events.aclose()
 
-    async def post_json(self, path: str, body: Mapping, *, model_id: str,
-                        headers: Mapping[str, str] | None = None) -> dict:
+    async def post_json(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
+                        billed: bool = False) -> dict:
+        """`billed`: a generation, which the upstream finishes and bills even when its client leaves: once sent, a
+        caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts."""
         with self._attempt(path, body, model_id) as attempt:
             response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                         before_answer=True, body=wire_json.dumps(body),
                                         headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
-                                        answer_within=self._answer_timeout)
+                                        answer_within=self._answer_timeout, outlast=self._outlast if billed else None)
             attempt.set("http.response.status_code", response.status)
             try:
                 if response.status >= 300:
@@ -240,7 +245,8 @@ class HttpUpstream:
         return pool
 
     async def _send(self, pool: Pool, method: str, path: str, model_id: str, *, before_answer: bool, body: bytes,
-                    headers: bytes, read_timeout: float | None, answer_within: float | None = None) -> Response:
+                    headers: bytes, read_timeout: float | None, answer_within: float | None = None,
+                    outlast: Callable[[], bool] | None = None) -> Response:
         """The response (status and headers read) on a pooled connection. It holds one of the pool's slots until
         `_give_back`, which every caller must reach."""
         slots = self._slots
@@ -255,7 +261,7 @@ class HttpUpstream:
             await slots.acquire()  # immediate
         try:
             return await pool.request(method, path, headers=headers, body=body, read_timeout=read_timeout,
-                                      answer_within=answer_within)
+                                      answer_within=answer_within, outlast=outlast)
         except BaseException as exc:
             slots.release()
             if isinstance(exc, TransportError):

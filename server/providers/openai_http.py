@@ -38,7 +38,7 @@ class OpenAIProvider:
         try:
             prompt_estimate = request.estimated_prompt_tokens()
             if not request.stream:
-                answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id)
+                answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id, billed=True)
                 if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
                     raise self._upstream.stream_error(answer, self._model_id, self._model)
                 generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)

@@ -57,9 +57,11 @@ class Route:
 
 class Router:
     def __init__(self, chain: Sequence[Route], *, board: Board, recorder: UpstreamRecorder | None = None,
-                 rng: random.Random | None = None) -> None:
-        """`chain`: the model itself first, then its fallbacks."""
+                 rng: random.Random | None = None, caller_left: Callable[[], bool] = lambda: False) -> None:
+        """`chain`: the model itself first, then its fallbacks. `caller_left`: the request being run lost its caller,
+        and only its attempt under way runs on (server/cutoff.py Cutoff.caller_left)."""
         self._chain = tuple(chain)
+        self._caller_left = caller_left
         self._board = board
         self._recorder = recorder
         self._draw = (rng or random.Random()).random
@@ -166,7 +168,7 @@ class Router:
                         yield event
                 return
             except PorticoError as error:
-                if delivery.delivered:
+                if delivery.delivered or self._caller_left():  # nobody would get another try's answer
                     raise
                 plan.failed(step, error, loop.time())  # raises a failure that another try would meet too
                 failed = (step, error)

@@ -151,7 +151,10 @@ class _Observation:
         of a cached model carries x-portico-cache)."""
         self.outcome = Outcome.of_error(error)
         headers = ((CACHE_HEADER, "miss"),) if self._record is not None and self._record.cache else ()
+        left = self._record is not None and self._record.caller_left
         self.close()
+        if left:  # a call its caller ended takes no answer: recorded with the failure that ended its exchange
+            raise asyncio.CancelledError
         await abort(context, error, anthropic=anthropic, headers=headers)
 
     def close(self) -> None:

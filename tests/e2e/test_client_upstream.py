@@ -17,6 +17,7 @@ from portico.client import (
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
+from tests.e2e.test_operations import access_lines
 from tests.upstream_double import Cue
 from tests.upstream_echo import tiny_png
 from tests.upstream_support import UPSTREAM_KEY_ENV
@@ -68,17 +69,22 @@ def test_an_images_answer_over_4_mib_is_received_on_both_transports(gateway, dou
 
 async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_keys_slot(gateway, double, transport):
     """A caller that gives up on a queued request (asyncio.wait_for, a cancelled task) cancels its future: the call
-    itself went on, holding the key's one concurrency slot and the queue's worker until the whole answer came."""
+    itself went on, holding the queue's worker until the whole answer came, and was answered (200). Now the call
+    ends (499); the gateway holds the key's one concurrency slot only until the upstream, which bills the answer
+    all the same, has sent it (api.md, Rate limits)."""
     double.reset()
     double.cue(SLOW)
-    secret = gateway.cli("keys", "create", "--name", "one-at-a-time", "--all-models", "--concurrency", "1")
-    async with client_for(gateway, transport, secret.stdout.split()[-1], use_asyncio=True,
+    created = gateway.cli("keys", "create", "--name", "one-at-a-time", "--all-models", "--concurrency", "1").stdout
+    key_id = created.split()[2]
+    async with client_for(gateway, transport, created.split()[-1], use_asyncio=True,
                           retry=RetryPolicy(attempts=1)) as client:
         queue = AsyncRequestQueue(max_size=2, concurrency=1)
+        started = time.monotonic()
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(queue.submit(lambda: client.chat_completion("chat-up", HI, max_tokens=5)), 1.0)
-        for _ in range(20):  # the gateway frees the slot once it sees the call go (well within this second)
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(queue.close(), 2.0)  # its worker is free again: nothing left to wait for
+        while time.monotonic() - started < SLOW.delay + 3:  # the slot is free once the upstream's answer is in
+            await asyncio.sleep(0.2)
             try:
                 await client.chat_completion("chat-up", HI, max_tokens=5)
                 break
@@ -86,7 +92,8 @@ async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_k
                 assert isinstance(refused.last, RateLimitError), refused
         else:
             pytest.fail("the cancelled request still holds the key's concurrency slot")
-        await asyncio.wait_for(queue.close(), 2.0)  # its worker is free again: nothing left to wait for
+    lines = [line for line in access_lines(gateway) if line["key_id"] == key_id]
+    assert [line["status"] for line in lines if line["status"] != 429] == [499, 200]
 
 
 def test_a_call_in_flight_when_the_client_is_closed_says_so(gateway, double, transport):

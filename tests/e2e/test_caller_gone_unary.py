@@ -1,0 +1,242 @@
+"""A caller that leaves a non-streamed request to an HTTP upstream (a REST client that disconnects, a gRPC deadline
+that passes) while the upstream is generating: the upstream goes on and bills the whole answer, so Portico lets the
+exchange run to its end and counts what the upstream answered (api.md, Rate limits; operations.md, Usage ledger).
+The row says 499 `cancelled`, with the answer's tokens and cost; the key's concurrency slot is held until then;
+no retry or fallback starts after the caller left; a drain gives such an exchange `drain_seconds`, then cuts it.
+The embedded model, which stops when asked and costs nothing, still stops at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+import pytest
+import yaml
+
+from portico.v1 import chat_service_pb2_grpc
+from server.db import StoreSettings
+from server.usage.stores import open_ledger
+from tests.e2e.conftest import Gateway, running_gateway, upstream_gateway
+from tests.e2e.test_operations import scrape, value
+from tests.helpers import bearer, chat_request, http_body
+from tests.upstream_double import Cue
+from tests.upstream_support import UPSTREAM_KEY_ENV
+
+HI = [{"role": "user", "content": "Say hello to the whole world"}]
+PRICE = {"input": 3, "output": 7}  # dollars per million tokens: a token costs 3 or 7 micro-dollars
+UPSTREAM_SECONDS = 3.0  # the upstream's answer comes this long after the request; the caller leaves after 0.5 s
+
+
+def models(url: str) -> str:
+    openai = f"kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    anthropic = f"kind: anthropic, base_url: '{url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
+    retry = "{attempts: 3, initial_backoff: 0.02, max_backoff: 0.1, total_seconds: 10}"
+    price = f"{{input: {PRICE['input']}, output: {PRICE['output']}}}"
+    return f"""\
+  - {{id: chat-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m}}, price: {price}}}
+  - {{id: messages-up, endpoint: /v1/messages, provider: {{{anthropic}, model: m}}, price: {price}}}
+  - id: flaky-up
+    endpoint: /v1/chat/completions
+    provider: {{{openai}, model: flaky, retry: {retry}}}
+    fallbacks: [chat-up]
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    with upstream_gateway(tmp_path_factory.mktemp("caller-gone"), models(double.url)) as gateway:
+        yield gateway
+
+
+def key(gateway: Gateway, name: str) -> tuple[str, str]:
+    out = gateway.cli("keys", "create", "--name", name, "--all-models", "--concurrency", "5",
+                      "--daily-tokens", "1000000").stdout
+    return out.split()[2], out.split()[-1]
+
+
+def admin(gateway: Gateway) -> dict[str, str]:
+    secret = gateway.cli("keys", "create", "--name", "admin", "--admin", "--all-models").stdout.split()[-1]
+    return {"authorization": f"Bearer {secret}"}
+
+
+def standing(gateway: Gateway, key_id: str, headers: dict[str, str]) -> dict[str, int]:
+    limits = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", headers=headers, timeout=30).json()
+    return {limit["limit"]: limit["used"] for limit in limits["limits"] if not limit["model"]}
+
+
+def rows(gateway: Gateway, key_id: str, headers: dict[str, str], want: int = 1) -> list[dict]:
+    deadline = time.monotonic() + 15
+    while True:
+        found = httpx.get(f"{gateway.base_url}/v1/organization/requests", headers=headers, timeout=30,
+                          params={"start_time": 0, "api_key_ids": key_id}).json()["data"]
+        if len(found) >= want or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def leave(url: str, body: dict, headers: dict[str, str]) -> None:
+    """Send a non-streamed request and go away half a second later, as a client with a short timeout does."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=body, headers=headers, timeout=httpx.Timeout(10, read=0.5))
+
+
+@pytest.mark.parametrize("endpoint, model", [("/v1/chat/completions", "chat-up"), ("/v1/messages", "messages-up")])
+def test_a_rest_caller_who_leaves_is_counted_with_what_the_upstream_answered(gateway, double, endpoint, model):
+    double.reset()
+    double.cue(Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, f"leaves-{model}")
+    headers = admin(gateway)
+    before = scrape(gateway)
+    leave(f"{gateway.base_url}{endpoint}", {"model": model, "messages": HI, "max_tokens": 50},
+          {"authorization": f"Bearer {secret}"})
+    time.sleep(0.5)
+    # The upstream is still working for this key: its slot stays taken until the answer is in.
+    assert standing(gateway, key_id, headers)["concurrent_requests"] == 1
+    (row,) = rows(gateway, key_id, headers)
+    assert (row["status"], row["code"]) == (499, "cancelled")
+    assert row["input_tokens"] > 0 and row["output_tokens"] > 0, row
+    assert row["cost_microdollars"] == row["input_tokens"] * PRICE["input"] + row["output_tokens"] * PRICE["output"]
+    assert double.gone == 0  # the upstream's answer was read to its end
+    used = standing(gateway, key_id, headers)
+    assert used["concurrent_requests"] == 0 and used["daily_tokens"] == row["input_tokens"] + row["output_tokens"]
+    after = scrape(gateway)
+    for name, counted in (("portico_input_tokens_total", row["input_tokens"]),
+                          ("portico_output_tokens_total", row["output_tokens"]),
+                          ("portico_spend_microdollars_total", row["cost_microdollars"])):
+        assert value(after, name, model=model, key_id=key_id) - value(before, name, model=model, key_id=key_id) \
+            == counted, name
+    assert value(after, "portico_requests_total", endpoint=endpoint, model=model, status="499", code="cancelled") \
+        - value(before, "portico_requests_total", endpoint=endpoint, model=model, status="499", code="cancelled") == 1
+
+
+@pytest.mark.parametrize("rpc", ["CreateChatCompletion", "CreateChatCompletionHttp"])
+def test_a_grpc_deadline_that_passes_is_counted_with_what_the_upstream_answered(gateway, double, rpc):
+    """The typed unary RPC, and the REST RPC that answers a body which does not stream in one message."""
+    double.reset()
+    double.cue(Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, f"deadline-{rpc}")
+    headers = admin(gateway)
+    request = chat_request(model="chat-up", max_tokens=50)
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            if rpc == "CreateChatCompletion":
+                stub.CreateChatCompletion(request, metadata=bearer(secret), timeout=0.5)
+            else:
+                list(stub.CreateChatCompletionHttp(http_body(request), metadata=bearer(secret), timeout=0.5))
+    assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    (row,) = rows(gateway, key_id, headers)
+    assert (row["status"], row["code"]) == (499, "cancelled")
+    assert row["input_tokens"] > 0 and row["output_tokens"] > 0 and row["cost_microdollars"] > 0, row
+    used = standing(gateway, key_id, headers)
+    assert used["concurrent_requests"] == 0 and used["daily_tokens"] == row["input_tokens"] + row["output_tokens"]
+
+
+def test_no_retry_or_fallback_starts_after_the_caller_left(gateway, double):
+    """The exchange under way runs on; one that then fails is not tried again, nor passed to the fallback: nobody is
+    there for the answer. Its row says how it ended (the upstream's 503), with nothing used."""
+    double.reset()
+    down = {"error": {"message": "overloaded", "type": "server_error"}}
+    double.cue(Cue(delay=1.5, status=503, body=down))
+    key_id, secret = key(gateway, "no-retry")
+    headers = admin(gateway)
+    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "flaky-up", "messages": HI},
+          {"authorization": f"Bearer {secret}"})
+    (row,) = rows(gateway, key_id, headers)
+    assert len(double.seen) == 1, [seen.body["model"] for seen in double.seen]
+    assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (
+        503, "service_unavailable", 0, 0)
+    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
+
+
+def test_the_embedded_model_still_stops_when_its_caller_leaves(tmp_path):
+    """It stops when asked and costs nothing: a caller's leaving still ends its generation at once."""
+    with running_gateway(tmp_path / "data") as gateway:
+        body = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Tell a long story."}],
+                "max_tokens": 2000}
+        left = time.monotonic()
+        leave(f"{gateway.base_url}/v1/chat/completions", body, {"authorization": f"Bearer {gateway.secret}"})
+        line = None
+        while line is None and time.monotonic() - left < 10:
+            time.sleep(0.1)
+            line = next((entry for entry in _access_lines(gateway) if entry["model"] == "family-a-5.5"), None)
+        assert line is not None and (line["status"], line["code"]) == (499, "cancelled")
+        assert time.monotonic() - left < 5  # 2,000 tokens on two cores would take minutes
+
+
+def _access_lines(gateway: Gateway) -> list[dict]:
+    return [orjson.loads(line) for line in gateway.log_path.read_text().splitlines() if line.startswith('{"ts":')]
+
+
+def _drain_config(directory: Path, url: str, drain_seconds: float) -> Path:
+    raw = {"drain_seconds": drain_seconds, "usage": {"flush_seconds": 0.2},
+           "models": [{"id": "chat-up", "endpoint": "/v1/chat/completions",
+                       "provider": {"kind": "openai", "base_url": url, "api_key_env": UPSTREAM_KEY_ENV, "model": "m"},
+                       "price": PRICE}]}
+    path = directory / "portico.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _ledger_rows(data_dir: Path, key_id: str) -> list:
+    ledger = open_ledger(StoreSettings(sqlite_path=data_dir / "keys.db"))
+    try:
+        return [row for row in ledger.rows() if row.key_id == key_id]
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize("drain_seconds, upstream_seconds", [(30, UPSTREAM_SECONDS), (1, 60)],
+                         ids=["finishes-within-the-drain", "cut-when-the-drain-ends"])
+def test_a_drain_gives_an_exchange_whose_caller_left_drain_seconds(tmp_path, double, monkeypatch, drain_seconds,
+                                                                    upstream_seconds):
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-test-drain")
+    double.reset()
+    double.cue(Cue(delay=upstream_seconds))
+    data_dir = tmp_path / "data"
+    with running_gateway(data_dir, config=_drain_config(tmp_path, double.url, drain_seconds)) as gateway:
+        key_id, secret = key(gateway, "drained")
+        left = time.monotonic()
+        leave(f"{gateway.base_url}/v1/chat/completions", {"model": "chat-up", "messages": HI},
+              {"authorization": f"Bearer {secret}"})
+        gateway.process.send_signal(signal.SIGTERM)
+        assert gateway.process.wait(timeout=30) == 0
+        stopped = time.monotonic() - left
+    (row,) = _ledger_rows(data_dir, key_id)
+    if drain_seconds > upstream_seconds:
+        assert stopped >= upstream_seconds - 0.5  # it waited for the answer ...
+        assert (row.status, row.code) == (499, "cancelled")  # ... and counted it
+        assert row.input_tokens > 0 and row.output_tokens > 0 and row.cost_micros > 0
+        assert double.gone == 0
+    else:
+        assert stopped < 10  # cut when the drain ran out, as a request in flight is
+        assert (row.status, row.code, row.input_tokens, row.output_tokens) == (503, "service_unavailable", 0, 0)
+
+
+def test_nothing_is_left_running_when_many_callers_leave(gateway, double):
+    """Five callers leave at once: every exchange is counted once it ends, and no slot stays taken."""
+    double.reset()
+    double.default_cue = Cue(delay=1.5)
+    try:
+        key_id, secret = key(gateway, "many")
+        headers = admin(gateway)
+        callers = [threading.Thread(target=leave, args=(
+            f"{gateway.base_url}/v1/chat/completions", {"model": "chat-up", "messages": HI},
+            {"authorization": f"Bearer {secret}"})) for _ in range(5)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(10)
+        found = rows(gateway, key_id, headers, want=5)
+        assert len(found) == 5 and all((r["status"], r["code"]) == (499, "cancelled") and r["output_tokens"] > 0
+                                       for r in found), found
+        used = standing(gateway, key_id, headers)
+        assert used["concurrent_requests"] == 0
+        assert used["daily_tokens"] == sum(r["input_tokens"] + r["output_tokens"] for r in found)
+    finally:
+        double.default_cue = Cue()
