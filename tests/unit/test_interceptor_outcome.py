@@ -20,7 +20,7 @@ class _Telemetry:
         self.finished: list[int] = []
 
     def begin(self, method, endpoint, metadata):
-        return SimpleNamespace(cache=None, answered=False)  # a RequestRecord's fields the interceptor reads
+        return SimpleNamespace(cache=None, answered=False, caller_left=False)  # a RequestRecord's fields the interceptor reads
 
     def finish(self, record, outcome) -> None:
         self.finished.append(outcome.status)
