@@ -9,10 +9,11 @@ from __future__ import annotations
 import grpc
 import orjson
 import pytest
+from google.protobuf import json_format
 
 from tests.helpers import bearer, chat_request, error_details, message_request, sse_frames
 from tests.helpers import http_body as raw
-from tests.passthrough_objects import CHUNKS, COMPLETION, MESSAGE, THINKING, UPSTREAM_MODEL
+from tests.passthrough_objects import CHUNKS, COMPLETION, MESSAGE, THINKING, UPSTREAM_MODEL, chunk
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import cross_dialect_models, upstream_server, window_tokens
@@ -209,3 +210,111 @@ async def test_a_passed_through_value_the_typed_answer_cannot_hold_is_an_upstrea
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert (error_details(caught.value).http_status, error_details(caught.value).error.code) == (
             502, "upstream_error")
+
+
+def _meaningful(value):
+    """`value` without the members a typed message cannot tell from absent (null, empty, zero), at every level."""
+    if isinstance(value, dict):
+        return {k: v for k, v in ((k, _meaningful(v)) for k, v in value.items()) if v not in (None, [], {}, "", 0)}
+    if isinstance(value, list):
+        return [_meaningful(v) for v in value]
+    return value
+
+
+def _as_json(message) -> dict:
+    return _meaningful(json_format.MessageToDict(message, preserving_proto_field_name=True))
+
+
+CITED = {"type": "text", "text": "Oslo is cold.", "citations": [
+    {"type": "web_search_result_location", "url": "https://example.org/oslo", "title": "Oslo",
+     "encrypted_index": "Eo8BCioI", "cited_text": "Oslo is cold."}]}
+SEARCH = [{"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "oslo weather"}},
+          {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [
+              {"type": "web_search_result", "url": "https://example.org/oslo", "title": "Oslo",
+               "encrypted_content": "EqgfCioI", "page_age": "2 days ago"}]}]
+RICH_MESSAGE = {**MESSAGE, "content": [*MESSAGE["content"][:2], *SEARCH, CITED, MESSAGE["content"][3]],
+                "usage": {**MESSAGE["usage"], "server_tool_use": {"web_search_requests": 1},
+                          "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}}
+RICH_EVENTS = [*EVENTS[:6],
+               {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+               {"type": "content_block_delta", "index": 1, "delta": {"type": "citations_delta",
+                                                                     "citation": CITED["citations"][0]}},
+               *EVENTS[7:]]
+RICH_COMPLETION = {**COMPLETION, "choices": [{**COMPLETION["choices"][0], "message": {
+    **COMPLETION["choices"][0]["message"], "reasoning_content": "The weather, then.", "annotations": [
+        {"type": "url_citation", "url_citation": {"url": "https://example.org", "title": "Ex", "start_index": 0,
+                                                  "end_index": 2}}]}}],
+    "usage": {**COMPLETION["usage"], "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+              "completion_tokens_details": {"reasoning_tokens": 3, "audio_tokens": 0,
+                                            "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}}
+RICH_CHUNKS = [CHUNKS[0], {**chunk({"reasoning_content": "The weather"}, usage=None), "obfuscation": "x1y2"},
+               *CHUNKS[1:]]
+
+
+async def test_typed_callers_get_every_field_rest_callers_get(chat, messages, double, key):
+    """Thinking and its signature, redacted thinking, citations, server tools' blocks, reasoning content,
+    annotations, logprobs, usage details: typed gRPC callers lost them (their messages had no fields for them), where
+    REST callers of the same model got the upstream's object whole."""
+    secret = key[1]
+    cases = [
+        (Cue(body=RICH_COMPLETION), chat.CreateChatCompletionHttp, chat.CreateChatCompletion,
+         chat_request(model="chat-on-openai", logprobs=True)),
+        (Cue(body=RICH_MESSAGE), messages.CreateMessageHttp, messages.CreateMessage,
+         message_request(model="messages-on-anthropic")),
+    ]
+    for cue, rest, typed, request in cases:
+        double.cue(cue)
+        answer = orjson.loads(await http_body(rest, request, secret))
+        double.cue(cue)
+        assert _without_ids(_as_json(await typed(request, metadata=bearer(secret)))) == _without_ids(
+            _meaningful(answer))
+    streams = [
+        ([*(sse(c) for c in RICH_CHUNKS), b"data: [DONE]\n\n"], chat.CreateChatCompletionHttp, chat.StreamChatCompletion,
+         chat_request(model="chat-on-openai", stream=True, stream_options={"include_usage": True})),
+        ([sse(e, e["type"]) for e in RICH_EVENTS], messages.CreateMessageHttp, messages.StreamMessage,
+         message_request(model="messages-on-anthropic", stream=True)),
+    ]
+    for frames, rest, typed, request in streams:
+        double.cue(Cue(frames=frames))
+        sent = data_of(sse_frames([b async for b in rest(raw(request), metadata=bearer(secret))]))
+        double.cue(Cue(frames=frames))
+        got = [_as_json(event) async for event in typed(request, metadata=bearer(secret))]
+        assert len(got) == len(sent)
+        for event, rest_event in zip(got, sent):
+            assert _without_ids(event) == _without_ids(_meaningful(rest_event))
+
+
+ANY_ID = "<id>"
+
+
+def _without_ids(event: dict) -> dict:
+    """Portico's own id and created differ between two calls."""
+    if "message" in event:
+        event = {**event, "message": {**event["message"], "id": ANY_ID}}
+    return {k: ANY_ID if k in ("id", "created") else v for k, v in event.items()}
+
+
+async def test_typed_requests_carry_the_extensions_rest_bodies_do(chat, messages, double, key):
+    """`top_k`, `min_p`, `repetition_penalty`, `chat_template_kwargs` (vLLM, llama.cpp, TGI) and
+    `prompt_cache_retention`: a typed request could not carry them (the message had no fields), so a gRPC caller had
+    to send the JSON itself. Now they reach the upstream as a REST caller's do, and the same refusals apply."""
+    secret = key[1]
+    extensions = {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "prompt_cache_retention": "24h",
+                  "prompt_cache_options": {"mode": "implicit"},
+                  "chat_template_kwargs": {"enable_thinking": False, "depth": 2}}
+    sent = []
+    for call in (lambda r: http_body(chat.CreateChatCompletionHttp, r, secret),
+                 lambda r: chat.CreateChatCompletion(r, metadata=bearer(secret))):
+        double.cue(Cue(body=COMPLETION))
+        await call(chat_request(model="chat-on-openai", **extensions))
+        sent.append(double.seen[-1].body)
+    assert sent[0] == sent[1] and {k: sent[1][k] for k in extensions} == extensions
+    refusals = [(chat.CreateChatCompletion, chat_request(model="chat-on-anthropic", moderation={"input": True}),
+                 "moderation"),
+                (messages.CreateMessage, message_request(model="messages-on-openai", thread={"id": "t_1"}),
+                 "thread")]
+    for rpc, request, param in refusals:
+        with pytest.raises(grpc.RpcError) as refused:
+            await rpc(request, metadata=bearer(secret))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_details(refused.value).error.param == param
