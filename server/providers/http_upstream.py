@@ -61,7 +61,6 @@ _QUERY_SAFE = _PATH_SAFE + "?"
 _OPERATIONS = {"images/generations": "generate_content", "v1/messages/count_tokens": COUNT_TOKENS}
 
 T = TypeVar("T")
-
 _logger = logging.getLogger(__name__)
 
 _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
