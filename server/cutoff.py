@@ -13,10 +13,11 @@ cancellation lands inside the provider (which stops its work as for a caller who
 error right there. A call that is busy elsewhere when the cut comes (sending to a slow caller) fails at its next
 wait instead.
 
-A caller that goes away (a disconnect, a gRPC deadline) while a non-streamed answer is being generated upstream does
-not end the exchange: the upstream goes on and bills the whole answer whatever its client does, so the exchange runs
-on in the RPC's task, uncancelled (`Cutoff.outlast`, asked where the cancellation lands: http_connection.Response),
-to be counted as any answer is. A drain gives it the time it gives requests in flight (`outlasted`), then cuts it.
+A caller that goes away (a disconnect, a gRPC deadline) while a non-streamed answer (or images) is being generated
+upstream does not end the exchange: the upstream goes on and bills the whole answer whatever its client does, so the
+exchange runs on in the RPC's task, uncancelled (`Cutoff.outlast`, asked where the cancellation lands:
+http_connection.Response, HttpUpstream.billed), to be counted as any answer is. A drain gives it the time it gives
+requests in flight (`outlasted`), then cuts it.
 """
 
 from __future__ import annotations

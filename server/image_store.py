@@ -39,6 +39,7 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{24}\.(png|jpeg|webp)")  # also keeps names in
 class StoredImage:
     data: bytes
     content_type: str
+    expires_in: int  # seconds until its link expires
 
 
 class ImageStore:
@@ -136,7 +137,8 @@ class ImageStore:
             data = (self._dir / name).read_bytes()
         except FileNotFoundError:
             raise NotFound("This image link has expired.") from None
-        return StoredImage(data=data, content_type=ImageFormat(match.group(1)).content_type)
+        return StoredImage(data=data, content_type=ImageFormat(match.group(1)).content_type,
+                           expires_in=max(0, int(expires - self._clock())))
 
     def _sign(self, name: str, expires: int) -> str:
         return hmac.new(self._secret, f"{name}\n{expires}".encode(), hashlib.sha256).hexdigest()

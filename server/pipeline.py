@@ -327,7 +327,8 @@ class Pipeline:
                 self._telemetry.budget_left(reading.scope.id, budget, left)
 
     async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
-        """Images are admitted as requests; they use no tokens."""
+        """Images are admitted as requests; they use no tokens. Images an upstream draws for a caller who left ran on
+        to be counted (server/cutoff.py), as a non-streamed answer does in `complete`."""
         provider = call.provider
         if not isinstance(provider, ImageProvider):  # a catalog mistake: an image path served by a text provider
             raise InternalError(f"The model `{call.model.id}` has no image provider.")
@@ -341,8 +342,9 @@ class Pipeline:
         images: list[GeneratedImage] | None = None
         self._handed_over(call, reservation)
         reached_model = True
+        watch = self.cutoff.watch()
         try:
-            with self.cutoff.watch() as watch:
+            with watch:
                 images = await watch.wait(provider.generate(request))
         except OutOfService:  # reached no model, as in `stream`
             reached_model = False
@@ -350,12 +352,15 @@ class Pipeline:
             raise
         finally:
             call.record.upstream_done()
+            call.record.caller_left = watch.caller_left
             if images is not None:
                 call.record.model_answered = True
                 _account(call, images=len(images))
             if reached_model:
                 self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
                 self._budgets_left(reservation, call.record.cost_micros)
+        if watch.caller_left:  # counted, with nobody to answer: the interceptor records it as gone (499)
+            raise asyncio.CancelledError
         await _send_headers(call, reservation)
         return images
 

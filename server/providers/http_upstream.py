@@ -21,8 +21,9 @@ import logging
 import ssl
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
+from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
 from server import wire_json
@@ -59,7 +60,7 @@ _QUERY_SAFE = _PATH_SAFE + "?"
 # gen_ai.operation.name by path (tracing.OPERATIONS); the others are "chat"
 _OPERATIONS = {"images/generations": "generate_content", "v1/messages/count_tokens": COUNT_TOKENS}
 
-
+T = TypeVar("T")
 _logger = logging.getLogger(__name__)
 
 _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
@@ -167,6 +168,18 @@ class HttpUpstream:
         if not isinstance(data, dict):
             raise UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
         return data
+
+    async def billed(self, work: Awaitable[T]) -> T:
+        """`work` that finishes a billed answer (fetching the images it links): a caller who leaves meanwhile does not
+        end it (as in `post_json(billed=True)`), so that what the upstream drew and billed is counted."""
+        task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self._outlast is None or not self._outlast():
+                task.cancel()
+                raise
+        return await task
 
     async def fetch(self, url: str, *, model_id: str, media_type: str) -> bytes:
         """GET a link from an upstream's answer (an image URL: `media_type` "image"), without credentials. An answer

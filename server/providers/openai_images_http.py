@@ -36,12 +36,13 @@ class OpenAIImageProvider:
         body = dict(request.source) if request.source is not None else _built(request)
         body.pop("response_format", None)
         body["model"] = self._model
-        answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id)
+        # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
+        answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True)
         items = answer.get("data")
         if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
             raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
         # No more than asked: admission reserved (and a budget allows) the cost of `n` images, no more.
-        images = await asyncio.gather(*(self._image(item) for item in items[:request.n]))
+        images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
         # gpt-image models choose the background for "auto", and say which they drew.
         background = answer.get("background")
         if background in ("transparent", "opaque"):

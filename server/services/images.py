@@ -54,6 +54,10 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
     async def GetImageContent(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         # No API key on purpose: the link's signature and expiry are the credential (see server/image_store.py).
         image = await self._store.get(request.name, request.expires, request.signature)
+        # A link's bytes never change: its caller may keep them until it expires, but no shared cache (the link is
+        # the only credential) nor any cache past the link's end.
+        await context.send_initial_metadata(
+            (("cache-control", f"private, max-age={image.expires_in}, immutable"),))
         # In pieces: grpc clients refuse messages over 4 MiB by default, and an upstream's image can be bigger.
         for piece in _pieces(image.data, image.content_type):
             yield piece
