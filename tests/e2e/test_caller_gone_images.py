@@ -17,7 +17,7 @@ from google.protobuf import json_format
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import running_gateway, upstream_gateway
-from tests.e2e.test_caller_gone_unary import _ledger_rows, admin, leave, rows, standing
+from tests.e2e.test_caller_gone_unary import _ledger_rows, admin, leave, reached, rows, standing
 from tests.e2e.test_operations import scrape, value
 from tests.helpers import bearer
 from tests.upstream_double import Cue
@@ -56,7 +56,7 @@ def test_a_rest_caller_who_leaves_is_counted_with_the_images_the_upstream_drew(g
     headers = admin(gateway)
     before = scrape(gateway)
     leave(f"{gateway.base_url}{IMAGES}", {"model": "image-up", "prompt": "a lighthouse", "n": 3},
-          {"authorization": f"Bearer {secret}"})
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
     time.sleep(0.5)
     # The upstream is still drawing for this key: its slot stays taken until the images are in.
     assert standing(gateway, key_id, headers)["concurrent_requests"] == 1
@@ -84,7 +84,7 @@ def test_linked_images_are_fetched_and_counted_after_the_caller_left(gateway, do
     key_id, secret = key(gateway, "leaves-while-fetching")
     headers = admin(gateway)
     leave(f"{gateway.base_url}{IMAGES}", {"model": "image-up", "prompt": "a lighthouse"},
-          {"authorization": f"Bearer {secret}"})
+          {"authorization": f"Bearer {secret}"}, once=reached(double, 2))  # the image's link being fetched
     (row,) = rows(gateway, key_id, headers)
     assert (row["status"], row["code"], row["images"]) == (499, "cancelled", 1), row
     assert row["cost_microdollars"] == PRICE * 1_000_000
@@ -116,7 +116,7 @@ def test_no_retry_or_fallback_starts_after_the_caller_left(gateway, double):
     key_id, secret = key(gateway, "no-retry")
     headers = admin(gateway)
     leave(f"{gateway.base_url}{IMAGES}", {"model": "image-flaky", "prompt": "a lighthouse"},
-          {"authorization": f"Bearer {secret}"})
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
     (row,) = rows(gateway, key_id, headers)
     assert len(double.seen) == 1
     assert (row["status"], row["code"], row["images"], row["cost_microdollars"]) == (503, "service_unavailable", 0, 0)
@@ -151,7 +151,7 @@ def test_a_drain_waits_for_images_whose_caller_left(tmp_path, double, monkeypatc
         key_id, secret = key(gateway, "drained")
         left = time.monotonic()
         leave(f"{gateway.base_url}{IMAGES}", {"model": "image-up", "prompt": "a lighthouse", "n": 2},
-              {"authorization": f"Bearer {secret}"})
+              {"authorization": f"Bearer {secret}"}, once=reached(double))
         gateway.process.send_signal(signal.SIGTERM)
         assert gateway.process.wait(timeout=30) == 0
         assert time.monotonic() - left >= UPSTREAM_SECONDS - 0.5  # it waited for the images ...

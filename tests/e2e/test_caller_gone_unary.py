@@ -8,9 +8,12 @@ The embedded model, which stops when asked and costs nothing, still stops at onc
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 import httpx
@@ -79,10 +82,30 @@ def rows(gateway: Gateway, key_id: str, headers: dict[str, str], want: int = 1) 
         time.sleep(0.2)
 
 
-def leave(url: str, body: dict, headers: dict[str, str]) -> None:
-    """Send a non-streamed request and go away half a second later, as a client with a short timeout does."""
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url, json=body, headers=headers, timeout=httpx.Timeout(10, read=0.5))
+def leave(url: str, body: dict, headers: dict[str, str], *, once: Callable[[], bool] | None = None) -> None:
+    """Send a non-streamed request and go away before its answer, as a client with a short timeout does: once
+    `once()` says so (the upstream has the request: `reached`), else after half a second. A fixed half second let a
+    loaded machine's caller leave before the request was sent, which is another case."""
+    target = urlsplit(url)
+    data = orjson.dumps(body)
+    head = (f"POST {target.path} HTTP/1.1\r\nhost: {target.netloc}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")
+    with socket.create_connection((target.hostname, target.port), timeout=10) as caller:
+        caller.sendall(head.encode() + data)
+        if once is None:
+            time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while once is not None and not once():
+            assert time.monotonic() < deadline, "the request never reached the upstream"
+            time.sleep(0.01)
+        caller.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no answer yet: the caller leaves before it
+            caller.recv(1)
+
+
+def reached(double, requests: int = 1) -> Callable[[], bool]:
+    """The upstream double has seen `requests` requests since its reset."""
+    return lambda: len(double.seen) >= requests
 
 
 @pytest.mark.parametrize("endpoint, model", [("/v1/chat/completions", "chat-up"), ("/v1/messages", "messages-up")])
@@ -93,7 +116,7 @@ def test_a_rest_caller_who_leaves_is_counted_with_what_the_upstream_answered(gat
     headers = admin(gateway)
     before = scrape(gateway)
     leave(f"{gateway.base_url}{endpoint}", {"model": model, "messages": HI, "max_tokens": 50},
-          {"authorization": f"Bearer {secret}"})
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
     time.sleep(0.5)
     # The upstream is still working for this key: its slot stays taken until the answer is in.
     assert standing(gateway, key_id, headers)["concurrent_requests"] == 1
@@ -146,7 +169,7 @@ def test_no_retry_or_fallback_starts_after_the_caller_left(gateway, double):
     key_id, secret = key(gateway, "no-retry")
     headers = admin(gateway)
     leave(f"{gateway.base_url}/v1/chat/completions", {"model": "flaky-up", "messages": HI},
-          {"authorization": f"Bearer {secret}"})
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
     (row,) = rows(gateway, key_id, headers)
     assert len(double.seen) == 1, [seen.body["model"] for seen in double.seen]
     assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (
@@ -203,7 +226,7 @@ def test_a_drain_gives_an_exchange_whose_caller_left_drain_seconds(tmp_path, dou
         key_id, secret = key(gateway, "drained")
         left = time.monotonic()
         leave(f"{gateway.base_url}/v1/chat/completions", {"model": "chat-up", "messages": HI},
-              {"authorization": f"Bearer {secret}"})
+              {"authorization": f"Bearer {secret}"}, once=reached(double))
         gateway.process.send_signal(signal.SIGTERM)
         assert gateway.process.wait(timeout=30) == 0
         stopped = time.monotonic() - left
