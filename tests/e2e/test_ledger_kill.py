@@ -255,3 +255,43 @@ def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_s
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)
         redis.stop()
+
+
+def test_a_killed_serve_s_running_request_counts_as_its_row_says_with_the_in_process_store(tmp_path, double):
+    """The in-process store saves the day's and month's counters every 2 s: a request running then was saved with
+    its estimates (max_tokens 50000, the most it could cost), so after `kill -9` and a start the key's daily tokens
+    and spend kept them for the rest of the day, where its ledger row says one request with nothing used."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    data = tmp_path / "data"
+    try:
+        path = config(tmp_path, double.url)
+        with running_gateway(data, config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
+                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000",
+                "--max-spend-day", "1000").stdout)
+            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin",
+                                            "--all-models").stdout.splitlines()[-1]
+            answered(gateway, secret, 1)
+            double.cue(Cue(delay=60))
+            seen = len(double.seen)
+            caller = threading.Thread(target=lambda: httpx.post(
+                f"{gateway.base_url}/v1/chat/completions",
+                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
+                headers={"Authorization": f"Bearer {secret}"}, timeout=30))
+            caller.start()
+            while len(double.seen) == seen:
+                time.sleep(0.01)
+            time.sleep(2.5)  # a save of the day's counters while it runs
+            gateway.process.send_signal(signal.SIGKILL)
+            gateway.process.wait(10)
+            caller.join()
+        with running_gateway(data, config=path, dev_key=False) as gateway:
+            rows = rows_of(data, key_id, 2)
+            standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits",
+                                 headers={"authorization": admin}).json()
+            used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+            assert len(rows) == 2
+            assert used["daily_tokens"] == sum(row.input_tokens + row.output_tokens for row in rows)
+            assert float(used["max_spend_day"]) == pytest.approx(sum(row.cost_micros for row in rows) / 1e6)
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
