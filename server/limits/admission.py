@@ -164,7 +164,7 @@ class Limiter:
             if settled is not None:
                 settled()
         else:
-            task = self._spawn(self._until_taken(attempt))
+            task = self._spawn(self._until_taken(attempt, kept=settled is not None))
             if settled is not None:
                 task.add_done_callback(lambda done: not done.cancelled() and done.result() and settled())
 
@@ -172,11 +172,11 @@ class Limiter:
         """Wait for the settlements under way now (tests, diagnostics)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _until_taken(self, attempt: Callable[[], Awaitable[None]]) -> bool:
+    async def _until_taken(self, attempt: Callable[[], Awaitable[None]], *, kept: bool = False) -> bool:
         """Run `attempt` until the store takes it: a settlement lost would leave the reservation's estimates counted
         for good (tokens, spend), against the usage ledger. Retried with backoff for up to SETTLE_RETRY_SECONDS; a
         drain gives each its last try at once. Retrying is safe: the store ignores a second settlement. False when
-        it gave up while the store did not answer (another try later may still be taken)."""
+        it gave up while the store did not answer (`kept`: the ledger's spool keeps it for the next process)."""
         delay, give_up = _FIRST_RETRY_SECONDS, time.monotonic() + SETTLE_RETRY_SECONDS
         tries = 0
         while True:
@@ -188,8 +188,9 @@ class Limiter:
                 return True
             except LimitStoreUnavailable as exc:
                 if self._draining.is_set() or time.monotonic() + delay > give_up:
-                    _logger.error("gave up settling a rate-limit reservation after %d tries (%s): its estimates "
-                                  "stay counted", tries, exc)
+                    _logger.error("gave up settling a rate-limit reservation after %d tries (%s): %s", tries, exc,
+                                  "left in the ledger's spool for the next process to start on this data dir" if kept
+                                  else "its estimates stay counted")
                     return False
                 if tries == 1:
                     _logger.warning("could not settle a rate-limit reservation (%s); retrying", exc)

@@ -256,7 +256,7 @@ class MemoryLimitStore:
                 counters.month_held_spend -= reservation.demand.cost
 
     def booked(self, reservation: Reservation) -> None:
-        return None  # a process's counts die with it
+        return None  # its counts die with it, but the day's and month's, saved without what running requests hold
 
     async def settle_orphan(self, orphan: Orphan) -> None:
         pass  # never booked here: a store of another kind's, from before the configuration changed

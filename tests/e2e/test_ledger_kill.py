@@ -240,6 +240,7 @@ def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_s
                 assert len(rows_of(data, key_id, 1)) == 1
         finally:
             os.kill(redis.process.pid, signal.SIGCONT)
+        assert "left in the ledger's spool for the next process" in (tmp_path / "data.log").read_text()
         with running_gateway(data, config=path, dev_key=False) as gateway:
             deadline = time.monotonic() + 10
             while True:
