@@ -220,7 +220,8 @@ def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_s
             key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
                 "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000",
                 "--concurrency", "50").stdout)
-            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin", "--all-models").stdout.splitlines()[-1]
+            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin",
+                                            "--all-models").stdout.splitlines()[-1]
             double.cue(Cue(delay=60))
             seen = len(double.seen)
             caller = threading.Thread(target=lambda: httpx.post(
