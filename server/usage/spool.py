@@ -8,10 +8,11 @@ process died before it ended.
 A process holds an exclusive flock on each segment file it has: the lock dies with the process, so a segment whose
 lock can be taken has no live owner. A write pass seals the segment being appended to and starts a new one; once
 every row queued before the seal is in the store, the sealed segments are deleted, but for those holding marks of
-requests still running (or, adopted, of a dead process's requests whose reservations are not settled yet). Adopted, a mark counts only where no row has its id: a row already in the store keeps it
-(sinks store each id once); a mark followed by `{"dropped": id}` counts nowhere (its row was dropped, logged). One
-row is one line (its values in COLUMNS order, as JSON; a mark's inside `{"open": ...}`); a line that does not parse
-(the host, not the process, died mid-write) is skipped, logged. Lines are in the page cache once written: a dying
+requests still running (or, adopted, of a dead process's requests whose reservations are not settled yet).
+Adopted, a mark counts only where no row has its id: a row already in the store keeps it (sinks store each id once);
+a mark followed by `{"dropped": id}` counts nowhere (its row was dropped, logged). One row is one line (its values
+in COLUMNS order, as JSON; a mark's inside `{"open": ...}`); a line that does not parse (the host, not the process,
+died mid-write) is skipped, logged. Lines are in the page cache once written: a dying
 process loses none, a dying host may.
 """
 
