@@ -138,32 +138,45 @@ class Limiter:
         for the request's mark in the usage ledger's spool."""
         return self._store.booked(reservation) if reservation.held else None
 
-    def settle_orphans(self, booked: Iterable[object]) -> None:
+    def settle_orphans(self, booked: Iterable[tuple[object, Callable[[], None]]]) -> None:
         """Settle the reservations of requests whose process died while they ran, as their ledger rows say they
-        ended (one request, nothing used): read back from the dead process's spool (`booked`). Never waits; each is
+        ended (one request, nothing used): read back from the dead process's spool (`booked`, each with what to call
+        once the store took it, so that the spool keeps it for the next process until then). Never waits; each is
         retried as a settlement is."""
-        orphans = [orphan for value in booked if (orphan := Orphan.of(value)) is not None]
+        orphans = []
+        for value, settled in booked:
+            if (orphan := Orphan.of(value)) is None:
+                settled()  # a damaged line: nothing any process could settle
+            else:
+                orphans.append((orphan, settled))
         if orphans:
             _logger.warning("settling %d rate-limit reservation(s) of requests whose process ended (killed?) while "
                             "they ran: one request each, nothing used", len(orphans))
-        for orphan in orphans:
-            self._finish(functools.partial(self._store.settle_orphan, orphan))
+        for orphan, settled in orphans:
+            self._finish(functools.partial(self._store.settle_orphan, orphan), settled)
 
-    def _finish(self, attempt: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """At once for a store that does not wait; else in a task held here, retried until taken (`_until_taken`)."""
+    def _finish(self, attempt: Callable[[], Coroutine[Any, Any, None]],
+                settled: Callable[[], None] | None = None) -> None:
+        """At once for a store that does not wait; else in a task held here, retried until taken (`_until_taken`).
+        `settled` is called once the store took it (not when it gave up: the estimates are still counted)."""
         if self._immediate:
             _run_now(_logged(attempt()))
+            if settled is not None:
+                settled()
         else:
-            self._spawn(self._until_taken(attempt))
+            task = self._spawn(self._until_taken(attempt, kept=settled is not None))
+            if settled is not None:
+                task.add_done_callback(lambda done: not done.cancelled() and done.result() and settled())
 
     async def settled(self) -> None:
         """Wait for the settlements under way now (tests, diagnostics)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _until_taken(self, attempt: Callable[[], Awaitable[None]]) -> None:
+    async def _until_taken(self, attempt: Callable[[], Awaitable[None]], *, kept: bool = False) -> bool:
         """Run `attempt` until the store takes it: a settlement lost would leave the reservation's estimates counted
         for good (tokens, spend), against the usage ledger. Retried with backoff for up to SETTLE_RETRY_SECONDS; a
-        drain gives each its last try at once. Retrying is safe: the store ignores a second settlement."""
+        drain gives each its last try at once. Retrying is safe: the store ignores a second settlement. False when
+        it gave up while the store did not answer (`kept`: the ledger's spool keeps it for the next process)."""
         delay, give_up = _FIRST_RETRY_SECONDS, time.monotonic() + SETTLE_RETRY_SECONDS
         tries = 0
         while True:
@@ -172,17 +185,18 @@ class Limiter:
                 await attempt()
                 if tries > 1:
                     _logger.info("settled a rate-limit reservation after %d tries", tries)
-                return
+                return True
             except LimitStoreUnavailable as exc:
                 if self._draining.is_set() or time.monotonic() + delay > give_up:
-                    _logger.error("gave up settling a rate-limit reservation after %d tries (%s): its estimates "
-                                  "stay counted", tries, exc)
-                    return
+                    _logger.error("gave up settling a rate-limit reservation after %d tries (%s): %s", tries, exc,
+                                  "left in the ledger's spool for the next process to start on this data dir" if kept
+                                  else "its estimates stay counted")
+                    return False
                 if tries == 1:
                     _logger.warning("could not settle a rate-limit reservation (%s); retrying", exc)
             except Exception:  # noqa: BLE001 - a bug, not an outage: retrying cannot help
                 _logger.exception("could not settle a rate-limit reservation")
-                return
+                return True
             with contextlib.suppress(TimeoutError):  # the pause ends early when a drain begins
                 async with asyncio.timeout(delay):
                     await self._draining.wait()

@@ -113,8 +113,8 @@ class Reading:
     used: int
     wait: float
     # Of `used`, what requests still in flight hold as their most (token limits, budgets): settled, most of it
-    # usually comes back within seconds, long before the UTC day or month ends or their entries leave the minute. Read for a refusing reading only
-    # (the stores leave it 0 otherwise: not worth its cost on every request).
+    # usually comes back within seconds, long before the UTC day or month ends or their entries leave the minute.
+    # Read for a refusing reading only (the stores leave it 0 otherwise: not worth its cost on every request).
     held: int = 0
 
     @property

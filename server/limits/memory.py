@@ -213,7 +213,10 @@ class MemoryLimitStore:
         return True
 
     def _daily_rows(self) -> dict[str, tuple[int, int, int, int, int, int]]:
-        return {scope_id: (c.day, c.day_requests, c.day_tokens, c.day_spend, c.month, c.month_spend)
+        """Without what requests still running hold: read back after a crash, each counts as its usage-ledger row
+        (written from its spool mark) says it ended, one request with nothing used."""
+        return {scope_id: (c.day, c.day_requests, c.day_tokens - c.day_held_tokens, c.day_spend - c.day_held_spend,
+                           c.month, c.month_spend - c.month_held_spend)
                 for scope_id, c in self._scopes.items()}
 
     async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
@@ -253,7 +256,7 @@ class MemoryLimitStore:
                 counters.month_held_spend -= reservation.demand.cost
 
     def booked(self, reservation: Reservation) -> None:
-        return None  # a process's counts die with it
+        return None  # its counts die with it, but the day's and month's, saved without what running requests hold
 
     async def settle_orphan(self, orphan: Orphan) -> None:
         pass  # never booked here: a store of another kind's, from before the configuration changed

@@ -8,10 +8,11 @@ process died before it ended.
 A process holds an exclusive flock on each segment file it has: the lock dies with the process, so a segment whose
 lock can be taken has no live owner. A write pass seals the segment being appended to and starts a new one; once
 every row queued before the seal is in the store, the sealed segments are deleted, but for those holding marks of
-requests still running. Adopted, a mark counts only where no row has its id: a row already in the store keeps it
-(sinks store each id once); a mark followed by `{"dropped": id}` counts nowhere (its row was dropped, logged). One
-row is one line (its values in COLUMNS order, as JSON; a mark's inside `{"open": ...}`); a line that does not parse
-(the host, not the process, died mid-write) is skipped, logged. Lines are in the page cache once written: a dying
+requests still running (or, adopted, of a dead process's requests whose reservations are not settled yet).
+Adopted, a mark counts only where no row has its id: a row already in the store keeps it (sinks store each id once);
+a mark followed by `{"dropped": id}` counts nowhere (its row was dropped, logged). One row is one line (its values
+in COLUMNS order, as JSON; a mark's inside `{"open": ...}`); a line that does not parse (the host, not the process,
+died mid-write) is skipped, logged. Lines are in the page cache once written: a dying
 process loses none, a dying host may.
 """
 
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +41,12 @@ _SUFFIX = ".rows"
 @dataclass(frozen=True, slots=True)
 class Adopted:
     """What `adopt` found: rows to write, and the reservations (Limiter.booked) of requests still running when their
-    process died, for the limiter to settle as their rows say: one request, nothing used."""
+    process died, for the limiter to settle as their rows say: one request, nothing used. Each comes with what to call
+    once the store took it: until then its segment is kept, so that the next process settles it if this one stops
+    first (a drain or a kill while Redis does not answer)."""
 
     rows: list[LedgerRow]
-    reservations: list[object]
+    reservations: list[tuple[object, Callable[[], None]]]
 
 
 @dataclass(slots=True)
@@ -117,9 +122,9 @@ class LedgerSpool:
     def adopt(self) -> Adopted:
         """The rows of the segments no live process holds, oldest first, and what the reservations of their requests
         that never ended booked. Their files become sealed segments of this spool, deleted by the `release` after the
-        rows are written."""
+        rows are written and those reservations settled."""
         rows: dict[str, LedgerRow] = {}
-        marks: dict[str, tuple[LedgerRow, object]] = {}
+        marks: dict[str, tuple[LedgerRow, object, Segment]] = {}
         for path in sorted(self._directory.glob(f"*{_SUFFIX}"), key=_started):
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -133,12 +138,17 @@ class LedgerSpool:
             if os.fstat(fd).st_nlink == 0:  # written and released by its owner between the listing and the lock
                 os.close(fd)
                 continue
+            segment = Segment(path, fd)
             with open(fd, "rb", closefd=False) as file:
-                lines = _read(file.read(), path, rows, marks)
-            self._sealed.append(Segment(path, fd, lines))
-        running = [(row, booked) for row, booked in marks.values() if row.id not in rows]
-        return Adopted([*rows.values(), *(row for row, _ in running)],
-                       [booked for _, booked in running if booked is not None])
+                segment.lines = _read(file.read(), segment, rows, marks)
+            self._sealed.append(segment)
+        running = [(row, booked, segment) for row, booked, segment in marks.values() if row.id not in rows]
+        reservations = []
+        for _, booked, segment in running:
+            if booked is not None:
+                segment.running += 1  # kept until it is settled, as for a request still running
+                reservations.append((booked, functools.partial(LedgerSpool.ended, segment)))
+        return Adopted([*rows.values(), *(row for row, _, _ in running)], reservations)
 
     def close(self) -> None:
         """At the end: the segments' rows are in the store (released) or stay for the next process to adopt; an
@@ -166,9 +176,10 @@ def _started(path: Path) -> int:
     return int(started) if started.isdigit() else 0
 
 
-def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, tuple[LedgerRow, object]]) -> int:
-    """A segment's rows and marks (their `died` rows and what their reservations booked), by id, into `rows` and
-    `marks`; how many lines it has."""
+def _read(data: bytes, segment: Segment, rows: dict[str, LedgerRow],
+          marks: dict[str, tuple[LedgerRow, object, Segment]]) -> int:
+    """A segment's rows and marks (their `died` rows, what their reservations booked, the segment), by id, into
+    `rows` and `marks`; how many lines it has."""
     lines = data.splitlines()
     skipped = 0
     for line in lines:
@@ -182,12 +193,12 @@ def _read(data: bytes, path: Path, rows: dict[str, LedgerRow], marks: dict[str, 
                 if not isinstance(mark := value["open"], list):
                     raise TypeError("a mark is a list")
                 row = died(mark)
-                marks[row.id] = (row, booked_of(mark))
+                marks[row.id] = (row, booked_of(mark), segment)
             else:
                 row = LedgerRow(*value)
                 rows[row.id] = row
         except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):  # torn, or not this version's columns
             skipped += 1
     if skipped:
-        _logger.error("usage ledger: %d unreadable line(s) in %s skipped", skipped, path)
+        _logger.error("usage ledger: %d unreadable line(s) in %s skipped", skipped, segment.path)
     return len(lines)

@@ -83,9 +83,10 @@ class LedgerWriter:
     def pending(self) -> int:
         return len(self._queue)
 
-    def start(self) -> list[object]:
+    def start(self) -> list[tuple[object, Callable[[], None]]]:
         """Start writing, first the rows a dead process left in the spool. Returns what the rate-limit reservations
-        of its requests that never ended booked (Limiter.booked), for the limiter to settle."""
+        of its requests that never ended booked (Limiter.booked), for the limiter to settle, each with what to call
+        once it is settled (Adopted)."""
         adopted = self._spool.adopt() if self._spool is not None else Adopted([], [])
         if adopted.rows:
             _logger.warning("usage ledger: %d row(s) left in the spool by a process that ended (killed?) are written "

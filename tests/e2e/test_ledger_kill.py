@@ -21,6 +21,7 @@ from server.db import StoreSettings
 from server.usage.stores import open_ledger
 from tests.e2e.conftest import Gateway, running_gateway
 from tests.e2e.test_workers import wait_for_log, worker_pids
+from tests.redis_support import start_redis
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV
 
@@ -198,5 +199,101 @@ def test_rows_are_still_written_after_the_spool_directory_was_deleted(tmp_path, 
             assert sorted(row.request_id for row in rows) == sorted([*first, *later])
             mode = (gateway.data_dir / "ledger-spool").stat().st_mode & 0o777
             assert mode == 0o700, oct(mode)
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_settled_at_the_next_start(
+        tmp_path, double):
+    """The process adopting a killed one's spool wrote its rows and deleted the spool at once, while the settling of
+    its reservations was still being retried (Redis not answering). Stopped meanwhile (a drain, or killed too), it
+    gave up, and nothing was left for the next process to settle: the estimates (max_tokens 50000, the slot for its
+    600 s lease) stayed counted though Redis answered again."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    (tmp_path / "redis-files").mkdir()
+    redis = start_redis(tmp_path / "redis-files")
+    data = tmp_path / "data"
+    try:
+        path = config(tmp_path, double.url, limits={"store": redis.url, "lease_seconds": 600,
+                                                    "store_timeout_seconds": 0.2})
+        with running_gateway(data, config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
+                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000",
+                "--concurrency", "50").stdout)
+            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin",
+                                            "--all-models").stdout.splitlines()[-1]
+            double.cue(Cue(delay=60))
+            seen = len(double.seen)
+            caller = threading.Thread(target=lambda: httpx.post(
+                f"{gateway.base_url}/v1/chat/completions",
+                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
+                headers={"Authorization": f"Bearer {secret}"}, timeout=30))
+            caller.start()
+            while len(double.seen) == seen:
+                time.sleep(0.01)
+            gateway.process.send_signal(signal.SIGKILL)
+            gateway.process.wait(10)
+            caller.join()
+        os.kill(redis.process.pid, signal.SIGSTOP)  # Redis does not answer while the next process starts
+        try:
+            with running_gateway(data, config=path, dev_key=False) as gateway:
+                wait_for_log(gateway, "could not settle a rate-limit reservation")
+                assert len(rows_of(data, key_id, 1)) == 1
+        finally:
+            os.kill(redis.process.pid, signal.SIGCONT)
+        assert "left in the ledger's spool for the next process" in (tmp_path / "data.log").read_text()
+        with running_gateway(data, config=path, dev_key=False) as gateway:
+            deadline = time.monotonic() + 10
+            while True:
+                standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits",
+                                     headers={"authorization": admin}).json()
+                used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+                if used["concurrent_requests"] == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert used["concurrent_requests"] == 0
+            assert used["daily_tokens"] == 0
+            assert len(rows_of(data, key_id, 1)) == 1  # its row, written once
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+        redis.stop()
+
+
+def test_a_killed_serve_s_running_request_counts_as_its_row_says_with_the_in_process_store(tmp_path, double):
+    """The in-process store saves the day's and month's counters every 2 s: a request running then was saved with
+    its estimates (max_tokens 50000, the most it could cost), so after `kill -9` and a start the key's daily tokens
+    and spend kept them for the rest of the day, where its ledger row says one request with nothing used."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    data = tmp_path / "data"
+    try:
+        path = config(tmp_path, double.url)
+        with running_gateway(data, config=path) as gateway:
+            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
+                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000",
+                "--max-spend-day", "1000").stdout)
+            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin",
+                                            "--all-models").stdout.splitlines()[-1]
+            answered(gateway, secret, 1)
+            double.cue(Cue(delay=60))
+            seen = len(double.seen)
+            caller = threading.Thread(target=lambda: httpx.post(
+                f"{gateway.base_url}/v1/chat/completions",
+                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
+                headers={"Authorization": f"Bearer {secret}"}, timeout=30))
+            caller.start()
+            while len(double.seen) == seen:
+                time.sleep(0.01)
+            time.sleep(2.5)  # a save of the day's counters while it runs
+            gateway.process.send_signal(signal.SIGKILL)
+            gateway.process.wait(10)
+            caller.join()
+        with running_gateway(data, config=path, dev_key=False) as gateway:
+            rows = rows_of(data, key_id, 2)
+            standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits",
+                                 headers={"authorization": admin}).json()
+            used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+            assert len(rows) == 2
+            assert used["daily_tokens"] == sum(row.input_tokens + row.output_tokens for row in rows)
+            assert float(used["max_spend_day"]) == pytest.approx(sum(row.cost_micros for row in rows) / 1e6)
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)

@@ -47,6 +47,20 @@ async def test_counters_are_saved_while_running_not_only_at_shutdown(tmp_path):
     await store.close()
 
 
+async def test_a_request_running_at_a_crash_counts_as_its_ledger_row_says(tmp_path):
+    """One request, nothing used: it was saved with its estimates (prompt + max tokens, the most it could cost), which
+    a start after `kill -9` kept for the rest of the day and month."""
+    state = tmp_path / "limits-daily.json"
+    scope = Scope("k1", "key k1", KeyLimits(daily_tokens=100_000, max_spend_day=10**6, max_spend_month=10**6))
+    store = MemoryLimitStore(FakeClock(NOON), state_path=state, save_every_s=0.02)
+    await store.settle(await store.reserve(Demand((scope,), 30, 40)), 20, 25)
+    await store.reserve(Demand((scope,), 50_000, 9_000))  # running when the process is killed
+    await asyncio.sleep(0.2)
+    counts = await MemoryLimitStore(FakeClock(NOON), state_path=state).counts("k1")
+    assert (counts.day_requests, counts.day_tokens, counts.day_spend, counts.month_spend) == (2, 20, 25, 25)
+    await store.close()
+
+
 def test_an_unreadable_file_starts_the_day_afresh(tmp_path):
     state = tmp_path / "limits-daily.json"
     state.write_text("{not json")

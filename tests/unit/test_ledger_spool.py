@@ -134,8 +134,29 @@ async def test_what_a_dead_request_s_reservation_booked_is_handed_back_for_settl
     spool.append(row(1))
     killed(spool)
     writer = LedgerWriter(SqliteLedger(tmp_path / "l.db"), SLOW, spool=LedgerSpool(tmp_path / "spool"))
-    assert writer.start() == [["res-2", 2.5, ["key_a"], 80, 3]]
+    assert [booked for booked, _ in writer.start()] == [["res-2", 2.5, ["key_a"], 80, 3]]
     await writer.close()
+
+
+async def test_a_dead_request_s_segment_is_kept_until_its_reservation_is_settled(tmp_path):
+    """Deleted once its rows were written, a segment took with it what a reservation not settled yet (Redis not
+    answering) had booked: the adopter stopped meanwhile, and no process could settle it."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    spool = LedgerSpool(tmp_path / "spool")
+    spool.mark((*mark(1), ["res-1", 1.5, ["key_a"], 80, 3]))
+    killed(spool)
+    adopter = LedgerWriter(sink, SLOW, spool=(adopting := LedgerSpool(tmp_path / "spool")))
+    [(_, settled)] = adopter.start()
+    await adopter.flush()
+    assert [r.id for r in sink.rows()] == ["r1"]
+    killed(adopting)  # before Redis took the settlement
+    again = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    [(booked, settled)] = again.start()
+    assert booked == ["res-1", 1.5, ["key_a"], 80, 3]
+    settled()
+    await again.close()
+    assert [r.id for r in sink.rows()] == ["r1"]  # stored once
+    assert list((tmp_path / "spool").iterdir()) == []
 
 
 async def test_a_mark_and_its_row_in_one_spool_make_one_row(tmp_path):

@@ -140,6 +140,21 @@ async def test_a_dead_process_s_reservation_is_settled_by_another_from_what_it_b
         await other.close()
 
 
+async def test_a_dead_process_s_reservation_is_only_let_go_once_redis_took_its_settlement(redis_server, prefix):
+    """The spool keeps it until then (Adopted): a drain while Redis did not answer must not let it go, or no process
+    would ever settle it."""
+    booked = ["gone", time.time(), ["dead"], 900, 5_000]
+    let_go: list[str] = []
+    unreachable = Limiter(RedisLimitStore(f"redis://127.0.0.1:{_closed_port()}/0", timeout_seconds=0.2),
+                          LimitSettings())
+    unreachable.settle_orphans([(booked, lambda: let_go.append("unreachable"))])
+    await unreachable.close()  # a drain: its last try fails too
+    reachable = Limiter(RedisLimitStore(redis_server.url, prefix=prefix), LimitSettings())
+    reachable.settle_orphans([(booked, lambda: let_go.append("reachable")), (["damaged"], lambda: let_go.append("x"))])
+    await reachable.close()
+    assert sorted(let_go) == ["reachable", "x"]
+
+
 def test_only_what_booked_gives_is_taken_for_a_reservation():
     assert Orphan.of(["r", 1.5, ["key_a", "key_a|m"], 90, 4]) == Orphan("r", 1.5, ("key_a", "key_a|m"), 90, 4)
     for damaged in (None, "r", ["r", 1.5, [], 90, 4], ["r", "x", ["k"], 90, 4], ["r", 1.5, ["k"], 90], {"r": 1}):
