@@ -418,3 +418,25 @@ def test_a_reset_two_minutes_away_reads_as_two_minutes(tab, gateway):
         "row", name=re.compile("^Requests per day"))
     expect(row.get_by_role("cell").last).to_have_text("2 min 0 s")
     assert tab.problems.lines == []
+
+
+def test_a_page_the_gateway_could_not_answer_is_shown_once_it_is_back(tab, gateway):
+    """The gateway restarted while the Models page was open: "could not be reached", and once it was back, neither
+    the page's own link nor anything else on the page loaded it again; reloading signs out. Now "Try again" and the
+    page's link in the navigation do."""
+    _, secret = admin_key(gateway, "ops-retry")
+    tab.sign_in(secret)
+    page = tab.page
+    nav = page.get_by_role("navigation")
+    for retry in (lambda: page.get_by_role("button", name="Try again").click(),
+                  lambda: nav.get_by_role("link", name="Models").click()):
+        nav.get_by_role("link", name="Keys").click()
+        expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        page.route("**/v1/**", lambda route: route.abort("connectionrefused"))  # the gateway is down
+        nav.get_by_role("link", name="Models").click()
+        expect(page.get_by_role("alert")).to_contain_text("could not be reached")
+        page.unroute("**/v1/**")  # and back
+        retry()
+        expect(page.get_by_role("heading", name="Models", level=1)).to_be_visible()
+        expect(page).to_have_title("Models — Portico console")
+    assert [line for line in tab.problems.lines if "ERR_CONNECTION_REFUSED" not in line] == []

@@ -25,6 +25,14 @@ class Console {
     this.signOutButton.addEventListener("click", () => this.signOut("Signed out."));
     // A message is about the page it was shown on ("Revoked key x."): above the next page, it would seem about that.
     window.addEventListener("hashchange", () => { this.notify(""); this.render(); });
+    // The link to the page shown changes no hash, and the browser would do nothing: it loads the page again (one
+    // the gateway could not answer, say), as it does in a site of pages.
+    this.nav.addEventListener("click", (event) => {
+      if (event.target.closest("a")?.getAttribute("href") !== location.hash) return;
+      event.preventDefault();
+      this.notify("");
+      this.render();
+    });
     // A page left for another stays whole in the browser's back/forward cache, key included: Back would bring it
     // back signed in, for whoever uses the browser next. Leaving signs out, as reloading or closing the tab does.
     window.addEventListener("pagehide", () => {
@@ -72,8 +80,10 @@ class Console {
       if (error instanceof ApiError && error.status === 401) {
         return this.signOut("Signed out: the admin key is no longer valid.");
       }
+      // Reloading would sign out: the page asks again from here, once the gateway is back.
       page = h("section", {}, h("h1", {tabindex: "-1"}, "Something went wrong"),
-        h("p", {class: "error", role: "alert"}, error.message));
+        h("p", {class: "error", role: "alert"}, error.message),
+        h("button", {type: "button", onclick: () => this.render()}, "Try again"));
     }
     if (rendered === this.rendered && this.api.signedIn) this.show(page);
   }
