@@ -282,3 +282,16 @@ def test_a_charts_value_axis_has_room_for_its_widest_label(tab, gateway, admin_s
     assert [(text, left) for text, left in drawn if left < 0] == []
     tab.shot("usage-wide-axis-labels")
     assert tab.problems.lines == []
+
+
+def test_a_period_without_requests_has_no_latency_to_point_to(tab, gateway, admin_secret):
+    """The latency cards of a period of several days said "per day, below", pointing to a chart that said "No
+    requests in this period." They say "—", as the error rate does."""
+    day = 86_400
+    first, last = (time.strftime("%Y-%m-%d", time.gmtime(time.time() - days * day)) for days in (400, 398))
+    tab.sign_in(admin_secret)
+    show(tab, f"from={first}&to={last}&group=model&bucket=day", "model", "day")
+    expect(tab.page.locator("#chart-latency")).to_contain_text("No requests in this period.")
+    for label in ("Requests", "Error rate", "Latency p50", "Latency p95"):
+        expect(card(tab, label)).to_have_text("0" if label == "Requests" else "—")
+    assert tab.problems.lines == []
