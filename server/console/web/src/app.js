@@ -28,7 +28,8 @@ class Console {
     // The link to the page shown changes no hash, and the browser would do nothing: it loads the page again (one
     // the gateway could not answer, say), as it does in a site of pages.
     this.nav.addEventListener("click", (event) => {
-      if (event.target.closest("a")?.getAttribute("href") !== location.hash) return;
+      const modified = event.ctrlKey || event.metaKey || event.shiftKey || event.altKey;  // a new tab or window
+      if (modified || event.target.closest("a")?.getAttribute("href") !== location.hash) return;
       event.preventDefault();
       this.notify("");
       this.render();
