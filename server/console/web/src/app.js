@@ -68,7 +68,7 @@ class Console {
     const args = path.match(route[0]).slice(1).map(decoded);
     const ctx = {
       api: this.api, query: new URLSearchParams(search ?? ""),
-      go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
+      go: (hash, focus) => this.go(hash, focus), notify: (text) => this.notify(text), refresh: () => this.render(),
     };
     this.main.setAttribute("aria-busy", "true");
     // Told at once, above the page being left, until the new one is shown (a month per hour may take a while).
@@ -95,10 +95,15 @@ class Console {
     const heading = page.querySelector("h1");
     // The tab, the history list and a screen reader tell pages apart by their title.
     document.title = heading ? `${heading.textContent} — Portico console` : "Portico console";
-    (heading ?? this.main).focus();
+    const control = this.focusAfter && page.querySelector(this.focusAfter);
+    this.focusAfter = null;
+    (control || heading || this.main).focus();
   }
 
-  go(hash) {
+  // focus: a selector for the control to keep the focus on the page shown next (a filter, whose arrow keys would
+  // otherwise apply one step and leave the focus on the heading), rather than its heading.
+  go(hash, focus = null) {
+    this.focusAfter = focus;
     if (location.hash === hash) this.render(); else location.hash = hash;
   }
 
