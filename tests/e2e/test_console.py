@@ -269,6 +269,29 @@ def test_phone_width_and_keyboard_only(browser, gateway, admin_secret, tmp_path)
         tab.context.close()
 
 
+def test_a_keyboard_user_steps_through_a_filters_choices(tab, gateway, admin_secret):
+    """Arrow keys on the Environment filter applied the first step and moved the focus to the page's heading: the next
+    arrow scrolled the page, and every further choice took a Tab back. The filter keeps the focus."""
+    for env in ("kbd-a", "kbd-b"):
+        gateway.cli("keys", "create", "--name", f"stepper-{env}", "--env", env, "--all-models")
+    tab.sign_in(admin_secret)
+    page = tab.page
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    envs = page.get_by_label("Environment")
+    choices = envs.locator("option").evaluate_all("options => options.map((option) => option.value)")
+    envs.focus()
+    for step in (1, 2):
+        page.keyboard.press("ArrowDown")
+        expect(page).to_have_url(re.compile(f"#/keys\\?env={re.escape(choices[step])}$"))
+        expect(page.locator(".count")).to_be_visible()
+        expect(page.get_by_label("Environment")).to_be_focused()
+    page.keyboard.press("Tab")
+    page.keyboard.press("ArrowDown")  # State: from active to revoked
+    expect(page).to_have_url(re.compile("state=revoked"))
+    expect(page.get_by_label("State")).to_be_focused()
+    assert tab.problems.lines == []
+
+
 def test_a_keys_page_shows_what_is_left_of_its_limits_now(tab, gateway, admin_secret):
     made = gateway.cli("keys", "create", "--name", "metered", "--all-models", "--rpm", "20", "--daily-requests",
                        "500").stdout

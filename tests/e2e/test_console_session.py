@@ -418,3 +418,65 @@ def test_a_reset_two_minutes_away_reads_as_two_minutes(tab, gateway):
         "row", name=re.compile("^Requests per day"))
     expect(row.get_by_role("cell").last).to_have_text("2 min 0 s")
     assert tab.problems.lines == []
+
+
+def test_a_page_the_gateway_could_not_answer_is_shown_once_it_is_back(tab, gateway):
+    """The gateway restarted while the Models page was open: "could not be reached", and once it was back, neither
+    the page's own link nor anything else on the page loaded it again; reloading signs out. Now "Try again" and the
+    page's link in the navigation do."""
+    _, secret = admin_key(gateway, "ops-retry")
+    tab.sign_in(secret)
+    page = tab.page
+    nav = page.get_by_role("navigation")
+    for retry in (lambda: page.get_by_role("button", name="Try again").click(),
+                  lambda: nav.get_by_role("link", name="Models").click()):
+        nav.get_by_role("link", name="Keys").click()
+        expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+        page.route("**/v1/**", lambda route: route.abort("connectionrefused"))  # the gateway is down
+        nav.get_by_role("link", name="Models").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
+        expect(page.get_by_role("alert")).to_contain_text("could not be reached")
+        page.unroute("**/v1/**")  # and back
+        retry()
+        expect(page.get_by_role("heading", name="Models", level=1)).to_be_visible()
+        expect(page).to_have_title("Models — Portico console")
+    assert [line for line in tab.problems.lines if "ERR_CONNECTION_REFUSED" not in line] == []
+
+
+def test_a_key_can_be_seen_and_revoked_while_the_limit_store_is_down(browser, tmp_path):
+    """With the Redis limit store down, a key's page was only "Something went wrong: The limit store is
+    unreachable": no way to look at a key, or revoke a leaked one, in the console until Redis was back, though the
+    key store answered. The page is shown, its "Left now" says why it cannot be read."""
+    from tests.e2e.browser import Tab
+    from tests.redis_support import start_redis
+
+    (tmp_path / "redis").mkdir()
+    redis = start_redis(tmp_path / "redis")
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    config["limits"]["store"] = redis.url
+    path = tmp_path / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    try:
+        with running_gateway(tmp_path / "redis-gone-data", "--dev-key", config=path) as gone:
+            _, secret = admin_key(gone, "ops")
+            leaked = gone.cli("keys", "create", "--name", "leaked", "--all-models").stdout.split()[2]
+            redis.stop()
+            tab = Tab(browser, gone, tmp_path)
+            try:
+                tab.sign_in(secret)
+                tab.open(f"#/keys/{leaked}")
+                page = tab.page
+                expect(page.get_by_role("heading", name="leaked", level=1)).to_be_visible()
+                expect(page.locator("main")).to_contain_text("The limit store is unreachable")
+                # The defaults in force are not known either: not "no limit" (this one has 600 requests a minute).
+                expect(page.locator("dl.limits")).not_to_contain_text("no limit")
+                page.get_by_role("button", name="Revoke").click()
+                page.get_by_role("dialog").get_by_role("button", name="Revoke key").click()
+                expect(page.get_by_role("status")).to_have_text("Revoked key leaked.")
+                expect(page.locator("main")).to_contain_text("✕ revoked")
+                tab.shot("limit-store-down")
+                assert [line for line in tab.problems.lines if "status of 503" not in line] == []
+            finally:
+                tab.context.close()
+    finally:
+        redis.stop()

@@ -253,3 +253,45 @@ def test_a_charts_time_axis_is_in_utc_days_or_hours_as_its_buckets(tab, gateway,
         assert not [text for text in drawn if re.search(r"\d(am|pm)\b", text)], drawn
         assert [text for text in drawn if re.match(tick, text)], drawn
     assert tab.problems.lines == []
+
+
+# Where each text drawn on a canvas starts, in canvas pixels: left of 0 is cut off by the canvas's edge.
+RECORD_TEXT_EDGES = """window.drawnEdges = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, x, ...rest) {
+  const width = this.measureText(text).width, align = this.textAlign, {a, b, e} = this.getTransform();
+  const start = align === "right" || align === "end" ? x - width : align === "center" ? x - width / 2 : x;
+  if (b === 0) window.drawnEdges.push([String(text), a * start + e]);
+  return fillText.call(this, text, x, ...rest);
+};"""
+
+
+def test_a_charts_value_axis_has_room_for_its_widest_label(tab, gateway, admin_secret):
+    """A thousand dollars or a second of latency did not fit the value axis: "$1,250.00" was drawn as ",1,250.00"
+    and "≈ 1,000 ms" as "1,000 ms", their first characters cut off by the chart's left edge."""
+    seed(gateway, new_key(gateway, "big-spender"), model="family-a-5.5", ago_s=60, latency_ms=1_500,
+         cost_micros=1_234_567_891)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    tab.page.add_init_script(RECORD_TEXT_EDGES)
+    tab.sign_in(admin_secret)
+    show(tab, f"from={today}&to={today}&group=model&bucket=hour", "model", "hour")
+    expect(tab.page.locator("#chart-latency canvas")).to_have_count(1)
+    tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+    drawn = tab.page.evaluate("window.drawnEdges")
+    assert [text for text, _ in drawn if text.startswith("$1,")], drawn  # the cost axis reaches the thousands
+    assert [(text, left) for text, left in drawn if left < 0] == []
+    tab.shot("usage-wide-axis-labels")
+    assert tab.problems.lines == []
+
+
+def test_a_period_without_requests_has_no_latency_to_point_to(tab, gateway, admin_secret):
+    """The latency cards of a period of several days said "per day, below", pointing to a chart that said "No
+    requests in this period." They say "—", as the error rate does."""
+    day = 86_400
+    first, last = (time.strftime("%Y-%m-%d", time.gmtime(time.time() - days * day)) for days in (400, 398))
+    tab.sign_in(admin_secret)
+    show(tab, f"from={first}&to={last}&group=model&bucket=day", "model", "day")
+    expect(tab.page.locator("#chart-latency")).to_contain_text("No requests in this period.")
+    for label in ("Requests", "Error rate", "Latency p50", "Latency p95"):
+        expect(card(tab, label)).to_have_text("0" if label == "Requests" else "—")
+    assert tab.problems.lines == []

@@ -25,6 +25,15 @@ class Console {
     this.signOutButton.addEventListener("click", () => this.signOut("Signed out."));
     // A message is about the page it was shown on ("Revoked key x."): above the next page, it would seem about that.
     window.addEventListener("hashchange", () => { this.notify(""); this.render(); });
+    // The link to the page shown changes no hash, and the browser would do nothing: it loads the page again (one
+    // the gateway could not answer, say), as it does in a site of pages.
+    this.nav.addEventListener("click", (event) => {
+      const modified = event.ctrlKey || event.metaKey || event.shiftKey || event.altKey;  // a new tab or window
+      if (modified || event.target.closest("a")?.getAttribute("href") !== location.hash) return;
+      event.preventDefault();
+      this.notify("");
+      this.render();
+    });
     // A page left for another stays whole in the browser's back/forward cache, key included: Back would bring it
     // back signed in, for whoever uses the browser next. Leaving signs out, as reloading or closing the tab does.
     window.addEventListener("pagehide", () => {
@@ -59,7 +68,7 @@ class Console {
     const args = path.match(route[0]).slice(1).map(decoded);
     const ctx = {
       api: this.api, query: new URLSearchParams(search ?? ""),
-      go: (hash) => this.go(hash), notify: (text) => this.notify(text), refresh: () => this.render(),
+      go: (hash, focus) => this.go(hash, focus), notify: (text) => this.notify(text), refresh: () => this.render(),
     };
     this.main.setAttribute("aria-busy", "true");
     // Told at once, above the page being left, until the new one is shown (a month per hour may take a while).
@@ -72,8 +81,10 @@ class Console {
       if (error instanceof ApiError && error.status === 401) {
         return this.signOut("Signed out: the admin key is no longer valid.");
       }
+      // Reloading would sign out: the page asks again from here, once the gateway is back.
       page = h("section", {}, h("h1", {tabindex: "-1"}, "Something went wrong"),
-        h("p", {class: "error", role: "alert"}, error.message));
+        h("p", {class: "error", role: "alert"}, error.message),
+        h("button", {type: "button", onclick: () => this.render()}, "Try again"));
     }
     if (rendered === this.rendered && this.api.signedIn) this.show(page);
   }
@@ -84,10 +95,15 @@ class Console {
     const heading = page.querySelector("h1");
     // The tab, the history list and a screen reader tell pages apart by their title.
     document.title = heading ? `${heading.textContent} — Portico console` : "Portico console";
-    (heading ?? this.main).focus();
+    const control = this.focusAfter && page.querySelector(this.focusAfter);
+    this.focusAfter = null;
+    (control || heading || this.main).focus();
   }
 
-  go(hash) {
+  // focus: a selector for the control to keep the focus on the page shown next (a filter, whose arrow keys would
+  // otherwise apply one step and leave the focus on the heading), rather than its heading.
+  go(hash, focus = null) {
+    this.focusAfter = focus;
     if (location.hash === hash) this.render(); else location.hash = hash;
   }
 

@@ -36,7 +36,7 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
     padding: [null, 40, null, null],  // room for the last time's label, centred on the plot's right edge
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
     axes: [timeAxis(bucketLabel),
-      {values: (u, values) => values.map(format), size: 70, incrs: integer ? INTEGER_STEPS : undefined}],
+      {values: (u, values) => values.map(format), size: valueAxisSize, incrs: integer ? INTEGER_STEPS : undefined}],
     // The legend's text is set by uPlot, not h(): shown() here.
     series: [{}, ...series.map((s, i) => ({
       label: shown(s.label), stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
@@ -51,6 +51,17 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
     else plot.setSize({width, height: options(width).height});
   }).observe(plotBox);
   return figure;
+}
+
+// The value axis as wide as its widest label: a fixed width cut the first characters off "$1,250.00" or
+// "≈ 1,500 ms". At least 70 px, room for half the date under the time axis's first tick. uPlot asks again with the
+// labels of each new size; from the third time on, it keeps the last.
+function valueAxisSize(u, values, axisIndex, cycle) {
+  const axis = u.axes[axisIndex];
+  if (cycle > 1) return axis._size;
+  u.ctx.font = axis.font[0];
+  const widest = Math.max(0, ...(values ?? []).map((text) => u.ctx.measureText(text).width)) / devicePixelRatio;
+  return Math.max(70, Math.ceil(axis.ticks.size + axis.gap + widest) + 4);
 }
 
 const HOUR_STEPS = [1, 2, 3, 6, 12, 24, 48, 168, 336, 672].map((hours) => hours * 3600);

@@ -13,7 +13,7 @@ export async function keyPage(ctx, id) {
   if (id === "." || id === "..") throw new ApiError(404, {message: `No key with id '${id}'.`});
   const path = `/v1/admin/keys/${encodeURIComponent(id)}`;
   const [{key}, {keys}, models, status, usage, recent] = await Promise.all([
-    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), ctx.api.get(`${path}/limits`),
+    ctx.api.get(path), ctx.api.get("/v1/admin/keys"), catalogModels(ctx.api), standing(ctx.api, `${path}/limits`),
     keyUsage(ctx.api, id),
     ctx.api.get(`/v1/organization/requests?api_key_ids=${encodeURIComponent(id)}&limit=${RECENT}`)]);
   const envs = [...new Set(keys.map((other) => other.env).filter(Boolean))].sort();
@@ -64,11 +64,11 @@ export async function keyPage(ctx, id) {
 
   // A default is told with its value, from the limits in force (the key's own ones, not a model's): "gateway default"
   // alone would not say whether there is one.
-  const inForce = new Map(status.limits.filter((s) => !s.model).map((s) => [s.limit, s.value]));
+  const inForce = new Map((status.limits ?? []).filter((s) => !s.model).map((s) => [s.limit, s.value]));
+  const defaultText = (name, unit) => !status.limits ? "" : `${inForce.has(name) ? limitText(unit, inForce.get(name))
+    : unit === "usd" ? "no budget" : "no limit"} `;
   const limitRows = LIMITS.map(([name, label, unit]) => [label, key.limits?.[name]
-    ? `${limitText(unit, key.limits[name])} (its own)`
-    : `${inForce.has(name) ? limitText(unit, inForce.get(name)) : unit === "usd" ? "no budget" : "no limit"} ` +
-      "(gateway default)"]);
+    ? `${limitText(unit, key.limits[name])} (its own)` : `${defaultText(name, unit)}(gateway default)`]);
   const labels = Object.fromEntries(LIMITS);
   const amount = (s, value) => limitText(s.unit === "usd" ? "usd" : "count", value);
   return h("section", {},
@@ -89,7 +89,8 @@ export async function keyPage(ctx, id) {
     h("h2", {}, "Limits"),
     h("dl", {class: "facts limits"}, limitRows.map(([label, value]) => [h("dt", {}, label), h("dd", {}, value)])),
     h("h2", {}, "Left now"),
-    table("What the key has used and has left of each limit in force", ["Limit", "Models", "Used", "Left", "Resets in"],
+    status.unreadable ? h("p", {class: "error", role: "alert"}, status.unreadable) : table(
+      "What the key has used and has left of each limit in force", ["Limit", "Models", "Used", "Left", "Resets in"],
       status.limits.filter((s) => mayCall(key, s.model)).map((s) => [
         labels[s.limit] ?? s.limit,
         s.model ? `on ${s.model}` : "all its models",
@@ -101,6 +102,17 @@ export async function keyPage(ctx, id) {
     usage,
     h("h2", {}, "Recent requests"),
     recentTable(recent));
+}
+
+// The key's limits standing, or {unreadable: why} when the limit store (Redis) is down: the rest of the page, from
+// the key store, still shows the key and lets a leaked one be revoked.
+async function standing(api, path) {
+  try {
+    return await api.get(path);
+  } catch (error) {
+    if (error.status !== 503) throw error;
+    return {unreadable: `What the key has used and has left cannot be read now: ${error.message}`};
+  }
 }
 
 // A per-model limit applies to a key only on a model it may call (the API lists every configured one).

@@ -46,7 +46,7 @@ export async function keysPage(ctx) {
   const searchInput = h("input", {type: "search", name: "q", value: ctx.query.get("q") ?? "", autocomplete: "off"});
   const searchError = h("p", {class: "error", role: "alert"});
   const applyFilters = (event) => {
-    event?.preventDefault();
+    event.preventDefault();
     if (SECRET.test(searchInput.value.trim())) {  // the filters go into the URL, and so into the browser's history
       searchInput.value = "";
       searchError.textContent = "That is a key's secret, which the console never puts in a URL: search by the " +
@@ -57,7 +57,8 @@ export async function keysPage(ctx) {
     if (envSelect.value) query.set("env", envSelect.value);
     if (stateSelect.value !== "active") query.set("state", stateSelect.value);
     if (searchInput.value.trim()) query.set("q", searchInput.value.trim());
-    ctx.go(`#/keys${query.size ? "?" + query : ""}`);
+    // A choice made in a filter keeps the focus there, for the next arrow key; the Filter button's goes to the page.
+    ctx.go(`#/keys${query.size ? "?" + query : ""}`, event.type === "change" ? `[name="${event.target.name}"]` : null);
   };
   envSelect.addEventListener("change", applyFilters);
   stateSelect.addEventListener("change", applyFilters);

@@ -99,8 +99,11 @@ async function usageView(ctx) {
   const latency = ["p50", "p95"].map((q) => ({label: q,
     values: overall.map((b) => b.results[0]?.[`latency_ms_${q}`] ?? null)}));
   const ms = (value) => value === null ? "—" : `≈ ${number(Math.round(value))} ms`;
-  // A percentile of several buckets cannot be made from theirs: shown only when one bucket covers the period.
-  const percentile = (q) => periodLatency ? ms(periodLatency[`latency_ms_${q}`] ?? null) : `per ${per}, below`;
+  const timed = latency[0].values.some((v) => v !== null);  // some request of the period reached a model
+  // A percentile of several buckets cannot be made from theirs: shown only when one bucket covers the period, else
+  // the latency chart has each bucket's (when it has any).
+  const percentile = (q) => periodLatency ? ms(periodLatency[`latency_ms_${q}`] ?? null)
+    : timed ? `per ${per}, below` : "—";
   const chartOf = (id, title, series, format, integer, summed = true) => timeChart({id, title, times, series, format,
     integer, summed, bucketLabel: per});
   const shownPerHour = bucket === "day" && width === HOUR;
@@ -124,7 +127,7 @@ async function usageView(ctx) {
     chartOf("chart-tokens", `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, tokens, number, true),
     chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), false),
     chartOf("chart-latency", "Latency of all requests (ms)",
-      latency[0].values.some((v) => v !== null) ? latency : [], ms, false, false),
+      timed ? latency : [], ms, false, false),
     spendTable(usage, costs, names, period.label));
 }
 
