@@ -442,3 +442,14 @@ def test_a_chunked_body_with_extensions_and_trailers_after_100_continue_is_read(
             raw += chunk
     [(status, answer)] = _answers(raw)
     assert status == 200 and answer["object"] == "chat.completion", answer
+
+
+def test_options_star_is_404_saying_why(gateway):
+    """`OPTIONS *` (HTTP's whole-server probe): Envoy's codec refuses a target that is not a path before any filter
+    sees it, and the answer said only "Not found.", naming nothing."""
+    answer = _exchange(gateway, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 ") and b"\r\nx-request-id: " in head, head
+    error = json.loads(body)["error"]
+    assert error["code"] == "not_found"
+    assert error["message"] == "Unknown request URL: the request's target is not a path (such as /v1/models)."
