@@ -501,11 +501,14 @@ end
 -- Envoy's codec refuses some requests before any filter sees them: malformed HTTP with a 400 that said only "The
 -- request is invalid.", and others with statuses that blame the wrong side: a
 -- connection upgrade (WebSocket: an OpenAI Realtime client, say) with a 403, read as `permission_denied`, the key;
--- a transfer coding it cannot read (gzip, anything but chunked) with a 501, a server fault. The request is wrong: 400.
+-- a transfer coding it cannot read (gzip, anything but chunked) with a 501, a server fault. The request is wrong: 400
+-- (a 404 stays one).
 local CODEC_REFUSALS = {
   [400] = "The request is not well-formed HTTP/1.1 (its request line, a header, or the body's framing: " ..
     "Content-Length and Transfer-Encoding together, say).",
   [403] = "Connection upgrades (WebSocket) are not supported: send plain HTTP/1.1 or HTTP/2 requests.",
+  -- A target that is not a path (`OPTIONS *`): the codec's 404 said only "Not found.".
+  [404] = "Unknown request URL: the request's target is not a path (such as /v1/models).",
   [501] = "This Transfer-Encoding is not supported: send the body with a Content-Length or with " ..
     "Transfer-Encoding: chunked alone.",
 }
@@ -527,9 +530,10 @@ local function shape_error(handle, status)
   local headers = handle:headers()  -- fetched after body(): objects from before a yield are invalidated
   local refusal = request == nil and CODEC_REFUSALS[status]
   if refusal then
-    headers:replace(":status", "400")
-    mark_envoy_reply(handle, 400)
-    return replace_body(buffer, headers, error_body(400, json_string(refusal), nil, anthropic))
+    local refused = status == 404 and 404 or 400
+    headers:replace(":status", tostring(refused))
+    mark_envoy_reply(handle, refused)
+    return replace_body(buffer, headers, error_body(refused, json_string(refusal), nil, anthropic))
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)

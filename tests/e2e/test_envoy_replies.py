@@ -375,3 +375,81 @@ def test_a_grpc_call_on_a_rest_path_is_in_the_access_log(http, gateway):
         time.sleep(0.2)
     line = next(json.loads(line) for line in log.read_text().splitlines() if request_id in line)
     assert (line["request"], line["status"], line["code"]) == ("POST /v1/models", 404, "not_found")
+
+
+def _answers(raw: bytes) -> list[tuple[int, dict]]:
+    """(status, JSON body) of each HTTP/1.1 answer in `raw`, in order (content-length or chunked bodies)."""
+    answers = []
+    while raw:
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines)
+        if "content-length" in headers:
+            body, raw = raw[:int(headers["content-length"])], raw[int(headers["content-length"]):]
+        else:
+            body = b""
+            while (size := int(raw.partition(b"\r\n")[0], 16)) > 0:
+                start = raw.index(b"\r\n") + 2
+                body, raw = body + raw[start:start + size], raw[start + size + 2:]
+            raw = raw.partition(b"\r\n\r\n")[2]  # the last chunk and the (empty) trailers
+        answers.append((int(status_line.split()[1]), json.loads(body)))
+    return answers
+
+
+def test_pipelined_requests_after_errors_of_every_layer_are_each_answered_in_order(gateway):
+    """Refusals made by Envoy (unknown URL, bad JSON), the key check and the server's validation, sent back to back
+    on one keep-alive connection ahead of a good request: none may swallow, corrupt or close it for the next."""
+    good = json.dumps({"model": "family-a-5.5", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+
+    def request(path: str, body: str, key: str = gateway.secret, last: bool = False) -> bytes:
+        close = "Connection: close\r\n" if last else ""
+        return (f"POST {path} HTTP/1.1\r\nHost: portico\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{close}\r\n{body}").encode()
+
+    two_choices = good[:-1] + ', "n": 2}'
+    pipelined = (request("/v1/nothing-here", "{}") + request("/v1/chat/completions", "{bad")
+                 + request("/v1/messages", good, key="pk-nope") + request("/v1/chat/completions", two_choices)
+                 + request("/v1/chat/completions", good, last=True))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as conn:
+        conn.sendall(pipelined)
+        raw = b""
+        while chunk := conn.recv(65536):
+            raw += chunk
+    answers = _answers(raw)
+    assert [(status, body.get("error", {}).get("code"), body.get("error", {}).get("param"), body.get("type"))
+            for status, body in answers] == [
+        (404, "not_found", None, None), (400, "invalid_request", None, None),
+        (401, "invalid_api_key", None, "error"), (400, "invalid_request", "n", None),
+        (200, None, None, None)]
+    assert answers[-1][1]["object"] == "chat.completion"
+
+
+def test_a_chunked_body_with_extensions_and_trailers_after_100_continue_is_read(gateway):
+    """HTTP/1.1 lets a chunk carry extensions (`;name=value`) and the body end with trailer fields; a client may
+    ask for `100 Continue` first (curl does for bodies over 1 MiB): the JSON is the chunks' data, nothing more."""
+    body = json.dumps({"model": "family-a-5.5", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: portico\r\nAuthorization: Bearer {gateway.secret}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n"
+            "Connection: close\r\n\r\n").encode()
+    half = len(body) // 2
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as conn:
+        conn.sendall(head)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        conn.sendall(b"%x;note=first\r\n%s\r\n%x\r\n%s\r\n0\r\nX-Checksum: none\r\n\r\n"
+                     % (half, body[:half].encode(), len(body) - half, body[half:].encode()))
+        raw = b""
+        while chunk := conn.recv(65536):
+            raw += chunk
+    [(status, answer)] = _answers(raw)
+    assert status == 200 and answer["object"] == "chat.completion", answer
+
+
+def test_options_star_is_404_saying_why(gateway):
+    """`OPTIONS *` (HTTP's whole-server probe): Envoy's codec refuses a target that is not a path before any filter
+    sees it, and the answer said only "Not found.", naming nothing."""
+    answer = _exchange(gateway, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 ") and b"\r\nx-request-id: " in head, head
+    error = json.loads(body)["error"]
+    assert error["code"] == "not_found"
+    assert error["message"] == "Unknown request URL: the request's target is not a path (such as /v1/models)."
