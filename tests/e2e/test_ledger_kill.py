@@ -66,32 +66,65 @@ def rows_of(data_dir: Path, key_id: str, want: int, within: float = 30.0) -> lis
         ledger.close()
 
 
+def created(gateway: Gateway, *options: str) -> tuple[str, str]:
+    """A key made with `portico keys create --name k --all-models OPTIONS`: its id and secret."""
+    out = gateway.cli("keys", "create", "--name", "k", "--all-models", *options).stdout
+    return out.split()[2], out.split()[-1]
+
+
+def admin_of(gateway: Gateway) -> dict[str, str]:
+    secret = gateway.cli("keys", "create", "--name", "admin", "--admin", "--all-models").stdout.splitlines()[-1]
+    return {"authorization": f"Bearer {secret}"}
+
+
+def upstream_holds(gateway: Gateway, double, secret: str, **body) -> tuple[threading.Thread, list[int]]:
+    """A chat request the upstream holds for a minute, sent from a thread once the upstream has it: the thread, and
+    the status its caller gets (once the thread ends)."""
+    double.cue(Cue(delay=60))
+    seen = len(double.seen)
+    statuses: list[int] = []
+    caller = threading.Thread(target=lambda: statuses.append(httpx.post(
+        f"{gateway.base_url}/v1/chat/completions", json={"model": "up", "messages": HELLO, **body},
+        headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
+    ).status_code))
+    caller.start()
+    while len(double.seen) == seen:
+        time.sleep(0.01)
+    return caller, statuses
+
+
+def kill_workers(gateway: Gateway) -> None:
+    """`kill -9` of both workers' latest processes, then wait for the supervisor to have seen each exit."""
+    victims = worker_pids(gateway, 0)[-1:] + worker_pids(gateway, 1)[-1:]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    for index, pid in enumerate(victims):
+        wait_for_log(gateway, f"worker {index} (pid {pid}) exited")
+
+
+def used_once_slots_are_free(gateway: Gateway, key_id: str, admin: dict[str, str], within: float = 10.0) -> dict:
+    """The key's limits standing (`used` by limit), read until no concurrency slot is taken or `within` passed."""
+    deadline = time.monotonic() + within
+    while True:
+        standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", headers=admin).json()
+        used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+        if used.get("concurrent_requests") == 0 or time.monotonic() > deadline:
+            return used
+        time.sleep(0.1)
+
+
 def test_a_killed_worker_s_answered_rows_are_written_by_the_worker_that_replaces_it(tmp_path, double,
                                                                                     redis_server):
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     try:
         path = config(tmp_path, double.url, limits={"store": redis_server.url})
         with running_gateway(tmp_path / "data", "--workers", "2", config=path) as gateway:
-            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
-                gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
+            key_id, secret = created(gateway)
             ids = answered(gateway, secret, 8)  # Envoy spreads them over both workers
-            double.cue(Cue(delay=60))  # the next request is still running when its worker dies
-            seen = len(double.seen)
-            late: list[int] = []
-            caller = threading.Thread(target=lambda: late.append(httpx.post(
-                f"{gateway.base_url}/v1/chat/completions", json={"model": "up", "messages": HELLO},
-                headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
-            ).status_code))
-            caller.start()
-            while len(double.seen) == seen:
-                time.sleep(0.01)
-            victims = worker_pids(gateway, 0)[-1:] + worker_pids(gateway, 1)[-1:]
-            for pid in victims:
-                os.kill(pid, signal.SIGKILL)
+            caller, late = upstream_holds(gateway, double, secret)  # still running when its worker dies
+            kill_workers(gateway)
             caller.join()
             assert late == [503]
-            for index, pid in enumerate(victims):
-                wait_for_log(gateway, f"worker {index} (pid {pid}) exited")
             rows = {row.request_id: row for row in rows_of(gateway.data_dir, key_id, len(ids) + 1)}
             assert sorted(rows) == sorted([*ids, "kill-running"])
             assert all(rows[i].status == 200 and rows[i].cost_micros > 0 for i in ids)
@@ -116,38 +149,15 @@ def test_a_killed_worker_s_reservations_are_settled_by_the_worker_that_replaces_
     try:
         path = config(tmp_path, double.url, limits={"store": redis_server.url, "lease_seconds": 600})
         with running_gateway(tmp_path / "data", "--workers", "2", config=path) as gateway:
-            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
-                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000", "--daily-requests",
-                "1000", "--concurrency", "50", "--max-spend-day", "1000").stdout)
+            key_id, secret = created(gateway, "--daily-tokens", "10000000", "--daily-requests", "1000",
+                                     "--concurrency", "50", "--max-spend-day", "1000")
             ids = answered(gateway, secret, 2)
-            double.cue(Cue(delay=60))  # still running when its worker dies
-            seen = len(double.seen)
-            late: list[int] = []
-            caller = threading.Thread(target=lambda: late.append(httpx.post(
-                f"{gateway.base_url}/v1/chat/completions",
-                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
-                headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
-            ).status_code))
-            caller.start()
-            while len(double.seen) == seen:
-                time.sleep(0.01)
-            victims = worker_pids(gateway, 0)[-1:] + worker_pids(gateway, 1)[-1:]
-            for pid in victims:
-                os.kill(pid, signal.SIGKILL)
+            caller, late = upstream_holds(gateway, double, secret, max_tokens=50000)  # running at the kill
+            kill_workers(gateway)
             caller.join()
             assert late == [503]
-            for index, pid in enumerate(victims):
-                wait_for_log(gateway, f"worker {index} (pid {pid}) exited")
             rows = rows_of(gateway.data_dir, key_id, len(ids) + 1)
-            admin = {"authorization": "Bearer " + gateway.cli(
-                "keys", "create", "--name", "admin", "--admin", "--all-models").stdout.splitlines()[-1]}
-            deadline = time.monotonic() + 10
-            while True:
-                standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", headers=admin).json()
-                used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
-                if used["concurrent_requests"] == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            used = used_once_slots_are_free(gateway, key_id, admin_of(gateway))
             assert used["concurrent_requests"] == 0  # its slot, long before its 600 s lease ends
             assert used["daily_requests"] == 3  # as the rows count them: the killed one reached its model
             assert used["daily_tokens"] == sum(row.input_tokens + row.output_tokens for row in rows)
@@ -161,8 +171,7 @@ def test_rows_of_a_killed_serve_are_written_when_serve_starts_again(tmp_path, do
     try:
         path = config(tmp_path, double.url)
         with running_gateway(tmp_path / "data", config=path) as gateway:
-            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
-                gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
+            key_id, secret = created(gateway)
             ids = answered(gateway, secret, 3)
             gateway.process.send_signal(signal.SIGKILL)
             gateway.process.wait(10)
@@ -183,8 +192,7 @@ def test_rows_are_still_written_after_the_spool_directory_was_deleted(tmp_path, 
     try:
         path = config(tmp_path, double.url, usage={"flush_seconds": 0.1})
         with running_gateway(tmp_path / "data", config=path) as gateway:
-            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(
-                gateway.cli("keys", "create", "--name", "k", "--all-models").stdout)
+            key_id, secret = created(gateway)
             first = answered(gateway, secret, 1)
             assert len(rows_of(gateway.data_dir, key_id, 1)) == 1
             shutil.rmtree(gateway.data_dir / "ledger-spool")
@@ -217,20 +225,9 @@ def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_s
         path = config(tmp_path, double.url, limits={"store": redis.url, "lease_seconds": 600,
                                                     "store_timeout_seconds": 0.2})
         with running_gateway(data, config=path) as gateway:
-            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
-                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000",
-                "--concurrency", "50").stdout)
-            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin",
-                                            "--all-models").stdout.splitlines()[-1]
-            double.cue(Cue(delay=60))
-            seen = len(double.seen)
-            caller = threading.Thread(target=lambda: httpx.post(
-                f"{gateway.base_url}/v1/chat/completions",
-                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
-                headers={"Authorization": f"Bearer {secret}"}, timeout=30))
-            caller.start()
-            while len(double.seen) == seen:
-                time.sleep(0.01)
+            key_id, secret = created(gateway, "--daily-tokens", "10000000", "--concurrency", "50")
+            admin = admin_of(gateway)
+            caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000)
             gateway.process.send_signal(signal.SIGKILL)
             gateway.process.wait(10)
             caller.join()
@@ -243,14 +240,7 @@ def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_s
             os.kill(redis.process.pid, signal.SIGCONT)
         assert "left in the ledger's spool for the next process" in (tmp_path / "data.log").read_text()
         with running_gateway(data, config=path, dev_key=False) as gateway:
-            deadline = time.monotonic() + 10
-            while True:
-                standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits",
-                                     headers={"authorization": admin}).json()
-                used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
-                if used["concurrent_requests"] == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            used = used_once_slots_are_free(gateway, key_id, admin)
             assert used["concurrent_requests"] == 0
             assert used["daily_tokens"] == 0
             assert len(rows_of(data, key_id, 1)) == 1  # its row, written once
@@ -268,30 +258,17 @@ def test_a_killed_serve_s_running_request_counts_as_its_row_says_with_the_in_pro
     try:
         path = config(tmp_path, double.url)
         with running_gateway(data, config=path) as gateway:
-            key_id, secret = (lambda out: (out.split()[2], out.split()[-1]))(gateway.cli(
-                "keys", "create", "--name", "k", "--all-models", "--daily-tokens", "10000000",
-                "--max-spend-day", "1000").stdout)
-            admin = "Bearer " + gateway.cli("keys", "create", "--name", "admin", "--admin",
-                                            "--all-models").stdout.splitlines()[-1]
+            key_id, secret = created(gateway, "--daily-tokens", "10000000", "--max-spend-day", "1000")
+            admin = admin_of(gateway)
             answered(gateway, secret, 1)
-            double.cue(Cue(delay=60))
-            seen = len(double.seen)
-            caller = threading.Thread(target=lambda: httpx.post(
-                f"{gateway.base_url}/v1/chat/completions",
-                json={"model": "up", "messages": HELLO, "max_tokens": 50000},
-                headers={"Authorization": f"Bearer {secret}"}, timeout=30))
-            caller.start()
-            while len(double.seen) == seen:
-                time.sleep(0.01)
+            caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000)
             time.sleep(2.5)  # a save of the day's counters while it runs
             gateway.process.send_signal(signal.SIGKILL)
             gateway.process.wait(10)
             caller.join()
         with running_gateway(data, config=path, dev_key=False) as gateway:
             rows = rows_of(data, key_id, 2)
-            standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits",
-                                 headers={"authorization": admin}).json()
-            used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+            used = used_once_slots_are_free(gateway, key_id, admin, within=0)
             assert len(rows) == 2
             assert used["daily_tokens"] == sum(row.input_tokens + row.output_tokens for row in rows)
             assert float(used["max_spend_day"]) == pytest.approx(sum(row.cost_micros for row in rows) / 1e6)
