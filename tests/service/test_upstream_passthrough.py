@@ -269,7 +269,8 @@ async def test_typed_callers_get_every_field_rest_callers_get(chat, messages, do
         assert _without_ids(_as_json(await typed(request, metadata=bearer(secret)))) == _without_ids(
             _meaningful(answer))
     streams = [
-        ([*(sse(c) for c in RICH_CHUNKS), b"data: [DONE]\n\n"], chat.CreateChatCompletionHttp, chat.StreamChatCompletion,
+        ([*(sse(c) for c in RICH_CHUNKS), b"data: [DONE]\n\n"], chat.CreateChatCompletionHttp,
+         chat.StreamChatCompletion,
          chat_request(model="chat-on-openai", stream=True, stream_options={"include_usage": True})),
         ([sse(e, e["type"]) for e in RICH_EVENTS], messages.CreateMessageHttp, messages.StreamMessage,
          message_request(model="messages-on-anthropic", stream=True)),
