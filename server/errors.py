@@ -22,6 +22,10 @@ headers, 426 HTTP/1.0, 431 oversized headers or URL) and 499 for a caller who we
 It is the one source: gateway/envoy.py renders the Lua shaper's table from it, docs/api.md lists it, and the
 Python client's error classes are tested against it.
 
+An error is one row, but its `code` may say more than the row's where applications branch on it (an upstream's own
+code on its 4xx, `context_length_exceeded`): the status, gRPC code and type stay the row's, and logs, the ledger and
+metrics keep the row's code (a bounded set of labels).
+
 gRPC callers get the status code of the row with the error object in the status details; REST callers get the
 HTTP status and the JSON body, shaped by Envoy's Lua filter from the trailing metadata set here.
 
@@ -47,6 +51,8 @@ _SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")
 # A message or param may quote the caller (a member's name, a value) at any length; both travel in the gRPC
 # trailers, where tens of KB make Envoy drop the stream (a 502 or 503 for a 400). Cut short, with an ellipsis.
 LONGEST_MESSAGE, LONGEST_PARAM = 2000, 200
+# OpenAI's code for a prompt over the model's context window: Portico's own refusal says it too (ContextLengthExceeded).
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
 def redact_secrets(text: str) -> str:
@@ -93,7 +99,7 @@ class PorticoError(Exception):
 
     def __init__(
         self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None,
-        details: dict[str, str] | None = None,
+        details: dict[str, str] | None = None, code: str | None = None,
     ) -> None:
         # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
         # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log. Nor
@@ -105,6 +111,13 @@ class PorticoError(Exception):
         self.retry_after = retry_after
         self.retry_reason = retry_reason
         self.details = details  # Anthropic's `error.details`, which its SDK reads (e.g. its `error_code`)
+        # The error object's `code`: the row's, or a more specific one that applications branch on (an upstream's
+        # own, `context_length_exceeded`). Logs, the ledger and metrics keep the row's: a bounded set of labels.
+        self.code = code or self.kind.code
+
+    def message_for(self, *, anthropic: bool) -> str:
+        """The message in the caller's dialect: the same in both, unless the two APIs word this failure apart."""
+        return self.message
 
     @property
     def retryable(self) -> bool:
@@ -131,6 +144,23 @@ class InvalidRequest(PorticoError):
     kind = ErrorKind(
         grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", "invalid_request_error", "The request is invalid."
     )
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """A prompt that leaves no room for an answer in the model's context window, as each API says it: frameworks
+    catch OpenAI's code `context_length_exceeded` (and match its "maximum context length" wording, or Anthropic's
+    "prompt is too long") to trim a conversation and try again."""
+
+    def __init__(self, prompt_tokens: int, window: int) -> None:
+        # "at least": a prompt too long by its size alone is not tokenized (LlamaCppProvider.count_tokens).
+        super().__init__(f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+                         f"at least {prompt_tokens} tokens, which leaves no room for an answer. Please reduce the "
+                         "length of the messages.", param="messages", code=CONTEXT_LENGTH_EXCEEDED)
+        # Anthropic's words: the longest prompt that fits is one token short of the window.
+        self._anthropic_message = f"prompt is too long: {prompt_tokens} tokens > {window - 1} maximum"
+
+    def message_for(self, *, anthropic: bool) -> str:
+        return self._anthropic_message if anthropic else self.message
 
 
 class RequestTooLarge(InvalidRequest):
@@ -247,9 +277,8 @@ def kind_by_status() -> dict[int, ErrorKind]:
 def error_object(error: PorticoError, *, anthropic: bool = False) -> dict:
     """The `error` member of the body: {"message", "type", "param", "code"}, and "details" when there are any;
     `anthropic`: with Anthropic's `type` for the status."""
-    kind = error.kind
-    body = {"message": error.message, "type": kind.type_for(anthropic=anthropic), "param": error.param,
-            "code": kind.code}
+    body = {"message": error.message_for(anthropic=anthropic), "type": error.kind.type_for(anthropic=anthropic),
+            "param": error.param, "code": error.code}
     return {**body, "details": error.details} if error.details else body
 
 

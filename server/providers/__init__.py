@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from server.domain import Dialect, GenerationEvent, GenerationRequest, TokenCount, Turn
-from server.errors import InvalidRequest
+from server.errors import ContextLengthExceeded, InvalidRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +72,9 @@ class LocalModel(Protocol):
     def loaded(self) -> bool: ...
 
 
-def context_overflow(prompt_tokens: int, window: int) -> InvalidRequest | None:
+def context_overflow(prompt_tokens: int, window: int) -> ContextLengthExceeded | None:
     """The 400 for a prompt that leaves no room for an answer in a model's context window, or None."""
-    if prompt_tokens < window:
-        return None
-    # "at least": a prompt too long by its size alone is not tokenized (LlamaCppProvider.count_tokens).
-    return InvalidRequest(f"The prompt is at least {prompt_tokens} tokens but the model's context window is {window} "
-                          "tokens, which leaves no room for an answer.", param="messages")
+    return ContextLengthExceeded(prompt_tokens, window) if prompt_tokens >= window else None
 
 
 def token_counter_of(provider: object) -> TokenCounter | None:

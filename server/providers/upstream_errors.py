@@ -5,9 +5,9 @@ Portico's own credentials (401/403) or does not know the configured upstream mod
 configuration: a 502 `upstream_error` that says so (and an error in the log) with `x-should-retry: false`, never a
 401/404 that would make an SDK tell the user their key or model is wrong. Statuses the provider's retry settings
 name, connection failures before an answer, and streams cut before any content are retryable. An upstream's own
-message is passed on, but never text that could hold the upstream key (401/403 messages, which sometimes quote part
-of it, are replaced, and the key is scrubbed from every other message) nor the upstream's name for the model
-(replaced by Portico's model id).
+message is passed on (and on a 400 its `code`, where it is a plain identifier: frameworks branch on OpenAI's), but
+never text that could hold the upstream key (401/403 messages, which sometimes quote part of it, are replaced, and
+the key is scrubbed from every other message) nor the upstream's name for the model (replaced by Portico's model id).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Collection, Mapping
 from server import wire_json
 from server.domain import Json
 from server.errors import (
-    ANTHROPIC_TYPES, InvalidRequest, PorticoError, RateLimited, RequestTooLarge, ServiceUnavailable, UpstreamError,
-    UpstreamMisconfigured, UpstreamTimeout,
+    ANTHROPIC_TYPES, CONTEXT_LENGTH_EXCEEDED, TABLE, InvalidRequest, PorticoError, RateLimited, RequestTooLarge,
+    ServiceUnavailable, UpstreamError, UpstreamMisconfigured, UpstreamTimeout,
 )
 
 _logger = logging.getLogger(__name__)
@@ -39,10 +39,12 @@ def from_status(
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`.
     `sent_status`: false for a status inferred from an error the upstream reported otherwise, which messages then do
     not quote (the upstream's own answer said 200)."""
-    message, param = _message_and_param(body)
+    message, param, code = _message_param_and_code(body)
     # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
     message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
     param = _scrub(param, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] if param else param
+    if code is not None and _scrub(code, secret, upstream_model, upstream) != code:
+        code = None
     reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
     if status in (401, 403, 404):
@@ -68,7 +70,21 @@ def from_status(
                                      "check the gateway's configuration (its base_url).", retry_reason=reason)
     if status == 413:
         return RequestTooLarge(message, param=param, retry_reason=reason)
-    return InvalidRequest(message, param=param, retry_reason=reason)
+    if _ANTHROPIC_CONTEXT_ERROR.match(message):  # Anthropic's words for it: the code frameworks catch, whatever API
+        code, param = CONTEXT_LENGTH_EXCEEDED, param or "messages"
+    return InvalidRequest(message, param=param, retry_reason=reason, code=code)
+
+
+# An upstream's own `code` that callers may read (OpenAI's `context_length_exceeded`, `content_policy_violation`,
+# `unsupported_parameter`): a plain identifier, never a number ("400", vLLM's 400) nor a code of another row of the
+# table, which would tell the caller something else (a 400 `model_not_found` about the upstream's model name).
+_UPSTREAM_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_ROW_CODES = frozenset(kind.code for kind in TABLE) - {InvalidRequest.kind.code}
+# Anthropic's 400 for a prompt over the context window ("prompt is too long: 209353 tokens > 199999 maximum"), and for
+# a prompt and max_tokens over it together ("input length and `max_tokens` exceed context limit: 188240 + 21333 >
+# 200000, ...").
+_ANTHROPIC_CONTEXT_ERROR = re.compile(r"prompt is too long: \d+ tokens > \d+ maximum|input length and `max_tokens` "
+                                      r"exceed context limit: \d+ \+ \d+ > \d+")
 
 
 # Anthropic's error `type`s (in bodies and mid-stream `error` events) -> the status Anthropic gives them.
@@ -118,30 +134,32 @@ def _bounded(seconds: float) -> float:
     return min(seconds, MAX_RETRY_AFTER) if seconds > 0 and math.isfinite(seconds) else 0.0
 
 
-def _message_and_param(body: bytes) -> tuple[str, str | None]:
-    """OpenAI {"error": {"message", "param"}}, Anthropic {"type": "error", "error": {"message"}}, a top-level
-    {"message", "param"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation errors
-    {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts them."""
+def _message_param_and_code(body: bytes) -> tuple[str, str | None, str | None]:
+    """OpenAI {"error": {"message", "param", "code"}}, Anthropic {"type": "error", "error": {"message"}}, a top-level
+    {"message", "param", "code"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation errors
+    {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts them.
+    The code only where it is a plain identifier that no other row of the table uses (_UPSTREAM_CODE)."""
     try:
         data = wire_json.loads(body)
     except wire_json.JSONDecodeError:
-        return body.decode("utf-8", errors="replace").strip(), None
+        return body.decode("utf-8", errors="replace").strip(), None, None
     if not isinstance(data, dict):
-        return _text(data), None
+        return _text(data), None, None
     error = data.get("error")
     if isinstance(error, dict) or isinstance(data.get("message"), str):
         found = error if isinstance(error, dict) else data
-        param = found.get("param")
-        return _text(found.get("message", "")), param if isinstance(param, str) else None
+        param, code = found.get("param"), found.get("code")
+        code = code if isinstance(code, str) and _UPSTREAM_CODE.fullmatch(code) and code not in _ROW_CODES else None
+        return _text(found.get("message", "")), param if isinstance(param, str) else None, code
     detail = data.get("detail")
     if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
         places = [_location(item.get("loc")) for item in detail]
         message = "; ".join(f"{place}: {item.get('msg', '')}" if place else str(item.get("msg", ""))
                             for place, item in zip(places, detail))
-        return message, places[0] or None
+        return message, places[0] or None, None
     if detail is not None:
-        return _text(detail), None
-    return _text(error or data), None
+        return _text(detail), None, None
+    return _text(error or data), None, None
 
 
 def _text(value: Json) -> str:

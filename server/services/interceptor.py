@@ -167,7 +167,8 @@ class _Observation:
 async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthropic: bool,
                 headers: Sequence[tuple[str, str]] = ()) -> None:
     kind = error.kind
-    status = status_pb2.Status(code=kind.grpc_code.value[0], message=error.message,
+    message = error.message_for(anthropic=anthropic)
+    status = status_pb2.Status(code=kind.grpc_code.value[0], message=message,
                                details=_details(error, anthropic=anthropic))
     trailing = [
         ("grpc-status-details-bin", status.SerializeToString()),
@@ -180,15 +181,15 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
     said = {key for key, _ in own}
     trailing.extend(item for item in context.trailing_metadata() if item[0] not in said)
     trailing.extend(own)
-    await context.abort(kind.grpc_code, error.message, tuple(trailing))
+    await context.abort(kind.grpc_code, message, tuple(trailing))
 
 
 def _details(error: PorticoError, *, anthropic: bool) -> list[any_pb2.Any]:
     """ErrorResponse first (Portico's own callers look there), then the standard google.rpc details. Its `type` is
     the one the service's REST callers get (Anthropic's on MessageService), so the two transports agree."""
     kind = error.kind
-    api_error = error_pb2.ApiError(message=error.message, type=kind.type_for(anthropic=anthropic), param=error.param,
-                                   code=kind.code)
+    api_error = error_pb2.ApiError(message=error.message_for(anthropic=anthropic),
+                                   type=kind.type_for(anthropic=anthropic), param=error.param, code=error.code)
     messages = [
         error_pb2.ErrorResponse(error=api_error, http_status=kind.http_status, retry_after_seconds=error.retry_after)
     ]

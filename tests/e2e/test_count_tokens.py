@@ -167,7 +167,7 @@ def test_keys_models_and_bodies_are_checked_as_on_messages(gateway, client):
     assert caught.value.body["error"]["param"] == "tools[0].type"
     with pytest.raises(anthropic.BadRequestError) as caught:  # over the context window: as /v1/messages says
         client.messages.count_tokens(model="messages-embedded", messages=[{"role": "user", "content": "word " * 3000}])
-    assert caught.value.body["error"]["param"] == "messages" and "context window" in caught.value.message
+    assert caught.value.body["error"]["param"] == "messages" and "prompt is too long" in caught.value.message
 
 
 def test_counting_is_one_request_with_no_tokens_no_slot_held_and_no_ledger_row(gateway, client, double):

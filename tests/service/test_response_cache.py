@@ -181,7 +181,7 @@ async def test_a_prompt_over_the_context_window_has_no_cache_header(chat, runnin
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         [body async for body in call]
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "context window" in refused.value.details()
+    assert "maximum context length" in refused.value.details()
     assert "x-portico-cache" not in dict(refused.value.trailing_metadata() or ())
     assert registry.get_sample_value("portico_cache_lookups_total", {"model": "cached-embedded", "result": "miss"}) \
         is None

@@ -310,3 +310,27 @@ def test_when_retries_stop():
     hinted = RateLimited("x", retry_after=4.0, retry_reason="429")
     assert backoff_delay(SETTINGS, 1, hinted, 0, lambda: 0.1) == 4.0  # retry-after wins over a shorter backoff
     assert backoff_delay(SETTINGS, 1, RateLimited("x", retry_after=60, retry_reason="429"), 0, random.random) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "param"),
+    [
+        (400, b'{"error":{"message":"m","param":"messages","code":"context_length_exceeded"}}',
+         "context_length_exceeded", "messages"),
+        (422, b'{"message":"m","code":"unsupported_parameter"}', "unsupported_parameter", None),  # vLLM's older shape
+        (400, b'{"error":{"message":"m","code":400}}', "invalid_request", None),
+        (400, b'{"error":{"message":"m","code":"up_m_secret"}}', "invalid_request", None),  # it quotes the model
+        (400, b'{"error":{"message":"m","code":"request_too_large"}}', "invalid_request", None),  # another row's
+        (413, b'{"error":{"message":"m","code":"context_length_exceeded"}}', "request_too_large", None),
+        (502, b'{"error":{"message":"m","code":"context_length_exceeded"}}', "upstream_error", None),
+        (400, b'{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 9 tokens > 8 '
+              b'maximum"}}', "context_length_exceeded", "messages"),
+        (400, b'{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` '
+              b'exceed context limit: 5 + 5 > 8, decrease input length or `max_tokens` and try again"}}',
+         "context_length_exceeded", "messages"),
+    ],
+)
+def test_an_upstream_4xx_keeps_its_own_code_only_where_it_is_a_plain_identifier(status, body, code, param):
+    error = from_status(status, body, {}, retry_on=(), upstream="m", secret=None, upstream_model="up_m_secret")
+    assert (error.code, error.param) == (code, param)
+    assert error.kind.code in {"invalid_request", "request_too_large", "upstream_error"}  # the row stays the table's
