@@ -22,8 +22,8 @@ class ChatServicer(DialectServicer, chat_service_pb2_grpc.ChatServiceServicer):
         super().__init__(pipeline)
         self._default_max_tokens = default_max_tokens
 
-    def plan(self, body, call, *, always_stream):
-        return chat_request(body, default_max_tokens=self._default_max_tokens, always_stream=always_stream)
+    def plan(self, body, call, *, stream):
+        return chat_request(body, default_max_tokens=self._default_max_tokens, stream=stream)
 
     def answer(self, header, completion):
         return to_openai.chat_completion(header, completion)

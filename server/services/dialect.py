@@ -67,8 +67,9 @@ class DialectServicer:
 
     # The adapter's pieces.
 
-    def plan(self, body: dict, call: Call, *, always_stream: bool) -> Plan:
-        """`body`: the request as JSON (a REST caller's raw body parsed, or a typed request turned into it)."""
+    def plan(self, body: dict, call: Call, *, stream: bool | None) -> Plan:
+        """`body`: the request as JSON (a REST caller's raw body parsed, or a typed request turned into it).
+        `stream`: whether the RPC streams (the typed ones, whatever `stream` says), None where the body decides."""
         raise NotImplementedError
 
     def answer(self, header: ResponseHeader, completion: Completion) -> dict:
@@ -89,12 +90,12 @@ class DialectServicer:
     # The three kinds of RPC, for every dialect: an adapter binds its RPC names to these.
 
     async def unary(self, request: Message, context) -> Message:
-        call, plan, header = await self._prepare(proto_to_json(request), context)
+        call, plan, header = await self._prepare(proto_to_json(request), context, stream=False)
         completion = await self._pipeline.complete(call, plan.generation)
         return _typed(self.answer(header, completion), self.response_type())
 
     async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
-        call, plan, header = await self._prepare(proto_to_json(request), context, always_stream=True)
+        call, plan, header = await self._prepare(proto_to_json(request), context, stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for payload in self.stream_objects(header, events, plan):
                 yield _typed(payload, self.event_type())
@@ -137,12 +138,12 @@ class DialectServicer:
                     yield data
 
     async def _prepare(
-        self, data: bytes | dict, context, *, always_stream: bool = False
+        self, data: bytes | dict, context, *, stream: bool | None = None
     ) -> tuple[Call, Plan, ResponseHeader]:
         """`data`: a REST caller's raw body, or a typed request turned into JSON."""
         body, model = await self._pipeline.read_body(context, data, allow_x_api_key=self.allow_x_api_key)
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
-        plan = self.plan(body, call, always_stream=always_stream)
+        plan = self.plan(body, call, stream=stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)
         return call, plan, header
 

@@ -21,8 +21,8 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     id_prefix = "msg_"
     allow_x_api_key = True
 
-    def plan(self, body, call, *, always_stream):
-        return message_request(body, always_stream=always_stream,
+    def plan(self, body, call, *, stream):
+        return message_request(body, stream=stream,
                                beta=beta_values(call.context.invocation_metadata()))
 
     def answer(self, header, completion):

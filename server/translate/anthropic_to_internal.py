@@ -36,11 +36,12 @@ class MessagePlan:
     stream: bool
 
 
-def message_request(body: Mapping[str, Json], *, always_stream: bool = False,
+def message_request(body: Mapping[str, Json], *, stream: bool | None = None,
                     beta: Sequence[str] = ()) -> MessagePlan:
-    """`always_stream`: the RPC streams whatever `stream` says (the typed StreamMessage). `beta`: the caller's
+    """`stream`: what the RPC does whatever the body's `stream` says (the typed StreamMessage streams,
+    CreateMessage answers once); None: as the body says. `beta`: the caller's
     `anthropic-beta` header values."""
-    generation = _generation(body, always_stream=always_stream, beta=beta, counting=False)
+    generation = _generation(body, stream=stream, beta=beta, counting=False)
     return MessagePlan(generation=generation, stream=generation.stream)
 
 
@@ -49,10 +50,10 @@ def count_request(body: Mapping[str, Json], *, beta: Sequence[str] = ()) -> Gene
     `max_tokens` may be left out. What only shapes a generation (max_tokens, stream, sampling) is checked, then
     without effect: the prompt is the same either way (an Anthropic upstream is sent the body without them,
     `internal_to_anthropic_request.count_body`)."""
-    return _generation(body, always_stream=False, beta=beta, counting=True)
+    return _generation(body, stream=False, beta=beta, counting=True)
 
 
-def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence[str],
+def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence[str],
                 counting: bool) -> GenerationRequest:
     unread = list(check_fields(body, MESSAGE_FIELDS))
     max_tokens = opt_int(body, "max_tokens", 1)
@@ -88,7 +89,8 @@ def _generation(body: Mapping[str, Json], *, always_stream: bool, beta: Sequence
     metadata = opt_object(body, "metadata") or {}
     end_user = opt_string(metadata, "user_id", "metadata") or None
     tools = _tools(body, unread)
-    stream = always_stream or bool(opt_bool(body, "stream"))
+    asked = bool(opt_bool(body, "stream"))
+    stream = asked if stream is None else stream
     return GenerationRequest(
         turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body), end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,

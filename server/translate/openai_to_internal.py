@@ -45,17 +45,19 @@ class ChatPlan:
 
 
 def chat_request(
-    body: Mapping[str, Json], *, default_max_tokens: int, always_stream: bool = False,
+    body: Mapping[str, Json], *, default_max_tokens: int, stream: bool | None = None,
 ) -> ChatPlan:
-    """`always_stream`: the RPC streams whatever `stream` says (the typed StreamChatCompletion)."""
+    """`stream`: what the RPC does whatever the body's `stream` says (the typed StreamChatCompletion streams,
+    CreateChatCompletion answers once); None: as the body says."""
     unread = list(check_fields(body, CHAT_FIELDS))
     messages = opt_array(body, "messages")
     if not messages:
         raise InvalidRequest("`messages` must contain at least one message.", param="messages")
     turns = tuple(_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages))
-    stream = always_stream or bool(opt_bool(body, "stream"))
+    asked = bool(opt_bool(body, "stream"))
+    stream = asked if stream is None else stream
     stream_options = opt_object(body, "stream_options")
-    if stream_options is not None and not stream:
+    if stream_options is not None and not (stream or asked):  # on the unary RPC, a body valid over REST stays so
         raise InvalidRequest("`stream_options` is only allowed when `stream` is true.", param="stream_options")
     include_usage = bool(opt_bool(stream_options or {}, "include_usage", "stream_options"))
     tools = _tools(body, unread)

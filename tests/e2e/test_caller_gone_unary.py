@@ -21,12 +21,12 @@ import orjson
 import pytest
 import yaml
 
-from portico.v1 import chat_service_pb2_grpc
+from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.db import StoreSettings
 from server.usage.stores import open_ledger
 from tests.e2e.conftest import Gateway, running_gateway, upstream_gateway
 from tests.e2e.test_operations import scrape, value
-from tests.helpers import bearer, chat_request, http_body
+from tests.helpers import bearer, chat_request, http_body, message_request
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY_ENV
 
@@ -158,6 +158,39 @@ def test_a_grpc_deadline_that_passes_is_counted_with_what_the_upstream_answered(
     assert row["input_tokens"] > 0 and row["output_tokens"] > 0 and row["cost_microdollars"] > 0, row
     used = standing(gateway, key_id, headers)
     assert used["concurrent_requests"] == 0 and used["daily_tokens"] == row["input_tokens"] + row["output_tokens"]
+
+
+@pytest.mark.parametrize("rpc", ["CreateChatCompletion", "CreateMessage"])
+def test_a_typed_unary_call_saying_stream_true_is_still_one_answer_read_to_its_end(gateway, double, rpc):
+    """The typed unary RPCs answer once whatever `stream` says (api.md), so the exchange is a non-streamed one: the
+    upstream is asked for its one JSON answer, whose own fields reach the caller, and a deadline that passes is
+    counted with what it answered. It was a streamed exchange: the upstream's fields lost, and a caller who left
+    cut it short, counted as nothing used while the upstream billed its answer."""
+    double.reset()
+    key_id, secret = key(gateway, f"unary-stream-{rpc}")
+    chat = rpc == "CreateChatCompletion"
+    request = (chat_request(model="chat-up", max_tokens=50, stream=True) if chat else
+               message_request(model="messages-up", max_tokens=50, stream=True))
+    stub = (chat_service_pb2_grpc.ChatServiceStub if chat else message_service_pb2_grpc.MessageServiceStub)
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        call = getattr(stub(channel), rpc)
+        if chat:
+            double.cue(Cue(body={"id": "u", "object": "chat.completion", "created": 1, "model": "m",
+                                 "system_fingerprint": "fp_up", "choices": [{
+                                     "index": 0, "message": {"role": "assistant", "content": "hi"},
+                                     "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}))
+            assert call(request, metadata=bearer(secret), timeout=30).system_fingerprint == "fp_up"
+        else:
+            assert call(request, metadata=bearer(secret), timeout=30).content
+        assert double.seen[-1].body.get("stream") in (False, None)
+        double.cue(Cue(delay=UPSTREAM_SECONDS))
+        with pytest.raises(grpc.RpcError) as raised:
+            call(request, metadata=bearer(secret), timeout=0.5)
+    assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    left = rows(gateway, key_id, admin(gateway), want=2)[0]
+    assert (left["status"], left["code"]) == (499, "cancelled")
+    assert left["input_tokens"] > 0 and left["output_tokens"] > 0, left
 
 
 def test_no_retry_or_fallback_starts_after_the_caller_left(gateway, double):
