@@ -241,6 +241,34 @@ def test_a_drain_gives_an_exchange_whose_caller_left_drain_seconds(tmp_path, dou
         assert (row.status, row.code, row.input_tokens, row.output_tokens) == (503, "service_unavailable", 0, 0)
 
 
+def test_a_caller_who_leaves_during_a_drain_is_given_the_rest_of_it(tmp_path, double, monkeypatch):
+    """A client whose timeout runs out while the server drains (drain_seconds 30, an upstream that answers in 4 s):
+    its exchange was cut at once, with a 503 and nothing counted, because grpc no longer waited for its call and the
+    drain ended with it; the upstream bills it all the same."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-test-drain")
+    double.reset()
+    double.cue(Cue(delay=4))
+    data_dir = tmp_path / "data"
+    with running_gateway(data_dir, config=_drain_config(tmp_path, double.url, 30)) as gateway:
+        key_id, secret = key(gateway, "drained")
+        stopped_at: list[float] = []
+
+        def drained_a_while() -> bool:  # the upstream has the request; the drain begins; the caller leaves 1 s later
+            if not stopped_at and reached(double)():
+                gateway.process.send_signal(signal.SIGTERM)
+                stopped_at.append(time.monotonic())
+            return bool(stopped_at) and time.monotonic() - stopped_at[0] > 1
+
+        leave(f"{gateway.base_url}/v1/chat/completions", {"model": "chat-up", "messages": HI},
+              {"authorization": f"Bearer {secret}"}, once=drained_a_while)
+        assert gateway.process.wait(timeout=30) == 0
+        assert time.monotonic() - stopped_at[0] >= 3  # it waited for the answer ...
+    (row,) = _ledger_rows(data_dir, key_id)
+    assert (row.status, row.code) == (499, "cancelled"), row  # ... and counted it
+    assert row.input_tokens > 0 and row.output_tokens > 0 and row.cost_micros > 0
+    assert double.gone == 0
+
+
 def test_nothing_is_left_running_when_many_callers_leave(gateway, double):
     """Five callers leave at once: every exchange is counted once it ends, and no slot stays taken."""
     double.reset()
