@@ -47,6 +47,7 @@ def models(url: str) -> str:
     endpoint: /v1/chat/completions
     provider: {{{openai}, model: flaky, retry: {retry}}}
     fallbacks: [chat-up]
+  - {{id: pooled-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, max_connections: 1}}}}
 """
 
 
@@ -175,6 +176,33 @@ def test_no_retry_or_fallback_starts_after_the_caller_left(gateway, double):
     assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (
         503, "service_unavailable", 0, 0)
     assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
+
+
+def test_a_caller_who_leaves_before_the_request_was_sent_ends_it_at_once(gateway, double):
+    """Waiting for the one pooled connection, or in the pause before a retry: the upstream has nothing to bill, so
+    the request ends when its caller leaves, with nothing used, and is never sent (nor retried, nor passed on)."""
+    double.reset()
+    busy = {"error": {"message": "overloaded", "type": "server_error"}}
+    double.cue(Cue(delay=UPSTREAM_SECONDS), Cue(status=503, headers={"retry-after": "5"}, body=busy))
+    key_id, secret = key(gateway, "never-sent")
+    headers = admin(gateway)
+    url, auth = f"{gateway.base_url}/v1/chat/completions", {"authorization": f"Bearer {secret}"}
+    holder = threading.Thread(target=httpx.post, args=(url,), daemon=True, kwargs={
+        "json": {"model": "pooled-up", "messages": HI}, "headers": {"authorization": f"Bearer {gateway.secret}"},
+        "timeout": 30})
+    holder.start()  # another key's request takes the one connection for UPSTREAM_SECONDS
+    while not reached(double)():
+        time.sleep(0.01)
+    left = time.monotonic()
+    leave(url, {"model": "pooled-up", "messages": HI}, auth)  # waits for the connection, then leaves
+    leave(url, {"model": "flaky-up", "messages": HI}, auth, once=reached(double, 2))  # leaves in the 5 s pause
+    found = rows(gateway, key_id, headers, want=2)
+    assert time.monotonic() - left < UPSTREAM_SECONDS - 1  # neither waited for anything
+    assert sorted((r["model"], r["status"], r["code"], r["input_tokens"], r["output_tokens"]) for r in found) == [
+        ("flaky-up", 499, "cancelled", 0, 0), ("pooled-up", 499, "cancelled", 0, 0)], found
+    assert len(double.seen) == 2  # the held request and flaky-up's first try
+    holder.join(10)
+    assert len(double.seen) == 2 and standing(gateway, key_id, headers)["concurrent_requests"] == 0
 
 
 def test_the_embedded_model_still_stops_when_its_caller_leaves(tmp_path):
