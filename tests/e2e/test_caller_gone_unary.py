@@ -48,6 +48,7 @@ def models(url: str) -> str:
     provider: {{{openai}, model: flaky, retry: {retry}}}
     fallbacks: [chat-up]
   - {{id: pooled-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, max_connections: 1}}}}
+  - {{id: bounded-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, timeouts: {{answer: 1}}}}}}
 """
 
 
@@ -203,6 +204,22 @@ def test_a_caller_who_leaves_before_the_request_was_sent_ends_it_at_once(gateway
     assert len(double.seen) == 2  # the held request and flaky-up's first try
     holder.join(10)
     assert len(double.seen) == 2 and standing(gateway, key_id, headers)["concurrent_requests"] == 0
+
+
+def test_an_exchange_whose_caller_left_is_still_bounded_by_timeouts_answer(gateway, double):
+    """It runs on within the deployment's timeouts: an upstream slower than `timeouts.answer` is given up as for a
+    caller who stayed, and the row says so, with nothing used."""
+    double.reset()
+    double.cue(Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, "bounded")
+    headers = admin(gateway)
+    left = time.monotonic()
+    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "bounded-up", "messages": HI},
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
+    (row,) = rows(gateway, key_id, headers)
+    assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's late answer
+    assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (504, "upstream_timeout", 0, 0)
+    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
 
 
 def test_the_embedded_model_still_stops_when_its_caller_leaves(tmp_path):
