@@ -149,7 +149,9 @@ class RunningServer:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(drained), grace)
         cutoff.cut()  # nothing left to cut when every RPC has ended
-        await drained
+        await stopping
+        with contextlib.suppress(asyncio.TimeoutError):  # the cut calls whose caller left fail at their next wait
+            await asyncio.wait_for(drained, CUT_SECONDS)
         await self.readiness.close()
         await self.core.close()
 
