@@ -145,11 +145,13 @@ class RunningServer:
         grace = grace or 0.0
         cutoff = self.core.pipeline.cutoff
         stopping = self._stopping = asyncio.ensure_future(self.server.stop(grace + CUT_SECONDS))
-        drained = asyncio.gather(stopping, cutoff.outlasted())
+        drained = asyncio.ensure_future(_drained(stopping, cutoff))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(drained), grace)
         cutoff.cut()  # nothing left to cut when every RPC has ended
-        await drained
+        await stopping
+        with contextlib.suppress(asyncio.TimeoutError):  # the cut calls whose caller left fail at their next wait
+            await asyncio.wait_for(drained, CUT_SECONDS)
         await self.readiness.close()
         await self.core.close()
 
@@ -162,6 +164,13 @@ class RunningServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._stopping), CUT_SECONDS)
         await self.server.stop(0)
+
+
+async def _drained(stopping: asyncio.Future, cutoff: Cutoff) -> None:
+    """The calls grpc waits for, then the model calls whose caller left (server/cutoff.py): in that order, since a
+    caller may leave at any moment of the drain, and grpc then waits for its call no more."""
+    await asyncio.shield(stopping)
+    await cutoff.ended()
 
 
 def build_limit_store(config: Config) -> LimitStore:

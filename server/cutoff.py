@@ -17,7 +17,7 @@ A caller that goes away (a disconnect, a gRPC deadline) while a non-streamed ans
 upstream does not end the exchange: the upstream goes on and bills the whole answer whatever its client does, so the
 exchange runs on in the RPC's task, uncancelled (`Cutoff.outlast`, asked where the cancellation lands:
 http_connection.Response, HttpUpstream.billed), to be counted as any answer is. A drain gives it the time it gives
-requests in flight (`outlasted`), then cuts it.
+requests in flight (`ended`), then cuts it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from server.errors import ServiceUnavailable
 SHUTTING_DOWN = "The server is shutting down and could not finish this request in time. Please retry."
 
 T = TypeVar("T")
+
+ENDED_POLL_SECONDS = 0.05  # how often a drain looks whether the model calls whose caller left have ended
 
 
 class Watch:
@@ -138,7 +140,10 @@ class Cutoff:
         """The current task's call runs on after its caller left: no new attempt or fallback is started for it."""
         return asyncio.current_task() in self._outlasting
 
-    async def outlasted(self) -> None:
-        """Wait for the calls whose caller left to end (a drain: grpc no longer counts a call its caller ended)."""
-        while self._outlasting:
-            await asyncio.wait(set(self._outlasting))
+    async def ended(self) -> None:
+        """Wait for every model call to end: a drain asks once grpc counts no call, so those still running are calls
+        whose caller left, which run on (`outlast`) or are ending. Not only those already running on: a caller who
+        leaves in the drain ends its call for grpc at once, perhaps before its task learns it. Polled: a drain is
+        rare, and noting each call's end would cost every request."""
+        while self._watches:
+            await asyncio.sleep(ENDED_POLL_SECONDS)

@@ -70,7 +70,8 @@ def from_status(
                                      "check the gateway's configuration (its base_url).", retry_reason=reason)
     if status == 413:
         return RequestTooLarge(message, param=param, retry_reason=reason)
-    if _ANTHROPIC_CONTEXT_ERROR.match(message):  # Anthropic's words for it: the code frameworks catch, whatever API
+    # Anthropic's words for it, or OpenAI's without its code (vLLM's `"code": 400`): the code frameworks catch.
+    if _ANTHROPIC_CONTEXT_ERROR.match(message) or (code is None and _OPENAI_CONTEXT_ERROR.search(message)):
         code, param = CONTEXT_LENGTH_EXCEEDED, param or "messages"
     return InvalidRequest(message, param=param, retry_reason=reason, code=code)
 
@@ -80,6 +81,9 @@ def from_status(
 # table, which would tell the caller something else (a 400 `model_not_found` about the upstream's model name).
 _UPSTREAM_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _ROW_CODES = frozenset(kind.code for kind in TABLE) - {InvalidRequest.kind.code}
+# OpenAI's words for a prompt over the context window ("This model's maximum context length is 8192 tokens.
+# However, ..."), which vLLM sends with "code": 400.
+_OPENAI_CONTEXT_ERROR = re.compile(r"maximum context length is \d+ tokens")
 # Anthropic's 400 for a prompt over the context window ("prompt is too long: 209353 tokens > 199999 maximum"), and for
 # a prompt and max_tokens over it together ("input length and `max_tokens` exceed context limit: 188240 + 21333 >
 # 200000, ...").

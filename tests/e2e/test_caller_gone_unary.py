@@ -47,6 +47,8 @@ def models(url: str) -> str:
     endpoint: /v1/chat/completions
     provider: {{{openai}, model: flaky, retry: {retry}}}
     fallbacks: [chat-up]
+  - {{id: pooled-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, max_connections: 1}}}}
+  - {{id: bounded-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, timeouts: {{answer: 1}}}}}}
 """
 
 
@@ -210,6 +212,49 @@ def test_no_retry_or_fallback_starts_after_the_caller_left(gateway, double):
     assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
 
 
+def test_a_caller_who_leaves_before_the_request_was_sent_ends_it_at_once(gateway, double):
+    """Waiting for the one pooled connection, or in the pause before a retry: the upstream has nothing to bill, so
+    the request ends when its caller leaves, with nothing used, and is never sent (nor retried, nor passed on)."""
+    double.reset()
+    busy = {"error": {"message": "overloaded", "type": "server_error"}}
+    double.cue(Cue(delay=UPSTREAM_SECONDS), Cue(status=503, headers={"retry-after": "5"}, body=busy))
+    key_id, secret = key(gateway, "never-sent")
+    headers = admin(gateway)
+    url, auth = f"{gateway.base_url}/v1/chat/completions", {"authorization": f"Bearer {secret}"}
+    holder = threading.Thread(target=httpx.post, args=(url,), daemon=True, kwargs={
+        "json": {"model": "pooled-up", "messages": HI}, "headers": {"authorization": f"Bearer {gateway.secret}"},
+        "timeout": 30})
+    holder.start()  # another key's request takes the one connection for UPSTREAM_SECONDS
+    while not reached(double)():
+        time.sleep(0.01)
+    left = time.monotonic()
+    leave(url, {"model": "pooled-up", "messages": HI}, auth)  # waits for the connection, then leaves
+    leave(url, {"model": "flaky-up", "messages": HI}, auth, once=reached(double, 2))  # leaves in the 5 s pause
+    found = rows(gateway, key_id, headers, want=2)
+    assert time.monotonic() - left < UPSTREAM_SECONDS - 1  # neither waited for anything
+    assert sorted((r["model"], r["status"], r["code"], r["input_tokens"], r["output_tokens"]) for r in found) == [
+        ("flaky-up", 499, "cancelled", 0, 0), ("pooled-up", 499, "cancelled", 0, 0)], found
+    assert len(double.seen) == 2  # the held request and flaky-up's first try
+    holder.join(10)
+    assert len(double.seen) == 2 and standing(gateway, key_id, headers)["concurrent_requests"] == 0
+
+
+def test_an_exchange_whose_caller_left_is_still_bounded_by_timeouts_answer(gateway, double):
+    """It runs on within the deployment's timeouts: an upstream slower than `timeouts.answer` is given up as for a
+    caller who stayed, and the row says so, with nothing used."""
+    double.reset()
+    double.cue(Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, "bounded")
+    headers = admin(gateway)
+    left = time.monotonic()
+    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "bounded-up", "messages": HI},
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
+    (row,) = rows(gateway, key_id, headers)
+    assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's late answer
+    assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (504, "upstream_timeout", 0, 0)
+    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
+
+
 def test_the_embedded_model_still_stops_when_its_caller_leaves(tmp_path):
     """It stops when asked and costs nothing: a caller's leaving still ends its generation at once."""
     with running_gateway(tmp_path / "data") as gateway:
@@ -272,6 +317,34 @@ def test_a_drain_gives_an_exchange_whose_caller_left_drain_seconds(tmp_path, dou
     else:
         assert stopped < 10  # cut when the drain ran out, as a request in flight is
         assert (row.status, row.code, row.input_tokens, row.output_tokens) == (503, "service_unavailable", 0, 0)
+
+
+def test_a_caller_who_leaves_during_a_drain_is_given_the_rest_of_it(tmp_path, double, monkeypatch):
+    """A client whose timeout runs out while the server drains (drain_seconds 30, an upstream that answers in 4 s):
+    its exchange was cut at once, with a 503 and nothing counted, because grpc no longer waited for its call and the
+    drain ended with it; the upstream bills it all the same."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-test-drain")
+    double.reset()
+    double.cue(Cue(delay=4))
+    data_dir = tmp_path / "data"
+    with running_gateway(data_dir, config=_drain_config(tmp_path, double.url, 30)) as gateway:
+        key_id, secret = key(gateway, "drained")
+        stopped_at: list[float] = []
+
+        def drained_a_while() -> bool:  # the upstream has the request; the drain begins; the caller leaves 1 s later
+            if not stopped_at and reached(double)():
+                gateway.process.send_signal(signal.SIGTERM)
+                stopped_at.append(time.monotonic())
+            return bool(stopped_at) and time.monotonic() - stopped_at[0] > 1
+
+        leave(f"{gateway.base_url}/v1/chat/completions", {"model": "chat-up", "messages": HI},
+              {"authorization": f"Bearer {secret}"}, once=drained_a_while)
+        assert gateway.process.wait(timeout=30) == 0
+        assert time.monotonic() - stopped_at[0] >= 3  # it waited for the answer ...
+    (row,) = _ledger_rows(data_dir, key_id)
+    assert (row.status, row.code) == (499, "cancelled"), row  # ... and counted it
+    assert row.input_tokens > 0 and row.output_tokens > 0 and row.cost_micros > 0
+    assert double.gone == 0
 
 
 def test_nothing_is_left_running_when_many_callers_leave(gateway, double):

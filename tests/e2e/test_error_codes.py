@@ -42,6 +42,7 @@ def gateway(double, tmp_path_factory):
     claude_up = (f"kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
                  "model: claude-up")
     rows = [("chat-up", "/v1/chat/completions", openai_up), ("chat-claude", "/v1/chat/completions", claude_up),
+            ("messages-up", "/v1/messages", openai_up),
             ("messages-claude", "/v1/messages", claude_up), ("image-up", "/v1/images/generations", openai_up),
             ("chat-embedded", "/v1/chat/completions", "kind: llamacpp"),
             ("messages-embedded", "/v1/messages", "kind: llamacpp")]
@@ -133,6 +134,27 @@ def test_grpc_callers_find_the_upstreams_code_in_the_status_details(gateway, dou
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = error_details(caught.value)
     assert (detail.http_status, detail.error.code, detail.error.param) == (400, "context_length_exceeded", "messages")
+
+
+VLLM_CONTEXT = {"error": {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                          "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+                                     "tokens (4000 in the messages, 1000 in the completion). Please reduce the length "
+                                     "of the messages or completion."}}
+
+
+@pytest.mark.parametrize("model", ["chat-up", "messages-up"])
+def test_vllms_context_window_refusal_is_context_length_exceeded(oai, claude, double, model):
+    """vLLM says it in OpenAI's words but with `"code": 400`: its callers got `invalid_request`, where an Anthropic
+    upstream's, OpenAI's and Portico's own refusal say `context_length_exceeded`."""
+    double.cue(Cue(status=400, body=VLLM_CONTEXT))
+    with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
+        if model == "chat-up":
+            oai.chat.completions.create(model=model, messages=HI, max_tokens=4)
+        else:
+            claude.messages.create(model=model, max_tokens=4, messages=HI)
+    error = caught.value.body if model == "chat-up" else caught.value.body["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages"), error
+    assert error["message"].startswith("This model's maximum context length is 4096 tokens.")
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -35,7 +35,7 @@ async def test_the_callers_leaving_is_outlasted_once_and_the_cut_is_not():
     call.cancel()  # the caller left
     await asyncio.sleep(0)
     assert seen == ["ran on, caller_left=True"] and not call.done()
-    drained = asyncio.ensure_future(cutoff.outlasted())
+    drained = asyncio.ensure_future(cutoff.ended())
     await asyncio.sleep(0)
     assert not drained.done()  # a drain waits for it
     call.cancel()  # a second cancellation (grpc's at the end of the drain) is not taken back
@@ -52,7 +52,7 @@ async def test_the_answer_arrives_after_the_caller_left():
     await asyncio.sleep(0)
     answer.set_result("whole")
     assert await call == "whole"
-    await asyncio.wait_for(cutoff.outlasted(), 1)
+    await asyncio.wait_for(cutoff.ended(), 1)
 
 
 async def test_nothing_is_outlasted_once_cut_or_outside_a_model_call():

@@ -319,6 +319,10 @@ def test_when_retries_stop():
          "context_length_exceeded", "messages"),
         (422, b'{"message":"m","code":"unsupported_parameter"}', "unsupported_parameter", None),  # vLLM's older shape
         (400, b'{"error":{"message":"m","code":400}}', "invalid_request", None),
+        (400, b'{"error":{"message":"This model\'s maximum context length is 4096 tokens. However, you requested 5000 '
+              b'tokens.","code":400}}', "context_length_exceeded", "messages"),  # vLLM's
+        (400, b'{"error":{"message":"This model\'s maximum context length is 4096 tokens.","code":"too_long"}}',
+         "too_long", None),  # the upstream's own code wins
         (400, b'{"error":{"message":"m","code":"up_m_secret"}}', "invalid_request", None),  # it quotes the model
         (400, b'{"error":{"message":"m","code":"request_too_large"}}', "invalid_request", None),  # another row's
         (413, b'{"error":{"message":"m","code":"context_length_exceeded"}}', "request_too_large", None),
