@@ -38,12 +38,13 @@ ENDED_POLL_SECONDS = 0.05  # how often a drain looks whether the model calls who
 class Watch:
     """One model call's side of the cutoff."""
 
-    __slots__ = ("cut", "waiting", "caller_left", "_loop", "_task", "_watches")
+    __slots__ = ("cut", "waiting", "caller_left", "billed", "_loop", "_task", "_watches")
 
-    def __init__(self, cut: bool, watches: set[Watch]) -> None:
+    def __init__(self, cut: bool, watches: set[Watch], billed: bool) -> None:
         self.cut = cut
         self.waiting = False  # the call is waiting on its provider now
         self.caller_left = False  # its caller went away, and the exchange runs on (Cutoff.outlast)
+        self.billed = billed  # its model has a price: a caller who leaves does not end its upstream exchange
         self._watches = watches  # the cutoff's, which holds this watch while it is entered
         # Looked up once: current_task() without its loop looks the loop up each time (~0.2 µs on CPython 3.11).
         self._loop = asyncio.get_running_loop()
@@ -109,10 +110,12 @@ class Cutoff:
         self._cut = False
         self._outlasting: set[asyncio.Task] = set()  # the tasks of calls whose caller left, running on
 
-    def watch(self) -> Watch:
+    def watch(self, *, billed: bool = False) -> Watch:
         """For the length of one model call (`with cutoff.watch() as watch`; a class, not a @contextmanager, which
-        costs ~1 µs a request); a call that starts after the cut fails at its first wait."""
-        return Watch(self._cut, self._watches)
+        costs ~1 µs a request); a call that starts after the cut fails at its first wait. `billed`: its model has a
+        price, so a non-streamed exchange whose caller leaves runs on to be counted (`outlast`); one without (a
+        self-hosted server, which stops generating when its client leaves) ends with its caller."""
+        return Watch(self._cut, self._watches, billed)
 
     def cut(self) -> None:
         """Every call in flight, and any that starts later, fails with ServiceUnavailable."""
@@ -128,8 +131,8 @@ class Cutoff:
         if self._cut or task is None or task.cancelling() != 1:
             return False
         watch = next((w for w in self._watches if w._task is task and w.waiting), None)
-        if watch is None or watch.caller_left:  # not a model call (a token count), or it was the caller's already
-            return False
+        if watch is None or watch.caller_left or not watch.billed:  # not a model call (a token count), the
+            return False  # caller's leaving already, or nothing billed to count
         task.uncancel()
         watch.caller_left = True
         self._outlasting.add(task)

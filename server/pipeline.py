@@ -164,7 +164,7 @@ class Pipeline:
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
         self._handed_over(call, reservation)
         reached_model = True
-        watch = self.cutoff.watch()
+        watch = self.cutoff.watch(billed=cost > 0)  # its most cost: nothing billed, nothing to run on for
         try:
             answer = provider.stream(request)
             if lookup is not None:
@@ -342,7 +342,7 @@ class Pipeline:
         images: list[GeneratedImage] | None = None
         self._handed_over(call, reservation)
         reached_model = True
-        watch = self.cutoff.watch()
+        watch = self.cutoff.watch(billed=cost > 0)  # its most cost: nothing billed, nothing to run on for
         try:
             with watch:
                 images = await watch.wait(provider.generate(request))

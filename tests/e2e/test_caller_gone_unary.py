@@ -47,8 +47,16 @@ def models(url: str) -> str:
     endpoint: /v1/chat/completions
     provider: {{{openai}, model: flaky, retry: {retry}}}
     fallbacks: [chat-up]
-  - {{id: pooled-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, max_connections: 1}}}}
-  - {{id: bounded-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m, timeouts: {{answer: 1}}}}}}
+    price: {price}
+  - id: pooled-up
+    endpoint: /v1/chat/completions
+    provider: {{{openai}, model: m, max_connections: 1}}
+    price: {price}
+  - id: bounded-up
+    endpoint: /v1/chat/completions
+    provider: {{{openai}, model: m, timeouts: {{answer: 1}}}}
+    price: {price}
+  - {{id: unpriced-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m}}}}
 """
 
 
@@ -253,6 +261,25 @@ def test_an_exchange_whose_caller_left_is_still_bounded_by_timeouts_answer(gatew
     assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's late answer
     assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (504, "upstream_timeout", 0, 0)
     assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
+
+
+def test_a_model_without_a_price_stops_when_its_caller_leaves(gateway, double):
+    """Nothing is billed for it (a self-hosted server: vLLM stops generating when its client leaves): running on
+    would keep its GPU busy for nobody. Its exchange ends with its caller, as a stream's does."""
+    double.reset()
+    double.cue(Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, "unpriced")
+    headers = admin(gateway)
+    left = time.monotonic()
+    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "unpriced-up", "messages": HI},
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
+    (row,) = rows(gateway, key_id, headers)
+    assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's answer
+    assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (499, "cancelled", 0, 0)
+    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
+    # The double notes a client gone only when its delayed answer is due: wait for that, so that no later test sees it.
+    time.sleep(max(0.0, left + UPSTREAM_SECONDS + 0.5 - time.monotonic()))
+    assert double.gone >= 1
 
 
 def test_the_embedded_model_still_stops_when_its_caller_leaves(tmp_path):

@@ -23,7 +23,7 @@ async def _call(cutoff: Cutoff, answer: asyncio.Future, seen: list[str], *, watc
 
     if not watched:
         return await wait()
-    with cutoff.watch() as watch:
+    with cutoff.watch(billed=True) as watch:
         watch.begin()
         return await wait()
 
