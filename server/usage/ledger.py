@@ -49,25 +49,20 @@ values_of = attrgetter(*COLUMNS)
 
 def mark_of(record: RequestRecord) -> tuple:
     """What a request handed to its model is known by, for `died` (the spool's mark: a tuple, not a row, because
-    every model request writes one and a row costs ~2 us to build), and last what its rate-limit reservation booked
-    (`booked_of`)."""
+    every model request writes one and a row costs ~2 us to build). What its rate-limit reservation booked goes
+    beside it (LedgerSpool.mark), not in it: versions up to f39270b read a mark as exactly these eight values."""
     return (record.ledger_id, int(record.arrived * 1000), record.request_id, record.key_id, record.key_env,
-            record.endpoint, record.model, record.deployment, record.booked)
+            record.endpoint, record.model, record.deployment)
 
 
 def died(mark: Sequence) -> LedgerRow:
     """The row of a request whose process died while it ran (`mark_of`): the caller got Envoy's 503 (or a stream cut
     off), the model had been asked, and what it used died with the process."""
-    row_id, at_ms, request_id, key_id, env, endpoint, model, deployment = mark[:8]
+    row_id, at_ms, request_id, key_id, env, endpoint, model, deployment = mark[:8]  # a later version's may have more
     return LedgerRow(id=row_id, at_ms=at_ms, request_id=request_id, key_id=key_id, env=env, endpoint=endpoint,
                      model=model, upstream=model, status=503, code="service_unavailable", input_tokens=0,
                      output_tokens=0, cached_input_tokens=0, images=0, cost_micros=0, upstream_attempts=1,
                      latency_ms=0.0, first_token_ms=None, deployment=deployment)
-
-
-def booked_of(mark: Sequence) -> object:
-    """What the mark's request's reservation booked (Limiter.booked); None also from a version whose marks had none."""
-    return mark[8] if len(mark) > 8 else None
 
 
 def row_of(record: RequestRecord, outcome: Outcome, finished: float, ids: ReservationIds) -> LedgerRow:

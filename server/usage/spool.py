@@ -11,9 +11,9 @@ every row queued before the seal is in the store, the sealed segments are delete
 requests still running (or, adopted, of a dead process's requests whose reservations are not settled yet).
 Adopted, a mark counts only where no row has its id: a row already in the store keeps it (sinks store each id once);
 a mark followed by `{"dropped": id}` counts nowhere (its row was dropped, logged). One row is one line (its values
-in COLUMNS order, as JSON; a mark's inside `{"open": ...}`); a line that does not parse (the host, not the process,
-died mid-write) is skipped, logged. Lines are in the page cache once written: a dying
-process loses none, a dying host may.
+in COLUMNS order, as JSON; a mark's inside `{"open": ...}`, with its reservation in `"booked"`); a line that does
+not parse (the host, not the process, died mid-write) is skipped, logged. Lines are in the page cache once written:
+a dying process loses none, a dying host may.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import orjson
 
 from server.private_files import make_data_dir
-from server.usage.ledger import LedgerRow, booked_of, died, values_of
+from server.usage.ledger import LedgerRow, died, values_of
 
 _logger = logging.getLogger(__name__)
 
@@ -81,11 +81,13 @@ class LedgerSpool:
         only part of the line could be written."""
         _write(self._current, orjson.dumps(values_of(row), option=orjson.OPT_APPEND_NEWLINE))
 
-    def mark(self, mark: tuple) -> Segment:
-        """A request handed to its model (ledger.mark_of): the next process to start writes its `died` row if this one
-        dies before the request ends. `ended(segment)` when it ends. Raises OSError as `append`."""
+    def mark(self, mark: tuple, booked: object = None) -> Segment:
+        """A request handed to its model (ledger.mark_of), with what its rate-limit reservation booked (None: nothing
+        to settle): the next process to start writes its `died` row, and settles the reservation, if this one dies
+        before the request ends. `ended(segment)` when it ends. Raises OSError as `append`."""
         segment = self._current
-        _write(segment, orjson.dumps({"open": mark}, option=orjson.OPT_APPEND_NEWLINE))
+        line = {"open": mark} if booked is None else {"open": mark, "booked": booked}  # older versions read "open" only
+        _write(segment, orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
         segment.running += 1
         return segment
 
@@ -193,7 +195,7 @@ def _read(data: bytes, segment: Segment, rows: dict[str, LedgerRow],
                 if not isinstance(mark := value["open"], list):
                     raise TypeError("a mark is a list")
                 row = died(mark)
-                marks[row.id] = (row, booked_of(mark), segment)
+                marks[row.id] = (row, value.get("booked"), segment)
             else:
                 row = LedgerRow(*value)
                 rows[row.id] = row

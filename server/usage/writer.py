@@ -102,7 +102,7 @@ class LedgerWriter:
         if self._spool is None or self._full():  # its row would be dropped: a mark per request grew the spool for good
             return
         record.ledger_id = self._ids.new()
-        if (segment := self._to_spool(self._spool.mark, mark_of(record))) is not None:
+        if (segment := self._to_spool(self._spool.mark, mark_of(record), record.booked)) is not None:
             self._marked[record.ledger_id] = segment
 
     def add(self, record: RequestRecord, outcome: Outcome, finished: float) -> None:

@@ -4,6 +4,7 @@ start on the same directory, once each; a live process's rows are left to it."""
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import subprocess
@@ -128,9 +129,9 @@ async def test_what_a_dead_request_s_reservation_booked_is_handed_back_for_settl
     """Only for a request that never ended (its row says nothing used): one that ended settled its own. A mark of a
     version before reservations were in marks has none to hand back."""
     spool = LedgerSpool(tmp_path / "spool")
-    ended, running = (*mark(1), ["res-1", 1.5, ["key_a"], 90, 4]), (*mark(2), ["res-2", 2.5, ["key_a"], 80, 3])
-    for each in (ended, running, mark(3)):
-        spool.mark(each)
+    spool.mark(mark(1), ["res-1", 1.5, ["key_a"], 90, 4])
+    spool.mark(mark(2), ["res-2", 2.5, ["key_a"], 80, 3])
+    spool.mark(mark(3))
     spool.append(row(1))
     killed(spool)
     writer = LedgerWriter(SqliteLedger(tmp_path / "l.db"), SLOW, spool=LedgerSpool(tmp_path / "spool"))
@@ -143,7 +144,7 @@ async def test_a_dead_request_s_segment_is_kept_until_its_reservation_is_settled
     answering) had booked: the adopter stopped meanwhile, and no process could settle it."""
     sink = SqliteLedger(tmp_path / "l.db")
     spool = LedgerSpool(tmp_path / "spool")
-    spool.mark((*mark(1), ["res-1", 1.5, ["key_a"], 80, 3]))
+    spool.mark(mark(1), ["res-1", 1.5, ["key_a"], 80, 3])
     killed(spool)
     adopter = LedgerWriter(sink, SLOW, spool=(adopting := LedgerSpool(tmp_path / "spool")))
     [(_, settled)] = adopter.start()
@@ -157,6 +158,21 @@ async def test_a_dead_request_s_segment_is_kept_until_its_reservation_is_settled
     await again.close()
     assert [r.id for r in sink.rows()] == ["r1"]  # stored once
     assert list((tmp_path / "spool").iterdir()) == []
+
+
+def test_marks_stay_readable_by_the_released_version_an_operator_may_downgrade_to(tmp_path):
+    """Versions up to f39270b read a mark as exactly eight values (`row_id, ..., deployment = line["open"]`): a mark
+    with its reservation as a ninth was an unreadable line to them, so after a downgrade a request running at a kill
+    got no row, and every mark, of finished requests too, was logged as an error. The reservation goes beside."""
+    spool = LedgerSpool(tmp_path / "spool")
+    spool.mark(mark(1), ["res-1", 1.5, ["key_a"], 80, 3])
+    spool.mark(mark(2))  # an in-process limit store books nothing
+    killed(spool)
+    [path] = (tmp_path / "spool").iterdir()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        row_id, at_ms, request_id, key_id, env, endpoint, model, deployment = line["open"]  # as f39270b reads it
+    assert [line.get("booked") for line in lines] == [["res-1", 1.5, ["key_a"], 80, 3], None]
 
 
 async def test_a_mark_and_its_row_in_one_spool_make_one_row(tmp_path):
