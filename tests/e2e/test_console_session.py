@@ -437,6 +437,7 @@ def test_a_page_the_gateway_could_not_answer_is_shown_once_it_is_back(tab, gatew
         expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
         expect(page.get_by_role("alert")).to_contain_text("could not be reached")
         page.unroute("**/v1/**")  # and back
+        page.wait_for_load_state("networkidle")  # every refused request has settled: none re-renders the page
         retry()
         expect(page.get_by_role("heading", name="Models", level=1)).to_be_visible()
         expect(page).to_have_title("Models — Portico console")
