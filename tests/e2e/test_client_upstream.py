@@ -13,7 +13,8 @@ import time
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AsyncRequestQueue, Operation, PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, Operation, PorticoClient, RateLimitError, RetriesExhausted,
+    RetryPolicy,
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
@@ -120,6 +121,25 @@ async def test_a_cancelled_call_frees_the_keys_slot_at_once_unless_its_model_has
         assert refused.value.last.code == "rate_limit_exceeded" and "concurrent" in refused.value.last.message
         await asyncio.sleep(SLOW.delay + 0.5 - (time.monotonic() - started))  # the upstream's answer is in
         await client.chat_completion(model, HI, max_tokens=5)
+
+
+def test_an_integer_a_grpc_json_value_cannot_hold_exactly_is_not_sent_changed(gateway, double, transport):
+    """Open JSON fields (chat_template_kwargs, a tool's schema) are google.protobuf.Values over gRPC, whose numbers
+    are doubles: 2**60 reached the upstream as 1.152921504606847e+18, where REST sends it exactly. Over gRPC the
+    client now refuses it before sending, naming it."""
+    double.reset()
+    big = 2**53 + 1
+    with client_for(gateway, transport, gateway.secret) as client:
+        call = lambda: client.chat_completion("chat-up", HI, max_tokens=5,  # noqa: E731
+                                              chat_template_kwargs={"n": 3, "seeds": [1, big]})
+        if transport == "rest":
+            call()
+            assert double.seen[-1].body["chat_template_kwargs"] == {"n": 3, "seeds": [1, big]}
+            return
+        with pytest.raises(BadRequestError) as refused:
+            call()
+    assert refused.value.param == "chat_template_kwargs.seeds[1]" and str(big) in refused.value.message
+    assert double.seen == []
 
 
 def test_a_call_in_flight_when_the_client_is_closed_says_so(gateway, double, transport):
