@@ -309,11 +309,16 @@ def test_any_unary_rpc_takes_its_fields_on_both_transports(gateway, transport):
         assert unknown.value.param == "modle"
 
 
-def test_an_error_carries_the_request_id_the_gateway_logged_it_under(gateway, transport):
+async def test_an_error_carries_the_request_id_the_gateway_logged_it_under(gateway, transport):
     """The SDKs give a failed call's id (`APIStatusError.request_id`), to quote to the gateway's operators; this
     client's errors had none, on either transport, so its callers could not tell which logged request failed."""
     with client_for(gateway, transport, gateway.secret) as client:
         with pytest.raises(NotFoundError) as caught:
             client.chat_completion("family-a-0.1", HI, max_tokens=1)
-    line = wait_for_line(gateway, caught.value.request_id)
-    assert (line["status"], line["code"]) == (404, "model_not_found")
+    make = AsyncPorticoClient.over_grpc if transport == "grpc" else AsyncPorticoClient.over_rest
+    async with make(f"127.0.0.1:{gateway.port}" if transport == "grpc" else gateway.base_url, gateway.secret) as aclient:
+        with pytest.raises(NotFoundError) as caught_async:
+            await aclient.chat_completion("family-a-0.1", HI, max_tokens=1)
+    for error in (caught.value, caught_async.value):
+        line = wait_for_line(gateway, error.request_id)
+        assert (line["status"], line["code"]) == (404, "model_not_found")
