@@ -20,6 +20,8 @@ from portico.client import (
 from portico.v1 import (
     key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc, organization_usage_pb2, usage_service_pb2_grpc,
 )
+from tests.e2e.test_operations import wait_for_line
+
 
 HI = [{"role": "user", "content": "Hi"}]
 ALIASES = ModelAliases.from_config({
@@ -305,3 +307,18 @@ def test_any_unary_rpc_takes_its_fields_on_both_transports(gateway, transport):
         with pytest.raises(BadRequestError) as unknown:  # a query string would have dropped it unread
             client.call(GET_MODEL, {"model": "family-a-5.4", "modle": "x"})
         assert unknown.value.param == "modle"
+
+
+async def test_an_error_carries_the_request_id_the_gateway_logged_it_under(gateway, transport):
+    """The SDKs give a failed call's id (`APIStatusError.request_id`), to quote to the gateway's operators; this
+    client's errors had none, on either transport, so its callers could not tell which logged request failed."""
+    with client_for(gateway, transport, gateway.secret) as client:
+        with pytest.raises(NotFoundError) as caught:
+            client.chat_completion("family-a-0.1", HI, max_tokens=1)
+    make = AsyncPorticoClient.over_grpc if transport == "grpc" else AsyncPorticoClient.over_rest
+    async with make(f"127.0.0.1:{gateway.port}" if transport == "grpc" else gateway.base_url, gateway.secret) as aclient:
+        with pytest.raises(NotFoundError) as caught_async:
+            await aclient.chat_completion("family-a-0.1", HI, max_tokens=1)
+    for error in (caught.value, caught_async.value):
+        line = wait_for_line(gateway, error.request_id)
+        assert (line["status"], line["code"]) == (404, "model_not_found")

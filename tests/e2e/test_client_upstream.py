@@ -13,7 +13,8 @@ import time
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AsyncRequestQueue, Operation, PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, Operation, PorticoClient, RateLimitError, RetriesExhausted,
+    RetryPolicy,
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
@@ -30,7 +31,9 @@ CREATE_IMAGE = Operation(image_service_pb2_grpc.ImageServiceStub, "CreateImage",
 def gateway(double, tmp_path_factory):
     provider = f"{{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-image-up}}"
     models = (f"  - {{id: image-up, endpoint: /v1/images/generations, provider: {provider}}}\n"
-              f"  - {{id: chat-up, endpoint: /v1/chat/completions, provider: {provider}}}\n")
+              f"  - {{id: chat-up, endpoint: /v1/chat/completions, provider: {provider}}}\n"
+              f"  - {{id: chat-priced, endpoint: /v1/chat/completions, provider: {provider},\n"
+              f"      price: {{input: 1, output: 2}}}}\n")
     with upstream_gateway(tmp_path_factory.mktemp("client-upstream"), models) as gateway:
         yield gateway
 
@@ -70,8 +73,7 @@ def test_an_images_answer_over_4_mib_is_received_on_both_transports(gateway, dou
 async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_keys_slot(gateway, double, transport):
     """A caller that gives up on a queued request (asyncio.wait_for, a cancelled task) cancels its future: the call
     itself went on, holding the queue's worker until the whole answer came, and was answered (200). Now the call
-    ends (499); the gateway holds the key's one concurrency slot only until the upstream, which bills the answer
-    all the same, has sent it (api.md, Rate limits)."""
+    ends (499) and frees the key's one concurrency slot (a model without a price: api.md, Rate limits)."""
     double.reset()
     double.cue(SLOW)
     created = gateway.cli("keys", "create", "--name", "one-at-a-time", "--all-models", "--concurrency", "1").stdout
@@ -94,6 +96,50 @@ async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_k
             pytest.fail("the cancelled request still holds the key's concurrency slot")
     lines = [line for line in access_lines(gateway) if line["key_id"] == key_id]
     assert [line["status"] for line in lines if line["status"] != 429] == [499, 200]
+
+
+@pytest.mark.parametrize("model", ["chat-up", "chat-priced"])
+async def test_a_cancelled_call_frees_the_keys_slot_at_once_unless_its_model_has_a_price(gateway, double, transport,
+                                                                                         model):
+    """client.md said a cancelled call is stopped by the gateway, its concurrency slot freed; a non-streamed call to
+    an upstream model with a price runs on until the upstream, which bills it anyway, has answered (api.md, Rate
+    limits), and holds the slot meanwhile: the next call is refused until then."""
+    double.reset()
+    double.cue(SLOW)
+    created = gateway.cli("keys", "create", "--name", "one-at-a-time", "--all-models", "--concurrency", "1").stdout
+    async with client_for(gateway, transport, created.split()[-1], use_asyncio=True,
+                          retry=RetryPolicy(attempts=1)) as client:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.chat_completion(model, HI, max_tokens=5), 0.5)
+        await asyncio.sleep(0.3)  # the gateway has seen the caller leave
+        if model == "chat-up":
+            await client.chat_completion(model, HI, max_tokens=5)
+            return
+        with pytest.raises(RetriesExhausted) as refused:
+            await client.chat_completion(model, HI, max_tokens=5)
+        assert refused.value.last.code == "rate_limit_exceeded" and "concurrent" in refused.value.last.message
+        await asyncio.sleep(SLOW.delay + 0.5 - (time.monotonic() - started))  # the upstream's answer is in
+        await client.chat_completion(model, HI, max_tokens=5)
+
+
+def test_an_integer_a_grpc_json_value_cannot_hold_exactly_is_not_sent_changed(gateway, double, transport):
+    """Open JSON fields (chat_template_kwargs, a tool's schema) are google.protobuf.Values over gRPC, whose numbers
+    are doubles: 2**60 reached the upstream as 1.152921504606847e+18, where REST sends it exactly. Over gRPC the
+    client now refuses it before sending, naming it."""
+    double.reset()
+    big = 2**53 + 1
+    with client_for(gateway, transport, gateway.secret) as client:
+        call = lambda: client.chat_completion("chat-up", HI, max_tokens=5,  # noqa: E731
+                                              chat_template_kwargs={"n": 3, "seeds": [1, big]})
+        if transport == "rest":
+            call()
+            assert double.seen[-1].body["chat_template_kwargs"] == {"n": 3, "seeds": [1, big]}
+            return
+        with pytest.raises(BadRequestError) as refused:
+            call()
+    assert refused.value.param == "chat_template_kwargs.seeds[1]" and str(big) in refused.value.message
+    assert double.seen == []
 
 
 def test_a_call_in_flight_when_the_client_is_closed_says_so(gateway, double, transport):

@@ -1,7 +1,8 @@
 """What a failed call raises: one typed error per row of the gateway's error table, read from the wire.
 
     PorticoClientError
-     ├── APIError                    status, code, type, param, message, retry_after, grpc_code, should_retry
+     ├── APIError                    status, code, type, param, message, retry_after, grpc_code, should_retry,
+     │                               request_id
      │    ├── BadRequestError         400, 408, 413, 426, 431   INVALID_ARGUMENT
      │    ├── AuthenticationError     401        UNAUTHENTICATED
      │    ├── PermissionDeniedError   403        PERMISSION_DENIED
@@ -47,7 +48,8 @@ class APIError(PorticoClientError):
 
     def __init__(self, message: str, *, status: int | None = None, code: str | None = None,
                  type: str | None = None, param: str | None = None, retry_after: float | None = None,
-                 grpc_code: grpc.StatusCode | None = None, should_retry: bool | None = None) -> None:
+                 grpc_code: grpc.StatusCode | None = None, should_retry: bool | None = None,
+                 request_id: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = self.default_status if status is None else status
@@ -57,6 +59,7 @@ class APIError(PorticoClientError):
         self.retry_after = retry_after  # seconds the server asked us to wait, None without a hint
         self.grpc_code = grpc_code
         self.should_retry = should_retry  # the server's x-should-retry; None when it did not say
+        self.request_id = request_id  # the answer's x-request-id, as the gateway logged it; None without an answer
 
     def __str__(self) -> str:
         hint = f", retry after {self.retry_after:g}s" if self.retry_after is not None else ""
@@ -174,7 +177,7 @@ def error_from_grpc(error: grpc.RpcError, *, read_only: bool = False) -> APIErro
         text = f"No answer within the client's timeout ({message})."
         return APIConnectionError(text, grpc_code=code) if read_only else APITimeoutError(text, grpc_code=code)
     return _make(status, message, retry_after=retry_after, grpc_code=code, should_retry=should_retry(trailing),
-                 **fields)
+                 request_id=trailing.get("x-request-id"), **fields)
 
 
 def error_from_http(status: int, body: bytes, headers: Mapping[str, str],
@@ -187,7 +190,7 @@ def error_from_http(status: int, body: bytes, headers: Mapping[str, str],
     except (ValueError, KeyError, TypeError, AttributeError):
         fields, message = {}, body.decode(errors="replace")[:500] or f"HTTP {status}"
     return _make(status, message, retry_after=retry_after_from_headers(headers, now),
-                 should_retry=should_retry(headers), **fields)
+                 should_retry=should_retry(headers), request_id=headers.get("x-request-id"), **fields)
 
 
 def should_retry(headers: Mapping[str, str]) -> bool | None:

@@ -114,7 +114,10 @@ _INTEGERS = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescri
 def _check_numbers(message: Descriptor, value: Any, path: str) -> None:
     """protobuf's JSON reading takes "2" for a number (its form of a 64-bit integer); the REST API, whose wire JSON
     these bodies are, does not. Refused here too, so that a body passes or fails the same on both transports."""
-    if not isinstance(value, dict) or message.full_name.startswith("google.protobuf."):  # Struct: any JSON
+    if message.full_name in _JSON_VALUES:
+        _check_exact(value, path)
+        return
+    if not isinstance(value, dict) or message.full_name.startswith("google.protobuf."):
         return
     for name, item in value.items():
         field = message.fields_by_name.get(name) or message.fields_by_camelcase_name.get(name)
@@ -130,6 +133,23 @@ def _check_numbers(message: Descriptor, value: Any, path: str) -> None:
                 _check_element(field, element, f"{where}[{index}]")
         else:
             _check_element(field, item, where)
+
+
+_JSON_VALUES = {"google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue"}
+
+
+def _check_exact(value: Any, where: str) -> None:
+    """A JSON Value's numbers are doubles: an integer beyond 2**53 would reach the gateway changed (REST sends it as
+    written), so it is refused before sending rather than sent as another number."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_exact(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_exact(item, f"{where}[{index}]")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        raise BadRequestError(f"`{where}` is {value}: over gRPC a JSON value's numbers are doubles, which cannot "
+                              "carry an integer beyond 2**53 as itself; send it over REST, or as a string.", param=where)
 
 
 def _check_element(field: FieldDescriptor, value: Any, where: str) -> None:
