@@ -64,7 +64,7 @@ async def test_readiness_holds_while_cached_keys_are_served_also_past_a_stale_se
     images = tuple(m for m in config.models if m.provider.kind == "dev-image")
     store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
     config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
-                                 key_cache_seconds=6, key_stale_seconds=1)
+                                 key_cache_seconds=30, key_stale_seconds=1)  # 30: room for a busy machine
     running = await start_server(config, "127.0.0.1:0")
     try:
         secret = (await running.store.create("cached", all_models=True))[1]
