@@ -149,7 +149,8 @@ def _check_exact(value: Any, where: str) -> None:
             _check_exact(item, f"{where}[{index}]")
     elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
         raise BadRequestError(f"`{where}` is {value}: over gRPC a JSON value's numbers are doubles, which cannot "
-                              "carry an integer beyond 2**53 as itself; send it over REST, or as a string.", param=where)
+                              "carry an integer beyond 2**53 as itself; send it over REST, or as a string.",
+                              param=where)
 
 
 def _check_element(field: FieldDescriptor, value: Any, where: str) -> None:
