@@ -247,36 +247,34 @@ def test_a_caller_who_leaves_before_the_request_was_sent_ends_it_at_once(gateway
     assert len(double.seen) == 2 and standing(gateway, key_id, headers)["concurrent_requests"] == 0
 
 
+def _left_early(gateway: Gateway, double, model: str) -> tuple[dict, float]:
+    """A caller leaves a request to `model` whose upstream answers after UPSTREAM_SECONDS, and the request ends
+    sooner: its row, once its key's slot is free again, and when the caller left."""
+    double.reset()
+    double.cue(Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, model)
+    headers = admin(gateway)
+    left = time.monotonic()
+    leave(f"{gateway.base_url}/v1/chat/completions", {"model": model, "messages": HI},
+          {"authorization": f"Bearer {secret}"}, once=reached(double))
+    (row,) = rows(gateway, key_id, headers)
+    assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's answer
+    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
+    return row, left
+
+
 def test_an_exchange_whose_caller_left_is_still_bounded_by_timeouts_answer(gateway, double):
     """It runs on within the deployment's timeouts: an upstream slower than `timeouts.answer` is given up as for a
     caller who stayed, and the row says so, with nothing used."""
-    double.reset()
-    double.cue(Cue(delay=UPSTREAM_SECONDS))
-    key_id, secret = key(gateway, "bounded")
-    headers = admin(gateway)
-    left = time.monotonic()
-    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "bounded-up", "messages": HI},
-          {"authorization": f"Bearer {secret}"}, once=reached(double))
-    (row,) = rows(gateway, key_id, headers)
-    assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's late answer
+    row, _ = _left_early(gateway, double, "bounded-up")
     assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (504, "upstream_timeout", 0, 0)
-    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
 
 
 def test_a_model_without_a_price_stops_when_its_caller_leaves(gateway, double):
     """Nothing is billed for it (a self-hosted server: vLLM stops generating when its client leaves): running on
     would keep its GPU busy for nobody. Its exchange ends with its caller, as a stream's does."""
-    double.reset()
-    double.cue(Cue(delay=UPSTREAM_SECONDS))
-    key_id, secret = key(gateway, "unpriced")
-    headers = admin(gateway)
-    left = time.monotonic()
-    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "unpriced-up", "messages": HI},
-          {"authorization": f"Bearer {secret}"}, once=reached(double))
-    (row,) = rows(gateway, key_id, headers)
-    assert time.monotonic() - left < UPSTREAM_SECONDS - 0.5  # not waiting for the upstream's answer
+    row, left = _left_early(gateway, double, "unpriced-up")
     assert (row["status"], row["code"], row["input_tokens"], row["output_tokens"]) == (499, "cancelled", 0, 0)
-    assert standing(gateway, key_id, headers)["concurrent_requests"] == 0
     # The double notes a client gone only when its delayed answer is due: wait for that, so that no later test sees it.
     time.sleep(max(0.0, left + UPSTREAM_SECONDS + 0.5 - time.monotonic()))
     assert double.gone >= 1
