@@ -149,6 +149,12 @@ class Limiter:
                 settled()  # a damaged line: nothing any process could settle
             else:
                 orphans.append((orphan, settled))
+        if orphans and not self._store.shared:  # booked in Redis before limits.store changed: none to settle here
+            _logger.warning("%d rate-limit reservation(s) that a process which ended had booked in a shared limit "
+                            "store are not settled: limits.store is in-process now", len(orphans))
+            for _, settled in orphans:
+                settled()
+            return
         if orphans:
             _logger.warning("settling %d rate-limit reservation(s) of requests whose process ended (killed?) while "
                             "they ran: one request each, nothing used", len(orphans))

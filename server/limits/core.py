@@ -225,6 +225,8 @@ class LimitStore(Protocol):
     # True if reserve, settle and release complete without ever waiting (no await that suspends): then no
     # cancellation can interrupt them, and the Limiter runs them at once instead of in a shielded task.
     immediate: bool
+    # Its counts are shared with other processes, which can settle a reservation of one that died (`booked`).
+    shared: bool
 
     async def reserve(self, demand: Demand) -> Reservation:
         """Count one request and `demand.tokens` in every scope, and take a concurrency slot, all or nothing.

@@ -54,6 +54,7 @@ def _booked(demand: Demand, tokens: int, cost: int) -> tuple[int, int]:
 
 class RedisLimitStore:
     immediate = False  # every decision is a round trip to Redis
+    shared = True
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ days, concurrency, refusals. Redis-only behaviour (leases, outages, several proc
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import secrets
 
@@ -430,3 +431,14 @@ async def test_a_request_admitted_after_a_step_back_over_midnight_is_settled_int
     assert (await store.counts("k1")).day_tokens == 20
     assert store._scopes["k1"].day_held_tokens == 0
     await store.close()
+
+
+async def test_an_in_process_store_says_it_cannot_settle_what_a_shared_one_booked(caplog):
+    """A spool left by a process that used Redis, read after limits.store was changed to the in-process store: it
+    logged "settling 1 ... reservation(s)", though nothing was (or could be) settled."""
+    limiter = Limiter(MemoryLimitStore(), LimitSettings())
+    let_go: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="server.limits.admission"):
+        limiter.settle_orphans([(["r", 1.5, ["key_a"], 90, 4], lambda: let_go.append(1))])
+    assert let_go == [1]  # nothing any process of this configuration could settle: the spool lets it go
+    assert "not settled: limits.store is in-process now" in caplog.text and "settling" not in caplog.text
