@@ -147,12 +147,11 @@ class RedisLimitStore:
         # Its lease is renewed no more: the request is over, even if Redis does not take this now. Not a reason to
         # skip the script, which a retry after a timeout needs (it ignores a reservation settled already).
         self._held.pop(reservation.id, None)
-        if not reservation.demand.scopes:
+        if (booked := self.booked(reservation)) is None:
             return  # nothing was counted
+        reservation_id, at, scope_ids, tokens, cost = booked
         used_tokens, used_cost = _booked(reservation.demand, used_tokens, used_cost)
-        tokens, cost = _booked(reservation.demand, reservation.demand.tokens, reservation.demand.cost)  # as reserved
-        await self._settle(reservation.id, reservation.at, [scope.id for scope in reservation.demand.scopes],
-                           (used_tokens, tokens), (used_cost, cost), refund=refund)
+        await self._settle(reservation_id, at, scope_ids, (used_tokens, tokens), (used_cost, cost), refund=refund)
 
     def booked(self, reservation: Reservation) -> tuple | None:
         if not reservation.demand.scopes:
