@@ -31,7 +31,9 @@ HTTP status and the JSON body, shaped by Envoy's Lua filter from the trailing me
 
 `retry_reason` marks a failure of an upstream model server that another attempt (or a fallback model) may not meet,
 and says why ("429", "503", "connect", "timeout", ... for metrics): set by the upstream providers, read by
-server/providers/retry.py and fallback.py, never shown to callers.
+server/providers/retry.py, never shown to callers. `fallback_may_serve` marks a refusal that no retry of the model
+would escape but another model may not meet (a prompt over its context window): retry.py sends it down the model's
+fallbacks at once.
 """
 
 from __future__ import annotations
@@ -122,6 +124,12 @@ class PorticoError(Exception):
     @property
     def retryable(self) -> bool:
         return self.retry_reason is not None
+
+    @property
+    def fallback_may_serve(self) -> bool:
+        """A refusal of the model, not of the request: a prompt over its context window, which no retry or other
+        deployment of it would take (they share its window), but a fallback with a longer one may."""
+        return self.code == CONTEXT_LENGTH_EXCEEDED
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         """Headers the answer carries besides the error body (Envoy's Lua filter keeps them as HTTP headers): the

@@ -142,9 +142,10 @@ class Pipeline:
         prompt = await _prompt_tokens(counter, request)
         call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
-        # than by the provider, after the request was recorded as having reached a model.
+        # than by the provider, after the request was recorded as having reached a model. Not when the model has
+        # fallbacks: one with a longer window may take it, after the embedded model refused it (the Router).
         window = self._context_windows.get(call.model.id)
-        if window is not None and (overflow := context_overflow(prompt, window)) is not None:
+        if window is not None and not call.model.fallbacks and (overflow := context_overflow(prompt, window)):
             # A 400 for the body, like a bad parameter's: never a cache question (such a prompt is never stored),
             # so no x-portico-cache, access-log `cache` or lookup metric. Checked after the lookup so a hit pays for no
             # token count.

@@ -12,7 +12,9 @@ tried, and a model none of whose deployments is in service is passed over at onc
 Only failures marked `retryable` (server/providers/upstream_errors.py) move on, and only while nothing has reached
 the caller: `Delivery` holds back a Started event (a prompt count, no content) and the upstream's own objects that
 carry no content (a role chunk, message_start, ping) until the first content event, so an upstream that accepts a
-request and then drops the stream is retried as if it had refused it.
+request and then drops the stream is retried as if it had refused it. A refusal a fallback may serve
+(`fallback_may_serve`: a prompt over the model's context window) moves at once to the next model of the chain,
+without retries: every deployment of the model shares its window.
 """
 
 from __future__ import annotations
@@ -85,9 +87,10 @@ class Plan:
     doubling the cooldown); `in_flight(model, deployment)` how busy it is.
 
     `next(now)` says what to try (None: nothing is left); `failed(step, error, now)` records a failure of it, or
-    raises the error when it is not retryable. `give_up(now)` is the error to answer with when nothing is left: the
-    failure that clears soonest (one without a retry-after may clear at once, unless passive health took its
-    deployment out of service), with its retry-after.
+    raises the error when neither a retry nor a fallback may serve it. `give_up(now)` is the error to answer with
+    when nothing is left: the failure that clears soonest (one without a retry-after may clear at once, unless
+    passive health took its deployment out of service), with its retry-after; else, when every model asked refused
+    the prompt as too long for it and none was passed over, the first such refusal (the model asked for's).
     """
 
     chain: Sequence[Sequence[Target]]
@@ -103,6 +106,7 @@ class Plan:
     _soonest: float = math.inf  # the earliest time a passed-over deployment comes back into service
     # (when it clears by its own hint, the failure, its model and deployment)
     _failures: list[tuple[float, PorticoError, int, int]] = field(default_factory=list)
+    _refusal: PorticoError | None = None  # the first refusal a fallback may serve (context_length_exceeded)
 
     def __post_init__(self) -> None:
         self._enter(0)
@@ -126,6 +130,11 @@ class Plan:
 
     def failed(self, step: Step, error: PorticoError, now: float) -> None:
         self.last_error = error
+        if error.fallback_may_serve:  # no deployment of this model would take it: on to the next model
+            self._refusal = self._refusal or error
+            self._tries = [max(1, tries) for tries in self._tries]
+            self._not_before = [-math.inf] * len(self._not_before)
+            return
         if not error.retryable:
             raise error
         self._failures.append((now + error.retry_after, error, step.model, step.deployment))
@@ -158,6 +167,8 @@ class Plan:
             soonest = copy.copy(error)  # errors may be shared objects: never change one in place
             soonest.retry_after = wait
             return soonest
+        if self._refusal is not None and self._soonest == math.inf:
+            return self._refusal
         wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
         # Out of service after failing, or for as long as its upstream asked (retry-after): the message fits both.
         return OutOfService("Every deployment of the model (and of its fallbacks) is out of service for now; try "

@@ -236,8 +236,11 @@ class Router:
 
 def _why(error: PorticoError) -> str:
     """A failed attempt for the log: its code and reason (`service_unavailable, 503`), never its message, which
-    passes on the upstream's own words, and those may quote the prompt (operations.md, Logs)."""
-    return f"{error.kind.code}, {error.retry_reason}" if error.retry_reason else error.kind.code
+    passes on the upstream's own words, and those may quote the prompt (operations.md, Logs). A refusal a fallback may
+    serve says its own code (`context_length_exceeded`)."""
+    if error.retry_reason:
+        return f"{error.kind.code}, {error.retry_reason}"
+    return error.code if error.fallback_may_serve else error.kind.code
 
 
 def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest | None:

@@ -46,6 +46,32 @@ def test_a_failure_another_try_would_meet_too_is_raised():
         p.failed(p.next(0.0), InvalidRequest("bad"), 0.0)
 
 
+def too_long(window: int) -> InvalidRequest:
+    return InvalidRequest(f"maximum context length is {window} tokens", code="context_length_exceeded")
+
+
+def test_a_prompt_over_the_window_goes_to_the_next_model_at_once_not_to_another_deployment():
+    p = plan(2, 1, 1)
+    p.failed(p.next(0.0), too_long(8192), 0.0)
+    assert p.next(0.0) == Step(1, 0, 0.0)  # no retry, no other deployment: they share the model's window
+    refusal = too_long(8192)
+    p = plan(1, 1)
+    p.failed(p.next(0.0), refusal, 0.0)
+    p.failed(p.next(0.0), too_long(128000), 0.0)
+    assert p.next(0.0) is None and p.give_up(0.0) is refusal  # the model asked for's refusal
+
+
+def test_a_fallback_that_failed_in_a_way_that_clears_is_answered_rather_than_the_refusal():
+    p = plan(1, 1)
+    p.failed(p.next(0.0), too_long(8192), 0.0)
+    p.failed(p.next(0.0), BUSY, 0.0)
+    p.failed(p.next(1.0), BUSY, 1.0)
+    assert p.next(1.0) is None and p.give_up(1.0) is BUSY
+    p = plan(1, 1, ready=lambda m, d: 7.0 if m == 1 else 0.0)  # the fallback is out of service for 7 s
+    p.failed(p.next(0.0), too_long(8192), 0.0)
+    assert p.next(0.0) is None and (p.give_up(0.0).kind.http_status, p.give_up(0.0).retry_after) == (503, 7)
+
+
 def test_deployments_out_of_service_are_passed_over_and_a_model_with_none_left_goes_to_its_fallback():
     out = {(0, 0): 5.0}
     p = plan(2, 1, ready=lambda m, d: out.get((m, d), 0.0))

@@ -1,0 +1,152 @@
+"""A prompt over a model's context window goes down its `fallbacks` (a longer window may take it), through the whole
+stack (real Envoy, `portico serve --config FILE`) with the official SDKs: an OpenAI-compatible upstream's 400
+`context_length_exceeded`, an Anthropic upstream's "prompt is too long", and the embedded model's own refusal. The
+model's other deployments are not tried for it (a deployment is the same model), and other 400s are not fallen back."""
+
+from __future__ import annotations
+
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_support import FAST_RETRY, UPSTREAM_KEY_ENV
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+OPENAI_TOO_LONG = Cue(400, {"error": {
+    "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. "
+               "Please reduce the length of the messages.",
+    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+FALLBACK_TOO_LONG = Cue(400, {"error": {
+    "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 "
+               "tokens. Please reduce the length of the messages.",
+    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+ANTHROPIC_TOO_LONG = Cue(400, {"type": "error", "error": {
+    "type": "invalid_request_error", "message": "prompt is too long: 209353 tokens > 199999 maximum"}})
+BAD_ROLE = Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "invalid_request_error"}})
+
+
+def models_yaml(url: str) -> str:
+    openai_kind = f"kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}"
+    claude = f"kind: anthropic, base_url: '{url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}"
+    return f"""\
+  - {{id: short, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: short-up, retry: {FAST_RETRY}}},
+      fallbacks: [long]}}
+  - {{id: long, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: long-up, retry: {{attempts: 1}}}}}}
+  - {{id: solo, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: solo-up, retry: {FAST_RETRY}}}}}
+  - id: pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {{{openai_kind}, model: east-up, retry: {FAST_RETRY}}}}}
+      - {{name: west, provider: {{{openai_kind}, model: west-up, retry: {FAST_RETRY}}}}}
+    fallbacks: [long]
+  - {{id: tiny, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, fallbacks: [long]}}
+  - {{id: claude-short, endpoint: /v1/messages, provider: {{{claude}, model: claude-short-up, retry: {FAST_RETRY}}},
+      fallbacks: [claude-long]}}
+  - {{id: claude-long, endpoint: /v1/messages, provider: {{{claude}, model: claude-long-up}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    with upstream_gateway(tmp_path_factory.mktemp("context-fallbacks"), models_yaml(double.url)) as gateway:
+        yield gateway
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+def asked(double) -> list[str]:
+    return [seen.body["model"] for seen in double.seen]
+
+
+def ledger_row(gateway, request_id: str) -> dict:
+    """The usage ledger's row of one request (rows are written within usage.flush_seconds)."""
+    deadline = time.monotonic() + 10
+    while True:
+        rows = httpx.get(f"{gateway.base_url}/v1/organization/requests", params={"start_time": 0, "limit": 20},
+                         headers={"Authorization": f"Bearer {gateway.secret}"}, timeout=30).json()["data"]
+        found = [row for row in rows if row["request_id"] == request_id]
+        if found or time.monotonic() > deadline:
+            assert found, rows
+            return found[0]
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_over_the_window_is_answered_by_the_fallback(gateway, oai, double, stream):
+    double.cue(OPENAI_TOO_LONG)
+    raw = oai.chat.completions.with_raw_response.create(model="short", messages=HELLO, max_tokens=8, stream=stream)
+    answer = raw.parse()
+    if stream:
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
+    else:
+        text = answer.choices[0].message.content
+        assert answer.model == "short"  # the model the caller asked for, as for any fallback
+    assert text == "echo Say hello."
+    assert asked(double) == ["short-up", "long-up"]  # not retried: the same prompt would not fit again
+    row = ledger_row(gateway, raw.headers["x-request-id"])
+    assert (row["model"], row["upstream"], row["status"]) == ("short", "long", 200)
+
+
+def test_a_messages_prompt_too_long_for_an_anthropic_upstream_goes_to_the_fallback(gateway, claude, double):
+    double.cue(ANTHROPIC_TOO_LONG)
+    raw = claude.messages.with_raw_response.create(model="claude-short", max_tokens=8, messages=HELLO)
+    assert raw.parse().content[0].text == "echo Say hello."
+    assert asked(double) == ["claude-short-up", "claude-long-up"]
+    assert ledger_row(gateway, raw.headers["x-request-id"])["upstream"] == "claude-long"
+    metrics = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=30).text
+    assert 'portico_upstream_fallbacks_total{fallback="claude-long",model="claude-short"} 1.0' in metrics
+
+
+def test_a_model_without_fallbacks_still_refuses_with_context_length_exceeded(oai, double):
+    double.cue(OPENAI_TOO_LONG)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="solo", messages=HELLO, max_tokens=8)
+    error = caught.value.body
+    assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
+    assert asked(double) == ["solo-up"]
+
+
+def test_when_the_fallback_refuses_too_the_caller_gets_the_asked_models_refusal(gateway, oai, double):
+    double.cue(OPENAI_TOO_LONG, FALLBACK_TOO_LONG)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
+    error = caught.value.body
+    assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
+    assert "maximum context length is 8192 tokens" in error["message"]  # the model the caller named
+    assert asked(double) == ["short-up", "long-up"]
+
+
+def test_another_400_is_not_fallen_back(oai, double):
+    double.cue(BAD_ROLE)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
+    assert (caught.value.body["code"], caught.value.body["message"]) == ("invalid_request", "messages: bad role")
+    assert asked(double) == ["short-up"]
+
+
+def test_the_models_other_deployment_is_not_tried_for_it(oai, double):
+    double.cue(OPENAI_TOO_LONG)
+    answer = oai.chat.completions.create(model="pair", messages=HELLO, max_tokens=8)
+    assert answer.choices[0].message.content == "echo Say hello."
+    assert len(double.seen) == 2 and asked(double)[0] in ("east-up", "west-up") and asked(double)[1] == "long-up"
+
+
+def test_a_prompt_over_the_embedded_models_window_goes_to_the_fallback(gateway, oai, double):
+    long_prompt = [{"role": "user", "content": "word " * 3000}]  # over embedded.context_size (2048)
+    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=long_prompt, max_tokens=8)
+    assert raw.parse().choices[0].message.content.startswith("echo word")
+    assert asked(double) == ["long-up"]
+    assert ledger_row(gateway, raw.headers["x-request-id"])["upstream"] == "long"
+    double.cue(FALLBACK_TOO_LONG)
+    with pytest.raises(openai.BadRequestError) as caught:  # the embedded model's own refusal, as without fallbacks
+        oai.chat.completions.create(model="tiny", messages=long_prompt, max_tokens=8)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    assert "maximum context length is 2048 tokens" in caught.value.body["message"]
