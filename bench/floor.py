@@ -138,7 +138,7 @@ async def serve(port: int, admin_port: int, handler_us: float, upstream: str | N
         settle_heap()  # as portico serve does
         config = render_config(load_template(), listen_port=port, admin_port=admin_port,
                                upstreams=[f"unix:{socket_path}"], descriptor_set=DESCRIPTOR_SET,
-                               lua_source=repo_root() / "gateway" / "error_shaper.lua")
+                               lua_dir=repo_root() / "gateway" / "lua")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

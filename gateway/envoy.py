@@ -2,7 +2,7 @@
 
     template = load_template()
     config = render_config(template, listen_port=8080, admin_port=9901, upstreams=["unix:/run/portico/0.sock"],
-                           descriptor_set=Path("build/gen/portico.pb"), lua_source=Path("gateway/error_shaper.lua"))
+                           descriptor_set=Path("build/gen/portico.pb"), lua_dir=Path("gateway/lua"))
     async with EnvoyProcess(config, run_dir) as envoy:   # started and ready (admin /ready answers 200)
         await envoy.wait()                               # returns Envoy's exit code if it dies
         await envoy.drain_listeners()                    # (on shutdown) no new connections; open ones go on
@@ -44,6 +44,9 @@ _MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
 _ROUTES_LINE = "local ROUTE_METHODS = {}  -- @ROUTE_METHODS@"
 _BODILESS_LINE = "local BODILESS = {}  -- @BODILESS@"
 _BUFFER_FILTER = "envoy.filters.http.buffer"
+# The Lua filter's parts (gateway/lua/), joined in this order into the one script Envoy runs: a Lua `local` is seen
+# only by the code after it, so each part comes after those whose locals it uses; the entry points are last.
+LUA_PARTS = ("tables.lua", "text.lua", "errors.lua", "query.lua", "request.lua", "response.lua")
 
 
 class EnvoyError(RuntimeError):
@@ -88,12 +91,13 @@ def render_config(
     admin_port: int,
     upstreams: Sequence[str],
     descriptor_set: Path,
-    lua_source: Path,
+    lua_dir: Path,
     listen_host: str = "127.0.0.1",
     stream_idle_timeout_s: float | None = None,
     access_log_path: str | None = "/dev/stderr",
 ) -> dict[str, Any]:
-    """A copy of `template` with Portico's addresses, upstream endpoints and file paths filled in (pure).
+    """A copy of `template` with Portico's addresses, upstream endpoints and file paths filled in, and the Lua filter
+    rendered from the parts in `lua_dir` (pure).
 
     `access_log_path`: where Envoy writes the lines of replies the server never saw (None: nowhere)."""
     if not upstreams:
@@ -115,7 +119,7 @@ def render_config(
             log["typed_config"]["path"] = access_log_path
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
     descriptors = Path(descriptor_set).read_bytes()
-    lua = render_lua(Path(lua_source).read_text("utf-8"), organization_parameters(descriptors),
+    lua = render_lua(lua_source(lua_dir), organization_parameters(descriptors),
                      path_variables(descriptors), anthropic_models_parameters(descriptors),
                      max_body_bytes=filters[_BUFFER_FILTER]["max_request_bytes"], routes=route_methods(descriptors),
                      bodiless=bodiless_routes(descriptors))
@@ -143,6 +147,11 @@ def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:
             if config.get("@type", "").endswith(".GrpcJsonTranscoder"):  # not a `disabled: true` FilterConfig
                 found.append(config)
     return found
+
+
+def lua_source(lua_dir: Path) -> str:
+    """The Lua filter's source, before render_lua: the parts in `lua_dir`, in LUA_PARTS' order, a blank line between."""
+    return "\n".join(Path(lua_dir, part).read_text("utf-8") for part in LUA_PARTS)
 
 
 def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,

@@ -2,7 +2,7 @@
 paths under /v1/organization/ and of the anthropic SDK's models route, and the names path templates bind
 (`path_variables`).
 
-The Lua shaper checks those paths' queries itself (gateway/error_shaper.lua, `organization_query`): the transcoder
+The Lua shaper checks those paths' queries itself (gateway/lua/query.lua, `organization_query`): the transcoder
 skips names it does not know (`ignore_unknown_query_parameters`, which other paths need), and OpenAI's SDKs write
 lists as `name[]=v`, which it does not read. The table comes from the request messages of the `google.api.http` GET
 bindings, so it cannot drift from what the transcoder maps.

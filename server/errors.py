@@ -48,7 +48,7 @@ import grpc
 # An answer whose retry-after is longer than this also says `x-should-retry: false` (PorticoError.trailing_metadata):
 # a per-minute limit's wait is at most this long, a daily quota's or a budget's hours.
 LONGEST_CLIENT_WAIT_SECONDS = 60.0
-# A Portico secret (server/keys/store.py: pk-[env-]token_urlsafe), as gateway/error_shaper.lua's `redacted` finds it.
+# A Portico secret (server/keys/store.py: pk-[env-]token_urlsafe), as gateway/lua/text.lua's `redacted` finds it.
 _SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")
 # A message or param may quote the caller (a member's name, a value) at any length; both travel in the gRPC
 # trailers, where tens of KB make Envoy drop the stream (a 502 or 503 for a 400). Cut short, with an ellipsis.
@@ -293,7 +293,7 @@ def error_object(error: PorticoError, *, anthropic: bool = False) -> dict:
 def error_body(error: PorticoError, *, anthropic: bool = False) -> bytes:
     """The whole JSON body REST callers see; the Anthropic SDK also wants a top-level "type": "error".
 
-    ASCII-only, because it also travels as gRPC metadata (see gateway/error_shaper.lua).
+    ASCII-only, because it also travels as gRPC metadata (see gateway/lua/response.lua).
     """
     if anthropic:
         return _ascii_json({"type": "error", "error": error_object(error, anthropic=True)})

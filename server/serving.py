@@ -199,7 +199,7 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
         admin_port=config.envoy_admin_port,
         upstreams=upstreams,
         descriptor_set=DESCRIPTOR_SET,
-        lua_source=repo_root() / "gateway" / "error_shaper.lua",
+        lua_dir=repo_root() / "gateway" / "lua",
         access_log_path=_envoy_access_log(config),
         stream_idle_timeout_s=_stream_idle_seconds(config, template),
     )

@@ -3,7 +3,7 @@
 grpc-core logs a metadata value it cannot decode as UTF-8 whole, with a traceback, three times per call:
 `Invalid encoding on b'Bearer pk-caf\\xe9-...'`. Such a value is an API key as often as not (a Latin-1 byte from a
 browser), so every bytes argument of a line of grpc's logger is replaced by its length: the fact stays, the value
-goes. Envoy refuses such keys before they reach the server (gateway/error_shaper.lua); this covers native gRPC
+goes. Envoy refuses such keys before they reach the server (gateway/lua/request.lua); this covers native gRPC
 callers, whose metadata Envoy passes through untouched.
 """
 

@@ -55,7 +55,7 @@ async def _front_door(run_dir: Path):
     port, admin_port = free_ports(2)
     config = render_config(load_template(), listen_port=port, admin_port=admin_port,
                            upstreams=[f"unix:{socket_path}"], descriptor_set=DESCRIPTOR_SET,
-                           lua_source=repo_root() / "gateway" / "error_shaper.lua")
+                           lua_dir=repo_root() / "gateway" / "lua")
     try:
         async with EnvoyProcess(config, run_dir):
             yield f"http://127.0.0.1:{port}"

@@ -35,7 +35,7 @@ async def front_door(double):
             port, admin_port = free_ports(2)
             config = render_config(load_template(), listen_port=port, admin_port=admin_port,
                                    upstreams=[f"127.0.0.1:{server.port}"], descriptor_set=DESCRIPTOR_SET,
-                                   lua_source=repo_root() / "gateway" / "error_shaper.lua",
+                                   lua_dir=repo_root() / "gateway" / "lua",
                                    stream_idle_timeout_s=SILENCE_SECONDS)
             assert http_manager(config)["stream_idle_timeout"] == f"{SILENCE_SECONDS}s"
             async with EnvoyProcess(config, Path(run_dir)):

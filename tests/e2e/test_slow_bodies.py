@@ -51,7 +51,7 @@ async def front_door(double):
             port, admin_port = free_ports(2)
             config = render_config(template, listen_port=port, admin_port=admin_port,
                                    upstreams=[f"127.0.0.1:{server.port}"], descriptor_set=DESCRIPTOR_SET,
-                                   lua_source=repo_root() / "gateway" / "error_shaper.lua")
+                                   lua_dir=repo_root() / "gateway" / "lua")
             async with EnvoyProcess(config, Path(run_dir)):
                 yield port, secret
 

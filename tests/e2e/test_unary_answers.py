@@ -1,4 +1,4 @@
-"""Envoy sends a REST body that does not ask for a stream to the endpoint's unary twin RPC (gateway/error_shaper.lua),
+"""Envoy sends a REST body that does not ask for a stream to the endpoint's unary twin RPC (gateway/lua/request.lua),
 and every other body to the streaming one: the caller sees the same answers either way, whichever way the body is
 written, and the access log names the RPC that served it."""
 

@@ -8,7 +8,7 @@ import subprocess
 import yaml
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import envoy_binary, http_manager, load_template, render_config, repo_root
+from gateway.envoy import LUA_PARTS, envoy_binary, http_manager, load_template, render_config, repo_root
 from server.app import MAX_RECEIVE_BYTES
 from server.services.undecodable import MAX_REQUEST_BYTES
 
@@ -33,12 +33,17 @@ def test_envoy_accepts_the_template_and_the_rendered_config(tmp_path):
     checked = validate(repo_root() / "envoy.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rendered = render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
-                             descriptor_set=DESCRIPTOR_SET, lua_source=repo_root() / "gateway" / "error_shaper.lua")
+                             descriptor_set=DESCRIPTOR_SET, lua_dir=repo_root() / "gateway" / "lua")
     (tmp_path / "data").mkdir()  # for Envoy's access log
     (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
     checked = validate(tmp_path / "envoy.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert {c["proto_descriptor"] for c in transcoders(rendered)} == {str(DESCRIPTOR_SET.resolve())}
+
+
+def test_every_lua_part_is_in_the_script_envoy_runs():
+    """A part left out of LUA_PARTS would be missing from the rendered filter without a word."""
+    assert sorted(LUA_PARTS) == sorted(path.name for path in (repo_root() / "gateway" / "lua").glob("*.lua"))
 
 
 def test_the_anthropic_models_route_transcodes_like_the_filter_but_for_its_service():
@@ -99,7 +104,7 @@ def test_listening_on_every_ipv6_address_takes_ipv4_callers_too(tmp_path):
     otherwise: with `::`, a caller at 127.0.0.1 (or any IPv4 address) got connection refused."""
     def address(host: str) -> dict:
         return render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
-                             descriptor_set=DESCRIPTOR_SET, lua_source=repo_root() / "gateway" / "error_shaper.lua",
+                             descriptor_set=DESCRIPTOR_SET, lua_dir=repo_root() / "gateway" / "lua",
                              listen_host=host)
 
     for host in ("::", "0:0:0:0:0:0:0:0"):

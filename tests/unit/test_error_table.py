@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from portico.client import APIError, InternalServerError, error_from_http
 
-from gateway.envoy import render_lua, repo_root
+from gateway.envoy import lua_source, render_lua, repo_root
 from server.errors import TABLE, kind_by_status
 
-LUA = (repo_root() / "gateway" / "error_shaper.lua").read_text()
+LUA = lua_source(repo_root() / "gateway" / "lua")
 CALLER_STATUSES = sorted({kind.http_status for kind in TABLE} - {499})  # 499: the caller has gone
 
 

@@ -1,0 +1,58 @@
+-- A REST request's query, checked where the transcoder would read it otherwise than the caller meant.
+
+local function unescape(text)
+  return (text:gsub("%+", " "):gsub("%%(%x%x)", function(hex) return string.char(tonumber(hex, 16)) end))
+end
+
+-- A query's `name=value` pair: its name (unescaped, without a trailing `[]`), whether it had `[]` (OpenAI's SDKs
+-- write a list as `name[]=a&name[]=b`, brackets %-encoded or not), and the rest of the pair from its `=`.
+local function query_pair(pair)
+  local raw, rest = pair:match("^([^=]*)(.*)$")
+  local name = unescape(raw)
+  local list = name:match("^(.*)%[%]$")
+  return list or name, list ~= nil, rest
+end
+
+-- The transcoder reads a list only as `name=a&name=b`, and skips names it does not know
+-- (ignore_unknown_query_parameters: the anthropic SDK adds `?beta=true` elsewhere), so a filter or a grouping would be
+-- dropped without a word and the answer would cover everything. Returns the query with list names made plain, or
+-- nil, the parameter at fault and what is wrong.
+local function organization_query(query, parameters)
+  local rewritten, seen = {}, {}
+  for pair in query:gmatch("[^&]+") do
+    local name, list, rest = query_pair(pair)
+    if parameters[name] == nil then
+      local shown = quoted_value(name)  -- a name may be as long as the headers
+      return nil, shown, "Unknown parameter " .. shown
+    end
+    local single = not parameters[name]
+    if single and (list or seen[name]) then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
+    seen[name] = true
+    rewritten[#rewritten + 1] = name .. rest
+  end
+  return table.concat(rewritten, "&")
+end
+
+-- The first one-value parameter of `parameters` given twice or as a list in `query`, or nil. The transcoder kept the
+-- last of two values (after_id), or refused them in protobuf's words with no `param` (limit), and skipped `name[]`.
+local function repeated_parameter(query, parameters)
+  local seen = {}
+  for pair in query:gmatch("[^&]+") do
+    local name, list = query_pair(pair)
+    if parameters[name] == false and (list or seen[name]) then return name end
+    seen[name] = true
+  end
+  return nil
+end
+
+local function path_variable_in(path, query)
+  for start, names in pairs(PATH_VARIABLES) do
+    if path:sub(1, #start) == start then
+      for pair in query:gmatch("[^&]+") do
+        local name = query_pair(pair)
+        if names[name] ~= nil then return name end
+      end
+    end
+  end
+  return nil
+end

@@ -1,0 +1,185 @@
+-- The request side: refusals made before the server sees a request, the request id's bounds, the unary
+-- twins, and Envoy's entry point envoy_on_request.
+
+local function takes_no_body(method, path)
+  for _, pattern in ipairs(BODILESS[method] or {}) do
+    if path:find(pattern) then return true end
+  end
+  return false
+end
+
+-- REST paths with a unary twin (the protos' *HttpUnary RPCs): a body that does not ask for a stream is answered
+-- in one gRPC message, which costs grpc and Envoy less than a stream of one (docs/performance.md).
+local UNARY_TWINS = {["/v1/chat/completions"] = "/v1/chat/completions:unary", ["/v1/messages"] = "/v1/messages:unary"}
+local UNARY_PATHS = {}
+for _, twin in pairs(UNARY_TWINS) do UNARY_PATHS[twin] = true end
+-- Only bodies of a known length up to this are read for `stream`: reading one holds it in Lua, and a bigger or
+-- chunked body keeps the streaming RPC, which answers either way.
+local UNARY_SCAN_BYTES = 65536
+
+local function asks_for_stream(text)
+  -- Any `"stream": true` member, at any depth: a nested one only costs the unary saving. A top-level key spelt
+  -- with escapes is missed; the unary RPC then answers its events in one body.
+  return text:find('"stream"%s*:%s*true') ~= nil
+end
+
+-- A gRPC call on a REST path (envoy.yaml's route for them, whose `grpc: {}` match is Envoy's own test of the
+-- content type, marks it in the route's metadata; native gRPC routes skip this filter): refused as gRPC's
+-- "no such method", UNIMPLEMENTED. Envoy sends a local reply to a gRPC request as gRPC: HTTP 200, grpc-status from
+-- the HTTP status (404: UNIMPLEMENTED) and grpc-message from the body; envoy_on_response restores the 404.
+-- The route is a direct response, whose reply gets no virtual-host headers: request-id is set here.
+local function refuse_grpc_call(handle, metadata, path)
+  metadata:set("portico", "grpc_call", true)
+  mark_envoy_reply(handle, 404)
+  local id = handle:headers():get("x-request-id") or ""
+  handle:respond({[":status"] = "404", ["request-id"] = id}, redacted(path) .. " is a REST path, not a gRPC " ..
+    "method: call it as plain HTTP with JSON (content-type: application/json), or call the portico.v1 gRPC " ..
+    "services instead.")
+end
+
+-- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
+-- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
+-- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
+local function refuse_unreadable_key(handle, headers)
+  for _, name in ipairs({"authorization", "x-api-key"}) do
+    local value = headers:get(name)
+    if value and value:find("[^\32-\126]") then
+      handle:respond({[":status"] = "401"}, "")
+      return true
+    end
+  end
+  return false
+end
+
+-- A 400 for the request as a whole, no `param` (shape_error). The message goes in the metadata too: Envoy sends a
+-- local reply to HEAD without its body, and answer_head must still give the GET's content-length.
+local function refuse_request(handle, metadata, message)
+  metadata:set("portico", "fault", message)
+  handle:respond({[":status"] = "400"}, message)
+end
+
+-- The same, naming the query parameter `name` as `param`.
+local function refuse_parameter(handle, metadata, name, message)
+  -- The name is the caller's, quoted in both: a key pasted there is cut out, as from a path.
+  metadata:set("portico", "query_param", redacted(name))
+  refuse_request(handle, metadata, redacted(message))
+end
+
+-- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to
+-- 128 bytes (never inside a character), here, so that the id the caller gets back is the one logged. An id that
+-- is not UTF-8 text (HTTP allows any byte above 0x7f) cannot be logged as sent: it is removed, and the virtual
+-- host gives the request a new one (envoy.yaml), as Envoy does a request without one.
+local function bound_request_id(headers)
+  local id = headers:get("x-request-id")
+  if not id then return end
+  if not is_utf8(id) then
+    headers:remove("x-request-id")
+  elseif #id > 128 or id:find("pk-", 1, true) then
+    id = redacted(id)
+    local n = math.min(#id, 128)
+    while n > 0 and (id:byte(n + 1) or 0) >= 0x80 and id:byte(n + 1) < 0xC0 do n = n - 1 end  -- a continuation
+    headers:replace("x-request-id", id:sub(1, n))
+  end
+end
+
+function envoy_on_request(handle)
+  -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
+  -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
+  local headers = handle:headers()
+  -- A native gRPC call reaches this filter only to have its id cut (envoy.yaml): nothing else here is for it.
+  -- Asked and remembered before the cut, which sends the call to its route again, maybe to one without this mark.
+  if handle:metadata():get("native_grpc") then
+    handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", true)
+    return bound_request_id(headers)
+  end
+  bound_request_id(headers)
+  local full_path = headers:get(":path") or ""
+  local path = full_path:match("^[^?]*")
+  local method = headers:get(":method") or ""
+  local metadata = handle:streamInfo():dynamicMetadata()
+  -- CONNECT (a caller taking the gateway for its proxy: curl -x) names a host, not a path, and opens a tunnel whose
+  -- body never ends: the buffer filter waited for it until Envoy's timeouts. Nothing here is a proxy: 404 at once
+  -- (no route matches a request without a path, so the virtual host's request-id is set here).
+  if method == "CONNECT" then
+    metadata:set("portico", "request", "CONNECT " .. redacted(headers:get(":authority") or ""))
+    return handle:respond({[":status"] = "404", ["request-id"] = headers:get("x-request-id") or ""}, "")
+  end
+  metadata:set("portico", "request", method .. " " .. redacted(path))
+  -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
+  -- before any refusal below, and since the transcoder re-routes the call (its path becomes the RPC's).
+  local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
+  if anthropic then metadata:set("portico", "anthropic", true) end
+  -- The transcoder reads a last segment's ":unary" as the unary twins' custom verb, so GET /v1/models/x:unary (a
+  -- model id ending so, as the SDKs send it) matched no route. Escaped, the colon is part of the id.
+  if path:sub(1, 11) == "/v1/models/" and path:sub(-6) == ":unary" then
+    headers:replace(":path", path:sub(1, -7) .. "%3Aunary" .. full_path:sub(#path + 1))
+  end
+  if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
+  if refuse_unreadable_key(handle, headers) then return end
+  local length = tonumber(headers:get("content-length") or "")
+  if length and MAX_BODY_BYTES > 0 and length > MAX_BODY_BYTES then
+    return handle:respond({[":status"] = "413"}, "")
+  end
+  -- A compressed body was read as JSON text ("str is not valid UTF-8"), which says nothing of the cause.
+  local encoding = headers:get("content-encoding")
+  if encoding and encoding:lower() ~= "identity" and method ~= "GET" and method ~= "HEAD" then
+    return refuse_request(handle, metadata, "Compressed request bodies are not supported (Content-Encoding: " ..
+      redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40) .. "): send the JSON uncompressed.")
+  end
+  -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
+  -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.
+  local head = method == "HEAD"
+  if head then
+    headers:replace(":method", "GET")
+    metadata:set("portico", "head", true)
+    method = "GET"
+  end
+  -- The transcoder read the body of a route that takes none as its request message: fields the query's checks
+  -- below never saw (GET /v1/organization/costs with {"start_time": 1}), or over the URL's own (POST
+  -- /v1/admin/keys/A/revoke with {"id": "B"} revoked B); else "Invalid JSON body" for a body of no meaning.
+  if takes_no_body(method, path) then
+    local body = handle:body()  -- nil at once for a request that has none
+    -- An empty object is no parameter: SDKs and the console send `{}` with a POST that has none.
+    if body and body:length() > 0 and not (body:length() <= 64 and
+        body:getBytes(0, body:length()):match("^%s*{%s*}%s*$")) then
+      return refuse_request(handle, handle:streamInfo():dynamicMetadata(), method .. " " .. redacted(path) ..
+        " takes no body: its parameters go in the URL.")
+    end
+    headers, metadata = handle:headers(), handle:streamInfo():dynamicMetadata()  -- body() yielded
+  end
+  if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
+    local query = full_path:sub(#path + 2)
+    local parameters = ORGANIZATION_PARAMETERS[path]
+    if parameters and method == "GET" then
+      local rewritten, param, fault = organization_query(query, parameters)
+      if rewritten == nil then
+        return refuse_parameter(handle, metadata, param, fault .. " for GET " .. path .. ": it takes " ..
+          ORGANIZATION_NAMES[path] .. ".")
+      end
+      return headers:replace(":path", path .. "?" .. rewritten)
+    end
+    local single = anthropic and ANTHROPIC_MODELS_PARAMETERS[path]
+    local repeated = single and method == "GET" and repeated_parameter(query, single)
+    if repeated then
+      return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
+        "list, for GET " .. path .. ".")
+    end
+    local name = path_variable_in(path, query)
+    if name then
+      return refuse_parameter(handle, metadata, name, "Parameter " .. name .. " belongs in the URL's path, not " ..
+        "its query: " .. redacted(path) .. " names what it acts on.")
+    end
+  end
+  -- An image link's answer is one message, which the transcoder streams (chunked): read whole on the way back, it
+  -- gets a content-length, the one its HEAD gives.
+  if path:sub(1, 19) == "/v1/images/content/" then metadata:set("portico", "whole", true) end
+  if head then return end
+  if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
+  local twin = UNARY_TWINS[path]
+  if twin == nil or method ~= "POST" or length == nil or length == 0 or length > UNARY_SCAN_BYTES then return end
+  local body = handle:body()
+  if body == nil or asks_for_stream(body:getBytes(0, body:length())) then return end
+  -- Headers re-fetched: body() yielded. The route stays the same (/v1/); the transcoder maps the new path.
+  handle:headers():replace(":path", twin .. (full_path:match("%?.*") or ""))
+  handle:streamInfo():dynamicMetadata():set("portico", "unary", true)
+end
