@@ -257,8 +257,8 @@ def check_request_id(request_id: str | None) -> None:
     if request_id is None:
         return
     if not _KEY.fullmatch(request_id) or len(request_id) > 128 or _SECRET_SHAPED.search(request_id):
-        raise ValueError(f"request_id must be 1 to 128 printable ASCII characters without spaces, and hold nothing "
-                         f"shaped like a Portico key (pk-...), which the gateway would redact: this one "
+        raise ValueError("request_id must be 1 to 128 printable ASCII characters without spaces, and hold nothing "
+                         "shaped like a Portico key (pk-...), which the gateway would redact: this one "
                          f"({len(request_id)} characters) is not, and would not be logged as given")
 
 
