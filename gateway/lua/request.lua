@@ -40,10 +40,16 @@ end
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
 -- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
 -- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
+-- A tab between the scheme and the key (RFC 9110 allows only spaces there) is said to be one: the key may be right.
 local function refuse_unreadable_key(handle, headers)
   for _, name in ipairs({"authorization", "x-api-key"}) do
     local value = headers:get(name)
     if value and value:find("[^\32-\126]") then
+      if name == "authorization" and value:find("^[^ \t]+[ \t]*\t") then
+        handle:streamInfo():dynamicMetadata():set("portico", "fault", "Malformed Authorization header: a tab " ..
+          "separates its scheme from the key, where HTTP allows only spaces. Send it as " ..
+          "`Authorization: Bearer YOUR_KEY`.")
+      end
       handle:respond({[":status"] = "401"}, "")
       return true
     end

@@ -295,3 +295,22 @@ def test_a_period_without_requests_has_no_latency_to_point_to(tab, gateway, admi
     for label in ("Requests", "Error rate", "Latency p50", "Latency p95"):
         expect(card(tab, label)).to_have_text("0" if label == "Requests" else "—")
     assert tab.problems.lines == []
+
+
+@pytest.mark.parametrize("label, steps, applied", [
+    ("By", 1, "group=api_key_id"), ("Per", -1, "bucket=hour"), ("Period", 1, "period=month"),
+])
+def test_enter_on_a_usage_filter_applies_it(tab, admin_secret, label, steps, applied):
+    """A keyboard user who chose in a select and pressed Enter (as in the Keys page's search, or these days' fields)
+    saw nothing happen: only a Tab to Show and Enter there applied it. Enter applies it, and the focus stays."""
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    show(tab, "period=7d&group=model&bucket=day", "model", "day")
+    control = tab.page.get_by_label(label, exact=True)
+    control.focus()
+    tab.page.keyboard.press("ArrowDown" if steps > 0 else "ArrowUp")
+    tab.page.keyboard.press("Enter")
+    expect(tab.page).to_have_url(re.compile(re.escape(applied)))
+    expect(tab.page.locator(".window")).to_be_visible()
+    expect(tab.page.get_by_label(label, exact=True)).to_be_focused()
+    assert tab.problems.lines == []

@@ -25,7 +25,7 @@ from portico.client._policy import Plan, RetryPolicy
 from portico.client._queue import AsyncRequestQueue, RequestQueue
 from portico.client._transports import (
     CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport,
-    AsyncHttpTransport, GrpcTransport, HttpTransport, Operation,
+    AsyncHttpTransport, GrpcTransport, HttpTransport, Operation, Reply,
 )
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "COUNT_MESSAGE_TOKENS", "ClientRateLimitError",
     "GatewayTimeoutError", "GrpcTransport", "HttpTransport", "InternalServerError", "LIST_MODELS", "MESSAGE",
     "ModelAliases", "NotFoundError", "Operation", "PermissionDeniedError", "Plan", "PorticoClient",
-    "PorticoClientError", "QueueFull", "RateLimitError", "RequestQueue", "RetriesExhausted", "RetryPolicy", "Route",
+    "PorticoClientError", "QueueFull", "RateLimitError", "Reply", "RequestQueue", "RetriesExhausted", "RetryPolicy",
+    "Route",
     "ServiceUnavailableError", "UpstreamError", "UserRateLimiter", "error_from_grpc", "error_from_http",
 ]

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
-from google.protobuf.message import Message
 
 from portico.client._aliases import ModelAliases
 from portico.client._errors import APIError
@@ -18,18 +17,18 @@ from portico.client._limiter import UserRateLimiter
 from portico.client._policy import Plan, RetryPolicy
 from portico.client._transports import (
     CHANNEL_OPTIONS, CHAT_COMPLETION, COUNT_MESSAGE_TOKENS, LIST_MODELS, MESSAGE, AsyncGrpcTransport,
-    AsyncHttpTransport, GrpcTransport, HttpTransport, Operation, check_timeout, grpc_target,
+    AsyncHttpTransport, GrpcTransport, HttpTransport, Operation, Reply, check_request_id, check_timeout, grpc_target,
 )
 from portico.v1 import chat_pb2, message_pb2, message_tokens_pb2, model_pb2
 
 
 class Transport(Protocol):
-    def call(self, operation: Operation, body: dict[str, Any]) -> Message: ...
+    def call(self, operation: Operation, body: dict[str, Any], request_id: str | None = None) -> Reply: ...
     def close(self) -> None: ...
 
 
 class AsyncTransport(Protocol):
-    async def call(self, operation: Operation, body: dict[str, Any]) -> Message: ...
+    async def call(self, operation: Operation, body: dict[str, Any], request_id: str | None = None) -> Reply: ...
     async def close(self) -> None: ...
 
 
@@ -80,22 +79,25 @@ class PorticoClient:
         return cls(HttpTransport(base_url, api_key, timeout), **options)
 
     def chat_completion(self, model: str, messages: list[dict], *, user: str | None = None,
-                        **fields: Any) -> chat_pb2.ChatCompletion:
+                        request_id: str | None = None, **fields: Any) -> chat_pb2.ChatCompletion:
         """ChatService.CreateChatCompletion / POST /v1/chat/completions; `fields` are wire fields (max_tokens=...)."""
-        return self.call(CHAT_COMPLETION, _body(fields, messages=messages), model=model, user=user)
+        body = _body(fields, messages=messages)
+        return self.call(CHAT_COMPLETION, body, model=model, user=user, request_id=request_id)
 
     def message(self, model: str, messages: list[dict], *, max_tokens: int, user: str | None = None,
-                **fields: Any) -> message_pb2.Message:
+                request_id: str | None = None, **fields: Any) -> message_pb2.Message:
         """MessageService.CreateMessage / POST /v1/messages."""
-        return self.call(MESSAGE, _body(fields, messages=messages, max_tokens=max_tokens), model=model, user=user)
+        body = _body(fields, messages=messages, max_tokens=max_tokens)
+        return self.call(MESSAGE, body, model=model, user=user, request_id=request_id)
 
     def count_message_tokens(self, model: str, messages: list[dict], *, user: str | None = None,
-                             **fields: Any) -> message_tokens_pb2.MessageTokensCount:
+                             request_id: str | None = None, **fields: Any) -> message_tokens_pb2.MessageTokensCount:
         """MessageService.CountMessageTokens / POST /v1/messages/count_tokens: the prompt's input tokens."""
-        return self.call(COUNT_MESSAGE_TOKENS, _body(fields, messages=messages), model=model, user=user)
+        body = _body(fields, messages=messages)
+        return self.call(COUNT_MESSAGE_TOKENS, body, model=model, user=user, request_id=request_id)
 
-    def list_models(self) -> model_pb2.ListModelsResponse:
-        return self.call(LIST_MODELS, {})
+    def list_models(self, *, request_id: str | None = None) -> model_pb2.ListModelsResponse:
+        return self.call(LIST_MODELS, {}, request_id=request_id)
 
     def close(self) -> None:
         self.transport.close()
@@ -107,15 +109,22 @@ class PorticoClient:
         self.close()
 
     def call(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
-             user: str | None = None) -> Any:
-        """Any unary RPC with these rules; `model` (an alias or id) is set into the body, fallbacks included."""
+             user: str | None = None, request_id: str | None = None) -> Any:
+        """Any unary RPC with these rules; `model` (an alias or id) is set into the body, fallbacks included;
+        `request_id` (the caller's own, for tracing) is sent as x-request-id with every attempt."""
+        return self.call_with_id(operation, body, model=model, user=user, request_id=request_id).message
+
+    def call_with_id(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
+                     user: str | None = None, request_id: str | None = None) -> Reply[Any]:
+        """As `call`, with the id the gateway logged the answer under: `.message`, `.request_id`."""
         _unary(body)
+        check_request_id(request_id)
         if self.limiter is not None and (wait := self.limiter.take(user or "")):
             self.sleep(wait)
         plan = Plan(self.aliases.models(model) if model else ("",), self.retry, self.random)
         while True:
             try:
-                return self.transport.call(operation, _bind(body, plan.model))
+                return self.transport.call(operation, _bind(body, plan.model), request_id)
             except APIError as error:
                 wait = plan.failed(error)  # raises when the call is over
             if wait > 0:
@@ -144,20 +153,23 @@ class AsyncPorticoClient:
         return cls(AsyncHttpTransport(base_url, api_key, timeout), **options)
 
     async def chat_completion(self, model: str, messages: list[dict], *, user: str | None = None,
-                              **fields: Any) -> chat_pb2.ChatCompletion:
-        return await self.call(CHAT_COMPLETION, _body(fields, messages=messages), model=model, user=user)
+                              request_id: str | None = None, **fields: Any) -> chat_pb2.ChatCompletion:
+        body = _body(fields, messages=messages)
+        return await self.call(CHAT_COMPLETION, body, model=model, user=user, request_id=request_id)
 
     async def message(self, model: str, messages: list[dict], *, max_tokens: int, user: str | None = None,
-                      **fields: Any) -> message_pb2.Message:
+                      request_id: str | None = None, **fields: Any) -> message_pb2.Message:
         body = _body(fields, messages=messages, max_tokens=max_tokens)
-        return await self.call(MESSAGE, body, model=model, user=user)
+        return await self.call(MESSAGE, body, model=model, user=user, request_id=request_id)
 
     async def count_message_tokens(self, model: str, messages: list[dict], *, user: str | None = None,
+                                   request_id: str | None = None,
                                    **fields: Any) -> message_tokens_pb2.MessageTokensCount:
-        return await self.call(COUNT_MESSAGE_TOKENS, _body(fields, messages=messages), model=model, user=user)
+        body = _body(fields, messages=messages)
+        return await self.call(COUNT_MESSAGE_TOKENS, body, model=model, user=user, request_id=request_id)
 
-    async def list_models(self) -> model_pb2.ListModelsResponse:
-        return await self.call(LIST_MODELS, {})
+    async def list_models(self, *, request_id: str | None = None) -> model_pb2.ListModelsResponse:
+        return await self.call(LIST_MODELS, {}, request_id=request_id)
 
     async def close(self) -> None:
         await self.transport.close()
@@ -169,14 +181,19 @@ class AsyncPorticoClient:
         await self.close()
 
     async def call(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
-                   user: str | None = None) -> Any:
+                   user: str | None = None, request_id: str | None = None) -> Any:
+        return (await self.call_with_id(operation, body, model=model, user=user, request_id=request_id)).message
+
+    async def call_with_id(self, operation: Operation, body: dict[str, Any], *, model: str | None = None,
+                           user: str | None = None, request_id: str | None = None) -> Reply[Any]:
         _unary(body)
+        check_request_id(request_id)
         if self.limiter is not None and (wait := self.limiter.take(user or "")):
             await self.sleep(wait)
         plan = Plan(self.aliases.models(model) if model else ("",), self.retry, self.random)
         while True:
             try:
-                return await self.transport.call(operation, _bind(body, plan.model))
+                return await self.transport.call(operation, _bind(body, plan.model), request_id)
             except APIError as error:
                 wait = plan.failed(error)
             if wait > 0:

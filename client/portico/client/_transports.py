@@ -1,7 +1,8 @@
 """How one attempt reaches the gateway: the generated gRPC stubs, or the REST API through httpx.
 
-Every transport takes an Operation and a request body (the wire JSON, as a dict), returns the typed response
-message of portico.v1, and raises an APIError for any failure. REST answers are parsed into the same messages,
+Every transport takes an Operation, a request body (the wire JSON, as a dict) and the caller's request id if any,
+returns a Reply (the typed response message of portico.v1 and its request id), and raises an APIError for any
+failure. REST answers are parsed into the same messages,
 so callers get one type whichever transport they use.
 """
 
@@ -12,7 +13,7 @@ import importlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import grpc
@@ -29,6 +30,17 @@ from portico.v1 import (
     chat_pb2, chat_service_pb2_grpc, message_pb2, message_service_pb2_grpc, message_tokens_pb2, model_pb2,
     model_service_pb2_grpc,
 )
+
+
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True)
+class Reply(Generic[M]):
+    """A call's answer and the id the gateway logged it under (its x-request-id; None if the answer had none)."""
+
+    message: M
+    request_id: str | None
 
 
 @dataclass(frozen=True)
@@ -213,11 +225,12 @@ def _query_value(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def _response(operation: Operation, response: httpx.Response) -> Message:
+def _response(operation: Operation, response: httpx.Response) -> Reply:
     if response.is_error:
         raise error_from_http(response.status_code, response.content, response.headers)
     try:
-        return json_format.ParseDict(response.json(), operation.response(), ignore_unknown_fields=True)
+        message = json_format.ParseDict(response.json(), operation.response(), ignore_unknown_fields=True)
+        return Reply(message, response.headers.get(_REQUEST_ID))
     except (ValueError, json_format.ParseError) as error:
         raise APIError(f"Unreadable answer from {response.url}: {error}", status=response.status_code) from None
 
@@ -235,6 +248,25 @@ def _auth(api_key: str | None) -> tuple[tuple[str, str], ...]:
 
 
 _KEY = re.compile(r"[\x21-\x7e]+")
+_REQUEST_ID = "x-request-id"
+
+
+def check_request_id(request_id: str | None) -> None:
+    """A caller's own request id must reach the logs as given: the gateway cuts one over 128 bytes and redacts a key's
+    shape in it (api.md); a space or a character outside printable ASCII is trimmed or refused by HTTP or gRPC."""
+    if request_id is None:
+        return
+    if not _KEY.fullmatch(request_id) or len(request_id) > 128 or _SECRET_SHAPED.search(request_id):
+        raise ValueError("request_id must be 1 to 128 printable ASCII characters without spaces, and hold nothing "
+                         "shaped like a Portico key (pk-...), which the gateway would redact: this one "
+                         f"({len(request_id)} characters) is not, and would not be logged as given")
+
+
+_SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]")
+
+
+def _metadata(api_key: str | None, request_id: str | None) -> tuple[tuple[str, str], ...]:
+    return _auth(api_key) + (((_REQUEST_ID, request_id),) if request_id is not None else ())
 
 # grpc waits 1 s after a failed connection, then 1.6-fold longer up to 120 s, and fails calls fast meanwhile: a
 # gateway restarted after a few seconds' outage would refuse every retry for seconds more. A channel this package
@@ -264,9 +296,9 @@ def rest_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def _headers(api_key: str | None, operation: Operation) -> dict[str, str]:
+def _headers(api_key: str | None, request_id: str | None, operation: Operation) -> dict[str, str]:
     json_body = {} if operation.http_method in ("GET", "DELETE") else {"content-type": "application/json"}
-    return {**dict(_auth(api_key)), **json_body}
+    return {**dict(_metadata(api_key, request_id)), **json_body}
 
 
 def _http_error(error: httpx.TransportError, method: str,
@@ -293,14 +325,16 @@ class GrpcTransport:
     def __post_init__(self) -> None:
         check_timeout(self.timeout)
 
-    def call(self, operation: Operation, body: dict[str, Any]) -> Message:
+    def call(self, operation: Operation, body: dict[str, Any], request_id: str | None = None) -> Reply:
         if self._closed:
             raise RuntimeError(_CLOSED)  # grpc itself crashes the process making a stub on a closed channel
         request = _request(operation, body)
-        metadata = _auth(self.api_key)
+        metadata = _metadata(self.api_key, request_id)
         stub = self._stubs.get(operation.stub) or self._stubs.setdefault(operation.stub, operation.stub(self.channel))
         try:
-            return getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
+            method = getattr(stub, operation.method)
+            message, call = method.with_call(request, metadata=metadata, timeout=self.timeout)
+            return Reply(message, dict(call.initial_metadata() or ()).get(_REQUEST_ID))
         except grpc.RpcError as error:
             if self._closed:  # closed by another thread mid-call: grpc cancels the call (CANCELLED, a "499")
                 raise RuntimeError(_CLOSED) from None
@@ -327,9 +361,9 @@ class AsyncGrpcTransport:
         grpc_target(self.target)
         check_timeout(self.timeout)
 
-    async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
+    async def call(self, operation: Operation, body: dict[str, Any], request_id: str | None = None) -> Reply:
         request = _request(operation, body)
-        metadata = _auth(self.api_key)
+        metadata = _metadata(self.api_key, request_id)
         if self._closed:
             raise RuntimeError(_CLOSED)  # as the other transports: a closed client stays closed
         if self._channel is None:
@@ -337,7 +371,9 @@ class AsyncGrpcTransport:
                              if self.credentials else grpc.aio.insecure_channel(self.target, CHANNEL_OPTIONS))
         stub = self._stubs.get(operation.stub) or self._stubs.setdefault(operation.stub, operation.stub(self._channel))
         try:
-            return await getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
+            call = getattr(stub, operation.method)(request, metadata=metadata, timeout=self.timeout)
+            message = await call
+            return Reply(message, (await call.initial_metadata()).get(_REQUEST_ID))
         except grpc.RpcError as error:
             if self._closed:
                 raise RuntimeError(_CLOSED) from None
@@ -371,8 +407,8 @@ class HttpTransport:
         check_timeout(self.timeout)
         self.http = self.http or httpx.Client(timeout=self.timeout)
 
-    def call(self, operation: Operation, body: dict[str, Any]) -> Message:
-        rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
+    def call(self, operation: Operation, body: dict[str, Any], request_id: str | None = None) -> Reply:
+        rest, headers = _rest_call(operation, body), _headers(self.api_key, request_id, operation)
         try:
             response = self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
                                          content=rest.content, headers=headers, timeout=self.timeout)
@@ -398,8 +434,8 @@ class AsyncHttpTransport:
         check_timeout(self.timeout)
         self.http = self.http or httpx.AsyncClient(timeout=self.timeout)
 
-    async def call(self, operation: Operation, body: dict[str, Any]) -> Message:
-        rest, headers = _rest_call(operation, body), _headers(self.api_key, operation)
+    async def call(self, operation: Operation, body: dict[str, Any], request_id: str | None = None) -> Reply:
+        rest, headers = _rest_call(operation, body), _headers(self.api_key, request_id, operation)
         try:
             response = await self.http.request(operation.http_method, self.base_url + rest.path, params=rest.params,
                                                content=rest.content, headers=headers, timeout=self.timeout)

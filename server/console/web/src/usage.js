@@ -258,9 +258,15 @@ function filters(ctx, period, group, width) {
     }
     query.set("group", groupSelect.value);
     query.set("bucket", bucketSelect.value);
-    ctx.go(`#/usage?${query}`);
+    // Enter in a select keeps the focus there, as a Keys filter just chosen does; Show's goes to the page.
+    ctx.go(`#/usage?${query}`, event.type === "keydown" ? `[name="${event.target.name}"]` : null);
   };
-  return h("form", {class: "filters", "aria-label": "Usage filters", onsubmit: apply},
+  // Browsers submit a form on Enter in its date fields but not in its selects, where a keyboard user's Enter did
+  // nothing: it applies the filters there too.
+  const enter = (event) => {
+    if (event.key === "Enter" && event.target instanceof HTMLSelectElement) apply(event);
+  };
+  return h("form", {class: "filters", "aria-label": "Usage filters", onsubmit: apply, onkeydown: enter},
     field("Period", periodSelect), dates, field("By", groupSelect), field("Per", bucketSelect),
     h("button", {type: "submit"}, "Show"));
 }
