@@ -73,7 +73,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "stop": FieldRule("any", A, A, note="→ `stop_sequences`; Anthropic refuses whitespace-only ones"),
     "stream": FieldRule("boolean", A, A),
     "stream_options": FieldRule("object", A, A),
-    "n": FieldRule("integer", A, A, note="1 only"),
+    "n": FieldRule("integer", A, A, note="1 only, on every model"),
     "tools": FieldRule("array", A, A, note="function tools; the embedded model never calls them"),
     "tool_choice": FieldRule("any", A, A, note="embedded: `none`/`auto` only; `required` → `any`"),
     "parallel_tool_calls": FieldRule("boolean", I, A, note="`false` → `disable_parallel_tool_use`"),

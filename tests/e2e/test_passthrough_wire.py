@@ -1,0 +1,117 @@
+"""The same-dialect passthrough of docs/api.md (Request bodies and passthrough) down to the bytes: through real Envoy
+and `portico serve`, an upstream of the caller's dialect receives the caller's members in the caller's order, numbers
+as written (integers exactly, 1.0 still a float, others as the nearest double), a member named twice once; and the
+rules of the section that test_passthrough_sdks and test_passthrough_table leave out."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import upstream_gateway
+from tests.e2e.test_passthrough_sdks import models_yaml
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    with upstream_gateway(tmp_path_factory.mktemp("passthrough-wire"), models_yaml(double.url)) as gateway:
+        yield gateway
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+@pytest.fixture(scope="module")
+def http(gateway):
+    with httpx.Client(base_url=gateway.base_url, timeout=30, headers={
+            "authorization": f"Bearer {gateway.secret}", "content-type": "application/json"}) as client:
+        yield client
+
+
+def exactly(raw: bytes) -> str:
+    """A JSON text's members in their order, duplicates kept, each number with its type (1 is not 1.0)."""
+    return repr(json.loads(raw, object_pairs_hook=list))
+
+
+# Members in no alphabetical order; numbers spelt every way; escapes; a member named twice (the last value counts,
+# in the first one's place, as Python's and orjson's parsers both read it).
+CHAT = (b'{"zeta":1.0,"model":"chat-gpt","messages":[{"role":"user","content":"caf\\u00e9 \\ud83d\\ude00 a\\/b",'
+        b'"zz":{"b":1,"a":-0.0}}],"temperature":1,"top_p":1.0,"alpha":1E2,"big":123456789012345678901234567890,'
+        b'"dup":1,"max_tokens":5,"dup":{"y":2,"x":1},"tiny":1e-7,"STREAM"}')
+CHAT_SEEN = ('{"zeta":1.0,"model":"gpt-up","messages":[{"role":"user","content":"café 😀 a/b","zz":{"b":1,"a":-0.0}}],'
+             '"temperature":1,"top_p":1.0,"alpha":100.0,"big":123456789012345678901234567890,"dup":{"y":2,"x":1},'
+             '"tiny":1e-7,"STREAM","max_tokens":5"OPTIONS"}')  # the resolved limit replaces the caller's
+MESSAGE = (b'{"model":"messages-claude","zeta":1.0,"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text",'
+           b'"text":"caf\\u00e9","zz":{"b":1,"a":2}}]}],"temperature":1,"top_k":20,"big":-9223372036854775809,'
+           b'"dup":1,"dup":2.50,"STREAM"}')
+MESSAGE_SEEN = ('{"model":"claude-up","zeta":1.0,"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text",'
+                '"text":"café","zz":{"b":1,"a":2}}]}],"temperature":1,"top_k":20,"big":-9223372036854775809,'
+                '"dup":2.5,"STREAM"}')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "sent", "seen"), [("/v1/chat/completions", CHAT, CHAT_SEEN),
+                                                    ("/v1/messages", MESSAGE, MESSAGE_SEEN)], ids=["chat", "messages"])
+def test_an_upstream_of_the_callers_dialect_receives_its_members_in_order_and_numbers_as_written(
+        http, double, path, sent, seen, stream):
+    flag = '"stream":true' if stream else '"stream":false'
+    answer = http.post(path, content=sent.replace(b'"STREAM"', flag.encode()))
+    assert answer.status_code == 200, answer.text
+    options = ',"stream_options":{"include_usage":true}' if stream else ""
+    (received,) = double.seen
+    assert exactly(received.raw) == exactly(seen.replace('"STREAM"', flag).replace('"OPTIONS"', options).encode())
+
+
+def test_a_lone_surrogate_escape_is_a_400_before_any_upstream(http, double):
+    """No UTF-8 text holds half a surrogate pair (the SDKs cannot even encode one): refused, as api.md says, rather
+    than passed on for the upstream to choke on."""
+    answer = http.post("/v1/chat/completions", content=b'{"model":"chat-gpt","messages":[{"role":"user",'
+                                                       b'"content":"half \\ud83d"}],"max_tokens":3}')
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request" and "surrogate" in error["message"]
+    assert not double.seen
+
+
+def test_a_function_message_is_a_tool_result_for_the_embedded_model_and_refused_by_an_anthropic_upstream(oai, double):
+    """The deprecated function calling's history: passed whole to its own dialect, read by the embedded model, refused
+    naming its role where Anthropic has no such turn."""
+    messages = [{"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{}"}},
+                {"role": "function", "name": "weather", "content": "4 C"}]
+    oai.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=3)
+    assert double.seen[0].body["messages"] == messages
+    assert oai.chat.completions.create(model="chat-embedded", messages=messages, max_tokens=2).choices
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=messages, max_tokens=3)
+    assert (caught.value.body["param"], caught.value.body["code"]) == ("messages[2].role", "invalid_request")
+    assert len(double.seen) == 1
+
+
+def test_a_messages_field_in_neither_table_passes_to_anthropic_and_is_refused_elsewhere_naming_it(claude, double):
+    hi = [{"role": "user", "content": "hi"}]
+    claude.messages.create(model="messages-claude", messages=hi, max_tokens=3, extra_body={"x_later": {"a": [1]}})
+    assert double.seen[0].body["x_later"] == {"a": [1]}
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=model, messages=hi, max_tokens=3, extra_body={"x_later": {"a": [1]}})
+        error = caught.value.body["error"]
+        assert (error["param"], error["type"], error["code"]) == ("x_later", "invalid_request_error", "invalid_request")
+    assert len(double.seen) == 1
+
+
+def test_the_sdks_account_headers_stay_but_the_same_names_as_body_members_pass(claude, double):
+    """api.md: `user_profile_id` and `workspace_id` pick among the accounts of the gateway's key when the SDK sends
+    them as headers; written into the body, they pass like any other member."""
+    claude.messages.create(model="messages-claude", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                           user_profile_id="p-header", workspace_id="w-header",
+                           extra_body={"user_profile_id": "p-body", "workspace_id": "w-body"})
+    (seen,) = double.seen
+    assert (seen.body["user_profile_id"], seen.body["workspace_id"]) == ("p-body", "w-body")
+    assert not {"anthropic-user-profile-id", "anthropic-workspace-id"} & set(seen.headers)
