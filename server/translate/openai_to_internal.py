@@ -221,8 +221,9 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
                 raise InvalidRequest(f"`tool_choice` names the function {name[:40]!r}, which is not in `tools`.",
                                      param="tool_choice")
             return ToolChoice(ToolChoiceMode.TOOL, name=name, parallel=parallel)
-        if kind in ("allowed_tools", "custom"):  # OpenAI's newer forms: for an OpenAI-compatible upstream only
-            unread.append(Unread("tool_choice", f"`tool_choice` of type `{kind}` is not supported by this model."))
+        if isinstance(kind, str) and kind != "function":  # `allowed_tools`, `custom`, kinds added later
+            unread.append(Unread("tool_choice.type", f"`tool_choice` of type {shown(kind)} is not supported by "
+                                                     "this model."))
             return None
     raise InvalidRequest(
         "`tool_choice` must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",

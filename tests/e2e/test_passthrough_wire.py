@@ -44,9 +44,10 @@ def exactly(raw: bytes) -> str:
 CHAT = (b'{"zeta":1.0,"model":"chat-gpt","messages":[{"role":"user","content":"caf\\u00e9 \\ud83d\\ude00 a\\/b",'
         b'"zz":{"b":1,"a":-0.0}}],"temperature":1,"top_p":1.0,"alpha":1E2,"big":123456789012345678901234567890,'
         b'"dup":1,"max_tokens":5,"dup":{"y":2,"x":1},"tiny":1e-7,"STREAM"}')
-CHAT_SEEN = ('{"zeta":1.0,"model":"gpt-up","messages":[{"role":"user","content":"café 😀 a/b","zz":{"b":1,"a":-0.0}}],'
-             '"temperature":1,"top_p":1.0,"alpha":100.0,"big":123456789012345678901234567890,"dup":{"y":2,"x":1},'
-             '"tiny":1e-7,"STREAM","max_tokens":5"OPTIONS"}')  # the resolved limit replaces the caller's
+# The resolved token limit replaces the caller's, after its members.
+CHAT_SEEN = ('{"zeta":1.0,"model":"gpt-up","messages":[{"role":"user","content":"café 😀 a/b",'
+             '"zz":{"b":1,"a":-0.0}}],"temperature":1,"top_p":1.0,"alpha":100.0,"big":123456789012345678901234567890,'
+             '"dup":{"y":2,"x":1},"tiny":1e-7,"STREAM","max_tokens":5"OPTIONS"}')
 MESSAGE = (b'{"model":"messages-claude","zeta":1.0,"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text",'
            b'"text":"caf\\u00e9","zz":{"b":1,"a":2}}]}],"temperature":1,"top_k":20,"big":-9223372036854775809,'
            b'"dup":1,"dup":2.50,"STREAM"}')
@@ -115,3 +116,34 @@ def test_the_sdks_account_headers_stay_but_the_same_names_as_body_members_pass(c
     (seen,) = double.seen
     assert (seen.body["user_profile_id"], seen.body["workspace_id"]) == ("p-body", "w-body")
     assert not {"anthropic-user-profile-id", "anthropic-workspace-id"} & set(seen.headers)
+
+
+def test_a_tool_choice_of_a_kind_the_gateway_does_not_know_passes_to_its_own_dialect_only(oai, claude, double):
+    """As a content part, a tool or a response format of a kind added to the API later does: OpenAI's `allowed_tools`
+    and `custom` choices, and whatever either API adds next, reach an upstream of their own dialect whole and are
+    refused elsewhere naming `tool_choice.type` (a 400 even in front of OpenAI or Anthropic themselves before)."""
+    hi = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "weather"}}]}}
+    later = {"type": "x_later", "x_later": {"mode": "auto"}}
+    for choice in (allowed, later):
+        oai.chat.completions.create(model="chat-gpt", messages=hi, tools=tools, tool_choice=choice, max_tokens=3)
+        assert double.seen[-1].body["tool_choice"] == choice
+        for model in ("chat-claude", "chat-embedded"):
+            with pytest.raises(openai.BadRequestError) as caught:
+                oai.chat.completions.create(model=model, messages=hi, tools=tools, tool_choice=choice, max_tokens=3)
+            assert caught.value.body["param"] == "tool_choice.type"
+    custom = [{"name": "weather", "input_schema": {"type": "object"}}]
+    later = {"type": "x_later", "tools": ["weather"]}
+    claude.messages.create(model="messages-claude", messages=hi, tools=custom, tool_choice=later, max_tokens=3)
+    assert double.seen[-1].body["tool_choice"] == later
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=model, messages=hi, tools=custom, tool_choice=later, max_tokens=3)
+        assert caught.value.body["error"]["param"] == "tool_choice.type"
+    assert len(double.seen) == 3
+    with pytest.raises(anthropic.BadRequestError) as caught:  # a kind is still a string
+        claude.messages.create(model="messages-claude", messages=hi, tools=custom, tool_choice={"type": 7},
+                               max_tokens=3)
+    assert caught.value.body["error"]["param"] == "tool_choice.type" and len(double.seen) == 3
