@@ -66,7 +66,12 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
         raise InvalidRequest("messages: at least one message is required.", param="messages")
     turns = []
     # An empty system prompt is none, as on Anthropic's API (a model's template may have a default one to keep).
-    if body.get("system") is not None and (system := text_parts(body["system"], "system")[0]):
+    # Blocks of other kinds (added to the API later): an Anthropic upstream judges them.
+    system, others = text_parts(body.get("system"), "system", part_types=None)
+    if others:
+        unread.append(Unread(f"system[{others[0]}].type", "System blocks other than text are not supported by this "
+                                                         "model."))
+    if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
     last = turns[-1]

@@ -147,3 +147,24 @@ def test_a_tool_choice_of_a_kind_the_gateway_does_not_know_passes_to_its_own_dia
         claude.messages.create(model="messages-claude", messages=hi, tools=custom, tool_choice={"type": 7},
                                max_tokens=3)
     assert caught.value.body["error"]["param"] == "tool_choice.type" and len(double.seen) == 3
+
+
+def test_system_blocks_of_a_kind_the_gateway_does_not_know_pass_to_anthropic_only(oai, claude, double):
+    """As in a message's content: a kind added to the API later reaches an Anthropic upstream whole (it was a 400
+    there too) and is refused elsewhere by its path; so is a chat system message's part of such a kind."""
+    hi = [{"role": "user", "content": "hi"}]
+    system = [{"type": "text", "text": "Be brief."}, {"type": "x_later", "x_later": {"a": 1}}]
+    claude.messages.create(model="messages-claude", system=system, messages=hi, max_tokens=3)
+    assert double.seen[-1].body["system"] == system
+    for model in ("messages-gpt", "messages-embedded"):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            claude.messages.create(model=model, system=system, messages=hi, max_tokens=3)
+        assert caught.value.body["error"]["param"] == "system[1].type"
+    messages = [{"role": "system", "content": system}, *hi]
+    oai.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=3)
+    assert double.seen[-1].body["messages"] == messages
+    for model in ("chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=messages, max_tokens=3)
+        assert caught.value.body["param"] == "messages[0].content[1].type"
+    assert len(double.seen) == 2
