@@ -70,7 +70,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "max_tokens": FieldRule("integer", A, A),
     "temperature": FieldRule("number", A, A, note="0–2; capped at 1 for Anthropic"),
     "top_p": FieldRule("number", A, A),
-    "stop": FieldRule("any", A, A, note="→ `stop_sequences`; Anthropic refuses whitespace-only ones"),
+    "stop": FieldRule("any", A, A, note="any number (OpenAI takes 4); → `stop_sequences`; Anthropic refuses "
+                                        "whitespace-only ones"),
     "stream": FieldRule("boolean", A, A),
     "stream_options": FieldRule("object", A, A),
     "n": FieldRule("integer", A, A, note="1 only, on every model"),

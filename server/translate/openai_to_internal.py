@@ -114,7 +114,7 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
         repetition_penalty=repetition_penalty,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0),
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0),
-        stop=string_list(body.get("stop"), "stop", max_items=4),
+        stop=string_list(body.get("stop"), "stop"),  # OpenAI takes 4, vLLM and llama.cpp more: the upstream judges
         seed=opt_int(body, "seed", -(2**63)),
     )
 

@@ -168,3 +168,15 @@ def test_system_blocks_of_a_kind_the_gateway_does_not_know_pass_to_anthropic_onl
             oai.chat.completions.create(model=model, messages=messages, max_tokens=3)
         assert caught.value.body["param"] == "messages[0].content[1].type"
     assert len(double.seen) == 2
+
+
+def test_more_stop_strings_than_openais_four_reach_the_upstream_and_every_model_honours_them(oai, claude, double):
+    """OpenAI's API takes at most 4; vLLM and llama.cpp's server take more, as the embedded model and Anthropic do
+    (a Messages caller's `stop_sequences` had no such limit): the gateway no longer refuses a fifth."""
+    stops = ["one", "two", "three", "four", "Oslo"]
+    hi = [{"role": "user", "content": "Weather in Oslo today"}]
+    answer = oai.chat.completions.create(model="chat-gpt", messages=hi, max_tokens=9, stop=stops)
+    assert double.seen[0].body["stop"] == stops and answer.choices[0].message.content == "echo Weather in"
+    answer = oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=9, stop=stops)
+    assert double.seen[1].body["stop_sequences"] == stops and answer.choices[0].finish_reason == "stop"
+    assert oai.chat.completions.create(model="chat-embedded", messages=hi, max_tokens=2, stop=stops).choices
