@@ -123,12 +123,14 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     if not isinstance(message, dict):
         raise wrong_type(where, "an object", message)
     role_name = message.get("role")
-    role = _ROLES.get(role_name) if isinstance(role_name, str) else None
-    if role is None:
-        raise InvalidRequest(
-            f"`{where}.role` must be one of {', '.join(_ROLES)}; got {shown(role_name)}.",
-            param=f"{where}.role",
-        )
+    if not isinstance(role_name, str):
+        raise InvalidRequest(f"`{where}.role` must be one of {', '.join(_ROLES)}; got {shown(role_name)}.",
+                             param=f"{where}.role")
+    role = _ROLES.get(role_name)
+    if role is None:  # a role of a server's chat template (vLLM takes any: Llama's `ipython`): the upstream judges it
+        unread.append(Unread(f"{where}.role", f"Messages of role {shown(role_name)} are not supported by this model; "
+                                              f"supported: {', '.join(_ROLES)}."))
+        role = Role.USER  # stands in for the gateway's own estimates of the prompt
     tool_calls = opt_array(message, "tool_calls", where) or []
     content = message.get("content")
     # An assistant's answer as the API returned it may have no content: a refusal, or a spoken answer (its audio id).

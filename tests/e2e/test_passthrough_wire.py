@@ -170,6 +170,22 @@ def test_system_blocks_of_a_kind_the_gateway_does_not_know_pass_to_anthropic_onl
     assert len(double.seen) == 2
 
 
+def test_a_role_the_gateway_does_not_know_passes_to_an_openai_compatible_upstream_only(oai, double):
+    """vLLM takes messages of any role its model's chat template knows (Llama's `ipython` for a tool's output): a
+    chat body's role is the upstream's to judge, as OpenAI's own 400 would be; a model that cannot hold the turn
+    refuses it by its path (it was a 400 in front of every model)."""
+    messages = [{"role": "user", "content": "Weather in Oslo?"}, {"role": "ipython", "content": "4 C"}]
+    oai.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=3)
+    assert double.seen[0].body["messages"] == messages
+    for model in ("chat-claude", "chat-embedded"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=messages, max_tokens=3)
+        assert (caught.value.body["param"], caught.value.body["code"]) == ("messages[1].role", "invalid_request")
+    with pytest.raises(openai.BadRequestError) as caught:  # a role is still a string
+        oai.chat.completions.create(model="chat-gpt", messages=[{"role": 5, "content": "hi"}], max_tokens=3)
+    assert caught.value.body["param"] == "messages[0].role" and len(double.seen) == 1
+
+
 def test_more_stop_strings_than_openais_four_reach_the_upstream_and_every_model_honours_them(oai, claude, double):
     """OpenAI's API takes at most 4; vLLM and llama.cpp's server take more, as the embedded model and Anthropic do
     (a Messages caller's `stop_sequences` had no such limit): the gateway no longer refuses a fifth."""
