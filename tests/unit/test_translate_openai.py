@@ -90,7 +90,8 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
         ({"user": 5}, "user"),
         ({"messages": [{"role": "user", "content": "hi"}, 7]}, "messages[1]"),
         ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id"),
-        ({"top_logprobs": 30}, "top_logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": -1}, "top_logprobs"),  # api.md: 0–20
+        ({"min_p": 1.5}, "min_p"), ({"min_p": -0.1}, "min_p"),  # 0–1
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
     ],
