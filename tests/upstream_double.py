@@ -38,6 +38,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict
+    raw: bytes = b""  # the body's bytes as sent: key order and number spellings
 
 
 class _Dropped(Exception):
@@ -102,7 +103,7 @@ class UpstreamDouble:
                 break
         body = json.loads(raw) if raw else {}  # the json module: integers of any size exactly as sent
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        self.seen.append(Seen(scope["path"], headers, body))
+        self.seen.append(Seen(scope["path"], headers, body, raw))
         cue = self._cues.popleft() if self._cues else self.default_cue
         gone = asyncio.Event()
         watcher = asyncio.ensure_future(self._watch(receive, gone))

@@ -48,7 +48,8 @@ def echo_chat(body: dict) -> list[bytes] | dict:
     tools = body.get("tools") or []
     call = None
     if tools and (choice == "required" or isinstance(choice, dict)):
-        name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None  # allowed_tools: none
+        name = named or tools[0]["function"]["name"]
         call = {"id": "call_1", "type": "function", "function": {
             "name": name, "arguments": orjson.dumps({"echo": " ".join(words[1:])}).decode()}}
         sent, reason = 3, "tool_calls"

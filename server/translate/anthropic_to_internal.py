@@ -66,7 +66,12 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
         raise InvalidRequest("messages: at least one message is required.", param="messages")
     turns = []
     # An empty system prompt is none, as on Anthropic's API (a model's template may have a default one to keep).
-    if body.get("system") is not None and (system := text_parts(body["system"], "system")[0]):
+    # Blocks of other kinds (added to the API later): an Anthropic upstream judges them.
+    system, others = text_parts(body.get("system"), "system", part_types=None)
+    if others:
+        unread.append(Unread(f"system[{others[0]}].type", "System blocks other than text are not supported by this "
+                                                         "model."))
+    if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
     last = turns[-1]
@@ -89,10 +94,11 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     metadata = opt_object(body, "metadata") or {}
     end_user = opt_string(metadata, "user_id", "metadata") or None
     tools = _tools(body, unread)
+    tool_choice = _tool_choice(body, unread)
     asked = bool(opt_bool(body, "stream"))
     stream = asked if stream is None else stream
     return GenerationRequest(
-        turns=tuple(turns), params=params, tools=tools, tool_choice=_tool_choice(body), end_user=end_user,
+        turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
 
@@ -181,14 +187,18 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
     return tuple(specs)
 
 
-def _tool_choice(body: Mapping[str, Json]) -> ToolChoice | None:
+def _tool_choice(body: Mapping[str, Json], unread: list[Unread]) -> ToolChoice | None:
     choice = opt_object(body, "tool_choice")
     if choice is None:
         return None
     kind = choice.get("type")
-    mode = _TOOL_CHOICES.get(kind) if isinstance(kind, str) else None
-    if mode is None:
+    if not isinstance(kind, str):
         raise InvalidRequest("tool_choice.type: must be one of auto, any, tool, none.", param="tool_choice.type")
+    mode = _TOOL_CHOICES.get(kind)
+    if mode is None:  # a kind added to the API later: for an Anthropic upstream only
+        unread.append(Unread("tool_choice.type", f"`tool_choice` of type {shown(kind)} is not supported by this "
+                                                 "model."))
+        return None
     if mode is ToolChoiceMode.REQUIRED and not body.get("tools"):
         raise no_tools_to_call()
     name = opt_string(choice, "name", "tool_choice") or None

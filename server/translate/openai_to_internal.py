@@ -114,7 +114,7 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
         repetition_penalty=repetition_penalty,
         frequency_penalty=opt_number(body, "frequency_penalty", -2.0, 2.0),
         presence_penalty=opt_number(body, "presence_penalty", -2.0, 2.0),
-        stop=string_list(body.get("stop"), "stop", max_items=4),
+        stop=string_list(body.get("stop"), "stop"),  # OpenAI takes 4, vLLM and llama.cpp more: the upstream judges
         seed=opt_int(body, "seed", -(2**63)),
     )
 
@@ -123,12 +123,14 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     if not isinstance(message, dict):
         raise wrong_type(where, "an object", message)
     role_name = message.get("role")
-    role = _ROLES.get(role_name) if isinstance(role_name, str) else None
-    if role is None:
-        raise InvalidRequest(
-            f"`{where}.role` must be one of {', '.join(_ROLES)}; got {shown(role_name)}.",
-            param=f"{where}.role",
-        )
+    if not isinstance(role_name, str):
+        raise InvalidRequest(f"`{where}.role` must be one of {', '.join(_ROLES)}; got {shown(role_name)}.",
+                             param=f"{where}.role")
+    role = _ROLES.get(role_name)
+    if role is None:  # a role of a server's chat template (vLLM takes any: Llama's `ipython`): the upstream judges it
+        unread.append(Unread(f"{where}.role", f"Messages of role {shown(role_name)} are not supported by this model; "
+                                              f"supported: {', '.join(_ROLES)}."))
+        role = Role.USER  # stands in for the gateway's own estimates of the prompt
     tool_calls = opt_array(message, "tool_calls", where) or []
     content = message.get("content")
     # An assistant's answer as the API returned it may have no content: a refusal, or a spoken answer (its audio id).
@@ -221,8 +223,9 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
                 raise InvalidRequest(f"`tool_choice` names the function {name[:40]!r}, which is not in `tools`.",
                                      param="tool_choice")
             return ToolChoice(ToolChoiceMode.TOOL, name=name, parallel=parallel)
-        if kind in ("allowed_tools", "custom"):  # OpenAI's newer forms: for an OpenAI-compatible upstream only
-            unread.append(Unread("tool_choice", f"`tool_choice` of type `{kind}` is not supported by this model."))
+        if isinstance(kind, str) and kind != "function":  # `allowed_tools`, `custom`, kinds added later
+            unread.append(Unread("tool_choice.type", f"`tool_choice` of type {shown(kind)} is not supported by "
+                                                     "this model."))
             return None
     raise InvalidRequest(
         "`tool_choice` must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",

@@ -219,15 +219,13 @@ def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] | None = 
     return "\n".join(texts), other
 
 
-def string_list(value: Json, param: str, *, max_items: int) -> tuple[str, ...]:
+def string_list(value: Json, param: str) -> tuple[str, ...]:
     """A string or a list of non-empty strings (e.g. `stop`), as a tuple; null is ()."""
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
         raise wrong_type(param, "a string or an array of strings", value)
-    if len(items) > max_items:
-        raise InvalidRequest(f"`{param}` takes at most {max_items} strings, got {len(items)}.", param=param)
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item:
             where = param if isinstance(value, str) else f"{param}[{i}]"

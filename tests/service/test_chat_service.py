@@ -92,7 +92,7 @@ async def test_content_as_list_of_text_parts(chat, secret):
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": -1}, "max_completion_tokens"),
         ({"n": 3}, "n"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": ["a", ""]}, "stop[1]"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"model": ""}, "model"),

@@ -69,7 +69,7 @@ def test_a_last_assistant_text_turn_is_a_prefill_the_answer_continues():
     [({"top_k": -1}, "top_k"), ({"stop_sequences": ["a", ""]}, "stop_sequences[1]"),
      ({"messages": [{"role": "user"}]}, "messages[0].content"),
      ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
-     ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+     ({"tool_choice": {"type": 7}}, "tool_choice.type"),  # a kind it does not know passes to Anthropic alone
      ({"temperature": "hot"}, "temperature"), ({"metadata": {"user_id": 5}}, "metadata.user_id"),
      ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "messages[0].content[0].text")],
 )

@@ -90,7 +90,8 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
         ({"user": 5}, "user"),
         ({"messages": [{"role": "user", "content": "hi"}, 7]}, "messages[1]"),
         ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id"),
-        ({"top_logprobs": 30}, "top_logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": -1}, "top_logprobs"),  # api.md: 0–20
+        ({"min_p": 1.5}, "min_p"), ({"min_p": -0.1}, "min_p"),  # 0–1
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
     ],
@@ -101,11 +102,14 @@ def test_rejections_name_the_param(fields, param):
     assert caught.value.param == param
 
 
-def test_an_unknown_role_is_refused_naming_every_role_taken():
-    with pytest.raises(InvalidRequest) as caught:
-        plan(messages=[{"role": "robot", "content": "hi"}])
-    named = caught.value.message.split("must be one of ")[1].split(";")[0].split(", ")
+def test_an_unknown_role_is_left_to_the_upstream_and_refused_elsewhere_naming_every_role_taken():
+    (unread,) = plan(messages=[{"role": "robot", "content": "hi"}]).generation.source.unread
+    assert unread.param == "messages[0].role" and unread.embedded and unread.other_dialect
+    named = unread.message.split("supported: ")[1].rstrip(".").split(", ")
     assert "function" in named  # the deprecated function calling's results are read, so it is one of them
+    with pytest.raises(InvalidRequest) as caught:  # a role is still a string
+        plan(messages=[{"role": 5, "content": "hi"}])
+    assert caught.value.param == "messages[0].role"
     for role in named:
         plan(messages=[{"role": "user", "content": "hi"}, {"role": role, "content": "x", "name": "f",
                                                            "tool_call_id": "c1"}])

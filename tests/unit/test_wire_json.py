@@ -34,3 +34,16 @@ def test_keys_can_be_sorted_with_a_big_integer_inside():
 def test_a_document_deeper_than_the_json_module_goes_is_read_by_orjson_alone():
     data = b"[" * 1000 + b"12345678901234567890" + b"]" * 1000
     assert wire_json.loads(data) is not None
+
+
+def test_integers_are_exact_up_to_a_doubles_range_and_refused_beyond():
+    """api.md: integers exactly, "a number beyond a double's range (... or an integer of more than 309 digits) is a
+    400": orjson judges every document first, and reads an integer past 64 bits as a double."""
+    assert wire_json.loads(b'{"a":%d}' % 10**308) == {"a": 10**308}
+    with pytest.raises(wire_json.JSONDecodeError):
+        wire_json.loads(b'{"a":%d}' % 10**309)
+
+
+def test_a_member_named_twice_counts_once_with_its_last_value_in_its_first_place():
+    for data in (b'{"a":1,"b":2,"a":3}', b'{"a":1,"b":12345678901234567890123,"a":3}'):  # orjson, and the json module
+        assert list(wire_json.loads(data).items())[0] == ("a", 3)
