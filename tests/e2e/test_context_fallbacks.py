@@ -27,6 +27,7 @@ FALLBACK_TOO_LONG = Cue(400, {"error": {
     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
 ANTHROPIC_TOO_LONG = Cue(400, {"type": "error", "error": {
     "type": "invalid_request_error", "message": "prompt is too long: 209353 tokens > 199999 maximum"}})
+UNAVAILABLE = Cue(503, {"error": {"message": "overloaded", "type": "server_error"}})
 BAD_ROLE = Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "invalid_request_error"}})
 
 
@@ -48,6 +49,14 @@ def models_yaml(url: str) -> str:
   - {{id: claude-short, endpoint: /v1/messages, provider: {{{claude}, model: claude-short-up, retry: {FAST_RETRY}}},
       fallbacks: [claude-long]}}
   - {{id: claude-long, endpoint: /v1/messages, provider: {{{claude}, model: claude-long-up}}}}
+  - {{id: brief, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: brief-up, retry: {FAST_RETRY}}},
+      fallbacks: [wide]}}
+  - id: wide
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {{{openai_kind}, model: wide-east-up, retry: {{attempts: 1}}}}}}
+      - {{name: west, provider: {{{openai_kind}, model: wide-west-up, retry: {{attempts: 1}}}}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 30}}
 """
 
 
@@ -150,3 +159,23 @@ def test_a_prompt_over_the_embedded_models_window_goes_to_the_fallback(gateway, 
         oai.chat.completions.create(model="tiny", messages=long_prompt, max_tokens=8)
     assert caught.value.body["code"] == "context_length_exceeded"
     assert "maximum context length is 2048 tokens" in caught.value.body["message"]
+
+
+def test_a_refusal_whose_fallback_is_out_of_service_is_a_503_that_says_so_and_counts_the_attempt(gateway, oai, double):
+    """The model asked for refused the prompt as too long, and its fallback's deployments were all out of service:
+    the caller heard "Every deployment of the model (and of its fallbacks) is out of service", though the model had
+    answered, and its ledger row and access log said no upstream was asked (0 attempts, no `upstream`)."""
+    double.cue(UNAVAILABLE, UNAVAILABLE)
+    with pytest.raises(openai.InternalServerError):  # takes both of `wide`'s deployments out of service for 30 s
+        oai.chat.completions.create(model="wide", messages=HELLO, max_tokens=8)
+    double.reset()
+    double.cue(OPENAI_TOO_LONG)
+    with pytest.raises(openai.InternalServerError) as caught:
+        oai.chat.completions.create(model="brief", messages=HELLO, max_tokens=8)
+    error, headers = caught.value.body, caught.value.response.headers
+    assert (caught.value.status_code, error["code"]) == (503, "service_unavailable")
+    assert 0 < int(headers["retry-after"]) <= 30  # a later try may reach the fallback
+    assert "context window" in error["message"] and "Every deployment of the model" not in error["message"]
+    assert asked(double) == ["brief-up"]
+    row = ledger_row(gateway, headers["x-request-id"])
+    assert (row["upstream"], row["status"]) == ("brief", 503)  # its upstream was asked
