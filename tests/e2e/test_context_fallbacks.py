@@ -27,6 +27,10 @@ FALLBACK_TOO_LONG = Cue(400, {"error": {
     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
 ANTHROPIC_TOO_LONG = Cue(400, {"type": "error", "error": {
     "type": "invalid_request_error", "message": "prompt is too long: 209353 tokens > 199999 maximum"}})
+# llama.cpp's server (llama-server), an OpenAI-compatible upstream configuration.md names, in its own words.
+LLAMA_SERVER_TOO_LONG = Cue(400, {"error": {
+    "code": 400, "message": "request (9000 tokens) exceeds the available context size (8192 tokens)",
+    "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192}})
 UNAVAILABLE = Cue(503, {"error": {"message": "overloaded", "type": "server_error"}})
 BAD_ROLE = Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "invalid_request_error"}})
 
@@ -179,3 +183,19 @@ def test_a_refusal_whose_fallback_is_out_of_service_is_a_503_that_says_so_and_co
     assert asked(double) == ["brief-up"]
     row = ledger_row(gateway, headers["x-request-id"])
     assert (row["upstream"], row["status"]) == ("brief", 503)  # its upstream was asked
+
+
+def test_llama_servers_refusal_of_a_prompt_too_long_is_one_too(oai, double):
+    """llama.cpp's server says it its own way (`exceed_context_size_error`, `"code": 400`): its refusal was a plain
+    400 `invalid_request`, never handed to the fallback, and a framework catching `context_length_exceeded` missed it."""
+    double.cue(LLAMA_SERVER_TOO_LONG)
+    answer = oai.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
+    assert answer.choices[0].message.content == "echo Say hello."
+    assert asked(double) == ["short-up", "long-up"]
+    double.reset()
+    double.cue(LLAMA_SERVER_TOO_LONG)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="solo", messages=HELLO, max_tokens=8)
+    error = caught.value.body
+    assert (error["code"], error["param"], error["message"]) == (
+        "context_length_exceeded", "messages", "request (9000 tokens) exceeds the available context size (8192 tokens)")
