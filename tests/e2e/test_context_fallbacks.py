@@ -5,6 +5,7 @@ model's other deployments are not tried for it (a deployment is the same model),
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import anthropic
@@ -199,3 +200,15 @@ def test_llama_servers_refusal_of_a_prompt_too_long_is_one_too(oai, double):
     error = caught.value.body
     assert (error["code"], error["param"], error["message"]) == (
         "context_length_exceeded", "messages", "request (9000 tokens) exceeds the available context size (8192 tokens)")
+
+
+def test_a_key_granted_only_the_model_is_served_by_its_fallback(gateway, double):
+    """Fallbacks are the operator's (configuration.md): a key's grants name what it may ask for, not what serves it."""
+    configured = dataclasses.replace(gateway, config=gateway.data_dir.parent / "portico.yaml")
+    secret = configured.cli("keys", "create", "--name", "short-only", "--models", "short").stdout.split()[-1]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="long", messages=HELLO, max_tokens=8)
+    double.cue(OPENAI_TOO_LONG)
+    answer = client.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
+    assert answer.choices[0].message.content == "echo Say hello." and asked(double) == ["short-up", "long-up"]
