@@ -37,19 +37,56 @@ local function refuse_grpc_call(handle, metadata, path)
     "services instead.")
 end
 
+-- What a caller may paste around a key that HTTP takes for no space (RFC 9110 allows spaces and tabs around a
+-- field's value, and only spaces between a scheme and its token): Lua patterns of its bytes (UTF-8, and Latin-1's
+-- non-breaking space last, after the UTF-8 characters that end in the same byte), and its name for the message.
+local ODD_SPACES = {
+  {"\t", "a tab"}, {"\194\160", "a non-breaking space"}, {"\226\128\175", "a non-breaking space"},
+  {"\226\128\139", "a zero-width space"}, {"\239\187\191", "a zero-width space"},
+  {"\226\128[\128-\138]", "a Unicode space"}, {"\226\129\159", "a Unicode space"},
+  {"\227\128\128", "a Unicode space"}, {"\160", "a non-breaking space"},
+}
+
+-- The message for a key header whose value is a key's form (Authorization: scheme, spaces, key; x-api-key: the key
+-- alone) but for such a space beside a key that may well be right; nil for anything else, no key Portico made.
+local function misplaced_space(name, value)
+  local first, what
+  for _, odd in ipairs(ODD_SPACES) do
+    local at = value:find(odd[1])
+    if at and (first == nil or at < first) then first, what = at, odd[2] end
+  end
+  local plain = value
+  for _, odd in ipairs(ODD_SPACES) do plain = plain:gsub(odd[1], " ") end
+  if first == nil or plain:find("[^\32-\126]") then return nil end
+  local words = {}  -- where each run of visible ASCII (the scheme, the key) starts and ends
+  for start, stop in value:gmatch("()[!-~]+()") do words[#words + 1] = {start, stop} end
+  local authorization = name == "authorization"
+  if #words ~= (authorization and 2 or 1) then return nil end
+  local header, form = "x-api-key", "`x-api-key: YOUR_KEY`"
+  if authorization then header, form = "Authorization", "`Authorization: Bearer YOUR_KEY`" end
+  local where
+  if first < words[1][1] then
+    where = " comes before " .. (authorization and "its scheme" or "the key") .. "."
+  elseif first >= words[#words][2] then
+    where = " follows the key."
+  else
+    where = " separates its scheme from the key, where HTTP allows only spaces."
+  end
+  return "Malformed " .. header .. " header: " .. what .. where .. " Send it as " .. form .. "."
+end
+
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
 -- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
 -- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
--- A tab between the scheme and the key (RFC 9110 allows only spaces there) is said to be one: the key may be right.
-local function refuse_unreadable_key(handle, headers)
+-- A tab or a pasted space beside the key is said to be one (misplaced_space): the key may be right. x-api-key only
+-- where it is read (/v1/messages, /v1/models): elsewhere such advice would send the caller the wrong way.
+local function refuse_unreadable_key(handle, headers, path)
+  local reads_x_api_key = path:sub(1, 12) == "/v1/messages" or path:sub(1, 10) == "/v1/models"
   for _, name in ipairs({"authorization", "x-api-key"}) do
     local value = headers:get(name)
     if value and value:find("[^\32-\126]") then
-      if name == "authorization" and value:find("^[^ \t]+[ \t]*\t") then
-        handle:streamInfo():dynamicMetadata():set("portico", "fault", "Malformed Authorization header: a tab " ..
-          "separates its scheme from the key, where HTTP allows only spaces. Send it as " ..
-          "`Authorization: Bearer YOUR_KEY`.")
-      end
+      local fault = (name == "authorization" or reads_x_api_key) and misplaced_space(name, value)
+      if fault then handle:streamInfo():dynamicMetadata():set("portico", "fault", fault) end
       handle:respond({[":status"] = "401"}, "")
       return true
     end
@@ -121,7 +158,7 @@ function envoy_on_request(handle)
     headers:replace(":path", path:sub(1, -7) .. "%3Aunary" .. full_path:sub(#path + 1))
   end
   if handle:metadata():get("grpc_call") then return refuse_grpc_call(handle, metadata, path) end
-  if refuse_unreadable_key(handle, headers) then return end
+  if refuse_unreadable_key(handle, headers, path) then return end
   local length = tonumber(headers:get("content-length") or "")
   if length and MAX_BODY_BYTES > 0 and length > MAX_BODY_BYTES then
     return handle:respond({[":status"] = "413"}, "")

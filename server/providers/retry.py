@@ -90,7 +90,8 @@ class Plan:
     raises the error when neither a retry nor a fallback may serve it. `give_up(now)` is the error to answer with
     when nothing is left: the failure that clears soonest (one without a retry-after may clear at once, unless
     passive health took its deployment out of service), with its retry-after; else, when every model asked refused
-    the prompt as too long for it and none was passed over, the first such refusal (the model asked for's).
+    the prompt as too long for it, the first such refusal (the model asked for's), or a 503 until a fallback passed
+    over may take it.
     """
 
     chain: Sequence[Sequence[Target]]
@@ -170,6 +171,9 @@ class Plan:
         if self._refusal is not None and self._soonest == math.inf:
             return self._refusal
         wait = max(1.0, math.ceil(self._soonest - now)) if self._soonest < math.inf else 1.0
+        if self._refusal is not None:  # the model was asked (no OutOfService: that request reached no model)
+            return ServiceUnavailable("The prompt is over the model's context window, and the fallbacks that may take "
+                                      "it are out of service for now; try again after retry-after.", retry_after=wait)
         # Out of service after failing, or for as long as its upstream asked (retry-after): the message fits both.
         return OutOfService("Every deployment of the model (and of its fallbacks) is out of service for now; try "
                             "again after retry-after.", retry_after=wait)

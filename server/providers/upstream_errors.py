@@ -72,7 +72,9 @@ def from_status(
         return RequestTooLarge(message, param=param, retry_reason=reason)
     # Anthropic's words for it, or OpenAI's without its code (vLLM's `"code": 400`): the code frameworks catch.
     if _ANTHROPIC_CONTEXT_ERROR.match(message) or (code is None and _OPENAI_CONTEXT_ERROR.search(message)):
-        code, param = CONTEXT_LENGTH_EXCEEDED, param or "messages"
+        code = CONTEXT_LENGTH_EXCEEDED
+    if code == CONTEXT_LENGTH_EXCEEDED:
+        param = param or "messages"
     return InvalidRequest(message, param=param, retry_reason=reason, code=code)
 
 
@@ -89,6 +91,9 @@ _OPENAI_CONTEXT_ERROR = re.compile(r"maximum context length is \d+ tokens")
 # 200000, ...").
 _ANTHROPIC_CONTEXT_ERROR = re.compile(r"prompt is too long: \d+ tokens > \d+ maximum|input length and `max_tokens` "
                                       r"exceed context limit: \d+ \+ \d+ > \d+")
+# llama.cpp's server's type for it ("request (9000 tokens) exceeds the available context size (8192 tokens)", with
+# "code": 400), in words of its own.
+_LLAMA_SERVER_CONTEXT_ERROR = "exceed_context_size_error"
 
 
 # Anthropic's error `type`s (in bodies and mid-stream `error` events) -> the status Anthropic gives them.
@@ -154,6 +159,8 @@ def _message_param_and_code(body: bytes) -> tuple[str, str | None, str | None]:
         found = error if isinstance(error, dict) else data
         param, code = found.get("param"), found.get("code")
         code = code if isinstance(code, str) and _UPSTREAM_CODE.fullmatch(code) and code not in _ROW_CODES else None
+        if found.get("type") == _LLAMA_SERVER_CONTEXT_ERROR:
+            code = CONTEXT_LENGTH_EXCEEDED
         return _text(found.get("message", "")), param if isinstance(param, str) else None, code
     detail = data.get("detail")
     if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):

@@ -41,3 +41,59 @@ def test_a_wrong_key_is_still_an_invalid_key(gateway):
     response = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": "Bearer pk-wrong"}, timeout=30)
     error = response.json()["error"]
     assert (response.status_code, error["code"]) == (401, "invalid_api_key") and "Malformed" not in error["message"]
+
+
+NBSP = "\u00a0".encode()
+
+
+@pytest.mark.parametrize("path, body, anthropic", [
+    ("/v1/chat/completions", {"model": "family-a-5.5", "messages": HI, "max_tokens": 1}, False),
+    ("/v1/messages", {"model": "family-b-haiku-4-5-20251001", "messages": HI, "max_tokens": 1}, True),
+])
+@pytest.mark.parametrize("header, value, message", [
+    ("authorization", b"Bearer" + NBSP + b"{}", "Malformed Authorization header: a non-breaking space separates its "
+     "scheme from the key, where HTTP allows only spaces. Send it as `Authorization: Bearer YOUR_KEY`."),
+    ("authorization", b"Bearer\xa0{}", "Malformed Authorization header: a non-breaking space separates its scheme "
+     "from the key, where HTTP allows only spaces. Send it as `Authorization: Bearer YOUR_KEY`."),  # Latin-1
+    ("authorization", b"Bearer \xe2\x80\x8b{}", "Malformed Authorization header: a zero-width space separates its "
+     "scheme from the key, where HTTP allows only spaces. Send it as `Authorization: Bearer YOUR_KEY`."),
+    ("authorization", b"Bearer {}" + NBSP, "Malformed Authorization header: a non-breaking space follows the key. "
+     "Send it as `Authorization: Bearer YOUR_KEY`."),
+    ("authorization", NBSP + b"Bearer {}", "Malformed Authorization header: a non-breaking space comes before its "
+     "scheme. Send it as `Authorization: Bearer YOUR_KEY`."),
+])
+def test_a_space_copied_from_a_page_around_the_key_is_a_malformed_header_not_an_invalid_key(
+        gateway, path, body, anthropic, header, value, message):
+    """A key copied from a web page or a document often brings a non-breaking (or zero-width) space with it, which
+    HTTP does not take for one: the right key was answered "Invalid API key.", as after a tab."""
+    response = httpx.post(f"{gateway.base_url}{path}", headers={header: value.replace(b"{}", gateway.secret.encode())},
+                          json=body, timeout=30)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["message"]) == (401, "invalid_api_key", message)
+    assert (response.json().get("type") == "error") == anthropic
+
+
+@pytest.mark.parametrize("value, message", [
+    (NBSP + b"{}", "Malformed x-api-key header: a non-breaking space comes before the key. Send it as "
+     "`x-api-key: YOUR_KEY`."),
+    (b"{}" + NBSP, "Malformed x-api-key header: a non-breaking space follows the key. Send it as "
+     "`x-api-key: YOUR_KEY`."),
+])
+def test_an_x_api_key_with_such_a_space_says_so_where_it_is_read(gateway, value, message):
+    body = {"model": "family-b-haiku-4-5-20251001", "messages": HI, "max_tokens": 1}
+    secret = gateway.secret.encode()
+    response = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": value.replace(b"{}", secret)},
+                          json=body, timeout=30)
+    assert (response.status_code, response.json()["error"]["message"]) == (401, message)
+    # /v1/chat/completions does not read x-api-key: no advice about it there (Authorization is what it wants).
+    response = httpx.post(f"{gateway.base_url}/v1/chat/completions",
+                          headers={"x-api-key": value.replace(b"{}", secret)},
+                          json={"model": "family-a-5.5", "messages": HI, "max_tokens": 1}, timeout=30)
+    assert (response.status_code, response.json()["error"]["message"]) == (401, "Invalid API key.")
+
+
+@pytest.mark.parametrize("value", [b"Bearer pk-\xc3\xa9t\xc3\xa9", b"Bearer pk-ab" + NBSP + b"cd",
+                                   b"Bearer\xc3\xa9pk-ab"])
+def test_another_byte_in_or_for_the_key_is_still_an_invalid_key(gateway, value):
+    response = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": value}, timeout=30)
+    assert (response.status_code, response.json()["error"]["message"]) == (401, "Invalid API key.")

@@ -5,6 +5,7 @@ model's other deployments are not tried for it (a deployment is the same model),
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import anthropic
@@ -27,6 +28,11 @@ FALLBACK_TOO_LONG = Cue(400, {"error": {
     "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
 ANTHROPIC_TOO_LONG = Cue(400, {"type": "error", "error": {
     "type": "invalid_request_error", "message": "prompt is too long: 209353 tokens > 199999 maximum"}})
+# llama.cpp's server (llama-server), an OpenAI-compatible upstream configuration.md names, in its own words.
+LLAMA_SERVER_TOO_LONG = Cue(400, {"error": {
+    "code": 400, "message": "request (9000 tokens) exceeds the available context size (8192 tokens)",
+    "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192}})
+UNAVAILABLE = Cue(503, {"error": {"message": "overloaded", "type": "server_error"}})
 BAD_ROLE = Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "invalid_request_error"}})
 
 
@@ -48,6 +54,14 @@ def models_yaml(url: str) -> str:
   - {{id: claude-short, endpoint: /v1/messages, provider: {{{claude}, model: claude-short-up, retry: {FAST_RETRY}}},
       fallbacks: [claude-long]}}
   - {{id: claude-long, endpoint: /v1/messages, provider: {{{claude}, model: claude-long-up}}}}
+  - {{id: brief, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: brief-up, retry: {FAST_RETRY}}},
+      fallbacks: [wide]}}
+  - id: wide
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {{{openai_kind}, model: wide-east-up, retry: {{attempts: 1}}}}}}
+      - {{name: west, provider: {{{openai_kind}, model: wide-west-up, retry: {{attempts: 1}}}}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 30}}
 """
 
 
@@ -150,3 +164,51 @@ def test_a_prompt_over_the_embedded_models_window_goes_to_the_fallback(gateway, 
         oai.chat.completions.create(model="tiny", messages=long_prompt, max_tokens=8)
     assert caught.value.body["code"] == "context_length_exceeded"
     assert "maximum context length is 2048 tokens" in caught.value.body["message"]
+
+
+def test_a_refusal_whose_fallback_is_out_of_service_is_a_503_that_says_so_and_counts_the_attempt(gateway, oai, double):
+    """The model asked for refused the prompt as too long, and its fallback's deployments were all out of service:
+    the caller heard "Every deployment of the model (and of its fallbacks) is out of service", though the model had
+    answered, and its ledger row and access log said no upstream was asked (0 attempts, no `upstream`)."""
+    double.cue(UNAVAILABLE, UNAVAILABLE)
+    with pytest.raises(openai.InternalServerError):  # takes both of `wide`'s deployments out of service for 30 s
+        oai.chat.completions.create(model="wide", messages=HELLO, max_tokens=8)
+    double.reset()
+    double.cue(OPENAI_TOO_LONG)
+    with pytest.raises(openai.InternalServerError) as caught:
+        oai.chat.completions.create(model="brief", messages=HELLO, max_tokens=8)
+    error, headers = caught.value.body, caught.value.response.headers
+    assert (caught.value.status_code, error["code"]) == (503, "service_unavailable")
+    assert 0 < int(headers["retry-after"]) <= 30  # a later try may reach the fallback
+    assert "context window" in error["message"] and "Every deployment of the model" not in error["message"]
+    assert asked(double) == ["brief-up"]
+    row = ledger_row(gateway, headers["x-request-id"])
+    assert (row["upstream"], row["status"]) == ("brief", 503)  # its upstream was asked
+
+
+def test_llama_servers_refusal_of_a_prompt_too_long_is_one_too(oai, double):
+    """llama.cpp's server says it its own way (`exceed_context_size_error`, `"code": 400`): its refusal was a plain
+    400 `invalid_request`, never handed to the fallback, and a framework catching `context_length_exceeded` missed it."""
+    double.cue(LLAMA_SERVER_TOO_LONG)
+    answer = oai.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
+    assert answer.choices[0].message.content == "echo Say hello."
+    assert asked(double) == ["short-up", "long-up"]
+    double.reset()
+    double.cue(LLAMA_SERVER_TOO_LONG)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="solo", messages=HELLO, max_tokens=8)
+    error = caught.value.body
+    assert (error["code"], error["param"], error["message"]) == (
+        "context_length_exceeded", "messages", "request (9000 tokens) exceeds the available context size (8192 tokens)")
+
+
+def test_a_key_granted_only_the_model_is_served_by_its_fallback(gateway, double):
+    """Fallbacks are the operator's (configuration.md): a key's grants name what it may ask for, not what serves it."""
+    configured = dataclasses.replace(gateway, config=gateway.data_dir.parent / "portico.yaml")
+    secret = configured.cli("keys", "create", "--name", "short-only", "--models", "short").stdout.split()[-1]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="long", messages=HELLO, max_tokens=8)
+    double.cue(OPENAI_TOO_LONG)
+    answer = client.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
+    assert answer.choices[0].message.content == "echo Say hello." and asked(double) == ["short-up", "long-up"]

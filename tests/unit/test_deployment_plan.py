@@ -12,7 +12,7 @@ from server.domain import RetrySettings
 from server.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from server.providers import health
 from server.providers.health import FileBoard, MemoryBoard
-from server.providers.retry import Plan, Step, Target, pick
+from server.providers.retry import OutOfService, Plan, Step, Target, pick
 
 RETRY = RetrySettings(attempts=2, initial_backoff=1.0, max_backoff=1.0, total_seconds=10)
 BUSY = ServiceUnavailable("busy", retry_reason="503")
@@ -70,6 +70,7 @@ def test_a_fallback_that_failed_in_a_way_that_clears_is_answered_rather_than_the
     p = plan(1, 1, ready=lambda m, d: 7.0 if m == 1 else 0.0)  # the fallback is out of service for 7 s
     p.failed(p.next(0.0), too_long(8192), 0.0)
     assert p.next(0.0) is None and (p.give_up(0.0).kind.http_status, p.give_up(0.0).retry_after) == (503, 7)
+    assert not isinstance(p.give_up(0.0), OutOfService)  # the model asked for was asked: the request reached it
 
 
 def test_deployments_out_of_service_are_passed_over_and_a_model_with_none_left_goes_to_its_fallback():
