@@ -32,6 +32,7 @@ from gateway.query_parameters import (
     Parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables, route_methods,
     bodiless_routes,
 )
+from server.config_cors import CorsSettings
 from server.errors import kind_by_status
 
 _LUA_FILTER = "envoy.filters.http.lua"
@@ -44,6 +45,10 @@ _MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
 _ROUTES_LINE = "local ROUTE_METHODS = {}  -- @ROUTE_METHODS@"
 _BODILESS_LINE = "local BODILESS = {}  -- @BODILESS@"
 _BUFFER_FILTER = "envoy.filters.http.buffer"
+_CORS_FILTER = "envoy.filters.http.cors"
+# The API paths a browser on another origin may not call even when `cors:` is set: the admin API and the usage API
+# (admin keys, which never belong in a web app; the console calls them from its own origin).
+_NO_CORS_PREFIXES = ("/v1/admin", "/v1/organization")
 # The Lua filter's parts (gateway/lua/), joined in this order into the one script Envoy runs: a Lua `local` is seen
 # only by the code after it, so each part comes after those whose locals it uses; the entry points are last.
 LUA_PARTS = ("tables.lua", "text.lua", "errors.lua", "query.lua", "request.lua", "response.lua")
@@ -95,11 +100,13 @@ def render_config(
     listen_host: str = "127.0.0.1",
     stream_idle_timeout_s: float | None = None,
     access_log_path: str | None = "/dev/stderr",
+    cors: CorsSettings | None = None,
 ) -> dict[str, Any]:
     """A copy of `template` with Portico's addresses, upstream endpoints and file paths filled in, and the Lua filter
     rendered from the parts in `lua_dir` (pure).
 
-    `access_log_path`: where Envoy writes the lines of replies the server never saw (None: nowhere)."""
+    `access_log_path`: where Envoy writes the lines of replies the server never saw (None: nowhere).
+    `cors`: the `cors:` section, rendered as Envoy's CORS filter (None: no filter at all, so no cost)."""
     if not upstreams:
         raise ValueError("at least one upstream endpoint is required")
     config = copy.deepcopy(dict(template))
@@ -126,6 +133,8 @@ def render_config(
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     for transcoder in _transcoders(hcm):
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
+    if cors is not None:
+        add_cors(hcm, cors)
     cluster = config["static_resources"]["clusters"][0]
     cluster["load_assignment"]["endpoints"] = [
         {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}
@@ -136,6 +145,39 @@ def render_config(
 def http_manager(config: Mapping[str, Any]) -> dict[str, Any]:
     """The public listener's HTTP connection manager: the routes, filters and limits of the REST and gRPC port."""
     return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def add_cors(hcm: dict[str, Any], cors: CorsSettings) -> None:
+    """Envoy's CORS filter, first: it answers a preflight before the Lua filter would refuse an OPTIONS, and, last to
+    see an answer, gives every one from an allowed origin (errors the Lua filter shaped or made included) its
+    access-control-* headers. Its policy is on the API's routes only: not the admin and usage APIs, the console or
+    the probes."""
+    policy = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        "allow_origin_string_match": [{"exact": origin} for origin in cors.allow_origins],  # `*` matches any
+        "allow_methods": ", ".join(cors.allow_methods),
+        "allow_headers": ", ".join(cors.allow_headers),  # `*`: Envoy answers with the headers asked for
+        "expose_headers": ", ".join(cors.expose_headers),
+        "max_age": str(cors.max_age_seconds),
+        # Another origin's preflight is answered here too, allowing nothing (forwarded, it got the 404 of a method the
+        # path does not take).
+        "forward_not_matching_preflights": False,
+    }
+    hcm["http_filters"].insert(0, {"name": _CORS_FILTER, "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}})
+    host = hcm["route_config"]["virtual_hosts"][0]
+    # The allowed origin is named in the answer: a cache must keep one answer per origin (image links are cached
+    # for an hour). On the virtual host: the transcoder sends a REST call on to a gRPC route, whose headers it gets.
+    host.setdefault("response_headers_to_add", []).append(
+        {"header": {"key": "vary", "value": "Origin"}, "append_action": "APPEND_IF_EXISTS_OR_ADD"})
+    routes = host["routes"]
+    api = next(i for i, route in enumerate(routes) if route["match"] == {"prefix": "/v1/"})
+    for route in routes:
+        lua = route.get("metadata", {}).get("filter_metadata", {}).get(_LUA_FILTER, {})
+        if route is routes[api] or lua.get("anthropic"):
+            route.setdefault("typed_per_filter_config", {})[_CORS_FILTER] = policy
+    routes[api:api] = [{"match": {"path_separated_prefix": prefix}, "route": copy.deepcopy(routes[api]["route"])}
+                       for prefix in _NO_CORS_PREFIXES]
 
 
 def _transcoders(hcm: dict[str, Any]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from server.config_cors import CorsSettings, parse_cors
 from server.config_deployments import parse_cache, parse_deployments, parse_health
 from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
@@ -58,6 +59,7 @@ class Config:
     drain_seconds: float = 30.0  # after SIGTERM, how long requests in flight may take to finish
     tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry traces; off by default
     usage: UsageSettings = field(default_factory=UsageSettings)  # the usage ledger
+    cors: CorsSettings | None = None  # browsers on other origins; None: no CORS (the default)
 
     @property
     def listen_url(self) -> str:
@@ -135,7 +137,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 # Every setting the file may hold, section by section; anything else is refused by its path.
 _TOP_LEVEL = ("listen", "envoy_admin_port", "metrics_port", "access_log", "drain_seconds", "data_dir", "embedded",
-              "default_max_tokens", "keys", "limits", "models", "tracing", "usage")
+              "default_max_tokens", "keys", "limits", "models", "tracing", "usage", "cors")
 _LISTEN = ("host", "port", "public_base_url")
 _EMBEDDED = ("context_size", "threads", "instances", "model_path")
 _KEYS = ("cache_seconds", "rotation_grace_seconds", "stale_seconds", "cache_size", "negative_cache_size",
@@ -190,6 +192,7 @@ def _parse(raw: dict, source: str) -> Config:
             drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
             tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
             usage=parse_usage(raw.get("usage"), f"{source}: usage"),
+            cors=parse_cors(raw.get("cors"), f"{source}: cors"),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from exc

@@ -202,6 +202,7 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
         lua_dir=repo_root() / "gateway" / "lua",
         access_log_path=_envoy_access_log(config),
         stream_idle_timeout_s=_stream_idle_seconds(config, template),
+        cors=config.cors,
     )
 
 

@@ -63,6 +63,26 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlimits: {{defaults: {{tokens_per_minute: 3000000000}}}}",
      r"limits\.defaults\.tokens_per_minute: a whole number from 1 to 2147483647, or null for no limit, "
      r"not 3000000000"),
+    # CORS origins are compared byte for byte with the browser's `Origin`: one written otherwise never matched.
+    (f"{ONE_MODEL}\ncors: {{allow_headers: [authorization]}}", r"cors\.allow_origins: required"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: []}}", r"cors\.allow_origins: a non-empty list of origins"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://app.example.com/']}}",
+     r"cors\.allow_origins: 'https://app\.example\.com/' is not an origin as a browser sends it"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://App.example.com']}}", r"cors\.allow_origins: .*lower case"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: [app.example.com]}}",
+     r"cors\.allow_origins: 'app\.example\.com' is not"),
+    # Envoy compares exactly: a pattern would match nothing.
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://*.example.com']}}", r"cors\.allow_origins: .* is not an origin"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://app.example.com:443']}}",
+     r"cors\.allow_origins: .*default port.*write https://app\.example\.com"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['*', 'https://app.example.com']}}", r"cors\.allow_origins: `\*`"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['*'], allow_headers: ['x-stainless-*']}}",
+     r"cors\.allow_headers: 'x-stainless-\*' is not a header name"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['*'], expose_headers: ['x ratelimit']}}", r"cors\.expose_headers: "),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['*'], max_age_seconds: 100000}}",
+     r"cors\.max_age_seconds: a whole number from 0 to 86400, not 100000"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['*'], allow_methods: [DELETE]}}",
+     r"cors: unknown setting\(s\) allow_methods"),
 ]
 
 
@@ -215,3 +235,19 @@ def test_a_redis_password_in_the_urls_query_is_not_echoed(tmp_path):
     with pytest.raises(ConfigError, match=r"limits\.store: ") as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)
+
+
+def test_cors_is_off_unless_configured_and_takes_origins_as_browsers_send_them(tmp_path):
+    path = tmp_path / "c.yaml"
+    for text in ("", "\ncors:"):  # absent, or left empty (every line under it commented out)
+        path.write_text(ONE_MODEL + text)
+        assert load_config(path).cors is None
+    path.write_text(f"{ONE_MODEL}\ncors: {{allow_origins: ['https://app.example.com', 'http://127.0.0.1:5173', "
+                    "'chrome-extension://abcdef'], allow_headers: [Authorization, Content-Type], max_age_seconds: 0}")
+    cors = load_config(path).cors
+    assert cors.allow_origins == ("https://app.example.com", "http://127.0.0.1:5173", "chrome-extension://abcdef")
+    assert cors.allow_headers == ("authorization", "content-type") and cors.max_age_seconds == 0
+    assert "x-request-id" in cors.expose_headers and cors.allow_methods == ("GET", "POST")
+    path.write_text(f"{ONE_MODEL}\ncors: {{allow_origins: '*', allow_headers: '*', expose_headers: '*'}}")
+    cors = load_config(path).cors
+    assert (cors.allow_origins, cors.allow_headers, cors.expose_headers) == (("*",), ("*",), ("*",))

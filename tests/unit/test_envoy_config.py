@@ -10,6 +10,7 @@ import yaml
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import LUA_PARTS, envoy_binary, http_manager, load_template, render_config, repo_root
 from server.app import MAX_RECEIVE_BYTES
+from server.config_cors import CorsSettings
 from server.services.undecodable import MAX_REQUEST_BYTES
 
 TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
@@ -113,5 +114,39 @@ def test_listening_on_every_ipv6_address_takes_ipv4_callers_too(tmp_path):
         assert "ipv4_compat" not in address(host)["static_resources"]["listeners"][0]["address"]["socket_address"]
     (tmp_path / "data").mkdir()  # for Envoy's access log
     (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(address("::")))
+    checked = validate(tmp_path / "envoy.yaml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _rendered(**options) -> dict:
+    return render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
+                         descriptor_set=DESCRIPTOR_SET, lua_dir=repo_root() / "gateway" / "lua", **options)
+
+
+def test_without_cors_the_config_has_no_trace_of_it():
+    """configuration.md `cors:`: off by default, and then nothing of it is in Envoy's way (the hot path unchanged)."""
+    assert _rendered(cors=None) == _rendered()
+    text = yaml.safe_dump(_rendered()).lower()
+    assert "envoy.filters.http.cors" not in text and "access-control" not in text and "vary" not in text
+
+
+def test_cors_is_envoys_filter_first_with_its_policy_on_the_api_routes_only(tmp_path):
+    """First: it answers a preflight before the Lua filter would refuse an OPTIONS, and is the last to see an answer,
+    so errors the Lua filter shaped carry access-control-allow-origin too (tests/e2e/test_cors.py)."""
+    rendered = _rendered(cors=CorsSettings(allow_origins=("https://app.example.com",)))
+    hcm = http_manager(rendered)
+    assert hcm["http_filters"][0]["name"] == "envoy.filters.http.cors"
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    with_policy = [route["match"] for route in routes if "envoy.filters.http.cors" in
+                   route.get("typed_per_filter_config", {})]
+    assert with_policy == [{"path_separated_prefix": "/v1/models", "headers": [{"name": "anthropic-version",
+                                                                                 "present_match": True}]},
+                           {"prefix": "/v1/"}]
+    matches = [route["match"] for route in routes]
+    api = matches.index({"prefix": "/v1/"})
+    assert matches[api - 2:api] == [{"path_separated_prefix": "/v1/admin"},
+                                    {"path_separated_prefix": "/v1/organization"}]
+    (tmp_path / "data").mkdir()  # for Envoy's access log
+    (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
     checked = validate(tmp_path / "envoy.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
