@@ -32,6 +32,48 @@ async def guard_stream(
         yield error_frame(exc)
 
 
+class _ReadAhead:
+    """Frames read ahead of their consumer, at most `limit` held. One side waits at a time (the reader only when
+    the frames are full, the consumer only when there are none), so one future serves both: lighter than an
+    asyncio.Queue (four deques and an Event), which every open stream held."""
+
+    __slots__ = ("frames", "ended", "failure", "_limit", "_waiter")
+
+    def __init__(self, limit: int) -> None:
+        self.frames: list[bytes] = []
+        self.ended = False
+        self.failure: Exception | None = None
+        self._limit = limit
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def put(self, frame: bytes) -> None:
+        while len(self.frames) >= self._limit:
+            await self._wait()
+        self.frames.append(frame)
+        self._wake()
+
+    def end(self, failure: Exception | None) -> None:
+        self.ended, self.failure = True, failure
+        self._wake()
+
+    async def take(self) -> list[bytes]:
+        """Every frame read so far (none only once the source has ended), making room for the reader."""
+        while not self.frames and not self.ended:
+            await self._wait()
+        batch, self.frames = self.frames, []
+        self._wake()
+        return batch
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        self._waiter = None
+
+
 async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64,
                     last: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
     """The same bytes, with the frames that are ready together joined into one message.
@@ -43,34 +85,30 @@ async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64,
     frames are held, so a slow caller still holds back the upstream. `last` is called before the message that
     ends the stream is handed over.
     """
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(read_ahead)
-    failure: list[Exception] = []
+    ahead = _ReadAhead(read_ahead)
 
     async def read() -> None:
+        failure = None
         try:
             async with aclosing(frames):
                 async for frame in frames:
-                    await queue.put(frame)
+                    await ahead.put(frame)
         except Exception as exc:  # noqa: BLE001 - handed over to the consumer, raised there
-            failure.append(exc)
-        await queue.put(None)
+            failure = exc
+        ahead.end(failure)
 
     reader = asyncio.create_task(read())
     try:
         while True:
-            batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
-            ended = batch[-1] is None
-            if ended:
-                batch.pop()
-                if last is not None:
-                    last()
+            batch = await ahead.take()
+            ended = ahead.ended and not ahead.frames
+            if ended and last is not None:
+                last()
             if batch:
                 yield b"".join(batch)
             if ended:
-                if failure:
-                    raise failure[0]
+                if ahead.failure is not None:
+                    raise ahead.failure
                 return
     finally:
         reader.cancel()  # the caller went away: stop reading, and close the frames' source
