@@ -270,7 +270,7 @@ _INT64_TYPES = (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDe
                 FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64)
 _FLOAT_TYPES = (FieldDescriptor.CPPTYPE_DOUBLE, FieldDescriptor.CPPTYPE_FLOAT)
 # Their fields are JSON values themselves: a path through them names JSON members, not their proto fields.
-_JSON_VALUES = ("google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue")
+JSON_VALUES = ("google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue")
 
 
 def _holds_floats(field: FieldDescriptor) -> bool:
@@ -290,7 +290,7 @@ def _not_finite(message: Message) -> InvalidRequest:
 
 def _first_not_finite(message: Message, path: str = "") -> tuple[str, float] | None:
     """The path (`logit_bias.5`, `tools[0].function.parameters.minimum`) and value of the first NaN or Infinity."""
-    json_value = message.DESCRIPTOR.full_name in _JSON_VALUES
+    json_value = message.DESCRIPTOR.full_name in JSON_VALUES
     for field, value in message.ListFields():
         here = path if json_value else f"{path}.{field.name}" if path else field.name
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
