@@ -98,9 +98,9 @@ def model_of(body: Mapping[str, Json]) -> str:
     return opt_string(body, "model") or ""
 
 
-def body_and_model(data: bytes | dict[str, Json]) -> tuple[dict[str, Json], str]:
-    """A REST caller's raw body (parsed) or a typed request already turned into JSON, and its `model`."""
-    body = parse_body(data) if isinstance(data, bytes) else data
+def body_and_model(data: bytes | Message) -> tuple[dict[str, Json], str]:
+    """A REST caller's raw body (parsed) or a typed request (turned into the same JSON), and its `model`."""
+    body = parse_body(data) if isinstance(data, bytes) else proto_to_json(data)
     return body, model_of(body)
 
 

@@ -135,16 +135,22 @@ def _typed(request_class, body: dict):
     return request if proto_to_json(request) == body else None
 
 
-def _grpc_error(channel, method: str, request: bytes, secret: str) -> tuple:
+def _refusal(channel, method: str, request: bytes, metadata=()) -> grpc.RpcError:
+    """The error `method` answers `request` (serialized) with, its answer read whole."""
     streams = method.endswith(("Http", "/StreamChatCompletion", "/StreamMessage"))
     call = channel.unary_stream if streams else channel.unary_unary
     rpc = call(f"/portico.v1.{method}", request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
     with pytest.raises(grpc.RpcError) as caught:
-        answer = rpc(request, metadata=bearer(secret), timeout=30)
+        answer = rpc(request, metadata=metadata, timeout=30)
         if streams:
             list(answer)
-    detail = error_details(caught.value)
-    return caught.value.code(), detail.http_status, detail.error.code, detail.error.param or None
+    return caught.value
+
+
+def _grpc_error(channel, method: str, request: bytes, secret: str) -> tuple:
+    error = _refusal(channel, method, request, bearer(secret))
+    detail = error_details(error)
+    return error.code(), detail.http_status, detail.error.code, detail.error.param or None
 
 
 @pytest.mark.parametrize(("endpoint", "members", "status", "code", "param"), CASES,
@@ -163,3 +169,13 @@ def test_every_transport_refuses_a_body_alike(gateway, channel, endpoint, member
     assert _grpc_error(channel, http_rpc, raw, gateway.secret) == expected
     if (typed := _typed(request_class, body)) is not None:
         assert _grpc_error(channel, typed_rpc, typed.SerializeToString(), gateway.secret) == expected
+
+
+@pytest.mark.parametrize("method", ["ChatService/CreateChatCompletion", "ChatService/StreamChatCompletion"])
+def test_a_typed_body_without_a_key_hears_of_the_key_first(channel, method):
+    """api.md: a body that cannot be read is refused only once the key is found valid. A typed request with a NaN
+    (which JSON cannot hold, so only a typed caller can send) and no key was a 400 about the number, where REST and
+    every other typed refusal are the 401."""
+    request = chat_request()
+    request.temperature = float("nan")
+    assert _refusal(channel, method, request.SerializeToString()).code() == grpc.StatusCode.UNAUTHENTICATED
