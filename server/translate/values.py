@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from google.protobuf import json_format
+from google.protobuf import json_format, unknown_fields
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
@@ -250,6 +250,7 @@ def proto_to_json(message: Message) -> dict[str, Json]:
     A typed request can hold NaN or Infinity, which JSON cannot: json_format refuses one in a Value and prints one
     in a double field as a string ("NaN"), so either is a 400 naming it, as a REST body's is.
     """
+    _refuse_undeclared(message)
     try:
         body = _integral(json_format.MessageToDict(message, preserving_proto_field_name=True))
     except json_format.SerializeToJsonError:
@@ -290,22 +291,54 @@ def _not_finite(message: Message) -> InvalidRequest:
 
 def _first_not_finite(message: Message, path: str = "") -> tuple[str, float] | None:
     """The path (`logit_bias.5`, `tools[0].function.parameters.minimum`) and value of the first NaN or Infinity."""
+    for where, field, item in _items(message, path):
+        if field.cpp_type in _FLOAT_TYPES and not math.isfinite(item):
+            return where, item
+        if field.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE and (found := _first_not_finite(item, where)):
+            return found
+    return None
+
+
+def _refuse_undeclared(message: Message) -> None:
+    """A typed request holding fields this gateway's .proto files do not declare (from a stub generated from newer
+    files) is refused: json_format would drop them without a word, and their names, which an upstream would need,
+    are unknown here. Checked at C speed on a copy (~5 µs for a small request); only one that has some is walked."""
+    known = type(message)()
+    known.CopyFrom(message)
+    size = known.ByteSize()
+    known.DiscardUnknownFields()
+    if known.ByteSize() == size:
+        return
+    where, numbers, name = _first_undeclared(message) or ("", [], message.DESCRIPTOR.full_name)
+    holder = f"`{where}`" if where else "The request"
+    raise InvalidRequest(f"{holder} holds field number {', '.join(map(str, numbers))}, which this gateway's {name} "
+                         "does not declare (a stub generated from newer .proto files?): it is refused, not dropped.",
+                         param=where or None)
+
+
+def _first_undeclared(message: Message, path: str = "") -> tuple[str, list[int], str] | None:
+    """The path of the first message holding undeclared fields, their numbers and the message's type."""
+    if numbers := [field.field_number for field in unknown_fields.UnknownFieldSet(message)]:
+        return path, numbers, message.DESCRIPTOR.full_name
+    for where, field, item in _items(message, path):
+        if field.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE and (found := _first_undeclared(item, where)):
+            return found
+    return None
+
+
+def _items(message: Message, path: str):
+    """(path, field, value) for each value set in `message`: a repeated field's items and a map's values each on
+    their own, with their JSON paths (`messages[2]`, `logit_bias.5`)."""
     json_value = message.DESCRIPTOR.full_name in JSON_VALUES
     for field, value in message.ListFields():
-        here = path if json_value else f"{path}.{field.name}" if path else field.name
+        here = path if json_value else join(path, field.name)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            items = [(f"{here}.{key}", item) for key, item in value.items()]
-            field = field.message_type.fields_by_name["value"]
+            item_field = field.message_type.fields_by_name["value"]
+            yield from ((f"{here}.{key}", item_field, item) for key, item in value.items())
         elif field.is_repeated:
-            items = [(f"{here}[{i}]", item) for i, item in enumerate(value)]
+            yield from ((f"{here}[{i}]", field, item) for i, item in enumerate(value))
         else:
-            items = [(here, value)]
-        for where, item in items:
-            if field.cpp_type in _FLOAT_TYPES and not math.isfinite(item):
-                return where, item
-            if field.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE and (found := _first_not_finite(item, where)):
-                return found
-    return None
+            yield here, field, value
 
 
 def _integral(value):
