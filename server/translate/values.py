@@ -7,7 +7,9 @@ REST bodies reach the server raw and are parsed here once; typed gRPC requests a
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
 
 from google.protobuf import json_format, unknown_fields
@@ -30,7 +32,7 @@ def parse_body(data: bytes) -> dict[str, Json]:
     try:
         body = wire_json.loads(data)
     except wire_json.JSONDecodeError as exc:
-        raise InvalidRequest(_why_not_json(data, exc)) from None
+        raise _why_not_json(data, exc) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, got {type_name(body)}.")
     # Counting brackets is C-fast; only a body with enough of them is measured, and only one too deep is walked.
@@ -40,17 +42,48 @@ def parse_body(data: bytes) -> dict[str, Json]:
     return body
 
 
-def _why_not_json(data: bytes, exc: wire_json.JSONDecodeError) -> str:
+def _why_not_json(data: bytes, exc: wire_json.JSONDecodeError) -> InvalidRequest:
     """orjson's reason, but where it misleads: bad UTF-8 it calls "surrogates not allowed" at char 0, wherever the
-    byte is, and its own nesting limit (1,024 levels) is not the one callers are told of (MAX_DEPTH)."""
+    byte is, and its own nesting limit (1,024 levels) is not the one callers are told of (MAX_DEPTH). A string that
+    is not whole characters (a bad byte, or an escaped lone surrogate: a string cut inside an emoji) is named by its
+    path, as a typed gRPC request's is (server/services/undecodable.py)."""
     if exc.msg.startswith("depth limit exceeded"):
-        return f"The request body is nested more than {MAX_DEPTH} levels deep."
+        return InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep.")
     if "UTF-8" in exc.msg:
         try:
             data.decode()
         except UnicodeDecodeError as bad:
-            return f"Invalid JSON body: it is not valid UTF-8 (byte 0x{data[bad.start]:02x} at position {bad.start})."
-    return f"Invalid JSON body: {exc}."
+            return InvalidRequest(f"Invalid JSON body: it is not valid UTF-8 (byte 0x{data[bad.start]:02x} at "
+                                  f"position {bad.start}).", param=_broken_string(data.decode(errors="surrogateescape")))
+    if "surrogate" in exc.msg and (where := _broken_string(data.decode(errors="surrogateescape"))):
+        return InvalidRequest(f"Invalid JSON body: `{where}` holds half of a UTF-16 surrogate pair (a string cut "
+                              f"inside an emoji, say): {exc}.", param=where)
+    return InvalidRequest(f"Invalid JSON body: {exc}.")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _broken_string(text: str) -> str | None:
+    """The path of the first string of the JSON `text` holding a lone surrogate (an escaped one, or a byte that is
+    not UTF-8 decoded with surrogateescape), which the json module reads as it is; None when it is elsewhere (a
+    member's name at the top) or the text does not read. The path stops at an object whose member name is broken:
+    a param must be text (orjson writes no lone surrogate)."""
+    try:
+        stack: list[tuple[Json, str]] = [(json.loads(text), "")]
+    except (ValueError, RecursionError):
+        return None
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str) and _SURROGATE.search(node):
+            return path or None
+        if isinstance(node, dict):
+            if any(_SURROGATE.search(name) for name in node):
+                return path or None
+            stack.extend((value, join(path, name)) for name, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
 
 
 # JSON nesting below the body's object. As deep as the typed gRPC requests decode (their Struct values take two

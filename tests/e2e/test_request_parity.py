@@ -61,6 +61,10 @@ CASES = [  # endpoint, members over the base body, HTTP status, code, param
      400, "invalid_request", "messages[1].tool_calls[0].id"),
     ("chat", {"tools": [{"type": "function"}]}, 400, "invalid_request", "tools[0].function"),
     ("chat", {"tools": [{"type": "function", "function": {}}]}, 400, "invalid_request", "tools[0].function.name"),
+    ("chat", {"messages": [*HI, {"role": "user", "content": "cut \ud83d"}]}, 400, "invalid_request",
+     "messages[1].content"),  # a lone surrogate, as a string cut inside an emoji is escaped by json.dumps
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+     400, "invalid_request", "messages[0].content[0].text"),
     ("chat", {"temperature": 3}, 400, "invalid_request", "temperature"),
     ("chat", {"temperature": "hot"}, 400, "invalid_request", "temperature"),
     ("chat", {"top_p": 2}, 400, "invalid_request", "top_p"),
@@ -111,6 +115,7 @@ CASES = [  # endpoint, members over the base body, HTTP status, code, param
     ("count", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      400, "invalid_request", "tools[0].type"),
     ("images", {"prompt": DROP}, 400, "invalid_request", "prompt"),
+    ("images", {"prompt": "\ud800x"}, 400, "invalid_request", "prompt"),
     ("images", {"n": 11}, 400, "invalid_request", "n"),
     ("images", {"size": "100x100"}, 400, "invalid_request", "size"),
     ("images", {"background": "transparent", "output_format": "jpeg"}, 400, "invalid_request", "background"),
