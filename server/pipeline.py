@@ -16,6 +16,8 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+from google.protobuf.message import Message
+
 from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
@@ -96,9 +98,9 @@ class Pipeline:
     def catalog(self) -> Catalog:
         return self._catalog
 
-    async def read_body(self, context: CallContext, data: bytes | dict[str, Json], *,
+    async def read_body(self, context: CallContext, data: bytes | Message, *,
                         allow_x_api_key: bool = False) -> tuple[dict[str, Json], str]:
-        """A REST caller's raw body (parsed) or a typed request already turned into JSON, and its `model`. A body that
+        """A REST caller's raw body (parsed) or a typed request (as the same JSON), and its `model`. A body that
         cannot be read is refused only once the caller's key is found valid: a caller without one hears that instead
         (401, whatever the body)."""
         try:

@@ -24,7 +24,6 @@ from server.errors import PorticoError, UpstreamError
 from server.pipeline import Call, Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
-from server.translate.values import proto_to_json
 
 
 class Plan(Protocol):
@@ -90,12 +89,12 @@ class DialectServicer:
     # The three kinds of RPC, for every dialect: an adapter binds its RPC names to these.
 
     async def unary(self, request: Message, context) -> Message:
-        call, plan, header = await self._prepare(proto_to_json(request), context, stream=False)
+        call, plan, header = await self._prepare(request, context, stream=False)
         completion = await self._pipeline.complete(call, plan.generation)
         return _typed(self.answer(header, completion), self.response_type())
 
     async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
-        call, plan, header = await self._prepare(proto_to_json(request), context, stream=True)
+        call, plan, header = await self._prepare(request, context, stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for payload in self.stream_objects(header, events, plan):
                 yield _typed(payload, self.event_type())
@@ -138,9 +137,9 @@ class DialectServicer:
                     yield data
 
     async def _prepare(
-        self, data: bytes | dict, context, *, stream: bool | None = None
+        self, data: bytes | Message, context, *, stream: bool | None = None
     ) -> tuple[Call, Plan, ResponseHeader]:
-        """`data`: a REST caller's raw body, or a typed request turned into JSON."""
+        """`data`: a REST caller's raw body, or a typed request."""
         body, model = await self._pipeline.read_body(context, data, allow_x_api_key=self.allow_x_api_key)
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
         plan = self.plan(body, call, stream=stream)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 from google.api import httpbody_pb2
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from server.domain import Endpoint
@@ -16,7 +17,6 @@ from server.image_store import ImageStore
 from server.pipeline import Pipeline
 from server.render import json_body
 from server.translate.openai_images import image_request, images_response
-from server.translate.values import proto_to_json
 
 CONTENT_PIECE_BYTES = 1024 * 1024
 # The largest message the server sends (server/app.py's grpc option): multi-megabyte base64 images.
@@ -28,8 +28,8 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         self._pipeline = pipeline
         self._store = store
 
-    async def _generate(self, data: bytes | dict, context: grpc.aio.ServicerContext) -> dict:
-        """`data`: a REST caller's raw body, or a typed request turned into JSON."""
+    async def _generate(self, data: bytes | Message, context: grpc.aio.ServicerContext) -> dict:
+        """`data`: a REST caller's raw body, or a typed request."""
         body, model = await self._pipeline.read_body(context, data)
         call = await self._pipeline.begin(context, model, Endpoint.IMAGES)
         plan = image_request(body)
@@ -38,7 +38,7 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         return images_response(int(time.time()), plan, images, urls)
 
     async def CreateImage(self, request, context) -> image_pb2.ImagesResponse:
-        response = json_format.ParseDict(await self._generate(proto_to_json(request), context),
+        response = json_format.ParseDict(await self._generate(request, context),
                                          image_pb2.ImagesResponse())
         if (size := response.ByteSize()) > MAX_MESSAGE_BYTES:  # else grpc fails the call with its own words only
             raise UpstreamError(f"The images are {size / 2**20:.1f} MiB as one gRPC answer, more than the "

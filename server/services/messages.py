@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from google.api import httpbody_pb2
+from google.protobuf.message import Message
 
 from portico.v1 import message_pb2, message_service_pb2_grpc, message_tokens_pb2
 from server.domain import Endpoint, TokenCount
@@ -11,7 +12,6 @@ from server.render import anthropic_error_frame, anthropic_frames, json_body
 from server.services.dialect import DialectServicer
 from server.translate import internal_to_anthropic as to_anthropic
 from server.translate.anthropic_to_internal import count_request, message_request
-from server.translate.values import proto_to_json
 
 
 class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceServicer):
@@ -42,14 +42,14 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     CreateMessageHttpUnary = DialectServicer.http_unary
 
     async def CountMessageTokens(self, request, context) -> message_tokens_pb2.MessageTokensCount:
-        count = await self._count(proto_to_json(request), context)
+        count = await self._count(request, context)
         return message_tokens_pb2.MessageTokensCount(input_tokens=count.input_tokens)
 
     async def CountMessageTokensHttp(self, request: httpbody_pb2.HttpBody, context) -> httpbody_pb2.HttpBody:
         count = await self._count(request.data, context)
         return httpbody_pb2.HttpBody(content_type="application/json", data=json_body(to_anthropic.token_count(count)))
 
-    async def _count(self, data: bytes | dict, context) -> TokenCount:
+    async def _count(self, data: bytes | Message, context) -> TokenCount:
         """The same key, model and body checks as a message (the model must be served at /v1/messages)."""
         body, model = await self._pipeline.read_body(context, data, allow_x_api_key=True)
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=True)

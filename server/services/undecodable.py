@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from google.api import httpbody_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
 from server.errors import InvalidRequest, RequestTooLarge
+from server.translate.values import JSON_VALUES, join
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # envoy.yaml's max_request_bytes for REST bodies
 
@@ -44,23 +46,17 @@ def tolerant(deserializer: Callable[[bytes], Message] | None) -> Callable[[bytes
         try:
             return deserializer(raw)
         except (DecodeError, RecursionError) as exc:
-            param = _offending_field(message_class, raw) if isinstance(message_class, type) else None
-            nested = "nested too deeply" if "depth" in str(exc).lower() or isinstance(exc, RecursionError) else None
-            what = nested or ("not valid UTF-8" if _is_string(message_class, param) else
-                              "not a valid protobuf encoding")
+            nested = "depth" in str(exc).lower() or isinstance(exc, RecursionError)
+            found = _offending_field(message_class, raw, descend=not nested) if isinstance(message_class, type) \
+                else None
+            param, field = found or (None, None)
+            what = ("nested too deeply" if nested else
+                    "not valid UTF-8" if field is not None and field.type == FieldDescriptor.TYPE_STRING else
+                    "not a valid protobuf encoding")
             return Undecodable(InvalidRequest(f"The request could not be decoded: {param or 'a field'} is {what}.",
                                               param=param))
 
     return deserialize
-
-
-def _is_string(message_class: object, param: str | None) -> bool:
-    """Whether `param` names a string field, whose bytes fail to decode only when they are not UTF-8 (a REST
-    path's or query's %-escape, such as `/v1/models/%ff`, lands in one)."""
-    if not param or not isinstance(message_class, type):
-        return False
-    field = message_class.DESCRIPTOR.fields_by_name.get(param.split("[")[0])
-    return field is not None and field.type == FieldDescriptor.TYPE_STRING
 
 
 def _body_over_limit(raw: bytes) -> bool:
@@ -72,33 +68,50 @@ def _body_over_limit(raw: bytes) -> bool:
         return False
 
 
-def _offending_field(message_class: type[Message], raw: bytes) -> str | None:
-    """The first top-level field (with its index if repeated) that does not decode on its own."""
+def _offending_field(message_class: type[Message], raw: bytes, path: str = "", *,
+                     descend: bool = True) -> tuple[str | None, FieldDescriptor | None] | None:
+    """The path (`messages[1].content[0].text`) and descriptor of the innermost field that does not decode; None
+    when the framing itself is broken. Inside google.protobuf.Value, Struct and ListValue the path names JSON
+    members and items, as a REST caller's param does. `descend`: False names the top-level field only."""
     fields = message_class.DESCRIPTOR.fields_by_number
+    json_value = message_class.DESCRIPTOR.full_name in JSON_VALUES
     seen: dict[int, int] = {}
     try:
-        for number, chunk in _top_level_fields(raw):
+        for number, chunk, payload in _top_level_fields(raw):
             index = seen[number] = seen.get(number, -1) + 1
             try:
                 message_class.FromString(chunk)
+                continue
             except (DecodeError, RecursionError):
-                field = fields.get(number)
-                if field is None:
-                    return None
-                is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
-                if field.is_repeated and not is_map:
-                    return f"{field.name}[{index}]"
-                return field.name
+                pass
+            field = fields.get(number)
+            if field is None:
+                return path or None, None
+            here, inner = path if json_value else join(path, field.name), field.message_type
+            if inner is not None and inner.GetOptions().map_entry:  # keys are strings in Portico's messages
+                entry = {n: p for n, _, p in _top_level_fields(payload)}
+                try:
+                    here = join(here, entry.get(1, b"").decode())
+                except UnicodeDecodeError:
+                    return here, inner.fields_by_name["key"]
+                field, payload = inner.fields_by_name["value"], entry.get(2)
+                inner = field.message_type
+            elif field.is_repeated:
+                here = f"{here}[{index}]"
+            if descend and inner is not None and payload is not None:
+                return _offending_field(GetMessageClass(inner), payload, here) or (here, field)
+            return here, field
     except (IndexError, ValueError):
         return None  # the framing itself is broken: no field to name
     return None
 
 
-def _top_level_fields(raw: bytes) -> Iterator[tuple[int, bytes]]:
-    """(field number, the field's bytes with its tag) for each top-level field of a wire-format message."""
+def _top_level_fields(raw: bytes) -> Iterator[tuple[int, bytes, bytes | None]]:
+    """(field number, the field's bytes with its tag, its payload when length-delimited) for each top-level field
+    of a wire-format message."""
     pos = 0
     while pos < len(raw):
-        start = pos
+        start, payload = pos, None
         tag, pos = _varint(raw, pos)
         number, wire_type = tag >> 3, tag & 7
         if wire_type == 0:
@@ -107,6 +120,7 @@ def _top_level_fields(raw: bytes) -> Iterator[tuple[int, bytes]]:
             pos += 8
         elif wire_type == 2:
             length, pos = _varint(raw, pos)
+            payload = raw[pos:pos + length]
             pos += length
         elif wire_type == 5:
             pos += 4
@@ -114,7 +128,7 @@ def _top_level_fields(raw: bytes) -> Iterator[tuple[int, bytes]]:
             raise ValueError("groups are not used by Portico's messages")
         if pos > len(raw):
             raise ValueError("truncated")
-        yield number, raw[start:pos]
+        yield number, raw[start:pos], payload
 
 
 def _varint(raw: bytes, pos: int) -> tuple[int, int]:

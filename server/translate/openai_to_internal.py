@@ -172,13 +172,19 @@ def _call(call: Json, where: str, unread: list[Unread]) -> ToolCall | None:
     if kind not in (None, "function"):
         unread.append(Unread(f"{where}.type", f"Tool calls of type {kind[:40]!r} are not supported by this model."))
         return None
-    function = opt_object(call, "function", where) or {}
-    call_id, name = opt_string(call, "id", where), opt_string(function, "name", f"{where}.function")
-    if not call_id or not name:
-        missing = f"{where}.function.name" if call_id else f"{where}.id"
-        raise InvalidRequest(f"`{where}` needs an `id` and a `function.name`.", param=missing)
+    function = _required(opt_object(call, "function", where), f"{where}.function")
+    call_id = _required(opt_string(call, "id", where), f"{where}.id")
+    name = _required(opt_string(function, "name", f"{where}.function"), f"{where}.function.name")
     arguments = opt_string(function, "arguments", f"{where}.function")
     return ToolCall(id=call_id, name=name, arguments=arguments or "{}")
+
+
+def _required(value, param: str):
+    """`value`, unless it is absent (null) or an empty string: a 400 naming `param`, as OpenAI's API names the
+    missing member itself (`tools[0].function`, not a member inside it)."""
+    if value is None or value == "":
+        raise InvalidRequest(f"`{param}` is required.", param=param)
+    return value
 
 
 def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
@@ -193,11 +199,9 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         if kind != "function":  # custom (free-form input) tools and kinds the API adds: an upstream of this dialect's
             unread.append(Unread(f"{where}.type", f"Tools of type {kind[:40]!r} are not supported by this model."))
             continue
-        function = opt_object(tool, "function", where) or {}
+        function = _required(opt_object(tool, "function", where), f"{where}.function")
         opt_bool(function, "strict", f"{where}.function")
-        name = opt_string(function, "name", f"{where}.function")
-        if not name:
-            raise InvalidRequest(f"`{where}.function.name` is required.", param=f"{where}.function.name")
+        name = _required(opt_string(function, "name", f"{where}.function"), f"{where}.function.name")
         parameters = opt_object(function, "parameters", f"{where}.function") or {}
         description = opt_string(function, "description", f"{where}.function") or ""
         specs.append(ToolSpec(name=name, description=description, parameters=parameters))

@@ -60,7 +60,7 @@ def test_a_body_that_is_not_utf8_is_400_saying_where(http):
     error = _assert_error(http.post("/v1/chat/completions", content=body,
                                     headers={"content-type": "application/json"}), 400, "invalid_request")
     assert error["message"] == "Invalid JSON body: it is not valid UTF-8 (byte 0xe9 at position 71)."
-    assert error["param"] is None
+    assert error["param"] == "messages[0].content"  # the string, as a typed gRPC request's is named
 
 
 @pytest.mark.parametrize("opening", [b"[", b'{"a":'])

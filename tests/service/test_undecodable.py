@@ -103,3 +103,20 @@ async def test_the_rest_binding_caps_the_body_not_its_envelope(chat, secret):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         [_ async for _ in chat.CreateChatCompletionHttp(over, metadata=bearer(secret))]
     assert _too_large(caught.value) == (grpc.StatusCode.INVALID_ARGUMENT, 413, "request_too_large", "")
+
+
+@pytest.mark.parametrize(("message", "param"), [
+    (b"\x0a\x04us\xffr", "messages[1].role"),  # a string field of the message
+    (b"\x0a\x04user\x12\x05\x1a\x03h\xed\xa0", "messages[1].content"),  # a Value's string: a lone surrogate, as
+    # protobufjs encodes one (a JS string cut inside an emoji)
+    (b"\x0a\x04user\x12\x13\x32\x11\x0a\x0f\x2a\x0d\x0a\x0b\x0a\x04text\x12\x03\x1a\x01\xff",
+     "messages[1].content[0].text"),  # inside a list of parts: the JSON path, not the Value's own fields
+])
+async def test_a_string_that_is_not_utf8_is_named_by_its_path(channel, secret, message, param):
+    """A gRPC caller whose library sends a string that is not UTF-8 (protobufjs writes a lone surrogate as its
+    three bytes; C++ only logs it) was told `messages[1] is not a valid protobuf encoding`, as if the stub were
+    broken: the 400 names the string itself, as REST names a body's bad value, and says what is wrong with it."""
+    raw = chat_request(max_tokens=4).SerializeToString() + bytes([2 << 3 | 2, len(message)]) + message
+    detail = error_details(await _refusal(channel, secret, raw))
+    assert (detail.http_status, detail.error.param) == (400, param)
+    assert detail.error.message == f"The request could not be decoded: {param} is not valid UTF-8."
