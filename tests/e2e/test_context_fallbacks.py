@@ -32,6 +32,18 @@ ANTHROPIC_TOO_LONG = Cue(400, {"type": "error", "error": {
 LLAMA_SERVER_TOO_LONG = Cue(400, {"error": {
     "code": 400, "message": "request (9000 tokens) exceeds the available context size (8192 tokens)",
     "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192}})
+# Text Generation Inference (TGI): a 422 of its own shape, and inside a 200 stream an event with `http_status_code`.
+TGI_TOO_LONG = Cue(422, {
+    "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens "
+             "and 200 `max_new_tokens`", "error_type": "validation"})
+TGI_STREAM_TOO_LONG = Cue(200, headers={"content-type": "text/event-stream"}, frames=[
+    b'data: {"error":{"message":"Input validation error: `inputs` must have less than 4095 tokens. Given: 5000",'
+    b'"http_status_code":422}}\n\n', b"data: [DONE]\n\n"])
+# Ollama's OpenAI-compatible API, when the model's context shift is off.
+OLLAMA_TOO_LONG = Cue(400, {"error": {
+    "message": "the prompt is longer than the context length currently available to the model; shorten the prompt, "
+               "adjust the context length in settings, or use a model with a longer context length",
+    "type": "invalid_request_error", "param": None, "code": None}})
 UNAVAILABLE = Cue(503, {"error": {"message": "overloaded", "type": "server_error"}})
 BAD_ROLE = Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "invalid_request_error"}})
 
@@ -212,3 +224,25 @@ def test_a_key_granted_only_the_model_is_served_by_its_fallback(gateway, double)
     double.cue(OPENAI_TOO_LONG)
     answer = client.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
     assert answer.choices[0].message.content == "echo Say hello." and asked(double) == ["short-up", "long-up"]
+
+
+@pytest.mark.parametrize("cue", [TGI_TOO_LONG, TGI_STREAM_TOO_LONG, OLLAMA_TOO_LONG],
+                         ids=["tgi", "tgi-stream", "ollama"])
+def test_tgis_and_ollamas_refusals_of_a_prompt_too_long_are_ones_too(oai, double, cue):
+    """TGI's 422 (and its in-stream error) and Ollama's 400 say it in words of their own: the caller got a plain
+    `invalid_request` (TGI's stream: a 500 `upstream_error`), never handed to the fallback."""
+    stream = cue is TGI_STREAM_TOO_LONG
+    double.cue(cue)
+    answer = oai.chat.completions.create(model="short", messages=HELLO, max_tokens=8, stream=stream)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices) if stream else \
+        answer.choices[0].message.content
+    assert text == "echo Say hello."
+    assert asked(double) == ["short-up", "long-up"]
+    double.reset()
+    double.cue(cue)
+    with pytest.raises(openai.BadRequestError) as caught:
+        answer = oai.chat.completions.create(model="solo", messages=HELLO, max_tokens=8, stream=stream)
+        list(answer)
+    error = caught.value.body
+    assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
+    assert "context length" in error["message"] or "Input validation error" in error["message"]
