@@ -63,6 +63,8 @@ def models_yaml(url: str) -> str:
       - {{name: west, provider: {{{openai_kind}, model: west-up, retry: {FAST_RETRY}}}}}
     fallbacks: [long]
   - {{id: tiny, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, fallbacks: [long]}}
+  - {{id: tiny-priced, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, fallbacks: [long],
+      price: {{input: 100, output: 100}}}}
   - {{id: claude-short, endpoint: /v1/messages, provider: {{{claude}, model: claude-short-up, retry: {FAST_RETRY}}},
       fallbacks: [claude-long]}}
   - {{id: claude-long, endpoint: /v1/messages, provider: {{{claude}, model: claude-long-up}}}}
@@ -246,3 +248,19 @@ def test_tgis_and_ollamas_refusals_of_a_prompt_too_long_are_ones_too(oai, double
     error = caught.value.body
     assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
     assert "context length" in error["message"] or "Input validation error" in error["message"]
+
+
+@pytest.mark.parametrize("limit", [("--max-spend-day", "1"), ("--tpm", "10000")], ids=["budget", "tpm"])
+def test_a_prompt_too_long_for_the_embedded_model_is_reserved_as_its_fallback_may_count_it(gateway, double, limit):
+    """The embedded model counts a prompt too long for its window by its size alone, as at least bytes / 32 tokens
+    (llamacpp.count_tokens): the reservation of one its fallback then served held 2,200 tokens of a prompt the
+    fallback counted as 14,000, and a $1 budget was spent to $1.40 (a 10,000 tokens-per-minute limit to 14,000) by
+    one request. Now it is reserved as for an upstream, and refused as too large for the limit."""
+    configured = dataclasses.replace(gateway, config=gateway.data_dir.parent / "portico.yaml")
+    secret = configured.cli("keys", "create", "--name", "limited", "--all-models", *limit).stdout.split()[-1]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    long_prompt = [{"role": "user", "content": "word " * 14_000}]  # 70,000 bytes: 14,000 tokens upstream
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="tiny-priced", messages=long_prompt, max_tokens=8)
+    assert caught.value.body["message"].startswith("Request too large")
+    assert double.seen == []
