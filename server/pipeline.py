@@ -147,12 +147,16 @@ class Pipeline:
         # than by the provider, after the request was recorded as having reached a model. Not when the model has
         # fallbacks: one with a longer window may take it, after the embedded model refused it (the Router).
         window = self._context_windows.get(call.model.id)
-        if window is not None and not call.model.fallbacks and (overflow := context_overflow(prompt, window)):
-            # A 400 for the body, like a bad parameter's: never a cache question (such a prompt is never stored),
-            # so no x-portico-cache, access-log `cache` or lookup metric. Checked after the lookup so a hit pays for no
-            # token count.
-            call.record.cache = ""
-            raise overflow
+        if window is not None and (overflow := context_overflow(prompt, window)):
+            if not call.model.fallbacks:
+                # A 400 for the body, like a bad parameter's: never a cache question (such a prompt is never stored),
+                # so no x-portico-cache, access-log `cache` or lookup metric. Checked after the lookup so a hit pays
+                # for no token count.
+                call.record.cache = ""
+                raise overflow
+            # A fallback will serve it, counting it in its own tokens: reserved as for any upstream (the count here
+            # is the embedded model's, and of a prompt too long to tokenize only a lower bound).
+            prompt, counter = max(prompt, request.estimated_prompt_tokens()), None
         most_output = request.params.max_tokens
         if call.model.id in self._answer_windows:
             most_output = min(most_output, window - prompt)

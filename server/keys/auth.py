@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,7 +25,7 @@ from cachetools import LRUCache, TTLCache
 from server.db.database import RETRY_AFTER_SECONDS, StoreUnavailable
 from server.domain import ApiKey
 from server.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
-from server.keys.store import KeyStore, hash_secret
+from server.keys.store import SECRET_PREFIX, KeyStore, hash_secret
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -33,6 +34,14 @@ MISSING_KEY_MESSAGE = "You didn't provide an API key. Send it as `Authorization:
 MISSING_KEY_MESSAGE_X_API_KEY = ("You didn't provide an API key. Send it as `x-api-key: YOUR_KEY` or "
                                  "`Authorization: Bearer YOUR_KEY`.")
 MORE_THAN_ONE_KEY_MESSAGE = "Only one API key may be sent with a request, in one key header."
+# A key in the other header's form: said so, whether the key is right or not (the caller would otherwise check, or
+# rotate, a key that may be fine). Never quoting the key.
+X_API_KEY_WITH_SCHEME_MESSAGE = ("Malformed x-api-key header: it takes the key alone, without `Bearer `. Send it as "
+                                 "`x-api-key: YOUR_KEY`.")
+KEY_WITHOUT_SCHEME_MESSAGE = ("Malformed Authorization header: the key has no scheme before it. Send it as "
+                              "`Authorization: Bearer YOUR_KEY`.")
+# The form of the keys Portico makes (server/keys/store.py: `pk-`, an optional env, token_urlsafe).
+_KEY_FORM = re.compile(rf"{re.escape(SECRET_PREFIX)}[A-Za-z0-9_-]+")
 
 _logger = logging.getLogger(__name__)
 
@@ -173,7 +182,12 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
             scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer":
                 bearers.append(token.strip())
+            elif _KEY_FORM.fullmatch(value.strip()):
+                raise AuthenticationFailed(KEY_WITHOUT_SCHEME_MESSAGE)
         elif name == "x-api-key" and allow_x_api_key and isinstance(value, str):
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and _KEY_FORM.fullmatch(token.strip()):
+                raise AuthenticationFailed(X_API_KEY_WITH_SCHEME_MESSAGE)
             x_api_keys.append(value.strip())
     keys = [key for key in bearers + x_api_keys if key]
     # Envoy joins a repeated Authorization header into one value, with a comma: no key has one.

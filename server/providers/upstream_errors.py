@@ -70,8 +70,8 @@ def from_status(
                                      "check the gateway's configuration (its base_url).", retry_reason=reason)
     if status == 413:
         return RequestTooLarge(message, param=param, retry_reason=reason)
-    # Anthropic's words for it, or OpenAI's without its code (vLLM's `"code": 400`): the code frameworks catch.
-    if _ANTHROPIC_CONTEXT_ERROR.match(message) or (code is None and _OPENAI_CONTEXT_ERROR.search(message)):
+    # Other servers' words for it, or OpenAI's without its code (vLLM's `"code": 400`): the code frameworks catch.
+    if _CONTEXT_ERROR.search(message) or (code is None and _OPENAI_CONTEXT_ERROR.search(message)):
         code = CONTEXT_LENGTH_EXCEEDED
     if code == CONTEXT_LENGTH_EXCEEDED:
         param = param or "messages"
@@ -86,11 +86,17 @@ _ROW_CODES = frozenset(kind.code for kind in TABLE) - {InvalidRequest.kind.code}
 # OpenAI's words for a prompt over the context window ("This model's maximum context length is 8192 tokens.
 # However, ..."), which vLLM sends with "code": 400.
 _OPENAI_CONTEXT_ERROR = re.compile(r"maximum context length is \d+ tokens")
-# Anthropic's 400 for a prompt over the context window ("prompt is too long: 209353 tokens > 199999 maximum"), and for
-# a prompt and max_tokens over it together ("input length and `max_tokens` exceed context limit: 188240 + 21333 >
-# 200000, ...").
-_ANTHROPIC_CONTEXT_ERROR = re.compile(r"prompt is too long: \d+ tokens > \d+ maximum|input length and `max_tokens` "
-                                      r"exceed context limit: \d+ \+ \d+ > \d+")
+# Other servers' words for a prompt over the context window, whatever their code: Anthropic's 400 ("prompt is too long:
+# 209353 tokens > 199999 maximum", and for a prompt and max_tokens over it together "input length and `max_tokens`
+# exceed context limit: 188240 + 21333 > 200000, ..."), TGI's 422 ("Input validation error: `inputs` tokens +
+# `max_new_tokens` must be <= 4096. Given: ...", or "`inputs` must have less than 4095 tokens. Given: 5000") and
+# Ollama's 400 ("the prompt is longer than the context length currently available to the model; ...").
+_CONTEXT_ERROR = re.compile("|".join([
+    r"^prompt is too long: \d+ tokens > \d+ maximum",
+    r"^input length and `max_tokens` exceed context limit: \d+ \+ \d+",
+    r"^Input validation error: `inputs` (tokens \+ `max_new_tokens` must be <=|must have less than) \d+",
+    r"^the prompt is longer than the context length",
+]))
 # llama.cpp's server's type for it ("request (9000 tokens) exceeds the available context size (8192 tokens)", with
 # "code": 400), in words of its own.
 _LLAMA_SERVER_CONTEXT_ERROR = "exceed_context_size_error"
@@ -105,10 +111,12 @@ def from_stream_error(
     upstream_model: str | None = None,
 ) -> PorticoError:
     """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`). Its
-    status is the one its `code` names (vLLM's in-stream errors: `"code": 400`), else its Anthropic `type`'s."""
+    status is the one its `code` (vLLM's in-stream errors: `"code": 400`) or `http_status_code` (TGI's) names, else its
+    Anthropic `type`'s."""
     error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
-    code = error.get("code")
-    status = code if type(code) is int and 400 <= code <= 599 else ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
+    named = [value for value in (error.get("code"), error.get("http_status_code"))
+             if type(value) is int and 400 <= value <= 599]
+    status = named[0] if named else ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
     return from_status(status, wire_json.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
                        upstream_model=upstream_model, sent_status=False)
 

@@ -97,3 +97,43 @@ def test_an_x_api_key_with_such_a_space_says_so_where_it_is_read(gateway, value,
 def test_another_byte_in_or_for_the_key_is_still_an_invalid_key(gateway, value):
     response = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": value}, timeout=30)
     assert (response.status_code, response.json()["error"]["message"]) == (401, "Invalid API key.")
+
+
+MESSAGES = {"model": "family-b-haiku-4-5-20251001", "messages": HI, "max_tokens": 1}
+
+
+@pytest.mark.parametrize("value", ["Bearer {}", "bearer  {}", "Bearer pk-not-a-key-of-ours"])
+def test_an_x_api_key_with_the_bearer_scheme_says_the_header_takes_the_key_alone(gateway, value):
+    """`x-api-key: Bearer KEY` (the OpenAI-style value in Anthropic's header) was answered "Incorrect API key
+    provided.": a caller checked, or rotated, a key that was fine, where the header's form was wrong."""
+    sent = value.format(gateway.secret)
+    response = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": sent}, json=MESSAGES, timeout=30)
+    error = response.json()["error"]
+    assert (response.status_code, error["type"]) == (401, "authentication_error")
+    assert error["message"] == ("Malformed x-api-key header: it takes the key alone, without `Bearer `. Send it as "
+                                "`x-api-key: YOUR_KEY`.")
+    assert gateway.secret not in response.text
+
+
+def test_an_authorization_header_holding_a_key_without_its_scheme_says_so(gateway):
+    """`Authorization: KEY` was answered "You didn't provide an API key.": the caller did, without `Bearer `."""
+    for path, body in [("/v1/chat/completions", {"model": "family-a-5.5", "messages": HI, "max_tokens": 1}),
+                       ("/v1/messages", MESSAGES)]:
+        response = httpx.post(f"{gateway.base_url}{path}", headers={"authorization": gateway.secret}, json=body,
+                              timeout=30)
+        error = response.json()["error"]
+        assert (response.status_code, error["code"]) == (401, "invalid_api_key")
+        assert error["message"] == ("Malformed Authorization header: the key has no scheme before it. Send it as "
+                                    "`Authorization: Bearer YOUR_KEY`.")
+        assert gateway.secret not in response.text
+
+
+def test_what_holds_no_key_is_still_no_key_and_a_bare_x_api_key_still_works(gateway):
+    response = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": "Basic dXNlcjpwYXNz"}, timeout=30)
+    assert response.json()["error"]["message"].startswith("You didn't provide an API key.")
+    response = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": "Bearer"}, json=MESSAGES,
+                          timeout=30)
+    assert (response.status_code, response.json()["error"]["message"]) == (401, "Incorrect API key provided.")
+    response = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": gateway.secret}, json=MESSAGES,
+                          timeout=30)
+    assert response.status_code == 200, response.text

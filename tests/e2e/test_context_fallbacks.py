@@ -32,6 +32,18 @@ ANTHROPIC_TOO_LONG = Cue(400, {"type": "error", "error": {
 LLAMA_SERVER_TOO_LONG = Cue(400, {"error": {
     "code": 400, "message": "request (9000 tokens) exceeds the available context size (8192 tokens)",
     "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192}})
+# Text Generation Inference (TGI): a 422 of its own shape, and inside a 200 stream an event with `http_status_code`.
+TGI_TOO_LONG = Cue(422, {
+    "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens "
+             "and 200 `max_new_tokens`", "error_type": "validation"})
+TGI_STREAM_TOO_LONG = Cue(200, headers={"content-type": "text/event-stream"}, frames=[
+    b'data: {"error":{"message":"Input validation error: `inputs` must have less than 4095 tokens. Given: 5000",'
+    b'"http_status_code":422}}\n\n', b"data: [DONE]\n\n"])
+# Ollama's OpenAI-compatible API, when the model's context shift is off.
+OLLAMA_TOO_LONG = Cue(400, {"error": {
+    "message": "the prompt is longer than the context length currently available to the model; shorten the prompt, "
+               "adjust the context length in settings, or use a model with a longer context length",
+    "type": "invalid_request_error", "param": None, "code": None}})
 UNAVAILABLE = Cue(503, {"error": {"message": "overloaded", "type": "server_error"}})
 BAD_ROLE = Cue(400, {"error": {"message": "messages: bad role", "param": "messages", "type": "invalid_request_error"}})
 
@@ -51,6 +63,8 @@ def models_yaml(url: str) -> str:
       - {{name: west, provider: {{{openai_kind}, model: west-up, retry: {FAST_RETRY}}}}}
     fallbacks: [long]
   - {{id: tiny, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, fallbacks: [long]}}
+  - {{id: tiny-priced, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, fallbacks: [long],
+      price: {{input: 100, output: 100}}}}
   - {{id: claude-short, endpoint: /v1/messages, provider: {{{claude}, model: claude-short-up, retry: {FAST_RETRY}}},
       fallbacks: [claude-long]}}
   - {{id: claude-long, endpoint: /v1/messages, provider: {{{claude}, model: claude-long-up}}}}
@@ -212,3 +226,41 @@ def test_a_key_granted_only_the_model_is_served_by_its_fallback(gateway, double)
     double.cue(OPENAI_TOO_LONG)
     answer = client.chat.completions.create(model="short", messages=HELLO, max_tokens=8)
     assert answer.choices[0].message.content == "echo Say hello." and asked(double) == ["short-up", "long-up"]
+
+
+@pytest.mark.parametrize("cue", [TGI_TOO_LONG, TGI_STREAM_TOO_LONG, OLLAMA_TOO_LONG],
+                         ids=["tgi", "tgi-stream", "ollama"])
+def test_tgis_and_ollamas_refusals_of_a_prompt_too_long_are_ones_too(oai, double, cue):
+    """TGI's 422 (and its in-stream error) and Ollama's 400 say it in words of their own: the caller got a plain
+    `invalid_request` (TGI's stream: a 500 `upstream_error`), never handed to the fallback."""
+    stream = cue is TGI_STREAM_TOO_LONG
+    double.cue(cue)
+    answer = oai.chat.completions.create(model="short", messages=HELLO, max_tokens=8, stream=stream)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices) if stream else \
+        answer.choices[0].message.content
+    assert text == "echo Say hello."
+    assert asked(double) == ["short-up", "long-up"]
+    double.reset()
+    double.cue(cue)
+    with pytest.raises(openai.BadRequestError) as caught:
+        answer = oai.chat.completions.create(model="solo", messages=HELLO, max_tokens=8, stream=stream)
+        list(answer)
+    error = caught.value.body
+    assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
+    assert "context length" in error["message"] or "Input validation error" in error["message"]
+
+
+@pytest.mark.parametrize("limit", [("--max-spend-day", "1"), ("--tpm", "10000")], ids=["budget", "tpm"])
+def test_a_prompt_too_long_for_the_embedded_model_is_reserved_as_its_fallback_may_count_it(gateway, double, limit):
+    """The embedded model counts a prompt too long for its window by its size alone, as at least bytes / 32 tokens
+    (llamacpp.count_tokens): the reservation of one its fallback then served held 2,200 tokens of a prompt the
+    fallback counted as 14,000, and a $1 budget was spent to $1.40 (a 10,000 tokens-per-minute limit to 14,000) by
+    one request. Now it is reserved as for an upstream, and refused as too large for the limit."""
+    configured = dataclasses.replace(gateway, config=gateway.data_dir.parent / "portico.yaml")
+    secret = configured.cli("keys", "create", "--name", "limited", "--all-models", *limit).stdout.split()[-1]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    long_prompt = [{"role": "user", "content": "word " * 14_000}]  # 70,000 bytes: 14,000 tokens upstream
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="tiny-priced", messages=long_prompt, max_tokens=8)
+    assert caught.value.body["message"].startswith("Request too large")
+    assert double.seen == []
