@@ -108,6 +108,28 @@ def test_an_anthropic_upstream_receives_server_tools_beta_fields_and_the_beta_he
     assert seen.body == {**expected, "model": "claude-up", "stream": False}
 
 
+def test_a_typed_grpc_caller_sends_custom_and_server_tools_settings_as_a_rest_caller_does(gateway, claude, double):
+    """api.md: the typed requests hold every field of the passthrough tables, a custom tool's `strict` and
+    `input_examples` and server tools' settings included."""
+    location = {"type": "approximate", "city": "Oslo", "country": "NO"}
+    tools = [{**CUSTOM_TOOL, "defer_loading": True},
+             {**SEARCH_TOOL, "allowed_domains": ["met.no"], "user_location": location},
+             {"type": "web_fetch_20250910", "name": "web_fetch", "blocked_domains": ["x.example"],
+              "citations": {"enabled": True}, "max_content_tokens": 5000},
+             {"type": "computer_20250124", "name": "computer", "display_width_px": 1024, "display_height_px": 768,
+              "display_number": 1},
+             {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool", "max_characters": 10000}]
+    fields = {"model": "messages-claude", "max_tokens": 4, "tools": tools,
+              "messages": [{"role": "user", "content": "Oslo"}]}
+    claude.messages.create(**fields)
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        create = message_service_pb2_grpc.MessageServiceStub(channel).CreateMessage
+        create(json_format.ParseDict(fields, message_pb2.CreateMessageRequest()), metadata=bearer(gateway.secret))
+    rest, typed = double.seen
+    assert rest.body["tools"] == tools
+    assert typed.body["tools"] == tools
+
+
 def test_an_anthropic_stream_passes_the_body_and_several_betas(claude, double):
     with claude.beta.messages.stream(model="messages-claude", max_tokens=5, tools=[SEARCH_TOOL],
                                      betas=["a-2025-01-01", "b-2025-02-02"],
