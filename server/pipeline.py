@@ -20,7 +20,7 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
-    ApiKey, Completion, FinishReason, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
+    ApiKey, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
     Started, TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
 )
 from server.domain_images import GeneratedImage, ImageRequest
@@ -36,6 +36,7 @@ from server.providers import (
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
 from server.providers.router import refusal_of
+from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
 
 
@@ -190,8 +191,9 @@ class Pipeline:
             # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
             call.record.caller_left = watch.caller_left
-            if meter.finish is not None:
-                call.record.finish_reason = meter.finish.value
+            if meter.finished is not None:
+                caller = Dialect.ANTHROPIC if call.model.endpoint is Endpoint.MESSAGES else Dialect.OPENAI
+                call.record.finish_reason = sent_reason(meter.finished, caller, meter.upstream)
             used = 0
             if meter.started:
                 call.record.model_answered = True
@@ -416,11 +418,14 @@ class _Meter:
     deltas: int = 0
     chars: int = 0
     usage: Usage | None = None
-    finish: FinishReason | None = None
+    finished: Finished | None = None
+    upstream: Dialect | None = None  # the dialect of the last upstream object: the upstream that answered
 
     def record(self, event: GenerationEvent) -> None:
         self.started = True  # an upstream object counts nothing, but says a model was reached
-        if isinstance(event, Started):
+        if isinstance(event, UpstreamObject):
+            self.upstream = event.dialect
+        elif isinstance(event, Started):
             self.input_tokens = event.input_tokens
         elif isinstance(event, TextDelta):
             self.deltas += 1
@@ -429,7 +434,7 @@ class _Meter:
             self.chars += len(event.arguments)
         elif isinstance(event, Finished):
             self.usage = event.usage
-            self.finish = event.reason
+            self.finished = event
 
     def usage_so_far(self) -> Usage:
         if self.usage is not None:

@@ -24,6 +24,7 @@ from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, http_body
 from tests.otlp_receiver import OtlpReceiver
 from tests.upstream_double import Cue
+from tests.upstream_echo import echo_messages
 from tests.upstream_support import (
     UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, upstream_models, write_config,
 )
@@ -119,7 +120,7 @@ async def test_a_request_joins_the_callers_trace_through_admission_and_its_upstr
     assert attributes["gen_ai.request.model"] == attributes["gen_ai.response.model"] == "up-main"
     assert attributes["gen_ai.request.max_tokens"] == 20
     assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (2, 3)
-    assert attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)  # as the caller was told
     assert attributes["portico.key_id"] == key_id and attributes["portico.endpoint"] == CHAT
     assert (attributes["rpc.service"], attributes["rpc.method"]) == ("portico.v1.ChatService", "CreateChatCompletion")
     assert attributes["http.response.status_code"] == 200 and "error.type" not in attributes
@@ -150,7 +151,7 @@ async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, recei
 
     spans = await spans_of(receiver, trace_id)
     server = one(spans, kind="server")
-    assert server.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("stop",)
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
     assert 0 < server.attributes["portico.time_to_first_token_ms"] <= (server.end - server.start) / 1e6
     attempt = one(spans, kind="client")
@@ -280,7 +281,7 @@ async def test_the_embedded_model_has_a_generation_span(chat, running, receiver,
     assert generation.attributes["gen_ai.request.model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert generation.attributes["portico.queued_ms"] >= 0
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
-    assert server.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("length",)
 
 
 async def test_no_response_model_when_no_model_answered(chat, running, double, receiver, key):
@@ -433,3 +434,71 @@ async def test_a_stuck_collector_fills_the_bounded_queue_and_drops_are_counted(t
             dropped = server.telemetry.metrics.registry.get_sample_value("portico_trace_spans_dropped_total",
                                                                          {"reason": "queue_full"})
             assert dropped is not None and dropped >= 15 - 4 - 1  # the queue and the batch being sent survive
+
+
+def _received_reasons(bodies) -> list[str]:
+    """Every finish_reason / stop_reason the caller was sent, from a JSON answer or the data lines of a stream."""
+    found = []
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if name in ("finish_reason", "stop_reason") and isinstance(item, str):
+                    found.append(item)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for body in bodies:
+        data = body.data
+        if not data.startswith(b"{"):  # a stream's data lines ([DONE] included)
+            data = b"[%s]" % b",".join(line.removeprefix(b"data: ") for line in data.split(b"\n")
+                                       if line.startswith(b"data: {"))
+        walk(orjson.loads(data))
+    return found
+
+
+def _pause_turn(stream: bool) -> Cue:
+    """An Anthropic answer ending with a reason Portico has no name of its own for (a server tool's pause)."""
+    answer = echo_messages({"model": "claude-up", "max_tokens": 20, "messages": HELLO, "stream": stream})
+    if stream:
+        return Cue(frames=[frame.replace(b'"stop_reason":"end_turn"', b'"stop_reason":"pause_turn"')
+                           for frame in answer])
+    return Cue(body={**answer, "stop_reason": "pause_turn"})
+
+
+@pytest.mark.parametrize("model, stream, max_tokens, cue, reason", [
+    ("up-main", False, 20, None, "stop"),
+    ("up-main", True, 20, None, "stop"),
+    ("up-main", False, 2, None, "length"),
+    ("chat-on-anthropic", False, 20, None, "stop"),
+    ("chat-on-anthropic", True, 2, None, "length"),
+    ("embedded", True, 2, None, "length"),
+    ("messages-on-anthropic", False, 20, None, "end_turn"),
+    ("messages-on-anthropic", True, 2, None, "max_tokens"),
+    ("messages-on-openai", False, 20, None, "end_turn"),
+    ("messages-on-openai", True, 2, None, "max_tokens"),
+    ("messages-on-anthropic", False, 20, _pause_turn(False), "pause_turn"),
+    ("messages-on-anthropic", True, 20, _pause_turn(True), "pause_turn"),
+])
+async def test_finish_reasons_are_the_ones_the_caller_received(chat, messages, running, double, receiver, key,
+                                                                 model, stream, max_tokens, cue, reason):
+    """gen_ai.response.finish_reasons holds the provider's values as the caller got them (`stop`, `length` for a
+    chat caller; `end_turn`, `max_tokens`, ... for a Messages caller; an upstream's own value passed through), not
+    Portico's internal names."""
+    _, secret = key
+    if cue is not None:
+        double.cue(cue)
+    trace_id, _, traceparent = caller_context()
+    body = {"model": model, "max_tokens": max_tokens, "messages": HELLO, "stream": stream}
+    metadata = (*bearer(secret), traceparent)
+    service, name = (messages, "CreateMessage") if model.startswith("messages") else (chat, "CreateChatCompletion")
+    if stream:
+        bodies = [part async for part in getattr(service, name + "Http")(http_body(body), metadata=metadata)]
+    else:
+        bodies = [await getattr(service, name + "HttpUnary")(http_body(body), metadata=metadata)]
+    assert _received_reasons(bodies) == [reason]
+
+    server = one(await spans_of(receiver, trace_id), kind="server")
+    assert server.attributes["gen_ai.response.finish_reasons"] == (reason,)
