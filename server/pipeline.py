@@ -134,7 +134,7 @@ class Pipeline:
         if (refusal := refusal_of(provider, request)) is not None:
             raise refusal
         lookup = await self._lookup(call, request)
-        call.record.max_tokens = request.params.max_tokens
+        call.record.params = request.params
         if lookup is not None and lookup.events is not None:
             async with self._replay(call, lookup) as events:
                 yield events

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.domain import Endpoint
+from server.domain import Endpoint, SamplingParams
 from server.errors import PorticoError
 
 CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended
@@ -70,7 +70,7 @@ class RequestRecord:
     trace_id: str | None = None  # the W3C trace id: of the request's span, else of the caller's traceparent
     span: Any = None  # the request's OpenTelemetry span, when traces are on (server/observability/tracing.py)
     # For the span only (the metrics and the access log do not use them):
-    max_tokens: int | None = None
+    params: SamplingParams | None = None  # the request's settings (gen_ai.request.*)
     finish_reason: str = ""
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
     model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)

@@ -502,3 +502,25 @@ async def test_finish_reasons_are_the_ones_the_caller_received(chat, messages, r
 
     server = one(await spans_of(receiver, trace_id), kind="server")
     assert server.attributes["gen_ai.response.finish_reasons"] == (reason,)
+
+
+async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, messages, running, receiver, key):
+    """The gen_ai conventions' request settings, as the caller set them (none it did not set): an operator comparing
+    a slow or odd answer with its settings needs them; stop sequences are the caller's text and stay out."""
+    _, secret = key
+    asked, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, temperature=0.3, top_p=0.9, seed=7, frequency_penalty=0.5,
+              presence_penalty=-0.5, stop=["Secret-Stop"])
+    plain, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO, "top_k": 5}
+    await messages.CreateMessageHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+
+    attributes = one(await spans_of(receiver, asked), kind="server").attributes
+    assert attributes["gen_ai.request.temperature"] == 0.3 and attributes["gen_ai.request.top_p"] == 0.9
+    assert attributes["gen_ai.request.seed"] == 7
+    assert attributes["gen_ai.request.frequency_penalty"] == 0.5
+    assert attributes["gen_ai.request.presence_penalty"] == -0.5
+    assert "gen_ai.request.stop_sequences" not in attributes and b"Secret-Stop" not in b"".join(receiver.bodies)
+    attributes = one(await spans_of(receiver, plain), kind="server").attributes
+    assert attributes["gen_ai.request.top_k"] == 5 and attributes["gen_ai.request.max_tokens"] == 8
+    assert not {"gen_ai.request.temperature", "gen_ai.request.top_p", "gen_ai.request.seed"} & set(attributes)
