@@ -110,11 +110,15 @@ class Outcome:
     code: str = ""  # the error table's code; "" for success
     limit: str = ""  # for a rate-limit refusal: which limit, e.g. "requests_per_minute"
     scope: str = ""  # ... and on what: "key" or "key_model"
+    # The error object's code where it says more than the row's (context_length_exceeded, an upstream's own code): the
+    # trace's error.type. Never a label (metrics, logs and the ledger keep `code`, a bounded set).
+    caller_code: str = ""
 
     @classmethod
     def of_error(cls, error: PorticoError) -> Outcome:
         labels = error.metric_labels()
-        return cls(error.kind.http_status, error.kind.code, labels.get("limit", ""), labels.get("scope", ""))
+        return cls(error.kind.http_status, error.kind.code, labels.get("limit", ""), labels.get("scope", ""),
+                   error.code if error.code != error.kind.code else "")
 
     @classmethod
     def cancelled(cls) -> Outcome:

@@ -264,7 +264,7 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
     if record.first_token_seconds is not None:
         attributes["portico.time_to_first_token_ms"] = round(record.first_token_seconds * 1000, 1)
     if outcome.code:
-        attributes["error.type"] = outcome.code
+        attributes["error.type"] = outcome.caller_code or outcome.code  # the conventions: the provider's code
         attributes["portico.error.code"] = outcome.code
     if outcome.limit:
         attributes["portico.limit"] = outcome.limit

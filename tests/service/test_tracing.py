@@ -524,3 +524,31 @@ async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, mes
     attributes = one(await spans_of(receiver, plain), kind="server").attributes
     assert attributes["gen_ai.request.top_k"] == 5 and attributes["gen_ai.request.max_tokens"] == 8
     assert not {"gen_ai.request.temperature", "gen_ai.request.top_p", "gen_ai.request.seed"} & set(attributes)
+
+
+async def test_a_prompt_over_the_window_says_so_on_its_spans(chat, running, double, receiver, key):
+    """error.type is the code the caller was given (the conventions: the provider's error code), so a fallback taken
+    for a prompt over a model's context window reads as that, not as a bare invalid_request; portico.error.code
+    keeps the error table's row."""
+    _, secret = key
+    over = {"error": {"message": "This model's maximum context length is 10 tokens", "type": "invalid_request_error",
+                      "code": "context_length_exceeded", "param": "messages"}}
+    double.cue(Cue(400, over))
+    fell_back, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent)  # up-main refuses it; up-backup answers
+    double.cue(Cue(400, over))
+    refused, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, secret, traceparent, model="up-solo")
+    assert '"code":"context_length_exceeded"' in dict(caught.value.trailing_metadata())["portico-error"]
+
+    spans = await spans_of(receiver, fell_back)
+    failed, answered = sorted((s for s in spans if s.kind == "client"), key=lambda s: s.start)
+    assert failed.error and failed.attributes["error.type"] == "context_length_exceeded"
+    assert failed.attributes["portico.error.code"] == "invalid_request"
+    assert answered.attributes["portico.fallback"] and "error.type" not in one(spans, kind="server").attributes
+    spans = await spans_of(receiver, refused)
+    server = one(spans, kind="server")
+    assert server.attributes["error.type"] == "context_length_exceeded"
+    assert server.attributes["portico.error.code"] == "invalid_request"
+    assert one(spans, kind="client").attributes["error.type"] == "context_length_exceeded"
