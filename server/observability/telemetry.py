@@ -220,14 +220,16 @@ def _ids(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, str | None]:
     return request_id or uuid.uuid4().hex, trace_id  # no x-request-id: a direct gRPC caller, not through Envoy
 
 
-# The conventions' gen_ai.request.* settings a caller may set; not stop sequences, which are the caller's text.
-_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
+# The conventions' gen_ai.request.* settings a caller may set, with their types there (a caller's `"temperature": 1`
+# is still a double: backends index an attribute by its type); not stop sequences, which are the caller's text.
+_SETTINGS = (("max_tokens", int), ("temperature", float), ("top_p", float), ("top_k", float), ("seed", int),
+             ("frequency_penalty", float), ("presence_penalty", float))
 
 
 def _request_settings(params: SamplingParams, attributes: dict) -> None:
-    for name in _SETTINGS:
+    for name, kind in _SETTINGS:
         if (value := getattr(params, name)) is not None:  # None: the caller did not set it
-            attributes["gen_ai.request." + name] = value
+            attributes["gen_ai.request." + name] = kind(value)
 
 
 def _end_span(record: RequestRecord, outcome: Outcome) -> None:

@@ -512,7 +512,7 @@ async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, mes
     await ask(chat, secret, traceparent, temperature=0.3, top_p=0.9, seed=7, frequency_penalty=0.5,
               presence_penalty=-0.5, stop=["Secret-Stop"])
     plain, _, traceparent = caller_context()
-    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO, "top_k": 5}
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO, "top_k": 5, "temperature": 1}
     await messages.CreateMessageHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
 
     attributes = one(await spans_of(receiver, asked), kind="server").attributes
@@ -523,7 +523,10 @@ async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, mes
     assert "gen_ai.request.stop_sequences" not in attributes and b"Secret-Stop" not in b"".join(receiver.bodies)
     attributes = one(await spans_of(receiver, plain), kind="server").attributes
     assert attributes["gen_ai.request.top_k"] == 5 and attributes["gen_ai.request.max_tokens"] == 8
-    assert not {"gen_ai.request.temperature", "gen_ai.request.top_p", "gen_ai.request.seed"} & set(attributes)
+    # The conventions' types: a double even when the caller wrote an integer (backends index attributes by type).
+    assert isinstance(attributes["gen_ai.request.temperature"], float)
+    assert isinstance(attributes["gen_ai.request.top_k"], float)
+    assert not {"gen_ai.request.top_p", "gen_ai.request.seed"} & set(attributes)
 
 
 async def test_a_prompt_over_the_window_says_so_on_its_spans(chat, running, double, receiver, key):
