@@ -384,6 +384,7 @@ def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_i
     record = call.record
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images
+    record.cache_write_tokens = cache_write_tokens
     record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images,
                                                cache_write_tokens)
 

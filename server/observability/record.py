@@ -79,6 +79,7 @@ class RequestRecord:
     # For the usage ledger (server/usage): a request that reached admission gets one row, whatever its end.
     admitted: bool = False
     cached_input_tokens: int = 0
+    cache_write_tokens: int = 0  # the part of input_tokens written to the upstream's prompt cache (the span only)
     images: int = 0
     cost_micros: int = 0  # settled cost in micro-dollars
     ledger_id: str = ""  # its row's id, given when it was handed to its model (the spool's mark has it too)

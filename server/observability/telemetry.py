@@ -259,6 +259,10 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
     if record.input_tokens or record.output_tokens:
         attributes["gen_ai.usage.input_tokens"] = record.input_tokens
         attributes["gen_ai.usage.output_tokens"] = record.output_tokens
+    if record.cached_input_tokens:
+        attributes["gen_ai.usage.cache_read.input_tokens"] = record.cached_input_tokens
+    if record.cache_write_tokens:
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = record.cache_write_tokens
     if record.finish_reason:
         attributes["gen_ai.response.finish_reasons"] = (record.finish_reason,)
     if record.upstream_attempts:

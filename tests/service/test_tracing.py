@@ -555,3 +555,20 @@ async def test_a_prompt_over_the_window_says_so_on_its_spans(chat, running, doub
     assert server.attributes["error.type"] == "context_length_exceeded"
     assert server.attributes["portico.error.code"] == "invalid_request"
     assert one(spans, kind="client").attributes["error.type"] == "context_length_exceeded"
+
+
+async def test_prompt_cache_tokens_are_on_the_request_span(messages, running, double, receiver, key):
+    """The conventions' cache_read / cache_creation input tokens, from an upstream's prompt cache; input_tokens is
+    the whole prompt, as the conventions ask."""
+    _, secret = key
+    answer = echo_messages({"model": "claude-up", "max_tokens": 20, "messages": HELLO})
+    usage = {"input_tokens": 2, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 30, "output_tokens": 3}
+    double.cue(Cue(body={**answer, "usage": usage}))
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 20, "messages": HELLO}
+    await messages.CreateMessageHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+
+    attributes = one(await spans_of(receiver, trace_id), kind="server").attributes
+    assert attributes["gen_ai.usage.input_tokens"] == 132
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert attributes["gen_ai.usage.cache_creation.input_tokens"] == 30
