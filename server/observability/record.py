@@ -72,6 +72,7 @@ class RequestRecord:
     # For the span only (the metrics and the access log do not use them):
     params: SamplingParams | None = None  # the request's settings (gen_ai.request.*)
     finish_reason: str = ""
+    response_id: str = ""  # the id the caller's answer carries (chatcmpl-..., msg_...)
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
     model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several

@@ -263,6 +263,8 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
         attributes["gen_ai.usage.cache_read.input_tokens"] = record.cached_input_tokens
     if record.cache_write_tokens:
         attributes["gen_ai.usage.cache_creation.input_tokens"] = record.cache_write_tokens
+    if record.response_id and outcome.status == 200:  # the caller got an answer with this id
+        attributes["gen_ai.response.id"] = record.response_id
     if record.finish_reason:
         attributes["gen_ai.response.finish_reasons"] = (record.finish_reason,)
     if record.upstream_attempts:

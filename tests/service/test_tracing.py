@@ -572,3 +572,25 @@ async def test_prompt_cache_tokens_are_on_the_request_span(messages, running, do
     assert attributes["gen_ai.usage.input_tokens"] == 132
     assert attributes["gen_ai.usage.cache_read.input_tokens"] == 100
     assert attributes["gen_ai.usage.cache_creation.input_tokens"] == 30
+
+
+async def test_the_answers_id_is_on_the_request_span(chat, messages, running, receiver, key):
+    """gen_ai.response.id is the id the caller's answer carries, so a caller quoting it leads to the trace."""
+    _, secret = key
+    answered, _, traceparent = caller_context()
+    body = {"model": "up-main", "messages": HELLO}
+    answer = await chat.CreateChatCompletionHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+    streamed, _, traceparent = caller_context()
+    body = {"model": "messages-on-openai", "max_tokens": 8, "messages": HELLO, "stream": True}
+    parts = [part.data async for part in messages.CreateMessageHttp(http_body(body), metadata=(*bearer(secret),
+                                                                                               traceparent))]
+    started = next(line for line in b"".join(parts).split(b"\n") if line.startswith(b"data: {\"type\":\"message_start"))
+
+    server = one(await spans_of(receiver, answered), kind="server")
+    assert server.attributes["gen_ai.response.id"] == orjson.loads(answer.data)["id"]
+    server = one(await spans_of(receiver, streamed), kind="server")
+    assert server.attributes["gen_ai.response.id"] == orjson.loads(started[6:])["message"]["id"]
+    refused, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await ask(chat, secret, traceparent, temperature=5)
+    assert "gen_ai.response.id" not in one(await spans_of(receiver, refused), kind="server").attributes
