@@ -191,9 +191,7 @@ class Pipeline:
             # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
             call.record.caller_left = watch.caller_left
-            if meter.finished is not None:
-                caller = Dialect.ANTHROPIC if call.model.endpoint is Endpoint.MESSAGES else Dialect.OPENAI
-                call.record.finish_reason = sent_reason(meter.finished, caller, meter.upstream)
+            _note_finish(call, meter)
             used = 0
             if meter.started:
                 call.record.model_answered = True
@@ -227,6 +225,10 @@ class Pipeline:
         except BaseException:
             call.record.cache = "miss"  # the refusal did not come from the cache (its header says so too)
             raise
+        replayed = _Meter(prompt_estimate=0, most_output=0)
+        for event in lookup.events:
+            replayed.record(event)
+        _note_finish(call, replayed)  # the caller is told how the cached answer ended, as it was first told
         try:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
@@ -387,6 +389,13 @@ def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_i
     record.cache_write_tokens = cache_write_tokens
     record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images,
                                                cache_write_tokens)
+
+
+def _note_finish(call: Call, meter: _Meter) -> None:
+    """How the answer ended, as its caller was told (the request span's gen_ai.response.finish_reasons)."""
+    if meter.finished is not None:
+        caller = Dialect.ANTHROPIC if call.model.endpoint is Endpoint.MESSAGES else Dialect.OPENAI
+        call.record.finish_reason = sent_reason(meter.finished, caller, meter.upstream)
 
 
 async def _send_headers(call: Call, reservation: Reservation, extra: tuple[str, str] | None = None) -> None:

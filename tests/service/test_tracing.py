@@ -318,6 +318,7 @@ async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, recei
         assert server.attributes["portico.cache"] == cache
         assert server.attributes["gen_ai.request.model"] == "up-cached"
         assert server.attributes["gen_ai.request.max_tokens"] == 20
+        assert server.attributes["gen_ai.response.finish_reasons"] == ("stop",)  # a hit's caller is told it too
         assert one(spans, name="admission").parent_id == server.span_id
     hit = one(traces[1], kind="server")
     assert not [s for s in traces[1] if s.kind == "client"]  # no upstream was asked
