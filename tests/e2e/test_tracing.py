@@ -129,7 +129,8 @@ def test_each_sdk_callers_span_says_what_it_was_told(tmp_path, upstream_key):
             ).messages.create(model="up-messages", messages=HI, max_tokens=20)
 
             (chat,) = [s for s in receiver.wait_for_trace(chat_trace) if s.kind == "server"]
-            assert chat.attributes["gen_ai.response.finish_reasons"] == (answer.choices[0].finish_reason,) == ("length",)
+            reasons = chat.attributes["gen_ai.response.finish_reasons"]
+            assert reasons == (answer.choices[0].finish_reason,) == ("length",)
             assert chat.attributes["gen_ai.response.id"] == answer.id
             assert chat.attributes["gen_ai.request.temperature"] == 1.0
             (messages,) = [s for s in receiver.wait_for_trace(messages_trace) if s.kind == "server"]
