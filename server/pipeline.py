@@ -135,6 +135,7 @@ class Pipeline:
             raise refusal
         lookup = await self._lookup(call, request)
         call.record.params = request.params
+        call.record.output_type = "json" if request.json_output else ""
         if lookup is not None and lookup.events is not None:
             async with self._replay(call, lookup) as events:
                 yield events
@@ -341,6 +342,7 @@ class Pipeline:
         if (refusal := image_unsupported(request, capabilities_of(provider))) is not None:
             raise refusal
         call.record.admitted = True
+        call.record.output_type = "image"
         cost = call.model.price.cost(images=request.n)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)

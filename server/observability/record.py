@@ -73,6 +73,7 @@ class RequestRecord:
     params: SamplingParams | None = None  # the request's settings (gen_ai.request.*)
     finish_reason: str = ""
     response_id: str = ""  # the id the caller's answer carries (chatcmpl-..., msg_...)
+    output_type: str = ""  # what the caller asked to get, where it asked: "json", "image" (gen_ai.output.type)
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
     model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several

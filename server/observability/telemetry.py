@@ -254,6 +254,8 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
         attributes["gen_ai.response.model"] = record.answered_by or record.model
     if record.params is not None:
         _request_settings(record.params, attributes)
+    if record.output_type:
+        attributes["gen_ai.output.type"] = record.output_type
     if record.cache:
         attributes["portico.cache"] = record.cache
     if record.input_tokens or record.output_tokens:

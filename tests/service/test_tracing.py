@@ -213,6 +213,7 @@ async def test_an_image_request_is_traced_as_content_generation(channel, running
     server = one(spans, kind="server")
     assert server.name == "generate_content images-up"
     assert server.attributes["gen_ai.operation.name"] == "generate_content"
+    assert server.attributes["gen_ai.output.type"] == "image"  # conditionally required by the conventions
     attempt = one(spans, kind="client")
     assert attempt.name == "generate_content image-up" and attempt.parent_id == server.span_id
     assert one(spans, name="admission").attributes["portico.tokens_reserved"] == 0
@@ -527,7 +528,10 @@ async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, mes
     # The conventions' types: a double even when the caller wrote an integer (backends index attributes by type).
     assert isinstance(attributes["gen_ai.request.temperature"], float)
     assert isinstance(attributes["gen_ai.request.top_k"], float)
-    assert not {"gen_ai.request.top_p", "gen_ai.request.seed"} & set(attributes)
+    assert not {"gen_ai.request.top_p", "gen_ai.request.seed", "gen_ai.output.type"} & set(attributes)
+    json_asked, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, response_format={"type": "json_object"})
+    assert one(await spans_of(receiver, json_asked), kind="server").attributes["gen_ai.output.type"] == "json"
 
 
 async def test_a_prompt_over_the_window_says_so_on_its_spans(chat, running, double, receiver, key):
