@@ -386,6 +386,9 @@ class Finished:
     reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+    # The upstream's own word for it ("stop", "pause_turn", ...): what a caller of its dialect is sent, the answer
+    # being relayed; "" from the embedded model.
+    upstream_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

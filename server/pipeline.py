@@ -22,7 +22,7 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff, Watch
 from server.domain import (
-    ApiKey, Completion, FinishReason, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
+    ApiKey, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
     Started, TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
 )
 from server.domain_images import GeneratedImage, ImageRequest
@@ -38,6 +38,7 @@ from server.providers import (
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
 from server.providers.router import refusal_of
+from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
 
 
@@ -135,7 +136,8 @@ class Pipeline:
         if (refusal := refusal_of(provider, request)) is not None:
             raise refusal
         lookup = await self._lookup(call, request)
-        call.record.max_tokens = request.params.max_tokens
+        call.record.params = request.params
+        call.record.output_type = "json" if request.json_output else ""
         if lookup is not None and lookup.events is not None:
             async with self._replay(call, lookup) as events:
                 yield events
@@ -196,8 +198,7 @@ class Pipeline:
             # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
             call.record.caller_left = watch.caller_left
-            if meter.finish is not None:
-                call.record.finish_reason = meter.finish.value
+            _note_finish(call, meter)
             used = 0
             if meter.started:
                 call.record.model_answered = True
@@ -231,6 +232,10 @@ class Pipeline:
         except BaseException:
             call.record.cache = "miss"  # the refusal did not come from the cache (its header says so too)
             raise
+        replayed = _Meter(prompt_estimate=0, most_output=0)
+        for event in lookup.events:
+            replayed.record(event)
+        _note_finish(call, replayed)  # the caller is told how the cached answer ended, as it was first told
         try:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
@@ -343,6 +348,7 @@ class Pipeline:
         if (refusal := image_unsupported(request, capabilities_of(provider))) is not None:
             raise refusal
         call.record.admitted = True
+        call.record.output_type = "image"
         cost = call.model.price.cost(images=request.n)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
@@ -388,8 +394,16 @@ def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_i
     record = call.record
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images
+    record.cache_write_tokens = cache_write_tokens
     record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images,
                                                cache_write_tokens)
+
+
+def _note_finish(call: Call, meter: _Meter) -> None:
+    """How the answer ended, as its caller was told (the request span's gen_ai.response.finish_reasons)."""
+    if meter.finished is not None:
+        caller = Dialect.ANTHROPIC if call.model.endpoint is Endpoint.MESSAGES else Dialect.OPENAI
+        call.record.finish_reason = sent_reason(meter.finished, caller, meter.upstream)
 
 
 async def _send_headers(call: Call, reservation: Reservation, extra: tuple[str, str] | None = None) -> None:
@@ -422,11 +436,14 @@ class _Meter:
     deltas: int = 0
     chars: int = 0
     usage: Usage | None = None
-    finish: FinishReason | None = None
+    finished: Finished | None = None
+    upstream: Dialect | None = None  # the dialect of the last upstream object: the upstream that answered
 
     def record(self, event: GenerationEvent) -> None:
         self.started = True  # an upstream object counts nothing, but says a model was reached
-        if isinstance(event, Started):
+        if isinstance(event, UpstreamObject):
+            self.upstream = event.dialect
+        elif isinstance(event, Started):
             self.input_tokens = event.input_tokens
         elif isinstance(event, TextDelta):
             self.deltas += 1
@@ -435,7 +452,7 @@ class _Meter:
             self.chars += len(event.arguments)
         elif isinstance(event, Finished):
             self.usage = event.usage
-            self.finish = event.reason
+            self.finished = event
 
     def usage_so_far(self) -> Usage:
         if self.usage is not None:

@@ -38,7 +38,7 @@ def _encoded(event: GenerationEvent) -> list:
     if isinstance(event, Finished):
         usage = event.usage
         return ["f", event.reason.value, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens,
-                event.stop_sequence]
+                event.stop_sequence, event.upstream_reason]
     raise TypeError(f"cannot cache a {type(event).__name__}")
 
 
@@ -55,5 +55,6 @@ def _decoded(item: list) -> GenerationEvent:
     if tag == "a":
         return ToolCallDelta(item[1], item[2])
     if tag == "f":
-        return Finished(FinishReason(item[1]), Usage(item[2], item[3], item[4]), item[5])
+        # An entry stored before upstream reasons were kept has none (item[6]).
+        return Finished(FinishReason(item[1]), Usage(item[2], item[3], item[4]), item[5], *item[6:7])
     raise ValueError(f"unknown cached event {tag!r}")

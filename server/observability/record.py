@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.domain import Endpoint
+from server.domain import Endpoint, SamplingParams
 from server.errors import PorticoError
 
 CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended
@@ -70,8 +70,10 @@ class RequestRecord:
     trace_id: str | None = None  # the W3C trace id: of the request's span, else of the caller's traceparent
     span: Any = None  # the request's OpenTelemetry span, when traces are on (server/observability/tracing.py)
     # For the span only (the metrics and the access log do not use them):
-    max_tokens: int | None = None
+    params: SamplingParams | None = None  # the request's settings (gen_ai.request.*)
     finish_reason: str = ""
+    response_id: str = ""  # the id the caller's answer carries (chatcmpl-..., msg_...)
+    output_type: str = ""  # what the caller asked to get, where it asked: "json", "image" (gen_ai.output.type)
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
     model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several
@@ -79,6 +81,7 @@ class RequestRecord:
     # For the usage ledger (server/usage): a request that reached admission gets one row, whatever its end.
     admitted: bool = False
     cached_input_tokens: int = 0
+    cache_write_tokens: int = 0  # the part of input_tokens written to the upstream's prompt cache (the span only)
     images: int = 0
     cost_micros: int = 0  # settled cost in micro-dollars
     ledger_id: str = ""  # its row's id, given when it was handed to its model (the spool's mark has it too)
@@ -110,11 +113,15 @@ class Outcome:
     code: str = ""  # the error table's code; "" for success
     limit: str = ""  # for a rate-limit refusal: which limit, e.g. "requests_per_minute"
     scope: str = ""  # ... and on what: "key" or "key_model"
+    # The error object's code where it says more than the row's (context_length_exceeded, an upstream's own code): the
+    # trace's error.type. Never a label (metrics, logs and the ledger keep `code`, a bounded set).
+    caller_code: str = ""
 
     @classmethod
     def of_error(cls, error: PorticoError) -> Outcome:
         labels = error.metric_labels()
-        return cls(error.kind.http_status, error.kind.code, labels.get("limit", ""), labels.get("scope", ""))
+        return cls(error.kind.http_status, error.kind.code, labels.get("limit", ""), labels.get("scope", ""),
+                   error.code if error.code != error.kind.code else "")
 
     @classmethod
     def cancelled(cls) -> Outcome:

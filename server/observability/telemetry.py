@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from server.config_tracing import TracingSettings
-from server.domain import ApiKey
+from server.domain import ApiKey, SamplingParams
 from server.errors import redact_secrets
 from server.observability.access_log import AccessLog
 from server.observability.metrics import Metrics
@@ -220,13 +220,25 @@ def _ids(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, str | None]:
     return request_id or uuid.uuid4().hex, trace_id  # no x-request-id: a direct gRPC caller, not through Envoy
 
 
+# The conventions' gen_ai.request.* settings a caller may set, with their types there (a caller's `"temperature": 1`
+# is still a double: backends index an attribute by its type); not stop sequences, which are the caller's text.
+_SETTINGS = (("max_tokens", int), ("temperature", float), ("top_p", float), ("top_k", float), ("seed", int),
+             ("frequency_penalty", float), ("presence_penalty", float))
+
+
+def _request_settings(params: SamplingParams, attributes: dict) -> None:
+    for name, kind in _SETTINGS:
+        if (value := getattr(params, name)) is not None:  # None: the caller did not set it
+            attributes["gen_ai.request." + name] = kind(value)
+
+
 def _end_span(record: RequestRecord, outcome: Outcome) -> None:
     """The request's span gets what the request turned out to be, in the gen_ai conventions' names where they
     have one, and ends. Only ids, labels, counts and codes: nothing a caller or a model wrote."""
     span = record.span
     operation = OPERATIONS.get(record.endpoint)
     service, _, method = record.rpc.partition("/")
-    attributes: dict[str, str | int | Sequence[str]] = {
+    attributes: dict[str, str | int | float | Sequence[str]] = {
         "portico.endpoint": record.endpoint, "portico.request_id": record.request_id, "rpc.system": "grpc",
         "rpc.service": "portico.v1." + service, "rpc.method": method, "http.response.status_code": outcome.status,
     }
@@ -240,13 +252,21 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
             span.update_name(f"{operation} {record.model}")
     if record.model_answered:  # not for a refusal, a request every upstream failed, a cache hit
         attributes["gen_ai.response.model"] = record.answered_by or record.model
-    if record.max_tokens is not None:
-        attributes["gen_ai.request.max_tokens"] = record.max_tokens
+    if record.params is not None:
+        _request_settings(record.params, attributes)
+    if record.output_type:
+        attributes["gen_ai.output.type"] = record.output_type
     if record.cache:
         attributes["portico.cache"] = record.cache
     if record.input_tokens or record.output_tokens:
         attributes["gen_ai.usage.input_tokens"] = record.input_tokens
         attributes["gen_ai.usage.output_tokens"] = record.output_tokens
+    if record.cached_input_tokens:
+        attributes["gen_ai.usage.cache_read.input_tokens"] = record.cached_input_tokens
+    if record.cache_write_tokens:
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = record.cache_write_tokens
+    if record.response_id and outcome.status == 200:  # the caller got an answer with this id
+        attributes["gen_ai.response.id"] = record.response_id
     if record.finish_reason:
         attributes["gen_ai.response.finish_reasons"] = (record.finish_reason,)
     if record.upstream_attempts:
@@ -254,7 +274,7 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
     if record.first_token_seconds is not None:
         attributes["portico.time_to_first_token_ms"] = round(record.first_token_seconds * 1000, 1)
     if outcome.code:
-        attributes["error.type"] = outcome.code
+        attributes["error.type"] = outcome.caller_code or outcome.code  # the conventions: the provider's code
         attributes["portico.error.code"] = outcome.code
     if outcome.limit:
         attributes["portico.limit"] = outcome.limit

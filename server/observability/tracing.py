@@ -78,9 +78,11 @@ NO_SCOPE = NoScope()
 
 
 def failed(span: Span, exc: BaseException) -> None:
-    """The error's code from the error table, never its message (an upstream's message may quote the prompt)."""
+    """The error's codes, never its message (an upstream's message may quote the prompt): error.type the one the
+    caller is given (context_length_exceeded, an upstream's own), portico.error.code the error table's row."""
     if isinstance(exc, PorticoError):
-        code = exc.kind.code
+        code = exc.code
+        span.set_attribute("portico.error.code", exc.kind.code)
         if exc.retry_reason:
             span.set_attribute("portico.retry_reason", exc.retry_reason)
         if limit := exc.metric_labels().get("limit"):

@@ -144,6 +144,7 @@ class DialectServicer:
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
         plan = self.plan(body, call, stream=stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)
+        call.record.response_id = header.id
         return call, plan, header
 
 

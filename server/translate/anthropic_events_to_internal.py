@@ -17,7 +17,7 @@ from server.domain import (
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, token_count
-from server.translate.values import MALFORMED, upstream_string
+from server.translate.values import MALFORMED, upstream_label, upstream_string
 
 _INPUT_COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # together, the prompt
 
@@ -48,6 +48,7 @@ class AnthropicEventReader:
         self._cached_tokens = 0  # read from the prompt cache (priced as cached input)
         self._written_tokens = 0  # written to it (priced as cache writes)
         self._reason = FinishReason.END_TURN
+        self._upstream_reason = ""
         self._stop_sequence: str | None = None
         self.finished = False
 
@@ -73,6 +74,7 @@ class AnthropicEventReader:
                 delta = event.get("delta") or {}
                 if reason := delta.get("stop_reason"):
                     self._reason = STOP_REASONS.get(reason, FinishReason.END_TURN)
+                    self._upstream_reason = upstream_label(reason)
                 self._stop_sequence = delta.get("stop_sequence")
                 usage = _mapping(event.get("usage"))
                 self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
@@ -89,7 +91,7 @@ class AnthropicEventReader:
                 usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate,
                               self._output_tokens if self._output_reported else estimate_tokens(self._chars),
                               self._cached_tokens, self._written_tokens)
-                return [Finished(self._reason, usage, self._stop_sequence)]
+                return [Finished(self._reason, usage, self._stop_sequence, self._upstream_reason)]
             return []  # ping and event types added later
         except MALFORMED:
             raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None

@@ -17,7 +17,7 @@ from server.domain import (
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import token_count
-from server.translate.values import MALFORMED, upstream_string
+from server.translate.values import MALFORMED, upstream_label, upstream_string
 
 FINISH_REASONS = {
     "stop": FinishReason.END_TURN,
@@ -36,6 +36,7 @@ class OpenAIChunkReader:
         self._deltas = 0
         self._finish: FinishReason | None = None
         self._stop_sequence: str | None = None
+        self._upstream_reason = ""
         self._usage: Usage | None = None
         self._refused = False  # the model refused (OpenAI's `refusal`), whatever the finish reason says
 
@@ -66,6 +67,7 @@ class OpenAIChunkReader:
                     events += self._tool_call(call)
                 if reason := choice.get("finish_reason"):
                     self._finish = FINISH_REASONS.get(reason, FinishReason.END_TURN)
+                    self._upstream_reason = upstream_label(reason)
                     # vLLM names the stop string that ended the answer; OpenAI does not say, so it stays end_turn.
                     if reason == "stop" and choice.get("stop_reason") in self._stop:
                         self._finish, self._stop_sequence = FinishReason.STOP_SEQUENCE, choice["stop_reason"]
@@ -94,7 +96,7 @@ class OpenAIChunkReader:
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
         # OpenAI ends a refusal with "stop": Anthropic's callers are told `refusal`, as their upstreams would say.
         reason = FinishReason.REFUSAL if self._refused and self._finish is FinishReason.END_TURN else self._finish
-        return Finished(reason, usage, self._stop_sequence)
+        return Finished(reason, usage, self._stop_sequence, self._upstream_reason)
 
 
 def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,

@@ -388,6 +388,12 @@ def _integral(value):
 MALFORMED = (AttributeError, KeyError, TypeError, ValueError, OverflowError)
 
 
+def upstream_label(value: Json) -> str:
+    """A short word from an upstream's answer kept for telemetry (a finish reason): "" unless a string, and
+    bounded, whatever the upstream sent."""
+    return value[:64] if isinstance(value, str) else ""
+
+
 def upstream_string(value: Json) -> str:
     """`value` from an upstream's answer where text belongs; anything else is one of MALFORMED."""
     if not isinstance(value, str):

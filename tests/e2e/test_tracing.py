@@ -9,6 +9,7 @@ import secrets
 import socket
 import time
 
+import anthropic
 import grpc
 import openai
 import orjson
@@ -32,6 +33,10 @@ models:
   - id: up-chat
     endpoint: /v1/chat/completions
     provider: {{kind: openai, base_url: '{upstream}', api_key_env: {UPSTREAM_KEY_ENV}, model: main-model}}
+  - id: up-messages
+    endpoint: /v1/messages
+    provider: {{kind: anthropic, base_url: '{upstream.removesuffix("/v1")}', api_key_env: {UPSTREAM_KEY_ENV},
+               model: claude-up}}
 """)
     return path
 
@@ -107,4 +112,32 @@ def test_a_collector_that_is_down_changes_nothing_for_rest_callers(tmp_path, ups
                 assert answer.choices[0].message.content == "echo Hi"
             assert [line["status"] for line in access_lines(gateway, trace_id, 5)] == [200] * 5
     finally:
+        double.stop()
+
+
+def test_each_sdk_callers_span_says_what_it_was_told(tmp_path, upstream_key):
+    """An operator reading a span sees the finish reason and answer id the caller's SDK returned, in its dialect."""
+    receiver, double = OtlpReceiver().start(), UpstreamDouble().start()
+    try:
+        with running_gateway(tmp_path / "data", config=traced_config(tmp_path, receiver.url, double.url)) as gateway:
+            chat_trace, messages_trace = secrets.token_hex(16), secrets.token_hex(16)
+            answer = caller(chat_trace, secrets.token_hex(8), gateway).chat.completions.create(
+                model="up-chat", messages=HI, max_tokens=1, temperature=1)
+            message = anthropic.Anthropic(
+                base_url=gateway.base_url, api_key=gateway.secret, max_retries=0,
+                default_headers={"traceparent": f"00-{messages_trace}-{secrets.token_hex(8)}-01"},
+            ).messages.create(model="up-messages", messages=HI, max_tokens=20)
+
+            (chat,) = [s for s in receiver.wait_for_trace(chat_trace) if s.kind == "server"]
+            reasons = chat.attributes["gen_ai.response.finish_reasons"]
+            assert reasons == (answer.choices[0].finish_reason,) == ("length",)
+            assert chat.attributes["gen_ai.response.id"] == answer.id
+            assert chat.attributes["gen_ai.request.temperature"] == 1.0
+            (messages,) = [s for s in receiver.wait_for_trace(messages_trace) if s.kind == "server"]
+            assert messages.attributes["gen_ai.response.finish_reasons"] == (message.stop_reason,) == ("end_turn",)
+            assert messages.attributes["gen_ai.response.id"] == message.id
+            (attempt,) = [s for s in receiver.trace(messages_trace) if s.kind == "client"]
+            assert double.seen[-1].headers["traceparent"] == f"00-{messages_trace}-{attempt.span_id}-01"
+    finally:
+        receiver.stop()
         double.stop()

@@ -24,6 +24,7 @@ from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, http_body
 from tests.otlp_receiver import OtlpReceiver
 from tests.upstream_double import Cue
+from tests.upstream_echo import echo_messages
 from tests.upstream_support import (
     UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, upstream_models, write_config,
 )
@@ -119,7 +120,7 @@ async def test_a_request_joins_the_callers_trace_through_admission_and_its_upstr
     assert attributes["gen_ai.request.model"] == attributes["gen_ai.response.model"] == "up-main"
     assert attributes["gen_ai.request.max_tokens"] == 20
     assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (2, 3)
-    assert attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)  # as the caller was told
     assert attributes["portico.key_id"] == key_id and attributes["portico.endpoint"] == CHAT
     assert (attributes["rpc.service"], attributes["rpc.method"]) == ("portico.v1.ChatService", "CreateChatCompletion")
     assert attributes["http.response.status_code"] == 200 and "error.type" not in attributes
@@ -150,7 +151,7 @@ async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, recei
 
     spans = await spans_of(receiver, trace_id)
     server = one(spans, kind="server")
-    assert server.attributes["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("stop",)
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
     assert 0 < server.attributes["portico.time_to_first_token_ms"] <= (server.end - server.start) / 1e6
     attempt = one(spans, kind="client")
@@ -212,6 +213,7 @@ async def test_an_image_request_is_traced_as_content_generation(channel, running
     server = one(spans, kind="server")
     assert server.name == "generate_content images-up"
     assert server.attributes["gen_ai.operation.name"] == "generate_content"
+    assert server.attributes["gen_ai.output.type"] == "image"  # conditionally required by the conventions
     attempt = one(spans, kind="client")
     assert attempt.name == "generate_content image-up" and attempt.parent_id == server.span_id
     assert one(spans, name="admission").attributes["portico.tokens_reserved"] == 0
@@ -280,7 +282,7 @@ async def test_the_embedded_model_has_a_generation_span(chat, running, receiver,
     assert generation.attributes["gen_ai.request.model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert generation.attributes["portico.queued_ms"] >= 0
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
-    assert server.attributes["gen_ai.response.finish_reasons"] == ("max_tokens",)
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("length",)
 
 
 async def test_no_response_model_when_no_model_answered(chat, running, double, receiver, key):
@@ -317,6 +319,7 @@ async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, recei
         assert server.attributes["portico.cache"] == cache
         assert server.attributes["gen_ai.request.model"] == "up-cached"
         assert server.attributes["gen_ai.request.max_tokens"] == 20
+        assert server.attributes["gen_ai.response.finish_reasons"] == ("stop",)  # a hit's caller is told it too
         assert one(spans, name="admission").parent_id == server.span_id
     hit = one(traces[1], kind="server")
     assert not [s for s in traces[1] if s.kind == "client"]  # no upstream was asked
@@ -433,3 +436,166 @@ async def test_a_stuck_collector_fills_the_bounded_queue_and_drops_are_counted(t
             dropped = server.telemetry.metrics.registry.get_sample_value("portico_trace_spans_dropped_total",
                                                                          {"reason": "queue_full"})
             assert dropped is not None and dropped >= 15 - 4 - 1  # the queue and the batch being sent survive
+
+
+def _received_reasons(bodies) -> list[str]:
+    """Every finish_reason / stop_reason the caller was sent, from a JSON answer or the data lines of a stream."""
+    found = []
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if name in ("finish_reason", "stop_reason") and isinstance(item, str):
+                    found.append(item)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for body in bodies:
+        data = body.data
+        if not data.startswith(b"{"):  # a stream's data lines ([DONE] included)
+            data = b"[%s]" % b",".join(line.removeprefix(b"data: ") for line in data.split(b"\n")
+                                       if line.startswith(b"data: {"))
+        walk(orjson.loads(data))
+    return found
+
+
+def _pause_turn(stream: bool) -> Cue:
+    """An Anthropic answer ending with a reason Portico has no name of its own for (a server tool's pause)."""
+    answer = echo_messages({"model": "claude-up", "max_tokens": 20, "messages": HELLO, "stream": stream})
+    if stream:
+        return Cue(frames=[frame.replace(b'"stop_reason":"end_turn"', b'"stop_reason":"pause_turn"')
+                           for frame in answer])
+    return Cue(body={**answer, "stop_reason": "pause_turn"})
+
+
+@pytest.mark.parametrize("model, stream, max_tokens, cue, reason", [
+    ("up-main", False, 20, None, "stop"),
+    ("up-main", True, 20, None, "stop"),
+    ("up-main", False, 2, None, "length"),
+    ("chat-on-anthropic", False, 20, None, "stop"),
+    ("chat-on-anthropic", True, 2, None, "length"),
+    ("embedded", True, 2, None, "length"),
+    ("messages-on-anthropic", False, 20, None, "end_turn"),
+    ("messages-on-anthropic", True, 2, None, "max_tokens"),
+    ("messages-on-openai", False, 20, None, "end_turn"),
+    ("messages-on-openai", True, 2, None, "max_tokens"),
+    ("messages-on-anthropic", False, 20, _pause_turn(False), "pause_turn"),
+    ("messages-on-anthropic", True, 20, _pause_turn(True), "pause_turn"),
+])
+async def test_finish_reasons_are_the_ones_the_caller_received(chat, messages, running, double, receiver, key,
+                                                                 model, stream, max_tokens, cue, reason):
+    """gen_ai.response.finish_reasons holds the provider's values as the caller got them (`stop`, `length` for a
+    chat caller; `end_turn`, `max_tokens`, ... for a Messages caller; an upstream's own value passed through), not
+    Portico's internal names."""
+    _, secret = key
+    if cue is not None:
+        double.cue(cue)
+    trace_id, _, traceparent = caller_context()
+    body = {"model": model, "max_tokens": max_tokens, "messages": HELLO, "stream": stream}
+    metadata = (*bearer(secret), traceparent)
+    service, name = (messages, "CreateMessage") if model.startswith("messages") else (chat, "CreateChatCompletion")
+    if stream:
+        bodies = [part async for part in getattr(service, name + "Http")(http_body(body), metadata=metadata)]
+    else:
+        bodies = [await getattr(service, name + "HttpUnary")(http_body(body), metadata=metadata)]
+    assert _received_reasons(bodies) == [reason]
+
+    server = one(await spans_of(receiver, trace_id), kind="server")
+    assert server.attributes["gen_ai.response.finish_reasons"] == (reason,)
+
+
+async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, messages, running, receiver, key):
+    """The gen_ai conventions' request settings, as the caller set them (none it did not set): an operator comparing
+    a slow or odd answer with its settings needs them; stop sequences are the caller's text and stay out."""
+    _, secret = key
+    asked, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, temperature=0.3, top_p=0.9, seed=7, frequency_penalty=0.5,
+              presence_penalty=-0.5, stop=["Secret-Stop"])
+    plain, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO, "top_k": 5, "temperature": 1}
+    await messages.CreateMessageHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+
+    attributes = one(await spans_of(receiver, asked), kind="server").attributes
+    assert attributes["gen_ai.request.temperature"] == 0.3 and attributes["gen_ai.request.top_p"] == 0.9
+    assert attributes["gen_ai.request.seed"] == 7
+    assert attributes["gen_ai.request.frequency_penalty"] == 0.5
+    assert attributes["gen_ai.request.presence_penalty"] == -0.5
+    assert "gen_ai.request.stop_sequences" not in attributes and b"Secret-Stop" not in b"".join(receiver.bodies)
+    attributes = one(await spans_of(receiver, plain), kind="server").attributes
+    assert attributes["gen_ai.request.top_k"] == 5 and attributes["gen_ai.request.max_tokens"] == 8
+    # The conventions' types: a double even when the caller wrote an integer (backends index attributes by type).
+    assert isinstance(attributes["gen_ai.request.temperature"], float)
+    assert isinstance(attributes["gen_ai.request.top_k"], float)
+    assert not {"gen_ai.request.top_p", "gen_ai.request.seed", "gen_ai.output.type"} & set(attributes)
+    json_asked, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, response_format={"type": "json_object"})
+    assert one(await spans_of(receiver, json_asked), kind="server").attributes["gen_ai.output.type"] == "json"
+
+
+async def test_a_prompt_over_the_window_says_so_on_its_spans(chat, running, double, receiver, key):
+    """error.type is the code the caller was given (the conventions: the provider's error code), so a fallback taken
+    for a prompt over a model's context window reads as that, not as a bare invalid_request; portico.error.code
+    keeps the error table's row."""
+    _, secret = key
+    over = {"error": {"message": "This model's maximum context length is 10 tokens", "type": "invalid_request_error",
+                      "code": "context_length_exceeded", "param": "messages"}}
+    double.cue(Cue(400, over))
+    fell_back, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent)  # up-main refuses it; up-backup answers
+    double.cue(Cue(400, over))
+    refused, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ask(chat, secret, traceparent, model="up-solo")
+    assert '"code":"context_length_exceeded"' in dict(caught.value.trailing_metadata())["portico-error"]
+
+    spans = await spans_of(receiver, fell_back)
+    failed, answered = sorted((s for s in spans if s.kind == "client"), key=lambda s: s.start)
+    assert failed.error and failed.attributes["error.type"] == "context_length_exceeded"
+    assert failed.attributes["portico.error.code"] == "invalid_request"
+    assert answered.attributes["portico.fallback"] and "error.type" not in one(spans, kind="server").attributes
+    spans = await spans_of(receiver, refused)
+    server = one(spans, kind="server")
+    assert server.attributes["error.type"] == "context_length_exceeded"
+    assert server.attributes["portico.error.code"] == "invalid_request"
+    assert one(spans, kind="client").attributes["error.type"] == "context_length_exceeded"
+
+
+async def test_prompt_cache_tokens_are_on_the_request_span(messages, running, double, receiver, key):
+    """The conventions' cache_read / cache_creation input tokens, from an upstream's prompt cache; input_tokens is
+    the whole prompt, as the conventions ask."""
+    _, secret = key
+    answer = echo_messages({"model": "claude-up", "max_tokens": 20, "messages": HELLO})
+    usage = {"input_tokens": 2, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 30, "output_tokens": 3}
+    double.cue(Cue(body={**answer, "usage": usage}))
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 20, "messages": HELLO}
+    await messages.CreateMessageHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+
+    attributes = one(await spans_of(receiver, trace_id), kind="server").attributes
+    assert attributes["gen_ai.usage.input_tokens"] == 132
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert attributes["gen_ai.usage.cache_creation.input_tokens"] == 30
+
+
+async def test_the_answers_id_is_on_the_request_span(chat, messages, running, receiver, key):
+    """gen_ai.response.id is the id the caller's answer carries, so a caller quoting it leads to the trace."""
+    _, secret = key
+    answered, _, traceparent = caller_context()
+    body = {"model": "up-main", "messages": HELLO}
+    answer = await chat.CreateChatCompletionHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+    streamed, _, traceparent = caller_context()
+    body = {"model": "messages-on-openai", "max_tokens": 8, "messages": HELLO, "stream": True}
+    parts = [part.data async for part in messages.CreateMessageHttp(http_body(body), metadata=(*bearer(secret),
+                                                                                               traceparent))]
+    started = next(line for line in b"".join(parts).split(b"\n") if line.startswith(b"data: {\"type\":\"message_start"))
+
+    server = one(await spans_of(receiver, answered), kind="server")
+    assert server.attributes["gen_ai.response.id"] == orjson.loads(answer.data)["id"]
+    server = one(await spans_of(receiver, streamed), kind="server")
+    assert server.attributes["gen_ai.response.id"] == orjson.loads(started[6:])["message"]["id"]
+    refused, _, traceparent = caller_context()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await ask(chat, secret, traceparent, temperature=5)
+    assert "gen_ai.response.id" not in one(await spans_of(receiver, refused), kind="server").attributes

@@ -33,8 +33,11 @@ def test_the_key_ignores_labels_and_key_order_but_not_what_shapes_the_answer():
 def test_every_event_survives_the_codec():
     events = (Started(3), UpstreamObject(Dialect.OPENAI, {"id": "x", "choices": []}, True), TextDelta("hé"),
               ToolCallStart(0, "call_1", "f"), ToolCallDelta(0, '{"a":'),
-              Finished(FinishReason.TOOL_USE, Usage(3, 4, 1), None))
+              Finished(FinishReason.TOOL_USE, Usage(3, 4, 1), None, "tool_calls"))
     assert decode(encode(events, 1790000000.5)) == (1790000000.5, events)
+    # An entry stored before the upstream's own reason was kept (by a host not yet upgraded) still reads.
+    older = b'{"at":1.0,"events":[["f","end_turn",1,2,0,null]]}'
+    assert decode(older) == (1.0, (Finished(FinishReason.END_TURN, Usage(1, 2, 0)),))
 
 
 async def test_memory_store_expires_and_keeps_within_its_size():

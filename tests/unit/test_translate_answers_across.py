@@ -135,7 +135,8 @@ REFUSED = {"choices": [{"index": 0, "finish_reason": "stop",
 
 def test_an_openai_refusal_is_text_and_stop_reason_refusal_for_an_anthropic_caller():
     events = completion_events(REFUSED, prompt_estimate=1)
-    assert events == [TextDelta("I can't help with that."), Finished(FinishReason.REFUSAL, Usage(9, 6))]
+    assert events == [TextDelta("I can't help with that."),
+                      Finished(FinishReason.REFUSAL, Usage(9, 6), upstream_reason="stop")]
     text, finished = events
     message = to_anthropic.message(MESSAGE, Completion(text.text, finished))
     assert (message["content"], message["stop_reason"]) == (

@@ -203,9 +203,9 @@ data: {"type":"message_stop"}
     [
         (ANTHROPIC_TOOL_USE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                               ToolCallDelta(0, '{"city": '), ToolCallDelta(0, '"Oslo"}'),
-                              Finished(FinishReason.TOOL_USE, Usage(112, 30, 100))]),
+                              Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
         (ANTHROPIC_STOP_SEQUENCE, [Started(5), TextDelta("1, 2"),
-                                   Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
+                                   Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3", "stop_sequence")]),
     ],
 )
 def test_anthropic_transcripts(transcript, events):
@@ -239,9 +239,9 @@ ANTHROPIC_STOP_SEQUENCE_MESSAGE = {
     [
         (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                                       ToolCallDelta(0, '{"city":"Oslo"}'),
-                                      Finished(FinishReason.TOOL_USE, Usage(112, 30, 100))]),
+                                      Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
         (ANTHROPIC_STOP_SEQUENCE_MESSAGE, [Started(5), TextDelta("1, 2"),
-                                           Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3")]),
+                                           Finished(FinishReason.STOP_SEQUENCE, Usage(5, 4), "3", "stop_sequence")]),
     ],
 )
 def test_a_whole_anthropic_message_gives_the_events_of_its_stream(message, events):
@@ -253,7 +253,8 @@ def test_a_tool_use_without_input_and_a_message_without_content():
                "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 2}}
     assert message_events(message)[1:3] == [ToolCallStart(0, "t", "now"), ToolCallDelta(0, "{}")]
     empty = {"type": "message", "content": [], "stop_reason": "max_tokens", "usage": {"input_tokens": 3}}
-    assert message_events(empty) == [Started(3), Finished(FinishReason.MAX_TOKENS, Usage(3, 0))]
+    assert message_events(empty) == [Started(3),
+                                     Finished(FinishReason.MAX_TOKENS, Usage(3, 0), upstream_reason="max_tokens")]
 
 
 @pytest.mark.parametrize("answer", [{"type": "completion", "completion": "Hi"}, {"type": "message"},

@@ -108,13 +108,14 @@ data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
 @pytest.mark.parametrize(
     ("transcript", "options", "events"),
     [
-        (TEXT, {}, [TextDelta("Hel"), TextDelta("lo"), Finished(FinishReason.MAX_TOKENS, Usage(9, 2))]),
+        (TEXT, {}, [TextDelta("Hel"), TextDelta("lo"), Finished(FinishReason.MAX_TOKENS, Usage(9, 2), None, "length")]),
         (TOOL_CALLS, {}, [ToolCallStart(0, "call_a", "weather"), ToolCallDelta(0, '{"days":'), ToolCallDelta(0, "2}"),
                           ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"),
-                          Finished(FinishReason.TOOL_USE, Usage(20, 11))]),
-        (NO_USAGE, {}, [TextDelta("Hi"), TextDelta("!"), Finished(FinishReason.END_TURN, Usage(7, 2))]),
-        (VLLM_STOP, {"stop": ("3",)}, [TextDelta("1 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(7, 1), "3")]),
-        (FILTERED, {}, [Finished(FinishReason.REFUSAL, Usage(7, 0))]),
+                          Finished(FinishReason.TOOL_USE, Usage(20, 11), upstream_reason="tool_calls")]),
+        (NO_USAGE, {}, [TextDelta("Hi"), TextDelta("!"), Finished(FinishReason.END_TURN, Usage(7, 2), None, "stop")]),
+        (VLLM_STOP, {"stop": ("3",)},
+         [TextDelta("1 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(7, 1), "3", "stop")]),
+        (FILTERED, {}, [Finished(FinishReason.REFUSAL, Usage(7, 0), upstream_reason="content_filter")]),
     ],
 )
 def test_transcripts(transcript, options, events):
@@ -166,10 +167,11 @@ def test_a_whole_completion_as_events():
                         {"prompt_tokens": 20, "completion_tokens": 11})
     assert completion_events(answer, prompt_estimate=7) == [
         TextDelta("On it."), ToolCallStart(0, "call_a", "weather"), ToolCallDelta(0, '{"days":2}'),
-        ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"), Finished(FinishReason.TOOL_USE, Usage(20, 11))]
+        ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"),
+        Finished(FinishReason.TOOL_USE, Usage(20, 11), upstream_reason="tool_calls")]
     # No usage (no known server omits it, but then): the prompt estimated, the answer counted by its length.
     assert completion_events(completion({"content": "Hello there, world"}, "stop"), prompt_estimate=7)[-1] == (
-        Finished(FinishReason.END_TURN, Usage(7, 5)))
+        Finished(FinishReason.END_TURN, Usage(7, 5), upstream_reason="stop"))
     # A stop string OpenAI does not name stays end_turn, as in a stream.
     assert completion_events(completion({"content": "1 2"}, "stop"), prompt_estimate=7, stop=("3",))[-1].reason is (
         FinishReason.END_TURN)
