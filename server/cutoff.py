@@ -65,7 +65,7 @@ class Watch:
         finally:
             self.waiting = False
 
-    # The same in steps, for a loop over a provider's events (pipeline._metered): `begin` before each wait, `waiting
+    # The same in steps, for a loop over a provider's events (metering.metered): `begin` before each wait, `waiting
     # = False` after it, `cancelled` when one was cancelled. No coroutine around each event, and the task is looked
     # up once per consumer (`handed_over`), not per event: each cost ~1,000 instructions an event.
 

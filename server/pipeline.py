@@ -20,17 +20,18 @@ from google.protobuf.message import Message
 
 from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
-from server.cutoff import Cutoff, Watch
+from server.cutoff import Cutoff
 from server.domain import (
-    ApiKey, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry,
-    Started, TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage, estimate_tokens,
+    ApiKey, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, TextDelta,
+    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import GeneratedImage, ImageRequest
-from server.errors import InternalError, InvalidRequest, PorticoError
+from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
 from server.limits.core import Dimension
+from server.metering import Meter, metered, prepend
 from server.observability import RequestRecord, Telemetry
 from server.providers import (
     Provider, TokenCounter, capabilities_of, context_overflow, prompt_count, token_counter_of,
@@ -162,7 +163,7 @@ class Pipeline:
         most_output = request.params.max_tokens
         if call.model.id in self._answer_windows:
             most_output = min(most_output, window - prompt)
-        meter = _Meter(prompt_estimate=prompt, most_output=most_output)
+        meter = Meter(prompt_estimate=prompt, most_output=most_output)
         tokens = prompt + most_output
         # The most it may cost: every prompt token uncached, or written to the prompt cache where that costs more
         # (at most as many as its bytes, where not counted), and every token it may generate. Token limits reserve
@@ -179,7 +180,7 @@ class Pipeline:
             if lookup is not None:
                 answer = self._cache.recorded(lookup, answer)
             with watch:
-                async with aclosing(_metered(answer, meter, call.record, watch)) as events:
+                async with aclosing(metered(answer, meter, call.record, watch)) as events:
                     try:
                         first = await anext(events)
                     except StopAsyncIteration:
@@ -187,7 +188,7 @@ class Pipeline:
                     if not watch.caller_left:  # else nobody to send them to (grpc would refuse them)
                         await _send_headers(call, reservation, lookup.header if lookup is not None else None)
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
-                    yield _prepend(first, events)
+                    yield prepend(first, events)
         except OutOfService:
             # No deployment could be tried: like a refusal by a limit, a request that reached no model counts nothing.
             reached_model = False
@@ -232,7 +233,7 @@ class Pipeline:
         except BaseException:
             call.record.cache = "miss"  # the refusal did not come from the cache (its header says so too)
             raise
-        replayed = _Meter(prompt_estimate=0, most_output=0)
+        replayed = Meter(prompt_estimate=0, most_output=0)
         for event in lookup.events:
             replayed.record(event)
         _note_finish(call, replayed)  # the caller is told how the cached answer ended, as it was first told
@@ -399,7 +400,7 @@ def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_i
                                                cache_write_tokens)
 
 
-def _note_finish(call: Call, meter: _Meter) -> None:
+def _note_finish(call: Call, meter: Meter) -> None:
     """How the answer ended, as its caller was told (the request span's gen_ai.response.finish_reasons)."""
     if meter.finished is not None:
         caller = Dialect.ANTHROPIC if call.model.endpoint is Endpoint.MESSAGES else Dialect.OPENAI
@@ -423,73 +424,3 @@ async def _prompt_tokens(counter: TokenCounter | None, request: GenerationReques
     if counter is not None:
         return await asyncio.to_thread(counter.count_tokens, request.turns)
     return request.estimated_prompt_tokens()
-
-
-@dataclass(slots=True)
-class _Meter:
-    """What a generation has used so far, to settle its reservation however it ends."""
-
-    prompt_estimate: int
-    most_output: int  # the request's token limit: a model cut short wrote no more than that
-    started: bool = False
-    input_tokens: int | None = None
-    deltas: int = 0
-    chars: int = 0
-    usage: Usage | None = None
-    finished: Finished | None = None
-    upstream: Dialect | None = None  # the dialect of the last upstream object: the upstream that answered
-
-    def record(self, event: GenerationEvent) -> None:
-        self.started = True  # an upstream object counts nothing, but says a model was reached
-        if isinstance(event, UpstreamObject):
-            self.upstream = event.dialect
-        elif isinstance(event, Started):
-            self.input_tokens = event.input_tokens
-        elif isinstance(event, TextDelta):
-            self.deltas += 1
-            self.chars += len(event.text)
-        elif isinstance(event, ToolCallDelta):
-            self.chars += len(event.arguments)
-        elif isinstance(event, Finished):
-            self.usage = event.usage
-            self.finished = event
-
-    def usage_so_far(self) -> Usage:
-        if self.usage is not None:
-            return self.usage
-        # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token), up
-        # to the token limit it ran under (four characters a token overcounts long unbroken text).
-        prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
-        return Usage(prompt, min(self.most_output, max(self.deltas, estimate_tokens(self.chars))))
-
-
-async def _metered(
-    events: AsyncIterator[GenerationEvent], meter: _Meter, record: RequestRecord, watch: Watch
-) -> AsyncIterator[GenerationEvent]:
-    try:
-        async with aclosing(events):
-            # A stopping server may cut the call while it waits on the provider (server/cutoff.py): between
-            # `begin` and the next event; the cut's cancellation can only land there.
-            watch.begin()
-            try:
-                async for event in events:
-                    watch.waiting = False
-                    meter.record(event)
-                    if isinstance(event, TextDelta):
-                        record.first_token()
-                    yield event
-                    watch.begin()
-            except asyncio.CancelledError:
-                watch.cancelled()
-                raise
-            watch.waiting = False
-    except Exception as exc:
-        # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
-        record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
-        raise
-
-
-async def _prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
-    yield first
-    async for event in rest:
-        yield event

@@ -1,0 +1,86 @@
+"""What a generation has used so far, metered as its events pass on their way to the caller: the pipeline settles
+the request's reservation with it however the generation ends (finished, failed, cut short, its caller gone)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from server.cutoff import Watch
+from server.domain import (
+    Dialect, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, UpstreamObject, Usage, estimate_tokens,
+)
+from server.errors import InternalError, PorticoError
+from server.observability import RequestRecord
+
+
+@dataclass(slots=True)
+class Meter:
+    """What a generation has used so far, to settle its reservation however it ends."""
+
+    prompt_estimate: int
+    most_output: int  # the request's token limit: a model cut short wrote no more than that
+    started: bool = False
+    input_tokens: int | None = None
+    deltas: int = 0
+    chars: int = 0
+    usage: Usage | None = None
+    finished: Finished | None = None
+    upstream: Dialect | None = None  # the dialect of the last upstream object: the upstream that answered
+
+    def record(self, event: GenerationEvent) -> None:
+        self.started = True  # an upstream object counts nothing, but says a model was reached
+        if isinstance(event, UpstreamObject):
+            self.upstream = event.dialect
+        elif isinstance(event, Started):
+            self.input_tokens = event.input_tokens
+        elif isinstance(event, TextDelta):
+            self.deltas += 1
+            self.chars += len(event.text)
+        elif isinstance(event, ToolCallDelta):
+            self.chars += len(event.arguments)
+        elif isinstance(event, Finished):
+            self.usage = event.usage
+            self.finished = event
+
+    def usage_so_far(self) -> Usage:
+        if self.usage is not None:
+            return self.usage
+        # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token), up
+        # to the token limit it ran under (four characters a token overcounts long unbroken text).
+        prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
+        return Usage(prompt, min(self.most_output, max(self.deltas, estimate_tokens(self.chars))))
+
+
+async def metered(
+    events: AsyncIterator[GenerationEvent], meter: Meter, record: RequestRecord, watch: Watch
+) -> AsyncIterator[GenerationEvent]:
+    try:
+        async with aclosing(events):
+            # A stopping server may cut the call while it waits on the provider (server/cutoff.py): between
+            # `begin` and the next event; the cut's cancellation can only land there.
+            watch.begin()
+            try:
+                async for event in events:
+                    watch.waiting = False
+                    meter.record(event)
+                    if isinstance(event, TextDelta):
+                        record.first_token()
+                    yield event
+                    watch.begin()
+            except asyncio.CancelledError:
+                watch.cancelled()
+                raise
+            watch.waiting = False
+    except Exception as exc:
+        # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
+        record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
+        raise
+
+
+async def prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    yield first
+    async for event in rest:
+        yield event
