@@ -78,17 +78,22 @@ end
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
 -- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
 -- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
--- A tab or a pasted space beside the key is said to be one (misplaced_space): the key may be right. x-api-key only
--- where it is read (/v1/messages, /v1/models): elsewhere such advice would send the caller the wrong way.
+-- A tab or a pasted space beside the key is said to be one (misplaced_space): the key may be right. x-api-key is
+-- read only on /v1/messages and /v1/models: elsewhere it is removed unread, not refused (the request's key is in
+-- Authorization), and never reaches grpc.
 local function refuse_unreadable_key(handle, headers, path)
   local reads_x_api_key = path:sub(1, 12) == "/v1/messages" or path:sub(1, 10) == "/v1/models"
   for _, name in ipairs({"authorization", "x-api-key"}) do
     local value = headers:get(name)
     if value and value:find("[^\32-\126]") then
-      local fault = (name == "authorization" or reads_x_api_key) and misplaced_space(name, value)
-      if fault then handle:streamInfo():dynamicMetadata():set("portico", "fault", fault) end
-      handle:respond({[":status"] = "401"}, "")
-      return true
+      if name == "x-api-key" and not reads_x_api_key then
+        headers:remove(name)
+      else
+        local fault = misplaced_space(name, value)
+        if fault then handle:streamInfo():dynamicMetadata():set("portico", "fault", fault) end
+        handle:respond({[":status"] = "401"}, "")
+        return true
+      end
     end
   end
   return false

@@ -89,7 +89,18 @@ def test_an_x_api_key_with_such_a_space_says_so_where_it_is_read(gateway, value,
     response = httpx.post(f"{gateway.base_url}/v1/chat/completions",
                           headers={"x-api-key": value.replace(b"{}", secret)},
                           json={"model": "family-a-5.5", "messages": HI, "max_tokens": 1}, timeout=30)
-    assert (response.status_code, response.json()["error"]["message"]) == (401, "Invalid API key.")
+    assert (response.status_code, response.json()["error"]["message"]) == (
+        401, "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`.")
+
+
+@pytest.mark.parametrize("value", [b"{}\xc2\xa0", b"pk-\xc3\xa9t\xc3\xa9", b"\xe9"])
+def test_an_x_api_key_where_it_is_not_read_does_not_refuse_the_authorization_key(gateway, value):
+    """On /v1/chat/completions, which reads only Authorization (api.md), a right `Authorization` key beside an
+    x-api-key holding a byte outside printable ASCII was answered 401 "Invalid API key."."""
+    headers = {"authorization": f"Bearer {gateway.secret}", "x-api-key": value.replace(b"{}", gateway.secret.encode())}
+    response = httpx.post(f"{gateway.base_url}/v1/chat/completions", headers=headers,
+                          json={"model": "family-a-5.5", "messages": HI, "max_tokens": 1}, timeout=30)
+    assert response.status_code == 200, response.text
 
 
 @pytest.mark.parametrize("value", [b"Bearer pk-\xc3\xa9t\xc3\xa9", b"Bearer pk-ab" + NBSP + b"cd",

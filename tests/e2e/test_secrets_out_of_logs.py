@@ -25,7 +25,6 @@ LATIN1_E = b"\xe9"  # "é" as a browser sending Latin-1 puts it
 
 KEY_HEADER_CASES = [  # method, path, header, anthropic
     ("GET", "/v1/models", "authorization", False),
-    ("POST", "/v1/chat/completions", "x-api-key", False),
     ("POST", "/v1/messages", "x-api-key", True),
     ("POST", "/v1/messages", "authorization", True),
 ]
@@ -97,6 +96,16 @@ def test_a_key_header_that_is_not_ascii_is_a_401_and_stays_out_of_the_logs(gatew
     assert (body.get("type") == "error") == anthropic
     assert sent[case].envoy_line["code"] == "invalid_api_key"
     _assert_absent(gateway, sent[case].tail)
+
+
+def test_an_x_api_key_that_is_not_ascii_where_it_is_not_read_is_dropped_unread_and_stays_out_of_the_logs(gateway):
+    """/v1/chat/completions reads only Authorization: its x-api-key never reaches grpc, which would log it."""
+    tail = secrets.token_urlsafe(24)
+    request_id, response = _send(gateway, "POST", "/v1/chat/completions",
+                                 {"x-api-key": b"pk-caf" + LATIN1_E + b"-" + tail.encode()})
+    assert response.status_code == 401 and response.json()["error"]["message"].startswith("You didn't provide")
+    assert _line_of(gateway, request_id)["status"] == 401
+    _assert_absent(gateway, tail)
 
 
 def test_native_grpc_metadata_that_is_not_utf8_is_redacted_in_the_server_log(gateway):
