@@ -211,6 +211,8 @@ class ToolSpec:
     name: str
     description: str = ""
     parameters: Mapping[str, Json] = field(default_factory=dict)
+    # The caller's `strict` (both APIs: calls whose input follows the schema exactly); None: not said.
+    strict: bool | None = None
 
 
 class ToolChoiceMode(str, enum.Enum):

@@ -178,12 +178,13 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         name = opt_string(tool, "name", where)
         if not name:
             raise InvalidRequest(f"{where}.name: Field required", param=f"{where}.name")
-        opt_bool(tool, "strict", where)  # these three are not read, but still type-checked
-        opt_array(tool, "input_examples", where)
+        strict = opt_bool(tool, "strict", where)
+        opt_array(tool, "input_examples", where)  # these three are not read, but still type-checked
+        opt_bool(tool, "defer_loading", where)
         opt_object(tool, "cache_control", where)
         schema = opt_object(tool, "input_schema", where) or {"type": "object"}
         description = opt_string(tool, "description", where) or ""
-        specs.append(ToolSpec(name=name, description=description, parameters=schema))
+        specs.append(ToolSpec(name=name, description=description, parameters=schema, strict=strict))
     return tuple(specs)
 
 

@@ -11,7 +11,7 @@ has a rule, in the tables below (docs/api.md shows them, rendered by `markdown_t
 
 A field in neither table is refused by the embedded model and the other dialect (never silently dropped), and passed
 through to an upstream of the caller's dialect, which judges it. Inside messages, content parts and tools, members
-the gateway does not read (`reasoning_content`, `cache_control`, `strict`, `input_examples`, ...) pass through to a
+the gateway does not read (`reasoning_content`, `cache_control`, `input_examples`, ...) pass through to a
 same-dialect upstream and are ignored elsewhere; content parts and tools of kinds the internal values cannot hold
 (images, server tools) are refused elsewhere, by the translators.
 """
@@ -75,7 +75,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "stream": FieldRule("boolean", A, A),
     "stream_options": FieldRule("object", A, A),
     "n": FieldRule("integer", A, A, note="1 only, on every model"),
-    "tools": FieldRule("array", A, A, note="function tools; the embedded model never calls them"),
+    "tools": FieldRule("array", A, A, note="function tools (`parameters` → `input_schema`, `strict` → `strict`); "
+                                          "the embedded model never calls them"),
     "tool_choice": FieldRule("any", A, A, note="embedded: `none`/`auto` only; `required` → `any`"),
     "parallel_tool_calls": FieldRule("boolean", I, A, note="`false` → `disable_parallel_tool_use`"),
     "response_format": FieldRule("object", A, A, note="`text` only: JSON modes are refused"),
@@ -123,7 +124,9 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "top_p": FieldRule("number", A, A),
     "top_k": FieldRule("integer", A, I, note="OpenAI refuses `top_k`"),
     "stream": FieldRule("boolean", A, A),
-    "tools": FieldRule("array", A, A, note="custom tools (→ functions); server tools are refused"),
+    "tools": FieldRule("array", A, A, note="custom tools (→ functions: `input_schema` → `parameters`, `strict` → "
+                                          "`function.strict`; `input_examples`, `defer_loading` ignored); server "
+                                          "tools are refused"),
     "tool_choice": FieldRule("object", A, A, note="embedded: `auto`/`none` only; `any` → `required`"),
     "metadata": FieldRule("object", I, A, note="its `user_id` (a string) → `user`"),
     "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer"),

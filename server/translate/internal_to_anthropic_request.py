@@ -69,7 +69,8 @@ def _built(request: GenerationRequest) -> dict:
     if request.tools:
         body["tools"] = [
             {"name": t.name, **({"description": t.description} if t.description else {}),
-             "input_schema": dict(t.parameters) or {"type": "object"}}
+             "input_schema": dict(t.parameters) or {"type": "object"},
+             **({"strict": t.strict} if t.strict is not None else {})}
             for t in request.tools
         ]
         if request.tool_choice is not None:

@@ -55,7 +55,8 @@ def _built(request: GenerationRequest) -> dict:
     if request.tools:
         body["tools"] = [
             {"type": "function",
-             "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}}
+             "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters),
+                          **({"strict": t.strict} if t.strict is not None else {})}}
             for t in request.tools
         ]
     if request.tool_choice is not None:

@@ -200,11 +200,11 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
             unread.append(Unread(f"{where}.type", f"Tools of type {kind[:40]!r} are not supported by this model."))
             continue
         function = _required(opt_object(tool, "function", where), f"{where}.function")
-        opt_bool(function, "strict", f"{where}.function")
+        strict = opt_bool(function, "strict", f"{where}.function")
         name = _required(opt_string(function, "name", f"{where}.function"), f"{where}.function.name")
         parameters = opt_object(function, "parameters", f"{where}.function") or {}
         description = opt_string(function, "description", f"{where}.function") or ""
-        specs.append(ToolSpec(name=name, description=description, parameters=parameters))
+        specs.append(ToolSpec(name=name, description=description, parameters=parameters, strict=strict))
     return tuple(specs)
 
 

@@ -293,8 +293,9 @@ def test_a_server_tools_blocks_sent_back_pass_whole_or_are_refused_by_path(claud
 
 def test_members_the_gateway_does_not_read_are_ignored_by_the_other_dialect_and_the_embedded_model(oai, claude,
                                                                                                   double):
-    """api.md: `reasoning_content`, `cache_control`, `strict`, `input_examples`, `name` on a user message reach an
-    upstream of their own dialect (test_passthrough_sdks) and are ignored elsewhere: answered, never sent on."""
+    """api.md: `reasoning_content`, `cache_control`, `input_examples`, `name` on a user message reach an upstream of
+    their own dialect (test_passthrough_sdks) and are ignored elsewhere: answered, never sent on; a tool's `strict`
+    is translated (test_tool_definitions)."""
     chat_messages = [{"role": "user", "content": "Oslo?", "name": "bob"},
                      {"role": "assistant", "content": "Checking.", "reasoning_content": "The user wants weather."},
                      {"role": "user", "content": [{"type": "text", "text": "Go on."}]}]
@@ -305,7 +306,7 @@ def test_members_the_gateway_does_not_read_are_ignored_by_the_other_dialect_and_
     assert seen.body["messages"] == [{"role": "user", "content": "Oslo?"},
                                      {"role": "assistant", "content": "Checking."},
                                      {"role": "user", "content": "Go on."}]
-    assert seen.body["tools"] == [CUSTOM]
+    assert seen.body["tools"] == [{**CUSTOM, "strict": True}]
     double.reset()
     ephemeral = {"type": "ephemeral"}
     messages = [{"role": "user", "content": [{"type": "text", "text": "Oslo?", "cache_control": ephemeral}]}]
@@ -315,7 +316,7 @@ def test_members_the_gateway_does_not_read_are_ignored_by_the_other_dialect_and_
         claude.messages.create(model=model, messages=messages, tools=tools, system=system, max_tokens=3)
     (seen,) = double.seen
     assert seen.body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo?"}]
-    assert seen.body["tools"] == [{"type": "function", "function": FUNCTION}]
+    assert seen.body["tools"] == [{"type": "function", "function": {**FUNCTION, "strict": True}}]
 
 
 def test_an_images_upstream_receives_the_body_whole_but_response_format_and_dev_image_refuses_the_rest(oai, double):
