@@ -18,6 +18,7 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import MESSAGE_FIELDS, check_fields
+from server.translate.tool_rules import ANTHROPIC_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread
 from server.translate.values import (
     no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
 )
@@ -165,7 +166,7 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
 
 
 def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
-    specs = []
+    specs, names = [], set()
     for i, tool in enumerate(opt_array(body, "tools") or []):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -182,7 +183,13 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         opt_array(tool, "input_examples", where)  # these three are not read, but still type-checked
         opt_bool(tool, "defer_loading", where)
         opt_object(tool, "cache_control", where)
-        schema = opt_object(tool, "input_schema", where) or {"type": "object"}
+        schema = opt_object(tool, "input_schema", where)
+        if schema is None:
+            unread.append(Unread(f"{where}.input_schema", f"`{where}.input_schema`: Field required."))
+            schema = {"type": "object"}
+        unread += filter(None, (name_unread(name, f"{where}.name", ANTHROPIC_NAME_LIMIT),
+                                duplicate_unread(name, f"{where}.name", names),
+                                schema_type_unread(schema, f"{where}.input_schema", type_required=True)))
         description = opt_string(tool, "description", where) or ""
         specs.append(ToolSpec(name=name, description=description, parameters=schema, strict=strict))
     return tuple(specs)

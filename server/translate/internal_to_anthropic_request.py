@@ -69,7 +69,7 @@ def _built(request: GenerationRequest) -> dict:
     if request.tools:
         body["tools"] = [
             {"name": t.name, **({"description": t.description} if t.description else {}),
-             "input_schema": dict(t.parameters) or {"type": "object"},
+             "input_schema": {"type": "object", **t.parameters},  # OpenAI's may leave the type out; Anthropic's not
              **({"strict": t.strict} if t.strict is not None else {})}
             for t in request.tools
         ]

@@ -17,6 +17,9 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
+from server.translate.tool_rules import (
+    OPENAI_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread,
+)
 from server.translate.values import (
     TEXT_PARTS, no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list,
     text_parts, wrong_type,
@@ -188,7 +191,7 @@ def _required(value, param: str):
 
 
 def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
-    specs = []
+    specs, names = [], set()
     for i, tool in enumerate(opt_array(body, "tools") or []):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -204,6 +207,9 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         name = _required(opt_string(function, "name", f"{where}.function"), f"{where}.function.name")
         parameters = opt_object(function, "parameters", f"{where}.function") or {}
         description = opt_string(function, "description", f"{where}.function") or ""
+        unread += filter(None, (name_unread(name, f"{where}.function.name", OPENAI_NAME_LIMIT),
+                                duplicate_unread(name, f"{where}.function.name", names),
+                                schema_type_unread(parameters, f"{where}.function.parameters", type_required=False)))
         specs.append(ToolSpec(name=name, description=description, parameters=parameters, strict=strict))
     return tuple(specs)
 
