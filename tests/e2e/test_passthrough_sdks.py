@@ -282,7 +282,7 @@ def test_wrong_types_are_400s_naming_the_path(gateway):
         assert answer.status_code == 400
         assert answer.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
         for model, path, missing in (("chat-gpt", "messages[1].tool_calls[0].id", {"function": {"name": "f"}}),
-                                     ("chat-claude", "messages[1].tool_calls[0].function.name", {"id": "c"})):
+                                     ("chat-claude", "messages[1].tool_calls[0].function", {"id": "c"})):
             answer = http.post("/v1/chat/completions", json={"model": model, "max_tokens": 2, "messages": [
                 {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [missing]}]})
             assert answer.status_code == 400 and answer.json()["error"]["param"] == path  # the member missing
