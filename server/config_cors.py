@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import SplitResult
 
 from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 
@@ -85,7 +86,23 @@ def _origins(value: Any, where: str) -> tuple[str, ...]:
         if parts.port is not None and parts.port == _DEFAULT_PORTS.get(parts.scheme):
             raise ConfigError(f"{where}: {origin!r} names its scheme's default port, which browsers leave out of "
                               f"the origin they send: write {origin.rpartition(':')[0]}")
+        sent = _as_sent(parts)
+        if origin != sent:
+            raise ConfigError(f"{where}: {origin!r} is not spelled as browsers send it (a host in ASCII, its "
+                              f"punycode form; a port without leading zeros): write {sent}")
     return tuple(dict.fromkeys(origins))
+
+
+def _as_sent(parts: SplitResult) -> str:
+    """The origin as a browser serializes it: an international host in punycode (`bücher.example` ->
+    `xn--bcher-kva.example`), the port in plain digits."""
+    host = parts.netloc.rpartition(":")[0] if parts.port is not None else parts.netloc  # no `user@`: _ORIGIN
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            pass  # no ASCII form: the message's `write` then repeats the host, which still says why
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port is not None else "")
 
 
 def _names(value: Any, where: str) -> tuple[str, ...]:
