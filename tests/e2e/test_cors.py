@@ -5,6 +5,7 @@ as curl sees it. Off unless configured: without `cors:` the browser blocks the s
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import json
 import threading
@@ -248,3 +249,23 @@ def test_an_actual_answer_names_the_origin_and_exposes_the_headers(gateway):
     plain = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": f"Bearer {gateway.secret}"},
                       timeout=10)
     assert not any(name.startswith("access-control-") for name in plain.headers)
+
+
+def test_envoys_own_refusals_carry_cors_too(gateway):
+    """Replies Envoy makes itself (configuration.md): a body announced over 8 MiB, a wrong method, HEAD's answer."""
+    key = {"origin": APP_ORIGIN, "authorization": f"Bearer {gateway.secret}"}
+    # Refused on its content-length, before any of the body is sent (httpx sends none that its body does not fit).
+    connection = http.client.HTTPConnection(httpx.URL(gateway.base_url).host, httpx.URL(gateway.base_url).port,
+                                            timeout=10)
+    connection.request("POST", "/v1/chat/completions", headers={
+        **key, "content-type": "application/json", "content-length": str(9 << 20)})
+    response = connection.getresponse()
+    too_large = httpx.Response(response.status, headers=response.getheaders(), content=response.read())
+    connection.close()
+    wrong_method = httpx.get(f"{gateway.base_url}/v1/chat/completions", headers=key, timeout=10)
+    head = httpx.head(f"{gateway.base_url}/v1/models", headers=key, timeout=10)
+    for answer, status in ((too_large, 413), (wrong_method, 404), (head, 200)):
+        assert answer.status_code == status and answer.headers["access-control-allow-origin"] == APP_ORIGIN, answer
+        assert "x-request-id" in answer.headers["access-control-expose-headers"]
+        assert "origin" in answer.headers.get("vary", "").lower()
+    assert too_large.json()["error"]["code"] == "request_too_large"
