@@ -14,11 +14,13 @@ from server.config_providers import ConfigError, known_settings, mapping, number
 # What a preflight allows: the methods of the paths CORS covers (HEAD, like GET, needs no preflight) ...
 ALLOW_METHODS = ("GET", "POST")
 # ... the request headers the openai and anthropic JS SDKs send in a browser (a preflight's list cannot say
-# `x-stainless-*`: each is named), the ids and trace context Portico reads ...
+# `x-stainless-*`: each is named; the anthropic SDK sends `user_profile_id` and `workspace_id` as headers), the ids
+# and trace context Portico reads, and the response cache's refusal (Cache-Control, Pragma) ...
 ALLOW_HEADERS = (
     "authorization", "x-api-key", "content-type", "accept", "user-agent", "x-request-id", "traceparent", "tracestate",
-    "idempotency-key", "openai-organization", "openai-project", "openai-beta", "anthropic-version", "anthropic-beta",
-    "anthropic-dangerous-direct-browser-access", "x-stainless-lang", "x-stainless-package-version", "x-stainless-os",
+    "cache-control", "pragma", "idempotency-key", "openai-organization", "openai-project", "openai-beta",
+    "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access", "anthropic-user-profile-id",
+    "anthropic-workspace-id", "x-stainless-lang", "x-stainless-package-version", "x-stainless-os",
     "x-stainless-arch", "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-retry-count",
     "x-stainless-timeout", "x-stainless-read-timeout", "x-stainless-helper", "x-stainless-helper-method",
     "x-stainless-stream-helper", "x-stainless-async", "x-stainless-poll-helper", "x-stainless-custom-poll-interval",

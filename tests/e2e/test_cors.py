@@ -165,6 +165,21 @@ def test_a_message_with_the_anthropic_sdks_browser_headers(page, gateway):
     assert models.get("status") == 200 and '"has_more"' in models["text"], models
 
 
+def test_the_headers_the_docs_let_a_caller_send_pass_the_preflight(page, gateway):
+    """Headers api.md and configuration.md say a caller may send: the response cache's refusal (Cache-Control,
+    Pragma), and the anthropic SDK's user_profile_id and workspace_id (accepted, ignored)."""
+    headers = {"x-api-key": gateway.secret, "anthropic-version": "2023-06-01", "content-type": "application/json",
+               "anthropic-dangerous-direct-browser-access": "true", "anthropic-user-profile-id": "up_1",
+               "anthropic-workspace-id": "wrkspc_1", "cache-control": "no-cache", "pragma": "no-cache"}
+    body = {"model": "family-b-haiku-4-5-20251001", "messages": [{"role": "user", "content": "Say hi"}],
+            "max_tokens": 4}
+    got = call(page, APP_ORIGIN, f"{gateway.base_url}/v1/messages", headers=headers, body=json_body(body))
+    assert got.get("status") == 200 and json.loads(got["text"])["type"] == "message", got
+    got = call(page, APP_ORIGIN, f"{gateway.base_url}/v1/chat/completions", body=json_body(CHAT),
+               headers={**openai_headers(gateway.secret), "cache-control": "max-age=0"})
+    assert got.get("status") == 200, got
+
+
 def test_errors_are_readable_with_their_status_and_error_object(page, gateway):
     url = f"{gateway.base_url}/v1/chat/completions"
     # The server's 401 for an unknown key.
