@@ -7,17 +7,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import SplitResult
 
 from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 
 # What a preflight allows: the methods of the paths CORS covers (HEAD, like GET, needs no preflight) ...
 ALLOW_METHODS = ("GET", "POST")
 # ... the request headers the openai and anthropic JS SDKs send in a browser (a preflight's list cannot say
-# `x-stainless-*`: each is named), the ids and trace context Portico reads ...
+# `x-stainless-*`: each is named; the anthropic SDK sends `user_profile_id` and `workspace_id` as headers), the ids
+# and trace context Portico reads, and the response cache's refusal (Cache-Control, Pragma) ...
 ALLOW_HEADERS = (
     "authorization", "x-api-key", "content-type", "accept", "user-agent", "x-request-id", "traceparent", "tracestate",
-    "idempotency-key", "openai-organization", "openai-project", "openai-beta", "anthropic-version", "anthropic-beta",
-    "anthropic-dangerous-direct-browser-access", "x-stainless-lang", "x-stainless-package-version", "x-stainless-os",
+    "cache-control", "pragma", "idempotency-key", "openai-organization", "openai-project", "openai-beta",
+    "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access", "anthropic-user-profile-id",
+    "anthropic-workspace-id", "x-stainless-lang", "x-stainless-package-version", "x-stainless-os",
     "x-stainless-arch", "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-retry-count",
     "x-stainless-timeout", "x-stainless-read-timeout", "x-stainless-helper", "x-stainless-helper-method",
     "x-stainless-stream-helper", "x-stainless-async", "x-stainless-poll-helper", "x-stainless-custom-poll-interval",
@@ -85,7 +88,23 @@ def _origins(value: Any, where: str) -> tuple[str, ...]:
         if parts.port is not None and parts.port == _DEFAULT_PORTS.get(parts.scheme):
             raise ConfigError(f"{where}: {origin!r} names its scheme's default port, which browsers leave out of "
                               f"the origin they send: write {origin.rpartition(':')[0]}")
+        sent = _as_sent(parts)
+        if origin != sent:
+            raise ConfigError(f"{where}: {origin!r} is not spelled as browsers send it (a host in ASCII, its "
+                              f"punycode form; a port without leading zeros): write {sent}")
     return tuple(dict.fromkeys(origins))
+
+
+def _as_sent(parts: SplitResult) -> str:
+    """The origin as a browser serializes it: an international host in punycode (`bücher.example` ->
+    `xn--bcher-kva.example`), the port in plain digits."""
+    host = parts.netloc.rpartition(":")[0] if parts.port is not None else parts.netloc  # no `user@`: _ORIGIN
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            pass  # no ASCII form: the message's `write` then repeats the host, which still says why
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port is not None else "")
 
 
 def _names(value: Any, where: str) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ as curl sees it. Off unless configured: without `cors:` the browser blocks the s
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import json
 import threading
@@ -164,6 +165,21 @@ def test_a_message_with_the_anthropic_sdks_browser_headers(page, gateway):
     assert models.get("status") == 200 and '"has_more"' in models["text"], models
 
 
+def test_the_headers_the_docs_let_a_caller_send_pass_the_preflight(page, gateway):
+    """Headers api.md and configuration.md say a caller may send: the response cache's refusal (Cache-Control,
+    Pragma), and the anthropic SDK's user_profile_id and workspace_id (accepted, ignored)."""
+    headers = {"x-api-key": gateway.secret, "anthropic-version": "2023-06-01", "content-type": "application/json",
+               "anthropic-dangerous-direct-browser-access": "true", "anthropic-user-profile-id": "up_1",
+               "anthropic-workspace-id": "wrkspc_1", "cache-control": "no-cache", "pragma": "no-cache"}
+    body = {"model": "family-b-haiku-4-5-20251001", "messages": [{"role": "user", "content": "Say hi"}],
+            "max_tokens": 4}
+    got = call(page, APP_ORIGIN, f"{gateway.base_url}/v1/messages", headers=headers, body=json_body(body))
+    assert got.get("status") == 200 and json.loads(got["text"])["type"] == "message", got
+    got = call(page, APP_ORIGIN, f"{gateway.base_url}/v1/chat/completions", body=json_body(CHAT),
+               headers={**openai_headers(gateway.secret), "cache-control": "max-age=0"})
+    assert got.get("status") == 200, got
+
+
 def test_errors_are_readable_with_their_status_and_error_object(page, gateway):
     url = f"{gateway.base_url}/v1/chat/completions"
     # The server's 401 for an unknown key.
@@ -248,3 +264,23 @@ def test_an_actual_answer_names_the_origin_and_exposes_the_headers(gateway):
     plain = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": f"Bearer {gateway.secret}"},
                       timeout=10)
     assert not any(name.startswith("access-control-") for name in plain.headers)
+
+
+def test_envoys_own_refusals_carry_cors_too(gateway):
+    """Replies Envoy makes itself (configuration.md): a body announced over 8 MiB, a wrong method, HEAD's answer."""
+    key = {"origin": APP_ORIGIN, "authorization": f"Bearer {gateway.secret}"}
+    # Refused on its content-length, before any of the body is sent (httpx sends none that its body does not fit).
+    connection = http.client.HTTPConnection(httpx.URL(gateway.base_url).host, httpx.URL(gateway.base_url).port,
+                                            timeout=10)
+    connection.request("POST", "/v1/chat/completions", headers={
+        **key, "content-type": "application/json", "content-length": str(9 << 20)})
+    response = connection.getresponse()
+    too_large = httpx.Response(response.status, headers=response.getheaders(), content=response.read())
+    connection.close()
+    wrong_method = httpx.get(f"{gateway.base_url}/v1/chat/completions", headers=key, timeout=10)
+    head = httpx.head(f"{gateway.base_url}/v1/models", headers=key, timeout=10)
+    for answer, status in ((too_large, 413), (wrong_method, 404), (head, 200)):
+        assert answer.status_code == status and answer.headers["access-control-allow-origin"] == APP_ORIGIN, answer
+        assert "x-request-id" in answer.headers["access-control-expose-headers"]
+        assert "origin" in answer.headers.get("vary", "").lower()
+    assert too_large.json()["error"]["code"] == "request_too_large"

@@ -75,6 +75,11 @@ MISTAKES = [
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://*.example.com']}}", r"cors\.allow_origins: .* is not an origin"),
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://app.example.com:443']}}",
      r"cors\.allow_origins: .*default port.*write https://app\.example\.com"),
+    # Browsers send a host in its ASCII (punycode) form and a port without leading zeros.
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://bücher.example']}}",
+     r"cors\.allow_origins: 'https://bücher\.example' .*ASCII.*write https://xn--bcher-kva\.example"),
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['http://127.0.0.1:05173']}}",
+     r"cors\.allow_origins: 'http://127\.0\.0\.1:05173' .*write http://127\.0\.0\.1:5173"),
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['*', 'https://app.example.com']}}", r"cors\.allow_origins: `\*`"),
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['*'], allow_headers: ['x-stainless-*']}}",
      r"cors\.allow_headers: 'x-stainless-\*' is not a header name"),
