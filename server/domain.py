@@ -407,6 +407,18 @@ class UpstreamObject:
     content: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamAnswer:
+    """What an upstream said of its own answer, or one part of it (a streamed chunk or event), as it said it: its id,
+    the model it names, its finish reason, its token counts ("" or None: not in this part). For the attempt's span."""
+
+    id: str = ""
+    model: str = ""
+    finish_reason: str = ""
+    input_tokens: int | None = None  # the whole prompt, its prompt-cache parts included
+    output_tokens: int | None = None
+
+
 GenerationEvent = Started | UpstreamObject | TextDelta | ToolCallStart | ToolCallDelta | Finished
 
 

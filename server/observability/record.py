@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.domain import Endpoint, SamplingParams
+from server.domain import Endpoint, SamplingParams, UpstreamAnswer
 from server.errors import PorticoError
 
 CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended
@@ -164,6 +164,11 @@ class Scope(Protocol):
     """A span open for a `with` block (server/observability/tracing.py Scope or NoScope)."""
 
     def set(self, key: str, value: str | int | float | bool) -> None: ...
+
+    @property
+    def recording(self) -> bool: ...
+
+    def answered(self, answer: UpstreamAnswer) -> None: ...
 
     def headers(self) -> dict[str, str]: ...
 

@@ -16,7 +16,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from server.domain import Endpoint
+from server.domain import Endpoint, UpstreamAnswer
 from server.errors import PorticoError
 
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -39,6 +39,26 @@ class Scope:
     def set(self, key: str, value: str | int | float | bool) -> None:
         self.span.set_attribute(key, value)
 
+    @property
+    def recording(self) -> bool:
+        """Whether what is set is kept (a sampled trace): callers read an answer for `answered` only then."""
+        return self.span.is_recording()
+
+    def answered(self, answer: UpstreamAnswer) -> None:
+        """What an upstream said of its answer, in the conventions' names: each value `answer` holds, replacing
+        the one an earlier part of a stream gave."""
+        span = self.span
+        if answer.id:
+            span.set_attribute("gen_ai.response.id", answer.id)
+        if answer.model:
+            span.set_attribute("gen_ai.response.model", answer.model)
+        if answer.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", (answer.finish_reason,))
+        if answer.input_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", answer.input_tokens)
+        if answer.output_tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", answer.output_tokens)
+
     def headers(self) -> dict[str, str]:
         """W3C trace-context headers naming this span as the parent: for the upstream this span calls."""
         carrier: dict[str, str] = {}
@@ -60,8 +80,12 @@ class NoScope:
     """What a caller gets when the request is not traced: every call does nothing."""
 
     __slots__ = ()
+    recording = False
 
     def set(self, key: str, value: str | int | float | bool) -> None:
+        pass
+
+    def answered(self, answer: UpstreamAnswer) -> None:
         pass
 
     def headers(self) -> dict[str, str]:

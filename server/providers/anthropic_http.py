@@ -18,7 +18,9 @@ from server.errors import InvalidRequest, UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.providers.upstream_errors import scrubbed_object
-from server.translate.anthropic_events_to_internal import AnthropicEventReader, carries_content, message_events
+from server.translate.anthropic_events_to_internal import (
+    AnthropicEventReader, anthropic_answer, carries_content, message_events,
+)
 from server.translate.internal_to_anthropic_request import anthropic_body, caller_param, count_body
 from server.translate.usage_counts import token_count
 
@@ -48,30 +50,39 @@ class AnthropicProvider:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = anthropic_body(request, model=self._model)
         headers = _beta_headers(request)
+        # The attempt's span is ours until the answer is read: it says what the upstream answered, or failed.
+        attempt = self._upstream.attempt("v1/messages", body, self._model_id)
         try:
             if not request.stream:
-                answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id, headers=headers,
-                                                      billed=True)
-                if answer.get("type") == "error" or "error" in answer:
-                    raise self._upstream.stream_error(answer, self._model_id, self._model)
-                generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())
+                with attempt:
+                    answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id,
+                                                            headers=headers, billed=True, attempt=attempt)
+                    if answer.get("type") == "error" or "error" in answer:
+                        raise self._upstream.stream_error(answer, self._model_id, self._model)
+                    generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())
+                    if attempt.recording:
+                        attempt.answered(anthropic_answer(answer))
                 yield UpstreamObject(Dialect.ANTHROPIC, answer)
                 for event in generated:
                     yield event
                 return
             reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens())
-            async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers) as events:
-                async for event in events:
-                    payload = self._upstream.event_object(event.data, self._model_id)
-                    if event.event == "error" or payload.get("type") == "error":
-                        raise self._upstream.stream_error(payload, self._model_id, self._model)
-                    made = reader.feed(payload)  # first: an event that is not the API's never reaches the caller
-                    yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
-                    for generated in made:
-                        yield generated
-                    if reader.finished:
-                        return
-            reader.end()
+            with attempt:
+                async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers,
+                                                 attempt=attempt) as events:
+                    async for event in events:
+                        payload = self._upstream.event_object(event.data, self._model_id)
+                        if event.event == "error" or payload.get("type") == "error":
+                            raise self._upstream.stream_error(payload, self._model_id, self._model)
+                        made = reader.feed(payload)  # first: an event that is not the API's never reaches the caller
+                        if attempt.recording:
+                            attempt.answered(anthropic_answer(payload))
+                        yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
+                        for generated in made:
+                            yield generated
+                        if reader.finished:
+                            return
+                reader.end()  # a stream cut short fails its attempt
         except InvalidRequest as error:  # Anthropic names no param; its message names a field of the body built here
             if error.param is None:
                 error.param = caller_param(request, error.message)

@@ -22,7 +22,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager, nullcontext, suppress
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -112,13 +112,14 @@ class HttpUpstream:
             self._client = self._pool = None
 
     @asynccontextmanager
-    async def stream(self, path: str, body: Mapping, *, model_id: str,
-                     headers: Mapping[str, str] | None = None) -> AsyncIterator[AsyncIterator[SseEvent]]:
+    async def stream(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
+                     attempt: Scope | NoScope | None = None) -> AsyncIterator[AsyncIterator[SseEvent]]:
         """POST `body` and yield the answer's server-sent events. Leaving the block before the end of the answer
         with an exception (an error, a caller who went away) closes the connection, which is how the upstream's
         work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
-        to the pool once the answer is complete."""
-        with self._attempt(path, body, model_id) as attempt:
+        to the pool once the answer is complete. `attempt`: the caller's span for it (`attempt()`), which reads the
+        answer; None: one of its own, around the exchange."""
+        with self._attempt_of(attempt, path, body, model_id) as attempt:
             response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                         before_answer=True, body=wire_json.dumps(body),
                                         headers=self._headers_for(attempt, headers), read_timeout=self._read_timeout)
@@ -143,10 +144,11 @@ class HttpUpstream:
                     await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
-                        billed: bool = False) -> dict:
+                        billed: bool = False, attempt: Scope | NoScope | None = None) -> dict:
         """`billed`: a generation, which the upstream finishes and bills even when its client leaves: once sent, a
-        caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts."""
-        with self._attempt(path, body, model_id) as attempt:
+        caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts.
+        `attempt`: as for `stream`."""
+        with self._attempt_of(attempt, path, body, model_id) as attempt:
             response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                         before_answer=True, body=wire_json.dumps(body),
                                         headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
@@ -224,12 +226,19 @@ class HttpUpstream:
         return from_stream_error(payload, retry_on=self._retry_on, upstream=model_id, secret=self._secret,
                                  upstream_model=upstream_model)
 
-    def _attempt(self, path: str, body: Mapping, model_id: str) -> Scope | NoScope:
+    def attempt(self, path: str, body: Mapping, model_id: str) -> Scope | NoScope:
+        """The span of one request to this upstream, for a caller that reads the answer itself to say on it what
+        the upstream answered (Scope.answered): `with` around `stream` or `post_json` given it and that reading."""
         if self._recorder is None:
             return NO_SCOPE
         upstream_model = body.get("model")
         return self._recorder.attempt(model_id, upstream_model if isinstance(upstream_model, str) else "",
                                       self._provider, _OPERATIONS.get(path, "chat"), self._address, self._port)
+
+    def _attempt_of(self, attempt: Scope | NoScope | None, path: str, body: Mapping,
+                    model_id: str) -> Scope | NoScope | nullcontext:
+        """The caller's attempt span, which the caller ends, or one of our own for this exchange."""
+        return self.attempt(path, body, model_id) if attempt is None else nullcontext(attempt)
 
     def _headers_for(self, attempt: Scope | NoScope, extra: Mapping[str, str] | None = None) -> bytes:
         """The request's header lines: the upstream's own, plus a request's `extra` (e.g. `anthropic-beta`, which

@@ -17,7 +17,9 @@ from server.errors import InvalidRequest
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.internal_to_openai_request import caller_param, openai_body
-from server.translate.openai_chunks_to_internal import OpenAIChunkReader, carries_content, completion_events
+from server.translate.openai_chunks_to_internal import (
+    OpenAIChunkReader, carries_content, completion_events, openai_answer,
+)
 
 
 def openai_auth_headers(api_key: str | None) -> dict[str, str]:
@@ -37,11 +39,17 @@ class OpenAIProvider:
         body = openai_body(request, model=self._model, max_tokens_field=self._max_tokens_field)
         try:
             prompt_estimate = request.estimated_prompt_tokens()
+            # The attempt's span is ours until the answer is read: it says what the upstream answered, or failed.
+            attempt = self._upstream.attempt("chat/completions", body, self._model_id)
             if not request.stream:
-                answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id, billed=True)
-                if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
-                    raise self._upstream.stream_error(answer, self._model_id, self._model)
-                generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
+                with attempt:
+                    answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id,
+                                                            billed=True, attempt=attempt)
+                    if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
+                        raise self._upstream.stream_error(answer, self._model_id, self._model)
+                    generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
+                    if attempt.recording:
+                        attempt.answered(openai_answer(answer))
                 yield UpstreamObject(Dialect.OPENAI, answer)
                 for event in generated:
                     yield event
@@ -50,21 +58,26 @@ class OpenAIProvider:
             # The prompt's count for an Anthropic caller's message_start (OpenAI reports its own only at the end); a
             # chat caller's stream has no place for it, and skips the event's trip through every layer.
             started = request.source is not None and request.source.dialect is Dialect.OPENAI
-            async with self._upstream.stream("chat/completions", body, model_id=self._model_id) as events:
-                async for event in events:
-                    if event.data == b"[DONE]":
-                        break
-                    chunk = self._upstream.event_object(event.data, self._model_id)
-                    if "error" in chunk:
-                        raise self._upstream.stream_error(chunk, self._model_id, self._model)
-                    made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
-                    yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
-                    if not started:
-                        started = True
-                        yield Started(prompt_estimate)
-                    for generated in made:
-                        yield generated
-            yield reader.end()
+            with attempt:
+                async with self._upstream.stream("chat/completions", body, model_id=self._model_id,
+                                                 attempt=attempt) as events:
+                    async for event in events:
+                        if event.data == b"[DONE]":
+                            break
+                        chunk = self._upstream.event_object(event.data, self._model_id)
+                        if "error" in chunk:
+                            raise self._upstream.stream_error(chunk, self._model_id, self._model)
+                        made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
+                        if attempt.recording:
+                            attempt.answered(openai_answer(chunk))
+                        yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
+                        if not started:
+                            started = True
+                            yield Started(prompt_estimate)
+                        for generated in made:
+                            yield generated
+                finished = reader.end()  # a stream cut short fails its attempt
+            yield finished
         except InvalidRequest as error:  # its param names a field of the body built here: the caller's instead
             if error.param:
                 error.param = caller_param(request, error.param)

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 
 from server import wire_json
 from server.domain import (
-    FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
-    estimate_tokens,
+    FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer,
+    Usage, estimate_tokens,
 )
 from server.errors import UpstreamError
-from server.translate.usage_counts import MAX_TOKEN_COUNT, token_count
+from server.translate.usage_counts import MAX_TOKEN_COUNT, reported_count, token_count
 from server.translate.values import MALFORMED, upstream_label, upstream_string
 
 _INPUT_COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # together, the prompt
@@ -164,6 +164,19 @@ def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0) -> 
         "stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}})
     events += reader.feed({"type": "message_stop"})
     return events
+
+
+def anthropic_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:
+    """What a `message`, or one streamed event, says of the answer: a message (message_start's too) its id, model and
+    usage; message_delta its stop reason and final usage; other events nothing. Read after the reader took it."""
+    kind = answer.get("type")
+    message = _mapping(answer.get("message")) if kind == "message_start" else answer
+    reason = _mapping(answer.get("delta")).get("stop_reason") if kind == "message_delta" else message.get("stop_reason")
+    usage = _mapping(message.get("usage"))
+    reported = any(usage.get(name) is not None for name in _INPUT_COUNTS)
+    return UpstreamAnswer(upstream_label(message.get("id"), 256), upstream_label(message.get("model"), 256),
+                          upstream_label(reason), _input_tokens(usage) if reported else None,
+                          reported_count(usage, "output_tokens"))
 
 
 def carries_content(event: Mapping[str, Json]) -> bool:

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from server.domain import (
-    FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, Usage, estimate_tokens,
+    FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer, Usage,
+    estimate_tokens,
 )
 from server.errors import UpstreamError
-from server.translate.usage_counts import token_count
+from server.translate.usage_counts import reported_count, token_count
 from server.translate.values import MALFORMED, upstream_label, upstream_string
 
 FINISH_REASONS = {
@@ -124,6 +125,19 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
         finished = replace(finished, usage=Usage(prompt_estimate, estimate_tokens(chars)))
     events.append(finished)
     return events
+
+
+def openai_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:
+    """What a chat.completion, or one of its chunks, says of itself: its id and model (every chunk repeats them), the
+    first choice's finish reason, the usage (the last chunk's). Read after the reader took it, so well formed."""
+    reason = ""
+    for choice in answer.get("choices") or ():
+        if choice.get("index", 0) == 0:
+            reason = upstream_label(choice.get("finish_reason"))
+    usage = answer.get("usage")
+    usage = usage if isinstance(usage, Mapping) else {}
+    return UpstreamAnswer(upstream_label(answer.get("id"), 256), upstream_label(answer.get("model"), 256), reason,
+                          reported_count(usage, "prompt_tokens"), reported_count(usage, "completion_tokens"))
 
 
 def carries_content(chunk: Mapping[str, Json]) -> bool:

@@ -27,3 +27,8 @@ def token_count(usage: Mapping[str, Json], name: str) -> int:
         shown = wire_json.dumps(value).decode()
         raise UpstreamError(f"The upstream's usage is not a token count: `{name}` is {shown}.")
     return value
+
+
+def reported_count(usage: Mapping[str, Json], name: str) -> int | None:
+    """A count as the upstream reported it; None when it did not (absent or null), where token_count says 0."""
+    return None if usage.get(name) is None else token_count(usage, name)

@@ -388,10 +388,10 @@ def _integral(value):
 MALFORMED = (AttributeError, KeyError, TypeError, ValueError, OverflowError)
 
 
-def upstream_label(value: Json) -> str:
-    """A short word from an upstream's answer kept for telemetry (a finish reason): "" unless a string, and
-    bounded, whatever the upstream sent."""
-    return value[:64] if isinstance(value, str) else ""
+def upstream_label(value: Json, limit: int = 64) -> str:
+    """A short word from an upstream's answer kept for telemetry (a finish reason; with a larger `limit`, an id or a
+    model name): "" unless a string, and bounded, whatever the upstream sent."""
+    return value[:limit] if isinstance(value, str) else ""
 
 
 def upstream_string(value: Json) -> str:

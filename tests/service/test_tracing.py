@@ -24,7 +24,7 @@ from server.domain import KeyLimits
 from tests.helpers import bearer, chat_request, http_body
 from tests.otlp_receiver import OtlpReceiver
 from tests.upstream_double import Cue
-from tests.upstream_echo import echo_messages
+from tests.upstream_echo import echo_chat, echo_messages
 from tests.upstream_support import (
     UPSTREAM_KEY, UPSTREAM_KEY_ENV, cross_dialect_models, upstream_models, write_config,
 )
@@ -599,3 +599,73 @@ async def test_the_answers_id_is_on_the_request_span(chat, messages, running, re
     with pytest.raises(grpc.aio.AioRpcError):
         await ask(chat, secret, traceparent, temperature=5)
     assert "gen_ai.response.id" not in one(await spans_of(receiver, refused), kind="server").attributes
+
+
+def _answered_by_upstream(kind: str, stream: bool) -> tuple[Cue, dict]:
+    """An upstream answer with its own id and a dated model name (not the name asked for), and the attributes its
+    attempt span must carry: what the upstream said, as it said it (Anthropic's `max_tokens`, its whole prompt)."""
+    if kind == "openai":
+        asked = {"model": "main-model-2026-01", "max_tokens": 2, "messages": HELLO, "stream": stream,
+                 "stream_options": {"include_usage": True}}
+        answer, own_id, (prompt, output) = echo_chat(asked), "chatcmpl-own-7", (2, 2)
+        reason, renamed = "length", (b"chatcmpl-up", own_id.encode())
+    else:
+        asked = {"model": "claude-up-2026-01", "max_tokens": 2, "messages": HELLO, "stream": stream}
+        answer, own_id, (prompt, output) = echo_messages(asked), "msg_own_7", (2, 2)
+        reason, renamed = "max_tokens", (b"msg_up", own_id.encode())
+        if not stream:  # the prompt cache's part of the prompt counts too (the conventions: the whole prompt)
+            answer["usage"] = {**answer["usage"], "cache_read_input_tokens": 40}
+            prompt += 40
+    if stream:
+        cue = Cue(frames=[frame.replace(*renamed) for frame in answer])
+    else:
+        cue = Cue(body={**answer, "id": own_id})
+    expected = {"gen_ai.response.id": own_id, "gen_ai.response.model": asked["model"],
+                "gen_ai.response.finish_reasons": (reason,), "gen_ai.usage.input_tokens": prompt,
+                "gen_ai.usage.output_tokens": output}
+    return cue, expected
+
+
+_RESPONSE_ATTRIBUTES = ("gen_ai.response.id", "gen_ai.response.model", "gen_ai.response.finish_reasons",
+                        "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens")
+
+
+@pytest.mark.parametrize("model, kind", [("up-main", "openai"), ("chat-on-anthropic", "anthropic")])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_each_attempt_says_what_its_upstream_answered(chat, running, double, receiver, key, model, kind,
+                                                            stream):
+    """The attempt span carries the upstream's own answer (the gen_ai conventions' client span): its id, the model
+    it says answered, its finish reason and token counts as it sent them, which may differ from what the caller got
+    (a `length` for Anthropic's `max_tokens`, Portico's own id)."""
+    _, secret = key
+    cue, expected = _answered_by_upstream(kind, stream)
+    double.cue(cue)
+    trace_id, _, traceparent = caller_context()
+    body = {"model": model, "max_tokens": 2, "messages": HELLO, "stream": stream}
+    metadata = (*bearer(secret), traceparent)
+    if stream:
+        [part async for part in chat.CreateChatCompletionHttp(http_body(body), metadata=metadata)]
+    else:
+        await chat.CreateChatCompletionHttpUnary(http_body(body), metadata=metadata)
+
+    spans = await spans_of(receiver, trace_id)
+    attempt = one(spans, kind="client")
+    assert {name: attempt.attributes.get(name) for name in _RESPONSE_ATTRIBUTES} == expected
+    server = one(spans, kind="server")
+    assert server.attributes["gen_ai.response.finish_reasons"] == ("length",)  # as the chat caller was told
+    assert server.attributes["gen_ai.response.id"] != expected["gen_ai.response.id"]  # Portico's own id
+
+
+async def test_a_failed_attempt_says_nothing_of_an_answer(chat, running, double, receiver, key):
+    _, secret = key
+    double.cue(Cue(status=503, body={"error": {"message": "overloaded"}}),
+               Cue(body={"error": {"message": "busy", "type": "server_error"}}))  # an error in a 200 answer
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent)
+
+    attempts = sorted((s for s in await spans_of(receiver, trace_id) if s.kind == "client"), key=lambda s: s.start)
+    *failed, answered = attempts
+    assert len(failed) == 2 and all(s.error for s in failed)  # the 200 carrying an error failed its attempt too
+    for span in failed:
+        assert not set(_RESPONSE_ATTRIBUTES) & set(span.attributes), span.attributes
+    assert answered.attributes["gen_ai.response.id"] == "chatcmpl-up" and not answered.error
