@@ -69,7 +69,8 @@ async def test_a_stream_reports_its_usage_and_finish_reason(chat, running, recei
     _, secret = key
     trace_id, _, traceparent = caller_context()
     request = chat_request(model="up-main", messages=HELLO, stream=True)
-    answer = [body async for body in chat.CreateChatCompletionHttp(http_body(request), metadata=(*bearer(secret), traceparent))]
+    metadata = (*bearer(secret), traceparent)
+    answer = [body async for body in chat.CreateChatCompletionHttp(http_body(request), metadata=metadata)]
     assert b"[DONE]" in answer[-1].data
 
     spans = await spans_of(receiver, trace_id)
