@@ -172,9 +172,10 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         if not isinstance(tool, dict):
             raise wrong_type(where, "an object", tool)
         kind = opt_string(tool, "type", where)
-        if kind not in (None, "custom"):  # a server tool (web_search_20250305, ...): Anthropic runs it
-            unread.append(Unread(f"{where}.type", f"Server tools ({kind[:40]!r}) run only on Anthropic's API: this "
-                                                  "model cannot use them."))
+        if kind not in (None, "custom"):  # a server tool (web_search_20250305, ...) or a typo: Anthropic judges it
+            unread.append(Unread(f"{where}.type", f"Tools of type {kind[:40]!r} (server tools, or types added to the "
+                                                  "API later) are passed only to Anthropic upstreams; this model "
+                                                  "takes custom tools (no type, or \"custom\")."))
             continue
         name = opt_string(tool, "name", where)
         if not name:

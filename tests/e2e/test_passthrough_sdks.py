@@ -235,10 +235,14 @@ def test_across_dialects_fields_are_translated_or_ignored_by_the_table(oai, clau
         oai.chat.completions.create(model="chat-claude", messages=[{"role": "user", "content": "Oslo"}],
                                     max_tokens=4, frequency_penalty=0.5)
     assert caught.value.body["param"] == "frequency_penalty"
-    with pytest.raises(anthropic.BadRequestError) as refused:
-        claude.messages.create(model="messages-gpt", max_tokens=4, tools=[SEARCH_TOOL],
-                               messages=[{"role": "user", "content": "Oslo"}])
-    assert refused.value.body["error"]["param"] == "tools[0].type"
+    typo = {"type": "bogus", "name": "f", "input_schema": {"type": "object"}}
+    for tool in (SEARCH_TOOL, typo):  # the message is true of a server tool and of a typo alike
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model="messages-gpt", max_tokens=4, tools=[tool],
+                                   messages=[{"role": "user", "content": "Oslo"}])
+        error = refused.value.body["error"]
+        assert error["param"] == "tools[0].type" and f"Tools of type {tool['type']!r}" in error["message"]
+        assert "custom tools" in error["message"] and "Server tools (" not in error["message"]
 
 
 @pytest.mark.parametrize("model", ["chat-claude", "chat-embedded"])
