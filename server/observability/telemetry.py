@@ -165,8 +165,7 @@ class Telemetry:
         attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "portico.embedded",
                       "gen_ai.request.model": engine_model, "portico.model": record.answered_by or record.model,
                       "portico.attempt": record.spans_started}
-        # Named `{gen_ai.operation.name} {gen_ai.request.model}`, as the gen_ai conventions name inference spans.
-        return self.tracing.child(record.span, f"chat {engine_model}", SpanKind.INTERNAL, attributes)
+        return self.tracing.child(record.span, f"generate {engine_model}", SpanKind.INTERNAL, attributes)
 
     def close(self) -> None:
         if self.tracing is not None:

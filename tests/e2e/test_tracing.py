@@ -88,7 +88,7 @@ def test_a_rest_callers_trace_runs_through_envoy_portico_and_the_upstream(tmp_pa
                                                   "portico.v1.ModelService/ListModels"}
             (attempt,) = [s for s in spans if s.kind == "client"]
             assert double.seen[-1].headers["traceparent"] == f"00-{trace_id}-{attempt.span_id}-01"
-            assert any(s.name.startswith("chat SmolLM2") and s.kind == "internal" for s in spans)
+            assert any(s.name.startswith("generate SmolLM2") for s in spans)
             lines = access_lines(gateway, trace_id, 3)
             assert {line["model"] for line in lines} == {"up-chat", "family-a-5.5", None}
             exported = b"".join(receiver.bodies)

@@ -201,7 +201,7 @@ async def test_the_embedded_model_has_a_generation_span(chat, running, receiver,
 
     spans = await spans_of(receiver, trace_id)
     server = one(spans, kind="server")
-    generation = one(spans, name="chat SmolLM2-135M-Instruct.Q4_1", kind="internal")
+    generation = one(spans, name="generate SmolLM2-135M-Instruct.Q4_1")
     assert generation.parent_id == server.span_id and not generation.error
     assert generation.attributes["gen_ai.request.model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert generation.attributes["portico.queued_ms"] >= 0
