@@ -18,7 +18,7 @@ import uvloop
 
 from server.config import Config, ConfigError, listen_host, load_config
 from server.config_providers import upstream_keys
-from server.domain import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain_keys import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
 from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError

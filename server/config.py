@@ -17,8 +17,8 @@ from server.config_deployments import parse_cache, parse_deployments, parse_heal
 from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
-from server.domain import (MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, Endpoint, KeyLimits,
-                           ModelEntry, Price)
+from server.domain import Endpoint, ModelEntry, Price
+from server.domain_keys import MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, KeyLimits
 from server.limits.settings import LimitSettings, redacted
 from server.usage.money import parse_price, usd_text, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage

@@ -22,10 +22,11 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    ApiKey, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, TextDelta,
+    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, TextDelta,
     TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import GeneratedImage, ImageRequest
+from server.domain_keys import ApiKey
 from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata

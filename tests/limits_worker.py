@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Scope
 from server.limits.redis import RedisLimitStore

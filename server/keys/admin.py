@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 
-from server.domain import MAX_GRACE_SECONDS, ApiKey, KeyLimits
+from server.domain_keys import MAX_GRACE_SECONDS, ApiKey, KeyLimits
 from server.errors import InvalidRequest
 from server.keys.store import KeyStore
 

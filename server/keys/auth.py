@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from cachetools import LRUCache, TTLCache
 
 from server.db.database import RETRY_AFTER_SECONDS, StoreUnavailable
-from server.domain import ApiKey
+from server.domain_keys import ApiKey
 from server.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
 from server.keys.store import SECRET_PREFIX, KeyStore, hash_secret
 

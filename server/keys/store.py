@@ -15,7 +15,7 @@ from typing import Any
 
 from server.db.database import Database, open_database, storable
 from server.db.settings import StoreSettings
-from server.domain import KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain_keys import KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, NotFound
 from server.keys.schema import COMPONENT, MIGRATIONS
 from server.usage.money import usd_text

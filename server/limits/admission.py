@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-from server.domain import KEY_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain_keys import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
     Demand, LimitStore, LimitStoreUnavailable, Orphan, Reading, Reservation, ReservationIds, Scope,

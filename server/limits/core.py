@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.errors import RateLimited
 from server.usage.money import usd_text
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from server.config_tracing import TracingSettings
-from server.domain import ApiKey, SamplingParams
+from server.domain import SamplingParams
+from server.domain_keys import ApiKey
 from server.errors import redact_secrets
 from server.observability.access_log import AccessLog
 from server.observability.metrics import Metrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 from google.api import httpbody_pb2
 from portico.v1 import key_pb2, key_service_pb2_grpc
 
-from server.domain import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain_keys import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
 from server.translate.json_to_message import read_body

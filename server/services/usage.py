@@ -13,7 +13,7 @@ from google.protobuf import json_format
 
 from portico.v1 import organization_usage_pb2 as pb
 from portico.v1 import usage_service_pb2_grpc
-from server.domain import ApiKey
+from server.domain_keys import ApiKey
 from server.errors import PermissionDenied
 from server.keys import Authenticator
 from server.render import json_body

@@ -14,7 +14,7 @@ import pytest
 from server.config import load_config
 from server.db import StoreSettings
 from server.db.database import StoreUnavailable
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.errors import AuthenticationFailed, InvalidRequest, NotFound, PermissionDenied, ServiceUnavailable
 from server.keys import Authenticator, KeyAdmin, KeyStore, hash_secret, open_key_store
 from server.serving import _first_key as first_key

@@ -10,7 +10,7 @@ import pytest
 from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from server.app import RunningServer, start_server
 from server.config import load_config
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc, limit_pb2, limit_service_pb2_grpc
 from server.app import start_server
 from server.db import StoreSettings
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
 from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_echo import echo_chat

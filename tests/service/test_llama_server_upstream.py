@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from server.app import start_server
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, message_request, sse_frames, http_body
 from tests.llama_server import MODEL_ALIAS
 from tests.upstream_support import load_upstream_config, window_tokens

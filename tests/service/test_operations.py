@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from portico.v1 import probe_pb2, probe_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request
 
 CHAT = "/v1/chat/completions"

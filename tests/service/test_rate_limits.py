@@ -13,7 +13,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from portico.v1 import image_pb2, image_service_pb2_grpc, message_service_pb2_grpc
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request, http_body
 from tests.service.test_usage_ledger import usage_json
 from tests.upstream_support import window_tokens

@@ -18,7 +18,7 @@ import pytest
 from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
 from server.app import RunningServer, start_server
 from server.config import Config, load_config
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
 from tests.redis_support import start_redis
 from tests.upstream_double import Cue

@@ -16,7 +16,7 @@ import pytest
 from portico.v1 import chat_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.limits.redis_pipe import RedisPipe
 from tests.helpers import bearer, chat_body, http_body, message_body, sse_frames
 from tests.upstream_double import Cue

@@ -12,7 +12,7 @@ import pytest
 
 from portico.v1 import chat_service_pb2_grpc
 from server.app import start_server
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config, upstream_models

@@ -18,7 +18,7 @@ from google.protobuf import json_format
 
 from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
 from server.app import start_server
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, http_body
 from tests.service.tracing_support import (  # noqa: F401 - receiver and running are fixtures
     CHAT, HELLO, access_line, ask, caller_context, one, receiver, running, spans_of, traced_config,

@@ -17,7 +17,7 @@ from portico.v1 import key_pb2, key_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 from server.db import migrate_sqlite
-from server.domain import MAX_COUNT_LIMIT
+from server.domain_keys import MAX_COUNT_LIMIT
 from server.keys.schema import MIGRATIONS as KEY_MIGRATIONS
 from server.keys.store import hash_secret
 from tests.helpers import bearer

@@ -11,7 +11,7 @@ import grpc
 import orjson
 import pytest
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, sse_frames, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse

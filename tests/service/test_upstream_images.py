@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from PIL import Image
 
 from portico.v1 import image_pb2, image_service_pb2_grpc
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.providers.dev_image import REVISED_PROMPT
 from tests.helpers import bearer, error_details, http_body
 from tests.upstream_double import Cue

@@ -17,7 +17,7 @@ from portico.v1 import organization_usage_pb2 as pb
 from portico.v1 import chat_service_pb2_grpc, usage_service_pb2_grpc
 from server.app import start_server
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, message_request
 from tests.passthrough_objects import CACHED_ANSWER_CUES
 from tests.upstream_double import Cue

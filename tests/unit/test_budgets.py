@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Scope
 from server.limits.core import Dimension, month_of, until_month_end

@@ -7,7 +7,7 @@ import pytest
 
 from server.cli import main
 from server.config import ConfigError, load_config
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 
 ONE_MODEL = "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}}]"
 UPSTREAM = "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}"

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from server.domain import KeyLimits
+from server.domain_keys import KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, MemoryLimitStore, Scope
 from tests.limits_support import NOON, FakeClock

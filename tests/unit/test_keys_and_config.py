@@ -10,7 +10,7 @@ import pytest
 from gateway.envoy import free_ports
 from server.catalog import Catalog
 from server.config import ConfigError, load_config
-from server.domain import ApiKey, KeyLimits
+from server.domain_keys import ApiKey, KeyLimits
 from server.errors import ModelNotFound
 
 

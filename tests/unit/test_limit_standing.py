@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.config import LimitSettings
-from server.domain import ApiKey, KeyLimits
+from server.domain_keys import ApiKey, KeyLimits
 from server.limits import Limiter
 from tests.unit.test_limits import clock, store  # noqa: F401 - the same two stores and clock as the limits tests
 

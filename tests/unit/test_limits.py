@@ -11,7 +11,7 @@ import secrets
 import pytest
 
 from server.limits import LimitSettings
-from server.domain import ApiKey, KeyLimits
+from server.domain_keys import ApiKey, KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_headers
 from server.limits.core import ReservationIds

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from server.limits import LimitSettings
-from server.domain import ApiKey, KeyLimits
+from server.domain_keys import ApiKey, KeyLimits
 from server.errors import RateLimited, ServiceUnavailable
 from server.limits import Limiter, rate_limit_headers
 from server.limits.core import Demand, LimitStoreUnavailable, Orphan, Reservation, Scope

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from server.domain import Deployment, Endpoint, KeyLimits, ModelEntry, Price, ProviderSpec, UpstreamSpec
+from server.domain import Deployment, Endpoint, ModelEntry, Price, ProviderSpec, UpstreamSpec
+from server.domain_keys import KeyLimits
 from server.services.model_admin import _model_to_pb
 
 
