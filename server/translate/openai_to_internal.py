@@ -157,9 +157,7 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
                              "not supported by this model: use `tools` and role 'tool'.", embedded=False))
     if role_name in ("tool", "function"):
         field = "tool_call_id" if role_name == "tool" else "name"
-        call_id = opt_string(message, field, where)
-        if not call_id:
-            raise InvalidRequest(f"`{where}.{field}` is required.", param=f"{where}.{field}")
+        call_id = _required(opt_string(message, field, where), f"{where}.{field}")
         return Turn(role, tool_results=(ToolResult(call_id=call_id, text=text),))
     calls = tuple(read for i, call in enumerate(tool_calls)
                   if (read := _call(call, f"{where}.tool_calls[{i}]", unread)) is not None)
