@@ -1,7 +1,12 @@
-"""settle_heap: start-up's objects leave the collector's reach, and cycles made afterwards are still collected."""
+"""settle_heap: start-up's objects leave the collector's reach, cycles made afterwards are still collected, and the
+event loop keeps no record of each async generator yet still closes one dropped unfinished."""
 
+import asyncio
 import gc
+import sys
 import weakref
+
+import uvloop
 
 import pytest
 
@@ -37,3 +42,27 @@ def test_cycles_made_after_settling_are_still_collected_without_asking(restored_
         first = first or weakref.ref(a)
     del a, b
     assert first() is None  # collected by the collector's own schedule, not by a gc.collect() here
+
+
+def test_the_loop_keeps_no_record_of_each_async_generator_but_still_closes_a_dropped_one(restored_gc):
+    closed = []
+
+    async def answer():
+        try:
+            yield "first"
+            yield "second"
+        finally:
+            closed.append(True)
+
+    async def serve():
+        settle_heap()  # as a serving process calls it, in its running loop
+        events = answer()
+        assert await anext(events) == "first"
+        del events  # dropped unfinished, as by a caller who went away
+        for _ in range(3):  # the finalizer schedules its aclose on the loop
+            await asyncio.sleep(0)
+        return sys.get_asyncgen_hooks()
+
+    hooks = uvloop.run(serve())
+    assert hooks.firstiter is None and hooks.finalizer is not None
+    assert closed == [True]
