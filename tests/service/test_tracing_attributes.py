@@ -4,16 +4,20 @@ the request span, and on each upstream attempt span what its upstream answered."
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 import orjson
 import pytest
+from google.protobuf import json_format
 
+from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.helpers import bearer, http_body
 from tests.service.tracing_support import (  # noqa: F401 - receiver and running are fixtures
     HELLO, ask, caller_context, one, receiver, running, spans_of,
 )
 from tests.upstream_double import Cue
-from tests.upstream_echo import echo_chat, echo_messages
+from tests.upstream_echo import echo_chat, echo_messages, tiny_png
 
 
 def _received_reasons(bodies) -> list[str]:
@@ -247,3 +251,55 @@ async def test_a_failed_attempt_says_nothing_of_an_answer(chat, running, double,
     for span in failed:
         assert not set(_RESPONSE_ATTRIBUTES) & set(span.attributes), span.attributes
     assert answered.attributes["gen_ai.response.id"] == "chatcmpl-up" and not answered.error
+
+
+async def test_a_token_count_attempt_says_what_its_upstream_counted(messages, running, double, receiver, key):
+    """Anthropic's count_tokens answers with input_tokens only: the attempt carries that count (the conventions'
+    gen_ai.usage.input_tokens), as a message's attempt carries its usage, and nothing the upstream did not say."""
+    _, secret = key
+    double.cue(Cue(body={"input_tokens": 37}))
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO}
+    answer = await messages.CountMessageTokensHttp(http_body(body), metadata=(*bearer(secret), traceparent))
+    assert orjson.loads(answer.data)["input_tokens"] == 37
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    assert attempt.attributes["gen_ai.usage.input_tokens"] == 37 and not attempt.error
+    assert not {"gen_ai.response.id", "gen_ai.response.model", "gen_ai.response.finish_reasons",
+                "gen_ai.usage.output_tokens"} & set(attempt.attributes)
+
+
+@pytest.mark.parametrize("named", [False, True])
+async def test_an_image_attempt_says_what_its_upstream_answered(channel, running, double, receiver, key, named):
+    """gpt-image models report usage (input and output tokens): the attempt carries it; an id and a model only when
+    the upstream names them (OpenAI's answer does not), never made up."""
+    _, secret = key
+    answer = {"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(1)).decode()}],
+              "usage": {"input_tokens": 12, "output_tokens": 272, "total_tokens": 284}}
+    if named:
+        answer |= {"id": "img-own-1", "model": "image-up-2026-01"}
+    double.cue(Cue(body=answer))
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request, metadata=(*bearer(secret), traceparent))
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    said = {name: attempt.attributes.get(name) for name in _RESPONSE_ATTRIBUTES if name in attempt.attributes}
+    expected = {"gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 272}
+    if named:
+        expected |= {"gen_ai.response.id": "img-own-1", "gen_ai.response.model": "image-up-2026-01"}
+    assert said == expected and not attempt.error
+
+
+async def test_an_image_answer_without_images_fails_its_attempt(channel, running, double, receiver, key):
+    _, secret = key
+    double.cue(Cue(body={"created": 1, "data": [], "model": "image-up-2026-01"}))
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    with pytest.raises(grpc.aio.AioRpcError):
+        await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request,
+                                                                           metadata=(*bearer(secret), traceparent))
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    assert attempt.error and attempt.attributes["error.type"] == "upstream_error"
+    assert "gen_ai.response.model" not in attempt.attributes
