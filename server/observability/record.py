@@ -179,4 +179,6 @@ class Scope(Protocol):
 
 # Anything else is counted as "other", so the label set stays bounded whatever a provider passes. An upstream status
 # is a reason when the model's `retry.on_status` names it: any of 100-599, bounded too (529: Anthropic's overload).
-RETRY_REASONS = frozenset({"connect", "timeout", "other", *(str(status) for status in range(100, 600))})
+# "connect": no connection could be opened; "broken": one was, and the answer broke off (closed, reset or ended
+# before its end, or not HTTP); "timeout": connecting timed out.
+RETRY_REASONS = frozenset({"connect", "broken", "timeout", "other", *(str(status) for status in range(100, 600))})
