@@ -75,6 +75,7 @@ class RequestRecord:
     response_id: str = ""  # the id the caller's answer carries (chatcmpl-..., msg_...)
     output_type: str = ""  # what the caller asked to get, where it asked: "json", "image" (gen_ai.output.type)
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
+    provider: str = ""  # gen_ai.provider.name of the model of the last traced attempt or generation (the span only)
     model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several
     spans_started: int = 0  # upstream attempts and generations traced so far, to number them

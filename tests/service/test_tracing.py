@@ -229,7 +229,7 @@ async def test_no_response_model_when_no_model_answered(chat, running, double, r
         server = one(await spans_of(receiver, trace_id), kind="server")
         assert server.attributes["http.response.status_code"] == status
         assert server.attributes["gen_ai.request.model"] == "up-main"
-        assert "gen_ai.response.model" not in server.attributes
+        assert "gen_ai.response.model" not in server.attributes and "gen_ai.provider.name" not in server.attributes
 
 
 async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, receiver, key):
@@ -250,7 +250,9 @@ async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, recei
     hit = one(traces[1], kind="server")
     assert not [s for s in traces[1] if s.kind == "client"]  # no upstream was asked
     assert "gen_ai.response.model" not in hit.attributes  # the cache answered, not a model
+    assert "gen_ai.provider.name" not in hit.attributes
     assert one(traces[0], kind="server").attributes["gen_ai.response.model"] == "up-cached"
+    assert one(traces[0], kind="server").attributes["gen_ai.provider.name"] == "openai"
 
 
 async def test_a_refusal_is_traced_with_its_code_and_limit(chat, running, receiver):

@@ -303,3 +303,41 @@ async def test_an_image_answer_without_images_fails_its_attempt(channel, running
     attempt = one(await spans_of(receiver, trace_id), kind="client")
     assert attempt.error and attempt.attributes["error.type"] == "upstream_error"
     assert "gen_ai.response.model" not in attempt.attributes
+
+
+@pytest.mark.parametrize("model, rpc, provider", [
+    ("up-main", "CreateChatCompletionHttpUnary", "openai"),
+    ("chat-on-anthropic", "CreateChatCompletionHttp", "anthropic"),
+    ("messages-on-openai", "CreateMessageHttp", "openai"),
+    ("embedded", "CreateChatCompletionHttpUnary", "portico.embedded"),
+    ("messages-on-anthropic", "CountMessageTokensHttp", "anthropic"),  # Anthropic counts it
+    ("messages-on-openai", "CountMessageTokensHttp", None),  # counted by Portico: no upstream answered
+])
+async def test_the_request_span_names_the_provider_that_answered(chat, messages, running, receiver, key, model, rpc,
+                                                                 provider):
+    """The conventions require gen_ai.provider.name on an inference span: the request span says who answered, as
+    the span of the attempt or generation that answered does."""
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    body = {"model": model, "max_tokens": 3, "messages": HELLO, "stream": rpc.endswith("Http")}
+    service = messages if model.startswith("messages") else chat
+    call = getattr(service, rpc)(http_body(body if rpc.startswith("Create") else {**body, "stream": False}),
+                                 metadata=(*bearer(secret), traceparent))
+    if rpc in ("CreateChatCompletionHttp", "CreateMessageHttp"):
+        [part async for part in call]
+    else:
+        await call
+
+    spans = await spans_of(receiver, trace_id)
+    server = one(spans, kind="server")
+    assert server.attributes.get("gen_ai.provider.name") == provider
+    answered = [s for s in spans if s.kind != "server" and s.name != "admission"]
+    assert [s.attributes["gen_ai.provider.name"] for s in answered] == ([provider] if provider else [])
+
+
+async def test_the_request_span_of_an_image_names_its_provider(channel, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request, metadata=(*bearer(secret), traceparent))
+    assert one(await spans_of(receiver, trace_id), kind="server").attributes["gen_ai.provider.name"] == "openai"
