@@ -30,10 +30,10 @@ gRPC callers get the status code of the row with the error object in the status 
 HTTP status and the JSON body, shaped by Envoy's Lua filter from the trailing metadata set here.
 
 `retry_reason` marks a failure of an upstream model server that another attempt (or a fallback model) may not meet,
-and says why ("429", "503", "connect", "timeout", ... for metrics): set by the upstream providers, read by
-server/providers/retry.py, never shown to callers. `fallback_may_serve` marks a refusal that no retry of the model
-would escape but another model may not meet (a prompt over its context window): retry.py sends it down the model's
-fallbacks at once.
+and says why ("429", "503", "connect", "broken", "timeout", ... for metrics: server/observability/record.py): set by
+the upstream providers, read by server/providers/retry.py, never shown to callers. `fallback_may_serve` marks a
+refusal that no retry of the model would escape but another model may not meet (a prompt over its context window):
+retry.py sends it down the model's fallbacks at once.
 """
 
 from __future__ import annotations

@@ -75,6 +75,7 @@ class RequestRecord:
     response_id: str = ""  # the id the caller's answer carries (chatcmpl-..., msg_...)
     output_type: str = ""  # what the caller asked to get, where it asked: "json", "image" (gen_ai.output.type)
     answered_by: str = ""  # the model of the last upstream attempt: a fallback's, when one answered (span, ledger)
+    provider: str = ""  # gen_ai.provider.name of the model of the last traced attempt or generation (the span only)
     model_answered: bool = False  # a model sent something (the span's gen_ai.response.model is then answered_by)
     deployment: str = ""  # the deployment of `answered_by` last tried, when the model has several
     spans_started: int = 0  # upstream attempts and generations traced so far, to number them
@@ -179,4 +180,6 @@ class Scope(Protocol):
 
 # Anything else is counted as "other", so the label set stays bounded whatever a provider passes. An upstream status
 # is a reason when the model's `retry.on_status` names it: any of 100-599, bounded too (529: Anthropic's overload).
-RETRY_REASONS = frozenset({"connect", "timeout", "other", *(str(status) for status in range(100, 600))})
+# "connect": no connection could be opened; "broken": one was, and the answer broke off (closed, reset or ended
+# before its end, or not HTTP); "timeout": connecting timed out.
+RETRY_REASONS = frozenset({"connect", "broken", "timeout", "other", *(str(status) for status in range(100, 600))})

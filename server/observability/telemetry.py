@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from server.observability.tracing_export import Tracing
 
 DEPLOYMENT_STATES = ("healthy", "ejected", "trial")  # server/providers/health.py STATES
+EMBEDDED_PROVIDER = "portico.embedded"  # gen_ai.provider.name: no well-known value names an in-process llama.cpp
 _REQUEST_ID = "x-request-id"  # set by Envoy on every request it forwards
 _TRACEPARENT = "traceparent"  # the caller's W3C trace context (REST: the HTTP header, passed on by Envoy)
 
@@ -146,6 +147,7 @@ class Telemetry:
         if record.span is None or self.tracing is None:
             return NO_SCOPE
         record.spans_started += 1
+        record.provider = provider
         attributes = {
             "gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
             "gen_ai.request.model": upstream_model, "server.address": address, "portico.model": model,
@@ -162,8 +164,9 @@ class Telemetry:
         if record is None or record.span is None or self.tracing is None:
             return NO_SCOPE
         record.spans_started += 1
+        record.provider = EMBEDDED_PROVIDER
         # The embedded model serves many model ids: this is the one asked for, or the fallback being tried.
-        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "portico.embedded",
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": EMBEDDED_PROVIDER,
                       "gen_ai.request.model": engine_model, "portico.model": record.answered_by or record.model,
                       "portico.attempt": record.spans_started}
         return self.tracing.child(record.span, f"generate {engine_model}", SpanKind.INTERNAL, attributes)
@@ -194,6 +197,8 @@ class Telemetry:
         record = self.current()
         record.upstream_attempts += 1
         record.answered_by = fallback
+        if record.span is not None:
+            record.provider = ""  # the failed model's; a fallback counted by Portico itself has none
 
     def deployment_attempt(self, model: str, deployment: str, failure: str | None) -> None:
         self._child(self.metrics.deployment_requests, model, deployment).inc()
@@ -253,6 +258,10 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
             span.update_name(f"{operation} {record.model}")
     if record.model_answered:  # not for a refusal, a request every upstream failed, a cache hit
         attributes["gen_ai.response.model"] = record.answered_by or record.model
+    # Required by the conventions on an inference span: who answered, as its attempt or generation span says (a 200
+    # without a model's answer: a count an upstream made; none for a cache hit or a count made here, no attempt).
+    if record.provider and (record.model_answered or outcome.status == 200):
+        attributes["gen_ai.provider.name"] = record.provider
     if record.params is not None:
         _request_settings(record.params, attributes)
     if record.output_type:

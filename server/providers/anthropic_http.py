@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from server.domain import (
-    AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamObject, UpstreamSpec,
+    AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamAnswer, UpstreamObject,
+    UpstreamSpec,
 )
 from server.errors import InvalidRequest, UpstreamError
 from server.providers import Capabilities
@@ -92,13 +93,20 @@ class AnthropicProvider:
         """The upstream's own count (its /v1/messages/count_tokens), asked as a message is: the upstream's model
         name, the caller's `anthropic-beta` values. Its answer reaches the caller whole, with our model id for its."""
         body = count_body(request, model=self._model)
-        answer = await self._upstream.post_json("v1/messages/count_tokens", body, model_id=self._model_id,
-                                                headers=_beta_headers(request))
-        if answer.get("type") == "error" or "error" in answer:
-            raise self._upstream.stream_error(answer, self._model_id, self._model)
-        if "input_tokens" not in answer:  # not the API's answer; asking again would get the same
-            raise UpstreamError(f"The upstream serving `{self._model_id}` answered a token count without input_tokens.")
-        return TokenCount(token_count(answer, "input_tokens"), scrubbed_object(answer, self._model, self._model_id))
+        # The attempt's span is ours until the answer is read: it says what the upstream counted, or failed.
+        attempt = self._upstream.attempt("v1/messages/count_tokens", body, self._model_id)
+        with attempt:
+            answer = await self._upstream.post_json("v1/messages/count_tokens", body, model_id=self._model_id,
+                                                    headers=_beta_headers(request), attempt=attempt)
+            if answer.get("type") == "error" or "error" in answer:
+                raise self._upstream.stream_error(answer, self._model_id, self._model)
+            if "input_tokens" not in answer:  # not the API's answer; asking again would get the same
+                raise UpstreamError(
+                    f"The upstream serving `{self._model_id}` answered a token count without input_tokens.")
+            counted = token_count(answer, "input_tokens")
+            if attempt.recording:  # a count has no id, model or output: only its input tokens
+                attempt.answered(UpstreamAnswer(input_tokens=counted))
+        return TokenCount(counted, scrubbed_object(answer, self._model, self._model_id))
 
     async def close(self) -> None:
         """Closes the pooled client, which other models may share: closing it twice is harmless."""

@@ -371,9 +371,9 @@ class HttpUpstream:
             return UpstreamError(f"Cannot connect to fetch a result of {name}{why}", retry_reason="connect")
         if isinstance(exc, ConnectionBroken):
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
-            # caller yet (server/providers/retry.py).
+            # caller yet (server/providers/retry.py). "broken", not "connect": the connection was made.
             return UpstreamError(f"The connection to the upstream serving {name} broke off{why}",
-                                 retry_reason="connect")
+                                 retry_reason="broken")
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")

@@ -20,6 +20,7 @@ from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
+from server.translate.openai_images import image_answer
 
 _SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))
 
@@ -36,11 +37,17 @@ class OpenAIImageProvider:
         body = dict(request.source) if request.source is not None else _built(request)
         body.pop("response_format", None)
         body["model"] = self._model
-        # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
-        answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True)
-        items = answer.get("data")
-        if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
-            raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
+        # The attempt's span is ours until the answer is read: it says what the upstream answered, or failed.
+        attempt = self._upstream.attempt("images/generations", body, self._model_id)
+        with attempt:
+            # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
+            answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True,
+                                                    attempt=attempt)
+            items = answer.get("data")
+            if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+                raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
+            if attempt.recording:
+                attempt.answered(image_answer(answer))
         # No more than asked: admission reserved (and a budget allows) the cost of `n` images, no more.
         images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
         # gpt-image models choose the background for "auto", and say which they drew.

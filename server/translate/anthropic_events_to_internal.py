@@ -137,7 +137,7 @@ class AnthropicEventReader:
     def end(self) -> None:
         """The stream ended: fine after message_stop, an upstream error before it."""
         if not self.finished:
-            raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
+            raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="broken")
 
 
 def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0) -> list[GenerationEvent]:

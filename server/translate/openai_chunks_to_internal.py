@@ -93,7 +93,7 @@ class OpenAIChunkReader:
         """The stream ended ([DONE] or the connection closed cleanly): the final event, or an error if the
         upstream never said it finished."""
         if self._finish is None:
-            raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="other")
+            raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="broken")
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
         # OpenAI ends a refusal with "stop": Anthropic's callers are told `refusal`, as their upstreams would say.
         reason = FinishReason.REFUSAL if self._refused and self._finish is FinishReason.END_TURN else self._finish

@@ -1,5 +1,6 @@
 """OpenAI images/generations, both directions: the request -> an ImagePlan (validating every value it reads), and
-generated images -> the response body the openai SDK's `images.generate` parses."""
+generated images -> the response body the openai SDK's `images.generate` parses; and what an upstream's answer
+says of itself, for its attempt's span."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from server.domain import Json
+from server.domain import Json, UpstreamAnswer
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.field_rules import unknown_field
-from server.translate.values import opt_bool, opt_int, opt_string, shown
+from server.translate.usage_counts import MAX_TOKEN_COUNT
+from server.translate.values import opt_bool, opt_int, opt_string, shown, upstream_label
 
 # Prompts of a few MiB must pass (Envoy admits 8 MiB bodies); the cap only turns absurd ones into a clear 413.
 MAX_PROMPT_CHARS = 4 * 1024 * 1024
@@ -120,6 +122,22 @@ def images_response(
         "output_format": output_format.value,
         "size": f"{width}x{height}",
     }
+
+
+def image_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:
+    """What an images answer says of itself: its id and model where it names them (OpenAI's names neither), and the
+    usage gpt-image models report. Read for the span only (images are priced per image), so a count that is not one
+    is left out rather than failing the answer."""
+    usage = answer.get("usage")
+    usage = usage if isinstance(usage, Mapping) else {}
+    return UpstreamAnswer(upstream_label(answer.get("id"), 256), upstream_label(answer.get("model"), 256),
+                          input_tokens=_said_count(usage.get("input_tokens")),
+                          output_tokens=_said_count(usage.get("output_tokens")))
+
+
+def _said_count(value: Json) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_COUNT
+    return value if ok else None
 
 
 def _pixel_size(data: bytes, otherwise: tuple[int, int]) -> tuple[int, int]:

@@ -108,7 +108,7 @@ async def test_an_answer_that_is_not_http_or_is_cut_short_is_an_upstream_error(s
         server.answers.append(raw(answer, close=True))
         with pytest.raises(UpstreamError, match="broke off") as caught:
             await http.post_json("chat/completions", {}, model_id="up")
-        assert caught.value.retry_reason == "connect"
+        assert caught.value.retry_reason == "broken"
     finally:
         await http.close()
 

@@ -250,7 +250,7 @@ async def test_transport_failures():
         upstream.answers.append(chunked(COMPLETE[:2], end=False))
         with pytest.raises(UpstreamError) as caught:  # cut off mid-answer
             await read_until_done(http)
-        assert caught.value.retry_reason == "connect"
+        assert caught.value.retry_reason == "broken"
 
         upstream.answers.append(chunked(COMPLETE, pause=0.1))
         async with http.stream("chat/completions", {}, model_id="up") as events:
@@ -268,7 +268,7 @@ async def test_transport_failures():
     (ConnectTimeout(), UpstreamTimeout, "timeout"),
     (ReadTimeout(), UpstreamTimeout, None),
     (ConnectFailed(), ServiceUnavailable, "connect"),
-    (ConnectionBroken(), UpstreamError, "connect"),
+    (ConnectionBroken(), UpstreamError, "broken"),
 ])
 def test_the_error_for_each_transport_failure(error, kind, reason):
     mapped = client("http://127.0.0.1:1")._transport_error(error, "up", before_answer=True)

@@ -6,6 +6,7 @@ user-written in any span, and a collector that is down or stuck changing nothing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -24,6 +25,7 @@ from tests.service.tracing_support import (  # noqa: F401 - receiver and running
     CHAT, HELLO, access_line, ask, caller_context, one, receiver, running, spans_of, traced_config,
 )
 from tests.upstream_double import Cue
+from tests.upstream_echo import echo_chat
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_models
 
 
@@ -227,7 +229,7 @@ async def test_no_response_model_when_no_model_answered(chat, running, double, r
         server = one(await spans_of(receiver, trace_id), kind="server")
         assert server.attributes["http.response.status_code"] == status
         assert server.attributes["gen_ai.request.model"] == "up-main"
-        assert "gen_ai.response.model" not in server.attributes
+        assert "gen_ai.response.model" not in server.attributes and "gen_ai.provider.name" not in server.attributes
 
 
 async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, receiver, key):
@@ -248,7 +250,9 @@ async def test_a_cache_hit_is_traced_like_a_request(chat, running, double, recei
     hit = one(traces[1], kind="server")
     assert not [s for s in traces[1] if s.kind == "client"]  # no upstream was asked
     assert "gen_ai.response.model" not in hit.attributes  # the cache answered, not a model
+    assert "gen_ai.provider.name" not in hit.attributes
     assert one(traces[0], kind="server").attributes["gen_ai.response.model"] == "up-cached"
+    assert one(traces[0], kind="server").attributes["gen_ai.provider.name"] == "openai"
 
 
 async def test_a_refusal_is_traced_with_its_code_and_limit(chat, running, receiver):
@@ -360,3 +364,34 @@ async def test_a_stuck_collector_fills_the_bounded_queue_and_drops_are_counted(t
             dropped = server.telemetry.metrics.registry.get_sample_value("portico_trace_spans_dropped_total",
                                                                          {"reason": "queue_full"})
             assert dropped is not None and dropped >= 15 - 4 - 1  # the queue and the batch being sent survive
+
+
+def _cut(stream: bool, how: str) -> Cue:
+    """An answer that breaks off after its connection was made: the connection closed mid-answer, or a stream whose
+    body ended before its last chunk."""
+    if how == "dropped":
+        return Cue(drop_after=2 if stream else 1)
+    frames = echo_chat({"model": "main-model", "messages": HELLO, "stream": True})
+    return Cue(frames=frames[:2])
+
+
+@pytest.mark.parametrize("stream, how", [(True, "dropped"), (False, "dropped"), (True, "ended")])
+async def test_an_answer_that_broke_off_is_not_called_a_connect_failure(chat, running, double, receiver, key,
+                                                                       stream, how):
+    """The connection was made and the answer began: `connect` (no connection could be opened) would send an
+    operator to the network. `broken` says the answer broke off, before anything reached the caller (retried) or
+    after (the caller's stream fails)."""
+    _, secret = key
+    double.cue(_cut(stream, how))
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "up-main", "max_tokens": 20, "messages": HELLO, "stream": stream}
+    metadata = (*bearer(secret), traceparent)
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        if stream:
+            [part async for part in chat.CreateChatCompletionHttp(http_body(body), metadata=metadata)]
+        else:
+            await chat.CreateChatCompletionHttpUnary(http_body(body), metadata=metadata)
+
+    attempts = sorted((s for s in await spans_of(receiver, trace_id) if s.kind == "client"), key=lambda s: s.start)
+    assert attempts[0].error and attempts[0].attributes["portico.retry_reason"] == "broken"
+    assert attempts[0].attributes["error.type"] == "upstream_error"

@@ -4,16 +4,20 @@ the request span, and on each upstream attempt span what its upstream answered."
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 import orjson
 import pytest
+from google.protobuf import json_format
 
+from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.helpers import bearer, http_body
 from tests.service.tracing_support import (  # noqa: F401 - receiver and running are fixtures
     HELLO, ask, caller_context, one, receiver, running, spans_of,
 )
 from tests.upstream_double import Cue
-from tests.upstream_echo import echo_chat, echo_messages
+from tests.upstream_echo import echo_chat, echo_messages, tiny_png
 
 
 def _received_reasons(bodies) -> list[str]:
@@ -247,3 +251,93 @@ async def test_a_failed_attempt_says_nothing_of_an_answer(chat, running, double,
     for span in failed:
         assert not set(_RESPONSE_ATTRIBUTES) & set(span.attributes), span.attributes
     assert answered.attributes["gen_ai.response.id"] == "chatcmpl-up" and not answered.error
+
+
+async def test_a_token_count_attempt_says_what_its_upstream_counted(messages, running, double, receiver, key):
+    """Anthropic's count_tokens answers with input_tokens only: the attempt carries that count (the conventions'
+    gen_ai.usage.input_tokens), as a message's attempt carries its usage, and nothing the upstream did not say."""
+    _, secret = key
+    double.cue(Cue(body={"input_tokens": 37}))
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO}
+    answer = await messages.CountMessageTokensHttp(http_body(body), metadata=(*bearer(secret), traceparent))
+    assert orjson.loads(answer.data)["input_tokens"] == 37
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    assert attempt.attributes["gen_ai.usage.input_tokens"] == 37 and not attempt.error
+    assert not {"gen_ai.response.id", "gen_ai.response.model", "gen_ai.response.finish_reasons",
+                "gen_ai.usage.output_tokens"} & set(attempt.attributes)
+
+
+@pytest.mark.parametrize("named", [False, True])
+async def test_an_image_attempt_says_what_its_upstream_answered(channel, running, double, receiver, key, named):
+    """gpt-image models report usage (input and output tokens): the attempt carries it; an id and a model only when
+    the upstream names them (OpenAI's answer does not), never made up."""
+    _, secret = key
+    answer = {"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(1)).decode()}],
+              "usage": {"input_tokens": 12, "output_tokens": 272, "total_tokens": 284}}
+    if named:
+        answer |= {"id": "img-own-1", "model": "image-up-2026-01"}
+    double.cue(Cue(body=answer))
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request, metadata=(*bearer(secret), traceparent))
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    said = {name: attempt.attributes.get(name) for name in _RESPONSE_ATTRIBUTES if name in attempt.attributes}
+    expected = {"gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 272}
+    if named:
+        expected |= {"gen_ai.response.id": "img-own-1", "gen_ai.response.model": "image-up-2026-01"}
+    assert said == expected and not attempt.error
+
+
+async def test_an_image_answer_without_images_fails_its_attempt(channel, running, double, receiver, key):
+    _, secret = key
+    double.cue(Cue(body={"created": 1, "data": [], "model": "image-up-2026-01"}))
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    with pytest.raises(grpc.aio.AioRpcError):
+        await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request,
+                                                                           metadata=(*bearer(secret), traceparent))
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    assert attempt.error and attempt.attributes["error.type"] == "upstream_error"
+    assert "gen_ai.response.model" not in attempt.attributes
+
+
+@pytest.mark.parametrize("model, rpc, provider", [
+    ("up-main", "CreateChatCompletionHttpUnary", "openai"),
+    ("chat-on-anthropic", "CreateChatCompletionHttp", "anthropic"),
+    ("messages-on-openai", "CreateMessageHttp", "openai"),
+    ("embedded", "CreateChatCompletionHttpUnary", "portico.embedded"),
+    ("messages-on-anthropic", "CountMessageTokensHttp", "anthropic"),  # Anthropic counts it
+    ("messages-on-openai", "CountMessageTokensHttp", None),  # counted by Portico: no upstream answered
+])
+async def test_the_request_span_names_the_provider_that_answered(chat, messages, running, receiver, key, model, rpc,
+                                                                 provider):
+    """The conventions require gen_ai.provider.name on an inference span: the request span says who answered, as
+    the span of the attempt or generation that answered does."""
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    body = {"model": model, "max_tokens": 3, "messages": HELLO, "stream": rpc.endswith("Http")}
+    service = messages if model.startswith("messages") else chat
+    call = getattr(service, rpc)(http_body(body if rpc.startswith("Create") else {**body, "stream": False}),
+                                 metadata=(*bearer(secret), traceparent))
+    if rpc in ("CreateChatCompletionHttp", "CreateMessageHttp"):
+        [part async for part in call]
+    else:
+        await call
+
+    spans = await spans_of(receiver, trace_id)
+    server = one(spans, kind="server")
+    assert server.attributes.get("gen_ai.provider.name") == provider
+    answered = [s for s in spans if s.kind != "server" and s.name != "admission"]
+    assert [s.attributes["gen_ai.provider.name"] for s in answered] == ([provider] if provider else [])
+
+
+async def test_the_request_span_of_an_image_names_its_provider(channel, running, receiver, key):
+    _, secret = key
+    trace_id, _, traceparent = caller_context()
+    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request, metadata=(*bearer(secret), traceparent))
+    assert one(await spans_of(receiver, trace_id), kind="server").attributes["gen_ai.provider.name"] == "openai"
