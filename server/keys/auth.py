@@ -40,6 +40,8 @@ X_API_KEY_WITH_SCHEME_MESSAGE = ("Malformed x-api-key header: it takes the key a
                                  "`x-api-key: YOUR_KEY`.")
 KEY_WITHOUT_SCHEME_MESSAGE = ("Malformed Authorization header: the key has no scheme before it. Send it as "
                               "`Authorization: Bearer YOUR_KEY`.")
+KEY_WITH_OTHER_SCHEME_MESSAGE = ("Malformed Authorization header: the key's scheme is not Bearer. Send it as "
+                                 "`Authorization: Bearer YOUR_KEY`.")  # the scheme is not quoted: it may be a key
 # The form of the keys Portico makes (server/keys/store.py: `pk-`, an optional env, token_urlsafe).
 _KEY_FORM = re.compile(rf"{re.escape(SECRET_PREFIX)}[A-Za-z0-9_-]+")
 
@@ -184,6 +186,8 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
                 bearers.append(token.strip())
             elif _KEY_FORM.fullmatch(value.strip()):
                 raise AuthenticationFailed(KEY_WITHOUT_SCHEME_MESSAGE)
+            elif _KEY_FORM.fullmatch(token.strip()):  # `Token KEY`, `Basic KEY`: a key, under another scheme
+                raise AuthenticationFailed(KEY_WITH_OTHER_SCHEME_MESSAGE)
         elif name == "x-api-key" and allow_x_api_key and isinstance(value, str):
             scheme, _, token = value.strip().partition(" ")
             if scheme.lower() == "bearer" and _KEY_FORM.fullmatch(token.strip()):

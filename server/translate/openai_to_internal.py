@@ -131,8 +131,11 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
                              param=f"{where}.role")
     role = _ROLES.get(role_name)
     if role is None:  # a role of a server's chat template (vLLM takes any: Llama's `ipython`): the upstream judges it
-        unread.append(Unread(f"{where}.role", f"Messages of role {shown(role_name)} are not supported by this model; "
-                                              f"supported: {', '.join(_ROLES)}."))
+        # Each refusal names the roles its model takes: an Anthropic upstream refuses 'function' too.
+        refused = f"Messages of role {shown(role_name)} are not supported by this model; supported: "
+        unread.append(Unread(f"{where}.role", refused + ", ".join(_ROLES) + ".", other_dialect=False))
+        unread.append(Unread(f"{where}.role", refused + ", ".join(_ROLES).removesuffix(", function") + ".",
+                             embedded=False))
         role = Role.USER  # stands in for the gateway's own estimates of the prompt
     tool_calls = opt_array(message, "tool_calls", where) or []
     content = message.get("content")

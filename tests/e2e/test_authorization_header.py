@@ -139,6 +139,19 @@ def test_an_authorization_header_holding_a_key_without_its_scheme_says_so(gatewa
         assert gateway.secret not in response.text
 
 
+@pytest.mark.parametrize("scheme", ["Token", "token", "Basic", "Api-Key"])
+def test_a_key_after_another_scheme_says_the_scheme_is_wrong(gateway, scheme):
+    """`Authorization: Token KEY` (Django REST's and GitHub's form) was answered "You didn't provide an API key.": the
+    caller did, under another scheme than Bearer."""
+    response = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "family-a-5.5", "messages": HI},
+                          headers={"authorization": f"{scheme} {gateway.secret}"}, timeout=30)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (401, "invalid_api_key")
+    assert error["message"] == ("Malformed Authorization header: the key's scheme is not Bearer. Send it as "
+                                "`Authorization: Bearer YOUR_KEY`.")
+    assert gateway.secret not in response.text
+
+
 def test_what_holds_no_key_is_still_no_key_and_a_bare_x_api_key_still_works(gateway):
     response = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": "Basic dXNlcjpwYXNz"}, timeout=30)
     assert response.json()["error"]["message"].startswith("You didn't provide an API key.")

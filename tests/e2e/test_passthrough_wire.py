@@ -181,6 +181,9 @@ def test_a_role_the_gateway_does_not_know_passes_to_an_openai_compatible_upstrea
         with pytest.raises(openai.BadRequestError) as caught:
             oai.chat.completions.create(model=model, messages=messages, max_tokens=3)
         assert (caught.value.body["param"], caught.value.body["code"]) == ("messages[1].role", "invalid_request")
+        # The roles it names are those this model takes: an Anthropic upstream refuses 'function' too.
+        takes = "user, assistant, tool, function." if model == "chat-embedded" else "user, assistant, tool."
+        assert caught.value.body["message"].endswith(takes), caught.value.body["message"]
     with pytest.raises(openai.BadRequestError) as caught:  # a role is still a string
         oai.chat.completions.create(model="chat-gpt", messages=[{"role": 5, "content": "hi"}], max_tokens=3)
     assert caught.value.body["param"] == "messages[0].role" and len(double.seen) == 1

@@ -103,10 +103,14 @@ def test_rejections_name_the_param(fields, param):
 
 
 def test_an_unknown_role_is_left_to_the_upstream_and_refused_elsewhere_naming_every_role_taken():
-    (unread,) = plan(messages=[{"role": "robot", "content": "hi"}]).generation.source.unread
-    assert unread.param == "messages[0].role" and unread.embedded and unread.other_dialect
-    named = unread.message.split("supported: ")[1].rstrip(".").split(", ")
+    embedded, other = plan(messages=[{"role": "robot", "content": "hi"}]).generation.source.unread
+    assert embedded.param == other.param == "messages[0].role"
+    assert (embedded.embedded, embedded.other_dialect) == (True, False)
+    assert (other.embedded, other.other_dialect) == (False, True)
+    named = embedded.message.split("supported: ")[1].rstrip(".").split(", ")
     assert "function" in named  # the deprecated function calling's results are read, so it is one of them
+    # An Anthropic upstream refuses the deprecated function calling: its refusal does not name it.
+    assert other.message.split("supported: ")[1].rstrip(".").split(", ") == [r for r in named if r != "function"]
     with pytest.raises(InvalidRequest) as caught:  # a role is still a string
         plan(messages=[{"role": 5, "content": "hi"}])
     assert caught.value.param == "messages[0].role"
