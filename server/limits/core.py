@@ -154,8 +154,9 @@ class Reservation:
 
     def budgets_left(self, cost: int, now: float) -> list[tuple[Reading, int]]:
         """What is left of each budget after this request, in micro-dollars: what admission read, with its real
-        `cost`. Not of a budget whose UTC day or month ended since: that reading says nothing of the new one."""
-        return [(r, r.limit - r.used + self.demand.cost - cost) for r in self.budgets
+        `cost`; nothing, not less, when that took it over (a dearer fallback answered). Not of a budget whose UTC day
+        or month ended since: that reading says nothing of the new one."""
+        return [(r, max(0, r.limit - r.used + self.demand.cost - cost)) for r in self.budgets
                 if (day_of(now) == day_of(self.at) if r.dimension is Dimension.DAILY_SPEND
                     else month_of(now) == month_of(self.at))]
 

@@ -147,6 +147,8 @@ def test_a_day_budget_the_fallback_spent_refuses_the_next_request(gateway, doubl
     client.chat.completions.create(model="cheap", messages=HELLO, max_tokens=8)
     (row,) = rows(gateway, key_id, headers)
     assert row["cost_microdollars"] == spent_today(gateway, key_id, headers) == 5 * DEAR
+    # Nothing left (as the limits API's `remaining` says), not a negative amount.
+    assert value(scrape(gateway), "portico_budget_remaining_microdollars", key_id=key_id, budget="day") == 0
     double.reset()
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="cheap", messages=HELLO, max_tokens=8)
