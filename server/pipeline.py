@@ -175,11 +175,12 @@ class Pipeline:
         # at its own when settled (`_served_price`), for more than was reserved if it is dearer.
         cost = 0 if call.model.price.free else call.model.price.most(
             prompt if counter is not None else request.most_prompt_tokens(), most_output)
+        billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
+            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost, may_cost=billed)
         self._handed_over(call, reservation)
         reached_model = True
-        watch = self.cutoff.watch(billed=self._billed(call.model, cost))
+        watch = self.cutoff.watch(billed=billed)
         try:
             answer = provider.stream(request)
             if lookup is not None:
@@ -344,9 +345,10 @@ class Pipeline:
         return served.price if served is not None else call.model.price
 
     def _billed(self, model: ModelEntry, cost: int) -> bool:
-        """An upstream may bill the request (server/cutoff.py Watch.billed): the model's own most `cost`, or a fallback
-        with a price, which may answer instead (which model answers is not known here). A priced fallback thus lets
-        the free model's own exchange run on too when its caller leaves: counted, at no cost."""
+        """An upstream may bill the request: the model's own most `cost`, or a fallback with a price, which may answer
+        instead (which model answers is not known here). So a budget spent past its limit refuses a free model with
+        such a fallback (Demand.may_cost), and a caller who leaves lets the exchange run on to be counted
+        (server/cutoff.py Watch.billed), the free model's own too: counted at no cost."""
         return cost > 0 or any((fallback := self._catalog.get(model_id)) is not None and not fallback.price.free
                                for model_id in model.fallbacks)
 
@@ -369,12 +371,13 @@ class Pipeline:
         call.record.admitted = True
         call.record.output_type = "image"
         cost = call.model.price.cost(images=request.n)
+        billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost, may_cost=billed)
         images: list[GeneratedImage] | None = None
         self._handed_over(call, reservation)
         reached_model = True
-        watch = self.cutoff.watch(billed=self._billed(call.model, cost))
+        watch = self.cutoff.watch(billed=billed)
         try:
             with watch:
                 images = await watch.wait(provider.generate(request))

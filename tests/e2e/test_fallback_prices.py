@@ -33,6 +33,8 @@ def models_yaml(url: str) -> str:
   - {{id: paid, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: paid-up, {one_try}}},
       fallbacks: [gratis], price: {{input: {DEAR}, output: {DEAR}}}}}
   - {{id: gratis, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: gratis-up, {one_try}}}}}
+  - {{id: free, endpoint: /v1/chat/completions, provider: {{{openai_kind}, model: free-up, {one_try}}},
+      fallbacks: [dear]}}
   - {{id: image-cheap, endpoint: {IMAGES}, provider: {{{openai_kind}, model: image-cheap-up, {one_try}}},
       fallbacks: [image-dear], price: {{image: {IMAGE_CHEAP}}}}}
   - {{id: image-dear, endpoint: {IMAGES}, provider: {{{openai_kind}, model: image-dear-up, {one_try}}},
@@ -153,6 +155,24 @@ def test_a_day_budget_the_fallback_spent_refuses_the_next_request(gateway, doubl
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="cheap", messages=HELLO, max_tokens=8)
     assert caught.value.body["message"].startswith("Budget reached") and "spent $0.50," in caught.value.body["message"]
+    assert double.seen == []
+
+
+def test_a_budget_a_priced_fallback_spent_refuses_its_model_without_a_price(gateway, double):
+    """A model without a price reserves nothing, and was never refused by a budget: its fallback's answers, counted at
+    the fallback's price, spent past the budget without end. Once the budget is spent, it is refused too."""
+    key_id, client = key(gateway, "budget-free", "--max-spend-day", "0.4")
+    headers = admin(gateway)
+    client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)  # served by itself: free
+    double.cue(UNAVAILABLE)
+    client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
+    assert sorted(row["cost_microdollars"] for row in rows(gateway, key_id, headers, want=2)) == [0, 5 * DEAR]
+    double.reset()
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
+    assert caught.value.body["message"].startswith(
+        f"Budget reached for the spend per UTC day budget of key {key_id}: limit $0.40, spent $0.50, a fallback "
+        "with a price may answer this request. The budget resets at "), caught.value.body["message"]
     assert double.seen == []
 
 
