@@ -44,7 +44,7 @@ class Watch:
         self.cut = cut
         self.waiting = False  # the call is waiting on its provider now
         self.caller_left = False  # its caller went away, and the exchange runs on (Cutoff.outlast)
-        self.billed = billed  # its model has a price: a caller who leaves does not end its upstream exchange
+        self.billed = billed  # it may be priced: a caller who leaves does not end its upstream exchange
         self._watches = watches  # the cutoff's, which holds this watch while it is entered
         # Looked up once: current_task() without its loop looks the loop up each time (~0.2 µs on CPython 3.11).
         self._loop = asyncio.get_running_loop()
@@ -112,9 +112,10 @@ class Cutoff:
 
     def watch(self, *, billed: bool = False) -> Watch:
         """For the length of one model call (`with cutoff.watch() as watch`; a class, not a @contextmanager, which
-        costs ~1 µs a request); a call that starts after the cut fails at its first wait. `billed`: its model has a
-        price, so a non-streamed exchange whose caller leaves runs on to be counted (`outlast`); one without (a
-        self-hosted server, which stops generating when its client leaves) ends with its caller."""
+        costs ~1 µs a request); a call that starts after the cut fails at its first wait. `billed`: its model, or a
+        fallback that may answer instead, has a price, so a non-streamed exchange whose caller leaves runs on to be
+        counted (`outlast`); one without (a self-hosted server, which stops generating when its client leaves) ends
+        with its caller."""
         return Watch(self._cut, self._watches, billed)
 
     def cut(self) -> None:

@@ -22,7 +22,7 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, TextDelta,
+    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, Price, TextDelta,
     TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import GeneratedImage, ImageRequest
@@ -42,6 +42,9 @@ from server.providers.retry import OutOfService
 from server.providers.router import refusal_of
 from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
+
+
+FREE = Price()  # a cached answer's: nothing used, nothing to pay
 
 
 class CallContext(Protocol):
@@ -168,14 +171,16 @@ class Pipeline:
         tokens = prompt + most_output
         # The most it may cost: every prompt token uncached, or written to the prompt cache where that costs more
         # (at most as many as its bytes, where not counted), and every token it may generate. Token limits reserve
-        # the estimate instead, as OpenAI's do.
+        # the estimate instead, as OpenAI's do. At the model's own price: a fallback that answers instead is priced
+        # at its own when settled (`_served_price`), for more than was reserved if it is dearer.
         cost = 0 if call.model.price.free else call.model.price.most(
             prompt if counter is not None else request.most_prompt_tokens(), most_output)
+        billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost)
+            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost, may_cost=billed)
         self._handed_over(call, reservation)
         reached_model = True
-        watch = self.cutoff.watch(billed=cost > 0)  # its most cost: nothing billed, nothing to run on for
+        watch = self.cutoff.watch(billed=billed)
         try:
             answer = provider.stream(request)
             if lookup is not None:
@@ -206,8 +211,8 @@ class Pipeline:
                 call.record.model_answered = True
                 usage = meter.usage_so_far()
                 used = usage.total_tokens
-                _account(call, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens,
-                         cache_write_tokens=usage.cache_write_tokens)
+                _account(call, self._served_price(call), usage.input_tokens, usage.output_tokens,
+                         usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens)
             # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
@@ -242,7 +247,7 @@ class Pipeline:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
         finally:
-            _account(call)
+            _account(call, FREE)
             self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
@@ -333,6 +338,20 @@ class Pipeline:
         call.record.upstream_started = None
         self._limiter.release(reservation)
 
+    def _served_price(self, call: Call) -> Price:
+        """The price of the model that answered, a fallback's when one did (configuration.md, Fallbacks): what the
+        operator pays its upstream. Its record names it (`answered_by`), or nothing when it ran bare (one provider)."""
+        served = self._catalog.get(call.record.answered_by)
+        return served.price if served is not None else call.model.price
+
+    def _billed(self, model: ModelEntry, cost: int) -> bool:
+        """An upstream may bill the request: the model's own most `cost`, or a fallback with a price, which may answer
+        instead (which model answers is not known here). So a budget spent past its limit refuses a free model with
+        such a fallback (Demand.may_cost), and a caller who leaves lets the exchange run on to be counted
+        (server/cutoff.py Watch.billed), the free model's own too: counted at no cost."""
+        return cost > 0 or any((fallback := self._catalog.get(model_id)) is not None and not fallback.price.free
+                               for model_id in model.fallbacks)
+
     def _budgets_left(self, reservation: Reservation, cost: int) -> None:
         """The key's budgets as Prometheus gauges: what admission read, with this request's real cost."""
         for reading, left in reservation.budgets_left(cost, time.time()):
@@ -352,12 +371,13 @@ class Pipeline:
         call.record.admitted = True
         call.record.output_type = "image"
         cost = call.model.price.cost(images=request.n)
+        billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost)
+            reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost, may_cost=billed)
         images: list[GeneratedImage] | None = None
         self._handed_over(call, reservation)
         reached_model = True
-        watch = self.cutoff.watch(billed=cost > 0)  # its most cost: nothing billed, nothing to run on for
+        watch = self.cutoff.watch(billed=billed)
         try:
             with watch:
                 images = await watch.wait(provider.generate(request))
@@ -370,7 +390,7 @@ class Pipeline:
             call.record.caller_left = watch.caller_left
             if images is not None:
                 call.record.model_answered = True
-                _account(call, images=len(images))
+                _account(call, self._served_price(call), images=len(images))
             if reached_model:
                 self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
                 self._budgets_left(reservation, call.record.cost_micros)
@@ -389,16 +409,16 @@ def _asking(call: Call) -> None:
     call.record.upstream_call()
 
 
-def _account(call: Call, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
+def _account(call: Call, price: Price, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
              images: int = 0, *, cache_write_tokens: int = 0) -> None:
-    """What the request used and cost, on its record (metrics, access log, usage ledger), which settling the
-    reservation hands to the limit store."""
+    """What the request used and cost at `price` (the model's that answered), on its record (metrics, access log,
+    usage ledger), which settling the reservation hands to the limit store: above the reservation too, when a
+    dearer fallback answered."""
     record = call.record
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images
     record.cache_write_tokens = cache_write_tokens
-    record.cost_micros = call.model.price.cost(input_tokens, output_tokens, cached_input_tokens, images,
-                                               cache_write_tokens)
+    record.cost_micros = price.cost(input_tokens, output_tokens, cached_input_tokens, images, cache_write_tokens)
 
 
 def _note_finish(call: Call, meter: Meter) -> None:

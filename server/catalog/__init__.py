@@ -34,6 +34,10 @@ class Catalog:
             raise ModelNotFound(f"The model `{_shorten(model_id)}` does not exist or you do not have access to it.")
         return entry
 
+    def get(self, model_id: str) -> ModelEntry | None:
+        """The entry of `model_id` whatever a key may use: a fallback serves a key granted only the model it asked."""
+        return self._entries.get(model_id)
+
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._entries
 

@@ -72,11 +72,12 @@ class Limiter:
         scopes = {scope.id: scope for model_id in models for scope in self.scopes(key, model_id)}
         return [reading for scope in scopes.values() for reading in standing(scope, await self._store.counts(scope.id))]
 
-    async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0) -> Reservation:
-        """Reserve `tokens` and `cost` (micro-dollars, the most the request may cost). Raises RateLimited when a
-        limit or budget would be exceeded, ServiceUnavailable when the store cannot answer and the policy is
-        fail-closed."""
-        demand = Demand(self.scopes(key, model_id), tokens, cost)
+    async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0, *,
+                      may_cost: bool = False) -> Reservation:
+        """Reserve `tokens` and `cost` (micro-dollars, the most the request may cost; `may_cost`: a fallback with a
+        price may answer it, whatever `cost`). Raises RateLimited when a limit or budget would be exceeded,
+        ServiceUnavailable when the store cannot answer and the policy is fail-closed."""
+        demand = Demand(self.scopes(key, model_id), tokens, cost, may_cost)
         try:
             reservation = await self._reserve_uncancelled(demand)
         except LimitStoreUnavailable as exc:

@@ -89,11 +89,13 @@ class Demand:
     scopes: tuple[Scope, ...]
     tokens: int  # estimated: prompt tokens + the most the request may generate
     cost: int = 0  # the most the request may cost, in micro-dollars (for budgets)
+    # Reserved at no cost, it may be answered by a fallback with a price: a budget spent past its limit refuses it.
+    may_cost: bool = False
 
     def limit(self, scope: Scope, dimension: Dimension) -> int | None:
         """The scope's limit that applies to this request: a request that costs nothing (a model without a price, a
         response-cache hit) is never refused by a budget, even one a dearer request than it reserved took over."""
-        if dimension.counts_spend and self.cost == 0:
+        if dimension.counts_spend and self.cost == 0 and not self.may_cost:
             return None
         return scope.limit(dimension)
 
@@ -154,8 +156,9 @@ class Reservation:
 
     def budgets_left(self, cost: int, now: float) -> list[tuple[Reading, int]]:
         """What is left of each budget after this request, in micro-dollars: what admission read, with its real
-        `cost`. Not of a budget whose UTC day or month ended since: that reading says nothing of the new one."""
-        return [(r, r.limit - r.used + self.demand.cost - cost) for r in self.budgets
+        `cost`; nothing, not less, when that took it over (a dearer fallback answered). Not of a budget whose UTC day
+        or month ended since: that reading says nothing of the new one."""
+        return [(r, max(0, r.limit - r.used + self.demand.cost - cost)) for r in self.budgets
                 if (day_of(now) == day_of(self.at) if r.dimension is Dimension.DAILY_SPEND
                     else month_of(now) == month_of(self.at))]
 
@@ -373,9 +376,10 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
         resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         seconds = math.ceil(wait)
         when = f"The budget resets at {resets}; please retry after {seconds} second{'' if seconds == 1 else 's'}."
+    asks = (f"this request may cost up to {usd_text(demand.cost)}" if demand.cost else
+            "a fallback with a price may answer this request")
     return LimitExceeded(
-        f"Budget reached for {where}: limit {usd_text(reading.limit)}, {spent}, this request may cost up to "
-        f"{usd_text(demand.cost)}. {when}",
+        f"Budget reached for {where}: limit {usd_text(reading.limit)}, {spent}, {asks}. {when}",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
     )
 

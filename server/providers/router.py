@@ -7,7 +7,7 @@ an upstream attempt starts and ends (health, requests in flight, per-deployment 
 while nothing has reached the caller, so that a retryable failure can still be replaced by the next try.
 
 The caller's limits stay with the model it asked for: the pipeline reserves and settles for that one, with what was
-used, whichever model or deployment answered.
+used, whichever model or deployment answered, at the price of the model that answered (a fallback's, when one did).
 """
 
 from __future__ import annotations

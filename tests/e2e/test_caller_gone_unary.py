@@ -57,6 +57,10 @@ def models(url: str) -> str:
     provider: {{{openai}, model: m, timeouts: {{answer: 1}}}}
     price: {price}
   - {{id: unpriced-up, endpoint: /v1/chat/completions, provider: {{{openai}, model: m}}}}
+  - id: unpriced-flaky-up
+    endpoint: /v1/chat/completions
+    provider: {{{openai}, model: flaky, retry: {{attempts: 1}}}}
+    fallbacks: [chat-up]
 """
 
 
@@ -283,6 +287,23 @@ def test_a_model_without_a_price_stops_when_its_caller_leaves(gateway, double):
     # The double notes a client gone only when its delayed answer is due: wait for that, so that no later test sees it.
     time.sleep(max(0.0, left + UPSTREAM_SECONDS + 0.5 - time.monotonic()))
     assert double.gone >= 1
+
+
+def test_a_priced_fallback_of_a_model_without_a_price_runs_on_to_be_counted(gateway, double):
+    """The fallback's upstream bills its answer, which is priced at the fallback's price: it ran on. It was cut
+    short with its caller, as for the free model asked for, and counted as nothing used."""
+    double.reset()
+    double.cue(Cue(status=503, body={"error": {"message": "overloaded", "type": "server_error"}}),
+               Cue(delay=UPSTREAM_SECONDS))
+    key_id, secret = key(gateway, "free-then-priced")
+    headers = admin(gateway)
+    leave(f"{gateway.base_url}/v1/chat/completions", {"model": "unpriced-flaky-up", "messages": HI},
+          {"authorization": f"Bearer {secret}"}, once=reached(double, 2))
+    (row,) = rows(gateway, key_id, headers)
+    assert (row["upstream"], row["status"], row["code"]) == ("chat-up", 499, "cancelled"), row
+    assert row["input_tokens"] > 0 and row["output_tokens"] > 0, row
+    assert row["cost_microdollars"] == row["input_tokens"] * PRICE["input"] + row["output_tokens"] * PRICE["output"]
+    assert double.gone == 0  # the fallback's answer was read to its end
 
 
 def test_the_embedded_model_still_stops_when_its_caller_leaves(tmp_path):

@@ -117,7 +117,7 @@ async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(ch
     model, upstream, status, code, input_tokens, output_tokens, cost = summary[2]
     assert (model, upstream, status, code) == ("up-solo", "up-solo", 499, "cancelled")
     assert 0 < output_tokens < 3 and cost == -(-(input_tokens * 500_000 + output_tokens * 1_500_000) // 10**6)
-    assert summary[3] == ("up-main", "up-backup", 200, "", 2, 3, 27)  # charged at the asked model's price
+    assert summary[3] == ("up-main", "up-backup", 200, "", 2, 3, 500)  # at the price of the model that answered
     assert summary[4] == ("up-main", "", 429, "rate_limit_exceeded", 0, 0, 0)
     assert len(rows) == 6
     assert all(r.env == "team-a" and r.request_id and r.latency_ms > 0 for r in rows)
