@@ -92,7 +92,8 @@ async def test_counters_a_full_disk_kept_from_the_file_are_saved_once_it_has_roo
 async def test_scopes_that_count_nothing_any_more_are_forgotten(tmp_path):
     """Every key that ever made a request kept its counters for good, in memory and in the file saved every 2 s (and
     read back at each start): a gateway whose keys come and go grew without bound. Once a scope counts nothing (no
-    request in its minute or in flight, nothing today or this month), it is dropped, as Redis expires idle ones."""
+    request in its minute or in flight, nothing today, no spend this month), it is dropped, as Redis expires idle
+    ones."""
     state, clock = tmp_path / "limits-daily.json", FakeClock(NOON)
     store = MemoryLimitStore(clock, state_path=state, save_every_s=0.02)
     limits = KeyLimits(requests_per_minute=100, max_spend_month=10**6)
