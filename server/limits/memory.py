@@ -77,6 +77,12 @@ class _Counters:
             if (month := month_of(now)) != self.month:
                 self.month, self.month_spend, self.month_held_spend = month, 0, 0
 
+    def idle(self, now: float, tick: float) -> bool:
+        """Counting nothing any more, caught up: the same as new counters."""
+        self.catch_up(now, tick)
+        return not (self.window or self.in_flight or self.day_requests or self.day_tokens or self.day_spend
+                    or self.month_spend)
+
     def in_window(self, entry: _Entry, tick: float) -> bool:
         return entry.at > tick - WINDOW_SECONDS  # catch_up has dropped every entry older than that
 
@@ -194,8 +200,16 @@ class MemoryLimitStore:
         saved: dict | None = None
         while True:
             await asyncio.sleep(self._save_every_s)
+            self._forget_idle()
             if (rows := self._daily_rows()) != saved and self._save(rows):
                 saved = rows  # else tried again at the next pass, also when no request comes meanwhile
+
+    def _forget_idle(self) -> None:
+        """Drop the counters of scopes that count nothing any more (made again on first use), as Redis expires idle
+        ones: else every key that ever made a request stayed, in memory and in the file saved and read back."""
+        now, tick = self._clock(), self._monotonic()
+        for scope_id in [scope_id for scope_id, counters in self._scopes.items() if counters.idle(now, tick)]:
+            del self._scopes[scope_id]
 
     def _save(self, rows: dict[str, tuple[int, int, int, int, int, int]]) -> bool:
         """Logged once when saving starts failing (a full disk) and once when it works again."""
@@ -282,4 +296,5 @@ class MemoryLimitStore:
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)
         if self._state_path is not None:
+            self._forget_idle()
             self._save(self._daily_rows())

@@ -10,6 +10,7 @@ import pytest
 from server.domain_keys import KeyLimits
 from server.errors import RateLimited
 from server.limits import Demand, MemoryLimitStore, Scope
+from server.limits.daily_file import load_daily
 from tests.limits_support import NOON, FakeClock
 
 
@@ -85,4 +86,25 @@ async def test_counters_a_full_disk_kept_from_the_file_are_saved_once_it_has_roo
         await asyncio.sleep(0.1)
     assert (await MemoryLimitStore(FakeClock(NOON), state_path=state).counts("k1")).day_requests == 2  # a crash now
     assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
+    await store.close()
+
+
+async def test_scopes_that_count_nothing_any_more_are_forgotten(tmp_path):
+    """Every key that ever made a request kept its counters for good, in memory and in the file saved every 2 s (and
+    read back at each start): a gateway whose keys come and go grew without bound. Once a scope counts nothing (no
+    request in its minute or in flight, nothing today, no spend this month), it is dropped, as Redis expires idle
+    ones."""
+    state, clock = tmp_path / "limits-daily.json", FakeClock(NOON)
+    store = MemoryLimitStore(clock, state_path=state, save_every_s=0.02)
+    limits = KeyLimits(requests_per_minute=100, max_spend_month=10**6)
+    for n in range(300):  # free requests
+        await store.settle(await store.reserve(Demand((Scope(f"old{n}", "key", limits),), 10)), 5)
+    await store.settle(await store.reserve(Demand((Scope("spender", "key", limits),), 10, 40)), 5, 30)
+    running = await store.reserve(Demand((Scope("running", "key", limits),), 10))
+    clock.advance(24 * 3600)  # the next day, the same month
+    await store.settle(await store.reserve(Demand((Scope("today", "key", limits),), 10)), 5)
+    await asyncio.sleep(0.1)
+    assert set(load_daily(state)) == {"spender", "running", "today"}
+    assert (await store.counts("old7")).day_requests == 0  # a forgotten scope reads as a new one
+    await store.settle(running, 5)
     await store.close()
