@@ -46,7 +46,8 @@ def test_rows_are_stored_once_and_summed_by_bucket_and_group(ledger):
     assert [(t.bucket, t.model, t.key_id, t.input_tokens, t.cost_micros, t.rows, t.errors) for t in totals] == [
         (0, "m", "key_a", 10, 7, 1, 0), (0, "n", "key_b", 10, 3, 1, 0), (1, "m", "key_a", 10, 7, 1, 1)]
     assert all(type(v) is int for t in totals for v in (t.bucket, t.cost_micros, t.rows))
-    assert ledger.prune(t0 + 1000) == 2
+    assert ledger.prune(t0 + 1000, 1) == 1  # at most a batch per statement
+    assert ledger.prune(t0 + 1000, 10) == 1
     assert [r.id for r in ledger.rows()] == ["r3"]
 
 
@@ -192,7 +193,6 @@ def test_a_big_postgresql_ledger_is_read_and_pruned_past_the_store_timeout(postg
     """keys.store_timeout_seconds (2 s) bounds key lookups; the ledger used it for every statement, so on a few
     million rows a month's usage query was cancelled (a 503 "unreachable" to dashboards) and the hourly retention
     pass failed every hour, the ledger growing for ever. Here the same with a tiny timeout on 50,000 rows."""
-    monkeypatch.setattr("server.usage.postgres_ledger.PRUNE_BATCH", 500)
     ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=0.02))
     with postgres_server.connect(postgres_url.rsplit("/", 1)[1]) as fill:  # in SQL: 50,000 rows in well under 1 s
         fill.execute("INSERT INTO usage_ledger SELECT 'r' || g, g, 'req', 'key_' || (g % 7), 'e', "
@@ -200,7 +200,8 @@ def test_a_big_postgresql_ledger_is_read_and_pruned_past_the_store_timeout(postg
                      "FROM generate_series(1, 50000) g")
     (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
     assert (total.rows, total.cost_micros) == (50_000, 150_000)
-    assert ledger.prune(40_001) == 40_000
+    deleted = [ledger.prune(40_001, 500) for _ in range(81)]  # as the writer's passes do, a batch each
+    assert sum(deleted) == 40_000 and deleted[-2:] == [500, 0]
     (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
     assert total.rows == 10_000
     ledger.close()
