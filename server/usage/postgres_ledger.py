@@ -26,7 +26,9 @@ _INSERT = insert_sql("%s", suffix=" ON CONFLICT (id) DO NOTHING")
 # keys.store_timeout_seconds (2 s) bounds each statement, as key lookups need; a usage query over weeks of rows takes
 # seconds (~4 s for 3 million), so reads get their own bound, and retention deletes a batch per statement.
 READ_TIMEOUT_MS = 60_000
-_PRUNE = "DELETE FROM usage_ledger WHERE id IN (SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s)"
+# The batch's ids as an array, not `id IN (SELECT ...)`: that is planned as a hash join over a sequential scan of the
+# whole table (346 ms a batch on 1.5 million rows, against 15 ms through the primary key).
+_PRUNE = "DELETE FROM usage_ledger WHERE id = ANY(ARRAY(SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s))"
 
 
 class PostgresLedger:
