@@ -26,8 +26,9 @@ _INSERT = insert_sql("%s", suffix=" ON CONFLICT (id) DO NOTHING")
 # keys.store_timeout_seconds (2 s) bounds each statement, as key lookups need; a usage query over weeks of rows takes
 # seconds (~4 s for 3 million), so reads get their own bound, and retention deletes a batch per statement.
 READ_TIMEOUT_MS = 60_000
-PRUNE_BATCH = 10_000
-_PRUNE = "DELETE FROM usage_ledger WHERE id IN (SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s)"
+# The batch's ids as an array, not `id IN (SELECT ...)`: that is planned as a hash join over a sequential scan of the
+# whole table (346 ms a batch on 1.5 million rows, against 15 ms through the primary key).
+_PRUNE = "DELETE FROM usage_ledger WHERE id = ANY(ARRAY(SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s))"
 
 
 class PostgresLedger:
@@ -124,15 +125,9 @@ class PostgresLedger:
         except (psycopg.DataError, psycopg.IntegrityError) as exc:  # a value out of its column's range, NOT NULL
             raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
 
-    def prune(self, before_ms: int) -> int:
-        """Batch by batch, the lock let go between them: the writer's rows are not held up behind a big delete."""
-        deleted = 0
-        while True:
-            batch = PRUNE_BATCH
-            count = self._run(lambda conn: conn.execute(_PRUNE, (before_ms, batch)).rowcount)
-            deleted += count
-            if count < batch:
-                return deleted
+    def prune(self, before_ms: int, limit: int) -> int:
+        """Up to `limit` of the rows before `before_ms`, in one statement (LedgerSink.prune)."""
+        return self._run(lambda conn: conn.execute(_PRUNE, (before_ms, limit)).rowcount)
 
     def aggregate(self, query: UsageQuery) -> list[Totals]:
         return totals_of(query, self._read(*aggregate_sql(query, "%s")))

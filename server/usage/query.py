@@ -25,6 +25,7 @@ class UsageQuery:
     models: tuple[str, ...] = ()
     envs: tuple[str, ...] = ()
     endpoints: tuple[str, ...] = ()
+    limit: int | None = None  # the first this many totals (in bucket and group order); None: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,10 @@ def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
         "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*), "
         f"SUM(CASE WHEN {ERROR_CONDITION} THEN 1 ELSE 0 END), {histogram_sql()} FROM usage_ledger WHERE "
         + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket" + grouped
+        + (" LIMIT {p}" if query.limit is not None else "")
     )
-    return sql.replace("{p}", placeholder), [query.start_ms, query.width_ms, *params]
+    limit = [] if query.limit is None else [query.limit]
+    return sql.replace("{p}", placeholder), [query.start_ms, query.width_ms, *params, *limit]
 
 
 @dataclass(frozen=True, slots=True)

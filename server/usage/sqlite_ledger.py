@@ -17,6 +17,7 @@ from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, inse
 from server.usage.schema import MIGRATIONS
 
 MAX_ROWS_PER_INSERT = 500
+_PRUNE = "DELETE FROM usage_ledger WHERE rowid IN (SELECT rowid FROM usage_ledger WHERE at_ms < ? LIMIT ?)"
 
 
 @cache
@@ -70,9 +71,10 @@ class SqliteLedger:
             raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
         return stored
 
-    def prune(self, before_ms: int) -> int:
+    def prune(self, before_ms: int, limit: int) -> int:
+        """Up to `limit` of the rows before `before_ms`, in one short statement (LedgerSink.prune)."""
         with self._lock:
-            return self._db.execute("DELETE FROM usage_ledger WHERE at_ms < ?", (before_ms,)).rowcount
+            return self._db.execute(_PRUNE, (before_ms, limit)).rowcount
 
     def aggregate(self, query: UsageQuery) -> list[Totals]:
         return totals_of(query, self._read(*aggregate_sql(query, "?")))

@@ -36,6 +36,8 @@ _T = TypeVar("_T")
 
 _MAX_BACKOFF = 30.0  # seconds between retries while the store stays unreachable
 _PRUNE_EVERY = 3600.0  # seconds between retention passes
+# Rows a retention pass deletes per write pass (one statement: ~25 ms in SQLite, ~100 ms in PostgreSQL).
+PRUNE_BATCH = 10_000
 _DROP_LOG_EVERY = 10.0  # seconds between warnings while rows are being dropped
 
 
@@ -47,8 +49,9 @@ class LedgerSink(Protocol):
         Raise on failure."""
         ...
 
-    def prune(self, before_ms: int) -> int:
-        """Delete rows that arrived before `before_ms`; returns how many."""
+    def prune(self, before_ms: int, limit: int) -> int:
+        """Delete up to `limit` of the rows that arrived before `before_ms`, in one short statement; returns how
+        many."""
         ...
 
 
@@ -77,6 +80,8 @@ class LedgerWriter:
         self._drop_why = ""
         self._drop_logged_at = -_DROP_LOG_EVERY
         self._pruned_at = -_PRUNE_EVERY
+        self._prune_before: int | None = None  # the retention pass under way deletes the rows before this
+        self._pruned = 0  # rows it deleted so far
         self._ids = ReservationIds()  # row ids: unique across processes, like reservation ids
 
     @property
@@ -223,18 +228,29 @@ class LedgerWriter:
         return stored, refused
 
     async def _prune(self) -> None:
+        """A batch of the retention pass per write pass: a big backlog (retention lowered, an old ledger) is deleted
+        over many passes with the rows that arrive meanwhile written between them. Deleted at once, 1.5 million rows
+        held the writer 23 s (PostgreSQL) and keys.db's write lock 3 s (SQLite)."""
         days = self._settings.retention_days
-        now = self._clock()
-        if not days or now - self._pruned_at < _PRUNE_EVERY:
+        if not days:
             return
-        self._pruned_at = now
+        if self._prune_before is None:
+            now = self._clock()
+            if now - self._pruned_at < _PRUNE_EVERY:
+                return
+            self._pruned_at = now
+            self._prune_before, self._pruned = int((now - days * 86_400) * 1000), 0
         try:
-            deleted = await asyncio.to_thread(self._sink.prune, int((now - days * 86_400) * 1000))
-        except Exception as exc:  # noqa: BLE001 - tried again at the next pass
+            deleted = await asyncio.to_thread(self._sink.prune, self._prune_before, PRUNE_BATCH)
+        except Exception as exc:  # noqa: BLE001 - the next pass, within the hour, deletes what is left
             _logger.warning("usage ledger: retention pass failed (%s: %s)", type(exc).__name__, exc)
+            self._prune_before = None
             return
-        if deleted:
-            _logger.info("usage ledger: deleted %d rows older than %d days", deleted, days)
+        self._pruned += deleted
+        if deleted < PRUNE_BATCH:
+            if self._pruned:
+                _logger.info("usage ledger: deleted %d rows older than %d days", self._pruned, days)
+            self._prune_before = None
 
     def _drop(self, count: int, why: str) -> None:
         self._on_dropped(count)
