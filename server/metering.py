@@ -80,7 +80,17 @@ async def metered(
         raise
 
 
-async def prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
-    yield first
-    async for event in rest:
+async def started(events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    """`events` once the first has come, so that a failure to start is raised here; none at all is an InternalError.
+    The first is handed on, not kept by the caller: an open stream holds no event it has sent."""
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        raise InternalError("The provider ended without a result.") from None
+    return _prepend(first, events)
+
+
+async def _prepend(event: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    yield event
+    async for event in rest:  # rebinds the first: not held while the stream runs
         yield event

@@ -212,9 +212,8 @@ class Delivery:
                     held.append(event)
                     continue
                 self.delivered = True
-                for early in held:
-                    yield early
-                held.clear()
+                while held:  # not `for`: its variable would hold the last of them while the stream runs
+                    yield held.pop(0)
                 yield event
 
 
