@@ -79,7 +79,7 @@ class Step:
     wait: float  # seconds to wait before trying it
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """One request's walk over `chain` (per model, its deployments). `ready_in(model, deployment)` is how many
     seconds until passive health lets the deployment be tried (0: now); `cooling(model, deployment)` whether it is
