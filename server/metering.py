@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import dataclass
 
 from server.cutoff import Watch
@@ -58,7 +57,7 @@ async def metered(
     events: AsyncIterator[GenerationEvent], meter: Meter, record: RequestRecord, watch: Watch
 ) -> AsyncIterator[GenerationEvent]:
     try:
-        async with aclosing(events):
+        try:
             # A stopping server may cut the call while it waits on the provider (server/cutoff.py): between
             # `begin` and the next event; the cut's cancellation can only land there.
             watch.begin()
@@ -74,6 +73,8 @@ async def metered(
                 watch.cancelled()
                 raise
             watch.waiting = False
+        finally:
+            await events.aclose()  # aclosing's work, without its objects held by every open stream
     except Exception as exc:
         # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
         record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from server.domain import RetrySettings
@@ -206,7 +205,7 @@ class Delivery:
 
     async def relay(self, events: AsyncIterator) -> AsyncIterator:
         held: list[GenerationEvent] = []
-        async with aclosing(events):
+        try:
             async for event in events:
                 if not self.delivered and _no_content(event):
                     held.append(event)
@@ -215,6 +214,8 @@ class Delivery:
                 while held:  # not `for`: its variable would hold the last of them while the stream runs
                     yield held.pop(0)
                 yield event
+        finally:
+            await events.aclose()  # aclosing's work, without its objects held by every open stream
 
 
 def _no_content(event: object) -> bool:

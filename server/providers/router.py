@@ -176,9 +176,12 @@ class Router:
                 continue
             delivery = Delivery()
             try:
-                async with aclosing(delivery.relay(self._attempt(route, deployment, start))) as events:
+                events = delivery.relay(self._attempt(route, deployment, start))
+                try:
                     async for event in events:
                         yield event
+                finally:
+                    await events.aclose()  # aclosing's work, without its objects held by every open stream
                 return
             except PorticoError as error:
                 if delivery.delivered or self._caller_left():  # nobody would get another try's answer
@@ -196,12 +199,15 @@ class Router:
         outcome: PorticoError | None = None
         finished = False  # a Finished event (or an image call's images) came
         try:
-            async with aclosing(start(deployment.provider)) as events:
+            events = start(deployment.provider)
+            try:
                 async for event in events:
                     # The answer is whole (a caller reading a JSON answer stops here, closing the stream): a
                     # Finished event, an image call's images or a token count.
                     finished = finished or isinstance(event, (Finished, list, TokenCount))
                     yield event
+            finally:
+                await events.aclose()  # aclosing's work, without its objects held by every open stream
         except PorticoError as error:
             outcome = error
             raise
