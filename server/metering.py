@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import dataclass
 
 from server.cutoff import Watch
@@ -58,7 +57,7 @@ async def metered(
     events: AsyncIterator[GenerationEvent], meter: Meter, record: RequestRecord, watch: Watch
 ) -> AsyncIterator[GenerationEvent]:
     try:
-        async with aclosing(events):
+        try:
             # A stopping server may cut the call while it waits on the provider (server/cutoff.py): between
             # `begin` and the next event; the cut's cancellation can only land there.
             watch.begin()
@@ -74,13 +73,25 @@ async def metered(
                 watch.cancelled()
                 raise
             watch.waiting = False
+        finally:
+            await events.aclose()  # aclosing's work, without its objects held by every open stream
     except Exception as exc:
         # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
         record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
         raise
 
 
-async def prepend(first: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
-    yield first
-    async for event in rest:
+async def started(events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    """`events` once the first has come, so that a failure to start is raised here; none at all is an InternalError.
+    The first is handed on, not kept by the caller: an open stream holds no event it has sent."""
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        raise InternalError("The provider ended without a result.") from None
+    return _prepend(first, events)
+
+
+async def _prepend(event: GenerationEvent, rest: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+    yield event
+    async for event in rest:  # rebinds the first: not held while the stream runs
         yield event

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,7 +32,7 @@ from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
 from server.limits.core import Dimension
-from server.metering import Meter, metered, prepend
+from server.metering import Meter, metered, started
 from server.observability import RequestRecord, Telemetry
 from server.providers import (
     Provider, TokenCounter, capabilities_of, context_overflow, prompt_count, token_counter_of,
@@ -186,15 +186,15 @@ class Pipeline:
             if lookup is not None:
                 answer = self._cache.recorded(lookup, answer)
             with watch:
-                async with aclosing(metered(answer, meter, call.record, watch)) as events:
-                    try:
-                        first = await anext(events)
-                    except StopAsyncIteration:
-                        raise InternalError("The provider ended without a result.") from None
+                events = metered(answer, meter, call.record, watch)
+                try:
+                    whole = await started(events)
                     if not watch.caller_left:  # else nobody to send them to (grpc would refuse them)
                         await _send_headers(call, reservation, lookup.header if lookup is not None else None)
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
-                    yield prepend(first, events)
+                    yield whole
+                finally:
+                    await events.aclose()  # aclosing's work, without its objects held by every open stream
         except OutOfService:
             # No deployment could be tried: like a refusal by a limit, a request that reached no model counts nothing.
             reached_model = False

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from server.domain import RetrySettings
@@ -79,7 +78,7 @@ class Step:
     wait: float  # seconds to wait before trying it
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """One request's walk over `chain` (per model, its deployments). `ready_in(model, deployment)` is how many
     seconds until passive health lets the deployment be tried (0: now); `cooling(model, deployment)` whether it is
@@ -206,16 +205,17 @@ class Delivery:
 
     async def relay(self, events: AsyncIterator) -> AsyncIterator:
         held: list[GenerationEvent] = []
-        async with aclosing(events):
+        try:
             async for event in events:
                 if not self.delivered and _no_content(event):
                     held.append(event)
                     continue
                 self.delivered = True
-                for early in held:
-                    yield early
-                held.clear()
+                while held:  # not `for`: its variable would hold the last of them while the stream runs
+                    yield held.pop(0)
                 yield event
+        finally:
+            await events.aclose()  # aclosing's work, without its objects held by every open stream
 
 
 def _no_content(event: object) -> bool:

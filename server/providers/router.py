@@ -71,6 +71,9 @@ class Router:
         self._own_alike = own.pop() if len(own) == 1 else None  # what each of its own deployments can, if the same
         # The reservation counts the prompt as the model's first deployment would (the embedded model counts exactly).
         self.token_counter = token_counter_of(self._chain[0].deployments[0].provider)
+        # What a plan over the whole chain is made of, made once: most requests may go to every deployment, and a
+        # stream holds its plan (and these, were they its own) while it runs.
+        self._whole_chain = self._plan_inputs(self._chain)
 
     @property
     def chain(self) -> tuple[Route, ...]:
@@ -111,18 +114,32 @@ class Router:
         refusals = [unsupported(request, capabilities_of(d.provider)) for d in self._chain[0].deployments]
         return None if None in refusals else refusals[0]
 
-    def _able(self, request: GenerationRequest) -> list[Route]:
+    def _able(self, request: GenerationRequest) -> Sequence[Route]:
         return self._able_to(lambda provider: unsupported(request, capabilities_of(provider)) is None)
 
-    def _able_to(self, honours: Callable[[object], bool]) -> list[Route]:
+    def _able_to(self, honours: Callable[[object], bool]) -> Sequence[Route]:
         """The chain with, on each route, only the deployments whose provider `honours` the request (the pipeline
-        has already refused a request the model's own cannot; a fallback none of whose deployments can is skipped)."""
+        has already refused a request the model's own cannot; a fallback none of whose deployments can is skipped):
+        the chain itself when every deployment does."""
         chain = []
+        whole = True
         for route in self._chain:
             able = tuple(d for d in route.deployments if honours(d.provider))
-            if able:
-                chain.append(route if len(able) == len(route.deployments) else Route(route.model_id, able))
-        return chain
+            if len(able) == len(route.deployments):
+                chain.append(route)
+            else:
+                whole = False
+                if able:
+                    chain.append(Route(route.model_id, able))
+        return self._chain if whole else chain
+
+    def _plan_inputs(self, chain: Sequence[Route]) -> dict:
+        """Plan's arguments for a walk over `chain`."""
+        return dict(chain=[[Target(d.weight, d.retry) for d in route.deployments] for route in chain],
+                    ready_in=lambda m, d: self._ready_in(chain[m].deployments[d]),
+                    cooling=lambda m, d: self._cooling(chain[m].deployments[d]),
+                    in_flight=lambda m, d: self._in_flight.get((chain[m].model_id, chain[m].deployments[d].name), 0),
+                    draw=self._draw)
 
     async def _one(self, chain: Sequence[Route], ask: Callable,
                    local: Callable[[object], bool] | None = None) -> object:
@@ -137,11 +154,7 @@ class Router:
         """`local(provider)`: it answers without asking its upstream (an estimated count), so that answer is no
         attempt: no metrics, and nothing said of the deployment's health (a trial is decided by its upstream)."""
         loop = asyncio.get_running_loop()
-        plan = Plan([[Target(d.weight, d.retry) for d in route.deployments] for route in chain],
-                    ready_in=lambda m, d: self._ready_in(chain[m].deployments[d]),
-                    cooling=lambda m, d: self._cooling(chain[m].deployments[d]),
-                    in_flight=lambda m, d: self._in_flight.get((chain[m].model_id, chain[m].deployments[d].name), 0),
-                    draw=self._draw)
+        plan = Plan(**(self._whole_chain if chain is self._chain else self._plan_inputs(chain)))
         failed: tuple[Step, PorticoError] | None = None
         model = 0  # the chain's model tried last
         while (step := plan.next(loop.time())) is not None:
@@ -163,9 +176,12 @@ class Router:
                 continue
             delivery = Delivery()
             try:
-                async with aclosing(delivery.relay(self._attempt(route, deployment, start))) as events:
+                events = delivery.relay(self._attempt(route, deployment, start))
+                try:
                     async for event in events:
                         yield event
+                finally:
+                    await events.aclose()  # aclosing's work, without its objects held by every open stream
                 return
             except PorticoError as error:
                 if delivery.delivered or self._caller_left():  # nobody would get another try's answer
@@ -183,12 +199,15 @@ class Router:
         outcome: PorticoError | None = None
         finished = False  # a Finished event (or an image call's images) came
         try:
-            async with aclosing(start(deployment.provider)) as events:
+            events = start(deployment.provider)
+            try:
                 async for event in events:
                     # The answer is whole (a caller reading a JSON answer stops here, closing the stream): a
                     # Finished event, an image call's images or a token count.
                     finished = finished or isinstance(event, (Finished, list, TokenCount))
                     yield event
+            finally:
+                await events.aclose()  # aclosing's work, without its objects held by every open stream
         except PorticoError as error:
             outcome = error
             raise

@@ -104,11 +104,14 @@ class DialectServicer:
         if not plan.stream:
             yield await self._json_answer(call, plan, header)
             return
-        # aclosing: closed with this generator (the caller went away), so the stream settles at once, not in a
-        # task the event loop's finalizer hook schedules later.
-        async with aclosing(self._sse(call, plan, header)) as messages:
+        # Closed with this generator (the caller went away), so the stream settles at once, not in a task the event
+        # loop's finalizer hook schedules later.
+        messages = self._sse(call, plan, header)
+        try:
             async for data in messages:
                 yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=data)
+        finally:
+            await messages.aclose()  # aclosing's work, without its objects held by every open stream
 
     async def http_unary(self, request: httpbody_pb2.HttpBody, context) -> httpbody_pb2.HttpBody:
         """`http_body` in one message, for bodies Envoy found not to stream; one that does all the same (a
@@ -127,14 +130,16 @@ class DialectServicer:
     async def _sse(self, call: Call, plan: Plan, header: ResponseHeader) -> AsyncIterator[bytes]:
         async with self._pipeline.stream(call, plan.generation) as events:
             frames = self.frames(self.stream_objects(header, events, plan))
-            # aclosing: a caller who leaves while a message is being sent closes this generator at its `yield`; the
-            # read-ahead task must stop before `events` is closed, or closing it races the task (a 500, not a 499).
-            # The last message marks the answer whole: a caller who closes on it while grpc still writes it, or
-            # cleans up after it, was answered (a 200, not a 499).
-            whole = coalesced(guard_stream(frames, self.error_frame, call.record), last=call.record.mark_answered)
-            async with aclosing(whole) as messages:
+            # Closed here: a caller who leaves while a message is being sent closes this generator at its `yield`;
+            # the read-ahead task must stop before `events` is closed, or closing it races the task (a 500, not a
+            # 499). The last message marks the answer whole: a caller who closes on it while grpc still writes it,
+            # or cleans up after it, was answered (a 200, not a 499).
+            messages = coalesced(guard_stream(frames, self.error_frame, call.record), last=call.record.mark_answered)
+            try:
                 async for data in messages:
                     yield data
+            finally:
+                await messages.aclose()  # aclosing's work, without its objects held by every open stream
 
     async def _prepare(
         self, data: bytes | Message, context, *, stream: bool | None = None

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import aclosing
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -101,11 +100,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             try:
                 if isinstance(request, Undecodable):
                     raise request.error
-                # aclosing: when grpc drops this generator (the caller went away), the servicer's generator is
+                # Closed here: when grpc drops this generator (the caller went away), the servicer's generator is
                 # closed right away too, so its cleanup (settling rate limits) does not wait for garbage collection.
-                async with aclosing(behavior(request, context)) as responses:
+                responses = behavior(request, context)
+                try:
                     async for response in responses:
                         yield response
+                finally:
+                    await responses.aclose()  # aclosing's work, without its objects held by every open stream
             except (asyncio.CancelledError, GeneratorExit):
                 observed.cancelled()
                 raise

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
 
 from server.errors import InternalError, PorticoError
 from server.observability.record import RequestRecord
@@ -20,9 +19,11 @@ async def guard_stream(
     """Pass frames through; on failure end with the dialect's error event, `error_frame(error)`, noted on
     `record` unless the upstream's events already noted theirs (a failure in rendering them, too, is one)."""
     try:
-        async with aclosing(frames):
+        try:
             async for frame in frames:
                 yield frame
+        finally:
+            await frames.aclose()  # aclosing's work, without its objects held by every open stream
     except Exception as exc:  # noqa: BLE001 - the stream must end with an error event, whatever failed
         if not isinstance(exc, PorticoError):
             _logger.exception("stream failed")
@@ -90,9 +91,11 @@ async def coalesced(frames: AsyncIterator[bytes], *, read_ahead: int = 64,
     async def read() -> None:
         failure = None
         try:
-            async with aclosing(frames):
+            try:
                 async for frame in frames:
                     await ahead.put(frame)
+            finally:
+                await frames.aclose()  # aclosing's work, without its objects held by every open stream
         except Exception as exc:  # noqa: BLE001 - handed over to the consumer, raised there
             failure = exc
         ahead.end(failure)

@@ -78,8 +78,14 @@ async def chat_chunks(
     asked for."""
     first = await anext(events)
     if isinstance(first, UpstreamObject) and first.dialect is Dialect.OPENAI:
-        async for chunk in _relayed_chunks(header, first, events, include_usage=include_usage):
-            yield chunk
+        # Relayed here, not by a generator of its own: one layer less that every open stream holds.
+        relay = _Relay(header, include_usage=include_usage)
+        if (out := relay.chunk(first)) is not None:
+            yield out
+        del first  # the role chunk: not held while the stream runs
+        async for event in events:
+            if (out := relay.chunk(event)) is not None:
+                yield out
         return
     base = {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model}
     if include_usage:
@@ -116,32 +122,32 @@ async def chat_chunks(
             yield out
 
 
-async def _relayed_chunks(
-    header: ResponseHeader, first: UpstreamObject, events: AsyncIterator[GenerationEvent], *, include_usage: bool
-) -> AsyncIterator[dict]:
+class _Relay:
     """The upstream's own chunks (its role chunk included), with the header's id, created and model. Portico always
     asks an upstream for usage: a caller who did not gets neither the usage-only chunk nor `usage` members; one who
     did, from a server that sends no usage, gets a usage chunk made from the counts the limits settled."""
-    owned = _owned(header)
-    usage_sent = False
 
-    def relayed(event: UpstreamObject) -> dict | None:
-        nonlocal usage_sent
-        chunk = {**event.payload, **owned}
-        has_usage = isinstance(chunk.get("usage"), dict)
-        if not include_usage:
-            if has_usage and not chunk.get("choices"):
-                return None
-            chunk.pop("usage", None)
-        usage_sent = usage_sent or has_usage
-        return chunk
+    __slots__ = ("_header", "_owned", "_include_usage", "_usage_sent")
 
-    if (chunk := relayed(first)) is not None:
-        yield chunk
-    async for event in events:
+    def __init__(self, header: ResponseHeader, *, include_usage: bool) -> None:
+        self._header = header
+        self._owned = _owned(header)
+        self._include_usage = include_usage
+        self._usage_sent = False
+
+    def chunk(self, event: GenerationEvent) -> dict | None:
+        """The chunk to send for `event`, if any."""
         if isinstance(event, UpstreamObject):
-            if (chunk := relayed(event)) is not None:
-                yield chunk
-        elif isinstance(event, Finished) and include_usage and not usage_sent:
-            yield {"id": header.id, "object": "chat.completion.chunk", "created": header.created, "model": header.model,
-                   "choices": [], "usage": usage_object(event.usage)}
+            chunk = {**event.payload, **self._owned}
+            has_usage = isinstance(chunk.get("usage"), dict)
+            if not self._include_usage:
+                if has_usage and not chunk.get("choices"):
+                    return None
+                chunk.pop("usage", None)
+            self._usage_sent = self._usage_sent or has_usage
+            return chunk
+        if isinstance(event, Finished) and self._include_usage and not self._usage_sent:
+            header = self._header
+            return {"id": header.id, "object": "chat.completion.chunk", "created": header.created,
+                    "model": header.model, "choices": [], "usage": usage_object(event.usage)}
+        return None
