@@ -107,10 +107,11 @@ def test_the_last_24_hours_count_the_same_requests_per_hour_and_per_day(tab, gat
 
 def test_latency_percentiles_are_the_periods_own_whatever_the_grouping(tab, gateway, admin_secret):
     fast, slow = new_key(gateway, "fast-caller"), new_key(gateway, "slow-caller")
-    for _ in range(3):
-        seed(gateway, fast, model="family-a-5.5", ago_s=60, latency_ms=20)
-    seed(gateway, slow, model="family-a-5.4", ago_s=60, latency_ms=4_000)
     now = int(time.time())
+    ago = min(60, now % HOUR / 2)  # in this hour, which is read below (60 s ago was the last hour in its first minute)
+    for _ in range(3):
+        seed(gateway, fast, model="family-a-5.5", ago_s=ago, latency_ms=20)
+    seed(gateway, slow, model="family-a-5.4", ago_s=ago, latency_ms=4_000)
     today = time.strftime("%Y-%m-%d", time.gmtime(now))
     answer = api(gateway, admin_secret, "GET", "/v1/organization/usage/completions",
                  params={"start_time": now - now % 86_400, "bucket_width": "1d"}).json()
