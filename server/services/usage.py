@@ -83,7 +83,8 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         query = UsageQuery(page.first * 1000, page.stop * 1000, page.width * 1000, columns,
                            key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
                            models=filter_values(request.models, "models"),
-                           envs=filter_values(request.project_ids, "project_ids"), endpoints=TEXT_ENDPOINTS)
+                           envs=filter_values(request.project_ids, "project_ids"), endpoints=TEXT_ENDPOINTS,
+                           latency=True)
         page, totals = (page, []) if nothing else await self._page_totals(page, query)
         return completions_page(page, totals, names)
 

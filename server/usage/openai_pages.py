@@ -18,8 +18,11 @@ from server.usage.money import micros_to_usd
 from server.usage.query import Totals
 
 WIDTHS = {"1m": 60, "1h": 3_600, "1d": 86_400}
-COMPLETIONS_LIMITS = {"1m": (60, 1_440), "1h": (24, 168), "1d": (7, 31)}  # width -> (default, maximum) buckets
-COSTS_LIMITS = {width: (7, 180) for width in WIDTHS}
+# Portico's bucket_width: one bucket from start_time to end_time as given, so a period's totals per key or model take
+# one result each, not one per day (a dashboard's table of 30 days by key and model was 30 times its rows).
+WHOLE = "all"
+COMPLETIONS_LIMITS = {"1m": (60, 1_440), "1h": (24, 168), "1d": (7, 31), WHOLE: (1, 1)}  # width -> (default, max)
+COSTS_LIMITS = {width: (7, 180) for width in WIDTHS} | {WHOLE: (1, 1)}
 # group_by values each endpoint accepts -> the ledger grouping they mean (None: accepted, groups nothing here)
 COMPLETIONS_GROUPS = {"model": "model", "api_key_id": "api_key_id", "project_id": "project_id", "user_id": None,
                       "batch": None}
@@ -64,14 +67,15 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
     if width_name not in limits:
         raise InvalidRequest(f"Invalid bucket_width {bucket_width!r}: use one of {', '.join(limits)}.",
                              param="bucket_width")
-    width = WIDTHS[width_name]
     start_time, end = time_range(start_time, end_time, now)
+    whole = width_name == WHOLE
+    width = end - start_time if whole else WIDTHS[width_name]
     default, maximum = limits[width_name]
     if limit is None:
         limit = default
     elif not 1 <= limit <= maximum:
         raise InvalidRequest(f"limit must be between 1 and {maximum} for bucket_width {width_name}.", param="limit")
-    start = start_time - start_time % width
+    start = start_time if whole else start_time - start_time % width
     first = start if not page else _page_start(page, start, end, width)
     buckets = min(limit, -(-(end - first) // width))
     return Page(start, end, width, first, buckets)

@@ -12,13 +12,14 @@ import re
 import sqlite3
 import time
 import uuid
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import expect
 
 from server.domain import Endpoint
 from server.usage.ledger import LedgerRow, values_of
-from server.usage.query import insert_sql
+from server.usage.query import TEXT_ENDPOINTS, insert_sql
 
 from tests.e2e.browser import api
 from tests.e2e.conftest import running_gateway
@@ -106,10 +107,11 @@ def test_the_last_24_hours_count_the_same_requests_per_hour_and_per_day(tab, gat
 
 def test_latency_percentiles_are_the_periods_own_whatever_the_grouping(tab, gateway, admin_secret):
     fast, slow = new_key(gateway, "fast-caller"), new_key(gateway, "slow-caller")
-    for _ in range(3):
-        seed(gateway, fast, model="family-a-5.5", ago_s=60, latency_ms=20)
-    seed(gateway, slow, model="family-a-5.4", ago_s=60, latency_ms=4_000)
     now = int(time.time())
+    ago = min(60, now % HOUR / 2)  # in this hour, which is read below (60 s ago was the last hour in its first minute)
+    for _ in range(3):
+        seed(gateway, fast, model="family-a-5.5", ago_s=ago, latency_ms=20)
+    seed(gateway, slow, model="family-a-5.4", ago_s=ago, latency_ms=4_000)
     today = time.strftime("%Y-%m-%d", time.gmtime(now))
     answer = api(gateway, admin_secret, "GET", "/v1/organization/usage/completions",
                  params={"start_time": now - now % 86_400, "bucket_width": "1d"}).json()
@@ -313,4 +315,93 @@ def test_enter_on_a_usage_filter_applies_it(tab, admin_secret, label, steps, app
     expect(tab.page).to_have_url(re.compile(re.escape(applied)))
     expect(tab.page.locator(".window")).to_be_visible()
     expect(tab.page.get_by_label(label, exact=True)).to_be_focused()
+    assert tab.problems.lines == []
+
+
+def usd(micros: int) -> str:
+    """As the page writes an amount: at least cents, more digits only when they matter."""
+    whole, fraction = divmod(micros, 1_000_000)
+    return f"${whole:,}." + f"{fraction:06d}".rstrip("0").ljust(2, "0")
+
+
+def test_thirty_days_by_key_ask_for_what_the_page_shows_and_equal_the_ledger(tab, gateway, admin_secret):
+    """30 days by key asked for every day by key and model, for its table and charts: a download that grew with days x
+    keys x models (106 MB for 2,200 keys). The page asks for the period's totals by key and model (one bucket), each
+    day's totals and each day of the keys it draws, and shows the ledger's numbers all the same."""
+    day, now = 86_400, time.time()
+    keys = [new_key(gateway, f"thirty-day-{i}") for i in range(9)]  # more than the charts draw: some are "other"
+    rows = []
+    for i, key_id in enumerate(keys):
+        for n in range(20 + 3 * i):  # distinct counts, above any other test's keys: the drawn keys are these
+            model = ("family-a-5.5", "family-a-5.4")[n % 2]
+            rows.append(LedgerRow(
+                id=uuid.uuid4().hex, at_ms=int((now - (n % 25) * day - 600) * 1000), request_id=uuid.uuid4().hex,
+                key_id=key_id, env="", endpoint=Endpoint.CHAT.value, model=model, upstream=model, status=200, code="",
+                input_tokens=10 + n, output_tokens=n, cached_input_tokens=0, images=0, cost_micros=1_000 * i + n,
+                upstream_attempts=1, latency_ms=30, first_token_ms=None))
+    with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
+        db.executemany(insert_sql("?"), [values_of(row) for row in rows])
+    asked = []
+    tab.page.on("request", lambda request: asked.append(request.url))
+    tab.sign_in(admin_secret)
+    show(tab, "period=30d&group=api_key_id&bucket=day", "key", "day")
+    expect(tab.page.get_by_role("region", name="Spend by key and model", exact=False).locator("tbody tr").first
+           ).to_be_visible()
+
+    start = (int(now) // day - 29) * day
+    for url in asked:
+        query = parse_qs(urlsplit(url).query)
+        if "/v1/organization/" not in url or query.get("bucket_width") == ["all"]:
+            continue
+        assert {"api_key_id", "model"} - set(query.get("group_by", [])), url  # never every day by key and model
+        if query.get("group_by"):
+            assert 1 <= len(query["api_key_ids"]) <= 6, url  # only the keys drawn, each day
+
+    with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
+        text_endpoint = f"endpoint IN {TEXT_ENDPOINTS!r}"  # what the usage API counts as requests and tokens
+        where = f"at_ms >= ? AND {text_endpoint}"
+        text = db.execute(f"SELECT COUNT(*), SUM(input_tokens), SUM(output_tokens) FROM usage_ledger WHERE {where}",
+                          (start * 1000,)).fetchone()
+        cost = db.execute("SELECT SUM(cost_micros) FROM usage_ledger WHERE at_ms >= ?", (start * 1000,)).fetchone()[0]
+        pairs = {(k, m): (n, i, o, c) for k, m, n, i, o, c in db.execute(
+            "SELECT key_id, model, COUNT(*), SUM(input_tokens), SUM(output_tokens), SUM(cost_micros) "
+            f"FROM usage_ledger WHERE {where} GROUP BY key_id, model", (start * 1000,))}
+        daily = {column: {(k, d): (n, c) for k, d, n, c in db.execute(
+            f"SELECT {column}, (at_ms / 1000 - ?) / 86400, SUM({text_endpoint}), SUM(cost_micros) "
+            "FROM usage_ledger WHERE at_ms >= ? GROUP BY 1, 2", (start, start * 1000))}
+            for column in ("key_id", "model")}
+    for label, value in (("Requests", text[0]), ("Input tokens", text[1]), ("Output tokens", text[2])):
+        expect(card(tab, label)).to_have_text(f"{value:,}")
+    expect(card(tab, "Cost")).to_have_text(usd(cost))
+    spend = tab.page.get_by_role("region", name="Spend by key and model, Last 30 days", exact=False)
+    for (key_id, model), (n, i, o, c) in pairs.items():
+        if key_id in keys:
+            expect(spend.get_by_role("row", name=f"({key_id}) {model}").get_by_role("cell")).to_have_text(
+                [model, f"{n:,}", f"{i:,}", f"{o:,}", usd(c)])
+
+    # Each day of the requests and cost charts: by key, the six keys with the most requests and "other"; by model (as
+    # few as seven), every model.
+    for group, column in (("key", "key_id"), ("model", "model")):
+        if group == "model":
+            show(tab, "period=30d&group=model&bucket=day", "model", "day")
+        by_day = daily[column]
+        groups = {g for g, _ in by_day}
+        ranked = sorted(groups, key=lambda g: -sum(n for (each, _), (n, _) in by_day.items() if each == g))
+        for chart, value, shown in (("#chart-requests", 0, lambda n: f"{n:,}"), ("#chart-cost", 1, usd)):
+            tab.page.locator(chart).get_by_text("Show the numbers").click()
+            figure = tab.page.locator(chart).locator("details table")  # not uPlot's legend
+            headers = figure.locator("thead th").all_inner_texts()[1:]
+            if group == "key":
+                assert headers[-1] == "other" and len(headers) == 7, headers
+                drawn = [re.search(r"\((\w+)\)$", label)[1] for label in headers[:-1]]
+                assert drawn == ranked[:6]  # the keys with the most requests, most first
+            else:
+                drawn = headers
+                assert set(drawn) == {g for g in groups if value or sum(
+                    n for (each, _), (n, _) in by_day.items() if each == g)}, drawn  # requests: text models only
+            for d, tr in enumerate(figure.locator("tbody tr").all()):
+                cells = tr.locator("th, td").all_inner_texts()[1:]
+                values = {g: by_day.get((g, d), (0, 0))[value] for g in groups}
+                rest = [shown(sum(v for g, v in values.items() if g not in drawn))] if group == "key" else []
+                assert cells == [shown(values[g]) for g in drawn] + rest, (chart, d, cells)
     assert tab.problems.lines == []

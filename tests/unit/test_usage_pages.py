@@ -7,7 +7,9 @@ import base64
 import pytest
 
 from server.errors import InvalidRequest
-from server.usage.openai_pages import Page, completions_page, costs_page, parse_row_cursor, requests_page
+from server.usage.openai_pages import (
+    COMPLETIONS_LIMITS, COSTS_LIMITS, Page, completions_page, costs_page, parse_row_cursor, plan_page, requests_page,
+)
 from server.usage.query import Totals
 from tests.unit.test_ledger_writer import row
 
@@ -33,3 +35,17 @@ def test_a_row_cursor_is_refused_unless_it_names_a_row_id_the_ledger_makes():
         with pytest.raises(InvalidRequest) as refused:
             parse_row_cursor(forged)
         assert refused.value.param == "page"
+
+
+@pytest.mark.parametrize("limits", [COMPLETIONS_LIMITS, COSTS_LIMITS])
+def test_bucket_width_all_is_one_bucket_from_start_time_to_end_time_as_given(limits):
+    """A period's totals per key or model in one result each (the console's tables), whatever its length, from a
+    start that is no whole minute, and with no next page."""
+    page = plan_page(100, 1_000, "all", None, "", limits=limits, now=5_000)
+    assert (page.start, page.first, page.stop, page.buckets, page.next_page) == (100, 100, 1_000, 1, None)
+    assert costs_page(page, [], set())["data"] == [{"object": "bucket", "start_time": 100, "end_time": 1_000,
+                                                    "results": []}]
+    assert plan_page(7, None, "all", 1, "", limits=limits, now=86_400 * 30.5).stop == 86_400 * 30 + 43_201
+    with pytest.raises(InvalidRequest) as refused:
+        plan_page(100, 1_000, "all", 2, "", limits=limits, now=5_000)
+    assert refused.value.param == "limit"

@@ -5,6 +5,9 @@ import {field, h, money, number, table, when} from "./dom.js";
 
 const HOUR = 3600;
 const DAY = 86400;
+const WHOLE = "all";
+const COMPLETIONS = "/v1/organization/usage/completions";
+const COSTS = "/v1/organization/costs";
 // A preset's label, and its start from now. Every start is a whole hour or UTC day, where the API's buckets start
 // (it aligns a query's start_time down to its bucket width), so the buckets cover exactly the period shown.
 const PERIODS = {
@@ -33,11 +36,15 @@ export async function buckets(api, path, params) {
   return all;
 }
 
-export function usageParams({start, end, width, groups = [], keyIds = []}) {
-  const params = [["start_time", start], ["end_time", end], ["bucket_width", width === HOUR ? "1h" : "1d"],
-    ["limit", width === HOUR ? 168 : 31]];
+// width: HOUR, DAY or WHOLE (Portico's bucket_width "all": one bucket for the whole period, so a period's totals per
+// key and model are one result each, not one a day).
+export function usageParams({start, end, width, groups = [], keyIds = [], models = []}) {
+  const params = [["start_time", start], ["end_time", end],
+    ...(width === WHOLE ? [["bucket_width", "all"]] : [["bucket_width", width === HOUR ? "1h" : "1d"],
+      ["limit", width === HOUR ? 168 : 31]])];
   groups.forEach((group) => params.push(["group_by", group]));
   keyIds.forEach((id) => params.push(["api_key_ids", id]));
+  models.forEach((model) => params.push(["models", model]));
   return params;
 }
 
@@ -75,26 +82,39 @@ async function usageView(ctx) {
   const bucket = ctx.query.get("bucket") ?? (end - start > 2 * DAY ? "day" : "hour");
   // Day buckets would start at the UTC midnight before a period that starts within a day (the last 24 hours).
   const width = bucket === "day" && start % DAY === 0 ? DAY : HOUR;
-  const params = (groups) => usageParams({start, end, width, groups});
-  // One answer by key and model serves the charts (summed by model or by key) and the table, and an ungrouped one
-  // the totals and latency, so every figure on the page counts the same requests.
-  const [usage, costs, overall, periodLatency, {keys}] = await Promise.all([
-    buckets(ctx.api, "/v1/organization/usage/completions", params(["api_key_id", "model"])),
-    buckets(ctx.api, "/v1/organization/costs", params(["api_key_id", "model"])),
-    buckets(ctx.api, "/v1/organization/usage/completions", params([])),
-    latencyOfPeriod(ctx.api, start, end),
+  const by = group === "model" ? "model" : "api_key_id";
+  const ask = (path, options) => buckets(ctx.api, path, usageParams({start, end, ...options}));
+  // Each figure asks for what it shows, so the answers grow with buckets, keys and models, not their product (every
+  // bucket by key and model was 106 MB for 30 days of 2,200 keys): the period's totals by key and model in one
+  // bucket (the table and the cost card, and which groups the charts draw), each bucket's totals (the other cards,
+  // latency, and the charts' "other"), then each bucket of the few groups drawn.
+  const overallAnswers = Promise.all([ask(COMPLETIONS, {width}), latencyOfPeriod(ctx.api, start, end)]);
+  overallAnswers.catch(() => {});  // awaited below, after the others: a failure is reported there
+  const [pairUsage, pairCosts, {keys}] = await Promise.all([
+    ask(COMPLETIONS, {width: WHOLE, groups: ["api_key_id", "model"]}),
+    ask(COSTS, {width: WHOLE, groups: ["api_key_id", "model"]}),
     ctx.api.get("/v1/admin/keys"),
   ]);
   const names = new Map(keys.map((key) => [key.id, key.name]));
   const labelOf = (result) => group === "model" ? result.model ?? "(none)" : keyLabel(names, result.api_key_id);
   const per = width === HOUR ? "hour" : "day";
-
-  const times = usage.map((b) => b.start_time);
-  const requests = seriesOf(usage, labelOf, sent);
+  const totalsOf = (answer, valueOf) => totalsBy(answer, labelOf, (r) => r[by], valueOf);
+  const requestsDrawn = drawn(totalsOf(pairUsage, sent), []);
   // The same group keeps its colour and dash in every chart: ordered as in the requests chart.
-  const order = requests.map((s) => s.label);
-  const tokens = seriesOf(usage, labelOf, (r) => r.input_tokens + r.output_tokens, order);
-  const cost = seriesOf(costs, labelOf, (r) => r.amount?.value ?? 0, order);
+  const costDrawn = drawn(totalsOf(pairCosts, micros),
+    [...requestsDrawn.labels, ...requestsDrawn.other ? ["other"] : []]);
+  // Every group drawn: all buckets by group; else only the drawn groups' (others' are the rest of each bucket).
+  const eachBucket = (path, {labels, values, other}) => labels.length === 0 ? [] : ask(path, {width, groups: [by],
+    ...other && values.every((v) => typeof v === "string") ? {[by === "model" ? "models" : "keyIds"]: values} : {}});
+  const [usage, costs, overallCosts, [overall, periodLatency]] = await Promise.all([
+    eachBucket(COMPLETIONS, requestsDrawn), eachBucket(COSTS, costDrawn),
+    costDrawn.other ? ask(COSTS, {width}) : [], overallAnswers]);
+
+  const times = overall.map((b) => b.start_time);
+  const requests = seriesOf(requestsDrawn, times, usage, overall, labelOf, sent);
+  const tokens = seriesOf(requestsDrawn, times, usage, overall, labelOf, (r) => r.input_tokens + r.output_tokens);
+  const cost = seriesOf(costDrawn, times, costs, overallCosts, labelOf, micros)
+    .map((s) => ({label: s.label, values: s.values.map((v) => v / 1e6)}));
   const summary = summaryOf(overall);
   const latency = ["p50", "p95"].map((q) => ({label: q,
     values: overall.map((b) => b.results[0]?.[`latency_ms_${q}`] ?? null)}));
@@ -119,7 +139,7 @@ async function usageView(ctx) {
       card("Requests", number(summary.requests)),
       card("Input tokens", number(summary.input)),
       card("Output tokens", number(summary.output)),
-      card("Cost", money(total(cost))),
+      card("Cost", money(sumOf(pairCosts, micros) / 1e6)),
       card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.requests)),
       card("Latency p50", percentile("p50")),
       card("Latency p95", percentile("p95"))),
@@ -128,7 +148,7 @@ async function usageView(ctx) {
     chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), false),
     chartOf("chart-latency", "Latency of all requests (ms)",
       timed ? latency : [], ms, false, false),
-    spendTable(usage, costs, names, period.label));
+    spendTable(pairUsage, pairCosts, names, period.label));
 }
 
 // The period's own latency percentiles (ungrouped), when one API bucket (an hour, or a UTC day) covers exactly the
@@ -136,7 +156,7 @@ async function usageView(ctx) {
 async function latencyOfPeriod(api, start, end) {
   const width = [HOUR, DAY].find((w) => start % w === 0 && end - start <= w);
   if (!width) return null;
-  const [only] = await buckets(api, "/v1/organization/usage/completions", usageParams({start, end, width}));
+  const [only] = await buckets(api, COMPLETIONS, usageParams({start, end, width}));
   return only?.results[0] ?? {};
 }
 
@@ -145,26 +165,49 @@ function keyLabel(names, id) {
   return names.has(id) ? `${names.get(id)} (${id})` : id;
 }
 
-// One series per group, largest first (or in the given order); past MAX_SERIES the rest are summed into "other".
-function seriesOf(bucketList, labelOf, valueOf, order = []) {
-  const byLabel = new Map();
-  bucketList.forEach((bucket, i) => {
-    for (const result of bucket.results) {
-      const label = labelOf(result);
-      if (!byLabel.has(label)) byLabel.set(label, new Array(bucketList.length).fill(0));
-      byLabel.get(label)[i] += valueOf(result);
-    }
-  });
-  const rank = (label) => order.includes(label) ? order.indexOf(label) : order.length;
-  const series = [...byLabel].map(([label, values]) => ({label, values}))
-    .sort((a, b) => rank(a.label) - rank(b.label) || total([b]) - total([a]));
-  if (series.length <= MAX_SERIES) return series;
-  const other = new Array(bucketList.length).fill(0);
-  series.slice(MAX_SERIES - 1).forEach((s) => s.values.forEach((v, i) => { other[i] += v; }));
-  return [...series.slice(0, MAX_SERIES - 1), {label: "other", values: other}];
+// Each group's total over the answer's buckets, with the API's values it stands for (`rawOf`).
+function totalsBy(answer, labelOf, rawOf, valueOf) {
+  const totals = new Map();
+  answer.forEach((bucket) => bucket.results.forEach((result) => {
+    const label = labelOf(result);
+    if (!totals.has(label)) totals.set(label, {value: 0, values: new Set()});
+    totals.get(label).value += valueOf(result);
+    totals.get(label).values.add(rawOf(result));
+  }));
+  return totals;
 }
 
-const total = (series) => series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
+// The groups a chart draws, largest first (those in `order` first, in its order); past MAX_SERIES, the first
+// MAX_SERIES - 1 and "other" for the rest. `values`: what the API calls them, to ask for their buckets alone.
+function drawn(totals, order) {
+  const rank = (label) => order.includes(label) ? order.indexOf(label) : order.length;
+  const labels = [...totals.keys()].sort((a, b) => rank(a) - rank(b) || totals.get(b).value - totals.get(a).value);
+  const other = labels.length > MAX_SERIES;
+  const shown = other ? labels.slice(0, MAX_SERIES - 1) : labels;
+  return {labels: shown, other, values: shown.flatMap((label) => [...totals.get(label).values])};
+}
+
+// A value per time for each drawn group, from their buckets (`bucketList`), and "other": each bucket's total (from
+// `overall`, ungrouped, asked for only then) less theirs.
+function seriesOf({labels, other}, times, bucketList, overall, labelOf, valueOf) {
+  const at = new Map(times.map((time, i) => [time, i]));
+  const series = labels.map((label) => ({label, values: new Array(times.length).fill(0)}));
+  bucketList.forEach((bucket) => bucket.results.forEach((result) => {
+    const index = labels.indexOf(labelOf(result));
+    if (index >= 0) series[index].values[at.get(bucket.start_time)] += valueOf(result);
+  }));
+  if (!other) return series;
+  const rest = new Array(times.length).fill(0);
+  overall.forEach((bucket) => { rest[at.get(bucket.start_time)] += sumOf([bucket], valueOf); });
+  series.forEach((s) => s.values.forEach((value, i) => { rest[i] -= value; }));
+  return [...series, {label: "other", values: rest}];
+}
+
+const sumOf = (bucketList, valueOf) => bucketList.reduce((sum, bucket) => sum
+  + bucket.results.reduce((a, r) => a + valueOf(r), 0), 0);
+
+// A cost in micro-dollars, exact: "other" is a difference of sums, which in dollars could be -0.0000000001.
+const micros = (r) => r.amount_microdollars ?? Math.round((r.amount?.value ?? 0) * 1e6);
 
 // A group's requests: all it sent that the gateway admitted (num_requests, Portico's addition to OpenAI's results),
 // those answered from the response cache or refused by a limit included, as a key's recent requests list them.
@@ -278,14 +321,15 @@ export async function keyUsage(api, keyId) {
   const params = usageParams({start, end, width: DAY, groups: ["model"], keyIds: [keyId]});
   let usage, costs;
   try {
-    [usage, costs] = await Promise.all([buckets(api, "/v1/organization/usage/completions", params),
-      buckets(api, "/v1/organization/costs", params)]);
+    [usage, costs] = await Promise.all([buckets(api, COMPLETIONS, params),
+      buckets(api, COSTS, params)]);
   } catch (error) {
     if (error.status !== 404) throw error;
     return h("p", {class: "empty"}, "This gateway has no usage API.");
   }
   const labelOf = (r) => r.model ?? "(none)";
-  const requests = seriesOf(usage, labelOf, sent);
+  const times = usage.map((b) => b.start_time);
+  const requests = seriesOf(drawn(totalsBy(usage, labelOf, labelOf, sent), []), times, usage, usage, labelOf, sent);
   const rows = new Map();
   const row = (model) => rows.get(model)
     ?? rows.set(model, uncounted()).get(model);
@@ -302,7 +346,7 @@ export async function keyUsage(api, keyId) {
   const spent = sorted.reduce((sum, [, r]) => sum + r.cost, 0);
   return h("div", {},
     h("h2", {}, `Last 7 days: ${money(spent)}`),
-    timeChart({id: "chart-key-requests", title: "Requests per day by model", times: usage.map((b) => b.start_time),
+    timeChart({id: "chart-key-requests", title: "Requests per day by model", times,
       series: requests, format: number, integer: true, bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
       "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.requests)
@@ -318,8 +362,8 @@ export async function weekByModel(api) {
   const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, errors: 0, cost: 0})
     .get(model);
   try {
-    const [usage, costs] = await Promise.all([buckets(api, "/v1/organization/usage/completions", params),
-      buckets(api, "/v1/organization/costs", params)]);
+    const [usage, costs] = await Promise.all([buckets(api, COMPLETIONS, params),
+      buckets(api, COSTS, params)]);
     usage.forEach((b) => b.results.forEach((r) => {
       const e = entry(r.model);
       e.requests += sent(r);
