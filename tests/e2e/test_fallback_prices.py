@@ -5,13 +5,12 @@ Admission still reserves the asked model's most cost; settlement counts the whol
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 
 from tests.e2e.conftest import Gateway, upstream_gateway
+from tests.e2e.test_caller_gone_unary import admin, rows  # the ledger's rows of a key, as the requests API has them
 from tests.e2e.test_context_fallbacks import HELLO, OPENAI_TOO_LONG, UNAVAILABLE, asked
 from tests.e2e.test_operations import scrape, value
 from tests.upstream_double import Cue
@@ -61,22 +60,6 @@ def key(gateway: Gateway, name: str, *limits: str) -> tuple[str, openai.OpenAI]:
     out = gateway.cli("keys", "create", "--name", name, "--all-models", *limits).stdout
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=out.split()[-1], max_retries=0)
     return out.split()[2], client
-
-
-def admin(gateway: Gateway) -> dict[str, str]:
-    secret = gateway.cli("keys", "create", "--name", "admin", "--admin", "--all-models").stdout.split()[-1]
-    return {"authorization": f"Bearer {secret}"}
-
-
-def rows(gateway: Gateway, key_id: str, headers: dict[str, str], want: int = 1) -> list[dict]:
-    deadline = time.monotonic() + 15
-    while True:
-        found = httpx.get(f"{gateway.base_url}/v1/organization/requests", headers=headers, timeout=30,
-                          params={"start_time": 0, "api_key_ids": key_id}).json()["data"]
-        if len(found) >= want or time.monotonic() > deadline:
-            assert len(found) == want, found
-            return found
-        time.sleep(0.2)
 
 
 def spent_today(gateway: Gateway, key_id: str, headers: dict[str, str]) -> int:
