@@ -5,6 +5,7 @@ sharing one PostgreSQL (keys) and one Redis (limits), as docs/operations.md "Sev
 - revoked on B, refused on A within keys.cache_seconds;
 - a key with rpm=50, 200 requests over both hosts from 32 clients: exactly 50 admitted;
 - PostgreSQL stopped mid-load: cached keys keep working, uncached ones get 503, never a 500; restarted: full service.
+- a flood of first lookups on both hosts: PostgreSQL connections stay within keys.pool_size + 2 per server process.
 """
 
 from __future__ import annotations
@@ -182,3 +183,34 @@ def test_a_nul_in_a_key_id_a_usage_filter_or_a_cursor_is_answered_not_a_500(shar
     assert (rows.status_code, rows.json()["data"]) == (200, []), rows.text
     forged = httpx.get(f"{a.base_url}/v1/organization/requests?page=page_MToA", headers=auth, timeout=30)
     assert (forged.status_code, forged.json()["error"]["param"]) == (400, "page"), forged.text
+
+
+def test_a_host_holds_at_most_pool_size_plus_two_postgresql_connections(shared, postgres_server):
+    """configuration.md keys.pool_size: a server process holds its key pool, one connection listening for key changes
+    and one for the usage ledger, so PostgreSQL's max_connections is sized as hosts x workers x (pool_size + 2). A
+    flood of first lookups (keys no host has cached) on both hosts fills the pools."""
+    (a, b), admin, config = shared
+    database = yaml.safe_load(config.read_text())["keys"]["store"].rsplit("/", 1)[1]
+    pool_size = 4  # the default: the configuration sets none
+    secrets = [create_key(a, admin, limits={"requests_per_minute": 1_000_000})["secret"] for _ in range(32)]
+    peak, done = [0], threading.Event()
+
+    def watch() -> None:
+        with postgres_server.connect() as conn:
+            while not done.is_set():
+                count = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                                     "AND application_name = 'portico'", (database,)).fetchone()[0]
+                peak[0] = max(peak[0], count)
+                time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with httpx.Client(limits=httpx.Limits(max_connections=64)) as client, ThreadPoolExecutor(64) as pool:
+            statuses = Counter(pool.map(lambda i: chat((a, b)[i % 2], secrets[i // 2], client).status_code,
+                                        range(2 * len(secrets))))
+    finally:
+        done.set()
+        watcher.join()
+    assert statuses == {200: 2 * len(secrets)}
+    assert 2 * 3 < peak[0] <= 2 * (pool_size + 2), peak[0]  # above a pool of 1 each: the flood filled them
