@@ -102,7 +102,9 @@ def test_ledger_totals_equal_limits_metrics_and_usage_api_across_two_workers(pri
     assert {r.upstream for r in rows if r.model == "up-main"} == {"up-main", "up-backup"}
     cost = sum(r.cost_micros for r in rows)
     tokens = sum(r.input_tokens + r.output_tokens for r in rows)
-    assert cost == 8 * 27 + sum(r.cost_micros for r in rows if r.model == "up-solo") and cost > 8 * 27
+    # up-main's seven answers at its price (2 x 3 + 3 x 7), the one up-backup gave at up-backup's (2 x 100 + 3 x 100).
+    assert sorted(r.cost_micros for r in rows if r.model == "up-main") == [27] * 7 + [500]
+    assert cost == 7 * 27 + 500 + sum(r.cost_micros for r in rows if r.model == "up-solo") and cost > 7 * 27 + 500
 
     # The shared limit store settled the same tokens (and, for budgets, the same spend) ...
     day = redis.Redis.from_url(redis_server.url).hgetall(f"portico:limits:{key_id}:day:{day_of(time.time())}")
