@@ -75,9 +75,11 @@ class Limiter:
     async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0, *,
                       may_cost: bool = False) -> Reservation:
         """Reserve `tokens` and `cost` (micro-dollars, the most the request may cost; `may_cost`: a fallback with a
-        price may answer it, whatever `cost`). Raises RateLimited when a limit or budget would be exceeded,
-        ServiceUnavailable when the store cannot answer and the policy is fail-closed."""
-        demand = Demand(self.scopes(key, model_id), tokens, cost, may_cost)
+        price may answer it, whatever `cost`, so at no cost of its own it reserves one micro-dollar, which a budget
+        with nothing left refuses). Raises RateLimited when a limit or budget would be exceeded, ServiceUnavailable
+        when the store cannot answer and the policy is fail-closed."""
+        fallback_cost = may_cost and cost == 0
+        demand = Demand(self.scopes(key, model_id), tokens, 1 if fallback_cost else cost, fallback_cost)
         try:
             reservation = await self._reserve_uncancelled(demand)
         except LimitStoreUnavailable as exc:

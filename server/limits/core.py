@@ -89,13 +89,14 @@ class Demand:
     scopes: tuple[Scope, ...]
     tokens: int  # estimated: prompt tokens + the most the request may generate
     cost: int = 0  # the most the request may cost, in micro-dollars (for budgets)
-    # Reserved at no cost, it may be answered by a fallback with a price: a budget spent past its limit refuses it.
-    may_cost: bool = False
+    # Costing nothing itself, it may be answered by a fallback with a price, so its `cost` is one micro-dollar: a
+    # budget with nothing left refuses it, as it would a request with a price (Limiter.reserve).
+    fallback_cost: bool = False
 
     def limit(self, scope: Scope, dimension: Dimension) -> int | None:
         """The scope's limit that applies to this request: a request that costs nothing (a model without a price, a
         response-cache hit) is never refused by a budget, even one a dearer request than it reserved took over."""
-        if dimension.counts_spend and self.cost == 0 and not self.may_cost:
+        if dimension.counts_spend and self.cost == 0:
             return None
         return scope.limit(dimension)
 
@@ -376,8 +377,8 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
         resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         seconds = math.ceil(wait)
         when = f"The budget resets at {resets}; please retry after {seconds} second{'' if seconds == 1 else 's'}."
-    asks = (f"this request may cost up to {usd_text(demand.cost)}" if demand.cost else
-            "a fallback with a price may answer this request")
+    asks = ("a fallback with a price may answer this request" if demand.fallback_cost else
+            f"this request may cost up to {usd_text(demand.cost)}")
     return LimitExceeded(
         f"Budget reached for {where}: limit {usd_text(reading.limit)}, {spent}, {asks}. {when}",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,

@@ -159,6 +159,23 @@ def test_a_budget_a_priced_fallback_spent_refuses_its_model_without_a_price(gate
     assert double.seen == []
 
 
+def test_a_budget_a_priced_fallback_spent_to_its_limit_refuses_its_model_without_a_price(gateway, double):
+    """Spent exactly to its limit ($0.50 of $0.50: the limits API says nothing left), the budget still let the model
+    without a price in, and its fallback spent $0.50 more; a model with a price was refused there. Now both are."""
+    key_id, client = key(gateway, "budget-free-exact", "--max-spend-day", "0.5")
+    headers = admin(gateway)
+    double.cue(UNAVAILABLE)
+    client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
+    assert spent_today(gateway, key_id, headers) == 5 * DEAR
+    double.reset()
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
+    assert caught.value.body["message"].startswith(
+        f"Budget reached for the spend per UTC day budget of key {key_id}: limit $0.50, spent $0.50, a fallback "
+        "with a price may answer this request. The budget resets at "), caught.value.body["message"]
+    assert double.seen == [] and spent_today(gateway, key_id, headers) == 5 * DEAR
+
+
 def test_a_fallback_without_a_price_costs_nothing(gateway, double):
     """As a request to it directly would: it cost the asked model's price."""
     key_id, client = key(gateway, "served-free", "--max-spend-day", "100")
