@@ -74,7 +74,8 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
     if limit is None:
         limit = default
     elif not 1 <= limit <= maximum:
-        raise InvalidRequest(f"limit must be between 1 and {maximum} for bucket_width {width_name}.", param="limit")
+        raise InvalidRequest(f"limit must be 1 for bucket_width {WHOLE} (one bucket)." if whole else
+                             f"limit must be between 1 and {maximum} for bucket_width {width_name}.", param="limit")
     start = start_time if whole else start_time - start_time % width
     first = start if not page else _page_start(page, start, end, width)
     buckets = min(limit, -(-(end - first) // width))

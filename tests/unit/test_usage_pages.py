@@ -48,4 +48,5 @@ def test_bucket_width_all_is_one_bucket_from_start_time_to_end_time_as_given(lim
     assert plan_page(7, None, "all", 1, "", limits=limits, now=86_400 * 30.5).stop == 86_400 * 30 + 43_201
     with pytest.raises(InvalidRequest) as refused:
         plan_page(100, 1_000, "all", 2, "", limits=limits, now=5_000)
-    assert refused.value.param == "limit"
+    # It said "limit must be between 1 and 1 for bucket_width all."
+    assert (refused.value.param, str(refused.value)) == ("limit", "limit must be 1 for bucket_width all (one bucket).")
