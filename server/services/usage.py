@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from portico.v1 import organization_usage_pb2 as pb
 from portico.v1 import usage_service_pb2_grpc
 from server.domain_keys import ApiKey
-from server.errors import PermissionDenied
+from server.errors import InvalidRequest, PermissionDenied
 from server.keys import Authenticator
 from server.render import json_body
 from server.usage.openai_pages import (
@@ -29,6 +29,9 @@ from server.usage.query import TEXT_ENDPOINTS, RowQuery, Totals, UsageQuery
 # this, so an answer (and the server's memory for it) does not grow with the keys and models in use. Unbounded, a
 # quarter's costs by key and model of 2,200 keys took 800 MB and passed gRPC's 64 MiB message limit (a 429).
 MAX_PAGE_RESULTS = 20_000
+# Results of one bucket at most, answered whole when past MAX_PAGE_RESULTS (~34 MB of JSON): 210,000 of them (a day or
+# bucket_width=all by key and model) were 71 MB, past gRPC's 64 MiB message limit, and the caller got a 429.
+MAX_BUCKET_RESULTS = 100_000
 
 
 class UsageReader(Protocol):
@@ -112,7 +115,12 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
             end_ms = min(start_ms + take * page.width * 1000, page.stop * 1000)
             left = MAX_PAGE_RESULTS - len(totals)
             part = await asyncio.to_thread(self._ledger.aggregate, dataclasses.replace(
-                query, start_ms=start_ms, end_ms=end_ms, limit=None if done == 0 else left + 1))
+                query, start_ms=start_ms, end_ms=end_ms, limit=MAX_BUCKET_RESULTS + 1 if done == 0 else left + 1))
+            if done == 0 and len(part) > MAX_BUCKET_RESULTS:  # a first bucket is answered whole: up to this
+                raise InvalidRequest(
+                    f"A bucket of this query holds more than {MAX_BUCKET_RESULTS} results (one per group), more than "
+                    "an answer can carry: ask for narrower buckets (bucket_width), fewer group_by values or filters.",
+                    param="bucket_width")
             if len(part) > left:
                 whole = done + part[-1].bucket if done else 1  # buckets whole on the page (the limit may cut the last)
                 totals += [dataclasses.replace(t, bucket=done + t.bucket) for t in part if done + t.bucket < whole]

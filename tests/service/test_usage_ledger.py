@@ -245,6 +245,30 @@ async def test_a_page_holds_whole_buckets_up_to_a_bounded_number_of_results(chan
     assert pages == [[4], [4], [7]]
 
 
+@pytest.mark.parametrize("rpc", ["GetCompletionsUsageHttp", "GetCostsHttp"])
+async def test_a_bucket_past_the_most_a_page_can_carry_is_refused_naming_bucket_width(channel, running, monkeypatch,
+                                                                                       rpc):
+    """A bucket past a page's bound is answered whole, but one of 210,000 results (bucket_width=all by key and model,
+    the console's table) took 71 MB, past gRPC's 64 MiB: a 429 rate_limit_exceeded "SERVER: Sent message larger
+    than max". Now a 400 naming bucket_width, saying what to ask instead."""
+    monkeypatch.setattr("server.services.usage.MAX_BUCKET_RESULTS", 5)
+    admin, secret = await running.store.create(f"bucket-admin-{rpc}", all_models=True, admin=True)
+    day = 1_600_300_800  # a UTC midnight in 2020: no other test's rows
+    running.core.usage.write([
+        LedgerRow(id=f"bk-{rpc}-{k}", at_ms=(day + 60) * 1000, request_id="r", key_id=f"key_{k}", env="",
+                  endpoint="/v1/chat/completions", model="m", upstream="m", status=200, code="", input_tokens=1,
+                  output_tokens=1, cached_input_tokens=0, images=0, cost_micros=1, upstream_attempts=1,
+                  latency_ms=1.0, first_token_ms=None) for k in range(6)])
+    fields = {"start_time": day, "end_time": day + 86_400, "group_by": ["api_key_id"]}
+    for width in ("all", "1d"):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await usage_json(channel, secret, rpc, bucket_width=width, **fields)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_details(caught.value).error.param == "bucket_width"
+        assert caught.value.details().startswith("A bucket of this query holds more than 5 results"), caught.value
+    assert len((await usage_json(channel, secret, rpc, **(fields | {"group_by": []})))["data"][0]["results"]) == 1
+
+
 @pytest.mark.parametrize("rpc", ["GetCompletionsUsageHttp", "GetCostsHttp", "ListRequestsHttp"])
 async def test_times_out_of_range_are_refused_naming_them(channel, running, rpc):
     """On SQLite such times were a 500 (an integer too big for it), on PostgreSQL a 200: now both stores refuse."""
