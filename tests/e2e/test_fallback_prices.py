@@ -141,10 +141,12 @@ def test_a_day_budget_the_fallback_spent_refuses_the_next_request(gateway, doubl
     assert double.seen == []
 
 
-def test_a_budget_a_priced_fallback_spent_refuses_its_model_without_a_price(gateway, double):
+@pytest.mark.parametrize("budget", ["0.4", "0.5"])  # spent past its limit; spent exactly to it (nothing left)
+def test_a_budget_a_priced_fallback_spent_refuses_its_model_without_a_price(gateway, double, budget):
     """A model without a price reserves nothing, and was never refused by a budget: its fallback's answers, counted at
-    the fallback's price, spent past the budget without end. Once the budget is spent, it is refused too."""
-    key_id, client = key(gateway, "budget-free", "--max-spend-day", "0.4")
+    the fallback's price, spent past the budget without end; spent exactly to its limit ($0.50 of $0.50: the limits
+    API says nothing left), it still let the model in, where a model with a price was refused. Now both are."""
+    key_id, client = key(gateway, f"budget-free-{budget}", "--max-spend-day", budget)
     headers = admin(gateway)
     client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)  # served by itself: free
     double.cue(UNAVAILABLE)
@@ -154,24 +156,7 @@ def test_a_budget_a_priced_fallback_spent_refuses_its_model_without_a_price(gate
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
     assert caught.value.body["message"].startswith(
-        f"Budget reached for the spend per UTC day budget of key {key_id}: limit $0.40, spent $0.50, a fallback "
-        "with a price may answer this request. The budget resets at "), caught.value.body["message"]
-    assert double.seen == []
-
-
-def test_a_budget_a_priced_fallback_spent_to_its_limit_refuses_its_model_without_a_price(gateway, double):
-    """Spent exactly to its limit ($0.50 of $0.50: the limits API says nothing left), the budget still let the model
-    without a price in, and its fallback spent $0.50 more; a model with a price was refused there. Now both are."""
-    key_id, client = key(gateway, "budget-free-exact", "--max-spend-day", "0.5")
-    headers = admin(gateway)
-    double.cue(UNAVAILABLE)
-    client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
-    assert spent_today(gateway, key_id, headers) == 5 * DEAR
-    double.reset()
-    with pytest.raises(openai.RateLimitError) as caught:
-        client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)
-    assert caught.value.body["message"].startswith(
-        f"Budget reached for the spend per UTC day budget of key {key_id}: limit $0.50, spent $0.50, a fallback "
+        f"Budget reached for the spend per UTC day budget of key {key_id}: limit ${budget}0, spent $0.50, a fallback "
         "with a price may answer this request. The budget resets at "), caught.value.body["message"]
     assert double.seen == [] and spent_today(gateway, key_id, headers) == 5 * DEAR
 
