@@ -22,7 +22,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, nullcontext, suppress
+from contextlib import asynccontextmanager, suppress
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -113,56 +113,54 @@ class HttpUpstream:
 
     @asynccontextmanager
     async def stream(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
-                     attempt: Scope | NoScope | None = None) -> AsyncIterator[AsyncIterator[SseEvent]]:
+                     attempt: Scope | NoScope = NO_SCOPE) -> AsyncIterator[AsyncIterator[SseEvent]]:
         """POST `body` and yield the answer's server-sent events. Leaving the block before the end of the answer
         with an exception (an error, a caller who went away) closes the connection, which is how the upstream's
         work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
-        to the pool once the answer is complete. `attempt`: the caller's span for it (`attempt()`), which reads the
-        answer; None: one of its own, around the exchange."""
-        with self._attempt_of(attempt, path, body, model_id) as attempt:
-            response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
-                                        before_answer=True, body=wire_json.dumps(body),
-                                        headers=self._headers_for(attempt, headers), read_timeout=self._read_timeout)
-            attempt.set("http.response.status_code", response.status)
-            events = None
-            try:
-                if response.status >= 300:
-                    raise await self._status_error(response, model_id, body.get("model"))
-                if _not_a_stream(response.content_type):
-                    # A whole answer (a server that ignores `stream`, a proxy's page): never retried, the upstream
-                    # has answered, and may have billed it. Unless it is an error object, which is that error.
-                    raise await self._not_a_stream_error(response, model_id, body.get("model"))
-                events = self._events(response, model_id)
-                yield events
-            except BaseException:
-                self._give_back(response, caller_done=False)
-                raise
-            else:
-                self._give_back(response, caller_done=True)
-            finally:
-                if events is not None:
-                    await events.aclose()
+        to the pool once the answer is complete. `attempt`: the caller's span for it (`attempt()`), which the caller
+        ends once it has read the answer (every provider traces its exchanges so)."""
+        response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
+                                    before_answer=True, body=wire_json.dumps(body),
+                                    headers=self._headers_for(attempt, headers), read_timeout=self._read_timeout)
+        attempt.set("http.response.status_code", response.status)
+        events = None
+        try:
+            if response.status >= 300:
+                raise await self._status_error(response, model_id, body.get("model"))
+            if _not_a_stream(response.content_type):
+                # A whole answer (a server that ignores `stream`, a proxy's page): never retried, the upstream
+                # has answered, and may have billed it. Unless it is an error object, which is that error.
+                raise await self._not_a_stream_error(response, model_id, body.get("model"))
+            events = self._events(response, model_id)
+            yield events
+        except BaseException:
+            self._give_back(response, caller_done=False)
+            raise
+        else:
+            self._give_back(response, caller_done=True)
+        finally:
+            if events is not None:
+                await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
-                        billed: bool = False, attempt: Scope | NoScope | None = None) -> dict:
+                        billed: bool = False, attempt: Scope | NoScope = NO_SCOPE) -> dict:
         """`billed`: a generation, which the upstream finishes and bills even when its client leaves: once sent, a
         caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts.
         `attempt`: as for `stream`."""
-        with self._attempt_of(attempt, path, body, model_id) as attempt:
-            response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
-                                        before_answer=True, body=wire_json.dumps(body),
-                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
-                                        answer_within=self._answer_timeout, outlast=self._outlast if billed else None)
-            attempt.set("http.response.status_code", response.status)
+        response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
+                                    before_answer=True, body=wire_json.dumps(body),
+                                    headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
+                                    answer_within=self._answer_timeout, outlast=self._outlast if billed else None)
+        attempt.set("http.response.status_code", response.status)
+        try:
+            if response.status >= 300:
+                raise await self._status_error(response, model_id, body.get("model"))
             try:
-                if response.status >= 300:
-                    raise await self._status_error(response, model_id, body.get("model"))
-                try:
-                    content = await response.read(MAX_ANSWER_BYTES)
-                except TransportError as exc:
-                    raise self._transport_error(exc, model_id, before_answer=True) from None
-            finally:
-                self._give_back(response, caller_done=False)
+                content = await response.read(MAX_ANSWER_BYTES)
+            except TransportError as exc:
+                raise self._transport_error(exc, model_id, before_answer=True) from None
+        finally:
+            self._give_back(response, caller_done=False)
         try:
             data = wire_json.loads(content)
         except wire_json.JSONDecodeError:
@@ -234,11 +232,6 @@ class HttpUpstream:
         upstream_model = body.get("model")
         return self._recorder.attempt(model_id, upstream_model if isinstance(upstream_model, str) else "",
                                       self._provider, _OPERATIONS.get(path, "chat"), self._address, self._port)
-
-    def _attempt_of(self, attempt: Scope | NoScope | None, path: str, body: Mapping,
-                    model_id: str) -> Scope | NoScope | nullcontext:
-        """The caller's attempt span, which the caller ends, or one of our own for this exchange."""
-        return self.attempt(path, body, model_id) if attempt is None else nullcontext(attempt)
 
     def _headers_for(self, attempt: Scope | NoScope, extra: Mapping[str, str] | None = None) -> bytes:
         """The request's header lines: the upstream's own, plus a request's `extra` (e.g. `anthropic-beta`, which
