@@ -346,8 +346,8 @@ class Pipeline:
 
     def _billed(self, model: ModelEntry, cost: int) -> bool:
         """An upstream may bill the request: the model's own most `cost`, or a fallback with a price, which may answer
-        instead (which model answers is not known here). So a budget spent past its limit refuses a free model with
-        such a fallback (Demand.may_cost), and a caller who leaves lets the exchange run on to be counted
+        instead (which model answers is not known here). So a budget with nothing left refuses a free model with
+        such a fallback (Demand.fallback_cost), and a caller who leaves lets the exchange run on to be counted
         (server/cutoff.py Watch.billed), the free model's own too: counted at no cost."""
         return cost > 0 or any((fallback := self._catalog.get(model_id)) is not None and not fallback.price.free
                                for model_id in model.fallbacks)
