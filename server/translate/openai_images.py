@@ -15,7 +15,7 @@ from server.domain import Json, UpstreamAnswer
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.field_rules import unknown_field
-from server.translate.usage_counts import MAX_TOKEN_COUNT
+from server.translate.usage_counts import said_count
 from server.translate.values import opt_bool, opt_int, opt_string, shown, upstream_label
 
 # Prompts of a few MiB must pass (Envoy admits 8 MiB bodies); the cap only turns absurd ones into a clear 413.
@@ -131,13 +131,8 @@ def image_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:
     usage = answer.get("usage")
     usage = usage if isinstance(usage, Mapping) else {}
     return UpstreamAnswer(upstream_label(answer.get("id"), 256), upstream_label(answer.get("model"), 256),
-                          input_tokens=_said_count(usage.get("input_tokens")),
-                          output_tokens=_said_count(usage.get("output_tokens")))
-
-
-def _said_count(value: Json) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_COUNT
-    return value if ok else None
+                          input_tokens=said_count(usage, "input_tokens"),
+                          output_tokens=said_count(usage, "output_tokens"))
 
 
 def _pixel_size(data: bytes, otherwise: tuple[int, int]) -> tuple[int, int]:

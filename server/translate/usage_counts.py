@@ -32,3 +32,11 @@ def token_count(usage: Mapping[str, Json], name: str) -> int:
 def reported_count(usage: Mapping[str, Json], name: str) -> int | None:
     """A count as the upstream reported it; None when it did not (absent or null), where token_count says 0."""
     return None if usage.get(name) is None else token_count(usage, name)
+
+
+def said_count(usage: Mapping[str, Json], name: str) -> int | None:
+    """A count read for telemetry only: None when not reported or not a count, which fails nothing."""
+    try:
+        return reported_count(usage, name)
+    except UpstreamError:
+        return None
