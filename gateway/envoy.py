@@ -29,7 +29,7 @@ import yaml
 
 from gateway.processes import start_supervised, terminate
 from gateway.query_parameters import (
-    Parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables, route_methods,
+    Parameters, admin_parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables, route_methods,
     bodiless_routes,
 )
 from server.config_cors import CorsSettings
@@ -40,6 +40,7 @@ _TRANSCODER_FILTER = "envoy.filters.http.grpc_json_transcoder"
 _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
 _ANTHROPIC_LINE = "local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@"
+_ADMIN_LINE = "local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@"
 _PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
 _MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
 _ROUTES_LINE = "local ROUTE_METHODS = {}  -- @ROUTE_METHODS@"
@@ -128,6 +129,7 @@ def render_config(
     descriptors = Path(descriptor_set).read_bytes()
     lua = render_lua(lua_source(lua_dir), organization_parameters(descriptors),
                      path_variables(descriptors), anthropic_models_parameters(descriptors),
+                     admin=admin_parameters(descriptors),
                      max_body_bytes=filters[_BUFFER_FILTER]["max_request_bytes"], routes=route_methods(descriptors),
                      bodiless=bodiless_routes(descriptors))
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
@@ -197,13 +199,13 @@ def lua_source(lua_dir: Path) -> str:
 
 
 def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,
-               max_body_bytes: int = 0, routes: Mapping[str, tuple[str, ...]] | None = None,
+               admin: Parameters | None = None, max_body_bytes: int = 0, routes: Mapping[str, tuple[str, ...]] | None = None,
                bodiless: Mapping[str, list[str]] | None = None) -> str:
     """The Lua shaper with its KINDS table filled from server/errors.py, its ORGANIZATION_PARAMETERS,
-    PATH_VARIABLES, ANTHROPIC_MODELS_PARAMETERS, ROUTE_METHODS and BODILESS from the descriptor set
+    PATH_VARIABLES, ANTHROPIC_MODELS_PARAMETERS, ADMIN_PARAMETERS, ROUTE_METHODS and BODILESS from the descriptor set
     (gateway/query_parameters.py), and MAX_BODY_BYTES from the buffer filter's cap, so they cannot drift apart
     (pure)."""
-    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE, _ROUTES_LINE,
+    for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE, _ADMIN_LINE, _ROUTES_LINE,
                  _BODILESS_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
@@ -215,6 +217,7 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
+    source = source.replace(_ADMIN_LINE, "local ADMIN_PARAMETERS = " + lua_table(admin or {}))
     source = source.replace(_MAX_BODY_LINE, f"local MAX_BODY_BYTES = {int(max_body_bytes)}")
     # pattern -> {the `allow` header, the methods as the message says them: HEAD is GET's}
     methods = "".join(f"  [{_lua_string(pattern)}] = {{{_lua_string(', '.join(names))}, "

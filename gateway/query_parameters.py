@@ -18,6 +18,7 @@ from google.api import http_pb2
 from google.protobuf import descriptor_pb2
 
 PREFIX = "/v1/organization/"
+ADMIN_PREFIX = "/v1/admin/"
 # envoy.yaml routes the anthropic SDK's models requests (those with `anthropic-version`) to this service alone.
 ANTHROPIC_MODELS = "AnthropicModelService"
 
@@ -32,6 +33,12 @@ def organization_parameters(descriptor_set: bytes) -> Parameters:
 def anthropic_models_parameters(descriptor_set: bytes) -> Parameters:
     """The GET paths of AnthropicModelService: ModelService binds the same ones, and its requests take no parameter."""
     return _get_parameters(descriptor_set, lambda service, path: service == ANTHROPIC_MODELS)
+
+
+def admin_parameters(descriptor_set: bytes) -> Parameters:
+    """The GET paths under /v1/admin/ that take query parameters (ListKeys' page_size and page_token)."""
+    parameters = _get_parameters(descriptor_set, lambda service, path: path.startswith(ADMIN_PREFIX))
+    return {path: names for path, names in parameters.items() if names}
 
 
 def _get_parameters(descriptor_set: bytes, wanted: Callable[[str, str], bool]) -> Parameters:

@@ -377,7 +377,8 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         print(f"Created key {key.id} ({key.name}). Its secret is shown once:")
         print(secret)
     elif args.keys_command == "list":
-        for key in await admin.list():
+        keys, _ = await admin.list()
+        for key in keys:
             print(_row(key))
     elif args.keys_command == "get":
         key = await admin.get(args.key)

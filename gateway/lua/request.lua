@@ -206,7 +206,7 @@ function envoy_on_request(handle)
       end
       return headers:replace(":path", path .. "?" .. rewritten)
     end
-    local single = anthropic and ANTHROPIC_MODELS_PARAMETERS[path]
+    local single = (anthropic and ANTHROPIC_MODELS_PARAMETERS[path]) or ADMIN_PARAMETERS[path]
     local repeated = single and method == "GET" and repeated_parameter(query, single)
     if repeated then
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..

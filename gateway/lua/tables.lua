@@ -48,6 +48,10 @@ end
 -- skips them (the SDK's `?beta=true`).
 local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
 
+-- The query parameters of the GET paths under /v1/admin/ that take some (ListKeys' `page_size`, `page_token`), as
+-- above; gateway/envoy.py replaces the next line. Other names are skipped by the transcoder.
+local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@
+
 -- The names REST path templates bind ({id}, {model}, ...), by the template's fixed start ("/v1/admin/keys/"):
 -- gateway/envoy.py replaces the next line with them, read from the descriptor set. The transcoder lets a query
 -- parameter of that name replace the path's value, so that PATCH /v1/admin/keys/A?id=B changed key B: such a

@@ -12,11 +12,12 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 
 from server.domain_keys import MAX_GRACE_SECONDS, ApiKey, KeyLimits
-from server.errors import InvalidRequest
+from server.errors import InvalidRequest, NotFound
 from server.keys.store import KeyStore
 
 MAX_ENV_CHARS = 32
 MAX_NAME_CHARS = 200
+MAX_KEYS_PAGE = 1000  # ListKeys' page_size: ~160 KB of answer
 # The env is written into the secret (pk-{env}-...): anything but these would make secrets that SDKs cannot send
 # (non-ASCII), that break on whitespace, or that a console cannot sign in with.
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
@@ -65,8 +66,23 @@ class KeyAdmin:
     async def get(self, key_id: str) -> ApiKey:
         return await self._store.get(key_id)
 
-    async def list(self) -> list[ApiKey]:
-        return await self._store.list()
+    async def list(self, *, page_size: int = 0, page_token: str = "") -> tuple[list[ApiKey], str]:
+        """A page of keys, oldest first, and the token of the next page ("" on the last): at most `page_size`
+        (0: every one), going on after the key the token names (the previous page's last; its id)."""
+        if not 0 <= page_size <= MAX_KEYS_PAGE:
+            raise InvalidRequest(f"page_size must be between 1 and {MAX_KEYS_PAGE} (0 or none: every key).",
+                                 param="page_size")
+        after = None
+        if page_token:
+            try:
+                after = await self._store.get(page_token)
+            except NotFound:
+                raise InvalidRequest("page_token is not a next_page_token ListKeys answered.",
+                                     param="page_token") from None
+        keys = await self._store.list(limit=page_size + 1 if page_size else 0, after=after)
+        if page_size and len(keys) > page_size:
+            return keys[:page_size], keys[page_size - 1].id
+        return keys, ""
 
     def _granted(self, all_models: bool, models: Iterable[str]) -> list[str]:
         models = list(models)

@@ -87,8 +87,13 @@ class KeyStore:
         made = await self._db.fetch_one("SELECT id FROM api_keys WHERE id = ?", (key.id,))
         return None if made is None else (key, secret)
 
-    async def list(self) -> list[ApiKey]:
-        return [_row_to_key(row) for row in await self._db.fetch_all("SELECT * FROM api_keys ORDER BY created, id")]
+    async def list(self, *, limit: int = 0, after: ApiKey | None = None) -> list[ApiKey]:
+        """Keys oldest first (by created, then id): at most `limit` (0: every one), those listed after `after`."""
+        where, args = ("WHERE created > ? OR (created = ? AND id > ?) ", (after.created, after.created, after.id)) \
+            if after is not None else ("", ())
+        bound, args = (" LIMIT ?", (*args, limit)) if limit else ("", args)
+        rows = await self._db.fetch_all(f"SELECT * FROM api_keys {where}ORDER BY created, id{bound}", args)
+        return [_row_to_key(row) for row in rows]
 
     async def count(self) -> int:
         row = await self._db.fetch_one("SELECT count(*) AS n FROM api_keys")

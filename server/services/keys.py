@@ -56,7 +56,8 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
-        return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in await self._admin.list()])
+        keys, next_page = await self._admin.list(page_size=request.page_size, page_token=request.page_token)
+        return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in keys], next_page_token=next_page)
 
     async def GetKey(self, request, context) -> key_pb2.GetKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())

@@ -55,6 +55,33 @@ async def test_keys_persist_and_only_hashes_are_stored(store, settings, tmp_path
     await reopened.close()
 
 
+async def test_key_admin_pages_the_listing_in_order_without_repeating_or_skipping_a_key(store):
+    """ListKeys' page_size/page_token (api.md, Key administration): keys made in the same second are ordered by id, and
+    a page boundary inside that second neither repeats nor skips one."""
+    admin = KeyAdmin(store, ["family-a-5.5"], rotation_grace_seconds=0)
+    for n in range(7):
+        await store.create(f"paged-{n}", all_models=True)
+    everything, token = await admin.list()
+    assert token == "" and len(everything) == 7
+    assert [(k.created, k.id) for k in everything] == sorted((k.created, k.id) for k in everything)
+    pages, token = [], ""
+    while True:
+        page, token = await admin.list(page_size=3, page_token=token)
+        pages.append(page)
+        if not token:
+            break
+        assert token == page[-1].id
+    assert [len(page) for page in pages] == [3, 3, 1]
+    assert [key for page in pages for key in page] == everything
+    exact, token = await admin.list(page_size=7)
+    assert exact == everything and token == ""  # no empty last page to ask for
+    for kwargs, param in [({"page_size": 1001}, "page_size"), ({"page_token": "key_nope"}, "page_token"),
+                          ({"page_token": "a\x00b"}, "page_token")]:
+        with pytest.raises(InvalidRequest) as caught:
+            await admin.list(**kwargs)
+        assert caught.value.param == param
+
+
 async def test_create_validates(store):
     with pytest.raises(InvalidRequest):
         await store.create("x", all_models=False)

@@ -232,12 +232,39 @@ def test_list_keys_holds_revoked_keys_oldest_first_and_never_a_secret(gateway):
     assert revoked["id"] == made[0]["key"]["id"] and revoked["revoked_at"] > 0
     again = httpx.post(f"{keys_url}/{revoked['id']}/revoke", headers=headers)
     assert again.status_code == 200 and again.json()["key"] == revoked
-    listing = httpx.get(f"{keys_url}?limit=1", headers=headers)
+    listing = httpx.get(f"{keys_url}?limit=1", headers=headers)  # not a parameter of ListKeys: ignored
     keys = listing.json()["keys"]
     assert [(key["created"], key["id"]) for key in keys] == sorted((key["created"], key["id"]) for key in keys)
     assert revoked in keys and made[1]["key"] in keys
     assert all(set(key) == set(revoked) for key in keys)
     assert not any(m["secret"].removeprefix("pk-")[:12] in listing.text for m in made)
+
+
+def test_list_keys_pages_over_rest_and_names_a_bad_page_parameter(gateway):
+    """api.md, Key administration: `page_size` and `next_page_token` walk every key once, oldest first; a bad or
+    repeated page parameter is a 400 naming it, never a listing that silently ignores it."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    for n in range(3):
+        httpx.post(keys_url, headers=headers, json={"name": f"paged-{n}", "all_models": True})
+    everything = httpx.get(keys_url, headers=headers).json()
+    assert everything["next_page_token"] == "" and len(everything["keys"]) >= 5
+    walked, token = [], ""
+    while True:
+        page = httpx.get(keys_url, headers=headers, params={"page_size": 2, "page_token": token}).json()
+        assert len(page["keys"]) <= 2
+        walked += page["keys"]
+        token = page["next_page_token"]
+        if not token:
+            break
+    assert walked == everything["keys"]
+    for query, param in [("page_size=abc", "page_size"), ("page_size=-1", "page_size"), ("page_size=1001", "page_size"),
+                         ("page_size=2&page_size=3", "page_size"), ("page_size[]=2", "page_size"),
+                         ("page_token=key_0000000000000000", "page_token")]:
+        refused = httpx.get(f"{keys_url}?{query}", headers=headers)
+        assert refused.status_code == 400, (query, refused.text)
+        assert refused.json()["error"]["param"] == param, (query, refused.text)
 
 
 def test_answers_that_carry_a_secret_are_never_cached(gateway):
