@@ -22,7 +22,7 @@ async def test_unknown_models_are_refused_on_create_and_update(admin):
     with pytest.raises(InvalidRequest, match="family-a-5.9") as caught:
         await admin.create("typo", all_models=False, models=["family-a-5.5", "family-a-5.9"])
     assert caught.value.param == "models"
-    assert await admin.list() == []
+    assert await admin.list() == ([], "")
     key, _ = await admin.create("ok", all_models=False, models=["family-a-5.5"])
     with pytest.raises(InvalidRequest, match="nope") as caught:
         await admin.update(key.id, grants=(False, ["nope"]))
