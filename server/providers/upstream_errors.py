@@ -39,7 +39,7 @@ def from_status(
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`.
     `sent_status`: false for a status inferred from an error the upstream reported otherwise, which messages then do
     not quote (the upstream's own answer said 200)."""
-    message, param, code, details = _message_param_and_code(body)
+    message, param, code, details = _error_parts(body)
     # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
     message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
     param = _scrub(param, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] if param else param
@@ -154,7 +154,7 @@ def _bounded(seconds: float) -> float:
     return min(seconds, MAX_RETRY_AFTER) if seconds > 0 and math.isfinite(seconds) else 0.0
 
 
-def _message_param_and_code(body: bytes) -> tuple[str, str | None, str | None, dict | None]:
+def _error_parts(body: bytes) -> tuple[str, str | None, str | None, dict | None]:
     """OpenAI {"error": {"message", "param", "code"}}, Anthropic {"type": "error", "error": {"message", "details"}},
     a top-level {"message", "param", "code"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation
     errors {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts
