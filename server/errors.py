@@ -101,7 +101,7 @@ class PorticoError(Exception):
 
     def __init__(
         self, message: str, *, param: str | None = None, retry_after: float = 0.0, retry_reason: str | None = None,
-        details: dict[str, str] | None = None, code: str | None = None,
+        details: dict | None = None, code: str | None = None,
     ) -> None:
         # A message may quote what the caller sent (a key id, a model), where a secret is sometimes pasted by
         # mistake: no message carries one, to the caller (the console shows messages on screen) or to a log. Nor

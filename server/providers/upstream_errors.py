@@ -22,8 +22,8 @@ from collections.abc import Collection, Mapping
 from server import wire_json
 from server.domain import Json
 from server.errors import (
-    ANTHROPIC_TYPES, CONTEXT_LENGTH_EXCEEDED, TABLE, InvalidRequest, PorticoError, RateLimited, RequestTooLarge,
-    ServiceUnavailable, UpstreamError, UpstreamMisconfigured, UpstreamTimeout,
+    ANTHROPIC_TYPES, CONTEXT_LENGTH_EXCEEDED, TABLE, InvalidRequest, NotFound, PorticoError, RateLimited,
+    RequestTooLarge, ServiceUnavailable, UpstreamError, UpstreamMisconfigured, UpstreamTimeout, redact_secrets,
 )
 
 _logger = logging.getLogger(__name__)
@@ -39,14 +39,17 @@ def from_status(
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`.
     `sent_status`: false for a status inferred from an error the upstream reported otherwise, which messages then do
     not quote (the upstream's own answer said 200)."""
-    message, param, code = _message_param_and_code(body)
+    message, param, code, details = _error_parts(body)
     # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
     message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"
     param = _scrub(param, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] if param else param
     if code is not None and _scrub(code, secret, upstream_model, upstream) != code:
         code = None
+    details = _scrubbed_details(details, secret, upstream_model, upstream)
     reason = str(status) if status in retry_on else None
     wait = retry_after(headers)
+    if status == 404 and details:  # Anthropic's 404 about what the request named (`thread_not_found`), not the model
+        return NotFound(message, param=param, retry_reason=reason, details=details)
     if status in (401, 403, 404):
         what = "does not know the configured model" if status == 404 else "refused Portico's credentials"
         _logger.error("The upstream serving %s %s (HTTP %d): check the gateway's configuration.", upstream, what,
@@ -69,13 +72,13 @@ def from_status(
         return UpstreamMisconfigured(f"The upstream serving `{upstream}` answered HTTP {status} instead of an answer: "
                                      "check the gateway's configuration (its base_url).", retry_reason=reason)
     if status == 413:
-        return RequestTooLarge(message, param=param, retry_reason=reason)
+        return RequestTooLarge(message, param=param, retry_reason=reason, details=details)
     # Other servers' words for it, or OpenAI's without its code (vLLM's `"code": 400`): the code frameworks catch.
     if _CONTEXT_ERROR.search(message) or (code is None and _OPENAI_CONTEXT_ERROR.search(message)):
         code = CONTEXT_LENGTH_EXCEEDED
     if code == CONTEXT_LENGTH_EXCEEDED:
         param = param or "messages"
-    return InvalidRequest(message, param=param, retry_reason=reason, code=code)
+    return InvalidRequest(message, param=param, retry_reason=reason, code=code, details=details)
 
 
 # An upstream's own `code` that callers may read (OpenAI's `context_length_exceeded`, `content_policy_violation`,
@@ -151,34 +154,56 @@ def _bounded(seconds: float) -> float:
     return min(seconds, MAX_RETRY_AFTER) if seconds > 0 and math.isfinite(seconds) else 0.0
 
 
-def _message_param_and_code(body: bytes) -> tuple[str, str | None, str | None]:
-    """OpenAI {"error": {"message", "param", "code"}}, Anthropic {"type": "error", "error": {"message"}}, a top-level
-    {"message", "param", "code"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation errors
-    {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts them.
-    The code only where it is a plain identifier that no other row of the table uses (_UPSTREAM_CODE)."""
+def _error_parts(body: bytes) -> tuple[str, str | None, str | None, dict | None]:
+    """OpenAI {"error": {"message", "param", "code"}}, Anthropic {"type": "error", "error": {"message", "details"}},
+    a top-level {"message", "param", "code"} (vLLM's older servers), FastAPI's {"detail": "..."} or its validation
+    errors {"detail": [{"loc", "msg"}]}, or the text itself; whole (the body is read up to 64 KiB): from_status cuts
+    them. The code only where it is a plain identifier that no other row of the table uses (_UPSTREAM_CODE); the
+    details only where they name an `error_code`, which the anthropic SDK reads."""
     try:
         data = wire_json.loads(body)
     except wire_json.JSONDecodeError:
-        return body.decode("utf-8", errors="replace").strip(), None, None
+        return body.decode("utf-8", errors="replace").strip(), None, None, None
     if not isinstance(data, dict):
-        return _text(data), None, None
+        return _text(data), None, None, None
     error = data.get("error")
     if isinstance(error, dict) or isinstance(data.get("message"), str):
         found = error if isinstance(error, dict) else data
-        param, code = found.get("param"), found.get("code")
+        param, code, details = found.get("param"), found.get("code"), found.get("details")
         code = code if isinstance(code, str) and _UPSTREAM_CODE.fullmatch(code) and code not in _ROW_CODES else None
         if found.get("type") == _LLAMA_SERVER_CONTEXT_ERROR:
             code = CONTEXT_LENGTH_EXCEEDED
-        return _text(found.get("message", "")), param if isinstance(param, str) else None, code
+        details = details if isinstance(details, dict) and isinstance(details.get("error_code"), str) else None
+        return _text(found.get("message", "")), param if isinstance(param, str) else None, code, details
     detail = data.get("detail")
     if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
         places = [_location(item.get("loc")) for item in detail]
         message = "; ".join(f"{place}: {item.get('msg', '')}" if place else str(item.get("msg", ""))
                             for place, item in zip(places, detail))
-        return message, places[0] or None, None
+        return message, places[0] or None, None, None
     if detail is not None:
-        return _text(detail), None, None
-    return _text(error or data), None, None
+        return _text(detail), None, None, None
+    return _text(error or data), None, None, None
+
+
+def _scrubbed_details(details: dict | None, secret: str | None, upstream_model: str | None,
+                      model_id: str) -> dict | None:
+    """Anthropic's `error.details` as the caller may see them: no key (the upstream's, or one shaped like Portico's)
+    and not the upstream's model name, as in messages; none at all when too long to pass on whole (a message is cut,
+    but a cut object is no object)."""
+
+    def scrubbed(value: Json) -> Json:
+        if isinstance(value, str):
+            return redact_secrets(_scrub(value, secret, upstream_model, model_id))
+        if isinstance(value, list):
+            return [scrubbed(item) for item in value]
+        if isinstance(value, dict):
+            return {scrubbed(name): scrubbed(item) for name, item in value.items()}
+        return value
+
+    if details is None or len(wire_json.dumps(details)) > MAX_MESSAGE_CHARS:
+        return None
+    return scrubbed(details)
 
 
 def _text(value: Json) -> str:

@@ -95,8 +95,13 @@ class OpenAIChunkReader:
         if self._finish is None:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="broken")
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
-        # OpenAI ends a refusal with "stop": Anthropic's callers are told `refusal`, as their upstreams would say.
-        reason = FinishReason.REFUSAL if self._refused and self._finish is FinishReason.END_TURN else self._finish
+        # OpenAI ends a refusal with "stop", and a call the request forced (vLLM too): Anthropic's callers are told
+        # `refusal` and `tool_use`, as their upstreams would say (the SDK's tool runner runs calls only on tool_use).
+        reason = self._finish
+        if reason is FinishReason.END_TURN and self._refused:
+            reason = FinishReason.REFUSAL
+        elif reason is FinishReason.END_TURN and self._calls:
+            reason = FinishReason.TOOL_USE
         return Finished(reason, usage, self._stop_sequence, self._upstream_reason)
 
 

@@ -212,3 +212,28 @@ def test_an_anthropic_upstreams_field_path_reaches_a_chat_caller_as_the_param_it
     assert [len(m["content"]) for m in double.seen[-1].body["messages"]] == [27, 2, 3]
     assert caught.value.body["param"] == caller_param
     assert caught.value.body["message"] == message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_that_ends_with_stop_is_a_tool_use_turn(claude, double, stream):
+    """OpenAI and vLLM end a call the request forced (tool_choice required, or a named function) with
+    finish_reason "stop": a Messages caller must still get stop_reason tool_use, or the anthropic SDK's tool runner
+    takes the turn as final and never runs the call."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    if stream:
+        double.cue(Cue(frames=[*call_frames('{"city": "Oslo"}')[:-2], chunk({}, "stop"), b"data: [DONE]\n\n"]))
+    else:
+        double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                             "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                 "role": "assistant", "content": None, "tool_calls": [call]}}],
+                             "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}))
+    tool_choice = {"type": "tool", "name": "weather"}
+    if stream:
+        with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, tool_choice=tool_choice,
+                                    messages=HELLO) as answer:
+            message = answer.get_final_message()
+    else:
+        message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, tool_choice=tool_choice,
+                                         messages=HELLO)
+    assert [(b.type, b.input) for b in message.content] == [("tool_use", {"city": "Oslo"})]
+    assert (message.stop_reason, message.stop_sequence) == ("tool_use", None)

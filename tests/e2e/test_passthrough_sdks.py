@@ -394,3 +394,30 @@ def test_a_whitespace_stop_is_refused_by_name_only_where_anthropic_would_refuse_
     assert double.seen[0].body["stop"] == ["\n"]
     oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=2, stop=[" END "])
     assert double.seen[1].body["stop_sequences"] == [" END "]
+
+
+def test_an_anthropic_upstreams_error_details_reach_the_sdk_so_its_tool_runner_recovers(claude, double):
+    """The anthropic SDK's thread helpers and tool runner act on `error.details.error_code`: an Anthropic upstream that
+    cannot thread a request says `thread_unsupported_request`, upon which the runner sends the whole conversation
+    without `thread`; one that lost a thread answers 404 `thread_not_found`, a refusal of the request, not of the
+    gateway's configured model."""
+
+    @anthropic.beta_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"4 C in {city}"
+
+    unthreadable = {"error_code": "thread_unsupported_request", "unsupported": ["mcp_servers"]}
+    double.cue(Cue(status=400, body={"type": "error", "error": {
+        "type": "invalid_request_error", "message": "thread: not with mcp_servers", "details": unthreadable}}))
+    (reply,) = claude.beta.messages.tool_runner(model="messages-claude", max_tokens=20, tools=[weather],
+                                                messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    assert reply.content[0].text == "echo Weather in Oslo?"
+    assert "thread" in double.seen[0].body and "thread" not in double.seen[1].body
+    double.cue(Cue(status=404, body={"type": "error", "error": {
+        "type": "not_found_error", "message": "thread: not found", "details": {"error_code": "thread_not_found"}}}))
+    with pytest.raises(anthropic.types.ThreadNotFoundError) as lost:
+        claude.beta.messages.create(model="messages-claude", max_tokens=2, thread={"type": "continue"},
+                                    messages=[{"role": "user", "content": "hi"}])
+    assert lost.value.body["error"]["message"] == "thread: not found"
+    assert lost.value.response.headers.get("x-should-retry") is None

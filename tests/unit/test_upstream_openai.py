@@ -261,6 +261,19 @@ def test_the_upstream_name_of_the_model_never_reaches_the_caller():
     assert "up-gpt-55" not in streamed.message
 
 
+
+def test_an_anthropic_upstreams_error_details_are_passed_on_without_its_key_or_model_name():
+    details = {"error_code": "tool_name_conflict", "names": ["claude-up-1 tool", "sk-upstream-secret"]}
+    body = orjson.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": "no",
+                                                    "details": details}})
+    error = from_status(400, body, {}, retry_on=(), upstream="family-b", secret="sk-upstream-secret",
+                        upstream_model="claude-up-1")
+    assert error.details == {"error_code": "tool_name_conflict", "names": ["family-b tool", "[redacted]"]}
+    no_code = orjson.dumps({"error": {"message": "no", "details": {"why": "x"}}})
+    assert from_status(400, no_code, {}, retry_on=(), upstream="m", secret=None).details is None
+    too_long = orjson.dumps({"error": {"message": "no", "details": {"error_code": "x", "more": "y" * 600}}})
+    assert from_status(400, too_long, {}, retry_on=(), upstream="m", secret=None).details is None
+
 @pytest.mark.parametrize(("upstream_model", "message", "shown"), [
     ("e", "The object is bad", "The object is bad"),  # inside a word: not the model
     ("gpt-4", "Use gpt-4o-mini or gpt-4.1, not gpt-4.", "Use gpt-4o-mini or gpt-4.1, not family-a-5.5."),
