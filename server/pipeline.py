@@ -39,7 +39,7 @@ from server.providers import (
 )
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
-from server.providers.router import refusal_of
+from server.providers.router import refusal_of, stream_of
 from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
 
@@ -182,7 +182,7 @@ class Pipeline:
         reached_model = True
         watch = self.cutoff.watch(billed=billed)
         try:
-            answer = provider.stream(request)
+            answer = stream_of(provider, request, meter.record)
             if lookup is not None:
                 answer = self._cache.recorded(lookup, answer)
             with watch:

@@ -79,8 +79,10 @@ class Router:
     def chain(self) -> tuple[Route, ...]:
         return self._chain
 
-    def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        return self._run(self._able(request), lambda provider: provider.stream(request))
+    def stream(self, request: GenerationRequest, unsent: Callable[[GenerationEvent], None] | None = None
+               ) -> AsyncIterator[GenerationEvent]:
+        """`unsent`: given what an attempt held back when its caller left before the first content (Delivery)."""
+        return self._run(self._able(request), lambda provider: provider.stream(request), unsent=unsent)
 
     async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
         chain = self._able_to(lambda provider: image_unsupported(request, capabilities_of(provider)) is None)
@@ -149,8 +151,8 @@ class Router:
                 return result
         raise AssertionError("an attempt ends with a result or an error")
 
-    async def _run(self, chain: Sequence[Route], start: Callable,
-                   local: Callable[[object], bool] | None = None) -> AsyncIterator:
+    async def _run(self, chain: Sequence[Route], start: Callable, local: Callable[[object], bool] | None = None,
+                   unsent: Callable[[GenerationEvent], None] | None = None) -> AsyncIterator:
         """`local(provider)`: it answers without asking its upstream (an estimated count), so that answer is no
         attempt: no metrics, and nothing said of the deployment's health (a trial is decided by its upstream)."""
         loop = asyncio.get_running_loop()
@@ -174,7 +176,7 @@ class Router:
             if deployment.health_slot is not None and not self._board.acquire(deployment.health_slot):
                 plan.refused(step)  # another request holds its one trial
                 continue
-            delivery = Delivery()
+            delivery = Delivery(unsent=unsent)
             try:
                 events = delivery.relay(self._attempt(route, deployment, start))
                 try:
@@ -260,6 +262,14 @@ def _why(error: PorticoError) -> str:
     if error.retry_reason:
         return f"{error.kind.code}, {error.retry_reason}"
     return error.code if error.fallback_may_serve else error.kind.code
+
+
+def stream_of(provider: Provider, request: GenerationRequest,
+              unsent: Callable[[GenerationEvent], None]) -> AsyncIterator[GenerationEvent]:
+    """`provider.stream(request)`; a Router's also gives `unsent` what it held back from a caller who left."""
+    if isinstance(provider, Router):
+        return provider.stream(request, unsent)
+    return provider.stream(request)
 
 
 def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest | None:
