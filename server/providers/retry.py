@@ -202,9 +202,9 @@ class Delivery:
     """Whether any event of an attempt reached the consumer; once one has, the attempt can no longer be replaced."""
 
     delivered: bool = False
-    # Given the events still held when the attempt is given up without an error of its own (its caller left before
-    # the first content): the upstream has taken the prompt, and bills what it reported, so the request is counted
-    # with it. A failed attempt's are dropped: it is retried, or its error is the answer.
+    # Given the events still held when the attempt ends before its first content, because its caller left or it
+    # failed: the upstream has taken the prompt, and bills what it reported, so the request is counted with it (a
+    # later attempt's report, or its answer's usage, replaces it).
     unsent: Callable[[GenerationEvent], None] | None = None
 
     async def relay(self, events: AsyncIterator) -> AsyncIterator:
@@ -218,9 +218,6 @@ class Delivery:
                 while held:  # not `for`: its variable would hold the last of them while the stream runs
                     yield held.pop(0)
                 yield event
-        except PorticoError:
-            held.clear()
-            raise
         finally:
             if self.unsent is not None:
                 while held:

@@ -81,3 +81,26 @@ def test_a_caller_gone_before_the_first_content_is_counted_with_the_prompt_the_u
     assert row["cost_microdollars"] == PROMPT_TOKENS * INPUT_PRICE, row
     used = standing(gateway, key_id, headers)
     assert used["concurrent_requests"] == 0 and used["daily_tokens"] == PROMPT_TOKENS, used
+
+
+def test_a_stream_that_breaks_after_its_upstream_reported_the_prompt_counts_that_prompt(gateway, double):
+    """api.md, Rate limits: one that failed upstream (a 502) counts, "and its tokens are what the model reported":
+    message_start's prompt count, then the connection drops before any content, and no retry is left."""
+    double.reset()
+    frames = echo_messages({"model": "m", "stream": True, "max_tokens": 16, "messages": PROMPT})
+    frames[0] = re.sub(rb'"input_tokens":\d+', f'"input_tokens":{PROMPT_TOKENS}'.encode(), frames[0])
+    double.cue(Cue(frames=frames, drop_after=1))
+    key_id, secret = key(gateway, "broken-after-start")
+    headers = admin(gateway)
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        stub = message_service_pb2_grpc.MessageServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            next(stub.StreamMessage(message_request(model="messages-up", max_tokens=16, messages=PROMPT),
+                                    metadata=bearer(secret), timeout=30))
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+    (row,) = rows(gateway, key_id, headers)
+    assert row["status"] == 502, row
+    assert (row["input_tokens"], row["output_tokens"]) == (PROMPT_TOKENS, 0), row
+    assert row["cost_microdollars"] == PROMPT_TOKENS * INPUT_PRICE, row
+    used = standing(gateway, key_id, headers)
+    assert used["concurrent_requests"] == 0 and used["daily_tokens"] == PROMPT_TOKENS, used
