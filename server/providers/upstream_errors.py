@@ -56,6 +56,13 @@ def from_status(
                       status)
         return UpstreamMisconfigured(f"The upstream serving `{upstream}` {what} (HTTP {status}): this is the "
                                      "gateway's configuration, not your key or request.", retry_reason=reason)
+    if status == 402 or status == 429 and code == _NO_QUOTA:  # Anthropic's billing_error, OpenAI's insufficient_quota
+        _logger.error("The upstream serving %s refused the gateway's account (HTTP %d, %s): check its billing.",
+                      upstream, status, code or "billing")
+        quoted = f"HTTP {status}: " if sent_status else ""
+        return UpstreamMisconfigured(f"The upstream serving `{upstream}` refused the gateway's account with it "
+                                     f"({quoted}billing or quota): this is the gateway's account, not your key or "
+                                     "request.", retry_reason=reason)
     if status == 429:
         return RateLimited(f"The upstream serving `{upstream}` is rate limiting: {message}", retry_after=wait,
                            subject=f"upstream of {upstream}", retry_reason=reason)
@@ -85,6 +92,7 @@ def from_status(
 # `unsupported_parameter`): a plain identifier, never a number ("400", vLLM's 400) nor a code of another row of the
 # table, which would tell the caller something else (a 400 `model_not_found` about the upstream's model name).
 _UPSTREAM_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_NO_QUOTA = "insufficient_quota"  # OpenAI's 429 code for an account out of credit: no wait mends it
 _ROW_CODES = frozenset(kind.code for kind in TABLE) - {InvalidRequest.kind.code}
 # OpenAI's words for a prompt over the context window ("This model's maximum context length is 8192 tokens.
 # However, ..."), which vLLM sends with "code": 400.

@@ -353,3 +353,19 @@ def test_an_upstream_4xx_keeps_its_own_code_only_where_it_is_a_plain_identifier(
     error = from_status(status, body, {}, retry_on=(), upstream="m", secret=None, upstream_model="up_m_secret")
     assert (error.code, error.param) == (code, param)
     assert error.kind.code in {"invalid_request", "request_too_large", "upstream_error"}  # the row stays the table's
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (402, b'{"type":"error","error":{"type":"billing_error","message":"Your credit balance is too low."}}'),
+    (429, b'{"error":{"message":"You exceeded your current quota, please check your plan and billing details.",'
+          b'"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}'),
+])
+def test_an_upstream_refusing_the_gateways_account_is_the_gateways_problem_not_the_callers(status, body):
+    """Anthropic's 402 billing_error and OpenAI's 429 insufficient_quota are about the gateway's account with the
+    upstream: not a 400 telling the caller their request is wrong, nor a 429 their SDK retries in vain."""
+    error = from_status(status, body, {}, retry_on=(429,), upstream="m", secret=None)
+    assert type(error) is UpstreamMisconfigured and error.kind.http_status == 502
+    assert ("x-should-retry", "false") in error.trailing_metadata()
+    assert "account" in error.message and "not your key or request" in error.message
+    # Retried as its status is (`retry.on_status`): another deployment or fallback may bill another account.
+    assert error.retry_reason == ("429" if status == 429 else None)
