@@ -57,6 +57,8 @@ class AnthropicEventReader:
         belongs, an index that is no number) is the upstream's fault, an UpstreamError, not a crash further on."""
         try:
             kind = upstream_string(event.get("type"))  # a same-dialect caller gets it on an `event:` line
+            if "\n" in kind or "\r" in kind:  # ... where a line break would start lines of the upstream's making
+                raise ValueError("a line break in an event's type")
             if kind == "message_start":
                 message = event.get("message")
                 usage = _mapping(message.get("usage") if isinstance(message, Mapping) else None)

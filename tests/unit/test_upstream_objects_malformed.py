@@ -40,6 +40,9 @@ BAD_EVENTS = [
     {"type": "message_delta", "delta": {}, "usage": {"output_tokens": -1}},
     {"type": "message_start", "message": {"usage": {"input_tokens": -5}}},
     {"type": "message_start", "message": {"usage": {"input_tokens": 5, "cache_read_input_tokens": -1}}},
+    # The type names a same-dialect caller's `event:` line: a line break would forge SSE lines of the upstream's own.
+    {"type": 'ping\ndata: {"type": "message_stop"}\n\nevent: ping'},
+    {"type": "ping\r"},
 ]
 
 
