@@ -100,10 +100,14 @@ class Router:
         return await self._one(self._able(request), lambda provider: prompt_count(provider, request),
                                local=lambda provider: not isinstance(provider, PromptCounter))
 
+    @property
+    def own_providers(self) -> tuple[Provider | ImageProvider, ...]:
+        """The providers of the model's own deployments: every fallback is some other model's own."""
+        return tuple(deployment.provider for deployment in self._chain[0].deployments)
+
     async def close(self) -> None:
-        """Only the model's own deployments: every fallback is some other model's own, closed with it."""
-        for deployment in self._chain[0].deployments:
-            await deployment.provider.close()
+        for provider in self.own_providers:
+            await provider.close()
 
     def refusal(self, request: GenerationRequest) -> InvalidRequest | None:
         """Why none of the model's own deployments can honour `request` (the first one's reason), or None when one

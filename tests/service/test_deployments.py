@@ -385,3 +385,28 @@ async def test_a_gateway_out_of_file_descriptors_ejects_no_deployment(chat, runn
     assert (len(east.seen), len(west.seen)) == (0, 0)
     response = await ask(chat, key[1], "fragile")
     assert response.choices[0].message.content == "echo Say hello."
+
+
+async def test_readiness_sees_the_embedded_model_behind_fallbacks_and_beside_an_upstream(double, tmp_path):
+    """The embedded model serving a model with fallbacks, or as one of its deployments, is loaded all the same: /readyz
+    said `"model": "none"` ("upstreams serve every model"), and stayed ready once it was closed."""
+    upstream = provider(double.url, retry=None)
+    models_yaml = f"""\
+  - {{id: local, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, fallbacks: [remote]}}
+  - {{id: remote, endpoint: /v1/chat/completions, provider: {upstream}}}
+  - id: mixed
+    endpoint: /v1/chat/completions
+    deployments: [{{name: here, provider: {{kind: llamacpp}}}}, {{name: there, provider: {upstream}}}]
+"""
+    async with upstream_server(tmp_path, models_yaml) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            probes = ProbeServiceStub(channel)
+            ready = await probes.GetReadiness(GetReadinessRequest())
+            assert (ready.status, ready.checks["model"]) == ("ready", "loaded")
+            for each in server.providers:
+                await each.close()  # the embedded model among them, wherever it serves
+            await server.readiness.refresh()
+            with pytest.raises(grpc.aio.AioRpcError) as unready:
+                await probes.GetReadiness(GetReadinessRequest())
+            assert unready.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert unready.value.details() == "Not ready: model not_loaded."
