@@ -410,3 +410,35 @@ async def test_readiness_sees_the_embedded_model_behind_fallbacks_and_beside_an_
                 await probes.GetReadiness(GetReadinessRequest())
             assert unready.value.code() == grpc.StatusCode.UNAVAILABLE
             assert unready.value.details() == "Not ready: model not_loaded."
+
+
+async def test_a_429_with_retry_after_takes_its_deployment_out_even_when_not_retried(double, west, tmp_path):
+    """An operator who passes rate limits on rather than retrying them (429 left out of `retry.on_status`) still has
+    a deployment that answered "429, retry-after: 30" taken out for that long: it went on getting requests, each
+    caller sent to it meeting the same 429 while the other deployment sat idle."""
+    no_429 = "{attempts: 1, on_status: [500, 502, 503, 529]}"
+    models_yaml = f"""\
+  - id: passing
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(double.url, retry=no_429)}}}
+      - {{name: west, provider: {provider(west.url, retry=no_429)}}}
+"""
+    double.reset()
+    west.reset()
+    slow_down = Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after": "30"})
+    double.cue(slow_down)
+    west.cue(slow_down)
+    async with upstream_server(tmp_path, models_yaml) as server:
+        secret = (await server.store.create("passing", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            for _ in range(2):  # each deployment met once: the 429 is the caller's, not retried elsewhere
+                with pytest.raises(grpc.aio.AioRpcError) as limited:
+                    await ask(chat, secret, "passing")
+                assert limited.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert {state for _, _, state in server.core.health.states()} == {"ejected"}
+            with pytest.raises(grpc.aio.AioRpcError) as out:
+                await ask(chat, secret, "passing")
+            assert out.value.code() == grpc.StatusCode.UNAVAILABLE and "out of service" in out.value.details()
+    assert len(double.seen) == len(west.seen) == 1
