@@ -89,6 +89,10 @@ def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
 def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
     """A failure that says something about the deployment (not the caller's mistake). `retry_after`: the upstream
     asked for that many seconds (a 429, 503 or 529 with retry-after)."""
+    if retry_after <= 0 and h.needs_trial and now < h.ejected_until:
+        # A request sent before the ejection, failing during its cooldown: nothing new, and no failed trial (each one
+        # of a burst in flight doubled the cooldown: ten of them made 5 s the 300 s maximum).
+        return
     _count(h, now, s, failed=True)
     h.consecutive += 1
     if retry_after > 0:  # the upstream said when: exactly that long, no trial after it (a trial it answered included)

@@ -442,3 +442,32 @@ async def test_a_429_with_retry_after_takes_its_deployment_out_even_when_not_ret
                 await ask(chat, secret, "passing")
             assert out.value.code() == grpc.StatusCode.UNAVAILABLE and "out of service" in out.value.details()
     assert len(double.seen) == len(west.seen) == 1
+
+
+async def test_requests_already_in_flight_failing_during_the_cooldown_do_not_lengthen_it(double, west, tmp_path):
+    """Six requests in flight on a deployment that starts failing: the first failure ejected it, and each of the
+    other five, sent before the ejection and failing during its cooldown, counted as a failed trial and doubled it
+    (0.5 s became 16 s; with the defaults, ten such made 5 s the 300 s maximum). Now the cooldown is as configured."""
+    models_yaml = f"""\
+  - id: burst
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, weight: 1000, provider: {provider(double.url)}}}
+      - {{name: west, weight: 1, provider: {provider(west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 0.5}}
+"""
+    double.reset()
+    west.reset()
+    double.cue(*[Cue(503, {"error": {"message": "busy"}}, delay=0.2)] * 6)
+    async with upstream_server(tmp_path, models_yaml) as server:
+        secret = (await server.store.create("burst", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            answers = await asyncio.gather(*(ask(chat, secret, "burst") for _ in range(6)))
+            assert {a.choices[0].message.content for a in answers} == {"echo Say hello."}  # west answered them
+            assert len(double.seen) >= 2  # nearly always all six: east's weight is 1000 to 1
+            ejected = time.monotonic()
+            await asyncio.sleep(0.6)
+            assert [state for _, name, state in server.core.health.states() if name == "east"] == ["trial"]
+            assert time.monotonic() - ejected < 1.0
+    double.reset()  # a cue a request that went to west left unused
