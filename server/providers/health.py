@@ -80,6 +80,8 @@ def acquire(h: DeploymentHealth, now: float) -> bool:
 
 
 def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
+    if _sent_before_ejection(h, now):  # its trial decides, after the cooldown
+        return
     _count(h, now, s, failed=False)
     h.consecutive = 0
     if h.needs_trial:
@@ -89,9 +91,9 @@ def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
 def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
     """A failure that says something about the deployment (not the caller's mistake). `retry_after`: the upstream
     asked for that many seconds (a 429, 503 or 529 with retry-after)."""
-    if retry_after <= 0 and h.needs_trial and now < h.ejected_until:
-        # A request sent before the ejection, failing during its cooldown: nothing new, and no failed trial (each one
-        # of a burst in flight doubled the cooldown: ten of them made 5 s the 300 s maximum).
+    if retry_after <= 0 and _sent_before_ejection(h, now):
+        # Nothing new, and no failed trial (each one of a burst in flight doubled the cooldown: ten of them made 5 s
+        # the 300 s maximum).
         return
     _count(h, now, s, failed=True)
     h.consecutive += 1
@@ -102,6 +104,12 @@ def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: floa
         _eject(h, now, s)
     elif h.consecutive >= s.consecutive_failures or _rate_exceeded(h, now, s):
         _eject(h, now, s)
+
+
+def _sent_before_ejection(h: DeploymentHealth, now: float) -> bool:
+    """An outcome during the cooldown of an ejection after failures: its request was sent before (none is sent to it
+    meanwhile), so it says nothing the ejection did not, and is no trial."""
+    return h.needs_trial and now < h.ejected_until
 
 
 def released(h: DeploymentHealth) -> None:

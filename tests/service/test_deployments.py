@@ -471,3 +471,30 @@ async def test_requests_already_in_flight_failing_during_the_cooldown_do_not_len
             assert [state for _, name, state in server.core.health.states() if name == "east"] == ["trial"]
             assert time.monotonic() - ejected < 1.0
     double.reset()  # a cue a request that went to west left unused
+
+
+async def test_a_request_in_flight_succeeding_during_the_cooldown_is_no_trial(double, west, tmp_path):
+    """Two requests in flight on a deployment: one fails and ejects it, the other, sent before, succeeds during the
+    cooldown. That success made the deployment healthy with no trial, and wiped its record of failed trials, so a
+    deployment failing every other request came back in full each cooldown; now a trial decides, as documented."""
+    models_yaml = f"""\
+  - id: halves
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, weight: 1000, provider: {provider(double.url)}}}
+      - {{name: west, weight: 1, provider: {provider(west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 0.6}}
+"""
+    double.reset()
+    west.reset()
+    double.cue(Cue(503, {"error": {"message": "busy"}}, delay=0.1), Cue(delay=0.3))
+    async with upstream_server(tmp_path, models_yaml) as server:
+        secret = (await server.store.create("halves", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            began = time.monotonic()
+            await asyncio.gather(*(ask(chat, secret, "halves") for _ in range(2)))
+            if len(double.seen) == 2:  # both went to east (nearly always: its weight is 1000 to 1)
+                await asyncio.sleep(max(0.0, 0.75 - (time.monotonic() - began)))
+                assert [state for _, name, state in server.core.health.states() if name == "east"] == ["trial"]
+    double.reset()
