@@ -119,7 +119,8 @@ def released(h: DeploymentHealth) -> None:
 
 
 def _eject(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
-    h.ejected_until = now + min(s.max_cooldown_seconds, s.cooldown_seconds * 2 ** min(h.ejections, 30))
+    cooldown = min(s.max_cooldown_seconds, s.cooldown_seconds * 2 ** min(h.ejections, 30))
+    h.ejected_until = max(h.ejected_until, now + cooldown)  # never sooner than an upstream's retry-after said
     h.ejections += 1
     h.needs_trial, h.trial_since, h.consecutive = True, 0.0, 0
     h.epochs, h.requests, h.failures = [0] * BUCKETS, [0] * BUCKETS, [0] * BUCKETS  # judged afresh after it

@@ -498,3 +498,30 @@ async def test_a_request_in_flight_succeeding_during_the_cooldown_is_no_trial(do
                 await asyncio.sleep(max(0.0, 0.75 - (time.monotonic() - began)))
                 assert [state for _, name, state in server.core.health.states() if name == "east"] == ["trial"]
     double.reset()
+
+
+async def test_failures_in_flight_do_not_cut_short_an_upstreams_retry_after(double, west, tmp_path):
+    """An upstream said "429, retry-after: 3"; a request sent before, failing a moment later, ejected the deployment
+    for the (shorter) cooldown in its place, and it had traffic again after 0.5 s. Now it stays out the 3 s."""
+    models_yaml = f"""\
+  - id: told
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, weight: 1000, provider: {provider(double.url)}}}
+      - {{name: west, weight: 1, provider: {provider(west.url)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 0.5}}
+"""
+    double.reset()
+    west.reset()
+    double.cue(Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after": "3"}),
+               Cue(500, {"error": {"message": "broken"}}, delay=0.2))
+    async with upstream_server(tmp_path, models_yaml) as server:
+        secret = (await server.store.create("told", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            began = time.monotonic()
+            await asyncio.gather(*(ask(chat, secret, "told") for _ in range(2)))
+            if len(double.seen) == 2:  # both went to east (nearly always: its weight is 1000 to 1)
+                await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
+                assert [state for _, name, state in server.core.health.states() if name == "east"] == ["ejected"]
+    double.reset()
