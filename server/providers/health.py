@@ -91,9 +91,10 @@ def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
 def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
     """A failure that says something about the deployment (not the caller's mistake). `retry_after`: the upstream
     asked for that many seconds (a 429, 503 or 529 with retry-after)."""
-    if retry_after <= 0 and _sent_before_ejection(h, now):
-        # Nothing new, and no failed trial (each one of a burst in flight doubled the cooldown: ten of them made 5 s
-        # the 300 s maximum).
+    if _sent_before_ejection(h, now):
+        # Nothing new but a later return the upstream may ask for, and no failed trial (each one of a burst in flight
+        # doubled the cooldown: ten of them made 5 s the 300 s maximum); a trial still decides.
+        h.ejected_until = max(h.ejected_until, now + retry_after)
         return
     _count(h, now, s, failed=True)
     h.consecutive += 1
