@@ -284,7 +284,11 @@ def _says_unhealthy(error: PorticoError) -> bool:
 
 
 def _failure_reason(error: PorticoError) -> str:
-    return error.retry_reason or ("timeout" if isinstance(error, UpstreamTimeout) else "other")
+    if error.retry_reason:
+        return error.retry_reason
+    if isinstance(error, RateLimited):  # an upstream's 429 with retry-after that `retry.on_status` passes on
+        return "429"
+    return "timeout" if isinstance(error, UpstreamTimeout) else "other"
 
 
 async def _once(result) -> AsyncIterator:

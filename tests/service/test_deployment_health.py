@@ -77,6 +77,10 @@ async def test_a_429_with_retry_after_takes_its_deployment_out_even_when_not_ret
             with pytest.raises(grpc.aio.AioRpcError) as out:
                 await ask(chat, secret, "passing")
             assert out.value.code() == grpc.StatusCode.UNAVAILABLE and "out of service" in out.value.details()
+            registry = server.telemetry.metrics.registry
+            assert [registry.get_sample_value("portico_deployment_failures_total",
+                                              {"model": "passing", "deployment": name, "reason": "429"})
+                    for name in ("east", "west")] == [1, 1]
     assert len(double.seen) == len(west.seen) == 1
 
 
