@@ -4,7 +4,9 @@ A deployment is *ejected* (not tried) for a cooldown after `consecutive_failures
 `min_requests` requests in the last `window_seconds` failed at `failure_rate` or more. When the cooldown is over it
 is in *trial*: one request (the first to come) is let through, and its outcome decides: success makes it *healthy*
 again, failure ejects it again for twice as long (up to `max_cooldown_seconds`). An upstream 429, 503 or 529 with a
-retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when).
+retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when). Requests
+sent before an ejection that end during its cooldown change nothing: a burst in flight is one ejection, not a failed
+trial each, and only the trial decides (an upstream's later retry-after still lengthens the cooldown).
 
 Only models with two or more deployments are watched: a model's only deployment is never taken out of service,
 since there is nowhere else to send its requests (its retries and fallbacks work as they always did).
