@@ -57,15 +57,18 @@ class Route:
 
 class Router:
     def __init__(self, chain: Sequence[Route], *, board: Board, recorder: UpstreamRecorder | None = None,
-                 rng: random.Random | None = None, caller_left: Callable[[], bool] = lambda: False) -> None:
+                 rng: random.Random | None = None, caller_left: Callable[[], bool] = lambda: False,
+                 in_flight: dict[tuple[str, str], int] | None = None) -> None:
         """`chain`: the model itself first, then its fallbacks. `caller_left`: the request being run lost its caller,
-        and only its attempt under way runs on (server/cutoff.py Cutoff.caller_left)."""
+        and only its attempt under way runs on (server/cutoff.py Cutoff.caller_left). `in_flight`: the attempts
+        running on each deployment in this process, shared by every Router (a model's fallback is another's own)."""
         self._chain = tuple(chain)
         self._caller_left = caller_left
         self._board = board
         self._recorder = recorder
         self._draw = (rng or random.Random()).random
-        self._in_flight: dict[tuple[str, str], int] = {}  # (model id, deployment): attempts running in this process
+        # (model id, deployment): attempts running in this process, this model's requests and those falling back to it
+        self._in_flight = in_flight if in_flight is not None else {}
         self.capabilities = self._chain[0].capabilities
         own = {capabilities_of(d.provider) for d in self._chain[0].deployments}
         self._own_alike = own.pop() if len(own) == 1 else None  # what each of its own deployments can, if the same

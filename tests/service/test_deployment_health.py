@@ -165,3 +165,44 @@ async def test_failures_in_flight_do_not_cut_short_an_upstreams_retry_after(doub
                 await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
                 assert [state for _, name, state in server.core.health.states() if name == "east"] == ["ejected"]
     double.reset()
+
+
+async def test_requests_in_flight_through_a_fallback_count_for_the_deployments_balancing(double, west, tmp_path):
+    """The balance reads each deployment's requests in flight in this process; a model's router counted only its own,
+    so requests reaching a deployment as another model's fallback were invisible to it, and the reverse: ten held
+    on `pair`'s east left `front`, falling back to `pair`, sending half its requests there all the same."""
+    models_yaml = f"""\
+  - id: front
+    endpoint: /v1/chat/completions
+    provider: {provider('http://127.0.0.1:9/v1', retry="{attempts: 1}")}
+    fallbacks: [pair]
+  - id: pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(double.url, retry="{attempts: 1}")}}}
+      - {{name: west, provider: {provider(west.url, retry="{attempts: 1}")}}}
+"""
+    double.reset()
+    west.reset()
+    double.default_cue = Cue(delay=3.0)  # east holds what it gets
+    west.default_cue = Cue(delay=0.3)  # west too, briefly: the requests to hold split about evenly
+    try:
+        async with upstream_server(tmp_path, models_yaml) as server:
+            secret = (await server.store.create("balance", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+                held = [asyncio.ensure_future(ask(chat, secret, "pair")) for _ in range(24)]
+                while len(double.seen) + len(west.seen) < 24:
+                    await asyncio.sleep(0.01)
+                assert len(double.seen) >= 8  # about half of them, now in flight on east
+                double.default_cue = west.default_cue = Cue()
+                await asyncio.sleep(0.4)  # west's are answered
+                before = len(double.seen)
+                for _ in range(40):
+                    await ask(chat, secret, "front")
+                assert len(double.seen) - before < 12  # weight 1 / (8 + 1) at most (about 4), not even (about 20)
+                await asyncio.gather(*held)
+    finally:
+        double.default_cue = west.default_cue = Cue()
+        double.reset()
+        west.reset()
