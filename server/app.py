@@ -40,6 +40,7 @@ from server.pipeline import Pipeline
 from server.providers import Provider
 from server.providers.build import build_providers
 from server.providers.health import HEALTH_FILE_ENV, Board
+from server.providers.router import Router
 from server.services.chat import ChatServicer
 from server.services.console import ConsoleServicer
 from server.services.images import MAX_MESSAGE_BYTES, ImageServicer
@@ -298,6 +299,13 @@ class _Services:
         self._server.add_registered_method_handlers(service_name, method_handlers)
 
 
+def _run_here(providers: Sequence[Provider]) -> list[Provider]:
+    """The providers that run the models, a Router's deployments included: the embedded model behind fallbacks or
+    beside an upstream is loaded (and closed) all the same, and readiness must see it."""
+    return [own for provider in providers
+            for own in (provider.own_providers if isinstance(provider, Router) else (provider,))]
+
+
 def _deployment_states(core: Core) -> list[tuple[str, str, str]]:
     """Read every second by the readiness check, which shows them in /readyz and keeps their gauges current."""
     states = core.health.states()
@@ -336,7 +344,7 @@ async def start_server(config: Config, address: str) -> RunningServer:
     model_admin_service_pb2_grpc.add_ModelAdminServiceServicer_to_server(catalog, served)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    readiness = Readiness(health_servicer, store, limiter, config.limits, core.providers,
+    readiness = Readiness(health_servicer, store, limiter, config.limits, _run_here(core.providers),
                           deployments=lambda: _deployment_states(core),
                           key_stale_seconds=pipeline.authenticator.stale_seconds)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)

@@ -57,13 +57,15 @@ def build_providers(
                         slots.get((entry.id, d.name)))
         for d in entry.deployments)) for entry in config.models}
     providers: dict[str, AnyProvider] = {}
+    in_flight: dict[tuple[str, str], int] = {}  # one count per deployment, whichever model's request runs on it
     for entry in config.models:
         own = routes[entry.id].deployments
         if not entry.fallbacks and len(own) == 1 and entry.provider.upstream is None:
             providers[entry.id] = own[0].provider  # nothing to retry or fall back to: the provider itself
         else:
             chain = [routes[model_id] for model_id in (entry.id, *entry.fallbacks)]
-            providers[entry.id] = Router(chain, board=board, recorder=recorder, caller_left=cutoff.caller_left)
+            providers[entry.id] = Router(chain, board=board, recorder=recorder, caller_left=cutoff.caller_left,
+                                         in_flight=in_flight)
     return providers, board
 
 

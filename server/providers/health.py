@@ -4,7 +4,9 @@ A deployment is *ejected* (not tried) for a cooldown after `consecutive_failures
 `min_requests` requests in the last `window_seconds` failed at `failure_rate` or more. When the cooldown is over it
 is in *trial*: one request (the first to come) is let through, and its outcome decides: success makes it *healthy*
 again, failure ejects it again for twice as long (up to `max_cooldown_seconds`). An upstream 429, 503 or 529 with a
-retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when).
+retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when). Requests
+sent before an ejection that end during its cooldown change nothing: a burst in flight is one ejection, not a failed
+trial each, and only the trial decides (an upstream's later retry-after still lengthens the cooldown).
 
 Only models with two or more deployments are watched: a model's only deployment is never taken out of service,
 since there is nowhere else to send its requests (its retries and fallbacks work as they always did).
@@ -80,6 +82,8 @@ def acquire(h: DeploymentHealth, now: float) -> bool:
 
 
 def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
+    if _sent_before_ejection(h, now):  # its trial decides, after the cooldown
+        return
     _count(h, now, s, failed=False)
     h.consecutive = 0
     if h.needs_trial:
@@ -89,6 +93,11 @@ def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
 def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
     """A failure that says something about the deployment (not the caller's mistake). `retry_after`: the upstream
     asked for that many seconds (a 429, 503 or 529 with retry-after)."""
+    if _sent_before_ejection(h, now):
+        # Nothing new but a later return the upstream may ask for, and no failed trial (each one of a burst in flight
+        # doubled the cooldown: ten of them made 5 s the 300 s maximum); a trial still decides.
+        h.ejected_until = max(h.ejected_until, now + retry_after)
+        return
     _count(h, now, s, failed=True)
     h.consecutive += 1
     if retry_after > 0:  # the upstream said when: exactly that long, no trial after it (a trial it answered included)
@@ -100,6 +109,12 @@ def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: floa
         _eject(h, now, s)
 
 
+def _sent_before_ejection(h: DeploymentHealth, now: float) -> bool:
+    """An outcome during the cooldown of an ejection after failures: its request was sent before (none is sent to it
+    meanwhile), so it says nothing the ejection did not, and is no trial."""
+    return h.needs_trial and now < h.ejected_until
+
+
 def released(h: DeploymentHealth) -> None:
     """A request ended saying nothing about the deployment (the caller left, or its request was refused as wrong):
     a trial it held is free for the next request."""
@@ -107,7 +122,8 @@ def released(h: DeploymentHealth) -> None:
 
 
 def _eject(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
-    h.ejected_until = now + min(s.max_cooldown_seconds, s.cooldown_seconds * 2 ** min(h.ejections, 30))
+    cooldown = min(s.max_cooldown_seconds, s.cooldown_seconds * 2 ** min(h.ejections, 30))
+    h.ejected_until = max(h.ejected_until, now + cooldown)  # never sooner than an upstream's retry-after said
     h.ejections += 1
     h.needs_trial, h.trial_since, h.consecutive = True, 0.0, 0
     h.epochs, h.requests, h.failures = [0] * BUCKETS, [0] * BUCKETS, [0] * BUCKETS  # judged afresh after it

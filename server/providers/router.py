@@ -57,15 +57,18 @@ class Route:
 
 class Router:
     def __init__(self, chain: Sequence[Route], *, board: Board, recorder: UpstreamRecorder | None = None,
-                 rng: random.Random | None = None, caller_left: Callable[[], bool] = lambda: False) -> None:
+                 rng: random.Random | None = None, caller_left: Callable[[], bool] = lambda: False,
+                 in_flight: dict[tuple[str, str], int] | None = None) -> None:
         """`chain`: the model itself first, then its fallbacks. `caller_left`: the request being run lost its caller,
-        and only its attempt under way runs on (server/cutoff.py Cutoff.caller_left)."""
+        and only its attempt under way runs on (server/cutoff.py Cutoff.caller_left). `in_flight`: the attempts
+        running on each deployment in this process, shared by every Router (a model's fallback is another's own)."""
         self._chain = tuple(chain)
         self._caller_left = caller_left
         self._board = board
         self._recorder = recorder
         self._draw = (rng or random.Random()).random
-        self._in_flight: dict[tuple[str, str], int] = {}  # (model id, deployment): attempts running in this process
+        # (model id, deployment): attempts running in this process, this model's requests and those falling back to it
+        self._in_flight = in_flight if in_flight is not None else {}
         self.capabilities = self._chain[0].capabilities
         own = {capabilities_of(d.provider) for d in self._chain[0].deployments}
         self._own_alike = own.pop() if len(own) == 1 else None  # what each of its own deployments can, if the same
@@ -102,10 +105,14 @@ class Router:
         return await self._one(self._able(request), lambda provider: prompt_count(provider, request),
                                local=lambda provider: not isinstance(provider, PromptCounter))
 
+    @property
+    def own_providers(self) -> tuple[Provider | ImageProvider, ...]:
+        """The providers of the model's own deployments: every fallback is some other model's own."""
+        return tuple(deployment.provider for deployment in self._chain[0].deployments)
+
     async def close(self) -> None:
-        """Only the model's own deployments: every fallback is some other model's own, closed with it."""
-        for deployment in self._chain[0].deployments:
-            await deployment.provider.close()
+        for provider in self.own_providers:
+            await provider.close()
 
     def refusal(self, request: GenerationRequest) -> InvalidRequest | None:
         """Why none of the model's own deployments can honour `request` (the first one's reason), or None when one
@@ -281,14 +288,20 @@ def refusal_of(provider: object, request: GenerationRequest) -> InvalidRequest |
 
 def _says_unhealthy(error: PorticoError) -> bool:
     """Failures that speak of the deployment, not of the caller's request: those another try may not meet, an
-    upstream that timed out, and 5xx answers; not the gateway's own want of connections."""
+    upstream that timed out, 5xx answers, and a rate limit with a retry-after (which takes the deployment out for
+    that long) even when `retry.on_status` does not retry it; not the gateway's own want of connections."""
     if isinstance(error, OutOfResources):
         return False
-    return error.retryable or isinstance(error, UpstreamTimeout) or error.kind.http_status >= 500
+    return (error.retryable or isinstance(error, UpstreamTimeout) or error.kind.http_status >= 500
+            or isinstance(error, RateLimited) and error.retry_after > 0)
 
 
 def _failure_reason(error: PorticoError) -> str:
-    return error.retry_reason or ("timeout" if isinstance(error, UpstreamTimeout) else "other")
+    if error.retry_reason:
+        return error.retry_reason
+    if isinstance(error, RateLimited):  # an upstream's 429 with retry-after that `retry.on_status` passes on
+        return "429"
+    return "timeout" if isinstance(error, UpstreamTimeout) else "other"
 
 
 async def _once(result) -> AsyncIterator:

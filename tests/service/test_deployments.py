@@ -263,7 +263,9 @@ async def test_killing_one_of_two_deployments_mid_load_costs_at_most_its_request
         failed = outcomes.count(False)
         assert in_flight > 0 and failed <= in_flight, (failed, in_flight)
         assert len(outcomes) > 40 and all(outcomes[-10:])  # and the load goes on, on west
-        assert server.core.health.states()[0][2] == "ejected"
+        # Out of service, or awaiting the trial that will eject it again (its cooldown, 0.6 s and then twice as long
+        # after each failed trial, may just have ended): never healthy.
+        assert server.core.health.states()[0][2] in ("ejected", "trial")
 
 
 async def test_a_request_only_some_deployments_can_honour_goes_to_them_rather_than_being_refused(double, tmp_path):

@@ -199,6 +199,16 @@ def test_retry_after_on_a_trial_cools_exactly_that_long_too():
     assert health.ready_at(h, 5.3) == pytest.approx(7.2)  # healthy again: a later ejection starts afresh
 
 
+def test_a_retry_after_met_during_a_cooldown_after_failures_keeps_the_trial_and_its_doubling():
+    """A request sent before the ejection meets a 429 with retry-after during the cooldown: it made the deployment
+    healthy once the longer of the two was over, with no trial and its record of failed trials gone."""
+    h = health.DeploymentHealth(ejected_until=10.0, needs_trial=True, ejections=2)
+    health.failed(h, 5.0, SETTINGS, retry_after=1.0)  # sooner than the cooldown: nothing new
+    assert health.ready_at(h, 5.1) == 10.0 and health.state_of(h, 10.0) == "trial" and h.ejections == 2
+    health.failed(h, 6.0, SETTINGS, retry_after=8.0)  # later: out until then, and then a trial still decides
+    assert health.ready_at(h, 6.1) == 14.0 and health.state_of(h, 14.0) == "trial" and h.ejections == 2
+
+
 def test_a_trial_abandoned_by_its_caller_is_free_for_the_next_request():
     h = health.DeploymentHealth(ejected_until=1.0, needs_trial=True)
     assert health.acquire(h, 1.0)
