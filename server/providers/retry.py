@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from server.domain import RetrySettings
 from server.domain import GenerationEvent, Started, UpstreamObject
-from server.errors import PorticoError, ServiceUnavailable
+from server.errors import PorticoError, ServiceUnavailable, UpstreamMisconfigured
 
 ONE_TRY = RetrySettings(attempts=1)  # providers that are not upstream servers (the embedded model): no retries
 
@@ -134,6 +134,12 @@ class Plan:
             self._refusal = self._refusal or error
             self._tries = [max(1, tries) for tries in self._tries]
             self._not_before = [-math.inf] * len(self._not_before)
+            return
+        if isinstance(error, UpstreamMisconfigured) and not error.retryable:
+            # The deployment's own key, account or model name: another deployment or fallback may serve the request,
+            # this one would only refuse it again.
+            self._failures.append((now, error, step.model, step.deployment))
+            self._not_before[step.deployment] = -math.inf
             return
         if not error.retryable:
             raise error

@@ -206,3 +206,38 @@ async def test_requests_in_flight_through_a_fallback_count_for_the_deployments_b
         double.default_cue = west.default_cue = Cue()
         double.reset()
         west.reset()
+
+
+@pytest.mark.parametrize("refusal", [
+    Cue(401, {"error": {"message": "Incorrect API key provided: sk-up...1234"}}),
+    Cue(402, {"type": "error", "error": {"type": "billing_error", "message": "Your credit balance is too low."}}),
+])
+async def test_a_deployment_that_refuses_the_gateways_key_or_account_passes_the_request_on(double, west, tmp_path,
+                                                                                          refusal):
+    """A bad upstream key (401) or an account out of credit (402) is that deployment's, not the request's: the same
+    request goes at once to the model's other deployment, or to its fallback, instead of half the callers getting a
+    502 until passive health takes the deployment out. The refusing one is not asked twice for one request."""
+    models_yaml = f"""\
+  - id: pair
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(double.url)}}}
+      - {{name: west, provider: {provider(west.url)}}}
+  - {{id: alone, endpoint: /v1/chat/completions, provider: {provider(double.url)}, fallbacks: [spare]}}
+  - {{id: spare, endpoint: /v1/chat/completions, provider: {provider(west.url)}}}
+"""
+    double.reset()
+    west.reset()
+    double.default_cue = refusal
+    try:
+        async with upstream_server(tmp_path, models_yaml) as server:
+            secret = (await server.store.create("refused", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+                for model in ("pair",) * 6 + ("alone",) * 2:
+                    asked = len(double.seen)
+                    await ask(chat, secret, model)  # answered by the other deployment, or the fallback
+                    assert len(double.seen) - asked <= 1
+                assert len(west.seen) == 8
+    finally:
+        double.default_cue = Cue()
