@@ -273,6 +273,12 @@ TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, "
          r"models\[0\]\.health\.max_cooldown_seconds: at least cooldown_seconds \(20\), not 10$"),
         ("{failure_rate: 1.5}", r"models\[0\]\.health\.failure_rate: a share of requests, above 0 and at most 1, "
                                 r"not 1\.5$"),
+        # A window of 1e-12 s made every outcome fail to be written to the shared health file (`--workers`).
+        ("{window_seconds: 0.000000000001}",
+         r"models\[0\]\.health\.window_seconds: from 1 to 86400 seconds, not 1e-12$"),
+        ("{window_seconds: 100000}", r"models\[0\]\.health\.window_seconds: from 1 to 86400 seconds, not 100000$"),
+        ("{cooldown_seconds: 1.0e+300, max_cooldown_seconds: 1.0e+300}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at most a year \(31536000\), not 1e\+300$"),
     ],
 )
 def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, health, message):
