@@ -45,6 +45,9 @@ class Migration:
     description: str
     sqlite: tuple[str, ...]  # statements, run in order (one statement each: no scripts)
     postgresql: tuple[str, ...]
+    # SQLite only: a query finding the change made already, by a Portico from before schema versions (which made its
+    # tables whole): the migration is then recorded without running, as its statements would fail there.
+    sqlite_present: str = ""
 
 
 def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> list[int]:
@@ -52,7 +55,8 @@ def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> l
     _check(migrations)
     db.execute("BEGIN IMMEDIATE")
     try:
-        applied = _apply(db.execute, "?", _SQLITE_HAS_TABLE, [m.sqlite for m in migrations], migrations)
+        applied = _apply(db.execute, "?", _SQLITE_HAS_TABLE, [m.sqlite for m in migrations], migrations,
+                         [m.sqlite_present for m in migrations])
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
@@ -68,7 +72,8 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
     try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
-            return _apply(conn.execute, "%s", _POSTGRES_HAS_TABLE, [m.postgresql for m in migrations], migrations)
+            return _apply(conn.execute, "%s", _POSTGRES_HAS_TABLE, [m.postgresql for m in migrations], migrations,
+                          [""] * len(migrations))
     except psycopg.OperationalError:
         raise  # the database went away or timed out: unreachable, for the callers to say so
     except psycopg.Error as exc:  # refused (a role that may not change the schema, ...): rolled back whole
@@ -78,8 +83,9 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
 
 
 def _apply(execute: Callable[..., Any], placeholder: str, has_table: str, statements: Sequence[tuple[str, ...]],
-           migrations: Sequence[Migration]) -> list[int]:
-    """Inside the caller's locked transaction: run each pending migration's statements and record it."""
+           migrations: Sequence[Migration], present: Sequence[str]) -> list[int]:
+    """Inside the caller's locked transaction: run each pending migration's statements (unless its `present` query
+    finds their change made already) and record it."""
     component = migrations[0].component
     if not list(execute(has_table)):
         execute(_TABLE)
@@ -87,8 +93,10 @@ def _apply(execute: Callable[..., Any], placeholder: str, has_table: str, statem
         f"SELECT version FROM schema_migrations WHERE component = {placeholder}", (component,))}
     pending = _pending(component, applied, migrations)
     for migration in pending:
-        for statement in statements[migration.version - 1]:
-            execute(statement)
+        check = present[migration.version - 1]
+        if not (check and list(execute(check))):
+            for statement in statements[migration.version - 1]:
+                execute(statement)
         execute(f"INSERT INTO schema_migrations VALUES ({', '.join([placeholder] * 4)})",
                 (component, migration.version, migration.description, int(time.time())))
     return [m.version for m in pending]

@@ -42,5 +42,7 @@ MIGRATIONS += (
                 "ALTER TABLE api_keys ADD COLUMN max_spend_month INTEGER"),
         postgresql=("ALTER TABLE api_keys ADD COLUMN max_spend_day BIGINT",
                     "ALTER TABLE api_keys ADD COLUMN max_spend_month BIGINT"),
+        # A keys.db from 9c031ca to 0bd0512 (budgets, not yet schema versions) has both columns from its start.
+        sqlite_present="SELECT 1 FROM pragma_table_info('api_keys') WHERE name = 'max_spend_day'",
     ),
 )

@@ -81,7 +81,8 @@ class Metrics:
                           "prices in the configuration)", ["model", "key_id"], registry=r),
             ledger_written=Counter("portico_ledger_rows_written_total", "Usage ledger rows stored", registry=r),
             ledger_dropped=Counter("portico_ledger_rows_dropped_total", "Usage ledger rows lost: the buffer was "
-                                   "full, or the store could not be written before shutdown", registry=r),
+                                   "full, the store refused their values, or neither it nor the spool took them "
+                                   "before shutdown", registry=r),
             budget_left=Gauge("portico_budget_remaining_microdollars", "What is left of a key's budget (`budget`: "
                               "day or month) after its latest request, in micro-dollars", ["key_id", "budget"],
                               multiprocess_mode="mostrecent", registry=r),

@@ -9,7 +9,7 @@ pause (rows arriving meanwhile do not hurry it); rows that arrive while the buff
 process to start on the data dir writes them. A row may be written twice (a write that succeeded but whose reply
 was lost is retried): rows carry unique ids and sinks insert them once. `close` (at the end of a drain) writes what
 is queued, retrying until its deadline; what still cannot be written stays in the spool for the next start
-(without a spool: counted and logged as dropped). A batch the store refuses for
+(rows the spool could not take, or all without a spool: counted and logged as dropped). A batch the store refuses for
 its values (RowsRefused) is written row by row, and only the rows refused alone are dropped (counted and logged):
 retried, they would hold up every row behind them for good.
 """
@@ -63,6 +63,7 @@ class LedgerWriter:
         self._sink = sink
         self._spool = spool
         self._spool_failing = False  # the spool cannot be written (disk full...): logged once when it starts
+        self._unspooled: set[str] = set()  # ids of queued rows the spool could not take: lost if not stored by the end
         self._marked: dict[str, Segment] = {}  # row id -> the segment holding the mark of a request still running
         self._settings = settings
         self._on_dropped = on_dropped
@@ -124,6 +125,8 @@ class LedgerWriter:
             return False
         if self._spool is not None:
             self._to_spool(self._spool.append, row)  # failing, the row waits in memory only
+            if self._spool_failing:
+                self._unspooled.add(row.id)
         self._queue.append(row)
         # A full batch is written at once, but not while the store fails: each row would retry the write then, and
         # each failed retry doubles the pause, so a burst in a brief outage left the rows waiting 30 s after it.
@@ -200,6 +203,8 @@ class LedgerWriter:
             self._in_flight = 0
         for _ in batch:  # only this task takes rows off the left; new ones are appended on the right meanwhile
             self._queue.popleft()
+        if self._unspooled:
+            self._unspooled.difference_update(row.id for row in batch)
         self._adopted = max(0, self._adopted - len(batch))
         for row, why in refused:
             _logger.error("usage ledger: the store refuses row %s of key %s (%s)", row.id, row.key_id, why)
@@ -279,12 +284,15 @@ class LedgerWriter:
         deadline = time.monotonic() + timeout
         while not await self._write_all() and time.monotonic() < deadline:
             await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        if self._queue and self._spool is not None:
+        # Without a spool, or where it could not take them (a full disk fails it and keys.db alike), rows are lost.
+        lost = len(self._queue) if self._spool is None else sum(row.id in self._unspooled for row in self._queue)
+        if kept := len(self._queue) - lost:
             _logger.error("usage ledger: %d row(s) could not be written before shutdown; they stay in the spool, "
-                          "written by the next process to start on this data dir", len(self._queue))
-        elif self._queue:
-            lost, self._queue = len(self._queue), deque()
+                          "written by the next process to start on this data dir", kept)
+        if lost:
+            self._queue = deque()
             self._drop_logged_at = -_DROP_LOG_EVERY
-            self._drop(lost, "the store could not be written before shutdown")
+            self._drop(lost, "the store could not be written before shutdown"
+                       + (", nor the spool" if self._spool is not None else ""))
         if self._spool is not None:
             self._spool.close()

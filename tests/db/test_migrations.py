@@ -310,3 +310,32 @@ def test_a_role_without_create_serves_a_database_already_up_to_date(postgres_ser
     done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), *command],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_keys_db_made_with_budgets_before_schema_versions_is_upgraded_in_place(tmp_path):
+    """Portico between budgets (9c031ca) and schema versions (e65cf68) made api_keys with the budget columns already:
+    migration 2, adding them, stopped every start and `portico keys` on such a data dir with 'duplicate column
+    name: max_spend_day'. Now the columns found there are taken for migration 2, and the keys keep their budgets."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    db = sqlite3.connect(data_dir / "keys.db")
+    db.executescript(  # as server/keys/store.py at 9c031ca wrote it
+        "CREATE TABLE api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL, secret_hash TEXT NOT NULL UNIQUE, "
+        "all_models INTEGER NOT NULL, models TEXT NOT NULL, env TEXT NOT NULL DEFAULT '', admin INTEGER NOT NULL "
+        "DEFAULT 0, created INTEGER NOT NULL, revoked_at INTEGER NOT NULL DEFAULT 0, requests_per_minute INTEGER, "
+        "tokens_per_minute INTEGER, concurrent_requests INTEGER, daily_tokens INTEGER, daily_requests INTEGER, "
+        "max_spend_day INTEGER, max_spend_month INTEGER);"
+        "CREATE TABLE retired_secrets (secret_hash TEXT PRIMARY KEY, key_id TEXT NOT NULL, expires_at INTEGER NOT "
+        "NULL);"
+        "INSERT INTO api_keys (id, name, secret_hash, all_models, models, env, created, max_spend_day) VALUES "
+        "('key_0123456789abcdef', 'old', 'h', 1, '', 'prod', 1, 5000000);"
+    )
+    db.close()
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), "keys", "list"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "key_0123456789abcdef" in done.stdout
+    with _closing(connect_sqlite(data_dir / "keys.db")) as db:
+        assert db.execute("SELECT max_spend_day FROM api_keys").fetchall() == [(5000000,)]
+        assert {r[0] for r in db.execute("SELECT version FROM schema_migrations WHERE component = 'keys'")} == {
+            m.version for m in KEY_MIGRATIONS}

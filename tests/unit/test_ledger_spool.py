@@ -3,6 +3,7 @@ start on the same directory, once each; a live process's rows are left to it."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -84,6 +85,36 @@ async def test_rows_the_store_refused_until_shutdown_stay_for_the_next_start(tmp
     second.start()
     await second.close()
     assert sorted(r.id for r in sink.db.rows()) == ["r1", "r2"]
+
+
+async def test_rows_neither_stored_nor_spooled_by_shutdown_are_counted_as_lost(tmp_path, caplog, monkeypatch):
+    """A full disk fails keys.db's writes and the spool's alike. The rows that waited in memory only were lost at the
+    stop, logged as staying in the spool, and not counted in portico_ledger_rows_dropped_total."""
+    sink = FlakySink(tmp_path / "l.db")
+    sink.down = True
+    dropped: list[int] = []
+    first = LedgerWriter(sink, SLOW, on_dropped=dropped.append, spool=LedgerSpool(tmp_path / "spool"))
+    first.start()
+    first.append(row(1))  # in the spool
+    real_append = LedgerSpool.append
+
+    def disk_full(self, value):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LedgerSpool, "append", disk_full)
+    first.append(row(2))  # in memory only
+    first.append(row(3))
+    monkeypatch.setattr(LedgerSpool, "append", real_append)
+    with caplog.at_level(logging.ERROR, logger="server.usage.writer"):
+        await first.close(timeout=0.3)
+    assert dropped == [2]
+    assert "1 row(s) could not be written before shutdown; they stay in the spool" in caplog.text
+    assert "dropped 2 row(s)" in caplog.text
+    sink.down = False
+    second = LedgerWriter(sink, SLOW, spool=LedgerSpool(tmp_path / "spool"))
+    second.start()
+    await second.close()
+    assert [r.id for r in sink.db.rows()] == ["r1"]
 
 
 async def test_a_torn_line_is_skipped_and_logged(tmp_path, caplog):
