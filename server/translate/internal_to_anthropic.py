@@ -82,7 +82,9 @@ async def message_events(header: ResponseHeader, events: AsyncIterator[Generatio
     which is also the SSE event name."""
     first = await anext(events)
     if isinstance(first, UpstreamObject) and first.dialect is Dialect.ANTHROPIC:
-        async for event in _relayed_events(header, first, events):
+        relayed = _relayed_events(header, first, events)
+        del first  # the upstream's message_start: not held here while the stream runs
+        async for event in relayed:
             yield event
         return
     while isinstance(first, UpstreamObject):  # another dialect's: rendered from the internal events instead
@@ -113,16 +115,17 @@ async def _relayed_events(
     the counts the limits settle (message_start's once the prompt's count follows it; message_delta's, and what comes
     after it, wait for the answer's end, which the next events bring)."""
     start: dict | None = _owned_event(header, first.payload)
+    del first  # neither it nor the start made of it is held once sent
     started = start.get("message") if start.get("type") == "message_start" else None
     if not isinstance(started, dict) or isinstance(started.get("usage"), Mapping):
         yield start
-        start = None
+        start = started = None
     held: list[dict] = []  # a message_delta without usage, and the events after it
     async for event in events:
         if isinstance(event, Started) and start is not None:
             started["usage"] = {"input_tokens": event.input_tokens, "output_tokens": 0}
             yield start
-            start = None
+            start = started = None
         elif isinstance(event, UpstreamObject):
             out = _owned_event(header, event.payload)
             if held or out.get("type") == "message_delta" and not isinstance(out.get("usage"), Mapping):
