@@ -108,7 +108,7 @@ class _Counters:
         if dimension is Dimension.TOKENS_PER_MINUTE:
             used = self.window_tokens + tokens
             wait = math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, tick)
-            return used, wait
+            return used, wait if used else 0.0  # no tokens counted: none to go down
         if dimension is Dimension.CONCURRENT_REQUESTS:
             return self.in_flight + 1, CONCURRENCY_RETRY_SECONDS
         if dimension is Dimension.DAILY_REQUESTS:
@@ -126,16 +126,15 @@ class _Counters:
         return self.month_held_spend if dimension is Dimension.MONTHLY_SPEND else 0
 
     def _window_wait(self, excess: int, weight, tick: float) -> float:
-        """Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves
-        (the reset time of an admitted request, whose own entry is not in the window yet)."""
-        if excess <= 0:
-            return self.window[0].at + WINDOW_SECONDS - tick if self.window else WINDOW_SECONDS
-        freed = 0
+        """Seconds until entries worth `excess` have left the window; with no excess, until the count next goes
+        down (the reset time of an admitted request): when the oldest entry that counts leaves (an entry without
+        tokens frees no tokens), else when its own, not in the window yet, does."""
+        freed, excess = 0, max(excess, 1)
         for entry in self.window:
             freed += weight(entry)
             if freed >= excess:
                 return entry.at + WINDOW_SECONDS - tick
-        return WINDOW_SECONDS  # not reached: the excess is never more than the window holds
+        return WINDOW_SECONDS
 
 
 @dataclass(slots=True)

@@ -53,13 +53,15 @@ local function prune(win, wtok, wsum, slots)
   redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)  -- leases that ran out: their holder is gone
 end
 
--- Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves.
+-- Seconds until entries worth `excess` have left the window; with no excess, until the count next goes down: the
+-- oldest entry that counts leaves (one without tokens frees no tokens), else the request's own, not booked yet.
 local function window_wait(win, wtok, excess, by_tokens)
-  if excess <= 0 then
+  if excess <= 0 and not by_tokens then
     local first = redis.call('ZRANGE', win, 0, 0, 'WITHSCORES')
     if #first == 0 then return window end
     return tonumber(first[2]) + window - now
   end
+  excess = math.max(excess, 1)
   if not by_tokens then
     local entry = redis.call('ZRANGE', win, excess - 1, excess - 1, 'WITHSCORES')
     return tonumber(entry[2]) + window - now
@@ -117,7 +119,8 @@ for i = 0, scopes - 1 do
   if tpm > 0 then
     local used = (tonumber(redis.call('GET', wsum)) or 0) + tokens
     local wait = 'inf'
-    if tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
+    if used == 0 then wait = '0'  -- no tokens counted: none to go down
+    elseif tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
     reading(i, 1, tpm, used, wait, true, window_held(used, tpm))
   end
   if concurrent > 0 then
