@@ -107,8 +107,9 @@ class _Counters:
             return used, self._window_wait(used - limit, lambda e: 1, tick)
         if dimension is Dimension.TOKENS_PER_MINUTE:
             used = self.window_tokens + tokens
-            wait = math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, tick)
-            return used, wait if used else 0.0  # no tokens counted: none to go down
+            if not used:  # no tokens counted: none to go down (and no entries to walk)
+                return used, 0.0
+            return used, math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, tick)
         if dimension is Dimension.CONCURRENT_REQUESTS:
             return self.in_flight + 1, CONCURRENCY_RETRY_SECONDS
         if dimension is Dimension.DAILY_REQUESTS:
