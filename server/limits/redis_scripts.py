@@ -179,7 +179,8 @@ return out
 
 # KEYS: the reservation record, then six keys per scope (the day and month keys of the reservation's day).
 # ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl, used cost, estimated cost, record ttl.
-# Returns 1, or 0 if already settled (or never booked).
+# Returns {1, then per scope its day's and month's spend after it (-1: that day's or month's counters are gone)}, or 0
+# if already settled (or never booked).
 SETTLE = """
 local record = redis.call('GET', KEYS[1])
 if record ~= '1' then
@@ -195,6 +196,7 @@ local id, used, estimate, refund = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local window_ttl = tonumber(ARGV[5])
 local cost_change = tonumber(ARGV[6]) - tonumber(ARGV[7])
 if refund then cost_change = 0 - tonumber(ARGV[7]) end
+local out = {1}
 for i = 0, (#KEYS - 1) / 6 - 1 do
   local k = 1 + i * 6
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
@@ -212,6 +214,7 @@ for i = 0, (#KEYS - 1) / 6 - 1 do
     end
     for _, key in ipairs({win, wtok, wsum}) do redis.call('EXPIRE', key, window_ttl) end
   end
+  local day_spend, month_spend = -1, -1
   if redis.call('EXISTS', day) == 1 then  -- corrections go to the day the request was counted in
     if refund then
       redis.call('HINCRBY', day, 'tokens', 0 - estimate)  -- not -estimate: Lua's -0 reaches Redis as "-0"
@@ -219,16 +222,18 @@ for i = 0, (#KEYS - 1) / 6 - 1 do
     else
       redis.call('HINCRBY', day, 'tokens', used - estimate)
     end
-    redis.call('HINCRBY', day, 'spend', cost_change)
+    day_spend = redis.call('HINCRBY', day, 'spend', cost_change)
     redis.call('HINCRBY', day, 'held_tokens', 0 - estimate)
     redis.call('HINCRBY', day, 'held_spend', 0 - tonumber(ARGV[7]))
   end
   if redis.call('EXISTS', month) == 1 then
-    redis.call('HINCRBY', month, 'spend', cost_change)
+    month_spend = redis.call('HINCRBY', month, 'spend', cost_change)
     redis.call('HINCRBY', month, 'held_spend', 0 - tonumber(ARGV[7]))
   end
+  out[#out + 1] = day_spend
+  out[#out + 1] = month_spend
 end
-return 1
+return out
 """
 
 # KEYS: per reservation, its record, then its scopes' slots sets. ARGV: lease expiry, the sets' ttl, then per
