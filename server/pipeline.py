@@ -10,7 +10,6 @@ and first-token times) goes on the RPC's telemetry record, which the interceptor
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
-from server.limits.core import Dimension
+from server.limits.core import Dimension, Reading
 from server.metering import Meter, metered, started
 from server.observability import RequestRecord, Telemetry
 from server.providers import (
@@ -217,8 +216,7 @@ class Pipeline:
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
             if reached_model:
-                self._limiter.settle(reservation, used, call.record.cost_micros)
-                self._budgets_left(reservation, call.record.cost_micros)
+                self._limiter.settle(reservation, used, call.record.cost_micros, self._budgets_left)
 
     async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
         if self._cache is None or call.model.cache is None:
@@ -352,9 +350,9 @@ class Pipeline:
         return cost > 0 or any((fallback := self._catalog.get(model_id)) is not None and not fallback.price.free
                                for model_id in model.fallbacks)
 
-    def _budgets_left(self, reservation: Reservation, cost: int) -> None:
-        """The key's budgets as Prometheus gauges: what admission read, with this request's real cost."""
-        for reading, left in reservation.budgets_left(cost, time.time()):
+    def _budgets_left(self, budgets_left: list[tuple[Reading, int]]) -> None:
+        """The key's budgets as Prometheus gauges, once a request's settlement was taken."""
+        for reading, left in budgets_left:
             if reading.scope.kind == "key":
                 budget = "day" if reading.dimension is Dimension.DAILY_SPEND else "month"
                 self._telemetry.budget_left(reading.scope.id, budget, left)
@@ -392,8 +390,8 @@ class Pipeline:
                 call.record.model_answered = True
                 _account(call, self._served_price(call), images=len(images))
             if reached_model:
-                self._limiter.settle(reservation, 0, call.record.cost_micros)  # one request, as in `stream`
-                self._budgets_left(reservation, call.record.cost_micros)
+                # One request, as in `stream`.
+                self._limiter.settle(reservation, 0, call.record.cost_micros, self._budgets_left)
         if watch.caller_left:  # counted, with nobody to answer: the interceptor records it as gone (499)
             raise asyncio.CancelledError
         await _send_headers(call, reservation)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from server.domain_keys import KEY_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import ServiceUnavailable
 from server.limits.core import (
-    Demand, LimitStore, LimitStoreUnavailable, Orphan, Reading, Reservation, ReservationIds, Scope,
+    Demand, LimitStore, LimitStoreUnavailable, Orphan, Reading, Reservation, ReservationIds, Scope, Spent,
     ratelimit_headers,
 )
 from server.limits.settings import LimitSettings
@@ -124,11 +124,19 @@ class Limiter:
         if not decision.cancelled() and decision.exception() is None:
             self.release(decision.result())
 
-    def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
+    def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0,
+               budgets_left: Callable[[list[tuple[Reading, int]]], None] | None = None) -> None:
         """Replace the reservation's estimates with what the request used. Never waits, so it cannot be interrupted:
-        it runs on exit paths, often after the answer went out, in a task being cancelled because its caller left."""
-        if reservation.held:
-            self._finish(functools.partial(self._store.settle, reservation, used_tokens, used_cost))
+        it runs on exit paths, often after the answer went out, in a task being cancelled because its caller left.
+        `budgets_left` is told what is left of the request's budgets once the store took it (Reservation.budgets_left).
+        """
+        if not reservation.held:
+            return
+        report = None
+        if budgets_left is not None and reservation.budgets:
+            def report(spent: Spent) -> None:
+                budgets_left(reservation.budgets_left(spent, time.time()))
+        self._finish(functools.partial(self._store.settle, reservation, used_tokens, used_cost), report=report)
 
     def release(self, reservation: Reservation) -> None:
         """Undo the reservation: its request never reached a model (its caller left while it was being admitted,
@@ -164,16 +172,19 @@ class Limiter:
         for orphan, settled in orphans:
             self._finish(functools.partial(self._store.settle_orphan, orphan), settled)
 
-    def _finish(self, attempt: Callable[[], Coroutine[Any, Any, None]],
-                settled: Callable[[], None] | None = None) -> None:
+    def _finish(self, attempt: Callable[[], Coroutine[Any, Any, Any]], settled: Callable[[], None] | None = None,
+                report: Callable[[Any], None] | None = None) -> None:
         """At once for a store that does not wait; else in a task held here, retried until taken (`_until_taken`).
-        `settled` is called once the store took it (not when it gave up: the estimates are still counted)."""
+        `settled` is called once the store took it (not when it gave up: the estimates are still counted), `report`
+        with what the store answered."""
         if self._immediate:
-            _run_now(_logged(attempt()))
+            result = _run_now(_logged(attempt()))
             if settled is not None:
                 settled()
+            if report is not None and result is not None:
+                report(result)
         else:
-            task = self._spawn(self._until_taken(attempt, kept=settled is not None))
+            task = self._spawn(self._until_taken(attempt, kept=settled is not None, report=report))
             if settled is not None:
                 task.add_done_callback(lambda done: not done.cancelled() and done.result() and settled())
 
@@ -181,7 +192,8 @@ class Limiter:
         """Wait for the settlements under way now (tests, diagnostics)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _until_taken(self, attempt: Callable[[], Awaitable[None]], *, kept: bool = False) -> bool:
+    async def _until_taken(self, attempt: Callable[[], Awaitable[Any]], *, kept: bool = False,
+                           report: Callable[[Any], None] | None = None) -> bool:
         """Run `attempt` until the store takes it: a settlement lost would leave the reservation's estimates counted
         for good (tokens, spend), against the usage ledger. Retried with backoff for up to SETTLE_RETRY_SECONDS; a
         drain gives each its last try at once. Retrying is safe: the store ignores a second settlement. False when
@@ -191,9 +203,11 @@ class Limiter:
         while True:
             tries += 1
             try:
-                await attempt()
+                result = await attempt()
                 if tries > 1:
                     _logger.info("settled a rate-limit reservation after %d tries", tries)
+                if report is not None:
+                    report(result)
                 return True
             except LimitStoreUnavailable as exc:
                 if self._draining.is_set() or time.monotonic() + delay > give_up:
@@ -236,12 +250,13 @@ def _run_now(work: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("a limit store that declares itself immediate waited")
 
 
-async def _logged(work: Awaitable[None]) -> None:
+async def _logged(work: Awaitable[T]) -> T | None:
     """Settling fails quietly: the caller's answer is already decided (an immediate store does not fail to answer)."""
     try:
-        await work
+        return await work
     except Exception:  # noqa: BLE001
         _logger.exception("could not settle a rate-limit reservation")
+        return None
 
 
 def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:

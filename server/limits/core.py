@@ -31,6 +31,9 @@ _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()  # day 0 of day_of, as a proleptic
 CONCURRENCY_RETRY_SECONDS = 1.0  # a slot frees when some request ends, which nobody can predict: a nominal hint
 
 Clock = Callable[[], float]  # unix seconds; injected so that tests can move time
+# What a settlement leaves spent, per scope id: (the day's, the month's) micro-dollars of the reservation's UTC day
+# and month, with what requests in flight hold; None where the store no longer holds that day or month.
+Spent = dict[str, tuple[int | None, int | None]]
 
 
 class Dimension(str, enum.Enum):
@@ -155,13 +158,20 @@ class Reservation:
     held: bool = True  # False: admitted without counting (the store was unreachable and the policy is fail-open)
     budgets: tuple[Reading, ...] = ()  # the budgets that apply, as read at admission (for the budget gauges)
 
-    def budgets_left(self, cost: int, now: float) -> list[tuple[Reading, int]]:
-        """What is left of each budget after this request, in micro-dollars: what admission read, with its real
-        `cost`; nothing, not less, when that took it over (a dearer fallback answered). Not of a budget whose UTC day
-        or month ended since: that reading says nothing of the new one."""
-        return [(r, max(0, r.limit - r.used + self.demand.cost - cost)) for r in self.budgets
-                if (day_of(now) == day_of(self.at) if r.dimension is Dimension.DAILY_SPEND
-                    else month_of(now) == month_of(self.at))]
+    def budgets_left(self, spent: Spent, now: float) -> list[tuple[Reading, int]]:
+        """What is left of each budget now that this request has ended, in micro-dollars: its limit less the spend
+        the store counted once it settled (`spent`, requests that ended meanwhile and what those in flight hold
+        included, as the limit status counts it; not what admission read, which missed every request admitted
+        after it); nothing, not less, when a dearer fallback took it over. Not of a budget whose UTC day or month
+        ended since: that spend says nothing of the new one."""
+        left = []
+        for r in self.budgets:
+            daily = r.dimension is Dimension.DAILY_SPEND
+            if (day_of(now) == day_of(self.at)) if daily else (month_of(now) == month_of(self.at)):
+                day, month = spent.get(r.scope.id, (None, None))
+                if (used := day if daily else month) is not None:
+                    left.append((r, max(0, r.limit - used)))
+        return left
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +247,9 @@ class LimitStore(Protocol):
         Raise RateLimited (naming the limit) if any limit would be exceeded; then nothing is counted."""
         ...
 
-    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
-        """Replace the estimates with the tokens and cost really used and free the slot. A second call does
-        nothing."""
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> Spent:
+        """Replace the estimates with the tokens and cost really used and free the slot; what is spent then. A
+        second call does nothing (and returns nothing)."""
         ...
 
     async def release(self, reservation: Reservation) -> None:

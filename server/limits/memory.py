@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Orphan, Reading, Reservation, Scope, day_of,
-    ReservationIds, month_of, until_midnight, until_month_end, verdict,
+    ReservationIds, Spent, month_of, until_midnight, until_month_end, verdict,
 )
 from server.limits.daily_file import load_daily, save_daily
 from server.limits.standing import Counts
@@ -107,8 +107,9 @@ class _Counters:
             return used, self._window_wait(used - limit, lambda e: 1, tick)
         if dimension is Dimension.TOKENS_PER_MINUTE:
             used = self.window_tokens + tokens
-            wait = math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, tick)
-            return used, wait
+            if not used:  # no tokens counted: none to go down (and no entries to walk)
+                return used, 0.0
+            return used, math.inf if tokens > limit else self._window_wait(used - limit, lambda e: e.tokens, tick)
         if dimension is Dimension.CONCURRENT_REQUESTS:
             return self.in_flight + 1, CONCURRENCY_RETRY_SECONDS
         if dimension is Dimension.DAILY_REQUESTS:
@@ -126,16 +127,15 @@ class _Counters:
         return self.month_held_spend if dimension is Dimension.MONTHLY_SPEND else 0
 
     def _window_wait(self, excess: int, weight, tick: float) -> float:
-        """Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves
-        (the reset time of an admitted request, whose own entry is not in the window yet)."""
-        if excess <= 0:
-            return self.window[0].at + WINDOW_SECONDS - tick if self.window else WINDOW_SECONDS
-        freed = 0
+        """Seconds until entries worth `excess` have left the window; with no excess, until the count next goes
+        down (the reset time of an admitted request): when the oldest entry that counts leaves (an entry without
+        tokens frees no tokens), else when its own, not in the window yet, does."""
+        freed, excess = 0, max(excess, 1)
         for entry in self.window:
             freed += weight(entry)
             if freed >= excess:
                 return entry.at + WINDOW_SECONDS - tick
-        return WINDOW_SECONDS  # not reached: the excess is never more than the window holds
+        return WINDOW_SECONDS
 
 
 @dataclass(slots=True)
@@ -234,16 +234,17 @@ class MemoryLimitStore:
                            c.month, c.month_spend - c.month_held_spend)
                 for scope_id, c in self._scopes.items()}
 
-    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
-        self._finish(reservation, used_tokens, used_cost, refund=False)
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> Spent:
+        return self._finish(reservation, used_tokens, used_cost, refund=False)
 
     async def release(self, reservation: Reservation) -> None:
         self._finish(reservation, 0, 0, refund=True)
 
-    def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> None:
+    def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> Spent:
         held = self._held.pop(reservation.id, None)
+        spent: Spent = {}
         if held is None:
-            return
+            return spent
         now, tick = self._clock(), self._monotonic()
         change = used_tokens - reservation.demand.tokens
         cost_change = used_cost - reservation.demand.cost
@@ -266,9 +267,12 @@ class MemoryLimitStore:
                 counters.day_spend += cost_change
                 counters.day_held_tokens -= reservation.demand.tokens
                 counters.day_held_spend -= reservation.demand.cost
-            if same_day or counters.month == entry.month:  # the same day is the same month
+            same_month = same_day or counters.month == entry.month  # the same day is the same month
+            if same_month:
                 counters.month_spend += cost_change
                 counters.month_held_spend -= reservation.demand.cost
+            spent[scope_id] = (counters.day_spend if same_day else None, counters.month_spend if same_month else None)
+        return spent
 
     def booked(self, reservation: Reservation) -> None:
         return None  # its counts die with it, but the day's and month's, saved without what running requests hold

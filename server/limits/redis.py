@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
-    Orphan, Reading, Reservation, ReservationIds, day_of, month_of, until_month_end, verdict,
+    Orphan, Reading, Reservation, ReservationIds, Spent, day_of, month_of, until_month_end, verdict,
 )
 from server.limits.redis_pipe import Dispatch, RedisPipe, Refusing, Script
 from server.limits.redis_scripts import RENEW, RESERVE, SETTLE
@@ -137,21 +137,22 @@ class RedisLimitStore:
             self._renewer = asyncio.create_task(self._renew_leases())
         return reservation
 
-    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> None:
-        await self._finish(reservation, used_tokens, used_cost, refund=False)
+    async def settle(self, reservation: Reservation, used_tokens: int, used_cost: int = 0) -> Spent:
+        return await self._finish(reservation, used_tokens, used_cost, refund=False)
 
     async def release(self, reservation: Reservation) -> None:
         await self._finish(reservation, 0, 0, refund=True)
 
-    async def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> None:
+    async def _finish(self, reservation: Reservation, used_tokens: int, used_cost: int, *, refund: bool) -> Spent:
         # Its lease is renewed no more: the request is over, even if Redis does not take this now. Not a reason to
         # skip the script, which a retry after a timeout needs (it ignores a reservation settled already).
         self._held.pop(reservation.id, None)
         if (booked := self.booked(reservation)) is None:
-            return  # nothing was counted
+            return {}  # nothing was counted
         reservation_id, at, scope_ids, tokens, cost = booked
         used_tokens, used_cost = _booked(reservation.demand, used_tokens, used_cost)
-        await self._settle(reservation_id, at, scope_ids, (used_tokens, tokens), (used_cost, cost), refund=refund)
+        return await self._settle(reservation_id, at, scope_ids, (used_tokens, tokens), (used_cost, cost),
+                                  refund=refund)
 
     def booked(self, reservation: Reservation) -> tuple | None:
         if not reservation.demand.scopes:
@@ -164,14 +165,19 @@ class RedisLimitStore:
                            refund=False)
 
     async def _settle(self, reservation_id: str, at: float, scope_ids: Iterable[str], tokens: tuple[int, int],
-                      cost: tuple[int, int], *, refund: bool) -> None:
+                      cost: tuple[int, int], *, refund: bool) -> Spent:
         """`tokens` and `cost`: (used, as booked)."""
+        scope_ids = list(scope_ids)
         keys = [self._record_key(reservation_id)]
         for scope_id in scope_ids:
             keys += self._scope_keys(scope_id, at)
         window_ttl = int(WINDOW_SECONDS + self._lease) + 1
         args = [reservation_id, tokens[0], tokens[1], int(refund), window_ttl, cost[0], cost[1], _RECORD_TTL]
-        await self._run(self._settle_script, keys, args)
+        reply = await self._run(self._settle_script, keys, args)
+        if not isinstance(reply, list):  # settled before: nothing changed
+            return {}
+        spends = [None if int(v) < 0 else int(v) for v in reply[1:]]
+        return {scope_id: (spends[2 * i], spends[2 * i + 1]) for i, scope_id in enumerate(scope_ids)}
 
     async def _renew_leases(self) -> None:
         """Every lease/3 seconds, push the lease of every slot this process holds, and the expiry of the sets

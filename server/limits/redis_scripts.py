@@ -53,13 +53,15 @@ local function prune(win, wtok, wsum, slots)
   redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)  -- leases that ran out: their holder is gone
 end
 
--- Seconds until entries worth `excess` have left the window; with no excess, until the oldest leaves.
+-- Seconds until entries worth `excess` have left the window; with no excess, until the count next goes down: the
+-- oldest entry that counts leaves (one without tokens frees no tokens), else the request's own, not booked yet.
 local function window_wait(win, wtok, excess, by_tokens)
-  if excess <= 0 then
+  if excess <= 0 and not by_tokens then
     local first = redis.call('ZRANGE', win, 0, 0, 'WITHSCORES')
     if #first == 0 then return window end
     return tonumber(first[2]) + window - now
   end
+  excess = math.max(excess, 1)
   if not by_tokens then
     local entry = redis.call('ZRANGE', win, excess - 1, excess - 1, 'WITHSCORES')
     return tonumber(entry[2]) + window - now
@@ -117,7 +119,8 @@ for i = 0, scopes - 1 do
   if tpm > 0 then
     local used = (tonumber(redis.call('GET', wsum)) or 0) + tokens
     local wait = 'inf'
-    if tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
+    if used == 0 then wait = '0'  -- no tokens counted: none to go down
+    elseif tokens <= tpm then wait = tostring(window_wait(win, wtok, used - tpm, true)) end
     reading(i, 1, tpm, used, wait, true, window_held(used, tpm))
   end
   if concurrent > 0 then
@@ -176,7 +179,8 @@ return out
 
 # KEYS: the reservation record, then six keys per scope (the day and month keys of the reservation's day).
 # ARGV: id, used tokens, estimated tokens, refund (1 or 0), window ttl, used cost, estimated cost, record ttl.
-# Returns 1, or 0 if already settled (or never booked).
+# Returns {1, then per scope its day's and month's spend after it (-1: that day's or month's counters are gone)}, or 0
+# if already settled (or never booked).
 SETTLE = """
 local record = redis.call('GET', KEYS[1])
 if record ~= '1' then
@@ -192,6 +196,7 @@ local id, used, estimate, refund = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local window_ttl = tonumber(ARGV[5])
 local cost_change = tonumber(ARGV[6]) - tonumber(ARGV[7])
 if refund then cost_change = 0 - tonumber(ARGV[7]) end
+local out = {1}
 for i = 0, (#KEYS - 1) / 6 - 1 do
   local k = 1 + i * 6
   local win, wtok, wsum, slots, day = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
@@ -209,6 +214,7 @@ for i = 0, (#KEYS - 1) / 6 - 1 do
     end
     for _, key in ipairs({win, wtok, wsum}) do redis.call('EXPIRE', key, window_ttl) end
   end
+  local day_spend, month_spend = -1, -1
   if redis.call('EXISTS', day) == 1 then  -- corrections go to the day the request was counted in
     if refund then
       redis.call('HINCRBY', day, 'tokens', 0 - estimate)  -- not -estimate: Lua's -0 reaches Redis as "-0"
@@ -216,16 +222,18 @@ for i = 0, (#KEYS - 1) / 6 - 1 do
     else
       redis.call('HINCRBY', day, 'tokens', used - estimate)
     end
-    redis.call('HINCRBY', day, 'spend', cost_change)
+    day_spend = redis.call('HINCRBY', day, 'spend', cost_change)
     redis.call('HINCRBY', day, 'held_tokens', 0 - estimate)
     redis.call('HINCRBY', day, 'held_spend', 0 - tonumber(ARGV[7]))
   end
   if redis.call('EXISTS', month) == 1 then
-    redis.call('HINCRBY', month, 'spend', cost_change)
+    month_spend = redis.call('HINCRBY', month, 'spend', cost_change)
     redis.call('HINCRBY', month, 'held_spend', 0 - tonumber(ARGV[7]))
   end
+  out[#out + 1] = day_spend
+  out[#out + 1] = month_spend
 end
-return 1
+return out
 """
 
 # KEYS: per reservation, its record, then its scopes' slots sets. ARGV: lease expiry, the sets' ttl, then per

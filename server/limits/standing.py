@@ -29,6 +29,9 @@ class Counts:
 def standing(scope: Scope, counts: Counts) -> list[Reading]:
     readings, now = [], counts.at
     to_window_end = counts.window[0][0] + WINDOW_SECONDS - now if counts.window else 0.0
+    # The tokens go down when the first entry with tokens leaves: one without (a token count, an image, a failed
+    # request) frees none.
+    to_tokens_end = next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0)
     for dimension in Dimension:
         limit = scope.limit(dimension)
         if limit is None:
@@ -36,7 +39,7 @@ def standing(scope: Scope, counts: Counts) -> list[Reading]:
         if dimension is Dimension.REQUESTS_PER_MINUTE:
             used, wait = len(counts.window), to_window_end
         elif dimension is Dimension.TOKENS_PER_MINUTE:
-            used, wait = sum(tokens for _, tokens in counts.window), to_window_end
+            used, wait = sum(tokens for _, tokens in counts.window), to_tokens_end
         elif dimension is Dimension.CONCURRENT_REQUESTS:
             used, wait = counts.in_flight, 0.0  # a slot frees when some request ends: nobody can say when
         elif dimension is Dimension.DAILY_REQUESTS:

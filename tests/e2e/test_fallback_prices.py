@@ -184,3 +184,19 @@ def test_images_a_dearer_fallback_drew_cost_its_price(gateway, double):
     assert (row["upstream"], row["images"]) == ("image-dear", 2)
     assert row["cost_microdollars"] == round(2 * IMAGE_DEAR * 1_000_000)
     counted_alike(gateway, key_id, headers, row, before)
+
+
+def test_the_budget_gauge_counts_what_requests_that_ran_meanwhile_spent(gateway, double):
+    """portico_budget_remaining_microdollars: a stream admitted first and ended last set it to what its admission
+    read less its own cost, as if the request that was answered while it ran had spent nothing."""
+    key_id, client = key(gateway, "gauge", "--max-spend-day", "100")
+    headers = admin(gateway)
+    double.cue(Cue(frame_delay=0.3))  # the stream takes a second or two
+    stream = client.chat.completions.create(model="dear", messages=HELLO, max_tokens=8, stream=True)
+    client.chat.completions.create(model="dear", messages=HELLO, max_tokens=8)  # answered while the stream runs
+    list(stream)
+    found = rows(gateway, key_id, headers, want=2)  # both have ended, and paid
+    assert len(found) == 2 and all(row["cost_microdollars"] > 0 for row in found), found
+    left = 100_000_000 - spent_today(gateway, key_id, headers)
+    assert left == 100_000_000 - sum(row["cost_microdollars"] for row in found)
+    assert value(scrape(gateway), "portico_budget_remaining_microdollars", key_id=key_id, budget="day") == left

@@ -211,3 +211,21 @@ def test_a_daily_quota_held_by_a_request_in_flight_is_retried_soon_not_at_utc_mi
     assert "x-should-retry" not in headers and headers["retry-after"] == "1", headers
     assert "held by requests in flight until they end" in refused.message
     _answered_within(5.0, ask)  # the stream is gone: what it held is back, apart from what it used
+
+
+def test_tokens_per_minute_reset_says_when_tokens_free_up_not_when_a_count_leaves(gateway):
+    """A token count has its place in the minute's window but no tokens: the key's limit status said its tokens per
+    minute went down in ~60 s with none used, and the next answer's x-ratelimit-reset-tokens said tokens freed up when
+    the count left the window, though none did then."""
+    out = gateway.cli("keys", "create", "--name", "limited", "--all-models", "--tpm", "3000").stdout.split()
+    key_id, secret = out[2], out[-1]
+    admin = create_key(gateway, "--admin")
+    anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0).messages.count_tokens(
+        model="family-b-sonnet-4-6", messages=HI)
+    status = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", timeout=30,
+                       headers={"authorization": f"Bearer {admin}"}).json()
+    assert [(s["used"], s["reset_seconds"]) for s in status["limits"] if s["limit"] == "tokens_per_minute"] == [(0, 0)]
+    time.sleep(1.5)  # the count is well into the window now
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
+    answer = client.chat.completions.with_raw_response.create(model="family-a-5.5", messages=HI, max_tokens=1)
+    assert answer.headers["x-ratelimit-reset-tokens"] == "1m0s"  # its own tokens, the only ones, leave in a minute

@@ -150,12 +150,23 @@ async def test_what_is_left_after_a_request_that_ran_past_midnight_is_not_put_on
     await store.settle(await store.reserve(demand(6_000, max_spend_day=10_000, max_spend_month=50_000)), 10, 6_000)
     clock.advance(12 * 3600 - 1)  # 23:59:59 UTC on January 1st
     running = await store.reserve(wanted)
-    assert {r.dimension: left for r, left in running.budgets_left(2_000, clock.now)} == {
-        Dimension.DAILY_SPEND: 2_000, Dimension.MONTHLY_SPEND: 42_000}
     clock.advance(2)  # it ends on January 2nd: the same month, a new day
-    await store.settle(running, 10, 2_000)
-    assert {r.dimension: left for r, left in running.budgets_left(2_000, clock.now)} == {
+    spent = await store.settle(running, 10, 2_000)
+    assert {r.dimension: left for r, left in running.budgets_left(spent, clock.now)} == {
         Dimension.MONTHLY_SPEND: 42_000}
+
+
+async def test_what_is_left_counts_what_requests_admitted_after_it_spent_meanwhile(store, clock):
+    """portico_budget_remaining_microdollars: a long request ended last set it to what its admission read less its
+    own cost, as if a request admitted while it ran, and ended before it, had spent nothing ($0.009 left, not
+    $0.0065)."""
+    wanted = demand(3_000, max_spend_day=10_000)
+    long = await store.reserve(wanted)
+    short = await store.reserve(wanted)
+    await store.settle(short, 10, 2_500)
+    spent = await store.settle(long, 10, 1_000)
+    assert {r.dimension: left for r, left in long.budgets_left(spent, clock.now)} == {Dimension.DAILY_SPEND: 6_500}
+    assert await store.settle(long, 10, 1_000) == {}  # settled once: nothing to say the second time
 
 
 async def test_standing_reads_the_spend_of_the_day_and_month(store):

@@ -53,3 +53,25 @@ async def test_a_per_model_limit_is_in_force_only_on_a_key_granted_that_model(st
     assert {model for _, model in by_name(await limiter.standing(narrow))} == {""}
     granted = ApiKey("key_g", "granted", all_models=False, models=frozenset({"family-a-5.4"}))
     assert ("requests_per_minute", "family-a-5.4") in by_name(await limiter.standing(granted))
+
+
+async def test_tokens_per_minute_reset_when_tokens_leave_not_a_request_that_used_none(store, clock):  # noqa: F811
+    """A token count, an image or a failed request has its place in the minute's window with no tokens: the status
+    said the key's tokens per minute went down when it left (with none used: 'reset in 60 s'), and the next answer's
+    x-ratelimit-reset-tokens said so too, though nothing frees then."""
+    limiter = Limiter(store, LimitSettings())
+    key = ApiKey("key_t", "tokens", all_models=True, models=frozenset(), limits=KeyLimits(tokens_per_minute=1000))
+    counted = await limiter.reserve(key, "family-a-5.5", 0)  # a token count: one request, no tokens
+    assert counted.tokens.reset_seconds == 0.0  # no tokens counted: none to free
+    limiter.settle(counted, 0)
+    await limiter.settled()
+    clock.now += 10
+    assert by_name(await limiter.standing(key))[("tokens_per_minute", "")] == (1000, 0, 0.0)  # nothing to go down
+    answered = await limiter.reserve(key, "family-a-5.5", 100)
+    assert answered.tokens.reset_seconds == 60.0  # its own tokens, the only ones in the window, leave in a minute
+    limiter.settle(answered, 40)
+    await limiter.settled()
+    clock.now += 5
+    assert by_name(await limiter.standing(key))[("tokens_per_minute", "")] == (1000, 40, 55.0)
+    again = await limiter.reserve(key, "family-a-5.5", 100)
+    assert again.tokens.reset_seconds == 55.0  # the answer's 40 tokens leave first, not the count before it
