@@ -113,58 +113,51 @@ async def test_requests_already_in_flight_failing_during_the_cooldown_do_not_len
     double.reset()  # a cue a request that went to west left unused
 
 
-async def test_a_request_in_flight_succeeding_during_the_cooldown_is_no_trial(double, west, tmp_path):
-    """Two requests in flight on a deployment: one fails and ejects it, the other, sent before, succeeds during the
-    cooldown. That success made the deployment healthy with no trial, and wiped its record of failed trials, so a
-    deployment failing every other request came back in full each cooldown; now a trial decides, as documented."""
+async def _east_after_two_at_once(double, west, tmp_path, cooldown: float, cues: list[Cue],
+                                  after: float) -> list[str] | None:
+    """Two requests at once to a model whose east deployment (weight 1000 to west's 1: nearly always both go there)
+    answers them by `cues`, ejected by one failure for `cooldown` s: east's state `after` s from when they were
+    sent, or None when one went to west."""
     models_yaml = f"""\
   - id: halves
     endpoint: /v1/chat/completions
     deployments:
       - {{name: east, weight: 1000, provider: {provider(double.url)}}}
       - {{name: west, weight: 1, provider: {provider(west.url)}}}
-    health: {{consecutive_failures: 1, cooldown_seconds: 0.6}}
+    health: {{consecutive_failures: 1, cooldown_seconds: {cooldown}}}
 """
     double.reset()
     west.reset()
-    double.cue(Cue(503, {"error": {"message": "busy"}}, delay=0.1), Cue(delay=0.3))
-    async with upstream_server(tmp_path, models_yaml) as server:
-        secret = (await server.store.create("halves", all_models=True))[1]
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
-            began = time.monotonic()
-            await asyncio.gather(*(ask(chat, secret, "halves") for _ in range(2)))
-            if len(double.seen) == 2:  # both went to east (nearly always: its weight is 1000 to 1)
-                await asyncio.sleep(max(0.0, 0.75 - (time.monotonic() - began)))
-                assert [state for _, name, state in server.core.health.states() if name == "east"] == ["trial"]
-    double.reset()
+    double.cue(*cues)
+    try:
+        async with upstream_server(tmp_path, models_yaml) as server:
+            secret = (await server.store.create("halves", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+                began = time.monotonic()
+                await asyncio.gather(*(ask(chat, secret, "halves") for _ in range(2)))
+                if len(double.seen) != 2:
+                    return None
+                await asyncio.sleep(max(0.0, after - (time.monotonic() - began)))
+                return [state for _, name, state in server.core.health.states() if name == "east"]
+    finally:
+        double.reset()
+
+
+async def test_a_request_in_flight_succeeding_during_the_cooldown_is_no_trial(double, west, tmp_path):
+    """Two requests in flight on a deployment: one fails and ejects it, the other, sent before, succeeds during the
+    cooldown. That success made the deployment healthy with no trial, and wiped its record of failed trials, so a
+    deployment failing every other request came back in full each cooldown; now a trial decides, as documented."""
+    cues = [Cue(503, {"error": {"message": "busy"}}, delay=0.1), Cue(delay=0.3)]
+    assert await _east_after_two_at_once(double, west, tmp_path, 0.6, cues, after=0.75) in (["trial"], None)
 
 
 async def test_failures_in_flight_do_not_cut_short_an_upstreams_retry_after(double, west, tmp_path):
     """An upstream said "429, retry-after: 3"; a request sent before, failing a moment later, ejected the deployment
     for the (shorter) cooldown in its place, and it had traffic again after 0.5 s. Now it stays out the 3 s."""
-    models_yaml = f"""\
-  - id: told
-    endpoint: /v1/chat/completions
-    deployments:
-      - {{name: east, weight: 1000, provider: {provider(double.url)}}}
-      - {{name: west, weight: 1, provider: {provider(west.url)}}}
-    health: {{consecutive_failures: 1, cooldown_seconds: 0.5}}
-"""
-    double.reset()
-    west.reset()
-    double.cue(Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after": "3"}),
-               Cue(500, {"error": {"message": "broken"}}, delay=0.2))
-    async with upstream_server(tmp_path, models_yaml) as server:
-        secret = (await server.store.create("told", all_models=True))[1]
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
-            began = time.monotonic()
-            await asyncio.gather(*(ask(chat, secret, "told") for _ in range(2)))
-            if len(double.seen) == 2:  # both went to east (nearly always: its weight is 1000 to 1)
-                await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
-                assert [state for _, name, state in server.core.health.states() if name == "east"] == ["ejected"]
-    double.reset()
+    cues = [Cue(429, {"error": {"message": "slow down"}}, headers={"retry-after": "3"}),
+            Cue(500, {"error": {"message": "broken"}}, delay=0.2)]
+    assert await _east_after_two_at_once(double, west, tmp_path, 0.5, cues, after=1.0) in (["ejected"], None)
 
 
 async def test_requests_in_flight_through_a_fallback_count_for_the_deployments_balancing(double, west, tmp_path):
