@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)
-        if not config.key_store.is_postgres:  # <data_dir>/keys.db
+        if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
             _check_data_dir(config.data_dir)
         return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
@@ -319,6 +319,12 @@ def usage_command(args: argparse.Namespace, config: Config) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"portico: {exc}", file=sys.stderr)
         return 2
+    if not config.key_store.is_postgres and not (path := config.key_database.sqlite_path).exists():
+        # An empty ledger made here would report that nothing was spent (a relative data_dir read from another
+        # directory, a mistyped --data-dir).
+        print(f"portico: no usage ledger at {path}: give the --data-dir (or --config) that `portico serve` uses",
+              file=sys.stderr)
+        return 1
     try:
         ledger = open_ledger(config.key_database)
     except StoreUnavailable as exc:

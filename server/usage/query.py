@@ -81,7 +81,7 @@ def aggregate_sql(query: UsageQuery, placeholder: str) -> tuple[str, list]:
         "SUM(CASE WHEN upstream_attempts > 0 THEN 1 ELSE 0 END), COUNT(*), "
         f"SUM(CASE WHEN {ERROR_CONDITION} THEN 1 ELSE 0 END)" + (f", {histogram_sql()}" if query.latency else "")
         + " FROM usage_ledger WHERE "
-        + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket" + grouped
+        + " AND ".join(where) + " GROUP BY bucket" + grouped + " ORDER BY bucket"  # groups: totals_of orders them
         + (" LIMIT {p}" if query.limit is not None else "")
     )
     limit = [] if query.limit is None else [query.limit]
@@ -128,4 +128,8 @@ def totals_of(query: UsageQuery, rows) -> list[Totals]:
         counted, latency = sums[:_SUMS], tuple(sums[_SUMS:])
         result.append(Totals(int(bucket), named.get("model"), named.get("key_id"), named.get("env"), *counted,
                              latency=latency))
+    # A bucket's groups by their values' code points, as SQLite compares text: ordered by the database, they came in
+    # the collation of PostgreSQL's database (en-US: a_b, a-b, claude, GPT-4o), another order for the same rows.
+    fields = [GROUP_COLUMNS[g] for g in query.group_by]  # the ledger's columns are Totals' field names
+    result.sort(key=lambda t: (t.bucket, *(getattr(t, f) for f in fields)))
     return result

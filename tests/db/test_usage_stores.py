@@ -189,6 +189,31 @@ def test_recent_rows_newest_first_after_a_cursor(ledger):
     assert [r.id for r in ledger.recent(RowQuery(**window, limit=1, errors_only=True))] == ["r3"]
 
 
+def test_results_come_in_the_same_order_from_either_store_whatever_the_databases_collation(postgres_server,
+                                                                                           tmp_path):
+    """The usage API's results within a bucket came in the database's collation order: the same rows answered
+    `GPT-4o, Zeta, a-b, a_b, claude` from SQLite and `a_b, a-b, claude, gpt-4o, GPT-4o, Zeta` from a PostgreSQL
+    database made with an en-US locale (as most are). Now both answer in the order of the values' code points."""
+    url = postgres_server.url("usage_en_us")
+    with postgres_server.connect() as conn:
+        conn.execute("CREATE DATABASE usage_en_us TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
+                     "LOCALE 'C.utf8'")
+    names = ["gpt-4o", "GPT-4o", "claude", "Zeta", "a-b", "a_b", "é"]
+    rows = [row(n, model=name, key_id=f"key_{name}", env=name.upper()) for n, name in enumerate(names)]
+    stores = [SqliteLedger(tmp_path / "keys.db"), PostgresLedger(StoreSettings(url=url, password_env=PASSWORD_ENV))]
+    try:
+        answers = []
+        for store in stores:
+            store.write(rows)
+            answers.append([store.aggregate(UsageQuery(NOW_MS, NOW_MS + 10, 10, group_by=groups))
+                            for groups in (("model",), ("api_key_id",), ("project_id",), ("project_id", "model"))])
+    finally:
+        for store in stores:
+            store.close()
+    assert [t.model for t in answers[0][0]] == sorted(names)
+    assert answers[0] == answers[1]
+
+
 def test_postgresql_keys_and_ledger_upgrade_in_place_keeping_rows(postgres_url):
     """A database at keys version 1 (before budgets) with a key in it: opening the ledger and upgrading the keys
     schema keeps the key, adds the budget columns, and the ledger's rows are kept across a reopen."""

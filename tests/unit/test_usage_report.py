@@ -110,3 +110,17 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path, command):
                               stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60)
     assert "Traceback" not in done.stderr and done.stderr == ""
     assert done.returncode == 1
+
+
+def test_a_data_dir_without_a_ledger_is_refused_not_reported_as_no_usage(tmp_path, capsys):
+    """Run from another directory (data_dir is relative: `data`) or with a mistyped --data-dir, `portico usage` made
+    an empty keys.db there and printed a total of $0.00 with exit 0: no spend, to someone reconciling it."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for missing in (tmp_path / "not-the-data-dir", a_file):
+        assert main(["--data-dir", str(missing), "usage"]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err == (f"portico: no usage ledger at {missing / 'keys.db'}: give the --data-dir (or "
+                                "--config) that `portico serve` uses\n")
+    assert not (tmp_path / "not-the-data-dir").exists()  # nothing made there
