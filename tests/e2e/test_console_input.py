@@ -304,3 +304,17 @@ def test_a_crafted_key_link_calls_only_that_keys_paths(tab, admin_secret, hash_,
                "/v1/organization/requests", "/v1/organization/usage/completions", "/v1/organization/costs"}
     called = {re.sub(r"^https?://[^/]+", "", url) for url in paths if "/v1/" in url}
     assert called <= allowed, called - allowed
+
+
+@pytest.mark.parametrize("pasted", ["Bearer {}", "OPENAI_API_KEY={}", '"{}"', "Authorization: Bearer {}"])
+def test_a_secret_pasted_with_what_came_around_it_stays_out_of_the_url(tab, admin_secret, pasted):
+    """Copied from an Authorization header, a .env file or a quoted string, the secret came with the keys' search
+    into the URL, and so into the browser's history."""
+    tab.sign_in(admin_secret)
+    search = tab.page.get_by_label("Name or id")
+    search.fill(pasted.format(admin_secret))
+    search.press("Enter")
+    expect(tab.page.get_by_role("search").get_by_role("alert")).to_contain_text("That is a key's secret")
+    expect(search).to_have_value("")
+    assert admin_secret not in tab.page.url and admin_secret not in tab.page.content()
+
