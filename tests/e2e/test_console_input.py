@@ -318,3 +318,31 @@ def test_a_secret_pasted_with_what_came_around_it_stays_out_of_the_url(tab, admi
     expect(search).to_have_value("")
     assert admin_secret not in tab.page.url and admin_secret not in tab.page.content()
 
+
+def test_a_name_of_up_to_200_characters_is_taken_whole(tab, gateway, admin_secret):
+    """The Name field stopped at 200 UTF-16 units: 150 emoji (150 characters, a name the gateway takes) were cut to
+    100 without a word, and a pasted 250-character name was cut to 200 and created so."""
+    tab.sign_in(admin_secret)
+    page = tab.page
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    name = dialog.get_by_label("Name")
+    name.focus()
+    page.keyboard.insert_text("🦊" * 150)  # as a paste is
+    expect(name).to_have_value("🦊" * 150)
+    dialog.get_by_role("button", name="Create key").click()
+    page.get_by_role("dialog", name=re.compile("^Key .* created")).get_by_role("button", name="Done").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("🦊" * 150)
+
+    page.goto("/console/#/keys")
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    name = dialog.get_by_label("Name")
+    name.focus()
+    page.keyboard.insert_text("q" * 250)
+    dialog.get_by_role("button", name="Create key").click()  # the gateway's 400, at the field: nothing made
+    field = dialog.locator(".field").filter(has=page.get_by_label("Name", exact=True))
+    expect(field.get_by_role("alert")).to_contain_text("at most 200 characters")
+    expect(name).to_have_value("q" * 250)
+    keys = api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]
+    assert not [key for key in keys if key["name"].startswith("q" * 200)]

@@ -43,8 +43,9 @@ function dollars(input, label) {
 // models: the catalog ids to offer; envs: environment names already in use (suggested); key: the key to edit, or
 // null to create one. Returns {element, read()}: read() gives the request body, or throws Error naming the problem.
 export function keyForm({models, envs, key}) {
-  const name = h("input", {type: "text", name: "name", required: true, maxLength: 200, value: key?.name ?? "",
-    autocomplete: "off"});
+  // No maxLength: it counts UTF-16 units (an emoji is two), cut a valid name of 150 emoji to 100 and a pasted name
+  // over 200 characters to 200, without a word. The gateway's 400 for a long name is told at this field.
+  const name = h("input", {type: "text", name: "name", required: true, value: key?.name ?? "", autocomplete: "off"});
   const env = h("input", {type: "text", name: "env", list: "known-envs", value: key?.env ?? "", autocomplete: "off"});
   const allModels = h("input", {type: "radio", name: "grants", value: "all", checked: key ? key.all_models : true});
   const someModels = h("input", {type: "radio", name: "grants", value: "some", checked: key ? !key.all_models : false});
