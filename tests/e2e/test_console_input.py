@@ -5,12 +5,15 @@ where it was made, nothing is sent that the gateway would refuse, and no page fa
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import yaml
 from playwright.sync_api import expect
 
-from tests.e2e.browser import PHONE, api
+from tests.e2e.browser import PHONE, Tab, api
+import server
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -346,3 +349,29 @@ def test_a_name_of_up_to_200_characters_is_taken_whole(tab, gateway, admin_secre
     expect(name).to_have_value("q" * 250)
     keys = api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]
     assert not [key for key in keys if key["name"].startswith("q" * 200)]
+
+
+def test_a_long_model_id_leaves_every_model_in_the_key_form(browser, tmp_path):
+    """A model id may be 256 characters without a space: the models' group took that width, its grid made a row of
+    5,800 px, and every model after the third was past the dialog's right edge."""
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    long_id = "m" * 256
+    config["models"].append({**config["models"][0], "id": long_id})
+    path = tmp_path / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running_gateway(tmp_path / "data", "--dev-key", config=path) as gateway:
+        admin_secret = gateway.cli("keys", "create", "--name", "ops", "--all-models", "--admin").stdout.split()[-1]
+        tab = Tab(browser, gateway, tmp_path)
+        try:
+            tab.sign_in(admin_secret)
+            tab.page.get_by_role("button", name="Create key").click()
+            dialog = tab.page.get_by_role("dialog")
+            dialog.get_by_label("Only these models").check()
+            assert dialog.evaluate("box => box.scrollWidth <= box.clientWidth")
+            inside = dialog.bounding_box()
+            for model in ["family-a-5.5", "family-b-sonnet-4-6", long_id]:
+                box = dialog.get_by_role("checkbox", name=model, exact=True).bounding_box()
+                assert inside["x"] <= box["x"] and box["x"] + box["width"] <= inside["x"] + inside["width"], model
+            tab.shot("key-form-long-model-id")
+        finally:
+            tab.context.close()
