@@ -5,6 +5,7 @@ where it was made, nothing is sent that the gateway would refuse, and no page fa
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -351,9 +352,9 @@ def test_a_name_of_up_to_200_characters_is_taken_whole(tab, gateway, admin_secre
     assert not [key for key in keys if key["name"].startswith("q" * 200)]
 
 
-def test_a_long_model_id_leaves_every_model_in_the_key_form(browser, tmp_path):
+def test_a_long_model_id_or_key_name_leaves_every_choice_and_legend_in_sight(browser, tmp_path):
     """A model id may be 256 characters without a space: the models' group took that width, its grid made a row of
-    5,800 px, and every model after the third was past the dialog's right edge."""
+    5,800 px, and every model after the third was past the dialog's right edge. Each chart's legend likewise."""
     config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
     long_id = "m" * 256
     config["models"].append({**config["models"][0], "id": long_id})
@@ -373,5 +374,31 @@ def test_a_long_model_id_leaves_every_model_in_the_key_form(browser, tmp_path):
                 box = dialog.get_by_role("checkbox", name=model, exact=True).bounding_box()
                 assert inside["x"] <= box["x"] and box["x"] + box["width"] <= inside["x"] + inside["width"], model
             tab.shot("key-form-long-model-id")
+            dialog.get_by_role("button", name="Cancel").click()
+
+            # The charts' legends: the long one took the chart's width and the others were past its edge, hidden.
+            made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "k" * 200, "all_models": True})
+            for model in (long_id, "family-a-5.5"):
+                chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+                for secret in (admin_secret, made.json()["secret"]):
+                    assert api(gateway, secret, "POST", "/v1/chat/completions", json=chat).status_code == 200
+            deadline = time.monotonic() + 10  # the ledger is written once a second
+            while len(api(gateway, admin_secret, "GET", "/v1/organization/requests").json()["data"]) < 4:
+                assert time.monotonic() < deadline, "the ledger did not get the requests"
+                time.sleep(0.2)
+            for group, word in (("model", "model"), ("api_key_id", "key")):
+                tab.open(f"#/usage?period=24h&group={group}")
+                expect(tab.page.get_by_role("heading", name=f"Requests by {word}")).to_be_visible()
+                expect(tab.page.locator("figure.chart .u-legend")).to_have_count(4)  # all drawn
+                for chart in tab.page.locator("figure.chart").all():
+                    inside = chart.bounding_box()
+                    entries = chart.locator(".u-legend tr")
+                    expect(entries.first).to_be_visible()
+                    for entry in entries.all():
+                        if (box := entry.bounding_box()) is None:
+                            continue  # the time series' own entry, which uPlot does not show
+                        assert inside["x"] <= box["x"] and box["x"] + box["width"] <= inside["x"] + inside["width"], \
+                            (group, entry.inner_text()[:40])
+                tab.shot(f"usage-long-{group}")
         finally:
             tab.context.close()
