@@ -314,10 +314,16 @@ function filters(ctx, period, group, width) {
     h("button", {type: "submit"}, "Show"));
 }
 
+// Today and the 6 UTC days before it, up to now included: the API's end_time is exclusive, and a request made in
+// this second is already in the key's recent requests.
+function lastSevenDays() {
+  const now = Math.floor(Date.now() / 1000);
+  return {start: startOfDay(now) - 6 * DAY, end: now + 1};
+}
+
 // A key's last 7 days by model (its page): requests per day as a chart, and totals with their cost.
 export async function keyUsage(api, keyId) {
-  const end = Math.floor(Date.now() / 1000);
-  const start = Math.floor((end - 6 * DAY) / DAY) * DAY;  // today and the 6 UTC days before it
+  const {start, end} = lastSevenDays();
   const params = usageParams({start, end, width: DAY, groups: ["model"], keyIds: [keyId]});
   let usage, costs;
   try {
@@ -355,8 +361,7 @@ export async function keyUsage(api, keyId) {
 
 // Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.
 export async function weekByModel(api) {
-  const end = Math.floor(Date.now() / 1000);
-  const start = Math.floor((end - 6 * DAY) / DAY) * DAY;
+  const {start, end} = lastSevenDays();
   const params = usageParams({start, end, width: DAY, groups: ["model"]});
   const byModel = new Map();
   const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, errors: 0, cost: 0})
