@@ -402,3 +402,22 @@ def test_a_long_model_id_or_key_name_leaves_every_choice_and_legend_in_sight(bro
                 tab.shot(f"usage-long-{group}")
         finally:
             tab.context.close()
+
+
+def test_an_error_of_no_field_keeps_the_focus_in_the_form(tab, gateway, admin_secret):
+    """The key revoked by someone else while its rotation form was open: the gateway's 400 (param `id`, no field of
+    the form) was shown, but the focus was left on the page's body, outside the dialog, since the Rotate button that
+    had it was disabled while the request was on its way."""
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "revoked-meanwhile", "all_models": True})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    tab.page.get_by_role("button", name="Rotate secret").click()
+    dialog = tab.page.get_by_role("dialog")
+    assert api(gateway, admin_secret, "POST", f"/v1/admin/keys/{key_id}/revoke").status_code == 200
+    rotate = dialog.get_by_role("button", name="Rotate")
+    rotate.click()
+    expect(dialog.get_by_role("alert")).to_contain_text("a revoked key cannot be rotated")
+    expect(rotate).to_be_focused()
+    tab.page.keyboard.press("Escape")  # the keyboard still works the dialog
+    expect(dialog).to_be_hidden()

@@ -97,6 +97,7 @@ export function formDialog(title, content, submitText, submit) {
       error.textContent = "";
       form.querySelectorAll("[aria-invalid]").forEach((control) => control.removeAttribute("aria-invalid"));
       pending = submitButton.disabled = cancelButton.disabled = true;
+      let focus = null;  // where the focus goes once the buttons are enabled again
       try {
         result = await submit();
         dialog.close();
@@ -110,10 +111,13 @@ export function formDialog(title, content, submitText, submit) {
         if (place) place.append(error);
         else actions.before(error);
         control?.setAttribute("aria-invalid", "true");
-        // A group (the models) cannot take the focus: its first choice does.
-        (control?.matches("fieldset") ? control.querySelector("input:not(:disabled)") : control)?.focus();
+        // A group (the models) cannot take the focus: its first choice does. An error of no field (a key revoked
+        // meanwhile, an unreachable gateway) leaves it on the submit button, which lost it while disabled.
+        focus = (control?.matches("fieldset") ? control.querySelector("input:not(:disabled)") : control)
+          ?? (dialog.contains(document.activeElement) ? null : submitButton);
       } finally {
         pending = submitButton.disabled = cancelButton.disabled = false;
+        focus?.focus();
         settle();
       }
     });
