@@ -407,7 +407,8 @@ def test_a_long_model_id_or_key_name_leaves_every_choice_and_legend_in_sight(bro
 def test_an_error_of_no_field_keeps_the_focus_in_the_form(tab, gateway, admin_secret):
     """The key revoked by someone else while its rotation form was open: the gateway's 400 (param `id`, no field of
     the form) was shown, but the focus was left on the page's body, outside the dialog, since the Rotate button that
-    had it was disabled while the request was on its way."""
+    had it was disabled while the request was on its way. Once the form was closed, the page still showed the key
+    active."""
     made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "revoked-meanwhile", "all_models": True})
     key_id = made.json()["key"]["id"]
     tab.sign_in(admin_secret)
@@ -421,3 +422,6 @@ def test_an_error_of_no_field_keeps_the_focus_in_the_form(tab, gateway, admin_se
     expect(rotate).to_be_focused()
     tab.page.keyboard.press("Escape")  # the keyboard still works the dialog
     expect(dialog).to_be_hidden()
+    # The page behind still said "● active", with Rotate and Revoke, after the gateway had said otherwise.
+    expect(tab.page.locator("dl.facts").first).to_contain_text("✕ revoked")
+    expect(tab.page.get_by_role("button", name="Rotate secret")).to_have_count(0)
