@@ -425,3 +425,27 @@ def test_an_error_of_no_field_keeps_the_focus_in_the_form(tab, gateway, admin_se
     # The page behind still said "● active", with Rotate and Revoke, after the gateway had said otherwise.
     expect(tab.page.locator("dl.facts").first).to_contain_text("✕ revoked")
     expect(tab.page.get_by_role("button", name="Rotate secret")).to_have_count(0)
+
+
+def test_an_edit_changes_only_what_was_changed_in_its_form(tab, gateway, admin_secret):
+    """Two operators: one sets a budget while the other has the key's page open, then renames the key there. The
+    rename sent every field of its form as the page had read them, and silently removed the budget just set."""
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys",
+               json={"name": "shared", "all_models": True, "limits": {"requests_per_minute": 40}})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    expect(tab.page.get_by_role("heading", name="shared", level=1)).to_be_visible()
+    changed = api(gateway, admin_secret, "PATCH", f"/v1/admin/keys/{key_id}",
+                  json={"env": "prod", "models": ["family-a-5.5"], "all_models": False,
+                        "limits": {"max_spend_day": 5, "requests_per_minute": 30}})
+    assert changed.status_code == 200
+    tab.page.get_by_role("button", name="Edit").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("shared-renamed")
+    dialog.get_by_label("Tokens per minute").fill("9000")
+    dialog.get_by_role("button", name="Save").click()
+    expect(tab.page.get_by_role("heading", name="shared-renamed", level=1)).to_be_visible()
+    key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
+    assert (key["env"], key["all_models"], key["models"]) == ("prod", False, ["family-a-5.5"])
+    assert key["limits"] == {"max_spend_day": 5, "requests_per_minute": 30, "tokens_per_minute": 9000}

@@ -99,8 +99,25 @@ export function keyForm({models, envs, key}) {
       else if (key) body.limits[limitName] = 0;
     });
     if (!key) body.admin = admin.checked;
-    return body;
+    return key ? changes(key, body) : body;
   }
 
   return {element, read};
+}
+
+// An update sends only what its form changed (the API changes only what a request sets): a field sent as the page
+// read it would undo what another operator changed since, a budget just set removed by a rename.
+function changes(key, body) {
+  const update = {limits: {}};
+  if (body.name !== key.name) update.name = body.name;
+  if (body.env !== (key.env ?? "")) update.env = body.env;
+  const granted = [...(key.models ?? [])].sort().join("\n");
+  if (body.all_models !== key.all_models || (!body.all_models && [...body.models].sort().join("\n") !== granted)) {
+    update.all_models = body.all_models;
+    if (!body.all_models) update.models = body.models;
+  }
+  for (const [name, value] of Object.entries(body.limits)) {
+    if (value !== (key.limits?.[name] || 0)) update.limits[name] = value;
+  }
+  return update;
 }
