@@ -209,7 +209,8 @@ def test_a_request_of_this_second_is_in_the_weeks_of_the_key_and_models_pages(ta
     model = "family-b-opus-4-6"  # no other test here uses it: the models page's count is this key's
     seed(gateway, caller, model=model, ago_s=0, latency_ms=30, endpoint=Endpoint.MESSAGES)
     [row] = api(gateway, admin_secret, "GET", f"/v1/organization/requests?api_key_ids={caller}").json()["data"]
-    tab.page.clock.set_fixed_time(datetime.fromtimestamp(row["created"] + 0.5, timezone.utc))  # the page is shown within the request's second
+    # The page is shown within the request's second.
+    tab.page.clock.set_fixed_time(datetime.fromtimestamp(row["created"] + 0.5, timezone.utc))
     tab.sign_in(admin_secret)
     tab.open(f"#/keys/{caller}")
     expect(tab.page.get_by_role("region", name="The key's last 25 requests", exact=False).locator("tbody tr")
