@@ -449,3 +449,28 @@ def test_an_edit_changes_only_what_was_changed_in_its_form(tab, gateway, admin_s
     key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
     assert (key["env"], key["all_models"], key["models"]) == ("prod", False, ["family-a-5.5"])
     assert key["limits"] == {"max_spend_day": 5, "requests_per_minute": 30, "tokens_per_minute": 9000}
+
+
+def test_days_before_1970_make_no_period(tab, gateway, admin_secret):
+    """Chosen days before 1970 (a year typed as 1926 for 2026) replaced the usage page, its filters included, with the
+    API's "start_time must be a unix time in seconds, from 0 to 253402300800"."""
+    tab.sign_in(admin_secret)
+    page = tab.page
+    tab.open("#/usage?from=1926-11-20&to=2026-11-21")
+    alert = page.locator("main").get_by_role("alert").filter(has_text="make no period")
+    expect(alert).to_contain_text("This week (since Monday, UTC) is shown instead")
+    tab.open("#/usage?period=7d")
+    expect(page.get_by_label("Period", exact=True)).to_have_value("7d")  # this link's page, not the one before
+    page.get_by_label("Period", exact=True).select_option("custom")
+    page.get_by_label("From (UTC)").fill("1926-11-20")
+    page.get_by_label("To (UTC)").fill("2026-11-21")
+    page.get_by_role("button", name="Show").click()  # refused by the browser, as a day to come is (min and max)
+    expect(page.get_by_label("From (UTC)")).to_be_focused()
+    assert page.get_by_label("From (UTC)").evaluate("field => field.validity.rangeUnderflow")
+    assert page.url.endswith("#/usage?period=7d")
+    page.locator("form.filters").evaluate("form => form.noValidate = true")  # and by the page itself
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator(".dates").get_by_role("alert")).to_contain_text("no earlier than 1970-01-01")
+    expect(page.get_by_label("From (UTC)")).to_be_focused()
+    assert page.url.endswith("#/usage?period=7d")
+    assert failed_loads_aside(tab.problems.lines) == []
