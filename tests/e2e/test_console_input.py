@@ -474,3 +474,21 @@ def test_days_before_1970_make_no_period(tab, gateway, admin_secret):
     expect(page.get_by_label("From (UTC)")).to_be_focused()
     assert page.url.endswith("#/usage?period=7d")
     assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_a_copy_that_did_not_happen_is_not_said_to_have(tab, gateway, admin_secret):
+    """Served over plain http to another host, a page has no clipboard API, and the old way may copy nothing: the
+    dialog said "Copied." all the same, and the secret, shown once, was closed away uncopied."""
+    tab.page.add_init_script("Object.defineProperty(navigator, 'clipboard', {value: undefined});"
+                             "document.execCommand = () => false;")
+    tab.sign_in(admin_secret)
+    tab.page.get_by_role("button", name="Create key").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("copied-or-not")
+    dialog.get_by_role("button", name="Create key").click()
+    secret_dialog = tab.page.get_by_role("dialog", name=re.compile("^Key .* created"))
+    secret_dialog.get_by_role("button", name="Copy").click()
+    expect(secret_dialog.get_by_role("status")).to_contain_text("Could not copy")
+    expect(secret_dialog.get_by_label("Secret")).to_be_focused()  # selected, for Ctrl+C
+    assert secret_dialog.get_by_label("Secret").evaluate("box => box.selectionEnd - box.selectionStart") > 40
+    secret_dialog.get_by_role("button", name="Done").click()

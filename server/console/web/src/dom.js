@@ -140,13 +140,15 @@ export function showSecret(title, secret, note) {
     "aria-label": "Secret"});
   const copied = h("span", {role: "status", class: "hint"});
   const copy = async () => {
+    let done = true;
     try {
       await navigator.clipboard.writeText(secret);
     } catch {
-      input.select();  // no clipboard API (a page not served over https or from localhost): the old way
-      document.execCommand("copy");
+      input.focus();  // no clipboard API (a page not served over https or from localhost): the old way
+      input.select();
+      done = document.execCommand("copy");  // false when nothing was copied: then the person copies it
     }
-    copied.textContent = "Copied.";
+    copied.textContent = done ? "Copied." : "Could not copy: the secret is selected, copy it with Ctrl+C (⌘C).";
   };
   return modal(title, h("div", {},
     h("p", {}, h("strong", {}, "Copy this secret now: it is shown only once and cannot be shown again."), " ", note),
