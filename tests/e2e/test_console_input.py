@@ -5,12 +5,16 @@ where it was made, nothing is sent that the gateway would refuse, and no page fa
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import yaml
 from playwright.sync_api import expect
 
-from tests.e2e.browser import PHONE, api
+from tests.e2e.browser import PHONE, Tab, api
+import server
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -304,3 +308,187 @@ def test_a_crafted_key_link_calls_only_that_keys_paths(tab, admin_secret, hash_,
                "/v1/organization/requests", "/v1/organization/usage/completions", "/v1/organization/costs"}
     called = {re.sub(r"^https?://[^/]+", "", url) for url in paths if "/v1/" in url}
     assert called <= allowed, called - allowed
+
+
+@pytest.mark.parametrize("pasted", ["Bearer {}", "OPENAI_API_KEY={}", '"{}"', "Authorization: Bearer {}"])
+def test_a_secret_pasted_with_what_came_around_it_stays_out_of_the_url(tab, admin_secret, pasted):
+    """Copied from an Authorization header, a .env file or a quoted string, the secret came with the keys' search
+    into the URL, and so into the browser's history."""
+    tab.sign_in(admin_secret)
+    search = tab.page.get_by_label("Name or id")
+    search.fill(pasted.format(admin_secret))
+    search.press("Enter")
+    expect(tab.page.get_by_role("search").get_by_role("alert")).to_contain_text("That is a key's secret")
+    expect(search).to_have_value("")
+    assert admin_secret not in tab.page.url and admin_secret not in tab.page.content()
+
+
+def test_a_name_of_up_to_200_characters_is_taken_whole(tab, gateway, admin_secret):
+    """The Name field stopped at 200 UTF-16 units: 150 emoji (150 characters, a name the gateway takes) were cut to
+    100 without a word, and a pasted 250-character name was cut to 200 and created so."""
+    tab.sign_in(admin_secret)
+    page = tab.page
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    name = dialog.get_by_label("Name")
+    name.focus()
+    page.keyboard.insert_text("🦊" * 150)  # as a paste is
+    expect(name).to_have_value("🦊" * 150)
+    dialog.get_by_role("button", name="Create key").click()
+    page.get_by_role("dialog", name=re.compile("^Key .* created")).get_by_role("button", name="Done").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("🦊" * 150)
+
+    page.goto("/console/#/keys")
+    page.get_by_role("button", name="Create key").click()
+    dialog = page.get_by_role("dialog")
+    name = dialog.get_by_label("Name")
+    name.focus()
+    page.keyboard.insert_text("q" * 250)
+    dialog.get_by_role("button", name="Create key").click()  # the gateway's 400, at the field: nothing made
+    field = dialog.locator(".field").filter(has=page.get_by_label("Name", exact=True))
+    expect(field.get_by_role("alert")).to_contain_text("at most 200 characters")
+    expect(name).to_have_value("q" * 250)
+    keys = api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]
+    assert not [key for key in keys if key["name"].startswith("q" * 200)]
+
+
+def test_a_long_model_id_or_key_name_leaves_every_choice_and_legend_in_sight(browser, tmp_path):
+    """A model id may be 256 characters without a space: the models' group took that width, its grid made a row of
+    5,800 px, and every model after the third was past the dialog's right edge. Each chart's legend likewise."""
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    long_id = "m" * 256
+    config["models"].append({**config["models"][0], "id": long_id})
+    path = tmp_path / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running_gateway(tmp_path / "data", "--dev-key", config=path) as gateway:
+        admin_secret = gateway.cli("keys", "create", "--name", "ops", "--all-models", "--admin").stdout.split()[-1]
+        tab = Tab(browser, gateway, tmp_path)
+        try:
+            tab.sign_in(admin_secret)
+            tab.page.get_by_role("button", name="Create key").click()
+            dialog = tab.page.get_by_role("dialog")
+            dialog.get_by_label("Only these models").check()
+            assert dialog.evaluate("box => box.scrollWidth <= box.clientWidth")
+            inside = dialog.bounding_box()
+            for model in ["family-a-5.5", "family-b-sonnet-4-6", long_id]:
+                box = dialog.get_by_role("checkbox", name=model, exact=True).bounding_box()
+                assert inside["x"] <= box["x"] and box["x"] + box["width"] <= inside["x"] + inside["width"], model
+            tab.shot("key-form-long-model-id")
+            dialog.get_by_role("button", name="Cancel").click()
+
+            # The charts' legends: the long one took the chart's width and the others were past its edge, hidden.
+            made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "k" * 200, "all_models": True})
+            for model in (long_id, "family-a-5.5"):
+                chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+                for secret in (admin_secret, made.json()["secret"]):
+                    assert api(gateway, secret, "POST", "/v1/chat/completions", json=chat).status_code == 200
+            deadline = time.monotonic() + 10  # the ledger is written once a second
+            while len(api(gateway, admin_secret, "GET", "/v1/organization/requests").json()["data"]) < 4:
+                assert time.monotonic() < deadline, "the ledger did not get the requests"
+                time.sleep(0.2)
+            for group, word in (("model", "model"), ("api_key_id", "key")):
+                tab.open(f"#/usage?period=24h&group={group}")
+                expect(tab.page.get_by_role("heading", name=f"Requests by {word}")).to_be_visible()
+                expect(tab.page.locator("figure.chart .u-legend")).to_have_count(4)  # all drawn
+                for chart in tab.page.locator("figure.chart").all():
+                    inside = chart.bounding_box()
+                    entries = chart.locator(".u-legend tr")
+                    expect(entries.first).to_be_visible()
+                    for entry in entries.all():
+                        if (box := entry.bounding_box()) is None:
+                            continue  # the time series' own entry, which uPlot does not show
+                        assert inside["x"] <= box["x"] and box["x"] + box["width"] <= inside["x"] + inside["width"], \
+                            (group, entry.inner_text()[:40])
+                tab.shot(f"usage-long-{group}")
+        finally:
+            tab.context.close()
+
+
+def test_an_error_of_no_field_keeps_the_focus_in_the_form(tab, gateway, admin_secret):
+    """The key revoked by someone else while its rotation form was open: the gateway's 400 (param `id`, no field of
+    the form) was shown, but the focus was left on the page's body, outside the dialog, since the Rotate button that
+    had it was disabled while the request was on its way. Once the form was closed, the page still showed the key
+    active."""
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": "revoked-meanwhile", "all_models": True})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    tab.page.get_by_role("button", name="Rotate secret").click()
+    dialog = tab.page.get_by_role("dialog")
+    assert api(gateway, admin_secret, "POST", f"/v1/admin/keys/{key_id}/revoke").status_code == 200
+    rotate = dialog.get_by_role("button", name="Rotate")
+    rotate.click()
+    expect(dialog.get_by_role("alert")).to_contain_text("a revoked key cannot be rotated")
+    expect(rotate).to_be_focused()
+    tab.page.keyboard.press("Escape")  # the keyboard still works the dialog
+    expect(dialog).to_be_hidden()
+    # The page behind still said "● active", with Rotate and Revoke, after the gateway had said otherwise.
+    expect(tab.page.locator("dl.facts").first).to_contain_text("✕ revoked")
+    expect(tab.page.get_by_role("button", name="Rotate secret")).to_have_count(0)
+
+
+def test_an_edit_changes_only_what_was_changed_in_its_form(tab, gateway, admin_secret):
+    """Two operators: one sets a budget while the other has the key's page open, then renames the key there. The
+    rename sent every field of its form as the page had read them, and silently removed the budget just set."""
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys",
+               json={"name": "shared", "all_models": True, "limits": {"requests_per_minute": 40}})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{key_id}")
+    expect(tab.page.get_by_role("heading", name="shared", level=1)).to_be_visible()
+    changed = api(gateway, admin_secret, "PATCH", f"/v1/admin/keys/{key_id}",
+                  json={"env": "prod", "models": ["family-a-5.5"], "all_models": False,
+                        "limits": {"max_spend_day": 5, "requests_per_minute": 30}})
+    assert changed.status_code == 200
+    tab.page.get_by_role("button", name="Edit").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("shared-renamed")
+    dialog.get_by_label("Tokens per minute").fill("9000")
+    dialog.get_by_role("button", name="Save").click()
+    expect(tab.page.get_by_role("heading", name="shared-renamed", level=1)).to_be_visible()
+    key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
+    assert (key["env"], key["all_models"], key["models"]) == ("prod", False, ["family-a-5.5"])
+    assert key["limits"] == {"max_spend_day": 5, "requests_per_minute": 30, "tokens_per_minute": 9000}
+
+
+def test_days_before_1970_make_no_period(tab, gateway, admin_secret):
+    """Chosen days before 1970 (a year typed as 1926 for 2026) replaced the usage page, its filters included, with the
+    API's "start_time must be a unix time in seconds, from 0 to 253402300800"."""
+    tab.sign_in(admin_secret)
+    page = tab.page
+    tab.open("#/usage?from=1926-11-20&to=2026-11-21")
+    alert = page.locator("main").get_by_role("alert").filter(has_text="make no period")
+    expect(alert).to_contain_text("This week (since Monday, UTC) is shown instead")
+    tab.open("#/usage?period=7d")
+    expect(page.get_by_label("Period", exact=True)).to_have_value("7d")  # this link's page, not the one before
+    page.get_by_label("Period", exact=True).select_option("custom")
+    page.get_by_label("From (UTC)").fill("1926-11-20")
+    page.get_by_label("To (UTC)").fill("2026-11-21")
+    page.get_by_role("button", name="Show").click()  # refused by the browser, as a day to come is (min and max)
+    expect(page.get_by_label("From (UTC)")).to_be_focused()
+    assert page.get_by_label("From (UTC)").evaluate("field => field.validity.rangeUnderflow")
+    assert page.url.endswith("#/usage?period=7d")
+    page.locator("form.filters").evaluate("form => form.noValidate = true")  # and by the page itself
+    page.get_by_role("button", name="Show").click()
+    expect(page.locator(".dates").get_by_role("alert")).to_contain_text("no earlier than 1970-01-01")
+    expect(page.get_by_label("From (UTC)")).to_be_focused()
+    assert page.url.endswith("#/usage?period=7d")
+    assert failed_loads_aside(tab.problems.lines) == []
+
+
+def test_a_copy_that_did_not_happen_is_not_said_to_have(tab, gateway, admin_secret):
+    """Served over plain http to another host, a page has no clipboard API, and the old way may copy nothing: the
+    dialog said "Copied." all the same, and the secret, shown once, was closed away uncopied."""
+    tab.page.add_init_script("Object.defineProperty(navigator, 'clipboard', {value: undefined});"
+                             "document.execCommand = () => false;")
+    tab.sign_in(admin_secret)
+    tab.page.get_by_role("button", name="Create key").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("copied-or-not")
+    dialog.get_by_role("button", name="Create key").click()
+    secret_dialog = tab.page.get_by_role("dialog", name=re.compile("^Key .* created"))
+    secret_dialog.get_by_role("button", name="Copy").click()
+    expect(secret_dialog.get_by_role("status")).to_contain_text("Could not copy")
+    expect(secret_dialog.get_by_label("Secret")).to_be_focused()  # selected, for Ctrl+C
+    assert secret_dialog.get_by_label("Secret").evaluate("box => box.selectionEnd - box.selectionStart") > 40
+    secret_dialog.get_by_role("button", name="Done").click()

@@ -12,6 +12,7 @@ import re
 import sqlite3
 import time
 import uuid
+from datetime import datetime, timezone
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -200,6 +201,32 @@ def test_answers_from_the_response_cache_are_requests_on_every_page(tab, gateway
     headers = catalog.locator("thead th").all_inner_texts()
     expect(model_row.locator("th, td").nth(headers.index("Requests"))).to_have_text("3")
     assert tab.problems.lines == []
+
+def test_a_request_of_this_second_is_in_the_weeks_of_the_key_and_models_pages(tab, gateway, admin_secret):
+    """The key's and the models' last 7 days ended at this second, exclusive: a request made in it was in the key's
+    recent requests but not in its week, nor in its model's requests on the models page."""
+    caller = new_key(gateway, "this-second")
+    model = "family-b-opus-4-6"  # no other test here uses it: the models page's count is this key's
+    seed(gateway, caller, model=model, ago_s=0, latency_ms=30, endpoint=Endpoint.MESSAGES)
+    [row] = api(gateway, admin_secret, "GET", f"/v1/organization/requests?api_key_ids={caller}").json()["data"]
+    # The page is shown within the request's second.
+    tab.page.clock.set_fixed_time(datetime.fromtimestamp(row["created"] + 0.5, timezone.utc))
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{caller}")
+    expect(tab.page.get_by_role("region", name="The key's last 25 requests", exact=False).locator("tbody tr")
+           ).to_have_count(1)
+    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
+    expect(week.get_by_role("row", name=re.compile(f"^{model}")).get_by_role("cell")).to_have_text(
+        ["1", "0.0 % (0)", "10", "5", "$0.0001"])
+
+    tab.page.get_by_role("navigation").get_by_role("link", name="Models").click()
+    catalog = tab.page.get_by_role("region", name="The model catalog")
+    model_row = catalog.get_by_role("row", name=re.compile(f"^{model} "))
+    expect(model_row).to_be_visible()
+    headers = catalog.locator("thead th").all_inner_texts()
+    expect(model_row.locator("th, td").nth(headers.index("Requests"))).to_have_text("1")
+    assert tab.problems.lines == []
+
 
 # Where a chart's first series (drawn in #0a5bd3) was painted, as shares of the canvas's width: (leftmost, rightmost).
 FIRST_SERIES_SPAN = """canvas => {

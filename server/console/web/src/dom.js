@@ -97,6 +97,7 @@ export function formDialog(title, content, submitText, submit) {
       error.textContent = "";
       form.querySelectorAll("[aria-invalid]").forEach((control) => control.removeAttribute("aria-invalid"));
       pending = submitButton.disabled = cancelButton.disabled = true;
+      let focus = null;  // where the focus goes once the buttons are enabled again
       try {
         result = await submit();
         dialog.close();
@@ -110,10 +111,13 @@ export function formDialog(title, content, submitText, submit) {
         if (place) place.append(error);
         else actions.before(error);
         control?.setAttribute("aria-invalid", "true");
-        // A group (the models) cannot take the focus: its first choice does.
-        (control?.matches("fieldset") ? control.querySelector("input:not(:disabled)") : control)?.focus();
+        // A group (the models) cannot take the focus: its first choice does. An error of no field (a key revoked
+        // meanwhile, an unreachable gateway) leaves it on the submit button, which lost it while disabled.
+        focus = (control?.matches("fieldset") ? control.querySelector("input:not(:disabled)") : control)
+          ?? (dialog.contains(document.activeElement) ? null : submitButton);
       } finally {
         pending = submitButton.disabled = cancelButton.disabled = false;
+        focus?.focus();
         settle();
       }
     });
@@ -136,13 +140,15 @@ export function showSecret(title, secret, note) {
     "aria-label": "Secret"});
   const copied = h("span", {role: "status", class: "hint"});
   const copy = async () => {
+    let done = true;
     try {
       await navigator.clipboard.writeText(secret);
     } catch {
-      input.select();  // no clipboard API (a page not served over https or from localhost): the old way
-      document.execCommand("copy");
+      input.focus();  // no clipboard API (a page not served over https or from localhost): the old way
+      input.select();
+      done = document.execCommand("copy");  // false when nothing was copied: then the person copies it
     }
-    copied.textContent = "Copied.";
+    copied.textContent = done ? "Copied." : "Could not copy: the secret is selected, copy it with Ctrl+C (⌘C).";
   };
   return modal(title, h("div", {},
     h("p", {}, h("strong", {}, "Copy this secret now: it is shown only once and cannot be shown again."), " ", note),

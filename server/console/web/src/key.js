@@ -32,15 +32,20 @@ export async function keyPage(ctx, id) {
     const grace = h("input", {type: "text", name: "grace_seconds", inputMode: "numeric", autocomplete: "off",
       placeholder: "the gateway's default"});
     let graceSeconds = null;
+    let refused = false;  // by the gateway: the page may be out of date (the key revoked meanwhile, say)
     const rotated = await formDialog(`Rotate “${key.name}”`, h("div", {},
       h("p", {}, "The key gets a new secret. The current secret keeps working for the grace period, so its holder ",
         "can switch without an outage."),
       field("Grace period in seconds", grace, "0 ends the current secret at once; empty: the gateway's default.")),
     "Rotate", () => {
       graceSeconds = wholeNumber(grace, "The grace period (seconds)", 0, MAX_GRACE);
-      return ctx.api.post(`${path}/rotate`, graceSeconds === null ? {} : {grace_seconds: graceSeconds});
+      return ctx.api.post(`${path}/rotate`, graceSeconds === null ? {} : {grace_seconds: graceSeconds})
+        .catch((error) => { refused = error.status >= 400; throw error; });
     });
-    if (!rotated) return;
+    if (!rotated) {
+      if (refused) ctx.refresh();
+      return;
+    }
     // A grace of 0 ends the previous secret now: "works until" the current minute would read as a last minute.
     await showSecret(`New secret for “${key.name}”`, rotated.secret, graceSeconds === 0
       ? "The previous secret stops working within seconds."

@@ -43,8 +43,9 @@ function dollars(input, label) {
 // models: the catalog ids to offer; envs: environment names already in use (suggested); key: the key to edit, or
 // null to create one. Returns {element, read()}: read() gives the request body, or throws Error naming the problem.
 export function keyForm({models, envs, key}) {
-  const name = h("input", {type: "text", name: "name", required: true, maxLength: 200, value: key?.name ?? "",
-    autocomplete: "off"});
+  // No maxLength: it counts UTF-16 units (an emoji is two), cut a valid name of 150 emoji to 100 and a pasted name
+  // over 200 characters to 200, without a word. The gateway's 400 for a long name is told at this field.
+  const name = h("input", {type: "text", name: "name", required: true, value: key?.name ?? "", autocomplete: "off"});
   const env = h("input", {type: "text", name: "env", list: "known-envs", value: key?.env ?? "", autocomplete: "off"});
   const allModels = h("input", {type: "radio", name: "grants", value: "all", checked: key ? key.all_models : true});
   const someModels = h("input", {type: "radio", name: "grants", value: "some", checked: key ? !key.all_models : false});
@@ -98,8 +99,25 @@ export function keyForm({models, envs, key}) {
       else if (key) body.limits[limitName] = 0;
     });
     if (!key) body.admin = admin.checked;
-    return body;
+    return key ? changes(key, body) : body;
   }
 
   return {element, read};
+}
+
+// An update sends only what its form changed (the API changes only what a request sets): a field sent as the page
+// read it would undo what another operator changed since, a budget just set removed by a rename.
+function changes(key, body) {
+  const update = {limits: {}};
+  if (body.name !== key.name) update.name = body.name;
+  if (body.env !== (key.env ?? "")) update.env = body.env;
+  const granted = [...(key.models ?? [])].sort().join("\n");
+  if (body.all_models !== key.all_models || (!body.all_models && [...body.models].sort().join("\n") !== granted)) {
+    update.all_models = body.all_models;
+    if (!body.all_models) update.models = body.models;
+  }
+  for (const [name, value] of Object.entries(body.limits)) {
+    if (value !== (key.limits?.[name] || 0)) update.limits[name] = value;
+  }
+  return update;
 }

@@ -4,7 +4,9 @@ import {keyForm, limitText, LIMITS} from "./keyform.js";
 
 export const keyState = (key) => key.revoked_at ? "revoked" : "active";
 const STATES = ["active", "revoked", "all"];
-const SECRET = /^pk-[\w-]{40,}$/;  // pk-, an optional env and 43 random characters (server/keys/store.py)
+// pk-, an optional env and 43 random characters (server/keys/store.py), found wherever it is in the search: one
+// pasted with what came around it (`Bearer pk-...`, `OPENAI_API_KEY=pk-...`, quotes) is a secret all the same.
+const SECRET = /pk-[\w-]{40,}/;
 
 export function grantsText(key) {
   return key.all_models ? "all models" : (key.models.length ? key.models.join(", ") : "none");

@@ -20,6 +20,7 @@ const PERIODS = {
 const utc = (seconds) => new Date(seconds * 1000);
 const startOfDay = (seconds) => Math.floor(seconds / DAY) * DAY;
 const GROUPS = {model: "Model", api_key_id: "Key"};
+const EPOCH = "1970-01-01";  // the usage API's times are unix seconds from 0
 const MAX_SERIES = 7;  // more lines than this are unreadable: the rest are summed as "other"
 
 // Every bucket of a paged usage or costs answer (OpenAI pages through buckets with has_more / next_page).
@@ -56,7 +57,7 @@ function periodOf(query) {
   if (from !== null || to !== null) {
     const start = Date.parse(`${from}T00:00:00Z`) / 1000;
     const end = Math.min(Date.parse(`${to}T00:00:00Z`) / 1000 + DAY, now + 1);
-    if (start < end) return {start, end, label: `${from} to ${to}`, key: "custom", now};
+    if (start >= 0 && start < end) return {start, end, label: `${from} to ${to}`, key: "custom", now};  // 0: 1970
     refused = `from ${from ?? "(none)"} to ${to ?? "(none)"}`;
   }
   const key = PERIODS[query.get("period")] ? query.get("period") : "week";
@@ -275,8 +276,8 @@ function filters(ctx, period, group, width) {
     Object.entries(PERIODS).map(([key, [label]]) => h("option", {value: key, selected: key === period.key}, label)),
     h("option", {value: "custom", selected: period.key === "custom"}, "Chosen days"));
   const today = new Date().toISOString().slice(0, 10);
-  const from = h("input", {type: "date", name: "from", value: ctx.query.get("from") ?? today, max: today});
-  const to = h("input", {type: "date", name: "to", value: ctx.query.get("to") ?? today, max: today});
+  const from = h("input", {type: "date", name: "from", value: ctx.query.get("from") ?? today, min: EPOCH, max: today});
+  const to = h("input", {type: "date", name: "to", value: ctx.query.get("to") ?? today, min: EPOCH, max: today});
   const groupSelect = h("select", {name: "group"},
     Object.entries(GROUPS).map(([key, label]) => h("option", {value: key, selected: key === group}, label)));
   const bucketSelect = h("select", {name: "bucket"},
@@ -291,8 +292,10 @@ function filters(ctx, period, group, width) {
     const query = new URLSearchParams();
     if (periodSelect.value === "custom") {
       // Days that make no period are refused here, not shown as some other period.
-      const wrong = !from.value ? from : !to.value ? to : from.value > today ? from : from.value > to.value ? to : null;
-      datesError.textContent = wrong ? `Choose two days, From on or before To, and From no later than ${today}.` : "";
+      const wrong = !from.value ? from : !to.value ? to : from.value > today || from.value < EPOCH ? from
+        : from.value > to.value ? to : null;
+      datesError.textContent = wrong ? `Choose two days, From on or before To, and From no later than ${today} ` +
+        `and no earlier than ${EPOCH}.` : "";
       if (wrong) return wrong.focus();
       query.set("from", from.value);
       query.set("to", to.value);
@@ -314,10 +317,16 @@ function filters(ctx, period, group, width) {
     h("button", {type: "submit"}, "Show"));
 }
 
+// Today and the 6 UTC days before it, up to now included: the API's end_time is exclusive, and a request made in
+// this second is already in the key's recent requests.
+function lastSevenDays() {
+  const now = Math.floor(Date.now() / 1000);
+  return {start: startOfDay(now) - 6 * DAY, end: now + 1};
+}
+
 // A key's last 7 days by model (its page): requests per day as a chart, and totals with their cost.
 export async function keyUsage(api, keyId) {
-  const end = Math.floor(Date.now() / 1000);
-  const start = Math.floor((end - 6 * DAY) / DAY) * DAY;  // today and the 6 UTC days before it
+  const {start, end} = lastSevenDays();
   const params = usageParams({start, end, width: DAY, groups: ["model"], keyIds: [keyId]});
   let usage, costs;
   try {
@@ -355,8 +364,7 @@ export async function keyUsage(api, keyId) {
 
 // Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.
 export async function weekByModel(api) {
-  const end = Math.floor(Date.now() / 1000);
-  const start = Math.floor((end - 6 * DAY) / DAY) * DAY;
+  const {start, end} = lastSevenDays();
   const params = usageParams({start, end, width: DAY, groups: ["model"]});
   const byModel = new Map();
   const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, errors: 0, cost: 0})
