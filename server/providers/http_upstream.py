@@ -143,10 +143,12 @@ class HttpUpstream:
                 await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
-                        billed: bool = False, attempt: Scope | NoScope = NO_SCOPE) -> dict:
+                        billed: bool = False, cut_retried: bool = True,
+                        attempt: Scope | NoScope = NO_SCOPE) -> dict:
         """`billed`: a generation, which the upstream finishes and bills even when its client leaves: once sent, a
         caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts.
-        `attempt`: as for `stream`."""
+        `cut_retried`: an answer whose connection breaks after it began may be asked for again (a text answer);
+        False for images, which each try would draw and bill again. `attempt`: as for `stream`."""
         response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                     before_answer=True, body=wire_json.dumps(body),
                                     headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
@@ -158,7 +160,8 @@ class HttpUpstream:
             try:
                 content = await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
-                raise self._transport_error(exc, model_id, before_answer=True) from None
+                error = self._transport_error(exc, model_id, before_answer=True)
+                raise (error if cut_retried else _not_retried(error)) from None
         finally:
             self._give_back(response, caller_done=False)
         try:
@@ -377,7 +380,8 @@ class HttpUpstream:
 
 
 def _not_retried(error: PorticoError) -> PorticoError:
-    """`error`, met fetching what an answer links to, with its status and message but never retried (`fetch`)."""
+    """`error`, met after a billed answer began (reading it, fetching what it links to), with its status and message
+    but never retried: the upstream has drawn and billed what it answered."""
     error.retry_reason = None
     return error
 
