@@ -143,10 +143,12 @@ class HttpUpstream:
                 await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
-                        billed: bool = False, attempt: Scope | NoScope = NO_SCOPE) -> dict:
+                        billed: bool = False, cut_retried: bool = True,
+                        attempt: Scope | NoScope = NO_SCOPE) -> dict:
         """`billed`: a generation, which the upstream finishes and bills even when its client leaves: once sent, a
         caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts.
-        `attempt`: as for `stream`."""
+        `cut_retried`: an answer whose connection breaks after it began may be asked for again (a text answer);
+        False for images, which each try would draw and bill again. `attempt`: as for `stream`."""
         response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                     before_answer=True, body=wire_json.dumps(body),
                                     headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
@@ -158,7 +160,8 @@ class HttpUpstream:
             try:
                 content = await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
-                raise self._transport_error(exc, model_id, before_answer=True) from None
+                error = self._transport_error(exc, model_id, before_answer=True)
+                raise (error if cut_retried else _not_retried(error)) from None
         finally:
             self._give_back(response, caller_done=False)
         try:
@@ -184,7 +187,8 @@ class HttpUpstream:
     async def fetch(self, url: str, *, model_id: str, media_type: str) -> bytes:
         """GET a link from an upstream's answer (an image URL: `media_type` "image"), without credentials. An answer
         whose content-type names another type (an HTML error page, say) is an UpstreamError naming it; one without
-        a content-type is read, for the caller to judge."""
+        a content-type is read, for the caller to judge. No failure here is retried: the upstream has answered, so it
+        drew and billed what the link names, and asking it again would draw and bill that again."""
         try:
             parts = urlsplit(url)
             link = url if parts.scheme else self._base + url.lstrip("/")  # relative: to the base URL, as before
@@ -195,8 +199,11 @@ class HttpUpstream:
         path = quote(parts.path or "/", safe=_PATH_SAFE) + (f"?{quote(parts.query, safe=_QUERY_SAFE)}"
                                                              if parts.query else "")
         pool = self._client_now().pool(origin, _env_proxy(link))
-        response = await self._send(pool, "GET", path, model_id, before_answer=False, body=b"",
-                                    headers=self._fetch_headers, read_timeout=self._read_timeout)
+        try:
+            response = await self._send(pool, "GET", path, model_id, before_answer=False, body=b"",
+                                        headers=self._fetch_headers, read_timeout=self._read_timeout)
+        except PorticoError as error:
+            raise _not_retried(error) from None
         try:
             if response.status >= 300:
                 raise UpstreamError(f"Fetching a result of `{model_id}` failed with HTTP {response.status}.")
@@ -206,7 +213,7 @@ class HttpUpstream:
             try:
                 return await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
-                raise self._transport_error(exc, model_id, before_answer=False) from None
+                raise _not_retried(self._transport_error(exc, model_id, before_answer=False)) from None
         finally:
             self._give_back(response, caller_done=False)
 
@@ -358,10 +365,10 @@ class HttpUpstream:
             return OutOfResources(f"The gateway cannot open a connection to the upstream serving {name} now{why} "
                                   "Retry shortly.", retry_after=1.0)
         if isinstance(exc, ConnectFailed):
-            # Nothing was sent: retried wherever it failed. After an answer began (a link to fetch), "connect".
+            # Nothing was sent: retried wherever it failed. After an answer (a link to fetch), never (`fetch`).
             if before_answer:
                 return ServiceUnavailable(f"Cannot connect to the upstream serving {name}{why}", retry_reason="connect")
-            return UpstreamError(f"Cannot connect to fetch a result of {name}{why}", retry_reason="connect")
+            return UpstreamError(f"Cannot connect to fetch a result of {name}{why}")
         if isinstance(exc, ConnectionBroken):
             # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
             # caller yet (server/providers/retry.py). "broken", not "connect": the connection was made.
@@ -370,6 +377,13 @@ class HttpUpstream:
         if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
             return UpstreamError(f"The upstream serving {name} {exc}.")
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
+
+
+def _not_retried(error: PorticoError) -> PorticoError:
+    """`error`, met after a billed answer began (reading it, fetching what it links to), with its status and message
+    but never retried: the upstream has drawn and billed what it answered."""
+    error.retry_reason = None
+    return error
 
 
 async def _error_body(response: Response) -> bytes:

@@ -5,6 +5,8 @@ differ in what they accept there (gpt-image-1 refuses it), so the upstream answe
 are read: `b64_json` items are decoded, `url` items fetched (without the upstream key, since such links often
 point at another host). The gateway then answers in the format the caller asked for. Bytes that are not a PNG, JPEG
 or WebP image, and a link whose content-type is not an image's, are the upstream's failure (502), whatever was asked.
+Once the upstream answers it has drawn and billed the images, so nothing that fails after that (an answer cut off, a
+link that cannot be fetched) is retried or sent down the fallbacks: each try would draw and bill them again.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class OpenAIImageProvider:
         with attempt:
             # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
             answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True,
-                                                    attempt=attempt)
+                                                    cut_retried=False, attempt=attempt)
             items = answer.get("data")
             if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
                 raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")

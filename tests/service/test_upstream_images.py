@@ -161,6 +161,29 @@ async def test_an_upstream_failure_is_retried(images, double, secret):
     assert len(response.data) == 1 and len(double.seen) == 2
 
 
+
+async def test_an_image_link_that_cannot_be_fetched_is_not_drawn_again(images, double, secret):
+    """Once the upstream answers, it has drawn and billed the images: a link whose host cannot be reached is that
+    answer's failure (502), never a reason to ask the upstream for the images again and pay for them twice."""
+    double.cue(Cue(body={"created": 1, "data": [{"url": "http://127.0.0.1:9/lost.png"}]}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error")
+    assert "fetch a result of `image-up`" in detail.error.message
+    assert [seen.path for seen in double.seen] == ["/v1/images/generations"]
+
+
+async def test_an_answer_cut_off_is_not_drawn_again(images, double, secret):
+    """An answer that began (200) has been drawn and billed, even if its connection breaks before its end."""
+    one = {"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(1)).decode()}]}
+    double.cue(Cue(body=one, drop_after=1))  # the answer's first half, then the connection closes
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error") and "broke off" in detail.error.message
+    assert len(double.seen) == 1
+
 async def test_an_unreachable_upstream_falls_back_to_the_development_provider(images, secret):
     response = await images.CreateImage(image_request(model="image-down", size="256x256"), metadata=bearer(secret))
     assert response.data[0].revised_prompt == REVISED_PROMPT
