@@ -45,6 +45,21 @@ local function repeated_parameter(query, parameters)
   return nil
 end
 
+-- `query` with the list parameters of `parameters` written `name[]=v` (the anthropic SDK's `lifecycle[]`) made
+-- `name=v`, which the transcoder reads into the repeated field; other pairs as they came. nil: nothing to change.
+local function plain_lists(query, parameters)
+  local rewritten, changed = {}, false
+  for pair in query:gmatch("[^&]+") do
+    local name, list, rest = query_pair(pair)
+    if list and parameters[name] == true then
+      rewritten[#rewritten + 1], changed = name .. rest, true
+    else
+      rewritten[#rewritten + 1] = pair
+    end
+  end
+  return changed and table.concat(rewritten, "&") or nil
+end
+
 local function path_variable_in(path, query)
   for start, names in pairs(PATH_VARIABLES) do
     if path:sub(1, #start) == start then

@@ -212,6 +212,8 @@ function envoy_on_request(handle)
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
         "list, for GET " .. path .. ".")
     end
+    local plain = single and method == "GET" and plain_lists(query, single)
+    if plain then headers:replace(":path", path .. "?" .. plain) end
     local name = path_variable_in(path, query)
     if name then
       return refuse_parameter(handle, metadata, name, "Parameter " .. name .. " belongs in the URL's path, not " ..

@@ -44,8 +44,8 @@ for path, parameters in pairs(ORGANIZATION_PARAMETERS) do
 end
 
 -- The query parameters of the anthropic SDK's models route (envoy.yaml: AnthropicModelService), as above: `limit`,
--- `after_id`, `before_id`. gateway/envoy.py replaces the next line. Other names are left to the transcoder, which
--- skips them (the SDK's `?beta=true`).
+-- `after_id`, `before_id`, the list `lifecycle`. gateway/envoy.py replaces the next line. Other names are left to the
+-- transcoder, which skips them (the SDK's `?beta=true`).
 local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
 
 -- The query parameters of the GET paths under /v1/admin/ that take some (ListKeys' `page_size`, `page_token`), as

@@ -1,5 +1,5 @@
 """A page of a key's models, the way the Anthropic API pages them: newest first, `limit` models after `after_id`
-(the previous page's last), or before `before_id` (the next page's first)."""
+(the previous page's last), or before `before_id` (the next page's first), of the `lifecycle` stages asked for."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from server.errors import InvalidRequest
 
 DEFAULT_LIMIT = 20  # Anthropic's default and range
 MOST_LIMIT = 1000
+LIFECYCLE_STAGES = ("active", "deprecated", "retired")  # Anthropic's; a catalog model is always active
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +20,15 @@ class ModelPage:
     has_more: bool  # more models in the direction paged: after the last, or (with before_id) before the first
 
 
-def model_page(entries: Sequence[ModelEntry], *, limit: int | None, after_id: str, before_id: str) -> ModelPage:
-    """The page asked for, or InvalidRequest naming the parameter at fault (`limit`, `after_id`, `before_id`)."""
+def model_page(entries: Sequence[ModelEntry], *, limit: int | None, after_id: str, before_id: str,
+               lifecycle: Sequence[str] = ()) -> ModelPage:
+    """The page asked for, or InvalidRequest naming the parameter at fault (`limit`, `after_id`, `before_id`,
+    `lifecycle`). Every model of the catalog is active: a `lifecycle` filter without `active` leaves none."""
+    if unknown := [stage for stage in lifecycle if stage not in LIFECYCLE_STAGES]:
+        shown = unknown[0] if len(unknown[0]) <= 40 else unknown[0][:40] + "…"
+        raise InvalidRequest(f"lifecycle `{shown}` is not one of {', '.join(LIFECYCLE_STAGES)}.", param="lifecycle")
+    if lifecycle and "active" not in lifecycle:
+        entries = ()
     size = DEFAULT_LIMIT if limit is None else limit
     if not 1 <= size <= MOST_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MOST_LIMIT}, got {size}.", param="limit")

@@ -36,7 +36,7 @@ class AnthropicModelServicer(anthropic_model_service_pb2_grpc.AnthropicModelServ
         key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
         limit = request.limit if request.HasField("limit") else None
         page = model_page(self._pipeline.catalog.visible_to(key), limit=limit, after_id=request.after_id,
-                          before_id=request.before_id)
+                          before_id=request.before_id, lifecycle=request.lifecycle)
         ids = [entry.id for entry in page.models]
         return anthropic_model_pb2.ListAnthropicModelsResponse(
             data=[_anthropic_model_pb(entry) for entry in page.models], has_more=page.has_more,

@@ -172,6 +172,19 @@ def test_models_list_pages_in_anthropics_shape(client):
     assert (empty.data, empty.has_more, empty.first_id, empty.last_id) == ([], False, None, None)
 
 
+def test_models_list_filters_by_lifecycle(client):
+    """The SDK's `lifecycle` filter (`lifecycle[]=...`): every catalog model is active, so a filter without `active`
+    is an empty page rather than the active models under a filter that excludes them; an unknown stage is a 400."""
+    assert [m.id for m in client.models.list(lifecycle=["active", "deprecated"])] == NEWEST_FIRST
+    assert [m.id for m in client.models.list(lifecycle=["active"], limit=2)] == NEWEST_FIRST
+    for stages in (["retired"], ["deprecated", "retired"]):
+        page = client.models.list(lifecycle=stages)
+        assert (page.data, page.has_more, page.first_id, page.last_id) == ([], False, None, None)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.models.list(lifecycle=["sunset"])
+    assert caught.value.body["error"]["param"] == "lifecycle" and "sunset" in caught.value.body["error"]["message"]
+
+
 def test_models_retrieve_in_anthropics_shape(client):
     model = client.models.retrieve("family-a-5.5")
     assert (model.type, model.id, model.display_name) == ("model", "family-a-5.5", "family-a-5.5")
