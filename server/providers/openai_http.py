@@ -80,7 +80,7 @@ class OpenAIProvider:
             yield finished
         except InvalidRequest as error:  # its param names a field of the body built here: the caller's instead
             if error.param:
-                error.param = caller_param(request, error.param)
+                error.param = caller_param(request, error.param, max_tokens_field=self._max_tokens_field)
             raise
 
     async def close(self) -> None:

@@ -79,13 +79,21 @@ _TOOL_MEMBERS = {".function.parameters": ".input_schema", ".function.name": ".na
 _PARAM = re.compile(r"([A-Za-z_]+)(?:\[(\d+)\])?(.*)", re.DOTALL)
 
 
-def caller_param(request: GenerationRequest, param: str) -> str | None:
-    """The Messages caller's field that an upstream's error `param` (a path into the chat body built for it) was
-    made from: `stop` is `stop_sequences`, a system message `system`, `messages[4]` the caller's message it came from
-    (one message may make several), `tools[0].function.parameters` `tools[0].input_schema`. None when no field the
-    caller sent made it (a path into a body the caller never saw would mislead)."""
-    if not isinstance(request.source, AnthropicMessagesSource):
-        return param  # the caller's own body, passed through
+def caller_param(request: GenerationRequest, param: str, *, max_tokens_field: str = "max_tokens") -> str | None:
+    """The caller's field that an upstream's error `param` (a path into the body sent) was made from. A chat body
+    passed through is the caller's own, but for the token limit, which the gateway put in `max_tokens_field` in place
+    of the caller's `max_completion_tokens` or `max_tokens`. For a Messages caller: `stop` is `stop_sequences`, a
+    system message `system`, `messages[4]` the caller's message it came from (one message may make several),
+    `tools[0].function.parameters` `tools[0].input_schema`; None when no field the caller sent made it (a path into
+    a body the caller never saw would mislead)."""
+    source = request.source
+    if isinstance(source, OpenAIChatSource):
+        if param != max_tokens_field:
+            return param
+        own = ("max_completion_tokens", "max_tokens")  # the one that set the limit first (openai_to_internal)
+        return next((field for field in own if source.body.get(field) is not None), param)
+    if not isinstance(source, AnthropicMessagesSource):
+        return param
     match = _PARAM.fullmatch(param)
     if match is None:
         return None

@@ -142,7 +142,8 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     # An assistant's answer as the API returned it may have no content: a refusal, or a spoken answer (its audio id).
     refusal = opt_string(message, "refusal", where) if role_name == "assistant" else None
     audio = opt_object(message, "audio", where) if role_name == "assistant" else None
-    if content is None and not (role_name == "assistant" and (tool_calls or message.get("function_call") or refusal
+    function_call = opt_object(message, "function_call", where) if role_name == "assistant" else None
+    if content is None and not (role_name == "assistant" and (tool_calls or function_call or refusal
                                                               or audio is not None)):
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
     if audio is not None:
@@ -164,6 +165,10 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
         return Turn(role, tool_results=(ToolResult(call_id=call_id, text=text),))
     calls = tuple(read for i, call in enumerate(tool_calls)
                   if (read := _call(call, f"{where}.tool_calls[{i}]", unread)) is not None)
+    if function_call is not None:  # the deprecated function calling: the call its `function` message answers
+        unread.append(Unread(f"{where}.function_call", "Function calls (the deprecated function calling) are not "
+                             "supported by this model: use `tools` and `tool_calls`.", embedded=False))
+        calls += (_function_call(function_call, f"{where}.function_call"),)
     return Turn(role, text, tool_calls=calls if role is Role.ASSISTANT else ())
 
 
@@ -181,6 +186,12 @@ def _call(call: Json, where: str, unread: list[Unread]) -> ToolCall | None:
     name = _required(opt_string(function, "name", f"{where}.function"), f"{where}.function.name")
     arguments = opt_string(function, "arguments", f"{where}.function")
     return ToolCall(id=call_id, name=name, arguments=arguments or "{}")
+
+
+def _function_call(call: dict, where: str) -> ToolCall:
+    """Its id is the function's name, as its result's (a `function` message names the function it answers)."""
+    name = _required(opt_string(call, "name", where), f"{where}.name")
+    return ToolCall(id=name, name=name, arguments=opt_string(call, "arguments", where) or "{}")
 
 
 def _required(value, param: str):

@@ -421,3 +421,32 @@ def test_an_anthropic_upstreams_error_details_reach_the_sdk_so_its_tool_runner_r
                                     messages=[{"role": "user", "content": "hi"}])
     assert lost.value.body["error"]["message"] == "thread: not found"
     assert lost.value.response.headers.get("x-should-retry") is None
+
+
+@pytest.mark.parametrize("sent", ["max_completion_tokens", "max_tokens"])
+def test_an_upstreams_refusal_of_the_token_limit_names_the_field_the_caller_sent(oai, double, sent):
+    """The gateway puts the token limit in `max_tokens` in place of the caller's `max_completion_tokens` (the openai
+    SDK's current parameter): the upstream's 400 names the field it received, which the caller never sent."""
+    double.cue(Cue(status=400, body={"error": {"message": "max_tokens is too large: 500000.", "param": "max_tokens",
+                                               "type": "invalid_request_error", "code": "invalid_value"}}))
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-gpt", messages=[{"role": "user", "content": "hi"}], **{sent: 500000})
+    assert double.seen[0].body["max_tokens"] == 500000 and "max_completion_tokens" not in double.seen[0].body
+    assert (caught.value.body["param"], caught.value.code) == (sent, "invalid_value")
+
+
+def test_a_deprecated_function_call_in_the_history_is_never_silently_dropped(oai, double):
+    """An assistant turn of the deprecated function calling (`function_call`, content null) passes whole to an
+    OpenAI-compatible upstream; an Anthropic upstream, which refuses its result message (role `function`), refuses
+    the call too, naming it, instead of leaving the turn out and answering as if the model had called nothing."""
+    call = {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Weather?"}, call, {"role": "user", "content": "Well?"}]
+    oai.chat.completions.create(model="chat-gpt", messages=messages, max_tokens=2)
+    assert double.seen[0].body["messages"] == messages
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=messages, max_tokens=2)
+    assert caught.value.body["param"] == "messages[1].function_call" and len(double.seen) == 1
+    for model in ("chat-gpt", "chat-claude", "chat-embedded"):  # still type-checked
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(model=model, messages=[messages[0], {**call, "function_call": 5}])
+        assert caught.value.body["param"] == "messages[1].function_call"

@@ -151,3 +151,15 @@ async def test_sse_transcript_with_usage():
         b'"choices":[]}\n\n',
         b"data: [DONE]\n\n",
     ]
+
+
+def test_a_deprecated_function_call_is_read_as_the_call_its_function_message_answers():
+    """The embedded model reads a `function` message as the result of a call named by the function: the assistant's
+    `function_call` before it is that call, written out for the model as any tool call is, not left out."""
+    turns = plan(messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": '{"city": "Oslo"}'}},
+        {"role": "function", "name": "weather", "content": "Sunny"},
+    ]).generation.turns
+    assert turns[1:] == (Turn(Role.ASSISTANT, "", tool_calls=(ToolCall("weather", "weather", '{"city": "Oslo"}'),)),
+                         Turn(Role.USER, tool_results=(ToolResult("weather", "Sunny"),)))
