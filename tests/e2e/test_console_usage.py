@@ -172,7 +172,6 @@ def test_costs_are_exact_and_an_image_model_has_no_request_count_to_show(tab, ga
     assert tab.problems.lines == []
 
 
-
 def test_answers_from_the_response_cache_are_requests_on_every_page(tab, gateway, admin_secret):
     """A key sent three requests, two answered from the response cache (no tokens, no cost): it made three requests,
     as its recent requests list them, on the usage page, its own page and the models page alike."""
@@ -187,20 +186,27 @@ def test_answers_from_the_response_cache_are_requests_on_every_page(tab, gateway
     expect(spend.get_by_role("row", name=f"cached-caller ({caller}) {model}").get_by_role("cell")).to_have_text(
         [model, "3", "10", "5", "$0.0001"])
 
+    expect_key_week_and_model_requests(tab, caller, model, 3)
+
+
+def expect_key_week_and_model_requests(tab, caller: str, model: str, requests: int) -> None:
+    """The key's page lists `requests` recent requests and counts them (10 tokens in, 5 out, $0.0001 in all) in its
+    week's row of `model`, and the models page counts them for `model`."""
     tab.open(f"#/keys/{caller}")
     expect(tab.page.get_by_role("region", name="The key's last 25 requests", exact=False).locator("tbody tr")
-           ).to_have_count(3)
+           ).to_have_count(requests)
     week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
     expect(week.get_by_role("row", name=re.compile(f"^{model}")).get_by_role("cell")).to_have_text(
-        ["3", "0.0 % (0)", "10", "5", "$0.0001"])
+        [str(requests), "0.0 % (0)", "10", "5", "$0.0001"])
 
     tab.page.get_by_role("navigation").get_by_role("link", name="Models").click()
     catalog = tab.page.get_by_role("region", name="The model catalog")
     model_row = catalog.get_by_role("row", name=re.compile(f"^{model} "))
     expect(model_row).to_be_visible()
     headers = catalog.locator("thead th").all_inner_texts()
-    expect(model_row.locator("th, td").nth(headers.index("Requests"))).to_have_text("3")
+    expect(model_row.locator("th, td").nth(headers.index("Requests"))).to_have_text(str(requests))
     assert tab.problems.lines == []
+
 
 def test_a_request_of_this_second_is_in_the_weeks_of_the_key_and_models_pages(tab, gateway, admin_secret):
     """The key's and the models' last 7 days ended at this second, exclusive: a request made in it was in the key's
@@ -212,20 +218,7 @@ def test_a_request_of_this_second_is_in_the_weeks_of_the_key_and_models_pages(ta
     # The page is shown within the request's second.
     tab.page.clock.set_fixed_time(datetime.fromtimestamp(row["created"] + 0.5, timezone.utc))
     tab.sign_in(admin_secret)
-    tab.open(f"#/keys/{caller}")
-    expect(tab.page.get_by_role("region", name="The key's last 25 requests", exact=False).locator("tbody tr")
-           ).to_have_count(1)
-    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
-    expect(week.get_by_role("row", name=re.compile(f"^{model}")).get_by_role("cell")).to_have_text(
-        ["1", "0.0 % (0)", "10", "5", "$0.0001"])
-
-    tab.page.get_by_role("navigation").get_by_role("link", name="Models").click()
-    catalog = tab.page.get_by_role("region", name="The model catalog")
-    model_row = catalog.get_by_role("row", name=re.compile(f"^{model} "))
-    expect(model_row).to_be_visible()
-    headers = catalog.locator("thead th").all_inner_texts()
-    expect(model_row.locator("th, td").nth(headers.index("Requests"))).to_have_text("1")
-    assert tab.problems.lines == []
+    expect_key_week_and_model_requests(tab, caller, model, 1)
 
 
 # Where a chart's first series (drawn in #0a5bd3) was painted, as shares of the canvas's width: (leftmost, rightmost).
