@@ -82,7 +82,7 @@ def test_a_lone_surrogate_escape_is_a_400_before_any_upstream(http, double):
 
 def test_a_function_message_is_a_tool_result_for_the_embedded_model_and_refused_by_an_anthropic_upstream(oai, double):
     """The deprecated function calling's history: passed whole to its own dialect, read by the embedded model, refused
-    naming its role where Anthropic has no such turn."""
+    where Anthropic has no such turn, naming its first part there (the assistant's call; the result's role alone)."""
     messages = [{"role": "user", "content": "Weather in Oslo?"},
                 {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{}"}},
                 {"role": "function", "name": "weather", "content": "4 C"}]
@@ -91,7 +91,10 @@ def test_a_function_message_is_a_tool_result_for_the_embedded_model_and_refused_
     assert oai.chat.completions.create(model="chat-embedded", messages=messages, max_tokens=2).choices
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="chat-claude", messages=messages, max_tokens=3)
-    assert (caught.value.body["param"], caught.value.body["code"]) == ("messages[2].role", "invalid_request")
+    assert (caught.value.body["param"], caught.value.body["code"]) == ("messages[1].function_call", "invalid_request")
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=[messages[0], messages[2]], max_tokens=3)
+    assert caught.value.body["param"] == "messages[1].role"
     assert len(double.seen) == 1
 
 
