@@ -84,18 +84,24 @@ async def test_a_429_with_retry_after_takes_its_deployment_out_even_when_not_ret
     assert len(double.seen) == len(west.seen) == 1
 
 
-async def test_requests_already_in_flight_failing_during_the_cooldown_do_not_lengthen_it(double, west, tmp_path):
-    """Six requests in flight on a deployment that starts failing: the first failure ejected it, and each of the
-    other five, sent before the ejection and failing during its cooldown, counted as a failed trial and doubled it
-    (0.5 s became 16 s; with the defaults, ten such made 5 s the 300 s maximum). Now the cooldown is as configured."""
-    models_yaml = f"""\
-  - id: burst
+def east_weighted(model_id: str, double, west, *, cooldown: float) -> str:
+    """A model whose east deployment weighs 1000 to west's 1 (nearly every request goes east), ejected by one
+    failure for `cooldown` s."""
+    return f"""\
+  - id: {model_id}
     endpoint: /v1/chat/completions
     deployments:
       - {{name: east, weight: 1000, provider: {provider(double.url)}}}
       - {{name: west, weight: 1, provider: {provider(west.url)}}}
-    health: {{consecutive_failures: 1, cooldown_seconds: 0.5}}
+    health: {{consecutive_failures: 1, cooldown_seconds: {cooldown}}}
 """
+
+
+async def test_requests_already_in_flight_failing_during_the_cooldown_do_not_lengthen_it(double, west, tmp_path):
+    """Six requests in flight on a deployment that starts failing: the first failure ejected it, and each of the
+    other five, sent before the ejection and failing during its cooldown, counted as a failed trial and doubled it
+    (0.5 s became 16 s; with the defaults, ten such made 5 s the 300 s maximum). Now the cooldown is as configured."""
+    models_yaml = east_weighted("burst", double, west, cooldown=0.5)
     double.reset()
     west.reset()
     double.cue(*[Cue(503, {"error": {"message": "busy"}}, delay=0.2)] * 6)
@@ -118,14 +124,7 @@ async def _east_after_two_at_once(double, west, tmp_path, cooldown: float, cues:
     """Two requests at once to a model whose east deployment (weight 1000 to west's 1: nearly always both go there)
     answers them by `cues`, ejected by one failure for `cooldown` s: east's state `after` s from when they were
     sent, or None when one went to west."""
-    models_yaml = f"""\
-  - id: halves
-    endpoint: /v1/chat/completions
-    deployments:
-      - {{name: east, weight: 1000, provider: {provider(double.url)}}}
-      - {{name: west, weight: 1, provider: {provider(west.url)}}}
-    health: {{consecutive_failures: 1, cooldown_seconds: {cooldown}}}
-"""
+    models_yaml = east_weighted("halves", double, west, cooldown=cooldown)
     double.reset()
     west.reset()
     double.cue(*cues)
