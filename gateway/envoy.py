@@ -29,8 +29,8 @@ import yaml
 
 from gateway.processes import start_supervised, terminate
 from gateway.query_parameters import (
-    Parameters, admin_parameters, anthropic_models_parameters, lua_table, organization_parameters, path_variables, route_methods,
-    bodiless_routes,
+    Parameters, admin_parameters, anthropic_models_parameters, bodiless_routes, lua_table, organization_parameters,
+    path_variables, route_methods,
 )
 from server.config_cors import CorsSettings
 from server.errors import kind_by_status
@@ -199,7 +199,8 @@ def lua_source(lua_dir: Path) -> str:
 
 
 def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,
-               admin: Parameters | None = None, max_body_bytes: int = 0, routes: Mapping[str, tuple[str, ...]] | None = None,
+               admin: Parameters | None = None, max_body_bytes: int = 0,
+               routes: Mapping[str, tuple[str, ...]] | None = None,
                bodiless: Mapping[str, list[str]] | None = None) -> str:
     """The Lua shaper with its KINDS table filled from server/errors.py, its ORGANIZATION_PARAMETERS,
     PATH_VARIABLES, ANTHROPIC_MODELS_PARAMETERS, ADMIN_PARAMETERS, ROUTE_METHODS and BODILESS from the descriptor set
