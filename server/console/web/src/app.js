@@ -90,6 +90,9 @@ class Console {
   }
 
   show(page) {
+    // A filter's choice keeps the focus on a filter: on the one the user tabbed on to while the list loaded, if any.
+    const movedTo = this.focusAfter && this.main.contains(document.activeElement) && document.activeElement.name;
+    if (movedTo) this.focusAfter = `[name="${CSS.escape(movedTo)}"]`;
     this.main.replaceChildren(page);
     this.main.removeAttribute("aria-busy");
     const heading = page.querySelector("h1");
