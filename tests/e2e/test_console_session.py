@@ -434,13 +434,13 @@ def test_a_page_the_gateway_could_not_answer_is_shown_once_it_is_back(tab, gatew
         expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
         # The link of the page shown loads it again: its list must be in before the gateway goes, or that load
         # fails too, and its error page would be taken for the Models page's (then shown once the gateway is back).
-        page.wait_for_load_state("networkidle")
+        expect(page.locator("#main")).not_to_have_attribute("aria-busy", "true")  # (networkidle: no wait on a hash)
         page.route("**/v1/**", lambda route: route.abort("connectionrefused"))  # the gateway is down
         nav.get_by_role("link", name="Models").click()
         expect(page.get_by_role("heading", level=1)).to_have_text("Something went wrong")
         expect(page.get_by_role("alert")).to_contain_text("could not be reached")
         page.unroute("**/v1/**")  # and back
-        page.wait_for_load_state("networkidle")  # every refused request has settled: none re-renders the page
+        expect(page.locator("#main")).not_to_have_attribute("aria-busy", "true")  # nothing left to re-render it
         retry()
         expect(page.get_by_role("heading", name="Models", level=1)).to_be_visible()
         expect(page).to_have_title("Models — Portico console")
