@@ -189,6 +189,22 @@ def test_answers_from_the_response_cache_are_requests_on_every_page(tab, gateway
     expect_key_week_and_model_requests(tab, caller, model, 3)
 
 
+def test_a_keys_recent_image_request_shows_its_images_not_tokens(tab, gateway, admin_secret):
+    """An image request was "0 / 0" under Tokens in / out in a key's recent requests, as if it had used nothing."""
+    caller = new_key(gateway, "painter")
+    seed(gateway, caller, model="family-a-image-2", ago_s=30, latency_ms=900, endpoint=Endpoint.IMAGES)
+    seed(gateway, caller, model="family-a-5.5", ago_s=20, latency_ms=40)
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys/{caller}")
+    recent = tab.page.get_by_role("region", name="The key's last 25 requests", exact=False)
+    expect(recent.locator("tbody tr")).to_have_count(2)
+    headers = recent.locator("thead th").all_inner_texts()
+    used = headers.index("Tokens in / out, images")
+    expect(recent.locator("tbody tr").nth(0).locator("th, td").nth(used)).to_have_text("10 / 5")
+    expect(recent.locator("tbody tr").nth(1).locator("th, td").nth(used)).to_have_text("1 image")
+    assert tab.problems.lines == []
+
+
 def expect_key_week_and_model_requests(tab, caller: str, model: str, requests: int) -> None:
     """The key's page lists `requests` recent requests and counts them (10 tokens in, 5 out, $0.0001 in all) in its
     week's row of `model`, and the models page counts them for `model`."""

@@ -138,12 +138,13 @@ function recentTable(recent) {
     new Date(r.created * 1000).toISOString().replace("T", " ").slice(0, 19),
     r.model || "—",
     r.status < 400 && !r.code ? `${r.status} ok` : `${r.status} ${r.code}`,
-    `${number(r.input_tokens)} / ${number(r.output_tokens)}`,
+    r.images ? `${number(r.images)} image${r.images === 1 ? "" : "s"}`
+      : `${number(r.input_tokens)} / ${number(r.output_tokens)}`,
     money(r.cost?.value ?? 0),
     `${number(Math.round(r.latency_ms))} ms`,
     h("code", {}, r.request_id),
   ]);
   return table(`The key's last ${RECENT} requests, newest first`,
-    ["Time (UTC)", "Model", "Status", "Tokens in / out", "Cost", "Latency", "Request id"], rows,
+    ["Time (UTC)", "Model", "Status", "Tokens in / out, images", "Cost", "Latency", "Request id"], rows,
     {empty: "No requests yet."});
 }

@@ -84,7 +84,7 @@ export async function keysPage(ctx) {
     h("form", {class: "filters", role: "search", "aria-label": "Filter keys", onsubmit: applyFilters},
       field("Environment", envSelect), field("State", stateSelect), field("Name or id", searchInput),
       h("button", {type: "submit"}, "Filter"), searchError),
-    h("p", {class: "count"}, `${shown.length} of ${keys.length} keys`),
+    h("p", {class: "count"}, `${shown.length} of ${keys.length} key${keys.length === 1 ? "" : "s"}`),
     table("API keys", ["Name", "Id", "Environment", "State", "Role", "Models", "Own limits", "Created"], rows,
       {empty: "No key matches these filters."}));
 }
