@@ -303,6 +303,13 @@ class GenerationRequest:
     # for one JSON answer instead of a stream; the provider's events are the same either way.
     stream: bool = True
 
+    @property
+    def token_limit_field(self) -> str:
+        """The caller's field that set the token limit: chat's `max_completion_tokens` when sent (it wins)."""
+        source = self.source
+        chat_own = isinstance(source, OpenAIChatSource) and "max_completion_tokens" in source.body
+        return "max_completion_tokens" if chat_own else "max_tokens"
+
     def estimated_prompt_tokens(self) -> int:
         """The size of everything the model reads, estimated when nobody counts it exactly."""
         return estimate_tokens(sum(map(len, self._prompt_texts())))

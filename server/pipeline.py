@@ -176,7 +176,8 @@ class Pipeline:
             prompt if counter is not None else request.most_prompt_tokens(), most_output)
         billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
-            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost, may_cost=billed)
+            reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost, may_cost=billed,
+                                                      limit_field=request.token_limit_field)
         self._handed_over(call, reservation)
         reached_model = True
         watch = self.cutoff.watch(billed=billed)

@@ -72,14 +72,14 @@ class Limiter:
         scopes = {scope.id: scope for model_id in models for scope in self.scopes(key, model_id)}
         return [reading for scope in scopes.values() for reading in standing(scope, await self._store.counts(scope.id))]
 
-    async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0, *,
-                      may_cost: bool = False) -> Reservation:
+    async def reserve(self, key: ApiKey, model_id: str, tokens: int, cost: int = 0, *, may_cost: bool = False,
+                      limit_field: str = "max_tokens") -> Reservation:
         """Reserve `tokens` and `cost` (micro-dollars, the most the request may cost; `may_cost`: a fallback with a
         price may answer it, whatever `cost`, so at no cost of its own it reserves one micro-dollar, which a budget
-        with nothing left refuses). Raises RateLimited when a limit or budget would be exceeded, ServiceUnavailable
+        with nothing left refuses; `limit_field`: the caller's field a too-large refusal names). Raises RateLimited when a limit or budget would be exceeded, ServiceUnavailable
         when the store cannot answer and the policy is fail-closed."""
         fallback_cost = may_cost and cost == 0
-        demand = Demand(self.scopes(key, model_id), tokens, 1 if fallback_cost else cost, fallback_cost)
+        demand = Demand(self.scopes(key, model_id), tokens, 1 if fallback_cost else cost, fallback_cost, limit_field)
         try:
             reservation = await self._reserve_uncancelled(demand)
         except LimitStoreUnavailable as exc:

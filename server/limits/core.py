@@ -95,6 +95,7 @@ class Demand:
     # Costing nothing itself, it may be answered by a fallback with a price, so its `cost` is one micro-dollar: a
     # budget with nothing left refuses it, as it would a request with a price (Limiter.reserve).
     fallback_cost: bool = False
+    limit_field: str = "max_tokens"  # the caller's field that set the most it may generate, named in a refusal
 
     def limit(self, scope: Scope, dimension: Dimension) -> int | None:
         """The scope's limit that applies to this request: a request that costs nothing (a model without a price, a
@@ -345,7 +346,7 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
         # Retrying cannot help, so there is no retry hint.
         return LimitExceeded(
             f"Request too large for {where}: it may use up to {demand.tokens} tokens (prompt + max tokens) but "
-            f"the limit is {reading.limit}. Lower max_tokens or shorten the prompt.",
+            f"the limit is {reading.limit}. Lower {demand.limit_field} or shorten the prompt.",
             dimension=reading.dimension, scope=reading.scope, never_fits=True,
         )
     wait = max(reading.retry_after, 0.001)
@@ -373,7 +374,7 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
     if math.isinf(reading.wait):
         # A request with no tokens reserved is an image request: its cost is its images.
         most, fix = (("its images at the model's price", "Ask for fewer images") if not demand.tokens else
-                     ("prompt + max tokens at the model's prices", "Lower max_tokens or shorten the prompt"))
+                     ("prompt + max tokens at the model's prices", f"Lower {demand.limit_field} or shorten the prompt"))
         return LimitExceeded(
             f"Request too large for {where}: it may cost up to {usd_text(demand.cost)} ({most}) but the budget is "
             f"{usd_text(reading.limit)}. {fix}.",
