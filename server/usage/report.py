@@ -16,7 +16,7 @@ GROUPS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}  # --gr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--start", type=_time, help="UTC date (2026-11-01), date and time (2026-11-01T12:00) or unix "
+    parser.add_argument("--start", type=_time, help="UTC date (2026-11-01 or 20261101), date and time (2026-11-01T12:00) or unix "
                         "seconds; default: 7 days before the end")
     parser.add_argument("--end", type=_time, help="exclusive, same forms; default now")
     parser.add_argument("--bucket", choices=tuple(WIDTHS), default="1d", help="bucket width (default 1d)")
@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _time(text: str) -> int:
-    if text.isdigit():
+    # Eight digits are a date written without dashes (ISO 8601's basic form, 20261101): as unix seconds they would
+    # be a moment in 1970, long before any ledger.
+    if text.isdigit() and len(text) != 8:
         return int(text)
     try:
         when = datetime.fromisoformat(text)

@@ -60,6 +60,19 @@ def test_an_end_alone_covers_the_seven_days_before_it(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1].split()[:2] == ["total", "1"]
 
 
+def test_a_date_written_without_dashes_is_that_date_not_seconds_in_1970(tmp_path, capsys):
+    """`--start 20261101` read as unix seconds (1970-08-24): the whole ledger since then, with no word of it."""
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    day = int(time.time()) // 86_400 * 86_400
+    ledger.write([row(1, at_ms=day * 1000 + 10, model="m"), row(2, at_ms=(day - 3 * 86_400) * 1000, model="m")])
+    ledger.close()
+    compact = time.strftime("%Y%m%d", time.gmtime(day))
+    assert main(["--data-dir", str(tmp_path), "usage", "--start", compact, "--bucket", "1d"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[0] == time.strftime("%Y-%m-%d", time.gmtime(day))
+    assert lines[-1].split()[:2] == ["total", "1"]
+
+
 def test_a_start_after_now_names_the_start_not_an_end_nobody_gave(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path), "usage", "--start", str(int(time.time()) + 86_400)]) == 2
     assert capsys.readouterr().err == "portico: --start must be before now (the default --end)\n"
