@@ -16,8 +16,8 @@ GROUPS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}  # --gr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--start", type=_time, help="UTC date (2026-11-01 or 20261101), date and time (2026-11-01T12:00) or unix "
-                        "seconds; default: 7 days before the end")
+    parser.add_argument("--start", type=_time, help="UTC date (2026-11-01 or 20261101), date and time "
+                        "(2026-11-01T12:00) or unix seconds; default: 7 days before the end")
     parser.add_argument("--end", type=_time, help="exclusive, same forms; default now")
     parser.add_argument("--bucket", choices=tuple(WIDTHS), default="1d", help="bucket width (default 1d)")
     parser.add_argument("--group-by", default="", help="comma-separated: model, api_key_id, project_id (the env)")
