@@ -77,10 +77,11 @@ local function message_string(text)
 end
 
 -- A secret pasted into a URL (GET /v1/pk-.../chat) must not reach the access log, nor the 404's message: the path
--- remembered for both has anything shaped like a Portico secret cut out. Query strings are never kept.
+-- remembered for both has anything shaped like a Portico secret cut out, percent-encoded (pk%2D...) too. Query
+-- strings are never kept.
 local function redacted(path)
-  if not path:find("pk-", 1, true) then return path end
-  return (path:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
+  if not path:find("pk", 1, true) then return path end
+  return (path:gsub("pk%-[%w_%-%%]+", "pk-[redacted]"):gsub("pk%%2[dD][%w_%-%%]+", "pk-[redacted]"))
 end
 
 -- A value the caller sent, quoted in a message: without a key pasted there, and cut short (a query value may be

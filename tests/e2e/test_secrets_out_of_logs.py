@@ -29,6 +29,8 @@ KEY_HEADER_CASES = [  # method, path, header, anthropic
     ("POST", "/v1/messages", "authorization", True),
 ]
 URL_CASES = [("GET", "/v1/{}/chat"), ("DELETE", "/v1/admin/keys/{}"), ("POST", "/v1/chat/completions/{}")]
+# A secret percent-encoded in the path (as a client that escapes every `-` writes it) was kept in Envoy's log whole.
+ENCODED_URL_CASES = [("GET", "/v1/{}/chat", "pk%2Ddev-"), ("POST", "/v1/chat/completions/{}", "pk%2ddev%2D")]
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ def sent(gateway) -> dict[tuple, Sent]:
     for method, template in URL_CASES:
         tail = secrets.token_urlsafe(24)
         pending[(method, template)] = (tail, *_send(gateway, method, template.format(f"pk-dev-{tail}"), {}))
+    for method, template, start in ENCODED_URL_CASES:
+        tail = secrets.token_urlsafe(24)
+        pending[(method, template, start)] = (tail, *_send(gateway, method, template.format(start + tail), {}))
     lines = _envoy_lines(gateway, [request_id for _, request_id, _ in pending.values()])
     return {case: Sent(tail, response, lines[request_id]) for case, (tail, request_id, response) in pending.items()}
 
@@ -133,6 +138,15 @@ def test_a_secret_in_an_unknown_url_is_cut_out_of_the_access_log_and_the_message
     response = sent[case].response
     assert response.status_code == 404
     assert sent[case].tail not in response.text and "pk-[redacted]" in response.json()["error"]["message"]
+    assert sent[case].envoy_line["request"] == f"{method} {template.format('pk-[redacted]')}"
+    _assert_absent(gateway, sent[case].tail)
+
+
+@pytest.mark.parametrize("case", ENCODED_URL_CASES, ids=" ".join)
+def test_a_percent_encoded_secret_in_an_unknown_url_is_cut_out_too(gateway, sent, case):
+    method, template, _ = case
+    response = sent[case].response
+    assert response.status_code == 404 and sent[case].tail not in response.text
     assert sent[case].envoy_line["request"] == f"{method} {template.format('pk-[redacted]')}"
     _assert_absent(gateway, sent[case].tail)
 
