@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)
         if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
+            if args.keys_command != "create" and not (path := config.key_database.sqlite_path).exists():
+                # A store made here would list no keys (a mistyped --data-dir, a relative data_dir read from
+                # another directory): only `create` (and `serve`) may make the first one.
+                print(f"portico: no key store at {path}: give the --data-dir (or --config) that `portico serve` "
+                      "uses", file=sys.stderr)
+                return 1
             _check_data_dir(config.data_dir)
         return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
