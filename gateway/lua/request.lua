@@ -75,6 +75,15 @@ local function misplaced_space(name, value)
   return "Malformed " .. header .. " header: " .. what .. where .. " Send it as " .. form .. "."
 end
 
+-- A refusal made from the headers alone waits for the body first (the buffer filter would hold it anyway), unless
+-- it is announced over the cap: answered before the request has ended, it cost an HTTP/1.1 caller its connection
+-- (`connection: close`), and over HTTP/2 it was followed by a reset of the stream, which curl reports as an error
+-- in place of the answer.
+local function await_body(handle)
+  local length = tonumber(handle:headers():get("content-length") or "")
+  if length == nil or length <= MAX_BODY_BYTES then handle:body() end
+end
+
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
 -- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
 -- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
@@ -90,6 +99,7 @@ local function refuse_unreadable_key(handle, headers, path)
         headers:remove(name)
       else
         local fault = misplaced_space(name, value)
+        await_body(handle)
         if fault then handle:streamInfo():dynamicMetadata():set("portico", "fault", fault) end
         handle:respond({[":status"] = "401"}, "")
         return true
@@ -171,8 +181,10 @@ function envoy_on_request(handle)
   -- A compressed body was read as JSON text ("str is not valid UTF-8"), which says nothing of the cause.
   local encoding = headers:get("content-encoding")
   if encoding and encoding:lower() ~= "identity" and method ~= "GET" and method ~= "HEAD" then
-    return refuse_request(handle, metadata, "Compressed request bodies are not supported (Content-Encoding: " ..
-      redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40) .. "): send the JSON uncompressed.")
+    await_body(handle)
+    local named = redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40)
+    return refuse_request(handle, handle:streamInfo():dynamicMetadata(), "Compressed request bodies are not " ..
+      "supported (Content-Encoding: " .. named .. "): send the JSON uncompressed.")
   end
   -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
   -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.
