@@ -89,13 +89,15 @@ end
 -- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
 -- A tab or a pasted space beside the key is said to be one (misplaced_space): the key may be right. x-api-key is
 -- read only on /v1/messages and /v1/models: elsewhere it is removed unread, not refused (the request's key is in
--- Authorization), and never reaches grpc.
+-- Authorization), and never reaches grpc; so is either one on a path that takes no key.
 local function refuse_unreadable_key(handle, headers, path)
-  local reads_x_api_key = path:sub(1, 12) == "/v1/messages" or path:sub(1, 10) == "/v1/models"
+  -- /healthz, /readyz, the console's files and image links take no key: theirs is not read either.
+  local reads_key = path:sub(1, 4) == "/v1/" and path:sub(1, 19) ~= "/v1/images/content/"
+  local reads_x_api_key = reads_key and (path:sub(1, 12) == "/v1/messages" or path:sub(1, 10) == "/v1/models")
   for _, name in ipairs({"authorization", "x-api-key"}) do
     local value = headers:get(name)
     if value and value:find("[^\32-\126]") then
-      if name == "x-api-key" and not reads_x_api_key then
+      if not reads_key or (name == "x-api-key" and not reads_x_api_key) then
         headers:remove(name)
       else
         local fault = misplaced_space(name, value)
