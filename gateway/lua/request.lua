@@ -153,6 +153,9 @@ function envoy_on_request(handle)
     return bound_request_id(headers)
   end
   bound_request_id(headers)
+  -- The transcoded call carries the caller's headers on to grpc as metadata: a REST caller's `grpc-timeout` became
+  -- its deadline (a 504 blaming an upstream) or, unparsable, grpc's refusal of the call (a 500).
+  headers:remove("grpc-timeout")
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""

@@ -521,3 +521,15 @@ def test_a_refusal_from_the_headers_over_http2_is_not_followed_by_a_reset(gatewa
         frames.append((received[3], int.from_bytes(received[5:9], "big") & 0x7FFFFFFF))
         received = received[9 + length:]
     assert (0x3, 1) not in frames  # RST_STREAM
+
+
+@pytest.mark.parametrize("timeout", ["garbage", "1n"])
+def test_a_grpc_timeout_header_from_a_rest_caller_is_not_the_calls_deadline(http, timeout):
+    """The header went on to grpc with the transcoded call: one it could not parse was a 500 `internal_error`
+    ("Error parsing 'grpc-timeout' metadata", a bug by the table), and a tiny one a 504 `upstream_timeout` blaming an
+    upstream. A REST caller's request has no gRPC deadline of its own to set."""
+    headers = {"grpc-timeout": timeout}
+    assert http.get("/v1/models", headers=headers).status_code == 200
+    response = http.post("/v1/chat/completions", headers=headers, json={
+        "model": "family-a-5.5", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    assert response.status_code == 200, response.text
