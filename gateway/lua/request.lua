@@ -142,6 +142,18 @@ local function bound_request_id(headers)
   end
 end
 
+-- The transcoded call carries a REST caller's headers on to grpc as metadata, and grpc reads its own (`grpc-*`) and
+-- decodes binary ones (`*-bin`, base64) before the server sees the call: from a REST caller they are no part of its
+-- request, yet one grpc could not parse was a 500 (`x-trace-bin: ...`), and `grpc-timeout` set the call's deadline
+-- (a 504 blaming an upstream). Removed after the walk: headers cannot change while it runs.
+local function drop_grpc_headers(headers)
+  local names = {}
+  for name, _ in pairs(headers) do
+    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin" then names[#names + 1] = name end
+  end
+  for _, name in ipairs(names) do headers:remove(name) end
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
@@ -153,9 +165,7 @@ function envoy_on_request(handle)
     return bound_request_id(headers)
   end
   bound_request_id(headers)
-  -- The transcoded call carries the caller's headers on to grpc as metadata: a REST caller's `grpc-timeout` became
-  -- its deadline (a 504 blaming an upstream) or, unparsable, grpc's refusal of the call (a 500).
-  headers:remove("grpc-timeout")
+  drop_grpc_headers(headers)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""

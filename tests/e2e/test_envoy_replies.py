@@ -523,12 +523,13 @@ def test_a_refusal_from_the_headers_over_http2_is_not_followed_by_a_reset(gatewa
     assert (0x3, 1) not in frames  # RST_STREAM
 
 
-@pytest.mark.parametrize("timeout", ["garbage", "1n"])
-def test_a_grpc_timeout_header_from_a_rest_caller_is_not_the_calls_deadline(http, timeout):
-    """The header went on to grpc with the transcoded call: one it could not parse was a 500 `internal_error`
-    ("Error parsing 'grpc-timeout' metadata", a bug by the table), and a tiny one a 504 `upstream_timeout` blaming an
-    upstream. A REST caller's request has no gRPC deadline of its own to set."""
-    headers = {"grpc-timeout": timeout}
+@pytest.mark.parametrize(("name", "value"), [("grpc-timeout", "garbage"), ("grpc-timeout", "1n"),
+                                           ("grpc-encoding", "bogus"), ("x-trace-bin", "!!"), ("x-trace-bin", "AAAA")])
+def test_grpcs_own_headers_from_a_rest_caller_are_not_read(http, name, value):
+    """They went on to grpc with the transcoded call, which read them before the server: one it could not parse was a
+    500 `internal_error` ("Error parsing 'x-trace-bin' metadata: illegal base64 encoding", a bug by the table), and a
+    tiny `grpc-timeout` a 504 `upstream_timeout` blaming an upstream."""
+    headers = {name: value}
     assert http.get("/v1/models", headers=headers).status_code == 200
     response = http.post("/v1/chat/completions", headers=headers, json={
         "model": "family-a-5.5", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
