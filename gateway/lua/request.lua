@@ -145,11 +145,15 @@ end
 -- The transcoded call carries a REST caller's headers on to grpc as metadata, and grpc reads its own (`grpc-*`) and
 -- decodes binary ones (`*-bin`, base64) before the server sees the call: from a REST caller they are no part of its
 -- request, yet one grpc could not parse was a 500 (`x-trace-bin: ...`), and `grpc-timeout` set the call's deadline
--- (a 504 blaming an upstream). Removed after the walk: headers cannot change while it runs.
+-- (a 504 blaming an upstream). So was a name HTTP allows and gRPC does not (`x!note`: "Illegal header key"): none is
+-- Portico's. Removed after the walk: headers cannot change while it runs.
 local function drop_grpc_headers(headers)
   local names = {}
   for name, _ in pairs(headers) do
-    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin" then names[#names + 1] = name end
+    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin" or
+        (name:find("[^a-z0-9_.%-]") and name:sub(1, 1) ~= ":") then  -- not a pseudo-header (:path)
+      names[#names + 1] = name
+    end
   end
   for _, name in ipairs(names) do headers:remove(name) end
 end

@@ -524,11 +524,13 @@ def test_a_refusal_from_the_headers_over_http2_is_not_followed_by_a_reset(gatewa
 
 
 @pytest.mark.parametrize(("name", "value"), [("grpc-timeout", "garbage"), ("grpc-timeout", "1n"),
-                                           ("grpc-encoding", "bogus"), ("x-trace-bin", "!!"), ("x-trace-bin", "AAAA")])
-def test_grpcs_own_headers_from_a_rest_caller_are_not_read(http, name, value):
+                                           ("grpc-encoding", "bogus"), ("x-trace-bin", "!!"), ("x-trace-bin", "AAAA"),
+                                           ("x!note", "1"), ("x~note", "1")])
+def test_headers_grpc_reads_or_refuses_are_not_passed_on_from_a_rest_caller(http, name, value):
     """They went on to grpc with the transcoded call, which read them before the server: one it could not parse was a
     500 `internal_error` ("Error parsing 'x-trace-bin' metadata: illegal base64 encoding", a bug by the table), and a
-    tiny `grpc-timeout` a 504 `upstream_timeout` blaming an upstream."""
+    tiny `grpc-timeout` a 504 `upstream_timeout` blaming an upstream. So was a name HTTP allows and gRPC does not
+    (`x!note`: "Illegal header key")."""
     headers = {name: value}
     assert http.get("/v1/models", headers=headers).status_code == 200
     response = http.post("/v1/chat/completions", headers=headers, json={
