@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)
         if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
+            if args.keys_command != "create" and not (path := config.key_database.sqlite_path).exists():
+                # A store made here would list no keys (a mistyped --data-dir, a relative data_dir read from
+                # another directory): only `create` (and `serve`) may make the first one.
+                print(f"portico: no key store at {path}: give the --data-dir (or --config) that `portico serve` "
+                      "uses", file=sys.stderr)
+                return 1
             _check_data_dir(config.data_dir)
         return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
@@ -127,9 +133,10 @@ def _check_ports(config: Config) -> None:
 
 
 def _taken_port(config: Config) -> str | None:
-    """A port another program listens on, said before the model loads and naming the option that moves it: Envoy's
-    own bind failure came after start-up, in five lines of its log. SO_REUSEADDR as Envoy binds: a port with only
-    closed connections in TIME_WAIT (a gateway just stopped) is free."""
+    """A port another program listens on (or an address not of this machine, a port that needs root), said before the
+    model loads and naming the option that moves it: Envoy's own bind failure came after start-up, in five lines of
+    its log. SO_REUSEADDR as Envoy binds: a port with only closed connections in TIME_WAIT (a gateway just stopped)
+    is free."""
     for _, host, port, option in _listeners(config):
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -138,11 +145,16 @@ def _taken_port(config: Config) -> str | None:
             try:
                 probe.bind((host, port))
             except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    continue  # another fault (an address not of this host, no permission): Envoy's error names it
-                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                return (f"cannot bind '{where}': {exc.strerror}: another program (or another Portico) listens there; "
-                        f"stop it, or choose another with {option} N")
+                where = f"cannot bind '[{host}]:{port}'" if ":" in host else f"cannot bind '{host}:{port}'"
+                if exc.errno == errno.EADDRINUSE:
+                    return (f"{where}: {exc.strerror}: another program (or another Portico) listens there; stop it, "
+                            f"or choose another with {option} N")
+                if exc.errno == errno.EADDRNOTAVAIL:  # only --host names an address of its own
+                    return (f"{where}: {exc.strerror}: no network interface of this machine has the address {host}; "
+                            "choose another with --host")
+                if exc.errno == errno.EACCES:
+                    return (f"{where}: {exc.strerror}: a port below 1024 needs root (or CAP_NET_BIND_SERVICE); "
+                            f"choose another with {option} N")
     return None
 
 

@@ -75,21 +75,33 @@ local function misplaced_space(name, value)
   return "Malformed " .. header .. " header: " .. what .. where .. " Send it as " .. form .. "."
 end
 
+-- A refusal made from the headers alone waits for the body first (the buffer filter would hold it anyway), unless
+-- it is announced over the cap: answered before the request has ended, it cost an HTTP/1.1 caller its connection
+-- (`connection: close`), and over HTTP/2 it was followed by a reset of the stream, which curl reports as an error
+-- in place of the answer.
+local function await_body(handle)
+  local length = tonumber(handle:headers():get("content-length") or "")
+  if length == nil or length <= MAX_BODY_BYTES then handle:body() end
+end
+
 -- A key's value with a byte outside printable ASCII (a Latin-1 "é" from a browser, say) is no key Portico made.
 -- grpc cannot decode such metadata and logs it whole (the secret with it), so it is refused here, before the
 -- server: Envoy's local 401 becomes the table's invalid_api_key object in the caller's dialect (shape_error).
 -- A tab or a pasted space beside the key is said to be one (misplaced_space): the key may be right. x-api-key is
 -- read only on /v1/messages and /v1/models: elsewhere it is removed unread, not refused (the request's key is in
--- Authorization), and never reaches grpc.
+-- Authorization), and never reaches grpc; so is either one on a path that takes no key.
 local function refuse_unreadable_key(handle, headers, path)
-  local reads_x_api_key = path:sub(1, 12) == "/v1/messages" or path:sub(1, 10) == "/v1/models"
+  -- /healthz, /readyz, the console's files and image links take no key: theirs is not read either.
+  local reads_key = path:sub(1, 4) == "/v1/" and path:sub(1, 19) ~= "/v1/images/content/"
+  local reads_x_api_key = reads_key and (path:sub(1, 12) == "/v1/messages" or path:sub(1, 10) == "/v1/models")
   for _, name in ipairs({"authorization", "x-api-key"}) do
     local value = headers:get(name)
     if value and value:find("[^\32-\126]") then
-      if name == "x-api-key" and not reads_x_api_key then
+      if not reads_key or (name == "x-api-key" and not reads_x_api_key) then
         headers:remove(name)
       else
         local fault = misplaced_space(name, value)
+        await_body(handle)
         if fault then handle:streamInfo():dynamicMetadata():set("portico", "fault", fault) end
         handle:respond({[":status"] = "401"}, "")
         return true
@@ -130,6 +142,22 @@ local function bound_request_id(headers)
   end
 end
 
+-- The transcoded call carries a REST caller's headers on to grpc as metadata, and grpc reads its own (`grpc-*`) and
+-- decodes binary ones (`*-bin`, base64) before the server sees the call: from a REST caller they are no part of its
+-- request, yet one grpc could not parse was a 500 (`x-trace-bin: ...`), and `grpc-timeout` set the call's deadline
+-- (a 504 blaming an upstream). So was a name HTTP allows and gRPC does not (`x!note`: "Illegal header key"): none is
+-- Portico's. Removed after the walk: headers cannot change while it runs.
+local function drop_grpc_headers(headers)
+  local names = {}
+  for name, _ in pairs(headers) do
+    if name:sub(1, 5) == "grpc-" or name:sub(-4) == "-bin" or
+        (name:find("[^a-z0-9_.%-]") and name:sub(1, 1) ~= ":") then  -- not a pseudo-header (:path)
+      names[#names + 1] = name
+    end
+  end
+  for _, name in ipairs(names) do headers:remove(name) end
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
@@ -141,6 +169,7 @@ function envoy_on_request(handle)
     return bound_request_id(headers)
   end
   bound_request_id(headers)
+  drop_grpc_headers(headers)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   local method = headers:get(":method") or ""
@@ -171,8 +200,10 @@ function envoy_on_request(handle)
   -- A compressed body was read as JSON text ("str is not valid UTF-8"), which says nothing of the cause.
   local encoding = headers:get("content-encoding")
   if encoding and encoding:lower() ~= "identity" and method ~= "GET" and method ~= "HEAD" then
-    return refuse_request(handle, metadata, "Compressed request bodies are not supported (Content-Encoding: " ..
-      redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40) .. "): send the JSON uncompressed.")
+    await_body(handle)
+    local named = redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40)
+    return refuse_request(handle, handle:streamInfo():dynamicMetadata(), "Compressed request bodies are not " ..
+      "supported (Content-Encoding: " .. named .. "): send the JSON uncompressed.")
   end
   -- HEAD is GET without the body (monitors and load balancers probe /healthz, /readyz, /console with it): the
   -- transcoder binds GET only, so it goes on as GET, checked as GET here, and answer_head drops the body.

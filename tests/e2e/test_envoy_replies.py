@@ -9,6 +9,9 @@ import socket
 import time
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import pytest
 
@@ -453,3 +456,83 @@ def test_options_star_is_404_saying_why(gateway):
     error = json.loads(body)["error"]
     assert error["code"] == "not_found"
     assert error["message"] == "Unknown request URL: the request's target is not a path (such as /v1/models)."
+
+
+# Refused by the Lua filter from the request's headers alone: a compressed body, a key that is not ASCII text.
+EARLY_REFUSALS = [(b"content-encoding", b"gzip", 400), (b"authorization", b"Bearer pk-caf\xe9", 401)]
+
+
+def test_a_key_refused_from_the_headers_keeps_an_http1_connection_for_the_next_request(gateway):
+    """The refusal went before the body had arrived, so Envoy closed the connection after it (`connection: close`):
+    a client's pooled connection was lost to a 401, and a pipelined next request went unanswered. (Envoy closes
+    it after any 400 it makes itself over HTTP/1.1, a compressed body's included.)"""
+    name, value, status = EARLY_REFUSALS[1]
+    body = b'{"model": "family-a-5.5"}'
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" +
+                     name + b": " + value + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n")
+        time.sleep(0.2)  # the body comes a moment after the headers, as from a client that sends them apart
+        conn.sendall(body + b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while answer.count(b"HTTP/1.1 ") < 2 or not answer.endswith(b"}"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    refusal, _, health = answer.partition(b"}}")
+    assert refusal.startswith(b"HTTP/1.1 %d " % status), answer
+    assert b"connection: close" not in refusal.lower(), answer
+    assert b"HTTP/1.1 200 OK" in health and health.endswith(b'{"status":"alive"}'), answer
+
+
+@pytest.mark.parametrize(("name", "value", "status"), EARLY_REFUSALS)
+def test_a_refusal_from_the_headers_over_http2_is_not_followed_by_a_reset(gateway, name, value, status):
+    """Over HTTP/2 the early refusal was followed by a reset of its stream (RST_STREAM, NO_ERROR) while the body was
+    still on its way: curl (7.88, Debian 12's) then reported "(92) Stream error in the HTTP/2 framing layer" and
+    showed no answer at all, now and then, for the same request."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    received = b""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        connection.initiate_connection()
+        connection.send_headers(1, [(b":method", b"POST"), (b":path", b"/v1/chat/completions"), (b":scheme", b"http"),
+                                    (b":authority", b"x"), (b"content-type", b"application/json"), (name, value),
+                                    (b"content-length", b"2")])
+        conn.sendall(connection.data_to_send())
+        conn.settimeout(0.5)  # long enough for an answer (and a reset) that does not wait for the body
+        try:
+            while chunk := conn.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+        connection.send_data(1, b"{}", end_stream=True)
+        conn.sendall(connection.data_to_send())
+        conn.settimeout(5.0)
+        events = connection.receive_data(received)
+        while not any(isinstance(e, h2.events.StreamEnded) for e in events):
+            chunk = conn.recv(65536)
+            assert chunk, "the connection closed before the answer"
+            received += chunk
+            events += connection.receive_data(chunk)
+    answers = [dict(e.headers) for e in events if isinstance(e, h2.events.ResponseReceived)]
+    assert answers and answers[0][b":status"] == str(status).encode()
+    frames = []  # (type, stream) of each frame: h2 keeps quiet about a reset of a stream it saw end
+    while len(received) >= 9:
+        length = int.from_bytes(received[:3], "big")
+        frames.append((received[3], int.from_bytes(received[5:9], "big") & 0x7FFFFFFF))
+        received = received[9 + length:]
+    assert (0x3, 1) not in frames  # RST_STREAM
+
+
+@pytest.mark.parametrize(("name", "value"), [("grpc-timeout", "garbage"), ("grpc-timeout", "1n"),
+                                           ("grpc-encoding", "bogus"), ("x-trace-bin", "!!"), ("x-trace-bin", "AAAA"),
+                                           ("x!note", "1"), ("x~note", "1")])
+def test_headers_grpc_reads_or_refuses_are_not_passed_on_from_a_rest_caller(http, name, value):
+    """They went on to grpc with the transcoded call, which read them before the server: one it could not parse was a
+    500 `internal_error` ("Error parsing 'x-trace-bin' metadata: illegal base64 encoding", a bug by the table), and a
+    tiny `grpc-timeout` a 504 `upstream_timeout` blaming an upstream. So was a name HTTP allows and gRPC does not
+    (`x!note`: "Illegal header key")."""
+    headers = {name: value}
+    assert http.get("/v1/models", headers=headers).status_code == 200
+    response = http.post("/v1/chat/completions", headers=headers, json={
+        "model": "family-a-5.5", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    assert response.status_code == 200, response.text

@@ -113,6 +113,23 @@ def test_an_x_api_key_that_is_not_ascii_where_it_is_not_read_is_dropped_unread_a
     _assert_absent(gateway, tail)
 
 
+def test_a_key_header_that_is_not_ascii_on_a_path_that_takes_no_key_is_dropped_unread(gateway):
+    """/healthz, /readyz, the console's files and image links need no key, and a wrong one is not looked at; one
+    that is not ASCII text was a 401 `invalid_api_key` all the same (a monitor's or a page's request refused)."""
+    answer = httpx.post(gateway.base_url + "/v1/images/generations", timeout=60,
+                        headers={"authorization": f"Bearer {gateway.secret}"},
+                        json={"model": "family-a-image-2", "prompt": "a gate", "response_format": "url"})
+    link = answer.json()["data"][0]["url"]
+    for url in (gateway.base_url + "/healthz", gateway.base_url + "/readyz", gateway.base_url + "/console/", link):
+        for header in ("authorization", "x-api-key"):
+            tail = secrets.token_urlsafe(24)
+            value = b"pk-caf" + LATIN1_E + b"-" + tail.encode()
+            response = httpx.get(url, timeout=30, headers={header: b"Bearer " + value if header == "authorization"
+                                                                   else value})
+            assert response.status_code == 200, (url, header, response.text)
+            _assert_absent(gateway, tail)
+
+
 def test_native_grpc_metadata_that_is_not_utf8_is_redacted_in_the_server_log(gateway):
     """Envoy passes a native gRPC call's metadata through untouched: the server's own filter on grpc's logger keeps
     the value out and the fact in."""

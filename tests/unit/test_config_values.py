@@ -4,6 +4,7 @@ gateway that answers 500 later."""
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
@@ -176,6 +177,35 @@ def test_a_port_taken_by_another_program_is_one_line_naming_the_option(tmp_path,
     assert err.startswith(f"portico: cannot bind '127.0.0.1:{port}': Address already in use")
     assert f"choose another with {option} N" in err
     assert not (tmp_path / "d").exists()
+
+
+def test_an_address_not_of_this_machine_is_one_line_naming_host(tmp_path, capsys):
+    """`serve --host 192.0.2.1` (an address no interface has: a typo, another host's) loaded the model, then printed
+    Envoy's bind failure in five lines of its log (`[critical][main] ... goo.gle/debugproto ...`), naming no option."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: off\n")
+    port, admin_port, metrics_port = free_ports(3)
+    code = main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve", "--host", "192.0.2.1",
+                 "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)])
+    err = capsys.readouterr().err
+    assert code == 1 and err == (f"portico: cannot bind '192.0.2.1:{port}': Cannot assign requested address: no "
+                                 "network interface of this machine has the address 192.0.2.1; choose another with "
+                                 "--host\n")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_port_that_needs_root_is_one_line_naming_the_option(tmp_path, monkeypatch):
+    """Port 80 without root: Envoy's `Permission denied` came after the model loaded, in five lines of its log."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\n")
+
+    def refused(self, address):  # this suite may run as root, which any port admits
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(socket.socket, "bind", refused)
+    config = load_config(path).with_overrides(port=80)
+    assert _taken_port(config) == ("cannot bind '127.0.0.1:80': Permission denied: a port below 1024 needs root (or "
+                                   "CAP_NET_BIND_SERVICE); choose another with --port N")
 
 
 def test_an_ipv4_listener_does_not_stop_a_gateway_on_ipv6_any(tmp_path):

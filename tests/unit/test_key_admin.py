@@ -123,7 +123,8 @@ def test_cli_rotation_without_grace_says_the_previous_secret_stops_now(tmp_path,
 def test_keys_on_a_locked_database_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     """Another process holding keys.db's write lock past the busy timeout: `portico keys list` raised sqlite3's
     OperationalError from the key store's schema check, a traceback where a PostgreSQL outage gets one line."""
-    assert main(["--data-dir", str(tmp_path), "keys", "list"]) == 0
+    assert main(["--data-dir", str(tmp_path), "keys", "create", "--name", "n", "--all-models"]) == 0
+    capsys.readouterr()
     monkeypatch.setattr("server.db.sqlite.BUSY_TIMEOUT_MS", 50)
     holder = sqlite3.connect(tmp_path / "keys.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")

@@ -125,11 +125,29 @@ def test_the_global_options_may_follow_the_command(tmp_path, capsys):
     path.write_text(f"{ONE_MODEL}\naccess_log: {tmp_path / 'no-such-dir' / 'access.log'}\n")
     assert main(["serve", "--config", str(path), "--data-dir", str(tmp_path / "d"), "--log-level", "error"]) == 2
     assert "access_log: cannot open" in capsys.readouterr().err
-    assert main(["keys", "list", "--data-dir", str(tmp_path / "d2")]) == 0
+    create = ["create", "--name", "n", "--all-models"]
+    assert main(["keys", *create, "--data-dir", str(tmp_path / "d2")]) == 0
     assert (tmp_path / "d2" / "keys.db").exists()
     # Before the command, as documented, and a later one wins.
-    assert main(["--data-dir", str(tmp_path / "d3"), "keys", "list", "--data-dir", str(tmp_path / "d4")]) == 0
+    assert main(["--data-dir", str(tmp_path / "d3"), "keys", *create, "--data-dir", str(tmp_path / "d4")]) == 0
     assert (tmp_path / "d4" / "keys.db").exists() and not (tmp_path / "d3" / "keys.db").exists()
+
+
+@pytest.mark.parametrize("command", [["list"], ["get", "key_0123456789abcdef"], ["update", "key_0123456789abcdef",
+                                     "--rpm", "5"], ["rotate", "key_0123456789abcdef"], ["revoke", "pk-dev-x"]])
+def test_a_data_dir_without_a_key_store_is_refused_not_listed_as_no_keys(tmp_path, capsys, command):
+    """A mistyped --data-dir (or the relative `data` read from another directory): `portico keys list` made a new
+    keys.db there, and a directory for it, and printed no keys with exit 0, as if every key were gone; the others
+    said the key did not exist. Now one line naming the file, exit 1, and nothing made (as `portico usage`)."""
+    from server.cli import main
+
+    missing = tmp_path / "not-the-data-dir"
+    assert main(["--data-dir", str(missing), "keys", *command]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"portico: no key store at {missing / 'keys.db'}: give the --data-dir (or --config) "
+                            "that `portico serve` uses\n")
+    assert not missing.exists()
 
 
 @pytest.mark.parametrize("written", ["off", "'off'", "OFF", "stdout", "stderr"])
