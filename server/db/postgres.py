@@ -11,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 from server.db.settings import StoreSettings
 
 APPLICATION_NAME = "portico"
+_RECONNECT_ATTEMPT_SECONDS = 2.0  # tries at 0, 1 and 2 s, then left to the next caller (async_pool)
 
 
 def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:
@@ -51,7 +52,10 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
         min_size=1,
         max_size=settings.pool_size,
         timeout=settings.timeout_seconds,  # waiting for a connection: an outage answers within this
-        reconnect_timeout=24 * 3600.0,  # keep trying while the database is away; never give up the pool
+        # psycopg_pool spaces an attempt's retries ever wider (1, 2, 4, 8 s...): through a long outage its next try
+        # could come minutes after the database is back. An attempt given up this soon is replaced by the next
+        # caller's (readiness asks every second), so the pool keeps trying about every second while it is away.
+        reconnect_timeout=_RECONNECT_ATTEMPT_SECONDS,
         check=AsyncConnectionPool.check_connection,
         name="portico-keys",
         open=False,

@@ -182,16 +182,21 @@ class RedisLimitStore:
     async def _renew_leases(self) -> None:
         """Every lease/3 seconds, push the lease of every slot this process holds, and the expiry of the sets
         holding them: admission gives a set two leases to live, and a request may run for longer (its slot was lost
-        with the set, and the limit let an extra request in). A slot whose lease ran out while Redis did not answer
-        is booked again (the RENEW script: only while its reservation is unsettled), and a renewal Redis missed is
-        tried again within a second, not a third of a lease later. A process that stops renewing still frees its
-        slots within a lease: admission prunes expired leases."""
-        pause = self._lease / 3
+        with the set, and the limit let an extra request in). A slot whose lease ran out while Redis did not answer,
+        or that a Redis restarted without its data lost, is booked again (the RENEW script: only while its
+        reservation is unsettled). So a renewal Redis missed is tried again within a second, and so is one after a
+        new connection (readiness pings every second), which a restart between two renewals makes: its slots are
+        back about a second after Redis answers, not a third of a lease later. A process that stops renewing still
+        frees its slots within a lease: admission prunes expired leases."""
+        tick = min(1.0, self._lease / 3)
+        due = time.monotonic() + self._lease / 3
+        renewed_on = self._redis.connections
         while True:
-            await asyncio.sleep(pause)
-            pause = self._lease / 3
-            if not self._held:
+            await asyncio.sleep(tick)
+            if not self._held or (time.monotonic() < due and self._redis.connections == renewed_on):
                 continue
+            renewed_on = self._redis.connections
+            due = time.monotonic() + self._lease / 3
             expiry = self._clock() + self._lease
             keys: list[str] = []
             args: list = [expiry, self._slots_ttl]
@@ -204,7 +209,7 @@ class RedisLimitStore:
                     await self._redis.run(self._renew_script, keys, args)
             except _UNREACHABLE as exc:
                 _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
-                pause = min(pause, 1.0)
+                due = time.monotonic()
 
     async def ping(self) -> bool:
         """Whether Redis takes a write: a replica, or a Redis out of memory, answers PING but cannot count."""

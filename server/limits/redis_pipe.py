@@ -217,6 +217,7 @@ class RedisPipe:
         self._timeout = options["socket_timeout"] or timeout
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
+        self.connections = 0  # opened so far: a new one may be to a Redis that restarted (without its data)
 
     async def execute(self, *args: Arg, dispatch: Dispatch | None = None) -> Any:
         command = pack(args)
@@ -271,6 +272,7 @@ class RedisPipe:
                 connection._close()  # cancelled during the handshake, say: do not leak the socket
                 raise
             self._link = _Link(connection, self._timeout)
+            self.connections += 1
             return self._link
 
     async def close(self) -> None:

@@ -277,3 +277,43 @@ async def test_a_redis_that_refuses_writes_is_an_outage_not_a_500_and_settlement
         await running.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
         redis.stop()
+
+
+async def test_a_redis_restarted_empty_between_renewals_gets_the_slots_back_within_about_a_second(tmp_path, double):
+    """operations.md: Redis came back without its data, its restart shorter than the pause between two renewals
+    (a third of the default 30 s lease), so no renewal failed: the process sees the new connection (readiness pings
+    every second) and books its slots again about a second after Redis answers, not at its next renewal 10 s on."""
+    redis = start_redis(tmp_path)
+    models = f"""\
+  - id: slow
+    endpoint: /v1/chat/completions
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m,
+                timeouts: {{read: 20, answer: 20}}}}
+"""
+    config = load_upstream_config(tmp_path, models)
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url))
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    running = await start_server(config, "127.0.0.1:0")
+    try:
+        key, secret = await running.store.create("one-at-a-time", all_models=True,
+                                                 limits=KeyLimits(concurrent_requests=1))
+        double.reset()
+        double.cue(Cue(delay=6.0))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+            first = chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+            while not double.seen:  # admitted, and waiting on the upstream
+                await asyncio.sleep(0.01)
+            redis.restart()
+            deadline = time.monotonic() + 3.0  # a readiness ping (every second) reconnects, then the slot is booked
+            while not await running.limiter.store.in_flight(key.id):
+                assert time.monotonic() < deadline, "the running request's slot was not booked again"
+                await asyncio.sleep(0.05)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            await first
+    finally:
+        await running.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+        redis.stop()
