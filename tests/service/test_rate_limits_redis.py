@@ -5,11 +5,13 @@ Redis missed (paused mid-request) taken once it answers again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import redis.asyncio as redis_client
@@ -194,48 +196,57 @@ async def test_requests_refused_while_redis_was_paused_leave_nothing_counted(tmp
         redis.stop()
 
 
-async def test_a_redis_restarted_empty_gets_the_slots_of_requests_still_running_back(tmp_path, double):
-    """Redis restarted without its data (no persistence, a failover) while a request runs: the process holding the
-    slot books it again at its next renewal, so a key's concurrency limit still holds; the slot is freed when the
-    request ends, not a lease later."""
+@contextlib.asynccontextmanager
+async def _one_at_a_time_on_redis(tmp_path, double, *, upstream_delay: float, timeouts: str = "",
+                                  **limits) -> AsyncIterator[tuple]:
+    """A server whose model `slow` waits `upstream_delay` s upstream, limits in a private Redis (`limits`: settings
+    of config.limits), and a key that may run one request at a time: yields (redis, server, key, secret, chat stub).
+    """
     redis = start_redis(tmp_path)
     models = f"""\
   - id: slow
     endpoint: /v1/chat/completions
-    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m}}
+    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m{timeouts}}}
 """
     config = load_upstream_config(tmp_path, models)
-    config = dataclasses.replace(config, limits=dataclasses.replace(
-        config.limits, store=redis.url, store_timeout_seconds=0.2, lease_seconds=1.5))
+    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url, **limits))
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     running = await start_server(config, "127.0.0.1:0")
     try:
         key, secret = await running.store.create("one-at-a-time", all_models=True,
                                                  limits=KeyLimits(concurrent_requests=1))
         double.reset()
-        double.cue(Cue(delay=3.0))
+        double.cue(Cue(delay=upstream_delay))
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
-            first = chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
-            while not double.seen:  # admitted, and waiting on the upstream
-                await asyncio.sleep(0.01)
-            redis.restart()
-            await asyncio.sleep(1.0)  # past a renewal (every lease / 3 = 0.5 s)
-            assert await running.limiter.store.in_flight(key.id) == 1
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "concurrent requests" in error_details(caught.value).error.message
-            await first
-            deadline = time.monotonic() + 0.5  # settled as the request ends: well before its lease would run out
-            while await running.limiter.store.in_flight(key.id):
-                assert time.monotonic() < deadline, "the slot outlived its request"
-                await asyncio.sleep(0.02)
-            await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+            yield redis, running, key, secret, chat_service_pb2_grpc.ChatServiceStub(channel)
     finally:
         await running.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
         redis.stop()
+
+
+async def test_a_redis_restarted_empty_gets_the_slots_of_requests_still_running_back(tmp_path, double):
+    """Redis restarted without its data (no persistence, a failover) while a request runs: the process holding the
+    slot books it again at its next renewal, so a key's concurrency limit still holds; the slot is freed when the
+    request ends, not a lease later."""
+    async with _one_at_a_time_on_redis(tmp_path, double, upstream_delay=3.0, store_timeout_seconds=0.2,
+                                       lease_seconds=1.5) as (redis, running, key, secret, chat):
+        first = chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+        while not double.seen:  # admitted, and waiting on the upstream
+            await asyncio.sleep(0.01)
+        redis.restart()
+        await asyncio.sleep(1.0)  # past a renewal (every lease / 3 = 0.5 s)
+        assert await running.limiter.store.in_flight(key.id) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "concurrent requests" in error_details(caught.value).error.message
+        await first
+        deadline = time.monotonic() + 0.5  # settled as the request ends: well before its lease would run out
+        while await running.limiter.store.in_flight(key.id):
+            assert time.monotonic() < deadline, "the slot outlived its request"
+            await asyncio.sleep(0.02)
+        await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
 
 
 async def test_a_redis_that_refuses_writes_is_an_outage_not_a_500_and_settlements_wait_for_it(tmp_path, double):
@@ -283,37 +294,18 @@ async def test_a_redis_restarted_empty_between_renewals_gets_the_slots_back_with
     """operations.md: Redis came back without its data, its restart shorter than the pause between two renewals
     (a third of the default 30 s lease), so no renewal failed: the process sees the new connection (readiness pings
     every second) and books its slots again about a second after Redis answers, not at its next renewal 10 s on."""
-    redis = start_redis(tmp_path)
-    models = f"""\
-  - id: slow
-    endpoint: /v1/chat/completions
-    provider: {{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: m,
-                timeouts: {{read: 20, answer: 20}}}}
-"""
-    config = load_upstream_config(tmp_path, models)
-    config = dataclasses.replace(config, limits=dataclasses.replace(config.limits, store=redis.url))
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    running = await start_server(config, "127.0.0.1:0")
-    try:
-        key, secret = await running.store.create("one-at-a-time", all_models=True,
-                                                 limits=KeyLimits(concurrent_requests=1))
-        double.reset()
-        double.cue(Cue(delay=6.0))
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            chat = chat_service_pb2_grpc.ChatServiceStub(channel)
-            first = chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
-            while not double.seen:  # admitted, and waiting on the upstream
-                await asyncio.sleep(0.01)
-            redis.restart()
-            deadline = time.monotonic() + 3.0  # a readiness ping (every second) reconnects, then the slot is booked
-            while not await running.limiter.store.in_flight(key.id):
-                assert time.monotonic() < deadline, "the running request's slot was not booked again"
-                await asyncio.sleep(0.05)
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            await first
-    finally:
-        await running.stop(0)
-        os.environ.pop(UPSTREAM_KEY_ENV, None)
-        redis.stop()
+    slow_reads = ", timeouts: {read: 20, answer: 20}"
+    async with _one_at_a_time_on_redis(tmp_path, double, upstream_delay=6.0, timeouts=slow_reads) as setup:
+        redis, running, key, secret, chat = setup
+        first = chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+        while not double.seen:  # admitted, and waiting on the upstream
+            await asyncio.sleep(0.01)
+        redis.restart()
+        deadline = time.monotonic() + 3.0  # a readiness ping (every second) reconnects, then the slot is booked
+        while not await running.limiter.store.in_flight(key.id):
+            assert time.monotonic() < deadline, "the running request's slot was not booked again"
+            await asyncio.sleep(0.05)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await chat.CreateChatCompletion(chat_request(model="slow", max_tokens=4), metadata=bearer(secret))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await first
