@@ -95,8 +95,8 @@ class LedgerWriter:
         once it is settled (Adopted)."""
         adopted = self._spool.adopt() if self._spool is not None else Adopted([], [])
         if adopted.rows:
-            _logger.warning("usage ledger: %d row(s) left in the spool by a process that ended (killed?) are written "
-                            "now, each stored once", len(adopted.rows))
+            _logger.warning("usage ledger: %d row(s) left in the spool by a process that ended (killed, or stopped "
+                            "while the store could not be written) are written now, each stored once", len(adopted.rows))
             self._queue.extend(adopted.rows)
             self._adopted = len(adopted.rows)
             self._wake.set()
