@@ -207,6 +207,9 @@ def test_a_scrape_shows_each_request_with_its_labels(gateway):
                  model="family-a-5.4") == 2
     assert delta("portico_request_duration_seconds_count", endpoint="/v1/messages", model="family-b-opus-4-7") == 2
     assert delta("portico_upstream_duration_seconds_count", model="family-b-opus-4-7") == 1
+    # The embedded model is each model's one deployment, named after its kind, as in the usage ledger's rows.
+    assert delta("portico_deployment_requests_total", model="family-a-5.4", deployment="llamacpp") == 2
+    assert delta("portico_deployment_requests_total", model="family-b-opus-4-7", deployment="llamacpp") == 1
     assert value(after, "portico_requests_in_flight", endpoint="/v1/chat/completions") == 0
 
 
