@@ -180,6 +180,8 @@ async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, dou
     assert server.attributes["error.type"] == "cancelled" and not server.error  # the caller's choice, not a fault
     attempt = one(spans, kind="client")
     assert attempt.attributes["error.type"] == "cancelled" and attempt.end <= server.end
+    # Both codes, as on the request span: a query on the table's code finds the attempt too.
+    assert attempt.attributes["portico.error.code"] == server.attributes["portico.error.code"] == "cancelled"
 
 
 async def test_each_attempt_names_its_deployment(chat, running, receiver, key):
