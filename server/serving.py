@@ -74,7 +74,7 @@ def raise_open_files_limit() -> None:
     unanswered. Raised to the hard limit, as Go's runtime does, for this process and the workers and Envoy it starts."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
-        with contextlib.suppress(ValueError, OSError):  # a hard limit of "unlimited", which the kernel refuses
+        with contextlib.suppress(ValueError, OSError):  # refused (a sandbox): the soft limit stays as it was
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
