@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from server.cutoff import Watch
 from server.domain import (
-    Dialect, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, UpstreamObject, Usage, estimate_tokens,
+    Dialect, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    estimate_tokens,
 )
 from server.errors import InternalError, PorticoError
 from server.observability import RequestRecord
@@ -65,7 +66,7 @@ async def metered(
                 async for event in events:
                     watch.waiting = False
                     meter.record(event)
-                    if isinstance(event, TextDelta):
+                    if _content(event):
                         record.first_token()
                     yield event
                     watch.begin()
@@ -79,6 +80,13 @@ async def metered(
         # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
         record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
         raise
+
+
+def _content(event: GenerationEvent) -> bool:
+    """Part of the answer reaches the caller: the first token is the first of these, whichever the answer begins with
+    (an agent's turn is often only a tool call; a thinking model thinks before it writes)."""
+    return isinstance(event, (TextDelta, ToolCallStart, ToolCallDelta)) or (
+        isinstance(event, UpstreamObject) and event.content)
 
 
 async def started(events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:

@@ -38,7 +38,7 @@ from server.providers import (
 )
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
-from server.providers.router import refusal_of, stream_of
+from server.providers.router import Router, refusal_of, stream_of
 from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
 
@@ -327,6 +327,8 @@ class Pipeline:
         """The model is asked now: marked in the usage ledger's spool with what its reservation booked, so that the
         next process writes its row and settles its reservation if this one dies before the request ends."""
         _asking(call)
+        if not isinstance(call.provider, Router):  # run bare: no Router counts its one attempt on its one deployment
+            self._telemetry.deployment_attempt(call.model.id, call.record.deployment, None)
         call.record.booked = self._limiter.booked(reservation)
         self._telemetry.handed_over(call.record)
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import shutil
 import signal
 import tempfile
@@ -67,10 +68,21 @@ def check_temp_dir(workers: int) -> None:
                           "here): set TMPDIR to a shorter directory")
 
 
+def raise_open_files_limit() -> None:
+    """Each caller's stream and upstream exchange holds a descriptor: the soft limit a shell or a unit leaves (often
+    1,024, where the hard one is far higher) made a busy gateway answer 503 and leave Envoy's new connections to it
+    unanswered. Raised to the hard limit, as Go's runtime does, for this process and the workers and Envoy it starts."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):  # refused (a sandbox): the soft limit stays as it was
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
                 development_key: bool = False) -> int:
     """`development_key`: on a first start with an empty key store, create and print an all-models key (else say
     how to make one)."""
+    raise_open_files_limit()
     # From the start: a stop signal while the model loads or workers start would otherwise kill the process by
     # its default action (exit -15, nothing drained, no "Portico stopped."). It is acted on once all is up.
     stop = asyncio.Event()

@@ -166,9 +166,10 @@ class Telemetry:
         record.spans_started += 1
         record.provider = EMBEDDED_PROVIDER
         # The embedded model serves many model ids: this is the one asked for, or the fallback being tried.
+        model = record.answered_by or record.model
         attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": EMBEDDED_PROVIDER,
-                      "gen_ai.request.model": engine_model, "portico.model": record.answered_by or record.model,
-                      "portico.attempt": record.spans_started}
+                      "gen_ai.request.model": engine_model, "portico.model": model,
+                      "portico.attempt": record.spans_started, "portico.fallback": model != record.model}
         return self.tracing.child(record.span, f"generate {engine_model}", SpanKind.INTERNAL, attributes)
 
     def close(self) -> None:

@@ -105,16 +105,14 @@ def failed(span: Span, exc: BaseException) -> None:
     """The error's codes, never its message (an upstream's message may quote the prompt): error.type the one the
     caller is given (context_length_exceeded, an upstream's own), portico.error.code the error table's row."""
     if isinstance(exc, PorticoError):
-        code = exc.code
-        span.set_attribute("portico.error.code", exc.kind.code)
+        code, row = exc.code, exc.kind.code
         if exc.retry_reason:
             span.set_attribute("portico.retry_reason", exc.retry_reason)
         if limit := exc.metric_labels().get("limit"):
             span.set_attribute("portico.limit", limit)
-    elif isinstance(exc, asyncio.CancelledError):
-        code = "cancelled"
-    else:
-        code = "internal_error"
+    else:  # the rows the request span gets for these too
+        code = row = "cancelled" if isinstance(exc, asyncio.CancelledError) else "internal_error"
+    span.set_attribute("portico.error.code", row)
     span.set_attribute("error.type", code)
     span.set_status(Status(StatusCode.ERROR, code))
 

@@ -22,7 +22,7 @@ from portico.v1 import chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 from gateway.envoy import free_ports
 from tests.e2e.conftest import Gateway, running_gateway
 from tests.helpers import bearer, chat_request
-from tests.upstream_support import write_config
+from tests.upstream_support import UPSTREAM_KEY_ENV, write_config
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -207,6 +207,9 @@ def test_a_scrape_shows_each_request_with_its_labels(gateway):
                  model="family-a-5.4") == 2
     assert delta("portico_request_duration_seconds_count", endpoint="/v1/messages", model="family-b-opus-4-7") == 2
     assert delta("portico_upstream_duration_seconds_count", model="family-b-opus-4-7") == 1
+    # The embedded model is each model's one deployment, named after its kind, as in the usage ledger's rows.
+    assert delta("portico_deployment_requests_total", model="family-a-5.4", deployment="llamacpp") == 2
+    assert delta("portico_deployment_requests_total", model="family-b-opus-4-7", deployment="llamacpp") == 1
     assert value(after, "portico_requests_in_flight", endpoint="/v1/chat/completions") == 0
 
 
@@ -382,3 +385,62 @@ def test_an_absurd_worker_count_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"portico: --workers 100000 is more than {most} ")
+
+
+def _chunk(delta: dict, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _event(kind: str, **fields) -> bytes:
+    return f"event: {kind}\n".encode() + b"data: " + orjson.dumps({"type": kind, **fields}) + b"\n\n"
+
+
+def test_the_first_token_is_the_first_content_a_tool_call_or_thinking_included(tmp_path):
+    """An answer that is only a tool call (an agent's usual turn), or that thinks before it writes, has its first
+    token when that content arrives: before, a tool call had none (no histogram sample, `first_token_ms` null) and
+    thinking counted only from the text after it."""
+    from tests.e2e.conftest import upstream_gateway
+    from tests.upstream_double import Cue, UpstreamDouble
+
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    tool_call = [_chunk({"role": "assistant", "content": None}), _chunk({"tool_calls": [call]}),
+                 _chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "m",
+               "stop_reason": None, "usage": {"input_tokens": 3, "output_tokens": 0}}
+    thinking = [_event("message_start", message=message),
+                _event("content_block_start", index=0, content_block={"type": "thinking", "thinking": ""}),
+                _event("content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": "hmm"}),
+                _event("content_block_stop", index=0),
+                _event("content_block_start", index=1, content_block={"type": "text", "text": ""}),
+                _event("content_block_delta", index=1, delta={"type": "text_delta", "text": "hi"}),
+                _event("content_block_stop", index=1),
+                _event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 2}),
+                _event("message_stop")]
+    double = UpstreamDouble().start()
+    common = f"api_key_env: {UPSTREAM_KEY_ENV}, model: m"
+    models = (f"  - {{id: tools, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: '{double.url}', "
+              f"{common}}}}}\n  - {{id: thinks, endpoint: /v1/messages, provider: {{kind: anthropic, base_url: "
+              f"'{double.url.removesuffix('/v1')}', {common}}}}}\n")
+    try:
+        with upstream_gateway(tmp_path, models) as gateway, httpx.Client(
+                base_url=gateway.base_url, headers={"Authorization": f"Bearer {gateway.secret}"}, timeout=30) as client:
+            asked = {"messages": HI, "max_tokens": 50, "stream": True}
+            ids = []
+            for path, model, frames in (("/v1/chat/completions", "tools", tool_call),
+                                        ("/v1/messages", "thinks", thinking)):
+                double.cue(Cue(frames=frames, frame_delay=0.3))  # 0.3 s before each frame after the first
+                answer = client.post(path, json={**asked, "model": model})
+                assert answer.status_code == 200
+                ids.append(answer.headers["x-request-id"])
+            samples = scrape(gateway)
+            # The tool call is the second frame (0.3 s); the thinking delta the third (0.6 s), the text the sixth.
+            for request_id, endpoint, model, first in zip(ids, ("/v1/chat/completions", "/v1/messages"),
+                                                         ("tools", "thinks"), (300, 600)):
+                line = wait_for_line(gateway, request_id)
+                assert line["first_token_ms"] is not None and first - 50 < line["first_token_ms"] < first + 250, line
+                assert value(samples, "portico_time_to_first_token_seconds_count", endpoint=endpoint,
+                             model=model) == 1
+    finally:
+        double.stop()

@@ -180,6 +180,8 @@ async def test_a_caller_that_goes_away_leaves_cancelled_spans(chat, running, dou
     assert server.attributes["error.type"] == "cancelled" and not server.error  # the caller's choice, not a fault
     attempt = one(spans, kind="client")
     assert attempt.attributes["error.type"] == "cancelled" and attempt.end <= server.end
+    # Both codes, as on the request span: a query on the table's code finds the attempt too.
+    assert attempt.attributes["portico.error.code"] == server.attributes["portico.error.code"] == "cancelled"
 
 
 async def test_each_attempt_names_its_deployment(chat, running, receiver, key):
@@ -207,8 +209,22 @@ async def test_the_embedded_model_has_a_generation_span(chat, running, receiver,
     assert generation.parent_id == server.span_id and not generation.error
     assert generation.attributes["gen_ai.request.model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert generation.attributes["portico.queued_ms"] >= 0
+    assert generation.attributes["portico.fallback"] is False
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
     assert server.attributes["gen_ai.response.finish_reasons"] == ("length",)
+
+
+async def test_a_fallback_to_the_embedded_model_is_marked_as_one(chat, running, double, receiver, key):
+    """As an upstream fallback's attempt is: a query for fallbacks finds the embedded model's generation too."""
+    _, secret = key
+    double.cue(Cue(500, {"error": {"message": "boom"}}))  # up-chain's one try; its first fallback is the embedded model
+    trace_id, _, traceparent = caller_context()
+    await ask(chat, secret, traceparent, model="up-chain", max_tokens=3)
+
+    spans = await spans_of(receiver, trace_id)
+    generation = one(spans, name="generate SmolLM2-135M-Instruct.Q4_1")
+    assert generation.attributes["portico.model"] == "embedded" and generation.attributes["portico.attempt"] == 2
+    assert generation.attributes["portico.fallback"] is True
 
 
 async def test_no_response_model_when_no_model_answered(chat, running, double, receiver, key):
