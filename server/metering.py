@@ -66,7 +66,7 @@ async def metered(
                 async for event in events:
                     watch.waiting = False
                     meter.record(event)
-                    if _content(event):
+                    if record.first_token_seconds is None and _content(event):  # one look per event after it
                         record.first_token()
                     yield event
                     watch.begin()
