@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import resource
-import shutil
 import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,6 +37,7 @@ from server.limits.settings import redacted
 from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
 from server.providers.health import HEALTH_FILE_ENV
+from server.run_dir import run_directory
 from server.supervisor import WorkerError, Workers, socket_name
 
 KILL_MARGIN_SECONDS = 5.0  # a worker still running this long after its drain period is killed
@@ -90,13 +90,8 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     # SIGHUP too: its default action (the terminal or ssh session closed) killed Portico without a drain.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    # Unix socket paths are limited to ~108 bytes, so the run directory lives under the system temp dir.
-    run_dir = Path(tempfile.mkdtemp(prefix="portico-"))
-    try:
+    with run_directory() as run_dir:
         return await _serve(config, run_dir, workers, worker_command, stop, development_key)
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(run_dir)
 
 
 async def _serve(config: Config, run_dir: Path, workers: int, worker_command, stop: asyncio.Event,

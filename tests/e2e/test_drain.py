@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -139,6 +142,31 @@ def test_a_hangup_drains_and_stops_as_sigterm_does(tmp_path, double):
     assert "stopping: no new connections" in log
     (run_dir,) = re.findall(r"unix:(/\S+)/grpc.sock", log)
     assert not os.path.exists(run_dir)
+
+
+def test_a_killed_serves_run_directory_is_removed_by_the_next_serve(tmp_path, monkeypatch):
+    """A serve killed by SIGKILL (the OOM killer) left its run directory in TMPDIR (Envoy's config, sockets, metrics
+    files): a unit restarted after each kill piled them up on a tmpfs. The next serve removes those whose serve is
+    gone, and nothing of an older Portico's (no lock file) or of a serve still running."""
+    temp = Path(tempfile.mkdtemp(prefix="pt-"))  # short: the run directory's socket paths must fit
+    try:
+        monkeypatch.setenv("TMPDIR", str(temp))
+        with running_gateway(tmp_path / "killed") as killed:
+            killed.process.kill()
+            killed.process.wait(timeout=10)
+        (left,) = temp.glob("portico-*")
+        settled = time.time() - 120  # a directory made a moment ago may be another serve's, not locked yet
+        os.utime(left / "serve.lock", (settled, settled))
+        older = temp / "portico-olderver"
+        older.mkdir()
+        with running_gateway(tmp_path / "next") as next_serve:
+            assert not left.exists() and older.exists()
+            (own,) = set(temp.glob("portico-*")) - {older}
+            assert (own / "grpc.sock").exists()
+            key = {"Authorization": f"Bearer {next_serve.secret}"}
+            assert httpx.get(f"{next_serve.base_url}/v1/models", headers=key).status_code == 200
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _read_stream(chunks, text_of, under_way: threading.Event) -> tuple[list[str], Exception | None]:
