@@ -378,6 +378,16 @@ def test_the_usage_page_reflects_requests_just_made(tab, gateway, admin_secret):
     expect(chart.locator("canvas")).to_have_count(1)  # drawn by uPlot
     alpha, beta = (f"{name} ({made[name][0]})" for name in ("usage-alpha", "usage-beta"))
     expect(chart.locator(".u-legend")).to_contain_text(alpha)
+    # A legend entry hides and shows its series: by mouse only, until it took the keyboard's Tab and Enter or Space.
+    entry = chart.get_by_role("button", name=alpha)
+    expect(entry).to_have_attribute("aria-pressed", "true")
+    entry.focus()
+    page.keyboard.press("Enter")
+    expect(entry).to_have_attribute("aria-pressed", "false")
+    expect(chart.locator(".u-legend tr.u-off")).to_contain_text(alpha)
+    page.keyboard.press(" ")
+    expect(entry).to_have_attribute("aria-pressed", "true")
+    expect(chart.locator(".u-legend tr.u-off")).to_have_count(0)
     chart.get_by_text("Show the numbers").click()
     numbers = chart.get_by_role("table")
     headers = numbers.locator("thead th").all_inner_texts()

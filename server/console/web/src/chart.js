@@ -47,10 +47,29 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
   new ResizeObserver(([entry]) => {
     const width = Math.floor(entry.contentRect.width);
     if (width <= 0) return;
-    if (plot === null) plot = new uPlot(options(width), [times, ...series.map((s) => s.values)], plotBox);
-    else plot.setSize({width, height: options(width).height});
+    if (plot === null) {
+      plot = new uPlot(options(width), [times, ...series.map((s) => s.values)], plotBox);
+      keyboardLegend(plot);
+    } else plot.setSize({width, height: options(width).height});
   }).observe(plotBox);
   return figure;
+}
+
+// uPlot hides and shows a series by a click on its legend entry: a keyboard user gets the same with Tab and Enter or
+// Space, and a screen reader hears whether the series is shown. The time series has no entry (legend.live false).
+function keyboardLegend(plot) {
+  plot.root.querySelectorAll(".u-legend tr.u-series > th").forEach((label, i) => {
+    const pressed = () => label.setAttribute("aria-pressed", String(plot.series[i + 1].show));
+    label.tabIndex = 0;
+    label.setAttribute("role", "button");
+    pressed();
+    label.addEventListener("click", pressed);  // after uPlot's own listener, which toggles the series
+    label.addEventListener("keydown", (event) => {
+      if (event.key !== "Enter" && event.key !== " ") return;
+      event.preventDefault();  // Space would scroll the page
+      label.click();
+    });
+  });
 }
 
 // The value axis as wide as its widest label: a fixed width cut the first characters off "$1,250.00" or
