@@ -196,6 +196,11 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
     return tuple(specs)
 
 
+def _continues_a_thread(body: Mapping[str, Json]) -> bool:
+    thread = body.get("thread")
+    return isinstance(thread, dict) and thread.get("type") == "continue"
+
+
 def _tool_choice(body: Mapping[str, Json], unread: list[Unread]) -> ToolChoice | None:
     choice = opt_object(body, "tool_choice")
     if choice is None:
@@ -208,12 +213,15 @@ def _tool_choice(body: Mapping[str, Json], unread: list[Unread]) -> ToolChoice |
         unread.append(Unread("tool_choice.type", f"`tool_choice` of type {shown(kind)} is not supported by this "
                                                  "model."))
         return None
-    if mode is ToolChoiceMode.REQUIRED and not body.get("tools"):
+    # A thread's `continue` turn leaves its `tools` out: the server holds them (only an Anthropic upstream holds
+    # threads; any other model refuses `thread` itself).
+    held = _continues_a_thread(body)
+    if mode is ToolChoiceMode.REQUIRED and not body.get("tools") and not held:
         raise no_tools_to_call()
     name = opt_string(choice, "name", "tool_choice") or None
     names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)
              and isinstance(tool.get("name"), str)}
-    if mode is ToolChoiceMode.TOOL and name not in names:  # a custom tool or a server tool
+    if mode is ToolChoiceMode.TOOL and name not in names and not (held and name):  # a custom tool or a server tool
         raise InvalidRequest("tool_choice.name: must name one of `tools`.", param="tool_choice.name")
     parallel = not opt_bool(choice, "disable_parallel_tool_use", "tool_choice")
     return ToolChoice(mode, name=name if mode is ToolChoiceMode.TOOL else None, parallel=parallel)
