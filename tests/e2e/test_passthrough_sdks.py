@@ -461,6 +461,33 @@ def test_a_thread_that_continues_takes_its_tools_from_the_thread_so_tool_choice_
     assert len(double.seen) == 3
 
 
+def test_what_the_beta_messages_api_added_to_messages_reaches_an_anthropic_upstream_only(claude, double):
+    """The SDK's thread helpers continue a paused turn (`pause_turn`) with no messages at all, and its tool runner
+    adds or removes tools in a `system` message: an Anthropic upstream was never asked (400 `messages`, and
+    `messages[1].role: must be 'user' or 'assistant'`), where the other models must refuse them by their path."""
+    paused = {"model": "messages-claude", "max_tokens": 5, "messages": [],
+              "thread": {"type": "continue", "previous_message_id": "msg_up"}}
+    system = {"role": "system", "clear_at": "next_user_message",
+              "content": [{"type": "tool_addition", "tool": {"name": "w", "input_schema": {"type": "object"}}}]}
+    added = [{"role": "user", "content": "hi"}, system, {"role": "user", "content": "go on"}]
+    double.cue(Cue(body={"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+                         "content": [{"type": "text", "text": "resumed"}], "stop_reason": "end_turn",
+                         "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}))
+    assert claude.beta.messages.create(**paused).content[0].text == "resumed"
+    assert claude.beta.messages.create(model="messages-claude", max_tokens=5, messages=added).content
+    assert [seen.body["messages"] for seen in double.seen] == [[], added]
+    for model in ("messages-embedded", "messages-gpt"):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.create(**{**paused, "model": model})
+        assert refused.value.body["error"]["param"] == "thread"
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.create(model=model, max_tokens=5, messages=added)
+        assert refused.value.body["error"]["param"] == "messages[1].role"
+    with pytest.raises(anthropic.BadRequestError) as refused:  # no thread holds the conversation: nothing to answer
+        claude.beta.messages.create(**{**paused, "thread": {"type": "create"}})
+    assert refused.value.body["error"]["param"] == "messages" and len(double.seen) == 2
+
+
 @pytest.mark.parametrize("sent", ["max_completion_tokens", "max_tokens"])
 def test_an_upstreams_refusal_of_the_token_limit_names_the_field_the_caller_sent(oai, double, sent):
     """The gateway puts the token limit in `max_tokens` in place of the caller's `max_completion_tokens` (the openai
