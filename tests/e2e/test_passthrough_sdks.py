@@ -443,7 +443,7 @@ def test_a_thread_that_continues_takes_its_tools_from_the_thread_so_tool_choice_
     assert [reply.stop_reason for reply in replies] == ["tool_use", "end_turn"]
     first, second = double.seen
     assert first.body["thread"] == {"type": "create"} and first.body["tools"]
-    assert second.body["thread"]["type"] == "continue" and "tools" not in second.body
+    assert second.body["thread"] == {"type": "continue", "previous_message_id": "msg_up"} and "tools" not in second.body
     assert second.body["tool_choice"] == {"type": "any"}
     hi = [{"role": "user", "content": "hi"}]
     claude.beta.messages.create(model="messages-claude", max_tokens=2, messages=hi, tool_choice={
@@ -459,6 +459,22 @@ def test_a_thread_that_continues_takes_its_tools_from_the_thread_so_tool_choice_
                                     thread={"type": "create"})
     assert refused.value.body["error"]["param"] == "tool_choice"
     assert len(double.seen) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_threaded_message_keeps_the_upstreams_id_which_the_next_turn_names(claude, double, stream):
+    """A thread's next turn names the reply it continues (`previous_message_id`): with Portico's own id there, an
+    Anthropic upstream that holds threads knew no such message (404 `thread_not_found`), and the SDK sent every turn
+    twice, the second time with the whole history under a new thread."""
+    hi = [{"role": "user", "content": "hi"}]
+    for thread, upstream_id in (({"type": "create"}, True), (None, False)):
+        fields = dict(model="messages-claude", max_tokens=5, messages=hi, **({"thread": thread} if thread else {}))
+        if stream:
+            with claude.beta.messages.stream(**fields) as events:
+                reply = events.get_final_message()
+        else:
+            reply = claude.beta.messages.create(**fields)
+        assert (reply.id == "msg_up") is upstream_id and reply.id.startswith("msg_")
 
 
 def test_what_the_beta_messages_api_added_to_messages_reaches_an_anthropic_upstream_only(claude, double):
