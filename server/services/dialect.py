@@ -154,7 +154,7 @@ class DialectServicer:
         plan = self.plan(body, call, stream=stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()),
                                 model=model, upstream_id=self.keeps_upstream_id(plan))
-        call.record.response_id = header.id
+        call.record.response_id = "" if header.upstream_id else header.id  # the upstream's id, unknown until it answers
         return call, plan, header
 
 
