@@ -450,8 +450,11 @@ class TokenCount:
 
 @dataclass(frozen=True, slots=True)
 class ResponseHeader:
-    """What every object of one response repeats: its id, creation time and the model name the caller used."""
+    """What every object of one response repeats: its id, creation time and the model name the caller used.
+    `upstream_id`: a same-dialect upstream's answer keeps its own id instead (a threaded message: the thread's next
+    turn names it as `previous_message_id`, which only the upstream that holds the thread knows)."""
 
     id: str
     created: int
     model: str
+    upstream_id: bool = False

@@ -71,6 +71,10 @@ class DialectServicer:
         `stream`: whether the RPC streams (the typed ones, whatever `stream` says), None where the body decides."""
         raise NotImplementedError
 
+    def keeps_upstream_id(self, plan: Plan) -> bool:
+        """Whether a same-dialect upstream's answer keeps its own id (ResponseHeader.upstream_id)."""
+        return False
+
     def answer(self, header: ResponseHeader, completion: Completion) -> dict:
         raise NotImplementedError
 
@@ -148,8 +152,9 @@ class DialectServicer:
         body, model = await self._pipeline.read_body(context, data, allow_x_api_key=self.allow_x_api_key)
         call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
         plan = self.plan(body, call, stream=stream)
-        header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()), model=model)
-        call.record.response_id = header.id
+        header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()),
+                                model=model, upstream_id=self.keeps_upstream_id(plan))
+        call.record.response_id = "" if header.upstream_id else header.id  # the upstream's id, unknown until it answers
         return call, plan, header
 
 

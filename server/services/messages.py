@@ -25,6 +25,9 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
         return message_request(body, stream=stream,
                                beta=beta_values(call.context.invocation_metadata()))
 
+    def keeps_upstream_id(self, plan):
+        return isinstance(plan.generation.source.body.get("thread"), dict)  # only an Anthropic upstream takes one
+
     def answer(self, header, completion):
         return to_anthropic.message(header, completion)
 

@@ -63,7 +63,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
             raise InvalidRequest("max_tokens: Field required", param="max_tokens")
         max_tokens = 1  # stands in: nothing that counts a prompt reads it
     messages = opt_array(body, "messages")
-    if not messages:
+    if not messages and not _continues_a_thread(body):  # a paused turn is continued from none: the server has it
         raise InvalidRequest("messages: at least one message is required.", param="messages")
     turns = []
     # An empty system prompt is none, as on Anthropic's API (a model's template may have a default one to keep).
@@ -75,8 +75,8 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
-    last = turns[-1]
-    if last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
+    last = turns[-1] if turns else None
+    if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
     stops = opt_array(body, "stop_sequences") or []
     for i, stop in enumerate(stops):
@@ -107,13 +107,17 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
 def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     if not isinstance(message, dict):
         raise wrong_type(where, "an object", message)
-    role = _ROLES.get(message.get("role")) if isinstance(message.get("role"), str) else None
-    if role is None:
-        raise InvalidRequest(
-            f"{where}.role: must be 'user' or 'assistant', got {shown(message.get('role'))}.", param=f"{where}.role"
-        )
+    role_name = message.get("role")
+    if not isinstance(role_name, str):
+        raise InvalidRequest(f"{where}.role: must be 'user' or 'assistant', got {shown(role_name)}.",
+                             param=f"{where}.role")
+    role = _ROLES.get(role_name)
+    if role is None:  # a role added to the API later (the beta's 'system' messages): an Anthropic upstream judges it
+        unread.append(Unread(f"{where}.role", f"Messages of role {shown(role_name)} are not supported by this model; "
+                                              "supported: user, assistant."))
+        role = Role.USER  # stands in for the gateway's own estimates of the prompt
     content = message.get("content")
-    if content is None:
+    if content is None and role_name in _ROLES:  # a system message may hold only its `output_config`
         raise InvalidRequest(f"{where}.content: Field required", param=f"{where}.content")
     if not isinstance(content, list):
         return Turn(role, text_parts(content, f"{where}.content")[0])
@@ -196,6 +200,11 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
     return tuple(specs)
 
 
+def _continues_a_thread(body: Mapping[str, Json]) -> bool:
+    thread = body.get("thread")
+    return isinstance(thread, dict) and thread.get("type") == "continue"
+
+
 def _tool_choice(body: Mapping[str, Json], unread: list[Unread]) -> ToolChoice | None:
     choice = opt_object(body, "tool_choice")
     if choice is None:
@@ -208,12 +217,15 @@ def _tool_choice(body: Mapping[str, Json], unread: list[Unread]) -> ToolChoice |
         unread.append(Unread("tool_choice.type", f"`tool_choice` of type {shown(kind)} is not supported by this "
                                                  "model."))
         return None
-    if mode is ToolChoiceMode.REQUIRED and not body.get("tools"):
+    # A thread's `continue` turn leaves its `tools` out: the server holds them (only an Anthropic upstream holds
+    # threads; any other model refuses `thread` itself).
+    held = _continues_a_thread(body)
+    if mode is ToolChoiceMode.REQUIRED and not body.get("tools") and not held:
         raise no_tools_to_call()
     name = opt_string(choice, "name", "tool_choice") or None
     names = {tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)
              and isinstance(tool.get("name"), str)}
-    if mode is ToolChoiceMode.TOOL and name not in names:  # a custom tool or a server tool
+    if mode is ToolChoiceMode.TOOL and name not in names and not (held and name):  # a custom tool or a server tool
         raise InvalidRequest("tool_choice.name: must name one of `tools`.", param="tool_choice.name")
     parallel = not opt_bool(choice, "disable_parallel_tool_use", "tool_choice")
     return ToolChoice(mode, name=name if mode is ToolChoiceMode.TOOL else None, parallel=parallel)

@@ -56,7 +56,7 @@ def token_count(count: TokenCount) -> dict:
 def message(header: ResponseHeader, completion: Completion) -> dict:
     upstream = completion.upstream
     if upstream is not None and upstream.dialect is Dialect.ANTHROPIC:
-        answer = {**upstream.payload, "id": header.id, "model": header.model}
+        answer = {**upstream.payload, "id": _id(header, upstream.payload), "model": header.model}
         if not isinstance(answer.get("usage"), Mapping):  # a server that sent none: the counts the limits settled
             answer["usage"] = usage_object(completion.finish.usage)
         return answer
@@ -141,8 +141,13 @@ async def _relayed_events(
 
 def _owned_event(header: ResponseHeader, event: Mapping[str, Json]) -> dict:
     if event.get("type") == "message_start" and isinstance(started := event.get("message"), Mapping):
-        return {**event, "message": {**started, "id": header.id, "model": header.model}}
+        return {**event, "message": {**started, "id": _id(header, started), "model": header.model}}
     return dict(event)
+
+
+def _id(header: ResponseHeader, upstream: Mapping[str, Json]) -> str:
+    kept = upstream.get("id") if header.upstream_id else None
+    return kept if isinstance(kept, str) and kept else header.id
 
 
 _TEXT = -1  # the stream key of text; a tool call's is its index (0, 1, ...)

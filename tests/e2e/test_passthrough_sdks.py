@@ -423,6 +423,87 @@ def test_an_anthropic_upstreams_error_details_reach_the_sdk_so_its_tool_runner_r
     assert lost.value.response.headers.get("x-should-retry") is None
 
 
+def test_a_thread_that_continues_takes_its_tools_from_the_thread_so_tool_choice_needs_none(claude, double):
+    """On a `continue` turn the server holds the thread's `tools` (and `system`), so the anthropic SDK leaves them out
+    and keeps `tool_choice`: its tool runner with `tool_choice` `any` sent its second turn as such, and the gateway
+    refused it (400: demands a tool call without `tools`), which ended the runner on an Anthropic upstream."""
+
+    @anthropic.beta_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"4 C in {city}"
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}
+    double.cue(Cue(body={"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+                         "content": [call], "stop_reason": "tool_use", "stop_sequence": None,
+                         "usage": {"input_tokens": 3, "output_tokens": 3}}))
+    replies = list(claude.beta.messages.tool_runner(model="messages-claude", max_tokens=20, tools=[weather],
+                                                    tool_choice={"type": "any"}, max_iterations=2,
+                                                    messages=[{"role": "user", "content": "Weather in Oslo?"}]))
+    assert [reply.stop_reason for reply in replies] == ["tool_use", "end_turn"]
+    first, second = double.seen
+    assert first.body["thread"] == {"type": "create"} and first.body["tools"]
+    assert second.body["thread"] == {"type": "continue", "previous_message_id": "msg_up"} and "tools" not in second.body
+    assert second.body["tool_choice"] == {"type": "any"}
+    hi = [{"role": "user", "content": "hi"}]
+    claude.beta.messages.create(model="messages-claude", max_tokens=2, messages=hi, tool_choice={
+        "type": "tool", "name": "weather"}, thread={"type": "continue", "previous_message_id": "msg_up"})
+    assert double.seen[-1].body["tool_choice"] == {"type": "tool", "name": "weather"}
+    for model in ("messages-embedded", "messages-gpt"):  # they hold no threads, and say so
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.create(model=model, max_tokens=2, messages=hi, tool_choice={"type": "any"},
+                                        thread={"type": "continue", "previous_message_id": "msg_up"})
+        assert refused.value.body["error"]["details"] == {"error_code": "thread_unsupported_request"}
+    with pytest.raises(anthropic.BadRequestError) as refused:  # a thread that starts holds only the tools it sends
+        claude.beta.messages.create(model="messages-claude", max_tokens=2, messages=hi, tool_choice={"type": "any"},
+                                    thread={"type": "create"})
+    assert refused.value.body["error"]["param"] == "tool_choice"
+    assert len(double.seen) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_threaded_message_keeps_the_upstreams_id_which_the_next_turn_names(claude, double, stream):
+    """A thread's next turn names the reply it continues (`previous_message_id`): with Portico's own id there, an
+    Anthropic upstream that holds threads knew no such message (404 `thread_not_found`), and the SDK sent every turn
+    twice, the second time with the whole history under a new thread."""
+    hi = [{"role": "user", "content": "hi"}]
+    for thread, upstream_id in (({"type": "create"}, True), (None, False)):
+        fields = dict(model="messages-claude", max_tokens=5, messages=hi, **({"thread": thread} if thread else {}))
+        if stream:
+            with claude.beta.messages.stream(**fields) as events:
+                reply = events.get_final_message()
+        else:
+            reply = claude.beta.messages.create(**fields)
+        assert (reply.id == "msg_up") is upstream_id and reply.id.startswith("msg_")
+
+
+def test_what_the_beta_messages_api_added_to_messages_reaches_an_anthropic_upstream_only(claude, double):
+    """The SDK's thread helpers continue a paused turn (`pause_turn`) with no messages at all, and its tool runner
+    adds or removes tools in a `system` message: an Anthropic upstream was never asked (400 `messages`, and
+    `messages[1].role: must be 'user' or 'assistant'`), where the other models must refuse them by their path."""
+    paused = {"model": "messages-claude", "max_tokens": 5, "messages": [],
+              "thread": {"type": "continue", "previous_message_id": "msg_up"}}
+    system = {"role": "system", "clear_at": "next_user_message",
+              "content": [{"type": "tool_addition", "tool": {"name": "w", "input_schema": {"type": "object"}}}]}
+    added = [{"role": "user", "content": "hi"}, system, {"role": "user", "content": "go on"}]
+    double.cue(Cue(body={"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+                         "content": [{"type": "text", "text": "resumed"}], "stop_reason": "end_turn",
+                         "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}))
+    assert claude.beta.messages.create(**paused).content[0].text == "resumed"
+    assert claude.beta.messages.create(model="messages-claude", max_tokens=5, messages=added).content
+    assert [seen.body["messages"] for seen in double.seen] == [[], added]
+    for model in ("messages-embedded", "messages-gpt"):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.create(**{**paused, "model": model})
+        assert refused.value.body["error"]["param"] == "thread"
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.create(model=model, max_tokens=5, messages=added)
+        assert refused.value.body["error"]["param"] == "messages[1].role"
+    with pytest.raises(anthropic.BadRequestError) as refused:  # no thread holds the conversation: nothing to answer
+        claude.beta.messages.create(**{**paused, "thread": {"type": "create"}})
+    assert refused.value.body["error"]["param"] == "messages" and len(double.seen) == 2
+
+
 @pytest.mark.parametrize("sent", ["max_completion_tokens", "max_tokens"])
 def test_an_upstreams_refusal_of_the_token_limit_names_the_field_the_caller_sent(oai, double, sent):
     """The gateway puts the token limit in `max_tokens` in place of the caller's `max_completion_tokens` (the openai
