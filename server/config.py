@@ -14,7 +14,7 @@ import yaml
 
 from server.config_cors import CorsSettings, parse_cors
 from server.config_deployments import parse_cache, parse_deployments, parse_health
-from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
+from server.config_providers import ConfigError, known_settings, mapping, number, optional_mapping, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import Endpoint, ModelEntry, Price
@@ -98,11 +98,15 @@ def load_config(path: Path | None = None) -> Config:
             raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
         source = str(path)
     try:
-        raw = yaml.load(text, Loader=_Loader) or {}
+        raw = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
+    except ValueError as exc:  # Python reads no integer of over 4300 digits
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    if raw is None:  # an empty file, or only comments: "`models` must be a non-empty list" says what it lacks
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     return _parse(raw, source)
@@ -167,7 +171,7 @@ def _parse(raw: dict, source: str) -> Config:
             public_base_url=_base_url(listen.get("public_base_url"), f"{source}: listen.public_base_url"),
             envoy_admin_port=number(raw, "envoy_admin_port", 9901, f"{source}: ", integer=True, low=1,
                                     high=65535),
-            data_dir=Path(_text(raw, "data_dir", "data", f"{source}: ")),
+            data_dir=Path(_path(raw, "data_dir", "data", f"{source}: ")),
             embedded=EmbeddedSettings(
                 context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1),
                 # llama.cpp's GGML_MAX_N_THREADS: beyond it the first generation aborts the process.
@@ -186,7 +190,7 @@ def _parse(raw: dict, source: str) -> Config:
             key_cache_size=number(keys, "cache_size", 10_000, f"{source}: keys", integer=True, low=1),
             key_negative_cache_size=number(keys, "negative_cache_size", 10_000, f"{source}: keys",
                                            integer=True, low=1),
-            limits=_limits(_or_empty(raw.get("limits")), f"{source}: limits", seen),
+            limits=_limits(raw.get("limits"), f"{source}: limits", seen),
             metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True, low=0, high=65535),
             access_log=_access_log(raw, f"{source}: "),
             drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
@@ -200,7 +204,15 @@ def _parse(raw: dict, source: str) -> Config:
 
 def _access_log(raw: dict, where: str) -> str:
     # YAML 1.1 reads a bare `off` (the documented value) as false.
-    return "off" if raw.get("access_log") is False else _text(raw, "access_log", "stderr", where)
+    return "off" if raw.get("access_log") is False else _path(raw, "access_log", "stderr", where)
+
+
+def _path(raw: dict, name: str, default: str, where: str) -> str:
+    """A file or directory path: one with a NUL in it is refused by the system, which was a traceback at start-up."""
+    value = _text(raw, name, default, where)
+    if "\0" in value:
+        raise ConfigError(f"{where}{name}: a path cannot hold a NUL character")
+    return value
 
 
 def _text(raw: dict, name: str, default: str, where: str) -> str:
@@ -231,11 +243,6 @@ def listen_host(value: str, where: str) -> str:
     return value
 
 
-def _or_empty(value: Any) -> Any:
-    """A section written with nothing under it (every line commented out) is YAML's null: its defaults."""
-    return {} if value is None else value
-
-
 def _base_url(value: Any, where: str) -> str | None:
     """Image links are this URL with a path added: a query or fragment in it would make every link wrong, and a user
     or password would be handed to every caller that asks for one."""
@@ -264,16 +271,16 @@ def _model_path(value: Any, where: str) -> str | None:
 
 
 def _section(raw: dict, name: str, known: tuple[str, ...], source: str) -> dict:
-    section = _mapping(_or_empty(raw.get(name)), f"{source}: {name}")
+    section = optional_mapping(raw.get(name), f"{source}: {name}")
     known_settings(section, known, f"{source}: {name}")
     return section
 
 
 def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
-    raw = _mapping(raw, where)
+    raw = optional_mapping(raw, where)
     known = {"defaults", "models", "store", "on_store_error", "lease_seconds", "store_timeout_seconds"}
     known_settings(raw, sorted(known), where)
-    models = _mapping(raw.get("models") or {}, f"{where}.models")
+    models = optional_mapping(raw.get("models"), f"{where}.models")
     for model_id in models:
         if model_id not in model_ids:
             raise ConfigError(f"{where}.models: {model_id!r} is not a model in `models`")
@@ -290,8 +297,8 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
     if policy not in ("closed", "open"):
         raise ConfigError(f"{where}.on_store_error: `closed` (refuse with 503) or `open` (admit), not {policy!r}")
     settings = LimitSettings(
-        defaults=_key_limits(raw.get("defaults") or {}, f"{where}.defaults"),
-        models={str(m): _key_limits(_or_empty(v), f"{where}.models.{m}") for m, v in models.items()},
+        defaults=_key_limits(optional_mapping(raw.get("defaults"), f"{where}.defaults"), f"{where}.defaults"),
+        models={str(m): _key_limits(optional_mapping(v, f"{where}.models.{m}"), f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
         lease_seconds=number(raw, "lease_seconds", 30.0, where, positive=True),
@@ -360,7 +367,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
         endpoint = Endpoint(raw["endpoint"])
     except (ValueError, TypeError):
         raise ConfigError(f"{where}: endpoint must be one of {', '.join(Endpoint)}, not {raw['endpoint']!r}") from None
-    fallbacks = raw.get("fallbacks") or []
+    fallbacks = [] if raw.get("fallbacks") is None else raw["fallbacks"]
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
         raise ConfigError(f"{where}.fallbacks: a list of model ids")
     deployments = parse_deployments(raw, where, endpoint)
@@ -386,9 +393,10 @@ def _model(raw: Any, where: str) -> ModelEntry:
 def _price(raw: Any, where: str, endpoint: Endpoint) -> Price:
     """A price in a unit the model's requests never use is refused: it would silently cost nothing, and a budget
     would never stop them (image requests use no tokens, text requests make no images)."""
-    price = parse_price(raw or {}, where)
+    raw = optional_mapping(raw, where)
+    price = parse_price(raw, where)
     images = endpoint is Endpoint.IMAGES
-    for name, value in (raw or {}).items():
+    for name, value in raw.items():
         if value is not None and (name == "image") != images:
             raise ConfigError(f"{where}.{name}: " + (
                 "an image model is priced per image (`image`); its requests use no tokens" if images else

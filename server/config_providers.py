@@ -80,8 +80,8 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
         base_url=base_url,
         model=raw["model"],
         api_key_env=key_env,
-        timeouts=_timeouts(raw.get("timeouts") or {}, f"{where}.timeouts"),
-        retry=_retry(raw.get("retry") or {}, f"{where}.retry"),
+        timeouts=_timeouts(optional_mapping(raw.get("timeouts"), f"{where}.timeouts"), f"{where}.timeouts"),
+        retry=_retry(optional_mapping(raw.get("retry"), f"{where}.retry"), f"{where}.retry"),
         max_connections=_number(raw, "max_connections", 100, where, integer=True),
         max_tokens_field=max_tokens_field,
     )
@@ -172,6 +172,12 @@ def mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping")
     return value
+
+
+def optional_mapping(value: Any, where: str) -> dict:
+    """A section that may be absent or left empty (YAML's null: its defaults); any other value that is no mapping
+    (`[]`, `0`, `false`) is a mistake, not an empty section."""
+    return mapping({} if value is None else value, where)
 
 
 def known_settings(raw: Mapping[str, Any], known: Iterable[str], where: str) -> None:

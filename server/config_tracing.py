@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
+from server.config_providers import ConfigError, known_settings, number, optional_mapping, url_parts
 
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
 
@@ -27,7 +27,7 @@ class TracingSettings:
 
 
 def parse_tracing(raw: Any, where: str) -> TracingSettings:
-    raw = mapping(raw or {}, where)
+    raw = optional_mapping(raw, where)
     known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
                          "max_export_batch_size", "export_timeout_seconds"), where)
     service_name = raw.get("service_name", "portico")

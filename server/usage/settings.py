@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, mapping, number
+from server.config_providers import ConfigError, number, optional_mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,7 @@ class UsageSettings:
 
 
 def parse_usage(raw: Any, where: str) -> UsageSettings:
-    raw = mapping(raw or {}, where)
+    raw = optional_mapping(raw, where)
     known = {"flush_seconds", "batch_rows", "buffer_rows", "retention_days"}
     if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")

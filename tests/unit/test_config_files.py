@@ -286,3 +286,40 @@ TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, "
 def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, health, message):
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, TWO_DEPLOYMENTS.replace("HEALTH", health))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # `x or {}` took any false value for an empty section: `tracing: []` or `usage: false` ran on the defaults,
+        # `price: 0` made a model free and `fallbacks: ""` gave it none, all without a word.
+        (f"{ONE_MODEL}\ntracing: []", r"c\.yaml: tracing must be a mapping"),
+        (f"{ONE_MODEL}\nusage: false", r"c\.yaml: usage must be a mapping"),
+        (f"{ONE_MODEL}\nlimits: {{defaults: []}}", r"c\.yaml: limits\.defaults must be a mapping"),
+        (f"{ONE_MODEL}\nlimits: {{models: 0}}", r"c\.yaml: limits\.models must be a mapping"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: 0}]",
+         r"models\[0\]\.price must be a mapping"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, fallbacks: ''}]",
+         r"models\[0\]\.fallbacks: a list of model ids"),
+        (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', "
+         f"model: m, retry: []}}}}]", r"models\[0\]\.provider\.retry must be a mapping"),
+        (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', "
+         f"model: m, timeouts: 0}}}}]", r"models\[0\]\.provider\.timeouts must be a mapping"),
+        ("false", r"c\.yaml: the top level must be a mapping"),
+        # Python refuses to read an integer of over 4300 digits: that was a ValueError traceback.
+        (f"{ONE_MODEL}\ndefault_max_tokens: {'9' * 5000}", r"c\.yaml: not valid YAML: .*4300 digits"),
+        # A NUL cannot be in a path: the data dir or access log failed later with a traceback ("embedded null byte").
+        (f"{ONE_MODEL}\naccess_log: \"a\\0b\"", r"c\.yaml: access_log: a path cannot hold a NUL character"),
+        (f"{ONE_MODEL}\ndata_dir: \"a\\0b\"", r"c\.yaml: data_dir: a path cannot hold a NUL character"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused_not_taken_as_empty(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        _load(tmp_path, text)
+    assert "\n" not in str(raised.value)
+
+
+def test_sections_and_lists_left_empty_still_take_their_defaults(tmp_path):
+    config = _load(tmp_path, "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: null, "
+                             "fallbacks: null}]\ntracing:\nusage:\nlimits: {defaults: null, models: null}\n")
+    assert config.models[0].fallbacks == () and not config.tracing.enabled and config.usage.batch_rows == 500
