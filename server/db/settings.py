@@ -61,7 +61,7 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller). SQLite's
     file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
     store = str(keys.get("store", SQLITE))
-    password_env = keys.get("password_env") or ""
+    password_env = "" if keys.get("password_env") is None else keys["password_env"]  # `[]` or `0`: no name
     if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
         raise ConfigError(f"{where}.password_env: the name of an environment variable, not {password_env!r}")
     timeout = float(number(keys, "store_timeout_seconds", 2.0, where))

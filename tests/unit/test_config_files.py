@@ -306,6 +306,8 @@ def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, heal
         (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', "
          f"model: m, timeouts: 0}}}}]", r"models\[0\]\.provider\.timeouts must be a mapping"),
         ("false", r"c\.yaml: the top level must be a mapping"),
+        (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://u@127.0.0.1:1/db', password_env: []}}",
+         r"c\.yaml: keys\.password_env: the name of an environment variable, not \[\]"),
         # Python refuses to read an integer of over 4300 digits: that was a ValueError traceback.
         (f"{ONE_MODEL}\ndefault_max_tokens: {'9' * 5000}", r"c\.yaml: not valid YAML: .*4300 digits.*: value has"),
         (f"{ONE_MODEL}\ndata_dir: 2026-13-45", r"c\.yaml: not valid YAML: month must be in 1\.\.12$"),
