@@ -105,13 +105,18 @@ def _retry(raw: Any, where: str) -> RetrySettings:
     on_status = raw.get("on_status", list(defaults.on_status))
     if not isinstance(on_status, list) or not all(isinstance(s, int) and 400 <= s <= 599 for s in on_status):
         raise ConfigError(f"{where}.on_status: a list of HTTP statuses (400-599), e.g. [429, 500, 503]")
-    return RetrySettings(
+    settings = RetrySettings(
         attempts=_number(raw, "attempts", defaults.attempts, where, integer=True),
         initial_backoff=_seconds(raw, "initial_backoff", defaults.initial_backoff, where),
         max_backoff=_seconds(raw, "max_backoff", defaults.max_backoff, where),
         total_seconds=_seconds(raw, "total_seconds", defaults.total_seconds, where),
         on_status=tuple(on_status),
     )
+    if settings.max_backoff < settings.initial_backoff:  # the first wait would silently be max_backoff
+        default = "" if "max_backoff" in raw else " (its default)"
+        raise ConfigError(f"{where}.max_backoff: at least initial_backoff ({settings.initial_backoff:g}), "
+                          f"not {settings.max_backoff:g}{default}")
+    return settings
 
 
 def _number(raw: dict, name: str, default: float, where: str, *, integer: bool = False) -> Any:

@@ -326,3 +326,13 @@ def test_sections_and_lists_left_empty_still_take_their_defaults(tmp_path):
     config = _load(tmp_path, "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: null, "
                              "fallbacks: null}]\ntracing:\nusage:\nlimits: {defaults: null, models: null}\n")
     assert config.models[0].fallbacks == () and not config.tracing.enabled and config.usage.batch_rows == 500
+
+
+@pytest.mark.parametrize(("retry", "message"), [
+    ("{initial_backoff: 10, max_backoff: 1}", r"retry\.max_backoff: at least initial_backoff \(10\), not 1$"),
+    ("{initial_backoff: 20}", r"retry\.max_backoff: at least initial_backoff \(20\), not 8 \(its default\)$"),
+])
+def test_a_backoff_above_its_maximum_is_refused_not_cut_silently(tmp_path, retry, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, "
+                        f"base_url: 'http://127.0.0.1:9/v1', model: m, retry: {retry}}}}}]")
