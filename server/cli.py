@@ -187,7 +187,7 @@ def _global_options(parser: argparse.ArgumentParser, default) -> None:
     """--config, --data-dir and --log-level: before the command (`portico --config F serve`) or after it
     (`portico serve --config F`). After it they default to SUPPRESS, so that an absent one keeps the value given
     before."""
-    parser.add_argument("--config", type=Path, default=default, metavar="FILE",
+    parser.add_argument("--config", type=_config_file, default=default, metavar="FILE",
                         help="YAML configuration (default: the built-in server/default.yaml)")
     parser.add_argument("--data-dir", type=_data_dir, default=default, metavar="DIR",
                         help="the key store, images and logs (default: the configuration's data_dir)")
@@ -257,6 +257,13 @@ def _parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", parents=[after], help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
+
+
+def _config_file(text: str) -> Path:
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, "Is a directory"."""
+    if not text:
+        raise argparse.ArgumentTypeError("a file path, not ''")
+    return Path(text)
 
 
 def _data_dir(text: str) -> Path:

@@ -213,6 +213,15 @@ def test_an_empty_data_dir_option_is_refused_not_the_working_directory(tmp_path,
     assert not (tmp_path / "keys.db").exists()
 
 
+def test_an_empty_config_option_is_refused_by_its_name(tmp_path, capsys):
+    """`--config "$UNSET"` was Path(""): "cannot read config file .: Is a directory", naming no option."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--config", "", "--data-dir", str(tmp_path / "d"), "serve"])
+    assert stopped.value.code == 2
+    assert "argument --config: a file path, not ''" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [
