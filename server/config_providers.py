@@ -48,10 +48,10 @@ def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
             raise ConfigError(f"{where}: a provider of kind `{kind}` takes no settings, "
                               f"got {', '.join(sorted(unknown))}")
         return ProviderSpec(kind=kind)
-    return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind))
+    return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind, endpoint))
 
 
-def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
+def _upstream(raw: dict, where: str, kind: str, endpoint: Endpoint) -> UpstreamSpec:
     known = {"kind", "base_url", "model", "api_key_env", "timeouts", "retry", "max_connections", "max_tokens_field"}
     if kind == "anthropic":
         known.discard("max_tokens_field")
@@ -69,6 +69,7 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
     if parts.username is not None:  # never sent: the upstream would answer 401, for every request
         raise ConfigError(f"{where}.base_url: no user or password in the URL (they are not sent, and a secret does "
                           "not go in the configuration); name the key's environment variable in api_key_env")
+    _check_request_path(base_url, parts.path, kind, endpoint, f"{where}.base_url")
     key_env = raw.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
         raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
@@ -85,6 +86,17 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
         max_connections=_number(raw, "max_connections", 100, where, integer=True),
         max_tokens_field=max_tokens_field,
     )
+
+
+def _check_request_path(base_url: str, path: str, kind: str, endpoint: Endpoint, where: str) -> None:
+    """A base URL that already ends in the path Portico adds (the anthropic SDK's takes no /v1) sent every request to
+    /v1/v1/messages: a 404 at request time that looked like an unknown model."""
+    added = "/v1/messages" if kind == "anthropic" else (
+        "/images/generations" if endpoint is Endpoint.IMAGES else "/chat/completions")
+    taken = ("/v1", "/v1/messages") if kind == "anthropic" else ("/chat/completions", "/images/generations")
+    if path.rstrip("/").endswith(taken):
+        sdk = "without /v1" if kind == "anthropic" else "ending before /chat/completions, usually in /v1"
+        raise ConfigError(f"{where}: as the {kind} SDK takes it ({sdk}): requests would go to {base_url}{added}")
 
 
 def _timeouts(raw: Any, where: str) -> Timeouts:

@@ -345,3 +345,29 @@ def test_a_backoff_above_its_maximum_is_refused_not_cut_silently(tmp_path, retry
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, "
                         f"base_url: 'http://127.0.0.1:9/v1', model: m, retry: {retry}}}}}]")
+
+
+@pytest.mark.parametrize(("kind", "base_url", "message"), [
+    # The anthropic SDK's base_url has no /v1: with it every request went to /v1/v1/messages, a 404 at request time
+    # ("does not know the configured model") that named neither the path nor base_url.
+    ("anthropic", "https://api.anthropic.com/v1", r"requests would go to https://api\.anthropic\.com/v1/v1/messages"),
+    ("anthropic", "http://127.0.0.1:8000/v1/messages", r"/v1/messages/v1/messages"),
+    ("openai", "http://127.0.0.1:8000/v1/chat/completions", r"/v1/chat/completions/chat/completions"),
+    ("openai", "http://127.0.0.1:8000/v1/images/generations/", r"/v1/images/generations/chat/completions"),
+])
+def test_a_base_url_that_already_holds_the_request_path_is_refused(tmp_path, kind, base_url, message):
+    with pytest.raises(ConfigError, match=rf"models\[0\]\.provider\.base_url: .*{message}") as raised:
+        _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: {kind}, "
+                        f"base_url: '{base_url}', model: m}}}}]")
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("kind", "base_url"), [
+    ("anthropic", "https://api.anthropic.com"), ("anthropic", "https://gateway.example/anthropic"),
+    ("openai", "http://127.0.0.1:8000/v1"), ("openai", "https://gateway.example/openai/v1"),
+    ("openai", "http://127.0.0.1:8000"),  # a server without /v1 exists: not refused
+])
+def test_base_urls_as_the_sdks_take_them_are_accepted(tmp_path, kind, base_url):
+    config = _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: {kind}, "
+                             f"base_url: '{base_url}', model: m}}}}]")
+    assert config.models[0].deployments[0].provider.upstream.base_url == base_url
