@@ -173,7 +173,9 @@ def _parse(raw: dict, source: str) -> Config:
                                     high=65535),
             data_dir=Path(_path(raw, "data_dir", "data", f"{source}: ")),
             embedded=EmbeddedSettings(
-                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1),
+                # llama.cpp's n_ctx is 32 bits: a larger one wrapped (2**32 was 0, the model's own) silently.
+                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1,
+                                    high=2**32 - 1),
                 # llama.cpp's GGML_MAX_N_THREADS: beyond it the first generation aborts the process.
                 threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1, high=512),
                 instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),

@@ -179,6 +179,31 @@ def test_a_context_llama_cpp_cannot_make_names_context_size(tmp_path, capsys):
                         "100000000 tokens (Failed to create llama_context)\n")
 
 
+def test_a_context_size_past_llama_cpps_counter_is_refused_not_wrapped(tmp_path):
+    """llama.cpp counts the context in 32 bits: 4294967296 was taken as 0 (the model's own 8192) and 4294969344 as
+    2048, while Portico checked prompts against the size configured; the gateway started as if all were well."""
+    with pytest.raises(ConfigError, match=r"embedded\.context_size: a whole number from 1 to 4294967295, "
+                                          r"not 4294967296"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{context_size: 4294967296}}\n")
+
+
+def test_a_context_whose_buffers_cannot_be_allocated_names_context_size(tmp_path, capsys, monkeypatch):
+    """llama-cpp-python sizes a token buffer by the context before llama.cpp is asked: where memory is not
+    overcommitted that is numpy's MemoryError, which was a traceback."""
+    import llama_cpp
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 16.0 GiB for an array with shape (4294967295,) and data type int32")
+
+    monkeypatch.setattr(llama_cpp, "Llama", no_memory)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: off\nembedded: {{context_size: 4294967295}}\n")
+    assert main(["--config", str(config), "--data-dir", str(tmp_path / "d"), "serve", "--metrics-port", "0"]) == 2
+    assert capsys.readouterr().err == ("portico: configuration error: embedded.context_size: llama.cpp cannot make a "
+                                       "context of 4294967295 tokens (Unable to allocate 16.0 GiB for an array with "
+                                       "shape (4294967295,) and data type int32)\n")
+
+
 def test_help_names_the_values_as_the_command_line_section_does(capsys):
     """configuration.md writes `portico [--config FILE] [--data-dir DIR] [--log-level LEVEL] serve [--host H] ...`."""
     with pytest.raises(SystemExit):
