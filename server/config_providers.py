@@ -163,11 +163,14 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
         raise ConfigError(f"{path}: {kind}, not {value!r}")
     if not math.isfinite(value):  # YAML's .nan passes every bound below, and .inf is no duration or size
         raise ConfigError(f"{path}: a finite number, not {value!r}")
-    if positive and value <= 0:
-        raise ConfigError(f"{path}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    if positive:
+        kind = f"a positive {'whole ' if integer else ''}number"
+        if value <= 0:
+            raise ConfigError(f"{path}: {kind}, not {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")
+        bounds = f" from {low} to {high}" if low is not None and high is not None else (
+            f" of at least {low}" if low is not None else f", at most {high}")
+        raise ConfigError(f"{path}: {kind}{bounds}, not {value!r}")
     return value
 
 

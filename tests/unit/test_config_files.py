@@ -286,6 +286,14 @@ REDIS = "store: 'redis://127.0.0.1:6379/0'"
         (f"limits: {{{REDIS}, lease_seconds: 0}}", r"limits\.lease_seconds: a positive number, not 0$"),
         (f"limits: {{{REDIS}, store_timeout_seconds: -0.5}}",
          r"limits\.store_timeout_seconds: a positive number, not -0\.5$"),
+        # Past what the libraries under them take: the span exporter's thread died (OverflowError) and no trace
+        # ever left; PostgreSQL refused every connection (statement_timeout "exceeds integer range").
+        ("tracing: {export_delay_seconds: 1.0e+10}",
+         r"tracing\.export_delay_seconds: a positive number, at most 86400, not 10000000000\.0$"),
+        ("tracing: {export_timeout_seconds: 1.0e+10}",
+         r"tracing\.export_timeout_seconds: a positive number, at most 86400, not 10000000000\.0$"),
+        ("keys: {store: 'postgresql://portico@db:5432/portico', store_timeout_seconds: 3000000}",
+         r"keys\.store_timeout_seconds: a positive number, at most 86400, not 3000000$"),
     ],
 )
 def test_a_number_out_of_its_range_names_that_one_setting(tmp_path, section, message):
