@@ -303,7 +303,8 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
         models={str(m): _key_limits(optional_mapping(v, f"{where}.models.{m}"), f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
-        lease_seconds=number(raw, "lease_seconds", 30.0, where, positive=True),
+        # Redis takes the slots' expiry (twice the lease) as an integer: 1e300 failed every request with a limit.
+        lease_seconds=number(raw, "lease_seconds", 30.0, where, positive=True, high=86_400),
         store_timeout_seconds=number(raw, "store_timeout_seconds", 0.5, where, positive=True),
     )
     # Settings nothing would honour are refused, not ignored: the in-process store has no leases or timeouts.

@@ -292,6 +292,8 @@ REDIS = "store: 'redis://127.0.0.1:6379/0'"
          r"tracing\.export_delay_seconds: a positive number, at most 86400, not 10000000000\.0$"),
         ("tracing: {export_timeout_seconds: 1.0e+10}",
          r"tracing\.export_timeout_seconds: a positive number, at most 86400, not 10000000000\.0$"),
+        # Redis expires the slots with an integer: 1.0e+300 made every request with a limit a 500 internal_error.
+        (f"limits: {{{REDIS}, lease_seconds: 1.0e+300}}", r"limits\.lease_seconds: a positive number, at most 86400"),
         ("keys: {store: 'postgresql://portico@db:5432/portico', store_timeout_seconds: 3000000}",
          r"keys\.store_timeout_seconds: a positive number, at most 86400, not 3000000$"),
     ],
