@@ -103,6 +103,8 @@ def load_config(path: Path | None = None) -> Config:
         raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
     except ValueError as exc:  # an integer of over 4300 digits, a date such as 2026-13-45: Python reads neither
         raise ConfigError(f"{source}: not valid YAML: {str(exc).split(';')[0]}") from None
+    except RecursionError:  # PyYAML composes nested lists and mappings recursively
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if raw is None:  # an empty file, or only comments: "`models` must be a non-empty list" says what it lacks

@@ -355,6 +355,7 @@ def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, heal
         # Python refuses to read an integer of over 4300 digits: that was a ValueError traceback.
         (f"{ONE_MODEL}\ndefault_max_tokens: {'9' * 5000}", r"c\.yaml: not valid YAML: .*4300 digits.*: value has"),
         (f"{ONE_MODEL}\ndata_dir: 2026-13-45", r"c\.yaml: not valid YAML: month must be in 1\.\.12$"),
+        (f"{ONE_MODEL}\nlisten: {'[' * 5000}{']' * 5000}", r"c\.yaml: not valid YAML: nested too deeply$"),
         # A NUL cannot be in a path: the data dir or access log failed later with a traceback ("embedded null byte").
         (f"{ONE_MODEL}\naccess_log: \"a\\0b\"", r"c\.yaml: access_log: a path cannot hold a NUL character"),
         (f"{ONE_MODEL}\ndata_dir: \"a\\0b\"", r"c\.yaml: data_dir: a path cannot hold a NUL character"),
