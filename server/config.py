@@ -301,8 +301,8 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
     if policy not in ("closed", "open"):
         raise ConfigError(f"{where}.on_store_error: `closed` (refuse with 503) or `open` (admit), not {policy!r}")
     settings = LimitSettings(
-        defaults=_key_limits(optional_mapping(raw.get("defaults"), f"{where}.defaults"), f"{where}.defaults"),
-        models={str(m): _key_limits(optional_mapping(v, f"{where}.models.{m}"), f"{where}.models.{m}") for m, v in models.items()},
+        defaults=_key_limits(raw.get("defaults"), f"{where}.defaults"),
+        models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
         # Redis takes the slots' expiry (twice the lease) as an integer: 1e300 failed every request with a limit.
@@ -335,7 +335,7 @@ def _redis_url_problem(url: str) -> str | None:
 
 
 def _key_limits(raw: Any, where: str) -> KeyLimits:
-    raw = _mapping(raw, where)
+    raw = optional_mapping(raw, where)  # left empty: no limits of its own
     names = {f.name for f in fields(KeyLimits)}
     if unknown := set(raw) - names:
         raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")

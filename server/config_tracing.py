@@ -48,7 +48,8 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
         export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where, positive=True, high=MAX_EXPORT_SECONDS),
         max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True, low=1,
                                      high=max_queue_size),
-        export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where, positive=True, high=MAX_EXPORT_SECONDS),
+        export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where, positive=True,
+                                      high=MAX_EXPORT_SECONDS),
     )
     if not 0.0 <= settings.sample_ratio <= 1.0:
         raise ConfigError(f"{where}.sample_ratio: a fraction from 0 to 1, not {settings.sample_ratio}")
