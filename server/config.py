@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
@@ -212,11 +213,12 @@ def _access_log(raw: dict, where: str) -> str:
 
 
 def _path(raw: dict, name: str, default: str, where: str) -> str:
-    """A file or directory path: one with a NUL in it is refused by the system, which was a traceback at start-up."""
+    """A file or directory path: one with a NUL in it is refused by the system, which was a traceback at start-up.
+    `~/x` is under the home directory, as a shell would give it (not a directory named `~`)."""
     value = _text(raw, name, default, where)
     if "\0" in value:
         raise ConfigError(f"{where}{name}: a path cannot hold a NUL character")
-    return value
+    return os.path.expanduser(value)
 
 
 def _text(raw: dict, name: str, default: str, where: str) -> str:
@@ -260,6 +262,7 @@ def _base_url(value: Any, where: str) -> str | None:
 
 
 def _model_path(value: Any, where: str) -> str | None:
+    value = os.path.expanduser(value) if isinstance(value, str) and "\0" not in value else value
     if value is not None and not (isinstance(value, str) and Path(value).is_file()):
         raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} (no such file)")
     if value is not None:

@@ -407,3 +407,17 @@ def test_base_urls_as_the_sdks_take_them_are_accepted(tmp_path, kind, base_url):
     config = _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: {kind}, "
                              f"base_url: '{base_url}', model: m}}}}]")
     assert config.models[0].deployments[0].provider.upstream.base_url == base_url
+
+
+def test_a_path_beginning_with_a_tilde_is_under_the_home_directory(tmp_path, monkeypatch):
+    """`data_dir: ~/portico` made a directory named `~` in the working directory, where `keys` run from anywhere
+    else found no key store; the home directory is what a shell (and --data-dir) would have given."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model = tmp_path / "home" / "m.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF....")
+    config = _load(tmp_path, f"{ONE_MODEL}\ndata_dir: ~/portico\naccess_log: ~/access.log\n"
+                             "embedded: {model_path: ~/m.gguf}\n")
+    assert config.data_dir == tmp_path / "home" / "portico"
+    assert config.access_log == str(tmp_path / "home" / "access.log")
+    assert config.embedded.model_path == str(model)
