@@ -24,7 +24,7 @@ from server.limits.settings import LimitSettings, redacted
 from server.usage.money import parse_price, usd_text, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
 
-__all__ = ["Config", "ConfigError", "EmbeddedSettings", "listen_host", "load_config"]
+__all__ = ["Config", "ConfigError", "EmbeddedSettings", "listen_host", "load_config", "read_config_text"]
 
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 MAX_CREATED = 2**32 - 1  # a model's `created` is a uint32 in every listing (a larger one made /v1/models a 500)
@@ -86,17 +86,22 @@ class Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def load_config(path: Path | None = None) -> Config:
+def read_config_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
+
+
+def load_config(path: Path | None = None, text: str | None = None) -> Config:
+    """The file at `path` (server/default.yaml if None), or `text` as read from it already."""
     if path is None:
         text = (resources.files("server") / "default.yaml").read_text()
         source = "server/default.yaml"
     else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-        except UnicodeDecodeError:
-            raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
+        text = read_config_text(path) if text is None else text
         source = str(path)
     try:
         raw = yaml.load(text, Loader=_Loader)
