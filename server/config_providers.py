@@ -27,6 +27,7 @@ KIND_ENDPOINTS = {
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_WHOLE = 2**31 - 1  # the largest count or size a setting takes (the limits' own bound)
 MAX_SECONDS = 365 * 86_400  # a year: the longest upstream timeout, retry time or cache ttl
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -171,6 +172,9 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
         bounds = f" from {low} to {high}" if low is not None and high is not None else (
             f" of at least {low}" if low is not None else f", at most {high}")
         raise ConfigError(f"{path}: {kind}{bounds}, not {value!r}")
+    if integer and high is None and value > MAX_WHOLE:  # a count past it broke a queue or a SQLite column
+        raise ConfigError(f"{path}: {kind} of at least {low if low is not None else 1} and at most {MAX_WHOLE}, "
+                          f"not {value!r}")
     return value
 
 

@@ -27,8 +27,6 @@ def parse_usage(raw: Any, where: str) -> UsageSettings:
         flush_seconds=number(raw, "flush_seconds", 1.0, where, positive=True),
         batch_rows=batch_rows,
         buffer_rows=number(raw, "buffer_rows", 100_000, where, integer=True, low=batch_rows),
-        retention_days=number(raw, "retention_days", 400, where, integer=True),
+        retention_days=number(raw, "retention_days", 400, where, integer=True, low=0),  # 0: keep forever
     )
-    if settings.retention_days < 0:
-        raise ConfigError(f"{where}.retention_days: 0 (keep forever) or a number of days")
     return settings

@@ -292,6 +292,13 @@ REDIS = "store: 'redis://127.0.0.1:6379/0'"
          r"tracing\.export_delay_seconds: a positive number, at most 86400, not 10000000000\.0$"),
         ("tracing: {export_timeout_seconds: 1.0e+10}",
          r"tracing\.export_timeout_seconds: a positive number, at most 86400, not 10000000000\.0$"),
+        # A count past what the libraries under it take: OpenTelemetry's queue (an OverflowError traceback at start),
+        # SQLite's integers (the hourly retention pass failed, a warning each time, and nothing was ever pruned).
+        ("tracing: {max_queue_size: 1180591620717411303424}",
+         r"tracing\.max_queue_size: a whole number of at least 1 and at most 2147483647, not 1180591620717411303424$"),
+        ("usage: {retention_days: 1180591620717411303424}",
+         r"usage\.retention_days: a whole number of at least 0 and at most 2147483647, not 1180591620717411303424$"),
+        ("keys: {cache_size: 2147483648}", r"keys\.cache_size: a whole number of at least 1 and at most 2147483647"),
         # Redis expires the slots with an integer: 1.0e+300 made every request with a limit a 500 internal_error.
         (f"limits: {{{REDIS}, lease_seconds: 1.0e+300}}", r"limits\.lease_seconds: a positive number, at most 86400"),
         ("keys: {store: 'postgresql://portico@db:5432/portico', store_timeout_seconds: 3000000}",
