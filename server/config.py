@@ -241,6 +241,8 @@ def _model_id(raw: dict, where: str) -> str:
     if len(value) > 256 or any(char.isspace() or char == "," or not char.isprintable() for char in value):
         raise ConfigError(f"{where}.id: {value[:60]!r} has a space, comma or control character or is over 256 "
                           "characters; a model id is one word")
+    if value in (".", ".."):  # GET /v1/models/{id}: HTTP clients resolve these as path steps
+        raise ConfigError(f"{where}.id: {value!r} is a path step (GET /v1/models/{value} could not reach it)")
     return value
 
 

@@ -82,6 +82,14 @@ def test_a_model_id_must_be_one_word(tmp_path, model_id):
         _load(tmp_path, f'models: [{{id: "{model_id}", endpoint: /v1/messages, provider: {{kind: llamacpp}}}}]')
 
 
+@pytest.mark.parametrize("model_id", [".", ".."])
+def test_a_model_id_that_http_clients_rewrite_as_a_path_is_refused(tmp_path, model_id):
+    """GET /v1/models/.. is /v1 to every HTTP client (the SDKs refuse it outright): such a model could be listed
+    and asked for, but never retrieved."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.id: '\.+' is a path step"):
+        _load(tmp_path, f'models: [{{id: "{model_id}", endpoint: /v1/messages, provider: {{kind: llamacpp}}}}]')
+
+
 def test_model_ids_may_be_written_as_upstreams_name_models(tmp_path):
     text = "models: [{id: 'meta-llama/Llama-3.1-8B:ft.v2_x', endpoint: /v1/messages, provider: {kind: llamacpp}}]"
     assert _load(tmp_path, text).models[0].id == "meta-llama/Llama-3.1-8B:ft.v2_x"
