@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvloop
 
-from server.config import Config, ConfigError, listen_host, load_config
+from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
 from server.domain_keys import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
 from server.errors import InvalidRequest, PorticoError
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config).with_overrides(data_dir=args.data_dir)
+        text = read_config_text(args.config) if args.config else None  # serve hands this very text to its workers
+        config = load_config(args.config, text).with_overrides(data_dir=args.data_dir)
         make_private(config.data_dir)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             check_temp_dir(args.workers)
             _check_data_dir(config.data_dir)  # the last check: a mistake found before it leaves nothing behind
-            command = functools.partial(_worker_command, args, config)
+            command = functools.partial(_worker_command, args, config, text)
             # uvloop: the event loop's own work (callbacks, sockets) is a large share of every request's CPU.
             development_key = wants_development_key(config, asked=args.dev_key)
             return uvloop.run(serve(config, workers=args.workers, worker_command=command,
@@ -187,7 +188,7 @@ def _global_options(parser: argparse.ArgumentParser, default) -> None:
     """--config, --data-dir and --log-level: before the command (`portico --config F serve`) or after it
     (`portico serve --config F`). After it they default to SUPPRESS, so that an absent one keeps the value given
     before."""
-    parser.add_argument("--config", type=Path, default=default, metavar="FILE",
+    parser.add_argument("--config", type=_config_file, default=default, metavar="FILE",
                         help="YAML configuration (default: the built-in server/default.yaml)")
     parser.add_argument("--data-dir", type=_data_dir, default=default, metavar="DIR",
                         help="the key store, images and logs (default: the configuration's data_dir)")
@@ -257,6 +258,13 @@ def _parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", parents=[after], help="revoke a key by id or by its secret")
     revoke.add_argument("key", metavar="ID_OR_SECRET")
     return parser
+
+
+def _config_file(text: str) -> Path:
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, "Is a directory"."""
+    if not text:
+        raise argparse.ArgumentTypeError("a file path, not ''")
+    return Path(text)
 
 
 def _data_dir(text: str) -> Path:
@@ -447,11 +455,16 @@ def _describe(key: ApiKey) -> str:
     return f"{_grants(key)}; limits: {_limits_text(key)}"
 
 
-def _worker_command(args: argparse.Namespace, config: Config, socket: Path) -> list[str]:
-    """How `serve` starts a worker: the same configuration file, data dir and public address as itself."""
+def _worker_command(args: argparse.Namespace, config: Config, text: str | None, socket: Path) -> list[str]:
+    """How `serve` starts a worker: the same configuration, data dir and public address as itself. The configuration
+    is the text serve read, kept in its private run directory: a worker restarted after a crash read the file again,
+    which the operator may have edited for the next restart (another catalog than the other workers', or a mistake
+    that stopped the gateway)."""
     command = [sys.executable, "-m", "server.cli", "--log-level", args.log_level]
-    if args.config:
-        command += ["--config", str(Path(args.config).resolve())]
+    if text is not None:
+        started_with = socket.parent / "config.yaml"
+        started_with.write_text(text, encoding="utf-8")
+        command += ["--config", str(started_with)]
     command += ["--data-dir", str(config.data_dir.resolve()), "worker", "--socket", str(socket),
                 "--host", config.host, "--port", str(config.port)]
     return command

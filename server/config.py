@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
@@ -14,7 +15,7 @@ import yaml
 
 from server.config_cors import CorsSettings, parse_cors
 from server.config_deployments import parse_cache, parse_deployments, parse_health
-from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
+from server.config_providers import ConfigError, known_settings, mapping, number, optional_mapping, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import Endpoint, ModelEntry, Price
@@ -23,7 +24,7 @@ from server.limits.settings import LimitSettings, redacted
 from server.usage.money import parse_price, usd_text, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage
 
-__all__ = ["Config", "ConfigError", "EmbeddedSettings", "listen_host", "load_config"]
+__all__ = ["Config", "ConfigError", "EmbeddedSettings", "listen_host", "load_config", "read_config_text"]
 
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 MAX_CREATED = 2**32 - 1  # a model's `created` is a uint32 in every listing (a larger one made /v1/models a 500)
@@ -85,24 +86,35 @@ class Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def load_config(path: Path | None = None) -> Config:
+def read_config_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
+
+
+def load_config(path: Path | None = None, text: str | None = None) -> Config:
+    """The file at `path` (server/default.yaml if None), or `text` as read from it already."""
     if path is None:
         text = (resources.files("server") / "default.yaml").read_text()
         source = "server/default.yaml"
     else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-        except UnicodeDecodeError:
-            raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
+        text = read_config_text(path) if text is None else text
         source = str(path)
     try:
-        raw = yaml.load(text, Loader=_Loader) or {}
+        raw = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
+    except ValueError as exc:  # an integer of over 4300 digits, a date such as 2026-13-45: Python reads neither
+        raise ConfigError(f"{source}: not valid YAML: {str(exc).split(';')[0]}") from None
+    except RecursionError:  # PyYAML composes nested lists and mappings recursively
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    if raw is None:  # an empty file, or only comments: "`models` must be a non-empty list" says what it lacks
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     return _parse(raw, source)
@@ -167,9 +179,11 @@ def _parse(raw: dict, source: str) -> Config:
             public_base_url=_base_url(listen.get("public_base_url"), f"{source}: listen.public_base_url"),
             envoy_admin_port=number(raw, "envoy_admin_port", 9901, f"{source}: ", integer=True, low=1,
                                     high=65535),
-            data_dir=Path(_text(raw, "data_dir", "data", f"{source}: ")),
+            data_dir=Path(_path(raw, "data_dir", "data", f"{source}: ")),
             embedded=EmbeddedSettings(
-                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1),
+                # llama.cpp's n_ctx is 32 bits: a larger one wrapped (2**32 was 0, the model's own) silently.
+                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1,
+                                    high=2**32 - 1),
                 # llama.cpp's GGML_MAX_N_THREADS: beyond it the first generation aborts the process.
                 threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1, high=512),
                 instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),
@@ -186,7 +200,7 @@ def _parse(raw: dict, source: str) -> Config:
             key_cache_size=number(keys, "cache_size", 10_000, f"{source}: keys", integer=True, low=1),
             key_negative_cache_size=number(keys, "negative_cache_size", 10_000, f"{source}: keys",
                                            integer=True, low=1),
-            limits=_limits(_or_empty(raw.get("limits")), f"{source}: limits", seen),
+            limits=_limits(raw.get("limits"), f"{source}: limits", seen),
             metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True, low=0, high=65535),
             access_log=_access_log(raw, f"{source}: "),
             drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
@@ -200,7 +214,16 @@ def _parse(raw: dict, source: str) -> Config:
 
 def _access_log(raw: dict, where: str) -> str:
     # YAML 1.1 reads a bare `off` (the documented value) as false.
-    return "off" if raw.get("access_log") is False else _text(raw, "access_log", "stderr", where)
+    return "off" if raw.get("access_log") is False else _path(raw, "access_log", "stderr", where)
+
+
+def _path(raw: dict, name: str, default: str, where: str) -> str:
+    """A file or directory path: one with a NUL in it is refused by the system, which was a traceback at start-up.
+    `~/x` is under the home directory, as a shell would give it (not a directory named `~`)."""
+    value = _text(raw, name, default, where)
+    if "\0" in value:
+        raise ConfigError(f"{where}{name}: a path cannot hold a NUL character")
+    return os.path.expanduser(value)
 
 
 def _text(raw: dict, name: str, default: str, where: str) -> str:
@@ -218,6 +241,8 @@ def _model_id(raw: dict, where: str) -> str:
     if len(value) > 256 or any(char.isspace() or char == "," or not char.isprintable() for char in value):
         raise ConfigError(f"{where}.id: {value[:60]!r} has a space, comma or control character or is over 256 "
                           "characters; a model id is one word")
+    if value in (".", ".."):  # GET /v1/models/{id}: HTTP clients resolve these as path steps
+        raise ConfigError(f"{where}.id: {value!r} is a path step (GET /v1/models/{value} could not reach it)")
     return value
 
 
@@ -229,11 +254,6 @@ def listen_host(value: str, where: str) -> str:
         raise ConfigError(f"{where}: an IP address such as 127.0.0.1, 0.0.0.0 or ::1 (Envoy binds an address, not "
                           f"a host name), not {value!r}") from None
     return value
-
-
-def _or_empty(value: Any) -> Any:
-    """A section written with nothing under it (every line commented out) is YAML's null: its defaults."""
-    return {} if value is None else value
 
 
 def _base_url(value: Any, where: str) -> str | None:
@@ -249,6 +269,7 @@ def _base_url(value: Any, where: str) -> str | None:
 
 
 def _model_path(value: Any, where: str) -> str | None:
+    value = os.path.expanduser(value) if isinstance(value, str) and "\0" not in value else value
     if value is not None and not (isinstance(value, str) and Path(value).is_file()):
         raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} (no such file)")
     if value is not None:
@@ -264,16 +285,16 @@ def _model_path(value: Any, where: str) -> str | None:
 
 
 def _section(raw: dict, name: str, known: tuple[str, ...], source: str) -> dict:
-    section = _mapping(_or_empty(raw.get(name)), f"{source}: {name}")
+    section = optional_mapping(raw.get(name), f"{source}: {name}")
     known_settings(section, known, f"{source}: {name}")
     return section
 
 
 def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
-    raw = _mapping(raw, where)
+    raw = optional_mapping(raw, where)
     known = {"defaults", "models", "store", "on_store_error", "lease_seconds", "store_timeout_seconds"}
     known_settings(raw, sorted(known), where)
-    models = _mapping(raw.get("models") or {}, f"{where}.models")
+    models = optional_mapping(raw.get("models"), f"{where}.models")
     for model_id in models:
         if model_id not in model_ids:
             raise ConfigError(f"{where}.models: {model_id!r} is not a model in `models`")
@@ -290,11 +311,12 @@ def _limits(raw: Any, where: str, model_ids: set[str]) -> LimitSettings:
     if policy not in ("closed", "open"):
         raise ConfigError(f"{where}.on_store_error: `closed` (refuse with 503) or `open` (admit), not {policy!r}")
     settings = LimitSettings(
-        defaults=_key_limits(raw.get("defaults") or {}, f"{where}.defaults"),
-        models={str(m): _key_limits(_or_empty(v), f"{where}.models.{m}") for m, v in models.items()},
+        defaults=_key_limits(raw.get("defaults"), f"{where}.defaults"),
+        models={str(m): _key_limits(v, f"{where}.models.{m}") for m, v in models.items()},
         store=store,
         on_store_error=policy,
-        lease_seconds=number(raw, "lease_seconds", 30.0, where, positive=True),
+        # Redis takes the slots' expiry (twice the lease) as an integer: 1e300 failed every request with a limit.
+        lease_seconds=number(raw, "lease_seconds", 30.0, where, positive=True, high=86_400),
         store_timeout_seconds=number(raw, "store_timeout_seconds", 0.5, where, positive=True),
     )
     # Settings nothing would honour are refused, not ignored: the in-process store has no leases or timeouts.
@@ -323,7 +345,7 @@ def _redis_url_problem(url: str) -> str | None:
 
 
 def _key_limits(raw: Any, where: str) -> KeyLimits:
-    raw = _mapping(raw, where)
+    raw = optional_mapping(raw, where)  # left empty: no limits of its own
     names = {f.name for f in fields(KeyLimits)}
     if unknown := set(raw) - names:
         raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
@@ -360,7 +382,7 @@ def _model(raw: Any, where: str) -> ModelEntry:
         endpoint = Endpoint(raw["endpoint"])
     except (ValueError, TypeError):
         raise ConfigError(f"{where}: endpoint must be one of {', '.join(Endpoint)}, not {raw['endpoint']!r}") from None
-    fallbacks = raw.get("fallbacks") or []
+    fallbacks = [] if raw.get("fallbacks") is None else raw["fallbacks"]
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
         raise ConfigError(f"{where}.fallbacks: a list of model ids")
     deployments = parse_deployments(raw, where, endpoint)
@@ -386,9 +408,10 @@ def _model(raw: Any, where: str) -> ModelEntry:
 def _price(raw: Any, where: str, endpoint: Endpoint) -> Price:
     """A price in a unit the model's requests never use is refused: it would silently cost nothing, and a budget
     would never stop them (image requests use no tokens, text requests make no images)."""
-    price = parse_price(raw or {}, where)
+    raw = optional_mapping(raw, where)
+    price = parse_price(raw, where)
     images = endpoint is Endpoint.IMAGES
-    for name, value in (raw or {}).items():
+    for name, value in raw.items():
         if value is not None and (name == "image") != images:
             raise ConfigError(f"{where}.{name}: " + (
                 "an image model is priced per image (`image`); its requests use no tokens" if images else

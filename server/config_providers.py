@@ -27,6 +27,7 @@ KIND_ENDPOINTS = {
 }
 UPSTREAM_KINDS = ("openai", "anthropic")
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_WHOLE = 2**31 - 1  # the largest count or size a setting takes (the limits' own bound)
 MAX_SECONDS = 365 * 86_400  # a year: the longest upstream timeout, retry time or cache ttl
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -48,10 +49,10 @@ def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
             raise ConfigError(f"{where}: a provider of kind `{kind}` takes no settings, "
                               f"got {', '.join(sorted(unknown))}")
         return ProviderSpec(kind=kind)
-    return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind))
+    return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind, endpoint))
 
 
-def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
+def _upstream(raw: dict, where: str, kind: str, endpoint: Endpoint) -> UpstreamSpec:
     known = {"kind", "base_url", "model", "api_key_env", "timeouts", "retry", "max_connections", "max_tokens_field"}
     if kind == "anthropic":
         known.discard("max_tokens_field")
@@ -69,6 +70,7 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
     if parts.username is not None:  # never sent: the upstream would answer 401, for every request
         raise ConfigError(f"{where}.base_url: no user or password in the URL (they are not sent, and a secret does "
                           "not go in the configuration); name the key's environment variable in api_key_env")
+    _check_request_path(base_url, parts.path, kind, endpoint, f"{where}.base_url")
     key_env = raw.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
         raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
@@ -80,11 +82,22 @@ def _upstream(raw: dict, where: str, kind: str) -> UpstreamSpec:
         base_url=base_url,
         model=raw["model"],
         api_key_env=key_env,
-        timeouts=_timeouts(raw.get("timeouts") or {}, f"{where}.timeouts"),
-        retry=_retry(raw.get("retry") or {}, f"{where}.retry"),
+        timeouts=_timeouts(optional_mapping(raw.get("timeouts"), f"{where}.timeouts"), f"{where}.timeouts"),
+        retry=_retry(optional_mapping(raw.get("retry"), f"{where}.retry"), f"{where}.retry"),
         max_connections=_number(raw, "max_connections", 100, where, integer=True),
         max_tokens_field=max_tokens_field,
     )
+
+
+def _check_request_path(base_url: str, path: str, kind: str, endpoint: Endpoint, where: str) -> None:
+    """A base URL that already ends in the path Portico adds (the anthropic SDK's takes no /v1) sent every request to
+    /v1/v1/messages: a 404 at request time that looked like an unknown model."""
+    added = "/v1/messages" if kind == "anthropic" else (
+        "/images/generations" if endpoint is Endpoint.IMAGES else "/chat/completions")
+    taken = ("/v1", "/v1/messages") if kind == "anthropic" else ("/chat/completions", "/images/generations")
+    if path.rstrip("/").endswith(taken):
+        sdk = "without /v1" if kind == "anthropic" else "ending before /chat/completions, usually in /v1"
+        raise ConfigError(f"{where}: as the {kind} SDK takes it ({sdk}): requests would go to {base_url}{added}")
 
 
 def _timeouts(raw: Any, where: str) -> Timeouts:
@@ -105,13 +118,18 @@ def _retry(raw: Any, where: str) -> RetrySettings:
     on_status = raw.get("on_status", list(defaults.on_status))
     if not isinstance(on_status, list) or not all(isinstance(s, int) and 400 <= s <= 599 for s in on_status):
         raise ConfigError(f"{where}.on_status: a list of HTTP statuses (400-599), e.g. [429, 500, 503]")
-    return RetrySettings(
+    settings = RetrySettings(
         attempts=_number(raw, "attempts", defaults.attempts, where, integer=True),
         initial_backoff=_seconds(raw, "initial_backoff", defaults.initial_backoff, where),
         max_backoff=_seconds(raw, "max_backoff", defaults.max_backoff, where),
         total_seconds=_seconds(raw, "total_seconds", defaults.total_seconds, where),
         on_status=tuple(on_status),
     )
+    if settings.max_backoff < settings.initial_backoff:  # the first wait would silently be max_backoff
+        default = "" if "max_backoff" in raw else " (its default)"
+        raise ConfigError(f"{where}.max_backoff: at least initial_backoff ({settings.initial_backoff:g}), "
+                          f"not {settings.max_backoff:g}{default}")
+    return settings
 
 
 def _number(raw: dict, name: str, default: float, where: str, *, integer: bool = False) -> Any:
@@ -146,11 +164,17 @@ def number(raw: Mapping[str, Any], name: str, default: float, where: str, *, int
         raise ConfigError(f"{path}: {kind}, not {value!r}")
     if not math.isfinite(value):  # YAML's .nan passes every bound below, and .inf is no duration or size
         raise ConfigError(f"{path}: a finite number, not {value!r}")
-    if positive and value <= 0:
-        raise ConfigError(f"{path}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    if positive:
+        kind = f"a positive {'whole ' if integer else ''}number"
+        if value <= 0:
+            raise ConfigError(f"{path}: {kind}, not {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise ConfigError(f"{path}: {kind} {bounds}, not {value!r}")
+        bounds = f" from {low} to {high}" if low is not None and high is not None else (
+            f" of at least {low}" if low is not None else f", at most {high}")
+        raise ConfigError(f"{path}: {kind}{bounds}, not {value!r}")
+    if integer and high is None and value > MAX_WHOLE:  # a count past it broke a queue or a SQLite column
+        raise ConfigError(f"{path}: {kind} of at least {low if low is not None else 1} and at most {MAX_WHOLE}, "
+                          f"not {value!r}")
     return value
 
 
@@ -172,6 +196,12 @@ def mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a mapping")
     return value
+
+
+def optional_mapping(value: Any, where: str) -> dict:
+    """A section that may be absent or left empty (YAML's null: its defaults); any other value that is no mapping
+    (`[]`, `0`, `false`) is a mistake, not an empty section."""
+    return mapping({} if value is None else value, where)
 
 
 def known_settings(raw: Mapping[str, Any], known: Iterable[str], where: str) -> None:

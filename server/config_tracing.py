@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, known_settings, mapping, number, url_parts
+from server.config_providers import ConfigError, known_settings, number, optional_mapping, url_parts
 
+# The exporter's thread waits with threading's timeouts and its requests with socket's: past ~1e10 s both raise
+# OverflowError (the thread died, no trace left); a day is more than any batch or export needs.
+MAX_EXPORT_SECONDS = 86_400
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint given without a path
 
 
@@ -27,7 +30,7 @@ class TracingSettings:
 
 
 def parse_tracing(raw: Any, where: str) -> TracingSettings:
-    raw = mapping(raw or {}, where)
+    raw = optional_mapping(raw, where)
     known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
                          "max_export_batch_size", "export_timeout_seconds"), where)
     service_name = raw.get("service_name", "portico")
@@ -42,10 +45,11 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
         sample_ratio=number(raw, "sample_ratio", 1.0, where),
         service_name=service_name,
         max_queue_size=max_queue_size,
-        export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where, positive=True),
+        export_delay_seconds=number(raw, "export_delay_seconds", 2.0, where, positive=True, high=MAX_EXPORT_SECONDS),
         max_export_batch_size=number(raw, "max_export_batch_size", 512, where, integer=True, low=1,
                                      high=max_queue_size),
-        export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where, positive=True),
+        export_timeout_seconds=number(raw, "export_timeout_seconds", 10.0, where, positive=True,
+                                      high=MAX_EXPORT_SECONDS),
     )
     if not 0.0 <= settings.sample_ratio <= 1.0:
         raise ConfigError(f"{where}.sample_ratio: a fraction from 0 to 1, not {settings.sample_ratio}")

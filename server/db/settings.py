@@ -61,13 +61,12 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller). SQLite's
     file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
     store = str(keys.get("store", SQLITE))
-    password_env = keys.get("password_env") or ""
+    password_env = "" if keys.get("password_env") is None else keys["password_env"]  # `[]` or `0`: no name
     if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
         raise ConfigError(f"{where}.password_env: the name of an environment variable, not {password_env!r}")
-    timeout = float(number(keys, "store_timeout_seconds", 2.0, where))
+    # PostgreSQL takes statement_timeout in 32-bit milliseconds (24.8 days): past it every connection was refused.
+    timeout = float(number(keys, "store_timeout_seconds", 2.0, where, positive=True, high=86_400))
     pool_size = number(keys, "pool_size", 4, where, integer=True, low=1)
-    if timeout <= 0:
-        raise ConfigError(f"{where}.store_timeout_seconds: a positive number, not {timeout!r}")
     if store == SQLITE:
         # Settings nothing would honour are refused, not ignored: SQLite has no password, pool or query timeout.
         for name in ("password_env", "store_timeout_seconds", "pool_size"):

@@ -116,6 +116,9 @@ class _Builder:
                     raise ConfigError(f"embedded.context_size: llama.cpp cannot make a context of "
                                       f"{settings.context_size} tokens ({exc})") from None
                 raise ConfigError(f"embedded: {exc}") from None
+            except MemoryError as exc:  # llama-cpp-python's token buffer of context_size, where nothing overcommits
+                raise ConfigError(f"embedded.context_size: llama.cpp cannot make a context of "
+                                  f"{settings.context_size} tokens ({exc})") from None
         return self._embedded
 
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:

@@ -51,9 +51,10 @@ def from_status(
     if status == 404 and details:  # Anthropic's 404 about what the request named (`thread_not_found`), not the model
         return NotFound(message, param=param, retry_reason=reason, details=details)
     if status in (401, 403, 404):
-        what = "does not know the configured model" if status == 404 else "refused Portico's credentials"
-        _logger.error("The upstream serving %s %s (HTTP %d): check the gateway's configuration.", upstream, what,
-                      status)
+        what = "does not know the configured model or path" if status == 404 else "refused Portico's credentials"
+        # A 404 is as often a base_url without /v1 (or with one too many) as a wrong upstream model name.
+        check = "the provider's `model` and `base_url`" if status == 404 else "the gateway's configuration"
+        _logger.error("The upstream serving %s %s (HTTP %d): check %s.", upstream, what, status, check)
         return UpstreamMisconfigured(f"The upstream serving `{upstream}` {what} (HTTP {status}): this is the "
                                      "gateway's configuration, not your key or request.", retry_reason=reason)
     if status == 402 or status == 429 and code == _NO_QUOTA:  # Anthropic's billing_error, OpenAI's insufficient_quota

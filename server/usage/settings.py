@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, mapping, number
+from server.config_providers import ConfigError, number, optional_mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,7 @@ class UsageSettings:
 
 
 def parse_usage(raw: Any, where: str) -> UsageSettings:
-    raw = mapping(raw or {}, where)
+    raw = optional_mapping(raw, where)
     known = {"flush_seconds", "batch_rows", "buffer_rows", "retention_days"}
     if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -27,8 +27,6 @@ def parse_usage(raw: Any, where: str) -> UsageSettings:
         flush_seconds=number(raw, "flush_seconds", 1.0, where, positive=True),
         batch_rows=batch_rows,
         buffer_rows=number(raw, "buffer_rows", 100_000, where, integer=True, low=batch_rows),
-        retention_days=number(raw, "retention_days", 400, where, integer=True),
+        retention_days=number(raw, "retention_days", 400, where, integer=True, low=0),  # 0: keep forever
     )
-    if settings.retention_days < 0:
-        raise ConfigError(f"{where}.retention_days: 0 (keep forever) or a number of days")
     return settings

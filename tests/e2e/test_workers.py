@@ -101,6 +101,31 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
     assert worker_pids(workers, 0)[-1] != first
 
 
+@pytest.mark.parametrize("edit", ["a new model id", "a typo"])
+def test_a_restarted_worker_serves_the_configuration_serve_started_with(tmp_path, redis_server, edit):
+    """The file is edited for the next restart while the gateway runs. A worker restarted after a crash read it
+    again: with a new model id the two workers served two catalogs (callers saw the model come and go), and with a
+    typo the worker could not start and the whole gateway stopped."""
+    config = tmp_path / "portico.yaml"
+    started = (f"limits: {{store: '{redis_server.url}'}}\naccess_log: off\nmodels:\n"
+               "  - {id: img, endpoint: /v1/images/generations, provider: {kind: dev-image}}\n")
+    config.write_text(started)
+    with running_gateway(tmp_path / "data", "--workers", "2", config=config) as gateway:
+        config.write_text(started.replace("id: img", "id: img-next") + ("default_max_token: 5\n" if edit == "a typo"
+                                                                        else ""))
+        (first,) = worker_pids(gateway, 0)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while len(worker_pids(gateway, 0)) < 2:
+            assert gateway.process.poll() is None, gateway.log_path.read_text()[-2000:]
+            assert time.monotonic() < deadline, gateway.log_path.read_text()[-2000:]
+            time.sleep(0.2)
+        headers = {"Authorization": f"Bearer {gateway.secret}"}
+        catalogs = {str([m["id"] for m in httpx.get(f"{gateway.base_url}/v1/models", headers=headers,
+                                                    timeout=30).json()["data"]]) for _ in range(20)}
+        assert catalogs == {"['img']"}
+
+
 def wait_for_log(gateway: Gateway, text: str, within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while text not in gateway.log_path.read_text():

@@ -82,6 +82,14 @@ def test_a_model_id_must_be_one_word(tmp_path, model_id):
         _load(tmp_path, f'models: [{{id: "{model_id}", endpoint: /v1/messages, provider: {{kind: llamacpp}}}}]')
 
 
+@pytest.mark.parametrize("model_id", [".", ".."])
+def test_a_model_id_that_http_clients_rewrite_as_a_path_is_refused(tmp_path, model_id):
+    """GET /v1/models/.. is /v1 to every HTTP client (the SDKs refuse it outright): such a model could be listed
+    and asked for, but never retrieved."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.id: '\.+' is a path step"):
+        _load(tmp_path, f'models: [{{id: "{model_id}", endpoint: /v1/messages, provider: {{kind: llamacpp}}}}]')
+
+
 def test_model_ids_may_be_written_as_upstreams_name_models(tmp_path):
     text = "models: [{id: 'meta-llama/Llama-3.1-8B:ft.v2_x', endpoint: /v1/messages, provider: {kind: llamacpp}}]"
     assert _load(tmp_path, text).models[0].id == "meta-llama/Llama-3.1-8B:ft.v2_x"
@@ -179,6 +187,31 @@ def test_a_context_llama_cpp_cannot_make_names_context_size(tmp_path, capsys):
                         "100000000 tokens (Failed to create llama_context)\n")
 
 
+def test_a_context_size_past_llama_cpps_counter_is_refused_not_wrapped(tmp_path):
+    """llama.cpp counts the context in 32 bits: 4294967296 was taken as 0 (the model's own 8192) and 4294969344 as
+    2048, while Portico checked prompts against the size configured; the gateway started as if all were well."""
+    with pytest.raises(ConfigError, match=r"embedded\.context_size: a whole number from 1 to 4294967295, "
+                                          r"not 4294967296"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{context_size: 4294967296}}\n")
+
+
+def test_a_context_whose_buffers_cannot_be_allocated_names_context_size(tmp_path, capsys, monkeypatch):
+    """llama-cpp-python sizes a token buffer by the context before llama.cpp is asked: where memory is not
+    overcommitted that is numpy's MemoryError, which was a traceback."""
+    import llama_cpp
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 16.0 GiB for an array with shape (4294967295,) and data type int32")
+
+    monkeypatch.setattr(llama_cpp, "Llama", no_memory)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: off\nembedded: {{context_size: 4294967295}}\n")
+    assert main(["--config", str(config), "--data-dir", str(tmp_path / "d"), "serve", "--metrics-port", "0"]) == 2
+    assert capsys.readouterr().err == ("portico: configuration error: embedded.context_size: llama.cpp cannot make a "
+                                       "context of 4294967295 tokens (Unable to allocate 16.0 GiB for an array with "
+                                       "shape (4294967295,) and data type int32)\n")
+
+
 def test_help_names_the_values_as_the_command_line_section_does(capsys):
     """configuration.md writes `portico [--config FILE] [--data-dir DIR] [--log-level LEVEL] serve [--host H] ...`."""
     with pytest.raises(SystemExit):
@@ -211,6 +244,15 @@ def test_an_empty_data_dir_option_is_refused_not_the_working_directory(tmp_path,
     assert "argument --data-dir: a directory path, not ''" in capsys.readouterr().err
     assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
     assert not (tmp_path / "keys.db").exists()
+
+
+def test_an_empty_config_option_is_refused_by_its_name(tmp_path, capsys):
+    """`--config "$UNSET"` was Path(""): "cannot read config file .: Is a directory", naming no option."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--config", "", "--data-dir", str(tmp_path / "d"), "serve"])
+    assert stopped.value.code == 2
+    assert "argument --config: a file path, not ''" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.parametrize(
@@ -252,6 +294,23 @@ REDIS = "store: 'redis://127.0.0.1:6379/0'"
         (f"limits: {{{REDIS}, lease_seconds: 0}}", r"limits\.lease_seconds: a positive number, not 0$"),
         (f"limits: {{{REDIS}, store_timeout_seconds: -0.5}}",
          r"limits\.store_timeout_seconds: a positive number, not -0\.5$"),
+        # Past what the libraries under them take: the span exporter's thread died (OverflowError) and no trace
+        # ever left; PostgreSQL refused every connection (statement_timeout "exceeds integer range").
+        ("tracing: {export_delay_seconds: 1.0e+10}",
+         r"tracing\.export_delay_seconds: a positive number, at most 86400, not 10000000000\.0$"),
+        ("tracing: {export_timeout_seconds: 1.0e+10}",
+         r"tracing\.export_timeout_seconds: a positive number, at most 86400, not 10000000000\.0$"),
+        # A count past what the libraries under it take: OpenTelemetry's queue (an OverflowError traceback at start),
+        # SQLite's integers (the hourly retention pass failed, a warning each time, and nothing was ever pruned).
+        ("tracing: {max_queue_size: 1180591620717411303424}",
+         r"tracing\.max_queue_size: a whole number of at least 1 and at most 2147483647, not 1180591620717411303424$"),
+        ("usage: {retention_days: 1180591620717411303424}",
+         r"usage\.retention_days: a whole number of at least 0 and at most 2147483647, not 1180591620717411303424$"),
+        ("keys: {cache_size: 2147483648}", r"keys\.cache_size: a whole number of at least 1 and at most 2147483647"),
+        # Redis expires the slots with an integer: 1.0e+300 made every request with a limit a 500 internal_error.
+        (f"limits: {{{REDIS}, lease_seconds: 1.0e+300}}", r"limits\.lease_seconds: a positive number, at most 86400"),
+        ("keys: {store: 'postgresql://portico@db:5432/portico', store_timeout_seconds: 3000000}",
+         r"keys\.store_timeout_seconds: a positive number, at most 86400, not 3000000$"),
     ],
 )
 def test_a_number_out_of_its_range_names_that_one_setting(tmp_path, section, message):
@@ -286,3 +345,94 @@ TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, "
 def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, health, message):
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, TWO_DEPLOYMENTS.replace("HEALTH", health))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # `x or {}` took any false value for an empty section: `tracing: []` or `usage: false` ran on the defaults,
+        # `price: 0` made a model free and `fallbacks: ""` gave it none, all without a word.
+        (f"{ONE_MODEL}\ntracing: []", r"c\.yaml: tracing must be a mapping"),
+        (f"{ONE_MODEL}\nusage: false", r"c\.yaml: usage must be a mapping"),
+        (f"{ONE_MODEL}\nlimits: {{defaults: []}}", r"c\.yaml: limits\.defaults must be a mapping"),
+        (f"{ONE_MODEL}\nlimits: {{models: 0}}", r"c\.yaml: limits\.models must be a mapping"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: 0}]",
+         r"models\[0\]\.price must be a mapping"),
+        ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, fallbacks: ''}]",
+         r"models\[0\]\.fallbacks: a list of model ids"),
+        (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', "
+         f"model: m, retry: []}}}}]", r"models\[0\]\.provider\.retry must be a mapping"),
+        (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: openai, base_url: 'http://127.0.0.1:9/v1', "
+         f"model: m, timeouts: 0}}}}]", r"models\[0\]\.provider\.timeouts must be a mapping"),
+        ("false", r"c\.yaml: the top level must be a mapping"),
+        (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://u@127.0.0.1:1/db', password_env: []}}",
+         r"c\.yaml: keys\.password_env: the name of an environment variable, not \[\]"),
+        # Python refuses to read an integer of over 4300 digits: that was a ValueError traceback.
+        (f"{ONE_MODEL}\ndefault_max_tokens: {'9' * 5000}", r"c\.yaml: not valid YAML: .*4300 digits.*: value has"),
+        (f"{ONE_MODEL}\ndata_dir: 2026-13-45", r"c\.yaml: not valid YAML: month must be in 1\.\.12$"),
+        (f"{ONE_MODEL}\nlisten: {'[' * 5000}{']' * 5000}", r"c\.yaml: not valid YAML: nested too deeply$"),
+        # A NUL cannot be in a path: the data dir or access log failed later with a traceback ("embedded null byte").
+        (f"{ONE_MODEL}\naccess_log: \"a\\0b\"", r"c\.yaml: access_log: a path cannot hold a NUL character"),
+        (f"{ONE_MODEL}\ndata_dir: \"a\\0b\"", r"c\.yaml: data_dir: a path cannot hold a NUL character"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused_not_taken_as_empty(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        _load(tmp_path, text)
+    assert "\n" not in str(raised.value)
+
+
+def test_sections_and_lists_left_empty_still_take_their_defaults(tmp_path):
+    config = _load(tmp_path, "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: null, "
+                             "fallbacks: null}]\ntracing:\nusage:\nlimits: {defaults: null, models: null}\n")
+    assert config.models[0].fallbacks == () and not config.tracing.enabled and config.usage.batch_rows == 500
+
+
+@pytest.mark.parametrize(("retry", "message"), [
+    ("{initial_backoff: 10, max_backoff: 1}", r"retry\.max_backoff: at least initial_backoff \(10\), not 1$"),
+    ("{initial_backoff: 20}", r"retry\.max_backoff: at least initial_backoff \(20\), not 8 \(its default\)$"),
+])
+def test_a_backoff_above_its_maximum_is_refused_not_cut_silently(tmp_path, retry, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, "
+                        f"base_url: 'http://127.0.0.1:9/v1', model: m, retry: {retry}}}}}]")
+
+
+@pytest.mark.parametrize(("kind", "base_url", "message"), [
+    # The anthropic SDK's base_url has no /v1: with it every request went to /v1/v1/messages, a 404 at request time
+    # ("does not know the configured model") that named neither the path nor base_url.
+    ("anthropic", "https://api.anthropic.com/v1", r"requests would go to https://api\.anthropic\.com/v1/v1/messages"),
+    ("anthropic", "http://127.0.0.1:8000/v1/messages", r"/v1/messages/v1/messages"),
+    ("openai", "http://127.0.0.1:8000/v1/chat/completions", r"/v1/chat/completions/chat/completions"),
+    ("openai", "http://127.0.0.1:8000/v1/images/generations/", r"/v1/images/generations/chat/completions"),
+])
+def test_a_base_url_that_already_holds_the_request_path_is_refused(tmp_path, kind, base_url, message):
+    with pytest.raises(ConfigError, match=rf"models\[0\]\.provider\.base_url: .*{message}") as raised:
+        _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: {kind}, "
+                        f"base_url: '{base_url}', model: m}}}}]")
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("kind", "base_url"), [
+    ("anthropic", "https://api.anthropic.com"), ("anthropic", "https://gateway.example/anthropic"),
+    ("openai", "http://127.0.0.1:8000/v1"), ("openai", "https://gateway.example/openai/v1"),
+    ("openai", "http://127.0.0.1:8000"),  # a server without /v1 exists: not refused
+])
+def test_base_urls_as_the_sdks_take_them_are_accepted(tmp_path, kind, base_url):
+    config = _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: {kind}, "
+                             f"base_url: '{base_url}', model: m}}}}]")
+    assert config.models[0].deployments[0].provider.upstream.base_url == base_url
+
+
+def test_a_path_beginning_with_a_tilde_is_under_the_home_directory(tmp_path, monkeypatch):
+    """`data_dir: ~/portico` made a directory named `~` in the working directory, where `keys` run from anywhere
+    else found no key store; the home directory is what a shell (and --data-dir) would have given."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model = tmp_path / "home" / "m.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF....")
+    config = _load(tmp_path, f"{ONE_MODEL}\ndata_dir: ~/portico\naccess_log: ~/access.log\n"
+                             "embedded: {model_path: ~/m.gguf}\n")
+    assert config.data_dir == tmp_path / "home" / "portico"
+    assert config.access_log == str(tmp_path / "home" / "access.log")
+    assert config.embedded.model_path == str(model)

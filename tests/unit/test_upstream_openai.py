@@ -369,3 +369,12 @@ def test_an_upstream_refusing_the_gateways_account_is_the_gateways_problem_not_t
     assert "account" in error.message and "not your key or request" in error.message
     # Retried as its status is (`retry.on_status`): another deployment or fallback may bill another account.
     assert error.retry_reason == ("429" if status == 429 else None)
+
+
+def test_an_upstream_404_points_the_operator_at_base_url_as_well_as_the_model(caplog):
+    """A base_url without /v1 (Ollama's http://127.0.0.1:11434) answers 404 for the path, not the model: the log
+    said only "does not know the configured model", sending the operator to check a name that was right."""
+    with caplog.at_level("ERROR"):
+        error = from_status(404, b'{"error":"no route"}', {}, retry_on=(), upstream="m", secret=None)
+    assert "configured model or path" in error.message
+    assert "check the provider's `model` and `base_url`" in caplog.text
