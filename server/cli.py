@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             # uvloop: the event loop's own work (callbacks, sockets) is a large share of every request's CPU.
             development_key = wants_development_key(config, asked=args.dev_key)
             return uvloop.run(serve(config, workers=args.workers, worker_command=command,
-                                    development_key=development_key))
+                                    development_key=development_key, config_path=args.config))
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import resource
+import shlex
 import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -79,9 +80,9 @@ def raise_open_files_limit() -> None:
 
 
 async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[Path], Sequence[str]],
-                development_key: bool = False) -> int:
+                development_key: bool = False, config_path: Path | None = None) -> int:
     """`development_key`: on a first start with an empty key store, create and print an all-models key (else say
-    how to make one)."""
+    how to make one, with `config_path`, the file this serve read)."""
     raise_open_files_limit()
     # From the start: a stop signal while the model loads or workers start would otherwise kill the process by
     # its default action (exit -15, nothing drained, no "Portico stopped."). It is acted on once all is up.
@@ -91,11 +92,11 @@ async def serve(config: Config, *, workers: int = 1, worker_command: Callable[[P
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     with run_directory() as run_dir:
-        return await _serve(config, run_dir, workers, worker_command, stop, development_key)
+        return await _serve(config, run_dir, workers, worker_command, stop, development_key, config_path)
 
 
 async def _serve(config: Config, run_dir: Path, workers: int, worker_command, stop: asyncio.Event,
-                 development_key: bool) -> int:
+                 development_key: bool, config_path: Path | None) -> int:
     try:
         backend = await _start_backend(config, run_dir, workers, worker_command)
     except WorkerError as exc:
@@ -117,7 +118,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
             metrics.close()
         return 1
     # Only now: a start that fails (a port taken) must not use up the one showing of the key's secret.
-    await _first_key(config, create=development_key)
+    await _first_key(config, create=development_key, config_path=config_path)
     print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC). Ctrl-C or SIGTERM stops it, after "
           f"up to {config.drain_seconds:g} s for the requests in flight.", flush=True)
 
@@ -262,7 +263,7 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
-async def _first_key(config: Config, *, create: bool) -> None:
+async def _first_key(config: Config, *, create: bool, config_path: Path | None) -> None:
     """On the first start with an empty store, create one development key and show its secret this once; or, where
     none is made by itself (upstreams serve models), say how to make one, as every request needs a key."""
     store = await open_key_store(config.key_database)
@@ -270,10 +271,13 @@ async def _first_key(config: Config, *, create: bool) -> None:
         if await store.count() > 0:
             return
         if not create:
-            # Upstreams mean a configuration file of one's own: `keys` without it checks the default catalog.
-            print("The key store has no keys yet, and every request needs one: create one with `portico keys create "
-                  "--config FILE --name NAME --models MODEL,...`, FILE (and --data-dir, if given) as for this serve "
-                  "(or start with --dev-key for an all-models development key).", flush=True)
+            # Upstreams mean a configuration file of one's own: `keys` without it checks the default catalog. The
+            # paths as this serve resolved them, so that the command works from any directory.
+            options = f"--config {shlex.quote(str(config_path.resolve()))} " if config_path else ""
+            options += f"--data-dir {shlex.quote(str(config.data_dir.resolve()))}"
+            print(f"The key store has no keys yet, and every request needs one: create one with `portico {options} "
+                  "keys create --name NAME --models MODEL,...` (or start with --dev-key for an all-models development "
+                  "key).", flush=True)
             return
         made = await store.create_first("development", env="dev")
         if made is None:

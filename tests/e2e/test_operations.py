@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shlex
 import socket
 import subprocess
 import sys
@@ -347,11 +348,14 @@ def test_a_first_start_in_front_of_upstreams_says_how_to_make_a_key(tmp_path):
     config = write_config(tmp_path, models)
     with running_gateway(tmp_path / "data", config=config, dev_key=False) as gateway:
         hint = [line for line in gateway.printed if "has no keys yet" in line]
-        assert hint and "portico keys create" in hint[0] and "--dev-key" in hint[0]
-        assert "--config" in hint[0]  # this gateway's catalog: without it `keys create` checks the default one
+        assert hint and "--dev-key" in hint[0]
         assert not gateway.secret
-        subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "keys", "create", "--name", "a",
-                        "--all-models"], check=True, capture_output=True, timeout=30)
+        # The command to run, with this gateway's catalog and key store (it said `--config FILE`, to fill in): as
+        # given, from another directory.
+        command = shlex.split(re.search(r"`portico (.*?)`", hint[0]).group(1).replace("MODEL,...", "up"))
+        assert command[:4] == ["--config", str(config.resolve()), "--data-dir", str((tmp_path / "data").resolve())]
+        subprocess.run([sys.executable, "-m", "server.cli", *command], check=True, capture_output=True, timeout=30,
+                       cwd=tmp_path.parent)
     with running_gateway(tmp_path / "data", config=config, dev_key=False) as again:
         assert not [line for line in again.printed if "has no keys yet" in line]
 
