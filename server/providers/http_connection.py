@@ -203,6 +203,11 @@ class Connection(asyncio.Protocol):
         self.transport.write(request)
         return response
 
+    @property
+    def heard(self) -> bool:
+        """A byte of the current answer has arrived."""
+        return self._head_bytes > 0
+
     async def started(self, response: Response) -> None:
         while not response._started:
             await response._wait()

@@ -60,6 +60,10 @@ _QUERY_SAFE = _PATH_SAFE + "?"
 # gen_ai.operation.name by path (tracing.OPERATIONS); the others are "chat"
 _OPERATIONS = {"images/generations": "generate_content", "v1/messages/count_tokens": COUNT_TOKENS}
 
+# A UTF-8 byte order mark before a JSON answer (some Windows and .NET servers write one), which the SDKs skip:
+# Python's json.loads of bytes and JavaScript's fetch().json() both read past it.
+_BOM = b"\xef\xbb\xbf"
+
 T = TypeVar("T")
 _logger = logging.getLogger(__name__)
 
@@ -165,7 +169,7 @@ class HttpUpstream:
         finally:
             self._give_back(response, caller_done=False)
         try:
-            data = wire_json.loads(content)
+            data = wire_json.loads(content.removeprefix(_BOM))
         except wire_json.JSONDecodeError:
             raise UpstreamError(f"The upstream serving `{model_id}` answered with invalid JSON.") from None
         if not isinstance(data, dict):
@@ -396,7 +400,7 @@ async def _error_body(response: Response) -> bytes:
             size += len(chunk)
     except TransportError:
         pass  # what arrived is kept: a body cut at its end still names the upstream's reason
-    return b"".join(parts)[:MAX_ERROR_BODY]
+    return b"".join(parts)[:MAX_ERROR_BODY].removeprefix(_BOM)
 
 
 def _not_a_stream(content_type: str) -> bool:

@@ -39,12 +39,21 @@ def _trickle(connection: socket.socket) -> None:
         connection.sendall(bytes([byte]))
 
 
+def _closed_when_reused(connection: socket.socket) -> None:
+    """Answers, keeps the connection open, and closes it unanswered when the next request comes: a server whose
+    keep-alive timeout (gunicorn's 2 s, say) ran out just as the gateway reused the connection."""
+    connection.sendall(_whole(200, b"application/json", ANSWER))
+    connection.recv(65536)
+
+
 MODES: dict[str, Callable[[socket.socket], None]] = {
     "trickle": _trickle,
     "page": lambda c: c.sendall(_whole(200, b"text/html", b"<html><body>Maintenance</body></html>")),
     "whole": lambda c: c.sendall(_whole(200, b"application/json", ANSWER)),  # a server that ignores `stream`
     "hugeheader": lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n"),
     "garbled": lambda c: c.sendall(b"NOT HTTP AT ALL\r\n\r\n"),
+    "stale": _closed_when_reused,
+    "bom": lambda c: c.sendall(_whole(200, b"application/json; charset=utf-8", b"\xef\xbb\xbf" + ANSWER)),
 }
 
 
@@ -88,8 +97,8 @@ class RawUpstream:
                 pass  # the gateway went away, or refused our certificate: what the tests look at
 
 
-def _model(model_id: str, url: str, *, timeouts: str = "{connect: 2, read: 5, answer: 5}") -> str:
-    retry = "{attempts: 3, initial_backoff: 0.02, max_backoff: 0.05, total_seconds: 5}"
+def _model(model_id: str, url: str, *, timeouts: str = "{connect: 2, read: 5, answer: 5}",
+           retry: str = "{attempts: 3, initial_backoff: 0.02, max_backoff: 0.05, total_seconds: 5}") -> str:
     return (f"  - {{id: {model_id}, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: '{url}', "
             f"model: up-{model_id}, api_key_env: {UPSTREAM_KEY_ENV}, retry: {retry}, timeouts: {timeouts}}}}}\n")
 
@@ -124,7 +133,8 @@ def double():
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, raw, self_signed, double):
-    models = "".join(_model(mode, raw.url(mode)) for mode in MODES if mode != "trickle")
+    models = "".join(_model(mode, raw.url(mode)) for mode in MODES if mode not in ("trickle", "stale"))
+    models += _model("stale", raw.url("stale"), retry="{attempts: 1}")
     models += _model("trickle", raw.url("trickle"), timeouts="{connect: 2, read: 5, answer: 1}")
     models += _model("nodns", "http://no-such-host.invalid/v1")
     models += _model("refused", f"http://127.0.0.1:{_closed_port()}/v1")
@@ -193,6 +203,24 @@ def test_an_answer_that_is_no_http_says_what_was_wrong(http, mode, why):
     answer = _chat(http, mode)
     assert (answer.status_code, answer.json()["error"]["code"]) == (502, "upstream_error"), answer.text
     assert why in answer.json()["error"]["message"]
+
+
+def test_a_kept_alive_connection_the_upstream_closes_as_it_is_reused_fails_no_request(http, gateway, raw):
+    # `retry.attempts: 1`: no retry of the model's may hide it; the request is sent again on a new connection.
+    for _ in range(3):
+        answer = _chat(http, "stale")
+        assert answer.status_code == 200, answer.text
+    assert raw.hits["stale"] == 3  # three connections, the second and third made when the one before was closed
+    metrics = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics").text
+    # Neither a retry nor a failure of the deployment (passive health would count it).
+    assert not [line for line in metrics.splitlines() if 'model="stale"' in line and "reason=" in line]
+
+
+def test_a_json_answer_beginning_with_a_byte_order_mark_is_read(http):
+    # The openai SDK reads such an answer (json.loads of bytes skips it), so a gateway in front must too.
+    answer = _chat(http, "bom")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "hi"
 
 
 def test_retries_of_an_overloaded_upstream_are_counted_as_529(http, gateway, double):
