@@ -171,7 +171,10 @@ class HttpUpstream:
         try:
             data = wire_json.loads(content.removeprefix(_BOM))
         except wire_json.JSONDecodeError:
-            raise UpstreamError(f"The upstream serving `{model_id}` answered with invalid JSON.") from None
+            # A proxy's maintenance or login page says so by its type: named, so nobody looks for a JSON fault.
+            stated = response.content_type
+            what = "invalid JSON" if not stated or "json" in stated else f"{stated[:100]}, not JSON"
+            raise UpstreamError(f"The upstream serving `{model_id}` answered with {what}.") from None
         if not isinstance(data, dict):
             raise UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
         return data

@@ -216,6 +216,12 @@ def test_a_kept_alive_connection_the_upstream_closes_as_it_is_reused_fails_no_re
     assert not [line for line in metrics.splitlines() if 'model="stale"' in line and "reason=" in line]
 
 
+def test_a_page_answered_to_a_request_for_json_is_called_so(http, raw):
+    answer = _chat(http, "page")
+    assert (answer.status_code, answer.json()["error"]["code"]) == (502, "upstream_error"), answer.text
+    assert "`page` answered with text/html, not JSON" in answer.json()["error"]["message"]
+
+
 def test_a_json_answer_beginning_with_a_byte_order_mark_is_read(http):
     # The openai SDK reads such an answer (json.loads of bytes skips it), so a gateway in front must too.
     answer = _chat(http, "bom")
