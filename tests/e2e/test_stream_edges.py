@@ -124,7 +124,8 @@ def test_llama_cpp_s_error_field_is_the_upstream_s_error(oai, claude, double, mo
     with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
         chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
     assert "exceeds the available context size" in str(caught.value)
-    assert caught.value.body["code"] == "context_length_exceeded" if model.startswith("chat") else True
+    error = caught.value.body if model.startswith("chat") else caught.value.body["error"]
+    assert error["code"] == "context_length_exceeded", error
     assert len(double.seen) == 1
 
 
