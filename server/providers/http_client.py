@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from server.providers.http_connection import (MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectTimeout,
-                                              OwnLimitReached, Response)
+from server.providers.http_connection import (MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectionBroken,
+                                              ConnectTimeout, OwnLimitReached, Response)
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -110,27 +110,40 @@ class Pool:
         lines (`header_lines`) without host or content-length; `answer_within`: seconds from sending by which the
         whole answer must have arrived; `outlast`: the answer's (Response.outlast). Cancelled or failed before the
         answer, the connection is closed."""
-        connection = await self._connection()
         head = (f"{method} {self.target_prefix}{path} HTTP/1.1\r\n".encode() + self.host_lines + headers
                 + (b"content-length: %d\r\n\r\n" % len(body) if body or method == "POST" else b"\r\n"))
-        response = connection.send(head + body, read_timeout, answer_within)
-        if outlast is not None:
-            response.outlast = outlast
-        try:
-            await connection.started(response)
-        except BaseException:
-            response.close()
-            raise
-        return response
+        connection = self._idle_connection()
+        while True:
+            reused = connection is not None
+            if connection is None:
+                connection = await self._connect()
+            response = connection.send(head + body, read_timeout, answer_within)
+            if outlast is not None:
+                response.outlast = outlast
+            try:
+                await connection.started(response)
+            except ConnectionBroken:
+                response.close()
+                # A kept-alive connection closed before a byte of the answer: the server's idle timeout ran out as
+                # the request was sent (gunicorn's is 2 s), and it dropped the request unread. Sent once more on a
+                # new connection, this is no failure of the upstream's, to retry after a backoff or to fail with.
+                if not reused or connection.heard:
+                    raise
+                connection = None
+                continue
+            except BaseException:
+                response.close()
+                raise
+            return response
 
-    async def _connection(self) -> Connection:
+    def _idle_connection(self) -> Connection | None:
         now = self.loop.time()
         while self._idle:
             connection = self._idle.pop()
             if self._fresh(connection, now):
                 return connection
             connection.transport.close()
-        return await self._connect()
+        return None
 
     def _fresh(self, connection: Connection, now: float) -> bool:
         return connection.reusable and now - connection.idle_since < self._keepalive

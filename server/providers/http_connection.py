@@ -140,6 +140,10 @@ class Response:
             self._connection.reusable = False  # an upstream that answers so is asked nothing more on this connection
             raise Undecodable(str(exc)) from None
 
+    def lift_deadline(self) -> None:
+        """No deadline from now on: the read timeout alone bounds the rest of the answer."""
+        self._deadline = None
+
     def release(self) -> None:
         self._connection.finish(self, reuse=self._complete)
 
@@ -202,6 +206,11 @@ class Connection(asyncio.Protocol):
         self._head_bytes = 0
         self.transport.write(request)
         return response
+
+    @property
+    def heard(self) -> bool:
+        """A byte of the current answer has arrived."""
+        return self._head_bytes > 0
 
     async def started(self, response: Response) -> None:
         while not response._started:
@@ -310,19 +319,18 @@ class Connection(asyncio.Protocol):
     # the exchange's life
     def watch(self, timeout: float | None, deadline: float | None = None) -> None:
         """Fail the answer once `timeout` passes without a byte arriving, or at `deadline` (one timer, moved on only
-        when it fires)."""
+        when it fires, then to the answer's deadline as it is then: `Response.lift_deadline` may have lifted it)."""
         if self._timer is None and timeout is not None:
-            self._timer = self.loop.call_at(_until(self._last_data + timeout, deadline), self._check_timer, timeout,
-                                            deadline)
+            self._timer = self.loop.call_at(_until(self._last_data + timeout, deadline), self._check_timer, timeout)
 
-    def _check_timer(self, timeout: float, deadline: float | None) -> None:
+    def _check_timer(self, timeout: float) -> None:
         self._timer = None
         response = self._response
         if response is None or response._complete or response._waiter is None:
             return  # nobody is waiting: the next wait starts a timer of its own
-        quiet_until = _until(self._last_data + timeout, deadline)
+        quiet_until = _until(self._last_data + timeout, response._deadline)
         if self.loop.time() < quiet_until:
-            self._timer = self.loop.call_at(quiet_until, self._check_timer, timeout, deadline)
+            self._timer = self.loop.call_at(quiet_until, self._check_timer, timeout)
             return
         self.reusable = False
         response._fail(ReadTimeout("no answer within the read timeout"))

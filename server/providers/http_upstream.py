@@ -9,7 +9,7 @@ timeouts here, non-2xx answers and mid-stream error events there.
 The upstream's `timeouts`: `connect` covers opening a connection (TCP, a proxy's CONNECT, TLS); `read` runs from
 the request to the answer's first byte, then between any two bytes of it; `answer` instead bounds an answer that is
 not streamed, from the request to its last byte (its first byte comes when all of it is ready, and an upstream that
-trickles it in must not hold the caller, whom Envoy would cut off, past it); `pool` is the wait for one of the
+trickles it in must not hold the caller, whom Envoy would cut off, past it), and a stream until its first event; `pool` is the wait for one of the
 `max_connections` slots (a full pool is not an upstream that does not answer). There is no write timeout: the
 request is one small buffer, and an upstream that does not take it does not answer within `read` either.
 """
@@ -59,6 +59,10 @@ _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986's pchar and "/", and "%" for esca
 _QUERY_SAFE = _PATH_SAFE + "?"
 # gen_ai.operation.name by path (tracing.OPERATIONS); the others are "chat"
 _OPERATIONS = {"images/generations": "generate_content", "v1/messages/count_tokens": COUNT_TOKENS}
+
+# A UTF-8 byte order mark before a JSON answer (some Windows and .NET servers write one), which the SDKs skip:
+# Python's json.loads of bytes and JavaScript's fetch().json() both read past it.
+_BOM = b"\xef\xbb\xbf"
 
 T = TypeVar("T")
 _logger = logging.getLogger(__name__)
@@ -119,9 +123,12 @@ class HttpUpstream:
         work is cancelled; leaving it normally after the last event the caller wanted lets the connection go back
         to the pool once the answer is complete. `attempt`: the caller's span for it (`attempt()`), which the caller
         ends once it has read the answer (every provider traces its exchanges so)."""
+        # The first event must come within `answer` too: a stream kept open by comments alone (a proxy's while its
+        # model thinks) restarts the read timeout with each, and would otherwise run until Envoy cut it.
         response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                     before_answer=True, body=wire_json.dumps(body),
-                                    headers=self._headers_for(attempt, headers), read_timeout=self._read_timeout)
+                                    headers=self._headers_for(attempt, headers), read_timeout=self._read_timeout,
+                                    answer_within=self._answer_timeout)
         attempt.set("http.response.status_code", response.status)
         events = None
         try:
@@ -165,9 +172,12 @@ class HttpUpstream:
         finally:
             self._give_back(response, caller_done=False)
         try:
-            data = wire_json.loads(content)
+            data = wire_json.loads(content.removeprefix(_BOM))
         except wire_json.JSONDecodeError:
-            raise UpstreamError(f"The upstream serving `{model_id}` answered with invalid JSON.") from None
+            # A proxy's maintenance or login page says so by its type: named, so nobody looks for a JSON fault.
+            stated = response.content_type
+            what = "invalid JSON" if not stated or "json" in stated else f"{stated[:100]}, not JSON"
+            raise UpstreamError(f"The upstream serving `{model_id}` answered with {what}.") from None
         if not isinstance(data, dict):
             raise UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
         return data
@@ -320,7 +330,9 @@ class HttpUpstream:
         decoder = SseDecoder(MAX_ANSWER_BYTES)
         try:
             while chunk := await response.readany():
-                for event in decoder.feed(chunk):
+                if events := decoder.feed(chunk):
+                    response.lift_deadline()  # the stream has begun: the read timeout alone bounds the rest
+                for event in events:
                     yield event
         except TransportError as exc:
             raise self._transport_error(exc, model_id, before_answer=False) from None
@@ -396,7 +408,7 @@ async def _error_body(response: Response) -> bytes:
             size += len(chunk)
     except TransportError:
         pass  # what arrived is kept: a body cut at its end still names the upstream's reason
-    return b"".join(parts)[:MAX_ERROR_BODY]
+    return b"".join(parts)[:MAX_ERROR_BODY].removeprefix(_BOM)
 
 
 def _not_a_stream(content_type: str) -> bool:

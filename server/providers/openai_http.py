@@ -65,6 +65,8 @@ class OpenAIProvider:
                         if event.data == b"[DONE]":
                             break
                         chunk = self._upstream.event_object(event.data, self._model_id)
+                        if event.event == "error" and "error" not in chunk:  # the error object itself (llama.cpp)
+                            chunk = {"error": chunk}
                         if "error" in chunk:
                             raise self._upstream.stream_error(chunk, self._model_id, self._model)
                         made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller

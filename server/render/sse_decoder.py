@@ -23,9 +23,9 @@ class EventTooLarge(Exception):
 
 class SseDecoder:
     """Lines end with "\\r\\n", "\\n" or "\\r", and a read may end anywhere, even between the two bytes of "\\r\\n".
-    Only `event:` and `data:` fields matter here; comments (":") and other fields are skipped. An event bigger than
-    `max_event_bytes` is EventTooLarge, raised as soon as it is: a stream that never ends its line must not take
-    the reader's memory."""
+    Only `event:` and `data:` fields matter here (and llama.cpp's `error:`, below); comments (":") and other fields
+    are skipped. An event bigger than `max_event_bytes` is EventTooLarge, raised as soon as it is: a stream that
+    never ends its line must not take the reader's memory."""
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._event = b""
@@ -100,6 +100,11 @@ class SseDecoder:
                     self._check()
             elif line.startswith(b"event:"):
                 self._event = line[6:].strip()
+            elif line.startswith(b"error:"):
+                # llama.cpp's server (before it moved them into `data:`) writes a failure met while streaming as an
+                # `error:` field, holding the error object: read as `event: error` with that data.
+                self._event = b"error"
+                self._read([b"data" + line[5:]])  # a line, not an event's end: no event comes of it
         return events
 
     def _dispatch(self) -> SseEvent:

@@ -109,3 +109,29 @@ def test_an_error_event_mid_stream_quotes_no_status_the_upstream_never_sent(oai,
         chat_stream(oai, "chat-on-openai")
     assert caught.value.message == "The upstream serving `chat-on-openai` failed: The engine is currently overloaded."
     assert (caught.value.code, caught.value.type) == ("upstream_error", "api_error")
+
+
+LLAMA_CPP_ERROR = (b'error: {"code":400,"message":"the request exceeds the available context size, try increasing it",'
+                   b'"type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}\n\n')
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "messages-on-openai"])
+def test_llama_cpp_s_error_field_is_the_upstream_s_error(oai, claude, double, model):
+    """llama.cpp's server (builds before its streamed errors moved into `data:`) writes a failure met while streaming
+    as an SSE `error:` field, then `data: [DONE]`. Read as an unknown field and dropped, it left a stream that "ended
+    before the answer was complete": a 502, sent twice more, instead of the prompt's 400 context_length_exceeded."""
+    double.cue(Cue(frames=[LLAMA_CPP_ERROR, b"data: [DONE]\n\n"]))
+    with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
+        chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
+    assert "exceeds the available context size" in str(caught.value)
+    error = caught.value.body if model.startswith("chat") else caught.value.body["error"]
+    assert error["code"] == "context_length_exceeded", error
+    assert len(double.seen) == 1
+
+
+def test_llama_cpp_s_error_field_mid_stream_ends_the_stream_with_its_message(oai, double):
+    error = b'error: {"code":500,"message":"slot unavailable","type":"server_error"}\n\n'
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": "Hel"}), error, b"data: [DONE]\n\n"]))
+    with pytest.raises(openai.APIError) as caught:
+        chat_stream(oai, "chat-on-openai")
+    assert "slot unavailable" in caught.value.message, caught.value.message

@@ -18,6 +18,7 @@ import pytest
 
 from tests.e2e.conftest import upstream_gateway
 from tests.upstream_double import Cue, UpstreamDouble
+from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY_ENV
 
 ANSWER = (b'{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":'
@@ -39,12 +40,43 @@ def _trickle(connection: socket.socket) -> None:
         connection.sendall(bytes([byte]))
 
 
+def _closed_when_reused(connection: socket.socket) -> None:
+    """Answers, keeps the connection open, and closes it unanswered when the next request comes: a server whose
+    keep-alive timeout (gunicorn's 2 s, say) ran out just as the gateway reused the connection."""
+    connection.sendall(_whole(200, b"application/json", ANSWER))
+    connection.recv(65536)
+
+
+def _comments(connection: socket.socket) -> None:
+    """A stream kept open by comments alone, as a proxy keeps it while its model thinks (OpenRouter's
+    `: OPENROUTER PROCESSING`): bytes that satisfy the read timeout, and no event ever."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    for _ in range(100):
+        connection.sendall(b"e\r\n: PROCESSING\n\n\r\n")
+        time.sleep(0.1)
+
+
+def _slow_stream(connection: socket.socket) -> None:
+    """A stream that begins at once and takes 2 s in all, an event every 0.25 s."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+    for delta, finish in [({"role": "assistant", "content": ""}, None), *[({"content": "w "}, None)] * 8,
+                          ({}, "stop")]:
+        connection.sendall(sse({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
+        time.sleep(0.25)
+    connection.sendall(b"data: [DONE]\n\n")
+
+
 MODES: dict[str, Callable[[socket.socket], None]] = {
     "trickle": _trickle,
     "page": lambda c: c.sendall(_whole(200, b"text/html", b"<html><body>Maintenance</body></html>")),
     "whole": lambda c: c.sendall(_whole(200, b"application/json", ANSWER)),  # a server that ignores `stream`
     "hugeheader": lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n"),
     "garbled": lambda c: c.sendall(b"NOT HTTP AT ALL\r\n\r\n"),
+    "stale": _closed_when_reused,
+    "comments": _comments,
+    "slow-stream": _slow_stream,
+    "bom": lambda c: c.sendall(_whole(200, b"application/json; charset=utf-8", b"\xef\xbb\xbf" + ANSWER)),
 }
 
 
@@ -88,8 +120,8 @@ class RawUpstream:
                 pass  # the gateway went away, or refused our certificate: what the tests look at
 
 
-def _model(model_id: str, url: str, *, timeouts: str = "{connect: 2, read: 5, answer: 5}") -> str:
-    retry = "{attempts: 3, initial_backoff: 0.02, max_backoff: 0.05, total_seconds: 5}"
+def _model(model_id: str, url: str, *, timeouts: str = "{connect: 2, read: 5, answer: 5}",
+           retry: str = "{attempts: 3, initial_backoff: 0.02, max_backoff: 0.05, total_seconds: 5}") -> str:
     return (f"  - {{id: {model_id}, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: '{url}', "
             f"model: up-{model_id}, api_key_env: {UPSTREAM_KEY_ENV}, retry: {retry}, timeouts: {timeouts}}}}}\n")
 
@@ -124,7 +156,11 @@ def double():
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, raw, self_signed, double):
-    models = "".join(_model(mode, raw.url(mode)) for mode in MODES if mode != "trickle")
+    models = "".join(_model(mode, raw.url(mode)) for mode in MODES if mode not in ("trickle", "stale", "comments",
+                                                                                     "slow-stream"))
+    for mode in ("comments", "slow-stream"):
+        models += _model(mode, raw.url(mode), timeouts="{connect: 2, read: 5, answer: 1}")
+    models += _model("stale", raw.url("stale"), retry="{attempts: 1}")
     models += _model("trickle", raw.url("trickle"), timeouts="{connect: 2, read: 5, answer: 1}")
     models += _model("nodns", "http://no-such-host.invalid/v1")
     models += _model("refused", f"http://127.0.0.1:{_closed_port()}/v1")
@@ -193,6 +229,47 @@ def test_an_answer_that_is_no_http_says_what_was_wrong(http, mode, why):
     answer = _chat(http, mode)
     assert (answer.status_code, answer.json()["error"]["code"]) == (502, "upstream_error"), answer.text
     assert why in answer.json()["error"]["message"]
+
+
+def test_a_kept_alive_connection_the_upstream_closes_as_it_is_reused_fails_no_request(http, gateway, raw):
+    # `retry.attempts: 1`: no retry of the model's may hide it; the request is sent again on a new connection.
+    for _ in range(3):
+        answer = _chat(http, "stale")
+        assert answer.status_code == 200, answer.text
+    assert raw.hits["stale"] == 3  # three connections, the second and third made when the one before was closed
+    metrics = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics").text
+    # Neither a retry nor a failure of the deployment (passive health would count it).
+    assert not [line for line in metrics.splitlines() if 'model="stale"' in line and "reason=" in line]
+
+
+def test_a_stream_kept_open_by_comments_alone_is_cut_at_timeouts_answer(http, gateway, raw):
+    # Every comment restarts the read timeout; nothing reaches Envoy, which cut such a stream at its own limit (635 s
+    # by default) with a 504 the ledger called a 499 `cancelled`. The first event must come within `timeouts.answer`.
+    started = time.monotonic()
+    answer = _chat(http, "comments", stream=True)
+    elapsed = time.monotonic() - started
+    assert (answer.status_code, answer.json()["error"]["code"]) == (504, "upstream_timeout"), answer.text
+    assert 0.9 < elapsed < 3, elapsed
+    assert raw.hits["comments"] == 1
+
+
+def test_a_stream_that_has_begun_may_last_longer_than_timeouts_answer(http):
+    answer = _chat(http, "slow-stream", stream=True)
+    assert answer.status_code == 200 and answer.text.count('"content":"w "') == 8, answer.text
+    assert answer.text.endswith("data: [DONE]\n\n") and '"error"' not in answer.text
+
+
+def test_a_page_answered_to_a_request_for_json_is_called_so(http, raw):
+    answer = _chat(http, "page")
+    assert (answer.status_code, answer.json()["error"]["code"]) == (502, "upstream_error"), answer.text
+    assert "`page` answered with text/html, not JSON" in answer.json()["error"]["message"]
+
+
+def test_a_json_answer_beginning_with_a_byte_order_mark_is_read(http):
+    # The openai SDK reads such an answer (json.loads of bytes skips it), so a gateway in front must too.
+    answer = _chat(http, "bom")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "hi"
 
 
 def test_retries_of_an_overloaded_upstream_are_counted_as_529(http, gateway, double):

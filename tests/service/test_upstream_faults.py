@@ -160,6 +160,14 @@ async def test_exhausted_retries_fall_back_to_the_next_model(chat, running, doub
     assert metric(running, "portico_upstream_fallbacks_total", model="up-main", fallback="up-backup") == fallbacks + 1
 
 
+async def test_a_redirect_is_the_gateway_s_configuration_and_goes_to_the_fallback_at_once(chat, double, key):
+    # configuration.md, fallbacks: a base_url that redirects (moved to https, say) would redirect every try.
+    double.cue(Cue(301, b"", headers={"location": "https://elsewhere/v1/chat/completions"}))
+    response = await ask(chat, key[1])
+    assert response.model == "up-main" and response.choices[0].message.content == "echo Say hello."
+    assert [s.body["model"] for s in double.seen] == ["main-model", "backup-model"]  # not retried
+
+
 async def test_fallbacks_that_cannot_honour_the_request_are_skipped(chat, double, key):
     double.cue(Cue(503, {"error": {"message": "down"}}))
     response = await ask(chat, key[1], "up-chain", max_tokens=3)

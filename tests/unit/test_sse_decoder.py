@@ -52,6 +52,13 @@ def test_split_anywhere(cut):
     assert decode([TRANSCRIPT[:cut], b"", TRANSCRIPT[cut:]]) == EVENTS
 
 
+def test_llama_cpp_s_error_field_is_an_error_event():
+    stream = b'data: {"a":1}\n\nerror: {"code":500}\n\nerror:{"code":400}\n\ndata: [DONE]\n\n'
+    assert decode([stream[i:i + 1] for i in range(len(stream))]) == [
+        SseEvent("message", b'{"a":1}'), SseEvent("error", b'{"code":500}'), SseEvent("error", b'{"code":400}'),
+        SseEvent("message", b"[DONE]")]
+
+
 @pytest.mark.parametrize("cut", range(0, 6))
 def test_a_byte_order_mark_at_the_start_is_skipped_however_it_is_split(cut):
     stream = b"\xef\xbb\xbfevent: first\ndata: 1\n\n" + TRANSCRIPT
