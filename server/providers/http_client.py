@@ -32,6 +32,9 @@ from server.providers.http_connection import (MAX_HEAD_BYTES, ConnectFailed, Con
                                               ConnectTimeout, OwnLimitReached, Response)
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# A reused connection closed within this of the request being sent closed as it was reused: its server did not
+# read the request (a round trip to a distant upstream included).
+_CLOSED_AS_REUSED_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class Pool:
             reused = connection is not None
             if connection is None:
                 connection = await self._connect()
+            sent_at = self.loop.time()
             response = connection.send(head + body, read_timeout, answer_within)
             if outlast is not None:
                 response.outlast = outlast
@@ -124,10 +128,11 @@ class Pool:
                 await connection.started(response)
             except ConnectionBroken:
                 response.close()
-                # A kept-alive connection closed before a byte of the answer: the server's idle timeout ran out as
-                # the request was sent (gunicorn's is 2 s), and it dropped the request unread. Sent once more on a
-                # new connection, this is no failure of the upstream's, to retry after a backoff or to fail with.
-                if not reused or connection.heard:
+                # A kept-alive connection closed at once, before a byte of the answer: the server's idle timeout ran
+                # out as the request was sent (gunicorn's is 2 s), and it dropped the request unread. Sent once more
+                # on a new connection, this is no failure of the upstream's, to retry after a backoff or to fail
+                # with. Not one that closed later: the server may have had the request, and a model may have run it.
+                if not reused or connection.heard or self.loop.time() - sent_at > _CLOSED_AS_REUSED_SECONDS:
                     raise
                 connection = None
                 continue

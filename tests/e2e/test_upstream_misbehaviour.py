@@ -47,6 +47,14 @@ def _closed_when_reused(connection: socket.socket) -> None:
     connection.recv(65536)
 
 
+def _dropped_while_working(connection: socket.socket) -> None:
+    """Answers, then reads the next request on the connection and works on it for a while before the connection
+    goes unanswered: a server that crashed, or a proxy that cut it, after the request had reached the model."""
+    connection.sendall(_whole(200, b"application/json", ANSWER))
+    connection.recv(65536)
+    time.sleep(1.5)
+
+
 def _comments(connection: socket.socket) -> None:
     """A stream kept open by comments alone, as a proxy keeps it while its model thinks (OpenRouter's
     `: OPENROUTER PROCESSING`): bytes that satisfy the read timeout, and no event ever."""
@@ -74,6 +82,7 @@ MODES: dict[str, Callable[[socket.socket], None]] = {
     "hugeheader": lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n"),
     "garbled": lambda c: c.sendall(b"NOT HTTP AT ALL\r\n\r\n"),
     "stale": _closed_when_reused,
+    "dropped": _dropped_while_working,
     "comments": _comments,
     "slow-stream": _slow_stream,
     "bom": lambda c: c.sendall(_whole(200, b"application/json; charset=utf-8", b"\xef\xbb\xbf" + ANSWER)),
@@ -156,11 +165,12 @@ def double():
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, raw, self_signed, double):
-    models = "".join(_model(mode, raw.url(mode)) for mode in MODES if mode not in ("trickle", "stale", "comments",
-                                                                                     "slow-stream"))
+    models = "".join(_model(mode, raw.url(mode)) for mode in MODES if mode not in ("trickle", "stale", "dropped",
+                                                                                     "comments", "slow-stream"))
     for mode in ("comments", "slow-stream"):
         models += _model(mode, raw.url(mode), timeouts="{connect: 2, read: 5, answer: 1}")
     models += _model("stale", raw.url("stale"), retry="{attempts: 1}")
+    models += _model("dropped", raw.url("dropped"), retry="{attempts: 1}")
     models += _model("trickle", raw.url("trickle"), timeouts="{connect: 2, read: 5, answer: 1}")
     models += _model("nodns", "http://no-such-host.invalid/v1")
     models += _model("refused", f"http://127.0.0.1:{_closed_port()}/v1")
@@ -240,6 +250,15 @@ def test_a_kept_alive_connection_the_upstream_closes_as_it_is_reused_fails_no_re
     metrics = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics").text
     # Neither a retry nor a failure of the deployment (passive health would count it).
     assert not [line for line in metrics.splitlines() if 'model="stale"' in line and "reason=" in line]
+
+
+def test_a_kept_alive_connection_dropped_while_the_upstream_worked_is_not_sent_again(http, raw):
+    # The upstream had the request, and worked on it, before the connection went: sent again, it could be answered,
+    # and billed, twice. Only a close that comes as the request is sent (an idle timeout's race) is sent again.
+    assert _chat(http, "dropped").status_code == 200
+    answer = _chat(http, "dropped")
+    assert (answer.status_code, answer.json()["error"]["code"]) == (502, "upstream_error"), answer.text
+    assert raw.hits["dropped"] == 1
 
 
 def test_a_stream_kept_open_by_comments_alone_is_cut_at_timeouts_answer(http, gateway, raw):
