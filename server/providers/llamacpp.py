@@ -217,7 +217,8 @@ class LlamaCppProvider:
     ) -> None:
         """Runs on the instance's thread: sample token by token and emit TextDeltas, then one Finished."""
         stops = [s for s in params.stop if s]
-        budget = min(params.max_tokens, self._n_ctx - len(prompt))  # the context window also bounds the answer
+        room = self._n_ctx - len(prompt)  # the context window also bounds the answer
+        budget = min(params.max_tokens, room)
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         # LLAMA_DEFAULT_SEED makes llama.cpp draw a random seed; the sampler reads the seed when generate() starts.
         # llama.cpp keeps 32 bits of a seed and 0xFFFFFFFF is that "random", so a caller's seed (any 64-bit integer,
@@ -246,7 +247,9 @@ class LlamaCppProvider:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two tokens
         pending = ""  # decoded text not yet emitted: it may be the start of a stop string
         generated = 0
-        reason, stop_sequence = FinishReason.MAX_TOKENS, None
+        # Anthropic's own word for an answer the window cut short; max_tokens when the caller's limit came first.
+        reason = FinishReason.MAX_TOKENS if params.max_tokens <= room else FinishReason.CONTEXT_WINDOW
+        stop_sequence = None
         try:
             while generated < budget:
                 token = next(tokens)  # generate() first decodes the previous token (or the prompt), then samples

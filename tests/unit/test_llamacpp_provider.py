@@ -154,15 +154,16 @@ async def test_max_tokens_gives_exactly_that_many_tokens(provider):
     assert finished.usage.output_tokens == 5
 
 
-async def test_a_full_context_window_ends_with_max_tokens():
+async def test_a_full_context_window_ends_the_answer_and_says_so():
     small = LlamaCppProvider(MODEL, n_ctx=48)
     try:
-        prompt_tokens = small.count_tokens(request().turns)
-        _, finished = await collect(small, request(max_tokens=500, temperature=0.0))
+        room = 48 - small.count_tokens(request().turns)
+        _, cut = await collect(small, request(max_tokens=500, temperature=0.0))
+        _, exact = await collect(small, request(max_tokens=room, temperature=0.0))
     finally:
         await small.close()
-    assert finished.reason is FinishReason.MAX_TOKENS
-    assert finished.usage.output_tokens == 48 - prompt_tokens
+    assert (cut.reason, cut.usage.output_tokens) == (FinishReason.CONTEXT_WINDOW, room)
+    assert (exact.reason, exact.usage.output_tokens) == (FinishReason.MAX_TOKENS, room)  # the caller's limit, met
 
 
 async def test_a_stop_string_ends_the_answer_and_is_not_sent(provider):
