@@ -71,8 +71,11 @@ class LlamaCppProvider:
         self._n_ctx = n_ctx
         self._instances = [
             _Instance(
+                # last_n_tokens_size: the penalties look back this far; OpenAI's count the whole answer so far, where
+                # llama-cpp-python's default of 64 tokens let a word used earlier come back free.
                 llama_cpp.Llama(
-                    str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
+                    str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                    last_n_tokens_size=n_ctx, verbose=False,
                 ),
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{i}"),
             )
