@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import anthropic
@@ -269,6 +270,18 @@ def test_a_last_assistant_turn_is_a_prefill_the_embedded_model_continues(client)
     message = client.messages.create(max_tokens=12, extra_body={"temperature": 0}, **fields)
     assert whole.startswith(prefill + message.content[0].text)
     assert client.messages.count_tokens(**fields).input_tokens == message.usage.input_tokens
+
+
+@pytest.mark.parametrize("prefill", ["Sure: ", "One,\n", " "])
+def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_s_api_refuses_it(client, prefill):
+    """Anthropic's API refuses it (the answer would go on from a lone space token); the embedded model answered."""
+    messages = [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": prefill}]
+    create = functools.partial(client.messages.create, max_tokens=4)
+    for call in (create, client.messages.count_tokens):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            call(model="family-b-sonnet-4-6", messages=messages)
+        assert caught.value.body["error"]["param"] == "messages[1].content"
+        assert "final assistant content cannot end with trailing whitespace" in caught.value.message
 
 
 def test_metadata_is_checked_as_anthropic_s_api_checks_it(client):
