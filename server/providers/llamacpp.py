@@ -247,7 +247,9 @@ class LlamaCppProvider:
             repeat_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,
             frequency_penalty=params.frequency_penalty or 0.0, presence_penalty=params.presence_penalty or 0.0,
         )  # fmt: skip
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two tokens
+        # A character may span two tokens. Bytes that make no character (the model began one and went on to another)
+        # are no text: they are dropped, as a character cut off by max_tokens is, rather than sent as U+FFFD.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         pending = ""  # decoded text not yet emitted: it may be the start of a stop string
         generated = 0
         # Anthropic's own word for an answer the window cut short; max_tokens when the caller's limit came first.
