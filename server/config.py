@@ -271,7 +271,8 @@ def _base_url(value: Any, where: str) -> str | None:
 def _model_path(value: Any, where: str) -> str | None:
     value = os.path.expanduser(value) if isinstance(value, str) and "\0" not in value else value
     if value is not None and not (isinstance(value, str) and Path(value).is_file()):
-        raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} (no such file)")
+        what = "a directory" if isinstance(value, str) and Path(value).is_dir() else "no such file"
+        raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} ({what})")
     if value is not None:
         # llama.cpp says only "Failed to load model", as a traceback once the server is being built.
         try:

@@ -338,7 +338,8 @@ class GenerationRequest:
 
 class FinishReason(str, enum.Enum):
     END_TURN = "end_turn"  # the model ended its answer
-    MAX_TOKENS = "max_tokens"  # max_tokens or the context window was reached
+    MAX_TOKENS = "max_tokens"  # max_tokens was reached (or a window an upstream does not name: OpenAI's `length`)
+    CONTEXT_WINDOW = "model_context_window_exceeded"  # the context window was full before max_tokens was reached
     STOP_SEQUENCE = "stop_sequence"  # one of the stop strings was produced (it is not included in the text)
     TOOL_USE = "tool_use"  # the model called tools and waits for their results
     REFUSAL = "refusal"  # the upstream withheld the answer (OpenAI: content_filter)

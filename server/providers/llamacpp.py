@@ -71,8 +71,11 @@ class LlamaCppProvider:
         self._n_ctx = n_ctx
         self._instances = [
             _Instance(
+                # last_n_tokens_size: the penalties look back this far; OpenAI's count the whole answer so far, where
+                # llama-cpp-python's default of 64 tokens let a word used earlier come back free.
                 llama_cpp.Llama(
-                    str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
+                    str(model_path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                    last_n_tokens_size=n_ctx, verbose=False,
                 ),
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llamacpp-{i}"),
             )
@@ -217,7 +220,8 @@ class LlamaCppProvider:
     ) -> None:
         """Runs on the instance's thread: sample token by token and emit TextDeltas, then one Finished."""
         stops = [s for s in params.stop if s]
-        budget = min(params.max_tokens, self._n_ctx - len(prompt))  # the context window also bounds the answer
+        room = self._n_ctx - len(prompt)  # the context window also bounds the answer
+        budget = min(params.max_tokens, room)
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         # LLAMA_DEFAULT_SEED makes llama.cpp draw a random seed; the sampler reads the seed when generate() starts.
         # llama.cpp keeps 32 bits of a seed and 0xFFFFFFFF is that "random", so a caller's seed (any 64-bit integer,
@@ -243,10 +247,14 @@ class LlamaCppProvider:
             repeat_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,
             frequency_penalty=params.frequency_penalty or 0.0, presence_penalty=params.presence_penalty or 0.0,
         )  # fmt: skip
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two tokens
+        # A character may span two tokens. Bytes that make no character (the model began one and went on to another)
+        # are no text: they are dropped, as a character cut off by max_tokens is, rather than sent as U+FFFD.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         pending = ""  # decoded text not yet emitted: it may be the start of a stop string
         generated = 0
-        reason, stop_sequence = FinishReason.MAX_TOKENS, None
+        # Anthropic's own word for an answer the window cut short; max_tokens when the caller's limit came first.
+        reason = FinishReason.MAX_TOKENS if params.max_tokens <= room else FinishReason.CONTEXT_WINDOW
+        stop_sequence = None
         try:
             while generated < budget:
                 token = next(tokens)  # generate() first decodes the previous token (or the prompt), then samples

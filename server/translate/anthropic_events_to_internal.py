@@ -28,7 +28,7 @@ STOP_REASONS = {
     "tool_use": FinishReason.TOOL_USE,
     "refusal": FinishReason.REFUSAL,
     "pause_turn": FinishReason.END_TURN,
-    "model_context_window_exceeded": FinishReason.MAX_TOKENS,
+    "model_context_window_exceeded": FinishReason.CONTEXT_WINDOW,
 }
 
 

@@ -78,6 +78,9 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     last = turns[-1] if turns else None
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
+        if last.text != last.text.rstrip():  # as Anthropic's API refuses it (an upstream of the dialect judges it)
+            unread.append(Unread(f"messages[{len(messages) - 1}].content", "messages: final assistant content "
+                                 "cannot end with trailing whitespace", other_dialect=False))
     stops = opt_array(body, "stop_sequences") or []
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not stop:

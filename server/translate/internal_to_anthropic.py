@@ -24,6 +24,7 @@ STOP_REASONS = {
     FinishReason.END_TURN: "end_turn",
     FinishReason.STOP_SEQUENCE: "stop_sequence",
     FinishReason.MAX_TOKENS: "max_tokens",
+    FinishReason.CONTEXT_WINDOW: "model_context_window_exceeded",
     FinishReason.TOOL_USE: "tool_use",
     FinishReason.REFUSAL: "refusal",
 }

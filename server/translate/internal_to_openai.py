@@ -20,6 +20,7 @@ FINISH_REASONS = {
     FinishReason.END_TURN: "stop",
     FinishReason.STOP_SEQUENCE: "stop",
     FinishReason.MAX_TOKENS: "length",
+    FinishReason.CONTEXT_WINDOW: "length",
     FinishReason.TOOL_USE: "tool_calls",
     FinishReason.REFUSAL: "content_filter",
 }

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -270,6 +272,18 @@ def test_a_last_assistant_turn_is_a_prefill_the_embedded_model_continues(client)
     assert client.messages.count_tokens(**fields).input_tokens == message.usage.input_tokens
 
 
+@pytest.mark.parametrize("prefill", ["Sure: ", "One,\n", " "])
+def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_s_api_refuses_it(client, prefill):
+    """Anthropic's API refuses it (the answer would go on from a lone space token); the embedded model answered."""
+    messages = [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": prefill}]
+    create = functools.partial(client.messages.create, max_tokens=4)
+    for call in (create, client.messages.count_tokens):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            call(model="family-b-sonnet-4-6", messages=messages)
+        assert caught.value.body["error"]["param"] == "messages[1].content"
+        assert "final assistant content cannot end with trailing whitespace" in caught.value.message
+
+
 def test_metadata_is_checked_as_anthropic_s_api_checks_it(client):
     """Ignored by the model, but a `user_id` that is no string is a 400 naming it, as on Anthropic's API (and as a
     chat completion's metadata values are checked), not an answer a real Anthropic upstream would then refuse."""
@@ -282,3 +296,29 @@ def test_metadata_is_checked_as_anthropic_s_api_checks_it(client):
     assert caught.value.body["error"]["param"] == "metadata.user_id"
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi,
                                   metadata={"user_id": "u-42"}).usage.output_tokens > 0
+
+
+def _filling(client, room: int) -> list[dict]:
+    """A conversation whose prompt leaves exactly `room` tokens of the embedded model's 2048-token window."""
+    start = [{"role": "user", "content": "Go on:"}]
+    used = client.messages.count_tokens(model="family-b-opus-4-8", messages=start).input_tokens
+    return [{"role": "user", "content": "Go on:" + " x" * (2048 - room - used)}]  # each " x" is one token
+
+
+def test_an_answer_cut_by_the_context_window_says_so_not_max_tokens(client, gateway):
+    """Anthropic's `model_context_window_exceeded`: the window ended the answer before the caller's max_tokens did.
+    A chat caller gets OpenAI's `length` for it; max_tokens reached exactly at the window's edge is `max_tokens`."""
+    messages = _filling(client, room=3)
+    assert client.messages.count_tokens(model="family-b-opus-4-8", messages=messages).input_tokens == 2045
+    # top_k 1 is greedy without temperature 0's fresh evaluation of the prompt: the next requests reuse it
+    kwargs = dict(model="family-b-opus-4-8", messages=messages, extra_body={"top_k": 1})
+    message = client.messages.create(max_tokens=50, **kwargs)
+    assert (message.stop_reason, message.usage.output_tokens) == ("model_context_window_exceeded", 3)
+    with client.messages.stream(max_tokens=50, **kwargs) as events:
+        assert events.get_final_message().stop_reason == "model_context_window_exceeded"
+    exact = client.messages.create(max_tokens=3, **kwargs)
+    assert (exact.stop_reason, exact.usage.output_tokens) == ("max_tokens", 3)
+    oai = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+    chunks = oai.chat.completions.create(model="family-a-5.5", max_tokens=50, messages=messages, stream=True,
+                                         extra_body={"top_k": 1})
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"

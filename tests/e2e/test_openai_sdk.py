@@ -128,3 +128,16 @@ def test_client_that_goes_away_cancels_its_generation(gateway, client):
     assert completion.usage.completion_tokens == 3
     # Without cancellation the follow-up would wait behind ~1,990 more tokens; allow the time of 200.
     assert time.monotonic() - started < 200 * seconds_per_token
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_character_the_model_leaves_unfinished_is_dropped_not_sent_as_u_fffd(client, stream):
+    """With this seed SmolLM2 samples the first two bytes of a CJK character, then starts the next one: those bytes
+    are no text (as a character cut off by max_tokens is not), where the answer held U+FFFD, streamed or not."""
+    ask = dict(model="family-a-5.5", max_tokens=4, seed=1, messages=[
+        {"role": "user", "content": "Write three emoji about cats 🐱🐈 and say 猫 in Chinese: 猫猫猫"}])
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **ask))
+    else:
+        text = client.chat.completions.create(**ask).choices[0].message.content
+    assert text == "这表示"

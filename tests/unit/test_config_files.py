@@ -70,6 +70,14 @@ def test_a_model_path_that_is_no_gguf_file_is_a_configuration_error(tmp_path):
     assert _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'm.gguf'}}}").embedded.model_path
 
 
+def test_a_model_path_that_is_a_directory_says_so_not_no_such_file(tmp_path):
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ConfigError, match=r"embedded\.model_path: .*models' \(a directory\)$"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'models'}}}")
+    with pytest.raises(ConfigError, match=r"embedded\.model_path: .*absent\.gguf' \(no such file\)$"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'absent.gguf'}}}")
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
 def test_listen_host_takes_ip_addresses(tmp_path, host):
     assert _load(tmp_path, f"{ONE_MODEL}\nlisten: {{host: '{host}'}}").host == host

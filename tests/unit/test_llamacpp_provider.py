@@ -154,15 +154,16 @@ async def test_max_tokens_gives_exactly_that_many_tokens(provider):
     assert finished.usage.output_tokens == 5
 
 
-async def test_a_full_context_window_ends_with_max_tokens():
+async def test_a_full_context_window_ends_the_answer_and_says_so():
     small = LlamaCppProvider(MODEL, n_ctx=48)
     try:
-        prompt_tokens = small.count_tokens(request().turns)
-        _, finished = await collect(small, request(max_tokens=500, temperature=0.0))
+        room = 48 - small.count_tokens(request().turns)
+        _, cut = await collect(small, request(max_tokens=500, temperature=0.0))
+        _, exact = await collect(small, request(max_tokens=room, temperature=0.0))
     finally:
         await small.close()
-    assert finished.reason is FinishReason.MAX_TOKENS
-    assert finished.usage.output_tokens == 48 - prompt_tokens
+    assert (cut.reason, cut.usage.output_tokens) == (FinishReason.CONTEXT_WINDOW, room)
+    assert (exact.reason, exact.usage.output_tokens) == (FinishReason.MAX_TOKENS, room)  # the caller's limit, met
 
 
 async def test_a_stop_string_ends_the_answer_and_is_not_sent(provider):
@@ -375,3 +376,27 @@ def test_a_prompt_too_long_by_its_size_alone_is_refused_without_tokenizing(provi
     assert provider.count_tokens(near) >= 60_000 // provider._longest_piece
     monkeypatch.setattr(provider, "_tokenize", lambda turns: pytest.fail("a prompt that cannot fit was tokenized"))
     assert provider.count_tokens(request("a" * 4 * 1024 * 1024).turns) >= 2048
+
+
+async def test_penalties_weigh_the_whole_answer_not_only_its_last_64_tokens(provider, reference):
+    """OpenAI's penalties count every token of the answer so far. llama-cpp-python looks back 64 tokens by default:
+    past them a word used earlier was free again (this story's "a ... dog" came back where a penalty forbids it)."""
+    story = "Write a long story about a cat and a dog."
+    penalty = {"presence_penalty": 1.0}
+    prompt, _ = greedy_reference(reference, story, 1)
+    reference.last_n_tokens_size = 2048  # the whole window, as the provider's instances look back
+    try:
+        reference.reset()
+        vocab = llama_cpp.llama_model_get_vocab(reference.model)
+        expected: list[int] = []
+        for token in reference.generate(prompt, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                        **penalty):
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                break
+            expected.append(token)
+            if len(expected) == 150:
+                break
+    finally:
+        reference.last_n_tokens_size = 64
+    deltas, _ = await collect(provider, request(story, max_tokens=150, temperature=0.0, **penalty))
+    assert "".join(deltas) == reference.detokenize(expected).decode("utf-8", errors="ignore")

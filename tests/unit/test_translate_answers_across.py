@@ -148,6 +148,16 @@ def test_an_openai_refusal_is_text_and_stop_reason_refusal_for_an_anthropic_call
     assert (choice["finish_reason"], choice["message"]["content"]) == ("content_filter", "I won't.")
 
 
+def test_an_answer_the_context_window_ended_is_length_for_a_chat_caller():
+    cut = {"type": "message", "content": [{"type": "text", "text": "and so"}], "usage": {"input_tokens": 9,
+           "output_tokens": 2}, "stop_reason": "model_context_window_exceeded"}
+    finished = message_events(cut)[-1]
+    assert finished.reason is FinishReason.CONTEXT_WINDOW
+    assert to_openai.chat_completion(CHAT, Completion("and so", finished))["choices"][0]["finish_reason"] == "length"
+    message = to_anthropic.message(MESSAGE, Completion("and so", Finished(FinishReason.CONTEXT_WINDOW, Usage(9, 2))))
+    assert message["stop_reason"] == "model_context_window_exceeded"
+
+
 async def test_a_streamed_openai_refusal_is_text_deltas_and_stop_reason_refusal():
     chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "refusal": ""}}]},
               {"choices": [{"index": 0, "delta": {"refusal": "I can't "}}]},
