@@ -263,7 +263,7 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
-async def _first_key(config: Config, *, create: bool, config_path: Path | None) -> None:
+async def _first_key(config: Config, *, create: bool, config_path: Path | None = None) -> None:
     """On the first start with an empty store, create one development key and show its secret this once; or, where
     none is made by itself (upstreams serve models), say how to make one, as every request needs a key."""
     store = await open_key_store(config.key_database)
