@@ -65,9 +65,15 @@ async def test_readiness_holds_while_cached_keys_are_served_also_past_a_stale_se
     store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
     config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
                                  key_cache_seconds=30, key_stale_seconds=1)  # 30: room for a busy machine
+    # Made before the server listens for changes: made through it, the change notice of its creation could come
+    # after the first request had asked for the key, and an answer asked for before a notice is not cached.
+    maker = await open_key_store(store)
+    try:
+        secret = (await maker.create("cached", all_models=True))[1]
+    finally:
+        await maker.close()
     running = await start_server(config, "127.0.0.1:0")
     try:
-        secret = (await running.store.create("cached", all_models=True))[1]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             images_stub = image_service_pb2_grpc.ImageServiceStub(channel)
             request = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a buoy", size="256x256")
