@@ -109,16 +109,15 @@ class _Builder:
                     n_instances=settings.instances,
                     recorder=self._recorder,
                 )
-            except ValueError as exc:  # llama.cpp cannot load the file, or make a context of that size
-                if str(path) in str(exc):
+            except (ValueError, MemoryError) as exc:  # llama.cpp cannot load the file, or make a context that size
+                if isinstance(exc, ValueError) and str(path) in str(exc):
                     raise ConfigError(f"embedded.model_path: {exc}") from None
-                if "llama_context" in str(exc):  # its KV cache could not be allocated, say
+                # Its KV cache could not be allocated ("llama_context"), or llama-cpp-python's token buffer of
+                # context_size (MemoryError, where nothing overcommits).
+                if isinstance(exc, MemoryError) or "llama_context" in str(exc):
                     raise ConfigError(f"embedded.context_size: llama.cpp cannot make a context of "
                                       f"{settings.context_size} tokens ({exc})") from None
                 raise ConfigError(f"embedded: {exc}") from None
-            except MemoryError as exc:  # llama-cpp-python's token buffer of context_size, where nothing overcommits
-                raise ConfigError(f"embedded.context_size: llama.cpp cannot make a context of "
-                                  f"{settings.context_size} tokens ({exc})") from None
         return self._embedded
 
     def _upstream(self, kind: str, spec: UpstreamSpec, key: str | None) -> HttpUpstream:
