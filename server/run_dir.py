@@ -48,7 +48,8 @@ def _sweep(temp: Path) -> None:
     now = time.time()
     for entry in temp.glob(f"{_PREFIX}*/{_LOCK}"):
         try:
-            if entry.stat().st_uid != os.getuid() or now - entry.stat().st_mtime < _SETTLED_SECONDS:
+            info = entry.stat()
+            if info.st_uid != os.getuid() or now - info.st_mtime < _SETTLED_SECONDS:
                 continue
             lock = os.open(entry, os.O_RDWR | os.O_CLOEXEC)
         except OSError:
