@@ -304,11 +304,14 @@ class GenerationRequest:
     stream: bool = True
 
     @property
-    def token_limit_field(self) -> str:
-        """The caller's field that set the token limit: chat's `max_completion_tokens` when sent (it wins)."""
+    def token_limit_field(self) -> str | None:
+        """The caller's field that set the token limit, as openai_to_internal reads them (chat's
+        `max_completion_tokens` wins over `max_tokens`); None when it sent neither (default_max_tokens)."""
         source = self.source
-        chat_own = isinstance(source, OpenAIChatSource) and "max_completion_tokens" in source.body
-        return "max_completion_tokens" if chat_own else "max_tokens"
+        if source is None:
+            return None
+        fields = ("max_completion_tokens", "max_tokens") if isinstance(source, OpenAIChatSource) else ("max_tokens",)
+        return next((name for name in fields if source.body.get(name) is not None), None)
 
     def estimated_prompt_tokens(self) -> int:
         """The size of everything the model reads, estimated when nobody counts it exactly."""

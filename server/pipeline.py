@@ -177,7 +177,7 @@ class Pipeline:
         billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost, may_cost=billed,
-                                                      limit_field=request.token_limit_field)
+                                                      limit_field=request.token_limit_field or "max_tokens")
         self._handed_over(call, reservation)
         reached_model = True
         watch = self.cutoff.watch(billed=billed)

@@ -132,7 +132,7 @@ def caller_param(request: GenerationRequest, message: str) -> str | None:
         own = _TOOL_MEMBERS.get(members[0]) if members else None
         return ".".join([f"tools[{rest[0]}]", own, *members[1:]]) if own else f"tools[{rest[0]}]"
     if name == "max_tokens":
-        return request.token_limit_field
+        return request.token_limit_field or "max_tokens"
     if name == "stop_sequences":
         listed = rest and rest[0].isdigit() and isinstance(source.body.get("stop"), list)
         return f"stop[{rest[0]}]" if listed else "stop"

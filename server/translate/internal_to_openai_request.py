@@ -88,10 +88,7 @@ def caller_param(request: GenerationRequest, param: str, *, max_tokens_field: st
     a body the caller never saw would mislead)."""
     source = request.source
     if isinstance(source, OpenAIChatSource):
-        if param != max_tokens_field:
-            return param
-        own = ("max_completion_tokens", "max_tokens")  # the one that set the limit first (openai_to_internal)
-        return next((field for field in own if source.body.get(field) is not None), param)
+        return (request.token_limit_field or param) if param == max_tokens_field else param
     if not isinstance(source, AnthropicMessagesSource):
         return param
     match = _PARAM.fullmatch(param)
