@@ -76,8 +76,9 @@ class Limiter:
                       limit_field: str = "max_tokens") -> Reservation:
         """Reserve `tokens` and `cost` (micro-dollars, the most the request may cost; `may_cost`: a fallback with a
         price may answer it, whatever `cost`, so at no cost of its own it reserves one micro-dollar, which a budget
-        with nothing left refuses; `limit_field`: the caller's field a too-large refusal names). Raises RateLimited when a limit or budget would be exceeded, ServiceUnavailable
-        when the store cannot answer and the policy is fail-closed."""
+        with nothing left refuses; `limit_field`: the caller's field a too-large refusal names). Raises RateLimited
+        when a limit or budget would be exceeded, ServiceUnavailable when the store cannot answer and the policy is
+        fail-closed."""
         fallback_cost = may_cost and cost == 0
         demand = Demand(self.scopes(key, model_id), tokens, 1 if fallback_cost else cost, fallback_cost, limit_field)
         try:

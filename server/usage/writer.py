@@ -96,7 +96,8 @@ class LedgerWriter:
         adopted = self._spool.adopt() if self._spool is not None else Adopted([], [])
         if adopted.rows:
             _logger.warning("usage ledger: %d row(s) left in the spool by a process that ended (killed, or stopped "
-                            "while the store could not be written) are written now, each stored once", len(adopted.rows))
+                            "while the store could not be written) are written now, each stored once",
+                            len(adopted.rows))
             self._queue.extend(adopted.rows)
             self._adopted = len(adopted.rows)
             self._wake.set()
