@@ -70,6 +70,8 @@ class Authenticator:
         # One store query per secret at a time: its answer, when it was asked, and the change notices seen by then.
         self._lookups: dict[str, tuple[asyncio.Future[ApiKey | None], float, int]] = {}
         self._notices = 0  # change notices so far (forget): an answer asked for before the latest may predate it
+        # Keys confirmed before this (a lost notice's forget) are asked for again at their next use.
+        self._recheck_before = float("-inf")
         self._store_down_logged = False
         self._watch: asyncio.Task | None = None
 
@@ -97,10 +99,8 @@ class Authenticator:
         but keeps its outage grace: clearing the cache would refuse cached keys exactly when the store is down.
         """
         self._notices += 1
-        if key_id is None:
-            due = self._clock() - self._cache_seconds
-            for digest, (key, confirmed) in list(self._keys.items()):
-                self._keys[digest] = (key, min(confirmed, due))
+        if key_id is None:  # when each was confirmed stays as it was: the outage grace runs from it
+            self._recheck_before = self._clock()
             return
         for digest in [digest for digest, (key, _) in self._keys.items() if key.id == key_id]:
             del self._keys[digest]
@@ -132,7 +132,7 @@ class Authenticator:
             self._unknown[digest] = True
             return None
         now = self._clock()
-        if cached is not None and now - cached[1] < self._cache_seconds:
+        if cached is not None and now - cached[1] < self._cache_seconds and cached[1] > self._recheck_before:
             return cached[0]
         try:
             key, asked, notices = await self._shared_lookup(digest)

@@ -277,12 +277,14 @@ async def test_outage_serves_cached_keys_for_a_bounded_staleness_and_503_otherwi
     await store.close()
 
 
-async def test_lost_change_notices_do_not_cost_cached_keys_their_outage_grace(store):
+@pytest.mark.parametrize("stale_seconds", [300, 1])
+async def test_lost_change_notices_do_not_cost_cached_keys_their_outage_grace(store, stale_seconds):
     """PostgreSQL going down also drops the LISTEN connection, which says "changes may have been missed" (None):
-    cached keys must then be checked again at their next use, yet still be served within stale_seconds while the
-    store is down. Clearing the cache there turned a cached key's requests into 503s mid-outage."""
+    cached keys must then be checked again at their next use, yet still be served within stale_seconds (never less
+    than cache_seconds) while the store is down. Clearing the cache there turned a cached key's requests into 503s
+    mid-outage; so did dating its confirmation back by cache_seconds, where stale_seconds was below it (1 < 60)."""
     now = [1000.0]
-    auth = Authenticator(store, cache_seconds=60, stale_seconds=300, clock=lambda: now[0])
+    auth = Authenticator(store, cache_seconds=60, stale_seconds=stale_seconds, clock=lambda: now[0])
     key, secret = await store.create("cached", all_models=True)
     assert await auth.authenticate(bearer(secret)) == key
     lookups = []
