@@ -98,10 +98,12 @@ class Authenticator:
         connection broke, typically because the store went down), so every key is checked again at its next use
         but keeps its outage grace: clearing the cache would refuse cached keys exactly when the store is down.
         """
-        self._notices += 1
         if key_id is None:  # when each was confirmed stays as it was: the outage grace runs from it
+            # Not a notice: an answer on its way is kept, and asked for again at its next use as the others are
+            # (the listener says so at each connect, its first included: the first answers went uncached).
             self._recheck_before = self._clock()
             return
+        self._notices += 1
         for digest in [digest for digest, (key, _) in self._keys.items() if key.id == key_id]:
             del self._keys[digest]
 
