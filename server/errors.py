@@ -116,6 +116,9 @@ class PorticoError(Exception):
         # The error object's `code`: the row's, or a more specific one that applications branch on (an upstream's
         # own, `context_length_exceeded`). Logs, the ledger and metrics keep the row's: a bounded set of labels.
         self.code = code or self.kind.code
+        # False where the upstream said `x-should-retry: false`: its deployment is not tried again for the request
+        # (server/providers/retry.py), and the caller is told so.
+        self.should_retry: bool | None = None
 
     def message_for(self, *, anthropic: bool) -> str:
         """The message in the caller's dialect: the same in both, unless the two APIs word this failure apart."""
@@ -137,11 +140,14 @@ class PorticoError(Exception):
         quota, a budget, an upstream's long retry-after) also says `x-should-retry: false`: the anthropic SDK would
         sleep for the whole retry-after, hours until UTC midnight, with its caller hanging on it. The retry-after
         still says when; the caller decides whether to wait."""
+        final = (("x-should-retry", "false"),)
         if self.retry_after <= 0:
-            return ()
+            return final if self.should_retry is False else ()
         hint = (("retry-after", str(math.ceil(self.retry_after))),
                 ("retry-after-ms", str(math.ceil(self.retry_after * 1000))))
-        return (*hint, ("x-should-retry", "false")) if self.retry_after > LONGEST_CLIENT_WAIT_SECONDS else hint
+        if self.retry_after > LONGEST_CLIENT_WAIT_SECONDS or self.should_retry is False:
+            return (*hint, *final)
+        return hint
 
     def metric_labels(self) -> dict[str, str]:
         """Bounded label values saying more about this failure than its code (a rate limit: which limit, where)."""

@@ -135,9 +135,10 @@ class Plan:
             self._tries = [max(1, tries) for tries in self._tries]
             self._not_before = [-math.inf] * len(self._not_before)
             return
-        if isinstance(error, UpstreamMisconfigured) and not error.retryable:
-            # The deployment's own key, account or model name: another deployment or fallback may serve the request,
-            # this one would only refuse it again.
+        if isinstance(error, UpstreamMisconfigured) and not error.retryable or error.retryable and (
+                error.should_retry is False):
+            # The deployment's own key, account or model name, or an upstream that said the same request would fail
+            # again (`x-should-retry: false`): another deployment or fallback may serve it, this one would not.
             self._failures.append((now, error, step.model, step.deployment))
             self._not_before[step.deployment] = -math.inf
             return

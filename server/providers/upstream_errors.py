@@ -38,7 +38,19 @@ def from_status(
     """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`.
     `sent_status`: false for a status inferred from an error the upstream reported otherwise, which messages then do
-    not quote (the upstream's own answer said 200)."""
+    not quote (the upstream's own answer said 200). An upstream's `x-should-retry: false` (OpenAI and Anthropic send
+    it) is obeyed: that deployment is not tried again for the request, and the caller is told the same."""
+    error = _error_for(status, body, headers, retry_on=retry_on, upstream=upstream, secret=secret,
+                       upstream_model=upstream_model, sent_status=sent_status)
+    if headers.get("x-should-retry", "").strip().lower() == "false":
+        error.should_retry = False
+    return error
+
+
+def _error_for(
+    status: int, body: bytes, headers: Mapping[str, str], *, retry_on: Collection[int], upstream: str,
+    secret: str | None, upstream_model: str | None, sent_status: bool,
+) -> PorticoError:
     message, param, code, details = _error_parts(body)
     # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
     message = _scrub(message, secret, upstream_model, upstream)[:MAX_MESSAGE_CHARS] or f"HTTP {status}"

@@ -168,6 +168,27 @@ async def test_a_redirect_is_the_gateway_s_configuration_and_goes_to_the_fallbac
     assert [s.body["model"] for s in double.seen] == ["main-model", "backup-model"]  # not retried
 
 
+async def test_an_upstream_that_says_not_to_retry_is_not_retried_but_the_fallback_is_tried(chat, double, key):
+    # OpenAI and Anthropic send `x-should-retry: false` on failures that the same request would meet again.
+    double.cue(Cue(500, {"error": {"message": "boom"}}, headers={"x-should-retry": "false"}))
+    response = await ask(chat, key[1])
+    assert response.choices[0].message.content == "echo Say hello."
+    assert [s.body["model"] for s in double.seen] == ["main-model", "backup-model"]
+
+
+async def test_an_upstreams_x_should_retry_false_reaches_the_caller(chat, double, key):
+    # Passed on, the SDK does not send the request twice more to meet the same failure.
+    double.cue(Cue(503, {"error": {"message": "overloaded"}}, headers={"x-should-retry": "False"}))
+    error = await failure(chat, key[1], "up-solo")
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and len(double.seen) == 1
+    assert dict(error.trailing_metadata())["x-should-retry"] == "false"
+    double.reset()
+    again = Cue(503, {"error": {"message": "overloaded"}}, headers={"x-should-retry": "true"})
+    double.cue(again, again, again)
+    error = await failure(chat, key[1], "up-solo")
+    assert len(double.seen) == 3 and "x-should-retry" not in dict(error.trailing_metadata())
+
+
 async def test_fallbacks_that_cannot_honour_the_request_are_skipped(chat, double, key):
     double.cue(Cue(503, {"error": {"message": "down"}}))
     response = await ask(chat, key[1], "up-chain", max_tokens=3)
