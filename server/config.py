@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from server.config_cors import CorsSettings, parse_cors
-from server.config_deployments import parse_cache, parse_deployments, parse_health
+from server.config_deployments import parse_cache, parse_deployments, parse_health, with_cache_serving
 from server.config_providers import ConfigError, known_settings, mapping, number, optional_mapping, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
@@ -171,9 +171,10 @@ def _parse(raw: dict, source: str) -> Config:
             raise ConfigError(f"{source}: model id {entry.id!r} is listed twice")
         seen.add(entry.id)
     _check_fallbacks(entries, source)
+    model_path = _model_path(embedded.get("model_path"), f"{source}: embedded.model_path")
     try:
         return Config(
-            models=entries,
+            models=with_cache_serving(entries, model_path),
             host=listen_host(_text(listen, "host", "127.0.0.1", f"{source}: listen"), f"{source}: listen.host"),
             port=number(listen, "port", 8080, f"{source}: listen", integer=True, low=1, high=65535),
             public_base_url=_base_url(listen.get("public_base_url"), f"{source}: listen.public_base_url"),
@@ -187,7 +188,7 @@ def _parse(raw: dict, source: str) -> Config:
                 # llama.cpp's GGML_MAX_N_THREADS: beyond it the first generation aborts the process.
                 threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1, high=512),
                 instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),
-                model_path=_model_path(embedded.get("model_path"), f"{source}: embedded.model_path"),
+                model_path=model_path,
             ),
             # Sent as a request's own max_tokens would be, which is at most an int32.
             default_max_tokens=number(raw, "default_max_tokens", 1024, f"{source}: ", integer=True, low=1,

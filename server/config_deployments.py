@@ -7,13 +7,15 @@ metrics, logs and /readyz), a `weight` and a `provider:` of the same shape.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
+from server import wire_json
 from server.config_providers import MAX_SECONDS, ConfigError, mapping, parse_provider
-from server.domain import CacheSettings, Deployment, Endpoint, HealthSettings
+from server.domain import CacheSettings, Deployment, Endpoint, HealthSettings, ModelEntry
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -91,6 +93,25 @@ def parse_cache(raw: Any, where: str, endpoint: Endpoint) -> CacheSettings | Non
     if settings.ttl_seconds > MAX_SECONDS:  # Redis refuses an expiry past its clock's range
         raise ConfigError(f"{where}.ttl_seconds: at most a year ({MAX_SECONDS}), not {settings.ttl_seconds!r}")
     return settings
+
+
+def with_cache_serving(entries: tuple[ModelEntry, ...], embedded_model: str | None) -> tuple[ModelEntry, ...]:
+    """The entries, each cached one with its CacheSettings.serving: what may answer it (each deployment's kind,
+    base_url, upstream model and token field, the embedded model's file, and the same of its fallbacks). Timeouts,
+    retries, weights and prices change no answer, so they keep the cached ones."""
+    by_id = {entry.id: entry for entry in entries}
+
+    def served_by(entry: ModelEntry) -> list:
+        return [[d.provider.kind, embedded_model] if d.provider.upstream is None else
+                [d.provider.kind, d.provider.upstream.base_url, d.provider.upstream.model,
+                 d.provider.upstream.max_tokens_field] for d in entry.deployments]
+
+    def serving(entry: ModelEntry) -> str:
+        chain = [served_by(entry), *(served_by(by_id[fallback]) for fallback in entry.fallbacks)]
+        return hashlib.sha256(wire_json.dumps(chain)).hexdigest()
+
+    return tuple(entry if entry.cache is None else replace(entry, cache=replace(entry.cache, serving=serving(entry)))
+                 for entry in entries)
 
 
 def _numbers(raw: Any, where: str, kind: type, skip: frozenset | set = frozenset()) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The response cache: a model may opt in (`cache:` in its entry), and a request then asked before is answered
 with the answer given before, replayed through the same renderers.
 
-The key is a SHA-256 over what shapes the answer: the model, the endpoint, whether the caller streams, the caller's
+The key is a SHA-256 over what shapes the answer: the model and what serves it (its upstreams), the endpoint, whether the caller streams, the caller's
 body as it arrived minus the fields that only label a request (`user`, `metadata`, `store`, `safety_identifier`,
 `prompt_cache_key`), Anthropic beta headers, and, unless the model shares its cache across keys (`shared: true`),
 the caller's key id, so an answer never reaches a key that did not ask for it. A field Portico does not know yet
@@ -65,7 +65,7 @@ class ResponseCache:
         if settings is None or request.source is None:
             return None
         control = caller_control(metadata)
-        key = cache_key(model_id, endpoint, "" if settings.shared else key_id, request)
+        key = cache_key(model_id, settings.serving, endpoint, "" if settings.shared else key_id, request)
         found = await self._store.get(key) if control.lookup else None
         entry = _decoded(found) if found is not None else None
         events = None
@@ -92,11 +92,11 @@ class ResponseCache:
         await self._store.close()
 
 
-def cache_key(model_id: str, endpoint: str, scope: str, request: GenerationRequest) -> str:
+def cache_key(model_id: str, serving: str, endpoint: str, scope: str, request: GenerationRequest) -> str:
     source = request.source
     body = {name: _by_value(value) for name, value in source.body.items() if name not in NOT_SHAPING}
     beta = source.beta if isinstance(source, AnthropicMessagesSource) else ()
-    shape = [model_id, str(endpoint), request.stream, scope, list(beta), body]
+    shape = [model_id, serving, str(endpoint), request.stream, scope, list(beta), body]
     return hashlib.sha256(wire_json.dumps(shape, sort_keys=True)).hexdigest()
 
 

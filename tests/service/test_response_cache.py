@@ -248,3 +248,25 @@ async def test_with_redis_two_servers_share_answers_and_an_outage_is_a_miss(doub
     finally:
         await first.stop(0)
         await second.stop(0)
+
+
+async def test_an_answer_cached_before_the_model_s_upstream_changed_is_not_given_after(double, tmp_path, redis_server):
+    # An operator moves the model to another upstream model (or base_url): hosts on the new configuration share the
+    # Redis cache with those on the old one, and restarts keep it, but the old model's answers are not the new one's.
+    double.reset()
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    answers = []
+    for upstream_model in ("m", "m-next", "m"):
+        path = write_config(tmp_path, models(double.url).replace("model: m,", f"model: {upstream_model},"),
+                            data_dir=tmp_path / "shared-data")
+        path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+        server = await start_server(load_config(path), "127.0.0.1:0")
+        try:
+            secret = (await server.store.create("moved", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+                answers.append((await chat_http(stub, secret, model="shared-chat", seed=79))[0])
+        finally:
+            await server.stop(0)
+    assert answers == ["miss", "miss", "hit"]
+    assert [seen.body["model"] for seen in double.seen] == ["m", "m-next"]

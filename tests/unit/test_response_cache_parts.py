@@ -18,16 +18,17 @@ def request(body: dict, *, stream: bool = False, source=OpenAIChatSource) -> Gen
 
 def test_the_key_ignores_labels_and_key_order_but_not_what_shapes_the_answer():
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2}
-    key = cache_key("m", "/v1/chat/completions", "key_1", request(base))
-    assert cache_key("m", "/v1/chat/completions", "key_1", request(
+    key = cache_key("m", "s", "/v1/chat/completions", "key_1", request(base))
+    assert cache_key("m", "s", "/v1/chat/completions", "key_1", request(
         {"user": "u", "metadata": {"a": 1}, **dict(reversed(list(base.items())))})) == key
-    assert cache_key("m", "/v1/chat/completions", "key_2", request(base)) != key  # another key
-    assert cache_key("m", "/v1/chat/completions", "key_1", request(base, stream=True)) != key
-    assert cache_key("m", "/v1/chat/completions", "key_1", request({**base, "temperature": 0.3})) != key
-    assert cache_key("m", "/v1/chat/completions", "key_1", request({**base, "new_field": 1})) != key
+    assert cache_key("m", "s", "/v1/chat/completions", "key_2", request(base)) != key  # another key
+    assert cache_key("m", "t", "/v1/chat/completions", "key_1", request(base)) != key  # served by another upstream
+    assert cache_key("m", "s", "/v1/chat/completions", "key_1", request(base, stream=True)) != key
+    assert cache_key("m", "s", "/v1/chat/completions", "key_1", request({**base, "temperature": 0.3})) != key
+    assert cache_key("m", "s", "/v1/chat/completions", "key_1", request({**base, "new_field": 1})) != key
     beta = AnthropicMessagesSource(base, beta=("tools-2024",))
-    assert cache_key("m", "/v1/messages", "k", GenerationRequest((), SamplingParams(8), source=beta)) != \
-        cache_key("m", "/v1/messages", "k", request(base, source=AnthropicMessagesSource))
+    assert cache_key("m", "s", "/v1/messages", "k", GenerationRequest((), SamplingParams(8), source=beta)) != \
+        cache_key("m", "s", "/v1/messages", "k", request(base, source=AnthropicMessagesSource))
 
 
 def test_every_event_survives_the_codec():

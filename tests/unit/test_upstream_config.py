@@ -164,3 +164,12 @@ def test_the_sample_configuration_shows_every_model_provider_and_price_setting(t
                                 "provider: {kind: openai, base_url: 'http://h/v1', model: m, bogus: 1}}]")
     price = _known(tmp_path, "[{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: {bogus: 1}}]")
     assert model | provider | price <= shown, f"not in the sample: {sorted((model | provider | price) - shown)}"
+
+
+def test_a_cached_model_s_answers_are_keyed_on_what_serves_it_not_on_how_it_is_called(tmp_path):
+    def serving(text):
+        return load(tmp_path, text.replace("    provider:", "    cache: {}\n    provider:")).models[0].cache.serving
+    base = MINIMAL
+    assert serving(base) == serving(base.replace("mock-gpt}", "mock-gpt, timeouts: {read: 5}, retry: {attempts: 1}}"))
+    assert serving(base) != serving(base.replace("mock-gpt", "mock-gpt-2"))
+    assert serving(base) != serving(base.replace("127.0.0.1:18001", "127.0.0.1:18002"))
