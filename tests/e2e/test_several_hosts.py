@@ -2,7 +2,7 @@
 sharing one PostgreSQL (keys) and one Redis (limits), as docs/operations.md "Several hosts" describes.
 
 - a key created through host A's admin API answers on host B; an image link only on the host that made it;
-- revoked on B, refused on A within keys.cache_seconds;
+- revoked on B, refused on A within keys.cache_seconds; a limit set on B holds on A within it too;
 - a key with rpm=50, 200 requests over both hosts from 32 clients: exactly 50 admitted;
 - PostgreSQL stopped mid-load: cached keys keep working, uncached ones get 503, never a 500; restarted: full service;
   after a 20 s outage, within seconds of its return.
@@ -102,6 +102,40 @@ def test_revoked_on_one_host_is_refused_on_the_other_within_cache_seconds(shared
         assert time.monotonic() - started < CACHE_SECONDS + 1.0, "A still accepts the key revoked on B"
         time.sleep(0.05)
     assert status == 401
+
+
+def test_a_limit_set_on_one_host_holds_on_the_other_within_cache_seconds(shared):
+    """api.md, Key administration: changes reach running servers within keys.cache_seconds, limits as revocations;
+    the window Redis keeps is the key's on both hosts, so the two requests A already admitted count against it."""
+    (a, b), admin, _ = shared
+    created = create_key(a, admin)
+    for _ in range(2):
+        assert chat(a, created["secret"]).status_code == 200  # A has the key cached, with the default limits
+    patched = httpx.patch(f"{b.base_url}/v1/admin/keys/{created['key']['id']}", timeout=30,
+                          json={"limits": {"requests_per_minute": 2}}, headers={"authorization": f"Bearer {admin}"})
+    assert patched.status_code == 200 and patched.json()["key"]["limits"] == {"requests_per_minute": 2}
+    started = time.monotonic()
+    while (answer := chat(a, created["secret"])).status_code == 200:
+        assert time.monotonic() - started < CACHE_SECONDS + 1.0, "A still admits past the limit set on B"
+        time.sleep(0.05)
+    assert answer.status_code == 429 and "limit 2" in answer.json()["error"]["message"], answer.text
+    assert chat(b, created["secret"]).status_code == 429
+
+
+def test_a_secret_rotated_out_on_one_host_ends_on_the_other_at_its_grace(shared):
+    """api.md, Key administration: the rotated-out secret works until previous_secret_expires, then every server that
+    heard of the rotation refuses it, one that had it cached included; the new secret answers on both hosts."""
+    (a, b), admin, _ = shared
+    created = create_key(a, admin)
+    assert chat(a, created["secret"]).status_code == 200  # cached on A
+    rotated = httpx.post(f"{b.base_url}/v1/admin/keys/{created['key']['id']}/rotate", json={"grace_seconds": 3},
+                         headers={"authorization": f"Bearer {admin}"}, timeout=30).json()
+    assert chat(a, rotated["secret"]).status_code == 200 and chat(b, rotated["secret"]).status_code == 200
+    while time.time() < rotated["previous_secret_expires"] - 0.5:
+        assert chat(a, created["secret"]).status_code == 200, "the old secret ended before its grace"
+        time.sleep(0.2)
+    time.sleep(max(0.0, rotated["previous_secret_expires"] - time.time()) + 0.1)
+    assert [chat(host, created["secret"]).status_code for host in (a, b)] == [401, 401]
 
 
 def test_rpm_50_over_both_hosts_admits_exactly_50(shared):
