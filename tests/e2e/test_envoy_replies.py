@@ -240,6 +240,26 @@ def test_replies_envoy_makes_carry_the_request_id_twice(http, path, content_type
     assert response.headers["x-request-id"] == response.headers.get("request-id") == "mine-1"
 
 
+@pytest.mark.parametrize("content_type", [
+    None, "application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x",
+    "application/json; charset=utf-8",
+])
+@pytest.mark.parametrize(("path", "model", "anthropic"), [
+    ("/v1/chat/completions", "family-a-5.5", False), ("/v1/messages", "family-b-haiku-4-5-20251001", True),
+])
+def test_a_json_body_is_read_whatever_its_content_type_says(http, content_type, path, model, anthropic):
+    """api.md, Request bodies: the body is JSON whatever `content-type` says (`curl -d` labels it a form); a body
+    that is not JSON is the 400 of bad JSON under any label."""
+    headers = {"content-type": content_type} if content_type else {}
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    response = http.post(path, content=json.dumps(body).encode(), headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == model
+    error = _assert_error(http.post(path, content=b"model=" + model.encode(), headers=headers), 400,
+                          "invalid_request", anthropic=anthropic)
+    assert error["message"].startswith("Invalid JSON body")
+
+
 def test_oversize_body_is_413(http):
     big = "x" * (9 * 1024 * 1024)
     response = http.post("/v1/chat/completions",
