@@ -39,7 +39,7 @@ from server.observability import MetricsServer
 from server.observability.metrics import MULTIPROCESS_ENV, aggregated_registry, mark_dead
 from server.providers.health import HEALTH_FILE_ENV
 from server.run_dir import run_directory
-from server.supervisor import WorkerError, Workers, socket_name
+from server.supervisor import WorkerError, Workers, exit_text, socket_name
 
 KILL_MARGIN_SECONDS = 5.0  # a worker still running this long after its drain period is killed
 SOCKET_PATH_BYTES = 107  # a unix socket's path: sun_path is 108 bytes with its terminating NUL
@@ -162,7 +162,7 @@ async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Con
     stop_requested.cancel()
     if envoy_exit.done():
         # Never half-up: without Envoy nobody can reach the server, so the whole gateway goes down loudly.
-        _logger.error("Envoy exited with %s; stopping Portico.\n%s", envoy_exit.result(), envoy.log_tail())
+        _logger.error("Envoy %s; stopping Portico.\n%s", exit_text(envoy_exit.result()), envoy.log_tail())
         return 1
     envoy_exit.cancel()
     if backend.failed and backend.failed.done():

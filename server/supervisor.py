@@ -38,7 +38,7 @@ class WorkerError(RuntimeError):
 
 
 def exit_text(returncode: int) -> str:
-    """How a worker ended, for the operator: a signal by its name, SIGBUS with its usual cause."""
+    """How a worker (or Envoy) ended, for the operator: a signal by its name, SIGBUS with its usual cause."""
     if returncode >= 0:
         return f"exited with {returncode}"
     try:

@@ -258,3 +258,17 @@ def test_a_stop_signal_while_starting_stops_it_cleanly_once_up(tmp_path):
     assert "Portico is listening" in out and out.rstrip().endswith("Portico stopped.")
     # how to stop it, said where a first `make serve` looks (it said only where to connect)
     assert "Ctrl-C or SIGTERM stops it" in out
+
+
+def test_envoy_dying_stops_the_whole_gateway_loudly_naming_the_signal(tmp_path, double):
+    """Never half-up: without Envoy nobody reaches the server, so `portico serve` stops with exit code 1. Its log
+    said `Envoy exited with -9`, a raw return code, where a dead worker's line names the signal."""
+    config, _ = slow_echo(tmp_path, double, words=1, seconds_a_word=0)
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        found = subprocess.run(["pgrep", "-P", str(gateway.process.pid), "-f", "envoy"], capture_output=True,
+                               text=True)
+        (envoy_pid,) = [int(pid) for pid in found.stdout.split()]
+        os.kill(envoy_pid, signal.SIGKILL)
+        assert gateway.process.wait(timeout=15) == 1
+    log = gateway.log_path.read_text()
+    assert "Envoy exited, killed by SIGKILL; stopping Portico." in log
