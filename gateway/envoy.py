@@ -5,7 +5,7 @@
                            descriptor_set=Path("build/gen/portico.pb"), lua_dir=Path("gateway/lua"))
     async with EnvoyProcess(config, run_dir) as envoy:   # started and ready (admin /ready answers 200)
         await envoy.wait()                               # returns Envoy's exit code if it dies
-        await envoy.drain_listeners()                    # (on shutdown) no new connections; open ones go on
+        await envoy.drain_listeners()                    # (on shutdown) no new connections; open ones told to close
 
 Admin and (by default) the listener bind 127.0.0.1 only. Envoy is a supervised child (gateway/processes.py): it never
 outlives Portico, and a terminal's Ctrl-C reaches only Portico, which drains it. `--use-dynamic-base-id` lets several
@@ -350,8 +350,13 @@ class EnvoyProcess:
         return await self._admin("GET", "/ready")
 
     async def drain_listeners(self) -> bool:
-        """Stop accepting connections now; requests on open connections (streams included) go on to their end."""
-        return await self._admin("POST", "/drain_listeners")
+        """Stop accepting connections now; requests on open connections (streams included) go on to their end, and
+        the open connections are told to close: each HTTP/1.1 answer from now on says `connection: close` and its
+        connection closes after it, and an HTTP/2 connection is sent GOAWAY with its next answer (Envoy's drain
+        decision, which a failed health check sets), so that a pooled client's next request, through a load
+        balancer, reaches another host instead of this one's 503s."""
+        told = await self._admin("POST", "/healthcheck/fail")
+        return await self._admin("POST", "/drain_listeners") and told
 
     async def _admin(self, method: str, path: str) -> bool:
         """True when Envoy's admin interface answers 200."""

@@ -168,9 +168,9 @@ async def _run_until_stopped(envoy: EnvoyProcess, backend: _Backend, config: Con
     if backend.failed and backend.failed.done():
         _logger.error("%s; stopping Portico.", backend.failed.exception())
         return 1
-    _logger.warning("stopping: no new connections; requests in flight have %gs to finish", config.drain_seconds)
     if not await envoy.drain_listeners():
         _logger.warning("Envoy did not confirm that its listeners are closed")
+    _logger.warning("stopping: no new connections; requests in flight have %gs to finish", config.drain_seconds)
     return 0
 
 

@@ -5,10 +5,12 @@ The embedded model serves one sequence at a time, so the streams are short (4 to
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
+import h2.connection
+import hyperframe.frame
 import httpx
 import openai
 import orjson
@@ -272,3 +276,86 @@ def test_envoy_dying_stops_the_whole_gateway_loudly_naming_the_signal(tmp_path, 
         assert gateway.process.wait(timeout=15) == 1
     log = gateway.log_path.read_text()
     assert "Envoy exited, killed by SIGKILL; stopping Portico." in log
+
+
+def test_a_drain_tells_kept_alive_connections_to_go_elsewhere(tmp_path, double):
+    """Behind a load balancer, a client's pooled connection to a draining host would get 503 after 503 (the SDKs
+    retry on the same connection) for up to drain_seconds: its HTTP/1.1 answers now say `connection: close` and
+    the connection closes, and an HTTP/2 connection is sent GOAWAY, so the next request opens a connection elsewhere.
+    A stream under way runs to its end."""
+    double.reset()  # no cue left by an earlier test: this stream must take its 3 s
+    config, body = slow_echo(tmp_path, double, words=12, seconds_a_word=0.25)  # the drain lasts that long
+    with running_gateway(tmp_path / "data", config=config) as gateway:
+        headers = {"Authorization": f"Bearer {gateway.secret}"}
+        port = int(gateway.base_url.rsplit(":", 1)[1])
+        kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        kept.request("GET", "/v1/models", headers=headers)
+        assert kept.getresponse().read() and kept.sock is not None  # kept alive
+        h2_socket, h2_conn = _h2_connection(port)
+        assert _h2_get(h2_socket, h2_conn, 1, headers) == (200, False)
+        with httpx.Client(base_url=gateway.base_url, timeout=30) as client:
+            with client.stream("POST", CHAT, json=body, headers=headers) as answer:
+                lines = []
+                for line in filter(None, answer.iter_lines()):
+                    lines.append(line)
+                    if len(lines) == 1:  # the stream is under way
+                        gateway.process.send_signal(signal.SIGTERM)
+                        _wait_for("stopping: no new connections", gateway.log_path)
+                        try:
+                            kept.request("GET", "/v1/models", headers=headers)
+                            refused = kept.getresponse()
+                            refused.read()
+                            assert (refused.status, refused.getheader("connection")) == (503, "close")
+                        except (http.client.RemoteDisconnected, ConnectionResetError):
+                            pass  # or Envoy closed it while it was idle: either way the client must reconnect
+                        assert kept.sock is None  # closed, as told
+                        status, went_away = _h2_get(h2_socket, h2_conn, 3, headers)
+                        assert status in (503, None) and went_away
+        h2_socket.close()
+        assert gateway.process.wait(timeout=30) == 0
+    assert lines[-1] == "data: [DONE]"
+
+
+def _wait_for(text: str, log_path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while text not in log_path.read_text():
+        assert time.monotonic() < deadline, f"{text!r} never logged"
+        time.sleep(0.02)
+
+
+def _h2_connection(port: int):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn = h2.connection.H2Connection()
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    return sock, conn
+
+
+def _h2_get(sock, conn, stream_id: int, headers: dict) -> tuple[int | None, bool]:
+    """GET /v1/models on stream `stream_id`: (its status, None when the connection closed first; whether a GOAWAY
+    with NO_ERROR came). The answer's frames are read with hyperframe: h2's own state machine takes a GOAWAY as the
+    connection's end and refuses the answer that follows it (as httpx's HTTP/2 client does, encode/httpcore#730)."""
+    conn.send_headers(stream_id, [(":method", "GET"), (":path", "/v1/models"), (":scheme", "http"),
+                                  (":authority", "127.0.0.1"), *((k.lower(), v) for k, v in headers.items())],
+                      end_stream=True)
+    sock.sendall(conn.data_to_send())
+    buffer, status, went_away, ended = b"", None, False, False
+    decoder = conn.decoder
+    while not ended:
+        while len(buffer) < 9 or len(buffer) < 9 + int.from_bytes(buffer[:3], "big"):
+            data = sock.recv(65536)
+            if not data:
+                return status, went_away
+            buffer += data
+        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(buffer[:9]))
+        frame.parse_body(memoryview(buffer[9:9 + length]))
+        buffer = buffer[9 + length:]
+        if isinstance(frame, hyperframe.frame.GoAwayFrame):
+            went_away = frame.error_code == 0
+        elif isinstance(frame, hyperframe.frame.HeadersFrame):
+            block = dict(decoder.decode(frame.data))
+            if frame.stream_id == stream_id:
+                status = int(block.get(b":status", block.get(":status", 0)))
+        if frame.stream_id == stream_id and "END_STREAM" in frame.flags:
+            ended = True
+    return status, went_away
