@@ -19,7 +19,9 @@ import logging
 import os
 import resource
 import shlex
+import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -263,6 +265,15 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
+def _portico() -> str:
+    """`portico` as this shell can run it: by name when PATH finds this installation's, else by its path (make serve
+    runs .venv/bin/portico, which PATH holds only in an activated venv)."""
+    script = Path(sys.executable).parent / "portico"
+    if not script.exists() or (found := shutil.which("portico")) and Path(found).resolve() == script.resolve():
+        return "portico"
+    return shlex.quote(str(script))
+
+
 async def _first_key(config: Config, *, create: bool, config_path: Path | None = None) -> None:
     """On the first start with an empty store, create one development key and show its secret this once; or, where
     none is made by itself (upstreams serve models), say how to make one, as every request needs a key."""
@@ -275,9 +286,9 @@ async def _first_key(config: Config, *, create: bool, config_path: Path | None =
             # paths as this serve resolved them, so that the command works from any directory.
             options = f"--config {shlex.quote(str(config_path.resolve()))} " if config_path else ""
             options += f"--data-dir {shlex.quote(str(config.data_dir.resolve()))}"
-            print(f"The key store has no keys yet, and every request needs one: create one with `portico {options} "
-                  "keys create --name NAME --models MODEL,...` (or start with --dev-key for an all-models development "
-                  "key).", flush=True)
+            print("The key store has no keys yet, and every request needs one: create one with "
+                  f"`{_portico()} {options} keys create --name NAME --models MODEL,...` (or start with --dev-key for "
+                  "an all-models development key).", flush=True)
             return
         made = await store.create_first("development", env="dev")
         if made is None:

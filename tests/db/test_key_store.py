@@ -75,6 +75,7 @@ async def test_key_admin_pages_the_listing_in_order_without_repeating_or_skippin
     assert [key for page in pages for key in page] == everything
     exact, token = await admin.list(page_size=7)
     assert exact == everything and token == ""  # no empty last page to ask for
+    assert await admin.list(page_size=0) == (everything, "")  # proto3's unset page_size: every key, as without it
     for kwargs, param in [({"page_size": 1001}, "page_size"), ({"page_token": "key_nope"}, "page_token"),
                           ({"page_token": "a\x00b"}, "page_token")]:
         with pytest.raises(InvalidRequest) as caught:

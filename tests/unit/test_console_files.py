@@ -56,3 +56,21 @@ def test_the_built_page_is_newer_than_what_it_was_built_from(tmp_path, monkeypat
     started = time.time()
     build(tmp_path / "console")
     assert (tmp_path / "console" / "index.html").stat().st_mtime >= started - 1
+
+
+def test_the_sign_in_page_names_a_command_that_makes_an_admin_key_as_written(tmp_path, capsys):
+    """The sign-in form tells a user without an admin key how to make one; pasted as shown, it must work (it said
+    `portico keys create --admin`, which argparse refuses for want of --name and the grants)."""
+    import re
+    import shlex
+
+    from server.cli import main
+
+    app = (Path(__file__).parents[2] / "server" / "console" / "web" / "src" / "app.js").read_text()
+    commands = re.findall(r'h\("code", \{\}, "(portico keys create[^"]*)"\)', app)
+    assert len(commands) == 1
+    argv = shlex.split(commands[0])[1:]
+    assert main([*argv, "--data-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--data-dir", str(tmp_path)]) == 0
+    assert "\tactive admin\t" in capsys.readouterr().out

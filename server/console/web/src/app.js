@@ -130,7 +130,8 @@ class Console {
     };
     return h("section", {class: "sign-in"},
       h("h1", {tabindex: "-1"}, "Sign in"),
-      h("p", {}, "Sign in with an admin key (", h("code", {}, "portico keys create --admin"), "). The key stays in ",
+      h("p", {}, "Sign in with an admin key (",
+        h("code", {}, "portico keys create --name ops --all-models --admin"), "). The key stays in ",
         "this tab's memory only: closing or reloading the tab signs you out."),
       h("form", {onsubmit: submit}, field("Admin key", key), error,
         h("button", {type: "submit", class: "primary"}, "Sign in")));
