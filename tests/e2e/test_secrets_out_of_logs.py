@@ -30,7 +30,9 @@ KEY_HEADER_CASES = [  # method, path, header, anthropic
 ]
 URL_CASES = [("GET", "/v1/{}/chat"), ("DELETE", "/v1/admin/keys/{}"), ("POST", "/v1/chat/completions/{}")]
 # A secret percent-encoded in the path (as a client that escapes every `-` writes it) was kept in Envoy's log whole.
-ENCODED_URL_CASES = [("GET", "/v1/{}/chat", "pk%2Ddev-"), ("POST", "/v1/chat/completions/{}", "pk%2ddev%2D")]
+# Escaping a letter too (`%70k-`, `p%6B-`) is allowed by RFC 3986 and means the same path: it was kept whole.
+ENCODED_URL_CASES = [("GET", "/v1/{}/chat", "pk%2Ddev-"), ("POST", "/v1/chat/completions/{}", "pk%2ddev%2D"),
+                     ("GET", "/v1/{}/chat", "%70k-dev-"), ("DELETE", "/v1/admin/keys/{}", "p%6B%2Ddev-")]
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,18 @@ def test_a_percent_encoded_secret_in_an_unknown_url_is_cut_out_too(gateway, sent
     assert response.status_code == 404 and sent[case].tail not in response.text
     assert sent[case].envoy_line["request"] == f"{method} {template.format('pk-[redacted]')}"
     _assert_absent(gateway, sent[case].tail)
+
+
+def test_a_secret_escaped_byte_by_byte_in_an_unknown_url_is_cut_out_too(gateway):
+    """A client that %-escapes every byte of a path sends the same URL: it was logged and quoted whole, escaped."""
+    tail = secrets.token_urlsafe(24)
+    escaped = "".join(f"%{byte:02X}" for byte in f"pk-dev-{tail}".encode())
+    request_id, response = _send(gateway, "GET", f"/v1/{escaped}/chat", {})
+    line = _envoy_lines(gateway, [request_id])[request_id]
+    assert response.status_code == 404 and escaped not in response.text
+    assert "pk-[redacted]" in response.json()["error"]["message"] and line["request"] == "GET /v1/pk-[redacted]/chat"
+    _assert_absent(gateway, tail)
+    _assert_absent(gateway, escaped)
 
 
 def _line_of(gateway: Gateway, request_id: str) -> dict:
