@@ -128,11 +128,18 @@ end
 -- A caller may choose its request id, which every log keeps: a key pasted there is cut out, and an id is cut to
 -- 128 bytes (never inside a character), here, so that the id the caller gets back is the one logged. An id that
 -- is not UTF-8 text (HTTP allows any byte above 0x7f) cannot be logged as sent: it is removed, and the virtual
--- host gives the request a new one (envoy.yaml), as Envoy does a request without one.
+-- host gives the request a new one (envoy.yaml), as Envoy does a request without one. So is one holding a C1
+-- control (U+0080-U+009F: NEL splits a line for many readers, CSI starts a terminal's escape), a line or paragraph
+-- separator (U+2028, U+2029) or a direction control (U+202A-U+202E, U+2066-U+2069), which reorders the line.
+local function loggable(id)
+  return is_utf8(id) and not (id:find("\194[\128-\159]") or id:find("\226\128[\168-\174]")
+    or id:find("\226\129[\166-\169]"))
+end
+
 local function bound_request_id(headers)
   local id = headers:get("x-request-id")
   if not id then return end
-  if not is_utf8(id) then
+  if not loggable(id) then
     headers:remove("x-request-id")
   elseif #id > 128 or id:find("pk-", 1, true) then
     id = redacted(id)

@@ -67,6 +67,8 @@ local function shape_error(handle, status)
   end
   if headers:get("portico-local-reply") then
     mark_envoy_reply(handle, status)
+    -- The virtual host's request-id copies the request's x-request-id: empty when local_reply_config made the id.
+    if not headers:get("request-id") then headers:replace("request-id", headers:get("x-request-id") or "") end
     local allow = status == 404 and request and wrong_method(request)
     if allow then headers:replace("allow", allow) end
     local message, param = describe_local_reply(status, body, request, portico.query_param, portico.fault)

@@ -77,11 +77,17 @@ local function message_string(text)
 end
 
 -- A secret pasted into a URL (GET /v1/pk-.../chat) must not reach the access log, nor the 404's message: the path
--- remembered for both has anything shaped like a Portico secret cut out, percent-encoded (pk%2D...) too. Query
--- strings are never kept.
+-- remembered for both has anything shaped like a Portico secret cut out, percent-encoded too (pk%2D..., or every
+-- byte escaped, as RFC 3986 allows for the characters a secret is made of). Query strings are never kept.
+local function unreserved(hex)
+  local char = string.char(tonumber(hex, 16))
+  return char:find("^[%w%-._~]$") and char or "%" .. hex
+end
+
 local function redacted(path)
-  if not path:find("pk", 1, true) then return path end
-  return (path:gsub("pk%-[%w_%-%%]+", "pk-[redacted]"):gsub("pk%%2[dD][%w_%-%%]+", "pk-[redacted]"))
+  local plain = path:find("%", 1, true) and path:gsub("%%(%x%x)", unreserved) or path
+  if not plain:find("pk-", 1, true) then return path end
+  return (plain:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
 end
 
 -- A value the caller sent, quoted in a message: without a key pasted there, and cut short (a query value may be

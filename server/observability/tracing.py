@@ -17,7 +17,7 @@ from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, get_c
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.domain import Endpoint, UpstreamAnswer
-from server.errors import PorticoError
+from server.errors import PorticoError, redact_secrets
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -135,10 +135,17 @@ class _MetadataGetter(Getter[Metadata]):
 
     def get(self, carrier: Metadata, key: str) -> list[str] | None:
         values = [value for name, value in carrier if name == key and isinstance(value, str)]
+        if key == "tracestate":  # the caller's own text, exported with every span and sent on to upstreams
+            values = [_without_secrets(value) for value in values]
         return values or None
 
     def keys(self, carrier: Metadata) -> list[str]:
         return [name for name, _ in carrier]
+
+
+def _without_secrets(tracestate: str) -> str:
+    """`tracestate` without its entries that hold anything shaped like a Portico secret (a key pasted there)."""
+    return ",".join(entry for entry in tracestate.split(",") if redact_secrets(entry) == entry)
 
 
 METADATA = _MetadataGetter()

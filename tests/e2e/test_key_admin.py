@@ -221,6 +221,31 @@ def test_a_secret_given_where_a_key_id_or_a_model_goes_is_never_echoed(gateway):
     assert "pk-[redacted]" in refused.value.stderr
 
 
+def test_a_secret_pasted_into_a_key_name_is_refused_and_never_stored(gateway):
+    """A name is kept in plain text in the key store and shown to every admin (the console, `portico keys list`):
+    a secret pasted there (`ci bot pk-...`, its own key's for bookkeeping) was stored and listed as it came."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {"Authorization": f"Bearer {admin}"}
+    key_id = gateway.cli("keys", "create", "--name", "named", "--all-models").stdout.split()[2]
+    tail = admin.removeprefix("pk-")
+    answers = [
+        httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers, timeout=60,
+                   json={"name": f"ci bot {admin}", "all_models": True}),
+        httpx.patch(f"{gateway.base_url}/v1/admin/keys/{key_id}", headers=headers, timeout=60,
+                    json={"name": f"OPENAI_API_KEY={admin}"}),
+    ]
+    for answer in answers:
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "name", answer.text
+        assert tail[:8] not in answer.text
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        gateway.cli("keys", "create", "--name", admin, "--all-models")
+    assert refused.value.returncode == 2 and "--name: name must not hold" in refused.value.stderr  # a bad argument
+    assert tail[:8] not in refused.value.stderr
+    listed = httpx.get(f"{gateway.base_url}/v1/admin/keys", headers=headers, timeout=60).text
+    assert tail[:8] not in listed and '"name":"named"' in listed.replace(" ", "")
+    assert all(tail[:8].encode() not in path.read_bytes() for path in gateway.data_dir.glob("keys.db*"))
+
+
 def test_list_keys_holds_revoked_keys_oldest_first_and_never_a_secret(gateway):
     """api.md, Key administration: what ListKeys answers, what revoking twice and revoking by secret do."""
     admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]

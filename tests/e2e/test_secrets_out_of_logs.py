@@ -30,7 +30,9 @@ KEY_HEADER_CASES = [  # method, path, header, anthropic
 ]
 URL_CASES = [("GET", "/v1/{}/chat"), ("DELETE", "/v1/admin/keys/{}"), ("POST", "/v1/chat/completions/{}")]
 # A secret percent-encoded in the path (as a client that escapes every `-` writes it) was kept in Envoy's log whole.
-ENCODED_URL_CASES = [("GET", "/v1/{}/chat", "pk%2Ddev-"), ("POST", "/v1/chat/completions/{}", "pk%2ddev%2D")]
+# Escaping a letter too (`%70k-`, `p%6B-`) is allowed by RFC 3986 and means the same path: it was kept whole.
+ENCODED_URL_CASES = [("GET", "/v1/{}/chat", "pk%2Ddev-"), ("POST", "/v1/chat/completions/{}", "pk%2ddev%2D"),
+                     ("GET", "/v1/{}/chat", "%70k-dev-"), ("DELETE", "/v1/admin/keys/{}", "p%6B%2Ddev-")]
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,18 @@ def test_a_percent_encoded_secret_in_an_unknown_url_is_cut_out_too(gateway, sent
     _assert_absent(gateway, sent[case].tail)
 
 
+def test_a_secret_escaped_byte_by_byte_in_an_unknown_url_is_cut_out_too(gateway):
+    """A client that %-escapes every byte of a path sends the same URL: it was logged and quoted whole, escaped."""
+    tail = secrets.token_urlsafe(24)
+    escaped = "".join(f"%{byte:02X}" for byte in f"pk-dev-{tail}".encode())
+    request_id, response = _send(gateway, "GET", f"/v1/{escaped}/chat", {})
+    line = _envoy_lines(gateway, [request_id])[request_id]
+    assert response.status_code == 404 and escaped not in response.text
+    assert "pk-[redacted]" in response.json()["error"]["message"] and line["request"] == "GET /v1/pk-[redacted]/chat"
+    _assert_absent(gateway, tail)
+    _assert_absent(gateway, escaped)
+
+
 def _line_of(gateway: Gateway, request_id: str) -> dict:
     deadline = time.monotonic() + 5
     while True:
@@ -244,6 +258,26 @@ def test_a_redis_password_in_the_urls_query_stays_out_of_the_log(tmp_path):
     assert ready.status_code == 503
     logs = _logs(gateway)
     assert f"redis://127.0.0.1:{port}/0?password=***" in logs and password not in logs
+
+
+@pytest.mark.parametrize("chosen", ["line\u2028separator", "next\u0085line", "c1\u009b31mcsi", "rtl\u202eoverride",
+                                    "isolate\u2066x", b"caf\xe9".decode("latin-1")],
+                         ids=["line-separator", "next-line", "c1-control", "right-to-left-override", "isolate",
+                              "latin-1"])
+def test_a_request_id_holding_a_control_or_a_separator_is_replaced_by_a_new_one(gateway, chosen):
+    """Such an id went into every log as sent: a reader that splits lines as Python's `splitlines()` does (at
+    U+2028 and U+0085) read two halves of a JSON line, a terminal may take a C1 control (U+009B) for an escape, and a
+    direction control reorders the rest of the line. Like one that is not text, it is replaced by a new id, on a
+    request Envoy refuses too (one that was not text got no id back there, and a null `request_id` in the log)."""
+    sent = chosen.encode("latin-1" if chosen.startswith("caf") else "utf-8")
+    headers = {"Authorization": f"Bearer {gateway.secret}", "x-request-id": sent}
+    served = httpx.get(gateway.base_url + "/v1/models", timeout=30, headers=headers)
+    refused = httpx.get(gateway.base_url + "/v1/nothing-here", timeout=30, headers=headers)  # Envoy's own reply
+    assert (served.status_code, refused.status_code) == (200, 404)
+    ids = [served.headers["x-request-id"], refused.headers["x-request-id"]]
+    assert all(re.fullmatch(r"[0-9a-f-]{32,36}", got) for got in ids), ids
+    assert _line_of(gateway, ids[0])["status"] == 200 and _envoy_lines(gateway, ids[1:])[ids[1]]["status"] == 404
+    assert sent.decode("latin-1") not in _logs(gateway)
 
 
 @pytest.mark.parametrize("chosen", [b"id-\xff\xfe-" + b"x" * 20, b"caf" + LATIN1_E, b"\xed\xa0\x80-surrogate",

@@ -141,3 +141,25 @@ def test_each_sdk_callers_span_says_what_it_was_told(tmp_path, upstream_key):
     finally:
         receiver.stop()
         double.stop()
+
+
+def test_a_secret_in_the_callers_tracestate_reaches_neither_the_collector_nor_the_upstream(tmp_path, upstream_key):
+    """`tracestate` is the caller's own text, which the trace context exports with every span and sends on to the
+    upstream: a key pasted there (a vendor's entry holding it) was in both. Its other entries still travel."""
+    receiver, double = OtlpReceiver().start(), UpstreamDouble().start()
+    try:
+        with running_gateway(tmp_path / "data", config=traced_config(tmp_path, receiver.url, double.url)) as gateway:
+            trace_id = secrets.token_hex(16)
+            client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0,
+                                   default_headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+                                                    "tracestate": f"vendor=kept,auth={gateway.secret},other=too"})
+            answer = client.chat.completions.create(model="up-chat", messages=HI, max_tokens=5)
+            assert answer.choices[0].message.content == "echo Hi"
+            receiver.wait_for_trace(trace_id)
+            assert double.seen[-1].headers["tracestate"] == "vendor=kept,other=too"
+            tail = gateway.secret.split("-")[-1].encode()
+            assert tail not in b"".join(receiver.bodies)
+            assert all(tail.decode() not in value for seen in double.seen for value in seen.headers.values())
+    finally:
+        receiver.stop()
+        double.stop()
