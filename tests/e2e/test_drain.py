@@ -21,7 +21,6 @@ from pathlib import Path
 
 import anthropic
 import h2.connection
-import hyperframe.frame
 import httpx
 import openai
 import orjson
@@ -333,29 +332,32 @@ def _h2_connection(port: int):
 
 def _h2_get(sock, conn, stream_id: int, headers: dict) -> tuple[int | None, bool]:
     """GET /v1/models on stream `stream_id`: (its status, None when the connection closed first; whether a GOAWAY
-    with NO_ERROR came). The answer's frames are read with hyperframe: h2's own state machine takes a GOAWAY as the
+    with NO_ERROR came). The answer's frames are read by hand: h2's own state machine takes a GOAWAY as the
     connection's end and refuses the answer that follows it (as httpx's HTTP/2 client does, encode/httpcore#730)."""
     conn.send_headers(stream_id, [(":method", "GET"), (":path", "/v1/models"), (":scheme", "http"),
                                   (":authority", "127.0.0.1"), *((k.lower(), v) for k, v in headers.items())],
                       end_stream=True)
     sock.sendall(conn.data_to_send())
-    buffer, status, went_away, ended = b"", None, False, False
-    decoder = conn.decoder
-    while not ended:
+    buffer, status, went_away = b"", None, False
+    while True:
         while len(buffer) < 9 or len(buffer) < 9 + int.from_bytes(buffer[:3], "big"):
             data = sock.recv(65536)
             if not data:
                 return status, went_away
             buffer += data
-        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(buffer[:9]))
-        frame.parse_body(memoryview(buffer[9:9 + length]))
-        buffer = buffer[9 + length:]
-        if isinstance(frame, hyperframe.frame.GoAwayFrame):
-            went_away = frame.error_code == 0
-        elif isinstance(frame, hyperframe.frame.HeadersFrame):
-            block = dict(decoder.decode(frame.data))
-            if frame.stream_id == stream_id:
-                status = int(block.get(b":status", block.get(":status", 0)))
-        if frame.stream_id == stream_id and "END_STREAM" in frame.flags:
-            ended = True
-    return status, went_away
+        length, kind, flags, stream = (int.from_bytes(buffer[:3], "big"), buffer[3], buffer[4],
+                                       int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF)
+        payload, buffer = buffer[9:9 + length], buffer[9 + length:]
+        if kind == 0x7:  # GOAWAY: last stream id, error code
+            went_away = int.from_bytes(payload[4:8], "big") == 0
+        elif kind == 0x1:  # HEADERS, decoded with the connection's HPACK table, which every block updates
+            if flags & 0x8:  # PADDED
+                payload = payload[1:len(payload) - payload[0]]
+            if flags & 0x20:  # PRIORITY
+                payload = payload[5:]
+            block = {name if isinstance(name, str) else name.decode(): value
+                     for name, value in conn.decoder.decode(payload)}
+            if stream == stream_id:
+                status = int(block.get(":status", 0))
+        if stream == stream_id and kind in (0x0, 0x1) and flags & 0x1:  # END_STREAM
+            return status, went_away
