@@ -139,6 +139,9 @@ class Pipeline:
         # Before admission: a request the model cannot honour costs nothing.
         if (refusal := refusal_of(provider, request)) is not None:
             raise refusal
+        # A valid request from here on: its row is owed however it ends, also when its caller leaves while the
+        # cache is asked or its prompt counted (under load, a while), as the access log and metrics count it.
+        call.record.admitted = True
         lookup = await self._lookup(call, request)
         call.record.params = request.params
         call.record.output_type = "json" if request.json_output else ""
@@ -148,7 +151,6 @@ class Pipeline:
             return
         counter = self._token_counters.get(call.model.id)
         prompt = await _prompt_tokens(counter, request)
-        call.record.admitted = True
         # Refused here, like a request over a limit (a ledger row, but no model asked and nothing reserved), rather
         # than by the provider, after the request was recorded as having reached a model. Not when the model has
         # fallbacks: one with a longer window may take it, after the embedded model refused it (the Router).
@@ -231,7 +233,6 @@ class Pipeline:
     @asynccontextmanager
     async def _replay(self, call: Call, lookup: Lookup) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """A cached answer counts as a request, and uses no tokens and costs nothing."""
-        call.record.admitted = True
         try:
             with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
                 reservation = await self._limiter.reserve(call.key, call.model.id, 0, 0)
