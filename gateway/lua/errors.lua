@@ -30,6 +30,14 @@ local INTEGER_RANGES = {TYPE_INT32 = "an integer from -2147483648 to 2147483647"
                         TYPE_UINT32 = "an integer from 0 to 4294967295",
                         TYPE_UINT64 = "an integer from 0 to 18446744073709551615"}
 
+-- Whether some REST binding takes this path (with any method).
+local function served_path(path)
+  for pattern, _ in pairs(ROUTE_METHODS) do
+    if path:find(pattern) then return true end
+  end
+  return false
+end
+
 -- For "METHOD /path" that the transcoder refused as an unknown URL although the path is bound to other methods: the
 -- `allow` header and the message naming them (`curl URL` without -d is a GET: "Unknown request URL" misled).
 local function wrong_method(request)

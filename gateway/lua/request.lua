@@ -192,6 +192,9 @@ function envoy_on_request(handle)
   -- The anthropic SDK's models route (envoy.yaml) says so in its metadata: remembered for the error's shape now,
   -- before any refusal below, and since the transcoder re-routes the call (its path becomes the RPC's).
   local anthropic = path:sub(1, 10) == "/v1/models" and handle:metadata():get("anthropic")
+  -- So does a path nothing serves asked with `anthropic-version` (the SDK's files, skills, ...): its 404 reaches
+  -- an anthropic SDK caller, whom OpenAI's shape would not suit (the openai SDK never sends that header).
+    or (headers:get("anthropic-version") and not served_path(path))
   if anthropic then metadata:set("portico", "anthropic", true) end
   -- The transcoder reads a last segment's ":unary" as the unary twins' custom verb, so GET /v1/models/x:unary (a
   -- model id ending so, as the SDKs send it) matched no route. Escaped, the colon is part of the id.

@@ -2,9 +2,9 @@
 -- x-request-id it must cut: bound_request_id), and refuses a gRPC call on a REST path (refuse_grpc_call).
 --
 -- Every REST error leaves Envoy as {"error": {"message", "type", "param", "code"}} with content-type
--- application/json; on /v1/messages (and /v1/models asked with `anthropic-version`) the object also has a top-level
--- "type": "error" (the Anthropic SDK's shape), and so do the replies Envoy makes before it has read a path (see
--- shape_error).
+-- application/json; on /v1/messages (and /v1/models, or a path nothing serves, asked with `anthropic-version`) the
+-- object also has a top-level "type": "error" (the Anthropic SDK's shape), and so do the replies Envoy makes before
+-- it has read a path (see shape_error).
 -- Sources of errors, in the order shape_error (response.lua) handles them:
 --   1. Envoy's own local replies (bad JSON, unknown URL, oversize body, upstream down or silent), marked by the
 --      local_reply_config in envoy.yaml with a `portico-local-reply` header;

@@ -322,3 +322,31 @@ def test_an_answer_cut_by_the_context_window_says_so_not_max_tokens(client, gate
     chunks = oai.chat.completions.create(model="family-a-5.5", max_tokens=50, messages=messages, stream=True,
                                          extra_body={"top_k": 1})
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+@pytest.mark.parametrize("call", [
+    lambda client: client.beta.files.list(),
+    lambda client: client.beta.files.upload(file=("notes.txt", b"hello", "text/plain")),
+    lambda client: client.beta.files.delete("file_1"),
+    lambda client: client.beta.skills.list(),
+    lambda client: client.messages.batches.list(),
+    lambda client: client.messages.batches.cancel("msgbatch_1"),
+], ids=["files.list", "files.upload", "files.delete", "skills.list", "batches.list", "batches.cancel"])
+def test_an_anthropic_api_portico_does_not_serve_is_a_404_in_anthropic_s_shape(client, call):
+    """The anthropic SDK's other APIs (files, skills, batches) are not served: a 404 in the shape the SDK's callers
+    read (`body["type"] == "error"`, `not_found_error`), as under /v1/messages; /v1/files and /v1/skills were
+    answered in OpenAI's shape, without the top-level `type` and with `invalid_request_error`."""
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        call(client)
+    assert caught.value.body["type"] == "error"
+    assert caught.value.body["error"]["type"] == "not_found_error"
+    assert caught.value.body["error"]["code"] == "not_found"
+    assert caught.value.request_id == caught.value.response.headers["x-request-id"] != ""
+
+
+def test_an_unserved_path_without_anthropic_version_keeps_openai_s_shape(gateway):
+    """The openai SDK never sends `anthropic-version`: an unknown path answers it in OpenAI's shape."""
+    answer = httpx.get(f"{gateway.base_url}/v1/files", headers={"Authorization": f"Bearer {gateway.secret}"},
+                       timeout=30)
+    assert answer.status_code == 404
+    assert "type" not in answer.json() and answer.json()["error"]["type"] == "invalid_request_error"
