@@ -195,7 +195,9 @@ def _read(data: bytes, segment: Segment, rows: dict[str, LedgerRow],
                 if not isinstance(mark := value["open"], list):
                     raise TypeError("a mark is a list")
                 row = died(mark)
-                marks[row.id] = (row, value.get("booked"), segment)
+                # d3188ee..7fb2452 (27 November 2026) wrote the reservation as the mark's ninth value
+                booked = value["booked"] if "booked" in value else mark[8] if len(mark) > 8 else None
+                marks[row.id] = (row, booked, segment)
             else:
                 row = LedgerRow(*value)
                 rows[row.id] = row

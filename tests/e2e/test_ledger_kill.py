@@ -6,6 +6,7 @@ way too: the 503 its caller got, with nothing used (what it used died with the p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -207,6 +208,35 @@ def test_rows_are_still_written_after_the_spool_directory_was_deleted(tmp_path, 
             assert sorted(row.request_id for row in rows) == sorted([*first, *later])
             mode = (gateway.data_dir / "ledger-spool").stat().st_mode & 0o777
             assert mode == 0o700, oct(mode)
+    finally:
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+def test_an_upgrade_settles_the_reservations_of_a_27_november_version_killed_with_requests_running(
+        tmp_path, double, redis_server):
+    """Versions from d3188ee until 7fb2452 (f9a2dbf among them) wrote what a reservation booked as its mark's ninth
+    value. Upgraded from one killed, the new version wrote the 503 row but settled nothing: the key's only concurrency
+    slot stayed taken for its 600 s lease (429 meanwhile) and max_tokens 50000 stayed in its daily tokens."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    data = tmp_path / "data"
+    try:
+        path = config(tmp_path, double.url, limits={"store": redis_server.url, "lease_seconds": 600})
+        with running_gateway(data, config=path) as gateway:
+            key_id, secret = created(gateway, "--daily-tokens", "10000000", "--concurrency", "1")
+            admin = admin_of(gateway)
+            caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000)
+            gateway.process.send_signal(signal.SIGKILL)
+            gateway.process.wait(10)
+            caller.join()
+        for segment in (data / "ledger-spool").iterdir():  # as the old version wrote its marks
+            lines = [json.loads(line) for line in segment.read_text().splitlines() if line]
+            segment.write_text("".join(json.dumps({"open": [*line["open"], line.get("booked")]} if "open" in line
+                                                  else line) + "\n" for line in lines))
+        with running_gateway(data, config=path, dev_key=False) as gateway:
+            used = used_once_slots_are_free(gateway, key_id, admin)
+            assert used["concurrent_requests"] == 0
+            assert used["daily_tokens"] == 0
+            assert [(row.status, row.input_tokens) for row in rows_of(data, key_id, 1)] == [(503, 0)]
     finally:
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 

@@ -170,6 +170,23 @@ async def test_what_a_dead_request_s_reservation_booked_is_handed_back_for_settl
     await writer.close()
 
 
+async def test_a_reservation_booked_in_the_mark_by_a_version_of_27_november_is_handed_back(tmp_path):
+    """Versions from d3188ee until 7fb2452 (27 November 2026, f9a2dbf among them) wrote what a reservation booked as
+    a mark's ninth value: upgraded from one killed with requests running, the new version wrote their 503 rows but
+    settled none, so with Redis each one's concurrency slot stayed taken until its lease ended (a key at its limit
+    refused meanwhile) and its estimates stayed in the day's tokens and spend."""
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    booked = ["res-1", 1.5, ["key_a"], 80, 3]
+    (directory / "123-1.rows").write_text(json.dumps({"open": [*mark(1), booked]}) + "\n"  # as f9a2dbf wrote it
+                                          + json.dumps({"open": [*mark(2), None]}) + "\n")  # its in-process store
+    sink = SqliteLedger(tmp_path / "l.db")
+    writer = LedgerWriter(sink, SLOW, spool=LedgerSpool(directory))
+    assert [value for value, _ in writer.start()] == [booked]
+    await writer.close()
+    assert sorted((r.id, r.status) for r in sink.rows()) == [("r1", 503), ("r2", 503)]
+
+
 async def test_a_dead_request_s_segment_is_kept_until_its_reservation_is_settled(tmp_path):
     """Deleted once its rows were written, a segment took with it what a reservation not settled yet (Redis not
     answering) had booked: the adopter stopped meanwhile, and no process could settle it."""
