@@ -78,20 +78,40 @@ def admin_of(gateway: Gateway) -> dict[str, str]:
     return {"authorization": f"Bearer {secret}"}
 
 
-def upstream_holds(gateway: Gateway, double, secret: str, **body) -> tuple[threading.Thread, list[int]]:
+def upstream_holds(gateway: Gateway, double, secret: str, answer_expected: bool = True,
+                   **body) -> tuple[threading.Thread, list[int]]:
     """A chat request the upstream holds for a minute, sent from a thread once the upstream has it: the thread, and
-    the status its caller gets (once the thread ends)."""
+    the status its caller gets (once the thread ends). `answer_expected` False: a connection closed with no answer
+    is what its caller gets (no status)."""
     double.cue(Cue(delay=60))
     seen = len(double.seen)
     statuses: list[int] = []
-    caller = threading.Thread(target=lambda: statuses.append(httpx.post(
-        f"{gateway.base_url}/v1/chat/completions", json={"model": "up", "messages": HELLO, **body},
-        headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
-    ).status_code))
+
+    def call() -> None:
+        try:
+            statuses.append(httpx.post(
+                f"{gateway.base_url}/v1/chat/completions", json={"model": "up", "messages": HELLO, **body},
+                headers={"Authorization": f"Bearer {secret}", "x-request-id": "kill-running"}, timeout=30,
+            ).status_code)
+        except httpx.TransportError:
+            if answer_expected:
+                raise
+
+    caller = threading.Thread(target=call)
     caller.start()
     while len(double.seen) == seen:
         time.sleep(0.01)
     return caller, statuses
+
+
+def killed_while_it_holds(gateway: Gateway, double, secret: str, *, after: float = 0.0) -> None:
+    """`portico serve` killed (kill -9) `after` seconds into a request (max_tokens 50000) its upstream holds. Its
+    caller's connection is closed with no answer (one process: Envoy goes with it)."""
+    caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000, answer_expected=False)
+    time.sleep(after)
+    gateway.process.send_signal(signal.SIGKILL)
+    gateway.process.wait(10)
+    caller.join()
 
 
 def kill_workers(gateway: Gateway) -> None:
@@ -224,10 +244,7 @@ def test_an_upgrade_settles_the_reservations_of_a_27_november_version_killed_wit
         with running_gateway(data, config=path) as gateway:
             key_id, secret = created(gateway, "--daily-tokens", "10000000", "--concurrency", "1")
             admin = admin_of(gateway)
-            caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000)
-            gateway.process.send_signal(signal.SIGKILL)
-            gateway.process.wait(10)
-            caller.join()
+            killed_while_it_holds(gateway, double, secret)
         for segment in (data / "ledger-spool").iterdir():  # as the old version wrote its marks
             lines = [json.loads(line) for line in segment.read_text().splitlines() if line]
             segment.write_text("".join(json.dumps({"open": [*line["open"], line.get("booked")]} if "open" in line
@@ -257,10 +274,7 @@ def test_reservations_left_unsettled_by_a_drain_while_redis_did_not_answer_are_s
         with running_gateway(data, config=path) as gateway:
             key_id, secret = created(gateway, "--daily-tokens", "10000000", "--concurrency", "50")
             admin = admin_of(gateway)
-            caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000)
-            gateway.process.send_signal(signal.SIGKILL)
-            gateway.process.wait(10)
-            caller.join()
+            killed_while_it_holds(gateway, double, secret)
         os.kill(redis.process.pid, signal.SIGSTOP)  # Redis does not answer while the next process starts
         try:
             with running_gateway(data, config=path, dev_key=False) as gateway:
@@ -291,11 +305,7 @@ def test_a_killed_serve_s_running_request_counts_as_its_row_says_with_the_in_pro
             key_id, secret = created(gateway, "--daily-tokens", "10000000", "--max-spend-day", "1000")
             admin = admin_of(gateway)
             answered(gateway, secret, 1)
-            caller, _ = upstream_holds(gateway, double, secret, max_tokens=50000)
-            time.sleep(2.5)  # a save of the day's counters while it runs
-            gateway.process.send_signal(signal.SIGKILL)
-            gateway.process.wait(10)
-            caller.join()
+            killed_while_it_holds(gateway, double, secret, after=2.5)  # a save of the day's counters meanwhile
         with running_gateway(data, config=path, dev_key=False) as gateway:
             rows = rows_of(data, key_id, 2)
             used = used_once_slots_are_free(gateway, key_id, admin, within=0)
