@@ -152,7 +152,7 @@ class CacheSettings:
     ttl_seconds: float = 300.0
     max_entry_bytes: int = 1024 * 1024  # larger answers are not cached
     shared: bool = False  # True: keys that send the same request share answers; False: each key id has its own
-    # What serves the model (server/config_deployments.py, serving_fingerprint): part of every cache key, so an
+    # What serves the model (server/config_deployments.py, with_cache_serving): part of every cache key, so an
     # answer kept before the model moved to another upstream is not given after it, by any host or restart.
     serving: str = ""
 

@@ -1,15 +1,16 @@
 """The response cache: a model may opt in (`cache:` in its entry), and a request then asked before is answered
 with the answer given before, replayed through the same renderers.
 
-The key is a SHA-256 over what shapes the answer: the model and what serves it (its upstreams), the endpoint, whether the caller streams, the caller's
-body as it arrived minus the fields that only label a request (`user`, `metadata`, `store`, `safety_identifier`,
-`prompt_cache_key`), Anthropic beta headers, and, unless the model shares its cache across keys (`shared: true`),
-the caller's key id, so an answer never reaches a key that did not ask for it. A field Portico does not know yet
-shapes the key too: a new field can cost hits, never give a wrong answer. JSON numbers are keyed by value (`1` and
-`1.0` are one request, as Portico reads them). Only whole answers (a Finished event, nothing failed) no larger than
-`max_entry_bytes` are stored; errors never are. The caller's `Cache-Control` is read as HTTP caches read it
-(RFC 9111): `no-cache` (or `max-age=0`, or `Pragma: no-cache` without a Cache-Control) skips the lookup (the fresh
-answer is stored), `max-age=N` refuses answers stored more than N seconds ago, `no-store` skips both.
+The key is a SHA-256 over what shapes the answer: the model and what serves it (its upstreams), the endpoint,
+whether the caller streams, the caller's body as it arrived minus the fields that only label a request (`user`,
+`metadata`, `store`, `safety_identifier`, `prompt_cache_key`), Anthropic beta headers, and, unless the model shares
+its cache across keys (`shared: true`), the caller's key id, so an answer never reaches a key that did not ask for
+it. A field Portico does not know yet shapes the key too: a new field can cost hits, never give a wrong answer. JSON
+numbers are keyed by value (`1` and `1.0` are one request, as Portico reads them). Only whole answers (a Finished
+event, nothing failed) no larger than `max_entry_bytes` are stored; errors never are. The caller's `Cache-Control`
+is read as HTTP caches read it (RFC 9111): `no-cache` (or `max-age=0`, or `Pragma: no-cache` without a
+Cache-Control) skips the lookup (the fresh answer is stored), `max-age=N` refuses answers stored more than N seconds
+ago, `no-store` skips both.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ The upstream's `timeouts`: `connect` covers opening a connection (TCP, a proxy's
 the request to the answer's first byte, then between any two bytes of it; `answer` instead bounds an answer that is
 not streamed, from the request to its last byte (its first byte comes when all of it is ready, and an upstream that
 trickles it in must not hold the caller, whom Envoy would cut off, past it), and a stream until its first event;
-`pool` is the wait for one of the `max_connections` slots (a full pool is not an upstream that does not answer). There is no write timeout: the
-request is one small buffer, and an upstream that does not take it does not answer within `read` either.
+`pool` is the wait for one of the `max_connections` slots (a full pool is not an upstream that does not answer).
+There is no write timeout: the request is one small buffer, and an upstream that does not take it does not answer
+within `read` either.
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ class Plan:
             self._tries = [max(1, tries) for tries in self._tries]
             self._not_before = [-math.inf] * len(self._not_before)
             return
-        if isinstance(error, UpstreamMisconfigured) and not error.retryable or error.retryable and (
-                error.should_retry is False):
+        if (isinstance(error, UpstreamMisconfigured) and not error.retryable
+                or error.retryable and error.should_retry is False):
             # The deployment's own key, account or model name, or an upstream that said the same request would fail
             # again (`x-should-retry: false`): another deployment or fallback may serve it, this one would not.
             self._failures.append((now, error, step.model, step.deployment))
