@@ -34,7 +34,7 @@ import uvloop
 from google.api import httpbody_pb2
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyProcess, load_template, render_config, repo_root
+from gateway.envoy import ADMIN_SOCKET, EnvoyProcess, load_template, render_config, repo_root
 from portico.v1 import chat_service_pb2_grpc
 from server.app import SERVER_OPTIONS
 from server.domain import UpstreamSpec
@@ -137,7 +137,8 @@ async def serve(port: int, admin_port: int, handler_us: float, upstream: str | N
         await server.start()
         settle_heap()  # as portico serve does
         config = render_config(load_template(), listen_port=port, admin_port=admin_port,
-                               upstreams=[f"unix:{socket_path}"], descriptor_set=DESCRIPTOR_SET,
+                               upstreams=[f"unix:{socket_path}"], admin_socket=Path(run_dir, ADMIN_SOCKET),
+                               descriptor_set=DESCRIPTOR_SET,
                                lua_dir=repo_root() / "gateway" / "lua")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -2,12 +2,14 @@
 
     template = load_template()
     config = render_config(template, listen_port=8080, admin_port=9901, upstreams=["unix:/run/portico/0.sock"],
-                           descriptor_set=Path("build/gen/portico.pb"), lua_dir=Path("gateway/lua"))
+                           admin_socket=run_dir / ADMIN_SOCKET, descriptor_set=Path("build/gen/portico.pb"),
+                           lua_dir=Path("gateway/lua"))
     async with EnvoyProcess(config, run_dir) as envoy:   # started and ready (admin /ready answers 200)
         await envoy.wait()                               # returns Envoy's exit code if it dies
         await envoy.drain_listeners()                    # (on shutdown) no new connections; open ones told to close
 
-Admin and (by default) the listener bind 127.0.0.1 only. Envoy is a supervised child (gateway/processes.py): it never
+The admin interface listens on a unix socket (mode 0600) and its reads (GET, HEAD) are published on 127.0.0.1's
+`admin_port`; the listener binds 127.0.0.1 by default. Envoy is a supervised child (gateway/processes.py): it never
 outlives Portico, and a terminal's Ctrl-C reaches only Portico, which drains it. `--use-dynamic-base-id` lets several
 Envoys share one machine.
 """
@@ -53,6 +55,8 @@ _NO_CORS_PREFIXES = ("/v1/admin", "/v1/organization")
 # The Lua filter's parts (gateway/lua/), joined in this order into the one script Envoy runs: a Lua `local` is seen
 # only by the code after it, so each part comes after those whose locals it uses; the entry points are last.
 LUA_PARTS = ("tables.lua", "text.lua", "errors.lua", "query.lua", "request.lua", "response.lua")
+# Envoy's admin interface, in the run directory: whoever may open it may stop Envoy.
+ADMIN_SOCKET = "envoy-admin.sock"
 
 
 class EnvoyError(RuntimeError):
@@ -96,6 +100,7 @@ def render_config(
     listen_port: int,
     admin_port: int,
     upstreams: Sequence[str],
+    admin_socket: Path,
     descriptor_set: Path,
     lua_dir: Path,
     listen_host: str = "127.0.0.1",
@@ -111,7 +116,11 @@ def render_config(
     if not upstreams:
         raise ValueError("at least one upstream endpoint is required")
     config = copy.deepcopy(dict(template))
-    config["admin"]["address"] = {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+    config["admin"]["address"] = {"pipe": {"path": str(admin_socket), "mode": 0o600}}
+    _named(config, "listeners", "admin")["address"] = {"socket_address": {"address": "127.0.0.1",
+                                                                          "port_value": admin_port}}
+    _named(config, "clusters", "envoy_admin")["load_assignment"]["endpoints"] = [
+        {"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": str(admin_socket)}}}}]}]
     listener = config["static_resources"]["listeners"][0]
     listener["address"] = {"socket_address": {"address": listen_host, "port_value": listen_port}}
     if _any_ipv6(listen_host):  # Envoy binds `::` IPv6-only by default: IPv4 callers were refused
@@ -142,6 +151,16 @@ def render_config(
         {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}
     ]
     return config
+
+
+def _named(config: Mapping[str, Any], kind: str, name: str) -> dict[str, Any]:
+    """The listener or cluster (`kind`) called `name` in envoy.yaml."""
+    return next(item for item in config["static_resources"][kind] if item["name"] == name)
+
+
+def admin_port(config: Mapping[str, Any]) -> int:
+    """The loopback port that publishes the admin interface's reads."""
+    return _named(config, "listeners", "admin")["address"]["socket_address"]["port_value"]
 
 
 def http_manager(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,9 +283,8 @@ def envoy_binary() -> Path:
 
 
 def _refuse_taken_port(port: int) -> None:
-    """Envoy refuses a taken admin port too, but only after the readiness probe may have asked whatever listens
-    there (the first gateway's Envoy, when a second one is started with its admin port) and taken its 200 for this
-    Envoy's: start-up then said it was listening before it failed."""
+    """Envoy refuses a taken admin port too, but after it has started, in lines of its own log: this says it in one
+    line, before anything starts."""
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Envoy binds: a TIME_WAIT is no refusal
         try:
@@ -292,7 +310,8 @@ class EnvoyProcess:
         self.run_dir = Path(run_dir)
         self.config_path = self.run_dir / "envoy.yaml"
         self.log_path = log_path or self.run_dir / "envoy.log"
-        self.admin_port: int = config["admin"]["address"]["socket_address"]["port_value"]
+        self.admin_port = admin_port(config)
+        self.admin_socket = Path(config["admin"]["address"]["pipe"]["path"])
         self._binary = binary
         self._concurrency = concurrency
         self._ready_timeout_s = ready_timeout_s
@@ -356,12 +375,12 @@ class EnvoyProcess:
         decision, which a failed health check sets), so that a pooled client's next request, through a load
         balancer, reaches another host instead of this one's 503s."""
         told = await self._admin("POST", "/healthcheck/fail")
-        return await self._admin("POST", "/drain_listeners") and told
+        return await self._admin("POST", "/drain_listeners?inboundonly") and told
 
     async def _admin(self, method: str, path: str) -> bool:
         """True when Envoy's admin interface answers 200."""
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.admin_port)
+            reader, writer = await asyncio.open_unix_connection(self.admin_socket)
         except OSError:
             return False
         try:

@@ -30,7 +30,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyError, EnvoyProcess, http_manager, load_template, render_config, repo_root
+from gateway.envoy import ADMIN_SOCKET, EnvoyError, EnvoyProcess, http_manager, load_template, render_config, repo_root
 from server.app import start_server
 from server.config import Config, ConfigError
 from server.db.database import StoreUnavailable
@@ -64,7 +64,8 @@ def check_temp_dir(workers: int) -> None:
     """The run directory is made under the system temp dir (TMPDIR): its longest socket path must fit a unix socket,
     said in one line before anything starts rather than as grpc's bind failure after the model has loaded."""
     temp = tempfile.gettempdir()
-    longest = Path(temp, "portico-XXXXXXXX", socket_name(workers - 1 if workers > 1 else None))  # mkdtemp: 8 chars
+    name = max(socket_name(workers - 1 if workers > 1 else None), ADMIN_SOCKET, key=len)
+    longest = Path(temp, "portico-XXXXXXXX", name)  # mkdtemp: 8 chars
     if len(os.fsencode(longest)) > SOCKET_PATH_BYTES:
         room = SOCKET_PATH_BYTES - (len(os.fsencode(longest)) - len(os.fsencode(temp)))
         raise ConfigError(f"TMPDIR: {temp} is too long for the run directory's unix sockets (at most {room} bytes "
@@ -110,7 +111,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         _logger.error("cannot serve metrics on 127.0.0.1:%d (%s); stopping Portico.", config.metrics_port, exc)
         await _stop_backend(backend)
         return 1
-    envoy = EnvoyProcess(_envoy_config(config, backend.upstreams), run_dir, log_path=config.data_dir / "envoy.log")
+    envoy = EnvoyProcess(_envoy_config(config, backend.upstreams, run_dir), run_dir, log_path=config.data_dir / "envoy.log")
     try:
         await envoy.start()
     except EnvoyError as exc:
@@ -200,7 +201,7 @@ async def _stop_backend(backend: _Backend) -> None:
     await backend.stop()
 
 
-def _envoy_config(config: Config, upstreams: list[str]) -> dict:
+def _envoy_config(config: Config, upstreams: list[str], run_dir: Path) -> dict:
     template = load_template()
     return render_config(
         template,
@@ -208,6 +209,7 @@ def _envoy_config(config: Config, upstreams: list[str]) -> dict:
         listen_port=config.port,
         admin_port=config.envoy_admin_port,
         upstreams=upstreams,
+        admin_socket=run_dir / ADMIN_SOCKET,
         descriptor_set=DESCRIPTOR_SET,
         lua_dir=repo_root() / "gateway" / "lua",
         access_log_path=_envoy_access_log(config),

@@ -78,6 +78,11 @@ def test_stopping_lets_50_open_streams_finish(tmp_path, stop):
                         async with httpx.AsyncClient(base_url=gateway.base_url) as late:
                             await late.get("/healthz")
                         await asyncio.sleep(0.02)
+                # Only the public port closes: an operator still reads Envoy's stats while the streams finish.
+                async with httpx.AsyncClient() as operator:
+                    stats = await operator.get(f"http://127.0.0.1:{gateway.admin_port}/stats?filter=rq_active",
+                                               timeout=30)
+                assert stats.status_code == 200 and not all(s.done() for s in streams)
                 return await asyncio.gather(*streams)
 
         results = asyncio.run(scenario())

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from portico.v1 import chat_service_pb2_grpc
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyProcess, free_ports, http_manager, load_template, render_config, repo_root
+from gateway.envoy import ADMIN_SOCKET, EnvoyProcess, free_ports, http_manager, load_template, render_config, repo_root
 from tests.helpers import bearer, chat_request
 from tests.upstream_double import Cue
 from tests.upstream_support import upstream_models, upstream_server
@@ -34,7 +34,8 @@ async def front_door(double):
             _, secret = await server.store.create("watch", all_models=True)
             port, admin_port = free_ports(2)
             config = render_config(load_template(), listen_port=port, admin_port=admin_port,
-                                   upstreams=[f"127.0.0.1:{server.port}"], descriptor_set=DESCRIPTOR_SET,
+                                   upstreams=[f"127.0.0.1:{server.port}"], admin_socket=Path(run_dir, ADMIN_SOCKET),
+                                   descriptor_set=DESCRIPTOR_SET,
                                    lua_dir=repo_root() / "gateway" / "lua",
                                    stream_idle_timeout_s=SILENCE_SECONDS)
             assert http_manager(config)["stream_idle_timeout"] == f"{SILENCE_SECONDS}s"

@@ -8,6 +8,7 @@ import re
 import secrets
 import shlex
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -219,6 +220,28 @@ def test_envoy_stats_on_its_admin_port(gateway):
     assert 'envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix="portico"}' in stats
     listeners = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/listeners", timeout=60).text
     assert f"127.0.0.1:{gateway.port}" in listeners
+
+
+def test_envoys_admin_port_serves_reads_and_changes_nothing(gateway):
+    """Envoy's admin interface was this loopback port: any local user could stop the gateway (/quitquitquit), fail
+    its health check, drain it, or raise its log level to one that prints credentials. It now listens on a socket
+    only the service's user may open, and the port serves its reads."""
+    admin = f"http://127.0.0.1:{gateway.admin_port}"
+    for path in ("/quitquitquit", "/healthcheck/fail", "/drain_listeners", "/logging?level=debug"):
+        refused = httpx.post(admin + path, timeout=60)
+        assert (refused.status_code, refused.headers["allow"]) == (405, "GET, HEAD"), path
+    assert httpx.get(admin + "/quitquitquit", timeout=60).status_code != 200  # Envoy's own rule: changes are POSTs
+    info = httpx.get(admin + "/server_info", timeout=60).json()
+    assert info["state"] == "LIVE"
+    with httpx.Client(base_url=gateway.base_url, timeout=60) as client:
+        answer = client.get("/healthz")
+        assert answer.status_code == 200 and answer.headers.get("connection") != "close"  # no drain under way
+    logging = httpx.get(admin + "/logging", timeout=60).text
+    assert "debug" not in logging.split("active loggers:")[-1]
+    run_dir = Path(info["command_line_options"]["config_path"]).parent
+    socket_path = run_dir / "envoy-admin.sock"
+    assert stat.S_IMODE(socket_path.stat().st_mode) == 0o600 and stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert socket_path.is_socket()
 
 
 def test_serve_on_a_port_in_use_exits_1_and_says_so(tmp_path):

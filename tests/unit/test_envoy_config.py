@@ -4,6 +4,7 @@ the route that sends the anthropic SDK's /v1/models calls to AnthropicModelServi
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import yaml
 
@@ -34,6 +35,7 @@ def test_envoy_accepts_the_template_and_the_rendered_config(tmp_path):
     checked = validate(repo_root() / "envoy.yaml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rendered = render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
+                             admin_socket=Path("/tmp/admin.sock"),
                              descriptor_set=DESCRIPTOR_SET, lua_dir=repo_root() / "gateway" / "lua")
     (tmp_path / "data").mkdir()  # for Envoy's access log
     (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
@@ -65,7 +67,7 @@ def _idle_timeout(tmp_path, models_yaml: str) -> str:
     from server.serving import _envoy_config
     from tests.upstream_support import load_upstream_config
 
-    return http_manager(_envoy_config(load_upstream_config(tmp_path, models_yaml), ["unix:/tmp/p.sock"]))[
+    return http_manager(_envoy_config(load_upstream_config(tmp_path, models_yaml), ["unix:/tmp/p.sock"], tmp_path))[
         "stream_idle_timeout"]
 
 
@@ -93,7 +95,7 @@ def test_a_long_silence_is_a_duration_envoy_reads(tmp_path):
     from server.serving import _envoy_config
     from tests.upstream_support import load_upstream_config
 
-    rendered = _envoy_config(load_upstream_config(tmp_path, _model("{answer: 31536000}")), ["unix:/tmp/p.sock"])
+    rendered = _envoy_config(load_upstream_config(tmp_path, _model("{answer: 31536000}")), ["unix:/tmp/p.sock"], tmp_path)
     (tmp_path / "data").mkdir()  # for Envoy's access log
     (tmp_path / "envoy.yaml").write_text(yaml.safe_dump(rendered))
     checked = validate(tmp_path / "envoy.yaml")
@@ -105,6 +107,7 @@ def test_listening_on_every_ipv6_address_takes_ipv4_callers_too(tmp_path):
     otherwise: with `::`, a caller at 127.0.0.1 (or any IPv4 address) got connection refused."""
     def address(host: str) -> dict:
         return render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
+                             admin_socket=Path("/tmp/admin.sock"),
                              descriptor_set=DESCRIPTOR_SET, lua_dir=repo_root() / "gateway" / "lua",
                              listen_host=host)
 
@@ -120,6 +123,7 @@ def test_listening_on_every_ipv6_address_takes_ipv4_callers_too(tmp_path):
 
 def _rendered(**options) -> dict:
     return render_config(load_template(), listen_port=18080, admin_port=19901, upstreams=["unix:/tmp/p.sock"],
+                             admin_socket=Path("/tmp/admin.sock"),
                          descriptor_set=DESCRIPTOR_SET, lua_dir=repo_root() / "gateway" / "lua", **options)
 
 
