@@ -28,10 +28,13 @@ class Counts:
 
 def standing(scope: Scope, counts: Counts) -> list[Reading]:
     readings, now = [], counts.at
-    to_window_end = counts.window[0][0] + WINDOW_SECONDS - now if counts.window else 0.0
+    # At most a minute: an entry another host booked by a clock a little ahead of this one's reads as later (as in
+    # RedisLimitStore's refusals).
+    to_window_end = min(counts.window[0][0] + WINDOW_SECONDS - now, WINDOW_SECONDS) if counts.window else 0.0
     # The tokens go down when the first entry with tokens leaves: one without (a token count, an image, a failed
     # request) frees none.
-    to_tokens_end = next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0)
+    to_tokens_end = min(next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0),
+                        WINDOW_SECONDS)
     for dimension in Dimension:
         limit = scope.limit(dimension)
         if limit is None:
