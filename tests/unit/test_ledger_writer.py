@@ -12,6 +12,7 @@ from server.usage.query import UsageQuery
 from server.usage.settings import UsageSettings
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.writer import LedgerWriter
+from tests.limits_support import FakeClock
 
 
 NOW_MS = int(time.time()) * 1000  # rows of today: a default retention pass must keep them
@@ -246,8 +247,6 @@ async def test_the_writer_applies_retention(tmp_path):
 async def test_a_wall_clock_stepped_back_does_not_hold_up_retention(tmp_path):
     """The hour between retention passes was timed on the wall clock: NTP stepping back a host that ran a day ahead
     held every pass off for that day and an hour, while rows past retention stayed (and a ledger grew)."""
-    from tests.limits_support import FakeClock
-
     sink = SqliteLedger(tmp_path / "l.db")
     wall, steady = FakeClock(NOW_MS / 1000 + 10 * 86_400), FakeClock(1000.0)
     writer = LedgerWriter(sink, UsageSettings(flush_seconds=0.01, retention_days=5), clock=wall, monotonic=steady)

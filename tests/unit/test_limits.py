@@ -17,6 +17,7 @@ from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_h
 from server.limits.core import ReservationIds
 from server.limits.core import duration_text
 from server.limits.redis import RedisLimitStore
+from server.limits.standing import standing
 from tests.limits_support import FakeClock, NOON
 
 
@@ -448,8 +449,6 @@ async def test_after_a_step_back_over_midnight_the_in_process_store_says_when_it
     """NTP stepped the clock back from 00:30 to 23:30 UTC. The store keeps counting the day it had reached (above), so
     its counters reset at the next midnight but one; its refusal said "retry after 1800 s" (x-ratelimit-reset 30m0s,
     the LimitService's reset_seconds the same), and at that midnight the caller was refused again, for a whole day."""
-    from server.limits.standing import standing
-
     wall, steady = FakeClock(NOON + 12.5 * 3600), FakeClock(1000.0)  # 00:30 UTC on 2 January
     store = MemoryLimitStore(wall, monotonic=steady)
     scope = Scope("k1", "key k1", KeyLimits(daily_requests=2, max_spend_day=10, max_spend_month=100))

@@ -24,6 +24,8 @@ from server.limits import Limiter, rate_limit_headers
 from server.limits.core import Demand, LimitStoreUnavailable, Orphan, Reservation, Scope
 from server.limits.redis import RedisLimitStore, redacted
 from server.limits.redis_pipe import RedisPipe
+from server.limits.standing import standing
+from tests.limits_support import NOON, FakeClock
 from tests.limits_worker import BURST, HOLD
 from tests.redis_support import RedisServer, _answers_ping, start_redis
 
@@ -379,9 +381,6 @@ async def test_a_host_whose_clock_runs_a_little_ahead_never_makes_a_per_minute_r
     """Hosts synchronised by NTP are milliseconds apart, not together. A burst booked by the host ahead, refused by
     the other: its entries read there as leaving 60.02 s from now, so the per-minute refusal said retry-after 61 and,
     being over a minute, `x-should-retry: false`: both SDKs raised it at once instead of waiting out the minute."""
-    from server.limits.standing import standing
-    from tests.limits_support import NOON, FakeClock
-
     behind, ahead = FakeClock(NOON), FakeClock(NOON + 0.02)
     host_a = RedisLimitStore(redis_server.url, clock=behind, prefix=prefix)
     host_b = RedisLimitStore(redis_server.url, clock=ahead, prefix=prefix)
