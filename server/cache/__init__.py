@@ -70,7 +70,9 @@ class ResponseCache:
         found = await self._store.get(key) if control.lookup else None
         entry = _decoded(found) if found is not None else None
         events = None
-        if entry is not None and (control.max_age is None or self._clock() - entry[0] <= control.max_age):
+        # Stored farther from now than max-age either way: an answer dated "from now" was stored before the clock was
+        # stepped back (NTP), maybe long before, and read as younger than any max-age.
+        if entry is not None and (control.max_age is None or abs(self._clock() - entry[0]) <= control.max_age):
             events = entry[1]
         return Lookup(key, settings, events, store_answer=control.store)
 

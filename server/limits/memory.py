@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from server.limits.core import (
-    CONCURRENCY_RETRY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Orphan, Reading, Reservation, Scope, day_of,
+    CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Orphan, Reading, Reservation, Scope, day_of,
     ReservationIds, Spent, month_of, until_midnight, until_month_end, verdict,
 )
 from server.limits.daily_file import load_daily, save_daily
@@ -99,9 +99,9 @@ class _Counters:
                   tick: float) -> tuple[int, float]:
         tokens, cost = demand.tokens, demand.cost
         if dimension is Dimension.DAILY_SPEND:
-            return self.day_spend + cost, math.inf if cost > limit else until_midnight(now)
+            return self.day_spend + cost, math.inf if cost > limit else self.until_reset(now)
         if dimension is Dimension.MONTHLY_SPEND:
-            return self.month_spend + cost, math.inf if cost > limit else until_month_end(now)
+            return self.month_spend + cost, math.inf if cost > limit else self.until_reset(now, monthly=True)
         if dimension is Dimension.REQUESTS_PER_MINUTE:
             used = len(self.window) + 1
             return used, self._window_wait(used - limit, lambda e: 1, tick)
@@ -113,9 +113,16 @@ class _Counters:
         if dimension is Dimension.CONCURRENT_REQUESTS:
             return self.in_flight + 1, CONCURRENCY_RETRY_SECONDS
         if dimension is Dimension.DAILY_REQUESTS:
-            return self.day_requests + 1, until_midnight(now)
+            return self.day_requests + 1, self.until_reset(now)
         used = self.day_tokens + tokens
-        return used, math.inf if tokens > limit else until_midnight(now)
+        return used, math.inf if tokens > limit else self.until_reset(now)
+
+    def until_reset(self, now: float, *, monthly: bool = False) -> float:
+        """Until catch_up starts the day's (month's) counters afresh: at the end of the day they count, today's but
+        after a wall clock stepped back over midnight, which leaves them on the day it had reached (its refusals said
+        to retry at the clock's midnight, and were refused there again for a whole day)."""
+        start = max(now, self.day * DAY_SECONDS)
+        return start - now + (until_month_end(start) if monthly else until_midnight(start))
 
     def _held(self, dimension: Dimension) -> int:
         if dimension is Dimension.TOKENS_PER_MINUTE:
@@ -285,7 +292,8 @@ class MemoryLimitStore:
         counters = self._counters(scope_id, now, tick)
         window = tuple((entry.at + now - tick, entry.tokens) for entry in counters.window)  # in wall time
         return Counts(now, window, counters.in_flight, counters.day_requests, counters.day_tokens,
-                      counters.day_spend, counters.month_spend)
+                      counters.day_spend, counters.month_spend, counters.until_reset(now),
+                      counters.until_reset(now, monthly=True))
 
     async def in_flight(self, scope_id: str) -> int:
         """Open reservations in a scope (for tests and diagnostics)."""

@@ -52,6 +52,16 @@ def _booked(demand: Demand, tokens: int, cost: int) -> tuple[int, int]:
     return tokens, min(cost, _MOST_COST)
 
 
+def _window_wait(dimension: Dimension, wait: float) -> float:
+    """A per-minute window frees an entry at most a minute after it was booked. An entry booked by a host whose clock
+    runs a little ahead of this one's (NTP keeps them milliseconds apart, never exactly together) reads here as
+    leaving a little later: a burst refused by the other host's entries said retry-after 61 and, being over a minute,
+    `x-should-retry: false`, so both SDKs raised a per-minute refusal at once instead of waiting for it."""
+    if dimension is Dimension.REQUESTS_PER_MINUTE or dimension is Dimension.TOKENS_PER_MINUTE:
+        return wait if math.isinf(wait) else min(wait, WINDOW_SECONDS)  # inf: it never fits
+    return wait
+
+
 class RedisLimitStore:
     immediate = False  # every decision is a round trip to Redis
     shared = True
@@ -128,7 +138,8 @@ class RedisLimitStore:
             raise LimitStoreUnavailable(f"the limit store {self._url} had decided this reservation before",
                                         Reservation(reservation_id, demand, now, None, None))
         readings = [
-            Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used), float(wait), int(held))
+            Reading(demand.scopes[int(s)], _DIMENSIONS[int(d)], int(limit), int(used),
+                    _window_wait(_DIMENSIONS[int(d)], float(wait)), int(held))
             for s, d, limit, used, wait, held in zip(*[iter(reply[1:])] * 6)
         ]
         reservation = verdict(demand, readings, at=now, reservation_id=reservation_id)  # raises when refused

@@ -24,14 +24,23 @@ class Counts:
     day_tokens: int
     day_spend: int = 0  # micro-dollars
     month_spend: int = 0
+    # Seconds until the day's and the month's counters reset; None: UTC midnight and the month's end from `at` (the
+    # in-process store's counters may count a later day: MemoryLimitStore's until_reset).
+    to_day_end: float | None = None
+    to_month_end: float | None = None
 
 
 def standing(scope: Scope, counts: Counts) -> list[Reading]:
     readings, now = [], counts.at
-    to_window_end = counts.window[0][0] + WINDOW_SECONDS - now if counts.window else 0.0
+    # At most a minute: an entry another host booked by a clock a little ahead of this one's reads as later (as in
+    # RedisLimitStore's refusals).
+    to_window_end = min(counts.window[0][0] + WINDOW_SECONDS - now, WINDOW_SECONDS) if counts.window else 0.0
     # The tokens go down when the first entry with tokens leaves: one without (a token count, an image, a failed
     # request) frees none.
-    to_tokens_end = next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0)
+    to_tokens_end = min(next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0),
+                        WINDOW_SECONDS)
+    to_day_end = until_midnight(now) if counts.to_day_end is None else counts.to_day_end
+    to_month_end = until_month_end(now) if counts.to_month_end is None else counts.to_month_end
     for dimension in Dimension:
         limit = scope.limit(dimension)
         if limit is None:
@@ -43,13 +52,13 @@ def standing(scope: Scope, counts: Counts) -> list[Reading]:
         elif dimension is Dimension.CONCURRENT_REQUESTS:
             used, wait = counts.in_flight, 0.0  # a slot frees when some request ends: nobody can say when
         elif dimension is Dimension.DAILY_REQUESTS:
-            used, wait = counts.day_requests, until_midnight(now) if counts.day_requests else 0.0
+            used, wait = counts.day_requests, to_day_end if counts.day_requests else 0.0
         elif dimension is Dimension.DAILY_SPEND:
-            used, wait = counts.day_spend, until_midnight(now) if counts.day_spend else 0.0
+            used, wait = counts.day_spend, to_day_end if counts.day_spend else 0.0
         elif dimension is Dimension.MONTHLY_SPEND:
-            used, wait = counts.month_spend, until_month_end(now) if counts.month_spend else 0.0
+            used, wait = counts.month_spend, to_month_end if counts.month_spend else 0.0
         elif dimension is Dimension.DAILY_TOKENS:
-            used, wait = counts.day_tokens, until_midnight(now) if counts.day_tokens else 0.0
+            used, wait = counts.day_tokens, to_day_end if counts.day_tokens else 0.0
         else:
             continue  # a dimension these counts do not hold
         readings.append(Reading(scope, dimension, limit, used, max(0.0, wait)))

@@ -59,7 +59,8 @@ class LedgerWriter:
     def __init__(self, sink: LedgerSink, settings: UsageSettings, *,
                  on_dropped: Callable[[int], None] = lambda n: None,
                  on_written: Callable[[int], None] = lambda n: None,
-                 clock: Callable[[], float] = time.time, spool: LedgerSpool | None = None) -> None:
+                 clock: Callable[[], float] = time.time, spool: LedgerSpool | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._sink = sink
         self._spool = spool
         self._spool_failing = False  # the spool cannot be written (disk full...): logged once when it starts
@@ -68,7 +69,8 @@ class LedgerWriter:
         self._settings = settings
         self._on_dropped = on_dropped
         self._on_written = on_written
-        self._clock = clock
+        self._clock = clock  # the retention cut-off: rows hold wall-clock times
+        self._monotonic = monotonic  # the hour between retention passes, which a clock stepped back must not stretch
         self._queue: deque[LedgerRow] = deque()
         self._in_flight = 0  # rows at the queue's left that the batch being written holds
         self._adopted = 0  # rows at the queue's left from dead processes' spools: not held against buffer_rows
@@ -80,7 +82,7 @@ class LedgerWriter:
         self._dropped_unlogged = 0
         self._drop_why = ""
         self._drop_logged_at = -_DROP_LOG_EVERY
-        self._pruned_at = -_PRUNE_EVERY
+        self._pruned_at: float | None = None  # when the last retention pass began (monotonic); None: none yet
         self._prune_before: int | None = None  # the retention pass under way deletes the rows before this
         self._pruned = 0  # rows it deleted so far
         self._ids = ReservationIds()  # row ids: unique across processes, like reservation ids
@@ -241,11 +243,13 @@ class LedgerWriter:
         if not days:
             return
         if self._prune_before is None:
-            now = self._clock()
-            if now - self._pruned_at < _PRUNE_EVERY:
+            # Timed on the monotonic clock: on the wall clock, one stepped back by a day (NTP mending a host that ran
+            # ahead) deleted nothing for that day and the hour after it.
+            tick = self._monotonic()
+            if self._pruned_at is not None and tick - self._pruned_at < _PRUNE_EVERY:
                 return
-            self._pruned_at = now
-            self._prune_before, self._pruned = int((now - days * 86_400) * 1000), 0
+            self._pruned_at = tick
+            self._prune_before, self._pruned = int((self._clock() - days * 86_400) * 1000), 0
         try:
             deleted = await asyncio.to_thread(self._sink.prune, self._prune_before, PRUNE_BATCH)
         except Exception as exc:  # noqa: BLE001 - the next pass, within the hour, deletes what is left

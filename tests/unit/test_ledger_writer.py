@@ -12,6 +12,7 @@ from server.usage.query import UsageQuery
 from server.usage.settings import UsageSettings
 from server.usage.sqlite_ledger import SqliteLedger
 from server.usage.writer import LedgerWriter
+from tests.limits_support import FakeClock
 
 
 NOW_MS = int(time.time()) * 1000  # rows of today: a default retention pass must keep them
@@ -242,6 +243,29 @@ async def test_the_writer_applies_retention(tmp_path):
     await writer.close()
     assert [r.id for r in sink.rows()] == ["r2"]
 
+
+async def test_a_wall_clock_stepped_back_does_not_hold_up_retention(tmp_path):
+    """The hour between retention passes was timed on the wall clock: NTP stepping back a host that ran a day ahead
+    held every pass off for that day and an hour, while rows past retention stayed (and a ledger grew)."""
+    sink = SqliteLedger(tmp_path / "l.db")
+    wall, steady = FakeClock(NOW_MS / 1000 + 10 * 86_400), FakeClock(1000.0)
+    writer = LedgerWriter(sink, UsageSettings(flush_seconds=0.01, retention_days=5), clock=wall, monotonic=steady)
+    sink.write([row(1)])
+    writer.start()
+    for _ in range(100):  # the first pass, at start
+        if not sink.rows():
+            break
+        await asyncio.sleep(0.01)
+    wall.now -= 86_400  # the step back
+    sink.write([row(2, at_ms=int((wall.now - 6 * 86_400) * 1000))])  # past retention by the clock as it is now
+    wall.advance(3601)
+    steady.advance(3601)  # an hour later
+    for _ in range(100):
+        if not sink.rows():
+            break
+        await asyncio.sleep(0.01)
+    await writer.close()
+    assert sink.rows() == []
 
 def test_totals_per_bucket_and_group(tmp_path):
     sink = SqliteLedger(tmp_path / "l.db")

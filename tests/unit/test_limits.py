@@ -17,6 +17,7 @@ from server.limits import Demand, Limiter, MemoryLimitStore, Scope, rate_limit_h
 from server.limits.core import ReservationIds
 from server.limits.core import duration_text
 from server.limits.redis import RedisLimitStore
+from server.limits.standing import standing
 from tests.limits_support import FakeClock, NOON
 
 
@@ -442,3 +443,26 @@ async def test_an_in_process_store_says_it_cannot_settle_what_a_shared_one_booke
         limiter.settle_orphans([(["r", 1.5, ["key_a"], 90, 4], lambda: let_go.append(1))])
     assert let_go == [1]  # nothing any process of this configuration could settle: the spool lets it go
     assert "not settled: limits.store is in-process now" in caplog.text and "settling" not in caplog.text
+
+
+async def test_after_a_step_back_over_midnight_the_in_process_store_says_when_its_day_really_resets():
+    """NTP stepped the clock back from 00:30 to 23:30 UTC. The store keeps counting the day it had reached (above), so
+    its counters reset at the next midnight but one; its refusal said "retry after 1800 s" (x-ratelimit-reset 30m0s,
+    the LimitService's reset_seconds the same), and at that midnight the caller was refused again, for a whole day."""
+    wall, steady = FakeClock(NOON + 12.5 * 3600), FakeClock(1000.0)  # 00:30 UTC on 2 January
+    store = MemoryLimitStore(wall, monotonic=steady)
+    scope = Scope("k1", "key k1", KeyLimits(daily_requests=2, max_spend_day=10, max_spend_month=100))
+    wanted = Demand((scope,), 0, cost=5)
+    for _ in range(2):
+        await store.settle(await store.reserve(wanted), 0, 5)
+    wall.now -= 3600  # 23:30 on 1 January
+    error = await refused(store, wanted)
+    day_end = NOON + 36 * 3600 - wall.now  # 3 January 00:00: when the counters of 2 January reset
+    assert error.retry_after == pytest.approx(day_end)
+    readings = {r.dimension.value: r.wait for r in standing(scope, await store.counts("k1"))}
+    assert readings["daily_requests"] == readings["max_spend_day"] == pytest.approx(day_end)
+    assert readings["max_spend_month"] == pytest.approx(NOON + 30.5 * 86_400 - wall.now)  # 1 February
+    wall.now += error.retry_after
+    steady.advance(error.retry_after)
+    await store.reserve(wanted)  # admitted when it said
+    await store.close()

@@ -24,6 +24,8 @@ from server.limits import Limiter, rate_limit_headers
 from server.limits.core import Demand, LimitStoreUnavailable, Orphan, Reservation, Scope
 from server.limits.redis import RedisLimitStore, redacted
 from server.limits.redis_pipe import RedisPipe
+from server.limits.standing import standing
+from tests.limits_support import NOON, FakeClock
 from tests.limits_worker import BURST, HOLD
 from tests.redis_support import RedisServer, _answers_ping, start_redis
 
@@ -373,3 +375,35 @@ def test_a_password_in_the_query_never_reaches_messages():
     assert redacted("unix:///run/redis.sock?db=1&password=hunter2") == "unix:///run/redis.sock?db=1&password=***"
     assert redacted("redis://db:6379/0?password=hunter2") == "redis://db:6379/0?password=***"
     assert redacted("redis://:a@db/0?password=b") == "redis://:***@db/0?password=***"
+
+
+async def test_a_host_whose_clock_runs_a_little_ahead_never_makes_a_per_minute_refusal_final(redis_server, prefix):
+    """Hosts synchronised by NTP are milliseconds apart, not together. A burst booked by the host ahead, refused by
+    the other: its entries read there as leaving 60.02 s from now, so the per-minute refusal said retry-after 61 and,
+    being over a minute, `x-should-retry: false`: both SDKs raised it at once instead of waiting out the minute."""
+    behind, ahead = FakeClock(NOON), FakeClock(NOON + 0.02)
+    host_a = RedisLimitStore(redis_server.url, clock=behind, prefix=prefix)
+    host_b = RedisLimitStore(redis_server.url, clock=ahead, prefix=prefix)
+    scope = Scope("k1", "key k1", KeyLimits(requests_per_minute=2, tokens_per_minute=100))
+    try:
+        for _ in range(2):
+            await host_b.settle(await host_b.reserve(Demand((scope,), 50)), 50)
+        behind.advance(0.005)
+        with pytest.raises(RateLimited) as caught:
+            await host_a.reserve(Demand((scope,), 50))
+        headers = dict(caught.value.trailing_metadata())
+        assert "x-should-retry" not in headers
+        assert (headers["retry-after"], headers["retry-after-ms"]) == ("60", "60000")
+        assert caught.value.retry_after == 60 and "retry after 60.0 seconds" in caught.value.message
+        readings = standing(scope, await host_a.counts("k1"))
+        assert [r.wait for r in readings] == [60, 60]  # the LimitService's reset_seconds too
+        scope_tokens = Scope("k2", "key k2", KeyLimits(tokens_per_minute=100))
+        await host_b.settle(await host_b.reserve(Demand((scope_tokens,), 100)), 100)
+        with pytest.raises(RateLimited) as caught:
+            await host_a.reserve(Demand((scope_tokens,), 10))
+        assert caught.value.retry_after == 60 and "x-should-retry" not in dict(caught.value.trailing_metadata())
+        with pytest.raises(RateLimited, match="Request too large"):  # still never fits: no retry hint at all
+            await host_a.reserve(Demand((scope_tokens,), 101))
+    finally:
+        await host_a.close()
+        await host_b.close()
