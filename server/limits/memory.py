@@ -21,8 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from server.limits.core import (
-    CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Orphan, Reading, Reservation, Scope, day_of,
-    ReservationIds, Spent, month_of, until_midnight, until_month_end, verdict,
+    CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, Orphan, Reading, Reservation,
+    ReservationIds, Scope, Spent, day_of, month_of, until_midnight, until_month_end, verdict,
 )
 from server.limits.daily_file import load_daily, save_daily
 from server.limits.standing import Counts
