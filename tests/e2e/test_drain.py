@@ -75,7 +75,7 @@ def test_stopping_lets_50_open_streams_finish(tmp_path, stop):
                 stop(gateway.process)
                 with pytest.raises(httpx.ConnectError):  # no new connections, while the streams go on
                     for _ in range(100):
-                        async with httpx.AsyncClient(base_url=gateway.base_url) as late:
+                        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=60) as late:
                             await late.get("/healthz")
                         await asyncio.sleep(0.02)
                 # Only the public port closes: an operator still reads Envoy's stats while the streams finish.
