@@ -183,6 +183,9 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
     x_api_keys: list[str] = []
     for name, value in metadata:
         if name == "authorization" and isinstance(value, str):
+            # Spaces around a value are no part of it (RFC 9110, 5.5): HTTP/1.1's parser drops them for REST callers,
+            # but over HTTP/2 (every gRPC caller) they arrive as sent.
+            value = value.strip(" ")
             scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer":
                 bearers.append(token.strip())

@@ -2,6 +2,8 @@
 
 Each write has a typed RPC and a REST one (...Http), which reads the caller's raw JSON body strictly into the typed
 request (server/translate/json_to_message.py) after the caller is known to be an admin; both then run the same code.
+A typed write holding a field these .proto files do not declare (a stub generated from newer ones: a limit added
+later) is refused as the REST body's unknown member is: stored without it, the caller would believe it in force.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from server.domain_keys import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLi
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
 from server.translate.json_to_message import read_body
+from server.translate.values import refuse_undeclared
 from server.usage.money import micros_to_usd, usd_to_micros
 
 
@@ -29,6 +32,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
         await context.send_initial_metadata(_SECRET_ANSWER)
+        refuse_undeclared(request)
         return await self._create(request)
 
     async def CreateKeyHttp(self, request: httpbody_pb2.HttpBody, context) -> key_pb2.CreateKeyResponse:
@@ -38,6 +42,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        refuse_undeclared(request)
         return await self._update(request)
 
     async def UpdateKeyHttp(self, request: key_pb2.UpdateKeyHttpRequest, context) -> key_pb2.UpdateKeyResponse:
@@ -47,6 +52,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
     async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
         await context.send_initial_metadata(_SECRET_ANSWER)
+        refuse_undeclared(request)
         return await self._rotate(request)
 
     async def RotateKeyHttp(self, request: key_pb2.RotateKeyHttpRequest, context) -> key_pb2.RotateKeyResponse:

@@ -281,7 +281,7 @@ def proto_to_json(message: Message) -> dict[str, Json]:
     A typed request can hold NaN or Infinity, which JSON cannot: json_format refuses one in a Value and prints one
     in a double field as a string ("NaN"), so either is a 400 naming it, as a REST body's is.
     """
-    _refuse_undeclared(message)
+    refuse_undeclared(message)
     try:
         body = _integral(json_format.MessageToDict(message, preserving_proto_field_name=True))
     except json_format.SerializeToJsonError:
@@ -330,7 +330,7 @@ def _first_not_finite(message: Message, path: str = "") -> tuple[str, float] | N
     return None
 
 
-def _refuse_undeclared(message: Message) -> None:
+def refuse_undeclared(message: Message) -> None:
     """A typed request holding fields this gateway's .proto files do not declare (from a stub generated from newer
     files) is refused: json_format would drop them without a word, and their names, which an upstream would need,
     are unknown here. Checked at C speed on a copy (~5 µs for a small request); only one that has some is walked."""

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import socket
+
+import grpc
 import httpx
 import pytest
+
+from portico.v1 import model_pb2, model_service_pb2_grpc
 
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -161,3 +166,18 @@ def test_what_holds_no_key_is_still_no_key_and_a_bare_x_api_key_still_works(gate
     response = httpx.post(f"{gateway.base_url}/v1/messages", headers={"x-api-key": gateway.secret}, json=MESSAGES,
                           timeout=30)
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("value", [" Bearer {}", "  bearer {} "])
+def test_spaces_around_the_header_value_over_grpc_are_read_as_over_rest(gateway, value):
+    """A gRPC caller (HTTP/2: nothing strips a value's leading space, as HTTP/1.1's parser does) that sent
+    `authorization: " Bearer KEY"` was told "You didn't provide an API key", where a REST caller's same header
+    was read; HTTP counts no space around a field's value as part of it (RFC 9110, 5.5)."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as rest:
+        rest.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization:{value.format(gateway.secret)}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        assert rest.recv(64).startswith(b"HTTP/1.1 200 "), "REST reads it"
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        models = model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
+            model_pb2.ListModelsRequest(), metadata=[("authorization", value.format(gateway.secret))], timeout=30)
+    assert models.data

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import time
 
+import grpc
 import httpx
 import pytest
+
+from portico.v1 import key_pb2, key_service_pb2_grpc
+from tests.helpers import bearer, error_details
 
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
@@ -127,6 +132,52 @@ def test_rest_refuses_unknown_fields_at_any_level_naming_their_path(gateway):
     assert error["param"] == "grace" and "grace_seconds" in error["message"]
     assert chat(gateway, created["secret"]).status_code == 200  # not rotated
 
+
+
+def _with_field_99(message, inner: str = "") -> bytes:
+    """`message` serialized with a field 99 (a double, 5.0) its type does not declare, as a stub generated from newer
+    .proto files sends it (say a new budget, `limits.max_spend_week`), in its `inner` message field if named."""
+    undeclared = bytes([99 << 3 & 0x7F | 0x80 | 1, 99 >> 4]) + struct.pack("<d", 5.0)
+    if not inner:
+        return message.SerializeToString() + undeclared
+    field = message.DESCRIPTOR.fields_by_name[inner]
+    nested = getattr(message, inner).SerializeToString() + undeclared
+    message.ClearField(inner)
+    return message.SerializeToString() + bytes([field.number << 3 | 2, len(nested)]) + nested
+
+
+def test_typed_key_writes_refuse_a_field_the_gateway_does_not_declare(gateway):
+    """A gRPC caller whose stubs come from newer .proto files sent CreateKey with a limit this gateway lacks: the key
+    was made (200) without it, and the caller believed its budget in force, where REST refuses such a field and the
+    model RPCs refuse one by its number (api.md). Now a 400 naming the number and where it is, and nothing stored."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    created = gateway.cli("keys", "create", "--name", "grpc-managed", "--all-models").stdout
+    key_id, secret = created.split()[2], created.split()[-1]
+    writes = [
+        ("CreateKey", _with_field_99(key_pb2.CreateKeyRequest(name="newer-stub", all_models=True,
+                                                             limits=key_pb2.KeyLimits(max_spend_day=1)), "limits"),
+         "limits"),
+        ("CreateKey", _with_field_99(key_pb2.CreateKeyRequest(name="newer-stub", all_models=True)), None),
+        ("UpdateKey", _with_field_99(key_pb2.UpdateKeyRequest(id=key_id, name="renamed",
+                                                             limits=key_pb2.KeyLimits(daily_requests=3)), "limits"),
+         "limits"),
+        ("RotateKey", _with_field_99(key_pb2.RotateKeyRequest(id=key_id, grace_seconds=0)), None),
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        for method, request, param in writes:
+            rpc = channel.unary_unary(f"/portico.v1.KeyService/{method}", request_serializer=lambda raw: raw,
+                                      response_deserializer=lambda raw: raw)
+            with pytest.raises(grpc.RpcError) as caught:
+                rpc(request, metadata=bearer(admin), timeout=30)
+            detail = error_details(caught.value)
+            assert (caught.value.code(), detail.http_status, detail.error.code) == (
+                grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request"), (method, detail)
+            assert (detail.error.param or None) == param and "field number 99" in detail.error.message, detail
+        keys = key_service_pb2_grpc.KeyServiceStub(channel).ListKeys(key_pb2.ListKeysRequest(), metadata=bearer(admin))
+    assert "newer-stub" not in [key.name for key in keys.keys]
+    key = next(key for key in keys.keys if key.id == key_id)
+    assert (key.name, key.limits) == ("grpc-managed", key_pb2.KeyLimits())  # nothing half-applied
+    assert chat(gateway, secret).status_code == 200  # not rotated
 
 def test_rest_refuses_values_of_the_wrong_json_type_naming_their_path(gateway):
     """The transcoder read "5" as 5; now a string for an integer, a number for a boolean, are 400s."""
