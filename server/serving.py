@@ -120,6 +120,9 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         if metrics:
             metrics.close()
         return 1
+    # Its socket's path changes with each start: said here for an operator who must change something in Envoy.
+    _logger.info("Envoy's admin interface: reads on http://127.0.0.1:%d, changes through the socket %s",
+                 envoy.admin_port, envoy.admin_socket)
     # Only now: a start that fails (a port taken) must not use up the one showing of the key's secret.
     await _first_key(config, create=development_key, config_path=config_path)
     print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC). Ctrl-C or SIGTERM stops it, after "

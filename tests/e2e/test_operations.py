@@ -242,6 +242,7 @@ def test_envoys_admin_port_serves_reads_and_changes_nothing(gateway):
     socket_path = run_dir / "envoy-admin.sock"
     assert stat.S_IMODE(socket_path.stat().st_mode) == 0o600 and stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     assert socket_path.is_socket()
+    assert f"changes through the socket {socket_path}" in gateway.log_path.read_text()  # where an operator finds it
 
 
 def test_serve_on_a_port_in_use_exits_1_and_says_so(tmp_path):
