@@ -58,7 +58,42 @@ def _why_not_json(data: bytes, exc: wire_json.JSONDecodeError) -> InvalidRequest
     if "surrogate" in exc.msg and (where := _broken_string(data.decode(errors="surrogateescape"))):
         return InvalidRequest(f"Invalid JSON body: `{where}` holds half of a UTF-16 surrogate pair (a string cut "
                               f"inside an emoji, say): {exc}.", param=where)
+    if exc.msg.startswith(_MAYBE_NOT_FINITE) and (found := _not_finite_number(data)):
+        where, shown = found
+        return InvalidRequest(f"Invalid JSON body: `{where}` must be a finite number, got {shown}.", param=where)
     return InvalidRequest(f"Invalid JSON body: {exc}.")
+
+
+# orjson's words for NaN, Infinity (`-Infinity`: "no digit after sign") and a number beyond a double (1e309, or an
+# integer of 309 digits and more), each of which Python's json module reads, so its path can be named as a typed
+# gRPC request's NaN is (_not_finite), rather than left as a character offset.
+_MAYBE_NOT_FINITE = ("unexpected character", "no digit after sign", "number is infinity")
+
+
+def _not_finite_number(data: bytes) -> tuple[str, str] | None:
+    """The path of the first number of `data` that JSON cannot pass on as a double (NaN, Infinity, 1e309, an integer
+    beyond a double's range) and how it reads, or None when the document holds none (a bare NaN has no path) or does
+    not read."""
+    try:
+        stack: list[tuple[Json, str]] = [(json.loads(data), "")]
+    except (ValueError, RecursionError):
+        return None
+    while stack:
+        node, path = stack.pop()
+        if path and isinstance(node, float) and not math.isfinite(node):
+            if math.isnan(node):
+                return path, "NaN"
+            return path, f"{'-' if node < 0 else ''}Infinity (or a number beyond a double's range, such as 1e309)"
+        if path and isinstance(node, int) and not isinstance(node, bool) and abs(node) > _LARGEST_DOUBLE:
+            return path, f"an integer of {len(str(abs(node)))} digits, beyond a double's range"
+        if isinstance(node, dict):
+            stack.extend((value, join(path, name)) for name, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+_LARGEST_DOUBLE = 1.7976931348623157e308
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

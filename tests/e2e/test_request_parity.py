@@ -219,3 +219,41 @@ def test_a_typed_field_the_gateway_does_not_declare_is_refused_not_dropped(gatew
                                                                      "invalid_request")
     assert (detail.error.param or None) == param
     assert "field number 99" in detail.error.message
+
+
+NOT_FINITE = [  # endpoint, members spliced raw into the base body, the param, the typed request's value (if one)
+    ("chat", b'"temperature":NaN', "temperature", float("nan")),
+    ("chat-stream", b'"temperature":Infinity', "temperature", float("inf")),
+    ("messages", b'"temperature":-Infinity', "temperature", float("-inf")),
+    ("count", b'"temperature":1e309', "temperature", None),  # its typed request has no temperature
+    ("chat", b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","maximum":-1e400}}}]',
+     "tools[0].function.parameters.maximum", None),
+    ("messages", b'"top_p":' + b"9" * 400, "top_p", None),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "raw", "param", "typed_value"), NOT_FINITE,
+                         ids=[f"{c[0]}-{c[1][:24].decode()}" for c in NOT_FINITE])
+def test_a_number_json_cannot_hold_is_named_by_its_path(gateway, channel, endpoint, raw, param, typed_value):
+    """A typed gRPC request's NaN or Infinity is a 400 naming its field (`temperature`); the same number written in a
+    REST body (NaN, Infinity, 1e309, an integer of 400 digits: none a double JSON can pass on) was a 400 with `param`
+    null and only a character offset ("unexpected character ... column 98"), found by fuzzing each field."""
+    path, http_rpc, typed_rpc, request_class, base = ENDPOINTS[endpoint]
+    data = json.dumps(base).encode()[:-1] + b"," + raw + b"}"
+    rest = httpx.post(gateway.base_url + path, content=data, timeout=30,
+                      headers={"authorization": f"Bearer {gateway.secret}", "content-type": "application/json"})
+    document = rest.json()
+    assert (rest.status_code, document["error"]["code"], document["error"]["param"]) == (400, "invalid_request", param)
+    assert f"`{param}` must be a finite number" in document["error"]["message"]
+    assert (document.get("type"), document["error"]["type"]) == (
+        ("error", "invalid_request_error") if path.startswith("/v1/messages") else (None, "invalid_request_error"))
+    raw_request = httpbody_pb2.HttpBody(content_type="application/json", data=data).SerializeToString()
+    assert _grpc_error(channel, http_rpc, raw_request, gateway.secret) == (
+        grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", param)
+    if typed_value is not None:
+        typed = json_format.ParseDict(base, request_class())
+        typed.temperature = typed_value
+        assert _grpc_error(channel, typed_rpc, typed.SerializeToString(), gateway.secret) == (
+            grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", param)
+    assert httpx.post(gateway.base_url + path, json=base, timeout=60,
+                      headers={"authorization": f"Bearer {gateway.secret}"}).status_code == 200
