@@ -231,7 +231,8 @@ def opt_number(obj: Mapping, name: str, low: float, high: float, path: str = "")
     if not is_number(value):
         raise wrong_type(param, "a number", value)
     if not low <= value <= high:
-        raise InvalidRequest(f"`{param}` must be between {low:g} and {high:g}, got {value:g}.", param=param)
+        # The value as sent (repr: its shortest exact form): `:g` wrote 2.0000001 as "2", which reads as allowed.
+        raise InvalidRequest(f"`{param}` must be between {low:g} and {high:g}, got {value!r}.", param=param)
     return value
 
 
@@ -243,12 +244,12 @@ def opt_int(obj: Mapping, name: str, low: int, high: int = 2**63 - 1, path: str 
     param = join(path, name)
     if not is_integer(value):
         raise wrong_type(param, "an integer", value)
-    value = int(value)
+    # As sent: 1e308 is "1e+308", not the 309 digits of int(1e308).
     if value < low:
-        raise InvalidRequest(f"`{param}` must be at least {low}, got {value}.", param=param)
+        raise InvalidRequest(f"`{param}` must be at least {low}, got {value!r}.", param=param)
     if value > high:
-        raise InvalidRequest(f"`{param}` must be at most {high}, got {value}.", param=param)
-    return value
+        raise InvalidRequest(f"`{param}` must be at most {high}, got {value!r}.", param=param)
+    return int(value)
 
 
 def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] | None = ("text",),

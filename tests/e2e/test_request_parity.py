@@ -257,3 +257,26 @@ def test_a_number_json_cannot_hold_is_named_by_its_path(gateway, channel, endpoi
             grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", param)
     assert httpx.post(gateway.base_url + path, json=base, timeout=60,
                       headers={"authorization": f"Bearer {gateway.secret}"}).status_code == 200
+
+
+OUT_OF_RANGE = [  # endpoint, members over the base body, the param, how the message must show the value
+    ("chat", {"temperature": 2.0000001}, "temperature", "got 2.0000001."),
+    ("messages", {"temperature": 1.0000001}, "temperature", "got 1.0000001."),
+    ("chat", {"top_p": 1.0000000000000002}, "top_p", "got 1.0000000000000002."),
+    ("count", {"top_p": -0.0000001}, "top_p", "got -1e-07."),
+    ("chat", {"max_tokens": 1e308}, "max_tokens", "got 1e+308."),
+    ("messages", {"max_tokens": 0.0}, "max_tokens", "got 0.0."),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "members", "param", "shown"), OUT_OF_RANGE,
+                         ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(OUT_OF_RANGE)])
+def test_a_value_out_of_range_is_shown_as_sent(gateway, endpoint, members, param, shown):
+    """A temperature of 2.0000001 was refused with "`temperature` must be between 0 and 2, got 2." (six significant
+    digits), a refusal of an allowed value as the caller reads it; a max_tokens of 1e308 was shown as its 309 digits."""
+    path, *_, base = ENDPOINTS[endpoint]
+    rest = httpx.post(gateway.base_url + path, json={**base, **members}, timeout=30,
+                      headers={"authorization": f"Bearer {gateway.secret}"})
+    error = rest.json()["error"]
+    assert (rest.status_code, error["param"]) == (400, param), error
+    assert error["message"].endswith(shown), error["message"]
