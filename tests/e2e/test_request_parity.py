@@ -280,3 +280,57 @@ def test_a_value_out_of_range_is_shown_as_sent(gateway, endpoint, members, param
     error = rest.json()["error"]
     assert (rest.status_code, error["param"]) == (400, param), error
     assert error["message"].endswith(shown), error["message"]
+
+
+RICH_BODIES = {  # every kind of member a body holds, at every level, for the test below
+    "/v1/chat/completions": {
+        "model": "family-a-5.5", "max_tokens": 2, "temperature": 0.5, "stop": ["zzz"], "metadata": {"a": "b"},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]},
+    "/v1/messages": {
+        "model": "family-b-sonnet-4-6", "max_tokens": 2, "top_k": 5, "system": [{"type": "text", "text": "be brief"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                     {"role": "assistant",
+                      "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                   "content": [{"type": "text", "text": "sunny"}]}]}]},
+}
+UNREADABLE = [b"NaN", b"-Infinity", b"1e309", b"-" + b"9" * 320, b'"\\udc00 half"']  # JSON no field can take
+
+
+def _member_paths(value, path: str = ""):
+    """(path, its parent container and key) of every member and item below the body's top."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+        yield where, value, key
+        yield from _member_paths(child, where)
+
+
+def test_a_value_no_field_can_take_is_named_by_its_path_wherever_it_is(gateway):
+    """A field-by-field fuzz of every level of a chat and a messages body: NaN, Infinity, a number beyond a double and
+    half a surrogate pair, put in place of each member in turn, are each a 400 naming that member's path (api.md,
+    Request bodies), in Anthropic's shape on /v1/messages; and a valid body is answered after them."""
+    marker = "\u0001unreadable\u0001"
+    wrong = []
+    with httpx.Client(base_url=gateway.base_url, timeout=30,
+                      headers={"authorization": f"Bearer {gateway.secret}"}) as client:
+        for path, body in RICH_BODIES.items():
+            for i, (where, parent, key) in enumerate(list(_member_paths(body))):
+                value, parent[key] = parent[key], marker
+                template = json.dumps(body).encode()
+                parent[key] = value
+                token = UNREADABLE[i % len(UNREADABLE)]
+                answer = client.post(path, content=template.replace(json.dumps(marker).encode(), token))
+                document = answer.json()
+                got = (answer.status_code, document["error"]["param"], document.get("type"))
+                if got != (400, where, "error" if path == "/v1/messages" else None):
+                    wrong.append(f"{path} {where} = {token[:12]!r}: {got} {document['error']['message'][:120]}")
+            assert client.post(path, json=body).status_code == 200
+    assert not wrong, "\n".join(wrong)
