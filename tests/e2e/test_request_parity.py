@@ -334,3 +334,22 @@ def test_a_value_no_field_can_take_is_named_by_its_path_wherever_it_is(gateway):
                     wrong.append(f"{path} {where} = {token[:12]!r}: {got} {document['error']['message'][:120]}")
             assert client.post(path, json=body).status_code == 200
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("role", ["Assistant", "asistant", ""])
+def test_a_tool_call_turn_with_its_role_misspelt_names_the_role(gateway, role):
+    """An assistant turn holding tool calls and `content: null`, its role misspelt, was refused with "`messages[1].
+    content` is required." (param `messages[1].content`): the caller looked at the content, which is as the API has
+    it; the role is what is wrong."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = {"model": "family-a-5.5", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"}, {"role": role, "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"}]}
+    answer = httpx.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=30,
+                        headers={"authorization": f"Bearer {gateway.secret}"})
+    error = answer.json()["error"]
+    assert (answer.status_code, error["param"]) == (400, "messages[1].role"), error
+    assert repr(role) in error["message"]
+    body["messages"][1]["role"] = "assistant"
+    assert httpx.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {gateway.secret}"}).status_code == 200
