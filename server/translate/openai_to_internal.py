@@ -145,6 +145,9 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     function_call = opt_object(message, "function_call", where) if role_name == "assistant" else None
     if content is None and not (role_name == "assistant" and (tool_calls or function_call or refusal
                                                               or audio is not None)):
+        if role_name not in _ROLES:  # an assistant's tool-call turn with its role misspelt: the role is what is wrong
+            raise InvalidRequest(f"`{where}.role` must be one of {', '.join(_ROLES)} for a message without "
+                                 f"`content`; got {shown(role_name)}.", param=f"{where}.role")
         raise InvalidRequest(f"`{where}.content` is required.", param=f"{where}.content")
     if audio is not None:
         unread.append(Unread(f"{where}.audio", "Audio answers are not supported by this model."))

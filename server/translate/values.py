@@ -58,7 +58,42 @@ def _why_not_json(data: bytes, exc: wire_json.JSONDecodeError) -> InvalidRequest
     if "surrogate" in exc.msg and (where := _broken_string(data.decode(errors="surrogateescape"))):
         return InvalidRequest(f"Invalid JSON body: `{where}` holds half of a UTF-16 surrogate pair (a string cut "
                               f"inside an emoji, say): {exc}.", param=where)
+    if exc.msg.startswith(_MAYBE_NOT_FINITE) and (found := _not_finite_number(data)):
+        where, shown = found
+        return InvalidRequest(f"Invalid JSON body: `{where}` must be a finite number, got {shown}.", param=where)
     return InvalidRequest(f"Invalid JSON body: {exc}.")
+
+
+# orjson's words for NaN, Infinity (`-Infinity`: "no digit after sign") and a number beyond a double (1e309, or an
+# integer of 309 digits and more), each of which Python's json module reads, so its path can be named as a typed
+# gRPC request's NaN is (_not_finite), rather than left as a character offset.
+_MAYBE_NOT_FINITE = ("unexpected character", "no digit after sign", "number is infinity")
+
+
+def _not_finite_number(data: bytes) -> tuple[str, str] | None:
+    """The path of the first number of `data` that JSON cannot pass on as a double (NaN, Infinity, 1e309, an integer
+    beyond a double's range) and how it reads, or None when the document holds none (a bare NaN has no path) or does
+    not read."""
+    try:
+        stack: list[tuple[Json, str]] = [(json.loads(data), "")]
+    except (ValueError, RecursionError):
+        return None
+    while stack:
+        node, path = stack.pop()
+        if path and isinstance(node, float) and not math.isfinite(node):
+            if math.isnan(node):
+                return path, "NaN"
+            return path, f"{'-' if node < 0 else ''}Infinity (or a number beyond a double's range, such as 1e309)"
+        if path and isinstance(node, int) and not isinstance(node, bool) and abs(node) > _LARGEST_DOUBLE:
+            return path, f"an integer of {len(str(abs(node)))} digits, beyond a double's range"
+        if isinstance(node, dict):
+            stack.extend((value, join(path, name)) for name, value in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+_LARGEST_DOUBLE = 1.7976931348623157e308
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -196,7 +231,8 @@ def opt_number(obj: Mapping, name: str, low: float, high: float, path: str = "")
     if not is_number(value):
         raise wrong_type(param, "a number", value)
     if not low <= value <= high:
-        raise InvalidRequest(f"`{param}` must be between {low:g} and {high:g}, got {value:g}.", param=param)
+        # The value as sent (repr: its shortest exact form): `:g` wrote 2.0000001 as "2", which reads as allowed.
+        raise InvalidRequest(f"`{param}` must be between {low:g} and {high:g}, got {value!r}.", param=param)
     return value
 
 
@@ -208,12 +244,12 @@ def opt_int(obj: Mapping, name: str, low: int, high: int = 2**63 - 1, path: str 
     param = join(path, name)
     if not is_integer(value):
         raise wrong_type(param, "an integer", value)
-    value = int(value)
+    # As sent: 1e308 is "1e+308", not the 309 digits of int(1e308).
     if value < low:
-        raise InvalidRequest(f"`{param}` must be at least {low}, got {value}.", param=param)
+        raise InvalidRequest(f"`{param}` must be at least {low}, got {value!r}.", param=param)
     if value > high:
-        raise InvalidRequest(f"`{param}` must be at most {high}, got {value}.", param=param)
-    return value
+        raise InvalidRequest(f"`{param}` must be at most {high}, got {value!r}.", param=param)
+    return int(value)
 
 
 def text_parts(value: Json, param: str, *, part_types: tuple[str, ...] | None = ("text",),

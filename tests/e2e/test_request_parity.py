@@ -219,3 +219,137 @@ def test_a_typed_field_the_gateway_does_not_declare_is_refused_not_dropped(gatew
                                                                      "invalid_request")
     assert (detail.error.param or None) == param
     assert "field number 99" in detail.error.message
+
+
+NOT_FINITE = [  # endpoint, members spliced raw into the base body, the param, the typed request's value (if one)
+    ("chat", b'"temperature":NaN', "temperature", float("nan")),
+    ("chat-stream", b'"temperature":Infinity', "temperature", float("inf")),
+    ("messages", b'"temperature":-Infinity', "temperature", float("-inf")),
+    ("count", b'"temperature":1e309', "temperature", None),  # its typed request has no temperature
+    ("chat", b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","maximum":-1e400}}}]',
+     "tools[0].function.parameters.maximum", None),
+    ("messages", b'"top_p":' + b"9" * 400, "top_p", None),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "raw", "param", "typed_value"), NOT_FINITE,
+                         ids=[f"{c[0]}-{c[1][:24].decode()}" for c in NOT_FINITE])
+def test_a_number_json_cannot_hold_is_named_by_its_path(gateway, channel, endpoint, raw, param, typed_value):
+    """A typed gRPC request's NaN or Infinity is a 400 naming its field (`temperature`); the same number written in a
+    REST body (NaN, Infinity, 1e309, an integer of 400 digits: none a double JSON can pass on) was a 400 with `param`
+    null and only a character offset ("unexpected character ... column 98"), found by fuzzing each field."""
+    path, http_rpc, typed_rpc, request_class, base = ENDPOINTS[endpoint]
+    data = json.dumps(base).encode()[:-1] + b"," + raw + b"}"
+    rest = httpx.post(gateway.base_url + path, content=data, timeout=30,
+                      headers={"authorization": f"Bearer {gateway.secret}", "content-type": "application/json"})
+    document = rest.json()
+    assert (rest.status_code, document["error"]["code"], document["error"]["param"]) == (400, "invalid_request", param)
+    assert f"`{param}` must be a finite number" in document["error"]["message"]
+    assert (document.get("type"), document["error"]["type"]) == (
+        ("error", "invalid_request_error") if path.startswith("/v1/messages") else (None, "invalid_request_error"))
+    raw_request = httpbody_pb2.HttpBody(content_type="application/json", data=data).SerializeToString()
+    assert _grpc_error(channel, http_rpc, raw_request, gateway.secret) == (
+        grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", param)
+    if typed_value is not None:
+        typed = json_format.ParseDict(base, request_class())
+        typed.temperature = typed_value
+        assert _grpc_error(channel, typed_rpc, typed.SerializeToString(), gateway.secret) == (
+            grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request", param)
+    assert httpx.post(gateway.base_url + path, json=base, timeout=60,
+                      headers={"authorization": f"Bearer {gateway.secret}"}).status_code == 200
+
+
+OUT_OF_RANGE = [  # endpoint, members over the base body, the param, how the message must show the value
+    ("chat", {"temperature": 2.0000001}, "temperature", "got 2.0000001."),
+    ("messages", {"temperature": 1.0000001}, "temperature", "got 1.0000001."),
+    ("chat", {"top_p": 1.0000000000000002}, "top_p", "got 1.0000000000000002."),
+    ("count", {"top_p": -0.0000001}, "top_p", "got -1e-07."),
+    ("chat", {"max_tokens": 1e308}, "max_tokens", "got 1e+308."),
+    ("messages", {"max_tokens": 0.0}, "max_tokens", "got 0.0."),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "members", "param", "shown"), OUT_OF_RANGE,
+                         ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(OUT_OF_RANGE)])
+def test_a_value_out_of_range_is_shown_as_sent(gateway, endpoint, members, param, shown):
+    """A temperature of 2.0000001 was refused with "`temperature` must be between 0 and 2, got 2." (six significant
+    digits), a refusal of an allowed value as the caller reads it; a max_tokens of 1e308 was shown as its 309 digits."""
+    path, *_, base = ENDPOINTS[endpoint]
+    rest = httpx.post(gateway.base_url + path, json={**base, **members}, timeout=30,
+                      headers={"authorization": f"Bearer {gateway.secret}"})
+    error = rest.json()["error"]
+    assert (rest.status_code, error["param"]) == (400, param), error
+    assert error["message"].endswith(shown), error["message"]
+
+
+RICH_BODIES = {  # every kind of member a body holds, at every level, for the test below
+    "/v1/chat/completions": {
+        "model": "family-a-5.5", "max_tokens": 2, "temperature": 0.5, "stop": ["zzz"], "metadata": {"a": "b"},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]},
+    "/v1/messages": {
+        "model": "family-b-sonnet-4-6", "max_tokens": 2, "top_k": 5, "system": [{"type": "text", "text": "be brief"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                     {"role": "assistant",
+                      "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                   "content": [{"type": "text", "text": "sunny"}]}]}]},
+}
+UNREADABLE = [b"NaN", b"-Infinity", b"1e309", b"-" + b"9" * 320, b'"\\udc00 half"']  # JSON no field can take
+
+
+def _member_paths(value, path: str = ""):
+    """(path, its parent container and key) of every member and item below the body's top."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+        yield where, value, key
+        yield from _member_paths(child, where)
+
+
+def test_a_value_no_field_can_take_is_named_by_its_path_wherever_it_is(gateway):
+    """A field-by-field fuzz of every level of a chat and a messages body: NaN, Infinity, a number beyond a double and
+    half a surrogate pair, put in place of each member in turn, are each a 400 naming that member's path (api.md,
+    Request bodies), in Anthropic's shape on /v1/messages; and a valid body is answered after them."""
+    marker = "\u0001unreadable\u0001"
+    wrong = []
+    with httpx.Client(base_url=gateway.base_url, timeout=30,
+                      headers={"authorization": f"Bearer {gateway.secret}"}) as client:
+        for path, body in RICH_BODIES.items():
+            for i, (where, parent, key) in enumerate(list(_member_paths(body))):
+                value, parent[key] = parent[key], marker
+                template = json.dumps(body).encode()
+                parent[key] = value
+                token = UNREADABLE[i % len(UNREADABLE)]
+                answer = client.post(path, content=template.replace(json.dumps(marker).encode(), token))
+                document = answer.json()
+                got = (answer.status_code, document["error"]["param"], document.get("type"))
+                if got != (400, where, "error" if path == "/v1/messages" else None):
+                    wrong.append(f"{path} {where} = {token[:12]!r}: {got} {document['error']['message'][:120]}")
+            assert client.post(path, json=body).status_code == 200
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("role", ["Assistant", "asistant", ""])
+def test_a_tool_call_turn_with_its_role_misspelt_names_the_role(gateway, role):
+    """An assistant turn holding tool calls and `content: null`, its role misspelt, was refused with "`messages[1].
+    content` is required." (param `messages[1].content`): the caller looked at the content, which is as the API has
+    it; the role is what is wrong."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = {"model": "family-a-5.5", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"}, {"role": role, "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"}]}
+    answer = httpx.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=30,
+                        headers={"authorization": f"Bearer {gateway.secret}"})
+    error = answer.json()["error"]
+    assert (answer.status_code, error["param"]) == (400, "messages[1].role"), error
+    assert repr(role) in error["message"]
+    body["messages"][1]["role"] = "assistant"
+    assert httpx.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {gateway.secret}"}).status_code == 200
