@@ -128,9 +128,9 @@ class PostgresDatabase:
 
         await self._run(work)
 
-    async def ping(self) -> None:
+    async def ping(self, sql: str = "SELECT 1") -> None:
         async def work(conn: psycopg.AsyncConnection) -> None:
-            await conn.execute("SELECT 1")
+            await conn.execute(sql)
 
         await self._run(work, fail_fast=False)
         self._failing_until = 0.0

@@ -444,6 +444,61 @@ async def test_a_cached_key_is_not_held_up_again_and_again_while_postgresql_stay
 
 
 
+async def test_a_cached_key_is_not_held_up_again_and_again_behind_a_lock_on_the_keys_table(postgres_server):
+    """A DBA's `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE` (VACUUM FULL, a long ALTER, a migration waiting): every
+    lookup waited its statement timeout, and a cached key past cache_seconds was served stale only after it. The
+    readiness check's `SELECT 1` still answered, which ended the calls' fail-fast window every second, so the key's
+    requests stalled the store timeout again and again (and /readyz said `"keys": "ok"`). The check now asks the
+    key tables, as a lookup does."""
+    url = postgres_server.new_database()
+    settings = StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=1)
+    store = await open_key_store(settings)
+    auth = Authenticator(store, cache_seconds=0.1, stale_seconds=60)
+    key, secret = await store.create("cached", all_models=True)
+    assert await auth.authenticate(bearer(secret)) == key
+    pings: list[bool] = []
+
+    async def readiness() -> None:  # as server/health.py checks the store
+        while True:
+            try:
+                await store.ping()
+                pings.append(True)
+            except StoreUnavailable:
+                pings.append(False)
+            await asyncio.sleep(1)
+
+    checks = asyncio.create_task(readiness())
+    slow = []
+    try:
+        with postgres_server.connect(url.rsplit("/", 1)[1]) as dba, dba.transaction():
+            dba.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+            pings.clear()
+            finish = time.monotonic() + 6
+            while time.monotonic() < finish:
+                started = time.monotonic()
+                assert await auth.authenticate(bearer(secret)) == key
+                if time.monotonic() - started > 0.5:
+                    slow.append(round(started - finish + 6, 1))
+                await asyncio.sleep(0.05)
+        assert len(slow) <= 1, f"requests held up at {slow} s"
+        assert pings and not any(pings), "readiness found the key store answering lookups it could not answer"
+        deadline = time.monotonic() + 5
+        while not await _answers(store):  # the lock gone: answered again at the next check
+            assert time.monotonic() < deadline, "the key store did not recover"
+            await asyncio.sleep(0.2)
+    finally:
+        checks.cancel()
+        await store.close()
+
+
+async def _answers(store: KeyStore) -> bool:
+    try:
+        await store.ping()
+        return True
+    except StoreUnavailable:
+        return False
+
+
 async def test_hosts_starting_together_on_an_empty_store_make_one_development_key(settings, tmp_path, capsys):
     """`portico serve` on several hosts at once, an empty shared store: one development key between them, printed by
     the host that made it (each host asked "any keys?", then made one: two or more keys, each printed)."""
