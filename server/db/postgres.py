@@ -50,7 +50,21 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
     """Not opened yet: `await pool.open(wait=False)` starts it without waiting for the database, so a server can start
     while PostgreSQL is down (readiness reports it) and recover when it comes back. Each connection is checked as it
     is taken (one round trip), so connections cut by a restart are replaced instead of failing a lookup."""
-    return AsyncConnectionPool(
+    pool: AsyncConnectionPool | None = None
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            # Cut (a restart, a DBA's pg_terminate_backend): the pool's other idle connections most likely went with
+            # it. psycopg_pool waits about a second before checking the next one it hands out, 2 s before the one
+            # after...: a busy host's first lookups after a restart took seconds, or were refused. All are checked
+            # now, so the caller's next one is sound or new.
+            if pool is not None:
+                await pool.check()
+            raise
+
+    pool = AsyncConnectionPool(
         settings.url,
         kwargs={"autocommit": True, **connection_kwargs(settings)},
         min_size=1,
@@ -60,7 +74,8 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
         # could come minutes after the database is back. An attempt given up this soon is replaced by the next
         # caller's (readiness asks every second), so the pool keeps trying about every second while it is away.
         reconnect_timeout=_RECONNECT_ATTEMPT_SECONDS,
-        check=AsyncConnectionPool.check_connection,
+        check=check,
         name="portico-keys",
         open=False,
     )
+    return pool

@@ -499,6 +499,33 @@ async def _answers(store: KeyStore) -> bool:
         return False
 
 
+@pytest.mark.parametrize("cut", ["restart", "terminate"])
+async def test_the_first_lookup_after_the_pools_connections_were_cut_is_answered_at_once(postgres_server, cut):
+    """PostgreSQL restarted (or a DBA's pg_terminate_backend) while a busy host's pool held several connections: the
+    pool checks a connection as it hands it out, and at the second dead one psycopg_pool waited ~1 s before the
+    next (2 s at the third...), so the first lookups after a restart took a second or more, or were refused 503
+    (`couldn't get a connection`) with the store timeout at 1 s, the database up all along. One dead connection now
+    has the pool check the rest at once."""
+    url = postgres_server.new_database()
+    store = await open_key_store(StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=1))
+    try:
+        key, secret = await store.create("k", all_models=True)
+        # A busy host: four lookups at once fill the pool (keys.pool_size, 4 by default).
+        await asyncio.gather(*(store._db.fetch_one("SELECT pg_sleep(0.2)") for _ in range(4)))
+        if cut == "restart":
+            postgres_server.stop()
+            postgres_server.start()
+        else:
+            with postgres_server.connect() as dba:
+                dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                            (url.rsplit("/", 1)[1],))
+        started = time.monotonic()
+        assert (await store.find_active(hash_secret(secret))).id == key.id
+        assert time.monotonic() - started < 0.5
+    finally:
+        await store.close()
+
+
 async def test_hosts_starting_together_on_an_empty_store_make_one_development_key(settings, tmp_path, capsys):
     """`portico serve` on several hosts at once, an empty shared store: one development key between them, printed by
     the host that made it (each host asked "any keys?", then made one: two or more keys, each printed)."""
