@@ -499,6 +499,33 @@ async def _answers(store: KeyStore) -> bool:
         return False
 
 
+async def test_a_read_only_postgresql_answers_key_writes_503_and_lookups_as_ever(postgres_server):
+    """The key store's database read-only (a failover that points the hosts at a standby not yet promoted, a DBA's
+    `default_transaction_read_only` during maintenance): every admin write (create, update, rotate, revoke) was a 500
+    `internal_error` and `portico keys create` printed a traceback, where operations.md promises 503 for an
+    unavailable store. A refused write is StoreUnavailable; lookups, which need no write, go on being answered."""
+    url = postgres_server.new_database()
+    name = url.rsplit("/", 1)[1]
+    store = await open_key_store(StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=1))
+    key, secret = await store.create("before", all_models=True)
+    try:
+        with postgres_server.connect() as dba:
+            dba.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        writes = [lambda: store.create("during", all_models=True), lambda: store.update(key.id, name="renamed"),
+                  lambda: store.rotate(key.id, grace_seconds=60), lambda: store.revoke(key.id)]
+        for write in writes:
+            with pytest.raises(StoreUnavailable, match="read-only"):
+                await write()
+        assert (await store.find_active(hash_secret(secret))).id == key.id  # lookups are answered at once
+        with postgres_server.connect() as dba:
+            dba.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        assert (await store.revoke(key.id)).revoked_at > 0
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("cut", ["restart", "terminate"])
 async def test_the_first_lookup_after_the_pools_connections_were_cut_is_answered_at_once(postgres_server, cut):
     """PostgreSQL restarted (or a DBA's pg_terminate_backend) while a busy host's pool held several connections: the
