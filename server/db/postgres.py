@@ -3,6 +3,7 @@ server's event loop. Both take the password from the environment variable the se
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -51,6 +52,7 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
     while PostgreSQL is down (readiness reports it) and recover when it comes back. Each connection is checked as it
     is taken (one round trip), so connections cut by a restart are replaced instead of failing a lookup."""
     pool: AsyncConnectionPool | None = None
+    checking: list[asyncio.Task] = []  # the one check of the whole pool under way, if any
 
     async def check(conn: psycopg.AsyncConnection) -> None:
         try:
@@ -59,9 +61,12 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
             # Cut (a restart, a DBA's pg_terminate_backend): the pool's other idle connections most likely went with
             # it. psycopg_pool waits about a second before checking the next one it hands out, 2 s before the one
             # after...: a busy host's first lookups after a restart took seconds, or were refused. All are checked
-            # now, so the caller's next one is sound or new.
+            # now, so the caller's next one is sound or new. In a task of its own, shielded: a caller given up on
+            # (its time bound) must not cancel it midway, which would lose the connections it took out to check.
             if pool is not None:
-                await pool.check()
+                if not checking or checking[0].done():
+                    checking[:] = [asyncio.create_task(pool.check())]
+                await asyncio.shield(checking[0])
             raise
 
     pool = AsyncConnectionPool(
