@@ -30,10 +30,13 @@ def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True
     password = settings.password()
     if password is not None:
         kwargs["password"] = password
+    # The writes are made for READ COMMITTED (a rotation waits for one beside it, then sees what it made): a DBA's
+    # default_transaction_isolation above it would answer concurrent admin writes with serialization failures.
+    options = r"-c default_transaction_isolation=read\ committed"
     if statement_timeout:
-        kwargs["options"] = f"-c statement_timeout={int(settings.timeout_seconds * 1000)}"
+        kwargs["options"] = f"{options} -c statement_timeout={int(settings.timeout_seconds * 1000)}"
     else:
-        kwargs["options"] = "-c statement_timeout=0 -c lock_timeout=0"
+        kwargs["options"] = f"{options} -c statement_timeout=0 -c lock_timeout=0"
     return kwargs
 
 

@@ -91,6 +91,10 @@ class PostgresDatabase:
             raise StoreUnavailable("PostgreSQL did not answer a moment ago")
         try:
             return await _within(self._settings.timeout_seconds * 2, self._attempt(work))
+        except psycopg.errors.TransactionRollback as exc:
+            # A deadlock or serialization failure among writers: the database answered, and is no reason to fail
+            # everyone's calls fast (lookups included) as an outage is.
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
             self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
             raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc

@@ -553,6 +553,31 @@ async def test_the_first_lookup_after_the_pools_connections_were_cut_is_answered
         await store.close()
 
 
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_a_dba_default_isolation_level_neither_fails_concurrent_key_writes_nor_lookups(postgres_server,
+                                                                                            isolation):
+    """A DBA's `default_transaction_isolation` above READ COMMITTED on the role or database: two admins rotating or
+    updating one key at once got 503s (`could not serialize access due to concurrent update`), where the writes are
+    made for READ COMMITTED (a rotation waits for the one beside it, then retires the secret it made), and each such
+    conflict failed every call fast for seconds, uncached keys' lookups included, the database healthy. Portico's
+    sessions now say the isolation they are written for."""
+    url = postgres_server.new_database()
+    with postgres_server.connect() as dba:
+        dba.execute(f"ALTER DATABASE \"{url.rsplit('/', 1)[1]}\" SET default_transaction_isolation = '{isolation}'")
+    settings = StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=2)
+    hosts = [await open_key_store(settings) for _ in range(3)]
+    try:
+        key, _ = await hosts[0].create("shared", all_models=True)
+        _, other_secret = await hosts[0].create("other", all_models=True)
+        rotated = await asyncio.gather(*(host.rotate(key.id, grace_seconds=60) for host in hosts for _ in range(2)))
+        assert len({secret for _, secret, _ in rotated}) == 6
+        await asyncio.gather(*(host.update(key.id, name=f"renamed-{n}") for n, host in enumerate(hosts)))
+        assert (await hosts[1].find_active(hash_secret(other_secret))).name == "other"
+    finally:
+        for host in hosts:
+            await host.close()
+
+
 async def test_hosts_starting_together_on_an_empty_store_make_one_development_key(settings, tmp_path, capsys):
     """`portico serve` on several hosts at once, an empty shared store: one development key between them, printed by
     the host that made it (each host asked "any keys?", then made one: two or more keys, each printed)."""
