@@ -17,9 +17,8 @@ _RECONNECT_ATTEMPT_SECONDS = 2.0  # tries at 0, 1 and 2 s, then left to the next
 
 def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:
     """libpq parameters besides the URL. `statement_timeout`: a query that takes longer than the store timeout is
-    cancelled by the server. Migrations go without one: an ALTER on a big table may rightly take longer, and a host
-    starting while another migrates waits for its lock; so they also set aside a `statement_timeout` or `lock_timeout`
-    the DBA gave the role or database, which would cancel both (a session's options override those)."""
+    cancelled by the server. Migrations go without one: an ALTER on a big table may rightly take longer, so they also
+    set aside a `statement_timeout` the DBA gave the role or database (a session's options override those)."""
     kwargs: dict[str, Any] = {
         "connect_timeout": max(1, round(settings.timeout_seconds)),  # libpq counts whole seconds
         "application_name": APPLICATION_NAME,
@@ -36,7 +35,7 @@ def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True
     if statement_timeout:
         kwargs["options"] = f"{options} -c statement_timeout={int(settings.timeout_seconds * 1000)}"
     else:
-        kwargs["options"] = f"{options} -c statement_timeout=0 -c lock_timeout=0"
+        kwargs["options"] = f"{options} -c statement_timeout=0"
     return kwargs
 
 
