@@ -59,8 +59,10 @@ class Database(Protocol):
     async def transaction(self, steps: Sequence[Step]) -> None:
         """Run the statements in one transaction: all or none."""
         ...
-    async def ping(self) -> None:
-        """Raise StoreUnavailable unless the database answers now."""
+    async def ping(self, sql: str = "SELECT 1") -> None:
+        """Raise StoreUnavailable unless the database answers `sql` (a read) now. An answer ends PostgreSQL's
+        fail-fast window, so a caller asks what its own calls need: tables another session has locked do not answer
+        while `SELECT 1` does."""
         ...
     async def notify(self, channel: str, payload: str) -> None:
         """Tell every process listening on `channel` (other hosts); nothing to tell for a one-host database."""
@@ -142,8 +144,8 @@ class SqliteDatabase:
 
         await self._run(run)
 
-    async def ping(self) -> None:
-        await self.fetch_one("SELECT 1")
+    async def ping(self, sql: str = "SELECT 1") -> None:
+        await self.fetch_one(sql)
 
     async def notify(self, channel: str, payload: str) -> None:
         return None  # one host: its own cache is the only one, and the caller updates it

@@ -71,7 +71,12 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
     component = _check(migrations)
     try:
         with conn.transaction():
+            # Another host migrating is waited for however long it takes, whatever lock_timeout the DBA set; the
+            # DBA's bound holds again for the tables' locks (a DDL queued behind a long transaction would hold up
+            # every lookup queued behind it).
+            conn.execute("SET LOCAL lock_timeout = 0")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
+            conn.execute("SET LOCAL lock_timeout TO DEFAULT")
             return _apply(conn.execute, "%s", _POSTGRES_HAS_TABLE, [m.postgresql for m in migrations], migrations,
                           [""] * len(migrations))
     except psycopg.OperationalError:

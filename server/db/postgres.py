@@ -3,6 +3,7 @@ server's event loop. Both take the password from the environment variable the se
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -16,7 +17,8 @@ _RECONNECT_ATTEMPT_SECONDS = 2.0  # tries at 0, 1 and 2 s, then left to the next
 
 def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:
     """libpq parameters besides the URL. `statement_timeout`: a query that takes longer than the store timeout is
-    cancelled by the server (migrations go without it: an ALTER on a big table may rightly take longer)."""
+    cancelled by the server. Migrations go without one: an ALTER on a big table may rightly take longer, so they also
+    set aside a `statement_timeout` the DBA gave the role or database (a session's options override those)."""
     kwargs: dict[str, Any] = {
         "connect_timeout": max(1, round(settings.timeout_seconds)),  # libpq counts whole seconds
         "application_name": APPLICATION_NAME,
@@ -27,8 +29,13 @@ def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True
     password = settings.password()
     if password is not None:
         kwargs["password"] = password
+    # The writes are made for READ COMMITTED (a rotation waits for one beside it, then sees what it made): a DBA's
+    # default_transaction_isolation above it would answer concurrent admin writes with serialization failures.
+    options = r"-c default_transaction_isolation=read\ committed"
     if statement_timeout:
-        kwargs["options"] = f"-c statement_timeout={int(settings.timeout_seconds * 1000)}"
+        kwargs["options"] = f"{options} -c statement_timeout={int(settings.timeout_seconds * 1000)}"
+    else:
+        kwargs["options"] = f"{options} -c statement_timeout=0"
     return kwargs
 
 
@@ -46,7 +53,25 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
     """Not opened yet: `await pool.open(wait=False)` starts it without waiting for the database, so a server can start
     while PostgreSQL is down (readiness reports it) and recover when it comes back. Each connection is checked as it
     is taken (one round trip), so connections cut by a restart are replaced instead of failing a lookup."""
-    return AsyncConnectionPool(
+    pool: AsyncConnectionPool | None = None
+    checking: list[asyncio.Task] = []  # the one check of the whole pool under way, if any
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            # Cut (a restart, a DBA's pg_terminate_backend): the pool's other idle connections most likely went with
+            # it. psycopg_pool waits about a second before checking the next one it hands out, 2 s before the one
+            # after...: a busy host's first lookups after a restart took seconds, or were refused. All are checked
+            # now, so the caller's next one is sound or new. In a task of its own, shielded: a caller given up on
+            # (its time bound) must not cancel it midway, which would lose the connections it took out to check.
+            if pool is not None:
+                if not checking or checking[0].done():
+                    checking[:] = [asyncio.create_task(pool.check())]
+                await asyncio.shield(checking[0])
+            raise
+
+    pool = AsyncConnectionPool(
         settings.url,
         kwargs={"autocommit": True, **connection_kwargs(settings)},
         min_size=1,
@@ -56,7 +81,8 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
         # could come minutes after the database is back. An attempt given up this soon is replaced by the next
         # caller's (readiness asks every second), so the pool keeps trying about every second while it is away.
         reconnect_timeout=_RECONNECT_ATTEMPT_SECONDS,
-        check=AsyncConnectionPool.check_connection,
+        check=check,
         name="portico-keys",
         open=False,
     )
+    return pool

@@ -91,9 +91,17 @@ class PostgresDatabase:
             raise StoreUnavailable("PostgreSQL did not answer a moment ago")
         try:
             return await _within(self._settings.timeout_seconds * 2, self._attempt(work))
+        except psycopg.errors.TransactionRollback as exc:
+            # A deadlock or serialization failure among writers: the database answered, and is no reason to fail
+            # everyone's calls fast (lookups included) as an outage is.
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
             self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
             raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            # A standby the hosts were pointed at by a failover, or a DBA's default_transaction_read_only: the store
+            # cannot take writes for now, which is no bug of the caller's. Reads still work: no fail-fast for them.
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
 
     async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
         if not self._migrated:
@@ -128,9 +136,9 @@ class PostgresDatabase:
 
         await self._run(work)
 
-    async def ping(self) -> None:
+    async def ping(self, sql: str = "SELECT 1") -> None:
         async def work(conn: psycopg.AsyncConnection) -> None:
-            await conn.execute("SELECT 1")
+            await conn.execute(sql)
 
         await self._run(work, fail_fast=False)
         self._failing_until = 0.0

@@ -22,6 +22,8 @@ from server.usage.money import usd_text
 
 SECRET_PREFIX = "pk-"
 CHANGES_CHANNEL = "portico_key_changes"  # PostgreSQL NOTIFY channel: the id of each key changed
+_PING = ("SELECT 1 FROM api_keys WHERE secret_hash = '' UNION ALL "
+         "SELECT 1 FROM retired_secrets WHERE secret_hash = ''")
 
 
 def hash_secret(secret: str) -> str:
@@ -51,7 +53,9 @@ class KeyStore:
         await self._db.close()
 
     async def ping(self) -> None:
-        await self._db.ping()
+        """Whether a lookup can be answered: it reads both key tables (through their indexes, as find_active does),
+        so a lock another session holds on either (VACUUM FULL, a long ALTER) fails the check as it fails lookups."""
+        await self._db.ping(_PING)
 
     async def watch_changes(self, on_change: Callable[[str | None], None]) -> None:
         """Until cancelled: `on_change(key_id)` for each key revoked, rotated or updated by any host (None: changes

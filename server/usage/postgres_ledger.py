@@ -79,8 +79,10 @@ class PostgresLedger:
                         self._conn.close()
                     # A connection kept from before may have been cut by a restart of a database that is up again:
                     # one more try, on a new connection, before the caller is told the ledger is unreachable. Every
-                    # call is safe to repeat (a write stores each row id once).
-                    if not reused or cut.is_set():  # down, or hung: not worth a second wait
+                    # call is safe to repeat (a write stores each row id once). Not after a statement PostgreSQL
+                    # cancelled (its statement or lock timeout ran out behind a lock): that was the database's answer, on a sound
+                    # connection, and a second try only doubles the caller's wait.
+                    if not reused or cut.is_set() or isinstance(exc, (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)):
                         raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
                 except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc

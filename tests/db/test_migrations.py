@@ -13,10 +13,13 @@ import threading
 import pytest
 
 from server.db import Migration, SchemaError, StoreSettings, migrate_postgres, migrate_sqlite
+from server.db.migrations import ADVISORY_LOCK_ID
 from server.db.database import open_database
 from server.db.postgres import connect
 from server.db.sqlite import connect_sqlite
+from server.keys import open_key_store
 from server.keys.schema import MIGRATIONS as KEY_MIGRATIONS
+from server.usage.postgres_ledger import PostgresLedger
 from server.usage.schema import MIGRATIONS as USAGE_MIGRATIONS
 from tests.postgres_support import PASSWORD_ENV
 
@@ -339,3 +342,33 @@ def test_a_keys_db_made_with_budgets_before_schema_versions_is_upgraded_in_place
         assert db.execute("SELECT max_spend_day FROM api_keys").fetchall() == [(5000000,)]
         assert {r[0] for r in db.execute("SELECT version FROM schema_migrations WHERE component = 'keys'")} == {
             m.version for m in KEY_MIGRATIONS}
+
+
+async def test_a_dba_statement_and_lock_timeout_do_not_fail_a_host_waiting_for_another_hosts_migration(
+        postgres_server, postgres_url):
+    """A DBA set `statement_timeout` and `lock_timeout` on the database (or role): migrations, meant to go without a
+    statement timeout, inherited them, so a host starting while another migrated (the advisory lock held a few
+    seconds) logged the key store "unreachable" (`canceling statement due to lock timeout`) and answered 503; a
+    migration longer than the DBA's bound would have failed on every start. The migrations' connection now waits."""
+    name = postgres_url.rsplit("/", 1)[1]
+    with postgres_server.connect() as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET statement_timeout = 300')
+        admin.execute(f'ALTER DATABASE "{name}" SET lock_timeout = 200')
+    settings = StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=2)
+    with postgres_server.connect(name) as other_host:  # mid-migration: holds the migrations' lock for 1.5 s
+        other_host.execute("SET statement_timeout = 0")
+        with other_host.transaction():
+            other_host.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
+            opening = asyncio.create_task(open_key_store(settings))
+            await asyncio.sleep(1.5)
+            assert not opening.done()  # waiting for the other host's migration, not failed
+    store = await opening
+    try:
+        assert (await store.create("after", all_models=True))[0].name == "after"
+    finally:
+        await store.close()
+    ledger = PostgresLedger(settings)  # the ledger's migrations too
+    try:
+        assert ledger.rows() == []
+    finally:
+        ledger.close()

@@ -270,3 +270,26 @@ def test_a_big_postgresql_ledger_is_read_and_pruned_past_the_store_timeout(postg
     (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
     assert total.rows == 10_000
     ledger.close()
+
+
+def test_a_usage_read_behind_a_table_lock_is_refused_once_its_statement_timeout_runs_out(postgres_server,
+                                                                                        postgres_url, monkeypatch):
+    """A DBA's long `LOCK TABLE usage_ledger` (or a long transaction holding one): the usage API's read was cancelled
+    by its 60 s statement timeout, then run again on a new connection as if a restart had cut the old one, and the
+    dashboard waited 120 s for its 503. A statement PostgreSQL cancelled is its answer: one try. (The read's bound is
+    made 2 s here.) The rows written while the lock was held are stored once it is released."""
+    monkeypatch.setattr(postgres_ledger, "READ_TIMEOUT_MS", 2_000)
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    ledger.write([row(1)])
+    with postgres_server.connect(postgres_url.rsplit("/", 1)[1]) as locker:
+        with locker.transaction():
+            locker.execute("LOCK TABLE usage_ledger IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                ledger.aggregate(UsageQuery(0, NOW_MS + 1000, 60_000))
+            assert time.monotonic() - started < 2.0 + 1.5
+            with pytest.raises(StoreUnavailable):  # a write waits its store timeout, then its batch is retried
+                ledger.write([row(2)])
+    ledger.write([row(2)])
+    assert [r.id for r in ledger.rows()] == ["r1", "r2"]
+    ledger.close()
