@@ -31,6 +31,9 @@ READ_TIMEOUT_MS = 60_000
 _PRUNE = "DELETE FROM usage_ledger WHERE id = ANY(ARRAY(SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s))"
 
 
+_CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)  # the database's answer, not a cut
+
+
 class PostgresLedger:
     def __init__(self, settings: StoreSettings) -> None:
         self._settings = settings
@@ -80,9 +83,9 @@ class PostgresLedger:
                     # A connection kept from before may have been cut by a restart of a database that is up again:
                     # one more try, on a new connection, before the caller is told the ledger is unreachable. Every
                     # call is safe to repeat (a write stores each row id once). Not after a statement PostgreSQL
-                    # cancelled (its statement or lock timeout ran out behind a lock): that was the database's answer, on a sound
-                    # connection, and a second try only doubles the caller's wait.
-                    if not reused or cut.is_set() or isinstance(exc, (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)):
+                    # cancelled (its statement or lock timeout ran out behind a lock): that was the database's answer,
+                    # on a sound connection, and a second try only doubles the caller's wait.
+                    if not reused or cut.is_set() or isinstance(exc, _CANCELLED):
                         raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
                 except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc

@@ -308,7 +308,8 @@ def test_a_role_without_create_serves_a_database_already_up_to_date(postgres_ser
         conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {database}_rw")
         conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
     config = tmp_path / "c.yaml"
-    config.write_text(f"keys: {{store: '{url.replace('postgres@', f'{database}_rw@')}', password_env: {PASSWORD_ENV}}}\n"
+    store = url.replace("postgres@", f"{database}_rw@")
+    config.write_text(f"keys: {{store: '{store}', password_env: {PASSWORD_ENV}}}\n"
                       "models: [{id: a, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}]\n")
     done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), *command],
                           capture_output=True, text=True, timeout=60)
