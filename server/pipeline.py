@@ -3,7 +3,8 @@
 authenticate key -> resolve model (catalog, grants, path rule) -> admit (reserve against the limits) -> provider
 -> settle the reservation with the real usage, as typed values. Servicers translate the wire request before calling
 in and render what comes out; the x-ratelimit-* headers go out from here as initial metadata before the first
-message, so Envoy turns them into HTTP headers. What the pipeline learns about a request (model, tokens, upstream
+message, so Envoy turns them into HTTP headers (a unary twin's context sends them as trailing metadata instead,
+services/dialect.py HeadersAtEnd). What the pipeline learns about a request (model, tokens, upstream
 and first-token times) goes on the RPC's telemetry record, which the interceptor reports when the RPC ends.
 """
 
