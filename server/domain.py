@@ -414,7 +414,8 @@ class UpstreamObject:
     internal events, which carry only text, tool calls, stop reason and usage (so `logprobs`, `system_fingerprint`,
     thinking blocks, citations and fields added later reach it too). Metering, limits, retries and fallbacks use the
     derived events. `content`: the object carries part of the answer that no derived event does (a thinking delta,
-    say), so it counts as delivered content for the retry wrappers; otherwise it is held back like Started."""
+    say), so it counts as delivered content for the Router's retries (retry.Delivery); otherwise it is held back like
+    Started."""
 
     dialect: Dialect
     payload: Mapping[str, Json]

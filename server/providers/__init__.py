@@ -79,8 +79,8 @@ def context_overflow(prompt_tokens: int, window: int) -> ContextLengthExceeded |
 
 
 def token_counter_of(provider: object) -> TokenCounter | None:
-    """The exact prompt counter for a model: its provider itself, or for a wrapper that tries other providers
-    (fallbacks) the counter of the one it tries first, which it exposes as `token_counter`."""
+    """The exact prompt counter for a model: its provider itself, or for a Router (deployments, fallbacks) the
+    counter of the provider it tries first, which it exposes as `token_counter`."""
     if isinstance(provider, TokenCounter):
         return provider
     return getattr(provider, "token_counter", None)
