@@ -103,7 +103,7 @@ class Price:
 
     @property
     def free(self) -> bool:
-        return self == _FREE
+        return self == FREE
 
     def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
              images: int = 0, cache_write_tokens: int = 0) -> int:
@@ -121,7 +121,7 @@ class Price:
         return self.cost(prompt_tokens, output_tokens, cache_write_tokens=written)
 
 
-_FREE = Price()
+FREE = Price()  # nothing to pay: a model without a `price:`, a cached answer
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, Price, TextDelta,
-    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
+    FREE, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, Price,
+    TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import GeneratedImage, ImageRequest
 from server.domain_keys import ApiKey
@@ -42,9 +42,6 @@ from server.providers.retry import OutOfService
 from server.providers.router import Router, refusal_of, stream_of
 from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
-
-
-FREE = Price()  # a cached answer's: nothing used, nothing to pay
 
 
 class CallContext(Protocol):
@@ -248,7 +245,7 @@ class Pipeline:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
         finally:
-            _account(call, FREE)
+            _account(call, FREE)  # a cached answer: nothing used, nothing to pay
             self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
