@@ -61,8 +61,9 @@ if TYPE_CHECKING:
     from server.usage.postgres_ledger import PostgresLedger
 
 MAX_METADATA_BYTES = 128 * 1024  # Envoy accepts 60 KiB of request headers (envoy.yaml max_request_headers_kb)
-# Above the 8 MiB cap on request bodies (Envoy's for REST, server/services/undecodable.py's for gRPC), which so
-# answers oversize requests with its 413 error object; grpc refuses bigger messages itself (RESOURCE_EXHAUSTED).
+# Above the 8 MiB cap on request bodies (Envoy's for REST, server/services/undecodable.py's for gRPC), so that a
+# message between the two reaches undecodable.py and gets its 413 error object; grpc refuses bigger messages itself
+# (RESOURCE_EXHAUSTED).
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 # Calls that arrived but that the event loop has not yet picked up. grpc-core cancels them at random above 1,000
 # and all of them above 3,000 (its defaults): a burst of new streams while the loop is busy (5,000 streams opened

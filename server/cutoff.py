@@ -16,8 +16,8 @@ wait instead.
 A caller that goes away (a disconnect, a gRPC deadline) while a non-streamed answer (or images) is being generated
 upstream does not end the exchange: the upstream goes on and bills the whole answer whatever its client does, so the
 exchange runs on in the RPC's task, uncancelled (`Cutoff.outlast`, asked where the cancellation lands:
-http_connection.Response, HttpUpstream.billed), to be counted as any answer is. A drain gives it the time it gives
-requests in flight (`ended`), then cuts it.
+http_connection.Response, for HttpUpstream.post_json's `billed` exchanges), to be counted as any answer is. A drain
+gives it the time it gives requests in flight (`ended`), then cuts it.
 """
 
 from __future__ import annotations

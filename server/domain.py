@@ -103,7 +103,7 @@ class Price:
 
     @property
     def free(self) -> bool:
-        return self == _FREE
+        return self == FREE
 
     def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
              images: int = 0, cache_write_tokens: int = 0) -> int:
@@ -121,7 +121,7 @@ class Price:
         return self.cost(prompt_tokens, output_tokens, cache_write_tokens=written)
 
 
-_FREE = Price()
+FREE = Price()  # nothing to pay: a model without a `price:`, a cached answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +414,8 @@ class UpstreamObject:
     internal events, which carry only text, tool calls, stop reason and usage (so `logprobs`, `system_fingerprint`,
     thinking blocks, citations and fields added later reach it too). Metering, limits, retries and fallbacks use the
     derived events. `content`: the object carries part of the answer that no derived event does (a thinking delta,
-    say), so it counts as delivered content for the retry wrappers; otherwise it is held back like Started."""
+    say), so it counts as delivered content for the Router's retries (retry.Delivery); otherwise it is held back like
+    Started."""
 
     dialect: Dialect
     payload: Mapping[str, Json]

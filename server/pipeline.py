@@ -3,7 +3,8 @@
 authenticate key -> resolve model (catalog, grants, path rule) -> admit (reserve against the limits) -> provider
 -> settle the reservation with the real usage, as typed values. Servicers translate the wire request before calling
 in and render what comes out; the x-ratelimit-* headers go out from here as initial metadata before the first
-message, so Envoy turns them into HTTP headers. What the pipeline learns about a request (model, tokens, upstream
+message, so Envoy turns them into HTTP headers (a unary twin's context sends them as trailing metadata instead,
+services/dialect.py HeadersAtEnd). What the pipeline learns about a request (model, tokens, upstream
 and first-token times) goes on the RPC's telemetry record, which the interceptor reports when the RPC ends.
 """
 
@@ -21,8 +22,8 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, Price, TextDelta,
-    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
+    FREE, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, Price,
+    TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import GeneratedImage, ImageRequest
 from server.domain_keys import ApiKey
@@ -41,9 +42,6 @@ from server.providers.retry import OutOfService
 from server.providers.router import Router, refusal_of, stream_of
 from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
-
-
-FREE = Price()  # a cached answer's: nothing used, nothing to pay
 
 
 class CallContext(Protocol):
@@ -247,7 +245,7 @@ class Pipeline:
             await _send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
         finally:
-            _account(call, FREE)
+            _account(call, FREE)  # a cached answer: nothing used, nothing to pay
             self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:

@@ -1,10 +1,14 @@
 """Rate limits and quotas: requests and tokens per minute (rolling), concurrent requests, tokens and requests per
-UTC day, per key and optionally per key on one model.
+UTC day, and spend budgets per UTC day and month, per key and optionally per key on one model.
 
+    settings.LimitSettings the `limits:` section
     admission.Limiter      which limits apply, x-ratelimit-* headers      (used by the pipeline)
-    core.LimitStore        reserve -> settle | release, all or nothing    (the narrow store interface)
-    memory.MemoryLimitStore   exact counters in one process              (the default)
-    redis.RedisLimitStore     shared by every process using one Redis    (limits.store: redis://...)
+    core.LimitStore        reserve -> settle | release, all or nothing    (the narrow store interface; `verdict`)
+    memory.MemoryLimitStore   exact counters in one process              (the default; day and month on disk:
+                              daily_file)
+    redis.RedisLimitStore     shared by every process using one Redis    (limits.store: redis://...; its scripts
+                              in redis_scripts, its connection in redis_pipe)
+    standing               what a key's limits stand at, for LimitService and the console
 """
 
 from server.limits.admission import Limiter, rate_limit_headers

@@ -15,8 +15,9 @@ from server.errors import PorticoError
 
 CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended
 
-# Service -> the REST path it serves, the `endpoint` label. ProbeService is absent on purpose: probes arrive every
-# few seconds and would drown the access log and request counts.
+# Service -> the REST path it serves, the `endpoint` label. ProbeService and ConsoleService are absent on purpose:
+# probes arrive every few seconds, and a console page load fetches a dozen files; they would drown the access log
+# and request counts (operations.md: "probes and the console's files excepted").
 _ENDPOINTS = {
     "ChatService": Endpoint.CHAT.value,
     "MessageService": Endpoint.MESSAGES.value,

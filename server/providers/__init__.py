@@ -19,7 +19,7 @@ class Capabilities:
     tool_calls: bool = False  # can call tools, so tool_choice "required" / a named tool can be honoured
     json_output: bool = False  # can be held to JSON output (OpenAI response_format json_object / json_schema)
     # The APIs the provider speaks: a request in one of them reaches it whole, so it can honour everything the
-    # caller sent. None (the embedded model): only what the internal values hold.
+    # caller sent. Empty (the embedded model): only what the internal values hold.
     dialects: frozenset[Dialect] = frozenset()
 
 
@@ -27,7 +27,8 @@ class Provider(Protocol):
     capabilities: Capabilities
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """Yield TextDelta and tool-call events, then exactly one Finished. Raise a PorticoError on failure
+        """Yield TextDelta and tool-call events (an upstream also each of its own objects as an UpstreamObject, and
+        any provider may start with a Started prompt count), then exactly one Finished. Raise a PorticoError on failure
         (upstream failures that another attempt may avoid carry a `retry_reason`).
 
         Closing the iterator early (the caller went away) must stop the work promptly.
@@ -78,8 +79,8 @@ def context_overflow(prompt_tokens: int, window: int) -> ContextLengthExceeded |
 
 
 def token_counter_of(provider: object) -> TokenCounter | None:
-    """The exact prompt counter for a model: its provider itself, or for a wrapper that tries other providers
-    (fallbacks) the counter of the one it tries first, which it exposes as `token_counter`."""
+    """The exact prompt counter for a model: its provider itself, or for a Router (deployments, fallbacks) the
+    counter of the provider it tries first, which it exposes as `token_counter`."""
     if isinstance(provider, TokenCounter):
         return provider
     return getattr(provider, "token_counter", None)

@@ -2,9 +2,10 @@
 RPC and two HTTP-body RPCs (REST through Envoy: one JSON body, or SSE bytes; the unary one for bodies that do not
 stream), all over the same pipeline.
 
-An endpoint is an adapter of four small pieces: how a request becomes a plan (`plan`), how a whole answer becomes a
-JSON object (`answer`), how events become the dialect's stream objects (`stream_objects`) and how those are framed
-as SSE (`frames`, `error_frame`, from server/render). Everything else is here, once.
+An endpoint is an adapter of a few small pieces: how a request becomes a plan (`plan`), whether a same-dialect
+upstream's answer keeps its own id (`keeps_upstream_id`), how a whole answer becomes a JSON object (`answer`), how
+events become the dialect's stream objects (`stream_objects`) and how those are framed as SSE (`frames`,
+`error_frame`, from server/render). Everything else is here, once.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class DialectServicer:
         """The event that ends a stream which failed after its first byte."""
         raise NotImplementedError
 
-    # The three kinds of RPC, for every dialect: an adapter binds its RPC names to these.
+    # The four RPCs of every dialect (typed unary, typed stream, HTTP body, its unary twin): an adapter binds its
+    # RPC names to these.
 
     async def unary(self, request: Message, context) -> Message:
         call, plan, header = await self._prepare(request, context, stream=False)

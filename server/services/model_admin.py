@@ -10,8 +10,8 @@ from server.domain import Deployment, ModelEntry
 from server.domain_keys import KeyLimits
 from server.keys import Authenticator
 from server.services.keys import limits_to_pb
+from server.usage.money import micros_to_usd
 
-_MICRO = 1_000_000  # prices are kept in micro-dollars (server/domain.py Price)
 UNWATCHED = "unwatched"  # a model's only deployment: never taken out of service (server/providers/health.py)
 
 States = Callable[[], Sequence[tuple[str, str, str]]]  # (model id, deployment name, state) of watched deployments
@@ -41,9 +41,10 @@ def _model_to_pb(entry: ModelEntry, limits: KeyLimits | None,
         provider=first.provider, upstream_model=first.upstream_model,
         deployments=[_deployment_to_pb(d, states.get((entry.id, d.name), UNWATCHED)) for d in entry.deployments],
         fallbacks=entry.fallbacks,
-        price=catalog_pb2.ModelPrice(input=price.input / _MICRO, output=price.output / _MICRO,
-                                     cached_input=price.cached_input / _MICRO, image=price.image / _MICRO,
-                                     cache_write=price.cache_write / _MICRO),
+        # Prices are kept in micro-dollars (per million tokens, per image) and shown in US dollars.
+        price=catalog_pb2.ModelPrice(input=micros_to_usd(price.input), output=micros_to_usd(price.output),
+                                     cached_input=micros_to_usd(price.cached_input), image=micros_to_usd(price.image),
+                                     cache_write=micros_to_usd(price.cache_write)),
         limits=limits_to_pb(limits) if limits else None,
     )
 

@@ -25,6 +25,9 @@ FORBIDDEN = {
     "server.catalog": ("server.config", "server.pipeline", "server.services"),
     "server.keys": ("server.pipeline", "server.services", "server.config"),
     "server.pipeline": ("server.services", "server.app", "server.config"),
+    # What the pipeline is built from: below it, like the providers.
+    "server.metering": ("server.pipeline", "server.services", "server.app", "server.config", "server.providers"),
+    "server.cache": ("server.pipeline", "server.services", "server.app", "server.config", "server.providers"),
     "server.health": ("server.config", "server.limits.redis"),
     # Settings are read below the parts they configure: providers/build.py reads them, so they import no part.
     "server.config": ("server.keys", "server.providers", "server.pipeline", "server.services", "server.app",
