@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import grpc
 import orjson
 from google.api import httpbody_pb2
@@ -50,6 +53,20 @@ def error_details(error: grpc.aio.AioRpcError) -> error_pb2.ErrorResponse:
 
 def bearer(secret: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {secret}"),)
+
+
+async def lookups_held_up(auth, secret: str, key, seconds: float) -> list[float]:
+    """`auth` (an Authenticator) asked for the cached key `key` 20 times a second for `seconds`, each answer `key`:
+    when (seconds into it) each lookup that took over half a second began."""
+    slow: list[float] = []
+    start = time.monotonic()
+    while time.monotonic() < start + seconds:
+        asked = time.monotonic()
+        assert await auth.authenticate(bearer(secret)) == key
+        if time.monotonic() - asked > 0.5:
+            slow.append(round(asked - start, 1))
+        await asyncio.sleep(0.05)
+    return slow
 
 
 def message_body(**fields) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from google.protobuf import json_format, unknown_fields
 from google.protobuf.descriptor import FieldDescriptor
@@ -74,22 +74,13 @@ def _not_finite_number(data: bytes) -> tuple[str, str] | None:
     """The path of the first number of `data` that JSON cannot pass on as a double (NaN, Infinity, 1e309, an integer
     beyond a double's range) and how it reads, or None when the document holds none (a bare NaN has no path) or does
     not read."""
-    try:
-        stack: list[tuple[Json, str]] = [(json.loads(data), "")]
-    except (ValueError, RecursionError):
-        return None
-    while stack:
-        node, path = stack.pop()
+    for node, path in _in_order(data):
         if path and isinstance(node, float) and not math.isfinite(node):
             if math.isnan(node):
                 return path, "NaN"
             return path, f"{'-' if node < 0 else ''}Infinity (or a number beyond a double's range, such as 1e309)"
         if path and isinstance(node, int) and not isinstance(node, bool) and abs(node) > _LARGEST_DOUBLE:
             return path, f"an integer of {len(str(abs(node)))} digits, beyond a double's range"
-        if isinstance(node, dict):
-            stack.extend((value, join(path, name)) for name, value in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
     return None
 
 
@@ -104,21 +95,28 @@ def _broken_string(text: str) -> str | None:
     not UTF-8 decoded with surrogateescape), which the json module reads as it is; None when it is elsewhere (a
     member's name at the top) or the text does not read. The path stops at an object whose member name is broken:
     a param must be text (orjson writes no lone surrogate)."""
-    try:
-        stack: list[tuple[Json, str]] = [(json.loads(text), "")]
-    except (ValueError, RecursionError):
-        return None
-    while stack:
-        node, path = stack.pop()
+    for node, path in _in_order(text):
         if isinstance(node, str) and _SURROGATE.search(node):
             return path or None
+        if isinstance(node, dict) and any(_SURROGATE.search(name) for name in node):
+            return path or None
+    return None
+
+
+def _in_order(document: str | bytes) -> Iterator[tuple[Json, str]]:
+    """Each value of the JSON `document` with its path, in the order they are written (nothing when it does not
+    read with Python's json module, which the error paths above use: it reads what orjson refuses)."""
+    try:
+        stack: list[tuple[Json, str]] = [(json.loads(document), "")]
+    except (ValueError, RecursionError):
+        return
+    while stack:
+        node, path = stack.pop()
+        yield node, path
         if isinstance(node, dict):
-            if any(_SURROGATE.search(name) for name in node):
-                return path or None
             stack.extend((value, join(path, name)) for name, value in reversed(node.items()))
         elif isinstance(node, list):
             stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
-    return None
 
 
 # JSON nesting below the body's object. As deep as the typed gRPC requests decode (their Struct values take two
