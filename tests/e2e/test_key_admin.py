@@ -99,21 +99,6 @@ def test_rest_refuses_bad_env_name_and_out_of_range_limits_with_400(gateway):
             assert refused.json()["error"]["param"] == param and refused.json()["error"]["code"] == "invalid_request"
 
 
-def test_a_key_name_that_would_display_as_another_is_refused(gateway):
-    """Names are shown to every admin (console, `portico keys list`, one line a key): a right-to-left override made
-    "ci-\u202egnp.exe" read as "ci-exe.png", and a line separator split one key's row in two."""
-    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
-    headers = {"Authorization": f"Bearer {admin}"}
-    for name in ("ci-\u202egnp.exe", "a\u2066b\u2069", "row\u2028admin", "para\u2029graph", "x\u200fy"):
-        created = httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers, timeout=60,
-                             json={"name": name, "all_models": True})
-        assert refusal(created)["param"] == "name", name
-    for name in ("équipe 東京 🧑\u200d💻", "نموذج", "שם"):  # scripts, right-to-left ones, emoji joined by ZWJ: names
-        created = httpx.post(f"{gateway.base_url}/v1/admin/keys", headers=headers, timeout=60,
-                             json={"name": name, "all_models": True})
-        assert created.status_code == 200 and created.json()["key"]["name"] == name
-
-
 def refusal(response: httpx.Response) -> dict:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
