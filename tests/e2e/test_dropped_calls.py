@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gateway.descriptors import DESCRIPTOR_SET
-from gateway.envoy import EnvoyProcess, free_ports, load_template, render_config, repo_root
+from gateway.envoy import ADMIN_SOCKET, EnvoyProcess, free_ports, load_template, render_config, repo_root
 from portico.v1 import chat_service_pb2_grpc, message_service_pb2_grpc
 from tests.helpers import internal_headers
 
@@ -54,7 +54,8 @@ async def _front_door(run_dir: Path):
     await server.start()
     port, admin_port = free_ports(2)
     config = render_config(load_template(), listen_port=port, admin_port=admin_port,
-                           upstreams=[f"unix:{socket_path}"], descriptor_set=DESCRIPTOR_SET,
+                           upstreams=[f"unix:{socket_path}"], admin_socket=Path(run_dir, ADMIN_SOCKET),
+                           descriptor_set=DESCRIPTOR_SET,
                            lua_dir=repo_root() / "gateway" / "lua")
     try:
         async with EnvoyProcess(config, run_dir):

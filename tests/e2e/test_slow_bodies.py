@@ -21,6 +21,7 @@ from portico.v1 import chat_service_pb2_grpc
 
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import (
+    ADMIN_SOCKET,
     EnvoyProcess,
     free_ports,
     http_manager,
@@ -50,7 +51,8 @@ async def front_door(double):
             http_manager(template)["request_timeout"] = f"{CUT_SECONDS}s"
             port, admin_port = free_ports(2)
             config = render_config(template, listen_port=port, admin_port=admin_port,
-                                   upstreams=[f"127.0.0.1:{server.port}"], descriptor_set=DESCRIPTOR_SET,
+                                   upstreams=[f"127.0.0.1:{server.port}"], admin_socket=Path(run_dir, ADMIN_SOCKET),
+                                   descriptor_set=DESCRIPTOR_SET,
                                    lua_dir=repo_root() / "gateway" / "lua")
             async with EnvoyProcess(config, Path(run_dir)):
                 yield port, secret
