@@ -304,6 +304,14 @@ def until_midnight(at: float) -> float:
     return (day_of(at) + 1) * DAY_SECONDS - at
 
 
+def within_a_minute(wait: float) -> float:
+    """A per-minute window's wait: its entries leave at most a minute after they were booked. One booked by a host
+    whose clock runs a little ahead of this one's (NTP keeps them milliseconds apart, never exactly together) reads
+    here as leaving a little later: a refusal then said retry-after 61 and, being over a minute, `x-should-retry:
+    false`, so both SDKs raised a per-minute refusal at once instead of waiting for it. `inf` (it never fits) stays."""
+    return wait if math.isinf(wait) else min(wait, WINDOW_SECONDS)
+
+
 def month_of(at: float) -> int:
     """Months since January 1970, UTC: budgets per month reset on the first of each month at 00:00 UTC. Read from
     the UTC day, not the instant: fromtimestamp rounds to the microsecond, which put a month's last half microsecond

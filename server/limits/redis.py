@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from server.limits.core import (
     CONCURRENCY_RETRY_SECONDS, DAY_SECONDS, WINDOW_SECONDS, Clock, Demand, Dimension, LimitStoreUnavailable,
-    Orphan, Reading, Reservation, ReservationIds, Spent, day_of, month_of, until_month_end, verdict,
+    Orphan, Reading, Reservation, ReservationIds, Spent, day_of, month_of, until_month_end, verdict, within_a_minute,
 )
 from server.limits.redis_pipe import Dispatch, RedisPipe, Refusing, Script
 from server.limits.redis_scripts import RENEW, RESERVE, SETTLE
@@ -53,12 +53,8 @@ def _booked(demand: Demand, tokens: int, cost: int) -> tuple[int, int]:
 
 
 def _window_wait(dimension: Dimension, wait: float) -> float:
-    """A per-minute window frees an entry at most a minute after it was booked. An entry booked by a host whose clock
-    runs a little ahead of this one's (NTP keeps them milliseconds apart, never exactly together) reads here as
-    leaving a little later: a burst refused by the other host's entries said retry-after 61 and, being over a minute,
-    `x-should-retry: false`, so both SDKs raised a per-minute refusal at once instead of waiting for it."""
     if dimension is Dimension.REQUESTS_PER_MINUTE or dimension is Dimension.TOKENS_PER_MINUTE:
-        return wait if math.isinf(wait) else min(wait, WINDOW_SECONDS)  # inf: it never fits
+        return within_a_minute(wait)  # the hosts' entries, by their clocks
     return wait
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.limits.core import WINDOW_SECONDS, Dimension, Reading, Scope, until_midnight, until_month_end
+from server.limits.core import (
+    WINDOW_SECONDS, Dimension, Reading, Scope, until_midnight, until_month_end, within_a_minute,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +34,11 @@ class Counts:
 
 def standing(scope: Scope, counts: Counts) -> list[Reading]:
     readings, now = [], counts.at
-    # At most a minute: an entry another host booked by a clock a little ahead of this one's reads as later (as in
-    # RedisLimitStore's refusals).
-    to_window_end = min(counts.window[0][0] + WINDOW_SECONDS - now, WINDOW_SECONDS) if counts.window else 0.0
+    # Entries another host booked, by its clock (within_a_minute).
+    to_window_end = within_a_minute(counts.window[0][0] + WINDOW_SECONDS - now) if counts.window else 0.0
     # The tokens go down when the first entry with tokens leaves: one without (a token count, an image, a failed
     # request) frees none.
-    to_tokens_end = min(next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0),
-                        WINDOW_SECONDS)
+    to_tokens_end = within_a_minute(next((at + WINDOW_SECONDS - now for at, tokens in counts.window if tokens), 0.0))
     to_day_end = until_midnight(now) if counts.to_day_end is None else counts.to_day_end
     to_month_end = until_month_end(now) if counts.to_month_end is None else counts.to_month_end
     for dimension in Dimension:
