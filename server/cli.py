@@ -209,7 +209,8 @@ def _parser() -> argparse.ArgumentParser:
                                 help="run the gateway: Envoy on --port, the gRPC server behind it")
     serve.add_argument("--host", type=_host, metavar="H", help="listen address, an IP address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port(1), metavar="P", help="HTTP and gRPC port (default 8080)")
-    serve.add_argument("--admin-port", type=_port(1), metavar="P", help="Envoy admin reads' port on 127.0.0.1 (default 9901)")
+    serve.add_argument("--admin-port", type=_port(1), metavar="P",
+                       help="Envoy admin reads' port on 127.0.0.1 (default 9901)")
     serve.add_argument("--metrics-port", type=_port(0), metavar="P",
                        help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
     serve.add_argument("--dev-key", action="store_true",

@@ -31,11 +31,8 @@ def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True
         kwargs["password"] = password
     # The writes are made for READ COMMITTED (a rotation waits for one beside it, then sees what it made): a DBA's
     # default_transaction_isolation above it would answer concurrent admin writes with serialization failures.
-    options = r"-c default_transaction_isolation=read\ committed"
-    if statement_timeout:
-        kwargs["options"] = f"{options} -c statement_timeout={int(settings.timeout_seconds * 1000)}"
-    else:
-        kwargs["options"] = f"{options} -c statement_timeout=0"
+    timeout_ms = int(settings.timeout_seconds * 1000) if statement_timeout else 0
+    kwargs["options"] = rf"-c default_transaction_isolation=read\ committed -c statement_timeout={timeout_ms}"
     return kwargs
 
 
@@ -53,10 +50,10 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
     """Not opened yet: `await pool.open(wait=False)` starts it without waiting for the database, so a server can start
     while PostgreSQL is down (readiness reports it) and recover when it comes back. Each connection is checked as it
     is taken (one round trip), so connections cut by a restart are replaced instead of failing a lookup."""
-    pool: AsyncConnectionPool | None = None
-    checking: list[asyncio.Task] = []  # the one check of the whole pool under way, if any
+    checking: asyncio.Task | None = None  # the one check of the whole pool under way, if any
 
     async def check(conn: psycopg.AsyncConnection) -> None:
+        nonlocal checking
         try:
             await AsyncConnectionPool.check_connection(conn)
         except psycopg.Error:
@@ -65,10 +62,9 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
             # after...: a busy host's first lookups after a restart took seconds, or were refused. All are checked
             # now, so the caller's next one is sound or new. In a task of its own, shielded: a caller given up on
             # (its time bound) must not cancel it midway, which would lose the connections it took out to check.
-            if pool is not None:
-                if not checking or checking[0].done():
-                    checking[:] = [asyncio.create_task(pool.check())]
-                await asyncio.shield(checking[0])
+            if checking is None or checking.done():
+                checking = asyncio.create_task(pool.check())
+            await asyncio.shield(checking)
             raise
 
     pool = AsyncConnectionPool(

@@ -82,7 +82,7 @@ class LedgerWriter:
         self._dropped_unlogged = 0
         self._drop_why = ""
         self._drop_logged_at = -_DROP_LOG_EVERY
-        self._pruned_at: float | None = None  # when the last retention pass began (monotonic); None: none yet
+        self._pruned_at = -_PRUNE_EVERY  # when the last retention pass began (monotonic, never negative)
         self._prune_before: int | None = None  # the retention pass under way deletes the rows before this
         self._pruned = 0  # rows it deleted so far
         self._ids = ReservationIds()  # row ids: unique across processes, like reservation ids
@@ -246,7 +246,7 @@ class LedgerWriter:
             # Timed on the monotonic clock: on the wall clock, one stepped back by a day (NTP mending a host that ran
             # ahead) deleted nothing for that day and the hour after it.
             tick = self._monotonic()
-            if self._pruned_at is not None and tick - self._pruned_at < _PRUNE_EVERY:
+            if tick - self._pruned_at < _PRUNE_EVERY:
                 return
             self._pruned_at = tick
             self._prune_before, self._pruned = int((self._clock() - days * 86_400) * 1000), 0
