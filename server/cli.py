@@ -8,6 +8,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -296,6 +297,9 @@ def _port(lowest: int) -> Callable[[str], int]:
     return port
 
 
+# U+202A-U+202E and U+2066-U+2069, as the console's dom.js `shown`
+_DIRECTIONAL = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
 # option -> KeyLimits field
 _LIMIT_OPTIONS = {
     "rpm": ("requests_per_minute", "requests per minute"),
@@ -401,7 +405,7 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         key, secret = await admin.create(
             args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
         )
-        print(f"Created key {key.id} ({key.name}). Its secret is shown once:")
+        print(f"Created key {key.id} ({_shown(key.name)}). Its secret is shown once:")
         print(secret)
     elif args.keys_command == "list":
         keys, _ = await admin.list()
@@ -416,18 +420,18 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         grants = (args.all_models, models) if args.all_models or args.models is not None else None
         limits = {field: value or None for field, value in _limits_given(args).items()}  # 0 removes
         key = await admin.update(args.key, name=args.name, grants=grants, limits=limits, env=args.env)
-        print(f"Updated key {key.id} ({key.name}): {_describe(key)}")
+        print(f"Updated key {key.id} ({_shown(key.name)}): {_describe(key)}")
     elif args.keys_command == "rotate":
         key, secret, expires = await admin.rotate(args.key, grace_seconds=args.grace)
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
         # No grace: the gateways' key caches drop the previous secret within seconds (as after a revocation).
         previous = ("the previous secret stops working within seconds" if expires <= time.time() else
                     f"the previous secret works until {when}")
-        print(f"Rotated key {key.id} ({key.name}); {previous}. The new secret is shown once:")
+        print(f"Rotated key {key.id} ({_shown(key.name)}); {previous}. The new secret is shown once:")
         print(secret)
     elif args.keys_command == "revoke":
         key = await admin.revoke(args.key)
-        print(f"Revoked key {key.id} ({key.name}).")
+        print(f"Revoked key {key.id} ({_shown(key.name)}).")
     return 0
 
 
@@ -439,11 +443,17 @@ def _grants(key: ApiKey) -> str:
     return "all models" if key.all_models else ",".join(sorted(key.models))
 
 
+def _shown(name: str) -> str:
+    """A key name with its directional embeddings, overrides and isolates written out as <U+202E>, as the console
+    shows them: printed raw, a right-to-left override reverses the rest of the terminal line and disguises the name."""
+    return _DIRECTIONAL.sub(lambda match: f"<U+{ord(match.group()):04X}>", name)
+
+
 def _row(key: ApiKey) -> str:
     """A key's line in `keys list` and `keys get`: id, name, state, env, grants (tab-separated)."""
     state = "revoked" if key.revoked_at else "active"
     role = " admin" if key.admin else ""
-    return f"{key.id}\t{key.name}\t{state}{role}\t{key.env or '-'}\t{_grants(key)}"
+    return f"{key.id}\t{_shown(key.name)}\t{state}{role}\t{key.env or '-'}\t{_grants(key)}"
 
 
 def _limits_text(key: ApiKey) -> str:

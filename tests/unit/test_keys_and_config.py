@@ -187,3 +187,24 @@ def test_a_key_store_that_cannot_be_opened_stops_serve_with_the_file_and_the_cau
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (f"portico: the key store in {tmp_path / 'data' / 'keys.db'} cannot be "
                                             "reached: SQLite: unable to open database file")
+
+
+def test_the_cli_writes_out_a_names_directional_controls_as_the_console_does(tmp_path, capsys):
+    """A key name holding a right-to-left override printed raw in `portico keys list` reversed the rest of the
+    operator's terminal line (the state, env and grants after it) and disguised the name (Trojan Source). The
+    console writes such characters out as <U+202E>; the CLI now does too, in every line that shows a name."""
+    from server.cli import main
+
+    data = ["--data-dir", str(tmp_path / "d")]
+    name = "billing\u202e\u2066ops"
+    assert main([*data, "keys", "create", "--name", name, "--all-models"]) == 0
+    created = capsys.readouterr().out
+    key_id = created.split()[2]
+    assert main([*data, "keys", "list"]) == 0
+    assert main([*data, "keys", "get", key_id]) == 0
+    assert main([*data, "keys", "update", key_id, "--rpm", "5"]) == 0
+    assert main([*data, "keys", "rotate", key_id]) == 0
+    assert main([*data, "keys", "revoke", key_id]) == 0
+    printed = created + capsys.readouterr().out
+    assert "\u202e" not in printed and "\u2066" not in printed
+    assert printed.count("billing<U+202E><U+2066>ops") == 6
