@@ -9,13 +9,20 @@ by its owner alone, whoever creates it first. `make_private` also tightens what 
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from server.config_providers import ConfigError
 
 PRIVATE_UMASK = 0o077
 _OTHERS = stat.S_IRWXG | stat.S_IRWXO
+# What Portico makes in the data dir; the files of these directories too. Anything else there (a lost+found, an
+# operator's own file) is not Portico's business.
+_PORTICO_ENTRIES = ("keys.db", "keys.db-wal", "keys.db-shm", "keys.db-journal", "image-link.key", "limits-daily.json",
+                    "envoy.log", "envoy-access.log", "images", "ledger-spool")
+_PORTICO_DIRS = ("images", "ledger-spool")
 
 
 def take_others_access(path: Path) -> None:
@@ -31,8 +38,10 @@ def take_others_access(path: Path) -> None:
 
 def make_private(data_dir: Path) -> None:
     """Set umask 077 for this process (and its children), so `data_dir` is made 0700 when first needed, and take
-    group/other access away from what is already there."""
+    group/other access away from what is already there. The data dir and Portico's files in it must be this user's
+    (`check_owner`)."""
     os.umask(PRIVATE_UMASK)
+    check_owner(data_dir)
     if not data_dir.is_dir():
         return
     for path in (data_dir, *data_dir.rglob("*")):
@@ -42,6 +51,52 @@ def make_private(data_dir: Path) -> None:
                 path.chmod(stat.S_IMODE(mode) & ~_OTHERS)
         except FileNotFoundError:
             pass  # removed meanwhile (an image swept by another process)
+        except PermissionError:
+            pass  # not Portico's (check_owner saw to those): another user's file, whose owner decides
+
+
+def check_owner(data_dir: Path) -> None:
+    """Files are private to their owner (umask 077), so a data dir, or a file in it, that another user made (an
+    operator's `portico keys create` or `serve` as root before the service's user ran it; a second user's `portico
+    keys` on the service's data dir) cannot be read or written by this user: one line naming it, its owner and what
+    to do, not SQLite's "unable to open database file" or a traceback once the model has loaded. Root may read
+    anything, and is not checked."""
+    me = os.geteuid()
+    if me == 0:
+        return
+    for path in _portico_paths(data_dir):
+        try:
+            owner = path.stat().st_uid
+        except FileNotFoundError:
+            continue
+        except PermissionError:  # a parent we may not enter: the data dir's own owner is then said
+            continue
+        if owner != me:
+            # Root's files are a command run as root by mistake: running the service as root is not the cure.
+            other_user = "" if owner == 0 else f"run portico as {_user_name(owner)}, or "
+            raise ConfigError(f"data_dir: {path} belongs to {_user_name(owner)}, and portico runs as {_user_name(me)} "
+                              f"here: {other_user}give the data dir to {_user_name(me)} "
+                              f"(chown -R {_user_name(me)}: {data_dir})")
+
+
+def _portico_paths(data_dir: Path) -> Iterator[Path]:
+    """The data dir, then what Portico makes in it, each directory before its files (listed only once its owner
+    was found to be this user, by the caller's check of it)."""
+    yield data_dir
+    for name in _PORTICO_ENTRIES:
+        yield data_dir / name
+    for name in _PORTICO_DIRS:
+        try:
+            yield from sorted((data_dir / name).iterdir())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a name (a file from another machine or container)
+        return f"uid {uid}"
 
 
 def make_data_dir(path: Path) -> None:

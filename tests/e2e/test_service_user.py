@@ -1,0 +1,134 @@
+"""Portico run as an unprivileged service user, as production runs it, and administered by others (root, a second
+user). Each test makes its own system users, so the module needs root (CI runs as root) and skips without it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway.envoy import free_ports
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
+                                reason="makes system users: needs root and useradd")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    home: Path
+
+    def run(self, *args: str, umask: int = 0o022) -> subprocess.CompletedProcess:
+        """`python -m server.cli ARGS` as this user, from the checkout (so its code is the one imported)."""
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "LANG": "C.UTF-8"}
+        return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=REPO, env=env, user=self.name,
+                              group=self.name, extra_groups=[], umask=umask, capture_output=True, text=True,
+                              timeout=60)
+
+
+@contextlib.contextmanager
+def system_user(base: Path) -> Iterator[User]:
+    name = f"portico-t{secrets.token_hex(3)}"
+    home = base / name
+    subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
+                    "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+    try:
+        home.mkdir(mode=0o755)
+        shutil.chown(home, name, name)
+        yield User(name, home)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[tuple[User, User]]:
+    """The service's user and a second, unrelated one, with homes under a directory both may enter."""
+    base = Path(tempfile.mkdtemp(prefix="portico-users-"))
+    base.chmod(0o755)
+    try:
+        with system_user(base) as service, system_user(base) as other:
+            if service.run("--help").returncode != 0:
+                pytest.skip(f"{service.name} cannot run the checkout's code (is {REPO} readable by all?)")
+            yield service, other
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def one_line(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    return line
+
+
+def test_a_store_root_made_stops_the_services_start_with_what_to_do(users):
+    """`portico keys create` run as root before the service's first start made the data dir and keys.db root's
+    (0700, 0600): the service's user got "the key store ... cannot be reached: SQLite: unable to open database
+    file", which says nothing of whose files they are."""
+    service, _ = users
+    data = service.home / "data"
+    subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data), "keys", "create", "--name", "ops",
+                    "--all-models"], cwd=REPO, check=True, capture_output=True, timeout=60)
+    shutil.chown(data, service.name, service.name)  # the operator gave the directory over, not keys.db
+    port, admin_port, metrics_port = free_ports(3)
+    done = service.run("--data-dir", str(data), "serve", "--port", str(port), "--admin-port", str(admin_port),
+                       "--metrics-port", str(metrics_port))
+    assert done.returncode == 2 and "listening" not in done.stdout
+    assert one_line(done) == (f"portico: configuration error: data_dir: {data}/keys.db belongs to root, and portico "
+                              f"runs as {service.name} here: give the data dir to {service.name} "
+                              f"(chown -R {service.name}: {data})")
+    subprocess.run(["chown", "-R", f"{service.name}:", str(data)], check=True)
+    assert service.run("--data-dir", str(data), "keys", "list").stdout.count("\tops\t") == 1  # and then it works
+
+
+def test_a_directory_root_made_in_the_data_dir_is_said_before_the_model_loads(users):
+    """A `portico serve` once run as root left images/ and ledger-spool/ root's: the service's user got a
+    PermissionError traceback from the ledger's spool after the model had loaded."""
+    service, _ = users
+    data = service.home / "data-spool"
+    data.mkdir(mode=0o700)
+    shutil.chown(data, service.name, service.name)
+    (data / "ledger-spool").mkdir(mode=0o700)  # root's
+    port, admin_port, metrics_port = free_ports(3)
+    done = service.run("--data-dir", str(data), "serve", "--port", str(port), "--admin-port", str(admin_port),
+                       "--metrics-port", str(metrics_port))
+    assert done.returncode == 2
+    assert f"data_dir: {data}/ledger-spool belongs to root" in one_line(done)
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["keys", "create", "--name", "x", "--all-models"], ["usage"]])
+def test_another_user_is_told_whose_store_it_is(users, command):
+    """A second user's `portico keys` or `usage` on the service's data dir (0700) was a PermissionError traceback;
+    it reads nothing, and is told to run the command as the service's user."""
+    service, other = users
+    data = service.home / "data-own"
+    assert service.run("--data-dir", str(data), "keys", "create", "--name", "mine", "--all-models").returncode == 0
+    done = other.run("--data-dir", str(data), *command)
+    assert done.returncode == 2 and done.stdout == ""
+    assert one_line(done) == (f"portico: configuration error: data_dir: {data} belongs to {service.name}, and "
+                              f"portico runs as {other.name} here: run portico as {service.name}, or give the data "
+                              f"dir to {other.name} (chown -R {other.name}: {data})")
+
+
+def test_a_file_of_someone_else_beside_the_store_is_left_alone(users):
+    """An operator's own readable file in the data dir (a note, a lost+found) is not Portico's to make private:
+    the service's user may not chmod it, which was a PermissionError traceback at every command."""
+    service, _ = users
+    data = service.home / "data-note"
+    assert service.run("--data-dir", str(data), "keys", "create", "--name", "mine", "--all-models").returncode == 0
+    note = data / "README.txt"
+    note.write_text("the gateway's data\n")
+    note.chmod(0o644)  # root's
+    done = service.run("--data-dir", str(data), "keys", "list")
+    assert done.returncode == 0 and "\tmine\t" in done.stdout, done.stderr
+    assert note.stat().st_mode & 0o777 == 0o644
