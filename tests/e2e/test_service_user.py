@@ -29,9 +29,9 @@ class User:
     name: str
     home: Path
 
-    def run(self, *args: str, umask: int = 0o022) -> subprocess.CompletedProcess:
+    def run(self, *args: str, umask: int = 0o022, **env: str) -> subprocess.CompletedProcess:
         """`python -m server.cli ARGS` as this user, from the checkout (so its code is the one imported)."""
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "LANG": "C.UTF-8"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "LANG": "C.UTF-8", **env}
         return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=REPO, env=env, user=self.name,
                               group=self.name, extra_groups=[], umask=umask, capture_output=True, text=True,
                               timeout=60)
@@ -132,3 +132,16 @@ def test_a_file_of_someone_else_beside_the_store_is_left_alone(users):
     done = service.run("--data-dir", str(data), "keys", "list")
     assert done.returncode == 0 and "\tmine\t" in done.stdout, done.stderr
     assert note.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_temp_dir_the_user_may_not_write_in_is_one_line(users):
+    """TMPDIR set to a directory of root's: the run directory (Envoy's config, the sockets) silently went to /tmp."""
+    service, _ = users
+    temp = service.home.parent / "roots-tmp"
+    temp.mkdir(mode=0o755, exist_ok=True)
+    port, admin_port, metrics_port = free_ports(3)
+    done = service.run("--data-dir", str(service.home / "data-tmp"), "serve", "--port", str(port), "--admin-port",
+                       str(admin_port), "--metrics-port", str(metrics_port), TMPDIR=str(temp))
+    assert done.returncode == 2
+    assert one_line(done) == (f"portico: configuration error: TMPDIR: {temp} is not a directory this user may write "
+                              "in (permission denied): make it one, or unset TMPDIR to use /tmp")
