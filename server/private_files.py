@@ -67,10 +67,12 @@ def check_owner(data_dir: Path) -> None:
     for path in _portico_paths(data_dir):
         try:
             owner = path.stat().st_uid
-        except FileNotFoundError:
-            continue
-        except PermissionError:  # a parent we may not enter: the data dir's own owner is then said
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not made yet (make_data_dir says why it cannot be)
+        except PermissionError:  # a directory on its path this user may not enter (/root/data)
+            raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {_user_name(me)} "
+                              f"here, which may not enter a directory on that path: choose a data dir "
+                              f"{_user_name(me)} may reach (--data-dir, data_dir)") from None
         if owner != me:
             # Root's files are a command run as root by mistake: running the service as root is not the cure.
             other_user = "" if owner == 0 else f"run portico as {_user_name(owner)}, or "

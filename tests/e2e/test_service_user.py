@@ -145,3 +145,34 @@ def test_a_temp_dir_the_user_may_not_write_in_is_one_line(users):
     assert done.returncode == 2
     assert one_line(done) == (f"portico: configuration error: TMPDIR: {temp} is not a directory this user may write "
                               "in (permission denied): make it one, or unset TMPDIR to use /tmp")
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["usage"], ["serve", "--port", "1080"]])
+def test_a_data_dir_behind_roots_directory_is_one_line(users, command):
+    """data_dir under a directory only root may enter (`~/data` read with root's HOME, /root/...) was a
+    PermissionError traceback at every command."""
+    service, _ = users
+    closed = service.home.parent / "roots-only"
+    closed.mkdir(mode=0o700, exist_ok=True)
+    done = service.run("--data-dir", str(closed / "data"), *command)
+    assert done.returncode == 2
+    assert one_line(done) == (f"portico: configuration error: data_dir: cannot reach {closed}/data (Permission "
+                              f"denied): portico runs as {service.name} here, which may not enter a directory on "
+                              f"that path: choose a data dir {service.name} may reach (--data-dir, data_dir)")
+
+
+def test_a_model_file_behind_roots_directory_is_one_line(users):
+    """embedded.model_path in a directory only root may enter was a PermissionError traceback while the
+    configuration was read."""
+    service, _ = users
+    closed = service.home.parent / "roots-only"
+    closed.mkdir(mode=0o700, exist_ok=True)
+    config = service.home.parent / "model-config.yaml"
+    config.write_text((REPO / "server/default.yaml").read_text().replace(
+        "\nembedded:\n", f"\nembedded:\n  model_path: {closed}/model.gguf\n", 1))
+    config.chmod(0o644)
+    done = service.run("--config", str(config), "--data-dir", str(service.home / "data-model"), "keys", "list")
+    assert done.returncode == 2
+    assert one_line(done) == (f"portico: configuration error: {config}: embedded.model_path: cannot read "
+                              f"{closed}/model.gguf (Permission denied): the user portico runs as may not enter a "
+                              "directory on that path")
