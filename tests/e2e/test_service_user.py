@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
+import re
 import secrets
+import signal
 import shutil
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.envoy import free_ports
@@ -31,10 +35,17 @@ class User:
 
     def run(self, *args: str, umask: int = 0o022, **env: str) -> subprocess.CompletedProcess:
         """`python -m server.cli ARGS` as this user, from the checkout (so its code is the one imported)."""
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "LANG": "C.UTF-8", **env}
-        return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=REPO, env=env, user=self.name,
-                              group=self.name, extra_groups=[], umask=umask, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run([sys.executable, "-m", "server.cli", *args], **self._as_me(umask, env),
+                              capture_output=True, text=True, timeout=60)
+
+    def start(self, *args: str, umask: int = 0o022, **env: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "server.cli", *args], **self._as_me(umask, env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def _as_me(self, umask: int, env: dict[str, str]) -> dict:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "LANG": "C.UTF-8",
+               "PYTHONUNBUFFERED": "1", **env}
+        return {"cwd": REPO, "env": env, "user": self.name, "group": self.name, "extra_groups": [], "umask": umask}
 
 
 @contextlib.contextmanager
@@ -176,3 +187,55 @@ def test_a_model_file_behind_roots_directory_is_one_line(users):
     assert one_line(done) == (f"portico: configuration error: {config}: embedded.model_path: cannot read "
                               f"{closed}/model.gguf (Permission denied): the user portico runs as may not enter a "
                               "directory on that path")
+
+
+def test_the_service_users_gateway_keeps_its_files_private_and_leaves_nothing_behind(users):
+    """Run as the service's user under the loosest umask: every file in the data dir and the run directory is its
+    user's alone, and a stop leaves nothing in TMPDIR nor in /dev/shm, where Envoy's hot-restart shared memory
+    (a file per run, never removed) piled up on every start."""
+    service, _ = users
+    data, temp = service.home / "data-serve", service.home / "tmp"
+    temp.mkdir(mode=0o700)
+    shutil.chown(temp, service.name, service.name)
+    port, admin_port, metrics_port = free_ports(3)
+    process = service.start("--data-dir", str(data), "serve", "--port", str(port), "--admin-port", str(admin_port),
+                            "--metrics-port", str(metrics_port), umask=0, TMPDIR=str(temp))
+    try:
+        printed = ""
+        while "Portico is listening" not in printed:
+            line = process.stdout.readline()
+            assert line, process.stderr.read()
+            printed += line
+        secret = re.search(r"\b(pk-\S+)", printed).group(1)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                            headers={"authorization": f"Bearer {secret}"},
+                            json={"model": "family-a-5.5", "max_tokens": 1, "messages": [{"role": "user",
+                                                                                          "content": "Hi"}]})
+        assert answer.status_code == 200, answer.text
+        (run_dir,) = temp.iterdir()
+        assert {path.name for path in run_dir.iterdir()} >= {"envoy.yaml", "envoy-admin.sock", "grpc.sock"}
+        private(service, [run_dir, *run_dir.iterdir()])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=40)
+    assert process.returncode == 0
+    assert {path.name for path in data.iterdir()} >= {"keys.db", "limits-daily.json", "envoy.log", "ledger-spool"}
+    private(service, [data, *data.rglob("*")])
+    assert not list(temp.iterdir())
+    assert not owned_by(service, Path("/dev/shm"))
+
+
+def private(user: User, paths: list[Path]) -> None:
+    uid = pwd.getpwnam(user.name).pw_uid
+    for path in paths:
+        info = path.lstat()
+        assert info.st_uid == uid and info.st_mode & 0o077 == 0, (path, oct(info.st_mode))
+
+
+def owned_by(user: User, directory: Path) -> list[Path]:
+    uid, owned = pwd.getpwnam(user.name).pw_uid, []
+    for path in directory.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # another session's, removed meanwhile
+            if path.lstat().st_uid == uid:
+                owned.append(path)
+    return owned
