@@ -64,6 +64,7 @@ def check_owner(data_dir: Path) -> None:
     me = os.geteuid()
     if me == 0:
         return
+    data_dir = Path(os.path.abspath(data_dir))  # named whole in what is said: "data" is the working directory's
     for path in _portico_paths(data_dir):
         try:
             owner = path.stat().st_uid
@@ -108,4 +109,5 @@ def make_data_dir(path: Path) -> None:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:  # FileExistsError's own words, "File exists", read as nothing wrong
         reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
-        raise ConfigError(f"data_dir: cannot create {path} ({reason})") from None
+        # Whole: a relative data_dir ("data", the default) is the working directory's, which the line should name.
+        raise ConfigError(f"data_dir: cannot create {os.path.abspath(path)} ({reason})") from None

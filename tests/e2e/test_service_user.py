@@ -239,3 +239,16 @@ def owned_by(user: User, directory: Path) -> list[Path]:
             if path.lstat().st_uid == uid:
                 owned.append(path)
     return owned
+
+
+def test_the_default_data_dir_is_named_whole_when_it_cannot_be_made(users):
+    """`make serve` (or `portico serve` without --data-dir) as the service's user in a checkout it may not write:
+    "cannot create data (Permission denied)" did not say where "data" was."""
+    service, _ = users
+    if os.stat(REPO).st_mode & 0o002:
+        pytest.skip(f"{REPO} is writable by all")
+    port, admin_port, metrics_port = free_ports(3)
+    done = service.run("serve", "--port", str(port), "--admin-port", str(admin_port), "--metrics-port",
+                       str(metrics_port))
+    assert done.returncode == 2
+    assert one_line(done) == f"portico: configuration error: data_dir: cannot create {REPO}/data (Permission denied)"
