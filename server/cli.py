@@ -24,7 +24,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
 from server.observability.access_log import AccessLog
-from server.private_files import make_data_dir, make_private, take_others_access
+from server.private_files import make_data_dir, make_private, take_others_access, user_name
 from server.serving import check_temp_dir, run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
@@ -172,8 +172,23 @@ def _check_access_log(target: str) -> None:
         AccessLog(target).close()
         if target not in ("stderr", "stdout", "off"):
             take_others_access(Path(target))  # key ids and envs: as private as the data dir's files
+    except PermissionError as exc:
+        raise ConfigError(f"access_log: cannot open {target} ({exc.strerror}{_owned_by_another(target)})") from None
     except OSError as exc:
         raise ConfigError(f"access_log: cannot open {target} ({exc.strerror})") from None
+
+
+def _owned_by_another(path: str) -> str:
+    """A file access log an earlier run as another user (root) made, private to that user (umask 077): whose it
+    is and how to give it over, else nothing more to say."""
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return ""
+    if owner == os.geteuid():
+        return ""
+    me = user_name(os.geteuid())
+    return f": it belongs to {user_name(owner)}, and portico runs as {me} here: chown {me}: {path}"
 
 
 def _quiet_store_diagnostics(level: str) -> None:

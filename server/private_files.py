@@ -71,15 +71,15 @@ def check_owner(data_dir: Path) -> None:
         except (FileNotFoundError, NotADirectoryError):
             continue  # not made yet (make_data_dir says why it cannot be)
         except PermissionError:  # a directory on its path this user may not enter (/root/data)
-            raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {_user_name(me)} "
+            raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {user_name(me)} "
                               f"here, which may not enter a directory on that path: choose a data dir "
-                              f"{_user_name(me)} may reach (--data-dir, data_dir)") from None
+                              f"{user_name(me)} may reach (--data-dir, data_dir)") from None
         if owner != me:
             # Root's files are a command run as root by mistake: running the service as root is not the cure.
-            other_user = "" if owner == 0 else f"run portico as {_user_name(owner)}, or "
-            raise ConfigError(f"data_dir: {path} belongs to {_user_name(owner)}, and portico runs as {_user_name(me)} "
-                              f"here: {other_user}give the data dir to {_user_name(me)} "
-                              f"(chown -R {_user_name(me)}: {data_dir})")
+            other_user = "" if owner == 0 else f"run portico as {user_name(owner)}, or "
+            raise ConfigError(f"data_dir: {path} belongs to {user_name(owner)}, and portico runs as {user_name(me)} "
+                              f"here: {other_user}give the data dir to {user_name(me)} "
+                              f"(chown -R {user_name(me)}: {data_dir})")
 
 
 def _portico_paths(data_dir: Path) -> Iterator[Path]:
@@ -95,7 +95,7 @@ def _portico_paths(data_dir: Path) -> Iterator[Path]:
             continue
 
 
-def _user_name(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:  # a uid without a name (a file from another machine or container)

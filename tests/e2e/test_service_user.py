@@ -252,3 +252,22 @@ def test_the_default_data_dir_is_named_whole_when_it_cannot_be_made(users):
                        str(metrics_port))
     assert done.returncode == 2
     assert one_line(done) == f"portico: configuration error: data_dir: cannot create {REPO}/data (Permission denied)"
+
+
+def test_an_access_log_root_made_says_whose_it_is(users):
+    """A file access log a first start as root made (0600, root's): the service's user was told only "Permission
+    denied" about a file in a directory it owns."""
+    service, _ = users
+    log = service.home / "access.log"
+    log.touch(mode=0o600)  # root's
+    config = service.home.parent / "access-log-config.yaml"
+    config.write_text((REPO / "server/default.yaml").read_text().replace("\naccess_log: stderr ",
+                                                                          f"\naccess_log: {log} ", 1))
+    config.chmod(0o644)
+    port, admin_port, metrics_port = free_ports(3)
+    done = service.run("--config", str(config), "--data-dir", str(service.home / "data-log"), "serve", "--port",
+                       str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port))
+    assert done.returncode == 2
+    assert one_line(done) == (f"portico: configuration error: access_log: cannot open {log} (Permission denied: it "
+                              f"belongs to root, and portico runs as {service.name} here: chown {service.name}: "
+                              f"{log})")
