@@ -82,6 +82,24 @@ def check_owner(data_dir: Path) -> None:
                               f"(chown -R {user_name(me)}: {data_dir})")
 
 
+def act_as_owner(data_dir: Path) -> None:
+    """Root's `portico keys` or `usage` on a data dir that belongs to another user (the service's) runs as that user,
+    as `sudo -u` would: a key store it made, or a WAL it left, was root's, and the service's next start could not
+    open it. Then the data dir must be that user's throughout (check_owner)."""
+    if os.geteuid() != 0:
+        return
+    try:
+        owner = data_dir.stat()
+    except OSError:
+        return  # not made yet: made as root, as by any command root runs (check_owner says so at the service's start)
+    if owner.st_uid == 0:
+        return
+    os.setgroups([])
+    os.setgid(owner.st_gid)
+    os.setuid(owner.st_uid)
+    check_owner(data_dir)
+
+
 def _portico_paths(data_dir: Path) -> Iterator[Path]:
     """The data dir, then what Portico makes in it, each directory before its files (listed only once its owner
     was found to be this user, by the caller's check of it)."""

@@ -271,3 +271,21 @@ def test_an_access_log_root_made_says_whose_it_is(users):
     assert one_line(done) == (f"portico: configuration error: access_log: cannot open {log} (Permission denied: it "
                               f"belongs to root, and portico runs as {service.name} here: chown {service.name}: "
                               f"{log})")
+
+
+def test_roots_keys_command_on_the_services_data_dir_leaves_the_files_the_services(users):
+    """`sudo portico keys create` (root) on the service's data dir, before the service made its store: keys.db was
+    root's (0600), and the service could not open it at its next start."""
+    service, _ = users
+    data = service.home / "data-sudo"
+    data.mkdir(mode=0o700)
+    shutil.chown(data, service.name, service.name)
+    as_root = [sys.executable, "-m", "server.cli", "--data-dir", str(data)]
+    subprocess.run([*as_root, "keys", "create", "--name", "ops", "--all-models"], cwd=REPO, check=True,
+                   capture_output=True, timeout=60)
+    assert "\tops\t" in subprocess.run([*as_root, "keys", "list"], cwd=REPO, check=True, capture_output=True,
+                                       text=True, timeout=60).stdout
+    assert "total" in subprocess.run([*as_root, "usage"], cwd=REPO, check=True, capture_output=True, text=True,
+                                     timeout=60).stdout
+    private(service, [data, *data.iterdir()])
+    assert "\tops\t" in service.run("--data-dir", str(data), "keys", "list").stdout
