@@ -67,19 +67,25 @@ def check_owner(data_dir: Path) -> None:
     data_dir = Path(os.path.abspath(data_dir))  # named whole in what is said: "data" is the working directory's
     for path in _portico_paths(data_dir):
         try:
-            owner = path.stat().st_uid
+            info = path.stat()
         except (FileNotFoundError, NotADirectoryError):
             continue  # not made yet (make_data_dir says why it cannot be)
         except PermissionError:  # a directory on its path this user may not enter (/root/data)
             raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {user_name(me)} "
                               f"here, which may not enter a directory on that path: choose a data dir "
                               f"{user_name(me)} may reach (--data-dir, data_dir)") from None
-        if owner != me:
+        if (owner := info.st_uid) != me:
             # Root's files are a command run as root by mistake: running the service as root is not the cure.
             other_user = "" if owner == 0 else f"run portico as {user_name(owner)}, or "
             raise ConfigError(f"data_dir: {path} belongs to {user_name(owner)}, and portico runs as {user_name(me)} "
                               f"here: {other_user}give the data dir to {user_name(me)} "
                               f"(chown -R {user_name(me)}: {data_dir})")
+        # Its owner's and still closed to it (chmod 500, 400): SQLite said only "attempt to write a readonly
+        # database", and a read-only keys.db let the gateway start, then drop every usage-ledger row.
+        wanted, letters = (0o700, "rwx") if stat.S_ISDIR(info.st_mode) else (0o600, "rw")
+        if info.st_mode & wanted != wanted:
+            raise ConfigError(f"data_dir: {path} is mode {stat.S_IMODE(info.st_mode):04o}: portico must read and "
+                              f"write it (chmod u+{letters} {path})")
 
 
 def act_as_owner(data_dir: Path) -> None:

@@ -289,3 +289,20 @@ def test_roots_keys_command_on_the_services_data_dir_leaves_the_files_the_servic
                                      timeout=60).stdout
     private(service, [data, *data.iterdir()])
     assert "\tops\t" in service.run("--data-dir", str(data), "keys", "list").stdout
+
+
+@pytest.mark.parametrize(("closed", "mode", "letters"), [("", 0o500, "rwx"), ("keys.db", 0o400, "rw")])
+def test_a_data_dir_or_store_made_read_only_is_one_line(users, closed, mode, letters):
+    """A data dir chmod 500 was SQLite's "attempt to write a readonly database" about a keys.db that was writable;
+    a keys.db chmod 400 let the gateway start (half up: its usage ledger then failed)."""
+    service, _ = users
+    data = service.home / f"data-read-only-{mode:o}"
+    assert service.run("--data-dir", str(data), "keys", "create", "--name", "mine", "--all-models").returncode == 0
+    path = data / closed if closed else data
+    path.chmod(mode)
+    port, admin_port, metrics_port = free_ports(3)
+    done = service.run("--data-dir", str(data), "serve", "--port", str(port), "--admin-port", str(admin_port),
+                       "--metrics-port", str(metrics_port))
+    assert done.returncode == 2 and "listening" not in done.stdout
+    assert one_line(done) == (f"portico: configuration error: data_dir: {path} is mode {mode:04o}: portico must "
+                              f"read and write it (chmod u+{letters} {path})")
