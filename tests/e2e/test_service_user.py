@@ -1,5 +1,7 @@
 """Portico run as an unprivileged service user, as production runs it, and administered by others (root, a second
-user). Each test makes its own system users, so the module needs root (CI runs as root) and skips without it."""
+user). The module makes two throwaway system users (removed at its end), so it needs root (CI runs as root) and
+skips without it; every command runs with the checkout as its working directory, so the checkout's code is the one
+imported."""
 
 from __future__ import annotations
 
