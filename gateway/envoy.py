@@ -10,8 +10,8 @@
 
 The admin interface listens on a unix socket (mode 0600) and its reads (GET, HEAD) are published on 127.0.0.1's
 `admin_port`; the listener binds 127.0.0.1 by default. Envoy is a supervised child (gateway/processes.py): it never
-outlives Portico, and a terminal's Ctrl-C reaches only Portico, which drains it. `--use-dynamic-base-id` lets several
-Envoys share one machine.
+outlives Portico, and a terminal's Ctrl-C reaches only Portico, which drains it. Without hot restart
+(`--disable-hot-restart`), several Envoys share one machine and none leaves shared memory behind.
 """
 
 from __future__ import annotations
@@ -335,7 +335,10 @@ class EnvoyProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(dict(self.config), sort_keys=False), encoding="utf-8")
         args = [str(self._binary or envoy_binary()), "-c", str(self.config_path), "--log-level", "warning",
-                "--use-dynamic-base-id", "--base-id-path", str(self.run_dir / "envoy.base-id"),
+                # No hot restart (Portico restarts Envoy as a whole): its shared memory, a file in /dev/shm that
+                # Envoy never removes, was left behind by every run, and its base id (a per-machine slot several
+                # Envoys must not share) is then not needed either.
+                "--disable-hot-restart",
                 # Envoy's access-log lines (replies the server never saw) reach the file within a second, not the
                 # default ten: an operator grepping for the x-request-id of a refusal finds it at once.
                 "--file-flush-interval-msec", "1000"]

@@ -25,7 +25,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.keys import KeyAdmin, open_key_store
 from server.observability.access_log import AccessLog
-from server.private_files import make_data_dir, make_private, take_others_access
+from server.private_files import act_as_owner, make_data_dir, make_private, take_others_access, user_name
 from server.serving import check_temp_dir, run_worker, serve, wants_development_key
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)
+        if not config.key_store.is_postgres:
+            act_as_owner(config.data_dir)  # root's command on the service's SQLite store leaves no file of root's
         if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
             if args.keys_command != "create" and not (path := config.key_database.sqlite_path).exists():
                 # A store made here would list no keys (a mistyped --data-dir, a relative data_dir read from
@@ -173,8 +175,23 @@ def _check_access_log(target: str) -> None:
         AccessLog(target).close()
         if target not in ("stderr", "stdout", "off"):
             take_others_access(Path(target))  # key ids and envs: as private as the data dir's files
+    except PermissionError as exc:
+        raise ConfigError(f"access_log: cannot open {target} ({exc.strerror}{_owned_by_another(target)})") from None
     except OSError as exc:
         raise ConfigError(f"access_log: cannot open {target} ({exc.strerror})") from None
+
+
+def _owned_by_another(path: str) -> str:
+    """A file access log an earlier run as another user (root) made, private to that user (umask 077): whose it
+    is and how to give it over, else nothing more to say."""
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return ""
+    if owner == os.geteuid():
+        return ""
+    me = user_name(os.geteuid())
+    return f": it belongs to {user_name(owner)}, and portico runs as {me} here: chown {me}: {path}"
 
 
 def _quiet_store_diagnostics(level: str) -> None:

@@ -271,7 +271,12 @@ def _base_url(value: Any, where: str) -> str | None:
 
 def _model_path(value: Any, where: str) -> str | None:
     value = os.path.expanduser(value) if isinstance(value, str) and "\0" not in value else value
-    if value is not None and not (isinstance(value, str) and Path(value).is_file()):
+    try:
+        is_file = isinstance(value, str) and Path(value).is_file()
+    except PermissionError:  # a directory on its path this user may not enter (a file under /root)
+        raise ConfigError(f"{where}: cannot read {value} (Permission denied): the user portico runs as may not "
+                          "enter a directory on that path") from None
+    if value is not None and not is_file:
         what = "a directory" if isinstance(value, str) and Path(value).is_dir() else "no such file"
         raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} ({what})")
     if value is not None:

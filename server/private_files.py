@@ -9,13 +9,20 @@ by its owner alone, whoever creates it first. `make_private` also tightens what 
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from server.config_providers import ConfigError
 
 PRIVATE_UMASK = 0o077
 _OTHERS = stat.S_IRWXG | stat.S_IRWXO
+# What Portico makes in the data dir; the files of these directories too. Anything else there (a lost+found, an
+# operator's own file) is not Portico's business.
+_PORTICO_ENTRIES = ("keys.db", "keys.db-wal", "keys.db-shm", "keys.db-journal", "image-link.key", "limits-daily.json",
+                    "envoy.log", "envoy-access.log", "images", "ledger-spool")
+_PORTICO_DIRS = ("images", "ledger-spool")
 
 
 def take_others_access(path: Path) -> None:
@@ -31,8 +38,10 @@ def take_others_access(path: Path) -> None:
 
 def make_private(data_dir: Path) -> None:
     """Set umask 077 for this process (and its children), so `data_dir` is made 0700 when first needed, and take
-    group/other access away from what is already there."""
+    group/other access away from what is already there. The data dir and Portico's files in it must be this user's
+    (`check_owner`)."""
     os.umask(PRIVATE_UMASK)
+    check_owner(data_dir)
     if not data_dir.is_dir():
         return
     for path in (data_dir, *data_dir.rglob("*")):
@@ -42,6 +51,79 @@ def make_private(data_dir: Path) -> None:
                 path.chmod(stat.S_IMODE(mode) & ~_OTHERS)
         except FileNotFoundError:
             pass  # removed meanwhile (an image swept by another process)
+        except PermissionError:
+            pass  # not Portico's (check_owner saw to those): another user's file, whose owner decides
+
+
+def check_owner(data_dir: Path) -> None:
+    """Files are private to their owner (umask 077), so a data dir, or a file in it, that another user made (an
+    operator's `portico keys create` or `serve` as root before the service's user ran it; a second user's `portico
+    keys` on the service's data dir) cannot be read or written by this user: one line naming it, its owner and what
+    to do, not SQLite's "unable to open database file" or a traceback once the model has loaded. Root may read
+    anything, and is not checked."""
+    me = os.geteuid()
+    if me == 0:
+        return
+    data_dir = Path(os.path.abspath(data_dir))  # named whole in what is said: "data" is the working directory's
+    for path in _portico_paths(data_dir):
+        try:
+            info = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not made yet (make_data_dir says why it cannot be)
+        except PermissionError:  # a directory on its path this user may not enter (/root/data)
+            raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {user_name(me)} "
+                              f"here, which may not enter a directory on that path: choose a data dir "
+                              f"{user_name(me)} may reach (--data-dir, data_dir)") from None
+        if (owner := info.st_uid) != me:
+            # Root's files are a command run as root by mistake: running the service as root is not the cure.
+            other_user = "" if owner == 0 else f"run portico as {user_name(owner)}, or "
+            raise ConfigError(f"data_dir: {path} belongs to {user_name(owner)}, and portico runs as {user_name(me)} "
+                              f"here: {other_user}give the data dir to {user_name(me)} "
+                              f"(chown -R {user_name(me)}: {data_dir})")
+        # Its owner's and still closed to it (chmod 500, 400): SQLite said only "attempt to write a readonly
+        # database", and a read-only keys.db let the gateway start, then drop every usage-ledger row.
+        wanted, letters = (0o700, "rwx") if stat.S_ISDIR(info.st_mode) else (0o600, "rw")
+        if info.st_mode & wanted != wanted:
+            raise ConfigError(f"data_dir: {path} is mode {stat.S_IMODE(info.st_mode):04o}: portico must read and "
+                              f"write it (chmod u+{letters} {path})")
+
+
+def act_as_owner(data_dir: Path) -> None:
+    """Root's `portico keys` or `usage` on a data dir that belongs to another user (the service's) runs as that user,
+    as `sudo -u` would: a key store it made, or a WAL it left, was root's, and the service's next start could not
+    open it. Then the data dir must be that user's throughout (check_owner)."""
+    if os.geteuid() != 0:
+        return
+    try:
+        owner = data_dir.stat()
+    except OSError:
+        return  # not made yet: made as root, as by any command root runs (check_owner says so at the service's start)
+    if owner.st_uid == 0:
+        return
+    os.setgroups([])
+    os.setgid(owner.st_gid)
+    os.setuid(owner.st_uid)
+    check_owner(data_dir)
+
+
+def _portico_paths(data_dir: Path) -> Iterator[Path]:
+    """The data dir, then what Portico makes in it, each directory before its files (listed only once its owner
+    was found to be this user, by the caller's check of it)."""
+    yield data_dir
+    for name in _PORTICO_ENTRIES:
+        yield data_dir / name
+    for name in _PORTICO_DIRS:
+        try:
+            yield from sorted((data_dir / name).iterdir())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a name (a file from another machine or container)
+        return f"uid {uid}"
 
 
 def make_data_dir(path: Path) -> None:
@@ -51,4 +133,5 @@ def make_data_dir(path: Path) -> None:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:  # FileExistsError's own words, "File exists", read as nothing wrong
         reason = "a file is there, not a directory" if isinstance(exc, FileExistsError) else exc.strerror
-        raise ConfigError(f"data_dir: cannot create {path} ({reason})") from None
+        # Whole: a relative data_dir ("data", the default) is the working directory's, which the line should name.
+        raise ConfigError(f"data_dir: cannot create {os.path.abspath(path)} ({reason})") from None

@@ -64,12 +64,25 @@ def check_temp_dir(workers: int) -> None:
     """The run directory is made under the system temp dir (TMPDIR): its longest socket path must fit a unix socket,
     said in one line before anything starts rather than as grpc's bind failure after the model has loaded."""
     temp = tempfile.gettempdir()
+    if (asked := os.environ.get("TMPDIR")) and os.path.abspath(asked) != temp:
+        # Python passes over a TMPDIR it cannot write in for /tmp, unsaid: the operator's place (a private
+        # RuntimeDirectory, a tmpfs of its own) would silently not be used.
+        raise ConfigError(f"TMPDIR: {asked} is not a directory this user may write in ({_not_writable(asked)}): "
+                          "make it one, or unset TMPDIR to use /tmp")
     name = max(socket_name(workers - 1 if workers > 1 else None), ADMIN_SOCKET, key=len)
     longest = Path(temp, "portico-XXXXXXXX", name)  # mkdtemp: 8 chars
     if len(os.fsencode(longest)) > SOCKET_PATH_BYTES:
         room = SOCKET_PATH_BYTES - (len(os.fsencode(longest)) - len(os.fsencode(temp)))
         raise ConfigError(f"TMPDIR: {temp} is too long for the run directory's unix sockets (at most {room} bytes "
                           "here): set TMPDIR to a shorter directory")
+
+
+def _not_writable(path: str) -> str:
+    if not os.path.exists(path):
+        return "no such directory"
+    if not os.path.isdir(path):
+        return "not a directory"
+    return "permission denied"
 
 
 def raise_open_files_limit() -> None:

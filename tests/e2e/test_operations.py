@@ -290,6 +290,22 @@ def test_a_temp_dir_too_long_for_unix_sockets_is_one_line_and_exit_2(tmp_path, w
     assert not list(temp.iterdir())  # nothing made there
 
 
+def test_a_temp_dir_that_is_missing_is_one_line_and_exit_2(tmp_path):
+    """Python passes over a TMPDIR it cannot use for /tmp without a word: the run directory, with the sockets,
+    went where the operator had not put it."""
+    temp = tmp_path / "no-such-dir"
+    port, admin_port, metrics_port = free_ports(3)
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cli", "--data-dir", str(tmp_path / "data"), "serve", "--port", str(port),
+         "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "TMPDIR": str(temp)},
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"portico: configuration error: TMPDIR: {temp} is not a directory this user may write in "
+                           "(no such directory): make it one, or unset TMPDIR to use /tmp\n")
+    assert not (tmp_path / "data").exists()  # nothing made
+
+
 @pytest.mark.parametrize(("damage", "exit_code", "start"), [
     ("image-link.key", 2, "portico: configuration error: data_dir: "),
     ("images", 2, "portico: configuration error: data_dir: "),
