@@ -124,7 +124,8 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         _logger.error("cannot serve metrics on 127.0.0.1:%d (%s); stopping Portico.", config.metrics_port, exc)
         await _stop_backend(backend)
         return 1
-    envoy = EnvoyProcess(_envoy_config(config, backend.upstreams, run_dir), run_dir, log_path=config.data_dir / "envoy.log")
+    envoy = EnvoyProcess(_envoy_config(config, backend.upstreams, run_dir), run_dir,
+                         log_path=config.data_dir / "envoy.log")
     try:
         await envoy.start()
     except EnvoyError as exc:
