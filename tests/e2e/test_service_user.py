@@ -57,7 +57,8 @@ def system_user(base: Path) -> Iterator[User]:
     subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
                     "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
     try:
-        home.mkdir(mode=0o755)
+        home.mkdir()
+        home.chmod(0o755)  # not mkdir's mode: an in-process `portico` command earlier in the run set umask 077
         shutil.chown(home, name, name)
         yield User(name, home)
     finally:
@@ -151,7 +152,8 @@ def test_a_temp_dir_the_user_may_not_write_in_is_one_line(users):
     """TMPDIR set to a directory of root's: the run directory (Envoy's config, the sockets) silently went to /tmp."""
     service, _ = users
     temp = service.home.parent / "roots-tmp"
-    temp.mkdir(mode=0o755, exist_ok=True)
+    temp.mkdir(exist_ok=True)
+    temp.chmod(0o755)
     port, admin_port, metrics_port = free_ports(3)
     done = service.run("--data-dir", str(service.home / "data-tmp"), "serve", "--port", str(port), "--admin-port",
                        str(admin_port), "--metrics-port", str(metrics_port), TMPDIR=str(temp))
