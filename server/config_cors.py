@@ -31,6 +31,10 @@ EXPOSE_HEADERS = (
     "x-request-id", "request-id", "retry-after", "retry-after-ms", "x-should-retry",
     "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
     "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens", "x-portico-cache",
+    # Anthropic's names for the same limits, on the answers of /v1/messages models (api.md, Rate limits).
+    "anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset", "anthropic-ratelimit-tokens-limit", "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-tokens-reset",
 )
 MAX_AGE_SECONDS = 7200  # how long a browser may reuse a preflight's answer (Chromium's own cap)
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # an HTTP field name (RFC 9110), in lower case

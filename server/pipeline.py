@@ -429,7 +429,7 @@ def _note_finish(call: Call, meter: Meter) -> None:
 
 
 async def _send_headers(call: Call, reservation: Reservation, extra: tuple[str, str] | None = None) -> None:
-    headers = rate_limit_headers(reservation)
+    headers = rate_limit_headers(reservation, anthropic=call.model.endpoint is Endpoint.MESSAGES)
     if extra is not None:
         headers = [*headers, extra]
     if headers:

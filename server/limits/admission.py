@@ -260,12 +260,13 @@ async def _logged(work: Awaitable[T]) -> T | None:
         return None
 
 
-def rate_limit_headers(reservation: Reservation) -> tuple[tuple[str, str], ...]:
-    """x-ratelimit-{limit,remaining,reset}-{requests,tokens} for the tightest limit of each kind that applies."""
+def rate_limit_headers(reservation: Reservation, *, anthropic: bool = False) -> tuple[tuple[str, str], ...]:
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens} for the tightest limit of each kind that applies (and
+    anthropic-ratelimit-* for an Anthropic caller)."""
     headers: list[tuple[str, str]] = []
     for kind, tightest in (("requests", reservation.requests), ("tokens", reservation.tokens)):
         if tightest is not None:
-            headers += ratelimit_headers(kind, tightest)
+            headers += ratelimit_headers(kind, tightest, anthropic=anthropic)
     return tuple(headers)
 
 

@@ -15,7 +15,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Protocol
 
 from server.domain_keys import KeyLimits
@@ -209,16 +209,17 @@ class LimitExceeded(RateLimited):
         self.never_fits = never_fits  # its reservation alone is over the limit: no wait lets it through
         self.standing = standing  # the refusing limit as x-ratelimit-* values; None when they cannot say it
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        """Also the refusing limit's x-ratelimit-* headers, as OpenAI sends them on a 429, so clients can wait for
-        its reset (none for the concurrency limit). A request that could never fit says `x-should-retry: false`
-        instead, which both official SDKs and Portico's client obey: retrying it only spends their retries."""
+    def trailing_metadata(self, *, anthropic: bool = False) -> tuple[tuple[str, str], ...]:
+        """Also the refusing limit's x-ratelimit-* headers, as OpenAI sends them on a 429 (and Anthropic's names
+        for an Anthropic caller), so clients can wait for its reset (none for the concurrency limit). A request that
+        could never fit says `x-should-retry: false` instead, which both official SDKs and Portico's client obey:
+        retrying it only spends their retries."""
         if self.never_fits:
             return (("x-should-retry", "false"),)
         kind = self.dimension.header_kind
         if kind is None or self.standing is None:
             return super().trailing_metadata()
-        return (*super().trailing_metadata(), *ratelimit_headers(kind, self.standing))
+        return (*super().trailing_metadata(), *ratelimit_headers(kind, self.standing, anthropic=anthropic))
 
     def metric_labels(self) -> dict[str, str]:
         return {"limit": self.dimension.value, "scope": self.scope.kind}
@@ -412,13 +413,23 @@ def _in_flight(reading: Reading, text: Callable[[int], str]) -> str:
     return f" ({text(reading.held)} {of} held by requests in flight until they end)"
 
 
-def ratelimit_headers(kind: str, standing: Standing) -> list[tuple[str, str]]:
-    """The x-ratelimit-{limit,remaining,reset}-{kind} headers of one limit."""
-    return [
+def ratelimit_headers(kind: str, standing: Standing, *, anthropic: bool = False) -> list[tuple[str, str]]:
+    """The x-ratelimit-{limit,remaining,reset}-{kind} headers of one limit; for an Anthropic caller also
+    Anthropic's own anthropic-ratelimit-{kind}-{limit,remaining,reset}, which its SDK's users read (the reset an
+    RFC 3339 time, when the limit is whole again)."""
+    headers = [
         (f"x-ratelimit-limit-{kind}", str(standing.limit)),
         (f"x-ratelimit-remaining-{kind}", str(standing.remaining)),
         (f"x-ratelimit-reset-{kind}", duration_text(standing.reset_seconds)),
     ]
+    if anthropic:
+        reset = datetime.now(timezone.utc) + timedelta(seconds=math.ceil(max(0.0, standing.reset_seconds)))
+        headers += [
+            (f"anthropic-ratelimit-{kind}-limit", str(standing.limit)),
+            (f"anthropic-ratelimit-{kind}-remaining", str(standing.remaining)),
+            (f"anthropic-ratelimit-{kind}-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ]
+    return headers
 
 
 def duration_text(seconds: float) -> str:

@@ -258,7 +258,8 @@ def test_an_actual_answer_names_the_origin_and_exposes_the_headers(gateway):
     assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == APP_ORIGIN
     exposed = {name.strip() for name in answer.headers["access-control-expose-headers"].split(",")}
     assert {"x-request-id", "request-id", "retry-after", "retry-after-ms", "x-should-retry", "x-portico-cache",
-            "x-ratelimit-limit-requests", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests"} <= exposed
+            "x-ratelimit-limit-requests", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests",
+            "anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-tokens-reset"} <= exposed
     assert "origin" in answer.headers.get("vary", "").lower()
     # No Origin header (curl, the SDKs outside a browser): the answer is as it always was.
     plain = httpx.get(f"{gateway.base_url}/v1/models", headers={"authorization": f"Bearer {gateway.secret}"},

@@ -3,6 +3,7 @@ JSON and streamed answers of both dialects, RESOURCE_EXHAUSTED with RetryInfo fo
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 
@@ -74,6 +75,39 @@ def test_anthropic_sdk_headers_on_json_and_stream_then_rate_limit_error(gateway)
         "rate_limit_error", "rate_limit_exceeded", None)
     assert 0 < int(caught.value.response.headers["retry-after"]) <= 60
     assert caught.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+ANTHROPIC_HEADERS = {f"anthropic-ratelimit-{kind}-{what}" for kind in ("requests", "tokens")
+                     for what in ("limit", "remaining", "reset")}
+
+
+def test_anthropic_sdk_callers_get_anthropics_own_rate_limit_headers(gateway):
+    """Anthropic-SDK callers (and tools built on them) read anthropic-ratelimit-{requests,tokens}-{limit,remaining,
+    reset}, the reset an RFC 3339 time, on answers and on a 429; a gateway that only says x-ratelimit-* leaves them
+    blind until the 429. OpenAI callers keep OpenAI's names only."""
+    secret = create_key(gateway, "--rpm", "2", "--tpm", "50000")
+    client = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    model = "family-b-haiku-4-5-20251001"
+    raw = client.messages.with_raw_response.create(model=model, max_tokens=2, messages=HI)
+    assert ANTHROPIC_HEADERS <= set(raw.headers), raw.headers
+    assert (raw.headers["anthropic-ratelimit-requests-limit"], raw.headers["anthropic-ratelimit-requests-remaining"],
+            raw.headers["anthropic-ratelimit-tokens-limit"]) == ("2", "1", "50000")
+    reset = datetime.datetime.fromisoformat(raw.headers["anthropic-ratelimit-requests-reset"].replace("Z", "+00:00"))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert now - datetime.timedelta(seconds=2) <= reset <= now + datetime.timedelta(seconds=61)
+    assert raw.headers["anthropic-ratelimit-requests-reset"].endswith("Z")
+    with client.messages.with_streaming_response.create(model=model, max_tokens=2, messages=HI, stream=True) as s:
+        assert ANTHROPIC_HEADERS <= set(s.headers) and s.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        client.messages.create(model=model, max_tokens=2, messages=HI)
+    refused = caught.value.response.headers
+    assert (refused["anthropic-ratelimit-requests-limit"], refused["anthropic-ratelimit-requests-remaining"]) == (
+        "2", "0")
+    assert refused["anthropic-ratelimit-requests-reset"].endswith("Z")
+    openai_caller = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=create_key(gateway, "--rpm", "2"),
+                                  max_retries=0)
+    chat = openai_caller.chat.completions.with_raw_response.create(model="family-a-5.5", messages=HI, max_tokens=2)
+    assert HEADERS <= set(chat.headers) and not any(h.startswith("anthropic-") for h in chat.headers)
 
 
 def test_both_sdks_do_not_retry_a_request_too_large_for_the_keys_limits(gateway):
