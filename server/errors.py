@@ -134,12 +134,13 @@ class PorticoError(Exception):
         deployment of it would take (they share its window), but a fallback with a longer one may."""
         return self.code == CONTEXT_LENGTH_EXCEEDED
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+    def trailing_metadata(self, *, anthropic: bool = False) -> tuple[tuple[str, str], ...]:
         """Headers the answer carries besides the error body (Envoy's Lua filter keeps them as HTTP headers): the
         retry hint, in both forms the SDKs read (they prefer retry-after-ms). A wait of more than a minute (a daily
         quota, a budget, an upstream's long retry-after) also says `x-should-retry: false`: the anthropic SDK would
         sleep for the whole retry-after, hours until UTC midnight, with its caller hanging on it. The retry-after
-        still says when; the caller decides whether to wait."""
+        still says when; the caller decides whether to wait. `anthropic`: the caller speaks the Messages API (a
+        limit's refusal then also names it as Anthropic does)."""
         final = (("x-should-retry", "false"),)
         if self.retry_after <= 0:
             return final if self.should_retry is False else ()
@@ -239,7 +240,7 @@ class UpstreamMisconfigured(UpstreamError):
     the caller can mend that, so the answer says `x-should-retry: false` and the SDKs raise it at once instead of
     sending the same doomed request twice more (their default), slowly."""
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+    def trailing_metadata(self, *, anthropic: bool = False) -> tuple[tuple[str, str], ...]:
         return (("x-should-retry", "false"),)
 
 

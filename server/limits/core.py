@@ -218,8 +218,9 @@ class LimitExceeded(RateLimited):
             return (("x-should-retry", "false"),)
         kind = self.dimension.header_kind
         if kind is None or self.standing is None:
-            return super().trailing_metadata()
-        return (*super().trailing_metadata(), *ratelimit_headers(kind, self.standing, anthropic=anthropic))
+            return super().trailing_metadata(anthropic=anthropic)
+        own = ratelimit_headers(kind, self.standing, anthropic=anthropic)
+        return (*super().trailing_metadata(anthropic=anthropic), *own)
 
     def metric_labels(self) -> dict[str, str]:
         return {"limit": self.dimension.value, "scope": self.scope.kind}

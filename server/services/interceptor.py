@@ -23,7 +23,6 @@ from portico.v1 import error_pb2
 from server.cache import HEADER as CACHE_HEADER
 from server.db.database import StoreUnavailable
 from server.errors import InternalError, PorticoError, RateLimited, error_body
-from server.limits.core import LimitExceeded
 from server.observability import Outcome, RequestRecord, Telemetry
 from server.observability.record import endpoint_of
 from server.services.undecodable import Undecodable, tolerant
@@ -178,10 +177,7 @@ async def abort(context: grpc.aio.ServicerContext, error: PorticoError, *, anthr
         ("portico-http-status", str(kind.http_status)),
         ("portico-error", error_body(error, anthropic=anthropic).decode()),
     ]
-    # A refusal by Portico's own limits also names them as the caller's API does (Anthropic's anthropic-ratelimit-*).
-    extra = (error.trailing_metadata(anthropic=anthropic) if isinstance(error, LimitExceeded)
-             else error.trailing_metadata())
-    own = (*headers, *extra)
+    own = (*headers, *error.trailing_metadata(anthropic=anthropic))
     # Headers a unary twin already set as trailing metadata (server/services/dialect.py) stay, unless the error
     # says otherwise.
     said = {key for key, _ in own}
