@@ -33,6 +33,9 @@ MISSING_KEY_MESSAGE = "You didn't provide an API key. Send it as `Authorization:
 # Where the Anthropic SDK's header is taken too (/v1/messages, /v1/models), the message names it as well.
 MISSING_KEY_MESSAGE_X_API_KEY = ("You didn't provide an API key. Send it as `x-api-key: YOUR_KEY` or "
                                  "`Authorization: Bearer YOUR_KEY`.")
+# A key in x-api-key on a path that reads only Authorization: the caller did send one, in the wrong header.
+X_API_KEY_NOT_READ_MESSAGE = ("x-api-key is read only on /v1/messages and /v1/models (the Anthropic SDK's paths): "
+                              "send the key here as `Authorization: Bearer YOUR_KEY`.")
 MORE_THAN_ONE_KEY_MESSAGE = "Only one API key may be sent with a request, in one key header."
 # A key in the other header's form: said so, whether the key is right or not (the caller would otherwise check, or
 # rotate, a key that may be fine). Never quoting the key.
@@ -110,7 +113,9 @@ class Authenticator:
     async def authenticate(self, metadata: Metadata, *, allow_x_api_key: bool = False) -> ApiKey:
         secret = _secret_from(metadata, allow_x_api_key)
         if not secret:
-            raise AuthenticationFailed(MISSING_KEY_MESSAGE_X_API_KEY if allow_x_api_key else MISSING_KEY_MESSAGE)
+            if allow_x_api_key:
+                raise AuthenticationFailed(MISSING_KEY_MESSAGE_X_API_KEY)
+            raise AuthenticationFailed(X_API_KEY_NOT_READ_MESSAGE if _has_x_api_key(metadata) else MISSING_KEY_MESSAGE)
         key = await self._key_for(hash_secret(secret))
         if key is None:
             raise AuthenticationFailed("Incorrect API key provided.")
@@ -174,6 +179,11 @@ class Authenticator:
             self._store_down_logged = True
             _logger.error("the key store is unreachable (%s): cached keys are served for up to %gs after their "
                           "last check, other keys get 503", exc, self._stale_seconds)
+
+
+def _has_x_api_key(metadata: Metadata) -> bool:
+    """Whether an x-api-key holds anything (it is not read here: only said to be in the wrong header)."""
+    return any(name == "x-api-key" and isinstance(value, str) and value.strip() for name, value in metadata)
 
 
 def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:

@@ -8,8 +8,9 @@ import socket
 import grpc
 import httpx
 import pytest
+from google.protobuf import json_format
 
-from portico.v1 import model_pb2, model_service_pb2_grpc
+from portico.v1 import chat_pb2, chat_service_pb2_grpc, model_pb2, model_service_pb2_grpc
 
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -181,3 +182,37 @@ def test_spaces_around_the_header_value_over_grpc_are_read_as_over_rest(gateway,
         models = model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
             model_pb2.ListModelsRequest(), metadata=[("authorization", value.format(gateway.secret))], timeout=30)
     assert models.data
+
+
+X_API_KEY_NOT_READ = ("x-api-key is read only on /v1/messages and /v1/models (the Anthropic SDK's paths): send the "
+                      "key here as `Authorization: Bearer YOUR_KEY`.")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"model": "family-a-5.5", "messages": HI, "max_tokens": 1}),
+    ("/v1/admin/keys", None),
+    ("/v1/organization/costs?start_time=0", None),
+])
+def test_a_key_in_x_api_key_where_it_is_not_read_is_told_so_not_that_no_key_came(gateway, path, body):
+    """A key sent as `x-api-key` to /v1/chat/completions (a client written for Anthropic's header, or LiteLLM's, which
+    takes it on every path) was told "You didn't provide an API key.": the caller did, in a header that path does
+    not read. The key is still not read there (Authorization is the path's one key header), and never quoted."""
+    url = gateway.base_url + path
+    headers = {"x-api-key": gateway.secret}
+    response = httpx.post(url, headers=headers, json=body, timeout=30) if body else httpx.get(url, headers=headers,
+                                                                                              timeout=30)
+    assert (response.status_code, response.json()["error"]["message"]) == (401, X_API_KEY_NOT_READ)
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert gateway.secret not in response.text
+
+
+def test_an_x_api_key_where_it_is_not_read_leaves_a_missing_key_missing_over_grpc_too(gateway):
+    """The same over native gRPC: ChatService reads `authorization` only, and says where the key belongs."""
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+        request = json_format.ParseDict({"model": "family-a-5.5", "max_tokens": 1, "messages": HI},
+                                        chat_pb2.CreateChatCompletionRequest())
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.CreateChatCompletion(request, metadata=[("x-api-key", gateway.secret)], timeout=30)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert caught.value.details() == X_API_KEY_NOT_READ
