@@ -26,7 +26,9 @@ local function organization_query(query, parameters)
       return nil, shown, "Unknown parameter " .. shown
     end
     local single = not parameters[name]
-    if single and (list or seen[name]) then return nil, name, "Parameter " .. name .. " takes one value, not a list" end
+    if single and (list or seen[name]) then
+      return nil, name, "Parameter " .. name .. " takes one value, not a list,"
+    end
     seen[name] = true
     rewritten[#rewritten + 1] = name .. rest
   end

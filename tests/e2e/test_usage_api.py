@@ -126,8 +126,8 @@ def test_an_unknown_query_parameter_is_refused_naming_it(gateway, path):
     for query, param, fault in (("bogus=1", "bogus", "Unknown parameter bogus"),
                                 ("models%5B%5D=a&Bogus%5B%5D=1", "Bogus", "Unknown parameter Bogus"),
                                 ("=1", "", "Unknown parameter "),
-                                ("end_time[]=2", "end_time", "Parameter end_time takes one value, not a list"),
-                                ("start_time=2", "start_time", "Parameter start_time takes one value, not a list")):
+                                ("end_time[]=2", "end_time", "Parameter end_time takes one value, not a list,"),
+                                ("start_time=2", "start_time", "Parameter start_time takes one value, not a list,")):
         answer = httpx.get(f"{gateway.base_url}{path}?start_time=1&{query}", headers=headers, timeout=30)
         assert answer.status_code == 400, answer.text
         error = answer.json()["error"]
