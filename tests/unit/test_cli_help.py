@@ -24,3 +24,13 @@ def test_serve_options_name_the_setting_they_default_to(capsys, option):
     described = text[text.index(option + " "):]
     described = described[:described.index(" --", 1)]
     assert SETTINGS[option] in described, described
+
+
+def test_admin_option_says_what_an_admin_key_may_do(capsys):
+    """An admin key is not only for KeyService: the limit status, the catalog, the console, every key's usage."""
+    with pytest.raises(SystemExit):
+        main(["keys", "create", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    described = text[text.index("--admin "):]
+    for what in ("limits", "catalog", "console", "usage"):
+        assert what in described, described
