@@ -217,12 +217,19 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", parents=[after],
                                 help="run the gateway: Envoy on --port, the gRPC server behind it")
-    serve.add_argument("--host", type=_host, metavar="H", help="listen address, an IP address (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port(1), metavar="P", help="HTTP and gRPC port (default 8080)")
+    # Each default is the configuration's (a file of one's own may set another), not server/default.yaml's alone.
+    serve.add_argument("--host", type=_host, metavar="H",
+                       help="listen address, an IP address (default: the configuration's listen.host, 127.0.0.1 in "
+                            "server/default.yaml)")
+    serve.add_argument("--port", type=_port(1), metavar="P",
+                       help="HTTP and gRPC port (default: the configuration's listen.port, 8080 in "
+                            "server/default.yaml)")
     serve.add_argument("--admin-port", type=_port(1), metavar="P",
-                       help="Envoy admin reads' port on 127.0.0.1 (default 9901)")
+                       help="Envoy admin reads' port on 127.0.0.1 (default: the configuration's envoy_admin_port, 9901 "
+                            "in server/default.yaml)")
     serve.add_argument("--metrics-port", type=_port(0), metavar="P",
-                       help="Prometheus /metrics on 127.0.0.1 (default 9464; 0: none)")
+                       help="Prometheus /metrics on 127.0.0.1, 0: none (default: the configuration's metrics_port, "
+                            "9464 in server/default.yaml)")
     serve.add_argument("--dev-key", action="store_true",
                        help="with an empty key store, create and print an all-models development key even when "
                             "upstreams serve models (by default only when every model runs in the gateway)")

@@ -37,7 +37,9 @@ def add_store_commands(commands: argparse._SubParsersAction, after: argparse.Arg
     grant.add_argument("--models", help="comma-separated model ids")
     _limit_options(create, "")
     create.add_argument("--env", default="", help="environment or business line label, e.g. prod")
-    create.add_argument("--admin", action="store_true", help="may call the admin KeyService")
+    create.add_argument("--admin", action="store_true",
+                        help="may call the admin API (keys, their limits, the catalog), sign in to the console and "
+                             "read every key's usage")
     update = keys.add_parser("update", parents=[after],
                              help="change a key's limits, grants, name or label (0 removes a limit)")
     update.add_argument("key", metavar="ID")
