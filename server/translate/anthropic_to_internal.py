@@ -29,6 +29,8 @@ _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any"
 # Extended-thinking blocks in earlier assistant turns: an Anthropic upstream receives them untouched (the request
 # passes through); other models do not need them for context, so they are left out of the internal turns.
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
+_THINKING_TYPES = ("enabled", "disabled", "adaptive")
+_LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ def count_request(body: Mapping[str, Json], *, beta: Sequence[str] = ()) -> Gene
 def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence[str],
                 counting: bool) -> GenerationRequest:
     unread = list(check_fields(body, MESSAGE_FIELDS))
-    max_tokens = opt_int(body, "max_tokens", 1)
+    max_tokens = given_max_tokens = opt_int(body, "max_tokens", 1)
     if max_tokens is None:
         if not counting:
             raise InvalidRequest("max_tokens: Field required", param="max_tokens")
@@ -92,9 +94,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
         top_k=opt_int(body, "top_k", 0) or None,
         stop=tuple(stops),
     )
-    if (thinking := opt_object(body, "thinking")) is not None:  # ignored here, but a wrong type is still a 400
-        opt_string(thinking, "type", "thinking")
-        opt_int(thinking, "budget_tokens", 1, path="thinking")
+    _check_thinking(body, given_max_tokens, unread)
     metadata = opt_object(body, "metadata") or {}
     end_user = opt_string(metadata, "user_id", "metadata") or None
     tools = _tools(body, unread)
@@ -105,6 +105,31 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
         turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
+
+
+def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: list[Unread]) -> None:
+    """`thinking` has no effect but on an Anthropic upstream, which judges it itself (a type added to the API later);
+    any other model refuses, with Anthropic's words, what Anthropic's API refuses: an unknown type, an `enabled` one
+    without a budget, or with one under 1024 tokens or not under `max_tokens` (when given: count_tokens may leave it
+    out). Ignored, such a request would be answered here and fail once the model is served by Anthropic."""
+    thinking = opt_object(body, "thinking")
+    if thinking is None:
+        return
+    kind = opt_string(thinking, "type", "thinking")
+    budget = opt_int(thinking, "budget_tokens", 1, path="thinking")
+    if kind is None:
+        unread.append(Unread("thinking.type", "thinking.type: Field required"))
+    elif kind not in _THINKING_TYPES:
+        unread.append(Unread("thinking.type", f"thinking.type: {shown(kind)} is not one of the expected tags: "
+                                              "'enabled', 'disabled', 'adaptive'."))
+    elif kind == "enabled" and budget is None:
+        unread.append(Unread("thinking.budget_tokens", "thinking.enabled.budget_tokens: Field required"))
+    elif kind == "enabled" and budget < _LEAST_THINKING_BUDGET:
+        unread.append(Unread("thinking.budget_tokens", "thinking.enabled.budget_tokens: Input should be greater "
+                                                       f"than or equal to {_LEAST_THINKING_BUDGET}, got {budget}."))
+    elif kind == "enabled" and max_tokens is not None and budget >= max_tokens:
+        unread.append(Unread("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens` "
+                                                       f"({max_tokens} is not greater than {budget})."))
 
 
 def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:

@@ -132,7 +132,9 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                                           "tools are refused"),
     "tool_choice": FieldRule("object", A, A, note="embedded: `auto`/`none` only; `any` → `required`"),
     "metadata": FieldRule("object", I, A, note="its `user_id` (a string) → `user`"),
-    "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer"),
+    "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer; what Anthropic's API "
+                          "refuses is refused (a `type` other than `enabled`, `disabled`, `adaptive`; `enabled` "
+                          "without `budget_tokens`, or with one under 1024 or not under `max_tokens`)"),
     "service_tier": FieldRule("string", I, I),
     "inference_geo": FieldRule("string", I, I),
     "speed": FieldRule("string", I, I),

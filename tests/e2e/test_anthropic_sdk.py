@@ -350,3 +350,32 @@ def test_an_unserved_path_without_anthropic_version_keeps_openai_s_shape(gateway
                        timeout=30)
     assert answer.status_code == 404
     assert "type" not in answer.json() and answer.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("thinking", "max_tokens", "words"), [
+    ({"type": "enabled", "budget_tokens": 512}, 2000, "greater than or equal to 1024"),
+    ({"type": "enabled", "budget_tokens": 2048}, 2048, "`max_tokens` must be greater than `thinking.budget_tokens`"),
+    ({"type": "enabled"}, 2000, "Field required"),
+    ({"type": "on"}, 2000, "'enabled', 'disabled', 'adaptive'"),
+])
+def test_a_thinking_setting_anthropic_s_api_refuses_is_refused_not_ignored(client, thinking, max_tokens, words):
+    """The embedded model does not think, but a `thinking` that Anthropic's API refuses (a budget under 1024 tokens,
+    or not under max_tokens) is a 400 naming it here too: otherwise code the embedded model answers fails once the
+    model is served by Anthropic. Counting checks it as a message does."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=max_tokens, messages=hi, thinking=thinking)
+    assert caught.value.body["error"]["param"].startswith("thinking") and words in caught.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="family-b-sonnet-4-6", messages=hi, thinking=thinking,
+                                     extra_body={"max_tokens": max_tokens})
+    assert words in caught.value.body["error"]["message"]
+
+
+def test_a_thinking_setting_anthropic_s_api_takes_is_still_ignored(client):
+    hi = [{"role": "user", "content": "Hi"}]
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}, {"type": "adaptive"}):
+        answer = client.messages.create(model="family-b-sonnet-4-6", max_tokens=1025, messages=hi, thinking=thinking)
+        assert [block.type for block in answer.content] == ["text"]
+    assert client.messages.count_tokens(model="family-b-sonnet-4-6", messages=hi, thinking={
+        "type": "enabled", "budget_tokens": 1024}).input_tokens > 0  # count_tokens takes no max_tokens to compare

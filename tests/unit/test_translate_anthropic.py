@@ -130,3 +130,25 @@ def test_an_upstream_counts_the_body_without_what_only_shapes_a_generation():
     assert sent == {"model": "upstream-name", "messages": body["messages"], "system": "Be brief.",
                     "tools": body["tools"], "thinking": {"type": "disabled"}, "vendor_field": {"kept": True}}
     assert body["model"] == "ours" and body["max_tokens"] == 5  # the caller's body is never edited
+
+
+@pytest.mark.parametrize(("thinking", "param"), [
+    ({"type": "enabled", "budget_tokens": 32}, "thinking.budget_tokens"),  # under Anthropic's least, 1024
+    ({"type": "enabled", "budget_tokens": 4096}, "thinking.budget_tokens"),  # not under max_tokens
+    ({"type": "enabled"}, "thinking.budget_tokens"),
+    ({"type": "later"}, "thinking.type"),
+    ({}, "thinking.type"),
+])
+def test_a_thinking_anthropics_api_refuses_is_refused_by_other_models_and_left_to_an_anthropic_upstream(thinking, param):
+    """Refused by the embedded model and an OpenAI-compatible upstream, as Anthropic's API would refuse it; an
+    Anthropic upstream is sent it whole and judges it (a type added to the API later may be one it takes)."""
+    [refusal] = message_request(request_pb(max_tokens=4096, thinking=thinking)).generation.source.unread
+    assert (refusal.param, refusal.embedded, refusal.other_dialect) == (param, True, True)
+    count = {k: v for k, v in request_pb(thinking=thinking).items() if k != "max_tokens"}  # none to compare with
+    counted = count_request(count).source.unread
+    assert [u.param for u in counted] == ([] if thinking.get("budget_tokens") == 4096 else [param])
+
+
+def test_a_thinking_anthropics_api_takes_is_no_refusal():
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}, {"type": "adaptive"}):
+        assert not message_request(request_pb(max_tokens=1025, thinking=thinking)).generation.source.unread
