@@ -139,7 +139,7 @@ def test_an_upstream_counts_the_body_without_what_only_shapes_a_generation():
     ({"type": "later"}, "thinking.type"),
     ({}, "thinking.type"),
 ])
-def test_a_thinking_anthropics_api_refuses_is_refused_by_other_models_and_left_to_an_anthropic_upstream(thinking, param):
+def test_a_thinking_anthropics_api_refuses_is_refused_by_other_models_not_an_anthropic_upstream(thinking, param):
     """Refused by the embedded model and an OpenAI-compatible upstream, as Anthropic's API would refuse it; an
     Anthropic upstream is sent it whole and judges it (a type added to the API later may be one it takes)."""
     [refusal] = message_request(request_pb(max_tokens=4096, thinking=thinking)).generation.source.unread
