@@ -77,6 +77,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
+    unread += _unpaired_tool_blocks(messages)
     last = turns[-1] if turns else None
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
@@ -130,6 +131,36 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
     elif kind == "enabled" and max_tokens is not None and budget >= max_tokens:
         unread.append(Unread("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens` "
                                                        f"({max_tokens} is not greater than {budget})."))
+
+
+def _blocks(message: Mapping[str, Json], kind: str) -> list[tuple[int, Mapping[str, Json]]]:
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else []
+    return [(j, block) for j, block in enumerate(blocks) if isinstance(block, dict) and block.get("type") == kind]
+
+
+def _unpaired_tool_blocks(messages: list) -> list[Unread]:
+    """Anthropic's API refuses a `tool_use` block not answered by a `tool_result` in the next message, and a
+    `tool_result` that answers no `tool_use` of the message before it. The embedded model would answer such a
+    conversation, which then fails once the model is served by Anthropic; an Anthropic upstream judges it itself.
+    The messages are read (_turn) already; the first fault is named, in Anthropic's words."""
+    uses: list[str] = []  # the tool_use ids of the message before
+    for i, message in enumerate(messages):
+        results = _blocks(message, "tool_result")
+        answered = {block.get("tool_use_id") for _, block in results}
+        for j, block in results:
+            if block.get("tool_use_id") not in uses:
+                return [Unread(f"messages[{i}].content[{j}].tool_use_id", f"messages.{i}.content.{j}: unexpected "
+                               f"`tool_use_id` found in `tool_result` blocks: {str(block.get('tool_use_id'))[:200]}. "
+                               "Each `tool_result` block must have a corresponding `tool_use` block in the previous "
+                               "message.", other_dialect=False)]
+        if missing := [use for use in uses if use not in answered]:
+            return [Unread(f"messages[{i}].content", f"messages.{i}: `tool_use` ids were found without "
+                           f"`tool_result` blocks immediately after: {', '.join(missing)[:200]}. Each `tool_use` "
+                           "block must have a corresponding `tool_result` block in the next message.",
+                           other_dialect=False)]
+        uses = [block["id"] for _, block in _blocks(message, "tool_use") if isinstance(block.get("id"), str)]
+    return []
 
 
 def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:

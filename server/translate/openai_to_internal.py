@@ -57,6 +57,7 @@ def chat_request(
     if not messages:
         raise InvalidRequest("`messages` must contain at least one message.", param="messages")
     turns = tuple(_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages))
+    unread += _unpaired_tool_traffic(messages)
     asked = bool(opt_bool(body, "stream"))
     stream = asked if stream is None else stream
     stream_options = opt_object(body, "stream_options")
@@ -173,6 +174,38 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
                              "supported by this model: use `tools` and `tool_calls`.", embedded=False))
         calls += (_function_call(function_call, f"{where}.function_call"),)
     return Turn(role, text, tool_calls=calls if role is Role.ASSISTANT else ())
+
+
+def _unpaired_tool_traffic(messages: list) -> list[Unread]:
+    """OpenAI's API (and Anthropic's) refuses an assistant's `tool_calls` not each answered by the `tool` messages
+    right after it, and a `tool` message that answers no call of the assistant message before them. The embedded
+    model would answer such a conversation, which then fails once the model is served upstream; an upstream of this
+    dialect judges it itself (vLLM takes it). The messages are read (_turn) already; the first fault is named."""
+    calls: set[str] = set()  # the ids of the last assistant message's tool calls...
+    unanswered: list[str] = []  # ...and those no `tool` message has answered yet
+    caller = -1  # that assistant message's index; -1 while the `tool` messages would follow none
+    for i, message in enumerate(messages):
+        if message["role"] == "tool":
+            call_id = message["tool_call_id"]
+            if caller < 0:
+                return [Unread(f"messages[{i}].role", "Invalid parameter: messages with role 'tool' must be a "
+                               "response to a preceding message with 'tool_calls'.", other_dialect=False)]
+            if call_id not in calls:
+                return [Unread(f"messages[{i}].tool_call_id", f"Invalid parameter: 'tool_call_id' of "
+                               f"{shown(call_id)} not found in 'tool_calls' of previous message.",
+                               other_dialect=False)]
+            unanswered = [waiting for waiting in unanswered if waiting != call_id]
+            continue
+        if unanswered:
+            break
+        tool_calls = (message.get("tool_calls") or []) if message["role"] == "assistant" else []
+        ids = [call["id"] for call in tool_calls if isinstance(call.get("id"), str)]  # a custom tool's may have none
+        calls, unanswered, caller = set(ids), list(dict.fromkeys(ids)), (i if tool_calls else -1)
+    if not unanswered:
+        return []
+    return [Unread(f"messages[{caller}].tool_calls", "An assistant message with 'tool_calls' must be followed by tool "
+                   "messages responding to each 'tool_call_id'. The following tool_call_ids did not have response "
+                   f"messages: {', '.join(unanswered)[:200]}", other_dialect=False)]
 
 
 def _call(call: Json, where: str, unread: list[Unread]) -> ToolCall | None:

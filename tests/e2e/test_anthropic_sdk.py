@@ -379,3 +379,35 @@ def test_a_thinking_setting_anthropic_s_api_takes_is_still_ignored(client):
         assert [block.type for block in answer.content] == ["text"]
     assert client.messages.count_tokens(model="family-b-sonnet-4-6", messages=hi, thinking={
         "type": "enabled", "budget_tokens": 1024}).input_tokens > 0  # count_tokens takes no max_tokens to compare
+
+
+_ASK = {"role": "user", "content": "Weather in Paris?"}
+_USE = {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {
+    "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]}
+_TOOLS = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+
+
+def _result(tool_use_id: str) -> dict:
+    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use_id, "content": "sunny"}]}
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([_ASK, _USE, {"role": "user", "content": "And?"}], "messages[2].content",
+     "`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"),
+    ([_ASK, _USE, {"role": "user", "content": [{"type": "text", "text": "And?"}]}], "messages[2].content",
+     "without `tool_result` blocks immediately after"),
+    ([_ASK, {"role": "assistant", "content": "Hm."}, _result("toolu_1")], "messages[2].content[0].tool_use_id",
+     "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1"),
+    ([_ASK, _USE, _result("toolu_9")], "messages[2].content[0].tool_use_id", "unexpected `tool_use_id`"),
+])
+def test_tool_traffic_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
+    """A tool_use without its tool_result right after it, or a tool_result for no tool_use of the message before, is
+    a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS)
+    assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
+
+
+def test_tool_traffic_in_pairs_is_answered(client):
+    messages = [_ASK, _USE, _result("toolu_1")]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS).content

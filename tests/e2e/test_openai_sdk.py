@@ -141,3 +141,31 @@ def test_a_character_the_model_leaves_unfinished_is_dropped_not_sent_as_u_fffd(c
     else:
         text = client.chat.completions.create(**ask).choices[0].message.content
     assert text == "这表示"
+
+
+ASK = {"role": "user", "content": "Weather in Paris?"}
+CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([ASK, CALL], "messages[1].tool_calls", "did not have response messages: call_1"),
+    ([ASK, CALL, {"role": "user", "content": "And?"}], "messages[1].tool_calls", "did not have response messages"),
+    ([ASK, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "messages[1].role",
+     "must be a response to a preceding message with 'tool_calls'"),
+    ([ASK, CALL, {"role": "tool", "tool_call_id": "call_9", "content": "sunny"}], "messages[2].tool_call_id",
+     "'call_9' not found in 'tool_calls' of previous message"),
+])
+def test_tool_traffic_openai_s_api_refuses_is_refused_not_answered(client, messages, param, words):
+    """A tool call without its result, or a result without its call, is a 400 on OpenAI's API (and Anthropic's); the
+    embedded model answered it, so code that worked against it failed once the model was served upstream."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=messages, tools=WEATHER_TOOLS, max_tokens=4)
+    assert caught.value.param == param and words in caught.value.message
+
+
+def test_tool_traffic_in_pairs_is_answered(client):
+    messages = [ASK, CALL, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    assert client.chat.completions.create(model="family-a-5.5", messages=messages, tools=WEATHER_TOOLS,
+                                          max_tokens=4).choices[0].message.content
