@@ -77,7 +77,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
-    unread += _unpaired_tool_blocks(messages)
+    unread += _empty_content(messages) or _unpaired_tool_blocks(messages)
     last = turns[-1] if turns else None
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
@@ -137,6 +137,22 @@ def _blocks(message: Mapping[str, Json], kind: str) -> list[tuple[int, Mapping[s
     content = message.get("content")
     blocks = content if isinstance(content, list) else []
     return [(j, block) for j, block in enumerate(blocks) if isinstance(block, dict) and block.get("type") == kind]
+
+
+def _empty_content(messages: list) -> list[Unread]:
+    """Anthropic's API refuses a message without content (but the last one, an assistant's: no prefill) and an empty
+    text block. The embedded model would answer them (a chat UI's empty turn, say), which then fails once the model is
+    served by Anthropic; an OpenAI-compatible upstream takes them, an Anthropic one judges them itself."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if content in ("", []) and not (i == len(messages) - 1 and message.get("role") == "assistant"):
+            return [Unread(f"messages[{i}].content", f"messages.{i}: all messages must have non-empty content except "
+                           "for the optional final assistant message", other_dialect=False)]
+        for j, block in _blocks(message, "text"):
+            if block.get("text") == "":
+                return [Unread(f"messages[{i}].content[{j}].text", f"messages.{i}.content.{j}.text: text content "
+                               "blocks must be non-empty", other_dialect=False)]
+    return []
 
 
 def _unpaired_tool_blocks(messages: list) -> list[Unread]:

@@ -411,3 +411,24 @@ def test_tool_traffic_anthropic_s_api_refuses_is_refused_not_answered(client, me
 def test_tool_traffic_in_pairs_is_answered(client):
     messages = [_ASK, _USE, _result("toolu_1")]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS).content
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([{"role": "user", "content": ""}], "messages[0].content", "all messages must have non-empty content"),
+    ([{"role": "user", "content": []}], "messages[0].content", "all messages must have non-empty content"),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": ""}],
+     "messages[2].content", "except for the optional final assistant message"),
+    ([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": ""}]}],
+     "messages[0].content[1].text", "text content blocks must be non-empty"),
+])
+def test_an_empty_message_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
+    """Anthropic's API refuses an empty message (but a last assistant one) and an empty text block; the embedded
+    model answered them, so a chat UI's empty turn worked here and failed on Anthropic."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages)
+    assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
+
+
+def test_an_empty_last_assistant_message_is_no_prefill_and_is_answered(client):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
