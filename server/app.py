@@ -178,7 +178,7 @@ async def _drained(stopping: asyncio.Future, cutoff: Cutoff) -> None:
 def build_limit_store(config: Config) -> LimitStore:
     settings = config.limits
     if settings.store == "memory":
-        return MemoryLimitStore(state_path=config.data_dir / "limits-daily.json")
+        return MemoryLimitStore(state_path=config.data_files.limits_daily)
     # Imported only when configured: redis-py costs every server process ~7 MB of memory.
     from server.limits.redis import RedisLimitStore
 
@@ -193,7 +193,7 @@ async def build_core(config: Config) -> Core:
     telemetry = Telemetry(access_log=AccessLog(config.access_log), tracing=config.tracing)
     ledger = LedgerWriter(usage, config.usage, on_dropped=telemetry.metrics.ledger_dropped.inc,
                           on_written=telemetry.metrics.ledger_written.inc,
-                          spool=LedgerSpool(config.data_dir / "ledger-spool"))
+                          spool=LedgerSpool(config.data_files.ledger_spool))
     telemetry.ledger = ledger
     orphans = ledger.start()
     authenticator = Authenticator(

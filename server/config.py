@@ -17,6 +17,7 @@ from server.config_cors import CorsSettings, parse_cors
 from server.config_deployments import parse_cache, parse_deployments, parse_health, with_cache_serving
 from server.config_providers import ConfigError, known_settings, mapping, number, optional_mapping, url_parts
 from server.config_tracing import TracingSettings, parse_tracing
+from server.data_dir import DataDir
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
 from server.domain import Endpoint, ModelEntry, Price
 from server.domain_keys import MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, KeyLimits
@@ -76,11 +77,15 @@ class Config:
         return self.listen_url
 
     @property
+    def data_files(self) -> DataDir:
+        return DataDir(self.data_dir)
+
+    @property
     def key_database(self) -> StoreSettings:
         """keys.store with SQLite's file resolved: `<data_dir>/keys.db` (data_dir may come from the command line)."""
         if self.key_store.is_postgres:
             return self.key_store
-        return replace(self.key_store, sqlite_path=self.data_dir / "keys.db")
+        return replace(self.key_store, sqlite_path=self.data_files.keys_db)
 
     def with_overrides(self, **changes: Any) -> Config:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.config_providers import ConfigError
+from server.data_dir import DataDir
 from server.errors import NotFound, ServiceUnavailable
 from server.private_files import make_data_dir
 from server.domain_images import GeneratedImage, ImageFormat
@@ -52,9 +53,10 @@ class ImageStore:
         clock: Callable[[], float] = time.time,
         sweep_seconds: float = _SWEEP_EVERY_SECONDS,
     ) -> None:
-        self._dir = data_dir / "images"
+        files = DataDir(data_dir)
+        self._dir = files.images
         make_data_dir(self._dir)
-        self._secret = _load_or_create_secret(data_dir / "image-link.key")
+        self._secret = _load_or_create_secret(files.image_link_key)
         self._base_url = base_url.rstrip("/")
         self._ttl = ttl_seconds
         self._clock = clock

@@ -15,14 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from server.config_providers import ConfigError
+from server.data_dir import DataDir
 
 PRIVATE_UMASK = 0o077
 _OTHERS = stat.S_IRWXG | stat.S_IRWXO
-# What Portico makes in the data dir; the files of these directories too. Anything else there (a lost+found, an
-# operator's own file) is not Portico's business.
-_PORTICO_ENTRIES = ("keys.db", "keys.db-wal", "keys.db-shm", "keys.db-journal", "image-link.key", "limits-daily.json",
-                    "envoy.log", "envoy-access.log", "images", "ledger-spool")
-_PORTICO_DIRS = ("images", "ledger-spool")
 
 
 def take_others_access(path: Path) -> None:
@@ -38,21 +34,16 @@ def take_others_access(path: Path) -> None:
 
 def make_private(data_dir: Path) -> None:
     """Set umask 077 for this process (and its children), so `data_dir` is made 0700 when first needed, and take
-    group/other access away from what is already there. The data dir and Portico's files in it must be this user's
-    (`check_owner`)."""
+    group/other access away from what an older version left readable. The data dir and Portico's files in it must be
+    this user's (`check_owner`); anything else there (a lost+found, an operator's own file) is not Portico's
+    business, and out of others' reach in a 0700 data dir anyway."""
     os.umask(PRIVATE_UMASK)
-    check_owner(data_dir)
-    if not data_dir.is_dir():
-        return
-    for path in (data_dir, *data_dir.rglob("*")):
+    for path, info in _checked_paths(data_dir):
         try:
-            mode = path.lstat().st_mode
-            if not stat.S_ISLNK(mode) and mode & _OTHERS:
-                path.chmod(stat.S_IMODE(mode) & ~_OTHERS)
+            if info.st_mode & _OTHERS and not path.is_symlink():  # a link's target is not Portico's to change
+                path.chmod(stat.S_IMODE(info.st_mode) & ~_OTHERS)
         except FileNotFoundError:
             pass  # removed meanwhile (an image swept by another process)
-        except PermissionError:
-            pass  # not Portico's (check_owner saw to those): another user's file, whose owner decides
 
 
 def check_owner(data_dir: Path) -> None:
@@ -61,31 +52,55 @@ def check_owner(data_dir: Path) -> None:
     keys` on the service's data dir) cannot be read or written by this user: one line naming it, its owner and what
     to do, not SQLite's "unable to open database file" or a traceback once the model has loaded. Root may read
     anything, and is not checked."""
+    for _ in _checked_paths(data_dir):
+        pass
+
+
+def _checked_paths(data_dir: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Each of Portico's paths that exists, with its status, once `check_owner`'s checks passed for it: the data dir,
+    then what Portico makes in it, each directory before its files (listed only once it was found to be this
+    user's)."""
     me = os.geteuid()
-    if me == 0:
-        return
     data_dir = Path(os.path.abspath(data_dir))  # named whole in what is said: "data" is the working directory's
-    for path in _portico_paths(data_dir):
+    files = DataDir(data_dir)
+    for path in (data_dir, *files.files, *files.directories):
+        if (info := _checked(path, me, data_dir)) is not None:
+            yield path, info
+    for directory in files.directories:
         try:
-            info = path.stat()
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # not made yet (make_data_dir says why it cannot be)
-        except PermissionError:  # a directory on its path this user may not enter (/root/data)
-            raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {user_name(me)} "
-                              f"here, which may not enter a directory on that path: choose a data dir "
-                              f"{user_name(me)} may reach (--data-dir, data_dir)") from None
-        if (owner := info.st_uid) != me:
-            # Root's files are a command run as root by mistake: running the service as root is not the cure.
-            other_user = "" if owner == 0 else f"run portico as {user_name(owner)}, or "
-            raise ConfigError(f"data_dir: {path} belongs to {user_name(owner)}, and portico runs as {user_name(me)} "
-                              f"here: {other_user}give the data dir to {user_name(me)} "
-                              f"(chown -R {user_name(me)}: {data_dir})")
-        # Its owner's and still closed to it (chmod 500, 400): SQLite said only "attempt to write a readonly
-        # database", and a read-only keys.db let the gateway start, then drop every usage-ledger row.
-        wanted, letters = (0o700, "rwx") if stat.S_ISDIR(info.st_mode) else (0o600, "rw")
-        if info.st_mode & wanted != wanted:
-            raise ConfigError(f"data_dir: {path} is mode {stat.S_IMODE(info.st_mode):04o}: portico must read and "
-                              f"write it (chmod u+{letters} {path})")
+            listed = sorted(directory.iterdir())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for path in listed:
+            if (info := _checked(path, me, data_dir)) is not None:
+                yield path, info
+
+
+def _checked(path: Path, me: int, data_dir: Path) -> os.stat_result | None:
+    """The status of `path` (None when it is not there), or a ConfigError when this user cannot use it."""
+    try:
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # not made yet (make_data_dir says why it cannot be)
+    except PermissionError:  # a directory on its path this user may not enter (/root/data)
+        raise ConfigError(f"data_dir: cannot reach {path} (Permission denied): portico runs as {user_name(me)} "
+                          f"here, which may not enter a directory on that path: choose a data dir "
+                          f"{user_name(me)} may reach (--data-dir, data_dir)") from None
+    if me == 0:
+        return info
+    if (owner := info.st_uid) != me:
+        # Root's files are a command run as root by mistake: running the service as root is not the cure.
+        other_user = "" if owner == 0 else f"run portico as {user_name(owner)}, or "
+        raise ConfigError(f"data_dir: {path} belongs to {user_name(owner)}, and portico runs as {user_name(me)} "
+                          f"here: {other_user}give the data dir to {user_name(me)} "
+                          f"(chown -R {user_name(me)}: {data_dir})")
+    # Its owner's and still closed to it (chmod 500, 400): SQLite said only "attempt to write a readonly
+    # database", and a read-only keys.db let the gateway start, then drop every usage-ledger row.
+    wanted, letters = (0o700, "rwx") if stat.S_ISDIR(info.st_mode) else (0o600, "rw")
+    if info.st_mode & wanted != wanted:
+        raise ConfigError(f"data_dir: {path} is mode {stat.S_IMODE(info.st_mode):04o}: portico must read and "
+                          f"write it (chmod u+{letters} {path})")
+    return info
 
 
 def act_as_owner(data_dir: Path) -> None:
@@ -104,19 +119,6 @@ def act_as_owner(data_dir: Path) -> None:
     os.setgid(owner.st_gid)
     os.setuid(owner.st_uid)
     check_owner(data_dir)
-
-
-def _portico_paths(data_dir: Path) -> Iterator[Path]:
-    """The data dir, then what Portico makes in it, each directory before its files (listed only once its owner
-    was found to be this user, by the caller's check of it)."""
-    yield data_dir
-    for name in _PORTICO_ENTRIES:
-        yield data_dir / name
-    for name in _PORTICO_DIRS:
-        try:
-            yield from sorted((data_dir / name).iterdir())
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
 
 
 def user_name(uid: int) -> str:

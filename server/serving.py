@@ -125,7 +125,7 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
         await _stop_backend(backend)
         return 1
     envoy = EnvoyProcess(_envoy_config(config, backend.upstreams, run_dir), run_dir,
-                         log_path=config.data_dir / "envoy.log")
+                         log_path=config.data_files.envoy_log)
     try:
         await envoy.start()
     except EnvoyError as exc:
@@ -252,7 +252,7 @@ def _envoy_access_log(config: Config) -> str | None:
     if config.access_log == "off":
         return None
     if config.access_log in ("stderr", "stdout"):
-        return str((config.data_dir / "envoy-access.log").resolve())
+        return str(config.data_files.envoy_access_log.resolve())
     return str(Path(config.access_log).resolve())
 
 
