@@ -37,7 +37,7 @@ from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import ADMIN_SOCKET, EnvoyProcess, load_template, render_config, repo_root
 from portico.v1 import chat_service_pb2_grpc
 from server.app import SERVER_OPTIONS
-from server.domain import UpstreamSpec
+from server.domain_models import UpstreamSpec
 from server.heap import settle_heap
 from server.observability import Telemetry
 from server.providers.http_upstream import HttpUpstream

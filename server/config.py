@@ -19,8 +19,9 @@ from server.config_providers import ConfigError, known_settings, mapping, number
 from server.config_tracing import TracingSettings, parse_tracing
 from server.data_dir import DataDir
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
-from server.domain import Endpoint, ModelEntry, Price
+from server.domain import Endpoint
 from server.domain_keys import MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, KeyLimits
+from server.domain_models import ModelEntry, Price
 from server.limits.settings import LimitSettings, redacted
 from server.usage.money import parse_price, usd_text, usd_to_micros
 from server.usage.settings import UsageSettings, parse_usage

@@ -15,7 +15,8 @@ from typing import Any
 
 from server import wire_json
 from server.config_providers import MAX_SECONDS, ConfigError, mapping, parse_provider
-from server.domain import CacheSettings, Deployment, Endpoint, HealthSettings, ModelEntry
+from server.domain import Endpoint
+from server.domain_models import CacheSettings, Deployment, HealthSettings, ModelEntry
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

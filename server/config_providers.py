@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-from server.domain import Endpoint, ProviderSpec, RetrySettings, Timeouts, UpstreamSpec
+from server.domain import Endpoint
+from server.domain_models import ProviderSpec, RetrySettings, Timeouts, UpstreamSpec
 
 # Which endpoints each kind of provider can serve; a chat model may be served by an Anthropic upstream and a
 # messages model by an OpenAI-compatible one (the translators convert between the dialects).

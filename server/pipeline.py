@@ -22,11 +22,12 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    FREE, Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ModelEntry, Price,
-    TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
+    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, TextDelta, TokenCount, ToolCall,
+    ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import GeneratedImage, ImageRequest
 from server.domain_keys import ApiKey
+from server.domain_models import FREE, ModelEntry, Price
 from server.errors import InternalError, InvalidRequest
 from server.keys import Authenticator
 from server.keys.auth import Metadata

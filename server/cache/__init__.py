@@ -25,7 +25,8 @@ from server import wire_json
 from server.wire_json import Json
 from server.cache.codec import decode, encode
 from server.cache.stores import CacheStore, MemoryStore
-from server.domain import AnthropicMessagesSource, CacheSettings, Finished, GenerationEvent, GenerationRequest
+from server.domain import AnthropicMessagesSource, Finished, GenerationEvent, GenerationRequest
+from server.domain_models import CacheSettings
 
 __all__ = ["CacheStore", "Lookup", "MemoryStore", "ResponseCache"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from server.domain import ModelEntry
 from server.domain_keys import ApiKey
+from server.domain_models import ModelEntry
 from server.errors import ModelNotFound
 
 

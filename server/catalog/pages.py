@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.domain import ModelEntry
+from server.domain_models import ModelEntry
 from server.errors import InvalidRequest
 
 DEFAULT_LIMIT = 20  # Anthropic's default and range

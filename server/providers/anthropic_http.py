@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 
 from server.domain import (
     AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamAnswer, UpstreamObject,
-    UpstreamSpec,
 )
+from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest, UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from server.config import Config
 from server.config_providers import ConfigError, upstream_keys
 from server.cutoff import Cutoff
-from server.domain import Deployment, Endpoint, ModelEntry, UpstreamSpec
+from server.domain import Endpoint
+from server.domain_models import Deployment, ModelEntry, UpstreamSpec
 from server.observability import UpstreamRecorder
 from server.providers import Provider
 from server.providers.anthropic_http import AnthropicProvider, anthropic_auth_headers

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from server.domain import HealthSettings
+from server.domain_models import HealthSettings
 
 HEALTH_FILE_ENV = "PORTICO_HEALTH_FILE"  # `serve --workers N` tells its workers where the shared board is
 HEALTHY, EJECTED, TRIAL = "healthy", "ejected", "trial"

@@ -28,7 +28,7 @@ from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
 from server import wire_json
-from server.domain import UpstreamSpec
+from server.domain_models import UpstreamSpec
 from server.errors import OutOfResources, PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject, UpstreamSpec
+from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject
+from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream

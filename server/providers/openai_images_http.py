@@ -17,8 +17,9 @@ import binascii
 import codecs
 from dataclasses import replace
 
-from server.domain import Dialect, UpstreamSpec
+from server.domain import Dialect
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_models import UpstreamSpec
 from server.errors import UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream

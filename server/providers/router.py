@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.domain import Finished, GenerationEvent, GenerationRequest, RetrySettings, TokenCount
+from server.domain import Finished, GenerationEvent, GenerationRequest, TokenCount
 from server.domain_images import GeneratedImage, ImageRequest
+from server.domain_models import RetrySettings
 from server.errors import InvalidRequest, OutOfResources, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.providers import (

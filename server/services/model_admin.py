@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from portico.v1 import catalog_pb2, model_admin_service_pb2_grpc
-from server.domain import Deployment, ModelEntry
 from server.domain_keys import KeyLimits
+from server.domain_models import Deployment, ModelEntry
 from server.keys import Authenticator
 from server.services.keys import limits_to_pb
 from server.usage.money import micros_to_usd

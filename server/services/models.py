@@ -10,7 +10,7 @@ from portico.v1 import (anthropic_model_pb2, anthropic_model_service_pb2_grpc, m
                         model_service_pb2_grpc)
 
 from server.catalog.pages import model_page
-from server.domain import ModelEntry
+from server.domain_models import ModelEntry
 from server.pipeline import Pipeline
 
 

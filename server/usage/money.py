@@ -11,7 +11,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from server.config_providers import ConfigError, mapping
-from server.domain import Price
+from server.domain_models import Price
 
 MICROS_PER_USD = 1_000_000
 # The dearest price (per million tokens, or per image): with at most 2**31 tokens of each kind a request's cost stays

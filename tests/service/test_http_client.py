@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from server.config_providers import ConfigError, upstream_key
-from server.domain import Timeouts, UpstreamSpec
+from server.domain_models import Timeouts, UpstreamSpec
 from server.errors import RateLimited, UpstreamError, UpstreamTimeout
 from server.providers import http_upstream
 from server.providers.http_connection import PAUSE_BYTES

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.domain import Timeouts
+from server.domain_models import Timeouts
 from server.errors import PorticoError
 from server.providers.http_upstream import HttpUpstream
 from server.render.sse_decoder import SseDecoder, SseEvent

@@ -15,7 +15,7 @@ import zlib
 import orjson
 import pytest
 
-from server.domain import Timeouts
+from server.domain_models import Timeouts
 from server.errors import ServiceUnavailable, UpstreamError
 from server.providers.http_client import HttpClient, Origin
 from server.providers.http_decoding import DECODED_BYTES

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
-from server.domain import Timeouts, UpstreamSpec
+from server.domain_models import Timeouts, UpstreamSpec
 from server.errors import RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.providers.http_connection import ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout
 from server.providers.http_upstream import HttpUpstream

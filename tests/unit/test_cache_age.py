@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 from server.cache import ResponseCache
 from server.cache.stores import MemoryStore
-from server.domain import CacheSettings, Finished, FinishReason, Usage
+from server.domain import Finished, FinishReason, Usage
+from server.domain_models import CacheSettings
 from tests.limits_support import FakeClock, NOON
 
 SETTINGS = CacheSettings()

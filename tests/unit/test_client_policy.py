@@ -13,7 +13,7 @@ from portico.client import (
     GatewayTimeoutError, HttpTransport, InternalServerError, NotFoundError, PermissionDeniedError, Plan,
     PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
 )
-from server.domain import RetrySettings
+from server.domain_models import RetrySettings
 
 
 def test_full_jitter_under_a_doubling_ceiling_that_stops_at_the_cap():

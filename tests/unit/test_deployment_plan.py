@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from server.domain import HealthSettings
-from server.domain import RetrySettings
+from server.domain_models import HealthSettings
+from server.domain_models import RetrySettings
 from server.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from server.providers import health
 from server.providers.health import FileBoard, MemoryBoard

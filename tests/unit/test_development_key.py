@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from server.config import load_config
-from server.domain import Deployment, ProviderSpec, UpstreamSpec
+from server.domain_models import Deployment, ProviderSpec, UpstreamSpec
 from server.serving import wants_development_key
 
 

@@ -10,9 +10,15 @@ import pytest
 
 SERVER = Path(__file__).resolve().parents[2] / "server"
 
+# Every top-level module and package of server/, as a module name's second part.
+_SERVER_PARTS = sorted({path.stem if path.is_file() else path.name for path in SERVER.iterdir()
+                        if path.suffix == ".py" or (path / "__init__.py").exists()} - {"__init__"})
 # module prefix -> server modules it must never import (prefix match)
 FORBIDDEN = {
     "server.domain": ("server.",),
+    # The domain's other modules (images, keys, the catalog) build on server.domain alone.
+    **{f"server.domain_{part}": tuple(f"server.{name}" for name in _SERVER_PARTS if name != "domain")
+       for part in ("images", "keys", "models")},
     "server.errors": ("server.",),
     "server.wire_json": ("server.",),
     "server.translate": ("server.providers", "server.pipeline", "server.services", "server.config", "server.keys",

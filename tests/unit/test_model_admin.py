@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from server.domain import Deployment, Endpoint, ModelEntry, Price, ProviderSpec, UpstreamSpec
+from server.domain import Endpoint
 from server.domain_keys import KeyLimits
+from server.domain_models import Deployment, ModelEntry, Price, ProviderSpec, UpstreamSpec
 from server.services.model_admin import _model_to_pb
 
 

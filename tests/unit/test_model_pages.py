@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from server.catalog.pages import model_page
-from server.domain import Deployment, Endpoint, ModelEntry, ProviderSpec
+from server.domain import Endpoint
+from server.domain_models import Deployment, ModelEntry, ProviderSpec
 from server.errors import InvalidRequest
 
 

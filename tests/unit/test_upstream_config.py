@@ -11,7 +11,7 @@ import yaml
 from server.cli import main
 from server.config import ConfigError, load_config
 from server.config_providers import upstream_key, upstream_keys
-from server.domain import RetrySettings, Timeouts, UpstreamSpec
+from server.domain_models import RetrySettings, Timeouts, UpstreamSpec
 
 MINIMAL = """\
 models:
