@@ -79,6 +79,33 @@ async def test_prompt_cache_reads_and_writes_are_charged_at_their_own_prices(mes
         (200, 2110, 2000, 1, 1020)] * 2
 
 
+async def test_a_cached_prompt_cut_short_is_charged_at_its_cache_prices(messages, running, double):
+    """A stream cut short (its caller gone, or the upstream breaking off) is settled with what came: Anthropic said
+    in `message_start` that 2,000 prompt tokens were read from its cache and 100 written to it, so they cost their
+    own prices, as in the whole answer, not 2,110 tokens at the input price (6,345 micro-dollars, six times the
+    1,020 the upstream bills)."""
+    double.reset()
+    key, secret = await running.store.create("cache-prices-cut", all_models=True)
+    frames = CACHED_ANSWER_CUES[1].frames
+    double.cue(Cue(frames=frames, drop_after=3),  # message_start, the text block and "Hi"; then the connection drops
+               Cue(frames=frames, frame_delay=0.5))  # its caller leaves after "Hi"
+    cut = messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError):  # UNAVAILABLE after the events that came (REST: an error event)
+        [event async for event in cut]
+    left = messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))
+    while "Hi" not in str(await left.read()):
+        pass
+    left.cancel()
+    deadline = time.monotonic() + 10
+    while len([r for r in running.core.usage.rows() if r.key_id == key.id]) < 2 and time.monotonic() < deadline:
+        await running.core.ledger.flush()
+        await asyncio.sleep(0.05)
+    rows = [r for r in running.core.usage.rows() if r.key_id == key.id]
+    assert [(r.status, r.code, r.input_tokens, r.cached_input_tokens, r.output_tokens, r.cost_micros) for r in rows] == [
+        (502, "upstream_error", 2110, 2000, 1, 1020), (499, "cancelled", 2110, 2000, 1, 1020)]
+    assert metric(running, "portico_spend_microdollars_total", model="up-claude", key_id=key.id) == 2 * 1020
+
+
 async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(chat, running, double):
     double.reset()
     key, secret = await running.store.create("ledger", all_models=True, env="team-a",
