@@ -106,6 +106,27 @@ async def test_a_cached_prompt_cut_short_is_charged_at_its_cache_prices(messages
     assert metric(running, "portico_spend_microdollars_total", model="up-claude", key_id=key.id) == 2 * 1020
 
 
+async def test_a_budget_removed_from_a_key_leaves_its_gauge_at_the_keys_next_request(chat, running, double):
+    """portico_budget_remaining_microdollars of a budget the operator removed stayed at its last value for good (an
+    alert on a spent budget kept firing for a key that had none any more): it goes once the key's next request ends
+    without it, as the budget's own series changes with each request."""
+    double.reset()
+    key, secret = await running.store.create("gauge-gone", all_models=True,
+                                             limits=KeyLimits(max_spend_day=10_000, max_spend_month=20_000))
+    ask = lambda: chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO),  # noqa: E731
+                                            metadata=bearer(secret))
+    gauge = lambda budget: metric(running, "portico_budget_remaining_microdollars",  # noqa: E731
+                                  key_id=key.id, budget=budget) or None
+    await ask()  # 27 micro-dollars
+    await running.limiter.settled()
+    assert (gauge("day"), gauge("month")) == (10_000 - 27, 20_000 - 27)
+    await running.store.update(key.id, limits={"max_spend_day": None})
+    await asyncio.sleep(1.1)  # keys.cache_seconds: the change is seen
+    await ask()
+    await running.limiter.settled()
+    assert (gauge("day"), gauge("month")) == (None, 20_000 - 54)
+
+
 async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(chat, running, double):
     double.reset()
     key, secret = await running.store.create("ledger", all_models=True, env="team-a",
