@@ -244,9 +244,13 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """Optional first event: the provider accepted the prompt, which is this many tokens."""
+    """Optional first event: the provider accepted the prompt, which is this many tokens (as Usage counts them:
+    every prompt token, of which `cached_input_tokens` were read from the provider's prompt cache and
+    `cache_write_tokens` written to it, when it says so before the answer, as Anthropic's message_start does)."""
 
     input_tokens: int
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ class Meter:
     most_output: int  # the request's token limit: a model cut short wrote no more than that
     started: bool = False
     input_tokens: int | None = None
+    cached_input_tokens: int = 0  # of input_tokens, as the provider reported them when it started (Started)
+    cache_write_tokens: int = 0
     deltas: int = 0
     chars: int = 0
     usage: Usage | None = None
@@ -36,6 +38,7 @@ class Meter:
             self.upstream = event.dialect
         elif isinstance(event, Started):
             self.input_tokens = event.input_tokens
+            self.cached_input_tokens, self.cache_write_tokens = event.cached_input_tokens, event.cache_write_tokens
         elif isinstance(event, TextDelta):
             self.deltas += 1
             self.chars += len(event.text)
@@ -50,8 +53,12 @@ class Meter:
             return self.usage
         # Cut short: the provider never reported usage, so count what was sent (a delta is at least one token), up
         # to the token limit it ran under (four characters a token overcounts long unbroken text).
-        prompt = self.input_tokens if self.input_tokens is not None else self.prompt_estimate
-        return Usage(prompt, min(self.most_output, max(self.deltas, estimate_tokens(self.chars))))
+        output = min(self.most_output, max(self.deltas, estimate_tokens(self.chars)))
+        if self.input_tokens is None:
+            return Usage(self.prompt_estimate, output)
+        # The prompt as the provider reported it, its cache reads and writes included: they are billed at their own
+        # prices whether or not the answer was finished.
+        return Usage(self.input_tokens, output, self.cached_input_tokens, self.cache_write_tokens)
 
 
 async def metered(

@@ -218,6 +218,7 @@ class Pipeline:
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
             if reached_model:
+                self._budgets_in_force(call.key.id, reservation)
                 self._limiter.settle(reservation, used, call.record.cost_micros, self._budgets_left)
 
     async def _lookup(self, call: Call, request: GenerationRequest) -> Lookup | None:
@@ -357,8 +358,13 @@ class Pipeline:
         """The key's budgets as Prometheus gauges, once a request's settlement was taken."""
         for reading, left in budgets_left:
             if reading.scope.kind == "key":
-                budget = "day" if reading.dimension is Dimension.DAILY_SPEND else "month"
-                self._telemetry.budget_left(reading.scope.id, budget, left)
+                self._telemetry.budget_left(reading.scope.id, _budget_name(reading), left)
+
+    def _budgets_in_force(self, key_id: str, reservation: Reservation) -> None:
+        """A key whose budget gauges show a budget its request no longer had (removed meanwhile) loses that series."""
+        if self._telemetry.shows_budgets(key_id):
+            self._telemetry.budgets_in_force(
+                key_id, {_budget_name(r) for r in reservation.budgets if r.scope.kind == "key"})
 
     async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
         """Images are admitted as requests; they use no tokens. Images an upstream draws for a caller who left ran on
@@ -394,11 +400,17 @@ class Pipeline:
                 _account(call, self._served_price(call), images=len(images))
             if reached_model:
                 # One request, as in `stream`.
+                self._budgets_in_force(call.key.id, reservation)
                 self._limiter.settle(reservation, 0, call.record.cost_micros, self._budgets_left)
         if watch.caller_left:  # counted, with nobody to answer: the interceptor records it as gone (499)
             raise asyncio.CancelledError
         await _send_headers(call, reservation)
         return images
+
+
+def _budget_name(reading: Reading) -> str:
+    """A key's budget as the gauge's `budget` label names it."""
+    return "day" if reading.dimension is Dimension.DAILY_SPEND else "month"
 
 
 def _asking(call: Call) -> None:

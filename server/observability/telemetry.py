@@ -15,6 +15,7 @@ one attribute check when the request is not traced.
 from __future__ import annotations
 
 import contextvars
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from server.domain import SamplingParams
 from server.domain_keys import ApiKey
 from server.errors import redact_secrets
 from server.observability.access_log import AccessLog
-from server.observability.metrics import Metrics
+from server.observability.metrics import MULTIPROCESS_ENV, Metrics
 from server.observability.record import RETRY_REASONS, Outcome, RequestRecord
 from server.observability.tracing import NO_SCOPE, OPERATIONS, NoScope, Scope, caller_trace_id, trace_id_of
 
@@ -69,6 +70,11 @@ class Telemetry:
         # Labelled children, looked up once per label set (prometheus_client's .labels() validates and locks on
         # every call). The label sets are bounded (server/observability/record.py), so these dicts are too.
         self._children: dict[tuple, Any] = {}
+        # key id -> the budgets ("day", "month") it has a portico_budget_remaining_microdollars series of, so that a
+        # budget removed from the key loses its series (budgets_in_force). prometheus_client cannot remove a series
+        # of the workers' shared files (--workers N): there it stays until the gateway stops.
+        self._budget_gauges: dict[str, set[str]] = {}
+        self._budget_gauges_removable = MULTIPROCESS_ENV not in os.environ
 
     def _child(self, family: Any, *labels: str) -> Any:
         key = (id(family), *labels)
@@ -183,6 +189,22 @@ class Telemetry:
     def budget_left(self, key_id: str, budget: str, microdollars: int) -> None:
         """What is left of a key's budget ("day" or "month") after its latest request."""
         self._child(self.metrics.budget_left, key_id, budget).set(microdollars)
+        if self._budget_gauges_removable:
+            self._budget_gauges.setdefault(key_id, set()).add(budget)
+
+    def shows_budgets(self, key_id: str) -> bool:
+        return key_id in self._budget_gauges
+
+    def budgets_in_force(self, key_id: str, budgets: set[str]) -> None:
+        """A request of the key ends under these budgets only: the series of any other it had go (the operator
+        removed that budget), rather than show for good what was left of a budget the key no longer has."""
+        shown = self._budget_gauges.get(key_id, set())
+        for budget in shown - budgets:
+            shown.discard(budget)
+            self._children.pop((id(self.metrics.budget_left), key_id, budget), None)
+            self.metrics.budget_left.remove(key_id, budget)
+        if not shown:
+            self._budget_gauges.pop(key_id, None)
 
     # UpstreamRecorder (server/observability/record.py)
     def retry(self, model: str, reason: str) -> None:

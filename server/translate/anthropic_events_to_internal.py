@@ -67,7 +67,11 @@ class AnthropicEventReader:
                 self._written_tokens = token_count(usage, "cache_creation_input_tokens")
                 self._output_tokens = token_count(usage, "output_tokens")
                 self._note_reported(usage)
-                return [Started(self._input_tokens if self._input_reported else self._prompt_estimate)]
+                # The cache's share too: a stream cut short is settled with what came, and these tokens cost their
+                # own prices (a read a tenth of the input price), not the input price.
+                if not self._input_reported:
+                    return [Started(self._prompt_estimate)]
+                return [Started(self._input_tokens, self._cached_tokens, self._written_tokens)]
             if kind == "content_block_start":
                 return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
             if kind == "content_block_delta":

@@ -109,8 +109,10 @@ def _page_start(page: str, start: int, end: int, width: int) -> int:
 
 
 def filter_values(values: Iterable[str], param: str) -> tuple[str, ...]:
-    """A filter's distinct values, in the order given; InvalidRequest naming it when there are too many."""
-    distinct = tuple(dict.fromkeys(values))
+    """A filter's distinct values, in the order given; InvalidRequest naming it when there are too many. A value may
+    also be comma-separated, as group_by's: no model id, key id or env holds a comma, so `models=a,b` matched
+    nothing, an empty answer that read as no usage."""
+    distinct = tuple(dict.fromkeys(part.strip() for value in values for part in value.split(",")))
     if len(distinct) > MAX_FILTER_VALUES:
         raise InvalidRequest(f"{param} takes at most {MAX_FILTER_VALUES} distinct values, not {len(distinct)}.",
                              param=param)

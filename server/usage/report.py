@@ -8,8 +8,9 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from server.errors import InvalidRequest
 from server.usage.money import usd_text
-from server.usage.openai_pages import LAST_TIME, WIDTHS
+from server.usage.openai_pages import LAST_TIME, WIDTHS, filter_values
 from server.usage.query import Totals, UsageQuery
 
 GROUPS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}  # --group-by name -> Totals field
@@ -21,9 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", type=_time, help="exclusive, same forms; default now")
     parser.add_argument("--bucket", choices=tuple(WIDTHS), default="1d", help="bucket width (default 1d)")
     parser.add_argument("--group-by", default="", help="comma-separated: model, api_key_id, project_id (the env)")
-    parser.add_argument("--key", action="append", default=[], metavar="ID", help="only this key (repeatable)")
-    parser.add_argument("--model", action="append", default=[], help="only this model (repeatable)")
-    parser.add_argument("--project", action="append", default=[], metavar="ENV", help="only this env (repeatable)")
+    parser.add_argument("--key", action="append", default=[], metavar="ID",
+                        help="only this key (repeatable, or comma-separated)")
+    parser.add_argument("--model", action="append", default=[], help="only this model (repeatable, or comma-separated)")
+    parser.add_argument("--project", action="append", default=[], metavar="ENV",
+                        help="only this env (repeatable, or comma-separated)")
 
 
 def _time(text: str) -> int:
@@ -55,8 +58,13 @@ def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
     for group in groups:
         if group not in GROUPS:
             raise argparse.ArgumentTypeError(f"--group-by: {group!r} is not one of {', '.join(GROUPS)}")
-    return UsageQuery(start * 1000, end * 1000, width * 1000, groups, key_ids=tuple(args.key),
-                      models=tuple(args.model), envs=tuple(args.project))
+    try:  # comma-separated, as --group-by and the API's filters (`--model a,b` is `--model a --model b`)
+        filters = [filter_values(values, option) for values, option in
+                   ((args.key, "--key"), (args.model, "--model"), (args.project, "--project"))]
+    except InvalidRequest as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return UsageQuery(start * 1000, end * 1000, width * 1000, groups, key_ids=filters[0], models=filters[1],
+                      envs=filters[2])
 
 
 def table(query: UsageQuery, totals: Sequence[Totals]) -> list[str]:

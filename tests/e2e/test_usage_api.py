@@ -174,3 +174,24 @@ def test_a_plus_in_the_query_is_a_space_as_form_encoding_writes_it(gateway):
     assert answer.status_code == 200, answer.text
     results = answer.json()["data"][0]["results"]
     assert sorted((r["model"], r["project_id"]) for r in results) == [("family-a-5.4", "sdk"), ("family-a-5.5", "sdk")]
+
+
+def test_a_comma_separated_filter_filters_as_its_values_repeated(gateway):
+    """`group_by=model,project_id` groups by both, but `models=family-a-5.5,family-a-5.4` matched no model (no id
+    holds a comma) and answered an empty page, as if nothing had been used: a dashboard read it as no spend."""
+    key_id, start = _usage_on_two_models(gateway, "usage-comma")
+    other_id, _ = _usage_on_two_models(gateway, "usage-comma-other")
+    headers = {"Authorization": f"Bearer {_admin_key(gateway, 'usage-comma-admin')}"}
+    for path, field in (("/v1/organization/usage/completions", "model"), ("/v1/organization/costs", "line_item")):
+        group = "model,api_key_id" if field == "model" else "line_item,api_key_id"
+        answer = httpx.get(f"{gateway.base_url}{path}?start_time={start}&group_by={group}"
+                           f"&models=family-a-5.5,family-a-5.4&api_key_ids={key_id},{other_id}&project_ids=sdk,x",
+                           headers=headers, timeout=30)
+        assert answer.status_code == 200, answer.text
+        results = answer.json()["data"][0]["results"]
+        assert sorted((r[field], r["api_key_id"]) for r in results) == sorted(
+            (model, key) for model in ("family-a-5.4", "family-a-5.5") for key in (key_id, other_id))
+    rows = httpx.get(f"{gateway.base_url}/v1/organization/requests?start_time={start}"
+                     f"&models=family-a-5.4,no-such-model&api_key_ids={key_id},{other_id}", headers=headers,
+                     timeout=30).json()["data"]
+    assert sorted(r["api_key_id"] for r in rows) == sorted([key_id, other_id])

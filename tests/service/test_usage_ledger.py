@@ -79,6 +79,54 @@ async def test_prompt_cache_reads_and_writes_are_charged_at_their_own_prices(mes
         (200, 2110, 2000, 1, 1020)] * 2
 
 
+async def test_a_cached_prompt_cut_short_is_charged_at_its_cache_prices(messages, running, double):
+    """A stream cut short (its caller gone, or the upstream breaking off) is settled with what came: Anthropic said
+    in `message_start` that 2,000 prompt tokens were read from its cache and 100 written to it, so they cost their
+    own prices, as in the whole answer, not 2,110 tokens at the input price (6,345 micro-dollars, six times the
+    1,020 the upstream bills)."""
+    double.reset()
+    key, secret = await running.store.create("cache-prices-cut", all_models=True)
+    frames = CACHED_ANSWER_CUES[1].frames
+    double.cue(Cue(frames=frames, drop_after=3),  # message_start, the text block and "Hi"; then the connection drops
+               Cue(frames=frames, frame_delay=0.5))  # its caller leaves after "Hi"
+    cut = messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))
+    with pytest.raises(grpc.aio.AioRpcError):  # UNAVAILABLE after the events that came (REST: an error event)
+        [event async for event in cut]
+    left = messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))
+    while "Hi" not in str(await left.read()):
+        pass
+    left.cancel()
+    deadline = time.monotonic() + 10
+    while len([r for r in running.core.usage.rows() if r.key_id == key.id]) < 2 and time.monotonic() < deadline:
+        await running.core.ledger.flush()
+        await asyncio.sleep(0.05)
+    rows = [r for r in running.core.usage.rows() if r.key_id == key.id]
+    assert [(r.status, r.code, r.input_tokens, r.cached_input_tokens, r.output_tokens, r.cost_micros) for r in rows] == [
+        (502, "upstream_error", 2110, 2000, 1, 1020), (499, "cancelled", 2110, 2000, 1, 1020)]
+    assert metric(running, "portico_spend_microdollars_total", model="up-claude", key_id=key.id) == 2 * 1020
+
+
+async def test_a_budget_removed_from_a_key_leaves_its_gauge_at_the_keys_next_request(chat, running, double):
+    """portico_budget_remaining_microdollars of a budget the operator removed stayed at its last value for good (an
+    alert on a spent budget kept firing for a key that had none any more): it goes once the key's next request ends
+    without it, as the budget's own series changes with each request."""
+    double.reset()
+    key, secret = await running.store.create("gauge-gone", all_models=True,
+                                             limits=KeyLimits(max_spend_day=10_000, max_spend_month=20_000))
+    ask = lambda: chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO),  # noqa: E731
+                                            metadata=bearer(secret))
+    gauge = lambda budget: metric(running, "portico_budget_remaining_microdollars",  # noqa: E731
+                                  key_id=key.id, budget=budget) or None
+    await ask()  # 27 micro-dollars
+    await running.limiter.settled()
+    assert (gauge("day"), gauge("month")) == (10_000 - 27, 20_000 - 27)
+    await running.store.update(key.id, limits={"max_spend_day": None})
+    await asyncio.sleep(1.1)  # keys.cache_seconds: the change is seen
+    await ask()
+    await running.limiter.settled()
+    assert (gauge("day"), gauge("month")) == (None, 20_000 - 54)
+
+
 async def test_every_admitted_request_has_one_row_equal_to_metrics_and_limits(chat, running, double):
     double.reset()
     key, secret = await running.store.create("ledger", all_models=True, env="team-a",

@@ -201,7 +201,7 @@ data: {"type":"message_stop"}
 @pytest.mark.parametrize(
     ("transcript", "events"),
     [
-        (ANTHROPIC_TOOL_USE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
+        (ANTHROPIC_TOOL_USE, [Started(112, 100), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                               ToolCallDelta(0, '{"city": '), ToolCallDelta(0, '"Oslo"}'),
                               Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
         (ANTHROPIC_STOP_SEQUENCE, [Started(5), TextDelta("1, 2"),
@@ -237,7 +237,7 @@ ANTHROPIC_STOP_SEQUENCE_MESSAGE = {
 @pytest.mark.parametrize(
     ("message", "events"),
     [
-        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
+        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112, 100), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
                                       ToolCallDelta(0, '{"city":"Oslo"}'),
                                       Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
         (ANTHROPIC_STOP_SEQUENCE_MESSAGE, [Started(5), TextDelta("1, 2"),

@@ -38,6 +38,20 @@ def test_usage_prints_buckets_groups_and_the_total(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path), "usage", "--group-by", "colour"]) == 2
 
 
+def test_comma_separated_filters_filter_as_the_option_repeated(tmp_path, capsys):
+    """`--group-by model,api_key_id` is comma-separated, and so is the API's `models=a,b` filter: `--model m,n`
+    printed a total of nothing (no model id holds a comma), read as no usage."""
+    ledger = SqliteLedger(tmp_path / "keys.db")
+    day = int(time.time()) // 86_400 * 86_400
+    ledger.write([row(1, at_ms=day * 1000 + 10, model="m", cost_micros=1_000_000),
+                  row(2, at_ms=day * 1000 + 20, model="n", key_id="key_b", cost_micros=250_000),
+                  row(3, at_ms=day * 1000 + 30, model="o", key_id="key_c", cost_micros=10_000)])
+    ledger.close()
+    for options in (["--model", "m,n"], ["--model", "m", "--model", "n"], ["--key", "key_a, key_b"]):
+        assert main(["--data-dir", str(tmp_path), "usage", "--start", str(day), *options]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].split()[-1] == "$1.25", options
+
+
 def test_a_reversed_or_impossible_range_is_refused_like_the_api(tmp_path, capsys):
     """It printed an empty table with exit 0 where GET /v1/organization/usage/completions answers 400."""
     reversed_ = "--end must be after --start (the end is exclusive)"
