@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
@@ -45,7 +47,7 @@ class Tracing:
         self._provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
         exporter = _CountingExporter(
             OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=settings.export_timeout_seconds), on_dropped,
-            collector=_address(settings.otlp_endpoint),
+            collector=_address(settings.otlp_endpoint), timeout_seconds=settings.export_timeout_seconds,
         )
         self._processor = _BoundedProcessor(
             BatchSpanProcessor(
@@ -87,10 +89,13 @@ class _CountingExporter(SpanExporter):
     how many spans have left the queue.
 
     The exporter logs every failed batch (an error a few seconds apart for as long as a collector is down); those
-    lines are held back and an outage is logged once when it begins and once when it ends."""
+    lines are held back and an outage is logged once when it begins, with why (the collector's status, or why it
+    could not be reached: from the lines held back), and once when it ends."""
 
-    def __init__(self, inner: OTLPSpanExporter, on_dropped: Callable[[str, int], None], collector: str) -> None:
+    def __init__(self, inner: OTLPSpanExporter, on_dropped: Callable[[str, int], None], collector: str,
+                 timeout_seconds: float) -> None:
         self._inner = inner
+        self._timeout_seconds = timeout_seconds
         self._on_dropped = on_dropped
         self._collector = collector
         self._failing = False
@@ -100,6 +105,8 @@ class _CountingExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.taken(len(spans))
+        self._quiet.reason = ""
+        began = time.monotonic()
         try:
             result = self._inner.export(spans)
         except Exception:  # noqa: BLE001 - the export thread must go on whatever the exporter does
@@ -107,8 +114,12 @@ class _CountingExporter(SpanExporter):
         if result is not SpanExportResult.SUCCESS:
             self._on_dropped("export_failed", len(spans))
             if not self._failing:
-                _logger.warning("exporting traces to %s fails; spans are dropped (portico_trace_spans_dropped_total) "
-                                "until it takes them again", self._collector)
+                why = self._quiet.reason
+                if not why and time.monotonic() - began >= self._timeout_seconds * 0.9:  # its last try timed out
+                    why = f"no answer within {self._timeout_seconds:g} s"
+                why = f" ({why})" if why else ""
+                _logger.warning("exporting traces to %s fails%s; spans are dropped "
+                                "(portico_trace_spans_dropped_total) until it takes them again", self._collector, why)
         elif self._failing:
             _logger.warning("exporting traces to %s works again", self._collector)
         self._failing = result is not SpanExportResult.SUCCESS
@@ -126,8 +137,47 @@ _EXPORTER_LOGGER = OTLPSpanExporter.__module__  # the logger the exporter and it
 
 
 class _Quiet(logging.Filter):
+    """Holds back the exporter's lines, keeping why its latest export failed (`reason`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = ""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.CRITICAL
+        if record.levelno >= logging.CRITICAL:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        self.reason = next(filter(None, map(_reason, args)), self.reason)
+        return False
+
+
+_PHRASES = {status.phrase: status for status in HTTPStatus}
+
+
+def _reason(value: object) -> str:
+    """Why an export failed, from an argument of an exporter's log line: the collector's status (its code, or the
+    reason phrase the exporter's retry lines give), or the error that left no answer, as the OS names it when one
+    did ("Connection refused", "Name or service not known"), else by its class (ReadTimeout, SSLError). Never the
+    error's whole text, which names the URL."""
+    if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+        return _status(HTTPStatus(value) if value in HTTPStatus._value2member_map_ else value)
+    if isinstance(value, str) and value in _PHRASES:
+        return _status(_PHRASES[value])
+    if isinstance(value, BaseException):
+        cause: BaseException | None = value
+        for _ in range(8):  # requests' ConnectionError > urllib3's MaxRetryError > NewConnectionError > OSError
+            if isinstance(cause, OSError) and cause.strerror:
+                return str(cause.strerror)[:120]
+            inner = getattr(cause, "reason", None)
+            cause = inner if isinstance(inner, BaseException) else cause.__cause__ or cause.__context__
+            if cause is None:
+                break
+        return type(value).__name__
+    return ""
+
+
+def _status(status: HTTPStatus | int) -> str:
+    return f"HTTP {status.value} {status.phrase}" if isinstance(status, HTTPStatus) else f"HTTP {status}"
 
 
 class _BoundedProcessor(SpanProcessor):

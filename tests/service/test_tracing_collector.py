@@ -1,0 +1,60 @@
+"""The exporter against a collector that misbehaves, as an operator finds it: what the diagnostic log says when the
+collector refuses spans or cannot be reached (a real OTLP/HTTP receiver answering as told, or a closed port)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from server.config_tracing import TracingSettings
+from server.observability.tracing_export import Tracing
+from tests.otlp_receiver import OtlpReceiver
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _export_one(endpoint: str) -> list[tuple[str, int]]:
+    """Ends one sampled span and waits for its export; the drops counted."""
+    dropped: list[tuple[str, int]] = []
+    tracing = Tracing(TracingSettings(otlp_endpoint=endpoint, export_timeout_seconds=3),
+                      lambda reason, count: dropped.append((reason, count)))
+    tracing.server_span("portico.v1.ChatService/CreateChatCompletion", ()).end()
+    tracing.flush()
+    tracing.close()
+    return dropped
+
+
+@pytest.mark.parametrize(("collector", "said"), [
+    (401, "HTTP 401 Unauthorized"),  # a wrong key in OTEL_EXPORTER_OTLP_HEADERS
+    (404, "HTTP 404 Not Found"),  # an endpoint with the wrong path
+    (503, "HTTP 503 Service Unavailable"),  # retried (the exporter's line says so) until the timeout
+    ("closed", "Connection refused"),  # nothing listens there
+    ("stuck", "no answer within 3 s"),  # it takes the connection and never answers
+])
+def test_the_outage_warning_says_why_the_collector_did_not_take_the_spans(caplog, collector, said):
+    """An operator told only that export "fails" cannot tell a wrong key from a wrong path or a collector that is
+    down: the one warning of an outage names the collector's answer, or why there was none."""
+    receiver = OtlpReceiver().start()
+    stuck = socket.socket()
+    try:
+        if collector == "stuck":
+            stuck.bind(("127.0.0.1", 0))
+            stuck.listen(8)
+            url = f"http://127.0.0.1:{stuck.getsockname()[1]}"
+        elif collector == "closed":
+            url = f"http://127.0.0.1:{_closed_port()}"
+        else:
+            receiver.refusing, url = collector, receiver.url
+        with caplog.at_level(logging.INFO):
+            assert _export_one(url + "/v1/traces") == [("export_failed", 1)]
+    finally:
+        stuck.close()
+        receiver.stop()
+    (warning,) = [r.getMessage() for r in caplog.records if "exporting traces to" in r.getMessage()]
+    assert said in warning, warning
