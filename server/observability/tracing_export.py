@@ -14,6 +14,7 @@ every span of a batch the collector did not take.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +47,7 @@ class Tracing:
         sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
         self._provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
         exporter = _CountingExporter(
-            OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=settings.export_timeout_seconds), on_dropped,
+            _exporter(settings.otlp_endpoint, settings.export_timeout_seconds), on_dropped,
             collector=_address(settings.otlp_endpoint), timeout_seconds=settings.export_timeout_seconds,
         )
         self._processor = _BoundedProcessor(
@@ -76,6 +77,41 @@ class Tracing:
     def close(self) -> None:
         """Sends what is queued, waiting at most SHUTDOWN_SECONDS."""
         self._processor.shutdown_within(SHUTDOWN_SECONDS)
+
+
+_HEADERS_LOGGER = "opentelemetry.util.re"  # where the SDK warns of an OTEL_EXPORTER_OTLP_HEADERS entry it ignores
+_HEADERS_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")  # the first one set is read
+
+
+def _exporter(endpoint: str, timeout_seconds: float) -> OTLPSpanExporter:
+    """The OTLP exporter, which reads the collector's headers from the environment. An entry it cannot read
+    (`authorization: Bearer ...`, a quoted value) it ignores with a warning quoting the entry, credential and all:
+    those lines are held back, and one warning names the variable and how many entries were ignored."""
+    ignored = _Ignored()
+    logger = logging.getLogger(_HEADERS_LOGGER)
+    logger.addFilter(ignored)
+    try:
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_seconds)
+    finally:
+        logger.removeFilter(ignored)
+    if ignored.count:
+        variable = next((name for name in _HEADERS_VARIABLES if os.environ.get(name)), _HEADERS_VARIABLES[1])
+        entries = "1 entry is" if ignored.count == 1 else f"{ignored.count} entries are"
+        _logger.warning("%s: %s not name=value (a value's quotes, commas, semicolons and backslashes URL-encoded) "
+                        "and not sent to the collector", variable, entries)
+    return exporter
+
+
+class _Ignored(logging.Filter):
+    """Counts and holds back the lines it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.count += 1
+        return False
 
 
 def _address(url: str) -> str:

@@ -58,3 +58,17 @@ def test_the_outage_warning_says_why_the_collector_did_not_take_the_spans(caplog
         receiver.stop()
     (warning,) = [r.getMessage() for r in caplog.records if "exporting traces to" in r.getMessage()]
     assert said in warning, warning
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+def test_a_mistake_in_the_collectors_headers_keeps_their_secrets_out_of_the_log(monkeypatch, caplog, variable):
+    """The headers' values are credentials (operations.md: kept out of every log); an entry written `name: value`
+    or with quotes, as env files often have them, is not name=value, and the exporter quoted it whole in a warning.
+    Now the warning names the variable and how many entries were ignored, never what they hold."""
+    monkeypatch.setenv(variable, 'x-team=fine, authorization: Bearer s3cr3t-token, x-api-key="quoted-s3cr3t"')
+    with caplog.at_level(logging.DEBUG):
+        Tracing(TracingSettings(otlp_endpoint=f"http://127.0.0.1:{_closed_port()}"), lambda *_: None).close()
+    lines = [record.getMessage() for record in caplog.records]
+    assert not [line for line in lines if "s3cr3t" in line]
+    (warning,) = [line for line in lines if variable in line]
+    assert "2 entries" in warning, warning
