@@ -83,7 +83,7 @@ class Telemetry:
                                trace_id=trace_id)
         if self.tracing is not None:
             record.span = self.tracing.server_span(method.removeprefix("/"), metadata)
-            record.trace_id = trace_id_of(record.span)
+            record.trace_id = trace_id_of(record.span) or trace_id  # the SDK switched off: the caller's, if any
         self._current.set(record)  # no reset needed: the RPC's task, and so this context, ends with the RPC
         self._child(self.metrics.in_flight, endpoint).inc()
         return record
