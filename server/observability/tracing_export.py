@@ -42,7 +42,7 @@ class Tracing:
         """`on_dropped(reason, spans)`: spans lost, because the queue was full or the collector refused them."""
         assert settings.otlp_endpoint is not None
         self.settings = settings
-        resource = Resource.create({"service.name": settings.service_name})
+        resource = _resource(settings.service_name)
         # Parent-based: a caller's sampling decision wins; the ratio applies to traces that start here.
         sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
         self._provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
@@ -77,6 +77,19 @@ class Tracing:
     def close(self) -> None:
         """Sends what is queued, waiting at most SHUTDOWN_SECONDS."""
         self._processor.shutdown_within(SHUTDOWN_SECONDS)
+
+
+DEFAULT_SERVICE_NAME = "portico"
+
+
+def _resource(service_name: str | None) -> Resource:
+    """The spans' resource: OTEL_RESOURCE_ATTRIBUTES' attributes, and as service.name the configured one, else the
+    standard variables' (OTEL_SERVICE_NAME, which the SDK reads first, then OTEL_RESOURCE_ATTRIBUTES': set per
+    deployment by operators and Kubernetes' OpenTelemetry Operator), else Portico's."""
+    resource = Resource.create({} if service_name is None else {"service.name": service_name})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):  # the SDK's stand-in
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
 
 
 _HEADERS_LOGGER = "opentelemetry.util.re"  # where the SDK warns of an OTEL_EXPORTER_OTLP_HEADERS entry it ignores

@@ -72,3 +72,27 @@ def test_a_mistake_in_the_collectors_headers_keeps_their_secrets_out_of_the_log(
     assert not [line for line in lines if "s3cr3t" in line]
     (warning,) = [line for line in lines if variable in line]
     assert "2 entries" in warning, warning
+
+
+@pytest.mark.parametrize(("configured", "environment", "service"), [
+    (None, {}, "portico"),
+    (None, {"OTEL_SERVICE_NAME": "portico-eu"}, "portico-eu"),  # as the OpenTelemetry Operator injects it
+    (None, {"OTEL_RESOURCE_ATTRIBUTES": "service.name=gw-attrs,deployment.environment=prod"}, "gw-attrs"),
+    ("gw-config", {"OTEL_SERVICE_NAME": "portico-eu"}, "gw-config"),  # the configuration file says it itself
+])
+def test_the_service_name_comes_from_the_environment_unless_configured(monkeypatch, configured, environment, service):
+    """OTEL_SERVICE_NAME and service.name in OTEL_RESOURCE_ATTRIBUTES (the standard variables, which operators and
+    Kubernetes' OpenTelemetry Operator set per deployment) were overridden by tracing.service_name's default, so
+    every deployment's spans said `portico`."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    receiver = OtlpReceiver().start()
+    try:
+        settings = {"service_name": configured} if configured else {}
+        tracing = Tracing(TracingSettings(otlp_endpoint=receiver.url + "/v1/traces", **settings), lambda *_: None)
+        tracing.server_span("portico.v1.ChatService/CreateChatCompletion", ()).end()
+        tracing.close()
+        (span,) = receiver.spans
+        assert span.service == service
+    finally:
+        receiver.stop()
