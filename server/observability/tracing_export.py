@@ -206,23 +206,34 @@ _PHRASES = {status.phrase: status for status in HTTPStatus}
 def _reason(value: object) -> str:
     """Why an export failed, from an argument of an exporter's log line: the collector's status (its code, or the
     reason phrase the exporter's retry lines give), or the error that left no answer, as the OS names it when one
-    did ("Connection refused", "Name or service not known"), else by its class (ReadTimeout, SSLError). Never the
-    error's whole text, which names the URL."""
+    did ("Connection refused", "Name or service not known"), else by the innermost error's class. Never the errors'
+    whole text, which names the URL."""
     if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
         return _status(HTTPStatus(value) if value in HTTPStatus._value2member_map_ else value)
     if isinstance(value, str) and value in _PHRASES:
         return _status(_PHRASES[value])
-    if isinstance(value, BaseException):
-        cause: BaseException | None = value
-        for _ in range(8):  # requests' ConnectionError > urllib3's MaxRetryError > NewConnectionError > OSError
-            if isinstance(cause, OSError) and cause.strerror:
-                return str(cause.strerror)[:120]
-            inner = getattr(cause, "reason", None)
-            cause = inner if isinstance(inner, BaseException) else cause.__cause__ or cause.__context__
-            if cause is None:
-                break
-        return type(value).__name__
-    return ""
+    if not isinstance(value, BaseException):
+        return ""
+    # requests' ConnectionError > urllib3's MaxRetryError (.reason) or ProtocolError (args) > the OS's or
+    # http.client's error
+    error, seen = value, 0
+    while seen < 8:
+        if isinstance(error, OSError) and error.strerror:
+            return str(error.strerror)[:120]
+        inner = [getattr(error, "reason", None), *error.args, error.__cause__, error.__context__]
+        found = next((each for each in inner if isinstance(each, BaseException)), None)
+        if found is None:
+            break
+        error, seen = found, seen + 1
+    return _WHY.get(type(error).__name__, type(error).__name__)
+
+
+# What the innermost errors with no text of the OS's mean for an operator.
+_WHY = {
+    # An HTTP/2 frame where an HTTP/1.1 status line was expected: the port is the collector's OTLP/gRPC one.
+    "BadStatusLine": "the answer is not HTTP/1.1: an OTLP/gRPC port, such as 4317? OTLP/HTTP's is 4318",
+    "RemoteDisconnected": "the collector closed the connection without answering",
+}
 
 
 def _status(status: HTTPStatus | int) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 from server.config_tracing import TracingSettings
@@ -36,14 +38,19 @@ def _export_one(endpoint: str) -> list[tuple[str, int]]:
     (503, "HTTP 503 Service Unavailable"),  # retried (the exporter's line says so) until the timeout
     ("closed", "Connection refused"),  # nothing listens there
     ("stuck", "no answer within 3 s"),  # it takes the connection and never answers
+    ("grpc", "OTLP/gRPC"),  # the collector's OTLP/gRPC port (4317) given for its OTLP/HTTP one (4318)
 ])
 def test_the_outage_warning_says_why_the_collector_did_not_take_the_spans(caplog, collector, said):
     """An operator told only that export "fails" cannot tell a wrong key from a wrong path or a collector that is
     down: the one warning of an outage names the collector's answer, or why there was none."""
     receiver = OtlpReceiver().start()
     stuck = socket.socket()
+    grpc_server = grpc.server(ThreadPoolExecutor(1))
     try:
-        if collector == "stuck":
+        if collector == "grpc":
+            url = f"http://127.0.0.1:{grpc_server.add_insecure_port('127.0.0.1:0')}"
+            grpc_server.start()
+        elif collector == "stuck":
             stuck.bind(("127.0.0.1", 0))
             stuck.listen(8)
             url = f"http://127.0.0.1:{stuck.getsockname()[1]}"
@@ -54,6 +61,7 @@ def test_the_outage_warning_says_why_the_collector_did_not_take_the_spans(caplog
         with caplog.at_level(logging.INFO):
             assert _export_one(url + "/v1/traces") == [("export_failed", 1)]
     finally:
+        grpc_server.stop(0)
         stuck.close()
         receiver.stop()
     (warning,) = [r.getMessage() for r in caplog.records if "exporting traces to" in r.getMessage()]
