@@ -18,7 +18,8 @@ TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to an endpoint 
 class TracingSettings:
     otlp_endpoint: str | None = None  # None: no traces (the default)
     sample_ratio: float = 1.0  # of the traces Portico starts; a caller's sampled flag is honoured either way
-    service_name: str = "portico"
+    # The spans' service.name; None: OTEL_SERVICE_NAME's, else OTEL_RESOURCE_ATTRIBUTES' service.name, else "portico"
+    service_name: str | None = None
     max_queue_size: int = 2048  # finished spans waiting for export; spans beyond it are dropped and counted
     export_delay_seconds: float = 2.0  # a batch leaves at least this often (sooner when it is full)
     max_export_batch_size: int = 512
@@ -33,8 +34,8 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
     raw = optional_mapping(raw, where)
     known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
                          "max_export_batch_size", "export_timeout_seconds"), where)
-    service_name = raw.get("service_name", "portico")
-    if not isinstance(service_name, str) or not service_name:
+    service_name = raw.get("service_name")
+    if service_name is not None and (not isinstance(service_name, str) or not service_name):
         raise ConfigError(f"{where}.service_name: a non-empty string, not {service_name!r}")
     endpoint = raw.get("otlp_endpoint")
     if endpoint is not None:

@@ -36,6 +36,7 @@ class ReceivedSpan:
 
 class OtlpReceiver:
     def __init__(self) -> None:
+        self.refusing: int | None = None  # a status to answer every export with instead of taking it (a fault)
         self.spans: list[ReceivedSpan] = []
         self.bodies: list[bytes] = []
         self._lock = threading.Lock()
@@ -46,6 +47,11 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
                     self.send_response(404)
+                    self.end_headers()
+                    return
+                if receiver.refusing is not None:
+                    self.send_response(receiver.refusing)
+                    self.send_header("content-length", "0")
                     self.end_headers()
                     return
                 receiver._receive(body)

@@ -165,10 +165,27 @@ local function drop_grpc_headers(headers)
   for _, name in ipairs(names) do headers:remove(name) end
 end
 
+-- The trace id of a caller's W3C traceparent, for Envoy's access-log line of a reply the server never saw (the
+-- server logs its own): read as the server's OpenTelemetry propagator reads it (lowercase hex, no all-zero ids,
+-- version ff refused, version 00 exactly as long as the spec says, a later one perhaps longer), else nil.
+local HEX = "[0-9a-f]"
+local TRACEPARENT = "^[ \t]*(" .. HEX:rep(2) .. ")%-(" .. HEX:rep(32) .. ")%-(" .. HEX:rep(16) .. ")%-" .. HEX:rep(2)
+  .. "(.*)$"
+
+local function caller_trace_id(traceparent)
+  if not traceparent or #traceparent > 512 then return nil end
+  local version, trace, span, rest = traceparent:match(TRACEPARENT)
+  if not version or version == "ff" or trace == ("0"):rep(32) or span == ("0"):rep(16) then return nil end
+  if rest:find("^[ \t]*$") or (version ~= "00" and rest:sub(1, 1) == "-") then return trace end
+  return nil
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
   local headers = handle:headers()
+  local trace_id = caller_trace_id(headers:get("traceparent"))
+  if trace_id then handle:streamInfo():dynamicMetadata():set("portico", "trace_id", trace_id) end
   -- A native gRPC call reaches this filter only to have its id cut (envoy.yaml): nothing else here is for it.
   -- Asked and remembered before the cut, which sends the call to its route again, maybe to one without this mark.
   if handle:metadata():get("native_grpc") then

@@ -157,8 +157,9 @@ class UpstreamRecorder(Protocol):
         its end); its headers() carry the span's traceparent to the upstream. A no-op unless the request is traced."""
         ...
 
-    def generation(self, engine_model: str) -> Scope:
-        """A span for one generation by the embedded model, its queueing included. A no-op unless traced."""
+    def generation(self, engine_model: str, operation: str = "chat") -> Scope:
+        """A span for one generation in process (the embedded model, its queueing included; the development image
+        provider, operation "generate_content"). A no-op unless traced."""
         ...
 
 

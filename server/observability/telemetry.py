@@ -89,7 +89,7 @@ class Telemetry:
                                trace_id=trace_id)
         if self.tracing is not None:
             record.span = self.tracing.server_span(method.removeprefix("/"), metadata)
-            record.trace_id = trace_id_of(record.span)
+            record.trace_id = trace_id_of(record.span) or trace_id  # the SDK switched off: the caller's, if any
         self._current.set(record)  # no reset needed: the RPC's task, and so this context, ends with the RPC
         self._child(self.metrics.in_flight, endpoint).inc()
         return record
@@ -165,7 +165,7 @@ class Telemetry:
             attributes["portico.deployment"] = record.deployment
         return self.tracing.child(record.span, f"{operation} {upstream_model}", SpanKind.CLIENT, attributes)
 
-    def generation(self, engine_model: str) -> Scope | NoScope:
+    def generation(self, engine_model: str, operation: str = "chat") -> Scope | NoScope:
         record = self._current.get()
         if record is None or record.span is None or self.tracing is None:
             return NO_SCOPE
@@ -173,7 +173,7 @@ class Telemetry:
         record.provider = EMBEDDED_PROVIDER
         # The embedded model serves many model ids: this is the one asked for, or the fallback being tried.
         model = record.answered_by or record.model
-        attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": EMBEDDED_PROVIDER,
+        attributes = {"gen_ai.operation.name": operation, "gen_ai.provider.name": EMBEDDED_PROVIDER,
                       "gen_ai.request.model": engine_model, "portico.model": model,
                       "portico.attempt": record.spans_started, "portico.fallback": model != record.model}
         return self.tracing.child(record.span, f"generate {engine_model}", SpanKind.INTERNAL, attributes)

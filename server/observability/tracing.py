@@ -117,8 +117,10 @@ def failed(span: Span, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, code))
 
 
-def trace_id_of(span: Span) -> str:
-    return format_trace_id(span.get_span_context().trace_id)
+def trace_id_of(span: Span) -> str | None:
+    """The span's trace id; None for the invalid span an SDK switched off (OTEL_SDK_DISABLED) starts."""
+    context = span.get_span_context()
+    return format_trace_id(context.trace_id) if context.is_valid else None
 
 
 def caller_trace_id(traceparent: str | bytes) -> str | None:

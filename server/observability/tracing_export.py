@@ -14,8 +14,11 @@ every span of a batch the collector did not take.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
@@ -39,13 +42,13 @@ class Tracing:
         """`on_dropped(reason, spans)`: spans lost, because the queue was full or the collector refused them."""
         assert settings.otlp_endpoint is not None
         self.settings = settings
-        resource = Resource.create({"service.name": settings.service_name})
+        resource = _resource(settings.service_name)
         # Parent-based: a caller's sampling decision wins; the ratio applies to traces that start here.
         sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
         self._provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
         exporter = _CountingExporter(
-            OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=settings.export_timeout_seconds), on_dropped,
-            collector=_address(settings.otlp_endpoint),
+            _exporter(settings.otlp_endpoint, settings.export_timeout_seconds), on_dropped,
+            collector=_address(settings.otlp_endpoint), timeout_seconds=settings.export_timeout_seconds,
         )
         self._processor = _BoundedProcessor(
             BatchSpanProcessor(
@@ -76,6 +79,54 @@ class Tracing:
         self._processor.shutdown_within(SHUTDOWN_SECONDS)
 
 
+DEFAULT_SERVICE_NAME = "portico"
+
+
+def _resource(service_name: str | None) -> Resource:
+    """The spans' resource: OTEL_RESOURCE_ATTRIBUTES' attributes, and as service.name the configured one, else the
+    standard variables' (OTEL_SERVICE_NAME, which the SDK reads first, then OTEL_RESOURCE_ATTRIBUTES': set per
+    deployment by operators and Kubernetes' OpenTelemetry Operator), else Portico's."""
+    resource = Resource.create({} if service_name is None else {"service.name": service_name})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):  # the SDK's stand-in
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    return resource
+
+
+_HEADERS_LOGGER = "opentelemetry.util.re"  # where the SDK warns of an OTEL_EXPORTER_OTLP_HEADERS entry it ignores
+_HEADERS_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")  # the first one set is read
+
+
+def _exporter(endpoint: str, timeout_seconds: float) -> OTLPSpanExporter:
+    """The OTLP exporter, which reads the collector's headers from the environment. An entry it cannot read
+    (`authorization: Bearer ...`, a quoted value) it ignores with a warning quoting the entry, credential and all:
+    those lines are held back, and one warning names the variable and how many entries were ignored."""
+    ignored = _Ignored()
+    logger = logging.getLogger(_HEADERS_LOGGER)
+    logger.addFilter(ignored)
+    try:
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_seconds)
+    finally:
+        logger.removeFilter(ignored)
+    if ignored.count:
+        variable = next((name for name in _HEADERS_VARIABLES if os.environ.get(name)), _HEADERS_VARIABLES[1])
+        entries = "1 entry is" if ignored.count == 1 else f"{ignored.count} entries are"
+        _logger.warning("%s: %s not name=value (a value's quotes, commas, semicolons and backslashes URL-encoded) "
+                        "and not sent to the collector", variable, entries)
+    return exporter
+
+
+class _Ignored(logging.Filter):
+    """Counts and holds back the lines it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.count += 1
+        return False
+
+
 def _address(url: str) -> str:
     """host:port of the collector, for log lines (never a password a URL might carry)."""
     parts = urlsplit(url)
@@ -87,10 +138,13 @@ class _CountingExporter(SpanExporter):
     how many spans have left the queue.
 
     The exporter logs every failed batch (an error a few seconds apart for as long as a collector is down); those
-    lines are held back and an outage is logged once when it begins and once when it ends."""
+    lines are held back and an outage is logged once when it begins, with why (the collector's status, or why it
+    could not be reached: from the lines held back), and once when it ends."""
 
-    def __init__(self, inner: OTLPSpanExporter, on_dropped: Callable[[str, int], None], collector: str) -> None:
+    def __init__(self, inner: OTLPSpanExporter, on_dropped: Callable[[str, int], None], collector: str,
+                 timeout_seconds: float) -> None:
         self._inner = inner
+        self._timeout_seconds = timeout_seconds
         self._on_dropped = on_dropped
         self._collector = collector
         self._failing = False
@@ -100,6 +154,8 @@ class _CountingExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.taken(len(spans))
+        self._quiet.reason = ""
+        began = time.monotonic()
         try:
             result = self._inner.export(spans)
         except Exception:  # noqa: BLE001 - the export thread must go on whatever the exporter does
@@ -107,8 +163,12 @@ class _CountingExporter(SpanExporter):
         if result is not SpanExportResult.SUCCESS:
             self._on_dropped("export_failed", len(spans))
             if not self._failing:
-                _logger.warning("exporting traces to %s fails; spans are dropped (portico_trace_spans_dropped_total) "
-                                "until it takes them again", self._collector)
+                why = self._quiet.reason
+                if not why and time.monotonic() - began >= self._timeout_seconds * 0.9:  # its last try timed out
+                    why = f"no answer within {self._timeout_seconds:g} s"
+                why = f" ({why})" if why else ""
+                _logger.warning("exporting traces to %s fails%s; spans are dropped "
+                                "(portico_trace_spans_dropped_total) until it takes them again", self._collector, why)
         elif self._failing:
             _logger.warning("exporting traces to %s works again", self._collector)
         self._failing = result is not SpanExportResult.SUCCESS
@@ -126,8 +186,58 @@ _EXPORTER_LOGGER = OTLPSpanExporter.__module__  # the logger the exporter and it
 
 
 class _Quiet(logging.Filter):
+    """Holds back the exporter's lines, keeping why its latest export failed (`reason`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason = ""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.CRITICAL
+        if record.levelno >= logging.CRITICAL:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        self.reason = next(filter(None, map(_reason, args)), self.reason)
+        return False
+
+
+_PHRASES = {status.phrase: status for status in HTTPStatus}
+
+
+def _reason(value: object) -> str:
+    """Why an export failed, from an argument of an exporter's log line: the collector's status (its code, or the
+    reason phrase the exporter's retry lines give), or the error that left no answer, as the OS names it when one
+    did ("Connection refused", "Name or service not known"), else by the innermost error's class. Never the errors'
+    whole text, which names the URL."""
+    if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+        return _status(HTTPStatus(value) if value in HTTPStatus._value2member_map_ else value)
+    if isinstance(value, str) and value in _PHRASES:
+        return _status(_PHRASES[value])
+    if not isinstance(value, BaseException):
+        return ""
+    # requests' ConnectionError > urllib3's MaxRetryError (.reason) or ProtocolError (args) > the OS's or
+    # http.client's error
+    error, seen = value, 0
+    while seen < 8:
+        if isinstance(error, OSError) and error.strerror:
+            return str(error.strerror)[:120]
+        inner = [getattr(error, "reason", None), *error.args, error.__cause__, error.__context__]
+        found = next((each for each in inner if isinstance(each, BaseException)), None)
+        if found is None:
+            break
+        error, seen = found, seen + 1
+    return _WHY.get(type(error).__name__, type(error).__name__)
+
+
+# What the innermost errors with no text of the OS's mean for an operator.
+_WHY = {
+    # An HTTP/2 frame where an HTTP/1.1 status line was expected: the port is the collector's OTLP/gRPC one.
+    "BadStatusLine": "the answer is not HTTP/1.1: an OTLP/gRPC port, such as 4317? OTLP/HTTP's is 4318",
+    "RemoteDisconnected": "the collector closed the connection without answering",
+}
+
+
+def _status(status: HTTPStatus | int) -> str:
+    return f"HTTP {status.value} {status.phrase}" if isinstance(status, HTTPStatus) else f"HTTP {status}"
 
 
 class _BoundedProcessor(SpanProcessor):

@@ -76,7 +76,7 @@ class _Builder:
         self._recorder = recorder
         self._cutoff = cutoff
         self._embedded: LlamaCppProvider | None = None
-        self._dev_image = DevImageProvider()  # holds nothing, so building it unused costs nothing
+        self._dev_image = DevImageProvider(recorder)  # holds nothing, so building it unused costs nothing
         self._upstreams: dict[tuple, HttpUpstream] = {}
 
     def provider(self, entry: ModelEntry, deployment: Deployment, key: str | None) -> AnyProvider:

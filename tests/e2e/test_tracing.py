@@ -11,6 +11,7 @@ import time
 
 import anthropic
 import grpc
+import httpx
 import openai
 import orjson
 import pytest
@@ -163,3 +164,35 @@ def test_a_secret_in_the_callers_tracestate_reaches_neither_the_collector_nor_th
     finally:
         receiver.stop()
         double.stop()
+
+
+def _envoy_line(gateway, request_id: str) -> dict:
+    log = gateway.data_dir / "envoy-access.log"
+    deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
+    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    return next(orjson.loads(line) for line in log.read_text().splitlines() if request_id in line)
+
+
+@pytest.mark.parametrize(("traceparent", "logged"), [
+    ("00-{trace}-00f067aa0ba902b7-01", "{trace}"),
+    ("01-{trace}-00f067aa0ba902b7-00-a-later-version", "{trace}"),  # a later version, read as version 00
+    ("00-{trace}-00f067aa0ba902b7-01-more", None),  # version 00 is exactly 55 characters
+    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # the invalid, all-zero trace id
+    ("00-{TRACE}-00f067aa0ba902b7-01", None),  # upper case hex
+    ("ff-{trace}-00f067aa0ba902b7-01", None),  # the forbidden version
+    (None, None),
+])
+def test_a_reply_envoy_makes_is_logged_with_the_callers_trace_id(gateway, traceparent, logged):
+    """operations.md: every access-log line carries `trace_id`, to go from a log line to its trace. The lines of the
+    replies the server never saw (an unknown URL, an oversize body, a worker that died) had no trace_id at all, so
+    a caller's trace of a 404 or a 503 led to no line; now the caller's, by the rules the server reads it with."""
+    trace = secrets.token_hex(16)
+    request_id = f"envoy-traced-{secrets.token_hex(6)}"
+    headers = {"x-request-id": request_id}
+    if traceparent:
+        headers["traceparent"] = traceparent.format(trace=trace, TRACE=trace.upper())
+    with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
+        assert http.get("/v1/nothing-here", headers=headers).status_code == 404
+    line = _envoy_line(gateway, request_id)
+    assert line["trace_id"] == (logged.format(trace=trace) if logged else None), line

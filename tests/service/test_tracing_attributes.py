@@ -335,9 +335,23 @@ async def test_the_request_span_names_the_provider_that_answered(chat, messages,
     assert [s.attributes["gen_ai.provider.name"] for s in answered] == ([provider] if provider else [])
 
 
-async def test_the_request_span_of_an_image_names_its_provider(channel, running, receiver, key):
+@pytest.mark.parametrize("model, provider, child", [
+    ("images-up", "openai", "generate_content image-up"),
+    # The development image provider draws in process, as the embedded model generates: its generation span says
+    # where the time went, and the request span who answered (the default configuration's image model is one).
+    ("images-dev", "portico.embedded", "generate dev-image"),
+])
+async def test_the_request_span_of_an_image_names_its_provider(channel, running, receiver, key, model, provider,
+                                                               child):
     _, secret = key
     trace_id, _, traceparent = caller_context()
-    request = json_format.ParseDict({"model": "images-up", "prompt": "a lighthouse"}, image_pb2.CreateImageRequest())
+    request = json_format.ParseDict({"model": model, "prompt": "a lighthouse", "n": 2}, image_pb2.CreateImageRequest())
     await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(request, metadata=(*bearer(secret), traceparent))
-    assert one(await spans_of(receiver, trace_id), kind="server").attributes["gen_ai.provider.name"] == "openai"
+    spans = await spans_of(receiver, trace_id)
+    server = one(spans, kind="server")
+    assert server.attributes["gen_ai.provider.name"] == provider
+    answered = one(spans, name=child)
+    assert answered.parent_id == server.span_id and not answered.error
+    assert answered.attributes["gen_ai.operation.name"] == "generate_content"
+    assert answered.attributes["gen_ai.provider.name"] == provider
+    assert (answered.attributes["portico.model"], answered.attributes["portico.attempt"]) == (model, 1)

@@ -56,6 +56,7 @@ async def running(double, receiver, tmp_path_factory):
     models = (upstream_models(double.url)
               + cross_dialect_models(double.url, openai_model="gpt-up", anthropic_model="claude-up")
               + f"  - {{id: images-up, endpoint: /v1/images/generations, provider: {{{images}}}}}\n"
+              + "  - {id: images-dev, endpoint: /v1/images/generations, provider: {kind: dev-image}}\n"
               + pair(double.url)
               + f"  - {{id: up-cached, endpoint: {CHAT}, provider: {{{cached}}}, cache: {{}}}}\n")
     config = traced_config(tmp_path_factory.mktemp("traced"), models, tracing)

@@ -128,3 +128,18 @@ def test_an_attempt_span_names_the_deployment_the_runner_chose():
         assert attributes["portico.attempt"] == 1 and attributes["portico.fallback"] is False
     finally:
         telemetry.close()
+
+
+def test_with_the_sdk_switched_off_the_access_log_keeps_real_trace_ids(monkeypatch):
+    """OTEL_SDK_DISABLED=true, the OpenTelemetry kill switch, makes the SDK's spans invalid ones: every access-log
+    line without a caller's trace said trace_id "000...0", one trace for all. Now null, as with tracing off, and
+    a caller's trace id is kept."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    telemetry = Telemetry(tracing=TracingSettings(otlp_endpoint=NOWHERE + "/v1/traces"))
+    try:
+        method, endpoint = "/portico.v1.ChatService/CreateChatCompletion", "/v1/chat/completions"
+        assert contextvars.copy_context().run(telemetry.begin, method, endpoint, ()).trace_id is None
+        caller = [("traceparent", f"00-{TRACE}-00f067aa0ba902b7-01")]
+        assert contextvars.copy_context().run(telemetry.begin, method, endpoint, caller).trace_id == TRACE
+    finally:
+        telemetry.close()
