@@ -52,6 +52,8 @@ class OtlpReceiver:
                 if receiver.refusing is not None:
                     self.send_response(receiver.refusing)
                     self.send_header("content-length", "0")
+                    if 300 <= receiver.refusing < 400:  # as an ingress that moved the collector to https says
+                        self.send_header("location", "https://collector.example:4318/v1/traces")
                     self.end_headers()
                     return
                 receiver._receive(body)

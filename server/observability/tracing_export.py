@@ -21,11 +21,16 @@ from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from urllib.parse import urlsplit
 
+import requests
 from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http._common import _load_session_from_envvar
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.environment_variables import (
+    _OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER as _CREDENTIAL_PROVIDER,
+)
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
 
@@ -104,7 +109,7 @@ def _exporter(endpoint: str, timeout_seconds: float) -> OTLPSpanExporter:
     logger = logging.getLogger(_HEADERS_LOGGER)
     logger.addFilter(ignored)
     try:
-        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_seconds)
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_seconds, session=_session())
     finally:
         logger.removeFilter(ignored)
     if ignored.count:
@@ -113,6 +118,33 @@ def _exporter(endpoint: str, timeout_seconds: float) -> OTLPSpanExporter:
         _logger.warning("%s: %s not name=value (a value's quotes, commas, semicolons and backslashes URL-encoded) "
                         "and not sent to the collector", variable, entries)
     return exporter
+
+
+def _session() -> requests.Session:
+    """The exporter's HTTP session (requests, the exporter's own client): the one a credential provider named in
+    OTEL_PYTHON_EXPORTER_OTLP_HTTP_[TRACES_]CREDENTIAL_PROVIDER makes, as the exporter would load it, else a plain
+    one. The exporter follows no redirect and takes any 3xx for success, so a collector behind one (an ingress moved
+    to https) lost every span unsaid: a 3xx now fails the export, and the outage warning says where it points."""
+    session = _load_session_from_envvar(_CREDENTIAL_PROVIDER) or requests.Session()
+    session.hooks["response"].append(_refuse_redirect)
+    return session
+
+
+class CollectorRedirect(Exception):
+    """A collector's 3xx: its answer to a batch it did not take."""
+
+    def __init__(self, response: requests.Response) -> None:
+        code = response.status_code
+        status = _status(HTTPStatus(code) if code in HTTPStatus._value2member_map_ else code)
+        parts = urlsplit(response.headers.get("location", ""))
+        # Scheme, host and port only: a URL may carry a password, and its path is not what the operator looks for.
+        target = f" to {parts.scheme}://{_address(parts.geturl())}" if parts.scheme and parts.hostname else ""
+        super().__init__(f"{status}{target}")
+
+
+def _refuse_redirect(response: requests.Response, *args: object, **kwargs: object) -> None:
+    if 300 <= response.status_code < 400:
+        raise CollectorRedirect(response)
 
 
 class _Ignored(logging.Filter):
@@ -214,6 +246,8 @@ def _reason(value: object) -> str:
         return _status(_PHRASES[value])
     if not isinstance(value, BaseException):
         return ""
+    if isinstance(value, CollectorRedirect):
+        return str(value)
     # requests' ConnectionError > urllib3's MaxRetryError (.reason) or ProtocolError (args) > the OS's or
     # http.client's error
     error, seen = value, 0

@@ -36,6 +36,9 @@ def _export_one(endpoint: str) -> list[tuple[str, int]]:
     (401, "HTTP 401 Unauthorized"),  # a wrong key in OTEL_EXPORTER_OTLP_HEADERS
     (404, "HTTP 404 Not Found"),  # an endpoint with the wrong path
     (503, "HTTP 503 Service Unavailable"),  # retried (the exporter's line says so) until the timeout
+    # An http -> https ingress: the exporter follows no redirect and took a 3xx for success, every span lost unsaid.
+    (308, "HTTP 308 Permanent Redirect to https://collector.example:4318"),
+    (301, "HTTP 301 Moved Permanently to https://collector.example:4318"),
     ("closed", "Connection refused"),  # nothing listens there
     ("stuck", "no answer within 3 s"),  # it takes the connection and never answers
     ("grpc", "OTLP/gRPC"),  # the collector's OTLP/gRPC port (4317) given for its OTLP/HTTP one (4318)
