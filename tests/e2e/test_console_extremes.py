@@ -1,0 +1,81 @@
+"""The admin console in a real browser with the numbers and data a large gateway holds: billions of tokens, costs
+of thousands of dollars to the micro-dollar, and the operations an operator does on them.
+
+A gateway of its own, whose ledger gets rows written into it (as the gateway writes them) on days months past, read as
+chosen days, so no other test's rows are in the period shown.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+
+import pytest
+from playwright.sync_api import expect
+
+from server.domain import Endpoint
+from server.usage.ledger import LedgerRow, values_of
+from server.usage.query import insert_sql
+
+from tests.e2e.conftest import running_gateway
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+DAY = 86_400
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with running_gateway(tmp_path_factory.mktemp("console-extremes-data"), "--dev-key") as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def admin_secret(gateway) -> str:
+    return gateway.cli("keys", "create", "--name", "ops-admin", "--all-models", "--admin").stdout.split()[-1]
+
+
+def new_key(gateway, name: str) -> str:
+    return gateway.cli("keys", "create", "--name", name, "--all-models").stdout.split()[2]
+
+
+def seed(gateway, key_id: str, *, days_ago: int, tokens: int, cost_micros: int) -> str:
+    """One answered chat request of `tokens` in and `tokens` out, `days_ago` UTC days ago at 12:00; returns that day."""
+    at = (int(time.time()) // DAY - days_ago) * DAY + DAY // 2
+    row = LedgerRow(id=uuid.uuid4().hex, at_ms=at * 1000, request_id=uuid.uuid4().hex, key_id=key_id, env="",
+                    endpoint=Endpoint.CHAT.value, model="family-a-5.5", upstream="family-a-5.5", status=200, code="",
+                    input_tokens=tokens, output_tokens=tokens, cached_input_tokens=0, images=0,
+                    cost_micros=cost_micros, upstream_attempts=1, latency_ms=120, first_token_ms=None)
+    with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
+        db.execute(insert_sql("?"), values_of(row))
+    return time.strftime("%Y-%m-%d", time.gmtime(at))
+
+
+# Each totals card whose value's text reaches past the card's own edge: [label, value, px past].
+CARDS_PAST_THEIR_EDGE = """() => [...document.querySelectorAll(".card")].map((card) => {
+  const value = card.querySelector(".value"), range = document.createRange();
+  range.selectNodeContents(value);
+  return [card.querySelector(".label").textContent, value.textContent,
+          range.getBoundingClientRect().right - card.getBoundingClientRect().right];
+}).filter(([, , past]) => past > 0)"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_large_gateways_totals_stay_inside_their_cards(tab, gateway, admin_secret, width):
+    """A week of 30 billion tokens, or a cost to the micro-dollar over a thousand dollars ($12,345.678912), ran out of
+    its card at 1280 px and over the next card's figure ("30,000,000,00030,000,000,000")."""
+    day = seed(gateway, new_key(gateway, f"heavy-{width}"), days_ago=100 + width // 10, tokens=30_000_000_000,
+               cost_micros=12_345_678_912)
+    tab.page.set_viewport_size({"width": width, "height": 800})
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.open(f"#/usage?from={day}&to={day}&group=model&bucket=day")
+    totals = tab.page.get_by_role("list", name="Totals", exact=False)
+    expect(totals.get_by_role("listitem").filter(has_text="Cost").locator(".value")).to_have_text("$12,345.678912")
+    expect(totals.get_by_role("listitem").filter(has_text="Input tokens").locator(".value")).to_have_text(
+        "30,000,000,000")
+    tab.shot(f"usage-large-totals-{width}")
+    assert tab.page.evaluate(CARDS_PAST_THEIR_EDGE) == []
+    tab.no_horizontal_scroll()
+    assert tab.problems.lines == []
+
