@@ -7,6 +7,7 @@ chosen days, so no other test's rows are in the period shown.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 import uuid
@@ -51,6 +52,14 @@ def seed(gateway, key_id: str, *, days_ago: int, tokens: int, cost_micros: int) 
     return time.strftime("%Y-%m-%d", time.gmtime(at))
 
 
+# Every text a page draws on a canvas (uPlot's axes), recorded as drawn.
+RECORD_CANVAS_TEXT = """window.drawnTexts = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+  window.drawnTexts.push(String(text));
+  return fillText.call(this, text, ...rest);
+};"""
+
 # Each totals card whose value's text reaches past the card's own edge: [label, value, px past].
 CARDS_PAST_THEIR_EDGE = """() => [...document.querySelectorAll(".card")].map((card) => {
   const value = card.querySelector(".value"), range = document.createRange();
@@ -79,3 +88,19 @@ def test_a_large_gateways_totals_stay_inside_their_cards(tab, gateway, admin_sec
     tab.no_horizontal_scroll()
     assert tab.problems.lines == []
 
+
+def test_a_chart_of_billions_of_tokens_has_its_value_axis(tab, gateway, admin_secret):
+    """Tokens past about 6 billion in a bucket had no value axis at all (uPlot found no step in the console's list of
+    whole-number steps, which ended at 1 billion): a line without a scale."""
+    day = seed(gateway, new_key(gateway, "billions"), days_ago=200, tokens=20_000_000_000, cost_micros=1_000_000)
+    tab.page.add_init_script(RECORD_CANVAS_TEXT)
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.page.evaluate("window.drawnTexts = []")
+    tab.open(f"#/usage?from={day}&to={day}&group=model&bucket=hour")
+    expect(tab.page.locator("#chart-tokens canvas")).to_have_count(1)
+    tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+    drawn = tab.page.evaluate("window.drawnTexts")
+    assert [text for text in drawn if re.fullmatch(r"\d{1,3}(,000){3,}", text)], drawn  # 10,000,000,000, say
+    tab.shot("usage-billions-of-tokens")
+    assert tab.problems.lines == []

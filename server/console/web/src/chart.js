@@ -4,8 +4,10 @@ import uPlot from "./vendor/uPlot.esm.js";
 import {h, shown, table} from "./dom.js";
 
 const COLOURS = ["#0a5bd3", "#b3261e", "#1a7f37", "#8250df", "#9a6700", "#0f766e", "#c2410c", "#57606a"];
-const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6,
-  2e6, 5e6, 1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9];
+// Whole-number steps of a count axis, 1 to 5e15: uPlot draws no value axis when no step is large enough, as with
+// steps ending at 1 billion and a bucket of 20 billion tokens.
+const INTEGER_STEPS = Array.from({length: 16}, (_, exponent) => [1, 2, 2.5, 5].map((m) => m * 10 ** exponent))
+  .flat().filter(Number.isInteger);
 const DASHES = [[], [10, 5], [2, 4], [12, 4, 2, 4], [6, 3], [1, 3], [16, 6], [4, 8]];
 
 // times: bucket starts (unix seconds); series: [{label, values}] with one value per time; format: value -> text.
