@@ -19,6 +19,7 @@ from server.domain import Endpoint
 from server.usage.ledger import LedgerRow, values_of
 from server.usage.query import insert_sql
 
+from tests.e2e.browser import api
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -103,4 +104,28 @@ def test_a_chart_of_billions_of_tokens_has_its_value_axis(tab, gateway, admin_se
     drawn = tab.page.evaluate("window.drawnTexts")
     assert [text for text in drawn if re.fullmatch(r"\d{1,3}(,000){3,}", text)], drawn  # 10,000,000,000, say
     tab.shot("usage-billions-of-tokens")
+    assert tab.problems.lines == []
+
+
+@pytest.mark.parametrize("name", ["   ", "\u00a0", "  padded  "])
+def test_a_key_named_with_spaces_around_or_only_can_be_opened_and_edited(tab, gateway, admin_secret, name):
+    """The API takes a name of spaces only (a script's unset variable) or with spaces around it. Such a key's link in
+    the keys list was blank, nothing to click, and its page's heading empty; its Edit refused any change with "Give
+    the key a name.", or renamed "  padded  " to "padded" when only a limit was changed: a name the operator had not
+    touched was sent."""
+    made = api(gateway, admin_secret, "POST", "/v1/admin/keys", json={"name": name, "all_models": True, "env": "blank"})
+    key_id = made.json()["key"]["id"]
+    tab.sign_in(admin_secret)
+    tab.open(f"#/keys?env=blank&q={key_id}")
+    link = tab.page.get_by_role("region", name="API keys").get_by_role("link")
+    expect(link).to_have_text(name.strip() or "(unnamed)")
+    link.click()
+    expect(tab.page.get_by_role("heading", level=1)).to_have_text(name.strip() or key_id)
+    tab.page.get_by_role("button", name="Edit").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Requests per minute").fill("7")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_have_count(0)
+    key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
+    assert (key["name"], key["limits"]) == (name, {"requests_per_minute": 7})
     assert tab.problems.lines == []

@@ -79,7 +79,7 @@ export async function keyPage(ctx, id) {
   return h("section", {},
     h("p", {class: "crumbs"}, h("a", {href: "#/keys"}, "Keys"), " / ", key.id),
     h("div", {class: "page-head"},
-      h("h1", {tabindex: "-1"}, key.name || key.id),
+      h("h1", {tabindex: "-1"}, key.name.trim() || key.id),  // a name of spaces only: an empty heading
       revoked ? null : h("div", {class: "actions"},
         h("button", {type: "button", onclick: edit}, "Edit"),
         h("button", {type: "button", onclick: rotate}, "Rotate secret"),
