@@ -129,3 +129,32 @@ def test_a_key_named_with_spaces_around_or_only_can_be_opened_and_edited(tab, ga
     key = api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]
     assert (key["name"], key["limits"]) == (name, {"requests_per_minute": 7})
     assert tab.problems.lines == []
+
+
+def test_a_double_enter_does_not_close_a_secret_shown_once(tab, gateway, admin_secret):
+    """Enter pressed twice (a habit, or a heavy finger) in Create key's Name field, or in Rotate's grace: the first
+    created the key (rotated the secret), the second closed its secret's dialog on Done, which had the focus. The
+    secret, shown only once, was gone before it could be read; with a grace of 0 the key's only working one."""
+    tab.sign_in(admin_secret)
+    page = tab.page
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    page.get_by_role("button", name="Create key").click()
+    page.get_by_role("dialog").get_by_label("Name").fill("double-enter")
+    for _ in range(2):
+        page.keyboard.press("Enter")
+        page.wait_for_timeout(300)
+    secret = page.get_by_role("dialog", name="Key “double-enter” created").get_by_label("Secret")
+    expect(secret).to_have_value(re.compile(r"^pk-"))
+    page.get_by_role("button", name="Done").click()
+    expect(page.get_by_role("heading", name="double-enter", level=1)).to_be_visible()
+
+    page.get_by_role("button", name="Rotate secret").click()
+    page.get_by_role("dialog").get_by_label("Grace period in seconds").fill("0")
+    for _ in range(2):
+        page.keyboard.press("Enter")
+        page.wait_for_timeout(300)
+    rotated = page.get_by_role("dialog", name="New secret for “double-enter”").get_by_label("Secret")
+    expect(rotated).to_have_value(re.compile(r"^pk-"))
+    page.get_by_role("button", name="Done").click()
+    expect(page.get_by_role("dialog")).to_have_count(0)
+    assert tab.problems.lines == []
