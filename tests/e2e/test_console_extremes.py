@@ -11,6 +11,7 @@ import re
 import sqlite3
 import time
 import uuid
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import expect
@@ -157,4 +158,48 @@ def test_a_double_enter_does_not_close_a_secret_shown_once(tab, gateway, admin_s
     expect(rotated).to_have_value(re.compile(r"^pk-"))
     page.get_by_role("button", name="Done").click()
     expect(page.get_by_role("dialog")).to_have_count(0)
+    assert tab.problems.lines == []
+
+
+def seed_now(gateway, key_id: str, ago_s: float = 60) -> None:
+    """One answered chat request (10 tokens in, 5 out, $0.0001) `ago_s` seconds ago."""
+    at = int((time.time() - ago_s) * 1000)
+    row = LedgerRow(id=uuid.uuid4().hex, at_ms=at, request_id=uuid.uuid4().hex, key_id=key_id, env="",
+                    endpoint=Endpoint.CHAT.value, model="family-a-5.5", upstream="family-a-5.5", status=200, code="",
+                    input_tokens=10, output_tokens=5, cached_input_tokens=0, images=0, cost_micros=100,
+                    upstream_attempts=1, latency_ms=30, first_token_ms=None)
+    with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:
+        db.execute(insert_sql("?"), values_of(row))
+
+
+def test_requests_written_while_the_usage_page_loads_never_make_other_negative(tab, gateway, admin_secret):
+    """A busy gateway writes requests into the period while the page reads it (a request is written when it ends).
+    The page read each hour's total first and the drawn keys' hours after: with requests written in between, the
+    drawn keys summed to more than the total, and "other" (the total less theirs) was negative, "-3" requests, the
+    line below the chart's floor."""
+    keys = [new_key(gateway, f"busy-{i}") for i in range(8)]  # more than the charts draw: two are "other"
+    for key_id in keys:
+        seed_now(gateway, key_id)
+    written = []
+
+    def write_meanwhile(route):
+        if not written and "api_key_ids=" in route.request.url and "bucket_width=all" not in route.request.url:
+            drawn = parse_qs(urlsplit(route.request.url).query)["api_key_ids"][0]
+            for _ in range(5):
+                seed_now(gateway, drawn, ago_s=1)  # as the gateway writes requests that just ended
+            written.append(drawn)
+        route.continue_()
+
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.page.route(re.compile(r"/v1/organization/usage/completions\?"), write_meanwhile)
+    tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
+    chart = tab.page.locator("#chart-requests")
+    expect(chart.locator("canvas")).to_have_count(1)
+    assert written
+    chart.get_by_text("Show the numbers").click()
+    numbers = chart.locator("details table")
+    assert numbers.locator("thead th").last.inner_text() == "other"
+    others = [row.locator("td").last.inner_text() for row in numbers.locator("tbody tr").all()]
+    assert [count for count in others if count.startswith("-")] == [], others
     assert tab.problems.lines == []

@@ -87,10 +87,8 @@ async function usageView(ctx) {
   const ask = (path, options) => buckets(ctx.api, path, usageParams({start, end, ...options}));
   // Each figure asks for what it shows, so the answers grow with buckets, keys and models, not their product (every
   // bucket by key and model was 106 MB for 30 days of 2,200 keys): the period's totals by key and model in one
-  // bucket (the table and the cost card, and which groups the charts draw), each bucket's totals (the other cards,
-  // latency, and the charts' "other"), then each bucket of the few groups drawn.
-  const overallAnswers = Promise.all([ask(COMPLETIONS, {width}), latencyOfPeriod(ctx.api, start, end)]);
-  overallAnswers.catch(() => {});  // awaited below, after the others: a failure is reported there
+  // bucket (the table and the cost card, and which groups the charts draw), each bucket of the few groups drawn, then
+  // each bucket's totals (the other cards, latency, and the charts' "other").
   const [pairUsage, pairCosts, {keys}] = await Promise.all([
     ask(COMPLETIONS, {width: WHOLE, groups: ["api_key_id", "model"]}),
     ask(COSTS, {width: WHOLE, groups: ["api_key_id", "model"]}),
@@ -107,9 +105,12 @@ async function usageView(ctx) {
   // Every group drawn: all buckets by group; else only the drawn groups' (others' are the rest of each bucket).
   const eachBucket = (path, {labels, values, other}) => labels.length === 0 ? [] : ask(path, {width, groups: [by],
     ...other && values.every((v) => typeof v === "string") ? {[by === "model" ? "models" : "keyIds"]: values} : {}});
-  const [usage, costs, overallCosts, [overall, periodLatency]] = await Promise.all([
-    eachBucket(COMPLETIONS, requestsDrawn), eachBucket(COSTS, costDrawn),
-    costDrawn.other ? ask(COSTS, {width}) : [], overallAnswers]);
+  const [usage, costs] = await Promise.all([eachBucket(COMPLETIONS, requestsDrawn), eachBucket(COSTS, costDrawn)]);
+  // Each bucket's totals are read after the drawn groups' buckets, never before: requests keep being written into
+  // the period meanwhile (a request is written when it ends), and a total read first was less than the drawn groups'
+  // sum, "other" (the total less theirs) then negative. Read after, "other" may hold a request that has just ended.
+  const [overallCosts, overall, periodLatency] = await Promise.all([costDrawn.other ? ask(COSTS, {width}) : [],
+    ask(COMPLETIONS, {width}), latencyOfPeriod(ctx.api, start, end)]);
 
   const times = overall.map((b) => b.start_time);
   const requests = seriesOf(requestsDrawn, times, usage, overall, labelOf, sent);
