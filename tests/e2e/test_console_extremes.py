@@ -203,3 +203,25 @@ def test_requests_written_while_the_usage_page_loads_never_make_other_negative(t
     others = [row.locator("td").last.inner_text() for row in numbers.locator("tbody tr").all()]
     assert [count for count in others if count.startswith("-")] == [], others
     assert tab.problems.lines == []
+
+
+def test_a_revoked_key_can_still_be_renamed(tab, gateway, admin_secret):
+    """A revoked key's name, environment, grants and limits can still be changed (api.md, Key administration), and
+    its name labels its spend on the usage page for as long as the ledger keeps it; its page had no Edit at all, so
+    an operator could not mark a leaked key as such from the console."""
+    key_id = new_key(gateway, "old-billing")
+    assert api(gateway, admin_secret, "POST", f"/v1/admin/keys/{key_id}/revoke").status_code == 200
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.open(f"#/keys/{key_id}")
+    expect(tab.page.get_by_role("heading", name="old-billing", level=1)).to_be_visible()
+    expect(tab.page.get_by_role("button", name="Rotate secret")).to_have_count(0)  # a revoked key has no secret to
+    expect(tab.page.get_by_role("button", name="Revoke")).to_have_count(0)  # rotate, nor one to revoke
+    tab.page.get_by_role("button", name="Edit").click()
+    dialog = tab.page.get_by_role("dialog")
+    dialog.get_by_label("Name").fill("old-billing (leaked)")
+    dialog.get_by_role("button", name="Save").click()
+    expect(tab.page.get_by_role("heading", name="old-billing (leaked)", level=1)).to_be_visible()
+    expect(tab.page.locator("dl.facts").first).to_contain_text("✕ revoked")
+    assert api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]["name"] == "old-billing (leaked)"
+    assert tab.problems.lines == []
