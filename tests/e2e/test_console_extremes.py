@@ -225,3 +225,21 @@ def test_a_revoked_key_can_still_be_renamed(tab, gateway, admin_secret):
     expect(tab.page.locator("dl.facts").first).to_contain_text("✕ revoked")
     assert api(gateway, admin_secret, "GET", f"/v1/admin/keys/{key_id}").json()["key"]["name"] == "old-billing (leaked)"
     assert tab.problems.lines == []
+
+
+def test_a_cost_axis_of_micro_dollars_has_no_ticks_between_them(tab, gateway, admin_secret):
+    """A cheap model's hour of $0.000001 drew its cost axis with ticks every $0.0000002, each written to the
+    micro-dollar: "$0.00", "$0.00", "$0.00", "$0.000001", "$0.000001", "$0.000001", a scale that reads as nonsense."""
+    day = seed(gateway, new_key(gateway, "frugal"), days_ago=250, tokens=10, cost_micros=1)
+    tab.page.add_init_script(RECORD_CANVAS_TEXT)
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.page.evaluate("window.drawnTexts = []")
+    tab.open(f"#/usage?from={day}&to={day}&group=model&bucket=hour")
+    expect(tab.page.locator("#chart-cost canvas")).to_have_count(1)
+    tab.page.wait_for_timeout(300)  # drawn on the next animation frame
+    dollars = [text for text in tab.page.evaluate("window.drawnTexts") if text.startswith("$")]
+    assert "$0.000001" in dollars, dollars
+    assert [a for a, b in zip(dollars, dollars[1:]) if a == b] == [], dollars  # each tick its own amount
+    tab.shot("usage-micro-dollar-axis")
+    assert tab.problems.lines == []

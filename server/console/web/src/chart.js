@@ -4,16 +4,20 @@ import uPlot from "./vendor/uPlot.esm.js";
 import {h, shown, table} from "./dom.js";
 
 const COLOURS = ["#0a5bd3", "#b3261e", "#1a7f37", "#8250df", "#9a6700", "#0f766e", "#c2410c", "#57606a"];
-// Whole-number steps of a count axis, 1 to 5e15: uPlot draws no value axis when no step is large enough, as with
-// steps ending at 1 billion and a bucket of 20 billion tokens.
-const INTEGER_STEPS = Array.from({length: 16}, (_, exponent) => [1, 2, 2.5, 5].map((m) => m * 10 ** exponent))
-  .flat().filter(Number.isInteger);
+// A value axis's steps, 1, 2, 2.5 and 5 times 16 powers of ten from `smallest` up (written as uPlot writes its own,
+// +"2.5e-6"). Counts step from 1 (no fractions) and US dollars from a micro-dollar, the smallest amount shown: finer
+// ticks read "$0.00", "$0.00", "$0.000001". Up to 5e15: uPlot draws no value axis when no step is large enough, as
+// with steps ending at 1 billion and a bucket of 20 billion tokens.
+const steps = (smallest) => Array.from({length: 16}, (_, i) => [1, 2, 2.5, 5].map((m) => +`${m}e${i + smallest}`))
+  .flat();
+const STEPS = {count: steps(0).filter(Number.isInteger), usd: steps(-6)};
 const DASHES = [[], [10, 5], [2, 4], [12, 4, 2, 4], [6, 3], [1, 3], [16, 6], [4, 8]];
 
 // times: bucket starts (unix seconds); series: [{label, values}] with one value per time; format: value -> text.
-// integer: counts (requests, tokens), whose axis never shows fractions; summed: false for values that do not add up
-// (latency), whose total is not told; a null value is a gap.
-export function timeChart({id, title, times, series, format, bucketLabel, integer = false, summed = true}) {
+// unit: "count" (requests, tokens), whose axis never shows fractions, "usd", never finer than a micro-dollar, or null
+// (uPlot's steps); summed: false for values that do not add up (latency), whose total is not told; a null value is a
+// gap.
+export function timeChart({id, title, times, series, format, bucketLabel, unit = null, summed = true}) {
   const total = series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
   const plotBox = h("div", {class: "plot", role: "img", "aria-label": `${title}: chart` +
     (summed ? `; total ${format(total)}. ` : ". ") + "The numbers are in the table below it."});
@@ -38,7 +42,7 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
     padding: [null, 40, null, null],  // room for the last time's label, centred on the plot's right edge
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
     axes: [timeAxis(bucketLabel),
-      {values: (u, values) => values.map(format), size: valueAxisSize, incrs: integer ? INTEGER_STEPS : undefined}],
+      {values: (u, values) => values.map(format), size: valueAxisSize, incrs: STEPS[unit]}],
     // The legend's text is set by uPlot, not h(): shown() here.
     series: [{}, ...series.map((s, i) => ({
       label: shown(s.label), stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,

@@ -126,8 +126,8 @@ async function usageView(ctx) {
   // the latency chart has each bucket's (when it has any).
   const percentile = (q) => periodLatency ? ms(periodLatency[`latency_ms_${q}`] ?? null)
     : timed ? `per ${per}, below` : "—";
-  const chartOf = (id, title, series, format, integer, summed = true) => timeChart({id, title, times, series, format,
-    integer, summed, bucketLabel: per});
+  const chartOf = (id, title, series, format, unit, summed = true) => timeChart({id, title, times, series, format,
+    unit, summed, bucketLabel: per});
   const shownPerHour = bucket === "day" && width === HOUR;
 
   return h("section", {},
@@ -145,11 +145,11 @@ async function usageView(ctx) {
       card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.requests)),
       card("Latency p50", percentile("p50")),
       card("Latency p95", percentile("p95"))),
-    chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, true),
-    chartOf("chart-tokens", `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, tokens, number, true),
-    chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), false),
+    chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, "count"),
+    chartOf("chart-tokens", `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, tokens, number, "count"),
+    chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), "usd"),
     chartOf("chart-latency", "Latency of all requests (ms)",
-      timed ? latency : [], ms, false, false),
+      timed ? latency : [], ms, null, false),
     spendTable(pairUsage, pairCosts, names, period.label));
 }
 
@@ -357,7 +357,7 @@ export async function keyUsage(api, keyId) {
   return h("div", {},
     h("h2", {}, `Last 7 days: ${money(spent)}`),
     timeChart({id: "chart-key-requests", title: "Requests per day by model", times,
-      series: requests, format: number, integer: true, bucketLabel: "day"}),
+      series: requests, format: number, unit: "count", bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
       "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.requests)
       : "—", counted(r, r.input), counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
