@@ -243,3 +243,36 @@ def test_a_cost_axis_of_micro_dollars_has_no_ticks_between_them(tab, gateway, ad
     assert [a for a, b in zip(dollars, dollars[1:]) if a == b] == [], dollars  # each tick its own amount
     tab.shot("usage-micro-dollar-axis")
     assert tab.problems.lines == []
+
+
+@pytest.mark.parametrize("per, days", [("day", 1_200), ("hour", 400)])
+def test_a_long_period_has_dates_on_its_time_axis(browser, gateway, admin_secret, tmp_path, per, days):
+    """Chosen days over a few years per day (a ledger kept for ever: `usage.retention_days: 0`), or over a year per
+    hour, drew every chart without a single date or grid line on its time axis: the console's widest time step was
+    56 days (28 per hour). Checked in a browser east of UTC, whose days are not the axis's."""
+    from tests.e2e.browser import DESKTOP, PageProblems
+
+    seed(gateway, new_key(gateway, f"long-{per}"), days_ago=300, tokens=10, cost_micros=100)
+    context = browser.new_context(viewport=DESKTOP, base_url=gateway.base_url, timezone_id="Pacific/Kiritimati")
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    problems = PageProblems()
+    problems.watch(page)
+    page.add_init_script(RECORD_CANVAS_TEXT)
+    page.goto("/console/")
+    page.get_by_label("Admin key").fill(admin_secret)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    first, last = (time.strftime("%Y-%m-%d", time.gmtime(time.time() - ago * DAY)) for ago in (days, 0))
+    page.evaluate("window.drawnTexts = []")
+    page.goto(f"/console/#/usage?from={first}&to={last}&group=model&bucket={per}")
+    expect(page.locator(".window")).to_contain_text(f"per {per}", timeout=60_000)
+    expect(page.locator("#chart-requests canvas")).to_have_count(1)
+    page.wait_for_timeout(300)  # drawn on the next animation frame
+    dates = [text.split("\n")[-1] for text in page.evaluate("window.drawnTexts")
+             if re.search(r"\d{4}-\d\d-\d\d$", text)]
+    assert dates, page.evaluate("window.drawnTexts")
+    assert {date[8:] for date in dates} == {"01"}, dates  # the 1st of a month, in UTC
+    page.screenshot(path=tmp_path / f"usage-long-per-{per}.png", full_page=True)
+    context.close()
+    assert problems.lines == []

@@ -89,8 +89,13 @@ function valueAxisSize(u, values, axisIndex, cycle) {
   return Math.max(70, Math.ceil(axis.ticks.size + axis.gap + widest) + 4);
 }
 
-const HOUR_STEPS = [1, 2, 3, 6, 12, 24, 48, 168, 336, 672].map((hours) => hours * 3600);
-const DAY_STEPS = [1, 2, 7, 14, 28, 56].map((days) => days * 86400);
+// Past 4 weeks, ticks go by calendar months and years (uPlot aligns a step of 30 or 365 days to the 1st of a month,
+// in UTC here): with steps ending at 56 days, a period of a few years per day (or a year per hour) had no step wide
+// enough and its time axis no label at all.
+const LONG_STEPS = [...[1, 2, 3, 6].map((months) => months * 30 * 86400),
+  ...[1, 2, 5, 10, 20, 50].map((years) => years * 365 * 86400)];
+const HOUR_STEPS = [...[1, 2, 3, 6, 12, 24, 48, 168, 336, 672].map((hours) => hours * 3600), ...LONG_STEPS];
+const DAY_STEPS = [...[1, 2, 7, 14, 28].map((days) => days * 86400), ...LONG_STEPS];
 
 // The time axis in UTC, as the tables: per day, days only (a day's total is not a value at its midnight); per hour,
 // 24-hour times, with the date under each midnight and the first tick.
