@@ -276,3 +276,24 @@ def test_a_long_period_has_dates_on_its_time_axis(browser, gateway, admin_secret
     page.screenshot(path=tmp_path / f"usage-long-per-{per}.png", full_page=True)
     context.close()
     assert problems.lines == []
+
+
+def test_a_browser_whose_clock_is_behind_the_gateways_still_shows_requests_just_made(tab, gateway, admin_secret):
+    """An operator's laptop ten minutes behind the gateway (no time sync): requests just made, in the key's recent
+    requests, were in none of the pages' figures, which ended at the browser's "now": the key's last 7 days and the
+    usage page's last 24 hours said "No requests", the models page 0. Periods that end now end at the gateway's now."""
+    caller = new_key(gateway, "skewed-clock")
+    seed_now(gateway, caller, ago_s=60)
+    tab.page.clock.install(time=time.time() - 600)
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.open(f"#/keys/{caller}")
+    recent = tab.page.get_by_role("region", name="The key's last 25 requests", exact=False)
+    expect(recent.locator("tbody tr")).to_have_count(1)
+    week = tab.page.get_by_role("region", name="The key's use of each model, last 7 days")
+    expect(week.get_by_role("row", name=re.compile("^family-a-5.5")).get_by_role("cell").first).to_have_text("1")
+    tab.open("#/usage?period=24h&group=api_key_id&bucket=hour")
+    spend = tab.page.get_by_role("region", name="Spend by key and model, Last 24 hours")
+    expect(spend.get_by_role("row", name=f"skewed-clock ({caller}) family-a-5.5")).to_be_visible()
+    tab.shot("usage-clock-behind")
+    assert tab.problems.lines == []
