@@ -297,3 +297,17 @@ def test_a_browser_whose_clock_is_behind_the_gateways_still_shows_requests_just_
     expect(spend.get_by_role("row", name=f"skewed-clock ({caller}) family-a-5.5")).to_be_visible()
     tab.shot("usage-clock-behind")
     assert tab.problems.lines == []
+
+
+@pytest.mark.parametrize("query", ["from=2026-02-30&to=2026-03-05", "from=2026-03-01&to=2026-02-31"])
+def test_a_link_with_a_day_no_month_has_makes_no_period(tab, gateway, admin_secret, query):
+    """A typed or edited link with February 30 was read as March 2 (the browser's date parser rolls a day over): the
+    page said "2026-02-30 to 2026-03-05" over the figures of other days, and "2026-03-01 to 2026-02-31" over March 1
+    to 3. Such a day makes no period, as a day to come does: said so, and which period is shown instead."""
+    tab.sign_in(admin_secret)
+    expect(tab.page.get_by_role("heading", name="Keys", level=1)).to_be_visible()
+    tab.open(f"#/usage?{query}")
+    expect(tab.page.locator(".window")).to_contain_text("per")
+    alert = tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")
+    expect(alert).to_contain_text("This week (since Monday, UTC) is shown instead")
+    assert tab.problems.lines == []

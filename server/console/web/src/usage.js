@@ -18,6 +18,12 @@ const PERIODS = {
   "30d": ["Last 30 days (today and the 29 UTC days before)", (now) => startOfDay(now) - 29 * DAY],
 };
 const utc = (seconds) => new Date(seconds * 1000);
+// A day as typed (2026-11-28) to its UTC midnight, or NaN: not a date, or a day its month has not (the browser's parser
+// reads February 30 as March 2, and the page would name one day over another's figures).
+const dayStart = (day) => {
+  const time = Date.parse(`${day}T00:00:00Z`);
+  return !Number.isNaN(time) && new Date(time).toISOString().slice(0, 10) === day ? time / 1000 : NaN;
+};
 const startOfDay = (seconds) => Math.floor(seconds / DAY) * DAY;
 const GROUPS = {model: "Model", api_key_id: "Key"};
 const EPOCH = "1970-01-01";  // the usage API's times are unix seconds from 0
@@ -56,8 +62,8 @@ function periodOf(query, now) {
   const from = query.get("from"), to = query.get("to");
   let refused = null;  // days in the link that make no period (To before From, a day to come, not a date)
   if (from !== null || to !== null) {
-    const start = Date.parse(`${from}T00:00:00Z`) / 1000;
-    const end = Math.min(Date.parse(`${to}T00:00:00Z`) / 1000 + DAY, now + 1);
+    const start = dayStart(from);
+    const end = Math.min(dayStart(to) + DAY, now + 1);
     if (start >= 0 && start < end) {  // 0: 1970
       return {start, end, asked: end > now ? null : end, label: `${from} to ${to}`, key: "custom", now};
     }
