@@ -15,12 +15,18 @@ export class ApiError extends Error {
 export class Api {
   #key = null;
   #confirmed = false;  // the gateway took the key at sign-in
+  #offset = 0;  // the gateway's clock less this browser's (ms), when they differ by more than 2 s
 
   // Called when the gateway refuses the signed-in key (revoked, say): the console signs out at once, wherever the
   // refusal came from (a page, a form, a revocation), rather than leave a key that no longer works signed in.
   onRefused = () => {};
 
   get signedIn() { return this.#key !== null; }
+
+  // Now in unix seconds by the gateway's clock, as near as its answers' Date header (whole seconds) tells: the ledger
+  // is written by that clock, and a browser minutes behind it would leave requests just made out of every period.
+  // Within 2 s of the browser's own clock, which is then kept as it is: finer than the header.
+  now() { return (Date.now() + this.#offset) / 1000; }
 
   // Checks the key against the admin API before keeping it: only an admin key gets in.
   async signIn(key) {
@@ -65,6 +71,11 @@ export class Api {
         : "The gateway could not be reached: check that it is running, then try again."});
     } finally {
       clearTimeout(timer);
+    }
+    const date = Date.parse(response.headers.get("date") ?? "");
+    if (!Number.isNaN(date)) {
+      const offset = date + 500 - Date.now();  // the header's second, at its middle
+      this.#offset = Math.abs(offset) > 2000 ? offset : 0;
     }
     let json = null;
     try { json = text ? JSON.parse(text) : null; } catch { /* not JSON: reported below */ }

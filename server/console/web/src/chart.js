@@ -4,14 +4,20 @@ import uPlot from "./vendor/uPlot.esm.js";
 import {h, shown, table} from "./dom.js";
 
 const COLOURS = ["#0a5bd3", "#b3261e", "#1a7f37", "#8250df", "#9a6700", "#0f766e", "#c2410c", "#57606a"];
-const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6,
-  2e6, 5e6, 1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9];
+// A value axis's steps, 1, 2, 2.5 and 5 times 16 powers of ten from `smallest` up (written as uPlot writes its own,
+// +"2.5e-6"). Counts step from 1 (no fractions) and US dollars from a micro-dollar, the smallest amount shown: finer
+// ticks read "$0.00", "$0.00", "$0.000001". Up to 5e15: uPlot draws no value axis when no step is large enough, as
+// with steps ending at 1 billion and a bucket of 20 billion tokens.
+const steps = (smallest) => Array.from({length: 16}, (_, i) => [1, 2, 2.5, 5].map((m) => +`${m}e${i + smallest}`))
+  .flat();
+const STEPS = {count: steps(0).filter(Number.isInteger), usd: steps(-6)};
 const DASHES = [[], [10, 5], [2, 4], [12, 4, 2, 4], [6, 3], [1, 3], [16, 6], [4, 8]];
 
 // times: bucket starts (unix seconds); series: [{label, values}] with one value per time; format: value -> text.
-// integer: counts (requests, tokens), whose axis never shows fractions; summed: false for values that do not add up
-// (latency), whose total is not told; a null value is a gap.
-export function timeChart({id, title, times, series, format, bucketLabel, integer = false, summed = true}) {
+// unit: "count" (requests, tokens), whose axis never shows fractions, "usd", never finer than a micro-dollar, or null
+// (uPlot's steps); summed: false for values that do not add up (latency), whose total is not told; a null value is a
+// gap.
+export function timeChart({id, title, times, series, format, bucketLabel, unit = null, summed = true}) {
   const total = series.reduce((sum, s) => sum + s.values.reduce((a, b) => a + b, 0), 0);
   const plotBox = h("div", {class: "plot", role: "img", "aria-label": `${title}: chart` +
     (summed ? `; total ${format(total)}. ` : ". ") + "The numbers are in the table below it."});
@@ -36,7 +42,7 @@ export function timeChart({id, title, times, series, format, bucketLabel, intege
     padding: [null, 40, null, null],  // room for the last time's label, centred on the plot's right edge
     tzDate: (seconds) => uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC"),  // the tables say UTC too
     axes: [timeAxis(bucketLabel),
-      {values: (u, values) => values.map(format), size: valueAxisSize, incrs: integer ? INTEGER_STEPS : undefined}],
+      {values: (u, values) => values.map(format), size: valueAxisSize, incrs: STEPS[unit]}],
     // The legend's text is set by uPlot, not h(): shown() here.
     series: [{}, ...series.map((s, i) => ({
       label: shown(s.label), stroke: COLOURS[i % COLOURS.length], dash: DASHES[i % DASHES.length], width: 2,
@@ -83,8 +89,13 @@ function valueAxisSize(u, values, axisIndex, cycle) {
   return Math.max(70, Math.ceil(axis.ticks.size + axis.gap + widest) + 4);
 }
 
-const HOUR_STEPS = [1, 2, 3, 6, 12, 24, 48, 168, 336, 672].map((hours) => hours * 3600);
-const DAY_STEPS = [1, 2, 7, 14, 28, 56].map((days) => days * 86400);
+// Past 4 weeks, ticks go by calendar months and years (uPlot aligns a step of 30 or 365 days to the 1st of a month,
+// in UTC here): with steps ending at 56 days, a period of a few years per day (or a year per hour) had no step wide
+// enough and its time axis no label at all.
+const LONG_STEPS = [...[1, 2, 3, 6].map((months) => months * 30 * 86400),
+  ...[1, 2, 5, 10, 20, 50].map((years) => years * 365 * 86400)];
+const HOUR_STEPS = [...[1, 2, 3, 6, 12, 24, 48, 168, 336, 672].map((hours) => hours * 3600), ...LONG_STEPS];
+const DAY_STEPS = [...[1, 2, 7, 14, 28].map((days) => days * 86400), ...LONG_STEPS];
 
 // The time axis in UTC, as the tables: per day, days only (a day's total is not a value at its midnight); per hour,
 // 24-hour times, with the date under each midnight and the first tick.

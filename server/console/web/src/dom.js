@@ -134,7 +134,8 @@ export function confirmDialog(title, message, action) {
   ]).then((value) => value === "confirm");
 }
 
-// Shows a secret once, with a copy button; closing the dialog drops it from the page.
+// Shows a secret once, with a copy button; closing the dialog drops it from the page. Copy has the focus, not Done:
+// the Enter that made the secret, pressed twice, would otherwise close the dialog before the secret could be read.
 export function showSecret(title, secret, note) {
   const input = h("input", {type: "text", readOnly: true, value: secret, class: "secret", spellcheck: false,
     "aria-label": "Secret"});
@@ -152,8 +153,9 @@ export function showSecret(title, secret, note) {
   };
   return modal(title, h("div", {},
     h("p", {}, h("strong", {}, "Copy this secret now: it is shown only once and cannot be shown again."), " ", note),
-    h("div", {class: "secret-row"}, input, h("button", {type: "button", onclick: copy}, "Copy"), copied)),
-  [{text: "Done", value: "done", autofocus: true}]);
+    h("div", {class: "secret-row"}, input, h("button", {type: "button", onclick: copy, autofocus: true}, "Copy"),
+      copied)),
+  [{text: "Done", value: "done"}]);
 }
 
 export function when(unixSeconds, seconds = false) {

@@ -79,11 +79,12 @@ export async function keyPage(ctx, id) {
   return h("section", {},
     h("p", {class: "crumbs"}, h("a", {href: "#/keys"}, "Keys"), " / ", key.id),
     h("div", {class: "page-head"},
-      h("h1", {tabindex: "-1"}, key.name || key.id),
-      revoked ? null : h("div", {class: "actions"},
+      h("h1", {tabindex: "-1"}, key.name.trim() || key.id),  // a name of spaces only: an empty heading
+      // A revoked key has no secret to rotate or revoke, but may still be renamed (its name labels its spend).
+      h("div", {class: "actions"},
         h("button", {type: "button", onclick: edit}, "Edit"),
-        h("button", {type: "button", onclick: rotate}, "Rotate secret"),
-        h("button", {type: "button", class: "danger", onclick: revoke}, "Revoke"))),
+        revoked ? null : h("button", {type: "button", onclick: rotate}, "Rotate secret"),
+        revoked ? null : h("button", {type: "button", class: "danger", onclick: revoke}, "Revoke"))),
     h("dl", {class: "facts"},
       h("dt", {}, "Id"), h("dd", {}, h("code", {}, key.id)),
       h("dt", {}, "State"), h("dd", {}, revoked ? `✕ revoked ${when(key.revoked_at)}` : "● active"),

@@ -80,8 +80,11 @@ export function keyForm({models, envs, key}) {
     key ? null : h("label", {class: "choice"}, admin, " Admin key (may administer keys and use this console)"));
 
   function read() {
-    const body = {name: name.value.trim(), env: env.value.trim()};
-    if (!body.name) throw new FieldError(name, "Give the key a name.");
+    // A name left as the key has it is kept whole, spaces around it or only spaces (the API takes both): not sent
+    // trimmed, which would rename the key when only a limit was changed, nor refused as blank.
+    const untouched = key !== null && name.value === key.name;
+    const body = {name: untouched ? key.name : name.value.trim(), env: env.value.trim()};
+    if (!untouched && !body.name) throw new FieldError(name, "Give the key a name.");
     if (allModels.checked) {
       body.all_models = true;
     } else {

@@ -66,7 +66,8 @@ export async function keysPage(ctx) {
   stateSelect.addEventListener("change", applyFilters);
 
   const rows = shown.map((key) => [
-    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`, class: "name"}, key.name || "(unnamed)"),
+    // A name of spaces only (the API takes one) would be a link with nothing to see or click.
+    h("a", {href: `#/keys/${encodeURIComponent(key.id)}`, class: "name"}, key.name.trim() || "(unnamed)"),
     h("code", {}, key.id),
     key.env || "—",
     keyState(key) === "revoked"

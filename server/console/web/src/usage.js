@@ -18,6 +18,12 @@ const PERIODS = {
   "30d": ["Last 30 days (today and the 29 UTC days before)", (now) => startOfDay(now) - 29 * DAY],
 };
 const utc = (seconds) => new Date(seconds * 1000);
+// A day as typed (2026-11-28) to its UTC midnight, or NaN: not a date, or a day its month has not (the browser's parser
+// reads February 30 as March 2, and the page would name one day over another's figures).
+const dayStart = (day) => {
+  const time = Date.parse(`${day}T00:00:00Z`);
+  return !Number.isNaN(time) && new Date(time).toISOString().slice(0, 10) === day ? time / 1000 : NaN;
+};
 const startOfDay = (seconds) => Math.floor(seconds / DAY) * DAY;
 const GROUPS = {model: "Model", api_key_id: "Key"};
 const EPOCH = "1970-01-01";  // the usage API's times are unix seconds from 0
@@ -39,8 +45,9 @@ export async function buckets(api, path, params) {
 
 // width: HOUR, DAY or WHOLE (Portico's bucket_width "all": one bucket for the whole period, so a period's totals per
 // key and model are one result each, not one a day).
+// end: null for now, as the gateway's clock has it (a period that ends now).
 export function usageParams({start, end, width, groups = [], keyIds = [], models = []}) {
-  const params = [["start_time", start], ["end_time", end],
+  const params = [["start_time", start], ...(end === null ? [] : [["end_time", end]]),
     ...(width === WHOLE ? [["bucket_width", "all"]] : [["bucket_width", width === HOUR ? "1h" : "1d"],
       ["limit", width === HOUR ? 168 : 31]])];
   groups.forEach((group) => params.push(["group_by", group]));
@@ -49,20 +56,22 @@ export function usageParams({start, end, width, groups = [], keyIds = [], models
   return params;
 }
 
-// The period the page shows: a preset ending now, or whole UTC days from..to (inclusive).
-function periodOf(query) {
-  const now = Math.floor(Date.now() / 1000);
+// The period the page shows: a preset ending now, or whole UTC days from..to (inclusive). `now`: the gateway's.
+// asked: its end as asked for, null when it ends now (the gateway's now, which the API's end_time defaults to).
+function periodOf(query, now) {
   const from = query.get("from"), to = query.get("to");
   let refused = null;  // days in the link that make no period (To before From, a day to come, not a date)
   if (from !== null || to !== null) {
-    const start = Date.parse(`${from}T00:00:00Z`) / 1000;
-    const end = Math.min(Date.parse(`${to}T00:00:00Z`) / 1000 + DAY, now + 1);
-    if (start >= 0 && start < end) return {start, end, label: `${from} to ${to}`, key: "custom", now};  // 0: 1970
+    const start = dayStart(from);
+    const end = Math.min(dayStart(to) + DAY, now + 1);
+    if (start >= 0 && start < end) {  // 0: 1970
+      return {start, end, asked: end > now ? null : end, label: `${from} to ${to}`, key: "custom", now};
+    }
     refused = `from ${from ?? "(none)"} to ${to ?? "(none)"}`;
   }
   const key = PERIODS[query.get("period")] ? query.get("period") : "week";
   const [label, startOf] = PERIODS[key];
-  return {start: startOf(now), end: now + 1, label, key, now, refused};  // the API's end_time is exclusive
+  return {start: startOf(now), end: now + 1, asked: null, label, key, now, refused};  // end_time is exclusive
 }
 
 export async function usagePage(ctx) {
@@ -77,20 +86,18 @@ export async function usagePage(ctx) {
 }
 
 async function usageView(ctx) {
-  const period = periodOf(ctx.query);
+  const period = periodOf(ctx.query, Math.floor(ctx.api.now()));
   const {start, end} = period;
   const group = GROUPS[ctx.query.get("group")] ? ctx.query.get("group") : "model";
   const bucket = ctx.query.get("bucket") ?? (end - start > 2 * DAY ? "day" : "hour");
   // Day buckets would start at the UTC midnight before a period that starts within a day (the last 24 hours).
   const width = bucket === "day" && start % DAY === 0 ? DAY : HOUR;
   const by = group === "model" ? "model" : "api_key_id";
-  const ask = (path, options) => buckets(ctx.api, path, usageParams({start, end, ...options}));
+  const ask = (path, options) => buckets(ctx.api, path, usageParams({start, end: period.asked, ...options}));
   // Each figure asks for what it shows, so the answers grow with buckets, keys and models, not their product (every
   // bucket by key and model was 106 MB for 30 days of 2,200 keys): the period's totals by key and model in one
-  // bucket (the table and the cost card, and which groups the charts draw), each bucket's totals (the other cards,
-  // latency, and the charts' "other"), then each bucket of the few groups drawn.
-  const overallAnswers = Promise.all([ask(COMPLETIONS, {width}), latencyOfPeriod(ctx.api, start, end)]);
-  overallAnswers.catch(() => {});  // awaited below, after the others: a failure is reported there
+  // bucket (the table and the cost card, and which groups the charts draw), each bucket of the few groups drawn, then
+  // each bucket's totals (the other cards, latency, and the charts' "other").
   const [pairUsage, pairCosts, {keys}] = await Promise.all([
     ask(COMPLETIONS, {width: WHOLE, groups: ["api_key_id", "model"]}),
     ask(COSTS, {width: WHOLE, groups: ["api_key_id", "model"]}),
@@ -107,9 +114,12 @@ async function usageView(ctx) {
   // Every group drawn: all buckets by group; else only the drawn groups' (others' are the rest of each bucket).
   const eachBucket = (path, {labels, values, other}) => labels.length === 0 ? [] : ask(path, {width, groups: [by],
     ...other && values.every((v) => typeof v === "string") ? {[by === "model" ? "models" : "keyIds"]: values} : {}});
-  const [usage, costs, overallCosts, [overall, periodLatency]] = await Promise.all([
-    eachBucket(COMPLETIONS, requestsDrawn), eachBucket(COSTS, costDrawn),
-    costDrawn.other ? ask(COSTS, {width}) : [], overallAnswers]);
+  const [usage, costs] = await Promise.all([eachBucket(COMPLETIONS, requestsDrawn), eachBucket(COSTS, costDrawn)]);
+  // Each bucket's totals are read after the drawn groups' buckets, never before: requests keep being written into
+  // the period meanwhile (a request is written when it ends), and a total read first was less than the drawn groups'
+  // sum, "other" (the total less theirs) then negative. Read after, "other" may hold a request that has just ended.
+  const [overallCosts, overall, periodLatency] = await Promise.all([costDrawn.other ? ask(COSTS, {width}) : [],
+    ask(COMPLETIONS, {width}), latencyOfPeriod(ctx.api, period)]);
 
   const times = overall.map((b) => b.start_time);
   const requests = seriesOf(requestsDrawn, times, usage, overall, labelOf, sent);
@@ -125,8 +135,8 @@ async function usageView(ctx) {
   // the latency chart has each bucket's (when it has any).
   const percentile = (q) => periodLatency ? ms(periodLatency[`latency_ms_${q}`] ?? null)
     : timed ? `per ${per}, below` : "—";
-  const chartOf = (id, title, series, format, integer, summed = true) => timeChart({id, title, times, series, format,
-    integer, summed, bucketLabel: per});
+  const chartOf = (id, title, series, format, unit, summed = true) => timeChart({id, title, times, series, format,
+    unit, summed, bucketLabel: per});
   const shownPerHour = bucket === "day" && width === HOUR;
 
   return h("section", {},
@@ -144,20 +154,20 @@ async function usageView(ctx) {
       card("Error rate", summary.errors === null ? "—" : errorRate(summary.errors, summary.requests)),
       card("Latency p50", percentile("p50")),
       card("Latency p95", percentile("p95"))),
-    chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, true),
-    chartOf("chart-tokens", `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, tokens, number, true),
-    chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), false),
+    chartOf("chart-requests", `Requests by ${GROUPS[group].toLowerCase()}`, requests, number, "count"),
+    chartOf("chart-tokens", `Tokens (input + output) by ${GROUPS[group].toLowerCase()}`, tokens, number, "count"),
+    chartOf("chart-cost", `Cost (USD) by ${GROUPS[group].toLowerCase()}`, cost, (v) => money(v), "usd"),
     chartOf("chart-latency", "Latency of all requests (ms)",
-      timed ? latency : [], ms, false, false),
+      timed ? latency : [], ms, null, false),
     spendTable(pairUsage, pairCosts, names, period.label));
 }
 
 // The period's own latency percentiles (ungrouped), when one API bucket (an hour, or a UTC day) covers exactly the
 // period; null otherwise. {} when no request of the period reached a model.
-async function latencyOfPeriod(api, start, end) {
+async function latencyOfPeriod(api, {start, end, asked}) {
   const width = [HOUR, DAY].find((w) => start % w === 0 && end - start <= w);
   if (!width) return null;
-  const [only] = await buckets(api, COMPLETIONS, usageParams({start, end, width}));
+  const [only] = await buckets(api, COMPLETIONS, usageParams({start, end: asked, width}));
   return only?.results[0] ?? {};
 }
 
@@ -275,7 +285,7 @@ function filters(ctx, period, group, width) {
   const periodSelect = h("select", {name: "period"},
     Object.entries(PERIODS).map(([key, [label]]) => h("option", {value: key, selected: key === period.key}, label)),
     h("option", {value: "custom", selected: period.key === "custom"}, "Chosen days"));
-  const today = new Date().toISOString().slice(0, 10);
+  const today = new Date(period.now * 1000).toISOString().slice(0, 10);  // by the gateway's clock
   const from = h("input", {type: "date", name: "from", value: ctx.query.get("from") ?? today, min: EPOCH, max: today});
   const to = h("input", {type: "date", name: "to", value: ctx.query.get("to") ?? today, min: EPOCH, max: today});
   const groupSelect = h("select", {name: "group"},
@@ -317,16 +327,15 @@ function filters(ctx, period, group, width) {
     h("button", {type: "submit"}, "Show"));
 }
 
-// Today and the 6 UTC days before it, up to now included: the API's end_time is exclusive, and a request made in
-// this second is already in the key's recent requests.
-function lastSevenDays() {
-  const now = Math.floor(Date.now() / 1000);
-  return {start: startOfDay(now) - 6 * DAY, end: now + 1};
+// Today and the 6 UTC days before it, up to now included: without an end_time the API counts up to the gateway's
+// now, this second included (a request made in it is already in the key's recent requests).
+function lastSevenDays(api) {
+  return {start: startOfDay(Math.floor(api.now())) - 6 * DAY, end: null};  // up to the gateway's now
 }
 
 // A key's last 7 days by model (its page): requests per day as a chart, and totals with their cost.
 export async function keyUsage(api, keyId) {
-  const {start, end} = lastSevenDays();
+  const {start, end} = lastSevenDays(api);
   const params = usageParams({start, end, width: DAY, groups: ["model"], keyIds: [keyId]});
   let usage, costs;
   try {
@@ -356,7 +365,7 @@ export async function keyUsage(api, keyId) {
   return h("div", {},
     h("h2", {}, `Last 7 days: ${money(spent)}`),
     timeChart({id: "chart-key-requests", title: "Requests per day by model", times,
-      series: requests, format: number, integer: true, bucketLabel: "day"}),
+      series: requests, format: number, unit: "count", bucketLabel: "day"}),
     table("The key's use of each model, last 7 days", ["Model", "Requests", "Errors", "Input tokens", "Output tokens",
       "Cost"], sorted.map(([model, r]) => [model, counted(r, r.requests), r.counted ? errorRate(r.errors, r.requests)
       : "—", counted(r, r.input), counted(r, r.output), money(r.cost)]), {empty: "No requests in the last 7 days."}));
@@ -364,7 +373,7 @@ export async function keyUsage(api, keyId) {
 
 // Each model's requests, errors and cost over the last 7 days (the models page); empty without a usage API.
 export async function weekByModel(api) {
-  const {start, end} = lastSevenDays();
+  const {start, end} = lastSevenDays(api);
   const params = usageParams({start, end, width: DAY, groups: ["model"]});
   const byModel = new Map();
   const entry = (model) => byModel.get(model) ?? byModel.set(model, {requests: 0, errors: 0, cost: 0})
