@@ -334,11 +334,11 @@ async def start_server(config: Config, address: str) -> RunningServer:
     image_service_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(pipeline, core.images), served)
     admin = KeyAdmin(store, [entry.id for entry in config.models],
                      rotation_grace_seconds=config.key_rotation_grace_seconds)
-    keys = KeyServicer(admin, pipeline.authenticator)
+    keys = KeyServicer(admin, pipeline.authenticator, acts_on=telemetry.acts_on)
     key_service_pb2_grpc.add_KeyServiceServicer_to_server(keys, served)
     console_service_pb2_grpc.add_ConsoleServiceServicer_to_server(ConsoleServicer(ConsoleFiles()), served)
     usage_service_pb2_grpc.add_UsageServiceServicer_to_server(UsageServicer(core.usage, pipeline.authenticator), served)
-    limits = LimitServicer(store, pipeline.authenticator, limiter)
+    limits = LimitServicer(store, pipeline.authenticator, limiter, acts_on=telemetry.acts_on)
     limit_service_pb2_grpc.add_LimitServiceServicer_to_server(limits, served)
     catalog = ModelAdminServicer(config.models, config.limits.models, pipeline.authenticator,
                                  states=core.health.states)

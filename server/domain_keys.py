@@ -4,7 +4,20 @@ grace). Apart from server/domain.py (the values of generation), which they share
 
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import dataclass, field, fields
+
+_KEY_ID = re.compile(r"key_[0-9a-f]{16}")
+
+
+def new_key_id() -> str:
+    return f"key_{secrets.token_hex(8)}"
+
+
+def is_key_id(text: str) -> bool:
+    """A key store id's shape (new_key_id's): never a secret, so what an admin call names may be logged."""
+    return _KEY_ID.fullmatch(text) is not None
 
 
 @dataclass(frozen=True, slots=True)

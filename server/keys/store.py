@@ -15,7 +15,9 @@ from typing import Any
 
 from server.db.database import Database, open_database, storable
 from server.db.settings import StoreSettings
-from server.domain_keys import KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain_keys import (
+    KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_SPEND_LIMIT, SPEND_LIMIT_NAMES, ApiKey, KeyLimits, new_key_id,
+)
 from server.errors import InvalidRequest, NotFound
 from server.keys.schema import COMPONENT, MIGRATIONS
 from server.usage.money import usd_text
@@ -213,7 +215,7 @@ def _new_key(name: str, all_models: bool, models: Iterable[str], limits: KeyLimi
         if (value := getattr(limits, column)) is not None:
             _check_limit(column, value)
     secret = _new_secret(env)
-    key = ApiKey(id=f"key_{secrets.token_hex(8)}", name=name, all_models=all_models, models=frozenset(models),
+    key = ApiKey(id=new_key_id(), name=name, all_models=all_models, models=frozenset(models),
                  limits=limits, env=env, admin=admin, created=int(time.time()))
     columns = f"id, name, secret_hash, all_models, models, env, admin, created, {', '.join(KEY_LIMIT_NAMES)}"
     values = (key.id, name, hash_secret(secret), all_models, ",".join(models), env, admin, key.created,

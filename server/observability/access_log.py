@@ -73,6 +73,7 @@ def line(record: RequestRecord, outcome: Outcome, finished: float) -> bytes:
         "endpoint": record.endpoint,
         "key_id": record.key_id or None,
         "key_env": record.key_env or None,
+        "target_key_id": record.target_key_id or None,
         "model": record.model or None,
         "status": outcome.status,
         "code": outcome.code or None,

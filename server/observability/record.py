@@ -54,6 +54,7 @@ class RequestRecord:
     arrived: float = field(default_factory=time.time)  # wall clock, for the usage ledger
     key_id: str = ""
     key_env: str = ""
+    target_key_id: str = ""  # the key an admin call acts on (created, read, updated, rotated, revoked), for audits
     model: str = ""  # set once the catalog resolved it, so unknown model names never become label values
     input_tokens: int = 0
     output_tokens: int = 0

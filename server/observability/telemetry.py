@@ -103,6 +103,10 @@ class Telemetry:
         record = self.current()
         record.key_id, record.key_env = key.id, key.env
 
+    def acts_on(self, key_id: str) -> None:
+        """An admin call acts on this key: its line says which, so that who changed a key can be found."""
+        self.current().target_key_id = key_id
+
     def handed_over(self, record: RequestRecord) -> None:
         """The request goes to its model now (the usage ledger marks it, in case this process dies before it ends).
         Only an observed RPC's: a throwaway record (`current` outside one) never ends, so its mark would outlive it."""

@@ -8,10 +8,12 @@ later) is refused as the REST body's unknown member is: stored without it, the c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from google.api import httpbody_pb2
 from portico.v1 import key_pb2, key_service_pb2_grpc
 
-from server.domain_keys import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits
+from server.domain_keys import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits, is_key_id
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
 from server.translate.json_to_message import read_body
@@ -25,52 +27,62 @@ _SECRET_ANSWER = (("cache-control", "no-store"),)
 
 
 class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
-    def __init__(self, admin: KeyAdmin, authenticator: Authenticator) -> None:
+    def __init__(self, admin: KeyAdmin, authenticator: Authenticator,
+                 acts_on: Callable[[str], None] = lambda key_id: None) -> None:
+        """`acts_on(key_id)`: the key a call creates, reads or changes (telemetry puts it in the access log)."""
         self._admin = admin
         self._authenticator = authenticator
+        self._acts_on = acts_on
+
+    async def _admit(self, context, key_id: str = "") -> None:
+        """The caller must hold an admin key; the key it names is then noted, if it has a key id's shape (a secret
+        pasted in its place must not reach the log)."""
+        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        if is_key_id(key_id):
+            self._acts_on(key_id)
 
     async def CreateKey(self, request, context) -> key_pb2.CreateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context)
         await context.send_initial_metadata(_SECRET_ANSWER)
         refuse_undeclared(request)
         return await self._create(request)
 
     async def CreateKeyHttp(self, request: httpbody_pb2.HttpBody, context) -> key_pb2.CreateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context)
         await context.send_initial_metadata(_SECRET_ANSWER)
         return await self._create(read_body(request.data, key_pb2.CreateKeyRequest))
 
     async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context, request.id)
         refuse_undeclared(request)
         return await self._update(request)
 
     async def UpdateKeyHttp(self, request: key_pb2.UpdateKeyHttpRequest, context) -> key_pb2.UpdateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context, request.id)
         return await self._update(read_body(request.body.data, key_pb2.UpdateKeyRequest, url={"id": request.id}))
 
     async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context, request.id)
         await context.send_initial_metadata(_SECRET_ANSWER)
         refuse_undeclared(request)
         return await self._rotate(request)
 
     async def RotateKeyHttp(self, request: key_pb2.RotateKeyHttpRequest, context) -> key_pb2.RotateKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context, request.id)
         await context.send_initial_metadata(_SECRET_ANSWER)
         return await self._rotate(read_body(request.body.data, key_pb2.RotateKeyRequest, url={"id": request.id}))
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context)
         keys, next_page = await self._admin.list(page_size=request.page_size, page_token=request.page_token)
         return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in keys], next_page_token=next_page)
 
     async def GetKey(self, request, context) -> key_pb2.GetKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context, request.id)
         return key_pb2.GetKeyResponse(key=key_to_pb(await self._admin.get(request.id)))
 
     async def RevokeKey(self, request, context) -> key_pb2.RevokeKeyResponse:
-        await self._authenticator.authenticate_admin(context.invocation_metadata())
+        await self._admit(context, request.id)
         return key_pb2.RevokeKeyResponse(key=key_to_pb(await self._admin.revoke(request.id)))
 
     # The writes, once for both kinds of caller.
@@ -82,6 +94,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
             request.name, all_models=request.all_models, models=request.models, limits=limits,
             env=request.env, admin=request.admin,
         )
+        self._acts_on(key.id)
         return key_pb2.CreateKeyResponse(key=key_to_pb(key), secret=secret)
 
     async def _update(self, request: key_pb2.UpdateKeyRequest) -> key_pb2.UpdateKeyResponse:

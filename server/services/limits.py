@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from portico.v1 import limit_pb2, limit_service_pb2_grpc
+from server.domain_keys import is_key_id
 from server.errors import ServiceUnavailable
 from server.keys import Authenticator, KeyStore
 from server.limits import Limiter
@@ -11,13 +14,18 @@ from server.usage.money import micros_to_usd
 
 
 class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
-    def __init__(self, store: KeyStore, authenticator: Authenticator, limiter: Limiter) -> None:
+    def __init__(self, store: KeyStore, authenticator: Authenticator, limiter: Limiter,
+                 acts_on: Callable[[str], None] = lambda key_id: None) -> None:
+        """`acts_on(key_id)`: the key a call reads (telemetry puts it in the access log, as KeyServicer's)."""
         self._store = store
         self._authenticator = authenticator
         self._limiter = limiter
+        self._acts_on = acts_on
 
     async def GetKeyLimitStatus(self, request, context) -> limit_pb2.GetKeyLimitStatusResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        if is_key_id(request.id):
+            self._acts_on(request.id)
         key = await self._store.get(request.id)
         try:
             readings = await self._limiter.standing(key)

@@ -14,7 +14,9 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from portico.v1 import probe_pb2, probe_service_pb2_grpc
+from portico.v1 import (
+    key_pb2, key_service_pb2_grpc, limit_pb2, limit_service_pb2_grpc, probe_pb2, probe_service_pb2_grpc,
+)
 from server.app import start_server
 from server.config import load_config
 from server.domain_keys import KeyLimits
@@ -60,6 +62,40 @@ async def test_a_request_is_counted_timed_and_logged_once_without_its_secret(cha
     assert 0 < line["first_token_ms"] <= line["duration_ms"]
     assert secret not in caplog.text and "Say hello" not in caplog.text
     assert secret not in access_log_text(running) and "Say hello" not in access_log_text(running)
+
+
+async def test_an_admin_call_on_a_key_names_that_key_in_its_line(channel, running, admin_secret):
+    """"Who revoked key X?": a line named the admin key that called and /v1/admin/keys, never the key acted on."""
+    keys, limits = key_service_pb2_grpc.KeyServiceStub(channel), limit_service_pb2_grpc.LimitServiceStub(channel)
+    admin = bearer(admin_secret)
+    created = await keys.CreateKey(key_pb2.CreateKeyRequest(name="audited", all_models=True),
+                                   metadata=(*admin, ("x-request-id", "audit-create")))
+    target = created.key.id
+    calls = {
+        "audit-update": keys.UpdateKey(key_pb2.UpdateKeyRequest(id=target, name="audited-2"),
+                                       metadata=(*admin, ("x-request-id", "audit-update"))),
+        "audit-rotate": keys.RotateKey(key_pb2.RotateKeyRequest(id=target, grace_seconds=0),
+                                       metadata=(*admin, ("x-request-id", "audit-rotate"))),
+        "audit-get": keys.GetKey(key_pb2.GetKeyRequest(id=target), metadata=(*admin, ("x-request-id", "audit-get"))),
+        "audit-limits": limits.GetKeyLimitStatus(limit_pb2.GetKeyLimitStatusRequest(id=target),
+                                                 metadata=(*admin, ("x-request-id", "audit-limits"))),
+        "audit-revoke": keys.RevokeKey(key_pb2.RevokeKeyRequest(id=target),
+                                       metadata=(*admin, ("x-request-id", "audit-revoke"))),
+    }
+    for call in calls.values():
+        await call
+    with pytest.raises(grpc.aio.AioRpcError):  # an unknown key: the attempt is named too
+        await keys.RevokeKey(key_pb2.RevokeKeyRequest(id="key_0000000000000000"),
+                             metadata=(*admin, ("x-request-id", "audit-unknown")))
+    with pytest.raises(grpc.aio.AioRpcError):  # a secret pasted where the id goes stays out of the log
+        await keys.GetKey(key_pb2.GetKeyRequest(id=created.secret), metadata=(*admin, ("x-request-id", "audit-pasted")))
+    lines = {line["request_id"]: line for line in access_lines(running)}
+    assert lines["audit-pasted"]["target_key_id"] is None and created.secret not in access_log_text(running)
+    admin_id = lines["audit-create"]["key_id"]
+    for request_id in ("audit-create", *calls):
+        assert (lines[request_id]["key_id"], lines[request_id]["target_key_id"]) == (admin_id, target), request_id
+    assert lines["audit-unknown"]["target_key_id"] == "key_0000000000000000"
+    assert lines["audit-unknown"]["status"] == 404
 
 
 async def test_label_values_never_come_from_the_caller(chat, running, caplog):
