@@ -83,7 +83,7 @@ async def open_database(settings: StoreSettings, migrations: Sequence[Migration]
 
         return await PostgresDatabase.open(settings, migrations)
     assert settings.sqlite_path is not None
-    return await SqliteDatabase.open(settings.sqlite_path, migrations)
+    return await SqliteDatabase.open(settings.sqlite_path, migrations, newer_ok=settings.newer_schema_ok)
 
 
 class SqliteDatabase:
@@ -93,7 +93,7 @@ class SqliteDatabase:
         self._closed = False
 
     @classmethod
-    async def open(cls, path: Path, migrations: Sequence[Migration]) -> SqliteDatabase:
+    async def open(cls, path: Path, migrations: Sequence[Migration], *, newer_ok: bool = False) -> SqliteDatabase:
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
 
         def opened() -> sqlite3.Connection:
@@ -101,7 +101,7 @@ class SqliteDatabase:
             db.row_factory = sqlite3.Row
             try:
                 if migrations:
-                    migrate_sqlite(db, migrations)
+                    migrate_sqlite(db, migrations, newer_ok=newer_ok)
             except BaseException:
                 db.close()
                 raise

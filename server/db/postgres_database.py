@@ -78,7 +78,7 @@ class PostgresDatabase:
 
     def _migrate_now(self) -> None:
         with connect(self._settings, statement_timeout=False) as conn:
-            migrate_postgres(conn, self._migrations)
+            migrate_postgres(conn, self._migrations, newer_ok=self._settings.newer_schema_ok)
 
     def _postgres_sql(self, sql: str) -> str:
         translated = self._sql.get(sql)

@@ -35,6 +35,9 @@ class StoreSettings:
     password_env: str = ""  # PostgreSQL: the environment variable holding the password ("" = none needed)
     timeout_seconds: float = 2.0  # PostgreSQL: connect timeout, and the longest a query may take
     pool_size: int = 4  # PostgreSQL: connections per process
+    # A worker restarted after a crash (serve --workers N): a schema newer than this code, which another host migrated
+    # while this one ran, is used as the worker's siblings go on using it, not refused as at a start.
+    newer_schema_ok: bool = False
 
     @property
     def is_postgres(self) -> bool:
