@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import uvloop
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             return uvloop.run(serve(config, workers=args.workers, worker_command=command,
                                     development_key=development_key, config_path=args.config))
         if args.command == "worker":
+            if args.restarted:  # the schema its siblings use, whatever host migrated it since: never half-up
+                config = config.with_overrides(key_store=replace(config.key_store, newer_schema_ok=True))
             return uvloop.run(run_worker(config.with_overrides(host=args.host, port=args.port), args.socket))
         _quiet_store_diagnostics(args.log_level)
         if not config.key_store.is_postgres:
@@ -241,6 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--socket", type=Path, required=True)
     worker.add_argument("--host")
     worker.add_argument("--port", type=int)
+    worker.add_argument("--restarted", action="store_true", help="(internal) started again after a crash")
 
     add_store_commands(commands, after)
     return parser

@@ -76,11 +76,13 @@ class WorkerProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    async def start(self) -> None:
-        """Start the process and return once it serves; WorkerError if it exits or stays silent."""
+    async def start(self, *, restarted: bool = False) -> None:
+        """Start the process and return once it serves; WorkerError if it exits or stays silent. `restarted`: after
+        a crash, told so (it then uses the database as its siblings do, migrated since by a newer host or not)."""
         self.socket_path.unlink(missing_ok=True)  # a dead predecessor's socket
         self._proc = await start_supervised(
-            *self._command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, env=self._env,
+            *self._command, *(["--restarted"] if restarted else []), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, env=self._env,
         )  # stderr is inherited: worker logs go where the parent's go
         deadline = asyncio.get_running_loop().time() + self._ready_timeout_s
         while not await self._answers():
@@ -166,7 +168,7 @@ class Workers:
                     _logger.error("worker %d (pid %s) %s; restarting it", worker.index, worker.pid,
                                   exit_text(task.result()))
                     await asyncio.sleep(RESTART_DELAY_SECONDS)
-                    await worker.start()
+                    await worker.start(restarted=True)
                     watchers[asyncio.create_task(worker.wait())] = worker
         finally:
             for task in watchers:

@@ -36,4 +36,6 @@ async def main(socket_path: str, crash: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""))
+    # A restart is started with --restarted (server/supervisor.py), as `portico worker` is: not a signal's name.
+    arguments = [argument for argument in sys.argv[1:] if argument != "--restarted"]
+    asyncio.run(main(arguments[0], arguments[1] if len(arguments) > 1 else ""))

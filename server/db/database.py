@@ -56,16 +56,15 @@ class Database(Protocol):
     async def execute(self, sql: str, params: Params = ()) -> int:
         """Returns the number of rows changed."""
         ...
-    async def transaction(self, steps: Sequence[Step]) -> None:
-        """Run the statements in one transaction: all or none."""
+    async def transaction(self, steps: Sequence[Step], *, notify: tuple[str, str] | None = None) -> None:
+        """Run the statements in one transaction: all or none. `notify` (channel, payload): tell every process
+        listening on the channel (other hosts) when, and only if, the transaction commits; nothing to tell for a
+        one-host database."""
         ...
     async def ping(self, sql: str = "SELECT 1") -> None:
         """Raise StoreUnavailable unless the database answers `sql` (a read) now. An answer ends PostgreSQL's
         fail-fast window, so a caller asks what its own calls need: tables another session has locked do not answer
         while `SELECT 1` does."""
-        ...
-    async def notify(self, channel: str, payload: str) -> None:
-        """Tell every process listening on `channel` (other hosts); nothing to tell for a one-host database."""
         ...
     async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
         """Call `on_message` with each payload sent to `channel` until cancelled; None: messages may have been
@@ -83,7 +82,7 @@ async def open_database(settings: StoreSettings, migrations: Sequence[Migration]
 
         return await PostgresDatabase.open(settings, migrations)
     assert settings.sqlite_path is not None
-    return await SqliteDatabase.open(settings.sqlite_path, migrations)
+    return await SqliteDatabase.open(settings.sqlite_path, migrations, newer_ok=settings.newer_schema_ok)
 
 
 class SqliteDatabase:
@@ -93,7 +92,7 @@ class SqliteDatabase:
         self._closed = False
 
     @classmethod
-    async def open(cls, path: Path, migrations: Sequence[Migration]) -> SqliteDatabase:
+    async def open(cls, path: Path, migrations: Sequence[Migration], *, newer_ok: bool = False) -> SqliteDatabase:
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
 
         def opened() -> sqlite3.Connection:
@@ -101,7 +100,7 @@ class SqliteDatabase:
             db.row_factory = sqlite3.Row
             try:
                 if migrations:
-                    migrate_sqlite(db, migrations)
+                    migrate_sqlite(db, migrations, newer_ok=newer_ok)
             except BaseException:
                 db.close()
                 raise
@@ -131,7 +130,8 @@ class SqliteDatabase:
     async def execute(self, sql: str, params: Params = ()) -> int:
         return await self._run(lambda db: db.execute(sql, params).rowcount)
 
-    async def transaction(self, steps: Sequence[Step]) -> None:
+    async def transaction(self, steps: Sequence[Step], *, notify: tuple[str, str] | None = None) -> None:
+        # `notify` is not needed: one host, whose own cache is the only one (the caller updates it).
         def run(db: sqlite3.Connection) -> None:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -146,9 +146,6 @@ class SqliteDatabase:
 
     async def ping(self, sql: str = "SELECT 1") -> None:
         await self.fetch_one(sql)
-
-    async def notify(self, channel: str, payload: str) -> None:
-        return None  # one host: its own cache is the only one, and the caller updates it
 
     async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
         return None

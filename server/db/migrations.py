@@ -12,6 +12,7 @@ A migration's SQL is frozen once released: change a schema by appending a migrat
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,8 @@ if TYPE_CHECKING:  # psycopg itself is imported where PostgreSQL is configured (
 
 # Any fixed 64-bit number, the same in every Portico: the advisory lock the migrations of every component take.
 ADVISORY_LOCK_ID = 0x706F727469636F  # "portico"
+
+_logger = logging.getLogger(__name__)
 
 _TABLE = (
     "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL, "
@@ -50,13 +53,15 @@ class Migration:
     sqlite_present: str = ""
 
 
-def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> list[int]:
-    """Apply what is missing; returns the versions applied. `db` must be in autocommit mode (isolation_level=None)."""
+def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration], *, newer_ok: bool = False) -> list[int]:
+    """Apply what is missing; returns the versions applied. `db` must be in autocommit mode (isolation_level=None).
+    `newer_ok`: a database newer than this code is used as it is (logged), not refused
+    (StoreSettings.newer_schema_ok)."""
     _check(migrations)
     db.execute("BEGIN IMMEDIATE")
     try:
         applied = _apply(db.execute, "?", _SQLITE_HAS_TABLE, [m.sqlite for m in migrations], migrations,
-                         [m.sqlite_present for m in migrations])
+                         [m.sqlite_present for m in migrations], newer_ok)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
@@ -64,8 +69,9 @@ def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration]) -> l
     return applied
 
 
-def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) -> list[int]:
-    """Apply what is missing; returns the versions applied."""
+def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration], *,
+                     newer_ok: bool = False) -> list[int]:
+    """Apply what is missing; returns the versions applied. `newer_ok`: as for migrate_sqlite."""
     import psycopg  # loaded already: `conn` is one of its connections
 
     component = _check(migrations)
@@ -78,7 +84,7 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_ID,))
             conn.execute("SET LOCAL lock_timeout TO DEFAULT")
             return _apply(conn.execute, "%s", _POSTGRES_HAS_TABLE, [m.postgresql for m in migrations], migrations,
-                          [""] * len(migrations))
+                          [""] * len(migrations), newer_ok)
     except psycopg.OperationalError:
         raise  # the database went away or timed out: unreachable, for the callers to say so
     except psycopg.Error as exc:  # refused (a role that may not change the schema, ...): rolled back whole
@@ -88,7 +94,7 @@ def migrate_postgres(conn: psycopg.Connection, migrations: Sequence[Migration]) 
 
 
 def _apply(execute: Callable[..., Any], placeholder: str, has_table: str, statements: Sequence[tuple[str, ...]],
-           migrations: Sequence[Migration], present: Sequence[str]) -> list[int]:
+           migrations: Sequence[Migration], present: Sequence[str], newer_ok: bool) -> list[int]:
     """Inside the caller's locked transaction: run each pending migration's statements (unless its `present` query
     finds their change made already) and record it."""
     component = migrations[0].component
@@ -96,7 +102,7 @@ def _apply(execute: Callable[..., Any], placeholder: str, has_table: str, statem
         execute(_TABLE)
     applied = {row[0] for row in execute(
         f"SELECT version FROM schema_migrations WHERE component = {placeholder}", (component,))}
-    pending = _pending(component, applied, migrations)
+    pending = _pending(component, applied, migrations, newer_ok)
     for migration in pending:
         check = present[migration.version - 1]
         if not (check and list(execute(check))):
@@ -117,11 +123,14 @@ def _check(migrations: Sequence[Migration]) -> str:
     return components.pop()
 
 
-def _pending(component: str, applied: set[int], migrations: Sequence[Migration]) -> list[Migration]:
+def _pending(component: str, applied: set[int], migrations: Sequence[Migration], newer_ok: bool) -> list[Migration]:
     newest = max(applied, default=0)
     if newest > len(migrations):
-        raise SchemaError(
-            f"the database's {component} schema is at version {newest}, newer than this Portico knows "
-            f"({len(migrations)}): upgrade Portico on this host"
-        )
+        newer = (f"the database's {component} schema is at version {newest}, newer than this Portico knows "
+                 f"({len(migrations)}): upgrade Portico on this host")
+        if not newer_ok:
+            raise SchemaError(newer)
+        # Its siblings use it so already (a newer host migrated it while they ran): nothing of it is changed here.
+        _logger.warning("%s (a restarted worker uses it as the other workers do)", newer)
+        return []
     return [m for m in migrations if m.version not in applied]

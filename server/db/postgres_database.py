@@ -78,7 +78,7 @@ class PostgresDatabase:
 
     def _migrate_now(self) -> None:
         with connect(self._settings, statement_timeout=False) as conn:
-            migrate_postgres(conn, self._migrations)
+            migrate_postgres(conn, self._migrations, newer_ok=self._settings.newer_schema_ok)
 
     def _postgres_sql(self, sql: str) -> str:
         translated = self._sql.get(sql)
@@ -128,7 +128,12 @@ class PostgresDatabase:
 
         return await self._run(work)
 
-    async def transaction(self, steps: Sequence[Step]) -> None:
+    async def transaction(self, steps: Sequence[Step], *, notify: tuple[str, str] | None = None) -> None:
+        # The notice inside the transaction: PostgreSQL delivers it at the commit, and never without it, so the other
+        # hosts hear of every change made and of none that failed (a change answered with an error was not made).
+        if notify is not None:
+            steps = [*steps, ("SELECT pg_notify(?, ?)", notify)]
+
         async def work(conn: psycopg.AsyncConnection) -> None:
             async with conn.transaction():
                 for sql, params in steps:
@@ -142,9 +147,6 @@ class PostgresDatabase:
 
         await self._run(work, fail_fast=False)
         self._failing_until = 0.0
-
-    async def notify(self, channel: str, payload: str) -> None:
-        await self.execute("SELECT pg_notify(?, ?)", (channel, payload))
 
     async def listen(self, channel: str, on_message: Callable[[str | None], None]) -> None:
         """LISTEN on a connection of its own (outside the pool), reconnecting after a failure."""

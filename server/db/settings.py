@@ -18,9 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
-from server.config_providers import ConfigError, number, url_parts
+from server.config_providers import ConfigError, number
 from server.limits.settings import QUERY_SECRETS, redacted
 
 SQLITE = "sqlite"
@@ -36,6 +35,9 @@ class StoreSettings:
     password_env: str = ""  # PostgreSQL: the environment variable holding the password ("" = none needed)
     timeout_seconds: float = 2.0  # PostgreSQL: connect timeout, and the longest a query may take
     pool_size: int = 4  # PostgreSQL: connections per process
+    # A worker restarted after a crash (serve --workers N): a schema newer than this code, which another host migrated
+    # while this one ran, is used as the worker's siblings go on using it, not refused as at a start.
+    newer_schema_ok: bool = False
 
     @property
     def is_postgres(self) -> bool:
@@ -57,6 +59,26 @@ class StoreSettings:
         return value
 
 
+def _conninfo(url: str) -> dict[str, str] | None:
+    """The URL as libpq reads it (its parameters by name), or None for one it cannot read, or whose port is no port.
+    libpq's reading, not urlsplit's: a list of hosts (`db1:5432,db2:5432`, a primary and its standbys, which
+    `target_session_attrs=read-write` follows through a failover) and a socket directory in `?host=` are URLs libpq
+    connects with, and urlsplit took neither. psycopg is imported here only once PostgreSQL is configured."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return None
+    try:
+        parts = {name: str(value) for name, value in conninfo_to_dict(url).items()}
+    except ProgrammingError:
+        return None
+    ports = parts.get("port", "").split(",") if parts.get("port") else []
+    if not all(port.isdigit() and 0 < int(port) < 65536 for port in ports):
+        return None
+    return parts
+
+
 def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller). SQLite's
     file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
@@ -76,14 +98,14 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
                           f"{redacted(store)!r}")
-    parts = url_parts(store)
-    if parts is None:  # not quoted: redacted cannot read it either
-        raise ConfigError(f"{where}.store: not a URL (a space, a port that is no port number, or a bracketed host that "
-                          "is no IPv6 address)")
-    if parts.password is not None or QUERY_SECRETS & {name for name, _ in parse_qsl(parts.query)}:
+    parts = _conninfo(store)
+    if parts is None:  # not quoted: libpq's own words quote the URL, password and all
+        raise ConfigError(f"{where}.store: not a URL libpq can read (a space, a query parameter libpq does not know, "
+                          "a port that is no port number, or a bracketed host that is no IPv6 address)")
+    if QUERY_SECRETS & set(parts):
         raise ConfigError(f"{where}.store: no password in the URL ({redacted(store)}); name the "
                           "environment variable that holds it in keys.password_env")
-    if not parts.hostname or not parts.path.strip("/"):
+    if not all(parts.get("host", "").split(",")) or not parts.get("dbname"):
         raise ConfigError(f"{where}.store: {store!r} needs a host and a database name "
                           "(postgresql://user@host:port/database)")
     return StoreSettings(url=store, password_env=password_env, timeout_seconds=timeout, pool_size=pool_size)

@@ -159,8 +159,8 @@ class KeyStore:
             changes["env"] = env
         if changes:
             assignments = ", ".join(f"{column} = ?" for column in changes)
-            await self._db.execute(f"UPDATE api_keys SET {assignments} WHERE id = ?", (*changes.values(), key.id))
-            await self._db.notify(CHANGES_CHANNEL, key.id)
+            assignment = (f"UPDATE api_keys SET {assignments} WHERE id = ?", (*changes.values(), key.id))
+            await self._db.transaction([assignment], notify=(CHANGES_CHANNEL, key.id))
         return await self.get(key.id)
 
     async def rotate(self, key_id: str, *, grace_seconds: int) -> tuple[ApiKey, str, int]:
@@ -179,8 +179,7 @@ class KeyStore:
             ("INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
              "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id)),
             ("UPDATE api_keys SET secret_hash = ? WHERE id = ?", (hash_secret(secret), key.id)),
-        ])
-        await self._db.notify(CHANGES_CHANNEL, key.id)
+        ], notify=(CHANGES_CHANNEL, key.id))
         return await self.get(key.id), secret, expires
 
     async def revoke(self, id_or_secret: str) -> ApiKey:
@@ -196,10 +195,10 @@ class KeyStore:
             key_id = row["id"]
         else:
             key_id = (await self.get(id_or_secret)).id
-        await self._db.execute(
-            "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0", (int(time.time()), key_id)
+        await self._db.transaction(
+            [("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0", (int(time.time()), key_id))],
+            notify=(CHANGES_CHANNEL, key_id),
         )
-        await self._db.notify(CHANGES_CHANNEL, key_id)
         return await self.get(key_id)
 
 

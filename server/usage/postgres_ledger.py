@@ -53,7 +53,7 @@ class PostgresLedger:
             if not self._migrated:
                 with connect(self._settings, statement_timeout=False) as conn:
                     try:
-                        migrate_postgres(conn, MIGRATIONS)
+                        migrate_postgres(conn, MIGRATIONS, newer_ok=self._settings.newer_schema_ok)
                     except SchemaError as exc:
                         self._newer = exc
                         raise

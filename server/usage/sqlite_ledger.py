@@ -39,13 +39,13 @@ def _chunks(rows: int, most: int) -> list[int]:
 
 
 class SqliteLedger:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, newer_ok: bool = False) -> None:
         try:
             self._db = connect_sqlite(path)
         except sqlite3.DatabaseError as exc:  # a file that is no database: one line, not sqlite3's traceback
             raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
         try:
-            migrate_sqlite(self._db, MIGRATIONS)
+            migrate_sqlite(self._db, MIGRATIONS, newer_ok=newer_ok)
         except sqlite3.OperationalError as exc:  # another process held the write lock past busy_timeout
             self._db.close()
             raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
