@@ -26,7 +26,8 @@ HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], 
 
 def _workers(serve: subprocess.Popen) -> list[int]:
     """The worker processes `serve` started (its other child is Envoy)."""
-    listing = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(serve.pid)], capture_output=True, text=True)
+    listing = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(serve.pid)], capture_output=True,
+                             text=True)
     return [int(line.split()[0]) for line in listing.stdout.splitlines() if " worker " in line]
 
 
