@@ -131,7 +131,8 @@ class SqliteDatabase:
         return await self._run(lambda db: db.execute(sql, params).rowcount)
 
     async def transaction(self, steps: Sequence[Step], *, notify: tuple[str, str] | None = None) -> None:
-        # `notify` is not needed: one host, whose own cache is the only one (the caller updates it).
+        # `notify` is not sent: one host, whose processes' key caches see a change once their entries expire
+        # (keys.cache_seconds, 1 s), as docs/configuration.md says; PostgreSQL's hosts hear of it at once.
         def run(db: sqlite3.Connection) -> None:
             db.execute("BEGIN IMMEDIATE")
             try:
