@@ -428,6 +428,9 @@ def test_a_page_the_gateway_could_not_answer_is_shown_once_it_is_back(tab, gatew
     tab.sign_in(secret)
     page = tab.page
     nav = page.get_by_role("navigation")
+    # Signed in, and the first page loaded: the sign-in form could still be in #main beside "Loading…".
+    expect(page.locator("#main .sign-in")).to_have_count(0)
+    expect(page.locator("#main")).not_to_have_attribute("aria-busy", "true")
     for retry in (lambda: page.get_by_role("button", name="Try again").click(),
                   lambda: nav.get_by_role("link", name="Models").click()):
         # The link of the page shown loads it again: its list must be in before the gateway goes, or that load
