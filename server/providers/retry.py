@@ -236,5 +236,10 @@ class Delivery:
             await events.aclose()  # aclosing's work, without its objects held by every open stream
 
 
+def carries_answer(event: object) -> bool:
+    """Part of the answer itself (text, a tool call, the end, images, a count): from it on, the attempt has answered."""
+    return not _no_content(event)
+
+
 def _no_content(event: object) -> bool:
     return isinstance(event, Started) or isinstance(event, UpstreamObject) and not event.content

@@ -191,6 +191,23 @@ def test_consecutive_failures_eject_then_one_trial_decides_with_a_growing_cooldo
     assert health.state_of(h, 11.8) == "healthy" and h.ejections == 0
 
 
+def test_a_trial_that_begins_answering_brings_it_back_on_probation():
+    h = health.DeploymentHealth()
+    for t in (0.0, 0.1, 0.2):
+        health.failed(h, t, SETTINGS)
+    assert health.acquire(h, 2.3) is health.Admission.TRIAL
+    health.answering(h, 2.4, SETTINGS)  # its first words: taking requests again while that answer runs
+    assert health.state_of(h, 2.4) == "healthy" and health.acquire(h, 2.4) is health.Admission.ADMITTED
+    health.failed(h, 3.0, SETTINGS)  # an answer failing before one ended whole: still the trial failing
+    assert health.state_of(h, 3.1) == "ejected" and health.ready_at(h, 3.1) == pytest.approx(7.0)
+    assert health.acquire(h, 7.0) is health.Admission.TRIAL
+    health.answering(h, 7.1, SETTINGS)
+    health.succeeded(h, 9.0, SETTINGS)  # a whole answer: off probation, the next ejection from the start again
+    assert (h.consecutive, h.ejections) == (0, 0)
+    health.failed(h, 9.1, SETTINGS)
+    assert health.state_of(h, 9.2) == "healthy"
+
+
 def test_a_failure_rate_over_the_window_ejects():
     h = health.DeploymentHealth()
     for i in range(6):  # alternate: never 3 in a row, but half of 6 requests failed
