@@ -3,6 +3,7 @@ imported only when a Redis cache is configured: redis-py costs every server proc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from redis.exceptions import RedisError
@@ -18,17 +19,28 @@ class RedisStore:
 
     def __init__(self, url: str, *, timeout_seconds: float) -> None:
         self._pipe = RedisPipe(url, timeout=timeout_seconds)
+        # The whole command, a new connection's set-up included (its connect, then its handshake, each had the
+        # timeout: a Redis that stopped answering cost a lookup two of them once the first had closed the connection).
+        self._timeout = timeout_seconds
         self._failing = False
+        self._puts: set[asyncio.Task] = set()  # held until done: the event loop keeps only weak references
 
     async def get(self, key: str) -> bytes | None:
         return await self._safely(("GET", KEY_PREFIX + key))
 
     async def put(self, key: str, value: bytes, ttl_seconds: float) -> None:
-        await self._safely(("SET", KEY_PREFIX + key, value, "PX", max(1, int(ttl_seconds * 1000))))
+        """Sent, not waited for: the answer being stored goes on to its caller at once. Awaited, a Redis that does
+        not answer held every miss's end back by a second timeout after the lookup's. The SET leaves on the shared
+        connection before any later GET of this process, which Redis answers in order."""
+        task = asyncio.create_task(self._safely(("SET", KEY_PREFIX + key, value, "PX",
+                                                  max(1, int(ttl_seconds * 1000)))))
+        self._puts.add(task)
+        task.add_done_callback(self._puts.discard)
 
     async def _safely(self, command: tuple) -> bytes | None:
         try:
-            reply = await self._pipe.execute(*command)
+            async with asyncio.timeout(self._timeout):
+                reply = await self._pipe.execute(*command)
         except (RedisError, OSError, TimeoutError) as exc:
             if not self._failing:
                 _logger.warning("response cache: Redis does not answer (%s); answering without the cache",
@@ -41,4 +53,6 @@ class RedisStore:
         return reply if isinstance(reply, bytes) else None
 
     async def close(self) -> None:
+        if self._puts:  # answers stored just before a stop: each waits at most the timeout
+            await asyncio.gather(*self._puts, return_exceptions=True)
         await self._pipe.close()

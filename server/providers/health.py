@@ -2,8 +2,9 @@
 
 A deployment is *ejected* (not tried) for a cooldown after `consecutive_failures` failures in a row, or when at least
 `min_requests` requests in the last `window_seconds` failed at `failure_rate` or more. When the cooldown is over it
-is in *trial*: one request (the first to come) is let through, and its outcome decides: success makes it *healthy*
-again, failure ejects it again for twice as long (up to `max_cooldown_seconds`). An upstream 429, 503 or 529 with a
+is in *trial*: one request (the first to come) is let through, and its outcome decides: its first content makes it
+*healthy* again (on probation: until an answer ends whole, one failure ejects it), failure ejects it again for twice
+as long (up to `max_cooldown_seconds`). An upstream 429, 503 or 529 with a
 retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when). Requests
 sent before an ejection that end during its cooldown change nothing: a burst in flight is one ejection, not a failed
 trial each, and only the trial decides (an upstream's later retry-after still lengthens the cooldown).
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 
 from server.domain_models import HealthSettings
@@ -37,6 +39,14 @@ HEALTHY, EJECTED, TRIAL = "healthy", "ejected", "trial"
 STATES = (HEALTHY, EJECTED, TRIAL)
 BUCKETS = 10  # the failure-rate window, in this many slices
 TRIAL_TIMEOUT_SECONDS = 60.0  # a trial not decided by then (its process died) lets another request try
+
+
+class Admission(IntEnum):
+    """May a request go to the deployment (false: no), and is it the one trial that decides its return?"""
+
+    REFUSED = 0
+    ADMITTED = 1
+    TRIAL = 2
 
 
 @dataclass(slots=True)
@@ -72,22 +82,33 @@ def cooling(h: DeploymentHealth, now: float) -> bool:
     return h.needs_trial and ready_at(h, now) > now
 
 
-def acquire(h: DeploymentHealth, now: float) -> bool:
+def acquire(h: DeploymentHealth, now: float) -> Admission:
     """May this request go to it? Claims the trial when one is due."""
     if ready_at(h, now) > now:
-        return False
+        return Admission.REFUSED
     if h.needs_trial:
         h.trial_since = now
-    return True
+        return Admission.TRIAL
+    return Admission.ADMITTED
+
+
+def answering(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
+    """The trial's answer has begun well (its first content came): the deployment takes requests again at once,
+    not only once that answer ends (a long stream held every other request off for up to TRIAL_TIMEOUT_SECONDS, a
+    model whose deployments were all in trial answered them 503). Until an answer ends whole, one failure (the
+    trial's own included) ejects it again, for twice as long: that is still its trial failing."""
+    if h.needs_trial and h.trial_since and now >= h.ejected_until:
+        h.needs_trial, h.trial_since = False, 0.0
+        h.consecutive = max(h.consecutive, s.consecutive_failures - 1)
 
 
 def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
     if _sent_before_ejection(h, now):  # its trial decides, after the cooldown
         return
     _count(h, now, s, failed=False)
-    h.consecutive = 0
+    h.consecutive, h.ejections = 0, 0  # a whole answer: the next ejection starts from the configured cooldown
     if h.needs_trial:
-        h.needs_trial, h.trial_since, h.ejections = False, 0.0, 0
+        h.needs_trial, h.trial_since = False, 0.0
 
 
 def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
@@ -173,9 +194,13 @@ class Board:
         with self._change(slot) as h:
             return cooling(h, self.clock())
 
-    def acquire(self, slot: int) -> bool:
+    def acquire(self, slot: int) -> Admission:
         with self._change(slot) as h:
             return acquire(h, self.clock())
+
+    def answering(self, slot: int) -> None:
+        with self._change(slot) as h:
+            answering(h, self.clock(), self._settings[slot])
 
     def succeeded(self, slot: int) -> None:
         with self._change(slot) as h:

@@ -52,9 +52,13 @@ def backoff_delay(settings: RetrySettings, attempt: int, error: PorticoError, el
 
 
 def pick(weights: Sequence[float], in_flight: Sequence[int], draw: Callable[[], float]) -> int:
-    """Weighted random choice, each weight divided by (requests in flight + 1): sequential requests follow the
-    weights, and under load a busier deployment gets fewer new ones (Envoy's least-request balancing, bias 1)."""
-    effective = [w / (n + 1) for w, n in zip(weights, in_flight, strict=True)]
+    """Weighted random choice, each weight divided by (requests in flight per unit of its share + 1), its share
+    being its weight over the mean weight: sequential requests follow the weights, and so do concurrent ones when
+    the deployments are equally fast (each then has in flight what its share says), while one busier than its share
+    (slower) gets fewer new ones. Envoy's least-request division, by requests in flight + 1, tends to sqrt(weight)
+    shares as the load grows (9:1 became 3:1), and depended on the weights' scale (0.3:0.1 was not 3:1)."""
+    mean = sum(w / len(weights) for w in weights)
+    effective = [w / (n * (mean / w) + 1) if n else w for w, n in zip(weights, in_flight, strict=True)]
     point = draw() * sum(effective)
     for index, value in enumerate(effective):
         point -= value
@@ -230,6 +234,11 @@ class Delivery:
                 while held:
                     self.unsent(held.pop(0))
             await events.aclose()  # aclosing's work, without its objects held by every open stream
+
+
+def carries_answer(event: object) -> bool:
+    """Part of the answer itself (text, a tool call, the end, images, a count): from it on, the attempt has answered."""
+    return not _no_content(event)
 
 
 def _no_content(event: object) -> bool:

@@ -27,9 +27,9 @@ from server.observability import UpstreamRecorder
 from server.providers import (
     Capabilities, PromptCounter, Provider, capabilities_of, prompt_count, token_counter_of, unsupported,
 )
-from server.providers.health import Board
+from server.providers.health import Admission, Board
 from server.providers.images import ImageProvider, image_unsupported
-from server.providers.retry import Delivery, Plan, Step, Target
+from server.providers.retry import Delivery, Plan, Step, Target, carries_answer
 
 _logger = logging.getLogger(__name__)
 
@@ -181,12 +181,13 @@ class Router:
                     async for event in events:
                         yield event
                 return
-            if deployment.health_slot is not None and not self._board.acquire(deployment.health_slot):
+            admission = Admission.ADMITTED
+            if deployment.health_slot is not None and not (admission := self._board.acquire(deployment.health_slot)):
                 plan.refused(step)  # another request holds its one trial
                 continue
             delivery = Delivery(unsent=unsent)
             try:
-                events = delivery.relay(self._attempt(route, deployment, start))
+                events = delivery.relay(self._attempt(route, deployment, start, trial=admission is Admission.TRIAL))
                 try:
                     async for event in events:
                         yield event
@@ -200,8 +201,10 @@ class Router:
                 failed = (step, error)
         raise plan.give_up(loop.time())
 
-    async def _attempt(self, route: Route, deployment: DeploymentRoute, start: Callable) -> AsyncIterator:
-        """One upstream attempt on one deployment of one model: where it starts and ends."""
+    async def _attempt(self, route: Route, deployment: DeploymentRoute, start: Callable, *,
+                       trial: bool = False) -> AsyncIterator:
+        """One upstream attempt on one deployment of one model: where it starts and ends. `trial`: it decides an
+        ejected deployment's return, which its first content makes (health.answering)."""
         key = (route.model_id, deployment.name)
         if self._recorder is not None:
             self._recorder.deployment(route.model_id, deployment.name)  # names the attempt's span (traces)
@@ -215,6 +218,9 @@ class Router:
                     # The answer is whole (a caller reading a JSON answer stops here, closing the stream): a
                     # Finished event, an image call's images or a token count.
                     finished = finished or isinstance(event, (Finished, list, TokenCount))
+                    if trial and carries_answer(event):
+                        trial = False
+                        self._board.answering(deployment.health_slot)
                     yield event
             finally:
                 await events.aclose()  # aclosing's work, without its objects held by every open stream

@@ -13,6 +13,7 @@ import pytest
 from portico.v1 import chat_service_pb2_grpc
 from portico.v1.probe_pb2 import GetReadinessRequest
 from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
+from tests.helpers import bearer, chat_body, http_body
 from tests.service.test_deployments import ask, provider
 from tests.upstream_double import Cue
 from tests.upstream_support import upstream_server
@@ -233,3 +234,51 @@ async def test_a_deployment_that_refuses_the_gateways_key_or_account_passes_the_
                 assert len(west.seen) == 8
     finally:
         double.default_cue = Cue()
+
+
+async def test_a_trial_answering_well_brings_its_deployment_back_before_its_answer_ends(double, west, tmp_path):
+    """Both deployments failed and were ejected; after the cooldown each one's trial was a long stream, answering
+    well. Until those answers ended (a reasoning model's: minutes; the trial is given up after 60 s) every other
+    caller got 503 'out of service' with a retry-after of up to a minute from a model whose upstreams both answered.
+    The trial now decides at its first content, as Envoy's outlier detection judges an answer by its status."""
+    once = "{attempts: 1}"
+    models_yaml = f"""\
+  - id: slow-trials
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, provider: {provider(double.url, retry=once)}}}
+      - {{name: west, provider: {provider(west.url, retry=once)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 0.5}}
+"""
+    double.reset()
+    west.reset()
+    busy = Cue(503, {"error": {"message": "busy"}})
+    double.cue(busy)
+    west.cue(busy)
+    try:
+        async with upstream_server(tmp_path, models_yaml) as server:
+            secret = (await server.store.create("slow-trials", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await ask(chat, secret, "slow-trials")  # both tried, both ejected
+                await asyncio.sleep(0.55)
+                slow = Cue(frame_delay=0.4)  # answers at once, its text over ~2.5 s
+                double.cue(slow)
+                west.cue(slow)
+
+                async def stream() -> bytes:
+                    call = chat.CreateChatCompletionHttp(http_body(chat_body(
+                        model="slow-trials", messages=[{"role": "user", "content": "Say hello."}], stream=True)),
+                        metadata=bearer(secret))
+                    return b"".join([body.data async for body in call])
+
+                trials = [asyncio.ensure_future(stream()) for _ in range(2)]
+                await asyncio.sleep(0.8)  # both trials have sent their first words
+                assert len(double.seen) == len(west.seen) == 2
+                answer = await ask(chat, secret, "slow-trials")
+                assert answer.choices[0].message.content == "echo Say hello."
+                assert all(b"[DONE]" in body for body in await asyncio.gather(*trials))
+    finally:
+        double.reset()
+        west.reset()

@@ -47,6 +47,11 @@ def models(east: str, west: str) -> str:
     deployments:
       - {{name: east, weight: 3, provider: {provider(east)}}}
       - {{name: west, weight: 1, provider: {provider(west)}}}
+  - id: lopsided
+    endpoint: /v1/chat/completions
+    deployments:
+      - {{name: east, weight: 0.9, provider: {provider(east)}}}
+      - {{name: west, weight: 0.1, provider: {provider(west)}}}
   - id: fragile
     endpoint: /v1/chat/completions
     deployments:
@@ -95,6 +100,21 @@ async def test_weights_are_honoured_over_a_thousand_requests(chat, east, west, k
         await ask(chat, key[1], "weighted")
     assert len(east.seen) + len(west.seen) == 1000
     assert 690 <= len(east.seen) <= 810  # 750 expected; the binomial's standard deviation is ~14
+
+
+async def test_weights_are_honoured_under_concurrent_load_too(chat, east, west, key):
+    """16 callers at once on two deployments equally fast (50 ms): 9:1 was ~77:23 (requests in flight + 1 divided
+    each weight), so the small deployment's quota took twice its share as soon as requests overlapped."""
+    east.default_cue = west.default_cue = Cue(delay=0.05)
+    try:
+        async def caller():
+            for _ in range(25):
+                await ask(chat, key[1], "lopsided")
+        await asyncio.gather(*(caller() for _ in range(16)))
+    finally:
+        east.default_cue = west.default_cue = Cue()
+    assert len(east.seen) + len(west.seen) == 400
+    assert len(west.seen) <= 62  # 40 expected (10%); ~92 before
 
 
 async def test_concurrent_requests_prefer_the_deployment_with_fewer_in_flight(chat, east, west, key):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import time
 
 import grpc
@@ -270,3 +271,31 @@ async def test_an_answer_cached_before_the_model_s_upstream_changed_is_not_given
             await server.stop(0)
     assert answers == ["miss", "miss", "hit"]
     assert [seen.body["model"] for seen in double.seen] == ["m", "m-next"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_redis_that_does_not_answer_costs_a_miss_one_timeout(double, tmp_path, redis_server, stream):
+    """Redis stopped (SIGSTOP: connections taken, nothing answered), a key with no limits (nothing for Redis to
+    count): each miss took two timeouts, the lookup's and then the storing's, which held the answer's end back, on
+    every request of a cached model while Redis was out."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url))
+    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}', store_timeout_seconds: 0.5}}\n")
+    server = await start_server(load_config(path), "127.0.0.1:0")
+    try:
+        secret = (await server.store.create("unlimited", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            assert (await chat_http(stub, secret, model="cached-chat", seed=90, stream=stream))[0] == "miss"
+            os.kill(redis_server.process.pid, signal.SIGSTOP)
+            try:
+                for seed in (91, 92):
+                    began = time.monotonic()
+                    status, body, _ = await chat_http(stub, secret, model="cached-chat", seed=seed, stream=stream)
+                    assert status == "miss" and b"echo" in body
+                    assert time.monotonic() - began < 0.85  # the lookup's 0.5 s; 1.0 s before
+            finally:
+                os.kill(redis_server.process.pid, signal.SIGCONT)
+    finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)

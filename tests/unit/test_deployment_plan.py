@@ -148,6 +148,26 @@ def test_pick_follows_weights_and_prefers_idle_deployments():
     assert busy > 850  # weight / (in flight + 1): the idle one gets ~10 in 11
 
 
+@pytest.mark.parametrize("weights", [[9.0, 1.0], [0.3, 0.1], [3.0, 1.0, 1.0]], ids=["9:1", "fractional", "three"])
+def test_weights_are_followed_under_concurrent_load_too(weights):
+    """32 requests always in flight on deployments equally fast (one ends, at random, and the next is picked): each
+    gets its weight's share, as one at a time does. Dividing each weight by its requests in flight + 1 gave 9:1 only
+    ~75:25 (sqrt(9):1 as the load grows), so a small deployment's quota took 2.5 times the traffic it was given."""
+    rng = random.Random(11)
+    in_flight = [0] * len(weights)
+    for _ in range(32):
+        in_flight[pick(weights, in_flight, rng.random)] += 1
+    counts = [0] * len(weights)
+    for _ in range(20000):
+        ended = rng.choices(range(len(weights)), weights=in_flight)[0]
+        in_flight[ended] -= 1
+        chosen = pick(weights, in_flight, rng.random)
+        in_flight[chosen] += 1
+        counts[chosen] += 1
+    shares = [count / 20000 for count in counts]
+    assert shares == pytest.approx([w / sum(weights) for w in weights], abs=0.03)
+
+
 SETTINGS = HealthSettings(consecutive_failures=3, failure_rate=0.5, window_seconds=10, min_requests=6,
                           cooldown_seconds=2, max_cooldown_seconds=5)
 
@@ -169,6 +189,23 @@ def test_consecutive_failures_eject_then_one_trial_decides_with_a_growing_cooldo
     assert health.acquire(h, 11.6)
     health.succeeded(h, 11.7, SETTINGS)
     assert health.state_of(h, 11.8) == "healthy" and h.ejections == 0
+
+
+def test_a_trial_that_begins_answering_brings_it_back_on_probation():
+    h = health.DeploymentHealth()
+    for t in (0.0, 0.1, 0.2):
+        health.failed(h, t, SETTINGS)
+    assert health.acquire(h, 2.3) is health.Admission.TRIAL
+    health.answering(h, 2.4, SETTINGS)  # its first words: taking requests again while that answer runs
+    assert health.state_of(h, 2.4) == "healthy" and health.acquire(h, 2.4) is health.Admission.ADMITTED
+    health.failed(h, 3.0, SETTINGS)  # an answer failing before one ended whole: still the trial failing
+    assert health.state_of(h, 3.1) == "ejected" and health.ready_at(h, 3.1) == pytest.approx(7.0)
+    assert health.acquire(h, 7.0) is health.Admission.TRIAL
+    health.answering(h, 7.1, SETTINGS)
+    health.succeeded(h, 9.0, SETTINGS)  # a whole answer: off probation, the next ejection from the start again
+    assert (h.consecutive, h.ejections) == (0, 0)
+    health.failed(h, 9.1, SETTINGS)
+    assert health.state_of(h, 9.2) == "healthy"
 
 
 def test_a_failure_rate_over_the_window_ejects():
