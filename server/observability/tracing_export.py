@@ -134,12 +134,10 @@ class CollectorRedirect(Exception):
     """A collector's 3xx: its answer to a batch it did not take."""
 
     def __init__(self, response: requests.Response) -> None:
-        code = response.status_code
-        status = _status(HTTPStatus(code) if code in HTTPStatus._value2member_map_ else code)
         parts = urlsplit(response.headers.get("location", ""))
         # Scheme, host and port only: a URL may carry a password, and its path is not what the operator looks for.
         target = f" to {parts.scheme}://{_address(parts.geturl())}" if parts.scheme and parts.hostname else ""
-        super().__init__(f"{status}{target}")
+        super().__init__(f"{_status(response.status_code)}{target}")
 
 
 def _refuse_redirect(response: requests.Response, *args: object, **kwargs: object) -> None:
@@ -241,9 +239,9 @@ def _reason(value: object) -> str:
     did ("Connection refused", "Name or service not known"), else by the innermost error's class. Never the errors'
     whole text, which names the URL."""
     if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
-        return _status(HTTPStatus(value) if value in HTTPStatus._value2member_map_ else value)
+        return _status(value)
     if isinstance(value, str) and value in _PHRASES:
-        return _status(_PHRASES[value])
+        return _status(_PHRASES[value].value)
     if not isinstance(value, BaseException):
         return ""
     if isinstance(value, CollectorRedirect):
@@ -270,8 +268,9 @@ _WHY = {
 }
 
 
-def _status(status: HTTPStatus | int) -> str:
-    return f"HTTP {status.value} {status.phrase}" if isinstance(status, HTTPStatus) else f"HTTP {status}"
+def _status(code: int) -> str:
+    """"HTTP 308 Permanent Redirect", or "HTTP 599" for a code without a standard reason phrase."""
+    return f"HTTP {code} {HTTPStatus(code).phrase}" if code in HTTPStatus._value2member_map_ else f"HTTP {code}"
 
 
 class _BoundedProcessor(SpanProcessor):

@@ -24,8 +24,8 @@ import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from server.domain_models import RetrySettings
 from server.domain import GenerationEvent, Started, UpstreamObject
+from server.domain_models import RetrySettings
 from server.errors import PorticoError, ServiceUnavailable, UpstreamMisconfigured
 
 ONE_TRY = RetrySettings(attempts=1)  # providers that are not upstream servers (the embedded model): no retries
