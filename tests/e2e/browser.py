@@ -86,6 +86,16 @@ class Tab:
         assert self.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
+def new_admin_secret(gateway, name: str = "ops-admin") -> str:
+    """The secret of a new admin key granted every model (made with the CLI, as an operator signs in with)."""
+    return gateway.cli("keys", "create", "--name", name, "--all-models", "--admin").stdout.split()[-1]
+
+
+def new_key(gateway, name: str) -> str:
+    """The id of a new key granted every model."""
+    return gateway.cli("keys", "create", "--name", name, "--all-models").stdout.split()[2]
+
+
 def api(gateway, secret: str, method: str, path: str, **kwargs) -> httpx.Response:
     return httpx.request(method, f"{gateway.base_url}{path}", headers={"Authorization": f"Bearer {secret}"},
                          timeout=30, **kwargs)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.e2e.browser import PHONE, Tab, api
+from tests.e2e.browser import PHONE, Tab, api, new_admin_secret
 import server
 from tests.e2e.conftest import running_gateway
 
@@ -28,7 +28,7 @@ def gateway(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def admin_secret(gateway) -> str:
-    return gateway.cli("keys", "create", "--name", "ops-admin", "--all-models", "--admin").stdout.split()[-1]
+    return new_admin_secret(gateway)
 
 
 def failed_loads_aside(lines: list[str]) -> list[str]:

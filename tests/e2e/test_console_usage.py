@@ -22,7 +22,7 @@ from server.domain import Endpoint
 from server.usage.ledger import LedgerRow, values_of
 from server.usage.query import TEXT_ENDPOINTS, insert_sql
 
-from tests.e2e.browser import api
+from tests.e2e.browser import api, new_admin_secret, new_key
 from tests.e2e.conftest import running_gateway
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -37,11 +37,7 @@ def gateway(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def admin_secret(gateway) -> str:
-    return gateway.cli("keys", "create", "--name", "ops-admin", "--all-models", "--admin").stdout.split()[-1]
-
-
-def new_key(gateway, name: str) -> str:
-    return gateway.cli("keys", "create", "--name", name, "--all-models").stdout.split()[2]
+    return new_admin_secret(gateway)
 
 
 def seed(gateway, key_id: str, *, model: str, ago_s: float, latency_ms: float, cost_micros: int = 100,
