@@ -257,18 +257,20 @@ def test_a_big_postgresql_ledger_is_read_and_pruned_past_the_store_timeout(postg
                                                                           monkeypatch):
     """keys.store_timeout_seconds (2 s) bounds key lookups; the ledger used it for every statement, so on a few
     million rows a month's usage query was cancelled (a 503 "unreachable" to dashboards) and the hourly retention
-    pass failed every hour, the ledger growing for ever. Here the same with a tiny timeout on 50,000 rows."""
-    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=0.02))
-    with postgres_server.connect(postgres_url.rsplit("/", 1)[1]) as fill:  # in SQL: 50,000 rows in well under 1 s
+    pass failed every hour, the ledger growing for ever. Here the same with a 0.1 s timeout on 700,000 rows (a read
+    of ~0.2 s). Not smaller: the watchdog's probe connects within the store timeout, which a loaded machine misses
+    at 20 ms, and a healthy database's read was cut."""
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=0.1))
+    with postgres_server.connect(postgres_url.rsplit("/", 1)[1]) as fill:  # in SQL: 700,000 rows in ~2.5 s
         fill.execute("INSERT INTO usage_ledger SELECT 'r' || g, g, 'req', 'key_' || (g % 7), 'e', "
                      "'/v1/chat/completions', 'm', 'm', 200, '', 10, 5, 0, 0, 3, 1, 12.5, 3.0, 'd' "
-                     "FROM generate_series(1, 50000) g")
-    (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
-    assert (total.rows, total.cost_micros) == (50_000, 150_000)
+                     "FROM generate_series(1, 700000) g")
+    (total,) = ledger.aggregate(UsageQuery(0, 1_000_000, 1_000_000, group_by=()))
+    assert (total.rows, total.cost_micros) == (700_000, 2_100_000)
     deleted = [ledger.prune(40_001, 500) for _ in range(81)]  # as the writer's passes do, a batch each
     assert sum(deleted) == 40_000 and deleted[-2:] == [500, 0]
-    (total,) = ledger.aggregate(UsageQuery(0, 100_000, 100_000, group_by=()))
-    assert total.rows == 10_000
+    (total,) = ledger.aggregate(UsageQuery(0, 1_000_000, 1_000_000, group_by=()))
+    assert total.rows == 660_000
     ledger.close()
 
 
