@@ -385,6 +385,7 @@ async def test_a_change_without_a_notice_takes_at_most_cache_seconds_also_during
         await auth.authenticate(bearer(secret))
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_a_postgresql_that_stops_answering_costs_a_lookup_about_the_store_timeout(postgres_server):
     """A hung database (connections accepted, nothing answered): an uncached key gets its 503 within about
     store_timeout_seconds. Cancelling the query made psycopg ask the server to cancel it and wait for that too, up

@@ -92,6 +92,7 @@ async def test_a_read_only_postgresql_answers_key_writes_503_and_lookups_as_ever
 
 
 @pytest.mark.parametrize("cut", ["restart", "terminate"])
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_the_first_lookup_after_the_pools_connections_were_cut_is_answered_at_once(postgres_server, cut):
     """PostgreSQL restarted (or a DBA's pg_terminate_backend) while a busy host's pool held several connections: the
     pool checks a connection as it hands it out, and at the second dead one psycopg_pool waited ~1 s before the

@@ -142,6 +142,7 @@ def test_the_first_read_after_a_postgresql_restart_is_answered(postgres_server, 
         ledger.close()
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 def test_a_postgresql_that_stops_answering_is_unavailable_within_about_the_store_timeout(postgres_server, postgres_url):
     """A hung database (connections accepted, nothing answered): a usage read hung for as long as the database did,
     holding the ledger's one connection, and the writer behind it; it is a 503 (StoreUnavailable) within about

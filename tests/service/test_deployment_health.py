@@ -98,6 +98,7 @@ def east_weighted(model_id: str, double, west, *, cooldown: float) -> str:
 """
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_requests_already_in_flight_failing_during_the_cooldown_do_not_lengthen_it(double, west, tmp_path):
     """Six requests in flight on a deployment that starts failing: the first failure ejected it, and each of the
     other five, sent before the ejection and failing during its cooldown, counted as a failed trial and doubled it

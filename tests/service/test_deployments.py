@@ -193,6 +193,7 @@ async def test_both_deployments_failing_is_the_upstreams_error(chat, east, west,
     assert len(east.seen) == len(west.seen) == 2  # each deployment's own retries
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_deployments_a_request_ejected_itself_are_not_waited_for_nor_given_its_trial(chat, east, west, key):
     east.cue(BUSY, BUSY)  # their own retry would meet the second
     west.cue(BUSY, BUSY)

@@ -188,6 +188,7 @@ async def test_a_prompt_over_the_context_window_has_no_cache_header(chat, runnin
         is None
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_a_hit_counts_as_a_request_and_is_fast(chat, running, key):
     await chat_http(chat, key[1], model="cached-chat", seed=9)
     registry = running.telemetry.metrics.registry
@@ -274,6 +275,7 @@ async def test_an_answer_cached_before_the_model_s_upstream_changed_is_not_given
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_a_redis_that_does_not_answer_costs_a_miss_one_timeout(double, tmp_path, redis_server, stream):
     """Redis stopped (SIGSTOP: connections taken, nothing answered), a key with no limits (nothing for Redis to
     count): each miss took two timeouts, the lookup's and then the storing's, which held the answer's end back, on

@@ -47,6 +47,7 @@ def test_two_processes_200_attempts_admit_exactly_50(redis_server, prefix):
     assert sum(admitted) == 50
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_a_slot_held_for_many_leases_stays_taken_and_a_crash_frees_it_within_one(redis_server, prefix):
     """A request that outlives two leases keeps its slot (the slots set expired under it); once its process dies,
     the slot is free within a lease."""
@@ -295,6 +296,7 @@ def _restart(server: RedisServer, directory: Path) -> RedisServer:
     return restarted
 
 
+@pytest.mark.usefixtures("no_collector_pauses")
 async def test_a_stalled_redis_fails_calls_in_time_and_then_serves_again(redis_server, prefix):
     store = RedisLimitStore(redis_server.url, prefix=prefix, timeout_seconds=0.2)
     outside = _outside(redis_server)
