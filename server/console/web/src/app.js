@@ -55,6 +55,10 @@ class Console {
     // A later render (another page, or the sign-in form after signing out) wins over a slow earlier one, whose
     // data must not appear once no one is signed in.
     const rendered = this.rendered = Symbol("render");
+    // Taken now, for this render only: a filter's next choice, made while this page's list was on its way, asks for
+    // the focus on the render it starts, which this one (shown first, then replaced) would otherwise have used up.
+    const focus = this.focusAfter;
+    this.focusAfter = null;
     const signedIn = this.api.signedIn;
     this.nav.hidden = this.signOutButton.hidden = !signedIn;
     if (!signedIn) return this.show(this.signInForm());
@@ -86,20 +90,20 @@ class Console {
         h("p", {class: "error", role: "alert"}, error.message),
         h("button", {type: "button", onclick: () => this.render()}, "Try again"));
     }
-    if (rendered === this.rendered && this.api.signedIn) this.show(page);
+    if (rendered === this.rendered && this.api.signedIn) this.show(page, focus);
   }
 
-  show(page) {
+  // focus: a selector for the control to give the focus to (see go), rather than the page's heading.
+  show(page, focus = null) {
     // A filter's choice keeps the focus on a filter: on the one the user tabbed on to while the list loaded, if any.
-    const movedTo = this.focusAfter && this.main.contains(document.activeElement) && document.activeElement.name;
-    if (movedTo) this.focusAfter = `[name="${CSS.escape(movedTo)}"]`;
+    const movedTo = focus && this.main.contains(document.activeElement) && document.activeElement.name;
+    if (movedTo) focus = `[name="${CSS.escape(movedTo)}"]`;
     this.main.replaceChildren(page);
     this.main.removeAttribute("aria-busy");
     const heading = page.querySelector("h1");
     // The tab, the history list and a screen reader tell pages apart by their title.
     document.title = heading ? `${heading.textContent} — Portico console` : "Portico console";
-    const control = this.focusAfter && page.querySelector(this.focusAfter);
-    this.focusAfter = null;
+    const control = focus && page.querySelector(focus);
     (control || heading || this.main).focus();
   }
 
