@@ -28,7 +28,7 @@ from server.domain import (
 from server.domain_images import GeneratedImage, ImageRequest
 from server.domain_keys import ApiKey
 from server.domain_models import FREE, ModelEntry, Price
-from server.errors import InternalError, InvalidRequest
+from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
@@ -382,22 +382,27 @@ class Pipeline:
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost, may_cost=billed)
         images: list[GeneratedImage] | None = None
+        drawn = 0  # what the model drew: the images answered, or those of an answer that then failed
         self._handed_over(call, reservation)
         reached_model = True
         watch = self.cutoff.watch(billed=billed)
         try:
             with watch:
                 images = await watch.wait(provider.generate(request))
+                drawn = len(images)
         except OutOfService:  # reached no model, as in `stream`
             reached_model = False
             self._reached_no_model(call, reservation)
             raise
+        except PorticoError as error:  # it used what the model reported, as a text answer that fails does
+            drawn = error.images_drawn
+            raise
         finally:
             call.record.upstream_done()
             call.record.caller_left = watch.caller_left
-            if images is not None:
+            if images is not None or drawn:
                 call.record.model_answered = True
-                _account(call, self._served_price(call), images=len(images))
+                _account(call, self._served_price(call), images=drawn)
             if reached_model:
                 # One request, as in `stream`.
                 self._budgets_in_force(call.key.id, reservation)

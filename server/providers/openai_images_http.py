@@ -20,7 +20,7 @@ from dataclasses import replace
 from server.domain import Dialect
 from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
 from server.domain_models import UpstreamSpec
-from server.errors import UpstreamError
+from server.errors import PorticoError, UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.openai_images import image_answer
@@ -52,7 +52,11 @@ class OpenAIImageProvider:
             if attempt.recording:
                 attempt.answered(image_answer(answer))
         # No more than asked: admission reserved (and a budget allows) the cost of `n` images, no more.
-        images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
+        try:
+            images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
+        except PorticoError as error:  # drawn and billed all the same: counted, though the caller gets none
+            error.images_drawn = min(len(items), request.n)
+            raise
         # gpt-image models choose the background for "auto", and say which they drew.
         background = answer.get("background")
         if background in ("transparent", "opaque"):

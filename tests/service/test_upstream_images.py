@@ -263,3 +263,22 @@ async def test_an_upstream_answering_more_images_than_asked_gives_and_bills_only
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))
     assert error_details(caught.value).error.message.startswith("Budget reached")
+
+
+async def test_images_the_upstream_drew_and_billed_count_when_their_answer_then_fails(images, double, running):
+    """An answer naming images has been drawn and billed by the upstream: a link that then cannot be fetched (or an
+    image that is none) fails the request, but its images cost the key all the same, so a budget stops a caller
+    whose every retry the upstream bills while the answers keep failing."""
+    double.reset()
+    _, secret = await running.store.create("broken-links", all_models=True, limits=KeyLimits(max_spend_day=20_000))
+    lost = {"created": 1, "data": [{"url": "http://127.0.0.1:9/lost.png"}]}
+    not_an_image = {"created": 1, "data": [{"b64_json": base64.b64encode(HELLO).decode()}]}
+    double.cue(Cue(body=lost), Cue(body=not_an_image))
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await images.CreateImage(image_request(model="image-priced"), metadata=bearer(secret))
+        assert error_details(caught.value).http_status == 502
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(model="image-priced"), metadata=bearer(secret))
+    assert error_details(caught.value).error.message.startswith("Budget reached")
+    assert len(double.seen) == 2  # the third was never drawn
