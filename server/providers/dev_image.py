@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw, ImageFont
 
-from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat, ImageRequest
 from server.observability import UpstreamRecorder
 from server.observability.tracing import NO_SCOPE
 
@@ -55,15 +55,15 @@ class DevImageProvider:
     def __init__(self, recorder: UpstreamRecorder | None = None) -> None:
         self._recorder = recorder
 
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+    async def generate(self, request: ImageRequest) -> ImageAnswer:
         with NO_SCOPE if self._recorder is None else self._recorder.generation(ENGINE, "generate_content"):
             # Hash a (possibly huge) prompt once; each image then derives its own numbers from this digest.
             prompt_digest = await asyncio.to_thread(lambda: hashlib.sha256(request.prompt.encode()).digest())
             # Drawing and encoding are CPU work: off the event loop, one thread per image (Pillow releases the GIL
             # while encoding, so images of one request are encoded in parallel).
-            return list(await asyncio.gather(
+            return ImageAnswer(tuple(await asyncio.gather(
                 *(asyncio.to_thread(render, request, prompt_digest, i) for i in range(request.n))
-            ))
+            )))
 
     async def close(self) -> None:
         """Nothing to release: the provider holds no resources."""

@@ -18,7 +18,7 @@ import codecs
 from dataclasses import replace
 
 from server.domain import Dialect
-from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat, ImageRequest
 from server.domain_models import UpstreamSpec
 from server.errors import PorticoError, UpstreamError
 from server.providers import Capabilities
@@ -36,7 +36,7 @@ class OpenAIImageProvider:
         self._model = spec.model
         self._model_id = model_id
 
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+    async def generate(self, request: ImageRequest) -> ImageAnswer:
         body = dict(request.source) if request.source is not None else _built(request)
         body.pop("response_format", None)
         body["model"] = self._model
@@ -60,8 +60,10 @@ class OpenAIImageProvider:
         # gpt-image models choose the background for "auto", and say which they drew.
         background = answer.get("background")
         if background in ("transparent", "opaque"):
-            return [replace(image, transparent=background == "transparent") for image in images]
-        return list(images)
+            images = [replace(image, transparent=background == "transparent") for image in images]
+        quality, usage = answer.get("quality"), answer.get("usage")
+        return ImageAnswer(tuple(images), quality=quality if isinstance(quality, str) and quality else None,
+                           usage=usage if isinstance(usage, dict) else None)
 
     async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):

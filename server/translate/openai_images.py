@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from server.domain import Json, UpstreamAnswer
-from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import ImageAnswer, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.field_rules import unknown_field
 from server.translate.usage_counts import said_count
@@ -98,10 +98,9 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
     )
 
 
-def images_response(
-    created: int, plan: ImagePlan, images: Sequence[GeneratedImage], urls: Sequence[str] | None = None
-) -> dict:
+def images_response(created: int, plan: ImagePlan, answer: ImageAnswer, urls: Sequence[str] | None = None) -> dict:
     """The JSON body: `url` items when links are given, else `b64_json`; optional members only when known."""
+    images = answer.images
     data = []
     for i, image in enumerate(images):
         item = {"url": urls[i]} if urls is not None else {"b64_json": base64.b64encode(image.data).decode()}
@@ -115,13 +114,19 @@ def images_response(
     if images:
         output_format, (width, height) = images[0].output_format, _pixel_size(images[0].data, (width, height))
         transparent = transparent if images[0].transparent is None else images[0].transparent
-    return {
+    body = {
         "created": created,
         "data": data,
         "background": "transparent" if transparent else "opaque",
         "output_format": output_format.value,
         "size": f"{width}x{height}",
     }
+    # What an upstream said of its images, as OpenAI's answer has it: never made up for a provider that does not say.
+    if answer.quality is not None:
+        body["quality"] = answer.quality
+    if answer.usage is not None:
+        body["usage"] = answer.usage
+    return body
 
 
 def image_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:

@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from server.errors import InvalidRequest, RequestTooLarge
-from server.domain_images import GeneratedImage, ImageFormat
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat
 from server.translate.openai_images import image_request, images_response
 
 
@@ -108,7 +108,8 @@ def test_long_bad_values_are_shortened_in_the_message():
     assert len(caught.value.message) < 200
 
 
-IMAGES = [GeneratedImage(b"\x89PNG-one", ImageFormat.PNG, "drawn"), GeneratedImage(b"two", ImageFormat.PNG)]
+IMAGES = ImageAnswer((GeneratedImage(b"\x89PNG-one", ImageFormat.PNG, "drawn"),
+                      GeneratedImage(b"two", ImageFormat.PNG)))
 
 
 def test_b64_response_body():
