@@ -46,6 +46,8 @@ class OpenAIImageProvider:
             # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
             answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True,
                                                     cut_retried=False, attempt=attempt)
+            if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer, as for chat
+                raise self._upstream.stream_error(answer, self._model_id, self._model)
             items = answer.get("data")
             if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
                 raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")

@@ -302,3 +302,15 @@ async def test_the_upstreams_usage_and_quality_reach_a_rest_caller(images, doubl
     dev = [b async for b in images.CreateImageHttp(http_body({**body, "model": "image-dev", "size": "256x256"}),
                                                    metadata=bearer(secret))]
     assert not {"quality", "usage"} & set(orjson.loads(b"".join(piece.data for piece in dev)))
+
+
+async def test_a_failure_the_upstream_reports_in_a_200_answer_keeps_its_meaning(images, double, secret):
+    """OpenAI-compatible servers may report a failure in a 200 answer, as chat completions read it: the caller gets
+    the upstream's status and words (a refused prompt is the 400 naming it), not 'answered without images'."""
+    refusal = {"error": {"message": "Your prompt was rejected.", "param": "prompt", "code": 400}}
+    double.cue(Cue(body=refusal))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.param, detail.error.message) == (400, "prompt", "Your prompt was rejected.")
+    assert len(double.seen) == 1
