@@ -75,3 +75,28 @@ async def test_compression_makes_lossy_files_smaller():
 async def test_megabyte_prompt():
     (image,) = (await DevImageProvider().generate(request(prompt="word " * 210_000))).images
     assert decode(image.data).size == (256, 256)
+
+
+async def test_at_most_as_many_pictures_are_drawn_at_once_as_it_is_given(monkeypatch):
+    """A 3840x2160 picture takes some 100-200 MB while it is drawn and encoded: ten at once (one request's n) took
+    over 1 GB. Drawings beyond the CPUs' count gain no speed (Pillow works on one core per picture), only memory."""
+    import threading
+    import time
+
+    from server.providers import dev_image
+
+    running, most, lock = 0, 0, threading.Lock()
+
+    def render(*args):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        return "drawn"
+
+    monkeypatch.setattr(dev_image, "render", render)
+    answer = await DevImageProvider(drawings=2).generate(request(n=10))
+    assert answer.images == ("drawn",) * 10 and most == 2
