@@ -50,3 +50,14 @@ class GeneratedImage:
     output_format: ImageFormat
     revised_prompt: str | None = None  # what the provider actually drew from, when it says
     transparent: bool | None = None  # the background the provider drew, when it says (None: as asked)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageAnswer:
+    """A provider's answer: its images, and what an upstream said of them all that the caller's answer repeats."""
+
+    images: tuple[GeneratedImage, ...]
+    quality: str | None = None  # the quality an upstream drew at (gpt-image models say low, medium or high)
+    # An upstream's own `usage` object (gpt-image models' token counts), passed on as sent: images are priced per
+    # image here, so it is never read.
+    usage: Mapping[str, Json] | None = None

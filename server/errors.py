@@ -119,6 +119,9 @@ class PorticoError(Exception):
         # False where the upstream said `x-should-retry: false`: its deployment is not tried again for the request
         # (server/providers/retry.py), and the caller is told so.
         self.should_retry: bool | None = None
+        # An image upstream's answer that failed after it named its images (a link that cannot be fetched, bytes that
+        # are no image): the images it drew and billed, which the request still costs (server/pipeline.py).
+        self.images_drawn = 0
 
     def message_for(self, *, anthropic: bool) -> str:
         """The message in the caller's dialect: the same in both, unless the two APIs word this failure apart."""

@@ -25,10 +25,10 @@ from server.domain import (
     Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, TextDelta, TokenCount, ToolCall,
     ToolCallDelta, ToolCallStart, UpstreamObject,
 )
-from server.domain_images import GeneratedImage, ImageRequest
+from server.domain_images import ImageAnswer, ImageRequest
 from server.domain_keys import ApiKey
 from server.domain_models import FREE, ModelEntry, Price
-from server.errors import InternalError, InvalidRequest
+from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
 from server.keys.auth import Metadata
 from server.limits import Limiter, Reservation, rate_limit_headers
@@ -366,7 +366,7 @@ class Pipeline:
             self._telemetry.budgets_in_force(
                 key_id, {_budget_name(r) for r in reservation.budgets if r.scope.kind == "key"})
 
-    async def generate_images(self, call: Call, request: ImageRequest) -> list[GeneratedImage]:
+    async def generate_images(self, call: Call, request: ImageRequest) -> ImageAnswer:
         """Images are admitted as requests; they use no tokens. Images an upstream draws for a caller who left ran on
         to be counted (server/cutoff.py), as a non-streamed answer does in `complete`."""
         provider = call.provider
@@ -381,23 +381,28 @@ class Pipeline:
         billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": 0}):
             reservation = await self._limiter.reserve(call.key, call.model.id, 0, cost, may_cost=billed)
-        images: list[GeneratedImage] | None = None
+        answer: ImageAnswer | None = None
+        drawn = 0  # what the model drew: the images answered, or those of an answer that then failed
         self._handed_over(call, reservation)
         reached_model = True
         watch = self.cutoff.watch(billed=billed)
         try:
             with watch:
-                images = await watch.wait(provider.generate(request))
+                answer = await watch.wait(provider.generate(request))
+                drawn = len(answer.images)
         except OutOfService:  # reached no model, as in `stream`
             reached_model = False
             self._reached_no_model(call, reservation)
             raise
+        except PorticoError as error:  # it used what the model reported, as a text answer that fails does
+            drawn = error.images_drawn
+            raise
         finally:
             call.record.upstream_done()
             call.record.caller_left = watch.caller_left
-            if images is not None:
+            if answer is not None or drawn:
                 call.record.model_answered = True
-                _account(call, self._served_price(call), images=len(images))
+                _account(call, self._served_price(call), images=drawn)
             if reached_model:
                 # One request, as in `stream`.
                 self._budgets_in_force(call.key.id, reservation)
@@ -405,7 +410,7 @@ class Pipeline:
         if watch.caller_left:  # counted, with nobody to answer: the interceptor records it as gone (499)
             raise asyncio.CancelledError
         await _send_headers(call, reservation)
-        return images
+        return answer
 
 
 def _budget_name(reading: Reading) -> str:

@@ -80,6 +80,7 @@ def line(record: RequestRecord, outcome: Outcome, finished: float) -> bytes:
         "limit": outcome.limit or None,
         "input_tokens": record.input_tokens,
         "output_tokens": record.output_tokens,
+        "images": record.images,  # an image request's: it uses no tokens
         "duration_ms": _ms(finished - record.started),
         "upstream_ms": _ms(record.upstream_seconds),
         "first_token_ms": _ms(record.first_token_seconds),

@@ -12,12 +12,13 @@ import asyncio
 import colorsys
 import hashlib
 import io
+import os
 import textwrap
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw, ImageFont
 
-from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat, ImageRequest
 from server.observability import UpstreamRecorder
 from server.observability.tracing import NO_SCOPE
 
@@ -52,18 +53,24 @@ class DevImageProvider:
     """Satisfies server.providers.images.ImageProvider. `recorder`: for a generation span, as the embedded model has
     (a trace otherwise showed admission, then nothing of where the drawing's time went, nor who answered)."""
 
-    def __init__(self, recorder: UpstreamRecorder | None = None) -> None:
+    def __init__(self, recorder: UpstreamRecorder | None = None, *, drawings: int | None = None) -> None:
         self._recorder = recorder
+        # Pictures drawn at once, by every request: one takes up to ~200 MB (3840x2160 WebP with alpha) while it is
+        # drawn and encoded, and more at once than there are CPUs gains no speed, only memory (ten took over 1 GB).
+        self._drawing = asyncio.Semaphore(drawings or os.cpu_count() or 1)
 
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+    async def generate(self, request: ImageRequest) -> ImageAnswer:
         with NO_SCOPE if self._recorder is None else self._recorder.generation(ENGINE, "generate_content"):
             # Hash a (possibly huge) prompt once; each image then derives its own numbers from this digest.
             prompt_digest = await asyncio.to_thread(lambda: hashlib.sha256(request.prompt.encode()).digest())
             # Drawing and encoding are CPU work: off the event loop, one thread per image (Pillow releases the GIL
-            # while encoding, so images of one request are encoded in parallel).
-            return list(await asyncio.gather(
-                *(asyncio.to_thread(render, request, prompt_digest, i) for i in range(request.n))
-            ))
+            # while encoding, so images of one request are encoded in parallel), as many at once as `drawings`.
+            return ImageAnswer(tuple(await asyncio.gather(*(self._draw(request, prompt_digest, i)
+                                                            for i in range(request.n)))))
+
+    async def _draw(self, request: ImageRequest, prompt_digest: bytes, index: int) -> GeneratedImage:
+        async with self._drawing:
+            return await asyncio.to_thread(render, request, prompt_digest, index)
 
     async def close(self) -> None:
         """Nothing to release: the provider holds no resources."""

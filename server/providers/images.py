@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from server.domain import Dialect
-from server.domain_images import GeneratedImage, ImageRequest
+from server.domain_images import ImageAnswer, ImageRequest
 from server.errors import InvalidRequest
 from server.providers import Capabilities
 
 
 @runtime_checkable
 class ImageProvider(Protocol):
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
-        """Return exactly `request.n` images. Raise a PorticoError on failure. Must not block the event loop."""
+    async def generate(self, request: ImageRequest) -> ImageAnswer:
+        """Answer with exactly `request.n` images. Raise a PorticoError on failure. Must not block the event loop."""
         ...
 
     async def close(self) -> None: ...

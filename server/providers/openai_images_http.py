@@ -18,9 +18,9 @@ import codecs
 from dataclasses import replace
 
 from server.domain import Dialect
-from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat, ImageRequest
 from server.domain_models import UpstreamSpec
-from server.errors import UpstreamError
+from server.errors import PorticoError, UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.openai_images import image_answer
@@ -36,7 +36,7 @@ class OpenAIImageProvider:
         self._model = spec.model
         self._model_id = model_id
 
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+    async def generate(self, request: ImageRequest) -> ImageAnswer:
         body = dict(request.source) if request.source is not None else _built(request)
         body.pop("response_format", None)
         body["model"] = self._model
@@ -46,18 +46,26 @@ class OpenAIImageProvider:
             # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
             answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True,
                                                     cut_retried=False, attempt=attempt)
+            if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer, as for chat
+                raise self._upstream.stream_error(answer, self._model_id, self._model)
             items = answer.get("data")
             if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
                 raise UpstreamError(f"The upstream serving `{self._model_id}` answered without images.")
             if attempt.recording:
                 attempt.answered(image_answer(answer))
         # No more than asked: admission reserved (and a budget allows) the cost of `n` images, no more.
-        images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
+        try:
+            images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
+        except PorticoError as error:  # drawn and billed all the same: counted, though the caller gets none
+            error.images_drawn = min(len(items), request.n)
+            raise
         # gpt-image models choose the background for "auto", and say which they drew.
         background = answer.get("background")
         if background in ("transparent", "opaque"):
-            return [replace(image, transparent=background == "transparent") for image in images]
-        return list(images)
+            images = [replace(image, transparent=background == "transparent") for image in images]
+        quality, usage = answer.get("quality"), answer.get("usage")
+        return ImageAnswer(tuple(images), quality=quality if isinstance(quality, str) and quality else None,
+                           usage=usage if isinstance(usage, dict) else None)
 
     async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):

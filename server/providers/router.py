@@ -20,7 +20,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from server.domain import Finished, GenerationEvent, GenerationRequest, TokenCount
-from server.domain_images import GeneratedImage, ImageRequest
+from server.domain_images import ImageAnswer, ImageRequest
 from server.domain_models import RetrySettings
 from server.errors import InvalidRequest, OutOfResources, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout
 from server.observability import UpstreamRecorder
@@ -88,7 +88,7 @@ class Router:
         """`unsent`: given what an attempt held back when its caller left before the first content (Delivery)."""
         return self._run(self._able(request), lambda provider: provider.stream(request), unsent=unsent)
 
-    async def generate(self, request: ImageRequest) -> list[GeneratedImage]:
+    async def generate(self, request: ImageRequest) -> ImageAnswer:
         chain = self._able_to(lambda provider: image_unsupported(request, capabilities_of(provider)) is None)
         return await self._one(chain, lambda provider: provider.generate(request))
 
@@ -217,7 +217,7 @@ class Router:
                 async for event in events:
                     # The answer is whole (a caller reading a JSON answer stops here, closing the stream): a
                     # Finished event, an image call's images or a token count.
-                    finished = finished or isinstance(event, (Finished, list, TokenCount))
+                    finished = finished or isinstance(event, (Finished, ImageAnswer, TokenCount))
                     if trial and carries_answer(event):
                         trial = False
                         self._board.answering(deployment.health_slot)

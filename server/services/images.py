@@ -33,13 +33,14 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         body, model = await self._pipeline.read_body(context, data)
         call = await self._pipeline.begin(context, model, Endpoint.IMAGES)
         plan = image_request(body)
-        images = await self._pipeline.generate_images(call, plan.generation)
-        urls = await self._store.put(images) if plan.response_format == "url" else None
-        return images_response(int(time.time()), plan, images, urls)
+        answer = await self._pipeline.generate_images(call, plan.generation)
+        urls = await self._store.put(answer.images) if plan.response_format == "url" else None
+        return images_response(int(time.time()), plan, answer, urls)
 
     async def CreateImage(self, request, context) -> image_pb2.ImagesResponse:
+        # What the message has no field for (an upstream's `usage`) is left out, as in the other typed answers.
         response = json_format.ParseDict(await self._generate(request, context),
-                                         image_pb2.ImagesResponse())
+                                         image_pb2.ImagesResponse(), ignore_unknown_fields=True)
         if (size := response.ByteSize()) > MAX_MESSAGE_BYTES:  # else grpc fails the call with its own words only
             raise UpstreamError(f"The images are {size / 2**20:.1f} MiB as one gRPC answer, more than the "
                                 f"{MAX_MESSAGE_BYTES >> 20} MiB the server sends: ask for `response_format: url` "

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from PIL import Image
 
 from server.domain import Json, UpstreamAnswer
-from server.domain_images import GeneratedImage, ImageFormat, ImageRequest
+from server.domain_images import ImageAnswer, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.field_rules import unknown_field
 from server.translate.usage_counts import said_count
@@ -21,18 +22,17 @@ from server.translate.values import opt_bool, opt_int, opt_string, shown, upstre
 # Prompts of a few MiB must pass (Envoy admits 8 MiB bodies); the cap only turns absurd ones into a clear 413.
 MAX_PROMPT_CHARS = 4 * 1024 * 1024
 MAX_IMAGES = 10
-SIZES = {
-    "256x256": (256, 256),
-    "512x512": (512, 512),
-    "1024x1024": (1024, 1024),
-    "1024x1536": (1024, 1536),  # WIDTHxHEIGHT: portrait
-    "1536x1024": (1536, 1024),
-    "1792x1024": (1792, 1024),  # dall-e-3's landscape and portrait: an upstream serving it must not be refused them
-    "1024x1792": (1024, 1792),
-    "auto": (1024, 1024),
-}
+# `size`: the openai SDK's rule for gpt-image-2, which takes any WIDTHxHEIGHT within it (the older models' fixed
+# sizes, dall-e-3's 1792x1024 included, keep it); dev-image draws them all. An upstream may refuse more (its model's
+# own limits): it judges those itself.
+AUTO_SIZE = (1024, 1024)
+_SIZE = re.compile(r"([1-9][0-9]{0,4})x([1-9][0-9]{0,4})")
+SIZE_STEP = 16  # both edges are multiples of it
+MAX_EDGE = 3840
+MAX_PIXELS = 3840 * 2160
+MAX_ASPECT = 3  # the long edge at most three times the short one
 RESPONSE_FORMATS = ("b64_json", "url")
-QUALITIES = ("auto", "low", "medium", "high", "standard", "hd")
+QUALITIES = ("auto", "low", "medium", "high", "xhigh", "max", "standard", "hd")
 STYLES = ("vivid", "natural")
 BACKGROUNDS = ("auto", "transparent", "opaque")
 MODERATIONS = ("auto", "low")
@@ -56,7 +56,7 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
     if len(prompt) > MAX_PROMPT_CHARS:
         raise RequestTooLarge(f"`prompt` is longer than {MAX_PROMPT_CHARS} characters.", param="prompt")
     n = opt_int(body, "n", 1, MAX_IMAGES)
-    width, height = SIZES[_choice(body, "size", tuple(SIZES), default="auto")]
+    width, height = _size(body)
     response_format = _choice(body, "response_format", RESPONSE_FORMATS, default="b64_json")
     output_format = ImageFormat(
         _choice(body, "output_format", tuple(f.value for f in ImageFormat), default="png")
@@ -98,10 +98,9 @@ def image_request(body: Mapping[str, Json]) -> ImagePlan:
     )
 
 
-def images_response(
-    created: int, plan: ImagePlan, images: Sequence[GeneratedImage], urls: Sequence[str] | None = None
-) -> dict:
+def images_response(created: int, plan: ImagePlan, answer: ImageAnswer, urls: Sequence[str] | None = None) -> dict:
     """The JSON body: `url` items when links are given, else `b64_json`; optional members only when known."""
+    images = answer.images
     data = []
     for i, image in enumerate(images):
         item = {"url": urls[i]} if urls is not None else {"b64_json": base64.b64encode(image.data).decode()}
@@ -115,13 +114,19 @@ def images_response(
     if images:
         output_format, (width, height) = images[0].output_format, _pixel_size(images[0].data, (width, height))
         transparent = transparent if images[0].transparent is None else images[0].transparent
-    return {
+    body = {
         "created": created,
         "data": data,
         "background": "transparent" if transparent else "opaque",
         "output_format": output_format.value,
         "size": f"{width}x{height}",
     }
+    # What an upstream said of its images, as OpenAI's answer has it: never made up for a provider that does not say.
+    if answer.quality is not None:
+        body["quality"] = answer.quality
+    if answer.usage is not None:
+        body["usage"] = answer.usage
+    return body
 
 
 def image_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:
@@ -142,6 +147,23 @@ def _pixel_size(data: bytes, otherwise: tuple[int, int]) -> tuple[int, int]:
             return image.size
     except (OSError, ValueError):  # unreadable header: the provider already vouched for the format
         return otherwise
+
+
+def _size(body: Mapping[str, Json]) -> tuple[int, int]:
+    """WIDTH and HEIGHT of `size`; absent, null, empty or `auto`: AUTO_SIZE, which dev-image draws."""
+    value = opt_string(body, "size")
+    if not value or value == "auto":
+        return AUTO_SIZE
+    if (match := _SIZE.fullmatch(value)) is not None:
+        width, height = int(match[1]), int(match[2])
+        if (width % SIZE_STEP == 0 and height % SIZE_STEP == 0 and max(width, height) <= MAX_EDGE
+                and width * height <= MAX_PIXELS and max(width, height) <= MAX_ASPECT * min(width, height)):
+            return width, height
+    raise InvalidRequest(
+        f"`size` must be auto or WIDTHxHEIGHT (1024x1536, say), both multiples of {SIZE_STEP}, at most {MAX_EDGE}, "
+        f"{MAX_EDGE}x{MAX_PIXELS // MAX_EDGE} pixels in all, from 1:{MAX_ASPECT} to {MAX_ASPECT}:1; "
+        f"got {shown(value)}.",
+        param="size")
 
 
 def _choice(body: Mapping[str, Json], param: str, allowed: tuple[str, ...], *, default: str) -> str:

@@ -105,6 +105,16 @@ def test_head_of_an_image_link_answers_as_its_get(gateway):
     assert int(image.headers["content-length"]) == len(image.content) > 0
 
 
+def test_an_image_requests_access_log_line_says_how_many_images_it_made(gateway):
+    """An image request uses no tokens: its line said 0 and 0, and nothing of the images it made and cost."""
+    made = httpx.post(f"{gateway.base_url}/v1/images/generations",
+                      headers={"Authorization": f"Bearer {gateway.secret}"},
+                      json={"model": "family-a-image-2", "prompt": "a buoy", "size": "256x256", "n": 3}, timeout=60)
+    assert made.status_code == 200
+    line = wait_for_line(gateway, made.headers["x-request-id"])
+    assert (line["input_tokens"], line["output_tokens"], line["images"]) == (0, 0, 3)
+
+
 @pytest.mark.parametrize(("path", "status"), [
     ("/v1/nope", 404), ("/v1/pk-dev-abc/chat", 404), ("/console-nope", 404),
     ("/v1/organization/costs?start_time=1&start_time=2", 400), ("/v1/organization/costs?line_items=1", 400),

@@ -334,3 +334,21 @@ def test_an_images_upstream_receives_the_body_whole_but_response_format_and_dev_
     assert caught.value.body["param"] == "vendor"
     fields.pop("extra_body")
     assert len(oai.images.generate(model="images-dev", **fields).data) == 2
+
+
+def test_the_sdks_gpt_image_2_sizes_and_qualities_reach_the_upstream_and_dev_image_draws_them(oai, double):
+    """The openai SDK documents gpt-image-2's sizes as any WIDTHxHEIGHT (edges multiples of 16, at most 3840x2160,
+    between 1:3 and 3:1) and the qualities `xhigh` and `max`: an images upstream is sent them, dev-image draws them;
+    a size outside that rule is refused before any upstream, naming `size`."""
+    for quality in ("xhigh", "max"):
+        oai.images.generate(model="images-gpt", prompt="a lighthouse", size="1536x864", quality=quality)
+    assert [(seen.body["size"], seen.body["quality"]) for seen in double.seen] == [("1536x864", "xhigh"),
+                                                                                   ("1536x864", "max")]
+    drawn = oai.images.generate(model="images-dev", prompt="a lighthouse", size="3840x2160", quality="max")
+    assert drawn.size == "3840x2160"
+    double.reset()
+    for size in ("1537x864", "3856x2160", "4800x1440", "16x64", "0x0", "1024x1024x1"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.images.generate(model="images-gpt", prompt="a lighthouse", size=size)
+        assert caught.value.body["param"] == "size" and "multiples of 16" in caught.value.body["message"]
+    assert double.seen == []

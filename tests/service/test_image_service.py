@@ -113,7 +113,7 @@ async def test_megabyte_prompt(images, secret):
     [
         ({"prompt": ""}, "prompt"),
         ({"n": 11}, "n"),
-        ({"size": "2048x2048"}, "size"),
+        ({"size": "4096x4096"}, "size"),
         ({"response_format": "file"}, "response_format"),
         ({"background": "transparent", "output_format": "jpeg"}, "background"),
         ({"output_compression": 150}, "output_compression"),

@@ -263,3 +263,55 @@ async def test_an_upstream_answering_more_images_than_asked_gives_and_bills_only
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await images.CreateImage(image_request(model="image-priced", n=1), metadata=bearer(secret))
     assert error_details(caught.value).error.message.startswith("Budget reached")
+
+
+async def test_images_the_upstream_drew_and_billed_count_when_their_answer_then_fails(images, double, running):
+    """An answer naming images has been drawn and billed by the upstream: a link that then cannot be fetched (or an
+    image that is none) fails the request, but its images cost the key all the same, so a budget stops a caller
+    whose every retry the upstream bills while the answers keep failing."""
+    double.reset()
+    _, secret = await running.store.create("broken-links", all_models=True, limits=KeyLimits(max_spend_day=20_000))
+    lost = {"created": 1, "data": [{"url": "http://127.0.0.1:9/lost.png"}]}
+    not_an_image = {"created": 1, "data": [{"b64_json": base64.b64encode(HELLO).decode()}]}
+    double.cue(Cue(body=lost), Cue(body=not_an_image))
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await images.CreateImage(image_request(model="image-priced"), metadata=bearer(secret))
+        assert error_details(caught.value).http_status == 502
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(model="image-priced"), metadata=bearer(secret))
+    assert error_details(caught.value).error.message.startswith("Budget reached")
+    assert len(double.seen) == 2  # the third was never drawn
+
+
+async def test_the_upstreams_usage_and_quality_reach_a_rest_caller(images, double, secret):
+    """gpt-image models answer with the quality they drew at and their token usage (which OpenAI bills them by), both
+    read by the openai SDK (`ImagesResponse.quality`, `.usage`): a REST caller gets them as the upstream sent them;
+    the typed answer, whose message has no such fields, is answered without them."""
+    usage = {"input_tokens": 50, "output_tokens": 4160, "total_tokens": 4210,
+             "input_tokens_details": {"text_tokens": 50, "image_tokens": 0}}
+    png = base64.b64encode(tiny_png(1)).decode()
+    answer = {"created": 1, "quality": "high", "usage": usage, "data": [{"b64_json": png}]}
+    double.cue(Cue(body=answer), Cue(body=answer))
+    body = {"model": "image-up", "prompt": "a lighthouse", "quality": "auto"}
+    pieces = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    rest = orjson.loads(b"".join(piece.data for piece in pieces))
+    assert (rest["quality"], rest["usage"]) == ("high", usage)
+    typed = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(typed.data[0].b64_json) == tiny_png(1)
+    dev = [b async for b in images.CreateImageHttp(http_body({**body, "model": "image-dev", "size": "256x256"}),
+                                                   metadata=bearer(secret))]
+    assert not {"quality", "usage"} & set(orjson.loads(b"".join(piece.data for piece in dev)))
+
+
+async def test_a_failure_the_upstream_reports_in_a_200_answer_keeps_its_meaning(images, double, secret):
+    """OpenAI-compatible servers may report a failure in a 200 answer, as chat completions read it: the caller gets
+    the upstream's status and words (a refused prompt is the 400 naming it), not 'answered without images'."""
+    refusal = {"error": {"message": "Your prompt was rejected.", "param": "prompt", "code": 400}}
+    double.cue(Cue(body=refusal))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.param) == (400, "prompt")
+    assert detail.error.message == "Your prompt was rejected."
+    assert len(double.seen) == 1

@@ -39,9 +39,9 @@ def test_is_an_image_provider():
     ],
 )
 async def test_size_format_and_transparency(output_format, width, height, transparent, pillow_format, mode):
-    images = await DevImageProvider().generate(
+    images = (await DevImageProvider().generate(
         request(output_format=output_format, width=width, height=height, transparent=transparent)
-    )
+    )).images
     assert len(images) == 1 and images[0].output_format is output_format
     image = decode(images[0].data)
     assert (image.format, image.size, image.mode) == (pillow_format, (width, height), mode)
@@ -51,26 +51,52 @@ async def test_size_format_and_transparency(output_format, width, height, transp
 
 async def test_same_prompt_same_bytes_and_other_prompts_differ():
     provider = DevImageProvider()
-    first = await provider.generate(request(n=3))
-    again = await provider.generate(request(n=3))
-    other = await provider.generate(request(n=3, prompt="a lighthouse at dawn"))
+    first = (await provider.generate(request(n=3))).images
+    again = (await provider.generate(request(n=3))).images
+    other = (await provider.generate(request(n=3, prompt="a lighthouse at dawn"))).images
     assert [i.data for i in first] == [i.data for i in again]
     assert len({i.data for i in first}) == 3  # the n images of one request differ from each other
     assert not {i.data for i in first} & {i.data for i in other}
 
 
 async def test_says_it_is_not_a_model():
-    (image,) = await DevImageProvider().generate(request())
+    (image,) = (await DevImageProvider().generate(request())).images
     assert image.revised_prompt == REVISED_PROMPT and "not by an image model" in REVISED_PROMPT
 
 
 async def test_compression_makes_lossy_files_smaller():
     provider = DevImageProvider()
-    (best,) = await provider.generate(request(output_format=ImageFormat.JPEG, width=512, height=512))
-    (small,) = await provider.generate(request(output_format=ImageFormat.JPEG, width=512, height=512, compression=10))
+    (best,) = (await provider.generate(request(output_format=ImageFormat.JPEG, width=512, height=512))).images
+    (small,) = (await provider.generate(request(output_format=ImageFormat.JPEG, width=512, height=512,
+                                                 compression=10))).images
     assert len(small.data) < len(best.data)
 
 
 async def test_megabyte_prompt():
-    (image,) = await DevImageProvider().generate(request(prompt="word " * 210_000))
+    (image,) = (await DevImageProvider().generate(request(prompt="word " * 210_000))).images
     assert decode(image.data).size == (256, 256)
+
+
+async def test_at_most_as_many_pictures_are_drawn_at_once_as_it_is_given(monkeypatch):
+    """A 3840x2160 picture takes some 100-200 MB while it is drawn and encoded: ten at once (one request's n) took
+    over 1 GB. Drawings beyond the CPUs' count gain no speed (Pillow works on one core per picture), only memory."""
+    import threading
+    import time
+
+    from server.providers import dev_image
+
+    running, most, lock = 0, 0, threading.Lock()
+
+    def render(*args):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        return "drawn"
+
+    monkeypatch.setattr(dev_image, "render", render)
+    answer = await DevImageProvider(drawings=2).generate(request(n=10))
+    assert answer.images == ("drawn",) * 10 and most == 2

@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from server.errors import InvalidRequest, RequestTooLarge
-from server.domain_images import GeneratedImage, ImageFormat
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat
 from server.translate.openai_images import image_request, images_response
 
 
@@ -34,6 +34,11 @@ def test_defaults():
         ({"size": "1792x1024"}, "width", 1792),  # dall-e-3's landscape and portrait sizes, for its upstreams
         ({"size": "1024x1792"}, "height", 1792),
         ({"size": "auto"}, "width", 1024),
+        ({"size": "1536x864"}, "height", 864),  # gpt-image-2 takes any size within the rule (the openai SDK's)
+        ({"size": "3840x2160"}, "width", 3840),
+        ({"size": "48x144"}, "height", 144),  # 1:3
+        ({"quality": "xhigh"}, "quality", "xhigh"),
+        ({"quality": "max"}, "quality", "max"),
         ({"n": 10}, "n", 10),
         ({"output_format": "jpeg"}, "output_format", ImageFormat.JPEG),
         ({"output_format": "webp", "background": "transparent"}, "transparent", True),
@@ -63,8 +68,14 @@ def test_url_response_format():
         ({"n": 0}, "n"),
         ({"n": 11}, "n"),
         ({"n": -1}, "n"),
-        ({"size": "2048x2048"}, "size"),
+        ({"size": "4096x4096"}, "size"),
         ({"size": "big"}, "size"),
+        ({"size": "1000x1000"}, "size"),  # not multiples of 16
+        ({"size": "2160x3856"}, "size"),  # an edge over 3840
+        ({"size": "3840x2176"}, "size"),  # over 3840x2160 pixels
+        ({"size": "48x160"}, "size"),  # beyond 1:3
+        ({"size": "01024x1024"}, "size"),
+        ({"size": " 1024x1024"}, "size"),
         ({"response_format": "png"}, "response_format"),
         ({"output_format": "gif"}, "output_format"),
         ({"quality": "ultra"}, "quality"),
@@ -97,7 +108,8 @@ def test_long_bad_values_are_shortened_in_the_message():
     assert len(caught.value.message) < 200
 
 
-IMAGES = [GeneratedImage(b"\x89PNG-one", ImageFormat.PNG, "drawn"), GeneratedImage(b"two", ImageFormat.PNG)]
+IMAGES = ImageAnswer((GeneratedImage(b"\x89PNG-one", ImageFormat.PNG, "drawn"),
+                      GeneratedImage(b"two", ImageFormat.PNG)))
 
 
 def test_b64_response_body():
