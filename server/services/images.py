@@ -38,9 +38,12 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         return images_response(int(time.time()), plan, answer, urls)
 
     async def CreateImage(self, request, context) -> image_pb2.ImagesResponse:
-        # What the message has no field for (an upstream's `usage`) is left out, as in the other typed answers.
-        response = json_format.ParseDict(await self._generate(request, context),
-                                         image_pb2.ImagesResponse(), ignore_unknown_fields=True)
+        body = await self._generate(request, context)
+        usage = body.pop("usage", None)
+        # What the message has no field for is left out, as in the other typed answers.
+        response = json_format.ParseDict(body, image_pb2.ImagesResponse(), ignore_unknown_fields=True)
+        if usage is not None and (typed := _typed_usage(usage)) is not None:
+            response.usage.CopyFrom(typed)
         if (size := response.ByteSize()) > MAX_MESSAGE_BYTES:  # else grpc fails the call with its own words only
             raise UpstreamError(f"The images are {size / 2**20:.1f} MiB as one gRPC answer, more than the "
                                 f"{MAX_MESSAGE_BYTES >> 20} MiB the server sends: ask for `response_format: url` "
@@ -62,6 +65,14 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         # In pieces: grpc clients refuse messages over 4 MiB by default, and an upstream's image can be bigger.
         for piece in _pieces(image.data, image.content_type):
             yield piece
+
+
+def _typed_usage(usage: dict) -> image_pb2.ImageUsage | None:
+    """An upstream's `usage` where it has OpenAI's shape; else none (a REST answer passes on whatever was sent)."""
+    try:
+        return json_format.ParseDict(usage, image_pb2.ImageUsage(), ignore_unknown_fields=True)
+    except json_format.ParseError:
+        return None
 
 
 def _pieces(data: bytes, content_type: str) -> Iterator[httpbody_pb2.HttpBody]:

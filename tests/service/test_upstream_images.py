@@ -284,24 +284,34 @@ async def test_images_the_upstream_drew_and_billed_count_when_their_answer_then_
     assert len(double.seen) == 2  # the third was never drawn
 
 
-async def test_the_upstreams_usage_and_quality_reach_a_rest_caller(images, double, secret):
+async def test_the_upstreams_usage_and_quality_reach_rest_and_grpc_callers(images, double, secret):
     """gpt-image models answer with the quality they drew at and their token usage (which OpenAI bills them by), both
-    read by the openai SDK (`ImagesResponse.quality`, `.usage`): a REST caller gets them as the upstream sent them;
-    the typed answer, whose message has no such fields, is answered without them."""
+    read by the openai SDK (`ImagesResponse.quality`, `.usage`): a REST caller gets them as the upstream sent them, a
+    typed caller in ImagesResponse's quality and usage (a usage of another shape: none); dev-image says neither."""
     usage = {"input_tokens": 50, "output_tokens": 4160, "total_tokens": 4210,
              "input_tokens_details": {"text_tokens": 50, "image_tokens": 0}}
     png = base64.b64encode(tiny_png(1)).decode()
     answer = {"created": 1, "quality": "high", "usage": usage, "data": [{"b64_json": png}]}
-    double.cue(Cue(body=answer), Cue(body=answer))
+    odd = {**answer, "usage": {"input_tokens": "fifty"}}
+    double.cue(Cue(body=answer), Cue(body=answer), Cue(body=odd), Cue(body=odd))
     body = {"model": "image-up", "prompt": "a lighthouse", "quality": "auto"}
     pieces = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
     rest = orjson.loads(b"".join(piece.data for piece in pieces))
     assert (rest["quality"], rest["usage"]) == ("high", usage)
     typed = await images.CreateImage(image_request(), metadata=bearer(secret))
     assert base64.b64decode(typed.data[0].b64_json) == tiny_png(1)
+    assert typed.quality == "high" and json_format.MessageToDict(typed.usage, preserving_proto_field_name=True) == {
+        "input_tokens": "50", "output_tokens": "4160", "total_tokens": "4210",
+        "input_tokens_details": {"text_tokens": "50"}}  # proto3 JSON: int64 as strings, zeros left out
+    pieces = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
+    assert orjson.loads(b"".join(piece.data for piece in pieces))["usage"] == {"input_tokens": "fifty"}
+    typed = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert typed.quality == "high" and not typed.HasField("usage")
     dev = [b async for b in images.CreateImageHttp(http_body({**body, "model": "image-dev", "size": "256x256"}),
                                                    metadata=bearer(secret))]
     assert not {"quality", "usage"} & set(orjson.loads(b"".join(piece.data for piece in dev)))
+    typed = await images.CreateImage(image_request(model="image-dev", size="256x256"), metadata=bearer(secret))
+    assert not typed.HasField("quality") and not typed.HasField("usage")
 
 
 async def test_a_failure_the_upstream_reports_in_a_200_answer_keeps_its_meaning(images, double, secret):
