@@ -251,17 +251,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_file(text: str) -> Path:
-    """A path as argparse's type; "" (an unset variable, say) would be the working directory, "Is a directory"."""
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, "Is a directory".
+    `~/` is the home directory, as in the file's paths: a unit file or a container's args has no shell to expand it."""
     if not text:
         raise argparse.ArgumentTypeError("a file path, not ''")
-    return Path(text)
+    return Path(os.path.expanduser(text))  # as the file's paths: `~nobody-here/x` stays as written
 
 
 def _data_dir(text: str) -> Path:
-    """A path as argparse's type; "" (an unset variable, say) would be the working directory, made owner-only."""
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, made owner-only.
+    `~/` is the home directory, as in the file's `data_dir`: taken as written, it was a directory named `~` under the
+    working directory, with a new, empty key store."""
     if not text:
         raise argparse.ArgumentTypeError("a directory path, not ''")
-    return Path(text)
+    return Path(os.path.expanduser(text))  # as the file's paths: `~nobody-here/x` stays as written
 
 
 def _host(text: str) -> str:
