@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvloop
 
-from server.cli_stores import add_store_commands, keys_command, unreachable, usage_command
+from server.cli_stores import add_store_commands, discard_stdout, keys_command, unreachable, usage_command
 from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
 from server.errors import PorticoError
@@ -99,14 +99,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _printing(command: Callable[[argparse.Namespace, Config], int], args: argparse.Namespace, config: Config) -> int:
-    """A command whose output may go to a reader that stops early (`portico usage | head`): a traceback under
-    the lines it asked for would only alarm."""
+    """A command whose output may go to a reader that stops early (`portico usage | head`) or to a file on a full
+    disk: a traceback under the lines it asked for would only alarm."""
     try:
         code = command(args, config)
         sys.stdout.flush()  # in here: a pipe's buffered lines are otherwise written, and refused, at exit
         return code
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
+        discard_stdout()
+        return 1
+    except OSError as exc:  # `> file` on a full disk: one line, not a traceback
+        discard_stdout()
+        print(f"portico: cannot write the output ({exc.strerror})", file=sys.stderr)
         return 1
 
 

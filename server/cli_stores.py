@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 import time
@@ -168,8 +169,9 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         key, secret = await admin.create(
             args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
         )
-        print(f"Created key {key.id} ({_shown(key.name)}). Its secret is shown once:")
-        print(secret)
+        lines = [f"Created key {key.id} ({_shown(key.name)}). Its secret is shown once:", secret]
+        return _print_secret(lines, f"created key {key.id} ({_shown(key.name)}), but its secret",
+                             f"revoke it (portico keys revoke {key.id}) and create another")
     elif args.keys_command == "list":
         keys, _ = await admin.list()
         for key in keys:
@@ -190,12 +192,31 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         # No grace: the gateways' key caches drop the previous secret within seconds (as after a revocation).
         previous = ("the previous secret stops working within seconds" if expires <= time.time() else
                     f"the previous secret works until {when}")
-        print(f"Rotated key {key.id} ({_shown(key.name)}); {previous}. The new secret is shown once:")
-        print(secret)
+        lines = [f"Rotated key {key.id} ({_shown(key.name)}); {previous}. The new secret is shown once:", secret]
+        return _print_secret(lines, f"rotated key {key.id} ({_shown(key.name)}), but its new secret",
+                             "rotate it again")
     elif args.keys_command == "revoke":
         key = await admin.revoke(args.key)
         print(f"Revoked key {key.id} ({_shown(key.name)}).")
     return 0
+
+
+def _print_secret(lines: list[str], lost: str, remedy: str) -> int:
+    """A secret's lines, written out now: when they cannot be (a full disk under `> secret.txt`, a closed pipe), the
+    key is made or rotated all the same and its secret is gone, so say which key and what to do, in one line."""
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except OSError as exc:
+        discard_stdout()
+        print(f"portico: {lost} could not be written ({exc.strerror}): {remedy}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def discard_stdout() -> None:
+    """After a write to stdout failed: what is still buffered would fail again, as a traceback, at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _limit_text(field: str, value: int) -> str:

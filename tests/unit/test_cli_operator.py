@@ -3,6 +3,9 @@ file on a disk that may be full): what configuration.md's "Command line" promise
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from server.cli import main
 
 
@@ -24,3 +27,33 @@ def test_a_home_relative_data_dir_and_config_option_are_the_home_directory_as_in
     capsys.readouterr()
     assert main(["keys", "list", "--config", "~/p.yaml", "--data-dir", "~/data"]) == 0
     assert "\tn\tactive\t-\tm\n" in capsys.readouterr().out
+
+
+def _portico(*args: str, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, timeout=60)
+
+
+def test_output_to_a_full_disk_is_one_line_and_a_lost_secret_names_its_key(tmp_path):
+    """`portico keys create ... > secret.txt` on a full disk printed a traceback (OSError: No space left on
+    device) after the key was made, its secret lost and its id unsaid; `keys list`, `usage` the same traceback. Now
+    one line, exit 1, and for a secret that could not be written, the key it belongs to and what to do."""
+    data = ["--data-dir", str(tmp_path / "d")]
+    assert _portico(*data, "keys", "create", "--name", "first", "--all-models").returncode == 0
+    with open("/dev/full", "w") as full:
+        created = _portico(*data, "keys", "create", "--name", "lost", "--all-models", stdout=full)
+        listed = _portico(*data, "keys", "list", stdout=full)
+        reported = _portico(*data, "usage", stdout=full)
+    lost_id = next(row.split("\t")[0] for row in _portico(*data, "keys", "list").stdout.splitlines()
+                   if row.split("\t")[1] == "lost")
+    with open("/dev/full", "w") as full:
+        rotated = _portico(*data, "keys", "rotate", lost_id, stdout=full)
+    assert created.returncode == 1
+    assert created.stderr == (f"portico: created key {lost_id} (lost), but its secret could not be written (No space "
+                              f"left on device): revoke it (portico keys revoke {lost_id}) and create another\n")
+    assert rotated.returncode == 1
+    assert rotated.stderr == (f"portico: rotated key {lost_id} (lost), but its new secret could not be written (No "
+                              f"space left on device): rotate it again\n")
+    for done in (listed, reported):
+        assert done.returncode == 1
+        assert done.stderr == "portico: cannot write the output (No space left on device)\n"
