@@ -16,7 +16,8 @@ from pathlib import Path
 
 import uvloop
 
-from server.cli_stores import add_store_commands, discard_stdout, keys_command, unreachable, usage_command
+from server.cli_stores import (add_store_commands, discard_stdout, keys_command, unreachable, usage_arguments_refused,
+                                usage_command)
 from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
 from server.errors import PorticoError
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text = read_config_text(args.config) if args.config else None  # serve hands this very text to its workers
         config = load_config(args.config, text).with_overrides(data_dir=args.data_dir)
+        if args.command == "usage" and (refused := usage_arguments_refused(args)):
+            return refused  # its own options first, as the usage API answers them
+        if (missing := _missing_store(args, config)) is not None:
+            print(missing, file=sys.stderr)
+            return 1
         make_private(config.data_dir)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
@@ -77,12 +83,6 @@ def main(argv: list[str] | None = None) -> int:
         if not config.key_store.is_postgres:
             act_as_owner(config.data_dir)  # root's command on the service's SQLite store leaves no file of root's
         if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
-            if args.keys_command != "create" and not (path := config.key_database.sqlite_path).exists():
-                # A store made here would list no keys (a mistyped --data-dir, a relative data_dir read from
-                # another directory): only `create` (and `serve`) may make the first one.
-                print(f"portico: no key store at {path}: give the --data-dir (or --config) that `portico serve` "
-                      "uses", file=sys.stderr)
-                return 1
             _check_data_dir(config.data_dir)
         return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
@@ -96,6 +96,24 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:  # a database newer than this code, or a migration it refused: one line, no traceback
         print(f"portico: {exc}", file=sys.stderr)
         return 1
+
+
+def _missing_store(args: argparse.Namespace, config: Config) -> str | None:
+    """`usage` and every `keys` command but `create` read a SQLite store that must be there: a store made here would
+    list no keys, or report nothing spent (a mistyped --data-dir, a relative data_dir read from another directory);
+    only `create` (and `serve`) may make the first one. Said before anything there is changed: /srv named for
+    /srv/portico, or a file, would otherwise have lost group and other access first (make_private)."""
+    reads = args.command == "usage" or (args.command == "keys" and args.keys_command != "create")
+    if config.key_store.is_postgres or not reads:
+        return None
+    path = config.key_database.sqlite_path
+    try:
+        if path.exists():
+            return None
+    except PermissionError:
+        return None  # a directory on the path this user may not enter: make_private says so, naming it
+    what = "usage ledger" if args.command == "usage" else "key store"
+    return f"portico: no {what} at {path}: give the --data-dir (or --config) that `portico serve` uses"
 
 
 def _printing(command: Callable[[argparse.Namespace, Config], int], args: argparse.Namespace, config: Config) -> int:

@@ -102,18 +102,20 @@ def _limits_given(args: argparse.Namespace) -> dict[str, int]:
     return given
 
 
-def usage_command(args: argparse.Namespace, config: Config) -> int:
+def usage_arguments_refused(args: argparse.Namespace) -> int:
+    """2, said in one line, when `usage`'s own options are wrong (before the ledger is looked for); else 0."""
     try:
-        query = usage_query(args)
+        usage_query(args)
     except argparse.ArgumentTypeError as exc:
         print(f"portico: {exc}", file=sys.stderr)
         return 2
-    if not config.key_store.is_postgres and not (path := config.key_database.sqlite_path).exists():
-        # An empty ledger made here would report that nothing was spent (a relative data_dir read from another
-        # directory, a mistyped --data-dir).
-        print(f"portico: no usage ledger at {path}: give the --data-dir (or --config) that `portico serve` uses",
-              file=sys.stderr)
-        return 1
+    return 0
+
+
+def usage_command(args: argparse.Namespace, config: Config) -> int:
+    if refused := usage_arguments_refused(args):
+        return refused
+    query = usage_query(args)
     try:
         ledger = open_ledger(config.key_database)
     except StoreUnavailable as exc:

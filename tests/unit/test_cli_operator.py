@@ -3,8 +3,11 @@ file on a disk that may be full): what configuration.md's "Command line" promise
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
+
+import pytest
 
 from server.cli import main
 
@@ -57,3 +60,26 @@ def test_output_to_a_full_disk_is_one_line_and_a_lost_secret_names_its_key(tmp_p
     for done in (listed, reported):
         assert done.returncode == 1
         assert done.stderr == "portico: cannot write the output (No space left on device)\n"
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["keys", "get", "key_0123456789abcdef"], ["usage"],
+                                     ["keys", "create", "--name", "n", "--all-models"]])
+def test_a_mistyped_data_dir_is_refused_without_changing_its_permissions(tmp_path, capsys, command):
+    """`portico keys list --data-dir /srv` (for /srv/portico), or a data_dir naming a file, run as root: the
+    command said there was no key store (or that a file is there) and exited, but had already taken group and
+    other access away from what it named: /srv became 0700, a file 0600 (here: /etc/passwd, after which no other
+    user could look up a user name). A command now leaves what is not a data dir as it was."""
+    shared = tmp_path / "srv"
+    shared.mkdir()
+    (shared / "site.conf").write_text("another service's")
+    named_file = tmp_path / "passwd"
+    named_file.write_text("root:x:0:0::/root:/bin/sh\n")
+    for path, mode in ((tmp_path, 0o755), (shared, 0o755), (shared / "site.conf", 0o644), (named_file, 0o644)):
+        path.chmod(mode)
+    creates = command[:2] == ["keys", "create"]
+    for data_dir in ((named_file,) if creates else (shared, named_file)):
+        assert main(["--data-dir", str(data_dir), *command]) == (2 if creates else 1)
+        assert capsys.readouterr().err.count("\n") == 1
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in (shared, shared / "site.conf", named_file)} == {
+        "srv": 0o755, "site.conf": 0o644, "passwd": 0o644}
+    assert sorted(path.name for path in shared.iterdir()) == ["site.conf"]
