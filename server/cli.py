@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import ipaddress
 import logging
 import os
 import socket
@@ -161,8 +162,9 @@ def _taken_port(config: Config) -> str | None:
     for _, host, port, option in _listeners(config):
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if ":" in host:  # Envoy's `::` is IPv6 only: an IPv4 listener on the port does not stop it
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if ":" in host:  # as Envoy binds: `::` takes IPv4 callers too (ipv4_compat), so an IPv4 listener stops it
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if ipaddress.ip_address(host).is_unspecified
+                                 else 1)
             try:
                 probe.bind((host, port))
             except OSError as exc:
