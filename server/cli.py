@@ -17,8 +17,8 @@ from pathlib import Path
 
 import uvloop
 
-from server.cli_stores import (add_store_commands, discard_stdout, keys_command, unreachable, usage_arguments_refused,
-                                usage_command)
+from server.cli_stores import (add_store_commands, discard_stdout, flush_stdout, keys_command, unreachable,
+                                usage_arguments_refused, usage_command)
 from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
 from server.errors import PorticoError
@@ -122,7 +122,7 @@ def _printing(command: Callable[[argparse.Namespace, Config], int], args: argpar
     disk: a traceback under the lines it asked for would only alarm."""
     try:
         code = command(args, config)
-        sys.stdout.flush()  # in here: a pipe's buffered lines are otherwise written, and refused, at exit
+        flush_stdout()  # in here: a pipe's buffered lines are otherwise written, and refused, at exit
         return code
     except BrokenPipeError:
         discard_stdout()

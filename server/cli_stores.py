@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import re
 import sys
@@ -208,7 +209,7 @@ def _print_secret(lines: list[str], lost: str, remedy: str) -> int:
     key is made or rotated all the same and its secret is gone, so say which key and what to do, in one line."""
     try:
         print("\n".join(lines))
-        sys.stdout.flush()
+        flush_stdout()
     except OSError as exc:
         discard_stdout()
         print(f"portico: {lost} could not be written ({exc.strerror}): {remedy}", file=sys.stderr)
@@ -216,9 +217,21 @@ def _print_secret(lines: list[str], lost: str, remedy: str) -> int:
     return 0
 
 
+def flush_stdout() -> None:
+    """sys.stdout.flush(); a closed stdout (`>&-`: Python's is None, and print() writes nothing, without a word) is
+    an error, as a full disk is."""
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, "stdout is closed")
+    sys.stdout.flush()
+
+
 def discard_stdout() -> None:
-    """After a write to stdout failed: what is still buffered would fail again, as a traceback, at exit."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    """After a write to stdout failed: what is still buffered would fail again, as a traceback, at exit (a closed
+    one: the next flush would say so again)."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # the process's stdout from now on
+    else:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _limit_text(field: str, value: int) -> str:

@@ -3,6 +3,7 @@ file on a disk that may be full): what configuration.md's "Command line" promise
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
@@ -83,3 +84,22 @@ def test_a_mistyped_data_dir_is_refused_without_changing_its_permissions(tmp_pat
     assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in (shared, shared / "site.conf", named_file)} == {
         "srv": 0o755, "site.conf": 0o644, "passwd": 0o644}
     assert sorted(path.name for path in shared.iterdir()) == ["site.conf"]
+
+
+def test_a_closed_stdout_is_said_as_a_full_disk_is(tmp_path):
+    """`portico keys create ... >&-` (a script or unit with no stdout): print() wrote nothing, without a word, and
+    the flush after it was a traceback (AttributeError: 'NoneType' object has no attribute 'flush'), the key made
+    and its secret lost; `keys list` the same traceback. Now as for a full disk: one line, exit 1."""
+    data = ["--data-dir", str(tmp_path / "d")]
+
+    def closed(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "server.cli", *data, *command], stdin=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, timeout=60, preexec_fn=lambda: os.close(1))
+
+    created = closed("keys", "create", "--name", "lost", "--all-models")
+    assert created.returncode == 1
+    key_id = _portico(*data, "keys", "list").stdout.split("\t")[0]
+    assert created.stderr == (f"portico: created key {key_id} (lost), but its secret could not be written (stdout is "
+                              f"closed): revoke it (portico keys revoke {key_id}) and create another\n")
+    listed = closed("keys", "list")
+    assert (listed.returncode, listed.stderr) == (1, "portico: cannot write the output (stdout is closed)\n")
