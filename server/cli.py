@@ -36,6 +36,7 @@ _logger = logging.getLogger("portico")
 
 
 def main(argv: list[str] | None = None) -> int:
+    _open_standard_descriptors()
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -97,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:  # a database newer than this code, or a migration it refused: one line, no traceback
         print(f"portico: {exc}", file=sys.stderr)
         return 1
+
+
+def _open_standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 open, on /dev/null where closed (`portico serve >&-`): else the first socket or file
+    opened takes one, and uvloop aborts the gateway when it closes it (Assertion `fd > STDERR_FILENO'), Envoy
+    too. Python's own sys.stdout stays None: what is printed to it is said to be lost (serving.py's _say)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, those below it being open
 
 
 def _missing_store(args: argparse.Namespace, config: Config) -> str | None:

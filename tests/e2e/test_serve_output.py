@@ -3,6 +3,7 @@ are for the operator, not a condition of serving."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -55,3 +56,24 @@ def test_a_gateway_whose_stdout_is_a_full_disk_serves_and_says_which_key_it_made
                     f"secret could not be shown: revoke it (portico keys revoke {key_id}) and create a key with "
                     "portico keys create") in said
             assert "pk-" not in said
+
+
+def test_a_gateway_started_with_stdout_closed_serves(tmp_path):
+    """`portico serve >&-` (a process manager that closes what it does not collect): the first socket or file opened
+    took descriptor 1, and the gateway aborted (uvloop: Assertion `fd > STDERR_FILENO' failed, exit 134), Envoy too.
+    A closed 0, 1 or 2 is now opened on /dev/null first; the status lines it cannot print are logged."""
+    port, admin_port, metrics_port = free_ports(3)
+    data, stderr = tmp_path / "data", tmp_path / "stderr.log"
+    command = [sys.executable, "-m", "server.cli", "--data-dir", str(data), "serve", "--port", str(port),
+               "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)]
+    with open(stderr, "w") as err:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=err, preexec_fn=lambda: os.close(1))
+    try:
+        _wait_ready(port, process, stderr)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, stderr.read_text()[-3000:]
+    said = stderr.read_text()
+    assert "Traceback" not in said
+    assert "cannot write to stdout (Bad file descriptor): Portico is listening on" in said
+    assert "pk-" not in said
