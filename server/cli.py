@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import ipaddress
 import logging
 import os
 import socket
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import uvloop
 
-from server.cli_stores import add_store_commands, keys_command, unreachable, usage_command
+from server.cli_stores import (add_store_commands, discard_stdout, flush_stdout, keys_command, unreachable,
+                                usage_arguments_refused, usage_command)
 from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
 from server.errors import PorticoError
@@ -34,11 +36,17 @@ _logger = logging.getLogger("portico")
 
 
 def main(argv: list[str] | None = None) -> int:
+    _open_standard_descriptors()
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         text = read_config_text(args.config) if args.config else None  # serve hands this very text to its workers
         config = load_config(args.config, text).with_overrides(data_dir=args.data_dir)
+        if args.command == "usage" and (refused := usage_arguments_refused(args)):
+            return refused  # its own options first, as the usage API answers them
+        if (missing := _missing_store(args, config)) is not None:
+            print(missing, file=sys.stderr)
+            return 1
         make_private(config.data_dir)
         if args.command == "serve":
             config = config.with_overrides(host=args.host, port=args.port, envoy_admin_port=args.admin_port,
@@ -77,12 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         if not config.key_store.is_postgres:
             act_as_owner(config.data_dir)  # root's command on the service's SQLite store leaves no file of root's
         if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
-            if args.keys_command != "create" and not (path := config.key_database.sqlite_path).exists():
-                # A store made here would list no keys (a mistyped --data-dir, a relative data_dir read from
-                # another directory): only `create` (and `serve`) may make the first one.
-                print(f"portico: no key store at {path}: give the --data-dir (or --config) that `portico serve` "
-                      "uses", file=sys.stderr)
-                return 1
             _check_data_dir(config.data_dir)
         return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
@@ -98,15 +100,48 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _open_standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 open, on /dev/null where closed (`portico serve >&-`): else the first socket or file
+    opened takes one, and uvloop aborts the gateway when it closes it (Assertion `fd > STDERR_FILENO'), Envoy
+    too. Python's own sys.stdout stays None: what is printed to it is said to be lost (serving.py's _say)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, those below it being open
+
+
+def _missing_store(args: argparse.Namespace, config: Config) -> str | None:
+    """`usage` and every `keys` command but `create` read a SQLite store that must be there: a store made here would
+    list no keys, or report nothing spent (a mistyped --data-dir, a relative data_dir read from another directory);
+    only `create` (and `serve`) may make the first one. Said before anything there is changed: /srv named for
+    /srv/portico, or a file, would otherwise have lost group and other access first (make_private)."""
+    reads = args.command == "usage" or (args.command == "keys" and args.keys_command != "create")
+    if config.key_store.is_postgres or not reads:
+        return None
+    path = config.key_database.sqlite_path
+    try:
+        if path.exists():
+            return None
+    except PermissionError:
+        return None  # a directory on the path this user may not enter: make_private says so, naming it
+    what = "usage ledger" if args.command == "usage" else "key store"
+    return f"portico: no {what} at {path}: give the --data-dir (or --config) that `portico serve` uses"
+
+
 def _printing(command: Callable[[argparse.Namespace, Config], int], args: argparse.Namespace, config: Config) -> int:
-    """A command whose output may go to a reader that stops early (`portico usage | head`): a traceback under
-    the lines it asked for would only alarm."""
+    """A command whose output may go to a reader that stops early (`portico usage | head`) or to a file on a full
+    disk: a traceback under the lines it asked for would only alarm."""
     try:
         code = command(args, config)
-        sys.stdout.flush()  # in here: a pipe's buffered lines are otherwise written, and refused, at exit
+        flush_stdout()  # in here: a pipe's buffered lines are otherwise written, and refused, at exit
         return code
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail again
+        discard_stdout()
+        return 1
+    except OSError as exc:  # `> file` on a full disk: one line, not a traceback
+        discard_stdout()
+        print(f"portico: cannot write the output ({exc.strerror})", file=sys.stderr)
         return 1
 
 
@@ -139,8 +174,9 @@ def _taken_port(config: Config) -> str | None:
     for _, host, port, option in _listeners(config):
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if ":" in host:  # Envoy's `::` is IPv6 only: an IPv4 listener on the port does not stop it
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if ":" in host:  # as Envoy binds: `::` takes IPv4 callers too (ipv4_compat), so an IPv4 listener stops it
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if ipaddress.ip_address(host).is_unspecified
+                                 else 1)
             try:
                 probe.bind((host, port))
             except OSError as exc:
@@ -251,17 +287,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_file(text: str) -> Path:
-    """A path as argparse's type; "" (an unset variable, say) would be the working directory, "Is a directory"."""
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, "Is a directory".
+    `~/` is the home directory, as in the file's paths: a unit file or a container's args has no shell to expand it."""
     if not text:
         raise argparse.ArgumentTypeError("a file path, not ''")
-    return Path(text)
+    return Path(os.path.expanduser(text))  # as the file's paths: `~nobody-here/x` stays as written
 
 
 def _data_dir(text: str) -> Path:
-    """A path as argparse's type; "" (an unset variable, say) would be the working directory, made owner-only."""
+    """A path as argparse's type; "" (an unset variable, say) would be the working directory, made owner-only.
+    `~/` is the home directory, as in the file's `data_dir`: taken as written, it was a directory named `~` under the
+    working directory, with a new, empty key store."""
     if not text:
         raise argparse.ArgumentTypeError("a directory path, not ''")
-    return Path(text)
+    return Path(os.path.expanduser(text))  # as the file's paths: `~nobody-here/x` stays as written
 
 
 def _host(text: str) -> str:

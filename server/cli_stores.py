@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import os
 import re
 import sys
 import time
@@ -101,18 +103,20 @@ def _limits_given(args: argparse.Namespace) -> dict[str, int]:
     return given
 
 
-def usage_command(args: argparse.Namespace, config: Config) -> int:
+def usage_arguments_refused(args: argparse.Namespace) -> int:
+    """2, said in one line, when `usage`'s own options are wrong (before the ledger is looked for); else 0."""
     try:
-        query = usage_query(args)
+        usage_query(args)
     except argparse.ArgumentTypeError as exc:
         print(f"portico: {exc}", file=sys.stderr)
         return 2
-    if not config.key_store.is_postgres and not (path := config.key_database.sqlite_path).exists():
-        # An empty ledger made here would report that nothing was spent (a relative data_dir read from another
-        # directory, a mistyped --data-dir).
-        print(f"portico: no usage ledger at {path}: give the --data-dir (or --config) that `portico serve` uses",
-              file=sys.stderr)
-        return 1
+    return 0
+
+
+def usage_command(args: argparse.Namespace, config: Config) -> int:
+    if refused := usage_arguments_refused(args):
+        return refused
+    query = usage_query(args)
     try:
         ledger = open_ledger(config.key_database)
     except StoreUnavailable as exc:
@@ -168,8 +172,9 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         key, secret = await admin.create(
             args.name, all_models=args.all_models, models=models, limits=limits, env=args.env, admin=args.admin
         )
-        print(f"Created key {key.id} ({_shown(key.name)}). Its secret is shown once:")
-        print(secret)
+        lines = [f"Created key {key.id} ({_shown(key.name)}). Its secret is shown once:", secret]
+        return _print_secret(lines, f"created key {key.id} ({_shown(key.name)}), but its secret",
+                             f"revoke it (portico keys revoke {key.id}) and create another")
     elif args.keys_command == "list":
         keys, _ = await admin.list()
         for key in keys:
@@ -190,12 +195,43 @@ async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
         # No grace: the gateways' key caches drop the previous secret within seconds (as after a revocation).
         previous = ("the previous secret stops working within seconds" if expires <= time.time() else
                     f"the previous secret works until {when}")
-        print(f"Rotated key {key.id} ({_shown(key.name)}); {previous}. The new secret is shown once:")
-        print(secret)
+        lines = [f"Rotated key {key.id} ({_shown(key.name)}); {previous}. The new secret is shown once:", secret]
+        return _print_secret(lines, f"rotated key {key.id} ({_shown(key.name)}), but its new secret",
+                             "rotate it again")
     elif args.keys_command == "revoke":
         key = await admin.revoke(args.key)
         print(f"Revoked key {key.id} ({_shown(key.name)}).")
     return 0
+
+
+def _print_secret(lines: list[str], lost: str, remedy: str) -> int:
+    """A secret's lines, written out now: when they cannot be (a full disk under `> secret.txt`, a closed pipe), the
+    key is made or rotated all the same and its secret is gone, so say which key and what to do, in one line."""
+    try:
+        print("\n".join(lines))
+        flush_stdout()
+    except OSError as exc:
+        discard_stdout()
+        print(f"portico: {lost} could not be written ({exc.strerror}): {remedy}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def flush_stdout() -> None:
+    """sys.stdout.flush(); a closed stdout (`>&-`: Python's is None, and print() writes nothing, without a word) is
+    an error, as a full disk is."""
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, "stdout is closed")
+    sys.stdout.flush()
+
+
+def discard_stdout() -> None:
+    """After a write to stdout failed: what is still buffered would fail again, as a traceback, at exit (a closed
+    one: the next flush would say so again)."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # the process's stdout from now on
+    else:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _limit_text(field: str, value: int) -> str:

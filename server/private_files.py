@@ -39,6 +39,8 @@ def make_private(data_dir: Path) -> None:
     business, and out of others' reach in a 0700 data dir anyway."""
     os.umask(PRIVATE_UMASK)
     for path, info in _checked_paths(data_dir):
+        if not stat.S_ISDIR(info.st_mode) and path == Path(os.path.abspath(data_dir)):
+            return  # a file named as the data dir is none (make_data_dir refuses it): not Portico's to change
         try:
             if info.st_mode & _OTHERS and not path.is_symlink():  # a link's target is not Portico's to change
                 path.chmod(stat.S_IMODE(info.st_mode) & ~_OTHERS)

@@ -139,15 +139,15 @@ async def _serve(config: Config, run_dir: Path, workers: int, worker_command, st
                  envoy.admin_port, envoy.admin_socket)
     # Only now: a start that fails (a port taken) must not use up the one showing of the key's secret.
     await _first_key(config, create=development_key, config_path=config_path)
-    print(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC). Ctrl-C or SIGTERM stops it, after "
-          f"up to {config.drain_seconds:g} s for the requests in flight.", flush=True)
+    _say(f"Portico is listening on {config.listen_url} (REST /v1 and gRPC). Ctrl-C or SIGTERM stops it, after "
+         f"up to {config.drain_seconds:g} s for the requests in flight.")
 
     exit_code = await _run_until_stopped(envoy, backend, config, stop)
     await _drain(_stop_backend(backend), backend.stop_now)  # Envoy must still be up to carry the answers in flight
     await envoy.stop()
     if metrics:
         metrics.close()
-    print("Portico stopped.", flush=True)
+    _say("Portico stopped.")
     return exit_code
 
 
@@ -158,8 +158,7 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
         settle_heap()
         return _Backend([f"unix:{socket_path}"], running.telemetry.metrics.registry,
                         lambda: running.stop(grace=config.drain_seconds), running.stop_now)
-    print(f"Starting {workers} server processes; they share rate limits in {redacted(config.limits.store)}",
-          flush=True)
+    _say(f"Starting {workers} server processes; they share rate limits in {redacted(config.limits.store)}")
     metrics_dir = run_dir / "metrics"
     metrics_dir.mkdir()
     # The workers share one deployment health board (server/providers/health.py), a file in the run directory.
@@ -284,6 +283,19 @@ def wants_development_key(config: Config, *, asked: bool) -> bool:
     return asked or all(d.provider.upstream is None for entry in config.models for d in entry.deployments)
 
 
+def _say(text: str, *, unsaid: str | None = None) -> None:
+    """A line for the operator on stdout. One that cannot be written (`portico serve > out` on a full disk, a pipe
+    closed) was a traceback that stopped the gateway at start: it goes to the diagnostic log instead, or `unsaid` for
+    a line holding a secret, which never does. Written unbuffered: a line Python kept buffered would fail again,
+    and at exit."""
+    data = f"{text}\n".encode()
+    try:
+        while data:
+            data = data[os.write(sys.stdout.fileno() if sys.stdout is not None else -1, data):]
+    except OSError as exc:
+        _logger.error("cannot write to stdout (%s): %s", exc.strerror, unsaid or text)
+
+
 def _portico() -> str:
     """`portico` as this shell can run it: by name when PATH finds this installation's, else by its path (make serve
     runs .venv/bin/portico, which PATH holds only in an activated venv)."""
@@ -305,15 +317,17 @@ async def _first_key(config: Config, *, create: bool, config_path: Path | None =
             # paths as this serve resolved them, so that the command works from any directory.
             options = f"--config {shlex.quote(str(config_path.resolve()))} " if config_path else ""
             options += f"--data-dir {shlex.quote(str(config.data_dir.resolve()))}"
-            print("The key store has no keys yet, and every request needs one: create one with "
-                  f"`{_portico()} {options} keys create --name NAME --models MODEL,...` (or start with --dev-key for "
-                  "an all-models development key).", flush=True)
+            _say("The key store has no keys yet, and every request needs one: create one with "
+                 f"`{_portico()} {options} keys create --name NAME --models MODEL,...` (or start with --dev-key for "
+                 "an all-models development key).")
             return
         made = await store.create_first("development", env="dev")
         if made is None:
             return  # another host starting at the same time made it
         key, secret = made
-        print(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n", flush=True)
+        _say(f"Created development key {key.id}; its secret is shown only now:\n\n    {secret}\n",
+             unsaid=f"created development key {key.id}, but its secret could not be shown: revoke it (portico keys "
+                    f"revoke {key.id}) and create a key with portico keys create")
     except StoreUnavailable as exc:
         if create:
             _logger.error("no development key: the key store cannot be reached (%s)", exc)

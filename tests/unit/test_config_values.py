@@ -208,8 +208,10 @@ def test_a_port_that_needs_root_is_one_line_naming_the_option(tmp_path, monkeypa
                                    "CAP_NET_BIND_SERVICE); choose another with --port N")
 
 
-def test_an_ipv4_listener_does_not_stop_a_gateway_on_ipv6_any(tmp_path):
-    """Envoy's `::` listener is IPv6 only, so it comes up beside an IPv4 server on the same port: not refused."""
+def test_an_ipv4_listener_on_the_port_stops_a_gateway_on_ipv6_any_before_it_starts(tmp_path):
+    """Envoy's `::` listener takes IPv4 callers too (ipv4_compat, f22f645), so an IPv4 server on the same port stops
+    it. The check still bound IPv6-only, as Envoy did before: it passed, the model loaded, and then Envoy failed
+    with five lines of its own log and no word of --port. Now the check binds as Envoy does: one line, exit 1."""
     path = tmp_path / "c.yaml"
     path.write_text(f"{ONE_MODEL}\n")
     admin_port, metrics_port = free_ports(2)
@@ -219,7 +221,10 @@ def test_an_ipv4_listener_does_not_stop_a_gateway_on_ipv6_any(tmp_path):
         port = taken.getsockname()[1]
         config = load_config(path).with_overrides(host="::", port=port, envoy_admin_port=admin_port,
                                                   metrics_port=metrics_port)
-        assert _taken_port(config) is None
+        refusal = _taken_port(config)
+        assert refusal is not None and refusal.startswith(f"cannot bind '[::]:{port}': Address already in use")
+        assert refusal.endswith("choose another with --port N")
+        assert _taken_port(config.with_overrides(host="::1")) is None  # one address, IPv6 alone: beside it
         with socket.socket(socket.AF_INET6) as taken6:
             taken6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             taken6.bind(("::", port))
