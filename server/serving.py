@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import io
 import logging
 import os
 import resource
@@ -288,12 +290,21 @@ def _say(text: str, *, unsaid: str | None = None) -> None:
     closed) was a traceback that stopped the gateway at start: it goes to the diagnostic log instead, or `unsaid` for
     a line holding a secret, which never does. Written unbuffered: a line Python kept buffered would fail again,
     and at exit."""
-    data = f"{text}\n".encode()
+    stream = sys.stdout
     try:
+        if stream is None:  # `>&-`
+            raise OSError(errno.EBADF, "stdout is closed")
+        try:
+            fd = stream.fileno()
+        except io.UnsupportedOperation:  # not a file: a test's capture, a program that runs Portico in its process
+            stream.write(f"{text}\n")
+            stream.flush()
+            return
+        data = f"{text}\n".encode()
         while data:
-            data = data[os.write(sys.stdout.fileno() if sys.stdout is not None else -1, data):]
+            data = data[os.write(fd, data):]
     except OSError as exc:
-        _logger.error("cannot write to stdout (%s): %s", exc.strerror, unsaid or text)
+        _logger.error("cannot write to stdout (%s): %s", exc.strerror or exc, unsaid or text)
 
 
 def _portico() -> str:

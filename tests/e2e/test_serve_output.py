@@ -75,5 +75,5 @@ def test_a_gateway_started_with_stdout_closed_serves(tmp_path):
         assert process.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     said = stderr.read_text()
     assert "Traceback" not in said
-    assert "cannot write to stdout (Bad file descriptor): Portico is listening on" in said
+    assert "cannot write to stdout (stdout is closed): Portico is listening on" in said
     assert "pk-" not in said
