@@ -39,6 +39,7 @@ EXPOSE_HEADERS = (
 MAX_AGE_SECONDS = 7200  # how long a browser may reuse a preflight's answer (Chromium's own cap)
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # an HTTP field name (RFC 9110), in lower case
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@*\s]+")  # no pattern (`*.example.com`): Envoy compares exactly
+_USERINFO = re.compile(r"//[^/@]*@")  # `user:password@` after the scheme, kept out of messages
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -86,9 +87,10 @@ def _origins(value: Any, where: str) -> tuple[str, ...]:
             continue
         parts = url_parts(origin) if _ORIGIN.fullmatch(origin) else None
         if parts is None or not parts.hostname or origin != origin.lower():
-            raise ConfigError(f"{where}: {origin!r} is not an origin as a browser sends it: scheme://host[:port], in "
-                              "lower case, no path, not even a trailing `/`, no pattern (https://app.example.com), "
-                              "or `*` for any")
+            # Shown without a `user:password@`: browsers send none, and the message goes to logs.
+            raise ConfigError(f"{where}: {_USERINFO.sub('//', origin, count=1)!r} is not an origin as a browser sends "
+                              "it: scheme://host[:port], in lower case, no user or password, no path, not even a "
+                              "trailing `/`, no pattern (https://app.example.com), or `*` for any")
         if parts.port is not None and parts.port == _DEFAULT_PORTS.get(parts.scheme):
             raise ConfigError(f"{where}: {origin!r} names its scheme's default port, which browsers leave out of "
                               f"the origin they send: write {origin.rpartition(':')[0]}")

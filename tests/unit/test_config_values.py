@@ -72,6 +72,9 @@ MISTAKES = [
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://App.example.com']}}", r"cors\.allow_origins: .*lower case"),
     (f"{ONE_MODEL}\ncors: {{allow_origins: [app.example.com]}}",
      r"cors\.allow_origins: 'app\.example\.com' is not"),
+    # A password written into an origin is not repeated: the message goes to logs.
+    (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://ops:s3cret@app.example.com']}}",
+     r"cors\.allow_origins: 'https://app\.example\.com' is not an origin .*no user or password"),
     # Envoy compares exactly: a pattern would match nothing.
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://*.example.com']}}", r"cors\.allow_origins: .* is not an origin"),
     (f"{ONE_MODEL}\ncors: {{allow_origins: ['https://app.example.com:443']}}",
