@@ -266,7 +266,7 @@ def rate_limit_headers(reservation: Reservation, *, anthropic: bool = False) -> 
     headers: list[tuple[str, str]] = []
     for kind, tightest in (("requests", reservation.requests), ("tokens", reservation.tokens)):
         if tightest is not None:
-            headers += ratelimit_headers(kind, tightest, anthropic=anthropic)
+            headers += ratelimit_headers(kind, tightest, at=reservation.at, anthropic=anthropic)
     return tuple(headers)
 
 

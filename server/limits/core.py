@@ -15,7 +15,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Protocol
 
 from server.domain_keys import KeyLimits
@@ -202,8 +202,9 @@ class LimitExceeded(RateLimited):
     """A refusal by one of Portico's own limits (an upstream's 429 is a plain RateLimited)."""
 
     def __init__(self, message: str, *, dimension: Dimension, scope: Scope, retry_after: float = 0.0,
-                 standing: Standing | None = None, never_fits: bool = False) -> None:
+                 standing: Standing | None = None, never_fits: bool = False, at: float = 0.0) -> None:
         super().__init__(message, retry_after=retry_after, subject=f"{scope.label}: {dimension.label}")
+        self.at = at  # clock time of the refusal: its standing's reset counts from then
         self.dimension = dimension
         self.scope = scope
         self.never_fits = never_fits  # its reservation alone is over the limit: no wait lets it through
@@ -219,7 +220,7 @@ class LimitExceeded(RateLimited):
         kind = self.dimension.header_kind
         if kind is None or self.standing is None:
             return super().trailing_metadata(anthropic=anthropic)
-        own = ratelimit_headers(kind, self.standing, anthropic=anthropic)
+        own = ratelimit_headers(kind, self.standing, at=self.at, anthropic=anthropic)
         return (*super().trailing_metadata(anthropic=anthropic), *own)
 
     def metric_labels(self) -> dict[str, str]:
@@ -369,7 +370,7 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
     return LimitExceeded(
         f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {_tenths(wait)} seconds.",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
-        standing=Standing(reading.limit, max(0, reading.limit - used_before), wait),
+        standing=Standing(reading.limit, max(0, reading.limit - used_before), wait), at=at,
     )
 
 
@@ -414,23 +415,29 @@ def _in_flight(reading: Reading, text: Callable[[int], str]) -> str:
     return f" ({text(reading.held)} {of} held by requests in flight until they end)"
 
 
-def ratelimit_headers(kind: str, standing: Standing, *, anthropic: bool = False) -> list[tuple[str, str]]:
-    """The x-ratelimit-{limit,remaining,reset}-{kind} headers of one limit; for an Anthropic caller also
-    Anthropic's own anthropic-ratelimit-{kind}-{limit,remaining,reset}, which its SDK's users read (the reset an
-    RFC 3339 time, when the limit is whole again)."""
+def ratelimit_headers(kind: str, standing: Standing, *, at: float, anthropic: bool = False) -> list[tuple[str, str]]:
+    """The x-ratelimit-{limit,remaining,reset}-{kind} headers of one limit, as it stood at `at` (clock time); for an
+    Anthropic caller also Anthropic's own anthropic-ratelimit-{kind}-{limit,remaining,reset}, which its SDK's users
+    read (the reset as an RFC 3339 time: the same moment, rounded up to the second)."""
     headers = [
         (f"x-ratelimit-limit-{kind}", str(standing.limit)),
         (f"x-ratelimit-remaining-{kind}", str(standing.remaining)),
         (f"x-ratelimit-reset-{kind}", duration_text(standing.reset_seconds)),
     ]
     if anthropic:
-        reset = datetime.now(timezone.utc) + timedelta(seconds=math.ceil(max(0.0, standing.reset_seconds)))
         headers += [
             (f"anthropic-ratelimit-{kind}-limit", str(standing.limit)),
             (f"anthropic-ratelimit-{kind}-remaining", str(standing.remaining)),
-            (f"anthropic-ratelimit-{kind}-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
+            (f"anthropic-ratelimit-{kind}-reset", reset_time_text(at + max(0.0, standing.reset_seconds))),
         ]
     return headers
+
+
+def reset_time_text(moment: float) -> str:
+    """A reset moment (clock time) rounded up to the second, in RFC 3339 UTC. The moment, not the time the answer is
+    written plus the reset: every answer then names one window's end, and a daily reset is midnight, never 00:00:01.
+    - 1e-3: the same moment read by two requests differs by float noise, which must not round to the next second."""
+    return datetime.fromtimestamp(math.ceil(moment - 1e-3), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def duration_text(seconds: float) -> str:

@@ -267,3 +267,24 @@ def test_tokens_per_minute_reset_says_when_tokens_free_up_not_when_a_count_leave
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
     answer = client.chat.completions.with_raw_response.create(model="family-a-5.5", messages=HI, max_tokens=1)
     assert answer.headers["x-ratelimit-reset-tokens"] == "1m0s"  # its own tokens, the only ones, leave in a minute
+
+
+def test_anthropic_reset_times_name_one_moment_the_windows_end_or_utc_midnight(gateway):
+    """anthropic-ratelimit-*-reset was the render time's whole second plus the reset rounded up: the same window's end
+    read a second earlier on some answers than on others (a tool that waited until then was refused again), and a
+    daily quota's reset said 00:00:01 when the answer was written a second after its admission."""
+    if until_midnight(time.time()) < 30:
+        pytest.skip("the day ends during the test")
+    secret = create_key(gateway, "--tpm", "50000", "--daily-requests", "100")
+    client = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    model = "family-b-haiku-4-5-20251001"
+    answers = [client.messages.with_raw_response.create(model=model, max_tokens=1, messages=HI)]
+    for _ in range(8):  # their fractions of a second run through the first's: every rounding shows
+        time.sleep(0.13)
+        answers.append(client.messages.with_raw_response.count_tokens(model=model, messages=HI))
+    tomorrow = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+    midnight = tomorrow.strftime("%Y-%m-%dT00:00:00Z")
+    assert {a.headers["anthropic-ratelimit-requests-reset"] for a in answers} == {midnight}
+    # The first request's tokens are the oldest in the window all along: every answer names its end.
+    assert len({a.headers["anthropic-ratelimit-tokens-reset"] for a in answers}) == 1, [
+        (a.headers["anthropic-ratelimit-tokens-reset"], a.headers["x-ratelimit-reset-tokens"]) for a in answers]
