@@ -114,9 +114,7 @@ def usage_arguments_refused(args: argparse.Namespace) -> int:
 
 
 def usage_command(args: argparse.Namespace, config: Config) -> int:
-    if refused := usage_arguments_refused(args):
-        return refused
-    query = usage_query(args)
+    query = usage_query(args)  # its options were checked before the ledger was looked for (usage_arguments_refused)
     try:
         ledger = open_ledger(config.key_database)
     except StoreUnavailable as exc:
