@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import sqlite3
 import subprocess
 import sys
@@ -201,8 +202,9 @@ def test_a_keys_db_newer_than_the_code_stops_the_cli_with_one_line(tmp_path, com
         migrate_sqlite(db, KEY_MIGRATIONS)
         db.execute("INSERT INTO schema_migrations VALUES ('keys', 99, 'from a newer Portico', 0)")
         db.commit()
+    # A private TMPDIR: serve sweeps the run directories that killed serves left there, and says so (one more line)
     done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), *command],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         "portico: the database's keys schema is at version 99, newer than this Portico knows "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -171,6 +172,7 @@ def test_a_model_path_that_is_no_gguf_model_stops_serve_with_exit_2(tmp_path, co
         [sys.executable, "-m", "server.cli", "--config", str(path), "--data-dir", str(tmp_path / "d"), "serve",
          "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0"],
         capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # serve would say it swept a killed serve's run directory
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("portico: configuration error: ") and result.stderr.count("\n") == 1
