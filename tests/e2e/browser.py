@@ -58,12 +58,22 @@ def chromium() -> Iterator:
             browser.close()
 
 
+# Resolves once the console's own hashchange listener (added before this one) has started the new page's render.
+_GO_TO_HASH = """hash => new Promise(resolve => {
+  addEventListener("hashchange", () => resolve(), {once: true});
+  const before = location.href;
+  location.hash = hash;
+  if (location.href === before) resolve();  // the page already shown: no hashchange
+})"""
+
+
 class Tab:
     """One browser tab on the console, and what its pages complained about."""
 
     def __init__(self, browser, gateway, shots, viewport=DESKTOP) -> None:
         self.context = browser.new_context(viewport=viewport, base_url=gateway.base_url)
         self.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gateway.base_url)
+        self.base_url = gateway.base_url
         self.page = self.context.new_page()
         self.page.set_default_timeout(20_000)
         self.problems = PageProblems()
@@ -71,13 +81,21 @@ class Tab:
         self.shots = shots
 
     def open(self, hash_: str = "") -> None:
-        self.page.goto(f"/console/{hash_}")
+        """The console at this page, once shown: on a console already loaded (signed in), a new hash is the same
+        document, whose previous page stays up until the new one's data is in."""
+        if hash_ and self.page.url.startswith(f"{self.base_url}/console/"):
+            self.page.evaluate(_GO_TO_HASH, hash_)
+        else:
+            self.page.goto(f"/console/{hash_}")
+        expect(self.page.locator("#main[aria-busy]")).to_have_count(0)
         expect(self.page.get_by_role("heading", level=1)).to_be_visible()
 
     def sign_in(self, secret: str) -> None:
         self.open()
         self.page.get_by_label("Admin key").fill(secret)
         self.page.get_by_role("button", name="Sign in").click()
+        # Signed in once the gateway took the key: a page opened before that would race the sign-in's own render.
+        expect(self.page.get_by_role("button", name="Sign out")).to_be_visible()
 
     def shot(self, name: str) -> None:
         self.page.screenshot(path=self.shots / f"{name}.png", full_page=True)
