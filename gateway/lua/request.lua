@@ -113,6 +113,16 @@ end
 
 -- A 400 for the request as a whole, no `param` (shape_error). The message goes in the metadata too: Envoy sends a
 -- local reply to HEAD without its body, and answer_head must still give the GET's content-length.
+-- Content-Encoding is a list of codings (two fields of it arrive joined by a comma): an empty one, or one naming
+-- only `identity`, says the body is as sent, and was refused as "Compressed ... (Content-Encoding: )".
+local function names_a_coding(encoding)
+  for coding in encoding:gmatch("[^,]+") do
+    local name = coding:match("^%s*(.-)%s*$"):lower()
+    if name ~= "" and name ~= "identity" then return true end
+  end
+  return false
+end
+
 local function refuse_request(handle, metadata, message)
   metadata:set("portico", "fault", message)
   handle:respond({[":status"] = "400"}, message)
@@ -226,7 +236,7 @@ function envoy_on_request(handle)
   end
   -- A compressed body was read as JSON text ("str is not valid UTF-8"), which says nothing of the cause.
   local encoding = headers:get("content-encoding")
-  if encoding and encoding:lower() ~= "identity" and method ~= "GET" and method ~= "HEAD" then
+  if encoding and names_a_coding(encoding) and method ~= "GET" and method ~= "HEAD" then
     await_body(handle)
     local named = redacted(encoding):gsub("[^%w%-,; %[%]]", "?"):sub(1, 40)
     return refuse_request(handle, handle:streamInfo():dynamicMetadata(), "Compressed request bodies are not " ..

@@ -90,6 +90,20 @@ def test_a_compressed_body_is_400_saying_so(http, path, anthropic):
     assert identity.status_code == 200, identity.text
 
 
+@pytest.mark.parametrize("headers", [[b"Content-Encoding: \r\n"], [b"Content-Encoding: identity, Identity\r\n"],
+                                     [b"Content-Encoding: identity\r\n", b"Content-Encoding: identity\r\n"]])
+def test_a_body_whose_content_encoding_names_no_coding_is_read(gateway, headers):
+    """An empty Content-Encoding, or one listing only `identity` (twice, in two fields), says the body is as sent;
+    it was refused as "Compressed request bodies are not supported (Content-Encoding: )"."""
+    body = json.dumps({"model": "family-a-5.5", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "x"}]}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: portico\r\nConnection: close\r\n"
+               b"Authorization: Bearer " + gateway.secret.encode() + b"\r\nContent-Type: application/json\r\n"
+               + b"".join(headers) + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    answer = _exchange(gateway, request)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:600]
+
+
 def test_wrong_type_is_400_naming_the_field(http):
     response = http.post("/v1/chat/completions",
                          json={"model": "family-a-5.5", "messages": [{"role": "user", "content": "x"}],
