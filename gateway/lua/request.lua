@@ -111,8 +111,6 @@ local function refuse_unreadable_key(handle, headers, path)
   return false
 end
 
--- A 400 for the request as a whole, no `param` (shape_error). The message goes in the metadata too: Envoy sends a
--- local reply to HEAD without its body, and answer_head must still give the GET's content-length.
 -- Content-Encoding is a list of codings (two fields of it arrive joined by a comma): an empty one, or one naming
 -- only `identity`, says the body is as sent, and was refused as "Compressed ... (Content-Encoding: )".
 local function names_a_coding(encoding)
@@ -123,6 +121,8 @@ local function names_a_coding(encoding)
   return false
 end
 
+-- A 400 for the request as a whole, no `param` (shape_error). The message goes in the metadata too: Envoy sends a
+-- local reply to HEAD without its body, and answer_head must still give the GET's content-length.
 local function refuse_request(handle, metadata, message)
   metadata:set("portico", "fault", message)
   handle:respond({[":status"] = "400"}, message)
