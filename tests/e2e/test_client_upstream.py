@@ -13,8 +13,8 @@ import time
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, Operation, PorticoClient, RateLimitError, RetriesExhausted,
-    RetryPolicy,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ModelAliases, Operation, PorticoClient, RateLimitError,
+    RetriesExhausted, RetryPolicy, UpstreamError,
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
@@ -121,6 +121,35 @@ async def test_a_cancelled_call_frees_the_keys_slot_at_once_unless_its_model_has
         assert refused.value.last.code == "rate_limit_exceeded" and "concurrent" in refused.value.last.message
         await asyncio.sleep(SLOW.delay + 0.5 - (time.monotonic() - started))  # the upstream's answer is in
         await client.chat_completion(model, HI, max_tokens=5)
+
+
+@pytest.mark.parametrize("refusal", [
+    Cue(status=401, body={"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
+                                    "code": "invalid_api_key"}}),
+    Cue(status=429, body={"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota",
+                                    "code": "insufficient_quota"}}),
+], ids=["upstream key refused", "upstream account out of quota"])
+def test_a_primary_whose_upstream_refuses_the_gateway_falls_back_to_the_next_model(gateway, double, transport,
+                                                                                   refusal):
+    """An upstream that refuses the gateway's key or account is a 502 `upstream_error` marked x-should-retry: false
+    (api.md): that model will not answer again soon, but another may. The client raised it at once, as for a request
+    that can never pass, and never tried the alias's fallback, which is there for such an outage."""
+    double.reset()
+    double.default_cue = refusal
+    aliases = ModelAliases.from_config({"chat": {"primary": "chat-up", "fallbacks": ["chat-priced"]}})
+    sleeps: list[float] = []
+    try:
+        with client_for(gateway, transport, gateway.secret, aliases=aliases, sleep=sleeps.append) as client:
+            with pytest.raises(UpstreamError) as refused:  # a model without a fallback: the error itself
+                client.chat_completion("chat-up", HI, max_tokens=5)
+            assert refused.value.should_retry is False and refused.value.status == 502
+            tries = len(double.seen)  # the gateway's own tries of the upstream (a 429 is tried again)
+            double.default_cue = Cue()
+            double.cue(*[refusal] * tries)  # the primary's call, once; the fallback is answered
+            answer = client.chat_completion("chat", HI, max_tokens=5)
+    finally:
+        double.default_cue = Cue()
+    assert answer.model == "chat-priced" and sleeps == [] and len(double.seen) == 2 * tries + 1
 
 
 def test_an_integer_a_grpc_json_value_cannot_hold_exactly_is_not_sent_changed(gateway, double, transport):
