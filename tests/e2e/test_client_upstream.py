@@ -10,11 +10,12 @@ import os
 import threading
 import time
 
+import grpc
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, ModelAliases, Operation, PorticoClient, RateLimitError,
-    RetriesExhausted, RetryPolicy, UpstreamError,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, GrpcTransport, ModelAliases, Operation, PorticoClient,
+    RateLimitError, RetriesExhausted, RetryPolicy, UpstreamError,
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
@@ -68,6 +69,27 @@ def test_an_images_answer_over_4_mib_is_received_on_both_transports(gateway, dou
                              model="image-up")
     assert sleeps == [] and len([seen for seen in double.seen if seen.path.endswith("/images/generations")]) == 1
     assert [item.b64_json for item in answer.data] == [entry["b64_json"] for entry in data]
+
+
+def test_an_answer_over_the_receive_limit_of_a_channel_of_ones_own_is_not_asked_for_again(gateway, double):
+    """A transport built over one's own channel (client.md) without CHANNEL_OPTIONS receives 4 MiB: a bigger answer
+    fails in grpc itself with a bare RESOURCE_EXHAUSTED, which read as the gateway's 429 and was retried, the images
+    generated (and billed) three times and all lost. The gateway's 429s always carry their error object; grpc's own
+    limit is raised at once."""
+    double.reset()
+    images = [tiny_png(i) + os.urandom(700_000) for i in range(8)]  # about 7.5 MiB as base64
+    double.default_cue = Cue(body={"created": 1, "data": [{"b64_json": base64.b64encode(image).decode()}
+                                                          for image in images]})
+    sleeps: list[float] = []
+    transport = GrpcTransport(grpc.insecure_channel(f"127.0.0.1:{gateway.port}"), gateway.secret)
+    try:
+        with PorticoClient(transport, retry=RetryPolicy(attempts=3), sleep=sleeps.append) as client:
+            with pytest.raises(RateLimitError) as refused:
+                client.call(CREATE_IMAGE, {"prompt": "a cat", "n": 8, "response_format": "b64_json"}, model="image-up")
+    finally:
+        double.default_cue = Cue()
+    assert refused.value.should_retry is False and "larger than max" in refused.value.message
+    assert sleeps == [] and len([seen for seen in double.seen if seen.path.endswith("/images/generations")]) == 1
 
 
 async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_keys_slot(gateway, double, transport):
