@@ -18,7 +18,8 @@ from portico.client import (
     RetriesExhausted, RetryPolicy, UserRateLimiter,
 )
 from portico.v1 import (
-    key_pb2, key_service_pb2_grpc, model_pb2, model_service_pb2_grpc, organization_usage_pb2, usage_service_pb2_grpc,
+    anthropic_model_pb2, anthropic_model_service_pb2_grpc, key_pb2, key_service_pb2_grpc, model_pb2,
+    model_service_pb2_grpc, organization_usage_pb2, usage_service_pb2_grpc,
 )
 from tests.e2e.test_operations import wait_for_line
 
@@ -35,6 +36,12 @@ GET_MODEL = Operation(model_service_pb2_grpc.ModelServiceStub, "GetModel", model
                       "GET", "/v1/models/{model}")
 GET_COSTS = Operation(usage_service_pb2_grpc.UsageServiceStub, "GetCosts", organization_usage_pb2.GetCostsRequest,
                       organization_usage_pb2.GetCostsResponse, "GET", "/v1/organization/costs")
+GET_ANTHROPIC_MODEL = Operation(anthropic_model_service_pb2_grpc.AnthropicModelServiceStub, "GetAnthropicModel",
+                                anthropic_model_pb2.GetAnthropicModelRequest, anthropic_model_pb2.AnthropicModel,
+                                "GET", "/v1/models/{model_id}")
+LIST_ANTHROPIC_MODELS = Operation(anthropic_model_service_pb2_grpc.AnthropicModelServiceStub, "ListAnthropicModels",
+                                  anthropic_model_pb2.ListAnthropicModelsRequest,
+                                  anthropic_model_pb2.ListAnthropicModelsResponse, "GET", "/v1/models")
 UPDATE_KEY = Operation(key_service_pb2_grpc.KeyServiceStub, "UpdateKey", key_pb2.UpdateKeyRequest,
                        key_pb2.UpdateKeyResponse, "PATCH", "/v1/admin/keys/{id}")
 
@@ -307,6 +314,22 @@ def test_any_unary_rpc_takes_its_fields_on_both_transports(gateway, transport):
         with pytest.raises(BadRequestError) as unknown:  # a query string would have dropped it unread
             client.call(GET_MODEL, {"model": "family-a-5.4", "modle": "x"})
         assert unknown.value.param == "modle"
+
+
+def test_the_anthropic_models_service_answers_in_its_shape_on_both_transports(gateway, transport):
+    """AnthropicModelService binds the same REST paths as ModelService, told apart by an `anthropic-version` header
+    (api.md), which the client did not send: over REST `call` got ModelService's answer read into an AnthropicModel,
+    every field but `id` empty (no `type`, `display_name`, `created_at`), and the whole catalog's listing for
+    ListAnthropicModels, unpaged, with no error to say so."""
+    with client_for(gateway, transport, gateway.secret) as client:
+        model = client.call(GET_ANTHROPIC_MODEL, {"model_id": "family-b-sonnet-4-6"})
+        page = client.call(LIST_ANTHROPIC_MODELS, {"limit": 2})
+        with pytest.raises(NotFoundError) as unknown:
+            client.call(GET_ANTHROPIC_MODEL, {"model_id": "family-b-nope"})
+    assert (model.id, model.type, model.display_name) == ("family-b-sonnet-4-6", "model", "family-b-sonnet-4-6")
+    assert model.created_at and model.lifecycle == "active"
+    assert len(page.data) == 2 and page.has_more and all(entry.type == "model" for entry in page.data)
+    assert unknown.value.type == "not_found_error"  # Anthropic's error shape, as its REST callers get
 
 
 async def test_an_error_carries_the_request_id_the_gateway_logged_it_under(gateway, transport):

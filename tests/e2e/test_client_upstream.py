@@ -10,11 +10,12 @@ import os
 import threading
 import time
 
+import grpc
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, Operation, PorticoClient, RateLimitError, RetriesExhausted,
-    RetryPolicy,
+    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, GrpcTransport, ModelAliases, Operation, PorticoClient,
+    RateLimitError, RetriesExhausted, RetryPolicy, UpstreamError,
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
@@ -70,6 +71,27 @@ def test_an_images_answer_over_4_mib_is_received_on_both_transports(gateway, dou
     assert [item.b64_json for item in answer.data] == [entry["b64_json"] for entry in data]
 
 
+def test_an_answer_over_the_receive_limit_of_a_channel_of_ones_own_is_not_asked_for_again(gateway, double):
+    """A transport built over one's own channel (client.md) without CHANNEL_OPTIONS receives 4 MiB: a bigger answer
+    fails in grpc itself with a bare RESOURCE_EXHAUSTED, which read as the gateway's 429 and was retried, the images
+    generated (and billed) three times and all lost. The gateway's 429s always carry their error object; grpc's own
+    limit is raised at once."""
+    double.reset()
+    images = [tiny_png(i) + os.urandom(700_000) for i in range(8)]  # about 7.5 MiB as base64
+    double.default_cue = Cue(body={"created": 1, "data": [{"b64_json": base64.b64encode(image).decode()}
+                                                          for image in images]})
+    sleeps: list[float] = []
+    transport = GrpcTransport(grpc.insecure_channel(f"127.0.0.1:{gateway.port}"), gateway.secret)
+    try:
+        with PorticoClient(transport, retry=RetryPolicy(attempts=3), sleep=sleeps.append) as client:
+            with pytest.raises(RateLimitError) as refused:
+                client.call(CREATE_IMAGE, {"prompt": "a cat", "n": 8, "response_format": "b64_json"}, model="image-up")
+    finally:
+        double.default_cue = Cue()
+    assert refused.value.should_retry is False and "larger than max" in refused.value.message
+    assert sleeps == [] and len([seen for seen in double.seen if seen.path.endswith("/images/generations")]) == 1
+
+
 async def test_cancelling_a_running_queued_request_ends_its_call_and_frees_the_keys_slot(gateway, double, transport):
     """A caller that gives up on a queued request (asyncio.wait_for, a cancelled task) cancels its future: the call
     itself went on, holding the queue's worker until the whole answer came, and was answered (200). Now the call
@@ -121,6 +143,35 @@ async def test_a_cancelled_call_frees_the_keys_slot_at_once_unless_its_model_has
         assert refused.value.last.code == "rate_limit_exceeded" and "concurrent" in refused.value.last.message
         await asyncio.sleep(SLOW.delay + 0.5 - (time.monotonic() - started))  # the upstream's answer is in
         await client.chat_completion(model, HI, max_tokens=5)
+
+
+@pytest.mark.parametrize("refusal", [
+    Cue(status=401, body={"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
+                                    "code": "invalid_api_key"}}),
+    Cue(status=429, body={"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota",
+                                    "code": "insufficient_quota"}}),
+], ids=["upstream key refused", "upstream account out of quota"])
+def test_a_primary_whose_upstream_refuses_the_gateway_falls_back_to_the_next_model(gateway, double, transport,
+                                                                                   refusal):
+    """An upstream that refuses the gateway's key or account is a 502 `upstream_error` marked x-should-retry: false
+    (api.md): that model will not answer again soon, but another may. The client raised it at once, as for a request
+    that can never pass, and never tried the alias's fallback, which is there for such an outage."""
+    double.reset()
+    double.default_cue = refusal
+    aliases = ModelAliases.from_config({"chat": {"primary": "chat-up", "fallbacks": ["chat-priced"]}})
+    sleeps: list[float] = []
+    try:
+        with client_for(gateway, transport, gateway.secret, aliases=aliases, sleep=sleeps.append) as client:
+            with pytest.raises(UpstreamError) as refused:  # a model without a fallback: the error itself
+                client.chat_completion("chat-up", HI, max_tokens=5)
+            assert refused.value.should_retry is False and refused.value.status == 502
+            tries = len(double.seen)  # the gateway's own tries of the upstream (a 429 is tried again)
+            double.default_cue = Cue()
+            double.cue(*[refusal] * tries)  # the primary's call, once; the fallback is answered
+            answer = client.chat_completion("chat", HI, max_tokens=5)
+    finally:
+        double.default_cue = Cue()
+    assert answer.model == "chat-priced" and sleeps == [] and len(double.seen) == 2 * tries + 1
 
 
 def test_an_integer_a_grpc_json_value_cannot_hold_exactly_is_not_sent_changed(gateway, double, transport):

@@ -11,7 +11,7 @@ import pytest
 from portico.client import (
     APIConnectionError, APIError, APITimeoutError, AuthenticationError, BadRequestError, ClientRateLimitError,
     GatewayTimeoutError, HttpTransport, InternalServerError, NotFoundError, PermissionDeniedError, Plan,
-    PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy, ServiceUnavailableError,
+    PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy, ServiceUnavailableError, UpstreamError,
 )
 from server.domain_models import RetrySettings
 
@@ -131,6 +131,19 @@ def test_a_refusal_until_later_marked_not_to_retry_moves_on_to_the_fallback():
     with pytest.raises(RateLimitError) as caught:
         plan("primary", "fallback").failed(too_large)
     assert caught.value is too_large
+
+
+def test_a_model_whose_side_fails_marked_not_to_retry_moves_on_to_the_fallback():
+    # A 502 whose upstream refuses the gateway's key or account: this model will not answer, the next may.
+    refused = UpstreamError("refused Portico's credentials", should_retry=False)
+    walk = plan("primary", "fallback", attempts=3)
+    assert walk.failed(refused) == 0.0 and walk.model == "fallback"
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(ServiceUnavailableError("overloaded, do not retry", should_retry=False))
+    assert [model for model, _ in caught.value.failures] == ["primary", "fallback"]
+    with pytest.raises(UpstreamError) as alone:  # no fallback: the error as it is, as before
+        plan("only").failed(refused)
+    assert alone.value is refused
 
 
 def test_one_attempt_means_no_retry():

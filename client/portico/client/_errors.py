@@ -176,7 +176,12 @@ def error_from_grpc(error: grpc.RpcError, *, read_only: bool = False) -> APIErro
         # running, as for a REST read timeout, and is tried again only if it changes nothing.
         text = f"No answer within the client's timeout ({message})."
         return APIConnectionError(text, grpc_code=code) if read_only else APITimeoutError(text, grpc_code=code)
-    return _make(status, message, retry_after=retry_after, grpc_code=code, should_retry=should_retry(trailing),
+    said = should_retry(trailing)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not fields:
+        # Not the gateway's 429, which always carries its error object: grpc's own message size limit (an answer over
+        # the channel's receive limit, a request over the server's), which the same call would meet again.
+        said = False
+    return _make(status, message, retry_after=retry_after, grpc_code=code, should_retry=said,
                  request_id=trailing.get("x-request-id"), **fields)
 
 

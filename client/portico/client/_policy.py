@@ -22,7 +22,8 @@ class RetryPolicy:
     403 and 404 never are, and neither is a POST (any call but a GET) whose answer timed out (APITimeoutError): it
     may still be running, and a second one could be billed twice. Nor is an answer with `x-should-retry: false`: a 429 for a request
     too large for the key's limits (raised at once), or one with a retry hint of more than a minute, a daily quota or
-    a budget (the model is given up, as for a hint over `cap`). The default statuses are the gateway's own upstream
+    a budget, or a 500/502/503 (an upstream refusing the gateway's key or account): the model is given up, as for a
+    hint over `cap`. The default statuses are the gateway's own upstream
     retry statuses.
     """
 
@@ -97,11 +98,23 @@ class Plan:
                 wait = self.policy.delay(self.tries, error, self.random())
                 if wait is not None:
                     return wait
-        elif self.index == 0 and not (error.should_retry is False and error.retry_after):
+        elif self.index == 0 and not self._another_model_may_serve(error):
             raise error  # the request itself is wrong (or the key): another try would fail the same way
-        # Else the model is given up: retryable errors that used its attempts, and refusals with a hint too long
-        # for the SDKs to sleep on (x-should-retry: false with a retry-after: a daily quota, a budget).
+        # Else the model is given up: retryable errors that used its attempts, refusals with a hint too long for the
+        # SDKs to sleep on (x-should-retry: false with a retry-after: a daily quota, a budget), and failures of the
+        # model's own side marked not to retry (its upstream refuses the gateway's key or account).
         if self.index + 1 < len(self.models):
             self.index, self.tries = self.index + 1, 0
             return 0.0
         raise RetriesExhausted(self.failures) from error
+
+    def _another_model_may_serve(self, error: APIError) -> bool:
+        """A failure marked x-should-retry: false that is about this model, not the request: refused until later
+        (a retry hint), or a 500/502/503, the model's side failing in a way a retry would not mend (a 502 whose
+        upstream refuses the gateway's key or account). A model without fallbacks raises the latter as it is."""
+        if error.should_retry is not False:
+            return False
+        return bool(error.retry_after) or (error.status in _MODEL_SIDE and len(self.models) > self.index + 1)
+
+
+_MODEL_SIDE = frozenset({500, 502, 503})  # statuses of a model's failure rather than the request's or the key's

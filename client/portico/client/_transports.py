@@ -298,7 +298,17 @@ def rest_base_url(url: str) -> str:
 
 def _headers(api_key: str | None, request_id: str | None, operation: Operation) -> dict[str, str]:
     json_body = {} if operation.http_method in ("GET", "DELETE") else {"content-type": "application/json"}
-    return {**dict(_metadata(api_key, request_id)), **json_body}
+    return {**dict(_metadata(api_key, request_id)), **json_body, **_route_headers(operation)}
+
+
+# Services whose REST paths another service binds too, told apart by a header (api.md, Models): without it the
+# gateway answers the other service, whose answer read into this one's message leaves its fields empty.
+_ROUTED_BY_HEADER = {"portico.v1.AnthropicModelService": {"anthropic-version": "2023-06-01"}}
+
+
+def _route_headers(operation: Operation) -> dict[str, str]:
+    service = _service(operation.stub)
+    return _ROUTED_BY_HEADER.get(service.full_name, {}) if service is not None else {}
 
 
 def _http_error(error: httpx.TransportError, method: str,
