@@ -13,13 +13,16 @@ local function strip_internal(map)
   for _, key in ipairs(doomed) do map:remove(key) end
 end
 
--- The trailers' own headers (e.g. retry-after, x-ratelimit-*) become response headers; the gRPC and portico-* ones
--- are dropped, so HTTP/2 callers get no trailers of the server's.
+-- The trailers' own headers (e.g. retry-after, x-ratelimit-*) become response headers and leave the trailers; the
+-- gRPC and portico-* ones are dropped, so HTTP/2 callers get no trailers of the server's (a header left there too
+-- reached them twice: in the headers and again in a trailing HEADERS frame).
 local function hoist(trailers, headers)
+  local moved = {}  -- collect first: removing while iterating is not allowed
   for key, value in pairs(trailers) do
     if not internal(key) then headers:replace(key, value) end
+    moved[#moved + 1] = key
   end
-  strip_internal(trailers)
+  for _, key in ipairs(moved) do trailers:remove(key) end
 end
 
 local function replace_body(buffer, headers, body)

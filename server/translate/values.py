@@ -79,9 +79,27 @@ def _not_finite_number(data: bytes) -> tuple[str, str] | None:
             if math.isnan(node):
                 return path, "NaN"
             return path, f"{'-' if node < 0 else ''}Infinity (or a number beyond a double's range, such as 1e309)"
+        if path and isinstance(node, _LongInteger):
+            return path, f"an integer of {node.digits} digits, beyond a double's range"
         if path and isinstance(node, int) and not isinstance(node, bool) and abs(node) > _LARGEST_DOUBLE:
             return path, f"an integer of {len(str(abs(node)))} digits, beyond a double's range"
     return None
+
+
+class _LongInteger:
+    """An integer written with more digits than Python converts (sys.get_int_max_str_digits(), 4,300), kept as its
+    digit count: it is far beyond a double, and reading it as an int would refuse the whole document."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
+def _integer(text: str) -> int | _LongInteger:
+    """The json module's integer, or a _LongInteger where int() would refuse it (ValueError)."""
+    try:
+        return int(text)
+    except ValueError:
+        return _LongInteger(text)
 
 
 _LARGEST_DOUBLE = 1.7976931348623157e308
@@ -107,7 +125,7 @@ def _in_order(document: str | bytes) -> Iterator[tuple[Json, str]]:
     """Each value of the JSON `document` with its path, in the order they are written (nothing when it does not
     read with Python's json module, which the error paths above use: it reads what orjson refuses)."""
     try:
-        stack: list[tuple[Json, str]] = [(json.loads(document), "")]
+        stack: list[tuple[Json, str]] = [(json.loads(document, parse_int=_integer), "")]
     except (ValueError, RecursionError):
         return
     while stack:

@@ -67,6 +67,20 @@ def test_a_json_answer_over_http2(gateway):
     assert answer.internal() == []
 
 
+def test_a_json_answer_over_http2_repeats_no_header_in_trailers(gateway):
+    """The server sends a unary answer's x-ratelimit-* as trailing metadata; Envoy moved them up into the headers but
+    left them in the trailers too, so an HTTP/2 caller got each one twice: in the headers and again in a trailing
+    HEADERS frame (Go's `resp.Trailer`, say). HTTP/1.1 callers, whose trailers Envoy drops, never saw them."""
+    for path, body in ((CHAT, {"model": "family-a-5.5", "max_tokens": 2,
+                               "messages": [{"role": "user", "content": "Hi"}]}),
+                       ("/v1/messages", {"model": "family-b-opus-4-8", "max_tokens": 2,
+                                         "messages": [{"role": "user", "content": "Hi"}]})):
+        answer = h2_post(gateway.port, path, body, gateway.secret)
+        assert answer.headers[":status"] == "200", answer.body
+        assert "x-ratelimit-remaining-requests" in answer.headers
+        assert answer.trailers == {}, path
+
+
 def test_a_stream_over_http2(gateway):
     answer = h2_post(gateway.port, CHAT, {"model": "family-a-5.5", "max_tokens": 4, "stream": True,
                                            "messages": [{"role": "user", "content": "Hi"}]}, gateway.secret)
