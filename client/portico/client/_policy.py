@@ -20,11 +20,10 @@ class RetryPolicy:
     than `cap` is not waited for: the model is given up at once (next fallback, or RetriesExhausted).
     Only `retry_statuses` (HTTP statuses; gRPC codes map onto them) and connection errors are retried; 400, 401,
     403 and 404 never are, and neither is a POST (any call but a GET) whose answer timed out (APITimeoutError): it
-    may still be running, and a second one could be billed twice. Nor is an answer with `x-should-retry: false`: a 429 for a request
-    too large for the key's limits (raised at once), or one with a retry hint of more than a minute, a daily quota or
-    a budget, or a 500/502/503 (an upstream refusing the gateway's key or account): the model is given up, as for a
-    hint over `cap`. The default statuses are the gateway's own upstream
-    retry statuses.
+    may still be running, and a second one could be billed twice. Nor is an answer with `x-should-retry: false`: a
+    429 for a request too large for the key's limits (raised at once), or one with a retry hint of more than a
+    minute, a daily quota or a budget, or a 500/502/503 (an upstream refusing the gateway's key or account): the
+    model is given up, as for a hint over `cap`. The default statuses are the gateway's own upstream retry statuses.
     """
 
     attempts: int = 3
