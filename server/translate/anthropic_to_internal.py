@@ -8,6 +8,7 @@ only Anthropic's API knows) to the pipeline's check of the provider's capabiliti
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any"
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
 _LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
+_TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's pattern for a tool_use block's id
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
-    unread += _empty_content(messages) or _unpaired_tool_blocks(messages)
+    unread += _empty_content(messages) or _tool_use_ids(messages) or _unpaired_tool_blocks(messages)
     last = turns[-1] if turns else None
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
@@ -175,8 +177,43 @@ def _unpaired_tool_blocks(messages: list) -> list[Unread]:
                            f"`tool_result` blocks immediately after: {', '.join(missing)[:200]}. Each `tool_use` "
                            "block must have a corresponding `tool_result` block in the next message.",
                            other_dialect=False)]
+        if uses and (first := _first_not_a_result(message, len(uses))) is not None:
+            return [Unread(f"messages[{i}].content[{first}]", f"messages.{i}: Did not find {len(uses)} "
+                           "`tool_result` block(s) at the beginning of this message. Messages following `tool_use` "
+                           "blocks must begin with a matching number of `tool_result` blocks.", other_dialect=False)]
         uses = [block["id"] for _, block in _blocks(message, "tool_use") if isinstance(block.get("id"), str)]
     return []
+
+
+def _tool_use_ids(messages: list) -> list[Unread]:
+    """Anthropic's API refuses a `tool_use` id outside `[a-zA-Z0-9_-]` (as some models behind OpenAI-compatible
+    servers write them, `functions.weather:0`) and one that an earlier `tool_use` of the request has: its results
+    could not say which call they answer. The embedded model would answer both; an Anthropic upstream judges them."""
+    seen: set[str] = set()
+    for i, message in enumerate(messages):
+        for j, block in _blocks(message, "tool_use"):
+            call_id = block.get("id")
+            if not isinstance(call_id, str):
+                continue
+            if not _TOOL_USE_ID.fullmatch(call_id):
+                return [Unread(f"messages[{i}].content[{j}].id", f"messages.{i}.content.{j}.tool_use.id: String "
+                               "should match pattern '^[a-zA-Z0-9_-]+$'", other_dialect=False)]
+            if call_id in seen:
+                return [Unread(f"messages[{i}].content[{j}].id", f"messages.{i}.content.{j}: `tool_use` ids must be "
+                               "unique", other_dialect=False)]
+            seen.add(call_id)
+    return []
+
+
+def _first_not_a_result(message: Mapping[str, Json], count: int) -> int | None:
+    """The index of the first of a message's first `count` blocks that is no `tool_result` (text written before
+    the results, say), or None when they all are."""
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else []
+    for j in range(min(count, len(blocks))):
+        if not isinstance(blocks[j], dict) or blocks[j].get("type") != "tool_result":
+            return j
+    return None if len(blocks) >= count else len(blocks)
 
 
 def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:

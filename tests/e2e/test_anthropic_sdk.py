@@ -391,6 +391,11 @@ def _result(tool_use_id: str) -> dict:
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use_id, "content": "sunny"}]}
 
 
+def _use(*ids: str) -> dict:
+    return {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": "get_weather", "input": {}}
+                                             for i in ids]}
+
+
 @pytest.mark.parametrize(("messages", "param", "words"), [
     ([_ASK, _USE, {"role": "user", "content": "And?"}], "messages[2].content",
      "`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"),
@@ -399,17 +404,35 @@ def _result(tool_use_id: str) -> dict:
     ([_ASK, {"role": "assistant", "content": "Hm."}, _result("toolu_1")], "messages[2].content[0].tool_use_id",
      "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1"),
     ([_ASK, _USE, _result("toolu_9")], "messages[2].content[0].tool_use_id", "unexpected `tool_use_id`"),
+    ([_ASK, _USE, {"role": "user", "content": [{"type": "text", "text": "Here:"}, *_result("toolu_1")["content"]]}],
+     "messages[2].content[0]", "Did not find 1 `tool_result` block(s) at the beginning of this message"),
+    ([_ASK, _use("toolu_1", "toolu_1"), _result("toolu_1")], "messages[1].content[1].id",
+     "messages.1.content.1: `tool_use` ids must be unique"),
+    ([_ASK, _USE, _result("toolu_1"), _use("toolu_1"), _result("toolu_1")], "messages[3].content[0].id",
+     "`tool_use` ids must be unique"),
+    ([_ASK, _use("functions.get_weather:0"), _result("functions.get_weather:0")], "messages[1].content[0].id",
+     "messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"),
 ])
 def test_tool_traffic_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
     """A tool_use without its tool_result right after it, or a tool_result for no tool_use of the message before, is
-    a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic."""
+    a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic. So
+    were a text block written before the tool_result blocks (the next message must begin with them), two tool_use
+    blocks with one id, and an id outside Anthropic's pattern (as models behind OpenAI-compatible servers write
+    them): the embedded model answered these too, and count_tokens counted them."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS)
     assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="family-b-sonnet-4-6", messages=messages, tools=_TOOLS)
+    assert caught.value.body["error"]["param"] == param
 
 
 def test_tool_traffic_in_pairs_is_answered(client):
     messages = [_ASK, _USE, _result("toolu_1")]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS).content
+    # Text after the results, and two calls answered in another order, are what Anthropic's API takes.
+    results = [*_result("toolu_b")["content"], *_result("toolu_a")["content"], {"type": "text", "text": "And?"}]
+    messages = [_ASK, _use("toolu_a", "toolu_b"), {"role": "user", "content": results}]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS).content
 
 
