@@ -79,7 +79,8 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
-    unread += _empty_content(messages) or _tool_use_ids(messages) or _unpaired_tool_blocks(messages)
+    unread += (_empty_system_block(body.get("system")) or _empty_content(messages) or _tool_use_ids(messages)
+               or _unpaired_tool_blocks(messages))
     last = turns[-1] if turns else None
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
@@ -139,6 +140,16 @@ def _blocks(message: Mapping[str, Json], kind: str) -> list[tuple[int, Mapping[s
     content = message.get("content")
     blocks = content if isinstance(content, list) else []
     return [(j, block) for j, block in enumerate(blocks) if isinstance(block, dict) and block.get("type") == kind]
+
+
+def _empty_system_block(system: Json) -> list[Unread]:
+    """Anthropic's API refuses an empty text block in `system` too (an empty string is no system prompt, and is
+    taken): an app that leaves a slot of its system prompt empty was answered here and refused once the model was
+    served by Anthropic. An OpenAI-compatible upstream takes it, an Anthropic one judges it itself."""
+    for j, block in enumerate(system if isinstance(system, list) else []):
+        if isinstance(block, dict) and block.get("type") == "text" and block.get("text") == "":
+            return [Unread(f"system[{j}].text", "system: text content blocks must be non-empty", other_dialect=False)]
+    return []
 
 
 def _empty_content(messages: list) -> list[Unread]:

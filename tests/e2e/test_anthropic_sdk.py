@@ -452,6 +452,20 @@ def test_an_empty_message_anthropic_s_api_refuses_is_refused_not_answered(client
     assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
 
 
+def test_an_empty_system_block_anthropic_s_api_refuses_is_refused_not_answered(client):
+    """Anthropic's API refuses `system` holding an empty text block (an app whose system prompt has an empty slot);
+    the embedded model answered it, and count_tokens counted it. An empty string is no system prompt, and is taken."""
+    hi = [{"role": "user", "content": "Hi"}]
+    system = [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]
+    for call in (lambda: client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, system=system, messages=hi),
+                 lambda: client.messages.count_tokens(model="family-b-sonnet-4-6", system=system, messages=hi)):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            call()
+        assert caught.value.body["error"]["param"] == "system[1].text"
+        assert caught.value.body["error"]["message"] == "system: text content blocks must be non-empty"
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, system="", messages=hi).content
+
+
 def test_an_empty_last_assistant_message_is_no_prefill_and_is_answered(client):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
