@@ -165,7 +165,22 @@ def _empty_content(messages: list) -> list[Unread]:
             if block.get("text") == "":
                 return [Unread(f"messages[{i}].content[{j}].text", f"messages.{i}.content.{j}.text: text content "
                                "blocks must be non-empty", other_dialect=False)]
+        # Nothing but whitespace (a voice turn heard as "\n", a tool loop's blank reply): refused too, but as the last
+        # assistant message, a prefill, which the prefill rule refuses in its own words.
+        if _only_whitespace(content) and not (i == len(messages) - 1 and message.get("role") == "assistant"):
+            return [Unread(f"messages[{i}].content", "messages: text content blocks must contain non-whitespace text",
+                           other_dialect=False)]
     return []
+
+
+def _only_whitespace(content: Json) -> bool:
+    """Whether a message's content is text of whitespace alone: a string, or text blocks only (Anthropic's API takes
+    a whitespace block beside one with text)."""
+    if isinstance(content, str):
+        return content != "" and not content.strip()
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+        and not block["text"].strip() for block in content)
 
 
 def _unpaired_tool_blocks(messages: list) -> list[Unread]:

@@ -443,6 +443,10 @@ def test_tool_traffic_in_pairs_is_answered(client):
      "messages[2].content", "except for the optional final assistant message"),
     ([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": ""}]}],
      "messages[0].content[1].text", "text content blocks must be non-empty"),
+    ([{"role": "user", "content": " \n"}], "messages[0].content",
+     "messages: text content blocks must contain non-whitespace text"),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "\n"}]},
+      {"role": "user", "content": "Hi?"}], "messages[1].content", "must contain non-whitespace text"),
 ])
 def test_an_empty_message_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
     """Anthropic's API refuses an empty message (but a last assistant one) and an empty text block; the embedded
@@ -468,4 +472,7 @@ def test_an_empty_system_block_anthropic_s_api_refuses_is_refused_not_answered(c
 
 def test_an_empty_last_assistant_message_is_no_prefill_and_is_answered(client):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
+    # A whitespace block beside one with text is what Anthropic's API takes.
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "\n"}]}]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
