@@ -91,6 +91,9 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not stop:
             raise InvalidRequest("stop_sequences: entries must be non-empty strings.", param=f"stop_sequences[{i}]")
+        if not stop.strip():  # as Anthropic's API refuses it ("\n" to stop at a line's end); OpenAI's takes it
+            unread.append(Unread(f"stop_sequences[{i}]", f"stop_sequences.{i}: each stop sequence must contain "
+                                 "non-whitespace", other_dialect=False))
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 1.0),

@@ -122,7 +122,8 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                           "`tool_result`'s `is_error: true` → its text starts with `Error: ` (OpenAI: the `tool` "
                           "message's content)"),
     "system": FieldRule("any", A, A, note="→ a system message"),
-    "stop_sequences": FieldRule("array", A, A, note="→ `stop`"),
+    "stop_sequences": FieldRule("array", A, A, note="→ `stop`; embedded: whitespace-only ones are refused, as "
+                                                    "Anthropic refuses them"),
     "temperature": FieldRule("number", A, A, note="0–1"),
     "top_p": FieldRule("number", A, A),
     "top_k": FieldRule("integer", A, I, note="OpenAI refuses `top_k`"),

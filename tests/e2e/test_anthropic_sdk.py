@@ -470,6 +470,18 @@ def test_an_empty_system_block_anthropic_s_api_refuses_is_refused_not_answered(c
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, system="", messages=hi).content
 
 
+@pytest.mark.parametrize("stop", [["\n"], ["END", " \t"]])
+def test_a_whitespace_stop_sequence_anthropic_s_api_refuses_is_refused_not_answered(client, stop):
+    """Anthropic's API refuses a stop sequence of whitespace only (`"\n"`, to stop at a line's end); the embedded
+    model stopped at it, so code that worked here failed once the model was served by Anthropic."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=hi, stop_sequences=stop)
+    assert caught.value.body["error"]["param"] == f"stop_sequences[{len(stop) - 1}]"
+    assert "each stop sequence must contain non-whitespace" in caught.value.body["error"]["message"]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=hi, stop_sequences=[" END\n"])
+
+
 def test_an_empty_last_assistant_message_is_no_prefill_and_is_answered(client):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
