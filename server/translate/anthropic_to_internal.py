@@ -32,6 +32,7 @@ _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any"
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
 _LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
+_LONGEST_USER_ID = 256  # Anthropic's API refuses a longer metadata.user_id
 _TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's pattern for a tool_use block's id
 
 
@@ -104,6 +105,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     _check_thinking(body, given_max_tokens, unread)
     metadata = opt_object(body, "metadata") or {}
     end_user = opt_string(metadata, "user_id", "metadata") or None
+    unread += _metadata_unread(metadata, end_user)
     tools = _tools(body, unread)
     tool_choice = _tool_choice(body, unread)
     asked = bool(opt_bool(body, "stream"))
@@ -112,6 +114,17 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
         turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
+
+
+def _metadata_unread(metadata: Mapping[str, Json], end_user: str | None) -> list[Unread]:
+    """Anthropic's API refuses a `metadata.user_id` over 256 characters and members other than `user_id` (a
+    session id put there, say); the embedded model ignored both, so code that worked here failed once the model was
+    served by Anthropic. An OpenAI-compatible upstream receives the user id as `user`, an Anthropic one judges them."""
+    if end_user is not None and len(end_user) > _LONGEST_USER_ID:
+        return [Unread("metadata.user_id", f"metadata.user_id: String should have at most {_LONGEST_USER_ID} "
+                                           "characters", other_dialect=False)]
+    return [Unread(f"metadata.{name[:40]}", f"metadata.{name[:40]}: Extra inputs are not permitted",
+                   other_dialect=False) for name in metadata if name != "user_id"][:1]
 
 
 def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: list[Unread]) -> None:

@@ -298,6 +298,23 @@ def test_metadata_is_checked_as_anthropic_s_api_checks_it(client):
                                   metadata={"user_id": "u-42"}).usage.output_tokens > 0
 
 
+@pytest.mark.parametrize(("metadata", "param", "words"), [
+    ({"user_id": "u" * 257}, "metadata.user_id", "metadata.user_id: String should have at most 256 characters"),
+    ({"user_id": "u-42", "session_id": "s-1"}, "metadata.session_id",
+     "metadata.session_id: Extra inputs are not permitted"),
+])
+def test_metadata_anthropic_s_api_refuses_is_refused_not_ignored(client, metadata, param, words):
+    """Anthropic's API takes only `user_id` in `metadata`, of at most 256 characters; the embedded model ignored a
+    longer one and a session id put beside it, so code that worked here failed once the model was served by
+    Anthropic."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi, metadata=metadata)
+    assert (caught.value.body["error"]["param"], caught.value.body["error"]["message"]) == (param, words)
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi,
+                                  metadata={"user_id": "u" * 256}).usage.output_tokens > 0
+
+
 def _filling(client, room: int) -> list[dict]:
     """A conversation whose prompt leaves exactly `room` tokens of the embedded model's 2048-token window."""
     start = [{"role": "user", "content": "Go on:"}]
