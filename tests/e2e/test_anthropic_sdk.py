@@ -429,12 +429,14 @@ def _use(*ids: str) -> dict:
      "`tool_use` ids must be unique"),
     ([_ASK, _use("functions.get_weather:0"), _result("functions.get_weather:0")], "messages[1].content[0].id",
      "messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"),
+    ([_ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather"}]},
+      _result("toolu_1")], "messages[1].content[0].input", "messages.1.content.0.tool_use.input: Field required"),
 ])
 def test_tool_traffic_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
     """A tool_use without its tool_result right after it, or a tool_result for no tool_use of the message before, is
     a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic. So
     were a text block written before the tool_result blocks (the next message must begin with them), two tool_use
-    blocks with one id, and an id outside Anthropic's pattern (as models behind OpenAI-compatible servers write
+    blocks with one id, a tool_use without its `input`, and an id outside Anthropic's pattern (as models behind OpenAI-compatible servers write
     them): the embedded model answered these too, and count_tokens counted them."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS)
