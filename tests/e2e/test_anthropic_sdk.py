@@ -436,8 +436,8 @@ def test_tool_traffic_anthropic_s_api_refuses_is_refused_not_answered(client, me
     """A tool_use without its tool_result right after it, or a tool_result for no tool_use of the message before, is
     a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic. So
     were a text block written before the tool_result blocks (the next message must begin with them), two tool_use
-    blocks with one id, a tool_use without its `input`, and an id outside Anthropic's pattern (as models behind OpenAI-compatible servers write
-    them): the embedded model answered these too, and count_tokens counted them."""
+    blocks with one id, a tool_use without its `input`, and an id outside Anthropic's pattern (as models behind
+    OpenAI-compatible servers write them): the embedded model answered these too, and count_tokens counted them."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS)
     assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
@@ -479,7 +479,8 @@ def test_an_empty_system_block_anthropic_s_api_refuses_is_refused_not_answered(c
     """Anthropic's API refuses `system` holding an empty text block (an app whose system prompt has an empty slot);
     the embedded model answered it, and count_tokens counted it. An empty string is no system prompt, and is taken."""
     hi = [{"role": "user", "content": "Hi"}]
-    system = [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]
+    system = [{"type": "text", "text": "Be brief."},
+              {"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]
     for call in (lambda: client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, system=system, messages=hi),
                  lambda: client.messages.count_tokens(model="family-b-sonnet-4-6", system=system, messages=hi)):
         with pytest.raises(anthropic.BadRequestError) as caught:
