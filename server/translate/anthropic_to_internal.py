@@ -8,6 +8,7 @@ only Anthropic's API knows) to the pipeline's check of the provider's capabiliti
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any"
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
 _LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
+_LONGEST_USER_ID = 256  # Anthropic's API refuses a longer metadata.user_id
+_TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's pattern for a tool_use block's id
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,8 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     if system:
         turns.append(Turn(Role.SYSTEM, system))
     turns += [_turn(message, f"messages[{i}]", unread) for i, message in enumerate(messages)]
-    unread += _empty_content(messages) or _unpaired_tool_blocks(messages)
+    unread += (_empty_system_block(body.get("system")) or _empty_content(messages) or _tool_use_ids(messages)
+               or _unpaired_tool_blocks(messages))
     last = turns[-1] if turns else None
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
@@ -88,6 +92,9 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     for i, stop in enumerate(stops):
         if not isinstance(stop, str) or not stop:
             raise InvalidRequest("stop_sequences: entries must be non-empty strings.", param=f"stop_sequences[{i}]")
+        if not stop.strip():  # as Anthropic's API refuses it ("\n" to stop at a line's end); OpenAI's takes it
+            unread.append(Unread(f"stop_sequences[{i}]", f"stop_sequences.{i}: each stop sequence must contain "
+                                 "non-whitespace", other_dialect=False))
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", 0.0, 1.0),
@@ -98,6 +105,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     _check_thinking(body, given_max_tokens, unread)
     metadata = opt_object(body, "metadata") or {}
     end_user = opt_string(metadata, "user_id", "metadata") or None
+    unread += _metadata_unread(metadata, end_user)
     tools = _tools(body, unread)
     tool_choice = _tool_choice(body, unread)
     asked = bool(opt_bool(body, "stream"))
@@ -106,6 +114,17 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
         turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
     )
+
+
+def _metadata_unread(metadata: Mapping[str, Json], end_user: str | None) -> list[Unread]:
+    """Anthropic's API refuses a `metadata.user_id` over 256 characters and members other than `user_id` (a
+    session id put there, say); the embedded model ignored both, so code that worked here failed once the model was
+    served by Anthropic. An OpenAI-compatible upstream receives the user id as `user`, an Anthropic one judges them."""
+    if end_user is not None and len(end_user) > _LONGEST_USER_ID:
+        return [Unread("metadata.user_id", f"metadata.user_id: String should have at most {_LONGEST_USER_ID} "
+                                           "characters", other_dialect=False)]
+    return [Unread(f"metadata.{name[:40]}", f"metadata.{name[:40]}: Extra inputs are not permitted",
+                   other_dialect=False) for name in metadata if name != "user_id"][:1]
 
 
 def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: list[Unread]) -> None:
@@ -139,6 +158,16 @@ def _blocks(message: Mapping[str, Json], kind: str) -> list[tuple[int, Mapping[s
     return [(j, block) for j, block in enumerate(blocks) if isinstance(block, dict) and block.get("type") == kind]
 
 
+def _empty_system_block(system: Json) -> list[Unread]:
+    """Anthropic's API refuses an empty text block in `system` too (an empty string is no system prompt, and is
+    taken): an app that leaves a slot of its system prompt empty was answered here and refused once the model was
+    served by Anthropic. An OpenAI-compatible upstream takes it, an Anthropic one judges it itself."""
+    for j, block in enumerate(system if isinstance(system, list) else []):
+        if isinstance(block, dict) and block.get("type") == "text" and block.get("text") == "":
+            return [Unread(f"system[{j}].text", "system: text content blocks must be non-empty", other_dialect=False)]
+    return []
+
+
 def _empty_content(messages: list) -> list[Unread]:
     """Anthropic's API refuses a message without content (but the last one, an assistant's: no prefill) and an empty
     text block. The embedded model would answer them (a chat UI's empty turn, say), which then fails once the model is
@@ -152,7 +181,22 @@ def _empty_content(messages: list) -> list[Unread]:
             if block.get("text") == "":
                 return [Unread(f"messages[{i}].content[{j}].text", f"messages.{i}.content.{j}.text: text content "
                                "blocks must be non-empty", other_dialect=False)]
+        # Nothing but whitespace (a voice turn heard as "\n", a tool loop's blank reply): refused too, but as the last
+        # assistant message, a prefill, which the prefill rule refuses in its own words.
+        if _only_whitespace(content) and not (i == len(messages) - 1 and message.get("role") == "assistant"):
+            return [Unread(f"messages[{i}].content", "messages: text content blocks must contain non-whitespace text",
+                           other_dialect=False)]
     return []
+
+
+def _only_whitespace(content: Json) -> bool:
+    """Whether a message's content is text of whitespace alone: a string, or text blocks only (Anthropic's API takes
+    a whitespace block beside one with text)."""
+    if isinstance(content, str):
+        return content != "" and not content.strip()
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+        and not block["text"].strip() for block in content)
 
 
 def _unpaired_tool_blocks(messages: list) -> list[Unread]:
@@ -175,8 +219,43 @@ def _unpaired_tool_blocks(messages: list) -> list[Unread]:
                            f"`tool_result` blocks immediately after: {', '.join(missing)[:200]}. Each `tool_use` "
                            "block must have a corresponding `tool_result` block in the next message.",
                            other_dialect=False)]
+        if uses and (first := _first_not_a_result(message, len(uses))) is not None:
+            return [Unread(f"messages[{i}].content[{first}]", f"messages.{i}: Did not find {len(uses)} "
+                           "`tool_result` block(s) at the beginning of this message. Messages following `tool_use` "
+                           "blocks must begin with a matching number of `tool_result` blocks.", other_dialect=False)]
         uses = [block["id"] for _, block in _blocks(message, "tool_use") if isinstance(block.get("id"), str)]
     return []
+
+
+def _tool_use_ids(messages: list) -> list[Unread]:
+    """Anthropic's API refuses a `tool_use` id outside `[a-zA-Z0-9_-]` (as some models behind OpenAI-compatible
+    servers write them, `functions.weather:0`) and one that an earlier `tool_use` of the request has: its results
+    could not say which call they answer. The embedded model would answer both; an Anthropic upstream judges them."""
+    seen: set[str] = set()
+    for i, message in enumerate(messages):
+        for j, block in _blocks(message, "tool_use"):
+            call_id = block.get("id")
+            if not isinstance(call_id, str):
+                continue
+            if not _TOOL_USE_ID.fullmatch(call_id):
+                return [Unread(f"messages[{i}].content[{j}].id", f"messages.{i}.content.{j}.tool_use.id: String "
+                               "should match pattern '^[a-zA-Z0-9_-]+$'", other_dialect=False)]
+            if call_id in seen:
+                return [Unread(f"messages[{i}].content[{j}].id", f"messages.{i}.content.{j}: `tool_use` ids must be "
+                               "unique", other_dialect=False)]
+            seen.add(call_id)
+    return []
+
+
+def _first_not_a_result(message: Mapping[str, Json], count: int) -> int | None:
+    """The index of the first of a message's first `count` blocks that is no `tool_result` (text written before
+    the results, say), or None when they all are."""
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else []
+    for j in range(min(count, len(blocks))):
+        if not isinstance(blocks[j], dict) or blocks[j].get("type") != "tool_result":
+            return j
+    return None if len(blocks) >= count else len(blocks)
 
 
 def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
@@ -223,6 +302,9 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
             missing = f"{where}.name" if call_id else f"{where}.id"
             raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=missing)
         tool_input = opt_object(block, "input", where)
+        if tool_input is None:  # Anthropic's API requires it ({} for a call without arguments); OpenAI's has "{}"
+            unread.append(Unread(f"{where}.input", f"{_anthropic_path(where)}.tool_use.input: Field required",
+                                 other_dialect=False))
         calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input or {}).decode()))
     elif kind == "tool_result" and role is Role.USER:
         call_id = opt_string(block, "tool_use_id", where)
@@ -242,6 +324,11 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
         unread.append(Unread(f"{where}.type", f"Content blocks of type {kind[:40]!r} are not supported by this "
                                               "model; supported: text, tool_use (assistant), tool_result (user), "
                                               "thinking (assistant)."))
+
+
+def _anthropic_path(where: str) -> str:
+    """`messages[1].content[0]` as Anthropic's errors write it: `messages.1.content.0`."""
+    return where.replace("[", ".").replace("]", "")
 
 
 def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:

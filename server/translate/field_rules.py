@@ -122,7 +122,8 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                           "`tool_result`'s `is_error: true` → its text starts with `Error: ` (OpenAI: the `tool` "
                           "message's content)"),
     "system": FieldRule("any", A, A, note="→ a system message"),
-    "stop_sequences": FieldRule("array", A, A, note="→ `stop`"),
+    "stop_sequences": FieldRule("array", A, A, note="→ `stop`; embedded: whitespace-only ones are refused, as "
+                                                    "Anthropic refuses them"),
     "temperature": FieldRule("number", A, A, note="0–1"),
     "top_p": FieldRule("number", A, A),
     "top_k": FieldRule("integer", A, I, note="OpenAI refuses `top_k`"),
@@ -131,7 +132,8 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                                           "`function.strict`; `input_examples`, `defer_loading` ignored); server "
                                           "tools are refused"),
     "tool_choice": FieldRule("object", A, A, note="embedded: `auto`/`none` only; `any` → `required`"),
-    "metadata": FieldRule("object", I, A, note="its `user_id` (a string) → `user`"),
+    "metadata": FieldRule("object", I, A, note="its `user_id` (a string) → `user`; embedded: `user_id` only, "
+                                                   "at most 256 characters, as Anthropic takes it"),
     "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer; what Anthropic's API "
                           "refuses is refused (a `type` other than `enabled`, `disabled`, `adaptive`; `enabled` "
                           "without `budget_tokens`, or with one under 1024 or not under `max_tokens`)"),

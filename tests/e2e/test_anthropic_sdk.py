@@ -298,6 +298,23 @@ def test_metadata_is_checked_as_anthropic_s_api_checks_it(client):
                                   metadata={"user_id": "u-42"}).usage.output_tokens > 0
 
 
+@pytest.mark.parametrize(("metadata", "param", "words"), [
+    ({"user_id": "u" * 257}, "metadata.user_id", "metadata.user_id: String should have at most 256 characters"),
+    ({"user_id": "u-42", "session_id": "s-1"}, "metadata.session_id",
+     "metadata.session_id: Extra inputs are not permitted"),
+])
+def test_metadata_anthropic_s_api_refuses_is_refused_not_ignored(client, metadata, param, words):
+    """Anthropic's API takes only `user_id` in `metadata`, of at most 256 characters; the embedded model ignored a
+    longer one and a session id put beside it, so code that worked here failed once the model was served by
+    Anthropic."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi, metadata=metadata)
+    assert (caught.value.body["error"]["param"], caught.value.body["error"]["message"]) == (param, words)
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=2, messages=hi,
+                                  metadata={"user_id": "u" * 256}).usage.output_tokens > 0
+
+
 def _filling(client, room: int) -> list[dict]:
     """A conversation whose prompt leaves exactly `room` tokens of the embedded model's 2048-token window."""
     start = [{"role": "user", "content": "Go on:"}]
@@ -391,6 +408,11 @@ def _result(tool_use_id: str) -> dict:
     return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use_id, "content": "sunny"}]}
 
 
+def _use(*ids: str) -> dict:
+    return {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": "get_weather", "input": {}}
+                                             for i in ids]}
+
+
 @pytest.mark.parametrize(("messages", "param", "words"), [
     ([_ASK, _USE, {"role": "user", "content": "And?"}], "messages[2].content",
      "`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"),
@@ -399,17 +421,37 @@ def _result(tool_use_id: str) -> dict:
     ([_ASK, {"role": "assistant", "content": "Hm."}, _result("toolu_1")], "messages[2].content[0].tool_use_id",
      "unexpected `tool_use_id` found in `tool_result` blocks: toolu_1"),
     ([_ASK, _USE, _result("toolu_9")], "messages[2].content[0].tool_use_id", "unexpected `tool_use_id`"),
+    ([_ASK, _USE, {"role": "user", "content": [{"type": "text", "text": "Here:"}, *_result("toolu_1")["content"]]}],
+     "messages[2].content[0]", "Did not find 1 `tool_result` block(s) at the beginning of this message"),
+    ([_ASK, _use("toolu_1", "toolu_1"), _result("toolu_1")], "messages[1].content[1].id",
+     "messages.1.content.1: `tool_use` ids must be unique"),
+    ([_ASK, _USE, _result("toolu_1"), _use("toolu_1"), _result("toolu_1")], "messages[3].content[0].id",
+     "`tool_use` ids must be unique"),
+    ([_ASK, _use("functions.get_weather:0"), _result("functions.get_weather:0")], "messages[1].content[0].id",
+     "messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"),
+    ([_ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather"}]},
+      _result("toolu_1")], "messages[1].content[0].input", "messages.1.content.0.tool_use.input: Field required"),
 ])
 def test_tool_traffic_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
     """A tool_use without its tool_result right after it, or a tool_result for no tool_use of the message before, is
-    a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic."""
+    a 400 on Anthropic's API; the embedded model answered it, so code that worked against it failed on Anthropic. So
+    were a text block written before the tool_result blocks (the next message must begin with them), two tool_use
+    blocks with one id, a tool_use without its `input`, and an id outside Anthropic's pattern (as models behind
+    OpenAI-compatible servers write them): the embedded model answered these too, and count_tokens counted them."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS)
     assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="family-b-sonnet-4-6", messages=messages, tools=_TOOLS)
+    assert caught.value.body["error"]["param"] == param
 
 
 def test_tool_traffic_in_pairs_is_answered(client):
     messages = [_ASK, _USE, _result("toolu_1")]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS).content
+    # Text after the results, and two calls answered in another order, are what Anthropic's API takes.
+    results = [*_result("toolu_b")["content"], *_result("toolu_a")["content"], {"type": "text", "text": "And?"}]
+    messages = [_ASK, _use("toolu_a", "toolu_b"), {"role": "user", "content": results}]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages, tools=_TOOLS).content
 
 
@@ -420,6 +462,10 @@ def test_tool_traffic_in_pairs_is_answered(client):
      "messages[2].content", "except for the optional final assistant message"),
     ([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": ""}]}],
      "messages[0].content[1].text", "text content blocks must be non-empty"),
+    ([{"role": "user", "content": " \n"}], "messages[0].content",
+     "messages: text content blocks must contain non-whitespace text"),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "\n"}]},
+      {"role": "user", "content": "Hi?"}], "messages[1].content", "must contain non-whitespace text"),
 ])
 def test_an_empty_message_anthropic_s_api_refuses_is_refused_not_answered(client, messages, param, words):
     """Anthropic's API refuses an empty message (but a last assistant one) and an empty text block; the embedded
@@ -429,6 +475,36 @@ def test_an_empty_message_anthropic_s_api_refuses_is_refused_not_answered(client
     assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
 
 
+def test_an_empty_system_block_anthropic_s_api_refuses_is_refused_not_answered(client):
+    """Anthropic's API refuses `system` holding an empty text block (an app whose system prompt has an empty slot);
+    the embedded model answered it, and count_tokens counted it. An empty string is no system prompt, and is taken."""
+    hi = [{"role": "user", "content": "Hi"}]
+    system = [{"type": "text", "text": "Be brief."},
+              {"type": "text", "text": "", "cache_control": {"type": "ephemeral"}}]
+    for call in (lambda: client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, system=system, messages=hi),
+                 lambda: client.messages.count_tokens(model="family-b-sonnet-4-6", system=system, messages=hi)):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            call()
+        assert caught.value.body["error"]["param"] == "system[1].text"
+        assert caught.value.body["error"]["message"] == "system: text content blocks must be non-empty"
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, system="", messages=hi).content
+
+
+@pytest.mark.parametrize("stop", [["\n"], ["END", " \t"]])
+def test_a_whitespace_stop_sequence_anthropic_s_api_refuses_is_refused_not_answered(client, stop):
+    """Anthropic's API refuses a stop sequence of whitespace only (`"\n"`, to stop at a line's end); the embedded
+    model stopped at it, so code that worked here failed once the model was served by Anthropic."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=hi, stop_sequences=stop)
+    assert caught.value.body["error"]["param"] == f"stop_sequences[{len(stop) - 1}]"
+    assert "each stop sequence must contain non-whitespace" in caught.value.body["error"]["message"]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=hi, stop_sequences=[" END\n"])
+
+
 def test_an_empty_last_assistant_message_is_no_prefill_and_is_answered(client):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
+    assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
+    # A whitespace block beside one with text is what Anthropic's API takes.
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "\n"}]}]
     assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=4, messages=messages).content
