@@ -201,6 +201,12 @@ def _error(reply: ResponseError) -> ResponseError:
     return Refusing(message) if code in _REFUSING else reply
 
 
+def _retrieve(attempt: asyncio.Task) -> None:
+    """An attempt's failure is read here too: every caller may have given up waiting on it."""
+    if not attempt.cancelled():
+        attempt.exception()
+
+
 class RedisPipe:
     """Commands to one Redis over one pipelined connection, opened at first use and again after it broke."""
 
@@ -216,7 +222,7 @@ class RedisPipe:
         self._options = options
         self._timeout = options["socket_timeout"] or timeout
         self._link: _Link | None = None
-        self._connecting = asyncio.Lock()
+        self._opening: asyncio.Task[_Link] | None = None  # the attempt to connect under way, if any
         self.connections = 0  # opened so far: a new one may be to a Redis that restarted (without its data)
 
     async def execute(self, *args: Arg, dispatch: Dispatch | None = None) -> Any:
@@ -262,22 +268,36 @@ class RedisPipe:
         return replies
 
     async def _connect(self) -> _Link:
-        async with self._connecting:  # callers that find no connection wait for one attempt to make it
-            if self._link is not None and self._link.error is None:
-                return self._link
-            connection = self._connection_class(**self._options)
-            try:
-                await connection.connect()
-            except BaseException:
-                connection._close()  # cancelled during the handshake, say: do not leak the socket
-                raise
-            self._link = _Link(connection, self._timeout)
-            self.connections += 1
+        """Callers that find no connection share one attempt to make it, run as a task of its own: a caller whose
+        own timeout ends gives up waiting without cancelling the attempt under the others. (Under a lock, each
+        caller made the attempt in turn, and one that took the lock as the previous holder gave up began another
+        from scratch: on Python 3.11 its timeout could then fire unheard, and a cache lookup that should have cost
+        one timeout while Redis did not answer cost two.)"""
+        if self._link is not None and self._link.error is None:
             return self._link
+        if self._opening is None or self._opening.done():
+            self._opening = asyncio.create_task(self._open())
+            self._opening.add_done_callback(_retrieve)
+        return await asyncio.shield(self._opening)
+
+    async def _open(self) -> _Link:
+        """Connect and handshake, each bounded by redis-py's own timeouts."""
+        connection = self._connection_class(**self._options)
+        try:
+            await connection.connect()
+        except BaseException:
+            connection._close()  # cancelled during the handshake, say: do not leak the socket
+            raise
+        self._link = _Link(connection, self._timeout)
+        self.connections += 1
+        return self._link
 
     async def close(self) -> None:
         """Close the connection (a later command opens a new one)."""
-        async with self._connecting:
-            if self._link is not None:
-                await self._link.close()
-                self._link = None
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+            with contextlib.suppress(BaseException):
+                await self._opening
+        if self._link is not None:
+            await self._link.close()
+            self._link = None

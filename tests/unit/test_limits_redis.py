@@ -297,6 +297,41 @@ def _restart(server: RedisServer, directory: Path) -> RedisServer:
 
 
 @pytest.mark.usefixtures("no_collector_pauses")
+async def test_callers_share_one_attempt_to_connect_and_each_waits_only_its_own_timeout():
+    """A Redis that takes connections and answers nothing (stopped, say): the handshake of each new connection
+    waits out the timeout. Callers waited for a lock and made the attempt in turn, so one arriving just after a
+    caller that gave up began a new attempt (a second connection) when that one's time ran out; on Python 3.11 its
+    own timeout could then fire unheard, and a cache lookup cost two timeouts instead of one."""
+    accepted: list[asyncio.Transport] = []
+
+    class Silent(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted.append(transport)
+
+    server = await asyncio.get_running_loop().create_server(Silent, "127.0.0.1", 0)
+    pipe = RedisPipe(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0", timeout=0.4)
+
+    async def get(give_up_after: float) -> float:
+        began = time.monotonic()
+        with pytest.raises((TimeoutError, redis.exceptions.TimeoutError)):  # its own, or the attempt's
+            async with asyncio.timeout(give_up_after):
+                await pipe.execute("GET", "k")
+        return time.monotonic() - began
+
+    try:
+        first = asyncio.create_task(get(0.1))
+        await asyncio.sleep(0.05)
+        waited = await get(0.4)
+        assert await first < 0.3 and waited < 0.6  # each its own timeout, though the first gave up mid-attempt
+        assert len(accepted) == 1  # the second caller waited on the attempt the first began
+    finally:
+        await pipe.close()
+        for transport in accepted:
+            transport.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_stalled_redis_fails_calls_in_time_and_then_serves_again(redis_server, prefix):
     store = RedisLimitStore(redis_server.url, prefix=prefix, timeout_seconds=0.2)
     outside = _outside(redis_server)
