@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from portico.client import (
-    AsyncPorticoClient, AsyncRequestQueue, BadRequestError, GrpcTransport, ModelAliases, Operation, PorticoClient,
-    RateLimitError, RetriesExhausted, RetryPolicy, UpstreamError,
+    APITimeoutError, AsyncPorticoClient, AsyncRequestQueue, BadRequestError, GrpcTransport, ModelAliases, Operation,
+    PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy, UpstreamError,
 )
 from portico.v1 import image_pb2, image_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
@@ -31,8 +31,10 @@ CREATE_IMAGE = Operation(image_service_pb2_grpc.ImageServiceStub, "CreateImage",
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
     provider = f"{{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-image-up}}"
+    once = provider.removesuffix("}") + ", retry: {attempts: 1}}"  # an upstream 503 is answered as it comes
     models = (f"  - {{id: image-up, endpoint: /v1/images/generations, provider: {provider}}}\n"
               f"  - {{id: chat-up, endpoint: /v1/chat/completions, provider: {provider}}}\n"
+              f"  - {{id: chat-once, endpoint: /v1/chat/completions, provider: {once}}}\n"
               f"  - {{id: chat-priced, endpoint: /v1/chat/completions, provider: {provider},\n"
               f"      price: {{input: 1, output: 2}}}}\n")
     with upstream_gateway(tmp_path_factory.mktemp("client-upstream"), models) as gateway:
@@ -172,6 +174,23 @@ def test_a_primary_whose_upstream_refuses_the_gateway_falls_back_to_the_next_mod
     finally:
         double.default_cue = Cue()
     assert answer.model == "chat-priced" and sleeps == [] and len(double.seen) == 2 * tries + 1
+
+
+def test_a_fallback_whose_answer_did_not_come_in_time_is_not_sent_on_to_the_next(gateway, double, transport):
+    """client.md: a POST past the client's timeout raises APITimeoutError and is never retried, since the gateway
+    may still be working on it and its upstream billing for it. That held for the primary only: a fallback that
+    timed out was skipped like a model not granted, and the same request went on to the next fallback (here one
+    with a price, which billed a second answer) while the first could still be running."""
+    double.reset()
+    double.cue(Cue(status=503, body={"error": {"message": "busy"}}), SLOW)  # the primary fails, the fallback is slow
+    aliases = ModelAliases.from_config({"chain": {"primary": "chat-once", "fallbacks": ["chat-up", "chat-priced"]}})
+    with client_for(gateway, transport, gateway.secret, aliases=aliases, timeout=1.0,
+                    retry=RetryPolicy(attempts=1)) as client:
+        with pytest.raises(APITimeoutError) as caught:
+            client.chat_completion("chain", HI, max_tokens=5)
+    chats = [seen.body["model"] for seen in double.seen if seen.path.endswith("/chat/completions")]
+    assert chats == ["gpt-image-up", "gpt-image-up"]  # the primary's try and the fallback's, no third
+    assert caught.value.code == "timeout"
 
 
 def test_an_integer_a_grpc_json_value_cannot_hold_exactly_is_not_sent_changed(gateway, double, transport):

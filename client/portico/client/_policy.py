@@ -70,8 +70,9 @@ class Plan:
 
     `model` is the model to try now. `failed(error)` records a failure of it and returns how long to wait before
     the next try (and `model` may have moved on to the next fallback), or raises: a non-retryable error of the
-    primary as it is, else RetriesExhausted carrying every failure once no model is left. A fallback that fails
-    with a non-retryable error (say, a model not granted to the key) is skipped rather than fatal.
+    primary as it is, and an APITimeoutError of any model as it is, else RetriesExhausted carrying every failure
+    once no model is left. A fallback that fails with another non-retryable error (say, a model not granted to the
+    key) is skipped rather than fatal.
     """
 
     models: tuple[str, ...]
@@ -92,6 +93,10 @@ class Plan:
     def failed(self, error: APIError) -> float:
         self.failures.append((self.model, error))
         self.tries += 1
+        if isinstance(error, APITimeoutError):
+            # Sent, and perhaps still running (and billed) at the gateway, on whichever model of the chain: sending
+            # the request on to the next fallback could make it twice.
+            raise error
         if self.policy.retryable(error):
             if self.tries < self.policy.attempts:
                 wait = self.policy.delay(self.tries, error, self.random())
