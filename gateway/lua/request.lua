@@ -152,7 +152,7 @@ local function bound_request_id(headers)
   if not loggable(id) then
     headers:remove("x-request-id")
   elseif #id > 128 or id:find("pk-", 1, true) then
-    id = redacted(id)
+    id = redacted_as_sent(id)
     local n = math.min(#id, 128)
     while n > 0 and (id:byte(n + 1) or 0) >= 0x80 and id:byte(n + 1) < 0xC0 do n = n - 1 end  -- a continuation
     headers:replace("x-request-id", id:sub(1, n))
