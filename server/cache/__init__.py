@@ -3,7 +3,8 @@ with the answer given before, replayed through the same renderers.
 
 The key is a SHA-256 over what shapes the answer: the model and what serves it (its upstreams), the endpoint,
 whether the caller streams, the caller's body as it arrived minus the fields that only label a request (`user`,
-`metadata`, `store`, `safety_identifier`, `prompt_cache_key`), Anthropic beta headers, and, unless the model shares
+`metadata`, `store`, `safety_identifier`, `prompt_cache_key`), the token limit sent upstream (the caller's, else
+`default_max_tokens`), Anthropic beta headers, and, unless the model shares
 its cache across keys (`shared: true`), the caller's key id, so an answer never reaches a key that did not ask for
 it. A field Portico does not know yet shapes the key too: a new field can cost hits, never give a wrong answer. JSON
 numbers are keyed by value (`1` and `1.0` are one request, as Portico reads them). Only whole answers (a Finished
@@ -100,7 +101,9 @@ def cache_key(model_id: str, serving: str, endpoint: str, scope: str, request: G
     source = request.source
     body = {name: _by_value(value) for name, value in source.body.items() if name not in NOT_SHAPING}
     beta = source.beta if isinstance(source, AnthropicMessagesSource) else ()
-    shape = [model_id, serving, str(endpoint), request.stream, scope, list(beta), body]
+    # The token limit as sent upstream: a chat request without one gets default_max_tokens, which an operator may
+    # change (raised because answers were cut off), and a restarted process or another host must not give those.
+    shape = [model_id, serving, str(endpoint), request.stream, scope, list(beta), body, request.params.max_tokens]
     return hashlib.sha256(wire_json.dumps(shape, sort_keys=True)).hexdigest()
 
 

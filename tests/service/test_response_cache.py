@@ -301,3 +301,24 @@ async def test_a_redis_that_does_not_answer_costs_a_miss_one_timeout(double, tmp
     finally:
         await server.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+async def test_an_answer_cached_before_default_max_tokens_changed_is_not_given_after(double, tmp_path, redis_server):
+    # The operator raises default_max_tokens because answers to requests without a token limit were cut off (finish
+    # reason `length`): a restarted server, or another host sharing the Redis cache, must not give the cut answers.
+    double.reset()
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    answers = []
+    for default in (16, 4096, 16):
+        path = write_config(tmp_path, models(double.url), data_dir=tmp_path / "shared-data")
+        path.write_text(path.read_text() + f"default_max_tokens: {default}\nlimits: {{store: '{redis_server.url}'}}\n")
+        server = await start_server(load_config(path), "127.0.0.1:0")
+        try:
+            secret = (await server.store.create("raised", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+                answers.append((await chat_http(stub, secret, model="shared-chat", seed=80, max_tokens=None))[0])
+        finally:
+            await server.stop(0)
+    assert answers == ["miss", "miss", "hit"]
+    assert [seen.body["max_tokens"] for seen in double.seen] == [16, 4096]

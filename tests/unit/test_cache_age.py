@@ -11,7 +11,8 @@ from server.domain_models import CacheSettings
 from tests.limits_support import FakeClock, NOON
 
 SETTINGS = CacheSettings()
-REQUEST = SimpleNamespace(source=SimpleNamespace(body={"messages": [{"role": "user", "content": "hi"}]}), stream=False)
+REQUEST = SimpleNamespace(source=SimpleNamespace(body={"messages": [{"role": "user", "content": "hi"}]}), stream=False,
+                          params=SimpleNamespace(max_tokens=16))
 
 
 async def _store(cache: ResponseCache) -> None:
