@@ -178,9 +178,11 @@ def _parse(raw: dict, source: str) -> Config:
         seen.add(entry.id)
     _check_fallbacks(entries, source)
     model_path = _model_path(embedded.get("model_path"), f"{source}: embedded.model_path")
+    # llama.cpp's n_ctx is 32 bits: a larger one wrapped (2**32 was 0, the model's own) silently.
+    context_size = number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1, high=2**32 - 1)
     try:
         return Config(
-            models=with_cache_serving(entries, model_path),
+            models=with_cache_serving(entries, model_path, context_size),
             host=listen_host(_text(listen, "host", "127.0.0.1", f"{source}: listen"), f"{source}: listen.host"),
             port=number(listen, "port", 8080, f"{source}: listen", integer=True, low=1, high=65535),
             public_base_url=_base_url(listen.get("public_base_url"), f"{source}: listen.public_base_url"),
@@ -188,9 +190,7 @@ def _parse(raw: dict, source: str) -> Config:
                                     high=65535),
             data_dir=Path(_path(raw, "data_dir", "data", f"{source}: ")),
             embedded=EmbeddedSettings(
-                # llama.cpp's n_ctx is 32 bits: a larger one wrapped (2**32 was 0, the model's own) silently.
-                context_size=number(embedded, "context_size", 2048, f"{source}: embedded", integer=True, low=1,
-                                    high=2**32 - 1),
+                context_size=context_size,
                 # llama.cpp's GGML_MAX_N_THREADS: beyond it the first generation aborts the process.
                 threads=number(embedded, "threads", 2, f"{source}: embedded", integer=True, low=1, high=512),
                 instances=number(embedded, "instances", 1, f"{source}: embedded", integer=True, low=1),

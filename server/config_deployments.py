@@ -96,14 +96,16 @@ def parse_cache(raw: Any, where: str, endpoint: Endpoint) -> CacheSettings | Non
     return settings
 
 
-def with_cache_serving(entries: tuple[ModelEntry, ...], embedded_model: str | None) -> tuple[ModelEntry, ...]:
+def with_cache_serving(entries: tuple[ModelEntry, ...], embedded_model: str | None,
+                       embedded_context: int) -> tuple[ModelEntry, ...]:
     """The entries, each cached one with its CacheSettings.serving: what may answer it (each deployment's kind,
-    base_url, upstream model and token field, the embedded model's file, and the same of its fallbacks). Timeouts,
-    retries, weights and prices change no answer, so they keep the cached ones."""
+    base_url, upstream model and token field, the embedded model's file and context size, and the same of its
+    fallbacks). Timeouts, retries, weights and prices change no answer, so they keep the cached ones."""
     by_id = {entry.id: entry for entry in entries}
 
     def served_by(entry: ModelEntry) -> list:
-        return [[d.provider.kind, embedded_model] if d.provider.upstream is None else
+        # The embedded model's answer ends where its window does: a larger context_size gives longer answers.
+        return [[d.provider.kind, embedded_model, embedded_context] if d.provider.upstream is None else
                 [d.provider.kind, d.provider.upstream.base_url, d.provider.upstream.model,
                  d.provider.upstream.max_tokens_field] for d in entry.deployments]
 

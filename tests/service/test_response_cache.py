@@ -322,3 +322,28 @@ async def test_an_answer_cached_before_default_max_tokens_changed_is_not_given_a
             await server.stop(0)
     assert answers == ["miss", "miss", "hit"]
     assert [seen.body["max_tokens"] for seen in double.seen] == [16, 4096]
+
+
+async def test_an_embedded_answer_cached_before_its_context_size_changed_is_not_given_after(double, tmp_path,
+                                                                                            redis_server):
+    # The embedded model's answer ends where its window does (prompt and answer together): an operator who raises
+    # embedded.context_size because answers stopped short must not be given the short ones by a restarted server or
+    # another host sharing the Redis cache.
+    double.reset()
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    answers = []
+    for size in (64, 2048, 64):
+        shared = ("  - {id: shared-embedded, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
+                  " cache: {shared: true}}\n")
+        path = write_config(tmp_path, models(double.url) + shared, data_dir=tmp_path / "shared-data")
+        path.write_text(path.read_text() + f"embedded: {{context_size: {size}}}\n"
+                        f"limits: {{store: '{redis_server.url}'}}\n")
+        server = await start_server(load_config(path), "127.0.0.1:0")
+        try:
+            secret = (await server.store.create("widened", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+                answers.append((await chat_http(stub, secret, model="shared-embedded", seed=81, max_tokens=4))[0])
+        finally:
+            await server.stop(0)
+    assert answers == ["miss", "miss", "hit"]
