@@ -6,8 +6,9 @@ is in *trial*: one request (the first to come) is let through, and its outcome d
 *healthy* again (on probation: until an answer ends whole, one failure ejects it), failure ejects it again for twice
 as long (up to `max_cooldown_seconds`). An upstream 429, 503 or 529 with a
 retry-after cools the deployment for exactly that long, after which it is healthy (the upstream said when). Requests
-sent before an ejection that end during its cooldown change nothing: a burst in flight is one ejection, not a failed
-trial each, and only the trial decides (an upstream's later retry-after still lengthens the cooldown).
+sent before an ejection change nothing when they end, during its cooldown or after it: a burst in flight is one
+ejection, not a failed trial each, and only the trial decides (an upstream's later retry-after still lengthens the
+cooldown).
 
 Only models with two or more deployments are watched: a model's only deployment is never taken out of service,
 since there is nowhere else to send its requests (its retries and fallbacks work as they always did).
@@ -53,6 +54,7 @@ class Admission(IntEnum):
 class DeploymentHealth:
     ejected_until: float = 0.0
     trial_since: float = 0.0  # a trial request is running since then; 0: none
+    ejected_at: float = 0.0  # when it was last ejected after failures: what was sent before says nothing new
     ejections: int = 0  # in a row, each after a failed trial: the cooldown's exponent
     consecutive: int = 0  # failures in a row
     needs_trial: bool = False  # after the cooldown, one request decides
@@ -102,8 +104,9 @@ def answering(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
         h.consecutive = max(h.consecutive, s.consecutive_failures - 1)
 
 
-def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
-    if _sent_before_ejection(h, now):  # its trial decides, after the cooldown
+def succeeded(h: DeploymentHealth, now: float, s: HealthSettings, sent: float | None = None) -> None:
+    """`sent`: when its request was sent (None: not known, judged by `now` alone)."""
+    if _sent_before_ejection(h, now, sent):  # its trial decides, after the cooldown
         return
     _count(h, now, s, failed=False)
     h.consecutive, h.ejections = 0, 0  # a whole answer: the next ejection starts from the configured cooldown
@@ -111,10 +114,12 @@ def succeeded(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
         h.needs_trial, h.trial_since = False, 0.0
 
 
-def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0) -> None:
+def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: float = 0.0,
+           sent: float | None = None) -> None:
     """A failure that says something about the deployment (not the caller's mistake). `retry_after`: the upstream
-    asked for that many seconds (a 429, 503 or 529 with retry-after)."""
-    if _sent_before_ejection(h, now):
+    asked for that many seconds (a 429, 503 or 529 with retry-after). `sent`: when its request was sent (None: not
+    known, judged by `now` alone)."""
+    if _sent_before_ejection(h, now, sent):
         # Nothing new but a later return the upstream may ask for, and no failed trial (each one of a burst in flight
         # doubled the cooldown: ten of them made 5 s the 300 s maximum); a trial still decides.
         h.ejected_until = max(h.ejected_until, now + retry_after)
@@ -130,10 +135,12 @@ def failed(h: DeploymentHealth, now: float, s: HealthSettings, retry_after: floa
         _eject(h, now, s)
 
 
-def _sent_before_ejection(h: DeploymentHealth, now: float) -> bool:
-    """An outcome during the cooldown of an ejection after failures: its request was sent before (none is sent to it
-    meanwhile), so it says nothing the ejection did not, and is no trial."""
-    return h.needs_trial and now < h.ejected_until
+def _sent_before_ejection(h: DeploymentHealth, now: float, sent: float | None) -> bool:
+    """An outcome of a request sent before the last ejection after failures, which says nothing the ejection did not,
+    and is no trial: also one that ends after the cooldown (a slow upstream's timeout), which doubled the cooldown
+    as a failed trial though nothing had been sent to the deployment since. An outcome during the cooldown is one
+    (none is sent to it meanwhile)."""
+    return (sent is not None and sent < h.ejected_at) or (h.needs_trial and now < h.ejected_until)
 
 
 def released(h: DeploymentHealth) -> None:
@@ -146,6 +153,7 @@ def _eject(h: DeploymentHealth, now: float, s: HealthSettings) -> None:
     cooldown = min(s.max_cooldown_seconds, s.cooldown_seconds * 2 ** min(h.ejections, 30))
     h.ejected_until = max(h.ejected_until, now + cooldown)  # never sooner than an upstream's retry-after said
     h.ejections += 1
+    h.ejected_at = now
     h.needs_trial, h.trial_since, h.consecutive = True, 0.0, 0
     h.epochs, h.requests, h.failures = [0] * BUCKETS, [0] * BUCKETS, [0] * BUCKETS  # judged afresh after it
 
@@ -202,13 +210,13 @@ class Board:
         with self._change(slot) as h:
             answering(h, self.clock(), self._settings[slot])
 
-    def succeeded(self, slot: int) -> None:
+    def succeeded(self, slot: int, sent: float | None = None) -> None:
         with self._change(slot) as h:
-            succeeded(h, self.clock(), self._settings[slot])
+            succeeded(h, self.clock(), self._settings[slot], sent)
 
-    def failed(self, slot: int, retry_after: float = 0.0) -> None:
+    def failed(self, slot: int, retry_after: float = 0.0, sent: float | None = None) -> None:
         with self._change(slot) as h:
-            failed(h, self.clock(), self._settings[slot], retry_after)
+            failed(h, self.clock(), self._settings[slot], retry_after, sent)
 
     def released(self, slot: int) -> None:
         with self._change(slot) as h:
@@ -237,7 +245,7 @@ class MemoryBoard(Board):
         yield self._slots[slot]
 
 
-_HEAD = struct.Struct("<dd3q")  # ejected_until, trial_since, ejections, consecutive, needs_trial
+_HEAD = struct.Struct("<ddd3q")  # ejected_until, trial_since, ejected_at, ejections, consecutive, needs_trial
 _BUCKET = struct.Struct("<qii")  # epoch, requests, failures
 _SLOT = _HEAD.size + BUCKETS * _BUCKET.size
 
@@ -276,14 +284,15 @@ class FileBoard(Board):
 
 
 def _load(buffer: mmap.mmap, offset: int) -> DeploymentHealth:
-    ejected_until, trial_since, ejections, consecutive, needs_trial = _HEAD.unpack_from(buffer, offset)
-    h = DeploymentHealth(ejected_until, trial_since, ejections, consecutive, bool(needs_trial))
+    ejected_until, trial_since, ejected_at, ejections, consecutive, needs_trial = _HEAD.unpack_from(buffer, offset)
+    h = DeploymentHealth(ejected_until, trial_since, ejected_at, ejections, consecutive, bool(needs_trial))
     for i in range(BUCKETS):
         h.epochs[i], h.requests[i], h.failures[i] = _BUCKET.unpack_from(buffer, offset + _HEAD.size + i * _BUCKET.size)
     return h
 
 
 def _store(buffer: mmap.mmap, offset: int, h: DeploymentHealth) -> None:
-    _HEAD.pack_into(buffer, offset, h.ejected_until, h.trial_since, h.ejections, h.consecutive, int(h.needs_trial))
+    _HEAD.pack_into(buffer, offset, h.ejected_until, h.trial_since, h.ejected_at, h.ejections, h.consecutive,
+                    int(h.needs_trial))
     for i in range(BUCKETS):
         _BUCKET.pack_into(buffer, offset + _HEAD.size + i * _BUCKET.size, h.epochs[i], h.requests[i], h.failures[i])

@@ -209,6 +209,8 @@ class Router:
         if self._recorder is not None:
             self._recorder.deployment(route.model_id, deployment.name)  # names the attempt's span (traces)
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        # When it was sent, on the board's clock: an outcome of a request sent before an ejection says nothing new.
+        sent = self._board.clock() if deployment.health_slot is not None else 0.0
         outcome: PorticoError | None = None
         finished = False  # a Finished event (or an image call's images) came
         try:
@@ -234,15 +236,15 @@ class Router:
                 self._recorder.deployment_attempt(route.model_id, deployment.name,
                                                   _failure_reason(outcome) if unhealthy else None)
             if deployment.health_slot is not None:
-                self._report(deployment.health_slot, outcome if unhealthy else None, finished)
+                self._report(deployment.health_slot, outcome if unhealthy else None, finished, sent)
 
-    def _report(self, slot: int, outcome: PorticoError | None, finished: bool) -> None:
-        """`outcome`: a failure that speaks of the deployment, else None."""
+    def _report(self, slot: int, outcome: PorticoError | None, finished: bool, sent: float) -> None:
+        """`outcome`: a failure that speaks of the deployment, else None. `sent`: when the attempt began."""
         if finished:
-            self._board.succeeded(slot)
+            self._board.succeeded(slot, sent)
         elif outcome is not None:
             retry_after = outcome.retry_after if isinstance(outcome, (RateLimited, ServiceUnavailable)) else 0.0
-            self._board.failed(slot, retry_after)
+            self._board.failed(slot, retry_after, sent)
         else:
             self._board.released(slot)
 

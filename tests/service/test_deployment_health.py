@@ -161,6 +161,15 @@ async def test_failures_in_flight_do_not_cut_short_an_upstreams_retry_after(doub
     assert await _east_after_two_at_once(double, west, tmp_path, 0.5, cues, after=1.0) in (["ejected"], None)
 
 
+async def test_a_request_in_flight_failing_after_the_cooldown_is_no_failed_trial(double, west, tmp_path):
+    """Two requests in flight on a deployment: one fails and ejects it for 0.3 s, the other, sent before the ejection,
+    fails only after the cooldown (a slow upstream's timeout, say). That late failure counted as a failed trial and
+    ejected the deployment again for twice as long, though no request had been sent to it since (a burst of slow
+    failures kept a recovered upstream out for minutes); now the trial the cooldown ended with still decides."""
+    cues = [Cue(503, {"error": {"message": "busy"}}), Cue(503, {"error": {"message": "busy"}}, delay=0.8)]
+    assert await _east_after_two_at_once(double, west, tmp_path, 0.3, cues, after=0.0) in (["trial"], None)
+
+
 async def test_requests_in_flight_through_a_fallback_count_for_the_deployments_balancing(double, west, tmp_path):
     """The balance reads each deployment's requests in flight in this process; a model's router counted only its own,
     so requests reaching a deployment as another model's fallback were invisible to it, and the reverse: ten held

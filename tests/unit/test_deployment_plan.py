@@ -246,6 +246,19 @@ def test_a_retry_after_met_during_a_cooldown_after_failures_keeps_the_trial_and_
     assert health.ready_at(h, 6.1) == 14.0 and health.state_of(h, 14.0) == "trial" and h.ejections == 2
 
 
+def test_outcomes_of_requests_sent_before_an_ejection_change_nothing_after_the_cooldown_either():
+    h = health.DeploymentHealth()
+    for t in (0.0, 0.1, 0.2):
+        health.failed(h, t, SETTINGS, sent=t)  # ejected at 0.2 until 2.2
+    health.failed(h, 3.0, SETTINGS, sent=0.15)  # sent before the ejection, timed out after the cooldown
+    assert health.state_of(h, 3.0) == "trial" and h.ejections == 1  # not a failed trial: no doubling
+    assert health.acquire(h, 3.0) is health.Admission.TRIAL
+    health.succeeded(h, 3.1, SETTINGS, sent=0.1)  # nor does an old success end the trial
+    assert health.state_of(h, 3.1) == "trial"
+    health.succeeded(h, 3.2, SETTINGS, sent=3.0)  # the trial decides
+    assert health.state_of(h, 3.2) == "healthy"
+
+
 def test_a_trial_abandoned_by_its_caller_is_free_for_the_next_request():
     h = health.DeploymentHealth(ejected_until=1.0, needs_trial=True)
     assert health.acquire(h, 1.0)
