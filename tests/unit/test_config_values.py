@@ -294,3 +294,14 @@ def test_cors_is_off_unless_configured_and_takes_origins_as_browsers_send_them(t
     path.write_text(f"{ONE_MODEL}\ncors: {{allow_origins: '*', allow_headers: '*', expose_headers: '*'}}")
     cors = load_config(path).cors
     assert (cors.allow_origins, cors.allow_headers, cors.expose_headers) == (("*",), ("*",), ("*",))
+
+
+@pytest.mark.parametrize("endpoint", ["http://otel:s3cret-pw@collector:99999/", "ftp://otel:s3cret-pw@collector/"])
+def test_a_collector_password_in_a_refused_otlp_endpoint_is_not_echoed(tmp_path, endpoint):
+    """A collector behind basic auth may be named with its credentials in the URL: a mistake elsewhere in it (a port
+    out of range, another scheme) quoted the URL whole, password and all, on the line start-up fails with."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\ntracing: {{otlp_endpoint: '{endpoint}'}}\n")
+    with pytest.raises(ConfigError, match=r"tracing\.otlp_endpoint: an http:// or https:// URL") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value) and "otel:***@collector" in str(e.value)
