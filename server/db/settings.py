@@ -26,6 +26,10 @@ SQLITE = "sqlite"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 STORE_SETTING_NAMES = ("store", "password_env", "store_timeout_seconds", "pool_size")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A libpq keyword/value string's password (`password=s3cret`, `sslpassword = 'a b'`): such a string is refused
+# (a URL is asked for), and the line saying so must not quote it.
+_KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+_HIDDEN = r"\1***"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +101,7 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
         return StoreSettings(timeout_seconds=timeout, pool_size=pool_size)
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
-                          f"{redacted(store)!r}")
+                          f"{_KEYWORD_SECRET.sub(_HIDDEN, redacted(store))!r}")
     parts = _conninfo(store)
     if parts is None:  # not quoted: libpq's own words quote the URL, password and all
         raise ConfigError(f"{where}.store: not a URL libpq can read (a space, a query parameter libpq does not know, "

@@ -305,3 +305,13 @@ def test_a_collector_password_in_a_refused_otlp_endpoint_is_not_echoed(tmp_path,
     with pytest.raises(ConfigError, match=r"tracing\.otlp_endpoint: an http:// or https:// URL") as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value) and "otel:***@collector" in str(e.value)
+
+
+def test_a_password_in_a_libpq_keyword_string_given_as_keys_store_is_not_echoed(tmp_path):
+    """libpq also takes `host=db password=... dbname=portico`, which an operator may paste as keys.store: refused
+    (a URL is asked for), the line quoted it whole, password and all."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'host=db user=portico password=s3cret-pw dbname=portico'}}\n")
+    with pytest.raises(ConfigError, match=r"keys\.store: `sqlite` or a postgresql://") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)
