@@ -45,6 +45,10 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:6379/x'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'unix://'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1/0?socket_timeout=soon'}}", r"limits\.store: "),
+    # An option redis-py does not know (a typo) was passed on to its connection: TypeError at the first request.
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://:pw@127.0.0.1/0?socket_timout=1'}}",
+     r"limits\.store: 'redis://:\*\*\*@127\.0\.0\.1/0\?socket_timout=1' has an option redis-py does not know: "
+     r"socket_timout"),
     (f"{ONE_MODEL}\ntracing: {{otlp_endpoint: 'http://127.0.0.1:abc'}}", r"tracing\.otlp_endpoint: "),
     (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:abc/portico'}}", r"keys\.store: "),
     (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com:abc'}}", r"listen\.public_base_url: "),
