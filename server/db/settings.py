@@ -89,7 +89,9 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     store = str(keys.get("store", SQLITE))
     password_env = "" if keys.get("password_env") is None else keys["password_env"]  # `[]` or `0`: no name
     if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
-        raise ConfigError(f"{where}.password_env: the name of an environment variable, not {password_env!r}")
+        # A string is not quoted: it may be the password itself, pasted where its variable's name goes.
+        shown = "(the password itself never goes in the file)" if isinstance(password_env, str) else repr(password_env)
+        raise ConfigError(f"{where}.password_env: the name of an environment variable, not {shown}")
     # PostgreSQL takes statement_timeout in 32-bit milliseconds (24.8 days): past it every connection was refused.
     timeout = float(number(keys, "store_timeout_seconds", 2.0, where, positive=True, high=86_400))
     pool_size = number(keys, "pool_size", 4, where, integer=True, low=1)

@@ -319,3 +319,13 @@ def test_a_password_in_a_libpq_keyword_string_given_as_keys_store_is_not_echoed(
     with pytest.raises(ConfigError, match=r"keys\.store: `sqlite` or a postgresql://") as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)
+
+
+def test_a_password_pasted_as_keys_password_env_is_not_echoed(tmp_path):
+    """keys.password_env names the variable; the password itself pasted there was refused on a line quoting it (as
+    the upstreams' api_key_env is not)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db/portico', password_env: 's3cret-pw!'}}\n")
+    with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
