@@ -36,7 +36,7 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
     known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
                          "max_export_batch_size", "export_timeout_seconds"), where)
     service_name = raw.get("service_name")
-    if service_name is not None and (not isinstance(service_name, str) or not service_name):
+    if service_name is not None and (not isinstance(service_name, str) or not service_name.strip()):
         raise ConfigError(f"{where}.service_name: a non-empty string, not {service_name!r}")
     endpoint = raw.get("otlp_endpoint")
     if endpoint is not None:

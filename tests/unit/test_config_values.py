@@ -50,6 +50,8 @@ MISTAKES = [
      r"limits\.store: 'redis://:\*\*\*@127\.0\.0\.1/0\?socket_timout=1' has an option redis-py does not know: "
      r"socket_timout"),
     (f"{ONE_MODEL}\ntracing: {{otlp_endpoint: 'http://127.0.0.1:abc'}}", r"tracing\.otlp_endpoint: "),
+    # A blank service name was taken: every span exported under a service no backend's list shows legibly.
+    (f"{ONE_MODEL}\ntracing: {{service_name: '   '}}", r"tracing\.service_name: a non-empty string, not '   '"),
     (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:abc/portico'}}", r"keys\.store: "),
     (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com:abc'}}", r"listen\.public_base_url: "),
     # An image link is the base URL with a path added: a query or fragment in it made every link wrong.
