@@ -350,10 +350,20 @@ def _redis_url_problem(url: str) -> str | None:
     # Imported only for a Redis URL: redis-py (and the OpenTelemetry it loads) costs every server process ~8 MB.
     from redis.asyncio.connection import parse_url
 
+    from redis.asyncio.connection import Connection
+
     try:
-        parse_url(url)
+        options = parse_url(url)
     except ValueError as exc:  # an option in the query string, e.g. socket_timeout=soon
         return str(exc)
+    # parse_url passes on any other query option as it is, for the connection to take: one it does not know (a
+    # typo, socket_timout=1) was a TypeError at the first request. Making the connection opens no socket.
+    connection_class = options.pop("connection_class", Connection)
+    try:
+        connection_class(**options)
+    except TypeError as exc:
+        unknown = re.search(r"keyword argument '(\w+)'", str(exc))
+        return f"has an option redis-py does not know: {unknown.group(1) if unknown else exc}"
     return None
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.config_providers import ConfigError, known_settings, number, optional_mapping, url_parts
+from server.limits.settings import redacted
 
 # The exporter's thread waits with threading's timeouts and its requests with socket's: past ~1e10 s both raise
 # OverflowError (the thread died, no trace left); a day is more than any batch or export needs.
@@ -35,7 +36,7 @@ def parse_tracing(raw: Any, where: str) -> TracingSettings:
     known_settings(raw, ("otlp_endpoint", "sample_ratio", "service_name", "max_queue_size", "export_delay_seconds",
                          "max_export_batch_size", "export_timeout_seconds"), where)
     service_name = raw.get("service_name")
-    if service_name is not None and (not isinstance(service_name, str) or not service_name):
+    if service_name is not None and (not isinstance(service_name, str) or not service_name.strip()):
         raise ConfigError(f"{where}.service_name: a non-empty string, not {service_name!r}")
     endpoint = raw.get("otlp_endpoint")
     if endpoint is not None:
@@ -63,7 +64,8 @@ def _endpoint(value: Any, where: str) -> str:
         raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318")
     parts = url_parts(value)
     if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318, not {value!r}")
+        # A collector behind basic auth may be named with its credentials: the line quotes the URL without them.
+        raise ConfigError(f"{where}: an http:// or https:// URL, e.g. http://127.0.0.1:4318, not {redacted(value)!r}")
     if parts.path in ("", "/"):
         return parts._replace(path=TRACES_PATH).geturl()
     return value

@@ -26,6 +26,10 @@ SQLITE = "sqlite"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 STORE_SETTING_NAMES = ("store", "password_env", "store_timeout_seconds", "pool_size")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A libpq keyword/value string's password (`password=s3cret`, `sslpassword = 'a b'`): such a string is refused
+# (a URL is asked for), and the line saying so must not quote it.
+_KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+_HIDDEN = r"\1***"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,9 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     store = str(keys.get("store", SQLITE))
     password_env = "" if keys.get("password_env") is None else keys["password_env"]  # `[]` or `0`: no name
     if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
-        raise ConfigError(f"{where}.password_env: the name of an environment variable, not {password_env!r}")
+        # A string is not quoted: it may be the password itself, pasted where its variable's name goes.
+        shown = "(the password itself never goes in the file)" if isinstance(password_env, str) else repr(password_env)
+        raise ConfigError(f"{where}.password_env: the name of an environment variable, not {shown}")
     # PostgreSQL takes statement_timeout in 32-bit milliseconds (24.8 days): past it every connection was refused.
     timeout = float(number(keys, "store_timeout_seconds", 2.0, where, positive=True, high=86_400))
     pool_size = number(keys, "pool_size", 4, where, integer=True, low=1)
@@ -97,7 +103,7 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
         return StoreSettings(timeout_seconds=timeout, pool_size=pool_size)
     if not store.startswith(POSTGRES_SCHEMES):
         raise ConfigError(f"{where}.store: `sqlite` or a postgresql://user@host:port/database URL, not "
-                          f"{redacted(store)!r}")
+                          f"{_KEYWORD_SECRET.sub(_HIDDEN, redacted(store))!r}")
     parts = _conninfo(store)
     if parts is None:  # not quoted: libpq's own words quote the URL, password and all
         raise ConfigError(f"{where}.store: not a URL libpq can read (a space, a query parameter libpq does not know, "

@@ -141,7 +141,10 @@ class UpstreamRecorder(Protocol):
 
     def retry(self, model: str, reason: str) -> None: ...
 
-    def fallback(self, model: str, fallback: str) -> None: ...
+    def fallback(self, model: str, fallback: str, *, after_attempt: bool = True) -> None:
+        """The request goes on to `fallback`; `after_attempt=False`: no attempt was made before it (every deployment
+        of the models before it out of service), so it counts no attempt of its own."""
+        ...
 
     def deployment(self, model: str, name: str) -> None:
         """The next upstream attempt goes to deployment `name` of `model` (the request's span names it)."""

@@ -219,10 +219,11 @@ class Telemetry:
         record = self.current()
         record.answered_by, record.deployment = model, name
 
-    def fallback(self, model: str, fallback: str) -> None:
+    def fallback(self, model: str, fallback: str, *, after_attempt: bool = True) -> None:
         self._child(self.metrics.upstream_fallbacks, model, fallback).inc()
         record = self.current()
-        record.upstream_attempts += 1
+        if after_attempt:  # the first attempt is counted by upstream_call: one sent straight here is that one
+            record.upstream_attempts += 1
         record.answered_by = fallback
         if record.span is not None:
             record.provider = ""  # the failed model's; a fallback counted by Portico itself has none

@@ -174,7 +174,7 @@ class Router:
             if failed is not None:
                 self._moving_on(chain, failed, step)
             elif step.model != model and self._recorder is not None:  # none of its deployments was in service
-                self._recorder.fallback(self._chain[0].model_id, route.model_id)
+                self._recorder.fallback(self._chain[0].model_id, route.model_id, after_attempt=False)
             model = step.model
             if local is not None and local(deployment.provider):
                 async with aclosing(start(deployment.provider)) as events:

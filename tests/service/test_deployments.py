@@ -384,6 +384,11 @@ async def test_a_request_sent_straight_to_a_fallback_counts_as_handed_to_it(doub
         assert [seen.body["model"] for seen in double.seen + west.seen].count("spare-model") == 2
         handed = registry.get_sample_value("portico_upstream_fallbacks_total", {"model": "pair", "fallback": "spare"})
         assert handed == 2
+        # upstream_attempts (the ledger's, as the access log's and the span's): east, west and the fallback; then
+        # the fallback's one attempt alone (it said 2, counting a hand-over that sent nothing to the ejected ones).
+        await server.core.ledger.flush()
+        rows = [row for row in server.core.usage.rows() if row.model == "pair"]
+        assert [row.upstream_attempts for row in rows] == [3, 1]
 
 
 async def test_a_gateway_out_of_file_descriptors_ejects_no_deployment(chat, running, east, west, key, monkeypatch):

@@ -45,7 +45,13 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1:6379/x'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'unix://'}}", r"limits\.store: "),
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1/0?socket_timeout=soon'}}", r"limits\.store: "),
+    # An option redis-py does not know (a typo) was passed on to its connection: TypeError at the first request.
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://:pw@127.0.0.1/0?socket_timout=1'}}",
+     r"limits\.store: 'redis://:\*\*\*@127\.0\.0\.1/0\?socket_timout=1' has an option redis-py does not know: "
+     r"socket_timout"),
     (f"{ONE_MODEL}\ntracing: {{otlp_endpoint: 'http://127.0.0.1:abc'}}", r"tracing\.otlp_endpoint: "),
+    # A blank service name was taken: every span exported under a service no backend's list shows legibly.
+    (f"{ONE_MODEL}\ntracing: {{service_name: '   '}}", r"tracing\.service_name: a non-empty string, not '   '"),
     (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:abc/portico'}}", r"keys\.store: "),
     (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com:abc'}}", r"listen\.public_base_url: "),
     # An image link is the base URL with a path added: a query or fragment in it made every link wrong.
@@ -294,3 +300,34 @@ def test_cors_is_off_unless_configured_and_takes_origins_as_browsers_send_them(t
     path.write_text(f"{ONE_MODEL}\ncors: {{allow_origins: '*', allow_headers: '*', expose_headers: '*'}}")
     cors = load_config(path).cors
     assert (cors.allow_origins, cors.allow_headers, cors.expose_headers) == (("*",), ("*",), ("*",))
+
+
+@pytest.mark.parametrize("endpoint", ["http://otel:s3cret-pw@collector:99999/", "ftp://otel:s3cret-pw@collector/"])
+def test_a_collector_password_in_a_refused_otlp_endpoint_is_not_echoed(tmp_path, endpoint):
+    """A collector behind basic auth may be named with its credentials in the URL: a mistake elsewhere in it (a port
+    out of range, another scheme) quoted the URL whole, password and all, on the line start-up fails with."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\ntracing: {{otlp_endpoint: '{endpoint}'}}\n")
+    with pytest.raises(ConfigError, match=r"tracing\.otlp_endpoint: an http:// or https:// URL") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value) and "otel:***@collector" in str(e.value)
+
+
+def test_a_password_in_a_libpq_keyword_string_given_as_keys_store_is_not_echoed(tmp_path):
+    """libpq also takes `host=db password=... dbname=portico`, which an operator may paste as keys.store: refused
+    (a URL is asked for), the line quoted it whole, password and all."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'host=db user=portico password=s3cret-pw dbname=portico'}}\n")
+    with pytest.raises(ConfigError, match=r"keys\.store: `sqlite` or a postgresql://") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)
+
+
+def test_a_password_pasted_as_keys_password_env_is_not_echoed(tmp_path):
+    """keys.password_env names the variable; the password itself pasted there was refused on a line quoting it (as
+    the upstreams' api_key_env is not)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db/portico', password_env: 's3cret-pw!'}}\n")
+    with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
+        load_config(path)
+    assert "s3cret-pw" not in str(e.value)
