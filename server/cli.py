@@ -21,7 +21,7 @@ from server.cli_stores import (add_store_commands, discard_stdout, flush_stdout,
                                 usage_arguments_refused, usage_command)
 from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
-from server.errors import PorticoError
+from server.errors import PorticoError, redact_secrets
 from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.observability.access_log import AccessLog
@@ -247,8 +247,17 @@ def _global_options(parser: argparse.ArgumentParser, default) -> None:
                              "log is separate (access_log)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusals quote what was typed (`unrecognized arguments: pk-...`, `invalid int value: 'pk-...'`):
+    a secret pasted in the wrong place reads pk-[redacted], as in every other error of the command. The subcommands'
+    parsers are of this class too (add_subparsers makes them of their parent's)."""
+
+    def error(self, message: str):
+        return super().error(redact_secrets(message))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="portico", description="Portico text-generation gateway")
+    parser = _Parser(prog="portico", description="Portico text-generation gateway")
     _global_options(parser, None)
     after = argparse.ArgumentParser(add_help=False)
     _global_options(after, argparse.SUPPRESS)

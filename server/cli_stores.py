@@ -14,7 +14,7 @@ import time
 from server.config import Config
 from server.db.database import StoreUnavailable
 from server.domain_keys import SPEND_LIMIT_NAMES, ApiKey, KeyLimits
-from server.errors import InvalidRequest
+from server.errors import InvalidRequest, redact_secrets
 from server.keys import KeyAdmin, open_key_store
 from server.usage.money import usd_text, usd_to_micros
 from server.usage.report import add_arguments as add_usage_arguments
@@ -108,7 +108,7 @@ def usage_arguments_refused(args: argparse.Namespace) -> int:
     try:
         usage_query(args)
     except argparse.ArgumentTypeError as exc:
-        print(f"portico: {exc}", file=sys.stderr)
+        print(f"portico: {redact_secrets(str(exc))}", file=sys.stderr)
         return 2
     return 0
 

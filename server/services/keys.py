@@ -83,7 +83,9 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def RevokeKey(self, request, context) -> key_pb2.RevokeKeyResponse:
         await self._admit(context, request.id)
-        return key_pb2.RevokeKeyResponse(key=key_to_pb(await self._admin.revoke(request.id)))
+        key = await self._admin.revoke(request.id)
+        self._acts_on(key.id)  # revoked by a secret: the key found, never the secret, answers "who revoked X?"
+        return key_pb2.RevokeKeyResponse(key=key_to_pb(key))
 
     # The writes, once for both kinds of caller.
 

@@ -135,13 +135,15 @@ def _optional(message, field: str) -> int | None:
 
 
 def _visible(key: ApiKey, asked: Sequence[str]) -> tuple[str, ...]:
-    """The key ids a caller may read: any for an admin key, else only its own."""
+    """The key ids a caller may read: any for an admin key, else only its own. An empty value (`api_key_ids=key_x,`:
+    a list joined with a trailing comma) names no key, so it asks for no one else's usage: it matches nothing, as
+    for an admin key, rather than being refused."""
     if key.admin:
         return tuple(asked)
-    if any(key_id != key.id for key_id in asked):
+    if any(key_id not in (key.id, "") for key_id in asked):
         raise PermissionDenied("A key can only read its own usage; admin keys read every key's.",
                                param="api_key_ids")
-    return (key.id,)
+    return tuple(asked) or (key.id,)
 
 
 def _json(body: dict) -> httpbody_pb2.HttpBody:

@@ -45,7 +45,8 @@ def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
     now = time.time() if now is None else now
     width = WIDTHS[args.bucket]
     end = args.end if args.end is not None else int(now) + 1
-    start = args.start if args.start is not None else end - 7 * 86_400  # the week that ends where asked
+    # The week that ends where asked, from 1970 at the earliest (an --end in 1970's first week is not wrong).
+    start = args.start if args.start is not None else max(0, end - 7 * 86_400)
     # The API's rules (openai_pages.time_range), in the command's words.
     for option, value in (("--end", end), ("--start", start)):  # the end first: a default start follows it
         if not 0 <= value <= LAST_TIME:

@@ -195,3 +195,34 @@ def test_a_comma_separated_filter_filters_as_its_values_repeated(gateway):
                      f"&models=family-a-5.4,no-such-model&api_key_ids={key_id},{other_id}", headers=headers,
                      timeout=30).json()["data"]
     assert sorted(r["api_key_id"] for r in rows) == sorted([key_id, other_id])
+
+
+def test_a_key_asking_for_its_own_usage_with_an_empty_filter_value_is_not_refused(gateway):
+    """`api_key_ids=key_x,` (a list joined with a trailing comma, or an empty value beside the key's own id) asks for
+    no other key's usage: an empty value matches no key. A key that is not an admin got a 403 saying it "can only
+    read its own usage", which is all it had asked for."""
+    created = gateway.cli("keys", "create", "--name", "usage-own-comma", "--all-models", "--env", "sdk").stdout
+    key_id, secret = created.split()[2], created.split()[-1]
+    start = int(time.time())
+    answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI,
+                        headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    time.sleep(1.5)  # the ledger is written every second
+    headers = {"Authorization": f"Bearer {secret}"}
+    for filters in (f"api_key_ids={key_id},", f"api_key_ids={key_id}&api_key_ids=", f"api_key_ids=,{key_id}"):
+        page = httpx.get(f"{gateway.base_url}/v1/organization/usage/completions?start_time={start}&{filters}",
+                         headers=headers, timeout=30)
+        assert page.status_code == 200, (filters, page.text)
+        assert [r["num_requests"] for r in page.json()["data"][0]["results"]] == [1], filters
+        rows = httpx.get(f"{gateway.base_url}/v1/organization/requests?start_time={start}&{filters}",
+                         headers=headers, timeout=30)
+        assert rows.status_code == 200, (filters, rows.text)
+        assert [r["api_key_id"] for r in rows.json()["data"]] == [key_id], filters
+    # An empty value alone names no key: nothing, as for an admin key (not every key's usage, nor a 403).
+    page = httpx.get(f"{gateway.base_url}/v1/organization/usage/completions?start_time={start}&api_key_ids=",
+                     headers=headers, timeout=30)
+    assert page.status_code == 200 and page.json()["data"][0]["results"] == [], page.text
+    # Another key's id is still refused.
+    other = httpx.get(f"{gateway.base_url}/v1/organization/usage/completions?start_time={start}"
+                      f"&api_key_ids={key_id},key_0000000000000000", headers=headers, timeout=30)
+    assert other.status_code == 403 and other.json()["error"]["param"] == "api_key_ids", other.text

@@ -102,6 +102,23 @@ async def test_an_admin_call_on_a_key_names_that_key_in_its_line(channel, runnin
     assert lines["audit-unknown"]["status"] == 404
 
 
+async def test_a_revocation_by_secret_names_the_key_it_revoked(channel, running, admin_secret):
+    """A leaked secret revoked as it is (`portico keys revoke pk-...`, POST /v1/admin/keys/pk-.../revoke): the line
+    names the key revoked, found by its secret, never the secret; one that names no key names nothing."""
+    keys = key_service_pb2_grpc.KeyServiceStub(channel)
+    admin = bearer(admin_secret)
+    created = await keys.CreateKey(key_pb2.CreateKeyRequest(name="leaked", all_models=True), metadata=admin)
+    await keys.RevokeKey(key_pb2.RevokeKeyRequest(id=created.secret),
+                         metadata=(*admin, ("x-request-id", "audit-by-secret")))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await keys.RevokeKey(key_pb2.RevokeKeyRequest(id=created.secret + "x"),
+                             metadata=(*admin, ("x-request-id", "audit-no-such-secret")))
+    lines = {line["request_id"]: line for line in access_lines(running)}
+    assert lines["audit-by-secret"]["target_key_id"] == created.key.id
+    assert lines["audit-no-such-secret"]["target_key_id"] is None
+    assert created.secret not in access_log_text(running)
+
+
 async def test_label_values_never_come_from_the_caller(chat, running, caplog):
     _, secret = await running.store.create("labels", all_models=True)
     lines_before = len(access_lines(running))

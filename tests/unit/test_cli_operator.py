@@ -103,3 +103,21 @@ def test_a_closed_stdout_is_said_as_a_full_disk_is(tmp_path):
                               f"closed): revoke it (portico keys revoke {key_id}) and create another\n")
     listed = closed("keys", "list")
     assert (listed.returncode, listed.stderr) == (1, "portico: cannot write the output (stdout is closed)\n")
+
+
+@pytest.mark.parametrize("args", [
+    ("keys", "revoke", "{secret}", "{secret}"),  # two leaked secrets in one revoke: the second is an extra argument
+    ("keys", "{secret}"),  # `revoke` left out
+    ("keys", "create", "--name", "n", "--all-models", "--rpm", "{secret}"),
+    ("keys", "rotate", "key_0000000000000000", "--grace", "{secret}"),
+    ("usage", "--group-by", "{secret}"),
+    ("usage", "--start", "{secret}"),
+])
+def test_a_secret_in_a_refused_command_line_is_not_echoed(tmp_path, args):
+    """configuration.md and api.md: no error of the `portico` commands quotes a key; anything shaped like one reads
+    `pk-[redacted]`. argparse's own refusals (an extra argument, an unknown command, a value that is no number) and
+    `usage`'s option checks printed the secret whole, into a terminal's scrollback or a CI log."""
+    secret = "pk-prod-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v"
+    done = _portico("--data-dir", str(tmp_path / "data"), *(arg.format(secret=secret) for arg in args))
+    assert done.returncode == 2, done.stderr
+    assert secret[8:20] not in done.stderr and "pk-[redacted]" in done.stderr, done.stderr

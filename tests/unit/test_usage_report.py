@@ -92,6 +92,15 @@ def test_a_start_after_now_names_the_start_not_an_end_nobody_gave(tmp_path, caps
     assert capsys.readouterr().err == "portico: --start must be before now (the default --end)\n"
 
 
+def test_an_end_in_the_first_week_of_1970_is_not_refused_for_a_start_nobody_gave(tmp_path, capsys):
+    """`--end 86400` alone was refused with "--start must lie between 1970 and the year 10000": the default start,
+    7 days before the end, fell before 1970. It starts at 1970 then, the earliest time the API takes too."""
+    SqliteLedger(tmp_path / "keys.db").close()
+    assert main(["--data-dir", str(tmp_path), "usage", "--end", "86400"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.splitlines()[-1].split()[:2] == ["total", "0"]
+
+
 def test_a_group_named_twice_is_one_column_as_in_the_api(tmp_path, capsys):
     """The API reads group_by=model,model as one grouping; the table printed the model column twice."""
     ledger = SqliteLedger(tmp_path / "keys.db")
