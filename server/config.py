@@ -348,9 +348,7 @@ def _redis_url_problem(url: str) -> str | None:
     elif not re.fullmatch(r"/?|/\d+", parts.path):
         return "has a database that is no number (redis://host:port/0)"
     # Imported only for a Redis URL: redis-py (and the OpenTelemetry it loads) costs every server process ~8 MB.
-    from redis.asyncio.connection import parse_url
-
-    from redis.asyncio.connection import Connection
+    from redis.asyncio.connection import Connection, parse_url
 
     try:
         options = parse_url(url)

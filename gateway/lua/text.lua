@@ -84,18 +84,18 @@ local function unreserved(hex)
   return char:find("^[%w%-._~]$") and char or "%" .. hex
 end
 
-local function redacted(path)
-  local plain = path:find("%", 1, true) and path:gsub("%%(%x%x)", unreserved) or path
-  if not plain:find("pk-", 1, true) then return path end
-  return (plain:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
-end
-
 -- A header value kept as the caller sent it (its x-request-id): a key is looked for in it as written, as the
 -- server's redact_secrets does. Decoded as a path is, `job-pk-%7E1` came back and was logged as `job-pk-~1`, an id
 -- the caller never sent (nothing decodes a request id).
 local function redacted_as_sent(value)
   if not value:find("pk-", 1, true) then return value end
   return (value:gsub("pk%-[%w_%-]+", "pk-[redacted]"))
+end
+
+local function redacted(path)
+  local plain = path:find("%", 1, true) and path:gsub("%%(%x%x)", unreserved) or path
+  if not plain:find("pk-", 1, true) then return path end
+  return redacted_as_sent(plain)
 end
 
 -- A value the caller sent, quoted in a message: without a key pasted there, and cut short (a query value may be

@@ -296,8 +296,7 @@ class RedisPipe:
         """Close the connection (a later command opens a new one)."""
         if self._opening is not None and not self._opening.done():
             self._opening.cancel()
-            with contextlib.suppress(BaseException):
-                await self._opening
+            await asyncio.wait([self._opening])  # its end, whatever it was: a failure is _retrieve's to read
         if self._link is not None:
             await self._link.close()
             self._link = None
