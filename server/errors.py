@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from server.domain import Usage
+
 # An answer whose retry-after is longer than this also says `x-should-retry: false` (PorticoError.trailing_metadata):
 # a per-minute limit's wait is at most this long, a daily quota's or a budget's hours.
 LONGEST_CLIENT_WAIT_SECONDS = 60.0
@@ -122,6 +124,10 @@ class PorticoError(Exception):
         # An image upstream's answer that failed after it named its images (a link that cannot be fetched, bytes that
         # are no image): the images it drew and billed, which the request still costs (server/pipeline.py).
         self.images_drawn = 0
+        # What a stream's upstream reported the answer used before it broke off (OpenAI's usage chunk before
+        # `[DONE]`, Anthropic's message_delta before message_stop): counted and billed by the upstream, so the request
+        # is settled with it rather than with an estimate of what was sent (server/metering.py).
+        self.usage_reported: Usage | None = None
 
     def message_for(self, *, anthropic: bool) -> str:
         """The message in the caller's dialect: the same in both, unless the two APIs word this failure apart."""

@@ -86,6 +86,8 @@ async def metered(
     except Exception as exc:
         # Noted for a stream that fails after its first bytes, whose caller still gets a 200 with an error event.
         record.in_band_error = exc.kind.code if isinstance(exc, PorticoError) else InternalError.kind.code
+        if isinstance(exc, PorticoError) and exc.usage_reported is not None and meter.usage is None:
+            meter.usage = exc.usage_reported  # what the upstream counted before it broke off, not an estimate
         raise
 
 

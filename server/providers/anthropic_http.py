@@ -15,7 +15,7 @@ from server.domain import (
     AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamAnswer, UpstreamObject,
 )
 from server.domain_models import UpstreamSpec
-from server.errors import InvalidRequest, UpstreamError
+from server.errors import InvalidRequest, PorticoError, UpstreamError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.providers.upstream_errors import scrubbed_object
@@ -68,22 +68,26 @@ class AnthropicProvider:
                     yield event
                 return
             reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens())
-            with attempt:
-                async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers,
-                                                 attempt=attempt) as events:
-                    async for event in events:
-                        payload = self._upstream.event_object(event.data, self._model_id)
-                        if event.event == "error" or payload.get("type") == "error":
-                            raise self._upstream.stream_error(payload, self._model_id, self._model)
-                        made = reader.feed(payload)  # first: an event that is not the API's never reaches the caller
-                        if attempt.recording:
-                            attempt.answered(anthropic_answer(payload))
-                        yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
-                        for generated in made:
-                            yield generated
-                        if reader.finished:
-                            return
-                reader.end()  # a stream cut short fails its attempt
+            try:
+                with attempt:
+                    async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers,
+                                                     attempt=attempt) as events:
+                        async for event in events:
+                            payload = self._upstream.event_object(event.data, self._model_id)
+                            if event.event == "error" or payload.get("type") == "error":
+                                raise self._upstream.stream_error(payload, self._model_id, self._model)
+                            made = reader.feed(payload)  # first: an event not the API's never reaches the caller
+                            if attempt.recording:
+                                attempt.answered(anthropic_answer(payload))
+                            yield UpstreamObject(Dialect.ANTHROPIC, payload, carries_content(payload))
+                            for generated in made:
+                                yield generated
+                            if reader.finished:
+                                return
+                    reader.end()  # a stream cut short fails its attempt
+            except PorticoError as error:  # broken off after message_delta: settled with the count it reported
+                error.usage_reported = error.usage_reported or reader.reported()
+                raise
         except InvalidRequest as error:  # Anthropic names no param; its message names a field of the body built here
             if error.param is None:
                 error.param = caller_param(request, error.message)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject
 from server.domain_models import UpstreamSpec
-from server.errors import InvalidRequest
+from server.errors import InvalidRequest, PorticoError
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.translate.internal_to_openai_request import caller_param, openai_body
@@ -59,27 +59,31 @@ class OpenAIProvider:
             # The prompt's count for an Anthropic caller's message_start (OpenAI reports its own only at the end); a
             # chat caller's stream has no place for it, and skips the event's trip through every layer.
             started = request.source is not None and request.source.dialect is Dialect.OPENAI
-            with attempt:
-                async with self._upstream.stream("chat/completions", body, model_id=self._model_id,
-                                                 attempt=attempt) as events:
-                    async for event in events:
-                        if event.data == b"[DONE]":
-                            break
-                        chunk = self._upstream.event_object(event.data, self._model_id)
-                        if event.event == "error" and "error" not in chunk:  # the error object itself (llama.cpp)
-                            chunk = {"error": chunk}
-                        if "error" in chunk:
-                            raise self._upstream.stream_error(chunk, self._model_id, self._model)
-                        made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
-                        if attempt.recording:
-                            attempt.answered(openai_answer(chunk))
-                        yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
-                        if not started:
-                            started = True
-                            yield Started(prompt_estimate)
-                        for generated in made:
-                            yield generated
-                finished = reader.end()  # a stream cut short fails its attempt
+            try:
+                with attempt:
+                    async with self._upstream.stream("chat/completions", body, model_id=self._model_id,
+                                                     attempt=attempt) as events:
+                        async for event in events:
+                            if event.data == b"[DONE]":
+                                break
+                            chunk = self._upstream.event_object(event.data, self._model_id)
+                            if event.event == "error" and "error" not in chunk:  # the error object itself (llama.cpp)
+                                chunk = {"error": chunk}
+                            if "error" in chunk:
+                                raise self._upstream.stream_error(chunk, self._model_id, self._model)
+                            made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
+                            if attempt.recording:
+                                attempt.answered(openai_answer(chunk))
+                            yield UpstreamObject(Dialect.OPENAI, chunk, carries_content(chunk))
+                            if not started:
+                                started = True
+                                yield Started(prompt_estimate)
+                            for generated in made:
+                                yield generated
+                    finished = reader.end()  # a stream cut short fails its attempt
+            except PorticoError as error:  # broken off after the usage chunk: settled with the usage it reported
+                error.usage_reported = error.usage_reported or reader.reported()
+                raise
             yield finished
         except InvalidRequest as error:  # its param names a field of the body built here: the caller's instead
             if error.param:

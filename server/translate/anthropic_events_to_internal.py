@@ -40,6 +40,7 @@ class AnthropicEventReader:
         self._prompt_estimate = prompt_estimate
         self._input_reported = False
         self._output_reported = False
+        self._output_final = False  # message_delta reported the answer's output tokens (message_start's is a start)
         self._chars = 0  # of text and tool input, for an answer whose usage says nothing of its output
         self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
         self._tool_inputs: set[int] = set()  # tool calls whose input has had any text
@@ -84,6 +85,7 @@ class AnthropicEventReader:
                 self._stop_sequence = delta.get("stop_sequence")
                 usage = _mapping(event.get("usage"))
                 self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
+                self._output_final = self._output_final or usage.get("output_tokens") is not None
                 self._note_reported(usage)
                 if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                     self._input_tokens = _input_tokens(usage)
@@ -139,6 +141,14 @@ class AnthropicEventReader:
             return []
         self._tool_inputs.add(call)
         return [ToolCallDelta(call, "{}")]
+
+    def reported(self) -> Usage | None:
+        """The usage the upstream reported for the whole answer (message_delta's), for a stream that then breaks
+        off before message_stop; None before it (message_start's output count is only where the answer starts)."""
+        if not self._output_final:
+            return None
+        return Usage(self._input_tokens if self._input_reported else self._prompt_estimate, self._output_tokens,
+                     self._cached_tokens, self._written_tokens)
 
     def end(self) -> None:
         """The stream ended: fine after message_stop, an upstream error before it."""

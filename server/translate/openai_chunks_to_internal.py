@@ -89,6 +89,10 @@ class OpenAIChunkReader:
             self._deltas += 1
         return events
 
+    def reported(self) -> Usage | None:
+        """The usage the upstream reported so far (its usage chunk), for a stream that then breaks off."""
+        return self._usage
+
     def end(self) -> Finished:
         """The stream ended ([DONE] or the connection closed cleanly): the final event, or an error if the
         upstream never said it finished."""
