@@ -83,6 +83,12 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     unread += (_empty_system_block(body.get("system")) or _empty_content(messages) or _tool_use_ids(messages)
                or _unpaired_tool_blocks(messages))
     last = turns[-1] if turns else None
+    if len(messages) > 1 and last.role is Role.ASSISTANT and not (last.text or last.tool_calls):
+        # An empty last assistant message ("", [], or thinking alone) is a prefill of nothing on Anthropic's API: the
+        # answer is the one without it. Kept, the embedded model read it as an empty reply of its own and answered
+        # after that, and an OpenAI-compatible upstream got an assistant message of null content, which OpenAI refuses.
+        turns.pop()
+        last = turns[-1]
     if last and last.role is Role.ASSISTANT and last.text and not last.tool_calls:  # a prefill: the answer continues it
         turns[-1] = dataclasses.replace(last, continued=True)
         if last.text != last.text.rstrip():  # as Anthropic's API refuses it (an upstream of the dialect judges it)

@@ -128,6 +128,8 @@ def _messages(turn: Turn) -> list[dict]:
         for r in turn.tool_results
     ]
     if turn.role is Role.ASSISTANT:
+        if not (turn.text or turn.tool_calls):  # thinking alone: OpenAI refuses an assistant message of neither
+            return out
         message: dict = {"role": "assistant", "content": turn.text or None}
         if turn.tool_calls:
             message["tool_calls"] = [

@@ -272,6 +272,20 @@ def test_a_last_assistant_turn_is_a_prefill_the_embedded_model_continues(client)
     assert client.messages.count_tokens(**fields).input_tokens == message.usage.input_tokens
 
 
+@pytest.mark.parametrize("empty", ["", []])
+def test_an_empty_last_assistant_turn_is_no_turn_for_the_embedded_model(client, empty):
+    """Anthropic's API takes an empty last assistant message (a prefill of nothing): the answer is the one without
+    it. The embedded model was shown it as an empty reply of its own (six tokens more) and answered after that."""
+    ask = [{"role": "user", "content": "Count from one to ten in words."}]
+    fields = dict(model="family-b-sonnet-4-6", max_tokens=8, extra_body={"temperature": 0})
+    alone = client.messages.create(messages=ask, **fields)
+    with_empty = [*ask, {"role": "assistant", "content": empty}]
+    message = client.messages.create(messages=with_empty, **fields)
+    assert (message.content[0].text, message.usage.input_tokens) == (alone.content[0].text, alone.usage.input_tokens)
+    assert client.messages.count_tokens(model=fields["model"], messages=with_empty).input_tokens == \
+        alone.usage.input_tokens
+
+
 @pytest.mark.parametrize("prefill", ["Sure: ", "One,\n", " "])
 def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_s_api_refuses_it(client, prefill):
     """Anthropic's API refuses it (the answer would go on from a lone space token); the embedded model answered."""

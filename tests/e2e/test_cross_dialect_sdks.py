@@ -237,3 +237,20 @@ def test_a_forced_call_that_ends_with_stop_is_a_tool_use_turn(claude, double, st
                                          messages=HELLO)
     assert [(b.type, b.input) for b in message.content] == [("tool_use", {"city": "Oslo"})]
     assert (message.stop_reason, message.stop_sequence) == ("tool_use", None)
+
+
+@pytest.mark.parametrize("empty", ["", [], [{"type": "thinking", "thinking": "Hm.", "signature": "c2ln"}]])
+def test_an_empty_last_assistant_turn_reaches_an_openai_upstream_as_no_message(claude, double, empty):
+    """Anthropic's API takes an empty last assistant message (a prefill of nothing); OpenAI's refuses an assistant
+    message with neither content nor tool calls, which is what the upstream was sent (`"content": null`)."""
+    claude.messages.create(model="messages-gpt", max_tokens=5, messages=[*HELLO, {"role": "assistant", "content": empty}])
+    assert double.seen[-1].body["messages"] == HELLO
+
+
+def test_an_assistant_turn_of_thinking_alone_reaches_an_openai_upstream_as_no_message(claude, double):
+    """An answer cut off while it thought (`max_tokens`) holds thinking alone; sent back before the next question,
+    it reached the upstream as an assistant message of null content and no tool calls, which OpenAI's API refuses."""
+    thought = {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm.", "signature": "c2ln"}]}
+    again = {"role": "user", "content": "And tomorrow?"}
+    claude.messages.create(model="messages-gpt", max_tokens=5, messages=[*HELLO, thought, again])
+    assert double.seen[-1].body["messages"] == [*HELLO, again]
