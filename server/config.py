@@ -145,6 +145,12 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's floats in exponent notation (`1e3`, `2.5e-1`, `1.0E+3`), which YAML 1.1's resolver (PyYAML's) reads as
+# text unless they hold both a dot and an exponent sign: a setting written `1e3` was refused as "a number, not '1e3'".
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """One line: where the parser stopped and why (its own text spans several lines and says "<unicode string>")."""
     mark = getattr(exc, "problem_mark", None)

@@ -444,3 +444,11 @@ def test_a_path_beginning_with_a_tilde_is_under_the_home_directory(tmp_path, mon
     assert config.data_dir == tmp_path / "home" / "portico"
     assert config.access_log == str(tmp_path / "home" / "access.log")
     assert config.embedded.model_path == str(model)
+
+
+@pytest.mark.parametrize("written", ["1e1", "1E1", "+1e1", "1.0e1", "1.e1", "100e-1"])
+def test_a_number_in_exponent_notation_is_a_number(tmp_path, written):
+    # YAML 1.1 (PyYAML's) reads `1e1` without a dot or an exponent sign as text: it was refused as "a number, not '1e1'"
+    config = _load(tmp_path, f"{ONE_MODEL}\ndrain_seconds: {written}")
+    assert config.drain_seconds == 10.0
+
