@@ -237,3 +237,20 @@ def test_a_forced_call_that_ends_with_stop_is_a_tool_use_turn(claude, double, st
                                          messages=HELLO)
     assert [(b.type, b.input) for b in message.content] == [("tool_use", {"city": "Oslo"})]
     assert (message.stop_reason, message.stop_sequence) == ("tool_use", None)
+
+
+def test_a_tool_name_that_comes_after_the_calls_first_piece_reaches_the_sdk(claude, double):
+    """Some OpenAI-compatible servers open a call with its id and an empty name and send the name in the next piece
+    (the openai SDK joins a call's pieces, name included): the tool_use block's name is the one the upstream sent,
+    never "", which the SDK's tool runner would find no tool for. A second call, named at once, keeps its place."""
+    first = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "", "arguments": ""}}
+    second = {"index": 1, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    frames = [chunk({"role": "assistant", "content": None}), chunk({"tool_calls": [first]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"name": "weather"}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]}),
+              chunk({"tool_calls": [second]}), chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    double.cue(Cue(frames=frames))
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        final = stream.get_final_message()
+    assert [(b.id, b.name, b.input) for b in final.content] == [
+        ("call_0", "weather", {"city": "Oslo"}), ("call_1", "weather", {})]
