@@ -41,9 +41,10 @@ def usage_object(usage: Usage) -> dict:
 
 def tool_input(call: ToolCall) -> dict:
     """A call's arguments as the `input` object. Models behind OpenAI-compatible servers sometimes write invalid
-    JSON; it is kept (under "arguments") rather than dropped, so the caller can see what the model wrote."""
+    JSON; it is kept (under "arguments") rather than dropped, so the caller can see what the model wrote. Whitespace
+    alone is no arguments, {}, as a stream of the same call gives it (its whitespace before the object is left out)."""
     try:
-        value = wire_json.loads(call.arguments or "{}")
+        value = wire_json.loads(call.arguments.strip() or "{}")
     except wire_json.JSONDecodeError:
         return {"arguments": call.arguments}
     return value if isinstance(value, dict) else {"arguments": value}

@@ -34,6 +34,9 @@ class OpenAIChunkReader:
         self._prompt_estimate = prompt_estimate
         self._stop = stop
         self._calls: dict[int, int] = {}  # the upstream's tool-call index -> ours (0, 1, ... in order of arrival)
+        # Calls opened without a name yet (ours -> their id and the argument pieces held meanwhile): some servers
+        # send the name in a later piece, and a Messages block names its tool in its start.
+        self._unnamed: dict[int, tuple[str, list[str]]] = {}
         self._deltas = 0
         self._finish: FinishReason | None = None
         self._stop_sequence: str | None = None
@@ -67,6 +70,7 @@ class OpenAIChunkReader:
                 for call in delta.get("tool_calls") or ():
                     events += self._tool_call(call)
                 if reason := choice.get("finish_reason"):
+                    events += self._start_unnamed()
                     self._finish = FINISH_REASONS.get(reason, FinishReason.END_TURN)
                     self._upstream_reason = upstream_label(reason)
                     # vLLM names the stop string that ended the answer; OpenAI does not say, so it stays end_turn.
@@ -79,14 +83,36 @@ class OpenAIChunkReader:
     def _tool_call(self, call: Mapping[str, Json]) -> list[GenerationEvent]:
         upstream_index = call.get("index", len(self._calls))
         function = call.get("function") or {}
+        name = upstream_string(function.get("name") or "")
+        arguments = upstream_string(function.get("arguments") or "")
         events: list[GenerationEvent] = []
         if upstream_index not in self._calls:
+            events += self._start_unnamed()  # a call before this one still without a name: it starts first
             index = self._calls[upstream_index] = len(self._calls)
-            events.append(ToolCallStart(index, upstream_string(call.get("id") or f"call_{index}"),
-                                        upstream_string(function.get("name") or "")))
-        if arguments := function.get("arguments"):
-            events.append(ToolCallDelta(self._calls[upstream_index], upstream_string(arguments)))
+            self._unnamed[index] = (upstream_string(call.get("id") or f"call_{index}"), [])
+        index = self._calls[upstream_index]
+        if arguments:
             self._deltas += 1
+        if index in self._unnamed:
+            call_id, held = self._unnamed[index]
+            if not name:  # its start waits for the name (or the next call, or the finish)
+                held += [arguments] if arguments else []
+                return events
+            del self._unnamed[index]
+            events.append(ToolCallStart(index, call_id, name))
+            arguments = "".join(held) + arguments
+        if arguments:
+            events.append(ToolCallDelta(index, arguments))
+        return events
+
+    def _start_unnamed(self) -> list[GenerationEvent]:
+        """The calls still waiting for a name, started without one (the upstream never sent it), in order."""
+        events: list[GenerationEvent] = []
+        for index, (call_id, held) in sorted(self._unnamed.items()):
+            events.append(ToolCallStart(index, call_id, ""))
+            if held:
+                events.append(ToolCallDelta(index, "".join(held)))
+        self._unnamed.clear()
         return events
 
     def reported(self) -> Usage | None:

@@ -105,6 +105,26 @@ def test_unparseable_arguments_in_a_json_answer_are_kept_under_arguments(claude,
     assert [(b.type, b.input) for b in message.content] == [("tool_use", {"arguments": '{"city": Oslo}'})]
 
 
+
+@pytest.mark.parametrize("arguments", ["", " ", "\n"])
+def test_a_call_without_arguments_has_the_same_empty_input_in_json_and_streamed(claude, double, arguments):
+    """A call to a tool without parameters written as whitespace (some models write a newline): streamed, the
+    whitespace is left out and the input is {}; the JSON answer's was {"arguments": " "}, which the SDK's tool runner
+    passes to the tool as an argument it does not take."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": arguments}}
+    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                      "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}),
+               Cue(frames=[chunk({"role": "assistant", "content": None}), chunk({"tool_calls": [{"index": 0, **call}]}),
+                           chunk({}, "tool_calls"), b"data: [DONE]\n\n"]))
+    message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, b.input) for b in message.content] == [(b.type, b.input) for b in streamed.content] == [
+        ("tool_use", {})]
+
+
 CONVERSATION = [  # for an OpenAI-compatible upstream: system, user, assistant, tool, tool, user (messages[0..5])
     {"role": "user", "content": "Weather in Oslo and Bergen?"},
     {"role": "assistant", "content": [
@@ -254,3 +274,20 @@ def test_an_assistant_turn_of_thinking_alone_reaches_an_openai_upstream_as_no_me
     again = {"role": "user", "content": "And tomorrow?"}
     claude.messages.create(model="messages-gpt", max_tokens=5, messages=[*HELLO, thought, again])
     assert double.seen[-1].body["messages"] == [*HELLO, again]
+
+
+def test_a_tool_name_that_comes_after_the_calls_first_piece_reaches_the_sdk(claude, double):
+    """Some OpenAI-compatible servers open a call with its id and an empty name and send the name in the next piece
+    (the openai SDK joins a call's pieces, name included): the tool_use block's name is the one the upstream sent,
+    never "", which the SDK's tool runner would find no tool for. A second call, named at once, keeps its place."""
+    first = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "", "arguments": ""}}
+    second = {"index": 1, "id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    frames = [chunk({"role": "assistant", "content": None}), chunk({"tool_calls": [first]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"name": "weather"}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]}),
+              chunk({"tool_calls": [second]}), chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+    double.cue(Cue(frames=frames))
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        final = stream.get_final_message()
+    assert [(b.id, b.name, b.input) for b in final.content] == [
+        ("call_0", "weather", {"city": "Oslo"}), ("call_1", "weather", {})]
