@@ -19,7 +19,8 @@ FORBIDDEN = {
     # The domain's other modules (images, keys, the catalog) build on server.domain alone.
     **{f"server.domain_{part}": tuple(f"server.{name}" for name in _SERVER_PARTS if name != "domain")
        for part in ("images", "keys", "models")},
-    "server.errors": ("server.",),
+    # Errors sit just above the domain: one may carry a domain value (a stream's usage reported before it broke off).
+    "server.errors": tuple(f"server.{name}" for name in _SERVER_PARTS if name != "domain"),
     "server.wire_json": ("server.",),
     "server.translate": ("server.providers", "server.pipeline", "server.services", "server.config", "server.keys",
                          "server.limits", "server.observability", "server.catalog", "server.app"),
