@@ -61,7 +61,9 @@ class KeyAdmin:
         return await self._store.rotate(key_id, grace_seconds=grace)
 
     async def revoke(self, id_or_secret: str) -> ApiKey:
-        return await self._store.revoke(id_or_secret)
+        # A leaked secret is often pasted with what came around it (a line's end, a space before it); neither a
+        # secret nor an id holds whitespace, so that is not read: else "No key has that secret." while it worked on.
+        return await self._store.revoke(id_or_secret.strip())
 
     async def get(self, key_id: str) -> ApiKey:
         return await self._store.get(key_id)

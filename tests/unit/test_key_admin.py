@@ -155,3 +155,13 @@ def test_cli_gets_one_key_with_its_limits_as_keyservice_does(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0].split("\t")[2] == "revoked"
     assert main([*data, "keys", "get", "key_nope"]) == 1
     assert capsys.readouterr().err == "portico: No key with id 'key_nope'.\n"
+
+
+@pytest.mark.parametrize("pasted", ["{secret}\n", " {secret}", "{secret} ", "\t{secret}\r\n"])
+async def test_a_leaked_secret_pasted_with_space_or_a_line_end_around_it_is_revoked(admin, pasted):
+    """A leaked secret copied with what came around it (a line's end, a space before it) was answered "No key has
+    that secret." (or "No key with id ' pk-...'"), while its key went on working: an operator revoking in a hurry
+    read that the secret was no key's. A secret or id never holds whitespace: what is around it is not read."""
+    key, secret = await admin.create("leaked", all_models=True)
+    revoked = await admin.revoke(pasted.format(secret=secret))
+    assert revoked.id == key.id and revoked.revoked_at > 0
