@@ -331,3 +331,31 @@ def test_a_password_pasted_as_keys_password_env_is_not_echoed(tmp_path):
     with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value)
+
+
+@pytest.mark.parametrize(("section", "url"), [
+    ("limits: {store: '%s'}", "redis://:2024/YmFyQmF6@127.0.0.1:6379/0"),  # base64's `/`, not percent-encoded
+    ("limits: {store: '%s'}", "redis://:Zm9v/YmFyQmF6@127.0.0.1:6379/0"),
+    ("tracing: {otlp_endpoint: '%s'}", "http://otel:Zm9v/YmFyQmF6@collector:4318"),
+    ("tracing: {otlp_endpoint: '%s'}", "https://otel:Zm9v#YmFyQmF6@collector"),
+    ("tracing: {otlp_endpoint: '%s'}", "grpc://otel:Zm9v?YmFyQmF6@collector:4317"),
+])
+def test_a_password_holding_a_slash_a_question_mark_or_a_hash_is_not_echoed(tmp_path, section, url):
+    """A generated password (`openssl rand -base64`, with its `/`) put in a URL unencoded ends the URL's host part
+    early as urlsplit reads it, so the refusal quoted the URL whole, password and all (`tracing.otlp_endpoint: an
+    http:// or https:// URL ..., not 'http://otel:Zm9v/YmFy...@collector:4318'`; a Redis URL whose password starts
+    with digits: `... has a database that is no number`), on the line start-up fails with (a journal)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\n{section % url}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "YmFyQmF6" not in str(e.value), str(e.value)
+
+
+def test_a_password_read_short_by_urlsplit_is_hidden_whole_where_the_store_is_named():
+    """A URL start-up takes (redis-py reads `redis://:2024?...` as port 2024) is named in the log (`they share rate
+    limits in ...`, the store's connection errors): its password hidden to its last character."""
+    from server.limits.settings import redacted
+
+    assert redacted("redis://:2024?YmFyQmF6@127.0.0.1:6379") == "redis://:***@127.0.0.1:6379"
+    assert redacted("redis://u:Zm9v/Ym#Fy@h:6379/0?password=x") == "redis://u:***@h:6379/0?password=***"
