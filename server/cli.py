@@ -21,7 +21,7 @@ from server.cli_stores import (add_store_commands, discard_stdout, flush_stdout,
                                 usage_arguments_refused, usage_command)
 from server.config import Config, ConfigError, listen_host, load_config, read_config_text
 from server.config_providers import upstream_keys
-from server.errors import PorticoError, redact_secrets
+from server.errors import PorticoError, holds_secret, redact_secrets
 from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.observability.access_log import AccessLog
@@ -300,6 +300,7 @@ def _config_file(text: str) -> Path:
     `~/` is the home directory, as in the file's paths: a unit file or a container's args has no shell to expand it."""
     if not text:
         raise argparse.ArgumentTypeError("a file path, not ''")
+    _refuse_secret(text)
     return Path(os.path.expanduser(text))  # as the file's paths: `~nobody-here/x` stays as written
 
 
@@ -309,7 +310,15 @@ def _data_dir(text: str) -> Path:
     working directory, with a new, empty key store."""
     if not text:
         raise argparse.ArgumentTypeError("a directory path, not ''")
+    _refuse_secret(text)
     return Path(os.path.expanduser(text))  # as the file's paths: `~nobody-here/x` stays as written
+
+
+def _refuse_secret(path: str) -> None:
+    """A key's secret pasted as a path: quoted in "no key store at ..." and, for `keys create` or `serve`, made a
+    directory (a key store inside), the secret kept on disk in plain text. Refused unquoted (_Parser.error)."""
+    if holds_secret(path):
+        raise argparse.ArgumentTypeError(f"{path!r} holds a key's secret, not a path")
 
 
 def _host(text: str) -> str:

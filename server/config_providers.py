@@ -31,6 +31,15 @@ MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
 MAX_WHOLE = 2**31 - 1  # the largest count or size a setting takes (the limits' own bound)
 MAX_SECONDS = 365 * 86_400  # a year: the longest upstream timeout, retry time or cache ttl
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A run of 16 or more letters and digits holding a lower-case letter and a digit: a token (gsk_..., hf_..., a
+# password without punctuation), not a variable's name (OPENAI_API_KEY, upstream_key_2), which such a value also is.
+_TOKEN_RUN = re.compile(r"(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{16,}")
+
+
+def is_env_name(value: object) -> bool:
+    """Whether `value` names an environment variable, not a secret pasted in the name's place: an error about that
+    variable (unset, say) quotes its name, and must not quote a key or password."""
+    return isinstance(value, str) and bool(_ENV_NAME.fullmatch(value)) and not _TOKEN_RUN.search(value)
 
 
 class ConfigError(Exception):
@@ -73,7 +82,7 @@ def _upstream(raw: dict, where: str, kind: str, endpoint: Endpoint) -> UpstreamS
                           "not go in the configuration); name the key's environment variable in api_key_env")
     _check_request_path(base_url, parts.path, kind, endpoint, f"{where}.base_url")
     key_env = raw.get("api_key_env")
-    if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
+    if key_env is not None and not is_env_name(key_env):
         raise ConfigError(f"{where}.api_key_env: the name of an environment variable (the key itself never goes "
                           "in the configuration)")
     max_tokens_field = raw.get("max_tokens_field", "max_tokens")

@@ -52,6 +52,8 @@ from server.domain import Usage
 LONGEST_CLIENT_WAIT_SECONDS = 60.0
 # A Portico secret (server/keys/store.py: pk-[env-]token_urlsafe), as gateway/lua/text.lua's `redacted` finds it.
 _SECRET_SHAPED = re.compile(r"pk-[A-Za-z0-9_-]+")
+# A whole secret, not a word that merely starts with `pk-` (`pk-data`): `pk-` and 40 or more of its characters.
+_WHOLE_SECRET = re.compile(r"pk-[A-Za-z0-9_-]{40,}")
 # A message or param may quote the caller (a member's name, a value) at any length; both travel in the gRPC
 # trailers, where tens of KB make Envoy drop the stream (a 502 or 503 for a 400). Cut short, with an ellipsis.
 LONGEST_MESSAGE, LONGEST_PARAM = 2000, 200
@@ -62,6 +64,11 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 def redact_secrets(text: str) -> str:
     """`text` with anything shaped like a Portico secret replaced by `pk-[redacted]`."""
     return _SECRET_SHAPED.sub("pk-[redacted]", text) if "pk-" in text else text
+
+
+def holds_secret(text: str) -> bool:
+    """Whether `text` holds what is surely a whole Portico secret (a name, a path), not just something shaped so."""
+    return _WHOLE_SECRET.search(text) is not None
 
 
 def _cut(text: str, limit: int) -> str:

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.config_providers import ConfigError, number
+from server.config_providers import ConfigError, is_env_name, number
 from server.limits.settings import QUERY_SECRETS, redacted
 
 SQLITE = "sqlite"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 STORE_SETTING_NAMES = ("store", "password_env", "store_timeout_seconds", "pool_size")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A libpq keyword/value string's password (`password=s3cret`, `sslpassword = 'a b'`): such a string is refused
 # (a URL is asked for), and the line saying so must not quote it.
 _KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
@@ -88,7 +87,7 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
     store = str(keys.get("store", SQLITE))
     password_env = "" if keys.get("password_env") is None else keys["password_env"]  # `[]` or `0`: no name
-    if not isinstance(password_env, str) or (password_env and not _ENV_NAME.fullmatch(password_env)):
+    if not isinstance(password_env, str) or (password_env and not is_env_name(password_env)):
         # A string is not quoted: it may be the password itself, pasted where its variable's name goes.
         shown = "(the password itself never goes in the file)" if isinstance(password_env, str) else repr(password_env)
         raise ConfigError(f"{where}.password_env: the name of an environment variable, not {shown}")

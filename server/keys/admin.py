@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 
 from server.domain_keys import MAX_GRACE_SECONDS, ApiKey, KeyLimits
-from server.errors import InvalidRequest, NotFound
+from server.errors import InvalidRequest, NotFound, holds_secret
 from server.keys.store import KeyStore
 
 MAX_ENV_CHARS = 32
@@ -21,9 +21,6 @@ MAX_KEYS_PAGE = 1000  # ListKeys' page_size: ~160 KB of answer
 # The env is written into the secret (pk-{env}-...): anything but these would make secrets that SDKs cannot send
 # (non-ASCII), that break on whitespace, or that a console cannot sign in with.
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
-# A secret (store.py: pk-, an optional env, 43 random characters) pasted into a name, alone or with what came around
-# it, as the console's keys search finds one.
-_SECRET_IN_NAME = re.compile(r"pk-[A-Za-z0-9_-]{40,}")
 
 
 class KeyAdmin:
@@ -64,7 +61,9 @@ class KeyAdmin:
         return await self._store.rotate(key_id, grace_seconds=grace)
 
     async def revoke(self, id_or_secret: str) -> ApiKey:
-        return await self._store.revoke(id_or_secret)
+        # A leaked secret is often pasted with what came around it (a line's end, a space before it); neither a
+        # secret nor an id holds whitespace, so that is not read: else "No key has that secret." while it worked on.
+        return await self._store.revoke(id_or_secret.strip())
 
     async def get(self, key_id: str) -> ApiKey:
         return await self._store.get(key_id)
@@ -110,7 +109,8 @@ def _check_name(name: str) -> None:
     if len(name) > MAX_NAME_CHARS or any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
         raise InvalidRequest(f"name must be at most {MAX_NAME_CHARS} characters, without control characters.",
                              param="name")
-    # A name is stored as it comes and shown to every admin: never a secret, which is only kept as its hash.
-    if _SECRET_IN_NAME.search(name):
+    # A name is stored as it comes and shown to every admin: never a secret, which is only kept as its hash (a secret
+    # pasted into it, alone or with what came around it, as the console's keys search finds one).
+    if holds_secret(name):
         raise InvalidRequest("name must not hold a key's secret (it is stored and listed in plain text): name the "
                              "key by what it is for.", param="name")

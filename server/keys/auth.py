@@ -45,8 +45,15 @@ KEY_WITHOUT_SCHEME_MESSAGE = ("Malformed Authorization header: the key has no sc
                               "`Authorization: Bearer YOUR_KEY`.")
 KEY_WITH_OTHER_SCHEME_MESSAGE = ("Malformed Authorization header: the key's scheme is not Bearer. Send it as "
                                  "`Authorization: Bearer YOUR_KEY`.")  # the scheme is not quoted: it may be a key
+# A key read with its quotes (`KEY="pk-..."` in a file `docker run --env-file` reads: it keeps them).
+QUOTED_KEY_MESSAGES = {
+    "authorization": ("Malformed Authorization header: quotes surround the key. Send it as "
+                      "`Authorization: Bearer YOUR_KEY`."),
+    "x-api-key": "Malformed x-api-key header: quotes surround the key. Send it as `x-api-key: YOUR_KEY`.",
+}
 # The form of the keys Portico makes (server/keys/store.py: `pk-`, an optional env, token_urlsafe).
 _KEY_FORM = re.compile(rf"{re.escape(SECRET_PREFIX)}[A-Za-z0-9_-]+")
+_QUOTED_KEY_FORM = re.compile(rf"([\"']){_KEY_FORM.pattern}\1")
 
 _logger = logging.getLogger(__name__)
 
@@ -198,6 +205,8 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
             value = value.strip(" ")
             scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer":
+                if _QUOTED_KEY_FORM.fullmatch(token.strip()):
+                    raise AuthenticationFailed(QUOTED_KEY_MESSAGES[name])
                 bearers.append(token.strip())
             elif _KEY_FORM.fullmatch(value.strip()):
                 raise AuthenticationFailed(KEY_WITHOUT_SCHEME_MESSAGE)
@@ -207,6 +216,8 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
             scheme, _, token = value.strip().partition(" ")
             if scheme.lower() == "bearer" and _KEY_FORM.fullmatch(token.strip()):
                 raise AuthenticationFailed(X_API_KEY_WITH_SCHEME_MESSAGE)
+            if _QUOTED_KEY_FORM.fullmatch(value.strip()):
+                raise AuthenticationFailed(QUOTED_KEY_MESSAGES[name])
             x_api_keys.append(value.strip())
     keys = [key for key in bearers + x_api_keys if key]
     # Envoy joins a repeated Authorization header into one value, with a comma: no key has one.

@@ -106,6 +106,9 @@ class KeyStore:
         return int(row["n"])
 
     async def get(self, key_id: str) -> ApiKey:
+        if looks_like_secret(key_id):  # "No key with id ..." read as "this secret is no key's" (a leaked one)
+            raise InvalidRequest("id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a "
+                                 "secret.", param="id")
         row = await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,)) if storable(key_id) else None
         if row is None:
             raise NotFound(f"No key with id {key_id[:40]!r}.", param="id")

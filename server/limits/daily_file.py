@@ -34,5 +34,10 @@ def save_daily(path: Path, rows: dict[str, Row]) -> None:
     """Raises OSError (a full disk, a read-only data dir): the previous file is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(orjson.dumps(rows))
+    # Made anew, owner-only: a `.partial` a crash left readable by others would keep its mode if written again, and
+    # the file renamed over limits-daily.json (every key's use) with it.
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(orjson.dumps(rows))
     os.replace(partial, path)

@@ -25,15 +25,18 @@ class LimitSettings:
 # Query parameters that hold a password: redis-py and libpq both read `password` there, libpq also `sslpassword`.
 QUERY_SECRETS = frozenset({"password", "sslpassword"})
 _QUERY_SECRET = re.compile(r"((?:^|&)(?:password|sslpassword)=)[^&#]*")
+# `scheme://user:` (the user may be empty), then everything to the last `@`: the password, whatever it holds.
+_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:).*@", re.DOTALL)
 
 
 def redacted(url: str) -> str:
-    """The URL as written but for its password (in its user part or its query), for logs and messages."""
+    """The URL as written but for its password (in its user part or its query), for logs and messages. The user
+    part's password runs to the URL's last `@`: a generated one may hold `/`, `?` or `#` unencoded (base64's `/`),
+    where urlsplit ends the host part, reading the password short and leaving the rest of it in the text. (An `@` in
+    the query, with no password before it, hides the port too: more than needed, never less.)"""
     try:
-        password = urlsplit(url).password
+        urlsplit(url)
     except ValueError:  # a bracketed host that is no IPv6 address: where its password is cannot be told
         return "(not a URL)"
-    head, mark, query = url.partition("?")
-    if password is not None:
-        head = head.replace(f":{password}@", ":***@", 1)
+    head, mark, query = _USERINFO_PASSWORD.sub(r"\1***@", url, count=1).partition("?")
     return head + mark + _QUERY_SECRET.sub(r"\1***", query)

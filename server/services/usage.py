@@ -20,7 +20,7 @@ from server.keys import Authenticator
 from server.render import json_body
 from server.usage.openai_pages import (
     COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, Page, completions_page, costs_page,
-    filter_values, groups_of, parse_row_cursor, plan_page, requests_page, rows_limit, time_range,
+    filter_values, groups_of, key_id_values, parse_row_cursor, plan_page, requests_page, rows_limit, time_range,
 )
 from server.usage.ledger import LedgerRow
 from server.usage.query import TEXT_ENDPOINTS, RowQuery, Totals, UsageQuery
@@ -70,7 +70,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         limit = rows_limit(_optional(request, "limit"))
         start, end = time_range(_optional(request, "start_time") or 0, _optional(request, "end_time"), self._clock())
         query = RowQuery(start * 1000, end * 1000, limit + 1,
-                         key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
+                         key_ids=_visible(key, key_id_values(request.api_key_ids, "api_key_ids")),
                          models=filter_values(request.models, "models"),
                          envs=filter_values(request.project_ids, "project_ids"), errors_only=request.errors_only,
                          before=parse_row_cursor(request.page))
@@ -84,7 +84,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
         # Portico has no users and no batch API: asking for either matches nothing.
         nothing = bool(request.user_ids) or (request.HasField("batch") and request.batch)
         query = UsageQuery(page.first * 1000, page.stop * 1000, page.width * 1000, columns,
-                           key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
+                           key_ids=_visible(key, key_id_values(request.api_key_ids, "api_key_ids")),
                            models=filter_values(request.models, "models"),
                            envs=filter_values(request.project_ids, "project_ids"), endpoints=TEXT_ENDPOINTS,
                            latency=True)
@@ -97,7 +97,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
                          _optional(request, "limit"), request.page, limits=COSTS_LIMITS, now=self._clock())
         columns, names = groups_of(request.group_by, COSTS_GROUPS)
         query = UsageQuery(page.first * 1000, page.stop * 1000, page.width * 1000, columns,
-                           key_ids=_visible(key, filter_values(request.api_key_ids, "api_key_ids")),
+                           key_ids=_visible(key, key_id_values(request.api_key_ids, "api_key_ids")),
                            models=filter_values(request.models, "models"),
                            envs=filter_values(request.project_ids, "project_ids"))
         page, totals = await self._page_totals(page, query)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from server.errors import InvalidRequest
+from server.keys.store import SECRET_PREFIX
 from server.usage.latency import quantile
 from server.usage.ledger import LedgerRow
 from server.usage.money import micros_to_usd
@@ -117,6 +118,15 @@ def filter_values(values: Iterable[str], param: str) -> tuple[str, ...]:
         raise InvalidRequest(f"{param} takes at most {MAX_FILTER_VALUES} distinct values, not {len(distinct)}.",
                              param=param)
     return distinct
+
+
+def key_id_values(values: Iterable[str], param: str) -> tuple[str, ...]:
+    """filter_values for key ids. A secret there (a leaked one looked into) matches no row: the empty answer read as
+    a key never used. Refused, unquoted, with InvalidRequest naming `param`."""
+    key_ids = filter_values(values, param)
+    if any(key_id.startswith(SECRET_PREFIX) for key_id in key_ids):
+        raise InvalidRequest(f"{param} takes key ids (key_...), not a key's secret (pk-...).", param=param)
+    return key_ids
 
 
 def groups_of(group_by: Iterable[str], accepted: dict[str, str | None]) -> tuple[tuple[str, ...], set[str]]:

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from server.errors import InvalidRequest
 from server.usage.money import usd_text
-from server.usage.openai_pages import LAST_TIME, WIDTHS, filter_values
+from server.usage.openai_pages import LAST_TIME, WIDTHS, filter_values, key_id_values
 from server.usage.query import Totals, UsageQuery
 
 GROUPS = {"model": "model", "api_key_id": "key_id", "project_id": "env"}  # --group-by name -> Totals field
@@ -60,8 +60,9 @@ def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
         if group not in GROUPS:
             raise argparse.ArgumentTypeError(f"--group-by: {group!r} is not one of {', '.join(GROUPS)}")
     try:  # comma-separated, as --group-by and the API's filters (`--model a,b` is `--model a --model b`)
-        filters = [filter_values(values, option) for values, option in
-                   ((args.key, "--key"), (args.model, "--model"), (args.project, "--project"))]
+        filters = [filter(values, option) for values, option, filter in
+                   ((args.key, "--key", key_id_values), (args.model, "--model", filter_values),
+                    (args.project, "--project", filter_values))]
     except InvalidRequest as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     return UsageQuery(start * 1000, end * 1000, width * 1000, groups, key_ids=filters[0], models=filters[1],

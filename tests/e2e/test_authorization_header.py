@@ -216,3 +216,26 @@ def test_an_x_api_key_where_it_is_not_read_leaves_a_missing_key_missing_over_grp
             stub.CreateChatCompletion(request, metadata=[("x-api-key", gateway.secret)], timeout=30)
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert caught.value.details() == X_API_KEY_NOT_READ
+
+
+@pytest.mark.parametrize(("header", "value", "message"), [
+    ("authorization", 'Bearer "{}"', "Malformed Authorization header: quotes surround the key. Send it as "
+                                     "`Authorization: Bearer YOUR_KEY`."),
+    ("authorization", "Bearer '{}'", "Malformed Authorization header: quotes surround the key. Send it as "
+                                     "`Authorization: Bearer YOUR_KEY`."),
+    ("x-api-key", '"{}"', "Malformed x-api-key header: quotes surround the key. Send it as `x-api-key: YOUR_KEY`."),
+])
+def test_a_key_in_quotes_says_so_not_that_it_is_wrong(gateway, header, value, message):
+    """A key read with its quotes (`OPENAI_API_KEY="pk-..."` in a file `docker run --env-file` reads, which keeps
+    them) was answered "Incorrect API key provided.": the caller checked, or rotated, a key that was right. Said so,
+    over REST and gRPC, whether the key is right or not, never quoting it."""
+    response = httpx.post(f"{gateway.base_url}/v1/messages", headers={header: value.format(gateway.secret)},
+                          json=MESSAGES, timeout=30)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["message"]) == (401, "invalid_api_key", message)
+    assert gateway.secret[5:] not in response.text
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
+                model_pb2.ListModelsRequest(), metadata=((header, value.format(gateway.secret)),), timeout=30)
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, message)

@@ -263,13 +263,20 @@ def test_a_secret_given_where_a_key_id_or_a_model_goes_is_never_echoed(gateway):
         httpx.post(f"{base}/v1/chat/completions", headers=headers, timeout=60,
                    json={"model": admin, "messages": [{"role": "user", "content": "Hi"}]}),
     ]
-    for answer in answers:
+    # On the key paths, a 400 that says a key id goes there: a 404 "No key with id" read as "no key has it".
+    for answer in answers[:4]:
+        error = answer.json()["error"]
+        assert (answer.status_code, error["param"]) == (400, "id"), answer.text
+        assert error["message"] == "id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a secret."
+    for answer in answers[4:]:
         assert answer.status_code == 404, answer.text
-        assert tail[:8] not in answer.text and "pk-[redacted]" in answer.json()["error"]["message"], answer.text
+        assert "pk-[redacted]" in answer.json()["error"]["message"], answer.text
+    for answer in answers:
+        assert tail[:8] not in answer.text, answer.text
     with pytest.raises(subprocess.CalledProcessError) as refused:
         gateway.cli("keys", "update", admin, "--rpm", "5")
-    assert refused.value.returncode == 1 and tail[:8] not in refused.value.stderr
-    assert "pk-[redacted]" in refused.value.stderr
+    assert refused.value.returncode == 2 and tail[:8] not in refused.value.stderr
+    assert "not a key's secret (pk-...)" in refused.value.stderr
 
 
 def test_a_secret_pasted_into_a_key_name_is_refused_and_never_stored(gateway):

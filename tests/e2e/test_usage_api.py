@@ -3,6 +3,8 @@ comma-separated group_by), OpenAI's JSON shape, and the error object for bad par
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
@@ -226,3 +228,25 @@ def test_a_key_asking_for_its_own_usage_with_an_empty_filter_value_is_not_refuse
     other = httpx.get(f"{gateway.base_url}/v1/organization/usage/completions?start_time={start}"
                       f"&api_key_ids={key_id},key_0000000000000000", headers=headers, timeout=30)
     assert other.status_code == 403 and other.json()["error"]["param"] == "api_key_ids", other.text
+
+
+@pytest.mark.parametrize("path", ["/v1/organization/usage/completions", "/v1/organization/costs",
+                                  "/v1/organization/requests"])
+def test_a_secret_where_a_key_id_goes_is_refused_not_answered_with_no_usage(gateway, path):
+    """An operator looking into a leaked secret asked `api_key_ids=pk-...` (or `portico usage --key pk-...`): an
+    admin key got an empty answer, which read as "this key was never used", though it had been; another key a 403.
+    Now a 400 naming api_key_ids and saying a key id goes there, never quoting the secret."""
+    created = gateway.cli("keys", "create", "--name", "leak-hunt", "--all-models").stdout
+    secret = created.split()[-1]
+    admin = gateway.cli("keys", "create", "--name", "leak-admin", "--all-models", "--admin").stdout.split()[-1]
+    for caller in (admin, secret):
+        answer = httpx.get(f"{gateway.base_url}{path}", params={"start_time": 1, "api_key_ids": secret},
+                           headers={"Authorization": f"Bearer {caller}"}, timeout=30)
+        error = answer.json()["error"]
+        assert (answer.status_code, error["param"]) == (400, "api_key_ids"), answer.text
+        assert error["message"] == "api_key_ids takes key ids (key_...), not a key's secret (pk-...)."
+        assert secret[5:] not in answer.text
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(gateway.data_dir), "usage",
+                           "--key", secret], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (2, "portico: --key takes key ids (key_...), not a key's secret "
+                                                 "(pk-...).\n")

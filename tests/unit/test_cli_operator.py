@@ -121,3 +121,23 @@ def test_a_secret_in_a_refused_command_line_is_not_echoed(tmp_path, args):
     done = _portico("--data-dir", str(tmp_path / "data"), *(arg.format(secret=secret) for arg in args))
     assert done.returncode == 2, done.stderr
     assert secret[8:20] not in done.stderr and "pk-[redacted]" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--data-dir", "{secret}", "keys", "list"),
+    ("--data-dir", "{secret}", "usage"),
+    ("--data-dir", "{secret}", "keys", "create", "--name", "n", "--all-models"),
+    ("keys", "create", "--name", "n", "--all-models", "--data-dir", "keep/{secret}"),
+    ("--config", "{secret}", "keys", "list"),
+])
+def test_a_secret_given_as_the_data_dir_or_config_is_refused_unechoed_and_nothing_is_made(tmp_path, args):
+    """A secret pasted after --data-dir (or --config), where the command line's other refusals read pk-[redacted]:
+    `no key store at pk-prod-A1b2...` quoted it whole, and `keys create` made a data dir named by it, a key store
+    inside: the secret in plain text on disk, for as long as the directory stayed. Refused like any wrong option."""
+    secret = "pk-prod-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v"
+    done = subprocess.run([sys.executable, "-m", "server.cli", *(arg.format(secret=secret) for arg in args)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 2, done.stderr
+    assert secret[8:20] not in done.stderr + done.stdout and "pk-[redacted]" in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing is made in the working directory"

@@ -331,3 +331,64 @@ def test_a_password_pasted_as_keys_password_env_is_not_echoed(tmp_path):
     with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value)
+
+
+@pytest.mark.parametrize(("section", "url"), [
+    ("limits: {store: '%s'}", "redis://:2024/YmFyQmF6@127.0.0.1:6379/0"),  # base64's `/`, not percent-encoded
+    ("limits: {store: '%s'}", "redis://:Zm9v/YmFyQmF6@127.0.0.1:6379/0"),
+    ("tracing: {otlp_endpoint: '%s'}", "http://otel:Zm9v/YmFyQmF6@collector:4318"),
+    ("tracing: {otlp_endpoint: '%s'}", "https://otel:Zm9v#YmFyQmF6@collector"),
+    ("tracing: {otlp_endpoint: '%s'}", "grpc://otel:Zm9v?YmFyQmF6@collector:4317"),
+])
+def test_a_password_holding_a_slash_a_question_mark_or_a_hash_is_not_echoed(tmp_path, section, url):
+    """A generated password (`openssl rand -base64`, with its `/`) put in a URL unencoded ends the URL's host part
+    early as urlsplit reads it, so the refusal quoted the URL whole, password and all (`tracing.otlp_endpoint: an
+    http:// or https:// URL ..., not 'http://otel:Zm9v/YmFy...@collector:4318'`; a Redis URL whose password starts
+    with digits: `... has a database that is no number`), on the line start-up fails with (a journal)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\n{section % url}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "YmFyQmF6" not in str(e.value), str(e.value)
+
+
+def test_a_password_read_short_by_urlsplit_is_hidden_whole_where_the_store_is_named():
+    """A URL start-up takes (redis-py reads `redis://:2024?...` as port 2024) is named in the log (`they share rate
+    limits in ...`, the store's connection errors): its password hidden to its last character."""
+    from server.limits.settings import redacted
+
+    assert redacted("redis://:2024?YmFyQmF6@127.0.0.1:6379") == "redis://:***@127.0.0.1:6379"
+    assert redacted("redis://u:Zm9v/Ym#Fy@h:6379/0?password=x") == "redis://u:***@h:6379/0?password=***"
+
+
+# Upstream keys made only of letters, digits and `_` (Groq's gsk_..., Hugging Face's hf_..., a 64-digit hex key)
+# and a password without punctuation are also well-formed variable names.
+PASTED_CREDENTIALS = ["gsk_" + "Q7wErT1yU2iOp3AsD4fGh5JkL6zXc7VbN8mQw9Er0tYu1IoP2aSd",
+                      "hf_" + "aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", "0f1e2d3c4b5a69788796a5b4c3d2e1f0" * 2]
+
+
+@pytest.mark.parametrize("credential", PASTED_CREDENTIALS)
+def test_an_upstream_key_pasted_as_api_key_env_is_refused_unechoed(tmp_path, capsys, credential):
+    """`api_key_env: gsk_...` (the key where its variable's name goes) passed as a name, and `portico serve` then
+    stopped on 'the environment variable gsk_Q7wE... (api_key_env of the upstream at ...) is not set or empty': the
+    upstream key whole on stderr (a journal, a CI log). Such a value is now refused as no name, unquoted."""
+    path = tmp_path / "c.yaml"
+    path.write_text(_model(f"{{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m, api_key_env: {credential}}}")
+                    + "\n")
+    port, admin_port = free_ports(2)
+    done = main(["--config", str(path), "--data-dir", str(tmp_path / "data"), "serve", "--port", str(port),
+                 "--admin-port", str(admin_port), "--metrics-port", "0"])
+    err = capsys.readouterr().err
+    assert done == 2 and "api_key_env" in err, err
+    assert credential[4:20] not in err, err
+
+
+@pytest.mark.parametrize("password_env", ["Zm9vYmFyYmF6cXV4MTIzNDU2", PASTED_CREDENTIALS[0]])
+def test_a_password_of_letters_and_digits_pasted_as_keys_password_env_is_not_echoed(tmp_path, password_env):
+    """As for api_key_env: a password with no punctuation is a well-formed name, and start-up then said 'the
+    environment variable Zm9vYmFy... is not set (it holds the password for ...)'."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db/portico', password_env: {password_env}}}\n")
+    with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
+        load_config(path).key_store.password()
+    assert password_env[4:20] not in str(e.value)

@@ -108,3 +108,26 @@ async def test_scopes_that_count_nothing_any_more_are_forgotten(tmp_path):
     assert (await store.counts("old7")).day_requests == 0  # a forgotten scope reads as a new one
     await store.settle(running, 5)
     await store.close()
+
+
+def test_the_saved_counters_are_private_whatever_a_crash_left_beside_them(tmp_path):
+    """limits-daily.json names every key with its day's use. It is written beside (`.partial`) and renamed: a
+    `.partial` a crash left readable by others (an older version's, or a copy an operator made) kept its mode when
+    written again, so the file renamed over limits-daily.json was readable by every user until the next start.
+    Whatever was there, the file saved is the service user's alone."""
+    import os
+    import stat
+
+    from server.limits.daily_file import save_daily
+
+    path = tmp_path / "limits-daily.json"
+    left = path.with_name(path.name + ".partial")
+    left.write_bytes(b"{}")
+    left.chmod(0o644)
+    previous = os.umask(0o077)  # as every Portico process runs
+    try:
+        save_daily(path, {"key_1": (1, 2, 3, 4, 5, 6)})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_daily(path) == {"key_1": (1, 2, 3, 4, 5, 6)}

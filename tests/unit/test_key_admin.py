@@ -155,3 +155,26 @@ def test_cli_gets_one_key_with_its_limits_as_keyservice_does(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0].split("\t")[2] == "revoked"
     assert main([*data, "keys", "get", "key_nope"]) == 1
     assert capsys.readouterr().err == "portico: No key with id 'key_nope'.\n"
+
+
+@pytest.mark.parametrize("pasted", ["{secret}\n", " {secret}", "{secret} ", "\t{secret}\r\n"])
+async def test_a_leaked_secret_pasted_with_space_or_a_line_end_around_it_is_revoked(admin, pasted):
+    """A leaked secret copied with what came around it (a line's end, a space before it) was answered "No key has
+    that secret." (or "No key with id ' pk-...'"), while its key went on working: an operator revoking in a hurry
+    read that the secret was no key's. A secret or id never holds whitespace: what is around it is not read."""
+    key, secret = await admin.create("leaked", all_models=True)
+    revoked = await admin.revoke(pasted.format(secret=secret))
+    assert revoked.id == key.id and revoked.revoked_at > 0
+
+
+async def test_a_secret_where_a_key_id_goes_says_so_not_that_no_key_has_it(admin, tmp_path, capsys):
+    """`portico keys get pk-...` (an operator finding which key a leaked secret is) answered "No key with id
+    'pk-[redacted]'.", read as "this secret is no key's", while the key went on working; update and rotate the same.
+    Only revoke takes a secret: the others now say so, never quoting it."""
+    key, secret = await admin.create("leaked", all_models=True)
+    message = "id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a secret."
+    for call in (admin.get(secret), admin.update(secret, name="x"), admin.rotate(secret)):
+        with pytest.raises(InvalidRequest) as caught:
+            await call
+        assert (caught.value.message, caught.value.param) == (message, "id")
+    assert (await admin.get(key.id)).name == "leaked"
