@@ -8,6 +8,10 @@ const STATES = ["active", "revoked", "all"];
 // pasted with what came around it (`Bearer pk-...`, `OPENAI_API_KEY=pk-...`, quotes) is a secret all the same.
 const SECRET = /pk-[\w-]{40,}/;
 
+// A name as a person types it to find it: case and accents aside, as composed or decomposed. Lowercasing alone kept
+// "İzmir" as "i̇zmir" (an i and a combining dot), which "izmir" is not, and "Ünïcode" from "unicode"; ß is "ss".
+const folded = (text) => text.normalize("NFKD").replace(/\p{M}/gu, "").toUpperCase().toLowerCase();
+
 export function grantsText(key) {
   return key.all_models ? "all models" : (key.models.length ? key.models.join(", ") : "none");
 }
@@ -31,11 +35,11 @@ export async function keysPage(ctx) {
   // A bookmarked filter shows as it filters: an environment no key has (any more) is still offered, selected.
   const envChoices = envFilter && !envs.includes(envFilter) ? [...envs, envFilter].sort() : envs;
   const stateFilter = STATES.includes(ctx.query.get("state")) ? ctx.query.get("state") : "active";
-  const search = (ctx.query.get("q") ?? "").toLowerCase();
+  const search = folded(ctx.query.get("q") ?? "");
   const shown = keys
     .filter((key) => !envFilter || key.env === envFilter)
     .filter((key) => stateFilter === "all" || keyState(key) === stateFilter)
-    .filter((key) => !search || key.name.toLowerCase().includes(search) || key.id.includes(search))
+    .filter((key) => !search || folded(key.name).includes(search) || folded(key.id).includes(search))
     // Newest first; keys a script made in the same second by name (batch-2 before batch-10), not by random id.
     .sort((a, b) => b.created - a.created || a.name.localeCompare(b.name, "en", {numeric: true}));
 
