@@ -5,10 +5,13 @@ about it, against what the admin API answers.
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 
 import pytest
+import yaml
 from playwright.sync_api import expect
 
+import server
 from tests.e2e.browser import api, new_admin_secret
 from tests.e2e.conftest import running_gateway
 
@@ -17,7 +20,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    with running_gateway(tmp_path_factory.mktemp("console-people-data"), "--dev-key") as gateway:
+    """The default catalog, family-a-5.5 priced with free prompt-cache reads and family-a-5.4 without a cache price
+    (its cache reads cost its input price)."""
+    config = yaml.safe_load((Path(server.__file__).parent / "default.yaml").read_text())
+    models = {model["id"]: model for model in config["models"]}
+    models["family-a-5.5"]["price"] = {"input": 1, "output": 2, "cached_input": 0}
+    models["family-a-5.4"]["price"] = {"input": 3, "output": 15}
+    path = tmp_path_factory.mktemp("console-people-config") / "portico.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with running_gateway(tmp_path_factory.mktemp("console-people-data"), config=path) as gateway:
         yield gateway
 
 
@@ -44,3 +55,18 @@ def test_a_key_is_found_by_its_name_as_a_person_types_it(tab, gateway, admin_sec
     expect(links).to_have_count(1)
     expect(links).to_have_attribute("href", f"#/keys/{made['key']['id']}")
     assert tab.page.get_by_label("Name or id").input_value() == typed  # as typed, not as compared
+
+
+def test_a_models_price_says_what_its_cached_input_costs(tab, gateway, admin_secret):
+    """A model configured with free prompt-cache reads (cached_input: 0) showed "$1.00 in / $2.00 out per 1M
+    tokens" and nothing more, read as "cached input costs $1.00 too", while a model without a cache price showed its
+    input price again as "cached in"."""
+    prices = {model["id"]: model["price"] for model in
+              api(gateway, admin_secret, "GET", "/v1/admin/models").json()["models"]}
+    assert prices["family-a-5.5"]["cached_input"] == 0 and prices["family-a-5.4"]["cached_input"] == 3
+    tab.sign_in(admin_secret)
+    tab.open("#/models")
+    catalog = tab.page.get_by_role("region", name="The model catalog")
+    price = lambda model: catalog.get_by_role("row").filter(has_text=model).first.get_by_role("cell").nth(2)
+    expect(price("family-a-5.5")).to_have_text("$1.00 in / $2.00 out per 1M tokens; $0.00 cached in per 1M")
+    expect(price("family-a-5.4")).to_have_text("$3.00 in / $15.00 out per 1M tokens")

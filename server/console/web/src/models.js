@@ -35,7 +35,10 @@ function priceText(price) {
   if (!price || !(price.input || price.output || price.cached_input || price.image)) return "free";
   const parts = [];
   if (price.input || price.output) parts.push(`${money(price.input)} in / ${money(price.output)} out per 1M tokens`);
-  if (price.cached_input) parts.push(`${money(price.cached_input)} cached in per 1M`);
+  // Told when it differs from input, free included (0): left out, "$1.00 in" read as the price of cache reads too.
+  if (price.cached_input !== undefined && price.cached_input !== price.input) {
+    parts.push(`${money(price.cached_input)} cached in per 1M`);
+  }
   if (price.cache_write && price.cache_write !== price.input) {
     parts.push(`${money(price.cache_write)} cache writes per 1M`);
   }
