@@ -70,3 +70,11 @@ def test_a_models_price_says_what_its_cached_input_costs(tab, gateway, admin_sec
     price = lambda model: catalog.get_by_role("row").filter(has_text=model).first.get_by_role("cell").nth(2)
     expect(price("family-a-5.5")).to_have_text("$1.00 in / $2.00 out per 1M tokens; $0.00 cached in per 1M")
     expect(price("family-a-5.4")).to_have_text("$3.00 in / $15.00 out per 1M tokens")
+
+
+@pytest.mark.parametrize("pasted", ["Bearer {secret}", "Authorization: Bearer {secret}", "bearer  {secret}",
+                                    "x-api-key: {secret}"])
+def test_a_key_pasted_with_its_header_from_a_curl_command_signs_in(tab, admin_secret, pasted):
+    """A person copies the key from a curl command or a request's headers, with its header name or scheme: that is
+    the key they mean (no key holds a space), not "That key is not valid"."""
+    tab.sign_in(pasted.format(secret=admin_secret))

@@ -122,7 +122,7 @@ class Console {
       event.preventDefault();
       error.textContent = "";
       try {
-        await this.api.signIn(key.value.trim());
+        await this.api.signIn(pastedKey(key.value));
       } catch (problem) {
         error.textContent = shown(problem instanceof ApiError ? signInMessage(problem) : problem.message);
         key.select();
@@ -149,6 +149,12 @@ function decoded(part) {
   } catch {
     return part;
   }
+}
+
+// The key in what a person pasted: copied from a curl command or a request's headers, it may come with its header's
+// name or its scheme (`Authorization: Bearer pk-...`); no key holds a space, so what precedes the key is not its part.
+function pastedKey(text) {
+  return text.trim().replace(/^(?:(?:authorization|x-api-key)\s*:\s*)?(?:bearer\s+)?/i, "");
 }
 
 new Console().render();
