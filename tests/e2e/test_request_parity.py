@@ -15,7 +15,7 @@ from google.protobuf import json_format, struct_pb2
 
 from portico.v1 import (
     chat_pb2, chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc, message_pb2, message_service_pb2_grpc,
-    message_tokens_pb2,
+    message_tokens_pb2, organization_usage_pb2,
 )
 from server.translate.values import proto_to_json
 from tests.helpers import bearer, chat_request, error_details, internal_headers
@@ -207,6 +207,13 @@ def _message(extra: bytes) -> bytes:
      "messages[0]"),
     ("ImageService/CreateImage",
      image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a cat").SerializeToString() + UNKNOWN_99, None),
+    # A usage query's filter from newer files (a `user_ids` on costs, say), dropped, answered everyone's usage.
+    ("UsageService/GetCompletionsUsage",
+     organization_usage_pb2.GetCompletionsUsageRequest(start_time=0).SerializeToString() + UNKNOWN_99, None),
+    ("UsageService/GetCosts", organization_usage_pb2.GetCostsRequest(start_time=0).SerializeToString() + UNKNOWN_99,
+     None),
+    ("UsageService/ListRequests",
+     organization_usage_pb2.ListRequestsRequest(start_time=0).SerializeToString() + UNKNOWN_99, None),
 ])
 def test_a_typed_field_the_gateway_does_not_declare_is_refused_not_dropped(gateway, channel, method, request_bytes,
                                                                           param):
