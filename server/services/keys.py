@@ -2,8 +2,10 @@
 
 Each write has a typed RPC and a REST one (...Http), which reads the caller's raw JSON body strictly into the typed
 request (server/translate/json_to_message.py) after the caller is known to be an admin; both then run the same code.
-A typed write holding a field these .proto files do not declare (a stub generated from newer ones: a limit added
-later) is refused as the REST body's unknown member is: stored without it, the caller would believe it in force.
+A typed call holding a field these .proto files do not declare (a stub generated from newer ones: a limit added
+later, a listing's filter) is refused as the REST body's unknown member is: stored without it, the caller would
+believe it in force; read without it, the answer is not the one asked for. REST reaches the reads and the revoke
+through Envoy's transcoder, which makes no such field.
 """
 
 from __future__ import annotations
@@ -74,15 +76,18 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
         await self._admit(context)
+        refuse_undeclared(request)
         keys, next_page = await self._admin.list(page_size=request.page_size, page_token=request.page_token)
         return key_pb2.ListKeysResponse(keys=[key_to_pb(key) for key in keys], next_page_token=next_page)
 
     async def GetKey(self, request, context) -> key_pb2.GetKeyResponse:
         await self._admit(context, request.id)
+        refuse_undeclared(request)
         return key_pb2.GetKeyResponse(key=key_to_pb(await self._admin.get(request.id)))
 
     async def RevokeKey(self, request, context) -> key_pb2.RevokeKeyResponse:
         await self._admit(context, request.id)
+        refuse_undeclared(request)
         key = await self._admin.revoke(request.id)
         self._acts_on(key.id)  # revoked by a secret: the key found, never the secret, answers "who revoked X?"
         return key_pb2.RevokeKeyResponse(key=key_to_pb(key))

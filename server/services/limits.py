@@ -10,6 +10,7 @@ from server.errors import ServiceUnavailable
 from server.keys import Authenticator, KeyStore
 from server.limits import Limiter
 from server.limits.core import LimitStoreUnavailable, Reading
+from server.translate.values import refuse_undeclared
 from server.usage.money import micros_to_usd
 
 
@@ -24,6 +25,7 @@ class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
 
     async def GetKeyLimitStatus(self, request, context) -> limit_pb2.GetKeyLimitStatusResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        refuse_undeclared(request)  # a stub generated from newer .proto files: refused, as KeyService's calls
         if is_key_id(request.id):
             self._acts_on(request.id)
         key = await self._store.get(request.id)

@@ -10,6 +10,7 @@ from server.domain_keys import KeyLimits
 from server.domain_models import Deployment, ModelEntry
 from server.keys import Authenticator
 from server.services.keys import limits_to_pb
+from server.translate.values import refuse_undeclared
 from server.usage.money import micros_to_usd
 
 UNWATCHED = "unwatched"  # a model's only deployment: never taken out of service (server/providers/health.py)
@@ -27,6 +28,7 @@ class ModelAdminServicer(model_admin_service_pb2_grpc.ModelAdminServiceServicer)
 
     async def ListCatalogModels(self, request, context) -> catalog_pb2.ListCatalogModelsResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        refuse_undeclared(request)  # a stub generated from newer .proto files: refused, as on every typed RPC
         states = {(model, name): state for model, name, state in self._states()}
         return catalog_pb2.ListCatalogModelsResponse(
             models=[_model_to_pb(entry, self._limits.get(entry.id), states) for entry in self._entries])

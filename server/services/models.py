@@ -1,5 +1,9 @@
 """ModelService: the models the calling key may use, each with the path it must be called through; and
-AnthropicModelService: the same in the Anthropic API's shape, with its paging (Envoy sends the anthropic SDK there)."""
+AnthropicModelService: the same in the Anthropic API's shape, with its paging (Envoy sends the anthropic SDK there).
+
+A typed request holding a field these .proto files do not declare (a stub generated from newer ones: a filter added
+later) is refused, as on every typed RPC: dropped, the caller would read every model as the filtered answer. REST
+reaches these RPCs through Envoy's transcoder, which makes no such field."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from portico.v1 import (anthropic_model_pb2, anthropic_model_service_pb2_grpc, m
 from server.catalog.pages import model_page
 from server.domain_models import ModelEntry
 from server.pipeline import Pipeline
+from server.translate.values import refuse_undeclared
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
@@ -20,11 +25,13 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
 
     async def ListModels(self, request, context) -> model_pb2.ListModelsResponse:
         key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
+        refuse_undeclared(request)
         models = [_model_pb(entry) for entry in self._pipeline.catalog.visible_to(key)]
         return model_pb2.ListModelsResponse(object="list", data=models)
 
     async def GetModel(self, request, context) -> model_pb2.Model:
         key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
+        refuse_undeclared(request)
         return _model_pb(self._pipeline.catalog.find(key, request.model))
 
 
@@ -34,6 +41,7 @@ class AnthropicModelServicer(anthropic_model_service_pb2_grpc.AnthropicModelServ
 
     async def ListAnthropicModels(self, request, context) -> anthropic_model_pb2.ListAnthropicModelsResponse:
         key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
+        refuse_undeclared(request)
         limit = request.limit if request.HasField("limit") else None
         page = model_page(self._pipeline.catalog.visible_to(key), limit=limit, after_id=request.after_id,
                           before_id=request.before_id, lifecycle=request.lifecycle)
@@ -44,6 +52,7 @@ class AnthropicModelServicer(anthropic_model_service_pb2_grpc.AnthropicModelServ
 
     async def GetAnthropicModel(self, request, context) -> anthropic_model_pb2.AnthropicModel:
         key = await self._pipeline.authenticator.authenticate(context.invocation_metadata(), allow_x_api_key=True)
+        refuse_undeclared(request)
         return _anthropic_model_pb(self._pipeline.catalog.find(key, request.model_id))
 
 

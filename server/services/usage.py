@@ -1,5 +1,8 @@
 """UsageService: the usage ledger in the shape of OpenAI's usage and costs API. Admin keys see every key's usage;
-any other key only its own."""
+any other key only its own.
+
+A typed query holding a field these .proto files do not declare (a stub generated from newer ones: a filter added
+later) is refused, as REST refuses a parameter it does not take: dropped, the filter's answer covered everything."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from server.domain_keys import ApiKey
 from server.errors import InvalidRequest, PermissionDenied
 from server.keys import Authenticator
 from server.render import json_body
+from server.translate.values import refuse_undeclared
 from server.usage.openai_pages import (
     COMPLETIONS_GROUPS, COMPLETIONS_LIMITS, COSTS_GROUPS, COSTS_LIMITS, Page, completions_page, costs_page,
     filter_values, groups_of, key_id_values, parse_row_cursor, plan_page, requests_page, rows_limit, time_range,
@@ -67,6 +71,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
 
     async def _requests(self, request: pb.ListRequestsRequest, context, *, typed: bool = False) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
+        refuse_undeclared(request)
         limit = rows_limit(_optional(request, "limit"))
         start, end = time_range(_optional(request, "start_time") or 0, _optional(request, "end_time"), self._clock())
         query = RowQuery(start * 1000, end * 1000, limit + 1,
@@ -78,6 +83,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
 
     async def _completions(self, request: pb.GetCompletionsUsageRequest, context) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
+        refuse_undeclared(request)
         page = plan_page(_optional(request, "start_time"), _optional(request, "end_time"), request.bucket_width,
                          _optional(request, "limit"), request.page, limits=COMPLETIONS_LIMITS, now=self._clock())
         columns, names = groups_of(request.group_by, COMPLETIONS_GROUPS)
@@ -93,6 +99,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
 
     async def _costs(self, request: pb.GetCostsRequest, context, *, typed: bool = False) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
+        refuse_undeclared(request)
         page = plan_page(_optional(request, "start_time"), _optional(request, "end_time"), request.bucket_width,
                          _optional(request, "limit"), request.page, limits=COSTS_LIMITS, now=self._clock())
         columns, names = groups_of(request.group_by, COSTS_GROUPS)

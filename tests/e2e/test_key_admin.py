@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 
-from portico.v1 import key_pb2, key_service_pb2_grpc
+from portico.v1 import key_pb2, key_service_pb2_grpc, limit_pb2
 from tests.helpers import bearer, error_details
 
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
@@ -178,6 +178,33 @@ def test_typed_key_writes_refuse_a_field_the_gateway_does_not_declare(gateway):
     key = next(key for key in keys.keys if key.id == key_id)
     assert (key.name, key.limits) == ("grpc-managed", key_pb2.KeyLimits())  # nothing half-applied
     assert chat(gateway, secret).status_code == 200  # not rotated
+
+def test_typed_key_reads_and_revoke_refuse_a_field_the_gateway_does_not_declare(gateway):
+    """RevokeKey, GetKey, ListKeys and LimitService.GetKeyLimitStatus from stubs generated from newer .proto files
+    (a revoke's grace, a listing's filter): the field was dropped without a word, the key revoked at once and the
+    listing answered unfiltered, where the key writes refuse it. Now the same 400 naming its number; nothing revoked."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    created = gateway.cli("keys", "create", "--name", "kept", "--all-models").stdout
+    key_id, secret = created.split()[2], created.split()[-1]
+    calls = [
+        ("KeyService/RevokeKey", _with_field_99(key_pb2.RevokeKeyRequest(id=key_id))),
+        ("KeyService/GetKey", _with_field_99(key_pb2.GetKeyRequest(id=key_id))),
+        ("KeyService/ListKeys", _with_field_99(key_pb2.ListKeysRequest())),
+        ("LimitService/GetKeyLimitStatus", _with_field_99(limit_pb2.GetKeyLimitStatusRequest(id=key_id))),
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        for method, request in calls:
+            rpc = channel.unary_unary(f"/portico.v1.{method}", request_serializer=lambda raw: raw,
+                                      response_deserializer=lambda raw: raw)
+            with pytest.raises(grpc.RpcError) as caught:
+                rpc(request, metadata=bearer(admin), timeout=30)
+            detail = error_details(caught.value)
+            assert (caught.value.code(), detail.http_status, detail.error.code) == (
+                grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request"), (method, detail)
+            assert not detail.error.param and "field number 99" in detail.error.message, detail
+    time.sleep(1.1)  # keys.cache_seconds
+    assert chat(gateway, secret).status_code == 200  # not revoked
+
 
 def test_rest_refuses_values_of_the_wrong_json_type_naming_their_path(gateway):
     """The transcoder read "5" as 5; now a string for an integer, a number for a boolean, are 400s."""

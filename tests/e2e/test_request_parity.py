@@ -15,7 +15,7 @@ from google.protobuf import json_format, struct_pb2
 
 from portico.v1 import (
     chat_pb2, chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc, message_pb2, message_service_pb2_grpc,
-    message_tokens_pb2,
+    anthropic_model_pb2, catalog_pb2, message_tokens_pb2, model_pb2, organization_usage_pb2,
 )
 from server.translate.values import proto_to_json
 from tests.helpers import bearer, chat_request, error_details, internal_headers
@@ -207,13 +207,33 @@ def _message(extra: bytes) -> bytes:
      "messages[0]"),
     ("ImageService/CreateImage",
      image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a cat").SerializeToString() + UNKNOWN_99, None),
+    # A usage query's filter from newer files (a `user_ids` on costs, say), dropped, answered everyone's usage.
+    ("UsageService/GetCompletionsUsage",
+     organization_usage_pb2.GetCompletionsUsageRequest(start_time=0).SerializeToString() + UNKNOWN_99, None),
+    ("UsageService/GetCosts", organization_usage_pb2.GetCostsRequest(start_time=0).SerializeToString() + UNKNOWN_99,
+     None),
+    ("UsageService/ListRequests",
+     organization_usage_pb2.ListRequestsRequest(start_time=0).SerializeToString() + UNKNOWN_99, None),
+    # The model listings: a filter from newer files, dropped, answered every model.
+    ("ModelService/ListModels", model_pb2.ListModelsRequest().SerializeToString() + UNKNOWN_99, None),
+    ("ModelService/GetModel", model_pb2.GetModelRequest(model="family-a-5.5").SerializeToString() + UNKNOWN_99, None),
+    ("AnthropicModelService/ListAnthropicModels",
+     anthropic_model_pb2.ListAnthropicModelsRequest(limit=2).SerializeToString() + UNKNOWN_99, None),
+    ("AnthropicModelService/GetAnthropicModel",
+     anthropic_model_pb2.GetAnthropicModelRequest(model_id="family-b-sonnet-4-6").SerializeToString() + UNKNOWN_99,
+     None),
+    ("ModelAdminService/ListCatalogModels", catalog_pb2.ListCatalogModelsRequest().SerializeToString() + UNKNOWN_99,
+     None),
 ])
 def test_a_typed_field_the_gateway_does_not_declare_is_refused_not_dropped(gateway, channel, method, request_bytes,
                                                                           param):
     """A stub generated from newer .proto files sends a field this gateway's files lack: it was dropped without a
     word and the request answered (200), where REST refuses a member it cannot act on (api.md: never silently
     dropped). Its name is unknown here, so it cannot be passed on either: a 400 naming its number."""
-    error = _refusal(channel, method, request_bytes, bearer(gateway.secret))
+    secret = gateway.secret
+    if method.startswith("ModelAdminService/"):  # admin keys only
+        secret = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    error = _refusal(channel, method, request_bytes, bearer(secret))
     detail = error_details(error)
     assert (error.code(), detail.http_status, detail.error.code) == (grpc.StatusCode.INVALID_ARGUMENT, 400,
                                                                      "invalid_request")
