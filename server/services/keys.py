@@ -19,7 +19,7 @@ from server.domain_keys import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLi
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
 from server.translate.json_to_message import read_body
-from server.translate.values import refuse_undeclared
+from server.translate.values import parse_body, refuse_undeclared
 from server.usage.money import micros_to_usd, usd_to_micros
 
 
@@ -61,7 +61,10 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def UpdateKeyHttp(self, request: key_pb2.UpdateKeyHttpRequest, context) -> key_pb2.UpdateKeyResponse:
         await self._admit(context, request.id)
-        return await self._update(read_body(request.body.data, key_pb2.UpdateKeyRequest, url={"id": request.id}))
+        update = read_body(request.body.data, key_pb2.UpdateKeyRequest, url={"id": request.id})
+        if not update.models and not update.HasField("all_models") and _lists_no_model(request.body.data):
+            update.all_models = False  # `"models": []`: no model, as a typed call says it; refused (KeyAdmin)
+        return await self._update(update)
 
     async def RotateKey(self, request, context) -> key_pb2.RotateKeyResponse:
         await self._admit(context, request.id)
@@ -123,6 +126,12 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         grace = request.grace_seconds if request.HasField("grace_seconds") else None
         key, secret, expires = await self._admin.rotate(request.id, grace_seconds=grace)
         return key_pb2.RotateKeyResponse(key=key_to_pb(key), secret=secret, previous_secret_expires=expires)
+
+
+def _lists_no_model(body: bytes) -> bool:
+    """Whether a REST body gives `models` as an empty list: the caller's "no model", which the typed message cannot
+    tell from a field left out (which keeps the grants)."""
+    return parse_body(body).get("models", None) == [] if body.strip() else False
 
 
 def _limit(limits: key_pb2.KeyLimits, name: str) -> int:

@@ -64,6 +64,22 @@ def test_rest_update_and_rotate_with_an_admin_key(gateway):
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
 
 
+def test_rest_update_with_an_empty_models_list_is_refused_not_ignored(gateway):
+    """`"models": []` in a PATCH body asks for a key that may call no model: it was answered 200 with the grants
+    unchanged, so the caller believed the key shut off while it went on calling its model. Refused as a key made with
+    no grants is (`all_models: false` alone, as a typed call says it); leaving `models` out keeps the grants."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    created = gateway.cli("keys", "create", "--name", "to-be-shut", "--model", "family-a-5.5").stdout
+    key_id = created.split()[2]
+    url = f"{gateway.base_url}/v1/admin/keys/{key_id}"
+    for body in ({"models": []}, {"models": [], "name": "renamed"}, {"all_models": False}):
+        refused = httpx.patch(url, headers=bearer(admin), json=body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "models"
+    kept = httpx.patch(url, headers=bearer(admin), json={"name": "renamed"})
+    assert (kept.json()["key"]["name"], kept.json()["key"]["models"]) == ("renamed", ["family-a-5.5"])
+
+
 def test_a_rotated_out_secret_is_refused_from_the_second_its_grace_ends(gateway):
     """It kept working for up to keys.cache_seconds past previous_secret_expires when the gateway had looked it up
     within that time before (and for up to 5 minutes while the key store did not answer)."""
