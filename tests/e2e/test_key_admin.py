@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 
-from portico.v1 import key_pb2, key_service_pb2_grpc, limit_pb2
+from portico.v1 import key_pb2, key_service_pb2_grpc, limit_pb2, limit_service_pb2_grpc
 from tests.helpers import bearer, error_details
 
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
@@ -220,6 +220,21 @@ def test_typed_key_reads_and_revoke_refuse_a_field_the_gateway_does_not_declare(
             assert not detail.error.param and "field number 99" in detail.error.message, detail
     time.sleep(1.1)  # keys.cache_seconds
     assert chat(gateway, secret).status_code == 200  # not revoked
+
+
+def test_a_typed_key_call_without_an_id_is_told_the_id_is_missing(gateway):
+    """A stub caller who forgot to set `id` (proto3: "") got 404 "No key with id ''", as if a key were missing."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        keys, limits = key_service_pb2_grpc.KeyServiceStub(channel), limit_service_pb2_grpc.LimitServiceStub(channel)
+        for rpc, request in ((keys.GetKey, key_pb2.GetKeyRequest()), (keys.RevokeKey, key_pb2.RevokeKeyRequest()),
+                             (keys.RotateKey, key_pb2.RotateKeyRequest()), (keys.UpdateKey, key_pb2.UpdateKeyRequest()),
+                             (limits.GetKeyLimitStatus, limit_pb2.GetKeyLimitStatusRequest())):
+            with pytest.raises(grpc.RpcError) as caught:
+                rpc(request, metadata=bearer(admin), timeout=30)
+            detail = error_details(caught.value)
+            assert (caught.value.code(), detail.error.param) == (grpc.StatusCode.INVALID_ARGUMENT, "id"), detail
+            assert detail.error.message == "id is required: the key's id (key_...).", detail
 
 
 def test_rest_refuses_values_of_the_wrong_json_type_naming_their_path(gateway):
