@@ -148,7 +148,8 @@ class _Loader(yaml.SafeLoader):
 # YAML 1.2's floats in exponent notation (`1e3`, `2.5e-1`, `1.0E+3`), which YAML 1.1's resolver (PyYAML's) reads as
 # text unless they hold both a dot and an exponent sign: a setting written `1e3` was refused as "a number, not '1e3'".
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

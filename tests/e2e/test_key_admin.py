@@ -325,7 +325,8 @@ def test_a_secret_given_where_a_key_id_or_a_model_goes_is_never_echoed(gateway):
     for answer in answers[:4]:
         error = answer.json()["error"]
         assert (answer.status_code, error["param"]) == (400, "id"), answer.text
-        assert error["message"] == "id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a secret."
+        assert error["message"] == ("id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a "
+                                    "secret.")
     for answer in answers[4:]:
         assert answer.status_code == 404, answer.text
         assert "pk-[redacted]" in answer.json()["error"]["message"], answer.text
