@@ -400,3 +400,14 @@ async def test_penalties_weigh_the_whole_answer_not_only_its_last_64_tokens(prov
         reference.last_n_tokens_size = 64
     deltas, _ = await collect(provider, request(story, max_tokens=150, temperature=0.0, **penalty))
     assert "".join(deltas) == reference.detokenize(expected).decode("utf-8", errors="ignore")
+
+
+RULE = "-" * 64  # one SmolLM2 token, as are a newline and 32 to 48 spaces of indentation: 47 tokens over 32 bytes
+
+
+async def test_a_token_of_more_than_32_bytes_reaches_the_answer(provider):
+    """llama-cpp-python's detokenize reads a token's text into 32 bytes and gave nothing for a longer one, so a
+    markdown rule or a deeply indented line of code was missing from the answer."""
+    deltas, _ = await collect(provider, request(f"Copy this text exactly:\n{RULE}\nHello\n{RULE}", max_tokens=4,
+                                                temperature=0.0))
+    assert "".join(deltas).startswith(f"Hello\n{RULE}\n")
