@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import ctypes
 import functools
 import importlib.util
 import re
@@ -92,9 +93,10 @@ class LlamaCppProvider:
         self._waiters: deque[asyncio.Future[_Instance]] = deque()
         self._running: set[threading.Event] = set()  # the cancel flags of generations in flight, for close()
         self._closed = False
-        # The most bytes of text one token stands for (32 in SmolLM2's vocabulary): a text of N bytes is at least
+        # The most bytes of text one token stands for (81 in SmolLM2's vocabulary): a text of N bytes is at least
         # N / this many tokens. Reading every piece takes ~0.1 s, once.
-        self._longest_piece = max(len(llm.detokenize([token], special=False)) for token in range(llm.n_vocab())) or 1
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self._longest_piece = max(len(_piece(vocab, token)) for token in range(llm.n_vocab())) or 1
         self._counted: OrderedDict[tuple[Turn, ...], list[int]] = OrderedDict()
         self._counted_lock = threading.Lock()  # count_tokens runs in worker threads
 
@@ -264,7 +266,7 @@ class LlamaCppProvider:
                 if llama_cpp.llama_vocab_is_eog(vocab, token):
                     reason = FinishReason.END_TURN
                     break
-                pending += decoder.decode(llm.detokenize([token]))
+                pending += decoder.decode(_piece(vocab, token))
                 if (hit := _first_stop(pending, stops)) is not None:
                     pending, stop_sequence = pending[: hit[0]], hit[1]
                     reason = FinishReason.STOP_SEQUENCE
@@ -357,7 +359,21 @@ def _read_prompt(llm: llama_cpp.Llama, prompt: list[int], cancelled: threading.E
 
 
 def _token_text(llm: llama_cpp.Llama, token: int) -> str:
-    return "" if token < 0 else llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    return "" if token < 0 else _piece(vocab, token, special=True).decode("utf-8", errors="replace")
+
+
+def _piece(vocab: llama_cpp.llama_vocab_p, token: int, *, special: bool = False) -> bytes:
+    """The text of one token. Not llm.detokenize(): it reads a piece into 32 bytes and gives nothing for a longer one
+    (SmolLM2 has 47, of up to 81 bytes: runs of dashes, hashes or spaces of indentation), so that text was missing
+    from answers. llama.cpp says how many bytes a piece needs (as a negative count) when the buffer is too small."""
+    size = 64
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+        if n >= 0:
+            return buffer.raw[:n]
+        size = -n
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from portico.v1 import chat_service_pb2_grpc
@@ -63,3 +64,26 @@ async def test_other_silent_calls_keep_the_limit(front_door, double):
             await chat.CreateChatCompletion(chat_request(model="up-solo"), metadata=bearer(secret),
                                             timeout=SILENCE_SECONDS * 5)
     assert time.monotonic() - started < SILENCE_SECONDS * 3  # cut by Envoy, not by the caller's deadline
+
+
+async def test_a_caller_queued_for_the_embedded_model_is_silent_and_keeps_the_limit(front_door):
+    # configuration.md, embedded.instances: a waiting caller gets no byte until its turn, so Envoy's silence limit
+    # bounds the wait (a 504), while the stream that holds the instance goes on; the next caller is served.
+    port, secret = front_door
+    url, headers = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
+
+    def body(max_tokens: int) -> dict:
+        return {"model": "embedded", "messages": [{"role": "user", "content": "Tell a long story."}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": True}
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", url, json=body(2000), headers=headers) as running:
+            chunks = running.aiter_lines()
+            assert running.status_code == 200 and (await anext(chunks)).startswith("data: ")
+            started = time.monotonic()
+            queued = await client.post(url, json=body(2), headers=headers)
+            assert time.monotonic() - started < SILENCE_SECONDS * 3
+            assert (queued.status_code, queued.json()["error"]["code"]) == (504, "upstream_timeout")
+            assert (await anext(chunks)) is not None  # the running answer was not cut
+        after = await client.post(url, json={**body(2), "stream": False}, headers=headers)
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 2

@@ -400,3 +400,21 @@ async def test_penalties_weigh_the_whole_answer_not_only_its_last_64_tokens(prov
         reference.last_n_tokens_size = 64
     deltas, _ = await collect(provider, request(story, max_tokens=150, temperature=0.0, **penalty))
     assert "".join(deltas) == reference.detokenize(expected).decode("utf-8", errors="ignore")
+
+
+RULE = "-" * 64  # one SmolLM2 token; 47 of its tokens (runs of dashes, hashes, indentation) are over 32 bytes
+
+
+async def test_a_token_of_more_than_32_bytes_reaches_the_answer(provider):
+    """llama-cpp-python's detokenize reads a token's text into 32 bytes and gave nothing for a longer one, so a
+    markdown rule or a deeply indented line of code was missing from the answer."""
+    deltas, _ = await collect(provider, request(f"Copy this text exactly:\n{RULE}\nHello\n{RULE}", max_tokens=4,
+                                                temperature=0.0))
+    assert "".join(deltas).startswith(f"Hello\n{RULE}\n")
+
+
+def test_a_prompt_of_the_longest_tokens_that_fits_is_counted_not_refused_by_its_size(provider):
+    """The bound from a prompt's size divides by the vocabulary's longest token, read as 32 bytes where SmolLM2's is
+    81: 66,000 dashes (about 1,030 tokens) were refused as 'at least 2062 tokens' in a 2048-token window."""
+    turns = request("-" * 66_000).turns
+    assert provider.count_tokens(turns) == len(provider._tokenize(turns)) < 2048
