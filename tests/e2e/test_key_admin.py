@@ -162,6 +162,18 @@ def _with_field_99(message, inner: str = "") -> bytes:
     return message.SerializeToString() + bytes([field.number << 3 | 2, len(nested)]) + nested
 
 
+def _refused_as_invalid(channel: grpc.Channel, method: str, request: bytes, admin: str):
+    """The error details of a raw (already serialized) call, which the gateway must refuse as a 400."""
+    rpc = channel.unary_unary(f"/portico.v1.{method}", request_serializer=lambda raw: raw,
+                              response_deserializer=lambda raw: raw)
+    with pytest.raises(grpc.RpcError) as caught:
+        rpc(request, metadata=bearer(admin), timeout=30)
+    detail = error_details(caught.value)
+    assert (caught.value.code(), detail.http_status, detail.error.code) == (
+        grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request"), (method, detail)
+    return detail
+
+
 def test_typed_key_writes_refuse_a_field_the_gateway_does_not_declare(gateway):
     """A gRPC caller whose stubs come from newer .proto files sent CreateKey with a limit this gateway lacks: the key
     was made (200) without it, and the caller believed its budget in force, where REST refuses such a field and the
@@ -181,19 +193,14 @@ def test_typed_key_writes_refuse_a_field_the_gateway_does_not_declare(gateway):
     ]
     with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
         for method, request, param in writes:
-            rpc = channel.unary_unary(f"/portico.v1.KeyService/{method}", request_serializer=lambda raw: raw,
-                                      response_deserializer=lambda raw: raw)
-            with pytest.raises(grpc.RpcError) as caught:
-                rpc(request, metadata=bearer(admin), timeout=30)
-            detail = error_details(caught.value)
-            assert (caught.value.code(), detail.http_status, detail.error.code) == (
-                grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request"), (method, detail)
+            detail = _refused_as_invalid(channel, f"KeyService/{method}", request, admin)
             assert (detail.error.param or None) == param and "field number 99" in detail.error.message, detail
         keys = key_service_pb2_grpc.KeyServiceStub(channel).ListKeys(key_pb2.ListKeysRequest(), metadata=bearer(admin))
     assert "newer-stub" not in [key.name for key in keys.keys]
     key = next(key for key in keys.keys if key.id == key_id)
     assert (key.name, key.limits) == ("grpc-managed", key_pb2.KeyLimits())  # nothing half-applied
     assert chat(gateway, secret).status_code == 200  # not rotated
+
 
 def test_typed_key_reads_and_revoke_refuse_a_field_the_gateway_does_not_declare(gateway):
     """RevokeKey, GetKey, ListKeys and LimitService.GetKeyLimitStatus from stubs generated from newer .proto files
@@ -210,13 +217,7 @@ def test_typed_key_reads_and_revoke_refuse_a_field_the_gateway_does_not_declare(
     ]
     with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
         for method, request in calls:
-            rpc = channel.unary_unary(f"/portico.v1.{method}", request_serializer=lambda raw: raw,
-                                      response_deserializer=lambda raw: raw)
-            with pytest.raises(grpc.RpcError) as caught:
-                rpc(request, metadata=bearer(admin), timeout=30)
-            detail = error_details(caught.value)
-            assert (caught.value.code(), detail.http_status, detail.error.code) == (
-                grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request"), (method, detail)
+            detail = _refused_as_invalid(channel, method, request, admin)
             assert not detail.error.param and "field number 99" in detail.error.message, detail
     time.sleep(1.1)  # keys.cache_seconds
     assert chat(gateway, secret).status_code == 200  # not revoked
