@@ -20,6 +20,15 @@ def _model(provider: str, extra: str = "") -> str:
     return f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {provider}{extra}}}]"
 
 
+def _refusal(tmp_path, text: str, match: str | None = None) -> str:
+    """The message load_config refuses a file holding `text` with (matching `match`)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(path)
+    return str(e.value)
+
+
 def _upstream(base_url: str) -> str:
     return _model(f"{{kind: openai, base_url: '{base_url}', model: m}}")
 
@@ -244,15 +253,12 @@ def test_an_ipv4_listener_on_the_port_stops_a_gateway_on_ipv6_any_before_it_star
 def test_an_upstream_url_with_a_user_or_password_is_refused_without_echoing_it(tmp_path):
     """`https://user:secret@host/v1` was taken, and its user and password silently never sent (a 401, so a 502 for
     every caller), with a secret left in the file."""
-    path = tmp_path / "c.yaml"
-    path.write_text(_upstream("https://user:s3cret-pw@api.example.com/v1"))
-    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: no user or password .*api_key_env") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value)
-    path.write_text(_upstream("https://user:s3cret-pw@api.example.com:abc/v1"))  # and no URL at all
-    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: ") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value)
+    refused = _refusal(tmp_path, _upstream("https://user:s3cret-pw@api.example.com/v1"),
+                       r"models\[0\]\.provider\.base_url: no user or password .*api_key_env")
+    assert "s3cret-pw" not in refused
+    refused = _refusal(tmp_path, _upstream("https://user:s3cret-pw@api.example.com:abc/v1"),  # and no URL at all
+                       r"models\[0\]\.provider\.base_url: ")
+    assert "s3cret-pw" not in refused
 
 
 def test_a_public_base_url_with_a_user_or_password_is_refused_without_echoing_it(tmp_path):
@@ -269,21 +275,18 @@ def test_a_public_base_url_with_a_user_or_password_is_refused_without_echoing_it
 def test_a_store_password_in_the_urls_query_is_refused_without_echoing_it(tmp_path, query):
     """libpq reads `?password=` as well as `user:password@`: the URL was taken, and every message or log line naming
     the store (it cannot be reached, say) showed the password."""
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:5432/portico?{query}'}}\n")
-    with pytest.raises(ConfigError, match=r"keys\.store: no password in the URL .*keys\.password_env") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value)
+    refused = _refusal(tmp_path, f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db:5432/portico?{query}'}}\n",
+                       r"keys\.store: no password in the URL .*keys\.password_env")
+    assert "s3cret-pw" not in refused
 
 
 def test_a_redis_password_in_the_urls_query_is_not_echoed(tmp_path):
     """redis-py takes `?password=` (the way to give one to a unix:// socket): a mistake elsewhere in the URL quoted
     it whole."""
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{ONE_MODEL}\nlimits: {{store: 'unix:///run/redis.sock?password=s3cret-pw&socket_timeout=soon'}}\n")
-    with pytest.raises(ConfigError, match=r"limits\.store: ") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)
+    refused = _refusal(tmp_path, f"{ONE_MODEL}\nlimits: {{store: "
+                                 "'unix:///run/redis.sock?password=s3cret-pw&socket_timeout=soon'}\n",
+                       r"limits\.store: ")
+    assert "s3cret-pw" not in refused and "password=***" in refused
 
 
 def test_cors_is_off_unless_configured_and_takes_origins_as_browsers_send_them(tmp_path):
@@ -306,31 +309,27 @@ def test_cors_is_off_unless_configured_and_takes_origins_as_browsers_send_them(t
 def test_a_collector_password_in_a_refused_otlp_endpoint_is_not_echoed(tmp_path, endpoint):
     """A collector behind basic auth may be named with its credentials in the URL: a mistake elsewhere in it (a port
     out of range, another scheme) quoted the URL whole, password and all, on the line start-up fails with."""
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{ONE_MODEL}\ntracing: {{otlp_endpoint: '{endpoint}'}}\n")
-    with pytest.raises(ConfigError, match=r"tracing\.otlp_endpoint: an http:// or https:// URL") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value) and "otel:***@collector" in str(e.value)
+    refused = _refusal(tmp_path, f"{ONE_MODEL}\ntracing: {{otlp_endpoint: '{endpoint}'}}\n",
+                       r"tracing\.otlp_endpoint: an http:// or https:// URL")
+    assert "s3cret-pw" not in refused and "otel:***@collector" in refused
 
 
 def test_a_password_in_a_libpq_keyword_string_given_as_keys_store_is_not_echoed(tmp_path):
     """libpq also takes `host=db password=... dbname=portico`, which an operator may paste as keys.store: refused
     (a URL is asked for), the line quoted it whole, password and all."""
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'host=db user=portico password=s3cret-pw dbname=portico'}}\n")
-    with pytest.raises(ConfigError, match=r"keys\.store: `sqlite` or a postgresql://") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value) and "password=***" in str(e.value)
+    refused = _refusal(tmp_path, f"{ONE_MODEL}\nkeys: {{store: "
+                                 "'host=db user=portico password=s3cret-pw dbname=portico'}\n",
+                       r"keys\.store: `sqlite` or a postgresql://")
+    assert "s3cret-pw" not in refused and "password=***" in refused
 
 
 def test_a_password_pasted_as_keys_password_env_is_not_echoed(tmp_path):
     """keys.password_env names the variable; the password itself pasted there was refused on a line quoting it (as
     the upstreams' api_key_env is not)."""
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db/portico', password_env: 's3cret-pw!'}}\n")
-    with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
-        load_config(path)
-    assert "s3cret-pw" not in str(e.value)
+    refused = _refusal(tmp_path, f"{ONE_MODEL}\nkeys: {{store: 'postgresql://portico@db/portico', "
+                                 "password_env: 's3cret-pw!'}\n",
+                       r"keys\.password_env: the name of an environment variable")
+    assert "s3cret-pw" not in refused
 
 
 @pytest.mark.parametrize(("section", "url"), [
@@ -345,11 +344,8 @@ def test_a_password_holding_a_slash_a_question_mark_or_a_hash_is_not_echoed(tmp_
     early as urlsplit reads it, so the refusal quoted the URL whole, password and all (`tracing.otlp_endpoint: an
     http:// or https:// URL ..., not 'http://otel:Zm9v/YmFy...@collector:4318'`; a Redis URL whose password starts
     with digits: `... has a database that is no number`), on the line start-up fails with (a journal)."""
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{ONE_MODEL}\n{section % url}\n")
-    with pytest.raises(ConfigError) as e:
-        load_config(path)
-    assert "YmFyQmF6" not in str(e.value), str(e.value)
+    refused = _refusal(tmp_path, f"{ONE_MODEL}\n{section % url}\n")
+    assert "YmFyQmF6" not in refused, refused
 
 
 def test_a_password_read_short_by_urlsplit_is_hidden_whole_where_the_store_is_named():
