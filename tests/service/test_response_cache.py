@@ -68,6 +68,25 @@ async def message_http(messages, secret, **fields):
     return metadata.get("x-portico-cache"), b"".join(b.data for b in bodies), bodies
 
 
+async def answers_across_restarts(tmp_path, redis_url: str, configs: list[tuple[str, str]], *, model: str,
+                                  **chat) -> list[str]:
+    """The x-portico-cache answer to one request for `model` from a server started afresh on each configuration in
+    turn (its catalog, and settings added to the file), all on one data dir and one Redis cache."""
+    answers = []
+    for catalog, settings in configs:
+        path = write_config(tmp_path, catalog, data_dir=tmp_path / "shared-data")
+        path.write_text(path.read_text() + settings + f"limits: {{store: '{redis_url}'}}\n")
+        server = await start_server(load_config(path), "127.0.0.1:0")
+        try:
+            secret = (await server.store.create("restarted", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+                answers.append((await chat_http(stub, secret, model=model, **chat))[0])
+        finally:
+            await server.stop(0)
+    return answers
+
+
 def without_ids(data: bytes) -> bytes:
     """An answer with Portico's fresh id and created time blanked: a replay has new ones, like any answer."""
     text = re.sub(r'"id":"[^"]+"', '"id":"-"', data.decode())
@@ -257,19 +276,9 @@ async def test_an_answer_cached_before_the_model_s_upstream_changed_is_not_given
     # Redis cache with those on the old one, and restarts keep it, but the old model's answers are not the new one's.
     double.reset()
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    answers = []
-    for upstream_model in ("m", "m-next", "m"):
-        path = write_config(tmp_path, models(double.url).replace("model: m,", f"model: {upstream_model},"),
-                            data_dir=tmp_path / "shared-data")
-        path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
-        server = await start_server(load_config(path), "127.0.0.1:0")
-        try:
-            secret = (await server.store.create("moved", all_models=True))[1]
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
-                answers.append((await chat_http(stub, secret, model="shared-chat", seed=79))[0])
-        finally:
-            await server.stop(0)
+    configs = [(models(double.url).replace("model: m,", f"model: {upstream_model},"), "")
+               for upstream_model in ("m", "m-next", "m")]
+    answers = await answers_across_restarts(tmp_path, redis_server.url, configs, model="shared-chat", seed=79)
     assert answers == ["miss", "miss", "hit"]
     assert [seen.body["model"] for seen in double.seen] == ["m", "m-next"]
 
@@ -308,18 +317,9 @@ async def test_an_answer_cached_before_default_max_tokens_changed_is_not_given_a
     # reason `length`): a restarted server, or another host sharing the Redis cache, must not give the cut answers.
     double.reset()
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    answers = []
-    for default in (16, 4096, 16):
-        path = write_config(tmp_path, models(double.url), data_dir=tmp_path / "shared-data")
-        path.write_text(path.read_text() + f"default_max_tokens: {default}\nlimits: {{store: '{redis_server.url}'}}\n")
-        server = await start_server(load_config(path), "127.0.0.1:0")
-        try:
-            secret = (await server.store.create("raised", all_models=True))[1]
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
-                answers.append((await chat_http(stub, secret, model="shared-chat", seed=80, max_tokens=None))[0])
-        finally:
-            await server.stop(0)
+    configs = [(models(double.url), f"default_max_tokens: {default}\n") for default in (16, 4096, 16)]
+    answers = await answers_across_restarts(tmp_path, redis_server.url, configs, model="shared-chat", seed=80,
+                                            max_tokens=None)
     assert answers == ["miss", "miss", "hit"]
     assert [seen.body["max_tokens"] for seen in double.seen] == [16, 4096]
 
@@ -331,19 +331,9 @@ async def test_an_embedded_answer_cached_before_its_context_size_changed_is_not_
     # another host sharing the Redis cache.
     double.reset()
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    answers = []
-    for size in (64, 2048, 64):
-        shared = ("  - {id: shared-embedded, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
-                  " cache: {shared: true}}\n")
-        path = write_config(tmp_path, models(double.url) + shared, data_dir=tmp_path / "shared-data")
-        path.write_text(path.read_text() + f"embedded: {{context_size: {size}}}\n"
-                        f"limits: {{store: '{redis_server.url}'}}\n")
-        server = await start_server(load_config(path), "127.0.0.1:0")
-        try:
-            secret = (await server.store.create("widened", all_models=True))[1]
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                stub = chat_service_pb2_grpc.ChatServiceStub(channel)
-                answers.append((await chat_http(stub, secret, model="shared-embedded", seed=81, max_tokens=4))[0])
-        finally:
-            await server.stop(0)
+    shared = ("  - {id: shared-embedded, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
+              " cache: {shared: true}}\n")
+    configs = [(models(double.url) + shared, f"embedded: {{context_size: {size}}}\n") for size in (64, 2048, 64)]
+    answers = await answers_across_restarts(tmp_path, redis_server.url, configs, model="shared-embedded", seed=81,
+                                            max_tokens=4)
     assert answers == ["miss", "miss", "hit"]
