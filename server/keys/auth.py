@@ -205,20 +205,22 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
             value = value.strip(" ")
             scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer":
-                if _QUOTED_KEY_FORM.fullmatch(token.strip()):
+                token = token.strip()
+                if _QUOTED_KEY_FORM.fullmatch(token):
                     raise AuthenticationFailed(QUOTED_KEY_MESSAGES[name])
-                bearers.append(token.strip())
+                bearers.append(token)
             elif _KEY_FORM.fullmatch(value.strip()):
                 raise AuthenticationFailed(KEY_WITHOUT_SCHEME_MESSAGE)
             elif _KEY_FORM.fullmatch(token.strip()):  # `Token KEY`, `Basic KEY`: a key, under another scheme
                 raise AuthenticationFailed(KEY_WITH_OTHER_SCHEME_MESSAGE)
         elif name == "x-api-key" and allow_x_api_key and isinstance(value, str):
-            scheme, _, token = value.strip().partition(" ")
+            value = value.strip()
+            scheme, _, token = value.partition(" ")
             if scheme.lower() == "bearer" and _KEY_FORM.fullmatch(token.strip()):
                 raise AuthenticationFailed(X_API_KEY_WITH_SCHEME_MESSAGE)
-            if _QUOTED_KEY_FORM.fullmatch(value.strip()):
+            if _QUOTED_KEY_FORM.fullmatch(value):
                 raise AuthenticationFailed(QUOTED_KEY_MESSAGES[name])
-            x_api_keys.append(value.strip())
+            x_api_keys.append(value)
     keys = [key for key in bearers + x_api_keys if key]
     # Envoy joins a repeated Authorization header into one value, with a comma: no key has one.
     if len(bearers) > 1 or len(x_api_keys) > 1 or len(set(keys)) > 1 or any("," in key for key in keys):

@@ -83,11 +83,13 @@ class LlamaCppProvider:
             for i in range(n_instances)
         ]
         llm = self._instances[0].llm
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
         template = llm.metadata.get("tokenizer.chat_template")
         if not template:
             raise ValueError(f"{model_path} has no tokenizer.chat_template in its GGUF metadata")
         self._formatter = Jinja2ChatFormatter(
-            template=template, eos_token=_token_text(llm, llm.token_eos()), bos_token=_token_text(llm, llm.token_bos())
+            template=template, eos_token=_token_text(vocab, llm.token_eos()),
+            bos_token=_token_text(vocab, llm.token_bos()),
         )
         self._free: list[_Instance] = list(self._instances)
         self._waiters: deque[asyncio.Future[_Instance]] = deque()
@@ -95,7 +97,6 @@ class LlamaCppProvider:
         self._closed = False
         # The most bytes of text one token stands for (81 in SmolLM2's vocabulary): a text of N bytes is at least
         # N / this many tokens. Reading every piece takes ~0.1 s, once.
-        vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self._longest_piece = max(len(_piece(vocab, token)) for token in range(llm.n_vocab())) or 1
         self._counted: OrderedDict[tuple[Turn, ...], list[int]] = OrderedDict()
         self._counted_lock = threading.Lock()  # count_tokens runs in worker threads
@@ -358,8 +359,7 @@ def _read_prompt(llm: llama_cpp.Llama, prompt: list[int], cancelled: threading.E
     return not cancelled.is_set()
 
 
-def _token_text(llm: llama_cpp.Llama, token: int) -> str:
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+def _token_text(vocab: llama_cpp.llama_vocab_p, token: int) -> str:
     return "" if token < 0 else _piece(vocab, token, special=True).decode("utf-8", errors="replace")
 
 

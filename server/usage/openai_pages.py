@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from server.errors import InvalidRequest
-from server.keys.store import SECRET_PREFIX
+from server.keys import looks_like_secret
 from server.usage.latency import quantile
 from server.usage.ledger import LedgerRow
 from server.usage.money import micros_to_usd
@@ -124,7 +124,7 @@ def key_id_values(values: Iterable[str], param: str) -> tuple[str, ...]:
     """filter_values for key ids. A secret there (a leaked one looked into) matches no row: the empty answer read as
     a key never used. Refused, unquoted, with InvalidRequest naming `param`."""
     key_ids = filter_values(values, param)
-    if any(key_id.startswith(SECRET_PREFIX) for key_id in key_ids):
+    if any(looks_like_secret(key_id) for key_id in key_ids):
         raise InvalidRequest(f"{param} takes key ids (key_...), not a key's secret (pk-...).", param=param)
     return key_ids
 

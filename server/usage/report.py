@@ -60,7 +60,7 @@ def query_of(args: argparse.Namespace, now: float | None = None) -> UsageQuery:
         if group not in GROUPS:
             raise argparse.ArgumentTypeError(f"--group-by: {group!r} is not one of {', '.join(GROUPS)}")
     try:  # comma-separated, as --group-by and the API's filters (`--model a,b` is `--model a --model b`)
-        filters = [filter(values, option) for values, option, filter in
+        filters = [read(values, option) for values, option, read in
                    ((args.key, "--key", key_id_values), (args.model, "--model", filter_values),
                     (args.project, "--project", filter_values))]
     except InvalidRequest as exc:
