@@ -32,6 +32,11 @@ end
 # {-1} for a reservation decided before: run again (resent after a broken connection), or already released.
 RESERVE = _COMMON + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1} end
+-- Redis refuses a script's write for want of memory (maxmemory under noeviction: OOM) only until the script has
+-- written anything, and pruning below writes with commands it lets through when full: without this first write (a
+-- no-op, SETRANGE of nothing on the record, absent here, which Redis refuses when full) a full Redis booked every
+-- request past its maxmemory instead of refusing it, as it refuses the readiness check.
+redis.call('SETRANGE', KEYS[1], 0, '')
 local now, tokens, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local lease, window = tonumber(ARGV[4]), tonumber(ARGV[5])
 local day_ttl, record_ttl, concurrency_retry = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])

@@ -1,0 +1,82 @@
+"""The Redis limit store failing while `portico serve` (real Envoy) serves the official SDKs, as docs/operations.md
+"Several hosts" describes it: a Redis full under `noeviction` (its `maxmemory` reached) refuses writes, answered as
+`limits.on_store_error` says (here `closed`: 503 and not ready), and serves again once it has room, with no restart.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import openai
+import pytest
+import yaml
+
+from gateway.envoy import repo_root
+from tests.e2e.conftest import running_gateway
+from tests.redis_support import start_redis
+
+import httpx
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    server = start_redis(tmp_path_factory.mktemp("faults-redis"))
+    yield server
+    server.process.send_signal(signal.SIGCONT)
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, redis):
+    raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
+    raw["limits"].update(store=redis.url, store_timeout_seconds=0.5)
+    config = tmp_path_factory.mktemp("faults-config") / "portico.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with running_gateway(tmp_path_factory.mktemp("faults-data"), config=config) as gateway:
+        yield gateway
+
+
+def redis_cli(redis, *args: str) -> str:
+    return subprocess.run(["redis-cli", "-p", str(redis.port), *args], capture_output=True, text=True,
+                          timeout=10, check=True).stdout.strip()
+
+
+def ready(gateway) -> int:
+    return httpx.get(f"{gateway.base_url}/readyz", timeout=10).status_code
+
+
+def wait_for_readiness(gateway, status: int, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while (now := ready(gateway)) != status:
+        assert time.monotonic() < deadline, f"/readyz stayed {now}"
+        time.sleep(0.1)
+
+
+def test_a_full_redis_under_noeviction_is_a_503_for_callers_not_a_count_past_its_maxmemory(gateway, redis):
+    """Portico's reservation script began with a write Redis does not refuse when out of memory (pruning the window),
+    and Redis lets a script that has written go on writing: a full Redis booked every request past its maxmemory,
+    while readiness (a plain write) said the limit store was unreachable. Callers now get the 503 readiness
+    promises, and nothing is booked until Redis has room."""
+    sdk = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+    sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)  # its scopes exist in Redis
+    keys_before = redis_cli(redis, "DBSIZE")
+    redis_cli(redis, "CONFIG", "SET", "maxmemory", "1")  # full: every write that needs memory is refused
+    try:
+        wait_for_readiness(gateway, 503)
+        for _ in range(3):
+            with pytest.raises(openai.APIStatusError) as refused:
+                sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+            assert refused.value.status_code == 503
+            assert refused.value.body["code"] == "service_unavailable"
+            assert "limit store" in refused.value.body["message"]
+            assert refused.value.response.headers["retry-after"]
+        assert redis_cli(redis, "DBSIZE") == keys_before  # no reservation booked while full
+    finally:
+        redis_cli(redis, "CONFIG", "SET", "maxmemory", "0")
+    wait_for_readiness(gateway, 200)
+    answer = sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+    assert answer.choices[0].message.content
