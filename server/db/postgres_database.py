@@ -97,7 +97,7 @@ class PostgresDatabase:
             raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
             self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
-            raise StoreUnavailable(f"PostgreSQL: {exc or type(exc).__name__}") from exc
+            raise StoreUnavailable(f"PostgreSQL: {str(exc) or type(exc).__name__}") from exc
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             # A standby the hosts were pointed at by a failover, or a DBA's default_transaction_read_only: the store
             # cannot take writes for now, which is no bug of the caller's. Reads still work: no fail-fast for them.

@@ -142,3 +142,20 @@ async def test_a_dba_default_isolation_level_neither_fails_concurrent_key_writes
     finally:
         for host in hosts:
             await host.close()
+
+
+async def test_a_database_that_stops_answering_is_named_as_a_timeout_in_the_log_not_an_empty_reason(postgres_server):
+    """A hung PostgreSQL (SIGSTOP here: connections accepted, nothing answered) made the key store's error read
+    `PostgreSQL: ` and nothing more in the log ("the key store is unreachable (PostgreSQL: ): cached keys are
+    served..."): the reason fell back to the exception's name only when the exception object was false, which it never
+    is, so an empty TimeoutError gave an empty reason. The operator now reads what went wrong."""
+    url = postgres_server.new_database()
+    store = await open_key_store(StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=1))
+    try:
+        await store.ping()
+        with postgres_server.paused():
+            with pytest.raises(StoreUnavailable) as caught:
+                await store.find_active(hash_secret("pk-never-made"))
+        assert str(caught.value) == "PostgreSQL: TimeoutError"
+    finally:
+        await store.close()
