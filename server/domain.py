@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,11 @@ CHARS_PER_TOKEN = 4  # a common rough estimate for English text and code
 # What a chat template adds around each message (role markers, separators) and the request (the reply's opening),
 # at most, in the templates of GPT, Claude, Llama, Qwen and SmolLM: OpenAI counts 3 a message and 3 a reply.
 TEMPLATE_TOKENS = 8
+
+# Top-level fields an upstream of the caller's dialect reads as prompt tokens though the internal values do not hold
+# them, so they reach it passed through unread: a structured output's JSON schema (OpenAI's `response_format`,
+# Anthropic's `output_format`) and OpenAI's deprecated `functions`. A budget's worst case counts their JSON's bytes.
+PROMPT_FIELDS = ("response_format", "functions", "output_format")
 
 
 def estimate_tokens(chars: int) -> int:
@@ -199,8 +205,16 @@ class GenerationRequest:
         byte-level BPE tokenizer (GPT's, Claude's, Llama's) makes more tokens of a text than it has UTF-8 bytes, and
         a chat template adds at most TEMPLATE_TOKENS around each turn and tool. Parts the internal values do not
         read (Unread: images, files) are not in it."""
-        return (sum(map(utf8_size, self._prompt_texts()))
+        return (sum(map(utf8_size, self._prompt_texts())) + self._unread_prompt_bytes()
                 + TEMPLATE_TOKENS * (len(self.turns) + len(self.tools) + 1))
+
+    def _unread_prompt_bytes(self) -> int:
+        """The JSON bytes of the PROMPT_FIELDS the caller's body holds: a 30 kB schema read as ~8,000 prompt tokens
+        once took a budget of a cent twenty times over, reserved as the few words of its messages."""
+        if self.source is None:
+            return 0
+        fields = {name: self.source.body[name] for name in PROMPT_FIELDS if self.source.body.get(name) is not None}
+        return len(json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()) if fields else 0
 
     def _prompt_texts(self) -> Iterator[str]:
         for turn in self.turns:

@@ -5,6 +5,8 @@ Admission still reserves the asked model's most cost; settlement counts the whol
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import httpx
 import openai
 import pytest
@@ -14,6 +16,7 @@ from tests.e2e.test_caller_gone_unary import admin, rows  # the ledger's rows of
 from tests.e2e.test_context_fallbacks import HELLO, OPENAI_TOO_LONG, UNAVAILABLE, asked
 from tests.e2e.test_operations import scrape, value
 from tests.upstream_double import Cue
+from tests.upstream_echo import echo_chat
 from tests.upstream_support import UPSTREAM_KEY_ENV
 
 CHEAP, DEAR = 1, 100_000  # dollars per million tokens: a token costs 1 micro-dollar, or a tenth of a dollar
@@ -200,3 +203,30 @@ def test_the_budget_gauge_counts_what_requests_that_ran_meanwhile_spent(gateway,
     left = 100_000_000 - spent_today(gateway, key_id, headers)
     assert left == 100_000_000 - sum(row["cost_microdollars"] for row in found)
     assert value(scrape(gateway), "portico_budget_remaining_microdollars", key_id=key_id, budget="day") == left
+
+
+def test_requests_running_at_once_that_a_dearer_fallback_served_each_go_past_the_budget(gateway, double):
+    """Each reserved the asked model's most cost (a model without a price: one micro-dollar), admitted before any of
+    them was settled; each fallback answer then counts whole. So a budget is taken past its limit by every such
+    request that ran at the same time, not by one (configuration.md, Fallbacks), and refuses the next."""
+    key_id, client = key(gateway, "budget-dear-at-once", "--max-spend-day", "0.4")
+    headers = admin(gateway)
+
+    def primary_down(body: dict) -> dict:  # the model asked for fails; its fallback answers, slowly enough to overlap
+        if body["model"] == "free-up":
+            return {"error": {"message": "overloaded", "type": "server_error", "code": "503"}}
+        return echo_chat(body)
+
+    double.defaults["/v1/chat/completions"] = primary_down
+    double.default_cue = Cue(delay=0.5)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: client.chat.completions.create(
+                model="free", messages=HELLO, max_tokens=8), range(4)))
+    finally:
+        double.defaults["/v1/chat/completions"] = echo_chat
+        double.default_cue = Cue()
+    assert all(a.choices[0].message.content == "echo Say hello." for a in answers)
+    assert spent_today(gateway, key_id, headers) == 4 * 5 * DEAR  # $2.00 of a $0.40 budget
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="free", messages=HELLO, max_tokens=8)

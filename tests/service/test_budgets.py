@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import re
 
@@ -172,3 +173,38 @@ async def test_a_budget_holds_when_the_upstream_counts_more_prompt_tokens_than_f
     spent = sum(r.cost_micros for r in servers[0].core.usage.rows() if r.key_id == key.id)
     assert spent == 600 * answered and spent <= 10_000
     assert answered >= 11  # refused only once the worst case (34 tokens: 3,400 micro-dollars) no longer fits
+
+
+async def test_a_budget_holds_when_a_json_schema_or_legacy_functions_pass_through_to_the_upstream(hosts, double):
+    """An OpenAI upstream reads `response_format`'s JSON schema and the deprecated `functions` as prompt tokens,
+    though the gateway passes them through unread: the worst case a budget reserves counts their bytes too, so one
+    plain-text request with a big schema cannot spend many times a budget that had all of it left."""
+    double.reset()
+    servers, stubs = hosts
+    key, secret = await servers[0].store.create("schema", all_models=True, limits=KeyLimits(max_spend_day=10_000))
+    properties = {f"field_{i}": {"type": "string", "description": "what the caller wants in it " * 3}
+                  for i in range(60)}
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": properties}}}
+    functions = [{"name": "lookup", "description": "finds things", "parameters": {
+        "type": "object", "properties": properties}}]
+
+    def prompt_as_openai_counts_it(body: dict) -> dict:  # about four bytes a token, the schema and functions included
+        answer = echo_chat({**body, "stream": False})
+        read = {name: body[name] for name in ("messages", "response_format", "functions") if name in body}
+        answer["usage"]["prompt_tokens"] = len(json.dumps(read)) // 4
+        return answer
+
+    double.defaults["/v1/chat/completions"] = prompt_as_openai_counts_it
+    try:
+        for extra in ({"response_format": schema}, {"functions": functions}):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stubs[0].CreateChatCompletion(chat_request(model="priced-prompt", messages=HELLO, max_tokens=1,
+                                                                 **extra), metadata=bearer(secret))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_details(caught.value).error.message.startswith("Request too large")
+    finally:
+        double.defaults["/v1/chat/completions"] = echo_chat
+    for server in servers:
+        await server.core.ledger.flush()
+    assert sum(r.cost_micros for r in servers[0].core.usage.rows() if r.key_id == key.id) <= 10_000
