@@ -206,6 +206,10 @@ function envoy_on_request(handle)
   drop_grpc_headers(headers)
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
+  -- The transcoder serves a path with one trailing `/` as the path without it (`GET /v1/organization/costs/`): the
+  -- tables of paths below are looked up without it too, or such a request skipped the query's checks (a parameter
+  -- given twice got protobuf's "oneof field ... is already set", an unknown one was dropped unnamed).
+  local route = path:match("^(/.+)/$") or path
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
   -- CONNECT (a caller taking the gateway for its proxy: curl -x) names a host, not a path, and opens a tunnel whose
@@ -265,16 +269,16 @@ function envoy_on_request(handle)
   end
   if full_path ~= path then  -- a query string; shape_error names the parameter refused here as `param`
     local query = full_path:sub(#path + 2)
-    local parameters = ORGANIZATION_PARAMETERS[path]
+    local parameters = ORGANIZATION_PARAMETERS[route]
     if parameters and method == "GET" then
       local rewritten, param, fault = organization_query(query, parameters)
       if rewritten == nil then
         return refuse_parameter(handle, metadata, param, fault .. " for GET " .. path .. ": it takes " ..
-          ORGANIZATION_NAMES[path] .. ".")
+          ORGANIZATION_NAMES[route] .. ".")
       end
       return headers:replace(":path", path .. "?" .. rewritten)
     end
-    local single = (anthropic and ANTHROPIC_MODELS_PARAMETERS[path]) or ADMIN_PARAMETERS[path]
+    local single = (anthropic and ANTHROPIC_MODELS_PARAMETERS[route]) or ADMIN_PARAMETERS[route]
     local repeated = single and method == "GET" and repeated_parameter(query, single)
     if repeated then
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
@@ -292,8 +296,8 @@ function envoy_on_request(handle)
   -- gets a content-length, the one its HEAD gives.
   if path:sub(1, 19) == "/v1/images/content/" then metadata:set("portico", "whole", true) end
   if head then return end
-  if UNARY_PATHS[path] then return metadata:set("portico", "unary", true) end
-  local twin = UNARY_TWINS[path]
+  if UNARY_PATHS[route] then return metadata:set("portico", "unary", true) end
+  local twin = UNARY_TWINS[route]
   if twin == nil or method ~= "POST" or length == nil or length == 0 or length > UNARY_SCAN_BYTES then return end
   local body = handle:body()
   if body == nil or asks_for_stream(body:getBytes(0, body:length())) then return end

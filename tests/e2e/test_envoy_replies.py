@@ -182,6 +182,23 @@ def test_a_method_a_known_path_does_not_take_is_named_with_the_ones_it_does(http
     assert response.headers["allow"] == allow
 
 
+@pytest.mark.parametrize(("path", "query", "param", "anthropic"), [
+    ("/v1/organization/costs/", "start_time=1&start_time=2", "start_time", False),
+    ("/v1/organization/costs/", "start_time=1&bogus=1", "bogus", False),
+    ("/v1/organization/requests/", "limit=1&limit=2", "limit", False),
+    ("/v1/admin/keys/", "page_size=1&page_size=2", "page_size", False),
+    ("/v1/models/", "limit=1&limit=2", "limit", True),
+])
+def test_a_path_with_a_trailing_slash_gets_the_query_checks_of_the_path_without(http, path, query, param, anthropic):
+    """The transcoder serves `/v1/organization/costs/` as `/v1/organization/costs`, but the query's checks looked
+    the path up as sent: a parameter given twice got protobuf's words, `Invalid JSON body: invalid value oneof field
+    '_start_time' is already set ...` with `param` null, and an unknown one was skipped instead of named."""
+    headers = {"anthropic-version": "2023-06-01"} if anthropic else {}
+    error = _assert_error(http.get(f"{path}?{query}", headers=headers), 400, "invalid_request", anthropic=anthropic)
+    assert error["param"] == param
+    assert "oneof" not in error["message"] and "JSON body" not in error["message"]
+
+
 def test_an_unknown_path_says_so_and_allows_nothing(http):
     response = http.get("/v1/chat/completion")
     assert _assert_error(response, 404, "not_found")["message"] == "Unknown request URL: GET /v1/chat/completion."
