@@ -14,7 +14,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from server import wire_json
-from server.config_providers import MAX_SECONDS, ConfigError, mapping, parse_provider, setting_names
+from server.config_providers import MAX_SECONDS, MAX_WHOLE, ConfigError, mapping, parse_provider, setting_names
 from server.domain import Endpoint
 from server.domain_models import CacheSettings, Deployment, HealthSettings, ModelEntry
 
@@ -129,4 +129,7 @@ def _numbers(raw: Any, where: str, kind: type, skip: frozenset | set = frozenset
         valid = isinstance(value, int) if whole else isinstance(value, (int, float))
         if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{where}.{name}: a positive {'whole ' if whole else ''}number, not {value!r}")
+        # The bound of every count in the file: a consecutive_failures past 2**63 broke the shared health file.
+        if whole and value > MAX_WHOLE:
+            raise ConfigError(f"{where}.{name}: a positive whole number, at most {MAX_WHOLE}, not {value!r}")
     return dict(raw)

@@ -147,6 +147,8 @@ def _number(raw: dict, name: str, default: float, where: str, *, integer: bool =
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:  # YAML has .nan and .inf
         raise ConfigError(f"{where}.{name}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    if integer and value > MAX_WHOLE:  # the bound of every count in the file (configuration.md)
+        raise ConfigError(f"{where}.{name}: a positive whole number, at most {MAX_WHOLE}, not {value!r}")
     return value
 
 

@@ -480,3 +480,23 @@ def test_a_setting_name_yaml_reads_as_no_word_is_named_in_one_line(tmp_path, cap
     assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (f"models: [{{id: a, endpoint: /v1/messages, provider: {UPSTREAM[:-1]}, max_connections: 2147483648}}}}]",
+     r"models\[0\]\.provider\.max_connections: a positive whole number, at most 2147483647, not 2147483648$"),
+    (f"models: [{{id: a, endpoint: /v1/messages, provider: {UPSTREAM[:-1]}, retry: {{attempts: {10**20}}}}}}}]",
+     rf"models\[0\]\.provider\.retry\.attempts: a positive whole number, at most 2147483647, not {10**20}$"),
+    ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, cache: {max_entry_bytes: 2147483648}}]",
+     r"models\[0\]\.cache\.max_entry_bytes: a positive whole number, at most 2147483647, not 2147483648$"),
+    (TWO_DEPLOYMENTS.replace("HEALTH", f"{{consecutive_failures: {10**19}}}"),
+     rf"models\[0\]\.health\.consecutive_failures: a positive whole number, at most 2147483647, not {10**19}$"),
+    (TWO_DEPLOYMENTS.replace("HEALTH", "{min_requests: 2147483648}"),
+     r"models\[0\]\.health\.min_requests: a positive whole number, at most 2147483647, not 2147483648$"),
+])
+def test_a_count_of_a_model_past_the_largest_whole_number_is_refused(tmp_path, text, message):
+    """configuration.md: unless its row says otherwise a count or a size is from 1 to 2147483647, as the file's other
+    counts are. A model's were taken whatever their size: a consecutive_failures past 2**63 could not be written to
+    the shared health file (struct.error) once a trial answered."""
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, text)
