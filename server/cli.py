@@ -190,6 +190,9 @@ def _taken_port(config: Config) -> str | None:
                 if exc.errno == errno.EACCES:
                     return (f"{where}: {exc.strerror}: a port below 1024 needs root (or CAP_NET_BIND_SERVICE); "
                             f"choose another with {option} N")
+                if exc.errno == errno.EINVAL:  # only --host names an address of its own; Envoy fails on it the same
+                    return (f"{where}: {exc.strerror}: no socket may listen on {host} (a multicast address, or a "
+                            "link-local one without its interface: fe80::1%eth0); choose another with --host")
     return None
 
 

@@ -212,6 +212,23 @@ def test_an_address_not_of_this_machine_is_one_line_naming_host(tmp_path, capsys
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("host", ["fe80::1", "ff02::1"])
+def test_an_address_no_socket_may_listen_on_is_one_line_naming_host(tmp_path, capsys, host):
+    """A link-local IPv6 address without its interface (`fe80::1`, as `ip addr` lists it without `%eth0`) or a
+    multicast one passed the check (the kernel says EINVAL, not EADDRNOTAVAIL): the model loaded, then Envoy's bind
+    failure came in five lines of its log, exit code 1, naming no option."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: off\n")
+    port, admin_port, metrics_port = free_ports(3)
+    code = main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve", "--host", host,
+                 "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"portico: cannot bind '[{host}]:{port}': Invalid argument: ")
+    assert err.endswith("choose another with --host\n")
+    assert not (tmp_path / "d").exists()
+
+
 def test_a_port_that_needs_root_is_one_line_naming_the_option(tmp_path, monkeypatch):
     """Port 80 without root: Envoy's `Permission denied` came after the model loaded, in five lines of its log."""
     path = tmp_path / "c.yaml"
