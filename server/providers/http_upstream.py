@@ -437,6 +437,8 @@ def _env_proxy(url: str) -> Proxy | None:
     if not proxies or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
         return None
     proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if proxy and "://" not in proxy:  # `proxy.corp:3128`: an HTTP proxy, as curl, requests and httpx read it
+        proxy = f"http://{proxy}"
     if not proxy or not proxy.startswith(("http://", "https://")):
         return None
     try:
