@@ -26,6 +26,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.observability.access_log import AccessLog
 from server.private_files import act_as_owner, make_data_dir, make_private, take_others_access, user_name
+from server.providers.http_upstream import proxy_problem
 from server.serving import check_temp_dir, run_worker, serve, wants_development_key
 
 # Each worker serves on one event loop, so one per CPU uses the host; a few more may cover an embedded model's
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"portico: {taken}", file=sys.stderr)
                 return 1
             upstream_keys(config.models)  # a missing upstream key stops start-up before anything is created
+            _check_proxies(config)
             _check_access_log(config.access_log)
             if args.workers < 1:
                 print("portico: --workers must be at least 1", file=sys.stderr)
@@ -190,6 +192,9 @@ def _taken_port(config: Config) -> str | None:
                 if exc.errno == errno.EACCES:
                     return (f"{where}: {exc.strerror}: a port below 1024 needs root (or CAP_NET_BIND_SERVICE); "
                             f"choose another with {option} N")
+                if exc.errno == errno.EINVAL:  # only --host names an address of its own; Envoy fails on it the same
+                    return (f"{where}: {exc.strerror}: no socket may listen on {host} (a multicast address, or a "
+                            "link-local one without its interface: fe80::1%eth0); choose another with --host")
     return None
 
 
@@ -197,6 +202,18 @@ def _check_data_dir(data_dir: Path) -> None:
     """The data dir (the SQLite store, images, Envoy's logs) made now: a path that cannot be a directory (a file is
     there, a parent is a file, no permission) is one line naming it, not the store's traceback later."""
     make_data_dir(data_dir)
+
+
+def _check_proxies(config: Config) -> None:
+    """A proxy the environment names for an upstream that Portico cannot use (a SOCKS one) would be passed over: the
+    upstream asked directly, where only the proxy may reach it."""
+    for model in config.models:
+        for deployment in model.deployments:
+            upstream = deployment.provider.upstream
+            if upstream is not None and (problem := proxy_problem(upstream.base_url)):
+                scheme = upstream.base_url.partition("://")[0].upper()
+                raise ConfigError(f"the proxy the environment names for {upstream.base_url} ({scheme}_PROXY or "
+                                  f"ALL_PROXY, either case) is {problem}")
 
 
 def _check_access_log(target: str) -> None:

@@ -15,7 +15,8 @@ import yaml
 
 from server.config_cors import CorsSettings, parse_cors
 from server.config_deployments import parse_cache, parse_deployments, parse_health, with_cache_serving
-from server.config_providers import ConfigError, known_settings, mapping, number, optional_mapping, url_parts
+from server.config_providers import (ConfigError, known_settings, mapping, number, optional_mapping, setting_names,
+                                     url_parts)
 from server.config_tracing import TracingSettings, parse_tracing
 from server.data_dir import DataDir
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
@@ -376,7 +377,7 @@ def _key_limits(raw: Any, where: str) -> KeyLimits:
     raw = optional_mapping(raw, where)  # left empty: no limits of its own
     names = {f.name for f in fields(KeyLimits)}
     if unknown := set(raw) - names:
-        raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+        raise ConfigError(f"{where}: unknown limit(s) {setting_names(unknown)}; known: {', '.join(sorted(names))}")
     values = {}
     for name, value in raw.items():
         # Bounded as a key's own limits are: `max_spend_day: 0` was silently no budget at all.

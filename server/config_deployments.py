@@ -14,7 +14,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from server import wire_json
-from server.config_providers import MAX_SECONDS, ConfigError, mapping, parse_provider
+from server.config_providers import MAX_SECONDS, MAX_WHOLE, ConfigError, mapping, parse_provider, setting_names
 from server.domain import Endpoint
 from server.domain_models import CacheSettings, Deployment, HealthSettings, ModelEntry
 
@@ -43,7 +43,7 @@ def parse_deployments(raw: dict, where: str, endpoint: Endpoint) -> tuple[Deploy
 def _deployment(raw: Any, where: str, endpoint: Endpoint) -> Deployment:
     raw = mapping(raw, where)
     if unknown := set(raw) - {"name", "weight", "provider"}:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: name, weight, provider")
+        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: name, weight, provider")
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: required, letters, digits, `_`, `.` or `-` (up to 64), not {name!r}")
@@ -122,11 +122,14 @@ def _numbers(raw: Any, where: str, kind: type, skip: frozenset | set = frozenset
     raw = mapping(raw if raw is not None else {}, where)
     known = {f.name: f.default for f in fields(kind) if f.name not in skip}
     if unknown := set(raw) - set(known):
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: "
+        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: "
                           f"{', '.join(sorted([*known, *skip]))}")
     for name, value in raw.items():
         whole = isinstance(known[name], int)
         valid = isinstance(value, int) if whole else isinstance(value, (int, float))
         if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{where}.{name}: a positive {'whole ' if whole else ''}number, not {value!r}")
+        # The bound of every count in the file: a consecutive_failures past 2**63 broke the shared health file.
+        if whole and value > MAX_WHOLE:
+            raise ConfigError(f"{where}.{name}: a positive whole number, at most {MAX_WHOLE}, not {value!r}")
     return dict(raw)

@@ -57,7 +57,7 @@ def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
     if kind not in UPSTREAM_KINDS:
         if unknown := set(raw) - {"kind"}:
             raise ConfigError(f"{where}: a provider of kind `{kind}` takes no settings, "
-                              f"got {', '.join(sorted(unknown))}")
+                              f"got {setting_names(unknown)}")
         return ProviderSpec(kind=kind)
     return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind, endpoint))
 
@@ -147,6 +147,8 @@ def _number(raw: dict, name: str, default: float, where: str, *, integer: bool =
     valid = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not valid or not math.isfinite(value) or value <= 0:  # YAML has .nan and .inf
         raise ConfigError(f"{where}.{name}: a positive {'whole ' if integer else ''}number, not {value!r}")
+    if integer and value > MAX_WHOLE:  # the bound of every count in the file (configuration.md)
+        raise ConfigError(f"{where}.{name}: a positive whole number, at most {MAX_WHOLE}, not {value!r}")
     return value
 
 
@@ -218,8 +220,14 @@ def known_settings(raw: Mapping[str, Any], known: Iterable[str], where: str) -> 
     """A setting nobody reads is a typo (`default_max_token: 64` would silently do nothing): refuse it by path."""
     known = tuple(known)
     if unknown := set(raw) - set(known):
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(map(str, unknown)))}; "
-                          f"known: {', '.join(known)}")
+        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: {', '.join(known)}")
+
+
+def setting_names(names: Iterable[Any]) -> str:
+    """Setting names for a one-line message, sorted. YAML reads a name such as `1:` or `on:` as a number or a truth
+    value, which sorts with no string (a TypeError traceback), and a quoted name may hold a line break."""
+    return ", ".join(sorted(repr(name) if isinstance(name, str) and not name.isprintable() else str(name)
+                            for name in names))
 
 
 def upstream_keys(models, environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from server.config_providers import ConfigError, mapping
+from server.config_providers import ConfigError, mapping, setting_names
 from server.domain_models import Price
 
 MICROS_PER_USD = 1_000_000
@@ -52,7 +52,7 @@ def parse_price(raw: Any, where: str) -> Price:
     cached_input and cache_write default to input) and `image` (USD per image)."""
     raw = mapping(raw, where)
     if unknown := set(raw) - {"input", "output", "cached_input", "cache_write", "image"}:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: input, output, "
+        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: input, output, "
                           "cached_input, cache_write (USD per million tokens), image (USD per image)")
     try:
         values = {name: usd_to_micros(value, f"{where}.{name}") for name, value in raw.items() if value is not None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, number, optional_mapping
+from server.config_providers import ConfigError, number, optional_mapping, setting_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,7 @@ def parse_usage(raw: Any, where: str) -> UsageSettings:
     raw = optional_mapping(raw, where)
     known = {"flush_seconds", "batch_rows", "buffer_rows", "retention_days"}
     if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: {', '.join(sorted(known))}")
     # Whole numbers where whole numbers are meant: int() made `retention_days: 0.5` 0 (keep forever), silently.
     batch_rows = number(raw, "batch_rows", 500, where, integer=True, low=1)
     settings = UsageSettings(

@@ -227,6 +227,22 @@ async def test_http_proxy_from_the_environment_gets_absolute_form_requests_and_i
     assert (proxy.accepted, plain.accepted) == (1, 1)  # kept alive through the proxy
 
 
+@pytest.mark.parametrize("name", ["HTTP_PROXY", "http_proxy", "ALL_PROXY"])
+async def test_a_proxy_named_without_a_scheme_is_an_http_proxy_as_httpx_and_curl_take_it(
+        plain, proxy, monkeypatch, name):
+    """`HTTP_PROXY=proxy.corp:3128`, as many environment files write it (curl, requests and httpx read it as
+    http://proxy.corp:3128): the upstream was asked directly, without a word, where only the proxy may reach it."""
+    monkeypatch.setenv(name, proxy.url("porter:s3cret@").removeprefix("http://"))
+    http = client(plain.url)
+    try:
+        assert len(await read_until_done(http)) == 2
+    finally:
+        await http.close()
+    [(method, target, headers)] = proxy.seen
+    assert (method, target) == ("POST", f"http://127.0.0.1:{plain.port}/v1/chat/completions")
+    assert headers["proxy-authorization"] == "Basic " + base64.b64encode(b"porter:s3cret").decode()
+
+
 @pytest.mark.parametrize("settings", [
     {"HTTP_PROXY": "{proxy}", "NO_PROXY": "127.0.0.1"},
     {"http_proxy": "{proxy}", "no_proxy": "localhost,127.0.0.1"},

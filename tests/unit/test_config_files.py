@@ -452,3 +452,51 @@ def test_a_number_in_exponent_notation_is_a_number(tmp_path, written):
     config = _load(tmp_path, f"{ONE_MODEL}\ndrain_seconds: {written}")
     assert config.drain_seconds == 10.0
 
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    (f"{ONE_MODEL}\nlimits: {{defaults: {{1: 2, rpm: 3}}}}", r"limits\.defaults: unknown limit\(s\) 1, rpm;"),
+    (f"{ONE_MODEL}\nlimits: {{defaults: {{on: 2}}}}", r"limits\.defaults: unknown limit\(s\) True;"),
+    (f"{ONE_MODEL}\nusage: {{1: 2, flush: 3}}", r"usage: unknown setting\(s\) 1, flush;"),
+    ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, price: {1: 2, input: 3}}]",
+     r"models\[0\]\.price: unknown setting\(s\) 1;"),
+    ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, cache: {1: 2, ttl: 3}}]",
+     r"models\[0\]\.cache: unknown setting\(s\) 1, ttl;"),
+    (f"models: [{{id: a, endpoint: /v1/messages, deployments: [{{name: x, provider: {UPSTREAM}, yes: 1, w: 2}}]}}]",
+     r"models\[0\]\.deployments\[0\]: unknown setting\(s\) True, w;"),
+    ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp, 1: 2, x: 3}}]",
+     r"models\[0\]\.provider: a provider of kind `llamacpp` takes no settings, got 1, x$"),
+    (TWO_DEPLOYMENTS.replace("HEALTH", "{1: 2, window: 3}"), r"models\[0\]\.health: unknown setting\(s\) 1, window;"),
+    (f"{ONE_MODEL}\n\"a\\nb\": 1", r"c\.yaml: unknown setting\(s\) 'a\\nb';"),
+])
+def test_a_setting_name_yaml_reads_as_no_word_is_named_in_one_line(tmp_path, capsys, text, where):
+    """YAML reads a name such as `1:` or `on:` as a number or a truth value: `price: {1: 2}` or an unknown name of each
+    kind beside another was a TypeError traceback at `portico serve` ('<' not supported between 'str' and 'int'), or
+    a line naming nothing; a quoted name holding a line break split the one-line message in two."""
+    with pytest.raises(ConfigError, match=where) as raised:
+        _load(tmp_path, text)
+    assert "\n" not in str(raised.value)
+    path = tmp_path / "c.yaml"
+    assert main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("portico: configuration error: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (f"models: [{{id: a, endpoint: /v1/messages, provider: {UPSTREAM[:-1]}, max_connections: 2147483648}}}}]",
+     r"models\[0\]\.provider\.max_connections: a positive whole number, at most 2147483647, not 2147483648$"),
+    (f"models: [{{id: a, endpoint: /v1/messages, provider: {UPSTREAM[:-1]}, retry: {{attempts: {10**20}}}}}}}]",
+     rf"models\[0\]\.provider\.retry\.attempts: a positive whole number, at most 2147483647, not {10**20}$"),
+    ("models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, cache: {max_entry_bytes: 2147483648}}]",
+     r"models\[0\]\.cache\.max_entry_bytes: a positive whole number, at most 2147483647, not 2147483648$"),
+    (TWO_DEPLOYMENTS.replace("HEALTH", f"{{consecutive_failures: {10**19}}}"),
+     rf"models\[0\]\.health\.consecutive_failures: a positive whole number, at most 2147483647, not {10**19}$"),
+    (TWO_DEPLOYMENTS.replace("HEALTH", "{min_requests: 2147483648}"),
+     r"models\[0\]\.health\.min_requests: a positive whole number, at most 2147483647, not 2147483648$"),
+])
+def test_a_count_of_a_model_past_the_largest_whole_number_is_refused(tmp_path, text, message):
+    """configuration.md: unless its row says otherwise a count or a size is from 1 to 2147483647, as the file's other
+    counts are. A model's were taken whatever their size: a consecutive_failures past 2**63 could not be written to
+    the shared health file (struct.error) once a trial answered."""
+    with pytest.raises(ConfigError, match=message):
+        _load(tmp_path, text)

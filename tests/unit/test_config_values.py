@@ -5,6 +5,7 @@ gateway that answers 500 later."""
 from __future__ import annotations
 
 import errno
+import os
 import socket
 
 import pytest
@@ -212,6 +213,23 @@ def test_an_address_not_of_this_machine_is_one_line_naming_host(tmp_path, capsys
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("host", ["fe80::1", "ff02::1"])
+def test_an_address_no_socket_may_listen_on_is_one_line_naming_host(tmp_path, capsys, host):
+    """A link-local IPv6 address without its interface (`fe80::1`, as `ip addr` lists it without `%eth0`) or a
+    multicast one passed the check (the kernel says EINVAL, not EADDRNOTAVAIL): the model loaded, then Envoy's bind
+    failure came in five lines of its log, exit code 1, naming no option."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\naccess_log: off\n")
+    port, admin_port, metrics_port = free_ports(3)
+    code = main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve", "--host", host,
+                 "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"portico: cannot bind '[{host}]:{port}': Invalid argument: ")
+    assert err.endswith("choose another with --host\n")
+    assert not (tmp_path / "d").exists()
+
+
 def test_a_port_that_needs_root_is_one_line_naming_the_option(tmp_path, monkeypatch):
     """Port 80 without root: Envoy's `Permission denied` came after the model loaded, in five lines of its log."""
     path = tmp_path / "c.yaml"
@@ -388,3 +406,29 @@ def test_a_password_of_letters_and_digits_pasted_as_keys_password_env_is_not_ech
     with pytest.raises(ConfigError, match=r"keys\.password_env: the name of an environment variable") as e:
         load_config(path).key_store.password()
     assert password_env[4:20] not in str(e.value)
+
+
+@pytest.mark.parametrize(("name", "value", "what"), [
+    ("ALL_PROXY", "socks5://porter:s3cret@127.0.0.1:1080", "a socks5:// proxy"),
+    ("https_proxy", "http://127.0.0.1:99999", "no proxy URL"),
+])
+def test_a_proxy_portico_cannot_use_stops_serve_rather_than_being_passed_over(tmp_path, capsys, monkeypatch, name,
+                                                                              value, what):
+    """A SOCKS proxy (ALL_PROXY=socks5://..., as a desktop or a VPN sets it), or a proxy URL that is no URL, was
+    passed over without a word: the upstream was asked directly, where only the proxy may reach it."""
+    for variable in list(os.environ):
+        if variable.lower().endswith("_proxy"):
+            monkeypatch.delenv(variable)
+    monkeypatch.setenv(name, value)
+    path = tmp_path / "c.yaml"
+    path.write_text("models: [{id: a, endpoint: /v1/messages, provider: {kind: openai, "
+                    "base_url: 'https://upstream.example/v1', model: m}}]\naccess_log: off\n")
+    port, admin_port, metrics_port = free_ports(3)
+    code = main(["--config", str(path), "--data-dir", str(tmp_path / "d"), "serve", "--port", str(port),
+                 "--admin-port", str(admin_port), "--metrics-port", str(metrics_port)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("portico: configuration error: the proxy the environment names for "
+                          "https://upstream.example/v1 (HTTPS_PROXY or ALL_PROXY, either case) is " + what)
+    assert "s3cret" not in err
+    assert not (tmp_path / "d").exists()
