@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -29,6 +30,8 @@ class RedisServer:
         _wait_until_it_answers(self)
 
     def stop(self) -> None:
+        """Also a server a test froze (SIGSTOP) and an assertion left frozen: it is continued to take the SIGTERM."""
+        self.process.send_signal(signal.SIGCONT)
         self.process.terminate()
         try:
             self.process.wait(timeout=10)

@@ -23,9 +23,11 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
+import yaml
 
-from gateway.envoy import free_ports
+from gateway.envoy import free_ports, repo_root
 from tests.e2e.log_scan import scan_logs
+from tests.redis_support import start_redis
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, write_config
 
 
@@ -55,6 +57,23 @@ class Gateway:
              "--data-dir", str(self.data_dir), *args],
             capture_output=True, text=True, timeout=30, check=True,
         )
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    """A redis-server of the module's own, for a gateway whose limits live in it (default_config_with_limits)."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+def default_config_with_limits(directory: Path, **limits) -> Path:
+    """The default configuration (server/default.yaml) with `limits` settings changed, written into `directory`."""
+    raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
+    raw["limits"].update(limits)
+    config = directory / "portico.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    return config
 
 
 @contextlib.contextmanager

@@ -7,35 +7,22 @@ from __future__ import annotations
 import signal
 
 import pytest
-import yaml
 
-from gateway.envoy import repo_root
 from portico.client import (
     AsyncPorticoClient, ModelAliases, NotFoundError, PorticoClient, RateLimitError, RetriesExhausted, RetryPolicy,
     ServiceUnavailableError,
 )
-from tests.e2e.conftest import running_gateway
-from tests.redis_support import start_redis
+from tests.e2e.conftest import default_config_with_limits, running_gateway
 
 HI = [{"role": "user", "content": "Hi"}]
 ALIASES = ModelAliases.from_config({"chat": {"primary": "family-a-5.4", "fallbacks": ["family-a-5.5"]}})
 
 
 @pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = start_redis(tmp_path_factory.mktemp("client-redis"))
-    yield server
-    server.process.send_signal(signal.SIGCONT)
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def limited(tmp_path_factory, redis):
-    raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
-    raw["limits"].update(store=redis.url, store_timeout_seconds=0.2,
-                         models={"family-a-5.4": {"requests_per_minute": 1}})
-    config = tmp_path_factory.mktemp("client-config") / "portico.yaml"
-    config.write_text(yaml.safe_dump(raw))
+    config = default_config_with_limits(tmp_path_factory.mktemp("client-config"), store=redis.url,
+                                        store_timeout_seconds=0.2,
+                                        models={"family-a-5.4": {"requests_per_minute": 1}})
     with running_gateway(tmp_path_factory.mktemp("client-data"), config=config) as gateway:
         yield gateway
 

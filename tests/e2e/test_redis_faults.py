@@ -5,37 +5,22 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 
+import httpx
 import openai
 import pytest
-import yaml
 
-from gateway.envoy import repo_root
-from tests.e2e.conftest import running_gateway
-from tests.redis_support import start_redis
-
-import httpx
+from tests.e2e.conftest import default_config_with_limits, running_gateway
 
 HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = start_redis(tmp_path_factory.mktemp("faults-redis"))
-    yield server
-    server.process.send_signal(signal.SIGCONT)
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def gateway(tmp_path_factory, redis):
-    raw = yaml.safe_load((repo_root() / "server" / "default.yaml").read_text())
-    raw["limits"].update(store=redis.url, store_timeout_seconds=0.5)
-    config = tmp_path_factory.mktemp("faults-config") / "portico.yaml"
-    config.write_text(yaml.safe_dump(raw))
+    config = default_config_with_limits(tmp_path_factory.mktemp("faults-config"), store=redis.url,
+                                        store_timeout_seconds=0.5)
     with running_gateway(tmp_path_factory.mktemp("faults-data"), config=config) as gateway:
         yield gateway
 
