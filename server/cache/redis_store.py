@@ -26,7 +26,7 @@ class RedisStore:
         self._puts: set[asyncio.Task] = set()  # held until done: the event loop keeps only weak references
 
     async def get(self, key: str) -> bytes | None:
-        return await self._safely(("GET", KEY_PREFIX + key))
+        return await self._safely(("GET", KEY_PREFIX + key), waited_on=True)
 
     async def put(self, key: str, value: bytes, ttl_seconds: float) -> None:
         """Sent, not waited for: the answer being stored goes on to its caller at once. Awaited, a Redis that does
@@ -37,10 +37,11 @@ class RedisStore:
         self._puts.add(task)
         task.add_done_callback(self._puts.discard)
 
-    async def _safely(self, command: tuple) -> bytes | None:
+    async def _safely(self, command: tuple, waited_on: bool = False) -> bytes | None:
+        """`waited_on`: a lookup, which a Redis that stopped answering misses at once (redis_pipe.Silence)."""
         try:
             async with asyncio.timeout(self._timeout):
-                reply = await self._pipe.execute(*command)
+                reply = await self._pipe.execute(*command, waited_on=waited_on)
         except (RedisError, OSError, TimeoutError) as exc:
             if not self._failing:
                 _logger.warning("response cache: Redis does not answer (%s); answering without the cache",

@@ -99,10 +99,11 @@ class RedisLimitStore:
     def _record_key(self, reservation_id: str) -> str:
         return f"{self._prefix}reservation:{reservation_id}"
 
-    async def _run(self, script: Script, keys: list[str], args: list, dispatch: Dispatch | None = None) -> list:
+    async def _run(self, script: Script, keys: list[str], args: list, dispatch: Dispatch | None = None,
+                   waited_on: bool = False) -> list:
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._redis.run(script, keys, args, dispatch)
+                return await self._redis.run(script, keys, args, dispatch, waited_on)
         except _UNREACHABLE as exc:
             raise self._unavailable(exc) from exc
 
@@ -125,7 +126,8 @@ class RedisLimitStore:
             args += [demand.limit(scope, d) or 0 for d in _DIMENSIONS]
         dispatch = Dispatch()
         try:
-            reply = await self._run(self._reserve_script, keys, args, dispatch)
+            # Waited on by its request: while Redis is silent, refused at once but once a second (redis_pipe.Silence).
+            reply = await self._run(self._reserve_script, keys, args, dispatch, waited_on=True)
         except LimitStoreUnavailable as exc:
             if dispatch.sent:  # Redis may book it yet (a paused one, when it resumes): the Limiter undoes it then
                 exc.unanswered = Reservation(reservation_id, demand, now, None, None)

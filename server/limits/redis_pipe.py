@@ -12,7 +12,8 @@ Failures mean what they meant with redis-py's client, which the store relies on:
     ConnectionError  the connection broke (refused, reset, closed by Redis). A command is retried once on a new
                      connection: after a Redis restart the old connection fails at its first use.
     TimeoutError     no reply within the timeout: the connection is closed, and every command waiting on it fails
-                     the same way. Never retried: the command may have run.
+                     the same way. Never retried: the command may have run. Until Redis answers again, of the
+                     commands a caller waits on one a second tries it (Silence), the others fail so at once, unsent.
     ResponseError    Redis refused the command (NoScriptError: a script it does not have cached; Refusing: it cannot
                      serve now, e.g. a replica after a failover, an outage to the store rather than a bug).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +39,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | bytes | int | float
 _STALL = 0.05  # seconds: a timer that fires later than this was held up by the event loop, not by Redis
+# How often a Redis that stopped answering is tried again: as often as readiness asks, so it notices the end of an
+# outage as soon as that does, and every other command meanwhile is answered at once instead of at its timeout.
+_TRIAL_SECONDS = 1.0
 
 
 # Error replies of a Redis that cannot serve commands now, whatever they are: loading its data, a read-only replica, no
@@ -83,13 +88,14 @@ def pack(args: Sequence[Arg]) -> bytes:
 class _Link(asyncio.Protocol):
     """One open connection: commands out in order, replies matched to them in order as they arrive."""
 
-    def __init__(self, connection: AbstractConnection, timeout: float) -> None:
+    def __init__(self, connection: AbstractConnection, timeout: float, silence: Silence) -> None:
         # redis-py opened the connection and read the replies to its handshake; its transport is ours from here on
         # (the connection object is kept only to close it: dropped, it would close the transport itself).
         self._connection = connection
         self._where = connection._host_error()
         self._transport: asyncio.Transport = connection._writer.transport
         self._timeout = timeout
+        self._silence = silence
         self._loop = asyncio.get_running_loop()
         self._parser = hiredis.Reader(replyError=ResponseError)
         self._waiting: deque[tuple[asyncio.Future, float]] = deque()  # (reply, when it was asked for), oldest first
@@ -127,6 +133,7 @@ class _Link(asyncio.Protocol):
         try:
             self._parser.feed(data)
             while (reply := self._parser.gets()) is not False:
+                self._silence.silent = False
                 if not self._waiting:
                     raise RedisConnectionError(f"{self._where} answered a command that was not sent")
                 future = self._waiting.popleft()[0]
@@ -170,6 +177,7 @@ class _Link(asyncio.Protocol):
         if left > 0:
             self._watch(left)
         else:
+            self._silence.timed_out()
             self.fail(RedisTimeoutError(f"Timeout reading from {self._where}"))
 
     def fail(self, error: Exception) -> None:
@@ -207,6 +215,29 @@ def _retrieve(attempt: asyncio.Task) -> None:
         attempt.exception()
 
 
+class Silence:
+    """A Redis that stopped answering (frozen, a host gone without a reset, a network cut) takes connections, or
+    seems to, and answers nothing: every command a caller waits on (an admission, a cache lookup) waited out its
+    timeout, one after another, for the whole outage, fail-open or not. After a timeout, one such command a second
+    goes to Redis as a trial and the others fail at once, unsent, as it did; any answer ends the outage. Commands
+    nobody waits on (settlements, renewals, readiness's write) are always sent: a timeout costs them nothing."""
+
+    def __init__(self) -> None:
+        self.silent = False  # the last reply awaited did not come in time, and none has come since
+        self._next_trial = 0.0
+
+    def admit(self) -> None:
+        """Raises for a command a caller waits on while Redis is silent, but one a second."""
+        if self.silent:
+            now = time.monotonic()
+            if now < self._next_trial:
+                raise RedisTimeoutError("Redis did not answer lately: it is tried again once a second until it does")
+            self._next_trial = now + _TRIAL_SECONDS
+
+    def timed_out(self) -> None:
+        self.silent, self._next_trial = True, time.monotonic() + _TRIAL_SECONDS
+
+
 class RedisPipe:
     """Commands to one Redis over one pipelined connection, opened at first use and again after it broke."""
 
@@ -224,11 +255,13 @@ class RedisPipe:
         self._link: _Link | None = None
         self._opening: asyncio.Task[_Link] | None = None  # the attempt to connect under way, if any
         self.connections = 0  # opened so far: a new one may be to a Redis that restarted (without its data)
+        self._silence = Silence()
 
-    async def execute(self, *args: Arg, dispatch: Dispatch | None = None) -> Any:
+    async def execute(self, *args: Arg, dispatch: Dispatch | None = None, waited_on: bool = False) -> Any:
+        """`waited_on`: a caller waits for the reply, so while Redis is silent it fails at once (Silence)."""
         command = pack(args)
         try:
-            return await self._send(command, dispatch)
+            return await self._send(command, dispatch, waited_on)
         except RedisConnectionError:
             return await self._send(command, dispatch)  # on a new connection: the old one may have gone stale
 
@@ -241,14 +274,17 @@ class RedisPipe:
             return await self._send_many(packed)
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg],
-                  dispatch: Dispatch | None = None) -> Any:
+                  dispatch: Dispatch | None = None, waited_on: bool = False) -> Any:
         """`dispatch`, if given, is marked sent once the command is on a connection (see Dispatch)."""
         try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args, dispatch=dispatch)
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args, dispatch=dispatch,
+                                      waited_on=waited_on)
         except NoScriptError:  # a Redis restarted or flushed its script cache: EVAL caches it again
             return await self.execute("EVAL", script.text, len(keys), *keys, *args, dispatch=dispatch)
 
-    async def _send(self, command: bytes, dispatch: Dispatch | None = None) -> Any:
+    async def _send(self, command: bytes, dispatch: Dispatch | None = None, waited_on: bool = False) -> Any:
+        if waited_on:
+            self._silence.admit()
         link = self._link
         if link is None or link.error is not None:
             link = await self._connect()
@@ -285,10 +321,12 @@ class RedisPipe:
         connection = self._connection_class(**self._options)
         try:
             await connection.connect()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, RedisTimeoutError):  # took the connection (the kernel does) but said nothing
+                self._silence.timed_out()
             connection._close()  # cancelled during the handshake, say: do not leak the socket
             raise
-        self._link = _Link(connection, self._timeout)
+        self._link = _Link(connection, self._timeout, self._silence)
         self.connections += 1
         return self._link
 

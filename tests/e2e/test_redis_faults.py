@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
@@ -65,3 +66,36 @@ def test_a_full_redis_under_noeviction_is_a_503_for_callers_not_a_count_past_its
     wait_for_readiness(gateway, 200)
     answer = sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
     assert answer.choices[0].message.content
+
+
+def test_a_frozen_redis_makes_callers_wait_its_timeout_about_once_a_second_not_at_every_request(gateway, redis):
+    """A Redis frozen (SIGSTOP; a host gone without a reset) takes connections and answers nothing: every request
+    waited out limits.store_timeout_seconds (0.5 s here) before its 503, one after another, for the whole outage.
+    Now one request a second tries Redis; the others get the 503 at once. Served again once it answers."""
+    sdk = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret, max_retries=0)
+    sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+    redis.process.send_signal(signal.SIGSTOP)
+    try:
+        waits = []
+        started = time.monotonic()
+        while len(waits) < 12:
+            began = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as refused:
+                sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1)
+            waits.append(time.monotonic() - began)
+            assert refused.value.status_code == 503
+            assert refused.value.body["code"] == "service_unavailable"
+        seconds = time.monotonic() - started
+        slow = [wait for wait in waits if wait >= 0.4]
+        assert len(slow) <= seconds + 1, waits  # about one a second, not all twelve (6 s)
+        assert len(waits) - len(slow) >= 6, waits
+    finally:
+        redis.process.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert sdk.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1).choices
+            break
+        except openai.APIStatusError as error:
+            assert error.status_code == 503 and time.monotonic() < deadline
+            time.sleep(0.1)

@@ -343,7 +343,7 @@ async def test_a_stalled_redis_fails_calls_in_time_and_then_serves_again(redis_s
             await store.reserve(BURST)
         assert time.monotonic() - started < 0.6  # 0.2 s, not the pause
         await asyncio.sleep(0.8)
-        await store.reserve(BURST)
+        await _admitted_again(store)  # once tried again: within a second of the timeout
     finally:
         await store.close()
         outside.close()
@@ -444,3 +444,47 @@ async def test_a_host_whose_clock_runs_a_little_ahead_never_makes_a_per_minute_r
     finally:
         await host_a.close()
         await host_b.close()
+
+
+async def test_a_redis_that_stopped_answering_costs_one_caller_a_second_a_timeout_not_every_caller(tmp_path, prefix):
+    """Frozen (SIGSTOP: the kernel still takes connections), Redis made every admission wait out the timeout for the
+    whole outage, one after another, fail-open or not. Once a call timed out, one call a second tries Redis again;
+    the others are answered at once as by a Redis that cannot answer, and the first to find it answering ends that."""
+    server = start_redis(tmp_path)
+    store = RedisLimitStore(server.url, prefix=prefix, timeout_seconds=0.3)
+    try:
+        await store.reserve(BURST)
+        server.process.send_signal(signal.SIGSTOP)
+        with pytest.raises(LimitStoreUnavailable):
+            await store.reserve(BURST)  # waits out the timeout: nobody knew yet
+        waits = []
+        for _ in range(8):
+            started = time.monotonic()
+            with pytest.raises(LimitStoreUnavailable):
+                await store.reserve(BURST)
+            waits.append(time.monotonic() - started)
+        assert max(waits) < 0.1, waits  # within a second of the timeout: no call of these tried Redis
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        with pytest.raises(LimitStoreUnavailable):
+            await store.reserve(BURST)  # a second on: this one tries Redis, and waits out the timeout
+        assert time.monotonic() - started >= 0.25
+        server.process.send_signal(signal.SIGCONT)
+        await store.settle(await _admitted_again(store), 0)
+        started = time.monotonic()
+        await store.settle(await store.reserve(BURST), 0)
+        assert time.monotonic() - started < 0.25  # served as before
+    finally:
+        await store.close()
+        server.stop()
+
+
+async def _admitted_again(store: RedisLimitStore) -> Reservation:
+    """Admitted once the store tries Redis again, within about a second (_TRIAL_SECONDS) of its last timeout."""
+    deadline = time.monotonic() + 2.5
+    while True:
+        try:
+            return await store.reserve(BURST)
+        except LimitStoreUnavailable:
+            assert time.monotonic() < deadline, "Redis was not tried again"
+            await asyncio.sleep(0.05)
