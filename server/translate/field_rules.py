@@ -94,7 +94,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "logprobs": FieldRule("boolean", I, I, note="the answer's `logprobs` is null"),
     "top_logprobs": FieldRule("integer", I, I, note="0–20"),
     "user": FieldRule("string", I, A, note="→ `metadata.user_id`"),
-    "safety_identifier": FieldRule("string", I, A, note="→ `metadata.user_id` when there is no `user`"),
+    "safety_identifier": FieldRule("string", I, A, note="→ `metadata.user_id` when there is no `user`; at most "
+                                                        "64 characters, as OpenAI takes it"),
     "prompt_cache_key": FieldRule("string", I, I),
     "prompt_cache_retention": FieldRule("string", I, I),
     "prompt_cache_options": FieldRule("object", I, I, note="a caching hint (`mode`, `ttl`)"),

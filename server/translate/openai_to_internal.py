@@ -38,6 +38,7 @@ _ROLES = {
 _TEXT_PARTS = {"assistant": {**TEXT_PARTS, "refusal": "refusal"}}
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
+_LONGEST_SAFETY_IDENTIFIER = 64  # OpenAI's API refuses a longer `safety_identifier`
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ def chat_request(
     params = _sampling(body, default_max_tokens)
     if (stop := body.get("stop")) is not None:
         unread += _whitespace_stops(stop)
+    unread += _long_safety_identifier(opt_string(body, "safety_identifier"))
     generation = GenerationRequest(
         turns=turns,
         params=params,
@@ -88,6 +90,16 @@ def _whitespace_stops(stop: Json) -> list[Unread]:
     return [Unread("stop" if isinstance(stop, str) else f"stop[{i}]",
                    "This model takes no stop sequence of whitespace only (Anthropic refuses them).", embedded=False)
             for i, item in enumerate(stops) if not item.strip()]
+
+
+def _long_safety_identifier(identifier: str | None) -> list[Unread]:
+    """OpenAI's API refuses a `safety_identifier` over 64 characters (a raw e-mail address, an unhashed token). The
+    embedded model ignored it and an Anthropic upstream takes it as a `metadata.user_id` of up to 256, so code that
+    worked there failed once the model was served by OpenAI; an upstream of this dialect judges it itself."""
+    if identifier is None or len(identifier) <= _LONGEST_SAFETY_IDENTIFIER:
+        return []
+    return [Unread("safety_identifier", "Invalid 'safety_identifier': string too long. Expected a string with maximum "
+                   f"length {_LONGEST_SAFETY_IDENTIFIER}, but got a string with length {len(identifier)} instead.")]
 
 
 def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingParams:

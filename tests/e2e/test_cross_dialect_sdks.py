@@ -174,6 +174,14 @@ def test_the_end_user_id_reaches_the_upstream_in_its_dialect(oai, claude, double
     assert "metadata" not in double.seen[-1].body
 
 
+def test_a_safety_identifier_openai_s_api_refuses_is_refused_not_sent_to_anthropic(oai, double):
+    """A `safety_identifier` over OpenAI's 64 characters is the caller's API's 400 on a model behind Anthropic too
+    (which would take it as a `metadata.user_id` of up to 256), as on the embedded model: never sent upstream."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, safety_identifier="s" * 65)
+    assert caught.value.param == "safety_identifier" and not double.seen
+
+
 def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
     """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
     carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result

@@ -169,3 +169,16 @@ def test_tool_traffic_in_pairs_is_answered(client):
     messages = [ASK, CALL, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     assert client.chat.completions.create(model="family-a-5.5", messages=messages, tools=WEATHER_TOOLS,
                                           max_tokens=4).choices[0].message.content
+
+
+def test_a_safety_identifier_openai_s_api_refuses_is_refused_not_ignored(client):
+    """OpenAI's API takes a `safety_identifier` of at most 64 characters; the embedded model ignored a longer one (a
+    raw e-mail address with a long domain, an unhashed session token), so code that worked here failed once the
+    model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, safety_identifier="s" * 65)
+    assert caught.value.param == "safety_identifier"
+    assert "Expected a string with maximum length 64, but got a string with length 65" in caught.value.message
+    assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                          safety_identifier="s" * 64).usage.completion_tokens > 0
