@@ -101,7 +101,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "prompt_cache_options": FieldRule("object", I, I, note="a caching hint (`mode`, `ttl`)"),
     "service_tier": FieldRule("string", I, I),
     "store": FieldRule("boolean", I, I),
-    "metadata": FieldRule("object", I, I, note="its values are strings"),
+    "metadata": FieldRule("object", I, I, note="its values are strings; at most 16 pairs, keys of at most 64 "
+                                                "characters and values of at most 512, as OpenAI takes them"),
     "modalities": FieldRule("array", I, I, note="text is the only output"),
     "reasoning_effort": FieldRule("string", I, I),
     "verbosity": FieldRule("string", I, I),

@@ -39,6 +39,8 @@ _TEXT_PARTS = {"assistant": {**TEXT_PARTS, "refusal": "refusal"}}
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
 _LONGEST_SAFETY_IDENTIFIER = 64  # OpenAI's API refuses a longer `safety_identifier`
+# OpenAI's API refuses `metadata` of more pairs, or longer keys or values, than these.
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,7 @@ def chat_request(
     if (stop := body.get("stop")) is not None:
         unread += _whitespace_stops(stop)
     unread += _long_safety_identifier(opt_string(body, "safety_identifier"))
+    unread += _metadata_over_limits(body.get("metadata") or {})  # _sampling checked its type
     generation = GenerationRequest(
         turns=turns,
         params=params,
@@ -100,6 +103,23 @@ def _long_safety_identifier(identifier: str | None) -> list[Unread]:
         return []
     return [Unread("safety_identifier", "Invalid 'safety_identifier': string too long. Expected a string with maximum "
                    f"length {_LONGEST_SAFETY_IDENTIFIER}, but got a string with length {len(identifier)} instead.")]
+
+
+def _metadata_over_limits(metadata: Mapping[str, str]) -> list[Unread]:
+    """`metadata` is ignored (and left out for an Anthropic upstream, which has no such field), but OpenAI's API
+    refuses more than 16 pairs, keys over 64 characters and values over 512: the embedded model answered them, so
+    code that worked there failed once the model was served by OpenAI. An upstream of this dialect judges them."""
+    if len(metadata) > _METADATA_PAIRS:
+        return [Unread("metadata", "Invalid 'metadata': too many properties. Expected an object with at most "
+                       f"{_METADATA_PAIRS} properties, but got an object with {len(metadata)} properties instead.")]
+    for key, value in metadata.items():
+        if len(key) > _METADATA_KEY:
+            return [Unread("metadata", f"Invalid 'metadata': key {shown(key)} is too long. Expected a key with "
+                           f"maximum length {_METADATA_KEY}, but got a key with length {len(key)} instead.")]
+        if len(value) > _METADATA_VALUE:
+            return [Unread(f"metadata.{key}", f"Invalid 'metadata.{key}': string too long. Expected a string with "
+                           f"maximum length {_METADATA_VALUE}, but got a string with length {len(value)} instead.")]
+    return []
 
 
 def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingParams:

@@ -182,6 +182,14 @@ def test_a_safety_identifier_openai_s_api_refuses_is_refused_not_sent_to_anthrop
     assert caught.value.param == "safety_identifier" and not double.seen
 
 
+def test_metadata_openai_s_api_refuses_is_refused_not_dropped_on_the_way_to_anthropic(oai, double):
+    """Chat `metadata` has no Anthropic field and is left out, but more than OpenAI's API takes (17 pairs) is the
+    caller's API's 400 there too, as on the embedded model, not an answer OpenAI would have refused."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, metadata={f"k{i}": "v" for i in range(17)})
+    assert caught.value.param == "metadata" and not double.seen
+
+
 def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
     """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
     carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result

@@ -182,3 +182,21 @@ def test_a_safety_identifier_openai_s_api_refuses_is_refused_not_ignored(client)
     assert "Expected a string with maximum length 64, but got a string with length 65" in caught.value.message
     assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
                                           safety_identifier="s" * 64).usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize(("metadata", "param", "words"), [
+    ({f"k{i}": "v" for i in range(17)}, "metadata",
+     "Expected an object with at most 16 properties, but got an object with 17 properties"),
+    ({"k" * 65: "v"}, "metadata", "Expected a key with maximum length 64, but got a key with length 65"),
+    ({"note": "v" * 513}, "metadata.note", "Expected a string with maximum length 512, but got a string with length 513"),
+])
+def test_metadata_openai_s_api_refuses_is_refused_not_ignored(client, metadata, param, words):
+    """OpenAI's API takes at most 16 `metadata` pairs, keys of at most 64 characters and values of at most 512; the
+    embedded model ignored more, so code that worked here failed once the model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, metadata=metadata)
+    assert caught.value.param == param and words in caught.value.message
+    most = {f"{i:0>64}": "v" * 512 for i in range(16)}
+    assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                          metadata=most).usage.completion_tokens > 0
