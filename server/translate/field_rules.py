@@ -138,7 +138,9 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                                                    "at most 256 characters, as Anthropic takes it"),
     "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer; what Anthropic's API "
                           "refuses is refused (a `type` other than `enabled`, `disabled`, `adaptive`; `enabled` "
-                          "without `budget_tokens`, or with one under 1024 or not under `max_tokens`)"),
+                          "without `budget_tokens`, or with one under 1024 or not under `max_tokens`; beside `enabled` or "
+                          "`adaptive`, a `temperature` other than 1, a `top_k`, a `top_p` under 0.95, a `tool_choice` "
+                          "of `any` or `tool`)"),
     "service_tier": FieldRule("string", I, I),
     "inference_geo": FieldRule("string", I, I),
     "speed": FieldRule("string", I, I),

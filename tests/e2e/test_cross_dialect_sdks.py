@@ -190,6 +190,15 @@ def test_metadata_openai_s_api_refuses_is_refused_not_dropped_on_the_way_to_anth
     assert caught.value.param == "metadata" and not double.seen
 
 
+def test_sampling_anthropic_s_api_refuses_beside_thinking_is_refused_not_sent_to_openai(claude, double):
+    """A temperature other than 1 while thinking is on is the caller's API's 400 on a model behind an
+    OpenAI-compatible server too (where `thinking` has no field and is left out), as on the embedded model."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="messages-gpt", max_tokens=2000, messages=HELLO,
+                               thinking={"type": "enabled", "budget_tokens": 1024}, extra_body={"temperature": 0.2})
+    assert caught.value.body["error"]["param"] == "temperature" and not double.seen
+
+
 def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
     """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
     carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result
