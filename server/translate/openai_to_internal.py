@@ -18,7 +18,7 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
 from server.translate.tool_rules import (
-    OPENAI_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread,
+    OPENAI_NAME_LIMIT, OPENAI_TOOL_LIMIT, duplicate_unread, name_unread, schema_type_unread, too_many_unread,
 )
 from server.translate.values import (
     TEXT_PARTS, no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list,
@@ -272,7 +272,10 @@ def _required(value, param: str):
 
 def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
     specs, names = [], set()
-    for i, tool in enumerate(opt_array(body, "tools") or []):
+    tools = opt_array(body, "tools") or []
+    if too_many := too_many_unread(tools, "tools", OPENAI_TOOL_LIMIT):
+        unread.append(too_many)
+    for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise wrong_type(where, "an object", tool)

@@ -199,6 +199,13 @@ def test_sampling_anthropic_s_api_refuses_beside_thinking_is_refused_not_sent_to
     assert caught.value.body["error"]["param"] == "temperature" and not double.seen
 
 
+def test_more_tools_than_openai_s_api_takes_are_refused_not_sent_to_anthropic(oai, double):
+    tools = [{"type": "function", "function": {"name": f"tool_{i}"}} for i in range(129)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, tools=tools)
+    assert caught.value.param == "tools" and not double.seen
+
+
 def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
     """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
     carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result

@@ -200,3 +200,16 @@ def test_metadata_openai_s_api_refuses_is_refused_not_ignored(client, metadata, 
     most = {f"{i:0>64}": "v" * 512 for i in range(16)}
     assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
                                           metadata=most).usage.completion_tokens > 0
+
+
+def test_more_tools_than_openai_s_api_takes_are_refused_not_ignored(client):
+    """OpenAI's API takes at most 128 tools; the embedded model took more (an agent that gathers every MCP server's
+    tools), so code that worked here failed once the model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    tools = [{"type": "function", "function": {"name": f"tool_{i}"}} for i in range(129)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, tools=tools)
+    assert caught.value.param == "tools"
+    assert "Expected an array with maximum length 128, but got an array with length 129" in caught.value.message
+    assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                          tools=tools[:128]).usage.completion_tokens > 0
