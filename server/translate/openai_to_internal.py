@@ -129,7 +129,7 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
         raise InvalidRequest("This gateway generates one choice per request: `n` must be 1.", param="n")
     biases = opt_object(body, "logit_bias") or {}
     for token in biases:
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()):  # '²' and '٣' are digits to str.isdigit(), no token ids
             raise InvalidRequest(f"`logit_bias` maps token ids to biases: {shown(token)} is not a token id.",
                                  param="logit_bias")
         opt_number(biases, token, -100.0, 100.0, "logit_bias")

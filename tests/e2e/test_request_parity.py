@@ -74,6 +74,8 @@ CASES = [  # endpoint, members over the base body, HTTP status, code, param
     ("chat", {"max_tokens": 1.5}, 400, "invalid_request", "max_tokens"),
     ("chat", {"logit_bias": {"5": 200}}, 400, "invalid_request", "logit_bias.5"),
     ("chat", {"logit_bias": {"abc": 1}}, 400, "invalid_request", "logit_bias"),
+    ("chat", {"logit_bias": {"\u00b2": 1}}, 400, "invalid_request", "logit_bias"),  # '²'.isdigit(), no token id
+    ("chat", {"logit_bias": {"\u0663": 1}}, 400, "invalid_request", "logit_bias"),  # an Arabic-Indic 3
     ("chat", {"stop": 5}, 400, "invalid_request", "stop"),
     ("chat", {"stop": ["a", ""]}, 400, "invalid_request", "stop[1]"),
     ("chat", {"safety_identifier": "s" * 65}, 400, "invalid_request", "safety_identifier"),
