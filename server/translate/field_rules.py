@@ -92,7 +92,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
                                   note="−2–2; embedded: over the whole answer so far, not the prompt"),
     "logit_bias": FieldRule("object", I, R, neutral=({},), note="token ids to −100–100"),
     "logprobs": FieldRule("boolean", I, I, note="the answer's `logprobs` is null"),
-    "top_logprobs": FieldRule("integer", I, I, note="0–20"),
+    "top_logprobs": FieldRule("integer", I, I, note="0–20; above 0 only beside `logprobs: true`, as OpenAI takes it"),
     "user": FieldRule("string", I, A, note="→ `metadata.user_id`"),
     "safety_identifier": FieldRule("string", I, A, note="→ `metadata.user_id` when there is no `user`; at most "
                                                         "64 characters, as OpenAI takes it"),

@@ -73,6 +73,12 @@ def chat_request(
         unread += _whitespace_stops(stop)
     unread += _long_safety_identifier(opt_string(body, "safety_identifier"))
     unread += _metadata_over_limits(body.get("metadata") or {})  # _sampling checked its type
+    if body.get("top_logprobs") and body.get("logprobs") is not True:  # _sampling and check_fields checked them
+        # OpenAI's API refuses it; the embedded model ignored it and an Anthropic upstream has no such field, so code
+        # that worked there failed once the model was served by OpenAI (0 asks for nothing). An upstream of this
+        # dialect judges it itself.
+        unread.append(Unread("top_logprobs", "The 'top_logprobs' parameter is only allowed when 'logprobs' is "
+                                             "enabled."))
     generation = GenerationRequest(
         turns=turns,
         params=params,

@@ -206,6 +206,12 @@ def test_more_tools_than_openai_s_api_takes_are_refused_not_sent_to_anthropic(oa
     assert caught.value.param == "tools" and not double.seen
 
 
+def test_top_logprobs_without_logprobs_is_refused_not_dropped_on_the_way_to_anthropic(oai, double):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, top_logprobs=3)
+    assert caught.value.param == "top_logprobs" and not double.seen
+
+
 def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
     """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
     carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result

@@ -213,3 +213,18 @@ def test_more_tools_than_openai_s_api_takes_are_refused_not_ignored(client):
     assert "Expected an array with maximum length 128, but got an array with length 129" in caught.value.message
     assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
                                           tools=tools[:128]).usage.completion_tokens > 0
+
+
+def test_top_logprobs_without_logprobs_is_refused_as_openai_s_api_refuses_it(client):
+    """OpenAI's API takes `top_logprobs` only beside `logprobs: true`; the embedded model ignored it alone, so code
+    that worked here failed once the model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    for logprobs in (None, False):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, top_logprobs=3,
+                                           **({} if logprobs is None else {"logprobs": logprobs}))
+        assert caught.value.param == "top_logprobs"
+        assert "only allowed when 'logprobs' is enabled" in caught.value.message
+    for fields in ({"logprobs": True, "top_logprobs": 3}, {"top_logprobs": 0}):
+        assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                              **fields).usage.completion_tokens > 0
