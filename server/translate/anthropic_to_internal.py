@@ -114,6 +114,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     unread += _metadata_unread(metadata, end_user)
     tools = _tools(body, unread)
     tool_choice = _tool_choice(body, unread)
+    unread += _beside_thinking(body, params, tool_choice)
     asked = bool(opt_bool(body, "stream"))
     stream = asked if stream is None else stream
     return GenerationRequest(
@@ -156,6 +157,30 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
     elif kind == "enabled" and max_tokens is not None and budget >= max_tokens:
         unread.append(Unread("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens` "
                                                        f"({max_tokens} is not greater than {budget})."))
+
+
+_THINKING_TOP_P = 0.95  # the least top_p Anthropic's API takes while thinking is on
+_FORCED = (ToolChoiceMode.REQUIRED, ToolChoiceMode.TOOL)
+
+
+def _beside_thinking(body: Mapping[str, Json], params: SamplingParams, choice: ToolChoice | None) -> list[Unread]:
+    """While thinking is on (`enabled` or `adaptive`), Anthropic's API refuses a temperature other than 1, any
+    top_k, a top_p under 0.95 and a tool_choice that forces a call. The embedded model answered such a request, so
+    code that worked there failed once the model was served by Anthropic; an Anthropic upstream judges it itself,
+    and an OpenAI-compatible one stands in for Anthropic's API as for `thinking` itself. The first one is named."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return []
+    if params.temperature is not None and params.temperature != 1:
+        return [Unread("temperature", "`temperature` may only be set to 1 when thinking is enabled.")]
+    if body.get("top_k") is not None:
+        return [Unread("top_k", "`top_k` may not be set when thinking is enabled.")]
+    if params.top_p is not None and params.top_p < _THINKING_TOP_P:
+        return [Unread("top_p", f"`top_p` must be greater than or equal to {_THINKING_TOP_P} or unset when thinking "
+                                "is enabled.")]
+    if choice is not None and choice.mode in _FORCED:
+        return [Unread("tool_choice", "Thinking may not be enabled when tool_choice forces tool use.")]
+    return []
 
 
 def _blocks(message: Mapping[str, Json], kind: str) -> list[tuple[int, Mapping[str, Json]]]:

@@ -92,15 +92,17 @@ CHAT_FIELDS: dict[str, FieldRule] = {
                                   note="−2–2; embedded: over the whole answer so far, not the prompt"),
     "logit_bias": FieldRule("object", I, R, neutral=({},), note="token ids to −100–100"),
     "logprobs": FieldRule("boolean", I, I, note="the answer's `logprobs` is null"),
-    "top_logprobs": FieldRule("integer", I, I, note="0–20"),
+    "top_logprobs": FieldRule("integer", I, I, note="0–20; above 0 only beside `logprobs: true`, as OpenAI takes it"),
     "user": FieldRule("string", I, A, note="→ `metadata.user_id`"),
-    "safety_identifier": FieldRule("string", I, A, note="→ `metadata.user_id` when there is no `user`"),
+    "safety_identifier": FieldRule("string", I, A, note="→ `metadata.user_id` when there is no `user`; at most "
+                                                        "64 characters, as OpenAI takes it"),
     "prompt_cache_key": FieldRule("string", I, I),
     "prompt_cache_retention": FieldRule("string", I, I),
     "prompt_cache_options": FieldRule("object", I, I, note="a caching hint (`mode`, `ttl`)"),
     "service_tier": FieldRule("string", I, I),
     "store": FieldRule("boolean", I, I),
-    "metadata": FieldRule("object", I, I, note="its values are strings"),
+    "metadata": FieldRule("object", I, I, note="its values are strings; at most 16 pairs, keys of at most 64 "
+                                                "characters and values of at most 512, as OpenAI takes them"),
     "modalities": FieldRule("array", I, I, note="text is the only output"),
     "reasoning_effort": FieldRule("string", I, I),
     "verbosity": FieldRule("string", I, I),
@@ -136,7 +138,9 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                                                    "at most 256 characters, as Anthropic takes it"),
     "thinking": FieldRule("object", I, I, note="no thinking blocks in the answer; what Anthropic's API "
                           "refuses is refused (a `type` other than `enabled`, `disabled`, `adaptive`; `enabled` "
-                          "without `budget_tokens`, or with one under 1024 or not under `max_tokens`)"),
+                          "without `budget_tokens`, or with one under 1024 or not under `max_tokens`; beside `enabled` or "
+                          "`adaptive`, a `temperature` other than 1, a `top_k`, a `top_p` under 0.95, a `tool_choice` "
+                          "of `any` or `tool`)"),
     "service_tier": FieldRule("string", I, I),
     "inference_geo": FieldRule("string", I, I),
     "speed": FieldRule("string", I, I),

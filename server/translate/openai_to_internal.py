@@ -18,7 +18,7 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
 from server.translate.tool_rules import (
-    OPENAI_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread,
+    OPENAI_NAME_LIMIT, OPENAI_TOOL_LIMIT, duplicate_unread, name_unread, schema_type_unread, too_many_unread,
 )
 from server.translate.values import (
     TEXT_PARTS, no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, string_list,
@@ -38,6 +38,9 @@ _ROLES = {
 _TEXT_PARTS = {"assistant": {**TEXT_PARTS, "refusal": "refusal"}}
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
+_LONGEST_SAFETY_IDENTIFIER = 64  # OpenAI's API refuses a longer `safety_identifier`
+# OpenAI's API refuses `metadata` of more pairs, or longer keys or values, than these.
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,14 @@ def chat_request(
     params = _sampling(body, default_max_tokens)
     if (stop := body.get("stop")) is not None:
         unread += _whitespace_stops(stop)
+    unread += _long_safety_identifier(opt_string(body, "safety_identifier"))
+    unread += _metadata_over_limits(body.get("metadata") or {})  # _sampling checked its type
+    if body.get("top_logprobs") and body.get("logprobs") is not True:  # _sampling and check_fields checked them
+        # OpenAI's API refuses it; the embedded model ignored it and an Anthropic upstream has no such field, so code
+        # that worked there failed once the model was served by OpenAI (0 asks for nothing). An upstream of this
+        # dialect judges it itself.
+        unread.append(Unread("top_logprobs", "The 'top_logprobs' parameter is only allowed when 'logprobs' is "
+                                             "enabled."))
     generation = GenerationRequest(
         turns=turns,
         params=params,
@@ -90,6 +101,33 @@ def _whitespace_stops(stop: Json) -> list[Unread]:
             for i, item in enumerate(stops) if not item.strip()]
 
 
+def _long_safety_identifier(identifier: str | None) -> list[Unread]:
+    """OpenAI's API refuses a `safety_identifier` over 64 characters (a raw e-mail address, an unhashed token). The
+    embedded model ignored it and an Anthropic upstream takes it as a `metadata.user_id` of up to 256, so code that
+    worked there failed once the model was served by OpenAI; an upstream of this dialect judges it itself."""
+    if identifier is None or len(identifier) <= _LONGEST_SAFETY_IDENTIFIER:
+        return []
+    return [Unread("safety_identifier", "Invalid 'safety_identifier': string too long. Expected a string with maximum "
+                   f"length {_LONGEST_SAFETY_IDENTIFIER}, but got a string with length {len(identifier)} instead.")]
+
+
+def _metadata_over_limits(metadata: Mapping[str, str]) -> list[Unread]:
+    """`metadata` is ignored (and left out for an Anthropic upstream, which has no such field), but OpenAI's API
+    refuses more than 16 pairs, keys over 64 characters and values over 512: the embedded model answered them, so
+    code that worked there failed once the model was served by OpenAI. An upstream of this dialect judges them."""
+    if len(metadata) > _METADATA_PAIRS:
+        return [Unread("metadata", "Invalid 'metadata': too many properties. Expected an object with at most "
+                       f"{_METADATA_PAIRS} properties, but got an object with {len(metadata)} properties instead.")]
+    for key, value in metadata.items():
+        if len(key) > _METADATA_KEY:
+            return [Unread("metadata", f"Invalid 'metadata': key {shown(key)} is too long. Expected a key with "
+                           f"maximum length {_METADATA_KEY}, but got a key with length {len(key)} instead.")]
+        if len(value) > _METADATA_VALUE:
+            return [Unread(f"metadata.{key}", f"Invalid 'metadata.{key}': string too long. Expected a string with "
+                           f"maximum length {_METADATA_VALUE}, but got a string with length {len(value)} instead.")]
+    return []
+
+
 def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingParams:
     opt_int(body, "top_logprobs", 0, 20)
     n = opt_int(body, "n", 1, 128)
@@ -97,7 +135,7 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
         raise InvalidRequest("This gateway generates one choice per request: `n` must be 1.", param="n")
     biases = opt_object(body, "logit_bias") or {}
     for token in biases:
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()):  # '²' and '٣' are digits to str.isdigit(), no token ids
             raise InvalidRequest(f"`logit_bias` maps token ids to biases: {shown(token)} is not a token id.",
                                  param="logit_bias")
         opt_number(biases, token, -100.0, 100.0, "logit_bias")
@@ -240,7 +278,10 @@ def _required(value, param: str):
 
 def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ...]:
     specs, names = [], set()
-    for i, tool in enumerate(opt_array(body, "tools") or []):
+    tools = opt_array(body, "tools") or []
+    if too_many := too_many_unread(tools, "tools", OPENAI_TOOL_LIMIT):
+        unread.append(too_many)
+    for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise wrong_type(where, "an object", tool)

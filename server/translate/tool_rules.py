@@ -12,6 +12,7 @@ from server.domain import Json, Unread
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]+")
 OPENAI_NAME_LIMIT = 64
+OPENAI_TOOL_LIMIT = 128  # tools in one request
 ANTHROPIC_NAME_LIMIT = 128
 
 
@@ -35,3 +36,11 @@ def schema_type_unread(schema: Mapping[str, Json], param: str, *, type_required:
     if kind == "object" or (kind is None and not type_required):
         return None
     return Unread(f"{param}.type", f"`{param}.type` must be 'object' (a tool's input is an object).")
+
+
+def too_many_unread(tools: list, param: str, limit: int) -> Unread | None:
+    """More tools than the caller's API takes in one request."""
+    if len(tools) <= limit:
+        return None
+    return Unread(param, f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but got "
+                         f"an array with length {len(tools)} instead.")

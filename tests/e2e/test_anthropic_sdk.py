@@ -412,6 +412,40 @@ def test_a_thinking_setting_anthropic_s_api_takes_is_still_ignored(client):
         "type": "enabled", "budget_tokens": 1024}).input_tokens > 0  # count_tokens takes no max_tokens to compare
 
 
+_THINKING = {"type": "enabled", "budget_tokens": 1024}
+_WEATHER = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+
+
+@pytest.mark.parametrize(("thinking", "fields", "param", "words"), [
+    (_THINKING, {"temperature": 0.2}, "temperature", "may only be set to 1 when thinking is enabled"),
+    ({"type": "adaptive"}, {"temperature": 0.2}, "temperature", "may only be set to 1 when thinking is enabled"),
+    (_THINKING, {"top_k": 40}, "top_k", "when thinking is enabled"),
+    (_THINKING, {"top_p": 0.9}, "top_p", "greater than or equal to 0.95 or unset when thinking is enabled"),
+    (_THINKING, {"tools": _WEATHER, "tool_choice": {"type": "any"}}, "tool_choice",
+     "Thinking may not be enabled when tool_choice forces tool use"),
+    (_THINKING, {"tools": _WEATHER, "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice",
+     "Thinking may not be enabled when tool_choice forces tool use"),
+])
+def test_sampling_anthropic_s_api_refuses_beside_thinking_is_refused_not_ignored(client, thinking, fields, param,
+                                                                                 words):
+    """Anthropic's API takes no temperature but 1, no top_k, no top_p under 0.95 and no tool_choice that forces a
+    call while thinking is on: the embedded model answered such a request, so code that worked here failed once the
+    model was served by Anthropic."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="family-b-sonnet-4-6", max_tokens=1025, messages=hi, thinking=thinking,
+                               extra_body=fields)  # the SDK's create() no longer names the sampling parameters
+    assert caught.value.body["error"]["param"] == param and words in caught.value.body["error"]["message"]
+
+
+def test_sampling_anthropic_s_api_takes_beside_thinking_is_answered(client):
+    hi = [{"role": "user", "content": "Hi"}]
+    for fields in ({"temperature": 1, "top_p": 0.95}, {"tools": _WEATHER, "tool_choice": {"type": "auto"}},
+                   {"temperature": 0.2, "top_k": 5, "thinking": {"type": "disabled"}}):
+        assert client.messages.create(model="family-b-sonnet-4-6", max_tokens=1025, messages=hi, thinking=_THINKING,
+                                      extra_body=fields).usage.output_tokens > 0
+
+
 _ASK = {"role": "user", "content": "Weather in Paris?"}
 _USE = {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, {
     "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]}

@@ -174,6 +174,44 @@ def test_the_end_user_id_reaches_the_upstream_in_its_dialect(oai, claude, double
     assert "metadata" not in double.seen[-1].body
 
 
+def test_a_safety_identifier_openai_s_api_refuses_is_refused_not_sent_to_anthropic(oai, double):
+    """A `safety_identifier` over OpenAI's 64 characters is the caller's API's 400 on a model behind Anthropic too
+    (which would take it as a `metadata.user_id` of up to 256), as on the embedded model: never sent upstream."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, safety_identifier="s" * 65)
+    assert caught.value.param == "safety_identifier" and not double.seen
+
+
+def test_metadata_openai_s_api_refuses_is_refused_not_dropped_on_the_way_to_anthropic(oai, double):
+    """Chat `metadata` has no Anthropic field and is left out, but more than OpenAI's API takes (17 pairs) is the
+    caller's API's 400 there too, as on the embedded model, not an answer OpenAI would have refused."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, metadata={f"k{i}": "v" for i in range(17)})
+    assert caught.value.param == "metadata" and not double.seen
+
+
+def test_sampling_anthropic_s_api_refuses_beside_thinking_is_refused_not_sent_to_openai(claude, double):
+    """A temperature other than 1 while thinking is on is the caller's API's 400 on a model behind an
+    OpenAI-compatible server too (where `thinking` has no field and is left out), as on the embedded model."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="messages-gpt", max_tokens=2000, messages=HELLO,
+                               thinking={"type": "enabled", "budget_tokens": 1024}, extra_body={"temperature": 0.2})
+    assert caught.value.body["error"]["param"] == "temperature" and not double.seen
+
+
+def test_more_tools_than_openai_s_api_takes_are_refused_not_sent_to_anthropic(oai, double):
+    tools = [{"type": "function", "function": {"name": f"tool_{i}"}} for i in range(129)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, tools=tools)
+    assert caught.value.param == "tools" and not double.seen
+
+
+def test_top_logprobs_without_logprobs_is_refused_not_dropped_on_the_way_to_anthropic(oai, double):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, top_logprobs=3)
+    assert caught.value.param == "top_logprobs" and not double.seen
+
+
 def test_tool_call_ids_anthropic_refuses_reach_it_valid_and_still_matched(oai, double):
     """Some models (Kimi's, behind OpenAI-compatible servers) name their calls `functions.weather:0`; a conversation
     carried over to a model behind Anthropic, which takes ids of [a-zA-Z0-9_-] only, must still pair each result

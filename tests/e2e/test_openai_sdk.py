@@ -169,3 +169,62 @@ def test_tool_traffic_in_pairs_is_answered(client):
     messages = [ASK, CALL, {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     assert client.chat.completions.create(model="family-a-5.5", messages=messages, tools=WEATHER_TOOLS,
                                           max_tokens=4).choices[0].message.content
+
+
+def test_a_safety_identifier_openai_s_api_refuses_is_refused_not_ignored(client):
+    """OpenAI's API takes a `safety_identifier` of at most 64 characters; the embedded model ignored a longer one (a
+    raw e-mail address with a long domain, an unhashed session token), so code that worked here failed once the
+    model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, safety_identifier="s" * 65)
+    assert caught.value.param == "safety_identifier"
+    assert "Expected a string with maximum length 64, but got a string with length 65" in caught.value.message
+    assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                          safety_identifier="s" * 64).usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize(("metadata", "param", "words"), [
+    ({f"k{i}": "v" for i in range(17)}, "metadata",
+     "Expected an object with at most 16 properties, but got an object with 17 properties"),
+    ({"k" * 65: "v"}, "metadata", "Expected a key with maximum length 64, but got a key with length 65"),
+    ({"note": "v" * 513}, "metadata.note", "Expected a string with maximum length 512, but got a string with length 513"),
+])
+def test_metadata_openai_s_api_refuses_is_refused_not_ignored(client, metadata, param, words):
+    """OpenAI's API takes at most 16 `metadata` pairs, keys of at most 64 characters and values of at most 512; the
+    embedded model ignored more, so code that worked here failed once the model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, metadata=metadata)
+    assert caught.value.param == param and words in caught.value.message
+    most = {f"{i:0>64}": "v" * 512 for i in range(16)}
+    assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                          metadata=most).usage.completion_tokens > 0
+
+
+def test_more_tools_than_openai_s_api_takes_are_refused_not_ignored(client):
+    """OpenAI's API takes at most 128 tools; the embedded model took more (an agent that gathers every MCP server's
+    tools), so code that worked here failed once the model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    tools = [{"type": "function", "function": {"name": f"tool_{i}"}} for i in range(129)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, tools=tools)
+    assert caught.value.param == "tools"
+    assert "Expected an array with maximum length 128, but got an array with length 129" in caught.value.message
+    assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                          tools=tools[:128]).usage.completion_tokens > 0
+
+
+def test_top_logprobs_without_logprobs_is_refused_as_openai_s_api_refuses_it(client):
+    """OpenAI's API takes `top_logprobs` only beside `logprobs: true`; the embedded model ignored it alone, so code
+    that worked here failed once the model was served by OpenAI."""
+    hi = [{"role": "user", "content": "Hi"}]
+    for logprobs in (None, False):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2, top_logprobs=3,
+                                           **({} if logprobs is None else {"logprobs": logprobs}))
+        assert caught.value.param == "top_logprobs"
+        assert "only allowed when 'logprobs' is enabled" in caught.value.message
+    for fields in ({"logprobs": True, "top_logprobs": 3}, {"top_logprobs": 0}):
+        assert client.chat.completions.create(model="family-a-5.5", messages=hi, max_tokens=2,
+                                              **fields).usage.completion_tokens > 0
