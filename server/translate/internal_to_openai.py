@@ -123,6 +123,12 @@ async def chat_chunks(
             yield out
 
 
+# What a chunk holds beside its choices when it carries nothing for the caller (Azure's chunk of
+# `prompt_filter_results` does, and passes).
+_USAGE_CHUNK_MEMBERS = frozenset(
+    ("id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation", "usage", "choices"))
+
+
 class _Relay:
     """The upstream's own chunks (its role chunk included), with the header's id, created and model. Portico always
     asks an upstream for usage: a caller who did not gets neither the usage-only chunk nor `usage` members; one who
@@ -142,7 +148,10 @@ class _Relay:
             chunk = {**event.payload, **self._owned}
             has_usage = isinstance(chunk.get("usage"), dict)
             if not self._include_usage:
-                if has_usage and not chunk.get("choices"):
+                if not chunk.get("choices") and (has_usage or _USAGE_CHUNK_MEMBERS.issuperset(chunk)):
+                    # The usage chunk Portico asked for, or what is left of it when a server put the usage on the
+                    # finish chunk and still ended with empty `choices` (xAI's Grok): a caller who did not ask
+                    # for usage never gets one from OpenAI, and `chunk.choices[0]` would fail on it.
                     return None
                 chunk.pop("usage", None)
             self._usage_sent = self._usage_sent or has_usage

@@ -135,3 +135,23 @@ def test_llama_cpp_s_error_field_mid_stream_ends_the_stream_with_its_message(oai
     with pytest.raises(openai.APIError) as caught:
         chat_stream(oai, "chat-on-openai")
     assert "slot unavailable" in caught.value.message, caught.value.message
+
+
+def test_a_usage_chunk_split_in_two_never_reaches_a_caller_who_did_not_ask_for_usage(oai, double):
+    """Portico asks every OpenAI-compatible upstream for usage, so the chunks it adds for that are its own to remove.
+    Some servers (xAI's Grok, BerriAI/litellm#17136) put the usage on the finish chunk and end with one more chunk of
+    empty `choices`: passed on to a caller who never asked for usage, OpenAI's own loop (`chunk.choices[0].delta`)
+    raised IndexError on it."""
+    base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up"}
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    frames = [sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]}),
+              sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}),
+              sse({**base, "choices": [], "usage": None}), sse({**base, "choices": []}), b"data: [DONE]\n\n"]
+    double.cue(Cue(frames=frames), Cue(frames=frames))
+    chunks = chat_stream(oai, "chat-on-openai")
+    assert [chunk.choices[0].delta.content for chunk in chunks] == ["Hi", None]
+    assert all(chunk.usage is None for chunk in chunks)
+    # A caller who asked for usage gets the upstream's chunks as they came (its usage where it put it).
+    asked = list(oai.chat.completions.create(model="chat-on-openai", messages=HELLO, stream=True,
+                                             stream_options={"include_usage": True}))
+    assert len(asked) == 4 and asked[1].usage.total_tokens == 5
