@@ -173,7 +173,7 @@ class KeyStore:
         secret (not kept anywhere) and when the previous secret stops working."""
         key = await self.get(key_id)
         if key.revoked_at:
-            raise InvalidRequest(f"Key {key.id} is revoked; a revoked key cannot be rotated.", param="id")
+            raise _revoked(key.id)
         now = int(time.time())
         secret, expires = _new_secret(key.env), now + max(0, grace_seconds)
         await self._db.transaction([  # the old secret is retired exactly when the new one takes over
@@ -181,11 +181,21 @@ class KeyStore:
             # waits, then retires the secret this one made, not the same secret again (a duplicate, a 500).
             ("UPDATE api_keys SET secret_hash = secret_hash WHERE id = ?", (key.id,)),
             ("DELETE FROM retired_secrets WHERE expires_at <= ?", (now,)),
+            # Only while the key is active: one revoked since it was read above (another admin) keeps its secrets.
             ("INSERT INTO retired_secrets (secret_hash, key_id, expires_at) "
-             "SELECT secret_hash, id, ? FROM api_keys WHERE id = ?", (expires, key.id)),
-            ("UPDATE api_keys SET secret_hash = ? WHERE id = ?", (hash_secret(secret), key.id)),
+             "SELECT secret_hash, id, ? FROM api_keys WHERE id = ? AND revoked_at = 0", (expires, key.id)),
+            ("UPDATE api_keys SET secret_hash = ? WHERE id = ? AND revoked_at = 0", (hash_secret(secret), key.id)),
         ], notify=(CHANGES_CHANNEL, key.id))
-        return await self.get(key.id), secret, expires
+        rotated = await self.get(key.id)
+        # Revoked by now: before this rotation (its secret stored nowhere, and never to work: refused as a revoked
+        # key's rotation is) or after it (the secret was made and shown; a rotation since may have retired it).
+        if rotated.revoked_at and await self._db.fetch_one(
+            "SELECT 1 FROM api_keys WHERE secret_hash = ? "
+            "UNION ALL SELECT 1 FROM retired_secrets WHERE secret_hash = ?",
+            (hash_secret(secret),) * 2,
+        ) is None:
+            raise _revoked(key.id)
+        return rotated, secret, expires
 
     async def revoke(self, id_or_secret: str) -> ApiKey:
         """Revoke by key id or by the secret itself; revoking twice keeps the first time."""
@@ -225,6 +235,10 @@ def _new_key(name: str, all_models: bool, models: Iterable[str], limits: KeyLimi
     values = (key.id, name, hash_secret(secret), all_models, ",".join(models), env, admin, key.created,
               *(getattr(limits, c) for c in KEY_LIMIT_NAMES))
     return key, secret, columns, values
+
+
+def _revoked(key_id: str) -> InvalidRequest:
+    return InvalidRequest(f"Key {key_id} is revoked; a revoked key cannot be rotated.", param="id")
 
 
 def _check_limit(column: str, value: int, removal: str = "") -> None:
