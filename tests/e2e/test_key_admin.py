@@ -149,6 +149,26 @@ def test_rest_refuses_unknown_fields_at_any_level_naming_their_path(gateway):
     assert chat(gateway, created["secret"]).status_code == 200  # not rotated
 
 
+def test_a_member_given_twice_in_a_body_is_refused_naming_it_not_the_last_one_taken(gateway):
+    """A script that merges JSON templates sent `"limits"` twice: the first (the budget) was dropped without a word,
+    and the key was made without it, 200. Refused as `allModels` beside `all_models` is; nothing is stored."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {**dict(bearer(admin)), "content-type": "application/json"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    twice = b'{"name": "twice", "all_models": true, "limits": {"max_spend_day": 5}, "limits": {"daily_requests": 9}}'
+    error = refusal(httpx.post(keys_url, headers=headers, content=twice, timeout=60))
+    assert error["param"] == "limits" and "twice" in error["message"]
+    assert "twice" not in [key["name"] for key in httpx.get(keys_url, headers=headers).json()["keys"]]
+    key = httpx.post(keys_url, headers=headers, json={"name": "once", "all_models": True}, timeout=60).json()["key"]
+    for body, param in [(b'{"name": "a", "name": "b"}', "name"),
+                        (b'{"limits": {"max_spend_day": 5, "max_spend_day": 0}}', "limits.max_spend_day")]:
+        error = refusal(httpx.patch(f"{keys_url}/{key['id']}", headers=headers, content=body, timeout=60))
+        assert error["param"] == param, error
+    error = refusal(httpx.post(f"{keys_url}/{key['id']}/rotate", headers=headers, timeout=60,
+                               content=b'{"grace_seconds": 600, "grace_seconds": 0}'))
+    assert error["param"] == "grace_seconds"
+    assert httpx.get(f"{keys_url}/{key['id']}", headers=headers).json()["key"] == key
+
 
 def _with_field_99(message, inner: str = "") -> bytes:
     """`message` serialized with a field 99 (a double, 5.0) its type does not declare, as a stub generated from newer

@@ -35,3 +35,11 @@ def test_refuses_unknown_names_wrong_types_and_fields_given_twice():
     assert refused(b'{"grace_seconds": 4294967296}', key_pb2.RotateKeyRequest).param == "grace_seconds"
     assert refused(b'{"all_models": true, "allModels": false}').param == "allModels"
     assert refused(b'["name"]').param is None
+
+
+def test_refuses_a_name_given_twice_at_any_level_naming_its_path():
+    """The parsers keep the last of a name given twice: a body's first `limits` (a budget) was dropped unseen."""
+    assert refused(b'{"limits": {"max_spend_day": 5}, "limits": {}}').param == "limits"
+    assert refused(b'{"limits": {"daily_tokens": 1, "daily_tokens": 2}}').param == "limits.daily_tokens"
+    assert refused(b'{"name": "a", "models": ["x"], "name": "a"}').param == "name"
+    assert refused(b'{"models": ["x"], "limits": {}, "models": ["x"]}').param == "models"  # even the same value
