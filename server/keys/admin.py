@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Collection, Iterable, Mapping
 
-from server.domain_keys import MAX_GRACE_SECONDS, ApiKey, KeyLimits
+from server.domain_keys import MAX_GRACE_SECONDS, ApiKey, KeyLimits, is_key_id
 from server.errors import InvalidRequest, NotFound, holds_secret
 from server.keys.store import KeyStore
 
@@ -76,11 +76,15 @@ class KeyAdmin:
                                  param="page_size")
         after = None
         if page_token:
+            # A token is the id of a page's last key: anything else (a secret pasted in, say) is no token, and is not
+            # looked up as an id, whose refusal would name `id`, a parameter ListKeys does not have.
+            refused = InvalidRequest("page_token is not a next_page_token ListKeys answered.", param="page_token")
+            if not is_key_id(page_token):
+                raise refused
             try:
                 after = await self._store.get(page_token)
             except NotFound:
-                raise InvalidRequest("page_token is not a next_page_token ListKeys answered.",
-                                     param="page_token") from None
+                raise refused from None
         keys = await self._store.list(limit=page_size + 1 if page_size else 0, after=after)
         if page_size and len(keys) > page_size:
             return keys[:page_size], keys[page_size - 1].id

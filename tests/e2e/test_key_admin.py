@@ -424,10 +424,12 @@ def test_list_keys_pages_over_rest_and_names_a_bad_page_parameter(gateway):
     assert walked == everything["keys"]
     for query, param in [("page_size=abc", "page_size"), ("page_size=-1", "page_size"), ("page_size=1001", "page_size"),
                          ("page_size=2&page_size=3", "page_size"), ("page_size[]=2", "page_size"),
-                         ("page_token=key_0000000000000000", "page_token")]:
+                         ("page_token=key_0000000000000000", "page_token"), (f"page_token={admin}", "page_token"),
+                         ("page_token=%00", "page_token"), ("page_size=2&page_token=" + "k" * 5000, "page_token")]:
         refused = httpx.get(f"{keys_url}?{query}", headers=headers)
         assert refused.status_code == 400, (query, refused.text)
         assert refused.json()["error"]["param"] == param, (query, refused.text)
+        assert admin[3:15] not in refused.text and param in refused.json()["error"]["message"]
 
 
 def test_answers_that_carry_a_secret_are_never_cached(gateway):
