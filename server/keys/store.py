@@ -108,7 +108,8 @@ class KeyStore:
     async def get(self, key_id: str) -> ApiKey:
         if not key_id:  # a typed caller who left `id` unset (proto3's ""): no key is missing, the id is
             raise InvalidRequest("id is required: the key's id (key_...).", param="id")
-        if looks_like_secret(key_id):  # "No key with id ..." read as "this secret is no key's" (a leaked one)
+        # "No key with id ..." read as "this secret is no key's" (a leaked one), also pasted with a space before it
+        if looks_like_secret(key_id.strip()):
             raise InvalidRequest("id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a "
                                  "secret.", param="id")
         row = await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,)) if storable(key_id) else None

@@ -348,10 +348,14 @@ def test_a_secret_given_where_a_key_id_or_a_model_goes_is_never_echoed(gateway):
         assert (answer.status_code, error["param"]) == (400, "id"), answer.text
         assert error["message"] == ("id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a "
                                     "secret.")
+    spaced = [httpx.get(f"{base}/v1/admin/keys/%20{admin}", headers=headers, timeout=60),  # copied from a log line
+              httpx.get(f"{base}/v1/admin/keys/%20{admin}/limits", headers=headers, timeout=60)]
+    for answer in answers[:4] + spaced:
+        assert (answer.status_code, answer.json()["error"]["param"]) == (400, "id"), answer.text
     for answer in answers[4:]:
         assert answer.status_code == 404, answer.text
         assert "pk-[redacted]" in answer.json()["error"]["message"], answer.text
-    for answer in answers:
+    for answer in answers + spaced:
         assert tail[:8] not in answer.text, answer.text
     with pytest.raises(subprocess.CalledProcessError) as refused:
         gateway.cli("keys", "update", admin, "--rpm", "5")

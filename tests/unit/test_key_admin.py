@@ -178,3 +178,17 @@ async def test_a_secret_where_a_key_id_goes_says_so_not_that_no_key_has_it(admin
             await call
         assert (caught.value.message, caught.value.param) == (message, "id")
     assert (await admin.get(key.id)).name == "leaked"
+
+
+@pytest.mark.parametrize("pasted", [" {secret}", "\t{secret}\n", "{secret} "])
+async def test_a_secret_pasted_with_space_around_it_where_a_key_id_goes_says_so_too(admin, pasted):
+    """With a space before it (a copy from a log line), `GET /v1/admin/keys/%20pk-...`, PATCH, rotate and the limits
+    answered 404 "No key with id ' pk-[redacted]'", read as "no key has this secret", where api.md promises the 400
+    that says only revoke takes a secret (and revoke takes it so pasted)."""
+    key, secret = await admin.create("leaked", all_models=True)
+    for call in (admin.get(pasted.format(secret=secret)), admin.update(pasted.format(secret=secret), name="x"),
+                 admin.rotate(pasted.format(secret=secret))):
+        with pytest.raises(InvalidRequest, match="not a key's secret") as caught:
+            await call
+        assert caught.value.param == "id"
+    assert (await admin.get(key.id)).name == "leaked"
