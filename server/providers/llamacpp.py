@@ -16,7 +16,6 @@ import codecs
 import ctypes
 import functools
 import importlib.util
-import logging
 import re
 import threading
 from collections import OrderedDict, deque
@@ -40,7 +39,6 @@ from server.observability.tracing import NO_SCOPE
 from server.providers import Capabilities, context_overflow
 from server.translate.internal_to_openai_request import TOOL_ERROR_MARKER
 
-_logger = logging.getLogger(__name__)
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Stands in for a turn's text while the chat template is rendered. NUL never occurs in a template's own text, and
 # the only other values the template sees are the role names and the BOS/EOS texts, so every match is one of ours.
@@ -209,9 +207,8 @@ class LlamaCppProvider:
             if (error := job.exception()) is not None:
                 if isinstance(error, PorticoError):
                     raise error
-                # llama.cpp's own words (its functions, source paths) are for the operator, with the traceback
-                # that a 500 is logged with; the caller reads the table's.
-                _logger.error("llama.cpp generation failed", exc_info=error)
+                # llama.cpp's own words (its functions, source paths) are for the operator: they stay the cause,
+                # logged with the 500's traceback (server/services/interceptor.py); the caller reads these.
                 raise InternalError("The embedded model failed while generating the answer.") from error
             if not finished:
                 raise ServiceUnavailable("the embedded model was shut down during generation")
