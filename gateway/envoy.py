@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from gateway.grpc_replies import grpc_reply_mappers
 from gateway.processes import start_supervised, terminate
 from gateway.query_parameters import (
     Parameters, admin_parameters, anthropic_models_parameters, bodiless_routes, lua_table, organization_parameters,
@@ -146,6 +147,8 @@ def render_config(
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
     if cors is not None:
         add_cors(hcm, cors)
+    # After the REST callers' mapper (REST requests carry the Lua filter's metadata; transcoded, they are gRPC too).
+    hcm["local_reply_config"]["mappers"][1:1] = grpc_reply_mappers()
     cluster = config["static_resources"]["clusters"][0]
     cluster["load_assignment"]["endpoints"] = [
         {"lb_endpoints": [{"endpoint": {"address": endpoint_address(u)}} for u in upstreams]}

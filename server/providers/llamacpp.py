@@ -207,7 +207,9 @@ class LlamaCppProvider:
             if (error := job.exception()) is not None:
                 if isinstance(error, PorticoError):
                     raise error
-                raise InternalError(f"llama.cpp generation failed: {error}") from error
+                # llama.cpp's own words (its functions, source paths) are for the operator: they stay the cause,
+                # logged with the 500's traceback (server/services/interceptor.py); the caller reads these.
+                raise InternalError("The embedded model failed while generating the answer.") from error
             if not finished:
                 raise ServiceUnavailable("the embedded model was shut down during generation")
         finally:

@@ -122,6 +122,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(exc, StoreUnavailable):  # its answer says only "unreachable": why is for the operator
             _logger.error("%s: the %s failed (%s)", method, exc.store, exc.detail)
         if isinstance(exc, PorticoError):
+            if exc.kind.http_status == 500:  # a bug the code caught itself: logged with its traceback, as any 500
+                _logger.error("internal error in %s: %s", method, exc.message, exc_info=exc)
             return exc
         if isinstance(exc, grpc.aio.AbortError):  # never raised by Portico's servicers: they raise PorticoErrors
             raise exc

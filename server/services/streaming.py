@@ -28,6 +28,8 @@ async def guard_stream(
         if not isinstance(exc, PorticoError):
             _logger.exception("stream failed")
             exc = InternalError("The server had an error while streaming the response.")
+        elif exc.kind.http_status == 500:  # a bug the code caught itself: logged with its traceback, as any 500
+            _logger.error("stream failed: %s", exc.message, exc_info=exc)
         if not record.in_band_error:
             record.in_band_error = exc.kind.code
         yield error_frame(exc)

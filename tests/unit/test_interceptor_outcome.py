@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from server.errors import UpstreamError
+from server.errors import InternalError, UpstreamError
+from server.observability.record import RequestRecord
 from server.services.interceptor import ErrorInterceptor
+from server.services.streaming import guard_stream
 
 METHOD = "/portico.v1.ChatService/CreateChatCompletionHttp"
 
@@ -70,3 +72,39 @@ async def test_a_stream_that_fails_midway_is_recorded_once_before_its_status_is_
             pass
     assert context.recorded_when_sent == [502]
     assert telemetry.finished == [502]
+
+
+async def _has_a_bug(request, context):
+    raise InternalError("The provider ended without a result.")
+
+
+async def _has_a_bug_midway(request, context):
+    yield "first event"
+    raise InternalError("The provider ended without a result.")
+
+
+async def test_a_500_the_code_raised_itself_is_logged_with_its_traceback(caplog):
+    """api.md, Errors: a 500 is "a bug; logged with its traceback", also one the code caught and raised as an
+    InternalError (a provider that ended without a result; llama.cpp's own failure, its cause)."""
+    for wrapped in (ErrorInterceptor(_Telemetry())._wrap_unary(_has_a_bug, METHOD, False),
+                    ErrorInterceptor(_Telemetry())._wrap_stream(_has_a_bug_midway, METHOD, False)):
+        caplog.clear()
+        with caplog.at_level("ERROR"), pytest.raises(grpc.aio.AbortError):
+            answer = wrapped(object(), _Context(_Telemetry()))
+            if hasattr(answer, "__aiter__"):
+                async for _ in answer:
+                    pass
+            else:
+                await answer
+        assert [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], InternalError)]
+
+
+async def test_a_500_after_a_streams_first_byte_is_logged_with_its_traceback(caplog):
+    async def frames():
+        yield b"data: {}\n\n"
+        raise InternalError("The provider ended without a result.")
+
+    with caplog.at_level("ERROR"):
+        sent = [frame async for frame in guard_stream(frames(), lambda error: b"error", RequestRecord("req", "ChatService/CreateChatCompletionHttp", "/v1/chat/completions"))]
+    assert sent == [b"data: {}\n\n", b"error"]
+    assert [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], InternalError)]

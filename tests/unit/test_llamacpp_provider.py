@@ -11,7 +11,7 @@ import pytest
 from server.domain import (
     Finished, FinishReason, GenerationRequest, Role, SamplingParams, Started, TextDelta, ToolCall, ToolResult, Turn,
 )
-from server.errors import InvalidRequest, ServiceUnavailable
+from server.errors import InternalError, InvalidRequest, ServiceUnavailable
 from server.providers.llamacpp import LlamaCppProvider, _first_stop, _stop_prefix_len
 
 MODEL = LlamaCppProvider.default_model_path()
@@ -331,6 +331,19 @@ async def test_close_refuses_queued_and_stops_running_requests():
             pass
     with pytest.raises(ServiceUnavailable):
         await collect(provider, request())
+
+
+async def test_a_failure_inside_llama_cpp_is_a_500_that_names_no_internals(provider, monkeypatch):
+    """What llama.cpp raised (its function names, a source path) is the operator's: the cause the 500 is logged
+    with (tests/unit/test_interceptor_outcome.py); the caller reads the provider's own words."""
+    def failing(*args):
+        raise RuntimeError("llama_decode returned -3 (/opt/llama.cpp/src/llama-context.cpp:1234)")
+
+    monkeypatch.setattr(provider, "_generate", failing)
+    with pytest.raises(InternalError) as raised:
+        await collect(provider, request())
+    assert "llama" not in raised.value.message and ".cpp" not in raised.value.message
+    assert "llama_decode returned -3" in str(raised.value.__cause__)
 
 
 def test_a_failed_tools_result_reaches_the_model_marked(provider, reference):
