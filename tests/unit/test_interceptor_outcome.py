@@ -105,6 +105,7 @@ async def test_a_500_after_a_streams_first_byte_is_logged_with_its_traceback(cap
         raise InternalError("The provider ended without a result.")
 
     with caplog.at_level("ERROR"):
-        sent = [frame async for frame in guard_stream(frames(), lambda error: b"error", RequestRecord("req", "ChatService/CreateChatCompletionHttp", "/v1/chat/completions"))]
+        record = RequestRecord("req", "ChatService/CreateChatCompletionHttp", "/v1/chat/completions")
+        sent = [frame async for frame in guard_stream(frames(), lambda error: b"error", record)]
     assert sent == [b"data: {}\n\n", b"error"]
     assert [r for r in caplog.records if r.exc_info and isinstance(r.exc_info[1], InternalError)]
