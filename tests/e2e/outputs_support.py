@@ -44,7 +44,7 @@ def config(directory, collector: str, upstream: str, redis_url: str):
     path.write_text(f"""\
 tracing: {{otlp_endpoint: '{collector}', export_delay_seconds: 0.05, export_timeout_seconds: 1}}
 usage: {{flush_seconds: 0.1}}
-limits: {{store: '{redis_url}', store_timeout_seconds: 0.5}}
+limits: {{store: '{redis_url}', store_timeout_seconds: 0.5, models: {{capped: {{requests_per_minute: 1}}}}}}
 models:
   - id: priced
     endpoint: /v1/chat/completions
@@ -80,6 +80,9 @@ models:
     endpoint: /v1/chat/completions
     provider: {{kind: llamacpp}}
     price: {{input: 1, output: 2}}
+  - id: capped
+    endpoint: /v1/chat/completions
+    provider: {{{common}, model: capped-model}}
   - id: secret-model
     endpoint: /v1/chat/completions
     provider: {{{common}, model: hidden}}
@@ -97,7 +100,7 @@ def setup(tmp_path_factory, redis):
         with running_gateway(directory / "data", *os.environ.get("AGREE_SERVE_ARGS", "").split(),
                              config=path) as gateway:
             gateway = dataclasses.replace(gateway, config=path)
-            out = gateway.cli("keys", "create", "--name", "agree", "--models", "priced,solo,cached,msgs,img,up-img,local",
+            out = gateway.cli("keys", "create", "--name", "agree", "--models", "priced,solo,cached,msgs,img,up-img,local,capped",
                               "--env", "agree-env", "--rpm", "1000").stdout
             key_id, secret = out.split()[2], out.strip().splitlines()[-1]
             yield Setup(gateway, receiver, double, key_id, secret, redis)

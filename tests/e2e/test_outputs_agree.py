@@ -8,13 +8,16 @@ from __future__ import annotations
 import time
 
 import anthropic
+import grpc
 import httpx
 import openai
 import pytest
 
+from portico.v1 import chat_service_pb2_grpc
 from tests.e2e.outputs_support import (
     HI, access_line, agree, labels, limited_key, observe, openai_caller, rid, scrape, setup, totals_agree, ttft_moved,
 )
+from tests.helpers import chat_request
 from tests.upstream_double import Cue
 
 __all__ = ["setup"]  # the module-scoped gateway fixture
@@ -270,6 +273,46 @@ def test_the_embedded_model(setup):
     out = observe(setup, request_id, before)
     agree(out, request_id=request_id, key_id=setup.key_id, model="local", status=200, code=None)
     assert out.row["deployment"] == "llamacpp"
+
+
+@pytest.mark.parametrize("chosen", ["a" * 200, "é" * 100, "z" * 127 + "é", "x-pk-abcdefghijklmnopqrstuvwxyz0123-y"])
+def test_a_request_id_the_gateway_changed_is_the_same_everywhere(setup, chosen):
+    """api.md: the caller's x-request-id is kept, cut to 128 bytes, a key shape redacted, as the logs and ledger
+    keep it: the id the caller got back finds its line, row and span."""
+    before = scrape(setup.gateway)
+    answer = httpx.post(f"{setup.gateway.base_url}/v1/chat/completions", timeout=30,
+                        headers={"authorization": f"Bearer {setup.secret}", "x-request-id": chosen.encode()},
+                        json={"model": "solo", "messages": HI, "max_tokens": 3})
+    assert answer.status_code == 200, answer.text
+    got = next(value for name, value in answer.headers.raw if name.lower() == b"x-request-id").decode()
+    assert len(got.encode()) <= 128 and "abcdefghijklmnop" not in got, got
+    out = observe(setup, got, before)
+    agree(out, request_id=got, key_id=setup.key_id, model="solo", status=200, code=None)
+
+
+@pytest.mark.parametrize("chosen", ["g" * 200, "grpc-pk-abcdefghijklmnopqrstuvwxyz0123-y"])
+def test_a_grpc_callers_request_id_is_the_same_everywhere(setup, chosen):
+    before = scrape(setup.gateway)
+    with grpc.insecure_channel(f"127.0.0.1:{setup.gateway.port}") as channel:
+        stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+        _, call = stub.CreateChatCompletion.with_call(chat_request(model="solo", max_tokens=3), timeout=30, metadata=(
+            ("authorization", f"Bearer {setup.secret}"), ("x-request-id", chosen)))
+    got = dict(call.initial_metadata())["x-request-id"]
+    assert len(got) <= 128 and "abcdefghijklmnop" not in got, got
+    out = observe(setup, got, before)
+    agree(out, request_id=got, key_id=setup.key_id, model="solo", status=200, code=None)
+
+
+def test_a_per_model_limit_refusal(setup):
+    openai_caller(setup, rid("cap1")).chat.completions.create(model="capped", messages=HI, max_tokens=3)
+    request_id, before = rid("cap2"), scrape(setup.gateway)
+    with pytest.raises(openai.RateLimitError):
+        openai_caller(setup, request_id).chat.completions.create(model="capped", messages=HI, max_tokens=3)
+    out = observe(setup, request_id, before)
+    agree(out, request_id=request_id, key_id=setup.key_id, model="capped", status=429, code="rate_limit_exceeded")
+    assert out.line["limit"] == "requests_per_minute" == out.span.attributes.get("portico.limit")
+    assert out.metrics[("portico_rate_limit_rejections_total", labels(limit="requests_per_minute",
+                                                                       scope="key_model"))] == 1, out.metrics
 
 
 def test_zzz_the_keys_totals_agree_everywhere(setup):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import time
 
+import anthropic
 import grpc
 import httpx
 import openai
@@ -298,6 +299,85 @@ def test_a_fallback_that_failed_too(setup):
     # operations.md: the row's upstream is the last model tried; the span names no model that answered
     assert (out.row["upstream"], out.row["deployment"], out.line["upstream_attempts"]) == ("backup", "openai", 4)
     assert "gen_ai.response.model" not in out.span.attributes
+
+
+def test_the_limits_count_what_the_ledger_holds(setup):
+    """operations.md: the limits count as requests exactly the rows with upstream attempts plus cache hits and token
+    counts (a retried attempt is no second request), and settle the ledger's tokens and cost."""
+    out = setup.gateway.cli("keys", "create", "--name", "agree-counted", "--models", "priced,solo,cached,msgs",
+                            "--daily-requests", "1000", "--daily-tokens", "1000000", "--max-spend-day", "10").stdout
+    key_id, secret = out.split()[2], out.strip().splitlines()[-1]
+    admin = setup.gateway.cli("keys", "create", "--name", "agree-admin", "--all-models", "--admin").stdout
+    admin_secret = admin.strip().splitlines()[-1]
+    caller = openai_caller(setup, rid("c"), secret)
+    caller.chat.completions.create(model="priced", messages=HI, max_tokens=5)
+    setup.double.reset()
+    setup.double.cue(*[Cue(status=500, body={"error": {"message": "boom", "type": "server_error"}})] * 3)
+    with pytest.raises(openai.InternalServerError):
+        caller.chat.completions.create(model="solo", messages=HI, max_tokens=5)
+    setup.double.reset()
+    setup.double.cue(*[Cue(status=503, body={"error": {"message": "busy", "type": "server_error"}})] * 3)
+    caller.chat.completions.create(model="priced", messages=HI, max_tokens=5)
+    setup.double.reset()
+    for _ in range(2):
+        caller.chat.completions.create(model="cached", messages=[{"role": "user", "content": "counted"}], max_tokens=5)
+    with pytest.raises(openai.BadRequestError):
+        caller.chat.completions.create(model="priced", messages=HI, max_tokens=-1)
+    setup.double.cue(Cue(frame_delay=1.0))
+    with pytest.raises(openai.APITimeoutError):
+        caller.with_options(timeout=0.4).chat.completions.create(model="priced", messages=HI, max_tokens=5)
+    time.sleep(1.5)
+    setup.double.reset()
+    setup.double.cue(Cue(frame_delay=0.5))
+    stream = caller.chat.completions.create(model="priced", max_tokens=50, stream=True, messages=[
+        {"role": "user", "content": "one two three four"}])
+    next(iter(stream))
+    stream.close()
+    setup.double.reset()
+    anthropic.Anthropic(base_url=setup.gateway.base_url, api_key=secret, max_retries=0).messages.count_tokens(
+        model="msgs", messages=HI)
+    time.sleep(1.0)
+    rows = httpx.get(f"{setup.gateway.base_url}/v1/organization/requests", params={"start_time": 0},
+                     headers={"authorization": f"Bearer {secret}"}, timeout=30).json()["data"]
+    limits = httpx.get(f"{setup.gateway.base_url}/v1/admin/keys/{key_id}/limits", timeout=30,
+                       headers={"authorization": f"Bearer {admin_secret}"}).json()["limits"]
+    used = {limit["limit"]: limit["used"] for limit in limits if not limit["model"]}
+    hits = [row for row in rows if row["model"] == "cached" and row["upstream"] is None and row["status"] == 200]
+    reached = [row for row in rows if row["upstream"] is not None]
+    assert used["daily_requests"] == len(reached) + len(hits) + 1, (used, [
+        (r["model"], r["status"], r["upstream"]) for r in rows])
+    assert used["daily_tokens"] == sum(r["input_tokens"] + r["output_tokens"] for r in rows), (used, rows)
+    assert round(used["max_spend_day"] * 1_000_000) == sum(r["cost_microdollars"] for r in rows), (used, rows)
+
+
+def _messages_frames(with_text: bool) -> list[bytes]:
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+             b'"role":"assistant","model":"claude-up","content":[],"stop_reason":null,"stop_sequence":null,'
+             b'"usage":{"input_tokens":7,"output_tokens":1}}}\n\n')
+    text = (b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text",'
+            b'"text":""}}\n\nevent: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":'
+            b'{"type":"text_delta","text":"Hel"}}\n\n')
+    error = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
+    return [start, *([text] if with_text else []), error]
+
+
+@pytest.mark.parametrize("with_text", [True, False])
+def test_an_anthropic_error_event_in_a_stream(setup, with_text):
+    request_id, before = rid("evt"), scrape(setup.gateway)
+    setup.double.reset()
+    setup.double.cue(*[Cue(frames=_messages_frames(with_text))] * 3)
+    client = anthropic.Anthropic(base_url=setup.gateway.base_url, api_key=setup.secret, max_retries=0,
+                                 default_headers={"x-request-id": request_id})
+    with pytest.raises(anthropic.APIError):
+        with client.messages.stream(model="msgs", messages=HI, max_tokens=20) as stream:
+            for _ in stream:
+                pass
+    out = observe(setup, request_id, before)
+    status = 200 if with_text else 503
+    agree(out, request_id=request_id, key_id=setup.key_id, model="msgs", status=status, code="service_unavailable",
+          endpoint="/v1/messages")
+    retries = {k: v for k, v in out.metrics.items() if k[0] == "portico_upstream_retries_total"}
+    assert sum(retries.values()) == out.line["upstream_attempts"] - 1, (retries, out.line)
 
 
 def test_zzz_the_keys_totals_agree_everywhere(setup):
