@@ -100,7 +100,8 @@ def setup(tmp_path_factory, redis):
         with running_gateway(directory / "data", *os.environ.get("AGREE_SERVE_ARGS", "").split(),
                              config=path) as gateway:
             gateway = dataclasses.replace(gateway, config=path)
-            out = gateway.cli("keys", "create", "--name", "agree", "--models", "priced,solo,cached,msgs,img,up-img,local,capped",
+            models = "priced,solo,cached,msgs,img,up-img,local,capped"
+            out = gateway.cli("keys", "create", "--name", "agree", "--models", models,
                               "--env", "agree-env", "--rpm", "1000").stdout
             key_id, secret = out.split()[2], out.strip().splitlines()[-1]
             yield Setup(gateway, receiver, double, key_id, secret, redis)
@@ -217,6 +218,9 @@ def agree(out: Outputs, *, request_id: str, key_id: str | None, model: str, stat
     if line["first_token_ms"] is not None:
         assert abs(moved("portico_time_to_first_token_seconds_sum") * 1000 - line["first_token_ms"]) < 1, \
             (line, out.metrics)
+    for name, series in out.metrics:  # a fallback's tokens and spend are the model asked for's, the caller's key's
+        if name in ("portico_input_tokens_total", "portico_output_tokens_total", "portico_spend_microdollars_total"):
+            assert dict(series) == {"model": model, "key_id": key_id}, out.metrics
     tokens_in = sum(v for k, v in out.metrics.items() if k[0] == "portico_input_tokens_total")
     tokens_out = sum(v for k, v in out.metrics.items() if k[0] == "portico_output_tokens_total")
     spend = sum(v for k, v in out.metrics.items() if k[0] == "portico_spend_microdollars_total")
@@ -268,8 +272,8 @@ def ttft_moved(out: Outputs) -> float:
 
 
 def totals_agree(setup: Setup) -> None:
-    """Run last in a module: every request of the module's key, summed by the ledger's rows, the usage and costs API and the
-    metrics."""
+    """Run last in a module: every request of the module's key, summed by the ledger's rows, the usage and costs API
+    and the metrics."""
     time.sleep(1)
     headers = {"authorization": f"Bearer {setup.secret}"}
     base = setup.gateway.base_url

@@ -11,11 +11,13 @@ import anthropic
 import grpc
 import httpx
 import openai
+import orjson
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc
 from tests.e2e.outputs_support import (
-    HI, access_line, agree, labels, limited_key, observe, openai_caller, rid, scrape, setup, totals_agree, ttft_moved,
+    HI, access_line, agree, changed, labels, limited_key, observe, openai_caller, rid, scrape, setup, totals_agree,
+    ttft_moved,
 )
 from tests.helpers import chat_request
 from tests.upstream_double import Cue
@@ -313,6 +315,26 @@ def test_a_per_model_limit_refusal(setup):
     assert out.line["limit"] == "requests_per_minute" == out.span.attributes.get("portico.limit")
     assert out.metrics[("portico_rate_limit_rejections_total", labels(limit="requests_per_minute",
                                                                        scope="key_model"))] == 1, out.metrics
+
+
+def test_a_body_over_the_limit_is_envoys_line_only(setup):
+    """operations.md: Envoy answers it; its line (envoy-access.log when access_log is stderr) has the caller's request
+    id and the error table's code; Portico's metrics, log and ledger have nothing of it."""
+    request_id, before = rid("413e"), scrape(setup.gateway)
+    with pytest.raises(openai.APIStatusError) as raised:
+        openai_caller(setup, request_id).chat.completions.create(
+            model="priced", messages=[{"role": "user", "content": "a" * (8 * 1024 * 1024 + 10)}], max_tokens=3)
+    assert raised.value.status_code == 413
+    assert raised.value.response.headers["x-request-id"] == request_id
+    log = setup.gateway.data_dir / "envoy-access.log"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    (line,) = [orjson.loads(text) for text in log.read_text().splitlines() if request_id in text]
+    assert (line["status"], line["code"], line["request"]) == (413, "request_too_large", "POST /v1/chat/completions")
+    assert request_id not in setup.gateway.log_path.read_text()
+    moved = {k: v for k, v in changed(before, scrape(setup.gateway), "portico_requests_total").items()}
+    assert not moved, moved
 
 
 def test_zzz_the_keys_totals_agree_everywhere(setup):

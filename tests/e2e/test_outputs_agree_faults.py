@@ -118,7 +118,8 @@ def test_a_retry_that_then_answered_is_one_request(setup):
 
 
 def test_a_caller_gone_before_a_priced_unary_answer(setup):
-    """operations.md: its row comes when the upstream's answer is in, with its tokens and cost; metrics count it then."""
+    """operations.md: its row comes when the upstream's answer is in, with its tokens and cost; metrics count it
+    then."""
     request_id, before = rid("499u"), scrape(setup.gateway)
     setup.double.reset()
     setup.double.cue(Cue(frame_delay=1.0))
@@ -134,8 +135,8 @@ def test_a_caller_gone_before_a_priced_unary_answer(setup):
 def test_an_upstreams_own_rate_limit_is_no_limit_of_portico(setup):
     request_id, before = rid("up429"), scrape(setup.gateway)
     setup.double.reset()
-    setup.double.cue(*[Cue(status=429, headers={"retry-after": "0"},
-                           body={"error": {"message": "slow down", "type": "requests", "code": "rate_limit_exceeded"}})] * 3)
+    refusal = {"error": {"message": "slow down", "type": "requests", "code": "rate_limit_exceeded"}}
+    setup.double.cue(*[Cue(status=429, headers={"retry-after": "0"}, body=refusal)] * 3)
     with pytest.raises(openai.RateLimitError):
         openai_caller(setup, request_id).chat.completions.create(model="solo", messages=HI, max_tokens=5)
     out = observe(setup, request_id, before)
