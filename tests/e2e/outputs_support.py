@@ -198,6 +198,9 @@ def agree(out: Outputs, *, request_id: str, key_id: str | None, model: str, stat
     assert attrs.get("http.response.status_code") == status, attrs
     assert attrs.get("portico.error.code") == code, attrs
     assert attrs.get("gen_ai.request.model") == (model or None), attrs
+    # operations.md, Traces: ERROR for a 5xx or a stream failed after its 200; a 4xx keeps an unset status
+    assert span.error == (status >= 500 or bool(code and status < 400)), (span.error, attrs)
+    assert attrs.get("error.type") is None if code is None else attrs.get("error.type"), attrs
     assert attrs.get("portico.upstream_attempts", 0) == line["upstream_attempts"], (attrs, line)
     series = labels(endpoint=endpoint, model=model, status=str(status), code=code or "")
     requests = {k: v for k, v in out.metrics.items() if k[0] == "portico_requests_total"}
