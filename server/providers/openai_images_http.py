@@ -26,6 +26,7 @@ from server.providers.http_upstream import HttpUpstream
 from server.translate.openai_images import image_answer
 
 _SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))
+_LINE_BREAKS = str.maketrans("", "", "\r\n")
 
 
 class OpenAIImageProvider:
@@ -70,7 +71,9 @@ class OpenAIImageProvider:
     async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):
             try:
-                data = base64.b64decode(item["b64_json"], validate=True)
+                # Line breaks as base64.encodebytes and MIME wrap it are no data: the openai SDK's users' b64decode
+                # skips them, so an upstream that sends them works for them; anything else not base64 is refused.
+                data = base64.b64decode(item["b64_json"].translate(_LINE_BREAKS), validate=True)
             except binascii.Error:
                 raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image that is not base64.") \
                     from None

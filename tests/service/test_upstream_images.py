@@ -69,6 +69,21 @@ async def test_b64_images_from_the_upstream(images, double, secret):
                          "user": "u-1"}  # response_format is never passed on: the upstream answers in its own way
 
 
+async def test_base64_wrapped_in_lines_is_read_as_the_openai_sdk_reads_it(images, double, secret):
+    """A Python shim answering with base64.encodebytes (a newline every 76 characters) drew and billed the image, and
+    the openai SDK's users decode it with b64decode, which skips the newlines: it was a 502 "not base64" here."""
+    png = tiny_png(3)
+    wrapped = base64.encodebytes(png).decode().replace("\n", "\r\n")
+    assert "\n" in wrapped.strip()
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": wrapped}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json, validate=True) == png
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": "iVBOR w0K!GgoA"}]}))  # still no base64 at all
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert "not base64" in refused.value.details()
+
+
 async def test_members_the_gateway_does_not_read_reach_the_upstream(images, double, secret):
     body = {"model": "image-up", "prompt": "a lighthouse", "input_fidelity": "high", "extra": {"seed": 7}}
     bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
