@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import codecs
 from dataclasses import replace
 
@@ -74,7 +73,7 @@ class OpenAIImageProvider:
                 # Line breaks as base64.encodebytes and MIME wrap it are no data: the openai SDK's users' b64decode
                 # skips them, so an upstream that sends them works for them; anything else not base64 is refused.
                 data = base64.b64decode(item["b64_json"].translate(_LINE_BREAKS), validate=True)
-            except binascii.Error:
+            except ValueError:  # binascii.Error, and the ValueError b64decode raises for a non-ASCII character
                 raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image that is not base64.") \
                     from None
         elif isinstance(item.get("url"), str):

@@ -84,6 +84,16 @@ async def test_base64_wrapped_in_lines_is_read_as_the_openai_sdk_reads_it(images
     assert "not base64" in refused.value.details()
 
 
+async def test_base64_with_a_character_beyond_ascii_is_the_upstreams_failure(images, double, secret):
+    """b64decode refuses a non-ASCII character with a ValueError, not binascii.Error: it was a 500 internal_error
+    (the server's fault, said the answer) instead of the upstream's 502."""
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": "iVBORw0KGgo\u00e9"}]}))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert refused.value.code() != grpc.StatusCode.INTERNAL
+    assert "not base64" in refused.value.details()
+
+
 async def test_members_the_gateway_does_not_read_reach_the_upstream(images, double, secret):
     body = {"model": "image-up", "prompt": "a lighthouse", "input_fidelity": "high", "extra": {"seed": 7}}
     bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
