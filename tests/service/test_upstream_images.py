@@ -110,6 +110,26 @@ async def test_an_image_of_very_many_pixels_reaches_its_caller(images, double, s
     assert response.size == "20000x20000"
 
 
+async def test_an_image_sent_as_a_data_url_is_read_from_it(images, double, secret):
+    """A server that answers `url` with a `data:image/png;base64,...` URL (one a browser shows as it is) had drawn
+    and billed the image, and was a 502 saying it "sent a link that is not a URL". Its bytes are read from it, in
+    either response format, and nothing is fetched; a data URL that is no base64 image is still the 502."""
+    png = tiny_png(5)
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    double.cue(Cue(body={"created": 1, "data": [{"url": data_url}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json) == png
+    double.cue(Cue(body={"created": 1, "data": [{"url": data_url}]}))
+    linked = await images.CreateImage(image_request(response_format="url"), metadata=bearer(secret))
+    assert linked.data[0].url.startswith("http://127.0.0.1:8080/v1/images/content/")
+    assert all(seen.path.endswith("/images/generations") for seen in double.seen)  # no fetch
+    for url in ("data:text/plain,hello", "data:image/png;base64,@@@@"):
+        double.cue(Cue(body={"created": 1, "data": [{"url": url}]}))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await images.CreateImage(image_request(), metadata=bearer(secret))
+        assert refused.value.code() != grpc.StatusCode.INTERNAL and "data URL" in refused.value.details()
+
+
 async def test_members_the_gateway_does_not_read_reach_the_upstream(images, double, secret):
     body = {"model": "image-up", "prompt": "a lighthouse", "input_fidelity": "high", "extra": {"seed": 7}}
     bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
