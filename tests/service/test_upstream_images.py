@@ -130,6 +130,16 @@ async def test_an_image_sent_as_a_data_url_is_read_from_it(images, double, secre
         assert refused.value.code() != grpc.StatusCode.INTERNAL and "data URL" in refused.value.details()
 
 
+async def test_a_scheme_relative_link_is_fetched_from_its_host(images, double, secret):
+    """`//host:port/path` (a link that keeps the page's scheme, as an HTML page's would) names its host: it was
+    fetched as `{base_url}host:port/path` from the upstream itself, a 404 and a 502 for an image drawn and billed."""
+    double.files["s.png"] = tiny_png(6)
+    double.cue(Cue(body={"created": 1, "data": [{"url": f"//127.0.0.1:{double.port}/files/s.png"}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json) == tiny_png(6)
+    assert double.seen[-1].path == "/files/s.png"
+
+
 async def test_members_the_gateway_does_not_read_reach_the_upstream(images, double, secret):
     body = {"model": "image-up", "prompt": "a lighthouse", "input_fidelity": "high", "extra": {"seed": 7}}
     bodies = [b async for b in images.CreateImageHttp(http_body(body), metadata=bearer(secret))]
