@@ -275,11 +275,13 @@ def _base_url(value: Any, where: str) -> str | None:
     """Image links are this URL with a path added: a query or fragment in it would make every link wrong, and a user
     or password would be handed to every caller that asks for one."""
     parts = url_parts(value) if isinstance(value, str) else None
+    # `?` and `#` themselves, not urlsplit's parts: an empty query or fragment (a stray `?` at the end) is no part,
+    # yet a link made of it has its path after the `?`, which no request reaches.
     if value is not None and not (parts and parts.scheme in ("http", "https") and parts.hostname
-                                  and not parts.query and not parts.fragment and "@" not in parts.netloc):
+                                  and "?" not in value and "#" not in value and "@" not in parts.netloc):
         shown = "(not shown: it has a user or password)" if "@" in str(value) else repr(value)
         raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway: a host, a port "
-                          f"number if any, no user or password, no query), not {shown}")
+                          f"number if any, no user or password, no query or fragment), not {shown}")
     return value
 
 

@@ -203,7 +203,12 @@ class HttpUpstream:
         drew and billed what the link names, and asking it again would draw and bill that again."""
         try:
             parts = urlsplit(url)
-            link = url if parts.scheme else self._base + url.lstrip("/")  # relative: to the base URL, as before
+            if parts.scheme:
+                link = url
+            elif parts.netloc:  # `//host/path` names its host, keeping the base URL's scheme (RFC 3986)
+                link = f"{urlsplit(self._base).scheme}:{url}"
+            else:  # relative: to the base URL, as before
+                link = self._base + url.lstrip("/")
             origin, parts = Origin.of(link), urlsplit(link)
         except ValueError:
             raise UpstreamError(f"The upstream serving `{model_id}` sent a link that is not a URL.") from None

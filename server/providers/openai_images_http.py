@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import codecs
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ from server.providers.http_upstream import HttpUpstream
 from server.translate.openai_images import image_answer
 
 _SIGNATURES = ((b"\x89PNG", ImageFormat.PNG), (b"\xff\xd8\xff", ImageFormat.JPEG))
+_LINE_BREAKS = str.maketrans("", "", "\r\n")
 
 
 class OpenAIImageProvider:
@@ -69,11 +69,14 @@ class OpenAIImageProvider:
 
     async def _image(self, item: dict) -> GeneratedImage:
         if isinstance(item.get("b64_json"), str):
-            try:
-                data = base64.b64decode(item["b64_json"], validate=True)
-            except binascii.Error:
-                raise UpstreamError(f"The upstream serving `{self._model_id}` sent an image that is not base64.") \
-                    from None
+            data = self._decoded(item["b64_json"], "an image that is not base64")
+        elif isinstance(item.get("url"), str) and item["url"][:5].lower() == "data:":
+            # A data URL holds the image itself (some servers answer so): nothing to fetch, nobody to ask again.
+            media, comma, encoded = item["url"][5:].partition(",")
+            if not comma or not media.lower().startswith("image/") or not media.lower().endswith(";base64"):
+                raise UpstreamError(f"The upstream serving `{self._model_id}` sent a data URL that is not a base64 "
+                                    "image.")
+            data = self._decoded(encoded, "a data URL that is not a base64 image")
         elif isinstance(item.get("url"), str):
             data = await self._upstream.fetch(item["url"], model_id=self._model_id, media_type="image")
         else:
@@ -81,6 +84,14 @@ class OpenAIImageProvider:
         revised = item.get("revised_prompt")
         return GeneratedImage(data=data, output_format=self._format(data),
                               revised_prompt=revised if isinstance(revised, str) else None)
+
+    def _decoded(self, encoded: str, what: str) -> bytes:
+        # Line breaks as base64.encodebytes and MIME wrap it are no data: the openai SDK's users' b64decode skips
+        # them, so an upstream that sends them works for them; anything else not base64 is refused.
+        try:
+            return base64.b64decode(encoded.translate(_LINE_BREAKS), validate=True)
+        except ValueError:  # binascii.Error, and the ValueError b64decode raises for a non-ASCII character
+            raise UpstreamError(f"The upstream serving `{self._model_id}` sent {what}.") from None
 
     def _format(self, data: bytes) -> ImageFormat:
         """What the bytes are (a model may ignore output_format), so the image is served with the right type; bytes

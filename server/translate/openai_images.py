@@ -7,13 +7,14 @@ from __future__ import annotations
 import base64
 import io
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import ImageFile, JpegImagePlugin, PngImagePlugin, WebPImagePlugin
 
 from server.domain import Json, UpstreamAnswer
-from server.domain_images import ImageAnswer, ImageFormat, ImageRequest
+from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.field_rules import unknown_field
 from server.translate.usage_counts import said_count
@@ -40,6 +41,13 @@ MODERATIONS = ("auto", "low")
 READ_FIELDS = frozenset({"model", "prompt", "n", "size", "response_format", "output_format", "quality", "style",
                          "background", "moderation", "user", "safety_identifier", "output_compression", "stream",
                          "partial_images"})
+
+# Each format's own reader: the header alone, without Image.open's decompression-bomb refusal (see _pixel_size).
+_HEADER_READERS: dict[ImageFormat, type[ImageFile.ImageFile]] = {
+    ImageFormat.PNG: PngImagePlugin.PngImageFile,
+    ImageFormat.JPEG: JpegImagePlugin.JpegImageFile,
+    ImageFormat.WEBP: WebPImagePlugin.WebPImageFile,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +120,7 @@ def images_response(created: int, plan: ImagePlan, answer: ImageAnswer, urls: Se
     output_format, (width, height) = generation.output_format, (generation.width, generation.height)
     transparent = generation.transparent
     if images:
-        output_format, (width, height) = images[0].output_format, _pixel_size(images[0].data, (width, height))
+        output_format, (width, height) = images[0].output_format, _pixel_size(images[0], (width, height))
         transparent = transparent if images[0].transparent is None else images[0].transparent
     body = {
         "created": created,
@@ -140,12 +148,15 @@ def image_answer(answer: Mapping[str, Json]) -> UpstreamAnswer:
                           output_tokens=said_count(usage, "output_tokens"))
 
 
-def _pixel_size(data: bytes, otherwise: tuple[int, int]) -> tuple[int, int]:
-    """An image's width and height, read from its header (the pixels are not decoded)."""
+def _pixel_size(image: GeneratedImage, otherwise: tuple[int, int]) -> tuple[int, int]:
+    """An image's width and height, read from its header (the pixels are not decoded). By its format's own reader:
+    Image.open also guards against decompression bombs, refusing a header of more than ~179 million pixels with an
+    error of its own, which made the answer for such an image (drawn and billed by an upstream) a 500."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except (OSError, ValueError):  # unreadable header: the provider already vouched for the format
+        with _HEADER_READERS[image.output_format](io.BytesIO(image.data)) as opened:
+            return opened.size
+    # What Image.open turns into "cannot identify image file": the provider already vouched for the format.
+    except (OSError, ValueError, SyntaxError, IndexError, TypeError, EOFError, struct.error):
         return otherwise
 
 

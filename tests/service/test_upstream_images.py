@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import random
+import struct
+import zlib
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
@@ -67,6 +69,75 @@ async def test_b64_images_from_the_upstream(images, double, secret):
     assert seen.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert seen.body == {"model": "image-up", "prompt": "a lighthouse", "n": 2, "size": "512x512", "quality": "high",
                          "user": "u-1"}  # response_format is never passed on: the upstream answers in its own way
+
+
+async def test_base64_wrapped_in_lines_is_read_as_the_openai_sdk_reads_it(images, double, secret):
+    """A Python shim answering with base64.encodebytes (a newline every 76 characters) drew and billed the image, and
+    the openai SDK's users decode it with b64decode, which skips the newlines: it was a 502 "not base64" here."""
+    png = tiny_png(3)
+    wrapped = base64.encodebytes(png).decode().replace("\n", "\r\n")
+    assert "\n" in wrapped.strip()
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": wrapped}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json, validate=True) == png
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": "iVBOR w0K!GgoA"}]}))  # still no base64 at all
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert "not base64" in refused.value.details()
+
+
+async def test_base64_with_a_character_beyond_ascii_is_the_upstreams_failure(images, double, secret):
+    """b64decode refuses a non-ASCII character with a ValueError, not binascii.Error: it was a 500 internal_error
+    (the server's fault, said the answer) instead of the upstream's 502."""
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": "iVBORw0KGgo\u00e9"}]}))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert refused.value.code() != grpc.StatusCode.INTERNAL
+    assert "not base64" in refused.value.details()
+
+
+async def test_an_image_of_very_many_pixels_reaches_its_caller(images, double, secret):
+    """The answer's `size` is read from the image's header with Pillow, whose guard against decompression bombs
+    raises (not OSError) for a header of more than ~179 million pixels: the caller got a 500 internal_error for an
+    image the upstream had drawn and billed. The pixels are never decoded, so the image is passed on as it is."""
+    png = bytearray(tiny_png(4))
+    header = bytearray(png[12:29])  # IHDR: its type, width, height, ...
+    header[4:12] = struct.pack(">II", 20000, 20000)
+    png[12:29], png[29:33] = header, struct.pack(">I", zlib.crc32(bytes(header)))
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": base64.b64encode(bytes(png)).decode()}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json) == bytes(png)
+    assert response.size == "20000x20000"
+
+
+async def test_an_image_sent_as_a_data_url_is_read_from_it(images, double, secret):
+    """A server that answers `url` with a `data:image/png;base64,...` URL (one a browser shows as it is) had drawn
+    and billed the image, and was a 502 saying it "sent a link that is not a URL". Its bytes are read from it, in
+    either response format, and nothing is fetched; a data URL that is no base64 image is still the 502."""
+    png = tiny_png(5)
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    double.cue(Cue(body={"created": 1, "data": [{"url": data_url}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json) == png
+    double.cue(Cue(body={"created": 1, "data": [{"url": data_url}]}))
+    linked = await images.CreateImage(image_request(response_format="url"), metadata=bearer(secret))
+    assert linked.data[0].url.startswith("http://127.0.0.1:8080/v1/images/content/")
+    assert all(seen.path.endswith("/images/generations") for seen in double.seen)  # no fetch
+    for url in ("data:text/plain,hello", "data:image/png;base64,@@@@"):
+        double.cue(Cue(body={"created": 1, "data": [{"url": url}]}))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await images.CreateImage(image_request(), metadata=bearer(secret))
+        assert refused.value.code() != grpc.StatusCode.INTERNAL and "data URL" in refused.value.details()
+
+
+async def test_a_scheme_relative_link_is_fetched_from_its_host(images, double, secret):
+    """`//host:port/path` (a link that keeps the page's scheme, as an HTML page's would) names its host: it was
+    fetched as `{base_url}host:port/path` from the upstream itself, a 404 and a 502 for an image drawn and billed."""
+    double.files["s.png"] = tiny_png(6)
+    double.cue(Cue(body={"created": 1, "data": [{"url": f"//127.0.0.1:{double.port}/files/s.png"}]}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert base64.b64decode(response.data[0].b64_json) == tiny_png(6)
+    assert double.seen[-1].path == "/files/s.png"
 
 
 async def test_members_the_gateway_does_not_read_reach_the_upstream(images, double, secret):

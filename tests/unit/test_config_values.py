@@ -66,6 +66,10 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com:abc'}}", r"listen\.public_base_url: "),
     # An image link is the base URL with a path added: a query or fragment in it made every link wrong.
     (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com/?x=1'}}", r"listen\.public_base_url: "),
+    # An empty query or fragment (a stray `?` or `#` at the end) was taken: every link was
+    # `https://portico.example.com?/v1/images/content/...`, its path read as a query, so no link reached an image.
+    (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com?'}}", r"listen\.public_base_url: "),
+    (f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://portico.example.com/portico#'}}", r"listen\.public_base_url: "),
     # `created` is a uint32 in every model listing: a larger one made GET /v1/models a 500.
     (f"models: [{{id: a, endpoint: /v1/messages, provider: {{kind: llamacpp}}, created: 5000000000}}]",
      r"models\[0\]\.created: a whole number from 0 to 4294967295, not 5000000000"),
