@@ -106,10 +106,13 @@ class KeyStore:
         return int(row["n"])
 
     async def get(self, key_id: str) -> ApiKey:
+        # An id copied from a log line or a terminal comes with a space before it or a line's end after it: no id
+        # holds whitespace, so it is not read (revoke does the same), else "No key with id ' key_...'".
+        key_id = key_id.strip()
         if not key_id:  # a typed caller who left `id` unset (proto3's ""): no key is missing, the id is
             raise InvalidRequest("id is required: the key's id (key_...).", param="id")
-        # "No key with id ..." read as "this secret is no key's" (a leaked one), also pasted with a space before it
-        if looks_like_secret(key_id.strip()):
+        # "No key with id ..." read as "this secret is no key's" (a leaked one)
+        if looks_like_secret(key_id):
             raise InvalidRequest("id takes a key id (key_...), not a key's secret (pk-...); only revoke takes a "
                                  "secret.", param="id")
         row = await self._db.fetch_one("SELECT * FROM api_keys WHERE id = ?", (key_id,)) if storable(key_id) else None

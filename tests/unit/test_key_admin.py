@@ -192,3 +192,16 @@ async def test_a_secret_pasted_with_space_around_it_where_a_key_id_goes_says_so_
             await call
         assert caught.value.param == "id"
     assert (await admin.get(key.id)).name == "leaked"
+
+
+@pytest.mark.parametrize("pasted", [" {key_id}", "\t{key_id}\n", "{key_id} "])
+async def test_a_key_id_pasted_with_space_around_it_finds_its_key_as_revoke_does(admin, pasted):
+    """A key id copied from a log line or a terminal (a space before it, a line's end after it): GET, PATCH, rotate
+    and the limits answered 404 "No key with id ' key_...'", while revoke, given the same id, found the key."""
+    key, _ = await admin.create("spaced", all_models=True)
+    given = pasted.format(key_id=key.id)
+    assert (await admin.get(given)).id == key.id
+    assert (await admin.update(given, name="renamed")).name == "renamed"
+    rotated, _, _ = await admin.rotate(given, grace_seconds=0)
+    assert rotated.id == key.id
+    assert (await admin.revoke(given)).revoked_at > 0
