@@ -139,6 +139,10 @@ class ImageStore:
             data = (self._dir / name).read_bytes()
         except FileNotFoundError:
             raise NotFound("This image link has expired.") from None
+        except OSError as exc:  # a directory or another user's file in its place (a restore): the operator's to fix
+            _logger.error("cannot read a generated image %s (%s)", self._dir / name, exc.strerror or exc)
+            raise ServiceUnavailable("The image could not be read; retry shortly.",
+                                     retry_after=_STORE_RETRY_SECONDS) from None
         return StoredImage(data=data, content_type=ImageFormat(match.group(1)).content_type,
                            expires_in=max(0, int(expires - self._clock())))
 

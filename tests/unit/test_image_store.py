@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from server.config_providers import ConfigError
-from server.errors import NotFound
+from server.errors import NotFound, ServiceUnavailable
 from server.image_store import ImageStore
 from server.domain_images import GeneratedImage, ImageFormat
 
@@ -119,3 +119,16 @@ def test_an_unreadable_signing_key_is_one_line_at_start(tmp_path):
     (tmp_path / "image-link.key").mkdir()
     with pytest.raises(ConfigError, match=r"data_dir: cannot read .*image-link.key \(Is a directory\)"):
         ImageStore(tmp_path, base_url="https://img.example/")
+
+
+async def test_an_image_the_store_cannot_read_is_a_503_said_in_the_log_not_a_500(store, tmp_path, caplog):
+    """A file under an image's name that cannot be read (a directory restored in its place, a file of another user
+    after a restore) was a 500 with a traceback: the operator's to fix, as a store that cannot write is a 503."""
+    (link,) = await store.put([GeneratedImage(b"png-bytes", ImageFormat.PNG)])
+    name, expires, signature = parts(link)
+    (tmp_path / "images" / name).unlink()
+    (tmp_path / "images" / name).mkdir()
+    with pytest.raises(ServiceUnavailable, match="could not be read") as refused:
+        await store.get(name, expires, signature)
+    assert refused.value.retry_after > 0
+    assert "cannot read a generated image" in caplog.text and name in caplog.text
