@@ -14,7 +14,9 @@ from dataclasses import fields, replace
 from typing import Any
 
 from server import wire_json
-from server.config_providers import MAX_SECONDS, MAX_WHOLE, ConfigError, mapping, parse_provider, setting_names
+from server.config_providers import (
+    MAX_SECONDS, MAX_WHOLE, ConfigError, known_settings, mapping, parse_provider, setting_names,
+)
 from server.domain import Endpoint
 from server.domain_models import CacheSettings, Deployment, HealthSettings, ModelEntry
 
@@ -42,8 +44,7 @@ def parse_deployments(raw: dict, where: str, endpoint: Endpoint) -> tuple[Deploy
 
 def _deployment(raw: Any, where: str, endpoint: Endpoint) -> Deployment:
     raw = mapping(raw, where)
-    if unknown := set(raw) - {"name", "weight", "provider"}:
-        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: name, weight, provider")
+    known_settings(raw, ("name", "weight", "provider"), where)
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: required, letters, digits, `_`, `.` or `-` (up to 64), not {name!r}")

@@ -440,7 +440,7 @@ def _env_proxy(url: str) -> Proxy | None:
     it; looked up once per upstream (and per fetched link), never from ~/.netrc. One it cannot use is refused at
     start-up (proxy_problem), so a link fetched later through it goes directly rather than failing."""
     proxy = _named_proxy(url)
-    if proxy is None or proxy_problem(url) is not None:
+    if proxy is None or _unusable(proxy) is not None:
         return None
     return Proxy.of(proxy)
 
@@ -461,8 +461,10 @@ def proxy_problem(url: str) -> str | None:
     passed over, it left the upstream asked directly, without a word. Never quotes the proxy (it may hold a
     password)."""
     proxy = _named_proxy(url)
-    if proxy is None:
-        return None
+    return None if proxy is None else _unusable(proxy)
+
+
+def _unusable(proxy: str) -> str | None:
     scheme = proxy.partition("://")[0].lower()
     if re.fullmatch(r"[a-z][a-z0-9+.-]{0,19}", scheme) and scheme not in ("http", "https"):
         return f"a {scheme}:// proxy; Portico takes an http:// or https:// one"

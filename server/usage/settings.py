@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from server.config_providers import ConfigError, number, optional_mapping, setting_names
+from server.config_providers import ConfigError, known_settings, number, optional_mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +19,7 @@ class UsageSettings:
 def parse_usage(raw: Any, where: str) -> UsageSettings:
     raw = optional_mapping(raw, where)
     known = {"flush_seconds", "batch_rows", "buffer_rows", "retention_days"}
-    if unknown := set(raw) - known:
-        raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: {', '.join(sorted(known))}")
+    known_settings(raw, sorted(known), where)
     # Whole numbers where whole numbers are meant: int() made `retention_days: 0.5` 0 (keep forever), silently.
     batch_rows = number(raw, "batch_rows", 500, where, integer=True, low=1)
     settings = UsageSettings(
