@@ -198,5 +198,8 @@ def _is_choice(choice: Json) -> bool:
     if not isinstance(choice, Mapping) or not isinstance(message := choice.get("message"), Mapping):
         return False
     calls = message.get("tool_calls") or []
-    return (isinstance(message.get("content") or "", str) and isinstance(calls, list)
+    content = message.get("content") or ""
+    # A list of parts, as Mistral's reasoning models answer (thinking, then text), is read as a delta's: its text.
+    parts = isinstance(content, list) and all(isinstance(part, Mapping) for part in content)
+    return ((isinstance(content, str) or parts) and isinstance(calls, list)
             and all(isinstance(call, Mapping) for call in calls))

@@ -329,3 +329,23 @@ def test_a_tool_name_that_comes_after_the_calls_first_piece_reaches_the_sdk(clau
         final = stream.get_final_message()
     assert [(b.id, b.name, b.input) for b in final.content] == [
         ("call_0", "weather", {"city": "Oslo"}), ("call_1", "weather", {})]
+
+
+def test_an_answer_whose_content_is_a_list_of_parts_reaches_the_sdk_as_its_text_json_and_streamed(claude, double):
+    """Mistral's reasoning models (Magistral) answer `content` as a list of parts, a `thinking` one and then `text`,
+    in a JSON answer and in each streamed delta: the caller gets the text, whether it streamed or not (the JSON
+    answer was a 502 'not a chat completion' while its stream was read)."""
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "The capital..."}]}
+    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                             "role": "assistant", "content": [thinking, {"type": "text", "text": "Paris."}]}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}),
+               Cue(frames=[chunk({"role": "assistant", "content": [thinking]}),
+                           chunk({"content": [{"type": "text", "text": "Paris."}]}), chunk({}, "stop"),
+                           b"data: [DONE]\n\n"]))
+    message = claude.messages.create(model="messages-gpt", max_tokens=50, messages=HELLO)
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, messages=HELLO) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, b.text) for b in message.content] == [(b.type, b.text) for b in streamed.content] == [
+        ("text", "Paris.")]
+    assert message.stop_reason == streamed.stop_reason == "end_turn"

@@ -104,6 +104,13 @@ data: {"choices":[{"index":0,"delta":{"content":"1 2"},"finish_reason":"stop","s
 FILTERED = """\
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
 """
+# Mistral's reasoning models: content as a list of parts, thinking (not the answer) then text.
+THINKING_PART = {"type": "thinking", "thinking": [{"type": "text", "text": "Hmm."}]}
+PARTS = f"""\
+data: {{"choices":[{{"index":0,"delta":{{"content":[{orjson.dumps(THINKING_PART).decode()}]}}}}]}}
+
+data: {{"choices":[{{"index":0,"delta":{{"content":[{{"type":"text","text":"Paris."}}]}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":4,"completion_tokens":8}}}}
+"""
 
 
 @pytest.mark.parametrize(
@@ -155,6 +162,8 @@ WEATHER_CALLS = [{"id": "call_a", "type": "function", "function": {"name": "weat
                                 {"prompt_tokens": 20, "completion_tokens": 11, "total_tokens": 31}), {}),
         (VLLM_STOP, completion({"content": "1 2"}, "stop", stop_reason="3"), {"stop": ("3",)}),
         (FILTERED, completion({"content": None}, "content_filter"), {}),
+        (PARTS, completion({"content": [THINKING_PART, {"type": "text", "text": "Paris."}]}, "stop",
+                           {"prompt_tokens": 4, "completion_tokens": 8}), {}),
     ],
 )
 def test_a_whole_completion_gives_what_its_stream_gives(transcript, answer, options):
