@@ -23,6 +23,7 @@ from server.translate.values import MALFORMED, upstream_label, upstream_string
 FINISH_REASONS = {
     "stop": FinishReason.END_TURN,
     "length": FinishReason.MAX_TOKENS,
+    "model_length": FinishReason.CONTEXT_WINDOW,  # Mistral's: the context window filled before the token limit
     "tool_calls": FinishReason.TOOL_USE,
     "function_call": FinishReason.TOOL_USE,
     "content_filter": FinishReason.REFUSAL,

@@ -349,3 +349,24 @@ def test_an_answer_whose_content_is_a_list_of_parts_reaches_the_sdk_as_its_text_
     assert [(b.type, b.text) for b in message.content] == [(b.type, b.text) for b in streamed.content] == [
         ("text", "Paris.")]
     assert message.stop_reason == streamed.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize(("finish_reason", "stop_reason"), [
+    ("stop", "end_turn"), ("length", "max_tokens"), ("content_filter", "refusal"),
+    ("model_length", "model_context_window_exceeded"),  # Mistral's: the model's context window filled
+])
+def test_each_finish_reason_reaches_a_messages_caller_as_its_stop_reason_json_and_streamed(claude, double,
+                                                                                          finish_reason, stop_reason):
+    """An answer cut off where the model's context window filled (Mistral's `model_length`) reached the caller as
+    end_turn, a complete answer, so an agent loop took it as final instead of seeing it cut short."""
+    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": finish_reason,
+                                      "message": {"role": "assistant", "content": "It is"}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}),
+               Cue(frames=[chunk({"role": "assistant", "content": ""}), chunk({"content": "It is"}),
+                           chunk({}, finish_reason), b"data: [DONE]\n\n"]))
+    message = claude.messages.create(model="messages-gpt", max_tokens=50, messages=HELLO)
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, messages=HELLO) as stream:
+        streamed = stream.get_final_message()
+    assert message.stop_reason == streamed.stop_reason == stop_reason
+    assert message.content[0].text == streamed.content[0].text == "It is"

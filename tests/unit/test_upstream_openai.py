@@ -124,6 +124,8 @@ data: {{"choices":[{{"index":0,"delta":{{"content":[{{"type":"text","text":"Pari
         (VLLM_STOP, {"stop": ("3",)},
          [TextDelta("1 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(7, 1), "3", "stop")]),
         (FILTERED, {}, [Finished(FinishReason.REFUSAL, Usage(7, 0), upstream_reason="content_filter")]),
+        (FILTERED.replace("content_filter", "model_length"), {},
+         [Finished(FinishReason.CONTEXT_WINDOW, Usage(7, 0), upstream_reason="model_length")]),
     ],
 )
 def test_transcripts(transcript, options, events):
