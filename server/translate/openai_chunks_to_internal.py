@@ -35,6 +35,7 @@ class OpenAIChunkReader:
         self._prompt_estimate = prompt_estimate
         self._stop = stop
         self._calls: dict[int, int] = {}  # the upstream's tool-call index -> ours (0, 1, ... in order of arrival)
+        self._ids: list[str] = []  # by ours: the id the upstream gave the call ("" when none)
         # Calls opened without a name yet (ours -> their id and the argument pieces held meanwhile): some servers
         # send the name in a later piece, and a Messages block names its tool in its start.
         self._unnamed: dict[int, tuple[str, list[str]]] = {}
@@ -82,15 +83,19 @@ class OpenAIChunkReader:
             raise UpstreamError("The upstream sent a chunk that is not a chat.completion.chunk.") from None
 
     def _tool_call(self, call: Mapping[str, Json]) -> list[GenerationEvent]:
-        upstream_index = call.get("index", len(self._calls))
+        upstream_index = call.get("index", len(self._ids))
         function = call.get("function") or {}
         name = upstream_string(function.get("name") or "")
         arguments = upstream_string(function.get("arguments") or "")
+        given_id = upstream_string(call.get("id") or "")
         events: list[GenerationEvent] = []
-        if upstream_index not in self._calls:
+        known = self._calls.get(upstream_index)
+        # Ollama numbers every call of a parallel batch 0, each with its own id: another id is another call.
+        if known is None or given_id and self._ids[known] and given_id != self._ids[known]:
             events += self._start_unnamed()  # a call before this one still without a name: it starts first
-            index = self._calls[upstream_index] = len(self._calls)
-            self._unnamed[index] = (upstream_string(call.get("id") or f"call_{index}"), [])
+            index = self._calls[upstream_index] = len(self._ids)
+            self._ids.append(given_id)
+            self._unnamed[index] = (given_id or f"call_{index}", [])
         index = self._calls[upstream_index]
         if arguments:
             self._deltas += 1

@@ -370,3 +370,19 @@ def test_each_finish_reason_reaches_a_messages_caller_as_its_stop_reason_json_an
         streamed = stream.get_final_message()
     assert message.stop_reason == streamed.stop_reason == stop_reason
     assert message.content[0].text == streamed.content[0].text == "It is"
+
+
+def test_parallel_calls_an_upstream_numbers_alike_reach_the_sdk_as_separate_tool_use_blocks(claude, double):
+    """Ollama streams every call of a parallel batch with `index` 0, each with its own id and whole arguments
+    (ollama/ollama#15457): read as one call, its arguments ran on into `{...}{...}`, which no JSON object begins,
+    and the stream ended with a 502 error event where the same answer unstreamed had two calls."""
+    calls = [{"index": 0, "id": f"call_{city}", "type": "function",
+              "function": {"name": "weather", "arguments": orjson.dumps({"city": city}).decode()}}
+             for city in ("Oslo", "Bergen")]
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": ""}), *[chunk({"tool_calls": [c]}) for c in calls],
+                           chunk({}, "tool_calls"), b"data: [DONE]\n\n"]))
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        final = stream.get_final_message()
+    assert [(b.id, b.input) for b in final.content] == [("call_Oslo", {"city": "Oslo"}),
+                                                        ("call_Bergen", {"city": "Bergen"})]
+    assert final.stop_reason == "tool_use"

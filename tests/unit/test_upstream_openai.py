@@ -101,6 +101,14 @@ data: {"choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"stop"}]}
 VLLM_STOP = """\
 data: {"choices":[{"index":0,"delta":{"content":"1 2"},"finish_reason":"stop","stop_reason":"3"}]}
 """
+# Ollama numbers every call of a parallel batch 0, each with its own id (ollama/ollama#15457).
+SAME_INDEX = """\
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"weather","arguments":"{}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"time","arguments":"{}"}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"arguments":""}}]},"finish_reason":"tool_calls"}]}
+"""
 FILTERED = """\
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
 """
@@ -124,6 +132,9 @@ data: {{"choices":[{{"index":0,"delta":{{"content":[{{"type":"text","text":"Pari
         (VLLM_STOP, {"stop": ("3",)},
          [TextDelta("1 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(7, 1), "3", "stop")]),
         (FILTERED, {}, [Finished(FinishReason.REFUSAL, Usage(7, 0), upstream_reason="content_filter")]),
+        (SAME_INDEX, {}, [ToolCallStart(0, "call_a", "weather"), ToolCallDelta(0, "{}"),
+                          ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"),
+                          Finished(FinishReason.TOOL_USE, Usage(7, 2), upstream_reason="tool_calls")]),
         (FILTERED.replace("content_filter", "model_length"), {},
          [Finished(FinishReason.CONTEXT_WINDOW, Usage(7, 0), upstream_reason="model_length")]),
     ],
