@@ -103,11 +103,13 @@ data: {"choices":[{"index":0,"delta":{"content":"1 2"},"finish_reason":"stop","s
 """
 # Ollama numbers every call of a parallel batch 0, each with its own id (ollama/ollama#15457).
 SAME_INDEX = """\
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"weather","arguments":"{}"}}]}}]}
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"w","arguments":"{}"}}]}}]}
 
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"time","arguments":"{}"}}]}}]}
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"name":"t","arguments":"{}"}}]}}]}
 
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"arguments":""}}]},"finish_reason":"tool_calls"}]}
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"arguments":""}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
 """
 FILTERED = """\
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
@@ -117,7 +119,9 @@ THINKING_PART = {"type": "thinking", "thinking": [{"type": "text", "text": "Hmm.
 PARTS = f"""\
 data: {{"choices":[{{"index":0,"delta":{{"content":[{orjson.dumps(THINKING_PART).decode()}]}}}}]}}
 
-data: {{"choices":[{{"index":0,"delta":{{"content":[{{"type":"text","text":"Paris."}}]}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":4,"completion_tokens":8}}}}
+data: {{"choices":[{{"index":0,"delta":{{"content":[{{"type":"text","text":"Paris."}}]}},"finish_reason":"stop"}}]}}
+
+data: {{"choices":[],"usage":{{"prompt_tokens":4,"completion_tokens":8}}}}
 """
 
 
@@ -132,8 +136,8 @@ data: {{"choices":[{{"index":0,"delta":{{"content":[{{"type":"text","text":"Pari
         (VLLM_STOP, {"stop": ("3",)},
          [TextDelta("1 2"), Finished(FinishReason.STOP_SEQUENCE, Usage(7, 1), "3", "stop")]),
         (FILTERED, {}, [Finished(FinishReason.REFUSAL, Usage(7, 0), upstream_reason="content_filter")]),
-        (SAME_INDEX, {}, [ToolCallStart(0, "call_a", "weather"), ToolCallDelta(0, "{}"),
-                          ToolCallStart(1, "call_b", "time"), ToolCallDelta(1, "{}"),
+        (SAME_INDEX, {}, [ToolCallStart(0, "a", "w"), ToolCallDelta(0, "{}"),
+                          ToolCallStart(1, "b", "t"), ToolCallDelta(1, "{}"),
                           Finished(FinishReason.TOOL_USE, Usage(7, 2), upstream_reason="tool_calls")]),
         (FILTERED.replace("content_filter", "model_length"), {},
          [Finished(FinishReason.CONTEXT_WINDOW, Usage(7, 0), upstream_reason="model_length")]),
