@@ -90,8 +90,9 @@ class OpenAIChunkReader:
         given_id = upstream_string(call.get("id") or "")
         events: list[GenerationEvent] = []
         known = self._calls.get(upstream_index)
-        # Ollama numbers every call of a parallel batch 0, each with its own id: another id is another call.
-        if known is None or given_id and self._ids[known] and given_id != self._ids[known]:
+        # Ollama numbers every call of a parallel batch 0, each with its own id: another id with a name is another
+        # call (a piece of arguments alone continues the call, whatever id a server writes on it).
+        if known is None or name and given_id and self._ids[known] and given_id != self._ids[known]:
             events += self._start_unnamed()  # a call before this one still without a name: it starts first
             index = self._calls[upstream_index] = len(self._ids)
             self._ids.append(given_id)

@@ -107,7 +107,7 @@ data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","functio
 
 data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"name":"t","arguments":"{}"}}]}}]}
 
-data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"arguments":""}}]}}]}
+data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"arguments":""}}]}}]}
 
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
 """
