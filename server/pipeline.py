@@ -208,7 +208,8 @@ class Pipeline:
             call.record.caller_left = watch.caller_left
             _note_finish(call, meter)
             used = 0
-            if meter.started:
+            # A failure may carry what the upstream reported it used (a whole answer that says it failed): counted.
+            if meter.started or meter.usage is not None:
                 call.record.model_answered = True
                 usage = meter.usage_so_far()
                 used = usage.total_tokens

@@ -28,6 +28,9 @@ FINISH_REASONS = {
     "function_call": FinishReason.TOOL_USE,
     "content_filter": FinishReason.REFUSAL,
 }
+# Finish reasons that say the generation failed, not that it ended: Mistral's `error`, vLLM's `abort` (the engine gave
+# the request up: shut down, paused, scaled in). The text before it is no answer, whatever the 200 and [DONE] say.
+FAILED_REASONS = frozenset({"error", "abort"})
 
 
 class OpenAIChunkReader:
@@ -131,6 +134,11 @@ class OpenAIChunkReader:
         upstream never said it finished."""
         if self._finish is None:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="broken")
+        if self._upstream_reason in FAILED_REASONS:
+            error = UpstreamError(f"The upstream's generation failed (finish_reason `{self._upstream_reason}`).",
+                                  retry_reason="broken")
+            error.usage_reported = self._usage  # what it spent on it, for the ledger
+            raise error
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
         # OpenAI ends a refusal with "stop", and a call the request forced (vLLM too): Anthropic's callers are told
         # `refusal` and `tool_use`, as their upstreams would say (the SDK's tool runner runs calls only on tool_use).

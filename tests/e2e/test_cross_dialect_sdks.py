@@ -29,6 +29,7 @@ def gateway(double, tmp_path_factory):
     claude = (f"{{kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
               "model: claude-up, retry: {attempts: 1}}")
     models = (f"  - {{id: chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
+              f"  - {{id: chat-gpt, endpoint: /v1/chat/completions, provider: {gpt}}}\n"
               f"  - {{id: messages-gpt, endpoint: /v1/messages, provider: {gpt}}}\n")
     with upstream_gateway(tmp_path_factory.mktemp("cross-dialect-gateway"), models) as gateway:
         yield gateway
@@ -386,3 +387,36 @@ def test_parallel_calls_an_upstream_numbers_alike_reach_the_sdk_as_separate_tool
     assert [(b.id, b.input) for b in final.content] == [("call_Oslo", {"city": "Oslo"}),
                                                         ("call_Bergen", {"city": "Bergen"})]
     assert final.stop_reason == "tool_use"
+
+
+@pytest.mark.parametrize("finish_reason", ["abort", "error"])
+def test_a_generation_the_upstream_says_failed_reaches_callers_as_an_upstream_error(claude, oai, gateway, double,
+                                                                                   finish_reason):
+    """vLLM ends a request its engine gave up (shut down, paused, scaled in) with `finish_reason: abort`, Mistral a
+    failed one with `error`, both in a 200 ending in [DONE] (vllm-project/vllm#57082): a Messages caller got the text
+    so far as a complete answer, `stop_reason: end_turn`. Each caller now gets a 502 `upstream_error` (streamed: the
+    error event after what was sent), and the ledger counts the tokens the upstream reported."""
+    usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    answer = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up", "usage": usage,
+              "choices": [{"index": 0, "finish_reason": finish_reason,
+                           "message": {"role": "assistant", "content": "The answer is"}}]}
+    frames = [chunk({"role": "assistant", "content": ""}), chunk({"content": "The answer is"}),
+              chunk({}, finish_reason), sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1,
+                                             "model": "gpt-up", "choices": [], "usage": usage}), b"data: [DONE]\n\n"]
+    double.cue(Cue(body=answer), Cue(frames=frames), Cue(body=answer), Cue(frames=frames))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        claude.messages.with_raw_response.create(model="messages-gpt", max_tokens=50, messages=HELLO)
+    assert caught.value.status_code == 502 and caught.value.body["error"]["code"] == "upstream_error"
+    assert f"`{finish_reason}`" in caught.value.body["error"]["message"]
+    line = access_line(gateway, caught.value.response.headers["x-request-id"])
+    assert (line["code"], line["input_tokens"], line["output_tokens"]) == ("upstream_error", 9, 3)
+    with (pytest.raises(anthropic.APIStatusError, match=f"`{finish_reason}`") as caught,
+          claude.messages.stream(model="messages-gpt", max_tokens=50, messages=HELLO) as stream):
+        stream.get_final_message()
+    line = access_line(gateway, caught.value.response.headers["x-request-id"])
+    assert (line["code"], line["input_tokens"], line["output_tokens"]) == ("upstream_error", 9, 3)
+    with pytest.raises(openai.APIStatusError) as caught:
+        oai.chat.completions.create(model="chat-gpt", max_tokens=50, messages=HELLO)
+    assert caught.value.status_code == 502 and f"`{finish_reason}`" in caught.value.message
+    with pytest.raises(openai.APIError, match=f"`{finish_reason}`"):
+        list(oai.chat.completions.create(model="chat-gpt", max_tokens=50, messages=HELLO, stream=True))

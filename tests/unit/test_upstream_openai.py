@@ -222,6 +222,31 @@ def test_a_stream_without_a_finish_reason_is_an_upstream_error():
     assert caught.value.retryable
 
 
+# Mistral's `error` (the generation failed) and vLLM's `abort` (the engine gave the request up: shut down, paused,
+# scaled in; vllm-project/vllm#57082): the text so far is not the answer, whatever a 200 and [DONE] say.
+FAILED = """\
+data: {"choices":[{"index":0,"delta":{"content":"The answer is"}}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}
+
+data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3}}
+
+data: [DONE]
+"""
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_a_generation_the_upstream_says_failed_is_an_upstream_error_counted_as_it_reported(reason):
+    with pytest.raises(UpstreamError) as caught:
+        read(FAILED.replace("abort", reason))
+    assert f"`{reason}`" in caught.value.message and caught.value.retryable
+    assert caught.value.usage_reported == Usage(9, 3)  # the ledger counts what the upstream spent on it
+    answer = completion({"content": "The answer is"}, reason, {"prompt_tokens": 9, "completion_tokens": 3})
+    with pytest.raises(UpstreamError) as caught:
+        completion_events(answer, prompt_estimate=7)
+    assert f"`{reason}`" in caught.value.message and caught.value.usage_reported == Usage(9, 3)
+
+
 SECRET = "sk-abcdef123456"
 
 
