@@ -16,6 +16,7 @@ from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer, Usage,
     estimate_tokens,
 )
+from server import wire_json
 from server.errors import UpstreamError
 from server.translate.usage_counts import reported_count, token_count
 from server.translate.values import MALFORMED, upstream_label, upstream_string
@@ -89,7 +90,10 @@ class OpenAIChunkReader:
         upstream_index = call.get("index", len(self._ids))
         function = call.get("function") or {}
         name = upstream_string(function.get("name") or "")
-        arguments = upstream_string(function.get("arguments") or "")
+        arguments = function.get("arguments") or ""
+        if isinstance(arguments, Mapping):  # the object itself, as TGI and some llama.cpp servers send it: its text
+            arguments = wire_json.dumps(arguments).decode()
+        arguments = upstream_string(arguments)
         given_id = upstream_string(call.get("id") or "")
         events: list[GenerationEvent] = []
         known = self._calls.get(upstream_index)

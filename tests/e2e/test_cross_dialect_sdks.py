@@ -420,3 +420,22 @@ def test_a_generation_the_upstream_says_failed_reaches_callers_as_an_upstream_er
     assert caught.value.status_code == 502 and f"`{finish_reason}`" in caught.value.message
     with pytest.raises(openai.APIError, match=f"`{finish_reason}`"):
         list(oai.chat.completions.create(model="chat-gpt", max_tokens=50, messages=HELLO, stream=True))
+
+
+def test_arguments_sent_as_an_object_reach_the_sdk_as_the_calls_input_json_and_streamed(claude, double):
+    """TGI (huggingface/text-generation-inference#2136) and builds of llama.cpp's server (ggml-org/llama.cpp#20198)
+    send a call's `arguments` as the JSON object itself rather than its text: the caller got a 502 'not a chat
+    completion chunk', JSON and streamed, for an answer that says plainly what the model called."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                      "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}),
+               Cue(frames=[chunk({"role": "assistant", "content": None}), chunk({"tool_calls": [{"index": 0, **call}]}),
+                           chunk({}, "tool_calls"), b"data: [DONE]\n\n"]))
+    message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in message.content] == [(b.type, b.name, b.input) for b in streamed.content]
+    assert [(b.name, b.input) for b in streamed.content] == [("weather", {"city": "Oslo"})]
+    assert message.stop_reason == streamed.stop_reason == "tool_use"

@@ -111,6 +111,13 @@ data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","functio
 
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
 """
+# TGI (huggingface/text-generation-inference#2136) and llama.cpp's server (ggml-org/llama.cpp#20198) have sent a
+# call's arguments as the JSON object itself, not as its text.
+OBJECT_ARGUMENTS = """\
+data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"w","arguments":{"days":2}}}]}}]}
+
+data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
+"""
 FILTERED = """\
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
 """
@@ -139,6 +146,8 @@ data: {{"choices":[],"usage":{{"prompt_tokens":4,"completion_tokens":8}}}}
         (SAME_INDEX, {}, [ToolCallStart(0, "a", "w"), ToolCallDelta(0, "{}"),
                           ToolCallStart(1, "b", "t"), ToolCallDelta(1, "{}"),
                           Finished(FinishReason.TOOL_USE, Usage(7, 2), upstream_reason="tool_calls")]),
+        (OBJECT_ARGUMENTS, {}, [ToolCallStart(0, "a", "w"), ToolCallDelta(0, '{"days":2}'),
+                                Finished(FinishReason.TOOL_USE, Usage(7, 1), upstream_reason="tool_calls")]),
         (FILTERED.replace("content_filter", "model_length"), {},
          [Finished(FinishReason.CONTEXT_WINDOW, Usage(7, 0), upstream_reason="model_length")]),
     ],
@@ -179,6 +188,8 @@ WEATHER_CALLS = [{"id": "call_a", "type": "function", "function": {"name": "weat
                                 {"prompt_tokens": 20, "completion_tokens": 11, "total_tokens": 31}), {}),
         (VLLM_STOP, completion({"content": "1 2"}, "stop", stop_reason="3"), {"stop": ("3",)}),
         (FILTERED, completion({"content": None}, "content_filter"), {}),
+        (OBJECT_ARGUMENTS, completion({"tool_calls": [{"id": "a", "type": "function", "function": {
+            "name": "w", "arguments": {"days": 2}}}]}, "tool_calls", {"prompt_tokens": 7, "completion_tokens": 1}), {}),
         (PARTS, completion({"content": [THINKING_PART, {"type": "text", "text": "Paris."}]}, "stop",
                            {"prompt_tokens": 4, "completion_tokens": 8}), {}),
     ],
