@@ -43,6 +43,7 @@ class OpenAIChunkReader:
         # Calls opened without a name yet (ours -> their id and the argument pieces held meanwhile): some servers
         # send the name in a later piece, and a Messages block names its tool in its start.
         self._unnamed: dict[int, tuple[str, list[str]]] = {}
+        self._last: Json = None  # the upstream's index (or ours, for a call it numbers not) of the last call piece
         self._deltas = 0
         self._finish: FinishReason | None = None
         self._stop_sequence: str | None = None
@@ -87,7 +88,6 @@ class OpenAIChunkReader:
             raise UpstreamError("The upstream sent a chunk that is not a chat.completion.chunk.") from None
 
     def _tool_call(self, call: Mapping[str, Json]) -> list[GenerationEvent]:
-        upstream_index = call.get("index", len(self._ids))
         function = call.get("function") or {}
         name = upstream_string(function.get("name") or "")
         arguments = function.get("arguments") or ""
@@ -95,6 +95,18 @@ class OpenAIChunkReader:
             arguments = wire_json.dumps(arguments).decode()
         arguments = upstream_string(arguments)
         given_id = upstream_string(call.get("id") or "")
+        upstream_index = call.get("index")
+        if upstream_index is None:
+            # Gemini's calls have no index: a piece that names a call (but for the last call's id) starts one, any
+            # other continues the last (its arguments' next piece, or only its thought signature).
+            last = len(self._ids) - 1
+            if last >= 0 and not (name and not (given_id and given_id == self._ids[last])):
+                upstream_index = self._last
+            elif not (name or given_id or arguments):
+                return []  # no call to continue, and nothing of one
+            else:
+                upstream_index = ("unnumbered", len(self._ids))
+        self._last = upstream_index
         events: list[GenerationEvent] = []
         known = self._calls.get(upstream_index)
         # Ollama numbers every call of a parallel batch 0, each with its own id: another id with a name is another
@@ -169,7 +181,10 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
     if not any(c.get("index", 0) == 0 and c.get("finish_reason") for c in choices):
         # Whole, so not cut short (as a stream without one would be): asking again would get the same.
         raise UpstreamError("The upstream's answer has no finish reason.")
-    chunk_choices = [{**choice, "delta": choice["message"]} for choice in choices]
+    # A message's calls are whole, each its own: numbered here, the reader does not take one for another's piece.
+    chunk_choices = [{**choice, "delta": {**choice["message"], "tool_calls": [
+        {**call, "index": i} for i, call in enumerate(choice["message"].get("tool_calls") or ())]}}
+        for choice in choices]
     reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=stop)
     events = reader.feed({"choices": chunk_choices, "usage": completion.get("usage")})
     finished = reader.end()

@@ -439,3 +439,23 @@ def test_arguments_sent_as_an_object_reach_the_sdk_as_the_calls_input_json_and_s
     assert [(b.type, b.name, b.input) for b in message.content] == [(b.type, b.name, b.input) for b in streamed.content]
     assert [(b.name, b.input) for b in streamed.content] == [("weather", {"city": "Oslo"})]
     assert message.stop_reason == streamed.stop_reason == "tool_use"
+
+
+def test_calls_gemini_streams_without_an_index_reach_the_sdk_whole(claude, double):
+    """Gemini's OpenAI compatibility streams calls without `index`, may split a call's arguments over pieces that
+    name no call, and sends a call's thought signature in a piece of its own (open-webui/computer#224): each such
+    piece was read as another call without a name, and the stream ended in a 502 error event (the first call's
+    arguments cut off) or a tool_use block with an empty name."""
+    signature = {"google": {"thought_signature": "c2ln"}}
+    first = {"id": "function-call-1", "type": "function", "extra_content": signature,
+             "function": {"name": "weather", "arguments": '{"city": '}}
+    second = {"id": "function-call-2", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    double.cue(Cue(frames=[chunk({"role": "assistant", "tool_calls": [first]}),
+                           chunk({"tool_calls": [{"function": {"arguments": '"Oslo"}'}}]}),
+                           chunk({"tool_calls": [{"extra_content": signature}]}), chunk({"tool_calls": [second]}),
+                           chunk({}, "stop"), b"data: [DONE]\n\n"]))
+    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
+        final = stream.get_final_message()
+    assert [(b.id, b.name, b.input) for b in final.content] == [
+        ("function-call-1", "weather", {"city": "Oslo"}), ("function-call-2", "weather", {})]
+    assert final.stop_reason == "tool_use"

@@ -118,6 +118,22 @@ data: {"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name"
 
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
 """
+# Gemini's OpenAI compatibility: calls without `index`, a call's arguments split over pieces that name no call, a
+# piece carrying only the call's thought signature, and `stop` after the calls (open-webui/computer#224).
+SIGNATURE = '"extra_content":{"google":{"thought_signature":"c2ln"}}'
+GEMINI = f"""\
+data: {{"choices":[{{"delta":{{"tool_calls":[{{"id":"f-1","function":{{"name":"w","arguments":"{{\\"d\\":"}}}}]}}}}]}}
+
+data: {{"choices":[{{"delta":{{"tool_calls":[{{"function":{{"arguments":"2}}"}}}}]}}}}]}}
+
+data: {{"choices":[{{"delta":{{"tool_calls":[{{{SIGNATURE}}}]}}}}]}}
+
+data: {{"choices":[{{"delta":{{"tool_calls":[{{"id":"f-2","function":{{"name":"t","arguments":"{{}}"}}}}]}}}}]}}
+
+data: {{"choices":[{{"delta":{{"tool_calls":[{{"id":"f-2",{SIGNATURE}}}]}}}}]}}
+
+data: {{"choices":[{{"delta":{{}},"finish_reason":"stop"}}]}}
+"""
 FILTERED = """\
 data: {"choices":[{"index":0,"delta":{},"finish_reason":"content_filter"}]}
 """
@@ -148,6 +164,9 @@ data: {{"choices":[],"usage":{{"prompt_tokens":4,"completion_tokens":8}}}}
                           Finished(FinishReason.TOOL_USE, Usage(7, 2), upstream_reason="tool_calls")]),
         (OBJECT_ARGUMENTS, {}, [ToolCallStart(0, "a", "w"), ToolCallDelta(0, '{"days":2}'),
                                 Finished(FinishReason.TOOL_USE, Usage(7, 1), upstream_reason="tool_calls")]),
+        (GEMINI, {}, [ToolCallStart(0, "f-1", "w"), ToolCallDelta(0, '{"d":'), ToolCallDelta(0, "2}"),
+                      ToolCallStart(1, "f-2", "t"), ToolCallDelta(1, "{}"),
+                      Finished(FinishReason.TOOL_USE, Usage(7, 3), upstream_reason="stop")]),
         (FILTERED.replace("content_filter", "model_length"), {},
          [Finished(FinishReason.CONTEXT_WINDOW, Usage(7, 0), upstream_reason="model_length")]),
     ],
