@@ -260,3 +260,16 @@ def test_the_bearer_scheme_given_as_part_of_the_key_says_so_not_that_the_key_is_
                 metadata=(("authorization", f"Bearer {api_key.format(gateway.secret)}"),))
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert refused.value.details() == caught.value.body["message"]
+
+
+@pytest.mark.parametrize("value", ["Bearer:{}", "Bearer: {}", "bearer={}", "Bearer{}", "Bearer:pk-not-a-key-of-ours"])
+def test_a_key_glued_to_its_scheme_says_so_not_that_no_key_came(gateway, value):
+    """`Authorization: Bearer:KEY` (a header written as `name: value` once too often, or `=` as in an env file) was
+    answered "You didn't provide an API key.": the caller did, without the space after `Bearer`."""
+    response = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "family-a-5.5", "messages": HI},
+                          headers={"authorization": value.format(gateway.secret)}, timeout=30)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (401, "invalid_api_key")
+    assert error["message"] == ("Malformed Authorization header: no space separates `Bearer` from the key. Send it "
+                                "as `Authorization: Bearer YOUR_KEY`.")
+    assert gateway.secret[5:] not in response.text
