@@ -62,8 +62,9 @@ def add_store_commands(commands: argparse._SubParsersAction, after: argparse.Arg
     revoke.add_argument("key", metavar="ID_OR_SECRET")
 
 
-# U+202A-U+202E and U+2066-U+2069, as the console's dom.js `shown`
-_DIRECTIONAL = re.compile("[\u202a-\u202e\u2066-\u2069]")
+# U+202A-U+202E and U+2066-U+2069, as the console's dom.js `shown`; and the line and paragraph separators, U+2028
+# and U+2029, which split a name's row in two for a script reading the rows with str.splitlines()
+_DIRECTIONAL = re.compile("[\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 # option -> KeyLimits field
 _LIMIT_OPTIONS = {
@@ -242,7 +243,8 @@ def _grants(key: ApiKey) -> str:
 
 def _shown(name: str) -> str:
     """A key name with its directional embeddings, overrides and isolates written out as <U+202E>, as the console
-    shows them: printed raw, a right-to-left override reverses the rest of the terminal line and disguises the name."""
+    shows them: printed raw, a right-to-left override reverses the rest of the terminal line and disguises the name.
+    Its line and paragraph separators likewise (<U+2028>): each key is one line."""
     return _DIRECTIONAL.sub(lambda match: f"<U+{ord(match.group()):04X}>", name)
 
 

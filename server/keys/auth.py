@@ -43,6 +43,12 @@ X_API_KEY_WITH_SCHEME_MESSAGE = ("Malformed x-api-key header: it takes the key a
                                  "`x-api-key: YOUR_KEY`.")
 KEY_WITHOUT_SCHEME_MESSAGE = ("Malformed Authorization header: the key has no scheme before it. Send it as "
                               "`Authorization: Bearer YOUR_KEY`.")
+# `Authorization: Bearer Bearer KEY`: the openai SDK given `api_key="Bearer pk-..."` (a value copied from a curl line).
+BEARER_TWICE_MESSAGE = ("Malformed Authorization header: `Bearer ` is written twice, the second as part of the key. "
+                        "Send it as `Authorization: Bearer YOUR_KEY`.")
+# `Authorization: Bearer:KEY`, `Bearer=KEY`, `BearerKEY`: the scheme and the key run together.
+KEY_GLUED_TO_SCHEME_MESSAGE = ("Malformed Authorization header: no space separates `Bearer` from the key. Send it as "
+                               "`Authorization: Bearer YOUR_KEY`.")
 KEY_WITH_OTHER_SCHEME_MESSAGE = ("Malformed Authorization header: the key's scheme is not Bearer. Send it as "
                                  "`Authorization: Bearer YOUR_KEY`.")  # the scheme is not quoted: it may be a key
 # A key read with its quotes (`KEY="pk-..."` in a file `docker run --env-file` reads: it keeps them).
@@ -54,6 +60,7 @@ QUOTED_KEY_MESSAGES = {
 # The form of the keys Portico makes (server/keys/store.py: `pk-`, an optional env, token_urlsafe).
 _KEY_FORM = re.compile(rf"{re.escape(SECRET_PREFIX)}[A-Za-z0-9_-]+")
 _QUOTED_KEY_FORM = re.compile(rf"([\"']){_KEY_FORM.pattern}\1")
+_GLUED_KEY_FORM = re.compile(rf"(?i:bearer)[:=]? *{_KEY_FORM.pattern}")
 
 _logger = logging.getLogger(__name__)
 
@@ -208,9 +215,14 @@ def _secret_from(metadata: Metadata, allow_x_api_key: bool) -> str:
                 token = token.strip()
                 if _QUOTED_KEY_FORM.fullmatch(token):
                     raise AuthenticationFailed(QUOTED_KEY_MESSAGES[name])
+                again, _, key = token.partition(" ")
+                if again.lower() == "bearer" and _KEY_FORM.fullmatch(key.strip()):
+                    raise AuthenticationFailed(BEARER_TWICE_MESSAGE)
                 bearers.append(token)
             elif _KEY_FORM.fullmatch(value.strip()):
                 raise AuthenticationFailed(KEY_WITHOUT_SCHEME_MESSAGE)
+            elif _GLUED_KEY_FORM.fullmatch(value):
+                raise AuthenticationFailed(KEY_GLUED_TO_SCHEME_MESSAGE)
             elif _KEY_FORM.fullmatch(token.strip()):  # `Token KEY`, `Basic KEY`: a key, under another scheme
                 raise AuthenticationFailed(KEY_WITH_OTHER_SCHEME_MESSAGE)
         elif name == "x-api-key" and allow_x_api_key and isinstance(value, str):

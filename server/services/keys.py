@@ -15,7 +15,7 @@ from collections.abc import Callable
 from google.api import httpbody_pb2
 from portico.v1 import key_pb2, key_service_pb2_grpc
 
-from server.domain_keys import KEY_LIMIT_NAMES, SPEND_LIMIT_NAMES, ApiKey, KeyLimits, is_key_id
+from server.domain_keys import KEY_LIMIT_NAMES, MAX_GRACE_SECONDS, SPEND_LIMIT_NAMES, ApiKey, KeyLimits, is_key_id
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
 from server.translate.json_to_message import read_body
@@ -75,7 +75,8 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
     async def RotateKeyHttp(self, request: key_pb2.RotateKeyHttpRequest, context) -> key_pb2.RotateKeyResponse:
         await self._admit(context, request.id)
         await context.send_initial_metadata(_SECRET_ANSWER)
-        return await self._rotate(read_body(request.body.data, key_pb2.RotateKeyRequest, url={"id": request.id}))
+        return await self._rotate(read_body(request.body.data, key_pb2.RotateKeyRequest, url={"id": request.id},
+                                            bounds={"grace_seconds": (0, MAX_GRACE_SECONDS)}))
 
     async def ListKeys(self, request, context) -> key_pb2.ListKeysResponse:
         await self._admit(context)

@@ -34,14 +34,16 @@ _INTEGER_RANGES = {
 }
 
 
-def read_body(data: bytes, message_class: type[M], *, url: Mapping[str, Json] | None = None) -> M:
+def read_body(data: bytes, message_class: type[M], *, url: Mapping[str, Json] | None = None,
+              bounds: Mapping[str, tuple[int, int]] | None = None) -> M:
     """A raw body (empty reads as `{}`: nothing to set) as `message_class`. `url`: the fields the URL gave (a key's
-    `id`), set as given; the body may not name them."""
+    `id`), set as given; the body may not name them. `bounds`: the range the API takes for an integer field (by its
+    path) narrower than its wire type, named in the refusal of a value beyond either (not the type's range)."""
     body = parse_body(data) if data.strip() else {}
     if body:
         _refuse_repeated(json.loads(data, object_pairs_hook=_Members.of), "")
     message = message_class(**(url or {}))
-    _fill(message, body, "", omit=frozenset(url or ()))
+    _fill(message, body, "", omit=frozenset(url or ()), bounds=bounds or {})
     return message
 
 
@@ -75,7 +77,8 @@ def _refuse_repeated(value: Json, path: str) -> None:
             _refuse_repeated(item, f"{path}[{index}]")
 
 
-def _fill(message: Message, obj: Mapping[str, Json], path: str, *, omit: frozenset[str] = frozenset()) -> None:
+def _fill(message: Message, obj: Mapping[str, Json], path: str, *, omit: frozenset[str] = frozenset(),
+          bounds: Mapping[str, tuple[int, int]]) -> None:
     fields = [f for f in message.DESCRIPTOR.fields if f.name not in omit]
     by_name = {f.json_name: f for f in fields} | {f.name: f for f in fields}
     given: dict[str, str] = {}  # field name -> the name the caller used
@@ -96,16 +99,16 @@ def _fill(message: Message, obj: Mapping[str, Json], path: str, *, omit: frozens
                 raise wrong_type(where, "an object", value)
             nested = getattr(message, field.name)
             nested.SetInParent()  # `"limits": {}` is set, as the transcoder had it
-            _fill(nested, value, where)
+            _fill(nested, value, where, bounds=bounds)
         elif field.is_repeated:
             if not isinstance(value, list):
                 raise wrong_type(where, "an array", value)
             getattr(message, field.name).extend(_scalar(field, item, f"{where}[{i}]") for i, item in enumerate(value))
         else:
-            setattr(message, field.name, _scalar(field, value, where))
+            setattr(message, field.name, _scalar(field, value, where, bounds.get(where)))
 
 
-def _scalar(field: FieldDescriptor, value: Json, where: str) -> Json:
+def _scalar(field: FieldDescriptor, value: Json, where: str, bounds: tuple[int, int] | None = None) -> Json:
     if field.message_type is not None or field.type in (_F.TYPE_ENUM, _F.TYPE_BYTES):
         raise TypeError(f"{field.full_name}: {field.type} fields are not read from JSON here")
     if field.type == _F.TYPE_STRING:
@@ -124,5 +127,6 @@ def _scalar(field: FieldDescriptor, value: Json, where: str) -> Json:
     if not is_integer(value):
         raise wrong_type(where, "an integer", value)
     if not low <= value <= high:
+        low, high = bounds or (low, high)  # the wire type's range is not the API's: a caller would try its top next
         raise InvalidRequest(f"`{where}` must be an integer from {low} to {high}, got {value}.", param=where)
     return int(value)

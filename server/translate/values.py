@@ -54,10 +54,13 @@ def _why_not_json(data: bytes, exc: wire_json.JSONDecodeError) -> InvalidRequest
             data.decode()
         except UnicodeDecodeError as bad:
             return InvalidRequest(f"Invalid JSON body: it is not valid UTF-8 (byte 0x{data[bad.start]:02x} at "
-                                  f"position {bad.start}).", param=_broken_string(data.decode(errors="surrogateescape")))
-    if "surrogate" in exc.msg and (where := _broken_string(data.decode(errors="surrogateescape"))):
-        return InvalidRequest(f"Invalid JSON body: `{where}` holds half of a UTF-16 surrogate pair (a string cut "
-                              f"inside an emoji, say): {exc}.", param=where)
+                                  f"position {bad.start}).",
+                                  param=_broken_string(data.decode(errors="surrogateescape")) or None)
+    if "surrogate" in exc.msg and (where := _broken_string(data.decode(errors="surrogateescape"))) is not None:
+        # "" is a member's name at the top, which has no path to give as param: the message says what it is.
+        what = f"`{where}`" if where else "a member's name"
+        return InvalidRequest(f"Invalid JSON body: {what} holds half of a UTF-16 surrogate pair (a string cut "
+                              f"inside an emoji, say): {exc}.", param=where or None)
     if exc.msg.startswith(_MAYBE_NOT_FINITE) and (found := _not_finite_number(data)):
         where, shown = found
         return InvalidRequest(f"Invalid JSON body: `{where}` must be a finite number, got {shown}.", param=where)
@@ -110,14 +113,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _broken_string(text: str) -> str | None:
     """The path of the first string of the JSON `text` holding a lone surrogate (an escaped one, or a byte that is
-    not UTF-8 decoded with surrogateescape), which the json module reads as it is; None when it is elsewhere (a
-    member's name at the top) or the text does not read. The path stops at an object whose member name is broken:
-    a param must be text (orjson writes no lone surrogate)."""
+    not UTF-8 decoded with surrogateescape), which the json module reads as it is; "" for a member's name at the top,
+    None when the text holds none or does not read. The path stops at an object whose member name is broken: a param
+    must be text (orjson writes no lone surrogate)."""
     for node, path in _in_order(text):
         if isinstance(node, str) and _SURROGATE.search(node):
-            return path or None
+            return path
         if isinstance(node, dict) and any(_SURROGATE.search(name) for name in node):
-            return path or None
+            return path
     return None
 
 

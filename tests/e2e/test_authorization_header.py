@@ -7,6 +7,7 @@ import socket
 
 import grpc
 import httpx
+import openai
 import pytest
 from google.protobuf import json_format
 
@@ -239,3 +240,36 @@ def test_a_key_in_quotes_says_so_not_that_it_is_wrong(gateway, header, value, me
             model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
                 model_pb2.ListModelsRequest(), metadata=((header, value.format(gateway.secret)),), timeout=30)
     assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, message)
+
+
+@pytest.mark.parametrize("api_key", ["Bearer {}", "bearer  {}", "Bearer pk-not-a-key-of-ours"])
+def test_the_bearer_scheme_given_as_part_of_the_key_says_so_not_that_the_key_is_wrong(gateway, api_key):
+    """The openai SDK given `api_key="Bearer pk-..."` (OPENAI_API_KEY copied from a curl line) sends
+    `Authorization: Bearer Bearer pk-...`, answered "Incorrect API key provided.": the caller checked, or rotated, a
+    key that was fine, where `x-api-key: Bearer KEY` is said to be malformed. Said so too, never quoting the key."""
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=api_key.format(gateway.secret), max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client.models.list()
+    assert caught.value.body["message"] == ("Malformed Authorization header: `Bearer ` is written twice, the second "
+                                            "as part of the key. Send it as `Authorization: Bearer YOUR_KEY`.")
+    assert gateway.secret[5:] not in str(caught.value.body)
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            model_service_pb2_grpc.ModelServiceStub(channel).ListModels(
+                model_pb2.ListModelsRequest(), timeout=30,
+                metadata=(("authorization", f"Bearer {api_key.format(gateway.secret)}"),))
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert refused.value.details() == caught.value.body["message"]
+
+
+@pytest.mark.parametrize("value", ["Bearer:{}", "Bearer: {}", "bearer={}", "Bearer{}", "Bearer:pk-not-a-key-of-ours"])
+def test_a_key_glued_to_its_scheme_says_so_not_that_no_key_came(gateway, value):
+    """`Authorization: Bearer:KEY` (a header written as `name: value` once too often, or `=` as in an env file) was
+    answered "You didn't provide an API key.": the caller did, without the space after `Bearer`."""
+    response = httpx.post(f"{gateway.base_url}/v1/chat/completions", json={"model": "family-a-5.5", "messages": HI},
+                          headers={"authorization": value.format(gateway.secret)}, timeout=30)
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (401, "invalid_api_key")
+    assert error["message"] == ("Malformed Authorization header: no space separates `Bearer` from the key. Send it "
+                                "as `Authorization: Bearer YOUR_KEY`.")
+    assert gateway.secret[5:] not in response.text

@@ -149,6 +149,20 @@ def test_rest_refuses_unknown_fields_at_any_level_naming_their_path(gateway):
     assert chat(gateway, created["secret"]).status_code == 200  # not rotated
 
 
+def test_a_rotation_grace_beyond_its_wire_type_is_refused_with_the_range_the_api_takes(gateway):
+    """A grace of 5,000,000,000 (milliseconds meant as seconds) was told 'from 0 to 4294967295', uint32's range; the
+    caller then sent 4294967295 and was told 'from 0 to 315360000'. Both now name the range the API takes."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {**dict(bearer(admin)), "content-type": "application/json"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    key = httpx.post(keys_url, headers=headers, json={"name": "grace", "all_models": True}, timeout=60).json()["key"]
+    for grace in (5_000_000_000, 4_294_967_295, -1):
+        error = refusal(httpx.post(f"{keys_url}/{key['id']}/rotate", headers=headers, timeout=60,
+                                   json={"grace_seconds": grace}))
+        assert error["param"] == "grace_seconds" and "0 to 315360000" in error["message"], error
+    assert httpx.get(f"{keys_url}/{key['id']}", headers=headers).json()["key"] == key  # not rotated
+
+
 def test_a_member_given_twice_in_a_body_is_refused_naming_it_not_the_last_one_taken(gateway):
     """A script that merges JSON templates sent `"limits"` twice: the first (the budget) was dropped without a word,
     and the key was made without it, 200. Refused as `allModels` beside `all_models` is; nothing is stored."""

@@ -210,3 +210,21 @@ def test_the_cli_writes_out_a_names_directional_controls_as_the_console_does(tmp
     printed = created + capsys.readouterr().out
     assert "\u202e" not in printed and "\u2066" not in printed
     assert printed.count("billing<U+202E><U+2066>ops") == 6
+
+
+def test_keys_list_prints_one_line_per_key_whatever_its_name_holds(tmp_path, capsys):
+    """A key name holding a line or paragraph separator (U+2028, U+2029: a name pasted from a document, or sent
+    through the admin API, which takes them) split its row of `portico keys list` in two for a script reading the
+    rows with str.splitlines(), as Python's does: the second half read as a row of its own. They are written out
+    as <U+2028>, as direction controls are."""
+    from server.cli import main
+
+    data = ["--data-dir", str(tmp_path / "d")]
+    for name in ("first\u2028half", "para\u2029graph", "plain"):
+        assert main([*data, "keys", "create", "--name", name, "--all-models"]) == 0
+    capsys.readouterr()
+    assert main([*data, "keys", "list"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 3 and all(row.startswith("key_") for row in rows), rows
+    assert "first<U+2028>half" in rows[0] + rows[1] + rows[2]
+    assert "para<U+2029>graph" in rows[0] + rows[1] + rows[2]

@@ -275,3 +275,12 @@ def test_the_typed_requests_hold_every_field_of_the_tables():
                for name in table if name not in message.DESCRIPTOR.fields_by_name]
     assert "The typed request messages hold every field of the tables" in (ROOT / "docs" / "api.md").read_text()
     assert lacking == []
+
+
+@pytest.mark.parametrize("data", [b'{"\\ud800": 1, "model": "m"}', b'{"model": "m", "x\\udc00y": {"a": 1}}'])
+def test_a_member_name_at_the_top_holding_half_a_surrogate_pair_is_said_to(data):
+    # A member name has no path to give as param; the message still says what is wrong, as for a value's string.
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(data)
+    assert "a member's name holds half of a UTF-16 surrogate pair" in caught.value.message
+    assert caught.value.param is None
