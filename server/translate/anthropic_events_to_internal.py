@@ -88,9 +88,11 @@ class AnthropicEventReader:
                 self._output_final = self._output_final or usage.get("output_tokens") is not None
                 self._note_reported(usage)
                 if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
-                    self._input_tokens = _input_tokens(usage)
-                    self._cached_tokens = token_count(usage, "cache_read_input_tokens") or self._cached_tokens
-                    self._written_tokens = token_count(usage, "cache_creation_input_tokens") or self._written_tokens
+                    # Cumulative, so never below message_start's: SGLang's endpoint sends 0 here after the count there
+                    # (z.ai's and LiteLLM's send 0 there and the count here).
+                    self._input_tokens = max(self._input_tokens, _input_tokens(usage))
+                    self._cached_tokens = max(self._cached_tokens, token_count(usage, "cache_read_input_tokens"))
+                    self._written_tokens = max(self._written_tokens, token_count(usage, "cache_creation_input_tokens"))
                 return []
             if kind == "content_block_stop":
                 return self._block_stop(int(event.get("index", 0)))

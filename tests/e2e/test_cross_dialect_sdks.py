@@ -459,3 +459,43 @@ def test_calls_gemini_streams_without_an_index_reach_the_sdk_whole(claude, doubl
     assert [(b.id, b.name, b.input) for b in final.content] == [
         ("function-call-1", "weather", {"city": "Oslo"}), ("function-call-2", "weather", {})]
     assert final.stop_reason == "tool_use"
+
+
+def anthropic_frames(start_usage: dict, delta_usage: dict | None, text: str = "It is sunny in Oslo today.") -> list:
+    """An Anthropic stream of one text block, with these usages in message_start and message_delta (None: none)."""
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}}
+    return [sse({"type": "message_start", "message": message}, "message_start"),
+            sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                "content_block_start"),
+            sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+                "content_block_delta"),
+            sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            sse({**delta, **({"usage": delta_usage} if delta_usage is not None else {})}, "message_delta"),
+            sse({"type": "message_stop"}, "message_stop")]
+
+
+def streamed_usage(oai) -> tuple[str, openai.types.CompletionUsage, str]:
+    """A chat caller's streamed answer from chat-claude: its text, usage and request id."""
+    with oai.chat.completions.with_streaming_response.create(
+            model="chat-claude", messages=HELLO, max_tokens=50, stream=True,
+            stream_options={"include_usage": True}) as response:
+        chunks = list(response.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks[-1].usage, response.headers["x-request-id"]
+
+
+def test_a_prompt_count_a_compatible_server_zeroes_in_message_delta_is_counted_as_message_start_said(oai, gateway,
+                                                                                                     double):
+    """SGLang's Anthropic-compatible endpoint reports the prompt in message_start and sends `input_tokens: 0` in
+    message_delta (sgl-project/sglang#20830; envoyproxy/ai-gateway#1631 met the same): the 0 replaced the count, so
+    a chat caller read `prompt_tokens: 0` and the ledger counted a free prompt. Anthropic's delta counts are
+    cumulative, never below message_start's."""
+    double.cue(Cue(frames=anthropic_frames({"input_tokens": 25, "output_tokens": 1},
+                                           {"input_tokens": 0, "output_tokens": 7})))
+    text, usage, request_id = streamed_usage(oai)
+    assert text == "It is sunny in Oslo today."
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (25, 7, 32)
+    line = access_line(gateway, request_id)
+    assert (line["input_tokens"], line["output_tokens"]) == (25, 7)
