@@ -461,17 +461,21 @@ def test_calls_gemini_streams_without_an_index_reach_the_sdk_whole(claude, doubl
     assert final.stop_reason == "tool_use"
 
 
-def anthropic_frames(start_usage: dict, delta_usage: dict | None, text: str = "It is sunny in Oslo today.") -> list:
-    """An Anthropic stream of one text block, with these usages in message_start and message_delta (None: none)."""
+def anthropic_frames(start_usage: dict, delta_usage: dict | None, text: str = "It is sunny in Oslo today.",
+                     thinking: str = "") -> list:
+    """An Anthropic stream of a thinking block (when `thinking`) and a text block, with these usages in message_start
+    and message_delta (None: none)."""
     message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "content": [],
                "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+    blocks = [({"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": thinking})]
+    blocks = blocks if thinking else []
+    blocks.append(({"type": "text", "text": ""}, {"type": "text_delta", "text": text}))
     delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}}
     return [sse({"type": "message_start", "message": message}, "message_start"),
-            sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                "content_block_start"),
-            sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
-                "content_block_delta"),
-            sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            *[frame for index, (block, piece) in enumerate(blocks) for frame in (
+                sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start"),
+                sse({"type": "content_block_delta", "index": index, "delta": piece}, "content_block_delta"),
+                sse({"type": "content_block_stop", "index": index}, "content_block_stop"))],
             sse({**delta, **({"usage": delta_usage} if delta_usage is not None else {})}, "message_delta"),
             sse({"type": "message_stop"}, "message_stop")]
 
@@ -499,3 +503,17 @@ def test_a_prompt_count_a_compatible_server_zeroes_in_message_delta_is_counted_a
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (25, 7, 32)
     line = access_line(gateway, request_id)
     assert (line["input_tokens"], line["output_tokens"]) == (25, 7)
+
+
+def test_an_answer_whose_message_delta_has_no_usage_is_counted_at_four_characters_a_token(oai, gateway, double):
+    """MiniMax's Anthropic-compatible API sends message_delta without `usage` (earendil-works/pi#6567), its
+    message_start saying `output_tokens: 0`: that start value was taken as the answer's count, so a chat caller read
+    `completion_tokens: 0` and the ledger counted the answer free. An answer whose count never came is estimated
+    (four characters a token), as any upstream's that reports none: its thinking too, which the model generated."""
+    thinking, text = "The user asks about Oslo.", "It is sunny in Oslo today, with a light breeze from the west."
+    double.cue(Cue(frames=anthropic_frames({"input_tokens": 10, "output_tokens": 0}, None, text, thinking)))
+    answer, usage, request_id = streamed_usage(oai)
+    estimate = -(-len(thinking + text) // 4)
+    assert answer == text and (usage.prompt_tokens, usage.completion_tokens) == (10, estimate)
+    line = access_line(gateway, request_id)
+    assert (line["input_tokens"], line["output_tokens"]) == (10, estimate)
