@@ -106,7 +106,11 @@ class AnthropicEventReader:
                           else max(self._output_tokens, estimate_tokens(self._chars)))
                 usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate, output,
                               self._cached_tokens, self._written_tokens)
-                return [Finished(self._reason, usage, self._stop_sequence, self._upstream_reason)]
+                # Compatible bridges in front of other models end a turn that called a tool with end_turn: a chat
+                # caller is told `tool_calls`, as a Messages caller is told tool_use of OpenAI's calls ending in stop.
+                reason = FinishReason.TOOL_USE if self._reason is FinishReason.END_TURN and self._tool_blocks \
+                    else self._reason
+                return [Finished(reason, usage, self._stop_sequence, self._upstream_reason)]
             return []  # ping and event types added later
         except MALFORMED:
             raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None

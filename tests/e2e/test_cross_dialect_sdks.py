@@ -517,3 +517,34 @@ def test_an_answer_whose_message_delta_has_no_usage_is_counted_at_four_character
     assert answer == text and (usage.prompt_tokens, usage.completion_tokens) == (10, estimate)
     line = access_line(gateway, request_id)
     assert (line["input_tokens"], line["output_tokens"]) == (10, estimate)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_a_compatible_server_ends_with_end_turn_reach_a_chat_caller_as_tool_calls(oai, double, stream):
+    """Anthropic-compatible bridges in front of other models end a turn that called a tool with `end_turn` (as
+    can1357/oh-my-pi#12224 and Joouis/agent-maestro#258 fixed in theirs): a chat caller got the calls with
+    `finish_reason: stop`, and a loop that runs tools on `tool_calls` stopped with the calls unrun. As an
+    OpenAI-compatible answer with calls that ends with `stop` reaches a Messages caller as `tool_use`."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": [{"type": "text", "text": "Checking."}, call], "stop_reason": "end_turn",
+               "usage": {"input_tokens": 10, "output_tokens": 5}}
+    frames = [sse({"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+                  "message_start"), *anthropic_frames({}, None, "Checking.")[1:4],
+              sse({"type": "content_block_start", "index": 1, "content_block": {**call, "input": {}}},
+                  "content_block_start"),
+              sse({"type": "content_block_delta", "index": 1,
+                   "delta": {"type": "input_json_delta", "partial_json": '{"city": "Oslo"}'}}, "content_block_delta"),
+              sse({"type": "content_block_stop", "index": 1}, "content_block_stop"),
+              sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                   "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
+    double.cue(Cue(frames=frames) if stream else Cue(body=message))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
+    if stream:
+        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
+            choice = events.get_final_completion().choices[0]
+    else:
+        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("weather", '{"city": "Oslo"}' if stream else '{"city":"Oslo"}')]
+    assert choice.finish_reason == "tool_calls"
