@@ -39,9 +39,8 @@ class AnthropicEventReader:
     def __init__(self, *, prompt_estimate: int = 0) -> None:
         self._prompt_estimate = prompt_estimate
         self._input_reported = False
-        self._output_reported = False
         self._output_final = False  # message_delta reported the answer's output tokens (message_start's is a start)
-        self._chars = 0  # of text and tool input, for an answer whose usage says nothing of its output
+        self._chars = 0  # of text, thinking and tool input, for an answer whose usage says nothing of its output
         self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
         self._tool_inputs: set[int] = set()  # tool calls whose input has had any text
         self._input_tokens = 0
@@ -76,7 +75,10 @@ class AnthropicEventReader:
             if kind == "content_block_start":
                 return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
             if kind == "content_block_delta":
-                return self._counted(self._block_delta(int(event.get("index", 0)), event.get("delta") or {}))
+                delta = event.get("delta") or {}
+                if delta.get("type") == "thinking_delta":  # no event of ours, but generated: part of an estimate
+                    self._chars += len(upstream_string(delta.get("thinking") or ""))
+                return self._counted(self._block_delta(int(event.get("index", 0)), delta))
             if kind == "message_delta":
                 delta = event.get("delta") or {}
                 if reason := delta.get("stop_reason"):
@@ -88,18 +90,27 @@ class AnthropicEventReader:
                 self._output_final = self._output_final or usage.get("output_tokens") is not None
                 self._note_reported(usage)
                 if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
-                    self._input_tokens = _input_tokens(usage)
-                    self._cached_tokens = token_count(usage, "cache_read_input_tokens") or self._cached_tokens
-                    self._written_tokens = token_count(usage, "cache_creation_input_tokens") or self._written_tokens
+                    # Cumulative, so never below message_start's: SGLang's endpoint sends 0 here after the count there
+                    # (z.ai's and LiteLLM's send 0 there and the count here).
+                    self._input_tokens = max(self._input_tokens, _input_tokens(usage))
+                    self._cached_tokens = max(self._cached_tokens, token_count(usage, "cache_read_input_tokens"))
+                    self._written_tokens = max(self._written_tokens, token_count(usage, "cache_creation_input_tokens"))
                 return []
             if kind == "content_block_stop":
                 return self._block_stop(int(event.get("index", 0)))
             if kind == "message_stop":
                 self.finished = True
-                usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate,
-                              self._output_tokens if self._output_reported else estimate_tokens(self._chars),
+                # message_start's output count is where the answer starts (Anthropic's 1, MiniMax's 0): without
+                # message_delta's, which MiniMax leaves out, the answer is estimated, never counted below that start.
+                output = (self._output_tokens if self._output_final
+                          else max(self._output_tokens, estimate_tokens(self._chars)))
+                usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate, output,
                               self._cached_tokens, self._written_tokens)
-                return [Finished(self._reason, usage, self._stop_sequence, self._upstream_reason)]
+                # Compatible bridges in front of other models end a turn that called a tool with end_turn: a chat
+                # caller is told `tool_calls`, as a Messages caller is told tool_use of OpenAI's calls ending in stop.
+                reason = FinishReason.TOOL_USE if self._reason is FinishReason.END_TURN and self._tool_blocks \
+                    else self._reason
+                return [Finished(reason, usage, self._stop_sequence, self._upstream_reason)]
             return []  # ping and event types added later
         except MALFORMED:
             raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None
@@ -111,7 +122,6 @@ class AnthropicEventReader:
 
     def _note_reported(self, usage: Mapping[str, Json]) -> None:
         self._input_reported = self._input_reported or any(usage.get(name) is not None for name in _INPUT_COUNTS)
-        self._output_reported = self._output_reported or usage.get("output_tokens") is not None
 
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
         if block.get("type") == "text":

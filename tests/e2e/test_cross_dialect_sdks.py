@@ -459,3 +459,92 @@ def test_calls_gemini_streams_without_an_index_reach_the_sdk_whole(claude, doubl
     assert [(b.id, b.name, b.input) for b in final.content] == [
         ("function-call-1", "weather", {"city": "Oslo"}), ("function-call-2", "weather", {})]
     assert final.stop_reason == "tool_use"
+
+
+def anthropic_frames(start_usage: dict, delta_usage: dict | None, text: str = "It is sunny in Oslo today.",
+                     thinking: str = "") -> list:
+    """An Anthropic stream of a thinking block (when `thinking`) and a text block, with these usages in message_start
+    and message_delta (None: none)."""
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+    blocks = [({"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": thinking})]
+    blocks = blocks if thinking else []
+    blocks.append(({"type": "text", "text": ""}, {"type": "text_delta", "text": text}))
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}}
+    return [sse({"type": "message_start", "message": message}, "message_start"),
+            *[frame for index, (block, piece) in enumerate(blocks) for frame in (
+                sse({"type": "content_block_start", "index": index, "content_block": block}, "content_block_start"),
+                sse({"type": "content_block_delta", "index": index, "delta": piece}, "content_block_delta"),
+                sse({"type": "content_block_stop", "index": index}, "content_block_stop"))],
+            sse({**delta, **({"usage": delta_usage} if delta_usage is not None else {})}, "message_delta"),
+            sse({"type": "message_stop"}, "message_stop")]
+
+
+def streamed_usage(oai) -> tuple[str, openai.types.CompletionUsage, str]:
+    """A chat caller's streamed answer from chat-claude: its text, usage and request id."""
+    with oai.chat.completions.with_streaming_response.create(
+            model="chat-claude", messages=HELLO, max_tokens=50, stream=True,
+            stream_options={"include_usage": True}) as response:
+        chunks = list(response.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks[-1].usage, response.headers["x-request-id"]
+
+
+def test_a_prompt_count_a_compatible_server_zeroes_in_message_delta_is_counted_as_message_start_said(oai, gateway,
+                                                                                                     double):
+    """SGLang's Anthropic-compatible endpoint reports the prompt in message_start and sends `input_tokens: 0` in
+    message_delta (sgl-project/sglang#20830; envoyproxy/ai-gateway#1631 met the same): the 0 replaced the count, so
+    a chat caller read `prompt_tokens: 0` and the ledger counted a free prompt. Anthropic's delta counts are
+    cumulative, never below message_start's."""
+    double.cue(Cue(frames=anthropic_frames({"input_tokens": 25, "output_tokens": 1},
+                                           {"input_tokens": 0, "output_tokens": 7})))
+    text, usage, request_id = streamed_usage(oai)
+    assert text == "It is sunny in Oslo today."
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (25, 7, 32)
+    line = access_line(gateway, request_id)
+    assert (line["input_tokens"], line["output_tokens"]) == (25, 7)
+
+
+def test_an_answer_whose_message_delta_has_no_usage_is_counted_at_four_characters_a_token(oai, gateway, double):
+    """MiniMax's Anthropic-compatible API sends message_delta without `usage` (earendil-works/pi#6567), its
+    message_start saying `output_tokens: 0`: that start value was taken as the answer's count, so a chat caller read
+    `completion_tokens: 0` and the ledger counted the answer free. An answer whose count never came is estimated
+    (four characters a token), as any upstream's that reports none: its thinking too, which the model generated."""
+    thinking, text = "The user asks about Oslo.", "It is sunny in Oslo today, with a light breeze from the west."
+    double.cue(Cue(frames=anthropic_frames({"input_tokens": 10, "output_tokens": 0}, None, text, thinking)))
+    answer, usage, request_id = streamed_usage(oai)
+    estimate = -(-len(thinking + text) // 4)
+    assert answer == text and (usage.prompt_tokens, usage.completion_tokens) == (10, estimate)
+    line = access_line(gateway, request_id)
+    assert (line["input_tokens"], line["output_tokens"]) == (10, estimate)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_a_compatible_server_ends_with_end_turn_reach_a_chat_caller_as_tool_calls(oai, double, stream):
+    """Anthropic-compatible bridges in front of other models end a turn that called a tool with `end_turn` (as
+    can1357/oh-my-pi#12224 and Joouis/agent-maestro#258 fixed in theirs): a chat caller got the calls with
+    `finish_reason: stop`, and a loop that runs tools on `tool_calls` stopped with the calls unrun. As an
+    OpenAI-compatible answer with calls that ends with `stop` reaches a Messages caller as `tool_use`."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": [{"type": "text", "text": "Checking."}, call], "stop_reason": "end_turn",
+               "usage": {"input_tokens": 10, "output_tokens": 5}}
+    frames = [sse({"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+                  "message_start"), *anthropic_frames({}, None, "Checking.")[1:4],
+              sse({"type": "content_block_start", "index": 1, "content_block": {**call, "input": {}}},
+                  "content_block_start"),
+              sse({"type": "content_block_delta", "index": 1,
+                   "delta": {"type": "input_json_delta", "partial_json": '{"city": "Oslo"}'}}, "content_block_delta"),
+              sse({"type": "content_block_stop", "index": 1}, "content_block_stop"),
+              sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                   "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
+    double.cue(Cue(frames=frames) if stream else Cue(body=message))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
+    if stream:
+        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
+            choice = events.get_final_completion().choices[0]
+    else:
+        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("weather", '{"city": "Oslo"}' if stream else '{"city":"Oslo"}')]
+    assert choice.finish_reason == "tool_calls"
