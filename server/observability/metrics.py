@@ -60,15 +60,17 @@ class Metrics:
             upstream_seconds=Histogram("portico_upstream_duration_seconds", "Time spent in the provider, retries "
                                        "included", ["model"], buckets=_DURATION_BUCKETS, registry=r),
             first_token_seconds=Histogram("portico_time_to_first_token_seconds", "From the request's arrival to "
-                                          "the first generated text", ["endpoint", "model"],
+                                          "the first part of the answer: text, a tool call, thinking or "
+                                          "reasoning", ["endpoint", "model"],
                                           buckets=_FIRST_TOKEN_BUCKETS, registry=r),
             in_flight=Gauge("portico_requests_in_flight", "Requests being answered", ["endpoint"],
                             multiprocess_mode="livesum", registry=r),
             input_tokens=Counter("portico_input_tokens_total", "Prompt tokens", ["model", "key_id"], registry=r),
             output_tokens=Counter("portico_output_tokens_total", "Generated tokens", ["model", "key_id"],
                                   registry=r),
-            rate_limit_rejections=Counter("portico_rate_limit_rejections_total", "Requests refused by a rate "
-                                          "limit, by limit and scope (key, or key on one model)",
+            rate_limit_rejections=Counter("portico_rate_limit_rejections_total", "Requests refused by one of "
+                                          "Portico's limits (a rate, concurrency, a daily quota or a spend "
+                                          "budget), by limit and scope (key, or key on one model)",
                                           ["limit", "scope"], registry=r),
             upstream_retries=Counter("portico_upstream_retries_total", "Upstream calls retried",
                                      ["model", "reason"], registry=r),

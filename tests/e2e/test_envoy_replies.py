@@ -431,6 +431,32 @@ def test_a_grpc_call_on_a_rest_path_is_in_the_access_log(http, gateway):
     assert (line["request"], line["status"], line["code"]) == ("POST /v1/models", 404, "not_found")
 
 
+@pytest.mark.parametrize("method, path, headers, body", [
+    ("POST", "/v1/chat/completions", {"content-encoding": "gzip"}, gzip.compress(b'{"model": "family-a-5.5"}')),
+    ("GET", "/v1/models", {"content-type": "application/json"}, b'{"limit": 1}'),
+    ("GET", "/v1/organization/costs?start_time=soon", {}, b""),
+], ids=["compressed", "body-on-get", "query-parameter"])
+def test_the_lua_filters_400s_are_envoys_lines_and_in_no_portico_metric(http, gateway, method, path, headers, body):
+    """An operator looking for a caller's 400 finds these refusals in Envoy's access-log lines (operations.md, Logs),
+    never in portico_requests_total: the server never sees them."""
+    from tests.e2e.test_operations import scrape
+
+    request_id = "lua-400-" + str(time.time_ns())
+    before = sum(v for (name, _), v in scrape(gateway).items() if name == "portico_requests_total")
+    response = http.request(method, path, content=body, headers={**headers, "x-request-id": request_id})
+    assert response.status_code == 400, response.text
+    log = gateway.data_dir / "envoy-access.log"
+    deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
+    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    line = next(json.loads(line) for line in log.read_text().splitlines() if request_id in line)
+    assert (line["source"], line["request"], line["status"], line["code"]) == (
+        "envoy", f"{method} {path.partition('?')[0]}", 400, "invalid_request")
+    assert request_id not in gateway.log_path.read_text()  # no line of the server's
+    after = sum(v for (name, _), v in scrape(gateway).items() if name == "portico_requests_total")
+    assert after == before
+
+
 def _answers(raw: bytes) -> list[tuple[int, dict]]:
     """(status, JSON body) of each HTTP/1.1 answer in `raw`, in order (content-length or chunked bodies)."""
     answers = []

@@ -225,6 +225,65 @@ def test_a_scrape_shows_each_request_with_its_labels(gateway):
     assert value(after, "portico_requests_in_flight", endpoint="/v1/chat/completions") == 0
 
 
+def documented_metrics() -> dict[str, tuple[str, set[str]]]:
+    """operations.md's Metrics table: each metric's name -> (type, labels)."""
+    section = (Path(__file__).parents[2] / "docs" / "operations.md").read_text().split("## Metrics")[1]
+    table = {}
+    for row in section.split("## Files")[0].splitlines():
+        if row.startswith("| `portico_"):
+            names, kind, labels = (cell.strip() for cell in row.strip("|").split("|")[:3])
+            for name in re.findall(r"`(portico_\w+)`", names):
+                table[name] = (kind, set(re.findall(r"`(\w+)`", labels)))
+    return table
+
+
+def documented_families(gateway: Gateway, *, workers: bool = False) -> dict:
+    """The families of a scrape after a chat request, each checked against operations.md's table: its documented
+    type, labels (on every sample) and a HELP text, no undocumented family, histograms whose buckets rise to an +Inf
+    bucket equal to their count. With one process every family is there, each counter and histogram with its
+    `_created` series; the summed series of `--workers N` have none (and a family nothing counted yet is absent)."""
+    headers = {"Authorization": f"Bearer {gateway.secret}"}
+    chat = {"model": "family-a-5.4", "messages": HI, "max_tokens": 2}
+    assert httpx.post(f"{gateway.base_url}/v1/chat/completions", json=chat, headers=headers,
+                      timeout=60).status_code == 200
+    text = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=30).text
+    documented = documented_metrics()
+    assert len(documented) == 19  # the table read as a whole
+    families, created = {}, set()
+    for family in text_string_to_metric_families(text):
+        if family.name.endswith("_created"):  # one process: the time each series started (operations.md)
+            created.add(family.name.removesuffix("_created"))
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        families[name] = family
+        kind, labels = documented[name]  # a KeyError is an undocumented family
+        assert (family.type, bool(family.documentation)) == (kind, True), name
+        buckets: dict[tuple, list[tuple[float, float]]] = {}
+        counts = {}
+        for s in family.samples:
+            assert set(s.labels) - {"le"} == labels, (name, s)
+            series = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            if s.name.endswith("_bucket"):
+                buckets.setdefault(series, []).append((float(s.labels["le"]), s.value))
+            elif s.name.endswith("_count"):
+                counts[series] = s.value
+        for series, rising in buckets.items():
+            rising.sort()
+            assert rising[-1][0] == float("inf") and rising[-1][1] == counts[series], (name, series)
+            assert [v for _, v in rising] == sorted(v for _, v in rising), (name, series)
+    assert families["portico_request_duration_seconds"].samples  # the request's, checked above
+    if workers:
+        assert not created and families.keys() <= documented.keys()
+    else:
+        assert families.keys() == documented.keys()
+        assert "portico_requests" in created and "portico_request_duration_seconds" in created
+    return families
+
+
+def test_the_scrape_holds_the_documented_metrics_and_nothing_else(gateway):
+    documented_families(gateway)
+
+
 def test_envoy_stats_on_its_admin_port(gateway):
     stats = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/stats/prometheus", timeout=60).text
     assert 'envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix="portico"}' in stats

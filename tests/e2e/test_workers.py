@@ -18,7 +18,7 @@ import yaml
 
 from gateway.envoy import free_ports, repo_root
 from tests.e2e.conftest import Gateway, running_gateway
-from tests.e2e.test_operations import scrape, value
+from tests.e2e.test_operations import documented_families, scrape, value
 
 HI = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
@@ -81,6 +81,11 @@ def test_metrics_are_summed_over_the_workers_and_survive_a_restart(workers):
     samples = scrape(workers)
     assert value(samples, "portico_output_tokens_total", **tokens) == 12  # the dead worker's share is kept
     assert value(samples, "portico_requests_in_flight", endpoint="/v1/chat/completions") == 0
+
+
+def test_the_summed_scrape_holds_only_documented_metrics_without_created_series(workers):
+    families = documented_families(workers, workers=True)
+    assert families["portico_requests_in_flight"].samples  # the live workers' gauge, summed
 
 
 def test_a_killed_worker_is_restarted_while_the_other_serves(workers):

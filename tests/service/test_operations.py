@@ -240,3 +240,16 @@ async def test_the_start_up_line_names_where_the_server_listens(tmp_path, caplog
             assert f"gRPC server listening on {where}" in caplog.text
         finally:
             await running.stop(0)
+
+
+def test_help_texts_say_what_operations_md_says():
+    """An operator reads a series' meaning in its HELP (Grafana's metrics browser shows it). The first-token
+    histogram said 'the first generated text' while it also times an answer that is only a tool call or begins with
+    thinking, and the limit refusals said 'a rate limit' while daily quotas and spend budgets are counted there too."""
+    from server.observability.metrics import Metrics
+
+    metrics = Metrics.create()
+    first_token = metrics.first_token_seconds._documentation
+    assert "tool call" in first_token and "thinking" in first_token and "generated text" not in first_token
+    refusals = metrics.rate_limit_rejections._documentation
+    assert all(word in refusals for word in ("rate", "concurrency", "quota", "budget"))
