@@ -43,6 +43,8 @@ MAX_GRACE_SECONDS = 10 * 365 * 86_400
 MAX_COUNT_LIMIT = 2**31 - 1
 MAX_SPEND_LIMIT = 1_000_000_000 * 1_000_000
 KEY_LIMIT_NAMES = tuple(f.name for f in fields(KeyLimits))
+# What a limit counts on: the key, or the key on one model (limits.models); a metric label.
+LIMIT_SCOPES = ("key", "key_model")
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ class Scope:
     id: str  # the counters' name in the store, e.g. "key_ab12" or "key_ab12|family-a-5.5"
     label: str  # how messages name it, e.g. "key key_ab12 on model family-a-5.5"
     limits: KeyLimits
-    kind: str = "key"  # "key" or "key_model": a bounded metric label
+    kind: str = "key"  # "key" or "key_model" (domain_keys.LIMIT_SCOPES): a bounded metric label
 
     def limit(self, dimension: Dimension) -> int | None:
         return getattr(self.limits, dimension._value_)  # `_value_`: a plain attribute; `.value` is a descriptor

@@ -16,7 +16,11 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
+from server.domain_keys import KEY_LIMIT_NAMES, LIMIT_SCOPES
+
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Why finished spans were never exported (portico_trace_spans_dropped_total's `reason`).
+SPANS_QUEUE_FULL, SPANS_EXPORT_FAILED = "queue_full", "export_failed"
 
 # Whole requests include long streams; the first token comes much sooner.
 _DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -50,7 +54,7 @@ class Metrics:
     def create(cls) -> Metrics:
         """A fresh set in its own registry (several servers can live in one test process)."""
         r = CollectorRegistry()
-        return cls(
+        metrics = cls(
             registry=r,
             requests=Counter("portico_requests_total", "Requests answered, by endpoint, model, HTTP status and "
                              "error code (499: the caller went away)", ["endpoint", "model", "status", "code"],
@@ -101,6 +105,14 @@ class Metrics:
                                    ["model", "deployment", "state"], multiprocess_mode="livemostrecent",
                                    registry=r),
         )
+        # Series alerts watch start at 0: one born at its first increment has no earlier sample for increase() or
+        # rate() to compare with, so a gateway's first refusals or lost spans would never show as an increase.
+        for limit in KEY_LIMIT_NAMES:
+            for scope in LIMIT_SCOPES:
+                metrics.rate_limit_rejections.labels(limit, scope)
+        for reason in (SPANS_QUEUE_FULL, SPANS_EXPORT_FAILED):
+            metrics.trace_spans_dropped.labels(reason)
+        return metrics
 
 
 def aggregated_registry(directory: Path) -> CollectorRegistry:

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
 
 from server.config_tracing import TracingSettings
+from server.observability.metrics import SPANS_EXPORT_FAILED, SPANS_QUEUE_FULL
 from server.observability.tracing import METADATA, PROPAGATOR, Metadata, Scope
 
 _logger = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class _CountingExporter(SpanExporter):
         except Exception:  # noqa: BLE001 - the export thread must go on whatever the exporter does
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
-            self._on_dropped("export_failed", len(spans))
+            self._on_dropped(SPANS_EXPORT_FAILED, len(spans))
             if not self._failing:
                 why = self._quiet.reason
                 if not why and time.monotonic() - began >= self._timeout_seconds * 0.9:  # its last try timed out
@@ -302,7 +303,7 @@ class _BoundedProcessor(SpanProcessor):
             if not full:
                 self._queued += 1
         if full:
-            self._on_dropped("queue_full", 1)
+            self._on_dropped(SPANS_QUEUE_FULL, 1)
             return
         self._inner.on_end(span)
 

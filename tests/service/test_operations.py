@@ -19,7 +19,8 @@ from portico.v1 import (
 )
 from server.app import start_server
 from server.config import load_config
-from server.domain_keys import KeyLimits
+from server.domain_keys import KEY_LIMIT_NAMES, KeyLimits
+from server.observability.metrics import Metrics
 from tests.helpers import bearer, chat_request
 
 CHAT = "/v1/chat/completions"
@@ -246,10 +247,24 @@ def test_help_texts_say_what_operations_md_says():
     """An operator reads a series' meaning in its HELP (Grafana's metrics browser shows it). The first-token
     histogram said 'the first generated text' while it also times an answer that is only a tool call or begins with
     thinking, and the limit refusals said 'a rate limit' while daily quotas and spend budgets are counted there too."""
-    from server.observability.metrics import Metrics
-
     metrics = Metrics.create()
     first_token = metrics.first_token_seconds._documentation
     assert "tool call" in first_token and "thinking" in first_token and "generated text" not in first_token
     refusals = metrics.rate_limit_rejections._documentation
     assert all(word in refusals for word in ("rate", "concurrency", "quota", "budget"))
+
+
+def test_alerting_series_are_there_at_zero_before_their_first_count():
+    """`increase(portico_trace_spans_dropped_total[5m]) > 0` never fired for a gateway's first lost spans, nor a
+    refusals alert for a limit's first refusals: a series born at its first increment has no earlier sample for
+    increase() to compare with. Every limit, on either scope, and each reason spans are lost for, is 0 from the start."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(Metrics.create().registry).decode())}
+    refusals = {(s.labels["limit"], s.labels["scope"]): s.value
+                for s in families["portico_rate_limit_rejections"].samples if s.name.endswith("_total")}
+    assert refusals == {(limit, scope): 0.0 for limit in KEY_LIMIT_NAMES for scope in ("key", "key_model")}
+    dropped = {s.labels["reason"]: s.value
+               for s in families["portico_trace_spans_dropped"].samples if s.name.endswith("_total")}
+    assert dropped == {"queue_full": 0.0, "export_failed": 0.0}
