@@ -246,6 +246,7 @@ class Usage:
     cached_input_tokens: int = 0  # the part of input_tokens read from the provider's prompt cache (priced lower)
     cache_write_tokens: int = 0  # the part written to it (Anthropic's cache_creation_input_tokens, priced higher)
     cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour (priced higher again)
+    web_searches: int = 0  # searches by an upstream's web search tool (Anthropic's server tool), billed each
 
     @property
     def total_tokens(self) -> int:
@@ -255,7 +256,8 @@ class Usage:
         return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
                      self.cached_input_tokens + other.cached_input_tokens,
                      self.cache_write_tokens + other.cache_write_tokens,
-                     self.cache_write_1h_tokens + other.cache_write_1h_tokens)
+                     self.cache_write_1h_tokens + other.cache_write_1h_tokens,
+                     self.web_searches + other.web_searches)
 
 
 @dataclass(frozen=True, slots=True)

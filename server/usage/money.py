@@ -49,12 +49,14 @@ def usd_text(micros: int) -> str:
 
 def parse_price(raw: Any, where: str) -> Price:
     """A model entry's `price:` mapping: `input`, `output`, `cached_input`, `cache_write`, `cache_write_1h` (USD per
-    million tokens; cached_input and cache_write default to input, cache_write_1h to cache_write) and `image` (USD per
-    image)."""
+    million tokens; cached_input and cache_write default to input, cache_write_1h to cache_write), `image` (USD per
+    image) and `web_search` (USD per search, Anthropic's web search tool)."""
     raw = mapping(raw, where)
-    if unknown := set(raw) - {"input", "output", "cached_input", "cache_write", "cache_write_1h", "image"}:
+    known = {"input", "output", "cached_input", "cache_write", "cache_write_1h", "image", "web_search"}
+    if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: input, output, "
-                          "cached_input, cache_write, cache_write_1h (USD per million tokens), image (USD per image)")
+                          "cached_input, cache_write, cache_write_1h (USD per million tokens), image (USD per image), "
+                          "web_search (USD per search)")
     try:
         values = {name: usd_to_micros(value, f"{where}.{name}") for name, value in raw.items() if value is not None}
     except ValueError as exc:

@@ -75,6 +75,22 @@ def test_an_anthropic_one_hour_count_that_is_no_token_count_is_an_upstream_error
         message_events(message)
 
 
+def test_anthropic_web_searches_reach_usage():
+    """`usage.server_tool_use.web_search_requests`, billed per search: from a JSON answer, and from a stream's
+    message_delta (the final count), so a request's searches are priced at `price.web_search`."""
+    usage = {"input_tokens": 10, "output_tokens": 7, "server_tool_use": {"web_search_requests": 2}}
+    message = {"type": "message", "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+               "usage": usage}
+    assert finished(message_events(message)).usage == Usage(10, 7, web_searches=2)
+    reader = AnthropicEventReader()
+    events = [out for event in one_hour_events({"input_tokens": 10, "output_tokens": 1}, usage)
+              for out in reader.feed(event)]
+    assert finished(events).usage == Usage(10, 7, web_searches=2)
+    for count in (-1, "abc", 1.5, 10**7):
+        with pytest.raises(UpstreamError, match="usage"):
+            message_events({**message, "usage": {**usage, "server_tool_use": {"web_search_requests": count}}})
+
+
 BAD_COUNTS = [-1000, "abc", 1e30, 2**31, 1.5, True, [], {}]
 
 

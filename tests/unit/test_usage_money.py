@@ -75,6 +75,17 @@ def test_an_unknown_price_setting_lists_the_one_hour_cache_write_price():
         parse_price({"cache_write_2h": 6}, "price")
 
 
+def test_web_searches_cost_their_price_each_and_are_not_reserved():
+    """Anthropic bills its web search server tool per search ($10 per 1,000), on top of the tokens."""
+    price = parse_price({"input": 3, "output": 15, "web_search": 0.01}, "price")
+    assert price.web_search == 10_000  # micro-dollars a search
+    assert price.cost(1000, 50, web_searches=3) == 1000 * 3 + 50 * 15 + 3 * 10_000
+    assert price.most(1000, 50) == 1000 * 3 + 50 * 15  # a request's searches are unknown before it runs
+    assert parse_price({"input": 3}, "p").web_search == 0
+    with pytest.raises(ConfigError, match=r"price\.web_search"):
+        parse_price({"web_search": -1}, "price")
+
+
 def test_cached_input_defaults_to_the_input_price():
     assert parse_price({"input": 3, "output": 15}, "p").cached_input == 3_000_000
 
@@ -106,7 +117,7 @@ def test_prices_in_the_configuration(tmp_path):
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
                       " price: {input: 1, output: 2}}\nusage: {retention_days: 30}\n")
     loaded = load_config(config)
-    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0, 1_000_000, 1_000_000)
+    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0, 1_000_000, 1_000_000, 0)
     assert loaded.usage.retention_days == 30
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n"
                       "usage: {flush_every: 1}\n")
