@@ -446,8 +446,8 @@ def _price(raw: Any, where: str, endpoint: Endpoint) -> Price:
         if value is not None and (name == "image") != images:
             raise ConfigError(f"{where}.{name}: " + (
                 "an image model is priced per image (`image`); its requests use no tokens" if images else
-                "a text model is priced per million tokens (`input`, `output`, `cached_input`, `cache_write`); its "
-                "requests make no images"))
+                "a text model is priced per million tokens (`input`, `output`, `cached_input`, `cache_write`, "
+                "`cache_write_1h`) and per web search (`web_search`); its requests make no images"))
     return price
 
 

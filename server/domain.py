@@ -245,6 +245,8 @@ class Usage:
     output_tokens: int = 0
     cached_input_tokens: int = 0  # the part of input_tokens read from the provider's prompt cache (priced lower)
     cache_write_tokens: int = 0  # the part written to it (Anthropic's cache_creation_input_tokens, priced higher)
+    cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour (priced higher again)
+    web_searches: int = 0  # searches by an upstream's web search tool (Anthropic's server tool), billed each
 
     @property
     def total_tokens(self) -> int:
@@ -253,18 +255,22 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
                      self.cached_input_tokens + other.cached_input_tokens,
-                     self.cache_write_tokens + other.cache_write_tokens)
+                     self.cache_write_tokens + other.cache_write_tokens,
+                     self.cache_write_1h_tokens + other.cache_write_1h_tokens,
+                     self.web_searches + other.web_searches)
 
 
 @dataclass(frozen=True, slots=True)
 class Started:
     """Optional first event: the provider accepted the prompt, which is this many tokens (as Usage counts them:
     every prompt token, of which `cached_input_tokens` were read from the provider's prompt cache and
-    `cache_write_tokens` written to it, when it says so before the answer, as Anthropic's message_start does)."""
+    `cache_write_tokens` written to it, `cache_write_1h_tokens` of them for an hour, when it says so before the answer,
+    as Anthropic's message_start does)."""
 
     input_tokens: int
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,25 +60,36 @@ class Price:
     cached_input: int = 0  # input tokens read from the provider's prompt cache
     image: int = 0  # micro-dollars per generated image
     cache_write: int = 0  # input tokens written to the provider's prompt cache (Anthropic bills them above input)
+    cache_write_1h: int = 0  # those written to it for an hour (Anthropic's `ttl: 1h`, billed above cache_write)
+    web_search: int = 0  # micro-dollars per search of an upstream's web search tool (Anthropic's server tool)
 
     @property
     def free(self) -> bool:
         return self == FREE
 
     def cost(self, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-             images: int = 0, cache_write_tokens: int = 0) -> int:
+             images: int = 0, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0,
+             web_searches: int = 0) -> int:
         """Micro-dollars, rounded up once. `input_tokens` counts every prompt token, those read from (cached) and
-        written to (cache_write) the provider's prompt cache included."""
+        written to (cache_write) the provider's prompt cache included; `cache_write_1h_tokens` are the part of the
+        writes made for an hour; `web_searches` are billed per search."""
         cached = min(max(cached_input_tokens, 0), input_tokens)
         written = min(max(cache_write_tokens, 0), input_tokens - cached)
+        hour = min(max(cache_write_1h_tokens, 0), written)
         per_million = ((input_tokens - cached - written) * self.input + cached * self.cached_input
-                       + written * self.cache_write + output_tokens * self.output)
-        return -(-per_million // 1_000_000) + images * self.image
+                       + (written - hour) * self.cache_write + hour * self.cache_write_1h
+                       + output_tokens * self.output)
+        return -(-per_million // 1_000_000) + images * self.image + max(web_searches, 0) * self.web_search
 
     def most(self, prompt_tokens: int, output_tokens: int) -> int:
-        """The most a request may cost: every prompt token at the dearer of input and cache writes."""
-        written = prompt_tokens if self.cache_write > self.input else 0
-        return self.cost(prompt_tokens, output_tokens, cache_write_tokens=written)
+        """The most a request may cost: every prompt token at the dearest of input and cache writes (either TTL).
+        Not its web searches: how many the model makes is unknown before it runs (a budget may be overshot by them)."""
+        if max(self.input, self.cache_write, self.cache_write_1h) == self.input:
+            return self.cost(prompt_tokens, output_tokens)
+        if self.cache_write_1h >= self.cache_write:
+            return self.cost(prompt_tokens, output_tokens, cache_write_tokens=prompt_tokens,
+                             cache_write_1h_tokens=prompt_tokens)
+        return self.cost(prompt_tokens, output_tokens, cache_write_tokens=prompt_tokens)
 
 
 FREE = Price()  # nothing to pay: a model without a `price:`, a cached answer

@@ -26,6 +26,7 @@ class Meter:
     input_tokens: int | None = None
     cached_input_tokens: int = 0  # of input_tokens, as the provider reported them when it started (Started)
     cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     deltas: int = 0
     chars: int = 0
     usage: Usage | None = None
@@ -39,6 +40,7 @@ class Meter:
         elif isinstance(event, Started):
             self.input_tokens = event.input_tokens
             self.cached_input_tokens, self.cache_write_tokens = event.cached_input_tokens, event.cache_write_tokens
+            self.cache_write_1h_tokens = event.cache_write_1h_tokens
         elif isinstance(event, TextDelta):
             self.deltas += 1
             self.chars += len(event.text)
@@ -58,7 +60,8 @@ class Meter:
             return Usage(self.prompt_estimate, output)
         # The prompt as the provider reported it, its cache reads and writes included: they are billed at their own
         # prices whether or not the answer was finished.
-        return Usage(self.input_tokens, output, self.cached_input_tokens, self.cache_write_tokens)
+        return Usage(self.input_tokens, output, self.cached_input_tokens, self.cache_write_tokens,
+                     self.cache_write_1h_tokens)
 
 
 async def metered(

@@ -214,7 +214,8 @@ class Pipeline:
                 usage = meter.usage_so_far()
                 used = usage.total_tokens
                 _account(call, self._served_price(call), usage.input_tokens, usage.output_tokens,
-                         usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens)
+                         usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens,
+                         cache_write_1h_tokens=usage.cache_write_1h_tokens, web_searches=usage.web_searches)
             # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
             # that failed, or a caller gone before the first token, may still have run it. It used what the model
             # reported or sent: nothing, when nothing came back.
@@ -429,7 +430,8 @@ def _asking(call: Call) -> None:
 
 
 def _account(call: Call, price: Price, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-             images: int = 0, *, cache_write_tokens: int = 0) -> None:
+             images: int = 0, *, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0,
+             web_searches: int = 0) -> None:
     """What the request used and cost at `price` (the model's that answered), on its record (metrics, access log,
     usage ledger), which settling the reservation hands to the limit store: above the reservation too, when a
     dearer fallback answered."""
@@ -437,7 +439,8 @@ def _account(call: Call, price: Price, input_tokens: int = 0, output_tokens: int
     record.input_tokens, record.output_tokens = input_tokens, output_tokens
     record.cached_input_tokens, record.images = cached_input_tokens, images
     record.cache_write_tokens = cache_write_tokens
-    record.cost_micros = price.cost(input_tokens, output_tokens, cached_input_tokens, images, cache_write_tokens)
+    record.cost_micros = price.cost(input_tokens, output_tokens, cached_input_tokens, images, cache_write_tokens,
+                                    cache_write_1h_tokens, web_searches)
 
 
 def _note_finish(call: Call, meter: Meter) -> None:

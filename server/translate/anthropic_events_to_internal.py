@@ -19,6 +19,7 @@ from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, reported_count, token_count
 from server.translate.values import MALFORMED, upstream_label, upstream_string
 
+MAX_SEARCHES = 100_000  # at $1,000,000 a search (the dearest price), a cost far inside the ledger's BIGINT
 _INPUT_COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # together, the prompt
 
 STOP_REASONS = {
@@ -47,6 +48,8 @@ class AnthropicEventReader:
         self._output_tokens = 0
         self._cached_tokens = 0  # read from the prompt cache (priced as cached input)
         self._written_tokens = 0  # written to it (priced as cache writes)
+        self._written_1h_tokens = 0  # of those, written for an hour (priced as cache_write_1h)
+        self._searches = 0  # by its web search tool (priced per search)
         self._reason = FinishReason.END_TURN
         self._upstream_reason = ""
         self._stop_sequence: str | None = None
@@ -65,13 +68,14 @@ class AnthropicEventReader:
                 self._input_tokens = _input_tokens(usage)
                 self._cached_tokens = token_count(usage, "cache_read_input_tokens")
                 self._written_tokens = token_count(usage, "cache_creation_input_tokens")
+                self._written_1h_tokens = _hour_writes(usage)
                 self._output_tokens = token_count(usage, "output_tokens")
                 self._note_reported(usage)
                 # The cache's share too: a stream cut short is settled with what came, and these tokens cost their
                 # own prices (a read a tenth of the input price), not the input price.
                 if not self._input_reported:
                     return [Started(self._prompt_estimate)]
-                return [Started(self._input_tokens, self._cached_tokens, self._written_tokens)]
+                return [Started(self._input_tokens, self._cached_tokens, self._written_tokens, self._hour_writes())]
             if kind == "content_block_start":
                 return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
             if kind == "content_block_delta":
@@ -89,12 +93,14 @@ class AnthropicEventReader:
                 self._output_tokens = token_count(usage, "output_tokens") or self._output_tokens
                 self._output_final = self._output_final or usage.get("output_tokens") is not None
                 self._note_reported(usage)
+                self._searches = max(self._searches, _web_searches(usage))  # cumulative, as the other counts
                 if "input_tokens" in usage and usage["input_tokens"] is not None:  # newer APIs repeat the final count
                     # Cumulative, so never below message_start's: SGLang's endpoint sends 0 here after the count there
                     # (z.ai's and LiteLLM's send 0 there and the count here).
                     self._input_tokens = max(self._input_tokens, _input_tokens(usage))
                     self._cached_tokens = max(self._cached_tokens, token_count(usage, "cache_read_input_tokens"))
                     self._written_tokens = max(self._written_tokens, token_count(usage, "cache_creation_input_tokens"))
+                    self._written_1h_tokens = max(self._written_1h_tokens, _hour_writes(usage))
                 return []
             if kind == "content_block_stop":
                 return self._block_stop(int(event.get("index", 0)))
@@ -105,7 +111,7 @@ class AnthropicEventReader:
                 output = (self._output_tokens if self._output_final
                           else max(self._output_tokens, estimate_tokens(self._chars)))
                 usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate, output,
-                              self._cached_tokens, self._written_tokens)
+                              self._cached_tokens, self._written_tokens, self._hour_writes(), self._searches)
                 # Compatible bridges in front of other models end a turn that called a tool with end_turn: a chat
                 # caller is told `tool_calls`, as a Messages caller is told tool_use of OpenAI's calls ending in stop.
                 reason = FinishReason.TOOL_USE if self._reason is FinishReason.END_TURN and self._tool_blocks \
@@ -158,7 +164,11 @@ class AnthropicEventReader:
         if not self._output_final:
             return None
         return Usage(self._input_tokens if self._input_reported else self._prompt_estimate, self._output_tokens,
-                     self._cached_tokens, self._written_tokens)
+                     self._cached_tokens, self._written_tokens, self._hour_writes(), self._searches)
+
+    def _hour_writes(self) -> int:
+        """Part of the writes, never more (a compatible server's breakdown that disagrees with its total)."""
+        return min(self._written_1h_tokens, self._written_tokens)
 
     def end(self) -> None:
         """The stream ended: fine after message_stop, an upstream error before it."""
@@ -221,6 +231,21 @@ def carries_content(event: Mapping[str, Json]) -> bool:
 def _mapping(value: Json) -> Mapping[str, Json]:
     """A usage object; anything else (absent, null, not an object) says nothing."""
     return value if isinstance(value, Mapping) else {}
+
+
+def _hour_writes(usage: Mapping[str, Json]) -> int:
+    """The prompt tokens written to the cache for an hour, which Anthropic bills above the five-minute writes: newer
+    API versions split `cache_creation_input_tokens` by TTL in `cache_creation`; without it, all are 5 minutes'."""
+    return token_count(_mapping(usage.get("cache_creation")), "ephemeral_1h_input_tokens")
+
+
+def _web_searches(usage: Mapping[str, Json]) -> int:
+    """Searches by Anthropic's web search server tool, billed per search. A count no request makes is not the API's
+    usage: priced per search, it could overflow the ledger's cost."""
+    count = token_count(_mapping(usage.get("server_tool_use")), "web_search_requests")
+    if count > MAX_SEARCHES:
+        raise UpstreamError(f"The upstream's usage is not a count of searches: `web_search_requests` is {count}.")
+    return count
 
 
 def _input_tokens(usage: Mapping[str, Json]) -> int:

@@ -48,12 +48,15 @@ def usd_text(micros: int) -> str:
 
 
 def parse_price(raw: Any, where: str) -> Price:
-    """A model entry's `price:` mapping: `input`, `output`, `cached_input`, `cache_write` (USD per million tokens;
-    cached_input and cache_write default to input) and `image` (USD per image)."""
+    """A model entry's `price:` mapping: `input`, `output`, `cached_input`, `cache_write`, `cache_write_1h` (USD per
+    million tokens; cached_input and cache_write default to input, cache_write_1h to cache_write), `image` (USD per
+    image) and `web_search` (USD per search, Anthropic's web search tool)."""
     raw = mapping(raw, where)
-    if unknown := set(raw) - {"input", "output", "cached_input", "cache_write", "image"}:
+    known = {"input", "output", "cached_input", "cache_write", "cache_write_1h", "image", "web_search"}
+    if unknown := set(raw) - known:
         raise ConfigError(f"{where}: unknown setting(s) {setting_names(unknown)}; known: input, output, "
-                          "cached_input, cache_write (USD per million tokens), image (USD per image)")
+                          "cached_input, cache_write, cache_write_1h (USD per million tokens), image (USD per image), "
+                          "web_search (USD per search)")
     try:
         values = {name: usd_to_micros(value, f"{where}.{name}") for name, value in raw.items() if value is not None}
     except ValueError as exc:
@@ -63,4 +66,5 @@ def parse_price(raw: Any, where: str) -> Price:
             raise ConfigError(f"{where}.{name}: at most {MAX_PRICE_USD} US dollars, not {raw[name]!r}")
     values.setdefault("cached_input", values.get("input", 0))
     values.setdefault("cache_write", values.get("input", 0))
+    values.setdefault("cache_write_1h", values["cache_write"])  # unset: existing prices keep their costs
     return Price(**values)

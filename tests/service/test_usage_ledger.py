@@ -51,7 +51,7 @@ def priced_models(url: str) -> str:
   - id: up-claude
     endpoint: /v1/messages
     provider: {{{anthropic}, model: claude-up}}
-    price: {{input: 3, output: 15, cached_input: 0.3, cache_write: 3.75}}
+    price: {{input: 3, output: 15, cached_input: 0.3, cache_write: 3.75, cache_write_1h: 6, web_search: 0.01}}
 """
 
 
@@ -104,6 +104,44 @@ async def test_a_cached_prompt_cut_short_is_charged_at_its_cache_prices(messages
     assert [(r.status, r.code, r.input_tokens, r.cached_input_tokens, r.output_tokens, r.cost_micros) for r in rows] == [
         (502, "upstream_error", 2110, 2000, 1, 1020), (499, "cancelled", 2110, 2000, 1, 1020)]
     assert metric(running, "portico_spend_microdollars_total", model="up-claude", key_id=key.id) == 2 * 1020
+
+
+async def test_one_hour_cache_writes_of_a_stream_cut_short_cost_their_own_price(messages, running, double):
+    """Anthropic's message_start splits the 100 written tokens by TTL (`cache_creation`): 70 written for an hour
+    cost `cache_write_1h` (6), not `cache_write` (3.75), also when the stream breaks off after the first text:
+    10*3 + 2000*0.3 + 30*3.75 + 70*6 + 1*15 = 1,178 micro-dollars, where 1,020 was charged."""
+    double.reset()
+    key, secret = await running.store.create("cache-1h-cut", all_models=True)
+    frames = CACHED_ANSWER_CUES[1].frames
+    start = orjson.loads(frames[0].split(b"data: ", 1)[1])
+    start["message"]["usage"]["cache_creation"] = {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 70}
+    double.cue(Cue(frames=[f"event: message_start\ndata: {orjson.dumps(start).decode()}\n\n".encode(), *frames[1:]],
+                   drop_after=3))
+    with pytest.raises(grpc.aio.AioRpcError):
+        [event async for event in messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))]
+    await running.core.ledger.flush()
+    rows = [r for r in running.core.usage.rows() if r.key_id == key.id]
+    assert [(r.status, r.input_tokens, r.cached_input_tokens, r.output_tokens, r.cost_micros) for r in rows] == [
+        (502, 2110, 2000, 1, 1178)]
+
+
+async def test_web_searches_are_charged_per_search(messages, running, double):
+    """Anthropic bills its web search tool $10 per 1,000 searches: 3 searches add 30,000 micro-dollars to the
+    row's cost, JSON and streamed (message_delta's count), where they cost nothing before."""
+    double.reset()
+    key, secret = await running.store.create("web-search", all_models=True)
+    json_cue, stream_cue = CACHED_ANSWER_CUES
+    searched = {**json_cue.body, "usage": {**json_cue.body["usage"], "server_tool_use": {"web_search_requests": 3}}}
+    frames = [*stream_cue.frames]
+    delta = orjson.loads(frames[-2].split(b"data: ", 1)[1])
+    delta["usage"]["server_tool_use"] = {"web_search_requests": 3}
+    frames[-2] = f"event: message_delta\ndata: {orjson.dumps(delta).decode()}\n\n".encode()
+    double.cue(Cue(body=searched), Cue(frames=frames))
+    await messages.CreateMessage(message_request(model="up-claude"), metadata=bearer(secret))
+    [event async for event in messages.StreamMessage(message_request(model="up-claude"), metadata=bearer(secret))]
+    await running.core.ledger.flush()
+    rows = [r for r in running.core.usage.rows() if r.key_id == key.id]
+    assert [(r.status, r.cost_micros) for r in rows] == [(200, 1020 + 3 * 10_000)] * 2
 
 
 async def test_a_budget_removed_from_a_key_leaves_its_gauge_at_the_keys_next_request(chat, running, double):

@@ -146,7 +146,8 @@ def _known(tmp_path, models: str) -> set[str]:
     """The settings a section knows, as its error for an unknown one lists them."""
     with pytest.raises(ConfigError) as refused:
         load(tmp_path, f"models: {models}")
-    return set(re.findall(r"[a-z_]+", str(refused.value).split("known: ")[1])) - {"per", "million", "tokens"}
+    units = {"per", "million", "tokens", "search"}  # of "(USD per million tokens)", "(USD per search)"
+    return set(re.findall(r"[a-z0-9_]+", str(refused.value).split("known: ")[1])) - units
 
 
 def test_the_sample_configuration_shows_every_model_provider_and_price_setting(tmp_path):

@@ -22,7 +22,7 @@ def test_dollars_become_exact_micro_dollars():
 def test_a_request_costs_its_tokens_rounded_up_once():
     price = parse_price({"input": 2.5, "output": 10, "cached_input": 1.25, "image": 0.04}, "price")
     assert price == Price(input=2_500_000, output=10_000_000, cached_input=1_250_000, image=40_000,
-                          cache_write=2_500_000)  # cache writes default to the input price
+                          cache_write=2_500_000, cache_write_1h=2_500_000)  # cache writes default to input
     # 1000 input (400 of them cached) + 100 output: 600*2.5 + 400*1.25 + 100*10 = 3000 micro-dollars exactly
     assert price.cost(1000, 100, 400) == 3000
     assert price.cost(1, 0) == 3  # 2.5 micro-dollars, rounded up
@@ -39,6 +39,51 @@ def test_prompt_cache_writes_cost_their_own_price_and_the_reservation_the_deares
     assert price.most(1000, 50) == price.cost(1000, 50, cache_write_tokens=1000) == 1000 * 3.75 + 50 * 15
     cheaper_writes = parse_price({"input": 3, "output": 15, "cache_write": 1}, "price")
     assert cheaper_writes.most(1000, 50) == 1000 * 3 + 50 * 15
+
+
+def test_one_hour_cache_writes_cost_their_own_price_and_default_to_cache_write():
+    """Anthropic bills a prompt-cache write with a one-hour TTL at 2x input, a five-minute one at 1.25x: with one
+    `cache_write` price a key writing for an hour was charged less than Anthropic billed, and its budget not kept."""
+    price = parse_price({"input": 3, "output": 15, "cached_input": 0.3, "cache_write": 3.75, "cache_write_1h": 6},
+                        "price")
+    assert price.cache_write_1h == 6_000_000
+    # 1000 prompt tokens: 600 read, 300 written (200 of them for an hour), 100 plain; 50 output.
+    assert price.cost(1000, 50, 600, cache_write_tokens=300, cache_write_1h_tokens=200) == \
+        100 * 3 + 600 * 0.3 + 100 * 3.75 + 200 * 6 + 50 * 15
+    # The hour's part is part of the writes, never more than them.
+    assert price.cost(1000, 50, 600, cache_write_tokens=300, cache_write_1h_tokens=900) == \
+        price.cost(1000, 50, 600, cache_write_tokens=300, cache_write_1h_tokens=300) == \
+        100 * 3 + 600 * 0.3 + 300 * 6 + 50 * 15
+    # A budget reserves every prompt token at the dearest prompt price: here the hour's writes.
+    assert price.most(1000, 50) == 1000 * 6 + 50 * 15
+    # Unset, it is cache_write's (itself input's when unset): existing prices keep their costs.
+    assert parse_price({"input": 3, "cache_write": 3.75}, "p").cache_write_1h == 3_750_000
+    assert parse_price({"input": 3}, "p").cache_write_1h == 3_000_000
+    plain = parse_price({"input": 3, "output": 15, "cache_write": 3.75}, "p")
+    assert plain.cost(1000, 50, cache_write_tokens=300, cache_write_1h_tokens=200) == \
+        plain.cost(1000, 50, cache_write_tokens=300)
+
+
+@pytest.mark.parametrize("value", [-1, "abc", "0.0000001", 1_000_001])
+def test_a_bad_one_hour_cache_write_price_is_refused_naming_it(value):
+    with pytest.raises(ConfigError, match=r"price\.cache_write_1h"):
+        parse_price({"input": 3, "cache_write_1h": value}, "price")
+
+
+def test_an_unknown_price_setting_lists_the_one_hour_cache_write_price():
+    with pytest.raises(ConfigError, match="cache_write_1h"):
+        parse_price({"cache_write_2h": 6}, "price")
+
+
+def test_web_searches_cost_their_price_each_and_are_not_reserved():
+    """Anthropic bills its web search server tool per search ($10 per 1,000), on top of the tokens."""
+    price = parse_price({"input": 3, "output": 15, "web_search": 0.01}, "price")
+    assert price.web_search == 10_000  # micro-dollars a search
+    assert price.cost(1000, 50, web_searches=3) == 1000 * 3 + 50 * 15 + 3 * 10_000
+    assert price.most(1000, 50) == 1000 * 3 + 50 * 15  # a request's searches are unknown before it runs
+    assert parse_price({"input": 3}, "p").web_search == 0
+    with pytest.raises(ConfigError, match=r"price\.web_search"):
+        parse_price({"web_search": -1}, "price")
 
 
 def test_cached_input_defaults_to_the_input_price():
@@ -72,7 +117,7 @@ def test_prices_in_the_configuration(tmp_path):
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp},"
                       " price: {input: 1, output: 2}}\nusage: {retention_days: 30}\n")
     loaded = load_config(config)
-    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0, 1_000_000)
+    assert loaded.models[0].price == Price(1_000_000, 2_000_000, 1_000_000, 0, 1_000_000, 1_000_000, 0)
     assert loaded.usage.retention_days == 30
     config.write_text("models:\n  - {id: m, endpoint: /v1/chat/completions, provider: {kind: llamacpp}}\n"
                       "usage: {flush_every: 1}\n")
