@@ -46,7 +46,9 @@ def _model_to_pb(entry: ModelEntry, limits: KeyLimits | None,
         # Prices are kept in micro-dollars (per million tokens, per image) and shown in US dollars.
         price=catalog_pb2.ModelPrice(input=micros_to_usd(price.input), output=micros_to_usd(price.output),
                                      cached_input=micros_to_usd(price.cached_input), image=micros_to_usd(price.image),
-                                     cache_write=micros_to_usd(price.cache_write)),
+                                     cache_write=micros_to_usd(price.cache_write),
+                                     cache_write_1h=micros_to_usd(price.cache_write_1h),
+                                     web_search=micros_to_usd(price.web_search)),
         limits=limits_to_pb(limits) if limits else None,
     )
 

@@ -26,6 +26,8 @@ def gateway(tmp_path_factory):
     models = {model["id"]: model for model in config["models"]}
     models["family-a-5.5"]["price"] = {"input": 1, "output": 2, "cached_input": 0}
     models["family-a-5.4"]["price"] = {"input": 3, "output": 15}
+    models["family-b-sonnet-4-6"]["price"] = {"input": 3, "output": 15, "cache_write": 3.75, "cache_write_1h": 6,
+                                              "web_search": 0.01}
     path = tmp_path_factory.mktemp("console-people-config") / "portico.yaml"
     path.write_text(yaml.safe_dump(config))
     with running_gateway(tmp_path_factory.mktemp("console-people-data"), config=path) as gateway:
@@ -70,6 +72,21 @@ def test_a_models_price_says_what_its_cached_input_costs(tab, gateway, admin_sec
     price = lambda model: catalog.get_by_role("row").filter(has_text=model).first.get_by_role("cell").nth(2)
     expect(price("family-a-5.5")).to_have_text("$1.00 in / $2.00 out per 1M tokens; $0.00 cached in per 1M")
     expect(price("family-a-5.4")).to_have_text("$3.00 in / $15.00 out per 1M tokens")
+
+
+def test_a_models_price_says_what_hour_long_cache_writes_and_web_searches_cost(tab, gateway, admin_secret):
+    """Anthropic bills an hour-long prompt-cache write above a five-minute one, and each web search: the admin API
+    and the console listed neither price, so an operator could not check what a key's spend was made of."""
+    price = {model["id"]: model["price"] for model in
+             api(gateway, admin_secret, "GET", "/v1/admin/models").json()["models"]}["family-b-sonnet-4-6"]
+    assert (price["cache_write"], price["cache_write_1h"], price["web_search"]) == (3.75, 6, 0.01)
+    tab.sign_in(admin_secret)
+    tab.open("#/models")
+    catalog = tab.page.get_by_role("region", name="The model catalog")
+    row = catalog.get_by_role("row").filter(has_text="family-b-sonnet-4-6").first
+    expect(row.get_by_role("cell").nth(2)).to_have_text(
+        "$3.00 in / $15.00 out per 1M tokens; $3.75 cache writes per 1M; $6.00 hour-long cache writes per 1M; "
+        "$0.01 per web search")
 
 
 @pytest.mark.parametrize("pasted", ["Bearer {secret}", "Authorization: Bearer {secret}", "bearer  {secret}",

@@ -32,7 +32,7 @@ export async function modelsPage(ctx) {
 }
 
 function priceText(price) {
-  if (!price || !(price.input || price.output || price.cached_input || price.image)) return "free";
+  if (!price || !(price.input || price.output || price.cached_input || price.image || price.web_search)) return "free";
   const parts = [];
   if (price.input || price.output) parts.push(`${money(price.input)} in / ${money(price.output)} out per 1M tokens`);
   // Told when it differs from input, free included (0): left out, "$1.00 in" read as the price of cache reads too.
@@ -42,7 +42,12 @@ function priceText(price) {
   if (price.cache_write && price.cache_write !== price.input) {
     parts.push(`${money(price.cache_write)} cache writes per 1M`);
   }
+  // Told when it differs from five-minute writes (unset in the configuration, it is the same).
+  if (price.cache_write_1h && price.cache_write_1h !== (price.cache_write || price.input)) {
+    parts.push(`${money(price.cache_write_1h)} hour-long cache writes per 1M`);
+  }
   if (price.image) parts.push(`${money(price.image)} per image`);
+  if (price.web_search) parts.push(`${money(price.web_search)} per web search`);
   return parts.join("; ");
 }
 
