@@ -46,6 +46,10 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+def remount(directory: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(directory)], check=True)
+
+
 def portico(data_dir: Path, *args: str, env: dict | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "server.cli", "--data-dir", str(data_dir), *args],
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
@@ -55,6 +59,30 @@ def serve(data_dir: Path, env: dict | None = None) -> subprocess.CompletedProces
     port, admin_port = free_ports(2)
     return portico(data_dir, "serve", "--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0",
                    env=env)
+
+
+def test_a_full_data_dir_at_start_is_one_line_that_says_the_disk_is_full(tmp_path):
+    """A full disk said 'the key store ... cannot be reached: SQLite: disk I/O error': no word of the disk."""
+    with tmpfs(tmp_path / "data") as data:
+        assert portico(data, "keys", "create", "--name", "a", "--all-models").returncode == 0
+        fill(data)
+        started = serve(data)
+        assert started.returncode == 1, started.stderr
+        assert started.stderr.count("\n") == 1 and "Traceback" not in started.stderr, started.stderr
+        assert f"{data}/keys.db" in started.stderr and "no space left" in started.stderr.lower(), started.stderr
+
+
+def test_a_read_only_data_dir_is_said_so_by_serve_keys_and_usage(tmp_path):
+    """A data dir remounted read-only (a file system the kernel made read-only after an error, a read-only volume)
+    said 'SQLite: unable to open database file' to every command: nothing about why."""
+    with tmpfs(tmp_path / "data") as data:
+        assert portico(data, "keys", "create", "--name", "a", "--all-models").returncode == 0
+        remount(data, "ro")
+        for command in (("serve",), ("keys", "list"), ("usage",)):
+            done = serve(data) if command == ("serve",) else portico(data, *command)
+            assert done.returncode == 1, (command, done.stderr)
+            assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+            assert f"{data}/keys.db" in done.stderr and "read-only file system" in done.stderr, done.stderr
 
 
 def test_a_full_tmpdir_is_said_to_be_full_not_closed_to_the_user(tmp_path):
