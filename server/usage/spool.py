@@ -101,13 +101,16 @@ class LedgerSpool:
         in the mark's own segment, which outlives neither. Raises OSError as `append`."""
         _write(segment, orjson.dumps({"dropped": row_id}, option=orjson.OPT_APPEND_NEWLINE))
 
-    def seal(self) -> None:
+    def seal(self) -> bool:
         """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
-        Raises OSError when no segment can be started: the current one then goes on taking rows."""
-        if self._current.lines:
-            segment = self._new_segment()
-            self._sealed.append(self._current)
-            self._current = segment
+        False when the current one holds nothing (nothing to seal). Raises OSError when no segment can be started:
+        the current one then goes on taking rows."""
+        if not self._current.lines:
+            return False
+        segment = self._new_segment()
+        self._sealed.append(self._current)
+        self._current = segment
+        return True
 
     def release(self) -> None:
         """Every row of the sealed segments is in the store (or was refused by it, logged): they go, but for those

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+import time
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.envoy import free_ports
+from tests.e2e.conftest import running_gateway
 
 
 @contextlib.contextmanager
@@ -61,6 +65,12 @@ def serve(data_dir: Path, env: dict | None = None) -> subprocess.CompletedProces
                    env=env)
 
 
+def chat_rows(data: Path) -> int:
+    with contextlib.closing(sqlite3.connect(data / "keys.db", timeout=5)) as db:
+        sql = "SELECT count(*) FROM usage_ledger WHERE model = 'family-a-5.5' AND status = 200"
+        return db.execute(sql).fetchone()[0]
+
+
 def test_a_full_data_dir_at_start_is_one_line_that_says_the_disk_is_full(tmp_path):
     """A full disk said 'the key store ... cannot be reached: SQLite: disk I/O error': no word of the disk."""
     with tmpfs(tmp_path / "data") as data:
@@ -95,3 +105,71 @@ def test_a_full_tmpdir_is_said_to_be_full_not_closed_to_the_user(tmp_path):
     assert started.stderr.count("\n") == 1, started.stderr
     assert f"TMPDIR: {run}" in started.stderr and "(no space left on device)" in started.stderr, started.stderr
     assert "permission denied" not in started.stderr
+
+
+def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by_itself(tmp_path):
+    """The data dir fills up under a serving gateway, then has room again: text is still answered (its rows wait
+    in memory), a link image, a key write and `portico keys` are refused in their documented words, /readyz stays
+    ready (the store still answers reads), and once there is room every row is written and keys are made again,
+    without a restart."""
+    with tmpfs(tmp_path / "data", "size=6m") as data:
+        admin = portico(data, "keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+        with running_gateway(data, dev_key=False) as gateway:
+            client = httpx.Client(base_url=gateway.base_url, timeout=60,
+                                  headers={"authorization": f"Bearer {admin}"})
+            chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert client.post("/v1/chat/completions", json=chat).status_code == 200
+            filler = fill(data)
+            for _ in range(3):
+                assert client.post("/v1/chat/completions", json=chat).status_code == 200
+            image = client.post("/v1/images/generations", json={"model": "family-a-image-2", "prompt": "a cat",
+                                                                   "size": "256x256", "response_format": "url"})
+            assert image.status_code == 503 and image.headers["retry-after"] == "5", image.text
+            made = client.post("/v1/admin/keys", json={"name": "later", "all_models": True})
+            assert made.status_code == 503 and made.headers.get("retry-after"), made.text
+            assert made.json()["error"]["code"] == "service_unavailable"
+            cli = portico(data, "keys", "create", "--name", "later", "--all-models")
+            assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr, cli.stderr
+            assert client.get("/readyz").status_code == 200
+            filler.unlink()
+            deadline = time.monotonic() + 45  # the ledger's retry pause grows to 30 s
+            while (rows := chat_rows(data)) < 4:
+                assert time.monotonic() < deadline, rows
+                time.sleep(1)
+            assert rows == 4
+            assert client.post("/v1/admin/keys", json={"name": "later", "all_models": True}).status_code == 200
+            assert client.post("/v1/images/generations", json={
+                "model": "family-a-image-2", "prompt": "a cat", "size": "256x256",
+                "response_format": "url"}).status_code == 200
+        log = gateway.log_path.read_text()
+        assert "Traceback" not in log
+        assert log.count("cannot store generated images") == 1
+
+
+def test_a_data_dir_out_of_inodes_is_one_log_line_not_two_a_second(tmp_path):
+    """Out of inodes (bytes to spare), the spool's rows go on into its current file, but each write pass that tried
+    to start a new one logged 'cannot write the spool ... rows wait in memory only' and the next row's append
+    'writing the spool again': two error lines a second for as long as it lasted, each saying rows were at risk."""
+    with tmpfs(tmp_path / "data", "size=20m,nr_inodes=100") as data:
+        admin = portico(data, "keys", "create", "--name", "a", "--all-models").stdout.split()[-1]
+        with running_gateway(data, dev_key=False) as gateway:
+            client = httpx.Client(base_url=gateway.base_url, timeout=60, headers={"authorization": f"Bearer {admin}"})
+            chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            made = 0
+            with contextlib.suppress(OSError):
+                while True:
+                    (data / f"empty-{made}").touch()
+                    made += 1
+            for _ in range(6):
+                assert client.post("/v1/chat/completions", json=chat).status_code == 200
+                time.sleep(1.2)  # a write pass between requests
+            for number in range(made):
+                (data / f"empty-{number}").unlink()
+            deadline = time.monotonic() + 30
+            while (rows := chat_rows(data)) < 6:
+                assert time.monotonic() < deadline, rows
+                time.sleep(0.5)
+        log = gateway.log_path.read_text()
+    assert "cannot write the spool" not in log and "writing the spool again" not in log, log[-3000:]
+    assert log.count("cannot start a new spool file") == 1, log[-3000:]
+    assert "rows wait in memory only" not in log
