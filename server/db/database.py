@@ -141,7 +141,10 @@ class SqliteDatabase:
                     db.execute(sql, params)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # SQLite has rolled back by itself after some failures (a full disk, an I/O error): a ROLLBACK then
+                # raises 'no transaction is active', which hid the failure from the log.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
         await self._run(run)

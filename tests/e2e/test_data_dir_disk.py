@@ -119,6 +119,7 @@ def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by
                                   headers={"authorization": f"Bearer {admin}"})
             chat = {"model": "family-a-5.5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             assert client.post("/v1/chat/completions", json=chat).status_code == 200
+            other = client.post("/v1/admin/keys", json={"name": "a", "all_models": True}).json()["key"]["id"]
             filler = fill(data)
             for _ in range(3):
                 assert client.post("/v1/chat/completions", json=chat).status_code == 200
@@ -126,9 +127,11 @@ def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by
                 image = client.post("/v1/images/generations", json={"model": "family-a-image-2", "prompt": "a cat",
                                                                        "size": "256x256", "response_format": "url"})
                 assert image.status_code == 503 and image.headers["retry-after"] == "5", image.text
-            made = client.post("/v1/admin/keys", json={"name": "later", "all_models": True})
-            assert made.status_code == 503 and made.headers.get("retry-after"), made.text
-            assert made.json()["error"]["code"] == "service_unavailable"
+            for path, body in (("/v1/admin/keys", {"name": "later", "all_models": True}),
+                               (f"/v1/admin/keys/{other}/rotate", {}), (f"/v1/admin/keys/{other}", {"name": "b"})):
+                written = client.request("PATCH" if body == {"name": "b"} else "POST", path, json=body)
+                assert written.status_code == 503 and written.headers.get("retry-after"), written.text
+                assert written.json()["error"]["code"] == "service_unavailable"
             cli = portico(data, "keys", "create", "--name", "later", "--all-models")
             assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr, cli.stderr
             assert client.get("/readyz").status_code == 200
@@ -144,6 +147,8 @@ def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by
                 "response_format": "url"}).status_code == 200
         log = gateway.log_path.read_text()
         assert "Traceback" not in log
+        # The key write's own failure, not that of the ROLLBACK after it (SQLite had rolled back by itself).
+        assert "the key store failed (SQLite: database or disk is full" in log and "cannot rollback" not in log, log
         assert log.count("cannot store generated images") == 1, log[-3000:]
         assert log.count(f"generated images are stored in {data}/images again") == 1, log[-3000:]
 
