@@ -70,6 +70,8 @@ class SqliteLedger:
                                                [value for row in chunk for value in values_of(row)]).rowcount
         except (OverflowError, sqlite3.IntegrityError, sqlite3.DataError) as exc:  # an int beyond 64 bits, NOT NULL
             raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
+        except sqlite3.OperationalError as exc:  # logged by the writer: a full disk said as one, with its directory
+            raise StoreUnavailable(failure(self._path, exc), store=STORE_NAME) from exc
         return stored
 
     def prune(self, before_ms: int, limit: int) -> int:

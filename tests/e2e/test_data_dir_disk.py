@@ -17,7 +17,10 @@ import httpx
 import pytest
 
 from gateway.envoy import free_ports
+from server.db.database import StoreUnavailable
+from server.usage.sqlite_ledger import SqliteLedger
 from tests.e2e.conftest import running_gateway
+from tests.unit.test_ledger_writer import row
 
 
 @contextlib.contextmanager
@@ -150,6 +153,7 @@ def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by
         # The key write's own failure, not that of the ROLLBACK after it (SQLite had rolled back by itself).
         assert "the key store failed (SQLite: database or disk is full" in log and "cannot rollback" not in log, log
         assert log.count("cannot store generated images") == 1, log[-3000:]
+
         assert log.count(f"generated images are stored in {data}/images again") == 1, log[-3000:]
 
 
@@ -180,3 +184,18 @@ def test_a_data_dir_out_of_inodes_is_one_log_line_not_two_a_second(tmp_path):
     assert "cannot write the spool" not in log and "writing the spool again" not in log, log[-3000:]
     assert log.count("cannot start a new spool file") == 1, log[-3000:]
     assert "rows wait in memory only" not in log
+
+
+def test_a_ledger_write_on_a_full_disk_says_the_disk_is_full(tmp_path):
+    """The writer's one line for a batch SQLite cannot store, 'usage ledger: cannot write rows (OperationalError:
+    database or disk is full)', named neither the data dir nor its file system."""
+    with tmpfs(tmp_path / "data") as data:
+        ledger = SqliteLedger(data / "keys.db")
+        try:
+            fill(data)
+            rows = [row(n) for n in range(5000)]  # more than the WAL already has room for
+            with pytest.raises(StoreUnavailable) as failed:
+                ledger.write(rows)
+            assert str(failed.value) == f"SQLite: database or disk is full ({data}: no space left on device)"
+        finally:
+            ledger.close()
