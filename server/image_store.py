@@ -170,16 +170,19 @@ def _load_or_create_secret(path: Path) -> bytes:
     except FileNotFoundError:
         pass
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(secrets.token_bytes(32))
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.link(temporary, path)
-        except FileExistsError:
-            pass  # another process won the race; use its secret
-    finally:
-        temporary.unlink(missing_ok=True)
+            with os.fdopen(fd, "wb") as out:
+                out.write(secrets.token_bytes(32))
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                pass  # another process won the race; use its secret
+        finally:
+            temporary.unlink(missing_ok=True)
+    except OSError as exc:  # a full or read-only data dir: one line at start, not a traceback
+        raise ConfigError(f"data_dir: cannot create {path} ({exc.strerror or exc})") from None
     return _read_secret(path)
 
 

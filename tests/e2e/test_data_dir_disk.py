@@ -85,6 +85,23 @@ def test_a_full_data_dir_at_start_is_one_line_that_says_the_disk_is_full(tmp_pat
         assert f"{data}/keys.db" in started.stderr and "no space left" in started.stderr.lower(), started.stderr
 
 
+def test_a_signing_key_that_cannot_be_made_at_start_is_one_line(tmp_path):
+    """A nearly full data dir (room for the key store's files, not one more block), `image-link.key` deleted to
+    invalidate every link as operations.md says: serve stopped with a traceback (OSError: No space left on device)."""
+    with tmpfs(tmp_path / "data") as data:
+        assert portico(data, "keys", "create", "--name", "a", "--all-models").returncode == 0
+        assert portico(data, "usage").returncode == 0  # the ledger's tables made too
+        # Held open, the store keeps its -wal and -shm files, which serve would otherwise need room to make.
+        with contextlib.closing(sqlite3.connect(data / "keys.db")) as held:
+            held.execute("SELECT count(*) FROM api_keys").fetchall()
+            fill(data)
+            started = serve(data)
+        assert started.returncode == 2, started.stderr
+        assert started.stderr == (f"portico: configuration error: data_dir: cannot create {data}/image-link.key "
+                                  "(No space left on device)\n")
+        assert not [name for name in os.listdir(data) if "image-link" in name]  # no empty key, no temporary file
+
+
 def test_a_read_only_data_dir_is_said_so_by_serve_keys_and_usage(tmp_path):
     """A data dir remounted read-only (a file system the kernel made read-only after an error, a read-only volume)
     said 'SQLite: unable to open database file' to every command: nothing about why."""
