@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 import time
 import subprocess
@@ -125,6 +126,22 @@ def test_a_full_tmpdir_is_said_to_be_full_not_closed_to_the_user(tmp_path):
     assert started.stderr.count("\n") == 1, started.stderr
     assert f"TMPDIR: {run}" in started.stderr and "(no space left on device)" in started.stderr, started.stderr
     assert "permission denied" not in started.stderr
+
+
+def test_a_tmpdir_with_too_little_room_for_envoys_configuration_is_one_line(tmp_path):
+    """TMPDIR with a few KiB left (a small /run nearly full) passes Python's check, which writes 4 bytes there; the
+    run directory is made and the server started, then Envoy's configuration (~100 KiB) did not fit: a traceback
+    (OSError: No space left on device) from gateway/envoy.py."""
+    with tmpfs(tmp_path / "run", "size=1m") as run:
+        (run / "spare").write_bytes(b"x" * 8192)
+        fill(run)
+        (run / "spare").unlink()
+        started = serve(tmp_path / "data", env={"TMPDIR": str(run)})
+        assert os.listdir(run) == ["filler"]  # the run directory removed
+    assert started.returncode == 1, started.stderr
+    assert "Traceback" not in started.stderr, started.stderr
+    assert re.search(rf"ERROR portico: Envoy did not start: cannot write its configuration {run}/portico-\w+/"
+                     r"envoy\.yaml \(No space left on device\)\n", started.stderr), started.stderr
 
 
 def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by_itself(tmp_path):
