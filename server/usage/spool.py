@@ -30,6 +30,7 @@ from pathlib import Path
 
 import orjson
 
+from server.config_providers import ConfigError
 from server.private_files import make_data_dir
 from server.usage.ledger import LedgerRow, died, values_of
 
@@ -63,7 +64,10 @@ class LedgerSpool:
         make_data_dir(directory)
         self._directory = directory
         self._sealed: list[Segment] = []
-        self._current = self._new_segment()
+        try:
+            self._current = self._new_segment()
+        except OSError as exc:  # no inode left, a read-only data dir: one line at start, not a traceback
+            raise ConfigError(f"data_dir: cannot create a file in {directory} ({exc.strerror or exc})") from None
 
     def _new_segment(self) -> Segment:
         self._directory.mkdir(mode=0o700, exist_ok=True)  # deleted under a running process: made again

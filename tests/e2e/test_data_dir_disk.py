@@ -8,9 +8,9 @@ import contextlib
 import os
 import re
 import sqlite3
-import time
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,6 +101,26 @@ def test_a_signing_key_that_cannot_be_made_at_start_is_one_line(tmp_path):
         assert started.stderr == (f"portico: configuration error: data_dir: cannot create {data}/image-link.key "
                                   "(No space left on device)\n")
         assert not [name for name in os.listdir(data) if "image-link" in name]  # no empty key, no temporary file
+
+
+def test_a_data_dir_out_of_inodes_at_start_is_one_line(tmp_path):
+    """Every file and directory of the data dir there already, but no inode left for the ledger spool's first file:
+    serve stopped with a traceback (OSError: No space left on device: '.../ledger-spool/<pid>-<ns>.new')."""
+    with tmpfs(tmp_path / "data", "size=20m,nr_inodes=64") as data:
+        assert portico(data, "keys", "create", "--name", "a", "--all-models").returncode == 0
+        assert portico(data, "usage").returncode == 0
+        for directory in ("images", "ledger-spool"):
+            (data / directory).mkdir(mode=0o700)
+        (data / "image-link.key").write_bytes(os.urandom(32))
+        with contextlib.closing(sqlite3.connect(data / "keys.db")) as held:  # keeps its -wal and -shm files
+            held.execute("SELECT count(*) FROM api_keys").fetchall()
+            with contextlib.suppress(OSError):
+                for number in range(100):
+                    (data / f"empty-{number}").touch()
+            started = serve(data)
+        assert started.returncode == 2, started.stderr
+        assert started.stderr == (f"portico: configuration error: data_dir: cannot create a file in {data}/ledger-spool"
+                                  " (No space left on device)\n")
 
 
 def test_a_read_only_data_dir_is_said_so_by_serve_keys_and_usage(tmp_path):
