@@ -336,7 +336,10 @@ class EnvoyProcess:
             raise RuntimeError("EnvoyProcess.start() called twice")
         _refuse_taken_port(self.admin_port)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(dict(self.config), sort_keys=False), encoding="utf-8")
+        try:
+            self.config_path.write_text(yaml.safe_dump(dict(self.config), sort_keys=False), encoding="utf-8")
+        except OSError as exc:  # a TMPDIR with a few KiB left passed the start's check: one line, not a traceback
+            raise EnvoyError(f"cannot write its configuration {self.config_path} ({exc.strerror})") from None
         args = [str(self._binary or envoy_binary()), "-c", str(self.config_path), "--log-level", "warning",
                 # No hot restart (Portico restarts Envoy as a whole): its shared memory, a file in /dev/shm that
                 # Envoy never removes, was left behind by every run, and its base id (a per-machine slot several

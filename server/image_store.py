@@ -62,6 +62,9 @@ class ImageStore:
         self._clock = clock
         self._sweep_seconds = sweep_seconds
         self._sweeper: asyncio.Task | None = None
+        # Images cannot be stored (a full or read-only disk): logged once when it starts and once when it ends, not
+        # once a request (an image client retrying filled the log).
+        self._failing = False
 
     def start(self) -> None:
         """Sweep expired images every `sweep_seconds` until `close()`."""
@@ -119,13 +122,19 @@ class ImageStore:
                 written.append(path := self._dir / name)
                 path.write_bytes(image.data)
                 links.append(self.link(name, expires))
-        except OSError as exc:  # a full disk, a read-only or missing data dir: the operator's to fix, said once here
-            _logger.error("cannot store generated images in %s (%s)", self._dir, exc.strerror or exc)
+        except OSError as exc:  # a full disk, a read-only or missing data dir: the operator's to fix
+            if not self._failing:
+                self._failing = True
+                _logger.error("cannot store generated images in %s (%s); said again once they are stored",
+                              self._dir, exc.strerror or exc)
             for path in written:  # no link names them
                 with contextlib.suppress(OSError):
                     path.unlink()
             raise ServiceUnavailable("The generated image could not be stored for its link; retry shortly, or ask "
                                      "for response_format b64_json.", retry_after=_STORE_RETRY_SECONDS) from None
+        if self._failing:
+            self._failing = False
+            _logger.warning("generated images are stored in %s again", self._dir)
         return links
 
     def _get(self, name: str, expires: int, signature: str) -> StoredImage:
@@ -161,16 +170,19 @@ def _load_or_create_secret(path: Path) -> bytes:
     except FileNotFoundError:
         pass
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(secrets.token_bytes(32))
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.link(temporary, path)
-        except FileExistsError:
-            pass  # another process won the race; use its secret
-    finally:
-        temporary.unlink(missing_ok=True)
+            with os.fdopen(fd, "wb") as out:
+                out.write(secrets.token_bytes(32))
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                pass  # another process won the race; use its secret
+        finally:
+            temporary.unlink(missing_ok=True)
+    except OSError as exc:  # a full or read-only data dir: one line at start, not a traceback
+        raise ConfigError(f"data_dir: cannot create {path} ({exc.strerror or exc})") from None
     return _read_secret(path)
 
 

@@ -80,10 +80,18 @@ def check_temp_dir(workers: int) -> None:
 
 
 def _not_writable(path: str) -> str:
+    """Why Python passed over `path`: it writes a few bytes there, which a full file system refuses as well as a
+    closed directory does (a full tmpfs said 'permission denied' sent the operator to chmod)."""
     if not os.path.exists(path):
         return "no such directory"
     if not os.path.isdir(path):
         return "not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=path) as probe:
+            probe.write(b"portico")
+            probe.flush()
+    except OSError as exc:
+        return (exc.strerror or "permission denied").lower()
     return "permission denied"
 
 

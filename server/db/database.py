@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from server.db.migrations import Migration, migrate_sqlite
 from server.db.settings import StoreSettings
-from server.db.sqlite import connect_sqlite
+from server.db.sqlite import connect_sqlite, failure
 from server.errors import ServiceUnavailable
 
 Params = Sequence[Any]
@@ -86,8 +86,9 @@ async def open_database(settings: StoreSettings, migrations: Sequence[Migration]
 
 
 class SqliteDatabase:
-    def __init__(self, db: sqlite3.Connection, thread: ThreadPoolExecutor) -> None:
+    def __init__(self, db: sqlite3.Connection, thread: ThreadPoolExecutor, path: Path) -> None:
         self._db = db
+        self._path = path
         self._thread = thread  # one thread: the connection is used by one thread at a time, in order
         self._closed = False
 
@@ -107,11 +108,11 @@ class SqliteDatabase:
             return db
 
         try:
-            return cls(await asyncio.get_running_loop().run_in_executor(thread, opened), thread)
+            return cls(await asyncio.get_running_loop().run_in_executor(thread, opened), thread, path)
         # Its schema check met another process's write lock past busy_timeout, or the file is no database at all.
         except sqlite3.DatabaseError as exc:
             thread.shutdown(wait=False)
-            raise StoreUnavailable(f"SQLite: {exc}") from exc
+            raise StoreUnavailable(failure(path, exc)) from exc
 
     async def _run(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         if self._closed:
@@ -119,7 +120,7 @@ class SqliteDatabase:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._thread, work, self._db)
         except sqlite3.OperationalError as exc:  # "database is locked" after busy_timeout, disk I/O, ...
-            raise StoreUnavailable(f"SQLite: {exc}") from exc
+            raise StoreUnavailable(failure(self._path, exc)) from exc
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Mapping[str, Any] | None:
         return await self._run(lambda db: db.execute(sql, params).fetchone())
@@ -140,7 +141,10 @@ class SqliteDatabase:
                     db.execute(sql, params)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # SQLite has rolled back by itself after some failures (a full disk, an I/O error): a ROLLBACK then
+                # raises 'no transaction is active', which hid the failure from the log.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
         await self._run(run)

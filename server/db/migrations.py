@@ -64,7 +64,8 @@ def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration], *, n
                          [m.sqlite_present for m in migrations], newer_ok)
         db.execute("COMMIT")
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # SQLite rolls back by itself on a full disk: a ROLLBACK then hid the failure
+            db.execute("ROLLBACK")
         raise
     return applied
 

@@ -4,6 +4,7 @@ failing while another one holds the lock."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -23,6 +24,23 @@ def connect_sqlite(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def failure(path: Path, exc: BaseException) -> str:
+    """SQLite's words for a failure on the database `path`, and the file system's state when it is read-only or full:
+    SQLite says 'unable to open database file' or 'disk I/O error' then, which sent an operator looking for a bug."""
+    text = f"SQLite: {exc}"
+    try:
+        fs = os.statvfs(path.parent)
+    except OSError:
+        return text
+    if fs.f_flag & os.ST_RDONLY:
+        return f"{text} ({path.parent} is on a read-only file system)"
+    if fs.f_bavail == 0:
+        return f"{text} ({path.parent}: no space left on device)"
+    if fs.f_files and fs.f_favail == 0:  # btrfs and others count no inodes: f_files 0
+        return f"{text} ({path.parent}: no inodes left on device)"
+    return text
 
 
 def _use_wal(db: sqlite3.Connection) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import orjson
 
+from server.config_providers import ConfigError
 from server.private_files import make_data_dir
 from server.usage.ledger import LedgerRow, died, values_of
 
@@ -63,7 +64,10 @@ class LedgerSpool:
         make_data_dir(directory)
         self._directory = directory
         self._sealed: list[Segment] = []
-        self._current = self._new_segment()
+        try:
+            self._current = self._new_segment()
+        except OSError as exc:  # no inode left, a read-only data dir: one line at start, not a traceback
+            raise ConfigError(f"data_dir: cannot create a file in {directory} ({exc.strerror or exc})") from None
 
     def _new_segment(self) -> Segment:
         self._directory.mkdir(mode=0o700, exist_ok=True)  # deleted under a running process: made again
@@ -101,13 +105,16 @@ class LedgerSpool:
         in the mark's own segment, which outlives neither. Raises OSError as `append`."""
         _write(segment, orjson.dumps({"dropped": row_id}, option=orjson.OPT_APPEND_NEWLINE))
 
-    def seal(self) -> None:
+    def seal(self) -> bool:
         """Rows appended from now on go to a new segment; the ones before wait in sealed segments for `release`.
-        Raises OSError when no segment can be started: the current one then goes on taking rows."""
-        if self._current.lines:
-            segment = self._new_segment()
-            self._sealed.append(self._current)
-            self._current = segment
+        False when the current one holds nothing (nothing to seal). Raises OSError when no segment can be started:
+        the current one then goes on taking rows."""
+        if not self._current.lines:
+            return False
+        segment = self._new_segment()
+        self._sealed.append(self._current)
+        self._current = segment
+        return True
 
     def release(self) -> None:
         """Every row of the sealed segments is in the store (or was refused by it, logged): they go, but for those

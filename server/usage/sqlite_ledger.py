@@ -11,7 +11,7 @@ from pathlib import Path
 
 from server.db.database import StoreUnavailable
 from server.db.migrations import migrate_sqlite
-from server.db.sqlite import connect_sqlite
+from server.db.sqlite import connect_sqlite, failure
 from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, RowsRefused, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
 from server.usage.schema import MIGRATIONS
@@ -43,12 +43,13 @@ class SqliteLedger:
         try:
             self._db = connect_sqlite(path)
         except sqlite3.DatabaseError as exc:  # a file that is no database: one line, not sqlite3's traceback
-            raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
+            raise StoreUnavailable(failure(path, exc), store=STORE_NAME) from exc
+        self._path = path
         try:
             migrate_sqlite(self._db, MIGRATIONS, newer_ok=newer_ok)
         except sqlite3.OperationalError as exc:  # another process held the write lock past busy_timeout
             self._db.close()
-            raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
+            raise StoreUnavailable(failure(path, exc), store=STORE_NAME) from exc
         self._lock = threading.Lock()  # the writer's thread and readers' threads share the connection
         variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._rows_per_insert = max(1, min(MAX_ROWS_PER_INSERT, variables // len(COLUMNS)))
@@ -69,6 +70,8 @@ class SqliteLedger:
                                                [value for row in chunk for value in values_of(row)]).rowcount
         except (OverflowError, sqlite3.IntegrityError, sqlite3.DataError) as exc:  # an int beyond 64 bits, NOT NULL
             raise RowsRefused(f"{type(exc).__name__}: {exc}") from exc
+        except sqlite3.OperationalError as exc:  # logged by the writer: a full disk said as one, with its directory
+            raise StoreUnavailable(failure(self._path, exc), store=STORE_NAME) from exc
         return stored
 
     def prune(self, before_ms: int, limit: int) -> int:
@@ -87,7 +90,7 @@ class SqliteLedger:
             try:
                 return self._db.execute(sql, params).fetchall()
             except sqlite3.OperationalError as exc:  # "database is locked" after busy_timeout, disk I/O, ...
-                raise StoreUnavailable(f"SQLite: {exc}", store=STORE_NAME) from exc
+                raise StoreUnavailable(failure(self._path, exc), store=STORE_NAME) from exc
 
     def rows(self) -> list[LedgerRow]:
         """Every row, oldest first (tests and exports)."""

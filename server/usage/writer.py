@@ -64,6 +64,7 @@ class LedgerWriter:
         self._sink = sink
         self._spool = spool
         self._spool_failing = False  # the spool cannot be written (disk full...): logged once when it starts
+        self._seal_failing = False  # no new spool segment can be made (inodes out): logged once when it starts
         self._unspooled: set[str] = set()  # ids of queued rows the spool could not take: lost if not stored by the end
         self._marked: dict[str, Segment] = {}  # row id -> the segment holding the mark of a request still running
         self._settings = settings
@@ -181,7 +182,7 @@ class LedgerWriter:
             if self._spool is not None and not self._failing:
                 # The rows queued now are the sealed segments' (and adopted ones'). Failing, the current segment
                 # keeps them: a next start may write them again, once each.
-                self._to_spool(self._spool.seal)
+                self._seal()
             while left > 0:
                 count = min(left, self._settings.batch_rows)
                 if not await self._write_batch(count):
@@ -190,6 +191,22 @@ class LedgerWriter:
             if self._spool is not None:
                 self._spool.release()
             return True
+
+    def _seal(self) -> None:
+        """A new spool segment for the rows from now on. One that cannot be made (no inode left, a full disk) leaves
+        them in the current one, still spooled: logged once until one is made, apart from the spool failing, whose
+        next append, working, said it wrote again: two error lines a second for as long as the inodes were out."""
+        assert self._spool is not None
+        try:
+            sealed = self._spool.seal()
+        except OSError as exc:
+            if not self._seal_failing:
+                _logger.error("usage ledger: cannot start a new spool file (%s); rows go on into the current one", exc)
+                self._seal_failing = True
+            return
+        if sealed and self._seal_failing:
+            _logger.warning("usage ledger: starting new spool files again")
+            self._seal_failing = False
 
     async def _write_batch(self, count: int) -> bool:
         batch = list(islice(self._queue, count))
