@@ -261,8 +261,9 @@ class FileBoard(Board):
         size = max(1, len(watched)) * _SLOT
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            if os.fstat(self._fd).st_size < size:
-                os.ftruncate(self._fd, size)
+            # Its blocks taken now (not a sparse ftruncate): a page first written once TMPDIR has filled would kill
+            # the worker writing it with SIGBUS. A full TMPDIR is an OSError here, at start, instead.
+            os.posix_fallocate(self._fd, 0, size)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._map = mmap.mmap(self._fd, size)

@@ -253,3 +253,27 @@ def test_a_ledger_write_on_a_full_disk_says_the_disk_is_full(tmp_path):
             assert str(failed.value) == f"SQLite: database or disk is full ({data}: no space left on device)"
         finally:
             ledger.close()
+
+
+def test_the_deployments_health_board_has_its_room_before_its_file_system_fills(tmp_path):
+    """With --workers N, the deployments' passive health is a file in the run directory (TMPDIR) every worker maps.
+    It was sized sparse (ftruncate): a TMPDIR that filled afterwards killed the first worker to mark a deployment's
+    failure on a page never written before with SIGBUS. Its blocks are now taken when it is made."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from server.domain_models import HealthSettings\n"
+        "from server.providers.health import FileBoard\n"
+        "board = FileBoard(Path(sys.argv[1]) / 'health', [('m', f'd{n}', HealthSettings()) for n in range(2000)])\n"
+        "sys.stdout.write('made\\n'); sys.stdout.flush(); sys.stdin.readline()\n"
+        "board.failed(1999)\n"
+        "print(board.states()[1999][2])\n"
+    )
+    with tmpfs(tmp_path / "run", "size=2m") as run:
+        worker = subprocess.Popen([sys.executable, "-c", script, str(run)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert worker.stdout.readline() == "made\n"
+        fill(run)
+        out, _ = worker.communicate("\n", timeout=30)
+        assert worker.returncode == 0, f"the worker died: {worker.returncode}"
+        assert out == "healthy\n"  # one failure does not eject it; the failure is on the board
