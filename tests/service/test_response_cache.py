@@ -5,6 +5,7 @@ cached, a hit counted as a request with no tokens, entries that expire or are to
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -313,6 +314,41 @@ async def test_a_redis_that_does_not_answer_costs_a_miss_one_timeout(double, tmp
             finally:
                 os.kill(redis_server.process.pid, signal.SIGCONT)
     finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+async def test_a_full_redis_is_logged_once_as_refusing_answers_not_as_silent(double, tmp_path, redis_server, caplog):
+    """A Redis at its maxmemory under noeviction (Redis's default) answers lookups and refuses every SET (OOM): each
+    miss logged that Redis did not answer and then that it answered again, two lines a request for as long as it was
+    full, naming an outage where Redis answered. Now one warning says it refuses to store, and one that it stores."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url))
+    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    server = await start_server(load_config(path), "127.0.0.1:0")
+    redis = RedisPipe(redis_server.url, timeout=2)
+    try:
+        secret = (await server.store.create("unlimited", all_models=True))[1]  # no limits: only the cache writes
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            await redis.execute("CONFIG", "SET", "maxmemory", "1")  # full: every write that needs memory is refused
+            try:
+                with caplog.at_level(logging.INFO, logger="server.cache.redis_store"):
+                    for seed in (95, 96, 97, 95):
+                        status, body, _ = await chat_http(stub, secret, model="cached-chat", seed=seed)
+                        assert status == "miss" and b"echo" in body
+                    await asyncio.sleep(0.1)  # the last SET, sent without waiting, refused
+                    full = [record.getMessage() for record in caplog.records]
+            finally:
+                await redis.execute("CONFIG", "SET", "maxmemory", "0")
+            with caplog.at_level(logging.INFO, logger="server.cache.redis_store"):
+                answers = [(await chat_http(stub, secret, model="cached-chat", seed=98))[0] for _ in range(3)]
+        assert answers == ["miss", "hit", "hit"]
+        assert len(full) == 1 and "refuses to store answers" in full[0] and "OOM" in full[0], full
+        assert [record.getMessage() for record in caplog.records][len(full):] == [
+            "response cache: Redis stores answers again"]
+    finally:
+        await redis.close()
         await server.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 
