@@ -169,6 +169,19 @@ async def test_entries_expire_and_large_answers_are_not_kept(chat, double, key):
     assert (await chat_http(chat, key[1], model="small-chat"))[0] == "miss"
 
 
+async def test_identical_requests_at_once_each_ask_the_upstream_and_one_answer_is_kept(chat, double, key):
+    """No coalescing (configuration.md, Response cache): requests that arrive while the first is still answered are
+    misses, each answered by the upstream; the next after them is a hit."""
+    double.reset()
+    double.default_cue = Cue(delay=0.3)
+    try:
+        answers = await asyncio.gather(*[chat_http(chat, key[1], model="cached-chat", seed=31) for _ in range(5)])
+    finally:
+        double.default_cue = Cue()
+    assert [answer[0] for answer in answers] == ["miss"] * 5 and len(double.seen) == 5
+    assert (await chat_http(chat, key[1], model="cached-chat", seed=31))[0] == "hit" and len(double.seen) == 5
+
+
 async def test_models_without_a_cache_say_nothing(chat, double, key):
     assert (await chat_http(chat, key[1], model="plain-chat"))[0] is None
     await chat_http(chat, key[1], model="plain-chat")
