@@ -100,6 +100,13 @@ class ResponseCache:
                         kept = None
                 yield event
 
+    async def forget(self, model_id: str, endpoint: str, settings: CacheSettings | None, key_id: str,
+                     request: GenerationRequest) -> None:
+        """Drops the answer kept for `request`: one that could not be given to its caller after all."""
+        if settings is not None and request.source is not None:
+            await self._store.delete(cache_key(model_id, settings.serving, endpoint,
+                                               "" if settings.shared else key_id, request))
+
     async def close(self) -> None:
         await self._store.close()
 

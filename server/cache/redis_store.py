@@ -13,7 +13,8 @@ from server.limits.redis_pipe import RedisPipe
 
 _logger = logging.getLogger(__name__)
 # What a command does, for the log lines of its refusal and its end: (infinitive, gerund, third person).
-_DOES = {"GET": ("look up", "looking up", "looks up"), "SET": ("store", "storing", "stores")}
+_DOES = {"GET": ("look up", "looking up", "looks up"), "SET": ("store", "storing", "stores"),
+         "DEL": ("drop", "dropping", "drops")}
 
 
 class RedisStore:
@@ -26,7 +27,7 @@ class RedisStore:
         self._timeout = timeout_seconds
         self._failing = False
         self._refused: set[str] = set()  # commands Redis answers with an error (SET when full: OOM), until one runs
-        self._puts: set[asyncio.Task] = set()  # held until done: the event loop keeps only weak references
+        self._puts: set[asyncio.Task] = set()  # SETs and DELs held until done: the event loop keeps weak references
 
     async def get(self, key: str) -> bytes | None:
         return await self._safely(("GET", KEY_PREFIX + key), waited_on=True)
@@ -35,8 +36,14 @@ class RedisStore:
         """Sent, not waited for: the answer being stored goes on to its caller at once. Awaited, a Redis that does
         not answer held every miss's end back by a second timeout after the lookup's. The SET leaves on the shared
         connection before any later GET of this process, which Redis answers in order."""
-        task = asyncio.create_task(self._safely(("SET", KEY_PREFIX + key, value, "PX",
-                                                  max(1, int(ttl_seconds * 1000)))))
+        self._send(("SET", KEY_PREFIX + key, value, "PX", max(1, int(ttl_seconds * 1000))))
+
+    async def delete(self, key: str) -> None:
+        """Sent, not waited for, like a SET: after the SET of the same answer, before any later GET."""
+        self._send(("DEL", KEY_PREFIX + key))
+
+    def _send(self, command: tuple) -> None:
+        task = asyncio.create_task(self._safely(command))
         self._puts.add(task)
         task.add_done_callback(self._puts.discard)
 

@@ -20,7 +20,7 @@ from server.app import start_server
 from server.config import load_config
 from server.domain_keys import KeyLimits
 from server.limits.redis_pipe import RedisPipe
-from tests.helpers import bearer, chat_body, http_body, message_body, sse_frames
+from tests.helpers import bearer, chat_body, chat_request, http_body, message_body, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server, window_tokens, write_config
 
@@ -158,6 +158,41 @@ async def test_errors_are_never_cached(chat, double, key):
                                                              stream=True)), metadata=bearer(key[1]))
     assert b"error" in b"".join([b.data async for b in call])  # cut mid-stream: the error event
     assert (await chat_http(chat, key[1], model="cached-chat", seed=4, stream=True))[0] == "miss"
+
+
+async def typed_odd_answers(chat, double, secret: str, seed: int) -> None:
+    """Two typed calls answered with a value of the wrong type for the message: each a 502 from the upstream."""
+    odd = {"id": "x", "object": "chat.completion", "created": 1, "model": "m", "system_fingerprint": {"a": 1},
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": "odd"}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    double.reset()
+    double.cue(Cue(body=odd), Cue(body=odd))
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await chat.CreateChatCompletion(chat_request(model="cached-chat", messages=HELLO, seed=seed),
+                                            metadata=bearer(secret))
+        assert "does not fit the typed" in failed.value.details()
+    assert len(double.seen) == 2
+
+
+async def test_an_answer_a_typed_caller_could_not_be_given_is_not_replayed(chat, double, key, tmp_path,
+                                                                           redis_server):
+    """A typed gRPC caller gets a 502 for an upstream value of the wrong type for the message (a REST caller gets it
+    as it came), after the answer had been kept whole: each same request got that 502 again from the cache, the
+    upstream never asked, for ttl_seconds. The answer is now dropped, and the next one asks the upstream. In the
+    process and in Redis."""
+    await typed_odd_answers(chat, double, key[1], seed=41)
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url))
+    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    server = await start_server(load_config(path), "127.0.0.1:0")
+    try:
+        secret = (await server.store.create("typed", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            await typed_odd_answers(chat_service_pb2_grpc.ChatServiceStub(channel), double, secret, seed=42)
+    finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
 
 
 async def test_entries_expire_and_large_answers_are_not_kept(chat, double, key):
