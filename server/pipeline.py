@@ -232,6 +232,12 @@ class Pipeline:
             call.record.cache = "hit" if lookup.events is not None else "miss"
         return lookup
 
+    async def forget_answer(self, call: Call, request: GenerationRequest) -> None:
+        """The whole answer could not be given to its caller (services/dialect.py: a typed gRPC answer): an error,
+        so never replayed from the cache either."""
+        if self._cache is not None and call.model.cache is not None:
+            await self._cache.forget(call.model.id, call.model.endpoint, call.model.cache, call.key.id, request)
+
     @asynccontextmanager
     async def _replay(self, call: Call, lookup: Lookup) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """A cached answer counts as a request, and uses no tokens and costs nothing."""

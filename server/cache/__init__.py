@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from server import wire_json
 from server.wire_json import Json
-from server.cache.codec import decode, encode
+from server.cache.codec import decode, encode_event, entry
 from server.cache.stores import CacheStore, MemoryStore
 from server.domain import AnthropicMessagesSource, Finished, GenerationEvent, GenerationRequest
 from server.domain_models import CacheSettings
@@ -81,17 +81,31 @@ class ResponseCache:
     async def recorded(self, lookup: Lookup, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
         """Relays `events`, and stores them once the answer is whole (before its Finished event goes on, since a
         caller reading a JSON answer stops there)."""
-        kept: list[GenerationEvent] | None = [] if lookup.store_answer else None
+        # Encoded into one buffer as they pass, and dropped once past max_entry_bytes: the events themselves, held
+        # to the end, took ~2 kB a token (40 MB for a 20,000-token stream) whatever the bound; so would orjson's
+        # output for each (4 kB however small).
+        kept: bytearray | None = bytearray() if lookup.store_answer else None
         async with aclosing(events):
             async for event in events:
                 if kept is not None:
-                    kept.append(event)
-                    if isinstance(event, Finished):
-                        data = encode(kept, self._clock())
+                    if kept:
+                        kept += b","
+                    kept += encode_event(event)
+                    if len(kept) > lookup.settings.max_entry_bytes:
+                        kept = None
+                    elif isinstance(event, Finished):
+                        data = entry(kept, self._clock())
                         if len(data) <= lookup.settings.max_entry_bytes:
                             await self._store.put(lookup.key, data, lookup.settings.ttl_seconds)
                         kept = None
                 yield event
+
+    async def forget(self, model_id: str, endpoint: str, settings: CacheSettings | None, key_id: str,
+                     request: GenerationRequest) -> None:
+        """Drops the answer kept for `request`: one that could not be given to its caller after all."""
+        if settings is not None and request.source is not None:
+            await self._store.delete(cache_key(model_id, settings.serving, endpoint,
+                                               "" if settings.shared else key_id, request))
 
     async def close(self) -> None:
         await self._store.close()

@@ -15,7 +15,17 @@ from server.domain import (
 
 
 def encode(events: Sequence[GenerationEvent], stored_at: float) -> bytes:
-    return wire_json.dumps({"at": stored_at, "events": [_encoded(event) for event in events]})
+    return entry(b",".join(encode_event(event) for event in events), stored_at)
+
+
+def encode_event(event: GenerationEvent) -> bytes:
+    """One event's part of an entry: a stream's are encoded as they pass, so only bytes are held until its end."""
+    return wire_json.dumps(_encoded(event))
+
+
+def entry(events: bytes | bytearray, stored_at: float) -> bytes:
+    """The entry of encoded events joined by commas: {"at": stored_at, "events": [...]}."""
+    return b'{"at":' + wire_json.dumps(stored_at) + b',"events":[' + events + b"]}"
 
 
 def decode(data: bytes) -> tuple[float, tuple[GenerationEvent, ...]]:

@@ -21,6 +21,8 @@ class CacheStore(Protocol):
 
     async def put(self, key: str, value: bytes, ttl_seconds: float) -> None: ...
 
+    async def delete(self, key: str) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -49,6 +51,9 @@ class MemoryStore:
         self._bytes += len(value)
         while self._bytes > self._max_bytes:
             self._drop(next(iter(self._entries)))
+
+    async def delete(self, key: str) -> None:
+        self._drop(key)
 
     def _drop(self, key: str) -> None:
         entry = self._entries.pop(key, None)

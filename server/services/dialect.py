@@ -97,7 +97,11 @@ class DialectServicer:
     async def unary(self, request: Message, context) -> Message:
         call, plan, header = await self._prepare(request, context, stream=False)
         completion = await self._pipeline.complete(call, plan.generation)
-        return _typed(self.answer(header, completion), self.response_type())
+        try:
+            return _typed(self.answer(header, completion), self.response_type())
+        except UpstreamError:  # kept whole by the response cache, it would be this 502 again until it expired
+            await self._pipeline.forget_answer(call, plan.generation)
+            raise
 
     async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
         call, plan, header = await self._prepare(request, context, stream=True)

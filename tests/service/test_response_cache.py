@@ -5,6 +5,7 @@ cached, a hit counted as a request with no tokens, entries that expire or are to
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ from server.app import start_server
 from server.config import load_config
 from server.domain_keys import KeyLimits
 from server.limits.redis_pipe import RedisPipe
-from tests.helpers import bearer, chat_body, http_body, message_body, sse_frames
+from tests.helpers import bearer, chat_body, chat_request, http_body, message_body, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_server, window_tokens, write_config
 
@@ -159,6 +160,41 @@ async def test_errors_are_never_cached(chat, double, key):
     assert (await chat_http(chat, key[1], model="cached-chat", seed=4, stream=True))[0] == "miss"
 
 
+async def typed_odd_answers(chat, double, secret: str, seed: int) -> None:
+    """Two typed calls answered with a value of the wrong type for the message: each a 502 from the upstream."""
+    odd = {"id": "x", "object": "chat.completion", "created": 1, "model": "m", "system_fingerprint": {"a": 1},
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": "odd"}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    double.reset()
+    double.cue(Cue(body=odd), Cue(body=odd))
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await chat.CreateChatCompletion(chat_request(model="cached-chat", messages=HELLO, seed=seed),
+                                            metadata=bearer(secret))
+        assert "does not fit the typed" in failed.value.details()
+    assert len(double.seen) == 2
+
+
+async def test_an_answer_a_typed_caller_could_not_be_given_is_not_replayed(chat, double, key, tmp_path,
+                                                                           redis_server):
+    """A typed gRPC caller gets a 502 for an upstream value of the wrong type for the message (a REST caller gets it
+    as it came), after the answer had been kept whole: each same request got that 502 again from the cache, the
+    upstream never asked, for ttl_seconds. The answer is now dropped, and the next one asks the upstream. In the
+    process and in Redis."""
+    await typed_odd_answers(chat, double, key[1], seed=41)
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url))
+    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    server = await start_server(load_config(path), "127.0.0.1:0")
+    try:
+        secret = (await server.store.create("typed", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            await typed_odd_answers(chat_service_pb2_grpc.ChatServiceStub(channel), double, secret, seed=42)
+    finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
 async def test_entries_expire_and_large_answers_are_not_kept(chat, double, key):
     await chat_http(chat, key[1], model="brief-chat")
     assert (await chat_http(chat, key[1], model="brief-chat"))[0] == "hit"
@@ -166,6 +202,19 @@ async def test_entries_expire_and_large_answers_are_not_kept(chat, double, key):
     assert (await chat_http(chat, key[1], model="brief-chat"))[0] == "miss"
     await chat_http(chat, key[1], model="small-chat")
     assert (await chat_http(chat, key[1], model="small-chat"))[0] == "miss"
+
+
+async def test_identical_requests_at_once_each_ask_the_upstream_and_one_answer_is_kept(chat, double, key):
+    """No coalescing (configuration.md, Response cache): requests that arrive while the first is still answered are
+    misses, each answered by the upstream; the next after them is a hit."""
+    double.reset()
+    double.default_cue = Cue(delay=0.3)
+    try:
+        answers = await asyncio.gather(*[chat_http(chat, key[1], model="cached-chat", seed=31) for _ in range(5)])
+    finally:
+        double.default_cue = Cue()
+    assert [answer[0] for answer in answers] == ["miss"] * 5 and len(double.seen) == 5
+    assert (await chat_http(chat, key[1], model="cached-chat", seed=31))[0] == "hit" and len(double.seen) == 5
 
 
 async def test_models_without_a_cache_say_nothing(chat, double, key):
@@ -313,6 +362,41 @@ async def test_a_redis_that_does_not_answer_costs_a_miss_one_timeout(double, tmp
             finally:
                 os.kill(redis_server.process.pid, signal.SIGCONT)
     finally:
+        await server.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+
+
+async def test_a_full_redis_is_logged_once_as_refusing_answers_not_as_silent(double, tmp_path, redis_server, caplog):
+    """A Redis at its maxmemory under noeviction (Redis's default) answers lookups and refuses every SET (OOM): each
+    miss logged that Redis did not answer and then that it answered again, two lines a request for as long as it was
+    full, naming an outage where Redis answered. Now one warning says it refuses to store, and one that it stores."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url))
+    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    server = await start_server(load_config(path), "127.0.0.1:0")
+    redis = RedisPipe(redis_server.url, timeout=2)
+    try:
+        secret = (await server.store.create("unlimited", all_models=True))[1]  # no limits: only the cache writes
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            await redis.execute("CONFIG", "SET", "maxmemory", "1")  # full: every write that needs memory is refused
+            try:
+                with caplog.at_level(logging.INFO, logger="server.cache.redis_store"):
+                    for seed in (95, 96, 97, 95):
+                        status, body, _ = await chat_http(stub, secret, model="cached-chat", seed=seed)
+                        assert status == "miss" and b"echo" in body
+                    await asyncio.sleep(0.1)  # the last SET, sent without waiting, refused
+                    full = [record.getMessage() for record in caplog.records]
+            finally:
+                await redis.execute("CONFIG", "SET", "maxmemory", "0")
+            with caplog.at_level(logging.INFO, logger="server.cache.redis_store"):
+                answers = [(await chat_http(stub, secret, model="cached-chat", seed=98))[0] for _ in range(3)]
+        assert answers == ["miss", "hit", "hit"]
+        assert len(full) == 1 and "refuses to store answers" in full[0] and "OOM" in full[0], full
+        assert [record.getMessage() for record in caplog.records][len(full):] == [
+            "response cache: Redis stores answers again"]
+    finally:
+        await redis.close()
         await server.stop(0)
         os.environ.pop(UPSTREAM_KEY_ENV, None)
 

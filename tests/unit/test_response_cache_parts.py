@@ -1,10 +1,14 @@
-"""The response cache's pure parts: the key, the event codec, the in-process store's expiry and size bound."""
+"""The response cache's pure parts: the key, the event codec, the in-process store's expiry and size bound, the
+memory an answer too large to keep holds while it is relayed."""
 
 from __future__ import annotations
 
-from server.cache import cache_key
+import tracemalloc
+
+from server.cache import Lookup, ResponseCache, cache_key
 from server.cache.codec import decode, encode
 from server.cache.stores import MemoryStore
+from server.domain_models import CacheSettings
 from server.domain import (
     AnthropicMessagesSource, Dialect, FinishReason, Finished, GenerationRequest, OpenAIChatSource, SamplingParams,
     Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
@@ -53,3 +57,40 @@ async def test_memory_store_expires_and_keeps_within_its_size():
     assert await store.get("a") is None
     await store.put("big", b"x" * 11, 1.0)
     assert await store.get("big") is None
+
+
+async def test_an_answer_past_max_entry_bytes_is_not_held_while_it_streams():
+    """Every event was held until the answer's end, and only then measured against max_entry_bytes: a 20,000-token
+    stream held ~40 MB (an uncached one ~0), whatever the bound, for each such stream at once. Now what is kept is
+    one buffer of bytes, at most the bound (orjson's output for each event takes 4 kB however small: kept apart,
+    100 kB of events took 4 MB), and nothing once past it."""
+    store = MemoryStore()
+    cache = ResponseCache(store)
+
+    async def answer():
+        for i in range(20_000):
+            chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": f" word{i}"}, "finish_reason": None}]}
+            yield UpstreamObject(Dialect.OPENAI, chunk, True)
+            yield TextDelta(f" word{i}")
+        yield Finished(FinishReason.END_TURN, Usage(1, 20_000))
+
+    relayed = 0
+    tracemalloc.start()
+    try:
+        async for _ in cache.recorded(Lookup("k", CacheSettings(max_entry_bytes=100_000), None, True), answer()):
+            relayed += 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert relayed == 40_001 and await store.get("k") is None
+    assert peak < 300_000, peak  # 112 kB measured
+    small = (TextDelta("hi"), Finished(FinishReason.END_TURN, Usage(1, 1)))
+
+    async def short():
+        for event in small:
+            yield event
+
+    assert [event async for event in cache.recorded(Lookup("s", CacheSettings(), None, True), short())] == \
+        list(small)
+    assert decode(await store.get("s"))[1] == small
