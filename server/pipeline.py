@@ -103,22 +103,16 @@ class Pipeline:
         return self._catalog
 
     async def read_body(self, context: CallContext, data: bytes | Message, *,
-                        allow_x_api_key: bool = False) -> tuple[dict[str, Json], str]:
-        """A REST caller's raw body (parsed) or a typed request (as the same JSON), and its `model`. A body that
-        cannot be read is refused only once the caller's key is found valid: a caller without one hears that instead
-        (401, whatever the body)."""
-        try:
-            return body_and_model(data)
-        except InvalidRequest:
-            await self._authenticator.authenticate(context.invocation_metadata() or (),
-                                                   allow_x_api_key=allow_x_api_key)
-            raise
+                        allow_x_api_key: bool = False) -> tuple[dict[str, Json], str, ApiKey]:
+        """A REST caller's raw body (parsed) or a typed request (as the same JSON), its `model` and the caller's key,
+        found valid first: a caller without one hears that (401, whatever the body), and its body is never read,
+        since reading 8 MB of tiny JSON values holds up every other caller for ~0.4 s."""
+        key = await self._authenticator.authenticate(context.invocation_metadata() or (),
+                                                     allow_x_api_key=allow_x_api_key)
+        body, model_id = body_and_model(data)
+        return body, model_id, key
 
-    async def begin(
-        self, context: CallContext, model_id: str, endpoint: str, *, allow_x_api_key: bool = False
-    ) -> Call:
-        metadata = context.invocation_metadata() or ()
-        key = await self._authenticator.authenticate(metadata, allow_x_api_key=allow_x_api_key)
+    async def begin(self, context: CallContext, key: ApiKey, model_id: str, endpoint: str) -> Call:
         if not model_id:
             raise InvalidRequest("You must provide a model parameter.", param="model")
         model = self._catalog.resolve(key, model_id, endpoint)

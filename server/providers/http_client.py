@@ -192,6 +192,8 @@ class Pool:
             if exc.errno in _OWN_LIMITS:
                 raise OwnLimitReached(os.strerror(exc.errno).lower()) from exc
             raise ConnectFailed(_why_not(exc)) from exc
+        except ValueError as exc:  # a host name no resolver takes (a label over 63 characters, a NUL): a link's
+            raise ConnectFailed("its host name does not resolve") from exc
         self._open.add(connection)
         return connection
 

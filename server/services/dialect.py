@@ -155,8 +155,8 @@ class DialectServicer:
         self, data: bytes | Message, context, *, stream: bool | None = None
     ) -> tuple[Call, Plan, ResponseHeader]:
         """`data`: a REST caller's raw body, or a typed request."""
-        body, model = await self._pipeline.read_body(context, data, allow_x_api_key=self.allow_x_api_key)
-        call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=self.allow_x_api_key)
+        body, model, key = await self._pipeline.read_body(context, data, allow_x_api_key=self.allow_x_api_key)
+        call = await self._pipeline.begin(context, key, model, self.endpoint)
         plan = self.plan(body, call, stream=stream)
         header = ResponseHeader(id=f"{self.id_prefix}{secrets.token_urlsafe(18)}", created=int(time.time()),
                                 model=model, upstream_id=self.keeps_upstream_id(plan))

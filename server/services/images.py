@@ -30,8 +30,8 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
 
     async def _generate(self, data: bytes | Message, context: grpc.aio.ServicerContext) -> dict:
         """`data`: a REST caller's raw body, or a typed request."""
-        body, model = await self._pipeline.read_body(context, data)
-        call = await self._pipeline.begin(context, model, Endpoint.IMAGES)
+        body, model, key = await self._pipeline.read_body(context, data)
+        call = await self._pipeline.begin(context, key, model, Endpoint.IMAGES)
         plan = image_request(body)
         answer = await self._pipeline.generate_images(call, plan.generation)
         urls = await self._store.put(answer.images) if plan.response_format == "url" else None

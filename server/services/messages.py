@@ -54,8 +54,8 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
 
     async def _count(self, data: bytes | Message, context) -> TokenCount:
         """The same key, model and body checks as a message (the model must be served at /v1/messages)."""
-        body, model = await self._pipeline.read_body(context, data, allow_x_api_key=True)
-        call = await self._pipeline.begin(context, model, self.endpoint, allow_x_api_key=True)
+        body, model, key = await self._pipeline.read_body(context, data, allow_x_api_key=True)
+        call = await self._pipeline.begin(context, key, model, self.endpoint)
         request = count_request(body, beta=beta_values(context.invocation_metadata()))
         return await self._pipeline.count_tokens(call, request)
 

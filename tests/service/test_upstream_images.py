@@ -245,6 +245,20 @@ async def test_an_image_link_that_cannot_be_fetched_is_not_drawn_again(images, d
     assert [seen.path for seen in double.seen] == ["/v1/images/generations"]
 
 
+@pytest.mark.parametrize("host", ["a" * 64 + ".example", "a\x00b", "a..b"])
+async def test_a_link_whose_host_no_resolver_takes_is_the_upstreams_failure(images, double, secret, host):
+    """A link naming a host name that cannot be looked up at all (a label over 63 characters, an empty label, a NUL)
+    made the connect raise ValueError/UnicodeError rather than OSError: the caller got a 500 internal_error, the
+    gateway's fault said the answer, for a link the upstream sent. It is a link that cannot be fetched: a 502."""
+    double.cue(Cue(body={"created": 1, "data": [{"url": f"http://{host}/x.png"}]}))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(), metadata=bearer(secret))
+    detail = error_details(caught.value)
+    assert (detail.http_status, detail.error.code) == (502, "upstream_error")
+    assert "fetch a result of `image-up`" in detail.error.message and host not in detail.error.message
+    assert [seen.path for seen in double.seen] == ["/v1/images/generations"]
+
+
 async def test_an_answer_cut_off_is_not_drawn_again(images, double, secret):
     """An answer that began (200) has been drawn and billed, even if its connection breaks before its end."""
     one = {"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(1)).decode()}]}
