@@ -185,3 +185,15 @@ def test_giving_up_on_a_call_without_a_model_names_no_model():
     with pytest.raises(RetriesExhausted) as caught:
         walk.failed(ServiceUnavailableError("still down"))
     assert str(caught.value) == "gave up after 2 attempt(s); last error: 503 service_unavailable: still down"
+
+
+@pytest.mark.parametrize(("retry_after", "shown"),
+                         [(58.1503, "58.2s"), (59.99658, "60.0s"), (0.04, "0.1s"), (2.0, "2.0s")])
+def test_an_error_s_retry_hint_reads_in_tenths_of_a_second_as_client_md_shows_it(retry_after, shown):
+    """client.md's example, `... retry after 58.2s`, read `retry after 58.1503s` (a server's retry-after-ms, or the
+    client's own limiter's wait, to 6 digits): the hint is rounded up to a tenth, as the gateway's message is, so it
+    never says to retry sooner than the server asked."""
+    walk = plan("family-a-5.5", attempts=1)
+    with pytest.raises(RetriesExhausted) as caught:
+        walk.failed(RateLimitError("Rate limit reached ...", retry_after=retry_after))
+    assert str(caught.value).endswith(f"429 rate_limit_exceeded: Rate limit reached ..., retry after {shown}")

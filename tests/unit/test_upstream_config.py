@@ -142,6 +142,15 @@ def test_the_sample_configurations_start_command_sets_every_key_it_names():
     assert named <= given, f"the start command leaves out {sorted(named - given)}"
 
 
+
+def test_the_sample_configuration_keeps_the_default_configuration_s_key_limits():
+    """The sample says every setting it does not show keeps its default, server/default.yaml's; but limits.defaults
+    are that file's only where a file writes them (configuration.md), so a gateway started from the sample, in
+    front of upstreams that bill, gave its keys no requests, tokens or concurrency limit at all."""
+    sample = load_config(Path(__file__).parents[2] / "docs" / "upstreams.sample.yaml")
+    assert sample.limits.defaults == load_config().limits.defaults
+    assert sample.limits.defaults.requests_per_minute is not None
+
 def _known(tmp_path, models: str) -> set[str]:
     """The settings a section knows, as its error for an unknown one lists them."""
     with pytest.raises(ConfigError) as refused:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -62,7 +63,9 @@ class APIError(PorticoClientError):
         self.request_id = request_id  # the answer's x-request-id, as the gateway logged it; None without an answer
 
     def __str__(self) -> str:
-        hint = f", retry after {self.retry_after:g}s" if self.retry_after is not None else ""
+        # In tenths rounded up, as the gateway's own messages say it: never sooner than asked, never 57.1503s.
+        tenths = math.ceil(self.retry_after * 10 - 1e-9) / 10 if self.retry_after is not None else None
+        hint = f", retry after {tenths:.1f}s" if tenths is not None else ""
         status = f"{self.status} " if self.status is not None else ""
         return f"{status}{self.code}: {self.message}{hint}"
 
