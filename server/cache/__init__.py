@@ -11,7 +11,7 @@ numbers are keyed by value (`1` and `1.0` are one request, as Portico reads them
 event, nothing failed) no larger than `max_entry_bytes` are stored; errors never are. The caller's `Cache-Control`
 is read as HTTP caches read it (RFC 9111): `no-cache` (or `max-age=0`, or `Pragma: no-cache` without a
 Cache-Control) skips the lookup (the fresh answer is stored), `max-age=N` refuses answers stored more than N seconds
-ago, `no-store` skips both.
+ago, `no-store` skips both. A request naming state the upstream holds (`thread`, `container`) is no cache question.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ __all__ = ["CacheStore", "Lookup", "MemoryStore", "ResponseCache"]
 HEADER = "x-portico-cache"
 # Fields that label a request for its caller's own records, and do not change the answer.
 NOT_SHAPING = frozenset({"user", "metadata", "store", "safety_identifier", "prompt_cache_key", "stream"})
+# Fields naming state the upstream holds (a conversation, a code-execution container): the same request is not the
+# same question twice (a thread's next turn, a container's files since), so it is never looked up or stored.
+STATEFUL = ("thread", "container")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,7 @@ class ResponseCache:
     async def lookup(self, model_id: str, endpoint: str, settings: CacheSettings | None, key_id: str,
                      request: GenerationRequest, metadata: Sequence[tuple[str, str | bytes]]) -> Lookup | None:
         """None when the model is not cached (or the request has no body to key on)."""
-        if settings is None or request.source is None:
+        if settings is None or request.source is None or any(name in request.source.body for name in STATEFUL):
             return None
         control = caller_control(metadata)
         key = cache_key(model_id, settings.serving, endpoint, "" if settings.shared else key_id, request)

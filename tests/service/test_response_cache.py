@@ -118,6 +118,18 @@ async def test_messages_json_and_streams_are_replayed(messages, double, key, str
         assert b"event: message_stop" in second[1]
 
 
+@pytest.mark.parametrize("thread", [{"type": "create"}, {"type": "continue", "id": "thread_1"}])
+async def test_a_threaded_message_is_never_answered_from_the_cache(messages, double, key, thread):
+    """A `thread` is a conversation the upstream holds: the same request is the next turn of a longer one each time
+    (`continue`), or the start of a new thread (`create`). A second one was replayed from the cache: the upstream's
+    message id of the first answer (which names its thread's turn) reached another caller, and the thread never
+    heard of the turn. Such a request is no cache question: asked of the upstream each time, and never stored."""
+    answers = [await message_http(messages, key[1], model="cached-messages", thread=thread) for _ in range(2)]
+    assert [cache for cache, _, _ in answers] == [None, None]
+    assert len(double.seen) == 2
+    assert (await message_http(messages, key[1], model="cached-messages"))[0] == "miss"  # nor stored as another's
+
+
 async def test_a_json_answer_does_not_answer_a_stream(chat, double, key):
     await chat_http(chat, key[1], model="cached-chat")
     assert (await chat_http(chat, key[1], model="cached-chat", stream=True))[0] == "miss"
