@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from server.providers.http_connection import (MAX_HEAD_BYTES, ConnectFailed, Connection, ConnectionBroken,
-                                              ConnectTimeout, OwnLimitReached, Response)
+                                              ConnectTimeout, OwnLimitReached, Response, TransportError)
+from server.providers.link_addresses import address_class
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # A reused connection closed within this of the request being sent closed as it was reused: its server did not
@@ -72,6 +73,15 @@ class Proxy:
         return cls(Origin.of(url), credentials)
 
 
+class AddressRefused(TransportError):
+    """The host resolved to an address of a class the pool may not connect to (server/providers/link_addresses.py):
+    nothing was connected. `kind` is that class, for the operator's log; never for the caller."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
 def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
     """Header fields as they go on the wire. A value with a line break would end the head early (a second request
     smuggled into the connection): refused, wherever it came from."""
@@ -87,11 +97,14 @@ class Pool:
     """The idle connections to one origin, through one proxy or none; the most recently used is taken first."""
 
     def __init__(self, origin: Origin, proxy: Proxy | None, *, ssl_context: Callable[[], ssl.SSLContext],
-                 connect_timeout: float | None, keepalive: float) -> None:
-        """`ssl_context` gives the TLS settings, called only for the origin or proxy that speaks TLS."""
+                 connect_timeout: float | None, keepalive: float, allowed: frozenset[str] | None = None) -> None:
+        """`ssl_context` gives the TLS settings, called only for the origin or proxy that speaks TLS. `allowed`: the
+        address classes (link_addresses.address_class) the origin's host may resolve to (None: any); checked on
+        every address it resolves to, before connecting to any, and the connection made to those very addresses."""
         self.loop = asyncio.get_running_loop()
         self._origin = origin
         self._proxy = proxy
+        self._allowed = allowed
         self._ssl = ssl_context() if origin.scheme == "https" else None
         self._proxy_tls = ssl_context() if proxy is not None and proxy.origin.scheme == "https" else None
         self._connect_timeout = connect_timeout
@@ -203,9 +216,17 @@ class Pool:
         origin, proxy = self._origin, self._proxy
         to, tls = (origin, self._ssl) if proxy is None else (proxy.origin, self._proxy_tls)
         tunnelled = proxy is not None and origin.scheme == "https"
-        transport, protocol = await self.loop.create_connection(
-            _TunnelReply if tunnelled else (lambda: Connection(self)), to.host, to.port, ssl=tls,
-            server_hostname=to.host if tls else None)
+        protocol_factory = _TunnelReply if tunnelled else (lambda: Connection(self))
+        if self._allowed is None:
+            transport, protocol = await self.loop.create_connection(
+                protocol_factory, to.host, to.port, ssl=tls, server_hostname=to.host if tls else None)
+        else:
+            addresses = await self._checked_addresses()
+            sock = await self._socket_to(addresses) if proxy is None else None
+            # Through a proxy the proxy connects, to what it resolves the name to: checked here as we resolve it.
+            transport, protocol = await self.loop.create_connection(
+                protocol_factory, None if sock else to.host, None if sock else to.port, sock=sock, ssl=tls,
+                server_hostname=to.host if tls else None)
         if not tunnelled:
             return protocol
         try:
@@ -222,6 +243,40 @@ class Pool:
             raise
         connection.connection_made(inner)
         return connection
+
+    async def _checked_addresses(self) -> list[tuple]:
+        """Every address the origin's host resolves to, if all are of an allowed class: one that is not refuses the
+        host (a name resolving both outward and inward is no public host)."""
+        origin = self._origin
+        try:
+            infos = await self.loop.getaddrinfo(origin.host, origin.port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            if self._proxy is None:
+                raise
+            return []  # a name only the proxy can resolve: the proxy, the operator's, decides what it reaches
+        for *_, sockaddr in infos:
+            kind = address_class(sockaddr[0])
+            if kind not in self._allowed:
+                raise AddressRefused(kind)
+        return infos
+
+    async def _socket_to(self, infos: list[tuple]) -> socket.socket:
+        """A socket connected to the first of the checked addresses that takes it: asyncio would resolve the name
+        again, and a second answer (DNS rebinding) might lead elsewhere."""
+        failure: OSError | None = None
+        for family, kind, proto, _, sockaddr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                await self.loop.sock_connect(sock, sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                failure = exc
+            except BaseException:
+                sock.close()
+                raise
+        raise failure if failure is not None else OSError("the connection failed")
 
 
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})  # this host's, not the upstream's
@@ -281,14 +336,15 @@ class HttpClient:
         self._ssl: ssl.SSLContext | None = None
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive
-        self._pools: dict[tuple[Origin, Proxy | None], Pool] = {}
+        self._pools: dict[tuple[Origin, Proxy | None, frozenset[str] | None], Pool] = {}
 
-    def pool(self, origin: Origin, proxy: Proxy | None) -> Pool:
-        pool = self._pools.get((origin, proxy))
+    def pool(self, origin: Origin, proxy: Proxy | None, allowed: frozenset[str] | None = None) -> Pool:
+        """`allowed`: as for Pool; a pool is kept per origin, proxy and allowed classes."""
+        pool = self._pools.get((origin, proxy, allowed))
         if pool is None:
-            pool = self._pools[(origin, proxy)] = Pool(origin, proxy, ssl_context=self._tls,
-                                                       connect_timeout=self._connect_timeout,
-                                                       keepalive=self._keepalive)
+            pool = self._pools[(origin, proxy, allowed)] = Pool(origin, proxy, ssl_context=self._tls,
+                                                                connect_timeout=self._connect_timeout,
+                                                                keepalive=self._keepalive, allowed=allowed)
         return pool
 
     def _tls(self) -> ssl.SSLContext:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import ssl
 import time
 import urllib.request
@@ -34,9 +35,10 @@ from server.errors import OutOfResources, PorticoError, ServiceUnavailable, Upst
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
-from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
+from server.providers.http_client import AddressRefused, HttpClient, Origin, Pool, Proxy, header_lines
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
                                               OwnLimitReached, TooLarge, TransportError, Undecodable)
+from server.providers.link_addresses import address_class, allowed_classes
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
@@ -107,6 +109,8 @@ class HttpUpstream:
         self._closed = False
         self._settling: set[asyncio.Task] = set()
         self._outlast = outlast
+        self._link_classes: frozenset[str] | None = None  # where links may lead: known at the first link fetched
+        self._refusals_logged: set[tuple[str, str]] = set()  # (model id, address class): logged once each
 
     async def close(self) -> None:
         self._closed = True
@@ -215,7 +219,10 @@ class HttpUpstream:
         # Spaces and other characters a request line cannot hold are escaped; escapes already there stay as they are.
         path = quote(parts.path or "/", safe=_PATH_SAFE) + (f"?{quote(parts.query, safe=_QUERY_SAFE)}"
                                                              if parts.query else "")
-        pool = self._client_now().pool(origin, _env_proxy(link))
+        if origin == self._origin:  # on the upstream itself: fetched as it is asked
+            pool = self._base_pool()
+        else:  # elsewhere: only where links may lead (server/providers/link_addresses.py)
+            pool = self._client_now().pool(origin, _env_proxy(link), await self._allowed_for_links())
         try:
             response = await self._send(pool, "GET", path, model_id, before_answer=False, body=b"",
                                         headers=self._fetch_headers, read_timeout=self._read_timeout)
@@ -276,6 +283,18 @@ class HttpUpstream:
             client = self._client = HttpClient(ssl_context=_ssl_context, connect_timeout=self._connect_timeout,
                                                keepalive=KEEPALIVE_SECONDS)
         return client
+
+    async def _allowed_for_links(self) -> frozenset[str]:
+        """The address classes links may lead to: public ones, and the classes the base URL's host resolves to."""
+        if self._link_classes is None:
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    infos = await asyncio.get_running_loop().getaddrinfo(self._address, self._port,
+                                                                         type=socket.SOCK_STREAM)
+            except (OSError, ValueError, TimeoutError):  # not known (a name only a proxy resolves): public links only
+                return allowed_classes(frozenset())
+            self._link_classes = allowed_classes(frozenset(address_class(info[4][0]) for info in infos))
+        return self._link_classes
 
     def _base_pool(self) -> Pool:
         pool = self._pool
@@ -375,6 +394,14 @@ class HttpUpstream:
             return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retry_reason="timeout")
         if isinstance(exc, ReadTimeout):
             return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
+        if isinstance(exc, AddressRefused):
+            if (model_id, exc.kind) not in self._refusals_logged:
+                self._refusals_logged.add((model_id, exc.kind))
+                _logger.warning("the upstream serving %s answered with a link to a %s address: not fetched (links are "
+                                "fetched from public addresses and from the base_url's own class; logged once)",
+                                name, exc.kind)
+            return UpstreamError(f"The upstream's image link for {name} points at an address Portico does not fetch "
+                                 "from.")
         why = f": {exc}." if str(exc) else "."  # our transport's own words: what failed, never an address
         if isinstance(exc, OwnLimitReached):
             if (now := time.monotonic()) - self._starved_logged_at >= _STARVED_LOG_EVERY:

@@ -3,8 +3,9 @@
 The caller's request passes through whole, with the upstream's model name, except `response_format`: models
 differ in what they accept there (gpt-image-1 refuses it), so the upstream answers in its own way and both ways
 are read: `b64_json` items are decoded, `url` items fetched (without the upstream key, since such links often
-point at another host). The gateway then answers in the format the caller asked for. Bytes that are not a PNG, JPEG
-or WebP image, and a link whose content-type is not an image's, are the upstream's failure (502), whatever was asked.
+point at another host; and only where server/providers/link_addresses.py lets a link lead). The gateway then
+answers in the format the caller asked for. Bytes that are not a PNG, JPEG or WebP image, and a link whose
+content-type is not an image's, are the upstream's failure (502), whatever was asked.
 Once the upstream answers it has drawn and billed the images, so nothing that fails after that (an answer cut off, a
 link that cannot be fetched) is retried or sent down the fallbacks: each try would draw and bill them again.
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -224,6 +225,53 @@ async def test_post_json_and_fetch(server, upstream):
     with pytest.raises(UpstreamError, match="invalid JSON"):
         await upstream.post_json("images/generations", {}, model_id="up")
     assert server.accepted == 1
+
+
+REFUSED = "points at an address Portico does not fetch from"
+
+
+@pytest.mark.parametrize("base", ["http://93.184.215.14/v1", "http://10.255.255.1/v1"])
+async def test_a_link_into_another_address_class_is_refused_before_any_connection(server, base, caplog):
+    """A public (or private) upstream's answer chooses its links: one into the gateway's loopback (its metrics, Envoy's
+    admin port, anything on 127.0.0.1), in any spelling, is refused unconnected, saying nothing about the target,
+    and logged once for the model and class, not once per refused link."""
+    http = client(base)
+    spellings = ["127.0.0.1", "2130706433", "0x7f.1", "127.1", "[::ffff:127.0.0.1]", "localhost"]
+    try:
+        with caplog.at_level(logging.WARNING, logger="server.providers.http_upstream"):
+            for host in spellings * 2:
+                with pytest.raises(UpstreamError, match=REFUSED) as caught:
+                    await http.fetch(f"http://{host}:{server.port}/a.png", model_id="up", media_type="image")
+                assert str(server.port) not in str(caught.value) and "127" not in str(caught.value)
+                assert caught.value.retry_reason is None  # drawn and billed: never asked again
+    finally:
+        await http.close()
+    assert server.accepted == 0  # nothing was connected to
+    logged = [r.getMessage() for r in caplog.records if "not fetched" in r.getMessage()]
+    assert len(logged) == 1 and "`up`" in logged[0] and "loopback" in logged[0]
+
+
+@pytest.mark.parametrize("link", ["http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/a.png",
+                                  "http://0.0.0.0:{port}/a.png", "http://[::ffff:169.254.169.254]/a.png",
+                                  "http://224.0.0.1/a.png"])
+async def test_link_local_unspecified_and_multicast_links_are_refused_even_for_a_local_upstream(server, upstream,
+                                                                                                 link):
+    with pytest.raises(UpstreamError, match=REFUSED):
+        await upstream.fetch(link.format(port=server.port), model_id="up", media_type="image")
+    assert server.accepted == 0
+
+
+async def test_a_local_upstreams_links_on_its_own_class_are_fetched(server, upstream):
+    """vLLM on 127.0.0.1 linking its images on another loopback server (or name): fetched as before."""
+    other = await Upstream().start()
+    try:
+        for host in ("127.0.0.1", "localhost"):
+            other.answers.append(whole(200, b"\x89PNG..."))
+            assert await upstream.fetch(f"http://{host}:{other.port}/a.png", model_id="up",
+                                        media_type="image") == b"\x89PNG..."
+    finally:
+        await other.stop()
+    assert other.accepted >= 1 and [seen[1] for seen in other.seen] == ["/a.png", "/a.png"]
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from server.errors import ServiceUnavailable
+from server.errors import ServiceUnavailable, UpstreamError
 from tests.service.test_http_upstream import KEY, Upstream, client, eventually, read_until_done, whole
 
 
@@ -225,6 +225,20 @@ async def test_http_proxy_from_the_environment_gets_absolute_form_requests_and_i
     assert [path for _, path, _, _ in plain.seen] == ["/v1/chat/completions"] * 2 + [
         "/v1/images/generations", "/files/a.png"]
     assert (proxy.accepted, plain.accepted) == (1, 1)  # kept alive through the proxy
+
+
+async def test_a_link_through_the_proxy_is_judged_by_where_its_host_resolves(plain, proxy, monkeypatch):
+    """Through a proxy the proxy connects, but a link a public upstream sent into the gateway's loopback (in any
+    spelling) is refused all the same, and the proxy is not asked: it would reach 127.0.0.1 on its host, or ours."""
+    monkeypatch.setenv("HTTP_PROXY", proxy.url())
+    http = client("http://93.184.215.14/v1")
+    try:
+        for host in ("127.0.0.1", "2130706433", "localhost"):
+            with pytest.raises(UpstreamError, match="points at an address Portico does not fetch from"):
+                await http.fetch(f"http://{host}:{plain.port}/files/a.png", model_id="up", media_type="image")
+    finally:
+        await http.close()
+    assert (proxy.accepted, plain.accepted) == (0, 0)
 
 
 @pytest.mark.parametrize("name", ["HTTP_PROXY", "http_proxy", "ALL_PROXY"])

@@ -369,6 +369,24 @@ async def test_images_the_upstream_drew_and_billed_count_when_their_answer_then_
     assert len(double.seen) == 2  # the third was never drawn
 
 
+async def test_images_behind_a_link_portico_does_not_fetch_from_count_all_the_same(images, double, running):
+    """A link into cloud metadata is refused, not fetched: the upstream drew and billed the image regardless, so it
+    costs the key as any link that cannot be fetched does (api.md, Images)."""
+    double.reset()
+    _, secret = await running.store.create("metadata-links", all_models=True, limits=KeyLimits(max_spend_day=20_000))
+    double.cue(*[Cue(body={"created": 1, "data": [{"url": "http://169.254.169.254/latest/meta-data/"}]})] * 2)
+    for _ in range(2):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await images.CreateImage(image_request(model="image-priced"), metadata=bearer(secret))
+        detail = error_details(caught.value)
+        assert (detail.http_status, detail.error.code) == (502, "upstream_error")
+        assert detail.error.message == ("The upstream's image link for `image-priced` points at an address Portico "
+                                        "does not fetch from.")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await images.CreateImage(image_request(model="image-priced"), metadata=bearer(secret))
+    assert error_details(caught.value).error.message.startswith("Budget reached")
+    assert len(double.seen) == 2  # the third was never drawn
+
 async def test_the_upstreams_usage_and_quality_reach_rest_and_grpc_callers(images, double, secret):
     """gpt-image models answer with the quality they drew at and their token usage (which OpenAI bills them by), both
     read by the openai SDK (`ImagesResponse.quality`, `.usage`): a REST caller gets them as the upstream sent them, a
