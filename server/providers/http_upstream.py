@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 import ssl
 import time
 import urllib.request
@@ -38,7 +37,7 @@ from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
 from server.providers.http_client import AddressRefused, HttpClient, Origin, Pool, Proxy, header_lines
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
                                               OwnLimitReached, TooLarge, TransportError, Undecodable)
-from server.providers.link_addresses import address_class, allowed_classes
+from server.providers.link_addresses import allowed_classes, link_classes
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
@@ -287,13 +286,10 @@ class HttpUpstream:
     async def _allowed_for_links(self) -> frozenset[str]:
         """The address classes links may lead to: public ones, and the classes the base URL's host resolves to."""
         if self._link_classes is None:
-            try:
-                async with asyncio.timeout(self._connect_timeout):
-                    infos = await asyncio.get_running_loop().getaddrinfo(self._address, self._port,
-                                                                         type=socket.SOCK_STREAM)
-            except (OSError, ValueError, TimeoutError):  # not known (a name only a proxy resolves): public links only
+            classes = await link_classes(self._address, self._port, self._connect_timeout)
+            if classes is None:  # not known here: public links only, until it is
                 return allowed_classes(frozenset())
-            self._link_classes = allowed_classes(frozenset(address_class(info[4][0]) for info in infos))
+            self._link_classes = classes
         return self._link_classes
 
     def _base_pool(self) -> Pool:

@@ -12,7 +12,9 @@ Pool), so names resolving inward and odd spellings of an address (2130706433, 0x
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import socket
 
 PUBLIC, PRIVATE, LOOPBACK = "public", "private", "loopback"
 # The classes a link may lead to when the base URL's host is in them (public ones always may).
@@ -52,3 +54,14 @@ def address_class(address: str) -> str:
 def allowed_classes(base_classes: frozenset[str]) -> frozenset[str]:
     """The classes of address a link may lead to, for an upstream whose base URL's host resolves to `base_classes`."""
     return frozenset({PUBLIC}) | (base_classes & SAME_CLASS)
+
+
+async def link_classes(host: str, port: int, timeout: float | None) -> frozenset[str] | None:
+    """The classes links of an upstream whose base URL is on `host` may lead to; None when the host does not resolve
+    here (a name only a proxy resolves): public links only, for now."""
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError, TimeoutError):
+        return None
+    return allowed_classes(frozenset(address_class(info[4][0]) for info in infos))
