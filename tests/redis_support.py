@@ -18,6 +18,7 @@ class RedisServer:
     port: int
     process: subprocess.Popen
     log_path: Path
+    password: str | None = None  # Redis's requirepass; not in .url, so a test writes it there (or not) itself
 
     @property
     def url(self) -> str:
@@ -26,7 +27,7 @@ class RedisServer:
     def restart(self) -> None:
         """Stop, then start again on the same port: empty, as a Redis without persistence comes back."""
         self.stop()
-        self.process = _launch(self.port, self.log_path.parent)
+        self.process = _launch(self.port, self.log_path.parent, self.password)
         _wait_until_it_answers(self)
 
     def stop(self) -> None:
@@ -40,27 +41,28 @@ class RedisServer:
             self.process.wait()
 
 
-def start_redis(directory: Path) -> RedisServer:
+def start_redis(directory: Path, *, password: str | None = None) -> RedisServer:
     (port,) = free_ports(1)
-    server = RedisServer(port, _launch(port, directory), directory / "redis.log")
+    server = RedisServer(port, _launch(port, directory, password), directory / "redis.log", password)
     _wait_until_it_answers(server)
     return server
 
 
-def _launch(port: int, directory: Path) -> subprocess.Popen:
+def _launch(port: int, directory: Path, password: str | None = None) -> subprocess.Popen:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed: apt-get install -y redis-server (make test does this)")
     return subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(directory), "--logfile", str(directory / "redis.log"), "--daemonize", "no"],
+         "--dir", str(directory), "--logfile", str(directory / "redis.log"), "--daemonize", "no",
+         *(["--requirepass", password] if password else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )
 
 
 def _wait_until_it_answers(server: RedisServer) -> None:
     deadline = time.monotonic() + 10
-    while not _answers_ping(server.port):
+    while not _answers_ping(server.port, server.password):
         if server.process.poll() is not None or time.monotonic() > deadline:
             server.stop()
             log = server.log_path.read_text() if server.log_path.exists() else ""
@@ -68,9 +70,13 @@ def _wait_until_it_answers(server: RedisServer) -> None:
         time.sleep(0.02)
 
 
-def _answers_ping(port: int) -> bool:
+def _answers_ping(port: int, password: str | None = None) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            if password:
+                sock.sendall(f"AUTH {password}\r\n".encode())
+                if not sock.recv(16).startswith(b"+OK"):
+                    return False
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
     except OSError:

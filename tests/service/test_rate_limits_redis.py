@@ -133,6 +133,37 @@ async def _priced_on_redis(tmp_path, double):
     return redis, await start_server(config, "127.0.0.1:0")
 
 
+@pytest.mark.parametrize("password", [None, "not-the-password-Qx7"], ids=["none", "wrong"])
+async def test_a_redis_that_refuses_the_password_is_an_outage_whose_log_line_says_so(tmp_path, caplog, password):
+    """A Redis with requirepass, and a limits.store URL without its password (none, or an old one): start-up was a
+    traceback (NOAUTH) with none, and with a wrong one logged 'is unreachable', as for a Redis that is down, so the
+    operator looked for a network fault. Now both are the documented outage (503, retry-after), and the log line
+    says what Redis said, never the password in the URL."""
+    (tmp_path / "redis").mkdir()
+    redis = start_redis(tmp_path / "redis", password="the-real-one-Zr4")
+    store = redis.url if password is None else redis.url.replace("//", f"//:{password}@", 1)
+    try:
+        running = await start_server(redis_config(tmp_path / "data", store, images_only=True), "127.0.0.1:0")
+        try:
+            secret = (await running.store.create("any", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "limit store is unreachable" in error_details(caught.value).error.message
+            assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
+        finally:
+            await running.stop(0)
+        (line,) = [r.getMessage() for r in caplog.records if "the limit store" in r.getMessage()
+                   and "until it answers" in r.getMessage()]
+        said = "NOAUTH" if password is None else "password"
+        assert said in line and f"127.0.0.1:{redis.port}" in line, line
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "Traceback" not in caplog.text and (password is None or password not in logged + caplog.text)
+    finally:
+        redis.stop()
+
+
 async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path, double):
     """Redis stops answering while a request is in flight: the answer is not held up, and once Redis is back the
     key's limits hold what the request used and cost (as the ledger does), not its reservation's estimates."""
