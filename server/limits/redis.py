@@ -274,4 +274,6 @@ def _why(exc: Exception) -> str:
         if code == "NOAUTH":
             return "requires a password, which the URL does not give (NOAUTH)"
         return f"cannot serve now: {code}"
+    if isinstance(exc, RedisConnectionError) and str(exc):  # redis-py's words name the host, never the password:
+        return f"cannot be connected to: {str(exc)[:300]}"  # refused, reset, a certificate not trusted, ...
     return f"did not answer: {type(exc).__name__}"

@@ -22,7 +22,9 @@ from server.app import RunningServer, start_server
 from server.config import Config, load_config
 from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
+from server.limits.redis import RedisLimitStore
 from tests.redis_support import start_redis
+from tests.service.test_http_upstream_tls_proxy import certificates  # noqa: F401 (a fixture)
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
 
@@ -160,6 +162,24 @@ async def test_a_redis_that_refuses_the_password_is_an_outage_whose_log_line_say
         assert said in line and f"127.0.0.1:{redis.port}" in line, line
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "Traceback" not in caplog.text and (password is None or password not in logged + caplog.text)
+    finally:
+        redis.stop()
+
+
+async def test_a_rediss_store_whose_certificate_is_not_trusted_says_so_in_the_log(tmp_path, certificates, caplog):
+    """rediss:// to a Redis whose certificate a private CA signed: its ssl_ca_certs option (or SSL_CERT_FILE) makes
+    it trusted; without either, the start-up line said only 'did not answer: ConnectionError', as for a Redis that
+    is down. It now says what the TLS handshake found."""
+    (tmp_path / "redis").mkdir()
+    redis = start_redis(tmp_path / "redis", tls=certificates)
+    try:
+        trusted = RedisLimitStore(f"{redis.tls_url}?ssl_ca_certs={certificates / 'ca.pem'}")
+        assert await trusted.ping()
+        await trusted.close()
+        running = await start_server(redis_config(tmp_path / "data", redis.tls_url, images_only=True), "127.0.0.1:0")
+        await running.stop(0)
+        (line,) = [r.getMessage() for r in caplog.records if "until it answers" in r.getMessage()]
+        assert "certificate verify failed" in line and f"127.0.0.1:{redis.tls[0]}" in line, line
     finally:
         redis.stop()
 
