@@ -209,8 +209,8 @@ async def build_core(config: Config) -> Core:
     limiter = Limiter(build_limit_store(config), config.limits)
     if not await limiter.store.ping():
         # Not fatal: Redis may come up later. Until then the on_store_error policy decides.
-        _logger.error("the limit store %s is unreachable; until it answers, requests are %s",
-                      redacted(config.limits.store),
+        _logger.error("the limit store %s is unreachable (it %s); until it answers, requests are %s",
+                      redacted(config.limits.store), limiter.store.failure,
                       "admitted without limits" if config.limits.on_store_error == "open" else "refused with 503")
     limiter.settle_orphans(orphans)
     pipeline = Pipeline(

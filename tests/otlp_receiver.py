@@ -5,6 +5,7 @@ to."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +36,8 @@ class ReceivedSpan:
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: served over HTTPS with this server context (a collector behind a private CA)."""
         self.refusing: int | None = None  # a status to answer every export with instead of taking it (a fault)
         self.spans: list[ReceivedSpan] = []
         self.bodies: list[bytes] = []
@@ -68,11 +70,14 @@ class OtlpReceiver:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        self._scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"{self._scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> OtlpReceiver:
         self._thread.start()

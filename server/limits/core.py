@@ -278,6 +278,8 @@ class LimitStore(Protocol):
         """A scope's counters as they are now, read without booking anything (server/limits/standing.py)."""
         ...
 
+    failure: str | None  # why the last ping failed ("refused the URL's password (...)"), for the log; never a secret
+
     async def ping(self) -> bool:
         """Whether the store answers now (readiness, start-up); never raises."""
         ...

@@ -154,6 +154,7 @@ class _Held:
 class MemoryLimitStore:
     immediate = True  # no method awaits anything
     shared = False
+    failure = None  # it always answers
 
     def __init__(self, clock: Clock = time.time, *, monotonic: Clock | None = None, state_path: Path | None = None,
                  save_every_s: float = 2.0) -> None:

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Iterable
 
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -72,6 +73,7 @@ class RedisLimitStore:
         prefix: str = "portico:limits:",
     ) -> None:
         self._url = redacted(url)
+        self.failure: str | None = None  # why the last ping failed, for the log (LimitStore.failure)
         self._clock = clock
         self._lease = lease_seconds
         self._prefix = prefix
@@ -108,9 +110,7 @@ class RedisLimitStore:
             raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: Exception) -> LimitStoreUnavailable:
-        if isinstance(exc, Refusing):  # its error code only: the rest may quote a script
-            return LimitStoreUnavailable(f"the limit store {self._url} cannot serve now: {str(exc).split(' ', 1)[0]}")
-        return LimitStoreUnavailable(f"the limit store {self._url} did not answer: {type(exc).__name__}")
+        return LimitStoreUnavailable(f"the limit store {self._url} {_why(exc)}")
 
     async def reserve(self, demand: Demand) -> Reservation:
         now = self._clock()
@@ -224,9 +224,12 @@ class RedisLimitStore:
         """Whether Redis takes a write: a replica, or a Redis out of memory, answers PING but cannot count."""
         try:
             async with asyncio.timeout(self._deadline):
-                return await self._redis.execute("SET", f"{self._prefix}ping", "1", "PX", 60_000) == b"OK"
-        except _UNREACHABLE:
+                answered = await self._redis.execute("SET", f"{self._prefix}ping", "1", "PX", 60_000) == b"OK"
+        except _UNREACHABLE as exc:
+            self.failure = _why(exc)
             return False
+        self.failure = None if answered else "did not take a write"
+        return answered
 
     async def counts(self, scope_id: str) -> Counts:
         """Read-only (nothing pruned or booked), so it needs no script: the window's entries and their tokens, the
@@ -259,3 +262,18 @@ class RedisLimitStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
         await self._redis.close()
+
+
+def _why(exc: Exception) -> str:
+    """What went wrong, for the log: a password refused or missing apart from a Redis that is down, never the
+    password itself (redis-py's and Redis's words name none)."""
+    if isinstance(exc, AuthenticationError):  # WRONGPASS, or a password given to a Redis that has none
+        return f"refused the URL's password ({exc})"
+    if isinstance(exc, Refusing):  # its error code only: the rest may quote a script
+        code = str(exc).split(" ", 1)[0]
+        if code == "NOAUTH":
+            return "requires a password, which the URL does not give (NOAUTH)"
+        return f"cannot serve now: {code}"
+    if isinstance(exc, RedisConnectionError) and str(exc):  # redis-py's words name the host, never the password:
+        return f"cannot be connected to: {str(exc)[:300]}"  # refused, reset, a certificate not trusted, ...
+    return f"did not answer: {type(exc).__name__}"

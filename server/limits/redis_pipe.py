@@ -15,7 +15,7 @@ Failures mean what they meant with redis-py's client, which the store relies on:
                      the same way. Never retried: the command may have run. Until Redis answers again, of the
                      commands a caller waits on one a second tries it (Silence), the others fail so at once, unsent.
     ResponseError    Redis refused the command (NoScriptError: a script it does not have cached; Refusing: it cannot
-                     serve now, e.g. a replica after a failover, an outage to the store rather than a bug).
+                     serve now, e.g. a replica after a failover or NOAUTH, an outage to the store rather than a bug).
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ _TRIAL_SECONDS = 1.0
 
 
 # Error replies of a Redis that cannot serve commands now, whatever they are: loading its data, a read-only replica, no
-# master, busy with a script, out of memory, unable to persist (a script that hits one stops at that write).
-_REFUSING = frozenset({"LOADING", "READONLY", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "OOM", "MISCONF"})
+# master, busy with a script, out of memory, unable to persist (a script that hits one stops at that write), a
+# password it requires and the URL does not give, or an ACL user not allowed our commands (NOAUTH, NOPERM: the
+# limits cannot be counted until the operator fixes one or the other, an outage rather than a bug).
+_REFUSING = frozenset({"LOADING", "READONLY", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "OOM", "MISCONF",
+                       "NOAUTH", "NOPERM"})
 
 
 class Refusing(ResponseError):
@@ -206,6 +209,8 @@ def _error(reply: ResponseError) -> ResponseError:
     code = message.split(" ", 1)[0]
     if code == "NOSCRIPT":
         return NoScriptError(message)
+    if message.startswith("ERR Protocol error: unauthenticated"):  # a script's many arguments, sent without AUTH
+        return Refusing(f"NOAUTH {message}")
     return Refusing(message) if code in _REFUSING else reply
 
 

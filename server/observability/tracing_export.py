@@ -13,6 +13,7 @@ every span of a batch the collector did not take.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -128,7 +129,19 @@ def _session() -> requests.Session:
     to https) lost every span unsaid: a 3xx now fails the export, and the outage warning says where it points."""
     session = _load_session_from_envvar(_CREDENTIAL_PROVIDER) or requests.Session()
     session.hooks["response"].append(_refuse_redirect)
+    session.merge_environment_settings = functools.partial(_own_ca_first, session, session.merge_environment_settings)
     return session
+
+
+def _own_ca_first(session: requests.Session, merge: Callable[..., dict], url: str, proxies: Mapping, stream: bool,
+                  verify: object, cert: object) -> dict:
+    """The exporter sets the session's `verify` to OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE, but requests lets
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE (set in many images to the system's bundle) win over a session's own, and
+    a collector behind a private CA lost every batch to CERTIFICATE_VERIFY_FAILED. The named file wins."""
+    settings = merge(url, proxies, stream, verify, cert)
+    if verify is None and session.verify is not True:
+        settings["verify"] = session.verify
+    return settings
 
 
 class CollectorRedirect(Exception):

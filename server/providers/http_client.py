@@ -154,6 +154,10 @@ class Pool:
                 raise
             return response
 
+
+    @property
+    def origin(self) -> Origin:
+        return self._origin
     def _idle_connection(self) -> Connection | None:
         now = self.loop.time()
         while self._idle:

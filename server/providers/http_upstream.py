@@ -71,6 +71,12 @@ T = TypeVar("T")
 _logger = logging.getLogger(__name__)
 
 _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
+_TLS_LOG_EVERY = 60.0  # seconds between log lines while a server's TLS fails: its configuration, not a blip
+# What the operator can do about a certificate OpenSSL refused, by its X509_V_ERR code (other codes: trust its CA).
+_TRUST_ITS_CA = "give SSL_CERT_FILE a bundle holding its CA (a private CA's), or fix its certificate"
+_TLS_ADVICE = {9: "its certificate is not valid yet (check this host's clock)", 10: "its certificate has to be renewed",
+               62: "the URL's host has to be one its certificate names", 64: "the URL's address has to be one its "
+               "certificate names (or use a host name it names)"}
 
 
 class HttpUpstream:
@@ -92,6 +98,7 @@ class HttpUpstream:
         self._answer_timeout = timeouts.answer  # a non-streamed answer's first byte comes when all of it is ready
         self._pool_timeout = timeouts.pool
         self._starved_logged_at = -_STARVED_LOG_EVERY
+        self._tls_logged_at: dict[Origin, float] = {}
         # Held from the request until its connection is back in the pool or closed.
         self._slots = asyncio.Semaphore(spec.max_connections)
         # Sent per request, so that fetching an image from a link the upstream gave (often another host) never
@@ -319,8 +326,25 @@ class HttpUpstream:
         except BaseException as exc:
             slots.release()
             if isinstance(exc, TransportError):
+                if isinstance(exc, ConnectFailed) and isinstance(exc.__cause__, ssl.SSLError):
+                    self._log_tls(pool.origin, model_id, exc.__cause__)
                 raise self._transport_error(exc, model_id, before_answer=before_answer) from None
             raise
+
+    def _log_tls(self, origin: Origin, model_id: str, exc: ssl.SSLError) -> None:
+        """The operator's line for a TLS failure, at most once a minute per server: the caller's message names no
+        host, and only the operator can act (a CA to trust, a certificate to renew, an http:// base URL)."""
+        now = time.monotonic()
+        if now - self._tls_logged_at.get(origin, -_TLS_LOG_EVERY) < _TLS_LOG_EVERY:
+            return
+        self._tls_logged_at[origin] = now
+        where = f"{origin.scheme}://{origin.authority}"
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            _logger.error("the TLS certificate of %s (the upstream serving `%s`) is not trusted: %s; %s", where,
+                          model_id, (exc.verify_message or exc.reason).rstrip("."), _TLS_ADVICE.get(exc.verify_code, _TRUST_ITS_CA))
+        else:
+            _logger.error("the TLS handshake with %s (the upstream serving `%s`) failed: %s; if it speaks plain HTTP, "
+                          "its URL is http://", where, model_id, getattr(exc, "reason", None) or type(exc).__name__)
 
     def _give_back(self, response: Response, *, caller_done: bool) -> None:
         """A complete answer's connection goes back to the pool. An unfinished one is closed (the upstream stops

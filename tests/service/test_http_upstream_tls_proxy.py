@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import ssl
 import subprocess
@@ -21,19 +22,21 @@ from tests.service.test_http_upstream import KEY, Upstream, client, eventually, 
 
 @pytest.fixture(scope="session")
 def certificates(tmp_path_factory) -> Path:
-    """A folder with ca.pem, and server.pem + server.key for 127.0.0.1 and localhost signed by it."""
+    """A folder with ca.pem, and server.pem + server.key for 127.0.0.1 and localhost signed by it (other.pem +
+    other.key: signed by it too, for another host name only)."""
     folder = tmp_path_factory.mktemp("tls")
-    (folder / "server.ext").write_text(
-        "subjectAltName = IP:127.0.0.1, DNS:localhost\nbasicConstraints = critical, CA:FALSE\n"
-        "keyUsage = critical, digitalSignature\nextendedKeyUsage = serverAuth\n"
-        "subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n")
+    usage = ("basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
+             "extendedKeyUsage = serverAuth\nsubjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n")
+    (folder / "server.ext").write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n" + usage)
+    (folder / "other.ext").write_text("subjectAltName = DNS:upstream.internal\n" + usage)
     key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for command in (
         ["req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=Portico test CA",
          "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        ["req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"],
-        ["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-         "-extfile", "server.ext", "-out", "server.pem"],
+        *(step for name in ("server", "other") for step in (
+            ["req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}"],
+            ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem"])),
     ):
         subprocess.run(["openssl", *command], cwd=folder, check=True, capture_output=True)
     return folder
@@ -53,12 +56,12 @@ def trusted(certificates, monkeypatch) -> None:
 
 
 class TlsUpstream(Upstream):
-    """The keep-alive Upstream, behind TLS with the CA-signed certificate."""
+    """The keep-alive Upstream, behind TLS with the CA-signed certificate (`name`: server, or other)."""
 
-    def __init__(self, certificates: Path) -> None:
+    def __init__(self, certificates: Path, name: str = "server") -> None:
         super().__init__()
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self._context.load_cert_chain(certificates / "server.pem", certificates / "server.key")
+        self._context.load_cert_chain(certificates / f"{name}.pem", certificates / f"{name}.key")
 
     async def start(self) -> TlsUpstream:
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self._context)
@@ -188,17 +191,59 @@ async def test_https_verifies_the_certificate_against_ssl_cert_file_and_keeps_on
     assert "authorization" not in tls.seen[4][2]
 
 
-async def test_https_with_a_certificate_from_an_unknown_ca_fails_without_showing_the_key(tls, monkeypatch):
+async def test_https_with_a_certificate_from_an_unknown_ca_fails_without_showing_the_key(tls, monkeypatch, caplog):
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # the system's CAs and certifi's: not the test CA
     http = client(tls.url)
     try:
-        with pytest.raises(ServiceUnavailable) as caught:
-            await read_until_done(http)
+        for _ in range(2):
+            with pytest.raises(ServiceUnavailable) as caught:
+                await read_until_done(http)
     finally:
         await http.close()
     assert type(caught.value) is ServiceUnavailable and caught.value.retry_reason == "connect"
     assert "`up`" in str(caught.value) and KEY not in str(caught.value)
     assert tls.seen == []
+    # The caller's message names no host; the operator's one line does, with what OpenSSL found and what to do.
+    # Only the access log's status said so before, and the operator learnt why from a caller.
+    (line,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert f"https://127.0.0.1:{tls.port}" in line and "`up`" in line and "SSL_CERT_FILE" in line, line
+    assert "unable to get local issuer certificate" in line and KEY not in line, line
+
+
+async def test_https_to_a_certificate_for_another_host_name_says_so_in_the_log(certificates, trusted, caplog):
+    upstream = await TlsUpstream(certificates, "other").start()
+    http = client(upstream.url)
+    try:
+        with pytest.raises(ServiceUnavailable) as caught:
+            await read_until_done(http)
+    finally:
+        await http.close()
+        await upstream.stop()
+    assert "TLS certificate is not trusted" in str(caught.value) and "127.0.0.1" not in str(caught.value)
+    (line,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert f"https://127.0.0.1:{upstream.port}" in line and "IP address mismatch" in line, line
+
+
+async def test_https_to_a_server_that_speaks_plain_http_says_so_in_the_log(caplog):
+    """A base URL written https:// for a plain HTTP server: the caller's 503 says the TLS handshake failed; the log
+    line names the upstream and that it may not speak TLS."""
+    async def plain_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # the ClientHello, answered as an HTTP server answers bytes that are no request
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(plain_http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    http = client(f"https://127.0.0.1:{port}/v1")
+    try:
+        with pytest.raises(ServiceUnavailable) as caught:
+            await read_until_done(http)
+    finally:
+        await http.close()
+        server.close()
+    assert "the TLS handshake failed" in str(caught.value)
+    (line,) = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert f"https://127.0.0.1:{port}" in line and "http://" in line, line
 
 
 async def test_http_proxy_from_the_environment_gets_absolute_form_requests_and_its_credentials(

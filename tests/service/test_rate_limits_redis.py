@@ -22,7 +22,9 @@ from server.app import RunningServer, start_server
 from server.config import Config, load_config
 from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details
+from server.limits.redis import RedisLimitStore
 from tests.redis_support import start_redis
+from tests.service.test_http_upstream_tls_proxy import certificates  # noqa: F401 (a fixture)
 from tests.upstream_double import Cue
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
 
@@ -131,6 +133,55 @@ async def _priced_on_redis(tmp_path, double):
                                                                      store_timeout_seconds=0.2))
     os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
     return redis, await start_server(config, "127.0.0.1:0")
+
+
+@pytest.mark.parametrize("password", [None, "not-the-password-Qx7"], ids=["none", "wrong"])
+async def test_a_redis_that_refuses_the_password_is_an_outage_whose_log_line_says_so(tmp_path, caplog, password):
+    """A Redis with requirepass, and a limits.store URL without its password (none, or an old one): start-up was a
+    traceback (NOAUTH) with none, and with a wrong one logged 'is unreachable', as for a Redis that is down, so the
+    operator looked for a network fault. Now both are the documented outage (503, retry-after), and the log line
+    says what Redis said, never the password in the URL."""
+    (tmp_path / "redis").mkdir()
+    redis = start_redis(tmp_path / "redis", password="the-real-one-Zr4")
+    store = redis.url if password is None else redis.url.replace("//", f"//:{password}@", 1)
+    try:
+        running = await start_server(redis_config(tmp_path / "data", store, images_only=True), "127.0.0.1:0")
+        try:
+            secret = (await running.store.create("any", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "limit store is unreachable" in error_details(caught.value).error.message
+            assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
+        finally:
+            await running.stop(0)
+        (line,) = [r.getMessage() for r in caplog.records if "the limit store" in r.getMessage()
+                   and "until it answers" in r.getMessage()]
+        said = "NOAUTH" if password is None else "password"
+        assert said in line and f"127.0.0.1:{redis.port}" in line, line
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "Traceback" not in caplog.text and (password is None or password not in logged + caplog.text)
+    finally:
+        redis.stop()
+
+
+async def test_a_rediss_store_whose_certificate_is_not_trusted_says_so_in_the_log(tmp_path, certificates, caplog):
+    """rediss:// to a Redis whose certificate a private CA signed: its ssl_ca_certs option (or SSL_CERT_FILE) makes
+    it trusted; without either, the start-up line said only 'did not answer: ConnectionError', as for a Redis that
+    is down. It now says what the TLS handshake found."""
+    (tmp_path / "redis").mkdir()
+    redis = start_redis(tmp_path / "redis", tls=certificates)
+    try:
+        trusted = RedisLimitStore(f"{redis.tls_url}?ssl_ca_certs={certificates / 'ca.pem'}")
+        assert await trusted.ping()
+        await trusted.close()
+        running = await start_server(redis_config(tmp_path / "data", redis.tls_url, images_only=True), "127.0.0.1:0")
+        await running.stop(0)
+        (line,) = [r.getMessage() for r in caplog.records if "until it answers" in r.getMessage()]
+        assert "certificate verify failed" in line and f"127.0.0.1:{redis.tls[0]}" in line, line
+    finally:
+        redis.stop()
 
 
 async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path, double):

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from concurrent.futures import ThreadPoolExecutor
 
+import certifi
 import grpc
 import pytest
 
 from server.config_tracing import TracingSettings
 from server.observability.tracing_export import Tracing
 from tests.otlp_receiver import OtlpReceiver
+from tests.service.test_http_upstream_tls_proxy import certificates  # noqa: F401 (a fixture)
 
 
 def _closed_port() -> int:
@@ -69,6 +72,29 @@ def test_the_outage_warning_says_why_the_collector_did_not_take_the_spans(caplog
         receiver.stop()
     (warning,) = [r.getMessage() for r in caplog.records if "exporting traces to" in r.getMessage()]
     assert said in warning, warning
+
+
+@pytest.mark.parametrize("bundle", ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", None])
+def test_a_collector_behind_a_private_ca_is_trusted_through_otel_exporter_otlp_certificate(
+        monkeypatch, caplog, certificates, bundle):
+    """operations.md: OTEL_EXPORTER_OTLP_CERTIFICATE names a private CA for the collector. requests, the exporter's
+    client, let REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE (set in many container images and CI runners to the system's
+    bundle) win over it: every batch failed with CERTIFICATE_VERIFY_FAILED, spans lost."""
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    if bundle:
+        monkeypatch.setenv(bundle, certifi.where())  # a bundle without the private CA
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(certificates / "ca.pem"))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificates / "server.pem", certificates / "server.key")
+    receiver = OtlpReceiver(tls=context).start()
+    try:
+        assert receiver.url.startswith("https://")
+        assert _export_one(receiver.url + "/v1/traces") == []
+        receiver.wait_for(lambda r: len(r.spans) == 1)
+    finally:
+        receiver.stop()
+    assert not [r.getMessage() for r in caplog.records if "exporting traces to" in r.getMessage()]
 
 
 @pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
