@@ -26,7 +26,7 @@ from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
 from server.observability.access_log import AccessLog
 from server.private_files import act_as_owner, make_data_dir, make_private, take_others_access, user_name
-from server.providers.http_upstream import proxy_problem
+from server.providers.proxies import proxy_problem
 from server.serving import check_temp_dir, run_worker, serve, wants_development_key
 
 # Each worker serves on one event loop, so one per CPU uses the host; a few more may cover an embedded model's

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import ssl
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import TypeVar
@@ -38,6 +36,8 @@ from server.providers.http_client import AddressRefused, HttpClient, Origin, Poo
 from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
                                               OwnLimitReached, TooLarge, TransportError, Undecodable)
 from server.providers.link_addresses import allowed_classes, link_classes
+from server.providers.proxies import env_proxy
+from server.providers.tls_failures import TlsFailures
 from server.providers.upstream_errors import from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
@@ -71,12 +71,6 @@ T = TypeVar("T")
 _logger = logging.getLogger(__name__)
 
 _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
-_TLS_LOG_EVERY = 60.0  # seconds between log lines while a server's TLS fails: its configuration, not a blip
-# What the operator can do about a certificate OpenSSL refused, by its X509_V_ERR code (other codes: trust its CA).
-_TRUST_ITS_CA = "give SSL_CERT_FILE a bundle holding its CA (a private CA's), or fix its certificate"
-_TLS_ADVICE = {9: "its certificate is not valid yet (check this host's clock)", 10: "its certificate has to be renewed",
-               62: "the URL's host has to be one its certificate names", 64: "the URL's address has to be one its "
-               "certificate names (or use a host name it names)"}
 
 
 class HttpUpstream:
@@ -98,7 +92,7 @@ class HttpUpstream:
         self._answer_timeout = timeouts.answer  # a non-streamed answer's first byte comes when all of it is ready
         self._pool_timeout = timeouts.pool
         self._starved_logged_at = -_STARVED_LOG_EVERY
-        self._tls_logged_at: dict[Origin, float] = {}
+        self._tls_failures = TlsFailures()
         # Held from the request until its connection is back in the pool or closed.
         self._slots = asyncio.Semaphore(spec.max_connections)
         # Sent per request, so that fetching an image from a link the upstream gave (often another host) never
@@ -109,7 +103,7 @@ class HttpUpstream:
         self._fetch_headers = header_lines(_COMMON_HEADERS.items())
         self._secret = secret
         self._retry_on = frozenset(spec.retry.on_status)
-        self._proxy = _env_proxy(self._base)
+        self._proxy = env_proxy(self._base)
         self._client: HttpClient | None = None
         self._pool: Pool | None = None
         self._closed = False
@@ -228,7 +222,7 @@ class HttpUpstream:
         if origin == self._origin:  # on the upstream itself: fetched as it is asked
             pool = self._base_pool()
         else:  # elsewhere: only where links may lead (server/providers/link_addresses.py)
-            pool = self._client_now().pool(origin, _env_proxy(link), await self._allowed_for_links())
+            pool = self._client_now().pool(origin, env_proxy(link), await self._allowed_for_links())
         try:
             response = await self._send(pool, "GET", path, model_id, before_answer=False, body=b"",
                                         headers=self._fetch_headers, read_timeout=self._read_timeout)
@@ -327,24 +321,10 @@ class HttpUpstream:
             slots.release()
             if isinstance(exc, TransportError):
                 if isinstance(exc, ConnectFailed) and isinstance(exc.__cause__, ssl.SSLError):
-                    self._log_tls(pool.origin, model_id, exc.__cause__)
+                    server = f"{pool.origin.scheme}://{pool.origin.authority}"
+                    self._tls_failures.note(server, model_id, exc.__cause__)
                 raise self._transport_error(exc, model_id, before_answer=before_answer) from None
             raise
-
-    def _log_tls(self, origin: Origin, model_id: str, exc: ssl.SSLError) -> None:
-        """The operator's line for a TLS failure, at most once a minute per server: the caller's message names no
-        host, and only the operator can act (a CA to trust, a certificate to renew, an http:// base URL)."""
-        now = time.monotonic()
-        if now - self._tls_logged_at.get(origin, -_TLS_LOG_EVERY) < _TLS_LOG_EVERY:
-            return
-        self._tls_logged_at[origin] = now
-        where = f"{origin.scheme}://{origin.authority}"
-        if isinstance(exc, ssl.SSLCertVerificationError):
-            _logger.error("the TLS certificate of %s (the upstream serving `%s`) is not trusted: %s; %s", where,
-                          model_id, (exc.verify_message or exc.reason).rstrip("."), _TLS_ADVICE.get(exc.verify_code, _TRUST_ITS_CA))
-        else:
-            _logger.error("the TLS handshake with %s (the upstream serving `%s`) failed: %s; if it speaks plain HTTP, "
-                          "its URL is http://", where, model_id, getattr(exc, "reason", None) or type(exc).__name__)
 
     def _give_back(self, response: Response, *, caller_done: bool) -> None:
         """A complete answer's connection goes back to the pool. An unfinished one is closed (the upstream stops
@@ -480,43 +460,3 @@ def _ssl_context() -> ssl.SSLContext:
 
         context.load_verify_locations(certifi.where())
     return context
-
-
-def _env_proxy(url: str) -> Proxy | None:
-    """The proxy the environment names for `url` (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), as httpx honoured
-    it; looked up once per upstream (and per fetched link), never from ~/.netrc. One it cannot use is refused at
-    start-up (proxy_problem), so a link fetched later through it goes directly rather than failing."""
-    proxy = _named_proxy(url)
-    if proxy is None or _unusable(proxy) is not None:
-        return None
-    return Proxy.of(proxy)
-
-
-def _named_proxy(url: str) -> str | None:
-    proxies = urllib.request.getproxies_environment()
-    parts = urlsplit(url)
-    if not proxies or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
-        return None
-    proxy = proxies.get(parts.scheme) or proxies.get("all")
-    if proxy and "://" not in proxy:  # `proxy.corp:3128`: an HTTP proxy, as curl, requests and httpx read it
-        proxy = f"http://{proxy}"
-    return proxy or None
-
-
-def proxy_problem(url: str) -> str | None:
-    """Why the proxy the environment names for `url` cannot be used (a SOCKS proxy, a URL that is no URL), or None:
-    passed over, it left the upstream asked directly, without a word. Never quotes the proxy (it may hold a
-    password)."""
-    proxy = _named_proxy(url)
-    return None if proxy is None else _unusable(proxy)
-
-
-def _unusable(proxy: str) -> str | None:
-    scheme = proxy.partition("://")[0].lower()
-    if re.fullmatch(r"[a-z][a-z0-9+.-]{0,19}", scheme) and scheme not in ("http", "https"):
-        return f"a {scheme}:// proxy; Portico takes an http:// or https:// one"
-    try:
-        Proxy.of(proxy)
-    except ValueError:  # a port that is no port, a bracketed host that is no IPv6 address
-        return "no proxy URL (http://host:port)"
-    return None
