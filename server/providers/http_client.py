@@ -203,9 +203,7 @@ class Pool:
         origin, proxy = self._origin, self._proxy
         to, tls = (origin, self._ssl) if proxy is None else (proxy.origin, self._proxy_tls)
         tunnelled = proxy is not None and origin.scheme == "https"
-        transport, protocol = await self.loop.create_connection(
-            _TunnelReply if tunnelled else (lambda: Connection(self)), to.host, to.port, ssl=tls,
-            server_hostname=to.host if tls else None)
+        transport, protocol = await self._open_to(to, _TunnelReply if tunnelled else (lambda: Connection(self)), tls)
         if not tunnelled:
             return protocol
         try:
@@ -222,6 +220,22 @@ class Pool:
             raise
         connection.connection_made(inner)
         return connection
+
+
+    async def _open_to(self, to: Origin, protocol: Callable[[], asyncio.Protocol],
+                       tls: ssl.SSLContext | None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        """create_connection to each of the host's addresses in turn. The name is looked up here: uvloop's
+        create_connection leaves a failed lookup's future unread, and asyncio then logs 'Future exception was never
+        retrieved' (socket.gaierror) for nearly every request while a host does not resolve (MagicStack/uvloop#437)."""
+        addresses = await self.loop.getaddrinfo(to.host, to.port, type=socket.SOCK_STREAM)
+        first: OSError | None = None
+        for *_, address in addresses:
+            try:
+                return await self.loop.create_connection(protocol, address[0], address[1], ssl=tls,
+                                                         server_hostname=to.host if tls else None)
+            except OSError as exc:  # the next address may answer, as create_connection would try it
+                first = first or exc
+        raise first or OSError(f"{to.host} has no address")
 
 
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})  # this host's, not the upstream's
