@@ -422,6 +422,30 @@ async def test_settlements_waiting_for_redis_are_logged_once_not_once_each(tmp_p
         server.stop()
 
 
+async def test_leases_redis_cannot_renew_are_logged_once_and_once_renewed_again(tmp_path, prefix, caplog):
+    """Redis frozen while a request held a concurrency slot: its renewal was tried every tick and each failure logged
+    'could not renew concurrency leases in redis://...: TimeoutError', a line a second (a third of a lease apart at
+    most) for the whole outage, and nothing said when they were renewed again. Now once each."""
+    server = start_redis(tmp_path)
+    store = RedisLimitStore(server.url, prefix=prefix, lease_seconds=0.3, timeout_seconds=0.1)
+    try:
+        held = await store.reserve(HOLD)
+        with caplog.at_level("INFO", logger="server.limits.redis"):
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(2.5)  # renewals due every 0.1 s, each timing out
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+            await asyncio.sleep(0.5)
+        lines = [record.getMessage() for record in caplog.records if "leases" in record.getMessage()]
+        assert len(lines) == 2, lines
+        assert "could not renew" in lines[0] and "TimeoutError" in lines[0] and "renewed again" in lines[1]
+        await store.settle(held, 0)
+    finally:
+        await store.close()
+        server.stop()
+
+
 async def test_a_release_that_overtakes_its_unanswered_reservation_keeps_it_from_being_booked(redis_server, prefix):
     """An unanswered reservation is released on another connection, which a resuming Redis may serve first."""
     store = RedisLimitStore(redis_server.url, prefix=prefix)
