@@ -4,15 +4,61 @@ server's event loop. Both take the password from the environment variable the se
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from server.db.settings import StoreSettings
 
 APPLICATION_NAME = "portico"
 _RECONNECT_ATTEMPT_SECONDS = 2.0  # tries at 0, 1 and 2 s, then left to the next caller (async_pool)
+_REASON_SECONDS = 10.0  # how long the pool's latest failed attempt explains a connection not given
+
+
+def one_line(text: str) -> str:
+    """libpq's messages put a hint on a line of their own ('\n\tIs the server running on that host...'), which in
+    a log began a line with no time or level: joined here."""
+    return " ".join(text.split())
+
+
+# An attempt given up (the next caller's begins), a connection found cut (replaced): said by the stores' own lines.
+_POOL_NOISE = frozenset({"reconnection attempt in pool %r failed after %s sec", "discarding broken connection: %s"})
+
+
+class _PoolAttempts(logging.Filter):
+    """psycopg_pool logs every failed attempt to connect (about one a second, idle or not, for as long as PostgreSQL
+    is away), every attempt given up and every connection found cut; the key store and the usage ledger log an outage
+    once when it begins and once when it ends. Those lines are held back, keeping why the latest attempt failed for
+    the store's own line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reason = ""
+        self._at = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "error connecting in %r: %s" and isinstance(record.args, tuple) and len(record.args) == 2:
+            self._reason, self._at = one_line(str(record.args[1])), time.monotonic()
+            return False
+        return record.msg not in _POOL_NOISE
+
+    def reason(self) -> str:
+        return self._reason if time.monotonic() - self._at < _REASON_SECONDS else ""
+
+
+_POOL_ATTEMPTS = _PoolAttempts()
+
+
+def failure(exc: Exception) -> str:
+    """A PostgreSQL failure for a StoreUnavailable (and so the log), on one line; a pool that gave no connection in
+    time ('couldn't get a connection after 1.00 sec') adds what its latest attempt to connect met."""
+    text = one_line(str(exc)) or type(exc).__name__
+    if isinstance(exc, PoolTimeout) and (reason := _POOL_ATTEMPTS.reason()):
+        text = f"{text}: {reason}"
+    return f"PostgreSQL: {text}"
 
 
 def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:
@@ -50,6 +96,7 @@ def async_pool(settings: StoreSettings) -> AsyncConnectionPool:
     """Not opened yet: `await pool.open(wait=False)` starts it without waiting for the database, so a server can start
     while PostgreSQL is down (readiness reports it) and recover when it comes back. Each connection is checked as it
     is taken (one round trip), so connections cut by a restart are replaced instead of failing a lookup."""
+    logging.getLogger("psycopg.pool").addFilter(_POOL_ATTEMPTS)  # once, however many pools
     checking: asyncio.Task | None = None  # the one check of the whole pool under way, if any
 
     async def check(conn: psycopg.AsyncConnection) -> None:

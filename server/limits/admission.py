@@ -53,6 +53,9 @@ class Limiter:
         self._store_down = False  # to log outages once, not once per request
         self._tasks: set[asyncio.Task] = set()
         self._draining = asyncio.Event()  # set by close(): settlements still retrying take their last try
+        # Settlements retrying while the store does not answer, and how many began to since none was: logged once
+        # when the first begins and once when the last ends, not once each (as many as requests were running).
+        self._retrying = self._retried = self._given_up = 0
         self._ids = ReservationIds()  # for the uncounted reservations of the open policy
 
     @property
@@ -206,18 +209,24 @@ class Limiter:
             try:
                 result = await attempt()
                 if tries > 1:
-                    _logger.info("settled a rate-limit reservation after %d tries", tries)
+                    self._retry_ended(given_up=False)
                 if report is not None:
                     report(result)
                 return True
             except LimitStoreUnavailable as exc:
-                if self._draining.is_set() or time.monotonic() + delay > give_up:
-                    _logger.error("gave up settling a rate-limit reservation after %d tries (%s): %s", tries, exc,
-                                  "left in the ledger's spool for the next process to start on this data dir" if kept
-                                  else "its estimates stay counted")
-                    return False
                 if tries == 1:
-                    _logger.warning("could not settle a rate-limit reservation (%s); retrying", exc)
+                    if not self._retrying:
+                        _logger.warning("could not settle a rate-limit reservation (%s); retrying it and any "
+                                        "others until the limit store answers", exc)
+                    self._retrying += 1
+                    self._retried += 1
+                if self._draining.is_set() or time.monotonic() + delay > give_up:
+                    if not self._given_up:
+                        _logger.error("gave up settling a rate-limit reservation after %d tries (%s): %s", tries,
+                                      exc, "left in the ledger's spool for the next process to start on this data "
+                                      "dir" if kept else "its estimates stay counted")
+                    self._retry_ended(given_up=True)
+                    return False
             except Exception:  # noqa: BLE001 - a bug, not an outage: retrying cannot help
                 _logger.exception("could not settle a rate-limit reservation")
                 return True
@@ -225,6 +234,19 @@ class Limiter:
                 async with asyncio.timeout(delay):
                     await self._draining.wait()
             delay = min(delay * 2, _LAST_RETRY_SECONDS)
+
+    def _retry_ended(self, *, given_up: bool) -> None:
+        self._retrying -= 1
+        self._given_up += given_up
+        if self._retrying:
+            return
+        if self._given_up:
+            _logger.error("settled %d of %d rate-limit reservations that waited for the limit store; gave up %d",
+                          self._retried - self._given_up, self._retried, self._given_up)
+        else:
+            _logger.info("settled %d rate-limit reservation%s that waited for the limit store", self._retried,
+                         "" if self._retried == 1 else "s")
+        self._retried = self._given_up = 0
 
     def _spawn(self, work: Awaitable[T]) -> asyncio.Task[T]:
         """A task held here until it ends: the event loop keeps only weak references to tasks, and these must finish

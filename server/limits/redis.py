@@ -200,6 +200,7 @@ class RedisLimitStore:
         tick = min(1.0, self._lease / 3)
         due = time.monotonic() + self._lease / 3
         renewed_on = self._redis.connections
+        failing = False  # logged once when renewals begin to fail and once when one is taken again, not each tick
         while True:
             await asyncio.sleep(tick)
             if not self._held or (time.monotonic() < due and self._redis.connections == renewed_on):
@@ -217,8 +218,15 @@ class RedisLimitStore:
                 async with asyncio.timeout(self._deadline):
                     await self._redis.run(self._renew_script, keys, args)
             except _UNREACHABLE as exc:
-                _logger.warning("could not renew concurrency leases in %s: %s", self._url, type(exc).__name__)
+                if not failing:
+                    _logger.warning("could not renew concurrency leases in %s: %s; retried every %gs until it "
+                                    "answers", self._url, type(exc).__name__, tick)
+                failing = True
                 due = time.monotonic()
+            else:
+                if failing:
+                    _logger.info("concurrency leases in %s renewed again", self._url)
+                failing = False
 
     async def ping(self) -> bool:
         """Whether Redis takes a write: a replica, or a Redis out of memory, answers PING but cannot count."""

@@ -221,15 +221,13 @@ class Pool:
         to, tls = (origin, self._ssl) if proxy is None else (proxy.origin, self._proxy_tls)
         tunnelled = proxy is not None and origin.scheme == "https"
         protocol_factory = _TunnelReply if tunnelled else (lambda: Connection(self))
-        if self._allowed is None:
-            transport, protocol = await self.loop.create_connection(
-                protocol_factory, to.host, to.port, ssl=tls, server_hostname=to.host if tls else None)
+        addresses = await self._checked_addresses() if self._allowed is not None else None
+        if addresses is None or proxy is not None:
+            # Through a proxy the proxy connects, to what it resolves the name to: checked above as we resolve it.
+            transport, protocol = await self._open_to(to, protocol_factory, tls)
         else:
-            addresses = await self._checked_addresses()
-            sock = await self._socket_to(addresses) if proxy is None else None
-            # Through a proxy the proxy connects, to what it resolves the name to: checked here as we resolve it.
             transport, protocol = await self.loop.create_connection(
-                protocol_factory, None if sock else to.host, None if sock else to.port, sock=sock, ssl=tls,
+                protocol_factory, sock=await self._socket_to(addresses), ssl=tls,
                 server_hostname=to.host if tls else None)
         if not tunnelled:
             return protocol
@@ -281,6 +279,21 @@ class Pool:
                 sock.close()
                 raise
         raise failure if failure is not None else OSError("the connection failed")
+
+    async def _open_to(self, to: Origin, protocol: Callable[[], asyncio.Protocol],
+                       tls: ssl.SSLContext | None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        """create_connection to each of the host's addresses in turn. The name is looked up here: uvloop's
+        create_connection leaves a failed lookup's future unread, and asyncio then logs 'Future exception was never
+        retrieved' (socket.gaierror) for nearly every request while a host does not resolve (MagicStack/uvloop#437)."""
+        addresses = await self.loop.getaddrinfo(to.host, to.port, type=socket.SOCK_STREAM)
+        first: OSError | None = None
+        for *_, address in addresses:
+            try:
+                return await self.loop.create_connection(protocol, address[0], address[1], ssl=tls,
+                                                         server_hostname=to.host if tls else None)
+            except OSError as exc:  # the next address may answer, as create_connection would try it
+                first = first or exc
+        raise first or OSError(f"{to.host} has no address")
 
 
 _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})  # this host's, not the upstream's

@@ -38,7 +38,7 @@ from server.providers.http_connection import (ConnectFailed, ConnectionBroken, C
 from server.providers.link_addresses import allowed_classes, link_classes
 from server.providers.proxies import env_proxy
 from server.providers.tls_failures import TlsFailures
-from server.providers.upstream_errors import from_status, from_stream_error
+from server.providers.upstream_errors import RefusalLog, from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
 MAX_ERROR_BODY = 64 * 1024  # an error body is read only this far
@@ -93,6 +93,7 @@ class HttpUpstream:
         self._pool_timeout = timeouts.pool
         self._starved_logged_at = -_STARVED_LOG_EVERY
         self._tls_failures = TlsFailures()
+        self._refusals = RefusalLog()
         # Held from the request until its connection is back in the pool or closed.
         self._slots = asyncio.Semaphore(spec.max_connections)
         # Sent per request, so that fetching an image from a link the upstream gave (often another host) never
@@ -140,6 +141,7 @@ class HttpUpstream:
         try:
             if response.status >= 300:
                 raise await self._status_error(response, model_id, body.get("model"))
+            self._refusals.answered(model_id)
             if _not_a_stream(response.content_type):
                 # A whole answer (a server that ignores `stream`, a proxy's page): never retried, the upstream
                 # has answered, and may have billed it. Unless it is an error object, which is that error.
@@ -170,6 +172,7 @@ class HttpUpstream:
         try:
             if response.status >= 300:
                 raise await self._status_error(response, model_id, body.get("model"))
+            self._refusals.answered(model_id)
             try:
                 content = await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
@@ -370,7 +373,8 @@ class HttpUpstream:
 
     async def _status_error(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
         return from_status(response.status, await _error_body(response), response.headers, retry_on=self._retry_on,
-                           upstream=model_id, secret=self._secret, upstream_model=upstream_model)
+                           upstream=model_id, secret=self._secret, upstream_model=upstream_model,
+                           refusals=self._refusals)
 
     async def _not_a_stream_error(self, response: Response, model_id: str,
                                   upstream_model: str | None) -> PorticoError:

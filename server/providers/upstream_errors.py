@@ -31,9 +31,30 @@ _logger = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 500  # an upstream's message is shown to callers, but not an HTML error page in full
 
 
+class RefusalLog:
+    """An upstream refusing the gateway's credentials, model, path or account, logged once when it starts (per
+    upstream and status) and once when the upstream answers again: every request it refuses meanwhile is in the
+    access log, and a line each would bury the one that says what to fix (operations.md, Logs)."""
+
+    def __init__(self) -> None:
+        self._refused: dict[str, dict[int, int]] = {}  # upstream -> {status: requests refused}
+
+    def refused(self, upstream: str, status: int, line: str, *args: object) -> None:
+        counts = self._refused.setdefault(upstream, {})
+        if status not in counts:
+            _logger.error(line, *args)
+        counts[status] = counts.get(status, 0) + 1
+
+    def answered(self, upstream: str) -> None:
+        if counts := self._refused.pop(upstream, None):
+            _logger.warning("The upstream serving %s answers again (%d requests refused meanwhile).", upstream,
+                            sum(counts.values()))
+
+
 def from_status(
     status: int, body: bytes, headers: Mapping[str, str], *, retry_on: Collection[int], upstream: str,
     secret: str | None, upstream_model: str | None = None, sent_status: bool = True,
+    refusals: RefusalLog | None = None,
 ) -> PorticoError:
     """The error for an upstream's non-2xx answer. `upstream` names it in messages (a model id, never a URL with
     credentials); `secret` is scrubbed from anything passed on, and `upstream_model` replaced by `upstream`.
@@ -41,7 +62,7 @@ def from_status(
     not quote (the upstream's own answer said 200). An upstream's `x-should-retry: false` (OpenAI and Anthropic send
     it) is obeyed: that deployment is not tried again for the request, and the caller is told the same."""
     error = _error_for(status, body, headers, retry_on=retry_on, upstream=upstream, secret=secret,
-                       upstream_model=upstream_model, sent_status=sent_status)
+                       upstream_model=upstream_model, sent_status=sent_status, refusals=refusals or RefusalLog())
     if headers.get("x-should-retry", "").strip().lower() == "false":
         error.should_retry = False
     return error
@@ -49,7 +70,7 @@ def from_status(
 
 def _error_for(
     status: int, body: bytes, headers: Mapping[str, str], *, retry_on: Collection[int], upstream: str,
-    secret: str | None, upstream_model: str | None, sent_status: bool,
+    secret: str | None, upstream_model: str | None, sent_status: bool, refusals: RefusalLog,
 ) -> PorticoError:
     message, param, code, details = _error_parts(body)
     # Scrubbed whole, then cut: cut first, a key quoted across the cut would keep its first part.
@@ -66,12 +87,13 @@ def _error_for(
         what = "does not know the configured model or path" if status == 404 else "refused Portico's credentials"
         # A 404 is as often a base_url without /v1 (or with one too many) as a wrong upstream model name.
         check = "the provider's `model` and `base_url`" if status == 404 else "the gateway's configuration"
-        _logger.error("The upstream serving %s %s (HTTP %d): check %s.", upstream, what, status, check)
+        refusals.refused(upstream, status, "The upstream serving %s %s (HTTP %d): check %s.", upstream, what, status,
+                         check)
         return UpstreamMisconfigured(f"The upstream serving `{upstream}` {what} (HTTP {status}): this is the "
                                      "gateway's configuration, not your key or request.", retry_reason=reason)
     if status == 402 or status == 429 and code == _NO_QUOTA:  # Anthropic's billing_error, OpenAI's insufficient_quota
-        _logger.error("The upstream serving %s refused the gateway's account (HTTP %d, %s): check its billing.",
-                      upstream, status, code or "billing")
+        refusals.refused(upstream, status, "The upstream serving %s refused the gateway's account (HTTP %d, %s): "
+                         "check its billing.", upstream, status, code or "billing")
         quoted = f"HTTP {status}: " if sent_status else ""
         return UpstreamMisconfigured(f"The upstream serving `{upstream}` refused the gateway's account with it "
                                      f"({quoted}billing or quota): this is the gateway's account, not your key or "
@@ -132,7 +154,7 @@ ANTHROPIC_ERROR_STATUS = {error_type: status for status, error_type in ANTHROPIC
 
 def from_stream_error(
     payload: Mapping, *, retry_on: Collection[int], upstream: str, secret: str | None,
-    upstream_model: str | None = None,
+    upstream_model: str | None = None, refusals: RefusalLog | None = None,
 ) -> PorticoError:
     """An error reported inside an upstream's stream (OpenAI: a chunk with `error`; Anthropic: `event: error`). Its
     status is the one its `code` (vLLM's in-stream errors: `"code": 400`) or `http_status_code` (TGI's) names, else its
@@ -142,7 +164,7 @@ def from_stream_error(
              if type(value) is int and 400 <= value <= 599]
     status = named[0] if named else ANTHROPIC_ERROR_STATUS.get(error.get("type"), 500)
     return from_status(status, wire_json.dumps(payload), {}, retry_on=retry_on, upstream=upstream, secret=secret,
-                       upstream_model=upstream_model, sent_status=False)
+                       upstream_model=upstream_model, sent_status=False, refusals=refusals)
 
 
 def retry_after(headers: Mapping[str, str]) -> float:

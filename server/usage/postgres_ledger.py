@@ -16,7 +16,7 @@ import psycopg
 
 from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError, migrate_postgres
-from server.db.postgres import connect
+from server.db.postgres import connect, failure
 from server.db.settings import StoreSettings
 from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, RowsRefused, values_of
 from server.usage.query import RowQuery, Totals, UsageQuery, aggregate_sql, insert_sql, rows_sql, totals_of
@@ -86,7 +86,7 @@ class PostgresLedger:
                     # cancelled (its statement or lock timeout ran out behind a lock): that was the database's answer,
                     # on a sound connection, and a second try only doubles the caller's wait.
                     if not reused or cut.is_set() or isinstance(exc, _CANCELLED):
-                        raise StoreUnavailable(f"PostgreSQL: {exc}", store=STORE_NAME) from exc
+                        raise StoreUnavailable(failure(exc), store=STORE_NAME) from exc
                 except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
                 finally:

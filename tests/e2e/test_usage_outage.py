@@ -5,6 +5,7 @@ The PostgreSQL here is the module's own, since the test stops it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -91,3 +92,33 @@ def test_with_postgres_down_usage_reads_are_503_and_the_cli_says_so_in_one_line(
 def ids(gateway, headers, start: int) -> list[str]:
     rows = httpx.get(f"{gateway.base_url}{PATHS[2]}?start_time={start}", headers=headers, timeout=30).json()["data"]
     return [row["request_id"] for row in rows]
+
+
+def test_postgres_down_is_logged_once_on_whole_lines_with_why(outage):
+    """While PostgreSQL was down, psycopg_pool's own 'error connecting in 'portico-keys': connection failed: ...'
+    came about once a second for the whole outage, idle or not, each on two lines (libpq's hint 'Is the server running
+    on that host...' began a line without timestamp or level), as did the usage ledger's line; the key store's one
+    line said only 'couldn't get a connection after 1.0 sec', not why. Now the outage is the stores' own lines, each
+    once, on one line, the key store's saying what the latest attempt met."""
+    gateway, config, admin, postgres = outage
+    headers = {"authorization": f"Bearer {admin}"}
+    assert httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60).is_success
+    with open(gateway.log_path, encoding="utf-8") as log:
+        log.seek(0, 2)
+        postgres.stop()
+        try:
+            for n in range(30):
+                served = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
+                assert served.status_code == 200, served.text  # a cached key
+                unknown = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, timeout=60,
+                                     headers={"authorization": f"Bearer pk-unknown-{n:030d}"})
+                assert unknown.status_code == 503, unknown.text
+            time.sleep(6)  # idle: the pool goes on trying
+        finally:
+            postgres.start()
+        lines = [line for line in log.read().splitlines() if not line.startswith("{") and " DEBUG " not in line]
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ", line) for line in lines), lines
+    assert not [line for line in lines if "psycopg" in line], lines
+    store = [line for line in lines if "key store is unreachable" in line]
+    assert len(store) == 1 and "Connection refused" in store[0], lines
+    assert len(lines) <= 4, lines  # the key store's, the usage ledger's, readiness's

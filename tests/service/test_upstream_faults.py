@@ -120,6 +120,23 @@ async def test_an_upstream_refusing_the_gateway_is_a_502_never_the_callers_fault
     assert UPSTREAM_KEY not in str(error.trailing_metadata()) and UPSTREAM_KEY[-8:] not in detail.error.message
 
 
+async def test_an_upstream_refusing_the_gateway_is_logged_once_while_it_lasts_and_once_when_it_ends(
+        chat, double, key, caplog):
+    """A revoked upstream key (or a wrong base_url) logged its ERROR at every request: 100 callers, 100 lines, and
+    no line when the upstream took the key again. Now one line when it starts, one when it answers again."""
+    await ask(chat, key[1], "up-solo")  # answering, whatever tests before left
+    caplog.clear()
+    double.cue(*[Cue(401, {"error": {"message": "Incorrect API key provided"}})] * 20)
+    with caplog.at_level("INFO"):
+        for _ in range(20):
+            await failure(chat, key[1], "up-solo")
+        await ask(chat, key[1], "up-solo")
+    lines = [r for r in caplog.records if "up-solo" in r.getMessage()]
+    assert [r.levelname for r in lines] == ["ERROR", "WARNING"], [r.getMessage() for r in lines]
+    assert "refused Portico's credentials (HTTP 401)" in lines[0].getMessage()
+    assert "answers again" in lines[1].getMessage() and "20 requests" in lines[1].getMessage()
+
+
 @pytest.mark.parametrize("status", [400, 500])
 @pytest.mark.parametrize("shape", ["json", "text"])
 async def test_an_upstream_message_cut_short_keeps_no_part_of_the_upstream_key(chat, double, key, status, shape):

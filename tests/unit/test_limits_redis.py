@@ -390,6 +390,62 @@ async def test_a_drain_gives_a_settlement_redis_missed_its_last_try(tmp_path, pr
         server.stop()
 
 
+async def test_settlements_waiting_for_redis_are_logged_once_not_once_each(tmp_path, prefix, monkeypatch, caplog):
+    """Redis frozen with 20 requests in flight: each one's settlement logged 'could not settle a rate-limit reservation
+    (...); retrying' and, once Redis answered, 'settled a rate-limit reservation after N tries': 40 lines for one
+    outage, as many as requests were running (hundreds on a busy host). Now one line when they begin to wait and one
+    when the last is settled, with the count."""
+    monkeypatch.setattr("server.limits.admission._FIRST_RETRY_SECONDS", 0.2)
+    server = start_redis(tmp_path)
+    key = ApiKey(id="k", name="n", all_models=True, models=frozenset(), limits=KeyLimits(daily_tokens=100000))
+    limiter = Limiter(RedisLimitStore(server.url, prefix=prefix, timeout_seconds=0.2), LimitSettings())
+    try:
+        reservations = [await limiter.reserve(key, "m", 100) for _ in range(20)]
+        server.process.send_signal(signal.SIGSTOP)
+        with caplog.at_level("INFO", logger="server.limits.admission"):
+            try:
+                for reservation in reservations:
+                    limiter.settle(reservation, 30)
+                await asyncio.sleep(1.0)
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+            await limiter.settled()
+        lines = [record.getMessage() for record in caplog.records if "settl" in record.getMessage()]
+        assert len(lines) == 2, lines
+        assert "could not settle" in lines[0] and "TimeoutError" in lines[0]
+        assert "20 rate-limit reservations" in lines[1], lines
+        fresh = RedisLimitStore(server.url, prefix=prefix)
+        assert (await fresh.counts("k")).day_tokens == 600
+        await fresh.close()
+    finally:
+        await limiter.close()
+        server.stop()
+
+
+async def test_leases_redis_cannot_renew_are_logged_once_and_once_renewed_again(tmp_path, prefix, caplog):
+    """Redis frozen while a request held a concurrency slot: its renewal was tried every tick and each failure logged
+    'could not renew concurrency leases in redis://...: TimeoutError', a line a second (a third of a lease apart at
+    most) for the whole outage, and nothing said when they were renewed again. Now once each."""
+    server = start_redis(tmp_path)
+    store = RedisLimitStore(server.url, prefix=prefix, lease_seconds=0.3, timeout_seconds=0.1)
+    try:
+        held = await store.reserve(HOLD)
+        with caplog.at_level("INFO", logger="server.limits.redis"):
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(2.5)  # renewals due every 0.1 s, each timing out
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+            await asyncio.sleep(0.5)
+        lines = [record.getMessage() for record in caplog.records if "leases" in record.getMessage()]
+        assert len(lines) == 2, lines
+        assert "could not renew" in lines[0] and "TimeoutError" in lines[0] and "renewed again" in lines[1]
+        await store.settle(held, 0)
+    finally:
+        await store.close()
+        server.stop()
+
+
 async def test_a_release_that_overtakes_its_unanswered_reservation_keeps_it_from_being_booked(redis_server, prefix):
     """An unanswered reservation is released on another connection, which a resuming Redis may serve first."""
     store = RedisLimitStore(redis_server.url, prefix=prefix)
