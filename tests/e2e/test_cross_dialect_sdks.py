@@ -107,12 +107,8 @@ def test_unparseable_arguments_in_a_json_answer_are_kept_under_arguments(claude,
 
 
 
-@pytest.mark.parametrize("arguments", ["", " ", "\n"])
-def test_a_call_without_arguments_has_the_same_empty_input_in_json_and_streamed(claude, double, arguments):
-    """A call to a tool without parameters written as whitespace (some models write a newline): streamed, the
-    whitespace is left out and the input is {}; the JSON answer's was {"arguments": " "}, which the SDK's tool runner
-    passes to the tool as an argument it does not take."""
-    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": arguments}}
+def one_call_json_and_streamed(claude, double, call: dict):
+    """The Messages answer, JSON and then streamed, to an upstream answer of one tool call `call`."""
     double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
                          "choices": [{"index": 0, "finish_reason": "tool_calls",
                                       "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
@@ -122,6 +118,16 @@ def test_a_call_without_arguments_has_the_same_empty_input_in_json_and_streamed(
     message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
     with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
         streamed = stream.get_final_message()
+    return message, streamed
+
+
+@pytest.mark.parametrize("arguments", ["", " ", "\n"])
+def test_a_call_without_arguments_has_the_same_empty_input_in_json_and_streamed(claude, double, arguments):
+    """A call to a tool without parameters written as whitespace (some models write a newline): streamed, the
+    whitespace is left out and the input is {}; the JSON answer's was {"arguments": " "}, which the SDK's tool runner
+    passes to the tool as an argument it does not take."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": arguments}}
+    message, streamed = one_call_json_and_streamed(claude, double, call)
     assert [(b.type, b.input) for b in message.content] == [(b.type, b.input) for b in streamed.content] == [
         ("tool_use", {})]
 
@@ -427,15 +433,7 @@ def test_arguments_sent_as_an_object_reach_the_sdk_as_the_calls_input_json_and_s
     send a call's `arguments` as the JSON object itself rather than its text: the caller got a 502 'not a chat
     completion chunk', JSON and streamed, for an answer that says plainly what the model called."""
     call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
-    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
-                         "choices": [{"index": 0, "finish_reason": "tool_calls",
-                                      "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}}),
-               Cue(frames=[chunk({"role": "assistant", "content": None}), chunk({"tool_calls": [{"index": 0, **call}]}),
-                           chunk({}, "tool_calls"), b"data: [DONE]\n\n"]))
-    message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
-    with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as stream:
-        streamed = stream.get_final_message()
+    message, streamed = one_call_json_and_streamed(claude, double, call)
     assert [(b.type, b.name, b.input) for b in message.content] == [(b.type, b.name, b.input) for b in streamed.content]
     assert [(b.name, b.input) for b in streamed.content] == [("weather", {"city": "Oslo"})]
     assert message.stop_reason == streamed.stop_reason == "tool_use"
