@@ -37,7 +37,7 @@ from server.providers.http_connection import (ConnectFailed, ConnectionBroken, C
                                               OwnLimitReached, TooLarge, TransportError, Undecodable)
 from server.providers.link_addresses import allowed_classes, link_classes
 from server.providers.proxies import env_proxy
-from server.providers.tls_failures import TlsFailures
+from server.providers.connect_failures import ConnectFailures
 from server.providers.upstream_errors import RefusalLog, from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
 
@@ -92,7 +92,7 @@ class HttpUpstream:
         self._answer_timeout = timeouts.answer  # a non-streamed answer's first byte comes when all of it is ready
         self._pool_timeout = timeouts.pool
         self._starved_logged_at = -_STARVED_LOG_EVERY
-        self._tls_failures = TlsFailures()
+        self._connect_failures = ConnectFailures()
         self._refusals = RefusalLog()
         # Held from the request until its connection is back in the pool or closed.
         self._slots = asyncio.Semaphore(spec.max_connections)
@@ -323,9 +323,8 @@ class HttpUpstream:
         except BaseException as exc:
             slots.release()
             if isinstance(exc, TransportError):
-                if isinstance(exc, ConnectFailed) and isinstance(exc.__cause__, ssl.SSLError):
-                    server = f"{pool.origin.scheme}://{pool.origin.authority}"
-                    self._tls_failures.note(server, model_id, exc.__cause__)
+                if isinstance(exc, (ConnectFailed, ConnectTimeout)):
+                    self._connect_failures.note(f"{pool.origin.scheme}://{pool.origin.authority}", model_id, exc)
                 raise self._transport_error(exc, model_id, before_answer=before_answer) from None
             raise
 

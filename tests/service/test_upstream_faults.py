@@ -11,11 +11,13 @@ import grpc
 import orjson
 import pytest
 
+from gateway.envoy import free_ports
+from portico.v1 import chat_service_pb2_grpc
 from server.domain_keys import KeyLimits
 from tests.helpers import bearer, chat_request, error_details, sse_frames, http_body
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import UPSTREAM_KEY, upstream_models, upstream_server, window_tokens
+from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_models, upstream_server, window_tokens
 
 HELLO = [{"role": "user", "content": "Say hello."}]  # the double answers "echo Say hello." (3 tokens; prompt 2)
 
@@ -437,3 +439,26 @@ async def test_requests_that_reached_the_upstream_count_against_the_request_limi
     refused = error_details(await failure(chat, secret))
     assert refused.http_status == 429 and limit.replace("_", " ") in refused.error.message  # "daily requests"
     assert len(double.seen) == 4  # three tries of the first, one of the second; never the third
+
+
+@pytest.mark.parametrize("where", ["refused", "unresolvable"])
+async def test_an_upstream_that_cannot_be_reached_is_logged_once_naming_it_and_why(tmp_path, caplog, where):
+    """An upstream that refuses connections (down, a wrong port) or whose host does not resolve (a typo in base_url),
+    on a model tried once without a fallback: callers got a 503 that names no host (rightly), and the log had no line
+    at all, so the operator learned nothing but the access log's `service_unavailable`. Now one line a minute names
+    the server, the model and why, however many requests meet it."""
+    base = {"refused": f"http://127.0.0.1:{free_ports(1)[0]}/v1", "unresolvable": "http://upstream.invalid/v1"}[where]
+    models = (f"  - {{id: up-gone, endpoint: /v1/chat/completions, provider: {{kind: openai, base_url: '{base}', "
+              f"api_key_env: {UPSTREAM_KEY_ENV}, model: m, retry: {{attempts: 1}}}}}}\n")
+    async with upstream_server(tmp_path, models) as server:
+        secret = (await server.store.create("gone", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            with caplog.at_level("INFO"):
+                for _ in range(5):
+                    assert (await failure(stub, secret, "up-gone")).code() == grpc.StatusCode.UNAVAILABLE
+    lines = [r.getMessage() for r in caplog.records
+             if r.levelname in ("WARNING", "ERROR") and "up-gone" in r.getMessage()]
+    assert len(lines) == 1, lines
+    why = {"refused": "refused the connection", "unresolvable": "does not resolve"}[where]
+    assert base.removesuffix("/v1") in lines[0] and why in lines[0], lines[0]
