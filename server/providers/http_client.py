@@ -221,14 +221,9 @@ class Pool:
         to, tls = (origin, self._ssl) if proxy is None else (proxy.origin, self._proxy_tls)
         tunnelled = proxy is not None and origin.scheme == "https"
         protocol_factory = _TunnelReply if tunnelled else (lambda: Connection(self))
-        addresses = await self._checked_addresses() if self._allowed is not None else None
-        if addresses is None or proxy is not None:
-            # Through a proxy the proxy connects, to what it resolves the name to: checked above as we resolve it.
-            transport, protocol = await self._open_to(to, protocol_factory, tls)
-        else:
-            transport, protocol = await self.loop.create_connection(
-                protocol_factory, sock=await self._socket_to(addresses), ssl=tls,
-                server_hostname=to.host if tls else None)
+        checked = await self._checked_addresses() if self._allowed is not None else None
+        # Through a proxy the proxy connects, to what it resolves the name to: checked above as we resolve it.
+        transport, protocol = await self._open_to(to, protocol_factory, tls, checked if proxy is None else None)
         if not tunnelled:
             return protocol
         try:
@@ -262,30 +257,14 @@ class Pool:
                 raise AddressRefused(kind)
         return infos
 
-    async def _socket_to(self, infos: list[tuple]) -> socket.socket:
-        """A socket connected to the first of the checked addresses that takes it: asyncio would resolve the name
-        again, and a second answer (DNS rebinding) might lead elsewhere."""
-        failure: OSError | None = None
-        for family, kind, proto, _, sockaddr in infos:
-            sock = socket.socket(family, kind, proto)
-            try:
-                sock.setblocking(False)
-                await self.loop.sock_connect(sock, sockaddr)
-                return sock
-            except OSError as exc:
-                sock.close()
-                failure = exc
-            except BaseException:
-                sock.close()
-                raise
-        raise failure if failure is not None else OSError("the connection failed")
-
-    async def _open_to(self, to: Origin, protocol: Callable[[], asyncio.Protocol],
-                       tls: ssl.SSLContext | None) -> tuple[asyncio.Transport, asyncio.Protocol]:
-        """create_connection to each of the host's addresses in turn. The name is looked up here: uvloop's
-        create_connection leaves a failed lookup's future unread, and asyncio then logs 'Future exception was never
-        retrieved' (socket.gaierror) for nearly every request while a host does not resolve (MagicStack/uvloop#437)."""
-        addresses = await self.loop.getaddrinfo(to.host, to.port, type=socket.SOCK_STREAM)
+    async def _open_to(self, to: Origin, protocol: Callable[[], asyncio.Protocol], tls: ssl.SSLContext | None,
+                       checked: list[tuple] | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        """create_connection to each of the host's addresses in turn, by address: `checked` as _checked_addresses
+        found them (not looked up again, where a second DNS answer might lead elsewhere), else looked up here, since
+        uvloop's create_connection leaves a failed lookup's future unread, and asyncio then logs 'Future exception was
+        never retrieved' (socket.gaierror) for nearly every request while a host does not resolve (uvloop#437)."""
+        addresses = checked if checked is not None else await self.loop.getaddrinfo(to.host, to.port,
+                                                                                   type=socket.SOCK_STREAM)
         first: OSError | None = None
         for *_, address in addresses:
             try:
