@@ -71,7 +71,7 @@ class ResponseCache:
         if settings is None or request.source is None or any(name in request.source.body for name in STATEFUL):
             return None
         control = caller_control(metadata)
-        key = cache_key(model_id, settings.serving, endpoint, "" if settings.shared else key_id, request)
+        key = _entry_key(model_id, endpoint, settings, key_id, request)
         found = await self._store.get(key) if control.lookup else None
         entry = _decoded(found) if found is not None else None
         events = None
@@ -107,11 +107,15 @@ class ResponseCache:
                      request: GenerationRequest) -> None:
         """Drops the answer kept for `request`: one that could not be given to its caller after all."""
         if settings is not None and request.source is not None:
-            await self._store.delete(cache_key(model_id, settings.serving, endpoint,
-                                               "" if settings.shared else key_id, request))
+            await self._store.delete(_entry_key(model_id, endpoint, settings, key_id, request))
 
     async def close(self) -> None:
         await self._store.close()
+
+
+def _entry_key(model_id: str, endpoint: str, settings: CacheSettings, key_id: str, request: GenerationRequest) -> str:
+    """Where `request`'s answer is kept: per key unless the model shares its cache."""
+    return cache_key(model_id, settings.serving, endpoint, "" if settings.shared else key_id, request)
 
 
 def cache_key(model_id: str, serving: str, endpoint: str, scope: str, request: GenerationRequest) -> str:

@@ -68,7 +68,7 @@ class AnthropicEventReader:
                 self._input_tokens = _input_tokens(usage)
                 self._cached_tokens = token_count(usage, "cache_read_input_tokens")
                 self._written_tokens = token_count(usage, "cache_creation_input_tokens")
-                self._written_1h_tokens = _hour_writes(usage)
+                self._written_1h_tokens = _reported_hour_writes(usage)
                 self._output_tokens = token_count(usage, "output_tokens")
                 self._note_reported(usage)
                 # The cache's share too: a stream cut short is settled with what came, and these tokens cost their
@@ -100,7 +100,7 @@ class AnthropicEventReader:
                     self._input_tokens = max(self._input_tokens, _input_tokens(usage))
                     self._cached_tokens = max(self._cached_tokens, token_count(usage, "cache_read_input_tokens"))
                     self._written_tokens = max(self._written_tokens, token_count(usage, "cache_creation_input_tokens"))
-                    self._written_1h_tokens = max(self._written_1h_tokens, _hour_writes(usage))
+                    self._written_1h_tokens = max(self._written_1h_tokens, _reported_hour_writes(usage))
                 return []
             if kind == "content_block_stop":
                 return self._block_stop(int(event.get("index", 0)))
@@ -233,7 +233,7 @@ def _mapping(value: Json) -> Mapping[str, Json]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _hour_writes(usage: Mapping[str, Json]) -> int:
+def _reported_hour_writes(usage: Mapping[str, Json]) -> int:
     """The prompt tokens written to the cache for an hour, which Anthropic bills above the five-minute writes: newer
     API versions split `cache_creation_input_tokens` by TTL in `cache_creation`; without it, all are 5 minutes'."""
     return token_count(_mapping(usage.get("cache_creation")), "ephemeral_1h_input_tokens")
