@@ -100,7 +100,7 @@ class OpenAIChunkReader:
             # Gemini's calls have no index: a piece that names a call (but for the last call's id) starts one, any
             # other continues the last (its arguments' next piece, or only its thought signature).
             last = len(self._ids) - 1
-            if last >= 0 and not (name and not (given_id and given_id == self._ids[last])):
+            if last >= 0 and (not name or given_id and given_id == self._ids[last]):
                 upstream_index = self._last
             elif not (name or given_id or arguments):
                 return []  # no call to continue, and nothing of one
