@@ -84,12 +84,9 @@ class Price:
     def most(self, prompt_tokens: int, output_tokens: int) -> int:
         """The most a request may cost: every prompt token at the dearest of input and cache writes (either TTL).
         Not its web searches: how many the model makes is unknown before it runs (a budget may be overshot by them)."""
-        if max(self.input, self.cache_write, self.cache_write_1h) == self.input:
-            return self.cost(prompt_tokens, output_tokens)
-        if self.cache_write_1h >= self.cache_write:
-            return self.cost(prompt_tokens, output_tokens, cache_write_tokens=prompt_tokens,
-                             cache_write_1h_tokens=prompt_tokens)
-        return self.cost(prompt_tokens, output_tokens, cache_write_tokens=prompt_tokens)
+        written = prompt_tokens if max(self.cache_write, self.cache_write_1h) > self.input else 0
+        hour = written if self.cache_write_1h >= self.cache_write else 0
+        return self.cost(prompt_tokens, output_tokens, cache_write_tokens=written, cache_write_1h_tokens=hour)
 
 
 FREE = Price()  # nothing to pay: a model without a `price:`, a cached answer
