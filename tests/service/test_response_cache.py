@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import orjson
@@ -86,6 +87,15 @@ async def answers_across_restarts(tmp_path, redis_url: str, configs: list[tuple[
         finally:
             await server.stop(0)
     return answers
+
+
+def config_with(tmp_path, double, settings: str, **where) -> Path:
+    """The file of this module's catalog on `double`, with `settings` added (a Redis limits.store, an access log),
+    the upstream key set."""
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    path = write_config(tmp_path, models(double.url), **where)
+    path.write_text(path.read_text() + settings)
+    return path
 
 
 def without_ids(data: bytes) -> bytes:
@@ -194,9 +204,7 @@ async def test_an_answer_a_typed_caller_could_not_be_given_is_not_replayed(chat,
     upstream never asked, for ttl_seconds. The answer is now dropped, and the next one asks the upstream. In the
     process and in Redis."""
     await typed_odd_answers(chat, double, key[1], seed=41)
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    path = write_config(tmp_path, models(double.url))
-    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    path = config_with(tmp_path, double, f"limits: {{store: '{redis_server.url}'}}\n")
     server = await start_server(load_config(path), "127.0.0.1:0")
     try:
         secret = (await server.store.create("typed", all_models=True))[1]
@@ -283,9 +291,7 @@ async def test_a_hit_counts_as_a_request_and_is_fast(chat, running, key):
 
 async def test_a_hit_refused_by_a_limit_is_a_miss_everywhere(double, tmp_path):
     """The 429 did not come from the cache: its header, access-log line and metric all say `miss`."""
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    path = write_config(tmp_path, models(double.url))
-    path.write_text(path.read_text() + f"access_log: {tmp_path / 'access.log'}\n")
+    path = config_with(tmp_path, double, f"access_log: {tmp_path / 'access.log'}\n")
     server = await start_server(load_config(path), "127.0.0.1:0")
     try:
         _, secret = await server.store.create("one-a-minute", all_models=True,
@@ -309,9 +315,8 @@ async def test_a_hit_refused_by_a_limit_is_a_miss_everywhere(double, tmp_path):
 
 async def test_with_redis_two_servers_share_answers_and_an_outage_is_a_miss(double, tmp_path, redis_server):
     double.reset()
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    path = write_config(tmp_path, models(double.url), data_dir=tmp_path / "shared-data")
-    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    path = config_with(tmp_path, double, f"limits: {{store: '{redis_server.url}'}}\n",
+                       data_dir=tmp_path / "shared-data")
     first, second = [await start_server(load_config(path), "127.0.0.1:0") for _ in range(2)]
     try:
         secret = (await first.store.create("redis-cache", all_models=True))[1]  # one key store (the same data dir)
@@ -351,9 +356,7 @@ async def test_a_redis_that_does_not_answer_costs_a_miss_one_timeout(double, tmp
     count): each miss took two timeouts, the lookup's and then the storing's, which held the answer's end back, on
     every request of a cached model while Redis was out; then one, each lookup's, until lookups once Redis was
     found silent missed at once (but one a second, which tries it again)."""
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    path = write_config(tmp_path, models(double.url))
-    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}', store_timeout_seconds: 0.5}}\n")
+    path = config_with(tmp_path, double, f"limits: {{store: '{redis_server.url}', store_timeout_seconds: 0.5}}\n")
     server = await start_server(load_config(path), "127.0.0.1:0")
     try:
         secret = (await server.store.create("unlimited", all_models=True))[1]
@@ -382,9 +385,7 @@ async def test_a_full_redis_is_logged_once_as_refusing_answers_not_as_silent(dou
     """A Redis at its maxmemory under noeviction (Redis's default) answers lookups and refuses every SET (OOM): each
     miss logged that Redis did not answer and then that it answered again, two lines a request for as long as it was
     full, naming an outage where Redis answered. Now one warning says it refuses to store, and one that it stores."""
-    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
-    path = write_config(tmp_path, models(double.url))
-    path.write_text(path.read_text() + f"limits: {{store: '{redis_server.url}'}}\n")
+    path = config_with(tmp_path, double, f"limits: {{store: '{redis_server.url}'}}\n")
     server = await start_server(load_config(path), "127.0.0.1:0")
     redis = RedisPipe(redis_server.url, timeout=2)
     try:
