@@ -28,6 +28,7 @@ from server.providers.images import ImageProvider
 from server.providers.openai_http import OpenAIProvider, openai_auth_headers
 from server.providers.openai_images_http import OpenAIImageProvider
 from server.providers.retry import ONE_TRY
+from server.providers.retry_log import RetryLog
 from server.providers.router import DeploymentRoute, Route, Router
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def build_providers(
         for d in entry.deployments)) for entry in config.models}
     providers: dict[str, AnyProvider] = {}
     in_flight: dict[tuple[str, str], int] = {}  # one count per deployment, whichever model's request runs on it
+    retry_log = RetryLog()  # one line a minute per kind, whichever model's request met it
     for entry in config.models:
         own = routes[entry.id].deployments
         if not entry.fallbacks and len(own) == 1 and entry.provider.upstream is None:
@@ -66,7 +68,7 @@ def build_providers(
         else:
             chain = [routes[model_id] for model_id in (entry.id, *entry.fallbacks)]
             providers[entry.id] = Router(chain, board=board, recorder=recorder, caller_left=cutoff.caller_left,
-                                         in_flight=in_flight)
+                                         in_flight=in_flight, retry_log=retry_log)
     return providers, board
 
 

@@ -13,7 +13,6 @@ used, whichever model or deployment answered, at the price of the model that ans
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
@@ -30,8 +29,7 @@ from server.providers import (
 from server.providers.health import Admission, Board
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import Delivery, Plan, Step, Target, carries_answer
-
-_logger = logging.getLogger(__name__)
+from server.providers.retry_log import RetryLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +57,11 @@ class Route:
 class Router:
     def __init__(self, chain: Sequence[Route], *, board: Board, recorder: UpstreamRecorder | None = None,
                  rng: random.Random | None = None, caller_left: Callable[[], bool] = lambda: False,
-                 in_flight: dict[tuple[str, str], int] | None = None) -> None:
+                 in_flight: dict[tuple[str, str], int] | None = None, retry_log: RetryLog | None = None) -> None:
         """`chain`: the model itself first, then its fallbacks. `caller_left`: the request being run lost its caller,
         and only its attempt under way runs on (server/cutoff.py Cutoff.caller_left). `in_flight`: the attempts
-        running on each deployment in this process, shared by every Router (a model's fallback is another's own)."""
+        running on each deployment in this process, shared by every Router (a model's fallback is another's own).
+        `retry_log`: where retries and fallbacks are logged, shared by every Router for the same reason."""
         self._chain = tuple(chain)
         self._caller_left = caller_left
         self._board = board
@@ -70,6 +69,7 @@ class Router:
         self._draw = (rng or random.Random()).random
         # (model id, deployment): attempts running in this process, this model's requests and those falling back to it
         self._in_flight = in_flight if in_flight is not None else {}
+        self._retry_log = retry_log or RetryLog()
         self.capabilities = self._chain[0].capabilities
         own = {capabilities_of(d.provider) for d in self._chain[0].deployments}
         self._own_alike = own.pop() if len(own) == 1 else None  # what each of its own deployments can, if the same
@@ -260,13 +260,13 @@ class Router:
         before, error = failed
         model_id = chain[before.model].model_id
         if step.model == before.model:
-            _logger.warning("%s/%s failed (%s); trying %s/%s", model_id, chain[before.model].deployments[
+            self._retry_log.warning("%s/%s failed (%s); trying %s/%s", model_id, chain[before.model].deployments[
                 before.deployment].name, _why(error), model_id, chain[step.model].deployments[step.deployment].name)
             if self._recorder is not None:
                 self._recorder.retry(model_id, error.retry_reason or "other")
         else:
             fallback = chain[step.model].model_id
-            _logger.warning("%s failed (%s); falling back to %s", model_id, _why(error), fallback)
+            self._retry_log.warning("%s failed (%s); falling back to %s", model_id, _why(error), fallback)
             if self._recorder is not None:
                 self._recorder.fallback(self._chain[0].model_id, fallback)
 

@@ -462,3 +462,29 @@ async def test_an_upstream_that_cannot_be_reached_is_logged_once_naming_it_and_w
     assert len(lines) == 1, lines
     why = {"refused": "refused the connection", "unresolvable": "does not resolve"}[where]
     assert base.removesuffix("/v1") in lines[0] and why in lines[0], lines[0]
+
+
+async def test_an_outage_logs_one_line_per_kind_of_retry_and_fallback_not_one_per_request(double, tmp_path, caplog):
+    """An upstream down at 500 requests a second logged a line for each retry and each fallback: a thousand lines a
+    second of the same two, burying every other line. Now each kind is logged when it starts and counted for a
+    minute (tests/unit/test_retry_log.py), while the metrics still count every one."""
+    down = f"http://127.0.0.1:{free_ports(1)[0]}/v1"  # nothing listens: every attempt fails to connect
+    common = f"kind: openai, api_key_env: {UPSTREAM_KEY_ENV}"
+    retry = "{attempts: 3, initial_backoff: 0.01, max_backoff: 0.02}"
+    models = (f"  - {{id: up-down, endpoint: /v1/chat/completions, fallbacks: [up-backup], provider: {{{common}, "
+              f"base_url: '{down}', model: nowhere, retry: {retry}}}}}\n"
+              f"  - {{id: up-backup, endpoint: /v1/chat/completions, provider: {{{common}, base_url: '{double.url}', "
+              f"model: backup-model, retry: {{attempts: 1}}}}}}\n")
+    double.reset()
+    async with upstream_server(tmp_path, models) as server:
+        secret = (await server.store.create("outage", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = chat_service_pb2_grpc.ChatServiceStub(channel)
+            with caplog.at_level("INFO"):
+                answers = await asyncio.gather(*(ask(stub, secret, "up-down") for _ in range(60)))
+        assert all(answer.choices[0].message.content == "echo Say hello." for answer in answers)
+        assert metric(server, "portico_upstream_retries_total", model="up-down", reason="connect") == 120
+        assert metric(server, "portico_upstream_fallbacks_total", model="up-down", fallback="up-backup") == 60
+    lines = [r.getMessage() for r in caplog.records if r.name == "server.providers.router"]
+    assert sorted(lines) == ["up-down failed (service_unavailable, connect); falling back to up-backup",
+                             "up-down/openai failed (service_unavailable, connect); trying up-down/openai"], lines
