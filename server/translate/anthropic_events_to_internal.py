@@ -112,10 +112,14 @@ class AnthropicEventReader:
                           else max(self._output_tokens, estimate_tokens(self._chars)))
                 usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate, output,
                               self._cached_tokens, self._written_tokens, self._hour_writes(), self._searches)
-                # Compatible bridges in front of other models end a turn that called a tool with end_turn: a chat
-                # caller is told `tool_calls`, as a Messages caller is told tool_use of OpenAI's calls ending in stop.
-                reason = FinishReason.TOOL_USE if self._reason is FinishReason.END_TURN and self._tool_blocks \
-                    else self._reason
+                # Compatible bridges in front of other models end a turn that called a tool with end_turn, and some
+                # end one that called none with tool_use: a chat caller is told `tool_calls` exactly when there are
+                # calls, as a Messages caller is told tool_use of OpenAI's calls ending in stop.
+                reason = self._reason
+                if reason is FinishReason.END_TURN and self._tool_blocks:
+                    reason = FinishReason.TOOL_USE
+                elif reason is FinishReason.TOOL_USE and not self._tool_blocks:
+                    reason = FinishReason.END_TURN
                 return [Finished(reason, usage, self._stop_sequence, self._upstream_reason)]
             return []  # ping and event types added later
         except MALFORMED:

@@ -157,12 +157,15 @@ class OpenAIChunkReader:
             raise error
         usage = self._usage or Usage(self._prompt_estimate, self._deltas)
         # OpenAI ends a refusal with "stop", and a call the request forced (vLLM too): Anthropic's callers are told
-        # `refusal` and `tool_use`, as their upstreams would say (the SDK's tool runner runs calls only on tool_use).
+        # `refusal` and `tool_use`, as their upstreams would say (the SDK's tool runner runs calls only on tool_use);
+        # `tool_calls` without a call is a plain end, or that runner would answer with no tool results.
         reason = self._finish
         if reason is FinishReason.END_TURN and self._refused:
             reason = FinishReason.REFUSAL
         elif reason is FinishReason.END_TURN and self._calls:
             reason = FinishReason.TOOL_USE
+        elif reason is FinishReason.TOOL_USE and not self._calls:
+            reason = FinishReason.END_TURN
         return Finished(reason, usage, self._stop_sequence, self._upstream_reason)
 
 

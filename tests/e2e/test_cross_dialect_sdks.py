@@ -546,3 +546,45 @@ def test_calls_a_compatible_server_ends_with_end_turn_reach_a_chat_caller_as_too
     assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
         ("weather", '{"city": "Oslo"}' if stream else '{"city":"Oslo"}')]
     assert choice.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_use_stop_without_calls_reaches_a_chat_caller_as_stop(oai, double, stream):
+    """Some Anthropic-compatible bridges end an answer with `stop_reason: tool_use` and no `tool_use` block: a chat
+    caller got `finish_reason: tool_calls` with no `tool_calls`, and a loop that runs the calls on `tool_calls` found
+    none to run (the openai SDK's own examples index `message.tool_calls`, None here). What was said is the answer."""
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": [{"type": "text", "text": "Checking."}], "stop_reason": "tool_use",
+               "usage": {"input_tokens": 10, "output_tokens": 5}}
+    frames = [*anthropic_frames({"input_tokens": 10, "output_tokens": 1}, {"output_tokens": 5}, "Checking.")[:-2],
+              sse({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                   "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
+    double.cue(Cue(frames=frames) if stream else Cue(body=message))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
+    if stream:
+        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
+            choice = events.get_final_completion().choices[0]
+    else:
+        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    assert (choice.message.content, choice.message.tool_calls) == ("Checking.", None)
+    assert choice.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_calls_finish_without_calls_reaches_a_messages_caller_as_end_turn(claude, double, stream):
+    """The reverse: an OpenAI-compatible answer ending `finish_reason: tool_calls` with no call reached a Messages
+    caller as `stop_reason: tool_use` with no `tool_use` block, which the anthropic SDK's tool runner answers with a
+    next request of no tool results."""
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": ""}), chunk({"content": "Checking."}),
+                           chunk({}, "tool_calls"), b"data: [DONE]\n\n"]) if stream else
+               Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                      "message": {"role": "assistant", "content": "Checking.", "tool_calls": []}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}))
+    if stream:
+        with claude.messages.stream(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO) as answer:
+            message = answer.get_final_message()
+    else:
+        message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
+    assert [(b.type, b.text) for b in message.content] == [("text", "Checking.")]
+    assert message.stop_reason == "end_turn"

@@ -254,3 +254,21 @@ async def test_an_anthropic_answer_without_usage_counts_its_prompt_and_text_as_o
                               stream=True)
     [b async for b in messages.CreateMessageHttp(http_body(request), metadata=bearer(secret))]
     assert window_tokens(running, key_id) == 2 * (2 + 3)
+
+
+async def test_a_tool_stop_without_calls_reaches_typed_callers_of_the_other_dialect_as_a_plain_end(chat, messages,
+                                                                                                   double, key):
+    """`stop_reason: tool_use` with no tool_use block (some Anthropic-compatible bridges), and `finish_reason:
+    tool_calls` with no call, reached gRPC callers as a turn that waits for tool results it has none of."""
+    double.cue(Cue(body={"type": "message", "role": "assistant", "stop_reason": "tool_use",
+                         "content": [{"type": "text", "text": "Checking."}],
+                         "usage": {"input_tokens": 3, "output_tokens": 2}}))
+    request = chat_request(model="chat-on-anthropic", tools=[CHAT_TOOL], messages=[{"role": "user", "content": "Oslo"}])
+    choice = (await chat.CreateChatCompletion(request, metadata=bearer(key[1]))).choices[0]
+    assert (choice.message.content, len(choice.message.tool_calls), choice.finish_reason) == ("Checking.", 0, "stop")
+    double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                         "choices": [{"index": 0, "finish_reason": "tool_calls",
+                                      "message": {"role": "assistant", "content": "Checking."}}]}))
+    request = message_request(model="messages-on-openai", tools=[MESSAGE_TOOL])
+    response = await messages.CreateMessage(request, metadata=bearer(key[1]))
+    assert ([b.type for b in response.content], response.stop_reason) == (["text"], "end_turn")
