@@ -138,7 +138,11 @@ class AnthropicEventReader:
             return [TextDelta(upstream_string(block["text"]))] if block.get("text") else []
         if block.get("type") == "tool_use":
             call = self._tool_blocks[index] = len(self._tool_blocks)
-            events: list[GenerationEvent] = [ToolCallStart(call, str(block.get("id", "")), str(block.get("name", "")))]
+            # A compatible server's block without an id (or with null) gets one, as a chat caller must name the call
+            # in its result and Anthropic refuses an empty id there; never the text "None".
+            call_id, name = block.get("id"), block.get("name")
+            call_id = str(call_id) if call_id not in (None, "") else f"toolu_{call}"
+            events: list[GenerationEvent] = [ToolCallStart(call, call_id, "" if name is None else str(name))]
             if block.get("input"):  # Anthropic streams the input as deltas; some compatible servers send it here
                 self._tool_inputs.add(call)
                 events.append(ToolCallDelta(call, wire_json.dumps(block["input"]).decode()))
@@ -196,8 +200,10 @@ def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0) -> 
         if block.get("type") == "tool_use":
             events += reader.feed({"type": "content_block_start", "index": index,
                                    "content_block": {**block, "input": {}}})
+            # A null input is none, {}, as the same block streamed gives it (never the arguments "null").
+            tool_input = block["input"] if block.get("input") is not None else {}
             events += reader.feed({"type": "content_block_delta", "index": index, "delta": {
-                "type": "input_json_delta", "partial_json": wire_json.dumps(block.get("input", {})).decode()}})
+                "type": "input_json_delta", "partial_json": wire_json.dumps(tool_input).decode()}})
         else:
             events += reader.feed({"type": "content_block_start", "index": index, "content_block": block})
     events += reader.feed({"type": "message_delta", "usage": usage, "delta": {

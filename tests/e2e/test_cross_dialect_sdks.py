@@ -588,3 +588,39 @@ def test_a_tool_calls_finish_without_calls_reaches_a_messages_caller_as_end_turn
         message = claude.messages.create(model="messages-gpt", max_tokens=50, tools=TOOLS, messages=HELLO)
     assert [(b.type, b.text) for b in message.content] == [("text", "Checking.")]
     assert message.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_use_block_with_members_null_or_missing_reaches_a_chat_caller_as_a_call_it_can_answer(oai, double,
+                                                                                                   stream):
+    """An Anthropic-compatible server's tool_use block with `id` or `input` null, or no `id`: a chat caller got the
+    call with the id "None" or "" (which Anthropic refuses in the tool result sent back) and, in a JSON answer,
+    `arguments` "null" (json.loads gives None, not the object a tool is called with; streamed, the same call's were
+    "{}"). Such a call is given an id of its own, as an OpenAI-compatible server's call without one is."""
+    blocks = [{"type": "tool_use", "id": None, "name": "weather", "input": None},
+              {"type": "tool_use", "name": "weather", "input": {"city": "Oslo"}}]
+    message = {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_sequence": None,
+               "content": blocks, "stop_reason": "tool_use", "usage": {"input_tokens": 10, "output_tokens": 5}}
+    frames = [sse({"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+                  "message_start"),
+              *[frame for index, block in enumerate(blocks) for frame in (
+                  sse({"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}},
+                      "content_block_start"),
+                  sse({"type": "content_block_delta", "index": index, "delta": {
+                      "type": "input_json_delta", "partial_json": orjson.dumps(block["input"] or {}).decode()}},
+                      "content_block_delta"),
+                  sse({"type": "content_block_stop", "index": index}, "content_block_stop"))],
+              sse({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                   "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
+    double.cue(Cue(frames=frames) if stream else Cue(body=message))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
+    if stream:
+        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
+            choice = events.get_final_completion().choices[0]
+    else:
+        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    calls = choice.message.tool_calls
+    assert [(c.function.name, orjson.loads(c.function.arguments)) for c in calls] == [
+        ("weather", {}), ("weather", {"city": "Oslo"})]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", c.id) for c in calls) and len({c.id for c in calls}) == 2
+    assert choice.finish_reason == "tool_calls"

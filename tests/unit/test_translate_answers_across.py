@@ -148,6 +148,13 @@ def test_an_openai_refusal_is_text_and_stop_reason_refusal_for_an_anthropic_call
     assert (choice["finish_reason"], choice["message"]["content"]) == ("content_filter", "I won't.")
 
 
+def test_a_tool_use_block_s_null_members_are_not_the_text_none():
+    """A compatible server's tool_use block with `id` and `name` null: the call's id was "None", its name "None"."""
+    blocks = [{"type": "tool_use", "id": None, "name": None, "input": {}}]
+    start = message_events({"type": "message", "content": blocks, "stop_reason": "tool_use"})[1]
+    assert (start.id, start.name) == ("toolu_0", "")
+
+
 def test_an_answer_the_context_window_ended_is_length_for_a_chat_caller():
     cut = {"type": "message", "content": [{"type": "text", "text": "and so"}], "usage": {"input_tokens": 9,
            "output_tokens": 2}, "stop_reason": "model_context_window_exceeded"}
