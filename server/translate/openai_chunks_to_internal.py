@@ -4,13 +4,12 @@ its non-streamed answer (one chat.completion) -> the same events.
 Pure: fed one decoded chunk at a time, it returns the events that chunk completes, so nothing is buffered. The
 finish reason arrives one chunk before the usage (stream_options.include_usage), so Finished is made by `end()`.
 Servers that ignore include_usage (llama-cpp-python's) send no usage: it is then estimated, one token per
-streamed delta, which is what those servers send.
+streamed delta, which is what those servers send; so is a count a usage leaves out or sends as null.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from server.domain import (
     FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer, Usage,
@@ -48,7 +47,10 @@ class OpenAIChunkReader:
         self._finish: FinishReason | None = None
         self._stop_sequence: str | None = None
         self._upstream_reason = ""
-        self._usage: Usage | None = None
+        # The counts its usage reported (None: not said, as by servers that send `usage: {}` on every chunk)
+        self._prompt: int | None = None
+        self._output: int | None = None
+        self._cached = 0
         self._refused = False  # the model refused (OpenAI's `refusal`), whatever the finish reason says
 
     def feed(self, chunk: Mapping[str, Json]) -> list[GenerationEvent]:
@@ -56,10 +58,11 @@ class OpenAIChunkReader:
         belongs, a list where usage does) is the upstream's fault, an UpstreamError, not a crash further on."""
         try:
             if isinstance(usage := chunk.get("usage"), Mapping):
-                details = usage.get("prompt_tokens_details")
-                cached = token_count(details, "cached_tokens") if isinstance(details, Mapping) else 0
-                prompt = token_count(usage, "prompt_tokens")
-                self._usage = Usage(prompt, token_count(usage, "completion_tokens"), min(cached, prompt))
+                if isinstance(details := usage.get("prompt_tokens_details"), Mapping):
+                    self._cached = token_count(details, "cached_tokens")
+                # A count not said here (`usage: {}`, null) is not 0: the one said before stands, else an estimate.
+                self._prompt = _said(reported_count(usage, "prompt_tokens"), self._prompt)
+                self._output = _said(reported_count(usage, "completion_tokens"), self._output)
             events: list[GenerationEvent] = []
             for choice in chunk.get("choices") or ():
                 if choice.get("index", 0) != 0:
@@ -143,19 +146,27 @@ class OpenAIChunkReader:
 
     def reported(self) -> Usage | None:
         """The usage the upstream reported so far (its usage chunk), for a stream that then breaks off."""
-        return self._usage
+        if self._prompt is None and self._output is None:
+            return None
+        return self._counted(self._deltas)
 
-    def end(self) -> Finished:
+    def _counted(self, output_estimate: int) -> Usage:
+        """The usage reported, each count it left out estimated as when a server reports none."""
+        prompt = self._prompt_estimate if self._prompt is None else self._prompt
+        return Usage(prompt, output_estimate if self._output is None else self._output, min(self._cached, prompt))
+
+    def end(self, output_estimate: int | None = None) -> Finished:
         """The stream ended ([DONE] or the connection closed cleanly): the final event, or an error if the
-        upstream never said it finished."""
+        upstream never said it finished. `output_estimate`: the answer's count when the upstream reports none
+        (default: one token per streamed delta)."""
         if self._finish is None:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="broken")
         if self._upstream_reason in FAILED_REASONS:
             error = UpstreamError(f"The upstream's generation failed (finish_reason `{self._upstream_reason}`).",
                                   retry_reason="broken")
-            error.usage_reported = self._usage  # what it spent on it, for the ledger
+            error.usage_reported = self.reported()  # what it spent on it, for the ledger
             raise error
-        usage = self._usage or Usage(self._prompt_estimate, self._deltas)
+        usage = self._counted(self._deltas if output_estimate is None else output_estimate)
         # OpenAI ends a refusal with "stop", and a call the request forced (vLLM too): Anthropic's callers are told
         # `refusal` and `tool_use`, as their upstreams would say (the SDK's tool runner runs calls only on tool_use);
         # `tool_calls` without a call is a plain end, or that runner would answer with no tool results.
@@ -190,12 +201,9 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
         for choice in choices]
     reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=stop)
     events = reader.feed({"choices": chunk_choices, "usage": completion.get("usage")})
-    finished = reader.end()
-    if not isinstance(completion.get("usage"), Mapping):
-        chars = sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
-                    for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
-        finished = replace(finished, usage=Usage(prompt_estimate, estimate_tokens(chars)))
-    events.append(finished)
+    chars = sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
+                for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
+    events.append(reader.end(estimate_tokens(chars)))
     return events
 
 
@@ -221,6 +229,10 @@ def carries_content(chunk: Mapping[str, Json]) -> bool:
         if isinstance(delta, Mapping) and any(value for name, value in delta.items() if name != "role"):
             return True
     return False
+
+
+def _said(count: int | None, before: int | None) -> int | None:
+    return before if count is None else count
 
 
 def _text(content: Json) -> str:

@@ -624,3 +624,37 @@ def test_a_tool_use_block_with_members_null_or_missing_reaches_a_chat_caller_as_
         ("weather", {}), ("weather", {"city": "Oslo"})]
     assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", c.id) for c in calls) and len({c.id for c in calls}) == 2
     assert choice.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_counts_an_openai_usage_leaves_out_are_estimated_as_when_it_sends_no_usage(claude, gateway, double, stream):
+    """Some OpenAI-compatible servers send `usage: {}` (or counts of null) on every chunk, or a usage without one of
+    its counts: what was left out was counted 0, so the caller read `output_tokens: 0` and the ledger counted the
+    answer (or the prompt) free, where a server that sends no usage at all is estimated (docs/api.md)."""
+    def counts(usage: dict | None) -> tuple[int, int]:
+        extra = {} if usage is None else {"usage": usage}
+        if stream:
+            def piece(delta: dict, reason: str | None = None) -> bytes:
+                return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}], **extra})
+            double.cue(Cue(frames=[piece({"role": "assistant", "content": ""}), piece({"content": "It is sunny."}),
+                                   piece({}, "stop"), b"data: [DONE]\n\n"]))
+            with claude.messages.with_streaming_response.create(model="messages-gpt", max_tokens=50, messages=HELLO,
+                                                                stream=True) as response:
+                final = [e for e in response.parse() if e.type == "message_delta"][-1].usage
+                request_id = response.headers["x-request-id"]
+        else:
+            double.cue(Cue(body={"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+                                 "choices": [{"index": 0, "finish_reason": "stop",
+                                              "message": {"role": "assistant", "content": "It is sunny."}}], **extra}))
+            response = claude.messages.with_raw_response.create(model="messages-gpt", max_tokens=50, messages=HELLO)
+            final, request_id = response.parse().usage, response.headers["x-request-id"]
+        line = access_line(gateway, request_id)
+        assert (line["input_tokens"], line["output_tokens"]) == (final.input_tokens, final.output_tokens)
+        return final.input_tokens, final.output_tokens
+
+    prompt, answer = counts(None)
+    assert prompt > 0 and answer > 0
+    assert counts({}) == counts({"prompt_tokens": None, "completion_tokens": None}) == (prompt, answer)
+    assert counts({"prompt_tokens": 9}) == (9, answer)
+    assert counts({"completion_tokens": 4, "total_tokens": 4}) == (prompt, 4)
