@@ -13,6 +13,7 @@ holds it, read when a connection is opened. A URL is shown in messages only with
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -29,6 +30,10 @@ STORE_SETTING_NAMES = ("store", "password_env", "store_timeout_seconds", "pool_s
 # (a URL is asked for), and the line saying so must not quote it.
 _KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
 _HIDDEN = r"\1***"
+# libpq reads these as integers only as it connects to a host: a word there stopped every connection.
+_INTEGER_PARAMETERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                       "tcp_user_timeout")
+_NO_SOCKET_DIR = "/nonexistent/portico-conninfo-check"  # the probe's hosts: refused at once, without the network
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,39 @@ def _conninfo(url: str) -> dict[str, str] | None:
     return parts
 
 
+def _refused(parts: dict[str, str]) -> str:
+    """Why libpq refuses the parameters' values ("" when it takes them). libpq checks them only when it connects, so
+    a bad `sslmode` looked like an outage that never ended: it is asked here, with every host replaced by a socket in
+    a directory that does not exist, so no packet leaves and no name is looked up. Its failure to reach that socket
+    names the directory; any other failure is about the parameters. hostaddr, which would be connected to, and the
+    integers, read per TCP connection, are checked here."""
+    from psycopg import pq
+    from psycopg.conninfo import make_conninfo
+
+    hosts = parts.get("host", "").split(",")
+    addresses = parts["hostaddr"].split(",") if parts.get("hostaddr") else []
+    if addresses and len(addresses) != len(hosts):
+        return f"hostaddr: {len(addresses)} addresses for {len(hosts)} hosts"
+    for address in filter(None, addresses):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            return f"hostaddr: {address} is no IP address"
+    for name in _INTEGER_PARAMETERS:
+        if name in parts and not re.fullmatch(r"\s*[-+]?\d+\s*", parts[name]):
+            return f"{name}: {parts[name]} is no whole number"
+    probe = {name: value for name, value in parts.items() if name != "hostaddr"}
+    probe["host"] = ",".join([_NO_SOCKET_DIR] * len(hosts))
+    if probe.get("gssencmode") == "require":  # refused on a local socket, taken over TCP
+        probe["gssencmode"] = "prefer"
+    conn = pq.PGconn.connect_start(make_conninfo(**probe).encode())
+    try:
+        words = " ".join(conn.error_message.decode(errors="replace").split())
+        return "" if conn.status == pq.ConnStatus.OK or _NO_SOCKET_DIR in words else words
+    finally:
+        conn.finish()
+
+
 def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller). SQLite's
     file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
@@ -113,4 +151,6 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     if not all(parts.get("host", "").split(",")) or not parts.get("dbname"):
         raise ConfigError(f"{where}.store: {store!r} needs a host and a database name "
                           "(postgresql://user@host:port/database)")
+    if words := _refused(parts):
+        raise ConfigError(f"{where}.store: libpq refuses its parameters ({words})")
     return StoreSettings(url=store, password_env=password_env, timeout_seconds=timeout, pool_size=pool_size)

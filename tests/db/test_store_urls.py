@@ -4,6 +4,10 @@ primary and its standbys, `target_session_attrs=read-write` to follow a failover
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gateway.envoy import free_ports
@@ -52,3 +56,43 @@ def test_a_list_of_hosts_is_checked_as_one_host_is(tmp_path, url, message):
     with pytest.raises(ConfigError, match=message) as e:
         load_config(path)
     assert "s3cret-pw" not in str(e.value)
+
+
+@pytest.mark.parametrize("query, words", [
+    ("sslmode=bogus", 'invalid sslmode value: "bogus"'),
+    ("target_session_attrs=primary-only", 'invalid target_session_attrs value: "primary-only"'),
+    ("channel_binding=always", 'invalid channel_binding value: "always"'),
+    ("require_auth=kerberos", 'invalid require_auth value: "kerberos"'),
+    ("ssl_min_protocol_version=TLSv1.3&ssl_max_protocol_version=TLSv1.2", "invalid SSL protocol version range"),
+    ("sslrootcert=system&sslmode=require", 'weak sslmode "require" may not be used with sslrootcert=system'),
+    ("service=no-such-service", 'definition of service "no-such-service" not found'),
+    ("hostaddr=db.internal", "hostaddr: db.internal is no IP address"),
+    ("port=5432,5433", "could not match 2 port numbers to 1 hosts"),
+    ("tcp_user_timeout=soon", "tcp_user_timeout: soon is no whole number"),
+])
+@pytest.mark.parametrize("command", [("serve",), ("keys", "list")])
+def test_a_parameter_libpq_refuses_is_a_configuration_error(tmp_path, query, words, command):
+    """libpq checks a URL's parameters' values only as it connects: `serve` started with the store reported as
+    unreachable (`connection is bad: invalid sslmode value`) and stayed not ready for ever, and `portico keys`
+    said the store cannot be reached (exit 1), for a mistake in the file that no outage's end would mend."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{ONE_MODEL}\naccess_log: 'off'\nkeys: {{store: 'postgresql://{USER}@db.internal:5432/portico"
+                      f"?{query}', password_env: PG_PW}}\n")
+    port, admin_port = free_ports(2)
+    if command == ("serve",):
+        command += ("--port", str(port), "--admin-port", str(admin_port), "--metrics-port", "0")
+    done = subprocess.run([sys.executable, "-m", "server.cli", "--config", str(config), "--data-dir",
+                           str(tmp_path / "data"), *command], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PG_PW": "not-shown", "TMPDIR": str(tmp_path)})
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith("portico: configuration error: ") and done.stderr.count("\n") == 1
+    assert f"{config}: keys.store: " in done.stderr
+    assert words in done.stderr and "not-shown" not in done.stderr
+
+
+def test_parameters_libpq_takes_are_still_taken(tmp_path):
+    url = (f"postgresql://{USER}@db1:5432,db2:5432/portico?hostaddr=10.0.0.1,::1&sslmode=verify-full"
+           "&target_session_attrs=read-write&require_auth=!password&tcp_user_timeout=1000&sslrootcert=system")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: '{url}'}}\n")
+    assert load_config(path).key_store.url == url
