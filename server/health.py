@@ -154,10 +154,10 @@ class Readiness:
     async def _keys_state(self) -> str:
         try:
             await self._keys.ping()
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             if self._keys_down_since is None:
                 self._keys_down_since = time.monotonic()
-            return "unreachable"
+            return "authentication_failed" if exc.credentials_refused else "unreachable"
         self._keys_down_since = None
         self._keys_reached = True
         return "ok"
@@ -175,5 +175,5 @@ class Readiness:
     async def _limits_state(self) -> str:
         store = self._limiter.store
         if not await store.ping():
-            return "unreachable"
+            return "authentication_failed" if store.credentials_refused else "unreachable"
         return "ok"

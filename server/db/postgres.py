@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from server.db.database import StoreUnavailable
 from server.db.settings import StoreSettings
 
 APPLICATION_NAME = "portico"
@@ -59,6 +60,18 @@ def failure(exc: Exception) -> str:
     if isinstance(exc, PoolTimeout) and (reason := _POOL_ATTEMPTS.reason()):
         text = f"{text}: {reason}"
     return f"PostgreSQL: {text}"
+
+
+# libpq's and the server's words for a login refused (a password wrong or missing, an ident or certificate check
+# failed, no pg_hba.conf line for this user): the server answered, so /readyz says that rather than `unreachable`.
+# The server gives no SQLSTATE to a failed connection's client, only these words.
+_CREDENTIALS_REFUSED = ("authentication failed", "no password supplied", "no pg_hba.conf entry")
+
+
+def unavailable(exc: Exception) -> StoreUnavailable:
+    """A PostgreSQL failure as the key store's StoreUnavailable (failure(), and whether the login was refused)."""
+    text = failure(exc)
+    return StoreUnavailable(text, credentials_refused=any(words in text for words in _CREDENTIALS_REFUSED))
 
 
 def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from psycopg_pool import PoolClosed, PoolTimeout
 
 from server.db.database import Params, Step, StoreUnavailable
 from server.db.migrations import Migration, SchemaError, migrate_postgres
-from server.db.postgres import async_pool, connect, connect_async, failure, one_line
+from server.db.postgres import async_pool, connect, connect_async, one_line, unavailable
 from server.db.settings import StoreSettings
 
 # After a failure, calls fail at once for this long (plus the longest a call may wait, below) instead of each waiting
@@ -61,7 +61,7 @@ class PostgresDatabase:
                 # A sync connection in a thread: migrations also run from the CLI, and take the lock themselves.
                 await asyncio.to_thread(self._migrate_now)
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(failure(exc)) from exc
+                raise unavailable(exc) from exc
             self._migrated = True
 
     async def _migrate_late(self) -> None:
@@ -94,14 +94,14 @@ class PostgresDatabase:
         except psycopg.errors.TransactionRollback as exc:
             # A deadlock or serialization failure among writers: the database answered, and is no reason to fail
             # everyone's calls fast (lookups included) as an outage is.
-            raise StoreUnavailable(failure(exc)) from exc
+            raise unavailable(exc) from exc
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
             self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
-            raise StoreUnavailable(failure(exc)) from exc
+            raise unavailable(exc) from exc
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             # A standby the hosts were pointed at by a failover, or a DBA's default_transaction_read_only: the store
             # cannot take writes for now, which is no bug of the caller's. Reads still work: no fail-fast for them.
-            raise StoreUnavailable(failure(exc)) from exc
+            raise unavailable(exc) from exc
 
     async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
         if not self._migrated:

@@ -74,6 +74,7 @@ class RedisLimitStore:
     ) -> None:
         self._url = redacted(url)
         self.failure: str | None = None  # why the last ping failed, for the log (LimitStore.failure)
+        self.credentials_refused = False
         self._clock = clock
         self._lease = lease_seconds
         self._prefix = prefix
@@ -235,8 +236,10 @@ class RedisLimitStore:
                 answered = await self._redis.execute("SET", f"{self._prefix}ping", "1", "PX", 60_000) == b"OK"
         except _UNREACHABLE as exc:
             self.failure = _why(exc)
+            self.credentials_refused = isinstance(exc, AuthenticationError) or (
+                isinstance(exc, Refusing) and str(exc).startswith(("NOAUTH", "WRONGPASS")))
             return False
-        self.failure = None if answered else "did not take a write"
+        self.failure, self.credentials_refused = (None if answered else "did not take a write"), False
         return answered
 
     async def counts(self, scope_id: str) -> Counts:

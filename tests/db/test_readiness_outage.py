@@ -8,9 +8,10 @@ import asyncio
 import dataclasses
 
 import grpc
+import pytest
 from grpc_health.v1 import health
 
-from portico.v1 import image_pb2, image_service_pb2_grpc
+from portico.v1 import image_pb2, image_service_pb2_grpc, probe_pb2, probe_service_pb2_grpc
 from server.app import start_server
 from server.config import load_config
 
@@ -90,3 +91,35 @@ async def test_readiness_holds_while_cached_keys_are_served_also_past_a_stale_se
                 postgres_server.start()
     finally:
         await running.stop(0)
+
+
+async def test_a_store_that_refuses_the_password_is_reported_as_such_not_as_unreachable(tmp_path, postgres_server,
+                                                                                        monkeypatch):
+    """PostgreSQL answering but refusing the password (rotated on the server, not in the variable): /readyz said
+    `keys unreachable`, as for a database that is down, so the operator looked for a network fault; the log alone
+    said what PostgreSQL answered. The probe now says so, without the password."""
+    monkeypatch.setenv("PORTICO_TEST_WRONG_PG_PW", "not-the-password-Qx7")
+    config = load_config()
+    images = tuple(m for m in config.models if m.provider.kind == "dev-image")
+    store = StoreSettings(url=postgres_server.new_database(), password_env="PORTICO_TEST_WRONG_PG_PW",
+                          timeout_seconds=1)
+    running = await start_server(dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store),
+                                 "127.0.0.1:0")
+    try:
+        report = await running.readiness.refresh()
+        assert report.checks["keys"] == "authentication_failed" and not report.ready
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as unready:
+                await probe_service_pb2_grpc.ProbeServiceStub(channel).GetReadiness(probe_pb2.GetReadinessRequest())
+        assert unready.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert unready.value.details() == "Not ready: keys authentication_failed."
+    finally:
+        await running.stop(0)
+    # A store that is down is still said to be unreachable.
+    (port,) = free_ports(1)
+    probe, down = await readiness_for(StoreSettings(url=f"postgresql://portico@127.0.0.1:{port}/portico",
+                                                    password_env="PORTICO_TEST_WRONG_PG_PW", timeout_seconds=1))
+    try:
+        assert (await probe.refresh()).checks["keys"] == "unreachable"
+    finally:
+        await down.close()

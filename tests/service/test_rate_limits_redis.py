@@ -18,6 +18,8 @@ import redis.asyncio as redis_client
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
+from portico.v1.probe_pb2 import GetReadinessRequest
+from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
 from server.app import RunningServer, start_server
 from server.config import Config, load_config
 from server.domain_keys import KeyLimits
@@ -140,7 +142,7 @@ async def test_a_redis_that_refuses_the_password_is_an_outage_whose_log_line_say
     """A Redis with requirepass, and a limits.store URL without its password (none, or an old one): start-up was a
     traceback (NOAUTH) with none, and with a wrong one logged 'is unreachable', as for a Redis that is down, so the
     operator looked for a network fault. Now both are the documented outage (503, retry-after), and the log line
-    says what Redis said, never the password in the URL."""
+    says what Redis said, never the password in the URL; /readyz says `authentication_failed`."""
     (tmp_path / "redis").mkdir()
     redis = start_redis(tmp_path / "redis", password="the-real-one-Zr4")
     store = redis.url if password is None else redis.url.replace("//", f"//:{password}@", 1)
@@ -154,6 +156,11 @@ async def test_a_redis_that_refuses_the_password_is_an_outage_whose_log_line_say
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "limit store is unreachable" in error_details(caught.value).error.message
             assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
+            # /readyz said `limits unreachable`, as for a Redis that is down: it says what Redis answered.
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as unready:
+                    await ProbeServiceStub(channel).GetReadiness(GetReadinessRequest())
+            assert unready.value.details() == "Not ready: limits authentication_failed."
         finally:
             await running.stop(0)
         (line,) = [r.getMessage() for r in caplog.records if "the limit store" in r.getMessage()
