@@ -24,6 +24,7 @@ from server.config_providers import upstream_keys
 from server.errors import PorticoError, holds_secret, redact_secrets
 from server.db.database import StoreUnavailable
 from server.db.migrations import SchemaError
+from server.db.settings import StoreSettings
 from server.observability.access_log import AccessLog
 from server.private_files import act_as_owner, make_data_dir, make_private, take_others_access, user_name
 from server.providers.proxies import proxy_problem
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             act_as_owner(config.data_dir)  # root's command on the service's SQLite store leaves no file of root's
         if not config.key_store.is_postgres and args.command != "usage":  # <data_dir>/keys.db; usage makes none
             _check_data_dir(config.data_dir)
+        if _only_reads(args) and _unwritable(config.key_database):
+            config = config.with_overrides(key_store=replace(config.key_store, read_only=True))
         return _printing(usage_command if args.command == "usage" else keys_command, args, config)
     except ConfigError as exc:
         print(f"portico: configuration error: {exc}", file=sys.stderr)
@@ -129,6 +132,19 @@ def _missing_store(args: argparse.Namespace, config: Config) -> str | None:
         return None  # a directory on the path this user may not enter: make_private says so, naming it
     what = "usage ledger" if args.command == "usage" else "key store"
     return f"portico: no {what} at {path}: give the --data-dir (or --config) that `portico serve` uses"
+
+
+def _only_reads(args: argparse.Namespace) -> bool:
+    return args.command == "usage" or (args.command == "keys" and args.keys_command in ("list", "get"))
+
+
+def _unwritable(store: StoreSettings) -> bool:
+    """A SQLite keys.db, or its directory, that may not be written (a read-only volume or snapshot, a file system the
+    kernel made read-only): a command that only reads opens it read-only, since SQLite would make its -wal and -shm
+    files there. A store that may be written is opened as ever, so that `keys list` still migrates its schema."""
+    path = store.sqlite_path
+    return not store.is_postgres and path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent,
+                                                                                                   os.W_OK))
 
 
 def _printing(command: Callable[[argparse.Namespace, Config], int], args: argparse.Namespace, config: Config) -> int:

@@ -83,7 +83,8 @@ async def open_database(settings: StoreSettings, migrations: Sequence[Migration]
 
         return await PostgresDatabase.open(settings, migrations)
     assert settings.sqlite_path is not None
-    return await SqliteDatabase.open(settings.sqlite_path, migrations, newer_ok=settings.newer_schema_ok)
+    return await SqliteDatabase.open(settings.sqlite_path, migrations, newer_ok=settings.newer_schema_ok,
+                                     read_only=settings.read_only)
 
 
 class SqliteDatabase:
@@ -94,15 +95,16 @@ class SqliteDatabase:
         self._closed = False
 
     @classmethod
-    async def open(cls, path: Path, migrations: Sequence[Migration], *, newer_ok: bool = False) -> SqliteDatabase:
+    async def open(cls, path: Path, migrations: Sequence[Migration], *, newer_ok: bool = False,
+                   read_only: bool = False) -> SqliteDatabase:
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
 
         def opened() -> sqlite3.Connection:
-            db = connect_sqlite(path)
+            db = connect_sqlite(path, read_only=read_only)
             db.row_factory = sqlite3.Row
             try:
                 if migrations:
-                    migrate_sqlite(db, migrations, newer_ok=newer_ok)
+                    migrate_sqlite(db, migrations, newer_ok=newer_ok, read_only=read_only)
             except BaseException:
                 db.close()
                 raise

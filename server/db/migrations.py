@@ -53,11 +53,20 @@ class Migration:
     sqlite_present: str = ""
 
 
-def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration], *, newer_ok: bool = False) -> list[int]:
+def migrate_sqlite(db: sqlite3.Connection, migrations: Sequence[Migration], *, newer_ok: bool = False,
+                   read_only: bool = False) -> list[int]:
     """Apply what is missing; returns the versions applied. `db` must be in autocommit mode (isolation_level=None).
     `newer_ok`: a database newer than this code is used as it is (logged), not refused
-    (StoreSettings.newer_schema_ok)."""
-    _check(migrations)
+    (StoreSettings.newer_schema_ok). `read_only`: nothing may be applied, so a migration due is refused."""
+    component = _check(migrations)
+    if read_only:
+        applied = {row[0] for row in db.execute("SELECT version FROM schema_migrations WHERE component = ?",
+                                                (component,))} if list(db.execute(_SQLITE_HAS_TABLE)) else set()
+        if _pending(component, applied, migrations, newer_ok):
+            raise SchemaError(f"the database's {component} schema is older than this Portico's, and cannot be "
+                              "brought up to date where it may not be written: run a command that writes (`portico "
+                              "serve`, `portico keys create`) where it may")
+        return []
     db.execute("BEGIN IMMEDIATE")
     try:
         applied = _apply(db.execute, "?", _SQLITE_HAS_TABLE, [m.sqlite for m in migrations], migrations,

@@ -46,6 +46,9 @@ class StoreSettings:
     # A worker restarted after a crash (serve --workers N): a schema newer than this code, which another host migrated
     # while this one ran, is used as the worker's siblings go on using it, not refused as at a start.
     newer_schema_ok: bool = False
+    # SQLite, for a command that only reads (`keys list`, `usage`) where keys.db or its directory may not be written
+    # (a read-only volume): opened read-only, its schema checked, not migrated.
+    read_only: bool = False
 
     @property
     def is_postgres(self) -> bool:

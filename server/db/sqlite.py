@@ -7,15 +7,20 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from pathlib import Path
 
 BUSY_TIMEOUT_MS = 5000
 _WAL_RETRY_SECONDS = 0.01
 
 
-def connect_sqlite(path: Path) -> sqlite3.Connection:
+def connect_sqlite(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
     """Autocommit mode (isolation_level=None): transactions are explicit (BEGIN ... COMMIT). Usable from any one
-    thread at a time (check_same_thread=False): callers serialise their use."""
+    thread at a time (check_same_thread=False): callers serialise their use. `read_only`: nothing is made or
+    written (StoreSettings.read_only)."""
+    if read_only:
+        return sqlite3.connect(_read_only_uri(path), uri=True, isolation_level=None, check_same_thread=False,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
     try:
@@ -24,6 +29,18 @@ def connect_sqlite(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _read_only_uri(path: Path) -> str:
+    """SQLite reads a WAL database through its -wal and -shm files, and makes them when they are missing, which a
+    directory it may not write in refuses ('unable to open database file'). They are missing when no connection has
+    the database open (the last one to close folds the -wal into keys.db and removes both): keys.db is then whole,
+    and is read as immutable, without them. With a -wal there (a process has it open, or died with it open), its rows
+    are read too, through the -shm beside it."""
+    uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+    if not os.path.exists(f"{path}-wal") and not os.access(path.parent, os.W_OK):
+        uri += "&immutable=1"
+    return uri
 
 
 def failure(path: Path, exc: BaseException) -> str:

@@ -39,15 +39,15 @@ def _chunks(rows: int, most: int) -> list[int]:
 
 
 class SqliteLedger:
-    def __init__(self, path: Path, *, newer_ok: bool = False) -> None:
+    def __init__(self, path: Path, *, newer_ok: bool = False, read_only: bool = False) -> None:
         try:
-            self._db = connect_sqlite(path)
+            self._db = connect_sqlite(path, read_only=read_only)
         except sqlite3.DatabaseError as exc:  # a file that is no database: one line, not sqlite3's traceback
             raise StoreUnavailable(failure(path, exc), store=STORE_NAME) from exc
         self._path = path
         try:
-            migrate_sqlite(self._db, MIGRATIONS, newer_ok=newer_ok)
-        except sqlite3.OperationalError as exc:  # another process held the write lock past busy_timeout
+            migrate_sqlite(self._db, MIGRATIONS, newer_ok=newer_ok, read_only=read_only)
+        except sqlite3.DatabaseError as exc:  # another process held the write lock past busy_timeout, no database
             self._db.close()
             raise StoreUnavailable(failure(path, exc), store=STORE_NAME) from exc
         self._lock = threading.Lock()  # the writer's thread and readers' threads share the connection

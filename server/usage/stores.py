@@ -18,4 +18,4 @@ def open_ledger(settings: StoreSettings) -> SqliteLedger | PostgresLedger:
 
         return PostgresLedger(settings)
     assert settings.sqlite_path is not None
-    return SqliteLedger(settings.sqlite_path, newer_ok=settings.newer_schema_ok)
+    return SqliteLedger(settings.sqlite_path, newer_ok=settings.newer_schema_ok, read_only=settings.read_only)

@@ -193,6 +193,22 @@ def test_a_keys_db_from_before_budgets_gets_the_budget_columns(tmp_path):
         assert db.execute("SELECT name, max_spend_day FROM api_keys").fetchall() == [("old", 5000000)]
 
 
+def test_a_read_only_keys_db_is_checked_not_migrated(tmp_path):
+    """A command that only reads a keys.db it may not write (connect_sqlite(read_only=True)) applies nothing: a
+    schema this code can read is used, one that needs a migration is refused in words saying how to bring it up."""
+    path = tmp_path / "keys.db"
+    with _closing(connect_sqlite(path)) as db:
+        migrate_sqlite(db, _migrations()[:1])
+    with _closing(connect_sqlite(path, read_only=True)) as db:
+        assert migrate_sqlite(db, _migrations()[:1], read_only=True) == []
+        with pytest.raises(SchemaError, match=r"widgets schema is older than this Portico's.*`portico serve`"):
+            migrate_sqlite(db, _migrations(), read_only=True)
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            db.execute("INSERT INTO widgets VALUES (1)")
+    with _closing(connect_sqlite(path)) as db:
+        assert db.execute("SELECT max(version) FROM schema_migrations").fetchone() == (1,)
+
+
 @pytest.mark.parametrize("command", [("keys", "list"), ("serve",)])
 def test_a_keys_db_newer_than_the_code_stops_the_cli_with_one_line(tmp_path, command):
     """An operator who rolled back saw a traceback; the message alone says what to do."""

@@ -123,17 +123,45 @@ def test_a_data_dir_out_of_inodes_at_start_is_one_line(tmp_path):
                                   " (No space left on device)\n")
 
 
-def test_a_read_only_data_dir_is_said_so_by_serve_keys_and_usage(tmp_path):
+def test_a_read_only_data_dir_is_said_so_by_serve_and_by_the_commands_that_write(tmp_path):
     """A data dir remounted read-only (a file system the kernel made read-only after an error, a read-only volume)
     said 'SQLite: unable to open database file' to every command: nothing about why."""
     with tmpfs(tmp_path / "data") as data:
         assert portico(data, "keys", "create", "--name", "a", "--all-models").returncode == 0
         remount(data, "ro")
-        for command in (("serve",), ("keys", "list"), ("usage",)):
+        for command in (("serve",), ("keys", "create", "--name", "b", "--all-models"), ("keys", "revoke", "key_x")):
             done = serve(data) if command == ("serve",) else portico(data, *command)
             assert done.returncode == 1, (command, done.stderr)
             assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
             assert f"{data}/keys.db" in done.stderr and "read-only file system" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("left", ["stopped", "killed"])
+def test_the_commands_that_only_read_work_on_a_read_only_data_dir(tmp_path, left):
+    """`keys list`, `keys get` and `usage` only read, yet failed on a read-only data dir (a read-only volume or
+    snapshot, a file system the kernel made read-only): SQLite in WAL mode makes its -wal and -shm files beside
+    keys.db to read it. They now read it read-only: a gateway stopped left no -wal (keys.db is whole), a killed one
+    left its -wal and -shm, whose rows are read too."""
+    with tmpfs(tmp_path / "data") as data:
+        made = portico(data, "keys", "create", "--name", "reader", "--env", "prod", "--all-models")
+        key_id = made.stdout.split()[2]
+        assert portico(data, "usage").returncode == 0  # the ledger's tables made too
+        if left == "killed":  # a process that dies holding the store leaves its -wal and -shm
+            later = ("import os, sqlite3, sys; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+                     "db.execute(\"UPDATE api_keys SET name = 'renamed'\"); os._exit(0)")
+            subprocess.run([sys.executable, "-c", later, str(data / "keys.db")], check=True)
+            assert (data / "keys.db-wal").stat().st_size > 0 and (data / "keys.db-shm").exists()
+        before = sorted(os.listdir(data))
+        remount(data, "ro")
+        name = "renamed" if left == "killed" else "reader"
+        listed = portico(data, "keys", "list")
+        assert listed.returncode == 0 and listed.stdout.startswith(f"{key_id}\t{name}\tactive\tprod"), listed.stderr
+        got = portico(data, "keys", "get", key_id)
+        assert got.returncode == 0 and got.stdout.splitlines()[1] == "limits: configured defaults", got.stderr
+        usage = portico(data, "usage")
+        assert usage.returncode == 0 and usage.stderr == "", usage.stderr
+        remount(data, "rw")
+        assert sorted(os.listdir(data)) == before
 
 
 def test_a_full_tmpdir_is_said_to_be_full_not_closed_to_the_user(tmp_path):
