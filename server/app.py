@@ -347,7 +347,8 @@ async def start_server(config: Config, address: str) -> RunningServer:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     readiness = Readiness(health_servicer, store, limiter, config.limits, _run_here(core.providers),
                           deployments=lambda: _deployment_states(core),
-                          key_stale_seconds=pipeline.authenticator.stale_seconds)
+                          key_stale_seconds=pipeline.authenticator.stale_seconds,
+                          on_keys_checked=pipeline.authenticator.store_checked)
     probe_service_pb2_grpc.add_ProbeServiceServicer_to_server(ProbeServicer(readiness), served)
     _load_service_descriptors()
     _enable_reflection(server, [*served.names, health.SERVICE_NAME, reflection.SERVICE_NAME])

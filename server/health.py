@@ -79,12 +79,15 @@ class Readiness:
         deployments: Callable[[], Sequence[tuple[str, str, str]]] = tuple,
         *,
         key_stale_seconds: float = 0.0,
+        on_keys_checked: Callable[[StoreUnavailable | None], None] = lambda failure: None,
     ) -> None:
-        """`deployments`: (model, deployment, state) of the watched deployments now (server/providers/health.py)."""
+        """`deployments`: (model, deployment, state) of the watched deployments now (server/providers/health.py).
+        `on_keys_checked`: what each check of the key store met (None: an answer), for the key cache's log lines."""
         self._health = health_servicer
         self._names: tuple[str, ...] = ("",)  # "": the whole server; the services are named by start()
         self._keys = keys
         self._key_stale_seconds = key_stale_seconds
+        self._on_keys_checked = on_keys_checked
         self._keys_down_since: float | None = None
         self._keys_reached = False  # has this process ever reached the key store (so may hold cached keys)?
         self._limiter = limiter
@@ -155,9 +158,11 @@ class Readiness:
         try:
             await self._keys.ping()
         except StoreUnavailable as exc:
+            self._on_keys_checked(exc)
             if self._keys_down_since is None:
                 self._keys_down_since = time.monotonic()
             return "authentication_failed" if exc.credentials_refused else "unreachable"
+        self._on_keys_checked(None)
         self._keys_down_since = None
         self._keys_reached = True
         return "ok"

@@ -165,9 +165,7 @@ class Authenticator:
                 "The key store is unreachable, so this API key cannot be checked now. Retry shortly.",
                 retry_after=RETRY_AFTER_SECONDS,
             ) from None
-        if self._store_down_logged:
-            self._store_down_logged = False
-            _logger.info("the key store answers again")
+        self.store_checked(None)
         if key is None:
             self._keys.pop(digest, None)
             self._unknown[digest] = True
@@ -187,6 +185,16 @@ class Authenticator:
             lookup.add_done_callback(lambda _: self._lookups.pop(digest, None))
         lookup, asked, notices = shared
         return await asyncio.shield(lookup), asked, notices  # a caller that goes away does not cancel the others
+
+    def store_checked(self, failure: StoreUnavailable | None) -> None:
+        """What a call to the store met (None: an answer). The readiness check's, every second, too: lookups alone
+        reach the store only for keys not cached, so PostgreSQL's return went unsaid while cached keys were served,
+        and the next outage had no line of its own."""
+        if failure is not None:
+            self._log_store_down(failure)
+        elif self._store_down_logged:
+            self._store_down_logged = False
+            _logger.info("the key store answers again")
 
     def _log_store_down(self, exc: Exception) -> None:
         if not self._store_down_logged:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 import grpc
 import pytest
@@ -123,3 +124,48 @@ async def test_a_store_that_refuses_the_password_is_reported_as_such_not_as_unre
         assert (await probe.refresh()).checks["keys"] == "unreachable"
     finally:
         await down.close()
+
+
+async def test_each_key_store_outage_has_its_own_lines_while_only_cached_keys_are_used(tmp_path, postgres_server,
+                                                                                       caplog):
+    """The key store logged its outage's first line at a lookup that failed and its recovery line at the next lookup
+    that was answered; with cached keys only in between (within keys.cache_seconds), PostgreSQL's return went
+    unsaid, and a second outage soon after had no line of its own. The readiness check, which asks the store every
+    second, now tells the key cache what it found."""
+    caplog.set_level(logging.INFO, logger="server.keys.auth")
+    config = load_config()
+    images = tuple(m for m in config.models if m.provider.kind == "dev-image")
+    store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
+                                 key_cache_seconds=120, key_stale_seconds=300)
+    maker = await open_key_store(store)
+    try:
+        secret = (await maker.create("cached", all_models=True))[1]
+    finally:
+        await maker.close()
+    running = await start_server(config, "127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            images_stub = image_service_pb2_grpc.ImageServiceStub(channel)
+            request = image_pb2.CreateImageRequest(model="family-a-image-2", prompt="a buoy", size="256x256")
+            await images_stub.CreateImage(request, metadata=bearer(secret))  # cached now
+            for outage in (1, 2):
+                postgres_server.stop()
+                try:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:  # a key not cached: the store is asked
+                        await images_stub.CreateImage(request, metadata=bearer(f"pk-not-cached-{outage}"))
+                    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                    await images_stub.CreateImage(request, metadata=bearer(secret))  # cached: served
+                    assert (await running.readiness.refresh()).checks["keys"] == "unreachable"
+                finally:
+                    postgres_server.start()
+                deadline = asyncio.get_running_loop().time() + 10
+                while (await running.readiness.refresh()).checks["keys"] != "ok":
+                    assert asyncio.get_running_loop().time() < deadline, "the key store did not recover"
+                    await asyncio.sleep(0.2)
+                await images_stub.CreateImage(request, metadata=bearer(secret))  # cached: the store is not asked
+    finally:
+        await running.stop(0)
+    said = [("down" if "unreachable (" in m else "up") for r in caplog.records
+            if (m := r.getMessage()).startswith(("the key store is unreachable (", "the key store answers again"))]
+    assert said == ["down", "up", "down", "up"]
