@@ -85,7 +85,8 @@ def _conninfo(url: str) -> dict[str, str] | None:
     except ProgrammingError:
         return None
     ports = parts.get("port", "").split(",") if parts.get("port") else []
-    if not all(port.isdigit() and 0 < int(port) < 65536 for port in ports):
+    # An empty one in a list (`db1:6432,db2`) is libpq's default port, as an absent one is.
+    if not all(port == "" or (port.isdigit() and 0 < int(port) < 65536) for port in ports):
         return None
     return parts
 

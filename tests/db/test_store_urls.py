@@ -96,3 +96,12 @@ def test_parameters_libpq_takes_are_still_taken(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(f"{ONE_MODEL}\nkeys: {{store: '{url}'}}\n")
     assert load_config(path).key_store.url == url
+
+
+def test_a_host_without_its_own_port_in_a_list_takes_the_default_port(tmp_path):
+    """`db1:5432,db2` (the standby on PostgreSQL's default port): libpq connects with it, reading the empty port as
+    5432, but it was refused at start-up as 'a port that is no port number'."""
+    url = f"postgresql://{USER}@db1:6432,db2/portico?target_session_attrs=read-write"
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{ONE_MODEL}\nkeys: {{store: '{url}'}}\n")
+    assert load_config(path).key_store.url == url
