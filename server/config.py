@@ -359,6 +359,7 @@ def _redis_url_problem(url: str) -> str | None:
         return "has a database that is no number (redis://host:port/0)"
     # Imported only for a Redis URL: redis-py (and the OpenTelemetry it loads) costs every server process ~8 MB.
     from redis.asyncio.connection import Connection, parse_url
+    from redis.exceptions import RedisError
 
     try:
         options = parse_url(url)
@@ -372,6 +373,8 @@ def _redis_url_problem(url: str) -> str | None:
     except TypeError as exc:
         unknown = re.search(r"keyword argument '(\w+)'", str(exc))
         return f"has an option redis-py does not know: {unknown.group(1) if unknown else exc}"
+    except RedisError as exc:  # a value it refuses as the connection is made (ssl_cert_reqs=bogus, protocol=9)
+        return f"has an option redis-py refuses: {exc}"
     return None
 
 

@@ -59,6 +59,12 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlimits: {{store: 'redis://:pw@127.0.0.1/0?socket_timout=1'}}",
      r"limits\.store: 'redis://:\*\*\*@127\.0\.0\.1/0\?socket_timout=1' has an option redis-py does not know: "
      r"socket_timout"),
+    # A value redis-py's connection refuses as it is made (not with TypeError) was a traceback at start-up.
+    (f"{ONE_MODEL}\nlimits: {{store: 'rediss://:pw@127.0.0.1/0?ssl_cert_reqs=bogus'}}",
+     r"limits\.store: 'rediss://:\*\*\*@127\.0\.0\.1/0\?ssl_cert_reqs=bogus' has an option redis-py refuses: Invalid "
+     r"SSL Certificate Requirements Flag: bogus"),
+    (f"{ONE_MODEL}\nlimits: {{store: 'redis://127.0.0.1/0?protocol=9'}}",
+     r"limits\.store: .* has an option redis-py refuses: protocol must be either 2 or 3"),
     (f"{ONE_MODEL}\ntracing: {{otlp_endpoint: 'http://127.0.0.1:abc'}}", r"tracing\.otlp_endpoint: "),
     # A blank service name was taken: every span exported under a service no backend's list shows legibly.
     (f"{ONE_MODEL}\ntracing: {{service_name: '   '}}", r"tracing\.service_name: a non-empty string, not '   '"),
