@@ -18,7 +18,7 @@ from server.domain import (
     ToolResult, ToolSpec, Turn, Unread,
 )
 from server.errors import InvalidRequest
-from server.translate.field_rules import MESSAGE_FIELDS, check_fields
+from server.translate.field_rules import GENERATION_ONLY, MESSAGE_FIELDS, check_fields
 from server.translate.tool_rules import ANTHROPIC_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread
 from server.translate.values import (
     no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
@@ -117,6 +117,8 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     unread += _beside_thinking(body, params, tool_choice)
     asked = bool(opt_bool(body, "stream"))
     stream = asked if stream is None else stream
+    if counting:  # what has no effect on a count is refused by no model (an Anthropic upstream is never sent it)
+        unread = [item for item in unread if re.split(r"[.\[]", item.param, maxsplit=1)[0] not in GENERATION_ONLY]
     return GenerationRequest(
         turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,

@@ -164,6 +164,12 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
 }
 
 
+# What only shapes a generation, which Anthropic's count_tokens refuses ("Extra inputs are not permitted") and a
+# count_tokens caller may still send (docs/api.md, Counting tokens): checked, then without effect on any model.
+GENERATION_ONLY = frozenset({"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata",
+                             "service_tier", "inference_geo", "container", "diagnostics"})
+
+
 def unknown_field(name: str) -> Unread:
     """A member no table names: passed only to an upstream of the request's own API, refused by any other model."""
     return Unread(name, f"`{name}` is not supported by this model (the gateway passes it only to an upstream of the "

@@ -14,6 +14,7 @@ import re
 from server.domain import (
     AnthropicMessagesSource, GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn,
 )
+from server.translate.field_rules import GENERATION_ONLY
 from server.translate.internal_to_anthropic import tool_input
 
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # OpenAI allows up to 2; Anthropic refuses more than 1
@@ -32,12 +33,6 @@ def anthropic_body(request: GenerationRequest, *, model: str) -> dict:
     body["max_tokens"] = request.params.max_tokens
     body["stream"] = request.stream
     return body
-
-
-# What only shapes a generation, which Anthropic's count_tokens refuses ("Extra inputs are not permitted") and a
-# count_tokens caller may still send (docs/api.md, Counting tokens): left out of the body an upstream counts.
-GENERATION_ONLY = frozenset({"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata",
-                             "service_tier", "inference_geo", "container", "diagnostics"})
 
 
 def count_body(request: GenerationRequest, *, model: str) -> dict:

@@ -110,6 +110,21 @@ def test_fields_that_only_shape_a_generation_are_checked_and_not_sent_upstream(c
     assert caught.value.body["error"]["param"] == "temperature"
 
 
+@pytest.mark.parametrize("model", ["messages-embedded", "messages-gpt", "messages-claude"])
+def test_fields_that_only_shape_a_generation_are_no_refusal_on_any_model(client, double, model):
+    """api.md lists `container` (and `stop_sequences`) among the fields a count accepts and then ignores: the embedded
+    model and an OpenAI-compatible upstream refused them as they would refuse a generation (`container`, a
+    whitespace-only stop), where an Anthropic upstream counted the same body. One body counts on every model."""
+    bare = client.messages.count_tokens(model=model, messages=HELLO).input_tokens
+    count = client.messages.count_tokens(model=model, messages=HELLO, extra_body={
+        "container": "container_1", "stop_sequences": ["\n"], "max_tokens": 5})
+    assert count.input_tokens == bare
+    assert all(set(seen.body) == {"model", "messages"} for seen in double.seen)
+    with pytest.raises(anthropic.BadRequestError) as caught:  # still checked as on /v1/messages
+        client.messages.count_tokens(model=model, messages=HELLO, extra_body={"stop_sequences": [""]})
+    assert caught.value.body["error"]["param"] == "stop_sequences[0]"
+
+
 def test_an_upstream_failure_maps_as_for_messages_and_a_down_upstream_falls_back(client, double):
     double.cue(Cue(status=400, body={"type": "error", "error": {
         "type": "invalid_request_error", "message": "claude-up cannot count this"}}))
