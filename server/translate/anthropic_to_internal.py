@@ -380,7 +380,10 @@ def _tools(body: Mapping[str, Json], unread: list[Unread]) -> tuple[ToolSpec, ..
         if not name:
             raise InvalidRequest(f"{where}.name: Field required", param=f"{where}.name")
         strict = opt_bool(tool, "strict", where)
-        opt_array(tool, "input_examples", where)  # these three are not read, but still type-checked
+        # These three are not read, but still type-checked; an example is an input, an object.
+        for j, example in enumerate(opt_array(tool, "input_examples", where) or []):
+            if not isinstance(example, dict):
+                raise wrong_type(f"{where}.input_examples[{j}]", "an object", example)
         opt_bool(tool, "defer_loading", where)
         opt_object(tool, "cache_control", where)
         schema = opt_object(tool, "input_schema", where)

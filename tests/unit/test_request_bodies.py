@@ -203,6 +203,9 @@ def test_an_ignored_messages_field_is_still_type_checked():
      (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "strict": "yes"}]}, "tools[0].strict"),
      (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "input_examples": {}}]},
       "tools[0].input_examples"),
+     # Each example is an input, an object (a gRPC caller's are Structs): a string was passed, or silently dropped.
+     (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "input_examples": [{"a": 1}, "x"]}]},
+      "tools[0].input_examples[1]"),
      (message, {"tools": [{"name": "f", "input_schema": {"type": "object"}, "cache_control": 1}]},
       "tools[0].cache_control")],
 )
