@@ -317,7 +317,10 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
         kind = choice.get("type")
         function = opt_object(choice, "function", "tool_choice") if kind == "function" else None
         name = opt_string(function, "name", "tool_choice.function") if function is not None else None
-        if kind == "function" and name:
+        if kind == "function" and not name:  # the missing part named, as a wrong-typed one is
+            where = "tool_choice.function" if function is None else "tool_choice.function.name"
+            raise InvalidRequest(f"`{where}` is required.", param=where)
+        if kind == "function":
             if name not in {tool.name for tool in tools}:
                 raise InvalidRequest(f"`tool_choice` names the function {name[:40]!r}, which is not in `tools`.",
                                      param="tool_choice")
@@ -328,7 +331,7 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
             return None
     raise InvalidRequest(
         "`tool_choice` must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
-        param="tool_choice",
+        param="tool_choice.type" if isinstance(choice, dict) else "tool_choice",
     )
 
 

@@ -202,3 +202,19 @@ def test_more_stop_strings_than_openais_four_reach_the_upstream_and_every_model_
     answer = oai.chat.completions.create(model="chat-claude", messages=hi, max_tokens=9, stop=stops)
     assert double.seen[1].body["stop_sequences"] == stops and answer.choices[0].finish_reason == "stop"
     assert oai.chat.completions.create(model="chat-embedded", messages=hi, max_tokens=2, stop=stops).choices
+
+
+def test_a_named_tool_choice_missing_its_parts_names_the_part_on_every_model(oai, double):
+    """As a wrong-typed name is named (`tool_choice.function.name`), a missing or null one is, in front of every
+    model, before any upstream: the SDK user learns which member of the choice to fix, not just `tool_choice`."""
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    hi = [{"role": "user", "content": "hi"}]
+    cases = {"tool_choice.function": {"type": "function"},
+             "tool_choice.function.name": {"type": "function", "function": {"name": None}},
+             "tool_choice.type": {"function": {"name": "weather"}}}
+    for model in ("chat-gpt", "chat-claude", "chat-embedded"):
+        for param, choice in cases.items():
+            with pytest.raises(openai.BadRequestError) as caught:
+                oai.chat.completions.create(model=model, messages=hi, tools=tools, tool_choice=choice, max_tokens=3)
+            assert (caught.value.body["param"], caught.value.body["code"]) == (param, "invalid_request")
+    assert not double.seen

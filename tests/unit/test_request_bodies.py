@@ -174,6 +174,14 @@ def test_typed_requests_meet_the_same_rules():
      ({"tools": [{"type": "function", "function": {"name": 3}}]}, "tools[0].function.name"),
      ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {}}}]}]},
       "messages[0].tool_calls[0].function.arguments"),
+     # A named choice's missing or null parts are named as a wrong-typed one is (they were all `tool_choice`).
+     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}},
+      "tool_choice.function"),
+     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+                                                                                "function": {"name": None}}},
+      "tool_choice.function.name"),
+     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"function": {"name": "f"}}},
+      "tool_choice.type"),
      ({"repetition_penalty": 0}, "repetition_penalty"),  # it divides the logits: vLLM refuses it too
      ({"metadata": ["x"]}, "metadata"), ({"stream_options": {"include_usage": 1}, "stream": True},
                                          "stream_options.include_usage")],
