@@ -131,6 +131,9 @@ class PorticoError(Exception):
         # An image upstream's answer that failed after it named its images (a link that cannot be fetched, bytes that
         # are no image): the images it drew and billed, which the request still costs (server/pipeline.py).
         self.images_drawn = 0
+        # An upstream that answered (2xx) and so did, and billed, the work, but whose answer could not be read (cut
+        # off, not JSON): no try of it is made again, nor asked for by the caller (server/providers/http_upstream.py).
+        self.answer_unread = False
         # What a stream's upstream reported the answer used before it broke off (OpenAI's usage chunk before
         # `[DONE]`, Anthropic's message_delta before message_stop): counted and billed by the upstream, so the request
         # is settled with it rather than with an estimate of what was sent (server/metering.py).

@@ -177,7 +177,7 @@ class HttpUpstream:
                 content = await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
                 error = self._transport_error(exc, model_id, before_answer=True)
-                raise (error if cut_retried else _not_retried(error)) from None
+                raise (error if cut_retried else _not_retried(error, unread=True)) from None
         finally:
             self._give_back(response, caller_done=False)
         try:
@@ -186,9 +186,11 @@ class HttpUpstream:
             # A proxy's maintenance or login page says so by its type: named, so nobody looks for a JSON fault.
             stated = response.content_type
             what = "invalid JSON" if not stated or "json" in stated else f"{stated[:100]}, not JSON"
-            raise UpstreamError(f"The upstream serving `{model_id}` answered with {what}.") from None
+            error = UpstreamError(f"The upstream serving `{model_id}` answered with {what}.")
+            raise (error if cut_retried else _not_retried(error, unread=True)) from None
         if not isinstance(data, dict):
-            raise UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
+            error = UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
+            raise error if cut_retried else _not_retried(error, unread=True)
         return data
 
     async def billed(self, work: Awaitable[T]) -> T:
@@ -428,10 +430,14 @@ class HttpUpstream:
         return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
 
 
-def _not_retried(error: PorticoError) -> PorticoError:
+def _not_retried(error: PorticoError, *, unread: bool = False) -> PorticoError:
     """`error`, met after a billed answer began (reading it, fetching what it links to), with its status and message
-    but never retried: the upstream has drawn and billed what it answered."""
+    but never retried, by the gateway nor by its caller (`x-should-retry: false`: the SDKs retry a 502 twice by
+    default): the upstream has drawn and billed what it answered, and would draw and bill it again. `unread`: the
+    answer itself could not be read (PorticoError.answer_unread)."""
     error.retry_reason = None
+    error.should_retry = False
+    error.answer_unread = unread
     return error
 
 

@@ -45,8 +45,13 @@ class OpenAIImageProvider:
         attempt = self._upstream.attempt("images/generations", body, self._model_id)
         with attempt:
             # Billed: the upstream draws and bills the images whatever its client does (server/cutoff.py).
-            answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id, billed=True,
-                                                    cut_retried=False, attempt=attempt)
+            try:
+                answer = await self._upstream.post_json("images/generations", body, model_id=self._model_id,
+                                                        billed=True, cut_retried=False, attempt=attempt)
+            except PorticoError as error:
+                if error.answer_unread:  # it drew and billed, how many its answer would have said: counted as asked
+                    error.images_drawn = request.n
+                raise
             if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer, as for chat
                 raise self._upstream.stream_error(answer, self._model_id, self._model)
             items = answer.get("data")
@@ -59,6 +64,9 @@ class OpenAIImageProvider:
             images = await self._upstream.billed(asyncio.gather(*(self._image(item) for item in items[:request.n])))
         except PorticoError as error:  # drawn and billed all the same: counted, though the caller gets none
             error.images_drawn = min(len(items), request.n)
+            # And not asked for again by the caller either (the SDKs retry a 502 twice by default): each retry would
+            # have the upstream draw and bill them again.
+            error.should_retry = False
             raise
         # gpt-image models choose the background for "auto", and say which they drew.
         background = answer.get("background")

@@ -13,6 +13,7 @@ import pytest
 
 from server.image_store import LINK_TTL_SECONDS
 from tests.e2e.conftest import upstream_gateway
+from tests.e2e.test_caller_gone_unary import admin, rows
 from tests.upstream_double import Cue
 from tests.upstream_echo import tiny_png
 from tests.upstream_support import UPSTREAM_KEY_ENV
@@ -43,7 +44,9 @@ def linking(double, tmp_path_factory):
     models = (f"  - {{id: image-local, endpoint: /v1/images/generations, provider: {{{provider}, "
               f"base_url: '{double.url}'}}}}\n"
               f"  - {{id: image-far, endpoint: /v1/images/generations, provider: {{{provider}, "
-              "base_url: 'http://93.184.215.14/v1'}}\n")
+              "base_url: 'http://93.184.215.14/v1'}}\n"
+              f"  - {{id: image-priced, endpoint: /v1/images/generations, price: {{image: 0.01}}, provider: "
+              f"{{{provider}, base_url: '{double.url}'}}}}\n")
     proxies = {"HTTP_PROXY": f"http://127.0.0.1:{double.port}", "NO_PROXY": "127.0.0.1,localhost"}
     os.environ.update(proxies)
     try:
@@ -97,6 +100,42 @@ def test_a_link_to_cloud_metadata_is_refused_even_from_a_local_upstream(sdk, dou
             sdk.images.generate(model="image-local", prompt="a lighthouse", size="256x256")
         assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")
         assert REFUSED in caught.value.message and "169.254" not in caught.value.message
+
+
+def png_b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# Answers after which the upstream has drawn and billed (a 200), but Portico answers 502, and the images it counts.
+BILLED_502S = {
+    "a-link-that-cannot-be-fetched": (lambda url: links(f"{url}/files/lost.png", f"{url}/files/lost.png"), 2),
+    "a-link-into-cloud-metadata": (lambda url: links("http://169.254.169.254/latest/meta-data/"), 1),
+    "bytes-that-are-no-image": (lambda url: Cue(body={"created": 1, "data": [{"b64_json": png_b64(b"hello")}]}), 1),
+    # An answer that cannot be read names no images: counted as the two asked for, which it was drawing.
+    "an-answer-cut-off": (lambda url: Cue(body={"created": 1, "data": [{"b64_json": png_b64(tiny_png(1))}] * 2},
+                                          drop_after=1), 2),
+    "invalid-json": (lambda url: Cue(body=b'{"created": 1, "data": [{"b64_json": "'), 2),
+}
+
+
+@pytest.mark.parametrize("fault", BILLED_502S)
+def test_a_502_after_the_upstream_drew_is_not_retried_by_the_sdk_and_counts_the_images(linking, double, fault):
+    """The openai SDK retries a 502 twice by default: each retry had the upstream draw and bill the images again, for
+    an answer that failed the same way. Now the 502 says `x-should-retry: false` (one draw), and its ledger row
+    counts the images drawn, at their price."""
+    double.reset()
+    cue, drawn = BILLED_502S[fault]
+    double.cue(cue(double.url.removesuffix("/v1")))  # once: a retry would be answered with images
+    out = linking.cli("keys", "create", "--name", f"billed-{fault}", "--all-models").stdout
+    key_id, secret = out.split()[2], out.split()[-1]
+    sdk = openai.OpenAI(base_url=f"{linking.base_url}/v1", api_key=secret)  # the default 2 retries
+    with pytest.raises(openai.APIStatusError) as caught:
+        sdk.images.generate(model="image-priced", prompt="a lighthouse", n=2, size="256x256")
+    assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")
+    assert caught.value.response.headers.get("x-should-retry") == "false"
+    assert [seen.path for seen in double.seen].count("/v1/images/generations") == 1
+    (row,) = rows(linking, key_id, admin(linking))
+    assert (row["status"], row["images"], row["cost_microdollars"]) == (502, drawn, drawn * 10_000), row
 
 
 def test_a_local_upstreams_links_on_the_same_host_are_fetched(sdk, double):
