@@ -16,7 +16,7 @@ from server.domain import (
     Usage, estimate_tokens,
 )
 from server.errors import UpstreamError
-from server.translate.usage_counts import MAX_TOKEN_COUNT, reported_count, token_count
+from server.translate.usage_counts import MAX_TOKEN_COUNT, not_a_count, reported_count, token_count
 from server.translate.values import MALFORMED, upstream_label, upstream_string
 
 MAX_SEARCHES = 100_000  # at $1,000,000 a search (the dearest price), a cost far inside the ledger's BIGINT
@@ -254,7 +254,7 @@ def _web_searches(usage: Mapping[str, Json]) -> int:
     usage: priced per search, it could overflow the ledger's cost."""
     count = token_count(_mapping(usage.get("server_tool_use")), "web_search_requests")
     if count > MAX_SEARCHES:
-        raise UpstreamError(f"The upstream's usage is not a count of searches: `web_search_requests` is {count}.")
+        raise not_a_count(f"The upstream's usage is not a count of searches: `web_search_requests` is {count}.")
     return count
 
 
@@ -262,5 +262,5 @@ def _input_tokens(usage: Mapping[str, Json]) -> int:
     """Prompt caching splits the prompt three ways; all of it was read, so all of it counts against the limits."""
     total = sum(token_count(usage, name) for name in _INPUT_COUNTS)
     if total > MAX_TOKEN_COUNT:
-        raise UpstreamError(f"The upstream's usage is not a token count: its prompt is {total} tokens.")
+        raise not_a_count(f"The upstream's usage is not a token count: its prompt is {total} tokens.")
     return total

@@ -658,3 +658,35 @@ def test_counts_an_openai_usage_leaves_out_are_estimated_as_when_it_sends_no_usa
     assert counts({}) == counts({"prompt_tokens": None, "completion_tokens": None}) == (prompt, answer)
     assert counts({"prompt_tokens": 9}) == (9, answer)
     assert counts({"completion_tokens": 4, "total_tokens": 4}) == (prompt, 4)
+
+
+def completion(usage: dict) -> dict:
+    return {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up", "usage": usage,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Sunny."}, "finish_reason": "stop"}]}
+
+
+def anthropic_message(usage: dict) -> dict:
+    return {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "Sunny."}], "usage": usage}
+
+
+@pytest.mark.parametrize("model, answer", [
+    ("chat-gpt", completion({"prompt_tokens": -5, "completion_tokens": 3})),
+    ("chat-claude", anthropic_message({"input_tokens": 10, "output_tokens": 2.5})),
+    ("messages-gpt", completion({"prompt_tokens": 10, "completion_tokens": "3"})),
+], ids=["openai-passthrough", "anthropic-upstream", "messages-from-openai"])
+def test_an_answer_whose_usage_is_no_token_count_is_not_retried_by_the_sdks(gateway, double, model, answer):
+    """The upstream finished and billed the answer, but its usage is not a count Portico can settle limits with: a
+    502. Its server counts so every time, so each of the SDKs' two default retries was billed again for the same 502;
+    now it says `x-should-retry: false`, and the upstream is asked once."""
+    double.cue(*[Cue(body=answer)] * 3)
+    with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as caught:
+        if model.startswith("messages"):
+            anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.secret).messages.create(
+                model=model, max_tokens=20, messages=HELLO)
+        else:
+            openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=gateway.secret).chat.completions.create(
+                model=model, messages=HELLO, max_tokens=20)
+    assert caught.value.status_code == 502 and "not a token count" in caught.value.message
+    assert caught.value.response.headers.get("x-should-retry") == "false"
+    assert len(double.seen) == 1
