@@ -45,9 +45,11 @@ class ImageServicer(image_service_pb2_grpc.ImageServiceServicer):
         if usage is not None and (typed := _typed_usage(usage)) is not None:
             response.usage.CopyFrom(typed)
         if (size := response.ByteSize()) > MAX_MESSAGE_BYTES:  # else grpc fails the call with its own words only
-            raise UpstreamError(f"The images are {size / 2**20:.1f} MiB as one gRPC answer, more than the "
-                                f"{MAX_MESSAGE_BYTES >> 20} MiB the server sends: ask for `response_format: url` "
-                                "(a link to each image), or for fewer images.")
+            error = UpstreamError(f"The images are {size / 2**20:.1f} MiB as one gRPC answer, more than the "
+                                  f"{MAX_MESSAGE_BYTES >> 20} MiB the server sends: ask for `response_format: url` "
+                                  "(a link to each image), or for fewer images.")
+            error.should_retry = False  # the same request would be drawn, billed and too big again
+            raise error
         return response
 
     async def CreateImageHttp(self, request, context) -> AsyncIterator[httpbody_pb2.HttpBody]:

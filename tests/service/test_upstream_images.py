@@ -218,12 +218,15 @@ async def test_b64_images_over_64_mib_together_reach_a_rest_caller(images, doubl
 
 
 async def test_a_typed_answer_too_big_to_send_says_so(images, double, secret):
+    """The upstream drew and billed the images: the same request again would be billed and too big again, so the
+    answer says `x-should-retry: false` (Portico's client, like the SDKs, retries a 502 otherwise)."""
     double.cue(linked_images(double, 10, (1500, 1200)))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await images.CreateImage(image_request(n=10), metadata=bearer(secret))
     detail = error_details(caught.value)
     assert (detail.http_status, detail.error.code) == (502, "upstream_error")
     assert "64 MiB" in detail.error.message and "response_format" in detail.error.message
+    assert ("x-should-retry", "false") in tuple(caught.value.trailing_metadata())
 
 
 async def test_an_upstream_failure_is_retried(images, double, secret):
