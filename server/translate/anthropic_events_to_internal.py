@@ -8,6 +8,7 @@ dialect gets them with the upstream's own events (server/domain.py UpstreamObjec
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from server import wire_json
@@ -187,7 +188,23 @@ class AnthropicEventReader:
 def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0) -> list[GenerationEvent]:
     """A whole `message` -> the events AnthropicEventReader makes of the same answer streamed: it is read as the
     stream Anthropic would have sent (message_start with the usage, each content block started, a tool_use block's
-    input as one input_json_delta, message_delta with the stop reason and usage, message_stop)."""
+    input as one input_json_delta, message_delta with the stop reason and usage, message_stop). One that cannot be
+    used fails with the usage it reports, which the upstream billed (the ledger counts it, as a stream's that breaks
+    off)."""
+    try:
+        return _message_events(message, prompt_estimate)
+    except UpstreamError as error:
+        if error.usage_reported is None:
+            usage = _mapping(message.get("usage"))
+            reader = AnthropicEventReader(prompt_estimate=prompt_estimate)
+            with contextlib.suppress(UpstreamError):  # a usage that is no count is none
+                reader.feed({"type": "message_start", "message": {"usage": usage}})
+                reader.feed({"type": "message_delta", "usage": usage, "delta": {}})
+                error.usage_reported = reader.reported()
+        raise
+
+
+def _message_events(message: Mapping[str, Json], prompt_estimate: int) -> list[GenerationEvent]:
     content = message.get("content")
     if (message.get("type", "message") != "message" or not isinstance(content, list)
             or not all(isinstance(block, Mapping) for block in content)):

@@ -9,6 +9,7 @@ streamed delta, which is what those servers send; so is a count a usage leaves o
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from server.domain import (
@@ -187,8 +188,22 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
     The completion is read as the one chunk that would carry all of it: each choice's message as its delta (the
     tool calls of a message have no `index`: the reader numbers them in order), its finish reason (and vLLM's
     stop_reason), and its usage. A completion without usage is estimated from its length (a token is about four
-    characters), not from its one delta.
+    characters), not from its one delta. One that cannot be used fails with the usage it reports, which the upstream
+    billed (the ledger counts it, as a stream's that breaks off).
     """
+    try:
+        return _completion_events(completion, prompt_estimate, stop)
+    except UpstreamError as error:
+        if error.usage_reported is None:
+            reader = OpenAIChunkReader(prompt_estimate=prompt_estimate)
+            with contextlib.suppress(UpstreamError):  # a usage that is no count is none
+                reader.feed({"usage": completion.get("usage")})
+                error.usage_reported = reader.reported()
+        raise
+
+
+def _completion_events(completion: Mapping[str, Json], prompt_estimate: int,
+                       stop: tuple[str, ...]) -> list[GenerationEvent]:
     choices = completion.get("choices")
     if not isinstance(choices, list) or not all(_is_choice(c) for c in choices):
         raise UpstreamError("The upstream's answer is not a chat completion.")

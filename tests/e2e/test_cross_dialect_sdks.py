@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import upstream_gateway
+from tests.e2e.test_caller_gone_unary import admin, rows
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY_ENV
@@ -690,3 +691,30 @@ def test_an_answer_whose_usage_is_no_token_count_is_not_retried_by_the_sdks(gate
     assert caught.value.status_code == 502 and "not a token count" in caught.value.message
     assert caught.value.response.headers.get("x-should-retry") == "false"
     assert len(double.seen) == 1
+
+
+NO_FINISH = [{"index": 0, "message": {"role": "assistant", "content": "Sunny."}}]
+
+
+@pytest.mark.parametrize("model, answer", [
+    ("chat-gpt", {**completion({"prompt_tokens": 100, "completion_tokens": 50}), "choices": NO_FINISH}),
+    ("chat-gpt", {**completion({"prompt_tokens": 100, "completion_tokens": 50}), "choices": "none"}),
+    ("messages-gpt", {**completion({"prompt_tokens": 100, "completion_tokens": 50}), "choices": NO_FINISH}),
+    ("chat-claude", {**anthropic_message({"input_tokens": 100, "output_tokens": 50}), "content": "Sunny."}),
+], ids=["no-finish-reason", "choices-not-a-list", "messages-from-openai", "anthropic-content-not-a-list"])
+def test_a_malformed_answer_counts_the_usage_it_reports(gateway, double, model, answer):
+    """A 200 answer Portico cannot use (a 502) that reports its usage: the upstream billed those tokens, so the
+    ledger row counts them, as a stream that breaks off after its usage; it counted none."""
+    double.cue(Cue(body=answer))
+    out = gateway.cli("keys", "create", "--name", f"malformed-{model}", "--all-models").stdout
+    key_id, secret = out.split()[2], out.split()[-1]
+    with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as caught:
+        if model.startswith("messages"):
+            anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=0).messages.create(
+                model=model, max_tokens=20, messages=HELLO)
+        else:
+            openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0).chat.completions.create(
+                model=model, messages=HELLO, max_tokens=20)
+    assert caught.value.status_code == 502
+    (row,) = rows(gateway, key_id, admin(gateway))
+    assert (row["status"], row["input_tokens"], row["output_tokens"]) == (502, 100, 50), row
