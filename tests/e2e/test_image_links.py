@@ -46,7 +46,7 @@ def linking(double, tmp_path_factory):
               f"  - {{id: image-far, endpoint: /v1/images/generations, provider: {{{provider}, "
               "base_url: 'http://93.184.215.14/v1'}}\n"
               f"  - {{id: image-priced, endpoint: /v1/images/generations, price: {{image: 0.01}}, provider: "
-              f"{{{provider}, base_url: '{double.url}'}}}}\n")
+              f"{{{provider}, base_url: '{double.url}', timeouts: {{answer: 1}}}}}}\n")
     proxies = {"HTTP_PROXY": f"http://127.0.0.1:{double.port}", "NO_PROXY": "127.0.0.1,localhost"}
     os.environ.update(proxies)
     try:
@@ -115,6 +115,9 @@ BILLED_502S = {
     "an-answer-cut-off": (lambda url: Cue(body={"created": 1, "data": [{"b64_json": png_b64(tiny_png(1))}] * 2},
                                           drop_after=1), 2),
     "invalid-json": (lambda url: Cue(body=b'{"created": 1, "data": [{"b64_json": "'), 2),
+    # Its second half comes after the deployment's 1 s answer timeout: a 504.
+    "an-answer-too-slow": (lambda url: Cue(body={"created": 1, "data": [{"b64_json": png_b64(tiny_png(1))}] * 2},
+                                           frame_delay=1.5), 2),
 }
 
 
@@ -131,11 +134,12 @@ def test_a_502_after_the_upstream_drew_is_not_retried_by_the_sdk_and_counts_the_
     sdk = openai.OpenAI(base_url=f"{linking.base_url}/v1", api_key=secret)  # the default 2 retries
     with pytest.raises(openai.APIStatusError) as caught:
         sdk.images.generate(model="image-priced", prompt="a lighthouse", n=2, size="256x256")
-    assert (caught.value.status_code, caught.value.code) == (502, "upstream_error")
+    status, code = (504, "upstream_timeout") if fault == "an-answer-too-slow" else (502, "upstream_error")
+    assert (caught.value.status_code, caught.value.code) == (status, code)
     assert caught.value.response.headers.get("x-should-retry") == "false"
     assert [seen.path for seen in double.seen].count("/v1/images/generations") == 1
     (row,) = rows(linking, key_id, admin(linking))
-    assert (row["status"], row["images"], row["cost_microdollars"]) == (502, drawn, drawn * 10_000), row
+    assert (row["status"], row["images"], row["cost_microdollars"]) == (status, drawn, drawn * 10_000), row
 
 
 def test_a_local_upstreams_links_on_the_same_host_are_fetched(sdk, double):
