@@ -32,7 +32,6 @@ from server.health import HealthServicer, Readiness
 from server.image_store import ImageStore
 from server.keys import Authenticator, KeyAdmin, KeyStore, open_key_store
 from server.limits import Limiter, LimitStore, MemoryLimitStore
-from server.limits.settings import redacted
 from server.observability import Telemetry
 from server.observability.access_log import AccessLog
 from server.observability.grpc_logs import redact_grpc_metadata_logs
@@ -207,11 +206,8 @@ async def build_core(config: Config) -> Core:
     providers, board = build_providers(config, telemetry, health_file=Path(health_file) if health_file else None,
                                        cutoff=cutoff)
     limiter = Limiter(build_limit_store(config), config.limits)
-    if not await limiter.store.ping():
-        # Not fatal: Redis may come up later. Until then the on_store_error policy decides.
-        _logger.error("the limit store %s is unreachable (it %s); until it answers, requests are %s",
-                      redacted(config.limits.store), limiter.store.failure,
-                      "admitted without limits" if config.limits.on_store_error == "open" else "refused with 503")
+    # Not fatal: Redis may come up later. Until then the on_store_error policy decides (the limiter logs the outage).
+    await limiter.check_store()
     limiter.settle_orphans(orphans)
     pipeline = Pipeline(
         authenticator=authenticator, catalog=Catalog(config.models), providers=providers, limiter=limiter,

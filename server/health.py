@@ -178,7 +178,6 @@ class Readiness:
         return self._keys_reached and time.monotonic() - self._keys_down_since < self._key_stale_seconds
 
     async def _limits_state(self) -> str:
-        store = self._limiter.store
-        if not await store.ping():
-            return "authentication_failed" if store.credentials_refused else "unreachable"
+        if not await self._limiter.check_store():  # which also logs an outage's start and end, traffic or none
+            return "authentication_failed" if self._limiter.store.credentials_refused else "unreachable"
         return "ok"

@@ -17,7 +17,7 @@ from server.limits.core import (
     Demand, LimitStore, LimitStoreUnavailable, Orphan, Reading, Reservation, ReservationIds, Scope, Spent,
     ratelimit_headers,
 )
-from server.limits.settings import LimitSettings
+from server.limits.settings import LimitSettings, redacted
 from server.limits.standing import standing
 
 _logger = logging.getLogger(__name__)
@@ -87,9 +87,7 @@ class Limiter:
         try:
             reservation = await self._reserve_uncancelled(demand)
         except LimitStoreUnavailable as exc:
-            if not self._store_down:
-                _logger.error("rate limits unavailable (%s); failing %s", exc, self._settings.on_store_error)
-                self._store_down = True
+            self._store_met(str(exc))
             if self._settings.on_store_error == "open":
                 return Reservation(self._ids.new(), demand, time.time(), None, None, held=False)
             raise ServiceUnavailable(
@@ -97,10 +95,30 @@ class Limiter:
                 "admitted. Please retry shortly.",
                 retry_after=1.0,
             ) from exc
-        if self._store_down:
-            _logger.warning("rate limits available again")
-            self._store_down = False
+        self._store_met(None)
         return reservation
+
+    async def check_store(self) -> bool:
+        """Whether the store answers now (start-up, and the readiness check every second), logged as an admission's
+        call is: requests alone left an outage without traffic unsaid, its end too, and so a second outage soon
+        after had no line of its own. One line when an outage begins (the start-up one among them), one at its end.
+        """
+        answered = await self._store.ping()
+        self._store_met(None if answered else f"the limit store {redacted(self._settings.store)} "
+                                              f"{self._store.failure}")
+        return answered
+
+    def _store_met(self, failure: str | None) -> None:
+        """What a call to the store met: None, an answer; else what failed ("the limit store ... did not answer")."""
+        if failure is None:
+            if self._store_down:
+                _logger.warning("rate limits available again")
+                self._store_down = False
+        elif not self._store_down:
+            self._store_down = True
+            _logger.error("rate limits unavailable (%s); until it answers, requests are %s", failure,
+                          "admitted without limits" if self._settings.on_store_error == "open" else
+                          "refused with 503")
 
     async def _reserve_uncancelled(self, demand: Demand) -> Reservation:
         """A caller that goes away while the store is deciding must not leave a reservation behind: the decision

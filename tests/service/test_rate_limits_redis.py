@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -118,6 +119,60 @@ async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
         assert dict(caught.value.trailing_metadata())["retry-after"] == "1"
     finally:
         await running.stop(0)
+
+
+async def test_each_redis_outage_and_its_end_have_their_lines_without_traffic(tmp_path, caplog):
+    """operations.md: the limit store's outage line and its recovery line came only with a request's admission, so
+    an outage with no traffic had no line, nor its end, and a second outage soon after had none of its own. The
+    readiness check, which asks Redis every second, now tells the limiter what it met: one line per start and end."""
+    caplog.set_level(logging.INFO, logger="server.limits.admission")
+    redis = start_redis(tmp_path)
+    running = await start_server(redis_config(tmp_path, redis.url, images_only=True), "127.0.0.1:0")
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "server.limits.admission"]
+
+    async def logged(count: int) -> list[str]:
+        deadline = time.monotonic() + 5.0  # the readiness check runs every second
+        while len(lines()) < count:
+            assert time.monotonic() < deadline, lines()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # and no more follow for the same outage
+        return lines()
+
+    try:
+        assert lines() == []
+        for outage in (1, 2):
+            redis.stop()
+            said = await logged(2 * outage - 1)
+            assert len(said) == 2 * outage - 1 and said[-1].startswith("rate limits unavailable (the limit store "
+                                                                      f"redis://127.0.0.1:{redis.port}/0 "), said
+            assert "until it answers, requests are refused with 503" in said[-1], said
+            redis.restart()
+            said = await logged(2 * outage)
+            assert len(said) == 2 * outage and said[-1] == "rate limits available again", said
+    finally:
+        await running.stop(0)
+        redis.stop()
+
+
+async def test_a_redis_down_at_start_has_one_outage_line_not_one_more_at_the_first_request(tmp_path, caplog):
+    """The start-up line is the outage's line: neither the readiness check nor a refused request adds another."""
+    caplog.set_level(logging.INFO, logger="server.limits.admission")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    running = await start_server(redis_config(tmp_path, f"redis://127.0.0.1:{port}/0", images_only=True), "127.0.0.1:0")
+    try:
+        secret = (await running.store.create("any", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+        await running.readiness.refresh()
+    finally:
+        await running.stop(0)
+    said = [r.getMessage() for r in caplog.records if "the limit store" in r.getMessage()]
+    assert len(said) == 1 and f"127.0.0.1:{port}" in said[0] and "until it answers" in said[0], said
 
 
 async def _priced_on_redis(tmp_path, double):
