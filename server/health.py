@@ -179,5 +179,8 @@ class Readiness:
 
     async def _limits_state(self) -> str:
         if not await self._limiter.check_store():  # which also logs an outage's start and end, traffic or none
-            return "authentication_failed" if self._limiter.store.credentials_refused else "unreachable"
+            store = self._limiter.store
+            if store.credentials_refused:
+                return "authentication_failed"
+            return "permission_denied" if store.permission_denied else "unreachable"
         return "ok"

@@ -280,6 +280,7 @@ class LimitStore(Protocol):
 
     failure: str | None  # why the last ping failed ("refused the URL's password (...)"), for the log; never a secret
     credentials_refused: bool  # the last ping failed because the store refused the URL's password (or its lack)
+    permission_denied: bool  # the last ping failed because the store does not let the URL's user run our commands
 
     async def ping(self) -> bool:
         """Whether the store answers now (readiness, start-up); never raises."""

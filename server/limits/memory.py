@@ -155,7 +155,7 @@ class MemoryLimitStore:
     immediate = True  # no method awaits anything
     shared = False
     failure = None  # it always answers
-    credentials_refused = False
+    credentials_refused = permission_denied = False
 
     def __init__(self, clock: Clock = time.time, *, monotonic: Clock | None = None, state_path: Path | None = None,
                  save_every_s: float = 2.0) -> None:

@@ -25,7 +25,7 @@ from server.limits.core import (
     Orphan, Reading, Reservation, ReservationIds, Spent, day_of, month_of, until_month_end, verdict, within_a_minute,
 )
 from server.limits.redis_pipe import Dispatch, RedisPipe, Refusing, Script
-from server.limits.redis_scripts import RENEW, RESERVE, SETTLE
+from server.limits.redis_scripts import PING, RENEW, RESERVE, SETTLE
 from server.limits.settings import redacted
 from server.limits.standing import Counts
 
@@ -75,6 +75,7 @@ class RedisLimitStore:
         self._url = redacted(url)
         self.failure: str | None = None  # why the last ping failed, for the log (LimitStore.failure)
         self.credentials_refused = False
+        self.permission_denied = False
         self._clock = clock
         self._lease = lease_seconds
         self._prefix = prefix
@@ -87,6 +88,7 @@ class RedisLimitStore:
         self._reserve_script = Script(RESERVE)
         self._settle_script = Script(SETTLE)
         self._renew_script = Script(RENEW)
+        self._ping_script = Script(PING)
         self._held: dict[str, Reservation] = {}  # this process's open reservations, whose leases it renews
         self._ids = ReservationIds()
         self._renewer: asyncio.Task | None = None
@@ -230,16 +232,19 @@ class RedisLimitStore:
                 failing = False
 
     async def ping(self) -> bool:
-        """Whether Redis takes a write: a replica, or a Redis out of memory, answers PING but cannot count."""
+        """Whether Redis takes a write from a script, as admissions need: a replica, or a Redis out of memory,
+        answers PING but cannot count, nor can an ACL user not allowed scripts (NOPERM: @write does not grant them)."""
         try:
             async with asyncio.timeout(self._deadline):
-                answered = await self._redis.execute("SET", f"{self._prefix}ping", "1", "PX", 60_000) == b"OK"
+                answered = await self._redis.run(self._ping_script, [f"{self._prefix}ping"], []) == 1
         except _UNREACHABLE as exc:
             self.failure = _why(exc)
-            self.credentials_refused = isinstance(exc, AuthenticationError) or (
-                isinstance(exc, Refusing) and str(exc).startswith(("NOAUTH", "WRONGPASS")))
+            code = str(exc).split(" ", 1)[0] if isinstance(exc, Refusing) else ""
+            self.credentials_refused = isinstance(exc, AuthenticationError) or code in ("NOAUTH", "WRONGPASS")
+            self.permission_denied = code == "NOPERM"
             return False
-        self.failure, self.credentials_refused = (None if answered else "did not take a write"), False
+        self.failure = None if answered else "did not take a write"
+        self.credentials_refused = self.permission_denied = False
         return answered
 
     async def counts(self, scope_id: str) -> Counts:
@@ -284,6 +289,9 @@ def _why(exc: Exception) -> str:
         code = str(exc).split(" ", 1)[0]
         if code == "NOAUTH":
             return "requires a password, which the URL does not give (NOAUTH)"
+        if code == "NOPERM":  # the user's ACL: the limits need scripts (EVALSHA, EVAL) that write its keys
+            return "does not let the URL's user run the limits' commands (NOPERM: its ACL must allow scripts and " \
+                   "their writes)"
         return f"cannot serve now: {code}"
     if isinstance(exc, RedisConnectionError) and str(exc):  # redis-py's words name the host, never the password:
         return f"cannot be connected to: {str(exc)[:300]}"  # refused, reset, a certificate not trusted, ...

@@ -211,6 +211,8 @@ def _error(reply: ResponseError) -> ResponseError:
         return NoScriptError(message)
     if message.startswith("ERR Protocol error: unauthenticated"):  # a script's many arguments, sent without AUTH
         return Refusing(f"NOAUTH {message}")
+    if message.startswith("ERR The user executing the script can't run"):  # Redis 7.0's NOPERM inside a script
+        return Refusing(f"NOPERM {message}")
     return Refusing(message) if code in _REFUSING else reply
 
 

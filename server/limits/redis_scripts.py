@@ -264,3 +264,11 @@ end
 for slots in pairs(expiring) do redis.call('EXPIRE', slots, ttl) end
 return 1
 """
+
+# The readiness check (and start-up's): a script that writes, as admissions are, so that Redis refuses it whenever it
+# would refuse them (read-only, out of memory, an ACL user allowed writes but not scripts, or scripts but not writes).
+# KEYS: the ping key. Returns 1.
+PING = """
+redis.call('SET', KEYS[1], '1', 'PX', 60000)
+return 1
+"""

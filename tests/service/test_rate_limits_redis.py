@@ -228,6 +228,39 @@ async def test_a_redis_that_refuses_the_password_is_an_outage_whose_log_line_say
         redis.stop()
 
 
+@pytest.mark.parametrize("grants", ["+ping", "+@read +@write", "+@read +@scripting"],
+                         ids=["nothing", "no_scripts", "no_writes"])
+async def test_a_redis_user_not_allowed_the_commands_is_reported_as_such_not_as_unreachable(tmp_path, caplog, grants):
+    """A Redis that answers and takes the URL's password, but whose ACL user may not run what the limits need (NOPERM:
+    SET, or the scripts, which @write does not grant): /readyz said `limits unreachable` (or `ok`, scripts refused),
+    as for a Redis that is down, so the operator looked for a network fault. It now says `permission_denied`."""
+    (tmp_path / "redis").mkdir()
+    redis = start_redis(tmp_path / "redis")
+    admin = await redis_client.from_url(redis.url)
+    await admin.execute_command("ACL", "SETUSER", "portico", "on", ">its-password-Kp2", "~*", "&*", *grants.split())
+    store = redis.url.replace("//", "//portico:its-password-Kp2@", 1)
+    try:
+        running = await start_server(redis_config(tmp_path / "data", store, images_only=True), "127.0.0.1:0")
+        try:
+            assert running.readiness.report.checks["limits"] == "permission_denied"
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as unready:
+                    await ProbeServiceStub(channel).GetReadiness(GetReadinessRequest())
+            assert unready.value.details() == "Not ready: limits permission_denied."
+            secret = (await running.store.create("any", all_models=True))[1]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:  # the outage's 503, never a 500
+                    await image_service_pb2_grpc.ImageServiceStub(channel).CreateImage(IMAGE, metadata=bearer(secret))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        finally:
+            await running.stop(0)
+        (line,) = [r.getMessage() for r in caplog.records if "rate limits unavailable" in r.getMessage()]
+        assert "NOPERM" in line and "its-password-Kp2" not in caplog.text, line
+    finally:
+        await admin.aclose()
+        redis.stop()
+
+
 async def test_a_rediss_store_whose_certificate_is_not_trusted_says_so_in_the_log(tmp_path, certificates, caplog):
     """rediss:// to a Redis whose certificate a private CA signed: its ssl_ca_certs option (or SSL_CERT_FILE) makes
     it trusted; without either, the start-up line said only 'did not answer: ConnectionError', as for a Redis that
