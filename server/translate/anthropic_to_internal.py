@@ -335,10 +335,9 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
             missing = f"{where}.name" if call_id else f"{where}.id"
             raise InvalidRequest(f"{where}: a tool_use block needs an `id` and a `name`.", param=missing)
         tool_input = opt_object(block, "input", where)
-        if tool_input is None:  # Anthropic's API requires it ({} for a call without arguments); OpenAI's has "{}"
-            unread.append(Unread(f"{where}.input", f"{_anthropic_path(where)}.tool_use.input: Field required",
-                                 other_dialect=False))
-        calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input or {}).decode()))
+        if tool_input is None:  # Anthropic's API requires it ({} for a call without arguments): so does every model
+            raise InvalidRequest(f"{_anthropic_path(where)}.tool_use.input: Field required", param=f"{where}.input")
+        calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input).decode()))
     elif kind == "tool_result" and role is Role.USER:
         call_id = opt_string(block, "tool_use_id", where)
         if not call_id:

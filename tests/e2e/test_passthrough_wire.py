@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 
 import anthropic
+import grpc
 import httpx
 import openai
 import pytest
+from google.protobuf import json_format
 
+from portico.v1 import message_pb2, message_service_pb2_grpc
 from tests.e2e.conftest import upstream_gateway
 from tests.e2e.test_passthrough_sdks import models_yaml
+from tests.helpers import bearer, error_details
 
 
 @pytest.fixture(scope="module")
@@ -217,4 +221,30 @@ def test_a_named_tool_choice_missing_its_parts_names_the_part_on_every_model(oai
             with pytest.raises(openai.BadRequestError) as caught:
                 oai.chat.completions.create(model=model, messages=hi, tools=tools, tool_choice=choice, max_tokens=3)
             assert (caught.value.body["param"], caught.value.body["code"]) == (param, "invalid_request")
+    assert not double.seen
+
+
+@pytest.mark.parametrize("block", [{}, {"input": None}], ids=["missing", "null"])
+def test_a_tool_use_without_its_input_is_refused_on_every_model_rest_and_typed(claude, gateway, double, block):
+    """docs/api.md: Anthropic's API requires a tool_use block's `input`. The embedded model refused one without it,
+    while an OpenAI-compatible upstream was sent arguments "{}" and answered, and an Anthropic upstream refused it in
+    its own words: now the same 400, naming the block's input, on every model, before any upstream."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "weather", **block}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
+    tools = [{"name": "weather", "input_schema": {"type": "object"}}]
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        create = message_service_pb2_grpc.MessageServiceStub(channel).CreateMessage
+        for model in ("messages-gpt", "messages-claude", "messages-embedded"):
+            with pytest.raises(anthropic.BadRequestError) as rest:
+                claude.messages.create(model=model, messages=messages, tools=tools, max_tokens=3)
+            error = rest.value.body["error"]
+            assert error["param"] == "messages[1].content[0].input", (model, error)
+            assert error["message"] == "messages.1.content.0.tool_use.input: Field required"
+            typed = json_format.ParseDict({"model": model, "messages": messages, "tools": tools, "max_tokens": 3},
+                                          message_pb2.CreateMessageRequest())
+            with pytest.raises(grpc.RpcError) as caught:
+                create(typed, metadata=bearer(gateway.secret))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_details(caught.value).error.param == "messages[1].content[0].input", model
     assert not double.seen

@@ -224,6 +224,19 @@ def test_members_the_gateway_does_not_read_are_still_type_checked(read, fields, 
     assert caught.value.param == param
 
 
+@pytest.mark.parametrize("block", [{}, {"input": None}], ids=["missing", "null"])
+def test_a_tool_use_without_its_input_is_refused_for_every_model(block):
+    """Anthropic's API requires a tool_use block's `input` ({} for a call without arguments): the embedded model
+    refused one without it, but an OpenAI-compatible upstream was sent arguments "{}" and answered. One rule now."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "f", **block}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}]
+    with pytest.raises(InvalidRequest) as caught:
+        message(messages=messages, tools=[{"name": "f", "input_schema": {"type": "object"}}])
+    assert caught.value.param == "messages[1].content[0].input"
+    assert caught.value.message == "messages.1.content.0.tool_use.input: Field required"
+
+
 def test_anthropic_beta_values_are_read_from_every_header():
     metadata = (("anthropic-beta", "a-1, b-2"), ("x-api-key", "k"), ("anthropic-beta", "c-3"))
     assert beta_values(metadata) == ("a-1", "b-2", "c-3")
