@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Iterator, Mapping
+import secrets
+import string
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -285,6 +287,26 @@ class ToolCallStart:
     index: int
     id: str
     name: str
+
+
+# The id of call `index` of an answer whose upstream sent that call without one (some compatible servers do). The
+# upstream readers take one from their caller, so they stay pure: numbered ids in tests, random ones when serving.
+CallIds = Callable[[int], str]
+
+
+def numbered_call_ids(prefix: str) -> CallIds:
+    """`call_0`, `call_1`, ...: the same in every answer, so only for tests."""
+    return lambda index: f"{prefix}{index}"
+
+
+def random_call_ids(prefix: str) -> CallIds:
+    """`call_` (or `toolu_`) and 24 random letters and digits, as OpenAI's (Anthropic's) ids look: unique across
+    answers, as numbered ones were not (`call_0` in every turn of a conversation, which Anthropic then refuses as
+    'tool_use ids must be unique', and which leaves a caller unable to tell whose result is whose)."""
+    return lambda index: prefix + "".join(secrets.choice(_BASE62) for _ in range(24))
+
+
+_BASE62 = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from server.domain import (
     AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamAnswer, UpstreamObject,
+    random_call_ids,
 )
 from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest, PorticoError, UpstreamError
@@ -47,6 +48,7 @@ class AnthropicProvider:
         self._upstream = upstream
         self._model = spec.model
         self._model_id = model_id  # ours, for messages
+        self._call_ids = random_call_ids("toolu_")  # for a compatible server's tool_use blocks without an id
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = anthropic_body(request, model=self._model)
@@ -60,14 +62,15 @@ class AnthropicProvider:
                                                             headers=headers, billed=True, attempt=attempt)
                     if answer.get("type") == "error" or "error" in answer:
                         raise self._upstream.stream_error(answer, self._model_id, self._model)
-                    generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens())
+                    generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens(),
+                                               call_ids=self._call_ids)
                     if attempt.recording:
                         attempt.answered(anthropic_answer(answer))
                 yield UpstreamObject(Dialect.ANTHROPIC, answer)
                 for event in generated:
                     yield event
                 return
-            reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens())
+            reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens(), call_ids=self._call_ids)
             try:
                 with attempt:
                     async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject
+from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject, random_call_ids
 from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest, PorticoError
 from server.providers import Capabilities
@@ -35,6 +35,7 @@ class OpenAIProvider:
         self._model = spec.model
         self._max_tokens_field = spec.max_tokens_field
         self._model_id = model_id  # ours, for messages; the upstream's name and URL stay out of them
+        self._call_ids = random_call_ids("call_")  # for a server's tool calls without an id
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         body = openai_body(request, model=self._model, max_tokens_field=self._max_tokens_field)
@@ -48,14 +49,16 @@ class OpenAIProvider:
                                                             billed=True, attempt=attempt)
                     if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
                         raise self._upstream.stream_error(answer, self._model_id, self._model)
-                    generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop)
+                    generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop,
+                                                  call_ids=self._call_ids)
                     if attempt.recording:
                         attempt.answered(openai_answer(answer))
                 yield UpstreamObject(Dialect.OPENAI, answer)
                 for event in generated:
                     yield event
                 return
-            reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop)
+            reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=request.params.stop,
+                                       call_ids=self._call_ids)
             # The prompt's count for an Anthropic caller's message_start (OpenAI reports its own only at the end); a
             # chat caller's stream has no place for it, and skips the event's trip through every layer.
             started = request.source is not None and request.source.dialect is Dialect.OPENAI

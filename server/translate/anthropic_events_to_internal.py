@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 from server import wire_json
 from server.domain import (
-    FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer,
-    Usage, estimate_tokens,
+    CallIds, FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids,
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, not_a_count, reported_count, token_count
@@ -38,8 +38,11 @@ class AnthropicEventReader:
     """`prompt_estimate`: what the prompt counts when the upstream reports no input tokens (an Anthropic-compatible
     server without usage); its answer then counts four characters a token, as an OpenAI-compatible one's does."""
 
-    def __init__(self, *, prompt_estimate: int = 0) -> None:
+    def __init__(self, *, prompt_estimate: int = 0, call_ids: CallIds = numbered_call_ids("toolu_")) -> None:
+        """`call_ids`: ids for tool_use blocks the upstream sends without one (a provider's are random, unique
+        across answers)."""
         self._prompt_estimate = prompt_estimate
+        self._call_ids = call_ids
         self._input_reported = False
         self._output_final = False  # message_delta reported the answer's output tokens (message_start's is a start)
         self._chars = 0  # of text, thinking and tool input, for an answer whose usage says nothing of its output
@@ -142,7 +145,7 @@ class AnthropicEventReader:
             # A compatible server's block without an id (or with null) gets one, as a chat caller must name the call
             # in its result and Anthropic refuses an empty id there; never the text "None".
             call_id, name = block.get("id"), block.get("name")
-            call_id = str(call_id) if call_id not in (None, "") else f"toolu_{call}"
+            call_id = str(call_id) if call_id not in (None, "") else self._call_ids(call)
             events: list[GenerationEvent] = [ToolCallStart(call, call_id, "" if name is None else str(name))]
             if block.get("input"):  # Anthropic streams the input as deltas; some compatible servers send it here
                 self._tool_inputs.add(call)
@@ -185,7 +188,8 @@ class AnthropicEventReader:
             raise UpstreamError("The upstream's stream ended before the answer was complete.", retry_reason="broken")
 
 
-def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0) -> list[GenerationEvent]:
+def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0,
+                   call_ids: CallIds = numbered_call_ids("toolu_")) -> list[GenerationEvent]:
     """A whole `message` -> the events AnthropicEventReader makes of the same answer streamed: it is read as the
     stream Anthropic would have sent (message_start with the usage, each content block started, a tool_use block's
     input as one input_json_delta, message_delta with the stop reason and usage, message_stop). One that cannot be
@@ -211,7 +215,7 @@ def _message_events(message: Mapping[str, Json], prompt_estimate: int) -> list[G
         raise UpstreamError("The upstream's answer is not a message.")
     usage = message.get("usage")
     usage = usage if isinstance(usage, Mapping) else {}
-    reader = AnthropicEventReader(prompt_estimate=prompt_estimate)
+    reader = AnthropicEventReader(prompt_estimate=prompt_estimate, call_ids=call_ids)
     events = reader.feed({"type": "message_start", "message": {"usage": usage}})
     for index, block in enumerate(content):
         if block.get("type") == "tool_use":

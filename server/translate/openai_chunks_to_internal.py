@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Mapping
 
 from server.domain import (
-    FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer, Usage,
-    estimate_tokens,
+    CallIds, FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer,
+    Usage, estimate_tokens, numbered_call_ids,
 )
 from server import wire_json
 from server.errors import UpstreamError
@@ -35,9 +35,13 @@ FAILED_REASONS = frozenset({"error", "abort"})
 
 
 class OpenAIChunkReader:
-    def __init__(self, *, prompt_estimate: int, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, prompt_estimate: int, stop: tuple[str, ...] = (),
+                 call_ids: CallIds = numbered_call_ids("call_")) -> None:
+        """`call_ids`: ids for calls the upstream sends without one (a provider's are random, unique across
+        answers)."""
         self._prompt_estimate = prompt_estimate
         self._stop = stop
+        self._call_ids = call_ids
         self._calls: dict[int, int] = {}  # the upstream's tool-call index -> ours (0, 1, ... in order of arrival)
         self._ids: list[str] = []  # by ours: the id the upstream gave the call ("" when none)
         # Calls opened without a name yet (ours -> their id and the argument pieces held meanwhile): some servers
@@ -119,7 +123,7 @@ class OpenAIChunkReader:
             events += self._start_unnamed()  # a call before this one still without a name: it starts first
             index = self._calls[upstream_index] = len(self._ids)
             self._ids.append(given_id)
-            self._unnamed[index] = (given_id or f"call_{index}", [])
+            self._unnamed[index] = (given_id or self._call_ids(index), [])
         index = self._calls[upstream_index]
         if arguments:
             self._deltas += 1
@@ -181,8 +185,8 @@ class OpenAIChunkReader:
         return Finished(reason, usage, self._stop_sequence, self._upstream_reason)
 
 
-def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int,
-                      stop: tuple[str, ...] = ()) -> list[GenerationEvent]:
+def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int, stop: tuple[str, ...] = (),
+                      call_ids: CallIds = numbered_call_ids("call_")) -> list[GenerationEvent]:
     """A whole chat.completion -> the events OpenAIChunkReader makes of the same answer streamed.
 
     The completion is read as the one chunk that would carry all of it: each choice's message as its delta (the
@@ -214,7 +218,7 @@ def _completion_events(completion: Mapping[str, Json], prompt_estimate: int,
     chunk_choices = [{**choice, "delta": {**choice["message"], "tool_calls": [
         {**call, "index": i} for i, call in enumerate(choice["message"].get("tool_calls") or ())]}}
         for choice in choices]
-    reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=stop)
+    reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=stop, call_ids=call_ids)
     events = reader.feed({"choices": chunk_choices, "usage": completion.get("usage")})
     chars = sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
                 for e in events if isinstance(e, (TextDelta, ToolCallDelta)))

@@ -40,6 +40,7 @@ def models(url: str) -> str:
   - {{id: plain-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}}}
   - {{id: priced-chat, endpoint: /v1/chat/completions, provider: {{{openai}}}, cache: {{}}, price: {{input: 1000}}}}
   - {{id: cached-embedded, endpoint: /v1/chat/completions, provider: {{kind: llamacpp}}, cache: {{}}}}
+  - {{id: cached-messages-on-openai, endpoint: /v1/messages, provider: {{{openai}}}, cache: {{}}}}
 """
 
 
@@ -126,6 +127,27 @@ async def test_messages_json_and_streams_are_replayed(messages, double, key, str
     assert without_ids(second[1]) == without_ids(first[1])
     if stream:
         assert b"event: message_stop" in second[1]
+
+
+async def test_a_tool_call_id_the_gateway_made_up_is_replayed_as_it_was_given(messages, double, key):
+    """An OpenAI-compatible server's call without an id gets one of the gateway's, new for each answer: a hit replays
+    the one its caller was given (the cache keeps the answer's events), another request gets another."""
+    call = {"type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "m",
+             "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                 "role": "assistant", "content": None, "tool_calls": [call]}}]}
+    double.cue(Cue(body=whole), Cue(body=whole))
+    tools = [{"name": "weather", "input_schema": {"type": "object"}}]
+    ids = []
+    for text in ("Oslo?", "Oslo?", "Bergen?"):
+        body = message_body(model="cached-messages-on-openai", tools=tools,
+                            messages=[{"role": "user", "content": text}])
+        call = messages.CreateMessageHttp(http_body(body), metadata=bearer(key[1]))
+        cache = dict(await call.initial_metadata()).get("x-portico-cache")
+        ids.append((cache, orjson.loads(b"".join([b.data async for b in call]))["content"][0]["id"]))
+    assert [cache for cache, _ in ids] == ["miss", "hit", "miss"] and len(double.seen) == 2
+    assert ids[0][1] == ids[1][1] != ids[2][1] and all(re.fullmatch(r"call_[A-Za-z0-9]{24}", i) for _, i in ids), ids
 
 
 @pytest.mark.parametrize("thread", [{"type": "create"}, {"type": "continue", "id": "thread_1"}])

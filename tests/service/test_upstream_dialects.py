@@ -4,6 +4,7 @@ Anthropic-specific faults."""
 
 from __future__ import annotations
 
+import re
 
 import grpc
 import orjson
@@ -205,6 +206,49 @@ async def test_typed_answers_carry_prompt_cache_counts(chat, messages, double, k
     # Without a cache read there are no details, as in the REST answer.
     response = await chat.CreateChatCompletion(chat_request(model="chat-on-anthropic"), metadata=bearer(key[1]))
     assert not response.usage.HasField("prompt_tokens_details")
+
+
+_MADE_UP_CALL = re.compile(r"call_[A-Za-z0-9]{24}")
+_MADE_UP_TOOLU = re.compile(r"toolu_[A-Za-z0-9]{24}")
+
+
+async def test_ids_made_up_for_an_openai_upstream_s_calls_without_one_differ_from_turn_to_turn(messages, double,
+                                                                                               key):
+    """An OpenAI-compatible server that sends tool calls without ids: the gateway named them `call_0`, `call_1`, ...
+    afresh in each answer, so the next turn's request held `call_0` twice, which Anthropic's API (and the embedded
+    model) refuse ('tool_use ids must be unique') and which mixes up whose result is whose. Ids now as OpenAI's."""
+    chunk = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up"}
+    call = {"index": 0, "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    whole = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+             "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                 "role": "assistant", "content": None, "tool_calls": [
+                     {k: v for k, v in call.items() if k != "index"}, {**call, "index": 1}]}}]}
+    streamed = [sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+                sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+                b"data: [DONE]\n\n"]
+    double.cue(Cue(body=whole), Cue(body=whole), Cue(frames=streamed))
+    request = message_request(model="messages-on-openai", tools=[MESSAGE_TOOL])
+    ids = []
+    for _ in range(2):
+        answer = await messages.CreateMessage(request, metadata=bearer(key[1]))
+        ids += [block.id for block in answer.content if block.type == "tool_use"]
+    stream = message_request(model="messages-on-openai", tools=[MESSAGE_TOOL], stream=True)
+    frames = sse_frames([b async for b in messages.CreateMessageHttp(http_body(stream), metadata=bearer(key[1]))])
+    starts = [orjson.loads(f.split(b"data: ", 1)[1]) for f in frames if b"content_block_start" in f]
+    ids += [s["content_block"]["id"] for s in starts if s["content_block"]["type"] == "tool_use"]
+    assert len(ids) == 5 and len(set(ids)) == 5 and all(_MADE_UP_CALL.fullmatch(i) for i in ids), ids
+
+
+async def test_ids_made_up_for_an_anthropic_upstream_s_blocks_without_one_differ_from_turn_to_turn(chat, double, key):
+    """The same for an Anthropic-compatible server's tool_use blocks without an id: `toolu_0` in every answer."""
+    whole = {"type": "message", "role": "assistant", "stop_reason": "tool_use", "usage": {
+        "input_tokens": 5, "output_tokens": 4}, "content": [{"type": "tool_use", "name": "weather", "input": {}}]}
+    double.cue(Cue(body=whole), Cue(body=whole))
+    request = chat_request(model="chat-on-anthropic", tools=[CHAT_TOOL], messages=[{"role": "user", "content": "Oslo"}])
+    ids = [(await chat.CreateChatCompletion(request, metadata=bearer(key[1]))).choices[0].message.tool_calls[0].id
+           for _ in range(2)]
+    assert ids[0] != ids[1] and all(_MADE_UP_TOOLU.fullmatch(i) for i in ids), ids
 
 
 async def test_a_typed_stream_of_unparseable_arguments_ends_with_the_upstream_error(messages, running, double, key):

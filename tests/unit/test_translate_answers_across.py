@@ -3,7 +3,11 @@ interleave, refusals, prompt-cache counts, and a tool's error sent back."""
 
 from __future__ import annotations
 
-from server.domain import Completion, FinishReason, Finished, ResponseHeader, TextDelta, Usage
+import re
+
+from server.domain import (
+    Completion, FinishReason, Finished, ResponseHeader, TextDelta, ToolCallStart, Usage, random_call_ids,
+)
 from server.translate import internal_to_anthropic as to_anthropic
 from server.translate import internal_to_openai as to_openai
 from server.translate.anthropic_events_to_internal import message_events
@@ -153,6 +157,24 @@ def test_a_tool_use_block_s_null_members_are_not_the_text_none():
     blocks = [{"type": "tool_use", "id": None, "name": None, "input": {}}]
     start = message_events({"type": "message", "content": blocks, "stop_reason": "tool_use"})[1]
     assert (start.id, start.name) == ("toolu_0", "")
+
+
+def test_ids_for_calls_sent_without_one_come_from_the_reader_s_caller():
+    """Numbered per answer, the made-up ids repeated from turn to turn (`call_0` each time): the readers take them
+    from their caller (a provider's are random), and keep every id the upstream gave."""
+    made = lambda index: f"made_{index}"  # noqa: E731
+    calls = [{"type": "function", "function": {"name": "a", "arguments": "{}"}},
+             {"id": "call_up", "type": "function", "function": {"name": "b", "arguments": "{}"}}]
+    completion = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"tool_calls": calls}}]}
+    events = completion_events(completion, prompt_estimate=1, call_ids=made)
+    assert [e.id for e in events if isinstance(e, ToolCallStart)] == ["made_0", "call_up"]
+    blocks = [{"type": "tool_use", "id": "toolu_up", "name": "a", "input": {}}, {"type": "tool_use", "name": "b"}]
+    message = {"type": "message", "content": blocks, "stop_reason": "tool_use"}
+    assert [e.id for e in message_events(message, call_ids=made) if isinstance(e, ToolCallStart)] == [
+        "toolu_up", "made_1"]
+    fresh = random_call_ids("call_")
+    ids = {fresh(0) for _ in range(100)}
+    assert len(ids) == 100 and all(re.fullmatch(r"call_[A-Za-z0-9]{24}", i) for i in ids)
 
 
 def test_an_answer_the_context_window_ended_is_length_for_a_chat_caller():
