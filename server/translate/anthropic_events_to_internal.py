@@ -196,7 +196,7 @@ def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0,
     used fails with the usage it reports, which the upstream billed (the ledger counts it, as a stream's that breaks
     off)."""
     try:
-        return _message_events(message, prompt_estimate)
+        return _message_events(message, prompt_estimate, call_ids)
     except UpstreamError as error:
         if error.usage_reported is None:
             usage = _mapping(message.get("usage"))
@@ -208,7 +208,8 @@ def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0,
         raise
 
 
-def _message_events(message: Mapping[str, Json], prompt_estimate: int) -> list[GenerationEvent]:
+def _message_events(message: Mapping[str, Json], prompt_estimate: int,
+                    call_ids: CallIds) -> list[GenerationEvent]:
     content = message.get("content")
     if (message.get("type", "message") != "message" or not isinstance(content, list)
             or not all(isinstance(block, Mapping) for block in content)):

@@ -196,7 +196,7 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int, s
     billed (the ledger counts it, as a stream's that breaks off).
     """
     try:
-        return _completion_events(completion, prompt_estimate, stop)
+        return _completion_events(completion, prompt_estimate, stop, call_ids)
     except UpstreamError as error:
         if error.usage_reported is None:
             reader = OpenAIChunkReader(prompt_estimate=prompt_estimate)
@@ -206,8 +206,8 @@ def completion_events(completion: Mapping[str, Json], *, prompt_estimate: int, s
         raise
 
 
-def _completion_events(completion: Mapping[str, Json], prompt_estimate: int,
-                       stop: tuple[str, ...]) -> list[GenerationEvent]:
+def _completion_events(completion: Mapping[str, Json], prompt_estimate: int, stop: tuple[str, ...],
+                       call_ids: CallIds) -> list[GenerationEvent]:
     choices = completion.get("choices")
     if not isinstance(choices, list) or not all(_is_choice(c) for c in choices):
         raise UpstreamError("The upstream's answer is not a chat completion.")
