@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health
 
 from portico.v1 import image_pb2, image_service_pb2_grpc, probe_pb2, probe_service_pb2_grpc
-from server.app import start_server
+from server.app import RunningServer, start_server
 from server.config import load_config
 
 from gateway.envoy import free_ports
@@ -29,6 +29,24 @@ async def readiness_for(settings: StoreSettings) -> tuple[Readiness, KeyStore]:
     store = await open_key_store(settings)
     limiter = Limiter(MemoryLimitStore(), LimitSettings())
     return Readiness(health.aio.HealthServicer(), store, limiter, LimitSettings(), key_stale_seconds=300), store
+
+
+async def images_server_with_a_key(tmp_path, postgres_server, *, cache_seconds: float,
+                                   stale_seconds: float) -> tuple[RunningServer, str]:
+    """A server of the image models alone on a PostgreSQL key store of its own, and a key to call it with."""
+    config = load_config()
+    images = tuple(m for m in config.models if m.provider.kind == "dev-image")
+    store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
+    config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
+                                 key_cache_seconds=cache_seconds, key_stale_seconds=stale_seconds)
+    # Made before the server listens for changes: made through it, the change notice of its creation could come
+    # after the first request had asked for the key, and an answer asked for before a notice is not cached.
+    maker = await open_key_store(store)
+    try:
+        secret = (await maker.create("cached", all_models=True))[1]
+    finally:
+        await maker.close()
+    return await start_server(config, "127.0.0.1:0"), secret
 
 
 async def test_a_host_that_never_reached_the_store_is_not_ready_until_it_does():
@@ -62,19 +80,8 @@ async def test_readiness_holds_while_cached_keys_are_served_also_past_a_stale_se
         tmp_path, postgres_server):
     """keys.stale_seconds below keys.cache_seconds: a cached key is served for cache_seconds (the cache needs no
     store), so the host stays ready that long too, not only for stale_seconds."""
-    config = load_config()
-    images = tuple(m for m in config.models if m.provider.kind == "dev-image")
-    store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
-    config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
-                                 key_cache_seconds=30, key_stale_seconds=1)  # 30: room for a busy machine
-    # Made before the server listens for changes: made through it, the change notice of its creation could come
-    # after the first request had asked for the key, and an answer asked for before a notice is not cached.
-    maker = await open_key_store(store)
-    try:
-        secret = (await maker.create("cached", all_models=True))[1]
-    finally:
-        await maker.close()
-    running = await start_server(config, "127.0.0.1:0")
+    # cache 30 s: room for a busy machine
+    running, secret = await images_server_with_a_key(tmp_path, postgres_server, cache_seconds=30, stale_seconds=1)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             images_stub = image_service_pb2_grpc.ImageServiceStub(channel)
@@ -133,17 +140,7 @@ async def test_each_key_store_outage_has_its_own_lines_while_only_cached_keys_ar
     unsaid, and a second outage soon after had no line of its own. The readiness check, which asks the store every
     second, now tells the key cache what it found."""
     caplog.set_level(logging.INFO, logger="server.keys.auth")
-    config = load_config()
-    images = tuple(m for m in config.models if m.provider.kind == "dev-image")
-    store = StoreSettings(url=postgres_server.new_database(), password_env=PASSWORD_ENV, timeout_seconds=1)
-    config = dataclasses.replace(config, data_dir=tmp_path, models=images, key_store=store,
-                                 key_cache_seconds=120, key_stale_seconds=300)
-    maker = await open_key_store(store)
-    try:
-        secret = (await maker.create("cached", all_models=True))[1]
-    finally:
-        await maker.close()
-    running = await start_server(config, "127.0.0.1:0")
+    running, secret = await images_server_with_a_key(tmp_path, postgres_server, cache_seconds=120, stale_seconds=300)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             images_stub = image_service_pb2_grpc.ImageServiceStub(channel)

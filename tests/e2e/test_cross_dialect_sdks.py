@@ -518,6 +518,16 @@ def test_an_answer_whose_message_delta_has_no_usage_is_counted_at_four_character
     assert (line["input_tokens"], line["output_tokens"]) == (10, estimate)
 
 
+def weather_choice(oai, stream: bool):
+    """The chat caller's answer (its first choice) to HELLO on the Anthropic upstream's model, with the weather tool:
+    the SDK's streaming helper's final completion, or the JSON answer."""
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
+    if stream:
+        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
+            return events.get_final_completion().choices[0]
+    return oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_calls_a_compatible_server_ends_with_end_turn_reach_a_chat_caller_as_tool_calls(oai, double, stream):
     """Anthropic-compatible bridges in front of other models end a turn that called a tool with `end_turn` (as
@@ -538,12 +548,7 @@ def test_calls_a_compatible_server_ends_with_end_turn_reach_a_chat_caller_as_too
               sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
                    "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
     double.cue(Cue(frames=frames) if stream else Cue(body=message))
-    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
-    if stream:
-        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
-            choice = events.get_final_completion().choices[0]
-    else:
-        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    choice = weather_choice(oai, stream)
     assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
         ("weather", '{"city": "Oslo"}' if stream else '{"city":"Oslo"}')]
     assert choice.finish_reason == "tool_calls"
@@ -561,12 +566,7 @@ def test_a_tool_use_stop_without_calls_reaches_a_chat_caller_as_stop(oai, double
               sse({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                    "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
     double.cue(Cue(frames=frames) if stream else Cue(body=message))
-    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
-    if stream:
-        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
-            choice = events.get_final_completion().choices[0]
-    else:
-        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    choice = weather_choice(oai, stream)
     assert (choice.message.content, choice.message.tool_calls) == ("Checking.", None)
     assert choice.finish_reason == "stop"
 
@@ -614,12 +614,7 @@ def test_a_tool_use_block_with_members_null_or_missing_reaches_a_chat_caller_as_
               sse({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                    "usage": {"output_tokens": 5}}, "message_delta"), sse({"type": "message_stop"}, "message_stop")]
     double.cue(Cue(frames=frames) if stream else Cue(body=message))
-    tools = [{"type": "function", "function": {"name": "weather", "parameters": TOOLS[0]["input_schema"]}}]
-    if stream:
-        with oai.chat.completions.stream(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools) as events:
-            choice = events.get_final_completion().choices[0]
-    else:
-        choice = oai.chat.completions.create(model="chat-claude", messages=HELLO, max_tokens=50, tools=tools).choices[0]
+    choice = weather_choice(oai, stream)
     calls = choice.message.tool_calls
     assert [(c.function.name, orjson.loads(c.function.arguments)) for c in calls] == [
         ("weather", {}), ("weather", {"city": "Oslo"})]
