@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ import grpc
 import redis.asyncio as redis_client
 import pytest
 
+from gateway.envoy import free_ports
 from portico.v1 import chat_service_pb2_grpc, image_pb2, image_service_pb2_grpc
 from portico.v1.probe_pb2 import GetReadinessRequest
 from portico.v1.probe_service_pb2_grpc import ProbeServiceStub
@@ -101,11 +101,15 @@ async def test_quotas_and_keys_survive_a_restart(tmp_path, redis_server):
         await second.stop(0)
 
 
+async def on_a_redis_port_nothing_listens_on(tmp_path) -> tuple[RunningServer, int]:
+    """A server of the image models whose limits.store is a port of 127.0.0.1 nothing listens on, and that port."""
+    (port,) = free_ports(1)
+    return await start_server(redis_config(tmp_path, f"redis://127.0.0.1:{port}/0", images_only=True),
+                              "127.0.0.1:0"), port
+
+
 async def test_unreachable_redis_is_a_quick_clear_503(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    running = await start_server(redis_config(tmp_path, f"redis://127.0.0.1:{port}/0", images_only=True), "127.0.0.1:0")
+    running, port = await on_a_redis_port_nothing_listens_on(tmp_path)
     try:
         secret = (await running.store.create("any", all_models=True))[1]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
@@ -159,10 +163,7 @@ async def test_each_redis_outage_and_its_end_have_their_lines_without_traffic(tm
 async def test_a_redis_down_at_start_has_one_outage_line_not_one_more_at_the_first_request(tmp_path, caplog):
     """The start-up line is the outage's line: neither the readiness check nor a refused request adds another."""
     caplog.set_level(logging.INFO, logger="server.limits.admission")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    running = await start_server(redis_config(tmp_path, f"redis://127.0.0.1:{port}/0", images_only=True), "127.0.0.1:0")
+    running, port = await on_a_redis_port_nothing_listens_on(tmp_path)
     try:
         secret = (await running.store.create("any", all_models=True))[1]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
