@@ -78,3 +78,32 @@ def test_a_gateway_without_redis_or_tracing_loads_neither():
              "print(sorted(m for m in sys.modules if m == 'redis' or m.startswith('opentelemetry.sdk')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _layout_table() -> str:
+    text = (SERVER.parent / "docs" / "architecture.md").read_text()
+    return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+
+
+def _unnamed_modules() -> list[str]:
+    """Modules of server/ and gateway/ the Layout table names neither by path (`server/heap.py`) nor, in their
+    package's row (`server/providers/`), by name (`proxies`)."""
+    table = _layout_table()
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `")}
+    missing = []
+    for root in (SERVER, SERVER.parent / "gateway"):
+        for path in sorted(root.rglob("*.py")):
+            relative = path.relative_to(SERVER.parent).as_posix()
+            if path.name == "__init__.py" or "/web/" in relative or f"`{relative}`" in table:
+                continue
+            package = path.parent.relative_to(SERVER.parent).as_posix() + "/"
+            row = next((line for first, line in rows.items() if f"`{package}`" in first), "")
+            if f"`{path.stem}`" not in row:
+                missing.append(relative)
+    return missing
+
+
+def test_every_module_is_in_the_layout_table():
+    # docs/architecture.md's Layout is where a reader looks up what a module is for: one left out is a module
+    # nobody can place without reading it.
+    assert _unnamed_modules() == []
