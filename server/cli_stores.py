@@ -98,7 +98,7 @@ def _limits_given(args: argparse.Namespace) -> dict[str, int]:
     for option, (field, _) in _LIMIT_OPTIONS.items():
         if (value := getattr(args, option)) is not None:
             try:
-                given[field] = usd_to_micros(value, field) if field in SPEND_LIMIT_NAMES else value
+                given[field] = usd_to_micros(value, field, signed=True) if field in SPEND_LIMIT_NAMES else value
             except ValueError as exc:
                 raise InvalidRequest(str(exc), param=field) from None
     return given

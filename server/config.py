@@ -388,7 +388,7 @@ def _key_limits(raw: Any, where: str) -> KeyLimits:
         # Bounded as a key's own limits are: `max_spend_day: 0` was silently no budget at all.
         if name in SPEND_LIMIT_NAMES and value is not None:  # budgets are given in US dollars
             try:
-                value = usd_to_micros(value, f"{where}.{name}")
+                value = usd_to_micros(value, f"{where}.{name}", signed=True)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             if not 1 <= value <= MAX_SPEND_LIMIT:

@@ -141,7 +141,7 @@ def _limit(limits: key_pb2.KeyLimits, name: str) -> int:
     if name not in SPEND_LIMIT_NAMES:
         return value
     try:
-        return usd_to_micros(value, f"limits.{name}")
+        return usd_to_micros(value, f"limits.{name}", signed=True)
     except ValueError as exc:
         raise InvalidRequest(str(exc), param=f"limits.{name}") from None
 

@@ -19,16 +19,17 @@ MICROS_PER_USD = 1_000_000
 MAX_PRICE_USD = 1_000_000
 
 
-def usd_to_micros(value: Any, where: str = "amount") -> int:
+def usd_to_micros(value: Any, where: str = "amount", *, signed: bool = False) -> int:
     """A dollar amount given as text or a number (5, "0.15", 2.5) in whole micro-dollars; refuses anything finer
-    than a micro-dollar, negative, or not a number."""
+    than a micro-dollar, negative, or not a number. `signed`: a negative amount is returned, for a budget whose
+    range check names its bounds (more than $0): "non-negative" told a user of -1 to try 0, refused in turn."""
     if isinstance(value, bool):
         raise ValueError(f"{where}: a number of US dollars, not {value!r}")
     try:
         micros = Decimal(str(value)) * MICROS_PER_USD
     except InvalidOperation:
         raise ValueError(f"{where}: a number of US dollars, not {value!r}") from None
-    if not micros.is_finite() or micros < 0:
+    if not micros.is_finite() or (micros < 0 and not signed):
         raise ValueError(f"{where}: must be a non-negative number of US dollars, not {value!r}")
     if micros != micros.to_integral_value():
         raise ValueError(f"{where}: {value!r} is finer than a micro-dollar (0.000001 USD)")

@@ -56,6 +56,22 @@ async def test_update_rejects_bad_values(keys, admin_secret):
         assert error_details(caught.value).error.param == param
 
 
+async def test_a_negative_budget_is_refused_naming_its_bounds(keys, admin_secret):
+    """A budget of -1 was told "must be a non-negative number of US dollars"; the 0 sent next was refused by
+    CreateKey in turn. Now the message names the bounds, as for a negative count limit."""
+    created = await create(keys, admin_secret)
+    for call, request, name, bounds in [
+        (keys.CreateKey, key_pb2.CreateKeyRequest(name="x", all_models=True, limits={"max_spend_day": -1}),
+         "max_spend_day", "more than $0 and at most $1000000000.00"),
+        (keys.UpdateKey, key_pb2.UpdateKeyRequest(id=created.key.id, limits={"max_spend_month": -0.5}),
+         "max_spend_month", "more than $0 (0 removes the key's own limit) and at most $1000000000.00"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(request, metadata=bearer(admin_secret))
+        error = error_details(caught.value).error
+        assert (error.param, error.message) == (f"limits.{name}", f"{name} must be {bounds}.")
+
+
 async def test_rotation_with_grace_keeps_the_old_secret_working(keys, chat, admin_secret):
     created = await create(keys, admin_secret)
     rotated = await keys.RotateKey(key_pb2.RotateKeyRequest(id=created.key.id), metadata=bearer(admin_secret))

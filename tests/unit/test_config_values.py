@@ -86,6 +86,9 @@ MISTAKES = [
     (f"{ONE_MODEL}\nlimits: {{defaults: {{max_spend_day: 0}}}}",
      r"limits\.defaults\.max_spend_day: more than \$0 and at most \$1000000000\.00, or null for no limit, not 0"),
     (f"{ONE_MODEL}\nlimits: {{models: {{a: {{max_spend_month: 0.0}}}}}}", r"limits\.models\.a\.max_spend_month: "),
+    # A negative budget was told "must be a non-negative number", and the 0 written next was refused in turn.
+    (f"{ONE_MODEL}\nlimits: {{defaults: {{max_spend_day: -1}}}}",
+     r"limits\.defaults\.max_spend_day: more than \$0 and at most \$1000000000\.00, or null for no limit, not -1"),
     (f"{ONE_MODEL}\nlimits: {{defaults: {{max_spend_month: 2000000000}}}}", r"limits\.defaults\.max_spend_month: "),
     (f"{ONE_MODEL}\nlimits: {{defaults: {{tokens_per_minute: 3000000000}}}}",
      r"limits\.defaults\.tokens_per_minute: a whole number from 1 to 2147483647, or null for no limit, "

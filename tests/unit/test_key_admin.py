@@ -97,6 +97,21 @@ def test_cli_refuses_a_bad_env_name_or_limit_in_one_line(tmp_path, capsys, optio
     assert err.startswith(f"portico: {options[0]}: {param}") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("command, bounds", [
+    (["create", "--name", "y", "--all-models"], "more than $0 and at most $1000000000.00"),
+    (["update", "ID"], "more than $0 (0 removes the key's own limit) and at most $1000000000.00"),
+])
+def test_cli_refuses_a_negative_budget_naming_its_bounds(tmp_path, capsys, command, bounds):
+    """`--max-spend-day -1` was told "must be a non-negative number of US dollars", and the 0 typed next was refused
+    by `create` in turn: a negative budget names the bounds, as a negative --rpm does."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "x", "--all-models"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    command = [key_id if word == "ID" else word for word in command]
+    assert main([*data, "keys", *command, "--max-spend-day=-1"]) == 2
+    assert capsys.readouterr().err == f"portico: --max-spend-day: max_spend_day must be {bounds}.\n"
+
+
 @pytest.mark.parametrize("grace", ["-1", "315360001", "4294967295"])
 def test_cli_refuses_a_rotation_grace_out_of_range_as_rest_does(tmp_path, capsys, grace):
     """`--grace -1` ended the previous secret at once and said so with exit 0; REST refuses such a value."""
