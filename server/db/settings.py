@@ -128,10 +128,12 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     """The store settings from the `keys:` mapping (other settings of that mapping are left to the caller). SQLite's
     file is left unset: it is `<data_dir>/keys.db`, and the command line may change data_dir (Config.key_database)."""
     store = str(keys.get("store", SQLITE))
-    password_env = "" if keys.get("password_env") is None else keys["password_env"]  # `[]` or `0`: no name
-    if not isinstance(password_env, str) or (password_env and not is_env_name(password_env)):
+    password_env = keys.get("password_env")
+    # '' is no name either, as for api_key_env, not "no password": the store would refuse every login.
+    if password_env is not None and (not isinstance(password_env, str) or not is_env_name(password_env)):
         # A string is not quoted: it may be the password itself, pasted where its variable's name goes.
-        shown = "(the password itself never goes in the file)" if isinstance(password_env, str) else repr(password_env)
+        shown = "(the password itself never goes in the file)" if password_env and isinstance(password_env, str) \
+            else repr(password_env)
         raise ConfigError(f"{where}.password_env: the name of an environment variable, not {shown}")
     # PostgreSQL takes statement_timeout in 32-bit milliseconds (24.8 days): past it every connection was refused.
     timeout = float(number(keys, "store_timeout_seconds", 2.0, where, positive=True, high=86_400))
@@ -139,7 +141,7 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
     if store == SQLITE:
         # Settings nothing would honour are refused, not ignored: SQLite has no password, pool or query timeout.
         for name in ("password_env", "store_timeout_seconds", "pool_size"):
-            if keys.get(name) not in (None, ""):
+            if keys.get(name) is not None:
                 raise ConfigError(f"{where}.{name}: only for a postgresql:// store")
         return StoreSettings(timeout_seconds=timeout, pool_size=pool_size)
     if not store.startswith(POSTGRES_SCHEMES):
@@ -157,4 +159,4 @@ def parse_store(keys: dict[str, Any], where: str) -> StoreSettings:
                           "(postgresql://user@host:port/database)")
     if words := _refused(parts):
         raise ConfigError(f"{where}.store: libpq refuses its parameters ({words})")
-    return StoreSettings(url=store, password_env=password_env, timeout_seconds=timeout, pool_size=pool_size)
+    return StoreSettings(url=store, password_env=password_env or "", timeout_seconds=timeout, pool_size=pool_size)

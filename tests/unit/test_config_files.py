@@ -375,6 +375,9 @@ def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, heal
         ("false", r"c\.yaml: the top level must be a mapping"),
         (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://u@127.0.0.1:1/db', password_env: []}}",
          r"c\.yaml: keys\.password_env: the name of an environment variable, not \[\]"),
+        # An empty name was taken as no password (api_key_env: '' is refused): the store then refused every login.
+        (f"{ONE_MODEL}\nkeys: {{store: 'postgresql://u@127.0.0.1:1/db', password_env: ''}}",
+         r"c\.yaml: keys\.password_env: the name of an environment variable, not ''$"),
         # Python refuses to read an integer of over 4300 digits: that was a ValueError traceback.
         (f"{ONE_MODEL}\ndefault_max_tokens: {'9' * 5000}", r"c\.yaml: not valid YAML: .*4300 digits.*: value has"),
         (f"{ONE_MODEL}\ndata_dir: 2026-13-45", r"c\.yaml: not valid YAML: month must be in 1\.\.12$"),
