@@ -65,17 +65,17 @@ def parse_health(raw: Any, where: str) -> HealthSettings:
     settings = HealthSettings(**values)
     if not 0 < settings.failure_rate <= 1:
         raise ConfigError(f"{where}.failure_rate: a share of requests, above 0 and at most 1, "
-                          f"not {settings.failure_rate:g}")
+                          f"not {settings.failure_rate:.15g}")
     if not 1 <= settings.window_seconds <= MAX_WINDOW_SECONDS:  # its slices are numbered in the shared health file
         raise ConfigError(f"{where}.window_seconds: from 1 to {MAX_WINDOW_SECONDS} seconds, "
-                          f"not {settings.window_seconds:g}")
+                          f"not {settings.window_seconds:.15g}")
     if settings.max_cooldown_seconds > MAX_SECONDS:
         raise ConfigError(f"{where}.max_cooldown_seconds: at most a year ({MAX_SECONDS}), "
-                          f"not {settings.max_cooldown_seconds:g}")
+                          f"not {settings.max_cooldown_seconds:.15g}")
     if settings.max_cooldown_seconds < settings.cooldown_seconds:
         default = "" if "max_cooldown_seconds" in values else " (its default)"  # a long cooldown alone is refused
-        raise ConfigError(f"{where}.max_cooldown_seconds: at least cooldown_seconds ({settings.cooldown_seconds:g}), "
-                          f"not {settings.max_cooldown_seconds:g}{default}")
+        raise ConfigError(f"{where}.max_cooldown_seconds: at least cooldown_seconds "
+                          f"({settings.cooldown_seconds:.15g}), not {settings.max_cooldown_seconds:.15g}{default}")
     return settings
 
 

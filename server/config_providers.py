@@ -137,8 +137,8 @@ def _retry(raw: Any, where: str) -> RetrySettings:
     )
     if settings.max_backoff < settings.initial_backoff:  # the first wait would silently be max_backoff
         default = "" if "max_backoff" in raw else " (its default)"
-        raise ConfigError(f"{where}.max_backoff: at least initial_backoff ({settings.initial_backoff:g}), "
-                          f"not {settings.max_backoff:g}{default}")
+        raise ConfigError(f"{where}.max_backoff: at least initial_backoff ({settings.initial_backoff:.15g}), "
+                          f"not {settings.max_backoff:.15g}{default}")
     return settings
 
 

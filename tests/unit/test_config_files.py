@@ -348,6 +348,12 @@ TWO_DEPLOYMENTS = (f"models: [{{id: a, endpoint: /v1/chat/completions, "
         ("{window_seconds: 100000}", r"models\[0\]\.health\.window_seconds: from 1 to 86400 seconds, not 100000$"),
         ("{cooldown_seconds: 1.0e+300, max_cooldown_seconds: 1.0e+300}",
          r"models\[0\]\.health\.max_cooldown_seconds: at most a year \(31536000\), not 1e\+300$"),
+        # One second past the year read "at most a year (31536000), not 3.1536e+07": the value refused looked allowed.
+        ("{max_cooldown_seconds: 31536001}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at most a year \(31536000\), not 31536001$"),
+        ("{cooldown_seconds: 1234567.5}",
+         r"models\[0\]\.health\.max_cooldown_seconds: at least cooldown_seconds \(1234567\.5\), not 300 "
+         r"\(its default\)$"),
     ],
 )
 def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, health, message):
@@ -402,6 +408,9 @@ def test_sections_and_lists_left_empty_still_take_their_defaults(tmp_path):
 @pytest.mark.parametrize(("retry", "message"), [
     ("{initial_backoff: 10, max_backoff: 1}", r"retry\.max_backoff: at least initial_backoff \(10\), not 1$"),
     ("{initial_backoff: 20}", r"retry\.max_backoff: at least initial_backoff \(20\), not 8 \(its default\)$"),
+    # Six significant digits read 1234567 as 1.23457e+06: not the value written.
+    ("{initial_backoff: 1234567, max_backoff: 1234566}",
+     r"retry\.max_backoff: at least initial_backoff \(1234567\), not 1234566$"),
 ])
 def test_a_backoff_above_its_maximum_is_refused_not_cut_silently(tmp_path, retry, message):
     with pytest.raises(ConfigError, match=message):
