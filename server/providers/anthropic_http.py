@@ -107,7 +107,9 @@ class AnthropicProvider:
                                                     headers=_beta_headers(request), attempt=attempt)
             if answer.get("type") == "error" or "error" in answer:
                 raise self._upstream.stream_error(answer, self._model_id, self._model)
-            if "input_tokens" not in answer:  # not the API's answer; asking again would get the same
+            # Not the API's answer (null too: it is the whole answer here, where a message's usage may leave a count
+            # unreported); asking again would get the same.
+            if answer.get("input_tokens") is None:
                 raise UpstreamError(
                     f"The upstream serving `{self._model_id}` answered a token count without input_tokens.")
             counted = token_count(answer, "input_tokens")

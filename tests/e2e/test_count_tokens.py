@@ -137,6 +137,25 @@ def test_an_upstream_failure_maps_as_for_messages_and_a_down_upstream_falls_back
     assert count.input_tokens == 7 and [s.body["model"] for s in double.seen] == ["claude-up"]
 
 
+@pytest.mark.parametrize("answer", [{}, {"input_tokens": None}, {"input_tokens": "7"}])
+def test_an_upstream_count_without_a_whole_number_is_a_502_on_rest_and_grpc(gateway, client, double, answer):
+    """An upstream whose count is null passed it on: the SDK's `input_tokens` was None (a TypeError in the caller's
+    arithmetic) and a gRPC caller read 0; it is the same 502 as a count left out."""
+    double.cue(Cue(body=answer))
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        client.messages.count_tokens(model="messages-claude", messages=HELLO)
+    assert caught.value.status_code == 502 and caught.value.body["error"]["code"] == "upstream_error"
+    double.cue(Cue(body=answer))
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        request = message_tokens_pb2.CountMessageTokensRequest(model="messages-claude")
+        request.messages.add(role="user").content.string_value = HELLO[0]["content"]
+        with pytest.raises(grpc.RpcError) as failed:
+            message_service_pb2_grpc.MessageServiceStub(channel).CountMessageTokens(
+                request, metadata=bearer(gateway.secret))
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_details(failed.value).error.code == "upstream_error"
+
+
 def test_an_openai_compatible_upstream_gets_portico_s_estimate_and_is_not_asked(client, double):
     count = client.messages.count_tokens(model="messages-gpt", messages=HELLO)
     assert count.input_tokens == estimate_tokens(len(HELLO[0]["content"])) > 0  # 4 characters a token
