@@ -138,6 +138,9 @@ class PorticoError(Exception):
         # `[DONE]`, Anthropic's message_delta before message_stop): counted and billed by the upstream, so the request
         # is settled with it rather than with an estimate of what was sent (server/metering.py).
         self.usage_reported: Usage | None = None
+        # False for a failure that says nothing of the deployment that met it (server/providers/router.py): no health
+        # verdict, as a caller's own mistake gives none.
+        self.judges_deployment = True
 
     def message_for(self, *, anthropic: bool) -> str:
         """The message in the caller's dialect: the same in both, unless the two APIs word this failure apart."""

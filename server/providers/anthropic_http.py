@@ -16,7 +16,7 @@ from server.domain import (
     random_call_ids,
 )
 from server.domain_models import UpstreamSpec
-from server.errors import InvalidRequest, PorticoError, UpstreamError
+from server.errors import InvalidRequest, PorticoError, UpstreamError, UpstreamMisconfigured
 from server.providers import Capabilities
 from server.providers.http_upstream import HttpUpstream
 from server.providers.upstream_errors import scrubbed_object
@@ -103,8 +103,14 @@ class AnthropicProvider:
         # The attempt's span is ours until the answer is read: it says what the upstream counted, or failed.
         attempt = self._upstream.attempt("v1/messages/count_tokens", body, self._model_id)
         with attempt:
-            answer = await self._upstream.post_json("v1/messages/count_tokens", body, model_id=self._model_id,
-                                                    headers=_beta_headers(request), attempt=attempt)
+            try:
+                answer = await self._upstream.post_json("v1/messages/count_tokens", body, model_id=self._model_id,
+                                                        headers=_beta_headers(request), attempt=attempt)
+            except UpstreamMisconfigured as error:
+                # Some Anthropic-compatible servers serve /v1/messages but no count_tokens (a 404): that must not
+                # take the deployment out for its messages, which judge a configuration that is really wrong.
+                error.judges_deployment = False
+                raise
             if answer.get("type") == "error" or "error" in answer:
                 raise self._upstream.stream_error(answer, self._model_id, self._model)
             # Not the API's answer (null too: it is the whole answer here, where a message's usage may leave a count

@@ -299,7 +299,7 @@ def _says_unhealthy(error: PorticoError) -> bool:
     """Failures that speak of the deployment, not of the caller's request: those another try may not meet, an
     upstream that timed out, 5xx answers, and a rate limit with a retry-after (which takes the deployment out for
     that long) even when `retry.on_status` does not retry it; not the gateway's own want of connections."""
-    if isinstance(error, OutOfResources):
+    if isinstance(error, OutOfResources) or not error.judges_deployment:
         return False
     return (error.retryable or isinstance(error, UpstreamTimeout) or error.kind.http_status >= 500
             or isinstance(error, RateLimited) and error.retry_after > 0)

@@ -357,6 +357,40 @@ async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_de
                                          {"model": "counted", "deployment": "compat"}) == attempts
 
 
+async def test_an_upstream_without_count_tokens_keeps_its_deployments_serving_messages(double, west, tmp_path):
+    """An Anthropic-compatible server that has /v1/messages but no /v1/messages/count_tokens answers a count 404. Each
+    such count was a failure against both deployments' health: a few counts ejected them, and every message of the
+    model was a 503 `out of service` for the cooldown. A count's refusal now says nothing of the deployment: the
+    count is the 502 it was, and messages go on."""
+    pair = f"""\
+  - id: counted
+    endpoint: /v1/messages
+    deployments:
+      - {{name: east, provider: {provider(double.url, kind='anthropic', retry=ONCE)}}}
+      - {{name: west, provider: {provider(west.url, kind='anthropic', retry=ONCE)}}}
+    health: {{consecutive_failures: 1, cooldown_seconds: 60}}
+"""
+    no_route = Cue(404, {"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}})
+    async with upstream_server(tmp_path, pair) as server:
+        secret = (await server.store.create("counts", all_models=True))[1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            messages = message_service_pb2_grpc.MessageServiceStub(channel)
+            double.reset()
+            west.reset()
+            for _ in range(2):
+                double.cue(no_route)
+                west.cue(no_route)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await messages.CountMessageTokensHttp(http_body(message_body(model="counted")),
+                                                          metadata=bearer(secret))
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # 502: each deployment asked once
+            assert {state for _, _, state in server.core.health.states()} == {"healthy"}
+            answer = await messages.CreateMessageHttpUnary(http_body(message_body(model="counted")),
+                                                           metadata=bearer(secret))
+            assert b'"type":"message"' in answer.data
+        assert len(double.seen) + len(west.seen) == 5
+
+
 async def test_a_request_sent_straight_to_a_fallback_counts_as_handed_to_it(double, west, tmp_path):
     """Every deployment out of service: the request goes to the fallback without trying them, and is counted in
     portico_upstream_fallbacks_total like one handed over after failures (its attempt span says fallback too)."""
