@@ -9,6 +9,7 @@ before its events, for callers of the same dialect.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from server.domain import (
@@ -18,13 +19,15 @@ from server.domain import (
 from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest, PorticoError, UpstreamError, UpstreamMisconfigured
 from server.providers import Capabilities
-from server.providers.http_upstream import HttpUpstream
+from server.providers.http_upstream import HttpUpstream, PathUnserved
 from server.providers.upstream_errors import scrubbed_object
 from server.translate.anthropic_events_to_internal import (
     AnthropicEventReader, anthropic_answer, carries_content, message_events,
 )
 from server.translate.internal_to_anthropic_request import anthropic_body, caller_param, count_body
 from server.translate.usage_counts import token_count
+
+_logger = logging.getLogger(__name__)
 
 ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version every current Anthropic model speaks
 
@@ -105,10 +108,19 @@ class AnthropicProvider:
         with attempt:
             try:
                 answer = await self._upstream.post_json("v1/messages/count_tokens", body, model_id=self._model_id,
-                                                        headers=_beta_headers(request), attempt=attempt)
+                                                        headers=_beta_headers(request), optional=True,
+                                                        attempt=attempt)
+            except PathUnserved as unserved:
+                # Many Anthropic-compatible servers serve /v1/messages but no count_tokens: counted as an
+                # OpenAI-compatible upstream's prompts are (SDK callers count often, and broke on a 502). Asked
+                # each time: one that gains the endpoint counts itself at once.
+                if unserved.first:
+                    _logger.warning("The upstream serving %s has no count_tokens endpoint (HTTP %d): counts for its "
+                                    "models are estimated.", self._model_id, unserved.status)
+                return TokenCount(request.estimated_prompt_tokens())
             except UpstreamMisconfigured as error:
-                # Some Anthropic-compatible servers serve /v1/messages but no count_tokens (a 404): that must not
-                # take the deployment out for its messages, which judge a configuration that is really wrong.
+                # A refused key or account (401, 403, 402) must not take the deployment out for its messages, which
+                # judge a configuration that is really wrong.
                 error.judges_deployment = False
                 raise
             if answer.get("type") == "error" or "error" in answer:

@@ -70,7 +70,21 @@ _BOM = b"\xef\xbb\xbf"
 T = TypeVar("T")
 _logger = logging.getLogger(__name__)
 
+# What a server answers for a path it does not serve: not found, the method not allowed there, not implemented.
+_UNSERVED = frozenset({404, 405, 501})
+
 _STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
+
+
+class PathUnserved(Exception):
+    """The upstream has no such path (its 404, 405 or 501 where a caller of `post_json` allowed for it): no
+    failure of the upstream nor of the gateway's configuration, so neither logged nor judged as one. `first`: the
+    first time this upstream answered so for the path, in this process."""
+
+    def __init__(self, status: int, *, first: bool) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.first = first
 
 
 class HttpUpstream:
@@ -112,6 +126,7 @@ class HttpUpstream:
         self._outlast = outlast
         self._link_classes: frozenset[str] | None = None  # where links may lead: known at the first link fetched
         self._refusals_logged: set[tuple[str, str]] = set()  # (model id, address class): logged once each
+        self._unserved: set[str] = set()  # paths the upstream said it has not (PathUnserved)
 
     async def close(self) -> None:
         self._closed = True
@@ -158,18 +173,24 @@ class HttpUpstream:
                 await events.aclose()
 
     async def post_json(self, path: str, body: Mapping, *, model_id: str, headers: Mapping[str, str] | None = None,
-                        billed: bool = False, cut_retried: bool = True,
+                        billed: bool = False, cut_retried: bool = True, optional: bool = False,
                         attempt: Scope | NoScope = NO_SCOPE) -> dict:
         """`billed`: a generation, which the upstream finishes and bills even when its client leaves: once sent, a
         caller who leaves does not end it (server/cutoff.py), and it is read to its end within its timeouts.
         `cut_retried`: an answer whose connection breaks after it began may be asked for again (a text answer);
-        False for images, which each try would draw and bill again. `attempt`: as for `stream`."""
+        False for images, which each try would draw and bill again. `optional`: a path some servers of the dialect
+        lack, whose 404, 405 or 501 is PathUnserved. `attempt`: as for `stream`."""
         response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
                                     before_answer=True, body=wire_json.dumps(body),
                                     headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
                                     answer_within=self._answer_timeout, outlast=self._outlast if billed else None)
         attempt.set("http.response.status_code", response.status)
         try:
+            if optional and response.status in _UNSERVED:
+                await _error_body(response)  # read, so that the connection goes back to the pool
+                first = path not in self._unserved
+                self._unserved.add(path)
+                raise PathUnserved(response.status, first=first)
             if response.status >= 300:
                 raise await self._status_error(response, model_id, body.get("model"))
             self._refusals.answered(model_id)

@@ -1,8 +1,8 @@
 """POST /v1/messages/count_tokens through the whole stack (real Envoy, `portico serve --config FILE`), called as the
 official anthropic SDK calls it, on each provider kind: the embedded model (its exact count, the one its messages
 report), an Anthropic upstream (the double: its own count, asked with the upstream's model name and the caller's
-beta header) and an OpenAI-compatible one (Portico's estimate); the same keys, grants and 400s as /v1/messages; free
-of tokens and spend, and a gRPC stub call."""
+beta header; Portico's estimate where it has no count endpoint) and an OpenAI-compatible one (Portico's estimate);
+the same keys, grants and 400s as /v1/messages; free of tokens and spend, and a gRPC stub call."""
 
 from __future__ import annotations
 
@@ -154,6 +154,49 @@ def test_an_upstream_count_without_a_whole_number_is_a_502_on_rest_and_grpc(gate
                 request, metadata=bearer(gateway.secret))
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error_details(failed.value).error.code == "upstream_error"
+
+
+def test_an_upstream_without_a_count_endpoint_gets_portico_s_estimate_on_rest_and_grpc(gateway, client, double):
+    """Many Anthropic-compatible servers serve /v1/messages but no /v1/messages/count_tokens (a 404, or 405, 501):
+    each count was a 502 `upstream_error`, which the anthropic SDK raises (a coding agent counting before each turn
+    broke on it), and logged "does not know the configured model or path" and then "answers again". Such a count is
+    now Portico's estimate, as an OpenAI-compatible upstream's is, on REST and typed gRPC; the upstream is asked each
+    time, and the log says once what it lacks."""
+    logged = len(gateway.log_path.read_text())
+    estimate = estimate_tokens(len(HELLO[0]["content"]))
+    for status in (404, 405, 501):
+        double.cue(Cue(status=status, body={"type": "error", "error": {"type": "not_found_error",
+                                                                         "message": "Not Found"}}))
+        raw = client.messages.with_raw_response.count_tokens(model="messages-claude", messages=HELLO)
+        assert raw.status_code == 200 and raw.parse().input_tokens == estimate
+    double.cue(Cue(status=404, body={"detail": "Not Found"}))  # FastAPI's, as many compatible servers answer
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+        request = message_tokens_pb2.CountMessageTokensRequest(model="messages-claude")
+        request.messages.add(role="user").content.string_value = HELLO[0]["content"]
+        counted = message_service_pb2_grpc.MessageServiceStub(channel).CountMessageTokens(
+            request, metadata=bearer(gateway.secret))
+    assert counted.input_tokens == estimate
+    assert [seen.path for seen in double.seen] == ["/v1/messages/count_tokens"] * 4
+    assert client.messages.create(model="messages-claude", max_tokens=5, messages=HELLO).content  # messages go on
+    log = gateway.log_path.read_text()
+    assert log.count("has no count_tokens endpoint") == 1
+    assert ("The upstream serving messages-claude has no count_tokens endpoint (HTTP 404): counts for its models are "
+            "estimated") in log
+    assert "does not know the configured model or path" not in log[logged:] and "answers again" not in log[logged:]
+
+
+def test_a_count_refused_for_the_gateway_s_credentials_or_account_and_a_message_s_404_are_still_502s(client, double):
+    """Only a count endpoint the upstream lacks is estimated: a refusal of the gateway's key or account is the
+    gateway's configuration (a 502 that says so, not an estimate that hides it), and so is a message's 404."""
+    for status, kind in ((401, "authentication_error"), (403, "permission_error"), (402, "billing_error")):
+        double.cue(Cue(status=status, body={"type": "error", "error": {"type": kind, "message": "refused"}}))
+        with pytest.raises(anthropic.InternalServerError) as caught:
+            client.messages.count_tokens(model="messages-claude", messages=HELLO)
+        assert caught.value.status_code == 502 and caught.value.body["error"]["code"] == "upstream_error"
+    double.cue(Cue(status=404, body={"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}}))
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        client.messages.create(model="messages-claude", max_tokens=5, messages=HELLO)
+    assert caught.value.status_code == 502 and "does not know the configured model" in caught.value.message
 
 
 def test_an_openai_compatible_upstream_gets_portico_s_estimate_and_is_not_asked(client, double):

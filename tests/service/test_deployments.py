@@ -360,8 +360,9 @@ async def test_a_count_an_openai_deployment_estimates_is_no_attempt_on_it_and_de
 async def test_an_upstream_without_count_tokens_keeps_its_deployments_serving_messages(double, west, tmp_path):
     """An Anthropic-compatible server that has /v1/messages but no /v1/messages/count_tokens answers a count 404. Each
     such count was a failure against both deployments' health: a few counts ejected them, and every message of the
-    model was a 503 `out of service` for the cooldown. A count's refusal now says nothing of the deployment: the
-    count is the 502 it was, and messages go on."""
+    model was a 503 `out of service` for the cooldown. Such a count is now Portico's estimate, from the deployment
+    asked (no other is tried); and a count the upstream refuses for the gateway's key (401), still the 502 it was,
+    says nothing of the deployment either: messages go on."""
     pair = f"""\
   - id: counted
     endpoint: /v1/messages
@@ -371,6 +372,7 @@ async def test_an_upstream_without_count_tokens_keeps_its_deployments_serving_me
     health: {{consecutive_failures: 1, cooldown_seconds: 60}}
 """
     no_route = Cue(404, {"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}})
+    no_key = Cue(401, {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})
     async with upstream_server(tmp_path, pair) as server:
         secret = (await server.store.create("counts", all_models=True))[1]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -380,6 +382,15 @@ async def test_an_upstream_without_count_tokens_keeps_its_deployments_serving_me
             for _ in range(2):
                 double.cue(no_route)
                 west.cue(no_route)
+                counted = await messages.CountMessageTokensHttp(http_body(message_body(model="counted")),
+                                                                metadata=bearer(secret))
+                assert counted.data == b'{"input_tokens":3}'  # "Say hello.": 10 characters, 4 a token
+            assert len(double.seen) + len(west.seen) == 2  # one deployment asked for each
+            double.reset()
+            west.reset()
+            for _ in range(2):
+                double.cue(no_key)
+                west.cue(no_key)
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await messages.CountMessageTokensHttp(http_body(message_body(model="counted")),
                                                           metadata=bearer(secret))
