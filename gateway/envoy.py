@@ -35,6 +35,7 @@ from gateway.query_parameters import (
     Parameters, admin_parameters, anthropic_models_parameters, bodiless_routes, lua_table, organization_parameters,
     path_variables, route_methods,
 )
+from server.catalog.pages import MOST_LIMIT, limit_refusal
 from server.config_cors import CorsSettings
 from server.errors import kind_by_status
 
@@ -44,6 +45,7 @@ _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
 _ANTHROPIC_LINE = "local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@"
 _ADMIN_LINE = "local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@"
+_MODELS_LIMIT_LINE = 'local MODELS_LIMIT = {1000, "%s"}  -- @MODELS_LIMIT@'
 _PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
 _MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
 _ROUTES_LINE = "local ROUTE_METHODS = {}  -- @ROUTE_METHODS@"
@@ -226,10 +228,10 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
                bodiless: Mapping[str, list[str]] | None = None) -> str:
     """The Lua shaper with its KINDS table filled from server/errors.py, its ORGANIZATION_PARAMETERS,
     PATH_VARIABLES, ANTHROPIC_MODELS_PARAMETERS, ADMIN_PARAMETERS, ROUTE_METHODS and BODILESS from the descriptor set
-    (gateway/query_parameters.py), and MAX_BODY_BYTES from the buffer filter's cap, so they cannot drift apart
-    (pure)."""
+    (gateway/query_parameters.py), MODELS_LIMIT from server/catalog/pages.py, and MAX_BODY_BYTES from the buffer
+    filter's cap, so they cannot drift apart (pure)."""
     for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE, _ADMIN_LINE, _ROUTES_LINE,
-                 _BODILESS_LINE):
+                 _BODILESS_LINE, _MODELS_LIMIT_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
@@ -241,6 +243,9 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
     source = source.replace(_ADMIN_LINE, "local ADMIN_PARAMETERS = " + lua_table(admin or {}))
+    # The models listing's `limit` range and message, the server's own (a Lua format: no `%` but the value's).
+    source = source.replace(_MODELS_LIMIT_LINE, f"local MODELS_LIMIT = {{{MOST_LIMIT}, "
+                                                f"{_lua_string(limit_refusal('%s'))}}}")
     source = source.replace(_MAX_BODY_LINE, f"local MAX_BODY_BYTES = {int(max_body_bytes)}")
     # pattern -> {the `allow` header, the methods as the message says them: HEAD is GET's}
     methods = "".join(f"  [{_lua_string(pattern)}] = {{{_lua_string(', '.join(names))}, "

@@ -73,3 +73,20 @@ local function path_variable_in(path, query)
   end
   return nil
 end
+
+-- The anthropic models route's refusal of a `limit` that is a whole number out of its range (MODELS_LIMIT), or nil.
+-- The server refuses one within int32 so itself; one beyond (2147483648) the transcoder refused in protobuf's terms
+-- ("expected an integer from -2147483648 to 2147483647"), never the range the caller was told, so all are here.
+local function models_limit_refusal(query)
+  for pair in query:gmatch("[^&]+") do
+    local name, list, rest = query_pair(pair)
+    if name == "limit" and not list then
+      local sign, digits = unescape(rest:sub(2)):match("^(%-?)0*(%d+)$")
+      local value = digits and tonumber(digits) * (sign == "-" and -1 or 1)
+      if value and (value < 1 or value > MODELS_LIMIT[1]) then
+        return string.format(MODELS_LIMIT[2], quoted_value(sign .. digits))
+      end
+    end
+  end
+  return nil
+end

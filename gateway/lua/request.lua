@@ -284,6 +284,8 @@ function envoy_on_request(handle)
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
         "list, for GET " .. path .. ".")
     end
+    local limit = anthropic and route == "/v1/models" and method == "GET" and models_limit_refusal(query)
+    if limit then return refuse_parameter(handle, metadata, "limit", limit) end
     local plain = single and method == "GET" and plain_lists(query, single)
     if plain then headers:replace(":path", path .. "?" .. plain) end
     local name = path_variable_in(path, query)

@@ -48,6 +48,10 @@ end
 -- transcoder, which skips them (the SDK's `?beta=true`).
 local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
 
+-- Its `limit`'s range, 1 to the most, and the server's message for one out of it (a format taking the value as
+-- sent): gateway/envoy.py replaces the next line from server/catalog/pages.py.
+local MODELS_LIMIT = {1000, "%s"}  -- @MODELS_LIMIT@
+
 -- The query parameters of the GET paths under /v1/admin/ that take some (ListKeys' `page_size`, `page_token`), as
 -- above; gateway/envoy.py replaces the next line. Other names are skipped by the transcoder.
 local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@

@@ -31,7 +31,7 @@ def model_page(entries: Sequence[ModelEntry], *, limit: int | None, after_id: st
         entries = ()
     size = DEFAULT_LIMIT if limit is None else limit
     if not 1 <= size <= MOST_LIMIT:
-        raise InvalidRequest(f"limit must be between 1 and {MOST_LIMIT}, got {size}.", param="limit")
+        raise InvalidRequest(limit_refusal(size), param="limit")
     if after_id and before_id:
         raise InvalidRequest("Give after_id or before_id, not both.", param="before_id")
     ordered = sorted(entries, key=lambda entry: entry.created, reverse=True)  # stable: ties keep the catalog's order
@@ -42,6 +42,12 @@ def model_page(entries: Sequence[ModelEntry], *, limit: int | None, after_id: st
         return ModelPage(tuple(ordered[start:end]), has_more=start > 0)
     start = _position(ids, after_id, "after_id") + 1 if after_id else 0
     return ModelPage(tuple(ordered[start:start + size]), has_more=start + size < len(ordered))
+
+
+def limit_refusal(limit: object) -> str:
+    """The 400's message for a `limit` out of range; Envoy's Lua filter says it too, of a whole number too large for
+    the request's int32, which never reaches the server (gateway/envoy.py renders it there)."""
+    return f"limit must be between 1 and {MOST_LIMIT}, got {limit}."
 
 
 def _position(ids: list[str], model_id: str, param: str) -> int:

@@ -209,6 +209,17 @@ def test_models_paging_errors_in_anthropics_shape(client, query, param):
     assert (body["type"], body["error"]["type"], body["error"]["param"]) == ("error", "invalid_request_error", param)
 
 
+@pytest.mark.parametrize("limit", [0, 1001, 2147483647, 2147483648, -2147483649, 10**30])
+def test_every_limit_out_of_range_is_the_documented_400(client, limit):
+    """api.md: `limit` is 1 to 1000. One beyond protobuf's int32 (2147483648) was refused in protobuf's terms,
+    "expected an integer from -2147483648 to 2147483647", where 1001 got the documented message: now all get it."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.models.list(limit=limit)
+    body = caught.value.body
+    assert (body["type"], body["error"]["type"], body["error"]["param"]) == ("error", "invalid_request_error", "limit")
+    assert body["error"]["message"] == f"limit must be between 1 and 1000, got {limit}."
+
+
 def test_models_with_a_wrong_key_in_anthropics_shape(gateway):
     bad = anthropic.Anthropic(base_url=gateway.base_url, api_key="pk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as caught:
