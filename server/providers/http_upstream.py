@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import TypeVar
@@ -28,15 +27,15 @@ from urllib.parse import quote, urlsplit
 
 from server import wire_json
 from server.domain_models import UpstreamSpec
-from server.errors import OutOfResources, PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from server.errors import PorticoError, ServiceUnavailable, UpstreamError
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
-from server.providers.http_client import AddressRefused, HttpClient, Origin, Pool, Proxy, header_lines
-from server.providers.http_connection import (ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout, Response,
-                                              OwnLimitReached, TooLarge, TransportError, Undecodable)
+from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
+from server.providers.http_connection import ConnectFailed, ConnectTimeout, Response, TooLarge, TransportError
 from server.providers.link_addresses import allowed_classes, link_classes
 from server.providers.proxies import env_proxy
+from server.providers.transport_errors import TransportErrors
 from server.providers.connect_failures import ConnectFailures
 from server.providers.upstream_errors import RefusalLog, from_status, from_stream_error
 from server.render.sse_decoder import EventTooLarge, SseDecoder, SseEvent
@@ -73,8 +72,6 @@ _logger = logging.getLogger(__name__)
 # What a server answers for a path it does not serve: not found, the method not allowed there, not implemented.
 _UNSERVED = frozenset({404, 405, 501})
 
-_STARVED_LOG_EVERY = 10.0  # seconds between log lines while the gateway cannot open connections
-
 
 class PathUnserved(Exception):
     """The upstream has no such path (its 404, 405 or 501 where a caller of `post_json` allowed for it): no
@@ -105,7 +102,7 @@ class HttpUpstream:
         self._read_timeout = timeouts.read
         self._answer_timeout = timeouts.answer  # a non-streamed answer's first byte comes when all of it is ready
         self._pool_timeout = timeouts.pool
-        self._starved_logged_at = -_STARVED_LOG_EVERY
+        self._transport_errors = TransportErrors()
         self._connect_failures = ConnectFailures()
         self._refusals = RefusalLog()
         # Held from the request until its connection is back in the pool or closed.
@@ -125,7 +122,6 @@ class HttpUpstream:
         self._settling: set[asyncio.Task] = set()
         self._outlast = outlast
         self._link_classes: frozenset[str] | None = None  # where links may lead: known at the first link fetched
-        self._refusals_logged: set[tuple[str, str]] = set()  # (model id, address class): logged once each
         self._unserved: set[str] = set()  # paths the upstream said it has not (PathUnserved)
 
     async def close(self) -> None:
@@ -197,7 +193,7 @@ class HttpUpstream:
             try:
                 content = await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
-                error = self._transport_error(exc, model_id, before_answer=True)
+                error = self._transport_errors.of(exc, model_id, before_answer=True)
                 raise (error if cut_retried else _not_retried(error, unread=True)) from None
         finally:
             self._give_back(response, caller_done=False)
@@ -263,7 +259,7 @@ class HttpUpstream:
             try:
                 return await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
-                raise _not_retried(self._transport_error(exc, model_id, before_answer=False)) from None
+                raise _not_retried(self._transport_errors.of(exc, model_id, before_answer=False)) from None
         finally:
             self._give_back(response, caller_done=False)
 
@@ -348,7 +344,7 @@ class HttpUpstream:
             if isinstance(exc, TransportError):
                 if isinstance(exc, (ConnectFailed, ConnectTimeout)):
                     self._connect_failures.note(f"{pool.origin.scheme}://{pool.origin.authority}", model_id, exc)
-                raise self._transport_error(exc, model_id, before_answer=before_answer) from None
+                raise self._transport_errors.of(exc, model_id, before_answer=before_answer) from None
             raise
 
     def _give_back(self, response: Response, *, caller_done: bool) -> None:
@@ -386,9 +382,9 @@ class HttpUpstream:
                 for event in events:
                     yield event
         except TransportError as exc:
-            raise self._transport_error(exc, model_id, before_answer=False) from None
+            raise self._transport_errors.of(exc, model_id, before_answer=False) from None
         except EventTooLarge:
-            raise self._transport_error(TooLarge(f"sent an event of more than {MAX_ANSWER_BYTES >> 20} MiB"),
+            raise self._transport_errors.of(TooLarge(f"sent an event of more than {MAX_ANSWER_BYTES >> 20} MiB"),
                                         model_id, before_answer=False) from None
         for event in decoder.end():
             yield event
@@ -411,44 +407,6 @@ class HttpUpstream:
                 return self.stream_error(payload, model_id, upstream_model)
         return UpstreamError(f"The upstream serving `{model_id}` answered a streamed request with "
                              f"{response.content_type[:100]}, not an event stream.")
-
-    def _transport_error(self, exc: BaseException, model_id: str, *, before_answer: bool) -> PorticoError:
-        """Connection failures before an answer may be retried; a read timeout is not (the upstream may still be
-        working on the request, and retrying would pay for it twice)."""
-        name = f"`{model_id}`"
-        if isinstance(exc, ConnectTimeout):
-            return UpstreamTimeout(f"Connecting to the upstream serving {name} timed out.", retry_reason="timeout")
-        if isinstance(exc, ReadTimeout):
-            return UpstreamTimeout(f"The upstream serving {name} did not answer in time.")
-        if isinstance(exc, AddressRefused):
-            if (model_id, exc.kind) not in self._refusals_logged:
-                self._refusals_logged.add((model_id, exc.kind))
-                _logger.warning("the upstream serving %s answered with a link to a %s address: not fetched (links are "
-                                "fetched from public addresses and from the base_url's own class; logged once)",
-                                name, exc.kind)
-            return UpstreamError(f"The upstream's image link for {name} points at an address Portico does not fetch "
-                                 "from.")
-        why = f": {exc}." if str(exc) else "."  # our transport's own words: what failed, never an address
-        if isinstance(exc, OwnLimitReached):
-            if (now := time.monotonic()) - self._starved_logged_at >= _STARVED_LOG_EVERY:
-                self._starved_logged_at = now
-                _logger.error("cannot open a connection to the upstream serving %s: %s (this process's limit, "
-                              "not the upstream's; raise `ulimit -n`)", name, exc)
-            return OutOfResources(f"The gateway cannot open a connection to the upstream serving {name} now{why} "
-                                  "Retry shortly.", retry_after=1.0)
-        if isinstance(exc, ConnectFailed):
-            # Nothing was sent: retried wherever it failed. After an answer (a link to fetch), never (`fetch`).
-            if before_answer:
-                return ServiceUnavailable(f"Cannot connect to the upstream serving {name}{why}", retry_reason="connect")
-            return UpstreamError(f"Cannot connect to fetch a result of {name}{why}")
-        if isinstance(exc, ConnectionBroken):
-            # A broken connection (a disconnect, a cut or malformed answer): retried only if nothing reached the
-            # caller yet (server/providers/retry.py). "broken", not "connect": the connection was made.
-            return UpstreamError(f"The connection to the upstream serving {name} broke off{why}",
-                                 retry_reason="broken")
-        if isinstance(exc, (Undecodable, TooLarge)):  # as with invalid JSON, asking again would get the same answer
-            return UpstreamError(f"The upstream serving {name} {exc}.")
-        return UpstreamError(f"The request to the upstream serving {name} failed: {type(exc).__name__}.")
 
 
 def _not_retried(error: PorticoError, *, unread: bool = False) -> PorticoError:

@@ -17,6 +17,7 @@ from server.domain_models import Timeouts, UpstreamSpec
 from server.errors import RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.providers.http_connection import ConnectFailed, ConnectionBroken, ConnectTimeout, ReadTimeout
 from server.providers.http_upstream import HttpUpstream
+from server.providers.transport_errors import TransportErrors
 from server.render.sse_decoder import SseEvent
 
 KEY = "sk-http-upstream-test-0123456789"
@@ -319,7 +320,7 @@ async def test_transport_failures():
     (ConnectionBroken(), UpstreamError, "broken"),
 ])
 def test_the_error_for_each_transport_failure(error, kind, reason):
-    mapped = client("http://127.0.0.1:1")._transport_error(error, "up", before_answer=True)
+    mapped = TransportErrors().of(error, "up", before_answer=True)
     assert type(mapped) is kind and mapped.retry_reason == reason and "`up`" in str(mapped)
 
 
