@@ -155,6 +155,11 @@ class OpenAIChunkReader:
             return None
         return self._counted(self._deltas)
 
+    @property
+    def output_reported(self) -> bool:
+        """Whether the upstream's usage said how long the answer was (else end() estimates it)."""
+        return self._output is not None
+
     def _counted(self, output_estimate: int) -> Usage:
         """The usage reported, each count it left out estimated as when a server reports none."""
         prompt = self._prompt_estimate if self._prompt is None else self._prompt
@@ -220,9 +225,11 @@ def _completion_events(completion: Mapping[str, Json], prompt_estimate: int, sto
         for choice in choices]
     reader = OpenAIChunkReader(prompt_estimate=prompt_estimate, stop=stop, call_ids=call_ids)
     events = reader.feed({"choices": chunk_choices, "usage": completion.get("usage")})
-    chars = sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
-                for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
-    events.append(reader.end(estimate_tokens(chars)))
+    estimate = None
+    if not reader.output_reported:  # counted from the answer's length (its one delta would say 1)
+        estimate = estimate_tokens(sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
+                                       for e in events if isinstance(e, (TextDelta, ToolCallDelta))))
+    events.append(reader.end(estimate))
     return events
 
 
