@@ -36,6 +36,11 @@ from gateway.query_parameters import (
     path_variables, route_methods,
 )
 from server.catalog.pages import MOST_LIMIT, limit_refusal
+from server.keys.admin import MAX_KEYS_PAGE, page_size_refusal
+from server.usage.openai_pages import (
+    COMPLETIONS_LIMITS, COSTS_LIMITS, DEFAULT_WIDTH, REQUESTS_LIMITS, rows_limit_refusal,
+)
+from server.usage.openai_pages import limit_refusal as usage_limit_refusal
 from server.config_cors import CorsSettings
 from server.errors import kind_by_status
 
@@ -45,7 +50,7 @@ _KINDS_LINE = "local KINDS = {}  -- @KINDS@"
 _PARAMETERS_LINE = "local ORGANIZATION_PARAMETERS = {}  -- @ORGANIZATION_PARAMETERS@"
 _ANTHROPIC_LINE = "local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@"
 _ADMIN_LINE = "local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@"
-_MODELS_LIMIT_LINE = 'local MODELS_LIMIT = {1000, "%s"}  -- @MODELS_LIMIT@'
+_RANGES_LINE = "local QUERY_RANGES = {}  -- @QUERY_RANGES@"
 _PATH_VARIABLES_LINE = "local PATH_VARIABLES = {}  -- @PATH_VARIABLES@"
 _MAX_BODY_LINE = "local MAX_BODY_BYTES = 0  -- @MAX_BODY_BYTES@"
 _ROUTES_LINE = "local ROUTE_METHODS = {}  -- @ROUTE_METHODS@"
@@ -139,11 +144,16 @@ def render_config(
             log["typed_config"]["path"] = access_log_path
     filters = {f["name"]: f["typed_config"] for f in hcm["http_filters"]}
     descriptors = Path(descriptor_set).read_bytes()
-    lua = render_lua(lua_source(lua_dir), organization_parameters(descriptors),
-                     path_variables(descriptors), anthropic_models_parameters(descriptors),
-                     admin=admin_parameters(descriptors),
+    organization, anthropic = organization_parameters(descriptors), anthropic_models_parameters(descriptors)
+    admin = admin_parameters(descriptors)
+    ranges = query_ranges()
+    for route, names in ranges.items():  # a renamed route or field would leave its check unseen
+        known = organization.get(route) or anthropic.get(route) or admin.get(route) or {}
+        if not set(names) <= set(known):
+            raise ValueError(f"query_ranges names {sorted(names)} of {route}, which takes {sorted(known)}")
+    lua = render_lua(lua_source(lua_dir), organization, path_variables(descriptors), anthropic, admin=admin,
                      max_body_bytes=filters[_BUFFER_FILTER]["max_request_bytes"], routes=route_methods(descriptors),
-                     bodiless=bodiless_routes(descriptors))
+                     bodiless=bodiless_routes(descriptors), ranges=ranges)
     filters[_LUA_FILTER]["default_source_code"] = {"inline_string": lua}
     for transcoder in _transcoders(hcm):
         transcoder["proto_descriptor"] = str(Path(descriptor_set).resolve())
@@ -222,16 +232,66 @@ def lua_source(lua_dir: Path) -> str:
     return "\n".join(Path(lua_dir, part).read_text("utf-8") for part in LUA_PARTS)
 
 
+# A whole-number query parameter's range and the server's message for a value out of it: (low, high, message), the
+# message a Lua format whose `%s` is the value as sent. Or, where another parameter's value picks the range (usage's
+# `bucket_width`), (that parameter, {its value: (low, high, message)}), "" standing for it absent or empty.
+Range = tuple[int, int, str]
+Ranges = dict[str, dict[str, Range | tuple[str, dict[str, Range]]]]
+
+_VALUE = "\0"  # where a message says the value: `%s` once its own `%` are escaped
+
+
+def _lua_format(message: str) -> str:
+    return message.replace("%", "%%").replace(_VALUE, "%s")
+
+
+def query_ranges() -> Ranges:
+    """route -> parameter -> its range and refusal, from the server's own constants and messages (pure). The server
+    refuses a value within the field's int32 (uint32) itself; the transcoder refused one beyond it in protobuf's
+    terms ("expected an integer from -2147483648 to 2147483647"), never the range the caller was told, so the Lua
+    shaper refuses every whole number out of range with the server's words (gateway/lua/query.lua, range_refusal)."""
+    def by_width(limits: Mapping[str, tuple[int, int]]) -> tuple[str, dict[str, Range]]:
+        widths = {width: (1, most, _lua_format(usage_limit_refusal(width, most)))
+                  for width, (_, most) in limits.items()}
+        return "bucket_width", widths | {"": widths[DEFAULT_WIDTH]}
+
+    return {
+        "/v1/models": {"limit": (1, MOST_LIMIT, _lua_format(limit_refusal(_VALUE)))},  # the anthropic SDK's route
+        "/v1/organization/usage/completions": {"limit": by_width(COMPLETIONS_LIMITS)},
+        "/v1/organization/costs": {"limit": by_width(COSTS_LIMITS)},
+        "/v1/organization/requests": {"limit": (1, REQUESTS_LIMITS[1], _lua_format(rows_limit_refusal()))},
+        "/v1/admin/keys": {"page_size": (0, MAX_KEYS_PAGE, _lua_format(page_size_refusal()))},
+    }
+
+
+def _lua_ranges(ranges: Ranges) -> str:
+    def one(low: int, high: int, message: str) -> str:
+        return f"{{{low}, {high}, {_lua_string(message)}}}"
+
+    rows = []
+    for route, names in sorted(ranges.items()):
+        fields = []
+        for name, spec in sorted(names.items()):
+            if isinstance(spec[1], dict):
+                by, cases = spec
+                fields.append(f"[{_lua_string(name)}] = {{by = {_lua_string(by)}, " + ", ".join(
+                    f"[{_lua_string(value)}] = {one(*case)}" for value, case in sorted(cases.items())) + "}")
+            else:
+                fields.append(f"[{_lua_string(name)}] = {one(*spec)}")
+        rows.append(f"  [{_lua_string(route)}] = {{{', '.join(fields)}}},\n")
+    return "{\n" + "".join(rows) + "}"
+
+
 def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,
                admin: Parameters | None = None, max_body_bytes: int = 0,
                routes: Mapping[str, tuple[str, ...]] | None = None,
-               bodiless: Mapping[str, list[str]] | None = None) -> str:
+               bodiless: Mapping[str, list[str]] | None = None, ranges: Ranges | None = None) -> str:
     """The Lua shaper with its KINDS table filled from server/errors.py, its ORGANIZATION_PARAMETERS,
     PATH_VARIABLES, ANTHROPIC_MODELS_PARAMETERS, ADMIN_PARAMETERS, ROUTE_METHODS and BODILESS from the descriptor set
-    (gateway/query_parameters.py), MODELS_LIMIT from server/catalog/pages.py, and MAX_BODY_BYTES from the buffer
+    (gateway/query_parameters.py), QUERY_RANGES from `ranges` (query_ranges), and MAX_BODY_BYTES from the buffer
     filter's cap, so they cannot drift apart (pure)."""
     for line in (_KINDS_LINE, _PARAMETERS_LINE, _PATH_VARIABLES_LINE, _ANTHROPIC_LINE, _ADMIN_LINE, _ROUTES_LINE,
-                 _BODILESS_LINE, _MODELS_LIMIT_LINE):
+                 _BODILESS_LINE, _RANGES_LINE):
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
@@ -243,9 +303,7 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
     source = source.replace(_ADMIN_LINE, "local ADMIN_PARAMETERS = " + lua_table(admin or {}))
-    # The models listing's `limit` range and message, the server's own (a Lua format: no `%` but the value's).
-    source = source.replace(_MODELS_LIMIT_LINE, f"local MODELS_LIMIT = {{{MOST_LIMIT}, "
-                                                f"{_lua_string(limit_refusal('%s'))}}}")
+    source = source.replace(_RANGES_LINE, "local QUERY_RANGES = " + _lua_ranges(ranges or {}))
     source = source.replace(_MAX_BODY_LINE, f"local MAX_BODY_BYTES = {int(max_body_bytes)}")
     # pattern -> {the `allow` header, the methods as the message says them: HEAD is GET's}
     methods = "".join(f"  [{_lua_string(pattern)}] = {{{_lua_string(', '.join(names))}, "

@@ -74,17 +74,28 @@ local function path_variable_in(path, query)
   return nil
 end
 
--- The anthropic models route's refusal of a `limit` that is a whole number out of its range (MODELS_LIMIT), or nil.
--- The server refuses one within int32 so itself; one beyond (2147483648) the transcoder refused in protobuf's terms
--- ("expected an integer from -2147483648 to 2147483647"), never the range the caller was told, so all are here.
-local function models_limit_refusal(query)
+-- The first parameter of `query` that is a whole number out of its range in `ranges` (QUERY_RANGES[route]), and the
+-- server's message for it, or nil. The server refuses one within the field's int32 so itself; one beyond it
+-- (2147483648) the transcoder refused in protobuf's terms ("expected an integer from -2147483648 to 2147483647"),
+-- never the range the caller was told, so all are refused here. Run after the checks that refuse a one-value
+-- parameter given twice.
+local function range_refusal(query, ranges)
+  local names, values = {}, {}
   for pair in query:gmatch("[^&]+") do
     local name, list, rest = query_pair(pair)
-    if name == "limit" and not list then
-      local sign, digits = unescape(rest:sub(2)):match("^(%-?)0*(%d+)$")
-      local value = digits and tonumber(digits) * (sign == "-" and -1 or 1)
-      if value and (value < 1 or value > MODELS_LIMIT[1]) then
-        return string.format(MODELS_LIMIT[2], quoted_value(sign .. digits))
+    if not list and values[name] == nil then
+      names[#names + 1], values[name] = name, unescape(rest:sub(2))
+    end
+  end
+  for _, name in ipairs(names) do
+    local range = ranges[name]
+    if range and range.by then range = range[values[range.by] or ""] end
+    local sign, digits = values[name]:match("^(%-?)0*(%d+)$")
+    if range and digits then
+      if digits == "0" then sign = "" end  -- "-0" is 0, as the server reads it
+      local value = tonumber(digits) * (sign == "-" and -1 or 1)
+      if value < range[1] or value > range[2] then
+        return name, string.format(range[3], quoted_value(sign .. digits))
       end
     end
   end

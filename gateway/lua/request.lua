@@ -276,6 +276,8 @@ function envoy_on_request(handle)
         return refuse_parameter(handle, metadata, param, fault .. " for GET " .. path .. ": it takes " ..
           ORGANIZATION_NAMES[route] .. ".")
       end
+      local name, refusal = range_refusal(rewritten, QUERY_RANGES[route] or {})
+      if name then return refuse_parameter(handle, metadata, name, refusal) end
       return headers:replace(":path", path .. "?" .. rewritten)
     end
     local single = (anthropic and ANTHROPIC_MODELS_PARAMETERS[route]) or ADMIN_PARAMETERS[route]
@@ -284,8 +286,10 @@ function envoy_on_request(handle)
       return refuse_parameter(handle, metadata, repeated, "Parameter " .. repeated .. " takes one value, not a " ..
         "list, for GET " .. path .. ".")
     end
-    local limit = anthropic and route == "/v1/models" and method == "GET" and models_limit_refusal(query)
-    if limit then return refuse_parameter(handle, metadata, "limit", limit) end
+    if single and method == "GET" then
+      local ranged, refusal = range_refusal(query, QUERY_RANGES[route] or {})
+      if ranged then return refuse_parameter(handle, metadata, ranged, refusal) end
+    end
     local plain = single and method == "GET" and plain_lists(query, single)
     if plain then headers:replace(":path", path .. "?" .. plain) end
     local name = path_variable_in(path, query)

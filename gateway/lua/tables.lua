@@ -48,13 +48,16 @@ end
 -- transcoder, which skips them (the SDK's `?beta=true`).
 local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
 
--- Its `limit`'s range, 1 to the most, and the server's message for one out of it (a format taking the value as
--- sent): gateway/envoy.py replaces the next line from server/catalog/pages.py.
-local MODELS_LIMIT = {1000, "%s"}  -- @MODELS_LIMIT@
 
 -- The query parameters of the GET paths under /v1/admin/ that take some (ListKeys' `page_size`, `page_token`), as
 -- above; gateway/envoy.py replaces the next line. Other names are skipped by the transcoder.
 local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@
+
+-- The whole-number query parameters of those routes with a range, and the server's message for a value out of it:
+-- route -> parameter -> {low, high, message (a format taking the value as sent)}, or, where another parameter's value
+-- picks the range, {by = that parameter, [its value] = {low, high, message}} ("": it is absent or empty).
+-- gateway/envoy.py replaces the next line from the server's own constants and messages (query_ranges).
+local QUERY_RANGES = {}  -- @QUERY_RANGES@
 
 -- The names REST path templates bind ({id}, {model}, ...), by the template's fixed start ("/v1/admin/keys/"):
 -- gateway/envoy.py replaces the next line with them, read from the descriptor set. The transcoder lets a query

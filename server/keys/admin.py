@@ -18,9 +18,16 @@ from server.keys.store import KeyStore
 MAX_ENV_CHARS = 32
 MAX_NAME_CHARS = 200
 MAX_KEYS_PAGE = 1000  # ListKeys' page_size: ~160 KB of answer
+
 # The env is written into the secret (pk-{env}-...): anything but these would make secrets that SDKs cannot send
 # (non-ASCII), that break on whitespace, or that a console cannot sign in with.
 _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
+
+
+def page_size_refusal() -> str:
+    """The 400's message for a `page_size` out of 0..MAX_KEYS_PAGE; Envoy's Lua filter says it too, of a whole number
+    beyond the request's uint32 or below 0 (gateway/envoy.py renders it there)."""
+    return f"page_size must be between 1 and {MAX_KEYS_PAGE} (0 or none: every key)."
 
 
 class KeyAdmin:
@@ -72,8 +79,7 @@ class KeyAdmin:
         """A page of keys, oldest first, and the token of the next page ("" on the last): at most `page_size`
         (0: every one), going on after the key the token names (the previous page's last; its id)."""
         if not 0 <= page_size <= MAX_KEYS_PAGE:
-            raise InvalidRequest(f"page_size must be between 1 and {MAX_KEYS_PAGE} (0 or none: every key).",
-                                 param="page_size")
+            raise InvalidRequest(page_size_refusal(), param="page_size")
         after = None
         if page_token:
             # A token is the id of a page's last key: anything else (a secret pasted in, say) is no token, and is not

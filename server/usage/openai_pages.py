@@ -22,6 +22,7 @@ WIDTHS = {"1m": 60, "1h": 3_600, "1d": 86_400}
 # Portico's bucket_width: one bucket from start_time to end_time as given, so a period's totals per key or model take
 # one result each, not one per day (a dashboard's table of 30 days by key and model was 30 times its rows).
 WHOLE = "all"
+DEFAULT_WIDTH = "1d"  # a bucket_width absent or empty
 COMPLETIONS_LIMITS = {"1m": (60, 1_440), "1h": (24, 168), "1d": (7, 31), WHOLE: (1, 1)}  # width -> (default, max)
 COSTS_LIMITS = {width: (7, 180) for width in WIDTHS} | {WHOLE: (1, 1)}
 # group_by values each endpoint accepts -> the ledger grouping they mean (None: accepted, groups nothing here)
@@ -64,7 +65,7 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
     """The page a request asks for; InvalidRequest naming the parameter otherwise."""
     if start_time is None:
         raise InvalidRequest("Missing required parameter: 'start_time' (unix seconds).", param="start_time")
-    width_name = bucket_width or "1d"
+    width_name = bucket_width or DEFAULT_WIDTH
     if width_name not in limits:
         raise InvalidRequest(f"Invalid bucket_width {bucket_width!r}: use one of {', '.join(limits)}.",
                              param="bucket_width")
@@ -75,12 +76,19 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
     if limit is None:
         limit = default
     elif not 1 <= limit <= maximum:
-        raise InvalidRequest(f"limit must be 1 for bucket_width {WHOLE} (one bucket)." if whole else
-                             f"limit must be between 1 and {maximum} for bucket_width {width_name}.", param="limit")
+        raise InvalidRequest(limit_refusal(width_name, maximum), param="limit")
     start = start_time if whole else start_time - start_time % width
     first = start if not page else _page_start(page, start, end, width)
     buckets = min(limit, -(-(end - first) // width))
     return Page(start, end, width, first, buckets)
+
+
+def limit_refusal(width_name: str, maximum: int) -> str:
+    """The 400's message for a usage or costs `limit` out of 1..maximum, the range of its bucket_width; Envoy's Lua
+    filter says it too, of a whole number beyond the request's int32 (gateway/envoy.py renders it there)."""
+    if width_name == WHOLE:
+        return f"limit must be 1 for bucket_width {WHOLE} (one bucket)."
+    return f"limit must be between 1 and {maximum} for bucket_width {width_name}."
 
 
 def time_range(start_time: int, end_time: int | None, now: float) -> tuple[int, int]:
@@ -225,8 +233,13 @@ def rows_limit(limit: int | None) -> int:
     if limit is None:
         return default
     if not 1 <= limit <= maximum:
-        raise InvalidRequest(f"limit must be between 1 and {maximum}.", param="limit")
+        raise InvalidRequest(rows_limit_refusal(), param="limit")
     return limit
+
+
+def rows_limit_refusal() -> str:
+    """The message for a requests `limit` out of range (said by Envoy's Lua filter too, as limit_refusal)."""
+    return f"limit must be between 1 and {REQUESTS_LIMITS[1]}."
 
 
 def requests_page(rows: Sequence[LedgerRow], limit: int, *, typed: bool = False) -> dict:

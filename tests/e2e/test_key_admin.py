@@ -450,6 +450,20 @@ def test_list_keys_pages_over_rest_and_names_a_bad_page_parameter(gateway):
         assert admin[3:15] not in refused.text and param in refused.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("page_size", ["1001", "-1", "2147483648", "4294967296", "-2147483649", "1" + "0" * 30])
+def test_every_page_size_out_of_range_gets_the_documented_range(gateway, page_size):
+    """api.md, Key administration: `page_size` is 1 to 1000 (0: every key). One beyond protobuf's uint32 (4294967296)
+    or below 0 was refused in protobuf's terms ("expected an integer from 0 to 4294967295"), where 1001 got the
+    range: now all get it."""
+    admin = gateway.cli("keys", "create", "--name", "page-size-admin", "--all-models", "--admin").stdout.split()[-1]
+    refused = httpx.get(f"{gateway.base_url}/v1/admin/keys?page_size={page_size}",
+                        headers={"Authorization": f"Bearer {admin}"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"] == {"message": "page_size must be between 1 and 1000 (0 or none: every key).",
+                                       "type": "invalid_request_error", "param": "page_size",
+                                       "code": "invalid_request"}
+
+
 def test_answers_that_carry_a_secret_are_never_cached(gateway):
     """A created or rotated key's secret is shown once: no cache between the admin tool and the gateway (a proxy, the
     browser's back button) may keep a copy of the answer."""

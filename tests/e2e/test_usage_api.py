@@ -75,6 +75,26 @@ def test_a_parameter_of_the_wrong_type_is_named_in_the_callers_terms(gateway):
             "param": param, "code": "invalid_request"}
 
 
+@pytest.mark.parametrize(("path", "extra", "message"), [
+    ("/v1/organization/usage/completions", {}, "limit must be between 1 and 31 for bucket_width 1d."),
+    ("/v1/organization/usage/completions", {"bucket_width": "1m"},
+     "limit must be between 1 and 1440 for bucket_width 1m."),
+    ("/v1/organization/usage/completions", {"bucket_width": "all"},
+     "limit must be 1 for bucket_width all (one bucket)."),
+    ("/v1/organization/costs", {"bucket_width": "1h"}, "limit must be between 1 and 180 for bucket_width 1h."),
+    ("/v1/organization/requests", {}, "limit must be between 1 and 1000."),
+])
+@pytest.mark.parametrize("limit", ["0", "2147483647", "2147483648", "-2147483649", "1" + "0" * 30])
+def test_every_limit_out_of_range_gets_the_documented_range(gateway, path, extra, message, limit):
+    """api.md, Usage and costs: each `limit` has its range. One beyond protobuf's int32 (2147483648) was refused in
+    protobuf's terms, "expected an integer from -2147483648 to 2147483647", where 0 got the range: now all get it."""
+    answer = httpx.get(f"{gateway.base_url}{path}", params={"start_time": 1, "limit": limit} | extra,
+                       headers={"Authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == {"message": message, "type": "invalid_request_error", "param": "limit",
+                                      "code": "invalid_request"}
+
+
 def _usage_on_two_models(gateway, name: str) -> tuple[str, int]:
     """A key of env `sdk` that made one request on each of two models: its id, and a start time before them."""
     created = gateway.cli("keys", "create", "--name", name, "--all-models", "--env", "sdk").stdout
