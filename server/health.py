@@ -161,7 +161,9 @@ class Readiness:
             self._on_keys_checked(exc)
             if self._keys_down_since is None:
                 self._keys_down_since = time.monotonic()
-            return "authentication_failed" if exc.credentials_refused else "unreachable"
+            if exc.credentials_refused:
+                return "authentication_failed"
+            return "permission_denied" if exc.permission_denied else "unreachable"
         self._on_keys_checked(None)
         self._keys_down_since = None
         self._keys_reached = True

@@ -41,11 +41,13 @@ class StoreUnavailable(ServiceUnavailable):
     """The database did not answer (down, unreachable, too slow). Answered as 503 service_unavailable with
     retry-after wherever it is not handled; `detail` (the driver's words, for logs) stays out of the answer."""
 
-    def __init__(self, detail: str, *, store: str = "key store", credentials_refused: bool = False) -> None:
+    def __init__(self, detail: str, *, store: str = "key store", credentials_refused: bool = False,
+                 permission_denied: bool = False) -> None:
         super().__init__(f"The {store} is unreachable; retry shortly.", retry_after=RETRY_AFTER_SECONDS)
         self.detail = detail
         self.store = store
         self.credentials_refused = credentials_refused  # it answered, refusing who we are: readiness says so
+        self.permission_denied = permission_denied  # it answered, refusing our role its tables: readiness says so
 
     def __str__(self) -> str:
         return self.detail

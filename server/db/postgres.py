@@ -69,9 +69,11 @@ _CREDENTIALS_REFUSED = ("authentication failed", "no password supplied", "no pg_
 
 
 def unavailable(exc: Exception) -> StoreUnavailable:
-    """A PostgreSQL failure as the key store's StoreUnavailable (failure(), and whether the login was refused)."""
+    """A PostgreSQL failure as the key store's StoreUnavailable (failure(), and whether the login was refused or the
+    role refused the tables: SQLSTATE 42501, a DBA's REVOKE or a role never granted them)."""
     text = failure(exc)
-    return StoreUnavailable(text, credentials_refused=any(words in text for words in _CREDENTIALS_REFUSED))
+    return StoreUnavailable(text, credentials_refused=any(words in text for words in _CREDENTIALS_REFUSED),
+                            permission_denied=isinstance(exc, psycopg.errors.InsufficientPrivilege))
 
 
 def connection_kwargs(settings: StoreSettings, *, statement_timeout: bool = True) -> dict[str, Any]:

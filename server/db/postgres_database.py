@@ -98,6 +98,10 @@ class PostgresDatabase:
         except (psycopg.OperationalError, PoolTimeout, PoolClosed, TimeoutError) as exc:
             self._failing_until = time.monotonic() + 2 * (self._settings.timeout_seconds + _FAIL_FAST_SECONDS)
             raise unavailable(exc) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # The role may connect but not use the tables (REVOKE): the database answered, so no fail-fast, and
+            # readiness says `permission_denied`; was a 500 for a lookup and a readiness check that never ended.
+            raise unavailable(exc) from exc
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             # A standby the hosts were pointed at by a failover, or a DBA's default_transaction_read_only: the store
             # cannot take writes for now, which is no bug of the caller's. Reads still work: no fail-fast for them.

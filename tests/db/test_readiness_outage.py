@@ -17,6 +17,7 @@ from server.app import RunningServer, start_server
 from server.config import load_config
 
 from gateway.envoy import free_ports
+from server.db.database import StoreUnavailable
 from server.db.settings import StoreSettings
 from server.health import Readiness
 from server.keys import KeyStore, open_key_store
@@ -131,6 +132,43 @@ async def test_a_store_that_refuses_the_password_is_reported_as_such_not_as_unre
         assert (await probe.refresh()).checks["keys"] == "unreachable"
     finally:
         await down.close()
+
+
+async def test_a_role_without_rights_on_the_tables_is_reported_as_such_not_as_unreachable(postgres_server):
+    """PostgreSQL letting the role connect but refusing it Portico's tables (a DBA's REVOKE, a role swapped for one
+    not granted them: SQLSTATE 42501): /readyz said `keys unreachable`, as for a database that is down. The probe now
+    says `permission_denied`, as it does for a Redis user its ACL refuses."""
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    with postgres_server.connect(database) as conn:
+        conn.execute(f"CREATE ROLE {database}_app LOGIN PASSWORD '{postgres_server.password}'")
+        conn.execute(f"GRANT ALL ON SCHEMA public TO {database}_app")
+    probe, store = await readiness_for(StoreSettings(url=url.replace("postgres@", f"{database}_app@"),
+                                                     password_env=PASSWORD_ENV, timeout_seconds=1))
+    try:
+        assert (await probe.refresh()).checks["keys"] == "ok"  # its own tables, made at its start
+        with postgres_server.connect(database) as conn:
+            conn.execute("ALTER TABLE api_keys OWNER TO postgres")
+            conn.execute("ALTER TABLE retired_secrets OWNER TO postgres")
+            conn.execute(f"REVOKE ALL ON api_keys, retired_secrets FROM {database}_app")
+        # A host that had reached the store stays ready on its cached keys, as through an outage; a lookup of a key
+        # not cached is the store's 503, not a 500 of psycopg's InsufficientPrivilege.
+        report = await probe.refresh()
+        assert report.checks["keys"] == "permission_denied" and report.ready
+        with pytest.raises(StoreUnavailable) as refused:
+            await store.find_active("0" * 64)
+        assert refused.value.permission_denied and not refused.value.credentials_refused
+        # One that never reached it is not ready, and says why.
+        fresh, other = await readiness_for(StoreSettings(url=url.replace("postgres@", f"{database}_app@"),
+                                                         password_env=PASSWORD_ENV, timeout_seconds=1))
+        try:
+            report = await fresh.refresh()
+            assert report.checks["keys"] == "permission_denied" and not report.ready
+            assert report.reasons() == "keys permission_denied"
+        finally:
+            await other.close()
+    finally:
+        await store.close()
 
 
 async def test_each_key_store_outage_has_its_own_lines_while_only_cached_keys_are_used(tmp_path, postgres_server,
