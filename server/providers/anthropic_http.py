@@ -117,6 +117,7 @@ class AnthropicProvider:
                 if unserved.first:
                     _logger.warning("The upstream serving %s has no count_tokens endpoint (HTTP %d): counts for its "
                                     "models are estimated.", self._model_id, unserved.status)
+                attempt.set("portico.count_estimated", True)  # else its span says only the 404
                 return TokenCount(request.estimated_prompt_tokens())
             except UpstreamMisconfigured as error:
                 # A refused key or account (401, 403, 402) must not take the deployment out for its messages, which

@@ -269,6 +269,29 @@ async def test_a_token_count_attempt_says_what_its_upstream_counted(messages, ru
                 "gen_ai.usage.output_tokens"} & set(attempt.attributes)
 
 
+async def test_a_count_its_upstream_has_no_endpoint_for_says_it_was_estimated(messages, running, double, receiver,
+                                                                              key):
+    """An upstream without count_tokens (404) is answered with Portico's estimate: its attempt said only
+    `http.response.status_code` 404, read as a failed count; it now says `portico.count_estimated`, and no count the
+    upstream did not make. A count the upstream made says no such thing."""
+    _, secret = key
+    double.cue(Cue(status=404, body={"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}}))
+    trace_id, _, traceparent = caller_context()
+    body = {"model": "messages-on-anthropic", "max_tokens": 8, "messages": HELLO}
+    answer = await messages.CountMessageTokensHttp(http_body(body), metadata=(*bearer(secret), traceparent))
+    assert orjson.loads(answer.data)["input_tokens"] > 0
+
+    attempt = one(await spans_of(receiver, trace_id), kind="client")
+    assert attempt.attributes["portico.count_estimated"] is True and not attempt.error
+    assert attempt.attributes["http.response.status_code"] == 404
+    assert "gen_ai.usage.input_tokens" not in attempt.attributes
+
+    double.cue(Cue(body={"input_tokens": 37}))
+    trace_id, _, traceparent = caller_context()
+    await messages.CountMessageTokensHttp(http_body(body), metadata=(*bearer(secret), traceparent))
+    assert "portico.count_estimated" not in one(await spans_of(receiver, trace_id), kind="client").attributes
+
+
 @pytest.mark.parametrize("named", [False, True])
 async def test_an_image_attempt_says_what_its_upstream_answered(channel, running, double, receiver, key, named):
     """gpt-image models report usage (input and output tokens): the attempt carries it; an id and a model only when
