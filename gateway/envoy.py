@@ -32,15 +32,10 @@ import yaml
 from gateway.grpc_replies import grpc_reply_mappers
 from gateway.processes import start_supervised, terminate
 from gateway.query_parameters import (
-    Parameters, admin_parameters, anthropic_models_parameters, bodiless_routes, lua_table, organization_parameters,
-    path_variables, route_methods,
+    Parameters, admin_parameters, anthropic_models_parameters, bodiless_routes, lua_string, lua_table,
+    organization_parameters, path_variables, route_methods,
 )
-from server.catalog.pages import MOST_LIMIT, limit_refusal
-from server.keys.admin import MAX_KEYS_PAGE, page_size_refusal
-from server.usage.openai_pages import (
-    COMPLETIONS_LIMITS, COSTS_LIMITS, DEFAULT_WIDTH, REQUESTS_LIMITS, rows_limit_refusal,
-)
-from server.usage.openai_pages import limit_refusal as usage_limit_refusal
+from gateway.query_ranges import Ranges, lua_ranges, query_ranges
 from server.config_cors import CorsSettings
 from server.errors import kind_by_status
 
@@ -232,56 +227,6 @@ def lua_source(lua_dir: Path) -> str:
     return "\n".join(Path(lua_dir, part).read_text("utf-8") for part in LUA_PARTS)
 
 
-# A whole-number query parameter's range and the server's message for a value out of it: (low, high, message), the
-# message a Lua format whose `%s` is the value as sent. Or, where another parameter's value picks the range (usage's
-# `bucket_width`), (that parameter, {its value: (low, high, message)}), "" standing for it absent or empty.
-Range = tuple[int, int, str]
-Ranges = dict[str, dict[str, Range | tuple[str, dict[str, Range]]]]
-
-_VALUE = "\0"  # where a message says the value: `%s` once its own `%` are escaped
-
-
-def _lua_format(message: str) -> str:
-    return message.replace("%", "%%").replace(_VALUE, "%s")
-
-
-def query_ranges() -> Ranges:
-    """route -> parameter -> its range and refusal, from the server's own constants and messages (pure). The server
-    refuses a value within the field's int32 (uint32) itself; the transcoder refused one beyond it in protobuf's
-    terms ("expected an integer from -2147483648 to 2147483647"), never the range the caller was told, so the Lua
-    shaper refuses every whole number out of range with the server's words (gateway/lua/query.lua, range_refusal)."""
-    def by_width(limits: Mapping[str, tuple[int, int]]) -> tuple[str, dict[str, Range]]:
-        widths = {width: (1, most, _lua_format(usage_limit_refusal(width, most)))
-                  for width, (_, most) in limits.items()}
-        return "bucket_width", widths | {"": widths[DEFAULT_WIDTH]}
-
-    return {
-        "/v1/models": {"limit": (1, MOST_LIMIT, _lua_format(limit_refusal(_VALUE)))},  # the anthropic SDK's route
-        "/v1/organization/usage/completions": {"limit": by_width(COMPLETIONS_LIMITS)},
-        "/v1/organization/costs": {"limit": by_width(COSTS_LIMITS)},
-        "/v1/organization/requests": {"limit": (1, REQUESTS_LIMITS[1], _lua_format(rows_limit_refusal()))},
-        "/v1/admin/keys": {"page_size": (0, MAX_KEYS_PAGE, _lua_format(page_size_refusal()))},
-    }
-
-
-def _lua_ranges(ranges: Ranges) -> str:
-    def one(low: int, high: int, message: str) -> str:
-        return f"{{{low}, {high}, {_lua_string(message)}}}"
-
-    rows = []
-    for route, names in sorted(ranges.items()):
-        fields = []
-        for name, spec in sorted(names.items()):
-            if isinstance(spec[1], dict):
-                by, cases = spec
-                fields.append(f"[{_lua_string(name)}] = {{by = {_lua_string(by)}, " + ", ".join(
-                    f"[{_lua_string(value)}] = {one(*case)}" for value, case in sorted(cases.items())) + "}")
-            else:
-                fields.append(f"[{_lua_string(name)}] = {one(*spec)}")
-        rows.append(f"  [{_lua_string(route)}] = {{{', '.join(fields)}}},\n")
-    return "{\n" + "".join(rows) + "}"
-
-
 def render_lua(source: str, parameters: Parameters, variables: Parameters, anthropic: Parameters, *,
                admin: Parameters | None = None, max_body_bytes: int = 0,
                routes: Mapping[str, tuple[str, ...]] | None = None,
@@ -295,30 +240,25 @@ def render_lua(source: str, parameters: Parameters, variables: Parameters, anthr
         if line not in source:
             raise ValueError(f"the Lua source has no `{line}` line to fill")
     rows = "".join(
-        f"  [{status}] = {{{_lua_string(kind.code)}, {_lua_string(kind.type)}, {_lua_string(kind.message)}, "
-        f"{_lua_string(kind.anthropic_type)}}},\n"
+        f"  [{status}] = {{{lua_string(kind.code)}, {lua_string(kind.type)}, {lua_string(kind.message)}, "
+        f"{lua_string(kind.anthropic_type)}}},\n"
         for status, kind in sorted(kind_by_status().items())
     )
     source = source.replace(_PARAMETERS_LINE, "local ORGANIZATION_PARAMETERS = " + lua_table(parameters))
     source = source.replace(_PATH_VARIABLES_LINE, "local PATH_VARIABLES = " + lua_table(variables))
     source = source.replace(_ANTHROPIC_LINE, "local ANTHROPIC_MODELS_PARAMETERS = " + lua_table(anthropic))
     source = source.replace(_ADMIN_LINE, "local ADMIN_PARAMETERS = " + lua_table(admin or {}))
-    source = source.replace(_RANGES_LINE, "local QUERY_RANGES = " + _lua_ranges(ranges or {}))
+    source = source.replace(_RANGES_LINE, "local QUERY_RANGES = " + lua_ranges(ranges or {}))
     source = source.replace(_MAX_BODY_LINE, f"local MAX_BODY_BYTES = {int(max_body_bytes)}")
     # pattern -> {the `allow` header, the methods as the message says them: HEAD is GET's}
-    methods = "".join(f"  [{_lua_string(pattern)}] = {{{_lua_string(', '.join(names))}, "
-                      f"{_lua_string(' or '.join(name for name in names if name != 'HEAD'))}}},\n"
+    methods = "".join(f"  [{lua_string(pattern)}] = {{{lua_string(', '.join(names))}, "
+                      f"{lua_string(' or '.join(name for name in names if name != 'HEAD'))}}},\n"
                       for pattern, names in sorted((routes or {}).items()))
     source = source.replace(_ROUTES_LINE, "local ROUTE_METHODS = {\n" + methods + "}")
-    bodies = "".join(f"  [{_lua_string(method)}] = {{{', '.join(map(_lua_string, patterns))}}},\n"
+    bodies = "".join(f"  [{lua_string(method)}] = {{{', '.join(map(lua_string, patterns))}}},\n"
                      for method, patterns in sorted((bodiless or {}).items()))
     source = source.replace(_BODILESS_LINE, "local BODILESS = {\n" + bodies + "}")
     return source.replace(_KINDS_LINE, "local KINDS = {  -- rendered from server/errors.py\n" + rows + "}")
-
-
-def _lua_string(text: str) -> str:
-    return '"' + "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else f"\\{ord(c):03d}"
-                         for c in text) + '"'
 
 
 # What Envoy may see of Portico's environment: its config says everything else. Not the rest, which holds the

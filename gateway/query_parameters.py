@@ -59,6 +59,12 @@ def lua_table(parameters: Parameters) -> str:
     return "{\n" + "".join(rows) + "}"
 
 
+def lua_string(text: str) -> str:
+    """`text` as a Lua string literal: anything but printable ASCII (and `"`, `\\`) as a decimal escape."""
+    return '"' + "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else f"\\{ord(c):03d}"
+                         for c in text) + '"'
+
+
 def path_variables(descriptor_set: bytes) -> Parameters:
     """The names REST path templates bind (`{id}` in /v1/admin/keys/{id}), by the template's fixed start
     (`/v1/admin/keys/`). The transcoder lets a query parameter of the same name replace the path's value
