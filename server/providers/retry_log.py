@@ -54,6 +54,7 @@ class RetryLog:
     def _prune(self, now: float) -> None:
         """Forgets kinds whose minute is over with nothing left to count, and then, if every kind left is still
         needed, the oldest: a count of lines not logged is lost before memory grows without bound."""
-        self._kinds = {kind: seen for kind, seen in self._kinds.items() if seen.unlogged or now - seen.logged_at < self._window}
+        self._kinds = {kind: seen for kind, seen in self._kinds.items()
+                       if seen.unlogged or now - seen.logged_at < self._window}
         while len(self._kinds) >= self._max_kinds:
             del self._kinds[next(iter(self._kinds))]
