@@ -48,7 +48,6 @@ end
 -- transcoder, which skips them (the SDK's `?beta=true`).
 local ANTHROPIC_MODELS_PARAMETERS = {}  -- @ANTHROPIC_MODELS_PARAMETERS@
 
-
 -- The query parameters of the GET paths under /v1/admin/ that take some (ListKeys' `page_size`, `page_token`), as
 -- above; gateway/envoy.py replaces the next line. Other names are skipped by the transcoder.
 local ADMIN_PARAMETERS = {}  -- @ADMIN_PARAMETERS@

@@ -46,7 +46,7 @@ def model_page(entries: Sequence[ModelEntry], *, limit: int | None, after_id: st
 
 def limit_refusal(limit: object) -> str:
     """The 400's message for a `limit` out of range; Envoy's Lua filter says it too, of a whole number too large for
-    the request's int32, which never reaches the server (gateway/envoy.py renders it there)."""
+    the request's int32, which never reaches the server (gateway/query_ranges.py takes it there)."""
     return f"limit must be between 1 and {MOST_LIMIT}, got {limit}."
 
 

@@ -26,7 +26,7 @@ _ENV = re.compile(rf"[A-Za-z0-9_-]{{0,{MAX_ENV_CHARS}}}")
 
 def page_size_refusal() -> str:
     """The 400's message for a `page_size` out of 0..MAX_KEYS_PAGE; Envoy's Lua filter says it too, of a whole number
-    beyond the request's uint32 or below 0 (gateway/envoy.py renders it there)."""
+    beyond the request's uint32 or below 0 (gateway/query_ranges.py takes it there)."""
     return f"page_size must be between 1 and {MAX_KEYS_PAGE} (0 or none: every key)."
 
 

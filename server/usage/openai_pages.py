@@ -85,7 +85,7 @@ def plan_page(start_time: int | None, end_time: int | None, bucket_width: str, l
 
 def limit_refusal(width_name: str, maximum: int) -> str:
     """The 400's message for a usage or costs `limit` out of 1..maximum, the range of its bucket_width; Envoy's Lua
-    filter says it too, of a whole number beyond the request's int32 (gateway/envoy.py renders it there)."""
+    filter says it too, of a whole number beyond the request's int32 (gateway/query_ranges.py takes it there)."""
     if width_name == WHOLE:
         return f"limit must be 1 for bucket_width {WHOLE} (one bucket)."
     return f"limit must be between 1 and {maximum} for bucket_width {width_name}."
