@@ -241,6 +241,17 @@ class FinishReason(str, enum.Enum):
     REFUSAL = "refusal"  # the upstream withheld the answer (OpenAI: content_filter)
 
 
+def turn_end(reason: FinishReason, *, calls: bool) -> FinishReason:
+    """An upstream's plain end or tool end, made to say whether the turn waits for tool results: `tool_use` exactly
+    when it holds calls. Upstreams end a forced call with `stop` (OpenAI, vLLM) or `end_turn` (some Anthropic-compatible
+    bridges), and some end a turn of no call with `tool_use` / `tool_calls`; a caller's tool loop reads the reason."""
+    if reason is FinishReason.END_TURN and calls:
+        return FinishReason.TOOL_USE
+    if reason is FinishReason.TOOL_USE and not calls:
+        return FinishReason.END_TURN
+    return reason
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0  # every prompt token, those read from or written to a prompt cache included

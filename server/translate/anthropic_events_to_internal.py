@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from server import wire_json
 from server.domain import (
     CallIds, FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart,
-    UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids,
+    UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, not_a_count, reported_count, token_count
@@ -116,14 +116,8 @@ class AnthropicEventReader:
                           else max(self._output_tokens, estimate_tokens(self._chars)))
                 usage = Usage(self._input_tokens if self._input_reported else self._prompt_estimate, output,
                               self._cached_tokens, self._written_tokens, self._hour_writes(), self._searches)
-                # Compatible bridges in front of other models end a turn that called a tool with end_turn, and some
-                # end one that called none with tool_use: a chat caller is told `tool_calls` exactly when there are
-                # calls, as a Messages caller is told tool_use of OpenAI's calls ending in stop.
-                reason = self._reason
-                if reason is FinishReason.END_TURN and self._tool_blocks:
-                    reason = FinishReason.TOOL_USE
-                elif reason is FinishReason.TOOL_USE and not self._tool_blocks:
-                    reason = FinishReason.END_TURN
+                # A chat caller is told `tool_calls` exactly when there are calls (compatible bridges say otherwise).
+                reason = turn_end(self._reason, calls=bool(self._tool_blocks))
                 return [Finished(reason, usage, self._stop_sequence, self._upstream_reason)]
             return []  # ping and event types added later
         except MALFORMED:

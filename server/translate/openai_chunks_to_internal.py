@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from server.domain import (
     CallIds, FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer,
-    Usage, estimate_tokens, numbered_call_ids,
+    Usage, estimate_tokens, numbered_call_ids, turn_end,
 )
 from server import wire_json
 from server.errors import UpstreamError
@@ -177,16 +177,12 @@ class OpenAIChunkReader:
             error.usage_reported = self.reported()  # what it spent on it, for the ledger
             raise error
         usage = self._counted(self._deltas if output_estimate is None else output_estimate)
-        # OpenAI ends a refusal with "stop", and a call the request forced (vLLM too): Anthropic's callers are told
-        # `refusal` and `tool_use`, as their upstreams would say (the SDK's tool runner runs calls only on tool_use);
-        # `tool_calls` without a call is a plain end, or that runner would answer with no tool results.
-        reason = self._finish
-        if reason is FinishReason.END_TURN and self._refused:
+        # OpenAI ends a refusal with "stop": Anthropic's callers are told `refusal`, as their upstreams would say
+        # (and `tool_use` exactly when there are calls: the SDK's tool runner runs calls only on tool_use).
+        if self._finish is FinishReason.END_TURN and self._refused:
             reason = FinishReason.REFUSAL
-        elif reason is FinishReason.END_TURN and self._calls:
-            reason = FinishReason.TOOL_USE
-        elif reason is FinishReason.TOOL_USE and not self._calls:
-            reason = FinishReason.END_TURN
+        else:
+            reason = turn_end(self._finish, calls=bool(self._calls))
         return Finished(reason, usage, self._stop_sequence, self._upstream_reason)
 
 
