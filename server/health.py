@@ -161,9 +161,7 @@ class Readiness:
             self._on_keys_checked(exc)
             if self._keys_down_since is None:
                 self._keys_down_since = time.monotonic()
-            if exc.credentials_refused:
-                return "authentication_failed"
-            return "permission_denied" if exc.permission_denied else "unreachable"
+            return _down_state(exc.credentials_refused, exc.permission_denied)
         self._on_keys_checked(None)
         self._keys_down_since = None
         self._keys_reached = True
@@ -182,7 +180,13 @@ class Readiness:
     async def _limits_state(self) -> str:
         if not await self._limiter.check_store():  # which also logs an outage's start and end, traffic or none
             store = self._limiter.store
-            if store.credentials_refused:
-                return "authentication_failed"
-            return "permission_denied" if store.permission_denied else "unreachable"
+            return _down_state(store.credentials_refused, store.permission_denied)
         return "ok"
+
+
+def _down_state(credentials_refused: bool, permission_denied: bool) -> str:
+    """A store that did not serve the check, as /readyz names it (operations.md, Health): one that answered but
+    refused the gateway's password, or its user or role the commands or tables, is not said to be unreachable."""
+    if credentials_refused:
+        return "authentication_failed"
+    return "permission_denied" if permission_denied else "unreachable"
