@@ -194,7 +194,7 @@ class HttpUpstream:
                 content = await response.read(MAX_ANSWER_BYTES)
             except TransportError as exc:
                 error = self._transport_errors.of(exc, model_id, before_answer=True)
-                raise (error if cut_retried else _not_retried(error, unread=True)) from None
+                raise _answer_unread(error, cut_retried) from None
         finally:
             self._give_back(response, caller_done=False)
         try:
@@ -203,11 +203,11 @@ class HttpUpstream:
             # A proxy's maintenance or login page says so by its type: named, so nobody looks for a JSON fault.
             stated = response.content_type
             what = "invalid JSON" if not stated or "json" in stated else f"{stated[:100]}, not JSON"
-            error = UpstreamError(f"The upstream serving `{model_id}` answered with {what}.")
-            raise (error if cut_retried else _not_retried(error, unread=True)) from None
+            raise _answer_unread(UpstreamError(f"The upstream serving `{model_id}` answered with {what}."),
+                                 cut_retried) from None
         if not isinstance(data, dict):
-            error = UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON.")
-            raise error if cut_retried else _not_retried(error, unread=True)
+            raise _answer_unread(UpstreamError(f"The upstream serving `{model_id}` answered with unexpected JSON."),
+                                 cut_retried)
         return data
 
     async def billed(self, work: Awaitable[T]) -> T:
@@ -418,6 +418,12 @@ def _not_retried(error: PorticoError, *, unread: bool = False) -> PorticoError:
     error.should_retry = False
     error.answer_unread = unread
     return error
+
+
+def _answer_unread(error: PorticoError, cut_retried: bool) -> PorticoError:
+    """`error` for a 2xx answer that could not be read (cut off, not JSON): as it is where asking again may serve
+    (`cut_retried`), else never retried, the work done and billed (PorticoError.answer_unread)."""
+    return error if cut_retried else _not_retried(error, unread=True)
 
 
 async def _error_body(response: Response) -> bytes:
