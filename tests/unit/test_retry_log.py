@@ -7,22 +7,15 @@ import logging
 import pytest
 
 from server.providers.retry_log import RetryLog
+from tests.limits_support import FakeClock
 
 RETRY = "%s/%s failed (%s); trying %s/%s"
 FALLBACK = "%s failed (%s); falling back to %s"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
 
 
 def lines(caplog) -> list[str]:
