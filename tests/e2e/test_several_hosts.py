@@ -141,8 +141,10 @@ def test_a_secret_rotated_out_on_one_host_ends_on_the_other_at_its_grace(shared)
 def test_rpm_50_over_both_hosts_admits_exactly_50(shared):
     (a, b), admin, _ = shared
     secret = create_key(a, admin, limits={"requests_per_minute": 50})["secret"]
-    with httpx.Client() as client, ThreadPoolExecutor(32) as pool:
-        statuses = Counter(pool.map(lambda i: chat((a, b)[i % 2], secret, client).status_code, range(200)))
+    # A connection per request: httpx's pool, shared by 32 threads, once read from a socket it had closed in another
+    # (httpcore.ReadError "[Errno 9] Bad file descriptor"), a fault of the test's client, not of the gateway.
+    with ThreadPoolExecutor(32) as pool:
+        statuses = Counter(pool.map(lambda i: chat((a, b)[i % 2], secret).status_code, range(200)))
     assert statuses == {200: 50, 429: 150}
 
 
