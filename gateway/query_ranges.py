@@ -1,10 +1,10 @@
 """Whole-number query parameters whose range the Lua shaper checks (gateway/lua/query.lua, range_refusal), with
 the server's own range and refusal message (pure).
 
-The server refuses a value within its field's int32 (uint32) itself; the transcoder refused one beyond it in
-protobuf's terms ("expected an integer from -2147483648 to 2147483647"), never the range the caller was told. So the
-shaper refuses every whole number out of range with the server's words, taken here from the server's constants and
-message functions, so that the two cannot drift apart.
+The server refuses a value within its field's protobuf type (int32, uint32, int64) itself; the transcoder refused one
+beyond it in protobuf's terms ("expected an integer from -2147483648 to 2147483647"), never the range the caller was
+told. So the shaper refuses every whole number out of range with the server's words, taken here from the server's
+constants and message functions, so that the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from gateway.query_parameters import lua_string
 from server.catalog.pages import MOST_LIMIT, limit_refusal
 from server.keys.admin import MAX_KEYS_PAGE, page_size_refusal
 from server.usage.openai_pages import (
-    COMPLETIONS_LIMITS, COSTS_LIMITS, DEFAULT_WIDTH, REQUESTS_LIMITS, rows_limit_refusal,
+    COMPLETIONS_LIMITS, COSTS_LIMITS, DEFAULT_WIDTH, LAST_TIME, REQUESTS_LIMITS, rows_limit_refusal, time_refusal,
 )
 from server.usage.openai_pages import limit_refusal as usage_limit_refusal
 
@@ -39,11 +39,12 @@ def query_ranges() -> Ranges:
                   for width, (_, most) in limits.items()}
         return "bucket_width", widths | {"": widths[DEFAULT_WIDTH]}
 
+    times = {name: (0, LAST_TIME, _lua_format(time_refusal(name))) for name in ("start_time", "end_time")}
     return {
         "/v1/models": {"limit": (1, MOST_LIMIT, _lua_format(limit_refusal(_VALUE)))},  # the anthropic SDK's route
-        "/v1/organization/usage/completions": {"limit": by_width(COMPLETIONS_LIMITS)},
-        "/v1/organization/costs": {"limit": by_width(COSTS_LIMITS)},
-        "/v1/organization/requests": {"limit": (1, REQUESTS_LIMITS[1], _lua_format(rows_limit_refusal()))},
+        "/v1/organization/usage/completions": {"limit": by_width(COMPLETIONS_LIMITS)} | times,
+        "/v1/organization/costs": {"limit": by_width(COSTS_LIMITS)} | times,
+        "/v1/organization/requests": {"limit": (1, REQUESTS_LIMITS[1], _lua_format(rows_limit_refusal()))} | times,
         "/v1/admin/keys": {"page_size": (0, MAX_KEYS_PAGE, _lua_format(page_size_refusal()))},
     }
 

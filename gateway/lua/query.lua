@@ -75,8 +75,8 @@ local function path_variable_in(path, query)
 end
 
 -- The first parameter of `query` that is a whole number out of its range in `ranges` (QUERY_RANGES[route]), and the
--- server's message for it, or nil. The server refuses one within the field's int32 so itself; one beyond it
--- (2147483648) the transcoder refused in protobuf's terms ("expected an integer from -2147483648 to 2147483647"),
+-- server's message for it, or nil. The server refuses one within the field's int32 or int64 so itself; one beyond
+-- it (2147483648) the transcoder refused in protobuf's terms ("expected an integer from -2147483648 to 2147483647"),
 -- never the range the caller was told, so all are refused here. Run after the checks that refuse a one-value
 -- parameter given twice.
 local function range_refusal(query, ranges)

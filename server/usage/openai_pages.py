@@ -91,13 +91,16 @@ def limit_refusal(width_name: str, maximum: int) -> str:
     return f"limit must be between 1 and {maximum} for bucket_width {width_name}."
 
 
+def time_refusal(name: str) -> str:
+    return f"{name} must be a unix time in seconds, from 0 to {LAST_TIME} (the year 10000)."
+
+
 def time_range(start_time: int, end_time: int | None, now: float) -> tuple[int, int]:
     """(start, end) in unix seconds, `end` exclusive and now by default; InvalidRequest naming the parameter
     otherwise."""
     for name, value in (("start_time", start_time), ("end_time", end_time)):
         if value is not None and not 0 <= value <= LAST_TIME:
-            raise InvalidRequest(f"{name} must be a unix time in seconds, from 0 to {LAST_TIME} (the year 10000).",
-                                 param=name)
+            raise InvalidRequest(time_refusal(name), param=name)
     end = min(int(now) + 1, LAST_TIME) if end_time is None else end_time
     if end <= start_time:
         raise InvalidRequest("start_time must be a unix time before end_time.",

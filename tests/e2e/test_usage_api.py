@@ -95,6 +95,22 @@ def test_every_limit_out_of_range_gets_the_documented_range(gateway, path, extra
                                       "code": "invalid_request"}
 
 
+@pytest.mark.parametrize("path", ["/v1/organization/usage/completions", "/v1/organization/costs",
+                                  "/v1/organization/requests"])
+@pytest.mark.parametrize(("param", "value"), [("start_time", "-1"), ("start_time", "9223372036854775808"),
+                                              ("end_time", "253402300801"), ("end_time", "1" + "0" * 30)])
+def test_every_time_out_of_range_gets_the_documented_range(gateway, path, param, value):
+    """api.md, Usage and costs: times are unix seconds from 0 to the year 10000. One beyond protobuf's int64
+    (9223372036854775808) was refused in protobuf's terms, where -1 got the range: now all get it."""
+    params = {"start_time": 1} | {param: value}
+    answer = httpx.get(f"{gateway.base_url}{path}", params=params,
+                       headers={"Authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == {
+        "message": f"{param} must be a unix time in seconds, from 0 to 253402300800 (the year 10000).",
+        "type": "invalid_request_error", "param": param, "code": "invalid_request"}
+
+
 def _usage_on_two_models(gateway, name: str) -> tuple[str, int]:
     """A key of env `sdk` that made one request on each of two models: its id, and a start time before them."""
     created = gateway.cli("keys", "create", "--name", name, "--all-models", "--env", "sdk").stdout
