@@ -130,8 +130,10 @@ class ImageStore:
             for path in written:  # no link names them
                 with contextlib.suppress(OSError):
                     path.unlink()
-            raise ServiceUnavailable("The generated image could not be stored for its link; retry shortly, or ask "
-                                     "for response_format b64_json.", retry_after=_STORE_RETRY_SECONDS) from None
+            error = ServiceUnavailable("The generated image could not be stored for its link; retry shortly, or ask "
+                                       "for response_format b64_json.", retry_after=_STORE_RETRY_SECONDS)
+            error.should_retry = False  # drawn and counted: an SDK's own retries would draw, bill and fail again
+            raise error from None
         if self._failing:
             self._failing = False
             _logger.warning("generated images are stored in %s again", self._dir)

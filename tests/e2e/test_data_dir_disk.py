@@ -212,6 +212,8 @@ def test_a_data_dir_that_fills_while_serving_loses_no_ledger_row_and_recovers_by
                 image = client.post("/v1/images/generations", json={"model": "family-a-image-2", "prompt": "a cat",
                                                                        "size": "256x256", "response_format": "url"})
                 assert image.status_code == 503 and image.headers["retry-after"] == "5", image.text
+                # Drawn and counted before it could not be stored: an SDK's own retries would draw and bill again.
+                assert image.headers["x-should-retry"] == "false", image.headers
             for path, body in (("/v1/admin/keys", {"name": "later", "all_models": True}),
                                (f"/v1/admin/keys/{other}/rotate", {}), (f"/v1/admin/keys/{other}", {"name": "b"})):
                 written = client.request("PATCH" if body == {"name": "b"} else "POST", path, json=body)
