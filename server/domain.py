@@ -172,6 +172,19 @@ RequestSource = OpenAIChatSource | AnthropicMessagesSource
 
 
 @dataclass(frozen=True, slots=True)
+class Reasoning:
+    """The caller asked the model to reason before it answers (chat's `reasoning_effort`, Messages' `thinking`
+    enabled or adaptive), in both dialects' terms (server/translate/thinking.py): `effort` for an OpenAI-compatible
+    upstream, `budget_tokens` for an Anthropic one (None: not said, the server's default; Anthropic's adaptive).
+    `room`: tokens added to the token limit sent to an upstream that thinks within it (Anthropic), where the caller
+    set none: the default limit is the answer's, the budget comes on top."""
+
+    effort: str | None = None
+    budget_tokens: int | None = None
+    room: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What a provider is asked to do. Which model is the provider's own business: an upstream provider sends its
     configured model name, and the caller's model id is on the call."""
@@ -187,6 +200,13 @@ class GenerationRequest:
     # The caller reads the answer as it is generated. False: it waits for the whole answer, so an upstream is asked
     # for one JSON answer instead of a stream; the provider's events are the same either way.
     stream: bool = True
+    reasoning: Reasoning | None = None  # None: the caller asked for no reasoning (or said nothing)
+
+    @property
+    def most_output_tokens(self) -> int:
+        """The most tokens the answer may take, thinking included: the token limit, and the room for a thinking
+        budget an upstream is sent on top of a default limit."""
+        return self.params.max_tokens + (self.reasoning.room if self.reasoning is not None else 0)
 
     @property
     def token_limit_field(self) -> str | None:

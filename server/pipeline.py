@@ -158,7 +158,7 @@ class Pipeline:
             # A fallback will serve it, counting it in its own tokens: reserved as for any upstream (the count here
             # is the embedded model's, and of a prompt too long to tokenize only a lower bound).
             prompt, counter = max(prompt, request.estimated_prompt_tokens()), None
-        most_output = request.params.max_tokens
+        most_output = request.most_output_tokens  # with the room for thinking an upstream is given
         if call.model.id in self._answer_windows:
             most_output = min(most_output, window - prompt)
         meter = Meter(prompt_estimate=prompt, most_output=most_output)

@@ -19,6 +19,7 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import GENERATION_ONLY, MESSAGE_FIELDS, check_fields
+from server.translate.thinking import LEAST_THINKING_BUDGET, beside_thinking
 from server.translate.tool_rules import ANTHROPIC_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread
 from server.translate.values import (
     no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
@@ -31,7 +32,6 @@ _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any"
 # passes through); other models do not need them for context, so they are left out of the internal turns.
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
-_LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
 _LONGEST_USER_ID = 256  # Anthropic's API refuses a longer metadata.user_id
 _TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's pattern for a tool_use block's id
 
@@ -153,36 +153,22 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
                                               "'enabled', 'disabled', 'adaptive'."))
     elif kind == "enabled" and budget is None:
         unread.append(Unread("thinking.budget_tokens", "thinking.enabled.budget_tokens: Field required"))
-    elif kind == "enabled" and budget < _LEAST_THINKING_BUDGET:
+    elif kind == "enabled" and budget < LEAST_THINKING_BUDGET:
         unread.append(Unread("thinking.budget_tokens", "thinking.enabled.budget_tokens: Input should be greater "
-                                                       f"than or equal to {_LEAST_THINKING_BUDGET}, got {budget}."))
+                                                       f"than or equal to {LEAST_THINKING_BUDGET}, got {budget}."))
     elif kind == "enabled" and max_tokens is not None and budget >= max_tokens:
         unread.append(Unread("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens` "
                                                        f"({max_tokens} is not greater than {budget})."))
 
 
-_THINKING_TOP_P = 0.95  # the least top_p Anthropic's API takes while thinking is on
-_FORCED = (ToolChoiceMode.REQUIRED, ToolChoiceMode.TOOL)
-
-
 def _beside_thinking(body: Mapping[str, Json], params: SamplingParams, choice: ToolChoice | None) -> list[Unread]:
-    """While thinking is on (`enabled` or `adaptive`), Anthropic's API refuses a temperature other than 1, any
-    top_k, a top_p under 0.95 and a tool_choice that forces a call. The embedded model answered such a request, so
-    code that worked there failed once the model was served by Anthropic; an Anthropic upstream judges it itself,
-    and an OpenAI-compatible one stands in for Anthropic's API as for `thinking` itself. The first one is named."""
+    """While thinking is on (`enabled` or `adaptive`), what Anthropic's API refuses beside it (thinking.py): the
+    embedded model answered such a request, so code that worked there failed once the model was served by Anthropic;
+    an Anthropic upstream judges it itself, and an OpenAI-compatible one stands in for Anthropic's API."""
     thinking = body.get("thinking")
     if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
         return []
-    if params.temperature is not None and params.temperature != 1:
-        return [Unread("temperature", "`temperature` may only be set to 1 when thinking is enabled.")]
-    if body.get("top_k") is not None:
-        return [Unread("top_k", "`top_k` may not be set when thinking is enabled.")]
-    if params.top_p is not None and params.top_p < _THINKING_TOP_P:
-        return [Unread("top_p", f"`top_p` must be greater than or equal to {_THINKING_TOP_P} or unset when thinking "
-                                "is enabled.")]
-    if choice is not None and choice.mode in _FORCED:
-        return [Unread("tool_choice", "Thinking may not be enabled when tool_choice forces tool use.")]
-    return []
+    return beside_thinking(params, choice, top_k=body.get("top_k") is not None)
 
 
 def _blocks(message: Mapping[str, Json], kind: str) -> list[tuple[int, Mapping[str, Json]]]:

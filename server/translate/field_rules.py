@@ -104,7 +104,12 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "metadata": FieldRule("object", I, I, note="its values are strings; at most 16 pairs, keys of at most 64 "
                                                 "characters and values of at most 512, as OpenAI takes them"),
     "modalities": FieldRule("array", I, I, note="text is the only output"),
-    "reasoning_effort": FieldRule("string", I, I),
+    "reasoning_effort": FieldRule("string", I, A, note="→ `thinking` `enabled` with a `budget_tokens` of 1024 "
+                                  "(`minimal`, `low`), 2048 (`medium`), 4096 (`high`), 8192 (`xhigh`), 16384 (`max`); "
+                                  "`none`: no thinking; refused beside what Anthropic refuses with thinking (a token "
+                                  "limit not above the budget, a `temperature` other than 1, a `top_k`, a `top_p` "
+                                  "under 0.95, a forced `tool_choice`); without a token limit, the budget is added "
+                                  "to `default_max_tokens`"),
     "verbosity": FieldRule("string", I, I),
     "prediction": FieldRule("object", I, I, note="a latency hint"),
     "audio": FieldRule("object", R, R),

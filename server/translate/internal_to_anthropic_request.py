@@ -30,7 +30,7 @@ def anthropic_body(request: GenerationRequest, *, model: str) -> dict:
     else:
         body = _built(request)
     body["model"] = model
-    body["max_tokens"] = request.params.max_tokens
+    body["max_tokens"] = request.most_output_tokens  # a chat request's default limit, with room for its thinking
     body["stream"] = request.stream
     return body
 
@@ -59,6 +59,8 @@ def _built(request: GenerationRequest) -> dict:
     if params.stop:
         body["stop_sequences"] = list(params.stop)
     # seed has no Anthropic field: it is left out.
+    if request.reasoning is not None and request.reasoning.budget_tokens is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": request.reasoning.budget_tokens}
     if request.end_user:
         body["metadata"] = {"user_id": request.end_user}
     if request.tools:
@@ -104,7 +106,7 @@ def _placed_messages(turns: tuple[Turn, ...]) -> list[tuple[dict, list[int]]]:
 _MESSAGE_PATH = re.compile(r"([a-z_]+(?:\.[A-Za-z0-9_]+)*): ")
 # The chat field each top-level field of a built body was made from (the others: messages, system, tools, ...).
 _CHAT_FIELDS = {"model": "model", "stream": "stream", "temperature": "temperature", "top_p": "top_p",
-                "top_k": "top_k", "tool_choice": "tool_choice"}
+                "top_k": "top_k", "tool_choice": "tool_choice", "thinking": "reasoning_effort"}
 _TOOL_MEMBERS = {"input_schema": "function.parameters", "name": "function.name", "description": "function.description"}
 
 

@@ -17,6 +17,7 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
+from server.translate.thinking import chat_reasoning
 from server.translate.tool_rules import (
     OPENAI_NAME_LIMIT, OPENAI_TOOL_LIMIT, duplicate_unread, name_unread, schema_type_unread, too_many_unread,
 )
@@ -79,15 +80,20 @@ def chat_request(
         # dialect judges it itself.
         unread.append(Unread("top_logprobs", "The 'top_logprobs' parameter is only allowed when 'logprobs' is "
                                              "enabled."))
+    tool_choice = _tool_choice(body, tools, unread)
+    limit_field = next((name for name in ("max_completion_tokens", "max_tokens") if body.get(name) is not None), None)
+    reasoning, beside = chat_reasoning(body, params, tool_choice, limit_field)
+    unread += beside
     generation = GenerationRequest(
         turns=turns,
         params=params,
         tools=tools,
-        tool_choice=_tool_choice(body, tools, unread),
+        tool_choice=tool_choice,
         json_output=_response_format(body, unread) != "text",
         end_user=opt_string(body, "user") or opt_string(body, "safety_identifier") or None,
         source=OpenAIChatSource(body, tuple(unread)),
         stream=stream,
+        reasoning=reasoning,
     )
     return ChatPlan(generation=generation, stream=stream, include_usage=stream and include_usage)
 
@@ -191,7 +197,8 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     if audio is not None:
         unread.append(Unread(f"{where}.audio", "Audio answers are not supported by this model."))
     opt_string(message, "name", where)
-    opt_string(message, "reasoning_content", where)  # not read, but still type-checked
+    # Not read, but still type-checked: Anthropic takes thinking back only with its signature, which chat has not.
+    opt_string(message, "reasoning_content", where)
     text, others = text_parts(refusal if content is None else content, f"{where}.content", part_types=None,
                               text_members=_TEXT_PARTS.get(role_name, TEXT_PARTS))
     for i in others:
