@@ -312,6 +312,15 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """The next piece of the model's reasoning before (or between) its answer: Anthropic's thinking, an
+    OpenAI-compatible server's `reasoning_content`. Not the answer's text: a caller of the other dialect gets it in
+    its own API's place for reasoning (redacted thinking, which has no text, makes none)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallStart:
     """The model began a tool call; `index` numbers the calls of one answer from 0."""
 
@@ -385,7 +394,7 @@ class UpstreamAnswer:
     output_tokens: int | None = None
 
 
-GenerationEvent = Started | UpstreamObject | TextDelta | ToolCallStart | ToolCallDelta | Finished
+GenerationEvent = Started | UpstreamObject | TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +406,7 @@ class Completion:
     finish: Finished
     tool_calls: tuple[ToolCall, ...] = ()
     upstream: UpstreamObject | None = None
+    reasoning: str = ""  # the model's reasoning before its answer ("": none, or none it shows)
 
 
 @dataclass(frozen=True, slots=True)

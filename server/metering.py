@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from server.cutoff import Watch
 from server.domain import (
-    Dialect, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
-    estimate_tokens,
+    Dialect, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamObject, Usage, estimate_tokens,
 )
 from server.errors import InternalError, PorticoError
 from server.observability import RequestRecord
@@ -41,7 +41,7 @@ class Meter:
             self.input_tokens = event.input_tokens
             self.cached_input_tokens, self.cache_write_tokens = event.cached_input_tokens, event.cache_write_tokens
             self.cache_write_1h_tokens = event.cache_write_1h_tokens
-        elif isinstance(event, TextDelta):
+        elif isinstance(event, (TextDelta, ReasoningDelta)):  # thinking is generated, and billed, as output
             self.deltas += 1
             self.chars += len(event.text)
         elif isinstance(event, ToolCallDelta):
@@ -97,7 +97,7 @@ async def metered(
 def _content(event: GenerationEvent) -> bool:
     """Part of the answer reaches the caller: the first token is the first of these, whichever the answer begins with
     (an agent's turn is often only a tool call; a thinking model thinks before it writes)."""
-    return isinstance(event, (TextDelta, ToolCallStart, ToolCallDelta)) or (
+    return isinstance(event, (TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta)) or (
         isinstance(event, UpstreamObject) and event.content)
 
 

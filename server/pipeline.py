@@ -22,8 +22,8 @@ from server.cache import Lookup, ResponseCache
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, TextDelta, TokenCount, ToolCall,
-    ToolCallDelta, ToolCallStart, UpstreamObject,
+    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ReasoningDelta, TextDelta,
+    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import ImageAnswer, ImageRequest
 from server.domain_keys import ApiKey
@@ -257,6 +257,7 @@ class Pipeline:
         counted, and ends as a cancelled request (499, as the caller's leaving made it) with what it used."""
         completion = None
         parts: list[str] = []
+        reasoning: list[str] = []
         calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
         upstream: list[UpstreamObject] = []
         async with self.stream(call, request) as events:
@@ -265,6 +266,8 @@ class Pipeline:
                     upstream.append(event)
                 elif isinstance(event, TextDelta):
                     parts.append(event.text)
+                elif isinstance(event, ReasoningDelta):
+                    reasoning.append(event.text)
                 elif isinstance(event, ToolCallStart):
                     calls[event.index] = (event, [])
                 elif isinstance(event, ToolCallDelta) and event.index in calls:
@@ -274,7 +277,8 @@ class Pipeline:
                                        for start, arguments in (calls[i] for i in sorted(calls)))
                     # A request that does not stream is answered with the upstream's one JSON object, if any.
                     whole = upstream[0] if len(upstream) == 1 and not request.stream else None
-                    completion = Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole)
+                    completion = Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole,
+                                            reasoning="".join(reasoning))
                     break
         if call.record.caller_left:  # nobody to answer: the interceptor records it as gone (499)
             raise asyncio.CancelledError

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from server import wire_json
 from server.domain import (
-    Dialect, FinishReason, Finished, GenerationEvent, Started, TextDelta, ToolCallDelta, ToolCallStart,
-    UpstreamObject, Usage,
+    Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta,
+    ToolCallStart, UpstreamObject, Usage,
 )
 
 
@@ -37,6 +37,8 @@ def decode(data: bytes) -> tuple[float, tuple[GenerationEvent, ...]]:
 def _encoded(event: GenerationEvent) -> list:
     if isinstance(event, TextDelta):
         return ["t", event.text]
+    if isinstance(event, ReasoningDelta):
+        return ["r", event.text]
     if isinstance(event, UpstreamObject):
         return ["u", event.dialect.value, event.payload, event.content]
     if isinstance(event, Started):
@@ -56,6 +58,8 @@ def _decoded(item: list) -> GenerationEvent:
     tag = item[0]
     if tag == "t":
         return TextDelta(item[1])
+    if tag == "r":
+        return ReasoningDelta(item[1])
     if tag == "u":
         return UpstreamObject(Dialect(item[1]), item[2], item[3])
     if tag == "s":

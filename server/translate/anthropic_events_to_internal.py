@@ -2,8 +2,9 @@
 answer (one `message` object) -> the same events.
 
 Pure: fed one decoded event at a time, it returns the internal events it completes, so nothing is buffered.
-Extended-thinking blocks make no internal events (they carry the answer, not the reasoning); a caller of the same
-dialect gets them with the upstream's own events (server/domain.py UpstreamObject).
+Thinking blocks' text makes ReasoningDeltas (a chat caller's `reasoning_content`); redacted thinking, which has no
+text, and signatures make none. A caller of the same dialect gets them all with the upstream's own events
+(server/domain.py UpstreamObject).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import Mapping
 
 from server import wire_json
 from server.domain import (
-    CallIds, FinishReason, Finished, GenerationEvent, Json, Started, TextDelta, ToolCallDelta, ToolCallStart,
-    UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
+    CallIds, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, Started, TextDelta, ToolCallDelta,
+    ToolCallStart, UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, not_a_count, reported_count, token_count
@@ -84,8 +85,6 @@ class AnthropicEventReader:
                 return self._counted(self._block_start(int(event.get("index", 0)), event.get("content_block") or {}))
             if kind == "content_block_delta":
                 delta = event.get("delta") or {}
-                if delta.get("type") == "thinking_delta":  # no event of ours, but generated: part of an estimate
-                    self._chars += len(upstream_string(delta.get("thinking") or ""))
                 return self._counted(self._block_delta(int(event.get("index", 0)), delta))
             if kind == "message_delta":
                 delta = event.get("delta") or {}
@@ -124,8 +123,8 @@ class AnthropicEventReader:
             raise UpstreamError("The upstream sent an event that is not a Messages API event.") from None
 
     def _counted(self, events: list[GenerationEvent]) -> list[GenerationEvent]:
-        self._chars += sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
-                           for e in events if isinstance(e, (TextDelta, ToolCallDelta)))
+        self._chars += sum(len(e.arguments) if isinstance(e, ToolCallDelta) else len(e.text)
+                           for e in events if isinstance(e, (TextDelta, ReasoningDelta, ToolCallDelta)))
         return events
 
     def _note_reported(self, usage: Mapping[str, Json]) -> None:
@@ -134,6 +133,8 @@ class AnthropicEventReader:
     def _block_start(self, index: int, block: Mapping[str, Json]) -> list[GenerationEvent]:
         if block.get("type") == "text":
             return [TextDelta(upstream_string(block["text"]))] if block.get("text") else []
+        if block.get("type") == "thinking":  # a whole answer's block holds its thinking; a stream's starts empty
+            return [ReasoningDelta(upstream_string(block["thinking"]))] if block.get("thinking") else []
         if block.get("type") == "tool_use":
             call = self._tool_blocks[index] = len(self._tool_blocks)
             # A compatible server's block without an id (or with null) gets one, as a chat caller must name the call
@@ -150,6 +151,8 @@ class AnthropicEventReader:
     def _block_delta(self, index: int, delta: Mapping[str, Json]) -> list[GenerationEvent]:
         if delta.get("type") == "text_delta" and delta.get("text"):
             return [TextDelta(upstream_string(delta["text"]))]
+        if delta.get("type") == "thinking_delta" and delta.get("thinking"):
+            return [ReasoningDelta(upstream_string(delta["thinking"]))]
         if delta.get("type") == "input_json_delta" and index in self._tool_blocks and delta.get("partial_json"):
             self._tool_inputs.add(self._tool_blocks[index])
             return [ToolCallDelta(self._tool_blocks[index], upstream_string(delta["partial_json"]))]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from server.domain import (
-    Completion, Dialect, FinishReason, Finished, GenerationEvent, ResponseHeader, Started, TextDelta,
+    Completion, Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, ResponseHeader, Started, TextDelta,
     ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 
@@ -49,6 +49,8 @@ def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
             answer["usage"] = usage_object(completion.finish.usage)
         return answer
     message = {"role": "assistant", "content": completion.text, "refusal": None}
+    if completion.reasoning:  # where DeepSeek and vLLM put it (the openai SDK keeps it: `message.model_extra`)
+        message["reasoning_content"] = completion.reasoning
     if completion.tool_calls:
         message["content"] = completion.text or None  # as OpenAI answers a call without text
         message["tool_calls"] = [
@@ -99,6 +101,8 @@ async def chat_chunks(
     def rendered(event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
             return [chunk({"content": event.text})]
+        if isinstance(event, ReasoningDelta):
+            return [chunk({"reasoning_content": event.text})]
         if isinstance(event, ToolCallStart):
             call = {"index": event.index, "id": event.id, "type": "function",
                     "function": {"name": event.name, "arguments": ""}}

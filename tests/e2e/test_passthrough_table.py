@@ -57,11 +57,13 @@ CHAT_TO_ANTHROPIC: dict[str, Callable[[dict], bool]] = {
     "top_k": lambda body: body["top_k"] == 20,
     "user": lambda body: body["metadata"] == {"user_id": "u-1"},
     "safety_identifier": lambda body: body["metadata"] == {"user_id": "s-1"},
+    "reasoning_effort": lambda body: body["thinking"] == {"type": "enabled", "budget_tokens": 1024},
 }
 # What a chat field needs beside it to mean something.
 CHAT_WITH = {"stream_options": {"stream": True}, "tool_choice": {"tools": CHAT_SAMPLES["tools"]},
              "parallel_tool_calls": {"tools": CHAT_SAMPLES["tools"]}, "top_logprobs": {"logprobs": True},
-             "audio": {"modalities": ["text", "audio"]}, "function_call": {"functions": [FUNCTION]}}
+             "audio": {"modalities": ["text", "audio"]}, "function_call": {"functions": [FUNCTION]},
+             "reasoning_effort": {"max_tokens": 2048}}
 
 MESSAGE_SAMPLES: dict[str, object] = {
     "max_tokens": 6, "system": "Be brief.", "stop_sequences": ["END"], "temperature": 0.5, "top_p": 0.9,

@@ -8,6 +8,8 @@ import openai
 import pytest
 
 from tests.e2e.conftest import upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY_ENV
 
 HELLO = [{"role": "user", "content": "Weather in Oslo?"}]
@@ -56,3 +58,73 @@ def test_what_anthropic_refuses_beside_thinking_is_a_400_naming_the_chat_param(o
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high", **fields)
     assert caught.value.param == param and not double.seen
+
+
+THOUGHT_MESSAGE = {
+    "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+    "content": [{"type": "thinking", "thinking": "Oslo in winter is cold.", "signature": "c2ln"},
+                {"type": "redacted_thinking", "data": "b3BhcXVl"},
+                {"type": "text", "text": "Cold."}],
+    "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 20},
+}
+
+
+def thought_frames() -> list[bytes]:
+    """THOUGHT_MESSAGE as Anthropic streams it: the thinking in two deltas and its signature, then the text."""
+    events = [
+        {"type": "message_start", "message": {**THOUGHT_MESSAGE, "content": [], "stop_reason": None,
+                                              "usage": {"input_tokens": 5, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "",
+                                                                      "signature": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Oslo in winter"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": " is cold."}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "c2ln"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking",
+                                                                      "data": "b3BhcXVl"}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Cold."}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+         "usage": {"output_tokens": 20}},
+        {"type": "message_stop"},
+    ]
+    return [sse(event, event["type"]) for event in events]
+
+
+def test_anthropic_thinking_reaches_a_chat_caller_as_reasoning_content(oai, double):
+    double.cue(Cue(body=THOUGHT_MESSAGE), Cue(frames=thought_frames()))
+    completion = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high")
+    message = completion.choices[0].message
+    assert message.model_extra["reasoning_content"] == "Oslo in winter is cold."  # redacted thinking left out
+    assert message.content == "Cold." and completion.usage.completion_tokens == 20
+    chunks = list(oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high",
+                                              stream=True))
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    reasoning = [d.model_extra["reasoning_content"] for d in deltas if (d.model_extra or {}).get("reasoning_content")]
+    assert reasoning == ["Oslo in winter", " is cold."]
+    contents = [d.content for d in deltas if d.content]
+    assert contents == ["Cold."]
+    first_content = next(i for i, d in enumerate(deltas) if d.content)
+    assert all(i < first_content for i, d in enumerate(deltas) if (d.model_extra or {}).get("reasoning_content"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_cached_chat_answer_replays_its_reasoning(oai, double, stream):
+    double.cue(Cue(frames=thought_frames()) if stream else Cue(body=THOUGHT_MESSAGE))
+
+    def asked():
+        raw = oai.chat.completions.with_raw_response.create(
+            model="cached-chat-claude", messages=HELLO, reasoning_effort="medium", stream=stream)
+        answer = raw.parse()
+        if stream:
+            text = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                           for c in answer if c.choices)
+        else:
+            text = answer.choices[0].message.model_extra["reasoning_content"]
+        return raw.headers["x-portico-cache"], text
+
+    assert asked() == ("miss", "Oslo in winter is cold.")
+    assert asked() == ("hit", "Oslo in winter is cold.")
+    assert len(double.seen) == 1

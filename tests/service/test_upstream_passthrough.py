@@ -154,14 +154,16 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     answer = orjson.loads(await http_body(chat.CreateChatCompletionHttp, chat_request(model="chat-on-anthropic"),
                                           key[1]))
     assert answer["choices"][0]["message"] == {
-        "role": "assistant", "content": "Checking.", "refusal": None, "tool_calls": [
+        "role": "assistant", "content": "Checking.", "refusal": None,
+        "reasoning_content": "The user wants the weather.",
+        "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]}
     assert (answer["model"], answer["usage"]["total_tokens"]) == ("chat-on-anthropic", 32)
     double.cue(Cue(frames=EVENT_FRAMES))
     request = chat_request(model="chat-on-anthropic", stream=True)
     chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert [c["choices"][0]["delta"] for c in chunks] == [
-        {"role": "assistant", "content": ""}, {"content": "Checking."}, {}]
+        {"role": "assistant", "content": ""}, {"reasoning_content": "The user wants"}, {"content": "Checking."}, {}]
     assert all(c["model"] == "chat-on-anthropic" and "system_fingerprint" not in c for c in chunks)
     double.cue(Cue(body=COMPLETION))
     message = orjson.loads(await http_body(messages.CreateMessageHttp, message_request(model="messages-on-openai"),

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from server.domain import (
-    FinishReason, Finished, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+    FinishReason, Finished, ReasoningDelta, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
 from server.errors import UpstreamError
 from server.render import DONE, sse_event
@@ -201,7 +201,8 @@ data: {"type":"message_stop"}
 @pytest.mark.parametrize(
     ("transcript", "events"),
     [
-        (ANTHROPIC_TOOL_USE, [Started(112, 100), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
+        (ANTHROPIC_TOOL_USE, [Started(112, 100), ReasoningDelta("Oslo..."), TextDelta("Checking."),
+                              ToolCallStart(0, "toolu_1", "weather"),
                               ToolCallDelta(0, '{"city": '), ToolCallDelta(0, '"Oslo"}'),
                               Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
         (ANTHROPIC_STOP_SEQUENCE, [Started(5), TextDelta("1, 2"),
@@ -237,7 +238,8 @@ ANTHROPIC_STOP_SEQUENCE_MESSAGE = {
 @pytest.mark.parametrize(
     ("message", "events"),
     [
-        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112, 100), TextDelta("Checking."), ToolCallStart(0, "toolu_1", "weather"),
+        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112, 100), ReasoningDelta("Oslo..."), TextDelta("Checking."),
+                                      ToolCallStart(0, "toolu_1", "weather"),
                                       ToolCallDelta(0, '{"city":"Oslo"}'),
                                       Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
         (ANTHROPIC_STOP_SEQUENCE_MESSAGE, [Started(5), TextDelta("1, 2"),
@@ -280,6 +282,7 @@ async def test_an_anthropic_tool_stream_reframed_as_chat_chunks():
     tail = '"logprobs":null,"finish_reason":null}]}\n\n'
     assert b"".join([*chunks, DONE]).decode() == (
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},{tail}'
+        f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"reasoning_content":"Oslo..."}},{tail}'
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"content":"Checking."}},{tail}'
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"toolu_1",'
         f'"type":"function","function":{{"name":"weather","arguments":""}}}}]}},{tail}'

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import Reasoning
+from server.cache import codec
+from server.domain import (
+    Completion, FinishReason, Finished, Reasoning, ReasoningDelta, ResponseHeader, TextDelta, Usage,
+)
+from server.metering import Meter
 from server.providers import Capabilities, unsupported
 from server.providers.anthropic_http import AnthropicProvider
+from server.translate import internal_to_openai as to_openai
+from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
 from server.translate.internal_to_anthropic_request import anthropic_body
 from server.translate.internal_to_openai_request import openai_body
 from server.translate.openai_to_internal import chat_request
@@ -83,3 +89,82 @@ def test_reasoning_content_in_chat_history_is_left_out_for_anthropic():
                 {"role": "user", "content": "Bye"}]
     body = anthropic_body(chat(messages=messages, reasoning_effort="low", max_tokens=5000), model="claude-up")
     assert body["messages"][1] == {"role": "assistant", "content": "Hello."}
+
+
+# Answers: an Anthropic upstream's thinking reaches a chat caller as `reasoning_content`.
+THOUGHT_MESSAGE = {
+    "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+    "content": [{"type": "thinking", "thinking": "Oslo is cold in", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "Cold."}],
+    "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 20},
+}
+THOUGHT_EVENTS = [
+    {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Oslo is"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": " cold in"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "opaque"}},
+    {"type": "content_block_stop", "index": 1},
+    {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Cold."}},
+    {"type": "content_block_stop", "index": 2},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 20}},
+    {"type": "message_stop"},
+]
+CHAT = ResponseHeader(id="chatcmpl-9", created=1700000000, model="chat-claude")
+
+
+def test_anthropic_thinking_is_read_as_reasoning_deltas_streamed_and_whole():
+    reader = AnthropicEventReader()
+    streamed = [event for payload in THOUGHT_EVENTS for event in reader.feed(payload)]
+    assert [e for e in streamed if isinstance(e, (ReasoningDelta, TextDelta))] == [
+        ReasoningDelta("Oslo is"), ReasoningDelta(" cold in"), TextDelta("Cold.")]
+    whole = message_events(THOUGHT_MESSAGE)
+    assert [e for e in whole if isinstance(e, (ReasoningDelta, TextDelta))] == [
+        ReasoningDelta("Oslo is cold in"), TextDelta("Cold.")]
+
+
+def test_a_chat_completion_holds_the_reasoning_as_reasoning_content():
+    finish = Finished(FinishReason.END_TURN, Usage(5, 20))
+    answer = to_openai.chat_completion(CHAT, Completion(text="Cold.", finish=finish, reasoning="Oslo is cold in"))
+    assert answer["choices"][0]["message"]["reasoning_content"] == "Oslo is cold in"
+    assert answer["choices"][0]["message"]["content"] == "Cold."
+    plain = to_openai.chat_completion(CHAT, Completion(text="Cold.", finish=finish))
+    assert "reasoning_content" not in plain["choices"][0]["message"]
+
+
+async def test_streamed_reasoning_is_reasoning_content_deltas_before_the_content():
+    async def events():
+        for event in message_events(THOUGHT_MESSAGE)[1:]:  # after Started
+            yield event
+
+    deltas = [chunk["choices"][0]["delta"] async for chunk in to_openai.chat_chunks(CHAT, events(),
+                                                                                    include_usage=False)]
+    assert deltas[:3] == [{"role": "assistant", "content": ""}, {"reasoning_content": "Oslo is cold in"},
+                          {"content": "Cold."}]
+
+
+def test_a_cached_answer_keeps_its_reasoning():
+    events = (ReasoningDelta("Oslo is"), TextDelta("Cold."), Finished(FinishReason.END_TURN, Usage(5, 20)))
+    assert codec.decode(codec.encode(events, 1.0))[1] == events
+
+
+def test_reasoning_counts_as_generated_content():
+    meter = Meter(prompt_estimate=1, most_output=100)
+    meter.record(ReasoningDelta("x" * 40))
+    assert meter.usage_so_far().output_tokens == 10
+
+
+def test_the_typed_answers_hold_the_reasoning_too():
+    """The typed RPCs' messages are made from the same dicts, and chat.proto declares `reasoning_content`."""
+    from google.protobuf import json_format
+
+    from portico.v1 import chat_pb2
+
+    finish = Finished(FinishReason.END_TURN, Usage(5, 20))
+    answer = to_openai.chat_completion(CHAT, Completion(text="Cold.", finish=finish, reasoning="Oslo is cold in"))
+    typed = json_format.ParseDict(answer, chat_pb2.ChatCompletion(), ignore_unknown_fields=True)
+    assert typed.choices[0].message.reasoning_content == "Oslo is cold in"
