@@ -19,7 +19,7 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import GENERATION_ONLY, MESSAGE_FIELDS, check_fields
-from server.translate.thinking import LEAST_THINKING_BUDGET, beside_thinking
+from server.translate.thinking import LEAST_THINKING_BUDGET, beside_thinking, messages_reasoning
 from server.translate.tool_rules import ANTHROPIC_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread
 from server.translate.values import (
     no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
@@ -122,6 +122,7 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     return GenerationRequest(
         turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
         source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
+        reasoning=messages_reasoning(body),
     )
 
 

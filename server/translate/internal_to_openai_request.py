@@ -50,6 +50,8 @@ def _built(request: GenerationRequest) -> dict:
     if params.seed is not None:
         body["seed"] = params.seed
     # top_k has no OpenAI field: OpenAI itself refuses unknown fields, so it is left out.
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        body["reasoning_effort"] = request.reasoning.effort
     if request.end_user:
         body["user"] = request.end_user
     if request.tools:
@@ -73,7 +75,7 @@ def _turn_messages(request: GenerationRequest) -> list[tuple[int, dict]]:
 _MESSAGES_FIELDS = {"model": "model", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
                     "stream": "stream", "temperature": "temperature", "top_p": "top_p", "stop": "stop_sequences",
                     "tool_choice": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
-                    "user": "metadata.user_id"}
+                    "user": "metadata.user_id", "reasoning_effort": "thinking"}
 _TOOL_MEMBERS = {".function.parameters": ".input_schema", ".function.name": ".name",
                  ".function.description": ".description"}
 _PARAM = re.compile(r"([A-Za-z_]+)(?:\[(\d+)\])?(.*)", re.DOTALL)

@@ -68,3 +68,17 @@ def chat_reasoning(body: Mapping[str, Json], params: SamplingParams, choice: Too
                              f"{params.max_tokens}.", embedded=False))
     unread += beside_thinking(params, choice, top_k=params.top_k is not None, embedded=False)
     return Reasoning(effort=effort, budget_tokens=budget, room=0 if limit_field else budget), unread
+
+
+def messages_reasoning(body: Mapping[str, Json]) -> Reasoning | None:
+    """A Messages request's `thinking` (checked already) as the reasoning an OpenAI-compatible upstream is asked for:
+    `enabled` with a budget is that budget's effort; `adaptive` leaves the depth to the model, which is no effort (the
+    server's own default), but the caller still gets the thinking; `disabled` is none."""
+    thinking = body.get("thinking")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "adaptive":
+        return Reasoning()
+    budget = thinking.get("budget_tokens") if kind == "enabled" else None
+    if not isinstance(budget, int) or isinstance(budget, bool):  # refused beside it (_check_thinking)
+        return None
+    return Reasoning(effort=effort_of(budget), budget_tokens=budget)

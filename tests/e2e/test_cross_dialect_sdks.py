@@ -200,7 +200,7 @@ def test_metadata_openai_s_api_refuses_is_refused_not_dropped_on_the_way_to_anth
 
 def test_sampling_anthropic_s_api_refuses_beside_thinking_is_refused_not_sent_to_openai(claude, double):
     """A temperature other than 1 while thinking is on is the caller's API's 400 on a model behind an
-    OpenAI-compatible server too (where `thinking` has no field and is left out), as on the embedded model."""
+    OpenAI-compatible server too (where `thinking` becomes `reasoning_effort`), as on the embedded model."""
     with pytest.raises(anthropic.BadRequestError) as caught:
         claude.messages.create(model="messages-gpt", max_tokens=2000, messages=HELLO,
                                thinking={"type": "enabled", "budget_tokens": 1024}, extra_body={"temperature": 0.2})

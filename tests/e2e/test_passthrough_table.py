@@ -85,6 +85,7 @@ MESSAGES_TO_OPENAI: dict[str, Callable[[dict], bool]] = {
     "tools": lambda body: body["tools"] == [{"type": "function", "function": FUNCTION}],
     "tool_choice": lambda body: body["tool_choice"] == "required",
     "metadata": lambda body: body["user"] == "u-1",
+    "thinking": lambda body: body["reasoning_effort"] == "low",
 }
 SDK_HEADERS = {"user_profile_id": "anthropic-user-profile-id", "workspace_id": "anthropic-workspace-id"}
 MESSAGE_WITH = {"tool_choice": {"tools": [CUSTOM]}, "thinking": {"max_tokens": 2048}}

@@ -128,3 +128,15 @@ def test_a_cached_chat_answer_replays_its_reasoning(oai, double, stream):
     assert asked() == ("miss", "Oslo in winter is cold.")
     assert asked() == ("hit", "Oslo in winter is cold.")
     assert len(double.seen) == 1
+
+
+def test_a_messages_thinking_budget_reaches_an_openai_upstream_as_a_reasoning_effort(claude, double):
+    claude.messages.create(model="messages-gpt", max_tokens=8000, messages=HELLO,
+                           thinking={"type": "enabled", "budget_tokens": 2048})
+    assert double.seen[-1].body["reasoning_effort"] == "medium"
+    assert double.seen[-1].body["max_tokens"] == 8000
+    claude.messages.create(model="messages-gpt", max_tokens=8000, messages=HELLO,
+                           thinking={"type": "enabled", "budget_tokens": 6000})
+    assert double.seen[-1].body["reasoning_effort"] == "high"
+    claude.messages.create(model="messages-gpt", max_tokens=8000, messages=HELLO, thinking={"type": "disabled"})
+    assert "reasoning_effort" not in double.seen[-1].body

@@ -14,10 +14,13 @@ from server.providers import Capabilities, unsupported
 from server.providers.anthropic_http import AnthropicProvider
 from server.translate import internal_to_openai as to_openai
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
+from server.translate.anthropic_to_internal import message_request
 from server.translate.internal_to_anthropic_request import anthropic_body
+from server.translate.internal_to_anthropic_request import caller_param as anthropic_caller_param
+from server.translate.internal_to_openai_request import caller_param as openai_caller_param
 from server.translate.internal_to_openai_request import openai_body
 from server.translate.openai_to_internal import chat_request
-from tests.helpers import chat_body
+from tests.helpers import chat_body, message_body
 
 
 def chat(**fields):
@@ -168,3 +171,40 @@ def test_the_typed_answers_hold_the_reasoning_too():
     answer = to_openai.chat_completion(CHAT, Completion(text="Cold.", finish=finish, reasoning="Oslo is cold in"))
     typed = json_format.ParseDict(answer, chat_pb2.ChatCompletion(), ignore_unknown_fields=True)
     assert typed.choices[0].message.reasoning_content == "Oslo is cold in"
+
+
+# Requests: Messages' `thinking` reaches an OpenAI-compatible upstream as `reasoning_effort`.
+def message(**fields):
+    return message_request(message_body(**fields)).generation
+
+
+@pytest.mark.parametrize(("budget", "effort"), [
+    (1024, "low"), (2047, "low"), (2048, "medium"), (4095, "medium"), (4096, "high"), (30000, "high")])
+def test_a_thinking_budget_is_a_reasoning_effort_for_an_openai_upstream(budget, effort):
+    generation = message(max_tokens=40000, thinking={"type": "enabled", "budget_tokens": budget})
+    assert openai_body(generation, model="gpt-up")["reasoning_effort"] == effort
+    assert openai_body(generation, model="gpt-up")["max_tokens"] == 40000
+    assert generation.reasoning == Reasoning(effort=effort, budget_tokens=budget)
+
+
+def test_disabled_and_adaptive_thinking_send_no_effort():
+    """Adaptive thinking leaves the depth to the model: the server's own default, as no effort says."""
+    disabled = message(thinking={"type": "disabled"})
+    assert "reasoning_effort" not in openai_body(disabled, model="gpt-up") and disabled.reasoning is None
+    adaptive = message(thinking={"type": "adaptive"})
+    assert "reasoning_effort" not in openai_body(adaptive, model="gpt-up") and adaptive.reasoning == Reasoning()
+    assert message().reasoning is None
+
+
+def test_an_anthropic_upstream_gets_the_callers_thinking_as_it_came():
+    generation = message(max_tokens=5000, thinking={"type": "enabled", "budget_tokens": 2048})
+    body = anthropic_body(generation, model="claude-up")
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048} and body["max_tokens"] == 5000
+    assert "reasoning_effort" not in body
+
+
+def test_an_openai_upstreams_error_about_the_effort_names_thinking():
+    generation = message(max_tokens=5000, thinking={"type": "enabled", "budget_tokens": 2048})
+    assert openai_caller_param(generation, "reasoning_effort") == "thinking"
+    chat_generation = chat(reasoning_effort="high", max_tokens=5000)
+    assert anthropic_caller_param(chat_generation, "thinking.budget_tokens: Input should be ...") == "reasoning_effort"
