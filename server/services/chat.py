@@ -25,7 +25,7 @@ class ChatServicer(DialectServicer, chat_service_pb2_grpc.ChatServiceServicer):
     def plan(self, body, call, *, stream):
         return chat_request(body, default_max_tokens=self._default_max_tokens, stream=stream)
 
-    def answer(self, header, completion):
+    def answer(self, header, completion, plan):
         return to_openai.chat_completion(header, completion)
 
     def stream_objects(self, header, events, plan):

@@ -76,7 +76,7 @@ class DialectServicer:
         """Whether a same-dialect upstream's answer keeps its own id (ResponseHeader.upstream_id)."""
         return False
 
-    def answer(self, header: ResponseHeader, completion: Completion) -> dict:
+    def answer(self, header: ResponseHeader, completion: Completion, plan: Plan) -> dict:
         raise NotImplementedError
 
     def stream_objects(
@@ -98,7 +98,7 @@ class DialectServicer:
         call, plan, header = await self._prepare(request, context, stream=False)
         completion = await self._pipeline.complete(call, plan.generation)
         try:
-            return _typed(self.answer(header, completion), self.response_type())
+            return _typed(self.answer(header, completion, plan), self.response_type())
         except UpstreamError:  # kept whole by the response cache, it would be this 502 again until it expired
             await self._pipeline.forget_answer(call, plan.generation)
             raise
@@ -135,7 +135,8 @@ class DialectServicer:
 
     async def _json_answer(self, call: Call, plan: Plan, header: ResponseHeader) -> httpbody_pb2.HttpBody:
         completion = await self._pipeline.complete(call, plan.generation)
-        return httpbody_pb2.HttpBody(content_type="application/json", data=json_body(self.answer(header, completion)))
+        return httpbody_pb2.HttpBody(content_type="application/json",
+                                     data=json_body(self.answer(header, completion, plan)))
 
     async def _sse(self, call: Call, plan: Plan, header: ResponseHeader) -> AsyncIterator[bytes]:
         async with self._pipeline.stream(call, plan.generation) as events:

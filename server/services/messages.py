@@ -28,11 +28,12 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
     def keeps_upstream_id(self, plan):
         return isinstance(plan.generation.source.body.get("thread"), dict)  # only an Anthropic upstream takes one
 
-    def answer(self, header, completion):
-        return to_anthropic.message(header, completion)
+    def answer(self, header, completion, plan):
+        # The reasoning of an upstream of the other dialect, shown as Anthropic's API shows thinking: when asked for.
+        return to_anthropic.message(header, completion, thinking=plan.generation.reasoning is not None)
 
     def stream_objects(self, header, events, plan):
-        return to_anthropic.message_events(header, events)
+        return to_anthropic.message_events(header, events, thinking=plan.generation.reasoning is not None)
 
     frames = staticmethod(anthropic_frames)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from server import wire_json
 from server.domain import (
-    Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ResponseHeader, Started, TextDelta,
-    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, ResponseHeader, Started,
+    TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import UpstreamError
 from server.translate.json_prefix import WHITESPACE, JsonObjectPrefix
@@ -55,7 +55,9 @@ def token_count(count: TokenCount) -> dict:
     return dict(count.upstream) if count.upstream is not None else {"input_tokens": count.input_tokens}
 
 
-def message(header: ResponseHeader, completion: Completion) -> dict:
+def message(header: ResponseHeader, completion: Completion, *, thinking: bool = False) -> dict:
+    """`thinking`: the caller asked for thinking (enabled or adaptive), so the model's reasoning is a thinking block
+    first, as Anthropic's API sends it only then; its signature is empty (no upstream of this dialect made one)."""
     upstream = completion.upstream
     if upstream is not None and upstream.dialect is Dialect.ANTHROPIC:
         answer = {**upstream.payload, "id": _id(header, upstream.payload), "model": header.model}
@@ -64,6 +66,8 @@ def message(header: ResponseHeader, completion: Completion) -> dict:
         return answer
     finish = completion.finish
     content: list[dict] = []
+    if thinking and completion.reasoning:
+        content.append({"type": "thinking", "thinking": completion.reasoning, "signature": ""})
     if completion.text or not completion.tool_calls:  # Anthropic never answers with an empty text block beside calls
         content.append({"type": "text", "text": completion.text})
     content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c)} for c in completion.tool_calls]
@@ -79,9 +83,10 @@ def message(header: ResponseHeader, completion: Completion) -> dict:
     }
 
 
-async def message_events(header: ResponseHeader, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[dict]:
+async def message_events(header: ResponseHeader, events: AsyncIterator[GenerationEvent], *,
+                         thinking: bool = False) -> AsyncIterator[dict]:
     """The event objects of a streamed message, in the order the Anthropic SDK expects; each has its `type`,
-    which is also the SSE event name."""
+    which is also the SSE event name. `thinking`: as for `message`, the reasoning streamed as a thinking block."""
     first = await anext(events)
     if isinstance(first, UpstreamObject) and first.dialect is Dialect.ANTHROPIC:
         relayed = _relayed_events(header, first, events)
@@ -100,7 +105,7 @@ async def message_events(header: ResponseHeader, events: AsyncIterator[Generatio
             "usage": {"input_tokens": input_tokens, "output_tokens": 0},
         },
     }
-    blocks = _Blocks()
+    blocks = _Blocks(thinking=thinking)
     if not isinstance(first, Started):
         for out in blocks.feed(first):
             yield out
@@ -153,12 +158,15 @@ def _id(header: ResponseHeader, upstream: Mapping[str, Json]) -> str:
 
 
 _TEXT = -1  # the stream key of text; a tool call's is its index (0, 1, ...)
+_THINKING = -2  # the stream key of reasoning
 _TEXT_BLOCK = {"type": "text", "text": ""}
+# The SDK's accumulator needs no signature_delta: the block's start gives its `signature`, empty.
+_THINKING_BLOCK = {"type": "thinking", "thinking": "", "signature": ""}
 
 
 @dataclass(slots=True)
 class _Block:
-    key: int  # _TEXT or the tool call's index
+    key: int  # _TEXT, _THINKING or the tool call's index
     start: dict  # its content_block_start's block
     pieces: list[str]  # held: the pieces not sent yet; an open call: its arguments so far
     index: int = -1  # its block index, once started
@@ -173,7 +181,9 @@ class _Blocks:
     pieces so far) as soon as that call is whole, or when the answer ends. Streams that do not interleave are
     never held."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, thinking: bool = False) -> None:
+        self._thinking = thinking  # reasoning is shown (a thinking block), else left out
+        self._answered = False  # a text or tool_use block was started
         self._next = 0  # index of the next block
         self._open: _Block | None = None
         self._held: dict[int, _Block] = {}  # by stream key, in order of arrival
@@ -182,6 +192,8 @@ class _Blocks:
     def feed(self, event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
             return self._arrived(_TEXT, _TEXT_BLOCK, event.text)
+        if isinstance(event, ReasoningDelta):
+            return self._arrived(_THINKING, _THINKING_BLOCK, event.text) if self._thinking else []
         if isinstance(event, ToolCallStart):
             self._calls[event.index] = (event.name, JsonObjectPrefix())
             return self._arrived(event.index, {"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
@@ -192,7 +204,7 @@ class _Blocks:
             for block in self._held.values():
                 out += [*self._started(block), *self._close()]
             self._held.clear()
-            if self._next == 0:  # Anthropic never answers without a block: an empty text one
+            if not self._answered:  # Anthropic never answers without text or a call: an empty text block, as in JSON
                 out += [*self._started(_Block(_TEXT, _TEXT_BLOCK, [])), *self._close()]
             return [
                 *out,
@@ -212,7 +224,7 @@ class _Blocks:
         if block is not None and block.key == key:
             if not piece:
                 return []
-            if key != _TEXT:  # a call's arguments so far, to tell when they are whole
+            if key >= 0:  # a call's arguments so far, to tell when they are whole
                 block.pieces.append(piece)
             return [self._delta(block, piece), *self._released()]
         if key in self._held:
@@ -249,12 +261,13 @@ class _Blocks:
 
     def _closable(self) -> bool:
         block = self._open
-        return block is None or block.key == _TEXT or _whole_json("".join(block.pieces))
+        return block is None or block.key < 0 or _whole_json("".join(block.pieces))
 
     def _started(self, block: _Block) -> list[dict]:
         """Opens `block` (the open one must be closed) with its pieces so far, as one delta."""
         block.index, self._open = self._next, block
         self._next += 1
+        self._answered = self._answered or block.key != _THINKING
         out = [{"type": "content_block_start", "index": block.index, "content_block": block.start}]
         if block.index == 0:
             out.append({"type": "ping"})  # where Anthropic sends it: after the first block starts
@@ -272,6 +285,8 @@ class _Blocks:
     def _delta(block: _Block, piece: str) -> dict:
         if block.key == _TEXT:
             delta = {"type": "text_delta", "text": piece}
+        elif block.key == _THINKING:
+            delta = {"type": "thinking_delta", "thinking": piece}
         else:
             delta = {"type": "input_json_delta", "partial_json": piece}
         return {"type": "content_block_delta", "index": block.index, "delta": delta}

@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Mapping
 
 from server.domain import (
-    CallIds, FinishReason, Finished, GenerationEvent, Json, TextDelta, ToolCallDelta, ToolCallStart, UpstreamAnswer,
-    Usage, estimate_tokens, numbered_call_ids, turn_end,
+    CallIds, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
 )
 from server import wire_json
 from server.errors import UpstreamError
@@ -73,6 +73,12 @@ class OpenAIChunkReader:
                 if choice.get("index", 0) != 0:
                     continue  # one choice per request (n = 1)
                 delta = choice.get("delta") or {}
+                # The reasoning before the answer: DeepSeek's, vLLM's and llama.cpp's `reasoning_content`, newer
+                # vLLM's and OpenRouter's `reasoning` (one of them, where a server sends both alike).
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if isinstance(reasoning, str) and reasoning:
+                    events.append(ReasoningDelta(reasoning))
+                    self._deltas += 1
                 # A string almost always: tested here, as _text's call would be paid by every chunk of every stream.
                 if text := (content if isinstance(content := delta.get("content"), str) else _text(content)):
                     events.append(TextDelta(text))
@@ -223,8 +229,8 @@ def _completion_events(completion: Mapping[str, Json], prompt_estimate: int, sto
     events = reader.feed({"choices": chunk_choices, "usage": completion.get("usage")})
     estimate = None
     if not reader.output_reported:  # counted from the answer's length (its one delta would say 1)
-        estimate = estimate_tokens(sum(len(e.text) if isinstance(e, TextDelta) else len(e.arguments)
-                                       for e in events if isinstance(e, (TextDelta, ToolCallDelta))))
+        estimate = estimate_tokens(sum(len(e.arguments) if isinstance(e, ToolCallDelta) else len(e.text)
+                                       for e in events if isinstance(e, (TextDelta, ReasoningDelta, ToolCallDelta))))
     events.append(reader.end(estimate))
     return events
 

@@ -140,3 +140,66 @@ def test_a_messages_thinking_budget_reaches_an_openai_upstream_as_a_reasoning_ef
     assert double.seen[-1].body["reasoning_effort"] == "high"
     claude.messages.create(model="messages-gpt", max_tokens=8000, messages=HELLO, thinking={"type": "disabled"})
     assert "reasoning_effort" not in double.seen[-1].body
+
+
+def chunk(delta: dict, finish_reason: str | None = None, usage: dict | None = None) -> bytes:
+    return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                **({"usage": usage} if usage else {})})
+
+
+REASONED_COMPLETION = {
+    "id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "Cold.", "reasoning_content": "Oslo in winter is cold."}}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14},
+}
+# Streamed as vLLM sends it: `reasoning_content` (newer vLLM and OpenRouter: `reasoning`), then the answer.
+REASONED_FRAMES = [chunk({"role": "assistant", "content": ""}), chunk({"reasoning_content": "Oslo in winter"}),
+                   chunk({"reasoning": " is cold."}), chunk({"content": "Cold."}),
+                   chunk({}, "stop", {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}),
+                   b"data: [DONE]\n\n"]
+THINKING = {"type": "enabled", "budget_tokens": 1024}
+
+
+def test_an_openai_upstreams_reasoning_reaches_a_messages_caller_as_a_thinking_block(claude, double):
+    double.cue(Cue(body=REASONED_COMPLETION), Cue(frames=REASONED_FRAMES))
+    message = claude.messages.create(model="messages-gpt", max_tokens=2000, messages=HELLO, thinking=THINKING)
+    with claude.messages.stream(model="messages-gpt", max_tokens=2000, messages=HELLO, thinking=THINKING) as stream:
+        streamed = stream.get_final_message()
+    for answer in (message, streamed):
+        assert [block.type for block in answer.content] == ["thinking", "text"]
+        assert answer.content[0].thinking == "Oslo in winter is cold." and answer.content[0].signature == ""
+        assert answer.content[1].text == "Cold." and answer.usage.output_tokens == 9
+
+
+def test_a_tool_call_after_reasoning_is_the_block_after_the_thinking(claude, double):
+    call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": None}), chunk({"reasoning_content": "Look it up."}),
+                           chunk({"tool_calls": [call]}), chunk({}, "tool_calls"), b"data: [DONE]\n\n"]))
+    tools = [{"name": "weather", "input_schema": {"type": "object"}}]
+    with claude.messages.stream(model="messages-gpt", max_tokens=2000, messages=HELLO, thinking=THINKING,
+                                tools=tools) as stream:
+        final = stream.get_final_message()
+    assert [(block.type, getattr(block, "thinking", None)) for block in final.content] == [
+        ("thinking", "Look it up."), ("tool_use", None)]
+    assert final.stop_reason == "tool_use"
+
+
+def test_without_thinking_asked_for_a_messages_caller_gets_no_thinking_block(claude, double):
+    """As Anthropic's API sends thinking blocks only when thinking is on (a reasoning server may reason anyway)."""
+    double.cue(Cue(body=REASONED_COMPLETION), Cue(frames=REASONED_FRAMES))
+    message = claude.messages.create(model="messages-gpt", max_tokens=2000, messages=HELLO)
+    with claude.messages.stream(model="messages-gpt", max_tokens=2000, messages=HELLO) as stream:
+        streamed = stream.get_final_message()
+    assert [block.type for block in message.content] == [block.type for block in streamed.content] == ["text"]
+
+
+def test_a_cached_message_replays_its_thinking(claude, double):
+    double.cue(Cue(body=REASONED_COMPLETION))
+    for cache in ("miss", "hit"):
+        raw = claude.messages.with_raw_response.create(model="cached-messages-gpt", max_tokens=2000, messages=HELLO,
+                                                       thinking=THINKING)
+        assert raw.headers["x-portico-cache"] == cache
+        assert raw.parse().content[0].thinking == "Oslo in winter is cold."
+    assert len(double.seen) == 1

@@ -12,6 +12,7 @@ from server.domain import (
 from server.metering import Meter
 from server.providers import Capabilities, unsupported
 from server.providers.anthropic_http import AnthropicProvider
+from server.translate import internal_to_anthropic as to_anthropic
 from server.translate import internal_to_openai as to_openai
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
 from server.translate.anthropic_to_internal import message_request
@@ -19,6 +20,7 @@ from server.translate.internal_to_anthropic_request import anthropic_body
 from server.translate.internal_to_anthropic_request import caller_param as anthropic_caller_param
 from server.translate.internal_to_openai_request import caller_param as openai_caller_param
 from server.translate.internal_to_openai_request import openai_body
+from server.translate.openai_chunks_to_internal import OpenAIChunkReader, completion_events
 from server.translate.openai_to_internal import chat_request
 from tests.helpers import chat_body, message_body
 
@@ -208,3 +210,76 @@ def test_an_openai_upstreams_error_about_the_effort_names_thinking():
     assert openai_caller_param(generation, "reasoning_effort") == "thinking"
     chat_generation = chat(reasoning_effort="high", max_tokens=5000)
     assert anthropic_caller_param(chat_generation, "thinking.budget_tokens: Input should be ...") == "reasoning_effort"
+
+
+# Answers: an OpenAI-compatible upstream's reasoning reaches a Messages caller who asked for thinking.
+MESSAGE = ResponseHeader(id="msg_9", created=1700000000, model="messages-gpt")
+
+
+def reasoning_chunk(text: str, member: str = "reasoning_content") -> dict:
+    return {"choices": [{"index": 0, "delta": {member: text}}]}
+
+
+CALL = {"index": 0, "id": "call_a", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}
+REASONING_CHUNKS = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+    reasoning_chunk("Oslo is"), reasoning_chunk(" cold", "reasoning"),
+    {"choices": [{"index": 0, "delta": {"content": "Cold."}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [CALL]}}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+     "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}},
+]
+
+
+def test_reasoning_content_and_reasoning_are_read_as_reasoning_deltas():
+    reader = OpenAIChunkReader(prompt_estimate=1)
+    events = [event for chunk in REASONING_CHUNKS for event in reader.feed(chunk)]
+    assert events[:3] == [ReasoningDelta("Oslo is"), ReasoningDelta(" cold"), TextDelta("Cold.")]
+    whole = {"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": "Cold.", "reasoning_content": "Oslo is cold"}}]}
+    events = completion_events(whole, prompt_estimate=1)
+    assert events[:2] == [ReasoningDelta("Oslo is cold"), TextDelta("Cold.")]
+    assert events[-1].usage.output_tokens == 5  # estimated from both: 17 characters
+
+
+def test_a_message_has_a_thinking_block_before_the_text_when_thinking_was_asked_for():
+    finish = Finished(FinishReason.END_TURN, Usage(5, 20))
+    completion = Completion(text="Cold.", finish=finish, reasoning="Oslo is cold")
+    assert to_anthropic.message(MESSAGE, completion, thinking=True)["content"] == [
+        {"type": "thinking", "thinking": "Oslo is cold", "signature": ""}, {"type": "text", "text": "Cold."}]
+    assert to_anthropic.message(MESSAGE, completion, thinking=False)["content"] == [{"type": "text", "text": "Cold."}]
+
+
+async def reframed_as_messages(chunks: list[dict], *, thinking: bool) -> list[dict]:
+    reader = OpenAIChunkReader(prompt_estimate=1)
+
+    async def events():
+        for chunk in chunks:
+            for event in reader.feed(chunk):
+                yield event
+        yield reader.end()
+
+    return [event async for event in to_anthropic.message_events(MESSAGE, events(), thinking=thinking)]
+
+
+async def test_streamed_reasoning_is_a_thinking_block_and_the_next_blocks_follow_it():
+    out = await reframed_as_messages(REASONING_CHUNKS, thinking=True)
+    assert [(e["type"], e.get("index")) for e in out[1:-2]] == [
+        ("content_block_start", 0), ("ping", None), ("content_block_delta", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
+        ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2)]
+    assert out[1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
+    assert [e["delta"] for e in out[3:5]] == [{"type": "thinking_delta", "thinking": "Oslo is"},
+                                              {"type": "thinking_delta", "thinking": " cold"}]
+    assert out[9]["content_block"]["type"] == "tool_use"
+    plain = await reframed_as_messages(REASONING_CHUNKS, thinking=False)
+    assert [e["content_block"]["type"] for e in plain if e["type"] == "content_block_start"] == ["text", "tool_use"]
+
+
+async def test_an_answer_of_reasoning_alone_still_has_its_empty_text_block_json_and_streamed():
+    chunks = [reasoning_chunk("Hm."), {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}]
+    out = await reframed_as_messages(chunks, thinking=True)
+    assert [e["content_block"]["type"] for e in out if e["type"] == "content_block_start"] == ["thinking", "text"]
+    completion = Completion(text="", finish=Finished(FinishReason.MAX_TOKENS, Usage(1, 1)), reasoning="Hm.")
+    assert [b["type"] for b in to_anthropic.message(MESSAGE, completion, thinking=True)["content"]] == [
+        "thinking", "text"]
