@@ -1,7 +1,7 @@
 """The ledger in PostgreSQL, beside the keys (keys.store: postgresql://...). One connection, used from worker threads
 one call at a time; when it breaks (the database restarted or was unreachable) the next call opens a new one, so the
-writer's retries recover by themselves. A call the database does not answer raises StoreUnavailable, as the key
-store's do: a 503 with retry-after for the usage API, one line for `portico usage`."""
+writer's retries recover by themselves. A call the database does not answer (or refuses the role) raises
+StoreUnavailable, as the key store's do: a 503 with retry-after for the usage API, one line for `portico usage`."""
 
 from __future__ import annotations
 
@@ -87,6 +87,10 @@ class PostgresLedger:
                     # on a sound connection, and a second try only doubles the caller's wait.
                     if not reused or cut.is_set() or isinstance(exc, _CANCELLED):
                         raise StoreUnavailable(failure(exc), store=STORE_NAME) from exc
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    # A DBA's REVOKE on the ledger's table: the database answered, so no new connection; for the usage
+                    # API a 503 as in an outage (it was a 500), for the writer a failure whose rows wait.
+                    raise StoreUnavailable(failure(exc), store=STORE_NAME, permission_denied=True) from exc
                 except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
                 finally:

@@ -296,3 +296,36 @@ def test_a_usage_read_behind_a_table_lock_is_refused_once_its_statement_timeout_
     ledger.write([row(2)])
     assert [r.id for r in ledger.rows()] == ["r1", "r2"]
     ledger.close()
+
+
+def _role_of(postgres_server, url: str) -> tuple[str, str, str]:
+    """A role that only reads and writes the tables of the (migrated) database at `url`: (its URL, the database's
+    name, the role's name)."""
+    database = url.rsplit("/", 1)[1]
+    role = f"{database}_rw"
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{postgres_server.password}'")
+        dba.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+    return url.replace("postgres@", f"{role}@"), database, role
+
+
+def test_a_role_refused_the_ledger_is_unavailable_not_a_driver_error(postgres_server, postgres_url):
+    """`REVOKE ... ON usage_ledger` (SQLSTATE 42501): psycopg's InsufficientPrivilege went up as it was, a 500 for the
+    usage API and a traceback for `portico usage`. It is the ledger's StoreUnavailable (a 503 with retry-after, one
+    line), saying the role was refused; the rows written meanwhile wait, and are stored once it is granted again."""
+    PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV)).close()  # the owner migrates
+    url, database, role = _role_of(postgres_server, postgres_url)
+    ledger = PostgresLedger(StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    ledger.write([row(1)])
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"REVOKE SELECT, INSERT ON usage_ledger FROM {role}")
+    for call in (lambda: ledger.aggregate(UsageQuery(0, NOW_MS + 1000, 60_000)),
+                 lambda: ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10)), lambda: ledger.write([row(2)])):
+        with pytest.raises(StoreUnavailable, match="permission denied for table usage_ledger") as refused:
+            call()
+        assert refused.value.permission_denied and refused.value.store == "usage ledger"
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"GRANT SELECT, INSERT ON usage_ledger TO {role}")
+    assert ledger.write([row(2)]) == 1
+    assert [r.id for r in ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))] == ["r2", "r1"]
+    ledger.close()

@@ -133,3 +133,74 @@ def test_postgres_down_is_logged_once_on_whole_lines_with_why(outage):
     store = [line for line in lines if "key store is unreachable" in line]
     assert len(store) == 1 and "Connection refused" in store[0], lines
     assert len(lines) <= 4, lines  # the key store's, the usage ledger's, readiness's
+
+
+@pytest.fixture(scope="module")
+def least_privilege(tmp_path_factory, postgres_server):
+    """A gateway running as a role that only reads and writes the tables (operations.md, Several hosts), their owner
+    having migrated them: (the gateway, an admin key, the database's name, the role's name)."""
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    role = f"{database}_rw"
+    directory = tmp_path_factory.mktemp("least-privilege")
+    raw = yaml.safe_load((resources.files("server") / "default.yaml").read_text())
+    configs = {}
+    for name, store in (("owner", url), ("role", url.replace("postgres@", f"{role}@"))):
+        raw["keys"] = {**(raw.get("keys") or {}), "store": store, "password_env": "PORTICO_TEST_PG_PASSWORD",
+                       "store_timeout_seconds": 1}
+        configs[name] = directory / f"{name}.yaml"
+        configs[name].write_text(yaml.safe_dump(raw))
+    with postgres_server.connect(database) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{postgres_server.password}'")
+    host = directory / "host"
+    for command in (("keys", "list"), ("usage",)):  # the owner applies the migrations
+        assert subprocess.run([sys.executable, "-m", "server.cli", "--config", str(configs["owner"]), "--data-dir",
+                               str(host), *command], capture_output=True, timeout=60).returncode == 0
+    with postgres_server.connect(database) as conn:
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+    with running_gateway(host, config=configs["role"]) as gateway:
+        created = cli(gateway, configs["role"], "keys", "create", "--name", "ops", "--all-models", "--admin")
+        assert created.returncode == 0, created.stderr
+        yield gateway, created.stdout.split()[-1], database, role
+
+
+def test_a_role_refused_the_ledger_answers_usage_reads_503_and_loses_no_row(least_privilege, postgres_server):
+    """A DBA's `REVOKE SELECT, INSERT ON usage_ledger` while the gateway runs (SQLSTATE 42501): the usage API's reads
+    were a 500 `internal_error`, with psycopg's InsufficientPrivilege and a traceback in the log for each. They are the
+    ledger's 503 with retry-after, as in an outage; chat requests go on, /readyz stays ready (the key store answers),
+    the writer says once that it cannot write, and once granted again every request's row is written."""
+    gateway, admin, database, role = least_privilege
+    headers = {"authorization": f"Bearer {admin}"}
+    start = int(time.time())
+    assert httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60).is_success
+    with open(gateway.log_path, encoding="utf-8") as log:
+        log.seek(0, 2)
+        with postgres_server.connect(database) as dba:
+            dba.execute(f"REVOKE SELECT, INSERT ON usage_ledger FROM {role}")
+        try:
+            served = []
+            for _ in range(5):
+                answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
+                assert answer.status_code == 200, answer.text
+                served.append(answer.headers["x-request-id"])
+            for path in PATHS:
+                answer = httpx.get(f"{gateway.base_url}{path}?start_time={start}", headers=headers, timeout=30)
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "service_unavailable"
+                assert "usage ledger" in answer.json()["error"]["message"]
+                assert int(answer.headers["retry-after"]) > 0
+            ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
+            assert ready.status_code == 200 and ready.json()["checks"]["keys"] == "ok", ready.text
+            time.sleep(3)  # the writer's retries
+        finally:
+            with postgres_server.connect(database) as dba:
+                dba.execute(f"GRANT SELECT, INSERT ON usage_ledger TO {role}")
+        deadline = time.monotonic() + 40
+        while not set(served) <= set(ids(gateway, headers, start)):
+            assert time.monotonic() < deadline, "the rows of the requests served while refused were never written"
+            time.sleep(0.5)
+        lines = [line for line in log.read().splitlines() if not line.startswith("{") and " DEBUG " not in line]
+    assert not [line for line in lines if "Traceback" in line or "unexpected error" in line], lines
+    refused = [line for line in lines if "usage ledger: cannot write rows" in line]
+    assert len(refused) == 1 and "permission denied for table usage_ledger" in refused[0], lines
+    assert postgres_server.password not in "\n".join(lines)
