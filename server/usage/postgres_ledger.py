@@ -78,14 +78,19 @@ class PostgresLedger:
                     watchdog.start()
                     return work(conn)
                 except psycopg.OperationalError as exc:
-                    if self._conn is not None:
-                        self._conn.close()
+                    self._close()
                     # A connection kept from before may have been cut by a restart of a database that is up again:
                     # one more try, on a new connection, before the caller is told the ledger is unreachable. Every
                     # call is safe to repeat (a write stores each row id once). Not after a statement PostgreSQL
                     # cancelled (its statement or lock timeout ran out behind a lock): that was the database's answer,
                     # on a sound connection, and a second try only doubles the caller's wait.
                     if not reused or cut.is_set() or isinstance(exc, _CANCELLED):
+                        raise StoreUnavailable(failure(exc), store=STORE_NAME) from exc
+                except psycopg.errors.ReadOnlySqlTransaction as exc:
+                    # default_transaction_read_only holds for the session it began in: a connection from before the
+                    # DBA's RESET took no row for as long as it lived. A new one has the database's setting of now.
+                    self._close()
+                    if not reused:
                         raise StoreUnavailable(failure(exc), store=STORE_NAME) from exc
                 except psycopg.errors.InsufficientPrivilege as exc:
                     # A DBA's REVOKE on the ledger's table: the database answered, so no new connection; for the usage
@@ -157,10 +162,13 @@ class PostgresLedger:
         return [LedgerRow(*row) for row in self._run(lambda conn: conn.execute(
             f"SELECT {', '.join(COLUMNS)} FROM usage_ledger ORDER BY at_ms, id").fetchall())]
 
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
+            self._close()
 
 
 def _cut(conn: psycopg.Connection, cut: threading.Event) -> None:

@@ -329,3 +329,38 @@ def test_a_role_refused_the_ledger_is_unavailable_not_a_driver_error(postgres_se
     assert ledger.write([row(2)]) == 1
     assert [r.id for r in ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))] == ["r2", "r1"]
     ledger.close()
+
+
+async def test_rows_queued_while_postgresql_took_no_writes_are_stored_once_it_takes_them_again(postgres_server,
+                                                                                              postgres_url):
+    """`default_transaction_read_only` for the database (a DBA's maintenance; SQLSTATE 25006 for every INSERT), then
+    RESET: the ledger's one connection kept the setting of the session it began in, for as long as it lived, so no row
+    was written again until the gateway restarted (the buffer filled, and the rows after were dropped). A write refused
+    as read-only is tried again on a new connection, which has the database's setting of now."""
+    ledger = PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    database = postgres_url.rsplit("/", 1)[1]
+    dropped = []
+    writer = LedgerWriter(ledger, UsageSettings(flush_seconds=0.05, batch_rows=2, buffer_rows=10),
+                          on_dropped=dropped.append)
+    writer.start()
+    with postgres_server.connect() as dba:
+        dba.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+        dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+    try:
+        with pytest.raises(StoreUnavailable, match="read-only transaction"):
+            ledger.write([row(1)])
+        for n in range(1, 4):
+            writer.append(row(n))
+        await asyncio.sleep(0.5)
+        assert writer.pending == 3  # waiting, not lost
+    finally:
+        with postgres_server.connect() as dba:
+            dba.execute(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+    for _ in range(100):  # the writer's pause has grown to at most a second or two by now
+        if writer.pending == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert writer.pending == 0
+    await writer.close()
+    assert [r.id for r in ledger.rows()] == ["r1", "r2", "r3"] and dropped == []
+    ledger.close()
