@@ -91,6 +91,34 @@ async def test_a_read_only_postgresql_answers_key_writes_503_and_lookups_as_ever
         await store.close()
 
 
+async def test_key_writes_are_taken_again_as_soon_as_the_read_only_setting_is_reset(postgres_server):
+    """`default_transaction_read_only` for the database, then its RESET, without a restart: each pooled connection
+    kept the setting of the session it began in until the pool replaced it (psycopg_pool's max_lifetime, an hour), so
+    admin writes (`POST /v1/admin/keys`, `portico keys` on a host) went on answering 503 for up to an hour. A write
+    refused as read-only has the pool's connections replaced and is tried once more, on a new one."""
+    url = postgres_server.new_database()
+    name = url.rsplit("/", 1)[1]
+    store = await open_key_store(StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=1))
+    try:
+        key, secret = await store.create("before", all_models=True)
+        with postgres_server.connect() as dba:
+            dba.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        # A busy host: every pooled connection (keys.pool_size, 4 by default) begun while it was read-only.
+        await asyncio.gather(*(store._db.fetch_one("SELECT pg_sleep(0.2)") for _ in range(4)))
+        with pytest.raises(StoreUnavailable, match="read-only"):
+            await store.create("during", all_models=True)
+        with postgres_server.connect() as dba:
+            dba.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        await asyncio.gather(*(store._db.fetch_one("SELECT pg_sleep(0.2)") for _ in range(4)))
+        for n in range(4):  # whichever pooled connection each is given
+            created, _ = await store.create(f"after-{n}", all_models=True)
+            assert created.name == f"after-{n}"
+        assert (await store.revoke(key.id)).revoked_at > 0
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("cut", ["restart", "terminate"])
 @pytest.mark.usefixtures("no_collector_pauses")
 async def test_the_first_lookup_after_the_pools_connections_were_cut_is_answered_at_once(postgres_server, cut):

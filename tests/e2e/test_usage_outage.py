@@ -204,3 +204,54 @@ def test_a_role_refused_the_ledger_answers_usage_reads_503_and_loses_no_row(leas
     refused = [line for line in lines if "usage ledger: cannot write rows" in line]
     assert len(refused) == 1 and "permission denied for table usage_ledger" in refused[0], lines
     assert postgres_server.password not in "\n".join(lines)
+
+
+def test_a_database_read_only_for_a_while_loses_no_row_and_takes_key_writes_again_at_its_reset(least_privilege,
+                                                                                              postgres_server):
+    """`default_transaction_read_only` on the database (a DBA's maintenance; the gateway's sessions renewed by a
+    restart of PostgreSQL meanwhile), then `RESET`, the sessions left as they were: the key store's pooled connections
+    and the ledger's kept the setting of the sessions they began in, so admin key writes answered 503 for up to an
+    hour (the pool's max_lifetime), and no ledger row was written again until the gateway restarted. Meanwhile chat
+    requests, lookups, usage reads and readiness go on; the key writes answer 503, and the writer says once that it
+    cannot write. After the RESET, key writes are taken at once and every row is written."""
+    gateway, admin, database, role = least_privilege
+    headers = {"authorization": f"Bearer {admin}"}
+    start = int(time.time())
+    create = {"name": "during", "all_models": True}
+    with open(gateway.log_path, encoding="utf-8") as log:
+        log.seek(0, 2)
+        with postgres_server.connect() as dba:
+            dba.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+            dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+        try:
+            served = []
+            for _ in range(5):
+                answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
+                assert answer.status_code == 200, answer.text
+                served.append(answer.headers["x-request-id"])
+            refused = httpx.post(f"{gateway.base_url}/v1/admin/keys", json=create, headers=headers, timeout=30)
+            assert refused.status_code == 503, refused.text
+            for path in PATHS:
+                assert httpx.get(f"{gateway.base_url}{path}?start_time={start}", headers=headers,
+                                 timeout=30).status_code == 200
+            ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
+            assert ready.status_code == 200 and ready.json()["checks"]["keys"] == "ok", ready.text
+            time.sleep(3)  # the writer's retries
+        finally:
+            with postgres_server.connect() as dba:
+                dba.execute(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+        for n in range(3):
+            created = httpx.post(f"{gateway.base_url}/v1/admin/keys", json={**create, "name": f"after-{n}"},
+                                 headers=headers, timeout=30)
+            assert created.status_code == 200, created.text
+        deadline = time.monotonic() + 40
+        while not set(served) <= set(ids(gateway, headers, start)):
+            assert time.monotonic() < deadline, "the rows of the requests served while read-only were never written"
+            time.sleep(0.5)
+        lines = [line for line in log.read().splitlines() if not line.startswith("{") and " DEBUG " not in line]
+    assert not [line for line in lines if "Traceback" in line or "unexpected error" in line], lines
+    cannot = [line for line in lines if "usage ledger: cannot write rows" in line]
+    assert len(cannot) == 1 and "read-only transaction" in cannot[0], lines
+    assert len([line for line in lines if "usage ledger: writing again" in line]) == 1, lines
+    assert len(lines) <= 6, lines  # those two, the refused key write's, the usage ledger's, readiness's
+    assert postgres_server.password not in "\n".join(lines)
