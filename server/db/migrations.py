@@ -41,6 +41,11 @@ class SchemaError(Exception):
     """The database cannot be brought to this code's schema (it is newer, or a migration failed)."""
 
 
+class NewerSchema(SchemaError):
+    """The database is newer than this code: unlike a refused migration (a grant or a read-only database, which a DBA
+    may mend while the process runs), for good."""
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     component: str  # "keys", "usage", ...: versions count per component
@@ -139,7 +144,7 @@ def _pending(component: str, applied: set[int], migrations: Sequence[Migration],
         newer = (f"the database's {component} schema is at version {newest}, newer than this Portico knows "
                  f"({len(migrations)}): upgrade Portico on this host")
         if not newer_ok:
-            raise SchemaError(newer)
+            raise NewerSchema(newer)
         # Its siblings use it so already (a newer host migrated it while they ran): nothing of it is changed here.
         _logger.warning("%s (a restarted worker uses it as the other workers do)", newer)
         return []

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import psycopg
 
 from server.db.database import StoreUnavailable
-from server.db.migrations import SchemaError, migrate_postgres
+from server.db.migrations import NewerSchema, SchemaError, migrate_postgres
 from server.db.postgres import connect, failure
 from server.db.settings import StoreSettings
 from server.usage.ledger import COLUMNS, STORE_NAME, LedgerRow, RowsRefused, values_of
@@ -40,7 +40,7 @@ class PostgresLedger:
         self._lock = threading.Lock()
         self._conn: psycopg.Connection | None = None
         self._migrated = False
-        self._newer: SchemaError | None = None  # the database is newer than this code: never written or read here
+        self._newer: NewerSchema | None = None  # the database is newer than this code: never written or read here
         try:
             self._connection()  # migrate now when the database is up; later (first write) when it is not
         except psycopg.OperationalError:
@@ -54,7 +54,7 @@ class PostgresLedger:
                 with connect(self._settings, statement_timeout=False) as conn:
                     try:
                         migrate_postgres(conn, MIGRATIONS, newer_ok=self._settings.newer_schema_ok)
-                    except SchemaError as exc:
+                    except NewerSchema as exc:  # a refusal is asked again at the next call: a DBA may mend it
                         self._newer = exc
                         raise
                 self._migrated = True
@@ -96,7 +96,7 @@ class PostgresLedger:
                     # A DBA's REVOKE on the ledger's table: the database answered, so no new connection; for the usage
                     # API a 503 as in an outage (it was a 500), for the writer a failure whose rows wait.
                     raise StoreUnavailable(failure(exc), store=STORE_NAME, permission_denied=True) from exc
-                except SchemaError as exc:  # first reached after start-up (it was down then), newer than this code
+                except SchemaError as exc:  # first reached after start-up (it was down then): newer, or refused
                     raise StoreUnavailable(str(exc), store=STORE_NAME) from exc
                 finally:
                     done.set()

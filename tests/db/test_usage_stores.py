@@ -364,3 +364,36 @@ async def test_rows_queued_while_postgresql_took_no_writes_are_stored_once_it_ta
     await writer.close()
     assert [r.id for r in ledger.rows()] == ["r1", "r2", "r3"] and dropped == []
     ledger.close()
+
+
+async def test_a_ledger_refused_its_schema_when_first_reached_after_start_up_writes_once_granted(postgres_server,
+                                                                                               postgres_url):
+    """A host started while PostgreSQL was unreachable checks the ledger's schema when it first reaches it. Refused
+    there (a role not granted `schema_migrations` yet, a read-only database while a migration is due), the ledger
+    took the refusal for a database newer than the code: never written or read again until a restart, the rows
+    piling up until the buffer dropped them, and every usage read a 503, the grant made long since. Only a newer
+    database is for good; a refusal is asked again at the next write, whose rows wait meanwhile."""
+    PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV)).close()  # the owner migrates
+    database = postgres_url.rsplit("/", 1)[1]
+    role = f"{database}_rw"
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{postgres_server.password}'")
+    postgres_server.stop()
+    try:
+        ledger = PostgresLedger(StoreSettings(url=postgres_url.replace("postgres@", f"{role}@"),
+                                              password_env=PASSWORD_ENV, timeout_seconds=1.0))
+    finally:
+        postgres_server.start()
+    dropped = []
+    writer = LedgerWriter(ledger, UsageSettings(flush_seconds=30, batch_rows=10, buffer_rows=10),
+                          on_dropped=dropped.append)
+    writer.append(row(1))
+    assert not await writer.flush()
+    with pytest.raises(StoreUnavailable, match="could not be brought to this Portico's"):
+        ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+    writer.append(row(2))
+    assert await writer.flush()
+    assert [r.id for r in ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))] == ["r2", "r1"] and dropped == []
+    ledger.close()
