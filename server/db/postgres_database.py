@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from server.db.database import Params, Step, StoreUnavailable
-from server.db.migrations import Migration, SchemaError, migrate_postgres
+from server.db.migrations import Migration, NewerSchema, SchemaError, migrate_postgres
 from server.db.postgres import async_pool, connect, connect_async, one_line, unavailable
 from server.db.settings import StoreSettings
 
@@ -33,7 +33,7 @@ class PostgresDatabase:
         self._pool = async_pool(settings)
         self._migrated = not migrations
         self._migrating = asyncio.Lock()
-        self._newer: SchemaError | None = None  # the database turned out newer than this code: unusable to it
+        self._newer: NewerSchema | None = None  # the database turned out newer than this code: unusable to it
         self._failing_until = 0.0
         self._sql: dict[str, str] = {}
 
@@ -66,13 +66,19 @@ class PostgresDatabase:
 
     async def _migrate_late(self) -> None:
         """The schema of a database first reached after start-up (it was down then). Found newer than this code, the
-        store is unavailable to this host (503, not a 500 per request), said once in the log, never asked again."""
+        store is unavailable to this host (503, not a 500 per request), said once in the log, never asked again; a
+        migration refused is asked again at the next call."""
         if self._newer is None:
             try:
                 await self._migrate()
-            except SchemaError as exc:
+            except NewerSchema as exc:
                 _logger.error("the key store %s cannot be used: %s", self._settings.url, exc)
                 self._newer = exc
+            except SchemaError as exc:
+                # Refused (a grant not made yet, a read-only database): asked again at the next call, as a DBA may
+                # mend it; logged as an outage is, once, by the key cache.
+                raise StoreUnavailable(str(exc), permission_denied=isinstance(
+                    exc.__cause__, psycopg.errors.InsufficientPrivilege)) from exc
         if self._newer is not None:
             raise StoreUnavailable(str(self._newer))
 

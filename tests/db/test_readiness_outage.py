@@ -171,6 +171,36 @@ async def test_a_role_without_rights_on_the_tables_is_reported_as_such_not_as_un
         await store.close()
 
 
+async def test_a_host_refused_the_keys_schema_when_it_first_reaches_the_store_is_ready_once_granted(postgres_server):
+    """A host started while PostgreSQL was unreachable checks the keys' schema when it first reaches it. Refused
+    there (its role not granted `schema_migrations` yet, SQLSTATE 42501), the key store took the refusal for a
+    database newer than its code: unusable until a restart, /readyz `keys unreachable` and every key not cached a
+    503, the grant made long since. Only a newer database is for good; a refusal is `permission_denied`, and asked
+    again at the next check."""
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    await (await open_key_store(StoreSettings(url=url, password_env=PASSWORD_ENV))).close()  # the owner migrates
+    role = f"{database}_rw"
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{postgres_server.password}'")
+    postgres_server.stop()
+    try:
+        probe, store = await readiness_for(StoreSettings(url=url.replace("postgres@", f"{role}@"),
+                                                         password_env=PASSWORD_ENV, timeout_seconds=1))
+    finally:
+        postgres_server.start()
+    try:
+        report = await probe.refresh()
+        assert report.checks["keys"] == "permission_denied" and not report.ready
+        with postgres_server.connect(database) as dba:
+            dba.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        report = await probe.refresh()
+        assert report.checks["keys"] == "ok" and report.ready
+        assert (await store.create("after", all_models=True))[0].name == "after"
+    finally:
+        await store.close()
+
+
 async def test_each_key_store_outage_has_its_own_lines_while_only_cached_keys_are_used(tmp_path, postgres_server,
                                                                                        caplog):
     """The key store logged its outage's first line at a lookup that failed and its recovery line at the next lookup
