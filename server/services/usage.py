@@ -10,7 +10,8 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 from google.api import httpbody_pb2
 from google.protobuf import json_format
@@ -38,6 +39,10 @@ MAX_PAGE_RESULTS = 20_000
 MAX_BUCKET_RESULTS = 100_000
 
 
+_Q = TypeVar("_Q")
+_T = TypeVar("_T")
+
+
 class UsageReader(Protocol):
     def aggregate(self, query: UsageQuery) -> list[Totals]: ...
 
@@ -48,6 +53,10 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
     def __init__(self, ledger: UsageReader, authenticator: Authenticator,
                  clock: Callable[[], float] = time.time) -> None:
         self._ledger = ledger
+        # The ledger's reads take turns on its one connection, each up to 60 s (behind a DBA's lock on the table):
+        # waiting in asyncio's default executor, whose few threads also count prompts and store images, a few
+        # dashboard reads held up every chat request to the embedded model. Queued here, a caller gone drops its read.
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix="usage-reads")
         self._authenticator = authenticator
         self._clock = clock
 
@@ -79,7 +88,10 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
                          models=filter_values(request.models, "models"),
                          envs=filter_values(request.project_ids, "project_ids"), errors_only=request.errors_only,
                          before=parse_row_cursor(request.page))
-        return requests_page(await asyncio.to_thread(self._ledger.recent, query), limit, typed=typed)
+        return requests_page(await self._read(self._ledger.recent, query), limit, typed=typed)
+
+    async def _read(self, read: Callable[[_Q], _T], query: _Q) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._reads, read, query)
 
     async def _completions(self, request: pb.GetCompletionsUsageRequest, context) -> dict:
         key = await self._authenticator.authenticate(context.invocation_metadata() or ())
@@ -121,7 +133,7 @@ class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
             start_ms = (page.first + done * page.width) * 1000
             end_ms = min(start_ms + take * page.width * 1000, page.stop * 1000)
             left = MAX_PAGE_RESULTS - len(totals)
-            part = await asyncio.to_thread(self._ledger.aggregate, dataclasses.replace(
+            part = await self._read(self._ledger.aggregate, dataclasses.replace(
                 query, start_ms=start_ms, end_ms=end_ms, limit=MAX_BUCKET_RESULTS + 1 if done == 0 else left + 1))
             if done == 0 and len(part) > MAX_BUCKET_RESULTS:  # a first bucket is answered whole: up to this
                 raise InvalidRequest(

@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from typing import Protocol, TypeVar
 
@@ -62,6 +63,9 @@ class LedgerWriter:
                  clock: Callable[[], float] = time.time, spool: LedgerSpool | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._sink = sink
+        # Its calls wait out the store (a statement timeout, a read holding the ledger's connection up to 60 s): in a
+        # thread of its own, never one of asyncio's default few, which also count prompts and store images.
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-writer")
         self._spool = spool
         self._spool_failing = False  # the spool cannot be written (disk full...): logged once when it starts
         self._seal_failing = False  # no new spool segment can be made (inodes out): logged once when it starts
@@ -212,7 +216,7 @@ class LedgerWriter:
         batch = list(islice(self._queue, count))
         self._in_flight = count
         try:
-            stored, refused = await asyncio.to_thread(self._write, batch)
+            stored, refused = await asyncio.get_running_loop().run_in_executor(self._thread, self._write, batch)
         except Exception as exc:  # noqa: BLE001 - whatever the driver raises, the rows wait and are retried
             if not self._failing:
                 _logger.error("usage ledger: cannot write rows (%s: %s); %d rows wait and are retried",
@@ -268,7 +272,8 @@ class LedgerWriter:
             self._pruned_at = tick
             self._prune_before, self._pruned = int((self._clock() - days * 86_400) * 1000), 0
         try:
-            deleted = await asyncio.to_thread(self._sink.prune, self._prune_before, PRUNE_BATCH)
+            deleted = await asyncio.get_running_loop().run_in_executor(self._thread, self._sink.prune,
+                                                                     self._prune_before, PRUNE_BATCH)
         except Exception as exc:  # noqa: BLE001 - the next pass, within the hour, deletes what is left
             _logger.warning("usage ledger: retention pass failed (%s: %s)", type(exc).__name__, exc)
             self._prune_before = None
@@ -318,3 +323,4 @@ class LedgerWriter:
                        + (", nor the spool" if self._spool is not None else ""))
         if self._spool is not None:
             self._spool.close()
+        self._thread.shutdown(wait=False)

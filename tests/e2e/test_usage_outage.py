@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import httpx
@@ -255,3 +256,26 @@ def test_a_database_read_only_for_a_while_loses_no_row_and_takes_key_writes_agai
     assert len([line for line in lines if "usage ledger: writing again" in line]) == 1, lines
     assert len(lines) <= 6, lines  # those two, the refused key write's, the usage ledger's, readiness's
     assert postgres_server.password not in "\n".join(lines)
+
+
+def test_usage_reads_held_behind_a_lock_on_the_ledger_hold_up_no_chat_request(least_privilege, postgres_server):
+    """A DBA's `LOCK TABLE usage_ledger` (a VACUUM FULL, a long ALTER): each usage read waits for it, up to its 60 s
+    bound, one at a time on the ledger's connection. They waited in the threads the server also counts prompts and
+    stores images in (asyncio's default executor: 6 threads on 2 cores), so a dashboard's few reads held up every
+    chat request to the embedded model for as long as the lock was held. The ledger's calls have a thread of their
+    own: chat requests are answered meanwhile, and the reads once the lock is released."""
+    gateway, admin, database, role = least_privilege
+    headers = {"authorization": f"Bearer {admin}"}
+    start = int(time.time())
+    with postgres_server.connect(database) as dba, ThreadPoolExecutor(8) as callers:
+        with dba.transaction():
+            dba.execute("LOCK TABLE usage_ledger IN ACCESS EXCLUSIVE MODE")
+            reads = [callers.submit(httpx.get, f"{gateway.base_url}{PATHS[n % 3]}?start_time={start}",
+                                    headers=headers, timeout=120) for n in range(8)]
+            time.sleep(1)
+            asked = time.monotonic()
+            answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert time.monotonic() - asked < 5, "a chat request waited for the usage reads held behind the lock"
+            time.sleep(max(0.0, asked + 10 - time.monotonic()))  # the lock held ~10 s in all
+        assert [read.result().status_code for read in reads] == [200] * 8
