@@ -32,6 +32,9 @@ _PRUNE = "DELETE FROM usage_ledger WHERE id = ANY(ARRAY(SELECT id FROM usage_led
 
 
 _CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)  # the database's answer, not a cut
+# How libpq words an error the server sent (`FATAL:  too many connections for role ...`), where a connection that
+# failed has no SQLSTATE; a server with a translated lc_messages words them otherwise, and is probed as before.
+_SERVER_SEVERITIES = ("FATAL", "ERROR", "PANIC")
 
 
 class PostgresLedger:
@@ -117,13 +120,19 @@ class PostgresLedger:
 
     def _answers(self, within: float) -> bool:
         """Whether the database answers a new connection's query within `within` seconds (libpq's own connect
-        timeout is whole seconds, at least 2: the probe is waited for here, and left to end by itself)."""
+        timeout is whole seconds, at least 2: the probe is waited for here, and left to end by itself). A connection
+        it refuses itself (the role's CONNECTION LIMIT or max_connections reached, a shutdown under way) is an answer:
+        taken for a hung database, it had a slow usage read cut, the database answering all along."""
         answered = threading.Event()
 
         def probe() -> None:
-            with contextlib.suppress(psycopg.Error), connect(self._settings) as conn:
-                conn.execute("SELECT 1")
-                answered.set()
+            try:
+                with connect(self._settings) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                if not any(f"{severity}:" in str(exc) for severity in _SERVER_SEVERITIES):
+                    return  # no connection (refused, timed out): nothing said the database is there
+            answered.set()
 
         threading.Thread(target=probe, name="ledger-probe", daemon=True).start()
         return answered.wait(within)

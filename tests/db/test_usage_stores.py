@@ -397,3 +397,30 @@ async def test_a_ledger_refused_its_schema_when_first_reached_after_start_up_wri
     assert await writer.flush()
     assert [r.id for r in ledger.recent(RowQuery(0, NOW_MS + 1000, limit=10))] == ["r2", "r1"] and dropped == []
     ledger.close()
+
+
+def test_a_slow_usage_read_is_not_cut_when_the_database_refuses_the_watchdog_a_connection(postgres_server,
+                                                                                          postgres_url):
+    """A usage read longer than the store timeout (here: behind another session's lock for ~2 s) has the watchdog
+    ask, on a connection of its own, whether the database still answers. With the role at its `CONNECTION LIMIT`
+    (or PostgreSQL at `max_connections`, a common incident), that connection was refused, which the watchdog took for
+    a hung database: it cut the read, a 503 `The usage ledger is unreachable`, the database answering all along. A
+    refusal is the database's answer; only silence is a hung one."""
+    PostgresLedger(StoreSettings(url=postgres_url, password_env=PASSWORD_ENV)).close()  # the owner migrates
+    url, database, role = _role_of(postgres_server, postgres_url)
+    ledger = PostgresLedger(StoreSettings(url=url, password_env=PASSWORD_ENV, timeout_seconds=0.5))
+    ledger.write([row(1)])
+    with postgres_server.connect(database) as dba:
+        dba.execute(f"ALTER ROLE {role} CONNECTION LIMIT 1")  # the ledger's own connection
+    reading = ThreadPoolExecutor(1)
+    try:
+        with postgres_server.connect(database) as locker:
+            with locker.transaction():
+                locker.execute("LOCK TABLE usage_ledger IN ACCESS EXCLUSIVE MODE")
+                read = reading.submit(ledger.aggregate, UsageQuery(0, NOW_MS + 1000, 60_000))
+                time.sleep(2.0)
+        (total,) = read.result(timeout=10)
+        assert total.rows == 1
+    finally:
+        reading.shutdown(wait=True)
+        ledger.close()
