@@ -116,19 +116,19 @@ class PostgresDatabase:
     async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
         if not self._migrated:
             await self._migrate_late()
-        for attempt in range(2):
-            async with self._pool.connection() as conn:
-                conn.row_factory = dict_row
-                try:
-                    return await work(conn)
-                except psycopg.errors.ReadOnlySqlTransaction:
-                    if attempt:
-                        raise
+        try:
+            return await self._on_connection(work)
+        except psycopg.errors.ReadOnlySqlTransaction:
             # default_transaction_read_only holds for the session it began in: pooled connections from before a
             # DBA's RESET refused writes until psycopg_pool replaced them (max_lifetime, an hour). Replaced now, and
             # the write (rolled back whole) tried once more on a new one, which has the database's setting of now.
             await self._pool.drain()
-        raise AssertionError("unreachable: the second try raises or returns")
+            return await self._on_connection(work)
+
+    async def _on_connection(self, work: Callable[[psycopg.AsyncConnection], Any]) -> Any:
+        async with self._pool.connection() as conn:
+            conn.row_factory = dict_row
+            return await work(conn)
 
     async def fetch_one(self, sql: str, params: Params = ()) -> Mapping[str, Any] | None:
         async def work(conn: psycopg.AsyncConnection) -> Any:
