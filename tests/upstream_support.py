@@ -23,6 +23,15 @@ def write_config(directory: Path, models_yaml: str, *, data_dir: Path | None = N
     return path
 
 
+def double_providers(url: str) -> tuple[str, str]:
+    """The provider (a YAML flow mapping) of an OpenAI-compatible model `gpt-up` and of an Anthropic model `claude-up`,
+    both on the upstream double at `url` (its `/v1` URL), tried once."""
+    gpt = f"{{kind: openai, base_url: '{url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up, retry: {{attempts: 1}}}}"
+    claude = (f"{{kind: anthropic, base_url: '{url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
+              "model: claude-up, retry: {attempts: 1}}")
+    return gpt, claude
+
+
 def cross_dialect_models(url: str, *, openai_model: str, anthropic_model: str) -> str:
     """Each dialect served by each upstream kind, all on one upstream double at `url` (its `/v1` URL): chat-on-openai,
     chat-on-anthropic, messages-on-anthropic, messages-on-openai."""

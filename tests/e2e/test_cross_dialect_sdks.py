@@ -17,7 +17,7 @@ from tests.e2e.conftest import upstream_gateway
 from tests.e2e.test_caller_gone_unary import admin, rows
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
-from tests.upstream_support import UPSTREAM_KEY_ENV
+from tests.upstream_support import double_providers
 
 HELLO = [{"role": "user", "content": "Weather in Oslo?"}]
 TOOLS = [{"name": "weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -25,10 +25,7 @@ TOOLS = [{"name": "weather", "input_schema": {"type": "object", "properties": {"
 
 @pytest.fixture(scope="module")
 def gateway(double, tmp_path_factory):
-    gpt = (f"{{kind: openai, base_url: '{double.url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up, "
-           "retry: {attempts: 1}}")
-    claude = (f"{{kind: anthropic, base_url: '{double.url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
-              "model: claude-up, retry: {attempts: 1}}")
+    gpt, claude = double_providers(double.url)
     models = (f"  - {{id: chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
               f"  - {{id: chat-gpt, endpoint: /v1/chat/completions, provider: {gpt}}}\n"
               f"  - {{id: messages-gpt, endpoint: /v1/messages, provider: {gpt}}}\n")

@@ -16,7 +16,7 @@ from tests.e2e.conftest import upstream_gateway
 from tests.helpers import bearer, error_details
 from tests.passthrough_objects import COMPLETION
 from tests.upstream_double import Cue
-from tests.upstream_support import UPSTREAM_KEY_ENV
+from tests.upstream_support import double_providers
 
 THINKING_KWARGS = {"enable_thinking": False}
 STRICT_TOOL = {"type": "function", "function": {"name": "weather", "strict": True, "description": "Weather.",
@@ -30,10 +30,7 @@ CONTEXT_MANAGEMENT = {"edits": [{"type": "clear_tool_uses_20250919"}]}
 
 
 def models_yaml(double_url: str) -> str:
-    gpt = (f"{{kind: openai, base_url: '{double_url}', api_key_env: {UPSTREAM_KEY_ENV}, model: gpt-up, "
-           "retry: {attempts: 1}}")
-    claude = (f"{{kind: anthropic, base_url: '{double_url.removesuffix('/v1')}', api_key_env: {UPSTREAM_KEY_ENV}, "
-              "model: claude-up, retry: {attempts: 1}}")
+    gpt, claude = double_providers(double_url)
     rows = [("chat-gpt", "/v1/chat/completions", gpt), ("chat-claude", "/v1/chat/completions", claude),
             ("chat-embedded", "/v1/chat/completions", "{kind: llamacpp}"),
             ("messages-claude", "/v1/messages", claude), ("messages-gpt", "/v1/messages", gpt),
