@@ -96,6 +96,19 @@ def ids(gateway, headers, start: int) -> list[str]:
     return [row["request_id"] for row in rows]
 
 
+def await_rows(gateway, headers, start: int, served: list[str], when: str) -> None:
+    """Every request id in `served` gets its ledger row within the writer's retry pauses."""
+    deadline = time.monotonic() + 40
+    while not set(served) <= set(ids(gateway, headers, start)):
+        assert time.monotonic() < deadline, f"the rows of the requests served {when} were never written"
+        time.sleep(0.5)
+
+
+def service_lines(text: str) -> list[str]:
+    """The log's lines but the access log's (JSON) and debug ones."""
+    return [line for line in text.splitlines() if not line.startswith("{") and " DEBUG " not in line]
+
+
 def test_postgres_down_is_logged_once_on_whole_lines_with_why(outage):
     """While PostgreSQL was down, psycopg_pool's own 'error connecting in 'portico-keys': connection failed: ...'
     came about once a second for the whole outage, idle or not, each on two lines (libpq's hint 'Is the server running
@@ -128,7 +141,7 @@ def test_postgres_down_is_logged_once_on_whole_lines_with_why(outage):
             time.sleep(6)  # idle: the pool goes on trying
         finally:
             postgres.start()
-        lines = [line for line in log.read().splitlines() if not line.startswith("{") and " DEBUG " not in line]
+        lines = service_lines(log.read())
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ", line) for line in lines), lines
     assert not [line for line in lines if "psycopg" in line], lines
     store = [line for line in lines if "key store is unreachable" in line]
@@ -196,11 +209,8 @@ def test_a_role_refused_the_ledger_answers_usage_reads_503_and_loses_no_row(leas
         finally:
             with postgres_server.connect(database) as dba:
                 dba.execute(f"GRANT SELECT, INSERT ON usage_ledger TO {role}")
-        deadline = time.monotonic() + 40
-        while not set(served) <= set(ids(gateway, headers, start)):
-            assert time.monotonic() < deadline, "the rows of the requests served while refused were never written"
-            time.sleep(0.5)
-        lines = [line for line in log.read().splitlines() if not line.startswith("{") and " DEBUG " not in line]
+        await_rows(gateway, headers, start, served, "while refused")
+        lines = service_lines(log.read())
     assert not [line for line in lines if "Traceback" in line or "unexpected error" in line], lines
     refused = [line for line in lines if "usage ledger: cannot write rows" in line]
     assert len(refused) == 1 and "permission denied for table usage_ledger" in refused[0], lines
@@ -245,11 +255,8 @@ def test_a_database_read_only_for_a_while_loses_no_row_and_takes_key_writes_agai
             created = httpx.post(f"{gateway.base_url}/v1/admin/keys", json={**create, "name": f"after-{n}"},
                                  headers=headers, timeout=30)
             assert created.status_code == 200, created.text
-        deadline = time.monotonic() + 40
-        while not set(served) <= set(ids(gateway, headers, start)):
-            assert time.monotonic() < deadline, "the rows of the requests served while read-only were never written"
-            time.sleep(0.5)
-        lines = [line for line in log.read().splitlines() if not line.startswith("{") and " DEBUG " not in line]
+        await_rows(gateway, headers, start, served, "while read-only")
+        lines = service_lines(log.read())
     assert not [line for line in lines if "Traceback" in line or "unexpected error" in line], lines
     cannot = [line for line in lines if "usage ledger: cannot write rows" in line]
     assert len(cannot) == 1 and "read-only transaction" in cannot[0], lines
