@@ -107,6 +107,24 @@ def test_anthropic_thinking_reaches_a_chat_caller_as_reasoning_content(oai, doub
     assert all(i < first_content for i, d in enumerate(deltas) if (d.model_extra or {}).get("reasoning_content"))
 
 
+
+def test_a_chat_tool_loop_with_reasoning_effort_goes_on_behind_anthropic(oai, double):
+    """Turn 1 thinks and calls a tool; turn 2 sends the call and its result back with the same effort. Anthropic
+    refuses thinking when the final assistant message has a tool_use without its signed thinking block, which a
+    chat history cannot hold: that request is sent without thinking, and the loop's answer arrives."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}
+    double.cue(Cue(body={**THOUGHT_MESSAGE, "content": [THOUGHT_MESSAGE["content"][0], call],
+                         "stop_reason": "tool_use"}))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    first = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high", tools=tools)
+    assert double.seen[-1].body["thinking"]["type"] == "enabled"
+    message = first.choices[0].message
+    history = [*HELLO, message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "-5C"}]
+    second = oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high", tools=tools)
+    assert "thinking" not in double.seen[-1].body
+    assert second.choices[0].finish_reason == "stop"
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_cached_chat_answer_replays_its_reasoning(oai, double, stream):
     double.cue(Cue(frames=thought_frames()) if stream else Cue(body=THOUGHT_MESSAGE))

@@ -96,6 +96,26 @@ def test_reasoning_content_in_chat_history_is_left_out_for_anthropic():
     assert body["messages"][1] == {"role": "assistant", "content": "Hello."}
 
 
+CALL = {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+TOOL_LOOP = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": None, "reasoning_content": "Look it up.", "tool_calls": [CALL]},
+             {"role": "tool", "tool_call_id": "toolu_1", "content": "-5C"}]
+
+
+def test_a_tool_loop_continued_without_its_thinking_asks_anthropic_for_no_thinking():
+    """Anthropic refuses thinking whose final assistant message has tool_use blocks but no thinking block first
+    ("a final `assistant` message must start with a thinking block"), and a chat history holds no signed block to
+    send back: that request of the loop is sent without thinking; the next user turn thinks again."""
+    tools = [{"type": "function", "function": {"name": "weather"}}]
+    body = anthropic_body(chat(messages=TOOL_LOOP, reasoning_effort="low", max_tokens=5000, tools=tools),
+                          model="claude-up")
+    assert "thinking" not in body and body["messages"][1]["content"][0]["type"] == "tool_use"
+    later = [*TOOL_LOOP, {"role": "assistant", "content": "It is -5C."}, {"role": "user", "content": "And Bergen?"}]
+    body = anthropic_body(chat(messages=later, reasoning_effort="low", max_tokens=5000, tools=tools),
+                          model="claude-up")
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+
+
 # Answers: an Anthropic upstream's thinking reaches a chat caller as `reasoning_content`.
 THOUGHT_MESSAGE = {
     "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
