@@ -36,7 +36,7 @@ from server.limits.core import Dimension, Reading
 from server.metering import Meter, metered, started
 from server.observability import RequestRecord, Telemetry
 from server.providers import (
-    Provider, TokenCounter, capabilities_of, context_overflow, prompt_count, token_counter_of,
+    Provider, TokenCounter, capabilities_of, context_overflow, dialects_of, prompt_count, token_counter_of,
 )
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
@@ -91,6 +91,10 @@ class Pipeline:
         # does: the most a request may use, whatever its max_tokens (an SDK's default may be far larger).
         self._answer_windows = {model_id for model_id in self._context_windows
                                 if self._token_counters[model_id] is providers[model_id]}
+        # Served by an Anthropic upstream (or falling back to one): a chat request's thinking budget is sent there on
+        # top of its default limit (GenerationRequest.most_output_tokens), so reserved; other providers are not sent it.
+        self._thinking_room = {model_id for model_id, provider in providers.items()
+                               if Dialect.ANTHROPIC in dialects_of(provider)}
         self._limiter = limiter
         self._telemetry = telemetry
 
@@ -158,7 +162,7 @@ class Pipeline:
             # A fallback will serve it, counting it in its own tokens: reserved as for any upstream (the count here
             # is the embedded model's, and of a prompt too long to tokenize only a lower bound).
             prompt, counter = max(prompt, request.estimated_prompt_tokens()), None
-        most_output = request.most_output_tokens  # with the room for thinking an upstream is given
+        most_output = request.most_output_tokens if call.model.id in self._thinking_room else request.params.max_tokens
         if call.model.id in self._answer_windows:
             most_output = min(most_output, window - prompt)
         meter = Meter(prompt_estimate=prompt, most_output=most_output)

@@ -91,6 +91,11 @@ def capabilities_of(provider: object) -> Capabilities:
     return getattr(provider, "capabilities", Capabilities())
 
 
+def dialects_of(provider: object) -> frozenset[Dialect]:
+    """The APIs a model's provider may send a request in: a Router's over its deployments and its fallbacks'."""
+    return getattr(provider, "chain_dialects", None) or capabilities_of(provider).dialects
+
+
 def unsupported(request: GenerationRequest, capabilities: Capabilities) -> InvalidRequest | None:
     """Why `capabilities` cannot honour `request`, or None when they can."""
     source = request.source

@@ -71,6 +71,8 @@ class Router:
         self._in_flight = in_flight if in_flight is not None else {}
         self._retry_log = retry_log or RetryLog()
         self.capabilities = self._chain[0].capabilities
+        # The APIs a request may be sent in, by its own deployments or its fallbacks'.
+        self.chain_dialects = frozenset().union(*(route.capabilities.dialects for route in self._chain))
         own = {capabilities_of(d.provider) for d in self._chain[0].deployments}
         self._own_alike = own.pop() if len(own) == 1 else None  # what each of its own deployments can, if the same
         # The reservation counts the prompt as the model's first deployment would (the embedded model counts exactly).

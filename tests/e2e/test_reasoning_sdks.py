@@ -13,6 +13,7 @@ from tests.upstream_echo import sse
 from tests.upstream_support import double_providers
 
 HELLO = [{"role": "user", "content": "Weather in Oslo?"}]
+LIMITED = "{tokens_per_minute: 10000}"
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,11 @@ def gateway(double, tmp_path_factory):
     models = (f"  - {{id: chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
               f"  - {{id: cached-chat-claude, endpoint: /v1/chat/completions, provider: {claude}, cache: {{}}}}\n"
               f"  - {{id: messages-gpt, endpoint: /v1/messages, provider: {gpt}}}\n"
-              f"  - {{id: cached-messages-gpt, endpoint: /v1/messages, provider: {gpt}, cache: {{}}}}\n")
+              f"  - {{id: cached-messages-gpt, endpoint: /v1/messages, provider: {gpt}, cache: {{}}}}\n"
+              f"  - {{id: limited-chat-gpt, endpoint: /v1/chat/completions, provider: {gpt}}}\n"
+              f"  - {{id: limited-chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
+              # written after the models list: the tokens a request reserves, seen in what a limit admits
+              f"limits: {{models: {{limited-chat-gpt: {LIMITED}, limited-chat-claude: {LIMITED}}}}}\n")
     with upstream_gateway(tmp_path_factory.mktemp("reasoning-gateway"), models) as gateway:
         yield gateway
 
@@ -43,6 +48,18 @@ def test_a_chat_reasoning_effort_reaches_anthropic_as_a_thinking_budget(oai, dou
     oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="none")
     assert "thinking" not in double.seen[-1].body
 
+
+
+def test_the_thinking_room_is_reserved_only_where_an_anthropic_upstream_is_sent_it(oai, double):
+    """An OpenAI-compatible upstream gets the effort and the default limit (1024 here): the request reserves that,
+    as before reasoning_effort was translated, not a thinking budget it is never sent (17408 tokens for `max`, over
+    the model's 10000 a minute). Behind Anthropic the budget is sent on top of the default, and reserved."""
+    raw = oai.chat.completions.with_raw_response.create(model="limited-chat-gpt", messages=HELLO,
+                                                        reasoning_effort="max")
+    assert double.seen[-1].body["max_tokens"] == 1024 and double.seen[-1].body["reasoning_effort"] == "max"
+    assert 10000 - int(raw.headers["x-ratelimit-remaining-tokens"]) < 1100  # the prompt and 1024
+    with pytest.raises(openai.RateLimitError, match="up to 17"):
+        oai.chat.completions.create(model="limited-chat-claude", messages=HELLO, reasoning_effort="max")
 
 @pytest.mark.parametrize(("fields", "param"), [
     ({"max_completion_tokens": 4096}, "max_completion_tokens"),
