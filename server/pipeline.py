@@ -64,6 +64,13 @@ class Call:
     record: RequestRecord
 
 
+def _limit_field(request: GenerationRequest, room: int) -> str:
+    """The caller's field a request too large for a limit is told to lower. Without a token limit of its own, the
+    room for a thinking budget is what made it large, and a limit must stay above the budget: only a lower effort
+    helps."""
+    return request.token_limit_field or ("reasoning_effort" if room else "max_tokens")
+
+
 class Pipeline:
     def __init__(
         self,
@@ -162,7 +169,8 @@ class Pipeline:
             # A fallback will serve it, counting it in its own tokens: reserved as for any upstream (the count here
             # is the embedded model's, and of a prompt too long to tokenize only a lower bound).
             prompt, counter = max(prompt, request.estimated_prompt_tokens()), None
-        most_output = request.most_output_tokens if call.model.id in self._thinking_room else request.params.max_tokens
+        room = request.most_output_tokens - request.params.max_tokens if call.model.id in self._thinking_room else 0
+        most_output = request.params.max_tokens + room
         if call.model.id in self._answer_windows:
             most_output = min(most_output, window - prompt)
         meter = Meter(prompt_estimate=prompt, most_output=most_output)
@@ -176,7 +184,7 @@ class Pipeline:
         billed = self._billed(call.model, cost)
         with self._telemetry.span(call.record, "admission", **{"portico.tokens_reserved": tokens}):
             reservation = await self._limiter.reserve(call.key, call.model.id, tokens, cost, may_cost=billed,
-                                                      limit_field=request.token_limit_field or "max_tokens")
+                                                      limit_field=_limit_field(request, room))
         self._handed_over(call, reservation)
         reached_model = True
         watch = self.cutoff.watch(billed=billed)

@@ -58,8 +58,10 @@ def test_the_thinking_room_is_reserved_only_where_an_anthropic_upstream_is_sent_
                                                         reasoning_effort="max")
     assert double.seen[-1].body["max_tokens"] == 1024 and double.seen[-1].body["reasoning_effort"] == "max"
     assert 10000 - int(raw.headers["x-ratelimit-remaining-tokens"]) < 1100  # the prompt and 1024
-    with pytest.raises(openai.RateLimitError, match="up to 17"):
+    with pytest.raises(openai.RateLimitError, match="up to 17") as caught:
         oai.chat.completions.create(model="limited-chat-claude", messages=HELLO, reasoning_effort="max")
+    # Its caller set no limit: the budget makes it large, and a limit must stay above the budget (a 400 below it).
+    assert "Lower reasoning_effort" in caught.value.message and "max_tokens" not in caught.value.message
 
 @pytest.mark.parametrize(("fields", "param"), [
     ({"max_completion_tokens": 4096}, "max_completion_tokens"),
