@@ -59,7 +59,7 @@ def _built(request: GenerationRequest) -> dict:
     if params.stop:
         body["stop_sequences"] = list(params.stop)
     # seed has no Anthropic field: it is left out.
-    if request.reasoning is not None and request.reasoning.budget_tokens is not None and not _in_tool_loop(body):
+    if request.reasoning is not None and request.reasoning.budget_tokens is not None and not _continues_unthought(body):
         body["thinking"] = {"type": "enabled", "budget_tokens": request.reasoning.budget_tokens}
     if request.end_user:
         body["metadata"] = {"user_id": request.end_user}
@@ -75,13 +75,15 @@ def _built(request: GenerationRequest) -> dict:
     return body
 
 
-def _in_tool_loop(body: dict) -> bool:
-    """The final assistant message has tool_use blocks: with thinking on, Anthropic refuses it unless it starts with
-    the signed thinking block the model wrote, which a chat history cannot hold (its `reasoning_content` has no
-    signature). Such a request of a tool loop is sent without thinking; the next user turn thinks again."""
-    final = next((m for m in reversed(body["messages"]) if m["role"] == "assistant"), None)
-    return final is not None and isinstance(final["content"], list) and any(
-        block["type"] == "tool_use" for block in final["content"])
+def _continues_unthought(body: dict) -> bool:
+    """The final assistant message is one Anthropic refuses with thinking on unless it starts with the signed
+    thinking block the model wrote, which a chat history cannot hold (its `reasoning_content` has no signature):
+    one with tool_use blocks (a tool loop's next step) or the last message (a prefill). Such a request is sent
+    without thinking; the next user turn thinks again."""
+    messages = body["messages"]
+    final = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
+    return final is not None and (final is messages[-1] or isinstance(final["content"], list) and any(
+        block["type"] == "tool_use" for block in final["content"]))
 
 
 def _messages(turns: tuple[Turn, ...]) -> list[dict]:

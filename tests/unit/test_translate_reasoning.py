@@ -116,6 +116,15 @@ def test_a_tool_loop_continued_without_its_thinking_asks_anthropic_for_no_thinki
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
 
 
+
+def test_a_prefill_asks_anthropic_for_no_thinking():
+    """A last assistant message is a prefill for Anthropic (docs/api.md), a final assistant message it refuses
+    with thinking on unless it starts with a signed thinking block ("Expected `thinking` or `redacted_thinking`, but
+    found `text`"): it is sent without thinking."""
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "It is"}]
+    body = anthropic_body(chat(messages=messages, reasoning_effort="low", max_tokens=5000), model="claude-up")
+    assert "thinking" not in body and body["messages"][-1] == {"role": "assistant", "content": "It is"}
+
 # Answers: an Anthropic upstream's thinking reaches a chat caller as `reasoning_content`.
 THOUGHT_MESSAGE = {
     "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
