@@ -107,10 +107,10 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "reasoning_effort": FieldRule("string", I, A, note="→ `thinking` `enabled` with a `budget_tokens` of 1024 "
                                   "(`minimal`, `low`), 2048 (`medium`), 4096 (`high`), 8192 (`xhigh`), 16384 (`max`); "
                                   "`none`: no thinking; not sent while the last assistant message has `tool_calls` "
-                                  "(a tool loop) or ends the messages (a prefill); refused beside what Anthropic refuses with thinking (a token limit "
-                                  "not above the budget, a `temperature` other than 1, a `top_k`, a `top_p` under "
-                                  "0.95, a forced `tool_choice`); without a token limit, the budget is added to "
-                                  "`default_max_tokens`"),
+                                  "(a tool loop) or ends the messages (a prefill); refused beside what Anthropic "
+                                  "refuses with thinking (a token limit not above the budget, a `temperature` other "
+                                  "than 1, a `top_k`, a `top_p` under 0.95, a forced `tool_choice`); without a token "
+                                  "limit, the budget is added to `default_max_tokens`"),
     "verbosity": FieldRule("string", I, I),
     "prediction": FieldRule("object", I, I, note="a latency hint"),
     "audio": FieldRule("object", R, R),
