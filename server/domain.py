@@ -185,6 +185,15 @@ class Reasoning:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """The caller asked for JSON output (chat's `response_format` json_object or json_schema, Messages'
+    `output_config.format`): `schema`, the JSON schema the answer's text must match, as the caller wrote it (never
+    rewritten); None: any JSON object (OpenAI's json_object, which Anthropic has no equivalent of)."""
+
+    schema: Mapping[str, Json] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What a provider is asked to do. Which model is the provider's own business: an upstream provider sends its
     configured model name, and the caller's model id is on the call."""
@@ -193,7 +202,7 @@ class GenerationRequest:
     params: SamplingParams
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice | None = None  # None: the caller did not say
-    json_output: bool = False  # the caller asked for JSON output (OpenAI response_format json_object/json_schema)
+    output_format: OutputFormat | None = None  # None: text, as the model likes
     # Who the caller's end user is, for an upstream's abuse monitoring (Anthropic's metadata.user_id, OpenAI's user).
     end_user: str | None = None
     source: RequestSource | None = None

@@ -148,7 +148,7 @@ class Pipeline:
         call.record.admitted = True
         lookup = await self._lookup(call, request)
         call.record.params = request.params
-        call.record.output_type = "json" if request.json_output else ""
+        call.record.output_type = "json" if request.output_format is not None else ""
         if lookup is not None and lookup.events is not None:
             async with self._replay(call, lookup) as events:
                 yield events

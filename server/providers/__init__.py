@@ -17,7 +17,7 @@ class Capabilities:
     model sees it, rather than silently answered without it."""
 
     tool_calls: bool = False  # can call tools, so tool_choice "required" / a named tool can be honoured
-    json_output: bool = False  # can be held to JSON output (OpenAI response_format json_object / json_schema)
+    json_output: bool = False  # can be held to JSON output (a GenerationRequest's output_format)
     # The APIs the provider speaks: a request in one of them reaches it whole, so it can honour everything the
     # caller sent. Empty (the embedded model): only what the internal values hold.
     dialects: frozenset[Dialect] = frozenset()
@@ -109,7 +109,7 @@ def unsupported(request: GenerationRequest, capabilities: Capabilities) -> Inval
         return InvalidRequest(
             "This model cannot call tools: `tool_choice` may only be 'none' or 'auto'.", param="tool_choice"
         )
-    if request.json_output and not capabilities.json_output:
+    if request.output_format is not None and not capabilities.json_output:
         return InvalidRequest(
             "This model cannot be held to JSON output: `response_format` may only be 'text'.",
             param="response_format.type",

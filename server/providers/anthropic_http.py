@@ -45,7 +45,7 @@ def _beta_headers(request: GenerationRequest) -> dict[str, str] | None:
 
 
 class AnthropicProvider:
-    capabilities = Capabilities(tool_calls=True, json_output=False, dialects=frozenset({Dialect.ANTHROPIC}))
+    capabilities = Capabilities(tool_calls=True, json_output=True, dialects=frozenset({Dialect.ANTHROPIC}))
 
     def __init__(self, upstream: HttpUpstream, spec: UpstreamSpec, *, model_id: str) -> None:
         self._upstream = upstream

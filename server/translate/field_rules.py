@@ -79,7 +79,10 @@ CHAT_FIELDS: dict[str, FieldRule] = {
                                           "the embedded model never calls them"),
     "tool_choice": FieldRule("any", A, A, note="embedded: `none`/`auto` only; `required` → `any`"),
     "parallel_tool_calls": FieldRule("boolean", I, A, note="`false` → `disable_parallel_tool_use`"),
-    "response_format": FieldRule("object", A, A, note="`text` only: JSON modes are refused"),
+    "response_format": FieldRule("object", A, A, note="embedded: `text` only; `json_schema` → `output_config.format` "
+                                 "(its `schema` as sent, never rewritten; `name`, `description` and `strict` have no "
+                                 "equivalent: the answer always matches); `json_object` is refused (Anthropic takes a "
+                                 "schema only)"),
     "seed": FieldRule("integer", A, I, note="Anthropic has no seed; embedded: a request with a seed (or "
                                             "`temperature` 0) gets the same answer each time"),
     "top_k": FieldRule("integer", A, A, note="an extension (vLLM, llama.cpp, TGI); 0 or −1: every token"),

@@ -16,6 +16,7 @@ from server.domain import (
 )
 from server.translate.field_rules import GENERATION_ONLY
 from server.translate.internal_to_anthropic import tool_input
+from server.translate.structured import chat_format_param
 
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # OpenAI allows up to 2; Anthropic refuses more than 1
 
@@ -61,6 +62,8 @@ def _built(request: GenerationRequest) -> dict:
     # seed has no Anthropic field: it is left out.
     if request.reasoning is not None and request.reasoning.budget_tokens is not None and not _continues_unthought(body):
         body["thinking"] = {"type": "enabled", "budget_tokens": request.reasoning.budget_tokens}
+    if request.output_format is not None and request.output_format.schema is not None:  # any other is refused
+        body["output_config"] = {"format": {"type": "json_schema", "schema": request.output_format.schema}}
     if request.end_user:
         body["metadata"] = {"user_id": request.end_user}
     if request.tools:
@@ -124,8 +127,9 @@ _TOOL_MEMBERS = {"input_schema": "function.parameters", "name": "function.name",
 def caller_param(request: GenerationRequest, message: str) -> str | None:
     """The chat caller's field that an Anthropic 400 is about, read from the path its message starts with (a path
     into the body built for it): `system` is the first system message, `messages.2.content.1` the caller's message
-    that block was made from (merged turns make one message), `stop_sequences.1` `stop[1]`. None without a path, or
-    when no field the caller sent made it."""
+    that block was made from (merged turns make one message), `stop_sequences.1` `stop[1]`,
+    `output_config.format.schema` `response_format.json_schema.schema`. None without a path, or when no field the
+    caller sent made it."""
     source = request.source
     match = _MESSAGE_PATH.match(message)
     if not isinstance(source, OpenAIChatSource) or match is None:
@@ -148,6 +152,8 @@ def caller_param(request: GenerationRequest, message: str) -> str | None:
         return "user" if "user" in source.body else "safety_identifier"
     if name == "tool_choice" and rest == ["disable_parallel_tool_use"]:
         return "parallel_tool_calls"
+    if name == "output_config":
+        return chat_format_param(rest)
     return _CHAT_FIELDS.get(name)
 
 

@@ -17,6 +17,7 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
+from server.translate.structured import chat_output_format
 from server.translate.thinking import chat_reasoning
 from server.translate.tool_rules import (
     OPENAI_NAME_LIMIT, OPENAI_TOOL_LIMIT, duplicate_unread, name_unread, schema_type_unread, too_many_unread,
@@ -37,7 +38,6 @@ _ROLES = {
 # Content parts read as text, by role (an assistant's refusal is what it said; other roles: TEXT_PARTS); parts of any
 # other type (images, audio, files, and kinds the API adds later) are kept only for an upstream of this dialect.
 _TEXT_PARTS = {"assistant": {**TEXT_PARTS, "refusal": "refusal"}}
-_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _TOOL_CHOICES = {"none": ToolChoiceMode.NONE, "auto": ToolChoiceMode.AUTO, "required": ToolChoiceMode.REQUIRED}
 _LONGEST_SAFETY_IDENTIFIER = 64  # OpenAI's API refuses a longer `safety_identifier`
 # OpenAI's API refuses `metadata` of more pairs, or longer keys or values, than these.
@@ -89,7 +89,7 @@ def chat_request(
         params=params,
         tools=tools,
         tool_choice=tool_choice,
-        json_output=_response_format(body, unread) != "text",
+        output_format=chat_output_format(body, unread),
         end_user=opt_string(body, "user") or opt_string(body, "safety_identifier") or None,
         source=OpenAIChatSource(body, tuple(unread)),
         stream=stream,
@@ -340,18 +340,3 @@ def _tool_choice(body: Mapping[str, Json], tools: tuple[ToolSpec, ...], unread: 
         "`tool_choice` must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
         param="tool_choice.type" if isinstance(choice, dict) else "tool_choice",
     )
-
-
-def _response_format(body: Mapping[str, Json], unread: list[Unread]) -> str:
-    response_format = opt_object(body, "response_format")
-    if response_format is None:
-        return "text"
-    kind = opt_string(response_format, "type", "response_format")
-    if kind is None:
-        raise InvalidRequest(f"`response_format.type` must be one of {', '.join(_RESPONSE_FORMATS)}; got null.",
-                             param="response_format.type")
-    if kind not in _RESPONSE_FORMATS:  # a kind added later (vLLM's `structural_tag`): for an upstream of this dialect
-        unread.append(Unread("response_format.type", f"`response_format` of type {shown(kind)} is not supported by "
-                                                     "this model."))
-        return "text"
-    return kind

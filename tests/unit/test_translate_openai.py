@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from server.domain import (
-    Completion, Dialect, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, ToolCall, ToolChoice,
-    ToolChoiceMode, ToolResult, ToolSpec, Turn, Usage,
+    Completion, Dialect, FinishReason, Finished, OutputFormat, ResponseHeader, Role, Started, TextDelta, ToolCall,
+    ToolChoice, ToolChoiceMode, ToolResult, ToolSpec, Turn, Usage,
 )
 from server.errors import InvalidRequest
 from server.render import DONE, sse_event
@@ -59,12 +59,12 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}}),)
     assert type(generation.tools[0].parameters["properties"]["city"]["maxLength"]) is int
     assert generation.tool_choice == ToolChoice(ToolChoiceMode.TOOL, name="weather", parallel=False)
-    assert generation.json_output
+    assert generation.output_format == OutputFormat()  # any JSON object
     assert plan(tools=[weather], tool_choice="required").generation.tool_choice.needs_tool_calls
     assert plan(parallel_tool_calls=False).generation.tool_choice == ToolChoice(parallel=False)
-    assert plan().generation.tool_choice is None and not plan().generation.json_output
+    assert plan().generation.tool_choice is None and plan().generation.output_format is None
     later = plan(response_format={"type": "structural_tag", "structures": []}).generation  # for its own dialect only
-    assert not later.json_output and [u.param for u in later.source.unread] == ["response_format.type"]
+    assert later.output_format is None and [u.param for u in later.source.unread] == ["response_format.type"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,110 @@
+"""Structured output across dialects through the whole stack (real Envoy, `portico serve`), asked for and read by
+the official SDKs: chat's `response_format` to a model behind Anthropic, and the answer parsed by the openai SDK
+(docs/api.md, Request bodies, Upstream providers)."""
+
+from __future__ import annotations
+
+import openai
+import pydantic
+import pytest
+from openai.lib._parsing._completions import type_to_response_format_param
+
+from tests.e2e.conftest import upstream_gateway
+from tests.upstream_double import Cue
+from tests.upstream_echo import sse
+from tests.upstream_support import double_providers
+
+HELLO = [{"role": "user", "content": "Weather in Oslo?"}]
+
+
+class City(pydantic.BaseModel):
+    city: str
+    celsius: int
+
+
+SENT_SCHEMA = type_to_response_format_param(City)["json_schema"]["schema"]  # as the openai SDK's parse() sends it
+ANSWER = '{"city": "Oslo", "celsius": -3}'
+
+
+@pytest.fixture(scope="module")
+def gateway(double, tmp_path_factory):
+    gpt, claude = double_providers(double.url)
+    models = (f"  - {{id: chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
+              f"  - {{id: chat-gpt, endpoint: /v1/chat/completions, provider: {gpt}}}\n")
+    with upstream_gateway(tmp_path_factory.mktemp("structured-gateway"), models) as gateway:
+        yield gateway
+
+
+@pytest.fixture(autouse=True)
+def fresh(double):
+    double.reset()
+
+
+def anthropic_message(text: str) -> dict:
+    return {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 5, "output_tokens": 12}}
+
+
+def anthropic_frames(pieces: list[str]) -> list[bytes]:
+    """An Anthropic stream of one text block written in `pieces`."""
+    start = {**anthropic_message(""), "content": [], "stop_reason": None, "usage": {"input_tokens": 5,
+                                                                                  "output_tokens": 1}}
+    events = [{"type": "message_start", "message": start},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+                for piece in pieces),
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+               "usage": {"output_tokens": 12}},
+              {"type": "message_stop"}]
+    return [sse(event, event["type"]) for event in events]
+
+
+def test_a_chat_json_schema_reaches_anthropic_as_output_config_and_comes_back_parsed(oai, double):
+    double.cue(Cue(body=anthropic_message(ANSWER)))
+    completion = oai.chat.completions.parse(model="chat-claude", messages=HELLO, response_format=City)
+    sent = double.seen[-1].body
+    assert sent["output_config"] == {"format": {"type": "json_schema", "schema": SENT_SCHEMA}}  # not rewritten
+    assert "response_format" not in sent
+    assert completion.choices[0].message.parsed == City(city="Oslo", celsius=-3)
+    assert completion.choices[0].message.content == ANSWER
+
+
+def test_a_streamed_chat_json_schema_comes_back_parsed(oai, double):
+    double.cue(Cue(frames=anthropic_frames(['{"city": "Os', 'lo", "cel', 'sius": -3}'])))
+    with oai.chat.completions.stream(model="chat-claude", messages=HELLO, response_format=City) as stream:
+        final = stream.get_final_completion()
+    assert double.seen[-1].body["output_config"]["format"]["schema"] == SENT_SCHEMA
+    assert double.seen[-1].body["stream"] is True
+    assert final.choices[0].message.parsed == City(city="Oslo", celsius=-3)
+
+
+def test_json_object_is_refused_behind_anthropic_and_passed_through_otherwise(oai, double):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, response_format={"type": "json_object"})
+    assert caught.value.param == "response_format.type" and "json_schema" in caught.value.message
+    assert not double.seen
+    oai.chat.completions.create(model="chat-gpt", messages=HELLO, response_format={"type": "json_object"})
+    assert double.seen[-1].body["response_format"] == {"type": "json_object"}
+
+
+def test_a_json_schema_without_a_schema_is_refused_behind_anthropic(oai, double):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO,
+                                    response_format={"type": "json_schema", "json_schema": {"name": "City"}})
+    assert caught.value.param == "response_format.json_schema.schema" and not double.seen
+
+
+def test_anthropics_400_about_the_schema_names_the_response_format(oai, double):
+    """Anthropic refuses some JSON Schema features (numeric bounds among them); the gateway does not rewrite the
+    schema, so the caller is told which of its fields the refusal is about."""
+    message = "output_config.format.schema: For 'integer' type, property 'minimum' is not supported"
+    double.cue(Cue(status=400, body={"type": "error", "error": {"type": "invalid_request_error", "message": message}}))
+    bounded = {"type": "object", "properties": {"celsius": {"type": "integer", "minimum": -90}},
+               "required": ["celsius"], "additionalProperties": False}
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, response_format={
+            "type": "json_schema", "json_schema": {"name": "Bounded", "schema": bounded, "strict": True}})
+    assert double.seen[-1].body["output_config"]["format"]["schema"] == bounded
+    assert caught.value.body["param"] == "response_format.json_schema.schema"
