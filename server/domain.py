@@ -22,8 +22,9 @@ TEMPLATE_TOKENS = 8
 
 # Top-level fields an upstream of the caller's dialect reads as prompt tokens though the internal values do not hold
 # them, so they reach it passed through unread: a structured output's JSON schema (OpenAI's `response_format`,
-# Anthropic's `output_format`) and OpenAI's deprecated `functions`. A budget's worst case counts their JSON's bytes.
-PROMPT_FIELDS = ("response_format", "functions", "output_format")
+# Anthropic's `output_config` and older `output_format`) and OpenAI's deprecated `functions`. A budget's worst case
+# counts their JSON's bytes.
+PROMPT_FIELDS = ("response_format", "functions", "output_format", "output_config")
 
 
 def estimate_tokens(chars: int) -> int:
@@ -177,11 +178,14 @@ class Reasoning:
     enabled or adaptive), in both dialects' terms (server/translate/thinking.py): `effort` for an OpenAI-compatible
     upstream, `budget_tokens` for an Anthropic one (None: not said, the server's default; Anthropic's adaptive).
     `room`: tokens added to the token limit sent to an upstream that thinks within it (Anthropic), where the caller
-    set none: the default limit is the answer's, the budget comes on top."""
+    set none: the default limit is the answer's, the budget comes on top. `shown`: a Messages caller asked for
+    thinking (enabled or adaptive), so gets the reasoning as a thinking block; False: only an effort
+    (`output_config.effort` beside no thinking)."""
 
     effort: str | None = None
     budget_tokens: int | None = None
     room: int = 0
+    shown: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,10 +30,10 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
 
     def answer(self, header, completion, plan):
         # The reasoning of an upstream of the other dialect, shown as Anthropic's API shows thinking: when asked for.
-        return to_anthropic.message(header, completion, thinking=plan.generation.reasoning is not None)
+        return to_anthropic.message(header, completion, thinking=_thinking(plan))
 
     def stream_objects(self, header, events, plan):
-        return to_anthropic.message_events(header, events, thinking=plan.generation.reasoning is not None)
+        return to_anthropic.message_events(header, events, thinking=_thinking(plan))
 
     frames = staticmethod(anthropic_frames)
 
@@ -59,6 +59,11 @@ class MessageServicer(DialectServicer, message_service_pb2_grpc.MessageServiceSe
         call = await self._pipeline.begin(context, key, model, self.endpoint)
         request = count_request(body, beta=beta_values(context.invocation_metadata()))
         return await self._pipeline.count_tokens(call, request)
+
+
+def _thinking(plan) -> bool:
+    """The caller asked for thinking (enabled or adaptive): not only an effort."""
+    return plan.generation.reasoning is not None and plan.generation.reasoning.shown
 
 
 def beta_values(metadata) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from server.domain import (
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import GENERATION_ONLY, MESSAGE_FIELDS, check_fields
+from server.translate.structured import messages_output
 from server.translate.thinking import LEAST_THINKING_BUDGET, beside_thinking, messages_reasoning
 from server.translate.tool_rules import ANTHROPIC_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread
 from server.translate.values import (
@@ -115,14 +116,15 @@ def _generation(body: Mapping[str, Json], *, stream: bool | None, beta: Sequence
     tools = _tools(body, unread)
     tool_choice = _tool_choice(body, unread)
     unread += _beside_thinking(body, params, tool_choice)
+    output_format, effort = messages_output(body, unread)
     asked = bool(opt_bool(body, "stream"))
     stream = asked if stream is None else stream
     if counting:  # what has no effect on a count is refused by no model (an Anthropic upstream is never sent it)
         unread = [item for item in unread if re.split(r"[.\[]", item.param, maxsplit=1)[0] not in GENERATION_ONLY]
     return GenerationRequest(
         turns=tuple(turns), params=params, tools=tools, tool_choice=tool_choice, end_user=end_user,
-        source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
-        reasoning=messages_reasoning(body),
+        output_format=output_format, source=AnthropicMessagesSource(body, tuple(unread), tuple(beta)), stream=stream,
+        reasoning=messages_reasoning(body, effort),
     )
 
 

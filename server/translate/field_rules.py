@@ -164,7 +164,11 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                                                    "passed on"),
     "cache_control": FieldRule("object", I, I),
     "diagnostics": FieldRule("object", I, I),
-    "output_config": FieldRule("object", R, R, neutral=({},), note="structured output and effort"),
+    "output_config": FieldRule("object", R, A, neutral=({},),
+                               note="`format` → `response_format` `json_schema` named `output`, its `schema` as sent, "
+                               "`strict: true`; `effort` → `reasoning_effort` (`low`, `medium`, `high`; `xhigh` and "
+                               "`max` → `high`), winning over a `thinking` budget's; other formats, efforts and "
+                               "members are refused"),
     "container": FieldRule("any", R, R, note="Anthropic's code-execution container"),
     "mcp_servers": FieldRule("array", R, R, neutral=([],), note="beta; needs `anthropic-beta`"),
     "context_management": FieldRule("object", R, R, note="beta; needs `anthropic-beta`"),

@@ -15,6 +15,7 @@ import re
 from server.domain import (
     AnthropicMessagesSource, GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn,
 )
+from server.translate.structured import FORMAT_NAME, messages_format_param
 
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
@@ -52,6 +53,10 @@ def _built(request: GenerationRequest) -> dict:
     # top_k has no OpenAI field: OpenAI itself refuses unknown fields, so it is left out.
     if request.reasoning is not None and request.reasoning.effort is not None:
         body["reasoning_effort"] = request.reasoning.effort
+    if request.output_format is not None and request.output_format.schema is not None:  # any other is refused
+        # strict: OpenAI's guarantee that the answer matches, which Anthropic's output always gives
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": FORMAT_NAME, "schema": request.output_format.schema, "strict": True}}
     if request.end_user:
         body["user"] = request.end_user
     if request.tools:
@@ -75,7 +80,7 @@ def _turn_messages(request: GenerationRequest) -> list[tuple[int, dict]]:
 _MESSAGES_FIELDS = {"model": "model", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
                     "stream": "stream", "temperature": "temperature", "top_p": "top_p", "stop": "stop_sequences",
                     "tool_choice": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
-                    "user": "metadata.user_id", "reasoning_effort": "thinking"}
+                    "user": "metadata.user_id"}
 _TOOL_MEMBERS = {".function.parameters": ".input_schema", ".function.name": ".name",
                  ".function.description": ".description"}
 _PARAM = re.compile(r"([A-Za-z_]+)(?:\[(\d+)\])?(.*)", re.DOTALL)
@@ -86,7 +91,8 @@ def caller_param(request: GenerationRequest, param: str, *, max_tokens_field: st
     passed through is the caller's own, but for the token limit, which the gateway put in `max_tokens_field` in place
     of the caller's `max_completion_tokens` or `max_tokens`. For a Messages caller: `stop` is `stop_sequences`, a
     system message `system`, `messages[4]` the caller's message it came from (one message may make several),
-    `tools[0].function.parameters` `tools[0].input_schema`; None when no field the caller sent made it (a path into
+    `tools[0].function.parameters` `tools[0].input_schema`, `response_format` `output_config.format`,
+    `reasoning_effort` `output_config.effort` (else `thinking`); None when no field the caller sent made it (a path into
     a body the caller never saw would mislead)."""
     source = request.source
     if isinstance(source, OpenAIChatSource):
@@ -113,6 +119,11 @@ def caller_param(request: GenerationRequest, param: str, *, max_tokens_field: st
             if rest == member or rest.startswith((member + ".", member + "[")):
                 return f"tools[{index}]{own}{rest.removeprefix(member)}"
         return f"tools[{index}]"
+    if name == "response_format" and index is None:
+        return messages_format_param(rest)
+    if name == "reasoning_effort" and index is None and not rest:  # the effort, when given, is what was sent
+        config = source.body.get("output_config")
+        return "output_config.effort" if isinstance(config, dict) and config.get("effort") is not None else "thinking"
     if name in _MESSAGES_FIELDS and (index is None or name == "stop"):
         return _MESSAGES_FIELDS[name] + (f"[{index}]" if index is not None else "")
     return None

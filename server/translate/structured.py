@@ -57,3 +57,52 @@ def chat_format_param(path: list[str]) -> str:
     if path[:2] == ["format", "schema"]:
         return ".".join([_SCHEMA, *path[2:]])
     return "response_format"
+
+
+FORMAT_NAME = "output"  # the `json_schema.name` an OpenAI-compatible upstream is sent for `output_config.format`
+# Anthropic's `output_config.effort` -> chat's `reasoning_effort`: the three every reasoning server takes (vLLM's and
+# llama.cpp's refuse `xhigh` and `max`), as thinking budgets map (server/translate/thinking.py).
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+_CONFIG_MEMBERS = ("format", "effort")
+
+
+def messages_output(body: Mapping[str, Json], unread: list[Unread]) -> tuple[OutputFormat | None, str | None]:
+    """A Messages request's `output_config` (type-checked already) as the JSON output and the `reasoning_effort` an
+    OpenAI-compatible upstream is sent. What it cannot be sent (a format other than a json_schema with an object
+    schema, an effort not among Anthropic's, members added later) is listed in `unread` for that upstream only: an
+    Anthropic one judges it, and the embedded model refuses any `output_config` by its field rule."""
+    config = body.get("output_config")
+    if not isinstance(config, dict):
+        return None, None
+    unread += [Unread(f"output_config.{name}", f"`output_config.{name}` is not supported by this model.",
+                      embedded=False) for name in config if name not in _CONFIG_MEMBERS]
+    output_format = None
+    form = config.get("format")
+    if isinstance(form, dict) and form.get("type") == "json_schema" and isinstance(form.get("schema"), dict):
+        output_format = OutputFormat(schema=form["schema"])
+    elif form is not None:
+        unread.append(_format_unread(form))
+    effort = config.get("effort")
+    if effort is not None and not (isinstance(effort, str) and effort in _EFFORTS):
+        unread.append(Unread("output_config.effort", f"`output_config.effort` {shown(effort)} is not supported by "
+                             f"this model; supported: {', '.join(_EFFORTS)}.", embedded=False))
+    return output_format, _EFFORTS.get(effort) if isinstance(effort, str) else None
+
+
+def _format_unread(form: Json) -> Unread:
+    if not isinstance(form, dict):
+        return Unread("output_config.format", f"`output_config.format` must be an object, got {shown(form)}.",
+                      embedded=False)
+    if form.get("type") != "json_schema":
+        return Unread("output_config.format.type", f"`output_config.format` of type {shown(form.get('type'))} is not "
+                      "supported by this model.", embedded=False)
+    return Unread("output_config.format.schema", "`output_config.format.schema` must be an object.", embedded=False)
+
+
+def messages_format_param(rest: str) -> str:
+    """The Messages field an OpenAI-compatible upstream's error about `response_format` (`rest`: the path after it)
+    is about: the schema (and the path inside it) is `output_config.format.schema`, anything else the format."""
+    inside = ".json_schema.schema"
+    if rest == inside or rest.startswith((inside + ".", inside + "[")):
+        return "output_config.format.schema" + rest.removeprefix(inside)
+    return "output_config.format"

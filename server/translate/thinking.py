@@ -70,15 +70,17 @@ def chat_reasoning(body: Mapping[str, Json], params: SamplingParams, choice: Too
     return Reasoning(effort=effort, budget_tokens=budget, room=0 if limit_field else budget), unread
 
 
-def messages_reasoning(body: Mapping[str, Json]) -> Reasoning | None:
-    """A Messages request's `thinking` (checked already) as the reasoning an OpenAI-compatible upstream is asked for:
-    `enabled` with a budget is that budget's effort; `adaptive` leaves the depth to the model, which is no effort (the
-    server's own default), but the caller still gets the thinking; `disabled` is none."""
+def messages_reasoning(body: Mapping[str, Json], effort: str | None = None) -> Reasoning | None:
+    """A Messages request's `thinking` (checked already) and `effort` (its `output_config.effort` as a
+    `reasoning_effort`, None: not given) as the reasoning an OpenAI-compatible upstream is asked for. One rule: the
+    effort, when given, is the one sent, whatever `thinking` says; without it, `enabled` with a budget is that budget's
+    effort, and `adaptive` (the depth left to the model) and `disabled` are none (the server's own default). `enabled`
+    and `adaptive` also show the caller the thinking; `disabled` or no thinking do not."""
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if kind == "adaptive":
-        return Reasoning()
+        return Reasoning(effort=effort)
     budget = thinking.get("budget_tokens") if kind == "enabled" else None
-    if not isinstance(budget, int) or isinstance(budget, bool):  # refused beside it (_check_thinking)
-        return None
-    return Reasoning(effort=effort_of(budget), budget_tokens=budget)
+    if not isinstance(budget, int) or isinstance(budget, bool):  # refused beside it (_check_thinking), or no thinking
+        return Reasoning(effort=effort, shown=False) if effort is not None else None
+    return Reasoning(effort=effort or effort_of(budget), budget_tokens=budget)

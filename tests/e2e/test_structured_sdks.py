@@ -1,9 +1,11 @@
 """Structured output across dialects through the whole stack (real Envoy, `portico serve`), asked for and read by
-the official SDKs: chat's `response_format` to a model behind Anthropic, and the answer parsed by the openai SDK
-(docs/api.md, Request bodies, Upstream providers)."""
+the official SDKs: chat's `response_format` to a model behind Anthropic, Messages' `output_config` to one behind an
+OpenAI-compatible server, and the answer parsed by the caller's SDK (docs/api.md, Request bodies, Upstream
+providers)."""
 
 from __future__ import annotations
 
+import anthropic
 import openai
 import pydantic
 import pytest
@@ -30,7 +32,9 @@ ANSWER = '{"city": "Oslo", "celsius": -3}'
 def gateway(double, tmp_path_factory):
     gpt, claude = double_providers(double.url)
     models = (f"  - {{id: chat-claude, endpoint: /v1/chat/completions, provider: {claude}}}\n"
-              f"  - {{id: chat-gpt, endpoint: /v1/chat/completions, provider: {gpt}}}\n")
+              f"  - {{id: chat-gpt, endpoint: /v1/chat/completions, provider: {gpt}}}\n"
+              f"  - {{id: messages-gpt, endpoint: /v1/messages, provider: {gpt}}}\n"
+              f"  - {{id: messages-claude, endpoint: /v1/messages, provider: {claude}}}\n")
     with upstream_gateway(tmp_path_factory.mktemp("structured-gateway"), models) as gateway:
         yield gateway
 
@@ -108,3 +112,82 @@ def test_anthropics_400_about_the_schema_names_the_response_format(oai, double):
             "type": "json_schema", "json_schema": {"name": "Bounded", "schema": bounded, "strict": True}})
     assert double.seen[-1].body["output_config"]["format"]["schema"] == bounded
     assert caught.value.body["param"] == "response_format.json_schema.schema"
+
+
+# Messages -> an OpenAI-compatible upstream.
+def openai_completion(content: str) -> dict:
+    return {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "gpt-up",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}}
+
+
+def openai_frames(pieces: list[str]) -> list[bytes]:
+    base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up"}
+    deltas = [{"role": "assistant", "content": ""}, *({"content": piece} for piece in pieces)]
+    frames = [sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}) for delta in deltas]
+    frames.append(sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    frames.append(sse({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 12,
+                                                        "total_tokens": 17}}))
+    return [*frames, b"data: [DONE]\n\n"]
+
+
+def test_a_messages_output_format_reaches_openai_as_a_strict_json_schema_and_comes_back_parsed(claude, double):
+    double.cue(Cue(body=openai_completion(ANSWER)))
+    message = claude.messages.parse(model="messages-gpt", max_tokens=500, messages=HELLO, output_format=City)
+    sent = double.seen[-1].body
+    schema = sent["response_format"]["json_schema"]["schema"]
+    assert sent["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": schema, "strict": True}}
+    assert set(schema["properties"]) == {"city", "celsius"} and "output_config" not in sent
+    assert message.parsed_output == City(city="Oslo", celsius=-3)
+
+
+def test_a_streamed_messages_output_format_comes_back_parsed(claude, double):
+    double.cue(Cue(frames=openai_frames(['{"city": "Os', 'lo", "cel', 'sius": -3}'])))
+    with claude.messages.stream(model="messages-gpt", max_tokens=500, messages=HELLO, output_format=City) as stream:
+        final = stream.get_final_message()
+    assert double.seen[-1].body["response_format"]["json_schema"]["strict"] is True
+    assert final.parsed_output == City(city="Oslo", celsius=-3)
+
+
+def test_a_messages_effort_reaches_openai_as_a_reasoning_effort(claude, double):
+    for effort, sent in (("low", "low"), ("high", "high"), ("max", "high")):
+        claude.messages.create(model="messages-gpt", max_tokens=500, messages=HELLO, output_config={"effort": effort})
+        assert double.seen[-1].body["reasoning_effort"] == sent and "response_format" not in double.seen[-1].body
+    claude.messages.create(model="messages-gpt", max_tokens=8000, messages=HELLO, output_config={"effort": "low"},
+                           thinking={"type": "enabled", "budget_tokens": 6000})
+    assert double.seen[-1].body["reasoning_effort"] == "low"  # the effort wins over the budget's (high)
+    reasoned = openai_completion("Cold.")
+    reasoned["choices"][0]["message"]["reasoning_content"] = "Oslo in winter is cold."
+    double.cue(Cue(body=reasoned))
+    answer = claude.messages.create(model="messages-gpt", max_tokens=500, messages=HELLO,
+                                    output_config={"effort": "high"})
+    assert [block.type for block in answer.content] == ["text"]  # an effort alone asks for no thinking block
+
+
+def test_a_messages_output_config_is_passed_to_anthropic_as_it_came(claude, double):
+    output_config = {"format": {"type": "json_schema", "schema": SENT_SCHEMA}, "effort": "xhigh"}
+    claude.messages.create(model="messages-claude", max_tokens=500, messages=HELLO, output_config=output_config)
+    assert double.seen[-1].body["output_config"] == output_config and "response_format" not in double.seen[-1].body
+
+
+@pytest.mark.parametrize(("output_config", "param"), [
+    ({"format": {"type": "json_schema"}}, "output_config.format.schema"),
+    ({"effort": "extreme"}, "output_config.effort"),
+])
+def test_an_output_config_an_openai_upstream_cannot_take_is_a_400_naming_it(claude, double, output_config, param):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="messages-gpt", max_tokens=500, messages=HELLO, output_config=output_config)
+    assert caught.value.body["error"]["param"] == param and not double.seen
+
+
+@pytest.mark.parametrize(("upstream_param", "param"), [
+    ("response_format", "output_config.format"), ("reasoning_effort", "output_config.effort")])
+def test_an_openai_400_about_the_format_or_effort_names_the_output_config(claude, double, upstream_param, param):
+    double.cue(Cue(status=400, body={"error": {"message": "Invalid schema for response_format 'output'.",
+                                               "type": "invalid_request_error", "param": upstream_param,
+                                               "code": None}}))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model="messages-gpt", max_tokens=500, messages=HELLO, output_config={
+            "format": {"type": "json_schema", "schema": SENT_SCHEMA}, "effort": "low"})
+    assert caught.value.body["error"]["param"] == param

@@ -114,6 +114,11 @@ async def test_the_sampling_settings_asked_for_are_on_the_request_span(chat, mes
     json_asked, _, traceparent = caller_context()
     await ask(chat, secret, traceparent, response_format={"type": "json_object"})
     assert one(await spans_of(receiver, json_asked), kind="server").attributes["gen_ai.output.type"] == "json"
+    json_asked, _, traceparent = caller_context()  # a Messages caller's structured output too
+    body = {"model": "messages-on-openai", "max_tokens": 8, "messages": HELLO,
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}
+    await messages.CreateMessageHttpUnary(http_body(body), metadata=(*bearer(secret), traceparent))
+    assert one(await spans_of(receiver, json_asked), kind="server").attributes["gen_ai.output.type"] == "json"
 
 
 async def test_a_prompt_over_the_window_says_so_on_its_spans(chat, running, double, receiver, key):
