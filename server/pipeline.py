@@ -13,16 +13,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Protocol
 
 from google.protobuf.message import Message
 
 from server.cache import Lookup, ResponseCache
+from server.calls import Call, CallContext, account, asking, note_finish, send_headers
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    Completion, Dialect, Endpoint, Finished, GenerationEvent, GenerationRequest, Json, ReasoningDelta, TextDelta,
+    Completion, Dialect, Finished, GenerationEvent, GenerationRequest, Json, ReasoningDelta, TextDelta,
     TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import ImageAnswer, ImageRequest
@@ -30,38 +29,17 @@ from server.domain_keys import ApiKey
 from server.domain_models import FREE, ModelEntry, Price
 from server.errors import InternalError, InvalidRequest, PorticoError
 from server.keys import Authenticator
-from server.keys.auth import Metadata
-from server.limits import Limiter, Reservation, rate_limit_headers
+from server.limits import Limiter, Reservation
 from server.limits.core import Dimension, Reading
 from server.metering import Meter, metered, started
-from server.observability import RequestRecord, Telemetry
+from server.observability import Telemetry
 from server.providers import (
     Provider, TokenCounter, capabilities_of, context_overflow, dialects_of, prompt_count, token_counter_of,
 )
 from server.providers.images import ImageProvider, image_unsupported
 from server.providers.retry import OutOfService
 from server.providers.router import Router, refusal_of, stream_of
-from server.translate.finish_reasons import sent_reason
 from server.translate.values import body_and_model
-
-
-class CallContext(Protocol):
-    """The part of grpc.aio.ServicerContext the pipeline uses."""
-
-    def invocation_metadata(self) -> Metadata | None: ...
-
-    async def send_initial_metadata(self, initial_metadata: Sequence[tuple[str, str]]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """An authenticated request for a model the key may use on this endpoint."""
-
-    key: ApiKey
-    model: ModelEntry
-    provider: Provider | ImageProvider
-    context: CallContext
-    record: RequestRecord
 
 
 def _limit_field(request: GenerationRequest, room: int) -> str:
@@ -197,7 +175,7 @@ class Pipeline:
                 try:
                     whole = await started(events)
                     if not watch.caller_left:  # else nobody to send them to (grpc would refuse them)
-                        await _send_headers(call, reservation, lookup.header if lookup is not None else None)
+                        await send_headers(call, reservation, lookup.header if lookup is not None else None)
                     watch.handed_over()  # the rest may be read by another task (services/streaming.py coalesced)
                     yield whole
                 finally:
@@ -212,14 +190,14 @@ class Pipeline:
             # be recorded as having gone away (Limiter.settle never waits).
             call.record.upstream_done()
             call.record.caller_left = watch.caller_left
-            _note_finish(call, meter)
+            note_finish(call, meter)
             used = 0
             # A failure may carry what the upstream reported it used (a whole answer that says it failed): counted.
             if meter.started or meter.usage is not None:
                 call.record.model_answered = True
                 usage = meter.usage_so_far()
                 used = usage.total_tokens
-                _account(call, self._served_price(call), usage.input_tokens, usage.output_tokens,
+                account(call, self._served_price(call), usage.input_tokens, usage.output_tokens,
                          usage.cached_input_tokens, cache_write_tokens=usage.cache_write_tokens,
                          cache_write_1h_tokens=usage.cache_write_1h_tokens, web_searches=usage.web_searches)
             # Handed to its model (`_asking`), the request counts, as in the ledger, however it ended: an upstream
@@ -256,12 +234,12 @@ class Pipeline:
         replayed = Meter(prompt_estimate=0, most_output=0)
         for event in lookup.events:
             replayed.record(event)
-        _note_finish(call, replayed)  # the caller is told how the cached answer ended, as it was first told
+        note_finish(call, replayed)  # the caller is told how the cached answer ended, as it was first told
         try:
-            await _send_headers(call, reservation, lookup.header)
+            await send_headers(call, reservation, lookup.header)
             yield _replayed(lookup.events)
         finally:
-            _account(call, FREE)  # a cached answer: nothing used, nothing to pay
+            account(call, FREE)  # a cached answer: nothing used, nothing to pay
             self._limiter.settle(reservation, 0, 0)
 
     async def complete(self, call: Call, request: GenerationRequest) -> Completion:
@@ -329,7 +307,7 @@ class Pipeline:
                 count = local
             else:
                 if getattr(provider, "counts_upstream", False):
-                    _asking(call)  # an upstream attempt, for the access log and metrics as a message's
+                    asking(call)  # an upstream attempt, for the access log and metrics as a message's
                 count = await prompt_count(provider, request)
         except OutOfService:
             asked = False
@@ -339,13 +317,13 @@ class Pipeline:
             call.record.upstream_done()
             if asked:  # one request, however it ended, and no tokens: the slot is free again
                 self._limiter.settle(reservation, 0, 0)
-        await _send_headers(call, reservation)
+        await send_headers(call, reservation)
         return count
 
     def _handed_over(self, call: Call, reservation: Reservation) -> None:
         """The model is asked now: marked in the usage ledger's spool with what its reservation booked, so that the
         next process writes its row and settles its reservation if this one dies before the request ends."""
-        _asking(call)
+        asking(call)
         if not isinstance(call.provider, Router):  # run bare: no Router counts its one attempt on its one deployment
             self._telemetry.deployment_attempt(call.model.id, call.record.deployment, None)
         call.record.booked = self._limiter.booked(reservation)
@@ -420,58 +398,20 @@ class Pipeline:
             call.record.caller_left = watch.caller_left
             if answer is not None or drawn:
                 call.record.model_answered = True
-                _account(call, self._served_price(call), images=drawn)
+                account(call, self._served_price(call), images=drawn)
             if reached_model:
                 # One request, as in `stream`.
                 self._budgets_in_force(call.key.id, reservation)
                 self._limiter.settle(reservation, 0, call.record.cost_micros, self._budgets_left)
         if watch.caller_left:  # counted, with nobody to answer: the interceptor records it as gone (499)
             raise asyncio.CancelledError
-        await _send_headers(call, reservation)
+        await send_headers(call, reservation)
         return answer
 
 
 def _budget_name(reading: Reading) -> str:
     """A key's budget as the gauge's `budget` label names it."""
     return "day" if reading.dimension is Dimension.DAILY_SPEND else "month"
-
-
-def _asking(call: Call) -> None:
-    """The model is asked now. A model with one deployment is served by it, however it runs: a Router names the
-    deployment of each attempt (a fallback's included), but a provider run bare (the embedded model, dev-image) has
-    none to name, and its ledger rows said no deployment had served them."""
-    if len(call.model.deployments) == 1:
-        call.record.deployment = call.model.deployments[0].name
-    call.record.upstream_call()
-
-
-def _account(call: Call, price: Price, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-             images: int = 0, *, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0,
-             web_searches: int = 0) -> None:
-    """What the request used and cost at `price` (the model's that answered), on its record (metrics, access log,
-    usage ledger), which settling the reservation hands to the limit store: above the reservation too, when a
-    dearer fallback answered."""
-    record = call.record
-    record.input_tokens, record.output_tokens = input_tokens, output_tokens
-    record.cached_input_tokens, record.images = cached_input_tokens, images
-    record.cache_write_tokens = cache_write_tokens
-    record.cost_micros = price.cost(input_tokens, output_tokens, cached_input_tokens, images, cache_write_tokens,
-                                    cache_write_1h_tokens, web_searches)
-
-
-def _note_finish(call: Call, meter: Meter) -> None:
-    """How the answer ended, as its caller was told (the request span's gen_ai.response.finish_reasons)."""
-    if meter.finished is not None:
-        caller = Dialect.ANTHROPIC if call.model.endpoint is Endpoint.MESSAGES else Dialect.OPENAI
-        call.record.finish_reason = sent_reason(meter.finished, caller, meter.upstream)
-
-
-async def _send_headers(call: Call, reservation: Reservation, extra: tuple[str, str] | None = None) -> None:
-    headers = rate_limit_headers(reservation, anthropic=call.model.endpoint is Endpoint.MESSAGES)
-    if extra is not None:
-        headers = [*headers, extra]
-    if headers:
-        await call.context.send_initial_metadata(headers)
 
 
 async def _replayed(events: Sequence[GenerationEvent]) -> AsyncIterator[GenerationEvent]:

@@ -22,7 +22,8 @@ from google.protobuf.message import Message
 
 from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, ResponseHeader
 from server.errors import PorticoError, UpstreamError
-from server.pipeline import Call, Pipeline
+from server.calls import Call
+from server.pipeline import Pipeline
 from server.render import json_body
 from server.services.streaming import coalesced, guard_stream
 

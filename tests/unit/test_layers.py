@@ -32,6 +32,7 @@ FORBIDDEN = {
     "server.catalog": ("server.config", "server.pipeline", "server.services"),
     "server.keys": ("server.pipeline", "server.services", "server.config"),
     "server.pipeline": ("server.services", "server.app", "server.config"),
+    "server.calls": ("server.pipeline", "server.services", "server.app", "server.config"),
     # What the pipeline is built from: below it, like the providers.
     "server.metering": ("server.pipeline", "server.services", "server.app", "server.config", "server.providers"),
     "server.cache": ("server.pipeline", "server.services", "server.app", "server.config", "server.providers"),
