@@ -104,6 +104,16 @@ def await_rows(gateway, headers, start: int, served: list[str], when: str) -> No
         time.sleep(0.5)
 
 
+def chats(gateway, headers, count: int) -> list[str]:
+    """The request ids of `count` chat requests, each answered."""
+    served = []
+    for _ in range(count):
+        answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        served.append(answer.headers["x-request-id"])
+    return served
+
+
 def service_lines(text: str) -> list[str]:
     """The log's lines but the access log's (JSON) and debug ones."""
     return [line for line in text.splitlines() if not line.startswith("{") and " DEBUG " not in line]
@@ -192,11 +202,7 @@ def test_a_role_refused_the_ledger_answers_usage_reads_503_and_loses_no_row(leas
         with postgres_server.connect(database) as dba:
             dba.execute(f"REVOKE SELECT, INSERT ON usage_ledger FROM {role}")
         try:
-            served = []
-            for _ in range(5):
-                answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
-                assert answer.status_code == 200, answer.text
-                served.append(answer.headers["x-request-id"])
+            served = chats(gateway, headers, 5)
             for path in PATHS:
                 answer = httpx.get(f"{gateway.base_url}{path}?start_time={start}", headers=headers, timeout=30)
                 assert answer.status_code == 503, answer.text
@@ -235,11 +241,7 @@ def test_a_database_read_only_for_a_while_loses_no_row_and_takes_key_writes_agai
             dba.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
             dba.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
         try:
-            served = []
-            for _ in range(5):
-                answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=60)
-                assert answer.status_code == 200, answer.text
-                served.append(answer.headers["x-request-id"])
+            served = chats(gateway, headers, 5)
             refused = httpx.post(f"{gateway.base_url}/v1/admin/keys", json=create, headers=headers, timeout=30)
             assert refused.status_code == 503, refused.text
             for path in PATHS:
