@@ -147,7 +147,7 @@ class Pipeline:
             # A fallback will serve it, counting it in its own tokens: reserved as for any upstream (the count here
             # is the embedded model's, and of a prompt too long to tokenize only a lower bound).
             prompt, counter = max(prompt, request.estimated_prompt_tokens()), None
-        room = request.most_output_tokens - request.params.max_tokens if call.model.id in self._thinking_room else 0
+        room = request.reasoning.room if request.reasoning is not None and call.model.id in self._thinking_room else 0
         most_output = request.params.max_tokens + room
         if call.model.id in self._answer_windows:
             most_output = min(most_output, window - prompt)
