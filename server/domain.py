@@ -172,6 +172,15 @@ class AnthropicMessagesSource:
 RequestSource = OpenAIChatSource | AnthropicMessagesSource
 
 
+# A chat request's token-limit fields, the first given wins (openai_to_internal reads them so).
+CHAT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+def limit_field_in(body: Mapping[str, Json], fields: tuple[str, ...]) -> str | None:
+    """The first of `fields` the caller sent (not null): the one that set the token limit."""
+    return next((name for name in fields if body.get(name) is not None), None)
+
+
 @dataclass(frozen=True, slots=True)
 class Reasoning:
     """The caller asked the model to reason before it answers (chat's `reasoning_effort`, Messages' `thinking`
@@ -228,8 +237,8 @@ class GenerationRequest:
         source = self.source
         if source is None:
             return None
-        fields = ("max_completion_tokens", "max_tokens") if isinstance(source, OpenAIChatSource) else ("max_tokens",)
-        return next((name for name in fields if source.body.get(name) is not None), None)
+        fields = CHAT_LIMIT_FIELDS if isinstance(source, OpenAIChatSource) else ("max_tokens",)
+        return limit_field_in(source.body, fields)
 
     def estimated_prompt_tokens(self) -> int:
         """The size of everything the model reads, estimated when nobody counts it exactly."""

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from server.domain import (
-    GenerationRequest, Json, OpenAIChatSource, Role, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode,
-    ToolResult, ToolSpec, Turn, Unread,
+    CHAT_LIMIT_FIELDS, GenerationRequest, Json, OpenAIChatSource, Role, SamplingParams, ToolCall, ToolChoice,
+    ToolChoiceMode, ToolResult, ToolSpec, Turn, Unread, limit_field_in,
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
@@ -81,8 +81,7 @@ def chat_request(
         unread.append(Unread("top_logprobs", "The 'top_logprobs' parameter is only allowed when 'logprobs' is "
                                              "enabled."))
     tool_choice = _tool_choice(body, tools, unread)
-    limit_field = next((name for name in ("max_completion_tokens", "max_tokens") if body.get(name) is not None), None)
-    reasoning, beside = chat_reasoning(body, params, tool_choice, limit_field)
+    reasoning, beside = chat_reasoning(body, params, tool_choice, limit_field_in(body, CHAT_LIMIT_FIELDS))
     unread += beside
     generation = GenerationRequest(
         turns=turns,
