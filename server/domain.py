@@ -78,6 +78,17 @@ class ToolResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Thought:
+    """One block of the model's reasoning that a caller gives back in its history: Anthropic's thinking, its text
+    and the signature that lets Anthropic check it ("" when an OpenAI-compatible server's reasoning made the
+    block), or redacted thinking (`redacted`: its opaque data, no text)."""
+
+    text: str = ""
+    signature: str = ""
+    redacted: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Turn:
     """One conversation turn: text, and the tool traffic it carries (assistant turns make calls, user turns answer
     them; OpenAI's `tool` messages become user turns with results)."""
@@ -86,6 +97,7 @@ class Turn:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
+    thoughts: tuple[Thought, ...] = ()  # an assistant turn's reasoning before its text and calls, in order
     # Anthropic's prefill: the request's last turn, an assistant's text that the answer continues (not a new turn).
     continued: bool = False
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from server import wire_json
 from server.domain import (
     AnthropicMessagesSource, GenerationRequest, Json, Role, SamplingParams, ToolCall, ToolChoice, ToolChoiceMode,
-    ToolResult, ToolSpec, Turn, Unread,
+    Thought, ToolResult, ToolSpec, Turn, Unread,
 )
 from server.errors import InvalidRequest
 from server.translate.field_rules import GENERATION_ONLY, MESSAGE_FIELDS, check_fields
@@ -29,9 +29,6 @@ from server.translate.values import (
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any": ToolChoiceMode.REQUIRED,
                  "tool": ToolChoiceMode.TOOL}
-# Extended-thinking blocks in earlier assistant turns: an Anthropic upstream receives them untouched (the request
-# passes through); other models do not need them for context, so they are left out of the internal turns.
-_SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
 _LONGEST_USER_ID = 256  # Anthropic's API refuses a longer metadata.user_id
 _TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's pattern for a tool_use block's id
@@ -297,16 +294,24 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
         raise InvalidRequest(f"{where}.content: Field required", param=f"{where}.content")
     if not isinstance(content, list):
         return Turn(role, text_parts(content, f"{where}.content")[0])
-    texts: list[str] = []
-    calls: list[ToolCall] = []
-    results: list[ToolResult] = []
+    parts = _Parts()
     for i, block in enumerate(content):
-        _read_block(block, f"{where}.content[{i}]", role, texts, calls, results, unread)
-    return Turn(role, "\n".join(texts), tool_calls=tuple(calls), tool_results=tuple(results))
+        _read_block(block, f"{where}.content[{i}]", role, parts, unread)
+    return Turn(role, "\n".join(parts.texts), tool_calls=tuple(parts.calls), tool_results=tuple(parts.results),
+                thoughts=tuple(parts.thoughts))
 
 
-def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, results: list,
-                unread: list[Unread]) -> None:
+@dataclass(slots=True)
+class _Parts:
+    """What a message's content blocks hold, gathered block by block."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
+    thoughts: list[Thought] = field(default_factory=list)
+
+
+def _read_block(block: Json, where: str, role: Role, parts: _Parts, unread: list[Unread]) -> None:
     if not isinstance(block, dict):
         raise wrong_type(where, "a content block object", block)
     kind = block.get("type")
@@ -317,7 +322,7 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
         text = block.get("text")
         if not isinstance(text, str):
             raise wrong_type(f"{where}.text", "a string", text)
-        texts.append(text)
+        parts.texts.append(text)
     elif kind == "tool_use" and role is Role.ASSISTANT:
         call_id, name = opt_string(block, "id", where), opt_string(block, "name", where)
         if not call_id or not name:
@@ -326,7 +331,7 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
         tool_input = opt_object(block, "input", where)
         if tool_input is None:  # Anthropic's API requires it ({} for a call without arguments): so does every model
             raise InvalidRequest(f"{_anthropic_path(where)}.tool_use.input: Field required", param=f"{where}.input")
-        calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input).decode()))
+        parts.calls.append(ToolCall(id=call_id, name=name, arguments=wire_json.dumps(tool_input).decode()))
     elif kind == "tool_result" and role is Role.USER:
         call_id = opt_string(block, "tool_use_id", where)
         if not call_id:
@@ -338,9 +343,15 @@ def _read_block(block: Json, where: str, role: Role, texts: list, calls: list, r
             unread.append(Unread(f"{where}.content[{others[0]}].type",
                                  "Tool results with other than text blocks are not supported by this model."))
         is_error = bool(opt_bool(block, "is_error", where))
-        results.append(ToolResult(call_id=call_id, text=text, is_error=is_error))
-    elif kind in _SKIPPED_BLOCKS and role is Role.ASSISTANT:
-        return
+        parts.results.append(ToolResult(call_id=call_id, text=text, is_error=is_error))
+    elif kind == "thinking" and role is Role.ASSISTANT:
+        # Read as far as an OpenAI-compatible upstream needs it (Thought); an Anthropic upstream judges the block.
+        text, signature = block.get("thinking"), block.get("signature")
+        parts.thoughts.append(Thought(text if isinstance(text, str) else "",
+                                      signature if isinstance(signature, str) else ""))
+    elif kind == "redacted_thinking" and role is Role.ASSISTANT:
+        data = block.get("data")
+        parts.thoughts.append(Thought(redacted=data if isinstance(data, str) else ""))
     else:  # image, document, server tool blocks, ...: Anthropic's API judges them; no other model can take them
         unread.append(Unread(f"{where}.type", f"Content blocks of type {kind[:40]!r} are not supported by this "
                                               "model; supported: text, tool_use (assistant), tool_result (user), "

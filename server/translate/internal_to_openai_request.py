@@ -73,7 +73,17 @@ def _built(request: GenerationRequest) -> dict:
 
 def _turn_messages(request: GenerationRequest) -> list[tuple[int, dict]]:
     """Each message of the built body, with the index of the turn it was made from."""
-    return [(i, message) for i, turn in enumerate(request.turns) for message in _messages(turn)]
+    loop_start = _tool_loop_start(request.turns)
+    return [(i, message) for i, turn in enumerate(request.turns)
+            for message in _messages(turn, with_reasoning=i >= loop_start)]
+
+
+def _tool_loop_start(turns: tuple[Turn, ...]) -> int:
+    """The index of the turn after the caller's last own words (a user turn with text, not tool results alone):
+    the assistant turns from there on are the current tool loop. Reasoning servers want their reasoning back there
+    (DeepSeek's thinking mode refuses a loop's next step without it; Qwen3's and Kimi's templates read it) and
+    nowhere earlier (older DeepSeek servers refuse it there)."""
+    return next((i + 1 for i in range(len(turns) - 1, -1, -1) if turns[i].role is Role.USER and turns[i].text), 0)
 
 
 # The Messages field each top-level chat field of a built body was made from (the others: messages, tools).
@@ -133,9 +143,11 @@ def caller_param(request: GenerationRequest, param: str, *, max_tokens_field: st
 TOOL_ERROR_MARKER = "Error: "
 
 
-def _messages(turn: Turn) -> list[dict]:
+def _messages(turn: Turn, *, with_reasoning: bool) -> list[dict]:
     """One turn -> OpenAI messages: tool results become `tool` messages (first, since they answer the calls of
-    the turn before), then the text."""
+    the turn before), then the text. `with_reasoning`: an assistant turn's unsigned thinking, which an
+    OpenAI-compatible server's own `reasoning_content` became on its way to the caller, goes back in that field
+    (signed thinking is Anthropic's, for Anthropic's API alone)."""
     out: list[dict] = [
         {"role": "tool", "tool_call_id": r.call_id, "content": TOOL_ERROR_MARKER + r.text if r.is_error else r.text}
         for r in turn.tool_results
@@ -149,6 +161,9 @@ def _messages(turn: Turn) -> list[dict]:
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in turn.tool_calls
             ]
+        reasoning = "".join(t.text for t in turn.thoughts if not t.signature and not t.redacted)
+        if with_reasoning and reasoning:
+            message["reasoning_content"] = reasoning
         out.append(message)
     elif turn.text or not turn.tool_results:
         out.append({"role": turn.role.value, "content": turn.text})

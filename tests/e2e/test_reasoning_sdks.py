@@ -220,6 +220,29 @@ def test_a_tool_call_after_reasoning_is_the_block_after_the_thinking(claude, dou
     assert final.stop_reason == "tool_use"
 
 
+def test_a_messages_tool_loop_gives_an_openai_upstream_its_reasoning_back(claude, double):
+    """DeepSeek's thinking mode refuses a tool loop's next step without the reasoning of the step before; Qwen3's
+    and Kimi's templates read it there. Reasoning from before the caller's latest question is not sent back."""
+    call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": None}), chunk({"reasoning_content": "Look it up."}),
+                           chunk({"tool_calls": [call]}), chunk({}, "tool_calls"), b"data: [DONE]\n\n"]))
+    tools = [{"name": "weather", "input_schema": {"type": "object"}}]
+    earlier = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": [{"type": "thinking", "thinking": "Greet.", "signature": ""},
+                                                 {"type": "text", "text": "Hello!"}]}]
+    messages = [*earlier, *HELLO]
+    with claude.messages.stream(model="messages-gpt", max_tokens=2000, messages=messages, thinking=THINKING,
+                                tools=tools) as stream:
+        step = stream.get_final_message()
+    messages += [{"role": "assistant", "content": [block.model_dump() for block in step.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "-3 C"}]}]
+    claude.messages.create(model="messages-gpt", max_tokens=2000, messages=messages, thinking=THINKING, tools=tools)
+    sent = double.seen[-1].body["messages"]
+    assert [(m["role"], m.get("reasoning_content")) for m in sent] == [
+        ("user", None), ("assistant", None), ("user", None), ("assistant", "Look it up."), ("tool", None)]
+    assert sent[3]["tool_calls"][0]["id"] == "call_0"
+
+
 def test_without_thinking_asked_for_a_messages_caller_gets_no_thinking_block(claude, double):
     """As Anthropic's API sends thinking blocks only when thinking is on (a reasoning server may reason anyway)."""
     double.cue(Cue(body=REASONED_COMPLETION), Cue(frames=REASONED_FRAMES))

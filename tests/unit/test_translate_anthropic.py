@@ -6,7 +6,7 @@ import pytest
 
 from server.domain import (
     Completion, Dialect, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, ToolCall, ToolChoice,
-    ToolChoiceMode, ToolResult, ToolSpec, Turn, Usage,
+    ToolChoiceMode, Thought, ToolResult, ToolSpec, Turn, Usage,
 )
 from server.errors import InvalidRequest
 from server.render import sse_event
@@ -48,7 +48,7 @@ def test_tools_and_tool_choice():
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": True,
                                       "content": [{"type": "text", "text": "boom"}]}]},
     ])).generation
-    assert thinking.turns[1] == Turn(Role.ASSISTANT, "Hello")
+    assert thinking.turns[1] == Turn(Role.ASSISTANT, "Hello", thoughts=(Thought("hm", "s"),))
     assert thinking.turns[2].tool_results == (ToolResult("t", "boom", is_error=True),)
 
 
