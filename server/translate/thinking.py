@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from server.domain import Json, Reasoning, SamplingParams, ToolChoice, ToolChoiceMode, Unread
-from server.translate.values import shown
+from server.translate.values import is_integer, shown
 
 LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
 NO_REASONING = "none"  # chat's effort that asks for no reasoning: no thinking
@@ -81,6 +81,7 @@ def messages_reasoning(body: Mapping[str, Json], effort: str | None = None) -> R
     if kind == "adaptive":
         return Reasoning(effort=effort)
     budget = thinking.get("budget_tokens") if kind == "enabled" else None
-    if not isinstance(budget, int) or isinstance(budget, bool):  # refused beside it (_check_thinking), or no thinking
+    if not is_integer(budget):  # refused beside it (_check_thinking), or no thinking
         return Reasoning(effort=effort, shown=False) if effort is not None else None
+    budget = int(budget)  # a whole float (2048.0) is that budget, as it was checked (and as Anthropic reads it)
     return Reasoning(effort=effort or effort_of(budget), budget_tokens=budget)

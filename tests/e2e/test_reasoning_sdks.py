@@ -176,6 +176,17 @@ def test_a_messages_thinking_budget_reaches_an_openai_upstream_as_a_reasoning_ef
     assert "reasoning_effort" not in double.seen[-1].body
 
 
+def test_a_whole_float_thinking_budget_is_that_budget(claude, double):
+    """A budget written as a whole float (`max_tokens * 0.25`: 2048.0), which the gateway and Anthropic's API take
+    as the integer, asks for thinking: before, the budget was taken for none, so no effort was sent and the
+    caller got no thinking block."""
+    double.cue(Cue(body=REASONED_COMPLETION))
+    message = claude.messages.create(model="messages-gpt", max_tokens=8192, messages=HELLO,
+                                     thinking={"type": "enabled", "budget_tokens": 8192 * 0.25})
+    assert double.seen[-1].body["reasoning_effort"] == "medium"
+    assert [block.type for block in message.content] == ["thinking", "text"]
+
+
 def chunk(delta: dict, finish_reason: str | None = None, usage: dict | None = None) -> bytes:
     return sse({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
