@@ -143,8 +143,9 @@ def caller_param(request: GenerationRequest, message: str) -> str | None:
         members = rest[2:] if rest[1:2] == ["custom"] else rest[1:]  # Anthropic names the tool's kind in paths
         own = _TOOL_MEMBERS.get(members[0]) if members else None
         return ".".join([f"tools[{rest[0]}]", own, *members[1:]]) if own else f"tools[{rest[0]}]"
-    if name == "max_tokens":
-        return request.token_limit_field or "max_tokens"
+    if name == "max_tokens":  # without the caller's own limit, a thinking budget's room made it large: the effort
+        room = request.reasoning is not None and request.reasoning.room
+        return request.token_limit_field or ("reasoning_effort" if room else "max_tokens")
     if name == "stop_sequences":
         listed = rest and rest[0].isdigit() and isinstance(source.body.get("stop"), list)
         return f"stop[{rest[0]}]" if listed else "stop"

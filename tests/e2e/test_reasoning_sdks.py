@@ -76,6 +76,20 @@ def test_what_anthropic_refuses_beside_thinking_is_a_400_naming_the_chat_param(o
     assert caught.value.param == param and not double.seen
 
 
+def test_anthropics_400_about_a_limit_made_of_the_thinking_budget_names_the_effort(oai, double):
+    """A caller who set no token limit is sent default_max_tokens plus the budget: a model whose output is capped
+    below that refuses it. The caller never sent `max_tokens`, and only a lower effort helps, as a limit's 429 says."""
+    refusal = "max_tokens: 17408 > 8192, which is the maximum allowed number of output tokens for claude-up"
+    error = {"type": "error", "error": {"type": "invalid_request_error", "message": refusal}}
+    double.cue(Cue(status=400, body=error), Cue(status=400, body=error))
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="max")
+    assert double.seen[-1].body["max_tokens"] == 17408 and caught.value.param == "reasoning_effort"
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="max", max_tokens=20000)
+    assert caught.value.param == "max_tokens"  # the caller's own limit
+
+
 THOUGHT_MESSAGE = {
     "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
     "content": [{"type": "thinking", "thinking": "Oslo in winter is cold.", "signature": "c2ln"},
