@@ -188,19 +188,30 @@ class _Blocks:
         self._open: _Block | None = None
         self._held: dict[int, _Block] = {}  # by stream key, in order of arrival
         self._calls: dict[int, tuple[str, JsonObjectPrefix]] = {}  # by call index: its name, its arguments so far
+        # Reasoning that arrived while a text block was open: it waits for the text to end (a tool call, the answer's
+        # end), so the text stays one block, as in the JSON answer (the SDK parses each text block of a structured
+        # output alone, and fails on half of the JSON).
+        self._late: _Block | None = None
 
     def feed(self, event: GenerationEvent) -> list[dict]:
         if isinstance(event, TextDelta):
             return self._arrived(_TEXT, _TEXT_BLOCK, event.text)
         if isinstance(event, ReasoningDelta):
-            return self._arrived(_THINKING, _THINKING_BLOCK, event.text) if self._thinking else []
+            if not self._thinking:
+                return []
+            if self._late is None and (self._open is None or self._open.key != _TEXT):
+                return self._arrived(_THINKING, _THINKING_BLOCK, event.text)
+            self._late = self._late or _Block(_THINKING, _THINKING_BLOCK, [])
+            self._late.pieces.append(event.text)
+            return []
         if isinstance(event, ToolCallStart):
             self._calls[event.index] = (event.name, JsonObjectPrefix())
-            return self._arrived(event.index, {"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
-        if isinstance(event, ToolCallDelta):
+            return [*self._after_text(), *self._arrived(event.index, {"type": "tool_use", "id": event.id,
+                                                                      "name": event.name, "input": {}})]
+        if isinstance(event, ToolCallDelta):  # only for a call open or held: never while text is open
             return self._arrived(event.index, None, self._checked(event.index, event.arguments))
         if isinstance(event, Finished):
-            out = self._close()
+            out = [*self._after_text(), *self._close()]
             for block in self._held.values():
                 out += [*self._started(block), *self._close()]
             self._held.clear()
@@ -217,6 +228,11 @@ class _Blocks:
                 {"type": "message_stop"},
             ]
         return []
+
+    def _after_text(self) -> list[dict]:
+        """The reasoning that waited for the text to end, as its own block after it."""
+        late, self._late = self._late, None
+        return [*self._close(), *self._started(late)] if late is not None else []
 
     def _arrived(self, key: int, start: dict | None, piece: str = "") -> list[dict]:
         """A block's start (`start`, with a first piece for text) or a tool call's next piece (`start` None)."""

@@ -191,3 +191,20 @@ def test_an_openai_400_about_the_format_or_effort_names_the_output_config(claude
         claude.messages.create(model="messages-gpt", max_tokens=500, messages=HELLO, output_config={
             "format": {"type": "json_schema", "schema": SENT_SCHEMA}, "effort": "low"})
     assert caught.value.body["error"]["param"] == param
+
+
+def test_reasoning_that_comes_between_the_json_leaves_the_streamed_text_whole(claude, double):
+    """A server that reasons again in the middle of its answer: the text stays one block (the SDK parses each text
+    block of a structured output alone), and that reasoning is a thinking block after it."""
+    base = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "gpt-up"}
+    deltas = [{"role": "assistant", "content": ""}, {"reasoning_content": "Oslo is cold."}, {"content": '{"city": "Os'},
+              {"reasoning": "Below zero."}, {"content": 'lo", "celsius": -3}'}]
+    frames = [sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}) for delta in deltas]
+    frames += [sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), b"data: [DONE]\n\n"]
+    double.cue(Cue(frames=frames))
+    with claude.messages.stream(model="messages-gpt", max_tokens=2000, messages=HELLO, output_format=City,
+                                thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        final = stream.get_final_message()
+    assert [(block.type, getattr(block, "thinking", None)) for block in final.content] == [
+        ("thinking", "Oslo is cold."), ("text", None), ("thinking", "Below zero.")]
+    assert final.parsed_output == City(city="Oslo", celsius=-3)
