@@ -98,28 +98,36 @@ async def chat_chunks(
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return {**base, "choices": [choice]}
 
+    # The role chunk's content is null before reasoning too; an answer that then has neither text nor a call sums
+    # to "" all the same, as the JSON answer's content without calls.
+    nulled = answered = False
+
     def rendered(event: GenerationEvent) -> list[dict]:
+        nonlocal answered
         if isinstance(event, TextDelta):
+            answered = True
             return [chunk({"content": event.text})]
         if isinstance(event, ReasoningDelta):
             return [chunk({"reasoning_content": event.text})]
         if isinstance(event, ToolCallStart):
+            answered = True
             call = {"index": event.index, "id": event.id, "type": "function",
                     "function": {"name": event.name, "arguments": ""}}
             return [chunk({"tool_calls": [call]})]
         if isinstance(event, ToolCallDelta):
             return [chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})]
         if isinstance(event, Finished):
-            finish = chunk({}, FINISH_REASONS[event.reason])
+            finish = chunk({"content": ""} if nulled and not answered else {}, FINISH_REASONS[event.reason])
             return [finish, {**base, "choices": [], "usage": usage_object(event.usage)}] if include_usage else [finish]
         return []
 
     # The role chunk waits for the first event it can speak of (not Started, nor the other dialect's objects), to
     # say as OpenAI does: content "" before text, null before a tool call (a stream of calls only then sums to
-    # null, as the JSON answer has it).
+    # null, as the JSON answer has it) or reasoning (as DeepSeek does: the calls may follow it).
     while isinstance(first, (Started, UpstreamObject)):
         first = await anext(events)
-    yield chunk({"role": "assistant", "content": None if isinstance(first, ToolCallStart) else ""})
+    nulled = isinstance(first, (ToolCallStart, ReasoningDelta))
+    yield chunk({"role": "assistant", "content": None if nulled else ""})
     for out in rendered(first):
         yield out
     async for event in events:

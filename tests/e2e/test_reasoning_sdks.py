@@ -4,8 +4,11 @@ server, and the upstream's thinking back in the caller's dialect (docs/api.md, R
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.e2e.conftest import upstream_gateway
 from tests.upstream_double import Cue
@@ -285,3 +288,45 @@ def test_a_cached_message_replays_its_thinking(claude, double):
         assert raw.headers["x-portico-cache"] == cache
         assert raw.parse().content[0].thinking == "Oslo in winter is cold."
     assert len(double.seen) == 1
+
+
+def anthropic_stream(message: dict) -> list[bytes]:
+    """`message` as Anthropic streams it: each block whole in one delta."""
+    deltas = {"thinking": ("thinking_delta", "thinking"), "text": ("text_delta", "text")}
+    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None,
+                                                    "usage": {"input_tokens": 5, "output_tokens": 1}}}]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "tool_use":
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            events.append({"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}})
+        else:
+            kind, member = deltas[block["type"]]
+            delta = {"type": kind, member: block[member]}
+            events.append({"type": "content_block_start", "index": index, "content_block": {**block, member: ""}})
+        events += [{"type": "content_block_delta", "index": index, "delta": delta},
+                   {"type": "content_block_stop", "index": index}]
+    events += [{"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": 20}}, {"type": "message_stop"}]
+    return [sse(event, event["type"]) for event in events]
+
+
+@pytest.mark.parametrize(("after", "stop_reason", "content"), [
+    ([{"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}], "tool_use", None),
+    ([], "max_tokens", ""),  # cut short while thinking
+])
+def test_a_streamed_answer_that_thought_first_sums_to_the_content_of_the_json_one(oai, double, after, stop_reason,
+                                                                                  content):
+    """The openai SDK's stream helper sums the deltas: a call after the thinking has no content (null), as the JSON
+    answer says, and thinking alone the JSON answer's "". Before, the role chunk's "" made a call's content ""."""
+    message = {**THOUGHT_MESSAGE, "content": [THOUGHT_MESSAGE["content"][0], *after], "stop_reason": stop_reason}
+    double.cue(Cue(body=message), Cue(frames=anthropic_stream(message)))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    whole = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="low", tools=tools,
+                                        max_completion_tokens=2000)
+    state = ChatCompletionStreamState()  # what the stream helper sums (its get_final_completion() refuses `length`)
+    for chunk_ in oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="low",
+                                              tools=tools, max_completion_tokens=2000, stream=True):
+        state.handle_chunk(chunk_)
+    for answer in (whole, state.current_completion_snapshot):
+        assert answer.choices[0].message.content == content
+        assert answer.choices[0].message.model_extra["reasoning_content"] == "Oslo in winter is cold."

@@ -163,7 +163,7 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     request = chat_request(model="chat-on-anthropic", stream=True)
     chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert [c["choices"][0]["delta"] for c in chunks] == [
-        {"role": "assistant", "content": ""}, {"reasoning_content": "The user wants"}, {"content": "Checking."}, {}]
+        {"role": "assistant", "content": None}, {"reasoning_content": "The user wants"}, {"content": "Checking."}, {}]
     assert all(c["model"] == "chat-on-anthropic" and "system_fingerprint" not in c for c in chunks)
     double.cue(Cue(body=COMPLETION))
     message = orjson.loads(await http_body(messages.CreateMessageHttp, message_request(model="messages-on-openai"),

@@ -163,7 +163,7 @@ async def test_an_anthropic_stream_is_relayed_event_by_event():
 
 async def test_across_dialects_streams_are_rendered_from_the_events():
     chunks = await collect(to_openai.chat_chunks(CHAT_HEADER, aiter(anthropic_stream(EVENTS)), include_usage=True))
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}  # before reasoning
     # The thinking's text is the chat caller's reasoning_content; its signature and the redacted block are left out.
     assert [c["choices"][0]["delta"] for c in chunks[1:3]] == [{"reasoning_content": "The user wants"},
                                                                {"content": "Checking."}]

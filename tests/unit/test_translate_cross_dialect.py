@@ -281,7 +281,7 @@ async def test_an_anthropic_tool_stream_reframed_as_chat_chunks():
     head = '"id":"chatcmpl-9","object":"chat.completion.chunk","created":1700000000,"model":"family-a-5.5"'
     tail = '"logprobs":null,"finish_reason":null}]}\n\n'
     assert b"".join([*chunks, DONE]).decode() == (
-        f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},{tail}'
+        f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"role":"assistant","content":null}},{tail}'
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"reasoning_content":"Oslo..."}},{tail}'
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"content":"Checking."}},{tail}'
         f'data: {{{head},"usage":null,"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"toolu_1",'
