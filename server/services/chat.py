@@ -32,6 +32,7 @@ class ChatServicer(DialectServicer, chat_service_pb2_grpc.ChatServiceServicer):
         return to_openai.chat_chunks(header, events, include_usage=plan.include_usage)
 
     frames = staticmethod(openai_frames)
+    typed = staticmethod(to_openai.typed_reasoning)
 
     def error_frame(self, error):
         return openai_error_frame(error_object(error))

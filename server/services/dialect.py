@@ -88,6 +88,10 @@ class DialectServicer:
     def frames(self, objects: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         raise NotImplementedError
 
+    def typed(self, payload: dict) -> dict:
+        """An answer or event object as the typed RPCs' messages can hold it (`_typed` leaves out what they lack)."""
+        return payload
+
     def error_frame(self, error: PorticoError) -> bytes:
         """The event that ends a stream which failed after its first byte."""
         raise NotImplementedError
@@ -99,7 +103,7 @@ class DialectServicer:
         call, plan, header = await self._prepare(request, context, stream=False)
         completion = await self._pipeline.complete(call, plan.generation)
         try:
-            return _typed(self.answer(header, completion, plan), self.response_type())
+            return _typed(self.typed(self.answer(header, completion, plan)), self.response_type())
         except UpstreamError:  # kept whole by the response cache, it would be this 502 again until it expired
             await self._pipeline.forget_answer(call, plan.generation)
             raise
@@ -108,7 +112,7 @@ class DialectServicer:
         call, plan, header = await self._prepare(request, context, stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
             async for payload in self.stream_objects(header, events, plan):
-                yield _typed(payload, self.event_type())
+                yield _typed(self.typed(payload), self.event_type())
 
     async def http_body(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         call, plan, header = await self._prepare(request.data, context)

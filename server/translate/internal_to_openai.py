@@ -173,3 +173,19 @@ class _Relay:
             return {"id": header.id, "object": "chat.completion.chunk", "created": header.created,
                     "model": header.model, "choices": [], "usage": usage_object(event.usage)}
         return None
+
+
+def typed_reasoning(payload: dict) -> dict:
+    """An answer or chunk for a typed caller: newer vLLM's and OpenRouter's `reasoning` (a string), which the typed
+    messages do not declare, as their `reasoning_content` (a server's own `reasoning_content` stays as it is)."""
+    choices = payload.get("choices")
+    if not choices:
+        return payload
+    named = []
+    for choice in choices:
+        part = "message" if "message" in choice else "delta"
+        said = choice.get(part)
+        if isinstance(said, dict) and isinstance(said.get("reasoning"), str) and "reasoning_content" not in said:
+            choice = {**choice, part: {**said, "reasoning_content": said["reasoning"]}}
+        named.append(choice)
+    return {**payload, "choices": named}

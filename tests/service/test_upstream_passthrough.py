@@ -287,6 +287,22 @@ async def test_typed_callers_get_every_field_rest_callers_get(chat, messages, do
             assert _without_ids(event) == _without_ids(_meaningful(rest_event))
 
 
+async def test_typed_chat_callers_get_newer_servers_reasoning_as_reasoning_content(chat, double, key):
+    """Newer vLLM and OpenRouter name it `reasoning`, which the typed messages do not declare: typed callers got
+    no reasoning at all, where REST callers got the server's field."""
+    reasoned = {**COMPLETION, "choices": [{**COMPLETION["choices"][0], "message": {
+        **COMPLETION["choices"][0]["message"], "reasoning": "The weather, then."}}]}
+    double.cue(Cue(body=reasoned))
+    answer = await chat.CreateChatCompletion(chat_request(model="chat-on-openai"), metadata=bearer(key[1]))
+    assert answer.choices[0].message.reasoning_content == "The weather, then."
+    double.cue(Cue(frames=[sse(CHUNKS[0]), sse(chunk({"reasoning": "The weather"}, usage=None)),
+                           *(sse(c) for c in CHUNKS[1:]), b"data: [DONE]\n\n"]))
+    request = chat_request(model="chat-on-openai", stream=True)
+    deltas = [c.choices[0].delta async for c in chat.StreamChatCompletion(request, metadata=bearer(key[1]))
+              if c.choices]
+    assert [d.reasoning_content for d in deltas if d.HasField("reasoning_content")] == ["The weather"]
+
+
 ANY_ID = "<id>"
 
 
