@@ -81,7 +81,8 @@ class ToolResult:
 class Thought:
     """One block of the model's reasoning that a caller gives back in its history: Anthropic's thinking, its text
     and the signature that lets Anthropic check it ("" when an OpenAI-compatible server's reasoning made the
-    block), or redacted thinking (`redacted`: its opaque data, no text)."""
+    block), or redacted thinking (`redacted`: its opaque data, no text). Among an answer's events: a whole block of
+    Anthropic's that just ended (a chat caller's `thinking_blocks`)."""
 
     text: str = ""
     signature: str = ""
@@ -428,7 +429,10 @@ class UpstreamAnswer:
     output_tokens: int | None = None
 
 
-GenerationEvent = Started | UpstreamObject | TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Finished
+# A Thought among the events is a whole thinking block, after its ReasoningDeltas: what a chat caller gets back as
+# `thinking_blocks` to send in its next turn.
+GenerationEvent = (Started | UpstreamObject | TextDelta | ReasoningDelta | Thought | ToolCallStart | ToolCallDelta
+                   | Finished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,6 +445,7 @@ class Completion:
     tool_calls: tuple[ToolCall, ...] = ()
     upstream: UpstreamObject | None = None
     reasoning: str = ""  # the model's reasoning before its answer ("": none, or none it shows)
+    thoughts: tuple[Thought, ...] = ()  # its thinking blocks, whole, as the upstream sent them (Anthropic's)
 
 
 @dataclass(frozen=True, slots=True)

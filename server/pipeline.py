@@ -21,7 +21,7 @@ from server.calls import Call, CallContext, account, asking, note_finish, send_h
 from server.catalog import Catalog
 from server.cutoff import Cutoff
 from server.domain import (
-    Completion, Dialect, Finished, GenerationEvent, GenerationRequest, Json, ReasoningDelta, TextDelta,
+    Completion, Dialect, Finished, GenerationEvent, GenerationRequest, Json, ReasoningDelta, TextDelta, Thought,
     TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
 )
 from server.domain_images import ImageAnswer, ImageRequest
@@ -248,6 +248,7 @@ class Pipeline:
         completion = None
         parts: list[str] = []
         reasoning: list[str] = []
+        thoughts: list[Thought] = []
         calls: dict[int, tuple[ToolCallStart, list[str]]] = {}
         upstream: list[UpstreamObject] = []
         async with self.stream(call, request) as events:
@@ -268,8 +269,10 @@ class Pipeline:
                     # A request that does not stream is answered with the upstream's one JSON object, if any.
                     whole = upstream[0] if len(upstream) == 1 and not request.stream else None
                     completion = Completion(text="".join(parts), finish=event, tool_calls=tool_calls, upstream=whole,
-                                            reasoning="".join(reasoning))
+                                            reasoning="".join(reasoning), thoughts=tuple(thoughts))
                     break
+                elif isinstance(event, Thought):
+                    thoughts.append(event)
         if call.record.caller_left:  # nobody to answer: the interceptor records it as gone (499)
             raise asyncio.CancelledError
         if completion is None:

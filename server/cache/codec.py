@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from server import wire_json
 from server.domain import (
-    Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta,
+    Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, Thought, ToolCallDelta,
     ToolCallStart, UpstreamObject, Usage,
 )
 
@@ -47,6 +47,8 @@ def _encoded(event: GenerationEvent) -> list:
         return ["c", event.index, event.id, event.name]
     if isinstance(event, ToolCallDelta):
         return ["a", event.index, event.arguments]
+    if isinstance(event, Thought):
+        return ["b", event.text, event.signature, event.redacted]
     if isinstance(event, Finished):
         usage = event.usage
         return ["f", event.reason.value, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens,
@@ -68,6 +70,8 @@ def _decoded(item: list) -> GenerationEvent:
         return ToolCallStart(item[1], item[2], item[3])
     if tag == "a":
         return ToolCallDelta(item[1], item[2])
+    if tag == "b":
+        return Thought(item[1], item[2], item[3])
     if tag == "f":
         # An entry stored before upstream reasons were kept has none (item[6]).
         return Finished(FinishReason(item[1]), Usage(item[2], item[3], item[4]), item[5], *item[6:7])

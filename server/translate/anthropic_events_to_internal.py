@@ -2,9 +2,10 @@
 answer (one `message` object) -> the same events.
 
 Pure: fed one decoded event at a time, it returns the internal events it completes, so nothing is buffered.
-Thinking blocks' text makes ReasoningDeltas (a chat caller's `reasoning_content`); redacted thinking, which has no
-text, and signatures make none. A caller of the same dialect gets them all with the upstream's own events
-(server/domain.py UpstreamObject).
+Thinking blocks' text makes ReasoningDeltas (a chat caller's `reasoning_content`) as it comes; each signed thinking
+block, once it ends, and each redacted one also make a Thought, the whole block (a chat caller's `thinking_blocks`,
+to give back): only the text of the block being read is held. A caller of the same dialect gets them all with the
+upstream's own events (server/domain.py UpstreamObject).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 
 from server import wire_json
 from server.domain import (
-    CallIds, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, Started, TextDelta, ToolCallDelta,
+    CallIds, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, Started, TextDelta, Thought, ToolCallDelta,
     ToolCallStart, UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
 )
 from server.errors import UpstreamError
@@ -49,6 +50,8 @@ class AnthropicEventReader:
         self._chars = 0  # of text, thinking and tool input, for an answer whose usage says nothing of its output
         self._tool_blocks: dict[int, int] = {}  # content block index -> tool call index
         self._tool_inputs: set[int] = set()  # tool calls whose input has had any text
+        self._thinking: tuple[int, list[str]] | None = None  # the thinking block being read: its index, its text
+        self._signature = ""  # ... and its signature
         self._input_tokens = 0
         self._output_tokens = 0
         self._cached_tokens = 0  # read from the prompt cache (priced as cached input)
@@ -134,7 +137,11 @@ class AnthropicEventReader:
         if block.get("type") == "text":
             return [TextDelta(upstream_string(block["text"]))] if block.get("text") else []
         if block.get("type") == "thinking":  # a whole answer's block holds its thinking; a stream's starts empty
-            return [ReasoningDelta(upstream_string(block["thinking"]))] if block.get("thinking") else []
+            text = upstream_string(block.get("thinking") or "")
+            self._thinking, self._signature = (index, [text]), upstream_string(block.get("signature") or "")
+            return [ReasoningDelta(text)] if text else []
+        if block.get("type") == "redacted_thinking" and block.get("data"):
+            return [Thought(redacted=upstream_string(block["data"]))]
         if block.get("type") == "tool_use":
             call = self._tool_blocks[index] = len(self._tool_blocks)
             # A compatible server's block without an id (or with null) gets one, as a chat caller must name the call
@@ -152,13 +159,23 @@ class AnthropicEventReader:
         if delta.get("type") == "text_delta" and delta.get("text"):
             return [TextDelta(upstream_string(delta["text"]))]
         if delta.get("type") == "thinking_delta" and delta.get("thinking"):
-            return [ReasoningDelta(upstream_string(delta["thinking"]))]
+            text = upstream_string(delta["thinking"])
+            if self._thinking is not None and self._thinking[0] == index:
+                self._thinking[1].append(text)
+            return [ReasoningDelta(text)]
+        if delta.get("type") == "signature_delta" and self._thinking is not None and self._thinking[0] == index:
+            self._signature += upstream_string(delta.get("signature") or "")
         if delta.get("type") == "input_json_delta" and index in self._tool_blocks and delta.get("partial_json"):
             self._tool_inputs.add(self._tool_blocks[index])
             return [ToolCallDelta(self._tool_blocks[index], upstream_string(delta["partial_json"]))]
         return []
 
     def _block_stop(self, index: int) -> list[GenerationEvent]:
+        if self._thinking is not None and self._thinking[0] == index:
+            text, signature = "".join(self._thinking[1]), self._signature
+            self._thinking, self._signature = None, ""
+            # Unsigned (a compatible server's), it cannot go back to Anthropic: its text was reasoning only.
+            return [Thought(text, signature)] if signature else []
         # A tool without parameters streams its input {} as one empty delta (or none): its arguments must still be
         # the JSON text "{}", as in the whole answer and as OpenAI sends them, not "" (which json.loads refuses).
         call = self._tool_blocks.get(index)
@@ -188,10 +205,10 @@ class AnthropicEventReader:
 def message_events(message: Mapping[str, Json], *, prompt_estimate: int = 0,
                    call_ids: CallIds = numbered_call_ids("toolu_")) -> list[GenerationEvent]:
     """A whole `message` -> the events AnthropicEventReader makes of the same answer streamed: it is read as the
-    stream Anthropic would have sent (message_start with the usage, each content block started, a tool_use block's
-    input as one input_json_delta, message_delta with the stop reason and usage, message_stop). One that cannot be
-    used fails with the usage it reports, which the upstream billed (the ledger counts it, as a stream's that breaks
-    off)."""
+    stream Anthropic would have sent (message_start with the usage, each content block started and stopped, a
+    tool_use block's input as one input_json_delta, message_delta with the stop reason and usage, message_stop).
+    One that cannot be used fails with the usage it reports, which the upstream billed (the ledger counts it, as a
+    stream's that breaks off)."""
     try:
         return _message_events(message, prompt_estimate, call_ids)
     except UpstreamError as error:
@@ -225,6 +242,7 @@ def _message_events(message: Mapping[str, Json], prompt_estimate: int,
                 "type": "input_json_delta", "partial_json": wire_json.dumps(tool_input).decode()}})
         else:
             events += reader.feed({"type": "content_block_start", "index": index, "content_block": block})
+        events += reader.feed({"type": "content_block_stop", "index": index})
     events += reader.feed({"type": "message_delta", "usage": usage, "delta": {
         "stop_reason": message.get("stop_reason"), "stop_sequence": message.get("stop_sequence")}})
     events += reader.feed({"type": "message_stop"})

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 from server.domain import (
     Completion, Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, ResponseHeader, Started, TextDelta,
-    ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+    Thought, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 
 FINISH_REASONS = {
@@ -37,6 +37,13 @@ def usage_object(usage: Usage) -> dict:
     return out
 
 
+def thinking_block(thought: Thought) -> dict:
+    """A thinking block as Anthropic sent it (LiteLLM's `thinking_blocks` item)."""
+    if thought.redacted:
+        return {"type": "redacted_thinking", "data": thought.redacted}
+    return {"type": "thinking", "thinking": thought.text, "signature": thought.signature}
+
+
 def _owned(header: ResponseHeader) -> dict:
     return {"id": header.id, "created": header.created, "model": header.model}
 
@@ -51,6 +58,8 @@ def chat_completion(header: ResponseHeader, completion: Completion) -> dict:
     message = {"role": "assistant", "content": completion.text, "refusal": None}
     if completion.reasoning:  # where DeepSeek and vLLM put it (the openai SDK keeps it: `message.model_extra`)
         message["reasoning_content"] = completion.reasoning
+    if completion.thoughts:  # LiteLLM's member: the signed blocks, for the caller's next turn to give back
+        message["thinking_blocks"] = [thinking_block(thought) for thought in completion.thoughts]
     if completion.tool_calls:
         message["content"] = completion.text or None  # as OpenAI answers a call without text
         message["tool_calls"] = [
@@ -119,6 +128,8 @@ async def chat_chunks(
         if isinstance(event, Finished):
             finish = chunk({"content": ""} if nulled and not answered else {}, FINISH_REASONS[event.reason])
             return [finish, {**base, "choices": [], "usage": usage_object(event.usage)}] if include_usage else [finish]
+        if isinstance(event, Thought):  # a whole block, once it ended: its text was streamed as reasoning_content
+            return [chunk({"thinking_blocks": [thinking_block(event)]})]
         return []
 
     # The role chunk waits for the first event it can speak of (not Started, nor the other dialect's objects), to

@@ -126,11 +126,16 @@ def thought_frames() -> list[bytes]:
     return [sse(event, event["type"]) for event in events]
 
 
+SIGNED = {"type": "thinking", "thinking": "Oslo in winter is cold.", "signature": "c2ln"}
+REDACTED = {"type": "redacted_thinking", "data": "b3BhcXVl"}
+
+
 def test_anthropic_thinking_reaches_a_chat_caller_as_reasoning_content(oai, double):
     double.cue(Cue(body=THOUGHT_MESSAGE), Cue(frames=thought_frames()))
     completion = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high")
     message = completion.choices[0].message
     assert message.model_extra["reasoning_content"] == "Oslo in winter is cold."  # redacted thinking left out
+    assert message.model_extra["thinking_blocks"] == [SIGNED, REDACTED]  # LiteLLM's member: the blocks whole
     assert message.content == "Cold." and completion.usage.completion_tokens == 20
     chunks = list(oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high",
                                               stream=True))
@@ -170,14 +175,16 @@ def test_a_cached_chat_answer_replays_its_reasoning(oai, double, stream):
             model="cached-chat-claude", messages=HELLO, reasoning_effort="medium", stream=stream)
         answer = raw.parse()
         if stream:
-            text = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
-                           for c in answer if c.choices)
+            extras = [c.choices[0].delta.model_extra or {} for c in answer if c.choices]
+            text = "".join(extra.get("reasoning_content") or "" for extra in extras)
+            blocks = [block for extra in extras for block in extra.get("thinking_blocks") or []]
         else:
             text = answer.choices[0].message.model_extra["reasoning_content"]
-        return raw.headers["x-portico-cache"], text
+            blocks = answer.choices[0].message.model_extra["thinking_blocks"]
+        return raw.headers["x-portico-cache"], text, blocks
 
-    assert asked() == ("miss", "Oslo in winter is cold.")
-    assert asked() == ("hit", "Oslo in winter is cold.")
+    assert asked() == ("miss", "Oslo in winter is cold.", [SIGNED, REDACTED])
+    assert asked() == ("hit", "Oslo in winter is cold.", [SIGNED, REDACTED])
     assert len(double.seen) == 1
 
 

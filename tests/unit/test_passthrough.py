@@ -164,9 +164,12 @@ async def test_an_anthropic_stream_is_relayed_event_by_event():
 async def test_across_dialects_streams_are_rendered_from_the_events():
     chunks = await collect(to_openai.chat_chunks(CHAT_HEADER, aiter(anthropic_stream(EVENTS)), include_usage=True))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}  # before reasoning
-    # The thinking's text is the chat caller's reasoning_content; its signature and the redacted block are left out.
-    assert [c["choices"][0]["delta"] for c in chunks[1:3]] == [{"reasoning_content": "The user wants"},
-                                                               {"content": "Checking."}]
+    # The thinking's text is the chat caller's reasoning_content; each block, signed or redacted, comes whole once
+    # it ended, as LiteLLM's thinking_blocks.
+    assert [c["choices"][0]["delta"] for c in chunks[1:5]] == [
+        {"reasoning_content": "The user wants"},
+        {"thinking_blocks": [{"type": "thinking", "thinking": "The user wants", "signature": "EqQBCkYIARgCKkA="}]},
+        {"thinking_blocks": [{"type": "redacted_thinking", "data": "EmwKAhgBEgy3"}]}, {"content": "Checking."}]
     assert all(c["model"] == "family-a-5.5" and "system_fingerprint" not in c for c in chunks)
     assert chunks[-1]["usage"] == {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}
     events = await collect(to_anthropic.message_events(MESSAGE_HEADER, aiter(openai_stream(CHUNKS))))

@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from server.domain import (
-    FinishReason, Finished, ReasoningDelta, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
+    FinishReason, Finished, ReasoningDelta, ResponseHeader, Started, TextDelta, Thought, ToolCallDelta, ToolCallStart,
+    Usage,
 )
 from server.errors import UpstreamError
 from server.render import DONE, sse_event
@@ -238,7 +239,8 @@ ANTHROPIC_STOP_SEQUENCE_MESSAGE = {
 @pytest.mark.parametrize(
     ("message", "events"),
     [
-        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112, 100), ReasoningDelta("Oslo..."), TextDelta("Checking."),
+        (ANTHROPIC_TOOL_USE_MESSAGE, [Started(112, 100), ReasoningDelta("Oslo..."), Thought("Oslo...", "x"),
+                                      TextDelta("Checking."),
                                       ToolCallStart(0, "toolu_1", "weather"),
                                       ToolCallDelta(0, '{"city":"Oslo"}'),
                                       Finished(FinishReason.TOOL_USE, Usage(112, 30, 100), None, "tool_use")]),
