@@ -65,7 +65,9 @@ A, I, R = Rule.ACT, Rule.IGNORE, Rule.REFUSE
 # POST /v1/chat/completions; "other": an Anthropic upstream.
 CHAT_FIELDS: dict[str, FieldRule] = {
     "model": FieldRule("string", A, A),
-    "messages": FieldRule("array", A, A, note="roles, text parts and tool traffic translated"),
+    "messages": FieldRule("array", A, A, note="roles, text parts and tool traffic translated; an assistant "
+                          "message's `thinking_blocks` (LiteLLM's) are its first blocks for Anthropic, ignored by the "
+                          "embedded model"),
     "max_completion_tokens": FieldRule("integer", A, A, note="wins over `max_tokens`"),
     "max_tokens": FieldRule("integer", A, A),
     "temperature": FieldRule("number", A, A, note="0–2; capped at 1 for Anthropic"),
@@ -110,7 +112,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "reasoning_effort": FieldRule("string", I, A, note="→ `thinking` `enabled` with a `budget_tokens` of 1024 "
                                   "(`minimal`, `low`), 2048 (`medium`), 4096 (`high`), 8192 (`xhigh`), 16384 (`max`); "
                                   "`none`: no thinking; not sent while the last assistant message has `tool_calls` "
-                                  "(a tool loop) or ends the messages (a prefill); refused beside what Anthropic "
+                                  "(a tool loop) or ends the messages (a prefill) without `thinking_blocks` first; "
+                                  "refused beside what Anthropic "
                                   "refuses with thinking (a token limit not above the budget, a `temperature` other "
                                   "than 1, a `top_k`, a `top_p` under 0.95, a forced `tool_choice`); without a token "
                                   "limit, the budget is added to `default_max_tokens`"),

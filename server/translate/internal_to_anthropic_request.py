@@ -80,13 +80,19 @@ def _built(request: GenerationRequest) -> dict:
 
 def _continues_unthought(body: dict) -> bool:
     """The final assistant message is one Anthropic refuses with thinking on unless it starts with the signed
-    thinking block the model wrote, which a chat history cannot hold (its `reasoning_content` has no signature):
-    one with tool_use blocks (a tool loop's next step) or the last message (a prefill). Such a request is sent
-    without thinking; the next user turn thinks again."""
+    thinking block the model wrote (the caller's `thinking_blocks`; `reasoning_content` has no signature): one with
+    tool_use blocks (a tool loop's next step) or the last message (a prefill). Without that block such a request is
+    sent without thinking; the next user turn thinks again."""
     messages = body["messages"]
     final = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
-    return final is not None and (final is messages[-1] or isinstance(final["content"], list) and any(
-        block["type"] == "tool_use" for block in final["content"]))
+    if final is None or not isinstance(final["content"], list):
+        return final is not None and final is messages[-1]
+    if final["content"] and final["content"][0]["type"] in _THINKING_BLOCKS:  # signed: _blocks sends no other
+        return False
+    return final is messages[-1] or any(block["type"] == "tool_use" for block in final["content"])
+
+
+_THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 
 def _messages(turns: tuple[Turn, ...]) -> list[dict]:
@@ -163,19 +169,29 @@ def _message_param(request: GenerationRequest, path: list[str]) -> str:
     placed = _placed_messages(request.turns)
     if not path or not path[0].isdigit() or int(path[0]) >= len(placed):
         return "messages"
-    turns = placed[int(path[0])][1]
+    message, turns = placed[int(path[0])]
     block = int(path[2]) if path[1:2] == ["content"] and path[2:3] and path[2].isdigit() else 0
-    return f"messages[{turns[block] if block < len(turns) else turns[0]}]"
+    if block >= len(turns):
+        return f"messages[{turns[0]}]"
+    if message["content"][block]["type"] in _THINKING_BLOCKS:  # the caller's block: its turn's blocks start with them
+        return f"messages[{turns[block]}].thinking_blocks[{block - turns.index(turns[block])}]"
+    return f"messages[{turns[block]}]"
 
 
 def _blocks(turn: Turn) -> list[dict]:
-    # tool_result blocks come first in a user message: Anthropic requires it.
+    # An assistant's thinking blocks come first, as the model wrote them (those Anthropic can take back: signed);
+    # tool_result blocks come first in a user message: Anthropic requires both.
     blocks: list[dict] = [
+        {"type": "redacted_thinking", "data": t.redacted} if t.redacted
+        else {"type": "thinking", "thinking": t.text, "signature": t.signature}
+        for t in turn.thoughts if t.redacted or t.signature
+    ]
+    blocks += [
         {"type": "tool_result", "tool_use_id": _tool_id(r.call_id), "content": r.text,
          **({"is_error": True} if r.is_error else {})}
         for r in turn.tool_results
     ]
-    if turn.text or not (turn.tool_results or turn.tool_calls):
+    if turn.text or not (turn.tool_results or turn.tool_calls or blocks):
         blocks.append({"type": "text", "text": turn.text})
     blocks += [{"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": tool_input(c)}
                for c in turn.tool_calls]

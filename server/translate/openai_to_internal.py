@@ -18,7 +18,7 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import CHAT_FIELDS, check_fields
 from server.translate.structured import chat_output_format
-from server.translate.thinking import chat_reasoning
+from server.translate.thinking import chat_reasoning, chat_thoughts
 from server.translate.tool_rules import (
     OPENAI_NAME_LIMIT, OPENAI_TOOL_LIMIT, duplicate_unread, name_unread, schema_type_unread, too_many_unread,
 )
@@ -196,7 +196,7 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
     if audio is not None:
         unread.append(Unread(f"{where}.audio", "Audio answers are not supported by this model."))
     opt_string(message, "name", where)
-    # Not read, but still type-checked: Anthropic takes thinking back only with its signature, which chat has not.
+    # Not read, but still type-checked: Anthropic takes thinking back only with its signature (`thinking_blocks`).
     opt_string(message, "reasoning_content", where)
     text, others = text_parts(refusal if content is None else content, f"{where}.content", part_types=None,
                               text_members=_TEXT_PARTS.get(role_name, TEXT_PARTS))
@@ -217,7 +217,9 @@ def _turn(message: Json, where: str, unread: list[Unread]) -> Turn:
         unread.append(Unread(f"{where}.function_call", "Function calls (the deprecated function calling) are not "
                              "supported by this model: use `tools` and `tool_calls`.", embedded=False))
         calls += (_function_call(function_call, f"{where}.function_call"),)
-    return Turn(role, text, tool_calls=calls if role is Role.ASSISTANT else ())
+    if role is not Role.ASSISTANT:
+        return Turn(role, text)
+    return Turn(role, text, tool_calls=calls, thoughts=chat_thoughts(message, where, unread))
 
 
 def _unpaired_tool_traffic(messages: list) -> list[Unread]:

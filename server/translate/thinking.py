@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from server.domain import Json, Reasoning, SamplingParams, ToolChoice, ToolChoiceMode, Unread
-from server.translate.values import is_integer, shown
+from server.domain import Json, Reasoning, SamplingParams, Thought, ToolChoice, ToolChoiceMode, Unread
+from server.translate.values import is_integer, opt_array, opt_string, shown, wrong_type
 
 LEAST_THINKING_BUDGET = 1024  # Anthropic's API refuses an `enabled` thinking's budget_tokens below this
 NO_REASONING = "none"  # chat's effort that asks for no reasoning: no thinking
@@ -85,3 +85,35 @@ def messages_reasoning(body: Mapping[str, Json], effort: str | None = None) -> R
         return Reasoning(effort=effort, shown=False) if effort is not None else None
     budget = int(budget)  # a whole float (2048.0) is that budget, as it was checked (and as Anthropic reads it)
     return Reasoning(effort=effort or effort_of(budget), budget_tokens=budget)
+
+
+def chat_thoughts(message: Mapping[str, Json], where: str, unread: list[Unread]) -> tuple[Thought, ...]:
+    """A chat assistant message's `thinking_blocks` (LiteLLM's member: the blocks of an Anthropic model's answer, given
+    back), each as Anthropic takes it back: a `thinking` block with its text and its signature, or a
+    `redacted_thinking` block with its data. Type-checked for every model; a block Anthropic would refuse (another
+    type, no signature) is refused, naming it, by an Anthropic upstream only: an OpenAI-compatible one gets the body
+    as it came (LiteLLM's blocks of other providers may be unsigned), and the embedded model ignores them."""
+    thoughts = []
+    for i, block in enumerate(opt_array(message, "thinking_blocks", where) or ()):
+        at = f"{where}.thinking_blocks[{i}]"
+        if not isinstance(block, dict):
+            raise wrong_type(at, "an object", block)
+        kind, text = opt_string(block, "type", at), opt_string(block, "thinking", at)
+        signature, data = opt_string(block, "signature", at), opt_string(block, "data", at)
+        if kind == "thinking" and text is not None and signature:
+            thoughts.append(Thought(text, signature))
+        elif kind == "redacted_thinking" and data:
+            thoughts.append(Thought(redacted=data))
+        else:
+            unread.append(_unsigned(at, kind, text))
+    return tuple(thoughts)
+
+
+def _unsigned(at: str, kind: str | None, text: str | None) -> Unread:
+    """The refusal of a block Anthropic cannot take back, naming what it lacks."""
+    if kind not in ("thinking", "redacted_thinking"):
+        return Unread(f"{at}.type", f"`{at}.type` must be 'thinking' or 'redacted_thinking'; got {shown(kind)}.",
+                      embedded=False)
+    name = "data" if kind == "redacted_thinking" else "thinking" if text is None else "signature"
+    return Unread(f"{at}.{name}", f"`{at}.{name}` is required: Anthropic takes thinking back only as it sent it.",
+                  embedded=False)

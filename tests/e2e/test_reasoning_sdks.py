@@ -126,10 +126,6 @@ def thought_frames() -> list[bytes]:
     return [sse(event, event["type"]) for event in events]
 
 
-SIGNED = {"type": "thinking", "thinking": "Oslo in winter is cold.", "signature": "c2ln"}
-REDACTED = {"type": "redacted_thinking", "data": "b3BhcXVl"}
-
-
 def test_anthropic_thinking_reaches_a_chat_caller_as_reasoning_content(oai, double):
     double.cue(Cue(body=THOUGHT_MESSAGE), Cue(frames=thought_frames()))
     completion = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high")
@@ -149,22 +145,104 @@ def test_anthropic_thinking_reaches_a_chat_caller_as_reasoning_content(oai, doub
 
 
 
-def test_a_chat_tool_loop_with_reasoning_effort_goes_on_behind_anthropic(oai, double):
-    """Turn 1 thinks and calls a tool; turn 2 sends the call and its result back with the same effort. Anthropic
-    refuses thinking when the final assistant message has a tool_use without its signed thinking block, which a
-    chat history cannot hold: that request is sent without thinking, and the loop's answer arrives."""
-    call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}
-    double.cue(Cue(body={**THOUGHT_MESSAGE, "content": [THOUGHT_MESSAGE["content"][0], call],
-                         "stop_reason": "tool_use"}))
-    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
-    first = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high", tools=tools)
+CALL = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+SIGNED = {"type": "thinking", "thinking": "Oslo in winter is cold.", "signature": "c2ln"}
+REDACTED = {"type": "redacted_thinking", "data": "b3BhcXVl"}
+
+
+def calling_frames() -> list[bytes]:
+    """thought_frames' thinking blocks, then a tool call instead of the text."""
+    frames = thought_frames()[:8]
+    events = [{"type": "content_block_start", "index": 2, "content_block": {**CALL, "input": {}}},
+              {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta",
+                                                                    "partial_json": '{"city": "Oslo"}'}},
+              {"type": "content_block_stop", "index": 2},
+              {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+               "usage": {"output_tokens": 20}},
+              {"type": "message_stop"}]
+    return frames + [sse(event, event["type"]) for event in events]
+
+
+def streamed_message(chunks) -> dict:
+    """The assistant message a caller puts together from a stream: content, tool calls, and the thinking blocks of
+    the raw chunks (LiteLLM's `delta.thinking_blocks`, which the openai SDK keeps in `model_extra`)."""
+    message = {"role": "assistant", "content": None, "tool_calls": [], "thinking_blocks": []}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            message["thinking_blocks"] += (delta.model_extra or {}).get("thinking_blocks") or []
+            for call in delta.tool_calls or []:
+                if call.id:
+                    message["tool_calls"].append({"id": call.id, "type": "function",
+                                                  "function": {"name": call.function.name, "arguments": ""}})
+                message["tool_calls"][call.index]["function"]["arguments"] += call.function.arguments or ""
+    return message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_tool_loop_gives_its_signed_thinking_back_and_keeps_thinking_on(oai, double, stream):
+    """Step 1 thinks and calls a tool: its answer has the thinking blocks whole (LiteLLM's `thinking_blocks`, JSON
+    and streamed). Step 2 sends the assistant message back with them: Anthropic gets the signed blocks first in that
+    message, so thinking stays on for the loop's next step, as Anthropic documents."""
+    double.cue(Cue(frames=calling_frames()) if stream else Cue(body={
+        **THOUGHT_MESSAGE, "content": [*THOUGHT_MESSAGE["content"][:2], CALL], "stop_reason": "tool_use"}))
+    first = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high", tools=TOOLS,
+                                        stream=stream)
+    if stream:
+        message = streamed_message(list(first))
+        call_id = message["tool_calls"][0]["id"]
+    else:
+        assert first.choices[0].message.model_extra["thinking_blocks"] == [SIGNED, REDACTED]
+        message = first.choices[0].message.model_dump(exclude_none=True)
+        call_id = first.choices[0].message.tool_calls[0].id
+    assert message["thinking_blocks"] == [SIGNED, REDACTED]
     assert double.seen[-1].body["thinking"]["type"] == "enabled"
-    message = first.choices[0].message
-    history = [*HELLO, message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "-5C"}]
-    second = oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high", tools=tools)
+    history = [*HELLO, message, {"role": "tool", "tool_call_id": call_id, "content": "-5C"}]
+    second = oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high", tools=TOOLS)
+    sent = double.seen[-1].body
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+    assert sent["messages"][1]["content"][:2] == [SIGNED, REDACTED]
+    assert sent["messages"][1]["content"][2]["type"] == "tool_use"
+    assert second.choices[0].finish_reason == "stop"
+
+
+def test_a_tool_loop_without_its_thinking_blocks_goes_on_without_thinking(oai, double):
+    """A history without the signed blocks (only `reasoning_content`, as a caller that drops unknown members keeps
+    it): Anthropic would refuse thinking there, so that step is sent without it and its answer arrives."""
+    double.cue(Cue(body={**THOUGHT_MESSAGE, "content": [THOUGHT_MESSAGE["content"][0], CALL],
+                         "stop_reason": "tool_use"}))
+    first = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="high", tools=TOOLS)
+    message = first.choices[0].message.model_dump(exclude_none=True)
+    del message["thinking_blocks"]
+    history = [*HELLO, message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "-5C"}]
+    second = oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high", tools=TOOLS)
     assert "thinking" not in double.seen[-1].body
     assert second.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("block", "param"), [
+    ({"type": "thinking", "thinking": "x"}, "messages[1].thinking_blocks[0].signature"),
+    ({"type": "redacted_thinking", "data": 7}, "messages[1].thinking_blocks[0].data"),
+    ({"type": "text", "text": "x"}, "messages[1].thinking_blocks[0].type"),
+])
+def test_a_malformed_thinking_block_is_a_400_naming_it_before_any_upstream(oai, double, block, param):
+    history = [*HELLO, {"role": "assistant", "content": "Cold.", "thinking_blocks": [block]},
+               {"role": "user", "content": "And Bergen?"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high")
+    assert caught.value.param == param and not double.seen
+
+
+def test_thinking_blocks_anthropic_could_not_take_back_reach_an_openai_compatible_upstream_as_sent(oai, double):
+    """LiteLLM's blocks from other providers may be unsigned: the whole body passes to a server of the caller's
+    dialect, which judges them itself."""
+    blocks = [{"type": "thinking", "thinking": "x", "signature": None}, {"type": "text", "text": "y"}]
+    history = [*HELLO, {"role": "assistant", "content": "Cold.", "thinking_blocks": blocks},
+               {"role": "user", "content": "And Bergen?"}]
+    oai.chat.completions.create(model="limited-chat-gpt", messages=history)
+    assert double.seen[-1].body["messages"][1]["thinking_blocks"] == blocks
+
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_cached_chat_answer_replays_its_reasoning(oai, double, stream):
