@@ -276,6 +276,8 @@ class GenerationRequest:
     def _prompt_texts(self) -> Iterator[str]:
         for turn in self.turns:
             yield turn.text
+            for thought in turn.thoughts:  # thinking given back in a tool loop is read (and billed) as input
+                yield thought.text
             for call in turn.tool_calls:
                 yield call.name
                 yield call.arguments

@@ -134,8 +134,8 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "max_tokens": FieldRule("integer", A, A),
     "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out, but "
                           "those with an empty `signature` in the current tool loop → its assistant message's "
-                          "`reasoning_content`; a `tool_result`'s `is_error: true` → its text starts with `Error: ` (OpenAI: the `tool` "
-                          "message's content)"),
+                          "`reasoning_content`; a `tool_result`'s `is_error: true` → its text starts with "
+                          "`Error: ` (OpenAI: the `tool` message's content)"),
     "system": FieldRule("any", A, A, note="→ a system message"),
     "stop_sequences": FieldRule("array", A, A, note="→ `stop`; embedded: whitespace-only ones are refused, as "
                                                     "Anthropic refuses them"),

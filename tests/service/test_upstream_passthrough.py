@@ -156,6 +156,9 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     assert answer["choices"][0]["message"] == {
         "role": "assistant", "content": "Checking.", "refusal": None,
         "reasoning_content": "The user wants the weather.",
+        "thinking_blocks": [{"type": "thinking", "thinking": "The user wants the weather.",
+                             "signature": "EqQBCkYIARgCKkA="},
+                            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"}],
         "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]}
     assert (answer["model"], answer["usage"]["total_tokens"]) == ("chat-on-anthropic", 32)
@@ -163,7 +166,9 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     request = chat_request(model="chat-on-anthropic", stream=True)
     chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert [c["choices"][0]["delta"] for c in chunks] == [
-        {"role": "assistant", "content": None}, {"reasoning_content": "The user wants"}, {"content": "Checking."}, {}]
+        {"role": "assistant", "content": None}, {"reasoning_content": "The user wants"},
+        {"thinking_blocks": [{"type": "thinking", "thinking": "The user wants", "signature": "EqQBCkYIAR"}]},
+        {"content": "Checking."}, {}]
     assert all(c["model"] == "chat-on-anthropic" and "system_fingerprint" not in c for c in chunks)
     double.cue(Cue(body=COMPLETION))
     message = orjson.loads(await http_body(messages.CreateMessageHttp, message_request(model="messages-on-openai"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from server.domain import GenerationRequest, Role, SamplingParams, ToolCall, ToolSpec, Turn, estimate_tokens
+from server.domain import (
+    GenerationRequest, Role, SamplingParams, Thought, ToolCall, ToolSpec, Turn, estimate_tokens,
+)
 
 
 def test_estimate_is_characters_over_four_rounded_up():
@@ -10,7 +12,9 @@ def test_estimate_is_characters_over_four_rounded_up():
 
 
 def test_prompt_estimate_counts_everything_the_model_reads():
-    turns = (Turn(Role.USER, "x" * 10), Turn(Role.ASSISTANT, tool_calls=(ToolCall("c1", "f", "{}"),)))
+    """Thinking given back in a tool loop included: Anthropic reads and bills it as input."""
+    turns = (Turn(Role.USER, "x" * 10), Turn(Role.ASSISTANT, tool_calls=(ToolCall("c1", "f", "{}"),),
+                                             thoughts=(Thought("y" * 40, "sig"),)))
     tools = (ToolSpec("f", "d", {}),)
     request = GenerationRequest(turns=turns, params=SamplingParams(max_tokens=1), tools=tools)
-    assert request.estimated_prompt_tokens() == estimate_tokens(10 + 1 + 2 + 1 + 1 + len("{}"))
+    assert request.estimated_prompt_tokens() == estimate_tokens(10 + 40 + 1 + 2 + 1 + 1 + len("{}"))
