@@ -8,7 +8,7 @@ import pytest
 
 from server.cache import codec
 from server.domain import (
-    Completion, Dialect, FinishReason, Finished, ReasoningDelta, ResponseHeader, TextDelta, Thought, ToolCallDelta,
+    Completion, Dialect, FinishReason, Finished, ReasoningDelta, TextDelta, Thought, ToolCallDelta,
     ToolCallStart, Turn, Usage,
 )
 from server.errors import InvalidRequest
@@ -19,32 +19,11 @@ from server.translate.anthropic_events_to_internal import AnthropicEventReader, 
 from server.translate.internal_to_anthropic_request import anthropic_body, caller_param
 from server.translate.openai_to_internal import chat_request
 from tests.helpers import chat_body
+from tests.unit.test_translate_reasoning import CHAT, THOUGHT_EVENTS as EVENTS, THOUGHT_MESSAGE as MESSAGE
 
+# MESSAGE and EVENTS: an answer that thought (a signed block, a redacted one, then text), whole and streamed.
 SIGNED = Thought("Oslo is cold in", "sig")
 REDACTED = Thought(redacted="opaque")
-MESSAGE = {
-    "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
-    "content": [{"type": "thinking", "thinking": "Oslo is cold in", "signature": "sig"},
-                {"type": "redacted_thinking", "data": "opaque"},
-                {"type": "text", "text": "Cold."}],
-    "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 20},
-}
-EVENTS = [
-    {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}},
-    {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
-    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Oslo is"}},
-    {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": " cold in"}},
-    {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig"}},
-    {"type": "content_block_stop", "index": 0},
-    {"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "opaque"}},
-    {"type": "content_block_stop", "index": 1},
-    {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
-    {"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Cold."}},
-    {"type": "content_block_stop", "index": 2},
-    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 20}},
-    {"type": "message_stop"},
-]
-CHAT = ResponseHeader(id="chatcmpl-9", created=1700000000, model="chat-claude")
 
 
 def answer_parts(events) -> list:
