@@ -110,9 +110,10 @@ async def chat_chunks(
     # The role chunk's content is null before reasoning too; an answer that then has neither text nor a call sums
     # to "" all the same, as the JSON answer's content without calls.
     nulled = answered = False
+    blocks = 0  # thinking blocks sent: the next one's `index`
 
     def rendered(event: GenerationEvent) -> list[dict]:
-        nonlocal answered
+        nonlocal answered, blocks
         if isinstance(event, TextDelta):
             answered = True
             return [chunk({"content": event.text})]
@@ -129,7 +130,10 @@ async def chat_chunks(
             finish = chunk({"content": ""} if nulled and not answered else {}, FINISH_REASONS[event.reason])
             return [finish, {**base, "choices": [], "usage": usage_object(event.usage)}] if include_usage else [finish]
         if isinstance(event, Thought):  # a whole block, once it ended: its text was streamed as reasoning_content
-            return [chunk({"thinking_blocks": [thinking_block(event)]})]
+            # With its place in the answer's list, as tool calls' deltas have: the openai SDK's stream helper
+            # refuses a second item of a list member without an `index`.
+            blocks += 1
+            return [chunk({"thinking_blocks": [{"index": blocks - 1, **thinking_block(event)}]})]
         return []
 
     # The role chunk waits for the first event it can speak of (not Started, nor the other dialect's objects), to

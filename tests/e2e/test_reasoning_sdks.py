@@ -196,7 +196,9 @@ def test_a_chat_tool_loop_gives_its_signed_thinking_back_and_keeps_thinking_on(o
         assert first.choices[0].message.model_extra["thinking_blocks"] == [SIGNED, REDACTED]
         message = first.choices[0].message.model_dump(exclude_none=True)
         call_id = first.choices[0].message.tool_calls[0].id
-    assert message["thinking_blocks"] == [SIGNED, REDACTED]
+    # Streamed, each block has its place in the list (the stream helper's `index`), ignored when given back.
+    assert message["thinking_blocks"] == ([{"index": 0, **SIGNED}, {"index": 1, **REDACTED}] if stream
+                                          else [SIGNED, REDACTED])
     assert double.seen[-1].body["thinking"]["type"] == "enabled"
     history = [*HELLO, message, {"role": "tool", "tool_call_id": call_id, "content": "-5C"}]
     second = oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high", tools=TOOLS)
@@ -205,6 +207,22 @@ def test_a_chat_tool_loop_gives_its_signed_thinking_back_and_keeps_thinking_on(o
     assert sent["messages"][1]["content"][:2] == [SIGNED, REDACTED]
     assert sent["messages"][1]["content"][2]["type"] == "tool_use"
     assert second.choices[0].finish_reason == "stop"
+
+
+def test_the_openai_sdks_stream_helper_puts_several_streamed_blocks_together_for_the_next_step(oai, double):
+    """`chat.completions.stream()` sums the deltas, and takes a second item of a list member only with its `index`
+    (as tool calls' have): before, the second block's chunk (here the redacted one) raised RuntimeError in the
+    caller's code. Its summed message, given back, sends both blocks first, and thinking stays on."""
+    double.cue(Cue(frames=calling_frames()))
+    with oai.chat.completions.stream(model="chat-claude", messages=HELLO, reasoning_effort="high",
+                                     tools=TOOLS) as stream:
+        message = stream.get_final_completion().choices[0].message
+    assert message.model_extra["thinking_blocks"] == [{"index": 0, **SIGNED}, {"index": 1, **REDACTED}]
+    history = [*HELLO, message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "-5C"}]
+    oai.chat.completions.create(model="chat-claude", messages=history, reasoning_effort="high", tools=TOOLS)
+    sent = double.seen[-1].body
+    assert sent["thinking"]["type"] == "enabled" and sent["messages"][1]["content"][:2] == [SIGNED, REDACTED]
 
 
 def test_a_tool_loop_without_its_thinking_blocks_goes_on_without_thinking(oai, double):
@@ -261,8 +279,9 @@ def test_a_cached_chat_answer_replays_its_reasoning(oai, double, stream):
             blocks = answer.choices[0].message.model_extra["thinking_blocks"]
         return raw.headers["x-portico-cache"], text, blocks
 
-    assert asked() == ("miss", "Oslo in winter is cold.", [SIGNED, REDACTED])
-    assert asked() == ("hit", "Oslo in winter is cold.", [SIGNED, REDACTED])
+    blocks = [{"index": 0, **SIGNED}, {"index": 1, **REDACTED}] if stream else [SIGNED, REDACTED]
+    assert asked() == ("miss", "Oslo in winter is cold.", blocks)
+    assert asked() == ("hit", "Oslo in winter is cold.", blocks)
     assert len(double.seen) == 1
 
 

@@ -167,7 +167,8 @@ async def test_answers_across_dialects_are_rendered_from_the_events(chat, messag
     chunks = data_of(sse_frames([b async for b in chat.CreateChatCompletionHttp(raw(request), metadata=bearer(key[1]))]))
     assert [c["choices"][0]["delta"] for c in chunks] == [
         {"role": "assistant", "content": None}, {"reasoning_content": "The user wants"},
-        {"thinking_blocks": [{"type": "thinking", "thinking": "The user wants", "signature": "EqQBCkYIAR"}]},
+        {"thinking_blocks": [{"index": 0, "type": "thinking", "thinking": "The user wants",
+                              "signature": "EqQBCkYIAR"}]},
         {"content": "Checking."}, {}]
     assert all(c["model"] == "chat-on-anthropic" and "system_fingerprint" not in c for c in chunks)
     double.cue(Cue(body=COMPLETION))

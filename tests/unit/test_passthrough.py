@@ -168,8 +168,10 @@ async def test_across_dialects_streams_are_rendered_from_the_events():
     # it ended, as LiteLLM's thinking_blocks.
     assert [c["choices"][0]["delta"] for c in chunks[1:5]] == [
         {"reasoning_content": "The user wants"},
-        {"thinking_blocks": [{"type": "thinking", "thinking": "The user wants", "signature": "EqQBCkYIARgCKkA="}]},
-        {"thinking_blocks": [{"type": "redacted_thinking", "data": "EmwKAhgBEgy3"}]}, {"content": "Checking."}]
+        {"thinking_blocks": [{"index": 0, "type": "thinking", "thinking": "The user wants",
+                              "signature": "EqQBCkYIARgCKkA="}]},
+        {"thinking_blocks": [{"index": 1, "type": "redacted_thinking", "data": "EmwKAhgBEgy3"}]},
+        {"content": "Checking."}]
     assert all(c["model"] == "family-a-5.5" and "system_fingerprint" not in c for c in chunks)
     assert chunks[-1]["usage"] == {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}
     events = await collect(to_anthropic.message_events(MESSAGE_HEADER, aiter(openai_stream(CHUNKS))))

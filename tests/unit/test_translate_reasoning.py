@@ -179,9 +179,10 @@ async def test_streamed_reasoning_is_reasoning_content_deltas_before_the_content
                                                                                     include_usage=False)]
     # content null before the reasoning, as DeepSeek says it (a tool call may follow: the JSON answer's null)
     assert deltas[:5] == [{"role": "assistant", "content": None}, {"reasoning_content": "Oslo is cold in"},
-                          {"thinking_blocks": [{"type": "thinking", "thinking": "Oslo is cold in",
+                          {"thinking_blocks": [{"index": 0, "type": "thinking", "thinking": "Oslo is cold in",
                                                 "signature": "sig"}]},
-                          {"thinking_blocks": [{"type": "redacted_thinking", "data": "opaque"}]}, {"content": "Cold."}]
+                          {"thinking_blocks": [{"index": 1, "type": "redacted_thinking", "data": "opaque"}]},
+                          {"content": "Cold."}]
 
 
 def test_a_cached_answer_keeps_its_reasoning():

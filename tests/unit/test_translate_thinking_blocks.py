@@ -73,8 +73,8 @@ async def test_a_stream_sends_each_block_whole_when_it_ends():
                                                                                     include_usage=False)]
     assert deltas[:6] == [
         {"role": "assistant", "content": None}, {"reasoning_content": "Oslo is"}, {"reasoning_content": " cold in"},
-        {"thinking_blocks": [{"type": "thinking", "thinking": "Oslo is cold in", "signature": "sig"}]},
-        {"thinking_blocks": [{"type": "redacted_thinking", "data": "opaque"}]}, {"content": "Cold."}]
+        {"thinking_blocks": [{"index": 0, "type": "thinking", "thinking": "Oslo is cold in", "signature": "sig"}]},
+        {"thinking_blocks": [{"index": 1, "type": "redacted_thinking", "data": "opaque"}]}, {"content": "Cold."}]
 
 
 def test_a_cached_answer_keeps_its_thinking_blocks():
