@@ -138,10 +138,11 @@ async def chat_chunks(
 
     # The role chunk waits for the first event it can speak of (not Started, nor the other dialect's objects), to
     # say as OpenAI does: content "" before text, null before a tool call (a stream of calls only then sums to
-    # null, as the JSON answer has it) or reasoning (as DeepSeek does: the calls may follow it).
+    # null, as the JSON answer has it) or reasoning (as DeepSeek does: the calls may follow it; redacted thinking,
+    # a Thought without ReasoningDeltas, is reasoning too).
     while isinstance(first, (Started, UpstreamObject)):
         first = await anext(events)
-    nulled = isinstance(first, (ToolCallStart, ReasoningDelta))
+    nulled = isinstance(first, (ToolCallStart, ReasoningDelta, Thought))
     yield chunk({"role": "assistant", "content": None if nulled else ""})
     for out in rendered(first):
         yield out

@@ -434,3 +434,25 @@ def test_a_streamed_answer_that_thought_first_sums_to_the_content_of_the_json_on
     for answer in (whole, state.current_completion_snapshot):
         assert answer.choices[0].message.content == content
         assert answer.choices[0].message.model_extra["reasoning_content"] == "Oslo in winter is cold."
+
+
+def test_a_streamed_call_after_redacted_thinking_alone_sums_to_no_content(oai, double):
+    """An answer whose only thinking is redacted (no reasoning_content chunk) and then a call: the JSON answer's
+    content is null, and the stream's role chunk said "" before, so the stream helper summed it to ""."""
+    message = {**THOUGHT_MESSAGE, "content": [REDACTED, CALL], "stop_reason": "tool_use"}
+    frames = anthropic_stream({**message, "content": [CALL]})
+    redacted = [{"type": "content_block_start", "index": 0, "content_block": REDACTED},
+                {"type": "content_block_stop", "index": 0}]
+    # the call is the second block: its events' index 1
+    frames = [frames[0], *(sse(event, event["type"]) for event in redacted),
+              *(frame.replace(b'"index":0', b'"index":1') for frame in frames[1:])]
+    double.cue(Cue(body=message), Cue(frames=frames))
+    whole = oai.chat.completions.create(model="chat-claude", messages=HELLO, reasoning_effort="low", tools=TOOLS,
+                                        max_completion_tokens=2000)
+    with oai.chat.completions.stream(model="chat-claude", messages=HELLO, reasoning_effort="low", tools=TOOLS,
+                                     max_completion_tokens=2000) as stream:
+        streamed = stream.get_final_completion()
+    for answer in (whole, streamed):
+        assert answer.choices[0].message.content is None
+        assert answer.choices[0].message.tool_calls[0].function.name == "weather"
+    assert streamed.choices[0].message.model_extra["thinking_blocks"] == [{"index": 0, **REDACTED}]
