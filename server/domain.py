@@ -189,6 +189,13 @@ RequestSource = OpenAIChatSource | AnthropicMessagesSource
 CHAT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
+def tool_loop_start(turns: tuple[Turn, ...]) -> int:
+    """The index of the turn after the caller's last own words (a user turn with text, not tool results alone):
+    the assistant turns from there on are the current tool loop, the only place an OpenAI-compatible server is given
+    reasoning back (server/translate/internal_to_openai_request.py)."""
+    return next((i + 1 for i in range(len(turns) - 1, -1, -1) if turns[i].role is Role.USER and turns[i].text), 0)
+
+
 def limit_field_in(body: Mapping[str, Json], fields: tuple[str, ...]) -> str | None:
     """The first of `fields` the caller sent (not null): the one that set the token limit."""
     return next((name for name in fields if body.get(name) is not None), None)
@@ -274,10 +281,14 @@ class GenerationRequest:
         return len(json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()) if fields else 0
 
     def _prompt_texts(self) -> Iterator[str]:
-        for turn in self.turns:
+        loop = tool_loop_start(self.turns)
+        for i, turn in enumerate(self.turns):
             yield turn.text
-            for thought in turn.thoughts:  # thinking given back in a tool loop is read (and billed) as input
-                yield thought.text
+            # Thinking given back is read (and billed) as input: signed, Anthropic's, wherever it is; unsigned, an
+            # OpenAI-compatible server's reasoning, only within the current tool loop, the only place it is sent.
+            for thought in turn.thoughts:
+                if thought.signature or i >= loop:
+                    yield thought.text
             for call in turn.tool_calls:
                 yield call.name
                 yield call.arguments

@@ -14,6 +14,7 @@ import re
 
 from server.domain import (
     AnthropicMessagesSource, GenerationRequest, Json, OpenAIChatSource, Role, ToolChoice, ToolChoiceMode, Turn,
+    tool_loop_start,
 )
 from server.translate.structured import FORMAT_NAME, messages_format_param
 
@@ -73,17 +74,12 @@ def _built(request: GenerationRequest) -> dict:
 
 def _turn_messages(request: GenerationRequest) -> list[tuple[int, dict]]:
     """Each message of the built body, with the index of the turn it was made from."""
-    loop_start = _tool_loop_start(request.turns)
+    # Reasoning servers want their reasoning back in the current tool loop (DeepSeek's thinking mode refuses a
+    # loop's next step without it; Qwen3's and Kimi's templates read it) and nowhere earlier (older DeepSeek servers
+    # refuse it there).
+    loop_start = tool_loop_start(request.turns)
     return [(i, message) for i, turn in enumerate(request.turns)
             for message in _messages(turn, with_reasoning=i >= loop_start)]
-
-
-def _tool_loop_start(turns: tuple[Turn, ...]) -> int:
-    """The index of the turn after the caller's last own words (a user turn with text, not tool results alone):
-    the assistant turns from there on are the current tool loop. Reasoning servers want their reasoning back there
-    (DeepSeek's thinking mode refuses a loop's next step without it; Qwen3's and Kimi's templates read it) and
-    nowhere earlier (older DeepSeek servers refuse it there)."""
-    return next((i + 1 for i in range(len(turns) - 1, -1, -1) if turns[i].role is Role.USER and turns[i].text), 0)
 
 
 # The Messages field each top-level chat field of a built body was made from (the others: messages, tools).
