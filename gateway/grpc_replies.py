@@ -4,9 +4,10 @@ When Envoy answers a gRPC call itself (the server down or restarting, so nothing
 trailers-only answer whose grpc-status comes from its HTTP status (UNAVAILABLE for all of 502, 503 and 504) and whose
 grpc-message is its own text ("upstream connect error or disconnect/reset before headers. ..."). Every other error
 a gRPC caller gets holds the error object in its status details (api.md, Errors). These local-reply mappers, one per
-row of the table at 500 or more (the replies Envoy makes to a call it has accepted), give such an answer the row's
-gRPC code, message and details, rendered from server/errors.py. The Lua filter is not involved: most native calls
-skip it, for speed (envoy.yaml).
+row of the table at 500 or more (the replies Envoy makes to a call it has accepted), and the 413 (a portico.v1
+request over Envoy's 16 MiB buffer: the Lua filter holds it whole to read its framing; Envoy said UNKNOWN "Payload
+Too Large"), give such an answer the row's gRPC code, message and details, rendered from server/errors.py. Nothing
+else of the Lua filter is involved: most native calls skip it, for speed (envoy.yaml).
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def status_details(kind: ErrorKind, *, anthropic: bool) -> str:
 
 
 def grpc_reply_mappers() -> list[dict[str, Any]]:
-    """local_reply_config mappers for gRPC calls (content-type application/grpc...), one per 5xx row and shape."""
+    """local_reply_config mappers for gRPC calls (content-type application/grpc...), one per 5xx row (and 413's) and
+    shape."""
     mappers = []
     for status, kind in sorted(kind_by_status().items()):
-        if status < 500:
+        if status < 500 and status != 413:
             continue
         for anthropic in (True, False):  # Anthropic's paths first: the first mapper that matches is used
             filters: list[dict[str, Any]] = [

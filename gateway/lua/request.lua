@@ -190,17 +190,53 @@ local function caller_trace_id(traceparent)
   return nil
 end
 
+-- Whether a native gRPC request's body ends inside a message: its 5-byte prefix (a flag, then the length) cut, or
+-- fewer bytes after it than the length says. grpc (the server's C core) waits for the rest of such a message even
+-- though the stream has ended, and never calls the method: the caller heard nothing until Envoy's silence limit.
+local function ends_inside_a_message(body)
+  local length, at = body:length(), 0
+  while at < length do
+    if length - at < 5 then return true end
+    local b1, b2, b3, b4 = body:getBytes(at + 1, 4):byte(1, 4)
+    at = at + 5 + ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+  end
+  return at > length
+end
+
+-- Such a call is answered as gRPC servers answer it (grpc-java: "Encountered end-of-stream mid-frame"): INTERNAL,
+-- at once. Envoy sends a gRPC caller's local 400 as grpc-status 13 with the body as grpc-message (trailers-only).
+-- Reading the body holds the call until it has all arrived: a portico.v1 request is one message (no method takes
+-- a stream of them), which grpc does not read before it has all arrived either.
+-- So is one that ended before any message (grpc-java: "Half-closed without a request"), which grpc left
+-- unanswered too.
+local function refuse_cut_message(handle)
+  local body = handle:body()  -- nil at once for a request whose headers ended it
+  if body == nil or body:length() == 0 then
+    mark_envoy_reply(handle, 400)
+    return handle:respond({[":status"] = "400"}, "The request ended before its gRPC message: every portico.v1 " ..
+      "method takes one request message.")
+  end
+  if not ends_inside_a_message(body) then return end
+  mark_envoy_reply(handle, 400)
+  handle:respond({[":status"] = "400"}, "The request ended inside a gRPC message: its stream closed before the " ..
+    "message's 5-byte prefix, or all the bytes the prefix announced, had arrived.")
+end
+
 function envoy_on_request(handle)
   -- The response side cannot see the request: remember "METHOD /path" for the error shaping. The mark also tells
   -- local_reply_config in envoy.yaml that this is a REST request (the transcoder rewrites content-type and path).
   local headers = handle:headers()
   local trace_id = caller_trace_id(headers:get("traceparent"))
   if trace_id then handle:streamInfo():dynamicMetadata():set("portico", "trace_id", trace_id) end
-  -- A native gRPC call reaches this filter only to have its id cut (envoy.yaml): nothing else here is for it.
-  -- Asked and remembered before the cut, which sends the call to its route again, maybe to one without this mark.
+  -- A native gRPC call reaches this filter to have its id cut and, for portico.v1's methods, its framing read
+  -- (envoy.yaml): nothing else here is for it. Asked and remembered before the cut, which sends the call to its
+  -- route again, maybe to one without this mark.
   if handle:metadata():get("native_grpc") then
     handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", true)
-    return bound_request_id(headers)
+    local portico_method = (headers:get(":path") or ""):sub(1, 12) == "/portico.v1."
+    bound_request_id(headers)
+    if portico_method then return refuse_cut_message(handle) end
+    return
   end
   bound_request_id(headers)
   drop_grpc_headers(headers)

@@ -7,9 +7,10 @@ with "Unexpected DecodeError" and no access-log line. The interceptor installs `
 deserializer: it hands the handler an `Undecodable` instead, which the interceptor turns into InvalidRequest
 inside the observed call, so the request is answered, logged and counted like any other bad request.
 
-Native gRPC calls pass Envoy untouched, so the 8 MiB cap on REST bodies (envoy.yaml max_request_bytes) is applied
-here: to the whole message, or for the REST bindings' HttpBody to its body, which Envoy lets through at up to 8 MiB.
-grpc itself refuses messages over the server's max_receive_message_length (server/app.py) before this runs.
+Native gRPC calls pass Envoy's buffer filter untouched, so the 8 MiB cap on REST bodies (envoy.yaml
+max_request_bytes) is applied here: to the whole message, or for the REST bindings' HttpBody to its body, which Envoy
+lets through at up to 8 MiB. Envoy refuses a portico.v1 request over its 16 MiB buffer (gateway/grpc_replies.py), and
+grpc one over the server's max_receive_message_length (server/app.py), before this runs.
 """
 
 from __future__ import annotations

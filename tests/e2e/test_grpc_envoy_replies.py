@@ -18,7 +18,7 @@ from gateway.envoy import ADMIN_SOCKET, EnvoyProcess, free_ports, load_template,
 from portico.v1 import (
     chat_service_pb2_grpc, message_service_pb2_grpc, model_pb2, model_service_pb2_grpc,
 )
-from server.errors import ServiceUnavailable
+from server.errors import RequestTooLarge, ServiceUnavailable
 from tests.helpers import chat_request, error_details, message_request
 
 
@@ -79,3 +79,17 @@ async def test_a_rest_call_while_the_server_is_down_keeps_its_503_object(server_
     assert reply.status_code == 503
     assert reply.json() == {"error": {"message": ServiceUnavailable.kind.message, "type": "service_unavailable_error",
                                       "param": None, "code": "service_unavailable"}}
+
+
+async def test_a_request_message_over_16_mib_gets_the_413_row_from_envoy(server_down):
+    """Envoy holds a portico.v1 call's request until it has all arrived (its gRPC framing is read at the end:
+    test_envoy_replies), and refuses one over its buffer's 16 MiB before the server sees it: a gRPC caller got
+    UNKNOWN "Payload Too Large", Envoy's words. Now the table's 413 row, as from the server between 8 and 16 MiB."""
+    request = chat_request(messages=[{"role": "user", "content": "a" * (17 << 20)}])
+    async with grpc.aio.insecure_channel(server_down, options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(request, timeout=30)
+    kind = RequestTooLarge.kind
+    assert (raised.value.code(), raised.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, kind.message)
+    detail = error_details(raised.value)
+    assert (detail.http_status, detail.error.code, detail.error.type) == (413, "request_too_large", kind.type)
