@@ -15,7 +15,7 @@ import h2.events
 import httpx
 import pytest
 
-from tests.helpers import chat_request, internal_headers
+from tests.helpers import internal_headers
 
 
 @pytest.fixture(scope="module")
@@ -614,64 +614,3 @@ def test_headers_grpc_reads_or_refuses_are_not_passed_on_from_a_rest_caller(http
         "model": "family-a-5.5", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
     assert response.status_code == 200, response.text
 
-
-def _grpc_over_h2(conn: socket.socket, connection: h2.connection.H2Connection, stream: int, secret: str,
-                  frames: list[bytes]) -> dict[bytes, bytes]:
-    """One native gRPC call to CreateChatCompletion whose request is `frames` (DATA frames, the last ending the
-    stream), as raw HTTP/2: its answer's headers and trailers in one dict (a 5 s socket timeout fails the test)."""
-    connection.send_headers(stream, [
-        (b":method", b"POST"), (b":path", b"/portico.v1.ChatService/CreateChatCompletion"), (b":scheme", b"http"),
-        (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
-        (b"authorization", b"Bearer " + secret.encode())], end_stream=not frames)
-    conn.sendall(connection.data_to_send())
-    for i, frame in enumerate(frames):
-        connection.send_data(stream, frame, end_stream=i == len(frames) - 1)
-        conn.sendall(connection.data_to_send())
-    answer: dict[bytes, bytes] = {}
-    while True:
-        chunk = conn.recv(65536)
-        assert chunk, "the connection closed before the answer"
-        for event in connection.receive_data(chunk):
-            if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                answer.update(dict(event.headers))
-            elif isinstance(event, h2.events.DataReceived):
-                connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, h2.events.StreamReset) and event.stream_id == stream:
-                raise AssertionError(f"stream reset: {event.error_code}")
-            elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
-                conn.sendall(connection.data_to_send())
-                return answer
-        conn.sendall(connection.data_to_send())
-
-
-def _framed(message: bytes) -> bytes:
-    return b"\x00" + len(message).to_bytes(4, "big") + message
-
-
-@pytest.mark.parametrize("cut", [
-    b"\x00\x00\x00\x00\x64" + b"\x0a\x05hello",  # the prefix announces 100 bytes, 7 come
-    b"\x00\x00\x00",  # the prefix itself cut
-    _framed(b"\x0a\x05hello") + b"\x00\x00\x00\x00\x09\x0a",  # a whole message, then a cut one
-    b"", None,  # no message at all: an empty DATA frame ends the stream, or the headers do
-], ids=["body", "prefix", "second-message", "empty", "headers-only"])
-def test_a_grpc_request_that_ends_inside_a_message_is_internal_at_once(gateway, cut):
-    """grpc (the server's C core) waits for the rest of a message whose stream has ended, and never calls the
-    method: the caller got nothing for 300 s (Envoy's silence limit), then a reset. gRPC servers answer such a call
-    at once with INTERNAL (grpc-java: "Encountered end-of-stream mid-frame"); so does the gateway now, and the
-    connection serves the next call."""
-    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
-        connection.initiate_connection()
-        conn.sendall(connection.data_to_send())
-        started = time.monotonic()
-        answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [] if cut is None else [cut])
-        assert time.monotonic() - started < 4
-        assert (answer[b":status"], answer[b"content-type"], answer[b"grpc-status"]) == (
-            b"200", b"application/grpc", str(grpc.StatusCode.INTERNAL.value[0]).encode())
-        said = b"ended inside a gRPC message" if cut else b"ended before its gRPC message"
-        assert said in answer[b"grpc-message"] and answer[b"x-request-id"] == answer[b"request-id"]
-        request = chat_request(max_tokens=1).SerializeToString()
-        # A valid call on the same connection, its message split over several DATA frames.
-        answer = _grpc_over_h2(conn, connection, 3, gateway.secret, [_framed(request)[:3], _framed(request)[3:9],
-                                                                     _framed(request)[9:]])
-        assert answer[b":status"] == b"200" and answer[b"grpc-status"] == b"0", answer
