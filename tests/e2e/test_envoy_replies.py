@@ -613,4 +613,3 @@ def test_headers_grpc_reads_or_refuses_are_not_passed_on_from_a_rest_caller(http
     response = http.post("/v1/chat/completions", headers=headers, json={
         "model": "family-a-5.5", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
     assert response.status_code == 200, response.text
-
