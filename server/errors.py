@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from server.domain import Usage
+from server.domain_answers import Usage
 
 # An answer whose retry-after is longer than this also says `x-should-retry: false` (PorticoError.trailing_metadata):
 # a per-minute limit's wait is at most this long, a daily quota's or a budget's hours.

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from server.cutoff import Watch
-from server.domain import (
-    Dialect, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta, ToolCallStart,
-    UpstreamObject, Usage, estimate_tokens,
+from server.domain import Dialect, estimate_tokens
+from server.domain_answers import (
+    Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import InternalError, PorticoError
 from server.observability import RequestRecord

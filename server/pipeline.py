@@ -20,9 +20,10 @@ from server.cache import Lookup, ResponseCache
 from server.calls import Call, CallContext, account, asking, note_finish, send_headers
 from server.catalog import Catalog
 from server.cutoff import Cutoff
-from server.domain import (
-    Completion, Dialect, Finished, GenerationEvent, GenerationRequest, Json, ReasoningDelta, TextDelta, Thought,
-    TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject,
+from server.domain import Dialect, GenerationRequest, Json, Thought, ToolCall
+from server.domain_answers import (
+    Completion, Finished, GenerationEvent, ReasoningDelta, TextDelta, TokenCount, ToolCallDelta, ToolCallStart,
+    UpstreamObject,
 )
 from server.domain_images import ImageAnswer, ImageRequest
 from server.domain_keys import ApiKey

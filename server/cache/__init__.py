@@ -26,7 +26,8 @@ from server import wire_json
 from server.wire_json import Json
 from server.cache.codec import decode, encode_event, entry
 from server.cache.stores import CacheStore, MemoryStore
-from server.domain import AnthropicMessagesSource, Finished, GenerationEvent, GenerationRequest
+from server.domain import AnthropicMessagesSource, GenerationRequest
+from server.domain_answers import Finished, GenerationEvent
 from server.domain_models import CacheSettings
 
 __all__ = ["CacheStore", "Lookup", "MemoryStore", "ResponseCache"]

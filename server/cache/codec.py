@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from server import wire_json
-from server.domain import (
-    Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, Thought, ToolCallDelta,
-    ToolCallStart, UpstreamObject, Usage,
+from server.domain import Dialect, Thought
+from server.domain_answers import (
+    FinishReason, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamObject, Usage,
 )
 
 

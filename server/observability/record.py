@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.domain import Endpoint, SamplingParams, UpstreamAnswer
+from server.domain import Endpoint, SamplingParams
+from server.domain_answers import UpstreamAnswer
 from server.errors import PorticoError
 
 CANCELLED_STATUS = 499  # the caller went away (or its gRPC deadline passed) before the answer ended

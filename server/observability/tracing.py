@@ -16,7 +16,8 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Span, Status, StatusCode, format_trace_id, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from server.domain import Endpoint, UpstreamAnswer
+from server.domain import Endpoint
+from server.domain_answers import UpstreamAnswer
 from server.errors import PorticoError, redact_secrets
 
 Metadata = Sequence[tuple[str, str | bytes]]

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, TokenCount, Turn
+from server.domain import Dialect, GenerationRequest, Turn
+from server.domain_answers import GenerationEvent, TokenCount
 from server.errors import ContextLengthExceeded, InvalidRequest
 
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from server.domain import (
-    AnthropicMessagesSource, Dialect, GenerationEvent, GenerationRequest, TokenCount, UpstreamAnswer, UpstreamObject,
-    random_call_ids,
-)
+from server.domain import AnthropicMessagesSource, Dialect, GenerationRequest
+from server.domain_answers import GenerationEvent, TokenCount, UpstreamAnswer, UpstreamObject, random_call_ids
 from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest, PorticoError, UpstreamError, UpstreamMisconfigured
 from server.providers import Capabilities

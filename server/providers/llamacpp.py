@@ -29,9 +29,8 @@ import llama_cpp
 import orjson
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from server.domain import (
-    FinishReason, Finished, GenerationEvent, GenerationRequest, SamplingParams, Started, TextDelta, Turn, Usage,
-)
+from server.domain import GenerationRequest, SamplingParams, Turn
+from server.domain_answers import FinishReason, Finished, GenerationEvent, Started, TextDelta, Usage
 from server.errors import InternalError, PorticoError, ServiceUnavailable
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import Dialect, GenerationEvent, GenerationRequest, Started, UpstreamObject, random_call_ids
+from server.domain import Dialect, GenerationRequest
+from server.domain_answers import GenerationEvent, Started, UpstreamObject, random_call_ids
 from server.domain_models import UpstreamSpec
 from server.errors import InvalidRequest, PorticoError
 from server.providers import Capabilities

@@ -24,7 +24,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from server.domain import GenerationEvent, Started, UpstreamObject
+from server.domain_answers import GenerationEvent, Started, UpstreamObject
 from server.domain_models import RetrySettings
 from server.errors import PorticoError, ServiceUnavailable, UpstreamMisconfigured
 

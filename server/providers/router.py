@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from server.domain import Finished, GenerationEvent, GenerationRequest, TokenCount
+from server.domain import GenerationRequest
+from server.domain_answers import Finished, GenerationEvent, TokenCount
 from server.domain_images import ImageAnswer, ImageRequest
 from server.domain_models import RetrySettings
 from server.errors import InvalidRequest, OutOfResources, PorticoError, RateLimited, ServiceUnavailable, UpstreamTimeout

@@ -20,7 +20,8 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from server.domain import Completion, Endpoint, GenerationEvent, GenerationRequest, ResponseHeader
+from server.domain import Endpoint, GenerationRequest
+from server.domain_answers import Completion, GenerationEvent, ResponseHeader
 from server.errors import PorticoError, UpstreamError
 from server.calls import Call
 from server.pipeline import Pipeline

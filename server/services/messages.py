@@ -6,7 +6,8 @@ from google.api import httpbody_pb2
 from google.protobuf.message import Message
 
 from portico.v1 import message_pb2, message_service_pb2_grpc, message_tokens_pb2
-from server.domain import Endpoint, TokenCount
+from server.domain import Endpoint
+from server.domain_answers import TokenCount
 from server.errors import error_object
 from server.render import anthropic_error_frame, anthropic_frames, json_body
 from server.services.dialect import DialectServicer

@@ -5,7 +5,7 @@ Pure: fed one decoded event at a time, it returns the internal events it complet
 Thinking blocks' text makes ReasoningDeltas (a chat caller's `reasoning_content`) as it comes; each signed thinking
 block, once it ends, and each redacted one also make a Thought, the whole block (a chat caller's `thinking_blocks`,
 to give back): only the text of the block being read is held. A caller of the same dialect gets them all with the
-upstream's own events (server/domain.py UpstreamObject).
+upstream's own events (server/domain_answers.py UpstreamObject).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import contextlib
 from collections.abc import Mapping
 
 from server import wire_json
-from server.domain import (
-    CallIds, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, Started, TextDelta, Thought, ToolCallDelta,
-    ToolCallStart, UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
+from server.domain import Json, Thought, estimate_tokens
+from server.domain_answers import (
+    CallIds, FinishReason, Finished, GenerationEvent, ReasoningDelta, Started, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamAnswer, Usage, numbered_call_ids, turn_end,
 )
 from server.errors import UpstreamError
 from server.translate.usage_counts import MAX_TOKEN_COUNT, not_a_count, reported_count, token_count

@@ -3,7 +3,8 @@ conventions want the provider's own values, and the caller's provider is the dia
 
 from __future__ import annotations
 
-from server.domain import Dialect, Finished
+from server.domain import Dialect
+from server.domain_answers import Finished
 from server.translate.internal_to_anthropic import STOP_REASONS
 from server.translate.internal_to_openai import FINISH_REASONS
 

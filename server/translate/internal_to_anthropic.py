@@ -1,6 +1,6 @@
 """Internal completions and events -> Anthropic Messages JSON objects (dicts ready for server/wire_json.py).
 
-An answer from an Anthropic upstream is the upstream's own message or events (server/domain.py UpstreamObject),
+An answer from an Anthropic upstream is the upstream's own message or events (server/domain_answers.py UpstreamObject),
 passed on with only what the gateway owns put in: Portico's `id` and the model id the caller asked for (the
 upstream's model name never reaches the caller). Thinking and redacted-thinking blocks with their signatures,
 citations, `container`, server tools' blocks, pings and fields added later arrive as the upstream sent them. Other
@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from server import wire_json
-from server.domain import (
-    Completion, Dialect, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, ResponseHeader, Started,
-    TextDelta, TokenCount, ToolCall, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+from server.domain import Dialect, Json, ToolCall
+from server.domain_answers import (
+    Completion, FinishReason, Finished, GenerationEvent, ReasoningDelta, ResponseHeader, Started, TextDelta, TokenCount,
+    ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 from server.errors import UpstreamError
 from server.translate.json_prefix import WHITESPACE, JsonObjectPrefix

@@ -1,19 +1,20 @@
 """Internal completions and events -> OpenAI chat-completions JSON objects (dicts ready for server/wire_json.py).
 
-An answer from an OpenAI-compatible upstream is the upstream's own objects (server/domain.py UpstreamObject), passed
-on with only what the gateway owns put in: Portico's `id` and `created`, and the model id the caller asked for (the
-upstream's model name never reaches the caller). Everything else, `logprobs`, `system_fingerprint`, `service_tier`,
-refusals, annotations and fields added later, arrives as the upstream sent it. Other answers are rendered from the
-internal events.
+An answer from an OpenAI-compatible upstream is the upstream's own objects (server/domain_answers.py
+UpstreamObject), passed on with only what the gateway owns put in: Portico's `id` and `created`, and the model id the
+caller asked for (the upstream's model name never reaches the caller). Everything else, `logprobs`,
+`system_fingerprint`, `service_tier`, refusals, annotations and fields added later, arrives as the upstream sent it.
+Other answers are rendered from the internal events.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from server.domain import (
-    Completion, Dialect, FinishReason, Finished, GenerationEvent, ReasoningDelta, ResponseHeader, Started, TextDelta,
-    Thought, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+from server.domain import Dialect, Thought
+from server.domain_answers import (
+    Completion, FinishReason, Finished, GenerationEvent, ReasoningDelta, ResponseHeader, Started, TextDelta,
+    ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 
 FINISH_REASONS = {

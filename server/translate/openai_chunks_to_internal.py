@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from server.domain import (
-    CallIds, FinishReason, Finished, GenerationEvent, Json, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
-    UpstreamAnswer, Usage, estimate_tokens, numbered_call_ids, turn_end,
+from server.domain import Json, estimate_tokens
+from server.domain_answers import (
+    CallIds, FinishReason, Finished, GenerationEvent, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamAnswer, Usage, numbered_call_ids, turn_end,
 )
 from server import wire_json
 from server.errors import UpstreamError

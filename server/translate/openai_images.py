@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from PIL import ImageFile, JpegImagePlugin, PngImagePlugin, WebPImagePlugin
 
-from server.domain import Json, UpstreamAnswer
+from server.domain import Json
+from server.domain_answers import UpstreamAnswer
 from server.domain_images import GeneratedImage, ImageAnswer, ImageFormat, ImageRequest
 from server.errors import InvalidRequest, RequestTooLarge
 from server.translate.field_rules import unknown_field

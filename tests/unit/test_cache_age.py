@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from server.cache import ResponseCache
 from server.cache.stores import MemoryStore
-from server.domain import Finished, FinishReason, Usage
+from server.domain_answers import Finished, FinishReason, Usage
 from server.domain_models import CacheSettings
 from tests.limits_support import FakeClock, NOON
 

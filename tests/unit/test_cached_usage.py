@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import Finished, Started, Usage
+from server.domain_answers import Finished, Started, Usage
 from server.errors import UpstreamError
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
 from server.translate.openai_chunks_to_internal import completion_events

@@ -16,11 +16,11 @@ _SERVER_PARTS = sorted({path.stem if path.is_file() else path.name for path in S
 # module prefix -> server modules it must never import (prefix match)
 FORBIDDEN = {
     "server.domain": ("server.",),
-    # The domain's other modules (images, keys, the catalog) build on server.domain alone.
+    # The domain's other modules (answers, images, keys, the catalog) build on server.domain alone.
     **{f"server.domain_{part}": tuple(f"server.{name}" for name in _SERVER_PARTS if name != "domain")
-       for part in ("images", "keys", "models")},
+       for part in ("answers", "images", "keys", "models")},
     # Errors sit just above the domain: one may carry a domain value (a stream's usage reported before it broke off).
-    "server.errors": tuple(f"server.{name}" for name in _SERVER_PARTS if name != "domain"),
+    "server.errors": tuple(f"server.{name}" for name in _SERVER_PARTS if name not in ("domain", "domain_answers")),
     "server.wire_json": ("server.",),
     "server.translate": ("server.providers", "server.pipeline", "server.services", "server.config", "server.keys",
                          "server.limits", "server.observability", "server.catalog", "server.app"),

@@ -8,9 +8,8 @@ import time
 import llama_cpp
 import pytest
 
-from server.domain import (
-    Finished, FinishReason, GenerationRequest, Role, SamplingParams, Started, TextDelta, ToolCall, ToolResult, Turn,
-)
+from server.domain import GenerationRequest, Role, SamplingParams, ToolCall, ToolResult, Turn
+from server.domain_answers import Finished, FinishReason, Started, TextDelta
 from server.errors import InternalError, InvalidRequest, ServiceUnavailable
 from server.providers.llamacpp import LlamaCppProvider, _first_stop, _stop_prefix_len
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import (
-    Completion, Dialect, FinishReason, Finished, ResponseHeader, Started, TextDelta, ToolCall, ToolCallDelta,
-    ToolCallStart, UpstreamObject, Usage,
+from server.domain import Dialect, ToolCall
+from server.domain_answers import (
+    Completion, FinishReason, Finished, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart,
+    UpstreamObject, Usage,
 )
 from server.errors import UpstreamError
 from server.providers.retry import Delivery

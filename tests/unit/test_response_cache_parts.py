@@ -9,9 +9,9 @@ from server.cache import Lookup, ResponseCache, cache_key
 from server.cache.codec import decode, encode
 from server.cache.stores import MemoryStore
 from server.domain_models import CacheSettings
-from server.domain import (
-    AnthropicMessagesSource, Dialect, FinishReason, Finished, GenerationRequest, OpenAIChatSource, SamplingParams,
-    Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
+from server.domain import AnthropicMessagesSource, Dialect, GenerationRequest, OpenAIChatSource, SamplingParams
+from server.domain_answers import (
+    FinishReason, Finished, Started, TextDelta, ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
 
 

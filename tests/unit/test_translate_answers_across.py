@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from server.domain import (
+from server.domain_answers import (
     Completion, FinishReason, Finished, ResponseHeader, TextDelta, ToolCallStart, Usage, random_call_ids,
 )
 from server.translate import internal_to_anthropic as to_anthropic

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import (
-    Completion, Dialect, FinishReason, Finished, ResponseHeader, Role, Started, TextDelta, ToolCall, ToolChoice,
-    ToolChoiceMode, Thought, ToolResult, ToolSpec, Turn, Usage,
-)
+from server.domain import Dialect, Role, ToolCall, ToolChoice, ToolChoiceMode, Thought, ToolResult, ToolSpec, Turn
+from server.domain_answers import Completion, FinishReason, Finished, ResponseHeader, Started, TextDelta, Usage
 from server.errors import InvalidRequest
 from server.render import sse_event
 from server.translate import internal_to_anthropic as to_anthropic

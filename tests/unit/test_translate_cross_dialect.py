@@ -7,9 +7,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from server.domain import (
-    FinishReason, Finished, ReasoningDelta, ResponseHeader, Started, TextDelta, Thought, ToolCallDelta, ToolCallStart,
-    Usage,
+from server.domain import Thought
+from server.domain_answers import (
+    FinishReason, Finished, ReasoningDelta, ResponseHeader, Started, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
 from server.errors import UpstreamError
 from server.render import DONE, sse_event

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import (
-    Completion, Dialect, FinishReason, Finished, OutputFormat, ResponseHeader, Role, Started, TextDelta, ToolCall,
-    ToolChoice, ToolChoiceMode, ToolResult, ToolSpec, Turn, Usage,
-)
+from server.domain import Dialect, OutputFormat, Role, ToolCall, ToolChoice, ToolChoiceMode, ToolResult, ToolSpec, Turn
+from server.domain_answers import Completion, FinishReason, Finished, ResponseHeader, Started, TextDelta, Usage
 from server.errors import InvalidRequest
 from server.render import DONE, sse_event
 from server.translate import internal_to_openai as to_openai

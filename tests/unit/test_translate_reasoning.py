@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from server.cache import codec
-from server.domain import (
-    Completion, FinishReason, Finished, Reasoning, ReasoningDelta, ResponseHeader, TextDelta, Usage,
-)
+from server.domain import Reasoning
+from server.domain_answers import Completion, FinishReason, Finished, ReasoningDelta, ResponseHeader, TextDelta, Usage
 from server.metering import Meter
 from server.providers import Capabilities, unsupported
 from server.providers.anthropic_http import AnthropicProvider

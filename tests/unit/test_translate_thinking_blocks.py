@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from server.cache import codec
-from server.domain import (
-    Completion, Dialect, FinishReason, Finished, ReasoningDelta, TextDelta, Thought, ToolCallDelta,
-    ToolCallStart, Turn, Usage,
+from server.domain import Dialect, Thought, Turn
+from server.domain_answers import (
+    Completion, FinishReason, Finished, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart, Usage,
 )
 from server.errors import InvalidRequest
 from server.providers import Capabilities, unsupported

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.domain import TextDelta, ToolCallDelta
+from server.domain_answers import TextDelta, ToolCallDelta
 from server.errors import UpstreamError
 from server.translate.anthropic_events_to_internal import AnthropicEventReader, message_events
 from server.translate.anthropic_events_to_internal import carries_content as anthropic_carries_content

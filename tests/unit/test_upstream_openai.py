@@ -8,7 +8,7 @@ import random
 import orjson
 import pytest
 
-from server.domain import FinishReason, Finished, TextDelta, ToolCallDelta, ToolCallStart, Usage
+from server.domain_answers import FinishReason, Finished, TextDelta, ToolCallDelta, ToolCallStart, Usage
 from server.domain_models import RetrySettings
 from server.errors import (
     InvalidRequest, RateLimited, ServiceUnavailable, UpstreamError, UpstreamMisconfigured, UpstreamTimeout,
