@@ -71,7 +71,8 @@ class AnthropicProvider:
                 for event in generated:
                     yield event
                 return
-            reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens(), call_ids=self._call_ids)
+            reader = AnthropicEventReader(prompt_estimate=request.estimated_prompt_tokens(), call_ids=self._call_ids,
+                                          thoughts=not isinstance(request.source, AnthropicMessagesSource))
             try:
                 with attempt:
                     async with self._upstream.stream("v1/messages", body, model_id=self._model_id, headers=headers,

@@ -41,10 +41,13 @@ class AnthropicEventReader:
     """`prompt_estimate`: what the prompt counts when the upstream reports no input tokens (an Anthropic-compatible
     server without usage); its answer then counts four characters a token, as an OpenAI-compatible one's does."""
 
-    def __init__(self, *, prompt_estimate: int = 0, call_ids: CallIds = numbered_call_ids("toolu_")) -> None:
+    def __init__(self, *, prompt_estimate: int = 0, call_ids: CallIds = numbered_call_ids("toolu_"),
+                 thoughts: bool = True) -> None:
         """`call_ids`: ids for tool_use blocks the upstream sends without one (a provider's are random, unique
-        across answers)."""
+        across answers). `thoughts`: make the whole thinking blocks' Thoughts too; a caller of Anthropic's own
+        dialect gets the upstream's events whole, so its stream need not hold a block's text while it is read."""
         self._prompt_estimate = prompt_estimate
+        self._thoughts = thoughts
         self._call_ids = call_ids
         self._input_reported = False
         self._output_final = False  # message_delta reported the answer's output tokens (message_start's is a start)
@@ -139,9 +142,10 @@ class AnthropicEventReader:
             return [TextDelta(upstream_string(block["text"]))] if block.get("text") else []
         if block.get("type") == "thinking":  # a whole answer's block holds its thinking; a stream's starts empty
             text = upstream_string(block.get("thinking") or "")
-            self._thinking, self._signature = (index, [text]), upstream_string(block.get("signature") or "")
+            if self._thoughts:
+                self._thinking, self._signature = (index, [text]), upstream_string(block.get("signature") or "")
             return [ReasoningDelta(text)] if text else []
-        if block.get("type") == "redacted_thinking" and block.get("data"):
+        if block.get("type") == "redacted_thinking" and block.get("data") and self._thoughts:
             return [Thought(redacted=upstream_string(block["data"]))]
         if block.get("type") == "tool_use":
             call = self._tool_blocks[index] = len(self._tool_blocks)

@@ -39,6 +39,17 @@ def test_a_thinking_block_is_a_thought_when_it_ends_streamed_and_whole():
                                                      TextDelta("Cold.")]
 
 
+def test_a_reader_for_a_caller_of_anthropics_dialect_holds_no_blocks_text():
+    """Such a caller gets the upstream's events whole: its stream kept each thinking block's text until the block
+    ended (tens of kB with a large budget) only to make a Thought nobody read."""
+    reader = AnthropicEventReader(thoughts=False)
+    for payload in EVENTS[:4]:  # inside the first thinking block
+        reader.feed(payload)
+    assert reader._thinking is None
+    streamed = [event for payload in EVENTS[4:] for event in reader.feed(payload)]
+    assert answer_parts(streamed) == [TextDelta("Cold.")]  # no Thought of either block
+
+
 def test_a_block_without_a_signature_is_no_thought_and_the_next_block_starts_afresh():
     """A compatible server's unsigned thinking cannot be given back to Anthropic: its text is reasoning only."""
     unsigned = [{**event, "delta": {"type": "signature_delta", "signature": ""}}
