@@ -4,9 +4,10 @@ When Envoy answers a gRPC call itself (the server down or restarting, so nothing
 trailers-only answer whose grpc-status comes from its HTTP status (UNAVAILABLE for all of 502, 503 and 504) and whose
 grpc-message is its own text ("upstream connect error or disconnect/reset before headers. ..."). Every other error
 a gRPC caller gets holds the error object in its status details (api.md, Errors). These local-reply mappers, one per
-row of the table at 500 or more (the replies Envoy makes to a call it has accepted), and the 413 (a portico.v1
+row of the table at 500 or more (the replies Envoy makes to a call it has accepted), the 413 (a portico.v1
 request over Envoy's 16 MiB buffer: the Lua filter holds it whole to read its framing; Envoy said UNKNOWN "Payload
-Too Large"), give such an answer the row's gRPC code, message and details, rendered from server/errors.py. Nothing
+Too Large") and the 408 (a request that had not all arrived within envoy.yaml's request_timeout: UNKNOWN "request
+timeout"), give such an answer the row's gRPC code, message and details, rendered from server/errors.py. Nothing
 else of the Lua filter is involved: most native calls skip it, for speed (envoy.yaml).
 """
 
@@ -24,6 +25,8 @@ from server.errors import ErrorKind, kind_by_status
 # The services whose errors have Anthropic's `type` (server/services/interceptor.py: MessageService,
 # AnthropicModelService), as a gRPC :path says them.
 _ANTHROPIC_PATHS = r"/portico\.v1\.(MessageService|AnthropicModelService)/.*"
+# Envoy's replies below 500 to a call it holds: its request over the buffer (413), or not all arrived in time (408).
+_HELD_REQUEST_STATUSES = (408, 413)
 
 
 def status_details(kind: ErrorKind, *, anthropic: bool) -> str:
@@ -38,11 +41,11 @@ def status_details(kind: ErrorKind, *, anthropic: bool) -> str:
 
 
 def grpc_reply_mappers() -> list[dict[str, Any]]:
-    """local_reply_config mappers for gRPC calls (content-type application/grpc...), one per 5xx row (and 413's) and
-    shape."""
+    """local_reply_config mappers for gRPC calls (content-type application/grpc...), one per 5xx row (and 408's and
+    413's) and shape."""
     mappers = []
     for status, kind in sorted(kind_by_status().items()):
-        if status < 500 and status != 413:
+        if status < 500 and status not in _HELD_REQUEST_STATUSES:
             continue
         for anthropic in (True, False):  # Anthropic's paths first: the first mapper that matches is used
             filters: list[dict[str, Any]] = [

@@ -8,6 +8,7 @@ The real server and Envoy behind one port, with envoy.yaml's timeout shortened t
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import tempfile
@@ -15,9 +16,13 @@ import time
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import pytest
-from portico.v1 import chat_service_pb2_grpc
+from google.rpc import status_pb2
+from portico.v1 import chat_service_pb2_grpc, error_pb2
 
 from gateway.descriptors import DESCRIPTOR_SET
 from gateway.envoy import (
@@ -29,6 +34,7 @@ from gateway.envoy import (
     render_config,
     repo_root,
 )
+from server.errors import REQUEST_TIMEOUT
 from tests.helpers import bearer, chat_request
 from tests.upstream_double import Cue
 from tests.upstream_support import upstream_models, upstream_server
@@ -133,3 +139,49 @@ async def test_a_bidirectional_stream_open_longer_than_the_cut_goes_on(front_doo
             assert "portico.v1.ChatService" in {s.name for s in answer.list_services_response.service}
             await asyncio.sleep(CUT_SECONDS + 1)
         await questions.put(None)
+
+
+def _grpc_call_never_ended(port: int, secret: str, path: str) -> tuple[float, dict[bytes, bytes]]:
+    """A native gRPC call whose request stops inside its message and never ends: how long until its answer ended,
+    and that answer's headers and trailers."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    message = chat_request(max_tokens=1).SerializeToString()
+    answer: dict[bytes, bytes] = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=CUT_SECONDS + 3) as conn:
+        started = time.monotonic()
+        connection.initiate_connection()
+        connection.send_headers(1, [
+            (b":method", b"POST"), (b":path", path.encode()), (b":scheme", b"http"), (b":authority", b"x"),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+            (b"authorization", f"Bearer {secret}".encode())])
+        connection.send_data(1, b"\x00" + len(message).to_bytes(4, "big") + message[:4])
+        conn.sendall(connection.data_to_send())
+        while True:
+            chunk = conn.recv(65536)
+            assert chunk, "the connection closed before the answer"
+            for event in connection.receive_data(chunk):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    answer.update(dict(event.headers))
+                elif isinstance(event, h2.events.StreamReset):
+                    raise AssertionError(f"stream reset: {event.error_code}")
+                elif isinstance(event, h2.events.StreamEnded):
+                    return time.monotonic() - started, answer
+            conn.sendall(connection.data_to_send())
+
+
+@pytest.mark.parametrize("path", ["/portico.v1.ChatService/CreateChatCompletion", "/grpc.health.v1.Health/Check"])
+async def test_a_grpc_request_that_never_completes_gets_the_408_row(front_door, path):
+    """Envoy holds a portico.v1 call's request until it has all arrived (its gRPC framing is read then): one that
+    never does is cut at the request timeout, as a REST body is. Its gRPC caller got UNKNOWN "request timeout",
+    Envoy's words without the error object; now the 408 row, as api.md's table has it."""
+    port, secret = front_door
+    elapsed, answer = await asyncio.to_thread(_grpc_call_never_ended, port, secret, path)
+    assert CUT_SECONDS <= elapsed < CUT_SECONDS + 3
+    kind = REQUEST_TIMEOUT
+    assert (answer[b"grpc-status"], answer[b"grpc-message"].decode()) == (
+        str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]).encode(), kind.message)
+    raw = answer[b"grpc-status-details-bin"]
+    detail = error_pb2.ErrorResponse()
+    assert status_pb2.Status.FromString(base64.b64decode(raw + b"=" * (-len(raw) % 4))).details[0].Unpack(detail)
+    assert (detail.http_status, detail.error.code, detail.error.type) == (408, "request_timeout", kind.type)
+    assert answer[b"x-request-id"]
