@@ -7,8 +7,9 @@ a gRPC caller gets holds the error object in its status details (api.md, Errors)
 row of the table at 500 or more (the replies Envoy makes to a call it has accepted), the 413 (a portico.v1
 request over Envoy's 16 MiB buffer: the Lua filter holds it whole to read its framing; Envoy said UNKNOWN "Payload
 Too Large") and the 408 (a request that had not all arrived within envoy.yaml's request_timeout: UNKNOWN "request
-timeout"), give such an answer the row's gRPC code, message and details, rendered from server/errors.py. Nothing
-else of the Lua filter is involved: most native calls skip it, for speed (envoy.yaml).
+timeout"), give such an answer the row's gRPC code, message and details, rendered from server/errors.py, and the
+row's portico-http-status, by which the Lua filter knows a portico.v1 call's reply for Envoy's access log. Nothing else
+of the Lua filter is involved: most native calls skip it, for speed (envoy.yaml).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def grpc_reply_mappers() -> list[dict[str, Any]]:
                     {"header": {"key": "grpc-status", "value": str(kind.grpc_code.value[0])},
                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
                     {"header": {"key": "grpc-status-details-bin", "value": status_details(kind, anthropic=anthropic)},
+                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+                    # The row's HTTP status, as every error's trailers carry it (api.md, gRPC); it also tells the
+                    # Lua filter that Envoy made this reply, for the access log (response.lua).
+                    {"header": {"key": "portico-http-status", "value": str(status)},
                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
                 ],
             })

@@ -18,7 +18,9 @@ end
 -- Marks a reply the server never saw (Envoy's own, or a worker that died), for Envoy's access log (envoy.yaml):
 -- Portico's access log records every other request itself.
 local function mark_envoy_reply(handle, status)
-  handle:streamInfo():dynamicMetadata():set("portico", "envoy_reply", kind_of(status)[1])
+  local metadata = handle:streamInfo():dynamicMetadata()
+  metadata:set("portico", "envoy_reply", kind_of(status)[1])
+  metadata:set("portico", "envoy_status", status)
 end
 
 -- What a caller should have sent, for the protobuf type names in the transcoder's "invalid value" texts.

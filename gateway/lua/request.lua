@@ -232,8 +232,10 @@ function envoy_on_request(handle)
   -- (envoy.yaml): nothing else here is for it. Asked and remembered before the cut, which sends the call to its
   -- route again, maybe to one without this mark.
   if handle:metadata():get("native_grpc") then
-    handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", true)
-    local portico_method = (headers:get(":path") or ""):sub(1, 12) == "/portico.v1."
+    -- A portico.v1 call's mark is its path, which the access-log line of a reply Envoy makes to it names.
+    local path = headers:get(":path") or ""
+    local portico_method = path:sub(1, 12) == "/portico.v1."
+    handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", portico_method and path or true)
     bound_request_id(headers)
     if portico_method then return refuse_cut_message(handle) end
     return

@@ -136,9 +136,26 @@ local function answer_head(handle, status, whole)
   strip_internal(headers)
 end
 
+-- A reply Envoy made to a portico.v1 call (its request cut, over the 16 MiB buffer or not all arrived in time, the
+-- server down) gets its access-log line, naming the call: the server never saw it. The gRPC local-reply mappers
+-- (gateway/grpc_replies.py) give the row's status in portico-http-status; the server's errors carry portico-error too.
+local function note_grpc_reply(handle, portico)
+  local headers = handle:headers()
+  local status = headers:get("portico-http-status")
+  if status and not headers:get("portico-error") then
+    mark_envoy_reply(handle, tonumber(status) or 500)
+  elseif not portico.envoy_reply then  -- else refuse_cut_message's own reply, marked already
+    return
+  end
+  handle:streamInfo():dynamicMetadata():set("portico", "request", "POST " .. redacted(portico.native_grpc))
+end
+
 function envoy_on_response(handle)
   local portico = handle:streamInfo():dynamicMetadata():get("portico") or {}
-  if portico.native_grpc then return end
+  if portico.native_grpc then
+    if portico.native_grpc ~= true then note_grpc_reply(handle, portico) end
+    return
+  end
   local status = tonumber(handle:headers():get(":status")) or 500
   if portico.grpc_call and status < 400 then return answer_grpc_call(handle) end
   if portico.head then return answer_head(handle, status, portico.whole) end

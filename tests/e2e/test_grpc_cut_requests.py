@@ -3,6 +3,7 @@ answer it, by Envoy's Lua filter: grpc itself waits for the rest (docs/api.md, E
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -11,8 +12,9 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
+from portico.v1 import chat_service_pb2_grpc
 
-from tests.helpers import chat_request
+from tests.helpers import bearer, chat_request
 
 
 def _grpc_over_h2(conn: socket.socket, connection: h2.connection.H2Connection, stream: int, secret: str,
@@ -75,3 +77,42 @@ def test_a_grpc_request_that_ends_inside_a_message_is_internal_at_once(gateway, 
         answer = _grpc_over_h2(conn, connection, 3, gateway.secret, [_framed(request)[:3], _framed(request)[3:9],
                                                                      _framed(request)[9:]])
         assert answer[b":status"] == b"200" and answer[b"grpc-status"] == b"0", answer
+
+
+def _envoy_line(gateway, request_id: str) -> dict:
+    log = gateway.data_dir / "envoy-access.log"
+    deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
+    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    return next(json.loads(line) for line in log.read_text().splitlines() if request_id in line)
+
+
+def test_a_cut_request_is_in_envoys_access_log_under_its_rpc(gateway):
+    """operations.md: replies the server never sees are Envoy's lines, the request named. The line said "request":
+    null and "status": 200 (the HTTP status of every gRPC answer): now the call and the status of its code's row."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        connection.initiate_connection()
+        conn.sendall(connection.data_to_send())
+        answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [b"\x00\x00\x00"])
+    line = _envoy_line(gateway, answer[b"x-request-id"].decode())
+    assert (line["source"], line["request"], line["status"], line["code"]) == (
+        "envoy", "POST /portico.v1.ChatService/CreateChatCompletion", 400, "invalid_request")
+
+
+def test_a_request_over_envoys_buffer_is_in_its_access_log(gateway):
+    """Envoy refuses a portico.v1 request over its 16 MiB buffer (the 413 row, test_grpc_envoy_replies): the server
+    never sees it, and no log had a line for it. Now Envoy's, as for a REST body over 8 MiB."""
+    request_id = "grpc-over-16-mib-" + str(time.time_ns())
+    request = chat_request(messages=[{"role": "user", "content": "a" * (17 << 20)}])
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.port}",
+                               options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        with pytest.raises(grpc.RpcError) as raised:
+            chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
+                request, metadata=(*bearer(gateway.secret), ("x-request-id", request_id)), timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("portico-http-status", "413") in raised.value.trailing_metadata()  # as api.md's gRPC errors carry it
+    line = _envoy_line(gateway, request_id)
+    assert (line["source"], line["request"], line["status"], line["code"]) == (
+        "envoy", "POST /portico.v1.ChatService/CreateChatCompletion", 413, "request_too_large")
+    assert request_id not in gateway.log_path.read_text()  # no line of the server's
