@@ -70,6 +70,9 @@ def grpc_reply_mappers() -> list[dict[str, Any]]:
                     # Lua filter that Envoy made this reply, for the access log (response.lua).
                     {"header": {"key": "portico-http-status", "value": str(status)},
                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+                    # A caller's id the Lua filter removed (not UTF-8) is made again by the route, which a reply
+                    # before it never reaches: a new one here (response.lua copies it to request-id).
+                    {"header": {"key": "x-request-id", "value": "%UNIQUE_ID%"}, "append_action": "ADD_IF_ABSENT"},
                 ],
             })
     return mappers

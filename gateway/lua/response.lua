@@ -148,6 +148,8 @@ local function note_grpc_reply(handle, portico)
     return
   end
   handle:streamInfo():dynamicMetadata():set("portico", "request", "POST " .. redacted(portico.native_grpc))
+  -- The virtual host's request-id copies the request's x-request-id: none when the caller's was removed.
+  if not headers:get("request-id") then headers:replace("request-id", headers:get("x-request-id") or "") end
 end
 
 function envoy_on_response(handle)

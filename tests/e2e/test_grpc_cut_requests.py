@@ -20,24 +20,21 @@ from portico.v1 import chat_service_pb2_grpc
 from tests.helpers import bearer, chat_request
 
 
-def _call_headers(secret: str) -> list[tuple[bytes, bytes]]:
-    return [(b":method", b"POST"), (b":path", b"/portico.v1.ChatService/CreateChatCompletion"), (b":scheme", b"http"),
-            (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
-            (b"authorization", b"Bearer " + secret.encode())]
-
-
 def _grpc_over_h2(conn: socket.socket, connection: h2.connection.H2Connection, stream: int, secret: str,
-                  frames: list[bytes], *, headers_sent: bool = False) -> dict[bytes, bytes]:
-    """One native gRPC call to CreateChatCompletion whose request is `frames` (DATA frames, the last ending the
-    stream), as raw HTTP/2: its answer's headers and trailers in one dict (a 5 s socket timeout fails the test)."""
-    if not headers_sent:
-        connection.send_headers(stream, _call_headers(secret), end_stream=not frames)
-        conn.sendall(connection.data_to_send())
-    for i, frame in enumerate(frames):
-        connection.send_data(stream, frame, end_stream=i == len(frames) - 1)
-        conn.sendall(connection.data_to_send())
+                  frames: list[bytes], headers: tuple[tuple[bytes, bytes], ...] = ()) -> dict[bytes, bytes]:
+    """One native gRPC call to CreateChatCompletion whose request is `frames` (DATA, sent as flow control lets it
+    go, the last ending the stream), with `headers` added, as raw HTTP/2: its answer's headers and trailers in one
+    dict (a socket timeout fails the test). An answer before the request is all sent ends the sending."""
+    connection.send_headers(stream, [
+        (b":method", b"POST"), (b":path", b"/portico.v1.ChatService/CreateChatCompletion"), (b":scheme", b"http"),
+        (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+        (b"authorization", b"Bearer " + secret.encode()), *headers], end_stream=not frames)
+    conn.sendall(connection.data_to_send())
     answer: dict[bytes, bytes] = {}
-    while True:
+    ended = False
+
+    def receive() -> None:
+        nonlocal ended
         chunk = conn.recv(65536)
         assert chunk, "the connection closed before the answer"
         for event in connection.receive_data(chunk):
@@ -46,11 +43,27 @@ def _grpc_over_h2(conn: socket.socket, connection: h2.connection.H2Connection, s
             elif isinstance(event, h2.events.DataReceived):
                 connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamReset) and event.stream_id == stream:
-                raise AssertionError(f"stream reset: {event.error_code}")
+                assert answer, f"stream reset: {event.error_code}"  # Envoy resets what it has not read, once answered
+                ended = True
             elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
-                conn.sendall(connection.data_to_send())
-                return answer
+                ended = True
         conn.sendall(connection.data_to_send())
+
+    for i, frame in enumerate(frames):
+        at, pieces = 0, 0  # an empty frame is sent too, once
+        while not ended and (at < len(frame) or not pieces):
+            size = min(len(frame) - at, connection.local_flow_control_window(stream),
+                       connection.max_outbound_frame_size)
+            if not size and at < len(frame):
+                receive()
+                continue
+            last = i == len(frames) - 1 and at + size == len(frame)
+            connection.send_data(stream, frame[at:at + size], end_stream=last)
+            conn.sendall(connection.data_to_send())
+            at, pieces = at + size, pieces + 1
+    while not ended:
+        receive()
+    return answer
 
 
 def _framed(message: bytes) -> bytes:
@@ -142,18 +155,21 @@ def test_a_request_of_many_small_messages_costs_envoy_little(gateway):
         connection.initiate_connection()
         conn.sendall(connection.data_to_send())
         before = _cpu_seconds(envoy)
-        # The body in frames as HTTP/2's flow control lets them go, the last one (6 bytes) ending the stream.
-        connection.send_headers(1, _call_headers(gateway.secret))
-        head, at = body[:-6], 0
-        while at < len(head):
-            size = min(len(head) - at, connection.local_flow_control_window(1), connection.max_outbound_frame_size)
-            if size:
-                connection.send_data(1, head[at:at + size])
-                at += size
-            else:
-                connection.receive_data(conn.recv(65536))
-            conn.sendall(connection.data_to_send())
-        answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [body[-6:]], headers_sent=True)
+        answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [body])
         spent = _cpu_seconds(envoy) - before
     assert answer[b"grpc-status"] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0]).encode()  # grpc read the first
     assert spent < 0.6, f"{spent:.2f} s of Envoy's CPU"
+
+
+@pytest.mark.parametrize("body", [b"\x00\x00\x00", _framed(b"\x0a" + b"x" * (17 << 20))], ids=["cut", "over-16-mib"])
+def test_envoys_refusal_carries_a_request_id_when_the_callers_was_not_text(gateway, body):
+    """An x-request-id that is not UTF-8 is removed (api.md): the call gets a new one. Envoy's refusals of such a
+    portico.v1 call had none at all (the 413) or no request-id (the cut), and the 413's line no request_id."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30.0) as conn:
+        connection.initiate_connection()
+        conn.sendall(connection.data_to_send())
+        answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [body], ((b"x-request-id", b"caf\xe9"),))
+    assert answer[b"grpc-status"] in (b"3", b"13")
+    assert answer.get(b"x-request-id") and answer.get(b"request-id") == answer[b"x-request-id"], answer
+    assert _envoy_line(gateway, answer[b"x-request-id"].decode())["code"] in ("invalid_request", "request_too_large")
