@@ -144,7 +144,9 @@ def _sampling(body: Mapping[str, Json], default_max_tokens: int) -> SamplingPara
             raise InvalidRequest(f"`logit_bias` maps token ids to biases: {shown(token)} is not a token id.",
                                  param="logit_bias")
         opt_number(biases, token, -100.0, 100.0, "logit_bias")
-    for name in opt_object(body, "metadata") or {}:  # ignored, but OpenAI's shape: strings to strings
+    for name, value in (opt_object(body, "metadata") or {}).items():  # ignored, but OpenAI's shape: strings to strings
+        if value is None:  # not an absent field: a pair whose value is no string, as OpenAI's API refuses it
+            raise wrong_type(f"metadata.{name}", "a string", value)
         opt_string(body["metadata"], name, "metadata")
     max_completion = opt_int(body, "max_completion_tokens", 1)
     max_tokens = opt_int(body, "max_tokens", 1)

@@ -80,6 +80,7 @@ def test_tools_choice_and_json_output_are_typed_for_the_capability_check():
         ({"logit_bias": {"5": "x"}}, "logit_bias.5"),
         ({"metadata": {"x": {}}}, "metadata.x"),  # OpenAI's metadata maps strings to strings
         ({"metadata": {"x": 1}}, "metadata.x"),
+        ({"metadata": {"x": None}}, "metadata.x"),  # a null value was a 500
         ({"tool_choice": {"type": "function", "function": {"name": 5}}}, "tool_choice.function.name"),
         ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name"),
         ({"messages": [{"role": "user", "content": [{"type": None}]}]}, "messages[0].content[0].type"),
