@@ -8,6 +8,7 @@ every log line there (the gateways' stderr, access log included, and Envoy's log
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import re
@@ -50,6 +51,15 @@ class Gateway:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def envoy_access_lines(self, request_id: str) -> list[dict]:
+        """The lines of Envoy's access log (its replies the server never saw) naming `request_id`, once there are
+        any: each Envoy worker flushes its lines every second or so (at most 15 s waited)."""
+        log = self.data_dir / "envoy-access.log"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.2)
+        return [json.loads(line) for line in log.read_text().splitlines() if request_id in line]
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -3,7 +3,6 @@ answer it, by Envoy's Lua filter: grpc itself waits for the rest (docs/api.md, E
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -99,13 +98,6 @@ def test_a_grpc_request_that_ends_inside_a_message_is_internal_at_once(gateway, 
         assert answer[b":status"] == b"200" and answer[b"grpc-status"] == b"0", answer
 
 
-def _envoy_line(gateway, request_id: str) -> dict:
-    log = gateway.data_dir / "envoy-access.log"
-    deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
-    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.2)
-    return next(json.loads(line) for line in log.read_text().splitlines() if request_id in line)
-
 
 def test_a_cut_request_is_in_envoys_access_log_under_its_rpc(gateway):
     """operations.md: replies the server never sees are Envoy's lines, the request named. The line said "request":
@@ -115,7 +107,7 @@ def test_a_cut_request_is_in_envoys_access_log_under_its_rpc(gateway):
         connection.initiate_connection()
         conn.sendall(connection.data_to_send())
         answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [b"\x00\x00\x00"])
-    line = _envoy_line(gateway, answer[b"x-request-id"].decode())
+    line = gateway.envoy_access_lines(answer[b"x-request-id"].decode())[0]
     assert (line["source"], line["request"], line["status"], line["code"]) == (
         "envoy", "POST /portico.v1.ChatService/CreateChatCompletion", 400, "invalid_request")
 
@@ -132,7 +124,7 @@ def test_a_request_over_envoys_buffer_is_in_its_access_log(gateway):
                 request, metadata=(*bearer(gateway.secret), ("x-request-id", request_id)), timeout=30)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert ("portico-http-status", "413") in raised.value.trailing_metadata()  # as api.md's gRPC errors carry it
-    line = _envoy_line(gateway, request_id)
+    line = gateway.envoy_access_lines(request_id)[0]
     assert (line["source"], line["request"], line["status"], line["code"]) == (
         "envoy", "POST /portico.v1.ChatService/CreateChatCompletion", 413, "request_too_large")
     assert request_id not in gateway.log_path.read_text()  # no line of the server's
@@ -172,4 +164,5 @@ def test_envoys_refusal_carries_a_request_id_when_the_callers_was_not_text(gatew
         answer = _grpc_over_h2(conn, connection, 1, gateway.secret, [body], ((b"x-request-id", b"caf\xe9"),))
     assert answer[b"grpc-status"] in (b"3", b"13")
     assert answer.get(b"x-request-id") and answer.get(b"request-id") == answer[b"x-request-id"], answer
-    assert _envoy_line(gateway, answer[b"x-request-id"].decode())["code"] in ("invalid_request", "request_too_large")
+    assert gateway.envoy_access_lines(answer[b"x-request-id"].decode())[0]["code"] in (
+        "invalid_request", "request_too_large")

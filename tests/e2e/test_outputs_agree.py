@@ -11,7 +11,6 @@ import anthropic
 import grpc
 import httpx
 import openai
-import orjson
 import pytest
 
 from portico.v1 import chat_service_pb2_grpc
@@ -326,11 +325,7 @@ def test_a_body_over_the_limit_is_envoys_line_only(setup):
             model="priced", messages=[{"role": "user", "content": "a" * (8 * 1024 * 1024 + 10)}], max_tokens=3)
     assert raised.value.status_code == 413
     assert raised.value.response.headers["x-request-id"] == request_id
-    log = setup.gateway.data_dir / "envoy-access.log"
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.2)
-    (line,) = [orjson.loads(text) for text in log.read_text().splitlines() if request_id in text]
+    (line,) = setup.gateway.envoy_access_lines(request_id)
     assert (line["status"], line["code"], line["request"]) == (413, "request_too_large", "POST /v1/chat/completions")
     assert request_id not in setup.gateway.log_path.read_text()
     moved = {k: v for k, v in changed(before, scrape(setup.gateway), "portico_requests_total").items()}

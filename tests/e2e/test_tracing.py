@@ -166,13 +166,6 @@ def test_a_secret_in_the_callers_tracestate_reaches_neither_the_collector_nor_th
         double.stop()
 
 
-def _envoy_line(gateway, request_id: str) -> dict:
-    log = gateway.data_dir / "envoy-access.log"
-    deadline = time.monotonic() + 15  # each Envoy worker flushes its access-log lines every second or so
-    while time.monotonic() < deadline and request_id not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.2)
-    return next(orjson.loads(line) for line in log.read_text().splitlines() if request_id in line)
-
 
 @pytest.mark.parametrize(("traceparent", "logged"), [
     ("00-{trace}-00f067aa0ba902b7-01", "{trace}"),
@@ -194,5 +187,5 @@ def test_a_reply_envoy_makes_is_logged_with_the_callers_trace_id(gateway, tracep
         headers["traceparent"] = traceparent.format(trace=trace, TRACE=trace.upper())
     with httpx.Client(base_url=gateway.base_url, timeout=30) as http:
         assert http.get("/v1/nothing-here", headers=headers).status_code == 404
-    line = _envoy_line(gateway, request_id)
+    line = gateway.envoy_access_lines(request_id)[0]
     assert line["trace_id"] == (logged.format(trace=trace) if logged else None), line
