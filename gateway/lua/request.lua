@@ -193,19 +193,21 @@ end
 -- Whether a native gRPC request's body ends inside a message: its 5-byte prefix (a flag, then the length) cut, or
 -- fewer bytes after it than the length says. grpc (the server's C core) waits for the rest of such a message even
 -- though the stream has ended, and never calls the method: the caller heard nothing until Envoy's silence limit.
+local function after_message(at, b1, b2, b3, b4)  -- the message at `at`, whose length bytes are b1..b4: its end
+  return at + 5 + ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+end
+
 local function ends_inside_a_message(body)
   local length = body:length()
   if length < 5 then return true end
-  local b1, b2, b3, b4 = body:getBytes(1, 4):byte(1, 4)
-  local at = 5 + ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+  local at = after_message(0, body:getBytes(1, 4):byte(1, 4))
   if at >= length then return at > length end  -- one message, as every portico.v1 method takes
   -- More (grpc passes them on): read from one copy of the body. A getBytes per message took Envoy's worker thread 2 s
   -- for a 16 MiB body of empty ones.
   local bytes = body:getBytes(0, length)
   while at < length do
     if length - at < 5 then return true end
-    b1, b2, b3, b4 = bytes:byte(at + 2, at + 5)
-    at = at + 5 + ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+    at = after_message(at, bytes:byte(at + 2, at + 5))
   end
   return at > length
 end

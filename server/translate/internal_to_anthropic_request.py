@@ -17,6 +17,7 @@ from server.domain import (
 from server.translate.field_rules import GENERATION_ONLY
 from server.translate.internal_to_anthropic import tool_input
 from server.translate.structured import chat_format_param
+from server.translate.thinking import THINKING_BLOCK_TYPES, thinking_block
 
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # OpenAI allows up to 2; Anthropic refuses more than 1
 
@@ -87,12 +88,9 @@ def _continues_unthought(body: dict) -> bool:
     final = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
     if final is None or not isinstance(final["content"], list):
         return final is not None and final is messages[-1]
-    if final["content"] and final["content"][0]["type"] in _THINKING_BLOCKS:  # signed: _blocks sends no other
+    if final["content"] and final["content"][0]["type"] in THINKING_BLOCK_TYPES:  # signed: _blocks sends no other
         return False
     return final is messages[-1] or any(block["type"] == "tool_use" for block in final["content"])
-
-
-_THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 
 def _messages(turns: tuple[Turn, ...]) -> list[dict]:
@@ -173,7 +171,7 @@ def _message_param(request: GenerationRequest, path: list[str]) -> str:
     block = int(path[2]) if path[1:2] == ["content"] and path[2:3] and path[2].isdigit() else 0
     if block >= len(turns):
         return f"messages[{turns[0]}]"
-    if message["content"][block]["type"] in _THINKING_BLOCKS:  # the caller's block: its turn's blocks start with them
+    if message["content"][block]["type"] in THINKING_BLOCK_TYPES:  # the caller's block: its turn's blocks start with them
         return f"messages[{turns[block]}].thinking_blocks[{block - turns.index(turns[block])}]"
     return f"messages[{turns[block]}]"
 
@@ -181,11 +179,7 @@ def _message_param(request: GenerationRequest, path: list[str]) -> str:
 def _blocks(turn: Turn) -> list[dict]:
     # An assistant's thinking blocks come first, as the model wrote them (those Anthropic can take back: signed);
     # tool_result blocks come first in a user message: Anthropic requires both.
-    blocks: list[dict] = [
-        {"type": "redacted_thinking", "data": t.redacted} if t.redacted
-        else {"type": "thinking", "thinking": t.text, "signature": t.signature}
-        for t in turn.thoughts if t.redacted or t.signature
-    ]
+    blocks = [thinking_block(t) for t in turn.thoughts if t.redacted or t.signature]
     blocks += [
         {"type": "tool_result", "tool_use_id": _tool_id(r.call_id), "content": r.text,
          **({"is_error": True} if r.is_error else {})}

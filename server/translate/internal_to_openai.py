@@ -16,6 +16,7 @@ from server.domain_answers import (
     Completion, FinishReason, Finished, GenerationEvent, ReasoningDelta, ResponseHeader, Started, TextDelta,
     ToolCallDelta, ToolCallStart, UpstreamObject, Usage,
 )
+from server.translate.thinking import thinking_block
 
 FINISH_REASONS = {
     FinishReason.END_TURN: "stop",
@@ -36,13 +37,6 @@ def usage_object(usage: Usage) -> dict:
     if usage.cached_input_tokens:  # read from a prompt cache (Anthropic's cache_read_input_tokens), part of the prompt
         out["prompt_tokens_details"] = {"cached_tokens": usage.cached_input_tokens}
     return out
-
-
-def thinking_block(thought: Thought) -> dict:
-    """A thinking block as Anthropic sent it (LiteLLM's `thinking_blocks` item)."""
-    if thought.redacted:
-        return {"type": "redacted_thinking", "data": thought.redacted}
-    return {"type": "thinking", "thinking": thought.text, "signature": thought.signature}
 
 
 def _owned(header: ResponseHeader) -> dict:

@@ -22,6 +22,14 @@ EFFORT_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 2048, "high": 4096, "x
 _EFFORTS = ((EFFORT_BUDGETS["high"], "high"), (EFFORT_BUDGETS["medium"], "medium"), (0, "low"))
 _THINKING_TOP_P = 0.95  # the least top_p Anthropic's API takes while thinking is on
 _FORCED = (ToolChoiceMode.REQUIRED, ToolChoiceMode.TOOL)
+THINKING_BLOCK_TYPES = ("thinking", "redacted_thinking")  # Anthropic's content blocks of a model's reasoning
+
+
+def thinking_block(thought: Thought) -> dict:
+    """A Thought as Anthropic's API sends its block and takes it back (also LiteLLM's `thinking_blocks` item)."""
+    if thought.redacted:
+        return {"type": "redacted_thinking", "data": thought.redacted}
+    return {"type": "thinking", "thinking": thought.text, "signature": thought.signature}
 
 
 def effort_of(budget: int) -> str:
@@ -111,7 +119,7 @@ def chat_thoughts(message: Mapping[str, Json], where: str, unread: list[Unread])
 
 def _unsigned(at: str, kind: str | None, text: str | None) -> Unread:
     """The refusal of a block Anthropic cannot take back, naming what it lacks."""
-    if kind not in ("thinking", "redacted_thinking"):
+    if kind not in THINKING_BLOCK_TYPES:
         return Unread(f"{at}.type", f"`{at}.type` must be 'thinking' or 'redacted_thinking'; got {shown(kind)}.",
                       embedded=False)
     name = "data" if kind == "redacted_thinking" else "thinking" if text is None else "signature"
