@@ -114,7 +114,7 @@ class Telemetry:
             self.ledger.opened(record)
 
     def finish(self, record: RequestRecord, outcome: Outcome) -> None:
-        now = time.monotonic()
+        now, wall_ns = time.monotonic(), time.time_ns()
         m, endpoint, model = self.metrics, record.endpoint, record.model
         record.upstream_done()
         if record.in_band_error and not outcome.code:  # a stream that failed after its 200 went out
@@ -140,7 +140,7 @@ class Telemetry:
         if record.admitted and self.ledger is not None:
             self.ledger.add(record, outcome, now)
         if record.span is not None:
-            _end_span(record, outcome)
+            _end_span(record, outcome, wall_ns)
 
     def span(self, record: RequestRecord, name: str, **attributes: str | int | bool) -> Scope | NoScope:
         """A child span of the request's (internal kind), e.g. admission; a no-op when it is not traced."""
@@ -266,9 +266,10 @@ def _request_settings(params: SamplingParams, attributes: dict) -> None:
             attributes["gen_ai.request." + name] = kind(value)
 
 
-def _end_span(record: RequestRecord, outcome: Outcome) -> None:
+def _end_span(record: RequestRecord, outcome: Outcome, end_ns: int) -> None:
     """The request's span gets what the request turned out to be, in the gen_ai conventions' names where they
-    have one, and ends. Only ids, labels, counts and codes: nothing a caller or a model wrote."""
+    have one, and ends when the access log and the ledger say it did (not after writing them). Only ids, labels,
+    counts and codes: nothing a caller or a model wrote."""
     span = record.span
     operation = OPERATIONS.get(record.endpoint)
     service, _, method = record.rpc.partition("/")
@@ -319,4 +320,4 @@ def _end_span(record: RequestRecord, outcome: Outcome) -> None:
     span.set_attributes(attributes)
     if outcome.status >= 500 or (outcome.code and outcome.status < 400):  # and a stream that failed after its 200
         span.set_status(Status(StatusCode.ERROR, outcome.code))
-    span.end()
+    span.end(end_time=end_ns)
