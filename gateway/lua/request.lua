@@ -201,7 +201,7 @@ local function ends_inside_a_message(body)
   local length = body:length()
   if length < 5 then return true end
   local at = after_message(0, body:getBytes(1, 4):byte(1, 4))
-  if at >= length then return at > length end  -- one message, as every portico.v1 method takes
+  if at >= length then return at > length end  -- one message, as every unary method takes
   -- More (grpc passes them on): read from one copy of the body. A getBytes per message took Envoy's worker thread 2 s
   -- for a 16 MiB body of empty ones.
   local bytes = body:getBytes(0, length)
@@ -222,8 +222,8 @@ local function refuse_cut_message(handle)
   local body = handle:body()  -- nil at once for a request whose headers ended it
   if body == nil or body:length() == 0 then
     mark_envoy_reply(handle, 400)
-    return handle:respond({[":status"] = "400"}, "The request ended before its gRPC message: every portico.v1 " ..
-      "method takes one request message.")
+    return handle:respond({[":status"] = "400"}, "The request ended before its gRPC message: the method takes " ..
+      "one request message.")
   end
   if not ends_inside_a_message(body) then return end
   mark_envoy_reply(handle, 400)
@@ -237,16 +237,17 @@ function envoy_on_request(handle)
   local headers = handle:headers()
   local trace_id = caller_trace_id(headers:get("traceparent"))
   if trace_id then handle:streamInfo():dynamicMetadata():set("portico", "trace_id", trace_id) end
-  -- A native gRPC call reaches this filter to have its id cut and, for portico.v1's methods, its framing read
+  -- A native gRPC call reaches this filter to have its id cut and, for unary methods, its framing read
   -- (envoy.yaml): nothing else here is for it. Asked and remembered before the cut, which sends the call to its
   -- route again, maybe to one without this mark.
   if handle:metadata():get("native_grpc") then
-    -- A portico.v1 call's mark is its path, which the access-log line of a reply Envoy makes to it names.
+    -- A unary call's mark is its path, which the access-log line of a reply Envoy makes to it names.
     local path = headers:get(":path") or ""
-    local portico_method = path:sub(1, 12) == "/portico.v1."
-    handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", portico_method and path or true)
+    local unary = path:sub(1, 12) == "/portico.v1." or path == "/grpc.health.v1.Health/Check" or
+      path == "/grpc.health.v1.Health/List"
+    handle:streamInfo():dynamicMetadata():set("portico", "native_grpc", unary and path or true)
     bound_request_id(headers)
-    if portico_method then return refuse_cut_message(handle) end
+    if unary then return refuse_cut_message(handle) end
     return
   end
   bound_request_id(headers)

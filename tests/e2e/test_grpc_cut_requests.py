@@ -20,12 +20,13 @@ from tests.helpers import bearer, chat_request
 
 
 def _grpc_over_h2(conn: socket.socket, connection: h2.connection.H2Connection, stream: int, secret: str,
-                  frames: list[bytes], headers: tuple[tuple[bytes, bytes], ...] = ()) -> dict[bytes, bytes]:
-    """One native gRPC call to CreateChatCompletion whose request is `frames` (DATA, sent as flow control lets it
-    go, the last ending the stream), with `headers` added, as raw HTTP/2: its answer's headers and trailers in one
-    dict (a socket timeout fails the test). An answer before the request is all sent ends the sending."""
+                  frames: list[bytes], headers: tuple[tuple[bytes, bytes], ...] = (),
+                  path: bytes = b"/portico.v1.ChatService/CreateChatCompletion") -> dict[bytes, bytes]:
+    """One native gRPC call to `path` whose request is `frames` (DATA, sent as flow control lets it go, the last
+    ending the stream), with `headers` added, as raw HTTP/2: its answer's headers and trailers in one dict (a
+    socket timeout fails the test). An answer before the request is all sent ends the sending."""
     connection.send_headers(stream, [
-        (b":method", b"POST"), (b":path", b"/portico.v1.ChatService/CreateChatCompletion"), (b":scheme", b"http"),
+        (b":method", b"POST"), (b":path", path), (b":scheme", b"http"),
         (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers"),
         (b"authorization", b"Bearer " + secret.encode()), *headers], end_stream=not frames)
     conn.sendall(connection.data_to_send())
@@ -96,6 +97,22 @@ def test_a_grpc_request_that_ends_inside_a_message_is_internal_at_once(gateway, 
         answer = _grpc_over_h2(conn, connection, 3, gateway.secret, [_framed(request)[:3], _framed(request)[3:9],
                                                                      _framed(request)[9:]])
         assert answer[b":status"] == b"200" and answer[b"grpc-status"] == b"0", answer
+
+
+@pytest.mark.parametrize("method", [b"Check", b"List"])
+def test_a_cut_health_call_is_internal_at_once(gateway, method):
+    """The health service's Check and List, unary like portico.v1's methods, waited for the rest of a cut message
+    as they did (300 s)."""
+    path = b"/grpc.health.v1.Health/" + method
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5.0) as conn:
+        connection.initiate_connection()
+        conn.sendall(connection.data_to_send())
+        answer = _grpc_over_h2(conn, connection, 1, "", [b"\x00\x00\x00\x00\x09\x0a"], path=path)
+        assert answer[b"grpc-status"] == str(grpc.StatusCode.INTERNAL.value[0]).encode(), answer
+        assert b"ended inside a gRPC message" in answer[b"grpc-message"]
+        answer = _grpc_over_h2(conn, connection, 3, "", [_framed(b"")], path=path)
+        assert answer[b"grpc-status"] == b"0", answer
 
 
 
