@@ -69,7 +69,8 @@ def message(header: ResponseHeader, completion: Completion, *, thinking: bool = 
     content: list[dict] = []
     if thinking and completion.reasoning:
         content.append({"type": "thinking", "thinking": completion.reasoning, "signature": ""})
-    if completion.text or not completion.tool_calls:  # Anthropic never answers with an empty text block beside calls
+    # Anthropic answers no empty text block beside calls or thinking (a thinking block alone: cut while thinking).
+    if completion.text or not (completion.tool_calls or content):
         content.append({"type": "text", "text": completion.text})
     content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c)} for c in completion.tool_calls]
     return {
@@ -184,7 +185,6 @@ class _Blocks:
 
     def __init__(self, *, thinking: bool = False) -> None:
         self._thinking = thinking  # reasoning is shown (a thinking block), else left out
-        self._answered = False  # a text or tool_use block was started
         self._next = 0  # index of the next block
         self._open: _Block | None = None
         self._held: dict[int, _Block] = {}  # by stream key, in order of arrival
@@ -216,7 +216,7 @@ class _Blocks:
             for block in self._held.values():
                 out += [*self._started(block), *self._close()]
             self._held.clear()
-            if not self._answered:  # Anthropic never answers without text or a call: an empty text block, as in JSON
+            if not self._next:  # Anthropic never answers without a block: an empty text block, as in JSON
                 out += [*self._started(_Block(_TEXT, _TEXT_BLOCK, [])), *self._close()]
             return [
                 *out,
@@ -284,7 +284,6 @@ class _Blocks:
         """Opens `block` (the open one must be closed) with its pieces so far, as one delta."""
         block.index, self._open = self._next, block
         self._next += 1
-        self._answered = self._answered or block.key != _THINKING
         out = [{"type": "content_block_start", "index": block.index, "content_block": block.start}]
         if block.index == 0:
             out.append({"type": "ping"})  # where Anthropic sends it: after the first block starts

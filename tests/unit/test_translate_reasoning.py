@@ -308,10 +308,15 @@ async def test_streamed_reasoning_is_a_thinking_block_and_the_next_blocks_follow
     assert [e["content_block"]["type"] for e in plain if e["type"] == "content_block_start"] == ["text", "tool_use"]
 
 
-async def test_an_answer_of_reasoning_alone_still_has_its_empty_text_block_json_and_streamed():
+async def test_an_answer_of_reasoning_alone_is_its_thinking_block_alone_json_and_streamed():
+    """Cut while thinking, Anthropic answers the thinking block alone; an empty text block beside it was Portico's
+    own, and one Anthropic refuses when the caller gives the turn back."""
     chunks = [reasoning_chunk("Hm."), {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}]
     out = await reframed_as_messages(chunks, thinking=True)
-    assert [e["content_block"]["type"] for e in out if e["type"] == "content_block_start"] == ["thinking", "text"]
+    assert [e["content_block"]["type"] for e in out if e["type"] == "content_block_start"] == ["thinking"]
     completion = Completion(text="", finish=Finished(FinishReason.MAX_TOKENS, Usage(1, 1)), reasoning="Hm.")
-    assert [b["type"] for b in to_anthropic.message(MESSAGE, completion, thinking=True)["content"]] == [
-        "thinking", "text"]
+    assert [b["type"] for b in to_anthropic.message(MESSAGE, completion, thinking=True)["content"]] == ["thinking"]
+    # Without thinking shown, an answer of nothing keeps its one empty text block, JSON and streamed.
+    assert to_anthropic.message(MESSAGE, completion)["content"] == [{"type": "text", "text": ""}]
+    out = await reframed_as_messages(chunks, thinking=False)
+    assert [e["content_block"] for e in out if e["type"] == "content_block_start"] == [{"type": "text", "text": ""}]
