@@ -29,7 +29,8 @@ from server.translate.values import (
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _TOOL_CHOICES = {"auto": ToolChoiceMode.AUTO, "none": ToolChoiceMode.NONE, "any": ToolChoiceMode.REQUIRED,
                  "tool": ToolChoiceMode.TOOL}
-_THINKING_TYPES = ("enabled", "disabled", "adaptive")
+# `between_tools`: thinking off, but for short progress notes between tool calls (the SDK has it since 2.x)
+_THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
 _LONGEST_USER_ID = 256  # Anthropic's API refuses a longer metadata.user_id
 _TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's pattern for a tool_use block's id
 
@@ -150,7 +151,7 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
         unread.append(Unread("thinking.type", "thinking.type: Field required"))
     elif kind not in _THINKING_TYPES:
         unread.append(Unread("thinking.type", f"thinking.type: {shown(kind)} is not one of the expected tags: "
-                                              "'enabled', 'disabled', 'adaptive'."))
+                                              "'enabled', 'disabled', 'adaptive', 'between_tools'."))
     elif kind == "enabled" and budget is None:
         unread.append(Unread("thinking.budget_tokens", "thinking.enabled.budget_tokens: Field required"))
     elif kind == "enabled" and budget < LEAST_THINKING_BUDGET:

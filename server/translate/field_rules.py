@@ -150,10 +150,11 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "metadata": FieldRule("object", I, A, note="its `user_id` (a string) → `user`; embedded: `user_id` only, "
                                                    "at most 256 characters, as Anthropic takes it"),
     "thinking": FieldRule("object", I, A, note="`enabled` → `reasoning_effort`: a `budget_tokens` of 1024–2047 "
-                          "`low`, 2048–4095 `medium`, 4096 and up `high`; `disabled` and `adaptive` (the server's "
-                          "default) send none; `enabled` or `adaptive`: the upstream's reasoning is a `thinking` "
-                          "block (empty `signature`) before the text, else left out; what Anthropic's API refuses "
-                          "is refused (a `type` other than `enabled`, `disabled`, `adaptive`; `enabled` without "
+                          "`low`, 2048–4095 `medium`, 4096 and up `high`; `disabled`, `adaptive` (the server's "
+                          "default) and `between_tools` (thinking off) send none; `enabled` or `adaptive`: the "
+                          "upstream's reasoning is a `thinking` block (empty `signature`) before the text, else left "
+                          "out; what Anthropic's API refuses is refused (a `type` other than `enabled`, `disabled`, "
+                          "`adaptive`, `between_tools`; `enabled` without "
                           "`budget_tokens`, or with one under 1024 or not under `max_tokens`; beside `enabled` or "
                           "`adaptive`, a `temperature` other than 1, a `top_k`, a `top_p` under 0.95, a `tool_choice` "
                           "of `any` or `tool`)"),

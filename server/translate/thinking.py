@@ -82,8 +82,9 @@ def messages_reasoning(body: Mapping[str, Json], effort: str | None = None) -> R
     """A Messages request's `thinking` (checked already) and `effort` (its `output_config.effort` as a
     `reasoning_effort`, None: not given) as the reasoning an OpenAI-compatible upstream is asked for. One rule: the
     effort, when given, is the one sent, whatever `thinking` says; without it, `enabled` with a budget is that budget's
-    effort, and `adaptive` (the depth left to the model) and `disabled` are none (the server's own default). `enabled`
-    and `adaptive` also show the caller the thinking; `disabled` or no thinking do not."""
+    effort, and `adaptive` (the depth left to the model) and `disabled` are none (the server's own default), as is
+    `between_tools` (thinking off: such a server writes no notes between calls). `enabled` and `adaptive` also show
+    the caller the thinking; the others or no thinking do not."""
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if kind == "adaptive":

@@ -528,3 +528,19 @@ def test_a_deprecated_function_call_in_the_history_is_never_silently_dropped(oai
         with pytest.raises(openai.BadRequestError) as caught:
             oai.chat.completions.create(model=model, messages=[messages[0], {**call, "function_call": 5}])
         assert caught.value.body["param"] == "messages[1].function_call"
+
+
+def test_the_sdks_between_tools_thinking_is_thinking_off_where_anthropic_does_not_serve_it(claude, double):
+    """The anthropic SDK's `thinking={"type": "between_tools"}` (thinking off; the model's progress notes between tool
+    calls come back as thinking blocks) is a type Anthropic's API takes: an Anthropic upstream receives it, an
+    OpenAI-compatible one is asked for no reasoning, as for `disabled`, and the embedded model ignores it."""
+    hi = [{"role": "user", "content": "Oslo"}]
+    for model in ("messages-claude", "messages-gpt", "messages-embedded"):
+        message = claude.messages.create(model=model, max_tokens=5, messages=hi, thinking={"type": "between_tools"})
+        assert [block.type for block in message.content] == ["text"]
+    claude_seen, gpt_seen = double.seen
+    assert claude_seen.body["thinking"] == {"type": "between_tools"}
+    assert not {"reasoning_effort", "thinking"} & set(gpt_seen.body)
+    with pytest.raises(anthropic.BadRequestError) as refused:  # a type no API has is still refused, naming it
+        claude.messages.create(model="messages-gpt", max_tokens=5, messages=hi, thinking={"type": "sometimes"})
+    assert refused.value.body["error"]["param"] == "thinking.type" and len(double.seen) == 2
