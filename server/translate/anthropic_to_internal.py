@@ -147,6 +147,7 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
         return
     kind = opt_string(thinking, "type", "thinking")
     budget = opt_int(thinking, "budget_tokens", 1, path="thinking")
+    display = opt_string(thinking, "display", "thinking")
     if kind is None:
         unread.append(Unread("thinking.type", "thinking.type: Field required"))
     elif kind not in _THINKING_TYPES:
@@ -160,6 +161,9 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
     elif kind == "enabled" and max_tokens is not None and budget >= max_tokens:
         unread.append(Unread("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens` "
                                                        f"({max_tokens} is not greater than {budget})."))
+    elif kind in ("enabled", "adaptive") and display not in (None, "summarized", "omitted"):
+        unread.append(Unread("thinking.display", f"thinking.{kind}.display: Input should be 'summarized' or "
+                                                 "'omitted'."))
 
 
 def _beside_thinking(body: Mapping[str, Json], params: SamplingParams, choice: ToolChoice | None) -> list[Unread]:

@@ -84,16 +84,18 @@ def messages_reasoning(body: Mapping[str, Json], effort: str | None = None) -> R
     effort, when given, is the one sent, whatever `thinking` says; without it, `enabled` with a budget is that budget's
     effort, and `adaptive` (the depth left to the model) and `disabled` are none (the server's own default), as is
     `between_tools` (thinking off: such a server writes no notes between calls). `enabled` and `adaptive` also show
-    the caller the thinking; the others or no thinking do not."""
+    the caller the thinking, unless its `display` is `omitted` (Anthropic then sends the blocks without their text,
+    which only a signature carries); the others or no thinking do not."""
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
+    shown = kind in ("enabled", "adaptive") and thinking.get("display") != "omitted"
     if kind == "adaptive":
-        return Reasoning(effort=effort)
+        return Reasoning(effort=effort, shown=shown)
     budget = thinking.get("budget_tokens") if kind == "enabled" else None
     if not is_integer(budget):  # refused beside it (_check_thinking), or no thinking
         return Reasoning(effort=effort, shown=False) if effort is not None else None
     budget = int(budget)  # a whole float (2048.0) is that budget, as it was checked (and as Anthropic reads it)
-    return Reasoning(effort=effort or effort_of(budget), budget_tokens=budget)
+    return Reasoning(effort=effort or effort_of(budget), budget_tokens=budget, shown=shown)
 
 
 def chat_thoughts(message: Mapping[str, Json], where: str, unread: list[Unread]) -> tuple[Thought, ...]:

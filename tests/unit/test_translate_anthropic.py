@@ -136,6 +136,8 @@ def test_an_upstream_counts_the_body_without_what_only_shapes_a_generation():
     ({"type": "enabled"}, "thinking.budget_tokens"),
     ({"type": "later"}, "thinking.type"),
     ({}, "thinking.type"),
+    ({"type": "enabled", "budget_tokens": 1024, "display": "full"}, "thinking.display"),
+    ({"type": "adaptive", "display": "hidden"}, "thinking.display"),
 ])
 def test_a_thinking_anthropics_api_refuses_is_refused_by_other_models_not_an_anthropic_upstream(thinking, param):
     """Refused by the embedded model and an OpenAI-compatible upstream, as Anthropic's API would refuse it; an
@@ -148,5 +150,7 @@ def test_a_thinking_anthropics_api_refuses_is_refused_by_other_models_not_an_ant
 
 
 def test_a_thinking_anthropics_api_takes_is_no_refusal():
-    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}, {"type": "adaptive"}):
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}, {"type": "adaptive"},
+                     {"type": "adaptive", "display": "omitted"}, {"type": "enabled", "budget_tokens": 1024,
+                                                                   "display": "summarized"}):
         assert not message_request(request_pb(max_tokens=1025, thinking=thinking)).generation.source.unread

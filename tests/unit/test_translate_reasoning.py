@@ -230,6 +230,16 @@ def test_disabled_and_adaptive_thinking_send_no_effort():
     assert message().reasoning is None
 
 
+@pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 2048}, {"type": "adaptive"}])
+def test_thinking_whose_display_is_omitted_reasons_but_shows_no_thinking(thinking):
+    """Anthropic's `display: "omitted"` returns the thinking without its text: the caller asked not to be shown it."""
+    omitted = message(max_tokens=5000, thinking={**thinking, "display": "omitted"})
+    assert omitted.reasoning.shown is False
+    assert openai_body(omitted, model="gpt-up").get("reasoning_effort") == ("medium" if "budget_tokens" in thinking
+                                                                           else None)
+    assert message(max_tokens=5000, thinking={**thinking, "display": "summarized"}).reasoning.shown is True
+
+
 def test_an_anthropic_upstream_gets_the_callers_thinking_as_it_came():
     generation = message(max_tokens=5000, thinking={"type": "enabled", "budget_tokens": 2048})
     body = anthropic_body(generation, model="claude-up")
