@@ -21,8 +21,9 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from server.domain import Endpoint, GenerationRequest
-from server.domain_answers import Completion, GenerationEvent, ResponseHeader
+from server.domain_answers import Completion, Finished, GenerationEvent, ResponseHeader
 from server.errors import PorticoError, UpstreamError
+from server.observability.record import RequestRecord
 from server.calls import Call
 from server.pipeline import Pipeline
 from server.render import json_body
@@ -112,8 +113,12 @@ class DialectServicer:
     async def typed_stream(self, request: Message, context) -> AsyncIterator[Message]:
         call, plan, header = await self._prepare(request, context, stream=True)
         async with self._pipeline.stream(call, plan.generation) as events:
-            async for payload in self.stream_objects(header, events, plan):
-                yield _typed(self.typed(payload), self.event_type())
+            # Each payload is its own message, so none is known to be the last before the stream ends; the answer is
+            # whole once its Finished event is read, whose payloads follow at once: a caller who closes on the last
+            # one (grpc then drops this generator at its yield) had the whole answer, as for `http_body`'s mark.
+            async with aclosing(_marked_at_finish(events, call.record)) as marked:
+                async for payload in self.stream_objects(header, marked, plan):
+                    yield _typed(self.typed(payload), self.event_type())
 
     async def http_body(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator[httpbody_pb2.HttpBody]:
         call, plan, header = await self._prepare(request.data, context)
@@ -180,3 +185,11 @@ def _typed(payload: dict, message: Message) -> Message:
     except json_format.ParseError as exc:
         raise UpstreamError(f"The upstream's answer does not fit the typed {message.DESCRIPTOR.name}: a field has a "
                             "value of the wrong type for its API.") from exc
+
+
+async def _marked_at_finish(events: AsyncIterator[GenerationEvent], record: RequestRecord) -> AsyncIterator[
+        GenerationEvent]:
+    async for event in events:
+        if isinstance(event, Finished):
+            record.mark_answered()
+        yield event
