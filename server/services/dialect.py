@@ -187,8 +187,8 @@ def _typed(payload: dict, message: Message) -> Message:
                             "value of the wrong type for its API.") from exc
 
 
-async def _marked_at_finish(events: AsyncIterator[GenerationEvent], record: RequestRecord) -> AsyncIterator[
-        GenerationEvent]:
+async def _marked_at_finish(events: AsyncIterator[GenerationEvent],
+                            record: RequestRecord) -> AsyncIterator[GenerationEvent]:
     async for event in events:
         if isinstance(event, Finished):
             record.mark_answered()
