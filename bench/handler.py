@@ -46,16 +46,16 @@ def _raw(body: dict) -> httpbody_pb2.HttpBody:
 
 
 @dataclass(frozen=True)
-class _Details:  # grpc.HandlerCallDetails
+class CallDetails:  # grpc.HandlerCallDetails
     method: str
     invocation_metadata: tuple = ()
 
 
-class _Context:
-    """The part of grpc.aio.ServicerContext the interceptor and the pipeline use."""
+class InProcessContext:
+    """The part of grpc.aio.ServicerContext the interceptor and the pipeline use (tests drive servicers so too)."""
 
-    def __init__(self, key: str) -> None:
-        self._metadata = (("authorization", f"Bearer {key}"), ("x-request-id", "bench-handler"))
+    def __init__(self, key: str, request_id: str = "bench-handler") -> None:
+        self._metadata = (("authorization", f"Bearer {key}"), ("x-request-id", request_id))
 
     def invocation_metadata(self):
         return self._metadata
@@ -102,12 +102,12 @@ async def _run(config_path: Path, key: str, requests: int, concurrency: int,
                     return grpc.unary_unary_rpc_method_handler(behavior)
                 return grpc.unary_stream_rpc_method_handler(behavior)
 
-            handler = await interceptor.intercept_service(continuation, _Details(method))
+            handler = await interceptor.intercept_service(continuation, CallDetails(method))
 
             async def one() -> bytes:
                 if handler.unary_unary:
-                    return (await handler.unary_unary(request, _Context(key))).data
-                return b"".join([body.data async for body in handler.unary_stream(request, _Context(key))])
+                    return (await handler.unary_unary(request, InProcessContext(key))).data
+                return b"".join([body.data async for body in handler.unary_stream(request, InProcessContext(key))])
 
             if marker not in await one():
                 raise RuntimeError(f"{name}: the answer lacks {marker!r}")

@@ -10,32 +10,11 @@ import uuid
 import grpc
 import pytest
 
+from bench.handler import CallDetails, InProcessContext
 from server.services.chat import ChatServicer
 from server.services.interceptor import ErrorInterceptor
 from server.services.messages import MessageServicer
 from tests.helpers import chat_request, message_request
-
-
-class _Context:
-    """The part of grpc.aio.ServicerContext the interceptor and the servicers use."""
-
-    def __init__(self, secret: str, request_id: str) -> None:
-        self._metadata = (("authorization", f"Bearer {secret}"), ("x-request-id", request_id))
-
-    def invocation_metadata(self):
-        return self._metadata
-
-    async def send_initial_metadata(self, metadata) -> None:
-        pass
-
-    def set_trailing_metadata(self, metadata) -> None:
-        pass
-
-    def trailing_metadata(self):
-        return ()
-
-    async def abort(self, code, details, trailing_metadata=()):
-        raise AssertionError(f"the request failed: {code.name} {details}")
 
 
 async def _statuses(running, method: str, behavior, request, secret: str, keep: int | None) -> tuple[int, list]:
@@ -45,10 +24,9 @@ async def _statuses(running, method: str, behavior, request, secret: str, keep: 
     async def continuation(details):
         return grpc.unary_stream_rpc_method_handler(behavior)
 
-    details = type("Details", (), {"method": method, "invocation_metadata": ()})()
-    handler = await ErrorInterceptor(running.core.telemetry).intercept_service(continuation, details)
+    handler = await ErrorInterceptor(running.core.telemetry).intercept_service(continuation, CallDetails(method))
     request_id = f"typed-end-{uuid.uuid4().hex[:8]}"
-    stream = handler.unary_stream(request, _Context(secret, request_id))
+    stream = handler.unary_stream(request, InProcessContext(secret, request_id))
     taken = []
     async for message in stream:
         taken.append(message)
@@ -66,14 +44,15 @@ async def test_a_typed_stream_closed_on_its_last_message_is_a_200(running, secre
     if kind == "chat":
         method = "/portico.v1.ChatService/StreamChatCompletion"
         behavior = ChatServicer(pipeline, default_max_tokens=64).StreamChatCompletion
-        request = chat_request(max_tokens=4, stream=True, stream_options={"include_usage": True})
+        request = chat_request(max_tokens=4, stream=True, stream_options={"include_usage": True}, temperature=0)
     else:
         method = "/portico.v1.MessageService/StreamMessage"
         behavior = MessageServicer(pipeline).StreamMessage
-        request = message_request(max_tokens=4, stream=True)
+        request = message_request(max_tokens=4, stream=True, temperature=0)
+    # temperature 0: the same answer, in the same number of messages, each time
     status, whole = await _statuses(running, method, behavior, request, secret, None)
     assert status == 200 and len(whole) > 2
     status, taken = await _statuses(running, method, behavior, request, secret, len(whole))
-    assert status == 200, "the caller had every message"
+    assert status == 200 and len(taken) == len(whole), "the caller had every message"
     status, _ = await _statuses(running, method, behavior, request, secret, 2)
     assert status == 499, "a caller who leaves before the end is still one who left"
