@@ -10,6 +10,7 @@ prompt, a completion, a header value, an error message (an upstream's may quote 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 
 from opentelemetry.propagators.textmap import Getter
@@ -129,17 +130,24 @@ def caller_trace_id(traceparent: str | bytes) -> str | None:
     reads it by the spec: lowercase hex, no all-zero ids, version 00 exact and ff refused), else None."""
     if not isinstance(traceparent, str):
         return None
-    context = get_current_span(PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+    context = get_current_span(PROPAGATOR.extract((("traceparent", traceparent),), getter=METADATA)).get_span_context()
     return format_trace_id(context.trace_id) if context.is_valid else None
 
 
 class _MetadataGetter(Getter[Metadata]):
-    """Reads gRPC metadata, a sequence of (lowercase name, value) pairs, for the trace-context propagator."""
+    """Reads gRPC metadata, a sequence of (lowercase name, value) pairs, for the trace-context propagator.
+
+    What the propagator would refuse (W3C's limits) is absent here: it logs a WARNING for each, quoting a tracestate
+    member, so one caller's malformed header was a line of its text in the diagnostic log for every request."""
 
     def get(self, carrier: Metadata, key: str) -> list[str] | None:
         values = [value for name, value in carrier if name == key and isinstance(value, str)]
+        if key == "traceparent" and values and len(values[0]) > _TRACEPARENT_MAX:
+            return None  # no parent, as the propagator decides: Portico starts the trace
         if key == "tracestate":  # the caller's own text, exported with every span and sent on to upstreams
             values = [_without_secrets(value) for value in values]
+            if values and not _well_formed(values):
+                return None  # dropped whole, as the propagator drops it
         return values or None
 
     def keys(self, carrier: Metadata) -> list[str]:
@@ -149,6 +157,32 @@ class _MetadataGetter(Getter[Metadata]):
 def _without_secrets(tracestate: str) -> str:
     """`tracestate` without its entries that hold anything shaped like a Portico secret (a key pasted there)."""
     return ",".join(entry for entry in tracestate.split(",") if redact_secrets(entry) == entry)
+
+
+# W3C trace context's limits, as OpenTelemetry's propagator applies them (opentelemetry.trace.span): a traceparent
+# of at most 512 characters; a tracestate of at most 8192 (its headers joined by commas) and 32 members, each
+# `key=value` (a key in lower case, perhaps `tenant@system`; a value of printable ASCII but `,` and `=`).
+_TRACEPARENT_MAX, _TRACESTATE_MAX, _TRACESTATE_MEMBERS = 512, 8192, 32
+_KEY = r"[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13}"
+_MEMBER = re.compile(rf"(?:{_KEY})=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{{0,255}}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+
+
+def _well_formed(tracestates: list[str]) -> bool:
+    """Whether the propagator takes these tracestate headers without a word: within the limits, no member
+    malformed, no key twice."""
+    if sum(map(len, tracestates)) + len(tracestates) - 1 > _TRACESTATE_MAX:
+        return False
+    keys = set()
+    for member in (m.strip(" \t") for value in tracestates for m in value.split(",")):
+        if not member:
+            continue
+        if not _MEMBER.fullmatch(member):
+            return False
+        key = member.partition("=")[0]
+        if key in keys:
+            return False
+        keys.add(key)
+    return len(keys) <= _TRACESTATE_MEMBERS
 
 
 METADATA = _MetadataGetter()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -312,6 +313,40 @@ async def test_a_caller_that_samples_nothing_gets_no_spans_but_its_trace_id_is_l
     await spans_of(receiver, later)
     assert receiver.trace(trace_id) == []
     assert access_line(running, trace_id)["status"] == 200
+
+
+@pytest.mark.parametrize("trace_context", [
+    {"tracestate": "vendor=kept,Said By The Caller"},  # not W3C's key=value (nor are upper-case keys)
+    {"tracestate": ",".join(f"said{n}=x" for n in range(33))},  # over the 32 entries W3C allows
+    {"tracestate": "said=" + "x" * 9000},  # over the 8192 characters W3C allows
+])
+async def test_a_malformed_tracestate_is_dropped_without_a_log_line(chat, running, double, receiver, key, caplog,
+                                                                    trace_context):
+    """The W3C rules drop such a tracestate whole; OpenTelemetry also logged a WARNING quoting it for every request
+    that sent it, so one caller's client filled the diagnostic log with its header's text."""
+    _, secret = key
+    trace_id, span_id, traceparent = caller_context()
+    answer = await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO),
+                                             metadata=(*bearer(secret), traceparent, *trace_context.items()))
+    assert answer.choices[0].message.content == "echo Say hello."
+    assert "tracestate" not in double.seen[-1].headers  # nothing of it sent on
+    server = one(await spans_of(receiver, trace_id), kind="server")
+    assert server.parent_id == span_id  # the traceparent still counts
+    assert [r.getMessage()[:80] for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_an_over_long_traceparent_starts_a_trace_without_a_log_line(chat, running, double, receiver, key,
+                                                                         caplog):
+    """Over the 512 characters OpenTelemetry reads (a later version's fields), as W3C allows it to refuse: a new
+    trace, with no WARNING for every request that sent it."""
+    _, secret = key
+    trace_id = os.urandom(16).hex()
+    long = f"01-{trace_id}-{os.urandom(8).hex()}-01-" + "x" * 600
+    answer = await chat.CreateChatCompletion(chat_request(model="up-solo", messages=HELLO),
+                                             metadata=(*bearer(secret), ("traceparent", long)))
+    assert answer.choices[0].message.content == "echo Say hello."
+    assert trace_id not in double.seen[-1].headers["traceparent"]
+    assert [r.getMessage()[:80] for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_no_span_holds_a_secret_a_prompt_or_an_answer(chat, running, receiver, key):

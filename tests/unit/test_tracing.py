@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextvars
+import logging
 
 import pytest
+from opentelemetry.trace import TraceState, get_current_span
 
 from server.config import ConfigError, load_config
 from server.config_tracing import TracingSettings, parse_tracing
 from server.observability import Outcome, Telemetry
-from server.observability.tracing import NO_SCOPE, caller_trace_id
+from server.observability.tracing import METADATA, NO_SCOPE, PROPAGATOR, caller_trace_id
 from server.observability.tracing_export import Tracing
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -75,6 +77,26 @@ def test_the_callers_trace_id_is_read_from_a_valid_traceparent_only(header, trac
             assert (f"{span.get_span_context().trace_id:032x}" == TRACE) == (trace_id is not None)
         finally:
             tracing.close()
+
+
+def test_an_over_long_traceparent_is_no_trace_and_no_log_line(caplog):
+    """Tracing off, the access log's trace id is read from every request's traceparent: one over the 512 characters
+    OpenTelemetry's propagator reads was a WARNING line per request."""
+    assert caller_trace_id(f"01-{TRACE}-00f067aa0ba902b7-01-" + "x" * 600) is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.parametrize("tracestate", [
+    "a=1,b=2", " a=1 , ,b=2\t", "tenant@vendor=x", "0tenant@v=x", "0a=1", "A=1", "a=1,a=2", "a= x", "a=x ",
+    "a=b=c", "a=", "a=" + "x" * 256, "a=" + "x" * 257, ",".join(f"k{n}=v" for n in range(32)),
+    ",".join(f"k{n}=v" for n in range(33)), "k=" + "v" * 250 + ",k2=" + "v" * 250,
+])
+def test_a_tracestate_is_read_as_opentelemetry_reads_it_without_its_warnings(tracestate, caplog):
+    """The gRPC metadata getter drops what the propagator would drop, so that it has nothing to log."""
+    carrier = [("traceparent", f"00-{TRACE}-00f067aa0ba902b7-01"), ("tracestate", tracestate)]
+    read = get_current_span(PROPAGATOR.extract(carrier, getter=METADATA)).get_span_context().trace_state
+    assert [r.getMessage() for r in caplog.records] == []
+    assert dict(read) == dict(TraceState.from_header([tracestate]))  # OpenTelemetry's verdict, with its warning
 
 
 def test_the_ratio_samples_traces_started_here_and_a_callers_decision_wins():
