@@ -307,3 +307,39 @@ def test_a_link_with_a_day_no_month_has_makes_no_period(tab, gateway, admin_secr
     alert = tab.page.locator("main").get_by_role("alert").filter(has_text="make no period")
     expect(alert).to_contain_text("This week (since Monday, UTC) is shown instead")
     assert tab.problems.lines == []
+
+
+def test_many_keys_are_listed_a_page_at_a_time(tab, gateway, admin_secret):
+    """A gateway of many keys (30,000 made by a script) drew every one of them as a row of one table: the keys page
+    took seconds to appear, with a scroll bar of a mile. It shows 100 at a time, newest first, with links to the
+    previous and next hundred; the filters still search them all."""
+    base = int(time.time()) - 10 * DAY
+    with sqlite3.connect(gateway.data_dir / "keys.db", timeout=10) as db:  # as a script's CreateKey calls leave them
+        db.executemany("INSERT INTO api_keys (id, name, secret_hash, all_models, models, env, created) "
+                       "VALUES (?, ?, ?, 1, '', 'bulk', ?)",
+                       [(f"key_bulk{i:012x}", f"bulk-{i}", uuid.uuid4().hex + uuid.uuid4().hex, base + i)
+                        for i in range(1050)])
+    newest_first = [f"key_bulk{i:012x}" for i in reversed(range(1050))]
+    total = f'{len(api(gateway, admin_secret, "GET", "/v1/admin/keys").json()["keys"]):,}'
+    tab.sign_in(admin_secret)
+    tab.open("#/keys?env=bulk")
+    listed = lambda: [href.removeprefix("#/keys/") for href in tab.page.get_by_role("region", name="API keys")
+                      .get_by_role("link").evaluate_all("links => links.map((link) => link.getAttribute('href'))")]
+    assert listed() == newest_first[:100]
+    expect(tab.page.locator("p.count")).to_have_text(f"1,050 of {total} keys: 1–100 shown")
+    pages = tab.page.get_by_role("navigation", name="Pages of keys")
+    expect(pages.get_by_role("link", name="Previous")).to_have_count(0)
+    pages.get_by_role("link", name="Next").click()
+    expect(tab.page.locator("p.count")).to_have_text(f"1,050 of {total} keys: 101–200 shown")
+    assert listed() == newest_first[100:200]
+    assert "env=bulk" in tab.page.url and "page=2" in tab.page.url  # filters kept, and the page can be bookmarked
+    tab.open("#/keys?env=bulk&page=99")  # past the last page: the last one
+    expect(tab.page.locator("p.count")).to_have_text(f"1,050 of {total} keys: 1,001–1,050 shown")
+    assert listed() == newest_first[1000:]
+    expect(pages.get_by_role("link", name="Next")).to_have_count(0)
+    expect(pages.get_by_role("link", name="Previous")).to_have_attribute("href", "#/keys?env=bulk&page=10")
+    tab.page.get_by_label("Name or id").fill("bulk-7")  # a new search starts at its first page
+    tab.page.get_by_role("button", name="Filter").click()
+    expect(tab.page.locator("p.count")).to_have_text(f"111 of {total} keys: 1–100 shown")
+    tab.shot("keys-a-page-of-many")
+    assert tab.problems.lines == []

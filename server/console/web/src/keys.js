@@ -1,9 +1,11 @@
 // The keys page: every key, filtered by environment and state, and the form that creates one.
-import {field, formDialog, h, showSecret, table, when} from "./dom.js";
+import {field, formDialog, h, number, showSecret, table, when} from "./dom.js";
 import {keyForm, limitText, LIMITS} from "./keyform.js";
 
 export const keyState = (key) => key.revoked_at ? "revoked" : "active";
 const STATES = ["active", "revoked", "all"];
+// Rows a page of the list draws: a gateway of tens of thousands of keys drew them all, and took seconds to show.
+const PAGE_SIZE = 100;
 // pk-, an optional env and 43 random characters (server/keys/store.py), found wherever it is in the search: one
 // pasted with what came around it (`Bearer pk-...`, `OPENAI_API_KEY=pk-...`, quotes) is a secret all the same.
 const SECRET = /pk-[\w-]{40,}/;
@@ -69,7 +71,18 @@ export async function keysPage(ctx) {
   envSelect.addEventListener("change", applyFilters);
   stateSelect.addEventListener("change", applyFilters);
 
-  const rows = shown.map((key) => [
+  // The page in the URL, as the filters are (a bookmark, Back); past the last one, the last one.
+  const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
+  const pageNumber = Math.min(pages, Math.max(1, Number.parseInt(ctx.query.get("page"), 10) || 1));
+  const first = (pageNumber - 1) * PAGE_SIZE;
+  const onPage = shown.slice(first, first + PAGE_SIZE);
+  const pageLink = (page, text) => {
+    const query = new URLSearchParams(ctx.query);
+    query.set("page", page);
+    return h("a", {href: `#/keys?${query}`, rel: page < pageNumber ? "prev" : "next"}, text);
+  };
+
+  const rows = onPage.map((key) => [
     // A name of spaces only (the API takes one) would be a link with nothing to see or click.
     h("a", {href: `#/keys/${encodeURIComponent(key.id)}`, class: "name"}, key.name.trim() || "(unnamed)"),
     h("code", {}, key.id),
@@ -89,9 +102,14 @@ export async function keysPage(ctx) {
     h("form", {class: "filters", role: "search", "aria-label": "Filter keys", onsubmit: applyFilters},
       field("Environment", envSelect), field("State", stateSelect), field("Name or id", searchInput),
       h("button", {type: "submit"}, "Filter"), searchError),
-    h("p", {class: "count"}, `${shown.length} of ${keys.length} key${keys.length === 1 ? "" : "s"}`),
+    h("p", {class: "count"}, `${number(shown.length)} of ${number(keys.length)} key${keys.length === 1 ? "" : "s"}`,
+      pages > 1 ? `: ${number(first + 1)}–${number(first + onPage.length)} shown` : ""),
     table("API keys", ["Name", "Id", "Environment", "State", "Role", "Models", "Own limits", "Created"], rows,
-      {empty: "No key matches these filters."}));
+      {empty: "No key matches these filters."}),
+    pages > 1 ? h("nav", {class: "pager", "aria-label": "Pages of keys"},
+      pageNumber > 1 ? pageLink(pageNumber - 1, "Previous") : null,
+      h("span", {}, `Page ${number(pageNumber)} of ${number(pages)}`),
+      pageNumber < pages ? pageLink(pageNumber + 1, "Next") : null) : null);
 }
 
 async function createKey(ctx, models, envs) {
