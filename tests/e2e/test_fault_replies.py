@@ -95,6 +95,18 @@ def test_a_websocket_upgrade_is_400_saying_so(gateway):
     assert "WebSocket" in body["error"]["message"]
 
 
+@pytest.mark.parametrize("request_line", [b"GET /v1/models", b"POST /v1/chat/completions"])
+@pytest.mark.parametrize("upgrade", [b"connect-udp", b"CONNECT-UDP"])
+def test_a_connect_udp_upgrade_is_the_400_of_every_upgrade(gateway, request_line, upgrade):
+    """`Upgrade: connect-udp` (a MASQUE client, RFC 9298) was a 404 `not_found` saying the request's target "is not
+    a path", though it was one: Envoy reads the path as a UDP proxy's target template before any filter."""
+    status, headers, body = _raw(gateway, request_line + b" HTTP/1.1\r\nHost: portico\r\nConnection: Upgrade\r\n"
+                                 b"Upgrade: " + upgrade + b"\r\nContent-Length: 2\r\n\r\n{}")
+    assert status == 400 and headers["x-request-id"]
+    assert body["error"]["code"] == "invalid_request" and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("Connection upgrades (WebSocket) are not supported")
+
+
 @pytest.mark.parametrize("version", [b"HTTP/1.0", b"HTTP/1.2"])
 def test_http_1_0_is_426_http_version_not_supported(gateway, version):
     status, _, body = _raw(gateway, b"GET /v1/models %s\r\nHost: portico\r\n\r\n" % version)
