@@ -252,6 +252,11 @@ function envoy_on_request(handle)
   end
   bound_request_id(headers)
   drop_grpc_headers(headers)
+  -- The transcoder copies content-type into google.api.HttpBody's content_type, a protobuf string: one holding a
+  -- byte that is not UTF-8 failed to decode in the server, a 400 naming that field. A REST body is JSON whatever its
+  -- label says, and no media type is anything but ASCII: such a label is dropped.
+  local content_type = headers:get("content-type")
+  if content_type and content_type:find("[\128-\255]") then headers:remove("content-type") end
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
   -- The transcoder serves a path with one trailing `/` as the path without it (`GET /v1/organization/costs/`): the

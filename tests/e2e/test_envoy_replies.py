@@ -291,6 +291,21 @@ def test_a_json_body_is_read_whatever_its_content_type_says(http, content_type, 
     assert error["message"].startswith("Invalid JSON body")
 
 
+@pytest.mark.parametrize("content_type", [b"text/plain; charset=\xe9", b"application/json\x80"])
+@pytest.mark.parametrize(("path", "model"), [
+    ("/v1/chat/completions", "family-a-5.5"), ("/v1/messages", "family-b-haiku-4-5-20251001"),
+    ("/v1/messages/count_tokens", "family-b-haiku-4-5-20251001"),
+])
+def test_a_json_body_is_read_whatever_bytes_its_content_type_holds(http, content_type, path, model):
+    """A content-type that is not UTF-8 (a Latin-1 byte) was a 400 "The request could not be decoded: content_type
+    is not valid UTF-8", `param` `content_type`: the name of the field of google.api.HttpBody that the transcoder
+    copies the header into, no field of the caller's body; the body is read whatever the header says."""
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    response = http.post(path, content=json.dumps(body).encode(), headers={"content-type": content_type})
+    assert response.status_code == 200, response.text
+    assert response.json()["input_tokens" if path.endswith("count_tokens") else "model"]
+
+
 def test_oversize_body_is_413(http):
     big = "x" * (9 * 1024 * 1024)
     response = http.post("/v1/chat/completions",
