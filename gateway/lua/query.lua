@@ -22,7 +22,8 @@ local function organization_query(query, parameters)
   for pair in query:gmatch("[^&]+") do
     local name, list, rest = query_pair(pair)
     if parameters[name] == nil then
-      local shown = quoted_value(name)  -- a name may be as long as the headers
+      -- A name holding a NUL (`%00`) is shown as written: Envoy carries the message as C text, which ended at it.
+      local shown = quoted_value(name:find("%z") and pair:match("^[^=]*") or name)  -- maybe as long as the headers
       return nil, shown, "Unknown parameter " .. shown
     end
     local single = not parameters[name]

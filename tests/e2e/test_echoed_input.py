@@ -103,3 +103,17 @@ def test_a_huge_unknown_query_parameter_is_cut_short_in_message_and_param(gatewa
     error = answer.json()["error"]
     assert error["message"].startswith("Unknown parameter qqq") and len(error["message"]) < 1_000
     assert len(error["param"]) <= 200
+
+
+@pytest.mark.parametrize("query", ["%00=1", "a%00b=1"])
+def test_an_unknown_query_parameter_holding_a_nul_is_named_as_written(gateway: Gateway, query):
+    """A name holding a NUL (`%00`) cut the message at it, "Unknown parameter " and nothing more, and `param` was ""
+    or the part before it (Envoy carries both as C text)."""
+    answer = httpx.get(f"{gateway.base_url}/v1/organization/requests?{query}",
+                       headers={"authorization": f"Bearer {gateway.secret}"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    named = query.removesuffix("=1")
+    assert error["param"] == named
+    assert error["message"] == (f"Unknown parameter {named} for GET /v1/organization/requests: it takes api_key_ids, "
+                                "end_time, errors_only, limit, models, page, project_ids, start_time.")
