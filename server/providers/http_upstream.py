@@ -27,7 +27,7 @@ from urllib.parse import quote, urlsplit
 
 from server import wire_json
 from server.domain_models import UpstreamSpec
-from server.errors import PorticoError, ServiceUnavailable, UpstreamError
+from server.errors import PorticoError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
@@ -176,10 +176,15 @@ class HttpUpstream:
         `cut_retried`: an answer whose connection breaks after it began may be asked for again (a text answer);
         False for images, which each try would draw and bill again. `optional`: a path some servers of the dialect
         lack, whose 404, 405 or 501 is PathUnserved. `attempt`: as for `stream`."""
-        response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
-                                    before_answer=True, body=wire_json.dumps(body),
-                                    headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
-                                    answer_within=self._answer_timeout, outlast=self._outlast if billed else None)
+        try:
+            response = await self._send(self._base_pool(), "POST", self._base_path + path, model_id,
+                                        before_answer=True, body=wire_json.dumps(body),
+                                        headers=self._headers_for(attempt, headers), read_timeout=self._answer_timeout,
+                                        answer_within=self._answer_timeout, outlast=self._outlast if billed else None)
+        except UpstreamTimeout as error:
+            # Sent whole, then no answer in time (a connect timeout sent nothing: retryable): an images API answers
+            # once its images are drawn, so it was drawing, and bills them, as for an answer too slow to arrive whole.
+            raise (error if error.retryable else _answer_unread(error, cut_retried)) from None
         attempt.set("http.response.status_code", response.status)
         try:
             if optional and response.status in _UNSERVED:
@@ -421,8 +426,8 @@ def _not_retried(error: PorticoError, *, unread: bool = False) -> PorticoError:
 
 
 def _answer_unread(error: PorticoError, cut_retried: bool) -> PorticoError:
-    """`error` for a 2xx answer that could not be read (cut off, not JSON): as it is where asking again may serve
-    (`cut_retried`), else never retried, the work done and billed (PorticoError.answer_unread)."""
+    """`error` for an answer that could not be read (cut off, not JSON, not there in time): as it is where asking
+    again may serve (`cut_retried`), else never retried, the work done and billed (PorticoError.answer_unread)."""
     return error if cut_retried else _not_retried(error, unread=True)
 
 

@@ -118,7 +118,11 @@ BILLED_502S = {
     # Its second half comes after the deployment's 1 s answer timeout: a 504.
     "an-answer-too-slow": (lambda url: Cue(body={"created": 1, "data": [{"b64_json": png_b64(tiny_png(1))}] * 2},
                                            frame_delay=1.5), 2),
+    # No answer at all within the 1 s (an images API answers once its images are drawn): it was drawing the two.
+    "no-answer-in-time": (lambda url: Cue(body={"created": 1, "data": [{"b64_json": png_b64(tiny_png(1))}] * 2},
+                                          delay=1.5), 2),
 }
+TIMEOUTS = ("an-answer-too-slow", "no-answer-in-time")
 
 
 @pytest.mark.parametrize("fault", BILLED_502S)
@@ -134,7 +138,7 @@ def test_a_502_after_the_upstream_drew_is_not_retried_by_the_sdk_and_counts_the_
     sdk = openai.OpenAI(base_url=f"{linking.base_url}/v1", api_key=secret)  # the default 2 retries
     with pytest.raises(openai.APIStatusError) as caught:
         sdk.images.generate(model="image-priced", prompt="a lighthouse", n=2, size="256x256")
-    status, code = (504, "upstream_timeout") if fault == "an-answer-too-slow" else (502, "upstream_error")
+    status, code = (504, "upstream_timeout") if fault in TIMEOUTS else (502, "upstream_error")
     assert (caught.value.status_code, caught.value.code) == (status, code)
     assert caught.value.response.headers.get("x-should-retry") == "false"
     assert [seen.path for seen in double.seen].count("/v1/images/generations") == 1
