@@ -259,10 +259,10 @@ function envoy_on_request(handle)
   if content_type and content_type:find("[\128-\255]") then headers:remove("content-type") end
   local full_path = headers:get(":path") or ""
   local path = full_path:match("^[^?]*")
-  -- The transcoder serves a path with one trailing `/` as the path without it (`GET /v1/organization/costs/`): the
-  -- tables of paths below are looked up without it too, or such a request skipped the query's checks (a parameter
-  -- given twice got protobuf's "oneof field ... is already set", an unknown one was dropped unnamed).
-  local route = path:match("^(/.+)/$") or path
+  -- The transcoder serves a path with trailing `/`s as the path without them (`GET /v1/organization/costs/`, and
+  -- `costs//`): the tables of paths below are looked up without them too, or such a request skipped the query's
+  -- checks (a parameter given twice got protobuf's "oneof field ... is already set", an unknown one was dropped).
+  local route = path:match("^(/.-)/*$") or path
   local method = headers:get(":method") or ""
   local metadata = handle:streamInfo():dynamicMetadata()
   -- CONNECT (a caller taking the gateway for its proxy: curl -x) names a host, not a path, and opens a tunnel whose

@@ -188,6 +188,11 @@ def test_a_method_a_known_path_does_not_take_is_named_with_the_ones_it_does(http
     ("/v1/organization/requests/", "limit=1&limit=2", "limit", False),
     ("/v1/admin/keys/", "page_size=1&page_size=2", "page_size", False),
     ("/v1/models/", "limit=1&limit=2", "limit", True),
+    # The transcoder serves any number of trailing slashes so: the checks skipped two or more.
+    ("/v1/organization/costs//", "start_time=1&line_items=x", "line_items", False),
+    ("/v1/organization/requests///", "limit=1&limit=2", "limit", False),
+    ("/v1/models//", "limit=1&limit=2", "limit", True),
+    ("/v1/models//", "lifecycle[]=bogus", "lifecycle", True),
 ])
 def test_a_path_with_a_trailing_slash_gets_the_query_checks_of_the_path_without(http, path, query, param, anthropic):
     """The transcoder serves `/v1/organization/costs/` as `/v1/organization/costs`, but the query's checks looked
