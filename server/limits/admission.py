@@ -4,7 +4,6 @@ the x-ratelimit-* headers of an admitted one. The pipeline talks to this; the st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -53,6 +52,9 @@ class Limiter:
         self._store_down = False  # to log outages once, not once per request
         self._tasks: set[asyncio.Task] = set()
         self._draining = asyncio.Event()  # set by close(): settlements still retrying take their last try
+        # Set (and replaced) when the store answers again after an outage: settlements waiting to retry go at once,
+        # not at the end of a pause that may have grown to _LAST_RETRY_SECONDS, holding estimates and slots till then.
+        self._store_back = asyncio.Event()
         # Settlements retrying while the store does not answer, and how many began to since none was: logged once
         # when the first begins and once when the last ends, not once each (as many as requests were running).
         self._retrying = self._retried = self._given_up = 0
@@ -114,6 +116,8 @@ class Limiter:
             if self._store_down:
                 _logger.warning("rate limits available again")
                 self._store_down = False
+                self._store_back.set()
+                self._store_back = asyncio.Event()
         elif not self._store_down:
             self._store_down = True
             _logger.error("rate limits unavailable (%s); until it answers, requests are %s", failure,
@@ -248,9 +252,13 @@ class Limiter:
             except Exception:  # noqa: BLE001 - a bug, not an outage: retrying cannot help
                 _logger.exception("could not settle a rate-limit reservation")
                 return True
-            with contextlib.suppress(TimeoutError):  # the pause ends early when a drain begins
-                async with asyncio.timeout(delay):
-                    await self._draining.wait()
+            # The pause ends early when a drain begins or the store answers again.
+            wake = (asyncio.ensure_future(self._draining.wait()), asyncio.ensure_future(self._store_back.wait()))
+            try:
+                await asyncio.wait(wake, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in wake:
+                    waiter.cancel()
             delay = min(delay * 2, _LAST_RETRY_SECONDS)
 
     def _retry_ended(self, *, given_up: bool) -> None:

@@ -313,6 +313,42 @@ async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path
         redis.stop()
 
 
+async def test_settlements_that_waited_for_redis_are_taken_as_soon_as_it_answers_again(tmp_path, double):
+    """A request that ended while Redis was paused kept its reservation's estimates (its slot, max_tokens) until its
+    settlement's next retry, up to 10 s after Redis answered again and /readyz said ready: a key allowed one request
+    at a time got 429 though none ran. The readiness check sees Redis answer within a second; the settlement follows.
+    """
+    redis, running = await _priced_on_redis(tmp_path, double)
+    try:
+        key, secret = await running.store.create("waited", all_models=True, limits=KeyLimits(
+            daily_tokens=10_000, concurrent_requests=1))
+        double.reset()
+        double.cue(Cue(delay=0.5))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
+                chat_request(model="priced", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8),
+                metadata=bearer(secret))
+            while not double.seen:  # admitted, and waiting on the upstream
+                await asyncio.sleep(0.01)
+            redis.process.send_signal(signal.SIGSTOP)
+            try:
+                answer = await call
+                # Its settlement's tries (0.2 s timeouts, pauses doubling from 0.25 s) fail meanwhile: without a
+                # wake-up the next comes about 3 s after Redis is back
+                await asyncio.sleep(5.5)
+            finally:
+                redis.process.send_signal(signal.SIGCONT)
+        used = answer.usage.prompt_tokens + answer.usage.completion_tokens
+        deadline = time.monotonic() + 2.0  # a readiness check (every second) sees it answer, and what waited is sent
+        while ((counts := await running.limiter.store.counts(key.id)).day_tokens, counts.in_flight) != (used, 0):
+            assert time.monotonic() < deadline, f"still the reservation's estimates: {counts}"
+            await asyncio.sleep(0.1)
+    finally:
+        await running.stop(0)
+        os.environ.pop(UPSTREAM_KEY_ENV, None)
+        redis.stop()
+
+
 async def test_requests_refused_while_redis_was_paused_leave_nothing_counted(tmp_path):
     """Redis paused: requests are refused with 503 (fail-closed), but the reservation already sent runs once Redis
     resumes. It is released then: no ghost slot, request or quota is left for the key."""
