@@ -34,8 +34,24 @@ def workers(tmp_path_factory, redis_server) -> Gateway:
 
 
 def requests_per_worker(gateway: Gateway) -> list[int]:
+    """Requests Envoy sent each worker so far, in the order of their index."""
     clusters = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/clusters", timeout=60).text
-    return [int(n) for n in re.findall(r"^portico_grpc::.*grpc-\d\.sock::rq_total::(\d+)$", clusters, re.M)]
+    found = re.findall(r"^portico_grpc::.*grpc-(\d)\.sock::rq_total::(\d+)$", clusters, re.M)
+    return [int(n) for _, n in sorted(found)]
+
+
+def health_of(gateway: Gateway, index: int) -> str:
+    """Envoy's health flags of a worker's endpoint."""
+    clusters = httpx.get(f"http://127.0.0.1:{gateway.admin_port}/clusters", timeout=60).text
+    return re.search(rf"^portico_grpc::.*grpc-{index}\.sock::health_flags::(.*)$", clusters, re.M).group(1)
+
+
+def wait_until_both_serve(gateway: Gateway) -> None:
+    """Until Envoy's health checks found both workers serving (a restarted one is out until its first check)."""
+    deadline = time.monotonic() + 20
+    while any(health_of(gateway, index) != "healthy" for index in (0, 1)):
+        assert time.monotonic() < deadline, [health_of(gateway, index) for index in (0, 1)]
+        time.sleep(0.1)
 
 
 def worker_pids(gateway: Gateway, index: int) -> list[int]:
@@ -89,6 +105,7 @@ def test_the_summed_scrape_holds_only_documented_metrics_without_created_series(
 
 
 def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
+    wait_until_both_serve(workers)
     (first,) = worker_pids(workers, 0)
     os.kill(first, signal.SIGKILL)
     # Once the death is noticed (a request sent on the dead worker's connection in the instant before that can
@@ -104,6 +121,33 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(workers):
         assert time.monotonic() < deadline, workers.log_path.read_text()[-2000:]
         time.sleep(0.2)
     assert worker_pids(workers, 0)[-1] != first
+
+
+def test_a_frozen_worker_leaves_the_rotation(workers):
+    """A worker that stops answering but keeps its socket (stopped, or its event loop stuck) still took its share of
+    new requests, which hung until Envoy's 300 s silence limit. Envoy's health checks now take it out within
+    seconds, and put it back once it answers again."""
+    wait_until_both_serve(workers)
+    (pid,) = worker_pids(workers, 1)[-1:]
+    headers = {"Authorization": f"Bearer {workers.secret}"}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 15  # two missed checks (every 2 s without traffic, each waiting 1 s)
+        while "failed_active_hc" not in health_of(workers, 1):
+            assert time.monotonic() < deadline, health_of(workers, 1)
+            time.sleep(0.2)
+        before = requests_per_worker(workers)
+        for _ in range(8):
+            response = httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=10)
+            assert response.status_code == 200, response.text
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    after = requests_per_worker(workers)
+    assert after[1] == before[1] and after[0] == before[0] + 8, (before, after)
+    deadline = time.monotonic() + 20
+    while requests_per_worker(workers)[1] == after[1]:  # back in the rotation
+        assert time.monotonic() < deadline, "the worker was not sent requests again"
+        httpx.post(f"{workers.base_url}/v1/chat/completions", json=HI, headers=headers, timeout=10)
 
 
 @pytest.mark.parametrize("edit", ["a new model id", "a typo"])
