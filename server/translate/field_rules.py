@@ -159,60 +159,6 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
                           "`summarized`, `omitted`; beside `enabled` or `adaptive`, a `temperature` other than 1, a "
                           "`top_k`, a `top_p` under 0.95, a `tool_choice` of `any` or `tool`)"),
     "service_tier": FieldRule("string", I, I),
-    "store": FieldRule("boolean", I, I),
-    "metadata": FieldRule("object", I, I, note="its values are strings; at most 16 pairs, keys of at most 64 "
-                                                "characters and values of at most 512, as OpenAI takes them"),
-    "modalities": FieldRule("array", I, I, note="text is the only output"),
-    "reasoning_effort": FieldRule("string", I, A, note="→ `thinking` `enabled` with a `budget_tokens` of 1024 "
-                                  "(`minimal`, `low`), 2048 (`medium`), 4096 (`high`), 8192 (`xhigh`), 16384 (`max`); "
-                                  "`none`: no thinking; not sent while the last assistant message has `tool_calls` "
-                                  "(a tool loop) or ends the messages (a prefill) without `thinking_blocks` first; "
-                                  "refused beside what Anthropic "
-                                  "refuses with thinking (a token limit not above the budget, a `temperature` other "
-                                  "than 1, a `top_k`, a `top_p` under 0.95, a forced `tool_choice`); without a token "
-                                  "limit, the budget is added to `default_max_tokens`"),
-    "verbosity": FieldRule("string", I, I),
-    "prediction": FieldRule("object", I, I, note="a latency hint"),
-    "audio": FieldRule("object", R, R),
-    "web_search_options": FieldRule("object", R, R),
-    "moderation": FieldRule("object", R, R, note="OpenAI's moderation of the prompt and the answer"),
-    "functions": FieldRule("array", I, R, note="deprecated form of `tools`"),
-    "function_call": FieldRule("any", R, R, neutral=("none", "auto"),
-                               note="embedded: naming a function asks for a call"),
-    "chat_template_kwargs": FieldRule("object", R, R, note="an extension of vLLM and llama.cpp's server"),
-}
-
-# POST /v1/messages; "other": an OpenAI-compatible upstream.
-MESSAGE_FIELDS: dict[str, FieldRule] = {
-    "model": FieldRule("string", A, A),
-    "max_tokens": FieldRule("integer", A, A),
-    "messages": FieldRule("array", A, A, note="text, `tool_use`, `tool_result`; thinking blocks left out, but "
-                          "those with an empty `signature` in the current tool loop → its assistant message's "
-                          "`reasoning_content`; a `tool_result`'s `is_error: true` → its text starts with "
-                          "`Error: ` (OpenAI: the `tool` message's content)"),
-    "system": FieldRule("any", A, A, note="→ a system message"),
-    "stop_sequences": FieldRule("array", A, A, note="→ `stop`; embedded: whitespace-only ones are refused, as "
-                                                    "Anthropic refuses them"),
-    "temperature": FieldRule("number", A, A, note="0–1"),
-    "top_p": FieldRule("number", A, A),
-    "top_k": FieldRule("integer", A, I, note="OpenAI refuses `top_k`"),
-    "stream": FieldRule("boolean", A, A),
-    "tools": FieldRule("array", A, A, note="custom tools (→ functions: `input_schema` → `parameters`, `strict` → "
-                                          "`function.strict`; `input_examples`, `defer_loading` ignored); server "
-                                          "tools are refused"),
-    "tool_choice": FieldRule("object", A, A, note="embedded: `auto`/`none` only; `any` → `required`"),
-    "metadata": FieldRule("object", I, A, note="its `user_id` (a string) → `user`; embedded: `user_id` only, "
-                                                   "at most 256 characters, as Anthropic takes it"),
-    "thinking": FieldRule("object", I, A, note="`enabled` → `reasoning_effort`: a `budget_tokens` of 1024–2047 "
-                          "`low`, 2048–4095 `medium`, 4096 and up `high`; `disabled`, `adaptive` (the server's "
-                          "default) and `between_tools` (thinking off) send none; `enabled` or `adaptive`: the "
-                          "upstream's reasoning is a `thinking` block (empty `signature`) before the text, else (or "
-                          "with a `display` of `omitted`) left out; what Anthropic's API refuses is refused (a `type` other than `enabled`, `disabled`, "
-                          "`adaptive`, `between_tools`; `enabled` without "
-                          "`budget_tokens`, or with one under 1024 or not under `max_tokens`; a `display` other than `summarized`, `omitted`; beside `enabled` or "
-                          "`adaptive`, a `temperature` other than 1, a `top_k`, a `top_p` under 0.95, a `tool_choice` "
-                          "of `any` or `tool`)"),
-    "service_tier": FieldRule("string", I, I),
     "inference_geo": FieldRule("string", I, I),
     "speed": FieldRule("string", I, I),
     # The anthropic SDK sends these two as headers, which select among the accounts of the upstream's key: the
