@@ -280,26 +280,35 @@ async def test_a_rediss_store_whose_certificate_is_not_trusted_says_so_in_the_lo
         redis.stop()
 
 
+async def _answered_while_redis_pauses(running, redis, double, secret: str, *, upstream_delay: float,
+                                       pause: float):
+    """A chat answer of the priced model whose request was admitted before Redis was paused (SIGSTOP) and ended
+    while it was; Redis answers again `pause` seconds after the answer."""
+    double.reset()
+    double.cue(Cue(delay=upstream_delay))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
+            chat_request(model="priced", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8),
+            metadata=bearer(secret))
+        while not double.seen:  # admitted, and waiting on the upstream
+            await asyncio.sleep(0.01)
+        redis.process.send_signal(signal.SIGSTOP)
+        try:
+            answer = await call
+            await asyncio.sleep(pause)
+        finally:
+            redis.process.send_signal(signal.SIGCONT)
+    return answer
+
+
 async def test_a_settlement_redis_missed_is_taken_once_it_answers_again(tmp_path, double):
     """Redis stops answering while a request is in flight: the answer is not held up, and once Redis is back the
     key's limits hold what the request used and cost (as the ledger does), not its reservation's estimates."""
     redis, running = await _priced_on_redis(tmp_path, double)
     try:
         key, secret = await running.store.create("outage", all_models=True, limits=KeyLimits(daily_tokens=10_000))
-        double.reset()
-        double.cue(Cue(delay=1.0))
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            call = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
-                chat_request(model="priced", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8),
-                metadata=bearer(secret))
-            while not double.seen:  # admitted, and waiting on the upstream
-                await asyncio.sleep(0.01)
-            redis.process.send_signal(signal.SIGSTOP)
-            try:
-                answer = await call
-                await asyncio.sleep(1.5)  # the settlement's first try timed out, and a retry too
-            finally:
-                redis.process.send_signal(signal.SIGCONT)
+        # The settlement's first try times out while Redis is paused, and a retry too.
+        answer = await _answered_while_redis_pauses(running, redis, double, secret, upstream_delay=1.0, pause=1.5)
         used = answer.usage.prompt_tokens + answer.usage.completion_tokens
         assert answer.usage.completion_tokens == 3  # "echo Say hello.", estimated at 8
         deadline = time.monotonic() + 10
@@ -322,22 +331,9 @@ async def test_settlements_that_waited_for_redis_are_taken_as_soon_as_it_answers
     try:
         key, secret = await running.store.create("waited", all_models=True, limits=KeyLimits(
             daily_tokens=10_000, concurrent_requests=1))
-        double.reset()
-        double.cue(Cue(delay=0.5))
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            call = chat_service_pb2_grpc.ChatServiceStub(channel).CreateChatCompletion(
-                chat_request(model="priced", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8),
-                metadata=bearer(secret))
-            while not double.seen:  # admitted, and waiting on the upstream
-                await asyncio.sleep(0.01)
-            redis.process.send_signal(signal.SIGSTOP)
-            try:
-                answer = await call
-                # Its settlement's tries (0.2 s timeouts, pauses doubling from 0.25 s) fail meanwhile: without a
-                # wake-up the next comes about 3 s after Redis is back
-                await asyncio.sleep(5.5)
-            finally:
-                redis.process.send_signal(signal.SIGCONT)
+        # Its settlement's tries (0.2 s timeouts, pauses doubling from 0.25 s) fail meanwhile: without a wake-up the
+        # next comes about 3 s after Redis is back.
+        answer = await _answered_while_redis_pauses(running, redis, double, secret, upstream_delay=0.5, pause=5.5)
         used = answer.usage.prompt_tokens + answer.usage.completion_tokens
         deadline = time.monotonic() + 2.0  # a readiness check (every second) sees it answer, and what waited is sent
         while ((counts := await running.limiter.store.counts(key.id)).day_tokens, counts.in_flight) != (used, 0):
