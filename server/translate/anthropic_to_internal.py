@@ -20,7 +20,7 @@ from server.domain import (
 from server.errors import InvalidRequest
 from server.translate.field_rules import GENERATION_ONLY, MESSAGE_FIELDS, check_fields
 from server.translate.structured import messages_output
-from server.translate.thinking import LEAST_THINKING_BUDGET, beside_thinking, messages_reasoning
+from server.translate.thinking import LEAST_THINKING_BUDGET, THINKING_ON, beside_thinking, messages_reasoning
 from server.translate.tool_rules import ANTHROPIC_NAME_LIMIT, duplicate_unread, name_unread, schema_type_unread
 from server.translate.values import (
     no_tools_to_call, opt_array, opt_bool, opt_int, opt_number, opt_object, opt_string, shown, text_parts, wrong_type,
@@ -161,7 +161,7 @@ def _check_thinking(body: Mapping[str, Json], max_tokens: int | None, unread: li
     elif kind == "enabled" and max_tokens is not None and budget >= max_tokens:
         unread.append(Unread("thinking.budget_tokens", "`max_tokens` must be greater than `thinking.budget_tokens` "
                                                        f"({max_tokens} is not greater than {budget})."))
-    elif kind in ("enabled", "adaptive") and display not in (None, "summarized", "omitted"):
+    elif kind in THINKING_ON and display not in (None, "summarized", "omitted"):
         unread.append(Unread("thinking.display", f"thinking.{kind}.display: Input should be 'summarized' or "
                                                  "'omitted'."))
 
@@ -171,7 +171,7 @@ def _beside_thinking(body: Mapping[str, Json], params: SamplingParams, choice: T
     embedded model answered such a request, so code that worked there failed once the model was served by Anthropic;
     an Anthropic upstream judges it itself, and an OpenAI-compatible one stands in for Anthropic's API."""
     thinking = body.get("thinking")
-    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+    if not isinstance(thinking, dict) or thinking.get("type") not in THINKING_ON:
         return []
     return beside_thinking(params, choice, top_k=body.get("top_k") is not None)
 

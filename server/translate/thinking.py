@@ -23,6 +23,7 @@ _EFFORTS = ((EFFORT_BUDGETS["high"], "high"), (EFFORT_BUDGETS["medium"], "medium
 _THINKING_TOP_P = 0.95  # the least top_p Anthropic's API takes while thinking is on
 _FORCED = (ToolChoiceMode.REQUIRED, ToolChoiceMode.TOOL)
 THINKING_BLOCK_TYPES = ("thinking", "redacted_thinking")  # Anthropic's content blocks of a model's reasoning
+THINKING_ON = ("enabled", "adaptive")  # Messages' `thinking` types that have the model think
 
 
 def thinking_block(thought: Thought) -> dict:
@@ -88,7 +89,7 @@ def messages_reasoning(body: Mapping[str, Json], effort: str | None = None) -> R
     which only a signature carries); the others or no thinking do not."""
     thinking = body.get("thinking")
     kind = thinking.get("type") if isinstance(thinking, dict) else None
-    shown = kind in ("enabled", "adaptive") and thinking.get("display") != "omitted"
+    shown = kind in THINKING_ON and thinking.get("display") != "omitted"
     if kind == "adaptive":
         return Reasoning(effort=effort, shown=shown)
     budget = thinking.get("budget_tokens") if kind == "enabled" else None
