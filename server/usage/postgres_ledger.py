@@ -27,8 +27,11 @@ _INSERT = insert_sql("%s", suffix=" ON CONFLICT (id) DO NOTHING")
 # seconds (~4 s for 3 million), so reads get their own bound, and retention deletes a batch per statement.
 READ_TIMEOUT_MS = 60_000
 # The batch's ids as an array, not `id IN (SELECT ...)`: that is planned as a hash join over a sequential scan of the
-# whole table (346 ms a batch on 1.5 million rows, against 15 ms through the primary key).
-_PRUNE = "DELETE FROM usage_ledger WHERE id = ANY(ARRAY(SELECT id FROM usage_ledger WHERE at_ms < %s LIMIT %s))"
+# whole table (346 ms a batch on 1.5 million rows, against 15 ms through the primary key). ORDER BY at_ms has the
+# batch read through the at_ms index: left to itself the planner scans the table until it has `limit` rows, which is
+# the whole table once none is left (63-106 ms on 660,000 rows: every pass's last batch).
+_PRUNE = ("DELETE FROM usage_ledger WHERE id = ANY(ARRAY("
+          "SELECT id FROM usage_ledger WHERE at_ms < %s ORDER BY at_ms LIMIT %s))")
 
 
 _CANCELLED = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)  # the database's answer, not a cut
