@@ -171,6 +171,10 @@ function envoy_on_response(handle)
     handle:headers():replace("content-length", tostring(handle:body():length()))
   end
   strip_internal(handle:headers())
+  -- As OpenAI's and Anthropic's APIs send it: no proxy between stores an event stream or serves it again.
+  if status < 400 and (handle:headers():get("content-type") or ""):sub(1, 17) == "text/event-stream" then
+    handle:headers():replace("cache-control", "no-cache")
+  end
   -- HTTP/2 callers would also receive the gRPC trailers (grpc-status, grpc-message). Iterating the chunks does
   -- not buffer the stream, so SSE still flows message by message. HTTP/1.1 drops trailers anyway. (Errors and
   -- unary answers were read whole above: bodyChunks() is not for them.)

@@ -32,6 +32,7 @@ def test_stream_helpers(client):
                                 messages=[{"role": "user", "content": "Count to five."}]) as stream:
         texts = list(stream.text_stream)
         final = stream.get_final_message()
+        assert stream.response.headers["cache-control"] == "no-cache"  # as Anthropic's own streams
     assert len(texts) >= 2
     assert final.content[0].text == "".join(texts)
     assert final.stop_reason == "max_tokens"

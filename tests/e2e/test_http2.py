@@ -85,6 +85,7 @@ def test_a_stream_over_http2(gateway):
     answer = h2_post(gateway.port, CHAT, {"model": "family-a-5.5", "max_tokens": 4, "stream": True,
                                            "messages": [{"role": "user", "content": "Hi"}]}, gateway.secret)
     assert answer.headers[":status"] == "200" and answer.headers["content-type"] == "text/event-stream"
+    assert answer.headers["cache-control"] == "no-cache"
     assert answer.body.rstrip().endswith(b"data: [DONE]")
     assert answer.internal() == []
 

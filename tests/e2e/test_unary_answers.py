@@ -51,6 +51,7 @@ def test_a_stream_is_served_by_the_streaming_rpc(gateway):
     response = post(gateway, "/v1/chat/completions", orjson.dumps(chat(stream=True)))
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     assert response.text.rstrip().endswith("data: [DONE]")
+    assert response.headers["cache-control"] == "no-cache"  # as OpenAI's own streams
     assert served_by(gateway, response) == "ChatService/CreateChatCompletionHttp"
 
 
@@ -61,7 +62,7 @@ def test_a_stream_key_spelt_with_escapes_still_streams(gateway):
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     frames = [line for line in response.text.splitlines() if line.startswith("data: ")]
     assert frames[-1] == "data: [DONE]" and orjson.loads(frames[0][6:])["object"] == "chat.completion.chunk"
-    assert RATE_LIMIT_HEADERS <= set(response.headers)
+    assert RATE_LIMIT_HEADERS <= set(response.headers) and response.headers["cache-control"] == "no-cache"
     assert served_by(gateway, response) == "ChatService/CreateChatCompletionHttpUnary"
 
 
