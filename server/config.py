@@ -61,6 +61,7 @@ class Config:
     metrics_port: int = 9464  # Prometheus GET /metrics on 127.0.0.1; 0: none
     access_log: str = "stderr"  # one JSON line per request: stderr, stdout, a file path, or off
     drain_seconds: float = 30.0  # after SIGTERM, how long requests in flight may take to finish
+    worker_hang_seconds: float = 30.0  # --workers N: one whose health service is silent this long is killed; 0: never
     tracing: TracingSettings = field(default_factory=TracingSettings)  # OpenTelemetry traces; off by default
     usage: UsageSettings = field(default_factory=UsageSettings)  # the usage ledger
     cors: CorsSettings | None = None  # browsers on other origins; None: no CORS (the default)
@@ -162,8 +163,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 # Every setting the file may hold, section by section; anything else is refused by its path.
-_TOP_LEVEL = ("listen", "envoy_admin_port", "metrics_port", "access_log", "drain_seconds", "data_dir", "embedded",
-              "default_max_tokens", "keys", "limits", "models", "tracing", "usage", "cors")
+_TOP_LEVEL = ("listen", "envoy_admin_port", "metrics_port", "access_log", "drain_seconds", "worker_hang_seconds",
+              "data_dir", "embedded", "default_max_tokens", "keys", "limits", "models", "tracing", "usage", "cors")
 _LISTEN = ("host", "port", "public_base_url")
 _EMBEDDED = ("context_size", "threads", "instances", "model_path")
 _KEYS = ("cache_seconds", "rotation_grace_seconds", "stale_seconds", "cache_size", "negative_cache_size",
@@ -219,6 +220,7 @@ def _parse(raw: dict, source: str) -> Config:
             metrics_port=number(raw, "metrics_port", 9464, f"{source}: ", integer=True, low=0, high=65535),
             access_log=_access_log(raw, f"{source}: "),
             drain_seconds=number(raw, "drain_seconds", 30.0, f"{source}: ", low=0),
+            worker_hang_seconds=number(raw, "worker_hang_seconds", 30.0, f"{source}: ", low=0),
             tracing=parse_tracing(raw.get("tracing"), f"{source}: tracing"),
             usage=parse_usage(raw.get("usage"), f"{source}: usage"),
             cors=parse_cors(raw.get("cors"), f"{source}: cors"),

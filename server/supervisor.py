@@ -4,7 +4,7 @@ process) spreads load over them; one HTTP/2 connection to a single process would
 The parent starts every worker as `python -m server.cli ... worker --socket PATH`, waits until its gRPC health
 service answers (SERVING, or NOT_SERVING while a store is down: up but not ready), and watches it: a worker that
 dies is logged and restarted on the same socket, so Envoy's endpoint stays valid (Envoy retries connect failures on
-another endpoint meanwhile). A worker that cannot start again, or that exits a (MAX_RESTARTS + 1)th time within
+another endpoint meanwhile); one whose health service stays silent for `worker_hang_seconds` is killed first. A worker that cannot start again, or that exits a (MAX_RESTARTS + 1)th time within
 RESTART_WINDOW_SECONDS, takes the whole gateway down, loudly: never half-up. Workers get PR_SET_PDEATHSIG, like
 Envoy, so none outlives the parent. Limits are only exact across workers with a shared store (Redis): the CLI
 refuses N > 1 otherwise.
@@ -29,6 +29,7 @@ from gateway.processes import start_supervised, terminate
 _logger = logging.getLogger(__name__)
 
 RESTART_DELAY_SECONDS = 1.0
+HANG_CHECK_SECONDS = 5.0  # how often the watchdog asks each worker's health service (worker_hang_seconds)
 MAX_RESTARTS = 5  # within RESTART_WINDOW_SECONDS, for one worker: more is a crash loop, not bad luck
 RESTART_WINDOW_SECONDS = 60.0
 
@@ -94,15 +95,34 @@ class WorkerProcess:
             await asyncio.sleep(0.1)
         _logger.info("worker %d (pid %d) serving on unix:%s", self.index, self.pid, self.socket_path)
 
-    async def _answers(self) -> bool:
+    async def _answers(self, timeout_s: float = 1.0) -> bool:
         if not self.socket_path.exists():
             return False
         async with grpc.aio.insecure_channel(f"unix:{self.socket_path}") as channel:
             try:
-                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
             except grpc.aio.AioRpcError:
                 return False
         return True
+
+    async def watch(self, hang_s: float) -> None:
+        """Kill the worker once its health service has not answered for `hang_s` (stopped, or its event loop stuck):
+        Envoy's own checks send it no new requests, but those it holds would wait for Envoy's 300 s silence limit.
+        Killed, they end at once (a 503 to their callers, which the SDKs retry), the next process writes its ledger
+        rows (server/usage/spool.py) and `supervise` restarts it. A worker that answers NOT_SERVING answers."""
+        process, loop = self._proc, asyncio.get_running_loop()
+        assert process is not None
+        every = min(HANG_CHECK_SECONDS, max(hang_s / 3, 0.5))  # each check's own timeout: a slow answer is one
+        answered = loop.time()
+        while process.returncode is None:
+            await asyncio.sleep(every)
+            if await self._answers(timeout_s=every):
+                answered = loop.time()
+            elif loop.time() - answered >= hang_s and process.returncode is None:
+                _logger.error("worker %d (pid %d) has not answered its health checks for %gs; killing it",
+                              self.index, process.pid, loop.time() - answered)
+                process.kill()
+                return
 
     async def wait(self) -> int:
         assert self._proc is not None
@@ -128,6 +148,7 @@ class Workers:
         *,
         env: Mapping[str, str] | None = None,
         stop_grace_s: float = 10.0,
+        hang_s: float = 0.0,
         on_exit: Callable[[int], None] = lambda pid: None,
     ) -> None:
         self._workers = [
@@ -136,6 +157,7 @@ class Workers:
             for path in [run_dir / socket_name(i)]
         ]
         self._stop_grace_s = stop_grace_s
+        self._hang_s = hang_s  # a worker silent this long is killed (WorkerProcess.watch); 0: never
         self._on_exit = on_exit  # e.g. forget a dead worker's in-flight gauge
 
     @property
@@ -151,12 +173,15 @@ class Workers:
     async def supervise(self) -> None:
         """Restart workers that die, for as long as Portico runs; raises WorkerError if a restart fails."""
         watchers = {asyncio.create_task(w.wait()): w for w in self._workers}
+        watchdogs = {w.index: self._watchdog(w) for w in self._workers}
         exits: dict[int, deque[float]] = {w.index: deque(maxlen=MAX_RESTARTS) for w in self._workers}
         try:
             while True:
                 done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     worker = watchers.pop(task)
+                    if dog := watchdogs.pop(worker.index):
+                        dog.cancel()
                     if worker.pid is not None:
                         self._on_exit(worker.pid)
                     now = asyncio.get_running_loop().time()
@@ -170,9 +195,13 @@ class Workers:
                     await asyncio.sleep(RESTART_DELAY_SECONDS)
                     await worker.start(restarted=True)
                     watchers[asyncio.create_task(worker.wait())] = worker
+                    watchdogs[worker.index] = self._watchdog(worker)
         finally:
-            for task in watchers:
+            for task in [*watchers, *filter(None, watchdogs.values())]:
                 task.cancel()
+
+    def _watchdog(self, worker: WorkerProcess) -> asyncio.Task | None:
+        return asyncio.create_task(worker.watch(self._hang_s)) if self._hang_s else None
 
     async def stop(self) -> None:
         await asyncio.gather(*(w.stop(self._stop_grace_s) for w in self._workers))
