@@ -36,7 +36,8 @@ def add_store_commands(commands: argparse._SubParsersAction, after: argparse.Arg
     create.add_argument("--name", required=True)
     grant = create.add_mutually_exclusive_group(required=True)
     grant.add_argument("--all-models", action="store_true", help="grant every model, including ones added later")
-    grant.add_argument("--models", help="comma-separated model ids")
+    # append: a second --models adds its models (as `usage --model` does); argparse's default kept the last alone
+    grant.add_argument("--models", action="append", help="comma-separated model ids (repeatable)")
     _limit_options(create, "")
     create.add_argument("--env", default="", help="environment or business line label, e.g. prod")
     create.add_argument("--admin", action="store_true",
@@ -48,7 +49,7 @@ def add_store_commands(commands: argparse._SubParsersAction, after: argparse.Arg
     update.add_argument("--name")
     grant = update.add_mutually_exclusive_group()
     grant.add_argument("--all-models", action="store_true", help="grant every model")
-    grant.add_argument("--models", help="grant exactly these comma-separated model ids")
+    grant.add_argument("--models", action="append", help="grant exactly these comma-separated model ids (repeatable)")
     _limit_options(update, " (0: back to the configured default)")
     update.add_argument("--env", help="environment or business line label")
     rotate = keys.add_parser("rotate", parents=[after], help="give a key a new secret, printed on the last line, once")
@@ -165,7 +166,7 @@ async def _keys_in_store(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _keys_command(args: argparse.Namespace, admin: KeyAdmin) -> int:
-    models = [m.strip() for m in (getattr(args, "models", None) or "").split(",") if m.strip()]
+    models = [m.strip() for m in ",".join(getattr(args, "models", None) or []).split(",") if m.strip()]
     if args.keys_command == "create":
         limits = KeyLimits(**_limits_given(args))
         key, secret = await admin.create(

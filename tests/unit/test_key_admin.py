@@ -74,6 +74,25 @@ def test_cli_update_with_no_model_in_models_is_refused_as_create_refuses_it(tmp_
     assert capsys.readouterr().err == err
 
 
+@pytest.mark.parametrize("command", ["create", "update"])
+def test_cli_models_given_twice_grants_both_not_the_last_alone(tmp_path, capsys, command):
+    """`keys create --models family-a-5.5 --models family-a-5.4` (or `--model` twice, which argparse reads as
+    --models) said "Created" and granted family-a-5.4 alone: the first model's calls were then 404 model_not_found
+    for an operator who had granted it. Each --models adds its models, as `usage --model` does."""
+    data = ["--data-dir", str(tmp_path)]
+    assert main([*data, "keys", "create", "--name", "x", "--models", "family-a-5.5"]) == 0
+    key_id = capsys.readouterr().out.split()[2]
+    twice = ["--models", "family-a-5.5", "--model", "family-a-5.4,family-b-opus-4-8"]
+    if command == "create":
+        assert main([*data, "keys", "create", "--name", "y", *twice]) == 0
+        key_id = capsys.readouterr().out.split()[2]
+    else:
+        assert main([*data, "keys", "update", key_id, *twice]) == 0
+        capsys.readouterr()
+    assert main([*data, "keys", "get", key_id]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split("\t")[4] == "family-a-5.4,family-a-5.5,family-b-opus-4-8"
+
+
 @pytest.mark.parametrize("options, param", [
     (["--env", "my prod"], "env"),
     (["--env", "ünï"], "env"),
