@@ -40,6 +40,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
         """The caller must hold an admin key; the key it names is then noted, if it has a key id's shape (a secret
         pasted in its place must not reach the log)."""
         await self._authenticator.authenticate_admin(context.invocation_metadata())
+        key_id = key_id.strip()  # an id pasted with space around it is taken as the id (KeyStore.get): named too
         if is_key_id(key_id):
             self._acts_on(key_id)
 

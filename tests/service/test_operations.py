@@ -103,6 +103,30 @@ async def test_an_admin_call_on_a_key_names_that_key_in_its_line(channel, runnin
     assert lines["audit-unknown"]["status"] == 404
 
 
+async def test_an_admin_call_on_a_key_id_pasted_with_space_around_it_names_that_key(channel, running, admin_secret):
+    """api.md: the key calls take an id with spaces or a line end around it (copied from a log line) as the id. They
+    read, changed and rotated that key, but its line named no target_key_id: "who rotated key X?" missed them."""
+    keys, limits = key_service_pb2_grpc.KeyServiceStub(channel), limit_service_pb2_grpc.LimitServiceStub(channel)
+    admin = bearer(admin_secret)
+    created = await keys.CreateKey(key_pb2.CreateKeyRequest(name="pasted", all_models=True), metadata=admin)
+    target = created.key.id
+    pasted = f" {target}\n"
+
+    def meta(request_id: str) -> tuple:
+        return (*admin, ("x-request-id", request_id))
+
+    await keys.GetKey(key_pb2.GetKeyRequest(id=pasted), metadata=meta("pasted-get"))
+    await keys.UpdateKey(key_pb2.UpdateKeyRequest(id=pasted, name="pasted-2"), metadata=meta("pasted-update"))
+    await keys.RotateKey(key_pb2.RotateKeyRequest(id=pasted, grace_seconds=0), metadata=meta("pasted-rotate"))
+    await limits.GetKeyLimitStatus(limit_pb2.GetKeyLimitStatusRequest(id=pasted), metadata=meta("pasted-limits"))
+    with pytest.raises(grpc.aio.AioRpcError):  # a secret pasted so stays out of the log
+        await keys.GetKey(key_pb2.GetKeyRequest(id=f" {created.secret}\n"), metadata=meta("pasted-secret"))
+    lines = {line["request_id"]: line for line in access_lines(running)}
+    for request_id in ("pasted-get", "pasted-update", "pasted-rotate", "pasted-limits"):
+        assert (lines[request_id]["status"], lines[request_id]["target_key_id"]) == (200, target), request_id
+    assert lines["pasted-secret"]["target_key_id"] is None and created.secret not in access_log_text(running)
+
+
 async def test_a_revocation_by_secret_names_the_key_it_revoked(channel, running, admin_secret):
     """A leaked secret revoked as it is (`portico keys revoke pk-...`, POST /v1/admin/keys/pk-.../revoke): the line
     names the key revoked, found by its secret, never the secret; one that names no key names nothing."""
