@@ -15,7 +15,9 @@ from collections.abc import Callable
 from google.api import httpbody_pb2
 from portico.v1 import key_pb2, key_service_pb2_grpc
 
-from server.domain_keys import KEY_LIMIT_NAMES, MAX_GRACE_SECONDS, SPEND_LIMIT_NAMES, ApiKey, KeyLimits, is_key_id
+from server.domain_keys import (
+    KEY_LIMIT_NAMES, MAX_COUNT_LIMIT, MAX_GRACE_SECONDS, SPEND_LIMIT_NAMES, ApiKey, KeyLimits, is_key_id,
+)
 from server.errors import InvalidRequest
 from server.keys import Authenticator, KeyAdmin
 from server.translate.json_to_message import read_body
@@ -26,6 +28,12 @@ from server.usage.money import micros_to_usd, usd_to_micros
 # Answers that carry a new secret (create, rotate): shown once, so no cache on the way (a proxy, a browser's back
 # button) may keep a copy.
 _SECRET_ANSWER = (("cache-control", "no-store"),)
+
+
+def _count_limit_bounds(least: int) -> dict[str, tuple[int, int]]:
+    """The range the API takes for each count limit, said of one beyond int32 (else its range, which no limit takes):
+    from 1 in a new key, from 0 (which removes the key's own) in an update."""
+    return {f"limits.{name}": (least, MAX_COUNT_LIMIT) for name in KEY_LIMIT_NAMES if name not in SPEND_LIMIT_NAMES}
 
 
 class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
@@ -53,7 +61,7 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
     async def CreateKeyHttp(self, request: httpbody_pb2.HttpBody, context) -> key_pb2.CreateKeyResponse:
         await self._admit(context)
         await context.send_initial_metadata(_SECRET_ANSWER)
-        return await self._create(read_body(request.data, key_pb2.CreateKeyRequest))
+        return await self._create(read_body(request.data, key_pb2.CreateKeyRequest, bounds=_count_limit_bounds(1)))
 
     async def UpdateKey(self, request, context) -> key_pb2.UpdateKeyResponse:
         await self._admit(context, request.id)
@@ -62,7 +70,8 @@ class KeyServicer(key_service_pb2_grpc.KeyServiceServicer):
 
     async def UpdateKeyHttp(self, request: key_pb2.UpdateKeyHttpRequest, context) -> key_pb2.UpdateKeyResponse:
         await self._admit(context, request.id)
-        update = read_body(request.body.data, key_pb2.UpdateKeyRequest, url={"id": request.id})
+        update = read_body(request.body.data, key_pb2.UpdateKeyRequest, url={"id": request.id},
+                           bounds=_count_limit_bounds(0))
         if not update.models and not update.HasField("all_models") and _lists_no_model(request.body.data):
             update.all_models = False  # `"models": []`: no model, as a typed call says it; refused (KeyAdmin)
         return await self._update(update)

@@ -105,7 +105,8 @@ def _fill(message: Message, obj: Mapping[str, Json], path: str, *, omit: frozens
                 raise wrong_type(where, "an array", value)
             getattr(message, field.name).extend(_scalar(field, item, f"{where}[{i}]") for i, item in enumerate(value))
         else:
-            setattr(message, field.name, _scalar(field, value, where, bounds.get(where)))
+            # bounds are keyed by the fields' own names: a caller's lowerCamelCase one (graceSeconds) gets them too
+            setattr(message, field.name, _scalar(field, value, where, bounds.get(join(path, field.name))))
 
 
 def _scalar(field: FieldDescriptor, value: Json, where: str, bounds: tuple[int, int] | None = None) -> Json:

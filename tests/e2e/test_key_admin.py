@@ -156,11 +156,32 @@ def test_a_rotation_grace_beyond_its_wire_type_is_refused_with_the_range_the_api
     headers = {**dict(bearer(admin)), "content-type": "application/json"}
     keys_url = f"{gateway.base_url}/v1/admin/keys"
     key = httpx.post(keys_url, headers=headers, json={"name": "grace", "all_models": True}, timeout=60).json()["key"]
-    for grace in (5_000_000_000, 4_294_967_295, -1):
+    for grace, name in ((5_000_000_000, "grace_seconds"), (4_294_967_295, "grace_seconds"), (-1, "grace_seconds"),
+                        (5_000_000_000, "graceSeconds")):  # the JSON mapping's name is read too
         error = refusal(httpx.post(f"{keys_url}/{key['id']}/rotate", headers=headers, timeout=60,
-                                   json={"grace_seconds": grace}))
-        assert error["param"] == "grace_seconds" and "0 to 315360000" in error["message"], error
+                                   json={name: grace}))
+        assert error["param"] == name and "0 to 315360000" in error["message"], error
     assert httpx.get(f"{keys_url}/{key['id']}", headers=headers).json()["key"] == key  # not rotated
+
+
+def test_a_limit_beyond_its_wire_type_is_refused_with_the_range_the_api_takes(gateway):
+    """A daily_tokens of 3,000,000,000 was told 'from -2147483648 to 2147483647', int32's range, which no limit takes
+    (the caller then sending -5 was told 'at least 1'). Now the range the API takes: from 1 in a new key, from 0 (which
+    removes the key's own limit) in an update, as api.md says of an integer beyond its field."""
+    admin = gateway.cli("keys", "create", "--name", "admin", "--all-models", "--admin").stdout.split()[-1]
+    headers = {**dict(bearer(admin)), "content-type": "application/json"}
+    keys_url = f"{gateway.base_url}/v1/admin/keys"
+    key = httpx.post(keys_url, headers=headers, json={"name": "wide", "all_models": True}, timeout=60).json()["key"]
+    for value, name in ((3_000_000_000, "daily_tokens"), (-3_000_000_000, "daily_tokens"),
+                        (3_000_000_000, "dailyTokens")):  # the JSON mapping's name is read too
+        limits = {"limits": {name: value}}
+        created = refusal(httpx.post(keys_url, headers=headers, json={"name": "x", "all_models": True, **limits},
+                                     timeout=60))
+        updated = refusal(httpx.patch(f"{keys_url}/{key['id']}", headers=headers, json=limits, timeout=60))
+        for error, low in ((created, 1), (updated, 0)):
+            assert error["param"] == f"limits.{name}", error
+            assert f"from {low} to 2147483647, got {value}" in error["message"], error
+    assert httpx.get(f"{keys_url}/{key['id']}", headers=headers).json()["key"] == key  # not changed
 
 
 def test_a_member_given_twice_in_a_body_is_refused_naming_it_not_the_last_one_taken(gateway):
