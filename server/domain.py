@@ -259,24 +259,25 @@ class GenerationRequest:
         return limit_field_in(source.body, fields)
 
     def estimated_prompt_tokens(self) -> int:
-        """The size of everything the model reads, estimated when nobody counts it exactly."""
-        return estimate_tokens(sum(map(len, self._prompt_texts())))
+        """The size of everything the model reads, estimated when nobody counts it exactly: the PROMPT_FIELDS too,
+        or a 34 kB schema (~8,500 tokens) was reserved and settled as the few words of its messages."""
+        return estimate_tokens(sum(map(len, self._prompt_texts())) + len(self._unread_prompt_json()))
 
     def most_prompt_tokens(self) -> int:
         """At most how many tokens the model reads, when nobody counts them exactly (a budget's worst case): no
         byte-level BPE tokenizer (GPT's, Claude's, Llama's) makes more tokens of a text than it has UTF-8 bytes, and
         a chat template adds at most TEMPLATE_TOKENS around each turn and tool. Parts the internal values do not
         read (Unread: images, files) are not in it."""
-        return (sum(map(utf8_size, self._prompt_texts())) + self._unread_prompt_bytes()
+        return (sum(map(utf8_size, self._prompt_texts())) + utf8_size(self._unread_prompt_json())
                 + TEMPLATE_TOKENS * (len(self.turns) + len(self.tools) + 1))
 
-    def _unread_prompt_bytes(self) -> int:
-        """The JSON bytes of the PROMPT_FIELDS the caller's body holds: a 30 kB schema read as ~8,000 prompt tokens
-        once took a budget of a cent twenty times over, reserved as the few words of its messages."""
+    def _unread_prompt_json(self) -> str:
+        """The JSON of the PROMPT_FIELDS the caller's body holds ("" for none): a 30 kB schema read as ~8,000 prompt
+        tokens once took a budget of a cent twenty times over, reserved as the few words of its messages."""
         if self.source is None:
-            return 0
+            return ""
         fields = {name: self.source.body[name] for name in PROMPT_FIELDS if self.source.body.get(name) is not None}
-        return len(json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()) if fields else 0
+        return json.dumps(fields, ensure_ascii=False, separators=(",", ":")) if fields else ""
 
     def _prompt_texts(self) -> Iterator[str]:
         loop = tool_loop_start(self.turns)

@@ -5,6 +5,7 @@ limits settled."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import grpc
@@ -488,3 +489,33 @@ async def test_an_outage_logs_one_line_per_kind_of_retry_and_fallback_not_one_pe
     lines = [r.getMessage() for r in caplog.records if r.name == "server.providers.router"]
     assert sorted(lines) == ["up-down failed (service_unavailable, connect); falling back to up-backup",
                              "up-down/openai failed (service_unavailable, connect); trying up-down/openai"], lines
+
+
+async def test_token_limits_reserve_the_json_schema_and_functions_an_upstream_reads_as_prompt(chat, running, double):
+    """An upstream reads `response_format`'s JSON schema and the deprecated `functions` as prompt tokens, though the
+    gateway passes them through unread. The token limits reserved only the words of the messages: a request with a
+    34 kB schema (about 8,500 tokens) was admitted under a 2,000 tokens-per-minute limit, its x-ratelimit-remaining
+    -tokens said nearly all of it was left, and an upstream that reports no usage was settled as a few tokens."""
+    double.reset()
+    properties = {f"field_{i}": {"type": "string", "description": "what the caller wants in it " * 5}
+                  for i in range(200)}
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": properties}}}
+    functions = [{"name": "lookup", "description": "finds things", "parameters": {
+        "type": "object", "properties": properties}}]
+    read_as_prompt = len(json.dumps(schema, separators=(",", ":"))) // 4  # characters / 4, as a prompt is estimated
+    assert read_as_prompt > 8_000
+    _, small = await running.store.create("schema-small", all_models=True, limits=KeyLimits(tokens_per_minute=2_000))
+    for extra in ({"response_format": schema}, {"functions": functions}):
+        error = await failure(chat, small, max_tokens=1, **extra)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error_details(error).error.message.startswith("Request too large for tokens per minute"), error
+    assert not double.seen  # no upstream was asked to read (and bill) it
+    key, big = await running.store.create("schema-big", all_models=True, limits=KeyLimits(tokens_per_minute=100_000))
+    double.cue(Cue(body={"id": "c", "object": "chat.completion", "created": 1, "model": "main-model", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "{}"}, "finish_reason": "stop"}]}))  # no usage
+    call = chat.CreateChatCompletion(chat_request(model="up-main", messages=HELLO, max_tokens=1,
+                                                  response_format=schema), metadata=bearer(big))
+    assert int(dict(await call.initial_metadata())["x-ratelimit-remaining-tokens"]) < 100_000 - read_as_prompt
+    await call
+    assert window_tokens(running, key.id) > read_as_prompt
