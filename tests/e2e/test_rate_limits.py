@@ -178,6 +178,9 @@ def _refused_during_a_long_stream(gateway, secret: str, ask) -> openai.RateLimit
     raise AssertionError("the stream ended before its fifth line")
 
 
+STOPS = [" ", "e", ".", "\n"]  # one of them comes within the first tokens of any answer
+
+
 def _answered_within(seconds: float, ask) -> None:
     """`ask()` succeeds within `seconds` (retried while it is refused with 429)."""
     deadline = time.monotonic() + seconds
@@ -226,7 +229,9 @@ def test_tokens_per_minute_held_by_a_request_in_flight_are_retried_soon_not_when
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
 
     def ask():
-        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500)
+        # 1,500 tokens reserved, a few generated: a stop ends it at once (generating 1,500 on a loaded machine, the
+        # embedded model was once answered 504 upstream_timeout)
+        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500, stop=STOPS)
 
     refused = _refused_during_a_long_stream(gateway, secret, ask)
     headers = refused.response.headers
@@ -242,7 +247,9 @@ def test_a_daily_quota_held_by_a_request_in_flight_is_retried_soon_not_at_utc_mi
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=secret, max_retries=0)
 
     def ask():
-        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500)
+        # 1,500 tokens reserved, a few generated: a stop ends it at once (generating 1,500 on a loaded machine, the
+        # embedded model was once answered 504 upstream_timeout)
+        return client.chat.completions.create(model="family-a-5.5", messages=HI, max_tokens=1500, stop=STOPS)
 
     refused = _refused_during_a_long_stream(gateway, secret, ask)  # the stream holds its 2,000 tokens meanwhile
     headers = refused.response.headers
