@@ -353,6 +353,9 @@ def _tightest(readings: list[Reading]) -> Standing | None:
     return Standing(tightest.limit, max(0, tightest.limit - tightest.used), max(0.0, tightest.wait))
 
 
+_DAILY = (Dimension.DAILY_TOKENS, Dimension.DAILY_REQUESTS)
+
+
 def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
     if reading.dimension.counts_spend:
         return _budget_refusal(reading, demand, at)
@@ -371,11 +374,18 @@ def _refusal(reading: Reading, demand: Demand, at: float) -> LimitExceeded:
         before = reading.used - 1
         counts = f"used {before} request{'' if before == 1 else 's'}"
     used_before = reading.used - (demand.tokens if reading.dimension.counts_tokens else 1)
+    when = f"Please retry after {_tenths(wait)} seconds."
+    if reading.dimension in _DAILY and not reading.waits_for_requests_in_flight:  # hours away: say when, as budgets do
+        when = f"The quota resets at {_utc_minute(at + wait)}; please retry after {_tenths(wait)} seconds."
     return LimitExceeded(
-        f"Rate limit reached for {where}: limit {reading.limit}, {counts}. Please retry after {_tenths(wait)} seconds.",
+        f"Rate limit reached for {where}: limit {reading.limit}, {counts}. {when}",
         retry_after=wait, dimension=reading.dimension, scope=reading.scope,
         standing=Standing(reading.limit, max(0, reading.limit - used_before), wait), at=at,
     )
+
+
+def _utc_minute(at: float) -> str:
+    return datetime.fromtimestamp(round(at), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _tenths(seconds: float) -> str:
@@ -400,9 +410,8 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
     if reading.waits_for_requests_in_flight:
         when = f"Please retry after {_tenths(wait)} seconds."
     else:
-        resets = datetime.fromtimestamp(round(at + wait), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         seconds = math.ceil(wait)
-        when = f"The budget resets at {resets}; please retry after {seconds} second{'' if seconds == 1 else 's'}."
+        when = f"The budget resets at {_utc_minute(at + wait)}; please retry after {seconds} second{'' if seconds == 1 else 's'}."
     asks = ("a fallback with a price may answer this request" if demand.fallback_cost else
             f"this request may cost up to {usd_text(demand.cost)}")
     return LimitExceeded(

@@ -166,7 +166,9 @@ async def test_retry_hints_are_plain_seconds_with_one_decimal(store, clock):
     wanted = demand(daily_requests=2)
     for _ in range(2):
         await store.reserve(wanted)
-    assert "Please retry after 64676.6 seconds." in (await refused(store, wanted)).message
+    # hours away: when it resets, too (as a budget's refusal says)
+    assert (await refused(store, wanted)).message.endswith(
+        "The quota resets at 2026-01-02 00:00 UTC; please retry after 64676.6 seconds.")
     wanted = Demand((Scope("k2", "key k2", KeyLimits(requests_per_minute=1)),), 0)
     await store.reserve(wanted)
     clock.advance(59.96)
