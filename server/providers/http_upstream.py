@@ -32,7 +32,9 @@ from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
 from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
-from server.providers.http_connection import ConnectFailed, ConnectTimeout, Response, TooLarge, TransportError
+from server.providers.http_connection import (
+    ConnectFailed, ConnectionBroken, ConnectTimeout, Response, TooLarge, TransportError,
+)
 from server.providers.link_addresses import allowed_classes, link_classes
 from server.providers.proxies import env_proxy
 from server.providers.transport_errors import TransportErrors
@@ -391,7 +393,12 @@ class HttpUpstream:
         except EventTooLarge:
             raise self._transport_errors.of(TooLarge(f"sent an event of more than {MAX_ANSWER_BYTES >> 20} MiB"),
                                         model_id, before_answer=False) from None
-        for event in decoder.end():
+        for event in decoder.end():  # the last event, without its blank line: whole, or the half of one
+            if event.data != b"[DONE]" and not _json(event.data):
+                # The body ended cleanly (closed, or a proxy's last chunk) inside an event: the stream broke off,
+                # which is retried while no content has reached the caller, not "an event that is not JSON".
+                raise self._transport_errors.of(ConnectionBroken("the stream ended in the middle of an event"),
+                                                model_id, before_answer=False)
             yield event
 
     async def _status_error(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
@@ -412,6 +419,14 @@ class HttpUpstream:
                 return self.stream_error(payload, model_id, upstream_model)
         return UpstreamError(f"The upstream serving `{model_id}` answered a streamed request with "
                              f"{response.content_type[:100]}, not an event stream.")
+
+
+def _json(data: bytes) -> bool:
+    try:
+        wire_json.loads(data)
+    except wire_json.JSONDecodeError:
+        return False
+    return True
 
 
 def _not_retried(error: PorticoError, *, unread: bool = False) -> PorticoError:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.e2e.conftest import upstream_gateway
 from tests.upstream_double import Cue
-from tests.upstream_echo import sse
+from tests.upstream_echo import echo_chat, echo_messages, sse
 from tests.upstream_support import cross_dialect_models
 
 HELLO = [{"role": "user", "content": "Hi"}]
@@ -155,3 +155,34 @@ def test_a_usage_chunk_split_in_two_never_reaches_a_caller_who_did_not_ask_for_u
     asked = list(oai.chat.completions.create(model="chat-on-openai", messages=HELLO, stream=True,
                                              stream_options={"include_usage": True}))
     assert len(asked) == 4 and asked[1].usage.total_tokens == 5
+
+
+def _cut_in_its_first_content_event(model: str) -> list[bytes]:
+    """The echo stream of `model`'s upstream, ended cleanly (no reset: a body delimited by the connection's close,
+    or a proxy's last chunk) in the middle of its first content event: no content has been sent."""
+    frames = echo_chat({"messages": HELLO, "stream": True}) if model.endswith("openai") else echo_messages(
+        {"messages": HELLO, "max_tokens": 20, "stream": True})
+    first = 1 if model.endswith("openai") else 3  # after the role chunk; after message_start, block start and ping
+    return [*frames[:first], frames[first][:len(frames[first]) // 2]]
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "chat-on-anthropic", "messages-on-anthropic",
+                                   "messages-on-openai"])
+def test_a_stream_that_ends_in_the_middle_of_its_first_content_event_is_retried(oai, claude, double, model):
+    """The event's half is no event (the SSE standard drops an event its stream ends in): the stream broke off
+    before any content, which is retried. Read as an event, it was a 502 "sent an event that is not a JSON object",
+    never retried, where the next attempt answered."""
+    double.cue(Cue(frames=_cut_in_its_first_content_event(model)))
+    if model.startswith("chat"):
+        assert "".join(c.choices[0].delta.content or "" for c in chat_stream(oai, model) if c.choices) == "echo Hi"
+    else:
+        assert message_stream(claude, model).content[0].text == "echo Hi"
+    assert len(double.seen) == 2
+
+
+def test_a_stream_that_ends_in_the_middle_of_an_event_after_content_says_it_broke_off(oai, double):
+    double.cue(Cue(frames=[chunk({"role": "assistant", "content": "Hel"}), chunk({"content": "lo"})[:20]]))
+    with pytest.raises(openai.APIError) as caught:
+        chat_stream(oai, "chat-on-openai")
+    assert "not a JSON object" not in caught.value.message and "broke off" in caught.value.message
+    assert len(double.seen) == 1
