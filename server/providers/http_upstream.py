@@ -159,7 +159,7 @@ class HttpUpstream:
                 # A whole answer (a server that ignores `stream`, a proxy's page): never retried, the upstream
                 # has answered, and may have billed it. Unless it is an error object, which is that error.
                 raise await self._not_a_stream_error(response, model_id, body.get("model"))
-            events = self._events(response, model_id)
+            events = self._events(response, model_id, body.get("model"))
             yield events
         except BaseException:
             self._give_back(response, caller_done=False)
@@ -379,13 +379,18 @@ class HttpUpstream:
         finally:
             self._give_back(response, caller_done=False)
 
-    async def _events(self, response: Response, model_id: str) -> AsyncIterator[SseEvent]:
+    async def _events(self, response: Response, model_id: str, upstream_model: str | None) -> AsyncIterator[SseEvent]:
         """The answer's events, decoded as its bytes arrive."""
         decoder = SseDecoder(MAX_ANSWER_BYTES)
+        began = False
+        start: list[bytes] = []  # the body's first bytes while no event has come: maybe an error object instead
         try:
             while chunk := await response.readany():
                 if events := decoder.feed(chunk):
+                    began = True
                     response.lift_deadline()  # the stream has begun: the read timeout alone bounds the rest
+                elif not began and sum(map(len, start)) < MAX_ERROR_BODY:
+                    start.append(chunk)
                 for event in events:
                     yield event
         except TransportError as exc:
@@ -399,7 +404,17 @@ class HttpUpstream:
                 # which is retried while no content has reached the caller, not "an event that is not JSON".
                 raise self._transport_errors.of(ConnectionBroken("the stream ended in the middle of an event"),
                                                 model_id, before_answer=False)
+            began = True
             yield event
+        if not began:
+            # Some OpenAI-compatible servers answer a failure as their JSON error object, with status 200 and an
+            # event stream's content-type: that error (a prompt too long is a 400), not a stream cut short.
+            try:
+                payload = wire_json.loads(b"".join(start).removeprefix(_BOM).strip())
+            except wire_json.JSONDecodeError:
+                payload = None
+            if isinstance(payload, dict) and isinstance(payload.get("error"), Mapping):
+                raise self.stream_error(payload, model_id, upstream_model)
 
     async def _status_error(self, response: Response, model_id: str, upstream_model: str | None) -> PorticoError:
         return from_status(response.status, await _error_body(response), response.headers, retry_on=self._retry_on,

@@ -4,6 +4,7 @@ an upstream sends that is not a well-formed stream reaches the caller as what it
 from __future__ import annotations
 
 import anthropic
+import orjson
 import openai
 import pytest
 
@@ -185,4 +186,29 @@ def test_a_stream_that_ends_in_the_middle_of_an_event_after_content_says_it_brok
     with pytest.raises(openai.APIError) as caught:
         chat_stream(oai, "chat-on-openai")
     assert "not a JSON object" not in caught.value.message and "broke off" in caught.value.message
+    assert len(double.seen) == 1
+
+
+OPENAI_TOO_LONG = {"error": {"message": "This model's maximum context length is 4096 tokens. However, you requested "
+                             "5000 tokens.", "type": "invalid_request_error", "param": "messages",
+                             "code": "context_length_exceeded"}}
+ANTHROPIC_TOO_LONG = {"type": "error", "error": {"type": "invalid_request_error",
+                                                 "message": "prompt is too long: 300000 tokens > 200000 maximum"}}
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "chat-on-anthropic", "messages-on-anthropic",
+                                   "messages-on-openai"])
+def test_an_error_object_sent_as_the_whole_event_stream_is_that_error(oai, claude, double, model):
+    """Some OpenAI-compatible servers answer a failure to a streamed request as their JSON error object, with status
+    200 and `content-type: text/event-stream`. Holding no `data:` line, it read as a stream that "ended before the
+    answer was complete": a 502 sent twice more, the upstream's message lost, where a prompt too long is the
+    caller's 400 context_length_exceeded."""
+    error = OPENAI_TOO_LONG if model.endswith("openai") else ANTHROPIC_TOO_LONG
+    double.cue(*[Cue(frames=[orjson.dumps(error)])] * ATTEMPTS)
+    with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
+        chat_stream(oai, model) if model.startswith("chat") else message_stream(claude, model)
+    assert caught.value.status_code == 400
+    assert error["error"]["message"] in str(caught.value)
+    body = caught.value.body if model.startswith("chat") else caught.value.body["error"]
+    assert body["code"] == "context_length_exceeded", body
     assert len(double.seen) == 1

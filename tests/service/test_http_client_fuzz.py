@@ -202,11 +202,34 @@ async def outcome(call) -> object:
         return exc
 
 
-def expected_events(body: bytes, leave_at_done: bool) -> list[SseEvent]:
+def expected_events(body: bytes, leave_at_done: bool) -> list[SseEvent] | None:
+    """The events a stream of `body` gives, or None for a PorticoError: a last event cut short (the stream broke
+    off), or no event but an error object (the upstream's error)."""
     decoder = SseDecoder()
-    decoded = decoder.feed(body) + decoder.end()
+    fed = decoder.feed(body)
+    done = [i for i, event in enumerate(fed) if event.data == b"[DONE]"]
+    if leave_at_done and done:
+        return fed[:done[0] + 1]
+    tail = decoder.end()
+    if any(event.data != b"[DONE]" and not _json(event.data) for event in tail):
+        return None
+    decoded = fed + tail
     done = [i for i, event in enumerate(decoded) if event.data == b"[DONE]"]
-    return decoded[:done[0] + 1] if leave_at_done and done else decoded
+    if leave_at_done and done:
+        return decoded[:done[0] + 1]
+    if not decoded and _json(whole := body.removeprefix(b"\xef\xbb\xbf").strip()):
+        error = orjson.loads(whole)
+        if isinstance(error, dict) and isinstance(error.get("error"), dict):
+            return None
+    return decoded
+
+
+def _json(data: bytes) -> bool:
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 async def check(answer: Answer, leave_at_done: bool) -> None:
@@ -230,8 +253,10 @@ async def check(answer: Answer, leave_at_done: bool) -> None:
                     assert got[0] == json if isinstance(json, dict) else "JSON" in str(got[0]), got[0]
                     if answer.json:  # a whole answer to a streamed request: an error, the upstream's or naming it
                         assert isinstance(got[1], PorticoError), got[1]
+                    elif (expected := expected_events(answer.body, leave_at_done)) is None:
+                        assert isinstance(got[1], PorticoError), got[1]
                     else:
-                        assert got[1] == expected_events(answer.body, leave_at_done)
+                        assert got[1] == expected
                 elif answer.status:  # the upstream's error, with its message (401/403/404, 3xx: Portico's own)
                     said = b"bad key" in answer.body and answer.status not in (302, 401, 404)
                     assert all(isinstance(e, PorticoError) and "broke off" not in str(e) and "in time" not in str(e)
