@@ -61,7 +61,7 @@ class AnthropicProvider:
                 with attempt:
                     answer = await self._upstream.post_json("v1/messages", body, model_id=self._model_id,
                                                             headers=headers, billed=True, attempt=attempt)
-                    if answer.get("type") == "error" or "error" in answer:
+                    if answer.get("type") == "error" or answer.get("error"):
                         raise self._upstream.stream_error(answer, self._model_id, self._model)
                     generated = message_events(answer, prompt_estimate=request.estimated_prompt_tokens(),
                                                call_ids=self._call_ids)
@@ -123,7 +123,7 @@ class AnthropicProvider:
                 # judge a configuration that is really wrong.
                 error.judges_deployment = False
                 raise
-            if answer.get("type") == "error" or "error" in answer:
+            if answer.get("type") == "error" or answer.get("error"):
                 raise self._upstream.stream_error(answer, self._model_id, self._model)
             # Not the API's answer (null too: it is the whole answer here, where a message's usage may leave a count
             # unreported); asking again would get the same.

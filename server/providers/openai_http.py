@@ -48,7 +48,9 @@ class OpenAIProvider:
                 with attempt:
                     answer = await self._upstream.post_json("chat/completions", body, model_id=self._model_id,
                                                             billed=True, attempt=attempt)
-                    if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer
+                    # OpenAI-compatible servers may report a failure in a 200 answer; `"error": null` is none (the
+                    # openai SDK reads a truthy `error` only).
+                    if answer.get("error"):
                         raise self._upstream.stream_error(answer, self._model_id, self._model)
                     generated = completion_events(answer, prompt_estimate=prompt_estimate, stop=request.params.stop,
                                                   call_ids=self._call_ids)
@@ -71,9 +73,9 @@ class OpenAIProvider:
                             if event.data == b"[DONE]":
                                 break
                             chunk = self._upstream.event_object(event.data, self._model_id)
-                            if event.event == "error" and "error" not in chunk:  # the error object itself (llama.cpp)
+                            if event.event == "error" and not chunk.get("error"):  # the error object itself (llama.cpp)
                                 chunk = {"error": chunk}
-                            if "error" in chunk:
+                            if chunk.get("error"):  # `"error": null`, in every chunk of some servers, is none
                                 raise self._upstream.stream_error(chunk, self._model_id, self._model)
                             made = reader.feed(chunk)  # first: a chunk that is not the API's never reaches the caller
                             if attempt.recording:

@@ -52,7 +52,7 @@ class OpenAIImageProvider:
                 if error.answer_unread:  # it drew and billed, how many its answer would have said: counted as asked
                     error.images_drawn = request.n
                 raise
-            if "error" in answer:  # OpenAI-compatible servers may report a failure in a 200 answer, as for chat
+            if answer.get("error"):  # a failure reported in a 200 answer, as for chat (`"error": null` is none)
                 raise self._upstream.stream_error(answer, self._model_id, self._model)
             items = answer.get("data")
             if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):

@@ -212,3 +212,26 @@ def test_an_error_object_sent_as_the_whole_event_stream_is_that_error(oai, claud
     body = caught.value.body if model.startswith("chat") else caught.value.body["error"]
     assert body["code"] == "context_length_exceeded", body
     assert len(double.seen) == 1
+
+
+@pytest.mark.parametrize("model", ["chat-on-openai", "messages-on-openai"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_error_member_that_is_null_is_no_error(oai, claude, double, model, stream):
+    """Some OpenAI-compatible servers put `"error": null` in every answer and chunk (an optional member of their
+    answer model): the openai SDK reads only a truthy `error` as a failure. Portico read the member's presence: a
+    whole answer was a 502 that quoted it, asked for three times, and the SDKs sent it twice more."""
+    answer = echo_chat({"messages": HELLO, "stream": stream})
+    if stream:
+        answer = [frame.replace(b'"object":"chat.completion.chunk"', b'"object":"chat.completion.chunk","error":null')
+                  for frame in answer]
+        assert all(b'"error":null' in frame for frame in answer[:-1])
+    double.cue(Cue(frames=answer) if stream else Cue(body={**answer, "error": None}))
+    if model.startswith("chat"):
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in chat_stream(oai, model) if c.choices)
+        else:
+            text = oai.chat.completions.create(model=model, messages=HELLO).choices[0].message.content
+    else:
+        text = (message_stream(claude, model) if stream else claude.messages.create(
+            model=model, max_tokens=20, messages=HELLO)).content[0].text
+    assert text == "echo Hi" and len(double.seen) == 1

@@ -431,3 +431,11 @@ async def test_a_failure_the_upstream_reports_in_a_200_answer_keeps_its_meaning(
     assert (detail.http_status, detail.error.param) == (400, "prompt")
     assert detail.error.message == "Your prompt was rejected."
     assert len(double.seen) == 1
+
+
+async def test_an_answer_whose_error_member_is_null_is_an_answer(images, double, secret):
+    """`"error": null` beside the images (a server whose answer model has an optional error) says no error, as the
+    openai SDK reads it (a truthy `error` only): it was a 502 'failed', asked for again, and each time drawn."""
+    double.cue(Cue(body={"created": 1, "data": [{"b64_json": base64.b64encode(tiny_png(1)).decode()}], "error": None}))
+    response = await images.CreateImage(image_request(), metadata=bearer(secret))
+    assert len(response.data) == 1 and len(double.seen) == 1
