@@ -13,6 +13,7 @@ the key is scrubbed from every other message) nor the upstream's name for the mo
 from __future__ import annotations
 
 import email.utils
+import html
 import logging
 import math
 import re
@@ -206,7 +207,7 @@ def _error_parts(body: bytes) -> tuple[str, str | None, str | None, dict | None]
     try:
         data = wire_json.loads(body)
     except wire_json.JSONDecodeError:
-        return body.decode("utf-8", errors="replace").strip(), None, None, None
+        return _page_text(body.decode("utf-8", errors="replace").strip()), None, None, None
     if not isinstance(data, dict):
         return _text(data), None, None, None
     error = data.get("error")
@@ -247,6 +248,20 @@ def _scrubbed_details(details: dict | None, secret: str | None, upstream_model: 
     if details is None or len(wire_json.dumps(details)) > MAX_MESSAGE_CHARS:
         return None
     return scrubbed(details)
+
+
+_HTML_PAGE = re.compile(r"\s*(<!doctype html|<html)", re.IGNORECASE)
+_PAGE_HEADING = re.compile(r"<(title|h1)[^>]*>(.*?)</\1\s*>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _page_text(text: str) -> str:
+    """A proxy's or server's HTML error page by its title (or first heading): `502 Bad Gateway`, not 500 characters
+    of markup, nor the footer that names the proxy and its version (`nginx/1.25.3`). Other text is kept whole."""
+    if not _HTML_PAGE.match(text):
+        return text
+    found = _PAGE_HEADING.search(text)
+    return " ".join(html.unescape(_TAG.sub(" ", found.group(2))).split()) if found else ""
 
 
 def _text(value: Json) -> str:

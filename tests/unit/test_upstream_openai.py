@@ -333,6 +333,25 @@ def test_the_shapes_of_upstream_errors_keep_their_message_and_param(body, messag
     assert (error.message, error.param) == (message, param)
 
 
+NGINX_502 = (b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+             b"</center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n")
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (NGINX_502, "502 Bad Gateway"),
+    (b"<!DOCTYPE html><html><body><h1 class='x'>Service &amp; API\n unavailable</h1><p>Try later</p></body></html>",
+     "Service & API unavailable"),
+    (b"<!doctype html><html><body><p>no heading</p></body></html>", "HTTP 502"),
+    (b"upstream connect error <not html>", "upstream connect error <not html>"),
+])
+def test_an_html_error_page_is_told_by_its_title_not_its_markup(body, message):
+    """A proxy's error page reached callers as up to 500 characters of markup, its footer naming the proxy and its
+    version (`nginx/1.25.3`)."""
+    error = from_status(502, body, {"content-type": "text/html"}, retry_on=(), upstream="m", secret=None)
+    assert error.message.endswith(message) and "<" not in error.message.replace("<not html>", "")
+    assert "nginx" not in error.message
+
+
 def test_the_upstream_name_of_the_model_never_reaches_the_caller():
     body = b'{"error":{"message":"Rate limit reached for up-gpt-55-20250414 in organization org-x"}}'
     error = from_status(429, body, {}, retry_on=(), upstream="family-a-5.5", secret=None,
