@@ -175,7 +175,8 @@ async def _start_backend(config: Config, run_dir: Path, workers: int, worker_com
     env = {MULTIPROCESS_ENV: str(metrics_dir), HEALTH_FILE_ENV: str(run_dir / "health")}
     pool = Workers(
         workers, run_dir, worker_command, env=env,
-        stop_grace_s=config.drain_seconds + KILL_MARGIN_SECONDS, hang_s=config.worker_hang_seconds, on_exit=lambda pid: mark_dead(metrics_dir, pid),
+        stop_grace_s=config.drain_seconds + KILL_MARGIN_SECONDS, hang_s=config.worker_hang_seconds,
+        on_exit=lambda pid: mark_dead(metrics_dir, pid),
     )
     await pool.start()
     return _Backend(pool.upstreams, aggregated_registry(metrics_dir), pool.stop, pool.stop_now,

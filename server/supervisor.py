@@ -4,10 +4,10 @@ process) spreads load over them; one HTTP/2 connection to a single process would
 The parent starts every worker as `python -m server.cli ... worker --socket PATH`, waits until its gRPC health
 service answers (SERVING, or NOT_SERVING while a store is down: up but not ready), and watches it: a worker that
 dies is logged and restarted on the same socket, so Envoy's endpoint stays valid (Envoy retries connect failures on
-another endpoint meanwhile); one whose health service stays silent for `worker_hang_seconds` is killed first. A worker that cannot start again, or that exits a (MAX_RESTARTS + 1)th time within
-RESTART_WINDOW_SECONDS, takes the whole gateway down, loudly: never half-up. Workers get PR_SET_PDEATHSIG, like
-Envoy, so none outlives the parent. Limits are only exact across workers with a shared store (Redis): the CLI
-refuses N > 1 otherwise.
+another endpoint meanwhile); one whose health service stays silent for `worker_hang_seconds` is killed first. A
+worker that cannot start again, or that exits a (MAX_RESTARTS + 1)th time within RESTART_WINDOW_SECONDS, takes the
+whole gateway down, loudly: never half-up. Workers get PR_SET_PDEATHSIG, like Envoy, so none outlives the parent.
+Limits are only exact across workers with a shared store (Redis): the CLI refuses N > 1 otherwise.
 """
 
 from __future__ import annotations

@@ -411,7 +411,8 @@ def _budget_refusal(reading: Reading, demand: Demand, at: float) -> LimitExceede
         when = f"Please retry after {_tenths(wait)} seconds."
     else:
         seconds = math.ceil(wait)
-        when = f"The budget resets at {_utc_minute(at + wait)}; please retry after {seconds} second{'' if seconds == 1 else 's'}."
+        when = (f"The budget resets at {_utc_minute(at + wait)}; please retry after {seconds} "
+                f"second{'' if seconds == 1 else 's'}.")
     asks = ("a fallback with a price may answer this request" if demand.fallback_cost else
             f"this request may cost up to {usd_text(demand.cost)}")
     return LimitExceeded(
