@@ -31,7 +31,7 @@ from server.errors import PorticoError, ServiceUnavailable, UpstreamError, Upstr
 from server.observability import UpstreamRecorder
 from server.observability.record import Scope
 from server.observability.tracing import COUNT_TOKENS, NO_SCOPE, NoScope
-from server.providers.http_client import HttpClient, Origin, Pool, Proxy, header_lines
+from server.providers.http_client import HttpClient, Origin, Pool, header_lines
 from server.providers.http_connection import (
     ConnectFailed, ConnectionBroken, ConnectTimeout, Response, TooLarge, TransportError,
 )
