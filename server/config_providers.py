@@ -72,11 +72,14 @@ def _upstream(raw: dict, where: str, kind: str, endpoint: Endpoint) -> UpstreamS
             raise ConfigError(f"{where}: `{required}` is required (a string) for a provider of kind `{kind}`")
     base_url = raw["base_url"].rstrip("/")
     parts = url_parts(base_url)
-    if "@" in base_url:  # the message quotes the URL: not one with a password in it
-        base_url = "(not shown: it has a user or password)"
-    if not parts or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+    # `?` and `#` themselves, not urlsplit's parts: a bare one at the end is no query to it, yet the request path
+    # would follow it. The message quotes the URL without a query or fragment (`?key=...`) or a user and password.
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname or "?" in base_url or "#" in base_url:
+        shown = ("(not shown: it has a user or password)" if "@" in base_url else
+                 repr(re.split(r"[?#]", base_url)[0]) + (" with a query or fragment (not shown)"
+                                                           if re.search(r"[?#]", base_url) else ""))
         raise ConfigError(f"{where}.base_url: an http:// or https:// URL (a host, a port number if any, no query), "
-                          f"not {base_url!r}")
+                          f"not {shown}")
     if parts.username is not None:  # never sent: the upstream would answer 401, for every request
         raise ConfigError(f"{where}.base_url: no user or password in the URL (they are not sent, and a secret does "
                           "not go in the configuration); name the key's environment variable in api_key_env")

@@ -512,3 +512,24 @@ def test_a_count_of_a_model_past_the_largest_whole_number_is_refused(tmp_path, t
     the shared health file (struct.error) once a trial answered."""
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, text)
+
+
+@pytest.mark.parametrize("base_url", [
+    # Gemini's and Azure's OpenAI-compatible URLs are often copied with their `?key=...`: the line quoted the key.
+    "https://api.example.com/v1?key=AIzaSyQaConfigProbe0123456789",
+    "https://api.example.com/v1#AIzaSyQaConfigProbe0123456789",
+    # A bare `?` or `#` is no query urlsplit sees: requests went to `.../v1?/chat/completions`, the path lost.
+    "https://api.example.com/v1?", "https://api.example.com/v1/#",
+])
+def test_a_base_url_with_a_query_or_fragment_is_refused_without_quoting_it(tmp_path, base_url):
+    with pytest.raises(ConfigError, match=r"models\[0\]\.provider\.base_url: .*no query") as raised:
+        _load(tmp_path, f"models: [{{id: a, endpoint: /v1/chat/completions, provider: {{kind: openai, "
+                        f"base_url: '{base_url}', model: m}}}}]")
+    assert "AIzaSy" not in str(raised.value) and "https://api.example.com/v1" in str(raised.value)
+
+
+def test_a_base_url_with_an_at_sign_in_its_path_is_sent_to_as_written(tmp_path):
+    """An `@` in the path (no user or password) made the upstream's URL the text of the message that hides one."""
+    config = _load(tmp_path, "models: [{id: a, endpoint: /v1/chat/completions, provider: {kind: openai, "
+                             "base_url: 'https://gateway.example/@team/v1', model: m}}]")
+    assert config.models[0].deployments[0].provider.upstream.base_url == "https://gateway.example/@team/v1"
