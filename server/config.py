@@ -281,7 +281,11 @@ def _base_url(value: Any, where: str) -> str | None:
     # yet a link made of it has its path after the `?`, which no request reaches.
     if value is not None and not (parts and parts.scheme in ("http", "https") and parts.hostname
                                   and "?" not in value and "#" not in value and "@" not in parts.netloc):
-        shown = "(not shown: it has a user or password)" if "@" in str(value) else repr(value)
+        # Quoted up to a query or fragment, which may hold a token, as a user or password may.
+        shown = ("(not shown: it has a user or password)" if "@" in str(value) else
+                 repr(re.split(r"[?#]", value)[0]) + (" with a query or fragment (not shown)"
+                                                     if re.search(r"[?#]", value) else "")
+                 if isinstance(value, str) else repr(value))
         raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway: a host, a port "
                           f"number if any, no user or password, no query or fragment), not {shown}")
     return value

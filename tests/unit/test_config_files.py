@@ -533,3 +533,10 @@ def test_a_base_url_with_an_at_sign_in_its_path_is_sent_to_as_written(tmp_path):
     config = _load(tmp_path, "models: [{id: a, endpoint: /v1/chat/completions, provider: {kind: openai, "
                              "base_url: 'https://gateway.example/@team/v1', model: m}}]")
     assert config.models[0].deployments[0].provider.upstream.base_url == "https://gateway.example/@team/v1"
+
+
+def test_a_public_base_url_with_a_query_is_refused_without_quoting_it(tmp_path):
+    """A link URL copied with a token in its query (`?token=...`) was quoted whole in the refusal."""
+    with pytest.raises(ConfigError, match=r"listen\.public_base_url: .*no query") as raised:
+        _load(tmp_path, f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://gw.example/?token=tok0QaConfigProbe42'}}")
+    assert "tok0QaConfigProbe42" not in str(raised.value) and "https://gw.example/" in str(raised.value)
