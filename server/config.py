@@ -115,7 +115,7 @@ def load_config(path: Path | None = None, text: str | None = None) -> Config:
         raw = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
-    except ValueError as exc:  # an integer of over 4300 digits, a date such as 2026-13-45: Python reads neither
+    except ValueError as exc:  # an integer of over 4300 digits, which Python does not read
         raise ConfigError(f"{source}: not valid YAML: {str(exc).split(';')[0]}") from None
     except RecursionError:  # PyYAML composes nested lists and mappings recursively
         raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
@@ -152,6 +152,13 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"))
+
+
+# No setting takes a date, but YAML 1.1 reads `2025-10-01` as one: `created: 2025-10-01` was refused in Python's
+# words (datetime.date(2025, 10, 1)) and a dated data_dir or model id was refused. Such a scalar is text here.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _Loader.yaml_implicit_resolvers.items()}
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

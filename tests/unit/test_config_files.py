@@ -386,7 +386,6 @@ def test_a_health_setting_out_of_range_names_itself_and_its_value(tmp_path, heal
          r"c\.yaml: keys\.password_env: the name of an environment variable, not ''$"),
         # Python refuses to read an integer of over 4300 digits: that was a ValueError traceback.
         (f"{ONE_MODEL}\ndefault_max_tokens: {'9' * 5000}", r"c\.yaml: not valid YAML: .*4300 digits.*: value has"),
-        (f"{ONE_MODEL}\ndata_dir: 2026-13-45", r"c\.yaml: not valid YAML: month must be in 1\.\.12$"),
         (f"{ONE_MODEL}\nlisten: {'[' * 5000}{']' * 5000}", r"c\.yaml: not valid YAML: nested too deeply$"),
         # A NUL cannot be in a path: the data dir or access log failed later with a traceback ("embedded null byte").
         (f"{ONE_MODEL}\naccess_log: \"a\\0b\"", r"c\.yaml: access_log: a path cannot hold a NUL character"),
@@ -540,3 +539,14 @@ def test_a_public_base_url_with_a_query_is_refused_without_quoting_it(tmp_path):
     with pytest.raises(ConfigError, match=r"listen\.public_base_url: .*no query") as raised:
         _load(tmp_path, f"{ONE_MODEL}\nlisten: {{public_base_url: 'https://gw.example/?token=tok0QaConfigProbe42'}}")
     assert "tok0QaConfigProbe42" not in str(raised.value) and "https://gw.example/" in str(raised.value)
+
+
+def test_a_value_written_as_a_date_is_text_as_every_setting_takes_it(tmp_path):
+    """YAML 1.1 reads 2026-01-01 as a date, which no setting takes: `created: 2025-10-01` was refused as "not
+    datetime.date(2025, 10, 1)" (Python's words), a dated data_dir or model id was refused, and 2026-13-45 was
+    "not valid YAML: month must be in 1..12". They are text now, refused or taken as text is."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.created: a whole number, not '2025-10-01'$"):
+        _load(tmp_path, "models: [{id: a, endpoint: /v1/messages, provider: {kind: llamacpp}, created: 2025-10-01}]")
+    config = _load(tmp_path, "models: [{id: 2026-01-01, endpoint: /v1/messages, provider: {kind: llamacpp}}]\n"
+                             "data_dir: 2026-13-45")
+    assert (config.models[0].id, config.data_dir.name) == ("2026-01-01", "2026-13-45")
