@@ -306,6 +306,8 @@ def _model_path(value: Any, where: str) -> str | None:
         raise ConfigError(f"{where}: cannot read {value} (Permission denied): the user portico runs as may not "
                           "enter a directory on that path") from None
     if value is not None and not is_file:
+        if value == "":  # Path('') is the working directory: "not '' (a directory)" misled
+            raise ConfigError(f"{where}: the path of a GGUF model file, not ''")
         what = "a directory" if isinstance(value, str) and Path(value).is_dir() else "no such file"
         raise ConfigError(f"{where}: the path of a GGUF model file, not {value!r} ({what})")
     if value is not None:

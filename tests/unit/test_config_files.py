@@ -76,6 +76,9 @@ def test_a_model_path_that_is_a_directory_says_so_not_no_such_file(tmp_path):
         _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'models'}}}")
     with pytest.raises(ConfigError, match=r"embedded\.model_path: .*absent\.gguf' \(no such file\)$"):
         _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: {tmp_path / 'absent.gguf'}}}")
+    # '' is the working directory to the file system: it was refused as "not '' (a directory)".
+    with pytest.raises(ConfigError, match=r"embedded\.model_path: the path of a GGUF model file, not ''$"):
+        _load(tmp_path, f"{ONE_MODEL}\nembedded: {{model_path: ''}}")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::"])
