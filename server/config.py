@@ -16,7 +16,7 @@ import yaml
 from server.config_cors import CorsSettings, parse_cors
 from server.config_deployments import parse_cache, parse_deployments, parse_health, with_cache_serving
 from server.config_providers import (ConfigError, known_settings, mapping, number, optional_mapping, setting_names,
-                                     url_parts)
+                                     url_parts, url_shown)
 from server.config_tracing import TracingSettings, parse_tracing
 from server.data_dir import DataDir
 from server.db.settings import STORE_SETTING_NAMES, StoreSettings, parse_store
@@ -289,10 +289,7 @@ def _base_url(value: Any, where: str) -> str | None:
     if value is not None and not (parts and parts.scheme in ("http", "https") and parts.hostname
                                   and "?" not in value and "#" not in value and "@" not in parts.netloc):
         # Quoted up to a query or fragment, which may hold a token, as a user or password may.
-        shown = ("(not shown: it has a user or password)" if "@" in str(value) else
-                 repr(re.split(r"[?#]", value)[0]) + (" with a query or fragment (not shown)"
-                                                     if re.search(r"[?#]", value) else "")
-                 if isinstance(value, str) else repr(value))
+        shown = url_shown(value) if isinstance(value, str) else repr(value)
         raise ConfigError(f"{where}: an http:// or https:// URL (how callers reach the gateway: a host, a port "
                           f"number if any, no user or password, no query or fragment), not {shown}")
     return value

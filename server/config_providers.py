@@ -62,6 +62,15 @@ def parse_provider(raw: Any, where: str, endpoint: Endpoint) -> ProviderSpec:
     return ProviderSpec(kind=kind, upstream=_upstream(raw, where, kind, endpoint))
 
 
+def url_shown(url: str) -> str:
+    """A refused URL as a message may quote it: without its query or fragment (`?key=...`), and not at all with a
+    user or password."""
+    if "@" in url:
+        return "(not shown: it has a user or password)"
+    base = re.split(r"[?#]", url, maxsplit=1)[0]
+    return repr(base) + (" with a query or fragment (not shown)" if base != url else "")
+
+
 def _upstream(raw: dict, where: str, kind: str, endpoint: Endpoint) -> UpstreamSpec:
     known = {"kind", "base_url", "model", "api_key_env", "timeouts", "retry", "max_connections", "max_tokens_field"}
     if kind == "anthropic":
@@ -75,11 +84,8 @@ def _upstream(raw: dict, where: str, kind: str, endpoint: Endpoint) -> UpstreamS
     # `?` and `#` themselves, not urlsplit's parts: a bare one at the end is no query to it, yet the request path
     # would follow it. The message quotes the URL without a query or fragment (`?key=...`) or a user and password.
     if not parts or parts.scheme not in ("http", "https") or not parts.hostname or "?" in base_url or "#" in base_url:
-        shown = ("(not shown: it has a user or password)" if "@" in base_url else
-                 repr(re.split(r"[?#]", base_url)[0]) + (" with a query or fragment (not shown)"
-                                                           if re.search(r"[?#]", base_url) else ""))
         raise ConfigError(f"{where}.base_url: an http:// or https:// URL (a host, a port number if any, no query), "
-                          f"not {shown}")
+                          f"not {url_shown(base_url)}")
     if parts.username is not None:  # never sent: the upstream would answer 401, for every request
         raise ConfigError(f"{where}.base_url: no user or password in the URL (they are not sent, and a secret does "
                           "not go in the configuration); name the key's environment variable in api_key_env")

@@ -36,6 +36,15 @@ def loads(data: bytes | str) -> Json:
     return value
 
 
+def is_json(data: bytes | str) -> bool:
+    """Whether `data` is one whole JSON value (not cut short, nothing after it)."""
+    try:
+        orjson.loads(data)
+    except JSONDecodeError:
+        return False
+    return True
+
+
 def dumps(value: Json, *, sort_keys: bool = False) -> bytes:
     """UTF-8 JSON, compact; raises TypeError for what JSON cannot hold."""
     try:

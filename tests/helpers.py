@@ -85,3 +85,14 @@ def sse_frames(bodies: list) -> list[bytes]:
     were ready together may share an HttpBody message, so they are split here rather than counted by message."""
     data = b"".join(body.data for body in bodies)
     return [frame + b"\n\n" for frame in data.split(b"\n\n") if frame]
+
+
+def schema_and_functions(fields: int, repeat: int) -> tuple[dict, list[dict]]:
+    """A structured-output `response_format` and legacy `functions` whose schemas have `fields` string properties,
+    each described by a phrase said `repeat` times: parts of the prompt an upstream reads that the gateway does not."""
+    properties = {f"field_{i}": {"type": "string", "description": "what the caller wants in it " * repeat}
+                  for i in range(fields)}
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": properties}}}
+    return schema, [{"name": "lookup", "description": "finds things", "parameters": {
+        "type": "object", "properties": properties}}]

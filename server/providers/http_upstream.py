@@ -399,7 +399,7 @@ class HttpUpstream:
             raise self._transport_errors.of(TooLarge(f"sent an event of more than {MAX_ANSWER_BYTES >> 20} MiB"),
                                         model_id, before_answer=False) from None
         for event in decoder.end():  # the last event, without its blank line: whole, or the half of one
-            if event.data != b"[DONE]" and not _json(event.data):
+            if event.data != b"[DONE]" and not wire_json.is_json(event.data):
                 # The body ended cleanly (closed, or a proxy's last chunk) inside an event: the stream broke off,
                 # which is retried while no content has reached the caller, not "an event that is not JSON".
                 raise self._transport_errors.of(ConnectionBroken("the stream ended in the middle of an event"),
@@ -434,14 +434,6 @@ class HttpUpstream:
                 return self.stream_error(payload, model_id, upstream_model)
         return UpstreamError(f"The upstream serving `{model_id}` answered a streamed request with "
                              f"{response.content_type[:100]}, not an event stream.")
-
-
-def _json(data: bytes) -> bool:
-    try:
-        wire_json.loads(data)
-    except wire_json.JSONDecodeError:
-        return False
-    return True
 
 
 def _not_retried(error: PorticoError, *, unread: bool = False) -> PorticoError:

@@ -278,7 +278,7 @@ class _Blocks:
 
     def _closable(self) -> bool:
         block = self._open
-        return block is None or block.key < 0 or _whole_json("".join(block.pieces))
+        return block is None or block.key < 0 or wire_json.is_json("".join(block.pieces))
 
     def _started(self, block: _Block) -> list[dict]:
         """Opens `block` (the open one must be closed) with its pieces so far, as one delta."""
@@ -306,12 +306,3 @@ class _Blocks:
         else:
             delta = {"type": "input_json_delta", "partial_json": piece}
         return {"type": "content_block_delta", "index": block.index, "delta": delta}
-
-
-def _whole_json(text: str) -> bool:
-    """Whether a call's arguments so far are a whole JSON value (so no more pieces can follow)."""
-    try:
-        wire_json.loads(text)
-    except wire_json.JSONDecodeError:
-        return False
-    return True

@@ -17,7 +17,7 @@ from portico.v1 import chat_service_pb2_grpc, key_pb2, key_service_pb2_grpc, lim
 from server.app import start_server
 from server.db import StoreSettings
 from server.domain_keys import KeyLimits
-from tests.helpers import bearer, chat_request, error_details
+from tests.helpers import bearer, chat_request, error_details, schema_and_functions
 from tests.postgres_support import PASSWORD_ENV
 from tests.upstream_echo import echo_chat
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, load_upstream_config
@@ -182,12 +182,7 @@ async def test_a_budget_holds_when_a_json_schema_or_legacy_functions_pass_throug
     double.reset()
     servers, stubs = hosts
     key, secret = await servers[0].store.create("schema", all_models=True, limits=KeyLimits(max_spend_day=10_000))
-    properties = {f"field_{i}": {"type": "string", "description": "what the caller wants in it " * 3}
-                  for i in range(60)}
-    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
-        "type": "object", "properties": properties}}}
-    functions = [{"name": "lookup", "description": "finds things", "parameters": {
-        "type": "object", "properties": properties}}]
+    schema, functions = schema_and_functions(60, 3)
 
     def prompt_as_openai_counts_it(body: dict) -> dict:  # about four bytes a token, the schema and functions included
         answer = echo_chat({**body, "stream": False})

@@ -25,6 +25,7 @@ from server.domain_models import Timeouts
 from server.errors import PorticoError
 from server.providers.http_upstream import HttpUpstream
 from server.render.sse_decoder import SseDecoder, SseEvent
+from server.wire_json import is_json
 from tests.service.test_http_upstream import KEY, client
 
 MAX_CONNECTIONS = 4
@@ -211,25 +212,17 @@ def expected_events(body: bytes, leave_at_done: bool) -> list[SseEvent] | None:
     if leave_at_done and done:
         return fed[:done[0] + 1]
     tail = decoder.end()
-    if any(event.data != b"[DONE]" and not _json(event.data) for event in tail):
+    if any(event.data != b"[DONE]" and not is_json(event.data) for event in tail):
         return None
     decoded = fed + tail
     done = [i for i, event in enumerate(decoded) if event.data == b"[DONE]"]
     if leave_at_done and done:
         return decoded[:done[0] + 1]
-    if not decoded and _json(whole := body.removeprefix(b"\xef\xbb\xbf").strip()):
+    if not decoded and is_json(whole := body.removeprefix(b"\xef\xbb\xbf").strip()):
         error = orjson.loads(whole)
         if isinstance(error, dict) and isinstance(error.get("error"), dict):
             return None
     return decoded
-
-
-def _json(data: bytes) -> bool:
-    try:
-        orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 async def check(answer: Answer, leave_at_done: bool) -> None:

@@ -15,7 +15,7 @@ import pytest
 from gateway.envoy import free_ports
 from portico.v1 import chat_service_pb2_grpc
 from server.domain_keys import KeyLimits
-from tests.helpers import bearer, chat_request, error_details, sse_frames, http_body
+from tests.helpers import bearer, chat_request, error_details, http_body, schema_and_functions, sse_frames
 from tests.upstream_double import Cue
 from tests.upstream_echo import sse
 from tests.upstream_support import UPSTREAM_KEY, UPSTREAM_KEY_ENV, upstream_models, upstream_server, window_tokens
@@ -497,12 +497,7 @@ async def test_token_limits_reserve_the_json_schema_and_functions_an_upstream_re
     34 kB schema (about 8,500 tokens) was admitted under a 2,000 tokens-per-minute limit, its x-ratelimit-remaining
     -tokens said nearly all of it was left, and an upstream that reports no usage was settled as a few tokens."""
     double.reset()
-    properties = {f"field_{i}": {"type": "string", "description": "what the caller wants in it " * 5}
-                  for i in range(200)}
-    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
-        "type": "object", "properties": properties}}}
-    functions = [{"name": "lookup", "description": "finds things", "parameters": {
-        "type": "object", "properties": properties}}]
+    schema, functions = schema_and_functions(200, 5)
     read_as_prompt = len(json.dumps(schema, separators=(",", ":"))) // 4  # characters / 4, as a prompt is estimated
     assert read_as_prompt > 8_000
     _, small = await running.store.create("schema-small", all_models=True, limits=KeyLimits(tokens_per_minute=2_000))
