@@ -46,8 +46,10 @@ from server.translate.values import body_and_model
 def _limit_field(request: GenerationRequest, room: int) -> str:
     """The caller's field a request too large for a limit is told to lower. Without a token limit of its own, the
     room for a thinking budget is what made it large, and a limit must stay above the budget: only a lower effort
-    helps."""
-    return request.token_limit_field or ("reasoning_effort" if room else "max_tokens")
+    helps; else the default limit did, which a caller who never sent max_tokens is told."""
+    if request.token_limit_field or room:
+        return request.token_limit_field or "reasoning_effort"
+    return f"max_tokens (not sent, so the default of {request.params.max_tokens} applied)"
 
 
 class Pipeline:

@@ -125,11 +125,14 @@ def test_both_sdks_do_not_retry_a_request_too_large_for_the_keys_limits(gateway)
     with pytest.raises(openai.RateLimitError) as refused:  # the message names the field the caller set
         openai_client.chat.completions.create(model="family-a-5.5", messages=HI, max_completion_tokens=500)
     assert "Lower max_completion_tokens" in refused.value.message and len(sent) == 2
+    with pytest.raises(openai.RateLimitError) as refused:  # none set: the default made it too large, and is named
+        openai_client.chat.completions.create(model="family-a-5.5", messages=HI)
+    assert "Lower max_tokens (not sent, so the default of 1024 applied)" in refused.value.message and len(sent) == 3
     anthropic_client = anthropic.Anthropic(base_url=gateway.base_url, api_key=secret, max_retries=3,
                                            http_client=httpx2.Client(event_hooks=hooks))
     with pytest.raises(anthropic.RateLimitError) as refused:
         anthropic_client.messages.create(model="family-b-haiku-4-5-20251001", max_tokens=500, messages=HI)
-    assert refused.value.body["error"]["message"].startswith("Request too large") and len(sent) == 3
+    assert refused.value.body["error"]["message"].startswith("Request too large") and len(sent) == 4
 
 
 def test_both_sdks_raise_a_daily_quota_at_once_rather_than_sleep_until_utc_midnight(gateway):
