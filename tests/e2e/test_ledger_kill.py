@@ -124,11 +124,16 @@ def kill_workers(gateway: Gateway) -> None:
 
 
 def used_once_slots_are_free(gateway: Gateway, key_id: str, admin: dict[str, str], within: float = 10.0) -> dict:
-    """The key's limits standing (`used` by limit), read until no concurrency slot is taken or `within` passed."""
+    """The key's limits standing (`used` by limit), read until no concurrency slot is taken or `within` passed. Both
+    workers were just killed: until Envoy sees one serve again, a request may get 503, as the SDKs' retries would."""
     deadline = time.monotonic() + within
     while True:
-        standing = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", headers=admin).json()
-        used = {limit["limit"]: limit["used"] for limit in standing["limits"]}
+        answer = httpx.get(f"{gateway.base_url}/v1/admin/keys/{key_id}/limits", headers=admin)
+        if answer.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        assert answer.status_code == 200, answer.text
+        used = {limit["limit"]: limit["used"] for limit in answer.json()["limits"]}
         if used.get("concurrent_requests") == 0 or time.monotonic() > deadline:
             return used
         time.sleep(0.1)
