@@ -383,14 +383,14 @@ class HttpUpstream:
         """The answer's events, decoded as its bytes arrive."""
         decoder = SseDecoder(MAX_ANSWER_BYTES)
         began = False
-        start: list[bytes] = []  # the body's first bytes while no event has come: maybe an error object instead
+        start = bytearray()  # the body's first bytes while no event has come: maybe an error object instead
         try:
             while chunk := await response.readany():
                 if events := decoder.feed(chunk):
                     began = True
                     response.lift_deadline()  # the stream has begun: the read timeout alone bounds the rest
-                elif not began and sum(map(len, start)) < MAX_ERROR_BODY:
-                    start.append(chunk)
+                elif not began and len(start) < MAX_ERROR_BODY:
+                    start += chunk
                 for event in events:
                     yield event
         except TransportError as exc:
@@ -410,7 +410,7 @@ class HttpUpstream:
             # Some OpenAI-compatible servers answer a failure as their JSON error object, with status 200 and an
             # event stream's content-type: that error (a prompt too long is a 400), not a stream cut short.
             try:
-                payload = wire_json.loads(b"".join(start).removeprefix(_BOM).strip())
+                payload = wire_json.loads(bytes(start).removeprefix(_BOM).strip())
             except wire_json.JSONDecodeError:
                 payload = None
             if isinstance(payload, dict) and isinstance(payload.get("error"), Mapping):

@@ -26,8 +26,9 @@ class LimitServicer(limit_service_pb2_grpc.LimitServiceServicer):
     async def GetKeyLimitStatus(self, request, context) -> limit_pb2.GetKeyLimitStatusResponse:
         await self._authenticator.authenticate_admin(context.invocation_metadata())
         refuse_undeclared(request)  # a stub generated from newer .proto files: refused, as KeyService's calls
-        if is_key_id(request.id.strip()):  # an id pasted with space around it is taken as the id (KeyStore.get)
-            self._acts_on(request.id.strip())
+        key_id = request.id.strip()  # an id pasted with space around it is taken as the id (KeyStore.get)
+        if is_key_id(key_id):
+            self._acts_on(key_id)
         key = await self._store.get(request.id)
         try:
             readings = await self._limiter.standing(key)
